@@ -1,0 +1,191 @@
+// kvtier/transfer.h — the transfer API: copy the KV of a list of slots between two regions.
+//
+// One request shape covers every copy kvtier makes (ARCHITECTURE.md §3): a source region, a
+// destination region, equal-length lists of source and destination slot indices, and a layer
+// range. Every layout pair, both directions, MHA (K and V) and MLA (one buffer) go through the
+// same call. Backends:
+//   cpu    multi-threaded gather/scatter with memcpy of contiguous runs; host memory only;
+//          synchronous. The reference every other backend is tested against.
+//   kernel CUDA kernels over pinned host memory (UVA) and device memory.
+//   dma    copy engines only (cudaMemcpyBatchAsync / 2D / per-run cudaMemcpyAsync).
+//   auto   picks kernel or dma per request from a measured table.
+// The GPU backends exist only when kvtier is built with CUDA (`KVTIER_CUDA=ON`); asking for one
+// otherwise gives `Unavailable`.
+//
+// Validation happens before any byte moves (`ValidateTransfer`): a bad request gets an
+// InvalidArgument whose message names the argument and the offending value, and the destination
+// is left untouched.
+//
+// Thread safety: a `TransferEngine` may be used from several threads at once; the regions and
+// index lists of one request must not change while that request runs.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "kvtier/layout.h"
+#include "kvtier/status.h"
+
+// cudaStream_t is `CUstream_st*`; declaring the struct keeps CUDA headers out of this header.
+struct CUstream_st;
+
+namespace kvtier {
+
+using CudaStream = CUstream_st*;  // nullptr = the legacy default stream
+
+// A KV region: the K and V buffers (or the one MLA buffer) of a pool, with their shared geometry.
+// The region does not own memory.
+struct KvRegion {
+  KvGeometry geometry;
+  bool mla = false;                       // one buffer (`k`) when true; K and V otherwise
+  MemoryKind memory = MemoryKind::kHost;  // where the bytes live
+  int device = -1;                        // CUDA device ordinal when memory == kDevice
+
+  // Base of each buffer ([L, N, S] etc., per `geometry.layout`). Null when per-layer tables are
+  // given instead.
+  void* k = nullptr;  // K, or the MLA buffer
+  void* v = nullptr;  // V; null for MLA
+
+  // layer_first only: per-layer base addresses (num_layers entries each, in host memory), for
+  // engines whose layers are separate allocations. When set, `k`/`v` must be null.
+  std::span<void* const> k_layers;
+  std::span<void* const> v_layers;
+
+  int num_buffers() const { return mla ? 1 : 2; }
+  bool has_layer_table() const { return !k_layers.empty(); }
+
+  // Base of buffer `b` (0 = K/MLA, 1 = V) for layer `layer`, such that the byte of (layer, slot,
+  // head) is at `LayerBase(b, layer) + LayerOffset(layer, slot, head)`.
+  std::byte* LayerBase(int b, int64_t layer) const {
+    if (has_layer_table()) return static_cast<std::byte*>((b == 0 ? k_layers : v_layers)[layer]);
+    return static_cast<std::byte*>(b == 0 ? k : v);
+  }
+  int64_t LayerOffset(int64_t layer, int64_t slot, int64_t head) const {
+    return has_layer_table() ? geometry.OffsetInLayer(slot, head)
+                             : geometry.HeadOffset(layer, slot, head);
+  }
+
+  // Checks the geometry and the pointers. `name` ("src", "dst") prefixes every message.
+  Status Validate(std::string_view name = "region") const;
+};
+
+enum class IndexType : uint8_t { kInt32 = 0, kInt64 = 1 };
+
+// A list of slot (token) indices, in host or device memory. Does not own the data.
+struct SlotIndices {
+  const void* data = nullptr;
+  int64_t count = 0;
+  IndexType type = IndexType::kInt64;
+  MemoryKind memory = MemoryKind::kHost;
+
+  static SlotIndices Host(std::span<const int64_t> s) {
+    return {s.data(), static_cast<int64_t>(s.size()), IndexType::kInt64, MemoryKind::kHost};
+  }
+  static SlotIndices Host(std::span<const int32_t> s) {
+    return {s.data(), static_cast<int64_t>(s.size()), IndexType::kInt32, MemoryKind::kHost};
+  }
+  static SlotIndices Device(const int64_t* d, int64_t n) {
+    return {d, n, IndexType::kInt64, MemoryKind::kDevice};
+  }
+  static SlotIndices Device(const int32_t* d, int64_t n) {
+    return {d, n, IndexType::kInt32, MemoryKind::kDevice};
+  }
+
+  // REQUIRES: memory == kHost, 0 <= i < count.
+  int64_t at(int64_t i) const {
+    return type == IndexType::kInt64 ? static_cast<const int64_t*>(data)[i]
+                                     : static_cast<const int32_t*>(data)[i];
+  }
+};
+
+// Copy layers [src_layer, src_layer + num_layers) of the slots `src_slots` of `src` to layers
+// [dst_layer, dst_layer + num_layers) of the slots `dst_slots` of `dst`. Slot k of the lists goes
+// to slot k. REQUIRES: the destination slots are distinct (else which copy lands is undefined).
+struct TransferRequest {
+  const KvRegion* src = nullptr;
+  const KvRegion* dst = nullptr;
+  SlotIndices src_slots;
+  SlotIndices dst_slots;
+  int64_t src_layer = 0;
+  int64_t dst_layer = 0;
+  int64_t num_layers = 1;
+
+  // One layer, the same index on both sides (a per-layer load).
+  static TransferRequest PerLayer(const KvRegion& src, const KvRegion& dst, SlotIndices src_slots,
+                                  SlotIndices dst_slots, int64_t layer) {
+    return {&src, &dst, src_slots, dst_slots, layer, layer, 1};
+  }
+  // Every layer of `src` (an all-layer backup).
+  static TransferRequest AllLayers(const KvRegion& src, const KvRegion& dst, SlotIndices src_slots,
+                                   SlotIndices dst_slots) {
+    return {&src, &dst, src_slots, dst_slots, 0, 0, src.geometry.num_layers};
+  }
+
+  int64_t num_slots() const { return src_slots.count; }
+  // Bytes the request moves: slots * layers * slot_bytes * buffers.
+  int64_t bytes() const;
+};
+
+// Defined by the CUDA part (kvtier/device.h): one CUDA event per layer of a multi-layer copy.
+class LayerEvents;
+
+struct TransferOptions {
+  CudaStream stream = nullptr;  // stream the GPU backends enqueue on; ignored by cpu
+  // When set, a GPU backend records layer k's event (k = 0 .. num_layers-1, relative to the
+  // request) on `stream` once that layer's bytes are in place. The cpu backend is synchronous and
+  // records nothing.
+  LayerEvents* layer_events = nullptr;
+};
+
+enum class TransferBackend : uint8_t { kCpu = 0, kKernel = 1, kDma = 2, kAuto = 3 };
+const char* TransferBackendName(TransferBackend backend);
+Result<TransferBackend> ParseTransferBackend(std::string_view name);
+
+struct TransferEngineConfig {
+  // cpu: worker threads for large requests; 0 = hardware concurrency.
+  int cpu_threads = 0;
+  // cpu: requests smaller than this many bytes run on the calling thread.
+  int64_t cpu_parallel_threshold_bytes = 4 << 20;
+  // kernel: upper bound on the SMs the copy kernels occupy.
+  int max_sms = 4;
+  // kernel/dma: CUDA device ordinal.
+  int device = 0;
+
+  Status Validate() const;
+};
+
+// Checks a request against everything the backends rely on: region geometry and pointers,
+// matching kinds (MHA/MLA) and slot_bytes, equal index counts, layer ranges, and host indices in
+// range. Device indices are checked inside the kernels instead.
+Status ValidateTransfer(const TransferRequest& request);
+
+class TransferEngine {
+ public:
+  virtual ~TransferEngine() = default;
+  TransferEngine(const TransferEngine&) = delete;
+  TransferEngine& operator=(const TransferEngine&) = delete;
+
+  virtual TransferBackend backend() const = 0;
+
+  // Validates `request`, then copies. GPU backends return once the copy is enqueued on
+  // `options.stream`; cpu returns once the bytes are in place.
+  Status Transfer(const TransferRequest& request, const TransferOptions& options = {});
+
+ protected:
+  TransferEngine() = default;
+  // REQUIRES: ValidateTransfer(request).ok().
+  virtual Status DoTransfer(const TransferRequest& request, const TransferOptions& options) = 0;
+};
+
+// Creates an engine of the given backend. Unavailable when the backend needs CUDA and kvtier was
+// built without it, or no GPU is present.
+Result<std::unique_ptr<TransferEngine>> MakeTransferEngine(TransferBackend backend,
+                                                           const TransferEngineConfig& config = {});
+
+// True when kvtier was built with CUDA support.
+bool BuiltWithCuda();
+
+}  // namespace kvtier

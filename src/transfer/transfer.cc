@@ -1,0 +1,253 @@
+// Request validation shared by every backend, and the backend factory.
+#include "kvtier/transfer.h"
+
+#include <fmt/format.h>
+
+#include <limits>
+#include <string>
+
+#include "transfer/backends.h"
+
+namespace kvtier {
+namespace {
+
+// 4 bytes is the narrowest access of the CUDA kernels; every real KV slot (bf16/fp8 heads of
+// 64+ elements) is a multiple of it.
+constexpr int64_t kSlotBytesAlignment = 4;
+
+Status CheckIndices(const SlotIndices& idx, std::string_view name, int64_t num_slots) {
+  if (idx.count < 0) {
+    return Status::InvalidArgument(fmt::format("{}.count = {} must not be negative", name, idx.count));
+  }
+  if (idx.count > 0 && idx.data == nullptr) {
+    return Status::InvalidArgument(
+        fmt::format("{} is null but its count is {}", name, idx.count));
+  }
+  if (idx.type != IndexType::kInt32 && idx.type != IndexType::kInt64) {
+    return Status::InvalidArgument(
+        fmt::format("{} has unknown index type {}", name, static_cast<int>(idx.type)));
+  }
+  if (idx.memory != MemoryKind::kHost) return Status::OK();  // checked inside the kernels
+  auto check = [&](const auto* p) -> Status {
+    for (int64_t k = 0; k < idx.count; ++k) {
+      const int64_t s = static_cast<int64_t>(p[k]);
+      if (s < 0 || s >= num_slots) {
+        return Status::InvalidArgument(fmt::format(
+            "{}[{}] = {} is out of range [0, {})", name, k, s, num_slots));
+      }
+    }
+    return Status::OK();
+  };
+  return idx.type == IndexType::kInt64 ? check(static_cast<const int64_t*>(idx.data))
+                                       : check(static_cast<const int32_t*>(idx.data));
+}
+
+Status CheckLayerRange(const KvRegion& r, std::string_view name, int64_t first, int64_t count) {
+  const int64_t L = r.geometry.num_layers;
+  if (first < 0 || first >= L || count > L - first) {
+    return Status::InvalidArgument(fmt::format(
+        "{}_layer = {} with num_layers = {} is out of range for {} with {} layers", name, first,
+        count, name, L));
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+Status KvRegion::Validate(std::string_view name) const {
+  const KvGeometry& g = geometry;
+  const int layout_index = static_cast<int>(g.layout);
+  if (layout_index < 0 || layout_index >= kNumLayouts) {
+    return Status::InvalidArgument(fmt::format("{}.layout = {} is not a known layout", name, layout_index));
+  }
+  if (g.num_layers <= 0) {
+    return Status::InvalidArgument(fmt::format("{}.num_layers = {} must be positive", name, g.num_layers));
+  }
+  if (g.num_slots <= 0) {
+    return Status::InvalidArgument(fmt::format("{}.num_slots = {} must be positive", name, g.num_slots));
+  }
+  if (g.slot_bytes <= 0) {
+    return Status::InvalidArgument(fmt::format("{}.slot_bytes = {} must be positive", name, g.slot_bytes));
+  }
+  if (g.slot_bytes % kSlotBytesAlignment != 0) {
+    return Status::InvalidArgument(fmt::format("{}.slot_bytes = {} is not a multiple of {}", name,
+                                               g.slot_bytes, kSlotBytesAlignment));
+  }
+  if (g.page_size <= 0) {
+    return Status::InvalidArgument(fmt::format("{}.page_size = {} must be positive", name, g.page_size));
+  }
+  if (g.num_slots % g.page_size != 0) {
+    return Status::InvalidArgument(fmt::format(
+        "{}.page_size = {} does not divide num_slots = {}", name, g.page_size, g.num_slots));
+  }
+  if (g.head_num <= 0) {
+    return Status::InvalidArgument(fmt::format("{}.head_num = {} must be positive", name, g.head_num));
+  }
+  if (g.layout == KvLayout::kPageHead &&
+      (g.slot_bytes % g.head_num != 0 || g.head_bytes() % kSlotBytesAlignment != 0)) {
+    return Status::InvalidArgument(fmt::format(
+        "{}.head_num = {} must divide slot_bytes = {} into multiples of {} bytes for page_head",
+        name, g.head_num, g.slot_bytes, kSlotBytesAlignment));
+  }
+  if (g.num_slots > std::numeric_limits<int64_t>::max() / g.slot_bytes / g.num_layers) {
+    return Status::InvalidArgument(fmt::format("{} is too large: {} layers x {} slots x {} bytes",
+                                               name, g.num_layers, g.num_slots, g.slot_bytes));
+  }
+  if (memory != MemoryKind::kHost && memory != MemoryKind::kDevice) {
+    return Status::InvalidArgument(fmt::format("{}.memory = {} is not host or device", name,
+                                               static_cast<int>(memory)));
+  }
+  if (has_layer_table() || !v_layers.empty()) {
+    if (g.layout != KvLayout::kLayerFirst) {
+      return Status::InvalidArgument(fmt::format(
+          "{} has a per-layer pointer table but layout {}; tables are for layer_first only", name,
+          LayoutName(g.layout)));
+    }
+    if (k != nullptr || v != nullptr) {
+      return Status::InvalidArgument(
+          fmt::format("{} has both base pointers and a per-layer pointer table", name));
+    }
+    if (static_cast<int64_t>(k_layers.size()) != g.num_layers) {
+      return Status::InvalidArgument(fmt::format("{}.k_layers has {} entries, expected num_layers = {}",
+                                                 name, k_layers.size(), g.num_layers));
+    }
+    const int64_t want_v = mla ? 0 : g.num_layers;
+    if (static_cast<int64_t>(v_layers.size()) != want_v) {
+      return Status::InvalidArgument(fmt::format("{}.v_layers has {} entries, expected {}{}", name,
+                                                 v_layers.size(), want_v, mla ? " for MLA" : ""));
+    }
+    for (int b = 0; b < num_buffers(); ++b) {
+      const auto table = b == 0 ? k_layers : v_layers;
+      for (size_t l = 0; l < table.size(); ++l) {
+        if (table[l] == nullptr) {
+          return Status::InvalidArgument(
+              fmt::format("{}.{}_layers[{}] is null", name, b == 0 ? "k" : "v", l));
+        }
+      }
+    }
+    return Status::OK();
+  }
+  if (k == nullptr) {
+    return Status::InvalidArgument(fmt::format("{}.k is null{}", name, mla ? " (MLA buffer)" : ""));
+  }
+  if (!mla && v == nullptr) return Status::InvalidArgument(fmt::format("{}.v is null", name));
+  if (mla && v != nullptr) {
+    return Status::InvalidArgument(fmt::format("{}.v must be null for an MLA region", name));
+  }
+  return Status::OK();
+}
+
+int64_t TransferRequest::bytes() const {
+  if (src == nullptr) return 0;
+  return src_slots.count * num_layers * src->geometry.slot_bytes * src->num_buffers();
+}
+
+Status ValidateTransfer(const TransferRequest& r) {
+  if (r.src == nullptr) return Status::InvalidArgument("src region is null");
+  if (r.dst == nullptr) return Status::InvalidArgument("dst region is null");
+  KVTIER_RETURN_IF_ERROR(r.src->Validate("src"));
+  KVTIER_RETURN_IF_ERROR(r.dst->Validate("dst"));
+  const KvGeometry& sg = r.src->geometry;
+  const KvGeometry& dg = r.dst->geometry;
+  if (r.src->mla != r.dst->mla) {
+    return Status::InvalidArgument(fmt::format("src is {} but dst is {}", r.src->mla ? "MLA" : "MHA",
+                                               r.dst->mla ? "MLA" : "MHA"));
+  }
+  if (sg.slot_bytes != dg.slot_bytes) {
+    return Status::InvalidArgument(fmt::format(
+        "slot_bytes differ: src.slot_bytes = {}, dst.slot_bytes = {}", sg.slot_bytes, dg.slot_bytes));
+  }
+  if (sg.layout == KvLayout::kPageHead && dg.layout == KvLayout::kPageHead &&
+      sg.head_num != dg.head_num) {
+    return Status::InvalidArgument(fmt::format(
+        "head_num differ between page_head regions: src.head_num = {}, dst.head_num = {}",
+        sg.head_num, dg.head_num));
+  }
+  if (r.src_slots.count != r.dst_slots.count) {
+    return Status::InvalidArgument(fmt::format(
+        "src_slots and dst_slots differ in length: {} vs {}", r.src_slots.count, r.dst_slots.count));
+  }
+  if (r.num_layers <= 0) {
+    return Status::InvalidArgument(fmt::format("num_layers = {} must be positive", r.num_layers));
+  }
+  KVTIER_RETURN_IF_ERROR(CheckLayerRange(*r.src, "src", r.src_layer, r.num_layers));
+  KVTIER_RETURN_IF_ERROR(CheckLayerRange(*r.dst, "dst", r.dst_layer, r.num_layers));
+  KVTIER_RETURN_IF_ERROR(CheckIndices(r.src_slots, "src_slots", sg.num_slots));
+  KVTIER_RETURN_IF_ERROR(CheckIndices(r.dst_slots, "dst_slots", dg.num_slots));
+  return Status::OK();
+}
+
+Status TransferEngine::Transfer(const TransferRequest& request, const TransferOptions& options) {
+  KVTIER_RETURN_IF_ERROR(ValidateTransfer(request));
+  return DoTransfer(request, options);
+}
+
+Status TransferEngineConfig::Validate() const {
+  if (cpu_threads < 0) {
+    return Status::InvalidArgument(fmt::format("cpu_threads = {} must not be negative", cpu_threads));
+  }
+  if (cpu_parallel_threshold_bytes < 0) {
+    return Status::InvalidArgument(fmt::format("cpu_parallel_threshold_bytes = {} must not be negative",
+                                               cpu_parallel_threshold_bytes));
+  }
+  if (max_sms <= 0) {
+    return Status::InvalidArgument(fmt::format("max_sms = {} must be positive", max_sms));
+  }
+  if (device < 0) return Status::InvalidArgument(fmt::format("device = {} must not be negative", device));
+  return Status::OK();
+}
+
+const char* TransferBackendName(TransferBackend backend) {
+  switch (backend) {
+    case TransferBackend::kCpu: return "cpu";
+    case TransferBackend::kKernel: return "kernel";
+    case TransferBackend::kDma: return "dma";
+    case TransferBackend::kAuto: return "auto";
+  }
+  return "unknown_backend";
+}
+
+Result<TransferBackend> ParseTransferBackend(std::string_view name) {
+  for (auto b : {TransferBackend::kCpu, TransferBackend::kKernel, TransferBackend::kDma,
+                 TransferBackend::kAuto}) {
+    if (name == TransferBackendName(b)) return b;
+  }
+  return Status::InvalidArgument("transfer backend '" + std::string(name) +
+                                 "' is not one of cpu, kernel, dma, auto");
+}
+
+bool BuiltWithCuda() {
+#if defined(KVTIER_WITH_CUDA)
+  return true;
+#else
+  return false;
+#endif
+}
+
+Result<std::unique_ptr<TransferEngine>> MakeTransferEngine(TransferBackend backend,
+                                                           const TransferEngineConfig& config) {
+  KVTIER_RETURN_IF_ERROR(config.Validate());
+  switch (backend) {
+    case TransferBackend::kCpu:
+      return transfer::MakeCpuTransferEngine(config);
+#if defined(KVTIER_WITH_CUDA)
+    case TransferBackend::kKernel:
+      return transfer::MakeKernelTransferEngine(config);
+    case TransferBackend::kDma:
+      return transfer::MakeDmaTransferEngine(config);
+    case TransferBackend::kAuto:
+      return transfer::MakeAutoTransferEngine(config);
+#else
+    case TransferBackend::kKernel:
+    case TransferBackend::kDma:
+    case TransferBackend::kAuto:
+      return Status::Unavailable(fmt::format(
+          "transfer backend '{}' needs CUDA, and kvtier was built without it (KVTIER_CUDA=OFF or no "
+          "nvcc)", TransferBackendName(backend)));
+#endif
+  }
+  return Status::InvalidArgument(
+      fmt::format("unknown transfer backend {}", static_cast<int>(backend)));
+}
+
+}  // namespace kvtier
