@@ -174,6 +174,11 @@ class TransferEngine {
   // `options.stream`; cpu returns once the bytes are in place.
   Status Transfer(const TransferRequest& request, const TransferOptions& options = {});
 
+  // Waits until every copy this engine enqueued on `stream` has finished, and returns the first
+  // error found on the device since the last call (for example an out-of-range device index that
+  // a kernel skipped). cpu: nothing is ever pending; returns OK.
+  virtual Status Synchronize(CudaStream stream);
+
  protected:
   TransferEngine() = default;
   // REQUIRES: ValidateTransfer(request).ok().

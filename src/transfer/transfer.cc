@@ -182,6 +182,8 @@ Status TransferEngine::Transfer(const TransferRequest& request, const TransferOp
   return DoTransfer(request, options);
 }
 
+Status TransferEngine::Synchronize(CudaStream) { return Status::OK(); }
+
 Status TransferEngineConfig::Validate() const {
   if (cpu_threads < 0) {
     return Status::InvalidArgument(fmt::format("cpu_threads = {} must not be negative", cpu_threads));
