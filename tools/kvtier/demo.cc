@@ -1,0 +1,321 @@
+// tools/kvtier/demo.cc — `kvtier demo`: what a new user runs first.
+//
+// A small MHA model (8 layers, 1 KiB of K and 1 KiB of V per token per layer, pages of 16) walks
+// the path an engine's KV takes through kvtier's first two tiers:
+//   1. a prefill writes a known KV pattern into freshly allocated pages of the device pool (the
+//      GPU when kvtier was built with CUDA and one is present, else host memory standing in);
+//   2. the pages are backed up into a HostKvPool (page_first) with one all-layer transfer;
+//   3. the device pages are evicted (freed) and the whole device pool is poisoned;
+//   4. new device pages are allocated and the KV is loaded back layer by layer, as an engine does
+//      right before attention on each layer;
+//   5. the whole device pool is compared byte-for-byte with what it must hold: the pattern in the
+//      new pages, the poison everywhere else (a stray write anywhere fails the demo).
+//
+// Thread safety: single-threaded (the transfer engine uses its own workers).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "demo.h"
+#include "kvtier/host_pool.h"
+#include "kvtier/slot_allocator.h"
+#include "kvtier/transfer.h"
+
+#if defined(KVTIER_WITH_CUDA)
+#include <cuda_runtime.h>
+#endif
+
+namespace kvtier::tools {
+namespace {
+
+constexpr int64_t kLayers = 8;
+constexpr int64_t kSlotBytes = 1024;  // 8 KV heads x 64 dims x 2 bytes, for each of K and V
+constexpr int64_t kPageSize = 16;
+constexpr uint8_t kPoison = 0xA5;
+
+// The byte a prefill leaves for (buffer, layer, token position, byte): a hash, so a copy that
+// lands in the wrong slot, layer or buffer cannot match by accident.
+uint8_t PatternByte(int b, int64_t layer, int64_t position, int64_t byte) {
+  uint64_t z = (static_cast<uint64_t>(b) << 60) ^ (static_cast<uint64_t>(layer) << 48) ^
+               (static_cast<uint64_t>(position) << 16) ^ static_cast<uint64_t>(byte / 8);
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return static_cast<uint8_t>(z >> (8 * (byte % 8)));
+}
+
+// The device pool's bytes as the host sees them: host memory, or a GPU allocation reached with
+// cudaMemcpy. Move-only; frees what it allocated.
+class DevicePoolMemory {
+ public:
+  DevicePoolMemory() = default;
+  DevicePoolMemory(const DevicePoolMemory&) = delete;
+  DevicePoolMemory& operator=(const DevicePoolMemory&) = delete;
+  ~DevicePoolMemory() {
+#if defined(KVTIER_WITH_CUDA)
+    if (on_gpu_) {
+      for (void* p : buffers_) cudaFree(p);
+      return;
+    }
+#endif
+    for (void* p : buffers_) std::free(p);
+  }
+
+  Status Allocate(bool on_gpu, int64_t bytes_per_buffer) {
+    on_gpu_ = on_gpu;
+    bytes_ = bytes_per_buffer;
+    for (int b = 0; b < 2; ++b) {
+      void* p = nullptr;
+#if defined(KVTIER_WITH_CUDA)
+      if (on_gpu) {
+        if (cudaError_t e = cudaMalloc(&p, static_cast<size_t>(bytes_)); e != cudaSuccess) {
+          return Status::OutOfMemory(fmt::format("cudaMalloc of {} bytes for the device pool: {}",
+                                                 bytes_, cudaGetErrorString(e)));
+        }
+        buffers_.push_back(p);
+        continue;
+      }
+#endif
+      p = std::malloc(static_cast<size_t>(bytes_));
+      if (p == nullptr) {
+        return Status::OutOfMemory(fmt::format("malloc of {} bytes for the device pool", bytes_));
+      }
+      buffers_.push_back(p);
+    }
+    return Status::OK();
+  }
+
+  void* buffer(int b) const { return buffers_[b]; }
+  bool on_gpu() const { return on_gpu_; }
+
+  // Copies host bytes in (whole buffer) / out, and fills with one byte value.
+  Status Write(int b, const std::vector<uint8_t>& bytes) {
+#if defined(KVTIER_WITH_CUDA)
+    if (on_gpu_) return Check(cudaMemcpy(buffers_[b], bytes.data(), bytes.size(), cudaMemcpyHostToDevice), "write");
+#endif
+    std::memcpy(buffers_[b], bytes.data(), bytes.size());
+    return Status::OK();
+  }
+  Status Read(int b, std::vector<uint8_t>* bytes) const {
+    bytes->resize(static_cast<size_t>(bytes_));
+#if defined(KVTIER_WITH_CUDA)
+    if (on_gpu_) return Check(cudaMemcpy(bytes->data(), buffers_[b], bytes->size(), cudaMemcpyDeviceToHost), "read");
+#endif
+    std::memcpy(bytes->data(), buffers_[b], bytes->size());
+    return Status::OK();
+  }
+  Status Fill(int b, uint8_t value) {
+#if defined(KVTIER_WITH_CUDA)
+    if (on_gpu_) return Check(cudaMemset(buffers_[b], value, static_cast<size_t>(bytes_)), "poison");
+#endif
+    std::memset(buffers_[b], value, static_cast<size_t>(bytes_));
+    return Status::OK();
+  }
+
+ private:
+#if defined(KVTIER_WITH_CUDA)
+  static Status Check(cudaError_t e, const char* what) {
+    if (e == cudaSuccess) return Status::OK();
+    return Status::CudaError(fmt::format("device pool {}: {}", what, cudaGetErrorString(e)));
+  }
+#endif
+  bool on_gpu_ = false;
+  int64_t bytes_ = 0;
+  std::vector<void*> buffers_;
+};
+
+bool GpuPresent() {
+#if defined(KVTIER_WITH_CUDA)
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+#else
+  return false;
+#endif
+}
+
+double GBps(int64_t bytes, double seconds) { return static_cast<double>(bytes) / seconds / 1e9; }
+double MiB(int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
+
+// Chooses the engine. "best": auto, then kernel, then dma on a GPU; cpu otherwise.
+Result<std::unique_ptr<TransferEngine>> ChooseEngine(const std::string& wanted, bool gpu,
+                                                     std::string* why) {
+  if (wanted != "best") {
+    KVTIER_ASSIGN_OR_RETURN(TransferBackend b, ParseTransferBackend(wanted));
+    if (b != TransferBackend::kCpu && !gpu) {
+      return Status::Unavailable(fmt::format(
+          "--backend {} needs a GPU and kvtier {}", wanted,
+          BuiltWithCuda() ? "found none" : "was built without CUDA"));
+    }
+    *why = "asked for with --backend";
+    return MakeTransferEngine(b);
+  }
+  if (gpu) {
+    for (TransferBackend b : {TransferBackend::kAuto, TransferBackend::kKernel,
+                              TransferBackend::kDma}) {
+      Result<std::unique_ptr<TransferEngine>> engine = MakeTransferEngine(b);
+      if (engine.ok()) {
+        *why = "GPU present";
+        return engine;
+      }
+    }
+    *why = "GPU present but no GPU backend is available in this build; using host memory";
+  } else {
+    *why = BuiltWithCuda() ? "no GPU found" : "kvtier built without CUDA";
+  }
+  return MakeTransferEngine(TransferBackend::kCpu);
+}
+
+Status Demo(const DemoOptions& options) {
+  const int64_t tokens = (options.tokens + kPageSize - 1) / kPageSize * kPageSize;
+  const int64_t pool_slots = 2 * tokens;
+
+  std::string why;
+  const bool gpu = GpuPresent();
+  KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<TransferEngine> engine,
+                          ChooseEngine(options.backend, gpu, &why));
+  const bool device_on_gpu = engine->backend() != TransferBackend::kCpu;
+  fmt::print("kvtier demo: backend {} ({})\n", TransferBackendName(engine->backend()), why);
+  fmt::print("  model: {} layers, K and V of {} B per token per layer, pages of {} tokens\n",
+             kLayers, kSlotBytes, kPageSize);
+
+  // The device (L1) pool: layer_first, as an engine's KV pool is.
+  KvGeometry device_geometry;
+  device_geometry.layout = KvLayout::kLayerFirst;
+  device_geometry.num_layers = kLayers;
+  device_geometry.num_slots = pool_slots;
+  device_geometry.slot_bytes = kSlotBytes;
+  device_geometry.page_size = kPageSize;
+  DevicePoolMemory device_memory;
+  KVTIER_RETURN_IF_ERROR(device_memory.Allocate(device_on_gpu, device_geometry.buffer_bytes()));
+  KvRegion device;
+  device.geometry = device_geometry;
+  device.memory = device_on_gpu ? MemoryKind::kDevice : MemoryKind::kHost;
+  device.device = device_on_gpu ? 0 : -1;
+  device.k = device_memory.buffer(0);
+  device.v = device_memory.buffer(1);
+  KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<SlotAllocator> device_pages,
+                          SlotAllocator::Create(pool_slots, kPageSize));
+  fmt::print("  device pool: {} slots, layer_first, {} ({:.1f} MiB)\n", pool_slots,
+             device_on_gpu ? "GPU memory" : "host memory standing in for the GPU",
+             MiB(2 * device_geometry.buffer_bytes()));
+
+  // The host (L2) pool.
+  HostKvPoolConfig host_config;
+  host_config.layout = KvLayout::kPageFirst;
+  host_config.num_layers = kLayers;
+  host_config.slot_bytes = kSlotBytes;
+  host_config.page_size = kPageSize;
+  host_config.capacity_bytes = 2 * pool_slots * kLayers * kSlotBytes;
+  KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<HostKvPool> host, HostKvPool::Create(host_config));
+  fmt::print("  host pool:   {} slots, {}, mmap ({:.1f} MiB, pinned: {})\n", host->num_slots(),
+             LayoutName(host->geometry().layout), MiB(host->capacity_bytes()),
+             host->cuda_registered() ? "yes" : "no");
+
+  // 1. Prefill: the pattern into freshly allocated device pages; everything else poisoned.
+  const int64_t pages = tokens / kPageSize;
+  KVTIER_ASSIGN_OR_RETURN(std::vector<int64_t> prefill_pages, device_pages->AllocatePages(pages));
+  // Take pages in a shuffled order, as a long-running engine's free list hands them out.
+  std::mt19937_64 rng(options.seed);
+  std::shuffle(prefill_pages.begin(), prefill_pages.end(), rng);
+  const std::vector<int64_t> prefill_slots = PageSlots(prefill_pages, kPageSize);
+  const size_t buffer_bytes = static_cast<size_t>(device_geometry.buffer_bytes());
+  for (int b = 0; b < 2; ++b) {
+    std::vector<uint8_t> image(buffer_bytes, kPoison);
+    for (int64_t l = 0; l < kLayers; ++l) {
+      for (int64_t t = 0; t < tokens; ++t) {
+        uint8_t* slot = image.data() + device_geometry.SlotOffset(l, prefill_slots[t]);
+        for (int64_t j = 0; j < kSlotBytes; ++j) slot[j] = PatternByte(b, l, t, j);
+      }
+    }
+    KVTIER_RETURN_IF_ERROR(device_memory.Write(b, image));
+  }
+  fmt::print("  1. prefill: wrote a known KV pattern for {} tokens ({} pages) into the device "
+             "pool\n",
+             tokens, pages);
+
+  // 2. Backup, all layers, device -> host.
+  KVTIER_ASSIGN_OR_RETURN(std::vector<int64_t> host_page_starts, host->AllocatePages(pages));
+  const std::vector<int64_t> host_slots = PageSlots(host_page_starts, kPageSize);
+  const KvRegion& host_region = host->region();
+  const int64_t backup_bytes = 2 * tokens * kLayers * kSlotBytes;
+  auto t0 = std::chrono::steady_clock::now();
+  KVTIER_RETURN_IF_ERROR(engine->Transfer(TransferRequest::AllLayers(
+      device, host_region, SlotIndices::Host(prefill_slots), SlotIndices::Host(host_slots))));
+  KVTIER_RETURN_IF_ERROR(engine->Synchronize(nullptr));
+  const double backup_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  fmt::print("  2. backup device -> host, all {} layers in one call: {:.1f} MiB in {:.2f} ms "
+             "({:.2f} GB/s)\n",
+             kLayers, MiB(backup_bytes), backup_s * 1e3, GBps(backup_bytes, backup_s));
+
+  // 3. Evict: free the device pages and poison the whole device pool.
+  KVTIER_RETURN_IF_ERROR(device_pages->FreePages(prefill_pages));
+  for (int b = 0; b < 2; ++b) KVTIER_RETURN_IF_ERROR(device_memory.Fill(b, kPoison));
+  fmt::print("  3. evicted: freed the {} device pages and poisoned the whole device pool\n", pages);
+
+  // 4. Load back into newly allocated pages, one layer per call.
+  KVTIER_ASSIGN_OR_RETURN(std::vector<int64_t> load_pages, device_pages->AllocatePages(pages));
+  std::shuffle(load_pages.begin(), load_pages.end(), rng);
+  const std::vector<int64_t> load_slots = PageSlots(load_pages, kPageSize);
+  t0 = std::chrono::steady_clock::now();
+  for (int64_t l = 0; l < kLayers; ++l) {
+    KVTIER_RETURN_IF_ERROR(engine->Transfer(TransferRequest::PerLayer(
+        host_region, device, SlotIndices::Host(host_slots), SlotIndices::Host(load_slots), l)));
+  }
+  KVTIER_RETURN_IF_ERROR(engine->Synchronize(nullptr));
+  const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  fmt::print("  4. load host -> device, layer by layer ({} calls): {:.1f} MiB in {:.2f} ms "
+             "({:.2f} GB/s)\n",
+             kLayers, MiB(backup_bytes), load_s * 1e3, GBps(backup_bytes, load_s));
+
+  // 5. Verify the whole device pool.
+  int64_t bad = 0;
+  int64_t first_bad = -1;
+  for (int b = 0; b < 2; ++b) {
+    std::vector<uint8_t> expected(buffer_bytes, kPoison);
+    for (int64_t l = 0; l < kLayers; ++l) {
+      for (int64_t t = 0; t < tokens; ++t) {
+        uint8_t* slot = expected.data() + device_geometry.SlotOffset(l, load_slots[t]);
+        for (int64_t j = 0; j < kSlotBytes; ++j) slot[j] = PatternByte(b, l, t, j);
+      }
+    }
+    std::vector<uint8_t> actual;
+    KVTIER_RETURN_IF_ERROR(device_memory.Read(b, &actual));
+    for (size_t i = 0; i < buffer_bytes; ++i) {
+      if (actual[i] != expected[i]) {
+        if (first_bad < 0) first_bad = static_cast<int64_t>(i);
+        ++bad;
+      }
+    }
+  }
+  if (bad > 0) {
+    return Status::Corruption(fmt::format(
+        "{} bytes of the device pool differ from what they must hold (first at byte {})", bad,
+        first_bad));
+  }
+  fmt::print("  5. verified all {:.1f} MiB of the device pool byte-for-byte: every loaded token "
+             "matches the prefill, every other slot is still poisoned\n",
+             MiB(2 * device_geometry.buffer_bytes()));
+  KVTIER_RETURN_IF_ERROR(host->FreePages(host_page_starts));
+  return Status::OK();
+}
+
+}  // namespace
+
+int RunDemo(const DemoOptions& options) {
+  Status s = Demo(options);
+  if (!s.ok()) {
+    fmt::print(stderr, "kvtier demo: FAILED: {}\n", s.ToString());
+    return 1;
+  }
+  fmt::print("kvtier demo: OK\n");
+  return 0;
+}
+
+}  // namespace kvtier::tools
