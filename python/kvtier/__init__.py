@@ -1,0 +1,64 @@
+"""kvtier — a hierarchical KV cache for LLM inference (GPU memory, pinned host memory, storage).
+
+    import kvtier
+    kvtier.ops                      # KV transfers over torch tensors / CUDA arrays / numpy arrays
+    kvtier.compat.sgl_kernel        # drop-in for SGLang's sgl_kernel.kvcacheio
+    kvtier.LayerEvents              # per-layer readiness of a GPU copy (CUDA builds)
+    kvtier.HierarchicalCache        # the cache manager (when built in)
+
+Importing kvtier needs neither a GPU nor PyTorch. Features that need CUDA raise
+kvtier.UnavailableError when kvtier was built without it. Errors are exceptions whose message is
+the C++ Status message: kvtier.InvalidArgumentError (a ValueError), kvtier.OutOfMemoryError (a
+MemoryError), and other kvtier.KvtierError subclasses (RuntimeErrors).
+"""
+
+from . import _kvtier
+from ._kvtier import (
+    CorruptionError,
+    CudaError,
+    FailedPreconditionError,
+    InternalError,
+    InvalidArgumentError,
+    KvtierError,
+    KvtierIOError,
+    NotFoundError,
+    OutOfMemoryError,
+    UnavailableError,
+    built_with_cuda,
+)
+from . import ops
+from .ops import KvRegion
+
+__version__ = "0.1.0"
+
+if hasattr(_kvtier, "LayerEvents"):
+    LayerEvents = _kvtier.LayerEvents
+else:
+
+    class LayerEvents:  # type: ignore[no-redef]
+        """Per-layer CUDA events of a multi-layer copy. Needs kvtier built with CUDA."""
+
+        def __init__(self, *args, **kwargs):
+            raise UnavailableError(
+                "kvtier.LayerEvents needs CUDA, and kvtier was built without it (KVTIER_CUDA=OFF "
+                "or no nvcc)")
+
+if getattr(_kvtier, "has_cache", False):
+    from .cache import HierarchicalCache  # noqa: F401
+
+__all__ = [
+    "ops",
+    "KvRegion",
+    "LayerEvents",
+    "built_with_cuda",
+    "KvtierError",
+    "InvalidArgumentError",
+    "OutOfMemoryError",
+    "NotFoundError",
+    "KvtierIOError",
+    "CorruptionError",
+    "CudaError",
+    "UnavailableError",
+    "FailedPreconditionError",
+    "InternalError",
+] + (["HierarchicalCache"] if getattr(_kvtier, "has_cache", False) else [])

@@ -1,0 +1,315 @@
+"""kvtier.ops — the transfer API over torch tensors, CUDA arrays and numpy arrays.
+
+A copy moves the KV of a list of slots (token indices) between two regions. A region is a KV pool
+described by its geometry (ARCHITECTURE.md §2) over buffers you own:
+
+    src = ops.KvRegion(layout="page_first", num_layers=L, slot_bytes=S, k=host_k, v=host_v)
+    dst = ops.KvRegion(layout="layer_first", num_layers=L, slot_bytes=S, k=dev_k, v=dev_v)
+    ops.transfer_layer(src, dst, host_slots, dev_slots, layer=3)        # one layer
+    ops.transfer_all_layers(dst, src, dev_slots, host_slots)            # every layer
+
+Buffers are anything with ``data_ptr()`` (torch), ``__cuda_array_interface__`` or
+``__array_interface__`` (numpy), contiguous, at least as large as the geometry says (checked: a
+too-small buffer is never written past its end). A ``layer_first`` region may instead take lists of
+per-layer buffers (``k=[layer0, layer1, ...]``). MLA pools have one buffer: ``mla=True`` and no
+``v``. Indices are 1-D int32/int64 numpy arrays, torch tensors (host or CUDA) or lists of ints.
+
+Backends: ``cpu`` (host memory only, synchronous), ``kernel`` (CUDA kernels, zero-copy over pinned
+host memory), ``dma`` (copy engines), ``auto`` (cpu when every buffer and index is in host memory,
+otherwise the C++ auto backend). GPU backends enqueue on ``stream`` when given, else on PyTorch's
+current stream of the device when torch is imported, else on the legacy default stream, and return
+once the copy is enqueued.
+
+Errors: a bad argument raises ValueError (kvtier.InvalidArgumentError for those found by the C++
+core) whose message names the argument; other failures raise subclasses of kvtier.KvtierError.
+
+Thread safety: functions may be called from several threads; a request's buffers and indices must
+not change while it runs.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any, List, Optional, Sequence
+
+from . import _kvtier
+from ._buffers import HOST, BufferInfo, IndexInfo, describe_buffer, describe_indices, resolve_stream
+
+__all__ = [
+    "LAYOUTS",
+    "BACKENDS",
+    "KvRegion",
+    "transfer",
+    "transfer_layer",
+    "transfer_all_layers",
+    "synchronize",
+    "configure",
+    "engine_config",
+]
+
+LAYOUTS = ("layer_first", "page_first", "page_first_direct", "page_head")
+BACKENDS = ("cpu", "kernel", "dma", "auto")
+
+
+def _int(value: Any, name: str, minimum: Optional[int] = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} = {value!r} must be an integer")
+    value = int(value)
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} = {value} must be >= {minimum}")
+    return value
+
+
+def _check_choice(value: Any, name: str, choices: Sequence[str]) -> str:
+    if value not in choices:
+        raise ValueError(f"{name} = {value!r} is not one of {', '.join(choices)}")
+    return value
+
+
+class KvRegion:
+    """A KV region over caller-owned buffers (the region keeps references to them).
+
+    Args:
+      layout: "layer_first", "page_first", "page_first_direct" or "page_head".
+      num_layers: L.  slot_bytes: S, bytes of one token in one layer (of K, or of the MLA buffer).
+      k, v: the K and V buffers (v omitted for MLA), each at least L*N*S bytes; for layer_first,
+        alternatively lists of L per-layer buffers of at least N*S bytes each.
+      num_slots: N; by default the most the buffers hold (a multiple of page_size).
+      page_size: P.  head_num: H (page_head only depends on it).  mla: one buffer, no v.
+      name: prefix of error messages ("src", "dst", ...).
+      labels: names of the k and v buffers in error messages (default "<name>.k", "<name>.v").
+    """
+
+    def __init__(self, *, layout: str, num_layers: int, slot_bytes: int, k: Any, v: Any = None,
+                 num_slots: Optional[int] = None, page_size: int = 1, head_num: int = 1,
+                 mla: bool = False, name: str = "region",
+                 labels: Optional[Sequence[str]] = None) -> None:
+        _check_choice(layout, f"{name}.layout", LAYOUTS)
+        num_layers = _int(num_layers, f"{name}.num_layers", 1)
+        slot_bytes = _int(slot_bytes, f"{name}.slot_bytes", 1)
+        page_size = _int(page_size, f"{name}.page_size", 1)
+        head_num = _int(head_num, f"{name}.head_num", 1)
+        mla = bool(mla)
+        if mla and v is not None:
+            raise ValueError(f"{name}.v must be None for an MLA region (mla=True has one buffer)")
+        if not mla and v is None:
+            raise ValueError(f"{name}.v is required for an MHA region (pass mla=True for MLA)")
+
+        per_layer = isinstance(k, (list, tuple))
+        if not mla and per_layer != isinstance(v, (list, tuple)):
+            raise ValueError(f"{name}.k and {name}.v must both be buffers or both be lists of "
+                             "per-layer buffers")
+        buffers: List[BufferInfo] = []
+        if per_layer:
+            if layout != "layer_first":
+                raise ValueError(f"{name}.k is a list of per-layer buffers, which needs "
+                                 f"layout='layer_first', not {layout!r}")
+            for label, seq in (("k", k), ("v", v)) if not mla else (("k", k),):
+                if len(seq) != num_layers:
+                    raise ValueError(f"{name}.{label} has {len(seq)} per-layer buffers, expected "
+                                     f"num_layers = {num_layers}")
+                buffers += [describe_buffer(b, f"{name}.{label}[{i}]") for i, b in enumerate(seq)]
+            unit = slot_bytes  # bytes per slot in one per-layer buffer
+        else:
+            k_label, v_label = (tuple(labels) + (None,))[:2] if labels else (f"{name}.k", f"{name}.v")
+            buffers.append(describe_buffer(k, k_label))
+            if not mla:
+                buffers.append(describe_buffer(v, v_label))
+            unit = num_layers * slot_bytes
+        names = self._buffer_names(name, per_layer, mla, num_layers)
+        if labels is not None and not per_layer:
+            names = list(labels)
+
+        capacity = min(b.nbytes for b in buffers) // unit  # slots every buffer can hold
+        if num_slots is None:
+            num_slots = capacity - capacity % page_size
+            if num_slots <= 0:
+                smallest = min(range(len(buffers)), key=lambda i: buffers[i].nbytes)
+                raise ValueError(
+                    f"{names[smallest]} holds {buffers[smallest].nbytes} bytes, less than one page "
+                    f"of {page_size} slot(s) x {unit} bytes")
+        else:
+            num_slots = _int(num_slots, f"{name}.num_slots", 1)
+            for b, label in zip(buffers, names):
+                if b.nbytes < num_slots * unit:
+                    raise ValueError(
+                        f"{label} holds {b.nbytes} bytes but num_slots = {num_slots} needs "
+                        f"{num_slots * unit} ({num_slots} slots x {unit} bytes)")
+
+        devices = {b.device for b in buffers}
+        if len(devices) != 1:
+            where = ", ".join(f"{label} in {b.where()}" for b, label in zip(buffers, names))
+            raise ValueError(f"{name} mixes memories: {where}")
+        device = devices.pop()
+
+        kwargs = dict(layout=layout, num_layers=num_layers, num_slots=num_slots,
+                      slot_bytes=slot_bytes, page_size=page_size, head_num=head_num, mla=mla,
+                      memory="host" if device == HOST else "device", device=device, name=name)
+        if per_layer:
+            kwargs["k_layers"] = [b.address for b in buffers[:num_layers]]
+            kwargs["v_layers"] = [] if mla else [b.address for b in buffers[num_layers:]]
+        else:
+            kwargs["k"] = buffers[0].address
+            kwargs["v"] = 0 if mla else buffers[1].address
+        self._init(kwargs, keepalive=[b.obj for b in buffers],
+                   readonly=[label for b, label in zip(buffers, names) if b.readonly])
+
+    @staticmethod
+    def _buffer_names(name: str, per_layer: bool, mla: bool, num_layers: int) -> List[str]:
+        if not per_layer:
+            return [f"{name}.k"] if mla else [f"{name}.k", f"{name}.v"]
+        labels = ("k",) if mla else ("k", "v")
+        return [f"{name}.{label}[{i}]" for label in labels for i in range(num_layers)]
+
+    def _init(self, kwargs: dict, keepalive: list, readonly: List[str]) -> None:
+        self.name = kwargs.pop("name")
+        self._native = _kvtier.Region(**kwargs, name=self.name)
+        self.device = kwargs["device"] if kwargs["memory"] == "device" else HOST
+        self._keepalive = keepalive
+        self._readonly = readonly
+
+    @classmethod
+    def from_addresses(cls, *, layout: str, num_layers: int, num_slots: int, slot_bytes: int,
+                       page_size: int = 1, head_num: int = 1, mla: bool = False,
+                       device: int = HOST, k: int = 0, v: int = 0,
+                       k_layers: Sequence[int] = (), v_layers: Sequence[int] = (),
+                       keepalive: Any = None, name: str = "region") -> "KvRegion":
+        """A region over raw addresses (host memory when device is -1, else CUDA device `device`).
+
+        Nothing checks that the addresses hold num_slots slots: the caller vouches for it. Used by
+        kvtier.compat.sgl_kernel for SGLang's per-layer pointer tables.
+        """
+        self = cls.__new__(cls)
+        _check_choice(layout, f"{name}.layout", LAYOUTS)
+        kwargs = dict(layout=layout, num_layers=num_layers, num_slots=num_slots,
+                      slot_bytes=slot_bytes, page_size=page_size, head_num=head_num, mla=mla,
+                      memory="host" if device == HOST else "device", device=device, k=k, v=v,
+                      k_layers=list(k_layers), v_layers=list(v_layers), name=name)
+        self._init(kwargs, keepalive=[keepalive], readonly=[])
+        return self
+
+    # Geometry, read from the C++ region.
+    layout = property(lambda self: self._native.layout)
+    num_layers = property(lambda self: self._native.num_layers)
+    num_slots = property(lambda self: self._native.num_slots)
+    slot_bytes = property(lambda self: self._native.slot_bytes)
+    page_size = property(lambda self: self._native.page_size)
+    head_num = property(lambda self: self._native.head_num)
+    mla = property(lambda self: self._native.mla)
+
+    @property
+    def on_device(self) -> bool:
+        return self.device != HOST
+
+    def __repr__(self) -> str:
+        where = "host" if self.device == HOST else f"cuda:{self.device}"
+        return f"KvRegion({self.name}: {self._native!r} on {where})"
+
+
+def _rename_slots(message: str) -> str:
+    # The C++ request calls the index lists src_slots/dst_slots; Python callers pass
+    # src_indices/dst_indices.
+    return message.replace("src_slots", "src_indices").replace("dst_slots", "dst_indices")
+
+
+def _native_indices(info: IndexInfo) -> Any:
+    return _kvtier.Indices(info.address, info.count, info.int64, info.device != HOST)
+
+
+def transfer(src: KvRegion, dst: KvRegion, src_indices: Any, dst_indices: Any, *,
+             src_layer: int = 0, dst_layer: int = 0, num_layers: int = 1, backend: str = "auto",
+             stream: Any = None, layer_events: Any = None) -> None:
+    """Copy layers [src_layer, src_layer + num_layers) of slots src_indices of `src` to layers
+    [dst_layer, ...) of slots dst_indices of `dst` (slot k of one list goes to slot k of the other).
+
+    layer_events: a kvtier.LayerEvents (CUDA builds); GPU backends record one event per layer.
+    """
+    if not isinstance(src, KvRegion):
+        raise ValueError(f"src must be a kvtier.ops.KvRegion, not {type(src).__name__}")
+    if not isinstance(dst, KvRegion):
+        raise ValueError(f"dst must be a kvtier.ops.KvRegion, not {type(dst).__name__}")
+    if dst._readonly:
+        raise ValueError(f"dst buffer {dst._readonly[0]} is read-only")
+    _check_choice(backend, "backend", BACKENDS)
+    src_layer = _int(src_layer, "src_layer")
+    dst_layer = _int(dst_layer, "dst_layer")
+    num_layers = _int(num_layers, "num_layers")
+    si = describe_indices(src_indices, "src_indices")
+    di = describe_indices(dst_indices, "dst_indices")
+    _run(src, dst, si, di, src_layer, dst_layer, num_layers, backend, stream, layer_events)
+
+
+def _run(src: KvRegion, dst: KvRegion, si: IndexInfo, di: IndexInfo, src_layer: int,
+         dst_layer: int, num_layers: int, backend: str, stream: Any, layer_events: Any) -> None:
+    """transfer() after argument parsing; shared with kvtier.compat."""
+    placed = (("src", src.device), ("dst", dst.device), ("src_indices", si.device),
+              ("dst_indices", di.device))
+    devices = {d for _, d in placed if d != HOST}
+    if len(devices) > 1:
+        where = ", ".join(f"{n} on cuda:{d}" for n, d in placed if d != HOST)
+        raise ValueError(f"the copy spans several CUDA devices: {where}")
+    device = devices.pop() if devices else HOST
+    if backend == "auto" and device == HOST and layer_events is None:
+        backend = "cpu"
+    if backend == "cpu":
+        for n, d in placed:
+            if d != HOST:
+                raise ValueError(f"backend='cpu' copies host memory only, but {n} is on cuda:{d}")
+    stream_address = 0 if backend == "cpu" else resolve_stream(stream, device)
+    try:
+        _kvtier.transfer(src._native, dst._native, _native_indices(si), _native_indices(di),
+                         src_layer=src_layer, dst_layer=dst_layer, num_layers=num_layers,
+                         backend=backend, stream=stream_address,
+                         device=device if device != HOST else 0, layer_events=layer_events)
+    except _kvtier.InvalidArgumentError as e:
+        raise _kvtier.InvalidArgumentError(_rename_slots(str(e))) from None
+
+
+def transfer_layer(src: KvRegion, dst: KvRegion, src_indices: Any, dst_indices: Any, layer: int,
+                   **kwargs: Any) -> None:
+    """One layer, the same index on both sides (a per-layer load). kwargs as for transfer()."""
+    layer = _int(layer, "layer")
+    transfer(src, dst, src_indices, dst_indices, src_layer=layer, dst_layer=layer, num_layers=1,
+             **kwargs)
+
+
+def transfer_all_layers(src: KvRegion, dst: KvRegion, src_indices: Any, dst_indices: Any,
+                        **kwargs: Any) -> None:
+    """Every layer of `src` (an all-layer backup). kwargs as for transfer()."""
+    if not isinstance(src, KvRegion):
+        raise ValueError(f"src must be a kvtier.ops.KvRegion, not {type(src).__name__}")
+    transfer(src, dst, src_indices, dst_indices, src_layer=0, dst_layer=0,
+             num_layers=src.num_layers, **kwargs)
+
+
+def synchronize(backend: str = "kernel", stream: Any = None, device: int = 0) -> None:
+    """Wait for `backend`'s copies on `stream` (default: as transfer() picks it) and raise the first
+    error found on the device since the last call (e.g. an out-of-range device index a kernel
+    skipped). A no-op for cpu."""
+    _check_choice(backend, "backend", BACKENDS)
+    device = _int(device, "device", 0)
+    if backend == "cpu":
+        return
+    try:
+        _kvtier.synchronize(backend, resolve_stream(stream, device), device)
+    except _kvtier.InvalidArgumentError as e:
+        raise _kvtier.InvalidArgumentError(_rename_slots(str(e))) from None
+
+
+def configure(*, cpu_threads: Optional[int] = None, cpu_parallel_threshold_bytes: Optional[int] = None,
+              max_sms: Optional[int] = None) -> None:
+    """Reconfigure the engines kvtier.ops uses (unset arguments keep their current value)."""
+    current = _kvtier.engine_config()
+    if cpu_threads is not None:
+        current["cpu_threads"] = _int(cpu_threads, "cpu_threads", 0)
+    if cpu_parallel_threshold_bytes is not None:
+        current["cpu_parallel_threshold_bytes"] = _int(
+            cpu_parallel_threshold_bytes, "cpu_parallel_threshold_bytes", 0)
+    if max_sms is not None:
+        current["max_sms"] = _int(max_sms, "max_sms", 1)
+    _kvtier.configure(**current)
+
+
+def engine_config() -> dict:
+    """The configuration of the engines kvtier.ops uses."""
+    return dict(_kvtier.engine_config())
