@@ -1,0 +1,237 @@
+// kvtier/radix_tree.h — the paged radix tree over token ids that indexes cached KV.
+//
+// Each namespace (a tenant salt) has its own root, so prefixes never match across namespaces.
+// A node holds a span of tokens (a non-empty multiple of page_size) and, per tier, where their KV
+// lives: one device slot and/or one host slot per token, and one storage key per page
+// (placeholder for the storage tier). Children are keyed by a hash of their first page and
+// verified token by token. Matching and inserting walk page by page and split a node where a
+// match ends inside it.
+//
+// Invariants (checked by CheckInvariants, written once in radix_tree.cc):
+//   - every non-root node is resident somewhere (device or host);
+//   - device residency is prefix-closed (a node on the device has its parent on the device), and
+//     so is host residency (backups form a contiguous prefix);
+//   - a node's reference count is at least the sum of its children's (IncRef pins a node and all
+//     its ancestors), and only unreferenced nodes are evictable;
+//   - the device-evictable set holds exactly the unreferenced, idle nodes on the device with no
+//     child on the device; the host-evictable set exactly the unreferenced, idle nodes in host
+//     memory only, with no children. Both are ordered by the tier's EvictionPolicy key.
+//
+// Thread safety: none; the owner (HierarchicalCache) serialises every call.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "kvtier/eviction_policy.h"
+#include "kvtier/status.h"
+
+namespace kvtier {
+
+using Token = int32_t;
+
+// An in-flight copy touching a node (defined by the cache). A node that has one is "busy": it is
+// neither device- nor host-evictable until the owner clears it.
+struct PendingCopy;
+
+class RadixNode {
+ public:
+  RadixNode(const RadixNode&) = delete;
+  RadixNode& operator=(const RadixNode&) = delete;
+
+  uint64_t id() const { return id_; }
+  bool is_root() const { return parent_ == nullptr; }
+  const RadixNode* parent() const { return parent_; }
+  RadixNode* parent() { return parent_; }
+  std::span<const Token> tokens() const { return tokens_; }
+  int64_t num_tokens() const { return static_cast<int64_t>(tokens_.size()); }
+  // Tokens from the namespace root through the end of this node.
+  int64_t prefix_tokens() const { return prefix_tokens_; }
+  const std::string& name_space() const { return *namespace_; }
+
+  bool on_device() const { return !device_slots_.empty(); }
+  bool on_host() const { return !host_slots_.empty(); }
+  std::span<const int64_t> device_slots() const { return device_slots_; }
+  std::span<const int64_t> host_slots() const { return host_slots_; }
+  std::span<const std::string> storage_keys() const { return storage_keys_; }
+
+  int64_t ref_count() const { return ref_count_; }
+  int64_t hit_count() const { return hit_count_; }
+  int64_t last_access() const { return last_access_; }
+  int64_t created() const { return created_; }
+  int32_t priority() const { return priority_; }
+  bool busy() const { return pending_ != nullptr; }
+  const std::shared_ptr<PendingCopy>& pending() const { return pending_; }
+  size_t num_children() const { return children_.size(); }
+  int64_t device_children() const { return device_children_; }
+
+ private:
+  friend class RadixTree;
+  RadixNode() = default;
+
+  uint64_t id_ = 0;
+  RadixNode* parent_ = nullptr;
+  const std::string* namespace_ = nullptr;  // owned by the tree's root map
+  std::vector<Token> tokens_;
+  int64_t prefix_tokens_ = 0;
+  std::vector<int64_t> device_slots_;  // empty, or one per token
+  std::vector<int64_t> host_slots_;    // empty, or one per token
+  std::vector<std::string> storage_keys_;  // empty, or one per page
+  // Keyed by the hash of the child's first page; several children may share a hash.
+  std::unordered_multimap<uint64_t, std::unique_ptr<RadixNode>> children_;
+  int64_t device_children_ = 0;  // children on the device
+  int64_t host_children_ = 0;    // children in host memory
+  int64_t ref_count_ = 0;
+  int64_t hit_count_ = 0;
+  int64_t last_access_ = 0;
+  int64_t created_ = 0;
+  int32_t priority_ = 0;
+  std::shared_ptr<PendingCopy> pending_;
+  // Membership in the tree's evictable sets and the key it is filed under.
+  bool in_device_set_ = false;
+  bool in_host_set_ = false;
+  EvictionKey device_key_;
+  EvictionKey host_key_;
+};
+
+class RadixTree {
+ public:
+  // REQUIRES: page_size >= 1. Null policies mean LRU.
+  RadixTree(int64_t page_size, std::shared_ptr<const EvictionPolicy> device_policy = nullptr,
+            std::shared_ptr<const EvictionPolicy> host_policy = nullptr);
+  ~RadixTree();
+  RadixTree(const RadixTree&) = delete;
+  RadixTree& operator=(const RadixTree&) = delete;
+
+  int64_t page_size() const { return page_size_; }
+
+  struct MatchResult {
+    RadixNode* last = nullptr;   // deepest matched node; the namespace root when nothing matched
+    int64_t matched_tokens = 0;  // page-aligned; == last->prefix_tokens() after Match
+    int64_t device_tokens = 0;   // leading matched tokens whose KV is on the device
+    int64_t host_tokens = 0;     // the rest of the match: in host memory only
+  };
+
+  // The longest cached page-aligned prefix of `tokens` in namespace `ns`. Splits the node in which
+  // the match ends, so the match ends exactly at `last`'s end. Touches nothing else (no access
+  // times, no hit counts). The namespace root is created on first use.
+  MatchResult Match(std::string_view ns, std::span<const Token> tokens);
+  // Like Match but changes nothing: `last` may extend past matched_tokens; null when the
+  // namespace does not exist.
+  MatchResult Peek(std::string_view ns, std::span<const Token> tokens) const;
+
+  enum class SegmentKind : uint8_t {
+    kOnDevice,  // already on the device: the node keeps its slots
+    kRevived,   // was in host memory only: the node took the given device slots
+    kNew,       // a new leaf holding the given device slots
+  };
+  struct InsertSegment {
+    RadixNode* node;
+    int64_t begin;  // token range of `tokens` this node covers
+    int64_t end;
+    SegmentKind kind;
+  };
+  // Inserts `tokens` with their device slots; see SegmentKind for what happens to each part.
+  // Segments are appended to `segments` top-down. New nodes get hit_count 1.
+  // REQUIRES: tokens.size() == device_slots.size(), a multiple of page_size.
+  void Insert(std::string_view ns, std::span<const Token> tokens,
+              std::span<const int64_t> device_slots, std::vector<InsertSegment>* segments);
+
+  // ---- residency (each keeps the counts and the evictable sets right) --------------------
+  // REQUIRES: slots.size() == node->num_tokens(); the parent is on the device (or the root).
+  void SetDeviceSlots(RadixNode* node, std::vector<int64_t> slots);
+  // Moves the device slots out. REQUIRES: no child on the device.
+  std::vector<int64_t> TakeDeviceSlots(RadixNode* node);
+  // REQUIRES: slots.size() == node->num_tokens(); the parent is in host memory (or the root).
+  void SetHostSlots(RadixNode* node, std::vector<int64_t> slots);
+  // REQUIRES: no child in host memory.
+  std::vector<int64_t> TakeHostSlots(RadixNode* node);
+  // REQUIRES: keys.size() == pages of node (or empty).
+  void SetStorageKeys(RadixNode* node, std::vector<std::string> keys);
+  // Deletes a node. REQUIRES: not a root, no children, no slots in any tier, unreferenced.
+  void Remove(RadixNode* node);
+
+  // ---- references, statistics, in-flight copies ------------------------------------------
+  // Pins `node` and all its ancestors (the namespace root excluded).
+  void IncRef(RadixNode* node);
+  // REQUIRES: a matching IncRef.
+  void DecRef(RadixNode* node);
+  // Access: last_access = a new tick of the logical clock. Adds `hits` to hit_count.
+  void Touch(RadixNode* node, int64_t hits);
+  void RaisePriority(RadixNode* node, int32_t priority);
+  void SetPending(RadixNode* node, std::shared_ptr<PendingCopy> pending);
+  // Called as hook(upper, lower) after a split: `upper` is the new node holding the first part of
+  // `lower`'s old tokens; `lower` keeps its identity (handles pointing at it stay valid). Both
+  // carry the old node's pending copy, references and statistics.
+  void SetSplitHook(std::function<void(RadixNode* upper, RadixNode* lower)> hook) {
+    split_hook_ = std::move(hook);
+  }
+
+  // ---- eviction ---------------------------------------------------------------------------
+  // The evictable node with the smallest key, or null.
+  RadixNode* DeviceVictim() const;
+  RadixNode* HostVictim() const;
+  int64_t device_evictable_nodes() const { return static_cast<int64_t>(device_set_.size()); }
+  int64_t host_evictable_nodes() const { return static_cast<int64_t>(host_set_.size()); }
+
+  // ---- inspection -------------------------------------------------------------------------
+  int64_t num_nodes() const { return num_nodes_; }  // roots excluded
+  int64_t device_tokens() const { return device_tokens_; }
+  int64_t host_tokens() const { return host_tokens_; }
+  // Tokens from the namespace root through the end of `node`.
+  std::vector<Token> PrefixTokens(const RadixNode* node) const;
+  // Calls fn on every non-root node, parents before children.
+  void ForEachNode(const std::function<void(const RadixNode&)>& fn) const;
+  // Every invariant above, plus page alignment of slots; Internal naming the node otherwise.
+  Status CheckInvariants() const;
+
+  // Hash of one page of tokens (the child key).
+  static uint64_t PageHash(std::span<const Token> page);
+
+ private:
+  struct SetEntry {
+    EvictionKey key;
+    uint64_t id;
+    RadixNode* node;
+    bool operator<(const SetEntry& o) const {
+      if (key != o.key) return key < o.key;
+      return id < o.id;
+    }
+  };
+
+  RadixNode* Root(std::string_view ns, bool create);
+  const RadixNode* FindRoot(std::string_view ns) const;
+  RadixNode* FindChild(const RadixNode* node, std::span<const Token> page) const;
+  // Common prefix of node's tokens and `tokens`, rounded down to whole pages.
+  int64_t CommonPages(const RadixNode* node, std::span<const Token> tokens) const;
+  // Splits `node` after `k` tokens (0 < k < size, page aligned); returns the new upper node.
+  RadixNode* Split(RadixNode* node, int64_t k);
+  RadixNode* NewNode(RadixNode* parent);
+  void Refresh(RadixNode* node);
+  EvictionStats StatsOf(const RadixNode* node) const;
+  Status CheckNode(const RadixNode* node, int64_t* device_tokens, int64_t* host_tokens,
+                   int64_t* nodes) const;
+
+  const int64_t page_size_;
+  std::shared_ptr<const EvictionPolicy> device_policy_;
+  std::shared_ptr<const EvictionPolicy> host_policy_;
+  std::map<std::string, std::unique_ptr<RadixNode>, std::less<>> roots_;
+  std::set<SetEntry> device_set_;
+  std::set<SetEntry> host_set_;
+  std::function<void(RadixNode*, RadixNode*)> split_hook_;
+  uint64_t next_id_ = 1;
+  int64_t clock_ = 0;
+  int64_t num_nodes_ = 0;
+  int64_t device_tokens_ = 0;
+  int64_t host_tokens_ = 0;
+};
+
+}  // namespace kvtier

@@ -1,0 +1,131 @@
+// Deterministic KV pattern (see kvtier/kv_pattern.h).
+#include "kvtier/kv_pattern.h"
+
+#include <fmt/format.h>
+
+#include <cstring>
+
+namespace kvtier {
+namespace {
+
+inline uint64_t Mix(uint64_t x) {
+  x ^= x >> 30;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 27;
+  x *= 0x94D049BB133111EBull;
+  x ^= x >> 31;
+  return x;
+}
+
+// Fills `out` (slot_bytes, a multiple of 4) with the bytes of (hash, layer, buffer).
+void Generate(uint64_t hash, int64_t layer, int buffer, std::byte* out, int64_t n) {
+  uint64_t state = Mix(hash ^ Mix(static_cast<uint64_t>(layer) * 2 + buffer + 1));
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    state += 0x9E3779B97F4A7C15ull;
+    const uint64_t v = Mix(state);
+    std::memcpy(out + i, &v, 8);
+  }
+  if (i < n) {
+    state += 0x9E3779B97F4A7C15ull;
+    const uint64_t v = Mix(state);
+    std::memcpy(out + i, &v, static_cast<size_t>(n - i));
+  }
+}
+
+Status CheckArgs(const KvRegion& region, std::span<const int64_t> slots,
+                 std::span<const uint64_t> hashes) {
+  KVTIER_RETURN_IF_ERROR(region.Validate("region"));
+  if (region.memory != MemoryKind::kHost) {
+    return Status::InvalidArgument(fmt::format(
+        "region.memory = {}: the KV pattern reads and writes host memory only; copy device "
+        "slots to a host region first", MemoryKindName(region.memory)));
+  }
+  if (slots.size() != hashes.size()) {
+    return Status::InvalidArgument(fmt::format("slots has {} entries but token_hashes has {}",
+                                               slots.size(), hashes.size()));
+  }
+  for (size_t k = 0; k < slots.size(); ++k) {
+    if (slots[k] < 0 || slots[k] >= region.geometry.num_slots) {
+      return Status::InvalidArgument(fmt::format("slots[{}] = {} is out of range [0, {})", k,
+                                                 slots[k], region.geometry.num_slots));
+    }
+  }
+  return Status::OK();
+}
+
+// Head chunks of one (layer, slot): page_head keeps each head apart, the rest are contiguous.
+template <typename Fn>
+void ForEachChunk(const KvRegion& region, int b, int64_t layer, int64_t slot, Fn&& fn) {
+  const KvGeometry& g = region.geometry;
+  const int64_t heads = g.layout == KvLayout::kPageHead ? g.head_num : 1;
+  const int64_t chunk = g.slot_bytes / heads;
+  std::byte* base = region.LayerBase(b, layer);
+  for (int64_t h = 0; h < heads; ++h) {
+    fn(base + region.LayerOffset(layer, slot, h), h * chunk, chunk);
+  }
+}
+
+}  // namespace
+
+uint64_t KvPatternSalt(std::string_view name_space) {
+  uint64_t h = 0x243F6A8885A308D3ull;
+  for (char c : name_space) h = Mix(h ^ static_cast<uint8_t>(c));
+  return h;
+}
+
+std::vector<uint64_t> KvPatternHashes(std::span<const Token> tokens, uint64_t salt) {
+  std::vector<uint64_t> out(tokens.size());
+  uint64_t h = Mix(salt);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    h = Mix(h ^ (static_cast<uint64_t>(static_cast<uint32_t>(tokens[i])) + 0x632BE59BD9B4E019ull));
+    out[i] = h;
+  }
+  return out;
+}
+
+Status FillKvPattern(const KvRegion& region, std::span<const int64_t> slots,
+                     std::span<const uint64_t> token_hashes) {
+  KVTIER_RETURN_IF_ERROR(CheckArgs(region, slots, token_hashes));
+  const int64_t S = region.geometry.slot_bytes;
+  std::vector<std::byte> buf(static_cast<size_t>(S));
+  for (size_t k = 0; k < slots.size(); ++k) {
+    for (int b = 0; b < region.num_buffers(); ++b) {
+      for (int64_t l = 0; l < region.geometry.num_layers; ++l) {
+        Generate(token_hashes[k], l, b, buf.data(), S);
+        ForEachChunk(region, b, l, slots[k], [&](std::byte* dst, int64_t off, int64_t n) {
+          std::memcpy(dst, buf.data() + off, static_cast<size_t>(n));
+        });
+      }
+    }
+  }
+  return Status::OK();
+}
+
+Status VerifyKvPattern(const KvRegion& region, std::span<const int64_t> slots,
+                       std::span<const uint64_t> token_hashes) {
+  KVTIER_RETURN_IF_ERROR(CheckArgs(region, slots, token_hashes));
+  const int64_t S = region.geometry.slot_bytes;
+  std::vector<std::byte> buf(static_cast<size_t>(S));
+  for (size_t k = 0; k < slots.size(); ++k) {
+    for (int b = 0; b < region.num_buffers(); ++b) {
+      for (int64_t l = 0; l < region.geometry.num_layers; ++l) {
+        Generate(token_hashes[k], l, b, buf.data(), S);
+        Status st;
+        ForEachChunk(region, b, l, slots[k], [&](const std::byte* src, int64_t off, int64_t n) {
+          if (!st.ok() || std::memcmp(src, buf.data() + off, static_cast<size_t>(n)) == 0) return;
+          int64_t i = 0;
+          while (i < n && src[i] == buf[off + i]) ++i;
+          st = Status::Corruption(fmt::format(
+              "token {} (slot {}), layer {}, {} buffer, byte {}: found 0x{:02x}, pattern 0x{:02x}",
+              k, slots[k], l, region.mla ? "MLA" : (b == 0 ? "K" : "V"), off + i,
+              static_cast<unsigned>(src[i]), static_cast<unsigned>(buf[off + i])));
+        });
+        KVTIER_RETURN_IF_ERROR(st);
+      }
+    }
+  }
+  return Status::OK();
+}
+
+}  // namespace kvtier

@@ -1,0 +1,515 @@
+// The paged radix tree (see kvtier/radix_tree.h).
+//
+// Bookkeeping kept incrementally, so no operation scans the tree:
+//   device_children_ / host_children_  how many children are resident in each tier;
+//   ref_count_                         pins through this node (IncRef walks to the root);
+//   device_set_ / host_set_            the evictable nodes of each tier, ordered by policy key;
+//                                      Refresh(node) re-files one node after any change to it
+//                                      or to its children counts.
+#include "kvtier/radix_tree.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+
+namespace kvtier {
+
+RadixTree::RadixTree(int64_t page_size, std::shared_ptr<const EvictionPolicy> device_policy,
+                     std::shared_ptr<const EvictionPolicy> host_policy)
+    : page_size_(page_size < 1 ? 1 : page_size),
+      device_policy_(device_policy ? std::move(device_policy)
+                                   : MakeEvictionPolicy(EvictionPolicyKind::kLru)),
+      host_policy_(host_policy ? std::move(host_policy)
+                               : MakeEvictionPolicy(EvictionPolicyKind::kLru)) {}
+
+RadixTree::~RadixTree() = default;
+
+uint64_t RadixTree::PageHash(std::span<const Token> page) {
+  uint64_t h = 0x9E3779B97F4A7C15ull ^ page.size();
+  for (Token t : page) {
+    h ^= static_cast<uint32_t>(t);
+    h *= 0xBF58476D1CE4E5B9ull;
+    h ^= h >> 31;
+  }
+  return h;
+}
+
+RadixNode* RadixTree::Root(std::string_view ns, bool create) {
+  auto it = roots_.find(ns);
+  if (it != roots_.end()) return it->second.get();
+  if (!create) return nullptr;
+  auto root = std::unique_ptr<RadixNode>(new RadixNode());
+  root->id_ = next_id_++;
+  auto [pos, inserted] = roots_.emplace(std::string(ns), std::move(root));
+  pos->second->namespace_ = &pos->first;
+  return pos->second.get();
+}
+
+const RadixNode* RadixTree::FindRoot(std::string_view ns) const {
+  auto it = roots_.find(ns);
+  return it == roots_.end() ? nullptr : it->second.get();
+}
+
+RadixNode* RadixTree::FindChild(const RadixNode* node, std::span<const Token> page) const {
+  auto [first, last] = node->children_.equal_range(PageHash(page));
+  for (auto it = first; it != last; ++it) {
+    const auto& t = it->second->tokens_;
+    if (std::memcmp(t.data(), page.data(), page.size() * sizeof(Token)) == 0) {
+      return it->second.get();
+    }
+  }
+  return nullptr;
+}
+
+int64_t RadixTree::CommonPages(const RadixNode* node, std::span<const Token> tokens) const {
+  const size_t n = std::min(node->tokens_.size(), tokens.size());
+  const auto mm = std::mismatch(node->tokens_.begin(), node->tokens_.begin() + n, tokens.begin());
+  const int64_t common = mm.first - node->tokens_.begin();
+  return common / page_size_ * page_size_;
+}
+
+RadixNode* RadixTree::NewNode(RadixNode* parent) {
+  auto* node = new RadixNode();
+  node->id_ = next_id_++;
+  node->parent_ = parent;
+  node->namespace_ = parent->namespace_;
+  ++num_nodes_;
+  return node;
+}
+
+RadixNode* RadixTree::Split(RadixNode* lower, int64_t k) {
+  RadixNode* parent = lower->parent_;
+  const uint64_t key = PageHash(std::span<const Token>(lower->tokens_).first(page_size_));
+  // Detach `lower` from its parent.
+  std::unique_ptr<RadixNode> owned;
+  auto [first, last] = parent->children_.equal_range(key);
+  for (auto it = first; it != last; ++it) {
+    if (it->second.get() == lower) {
+      owned = std::move(it->second);
+      parent->children_.erase(it);
+      break;
+    }
+  }
+  RadixNode* upper = NewNode(parent);
+  upper->tokens_.assign(lower->tokens_.begin(), lower->tokens_.begin() + k);
+  lower->tokens_.erase(lower->tokens_.begin(), lower->tokens_.begin() + k);
+  upper->prefix_tokens_ = lower->prefix_tokens_ - static_cast<int64_t>(lower->tokens_.size());
+  auto split_vec = [k](std::vector<int64_t>& from, std::vector<int64_t>& to) {
+    if (from.empty()) return;
+    to.assign(from.begin(), from.begin() + k);
+    from.erase(from.begin(), from.begin() + k);
+  };
+  split_vec(lower->device_slots_, upper->device_slots_);
+  split_vec(lower->host_slots_, upper->host_slots_);
+  if (!lower->storage_keys_.empty()) {
+    const int64_t pages = k / page_size_;
+    upper->storage_keys_.assign(std::make_move_iterator(lower->storage_keys_.begin()),
+                                std::make_move_iterator(lower->storage_keys_.begin() + pages));
+    lower->storage_keys_.erase(lower->storage_keys_.begin(),
+                               lower->storage_keys_.begin() + pages);
+  }
+  upper->ref_count_ = lower->ref_count_;
+  upper->hit_count_ = lower->hit_count_;
+  upper->last_access_ = lower->last_access_;
+  upper->created_ = lower->created_;
+  upper->priority_ = lower->priority_;
+  upper->pending_ = lower->pending_;
+  upper->device_children_ = lower->on_device() ? 1 : 0;
+  upper->host_children_ = lower->on_host() ? 1 : 0;
+  // Re-link: parent -> upper -> lower. The parent's tier counts are unchanged (upper has the
+  // residency lower had).
+  lower->parent_ = upper;
+  upper->children_.emplace(PageHash(std::span<const Token>(lower->tokens_).first(page_size_)),
+                           std::move(owned));
+  parent->children_.emplace(key, std::unique_ptr<RadixNode>(upper));
+  Refresh(lower);  // its key is unchanged, but its tier counts may differ from upper's
+  Refresh(upper);
+  if (split_hook_) split_hook_(upper, lower);
+  return upper;
+}
+
+RadixTree::MatchResult RadixTree::Match(std::string_view ns, std::span<const Token> tokens) {
+  RadixNode* node = Root(ns, /*create=*/true);
+  MatchResult r;
+  r.last = node;
+  int64_t pos = 0;
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  bool device_run = true;
+  while (pos + page_size_ <= n) {
+    RadixNode* child = FindChild(node, tokens.subspan(pos, page_size_));
+    if (child == nullptr) break;
+    const int64_t k = CommonPages(child, tokens.subspan(pos));
+    const bool partial = k < child->num_tokens();
+    if (partial) child = Split(child, k);
+    if (device_run && child->on_device()) {
+      r.device_tokens += k;
+    } else {
+      device_run = false;
+      r.host_tokens += k;
+    }
+    pos += k;
+    node = child;
+    if (partial) break;
+  }
+  r.last = node;
+  r.matched_tokens = pos;
+  return r;
+}
+
+RadixTree::MatchResult RadixTree::Peek(std::string_view ns, std::span<const Token> tokens) const {
+  MatchResult r;
+  const RadixNode* node = FindRoot(ns);
+  if (node == nullptr) return r;
+  int64_t pos = 0;
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  bool device_run = true;
+  while (pos + page_size_ <= n) {
+    RadixNode* child = FindChild(node, tokens.subspan(pos, page_size_));
+    if (child == nullptr) break;
+    const int64_t k = CommonPages(child, tokens.subspan(pos));
+    if (device_run && child->on_device()) {
+      r.device_tokens += k;
+    } else {
+      device_run = false;
+      r.host_tokens += k;
+    }
+    pos += k;
+    node = child;
+    if (k < child->num_tokens()) break;
+  }
+  r.last = const_cast<RadixNode*>(node);
+  r.matched_tokens = pos;
+  return r;
+}
+
+void RadixTree::Insert(std::string_view ns, std::span<const Token> tokens,
+                       std::span<const int64_t> device_slots,
+                       std::vector<InsertSegment>* segments) {
+  RadixNode* node = Root(ns, /*create=*/true);
+  int64_t pos = 0;
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  while (pos < n) {
+    RadixNode* child = FindChild(node, tokens.subspan(pos, page_size_));
+    if (child == nullptr) {
+      RadixNode* leaf = NewNode(node);
+      leaf->tokens_.assign(tokens.begin() + pos, tokens.end());
+      leaf->prefix_tokens_ = node->prefix_tokens_ + (n - pos);
+      leaf->hit_count_ = 1;
+      leaf->created_ = leaf->last_access_ = ++clock_;
+      node->children_.emplace(PageHash(tokens.subspan(pos, page_size_)),
+                              std::unique_ptr<RadixNode>(leaf));
+      SetDeviceSlots(leaf, std::vector<int64_t>(device_slots.begin() + pos, device_slots.end()));
+      if (segments) segments->push_back({leaf, pos, n, SegmentKind::kNew});
+      return;
+    }
+    const int64_t k = CommonPages(child, tokens.subspan(pos));
+    if (k < child->num_tokens()) child = Split(child, k);
+    if (child->on_device()) {
+      if (segments) segments->push_back({child, pos, pos + k, SegmentKind::kOnDevice});
+    } else {
+      SetDeviceSlots(child, std::vector<int64_t>(device_slots.begin() + pos,
+                                                 device_slots.begin() + pos + k));
+      if (segments) segments->push_back({child, pos, pos + k, SegmentKind::kRevived});
+    }
+    pos += k;
+    node = child;
+  }
+}
+
+void RadixTree::SetDeviceSlots(RadixNode* node, std::vector<int64_t> slots) {
+  const bool was = node->on_device();
+  device_tokens_ += static_cast<int64_t>(slots.size()) -
+                    static_cast<int64_t>(node->device_slots_.size());
+  node->device_slots_ = std::move(slots);
+  if (!was && node->on_device()) {
+    ++node->parent_->device_children_;
+    Refresh(node->parent_);
+  }
+  Refresh(node);
+}
+
+std::vector<int64_t> RadixTree::TakeDeviceSlots(RadixNode* node) {
+  std::vector<int64_t> out = std::move(node->device_slots_);
+  node->device_slots_.clear();
+  device_tokens_ -= static_cast<int64_t>(out.size());
+  if (!out.empty()) {
+    --node->parent_->device_children_;
+    Refresh(node->parent_);
+  }
+  Refresh(node);
+  return out;
+}
+
+void RadixTree::SetHostSlots(RadixNode* node, std::vector<int64_t> slots) {
+  const bool was = node->on_host();
+  host_tokens_ += static_cast<int64_t>(slots.size()) -
+                  static_cast<int64_t>(node->host_slots_.size());
+  node->host_slots_ = std::move(slots);
+  if (!was && node->on_host()) {
+    ++node->parent_->host_children_;
+    Refresh(node->parent_);
+  }
+  Refresh(node);
+}
+
+std::vector<int64_t> RadixTree::TakeHostSlots(RadixNode* node) {
+  std::vector<int64_t> out = std::move(node->host_slots_);
+  node->host_slots_.clear();
+  host_tokens_ -= static_cast<int64_t>(out.size());
+  if (!out.empty()) {
+    --node->parent_->host_children_;
+    Refresh(node->parent_);
+  }
+  Refresh(node);
+  return out;
+}
+
+void RadixTree::SetStorageKeys(RadixNode* node, std::vector<std::string> keys) {
+  node->storage_keys_ = std::move(keys);
+}
+
+void RadixTree::Remove(RadixNode* node) {
+  if (node->in_device_set_) device_set_.erase({node->device_key_, node->id_, node});
+  if (node->in_host_set_) host_set_.erase({node->host_key_, node->id_, node});
+  RadixNode* parent = node->parent_;
+  const uint64_t key = PageHash(std::span<const Token>(node->tokens_).first(page_size_));
+  auto [first, last] = parent->children_.equal_range(key);
+  for (auto it = first; it != last; ++it) {
+    if (it->second.get() == node) {
+      parent->children_.erase(it);  // deletes node
+      break;
+    }
+  }
+  --num_nodes_;
+  Refresh(parent);
+}
+
+void RadixTree::IncRef(RadixNode* node) {
+  for (RadixNode* n = node; n != nullptr && !n->is_root(); n = n->parent_) {
+    if (n->ref_count_++ == 0) Refresh(n);
+  }
+}
+
+void RadixTree::DecRef(RadixNode* node) {
+  for (RadixNode* n = node; n != nullptr && !n->is_root(); n = n->parent_) {
+    if (--n->ref_count_ == 0) Refresh(n);
+  }
+}
+
+void RadixTree::Touch(RadixNode* node, int64_t hits) {
+  if (node->is_root()) return;
+  node->last_access_ = ++clock_;
+  node->hit_count_ += hits;
+  if (node->in_device_set_ || node->in_host_set_) Refresh(node);
+}
+
+void RadixTree::RaisePriority(RadixNode* node, int32_t priority) {
+  if (node->is_root() || priority <= node->priority_) return;
+  node->priority_ = priority;
+  if (node->in_device_set_ || node->in_host_set_) Refresh(node);
+}
+
+void RadixTree::SetPending(RadixNode* node, std::shared_ptr<PendingCopy> pending) {
+  node->pending_ = std::move(pending);
+  Refresh(node);
+}
+
+EvictionStats RadixTree::StatsOf(const RadixNode* n) const {
+  return {n->last_access_, n->created_, n->hit_count_, n->priority_};
+}
+
+void RadixTree::Refresh(RadixNode* n) {
+  if (n->is_root()) return;
+  const bool idle = n->ref_count_ == 0 && n->pending_ == nullptr;
+  const bool dev = idle && n->on_device() && n->device_children_ == 0;
+  const bool host = idle && n->on_host() && !n->on_device() && n->children_.empty();
+  if (n->in_device_set_) {
+    device_set_.erase({n->device_key_, n->id_, n});
+    n->in_device_set_ = false;
+  }
+  if (dev) {
+    n->device_key_ = device_policy_->Key(StatsOf(n));
+    device_set_.insert({n->device_key_, n->id_, n});
+    n->in_device_set_ = true;
+  }
+  if (n->in_host_set_) {
+    host_set_.erase({n->host_key_, n->id_, n});
+    n->in_host_set_ = false;
+  }
+  if (host) {
+    n->host_key_ = host_policy_->Key(StatsOf(n));
+    host_set_.insert({n->host_key_, n->id_, n});
+    n->in_host_set_ = true;
+  }
+}
+
+RadixNode* RadixTree::DeviceVictim() const {
+  return device_set_.empty() ? nullptr : device_set_.begin()->node;
+}
+
+RadixNode* RadixTree::HostVictim() const {
+  return host_set_.empty() ? nullptr : host_set_.begin()->node;
+}
+
+std::vector<Token> RadixTree::PrefixTokens(const RadixNode* node) const {
+  std::vector<Token> out(static_cast<size_t>(node->prefix_tokens_));
+  size_t end = out.size();
+  for (const RadixNode* n = node; !n->is_root(); n = n->parent_) {
+    end -= n->tokens_.size();
+    std::copy(n->tokens_.begin(), n->tokens_.end(), out.begin() + end);
+  }
+  return out;
+}
+
+void RadixTree::ForEachNode(const std::function<void(const RadixNode&)>& fn) const {
+  std::vector<const RadixNode*> stack;
+  for (const auto& [name, root] : roots_) stack.push_back(root.get());
+  while (!stack.empty()) {
+    const RadixNode* n = stack.back();
+    stack.pop_back();
+    if (!n->is_root()) fn(*n);
+    for (const auto& [key, child] : n->children_) stack.push_back(child.get());
+  }
+}
+
+namespace {
+
+Status PagesAligned(const RadixNode* n, std::span<const int64_t> slots, const char* tier,
+                    int64_t page_size) {
+  for (size_t k = 0; k < slots.size(); ++k) {
+    const int64_t want = (k % page_size == 0) ? slots[k] : slots[k - k % page_size] + int64_t(k % page_size);
+    if ((k % page_size == 0 && slots[k] % page_size != 0) || slots[k] != want) {
+      return Status::Internal(fmt::format("node {}: {} slot {} at token {} breaks page alignment",
+                                          n->id(), tier, slots[k], k));
+    }
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+Status RadixTree::CheckNode(const RadixNode* n, int64_t* device_tokens, int64_t* host_tokens,
+                            int64_t* nodes) const {
+  int64_t dev_children = 0, host_children = 0, child_refs = 0;
+  for (const auto& [key, child_ptr] : n->children_) {
+    const RadixNode* c = child_ptr.get();
+    if (c->parent_ != n) {
+      return Status::Internal(fmt::format("node {}: parent pointer is not node {}", c->id_, n->id_));
+    }
+    if (c->tokens_.empty() || c->num_tokens() % page_size_ != 0) {
+      return Status::Internal(fmt::format("node {}: {} tokens is not a positive multiple of page "
+                                          "size {}", c->id_, c->num_tokens(), page_size_));
+    }
+    if (key != PageHash(std::span<const Token>(c->tokens_).first(page_size_))) {
+      return Status::Internal(fmt::format("node {}: filed under the wrong first-page key", c->id_));
+    }
+    if (c->prefix_tokens_ != n->prefix_tokens_ + c->num_tokens()) {
+      return Status::Internal(fmt::format("node {}: prefix_tokens {} != parent's {} + {}", c->id_,
+                                          c->prefix_tokens_, n->prefix_tokens_, c->num_tokens()));
+    }
+    if (c->namespace_ != n->namespace_) {
+      return Status::Internal(fmt::format("node {}: namespace differs from its parent", c->id_));
+    }
+    if (!c->on_device() && !c->on_host()) {
+      return Status::Internal(fmt::format("node {}: resident in no tier", c->id_));
+    }
+    if (c->on_device() && c->num_tokens() != static_cast<int64_t>(c->device_slots_.size())) {
+      return Status::Internal(fmt::format("node {}: {} device slots for {} tokens", c->id_,
+                                          c->device_slots_.size(), c->num_tokens()));
+    }
+    if (c->on_host() && c->num_tokens() != static_cast<int64_t>(c->host_slots_.size())) {
+      return Status::Internal(fmt::format("node {}: {} host slots for {} tokens", c->id_,
+                                          c->host_slots_.size(), c->num_tokens()));
+    }
+    if (!c->storage_keys_.empty() &&
+        static_cast<int64_t>(c->storage_keys_.size()) != c->num_tokens() / page_size_) {
+      return Status::Internal(fmt::format("node {}: {} storage keys for {} pages", c->id_,
+                                          c->storage_keys_.size(), c->num_tokens() / page_size_));
+    }
+    if (c->on_device() && !n->is_root() && !n->on_device()) {
+      return Status::Internal(fmt::format("node {}: on the device but its parent {} is not",
+                                          c->id_, n->id_));
+    }
+    if (c->on_host() && !n->is_root() && !n->on_host()) {
+      return Status::Internal(fmt::format(
+          "node {}: in host memory but its parent {} is not (backups must form a prefix)", c->id_,
+          n->id_));
+    }
+    KVTIER_RETURN_IF_ERROR(PagesAligned(c, c->device_slots_, "device", page_size_));
+    KVTIER_RETURN_IF_ERROR(PagesAligned(c, c->host_slots_, "host", page_size_));
+    // Distinct first pages among siblings.
+    for (const auto& [key2, other] : n->children_) {
+      if (other.get() != c && key2 == key &&
+          std::equal(other->tokens_.begin(), other->tokens_.begin() + page_size_,
+                     c->tokens_.begin())) {
+        return Status::Internal(fmt::format("nodes {} and {} share a first page", c->id_,
+                                            other->id_));
+      }
+    }
+    dev_children += c->on_device();
+    host_children += c->on_host();
+    child_refs += c->ref_count_;
+    *device_tokens += static_cast<int64_t>(c->device_slots_.size());
+    *host_tokens += static_cast<int64_t>(c->host_slots_.size());
+    ++*nodes;
+    KVTIER_RETURN_IF_ERROR(CheckNode(c, device_tokens, host_tokens, nodes));
+  }
+  if (dev_children != n->device_children_ || host_children != n->host_children_) {
+    return Status::Internal(fmt::format(
+        "node {}: children counts device {} host {} but recorded {} and {}", n->id_, dev_children,
+        host_children, n->device_children_, n->host_children_));
+  }
+  if (!n->is_root()) {
+    if (n->ref_count_ < child_refs) {
+      return Status::Internal(fmt::format("node {}: ref_count {} below its children's sum {}",
+                                          n->id_, n->ref_count_, child_refs));
+    }
+    const bool idle = n->ref_count_ == 0 && n->pending_ == nullptr;
+    const bool dev = idle && n->on_device() && n->device_children_ == 0;
+    const bool host = idle && n->on_host() && !n->on_device() && n->children_.empty();
+    if (dev != n->in_device_set_ ||
+        (dev && (!device_set_.count({n->device_key_, n->id_, const_cast<RadixNode*>(n)}) ||
+                 n->device_key_ != device_policy_->Key(StatsOf(n))))) {
+      return Status::Internal(fmt::format("node {}: device-evictable set membership is wrong "
+                                          "(should be {})", n->id_, dev));
+    }
+    if (host != n->in_host_set_ ||
+        (host && (!host_set_.count({n->host_key_, n->id_, const_cast<RadixNode*>(n)}) ||
+                  n->host_key_ != host_policy_->Key(StatsOf(n))))) {
+      return Status::Internal(fmt::format("node {}: host-evictable set membership is wrong "
+                                          "(should be {})", n->id_, host));
+    }
+  }
+  return Status::OK();
+}
+
+Status RadixTree::CheckInvariants() const {
+  int64_t device_tokens = 0, host_tokens = 0, nodes = 0;
+  for (const auto& [name, root] : roots_) {
+    if (!root->tokens_.empty() || root->on_device() || root->on_host() || root->ref_count_ != 0) {
+      return Status::Internal(fmt::format("root of namespace '{}' holds tokens, slots or refs",
+                                          name));
+    }
+    KVTIER_RETURN_IF_ERROR(CheckNode(root.get(), &device_tokens, &host_tokens, &nodes));
+  }
+  if (device_tokens != device_tokens_ || host_tokens != host_tokens_ || nodes != num_nodes_) {
+    return Status::Internal(fmt::format(
+        "totals: device {} host {} nodes {}, recorded {} {} {}", device_tokens, host_tokens, nodes,
+        device_tokens_, host_tokens_, num_nodes_));
+  }
+  int64_t dev_members = 0, host_members = 0;
+  ForEachNode([&](const RadixNode& n) {
+    dev_members += n.in_device_set_;
+    host_members += n.in_host_set_;
+  });
+  if (dev_members != static_cast<int64_t>(device_set_.size()) ||
+      host_members != static_cast<int64_t>(host_set_.size())) {
+    return Status::Internal(fmt::format("evictable sets hold {} and {} entries for {} and {} "
+                                        "members", device_set_.size(), host_set_.size(),
+                                        dev_members, host_members));
+  }
+  return Status::OK();
+}
+
+}  // namespace kvtier

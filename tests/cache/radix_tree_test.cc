@@ -1,0 +1,335 @@
+// RadixTree: matching, splitting, namespaces, residency, references, eviction order, and a
+// randomised model-based test against a map of cached page prefixes.
+#include "kvtier/radix_tree.h"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <map>
+#include <random>
+#include <set>
+
+namespace kvtier {
+namespace {
+
+std::vector<int64_t> Slots(int64_t first, int64_t n) {
+  std::vector<int64_t> s(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) s[i] = first + i;
+  return s;
+}
+
+TEST(RadixTreeTest, EmptyTreeMatchesNothing) {
+  RadixTree tree(4);
+  std::vector<Token> t = {1, 2, 3, 4, 5, 6, 7, 8};
+  auto r = tree.Match("", t);
+  EXPECT_EQ(r.matched_tokens, 0);
+  EXPECT_TRUE(r.last->is_root());
+  EXPECT_EQ(tree.Peek("other", t).last, nullptr);
+  ASSERT_TRUE(tree.CheckInvariants().ok());
+}
+
+TEST(RadixTreeTest, InsertThenMatchIsPageGranular) {
+  RadixTree tree(4);
+  std::vector<Token> t = {1, 2, 3, 4, 5, 6, 7, 8};
+  std::vector<RadixTree::InsertSegment> seg;
+  tree.Insert("", t, Slots(16, 8), &seg);
+  ASSERT_EQ(seg.size(), 1u);
+  EXPECT_EQ(seg[0].kind, RadixTree::SegmentKind::kNew);
+  // A longer query with a partial last page matches the whole node.
+  std::vector<Token> q = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+  auto r = tree.Match("", q);
+  EXPECT_EQ(r.matched_tokens, 8);
+  EXPECT_EQ(r.device_tokens, 8);
+  EXPECT_EQ(r.host_tokens, 0);
+  EXPECT_EQ(std::vector<int64_t>(r.last->device_slots().begin(), r.last->device_slots().end()),
+            Slots(16, 8));
+  // A mismatch inside the second page matches only the first page, and splits the node.
+  std::vector<Token> q2 = {1, 2, 3, 4, 5, 6, 0, 8};
+  auto r2 = tree.Match("", q2);
+  EXPECT_EQ(r2.matched_tokens, 4);
+  EXPECT_EQ(r2.last->num_tokens(), 4);
+  EXPECT_EQ(tree.num_nodes(), 2);
+  EXPECT_EQ(r.last->parent(), r2.last);  // the old node kept its identity as the lower half
+  EXPECT_EQ(r.last->device_slots()[0], 20);
+  // Fewer tokens than one page match nothing.
+  EXPECT_EQ(tree.Match("", std::vector<Token>{1, 2, 3}).matched_tokens, 0);
+  ASSERT_TRUE(tree.CheckInvariants().ok()) << tree.CheckInvariants().ToString();
+}
+
+TEST(RadixTreeTest, InsertReportsExistingRevivedAndNewParts) {
+  RadixTree tree(2);
+  std::vector<Token> a = {1, 2, 3, 4};
+  tree.Insert("", a, Slots(0, 4), nullptr);
+  // Move the node to host only.
+  auto r = tree.Match("", a);
+  tree.SetHostSlots(r.last, Slots(100, 4));
+  tree.TakeDeviceSlots(r.last);
+  std::vector<Token> b = {1, 2, 3, 4, 5, 6};
+  std::vector<RadixTree::InsertSegment> seg;
+  tree.Insert("", b, Slots(10, 6), &seg);
+  ASSERT_EQ(seg.size(), 2u);
+  EXPECT_EQ(seg[0].kind, RadixTree::SegmentKind::kRevived);
+  EXPECT_EQ(seg[0].node->device_slots()[0], 10);
+  EXPECT_EQ(seg[0].node->host_slots()[0], 100);
+  EXPECT_EQ(seg[1].kind, RadixTree::SegmentKind::kNew);
+  EXPECT_EQ(seg[1].begin, 4);
+  seg.clear();
+  tree.Insert("", b, Slots(30, 6), &seg);
+  ASSERT_EQ(seg.size(), 2u);
+  EXPECT_EQ(seg[0].kind, RadixTree::SegmentKind::kOnDevice);
+  EXPECT_EQ(seg[1].kind, RadixTree::SegmentKind::kOnDevice);
+  EXPECT_EQ(tree.device_tokens(), 6);
+  ASSERT_TRUE(tree.CheckInvariants().ok()) << tree.CheckInvariants().ToString();
+}
+
+TEST(RadixTreeTest, NamespacesNeverShareAPrefix) {
+  RadixTree tree(1);
+  std::vector<Token> t = {7, 8, 9};
+  tree.Insert("tenant-a", t, Slots(0, 3), nullptr);
+  EXPECT_EQ(tree.Match("tenant-b", t).matched_tokens, 0);
+  EXPECT_EQ(tree.Match("", t).matched_tokens, 0);
+  EXPECT_EQ(tree.Match("tenant-a", t).matched_tokens, 3);
+  tree.Insert("tenant-b", t, Slots(3, 3), nullptr);
+  EXPECT_EQ(tree.Match("tenant-b", t).last->device_slots()[0], 3);
+  EXPECT_EQ(tree.Match("tenant-a", t).last->device_slots()[0], 0);
+  EXPECT_EQ(tree.Match("tenant-a", t).last->name_space(), "tenant-a");
+  ASSERT_TRUE(tree.CheckInvariants().ok());
+}
+
+TEST(RadixTreeTest, ReferencedNodesAndAncestorsAreNotEvictable) {
+  RadixTree tree(1);
+  tree.Insert("", std::vector<Token>{1, 2}, Slots(0, 2), nullptr);
+  tree.Insert("", std::vector<Token>{1, 2, 3, 4}, Slots(10, 4), nullptr);  // leaf {3,4}
+  tree.Insert("", std::vector<Token>{1, 2, 5}, Slots(20, 3), nullptr);     // leaf {5}
+  auto leaf = tree.Match("", std::vector<Token>{1, 2, 3, 4}).last;
+  tree.IncRef(leaf);
+  EXPECT_EQ(leaf->parent()->ref_count(), 1);
+  // Only {5} is evictable: {3,4} is pinned and {1,2} has device children.
+  ASSERT_NE(tree.DeviceVictim(), nullptr);
+  EXPECT_EQ(tree.DeviceVictim()->tokens()[0], 5);
+  EXPECT_EQ(tree.device_evictable_nodes(), 1);
+  auto v = tree.DeviceVictim();
+  tree.TakeDeviceSlots(v);
+  tree.Remove(v);
+  EXPECT_EQ(tree.DeviceVictim(), nullptr);
+  tree.DecRef(leaf);
+  EXPECT_EQ(tree.DeviceVictim(), leaf);
+  ASSERT_TRUE(tree.CheckInvariants().ok()) << tree.CheckInvariants().ToString();
+}
+
+TEST(RadixTreeTest, PoliciesOrderVictims) {
+  for (auto kind : {EvictionPolicyKind::kLru, EvictionPolicyKind::kLfu, EvictionPolicyKind::kFifo,
+                    EvictionPolicyKind::kPriority}) {
+    SCOPED_TRACE(EvictionPolicyName(kind));
+    RadixTree tree(1, MakeEvictionPolicy(kind));
+    tree.Insert("", std::vector<Token>{1}, Slots(0, 1), nullptr);  // oldest
+    tree.Insert("", std::vector<Token>{2}, Slots(1, 1), nullptr);
+    tree.Insert("", std::vector<Token>{3}, Slots(2, 1), nullptr);  // newest
+    auto n1 = tree.Match("", std::vector<Token>{1}).last;
+    auto n2 = tree.Match("", std::vector<Token>{2}).last;
+    auto n3 = tree.Match("", std::vector<Token>{3}).last;
+    tree.Touch(n1, 5);  // most recently used and most hit
+    tree.Touch(n3, 1);
+    tree.RaisePriority(n2, 9);
+    tree.RaisePriority(n3, 4);
+    const RadixNode* want = nullptr;
+    switch (kind) {
+      case EvictionPolicyKind::kLru: want = n2; break;       // n2 untouched since creation
+      case EvictionPolicyKind::kLfu: want = n2; break;       // hits: 6, 1, 2
+      case EvictionPolicyKind::kFifo: want = n1; break;      // created first
+      case EvictionPolicyKind::kPriority: want = n1; break;  // priority 0
+    }
+    EXPECT_EQ(tree.DeviceVictim(), want);
+    ASSERT_TRUE(tree.CheckInvariants().ok()) << tree.CheckInvariants().ToString();
+  }
+}
+
+TEST(RadixTreeTest, HostEvictionOnlyTakesHostOnlyLeaves) {
+  RadixTree tree(1);
+  tree.Insert("", std::vector<Token>{1, 2}, Slots(0, 2), nullptr);
+  tree.Insert("", std::vector<Token>{1, 2, 3}, Slots(10, 3), nullptr);
+  auto top = tree.Match("", std::vector<Token>{1, 2}).last;
+  auto leaf = tree.Match("", std::vector<Token>{1, 2, 3}).last;
+  tree.SetHostSlots(top, Slots(50, 2));
+  tree.SetHostSlots(leaf, Slots(52, 1));
+  EXPECT_EQ(tree.HostVictim(), nullptr);  // both still on the device
+  tree.TakeDeviceSlots(leaf);
+  EXPECT_EQ(tree.HostVictim(), leaf);
+  EXPECT_EQ(tree.DeviceVictim(), top);
+  auto r = tree.Match("", std::vector<Token>{1, 2, 3});
+  EXPECT_EQ(r.device_tokens, 2);
+  EXPECT_EQ(r.host_tokens, 1);
+  ASSERT_TRUE(tree.CheckInvariants().ok()) << tree.CheckInvariants().ToString();
+}
+
+TEST(RadixTreeTest, SplitCarriesPinsAndStats) {
+  RadixTree tree(2);
+  tree.Insert("", std::vector<Token>{1, 2, 3, 4, 5, 6}, Slots(0, 6), nullptr);
+  auto whole = tree.Match("", std::vector<Token>{1, 2, 3, 4, 5, 6}).last;
+  tree.IncRef(whole);
+  tree.Touch(whole, 3);
+  int hooks = 0;
+  tree.SetSplitHook([&](RadixNode* upper, RadixNode* lower) {
+    ++hooks;
+    EXPECT_EQ(lower, whole);
+    EXPECT_EQ(upper->ref_count(), 1);
+    EXPECT_EQ(upper->hit_count(), 4);
+  });
+  auto r = tree.Match("", std::vector<Token>{1, 2, 3, 4, 9, 9});
+  EXPECT_EQ(hooks, 1);
+  EXPECT_EQ(r.matched_tokens, 4);
+  EXPECT_EQ(whole->num_tokens(), 2);
+  EXPECT_EQ(whole->prefix_tokens(), 6);
+  tree.DecRef(whole);
+  EXPECT_EQ(r.last->ref_count(), 0);
+  ASSERT_TRUE(tree.CheckInvariants().ok()) << tree.CheckInvariants().ToString();
+}
+
+// ---- randomised model-based test ------------------------------------------------------------
+
+// Model: for each (namespace, page-prefix) the tiers it is cached in.
+struct PageState {
+  bool device = false;
+  bool host = false;
+};
+using Key = std::pair<std::string, std::vector<Token>>;
+
+class TreeModelTest : public ::testing::TestWithParam<int64_t> {};
+
+TEST_P(TreeModelTest, RandomOperationsAgreeWithModel) {
+  const int64_t P = GetParam();
+  for (uint64_t seed = 1; seed <= 4; ++seed) {
+    SCOPED_TRACE(fmt::format("seed {} page_size {}", seed, P));
+    std::mt19937_64 rng(seed);
+    RadixTree tree(P, MakeEvictionPolicy(static_cast<EvictionPolicyKind>(seed % 4)));
+    std::map<Key, PageState> model;
+    std::vector<std::pair<std::string, std::vector<Token>>> seqs;
+    std::multiset<Key> pinned_prefixes;  // page prefixes covered by a pin
+    std::vector<std::pair<RadixNode*, std::vector<Key>>> pins;
+    int64_t next_slot = 0;
+    const std::vector<std::string> namespaces = {"", "a", "b"};
+    auto page_keys = [&](const std::string& ns, const std::vector<Token>& t, int64_t pages) {
+      std::vector<Key> keys;
+      for (int64_t p = 1; p <= pages; ++p) keys.push_back({ns, {t.begin(), t.begin() + p * P}});
+      return keys;
+    };
+    auto random_seq = [&]() {
+      std::vector<Token> t;
+      if (!seqs.empty() && rng() % 3 != 0) {
+        const auto& base = seqs[rng() % seqs.size()].second;
+        t.assign(base.begin(), base.begin() + (rng() % (base.size() + 1)));
+      }
+      const int64_t extra = static_cast<int64_t>(rng() % 5) * P + static_cast<int64_t>(rng() % P);
+      for (int64_t i = 0; i < extra; ++i) t.push_back(static_cast<Token>(rng() % 3));
+      return t;
+    };
+    for (int step = 0; step < 1500; ++step) {
+      SCOPED_TRACE(fmt::format("step {}", step));
+      const int op = static_cast<int>(rng() % 7);
+      const std::string& ns = namespaces[rng() % namespaces.size()];
+      if (op <= 1) {  // insert
+        auto t = random_seq();
+        t.resize(t.size() / P * P);
+        if (t.empty()) continue;
+        tree.Insert(ns, t, Slots(next_slot, static_cast<int64_t>(t.size())), nullptr);
+        next_slot += static_cast<int64_t>(t.size());
+        for (auto& k : page_keys(ns, t, static_cast<int64_t>(t.size()) / P)) model[k].device = true;
+        seqs.push_back({ns, t});
+      } else if (op == 2) {  // match and compare
+        auto t = random_seq();
+        auto r = tree.Match(ns, t);
+        int64_t dev = 0, host = 0;
+        bool dev_run = true;
+        for (auto& k : page_keys(ns, t, static_cast<int64_t>(t.size()) / P)) {
+          auto it = model.find(k);
+          if (it == model.end() || (!it->second.device && !it->second.host)) break;
+          if (dev_run && it->second.device) {
+            dev += P;
+          } else {
+            dev_run = false;
+            if (it->second.device) FAIL() << "device page below a host-only page";
+            host += P;
+          }
+        }
+        ASSERT_EQ(r.device_tokens, dev);
+        ASSERT_EQ(r.host_tokens, host);
+        ASSERT_EQ(r.matched_tokens, dev + host);
+        ASSERT_EQ(r.last->prefix_tokens(), dev + host);
+        if (r.matched_tokens > 0 && rng() % 2 == 0) {  // pin it
+          tree.IncRef(r.last);
+          auto keys = page_keys(ns, t, r.matched_tokens / P);
+          for (auto& k : keys) pinned_prefixes.insert(k);
+          pins.push_back({r.last, keys});
+        }
+      } else if (op == 3 && !pins.empty()) {  // unpin
+        const size_t i = rng() % pins.size();
+        tree.DecRef(pins[i].first);
+        for (auto& k : pins[i].second) pinned_prefixes.erase(pinned_prefixes.find(k));
+        pins.erase(pins.begin() + static_cast<std::ptrdiff_t>(i));
+      } else if (op == 4) {  // evict a device victim
+        RadixNode* v = tree.DeviceVictim();
+        if (v == nullptr) continue;
+        ASSERT_EQ(v->ref_count(), 0);
+        const auto prefix = tree.PrefixTokens(v);
+        const std::string vns = v->name_space();
+        const bool keep = v->on_host();
+        const int64_t first_page = (v->prefix_tokens() - v->num_tokens()) / P;
+        auto keys = page_keys(vns, prefix, v->prefix_tokens() / P);
+        tree.TakeDeviceSlots(v);
+        if (!keep) tree.Remove(v);
+        for (size_t p = static_cast<size_t>(first_page); p < keys.size(); ++p) {
+          ASSERT_EQ(pinned_prefixes.count(keys[p]), 0u) << "evicted a pinned page";
+          ASSERT_TRUE(model[keys[p]].device);
+          model[keys[p]].device = false;
+          if (!keep) model.erase(keys[p]);
+        }
+      } else if (op == 5) {  // evict a host victim
+        RadixNode* v = tree.HostVictim();
+        if (v == nullptr) continue;
+        ASSERT_FALSE(v->on_device());
+        ASSERT_EQ(v->num_children(), 0u);
+        const auto prefix = tree.PrefixTokens(v);
+        const std::string vns = v->name_space();
+        const int64_t first_page = (v->prefix_tokens() - v->num_tokens()) / P;
+        auto keys = page_keys(vns, prefix, v->prefix_tokens() / P);
+        tree.TakeHostSlots(v);
+        tree.Remove(v);
+        for (size_t p = static_cast<size_t>(first_page); p < keys.size(); ++p) {
+          ASSERT_EQ(pinned_prefixes.count(keys[p]), 0u) << "evicted a pinned page";
+          model.erase(keys[p]);
+        }
+      } else if (op == 6 && !seqs.empty()) {  // back up the device prefix of a sequence
+        const auto& [sns, t] = seqs[rng() % seqs.size()];
+        auto r = tree.Match(sns, t);
+        std::vector<RadixNode*> path;
+        for (RadixNode* n = r.last; !n->is_root(); n = n->parent()) path.push_back(n);
+        std::reverse(path.begin(), path.end());
+        int64_t pos = 0;
+        for (RadixNode* n : path) {
+          if (!n->on_device()) break;
+          if (!n->on_host()) {
+            tree.SetHostSlots(n, Slots(1'000'000 + next_slot, n->num_tokens()));
+            next_slot += n->num_tokens();
+          }
+          pos += n->num_tokens();
+        }
+        for (auto& k : page_keys(sns, t, pos / P)) model[k].host = true;
+      }
+      const Status st = tree.CheckInvariants();
+      ASSERT_TRUE(st.ok()) << st.ToString();
+      int64_t dev_tokens = 0, host_tokens = 0;
+      for (auto& [k, s] : model) {
+        dev_tokens += s.device ? P : 0;
+        host_tokens += s.host ? P : 0;
+      }
+      ASSERT_EQ(tree.device_tokens(), dev_tokens);
+      ASSERT_EQ(tree.host_tokens(), host_tokens);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(PageSizes, TreeModelTest, ::testing::Values(1, 2, 16),
+                         [](const auto& info) { return fmt::format("page{}", info.param); });
+
+}  // namespace
+}  // namespace kvtier
