@@ -1,0 +1,155 @@
+#!/usr/bin/env bash
+# scripts/setup.sh — install, build and run kvtier on a fresh Debian 12 machine.
+#
+#   scripts/setup.sh demo   install the packages, build the kvtier CLI, run `kvtier demo`
+#   scripts/setup.sh test   install the packages, then build and run every test:
+#                             1. the normal build (CUDA code compiled when nvcc is at
+#                                /usr/local/cuda; GPU tests skip themselves without a GPU): ctest
+#                             2. an address+undefined sanitizer build (CPU only): ctest
+#                             3. a thread sanitizer build (CPU only): the concurrency tests
+#                             4. the Python tests (pytest) against the normal build
+#
+# Run it as root (or as a user with sudo) from anywhere; it works in the repository it lives in.
+# Build trees go to build-release, build-asan and build-tsan under the repository;
+# ccache is used when present, so a second run is quick.
+#
+# Environment:
+#   KVTIER_JOBS=N         parallel build and test jobs (default 2)
+#   KVTIER_SKIP_APT=1     do not run apt-get (the packages are known to be installed)
+#   KVTIER_CUDA=AUTO|ON|OFF  CUDA in the normal build (default AUTO: on when nvcc is found)
+set -euo pipefail
+
+usage() {
+  sed -n '3,10p' "$0" | sed 's/^# \{0,1\}//'
+  exit 2
+}
+
+[[ $# -eq 1 ]] || usage
+mode=$1
+[[ $mode == demo || $mode == test ]] || usage
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$repo"
+jobs=${KVTIER_JOBS:-2}
+cuda=${KVTIER_CUDA:-AUTO}
+python=/usr/bin/python3  # Debian's interpreter: python3-numpy and python3-pytest belong to it
+
+step() { printf '\n==== %s [%s]\n' "$*" "$(date -u +%H:%M:%S)"; }
+
+# ---- packages --------------------------------------------------------------------------------
+if [[ ${KVTIER_SKIP_APT:-0} != 1 ]]; then
+  step "installing Debian packages from deps/debian-packages.txt"
+  sudo=""
+  if [[ $(id -u) -ne 0 ]]; then
+    command -v sudo >/dev/null || { echo "setup.sh: run as root (or install sudo)" >&2; exit 1; }
+    sudo=sudo
+  fi
+  packages=$(grep -v '^[[:space:]]*#' deps/debian-packages.txt | grep -v '^[[:space:]]*$')
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -q
+  # shellcheck disable=SC2086  # one word per package
+  $sudo apt-get install -y -q --no-install-recommends $packages
+fi
+
+# ccache: a bounded cache in the usual place; CMake picks ccache up by itself when it is found.
+export CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-5G}
+
+# configure <build dir> <cmake args...>
+configure() {
+  local dir=$1
+  shift
+  cmake -S "$repo" -B "$dir" -G Ninja "$@"
+}
+
+# ---- demo ------------------------------------------------------------------------------------
+if [[ $mode == demo ]]; then
+  step "building the kvtier CLI (build-release)"
+  configure build-release -DCMAKE_BUILD_TYPE=Release -DKVTIER_CUDA="$cuda" \
+    -DKVTIER_BUILD_TESTS=OFF -DKVTIER_BUILD_BENCH=OFF -DKVTIER_BUILD_PYTHON=OFF
+  cmake --build build-release -j "$jobs" --target kvtier_cli
+  step "kvtier demo"
+  build-release/tools/kvtier demo
+  echo
+  echo "Next: build-release/tools/kvtier --help, build-release/tools/kvtier bench --backend cpu --tokens 4096"
+  exit 0
+fi
+
+# ---- test ------------------------------------------------------------------------------------
+start=$(date +%s)
+
+# ctest over a build dir; extra arguments select tests. Fails the script on any failed test.
+run_ctest() {
+  local dir=$1
+  shift
+  (cd "$dir" && ctest --output-on-failure --no-tests=error -j "$jobs" "$@")
+}
+
+# 1. The normal build: everything (library, CLI, tests, micro-benchmarks, Python extension).
+step "1/4 normal build (build-release; CUDA: $cuda)"
+configure build-release -DCMAKE_BUILD_TYPE=Release -DKVTIER_CUDA="$cuda" \
+  -DKVTIER_BUILD_TESTS=ON -DKVTIER_BUILD_BENCH=ON -DKVTIER_BUILD_PYTHON=ON \
+  -DPython_EXECUTABLE="$python"
+cmake --build build-release -j "$jobs"
+step "1/4 ctest (build-release)"
+# pytest runs in step 4, where "no tests collected" is told apart from a failure.
+run_ctest build-release -E '^python_tests$'
+
+# 2. Address + undefined-behaviour sanitizers, CPU only: every test.
+step "2/4 address+undefined sanitizer build (build-asan)"
+configure build-asan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" \
+  -DKVTIER_SANITIZE=address,undefined -DKVTIER_CUDA=OFF \
+  -DKVTIER_BUILD_TESTS=ON -DKVTIER_BUILD_BENCH=OFF -DKVTIER_BUILD_PYTHON=OFF
+cmake --build build-asan -j "$jobs"
+step "2/4 ctest (build-asan)"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1 \
+UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  run_ctest build-asan
+
+# 3. Thread sanitizer, CPU only: the tests whose names say they exercise concurrency. Only the
+#    test executables that define such tests are built.
+concurrency_regex='Concurren|Thread'
+step "3/4 thread sanitizer build (build-tsan): tests matching '$concurrency_regex'"
+mapfile -t tsan_files < <(grep -rlE "TEST(_F|_P)?\([^)]*(${concurrency_regex})" tests \
+  --include='*_test.cc' | sort)
+if [[ ${#tsan_files[@]} -eq 0 ]]; then
+  echo "no test names match '$concurrency_regex'; skipping the thread sanitizer run"
+else
+  tsan_targets=()
+  for f in "${tsan_files[@]}"; do tsan_targets+=("$(basename "$f" .cc)"); done
+  echo "test executables with concurrency tests: ${tsan_targets[*]}"
+  configure build-tsan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" \
+    -DKVTIER_SANITIZE=thread -DKVTIER_CUDA=OFF \
+    -DKVTIER_BUILD_TESTS=ON -DKVTIER_BUILD_BENCH=OFF -DKVTIER_BUILD_PYTHON=OFF \
+    -DKVTIER_BUILD_TOOLS=OFF
+  cmake --build build-tsan -j "$jobs" --target "${tsan_targets[@]}"
+  step "3/4 ctest (build-tsan)"
+  # ThreadSanitizer wants a low-entropy address space: setarch -R runs ctest without ASLR where
+  # the kernel allows it. Executables that were not built show up as <name>_NOT_BUILT: excluded.
+  norandom=()
+  if setarch "$(uname -m)" -R true 2>/dev/null; then norandom=(setarch "$(uname -m)" -R); fi
+  (cd build-tsan && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+    "${norandom[@]}" ctest --output-on-failure --no-tests=error -j "$jobs" \
+      -R "$concurrency_regex" -E '_NOT_BUILT$')
+fi
+
+# 4. Python tests against the normal build.
+step "4/4 Python tests (pytest, $python)"
+shopt -s nullglob
+python_test_files=(python/tests/test_*.py python/tests/*_test.py)
+shopt -u nullglob
+if [[ ${#python_test_files[@]} -eq 0 ]]; then
+  echo "python/tests has no test files yet; skipping the Python tests"
+else
+  set +e
+  PYTHONPATH="$repo/build-release/python" "$python" -m pytest -q python/tests
+  rc=$?
+  set -e
+  if [[ $rc -eq 5 ]]; then
+    echo "pytest collected no tests; skipping the Python tests"
+  elif [[ $rc -ne 0 ]]; then
+    echo "setup.sh: the Python tests failed (pytest exit code $rc)" >&2
+    exit "$rc"
+  fi
+fi
+
+step "all tests passed in $(( ($(date +%s) - start) / 60 )) min $(( ($(date +%s) - start) % 60 )) s"
