@@ -1,0 +1,177 @@
+// Internal: the copy kernel of the `kernel` transfer backend. Header-only, framework-free:
+// raw pointers and one by-value CopyView (copy_view.h), templated over the access width W
+// (16, 8 or 4 bytes) only. Layouts, MHA/MLA, index types and directions are run-time values of
+// the view, resolved through KvGeometry's address math, so one instantiation per width serves
+// every layout pair and the whole file compiles in seconds.
+//
+// Work decomposition (predict: PCIe-bound, so the design maximises bytes in flight per SM):
+//   - The request is a flat space of (chunk, vector) positions, chunks numbered in an order that
+//     follows the host-side layout (CopyView::order) so neighbouring lanes and warps touch
+//     neighbouring bytes: a warp's 32 lanes read 32 consecutive W-byte vectors (512 B at W = 16),
+//     and contiguous runs of chunks (a page of one layer, all layers of a slot, ...) are walked
+//     in address order as one stream.
+//   - A persistent grid of at most `max_sms` blocks of 1024 threads; each warp takes tiles of
+//     32 x kLoadsInFlight vectors. Every lane issues all kLoadsInFlight loads of a tile before the
+//     first store (64 B in flight per lane, 64 KiB per SM at W = 16), which is what keeps PCIe
+//     reads (non-posted, ~1-2 us round trip) saturated with few SMs.
+//   - Positions advance by additions only; a chunk's addresses (index loads, bounds check,
+//     KvGeometry math, fast divmods) are computed once per chunk per lane and cached.
+//   - Out-of-range indices: the chunk is skipped (no access) and, once per bad slot pair, counted
+//     in the engine's DeviceErrorRecord; the host turns that into a Status in Synchronize.
+//   - Loads and stores use the streaming cache hints (ld.global.cs / st.global.cs): the KV bytes
+//     are touched once and should not evict the forward pass's working set from L2.
+#pragma once
+
+#include <cstdint>
+
+#include "transfer/cuda/copy_view.h"
+
+namespace kvtier::transfer::cuda {
+
+inline constexpr int kCopyThreads = 1024;
+inline constexpr int kLoadsInFlight = 4;
+
+template <int W>
+struct CopyVec;
+template <>
+struct CopyVec<16> {
+  using Type = uint4;
+};
+template <>
+struct CopyVec<8> {
+  using Type = uint2;
+};
+template <>
+struct CopyVec<4> {
+  using Type = unsigned int;
+};
+
+__device__ __forceinline__ int64_t LoadSlotIndex(const void* slots, uint32_t k, int32_t is64) {
+  return is64 ? static_cast<const int64_t*>(slots)[k]
+              : static_cast<int64_t>(static_cast<const int32_t*>(slots)[k]);
+}
+
+__device__ __forceinline__ char* ChunkAddress(const RegionView& r, uint32_t b, uint32_t l,
+                                              int64_t slot, uint32_t h) {
+  const int64_t layer = r.first_layer + l;
+  if (r.layer_table != nullptr) {
+    return reinterpret_cast<char*>(r.layer_table[b * r.geometry.num_layers + layer]) +
+           r.geometry.OffsetInLayer(slot, h);
+  }
+  return reinterpret_cast<char*>(r.base[b]) + r.geometry.HeadOffset(layer, slot, h);
+}
+
+// Chunk number -> (buffer, slot pair, layer, head) in the launch's order.
+__device__ __forceinline__ void DecodeChunk(const CopyView& v, uint32_t c, uint32_t* b,
+                                            uint32_t* k, uint32_t* l, uint32_t* h) {
+  uint32_t t;
+  switch (v.order) {
+    case ChunkOrder::kLayerSlotHead:
+      v.div_heads.DivMod(c, &t, h);
+      v.div_count.DivMod(t, &t, k);
+      v.div_layers.DivMod(t, b, l);
+      break;
+    case ChunkOrder::kSlotLayerHead:
+      v.div_heads.DivMod(c, &t, h);
+      v.div_layers.DivMod(t, &t, l);
+      v.div_count.DivMod(t, b, k);
+      break;
+    case ChunkOrder::kSlotHeadLayer:
+    default:
+      v.div_layers.DivMod(c, &t, l);
+      v.div_heads.DivMod(t, &t, h);
+      v.div_count.DivMod(t, b, k);
+      break;
+  }
+}
+
+// Source and destination address of chunk `c`, or null pointers when its slot pair is out of
+// range. `first_vec`: the lane is at vector 0 of the chunk (exactly one lane per chunk is), which
+// is where a bad pair is counted.
+__device__ __forceinline__ void ResolveChunk(const CopyView& v, uint32_t c, bool first_vec,
+                                             const char** src, char** dst) {
+  uint32_t b, k, l, h;
+  DecodeChunk(v, c, &b, &k, &l, &h);
+  const int64_t s = LoadSlotIndex(v.src.slots, k, v.src.slots_int64);
+  const int64_t d = LoadSlotIndex(v.dst.slots, k, v.dst.slots_int64);
+  const bool s_bad = s < 0 || s >= v.src.geometry.num_slots;
+  const bool d_bad = d < 0 || d >= v.dst.geometry.num_slots;
+  if (s_bad || d_bad) {
+    *src = nullptr;
+    *dst = nullptr;
+    if (v.report_errors && first_vec && b == 0 && l == 0 && h == 0) {
+      DeviceErrorRecord* e = v.error;
+      atomicAdd(&e->count, 1ull);
+      if (atomicCAS(&e->claimed, 0, 1) == 0) {
+        e->side = s_bad ? 0 : 1;
+        e->position = v.position_base + k;
+        e->value = s_bad ? s : d;
+        e->limit = s_bad ? v.src.geometry.num_slots : v.dst.geometry.num_slots;
+        __threadfence_system();
+      }
+    }
+    return;
+  }
+  *src = ChunkAddress(v.src, b, l, s, h);
+  *dst = ChunkAddress(v.dst, b, l, d, h);
+}
+
+template <int W>
+__global__ void __launch_bounds__(kCopyThreads, 1) CopyChunksKernel(const CopyView v) {
+  using Vec = typename CopyVec<W>::Type;
+  constexpr int R = kLoadsInFlight;
+  const uint32_t lane = threadIdx.x & 31u;
+  const uint64_t warp = (static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32u;
+  const uint64_t start = warp * (32u * R) + lane;
+  const uint64_t start_chunk = start / v.vecs_per_chunk;
+  if (start_chunk >= v.num_chunks) return;
+  uint32_t c = static_cast<uint32_t>(start_chunk);
+  uint32_t e = static_cast<uint32_t>(start - start_chunk * v.vecs_per_chunk);
+
+  uint32_t cached = 0xffffffffu;
+  const char* chunk_src = nullptr;
+  char* chunk_dst = nullptr;
+  while (c < v.num_chunks) {
+    const Vec* from[R];
+    Vec* to[R];
+    uint32_t pc = c, pe = e;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      from[r] = nullptr;
+      to[r] = nullptr;
+      if (pc < v.num_chunks) {
+        if (pc != cached) {
+          cached = pc;
+          ResolveChunk(v, pc, pe == 0, &chunk_src, &chunk_dst);
+        }
+        if (chunk_src != nullptr) {
+          from[r] = reinterpret_cast<const Vec*>(chunk_src + static_cast<uint64_t>(pe) * W);
+          to[r] = reinterpret_cast<Vec*>(chunk_dst + static_cast<uint64_t>(pe) * W);
+        }
+      }
+      pe += v.step32_vecs;
+      pc += v.step32_chunks;
+      if (pe >= v.vecs_per_chunk) {
+        pe -= v.vecs_per_chunk;
+        ++pc;
+      }
+    }
+    Vec val[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      if (from[r] != nullptr) val[r] = __ldcs(from[r]);
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      if (to[r] != nullptr) __stcs(to[r], val[r]);
+    }
+    e += v.grid_vecs;
+    c += v.grid_chunks;
+    if (e >= v.vecs_per_chunk) {
+      e -= v.vecs_per_chunk;
+      ++c;
+    }
+  }
+}
+
+}  // namespace kvtier::transfer::cuda

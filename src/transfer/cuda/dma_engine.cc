@@ -1,0 +1,429 @@
+// The `dma` transfer backend: the copy engines only, no SM.
+//
+// A request is planned on the host into the fewest copy operations the layouts allow:
+//   1. slot runs: consecutive pairs whose source and destination indices both advance by one,
+//      cut where a page-based side (page_first_direct, page_head) starts a new page;
+//   2. pieces, walked in the order of the host-side layout (as the cpu backend does); a run of
+//      slots that is contiguous within a layer on both sides is one piece;
+//   3. pieces contiguous on both sides merge into runs; consecutive runs of equal width whose
+//      source and destination addresses both advance by a constant pitch become one strided
+//      cudaMemcpy2DAsync (e.g. a page across all layers for layer_first <-> page_first_direct,
+//      a page of page_first slots within one layer);
+//   4. the remaining single runs go out in one cudaMemcpyBatchAsync when the runtime and driver
+//      offer it (CUDA >= 12.8, detected at run time; the 12.8 and 13.x signatures are both
+//      handled at compile time), else one cudaMemcpyAsync each.
+// All plan buffers are engine members reused across calls: no per-call allocation once they
+// have grown to the largest request.
+//
+// Streams: cudaMemcpyBatchAsync refuses the legacy default stream, so for `stream == nullptr`
+// the operations run on the engine's private non-blocking stream, fenced by events to the legacy
+// stream on entry and exit: to the caller, the copy is ordered on the legacy stream as usual.
+//
+// Indices: host indices are read in place. Device indices are first copied to the host, which
+// synchronises `stream` (the host blocks until earlier work on it finished), and then checked:
+// an out-of-range device index makes Transfer itself return InvalidArgument, before any copy.
+// Synchronize(stream) only waits; the dma backend has no deferred errors.
+//
+// Thread safety: Transfer and Synchronize may be called from several threads; Transfer holds the
+// engine's mutex while it plans and submits.
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+#include "kvtier/device.h"
+#include "transfer/backends.h"
+#include "transfer/cuda/device_guard.h"
+#include "transfer/cuda/gpu_engine.h"
+#include "util/cuda_check.h"
+#include "util/log.h"
+
+namespace kvtier::transfer::cuda {
+namespace {
+
+struct Copy2D {
+  const std::byte* src;
+  std::byte* dst;
+  size_t width;
+  size_t spitch;
+  size_t dpitch;
+  size_t height;
+};
+
+// Run merging and 2D grouping (steps 3 of the file comment). Owns no memory but the vectors it
+// fills, which the engine keeps between calls.
+class CopyPlanner {
+ public:
+  void Reset(size_t max_pitch) {
+    max_pitch_ = max_pitch;
+    dsts_.clear();
+    srcs_.clear();
+    sizes_.clear();
+    copies_2d_.clear();
+    run_len_ = 0;
+    group_height_ = 0;
+  }
+
+  void Add(const std::byte* src, std::byte* dst, int64_t n) {
+    if (run_len_ > 0 && src == run_src_ + run_len_ && dst == run_dst_ + run_len_) {
+      run_len_ += n;
+      return;
+    }
+    FlushRun();
+    run_src_ = src;
+    run_dst_ = dst;
+    run_len_ = n;
+  }
+
+  void Finish() {
+    FlushRun();
+    FlushGroup();
+  }
+
+  std::vector<void*>& dsts() { return dsts_; }
+  std::vector<const void*>& srcs() { return srcs_; }
+  std::vector<size_t>& sizes() { return sizes_; }
+  const std::vector<Copy2D>& copies_2d() const { return copies_2d_; }
+
+ private:
+  void FlushRun() {
+    if (run_len_ == 0) return;
+    const auto w = static_cast<size_t>(run_len_);
+    run_len_ = 0;
+    if (group_height_ > 0 && w == group_.width) {
+      if (group_height_ == 1) {
+        if (run_src_ > group_.src && run_dst_ > group_.dst) {
+          const auto sp = static_cast<size_t>(run_src_ - group_.src);
+          const auto dp = static_cast<size_t>(run_dst_ - group_.dst);
+          if (sp >= w && dp >= w && sp < max_pitch_ && dp < max_pitch_) {
+            group_.spitch = sp;
+            group_.dpitch = dp;
+            group_height_ = 2;
+            return;
+          }
+        }
+      } else if (run_src_ == group_.src + group_height_ * group_.spitch &&
+                 run_dst_ == group_.dst + group_height_ * group_.dpitch) {
+        ++group_height_;
+        return;
+      }
+    }
+    FlushGroup();
+    group_ = Copy2D{run_src_, run_dst_, w, 0, 0, 0};
+    group_height_ = 1;
+  }
+
+  void FlushGroup() {
+    if (group_height_ == 0) return;
+    if (group_height_ == 1) {
+      dsts_.push_back(group_.dst);
+      srcs_.push_back(group_.src);
+      sizes_.push_back(group_.width);
+    } else {
+      group_.height = group_height_;
+      copies_2d_.push_back(group_);
+    }
+    group_height_ = 0;
+  }
+
+  size_t max_pitch_ = 0;
+  const std::byte* run_src_ = nullptr;
+  std::byte* run_dst_ = nullptr;
+  int64_t run_len_ = 0;
+  Copy2D group_{};
+  size_t group_height_ = 0;
+  std::vector<void*> dsts_;
+  std::vector<const void*> srcs_;
+  std::vector<size_t> sizes_;
+  std::vector<Copy2D> copies_2d_;
+};
+
+// Addresses of one request; head_num is the request's head chunks on both sides.
+struct Sides {
+  const KvRegion* src;
+  const KvRegion* dst;
+  KvGeometry sg, dg;
+  int64_t heads, chunk;
+  const std::byte* Src(int b, int64_t layer, int64_t slot, int64_t h) const {
+    return src->LayerBase(b, layer) +
+           (src->has_layer_table() ? sg.OffsetInLayer(slot, h) : sg.HeadOffset(layer, slot, h));
+  }
+  std::byte* Dst(int b, int64_t layer, int64_t slot, int64_t h) const {
+    return dst->LayerBase(b, layer) +
+           (dst->has_layer_table() ? dg.OffsetInLayer(slot, h) : dg.HeadOffset(layer, slot, h));
+  }
+};
+
+bool PageBased(KvLayout l) { return l == KvLayout::kPageFirstDirect || l == KvLayout::kPageHead; }
+// A run of slots (within one page for page-based layouts) is contiguous within one layer.
+bool RunContiguous(KvLayout l) {
+  return l == KvLayout::kLayerFirst || l == KvLayout::kPageFirstDirect;
+}
+
+bool IsLegacyStream(CudaStream s) { return s == nullptr || s == cudaStreamLegacy; }
+
+}  // namespace
+
+class DmaTransferEngine final : public GpuTransferEngine {
+ public:
+  static Result<std::unique_ptr<DmaTransferEngine>> Create(const TransferEngineConfig& config) {
+    if (CudaDeviceCount() <= config.device) {
+      return Status::Unavailable(fmt::format(
+          "the dma transfer backend needs CUDA device {}, but {} device(s) are present",
+          config.device, CudaDeviceCount()));
+    }
+    std::unique_ptr<DmaTransferEngine> e(new DmaTransferEngine(config));
+    KVTIER_RETURN_IF_ERROR(e->Init());
+    return e;
+  }
+
+  TransferBackend backend() const override { return TransferBackend::kDma; }
+
+  Status Synchronize(CudaStream stream) override {
+    DeviceGuard guard;
+    KVTIER_RETURN_IF_ERROR(guard.Set(config_.device));
+    KVTIER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+    return Status::OK();
+  }
+
+ protected:
+  Status DoTransfer(const TransferRequest& r, const TransferOptions& options) override;
+
+ private:
+  explicit DmaTransferEngine(const TransferEngineConfig& config) : config_(config) {}
+
+  Status Init() {
+    DeviceGuard guard;
+    KVTIER_RETURN_IF_ERROR(guard.Set(config_.device));
+    int pitch = 0;
+    KVTIER_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&pitch, cudaDevAttrMaxPitch, config_.device));
+    max_pitch_ = static_cast<size_t>(pitch);
+    int runtime = 0, driver = 0;
+    KVTIER_CUDA_RETURN_IF_ERROR(cudaRuntimeGetVersion(&runtime));
+    KVTIER_CUDA_RETURN_IF_ERROR(cudaDriverGetVersion(&driver));
+    batch_available_ = runtime >= 12080 && driver >= 12080;
+    KVTIER_ASSIGN_OR_RETURN(private_stream_, CudaStreamHandle::Create(config_.device, true));
+    KVTIER_ASSIGN_OR_RETURN(fence_in_, CudaEventHandle::Create(config_.device, false));
+    KVTIER_ASSIGN_OR_RETURN(fence_out_, CudaEventHandle::Create(config_.device, false));
+    return Status::OK();
+  }
+
+  // Host copies of the index lists (device lists are downloaded; host lists used in place).
+  Status HostIndices(const SlotIndices& idx, const char* name, int64_t num_slots,
+                     CudaStream stream, PinnedHostBuffer* staging, SlotIndices* out);
+  void Plan(const TransferRequest& r, const SlotIndices& si, const SlotIndices& di,
+            int64_t layer0, int64_t layers);
+  Status Submit(CudaStream stream);
+
+  const TransferEngineConfig config_;
+  std::mutex mu_;
+  size_t max_pitch_ = 0;
+  bool batch_available_ = false;
+  CudaStreamHandle private_stream_;
+  CudaEventHandle fence_in_;
+  CudaEventHandle fence_out_;
+  PinnedHostBuffer src_index_staging_;
+  PinnedHostBuffer dst_index_staging_;
+  CopyPlanner planner_;
+  std::vector<int64_t> run_starts_;  // slot runs: [run_starts_[i], run_starts_[i+1])
+};
+
+Status DmaTransferEngine::HostIndices(const SlotIndices& idx, const char* name, int64_t num_slots,
+                                      CudaStream stream, PinnedHostBuffer* staging,
+                                      SlotIndices* out) {
+  *out = idx;
+  if (idx.memory == MemoryKind::kHost || idx.count == 0) return Status::OK();
+  const int64_t bytes = idx.count * (idx.type == IndexType::kInt64 ? 8 : 4);
+  if (staging->bytes() < bytes) {
+    KVTIER_ASSIGN_OR_RETURN(*staging, PinnedHostBuffer::Allocate(std::max(bytes, 2 * staging->bytes())));
+  }
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(staging->data(), idx.data, static_cast<size_t>(bytes),
+                                              cudaMemcpyDeviceToHost, stream));
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  out->data = staging->data();
+  out->memory = MemoryKind::kHost;
+  for (int64_t k = 0; k < out->count; ++k) {
+    const int64_t s = out->at(k);
+    if (s < 0 || s >= num_slots) {
+      return Status::InvalidArgument(fmt::format(
+          "dma backend: device {}[{}] = {} is out of range [0, {})", name, k, s, num_slots));
+    }
+  }
+  return Status::OK();
+}
+
+void DmaTransferEngine::Plan(const TransferRequest& r, const SlotIndices& si,
+                             const SlotIndices& di, int64_t layer0, int64_t layers) {
+  Sides x{r.src, r.dst, r.src->geometry, r.dst->geometry, 1, 0};
+  const KvLayout sl = x.sg.layout, dl = x.dg.layout;
+  x.heads = sl == KvLayout::kPageHead ? x.sg.head_num : dl == KvLayout::kPageHead ? x.dg.head_num : 1;
+  x.sg.head_num = x.heads;
+  x.dg.head_num = x.heads;
+  x.chunk = x.sg.slot_bytes / x.heads;
+  const int64_t S = x.sg.slot_bytes;
+  const int64_t n = si.count;
+  const KvLayout lead = dl != KvLayout::kLayerFirst ? dl : sl;
+  const bool run_pieces = x.heads == 1 && RunContiguous(sl) && RunContiguous(dl);
+
+  // Slot runs, shared by every buffer and layer.
+  run_starts_.clear();
+  const int64_t sp = PageBased(sl) ? x.sg.page_size : 0;
+  const int64_t dp = PageBased(dl) ? x.dg.page_size : 0;
+  for (int64_t k = 0; k < n; ++k) {
+    const int64_t s = si.at(k), d = di.at(k);
+    if (k == 0 || s != si.at(k - 1) + 1 || d != di.at(k - 1) + 1 || (sp > 0 && s % sp == 0) ||
+        (dp > 0 && d % dp == 0)) {
+      run_starts_.push_back(k);
+    }
+  }
+  run_starts_.push_back(n);
+  const size_t runs = run_starts_.size() - 1;
+
+  for (int b = 0; b < r.src->num_buffers(); ++b) {
+    if (lead == KvLayout::kPageFirst) {
+      // All layers of a slot are contiguous on the page_first side.
+      for (int64_t k = 0; k < n; ++k) {
+        const int64_t s = si.at(k), d = di.at(k);
+        for (int64_t l = 0; l < layers; ++l) {
+          planner_.Add(x.Src(b, r.src_layer + layer0 + l, s, 0),
+                       x.Dst(b, r.dst_layer + layer0 + l, d, 0), S);
+        }
+      }
+    } else if (lead == KvLayout::kPageHead) {
+      // A head's page holds (slot, layer) contiguously.
+      for (size_t i = 0; i < runs; ++i) {
+        for (int64_t h = 0; h < x.heads; ++h) {
+          for (int64_t k = run_starts_[i]; k < run_starts_[i + 1]; ++k) {
+            const int64_t s = si.at(k), d = di.at(k);
+            for (int64_t l = 0; l < layers; ++l) {
+              planner_.Add(x.Src(b, r.src_layer + layer0 + l, s, h),
+                           x.Dst(b, r.dst_layer + layer0 + l, d, h), x.chunk);
+            }
+          }
+        }
+      }
+    } else {
+      // layer_first / page_first_direct: a run of slots within a layer, layers of a page next.
+      for (size_t i = 0; i < runs; ++i) {
+        const int64_t k0 = run_starts_[i], k1 = run_starts_[i + 1];
+        const int64_t s0 = si.at(k0), d0 = di.at(k0);
+        for (int64_t l = 0; l < layers; ++l) {
+          const int64_t ls = r.src_layer + layer0 + l, ld = r.dst_layer + layer0 + l;
+          if (run_pieces) {
+            planner_.Add(x.Src(b, ls, s0, 0), x.Dst(b, ld, d0, 0), (k1 - k0) * S);
+            continue;
+          }
+          for (int64_t k = k0; k < k1; ++k) {
+            const int64_t s = si.at(k), d = di.at(k);
+            for (int64_t h = 0; h < x.heads; ++h) {
+              planner_.Add(x.Src(b, ls, s, h), x.Dst(b, ld, d, h), x.chunk);
+            }
+          }
+        }
+      }
+    }
+  }
+  planner_.Finish();
+}
+
+Status DmaTransferEngine::Submit(CudaStream stream) {
+  for (const Copy2D& c : planner_.copies_2d()) {
+    KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(c.dst, c.dpitch, c.src, c.spitch, c.width,
+                                                  c.height, cudaMemcpyDefault, stream));
+  }
+  stats_.copies_2d += static_cast<int64_t>(planner_.copies_2d().size());
+  stats_.copy_ops += static_cast<int64_t>(planner_.copies_2d().size());
+  const size_t count = planner_.sizes().size();
+  stats_.copy_ops += static_cast<int64_t>(count);
+  if (batch_available_ && count >= 2 && !IsLegacyStream(stream)) {
+    cudaMemcpyAttributes attr{};
+    attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+    size_t attr_index = 0;
+#if CUDART_VERSION >= 13000
+    const cudaError_t e =
+        cudaMemcpyBatchAsync(planner_.dsts().data(), planner_.srcs().data(),
+                             planner_.sizes().data(), count, &attr, &attr_index, 1, stream);
+#else
+    size_t fail_index = 0;
+    const cudaError_t e = cudaMemcpyBatchAsync(
+        planner_.dsts().data(), const_cast<void**>(planner_.srcs().data()),
+        planner_.sizes().data(), count, &attr, &attr_index, 1, &fail_index, stream);
+#endif
+    if (e == cudaSuccess) {
+      ++stats_.batch_calls;
+      return Status::OK();
+    }
+    // Not offered after all (driver, platform): remember, fall back to single copies.
+    (void)cudaGetLastError();
+    batch_available_ = false;
+    util::Log(util::LogLevel::kWarning,
+              "dma backend: cudaMemcpyBatchAsync failed ({}); using one cudaMemcpyAsync per run",
+              cudaGetErrorString(e));
+  }
+  for (size_t i = 0; i < count; ++i) {
+    KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(planner_.dsts()[i], planner_.srcs()[i],
+                                                planner_.sizes()[i], cudaMemcpyDefault, stream));
+  }
+  return Status::OK();
+}
+
+Status DmaTransferEngine::DoTransfer(const TransferRequest& r, const TransferOptions& options) {
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_ = GpuTransferStats{};
+  stats_.backend = TransferBackend::kDma;
+  DeviceGuard guard;
+  KVTIER_RETURN_IF_ERROR(guard.Set(config_.device));
+  KVTIER_RETURN_IF_ERROR(CheckResidency(*r.src, "src", /*need_pinned_host=*/false));
+  KVTIER_RETURN_IF_ERROR(CheckResidency(*r.dst, "dst", /*need_pinned_host=*/false));
+  if (options.layer_events != nullptr && options.layer_events->size() < r.num_layers) {
+    return Status::InvalidArgument(fmt::format(
+        "layer_events has {} events but the request copies {} layers",
+        options.layer_events->size(), r.num_layers));
+  }
+  SlotIndices si, di;
+  KVTIER_RETURN_IF_ERROR(HostIndices(r.src_slots, "src_slots", r.src->geometry.num_slots,
+                                     options.stream, &src_index_staging_, &si));
+  KVTIER_RETURN_IF_ERROR(HostIndices(r.dst_slots, "dst_slots", r.dst->geometry.num_slots,
+                                     options.stream, &dst_index_staging_, &di));
+  // The stream the copies go on; the legacy stream is fenced to the private one.
+  const bool fenced = IsLegacyStream(options.stream) && batch_available_;
+  const CudaStream exec = fenced ? private_stream_.get() : options.stream;
+  if (fenced) {
+    KVTIER_RETURN_IF_ERROR(fence_in_.Record(options.stream));
+    KVTIER_RETURN_IF_ERROR(fence_in_.WaitOn(exec));
+  }
+  const int64_t step = options.layer_events != nullptr ? 1 : r.num_layers;
+  for (int64_t l0 = 0; l0 < r.num_layers; l0 += step) {
+    planner_.Reset(max_pitch_);
+    Plan(r, si, di, l0, step);
+    KVTIER_RETURN_IF_ERROR(Submit(exec));
+    if (options.layer_events != nullptr) {
+      KVTIER_RETURN_IF_ERROR(options.layer_events->Record(static_cast<int>(l0), exec));
+    }
+  }
+  if (fenced) {
+    KVTIER_RETURN_IF_ERROR(fence_out_.Record(exec));
+    KVTIER_RETURN_IF_ERROR(fence_out_.WaitOn(options.stream));
+  }
+  return Status::OK();
+}
+
+Result<std::unique_ptr<GpuTransferEngine>> CreateDmaEngine(const TransferEngineConfig& config) {
+  KVTIER_ASSIGN_OR_RETURN(auto engine, DmaTransferEngine::Create(config));
+  return std::unique_ptr<GpuTransferEngine>(std::move(engine));
+}
+
+}  // namespace kvtier::transfer::cuda
+
+namespace kvtier::transfer {
+
+Result<std::unique_ptr<TransferEngine>> MakeDmaTransferEngine(const TransferEngineConfig& config) {
+  KVTIER_ASSIGN_OR_RETURN(auto engine, cuda::CreateDmaEngine(config));
+  return std::unique_ptr<TransferEngine>(std::move(engine));
+}
+
+}  // namespace kvtier::transfer

@@ -1,0 +1,391 @@
+// The `kernel` transfer backend: one persistent copy kernel (copy_kernels.cuh) over device
+// memory and pinned host memory (UVA), for every layout pair, both directions, MHA and MLA.
+//
+// Host side of a call (target: <= 30 us of host time):
+//   1. residency checks (cudaPointerGetAttributes on each region's first base);
+//   2. host indices are copied into a staging slot (pinned host buffer -> device buffer on the
+//      request's stream). kStagingSlots slots are used round-robin; a slot is reused only after
+//      the event recorded behind its last kernel has completed, so a staging buffer is never
+//      overwritten while a copy still reads it. Buffers grow (never shrink) to the largest list
+//      seen, so steady-state calls allocate nothing. Device indices are used in place;
+//   3. per-layer tables (KvRegion::k_layers/v_layers) are uploaded once and cached by content
+//      (kTableCacheEntries entries, LRU; an entry is evicted only after its last use completed);
+//   4. one launch (or, with TransferOptions::layer_events, one launch per layer followed by that
+//      layer's event record).
+//
+// Out-of-range device indices are skipped by the kernel and counted in a DeviceErrorRecord in
+// device memory; `Synchronize(stream)` waits for the stream, reads the record through the
+// engine's private non-blocking stream and returns InvalidArgument naming how many slot pairs
+// were skipped since the previous Synchronize and one offending index. Transfer itself never
+// reports them (it does not wait for the device).
+//
+// Thread safety: Transfer and Synchronize may be called from several threads; each takes the
+// engine's mutex.
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <vector>
+
+#include "kvtier/device.h"
+#include "transfer/backends.h"
+#include "transfer/cuda/copy_launch.h"
+#include "transfer/cuda/device_guard.h"
+#include "transfer/cuda/gpu_engine.h"
+#include "util/cuda_check.h"
+
+namespace kvtier::transfer::cuda {
+namespace {
+
+constexpr int kStagingSlots = 4;
+constexpr size_t kTableCacheEntries = 8;
+// Chunks per launch stay below 2^31 so the kernel's position arithmetic fits 32 bits.
+constexpr int64_t kMaxChunksPerLaunch = (int64_t{1} << 31) - 1;
+
+int64_t IndexBytes(const SlotIndices& idx) {
+  return idx.count * (idx.type == IndexType::kInt64 ? 8 : 4);
+}
+
+ChunkOrder OrderFor(KvLayout src, KvLayout dst) {
+  const KvLayout lead = dst != KvLayout::kLayerFirst ? dst : src;
+  switch (lead) {
+    case KvLayout::kPageFirst: return ChunkOrder::kSlotLayerHead;
+    case KvLayout::kPageHead: return ChunkOrder::kSlotHeadLayer;
+    default: return ChunkOrder::kLayerSlotHead;
+  }
+}
+
+}  // namespace
+
+class KernelTransferEngine final : public GpuTransferEngine {
+ public:
+  static Result<std::unique_ptr<KernelTransferEngine>> Create(const TransferEngineConfig& config) {
+    if (CudaDeviceCount() <= config.device) {
+      return Status::Unavailable(fmt::format(
+          "the kernel transfer backend needs CUDA device {}, but {} device(s) are present",
+          config.device, CudaDeviceCount()));
+    }
+    std::unique_ptr<KernelTransferEngine> e(new KernelTransferEngine(config));
+    KVTIER_RETURN_IF_ERROR(e->Init());
+    return e;
+  }
+
+  TransferBackend backend() const override { return TransferBackend::kKernel; }
+
+  Status Synchronize(CudaStream stream) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    DeviceGuard guard;
+    KVTIER_RETURN_IF_ERROR(guard.Set(config_.device));
+    KVTIER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+    auto* host = static_cast<DeviceErrorRecord*>(error_host_.data());
+    auto* dev = static_cast<DeviceErrorRecord*>(error_device_.data());
+    KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host, dev, sizeof(DeviceErrorRecord),
+                                                cudaMemcpyDeviceToHost, private_stream_.get()));
+    KVTIER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(private_stream_.get()));
+    if (host->count <= reported_errors_) return Status::OK();
+    const unsigned long long fresh = host->count - reported_errors_;
+    reported_errors_ = host->count;
+    std::string example = "no example recorded";
+    if (host->claimed != 0) {
+      example = fmt::format("e.g. {}[{}] = {} is not in [0, {})",
+                            host->side == 0 ? "src_slots" : "dst_slots", host->position,
+                            host->value, host->limit);
+      KVTIER_CUDA_RETURN_IF_ERROR(
+          cudaMemsetAsync(&dev->claimed, 0, sizeof(int), private_stream_.get()));
+      KVTIER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(private_stream_.get()));
+    }
+    return Status::InvalidArgument(fmt::format(
+        "kernel backend: {} slot pair(s) with out-of-range device indices were skipped since the "
+        "last Synchronize ({})",
+        fresh, example));
+  }
+
+ protected:
+  Status DoTransfer(const TransferRequest& r, const TransferOptions& options) override;
+
+ private:
+  struct StagingSlot {
+    PinnedHostBuffer host;
+    DeviceBuffer device;
+    CudaEventHandle done;
+    bool in_use = false;
+  };
+  struct TableEntry {
+    std::vector<void*> key;  // k_layers then v_layers
+    DeviceBuffer table;
+    CudaEventHandle last_use;
+    bool used = false;
+    uint64_t tick = 0;
+  };
+
+  explicit KernelTransferEngine(const TransferEngineConfig& config) : config_(config) {}
+
+  Status Init() {
+    DeviceGuard guard;
+    KVTIER_RETURN_IF_ERROR(guard.Set(config_.device));
+    KVTIER_CUDA_RETURN_IF_ERROR(
+        cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, config_.device));
+    KVTIER_ASSIGN_OR_RETURN(error_device_,
+                            DeviceBuffer::Allocate(sizeof(DeviceErrorRecord), config_.device));
+    KVTIER_ASSIGN_OR_RETURN(error_host_, PinnedHostBuffer::Allocate(sizeof(DeviceErrorRecord)));
+    KVTIER_ASSIGN_OR_RETURN(private_stream_, CudaStreamHandle::Create(config_.device, true));
+    KVTIER_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(error_device_.data(), 0,
+                                                sizeof(DeviceErrorRecord), private_stream_.get()));
+    KVTIER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(private_stream_.get()));
+    for (auto& slot : staging_) {
+      KVTIER_ASSIGN_OR_RETURN(slot.done, CudaEventHandle::Create(config_.device, false));
+    }
+    return Status::OK();
+  }
+
+  // Copies the host index lists of `r` to the device; returns their device addresses.
+  Status StageIndices(const TransferRequest& r, CudaStream stream, const void** src,
+                      const void** dst, StagingSlot** used);
+  Result<std::byte* const*> DeviceLayerTable(const KvRegion& region, CudaStream stream,
+                                             std::vector<TableEntry*>* used);
+  Status FillRegionView(const KvRegion& region, int64_t heads, std::byte* const* table,
+                        RegionView* view, bool* aligned16, bool* aligned8) const;
+
+  const TransferEngineConfig config_;
+  std::mutex mu_;
+  int sm_count_ = 0;
+  DeviceBuffer error_device_;
+  PinnedHostBuffer error_host_;
+  unsigned long long reported_errors_ = 0;  // guarded by mu_
+  CudaStreamHandle private_stream_;
+  std::array<StagingSlot, kStagingSlots> staging_;
+  int next_staging_ = 0;
+  std::vector<TableEntry> tables_;
+  uint64_t tick_ = 0;
+};
+
+Status KernelTransferEngine::StageIndices(const TransferRequest& r, CudaStream stream,
+                                          const void** src, const void** dst,
+                                          StagingSlot** used) {
+  const bool src_host = r.src_slots.memory == MemoryKind::kHost;
+  const bool dst_host = r.dst_slots.memory == MemoryKind::kHost;
+  *src = r.src_slots.data;
+  *dst = r.dst_slots.data;
+  *used = nullptr;
+  if ((!src_host && !dst_host) || r.src_slots.count == 0) return Status::OK();
+  const int64_t src_bytes = src_host ? (IndexBytes(r.src_slots) + 15) / 16 * 16 : 0;
+  const int64_t dst_bytes = dst_host ? IndexBytes(r.dst_slots) : 0;
+  const int64_t bytes = src_bytes + dst_bytes;
+  StagingSlot& slot = staging_[static_cast<size_t>(next_staging_)];
+  next_staging_ = (next_staging_ + 1) % kStagingSlots;
+  // Never overwrite a buffer that a copy enqueued earlier may still read.
+  if (slot.in_use) KVTIER_RETURN_IF_ERROR(slot.done.Synchronize());
+  slot.in_use = false;
+  if (slot.host.bytes() < bytes) {
+    const int64_t grown = std::max<int64_t>(bytes, 2 * slot.host.bytes());
+    KVTIER_ASSIGN_OR_RETURN(slot.host, PinnedHostBuffer::Allocate(grown));
+    KVTIER_ASSIGN_OR_RETURN(slot.device, DeviceBuffer::Allocate(grown, config_.device));
+  }
+  auto* host = static_cast<std::byte*>(slot.host.data());
+  auto* device = static_cast<std::byte*>(slot.device.data());
+  if (src_host) {
+    std::memcpy(host, r.src_slots.data, static_cast<size_t>(IndexBytes(r.src_slots)));
+    *src = device;
+  }
+  if (dst_host) {
+    std::memcpy(host + src_bytes, r.dst_slots.data, static_cast<size_t>(dst_bytes));
+    *dst = device + src_bytes;
+  }
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(device, host, static_cast<size_t>(bytes),
+                                              cudaMemcpyHostToDevice, stream));
+  *used = &slot;
+  return Status::OK();
+}
+
+Result<std::byte* const*> KernelTransferEngine::DeviceLayerTable(const KvRegion& region,
+                                                                 CudaStream stream,
+                                                                 std::vector<TableEntry*>* used) {
+  const size_t n = region.k_layers.size() + region.v_layers.size();
+  auto matches = [&](const TableEntry& e) {
+    return e.key.size() == n &&
+           std::equal(region.k_layers.begin(), region.k_layers.end(), e.key.begin()) &&
+           std::equal(region.v_layers.begin(), region.v_layers.end(),
+                      e.key.begin() + static_cast<ptrdiff_t>(region.k_layers.size()));
+  };
+  for (TableEntry& e : tables_) {
+    if (matches(e)) {
+      e.tick = ++tick_;
+      used->push_back(&e);
+      return static_cast<std::byte* const*>(e.table.data());
+    }
+  }
+  TableEntry* entry = nullptr;
+  if (tables_.size() < kTableCacheEntries) {
+    tables_.emplace_back();
+    entry = &tables_.back();
+    KVTIER_ASSIGN_OR_RETURN(entry->last_use, CudaEventHandle::Create(config_.device, false));
+  } else {
+    entry = &*std::min_element(tables_.begin(), tables_.end(),
+                               [](const TableEntry& a, const TableEntry& b) {
+                                 return a.tick < b.tick;
+                               });
+    if (entry->used) KVTIER_RETURN_IF_ERROR(entry->last_use.Synchronize());
+    entry->used = false;
+  }
+  entry->key.assign(region.k_layers.begin(), region.k_layers.end());
+  entry->key.insert(entry->key.end(), region.v_layers.begin(), region.v_layers.end());
+  const int64_t bytes = static_cast<int64_t>(n * sizeof(void*));
+  if (entry->table.bytes() < bytes) {
+    KVTIER_ASSIGN_OR_RETURN(entry->table, DeviceBuffer::Allocate(bytes, config_.device));
+  }
+  // From pageable memory: the runtime stages the bytes before returning, in stream order.
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(entry->table.data(), entry->key.data(),
+                                              static_cast<size_t>(bytes), cudaMemcpyHostToDevice,
+                                              stream));
+  entry->tick = ++tick_;
+  used->push_back(entry);
+  return static_cast<std::byte* const*>(entry->table.data());
+}
+
+Status KernelTransferEngine::FillRegionView(const KvRegion& region, int64_t heads,
+                                            std::byte* const* table, RegionView* view,
+                                            bool* aligned16, bool* aligned8) const {
+  view->geometry = region.geometry;
+  view->geometry.head_num = heads;
+  auto check = [&](const void* p) {
+    const auto a = reinterpret_cast<uintptr_t>(p);
+    if (a % 16 != 0) *aligned16 = false;
+    if (a % 8 != 0) *aligned8 = false;
+  };
+  if (table != nullptr) {
+    view->base[0] = view->base[1] = nullptr;
+    view->layer_table = table;
+    for (void* p : region.k_layers) check(p);
+    for (void* p : region.v_layers) check(p);
+  } else {
+    view->base[0] = static_cast<std::byte*>(region.k);
+    view->base[1] = static_cast<std::byte*>(region.v);
+    view->layer_table = nullptr;
+    check(region.k);
+    if (region.v != nullptr) check(region.v);
+  }
+  return Status::OK();
+}
+
+Status KernelTransferEngine::DoTransfer(const TransferRequest& r,
+                                        const TransferOptions& options) {
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_ = GpuTransferStats{};
+  stats_.backend = TransferBackend::kKernel;
+  DeviceGuard guard;
+  KVTIER_RETURN_IF_ERROR(guard.Set(config_.device));
+  KVTIER_RETURN_IF_ERROR(CheckResidency(*r.src, "src", /*need_pinned_host=*/true));
+  KVTIER_RETURN_IF_ERROR(CheckResidency(*r.dst, "dst", /*need_pinned_host=*/true));
+  if (options.layer_events != nullptr && options.layer_events->size() < r.num_layers) {
+    return Status::InvalidArgument(fmt::format(
+        "layer_events has {} events but the request copies {} layers",
+        options.layer_events->size(), r.num_layers));
+  }
+  const CudaStream stream = options.stream;
+  const void* src_slots = nullptr;
+  const void* dst_slots = nullptr;
+  StagingSlot* staging = nullptr;
+  KVTIER_RETURN_IF_ERROR(StageIndices(r, stream, &src_slots, &dst_slots, &staging));
+
+  std::vector<TableEntry*> tables_used;
+  std::byte* const* src_table = nullptr;
+  std::byte* const* dst_table = nullptr;
+  if (r.num_slots() > 0 && r.src->has_layer_table()) {
+    KVTIER_ASSIGN_OR_RETURN(src_table, DeviceLayerTable(*r.src, stream, &tables_used));
+  }
+  if (r.num_slots() > 0 && r.dst->has_layer_table()) {
+    KVTIER_ASSIGN_OR_RETURN(dst_table, DeviceLayerTable(*r.dst, stream, &tables_used));
+  }
+
+  const KvGeometry& sg = r.src->geometry;
+  const KvGeometry& dg = r.dst->geometry;
+  const int64_t heads = sg.layout == KvLayout::kPageHead   ? sg.head_num
+                        : dg.layout == KvLayout::kPageHead ? dg.head_num
+                                                           : 1;
+  const int64_t chunk_bytes = sg.slot_bytes / heads;
+  CopyView view{};
+  bool aligned16 = true, aligned8 = true;
+  KVTIER_RETURN_IF_ERROR(FillRegionView(*r.src, heads, src_table, &view.src, &aligned16, &aligned8));
+  KVTIER_RETURN_IF_ERROR(FillRegionView(*r.dst, heads, dst_table, &view.dst, &aligned16, &aligned8));
+  const int width = (aligned16 && chunk_bytes % 16 == 0) ? 16
+                    : (aligned8 && chunk_bytes % 8 == 0) ? 8
+                                                         : 4;
+  view.src.slots_int64 = r.src_slots.type == IndexType::kInt64 ? 1 : 0;
+  view.dst.slots_int64 = r.dst_slots.type == IndexType::kInt64 ? 1 : 0;
+  view.num_buffers = static_cast<uint32_t>(r.src->num_buffers());
+  view.heads = static_cast<uint32_t>(heads);
+  view.vecs_per_chunk = static_cast<uint32_t>(chunk_bytes / width);
+  view.order = OrderFor(sg.layout, dg.layout);
+  view.error = static_cast<DeviceErrorRecord*>(error_device_.data());
+  view.div_heads = FastDivmod::Make(view.heads);
+  view.div_vecs = FastDivmod::Make(view.vecs_per_chunk);
+  view.step32_chunks = 32u / view.vecs_per_chunk;
+  view.step32_vecs = 32u % view.vecs_per_chunk;
+
+  const int64_t layers_per_launch = options.layer_events != nullptr ? 1 : r.num_layers;
+  const int64_t chunks_per_pair = view.num_buffers * layers_per_launch * heads;
+  const int64_t max_pairs = std::max<int64_t>(1, kMaxChunksPerLaunch / chunks_per_pair);
+  const int threads = CopyThreadsPerBlock();
+  const int64_t vecs_per_block_pass = int64_t{threads} * CopyLoadsInFlight();
+  const int max_blocks = std::max(1, std::min(config_.max_sms, sm_count_));
+  const int src_index_bytes = view.src.slots_int64 ? 8 : 4;
+  const int dst_index_bytes = view.dst.slots_int64 ? 8 : 4;
+
+  for (int64_t l0 = 0; l0 < r.num_layers; l0 += layers_per_launch) {
+    view.num_layers = static_cast<uint32_t>(layers_per_launch);
+    view.div_layers = FastDivmod::Make(view.num_layers);
+    view.src.first_layer = r.src_layer + l0;
+    view.dst.first_layer = r.dst_layer + l0;
+    view.report_errors = l0 == 0 ? 1 : 0;
+    for (int64_t k0 = 0; k0 < r.num_slots(); k0 += max_pairs) {
+      const int64_t pairs = std::min(max_pairs, r.num_slots() - k0);
+      view.count = static_cast<uint32_t>(pairs);
+      view.div_count = FastDivmod::Make(view.count);
+      view.num_chunks = static_cast<uint32_t>(pairs * chunks_per_pair);
+      view.position_base = k0;
+      view.src.slots = static_cast<const std::byte*>(src_slots) + k0 * src_index_bytes;
+      view.dst.slots = static_cast<const std::byte*>(dst_slots) + k0 * dst_index_bytes;
+      const int64_t total_vecs = int64_t{view.num_chunks} * view.vecs_per_chunk;
+      const int blocks = static_cast<int>(std::min<int64_t>(
+          max_blocks, (total_vecs + vecs_per_block_pass - 1) / vecs_per_block_pass));
+      const uint64_t grid_stride = uint64_t(blocks) * uint64_t(vecs_per_block_pass);
+      view.grid_chunks = static_cast<uint32_t>(grid_stride / view.vecs_per_chunk);
+      view.grid_vecs = static_cast<uint32_t>(grid_stride % view.vecs_per_chunk);
+      KVTIER_CUDA_RETURN_IF_ERROR(LaunchCopyKernel(view, width, blocks, stream));
+      stats_.blocks = std::max(stats_.blocks, blocks);
+      ++stats_.launches;
+    }
+    if (options.layer_events != nullptr) {
+      KVTIER_RETURN_IF_ERROR(options.layer_events->Record(static_cast<int>(l0), stream));
+    }
+  }
+  if (staging != nullptr) {
+    KVTIER_RETURN_IF_ERROR(staging->done.Record(stream));
+    staging->in_use = true;
+  }
+  for (TableEntry* e : tables_used) {
+    KVTIER_RETURN_IF_ERROR(e->last_use.Record(stream));
+    e->used = true;
+  }
+  return Status::OK();
+}
+
+Result<std::unique_ptr<GpuTransferEngine>> CreateKernelEngine(const TransferEngineConfig& config) {
+  KVTIER_ASSIGN_OR_RETURN(auto engine, KernelTransferEngine::Create(config));
+  return std::unique_ptr<GpuTransferEngine>(std::move(engine));
+}
+
+}  // namespace kvtier::transfer::cuda
+
+namespace kvtier::transfer {
+
+Result<std::unique_ptr<TransferEngine>> MakeKernelTransferEngine(const TransferEngineConfig& config) {
+  KVTIER_ASSIGN_OR_RETURN(auto engine, cuda::CreateKernelEngine(config));
+  return std::unique_ptr<TransferEngine>(std::move(engine));
+}
+
+}  // namespace kvtier::transfer
