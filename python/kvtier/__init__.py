@@ -31,17 +31,11 @@ from .ops import KvRegion
 
 __version__ = "0.1.0"
 
-if hasattr(_kvtier, "LayerEvents"):
-    LayerEvents = _kvtier.LayerEvents
-else:
-
-    class LayerEvents:  # type: ignore[no-redef]
-        """Per-layer CUDA events of a multi-layer copy. Needs kvtier built with CUDA."""
-
-        def __init__(self, *args, **kwargs):
-            raise UnavailableError(
-                "kvtier.LayerEvents needs CUDA, and kvtier was built without it (KVTIER_CUDA=OFF "
-                "or no nvcc)")
+# Per-layer readiness events and host-memory pinning; creating them without CUDA raises
+# UnavailableError.
+LayerEvents = _kvtier.LayerEvents
+PinnedRegistration = _kvtier.PinnedRegistration
+cuda_device_count = _kvtier.cuda_device_count
 
 if getattr(_kvtier, "has_cache", False):
     from .cache import HierarchicalCache  # noqa: F401
@@ -50,7 +44,9 @@ __all__ = [
     "ops",
     "KvRegion",
     "LayerEvents",
+    "PinnedRegistration",
     "built_with_cuda",
+    "cuda_device_count",
     "KvtierError",
     "InvalidArgumentError",
     "OutOfMemoryError",

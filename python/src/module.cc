@@ -11,11 +11,9 @@
 namespace py = pybind11;
 
 namespace kvtier::python {
-#if defined(KVTIER_PY_WITH_CUDA)
 // device_binding.cc
 void RegisterDevice(py::module_& m);
 LayerEvents* CastLayerEvents(py::handle h);
-#endif
 #if defined(KVTIER_PY_WITH_CACHE)
 // cache_binding.cc
 void RegisterCache(py::module_& m);
@@ -26,12 +24,8 @@ PYBIND11_MODULE(_kvtier, m) {
   using namespace kvtier::python;
   m.doc() = "kvtier: hierarchical KV cache for LLM inference (C++ core binding)";
   RegisterErrors(m);
-#if defined(KVTIER_PY_WITH_CUDA)
   RegisterTransfer(m, &CastLayerEvents);
   RegisterDevice(m);
-#else
-  RegisterTransfer(m, nullptr);
-#endif
 #if defined(KVTIER_PY_WITH_CACHE)
   RegisterCache(m);
   m.attr("has_cache") = true;
