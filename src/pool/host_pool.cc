@@ -324,9 +324,9 @@ Result<std::unique_ptr<HostKvPool>> HostKvPool::Create(const HostKvPoolConfig& c
     } else {
       buffers->mappings.clear();
       util::Log(util::LogLevel::kWarning,
-                "host pool: huge pages requested but MAP_HUGETLB of {} bytes per buffer ({} B "
-                "pages) failed: "
-                "{}; using normal pages (reserve huge pages with `sysctl vm.nr_hugepages=N`)",
+                "host pool: huge pages requested but MAP_HUGETLB of {} bytes per buffer ({}-byte "
+                "pages) failed: {}; using normal pages (reserve huge pages with "
+                "`sysctl vm.nr_hugepages=N`)",
                 rounded, huge_bytes, std::strerror(error));
     }
   }
