@@ -1,0 +1,1004 @@
+// The hierarchical KV cache (see kvtier/hierarchical_cache.h).
+//
+// State, all guarded by State::mu except where noted:
+//   tree          the radix tree over both tiers;
+//   page_owner    per device page: kFree, kEngine (handed out, not yet inserted or freed) or
+//                 kTree (some node's device slots);
+//   handles       live MatchHandles: the node each pins (ancestors included) and, on a GPU, the
+//                 load-back it started;
+//   inflight      copies submitted and not yet reaped. A node touched by one carries it as its
+//                 `pending` copy and is evictable in no tier until Reap clears it; a split hands
+//                 the copy to both halves (split hook).
+// Invariants (CheckConsistency): the tree's device pages are exactly the kTree pages, each once;
+// the device allocator's used pages are the kTree plus kEngine pages; the host allocator's used
+// pages are exactly the tree's host pages, each once; every node's ref_count equals the number of
+// live handles pinning it or a descendant.
+//
+// Copies: backups (device -> host) are submitted with their host pages already assigned to the
+// nodes (so nothing else can take those pages) and run on worker threads / a CUDA stream outside
+// `mu`; the worker threads touch only the PendingCopy (its index lists, status and done flag) and
+// the region bytes of those slots. Load-backs and write_back evictions copy synchronously on the
+// cpu backend; on a GPU a load-back is enqueued on the caller's stream and its nodes stay busy
+// until its last event has completed.
+#include "kvtier/hierarchical_cache.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include "kvtier/device.h"
+#include "kvtier/host_pool.h"
+#include "kvtier/slot_allocator.h"
+#include "util/log.h"
+
+namespace kvtier {
+
+// An in-flight copy (declared in radix_tree.h).
+struct PendingCopy {
+  enum class Kind : uint8_t { kBackup, kLoad };
+  Kind kind = Kind::kBackup;
+  std::vector<RadixNode*> nodes;  // guarded by the cache mutex
+  std::vector<int64_t> src;       // immutable once submitted
+  std::vector<int64_t> dst;
+  int64_t tokens = 0;
+  bool gpu = false;
+  // cpu: set by the worker (status first, then done with release order).
+  std::atomic<bool> done{false};
+  Status status;
+  // GPU: recorded after the copy on its stream; per-layer events for loads.
+  CudaEventHandle event;
+  std::unique_ptr<LayerEvents> layer_events;
+};
+
+namespace {
+
+enum PageOwner : uint8_t { kFree = 0, kEngine = 1, kTree = 2 };
+
+bool IsPowerOfTwo(int64_t x) { return x > 0 && (x & (x - 1)) == 0; }
+
+}  // namespace
+
+const char* WritePolicyName(WritePolicy policy) {
+  switch (policy) {
+    case WritePolicy::kWriteThrough: return "write_through";
+    case WritePolicy::kWriteThroughSelective: return "write_through_selective";
+    case WritePolicy::kWriteBack: return "write_back";
+  }
+  return "unknown_write_policy";
+}
+
+Result<WritePolicy> ParseWritePolicy(std::string_view name) {
+  for (auto p : {WritePolicy::kWriteThrough, WritePolicy::kWriteThroughSelective,
+                 WritePolicy::kWriteBack}) {
+    if (name == WritePolicyName(p)) return p;
+  }
+  return Status::InvalidArgument(fmt::format(
+      "write policy '{}' is not one of write_through, write_through_selective, write_back", name));
+}
+
+Status HierarchicalCacheConfig::Validate() const {
+  if (page_size != 0 && (!IsPowerOfTwo(page_size) || page_size > 256)) {
+    return Status::InvalidArgument(fmt::format(
+        "page_size = {} must be 0 (the device region's) or a power of two in [1, 256]", page_size));
+  }
+  if (host_capacity_bytes < 0) {
+    return Status::InvalidArgument(
+        fmt::format("host_capacity_bytes = {} must not be negative", host_capacity_bytes));
+  }
+  if (host_capacity_bytes == 0 && !(std::isfinite(host_ratio) && host_ratio > 0)) {
+    return Status::InvalidArgument(fmt::format(
+        "host_ratio = {} must be positive when host_capacity_bytes is 0", host_ratio));
+  }
+  if (static_cast<int>(host_layout) >= kNumLayouts) {
+    return Status::InvalidArgument(
+        fmt::format("host_layout = {} is not a known layout", static_cast<int>(host_layout)));
+  }
+  if (host_head_num < 0) {
+    return Status::InvalidArgument(fmt::format("host_head_num = {} must not be negative",
+                                               host_head_num));
+  }
+  if (static_cast<int>(write_policy) > 2) {
+    return Status::InvalidArgument(
+        fmt::format("write_policy = {} is not a known policy", static_cast<int>(write_policy)));
+  }
+  if (write_through_threshold < 1) {
+    return Status::InvalidArgument(fmt::format("write_through_threshold = {} must be at least 1",
+                                               write_through_threshold));
+  }
+  if (static_cast<int>(device_eviction) > 3 || static_cast<int>(host_eviction) > 3) {
+    return Status::InvalidArgument(fmt::format(
+        "device_eviction = {} / host_eviction = {}: not known eviction policies",
+        static_cast<int>(device_eviction), static_cast<int>(host_eviction)));
+  }
+  if (static_cast<int>(transfer_backend) > 3) {
+    return Status::InvalidArgument(fmt::format("transfer_backend = {} is not a known backend",
+                                               static_cast<int>(transfer_backend)));
+  }
+  KVTIER_RETURN_IF_ERROR(transfer.Validate().WithContext("transfer"));
+  if (backup_threads < 0 || backup_threads > 64) {
+    return Status::InvalidArgument(
+        fmt::format("backup_threads = {} must be in [0, 64]", backup_threads));
+  }
+  if (load_back_min_tokens < 0) {
+    return Status::InvalidArgument(
+        fmt::format("load_back_min_tokens = {} must not be negative", load_back_min_tokens));
+  }
+  return Status::OK();
+}
+
+struct HierarchicalCache::State {
+  State(const HierarchicalCacheConfig& cfg, int64_t page_size)
+      : config(cfg),
+        P(page_size),
+        tree(page_size,
+             cfg.device_eviction_policy ? cfg.device_eviction_policy
+                                        : MakeEvictionPolicy(cfg.device_eviction),
+             cfg.host_eviction_policy ? cfg.host_eviction_policy
+                                      : MakeEvictionPolicy(cfg.host_eviction)) {}
+
+  struct Handle {
+    RadixNode* last = nullptr;  // pinned (with its ancestors) unless a root
+    std::shared_ptr<PendingCopy> load;
+  };
+
+  const HierarchicalCacheConfig config;
+  const int64_t P;
+  KvRegion device;
+  std::unique_ptr<HostKvPool> host;
+  std::unique_ptr<TransferEngine> engine;
+  std::unique_ptr<SlotAllocator> device_alloc;
+  bool gpu = false;
+  CudaStreamHandle backup_stream;  // GPU only
+
+  mutable std::mutex mu;
+  RadixTree tree;
+  std::vector<uint8_t> page_owner;
+  int64_t engine_pages = 0;
+  std::unordered_map<uint64_t, Handle> handles;
+  uint64_t next_handle = 1;
+  std::vector<std::shared_ptr<PendingCopy>> inflight;
+  Status health;
+  CacheStats counters;
+
+  // Backup workers (cpu backend).
+  std::mutex worker_mu;
+  std::condition_variable worker_cv;
+  std::condition_variable done_cv;
+  std::deque<std::shared_ptr<PendingCopy>> queue;  // guarded by worker_mu
+  bool stop = false;                               // guarded by worker_mu
+  std::vector<std::thread> workers;
+
+  // ---- helpers; all REQUIRE mu held ------------------------------------------------------
+  Status CheckHealth() const {
+    if (health.ok()) return Status::OK();
+    return Status::FailedPrecondition(
+        fmt::format("the cache is unusable after a failed copy: {}", health.ToString()));
+  }
+
+  std::vector<RadixNode*> Path(RadixNode* last) const {
+    std::vector<RadixNode*> path;
+    for (RadixNode* n = last; n != nullptr && !n->is_root(); n = n->parent()) path.push_back(n);
+    std::reverse(path.begin(), path.end());
+    return path;
+  }
+
+  std::vector<int64_t> DeviceSlotsOf(const std::vector<RadixNode*>& path) const {
+    std::vector<int64_t> out;
+    for (RadixNode* n : path) {
+      if (!n->on_device()) break;
+      out.insert(out.end(), n->device_slots().begin(), n->device_slots().end());
+    }
+    return out;
+  }
+
+  void Notify(CacheTier tier, RadixNode* node, bool kept_in_host) {
+    if (!config.eviction_listener) return;
+    const std::vector<Token> prefix = tree.PrefixTokens(node);
+    config.eviction_listener(
+        EvictionEvent{tier, node->name_space(), prefix, node->num_tokens(), kept_in_host});
+  }
+
+  Status RunCopy(const PendingCopy& op, CudaStream stream) {
+    const bool to_host = op.kind == PendingCopy::Kind::kBackup;
+    const KvRegion& src = to_host ? device : host->region();
+    const KvRegion& dst = to_host ? host->region() : device;
+    return engine->Transfer(TransferRequest::AllLayers(src, dst, SlotIndices::Host(op.src),
+                                                       SlotIndices::Host(op.dst)),
+                            TransferOptions{stream, op.layer_events.get()});
+  }
+
+  bool IsDone(PendingCopy& op) {
+    if (!op.gpu) return op.done.load(std::memory_order_acquire);
+    if (op.done.load(std::memory_order_relaxed)) return true;
+    Result<bool> q = op.event.Query();
+    if (!q.ok()) {
+      op.status = q.status();
+    } else if (!*q) {
+      return false;
+    }
+    op.done.store(true, std::memory_order_relaxed);
+    return true;
+  }
+
+  void Wait(PendingCopy& op) {
+    if (op.gpu) {
+      if (!op.done.load(std::memory_order_relaxed)) {
+        Status st = op.event.Synchronize();
+        if (!st.ok() && op.status.ok()) op.status = std::move(st);
+        op.done.store(true, std::memory_order_relaxed);
+      }
+      return;
+    }
+    std::unique_lock<std::mutex> lk(worker_mu);
+    done_cv.wait(lk, [&] { return op.done.load(std::memory_order_acquire); });
+  }
+
+  // Clears finished copies off their nodes; a failed copy makes the cache unusable.
+  void Reap() {
+    size_t keep = 0;
+    for (size_t i = 0; i < inflight.size(); ++i) {
+      std::shared_ptr<PendingCopy>& op = inflight[i];
+      if (!IsDone(*op)) {
+        if (keep != i) inflight[keep] = std::move(op);
+        ++keep;
+        continue;
+      }
+      if (!op->status.ok() && health.ok()) {
+        health = op->status.WithContext(op->kind == PendingCopy::Kind::kBackup ? "backup copy"
+                                                                               : "load-back copy");
+        util::Log(util::LogLevel::kError, "kvtier: cache: {}", health.ToString());
+      }
+      for (RadixNode* n : op->nodes) {
+        if (n->pending() == op) tree.SetPending(n, nullptr);
+      }
+      if (op->kind == PendingCopy::Kind::kBackup) {
+        counters.backup_tokens += op->tokens;
+        counters.backup_inflight_tokens -= op->tokens;
+      }
+    }
+    inflight.resize(keep);
+  }
+
+  void WaitAll() {
+    for (auto& op : inflight) Wait(*op);
+    Reap();
+  }
+
+  void FreeTreeDevicePages(const std::vector<int64_t>& slots) {
+    std::vector<int64_t> pages;
+    pages.reserve(slots.size() / P);
+    for (size_t k = 0; k < slots.size(); k += P) {
+      pages.push_back(slots[k]);
+      page_owner[slots[k] / P] = kFree;
+    }
+    Status st = device_alloc->FreePages(pages);
+    if (!st.ok() && health.ok()) health = Status::Internal(st.WithContext("device pages").ToString());
+  }
+
+  void FreeHostSlots(const std::vector<int64_t>& slots) {
+    std::vector<int64_t> pages;
+    pages.reserve(slots.size() / P);
+    for (size_t k = 0; k < slots.size(); k += P) pages.push_back(slots[k]);
+    Status st = host->FreePages(pages);
+    if (!st.ok() && health.ok()) health = Status::Internal(st.WithContext("host pages").ToString());
+  }
+
+  int64_t EvictHost(int64_t need_pages) {
+    int64_t freed = 0;
+    while (freed < need_pages) {
+      RadixNode* v = tree.HostVictim();
+      if (v == nullptr) break;
+      const int64_t n = v->num_tokens();
+      Notify(CacheTier::kHost, v, false);
+      FreeHostSlots(tree.TakeHostSlots(v));
+      tree.Remove(v);
+      freed += n / P;
+      counters.host_evicted_tokens += n;
+      ++counters.host_evictions;
+    }
+    return freed;
+  }
+
+  bool EnsureHostPages(int64_t pages) {
+    const int64_t free = host->allocator().free_pages();
+    if (free < pages) EvictHost(pages - free);
+    return host->allocator().free_pages() >= pages;
+  }
+
+  // Assigns host pages to the unbacked part of the path ending at `node` (top-down) and builds
+  // the copy. Null when host memory cannot be found (nothing changes then).
+  std::shared_ptr<PendingCopy> PrepareBackup(RadixNode* node) {
+    std::vector<RadixNode*> path;
+    for (RadixNode* n = node; !n->is_root() && !n->on_host(); n = n->parent()) path.push_back(n);
+    if (path.empty()) return nullptr;
+    std::reverse(path.begin(), path.end());
+    int64_t tokens = 0;
+    for (RadixNode* n : path) tokens += n->num_tokens();
+    if (!EnsureHostPages(tokens / P)) {
+      counters.backup_skipped_tokens += tokens;
+      return nullptr;
+    }
+    Result<std::vector<int64_t>> pages = host->AllocatePages(tokens / P);
+    if (!pages.ok()) {
+      counters.backup_skipped_tokens += tokens;
+      return nullptr;
+    }
+    auto op = std::make_shared<PendingCopy>();
+    op->kind = PendingCopy::Kind::kBackup;
+    op->tokens = tokens;
+    op->gpu = gpu;
+    op->dst = PageSlots(*pages, P);
+    op->src.reserve(static_cast<size_t>(tokens));
+    size_t off = 0;
+    for (RadixNode* n : path) {
+      op->src.insert(op->src.end(), n->device_slots().begin(), n->device_slots().end());
+      tree.SetHostSlots(n, std::vector<int64_t>(op->dst.begin() + off,
+                                                op->dst.begin() + off + n->num_tokens()));
+      off += static_cast<size_t>(n->num_tokens());
+      op->nodes.push_back(n);
+    }
+    return op;
+  }
+
+  // Write policy: backs up the path ending at `node` asynchronously.
+  void Backup(RadixNode* node) {
+    std::shared_ptr<PendingCopy> op = PrepareBackup(node);
+    if (!op) return;
+    for (RadixNode* n : op->nodes) tree.SetPending(n, op);
+    counters.backup_inflight_tokens += op->tokens;
+    inflight.push_back(op);
+    if (gpu) {
+      Status st = RunCopy(*op, backup_stream.get());
+      if (st.ok()) {
+        Result<CudaEventHandle> ev = CudaEventHandle::Create(device.device);
+        st = ev.ok() ? ev->Record(backup_stream.get()) : ev.status();
+        if (ev.ok()) op->event = std::move(*ev);
+      }
+      if (!st.ok()) {
+        op->status = std::move(st);
+        op->done.store(true);
+      }
+      return;
+    }
+    if (workers.empty()) {
+      op->status = RunCopy(*op, nullptr);
+      op->done.store(true, std::memory_order_release);
+      Reap();
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lk(worker_mu);
+      queue.push_back(op);
+    }
+    worker_cv.notify_one();
+  }
+
+  // write_back eviction: copies the unbacked path ending at `node` to host memory now.
+  bool WriteBack(RadixNode* node) {
+    std::shared_ptr<PendingCopy> op = PrepareBackup(node);
+    if (!op) return false;
+    Status st = RunCopy(*op, gpu ? backup_stream.get() : nullptr);
+    if (st.ok() && gpu) {
+      st = backup_stream.Synchronize();
+      if (st.ok()) st = engine->Synchronize(backup_stream.get());
+    }
+    if (!st.ok()) {
+      if (health.ok()) health = st.WithContext("write_back copy");
+      return false;
+    }
+    counters.write_back_tokens += op->tokens;
+    counters.backup_tokens += op->tokens;
+    return true;
+  }
+
+  void MaybeBackup(const std::vector<RadixNode*>& path) {
+    if (config.write_policy == WritePolicy::kWriteBack) return;
+    const int64_t threshold = config.write_policy == WritePolicy::kWriteThrough
+                                  ? 1
+                                  : config.write_through_threshold;
+    for (auto it = path.rbegin(); it != path.rend(); ++it) {
+      RadixNode* n = *it;
+      if (n->on_device() && !n->on_host() && n->hit_count() >= threshold) {
+        Backup(n);
+        return;
+      }
+    }
+  }
+
+  // Frees at least `need_pages` device pages if it can; returns the pages freed.
+  int64_t EvictDevice(int64_t need_pages) {
+    int64_t freed = 0;
+    while (freed < need_pages) {
+      Reap();
+      if (!health.ok()) break;
+      RadixNode* v = tree.DeviceVictim();
+      if (v == nullptr) {
+        if (inflight.empty()) break;
+        WaitAll();  // nodes with copies in flight become evictable once those finish
+        continue;
+      }
+      const int64_t n = v->num_tokens();
+      if (!v->on_host() && config.write_policy == WritePolicy::kWriteBack) WriteBack(v);
+      if (!health.ok()) break;
+      if (v->on_host()) {
+        Notify(CacheTier::kDevice, v, true);
+        FreeTreeDevicePages(tree.TakeDeviceSlots(v));
+      } else {
+        if (v->num_children() != 0) {
+          health = Status::Internal(fmt::format(
+              "device victim node {} has no host copy but has {} children", v->id(),
+              v->num_children()));
+          break;
+        }
+        Notify(CacheTier::kDevice, v, false);
+        FreeTreeDevicePages(tree.TakeDeviceSlots(v));
+        tree.Remove(v);
+        counters.dropped_tokens += n;
+      }
+      freed += n / P;
+      counters.device_evicted_tokens += n;
+      ++counters.device_evictions;
+    }
+    return freed;
+  }
+
+  // Checks that `slots` are whole aligned pages inside the device pool; page starts to `pages`.
+  Status CheckPages(std::span<const int64_t> slots, std::string_view arg,
+                    std::vector<int64_t>* pages) const {
+    if (slots.size() % P != 0) {
+      return Status::InvalidArgument(fmt::format(
+          "{} has {} slots, not a multiple of page_size = {}", arg, slots.size(), P));
+    }
+    const int64_t N = device.geometry.num_slots;
+    for (size_t k = 0; k < slots.size(); ++k) {
+      const int64_t s = slots[k];
+      if (s < 0 || s >= N) {
+        return Status::InvalidArgument(
+            fmt::format("{}[{}] = {} is outside the device pool [0, {})", arg, k, s, N));
+      }
+      if (k % P == 0) {
+        if (s % P != 0) {
+          return Status::InvalidArgument(fmt::format(
+              "{}[{}] = {} starts a page but is not a multiple of page_size = {}", arg, k, s, P));
+        }
+        pages->push_back(s);
+      } else if (s != slots[k - 1] + 1) {
+        return Status::InvalidArgument(fmt::format(
+            "{}[{}] = {} does not continue its page (expected {})", arg, k, s, slots[k - 1] + 1));
+      }
+    }
+    return Status::OK();
+  }
+
+  // Pages the engine passes back must be held by it, each once. `skip[i]` exempts page i.
+  Status CheckEngineHeld(std::span<const int64_t> pages, std::string_view arg,
+                         const std::vector<bool>* skip) {
+    for (size_t i = 0; i < pages.size(); ++i) {
+      if (skip != nullptr && (*skip)[i]) continue;
+      const int64_t p = pages[i] / P;
+      if (page_owner[p] != kEngine) {
+        // Undo the marks of this call before answering.
+        for (size_t j = 0; j < i; ++j) {
+          if ((skip == nullptr || !(*skip)[j]) && page_owner[pages[j] / P] == 0xFF) {
+            page_owner[pages[j] / P] = kEngine;
+          }
+        }
+        const char* why = page_owner[p] == kFree ? "is not allocated"
+                          : page_owner[p] == kTree ? "is cached by another prefix"
+                                                   : "appears twice in this call";
+        return Status::InvalidArgument(fmt::format(
+            "{}: page at slot {} (page {} of the call) {}; only pages from AllocateDeviceSlots "
+            "may be passed", arg, pages[i], i, why));
+      }
+      page_owner[p] = 0xFF;  // mark to catch repeats
+    }
+    for (size_t i = 0; i < pages.size(); ++i) {
+      if (page_owner[pages[i] / P] == 0xFF) page_owner[pages[i] / P] = kEngine;
+    }
+    return Status::OK();
+  }
+};
+
+HierarchicalCache::HierarchicalCache(std::unique_ptr<State> state) : state_(std::move(state)) {}
+
+HierarchicalCache::~HierarchicalCache() {
+  State& s = *state_;
+  {
+    std::lock_guard<std::mutex> lk(s.mu);
+    s.WaitAll();
+  }
+  {
+    std::lock_guard<std::mutex> lk(s.worker_mu);
+    s.stop = true;
+  }
+  s.worker_cv.notify_all();
+  for (auto& t : s.workers) t.join();
+  if (s.gpu) (void)s.backup_stream.Synchronize();
+}
+
+Result<std::unique_ptr<HierarchicalCache>> HierarchicalCache::Create(
+    const HierarchicalCacheConfig& config, const KvRegion& device_region,
+    std::unique_ptr<TransferEngine> engine) {
+  KVTIER_RETURN_IF_ERROR(config.Validate());
+  KVTIER_RETURN_IF_ERROR(device_region.Validate("device_region"));
+  const KvGeometry& g = device_region.geometry;
+  if (g.layout != KvLayout::kLayerFirst) {
+    return Status::InvalidArgument(fmt::format(
+        "device_region.layout = {}: the device tier must be layer_first", LayoutName(g.layout)));
+  }
+  if (!IsPowerOfTwo(g.page_size) || g.page_size > 256) {
+    return Status::InvalidArgument(fmt::format(
+        "device_region.page_size = {} must be a power of two in [1, 256]", g.page_size));
+  }
+  if (config.page_size != 0 && config.page_size != g.page_size) {
+    return Status::InvalidArgument(fmt::format("page_size = {} differs from device_region's {}",
+                                               config.page_size, g.page_size));
+  }
+  if (!engine) {
+    KVTIER_ASSIGN_OR_RETURN(engine, MakeTransferEngine(config.transfer_backend, config.transfer));
+  }
+  const bool gpu = engine->backend() != TransferBackend::kCpu;
+  if (!gpu && device_region.memory != MemoryKind::kHost) {
+    return Status::InvalidArgument(
+        "device_region is in device memory but the transfer backend is cpu; use kernel, dma or "
+        "auto");
+  }
+  if (gpu && device_region.memory != MemoryKind::kDevice) {
+    return Status::InvalidArgument(fmt::format(
+        "device_region is in host memory but the transfer backend is {}; use cpu",
+        TransferBackendName(engine->backend())));
+  }
+
+  auto state = std::make_unique<State>(config, g.page_size);
+  state->device = device_region;
+  state->engine = std::move(engine);
+  state->gpu = gpu;
+
+  HostKvPoolConfig hc;
+  hc.layout = config.host_layout;
+  hc.mla = device_region.mla;
+  hc.num_layers = g.num_layers;
+  hc.slot_bytes = g.slot_bytes;
+  hc.page_size = g.page_size;
+  hc.head_num = config.host_head_num > 0 ? config.host_head_num : g.head_num;
+  if (config.host_capacity_bytes > 0) {
+    hc.capacity_bytes = config.host_capacity_bytes;
+  } else {
+    hc.device_ratio = config.host_ratio;
+    hc.device_pool_bytes = g.buffer_bytes() * device_region.num_buffers();
+  }
+  hc.huge_pages = config.host_huge_pages;
+  hc.register_with_cuda = gpu;
+  KVTIER_ASSIGN_OR_RETURN(state->host, HostKvPool::Create(hc));
+  KVTIER_ASSIGN_OR_RETURN(state->device_alloc, SlotAllocator::Create(g.num_slots, g.page_size));
+  state->page_owner.assign(static_cast<size_t>(g.num_pages()), kFree);
+  if (gpu) {
+    KVTIER_ASSIGN_OR_RETURN(state->backup_stream, CudaStreamHandle::Create(device_region.device));
+  } else {
+    State* s = state.get();
+    for (int i = 0; i < config.backup_threads; ++i) {
+      s->workers.emplace_back([s] {
+        for (;;) {
+          std::shared_ptr<PendingCopy> op;
+          {
+            std::unique_lock<std::mutex> lk(s->worker_mu);
+            s->worker_cv.wait(lk, [&] { return s->stop || !s->queue.empty(); });
+            if (s->queue.empty()) return;
+            op = std::move(s->queue.front());
+            s->queue.pop_front();
+          }
+          Status st = s->RunCopy(*op, nullptr);
+          {
+            std::lock_guard<std::mutex> lk(s->worker_mu);
+            op->status = std::move(st);
+            op->done.store(true, std::memory_order_release);
+          }
+          s->done_cv.notify_all();
+        }
+      });
+    }
+  }
+  State* s = state.get();
+  s->tree.SetSplitHook([s](RadixNode* upper, RadixNode* lower) {
+    if (lower->pending()) lower->pending()->nodes.push_back(upper);
+  });
+  return std::unique_ptr<HierarchicalCache>(new HierarchicalCache(std::move(state)));
+}
+
+Result<MatchResult> HierarchicalCache::Match(std::span<const Token> tokens, std::string_view ns) {
+  State& s = *state_;
+  std::lock_guard<std::mutex> lk(s.mu);
+  KVTIER_RETURN_IF_ERROR(s.CheckHealth());
+  s.Reap();
+  RadixTree::MatchResult r = s.tree.Match(ns, tokens);
+  MatchResult out;
+  out.device_tokens = r.device_tokens;
+  out.host_tokens = r.host_tokens;
+  const std::vector<RadixNode*> path = s.Path(r.last);
+  out.device_slots.reserve(static_cast<size_t>(r.device_tokens));
+  out.host_slots.reserve(static_cast<size_t>(r.host_tokens));
+  for (RadixNode* n : path) {
+    if (n->on_device()) {
+      out.device_slots.insert(out.device_slots.end(), n->device_slots().begin(),
+                              n->device_slots().end());
+    } else {
+      out.host_slots.insert(out.host_slots.end(), n->host_slots().begin(), n->host_slots().end());
+    }
+    s.tree.Touch(n, 1);
+  }
+  out.handle.id = s.next_handle++;
+  if (!r.last->is_root()) s.tree.IncRef(r.last);
+  s.handles.emplace(out.handle.id, State::Handle{r.last, nullptr});
+  s.MaybeBackup(path);
+  ++s.counters.match_calls;
+  s.counters.match_query_tokens += static_cast<int64_t>(tokens.size());
+  s.counters.device_hit_tokens += r.device_tokens;
+  s.counters.host_hit_tokens += r.host_tokens;
+  return out;
+}
+
+Result<LoadBackResult> HierarchicalCache::LoadBack(MatchHandle handle, CudaStream stream) {
+  State& s = *state_;
+  std::lock_guard<std::mutex> lk(s.mu);
+  KVTIER_RETURN_IF_ERROR(s.CheckHealth());
+  s.Reap();
+  auto it = s.handles.find(handle.id);
+  if (it == s.handles.end()) {
+    return Status::InvalidArgument(fmt::format(
+        "handle {} is not live (never issued, or already released)", handle.id));
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const std::vector<RadixNode*> path = s.Path(it->second.last);
+  std::vector<RadixNode*> host_nodes;
+  int64_t tokens = 0;
+  for (RadixNode* n : path) {
+    if (n->on_device()) continue;
+    host_nodes.push_back(n);
+    tokens += n->num_tokens();
+  }
+  LoadBackResult out;
+  if (tokens == 0 || tokens < s.config.load_back_min_tokens) {
+    out.skipped_tokens = tokens;
+    s.counters.load_back_skipped_tokens += tokens;
+    out.device_slots = s.DeviceSlotsOf(path);
+    return out;
+  }
+  const int64_t pages = tokens / s.P;
+  if (pages > s.device_alloc->num_pages()) {
+    return Status::OutOfMemory(fmt::format("LoadBack of {} tokens exceeds the device pool of {}",
+                                           tokens, s.device_alloc->num_slots()));
+  }
+  const int64_t free = s.device_alloc->free_pages();
+  if (free < pages) s.EvictDevice(pages - free);
+  KVTIER_RETURN_IF_ERROR(s.CheckHealth());
+  Result<std::vector<int64_t>> alloc = s.device_alloc->AllocatePages(pages);
+  if (!alloc.ok()) {
+    return Status::OutOfMemory(fmt::format(
+        "LoadBack of {} tokens: the device cannot make room ({} pages free, {} held by the "
+        "engine, the rest pinned or busy)", tokens, s.device_alloc->free_pages(),
+        s.engine_pages));
+  }
+  auto op = std::make_shared<PendingCopy>();
+  op->kind = PendingCopy::Kind::kLoad;
+  op->gpu = s.gpu;
+  op->tokens = tokens;
+  op->dst = PageSlots(*alloc, s.P);
+  for (RadixNode* n : host_nodes) {
+    op->src.insert(op->src.end(), n->host_slots().begin(), n->host_slots().end());
+  }
+  Status st;
+  if (s.gpu) {
+    Result<LayerEvents> events =
+        LayerEvents::Create(static_cast<int>(s.device.geometry.num_layers), s.device.device);
+    st = events.status();
+    if (events.ok()) {
+      op->layer_events = std::make_unique<LayerEvents>(std::move(*events));
+      st = s.RunCopy(*op, stream);
+    }
+    if (st.ok()) {
+      Result<CudaEventHandle> ev = CudaEventHandle::Create(s.device.device);
+      st = ev.ok() ? ev->Record(stream) : ev.status();
+      if (ev.ok()) op->event = std::move(*ev);
+    }
+  } else {
+    st = s.RunCopy(*op, nullptr);
+  }
+  if (!st.ok()) {
+    Status freed = s.device_alloc->FreePages(*alloc);
+    (void)freed;
+    return st.WithContext("LoadBack");
+  }
+  size_t off = 0;
+  for (RadixNode* n : host_nodes) {
+    s.tree.SetDeviceSlots(n, std::vector<int64_t>(op->dst.begin() + off,
+                                                  op->dst.begin() + off + n->num_tokens()));
+    off += static_cast<size_t>(n->num_tokens());
+  }
+  for (int64_t p : *alloc) s.page_owner[p / s.P] = kTree;
+  if (s.gpu) {
+    for (RadixNode* n : host_nodes) {
+      op->nodes.push_back(n);
+      s.tree.SetPending(n, op);
+    }
+    s.inflight.push_back(op);
+    it->second.load = op;
+  }
+  out.loaded_tokens = tokens;
+  out.device_slots = s.DeviceSlotsOf(path);
+  ++s.counters.load_back_calls;
+  s.counters.load_back_tokens += tokens;
+  s.counters.load_back_seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return out;
+}
+
+Status HierarchicalCache::WaitLayer(MatchHandle handle, int64_t layer, CudaStream consumer) {
+  State& s = *state_;
+  std::lock_guard<std::mutex> lk(s.mu);
+  auto it = s.handles.find(handle.id);
+  if (it == s.handles.end()) {
+    return Status::InvalidArgument(fmt::format(
+        "handle {} is not live (never issued, or already released)", handle.id));
+  }
+  if (layer < 0 || layer >= s.device.geometry.num_layers) {
+    return Status::InvalidArgument(fmt::format("layer = {} is out of range [0, {})", layer,
+                                               s.device.geometry.num_layers));
+  }
+  const auto& load = it->second.load;
+  if (!load || !load->layer_events) return Status::OK();
+  return load->layer_events->Wait(static_cast<int>(layer), consumer);
+}
+
+Status HierarchicalCache::Release(MatchHandle handle) {
+  State& s = *state_;
+  std::lock_guard<std::mutex> lk(s.mu);
+  auto it = s.handles.find(handle.id);
+  if (it == s.handles.end()) {
+    return Status::InvalidArgument(fmt::format(
+        "handle {} is not live (never issued, or already released)", handle.id));
+  }
+  if (!it->second.last->is_root()) s.tree.DecRef(it->second.last);
+  s.handles.erase(it);
+  s.Reap();
+  return Status::OK();
+}
+
+Result<std::vector<int64_t>> HierarchicalCache::AllocateDeviceSlots(int64_t num_tokens) {
+  State& s = *state_;
+  std::lock_guard<std::mutex> lk(s.mu);
+  KVTIER_RETURN_IF_ERROR(s.CheckHealth());
+  if (num_tokens < 0) {
+    return Status::InvalidArgument(fmt::format("num_tokens = {} must not be negative", num_tokens));
+  }
+  const int64_t pages = (num_tokens + s.P - 1) / s.P;
+  if (pages > s.device_alloc->num_pages()) {
+    return Status::InvalidArgument(fmt::format("num_tokens = {} exceeds the device pool of {} slots",
+                                               num_tokens, s.device_alloc->num_slots()));
+  }
+  s.Reap();
+  const int64_t free = s.device_alloc->free_pages();
+  if (free < pages) s.EvictDevice(pages - free);
+  KVTIER_RETURN_IF_ERROR(s.CheckHealth());
+  Result<std::vector<int64_t>> alloc = s.device_alloc->AllocatePages(pages);
+  if (!alloc.ok()) {
+    return Status::OutOfMemory(fmt::format(
+        "AllocateDeviceSlots({}): the device cannot make room ({} pages free, {} held by the "
+        "engine, the rest pinned or busy)", num_tokens, s.device_alloc->free_pages(),
+        s.engine_pages));
+  }
+  for (int64_t p : *alloc) s.page_owner[p / s.P] = kEngine;
+  s.engine_pages += pages;
+  return PageSlots(*alloc, s.P);
+}
+
+Status HierarchicalCache::FreeDeviceSlots(std::span<const int64_t> slots) {
+  State& s = *state_;
+  std::lock_guard<std::mutex> lk(s.mu);
+  std::vector<int64_t> pages;
+  KVTIER_RETURN_IF_ERROR(s.CheckPages(slots, "slots", &pages));
+  KVTIER_RETURN_IF_ERROR(s.CheckEngineHeld(pages, "FreeDeviceSlots", nullptr));
+  KVTIER_RETURN_IF_ERROR(s.device_alloc->FreePages(pages));
+  for (int64_t p : pages) s.page_owner[p / s.P] = kFree;
+  s.engine_pages -= static_cast<int64_t>(pages.size());
+  return Status::OK();
+}
+
+Result<InsertResult> HierarchicalCache::Insert(std::span<const Token> tokens,
+                                               std::span<const int64_t> device_slots,
+                                               std::string_view ns, int32_t priority) {
+  State& s = *state_;
+  std::lock_guard<std::mutex> lk(s.mu);
+  KVTIER_RETURN_IF_ERROR(s.CheckHealth());
+  s.Reap();
+  if (tokens.size() != device_slots.size()) {
+    return Status::InvalidArgument(fmt::format("tokens has {} entries but device_slots has {}",
+                                               tokens.size(), device_slots.size()));
+  }
+  if (tokens.size() % s.P != 0) {
+    return Status::InvalidArgument(fmt::format(
+        "tokens has {} entries, not a multiple of page_size = {} (insert whole pages; keep the "
+        "partial last page)", tokens.size(), s.P));
+  }
+  std::vector<int64_t> pages;
+  KVTIER_RETURN_IF_ERROR(s.CheckPages(device_slots, "device_slots", &pages));
+  // Pages of the cached device prefix may be the tree's own (as Match returned them).
+  RadixTree::MatchResult peek = s.tree.Peek(ns, tokens);
+  std::vector<int64_t> cached;
+  if (peek.last != nullptr && peek.device_tokens > 0) {
+    cached = s.DeviceSlotsOf(s.Path(peek.last));
+    cached.resize(static_cast<size_t>(peek.device_tokens));
+  }
+  std::vector<bool> own(pages.size(), false);
+  for (size_t i = 0; i < pages.size(); ++i) {
+    own[i] = i * s.P < cached.size() && cached[i * s.P] == pages[i];
+  }
+  KVTIER_RETURN_IF_ERROR(s.CheckEngineHeld(pages, "Insert", &own));
+
+  std::vector<RadixTree::InsertSegment> segments;
+  s.tree.Insert(ns, tokens, device_slots, &segments);
+  InsertResult out;
+  std::vector<int64_t> duplicates;
+  for (const auto& seg : segments) {
+    const int64_t len = seg.end - seg.begin;
+    switch (seg.kind) {
+      case RadixTree::SegmentKind::kOnDevice:
+        out.cached_tokens += len;
+        for (int64_t k = seg.begin; k < seg.end; k += s.P) {
+          const int64_t mine = seg.node->device_slots()[k - seg.begin];
+          if (device_slots[k] != mine) {
+            duplicates.push_back(device_slots[k]);
+            s.page_owner[device_slots[k] / s.P] = kFree;
+          }
+        }
+        s.tree.Touch(seg.node, 1);
+        break;
+      case RadixTree::SegmentKind::kRevived:
+      case RadixTree::SegmentKind::kNew:
+        (seg.kind == RadixTree::SegmentKind::kNew ? out.new_tokens : out.revived_tokens) += len;
+        for (int64_t k = seg.begin; k < seg.end; k += s.P) {
+          s.page_owner[device_slots[k] / s.P] = kTree;
+        }
+        s.tree.Touch(seg.node, seg.kind == RadixTree::SegmentKind::kNew ? 0 : 1);
+        break;
+    }
+    s.tree.RaisePriority(seg.node, priority);
+  }
+  s.engine_pages -= static_cast<int64_t>(std::count(own.begin(), own.end(), false));
+  if (!duplicates.empty()) {
+    Status st = s.device_alloc->FreePages(duplicates);
+    if (!st.ok()) s.health = Status::Internal(st.WithContext("freeing duplicates").ToString());
+  }
+  out.duplicate_tokens = static_cast<int64_t>(duplicates.size()) * s.P;
+  s.counters.inserted_tokens += out.new_tokens + out.revived_tokens;
+  s.counters.duplicate_tokens += out.duplicate_tokens;
+  if (!segments.empty()) s.MaybeBackup(s.Path(segments.back().node));
+  return out;
+}
+
+Result<int64_t> HierarchicalCache::EvictDevice(int64_t num_tokens) {
+  State& s = *state_;
+  std::lock_guard<std::mutex> lk(s.mu);
+  KVTIER_RETURN_IF_ERROR(s.CheckHealth());
+  if (num_tokens < 0) {
+    return Status::InvalidArgument(fmt::format("num_tokens = {} must not be negative", num_tokens));
+  }
+  const int64_t freed = s.EvictDevice((num_tokens + s.P - 1) / s.P);
+  KVTIER_RETURN_IF_ERROR(s.CheckHealth());
+  return freed * s.P;
+}
+
+Result<int64_t> HierarchicalCache::EvictHost(int64_t num_tokens) {
+  State& s = *state_;
+  std::lock_guard<std::mutex> lk(s.mu);
+  KVTIER_RETURN_IF_ERROR(s.CheckHealth());
+  if (num_tokens < 0) {
+    return Status::InvalidArgument(fmt::format("num_tokens = {} must not be negative", num_tokens));
+  }
+  s.Reap();
+  return s.EvictHost((num_tokens + s.P - 1) / s.P) * s.P;
+}
+
+Status HierarchicalCache::WaitForBackups() {
+  State& s = *state_;
+  std::lock_guard<std::mutex> lk(s.mu);
+  s.WaitAll();
+  return s.CheckHealth();
+}
+
+CacheStats HierarchicalCache::stats() const {
+  const State& s = *state_;
+  std::lock_guard<std::mutex> lk(s.mu);
+  CacheStats c = s.counters;
+  c.page_size = s.P;
+  c.device_total_tokens = s.device_alloc->num_slots();
+  c.device_used_tokens = s.device_alloc->used_pages() * s.P;
+  c.device_cached_tokens = s.tree.device_tokens();
+  c.device_engine_tokens = s.engine_pages * s.P;
+  c.host_total_tokens = s.host->num_slots();
+  c.host_used_tokens = s.host->allocator().used_pages() * s.P;
+  c.host_total_bytes = s.host->capacity_bytes();
+  c.nodes = s.tree.num_nodes();
+  c.live_handles = static_cast<int64_t>(s.handles.size());
+  return c;
+}
+
+Status HierarchicalCache::CheckConsistency() const {
+  const State& s = *state_;
+  std::lock_guard<std::mutex> lk(s.mu);
+  KVTIER_RETURN_IF_ERROR(s.tree.CheckInvariants());
+  const int64_t P = s.P;
+  std::vector<uint8_t> dev_seen(s.page_owner.size(), 0);
+  std::vector<uint8_t> host_seen(static_cast<size_t>(s.host->num_pages()), 0);
+  std::unordered_map<const RadixNode*, int64_t> expected_refs;
+  for (const auto& [id, h] : s.handles) {
+    for (const RadixNode* n = h.last; !n->is_root(); n = n->parent()) ++expected_refs[n];
+  }
+  Status st;
+  int64_t tree_pages = 0, host_pages = 0;
+  s.tree.ForEachNode([&](const RadixNode& n) {
+    if (!st.ok()) return;
+    for (size_t k = 0; k < n.device_slots().size(); k += P) {
+      const int64_t p = n.device_slots()[k] / P;
+      if (s.page_owner[p] != kTree || dev_seen[p] || !s.device_alloc->IsAllocated(p * P)) {
+        st = Status::Internal(fmt::format(
+            "node {}: device page at slot {} has owner {}, seen {}, allocated {}", n.id(), p * P,
+            s.page_owner[p], dev_seen[p], s.device_alloc->IsAllocated(p * P)));
+        return;
+      }
+      dev_seen[p] = 1;
+      ++tree_pages;
+    }
+    for (size_t k = 0; k < n.host_slots().size(); k += P) {
+      const int64_t p = n.host_slots()[k] / P;
+      if (host_seen[p] || !s.host->allocator().IsAllocated(p * P)) {
+        st = Status::Internal(fmt::format("node {}: host page at slot {} seen {}, allocated {}",
+                                          n.id(), p * P, host_seen[p],
+                                          s.host->allocator().IsAllocated(p * P)));
+        return;
+      }
+      host_seen[p] = 1;
+      ++host_pages;
+    }
+    auto it = expected_refs.find(&n);
+    const int64_t want = it == expected_refs.end() ? 0 : it->second;
+    if (n.ref_count() != want) {
+      st = Status::Internal(fmt::format("node {}: ref_count {} but {} live handles pin it", n.id(),
+                                        n.ref_count(), want));
+      return;
+    }
+    if (n.busy()) {
+      bool found = false;
+      for (const auto& op : s.inflight) found = found || op == n.pending();
+      if (!found) st = Status::Internal(fmt::format("node {}: busy with a reaped copy", n.id()));
+    }
+  });
+  KVTIER_RETURN_IF_ERROR(st);
+  const int64_t owner_tree = std::count(s.page_owner.begin(), s.page_owner.end(), kTree);
+  const int64_t owner_engine = std::count(s.page_owner.begin(), s.page_owner.end(), kEngine);
+  if (owner_tree != tree_pages || owner_engine != s.engine_pages ||
+      s.device_alloc->used_pages() != tree_pages + s.engine_pages) {
+    return Status::Internal(fmt::format(
+        "device pages: tree {} (owner map {}), engine {} (owner map {}), allocator used {}",
+        tree_pages, owner_tree, s.engine_pages, owner_engine, s.device_alloc->used_pages()));
+  }
+  if (s.host->allocator().used_pages() != host_pages) {
+    return Status::Internal(fmt::format("host pages: tree {}, allocator used {}", host_pages,
+                                        s.host->allocator().used_pages()));
+  }
+  return Status::OK();
+}
+
+const KvRegion& HierarchicalCache::device_region() const { return state_->device; }
+const KvRegion& HierarchicalCache::host_region() const { return state_->host->region(); }
+int64_t HierarchicalCache::page_size() const { return state_->P; }
+TransferBackend HierarchicalCache::backend() const { return state_->engine->backend(); }
+
+}  // namespace kvtier

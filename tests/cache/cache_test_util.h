@@ -1,0 +1,162 @@
+// Shared helpers for the cache tests: an engine-side "device tier" (host memory on the cpu
+// backend, a DeviceKvPool on kernel/dma), a transfer engine wrapper with a gate that holds
+// copies back (to open race windows on purpose), and the backend choice from the environment.
+#pragma once
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <condition_variable>
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "kvtier/device.h"
+#include "kvtier/hierarchical_cache.h"
+#include "kvtier/kv_pattern.h"
+#include "kvtier/transfer.h"
+
+namespace kvtier::testing {
+
+// KVTIER_TEST_BACKEND=cpu|kernel|dma (default cpu).
+inline TransferBackend BackendFromEnv() {
+  const char* v = std::getenv("KVTIER_TEST_BACKEND");
+  if (v == nullptr || *v == '\0') return TransferBackend::kCpu;
+  Result<TransferBackend> b = ParseTransferBackend(v);
+  return b.ok() ? *b : TransferBackend::kCpu;
+}
+
+inline int64_t EnvInt(const char* name, int64_t fallback) {
+  const char* v = std::getenv(name);
+  return (v == nullptr || *v == '\0') ? fallback : std::atoll(v);
+}
+
+// The engine's device pool, plus a host staging region to fill and check it through copies when
+// it lives on a GPU.
+class DeviceTier {
+ public:
+  static Result<std::unique_ptr<DeviceTier>> Create(TransferBackend backend,
+                                                    const KvGeometry& geometry, bool mla) {
+    auto t = std::unique_ptr<DeviceTier>(new DeviceTier());
+    t->backend_ = backend;
+    const int64_t bytes = geometry.buffer_bytes();
+    if (backend == TransferBackend::kCpu) {
+      t->k_.assign(static_cast<size_t>(bytes), std::byte{0x5A});
+      t->region_.geometry = geometry;
+      t->region_.mla = mla;
+      t->region_.k = t->k_.data();
+      if (!mla) {
+        t->v_.assign(static_cast<size_t>(bytes), std::byte{0xA5});
+        t->region_.v = t->v_.data();
+      }
+      return t;
+    }
+    KVTIER_ASSIGN_OR_RETURN(t->pool_, DeviceKvPool::Create(geometry, mla, 0));
+    t->region_ = t->pool_.region();
+    KVTIER_ASSIGN_OR_RETURN(t->staging_mem_, PinnedHostBuffer::Allocate(bytes * (mla ? 1 : 2)));
+    t->staging_ = t->region_;
+    t->staging_.memory = MemoryKind::kHost;
+    t->staging_.device = -1;
+    t->staging_.k = t->staging_mem_.data();
+    t->staging_.v = mla ? nullptr : static_cast<std::byte*>(t->staging_mem_.data()) + bytes;
+    KVTIER_ASSIGN_OR_RETURN(t->engine_, MakeTransferEngine(backend));
+    return t;
+  }
+
+  const KvRegion& region() const { return region_; }
+
+  Status Fill(std::span<const int64_t> slots, std::span<const uint64_t> hashes) {
+    if (backend_ == TransferBackend::kCpu) return FillKvPattern(region_, slots, hashes);
+    std::vector<int64_t> idx = Iota(slots.size());
+    KVTIER_RETURN_IF_ERROR(FillKvPattern(staging_, idx, hashes));
+    KVTIER_RETURN_IF_ERROR(engine_->Transfer(TransferRequest::AllLayers(
+        staging_, region_, SlotIndices::Host(idx), SlotIndices::Host(slots))));
+    return engine_->Synchronize(nullptr);
+  }
+
+  Status Verify(std::span<const int64_t> slots, std::span<const uint64_t> hashes) {
+    if (backend_ == TransferBackend::kCpu) return VerifyKvPattern(region_, slots, hashes);
+    if (slots.empty()) return Status::OK();
+    std::vector<int64_t> idx = Iota(slots.size());
+    KVTIER_RETURN_IF_ERROR(engine_->Transfer(TransferRequest::AllLayers(
+        region_, staging_, SlotIndices::Host(slots), SlotIndices::Host(idx))));
+    KVTIER_RETURN_IF_ERROR(engine_->Synchronize(nullptr));
+    return VerifyKvPattern(staging_, idx, hashes);
+  }
+
+ private:
+  DeviceTier() = default;
+  static std::vector<int64_t> Iota(size_t n) {
+    std::vector<int64_t> v(n);
+    for (size_t i = 0; i < n; ++i) v[i] = static_cast<int64_t>(i);
+    return v;
+  }
+  TransferBackend backend_ = TransferBackend::kCpu;
+  std::vector<std::byte> k_, v_;
+  KvRegion region_;
+  DeviceKvPool pool_;
+  PinnedHostBuffer staging_mem_;
+  KvRegion staging_;
+  std::unique_ptr<TransferEngine> engine_;
+};
+
+// Wraps a real engine; while closed, copies out of the region whose K buffer is `gated_source`
+// (the device tier: backups and write-backs) wait at the gate.
+class GatedEngine final : public TransferEngine {
+ public:
+  GatedEngine(std::unique_ptr<TransferEngine> inner, const void* gated_source)
+      : inner_(std::move(inner)), gated_source_(gated_source) {}
+  TransferBackend backend() const override { return inner_->backend(); }
+  Status Synchronize(CudaStream stream) override { return inner_->Synchronize(stream); }
+
+  void Close() {
+    std::lock_guard<std::mutex> lk(mu_);
+    closed_ = true;
+  }
+  void Open() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      closed_ = false;
+    }
+    cv_.notify_all();
+  }
+  // Blocks until `n` copies are waiting at the gate.
+  void AwaitWaiting(int n) {
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_.wait(lk, [&] { return waiting_ >= n; });
+  }
+  int copies_to_host() {
+    std::lock_guard<std::mutex> lk(mu_);
+    return copies_to_host_;
+  }
+
+ protected:
+  Status DoTransfer(const TransferRequest& request, const TransferOptions& options) override {
+    if (request.src->k == gated_source_) {
+      std::unique_lock<std::mutex> lk(mu_);
+      ++copies_to_host_;
+      ++waiting_;
+      cv_.notify_all();
+      cv_.wait(lk, [&] { return !closed_; });
+      --waiting_;
+    }
+    return inner_->Transfer(request, options);
+  }
+
+ private:
+  std::unique_ptr<TransferEngine> inner_;
+  const void* gated_source_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool closed_ = false;
+  int waiting_ = 0;
+  int copies_to_host_ = 0;
+};
+
+inline std::vector<uint64_t> Hashes(std::span<const Token> tokens, std::string_view ns) {
+  return KvPatternHashes(tokens, KvPatternSalt(ns));
+}
+
+}  // namespace kvtier::testing

@@ -1,0 +1,528 @@
+// HierarchicalCache: configuration, the engine flow, write policies, eviction, the named copy
+// races (with a gated transfer engine holding copies back), and bad input.
+#include "kvtier/hierarchical_cache.h"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <random>
+#include <thread>
+
+#include "cache/cache_test_util.h"
+
+namespace kvtier {
+namespace {
+
+using testing::DeviceTier;
+using testing::GatedEngine;
+using testing::Hashes;
+
+constexpr int64_t kLayers = 2;
+constexpr int64_t kSlotBytes = 8;
+
+struct TestCache {
+  std::unique_ptr<DeviceTier> device;
+  std::unique_ptr<HierarchicalCache> cache;
+  GatedEngine* gate = nullptr;
+};
+
+TestCache Make(HierarchicalCacheConfig cfg, int64_t page, int64_t device_pages, int64_t host_pages,
+           bool gated = false) {
+  TestCache s;
+  KvGeometry g{KvLayout::kLayerFirst, kLayers, device_pages * page, kSlotBytes, page, 1};
+  auto dev = DeviceTier::Create(TransferBackend::kCpu, g, false);
+  EXPECT_TRUE(dev.ok()) << dev.status().ToString();
+  s.device = std::move(*dev);
+  cfg.host_capacity_bytes = host_pages * page * kLayers * kSlotBytes * 2;
+  cfg.transfer.cpu_threads = 1;
+  std::unique_ptr<TransferEngine> engine;
+  if (gated) {
+    auto inner = MakeTransferEngine(TransferBackend::kCpu, cfg.transfer);
+    EXPECT_TRUE(inner.ok());
+    auto g2 = std::make_unique<GatedEngine>(std::move(*inner), s.device->region().k);
+    s.gate = g2.get();
+    engine = std::move(g2);
+  }
+  auto c = HierarchicalCache::Create(cfg, s.device->region(), std::move(engine));
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  s.cache = std::move(*c);
+  return s;
+}
+
+std::vector<Token> Seq(int64_t n, Token base) {
+  std::vector<Token> t(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) t[i] = base + static_cast<Token>(i);
+  return t;
+}
+
+// The engine's prefill: match, compute (pattern) the uncached rest, insert, release.
+InsertResult Prefill(TestCache& s, std::span<const Token> tokens, std::string_view ns = "") {
+  auto m = s.cache->Match(tokens, ns);
+  EXPECT_TRUE(m.ok());
+  const auto hashes = Hashes(tokens, ns);
+  std::vector<int64_t> slots = m->device_slots;
+  const int64_t rest = static_cast<int64_t>(tokens.size()) - m->device_tokens;
+  auto fresh = s.cache->AllocateDeviceSlots(rest);
+  EXPECT_TRUE(fresh.ok()) << fresh.status().ToString();
+  EXPECT_TRUE(s.device->Fill(*fresh, std::span<const uint64_t>(hashes).subspan(m->device_tokens))
+                  .ok());
+  slots.insert(slots.end(), fresh->begin(), fresh->end());
+  auto r = s.cache->Insert(tokens, slots, ns);
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(s.cache->Release(m->handle).ok());
+  EXPECT_TRUE(s.cache->CheckConsistency().ok()) << s.cache->CheckConsistency().ToString();
+  return r.ok() ? *r : InsertResult{};
+}
+
+TEST(HierarchicalCacheConfigTest, ValidateNamesTheField) {
+  HierarchicalCacheConfig c;
+  EXPECT_TRUE(c.Validate().ok());
+  auto bad = [](auto mutate, const char* field) {
+    HierarchicalCacheConfig c;
+    mutate(c);
+    Status st = c.Validate();
+    EXPECT_TRUE(st.IsInvalidArgument()) << field;
+    EXPECT_NE(st.message().find(field), std::string::npos) << st.message();
+  };
+  bad([](auto& c) { c.page_size = 3; }, "page_size");
+  bad([](auto& c) { c.page_size = 512; }, "page_size");
+  bad([](auto& c) { c.host_capacity_bytes = -1; }, "host_capacity_bytes");
+  bad([](auto& c) { c.host_ratio = 0; }, "host_ratio");
+  bad([](auto& c) { c.write_through_threshold = 0; }, "write_through_threshold");
+  bad([](auto& c) { c.backup_threads = -1; }, "backup_threads");
+  bad([](auto& c) { c.load_back_min_tokens = -5; }, "load_back_min_tokens");
+  bad([](auto& c) { c.transfer.max_sms = 0; }, "max_sms");
+  EXPECT_EQ(*ParseWritePolicy("write_back"), WritePolicy::kWriteBack);
+  EXPECT_TRUE(ParseWritePolicy("write_sometimes").status().IsInvalidArgument());
+  EXPECT_EQ(*ParseEvictionPolicy("lfu"), EvictionPolicyKind::kLfu);
+}
+
+TEST(HierarchicalCacheConfigTest, CreateChecksTheDeviceRegion) {
+  KvGeometry g{KvLayout::kPageFirst, 2, 64, 8, 4, 1};
+  auto dev = DeviceTier::Create(TransferBackend::kCpu, g, false);
+  ASSERT_TRUE(dev.ok());
+  auto c = HierarchicalCache::Create({}, (*dev)->region());
+  EXPECT_TRUE(c.status().IsInvalidArgument());
+  EXPECT_NE(c.status().message().find("layer_first"), std::string::npos);
+  KvGeometry g2{KvLayout::kLayerFirst, 2, 60, 8, 3, 1};
+  auto dev2 = DeviceTier::Create(TransferBackend::kCpu, g2, false);
+  ASSERT_TRUE(dev2.ok());
+  EXPECT_TRUE(HierarchicalCache::Create({}, (*dev2)->region()).status().IsInvalidArgument());
+  HierarchicalCacheConfig cfg;
+  cfg.page_size = 8;
+  KvGeometry g3{KvLayout::kLayerFirst, 2, 64, 8, 4, 1};
+  auto dev3 = DeviceTier::Create(TransferBackend::kCpu, g3, false);
+  ASSERT_TRUE(dev3.ok());
+  EXPECT_TRUE(HierarchicalCache::Create(cfg, (*dev3)->region()).status().IsInvalidArgument());
+  // Host capacity as a ratio of the device pool.
+  cfg.page_size = 0;
+  cfg.host_ratio = 1.5;
+  auto ok = HierarchicalCache::Create(cfg, (*dev3)->region());
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_EQ((*ok)->stats().host_total_tokens, 96);
+  EXPECT_EQ((*ok)->stats().device_total_tokens, 64);
+}
+
+TEST(HierarchicalCacheTest, DeviceHitHostHitAndLoadBack) {
+  HierarchicalCacheConfig cfg;
+  cfg.write_policy = WritePolicy::kWriteThrough;
+  cfg.backup_threads = 0;
+  TestCache s = Make(cfg, 4, 8, 16);
+  const auto a = Seq(16, 100);
+  const auto ha = Hashes(a, "");
+  InsertResult ins = Prefill(s, a);
+  EXPECT_EQ(ins.new_tokens, 16);
+  auto m = s.cache->Match(a);
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m->device_tokens, 16);
+  EXPECT_EQ(m->host_tokens, 0);
+  ASSERT_TRUE(s.device->Verify(m->device_slots, ha).ok());
+  ASSERT_TRUE(s.cache->Release(m->handle).ok());
+  // Evict everything from the device: the write-through copy keeps it in host memory.
+  auto ev = s.cache->EvictDevice(1000);
+  ASSERT_TRUE(ev.ok());
+  EXPECT_EQ(*ev, 16);
+  std::vector<Token> longer = a;
+  longer.insert(longer.end(), {1, 2, 3});  // a partial page more
+  m = s.cache->Match(longer);
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m->device_tokens, 0);
+  EXPECT_EQ(m->host_tokens, 16);
+  ASSERT_TRUE(VerifyKvPattern(s.cache->host_region(), m->host_slots, ha).ok());
+  auto lb = s.cache->LoadBack(m->handle);
+  ASSERT_TRUE(lb.ok()) << lb.status().ToString();
+  EXPECT_EQ(lb->loaded_tokens, 16);
+  ASSERT_EQ(lb->device_slots.size(), 16u);
+  ASSERT_TRUE(s.device->Verify(lb->device_slots, ha).ok());
+  EXPECT_TRUE(s.cache->WaitLayer(m->handle, 1, nullptr).ok());
+  ASSERT_TRUE(s.cache->Release(m->handle).ok());
+  auto m2 = s.cache->Match(a);
+  EXPECT_EQ(m2->device_tokens, 16);
+  EXPECT_EQ(m2->device_slots, lb->device_slots);
+  ASSERT_TRUE(s.cache->Release(m2->handle).ok());
+  const CacheStats st = s.cache->stats();
+  EXPECT_EQ(st.load_back_tokens, 16);
+  EXPECT_EQ(st.backup_tokens, 16);
+  EXPECT_EQ(st.device_evicted_tokens, 16);
+  EXPECT_EQ(st.host_hit_tokens, 16);
+  EXPECT_EQ(st.device_hit_tokens, 32);
+  EXPECT_EQ(st.live_handles, 0);
+  ASSERT_TRUE(s.cache->CheckConsistency().ok());
+}
+
+TEST(HierarchicalCacheTest, LoadBackSkipsShortHostHits) {
+  HierarchicalCacheConfig cfg;
+  cfg.write_policy = WritePolicy::kWriteThrough;
+  cfg.backup_threads = 0;
+  cfg.load_back_min_tokens = 12;
+  TestCache s = Make(cfg, 4, 8, 16);
+  const auto a = Seq(8, 1);
+  Prefill(s, a);
+  ASSERT_TRUE(s.cache->EvictDevice(8).ok());
+  auto m = s.cache->Match(a);
+  ASSERT_EQ(m->host_tokens, 8);
+  auto lb = s.cache->LoadBack(m->handle);
+  ASSERT_TRUE(lb.ok());
+  EXPECT_EQ(lb->loaded_tokens, 0);
+  EXPECT_EQ(lb->skipped_tokens, 8);
+  EXPECT_EQ(s.cache->stats().device_cached_tokens, 0);
+  ASSERT_TRUE(s.cache->Release(m->handle).ok());
+}
+
+TEST(HierarchicalCacheTest, WritePolicies) {
+  const auto a = Seq(8, 1);
+  {
+    SCOPED_TRACE("write_through backs up on insert");
+    HierarchicalCacheConfig cfg;
+    cfg.write_policy = WritePolicy::kWriteThrough;
+    TestCache s = Make(cfg, 4, 8, 16);
+    Prefill(s, a);
+    ASSERT_TRUE(s.cache->WaitForBackups().ok());
+    EXPECT_EQ(s.cache->stats().backup_tokens, 8);
+    EXPECT_EQ(s.cache->stats().host_used_tokens, 8);
+  }
+  {
+    SCOPED_TRACE("write_through_selective backs up at the threshold");
+    HierarchicalCacheConfig cfg;
+    cfg.write_policy = WritePolicy::kWriteThroughSelective;
+    cfg.write_through_threshold = 3;
+    cfg.backup_threads = 0;
+    TestCache s = Make(cfg, 4, 8, 16);
+    Prefill(s, a);  // the prefill's own Match missed; insert: hit 1
+    EXPECT_EQ(s.cache->stats().backup_tokens, 0);
+    auto m = s.cache->Match(a);  // 2
+    ASSERT_TRUE(s.cache->Release(m->handle).ok());
+    EXPECT_EQ(s.cache->stats().backup_tokens, 0);
+    m = s.cache->Match(a);  // 3
+    ASSERT_TRUE(s.cache->Release(m->handle).ok());
+    EXPECT_EQ(s.cache->stats().backup_tokens, 8);
+    // An unbacked child is backed up together with nothing more (its parent already is).
+    auto b = a;
+    b.insert(b.end(), {50, 51, 52, 53});
+    Prefill(s, b);
+    for (int i = 0; i < 2; ++i) {
+      m = s.cache->Match(b);
+      ASSERT_TRUE(s.cache->Release(m->handle).ok());
+    }
+    EXPECT_EQ(s.cache->stats().backup_tokens, 12);
+  }
+  {
+    SCOPED_TRACE("write_back copies only on eviction, parent first");
+    HierarchicalCacheConfig cfg;
+    cfg.write_policy = WritePolicy::kWriteBack;
+    TestCache s = Make(cfg, 4, 8, 16);
+    Prefill(s, a);
+    auto b = a;
+    b.insert(b.end(), {50, 51, 52, 53});
+    Prefill(s, b);
+    for (int i = 0; i < 5; ++i) {
+      auto m = s.cache->Match(b);
+      ASSERT_TRUE(s.cache->Release(m->handle).ok());
+    }
+    EXPECT_EQ(s.cache->stats().host_used_tokens, 0);
+    auto ev = s.cache->EvictDevice(4);  // evicts the leaf {50..53}: its whole path is copied
+    ASSERT_TRUE(ev.ok());
+    EXPECT_EQ(*ev, 4);
+    EXPECT_EQ(s.cache->stats().write_back_tokens, 12);
+    EXPECT_EQ(s.cache->stats().dropped_tokens, 0);
+    auto m = s.cache->Match(b);
+    EXPECT_EQ(m->device_tokens, 8);
+    EXPECT_EQ(m->host_tokens, 4);
+    ASSERT_TRUE(VerifyKvPattern(s.cache->host_region(), m->host_slots, std::span<const uint64_t>(
+                                    Hashes(b, "")).subspan(8)).ok());
+    ASSERT_TRUE(s.cache->Release(m->handle).ok());
+    ASSERT_TRUE(s.cache->CheckConsistency().ok());
+  }
+}
+
+TEST(HierarchicalCacheTest, InsertTakesOwnershipAndFreesDuplicates) {
+  HierarchicalCacheConfig cfg;
+  cfg.write_policy = WritePolicy::kWriteBack;
+  TestCache s = Make(cfg, 4, 8, 16);
+  const auto a = Seq(8, 1);
+  Prefill(s, a);
+  // A second request computed the same prefix concurrently, in its own slots.
+  auto slots = s.cache->AllocateDeviceSlots(12);
+  ASSERT_TRUE(slots.ok());
+  auto b = a;
+  b.insert(b.end(), {9, 9, 9, 9});
+  ASSERT_TRUE(s.device->Fill(*slots, Hashes(b, "")).ok());
+  auto r = s.cache->Insert(b, *slots);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->cached_tokens, 8);
+  EXPECT_EQ(r->new_tokens, 4);
+  EXPECT_EQ(r->duplicate_tokens, 8);
+  const CacheStats st = s.cache->stats();
+  EXPECT_EQ(st.device_used_tokens, 12);
+  EXPECT_EQ(st.device_engine_tokens, 0);
+  ASSERT_TRUE(s.cache->CheckConsistency().ok());
+}
+
+TEST(HierarchicalCacheTest, NamespacesAreIsolated) {
+  HierarchicalCacheConfig cfg;
+  TestCache s = Make(cfg, 2, 16, 16);
+  const auto a = Seq(6, 3);
+  Prefill(s, a, "tenant-a");
+  auto m = s.cache->Match(a, "tenant-b");
+  EXPECT_EQ(m->device_tokens + m->host_tokens, 0);
+  ASSERT_TRUE(s.cache->Release(m->handle).ok());
+  Prefill(s, a, "tenant-b");
+  auto ma = s.cache->Match(a, "tenant-a");
+  auto mb = s.cache->Match(a, "tenant-b");
+  EXPECT_NE(ma->device_slots, mb->device_slots);
+  ASSERT_TRUE(s.device->Verify(ma->device_slots, Hashes(a, "tenant-a")).ok());
+  ASSERT_TRUE(s.device->Verify(mb->device_slots, Hashes(a, "tenant-b")).ok());
+  EXPECT_FALSE(s.device->Verify(mb->device_slots, Hashes(a, "tenant-a")).ok());
+  ASSERT_TRUE(s.cache->Release(ma->handle).ok());
+  ASSERT_TRUE(s.cache->Release(mb->handle).ok());
+}
+
+TEST(HierarchicalCacheTest, EvictionFollowsThePolicy) {
+  for (auto kind : {EvictionPolicyKind::kLru, EvictionPolicyKind::kFifo,
+                    EvictionPolicyKind::kLfu, EvictionPolicyKind::kPriority}) {
+    SCOPED_TRACE(EvictionPolicyName(kind));
+    HierarchicalCacheConfig cfg;
+    cfg.device_eviction = kind;
+    cfg.write_policy = WritePolicy::kWriteBack;
+    std::vector<std::vector<Token>> evicted;
+    cfg.eviction_listener = [&](const EvictionEvent& e) {
+      if (e.tier == CacheTier::kDevice) evicted.emplace_back(e.prefix.begin(), e.prefix.end());
+    };
+    TestCache s = Make(cfg, 2, 16, 16);
+    const auto a = Seq(2, 10), b = Seq(2, 20), c = Seq(2, 30);
+    auto ia = Prefill(s, a);
+    Prefill(s, b);
+    auto slots = s.cache->AllocateDeviceSlots(2);
+    ASSERT_TRUE(s.device->Fill(*slots, Hashes(c, "")).ok());
+    ASSERT_TRUE(s.cache->Insert(c, *slots, "", /*priority=*/5).ok());
+    (void)ia;
+    for (int i = 0; i < 3; ++i) {  // a: most recent, most hit
+      auto m = s.cache->Match(a);
+      ASSERT_TRUE(s.cache->Release(m->handle).ok());
+    }
+    ASSERT_TRUE(s.cache->EvictDevice(2).ok());
+    ASSERT_EQ(evicted.size(), 1u);
+    const std::vector<Token> want = kind == EvictionPolicyKind::kFifo ? a : b;
+    EXPECT_EQ(evicted[0], want);
+  }
+}
+
+// ---- the copy races ----------------------------------------------------------------------
+
+// A device slot must not be freed (and handed to the engine) while a backup still reads it.
+TEST(HierarchicalCacheRaceTest, DeviceSlotNotFreedWhileBackupReadsIt) {
+  HierarchicalCacheConfig cfg;
+  cfg.write_policy = WritePolicy::kWriteThrough;
+  cfg.backup_threads = 1;
+  TestCache s = Make(cfg, 4, 4, 16, /*gated=*/true);
+  s.gate->Close();
+  const auto a = Seq(16, 7);  // fills the whole device pool
+  Prefill(s, a);
+  s.gate->AwaitWaiting(1);  // the backup of `a` is in flight, held at the gate
+  std::atomic<bool> returned{false};
+  Result<std::vector<int64_t>> got = Status::Internal("not run");
+  std::thread engine_thread([&] {
+    got = s.cache->AllocateDeviceSlots(16);  // needs a's slots
+    returned = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  EXPECT_FALSE(returned.load()) << "device slots were handed out while a backup read them";
+  s.gate->Open();
+  engine_thread.join();
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  // The engine overwrites its new slots; the host copy must still be a's KV.
+  ASSERT_TRUE(s.device->Fill(*got, Hashes(Seq(16, 900), "")).ok());
+  auto m = s.cache->Match(a);
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m->host_tokens, 16);
+  ASSERT_TRUE(VerifyKvPattern(s.cache->host_region(), m->host_slots, Hashes(a, "")).ok());
+  ASSERT_TRUE(s.cache->Release(m->handle).ok());
+  ASSERT_TRUE(s.cache->FreeDeviceSlots(*got).ok());
+  ASSERT_TRUE(s.cache->CheckConsistency().ok());
+}
+
+// A host page must not be reused while a backup writes into it.
+TEST(HierarchicalCacheRaceTest, HostPageNotReusedWhileBackupWritesIt) {
+  HierarchicalCacheConfig cfg;
+  cfg.write_policy = WritePolicy::kWriteThrough;
+  cfg.backup_threads = 1;
+  TestCache s = Make(cfg, 4, 16, 4, /*gated=*/true);  // host: 4 pages
+  s.gate->Close();
+  const auto a = Seq(8, 1);
+  Prefill(s, a);
+  s.gate->AwaitWaiting(1);
+  // Host pressure while a's copy is in flight: nothing may take a's two host pages.
+  EXPECT_EQ(*s.cache->EvictHost(1000), 0);
+  const auto b = Seq(12, 500);
+  Prefill(s, b);  // its backup needs 3 host pages; only 2 are free
+  CacheStats st = s.cache->stats();
+  EXPECT_EQ(st.backup_skipped_tokens, 12);
+  EXPECT_EQ(st.host_used_tokens, 8);
+  ASSERT_TRUE(s.cache->CheckConsistency().ok());
+  s.gate->Open();
+  ASSERT_TRUE(s.cache->WaitForBackups().ok());
+  ASSERT_TRUE(s.cache->EvictDevice(1000).ok());
+  auto m = s.cache->Match(a);
+  EXPECT_EQ(m->host_tokens, 8);
+  ASSERT_TRUE(VerifyKvPattern(s.cache->host_region(), m->host_slots, Hashes(a, "")).ok());
+  ASSERT_TRUE(s.cache->Release(m->handle).ok());
+  auto mb = s.cache->Match(b);
+  EXPECT_EQ(mb->device_tokens + mb->host_tokens, 0);  // b was never backed up: dropped
+  ASSERT_TRUE(s.cache->Release(mb->handle).ok());
+}
+
+// A host node that a Match returned must survive host pressure until its LoadBack has run.
+TEST(HierarchicalCacheRaceTest, MatchedHostNodeNotEvictedBeforeLoadBack) {
+  HierarchicalCacheConfig cfg;
+  cfg.write_policy = WritePolicy::kWriteThrough;
+  cfg.backup_threads = 0;
+  TestCache s = Make(cfg, 4, 8, 4);
+  const auto a = Seq(8, 1);
+  Prefill(s, a);
+  ASSERT_TRUE(s.cache->EvictDevice(1000).ok());
+  // Control: unpinned, host pressure does evict it.
+  {
+    auto m = s.cache->Match(a);
+    ASSERT_EQ(m->host_tokens, 8);
+    ASSERT_TRUE(s.cache->Release(m->handle).ok());
+  }
+  auto m = s.cache->Match(a);
+  ASSERT_EQ(m->host_tokens, 8);
+  EXPECT_EQ(*s.cache->EvictHost(1000), 0);
+  for (int i = 0; i < 3; ++i) Prefill(s, Seq(8, 100 * (i + 2)));  // backups want host pages
+  EXPECT_EQ(*s.cache->EvictHost(1000), 0);
+  auto lb = s.cache->LoadBack(m->handle);
+  ASSERT_TRUE(lb.ok()) << lb.status().ToString();
+  EXPECT_EQ(lb->loaded_tokens, 8);
+  ASSERT_TRUE(s.device->Verify(lb->device_slots, Hashes(a, "")).ok());
+  ASSERT_TRUE(s.cache->Release(m->handle).ok());
+  ASSERT_TRUE(s.cache->EvictDevice(1000).ok());
+  EXPECT_GT(*s.cache->EvictHost(1000), 0);  // unpinned now
+  ASSERT_TRUE(s.cache->CheckConsistency().ok());
+}
+
+// write_back: an unbacked node is copied before its device slots are freed; the eviction waits
+// for that copy.
+TEST(HierarchicalCacheRaceTest, WriteBackCopiesBeforeFreeing) {
+  HierarchicalCacheConfig cfg;
+  cfg.write_policy = WritePolicy::kWriteBack;
+  TestCache s = Make(cfg, 4, 2, 8, /*gated=*/true);
+  const auto a = Seq(8, 1);
+  Prefill(s, a);
+  s.gate->Close();
+  std::atomic<bool> returned{false};
+  Result<std::vector<int64_t>> got = Status::Internal("not run");
+  std::thread engine_thread([&] {
+    got = s.cache->AllocateDeviceSlots(8);
+    returned = true;
+  });
+  s.gate->AwaitWaiting(1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(returned.load());
+  s.gate->Open();
+  engine_thread.join();
+  ASSERT_TRUE(got.ok());
+  ASSERT_TRUE(s.device->Fill(*got, Hashes(Seq(8, 77), "")).ok());
+  auto m = s.cache->Match(a);
+  EXPECT_EQ(m->host_tokens, 8);
+  ASSERT_TRUE(VerifyKvPattern(s.cache->host_region(), m->host_slots, Hashes(a, "")).ok());
+  ASSERT_TRUE(s.cache->Release(m->handle).ok());
+  ASSERT_TRUE(s.cache->FreeDeviceSlots(*got).ok());
+}
+
+// ---- bad input ---------------------------------------------------------------------------
+
+TEST(HierarchicalCacheBadInputTest, ClearStatusAndConsistentAfterwards) {
+  HierarchicalCacheConfig cfg;
+  cfg.backup_threads = 0;
+  TestCache s = Make(cfg, 4, 8, 8);
+  const auto a = Seq(8, 1);
+  Prefill(s, a);
+  auto check = [&](const Status& st, StatusCode code, const char* needle) {
+    EXPECT_EQ(st.code(), code) << st.ToString();
+    EXPECT_NE(st.message().find(needle), std::string::npos) << st.message();
+    EXPECT_TRUE(s.cache->CheckConsistency().ok()) << s.cache->CheckConsistency().ToString();
+  };
+  const CacheStats before = s.cache->stats();
+  auto slots = s.cache->AllocateDeviceSlots(8);
+  ASSERT_TRUE(slots.ok());
+  ASSERT_EQ(slots->size(), 8u);
+  const auto b = Seq(8, 50);
+  // Misaligned lengths.
+  check(s.cache->Insert(std::span<const Token>(b).first(6),
+                        std::span<const int64_t>(*slots).first(6)).status(),
+        StatusCode::kInvalidArgument, "multiple of page_size");
+  check(s.cache->Insert(b, std::span<const int64_t>(*slots).first(4)).status(),
+        StatusCode::kInvalidArgument, "device_slots has 4");
+  check(s.cache->FreeDeviceSlots(std::span<const int64_t>(*slots).first(3)),
+        StatusCode::kInvalidArgument, "multiple of page_size");
+  // Pages broken up, out of range, repeated, not the engine's.
+  std::vector<int64_t> broken = *slots;
+  std::swap(broken[0], broken[1]);
+  check(s.cache->Insert(b, broken).status(), StatusCode::kInvalidArgument, "page");
+  std::vector<int64_t> outside = *slots;
+  for (auto& x : outside) x += 1000;
+  check(s.cache->Insert(b, outside).status(), StatusCode::kInvalidArgument, "outside");
+  std::vector<int64_t> twice(slots->begin(), slots->begin() + 4);
+  twice.insert(twice.end(), slots->begin(), slots->begin() + 4);
+  check(s.cache->Insert(b, twice).status(), StatusCode::kInvalidArgument, "twice");
+  auto m = s.cache->Match(a);
+  std::vector<int64_t> theirs = m->device_slots;  // the tree's pages, at other positions
+  check(s.cache->Insert(b, theirs).status(), StatusCode::kInvalidArgument,
+        "cached by another prefix");
+  check(s.cache->FreeDeviceSlots(theirs), StatusCode::kInvalidArgument, "cached by another");
+  // The engine still holds its slots after all of that; use them properly.
+  ASSERT_TRUE(s.device->Fill(*slots, Hashes(b, "")).ok());
+  ASSERT_TRUE(s.cache->Insert(b, *slots).ok());
+  check(s.cache->FreeDeviceSlots(*slots), StatusCode::kInvalidArgument, "cached by another");
+  // Handles.
+  ASSERT_TRUE(s.cache->Release(m->handle).ok());
+  check(s.cache->Release(m->handle), StatusCode::kInvalidArgument, "not live");
+  check(s.cache->Release(MatchHandle{424242}), StatusCode::kInvalidArgument, "not live");
+  check(s.cache->LoadBack(m->handle).status(), StatusCode::kInvalidArgument, "not live");
+  check(s.cache->WaitLayer(m->handle, 0, nullptr), StatusCode::kInvalidArgument, "not live");
+  // Oversize and negative requests.
+  check(s.cache->AllocateDeviceSlots(33).status(), StatusCode::kInvalidArgument, "exceeds");
+  check(s.cache->AllocateDeviceSlots(-1).status(), StatusCode::kInvalidArgument, "negative");
+  check(s.cache->EvictDevice(-1).status(), StatusCode::kInvalidArgument, "negative");
+  // Everything pinned: allocation fails cleanly, nothing changes.
+  auto pa = s.cache->Match(a);
+  auto pb = s.cache->Match(b);
+  auto rest = s.cache->AllocateDeviceSlots(16);
+  ASSERT_TRUE(rest.ok());
+  check(s.cache->AllocateDeviceSlots(4).status(), StatusCode::kOutOfMemory, "cannot make room");
+  ASSERT_TRUE(s.cache->FreeDeviceSlots(*rest).ok());
+  check(s.cache->FreeDeviceSlots(*rest), StatusCode::kInvalidArgument, "not allocated");
+  ASSERT_TRUE(s.cache->Release(pa->handle).ok());
+  ASSERT_TRUE(s.cache->Release(pb->handle).ok());
+  const CacheStats after = s.cache->stats();
+  EXPECT_EQ(after.device_engine_tokens, 0);
+  EXPECT_EQ(after.device_cached_tokens, before.device_cached_tokens + 8);
+  EXPECT_EQ(after.live_handles, 0);
+  ASSERT_TRUE(s.device->Verify(s.cache->Match(b)->device_slots, Hashes(b, "")).ok());
+}
+
+}  // namespace
+}  // namespace kvtier
