@@ -116,58 +116,58 @@ def _region_kv(k: Any, v: Any, name: str, *, layout: str, num_layers: int, item_
 
 
 class _TableCache:
-    """Host copies of device-resident uint64 pointer tables, keyed by the tensor's memory.
+    """Host copies of GPU-resident uint64 pointer tables, with where their pointees live, keyed by
+    the tensor's memory.
 
     An entry holds a reference to the tensor it was read from, so its memory cannot be reused by
-    another tensor while cached; the torch version counter catches in-place changes.
+    another tensor while cached; torch's version counter (shared by views) catches in-place
+    changes.
     """
 
     def __init__(self, capacity: int = 64) -> None:
         self._lock = threading.Lock()
-        self._entries: "collections.OrderedDict[Tuple[int, int, int], Tuple[Any, int, List[int]]]"
+        self._entries: "collections.OrderedDict[Tuple[int, int, int], Tuple[Any, int, List[int], int]]"
         self._entries = collections.OrderedDict()
         self._capacity = capacity
 
-    def get(self, table: Any) -> List[int]:
+    def get(self, table: Any, name: str) -> Tuple[List[int], int]:
+        """(addresses, device of the pointees) of a contiguous int64/uint64 CUDA tensor."""
         key = (table.data_ptr(), table.numel(), table.device.index or 0)
         version = table._version
         with self._lock:
             entry = self._entries.get(key)
             if entry is not None and entry[1] == version:
                 self._entries.move_to_end(key)
-                return entry[2]
+                return entry[2], entry[3]
         torch = sys.modules["torch"]
-        addresses = [a & 0xFFFFFFFFFFFFFFFF for a in table.cpu().view(torch.int64).tolist()]
+        # One device-to-host read on the current stream (it waits for the stream's earlier work).
+        addresses = _unsigned(table.view(torch.int64).cpu().tolist())
+        _check_nonnull(addresses, name)
+        device = _pointer_device(addresses, name, True)
         with self._lock:
-            self._entries[key] = (table, version, addresses)
+            self._entries[key] = (table, version, addresses, device)
             self._entries.move_to_end(key)
             while len(self._entries) > self._capacity:
                 self._entries.popitem(last=False)
-        return addresses
+        return addresses, device
 
 
 _table_cache = _TableCache()
 
 
-def _pointer_device(addresses: Sequence[int], name: str, table_on_gpu: bool) -> int:
-    """Where the memory behind a pointer table lives: HOST or a CUDA device ordinal."""
-    if not hasattr(_kvtier, "pointer_info"):
-        if table_on_gpu:
-            raise _kvtier.UnavailableError(
-                f"{name} is a CUDA tensor, and kvtier was built without CUDA (KVTIER_CUDA=OFF)")
-        return HOST  # without CUDA, a host table can only point into host memory
-    places = {_kvtier.pointer_info(a) for a in addresses}
-    if len(places) != 1:
-        raise ValueError(f"{name} points into different memories: {sorted(places)}")
-    memory, device = places.pop()
-    return device if memory == "device" else HOST
+def _unsigned(values: Sequence[int]) -> List[int]:
+    return [int(a) & 0xFFFFFFFFFFFFFFFF for a in values]
+
+
+def _check_nonnull(addresses: Sequence[int], name: str) -> None:
+    if 0 in addresses:
+        raise ValueError(f"{name}[{list(addresses).index(0)}] is a null address")
 
 
 def _table(table: Any, name: str, num_layers: int) -> Tuple[List[int], int, bool]:
     """(addresses, device of the pointees, whether the table itself is on a GPU)."""
     if table is None:
         raise ValueError(f"{name} is None; expected a uint64 tensor of per-layer addresses")
-    on_gpu = False
     if _is_torch_tensor(table):
         torch = sys.modules["torch"]
         allowed = [torch.int64] + ([torch.uint64] if hasattr(torch, "uint64") else [])
@@ -176,12 +176,12 @@ def _table(table: Any, name: str, num_layers: int) -> Tuple[List[int], int, bool
         if table.dim() != 1 or table.numel() != num_layers:
             raise ValueError(f"{name} has shape {tuple(table.shape)}; expected ({num_layers},) "
                              f"for num_layers = {num_layers}")
+        if not table.is_contiguous():
+            raise ValueError(f"{name} must be contiguous")
         if table.device.type == "cuda":
-            on_gpu = True
-            addresses = _table_cache.get(table)
-        else:
-            addresses = [a & 0xFFFFFFFFFFFFFFFF
-                         for a in table.contiguous().view(torch.int64).tolist()]
+            addresses, device = _table_cache.get(table, name)
+            return addresses, device, True
+        addresses = _unsigned(table.view(torch.int64).tolist())
     else:
         import numpy as np
 
@@ -189,10 +189,9 @@ def _table(table: Any, name: str, num_layers: int) -> Tuple[List[int], int, bool
         if arr.dtype not in (np.uint64, np.int64) or arr.ndim != 1 or arr.size != num_layers:
             raise ValueError(f"{name} must be a 1-D uint64 array of {num_layers} addresses, got "
                              f"dtype {arr.dtype} shape {arr.shape}")
-        addresses = [int(a) for a in arr.astype(np.uint64)]
-    if any(a == 0 for a in addresses):
-        raise ValueError(f"{name}[{addresses.index(0)}] is a null address")
-    return addresses, _pointer_device(addresses, name, on_gpu), on_gpu
+        addresses = _unsigned(arr.view(np.uint64).tolist())
+    _check_nonnull(addresses, name)
+    return addresses, _pointer_device(addresses, name, False), False
 
 
 def _table_region(k_table: Any, v_table: Any, name: str, num_layers: int,
@@ -233,7 +232,10 @@ def _launch(src: ops.KvRegion, dst: ops.KvRegion, si, di, *, src_layer: int, dst
 def _host_indices(info, name: str):
     if info.device == HOST:
         return info
-    return describe_indices(info.obj.cpu(), name)
+    to_host = getattr(info.obj, "cpu", None) or getattr(info.obj, "get", None)
+    if to_host is None:
+        raise ValueError(f"{name} is in device memory and cannot be read back to the host")
+    return describe_indices(to_host(), name)
 
 
 # ---- kernel functions -------------------------------------------------------------------------

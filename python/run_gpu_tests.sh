@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# python/run_gpu_tests.sh — build kvtier's Python extension with CUDA, then run the whole Python
+# test suite (CPU and GPU tests) and examples/torch_offload.py. For a machine with a CUDA GPU,
+# nvcc, PyTorch, numpy, pytest and pybind11 (pip) installed; nothing is downloaded.
+#
+#   python/run_gpu_tests.sh            # exit status 0 only when everything passed
+#
+# Environment: PYTHON (default python3), KVTIER_PY_BUILD_DIR (default <repo>/build-python-gpu),
+# JOBS (default nproc), KVTIER_CUDA_ARCHITECTURES (default: the project's, sm_90).
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+PY=$(command -v "${PYTHON:-python3}") || { echo "run_gpu_tests: no ${PYTHON:-python3}" >&2; exit 2; }
+BUILD=${KVTIER_PY_BUILD_DIR:-$ROOT/build-python-gpu}
+JOBS=${JOBS:-$(nproc)}
+
+say() { echo "run_gpu_tests: $*"; }
+die() { echo "run_gpu_tests: $*" >&2; exit 2; }
+
+"$PY" - <<'PYEOF' || die "the interpreter above lacks torch, numpy or pytest, or sees no GPU"
+import sys
+import numpy, pytest, torch
+print(f"run_gpu_tests: python {sys.version.split()[0]}, torch {torch.__version__}, "
+      f"numpy {numpy.__version__}, pytest {pytest.__version__}, "
+      f"cuda available: {torch.cuda.is_available()}")
+sys.exit(0 if torch.cuda.is_available() else 1)
+PYEOF
+
+PYBIND11_DIR=$("$PY" -m pybind11 --cmakedir 2>/dev/null) || PYBIND11_DIR=""
+[[ -n "$PYBIND11_DIR" ]] || [[ -d /usr/lib/cmake/pybind11 ]] ||
+  die "pybind11 not found: pip install pybind11, or install pybind11-dev"
+
+GEN=()
+command -v ninja >/dev/null && GEN=(-G Ninja)
+CONFIG=(-DKVTIER_CUDA=ON -DKVTIER_BUILD_PYTHON=ON -DKVTIER_BUILD_TESTS=OFF
+        -DKVTIER_BUILD_BENCH=OFF -DKVTIER_BUILD_TOOLS=OFF -DCMAKE_BUILD_TYPE=Release
+        -DPython_EXECUTABLE="$PY" -DPYTHON_EXECUTABLE="$PY")
+[[ -n "$PYBIND11_DIR" ]] && CONFIG+=(-Dpybind11_DIR="$PYBIND11_DIR")
+[[ -n "${KVTIER_CUDA_ARCHITECTURES:-}" ]] &&
+  CONFIG+=(-DKVTIER_CUDA_ARCHITECTURES="$KVTIER_CUDA_ARCHITECTURES")
+
+say "configuring $BUILD"
+mkdir -p "$BUILD"
+cmake -S "$ROOT" -B "$BUILD" "${GEN[@]}" "${CONFIG[@]}" >"$BUILD/configure.log" 2>&1 ||
+  { cat "$BUILD/configure.log" >&2; die "cmake configure failed"; }
+say "building the extension (-j$JOBS)"
+cmake --build "$BUILD" -j "$JOBS" --target _kvtier || die "build failed"
+
+export PYTHONPATH="$BUILD/python${PYTHONPATH:+:$PYTHONPATH}"
+"$PY" -c "import kvtier, sys; sys.exit(0 if kvtier.built_with_cuda() and kvtier.cuda_device_count() > 0 else 1)" ||
+  die "the extension in $BUILD/python was not built with CUDA or sees no GPU"
+
+status=0
+say "pytest python/tests"
+start=$(date +%s)
+"$PY" -m pytest -q -rs -p no:cacheprovider "$ROOT/python/tests" || status=1
+say "pytest took $(( $(date +%s) - start )) s"
+for backend in kernel dma auto; do
+  say "examples/torch_offload.py --backend $backend"
+  "$PY" "$ROOT/examples/torch_offload.py" --backend "$backend" || status=1
+done
+if [[ $status -eq 0 ]]; then say "PASS"; else say "FAIL"; fi
+exit $status

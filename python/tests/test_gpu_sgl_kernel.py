@@ -1,0 +1,314 @@
+"""kvtier.compat.sgl_kernel on a GPU with PyTorch: every function against a PyTorch advanced-indexing
+reference, bf16 and fp16, MHA and MLA, page sizes {1, 16, 64, 128} x item counts
+{1, 128, 1024, 8192}, on a side stream and on the legacy default stream. Destinations are poisoned
+with random data first and compared byte for byte (as int16), untouched slots included.
+
+Skipped without torch, without a GPU, or when kvtier was built without CUDA."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+import kvtier  # noqa: E402
+from kvtier import ops  # noqa: E402
+from kvtier.compat import sgl_kernel as kv  # noqa: E402
+from kv_reference import random_indices  # noqa: E402
+
+if not kvtier.built_with_cuda():
+    pytest.skip("kvtier built without CUDA", allow_module_level=True)
+
+L, N, H, D = 4, 16384, 2, 64  # MHA: item_size = H*D*2 = 256 bytes
+MLA_DIM = 576                 # kv_lora_rank 512 + rope 64: item_size = 1152 bytes
+PAGE_SIZES = (1, 16, 64, 128)
+ITEM_COUNTS = (1, 128, 1024, 8192)
+DTYPES = [torch.bfloat16, torch.float16]
+STREAMS = ["default", "side"]
+dev = torch.device("cuda")
+
+
+def rand(shape, dtype, where):
+    t = torch.randn(shape, dtype=dtype, device=dev if where == "gpu" else "cpu")
+    return t.pin_memory() if where == "pinned" else t
+
+
+def bits(t):
+    return t.view(torch.int16)
+
+
+def assert_same(got, want):
+    g, w = bits(got).cpu(), bits(want).cpu()
+    if not torch.equal(g, w):
+        bad = (g != w).nonzero()
+        raise AssertionError(f"{bad.shape[0]} elements differ, first at {bad[0].tolist()}")
+
+
+def cases(direct=False):
+    """(page_size, count, src_idx, dst_idx) for every page size x item count, as int64 tensors on
+    the GPU (SGLang passes device indices). Direct functions need whole pages: counts round up."""
+    rng = np.random.default_rng(2024)
+    for p in PAGE_SIZES:
+        for n in ITEM_COUNTS:
+            count = -(-n // p) * p if direct else n
+            si = random_indices(rng, count, N, p)
+            di = random_indices(rng, count, N, p)
+            yield p, torch.from_numpy(si).to(dev), torch.from_numpy(di).to(dev)
+
+
+def run_on(stream_kind, fn):
+    """Runs `fn` on the legacy default stream or on a side stream, then waits for the device."""
+    if stream_kind == "default":
+        assert torch.cuda.current_stream().cuda_stream == 0  # the legacy default stream
+        fn()
+    else:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            assert torch.cuda.current_stream().cuda_stream != 0
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+
+
+def ptr_table(tensors):
+    return torch.tensor([t.data_ptr() for t in tensors], dtype=torch.int64, device=dev).view(
+        torch.uint64 if hasattr(torch, "uint64") else torch.int64)
+
+
+# ---- per-layer loads: host pool -> one device layer --------------------------------------------
+
+@pytest.mark.parametrize("stream", STREAMS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
+@pytest.mark.parametrize("host_layout", ["lf", "pf", "ph"])
+def test_per_layer_mha(host_layout, dtype, stream):
+    item = H * D * dtype.itemsize
+    layer = 2
+    dk, dv = rand((N, H, D), dtype, "gpu"), rand((N, H, D), dtype, "gpu")
+    for p, si, di in cases():
+        if host_layout == "lf":
+            hk, hv = rand((L, N, H, D), dtype, "pinned"), rand((L, N, H, D), dtype, "pinned")
+            call = lambda: kv.transfer_kv_per_layer(hk[layer], dk, hv[layer], dv, si, di, item)
+            ref = lambda h, s: h[layer][s]
+        elif host_layout == "pf":
+            hk, hv = rand((N, L, H, D), dtype, "pinned"), rand((N, L, H, D), dtype, "pinned")
+            call = lambda: kv.transfer_kv_per_layer_pf_lf(hk, dk, hv, dv, si, di, layer, item,
+                                                          L * item)
+            ref = lambda h, s: h[s, layer]
+        else:
+            shape = (N // p, H, p, L, D)
+            hk, hv = rand(shape, dtype, "pinned"), rand(shape, dtype, "pinned")
+            call = lambda: kv.transfer_kv_per_layer_ph_lf(hk, dk, hv, dv, si, di, layer, item,
+                                                          L * item, p, H)
+            ref = lambda h, s: h[s // p, :, s % p, layer]
+        wk, wv = dk.clone(), dv.clone()
+        run_on(stream, call)
+        s_cpu = si.cpu()
+        wk[di], wv[di] = ref(hk, s_cpu).to(dev), ref(hv, s_cpu).to(dev)
+        assert_same(dk, wk)
+        assert_same(dv, wv)
+
+
+@pytest.mark.parametrize("stream", STREAMS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
+@pytest.mark.parametrize("host_layout", ["lf", "pf"])
+def test_per_layer_mla(host_layout, dtype, stream):
+    item = MLA_DIM * dtype.itemsize
+    layer = L - 1
+    d = rand((N, 1, MLA_DIM), dtype, "gpu")
+    for p, si, di in cases():
+        if host_layout == "lf":
+            h = rand((L, N, 1, MLA_DIM), dtype, "pinned")
+            call = lambda: kv.transfer_kv_per_layer_mla(h[layer], d, si, di, item)
+            ref = lambda s: h[layer][s]
+        else:
+            h = rand((N, L, 1, MLA_DIM), dtype, "pinned")
+            call = lambda: kv.transfer_kv_per_layer_mla_pf_lf(h, d, si, di, layer, item, L * item)
+            ref = lambda s: h[s, layer]
+        w = d.clone()
+        run_on(stream, call)
+        w[di] = ref(si.cpu()).to(dev)
+        assert_same(d, w)
+
+
+# ---- all-layer backups: device per-layer tables -> host pool -----------------------------------
+
+@pytest.mark.parametrize("stream", STREAMS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
+@pytest.mark.parametrize("host_layout", ["lf", "pf", "ph"])
+def test_all_layer_mha(host_layout, dtype, stream):
+    item = H * D * dtype.itemsize
+    dk = [rand((N, H, D), dtype, "gpu") for _ in range(L)]
+    dv = [rand((N, H, D), dtype, "gpu") for _ in range(L)]
+    tk, tv = ptr_table(dk), ptr_table(dv)
+    for p, si, di in cases():
+        d_cpu = di.cpu()
+        if host_layout == "lf":
+            hk = [rand((N, H, D), dtype, "pinned") for _ in range(L)]
+            hv = [rand((N, H, D), dtype, "pinned") for _ in range(L)]
+            wk, wv = [t.clone() for t in hk], [t.clone() for t in hv]
+            call = lambda: kv.transfer_kv_all_layer(tk, ptr_table(hk), tv, ptr_table(hv), si, di,
+                                                    item, L)
+            run_on(stream, call)
+            for l in range(L):
+                wk[l][d_cpu], wv[l][d_cpu] = dk[l][si].cpu(), dv[l][si].cpu()
+                assert_same(hk[l], wk[l])
+                assert_same(hv[l], wv[l])
+            continue
+        if host_layout == "pf":
+            shape = (N, L, H, D)
+            call = lambda: kv.transfer_kv_all_layer_lf_pf(tk, hk, tv, hv, si, di, item, L * item, L)
+        else:
+            shape = (N // p, H, p, L, D)
+            call = lambda: kv.transfer_kv_all_layer_lf_ph(tk, hk, tv, hv, si, di, item, L * item,
+                                                          L, p, H)
+        hk, hv = rand(shape, dtype, "pinned"), rand(shape, dtype, "pinned")
+        wk, wv = hk.clone(), hv.clone()
+        run_on(stream, call)
+        for l in range(L):
+            for w, src in ((wk, dk[l]), (wv, dv[l])):
+                if host_layout == "pf":
+                    w[d_cpu, l] = src[si].cpu()
+                else:
+                    w[d_cpu // p, :, d_cpu % p, l] = src[si].cpu()
+        assert_same(hk, wk)
+        assert_same(hv, wv)
+
+
+@pytest.mark.parametrize("stream", STREAMS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
+@pytest.mark.parametrize("host_layout", ["lf", "pf"])
+def test_all_layer_mla(host_layout, dtype, stream):
+    item = MLA_DIM * dtype.itemsize
+    d = [rand((N, 1, MLA_DIM), dtype, "gpu") for _ in range(L)]
+    t = ptr_table(d)
+    for p, si, di in cases():
+        d_cpu = di.cpu()
+        if host_layout == "lf":
+            h = [rand((N, 1, MLA_DIM), dtype, "pinned") for _ in range(L)]
+            w = [x.clone() for x in h]
+            run_on(stream, lambda: kv.transfer_kv_all_layer_mla(t, ptr_table(h), si, di, item, L))
+            for l in range(L):
+                w[l][d_cpu] = d[l][si].cpu()
+                assert_same(h[l], w[l])
+        else:
+            h = rand((N, L, 1, MLA_DIM), dtype, "pinned")
+            w = h.clone()
+            run_on(stream, lambda: kv.transfer_kv_all_layer_mla_lf_pf(t, h, si, di, item, L * item,
+                                                                      L))
+            for l in range(L):
+                w[d_cpu, l] = d[l][si].cpu()
+            assert_same(h, w)
+
+
+# ---- direct functions (copy engines) -----------------------------------------------------------
+
+@pytest.mark.parametrize("stream", STREAMS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
+@pytest.mark.parametrize("mla", [False, True], ids=["mha", "mla"])
+def test_direct(mla, dtype, stream):
+    n = L if mla else 2 * L
+    shape = (N, 1, MLA_DIM) if mla else (N, H, D)
+    gpu = [rand(shape, dtype, "gpu") for _ in range(n)]
+    host = [rand(shape, dtype, "pinned") for _ in range(n)]
+    for p, si, di in cases(direct=True):
+        # device -> host (backup), then host -> device (load), indices on the device
+        wh = [x.clone() for x in host]
+        run_on(stream, lambda: kv.transfer_kv_direct(gpu, host, si, di, p))
+        for j in range(n):
+            wh[j][di.cpu()] = gpu[j][si].cpu()
+            assert_same(host[j], wh[j])
+        wg = [x.clone() for x in gpu]
+        run_on(stream, lambda: kv.transfer_kv_direct(host, gpu, di.cpu(), si.cpu(), p))
+        for j in range(n):
+            wg[j][si] = host[j][di.cpu()].to(dev)
+            assert_same(gpu[j], wg[j])
+
+
+@pytest.mark.parametrize("stream", STREAMS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
+@pytest.mark.parametrize("mla", [False, True], ids=["mha", "mla"])
+def test_page_first_direct(mla, dtype, stream):
+    nb = 1 if mla else 2
+    tail = (1, MLA_DIM) if mla else (H, D)
+    for p, si, di in cases(direct=True):
+        pool = [rand((N // p, L, p) + tail, dtype, "pinned") for _ in range(nb)]
+        gpu = [rand((N,) + tail, dtype, "gpu") for _ in range(nb * L)]  # L K layers, L V layers
+        # backup: every device layer -> host page_first_direct pool
+        wp = [x.clone() for x in pool]
+        run_on(stream, lambda: kv.transfer_kv_all_layer_direct_lf_pf(gpu, pool, si, di, p))
+        d_cpu = di.cpu()
+        for b in range(nb):
+            for l in range(L):
+                wp[b][d_cpu // p, l, d_cpu % p] = gpu[b * L + l][si].cpu()
+            assert_same(pool[b], wp[b])
+        # load: layer 1 of the host pool -> one device layer ([K_1, V_1] or [KV_1])
+        layer = 1
+        targets = [rand((N,) + tail, dtype, "gpu") for _ in range(nb)]
+        wt = [x.clone() for x in targets]
+        run_on(stream, lambda: kv.transfer_kv_per_layer_direct_pf_lf(pool, targets, di, si, layer,
+                                                                     p))
+        for b in range(nb):
+            wt[b][si] = pool[b][d_cpu // p, layer, d_cpu % p].to(dev)
+            assert_same(targets[b], wt[b])
+
+
+# ---- stream semantics, errors -------------------------------------------------------------------
+
+def test_copy_is_ordered_on_the_current_side_stream():
+    """A copy enqueued under `with torch.cuda.stream(side)` waits behind earlier work on `side`."""
+    dtype = torch.bfloat16
+    item = H * D * 2
+    dk = [rand((N, H, D), dtype, "gpu") for _ in range(L)]
+    dv = [rand((N, H, D), dtype, "gpu") for _ in range(L)]
+    hk, hv = rand((N, L, H, D), dtype, "pinned"), rand((N, L, H, D), dtype, "pinned")
+    before = hk.clone()
+    si = torch.arange(0, 4096, device=dev)
+    di = torch.arange(4096, 8192, device=dev)
+    tk, tv = ptr_table(dk), ptr_table(dv)
+    # Warm-up on the default stream: the first call reads the pointer tables back to the host
+    # (a blocking read on the current stream); later calls use the cached copy.
+    kv.transfer_kv_all_layer_lf_pf(tk, hk, tv, hv, si, di, item, L * item, L)
+    torch.cuda.synchronize()
+    hk.copy_(before)
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(1_000_000_000)  # ~0.5 s of GPU time on `side`
+        kv.transfer_kv_all_layer_lf_pf(tk, hk, tv, hv, si, di, item, L * item, L)
+    assert torch.equal(bits(hk), bits(before)), "the copy did not wait for the side stream"
+    side.synchronize()
+    assert_same(hk[4096:8192], torch.stack([t[:4096] for t in dk], dim=1).cpu())
+
+
+def test_out_of_range_device_index_is_reported():
+    dtype = torch.float16
+    item = H * D * 2
+    src, dst = rand((N, H, D), dtype, "gpu"), rand((N, H, D), dtype, "gpu")
+    before = dst.clone()
+    si = torch.tensor([0, 1], device=dev)
+    di = torch.tensor([5, N + 7], device=dev)  # the second is out of range
+    kv.transfer_kv_per_layer(src, dst, src, dst, si, di, item)
+    with pytest.raises(ValueError, match="out-of-range device indices"):
+        ops.synchronize("kernel")
+    torch.cuda.synchronize()
+    assert_same(dst[6:], before[6:])  # nothing written past the valid slot
+
+
+def test_pageable_host_memory_is_refused_by_the_kernel_backend():
+    item = H * D * 2
+    host = torch.randn((N, H, D), dtype=torch.float16)  # not pinned
+    gpu = rand((N, H, D), torch.float16, "gpu")
+    idx = torch.arange(8, device=dev)
+    with pytest.raises(ValueError, match="pinned"):
+        kv.transfer_kv_per_layer(host, gpu, host, gpu, idx, idx, item)
+
+
+def test_too_small_device_buffer_is_refused():
+    item = H * D * 2
+    host = rand((L, N, H, D), torch.float16, "pinned")
+    small = rand((16, H, D), torch.float16, "gpu")
+    idx = torch.arange(8, device=dev)
+    far = torch.tensor([0, 1, 2, 3, 4, 5, 6, 100])
+    with pytest.raises(ValueError, match="dst_indices"):
+        kv.transfer_kv_per_layer(host[0], small, host[1], small, idx.cpu(), far, item)
