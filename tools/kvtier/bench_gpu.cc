@@ -1,27 +1,604 @@
 // tools/kvtier/bench_gpu.cc — the GPU rows of `kvtier bench` (backends kernel, dma, auto).
 //
-// OWNERSHIP: this file belongs to the CUDA helper from now on. The tools helper created it only
-// so the `kvtier` CLI links before the GPU rows exist; replace the body of RunGpuBench freely.
-// Everything shared with the CPU rows is in bench.h: BenchOptions, EnumerateCases, DrawSlots,
-// HostKvBuffers (random fill, poison, CompareWith), BenchRow, Median; the CLI prints the table
-// and the JSON. Per PERFORMANCE.md a GPU row measures the DMA ceiling first (1 GiB
-// cudaMemcpyAsync H2D and D2H), times with CUDA events (median after warm-up), times the host
-// submit separately, reports SMs used, and checks the device result byte-for-byte against
-// transfer::ReferenceTransfer on host copies (whole destination buffer).
+// Follows PERFORMANCE.md "How to measure (GPU)":
+//   1. The ceiling first, every run: one 1 GiB cudaMemcpyAsync pinned host -> device and
+//      device -> host (warm-up, then the median of `repeats`, timed by CUDA events). Every row's
+//      "% of ceiling" is against the direction it moves, measured here.
+//   2. Every case of the reference workload (bench.h: MHA Llama-3-8B and MLA DeepSeek-V3 shapes,
+//      page sizes, every host layout; per-layer load host -> device and all-layer backup
+//      device -> host) on every asked GPU backend. GPU ms: CUDA events around each call on the
+//      copy stream, median of `repeats` after `warmup` calls. Host submit: wall clock around the
+//      Transfer call alone (no synchronisation inside it), median.
+//   3. Every row is checked byte for byte against the cpu backend (itself tested against
+//      transfer::ReferenceTransfer): loads compare the whole destination layer (K and V) with a
+//      poisoned layer into which the cpu backend copied the same slots; backups compare the whole
+//      host pool with a poisoned copy into which the cpu backend copied from a host mirror of
+//      the device pool.
+//   4. "Both directions at once": per-layer loads of every layer on one stream while an
+//      all-layer backup runs on another; reported as the sum of the two directions' bytes over
+//      the time both took, against 1.6 x the one-way ceiling (PERFORMANCE.md target 5).
 //
-// Thread safety: called from the one benchmark thread.
+// Indices: the kernel backend gets int64 device indices (as engines hand them over); dma and
+// auto get host indices (dma plans on the host; with device indices auto always picks kernel).
+// The dma backend is not run where one copy per slot and layer would be needed (all-layer
+// backups at page 1 — over a million copies; page_head backups — a copy per head chunk): the
+// row says so in its note.
+//
+// Memory: per shape one pinned host pool, one device pool, a pageable mirror of the device pool
+// and a pageable expected buffer, each the reference pool size (4 GiB for MHA at 16,384 tokens).
+//
+// Thread safety: called from the one benchmark thread (helper threads only fill and compare).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
+
 #include "bench.h"
 
+#if defined(KVTIER_WITH_CUDA)
+#include <cuda_runtime.h>
+
+#include "kvtier/device.h"
+#include "transfer/cuda/gpu_engine.h"
+#include "util/cuda_check.h"
+#endif
+
 namespace kvtier::tools {
+
+#if !defined(KVTIER_WITH_CUDA)
 
 Status RunGpuBench(const BenchOptions& options, std::vector<BenchRow>* rows) {
   (void)options;
   (void)rows;
-#if !defined(KVTIER_WITH_CUDA)
-  return Status::Unavailable("kvtier was built without CUDA (KVTIER_CUDA=OFF or no nvcc)");
-#else
-  return Status::Unavailable("the GPU rows of kvtier bench are not written yet");
-#endif
+  return Status::Unavailable(
+      "GPU backends are unavailable: kvtier was built without CUDA (KVTIER_CUDA=OFF or no nvcc)");
 }
+
+#else
+
+namespace {
+
+constexpr uint8_t kPoisonByte = 0xA5;
+
+// ---- host helpers (parallel over the machine's cores: the pools are GiBs) ---------------------
+
+template <typename Fn>
+void ParallelChunks(int64_t bytes, Fn fn) {
+  const int threads = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    const int64_t b = bytes * t / threads, e = bytes * (t + 1) / threads;
+    pool.emplace_back([=] { fn(b, e); });
+  }
+  for (auto& th : pool) th.join();
+}
+
+void ParallelFill(std::byte* p, int64_t bytes, uint8_t value) {
+  ParallelChunks(bytes, [&](int64_t b, int64_t e) { std::memset(p + b, value, size_t(e - b)); });
+}
+
+void ParallelRandom(std::byte* p, int64_t bytes, uint64_t seed) {
+  ParallelChunks(bytes, [&](int64_t b, int64_t e) {
+    uint64_t state = seed ^ (static_cast<uint64_t>(b) * 0x9E3779B97F4A7C15ull);
+    int64_t i = b;
+    for (; i + 8 <= e; i += 8) {
+      uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+      z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+      z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+      z ^= z >> 31;
+      std::memcpy(p + i, &z, 8);
+    }
+    for (; i < e; ++i) p[i] = std::byte{0x5A};
+  });
+}
+
+// Offset of the first differing byte, or -1.
+int64_t ParallelFirstDifference(const std::byte* a, const std::byte* b, int64_t bytes) {
+  std::vector<int64_t> first(64, -1);
+  int slot = 0;
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  const int threads = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
+  for (int t = 0; t < threads; ++t) ranges.emplace_back(bytes * t / threads, bytes * (t + 1) / threads);
+  std::vector<std::thread> pool;
+  for (auto [lo, hi] : ranges) {
+    const int s = slot++;
+    pool.emplace_back([&, lo, hi, s] {
+      if (std::memcmp(a + lo, b + lo, size_t(hi - lo)) == 0) return;
+      for (int64_t i = lo; i < hi; ++i) {
+        if (a[i] != b[i]) {
+          first[s] = i;
+          return;
+        }
+      }
+    });
+  }
+  for (auto& th : pool) th.join();
+  for (int64_t f : first) {
+    if (f >= 0) return f;
+  }
+  return -1;
+}
+
+double WallUs(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+}
+
+struct HostBytes {
+  std::unique_ptr<std::byte[]> data;
+  int64_t bytes = 0;
+  static HostBytes Allocate(int64_t n) {
+    return HostBytes{std::unique_ptr<std::byte[]>(new std::byte[static_cast<size_t>(n)]), n};
+  }
+  std::byte* get() const { return data.get(); }
+};
+
+// A region over `bytes` of memory split into K then V (or one MLA buffer).
+KvRegion RegionOver(std::byte* base, const KvGeometry& g, bool mla, MemoryKind memory) {
+  KvRegion r;
+  r.geometry = g;
+  r.mla = mla;
+  r.memory = memory;
+  r.device = memory == MemoryKind::kDevice ? 0 : -1;
+  r.k = base;
+  r.v = mla ? nullptr : base + g.buffer_bytes();
+  return r;
+}
+
+// ---- the GPU state of one shape ---------------------------------------------------------------
+
+struct ShapeBuffers {
+  int64_t bytes = 0;             // of each pool (all buffers)
+  PinnedHostBuffer host_pool;    // the host pool (any layout), pinned
+  PinnedHostBuffer host_pool2;   // the backup destination of "both directions at once"
+  DeviceKvPool device_pool;      // layer_first
+  HostBytes device_mirror;       // what the device pool holds before a backup
+  HostBytes expected;            // the cpu backend's result of the row
+  bool device_dirty = true;      // device pool != device_mirror
+};
+
+struct Engines {
+  std::vector<std::pair<TransferBackend, std::unique_ptr<TransferEngine>>> gpu;
+  std::unique_ptr<TransferEngine> cpu;
+};
+
+class GpuBench {
+ public:
+  GpuBench(const BenchOptions& options, std::vector<BenchRow>* rows)
+      : options_(options), rows_(rows) {}
+
+  Status Run();
+
+ private:
+  Status MeasureCeiling();
+  Status RunCase(const BenchCase& c, ShapeBuffers& buf, size_t* index, size_t total);
+  Status RunBoth(const BenchCase& c, ShapeBuffers& buf, TransferBackend backend,
+                 TransferEngine& engine);
+  Result<BenchRow> TimeRow(const BenchCase& c, TransferBackend backend, TransferEngine& engine,
+                           const TransferRequest& request);
+
+  const BenchOptions& options_;
+  std::vector<BenchRow>* rows_;
+  Engines engines_;
+  CudaStreamHandle stream_;
+  CudaStreamHandle stream2_;
+  double ceiling_h2d_ = 0, ceiling_d2h_ = 0;
+};
+
+Status GpuBench::MeasureCeiling() {
+  constexpr int64_t kBytes = int64_t{1} << 30;
+  KVTIER_ASSIGN_OR_RETURN(PinnedHostBuffer host, PinnedHostBuffer::Allocate(kBytes));
+  KVTIER_ASSIGN_OR_RETURN(DeviceBuffer device, DeviceBuffer::Allocate(kBytes, options_.device));
+  ParallelRandom(static_cast<std::byte*>(host.data()), kBytes, options_.seed);
+  KVTIER_ASSIGN_OR_RETURN(CudaEventHandle start, CudaEventHandle::Create(options_.device, true));
+  KVTIER_ASSIGN_OR_RETURN(CudaEventHandle stop, CudaEventHandle::Create(options_.device, true));
+  for (int dir = 0; dir < 2; ++dir) {
+    std::vector<double> ms;
+    for (int r = 0; r < options_.warmup + options_.repeats; ++r) {
+      KVTIER_RETURN_IF_ERROR(start.Record(stream_.get()));
+      if (dir == 0) {
+        KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(device.data(), host.data(), kBytes,
+                                                    cudaMemcpyHostToDevice, stream_.get()));
+      } else {
+        KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host.data(), device.data(), kBytes,
+                                                    cudaMemcpyDeviceToHost, stream_.get()));
+      }
+      KVTIER_RETURN_IF_ERROR(stop.Record(stream_.get()));
+      KVTIER_RETURN_IF_ERROR(stop.Synchronize());
+      KVTIER_ASSIGN_OR_RETURN(float t, stop.ElapsedMsSince(start));
+      if (r >= options_.warmup) ms.push_back(t);
+    }
+    const double med = Median(ms);
+    const double gbps = static_cast<double>(kBytes) / (med * 1e-3) / 1e9;
+    (dir == 0 ? ceiling_h2d_ : ceiling_d2h_) = gbps;
+    BenchRow row;
+    row.shape = "-";
+    row.op = "ceiling";
+    row.layout = dir == 0 ? "h2d" : "d2h";
+    row.backend = "memcpy";
+    row.bytes = kBytes;
+    row.ms = med;
+    row.gbps = gbps;
+    row.ceiling_gbps = gbps;
+    row.ceiling = dir == 0 ? "dma_h2d" : "dma_d2h";
+    row.pct_of_ceiling = 100.0;
+    row.check_ok = true;
+    row.note = fmt::format("ceiling: one 1 GiB cudaMemcpyAsync {} (pinned host)",
+                           dir == 0 ? "host->device" : "device->host");
+    rows_->push_back(row);
+    std::fprintf(stderr, "ceiling %s: %.2f GB/s (1 GiB cudaMemcpyAsync, median of %d)\n",
+                 dir == 0 ? "H2D" : "D2H", gbps, options_.repeats);
+  }
+  return Status::OK();
+}
+
+Result<BenchRow> GpuBench::TimeRow(const BenchCase& c, TransferBackend backend,
+                                   TransferEngine& engine, const TransferRequest& request) {
+  BenchRow row;
+  row.shape = BenchShapeName(c.shape);
+  row.op = BenchOpName(c.op);
+  row.layout = LayoutName(c.host_layout);
+  row.page_size = c.page_size;
+  row.backend = TransferBackendName(backend);
+  row.tokens = c.tokens;
+  row.bytes = c.BytesMoved();
+  const bool load = c.op == BenchOp::kLoad;
+  row.ceiling = load ? "dma_h2d" : "dma_d2h";
+  row.ceiling_gbps = load ? ceiling_h2d_ : ceiling_d2h_;
+  KVTIER_ASSIGN_OR_RETURN(CudaEventHandle start, CudaEventHandle::Create(options_.device, true));
+  KVTIER_ASSIGN_OR_RETURN(CudaEventHandle stop, CudaEventHandle::Create(options_.device, true));
+  std::vector<double> gpu_ms, host_us;
+  const TransferOptions topts{.stream = stream_.get()};
+  for (int r = 0; r < options_.warmup + options_.repeats; ++r) {
+    KVTIER_RETURN_IF_ERROR(start.Record(stream_.get()));
+    const auto t0 = std::chrono::steady_clock::now();
+    KVTIER_RETURN_IF_ERROR(engine.Transfer(request, topts).WithContext(c.Label()));
+    const double us = WallUs(t0);
+    KVTIER_RETURN_IF_ERROR(stop.Record(stream_.get()));
+    KVTIER_RETURN_IF_ERROR(engine.Synchronize(stream_.get()).WithContext(c.Label()));
+    KVTIER_ASSIGN_OR_RETURN(float ms, stop.ElapsedMsSince(start));
+    if (r >= options_.warmup) {
+      gpu_ms.push_back(ms);
+      host_us.push_back(us);
+    }
+  }
+  row.ms = Median(gpu_ms);
+  row.gbps = static_cast<double>(row.bytes) / (row.ms * 1e-3) / 1e9;
+  row.pct_of_ceiling = 100.0 * row.gbps / row.ceiling_gbps;
+  row.host_submit_us = Median(host_us);
+  if (const auto* stats = transfer::cuda::LastTransferStats(engine)) {
+    if (stats->backend == TransferBackend::kKernel) {
+      row.sms_used = stats->blocks;
+      if (backend == TransferBackend::kAuto) row.note = "auto chose kernel";
+    } else {
+      row.note = fmt::format("{}dma: {} copy ops ({} 2D, {} batch call(s))",
+                             backend == TransferBackend::kAuto ? "auto chose " : "",
+                             stats->copy_ops, stats->copies_2d, stats->batch_calls);
+    }
+  }
+  return row;
+}
+
+Status GpuBench::RunCase(const BenchCase& c, ShapeBuffers& buf, size_t* index, size_t total) {
+  const bool load = c.op == BenchOp::kLoad;
+  const KvGeometry hg = c.HostGeometry(), dg = c.DeviceGeometry();
+  auto* host_base = static_cast<std::byte*>(buf.host_pool.data());
+  auto* dev_base = static_cast<std::byte*>(buf.device_pool.k());
+  const KvRegion host = RegionOver(host_base, hg, c.mla, MemoryKind::kHost);
+  const KvRegion device = RegionOver(dev_base, dg, c.mla, MemoryKind::kDevice);
+  const KvRegion mirror = RegionOver(buf.device_mirror.get(), dg, c.mla, MemoryKind::kHost);
+  const uint64_t row_seed = options_.seed * 1000003ull + *index;
+  const BenchSlots slots = DrawSlots(c, row_seed);
+  const std::vector<int64_t>& src_idx = load ? slots.host : slots.device;
+  const std::vector<int64_t>& dst_idx = load ? slots.device : slots.host;
+  KVTIER_ASSIGN_OR_RETURN(DeviceBuffer dev_idx,
+                          DeviceBuffer::Allocate(2 * c.tokens * 8 + 16, options_.device));
+  auto* d_src = static_cast<int64_t*>(dev_idx.data());
+  int64_t* d_dst = d_src + c.tokens;
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpy(d_src, src_idx.data(), src_idx.size() * 8,
+                                         cudaMemcpyHostToDevice));
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpy(d_dst, dst_idx.data(), dst_idx.size() * 8,
+                                         cudaMemcpyHostToDevice));
+
+  // Expected result by the cpu backend, and the state the GPU destination starts from.
+  const int64_t layer_bytes = dg.layer_bytes();
+  std::vector<void*> table_k, table_v;
+  KvRegion expected;
+  if (load) {
+    // The loaded layer only: a per-layer table whose every entry is one poisoned layer per
+    // buffer (the request touches only `load_layer`).
+    auto* e = buf.expected.get();
+    ParallelFill(e, layer_bytes * (c.mla ? 1 : 2), kPoisonByte);
+    table_k.assign(static_cast<size_t>(dg.num_layers), e);
+    if (!c.mla) table_v.assign(static_cast<size_t>(dg.num_layers), e + layer_bytes);
+    expected.geometry = dg;
+    expected.mla = c.mla;
+    expected.k_layers = table_k;
+    expected.v_layers = table_v;
+    KVTIER_RETURN_IF_ERROR(engines_.cpu->Transfer(TransferRequest::PerLayer(
+        host, expected, SlotIndices::Host(src_idx), SlotIndices::Host(dst_idx), c.load_layer)));
+    buf.device_dirty = true;
+  } else {
+    if (buf.device_dirty) {
+      KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpy(dev_base, buf.device_mirror.get(),
+                                             static_cast<size_t>(buf.bytes),
+                                             cudaMemcpyHostToDevice));
+      buf.device_dirty = false;
+    }
+    ParallelFill(buf.expected.get(), buf.bytes, kPoisonByte);
+    expected = RegionOver(buf.expected.get(), hg, c.mla, MemoryKind::kHost);
+    KVTIER_RETURN_IF_ERROR(engines_.cpu->Transfer(TransferRequest::AllLayers(
+        mirror, expected, SlotIndices::Host(src_idx), SlotIndices::Host(dst_idx))));
+  }
+
+  for (auto& [backend, engine] : engines_.gpu) {
+    const bool device_indices = backend == TransferBackend::kKernel;
+    const SlotIndices si = device_indices ? SlotIndices::Device(d_src, c.tokens)
+                                          : SlotIndices::Host(src_idx);
+    const SlotIndices di = device_indices ? SlotIndices::Device(d_dst, c.tokens)
+                                          : SlotIndices::Host(dst_idx);
+    const TransferRequest request =
+        load ? TransferRequest::PerLayer(host, device, si, di, c.load_layer)
+             : TransferRequest::AllLayers(device, host, si, di);
+    BenchRow row;
+    const bool dma_hopeless =
+        backend == TransferBackend::kDma && !load &&
+        (c.page_size == 1 || c.host_layout == KvLayout::kPageHead);
+    if (dma_hopeless) {
+      row.shape = BenchShapeName(c.shape);
+      row.op = BenchOpName(c.op);
+      row.layout = LayoutName(c.host_layout);
+      row.page_size = c.page_size;
+      row.backend = TransferBackendName(backend);
+      row.tokens = c.tokens;
+      row.bytes = c.BytesMoved();
+      row.check_ok = true;
+      row.note = "not run: one copy per slot (and head) per layer, >= 1M copy ops";
+    } else {
+      // Poison the destination, time (warm-up + repeats), then compare the last result.
+      if (load) {
+        KVTIER_CUDA_RETURN_IF_ERROR(cudaMemset(dev_base, kPoisonByte, static_cast<size_t>(buf.bytes)));
+      } else {
+        ParallelFill(host_base, buf.bytes, kPoisonByte);
+      }
+      KVTIER_ASSIGN_OR_RETURN(row, TimeRow(c, backend, *engine, request));
+      int64_t diff = -1;
+      std::string where;
+      if (load) {
+        HostBytes got = HostBytes::Allocate(layer_bytes * (c.mla ? 1 : 2));
+        for (int b = 0; b < (c.mla ? 1 : 2); ++b) {
+          const std::byte* layer = dev_base + b * dg.buffer_bytes() + c.load_layer * layer_bytes;
+          KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpy(got.get() + b * layer_bytes, layer,
+                                                 static_cast<size_t>(layer_bytes),
+                                                 cudaMemcpyDeviceToHost));
+        }
+        diff = ParallelFirstDifference(got.get(), buf.expected.get(), got.bytes);
+        if (diff >= 0) {
+          where = fmt::format("{} layer {} slot {}", diff >= layer_bytes ? "V" : "K", c.load_layer,
+                              diff % layer_bytes / dg.slot_bytes);
+        }
+      } else {
+        diff = ParallelFirstDifference(host_base, buf.expected.get(), buf.bytes);
+        if (diff >= 0) where = fmt::format("host pool byte {}", diff);
+      }
+      row.check_ok = diff < 0;
+      if (diff >= 0) {
+        row.note = fmt::format("MISMATCH vs cpu backend at {}", where) +
+                   (row.note.empty() ? "" : "; " + row.note);
+      }
+    }
+    PrintProgress(row, *index, total);
+    rows_->push_back(std::move(row));
+  }
+  ++*index;
+  return Status::OK();
+}
+
+// Loads of every layer (host pool -> device pool) on stream 1 while an all-layer backup (device
+// pool -> second host pool) runs on stream 2; both checked against the cpu backend.
+Status GpuBench::RunBoth(const BenchCase& c, ShapeBuffers& buf, TransferBackend backend,
+                         TransferEngine& engine) {
+  const KvGeometry hg = c.HostGeometry(), dg = c.DeviceGeometry();
+  auto* host_base = static_cast<std::byte*>(buf.host_pool.data());
+  auto* out_base = static_cast<std::byte*>(buf.host_pool2.data());
+  auto* dev_base = static_cast<std::byte*>(buf.device_pool.k());
+  const KvRegion host = RegionOver(host_base, hg, c.mla, MemoryKind::kHost);
+  const KvRegion out = RegionOver(out_base, hg, c.mla, MemoryKind::kHost);
+  const KvRegion device = RegionOver(dev_base, dg, c.mla, MemoryKind::kDevice);
+  const BenchSlots load_slots = DrawSlots(c, options_.seed * 7 + 1);
+  // The backup reads slots the loads do not write (the other half of the device pool).
+  BenchSlots backup_slots = DrawSlots(c, options_.seed * 7 + 2);
+  std::vector<char> loaded(static_cast<size_t>(dg.num_slots), 0);
+  for (int64_t s : load_slots.device) loaded[static_cast<size_t>(s)] = 1;
+  std::vector<int64_t> free_slots;
+  for (int64_t p = 0; p < dg.num_slots; p += c.page_size) {
+    if (!loaded[static_cast<size_t>(p)]) {
+      for (int64_t o = 0; o < c.page_size; ++o) free_slots.push_back(p + o);
+    }
+  }
+  free_slots.resize(std::min(free_slots.size(), backup_slots.device.size()));
+  backup_slots.device = free_slots;
+  backup_slots.host.resize(free_slots.size());
+
+  // Device pool = mirror; the second host pool poisoned.
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpy(dev_base, buf.device_mirror.get(),
+                                         static_cast<size_t>(buf.bytes), cudaMemcpyHostToDevice));
+  ParallelFill(out_base, buf.bytes, kPoisonByte);
+  KVTIER_ASSIGN_OR_RETURN(CudaEventHandle start, CudaEventHandle::Create(options_.device, true));
+  KVTIER_ASSIGN_OR_RETURN(CudaEventHandle end1, CudaEventHandle::Create(options_.device, true));
+  KVTIER_ASSIGN_OR_RETURN(CudaEventHandle end2, CudaEventHandle::Create(options_.device, true));
+  const TransferRequest backup =
+      TransferRequest::AllLayers(device, out, SlotIndices::Host(backup_slots.device),
+                                 SlotIndices::Host(backup_slots.host));
+  std::vector<double> ms;
+  for (int r = 0; r < options_.warmup + options_.repeats; ++r) {
+    KVTIER_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+    KVTIER_RETURN_IF_ERROR(start.Record(stream_.get()));
+    KVTIER_RETURN_IF_ERROR(start.WaitOn(stream2_.get()));
+    KVTIER_RETURN_IF_ERROR(engine.Transfer(backup, {.stream = stream2_.get()}));
+    for (int64_t l = 0; l < dg.num_layers; ++l) {
+      KVTIER_RETURN_IF_ERROR(engine.Transfer(
+          TransferRequest::PerLayer(host, device, SlotIndices::Host(load_slots.host),
+                                    SlotIndices::Host(load_slots.device), l),
+          {.stream = stream_.get()}));
+    }
+    KVTIER_RETURN_IF_ERROR(end1.Record(stream_.get()));
+    KVTIER_RETURN_IF_ERROR(end2.Record(stream2_.get()));
+    KVTIER_RETURN_IF_ERROR(engine.Synchronize(stream_.get()));
+    KVTIER_RETURN_IF_ERROR(engine.Synchronize(stream2_.get()));
+    KVTIER_ASSIGN_OR_RETURN(float t1, end1.ElapsedMsSince(start));
+    KVTIER_ASSIGN_OR_RETURN(float t2, end2.ElapsedMsSince(start));
+    if (r >= options_.warmup) ms.push_back(std::max(t1, t2));
+  }
+  const int64_t bytes_load = static_cast<int64_t>(load_slots.host.size()) * dg.num_layers *
+                             dg.slot_bytes * (c.mla ? 1 : 2);
+  const int64_t bytes_backup = static_cast<int64_t>(backup_slots.host.size()) * dg.num_layers *
+                               dg.slot_bytes * (c.mla ? 1 : 2);
+  BenchRow row;
+  row.shape = BenchShapeName(c.shape);
+  row.op = "both";
+  row.layout = LayoutName(c.host_layout);
+  row.page_size = c.page_size;
+  row.backend = TransferBackendName(backend);
+  row.tokens = c.tokens;
+  row.bytes = bytes_load + bytes_backup;
+  row.ms = Median(ms);
+  row.gbps = static_cast<double>(row.bytes) / (row.ms * 1e-3) / 1e9;
+  row.ceiling = "dma_h2d+d2h/2*1.6";
+  row.ceiling_gbps = std::min(ceiling_h2d_, ceiling_d2h_);
+  row.pct_of_ceiling = 100.0 * row.gbps / row.ceiling_gbps;
+  if (const auto* stats = transfer::cuda::LastTransferStats(engine)) {
+    row.sms_used = stats->backend == TransferBackend::kKernel ? 2 * stats->blocks : 0;
+  }
+  row.note = fmt::format(
+      "both directions: {} layer loads on one stream + one all-layer backup on another; "
+      "% is of the one-way ceiling (target 160%)",
+      dg.num_layers);
+  // Check: the device pool = mirror with the loaded slots of every layer replaced; the second
+  // host pool = poison with the backed-up slots.
+  HostBytes got = HostBytes::Allocate(buf.bytes);
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpy(got.get(), dev_base, static_cast<size_t>(buf.bytes),
+                                         cudaMemcpyDeviceToHost));
+  const KvRegion mirror = RegionOver(buf.device_mirror.get(), dg, c.mla, MemoryKind::kHost);
+  // Expected backup output first (from the untouched mirror).
+  ParallelFill(buf.expected.get(), buf.bytes, kPoisonByte);
+  const KvRegion expected_out = RegionOver(buf.expected.get(), hg, c.mla, MemoryKind::kHost);
+  KVTIER_RETURN_IF_ERROR(engines_.cpu->Transfer(TransferRequest::AllLayers(
+      mirror, expected_out, SlotIndices::Host(backup_slots.device),
+      SlotIndices::Host(backup_slots.host))));
+  int64_t diff = ParallelFirstDifference(out_base, buf.expected.get(), buf.bytes);
+  std::string bad;
+  if (diff >= 0) bad = fmt::format("backup output differs at byte {}", diff);
+  // Expected device pool: the mirror after the loads (the mirror is restored afterwards).
+  std::memcpy(buf.expected.get(), buf.device_mirror.get(), static_cast<size_t>(buf.bytes));
+  const KvRegion expected_dev = RegionOver(buf.expected.get(), dg, c.mla, MemoryKind::kHost);
+  KVTIER_RETURN_IF_ERROR(engines_.cpu->Transfer(TransferRequest::AllLayers(
+      host, expected_dev, SlotIndices::Host(load_slots.host),
+      SlotIndices::Host(load_slots.device))));
+  diff = ParallelFirstDifference(got.get(), buf.expected.get(), buf.bytes);
+  if (diff >= 0) bad += fmt::format("{}device pool differs at byte {}", bad.empty() ? "" : "; ", diff);
+  row.check_ok = bad.empty();
+  if (!bad.empty()) row.note = "MISMATCH vs cpu backend: " + bad + "; " + row.note;
+  buf.device_dirty = true;
+  PrintProgress(row, 0, 1);
+  rows_->push_back(std::move(row));
+  return Status::OK();
+}
+
+Status GpuBench::Run() {
+  if (CudaDeviceCount() <= options_.device) {
+    return Status::Unavailable(fmt::format(
+        "GPU backends are unavailable: no CUDA device {} ({} present)", options_.device,
+        CudaDeviceCount()));
+  }
+  TransferEngineConfig config;
+  config.device = options_.device;
+  config.max_sms = options_.max_sms;
+  config.cpu_threads = options_.threads;
+  for (TransferBackend b : options_.backends) {
+    if (b == TransferBackend::kCpu) continue;
+    KVTIER_ASSIGN_OR_RETURN(auto engine, MakeTransferEngine(b, config));
+    engines_.gpu.emplace_back(b, std::move(engine));
+  }
+  if (engines_.gpu.empty()) return Status::OK();
+  KVTIER_ASSIGN_OR_RETURN(engines_.cpu, MakeTransferEngine(TransferBackend::kCpu, config));
+  KVTIER_ASSIGN_OR_RETURN(stream_, CudaStreamHandle::Create(options_.device, true));
+  KVTIER_ASSIGN_OR_RETURN(stream2_, CudaStreamHandle::Create(options_.device, true));
+  {
+    cudaDeviceProp prop{};
+    KVTIER_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, options_.device));
+    int driver = 0, runtime = 0;
+    KVTIER_CUDA_RETURN_IF_ERROR(cudaDriverGetVersion(&driver));
+    KVTIER_CUDA_RETURN_IF_ERROR(cudaRuntimeGetVersion(&runtime));
+    std::fprintf(stderr, "GPU %d: %s, %d SMs, PCIe %02x:%02x, CUDA driver %d, runtime %d\n",
+                 options_.device, prop.name, prop.multiProcessorCount, prop.pciBusID,
+                 prop.pciDeviceID, driver, runtime);
+  }
+  KVTIER_RETURN_IF_ERROR(MeasureCeiling());
+
+  const std::vector<BenchCase> cases = EnumerateCases(options_);
+  size_t index = 0;
+  for (BenchShape shape : options_.shapes) {
+    int64_t bytes = 0;
+    for (const BenchCase& c : cases) {
+      if (c.shape == shape) bytes = std::max(bytes, c.PoolBytes());
+    }
+    if (bytes == 0) continue;
+    ShapeBuffers buf;
+    buf.bytes = bytes;
+    std::fprintf(stderr, "%s: allocating pools of %.2f GiB (pinned host, device, 2 host mirrors)\n",
+                 BenchShapeName(shape), static_cast<double>(bytes) / (1 << 30));
+    KVTIER_ASSIGN_OR_RETURN(buf.host_pool, PinnedHostBuffer::Allocate(bytes));
+    const BenchCase* first = nullptr;
+    for (const BenchCase& c : cases) {
+      if (c.shape == shape && c.PoolBytes() == bytes) {
+        first = &c;
+        break;
+      }
+    }
+    KVTIER_ASSIGN_OR_RETURN(buf.device_pool,
+                            DeviceKvPool::Create(first->DeviceGeometry(), first->mla, options_.device));
+    buf.device_mirror = HostBytes::Allocate(bytes);
+    buf.expected = HostBytes::Allocate(bytes);
+    ParallelRandom(static_cast<std::byte*>(buf.host_pool.data()), bytes, options_.seed ^ 0x1234);
+    ParallelRandom(buf.device_mirror.get(), bytes, options_.seed ^ 0x5678);
+    buf.device_dirty = true;
+    for (const BenchCase& c : cases) {
+      if (c.shape != shape) continue;
+      if (c.PoolBytes() != bytes) {
+        return Status::Internal(fmt::format("{}: pool size differs within a shape", c.Label()));
+      }
+      KVTIER_RETURN_IF_ERROR(RunCase(c, buf, &index, cases.size()));
+    }
+    // Both directions at once, on the MHA shape: layer_first p16 and page_first_direct p64.
+    if (shape == BenchShape::kMha) {
+      KVTIER_ASSIGN_OR_RETURN(buf.host_pool2, PinnedHostBuffer::Allocate(bytes));
+      ParallelRandom(static_cast<std::byte*>(buf.host_pool.data()), bytes, options_.seed ^ 0x9abc);
+      for (const BenchCase& c : cases) {
+        if (c.shape != shape || c.op != BenchOp::kBackup) continue;
+        const bool pick = (c.host_layout == KvLayout::kLayerFirst && c.page_size == 16) ||
+                          (c.host_layout == KvLayout::kPageFirstDirect && c.page_size == 64);
+        if (!pick) continue;
+        for (auto& [backend, engine] : engines_.gpu) {
+          KVTIER_RETURN_IF_ERROR(RunBoth(c, buf, backend, *engine));
+        }
+      }
+    }
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+Status RunGpuBench(const BenchOptions& options, std::vector<BenchRow>* rows) {
+  KVTIER_RETURN_IF_ERROR(options.Validate());
+  GpuBench bench(options, rows);
+  return bench.Run();
+}
+
+#endif  // KVTIER_WITH_CUDA
 
 }  // namespace kvtier::tools

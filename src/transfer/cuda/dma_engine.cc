@@ -222,6 +222,7 @@ class DmaTransferEngine final : public GpuTransferEngine {
   std::mutex mu_;
   size_t max_pitch_ = 0;
   bool batch_available_ = false;
+  bool use_batch_ = false;  // this call: batch available and no pageable side
   CudaStreamHandle private_stream_;
   CudaEventHandle fence_in_;
   CudaEventHandle fence_out_;
@@ -263,7 +264,7 @@ void DmaTransferEngine::Plan(const TransferRequest& r, const SlotIndices& si,
   x.sg.head_num = x.heads;
   x.dg.head_num = x.heads;
   x.chunk = x.sg.slot_bytes / x.heads;
-  const int64_t S = x.sg.slot_bytes;
+  const int64_t S = x.sg.slot_bytes;  // run pieces only (heads == 1)
   const int64_t n = si.count;
   const KvLayout lead = dl != KvLayout::kLayerFirst ? dl : sl;
   const bool run_pieces = x.heads == 1 && RunContiguous(sl) && RunContiguous(dl);
@@ -288,8 +289,10 @@ void DmaTransferEngine::Plan(const TransferRequest& r, const SlotIndices& si,
       for (int64_t k = 0; k < n; ++k) {
         const int64_t s = si.at(k), d = di.at(k);
         for (int64_t l = 0; l < layers; ++l) {
-          planner_.Add(x.Src(b, r.src_layer + layer0 + l, s, 0),
-                       x.Dst(b, r.dst_layer + layer0 + l, d, 0), S);
+          for (int64_t h = 0; h < x.heads; ++h) {
+            planner_.Add(x.Src(b, r.src_layer + layer0 + l, s, h),
+                         x.Dst(b, r.dst_layer + layer0 + l, d, h), x.chunk);
+          }
         }
       }
     } else if (lead == KvLayout::kPageHead) {
@@ -338,7 +341,7 @@ Status DmaTransferEngine::Submit(CudaStream stream) {
   stats_.copy_ops += static_cast<int64_t>(planner_.copies_2d().size());
   const size_t count = planner_.sizes().size();
   stats_.copy_ops += static_cast<int64_t>(count);
-  if (batch_available_ && count >= 2 && !IsLegacyStream(stream)) {
+  if (use_batch_ && count >= 2 && !IsLegacyStream(stream)) {
     cudaMemcpyAttributes attr{};
     attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
     attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
@@ -360,6 +363,7 @@ Status DmaTransferEngine::Submit(CudaStream stream) {
     // Not offered after all (driver, platform): remember, fall back to single copies.
     (void)cudaGetLastError();
     batch_available_ = false;
+    use_batch_ = false;
     util::Log(util::LogLevel::kWarning,
               "dma backend: cudaMemcpyBatchAsync failed ({}); using one cudaMemcpyAsync per run",
               cudaGetErrorString(e));
@@ -377,8 +381,11 @@ Status DmaTransferEngine::DoTransfer(const TransferRequest& r, const TransferOpt
   stats_.backend = TransferBackend::kDma;
   DeviceGuard guard;
   KVTIER_RETURN_IF_ERROR(guard.Set(config_.device));
-  KVTIER_RETURN_IF_ERROR(CheckResidency(*r.src, "src", /*need_pinned_host=*/false));
-  KVTIER_RETURN_IF_ERROR(CheckResidency(*r.dst, "dst", /*need_pinned_host=*/false));
+  bool src_pageable = false, dst_pageable = false;
+  KVTIER_RETURN_IF_ERROR(CheckResidency(*r.src, "src", /*need_pinned_host=*/false, &src_pageable));
+  KVTIER_RETURN_IF_ERROR(CheckResidency(*r.dst, "dst", /*need_pinned_host=*/false, &dst_pageable));
+  // Pageable host memory goes through plain cudaMemcpyAsync (staged by the driver).
+  use_batch_ = batch_available_ && !src_pageable && !dst_pageable;
   if (options.layer_events != nullptr && options.layer_events->size() < r.num_layers) {
     return Status::InvalidArgument(fmt::format(
         "layer_events has {} events but the request copies {} layers",
@@ -390,7 +397,7 @@ Status DmaTransferEngine::DoTransfer(const TransferRequest& r, const TransferOpt
   KVTIER_RETURN_IF_ERROR(HostIndices(r.dst_slots, "dst_slots", r.dst->geometry.num_slots,
                                      options.stream, &dst_index_staging_, &di));
   // The stream the copies go on; the legacy stream is fenced to the private one.
-  const bool fenced = IsLegacyStream(options.stream) && batch_available_;
+  const bool fenced = IsLegacyStream(options.stream) && use_batch_;
   const CudaStream exec = fenced ? private_stream_.get() : options.stream;
   if (fenced) {
     KVTIER_RETURN_IF_ERROR(fence_in_.Record(options.stream));

@@ -12,13 +12,17 @@ const GpuTransferStats* LastTransferStats(const TransferEngine& engine) {
   return gpu == nullptr ? nullptr : &gpu->last_stats();
 }
 
-Status CheckResidency(const KvRegion& r, const char* name, bool need_pinned_host) {
+Status CheckResidency(const KvRegion& r, const char* name, bool need_pinned_host,
+                      bool* pageable) {
   const void* p = r.has_layer_table() ? r.k_layers[0] : r.k;
   cudaPointerAttributes attr{};
   const cudaError_t e = cudaPointerGetAttributes(&attr, p);
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
     attr.type = cudaMemoryTypeUnregistered;
+  }
+  if (pageable != nullptr) {
+    *pageable = r.memory == MemoryKind::kHost && attr.type == cudaMemoryTypeUnregistered;
   }
   if (r.memory == MemoryKind::kDevice) {
     if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged) {

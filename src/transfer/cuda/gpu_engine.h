@@ -49,6 +49,8 @@ const GpuTransferStats* LastTransferStats(const TransferEngine& engine);
 // Checks that `r`'s memory is where `r.memory` says and usable by `backend`: host regions must
 // be pinned/registered for the kernel backend (pageable memory cannot be read by kernels), device
 // regions must be device memory. The message names the region, the pointer and the fix.
-Status CheckResidency(const KvRegion& r, const char* name, bool need_pinned_host);
+// `pageable` (optional): set to whether a host region is pageable (not pinned/registered).
+Status CheckResidency(const KvRegion& r, const char* name, bool need_pinned_host,
+                      bool* pageable = nullptr);
 
 }  // namespace kvtier::transfer::cuda

@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# scripts/gpu_check.sh — build kvtier with CUDA for sm_90 and check it on a GPU machine.
+#
+# Sections (each prints a "== name" header; logs go to $OUT when set, else build-gpu/logs):
+#   1. environment   GPU, driver, toolchain
+#   2. build         cmake -G Ninja -DKVTIER_CUDA=ON -DKVTIER_CUDA_ARCHITECTURES=90 Release, -j16
+#   3. tests         every ctest test (GPU tests run for real here; they skip on GPU-less CI)
+#   4. sanitizer     compute-sanitizer memcheck over a small GPU test case (out-of-range device
+#                    indices, 0/1 indices, one layout pair per direction)
+#   5. bench         kvtier bench per GPU backend (kernel, dma, auto), --json per backend
+#   6. summary       a short table of everything above, printed LAST
+# Later sections (Python, cache) can be added between 5 and 6; keep the summary last.
+#
+# Usage: scripts/gpu_check.sh [--skip-bench] [--bench-args "..."]
+# Budget: about 8 minutes on a 16-core H100 machine.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+BUILD=${KVTIER_GPU_BUILD_DIR:-build-gpu}
+LOGS=${OUT:-$BUILD/logs}
+mkdir -p "$LOGS"
+SKIP_BENCH=0
+BENCH_ARGS=""
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --skip-bench) SKIP_BENCH=1 ;;
+    --bench-args) BENCH_ARGS="$2"; shift ;;
+    *) echo "unknown argument $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+JOBS=${JOBS:-16}
+declare -A RESULT
+T0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
+
+# ---- 1. environment ----------------------------------------------------------------------------
+echo "== environment"
+nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.current,pcie.link.width.current \
+  --format=csv,noheader 2>&1 | tee "$LOGS/build.log"
+nvcc --version | tail -1 | tee -a "$LOGS/build.log"
+cmake --version | head -1 | tee -a "$LOGS/build.log"
+ulimit -l | sed 's/^/memlock limit: /' | tee -a "$LOGS/build.log"
+
+# ---- 2. build ----------------------------------------------------------------------------------
+echo "== build"
+stamp "configure + build ($BUILD, -j$JOBS)"
+if cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVTIER_CUDA=ON \
+     -DKVTIER_CUDA_ARCHITECTURES=90 -DKVTIER_BUILD_PYTHON=OFF >>"$LOGS/build.log" 2>&1 &&
+   cmake --build "$BUILD" -j"$JOBS" >>"$LOGS/build.log" 2>&1; then
+  RESULT[build]=ok
+else
+  RESULT[build]=FAIL
+  tail -40 "$LOGS/build.log"
+fi
+stamp "build: ${RESULT[build]}"
+
+# ---- 3. tests ----------------------------------------------------------------------------------
+echo "== tests"
+if [[ ${RESULT[build]} == ok ]]; then
+  ctest --test-dir "$BUILD" -j8 --timeout 300 --output-on-failure >"$LOGS/ctest.log" 2>&1
+  rc=$?
+  RESULT[tests]=$([[ $rc == 0 ]] && echo ok || echo FAIL)
+  grep -E "tests passed|tests failed|\(Failed\)|\(Timeout\)|\(SEGFAULT\)|Not Run" "$LOGS/ctest.log" | tail -25
+  # GPU tests that skipped would mean no GPU was seen: say so loudly.
+  if grep -q "no CUDA device present" "$LOGS/ctest.log"; then
+    echo "WARNING: GPU tests skipped themselves (no CUDA device seen)"; RESULT[tests]="FAIL(skipped)"
+  fi
+else
+  RESULT[tests]=skipped
+fi
+stamp "tests: ${RESULT[tests]}"
+
+# ---- 4. sanitizer ------------------------------------------------------------------------------
+echo "== compute-sanitizer (memcheck)"
+TEST_BIN="$BUILD/tests/cuda_transfer_test"
+if [[ ${RESULT[build]} == ok && -x $TEST_BIN ]] && command -v compute-sanitizer >/dev/null; then
+  FILTER='CudaTransferTest.OutOfRangeDeviceIndicesAreReported:CudaTransferTest.ZeroAndOneIndex'
+  FILTER+=':AllPairs/CudaTransferMatrixTest.MatchesReferenceByteForByte/page_head_to_layer_first_one_mha_p16'
+  FILTER+=':AllPairs/CudaTransferMatrixTest.MatchesReferenceByteForByte/layer_first_to_page_first_direct_all_mla_p1'
+  compute-sanitizer --tool memcheck --error-exitcode 99 "$TEST_BIN" --gtest_filter="$FILTER" \
+    >"$LOGS/sanitizer.log" 2>&1
+  rc=$?
+  RESULT[sanitizer]=$([[ $rc == 0 ]] && echo ok || echo "FAIL(rc=$rc)")
+  grep -E "ERROR SUMMARY|PASSED|FAILED" "$LOGS/sanitizer.log" | tail -5
+else
+  RESULT[sanitizer]=skipped
+fi
+stamp "sanitizer: ${RESULT[sanitizer]}"
+
+# ---- 5. bench ----------------------------------------------------------------------------------
+echo "== bench"
+KVTIER="$BUILD/tools/kvtier"
+if [[ $SKIP_BENCH == 0 && ${RESULT[build]} == ok && -x $KVTIER ]]; then
+  RESULT[bench]=ok
+  for backend in kernel dma auto; do
+    stamp "kvtier bench --backend $backend $BENCH_ARGS"
+    # shellcheck disable=SC2086
+    "$KVTIER" bench --backend "$backend" --json "$LOGS/bench_$backend.json" $BENCH_ARGS \
+      >>"$LOGS/bench.log" 2>&1 || RESULT[bench]=FAIL
+  done
+else
+  RESULT[bench]=skipped
+fi
+stamp "bench: ${RESULT[bench]}"
+
+# ---- 6. summary (last) -------------------------------------------------------------------------
+echo "== summary"
+if ls "$LOGS"/bench_*.json >/dev/null 2>&1; then
+  python3 - "$LOGS" <<'EOF' | tee "$LOGS/summary.txt"
+import glob, json, sys
+rows = []
+for path in sorted(glob.glob(sys.argv[1] + "/bench_*.json")):
+    rows += json.load(open(path))["rows"]
+seen_ceiling = set()
+print(f"{'shape':5} {'op':7} {'layout':17} {'page':>4} {'backend':7} {'GB/s':>7} {'%ceil':>6} {'submit_us':>10} {'SMs':>3} check")
+for r in rows:
+    if r["op"] == "ceiling":
+        if r["layout"] in seen_ceiling:
+            continue
+        seen_ceiling.add(r["layout"])
+    if r["gbps"] == 0:
+        continue
+    print(f"{r['shape']:5} {r['op']:7} {r['layout']:17} {r['page_size']:>4} {r['backend']:7} "
+          f"{r['gbps']:7.2f} {r['pct_of_ceiling']:5.1f}% {r['host_submit_us']:10.1f} {r['sms_used']:>3} {r['check']}")
+EOF
+fi
+echo "build: ${RESULT[build]}  tests: ${RESULT[tests]}  sanitizer: ${RESULT[sanitizer]}  bench: ${RESULT[bench]}  ($(( $(date +%s) - T0 ))s)"
+for k in build tests sanitizer bench; do
+  [[ ${RESULT[$k]} == ok || ${RESULT[$k]} == skipped ]] || exit 1
+done
+exit 0
