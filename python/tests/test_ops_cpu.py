@@ -11,7 +11,7 @@ import pytest
 
 import kvtier
 from kvtier import ops
-from kv_reference import (LAYOUTS, buffer_shape, expected_copy, from_canonical, random_bytes,
+from kv_reference import (LAYOUTS, buffer_shape, expected_copy, random_bytes,
                           random_indices, to_canonical)
 
 L, N, S, P, H = 3, 64, 32, 4, 4

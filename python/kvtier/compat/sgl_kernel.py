@@ -164,6 +164,20 @@ def _check_nonnull(addresses: Sequence[int], name: str) -> None:
         raise ValueError(f"{name}[{list(addresses).index(0)}] is a null address")
 
 
+def _pointer_device(addresses: Sequence[int], name: str, table_on_gpu: bool) -> int:
+    """Where the memory behind a pointer table lives: HOST or a CUDA device ordinal."""
+    if not hasattr(_kvtier, "pointer_info"):
+        if table_on_gpu:
+            raise _kvtier.UnavailableError(
+                f"{name} is a CUDA tensor, and kvtier was built without CUDA (KVTIER_CUDA=OFF)")
+        return HOST  # without CUDA, a host table can only point into host memory
+    places = {tuple(_kvtier.pointer_info(a)) for a in addresses}
+    if len(places) != 1:
+        raise ValueError(f"{name} points into different memories: {sorted(places)}")
+    memory, device = places.pop()
+    return device if memory == "device" else HOST
+
+
 def _table(table: Any, name: str, num_layers: int) -> Tuple[List[int], int, bool]:
     """(addresses, device of the pointees, whether the table itself is on a GPU)."""
     if table is None:
