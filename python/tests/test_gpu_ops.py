@@ -129,3 +129,41 @@ def test_example_runs_clean(backend):
                          timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "torch_offload: OK" in out.stdout
+
+
+@pytest.mark.skipif(not hasattr(kvtier, "HierarchicalCache"), reason="no cache manager")
+@pytest.mark.parametrize("backend", ["kernel", "dma"])
+def test_hierarchical_cache_load_back_with_per_layer_waits(backend):
+    Lc, Nc, Sc, Pc = 4, 1024, 512, 16
+    k = torch.zeros((Lc, Nc, Sc), dtype=torch.uint8, device=dev)
+    v = torch.zeros((Lc, Nc, Sc), dtype=torch.uint8, device=dev)
+    region = ops.KvRegion(layout="layer_first", num_layers=Lc, slot_bytes=Sc, page_size=Pc, k=k,
+                          v=v, name="device_pool")
+    with kvtier.HierarchicalCache(region, transfer_backend=backend,
+                                  write_policy="write_through") as cache:
+        tokens = torch.randint(0, 32000, (256,), dtype=torch.int32)
+        slots = cache.allocate_device_slots(256)
+        assert isinstance(slots, torch.Tensor) and slots.dtype == torch.int64
+        want_k = torch.randint(0, 256, (Lc, 256, Sc), dtype=torch.uint8, device=dev)
+        want_v = torch.randint(0, 256, (Lc, 256, Sc), dtype=torch.uint8, device=dev)
+        k[:, slots.to(dev)], v[:, slots.to(dev)] = want_k, want_v
+        torch.cuda.synchronize()
+        cache.insert(tokens, slots)
+        cache.wait_for_backups()
+        assert cache.evict_device(Nc) >= 256
+        k.zero_()
+        v.zero_()
+        torch.cuda.synchronize()
+        copy = torch.cuda.Stream()
+        with cache.match(tokens) as m:
+            assert m.host_tokens == 256
+            loaded = cache.load_back(m, stream=copy)
+            got = []
+            for layer in range(Lc):
+                cache.wait_layer(m, layer)  # the current stream waits for this layer
+                got.append(k[layer, loaded.device_slots.to(dev)].clone())
+            torch.cuda.synchronize()
+        for layer in range(Lc):
+            assert torch.equal(got[layer], want_k[layer])
+        assert torch.equal(v[:, loaded.device_slots.to(dev)], want_v)
+        cache.check_consistency()
