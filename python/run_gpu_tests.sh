@@ -5,7 +5,8 @@
 #
 #   python/run_gpu_tests.sh            # exit status 0 only when everything passed
 #
-# Environment: PYTHON (default python3), KVTIER_PY_BUILD_DIR (default <repo>/build-python-gpu),
+# Environment: PYTHON (default python3), KVTIER_PY_BUILD_DIR (default <repo>/build-python-gpu;
+# an existing CUDA build tree such as build-gpu is reused: only the extension is added to it),
 # JOBS (default nproc), KVTIER_CUDA_ARCHITECTURES (default: the project's, sm_90).
 set -uo pipefail
 
@@ -31,10 +32,16 @@ PYBIND11_DIR=$("$PY" -m pybind11 --cmakedir 2>/dev/null) || PYBIND11_DIR=""
   die "pybind11 not found: pip install pybind11, or install pybind11-dev"
 
 GEN=()
-command -v ninja >/dev/null && GEN=(-G Ninja)
-CONFIG=(-DKVTIER_CUDA=ON -DKVTIER_BUILD_PYTHON=ON -DKVTIER_BUILD_TESTS=OFF
-        -DKVTIER_BUILD_BENCH=OFF -DKVTIER_BUILD_TOOLS=OFF -DCMAKE_BUILD_TYPE=Release
-        -DPython_EXECUTABLE="$PY" -DPYTHON_EXECUTABLE="$PY")
+if [[ -f "$BUILD/CMakeCache.txt" ]]; then
+  # An existing build tree (e.g. gpu_check.sh's build-gpu): only switch the extension on, so the
+  # library it already built is reused and its other options stay as they are.
+  CONFIG=(-DKVTIER_BUILD_PYTHON=ON -DPython_EXECUTABLE="$PY" -DPYTHON_EXECUTABLE="$PY")
+else
+  command -v ninja >/dev/null && GEN=(-G Ninja)
+  CONFIG=(-DKVTIER_CUDA=ON -DKVTIER_BUILD_PYTHON=ON -DKVTIER_BUILD_TESTS=OFF
+          -DKVTIER_BUILD_BENCH=OFF -DKVTIER_BUILD_TOOLS=OFF -DCMAKE_BUILD_TYPE=Release
+          -DPython_EXECUTABLE="$PY" -DPYTHON_EXECUTABLE="$PY")
+fi
 [[ -n "$PYBIND11_DIR" ]] && CONFIG+=(-Dpybind11_DIR="$PYBIND11_DIR")
 [[ -n "${KVTIER_CUDA_ARCHITECTURES:-}" ]] &&
   CONFIG+=(-DKVTIER_CUDA_ARCHITECTURES="$KVTIER_CUDA_ARCHITECTURES")
