@@ -167,3 +167,29 @@ def test_hierarchical_cache_load_back_with_per_layer_waits(backend):
             assert torch.equal(got[layer], want_k[layer])
         assert torch.equal(v[:, loaded.device_slots.to(dev)], want_v)
         cache.check_consistency()
+
+
+class CudaArray:
+    """Exposes only __cuda_array_interface__ (as CuPy or Numba arrays do)."""
+
+    def __init__(self, tensor):
+        self._tensor = tensor
+        self.__cuda_array_interface__ = tensor.__cuda_array_interface__
+
+
+def test_cuda_array_interface_buffers_and_indices():
+    rng = np.random.default_rng(8)
+    host = torch.from_numpy(rng.integers(0, 256, size=(N, L, S), dtype=np.uint8)).pin_memory()
+    gpu = torch.zeros((L, N, S), dtype=torch.uint8, device=dev)
+    src = ops.KvRegion(layout="page_first", num_layers=L, slot_bytes=S, k=host, mla=True)
+    dst = ops.KvRegion(layout="layer_first", num_layers=L, slot_bytes=S, k=CudaArray(gpu),
+                       mla=True)
+    assert dst.device == 0
+    idx = torch.arange(0, N, 5, device=dev)
+    ops.transfer_all_layers(src, dst, CudaArray(idx), CudaArray(idx), backend="kernel")
+    torch.cuda.synchronize()
+    i = idx.cpu()
+    assert torch.equal(gpu[:, idx].cpu(), host[i].transpose(0, 1))
+    untouched = torch.ones(N, dtype=torch.bool)
+    untouched[i] = False
+    assert not gpu[:, untouched.to(dev)].any()
