@@ -101,18 +101,45 @@ def _slots(nbytes: int, unit: int, name: str, page_size: int = 1) -> int:
     return n
 
 
+# Regions by geometry and addresses. A region holds no reference to the buffers (the caller keeps
+# them alive for the call, as with SGLang's functions), so an entry is valid for whatever buffer
+# occupies those addresses with that geometry: building the C++ region is most of a call's host
+# cost, and engines call these functions with the same pools every time.
+_region_cache: dict = {}
+_REGION_CACHE_CAPACITY = 512
+
+
+def _cached_region(key: tuple, make) -> ops.KvRegion:
+    region = _region_cache.get(key)
+    if region is None:
+        region = make()
+        if len(_region_cache) >= _REGION_CACHE_CAPACITY:
+            _region_cache.clear()
+        _region_cache[key] = region
+    return region
+
+
 def _region_kv(k: Any, v: Any, name: str, *, layout: str, num_layers: int, item_size: int,
                unit: int, page_size: int = 1, head_num: int = 1) -> ops.KvRegion:
     """A region over K and V buffers (v None: MLA) with N = the slots every buffer holds."""
-    bufs = [describe_buffer(k, f"{name}_k" if v is not None else name)]
-    if v is not None:
-        bufs.append(describe_buffer(v, f"{name}_v"))
-    num_slots = min(_slots(b.nbytes, unit, f"{name}_{'kv'[i]}" if v is not None else name,
-                           page_size) for i, b in enumerate(bufs))
     labels = (f"{name}_k", f"{name}_v") if v is not None else (name,)
-    return ops.KvRegion(layout=layout, num_layers=num_layers, slot_bytes=item_size,
-                        num_slots=num_slots, page_size=page_size, head_num=head_num,
-                        k=k, v=v, mla=v is None, name=name, labels=labels)
+    bufs = [describe_buffer(k, labels[0])]
+    if v is not None:
+        bufs.append(describe_buffer(v, labels[1]))
+    num_slots = min(_slots(b.nbytes, unit, label, page_size) for b, label in zip(bufs, labels))
+    if len(bufs) == 2 and bufs[0].device != bufs[1].device:
+        raise ValueError(f"{name} mixes memories: {labels[0]} in {bufs[0].where()}, "
+                         f"{labels[1]} in {bufs[1].where()}")
+    if name == "dst":
+        for b, label in zip(bufs, labels):
+            if b.readonly:
+                raise ValueError(f"dst buffer {label} is read-only")
+    key = (name, layout, num_layers, item_size, num_slots, page_size, head_num, bufs[0].device,
+           tuple(b.address for b in bufs))
+    return _cached_region(key, lambda: ops.KvRegion.from_addresses(
+        layout=layout, num_layers=num_layers, num_slots=num_slots, slot_bytes=item_size,
+        page_size=page_size, head_num=head_num, mla=v is None, device=bufs[0].device,
+        k=bufs[0].address, v=bufs[1].address if v is not None else 0, name=name))
 
 
 class _TableCache:
@@ -222,10 +249,10 @@ def _table_region(k_table: Any, v_table: Any, name: str, num_layers: int,
         if v_dev != k_dev:
             raise ValueError(f"{k_name} and {name}_v_layers point into different memories")
     num_slots = max(1, min(_TABLE_SLOTS, (1 << 62) // (num_layers * item_size)))
-    region = ops.KvRegion.from_addresses(
+    key = (name, "table", num_layers, item_size, k_dev, tuple(k_addr), tuple(v_addr))
+    region = _cached_region(key, lambda: ops.KvRegion.from_addresses(
         layout="layer_first", num_layers=num_layers, num_slots=num_slots, slot_bytes=item_size,
-        mla=v_table is None, device=k_dev, k_layers=k_addr, v_layers=v_addr,
-        keepalive=(k_table, v_table), name=name)
+        mla=v_table is None, device=k_dev, k_layers=k_addr, v_layers=v_addr, name=name))
     return region, on_gpu
 
 
