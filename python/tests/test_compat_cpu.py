@@ -285,3 +285,29 @@ def test_bad_arguments_name_the_argument():
     for call, message in cases:
         with pytest.raises(ValueError, match=re.escape(message)):
             call()
+
+
+def test_same_buffers_with_another_geometry():
+    # The compat layer caches regions by geometry and addresses: the same arrays seen with another
+    # item_size must not reuse the first geometry.
+    src, dst = rand(N, H, D), rand(N, H, D)
+    si, di = idx()
+    want = dst.copy()
+    kv.transfer_kv_per_layer_mla(src, dst, si, di, ITEM)
+    want[di] = src[si]
+    np.testing.assert_array_equal(dst, want)
+    half = ITEM // 2  # now each array holds 2N half-size items
+    s2, d2 = random_indices(rng, 10, 2 * N), random_indices(rng, 10, 2 * N)
+    kv.transfer_kv_per_layer_mla(src, dst, s2, d2, half)
+    flat_src, flat_want = src.reshape(2 * N, -1), want.reshape(2 * N, -1)
+    flat_want[d2] = flat_src[s2]
+    np.testing.assert_array_equal(dst, want)
+
+
+def test_read_only_destination():
+    src, dst = rand(N, 1, MLA_DIM), rand(N, 1, MLA_DIM)
+    dst.flags.writeable = False
+    before = dst.copy()
+    with pytest.raises(ValueError, match="dst buffer dst is read-only"):
+        kv.transfer_kv_per_layer_mla(src, dst, [0], [1], MLA_ITEM)
+    np.testing.assert_array_equal(dst, before)
