@@ -2,7 +2,8 @@
 //
 // Each namespace (a tenant salt) has its own root, so prefixes never match across namespaces.
 // A node holds a span of tokens (a non-empty multiple of page_size) and, per tier, where their KV
-// lives: one device slot and/or one host slot per token, and one storage key per page
+// lives, one entry per page: the page's first device slot and/or first host slot (a page is
+// page_size consecutive slots starting at a multiple of page_size), and a storage key
 // (placeholder for the storage tier). Children are keyed by a hash of their first page and
 // verified token by token. Matching and inserting walk page by page and split a node where a
 // match ends inside it.
@@ -21,6 +22,7 @@
 #pragma once
 
 #include <cstdint>
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <memory>
@@ -57,10 +59,11 @@ class RadixNode {
   int64_t prefix_tokens() const { return prefix_tokens_; }
   const std::string& name_space() const { return *namespace_; }
 
-  bool on_device() const { return !device_slots_.empty(); }
-  bool on_host() const { return !host_slots_.empty(); }
-  std::span<const int64_t> device_slots() const { return device_slots_; }
-  std::span<const int64_t> host_slots() const { return host_slots_; }
+  bool on_device() const { return !device_pages_.empty(); }
+  bool on_host() const { return !host_pages_.empty(); }
+  // First slot of each page of the node, in the device pool / the host pool (empty when absent).
+  std::span<const int64_t> device_pages() const { return device_pages_; }
+  std::span<const int64_t> host_pages() const { return host_pages_; }
   std::span<const std::string> storage_keys() const { return storage_keys_; }
 
   int64_t ref_count() const { return ref_count_; }
@@ -82,8 +85,8 @@ class RadixNode {
   const std::string* namespace_ = nullptr;  // owned by the tree's root map
   std::vector<Token> tokens_;
   int64_t prefix_tokens_ = 0;
-  std::vector<int64_t> device_slots_;  // empty, or one per token
-  std::vector<int64_t> host_slots_;    // empty, or one per token
+  std::vector<int64_t> device_pages_;  // empty, or one page start per page
+  std::vector<int64_t> host_pages_;    // empty, or one page start per page
   std::vector<std::string> storage_keys_;  // empty, or one per page
   // Keyed by the hash of the child's first page; several children may share a hash.
   std::unordered_multimap<uint64_t, std::unique_ptr<RadixNode>> children_;
@@ -139,21 +142,21 @@ class RadixTree {
     int64_t end;
     SegmentKind kind;
   };
-  // Inserts `tokens` with their device slots; see SegmentKind for what happens to each part.
-  // Segments are appended to `segments` top-down. New nodes get hit_count 1.
-  // REQUIRES: tokens.size() == device_slots.size(), a multiple of page_size.
+  // Inserts `tokens` with their device pages (first slot of each page); see SegmentKind for what
+  // happens to each part. Segments are appended to `segments` top-down. New nodes get
+  // hit_count 1. REQUIRES: tokens.size() == device_pages.size() * page_size.
   void Insert(std::string_view ns, std::span<const Token> tokens,
-              std::span<const int64_t> device_slots, std::vector<InsertSegment>* segments);
+              std::span<const int64_t> device_pages, std::vector<InsertSegment>* segments);
 
   // ---- residency (each keeps the counts and the evictable sets right) --------------------
-  // REQUIRES: slots.size() == node->num_tokens(); the parent is on the device (or the root).
-  void SetDeviceSlots(RadixNode* node, std::vector<int64_t> slots);
-  // Moves the device slots out. REQUIRES: no child on the device.
-  std::vector<int64_t> TakeDeviceSlots(RadixNode* node);
-  // REQUIRES: slots.size() == node->num_tokens(); the parent is in host memory (or the root).
-  void SetHostSlots(RadixNode* node, std::vector<int64_t> slots);
+  // REQUIRES: pages.size() == node's pages; the parent is on the device (or the root).
+  void SetDevicePages(RadixNode* node, std::vector<int64_t> pages);
+  // Moves the device pages out. REQUIRES: no child on the device.
+  std::vector<int64_t> TakeDevicePages(RadixNode* node);
+  // REQUIRES: pages.size() == node's pages; the parent is in host memory (or the root).
+  void SetHostPages(RadixNode* node, std::vector<int64_t> pages);
   // REQUIRES: no child in host memory.
-  std::vector<int64_t> TakeHostSlots(RadixNode* node);
+  std::vector<int64_t> TakeHostPages(RadixNode* node);
   // REQUIRES: keys.size() == pages of node (or empty).
   void SetStorageKeys(RadixNode* node, std::vector<std::string> keys);
   // Deletes a node. REQUIRES: not a root, no children, no slots in any tier, unreferenced.

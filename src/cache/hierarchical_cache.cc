@@ -161,6 +161,7 @@ struct HierarchicalCache::State {
   mutable std::mutex mu;
   RadixTree tree;
   std::vector<uint8_t> page_owner;
+  std::vector<int64_t> device_frees;  // page starts evicted, not yet returned to device_alloc
   int64_t engine_pages = 0;
   std::unordered_map<uint64_t, Handle> handles;
   uint64_t next_handle = 1;
@@ -190,11 +191,21 @@ struct HierarchicalCache::State {
     return path;
   }
 
+  // Appends the slots of `pages` (page starts) to `out`.
+  void AppendSlots(std::span<const int64_t> pages, std::vector<int64_t>* out) const {
+    size_t at = out->size();
+    out->resize(at + pages.size() * P);
+    int64_t* o = out->data() + at;
+    for (int64_t page : pages) {
+      for (int64_t j = 0; j < P; ++j) *o++ = page + j;
+    }
+  }
+
   std::vector<int64_t> DeviceSlotsOf(const std::vector<RadixNode*>& path) const {
     std::vector<int64_t> out;
     for (RadixNode* n : path) {
       if (!n->on_device()) break;
-      out.insert(out.end(), n->device_slots().begin(), n->device_slots().end());
+      AppendSlots(n->device_pages(), &out);
     }
     return out;
   }
@@ -272,21 +283,19 @@ struct HierarchicalCache::State {
     Reap();
   }
 
-  void FreeTreeDevicePages(const std::vector<int64_t>& slots) {
-    std::vector<int64_t> pages;
-    pages.reserve(slots.size() / P);
-    for (size_t k = 0; k < slots.size(); k += P) {
-      pages.push_back(slots[k]);
-      page_owner[slots[k] / P] = kFree;
-    }
-    Status st = device_alloc->FreePages(pages);
+  // Queues a node's device pages for FlushDeviceFrees (one allocator call per eviction round).
+  void FreeTreeDevicePages(const std::vector<int64_t>& pages) {
+    for (int64_t page : pages) page_owner[page / P] = kFree;
+    device_frees.insert(device_frees.end(), pages.begin(), pages.end());
+  }
+  void FlushDeviceFrees() {
+    if (device_frees.empty()) return;
+    Status st = device_alloc->FreePages(device_frees);
     if (!st.ok() && health.ok()) health = Status::Internal(st.WithContext("device pages").ToString());
+    device_frees.clear();
   }
 
-  void FreeHostSlots(const std::vector<int64_t>& slots) {
-    std::vector<int64_t> pages;
-    pages.reserve(slots.size() / P);
-    for (size_t k = 0; k < slots.size(); k += P) pages.push_back(slots[k]);
+  void FreeHostPages(const std::vector<int64_t>& pages) {
     Status st = host->FreePages(pages);
     if (!st.ok() && health.ok()) health = Status::Internal(st.WithContext("host pages").ToString());
   }
@@ -298,7 +307,7 @@ struct HierarchicalCache::State {
       if (v == nullptr) break;
       const int64_t n = v->num_tokens();
       Notify(CacheTier::kHost, v, false);
-      FreeHostSlots(tree.TakeHostSlots(v));
+      FreeHostPages(tree.TakeHostPages(v));
       tree.Remove(v);
       freed += n / P;
       counters.host_evicted_tokens += n;
@@ -339,10 +348,10 @@ struct HierarchicalCache::State {
     op->src.reserve(static_cast<size_t>(tokens));
     size_t off = 0;
     for (RadixNode* n : path) {
-      op->src.insert(op->src.end(), n->device_slots().begin(), n->device_slots().end());
-      tree.SetHostSlots(n, std::vector<int64_t>(op->dst.begin() + off,
-                                                op->dst.begin() + off + n->num_tokens()));
-      off += static_cast<size_t>(n->num_tokens());
+      AppendSlots(n->device_pages(), &op->src);
+      const size_t np = n->device_pages().size();
+      tree.SetHostPages(n, std::vector<int64_t>(pages->begin() + off, pages->begin() + off + np));
+      off += np;
       op->nodes.push_back(n);
     }
     return op;
@@ -430,7 +439,7 @@ struct HierarchicalCache::State {
       if (!health.ok()) break;
       if (v->on_host()) {
         Notify(CacheTier::kDevice, v, true);
-        FreeTreeDevicePages(tree.TakeDeviceSlots(v));
+        FreeTreeDevicePages(tree.TakeDevicePages(v));
       } else {
         if (v->num_children() != 0) {
           health = Status::Internal(fmt::format(
@@ -439,7 +448,7 @@ struct HierarchicalCache::State {
           break;
         }
         Notify(CacheTier::kDevice, v, false);
-        FreeTreeDevicePages(tree.TakeDeviceSlots(v));
+        FreeTreeDevicePages(tree.TakeDevicePages(v));
         tree.Remove(v);
         counters.dropped_tokens += n;
       }
@@ -447,6 +456,7 @@ struct HierarchicalCache::State {
       counters.device_evicted_tokens += n;
       ++counters.device_evictions;
     }
+    FlushDeviceFrees();
     return freed;
   }
 
@@ -458,22 +468,26 @@ struct HierarchicalCache::State {
           "{} has {} slots, not a multiple of page_size = {}", arg, slots.size(), P));
     }
     const int64_t N = device.geometry.num_slots;
-    for (size_t k = 0; k < slots.size(); ++k) {
+    pages->reserve(pages->size() + slots.size() / P);
+    for (size_t k = 0; k < slots.size(); k += P) {
       const int64_t s = slots[k];
       if (s < 0 || s >= N) {
         return Status::InvalidArgument(
             fmt::format("{}[{}] = {} is outside the device pool [0, {})", arg, k, s, N));
       }
-      if (k % P == 0) {
-        if (s % P != 0) {
-          return Status::InvalidArgument(fmt::format(
-              "{}[{}] = {} starts a page but is not a multiple of page_size = {}", arg, k, s, P));
-        }
-        pages->push_back(s);
-      } else if (s != slots[k - 1] + 1) {
+      if (s % P != 0) {
         return Status::InvalidArgument(fmt::format(
-            "{}[{}] = {} does not continue its page (expected {})", arg, k, s, slots[k - 1] + 1));
+            "{}[{}] = {} starts a page but is not a multiple of page_size = {}", arg, k, s, P));
       }
+      // N is a multiple of P, so the rest of an aligned page is in range too.
+      for (int64_t j = 1; j < P; ++j) {
+        if (slots[k + j] != s + j) {
+          return Status::InvalidArgument(fmt::format(
+              "{}[{}] = {} does not continue its page (expected {})", arg, k + j, slots[k + j],
+              s + j));
+        }
+      }
+      pages->push_back(s);
     }
     return Status::OK();
   }
@@ -627,10 +641,9 @@ Result<MatchResult> HierarchicalCache::Match(std::span<const Token> tokens, std:
   out.host_slots.reserve(static_cast<size_t>(r.host_tokens));
   for (RadixNode* n : path) {
     if (n->on_device()) {
-      out.device_slots.insert(out.device_slots.end(), n->device_slots().begin(),
-                              n->device_slots().end());
+      s.AppendSlots(n->device_pages(), &out.device_slots);
     } else {
-      out.host_slots.insert(out.host_slots.end(), n->host_slots().begin(), n->host_slots().end());
+      s.AppendSlots(n->host_pages(), &out.host_slots);
     }
     s.tree.Touch(n, 1);
   }
@@ -692,7 +705,7 @@ Result<LoadBackResult> HierarchicalCache::LoadBack(MatchHandle handle, CudaStrea
   op->tokens = tokens;
   op->dst = PageSlots(*alloc, s.P);
   for (RadixNode* n : host_nodes) {
-    op->src.insert(op->src.end(), n->host_slots().begin(), n->host_slots().end());
+    s.AppendSlots(n->host_pages(), &op->src);
   }
   Status st;
   if (s.gpu) {
@@ -718,9 +731,9 @@ Result<LoadBackResult> HierarchicalCache::LoadBack(MatchHandle handle, CudaStrea
   }
   size_t off = 0;
   for (RadixNode* n : host_nodes) {
-    s.tree.SetDeviceSlots(n, std::vector<int64_t>(op->dst.begin() + off,
-                                                  op->dst.begin() + off + n->num_tokens()));
-    off += static_cast<size_t>(n->num_tokens());
+    const size_t np = n->host_pages().size();
+    s.tree.SetDevicePages(n, std::vector<int64_t>(alloc->begin() + off, alloc->begin() + off + np));
+    off += np;
   }
   for (int64_t p : *alloc) s.page_owner[p / s.P] = kTree;
   if (s.gpu) {
@@ -843,7 +856,7 @@ Result<InsertResult> HierarchicalCache::Insert(std::span<const Token> tokens,
   KVTIER_RETURN_IF_ERROR(s.CheckEngineHeld(pages, "Insert", &own));
 
   std::vector<RadixTree::InsertSegment> segments;
-  s.tree.Insert(ns, tokens, device_slots, &segments);
+  s.tree.Insert(ns, tokens, pages, &segments);
   InsertResult out;
   std::vector<int64_t> duplicates;
   for (const auto& seg : segments) {
@@ -852,7 +865,7 @@ Result<InsertResult> HierarchicalCache::Insert(std::span<const Token> tokens,
       case RadixTree::SegmentKind::kOnDevice:
         out.cached_tokens += len;
         for (int64_t k = seg.begin; k < seg.end; k += s.P) {
-          const int64_t mine = seg.node->device_slots()[k - seg.begin];
+          const int64_t mine = seg.node->device_pages()[(k - seg.begin) / s.P];
           if (device_slots[k] != mine) {
             duplicates.push_back(device_slots[k]);
             s.page_owner[device_slots[k] / s.P] = kFree;
@@ -945,8 +958,8 @@ Status HierarchicalCache::CheckConsistency() const {
   int64_t tree_pages = 0, host_pages = 0;
   s.tree.ForEachNode([&](const RadixNode& n) {
     if (!st.ok()) return;
-    for (size_t k = 0; k < n.device_slots().size(); k += P) {
-      const int64_t p = n.device_slots()[k] / P;
+    for (int64_t start : n.device_pages()) {
+      const int64_t p = start / P;
       if (s.page_owner[p] != kTree || dev_seen[p] || !s.device_alloc->IsAllocated(p * P)) {
         st = Status::Internal(fmt::format(
             "node {}: device page at slot {} has owner {}, seen {}, allocated {}", n.id(), p * P,
@@ -956,8 +969,8 @@ Status HierarchicalCache::CheckConsistency() const {
       dev_seen[p] = 1;
       ++tree_pages;
     }
-    for (size_t k = 0; k < n.host_slots().size(); k += P) {
-      const int64_t p = n.host_slots()[k] / P;
+    for (int64_t start : n.host_pages()) {
+      const int64_t p = start / P;
       if (host_seen[p] || !s.host->allocator().IsAllocated(p * P)) {
         st = Status::Internal(fmt::format("node {}: host page at slot {} seen {}, allocated {}",
                                           n.id(), p * P, host_seen[p],

@@ -95,15 +95,15 @@ RadixNode* RadixTree::Split(RadixNode* lower, int64_t k) {
   upper->tokens_.assign(lower->tokens_.begin(), lower->tokens_.begin() + k);
   lower->tokens_.erase(lower->tokens_.begin(), lower->tokens_.begin() + k);
   upper->prefix_tokens_ = lower->prefix_tokens_ - static_cast<int64_t>(lower->tokens_.size());
-  auto split_vec = [k](std::vector<int64_t>& from, std::vector<int64_t>& to) {
+  const int64_t pages = k / page_size_;
+  auto split_vec = [pages](std::vector<int64_t>& from, std::vector<int64_t>& to) {
     if (from.empty()) return;
-    to.assign(from.begin(), from.begin() + k);
-    from.erase(from.begin(), from.begin() + k);
+    to.assign(from.begin(), from.begin() + pages);
+    from.erase(from.begin(), from.begin() + pages);
   };
-  split_vec(lower->device_slots_, upper->device_slots_);
-  split_vec(lower->host_slots_, upper->host_slots_);
+  split_vec(lower->device_pages_, upper->device_pages_);
+  split_vec(lower->host_pages_, upper->host_pages_);
   if (!lower->storage_keys_.empty()) {
-    const int64_t pages = k / page_size_;
     upper->storage_keys_.assign(std::make_move_iterator(lower->storage_keys_.begin()),
                                 std::make_move_iterator(lower->storage_keys_.begin() + pages));
     lower->storage_keys_.erase(lower->storage_keys_.begin(),
@@ -184,7 +184,7 @@ RadixTree::MatchResult RadixTree::Peek(std::string_view ns, std::span<const Toke
 }
 
 void RadixTree::Insert(std::string_view ns, std::span<const Token> tokens,
-                       std::span<const int64_t> device_slots,
+                       std::span<const int64_t> device_pages,
                        std::vector<InsertSegment>* segments) {
   RadixNode* node = Root(ns, /*create=*/true);
   int64_t pos = 0;
@@ -199,7 +199,8 @@ void RadixTree::Insert(std::string_view ns, std::span<const Token> tokens,
       leaf->created_ = leaf->last_access_ = ++clock_;
       node->children_.emplace(PageHash(tokens.subspan(pos, page_size_)),
                               std::unique_ptr<RadixNode>(leaf));
-      SetDeviceSlots(leaf, std::vector<int64_t>(device_slots.begin() + pos, device_slots.end()));
+      SetDevicePages(leaf, std::vector<int64_t>(device_pages.begin() + pos / page_size_,
+                                                device_pages.end()));
       if (segments) segments->push_back({leaf, pos, n, SegmentKind::kNew});
       return;
     }
@@ -208,8 +209,8 @@ void RadixTree::Insert(std::string_view ns, std::span<const Token> tokens,
     if (child->on_device()) {
       if (segments) segments->push_back({child, pos, pos + k, SegmentKind::kOnDevice});
     } else {
-      SetDeviceSlots(child, std::vector<int64_t>(device_slots.begin() + pos,
-                                                 device_slots.begin() + pos + k));
+      SetDevicePages(child, std::vector<int64_t>(device_pages.begin() + pos / page_size_,
+                                                 device_pages.begin() + (pos + k) / page_size_));
       if (segments) segments->push_back({child, pos, pos + k, SegmentKind::kRevived});
     }
     pos += k;
@@ -217,11 +218,11 @@ void RadixTree::Insert(std::string_view ns, std::span<const Token> tokens,
   }
 }
 
-void RadixTree::SetDeviceSlots(RadixNode* node, std::vector<int64_t> slots) {
+void RadixTree::SetDevicePages(RadixNode* node, std::vector<int64_t> pages) {
   const bool was = node->on_device();
-  device_tokens_ += static_cast<int64_t>(slots.size()) -
-                    static_cast<int64_t>(node->device_slots_.size());
-  node->device_slots_ = std::move(slots);
+  device_tokens_ += (static_cast<int64_t>(pages.size()) -
+                     static_cast<int64_t>(node->device_pages_.size())) * page_size_;
+  node->device_pages_ = std::move(pages);
   if (!was && node->on_device()) {
     ++node->parent_->device_children_;
     Refresh(node->parent_);
@@ -229,10 +230,10 @@ void RadixTree::SetDeviceSlots(RadixNode* node, std::vector<int64_t> slots) {
   Refresh(node);
 }
 
-std::vector<int64_t> RadixTree::TakeDeviceSlots(RadixNode* node) {
-  std::vector<int64_t> out = std::move(node->device_slots_);
-  node->device_slots_.clear();
-  device_tokens_ -= static_cast<int64_t>(out.size());
+std::vector<int64_t> RadixTree::TakeDevicePages(RadixNode* node) {
+  std::vector<int64_t> out = std::move(node->device_pages_);
+  node->device_pages_.clear();
+  device_tokens_ -= static_cast<int64_t>(out.size()) * page_size_;
   if (!out.empty()) {
     --node->parent_->device_children_;
     Refresh(node->parent_);
@@ -241,11 +242,11 @@ std::vector<int64_t> RadixTree::TakeDeviceSlots(RadixNode* node) {
   return out;
 }
 
-void RadixTree::SetHostSlots(RadixNode* node, std::vector<int64_t> slots) {
+void RadixTree::SetHostPages(RadixNode* node, std::vector<int64_t> pages) {
   const bool was = node->on_host();
-  host_tokens_ += static_cast<int64_t>(slots.size()) -
-                  static_cast<int64_t>(node->host_slots_.size());
-  node->host_slots_ = std::move(slots);
+  host_tokens_ += (static_cast<int64_t>(pages.size()) -
+                   static_cast<int64_t>(node->host_pages_.size())) * page_size_;
+  node->host_pages_ = std::move(pages);
   if (!was && node->on_host()) {
     ++node->parent_->host_children_;
     Refresh(node->parent_);
@@ -253,10 +254,10 @@ void RadixTree::SetHostSlots(RadixNode* node, std::vector<int64_t> slots) {
   Refresh(node);
 }
 
-std::vector<int64_t> RadixTree::TakeHostSlots(RadixNode* node) {
-  std::vector<int64_t> out = std::move(node->host_slots_);
-  node->host_slots_.clear();
-  host_tokens_ -= static_cast<int64_t>(out.size());
+std::vector<int64_t> RadixTree::TakeHostPages(RadixNode* node) {
+  std::vector<int64_t> out = std::move(node->host_pages_);
+  node->host_pages_.clear();
+  host_tokens_ -= static_cast<int64_t>(out.size()) * page_size_;
   if (!out.empty()) {
     --node->parent_->host_children_;
     Refresh(node->parent_);
@@ -375,13 +376,13 @@ void RadixTree::ForEachNode(const std::function<void(const RadixNode&)>& fn) con
 
 namespace {
 
-Status PagesAligned(const RadixNode* n, std::span<const int64_t> slots, const char* tier,
+Status PagesAligned(const RadixNode* n, std::span<const int64_t> pages, const char* tier,
                     int64_t page_size) {
-  for (size_t k = 0; k < slots.size(); ++k) {
-    const int64_t want = (k % page_size == 0) ? slots[k] : slots[k - k % page_size] + int64_t(k % page_size);
-    if ((k % page_size == 0 && slots[k] % page_size != 0) || slots[k] != want) {
-      return Status::Internal(fmt::format("node {}: {} slot {} at token {} breaks page alignment",
-                                          n->id(), tier, slots[k], k));
+  for (size_t k = 0; k < pages.size(); ++k) {
+    if (pages[k] < 0 || pages[k] % page_size != 0) {
+      return Status::Internal(fmt::format("node {}: {} page {} starts at slot {}, not a multiple "
+                                          "of page_size {}", n->id(), tier, k, pages[k],
+                                          page_size));
     }
   }
   return Status::OK();
@@ -414,13 +415,14 @@ Status RadixTree::CheckNode(const RadixNode* n, int64_t* device_tokens, int64_t*
     if (!c->on_device() && !c->on_host()) {
       return Status::Internal(fmt::format("node {}: resident in no tier", c->id_));
     }
-    if (c->on_device() && c->num_tokens() != static_cast<int64_t>(c->device_slots_.size())) {
-      return Status::Internal(fmt::format("node {}: {} device slots for {} tokens", c->id_,
-                                          c->device_slots_.size(), c->num_tokens()));
+    const int64_t pages = c->num_tokens() / page_size_;
+    if (c->on_device() && pages != static_cast<int64_t>(c->device_pages_.size())) {
+      return Status::Internal(fmt::format("node {}: {} device pages for {} tokens", c->id_,
+                                          c->device_pages_.size(), c->num_tokens()));
     }
-    if (c->on_host() && c->num_tokens() != static_cast<int64_t>(c->host_slots_.size())) {
-      return Status::Internal(fmt::format("node {}: {} host slots for {} tokens", c->id_,
-                                          c->host_slots_.size(), c->num_tokens()));
+    if (c->on_host() && pages != static_cast<int64_t>(c->host_pages_.size())) {
+      return Status::Internal(fmt::format("node {}: {} host pages for {} tokens", c->id_,
+                                          c->host_pages_.size(), c->num_tokens()));
     }
     if (!c->storage_keys_.empty() &&
         static_cast<int64_t>(c->storage_keys_.size()) != c->num_tokens() / page_size_) {
@@ -436,8 +438,8 @@ Status RadixTree::CheckNode(const RadixNode* n, int64_t* device_tokens, int64_t*
           "node {}: in host memory but its parent {} is not (backups must form a prefix)", c->id_,
           n->id_));
     }
-    KVTIER_RETURN_IF_ERROR(PagesAligned(c, c->device_slots_, "device", page_size_));
-    KVTIER_RETURN_IF_ERROR(PagesAligned(c, c->host_slots_, "host", page_size_));
+    KVTIER_RETURN_IF_ERROR(PagesAligned(c, c->device_pages_, "device", page_size_));
+    KVTIER_RETURN_IF_ERROR(PagesAligned(c, c->host_pages_, "host", page_size_));
     // Distinct first pages among siblings.
     for (const auto& [key2, other] : n->children_) {
       if (other.get() != c && key2 == key &&
@@ -450,8 +452,8 @@ Status RadixTree::CheckNode(const RadixNode* n, int64_t* device_tokens, int64_t*
     dev_children += c->on_device();
     host_children += c->on_host();
     child_refs += c->ref_count_;
-    *device_tokens += static_cast<int64_t>(c->device_slots_.size());
-    *host_tokens += static_cast<int64_t>(c->host_slots_.size());
+    *device_tokens += static_cast<int64_t>(c->device_pages_.size()) * page_size_;
+    *host_tokens += static_cast<int64_t>(c->host_pages_.size()) * page_size_;
     ++*nodes;
     KVTIER_RETURN_IF_ERROR(CheckNode(c, device_tokens, host_tokens, nodes));
   }

@@ -12,9 +12,10 @@
 namespace kvtier {
 namespace {
 
-std::vector<int64_t> Slots(int64_t first, int64_t n) {
-  std::vector<int64_t> s(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) s[i] = first + i;
+// Page starts of `n_tokens` tokens in consecutive pages from slot `first` (a multiple of P).
+std::vector<int64_t> Pages(int64_t first, int64_t n_tokens, int64_t P = 1) {
+  std::vector<int64_t> s(static_cast<size_t>(n_tokens / P));
+  for (size_t i = 0; i < s.size(); ++i) s[i] = first + static_cast<int64_t>(i) * P;
   return s;
 }
 
@@ -32,7 +33,7 @@ TEST(RadixTreeTest, InsertThenMatchIsPageGranular) {
   RadixTree tree(4);
   std::vector<Token> t = {1, 2, 3, 4, 5, 6, 7, 8};
   std::vector<RadixTree::InsertSegment> seg;
-  tree.Insert("", t, Slots(16, 8), &seg);
+  tree.Insert("", t, Pages(16, 8, 4), &seg);
   ASSERT_EQ(seg.size(), 1u);
   EXPECT_EQ(seg[0].kind, RadixTree::SegmentKind::kNew);
   // A longer query with a partial last page matches the whole node.
@@ -41,8 +42,8 @@ TEST(RadixTreeTest, InsertThenMatchIsPageGranular) {
   EXPECT_EQ(r.matched_tokens, 8);
   EXPECT_EQ(r.device_tokens, 8);
   EXPECT_EQ(r.host_tokens, 0);
-  EXPECT_EQ(std::vector<int64_t>(r.last->device_slots().begin(), r.last->device_slots().end()),
-            Slots(16, 8));
+  EXPECT_EQ(std::vector<int64_t>(r.last->device_pages().begin(), r.last->device_pages().end()),
+            Pages(16, 8, 4));
   // A mismatch inside the second page matches only the first page, and splits the node.
   std::vector<Token> q2 = {1, 2, 3, 4, 5, 6, 0, 8};
   auto r2 = tree.Match("", q2);
@@ -50,7 +51,7 @@ TEST(RadixTreeTest, InsertThenMatchIsPageGranular) {
   EXPECT_EQ(r2.last->num_tokens(), 4);
   EXPECT_EQ(tree.num_nodes(), 2);
   EXPECT_EQ(r.last->parent(), r2.last);  // the old node kept its identity as the lower half
-  EXPECT_EQ(r.last->device_slots()[0], 20);
+  EXPECT_EQ(r.last->device_pages()[0], 20);
   // Fewer tokens than one page match nothing.
   EXPECT_EQ(tree.Match("", std::vector<Token>{1, 2, 3}).matched_tokens, 0);
   ASSERT_TRUE(tree.CheckInvariants().ok()) << tree.CheckInvariants().ToString();
@@ -59,22 +60,22 @@ TEST(RadixTreeTest, InsertThenMatchIsPageGranular) {
 TEST(RadixTreeTest, InsertReportsExistingRevivedAndNewParts) {
   RadixTree tree(2);
   std::vector<Token> a = {1, 2, 3, 4};
-  tree.Insert("", a, Slots(0, 4), nullptr);
+  tree.Insert("", a, Pages(0, 4, 2), nullptr);
   // Move the node to host only.
   auto r = tree.Match("", a);
-  tree.SetHostSlots(r.last, Slots(100, 4));
-  tree.TakeDeviceSlots(r.last);
+  tree.SetHostPages(r.last, Pages(100, 4, 2));
+  tree.TakeDevicePages(r.last);
   std::vector<Token> b = {1, 2, 3, 4, 5, 6};
   std::vector<RadixTree::InsertSegment> seg;
-  tree.Insert("", b, Slots(10, 6), &seg);
+  tree.Insert("", b, Pages(10, 6, 2), &seg);
   ASSERT_EQ(seg.size(), 2u);
   EXPECT_EQ(seg[0].kind, RadixTree::SegmentKind::kRevived);
-  EXPECT_EQ(seg[0].node->device_slots()[0], 10);
-  EXPECT_EQ(seg[0].node->host_slots()[0], 100);
+  EXPECT_EQ(seg[0].node->device_pages()[0], 10);
+  EXPECT_EQ(seg[0].node->host_pages()[0], 100);
   EXPECT_EQ(seg[1].kind, RadixTree::SegmentKind::kNew);
   EXPECT_EQ(seg[1].begin, 4);
   seg.clear();
-  tree.Insert("", b, Slots(30, 6), &seg);
+  tree.Insert("", b, Pages(30, 6, 2), &seg);
   ASSERT_EQ(seg.size(), 2u);
   EXPECT_EQ(seg[0].kind, RadixTree::SegmentKind::kOnDevice);
   EXPECT_EQ(seg[1].kind, RadixTree::SegmentKind::kOnDevice);
@@ -85,22 +86,22 @@ TEST(RadixTreeTest, InsertReportsExistingRevivedAndNewParts) {
 TEST(RadixTreeTest, NamespacesNeverShareAPrefix) {
   RadixTree tree(1);
   std::vector<Token> t = {7, 8, 9};
-  tree.Insert("tenant-a", t, Slots(0, 3), nullptr);
+  tree.Insert("tenant-a", t, Pages(0, 3), nullptr);
   EXPECT_EQ(tree.Match("tenant-b", t).matched_tokens, 0);
   EXPECT_EQ(tree.Match("", t).matched_tokens, 0);
   EXPECT_EQ(tree.Match("tenant-a", t).matched_tokens, 3);
-  tree.Insert("tenant-b", t, Slots(3, 3), nullptr);
-  EXPECT_EQ(tree.Match("tenant-b", t).last->device_slots()[0], 3);
-  EXPECT_EQ(tree.Match("tenant-a", t).last->device_slots()[0], 0);
+  tree.Insert("tenant-b", t, Pages(3, 3), nullptr);
+  EXPECT_EQ(tree.Match("tenant-b", t).last->device_pages()[0], 3);
+  EXPECT_EQ(tree.Match("tenant-a", t).last->device_pages()[0], 0);
   EXPECT_EQ(tree.Match("tenant-a", t).last->name_space(), "tenant-a");
   ASSERT_TRUE(tree.CheckInvariants().ok());
 }
 
 TEST(RadixTreeTest, ReferencedNodesAndAncestorsAreNotEvictable) {
   RadixTree tree(1);
-  tree.Insert("", std::vector<Token>{1, 2}, Slots(0, 2), nullptr);
-  tree.Insert("", std::vector<Token>{1, 2, 3, 4}, Slots(10, 4), nullptr);  // leaf {3,4}
-  tree.Insert("", std::vector<Token>{1, 2, 5}, Slots(20, 3), nullptr);     // leaf {5}
+  tree.Insert("", std::vector<Token>{1, 2}, Pages(0, 2), nullptr);
+  tree.Insert("", std::vector<Token>{1, 2, 3, 4}, Pages(10, 4), nullptr);  // leaf {3,4}
+  tree.Insert("", std::vector<Token>{1, 2, 5}, Pages(20, 3), nullptr);     // leaf {5}
   auto leaf = tree.Match("", std::vector<Token>{1, 2, 3, 4}).last;
   tree.IncRef(leaf);
   EXPECT_EQ(leaf->parent()->ref_count(), 1);
@@ -109,7 +110,7 @@ TEST(RadixTreeTest, ReferencedNodesAndAncestorsAreNotEvictable) {
   EXPECT_EQ(tree.DeviceVictim()->tokens()[0], 5);
   EXPECT_EQ(tree.device_evictable_nodes(), 1);
   auto v = tree.DeviceVictim();
-  tree.TakeDeviceSlots(v);
+  tree.TakeDevicePages(v);
   tree.Remove(v);
   EXPECT_EQ(tree.DeviceVictim(), nullptr);
   tree.DecRef(leaf);
@@ -122,9 +123,9 @@ TEST(RadixTreeTest, PoliciesOrderVictims) {
                     EvictionPolicyKind::kPriority}) {
     SCOPED_TRACE(EvictionPolicyName(kind));
     RadixTree tree(1, MakeEvictionPolicy(kind));
-    tree.Insert("", std::vector<Token>{1}, Slots(0, 1), nullptr);  // oldest
-    tree.Insert("", std::vector<Token>{2}, Slots(1, 1), nullptr);
-    tree.Insert("", std::vector<Token>{3}, Slots(2, 1), nullptr);  // newest
+    tree.Insert("", std::vector<Token>{1}, Pages(0, 1), nullptr);  // oldest
+    tree.Insert("", std::vector<Token>{2}, Pages(1, 1), nullptr);
+    tree.Insert("", std::vector<Token>{3}, Pages(2, 1), nullptr);  // newest
     auto n1 = tree.Match("", std::vector<Token>{1}).last;
     auto n2 = tree.Match("", std::vector<Token>{2}).last;
     auto n3 = tree.Match("", std::vector<Token>{3}).last;
@@ -146,14 +147,14 @@ TEST(RadixTreeTest, PoliciesOrderVictims) {
 
 TEST(RadixTreeTest, HostEvictionOnlyTakesHostOnlyLeaves) {
   RadixTree tree(1);
-  tree.Insert("", std::vector<Token>{1, 2}, Slots(0, 2), nullptr);
-  tree.Insert("", std::vector<Token>{1, 2, 3}, Slots(10, 3), nullptr);
+  tree.Insert("", std::vector<Token>{1, 2}, Pages(0, 2), nullptr);
+  tree.Insert("", std::vector<Token>{1, 2, 3}, Pages(10, 3), nullptr);
   auto top = tree.Match("", std::vector<Token>{1, 2}).last;
   auto leaf = tree.Match("", std::vector<Token>{1, 2, 3}).last;
-  tree.SetHostSlots(top, Slots(50, 2));
-  tree.SetHostSlots(leaf, Slots(52, 1));
+  tree.SetHostPages(top, Pages(50, 2));
+  tree.SetHostPages(leaf, Pages(52, 1));
   EXPECT_EQ(tree.HostVictim(), nullptr);  // both still on the device
-  tree.TakeDeviceSlots(leaf);
+  tree.TakeDevicePages(leaf);
   EXPECT_EQ(tree.HostVictim(), leaf);
   EXPECT_EQ(tree.DeviceVictim(), top);
   auto r = tree.Match("", std::vector<Token>{1, 2, 3});
@@ -164,7 +165,7 @@ TEST(RadixTreeTest, HostEvictionOnlyTakesHostOnlyLeaves) {
 
 TEST(RadixTreeTest, SplitCarriesPinsAndStats) {
   RadixTree tree(2);
-  tree.Insert("", std::vector<Token>{1, 2, 3, 4, 5, 6}, Slots(0, 6), nullptr);
+  tree.Insert("", std::vector<Token>{1, 2, 3, 4, 5, 6}, Pages(0, 6, 2), nullptr);
   auto whole = tree.Match("", std::vector<Token>{1, 2, 3, 4, 5, 6}).last;
   tree.IncRef(whole);
   tree.Touch(whole, 3);
@@ -231,7 +232,7 @@ TEST_P(TreeModelTest, RandomOperationsAgreeWithModel) {
         auto t = random_seq();
         t.resize(t.size() / P * P);
         if (t.empty()) continue;
-        tree.Insert(ns, t, Slots(next_slot, static_cast<int64_t>(t.size())), nullptr);
+        tree.Insert(ns, t, Pages(next_slot, static_cast<int64_t>(t.size()), P), nullptr);
         next_slot += static_cast<int64_t>(t.size());
         for (auto& k : page_keys(ns, t, static_cast<int64_t>(t.size()) / P)) model[k].device = true;
         seqs.push_back({ns, t});
@@ -275,7 +276,7 @@ TEST_P(TreeModelTest, RandomOperationsAgreeWithModel) {
         const bool keep = v->on_host();
         const int64_t first_page = (v->prefix_tokens() - v->num_tokens()) / P;
         auto keys = page_keys(vns, prefix, v->prefix_tokens() / P);
-        tree.TakeDeviceSlots(v);
+        tree.TakeDevicePages(v);
         if (!keep) tree.Remove(v);
         for (size_t p = static_cast<size_t>(first_page); p < keys.size(); ++p) {
           ASSERT_EQ(pinned_prefixes.count(keys[p]), 0u) << "evicted a pinned page";
@@ -292,7 +293,7 @@ TEST_P(TreeModelTest, RandomOperationsAgreeWithModel) {
         const std::string vns = v->name_space();
         const int64_t first_page = (v->prefix_tokens() - v->num_tokens()) / P;
         auto keys = page_keys(vns, prefix, v->prefix_tokens() / P);
-        tree.TakeHostSlots(v);
+        tree.TakeHostPages(v);
         tree.Remove(v);
         for (size_t p = static_cast<size_t>(first_page); p < keys.size(); ++p) {
           ASSERT_EQ(pinned_prefixes.count(keys[p]), 0u) << "evicted a pinned page";
@@ -308,7 +309,7 @@ TEST_P(TreeModelTest, RandomOperationsAgreeWithModel) {
         for (RadixNode* n : path) {
           if (!n->on_device()) break;
           if (!n->on_host()) {
-            tree.SetHostSlots(n, Slots(1'000'000 + next_slot, n->num_tokens()));
+            tree.SetHostPages(n, Pages(1000 * 1000 * P + next_slot, n->num_tokens(), P));
             next_slot += n->num_tokens();
           }
           pos += n->num_tokens();
