@@ -5,8 +5,9 @@
 // call text, file, line, the error's name and `cudaGetErrorString`:
 //   "cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, stream) failed at src/x.cc:42:
 //    cudaErrorInvalidValue (invalid argument)"
-// The sticky-error state of the runtime is not touched; callers that continue after a non-sticky
-// error and want a clean `cudaGetLastError` call it themselves.
+// On failure the runtime's last-error state is cleared (cudaGetLastError), so a non-sticky error
+// that is now a Status does not resurface from an unrelated later check; sticky errors (a faulted
+// context) persist in the runtime regardless.
 //
 // Only for code built with CUDA (it includes <cuda_runtime.h>). Thread safety: stateless.
 #pragma once

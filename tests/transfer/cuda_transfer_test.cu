@@ -106,12 +106,14 @@ class TestRegion {
   void Fill(std::byte v) {
     for (auto& m : mirror_) std::fill(m.begin(), m.end(), v);
   }
-  // Mirror -> GPU side.
+  // Mirror -> GPU side. cudaMemcpy from pageable memory may return before the bytes reach the
+  // device, and the copies under test run on non-blocking streams: synchronise the device.
   void Upload() {
     for (size_t i = 0; i < mirror_.size(); ++i) {
       ASSERT_EQ(cudaMemcpy(gpu_ptrs_[i], mirror_[i].data(), mirror_[i].size(), cudaMemcpyDefault),
                 cudaSuccess);
     }
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   }
   // OK when the GPU side equals the mirror byte for byte; else the first difference.
   ::testing::AssertionResult MatchesMirror() const {

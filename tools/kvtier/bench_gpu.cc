@@ -302,6 +302,9 @@ Status GpuBench::RunCase(const BenchCase& c, ShapeBuffers& buf, size_t* index, s
                                          cudaMemcpyHostToDevice));
   KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpy(d_dst, dst_idx.data(), dst_idx.size() * 8,
                                          cudaMemcpyHostToDevice));
+  // Legacy-stream copies from pageable memory and cudaMemset may still be in flight when they
+  // return; the timed copies run on a non-blocking stream. Here and below: synchronise first.
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
 
   // Expected result by the cpu backend, and the state the GPU destination starts from.
   const int64_t layer_bytes = dg.layer_bytes();
@@ -326,6 +329,7 @@ Status GpuBench::RunCase(const BenchCase& c, ShapeBuffers& buf, size_t* index, s
       KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpy(dev_base, buf.device_mirror.get(),
                                              static_cast<size_t>(buf.bytes),
                                              cudaMemcpyHostToDevice));
+      KVTIER_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
       buf.device_dirty = false;
     }
     ParallelFill(buf.expected.get(), buf.bytes, kPoisonByte);
@@ -360,7 +364,9 @@ Status GpuBench::RunCase(const BenchCase& c, ShapeBuffers& buf, size_t* index, s
     } else {
       // Poison the destination, time (warm-up + repeats), then compare the last result.
       if (load) {
-        KVTIER_CUDA_RETURN_IF_ERROR(cudaMemset(dev_base, kPoisonByte, static_cast<size_t>(buf.bytes)));
+        KVTIER_CUDA_RETURN_IF_ERROR(
+            cudaMemset(dev_base, kPoisonByte, static_cast<size_t>(buf.bytes)));
+        KVTIER_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
       } else {
         ParallelFill(host_base, buf.bytes, kPoisonByte);
       }
@@ -426,6 +432,7 @@ Status GpuBench::RunBoth(const BenchCase& c, ShapeBuffers& buf, TransferBackend 
   // Device pool = mirror; the second host pool poisoned.
   KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpy(dev_base, buf.device_mirror.get(),
                                          static_cast<size_t>(buf.bytes), cudaMemcpyHostToDevice));
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
   ParallelFill(out_base, buf.bytes, kPoisonByte);
   KVTIER_ASSIGN_OR_RETURN(CudaEventHandle start, CudaEventHandle::Create(options_.device, true));
   KVTIER_ASSIGN_OR_RETURN(CudaEventHandle end1, CudaEventHandle::Create(options_.device, true));

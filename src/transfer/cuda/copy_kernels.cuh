@@ -85,35 +85,58 @@ __device__ __forceinline__ void DecodeChunk(const CopyView& v, uint32_t c, uint3
   }
 }
 
+// Per-lane cache of the last resolved (buffer, slot pair, layer): the head chunks of one slot
+// differ only by a constant stride per side, so a lane that moves on to another head of the same
+// slot skips the index loads, the bounds check and the layout math.
+struct UnitCache {
+  uint32_t unit = 0xffffffffu;  // (b * count + k) * num_layers + l
+  const char* src = nullptr;    // head 0 of the unit; null when its slot pair is out of range
+  char* dst = nullptr;
+};
+
 // Source and destination address of chunk `c`, or null pointers when its slot pair is out of
 // range. `first_vec`: the lane is at vector 0 of the chunk (exactly one lane per chunk is), which
 // is where a bad pair is counted.
 __device__ __forceinline__ void ResolveChunk(const CopyView& v, uint32_t c, bool first_vec,
-                                             const char** src, char** dst) {
+                                             UnitCache* cache, const char** src, char** dst) {
   uint32_t b, k, l, h;
   DecodeChunk(v, c, &b, &k, &l, &h);
-  const int64_t s = LoadSlotIndex(v.src.slots, k, v.src.slots_int64);
-  const int64_t d = LoadSlotIndex(v.dst.slots, k, v.dst.slots_int64);
-  const bool s_bad = s < 0 || s >= v.src.geometry.num_slots;
-  const bool d_bad = d < 0 || d >= v.dst.geometry.num_slots;
-  if (s_bad || d_bad) {
+  const uint32_t unit = (b * v.count + k) * v.num_layers + l;
+  if (unit != cache->unit) {
+    cache->unit = unit;
+    const int64_t s = LoadSlotIndex(v.src.slots, k, v.src.slots_int64);
+    const int64_t d = LoadSlotIndex(v.dst.slots, k, v.dst.slots_int64);
+    const bool s_bad = s < 0 || s >= v.src.geometry.num_slots;
+    const bool d_bad = d < 0 || d >= v.dst.geometry.num_slots;
+    if (s_bad || d_bad) {
+      cache->src = nullptr;
+      cache->dst = nullptr;
+      if (v.report_errors && first_vec && b == 0 && l == 0 && h == 0) {
+        DeviceErrorRecord* e = v.error;
+        atomicAdd(&e->count, 1ull);
+        if (atomicCAS(&e->claimed, 0, 1) == 0) {
+          e->side = s_bad ? 0 : 1;
+          e->position = v.position_base + k;
+          e->value = s_bad ? s : d;
+          e->limit = s_bad ? v.src.geometry.num_slots : v.dst.geometry.num_slots;
+          __threadfence_system();
+        }
+      }
+    } else {
+      cache->src = ChunkAddress(v.src, b, l, s, 0);
+      cache->dst = ChunkAddress(v.dst, b, l, d, 0);
+    }
+  }
+  // A bad pair is counted exactly once: by the lane at vector 0 of its chunk (b=0, l=0, h=0).
+  // That lane cannot have the unit cached already, since in every order a lane meets a unit's
+  // head-0 chunk before its other heads and visits chunks in increasing order.
+  if (cache->src == nullptr) {
     *src = nullptr;
     *dst = nullptr;
-    if (v.report_errors && first_vec && b == 0 && l == 0 && h == 0) {
-      DeviceErrorRecord* e = v.error;
-      atomicAdd(&e->count, 1ull);
-      if (atomicCAS(&e->claimed, 0, 1) == 0) {
-        e->side = s_bad ? 0 : 1;
-        e->position = v.position_base + k;
-        e->value = s_bad ? s : d;
-        e->limit = s_bad ? v.src.geometry.num_slots : v.dst.geometry.num_slots;
-        __threadfence_system();
-      }
-    }
     return;
   }
-  *src = ChunkAddress(v.src, b, l, s, h);
-  *dst = ChunkAddress(v.dst, b, l, d, h);
+  *src = cache->src + h * v.src.head_stride;
+  *dst = cache->dst + h * v.dst.head_stride;
 }
 
 template <int W>
@@ -131,6 +154,7 @@ __global__ void __launch_bounds__(kCopyThreads, 1) CopyChunksKernel(const CopyVi
   uint32_t cached = 0xffffffffu;
   const char* chunk_src = nullptr;
   char* chunk_dst = nullptr;
+  UnitCache units;
   while (c < v.num_chunks) {
     const Vec* from[R];
     Vec* to[R];
@@ -142,7 +166,7 @@ __global__ void __launch_bounds__(kCopyThreads, 1) CopyChunksKernel(const CopyVi
       if (pc < v.num_chunks) {
         if (pc != cached) {
           cached = pc;
-          ResolveChunk(v, pc, pe == 0, &chunk_src, &chunk_dst);
+          ResolveChunk(v, pc, pe == 0, &units, &chunk_src, &chunk_dst);
         }
         if (chunk_src != nullptr) {
           from[r] = reinterpret_cast<const Vec*>(chunk_src + static_cast<uint64_t>(pe) * W);

@@ -13,6 +13,7 @@ int CopyThreadsPerBlock() { return kCopyThreads; }
 int CopyLoadsInFlight() { return kLoadsInFlight; }
 
 cudaError_t LaunchCopyKernel(const CopyView& view, int width, int blocks, cudaStream_t stream) {
+  (void)cudaGetLastError();  // report this launch's error, not an earlier one's
   switch (width) {
     case 16:
       CopyChunksKernel<16><<<blocks, kCopyThreads, 0, stream>>>(view);

@@ -74,6 +74,8 @@ struct RegionView {
   // (K layers 0..L-1, then V layers), each [N, S]. Null otherwise.
   std::byte* const* layer_table;
   int64_t first_layer;  // request layer 0 is this layer of the region
+  int64_t head_stride;  // bytes from head chunk h to h + 1 of one (layer, slot): S/H, or P*L*(S/H)
+                        // on a page_head side
   const void* slots;    // [count] slot indices in device memory, int32 or int64
   int32_t slots_int64;  // 1: int64, 0: int32
   int32_t pad_;

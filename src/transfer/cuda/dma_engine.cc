@@ -6,7 +6,9 @@
 //   2. pieces, walked in the order of the host-side layout (as the cpu backend does); a run of
 //      slots that is contiguous within a layer on both sides is one piece;
 //   3. pieces contiguous on both sides merge into runs; consecutive runs of equal width whose
-//      source and destination addresses both advance by a constant pitch become one strided
+//      source and destination addresses both advance by a constant pitch, within one allocation
+//      on each side (a buffer, or one layer of a per-layer table: a copy may not span
+//      allocations), become one strided
 //      cudaMemcpy2DAsync (e.g. a page across all layers for layer_first <-> page_first_direct,
 //      a page of page_first slots within one layer);
 //   4. the remaining single runs go out in one cudaMemcpyBatchAsync when the runtime and driver
@@ -67,8 +69,11 @@ class CopyPlanner {
     group_height_ = 0;
   }
 
-  void Add(const std::byte* src, std::byte* dst, int64_t n) {
-    if (run_len_ > 0 && src == run_src_ + run_len_ && dst == run_dst_ + run_len_) {
+  // `alloc`: which allocation of its side a piece lies in (pieces of different allocations
+  // never merge, even when adjacent in the address space).
+  void Add(const std::byte* src, std::byte* dst, int64_t n, int64_t alloc) {
+    if (run_len_ > 0 && alloc == run_alloc_ && src == run_src_ + run_len_ &&
+        dst == run_dst_ + run_len_) {
       run_len_ += n;
       return;
     }
@@ -76,6 +81,7 @@ class CopyPlanner {
     run_src_ = src;
     run_dst_ = dst;
     run_len_ = n;
+    run_alloc_ = alloc;
   }
 
   void Finish() {
@@ -93,7 +99,7 @@ class CopyPlanner {
     if (run_len_ == 0) return;
     const auto w = static_cast<size_t>(run_len_);
     run_len_ = 0;
-    if (group_height_ > 0 && w == group_.width) {
+    if (group_height_ > 0 && w == group_.width && run_alloc_ == group_alloc_) {
       if (group_height_ == 1) {
         if (run_src_ > group_.src && run_dst_ > group_.dst) {
           const auto sp = static_cast<size_t>(run_src_ - group_.src);
@@ -113,6 +119,7 @@ class CopyPlanner {
     }
     FlushGroup();
     group_ = Copy2D{run_src_, run_dst_, w, 0, 0, 0};
+    group_alloc_ = run_alloc_;
     group_height_ = 1;
   }
 
@@ -133,7 +140,9 @@ class CopyPlanner {
   const std::byte* run_src_ = nullptr;
   std::byte* run_dst_ = nullptr;
   int64_t run_len_ = 0;
+  int64_t run_alloc_ = 0;
   Copy2D group_{};
+  int64_t group_alloc_ = 0;
   size_t group_height_ = 0;
   std::vector<void*> dsts_;
   std::vector<const void*> srcs_;
@@ -154,6 +163,13 @@ struct Sides {
   std::byte* Dst(int b, int64_t layer, int64_t slot, int64_t h) const {
     return dst->LayerBase(b, layer) +
            (dst->has_layer_table() ? dg.OffsetInLayer(slot, h) : dg.HeadOffset(layer, slot, h));
+  }
+  // One key for the pair of allocations (source, destination) that (b, layers) lie in: a buffer
+  // is one allocation, a per-layer table has one per layer.
+  int64_t Alloc(int b, int64_t src_layer, int64_t dst_layer) const {
+    const int64_t s = src->has_layer_table() ? b * sg.num_layers + src_layer : b;
+    const int64_t d = dst->has_layer_table() ? b * dg.num_layers + dst_layer : b;
+    return s * (2 * dg.num_layers + 2) + d;
   }
 };
 
@@ -290,8 +306,8 @@ void DmaTransferEngine::Plan(const TransferRequest& r, const SlotIndices& si,
         const int64_t s = si.at(k), d = di.at(k);
         for (int64_t l = 0; l < layers; ++l) {
           for (int64_t h = 0; h < x.heads; ++h) {
-            planner_.Add(x.Src(b, r.src_layer + layer0 + l, s, h),
-                         x.Dst(b, r.dst_layer + layer0 + l, d, h), x.chunk);
+            const int64_t ls = r.src_layer + layer0 + l, ld = r.dst_layer + layer0 + l;
+            planner_.Add(x.Src(b, ls, s, h), x.Dst(b, ld, d, h), x.chunk, x.Alloc(b, ls, ld));
           }
         }
       }
@@ -302,8 +318,8 @@ void DmaTransferEngine::Plan(const TransferRequest& r, const SlotIndices& si,
           for (int64_t k = run_starts_[i]; k < run_starts_[i + 1]; ++k) {
             const int64_t s = si.at(k), d = di.at(k);
             for (int64_t l = 0; l < layers; ++l) {
-              planner_.Add(x.Src(b, r.src_layer + layer0 + l, s, h),
-                           x.Dst(b, r.dst_layer + layer0 + l, d, h), x.chunk);
+              const int64_t ls = r.src_layer + layer0 + l, ld = r.dst_layer + layer0 + l;
+              planner_.Add(x.Src(b, ls, s, h), x.Dst(b, ld, d, h), x.chunk, x.Alloc(b, ls, ld));
             }
           }
         }
@@ -315,14 +331,15 @@ void DmaTransferEngine::Plan(const TransferRequest& r, const SlotIndices& si,
         const int64_t s0 = si.at(k0), d0 = di.at(k0);
         for (int64_t l = 0; l < layers; ++l) {
           const int64_t ls = r.src_layer + layer0 + l, ld = r.dst_layer + layer0 + l;
+          const int64_t alloc = x.Alloc(b, ls, ld);
           if (run_pieces) {
-            planner_.Add(x.Src(b, ls, s0, 0), x.Dst(b, ld, d0, 0), (k1 - k0) * S);
+            planner_.Add(x.Src(b, ls, s0, 0), x.Dst(b, ld, d0, 0), (k1 - k0) * S, alloc);
             continue;
           }
           for (int64_t k = k0; k < k1; ++k) {
             const int64_t s = si.at(k), d = di.at(k);
             for (int64_t h = 0; h < x.heads; ++h) {
-              planner_.Add(x.Src(b, ls, s, h), x.Dst(b, ld, d, h), x.chunk);
+              planner_.Add(x.Src(b, ls, s, h), x.Dst(b, ld, d, h), x.chunk, alloc);
             }
           }
         }

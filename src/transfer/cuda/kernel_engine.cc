@@ -50,11 +50,20 @@ int64_t IndexBytes(const SlotIndices& idx) {
   return idx.count * (idx.type == IndexType::kInt64 ? 8 : 4);
 }
 
-ChunkOrder OrderFor(KvLayout src, KvLayout dst) {
-  const KvLayout lead = dst != KvLayout::kLayerFirst ? dst : src;
-  switch (lead) {
+// The chunk order that walks the host-side (non-layer_first) layout in address order. For
+// page_first_direct with pages smaller than kSmallPageBytes per layer, all layers of a slot lie
+// closer together than the slots of one layer's page run (at page 1 the layout is page_first):
+// measured on an H200, layer-major order there wrote at 81 % (MHA) / 56 % (MLA) of the ceiling.
+constexpr int64_t kSmallPageBytes = 4096;
+
+ChunkOrder OrderFor(const KvGeometry& src, const KvGeometry& dst) {
+  const KvGeometry& lead = dst.layout != KvLayout::kLayerFirst ? dst : src;
+  switch (lead.layout) {
     case KvLayout::kPageFirst: return ChunkOrder::kSlotLayerHead;
     case KvLayout::kPageHead: return ChunkOrder::kSlotHeadLayer;
+    case KvLayout::kPageFirstDirect:
+      return lead.page_size * lead.slot_bytes < kSmallPageBytes ? ChunkOrder::kSlotLayerHead
+                                                                : ChunkOrder::kLayerSlotHead;
     default: return ChunkOrder::kLayerSlotHead;
   }
 }
@@ -251,6 +260,9 @@ Status KernelTransferEngine::FillRegionView(const KvRegion& region, int64_t head
                                             bool* aligned16, bool* aligned8) const {
   view->geometry = region.geometry;
   view->geometry.head_num = heads;
+  view->head_stride = table != nullptr
+                          ? view->geometry.OffsetInLayer(0, 1) - view->geometry.OffsetInLayer(0, 0)
+                          : view->geometry.HeadOffset(0, 0, 1) - view->geometry.HeadOffset(0, 0, 0);
   auto check = [&](const void* p) {
     const auto a = reinterpret_cast<uintptr_t>(p);
     if (a % 16 != 0) *aligned16 = false;
@@ -319,7 +331,7 @@ Status KernelTransferEngine::DoTransfer(const TransferRequest& r,
   view.num_buffers = static_cast<uint32_t>(r.src->num_buffers());
   view.heads = static_cast<uint32_t>(heads);
   view.vecs_per_chunk = static_cast<uint32_t>(chunk_bytes / width);
-  view.order = OrderFor(sg.layout, dg.layout);
+  view.order = OrderFor(sg, dg);
   view.error = static_cast<DeviceErrorRecord*>(error_device_.data());
   view.div_heads = FastDivmod::Make(view.heads);
   view.div_vecs = FastDivmod::Make(view.vecs_per_chunk);
