@@ -1,22 +1,24 @@
 // The `auto` transfer backend: per request, the kernel or the dma engine, from a small table
-// measured on an H100 (PCIe Gen5 x16) with `kvtier bench --backend all` (BENCHMARKS.md, GPU
-// section). The reasoning behind the table:
+// measured with `kvtier bench --backend kernel|dma` (16,384 tokens, random pages; numbers in
+// BENCHMARKS.md, GPU section; H200, PCIe Gen5 x16, ceiling 55.5 GB/s each way):
 //
-//   - The copy engines need one operation per contiguous piece, and both their bandwidth and the
-//     host's submission time depend on the piece size: pieces of a page of one layer at page 64
-//     (128 KiB for Llama-3-8B) run at the ceiling with ~1 us of host time each, while 2-32 KiB
-//     pieces fall well short of it and cost far more host time than one kernel launch.
-//   - The kernel reaches the ceiling for every layout with <= max_sms SMs, but it does occupy them.
-//   So the dma engine is picked (keeping every SM for the forward pass) exactly where it is
-//   measured to be as fast as the kernel: pieces of at least kDmaMinPieceBytes that are
-//   contiguous within a layer on both sides (layer_first / page_first_direct pairs, one head
-//   chunk per slot), host indices (device indices would make dma synchronise to read them), and
-//   at most kDmaMaxOps operations per call. Everything else goes to the kernel.
+//   request                                         kernel (4 SMs)   dma              pick
+//   per-layer load, any layout, page 1..64          89-92 % (MHA)    <= 71 %          kernel
+//   all-layer backup, layer_first <-> layer_first   95 %             90 % (p64)       kernel
+//   all-layer backup, layer_first <-> page_first_   94-95 %          94-96 % (p64),   dma
+//     direct, page bytes per layer >= 64 KiB                         host 0.6-1.4 ms
+//   all-layer backup, page_first / page_head        91-95 %          <= 25 %          kernel
+//   any request with device indices                 -                must sync to     kernel
+//                                                                    read them
 //
-// Thread safety: as the engines it holds (both are thread-safe).
+// The dma engine is picked exactly where it is measured to be as fast as the kernel, since it
+// leaves every SM to the forward pass; its host submission (~1 us per page copy) is then the
+// price. Everything else goes to the kernel.
+//
+// Thread safety: as the engines it holds (both are thread-safe); last_stats() as documented in
+// gpu_engine.h.
 #include <fmt/format.h>
 
-#include <algorithm>
 #include <memory>
 
 #include "transfer/backends.h"
@@ -25,13 +27,9 @@
 namespace kvtier::transfer::cuda {
 namespace {
 
-// Measured thresholds (see the file comment and BENCHMARKS.md).
-constexpr int64_t kDmaMinPieceBytes = int64_t{128} << 10;
-constexpr int64_t kDmaMaxOps = 4096;
-
-bool RunContiguous(KvLayout l) {
-  return l == KvLayout::kLayerFirst || l == KvLayout::kPageFirstDirect;
-}
+// Measured threshold (see the table above): bytes of one page of one layer on the
+// page_first_direct side from which an all-layer copy goes to the copy engines.
+constexpr int64_t kDmaMinPageBytes = int64_t{64} << 10;
 
 }  // namespace
 
@@ -43,15 +41,13 @@ TransferBackend AutoChoice(const TransferRequest& r, const TransferOptions& opti
   if (r.src_slots.memory == MemoryKind::kDevice || r.dst_slots.memory == MemoryKind::kDevice) {
     return TransferBackend::kKernel;
   }
-  if (!RunContiguous(sg.layout) || !RunContiguous(dg.layout)) return TransferBackend::kKernel;
-  // Pages move as runs: a piece is one page of one layer (the smaller page size of the sides).
-  const int64_t page = std::min(sg.page_size, dg.page_size);
-  const int64_t piece = page * sg.slot_bytes;
-  if (piece < kDmaMinPieceBytes) return TransferBackend::kKernel;
-  // 2D copies gather a page across layers when the request spans several layers.
-  const int64_t pages = (r.num_slots() + page - 1) / page;
-  const int64_t ops = pages * r.src->num_buffers();
-  if (ops > kDmaMaxOps) return TransferBackend::kKernel;
+  if (r.num_layers == 1) return TransferBackend::kKernel;
+  const bool src_pfd = sg.layout == KvLayout::kPageFirstDirect;
+  const bool dst_pfd = dg.layout == KvLayout::kPageFirstDirect;
+  const KvLayout other = src_pfd ? dg.layout : sg.layout;
+  if (src_pfd == dst_pfd || other != KvLayout::kLayerFirst) return TransferBackend::kKernel;
+  const KvGeometry& pfd = src_pfd ? sg : dg;
+  if (pfd.page_size * pfd.slot_bytes < kDmaMinPageBytes) return TransferBackend::kKernel;
   return TransferBackend::kDma;
 }
 

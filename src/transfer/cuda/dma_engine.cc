@@ -13,7 +13,8 @@
 //      a page of page_first slots within one layer);
 //   4. the remaining single runs go out in one cudaMemcpyBatchAsync when the runtime and driver
 //      offer it (CUDA >= 12.8, detected at run time; the 12.8 and 13.x signatures are both
-//      handled at compile time), else one cudaMemcpyAsync each.
+//      handled at compile time), else one cudaMemcpyAsync each (also when the environment sets
+//      KVTIER_DMA_BATCH=0, for measurements).
 // All plan buffers are engine members reused across calls: no per-call allocation once they
 // have grown to the largest request.
 //
@@ -32,6 +33,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <vector>
@@ -221,6 +223,10 @@ class DmaTransferEngine final : public GpuTransferEngine {
     KVTIER_CUDA_RETURN_IF_ERROR(cudaRuntimeGetVersion(&runtime));
     KVTIER_CUDA_RETURN_IF_ERROR(cudaDriverGetVersion(&driver));
     batch_available_ = runtime >= 12080 && driver >= 12080;
+    // KVTIER_DMA_BATCH=0 forces one cudaMemcpyAsync per run (for measurements).
+    if (const char* env = std::getenv("KVTIER_DMA_BATCH"); env != nullptr && env[0] == '0') {
+      batch_available_ = false;
+    }
     KVTIER_ASSIGN_OR_RETURN(private_stream_, CudaStreamHandle::Create(config_.device, true));
     KVTIER_ASSIGN_OR_RETURN(fence_in_, CudaEventHandle::Create(config_.device, false));
     KVTIER_ASSIGN_OR_RETURN(fence_out_, CudaEventHandle::Create(config_.device, false));
