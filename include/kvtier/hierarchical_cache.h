@@ -200,8 +200,10 @@ class HierarchicalCache {
   // Host parts shorter than load_back_min_tokens are skipped. cpu: the bytes are in place on
   // return. GPU: enqueued on `stream`; consumers wait per layer with WaitLayer.
   Result<LoadBackResult> LoadBack(MatchHandle handle, CudaStream stream = nullptr);
-  // GPU: makes `consumer` wait until layer `layer` of the handle's last LoadBack is in place.
-  // cpu (or nothing loaded): OK at once.
+  // GPU: makes `consumer` wait (on the device) until layer `layer` of every slot the handle's
+  // match covers is in place: its own LoadBack and any other handle's LoadBack still filling
+  // slots of this prefix. Call it before reading layer `layer` of matched slots on a GPU.
+  // cpu (or nothing in flight): OK at once.
   Status WaitLayer(MatchHandle handle, int64_t layer, CudaStream consumer);
   // Unpins the handle's match. InvalidArgument for an unknown or already released handle.
   Status Release(MatchHandle handle);

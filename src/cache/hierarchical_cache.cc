@@ -765,9 +765,21 @@ Status HierarchicalCache::WaitLayer(MatchHandle handle, int64_t layer, CudaStrea
     return Status::InvalidArgument(fmt::format("layer = {} is out of range [0, {})", layer,
                                                s.device.geometry.num_layers));
   }
-  const auto& load = it->second.load;
-  if (!load || !load->layer_events) return Status::OK();
-  return load->layer_events->Wait(static_cast<int>(layer), consumer);
+  // The handle's own load-back, and any other handle's load-back still filling slots of this
+  // match (its nodes carry it as their pending copy until it has finished).
+  std::vector<const PendingCopy*> loads;
+  if (it->second.load && it->second.load->layer_events) loads.push_back(it->second.load.get());
+  for (RadixNode* n : s.Path(it->second.last)) {
+    const PendingCopy* op = n->pending().get();
+    if (op != nullptr && op->kind == PendingCopy::Kind::kLoad && op->layer_events &&
+        std::find(loads.begin(), loads.end(), op) == loads.end()) {
+      loads.push_back(op);
+    }
+  }
+  for (const PendingCopy* op : loads) {
+    KVTIER_RETURN_IF_ERROR(op->layer_events->Wait(static_cast<int>(layer), consumer));
+  }
+  return Status::OK();
 }
 
 Status HierarchicalCache::Release(MatchHandle handle) {
