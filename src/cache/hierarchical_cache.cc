@@ -838,7 +838,8 @@ Status HierarchicalCache::FreeDeviceSlots(std::span<const int64_t> slots) {
 
 Result<InsertResult> HierarchicalCache::Insert(std::span<const Token> tokens,
                                                std::span<const int64_t> device_slots,
-                                               std::string_view ns, int32_t priority) {
+                                               std::string_view ns, int32_t priority,
+                                               bool pin) {
   State& s = *state_;
   std::lock_guard<std::mutex> lk(s.mu);
   KVTIER_RETURN_IF_ERROR(s.CheckHealth());
@@ -904,6 +905,17 @@ Result<InsertResult> HierarchicalCache::Insert(std::span<const Token> tokens,
   out.duplicate_tokens = static_cast<int64_t>(duplicates.size()) * s.P;
   s.counters.inserted_tokens += out.new_tokens + out.revived_tokens;
   s.counters.duplicate_tokens += out.duplicate_tokens;
+  if (pin) {
+    RadixNode* last = segments.empty() ? nullptr : segments.back().node;
+    if (last == nullptr) {
+      // Nothing inserted (no tokens): an empty pin on the namespace root.
+      last = s.tree.Match(ns, std::span<const Token>()).last;
+    } else {
+      s.tree.IncRef(last);
+    }
+    out.handle.id = s.next_handle++;
+    s.handles.emplace(out.handle.id, State::Handle{last, nullptr});
+  }
   if (!segments.empty()) s.MaybeBackup(s.Path(segments.back().node));
   return out;
 }

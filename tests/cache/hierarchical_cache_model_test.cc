@@ -263,13 +263,19 @@ void RunModel(const Params& prm, uint64_t seed, int64_t steps, TransferBackend b
           std::vector<int64_t> slots;
           if (!dup) slots = prefix_slots;
           slots.insert(slots.end(), fresh->begin(), fresh->end());
-          auto ins = cache.Insert(std::span<const Token>(t).first(aligned), slots, ns);
+          const bool pin = rng() % 5 == 0;  // a request that keeps decoding on its KV
+          auto ins = cache.Insert(std::span<const Token>(t).first(aligned), slots, ns, 0, pin);
           ASSERT_TRUE(ins.ok()) << ins.status().ToString();
           EXPECT_EQ(ins->cached_tokens, have);
           EXPECT_EQ(ins->revived_tokens, std::min(host_part, aligned - have));
           EXPECT_EQ(ins->new_tokens, aligned - have - ins->revived_tokens);
           EXPECT_EQ(ins->duplicate_tokens, dup ? have : 0);
           model.Set(h, 0, aligned, 'D');
+          if (pin) {
+            model.Pin(h, aligned, +1);
+            live.push_back({ns, std::vector<Token>(t.begin(), t.begin() + aligned), ins->handle,
+                            aligned});
+          }
           history.push_back({ns, std::vector<Token>(t.begin(), t.begin() + aligned)});
           if (static_cast<int64_t>(t.size()) > aligned) {  // the partial page: computed, not cached
             auto tail = cache.AllocateDeviceSlots(static_cast<int64_t>(t.size()) - aligned);
@@ -281,7 +287,8 @@ void RunModel(const Params& prm, uint64_t seed, int64_t steps, TransferBackend b
           ASSERT_TRUE(fresh.status().IsOutOfMemory()) << fresh.status().ToString();
         }
       }
-      if (live.size() > 3 || rng() % 10 < 7) release(live.size() - 1);
+      while (live.size() > 3) release(rng() % live.size());
+      if (!live.empty() && rng() % 10 < 7) release(live.size() - 1);
     } else if (op < 52) {
       if (!live.empty()) release(rng() % live.size());
     } else if (op < 62) {

@@ -280,6 +280,27 @@ TEST(HierarchicalCacheTest, InsertTakesOwnershipAndFreesDuplicates) {
   ASSERT_TRUE(s.cache->CheckConsistency().ok());
 }
 
+TEST(HierarchicalCacheTest, PinnedInsertSurvivesPressureUntilReleased) {
+  HierarchicalCacheConfig cfg;
+  cfg.write_policy = WritePolicy::kWriteBack;
+  TestCache s = Make(cfg, 4, 4, 0 + 8);
+  const auto a = Seq(8, 1);
+  auto slots = s.cache->AllocateDeviceSlots(8);
+  ASSERT_TRUE(slots.ok());
+  ASSERT_TRUE(s.device->Fill(*slots, Hashes(a, "")).ok());
+  auto ins = s.cache->Insert(a, *slots, "", 0, /*pin=*/true);
+  ASSERT_TRUE(ins.ok());
+  ASSERT_NE(ins->handle.id, 0u);
+  EXPECT_EQ(*s.cache->EvictDevice(1000), 0);  // pinned: nothing may go
+  EXPECT_TRUE(s.cache->AllocateDeviceSlots(12).status().IsOutOfMemory());
+  ASSERT_TRUE(s.device->Verify(*slots, Hashes(a, "")).ok());
+  ASSERT_TRUE(s.cache->CheckConsistency().ok());
+  ASSERT_TRUE(s.cache->Release(ins->handle).ok());
+  EXPECT_TRUE(s.cache->Release(ins->handle).IsInvalidArgument());
+  EXPECT_EQ(*s.cache->EvictDevice(1000), 8);
+  ASSERT_TRUE(s.cache->CheckConsistency().ok());
+}
+
 TEST(HierarchicalCacheTest, NamespacesAreIsolated) {
   HierarchicalCacheConfig cfg;
   TestCache s = Make(cfg, 2, 16, 16);
