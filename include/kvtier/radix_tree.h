@@ -82,6 +82,7 @@ class RadixNode {
 
   uint64_t id_ = 0;
   RadixNode* parent_ = nullptr;
+  uint64_t child_key_ = 0;  // PageHash of the first page: the key in the parent's children_
   const std::string* namespace_ = nullptr;  // owned by the tree's root map
   std::vector<Token> tokens_;
   int64_t prefix_tokens_ = 0;

@@ -425,8 +425,8 @@ struct HierarchicalCache::State {
   // Frees at least `need_pages` device pages if it can; returns the pages freed.
   int64_t EvictDevice(int64_t need_pages) {
     int64_t freed = 0;
+    Reap();
     while (freed < need_pages) {
-      Reap();
       if (!health.ok()) break;
       RadixNode* v = tree.DeviceVictim();
       if (v == nullptr) {

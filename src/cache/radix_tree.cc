@@ -80,7 +80,7 @@ RadixNode* RadixTree::NewNode(RadixNode* parent) {
 
 RadixNode* RadixTree::Split(RadixNode* lower, int64_t k) {
   RadixNode* parent = lower->parent_;
-  const uint64_t key = PageHash(std::span<const Token>(lower->tokens_).first(page_size_));
+  const uint64_t key = lower->child_key_;
   // Detach `lower` from its parent.
   std::unique_ptr<RadixNode> owned;
   auto [first, last] = parent->children_.equal_range(key);
@@ -120,8 +120,9 @@ RadixNode* RadixTree::Split(RadixNode* lower, int64_t k) {
   // Re-link: parent -> upper -> lower. The parent's tier counts are unchanged (upper has the
   // residency lower had).
   lower->parent_ = upper;
-  upper->children_.emplace(PageHash(std::span<const Token>(lower->tokens_).first(page_size_)),
-                           std::move(owned));
+  upper->child_key_ = key;
+  lower->child_key_ = PageHash(std::span<const Token>(lower->tokens_).first(page_size_));
+  upper->children_.emplace(lower->child_key_, std::move(owned));
   parent->children_.emplace(key, std::unique_ptr<RadixNode>(upper));
   Refresh(lower);  // its key is unchanged, but its tier counts may differ from upper's
   Refresh(upper);
@@ -197,8 +198,8 @@ void RadixTree::Insert(std::string_view ns, std::span<const Token> tokens,
       leaf->prefix_tokens_ = node->prefix_tokens_ + (n - pos);
       leaf->hit_count_ = 1;
       leaf->created_ = leaf->last_access_ = ++clock_;
-      node->children_.emplace(PageHash(tokens.subspan(pos, page_size_)),
-                              std::unique_ptr<RadixNode>(leaf));
+      leaf->child_key_ = PageHash(tokens.subspan(pos, page_size_));
+      node->children_.emplace(leaf->child_key_, std::unique_ptr<RadixNode>(leaf));
       SetDevicePages(leaf, std::vector<int64_t>(device_pages.begin() + pos / page_size_,
                                                 device_pages.end()));
       if (segments) segments->push_back({leaf, pos, n, SegmentKind::kNew});
@@ -274,8 +275,7 @@ void RadixTree::Remove(RadixNode* node) {
   if (node->in_device_set_) device_set_.erase({node->device_key_, node->id_, node});
   if (node->in_host_set_) host_set_.erase({node->host_key_, node->id_, node});
   RadixNode* parent = node->parent_;
-  const uint64_t key = PageHash(std::span<const Token>(node->tokens_).first(page_size_));
-  auto [first, last] = parent->children_.equal_range(key);
+  auto [first, last] = parent->children_.equal_range(node->child_key_);
   for (auto it = first; it != last; ++it) {
     if (it->second.get() == node) {
       parent->children_.erase(it);  // deletes node
@@ -402,7 +402,8 @@ Status RadixTree::CheckNode(const RadixNode* n, int64_t* device_tokens, int64_t*
       return Status::Internal(fmt::format("node {}: {} tokens is not a positive multiple of page "
                                           "size {}", c->id_, c->num_tokens(), page_size_));
     }
-    if (key != PageHash(std::span<const Token>(c->tokens_).first(page_size_))) {
+    if (key != PageHash(std::span<const Token>(c->tokens_).first(page_size_)) ||
+        key != c->child_key_) {
       return Status::Internal(fmt::format("node {}: filed under the wrong first-page key", c->id_));
     }
     if (c->prefix_tokens_ != n->prefix_tokens_ + c->num_tokens()) {
