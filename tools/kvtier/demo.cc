@@ -20,10 +20,12 @@
 #include <cstring>
 #include <memory>
 #include <random>
+#include <span>
 #include <vector>
 
 #include "demo.h"
 #include "kvtier/device.h"
+#include "kvtier/hierarchical_cache.h"
 #include "kvtier/host_pool.h"
 #include "kvtier/slot_allocator.h"
 #include "kvtier/transfer.h"
@@ -94,6 +96,13 @@ class DevicePool {
     std::memcpy(bytes->data(), buffer(b), bytes_);
     return Status::OK();
   }
+  // Waits for every copy enqueued on the GPU (nothing to wait for in host memory).
+  Status Synchronize() {
+#if defined(KVTIER_WITH_CUDA)
+    if (on_gpu_) return Check(cudaDeviceSynchronize(), "synchronize");
+#endif
+    return Status::OK();
+  }
   Status Fill(int b, uint8_t value) {
 #if defined(KVTIER_WITH_CUDA)
     if (on_gpu_) return Check(cudaMemset(buffer(b), value, bytes_), "poison");
@@ -119,6 +128,51 @@ bool GpuPresent() { return CudaDeviceCount() > 0; }
 
 double GBps(int64_t bytes, double seconds) { return static_cast<double>(bytes) / seconds / 1e9; }
 double MiB(int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
+
+// The image of one buffer of the device pool: token position t's KV (the pattern) at slots[t],
+// the poison everywhere else.
+std::vector<uint8_t> PoolImage(const KvGeometry& geometry, int b,
+                               std::span<const int64_t> slots) {
+  std::vector<uint8_t> image(static_cast<size_t>(geometry.buffer_bytes()), kPoison);
+  for (int64_t l = 0; l < geometry.num_layers; ++l) {
+    for (size_t t = 0; t < slots.size(); ++t) {
+      uint8_t* slot = image.data() + geometry.SlotOffset(l, slots[t]);
+      for (int64_t j = 0; j < geometry.slot_bytes; ++j) {
+        slot[j] = PatternByte(b, l, static_cast<int64_t>(t), j);
+      }
+    }
+  }
+  return image;
+}
+
+// A prefill: the pattern of positions 0..slots.size()-1 at `slots`, poison elsewhere.
+Status WritePrefill(DevicePool& pool, const KvGeometry& geometry,
+                    std::span<const int64_t> slots) {
+  for (int b = 0; b < 2; ++b) KVTIER_RETURN_IF_ERROR(pool.Write(b, PoolImage(geometry, b, slots)));
+  return Status::OK();
+}
+
+// The whole pool must hold exactly what WritePrefill(slots) would have written.
+Status VerifyPool(DevicePool& pool, const KvGeometry& geometry, std::span<const int64_t> slots) {
+  int64_t bad = 0, first_bad = -1;
+  for (int b = 0; b < 2; ++b) {
+    const std::vector<uint8_t> expected = PoolImage(geometry, b, slots);
+    std::vector<uint8_t> actual;
+    KVTIER_RETURN_IF_ERROR(pool.Read(b, &actual));
+    for (size_t i = 0; i < expected.size(); ++i) {
+      if (actual[i] != expected[i]) {
+        if (first_bad < 0) first_bad = static_cast<int64_t>(b * expected.size() + i);
+        ++bad;
+      }
+    }
+  }
+  if (bad > 0) {
+    return Status::Corruption(fmt::format(
+        "{} bytes of the device pool differ from what they must hold (first at byte {} of K+V)",
+        bad, first_bad));
+  }
+  return Status::OK();
+}
 
 // Chooses the engine. "best": auto, then kernel, then dma on a GPU; cpu otherwise.
 Result<std::unique_ptr<TransferEngine>> ChooseEngine(const std::string& wanted, bool gpu,
@@ -149,6 +203,98 @@ Result<std::unique_ptr<TransferEngine>> ChooseEngine(const std::string& wanted, 
   return MakeTransferEngine(TransferBackend::kCpu);
 }
 
+// Part 2: the same path driven by the engine-facing HierarchicalCache, as an inference engine
+// would: request A is prefilled and inserted (write_through backs it up to host memory), device
+// pressure evicts it (it stays cached in host memory), request B shares A's first pages: Match
+// finds them in host memory, LoadBack brings them to fresh device slots, and the whole device
+// pool is checked against A's KV.
+Status CacheTour(const DemoOptions& options, TransferBackend backend, bool device_on_gpu) {
+  const int64_t a_len = (options.tokens + kPageSize - 1) / kPageSize * kPageSize;
+  const int64_t shared = std::max<int64_t>(kPageSize, a_len / 4 * 3 / kPageSize * kPageSize);
+  const int64_t b_len = shared + kPageSize;
+  KvGeometry geometry;
+  geometry.layout = KvLayout::kLayerFirst;
+  geometry.num_layers = kLayers;
+  geometry.num_slots = 2 * a_len;
+  geometry.slot_bytes = kSlotBytes;
+  geometry.page_size = kPageSize;
+  DevicePool pool;
+  KVTIER_RETURN_IF_ERROR(pool.Allocate(device_on_gpu, geometry));
+  KvRegion device;
+  device.geometry = geometry;
+  device.memory = device_on_gpu ? MemoryKind::kDevice : MemoryKind::kHost;
+  device.device = device_on_gpu ? 0 : -1;
+  device.k = pool.buffer(0);
+  device.v = pool.buffer(1);
+
+  HierarchicalCacheConfig config;
+  config.page_size = kPageSize;
+  config.host_ratio = 2.0;
+  config.host_layout = KvLayout::kPageFirst;
+  config.write_policy = WritePolicy::kWriteThrough;
+  config.transfer_backend = backend;
+  KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<HierarchicalCache> cache,
+                          HierarchicalCache::Create(config, device));
+  fmt::print("kvtier demo, part 2: HierarchicalCache ({} device slots, host pool {} ({}), "
+             "write_through, backend {})\n",
+             geometry.num_slots, LayoutName(config.host_layout),
+             fmt::format("{:.1f} MiB", MiB(cache->stats().host_total_bytes)),
+             TransferBackendName(cache->backend()));
+
+  // Request A: prefill, insert, backed up by write_through.
+  std::mt19937_64 rng(options.seed + 1);
+  std::vector<Token> a_tokens(static_cast<size_t>(a_len));
+  for (Token& t : a_tokens) t = static_cast<Token>(rng() % 128000);
+  KVTIER_ASSIGN_OR_RETURN(std::vector<int64_t> a_slots, cache->AllocateDeviceSlots(a_len));
+  KVTIER_RETURN_IF_ERROR(WritePrefill(pool, geometry, a_slots));
+  KVTIER_ASSIGN_OR_RETURN(InsertResult inserted, cache->Insert(a_tokens, a_slots));
+  KVTIER_RETURN_IF_ERROR(cache->WaitForBackups());
+  fmt::print("  6. request A: prefilled {} tokens; Insert cached {} new tokens; write_through "
+             "backed up {} tokens to host memory\n",
+             a_len, inserted.new_tokens, cache->stats().backup_tokens);
+
+  // Device pressure: everything leaves the device, stays in host memory.
+  KVTIER_ASSIGN_OR_RETURN(int64_t evicted, cache->EvictDevice(a_len));
+  for (int b = 0; b < 2; ++b) KVTIER_RETURN_IF_ERROR(pool.Fill(b, kPoison));
+  fmt::print("  7. device pressure: EvictDevice freed {} tokens of device slots (still cached in "
+             "host memory); device pool poisoned\n",
+             evicted);
+
+  // Request B: A's first `shared` tokens, then something new.
+  std::vector<Token> b_tokens(a_tokens.begin(), a_tokens.begin() + shared);
+  for (int64_t i = 0; i < kPageSize; ++i) b_tokens.push_back(static_cast<Token>(128000 + i));
+  KVTIER_ASSIGN_OR_RETURN(MatchResult match, cache->Match(b_tokens));
+  if (match.device_tokens != 0 || match.host_tokens != shared) {
+    return Status::Internal(fmt::format(
+        "Match of request B found {} device and {} host tokens; expected 0 and {}",
+        match.device_tokens, match.host_tokens, shared));
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  KVTIER_ASSIGN_OR_RETURN(LoadBackResult loaded, cache->LoadBack(match.handle, /*stream=*/nullptr));
+  // An engine makes its compute stream wait per layer; here the legacy stream waits for each.
+  for (int64_t l = 0; l < kLayers; ++l) {
+    KVTIER_RETURN_IF_ERROR(cache->WaitLayer(match.handle, l, /*consumer=*/nullptr));
+  }
+  KVTIER_RETURN_IF_ERROR(pool.Synchronize());
+  const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const int64_t load_bytes = 2 * loaded.loaded_tokens * kLayers * kSlotBytes;
+  fmt::print("  8. request B ({} tokens) shares A's first {}: Match found {} tokens in host "
+             "memory; LoadBack copied them to the device in {:.2f} ms ({:.2f} GB/s)\n",
+             b_len, shared, match.host_tokens, load_s * 1e3, GBps(load_bytes, load_s));
+
+  KVTIER_RETURN_IF_ERROR(VerifyPool(pool, geometry, loaded.device_slots));
+  fmt::print("  9. verified the whole device pool: B's prefix is byte-for-byte A's KV, every "
+             "other slot is still poisoned\n");
+  KVTIER_RETURN_IF_ERROR(cache->Release(match.handle));
+  KVTIER_RETURN_IF_ERROR(cache->CheckConsistency());
+  const CacheStats stats = cache->stats();
+  fmt::print("  stats: {} match calls, {} host-hit tokens, {} loaded back, {} backed up, {} "
+             "evicted from the device\n",
+             stats.match_calls, stats.host_hit_tokens, stats.load_back_tokens,
+             stats.backup_tokens, stats.device_evicted_tokens);
+  return Status::OK();
+}
+
 Status Demo(const DemoOptions& options) {
   const int64_t tokens = (options.tokens + kPageSize - 1) / kPageSize * kPageSize;
   const int64_t pool_slots = 2 * tokens;
@@ -158,7 +304,8 @@ Status Demo(const DemoOptions& options) {
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<TransferEngine> engine,
                           ChooseEngine(options.backend, gpu, &why));
   const bool device_on_gpu = engine->backend() != TransferBackend::kCpu;
-  fmt::print("kvtier demo: backend {} ({})\n", TransferBackendName(engine->backend()), why);
+  fmt::print("kvtier demo, part 1: TransferEngine, backend {} ({})\n",
+             TransferBackendName(engine->backend()), why);
   fmt::print("  model: {} layers, K and V of {} B per token per layer, pages of {} tokens\n",
              kLayers, kSlotBytes, kPageSize);
 
@@ -202,17 +349,7 @@ Status Demo(const DemoOptions& options) {
   std::mt19937_64 rng(options.seed);
   std::shuffle(prefill_pages.begin(), prefill_pages.end(), rng);
   const std::vector<int64_t> prefill_slots = PageSlots(prefill_pages, kPageSize);
-  const size_t buffer_bytes = static_cast<size_t>(device_geometry.buffer_bytes());
-  for (int b = 0; b < 2; ++b) {
-    std::vector<uint8_t> image(buffer_bytes, kPoison);
-    for (int64_t l = 0; l < kLayers; ++l) {
-      for (int64_t t = 0; t < tokens; ++t) {
-        uint8_t* slot = image.data() + device_geometry.SlotOffset(l, prefill_slots[t]);
-        for (int64_t j = 0; j < kSlotBytes; ++j) slot[j] = PatternByte(b, l, t, j);
-      }
-    }
-    KVTIER_RETURN_IF_ERROR(device_memory.Write(b, image));
-  }
+  KVTIER_RETURN_IF_ERROR(WritePrefill(device_memory, device_geometry, prefill_slots));
   fmt::print("  1. prefill: wrote a known KV pattern for {} tokens ({} pages) into the device "
              "pool\n",
              tokens, pages);
@@ -261,35 +398,12 @@ Status Demo(const DemoOptions& options) {
              kLayers, MiB(backup_bytes), load_s * 1e3, GBps(backup_bytes, load_s));
 
   // 5. Verify the whole device pool.
-  int64_t bad = 0;
-  int64_t first_bad = -1;
-  for (int b = 0; b < 2; ++b) {
-    std::vector<uint8_t> expected(buffer_bytes, kPoison);
-    for (int64_t l = 0; l < kLayers; ++l) {
-      for (int64_t t = 0; t < tokens; ++t) {
-        uint8_t* slot = expected.data() + device_geometry.SlotOffset(l, load_slots[t]);
-        for (int64_t j = 0; j < kSlotBytes; ++j) slot[j] = PatternByte(b, l, t, j);
-      }
-    }
-    std::vector<uint8_t> actual;
-    KVTIER_RETURN_IF_ERROR(device_memory.Read(b, &actual));
-    for (size_t i = 0; i < buffer_bytes; ++i) {
-      if (actual[i] != expected[i]) {
-        if (first_bad < 0) first_bad = static_cast<int64_t>(i);
-        ++bad;
-      }
-    }
-  }
-  if (bad > 0) {
-    return Status::Corruption(fmt::format(
-        "{} bytes of the device pool differ from what they must hold (first at byte {})", bad,
-        first_bad));
-  }
+  KVTIER_RETURN_IF_ERROR(VerifyPool(device_memory, device_geometry, load_slots));
   fmt::print("  5. verified all {:.1f} MiB of the device pool byte-for-byte: every loaded token "
              "matches the prefill, every other slot is still poisoned\n",
              MiB(2 * device_geometry.buffer_bytes()));
   KVTIER_RETURN_IF_ERROR(host->FreePages(host_page_starts));
-  return Status::OK();
+  return CacheTour(options, engine->backend(), device_on_gpu);
 }
 
 }  // namespace
