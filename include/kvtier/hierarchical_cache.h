@@ -136,8 +136,19 @@ struct LoadBackResult {
   std::vector<int64_t> device_slots;  // the whole matched prefix now on the device
 };
 
+struct InsertOptions {
+  // Feeds the priority eviction policy (a node keeps the highest priority it was given).
+  int32_t priority = 0;
+  // The result carries a live handle pinning the inserted tokens (for a request that keeps
+  // decoding on them, as SGLang's cache_unfinished_req does); Release it like a Match handle.
+  bool pin = false;
+  // GPU: the stream on which the engine wrote the KV of these slots (nullptr: the legacy default
+  // stream). Backups of the slots are ordered after the work queued on it so far.
+  CudaStream stream = nullptr;
+};
+
 struct InsertResult {
-  MatchHandle handle;            // with pin = true: a live handle pinning all inserted tokens
+  MatchHandle handle;            // with options.pin: a live handle pinning the inserted tokens
   int64_t cached_tokens = 0;     // already on the device (their slots stay the cache's)
   int64_t revived_tokens = 0;    // were cached in host memory only; now also on the device
   int64_t new_tokens = 0;        // not cached before
@@ -220,11 +231,8 @@ class HierarchicalCache {
   // Caches `tokens` whose KV the engine has written into `device_slots` (one per token).
   // REQUIRES: equal lengths, a multiple of page_size; whole pages held by the engine, or the
   // tree's own pages at the same positions. The cache owns all the given slots afterwards.
-  // `priority` feeds the priority eviction policy (a node keeps the highest it was given).
-  // `pin`: the result carries a live handle pinning the inserted tokens (for a request that keeps
-  // decoding on them, as SGLang's cache_unfinished_req does); Release it like a Match handle.
   Result<InsertResult> Insert(std::span<const Token> tokens, std::span<const int64_t> device_slots,
-                              std::string_view ns = "", int32_t priority = 0, bool pin = false);
+                              std::string_view ns = "", const InsertOptions& options = {});
 
   // Evicts at least `num_tokens` (rounded up to pages) from a tier if it can; returns the
   // tokens evicted (device: freed device tokens).

@@ -157,6 +157,7 @@ struct HierarchicalCache::State {
   std::unique_ptr<SlotAllocator> device_alloc;
   bool gpu = false;
   CudaStreamHandle backup_stream;  // GPU only
+  CudaEventHandle kv_written;      // GPU only: recorded on the engine's stream at each Insert
 
   mutable std::mutex mu;
   RadixTree tree;
@@ -596,6 +597,7 @@ Result<std::unique_ptr<HierarchicalCache>> HierarchicalCache::Create(
   state->page_owner.assign(static_cast<size_t>(g.num_pages()), kFree);
   if (gpu) {
     KVTIER_ASSIGN_OR_RETURN(state->backup_stream, CudaStreamHandle::Create(device_region.device));
+    KVTIER_ASSIGN_OR_RETURN(state->kv_written, CudaEventHandle::Create(device_region.device));
   } else {
     State* s = state.get();
     for (int i = 0; i < config.backup_threads; ++i) {
@@ -838,8 +840,8 @@ Status HierarchicalCache::FreeDeviceSlots(std::span<const int64_t> slots) {
 
 Result<InsertResult> HierarchicalCache::Insert(std::span<const Token> tokens,
                                                std::span<const int64_t> device_slots,
-                                               std::string_view ns, int32_t priority,
-                                               bool pin) {
+                                               std::string_view ns,
+                                               const InsertOptions& options) {
   State& s = *state_;
   std::lock_guard<std::mutex> lk(s.mu);
   KVTIER_RETURN_IF_ERROR(s.CheckHealth());
@@ -895,7 +897,7 @@ Result<InsertResult> HierarchicalCache::Insert(std::span<const Token> tokens,
         s.tree.Touch(seg.node, seg.kind == RadixTree::SegmentKind::kNew ? 0 : 1);
         break;
     }
-    s.tree.RaisePriority(seg.node, priority);
+    s.tree.RaisePriority(seg.node, options.priority);
   }
   s.engine_pages -= static_cast<int64_t>(std::count(own.begin(), own.end(), false));
   if (!duplicates.empty()) {
@@ -905,7 +907,14 @@ Result<InsertResult> HierarchicalCache::Insert(std::span<const Token> tokens,
   out.duplicate_tokens = static_cast<int64_t>(duplicates.size()) * s.P;
   s.counters.inserted_tokens += out.new_tokens + out.revived_tokens;
   s.counters.duplicate_tokens += out.duplicate_tokens;
-  if (pin) {
+  if (s.gpu) {
+    // Backups run on the backup stream: order them after the engine's writes of this KV (and,
+    // since every later backup is enqueued behind this wait, after all earlier inserts' too).
+    Status st = s.kv_written.Record(options.stream);
+    if (st.ok()) st = s.kv_written.WaitOn(s.backup_stream.get());
+    if (!st.ok()) s.health = st.WithContext("ordering backups after the engine's stream");
+  }
+  if (options.pin) {
     RadixNode* last = segments.empty() ? nullptr : segments.back().node;
     if (last == nullptr) {
       // Nothing inserted (no tokens): an empty pin on the namespace root.

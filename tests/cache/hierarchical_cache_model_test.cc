@@ -264,7 +264,8 @@ void RunModel(const Params& prm, uint64_t seed, int64_t steps, TransferBackend b
           if (!dup) slots = prefix_slots;
           slots.insert(slots.end(), fresh->begin(), fresh->end());
           const bool pin = rng() % 5 == 0;  // a request that keeps decoding on its KV
-          auto ins = cache.Insert(std::span<const Token>(t).first(aligned), slots, ns, 0, pin);
+          auto ins = cache.Insert(std::span<const Token>(t).first(aligned), slots, ns,
+                                  InsertOptions{.pin = pin});
           ASSERT_TRUE(ins.ok()) << ins.status().ToString();
           EXPECT_EQ(ins->cached_tokens, have);
           EXPECT_EQ(ins->revived_tokens, std::min(host_part, aligned - have));

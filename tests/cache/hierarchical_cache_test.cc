@@ -6,11 +6,18 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <chrono>
 #include <random>
 #include <thread>
 
 #include "cache/cache_test_util.h"
+#include "kvtier/device.h"
+
+#if defined(KVTIER_WITH_CUDA)
+#include <cuda_runtime.h>
+#endif
 
 namespace kvtier {
 namespace {
@@ -288,7 +295,7 @@ TEST(HierarchicalCacheTest, PinnedInsertSurvivesPressureUntilReleased) {
   auto slots = s.cache->AllocateDeviceSlots(8);
   ASSERT_TRUE(slots.ok());
   ASSERT_TRUE(s.device->Fill(*slots, Hashes(a, "")).ok());
-  auto ins = s.cache->Insert(a, *slots, "", 0, /*pin=*/true);
+  auto ins = s.cache->Insert(a, *slots, "", {.pin = true});
   ASSERT_TRUE(ins.ok());
   ASSERT_NE(ins->handle.id, 0u);
   EXPECT_EQ(*s.cache->EvictDevice(1000), 0);  // pinned: nothing may go
@@ -337,7 +344,7 @@ TEST(HierarchicalCacheTest, EvictionFollowsThePolicy) {
     Prefill(s, b);
     auto slots = s.cache->AllocateDeviceSlots(2);
     ASSERT_TRUE(s.device->Fill(*slots, Hashes(c, "")).ok());
-    ASSERT_TRUE(s.cache->Insert(c, *slots, "", /*priority=*/5).ok());
+    ASSERT_TRUE(s.cache->Insert(c, *slots, "", {.priority = 5}).ok());
     (void)ia;
     for (int i = 0; i < 3; ++i) {  // a: most recent, most hit
       auto m = s.cache->Match(a);
@@ -472,6 +479,85 @@ TEST(HierarchicalCacheRaceTest, WriteBackCopiesBeforeFreeing) {
   ASSERT_TRUE(s.cache->Release(m->handle).ok());
   ASSERT_TRUE(s.cache->FreeDeviceSlots(*got).ok());
 }
+
+#if defined(KVTIER_WITH_CUDA)
+// GPU: the device slots a LoadBack writes must not be evicted (and reused) before its copy has
+// finished, even once the handle is released. The copy is held back by a host function that
+// blocks its stream until the test opens it.
+TEST(HierarchicalCacheRaceTest, LoadBackDestinationNotEvictedWhileInFlight) {
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "needs a GPU";
+  TransferBackend backend = testing::BackendFromEnv();
+  if (backend == TransferBackend::kCpu) backend = TransferBackend::kKernel;
+  constexpr int64_t P = 4;
+  KvGeometry g{KvLayout::kLayerFirst, kLayers, 4 * P, kSlotBytes, P, 1};
+  auto dev = DeviceTier::Create(backend, g, false);
+  ASSERT_TRUE(dev.ok()) << dev.status().ToString();
+  HierarchicalCacheConfig cfg;
+  cfg.write_policy = WritePolicy::kWriteThrough;
+  cfg.transfer_backend = backend;
+  cfg.host_capacity_bytes = 16 * P * kLayers * kSlotBytes * 2;
+  auto cache_r = HierarchicalCache::Create(cfg, (*dev)->region());
+  ASSERT_TRUE(cache_r.ok()) << cache_r.status().ToString();
+  HierarchicalCache& cache = **cache_r;
+  TestCache s;
+  s.device = std::move(*dev);
+  s.cache = std::move(*cache_r);
+  const auto a = Seq(16, 3);  // the whole device pool
+  Prefill(s, a);
+  ASSERT_TRUE(cache.WaitForBackups().ok());
+  ASSERT_EQ(*cache.EvictDevice(1000), 16);
+
+  auto stream = CudaStreamHandle::Create(0);
+  ASSERT_TRUE(stream.ok());
+  struct Gate {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool open = false;
+  } gate;
+  ASSERT_EQ(cudaLaunchHostFunc(
+                stream->get(),
+                [](void* p) {
+                  auto* g = static_cast<Gate*>(p);
+                  std::unique_lock<std::mutex> lk(g->mu);
+                  g->cv.wait(lk, [&] { return g->open; });
+                },
+                &gate),
+            cudaSuccess);
+  auto m = cache.Match(a);
+  ASSERT_EQ(m->host_tokens, 16);
+  auto lb = cache.LoadBack(m->handle, stream->get());  // enqueued behind the closed gate
+  ASSERT_TRUE(lb.ok()) << lb.status().ToString();
+  ASSERT_EQ(lb->loaded_tokens, 16);
+  ASSERT_TRUE(cache.Release(m->handle).ok());
+  std::atomic<bool> returned{false};
+  Result<std::vector<int64_t>> got = Status::Internal("not run");
+  std::thread engine_thread([&] {
+    got = cache.AllocateDeviceSlots(16);  // needs the slots the load is about to fill
+    returned = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  EXPECT_FALSE(returned.load()) << "slots of an unfinished load-back were handed out";
+  {
+    std::lock_guard<std::mutex> lk(gate.mu);
+    gate.open = true;
+  }
+  gate.cv.notify_all();
+  engine_thread.join();
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ASSERT_TRUE(stream->Synchronize().ok());
+  ASSERT_TRUE(cache.FreeDeviceSlots(*got).ok());
+  auto m2 = cache.Match(a);  // evicted again, still in host memory, intact
+  EXPECT_EQ(m2->host_tokens, 16);
+  ASSERT_TRUE(VerifyKvPattern(cache.host_region(), m2->host_slots, Hashes(a, "")).ok());
+  auto lb2 = cache.LoadBack(m2->handle, stream->get());
+  ASSERT_TRUE(lb2.ok());
+  for (int64_t l = 0; l < kLayers; ++l) ASSERT_TRUE(cache.WaitLayer(m2->handle, l, nullptr).ok());
+  ASSERT_TRUE(stream->Synchronize().ok());
+  ASSERT_TRUE(s.device->Verify(lb2->device_slots, Hashes(a, "")).ok());
+  ASSERT_TRUE(cache.Release(m2->handle).ok());
+  ASSERT_TRUE(cache.CheckConsistency().ok());
+}
+#endif  // KVTIER_WITH_CUDA
 
 // ---- bad input ---------------------------------------------------------------------------
 
