@@ -6,7 +6,7 @@
 #                             1. the normal build (CUDA code compiled when nvcc is at
 #                                /usr/local/cuda; GPU tests skip themselves without a GPU): ctest
 #                             2. an address+undefined sanitizer build (CPU only): ctest
-#                             3. a thread sanitizer build (CPU only): the concurrency tests
+#                             3. a thread sanitizer build (CPU only): tests named *Concurren*|*Thread*|*Race*
 #                             4. the Python tests (pytest) against the normal build
 #
 # Run it as root (or as a user with sudo) from anywhere; it works in the repository it lives in.
@@ -96,7 +96,7 @@ run_ctest build-release -E '^python_tests$'
 
 # 2. Address + undefined-behaviour sanitizers, CPU only: every test.
 step "2/4 address+undefined sanitizer build (build-asan)"
-configure build-asan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" \
+configure build-asan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1" \
   -DKVTIER_SANITIZE=address,undefined -DKVTIER_CUDA=OFF \
   -DKVTIER_BUILD_TESTS=ON -DKVTIER_BUILD_BENCH=OFF -DKVTIER_BUILD_PYTHON=OFF
 cmake --build build-asan -j "$jobs"
@@ -107,7 +107,7 @@ UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 
 # 3. Thread sanitizer, CPU only: the tests whose names say they exercise concurrency. Only the
 #    test executables that define such tests are built.
-concurrency_regex='Concurren|Thread'
+concurrency_regex='Concurren|Thread|Race'
 step "3/4 thread sanitizer build (build-tsan): tests matching '$concurrency_regex'"
 mapfile -t tsan_files < <(grep -rlE "TEST(_F|_P)?\([^)]*(${concurrency_regex})" tests \
   --include='*_test.cc' | sort)
@@ -117,7 +117,7 @@ else
   tsan_targets=()
   for f in "${tsan_files[@]}"; do tsan_targets+=("$(basename "$f" .cc)"); done
   echo "test executables with concurrency tests: ${tsan_targets[*]}"
-  configure build-tsan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" \
+  configure build-tsan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1" \
     -DKVTIER_SANITIZE=thread -DKVTIER_CUDA=OFF \
     -DKVTIER_BUILD_TESTS=ON -DKVTIER_BUILD_BENCH=OFF -DKVTIER_BUILD_PYTHON=OFF \
     -DKVTIER_BUILD_TOOLS=OFF
