@@ -26,8 +26,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <bit>
-#include <iterator>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -63,32 +61,6 @@ struct PendingCopy {
 namespace {
 
 enum PageOwner : uint8_t { kFree = 0, kEngine = 1, kTree = 2 };
-
-// Random-access iterator over the slots of a list of page starts: slot i is
-// pages[i >> log2_page] + (i & (page_size - 1)).
-struct SlotIterator {
-  using iterator_category = std::random_access_iterator_tag;
-  using value_type = int64_t;
-  using difference_type = std::ptrdiff_t;
-  using pointer = const int64_t*;
-  using reference = int64_t;
-  const int64_t* pages;
-  int64_t i;
-  int log2_page;
-  int64_t operator*() const {
-    return pages[i >> log2_page] + (i & ((int64_t{1} << log2_page) - 1));
-  }
-  SlotIterator& operator++() { ++i; return *this; }
-  SlotIterator operator++(int) { SlotIterator t = *this; ++i; return t; }
-  SlotIterator& operator--() { --i; return *this; }
-  SlotIterator& operator+=(difference_type n) { i += n; return *this; }
-  SlotIterator operator+(difference_type n) const { return {pages, i + n, log2_page}; }
-  difference_type operator-(const SlotIterator& o) const { return i - o.i; }
-  int64_t operator[](difference_type n) const { return *(*this + n); }
-  bool operator==(const SlotIterator& o) const { return i == o.i; }
-  bool operator!=(const SlotIterator& o) const { return i != o.i; }
-  bool operator<(const SlotIterator& o) const { return i < o.i; }
-};
 
 bool IsPowerOfTwo(int64_t x) { return x > 0 && (x & (x - 1)) == 0; }
 
@@ -166,7 +138,6 @@ struct HierarchicalCache::State {
   State(const HierarchicalCacheConfig& cfg, int64_t page_size)
       : config(cfg),
         P(page_size),
-        log2_page(std::countr_zero(static_cast<uint64_t>(page_size))),
         tree(page_size,
              cfg.device_eviction_policy ? cfg.device_eviction_policy
                                         : MakeEvictionPolicy(cfg.device_eviction),
@@ -180,7 +151,6 @@ struct HierarchicalCache::State {
 
   const HierarchicalCacheConfig config;
   const int64_t P;
-  const int log2_page;  // P is a power of two
   KvRegion device;
   std::unique_ptr<HostKvPool> host;
   std::unique_ptr<TransferEngine> engine;
@@ -222,12 +192,19 @@ struct HierarchicalCache::State {
     return path;
   }
 
-  // Appends the slots of `pages` (page starts) to `out`, constructing them in place (no
-  // zero-fill first: a Match of 8,192 tokens returns 64 KiB of slots).
+  // Appends the slots of `pages` (page starts) to `out`.
   void AppendSlots(std::span<const int64_t> pages, std::vector<int64_t>* out) const {
-    out->insert(out->end(), SlotIterator{pages.data(), 0, log2_page},
-                SlotIterator{pages.data(), static_cast<int64_t>(pages.size()) << log2_page,
-                             log2_page});
+    const size_t at = out->size();
+    const int64_t page_size = P;  // a local, so the stores below cannot alias it
+    const size_t n = pages.size();
+    out->resize(at + n * static_cast<size_t>(page_size));
+    const int64_t* __restrict in = pages.data();
+    int64_t* __restrict o = out->data() + at;
+    for (size_t k = 0; k < n; ++k) {
+      const int64_t page = in[k];
+      for (int64_t j = 0; j < page_size; ++j) o[j] = page + j;  // vectorised
+      o += page_size;
+    }
   }
 
   std::vector<int64_t> DeviceSlotsOf(const std::vector<RadixNode*>& path) const {

@@ -63,10 +63,17 @@ RadixNode* RadixTree::FindChild(const RadixNode* node, std::span<const Token> pa
 }
 
 int64_t RadixTree::CommonPages(const RadixNode* node, std::span<const Token> tokens) const {
-  const size_t n = std::min(node->tokens_.size(), tokens.size());
-  const auto mm = std::mismatch(node->tokens_.begin(), node->tokens_.begin() + n, tokens.begin());
-  const int64_t common = mm.first - node->tokens_.begin();
-  return common / page_size_ * page_size_;
+  const int64_t n = static_cast<int64_t>(std::min(node->tokens_.size(), tokens.size())) /
+                    page_size_ * page_size_;
+  const Token* a = node->tokens_.data();
+  const Token* b = tokens.data();
+  // memcmp is vectorised; the common case (the whole overlap matches) is one call.
+  if (std::memcmp(a, b, static_cast<size_t>(n) * sizeof(Token)) == 0) return n;
+  int64_t k = 0;
+  while (k < n && std::memcmp(a + k, b + k, static_cast<size_t>(page_size_) * sizeof(Token)) == 0) {
+    k += page_size_;
+  }
+  return k;
 }
 
 RadixNode* RadixTree::NewNode(RadixNode* parent) {
