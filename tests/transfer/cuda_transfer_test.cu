@@ -18,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -48,16 +49,20 @@ constexpr TransferBackend kGpuBackends[] = {TransferBackend::kKernel, TransferBa
 
 #define ASSERT_CUDA(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
 
-// One engine per backend for the whole binary (creation allocates; tests share them, as an
-// engine is meant to be shared).
-TransferEngine* Engine(TransferBackend backend) {
-  static std::map<TransferBackend, std::unique_ptr<TransferEngine>> engines;
-  auto it = engines.find(backend);
+// One engine per (backend, kernel variant) for the whole binary (creation allocates; tests share
+// them, as an engine is meant to be shared). `variant`: KVTIER_COPY_KERNEL for the kernel engine
+// ("registers" or "staged"; null = the default).
+TransferEngine* Engine(TransferBackend backend, const char* variant = nullptr) {
+  static std::map<std::pair<TransferBackend, std::string>, std::unique_ptr<TransferEngine>> engines;
+  const auto key = std::pair(backend, std::string(variant == nullptr ? "" : variant));
+  auto it = engines.find(key);
   if (it == engines.end()) {
+    if (variant != nullptr) setenv("KVTIER_COPY_KERNEL", variant, 1);
     auto e = MakeTransferEngine(backend, TransferEngineConfig{});
+    if (variant != nullptr) unsetenv("KVTIER_COPY_KERNEL");
     EXPECT_TRUE(e.ok()) << e.status().ToString();
     if (!e.ok()) return nullptr;
-    it = engines.emplace(backend, std::move(e).value()).first;
+    it = engines.emplace(key, std::move(e).value()).first;
   }
   return it->second.get();
 }
@@ -207,6 +212,7 @@ class DeviceIndices {
 
 struct Copy {
   TransferBackend backend;
+  const char* variant = nullptr;  // kernel variant, see Engine()
   MemoryKind src_memory, dst_memory;
   bool all_layers = false;
   bool src_table = false, dst_table = false;
@@ -259,7 +265,7 @@ void RunAndCompare(const KvGeometry& sg, const KvGeometry& dg, bool mla, const C
       di = ddst->get();
       break;
   }
-  TransferEngine* engine = Engine(c.backend);
+  TransferEngine* engine = Engine(c.backend, c.variant);
   ASSERT_NE(engine, nullptr);
   TransferRequest req{&src_gpu, &dst_gpu, si, di, layer, layer, layers};
   ASSERT_OK(engine->Transfer(req, {.stream = c.stream}));
@@ -286,12 +292,20 @@ TEST_P(CudaTransferMatrixTest, MatchesReferenceByteForByte) {
   const KvGeometry dg = MakeGeometry(dst_layout, mla, page_size, 5);
   CudaStreamHandle stream = std::move(CudaStreamHandle::Create(0, true)).value();
   int variant = 0;
-  for (TransferBackend backend : kGpuBackends) {
+  const std::pair<TransferBackend, const char*> engines[] = {
+      {TransferBackend::kKernel, "registers"},
+      {TransferBackend::kKernel, "staged"},
+      {TransferBackend::kDma, nullptr},
+      {TransferBackend::kAuto, nullptr}};
+  for (auto [backend, kernel_variant] : engines) {
     // host -> device (a load) and device -> host (a backup).
     for (int dir = 0; dir < 2; ++dir) {
-      SCOPED_TRACE(::testing::Message() << TransferBackendName(backend) << (dir == 0 ? " h2d" : " d2h"));
+      SCOPED_TRACE(::testing::Message()
+                   << TransferBackendName(backend) << " " << (kernel_variant ? kernel_variant : "")
+                   << (dir == 0 ? " h2d" : " d2h"));
       Copy c;
       c.backend = backend;
+      c.variant = kernel_variant;
       c.src_memory = dir == 0 ? MemoryKind::kHost : MemoryKind::kDevice;
       c.dst_memory = dir == 0 ? MemoryKind::kDevice : MemoryKind::kHost;
       c.all_layers = all_layers;
@@ -343,7 +357,7 @@ TEST(CudaTransferTest, DeviceToDeviceAndHostToHost) {
                                           << MemoryKindName(m));
         const KvGeometry sg = MakeGeometry(sl, false, 16, 6);
         const KvGeometry dg = MakeGeometry(dl, false, 16, 5);
-        Copy c{backend, m, m, true};
+        Copy c{.backend = backend, .src_memory = m, .dst_memory = m, .all_layers = true};
         RunAndCompare(sg, dg, false, c,
                       testing::RandomPagePairs(rng, sg.num_slots, dg.num_slots, 16, 3), rng);
       }
@@ -360,7 +374,7 @@ TEST(CudaTransferTest, IndexTypesAndResidency) {
       SCOPED_TRACE(::testing::Message() << TransferBackendName(backend) << " mode " << mode);
       const KvGeometry sg = MakeGeometry(KvLayout::kPageFirst, false, 16, 6);
       const KvGeometry dg = MakeGeometry(KvLayout::kLayerFirst, false, 16, 5);
-      Copy c{backend, MemoryKind::kHost, MemoryKind::kDevice, false};
+      Copy c{.backend = backend, .src_memory = MemoryKind::kHost, .dst_memory = MemoryKind::kDevice, .all_layers = false};
       c.index_mode = mode;
       RunAndCompare(sg, dg, false, c,
                     testing::RandomPagePairs(rng, sg.num_slots, dg.num_slots, 16, 3), rng);
@@ -376,7 +390,7 @@ TEST(CudaTransferTest, ZeroAndOneIndex) {
     for (int mode : {0, 2}) {
       const KvGeometry sg = MakeGeometry(KvLayout::kLayerFirst, false, 4, 6);
       const KvGeometry dg = MakeGeometry(KvLayout::kPageHead, false, 4, 5);
-      Copy c{backend, MemoryKind::kDevice, MemoryKind::kHost, true};
+      Copy c{.backend = backend, .src_memory = MemoryKind::kDevice, .dst_memory = MemoryKind::kHost, .all_layers = true};
       c.index_mode = mode;
       RunAndCompare(sg, dg, false, c, testing::SlotPairs{}, rng);
       RunAndCompare(sg, dg, false, c, testing::SlotPairs{{5}, {19}}, rng);
@@ -396,15 +410,20 @@ TEST(CudaTransferTest, AccessWidthsAndRealisticSlots) {
   for (Shape sh : {Shape{2048, 8, false}, Shape{1152, 1, true}, Shape{40, 2, false},
                    Shape{20, 1, true}, Shape{24, 2, false}}) {
     for (KvLayout host : kLayouts) {
-      for (TransferBackend backend : {TransferBackend::kKernel, TransferBackend::kDma}) {
+      for (auto [backend, variant] : {std::pair{TransferBackend::kKernel, "registers"},
+                                      std::pair{TransferBackend::kKernel, "staged"},
+                                      std::pair{TransferBackend::kDma, ""}}) {
         SCOPED_TRACE(::testing::Message() << sh.slot_bytes << " B " << LayoutName(host) << " "
-                                          << TransferBackendName(backend));
+                                          << TransferBackendName(backend) << " " << variant);
         const KvGeometry hg = MakeGeometry(host, sh.mla, 16, 4, 4, sh.slot_bytes, sh.heads);
         const KvGeometry dg = MakeGeometry(KvLayout::kLayerFirst, sh.mla, 16, 5, 4, sh.slot_bytes, sh.heads);
-        Copy load{backend, MemoryKind::kHost, MemoryKind::kDevice, false};
+        const char* v = variant[0] != '\0' ? variant : nullptr;
+        Copy load{.backend = backend, .variant = v, .src_memory = MemoryKind::kHost,
+                  .dst_memory = MemoryKind::kDevice, .all_layers = false};
         RunAndCompare(hg, dg, sh.mla, load,
                       testing::RandomPagePairs(rng, hg.num_slots, dg.num_slots, 16, 3), rng);
-        Copy backup{backend, MemoryKind::kDevice, MemoryKind::kHost, true};
+        Copy backup{.backend = backend, .variant = v, .src_memory = MemoryKind::kDevice,
+                    .dst_memory = MemoryKind::kHost, .all_layers = true};
         RunAndCompare(dg, hg, sh.mla, backup,
                       testing::RandomPagePairs(rng, dg.num_slots, hg.num_slots, 16, 3), rng);
       }
@@ -458,8 +477,11 @@ TEST(CudaTransferTest, OutOfRangeDeviceIndicesAreReported) {
   const KvGeometry hg = MakeGeometry(KvLayout::kPageFirst, false, 1, 32);
   const KvGeometry dg = MakeGeometry(KvLayout::kLayerFirst, false, 1, 32);
   for (int width : {32, 64}) {
-    for (TransferBackend backend : {TransferBackend::kKernel, TransferBackend::kAuto}) {
-      SCOPED_TRACE(::testing::Message() << TransferBackendName(backend) << " int" << width);
+    for (auto [backend, variant] : {std::pair{TransferBackend::kKernel, "registers"},
+                                    std::pair{TransferBackend::kKernel, "staged"},
+                                    std::pair{TransferBackend::kAuto, ""}}) {
+      SCOPED_TRACE(::testing::Message() << TransferBackendName(backend) << " " << variant
+                                        << " int" << width);
       TestRegion src(hg, false, MemoryKind::kHost, false);
       TestRegion dst(dg, false, MemoryKind::kDevice, false);
       src.FillRandom(rng);
@@ -475,7 +497,7 @@ TEST(CudaTransferTest, OutOfRangeDeviceIndicesAreReported) {
       DeviceIndices ds = width == 64 ? DeviceIndices(s, int64_t{}) : DeviceIndices(s, int32_t{});
       DeviceIndices dd = width == 64 ? DeviceIndices(d, int64_t{}) : DeviceIndices(d, int32_t{});
       const KvRegion sgpu = src.gpu_region(), dgpu = dst.gpu_region();
-      TransferEngine* engine = Engine(backend);
+      TransferEngine* engine = Engine(backend, variant[0] != '\0' ? variant : nullptr);
       ASSERT_OK(engine->Transfer(TransferRequest::AllLayers(sgpu, dgpu, ds.get(), dd.get())));
       const Status st = engine->Synchronize(nullptr);
       ASSERT_TRUE(st.IsInvalidArgument()) << st.ToString();

@@ -10,23 +10,53 @@
 namespace kvtier::transfer::cuda {
 
 int CopyThreadsPerBlock() { return kCopyThreads; }
-int CopyLoadsInFlight() { return kLoadsInFlight; }
+int CopyLoadsInFlight(bool staged) { return staged ? kStagedLoadsInFlight : kLoadsInFlight; }
 
-cudaError_t LaunchCopyKernel(const CopyView& view, int width, int blocks, cudaStream_t stream) {
+namespace {
+
+template <int W>
+cudaError_t LaunchStaged(const CopyView& view, int blocks, cudaStream_t stream) {
+  constexpr int kSharedBytes = kCopyThreads * kStagedLoadsInFlight * W;
+  // Above 48 KiB a kernel must opt in to its dynamic shared memory, once per process.
+  static const cudaError_t opt_in = cudaFuncSetAttribute(
+      CopyChunksStagedKernel<W>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes);
+  if (opt_in != cudaSuccess) return opt_in;
+  CopyChunksStagedKernel<W><<<blocks, kCopyThreads, kSharedBytes, stream>>>(view);
+  return cudaSuccess;
+}
+
+}  // namespace
+
+cudaError_t LaunchCopyKernel(const CopyView& view, int width, int blocks, cudaStream_t stream,
+                             bool staged) {
   (void)cudaGetLastError();  // report this launch's error, not an earlier one's
+  cudaError_t e = cudaSuccess;
   switch (width) {
     case 16:
-      CopyChunksKernel<16><<<blocks, kCopyThreads, 0, stream>>>(view);
+      if (staged) {
+        e = LaunchStaged<16>(view, blocks, stream);
+      } else {
+        CopyChunksKernel<16><<<blocks, kCopyThreads, 0, stream>>>(view);
+      }
       break;
     case 8:
-      CopyChunksKernel<8><<<blocks, kCopyThreads, 0, stream>>>(view);
+      if (staged) {
+        e = LaunchStaged<8>(view, blocks, stream);
+      } else {
+        CopyChunksKernel<8><<<blocks, kCopyThreads, 0, stream>>>(view);
+      }
       break;
     case 4:
-      CopyChunksKernel<4><<<blocks, kCopyThreads, 0, stream>>>(view);
+      if (staged) {
+        e = LaunchStaged<4>(view, blocks, stream);
+      } else {
+        CopyChunksKernel<4><<<blocks, kCopyThreads, 0, stream>>>(view);
+      }
       break;
     default:
       return cudaErrorInvalidValue;
   }
+  if (e != cudaSuccess) return e;
   return cudaGetLastError();
 }
 

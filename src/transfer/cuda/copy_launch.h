@@ -9,14 +9,17 @@
 
 namespace kvtier::transfer::cuda {
 
-// Threads per block and W-byte loads each thread keeps in flight (see copy_kernels.cuh).
+// Threads per block and W-byte loads each thread keeps in flight (see copy_kernels.cuh), for the
+// register kernel (staged = false) or the cp.async kernel (staged = true).
 int CopyThreadsPerBlock();
-int CopyLoadsInFlight();
+int CopyLoadsInFlight(bool staged);
 
-// Launches CopyChunksKernel<width> with `blocks` blocks on `stream` and returns the launch error
+// Launches CopyChunksKernel<width> (or CopyChunksStagedKernel<width> when `staged`) with
+// `blocks` blocks on `stream` and returns the launch error
 // (cudaGetLastError). Returns a cudaError_t, not a Status, so that no .cu file includes the
 // Status headers; the engine wraps it with KVTIER_CUDA_RETURN_IF_ERROR.
 // REQUIRES: width in {16, 8, 4} (else cudaErrorInvalidValue), view filled by the engine.
-cudaError_t LaunchCopyKernel(const CopyView& view, int width, int blocks, cudaStream_t stream);
+cudaError_t LaunchCopyKernel(const CopyView& view, int width, int blocks, cudaStream_t stream,
+                             bool staged);
 
 }  // namespace kvtier::transfer::cuda

@@ -26,6 +26,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <mutex>
@@ -42,6 +43,8 @@ namespace kvtier::transfer::cuda {
 namespace {
 
 constexpr int kStagingSlots = 4;
+// Default copy kernel variant; see the measurements in BENCHMARKS.md (GPU section).
+constexpr bool kDefaultStaged = false;
 constexpr size_t kTableCacheEntries = 8;
 // Chunks per launch stay below 2^31 so the kernel's position arithmetic fits 32 bits.
 constexpr int64_t kMaxChunksPerLaunch = (int64_t{1} << 31) - 1;
@@ -131,7 +134,13 @@ class KernelTransferEngine final : public GpuTransferEngine {
     uint64_t tick = 0;
   };
 
-  explicit KernelTransferEngine(const TransferEngineConfig& config) : config_(config) {}
+  explicit KernelTransferEngine(const TransferEngineConfig& config) : config_(config) {
+    // KVTIER_COPY_KERNEL=registers|staged overrides the default variant (for measurements).
+    if (const char* env = std::getenv("KVTIER_COPY_KERNEL"); env != nullptr) {
+      if (std::strcmp(env, "registers") == 0) staged_ = false;
+      if (std::strcmp(env, "staged") == 0) staged_ = true;
+    }
+  }
 
   Status Init() {
     DeviceGuard guard;
@@ -160,6 +169,8 @@ class KernelTransferEngine final : public GpuTransferEngine {
                         RegionView* view, bool* aligned16, bool* aligned8) const;
 
   const TransferEngineConfig config_;
+  // The copy kernel variant (copy_kernels.cuh): cp.async through shared memory, or registers.
+  bool staged_ = kDefaultStaged;
   std::mutex mu_;
   int sm_count_ = 0;
   DeviceBuffer error_device_;
@@ -342,7 +353,7 @@ Status KernelTransferEngine::DoTransfer(const TransferRequest& r,
   const int64_t chunks_per_pair = view.num_buffers * layers_per_launch * heads;
   const int64_t max_pairs = std::max<int64_t>(1, kMaxChunksPerLaunch / chunks_per_pair);
   const int threads = CopyThreadsPerBlock();
-  const int64_t vecs_per_block_pass = int64_t{threads} * CopyLoadsInFlight();
+  const int64_t vecs_per_block_pass = int64_t{threads} * CopyLoadsInFlight(staged_);
   const int max_blocks = std::max(1, std::min(config_.max_sms, sm_count_));
   const int src_index_bytes = view.src.slots_int64 ? 8 : 4;
   const int dst_index_bytes = view.dst.slots_int64 ? 8 : 4;
@@ -367,7 +378,7 @@ Status KernelTransferEngine::DoTransfer(const TransferRequest& r,
       const uint64_t grid_stride = uint64_t(blocks) * uint64_t(vecs_per_block_pass);
       view.grid_chunks = static_cast<uint32_t>(grid_stride / view.vecs_per_chunk);
       view.grid_vecs = static_cast<uint32_t>(grid_stride % view.vecs_per_chunk);
-      KVTIER_CUDA_RETURN_IF_ERROR(LaunchCopyKernel(view, width, blocks, stream));
+      KVTIER_CUDA_RETURN_IF_ERROR(LaunchCopyKernel(view, width, blocks, stream, staged_));
       stats_.blocks = std::max(stats_.blocks, blocks);
       ++stats_.launches;
     }
