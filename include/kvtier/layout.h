@@ -70,27 +70,42 @@ struct KvGeometry {
     return HeadOffset(layer, slot, 0);
   }
 
-  // Offset of head `head`'s S/H bytes of (layer, slot); valid for every layout.
-  KVTIER_HOST_DEVICE int64_t HeadOffset(int64_t layer, int64_t slot, int64_t head) const {
+  // Every layout is affine in (layer, head) once the slot is fixed:
+  //   HeadOffset(l, i, h) = SlotBase(i) + l * layer_stride() + h * head_stride()
+  // which lets copy loops walk layers and heads by addition. The table of the file comment is
+  // this decomposition written out.
+  KVTIER_HOST_DEVICE int64_t SlotBase(int64_t slot) const {
     const int64_t S = slot_bytes;
     switch (layout) {
       case KvLayout::kLayerFirst:
-        return layer * num_slots * S + slot * S + head * (S / head_num);
+        return slot * S;
       case KvLayout::kPageFirst:
-        return slot * num_layers * S + layer * S + head * (S / head_num);
-      case KvLayout::kPageFirstDirect: {
-        const int64_t p = slot / page_size, o = slot % page_size;
-        return p * num_layers * page_size * S + layer * page_size * S + o * S +
-               head * (S / head_num);
-      }
+        return slot * num_layers * S;
+      case KvLayout::kPageFirstDirect:
+        return (slot / page_size) * num_layers * page_size * S + (slot % page_size) * S;
       case KvLayout::kPageHead:
-      default: {
-        const int64_t D = S / head_num;
-        const int64_t p = slot / page_size, o = slot % page_size;
-        return p * head_num * page_size * num_layers * D + head * page_size * num_layers * D +
-               o * num_layers * D + layer * D;
-      }
+      default:
+        return (slot / page_size) * page_size * num_layers * S +
+               (slot % page_size) * num_layers * (S / head_num);
     }
+  }
+  KVTIER_HOST_DEVICE int64_t layer_stride() const {
+    switch (layout) {
+      case KvLayout::kLayerFirst: return num_slots * slot_bytes;
+      case KvLayout::kPageFirst: return slot_bytes;
+      case KvLayout::kPageFirstDirect: return page_size * slot_bytes;
+      case KvLayout::kPageHead:
+      default: return slot_bytes / head_num;
+    }
+  }
+  KVTIER_HOST_DEVICE int64_t head_stride() const {
+    return layout == KvLayout::kPageHead ? page_size * num_layers * (slot_bytes / head_num)
+                                         : slot_bytes / head_num;
+  }
+
+  // Offset of head `head`'s S/H bytes of (layer, slot); valid for every layout.
+  KVTIER_HOST_DEVICE int64_t HeadOffset(int64_t layer, int64_t slot, int64_t head) const {
+    return SlotBase(slot) + layer * layer_stride() + head * head_stride();
   }
 
   // Offset of (layer, slot) inside the allocation of one layer, for layer_first buffers given as

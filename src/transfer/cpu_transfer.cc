@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <vector>
 #include <thread>
 
 #include "transfer/backends.h"
@@ -41,10 +42,18 @@ LoopOrder OrderFor(KvLayout layout) {
 // Collects pieces and issues one memcpy per maximal run that is contiguous on both sides.
 class RunMerger {
  public:
+  static constexpr int64_t kPrefetchBytes = 256;
+
   void Add(const std::byte* src, std::byte* dst, int64_t n) {
     if (len_ > 0 && src == src_ + len_ && dst == dst_ + len_) {
       len_ += n;
       return;
+    }
+    // A new run: start fetching its first lines (and claiming its destination lines) before the
+    // previous run's memcpy, so random runs overlap their memory latency with useful work.
+    for (int64_t off = 0; off < n && off < kPrefetchBytes; off += 64) {
+      __builtin_prefetch(src + off, 0);
+      __builtin_prefetch(dst + off, 1);
     }
     Flush();
     src_ = src;
@@ -62,55 +71,71 @@ class RunMerger {
   int64_t len_ = 0;
 };
 
-// Everything the copy loops need, resolved once per request.
-struct CopyPlan {
-  const TransferRequest* req;
-  KvGeometry src_geo;  // head_num set to `heads` on both sides
-  KvGeometry dst_geo;
-  int64_t heads;       // head chunks per slot: the page_head side's head_num, else 1
-  int64_t chunk_bytes; // slot_bytes / heads
-  int64_t src_page;    // page size that splits runs on the source side (1 = no split)
-  int64_t dst_page;
-  LoopOrder order;
+// One side of a request, resolved once: every address is
+//   layer_base[b][l] + SlotBase(slot) + h * head_stride
+// (KvGeometry's affine decomposition), so the loops below walk layers and heads by addition and
+// compute SlotBase (a division for paged layouts) once per slot, or once per run of slots.
+struct Side {
+  KvGeometry geo;  // head_num set to the request's head-chunk count
+  int64_t head_stride = 0;
+  int64_t slot_step = 0;  // SlotBase(i + 1) - SlotBase(i) within one page
+  std::vector<std::byte*> layer_base[2];  // [buffer][layer relative to the request]
 
-  const std::byte* Src(int b, int64_t l, int64_t slot, int64_t h) const {
-    const KvRegion& r = *req->src;
-    const int64_t layer = req->src_layer + l;
-    return r.LayerBase(b, layer) + (r.has_layer_table() ? src_geo.OffsetInLayer(slot, h)
-                                                        : src_geo.HeadOffset(layer, slot, h));
+  void Init(const KvRegion& r, int64_t first_layer, int64_t num_layers, int64_t heads) {
+    geo = r.geometry;
+    geo.head_num = heads;
+    head_stride = geo.head_stride();
+    slot_step = geo.SlotBase(1) - geo.SlotBase(0);
+    for (int b = 0; b < r.num_buffers(); ++b) {
+      layer_base[b].resize(static_cast<size_t>(num_layers));
+      for (int64_t l = 0; l < num_layers; ++l) {
+        const int64_t layer = first_layer + l;
+        layer_base[b][l] = r.has_layer_table() ? r.LayerBase(b, layer)
+                                               : r.LayerBase(b, layer) + layer * geo.layer_stride();
+      }
+    }
   }
-  std::byte* Dst(int b, int64_t l, int64_t slot, int64_t h) const {
-    const KvRegion& r = *req->dst;
-    const int64_t layer = req->dst_layer + l;
-    return r.LayerBase(b, layer) + (r.has_layer_table() ? dst_geo.OffsetInLayer(slot, h)
-                                                        : dst_geo.HeadOffset(layer, slot, h));
+  // Page size that cuts runs of consecutive slots (0: runs never need cutting).
+  int64_t run_page() const {
+    return (geo.layout == KvLayout::kPageFirstDirect || geo.layout == KvLayout::kPageHead)
+               ? geo.page_size
+               : 0;
   }
 };
 
-int64_t RunSplitPage(const KvGeometry& g) {
-  return (g.layout == KvLayout::kPageFirstDirect || g.layout == KvLayout::kPageHead) ? g.page_size
-                                                                                      : 0;
-}
+struct CopyPlan {
+  const TransferRequest* req;
+  Side src, dst;
+  int64_t heads;        // head chunks per slot: the page_head side's head_num, else 1
+  int64_t chunk_bytes;  // slot_bytes / heads
+  LoopOrder order;
+};
 
 CopyPlan MakePlan(const TransferRequest& r) {
   CopyPlan p;
   p.req = &r;
-  p.src_geo = r.src->geometry;
-  p.dst_geo = r.dst->geometry;
-  const KvLayout sl = p.src_geo.layout, dl = p.dst_geo.layout;
-  p.heads = sl == KvLayout::kPageHead   ? p.src_geo.head_num
-            : dl == KvLayout::kPageHead ? p.dst_geo.head_num
+  const KvLayout sl = r.src->geometry.layout, dl = r.dst->geometry.layout;
+  p.heads = sl == KvLayout::kPageHead   ? r.src->geometry.head_num
+            : dl == KvLayout::kPageHead ? r.dst->geometry.head_num
                                         : 1;
-  p.src_geo.head_num = p.heads;
-  p.dst_geo.head_num = p.heads;
-  p.chunk_bytes = p.src_geo.slot_bytes / p.heads;
-  p.src_page = RunSplitPage(p.src_geo);
-  p.dst_page = RunSplitPage(p.dst_geo);
+  p.chunk_bytes = r.src->geometry.slot_bytes / p.heads;
+  p.src.Init(*r.src, r.src_layer, r.num_layers, p.heads);
+  p.dst.Init(*r.dst, r.dst_layer, r.num_layers, p.heads);
   // Follow the side that is not layer_first (the host side of a load or backup); when both are
   // something else, the destination, whose writes are the costlier stream.
   const KvLayout lead = dl != KvLayout::kLayerFirst ? dl : sl;
   p.order = OrderFor(lead);
   return p;
+}
+
+// Copies all layers and heads of one slot pair whose slot bases are `sb`/`db`, layer-major.
+inline void CopySlotLayers(const CopyPlan& p, int b, int64_t sb, int64_t db, RunMerger* merger) {
+  const int64_t L = p.req->num_layers, H = p.heads, C = p.chunk_bytes;
+  for (int64_t l = 0; l < L; ++l) {
+    const std::byte* s = p.src.layer_base[b][l] + sb;
+    std::byte* d = p.dst.layer_base[b][l] + db;
+    for (int64_t h = 0; h < H; ++h) merger->Add(s + h * p.src.head_stride, d + h * p.dst.head_stride, C);
+  }
 }
 
 // Copies slot pairs [k0, k1) of the request.
@@ -121,54 +146,66 @@ void CopyRange(const CopyPlan& p, int64_t k0, int64_t k1) {
   const int64_t L = r.num_layers;
   const int64_t H = p.heads;
   const int64_t C = p.chunk_bytes;
+  const int64_t src_page = p.src.run_page(), dst_page = p.dst.run_page();
   RunMerger merger;
   for (int b = 0; b < r.src->num_buffers(); ++b) {
     switch (p.order) {
-      case LoopOrder::kLayerSlot:
+      case LoopOrder::kLayerSlot:  // both sides layer_first: SlotBase is slot * S
         for (int64_t l = 0; l < L; ++l) {
+          const std::byte* sl = p.src.layer_base[b][l];
+          std::byte* dl = p.dst.layer_base[b][l];
           for (int64_t k = k0; k < k1; ++k) {
-            const int64_t s = si.at(k), d = di.at(k);
-            for (int64_t h = 0; h < H; ++h) merger.Add(p.Src(b, l, s, h), p.Dst(b, l, d, h), C);
+            const std::byte* s = sl + p.src.geo.SlotBase(si.at(k));
+            std::byte* d = dl + p.dst.geo.SlotBase(di.at(k));
+            for (int64_t h = 0; h < H; ++h) {
+              merger.Add(s + h * p.src.head_stride, d + h * p.dst.head_stride, C);
+            }
           }
         }
         break;
       case LoopOrder::kSlotLayer:
         for (int64_t k = k0; k < k1; ++k) {
-          const int64_t s = si.at(k), d = di.at(k);
-          for (int64_t l = 0; l < L; ++l) {
-            for (int64_t h = 0; h < H; ++h) merger.Add(p.Src(b, l, s, h), p.Dst(b, l, d, h), C);
-          }
+          CopySlotLayers(p, b, p.src.geo.SlotBase(si.at(k)), p.dst.geo.SlotBase(di.at(k)), &merger);
         }
         break;
       case LoopOrder::kPageLayerSlot:
       case LoopOrder::kPageHeadSlotLayer: {
         // Page runs: consecutive pairs with both indices advancing by one, cut where either
-        // side enters a new page of a page-based layout.
+        // side enters a new page of a paged layout; within a run SlotBase advances by slot_step.
         int64_t run_begin = k0;
         while (run_begin < k1) {
           int64_t run_end = run_begin + 1;
+          int64_t prev_s = si.at(run_begin), prev_d = di.at(run_begin);
           while (run_end < k1) {
             const int64_t s = si.at(run_end), d = di.at(run_end);
-            if (s != si.at(run_end - 1) + 1 || d != di.at(run_end - 1) + 1) break;
-            if (p.src_page > 0 && s % p.src_page == 0) break;
-            if (p.dst_page > 0 && d % p.dst_page == 0) break;
+            if (s != prev_s + 1 || d != prev_d + 1) break;
+            if ((src_page > 0 && s % src_page == 0) || (dst_page > 0 && d % dst_page == 0)) break;
+            prev_s = s;
+            prev_d = d;
             ++run_end;
           }
+          const int64_t n = run_end - run_begin;
+          const int64_t sb0 = p.src.geo.SlotBase(si.at(run_begin));
+          const int64_t db0 = p.dst.geo.SlotBase(di.at(run_begin));
           if (p.order == LoopOrder::kPageLayerSlot) {
             for (int64_t l = 0; l < L; ++l) {
-              for (int64_t k = run_begin; k < run_end; ++k) {
-                const int64_t s = si.at(k), d = di.at(k);
+              const std::byte* sl = p.src.layer_base[b][l] + sb0;
+              std::byte* dl = p.dst.layer_base[b][l] + db0;
+              for (int64_t j = 0; j < n; ++j) {
+                const std::byte* s = sl + j * p.src.slot_step;
+                std::byte* d = dl + j * p.dst.slot_step;
                 for (int64_t h = 0; h < H; ++h) {
-                  merger.Add(p.Src(b, l, s, h), p.Dst(b, l, d, h), C);
+                  merger.Add(s + h * p.src.head_stride, d + h * p.dst.head_stride, C);
                 }
               }
             }
           } else {
             for (int64_t h = 0; h < H; ++h) {
-              for (int64_t k = run_begin; k < run_end; ++k) {
-                const int64_t s = si.at(k), d = di.at(k);
+              for (int64_t j = 0; j < n; ++j) {
+                const int64_t sb = sb0 + j * p.src.slot_step + h * p.src.head_stride;
+                const int64_t db = db0 + j * p.dst.slot_step + h * p.dst.head_stride;
                 for (int64_t l = 0; l < L; ++l) {
-                  merger.Add(p.Src(b, l, s, h), p.Dst(b, l, d, h), C);
+                  merger.Add(p.src.layer_base[b][l] + sb, p.dst.layer_base[b][l] + db, C);
                 }
               }
             }
