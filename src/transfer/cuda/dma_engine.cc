@@ -10,7 +10,8 @@
 //      on each side (a buffer, or one layer of a per-layer table: a copy may not span
 //      allocations), become one strided
 //      cudaMemcpy2DAsync (e.g. a page across all layers for layer_first <-> page_first_direct,
-//      a page of page_first slots within one layer);
+//      a page of page_first slots within one layer); with batching available, all of them go out
+//      in one cudaMemcpy3DBatchAsync (depth-1 operations), else one cudaMemcpy2DAsync each;
 //   4. the remaining single runs go out in one cudaMemcpyBatchAsync when the runtime and driver
 //      offer it (CUDA >= 12.8, detected at run time; the 12.8 and 13.x signatures are both
 //      handled at compile time), else one cudaMemcpyAsync each (also when the environment sets
@@ -245,12 +246,14 @@ class DmaTransferEngine final : public GpuTransferEngine {
   size_t max_pitch_ = 0;
   bool batch_available_ = false;
   bool use_batch_ = false;  // this call: batch available and no pageable side
+  bool batch_3d_available_ = true;  // cleared when cudaMemcpy3DBatchAsync is refused
   CudaStreamHandle private_stream_;
   CudaEventHandle fence_in_;
   CudaEventHandle fence_out_;
   PinnedHostBuffer src_index_staging_;
   PinnedHostBuffer dst_index_staging_;
   CopyPlanner planner_;
+  std::vector<cudaMemcpy3DBatchOp> ops_3d_;  // the strided copies of one batch call
   std::vector<int64_t> run_starts_;  // slot runs: [run_starts_[i], run_starts_[i+1])
 };
 
@@ -356,12 +359,48 @@ void DmaTransferEngine::Plan(const TransferRequest& r, const SlotIndices& si,
 }
 
 Status DmaTransferEngine::Submit(CudaStream stream) {
-  for (const Copy2D& c : planner_.copies_2d()) {
-    KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(c.dst, c.dpitch, c.src, c.spitch, c.width,
-                                                  c.height, cudaMemcpyDefault, stream));
+  const auto& copies = planner_.copies_2d();
+  bool strided_done = false;
+  if (use_batch_ && batch_3d_available_ && copies.size() >= 2 && !IsLegacyStream(stream)) {
+    // All strided copies in one cudaMemcpy3DBatchAsync (depth 1): one driver call instead of one
+    // per copy, and no stall when thousands are queued.
+    ops_3d_.resize(copies.size());
+    for (size_t i = 0; i < copies.size(); ++i) {
+      const Copy2D& c = copies[i];
+      cudaMemcpy3DBatchOp& op = ops_3d_[i];
+      op = cudaMemcpy3DBatchOp{};
+      op.src.type = cudaMemcpyOperandTypePointer;
+      op.src.op.ptr.ptr = const_cast<std::byte*>(c.src);
+      op.src.op.ptr.rowLength = c.spitch;
+      op.src.op.ptr.layerHeight = c.height;
+      op.dst.type = cudaMemcpyOperandTypePointer;
+      op.dst.op.ptr.ptr = c.dst;
+      op.dst.op.ptr.rowLength = c.dpitch;
+      op.dst.op.ptr.layerHeight = c.height;
+      op.extent = make_cudaExtent(c.width, c.height, 1);
+      op.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+      op.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+    }
+    const cudaError_t e = cudaMemcpy3DBatchAsync(ops_3d_.size(), ops_3d_.data(), 0, stream);
+    if (e == cudaSuccess) {
+      strided_done = true;
+      ++stats_.batch_calls;
+    } else {
+      (void)cudaGetLastError();
+      batch_3d_available_ = false;
+      util::Log(util::LogLevel::kWarning,
+                "dma backend: cudaMemcpy3DBatchAsync failed ({}); using cudaMemcpy2DAsync",
+                cudaGetErrorString(e));
+    }
   }
-  stats_.copies_2d += static_cast<int64_t>(planner_.copies_2d().size());
-  stats_.copy_ops += static_cast<int64_t>(planner_.copies_2d().size());
+  if (!strided_done) {
+    for (const Copy2D& c : copies) {
+      KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(c.dst, c.dpitch, c.src, c.spitch, c.width,
+                                                    c.height, cudaMemcpyDefault, stream));
+    }
+  }
+  stats_.copies_2d += static_cast<int64_t>(copies.size());
+  stats_.copy_ops += static_cast<int64_t>(copies.size());
   const size_t count = planner_.sizes().size();
   stats_.copy_ops += static_cast<int64_t>(count);
   if (use_batch_ && count >= 2 && !IsLegacyStream(stream)) {
