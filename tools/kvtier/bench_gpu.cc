@@ -26,7 +26,8 @@
 // backups at page 1 — over a million copies; page_head backups — a copy per head chunk): the
 // row says so in its note.
 //
-// Memory: per shape one pinned host pool, one device pool, a pageable mirror of the device pool
+// Memory: per shape one pinned host pool (cudaHostAlloc; KVTIER_BENCH_HUGEPAGES=1: an mmap on
+// transparent huge pages, registered), one device pool, a pageable mirror of the device pool
 // and a pageable expected buffer, each the reference pool size (4 GiB for MHA at 16,384 tokens).
 //
 // Thread safety: called from the one benchmark thread (helper threads only fill and compare).
@@ -35,6 +36,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <thread>
@@ -44,6 +46,7 @@
 
 #if defined(KVTIER_WITH_CUDA)
 #include <cuda_runtime.h>
+#include <sys/mman.h>
 
 #include "kvtier/device.h"
 #include "transfer/cuda/gpu_engine.h"
@@ -172,12 +175,52 @@ KvRegion RegionOver(std::byte* base, const KvGeometry& g, bool mla, MemoryKind m
   return r;
 }
 
+// The pinned host pool: cudaHostAlloc, or — with KVTIER_BENCH_HUGEPAGES=1 — an anonymous mmap
+// advised to transparent huge pages (2 MiB) and registered with cudaHostRegister, to measure how
+// much the host's page size matters to scattered SM accesses.
+class PinnedPool {
+ public:
+  static Result<PinnedPool> Allocate(int64_t bytes) {
+    PinnedPool p;
+    const char* env = std::getenv("KVTIER_BENCH_HUGEPAGES");
+    if (env == nullptr || env[0] != '1') {
+      KVTIER_ASSIGN_OR_RETURN(p.alloc_, PinnedHostBuffer::Allocate(bytes));
+      p.data_ = p.alloc_.data();
+      return p;
+    }
+    constexpr size_t kHuge = size_t{2} << 20;
+    const size_t n = (static_cast<size_t>(bytes) + kHuge - 1) / kHuge * kHuge;
+    void* raw = mmap(nullptr, n + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED) return Status::OutOfMemory(fmt::format("mmap of {} bytes failed", n));
+    p.map_.reset(new Mapping{raw, n + kHuge});
+    auto* aligned = reinterpret_cast<std::byte*>(
+        (reinterpret_cast<uintptr_t>(raw) + kHuge - 1) / kHuge * kHuge);
+    (void)madvise(aligned, n, MADV_HUGEPAGE);
+    KVTIER_ASSIGN_OR_RETURN(p.registration_, PinnedRegistration::Register(aligned, static_cast<int64_t>(n)));
+    p.data_ = aligned;
+    return p;
+  }
+  void* data() const { return data_; }
+
+ private:
+  struct Mapping {
+    void* base;
+    size_t bytes;
+    ~Mapping() { munmap(base, bytes); }
+  };
+  // Destroyed in reverse order: the registration goes before the mapping.
+  std::unique_ptr<Mapping> map_;
+  PinnedHostBuffer alloc_;
+  PinnedRegistration registration_;
+  void* data_ = nullptr;
+};
+
 // ---- the GPU state of one shape ---------------------------------------------------------------
 
 struct ShapeBuffers {
   int64_t bytes = 0;             // of each pool (all buffers)
-  PinnedHostBuffer host_pool;    // the host pool (any layout), pinned
-  PinnedHostBuffer host_pool2;   // the backup destination of "both directions at once"
+  PinnedPool host_pool;          // the host pool (any layout), pinned
+  PinnedPool host_pool2;         // the backup destination of "both directions at once"
   DeviceKvPool device_pool;      // layer_first
   HostBytes device_mirror;       // what the device pool holds before a backup
   HostBytes expected;            // the cpu backend's result of the row
@@ -593,9 +636,10 @@ Status GpuBench::Run() {
     if (bytes == 0) continue;
     ShapeBuffers buf;
     buf.bytes = bytes;
-    std::fprintf(stderr, "%s: allocating pools of %.2f GiB (pinned host, device, 2 host mirrors)\n",
-                 BenchShapeName(shape), static_cast<double>(bytes) / (1 << 30));
-    KVTIER_ASSIGN_OR_RETURN(buf.host_pool, PinnedHostBuffer::Allocate(bytes));
+    std::fprintf(stderr, "%s: allocating pools of %.2f GiB (pinned host%s, device, 2 host mirrors)\n",
+                 BenchShapeName(shape), static_cast<double>(bytes) / (1 << 30),
+                 std::getenv("KVTIER_BENCH_HUGEPAGES") != nullptr ? " on huge pages" : "");
+    KVTIER_ASSIGN_OR_RETURN(buf.host_pool, PinnedPool::Allocate(bytes));
     const BenchCase* first = nullptr;
     for (const BenchCase& c : cases) {
       if (c.shape == shape && c.PoolBytes() == bytes) {
@@ -619,7 +663,7 @@ Status GpuBench::Run() {
     }
     // Both directions at once, on the MHA shape: layer_first p16 and page_first_direct p64.
     if (shape == BenchShape::kMha) {
-      KVTIER_ASSIGN_OR_RETURN(buf.host_pool2, PinnedHostBuffer::Allocate(bytes));
+      KVTIER_ASSIGN_OR_RETURN(buf.host_pool2, PinnedPool::Allocate(bytes));
       ParallelRandom(static_cast<std::byte*>(buf.host_pool.data()), bytes, options_.seed ^ 0x9abc);
       for (const BenchCase& c : cases) {
         if (c.shape != shape || c.op != BenchOp::kBackup) continue;
