@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstddef>
 #include <algorithm>
 #include <functional>
 #include <map>
@@ -30,7 +31,6 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 #include "kvtier/eviction_policy.h"
@@ -43,6 +43,64 @@ using Token = int32_t;
 // An in-flight copy touching a node (defined by the cache). A node that has one is "busy": it is
 // neither device- nor host-evictable until the owner clears it.
 struct PendingCopy;
+
+class RadixNode;
+
+namespace detail {
+
+// The children of a radix node, keyed by the hash of their first page: open addressing with
+// linear probing in a power-of-two table (none allocated for a leaf). Several children may share
+// a key (a hash collision); lookups tell them apart with a predicate on the node. Does not own
+// the nodes.
+class ChildMap {
+ public:
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  // fn(key, node) for every child, in table order.
+  template <typename Fn>
+  void ForEach(Fn&& fn) const {
+    for (const Entry& e : slots_) {
+      if (Live(e)) fn(e.key, e.node);
+    }
+  }
+  // The first child with `key` for which match(node) is true, or null.
+  template <typename Fn>
+  RadixNode* Find(uint64_t key, Fn&& match) const {
+    if (slots_.empty()) return nullptr;
+    for (size_t i = Home(key);; i = (i + 1) & mask_) {
+      const Entry& e = slots_[i];
+      if (e.node == nullptr) return nullptr;
+      if (e.key == key && e.node != Tombstone() && match(e.node)) return e.node;
+    }
+  }
+  void Insert(uint64_t key, RadixNode* node);
+  // REQUIRES: `node` is present under `key`.
+  void Erase(uint64_t key, RadixNode* node);
+  // Puts `to` where `from` is (same key). REQUIRES: `from` is present under `key`.
+  void Replace(uint64_t key, RadixNode* from, RadixNode* to);
+  void Clear();
+
+ private:
+  struct Entry {
+    uint64_t key = 0;
+    RadixNode* node = nullptr;  // null: empty; Tombstone(): erased
+  };
+  static RadixNode* Tombstone() { return reinterpret_cast<RadixNode*>(uintptr_t{1}); }
+  static bool Live(const Entry& e) { return e.node != nullptr && e.node != Tombstone(); }
+  size_t Home(uint64_t key) const {
+    return static_cast<size_t>((key * 0x9E3779B97F4A7C15ull) >> shift_);
+  }
+  size_t Locate(uint64_t key, const RadixNode* node) const;
+  void Rehash(size_t capacity);
+
+  std::vector<Entry> slots_;
+  size_t mask_ = 0;
+  int shift_ = 64;
+  size_t size_ = 0;  // live entries
+  size_t used_ = 0;  // live entries + tombstones
+};
+
+}  // namespace detail
 
 class RadixNode {
  public:
@@ -79,6 +137,8 @@ class RadixNode {
  private:
   friend class RadixTree;
   RadixNode() = default;
+  // Back to a default node, keeping the token buffer's capacity (for the tree's node pool).
+  void Reset();
 
   uint64_t id_ = 0;
   RadixNode* parent_ = nullptr;
@@ -89,8 +149,8 @@ class RadixNode {
   std::vector<int64_t> device_pages_;  // empty, or one page start per page
   std::vector<int64_t> host_pages_;    // empty, or one page start per page
   std::vector<std::string> storage_keys_;  // empty, or one per page
-  // Keyed by the hash of the child's first page; several children may share a hash.
-  std::unordered_multimap<uint64_t, std::unique_ptr<RadixNode>> children_;
+  // Keyed by the hash of the child's first page. The tree owns the nodes.
+  detail::ChildMap children_;
   int64_t device_children_ = 0;  // children on the device
   int64_t host_children_ = 0;    // children in host memory
   int64_t ref_count_ = 0;
@@ -219,6 +279,9 @@ class RadixTree {
   // Splits `node` after `k` tokens (0 < k < size, page aligned); returns the new upper node.
   RadixNode* Split(RadixNode* node, int64_t k);
   RadixNode* NewNode(RadixNode* parent);
+  // Keeps a removed node for reuse (its token buffer stays allocated) or deletes it.
+  void Recycle(std::unique_ptr<RadixNode> node);
+  static void FitTokens(RadixNode* node);
   void Refresh(RadixNode* node);
   EvictionStats StatsOf(const RadixNode* node) const;
   Status CheckNode(const RadixNode* node, int64_t* device_tokens, int64_t* host_tokens,
@@ -231,6 +294,11 @@ class RadixTree {
   std::set<SetEntry> device_set_;
   std::set<SetEntry> host_set_;
   std::function<void(RadixNode*, RadixNode*)> split_hook_;
+  // Removed nodes kept for reuse, so evicting a node frees no memory on the hot path (freeing
+  // large token buffers was a third of the eviction time). Bounded by kMaxPooledNodes and
+  // kMaxPooledTokens of buffer capacity.
+  std::vector<std::unique_ptr<RadixNode>> pool_;
+  int64_t pooled_tokens_ = 0;
   uint64_t next_id_ = 1;
   int64_t clock_ = 0;
   int64_t num_nodes_ = 0;

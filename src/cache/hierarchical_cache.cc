@@ -26,6 +26,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -138,6 +139,7 @@ struct HierarchicalCache::State {
   State(const HierarchicalCacheConfig& cfg, int64_t page_size)
       : config(cfg),
         P(page_size),
+        log2_page(std::countr_zero(static_cast<uint64_t>(page_size))),
         tree(page_size,
              cfg.device_eviction_policy ? cfg.device_eviction_policy
                                         : MakeEvictionPolicy(cfg.device_eviction),
@@ -151,6 +153,7 @@ struct HierarchicalCache::State {
 
   const HierarchicalCacheConfig config;
   const int64_t P;
+  const int log2_page;  // P is a power of two: page numbers by shifting, not dividing
   KvRegion device;
   std::unique_ptr<HostKvPool> host;
   std::unique_ptr<TransferEngine> engine;
@@ -179,6 +182,10 @@ struct HierarchicalCache::State {
   std::vector<std::thread> workers;
 
   // ---- helpers; all REQUIRE mu held ------------------------------------------------------
+  uint8_t& Owner(int64_t page_start) {
+    return page_owner[static_cast<uint64_t>(page_start) >> log2_page];
+  }
+
   Status CheckHealth() const {
     if (health.ok()) return Status::OK();
     return Status::FailedPrecondition(
@@ -291,7 +298,7 @@ struct HierarchicalCache::State {
 
   // Queues a node's device pages for FlushDeviceFrees (one allocator call per eviction round).
   void FreeTreeDevicePages(const std::vector<int64_t>& pages) {
-    for (int64_t page : pages) page_owner[page / P] = kFree;
+    for (int64_t page : pages) Owner(page) = kFree;
     device_frees.insert(device_frees.end(), pages.begin(), pages.end());
   }
   void FlushDeviceFrees() {
@@ -503,12 +510,12 @@ struct HierarchicalCache::State {
                          const std::vector<bool>* skip) {
     for (size_t i = 0; i < pages.size(); ++i) {
       if (skip != nullptr && (*skip)[i]) continue;
-      const int64_t p = pages[i] / P;
+      const int64_t p = pages[i] >> log2_page;
       if (page_owner[p] != kEngine) {
         // Undo the marks of this call before answering.
         for (size_t j = 0; j < i; ++j) {
-          if ((skip == nullptr || !(*skip)[j]) && page_owner[pages[j] / P] == 0xFF) {
-            page_owner[pages[j] / P] = kEngine;
+          if ((skip == nullptr || !(*skip)[j]) && Owner(pages[j]) == 0xFF) {
+            Owner(pages[j]) = kEngine;
           }
         }
         const char* why = page_owner[p] == kFree ? "is not allocated"
@@ -521,7 +528,7 @@ struct HierarchicalCache::State {
       page_owner[p] = 0xFF;  // mark to catch repeats
     }
     for (size_t i = 0; i < pages.size(); ++i) {
-      if (page_owner[pages[i] / P] == 0xFF) page_owner[pages[i] / P] = kEngine;
+      if (Owner(pages[i]) == 0xFF) Owner(pages[i]) = kEngine;
     }
     return Status::OK();
   }
@@ -742,7 +749,7 @@ Result<LoadBackResult> HierarchicalCache::LoadBack(MatchHandle handle, CudaStrea
     s.tree.SetDevicePages(n, std::vector<int64_t>(alloc->begin() + off, alloc->begin() + off + np));
     off += np;
   }
-  for (int64_t p : *alloc) s.page_owner[p / s.P] = kTree;
+  for (int64_t p : *alloc) s.Owner(p) = kTree;
   if (s.gpu) {
     for (RadixNode* n : host_nodes) {
       op->nodes.push_back(n);
@@ -826,7 +833,7 @@ Result<std::vector<int64_t>> HierarchicalCache::AllocateDeviceSlots(int64_t num_
         "engine, the rest pinned or busy)", num_tokens, s.device_alloc->free_pages(),
         s.engine_pages));
   }
-  for (int64_t p : *alloc) s.page_owner[p / s.P] = kEngine;
+  for (int64_t p : *alloc) s.Owner(p) = kEngine;
   s.engine_pages += pages;
   return PageSlots(*alloc, s.P);
 }
@@ -838,7 +845,7 @@ Status HierarchicalCache::FreeDeviceSlots(std::span<const int64_t> slots) {
   KVTIER_RETURN_IF_ERROR(s.CheckPages(slots, "slots", &pages));
   KVTIER_RETURN_IF_ERROR(s.CheckEngineHeld(pages, "FreeDeviceSlots", nullptr));
   KVTIER_RETURN_IF_ERROR(s.device_alloc->FreePages(pages));
-  for (int64_t p : pages) s.page_owner[p / s.P] = kFree;
+  for (int64_t p : pages) s.Owner(p) = kFree;
   s.engine_pages -= static_cast<int64_t>(pages.size());
   return Status::OK();
 }
@@ -888,7 +895,7 @@ Result<InsertResult> HierarchicalCache::Insert(std::span<const Token> tokens,
           const int64_t mine = seg.node->device_pages()[(k - seg.begin) / s.P];
           if (device_slots[k] != mine) {
             duplicates.push_back(device_slots[k]);
-            s.page_owner[device_slots[k] / s.P] = kFree;
+            s.Owner(device_slots[k]) = kFree;
           }
         }
         s.tree.Touch(seg.node, 1);
@@ -897,7 +904,7 @@ Result<InsertResult> HierarchicalCache::Insert(std::span<const Token> tokens,
       case RadixTree::SegmentKind::kNew:
         (seg.kind == RadixTree::SegmentKind::kNew ? out.new_tokens : out.revived_tokens) += len;
         for (int64_t k = seg.begin; k < seg.end; k += s.P) {
-          s.page_owner[device_slots[k] / s.P] = kTree;
+          s.Owner(device_slots[k]) = kTree;
         }
         s.tree.Touch(seg.node, seg.kind == RadixTree::SegmentKind::kNew ? 0 : 1);
         break;

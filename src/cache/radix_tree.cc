@@ -11,9 +11,97 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 
 namespace kvtier {
+
+namespace detail {
+
+void ChildMap::Insert(uint64_t key, RadixNode* node) {
+  if ((used_ + 1) * 4 > slots_.size() * 3) {
+    size_t capacity = 4;
+    while (capacity * 3 < (size_ + 1) * 4 * 2) capacity *= 2;  // at most 3/8 full after
+    Rehash(capacity);
+  }
+  for (size_t i = Home(key);; i = (i + 1) & mask_) {
+    Entry& e = slots_[i];
+    if (!Live(e)) {
+      if (e.node == nullptr) ++used_;
+      e = {key, node};
+      ++size_;
+      return;
+    }
+  }
+}
+
+size_t ChildMap::Locate(uint64_t key, const RadixNode* node) const {
+  for (size_t i = Home(key);; i = (i + 1) & mask_) {
+    if (slots_[i].node == node) return i;
+  }
+}
+
+void ChildMap::Erase(uint64_t key, RadixNode* node) {
+  slots_[Locate(key, node)].node = Tombstone();
+  --size_;
+  if (size_ == 0) Clear();
+}
+
+void ChildMap::Replace(uint64_t key, RadixNode* from, RadixNode* to) {
+  slots_[Locate(key, from)].node = to;
+}
+
+void ChildMap::Clear() {
+  slots_.clear();
+  slots_.shrink_to_fit();
+  mask_ = 0;
+  shift_ = 64;
+  size_ = used_ = 0;
+}
+
+void ChildMap::Rehash(size_t capacity) {
+  std::vector<Entry> old = std::move(slots_);
+  slots_.assign(capacity, Entry{});
+  mask_ = capacity - 1;
+  shift_ = 64 - std::countr_zero(capacity);
+  size_ = used_ = 0;
+  for (const Entry& e : old) {
+    if (!Live(e)) continue;
+    size_t i = Home(e.key);
+    while (slots_[i].node != nullptr) i = (i + 1) & mask_;
+    slots_[i] = e;
+    ++size_;
+    ++used_;
+  }
+}
+
+}  // namespace detail
+
+namespace {
+constexpr size_t kMaxPooledNodes = 4096;
+constexpr int64_t kMaxPooledTokens = int64_t{1} << 22;  // 16 MiB of token buffers
+}  // namespace
+
+void RadixNode::Reset() {
+  std::vector<Token> tokens = std::move(tokens_);
+  tokens.clear();
+  id_ = 0;
+  parent_ = nullptr;
+  child_key_ = 0;
+  namespace_ = nullptr;
+  tokens_ = std::move(tokens);
+  prefix_tokens_ = 0;
+  device_pages_.clear();
+  host_pages_.clear();
+  storage_keys_.clear();
+  children_.Clear();
+  device_children_ = host_children_ = 0;
+  ref_count_ = hit_count_ = last_access_ = created_ = 0;
+  priority_ = 0;
+  pending_.reset();
+  in_device_set_ = in_host_set_ = false;
+  device_key_ = host_key_ = EvictionKey{};
+}
 
 RadixTree::RadixTree(int64_t page_size, std::shared_ptr<const EvictionPolicy> device_policy,
                      std::shared_ptr<const EvictionPolicy> host_policy)
@@ -23,7 +111,18 @@ RadixTree::RadixTree(int64_t page_size, std::shared_ptr<const EvictionPolicy> de
       host_policy_(host_policy ? std::move(host_policy)
                                : MakeEvictionPolicy(EvictionPolicyKind::kLru)) {}
 
-RadixTree::~RadixTree() = default;
+RadixTree::~RadixTree() {
+  // The child maps do not own their nodes: delete every non-root node, children first.
+  std::vector<RadixNode*> stack, order;
+  for (auto& [name, root] : roots_) stack.push_back(root.get());
+  while (!stack.empty()) {
+    RadixNode* n = stack.back();
+    stack.pop_back();
+    n->children_.ForEach([&](uint64_t, RadixNode* c) { stack.push_back(c); });
+    if (!n->is_root()) order.push_back(n);
+  }
+  for (RadixNode* n : order) delete n;
+}
 
 uint64_t RadixTree::PageHash(std::span<const Token> page) {
   uint64_t h = 0x9E3779B97F4A7C15ull ^ page.size();
@@ -52,14 +151,9 @@ const RadixNode* RadixTree::FindRoot(std::string_view ns) const {
 }
 
 RadixNode* RadixTree::FindChild(const RadixNode* node, std::span<const Token> page) const {
-  auto [first, last] = node->children_.equal_range(PageHash(page));
-  for (auto it = first; it != last; ++it) {
-    const auto& t = it->second->tokens_;
-    if (std::memcmp(t.data(), page.data(), page.size() * sizeof(Token)) == 0) {
-      return it->second.get();
-    }
-  }
-  return nullptr;
+  return node->children_.Find(PageHash(page), [&](const RadixNode* c) {
+    return std::memcmp(c->tokens_.data(), page.data(), page.size() * sizeof(Token)) == 0;
+  });
 }
 
 int64_t RadixTree::CommonPages(const RadixNode* node, std::span<const Token> tokens) const {
@@ -76,8 +170,28 @@ int64_t RadixTree::CommonPages(const RadixNode* node, std::span<const Token> tok
   return k;
 }
 
+// A reused node's buffer may be far larger than its tokens; give the excess back.
+void RadixTree::FitTokens(RadixNode* node) {
+  if (node->tokens_.capacity() > 2 * node->tokens_.size() + 256) node->tokens_.shrink_to_fit();
+}
+
+void RadixTree::Recycle(std::unique_ptr<RadixNode> node) {
+  const int64_t capacity = static_cast<int64_t>(node->tokens_.capacity());
+  if (pool_.size() >= kMaxPooledNodes || pooled_tokens_ + capacity > kMaxPooledTokens) return;
+  node->Reset();
+  pooled_tokens_ += capacity;
+  pool_.push_back(std::move(node));
+}
+
 RadixNode* RadixTree::NewNode(RadixNode* parent) {
-  auto* node = new RadixNode();
+  RadixNode* node;
+  if (!pool_.empty()) {
+    node = pool_.back().release();
+    pool_.pop_back();
+    pooled_tokens_ -= static_cast<int64_t>(node->tokens_.capacity());
+  } else {
+    node = new RadixNode();
+  }
   node->id_ = next_id_++;
   node->parent_ = parent;
   node->namespace_ = parent->namespace_;
@@ -88,18 +202,9 @@ RadixNode* RadixTree::NewNode(RadixNode* parent) {
 RadixNode* RadixTree::Split(RadixNode* lower, int64_t k) {
   RadixNode* parent = lower->parent_;
   const uint64_t key = lower->child_key_;
-  // Detach `lower` from its parent.
-  std::unique_ptr<RadixNode> owned;
-  auto [first, last] = parent->children_.equal_range(key);
-  for (auto it = first; it != last; ++it) {
-    if (it->second.get() == lower) {
-      owned = std::move(it->second);
-      parent->children_.erase(it);
-      break;
-    }
-  }
   RadixNode* upper = NewNode(parent);
   upper->tokens_.assign(lower->tokens_.begin(), lower->tokens_.begin() + k);
+  FitTokens(upper);
   lower->tokens_.erase(lower->tokens_.begin(), lower->tokens_.begin() + k);
   upper->prefix_tokens_ = lower->prefix_tokens_ - static_cast<int64_t>(lower->tokens_.size());
   const int64_t pages = k / page_size_;
@@ -129,8 +234,8 @@ RadixNode* RadixTree::Split(RadixNode* lower, int64_t k) {
   lower->parent_ = upper;
   upper->child_key_ = key;
   lower->child_key_ = PageHash(std::span<const Token>(lower->tokens_).first(page_size_));
-  upper->children_.emplace(lower->child_key_, std::move(owned));
-  parent->children_.emplace(key, std::unique_ptr<RadixNode>(upper));
+  upper->children_.Insert(lower->child_key_, lower);
+  parent->children_.Replace(key, lower, upper);
   Refresh(lower);  // its key is unchanged, but its tier counts may differ from upper's
   Refresh(upper);
   if (split_hook_) split_hook_(upper, lower);
@@ -202,11 +307,12 @@ void RadixTree::Insert(std::string_view ns, std::span<const Token> tokens,
     if (child == nullptr) {
       RadixNode* leaf = NewNode(node);
       leaf->tokens_.assign(tokens.begin() + pos, tokens.end());
+      FitTokens(leaf);
       leaf->prefix_tokens_ = node->prefix_tokens_ + (n - pos);
       leaf->hit_count_ = 1;
       leaf->created_ = leaf->last_access_ = ++clock_;
       leaf->child_key_ = PageHash(tokens.subspan(pos, page_size_));
-      node->children_.emplace(leaf->child_key_, std::unique_ptr<RadixNode>(leaf));
+      node->children_.Insert(leaf->child_key_, leaf);
       SetDevicePages(leaf, std::vector<int64_t>(device_pages.begin() + pos / page_size_,
                                                 device_pages.end()));
       if (segments) segments->push_back({leaf, pos, n, SegmentKind::kNew});
@@ -282,13 +388,8 @@ void RadixTree::Remove(RadixNode* node) {
   if (node->in_device_set_) device_set_.erase({node->device_key_, node->id_, node});
   if (node->in_host_set_) host_set_.erase({node->host_key_, node->id_, node});
   RadixNode* parent = node->parent_;
-  auto [first, last] = parent->children_.equal_range(node->child_key_);
-  for (auto it = first; it != last; ++it) {
-    if (it->second.get() == node) {
-      parent->children_.erase(it);  // deletes node
-      break;
-    }
-  }
+  parent->children_.Erase(node->child_key_, node);
+  Recycle(std::unique_ptr<RadixNode>(node));  // or deletes it
   --num_nodes_;
   Refresh(parent);
 }
@@ -377,7 +478,7 @@ void RadixTree::ForEachNode(const std::function<void(const RadixNode&)>& fn) con
     const RadixNode* n = stack.back();
     stack.pop_back();
     if (!n->is_root()) fn(*n);
-    for (const auto& [key, child] : n->children_) stack.push_back(child.get());
+    n->children_.ForEach([&](uint64_t, RadixNode* c) { stack.push_back(c); });
   }
 }
 
@@ -400,8 +501,16 @@ Status PagesAligned(const RadixNode* n, std::span<const int64_t> pages, const ch
 Status RadixTree::CheckNode(const RadixNode* n, int64_t* device_tokens, int64_t* host_tokens,
                             int64_t* nodes) const {
   int64_t dev_children = 0, host_children = 0, child_refs = 0;
-  for (const auto& [key, child_ptr] : n->children_) {
-    const RadixNode* c = child_ptr.get();
+  std::vector<std::pair<uint64_t, const RadixNode*>> kids;
+  n->children_.ForEach([&](uint64_t key, const RadixNode* c) { kids.emplace_back(key, c); });
+  if (kids.size() != n->children_.size()) {
+    return Status::Internal(fmt::format("node {}: child map size {} but {} live entries", n->id_,
+                                        n->children_.size(), kids.size()));
+  }
+  for (const auto& [key, c] : kids) {
+    if (n->children_.Find(key, [&](const RadixNode* x) { return x == c; }) != c) {
+      return Status::Internal(fmt::format("node {}: not reachable under its key", c->id_));
+    }
     if (c->parent_ != n) {
       return Status::Internal(fmt::format("node {}: parent pointer is not node {}", c->id_, n->id_));
     }
@@ -449,8 +558,8 @@ Status RadixTree::CheckNode(const RadixNode* n, int64_t* device_tokens, int64_t*
     KVTIER_RETURN_IF_ERROR(PagesAligned(c, c->device_pages_, "device", page_size_));
     KVTIER_RETURN_IF_ERROR(PagesAligned(c, c->host_pages_, "host", page_size_));
     // Distinct first pages among siblings.
-    for (const auto& [key2, other] : n->children_) {
-      if (other.get() != c && key2 == key &&
+    for (const auto& [key2, other] : kids) {
+      if (other != c && key2 == key &&
           std::equal(other->tokens_.begin(), other->tokens_.begin() + page_size_,
                      c->tokens_.begin())) {
         return Status::Internal(fmt::format("nodes {} and {} share a first page", c->id_,
