@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <random>
 #include <set>
@@ -184,6 +185,51 @@ TEST(RadixTreeTest, SplitCarriesPinsAndStats) {
   tree.DecRef(whole);
   EXPECT_EQ(r.last->ref_count(), 0);
   ASSERT_TRUE(tree.CheckInvariants().ok()) << tree.CheckInvariants().ToString();
+}
+
+// The child map against a multimap, with many shared keys (hash collisions) and churn. Nodes are
+// stand-in pointers: the map compares them and never dereferences them.
+TEST(ChildMapTest, AgreesWithMultimapUnderChurnAndCollisions) {
+  std::mt19937_64 rng(11);
+  detail::ChildMap map;
+  std::multimap<uint64_t, RadixNode*> model;
+  auto fake = [](uint64_t i) { return reinterpret_cast<RadixNode*>(uintptr_t{16} * (i + 1)); };
+  uint64_t next = 0;
+  for (int step = 0; step < 20000; ++step) {
+    const uint64_t key = rng() % 64;  // few keys: many collisions
+    if (rng() % 3 != 0 || model.empty()) {
+      RadixNode* n = fake(next++);
+      map.Insert(key, n);
+      model.emplace(key, n);
+    } else {
+      auto it = model.begin();
+      std::advance(it, static_cast<std::ptrdiff_t>(rng() % model.size()));
+      map.Erase(it->first, it->second);
+      model.erase(it);
+    }
+    ASSERT_EQ(map.size(), model.size());
+    const uint64_t probe = rng() % 64;
+    auto [lo, hi] = model.equal_range(probe);
+    for (auto it = lo; it != hi; ++it) {
+      RadixNode* want = it->second;
+      ASSERT_EQ(map.Find(probe, [&](const RadixNode* x) { return x == want; }), want);
+    }
+    ASSERT_EQ(map.Find(probe, [](const RadixNode*) { return false; }), nullptr);
+  }
+  size_t seen = 0;
+  map.ForEach([&](uint64_t key, RadixNode* n) {
+    ++seen;
+    auto [lo, hi] = model.equal_range(key);
+    EXPECT_TRUE(std::any_of(lo, hi, [&](const auto& kv) { return kv.second == n; }));
+  });
+  EXPECT_EQ(seen, model.size());
+  // Replace keeps the slot.
+  if (!model.empty()) {
+    auto it = model.begin();
+    map.Replace(it->first, it->second, fake(1'000'000));
+    EXPECT_EQ(map.Find(it->first, [&](const RadixNode* x) { return x == fake(1'000'000); }),
+              fake(1'000'000));
+  }
 }
 
 // ---- randomised model-based test ------------------------------------------------------------
