@@ -9,6 +9,25 @@
 // Every factory that touches a device takes the CUDA device ordinal and leaves the calling
 // thread's current device as it found it.
 //
+// Errors of the GPU transfer engines (TransferEngine with backend kernel, dma or auto):
+//   - Transfer returns every error it can see without waiting for the device: invalid requests
+//     (ValidateTransfer, including out-of-range HOST indices), host regions the backend cannot
+//     use (pageable memory for kernel), too few layer_events, CUDA errors of its own calls.
+//   - Out-of-range DEVICE indices:
+//       kernel: the kernel skips each bad slot pair (no memory access) and counts it on the
+//         device. Transfer returns OK. The next `Synchronize(stream)` on that engine waits for
+//         `stream`, then returns InvalidArgument "kernel backend: N slot pair(s) with out-of-range
+//         device indices were skipped since the last Synchronize (e.g. src_slots[k] = v is not
+//         in [0, num_slots))". The count covers every copy of the engine that finished, on any
+//         stream; each bad pair is reported by exactly one Synchronize. All valid pairs of the
+//         request are copied.
+//       dma: the indices are copied to the host (Transfer synchronises `stream` to read them)
+//         and checked there: Transfer returns that InvalidArgument and copies nothing.
+//       auto: device indices always go to the kernel engine, so as for kernel; its Synchronize
+//         waits for both engines and returns the kernel engine's deferred error.
+//   - Asynchronous CUDA faults (a bad pointer in a region) surface, as with any CUDA work, from
+//     Synchronize (or the next CUDA call) as CudaError.
+//
 // Thread safety: the handles are move-only values with no internal locking; distinct objects may
 // be used from different threads. `LayerEvents::Record` of one layer must not race with `Wait`,
 // `Query` or `Synchronize` of the same layer (as for a plain cudaEvent_t); different layers may.
