@@ -1,18 +1,22 @@
 // The `auto` transfer backend: per request, the kernel or the dma engine, from a small table
-// measured with `kvtier bench --backend kernel|dma` (16,384 tokens, random pages; numbers in
-// BENCHMARKS.md, GPU section; H200, PCIe Gen5 x16, ceiling 55.5 GB/s each way):
+// measured with `kvtier bench --backend kernel|dma` (16,384 tokens in random pages; H200, PCIe
+// Gen5 x16, ceiling 55.5 GB/s each way; full numbers in BENCHMARKS.md, GPU section):
 //
-//   request                                         kernel (4 SMs)   dma              pick
-//   per-layer load, any layout, page 1..64          89-92 % (MHA)    <= 71 %          kernel
-//   all-layer backup, layer_first <-> layer_first   95 %             90 % (p64)       kernel
-//   all-layer backup, layer_first <-> page_first_   94-95 %          94-96 % (p64),   dma
-//     direct, page bytes per layer >= 64 KiB                         host 0.6-1.4 ms
-//   all-layer backup, page_first / page_head        91-95 %          <= 25 %          kernel
-//   any request with device indices                 -                must sync to     kernel
-//                                                                    read them
+//   request                                          kernel (4 SMs)   dma                pick
+//   per-layer load, any layout, page 1..64           67-92 %          1-77 % (best: lf   kernel
+//                                                                     p64, 404 copies)
+//   all-layer backup, layer_first <-> layer_first   95 %             70 % p16, 90 % p64 kernel
+//   all-layer backup, layer_first <-> page_first_    92-95 %          84 % p16 (32 KiB   dma when
+//     direct                                                          pages), 95-97 %    pages of a
+//                                                                     p64 (72-128 KiB)   layer >=
+//                                                                                        64 KiB
+//   all-layer backup, page_first / page_head         72-95 %          25 % (a copy per   kernel
+//                                                                     slot) / not run
+//   any request with device indices                  -                must synchronise   kernel
+//                                                                     to read them
 //
 // The dma engine is picked exactly where it is measured to be as fast as the kernel, since it
-// leaves every SM to the forward pass; its host submission (~1 us per page copy) is then the
+// leaves every SM to the forward pass; its host submission (~1.5 us per page copy) is then the
 // price. Everything else goes to the kernel.
 //
 // Thread safety: as the engines it holds (both are thread-safe); last_stats() as documented in

@@ -56,7 +56,8 @@ int64_t IndexBytes(const SlotIndices& idx) {
 // The chunk order that walks the host-side (non-layer_first) layout in address order. For
 // page_first_direct with pages smaller than kSmallPageBytes per layer, all layers of a slot lie
 // closer together than the slots of one layer's page run (at page 1 the layout is page_first):
-// measured on an H200, layer-major order there wrote at 81 % (MHA) / 56 % (MLA) of the ceiling.
+// measured on an H200, layer-major order there wrote at 81 % (MHA) / 56 % (MLA) of the ceiling,
+// slot-major at 92-93 % / 94 %.
 constexpr int64_t kSmallPageBytes = 4096;
 
 ChunkOrder OrderFor(const KvGeometry& src, const KvGeometry& dst) {
