@@ -9,9 +9,10 @@
 #                    indices, 0/1 indices, one layout pair per direction)
 #   5. bench         kvtier bench per GPU backend (kernel, dma, auto), --json per backend
 #   6. summary       a short table of everything above, printed LAST
-# Later sections (Python, cache) can be added between 5 and 6; keep the summary last.
+#   5b. cache       the HierarchicalCache model test on the kernel and dma backends
+#   5c. python      python/run_gpu_tests.sh: the extension with CUDA, pytest, the torch example
 #
-# Usage: scripts/gpu_check.sh [--skip-bench] [--bench-args "..."]
+# Usage: scripts/gpu_check.sh [--skip-bench] [--skip-python] [--bench-args "..."]
 # Budget: about 8 minutes on a 16-core H100 machine.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -20,10 +21,12 @@ BUILD=${KVTIER_GPU_BUILD_DIR:-build-gpu}
 LOGS=${OUT:-$BUILD/logs}
 mkdir -p "$LOGS"
 SKIP_BENCH=0
+SKIP_PYTHON=0
 BENCH_ARGS=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --skip-bench) SKIP_BENCH=1 ;;
+    --skip-python) SKIP_PYTHON=1 ;;
     --bench-args) BENCH_ARGS="$2"; shift ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
@@ -104,6 +107,32 @@ else
 fi
 stamp "bench: ${RESULT[bench]}"
 
+# ---- 5b. cache manager on the GPU backends ------------------------------------------------------
+echo "== cache model test (kernel, dma)"
+RESULT[cache]=skipped
+if [[ ${RESULT[build]} == ok && -x $BUILD/tests/hierarchical_cache_model_test ]]; then
+  RESULT[cache]=ok
+  for backend in kernel dma; do
+    KVTIER_TEST_BACKEND=$backend "$BUILD/tests/hierarchical_cache_model_test" \
+      >"$LOGS/cache_$backend.log" 2>&1 || RESULT[cache]="FAIL($backend)"
+    grep -E "PASSED|FAILED|SKIPPED" "$LOGS/cache_$backend.log" | tail -3
+  done
+fi
+stamp "cache: ${RESULT[cache]}"
+
+# ---- 5c. Python: extension with CUDA, pytest (CPU + GPU), examples/torch_offload.py --------------
+echo "== python"
+RESULT[python]=skipped
+if [[ ${RESULT[build]} == ok && $SKIP_PYTHON == 0 ]]; then
+  if KVTIER_PY_BUILD_DIR="$BUILD" JOBS=$JOBS python/run_gpu_tests.sh >"$LOGS/python.log" 2>&1; then
+    RESULT[python]=ok
+  else
+    RESULT[python]=FAIL
+  fi
+  grep -E "passed|failed|error|PASS|FAIL" "$LOGS/python.log" | tail -8
+fi
+stamp "python: ${RESULT[python]}"
+
 # ---- 6. summary (last) -------------------------------------------------------------------------
 echo "== summary"
 if ls "$LOGS"/bench_*.json >/dev/null 2>&1; then
@@ -136,8 +165,8 @@ for b in ["kernel", "dma", "auto"]:
                   f"{max(r['sms_used'] for r in rs):7} {sub:14.1f} {'ok' if bad == 0 else f'{bad} FAIL'}")
 EOF
 fi
-echo "build: ${RESULT[build]}  tests: ${RESULT[tests]}  sanitizer: ${RESULT[sanitizer]}  bench: ${RESULT[bench]}  ($(( $(date +%s) - T0 ))s)"
-for k in build tests sanitizer bench; do
+echo "build: ${RESULT[build]}  tests: ${RESULT[tests]}  sanitizer: ${RESULT[sanitizer]}  bench: ${RESULT[bench]}  cache: ${RESULT[cache]}  python: ${RESULT[python]}  ($(( $(date +%s) - T0 ))s)"
+for k in build tests sanitizer bench cache python; do
   [[ ${RESULT[$k]} == ok || ${RESULT[$k]} == skipped ]] || exit 1
 done
 exit 0
