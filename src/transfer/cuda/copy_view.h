@@ -76,6 +76,8 @@ struct RegionView {
   int64_t first_layer;  // request layer 0 is this layer of the region
   int64_t head_stride;  // bytes from head chunk h to h + 1 of one (layer, slot): S/H, or P*L*(S/H)
                         // on a page_head side
+  int64_t layer_stride; // bytes from layer l to l + 1 of one slot (every layout is linear in the
+                        // layer for a fixed slot: N*S, S, P*S, S/H); unused with layer_table
   const void* slots;    // [count] slot indices in device memory, int32 or int64
   int32_t slots_int64;  // 1: int64, 0: int32
   int32_t pad_;

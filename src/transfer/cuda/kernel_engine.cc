@@ -275,6 +275,9 @@ Status KernelTransferEngine::FillRegionView(const KvRegion& region, int64_t head
   view->head_stride = table != nullptr
                           ? view->geometry.OffsetInLayer(0, 1) - view->geometry.OffsetInLayer(0, 0)
                           : view->geometry.HeadOffset(0, 0, 1) - view->geometry.HeadOffset(0, 0, 0);
+  view->layer_stride = table != nullptr ? 0
+                                        : view->geometry.HeadOffset(1, 0, 0) -
+                                              view->geometry.HeadOffset(0, 0, 0);
   auto check = [&](const void* p) {
     const auto a = reinterpret_cast<uintptr_t>(p);
     if (a % 16 != 0) *aligned16 = false;
