@@ -10,7 +10,7 @@
 //     direct                                                          pages), 95-97 %    pages of a
 //                                                                     p64 (72-128 KiB)   layer >=
 //                                                                                        64 KiB
-//   all-layer backup, page_first / page_head         72-95 %          25 % (a copy per   kernel
+//   all-layer backup, page_first / page_head         92-95 %          25 % (a copy per   kernel
 //                                                                     slot) / not run
 //   any request with device indices                  -                must synchronise   kernel
 //                                                                     to read them

@@ -14,8 +14,9 @@
 //     32 x kLoadsInFlight vectors. Every lane issues all kLoadsInFlight loads of a tile before the
 //     first store (64 B in flight per lane, 64 KiB per SM at W = 16), which is what keeps PCIe
 //     reads (non-posted, ~1-2 us round trip) saturated with few SMs.
-//   - Positions advance by additions only; a chunk's addresses (index loads, bounds check,
-//     KvGeometry math, fast divmods) are computed once per chunk per lane and cached.
+//   - Positions advance by additions only. A lane decodes a chunk number with fast divmods once
+//     per chunk; the slot pair's index loads, bounds check and KvGeometry math run once per pair
+//     (PairCache), and each (layer, head) chunk of the pair is two multiply-adds away.
 //   - Out-of-range indices: the chunk is skipped (no access) and, once per bad slot pair, counted
 //     in the engine's DeviceErrorRecord; the host turns that into a Status in Synchronize.
 //   - Two variants of the same walk. CopyChunksKernel holds the loaded vectors in registers
