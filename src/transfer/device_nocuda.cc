@@ -3,9 +3,9 @@
 // what they never hold. The CUDA build uses src/transfer/cuda/device.cc instead.
 #if !defined(KVTIER_WITH_CUDA)
 
-#include "kvtier/device.h"
-
 #include <string>
+
+#include "kvtier/device.h"
 
 namespace kvtier {
 namespace {

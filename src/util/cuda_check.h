@@ -23,10 +23,10 @@ Status CudaCallError(cudaError_t error, const char* call, const char* file, int 
 
 }  // namespace kvtier::util
 
-#define KVTIER_CUDA_RETURN_IF_ERROR(call)                                                \
-  do {                                                                                   \
-    const cudaError_t kvtier_cuda_error_ = (call);                                       \
-    if (kvtier_cuda_error_ != cudaSuccess) {                                             \
+#define KVTIER_CUDA_RETURN_IF_ERROR(call)                                                  \
+  do {                                                                                     \
+    const cudaError_t kvtier_cuda_error_ = (call);                                         \
+    if (kvtier_cuda_error_ != cudaSuccess) {                                               \
       return ::kvtier::util::CudaCallError(kvtier_cuda_error_, #call, __FILE__, __LINE__); \
-    }                                                                                    \
+    }                                                                                      \
   } while (0)

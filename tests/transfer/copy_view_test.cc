@@ -29,7 +29,8 @@ TEST(CopyViewTest, OffsetsAreLinearInLayerAndHeadForAFixedSlot) {
             const int64_t base = g.HeadOffset(first, slot, 0);
             for (int64_t l = 0; first + l < g.num_layers; ++l) {
               for (int64_t h = 0; h < heads; ++h) {
-                ASSERT_EQ(g.HeadOffset(first + l, slot, h), base + l * layer_stride + h * head_stride)
+                ASSERT_EQ(g.HeadOffset(first + l, slot, h),
+                          base + l * layer_stride + h * head_stride)
                     << LayoutName(layout) << " heads " << heads << " page " << page << " slot "
                     << slot << " layer " << first + l << " head " << h;
               }

@@ -36,8 +36,8 @@ constexpr KvLayout kLayouts[] = {KvLayout::kLayerFirst, KvLayout::kPageFirst,
 constexpr TransferBackend kGpuBackends[] = {TransferBackend::kKernel, TransferBackend::kDma,
                                             TransferBackend::kAuto};
 
-#define REQUIRE_GPU()                                                   \
-  do {                                                                  \
+#define REQUIRE_GPU()                                                     \
+  do {                                                                    \
     if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device present"; \
   } while (0)
 
@@ -72,7 +72,10 @@ TransferEngine* Engine(TransferBackend backend, const char* variant = nullptr) {
 class TestRegion {
  public:
   TestRegion(const KvGeometry& g, bool mla, MemoryKind memory, bool layer_table)
-      : g_(g), mla_(mla), memory_(memory), table_(layer_table && g.layout == KvLayout::kLayerFirst) {
+      : g_(g),
+        mla_(mla),
+        memory_(memory),
+        table_(layer_table && g.layout == KvLayout::kLayerFirst) {
     const int buffers = mla ? 1 : 2;
     const int allocs_per_buffer = table_ ? static_cast<int>(g.num_layers) : 1;
     const int64_t bytes = table_ ? g.layer_bytes() : g.buffer_bytes();
@@ -235,8 +238,9 @@ void RunAndCompare(const KvGeometry& sg, const KvGeometry& dg, bool mla, const C
   const int64_t layers = c.all_layers ? sg.num_layers : 1;
   const int64_t layer = c.all_layers ? 0 : sg.num_layers - 1;
 
-  TransferRequest ref{&src_mirror, &dst_mirror, SlotIndices::Host(pairs.src),
-                      SlotIndices::Host(pairs.dst), layer, layer, layers};
+  TransferRequest ref{
+      &src_mirror, &dst_mirror, SlotIndices::Host(pairs.src), SlotIndices::Host(pairs.dst), layer,
+      layer,       layers};
   ASSERT_OK(transfer::ReferenceTransfer(ref));
 
   std::vector<int32_t> src32(pairs.src.begin(), pairs.src.end());
@@ -333,13 +337,12 @@ std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
          (mla ? "_mla" : "_mha") + "_p" + std::to_string(p);
 }
 
-INSTANTIATE_TEST_SUITE_P(AllPairs, CudaTransferMatrixTest,
-                         ::testing::Combine(::testing::ValuesIn(kLayouts),
-                                            ::testing::ValuesIn(kLayouts), ::testing::Bool(),
-                                            ::testing::Bool(),
-                                            ::testing::Values(int64_t{1}, int64_t{16},
-                                                              int64_t{64}, int64_t{256})),
-                         CaseName);
+INSTANTIATE_TEST_SUITE_P(
+    AllPairs, CudaTransferMatrixTest,
+    ::testing::Combine(::testing::ValuesIn(kLayouts), ::testing::ValuesIn(kLayouts),
+                       ::testing::Bool(), ::testing::Bool(),
+                       ::testing::Values(int64_t{1}, int64_t{16}, int64_t{64}, int64_t{256})),
+    CaseName);
 
 // ---- further dimensions ----------------------------------------------------------------------
 
@@ -352,9 +355,8 @@ TEST(CudaTransferTest, DeviceToDeviceAndHostToHost) {
                           std::pair{KvLayout::kPageFirst, KvLayout::kPageHead},
                           std::pair{KvLayout::kPageFirstDirect, KvLayout::kLayerFirst}}) {
       for (MemoryKind m : {MemoryKind::kDevice, MemoryKind::kHost}) {
-        SCOPED_TRACE(::testing::Message() << TransferBackendName(backend) << " "
-                                          << LayoutName(sl) << "->" << LayoutName(dl) << " "
-                                          << MemoryKindName(m));
+        SCOPED_TRACE(::testing::Message() << TransferBackendName(backend) << " " << LayoutName(sl)
+                                          << "->" << LayoutName(dl) << " " << MemoryKindName(m));
         const KvGeometry sg = MakeGeometry(sl, false, 16, 6);
         const KvGeometry dg = MakeGeometry(dl, false, 16, 5);
         Copy c{.backend = backend, .src_memory = m, .dst_memory = m, .all_layers = true};
@@ -374,7 +376,10 @@ TEST(CudaTransferTest, IndexTypesAndResidency) {
       SCOPED_TRACE(::testing::Message() << TransferBackendName(backend) << " mode " << mode);
       const KvGeometry sg = MakeGeometry(KvLayout::kPageFirst, false, 16, 6);
       const KvGeometry dg = MakeGeometry(KvLayout::kLayerFirst, false, 16, 5);
-      Copy c{.backend = backend, .src_memory = MemoryKind::kHost, .dst_memory = MemoryKind::kDevice, .all_layers = false};
+      Copy c{.backend = backend,
+             .src_memory = MemoryKind::kHost,
+             .dst_memory = MemoryKind::kDevice,
+             .all_layers = false};
       c.index_mode = mode;
       RunAndCompare(sg, dg, false, c,
                     testing::RandomPagePairs(rng, sg.num_slots, dg.num_slots, 16, 3), rng);
@@ -390,7 +395,10 @@ TEST(CudaTransferTest, ZeroAndOneIndex) {
     for (int mode : {0, 2}) {
       const KvGeometry sg = MakeGeometry(KvLayout::kLayerFirst, false, 4, 6);
       const KvGeometry dg = MakeGeometry(KvLayout::kPageHead, false, 4, 5);
-      Copy c{.backend = backend, .src_memory = MemoryKind::kDevice, .dst_memory = MemoryKind::kHost, .all_layers = true};
+      Copy c{.backend = backend,
+             .src_memory = MemoryKind::kDevice,
+             .dst_memory = MemoryKind::kHost,
+             .all_layers = true};
       c.index_mode = mode;
       RunAndCompare(sg, dg, false, c, testing::SlotPairs{}, rng);
       RunAndCompare(sg, dg, false, c, testing::SlotPairs{{5}, {19}}, rng);
@@ -410,20 +418,27 @@ TEST(CudaTransferTest, AccessWidthsAndRealisticSlots) {
   for (Shape sh : {Shape{2048, 8, false}, Shape{1152, 1, true}, Shape{40, 2, false},
                    Shape{20, 1, true}, Shape{24, 2, false}}) {
     for (KvLayout host : kLayouts) {
-      for (auto [backend, variant] : {std::pair{TransferBackend::kKernel, "registers"},
-                                      std::pair{TransferBackend::kKernel, "staged"},
-                                      std::pair{TransferBackend::kDma, ""}}) {
+      for (auto [backend, variant] :
+           {std::pair{TransferBackend::kKernel, "registers"},
+            std::pair{TransferBackend::kKernel, "staged"}, std::pair{TransferBackend::kDma, ""}}) {
         SCOPED_TRACE(::testing::Message() << sh.slot_bytes << " B " << LayoutName(host) << " "
                                           << TransferBackendName(backend) << " " << variant);
         const KvGeometry hg = MakeGeometry(host, sh.mla, 16, 4, 4, sh.slot_bytes, sh.heads);
-        const KvGeometry dg = MakeGeometry(KvLayout::kLayerFirst, sh.mla, 16, 5, 4, sh.slot_bytes, sh.heads);
+        const KvGeometry dg =
+            MakeGeometry(KvLayout::kLayerFirst, sh.mla, 16, 5, 4, sh.slot_bytes, sh.heads);
         const char* v = variant[0] != '\0' ? variant : nullptr;
-        Copy load{.backend = backend, .variant = v, .src_memory = MemoryKind::kHost,
-                  .dst_memory = MemoryKind::kDevice, .all_layers = false};
+        Copy load{.backend = backend,
+                  .variant = v,
+                  .src_memory = MemoryKind::kHost,
+                  .dst_memory = MemoryKind::kDevice,
+                  .all_layers = false};
         RunAndCompare(hg, dg, sh.mla, load,
                       testing::RandomPagePairs(rng, hg.num_slots, dg.num_slots, 16, 3), rng);
-        Copy backup{.backend = backend, .variant = v, .src_memory = MemoryKind::kDevice,
-                    .dst_memory = MemoryKind::kHost, .all_layers = true};
+        Copy backup{.backend = backend,
+                    .variant = v,
+                    .src_memory = MemoryKind::kDevice,
+                    .dst_memory = MemoryKind::kHost,
+                    .all_layers = true};
         RunAndCompare(dg, hg, sh.mla, backup,
                       testing::RandomPagePairs(rng, dg.num_slots, hg.num_slots, 16, 3), rng);
       }
@@ -477,11 +492,11 @@ TEST(CudaTransferTest, OutOfRangeDeviceIndicesAreReported) {
   const KvGeometry hg = MakeGeometry(KvLayout::kPageFirst, false, 1, 32);
   const KvGeometry dg = MakeGeometry(KvLayout::kLayerFirst, false, 1, 32);
   for (int width : {32, 64}) {
-    for (auto [backend, variant] : {std::pair{TransferBackend::kKernel, "registers"},
-                                    std::pair{TransferBackend::kKernel, "staged"},
-                                    std::pair{TransferBackend::kAuto, ""}}) {
-      SCOPED_TRACE(::testing::Message() << TransferBackendName(backend) << " " << variant
-                                        << " int" << width);
+    for (auto [backend, variant] :
+         {std::pair{TransferBackend::kKernel, "registers"},
+          std::pair{TransferBackend::kKernel, "staged"}, std::pair{TransferBackend::kAuto, ""}}) {
+      SCOPED_TRACE(::testing::Message()
+                   << TransferBackendName(backend) << " " << variant << " int" << width);
       TestRegion src(hg, false, MemoryKind::kHost, false);
       TestRegion dst(dg, false, MemoryKind::kDevice, false);
       src.FillRandom(rng);
@@ -589,10 +604,10 @@ TEST(CudaTransferTest, ConsumerStreamSeesLayerAfterWaitingOnItsEvent) {
     auto out = DeviceBuffer::Allocate(L * count * S);
     ASSERT_OK(out.status());
     ASSERT_CUDA(cudaDeviceSynchronize());
-    ASSERT_OK(Engine(backend)->Transfer(
-        TransferRequest::AllLayers(src, dst, SlotIndices::Host(pairs.src),
-                                   SlotIndices::Host(pairs.dst)),
-        {.stream = copy_stream->get(), .layer_events = &*events}));
+    ASSERT_OK(
+        Engine(backend)->Transfer(TransferRequest::AllLayers(src, dst, SlotIndices::Host(pairs.src),
+                                                             SlotIndices::Host(pairs.dst)),
+                                  {.stream = copy_stream->get(), .layer_events = &*events}));
     for (int64_t l = 0; l < L; ++l) {
       ASSERT_OK(events->Wait(static_cast<int>(l), consumer->get()));
       ConsumeLayer<<<64, 256, 0, consumer->get()>>>(
@@ -614,7 +629,8 @@ TEST(CudaTransferTest, ConsumerStreamSeesLayerAfterWaitingOnItsEvent) {
     const KvRegion hm = host.mirror_region();
     for (int64_t l = 0; l < L; ++l) {
       for (int64_t k = 0; k < count; ++k) {
-        const std::byte* want = static_cast<const std::byte*>(hm.k) + hg.SlotOffset(l, pairs.src[k]);
+        const std::byte* want =
+            static_cast<const std::byte*>(hm.k) + hg.SlotOffset(l, pairs.src[k]);
         ASSERT_EQ(std::memcmp(&seen[static_cast<size_t>((l * count + k) * words)], want, S), 0)
             << "layer " << l << " pair " << k;
       }

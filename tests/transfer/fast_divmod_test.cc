@@ -11,8 +11,8 @@ namespace {
 
 TEST(FastDivmodTest, MatchesDivisionForEdgeAndRandomValues) {
   std::mt19937_64 rng(7);
-  std::vector<uint32_t> divisors = {1, 2, 3, 5, 7, 16, 61, 72, 128, 1000, 65535, 65536, 1u << 30,
-                                    (1u << 31) - 1, 1u << 31};
+  std::vector<uint32_t> divisors = {
+      1, 2, 3, 5, 7, 16, 61, 72, 128, 1000, 65535, 65536, 1u << 30, (1u << 31) - 1, 1u << 31};
   for (int i = 0; i < 200; ++i) divisors.push_back(1 + static_cast<uint32_t>(rng() % (1u << 31)));
   for (uint32_t d : divisors) {
     const FastDivmod f = FastDivmod::Make(d);

@@ -106,9 +106,10 @@ void ParallelRandom(std::byte* p, int64_t bytes, uint64_t seed) {
 int64_t ParallelFirstDifference(const std::byte* a, const std::byte* b, int64_t bytes) {
   std::vector<int64_t> first(64, -1);
   int slot = 0;
-  std::vector<std::pair<int64_t, int64_t>> ranges;
+  std::vector<std::pair<int64_t, int64_t> > ranges;
   const int threads = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
-  for (int t = 0; t < threads; ++t) ranges.emplace_back(bytes * t / threads, bytes * (t + 1) / threads);
+  for (int t = 0; t < threads; ++t)
+    ranges.emplace_back(bytes * t / threads, bytes * (t + 1) / threads);
   std::vector<std::thread> pool;
   for (auto [lo, hi] : ranges) {
     const int s = slot++;
@@ -190,13 +191,15 @@ class PinnedPool {
     }
     constexpr size_t kHuge = size_t{2} << 20;
     const size_t n = (static_cast<size_t>(bytes) + kHuge - 1) / kHuge * kHuge;
-    void* raw = mmap(nullptr, n + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    void* raw =
+        mmap(nullptr, n + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (raw == MAP_FAILED) return Status::OutOfMemory(fmt::format("mmap of {} bytes failed", n));
     p.map_.reset(new Mapping{raw, n + kHuge});
-    auto* aligned = reinterpret_cast<std::byte*>(
-        (reinterpret_cast<uintptr_t>(raw) + kHuge - 1) / kHuge * kHuge);
+    auto* aligned = reinterpret_cast<std::byte*>((reinterpret_cast<uintptr_t>(raw) + kHuge - 1) /
+                                                 kHuge * kHuge);
     (void)madvise(aligned, n, MADV_HUGEPAGE);
-    KVTIER_ASSIGN_OR_RETURN(p.registration_, PinnedRegistration::Register(aligned, static_cast<int64_t>(n)));
+    KVTIER_ASSIGN_OR_RETURN(p.registration_,
+                            PinnedRegistration::Register(aligned, static_cast<int64_t>(n)));
     p.data_ = aligned;
     return p;
   }
@@ -218,17 +221,17 @@ class PinnedPool {
 // ---- the GPU state of one shape ---------------------------------------------------------------
 
 struct ShapeBuffers {
-  int64_t bytes = 0;             // of each pool (all buffers)
-  PinnedPool host_pool;          // the host pool (any layout), pinned
-  PinnedPool host_pool2;         // the backup destination of "both directions at once"
-  DeviceKvPool device_pool;      // layer_first
-  HostBytes device_mirror;       // what the device pool holds before a backup
-  HostBytes expected;            // the cpu backend's result of the row
-  bool device_dirty = true;      // device pool != device_mirror
+  int64_t bytes = 0;         // of each pool (all buffers)
+  PinnedPool host_pool;      // the host pool (any layout), pinned
+  PinnedPool host_pool2;     // the backup destination of "both directions at once"
+  DeviceKvPool device_pool;  // layer_first
+  HostBytes device_mirror;   // what the device pool holds before a backup
+  HostBytes expected;        // the cpu backend's result of the row
+  bool device_dirty = true;  // device pool != device_mirror
 };
 
 struct Engines {
-  std::vector<std::pair<TransferBackend, std::unique_ptr<TransferEngine>>> gpu;
+  std::vector<std::pair<TransferBackend, std::unique_ptr<TransferEngine> > > gpu;
   std::unique_ptr<TransferEngine> cpu;
 };
 
@@ -386,10 +389,10 @@ Status GpuBench::RunCase(const BenchCase& c, ShapeBuffers& buf, size_t* index, s
                           DeviceBuffer::Allocate(2 * c.tokens * 8 + 16, options_.device));
   auto* d_src = static_cast<int64_t*>(dev_idx.data());
   int64_t* d_dst = d_src + c.tokens;
-  KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpy(d_src, src_idx.data(), src_idx.size() * 8,
-                                         cudaMemcpyHostToDevice));
-  KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpy(d_dst, dst_idx.data(), dst_idx.size() * 8,
-                                         cudaMemcpyHostToDevice));
+  KVTIER_CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(d_src, src_idx.data(), src_idx.size() * 8, cudaMemcpyHostToDevice));
+  KVTIER_CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(d_dst, dst_idx.data(), dst_idx.size() * 8, cudaMemcpyHostToDevice));
   // Legacy-stream copies from pageable memory and cudaMemset may still be in flight when they
   // return; the timed copies run on a non-blocking stream. Here and below: synchronise first.
   KVTIER_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
@@ -428,17 +431,16 @@ Status GpuBench::RunCase(const BenchCase& c, ShapeBuffers& buf, size_t* index, s
 
   for (auto& [backend, engine] : engines_.gpu) {
     const bool device_indices = backend == TransferBackend::kKernel;
-    const SlotIndices si = device_indices ? SlotIndices::Device(d_src, c.tokens)
-                                          : SlotIndices::Host(src_idx);
-    const SlotIndices di = device_indices ? SlotIndices::Device(d_dst, c.tokens)
-                                          : SlotIndices::Host(dst_idx);
+    const SlotIndices si =
+        device_indices ? SlotIndices::Device(d_src, c.tokens) : SlotIndices::Host(src_idx);
+    const SlotIndices di =
+        device_indices ? SlotIndices::Device(d_dst, c.tokens) : SlotIndices::Host(dst_idx);
     const TransferRequest request =
         load ? TransferRequest::PerLayer(host, device, si, di, c.load_layer)
              : TransferRequest::AllLayers(device, host, si, di);
     BenchRow row;
-    const bool dma_hopeless =
-        backend == TransferBackend::kDma && !load &&
-        (c.page_size == 1 || c.host_layout == KvLayout::kPageHead);
+    const bool dma_hopeless = backend == TransferBackend::kDma && !load &&
+                              (c.page_size == 1 || c.host_layout == KvLayout::kPageHead);
     if (dma_hopeless) {
       row.shape = BenchShapeName(c.shape);
       row.op = BenchOpName(c.op);
@@ -525,9 +527,8 @@ Status GpuBench::RunBoth(const BenchCase& c, ShapeBuffers& buf, TransferBackend 
   KVTIER_ASSIGN_OR_RETURN(CudaEventHandle start, CudaEventHandle::Create(options_.device, true));
   KVTIER_ASSIGN_OR_RETURN(CudaEventHandle end1, CudaEventHandle::Create(options_.device, true));
   KVTIER_ASSIGN_OR_RETURN(CudaEventHandle end2, CudaEventHandle::Create(options_.device, true));
-  const TransferRequest backup =
-      TransferRequest::AllLayers(device, out, SlotIndices::Host(backup_slots.device),
-                                 SlotIndices::Host(backup_slots.host));
+  const TransferRequest backup = TransferRequest::AllLayers(
+      device, out, SlotIndices::Host(backup_slots.device), SlotIndices::Host(backup_slots.host));
   std::vector<double> ms;
   for (int r = 0; r < options_.warmup + options_.repeats; ++r) {
     KVTIER_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
@@ -575,26 +576,27 @@ Status GpuBench::RunBoth(const BenchCase& c, ShapeBuffers& buf, TransferBackend 
   // Check: the device pool = mirror with the loaded slots of every layer replaced; the second
   // host pool = poison with the backed-up slots.
   HostBytes got = HostBytes::Allocate(buf.bytes);
-  KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpy(got.get(), dev_base, static_cast<size_t>(buf.bytes),
-                                         cudaMemcpyDeviceToHost));
+  KVTIER_CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(got.get(), dev_base, static_cast<size_t>(buf.bytes), cudaMemcpyDeviceToHost));
   const KvRegion mirror = RegionOver(buf.device_mirror.get(), dg, c.mla, MemoryKind::kHost);
   // Expected backup output first (from the untouched mirror).
   ParallelFill(buf.expected.get(), buf.bytes, kPoisonByte);
   const KvRegion expected_out = RegionOver(buf.expected.get(), hg, c.mla, MemoryKind::kHost);
-  KVTIER_RETURN_IF_ERROR(engines_.cpu->Transfer(TransferRequest::AllLayers(
-      mirror, expected_out, SlotIndices::Host(backup_slots.device),
-      SlotIndices::Host(backup_slots.host))));
+  KVTIER_RETURN_IF_ERROR(engines_.cpu->Transfer(
+      TransferRequest::AllLayers(mirror, expected_out, SlotIndices::Host(backup_slots.device),
+                                 SlotIndices::Host(backup_slots.host))));
   int64_t diff = ParallelFirstDifference(out_base, buf.expected.get(), buf.bytes);
   std::string bad;
   if (diff >= 0) bad = fmt::format("backup output differs at byte {}", diff);
   // Expected device pool: the mirror after the loads (the mirror is restored afterwards).
   std::memcpy(buf.expected.get(), buf.device_mirror.get(), static_cast<size_t>(buf.bytes));
   const KvRegion expected_dev = RegionOver(buf.expected.get(), dg, c.mla, MemoryKind::kHost);
-  KVTIER_RETURN_IF_ERROR(engines_.cpu->Transfer(TransferRequest::AllLayers(
-      host, expected_dev, SlotIndices::Host(load_slots.host),
-      SlotIndices::Host(load_slots.device))));
+  KVTIER_RETURN_IF_ERROR(engines_.cpu->Transfer(
+      TransferRequest::AllLayers(host, expected_dev, SlotIndices::Host(load_slots.host),
+                                 SlotIndices::Host(load_slots.device))));
   diff = ParallelFirstDifference(got.get(), buf.expected.get(), buf.bytes);
-  if (diff >= 0) bad += fmt::format("{}device pool differs at byte {}", bad.empty() ? "" : "; ", diff);
+  if (diff >= 0)
+    bad += fmt::format("{}device pool differs at byte {}", bad.empty() ? "" : "; ", diff);
   row.check_ok = bad.empty();
   if (!bad.empty()) row.note = "MISMATCH vs cpu backend: " + bad + "; " + row.note;
   buf.device_dirty = true;
@@ -605,9 +607,9 @@ Status GpuBench::RunBoth(const BenchCase& c, ShapeBuffers& buf, TransferBackend 
 
 Status GpuBench::Run() {
   if (CudaDeviceCount() <= options_.device) {
-    return Status::Unavailable(fmt::format(
-        "GPU backends are unavailable: no CUDA device {} ({} present)", options_.device,
-        CudaDeviceCount()));
+    return Status::Unavailable(
+        fmt::format("GPU backends are unavailable: no CUDA device {} ({} present)", options_.device,
+                    CudaDeviceCount()));
   }
   TransferEngineConfig config;
   config.device = options_.device;
@@ -644,7 +646,8 @@ Status GpuBench::Run() {
     if (bytes == 0) continue;
     ShapeBuffers buf;
     buf.bytes = bytes;
-    std::fprintf(stderr, "%s: allocating pools of %.2f GiB (pinned host%s, device, 2 host mirrors)\n",
+    std::fprintf(stderr,
+                 "%s: allocating pools of %.2f GiB (pinned host%s, device, 2 host mirrors)\n",
                  BenchShapeName(shape), static_cast<double>(bytes) / (1 << 30),
                  std::getenv("KVTIER_BENCH_HUGEPAGES") != nullptr ? " on huge pages" : "");
     KVTIER_ASSIGN_OR_RETURN(buf.host_pool, PinnedPool::Allocate(bytes));
@@ -655,8 +658,8 @@ Status GpuBench::Run() {
         break;
       }
     }
-    KVTIER_ASSIGN_OR_RETURN(buf.device_pool,
-                            DeviceKvPool::Create(first->DeviceGeometry(), first->mla, options_.device));
+    KVTIER_ASSIGN_OR_RETURN(buf.device_pool, DeviceKvPool::Create(first->DeviceGeometry(),
+                                                                  first->mla, options_.device));
     buf.device_mirror = HostBytes::Allocate(bytes);
     buf.expected = HostBytes::Allocate(bytes);
     ParallelRandom(static_cast<std::byte*>(buf.host_pool.data()), bytes, options_.seed ^ 0x1234);

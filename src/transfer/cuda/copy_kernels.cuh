@@ -80,8 +80,8 @@ __device__ __forceinline__ char* ChunkAddress(const RegionView& r, uint32_t b, u
 }
 
 // Chunk number -> (buffer, slot pair, layer, head) in the launch's order.
-__device__ __forceinline__ void DecodeChunk(const CopyView& v, uint32_t c, uint32_t* b,
-                                            uint32_t* k, uint32_t* l, uint32_t* h) {
+__device__ __forceinline__ void DecodeChunk(const CopyView& v, uint32_t c, uint32_t* b, uint32_t* k,
+                                            uint32_t* l, uint32_t* h) {
   uint32_t t;
   switch (v.order) {
     case ChunkOrder::kLayerSlotHead:
@@ -216,7 +216,6 @@ __global__ void __launch_bounds__(kCopyThreads, 1) CopyChunksKernel(const CopyVi
   }
 }
 
-
 template <int W>
 __device__ __forceinline__ void CopyAsyncToShared(void* smem, const void* global) {
   const auto dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
@@ -277,7 +276,8 @@ __global__ void __launch_bounds__(kCopyThreads, 1) CopyChunksStagedKernel(const 
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       if (to[r] != nullptr) {
-        __stcs(to[r], *reinterpret_cast<const Vec*>(staging + (r * kCopyThreads + threadIdx.x) * W));
+        __stcs(to[r],
+               *reinterpret_cast<const Vec*>(staging + (r * kCopyThreads + threadIdx.x) * W));
       }
     }
     e += v.grid_vecs;

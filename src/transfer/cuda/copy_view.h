@@ -28,8 +28,7 @@ struct FastDivmod {
     uint32_t l = 0;
     while ((uint64_t{1} << l) < d) ++l;
     f.shift = l;
-    f.multiplier =
-        static_cast<uint32_t>(((uint64_t{1} << 32) * ((uint64_t{1} << l) - d)) / d + 1);
+    f.multiplier = static_cast<uint32_t>(((uint64_t{1} << 32) * ((uint64_t{1} << l) - d)) / d + 1);
     return f;
   }
   KVTIER_HOST_DEVICE uint32_t Div(uint32_t n) const {
@@ -48,7 +47,8 @@ struct FastDivmod {
 
 // Chunk numbering. Fastest-varying index last.
 enum class ChunkOrder : int32_t {
-  kLayerSlotHead = 0,  // (b, l, k, h): runs of slots within a layer (layer_first, page_first_direct)
+  kLayerSlotHead =
+      0,  // (b, l, k, h): runs of slots within a layer (layer_first, page_first_direct)
   kSlotLayerHead = 1,  // (b, k, l, h): all layers of a slot (page_first)
   kSlotHeadLayer = 2,  // (b, k, h, l): all layers of a head of a slot (page_head)
 };
@@ -73,24 +73,24 @@ struct RegionView {
   // layer_first with separate layer allocations: device array [num_buffers * L] of layer bases
   // (K layers 0..L-1, then V layers), each [N, S]. Null otherwise.
   std::byte* const* layer_table;
-  int64_t first_layer;  // request layer 0 is this layer of the region
-  int64_t head_stride;  // bytes from head chunk h to h + 1 of one (layer, slot): S/H, or P*L*(S/H)
-                        // on a page_head side
-  int64_t layer_stride; // bytes from layer l to l + 1 of one slot (every layout is linear in the
-                        // layer for a fixed slot: N*S, S, P*S, S/H); unused with layer_table
-  const void* slots;    // [count] slot indices in device memory, int32 or int64
-  int32_t slots_int64;  // 1: int64, 0: int32
+  int64_t first_layer;   // request layer 0 is this layer of the region
+  int64_t head_stride;   // bytes from head chunk h to h + 1 of one (layer, slot): S/H, or P*L*(S/H)
+                         // on a page_head side
+  int64_t layer_stride;  // bytes from layer l to l + 1 of one slot (every layout is linear in the
+                         // layer for a fixed slot: N*S, S, P*S, S/H); unused with layer_table
+  const void* slots;     // [count] slot indices in device memory, int32 or int64
+  int32_t slots_int64;   // 1: int64, 0: int32
   int32_t pad_;
 };
 
 struct CopyView {
   RegionView src;
   RegionView dst;
-  uint32_t count;         // slot pairs in this launch
-  uint32_t num_layers;    // layers in this launch
-  uint32_t num_buffers;   // 2 (K, V) or 1 (MLA)
-  uint32_t heads;         // chunks per slot: page_head's head_num when either side is page_head
-  uint32_t num_chunks;    // num_buffers * count * num_layers * heads  (< 2^31)
+  uint32_t count;           // slot pairs in this launch
+  uint32_t num_layers;      // layers in this launch
+  uint32_t num_buffers;     // 2 (K, V) or 1 (MLA)
+  uint32_t heads;           // chunks per slot: page_head's head_num when either side is page_head
+  uint32_t num_chunks;      // num_buffers * count * num_layers * heads  (< 2^31)
   uint32_t vecs_per_chunk;  // chunk bytes / W
   ChunkOrder order;
   int32_t report_errors;  // 1: count bad pairs (only one launch of a per-layer split does)

@@ -162,9 +162,9 @@ Result<DeviceBuffer> DeviceBuffer::Allocate(int64_t bytes, int device) {
     (void)cudaGetLastError();
     size_t free_bytes = 0, total_bytes = 0;
     (void)cudaMemGetInfo(&free_bytes, &total_bytes);
-    return Status::OutOfMemory(fmt::format(
-        "cudaMalloc of {} bytes on device {} failed: {} bytes free of {}", bytes, device,
-        free_bytes, total_bytes));
+    return Status::OutOfMemory(
+        fmt::format("cudaMalloc of {} bytes on device {} failed: {} bytes free of {}", bytes,
+                    device, free_bytes, total_bytes));
   }
   KVTIER_CUDA_RETURN_IF_ERROR(e);
   b.data_ = p;
@@ -175,7 +175,8 @@ DeviceBuffer::~DeviceBuffer() {
   if (data_ != nullptr) cudaFree(data_);
 }
 DeviceBuffer::DeviceBuffer(DeviceBuffer&& o) noexcept
-    : data_(std::exchange(o.data_, nullptr)), bytes_(std::exchange(o.bytes_, 0)),
+    : data_(std::exchange(o.data_, nullptr)),
+      bytes_(std::exchange(o.bytes_, 0)),
       device_(o.device_) {}
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
   if (this != &o) {
@@ -234,15 +235,13 @@ Result<PinnedRegistration> PinnedRegistration::Register(void* ptr, int64_t bytes
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
     if (e == cudaErrorHostMemoryAlreadyRegistered) {
-      return Status::InvalidArgument(
-          fmt::format("cudaHostRegister({}, {} bytes): the range is already registered", ptr,
-                      bytes));
+      return Status::InvalidArgument(fmt::format(
+          "cudaHostRegister({}, {} bytes): the range is already registered", ptr, bytes));
     }
     struct rlimit lim {};
     std::string limit = "unknown";
     if (getrlimit(RLIMIT_MEMLOCK, &lim) == 0) {
-      limit = lim.rlim_cur == RLIM_INFINITY ? "unlimited"
-                                            : fmt::format("{} bytes", lim.rlim_cur);
+      limit = lim.rlim_cur == RLIM_INFINITY ? "unlimited" : fmt::format("{} bytes", lim.rlim_cur);
     }
     return Status::OutOfMemory(fmt::format(
         "cudaHostRegister({}, {} bytes) failed: {} ({}). The pages could not be locked; the "

@@ -190,9 +190,9 @@ class DmaTransferEngine final : public GpuTransferEngine {
  public:
   static Result<std::unique_ptr<DmaTransferEngine>> Create(const TransferEngineConfig& config) {
     if (CudaDeviceCount() <= config.device) {
-      return Status::Unavailable(fmt::format(
-          "the dma transfer backend needs CUDA device {}, but {} device(s) are present",
-          config.device, CudaDeviceCount()));
+      return Status::Unavailable(
+          fmt::format("the dma transfer backend needs CUDA device {}, but {} device(s) are present",
+                      config.device, CudaDeviceCount()));
     }
     std::unique_ptr<DmaTransferEngine> e(new DmaTransferEngine(config));
     KVTIER_RETURN_IF_ERROR(e->Init());
@@ -218,7 +218,8 @@ class DmaTransferEngine final : public GpuTransferEngine {
     DeviceGuard guard;
     KVTIER_RETURN_IF_ERROR(guard.Set(config_.device));
     int pitch = 0;
-    KVTIER_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&pitch, cudaDevAttrMaxPitch, config_.device));
+    KVTIER_CUDA_RETURN_IF_ERROR(
+        cudaDeviceGetAttribute(&pitch, cudaDevAttrMaxPitch, config_.device));
     max_pitch_ = static_cast<size_t>(pitch);
     int runtime = 0, driver = 0;
     KVTIER_CUDA_RETURN_IF_ERROR(cudaRuntimeGetVersion(&runtime));
@@ -235,17 +236,17 @@ class DmaTransferEngine final : public GpuTransferEngine {
   }
 
   // Host copies of the index lists (device lists are downloaded; host lists used in place).
-  Status HostIndices(const SlotIndices& idx, const char* name, int64_t num_slots,
-                     CudaStream stream, PinnedHostBuffer* staging, SlotIndices* out);
-  void Plan(const TransferRequest& r, const SlotIndices& si, const SlotIndices& di,
-            int64_t layer0, int64_t layers);
+  Status HostIndices(const SlotIndices& idx, const char* name, int64_t num_slots, CudaStream stream,
+                     PinnedHostBuffer* staging, SlotIndices* out);
+  void Plan(const TransferRequest& r, const SlotIndices& si, const SlotIndices& di, int64_t layer0,
+            int64_t layers);
   Status Submit(CudaStream stream);
 
   const TransferEngineConfig config_;
   std::mutex mu_;
   size_t max_pitch_ = 0;
   bool batch_available_ = false;
-  bool use_batch_ = false;  // this call: batch available and no pageable side
+  bool use_batch_ = false;          // this call: batch available and no pageable side
   bool batch_3d_available_ = true;  // cleared when cudaMemcpy3DBatchAsync is refused
   CudaStreamHandle private_stream_;
   CudaEventHandle fence_in_;
@@ -254,7 +255,7 @@ class DmaTransferEngine final : public GpuTransferEngine {
   PinnedHostBuffer dst_index_staging_;
   CopyPlanner planner_;
   std::vector<cudaMemcpy3DBatchOp> ops_3d_;  // the strided copies of one batch call
-  std::vector<int64_t> run_starts_;  // slot runs: [run_starts_[i], run_starts_[i+1])
+  std::vector<int64_t> run_starts_;          // slot runs: [run_starts_[i], run_starts_[i+1])
 };
 
 Status DmaTransferEngine::HostIndices(const SlotIndices& idx, const char* name, int64_t num_slots,
@@ -264,7 +265,8 @@ Status DmaTransferEngine::HostIndices(const SlotIndices& idx, const char* name, 
   if (idx.memory == MemoryKind::kHost || idx.count == 0) return Status::OK();
   const int64_t bytes = idx.count * (idx.type == IndexType::kInt64 ? 8 : 4);
   if (staging->bytes() < bytes) {
-    KVTIER_ASSIGN_OR_RETURN(*staging, PinnedHostBuffer::Allocate(std::max(bytes, 2 * staging->bytes())));
+    KVTIER_ASSIGN_OR_RETURN(*staging,
+                            PinnedHostBuffer::Allocate(std::max(bytes, 2 * staging->bytes())));
   }
   KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(staging->data(), idx.data, static_cast<size_t>(bytes),
                                               cudaMemcpyDeviceToHost, stream));
@@ -281,11 +283,13 @@ Status DmaTransferEngine::HostIndices(const SlotIndices& idx, const char* name, 
   return Status::OK();
 }
 
-void DmaTransferEngine::Plan(const TransferRequest& r, const SlotIndices& si,
-                             const SlotIndices& di, int64_t layer0, int64_t layers) {
+void DmaTransferEngine::Plan(const TransferRequest& r, const SlotIndices& si, const SlotIndices& di,
+                             int64_t layer0, int64_t layers) {
   Sides x{r.src, r.dst, r.src->geometry, r.dst->geometry, 1, 0};
   const KvLayout sl = x.sg.layout, dl = x.dg.layout;
-  x.heads = sl == KvLayout::kPageHead ? x.sg.head_num : dl == KvLayout::kPageHead ? x.dg.head_num : 1;
+  x.heads = sl == KvLayout::kPageHead   ? x.sg.head_num
+            : dl == KvLayout::kPageHead ? x.dg.head_num
+                                        : 1;
   x.sg.head_num = x.heads;
   x.dg.head_num = x.heads;
   x.chunk = x.sg.slot_bytes / x.heads;
@@ -415,8 +419,8 @@ Status DmaTransferEngine::Submit(CudaStream stream) {
 #else
     size_t fail_index = 0;
     const cudaError_t e = cudaMemcpyBatchAsync(
-        planner_.dsts().data(), const_cast<void**>(planner_.srcs().data()),
-        planner_.sizes().data(), count, &attr, &attr_index, 1, &fail_index, stream);
+        planner_.dsts().data(), const_cast<void**>(planner_.srcs().data()), planner_.sizes().data(),
+        count, &attr, &attr_index, 1, &fail_index, stream);
 #endif
     if (e == cudaSuccess) {
       ++stats_.batch_calls;
@@ -449,9 +453,9 @@ Status DmaTransferEngine::DoTransfer(const TransferRequest& r, const TransferOpt
   // Pageable host memory goes through plain cudaMemcpyAsync (staged by the driver).
   use_batch_ = batch_available_ && !src_pageable && !dst_pageable;
   if (options.layer_events != nullptr && options.layer_events->size() < r.num_layers) {
-    return Status::InvalidArgument(fmt::format(
-        "layer_events has {} events but the request copies {} layers",
-        options.layer_events->size(), r.num_layers));
+    return Status::InvalidArgument(
+        fmt::format("layer_events has {} events but the request copies {} layers",
+                    options.layer_events->size(), r.num_layers));
   }
   SlotIndices si, di;
   KVTIER_RETURN_IF_ERROR(HostIndices(r.src_slots, "src_slots", r.src->geometry.num_slots,

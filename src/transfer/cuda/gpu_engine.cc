@@ -12,8 +12,7 @@ const GpuTransferStats* LastTransferStats(const TransferEngine& engine) {
   return gpu == nullptr ? nullptr : &gpu->last_stats();
 }
 
-Status CheckResidency(const KvRegion& r, const char* name, bool need_pinned_host,
-                      bool* pageable) {
+Status CheckResidency(const KvRegion& r, const char* name, bool need_pinned_host, bool* pageable) {
   const void* p = r.has_layer_table() ? r.k_layers[0] : r.k;
   cudaPointerAttributes attr{};
   const cudaError_t e = cudaPointerGetAttributes(&attr, p);
@@ -26,9 +25,9 @@ Status CheckResidency(const KvRegion& r, const char* name, bool need_pinned_host
   }
   if (r.memory == MemoryKind::kDevice) {
     if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged) {
-      return Status::InvalidArgument(fmt::format(
-          "{}.memory is device but {} ({}) is not CUDA device memory", name,
-          r.has_layer_table() ? "k_layers[0]" : "k", p));
+      return Status::InvalidArgument(
+          fmt::format("{}.memory is device but {} ({}) is not CUDA device memory", name,
+                      r.has_layer_table() ? "k_layers[0]" : "k", p));
     }
     return Status::OK();
   }
@@ -40,9 +39,9 @@ Status CheckResidency(const KvRegion& r, const char* name, bool need_pinned_host
         name, r.has_layer_table() ? "k_layers[0]" : "k", p));
   }
   if (attr.type == cudaMemoryTypeDevice) {
-    return Status::InvalidArgument(fmt::format(
-        "{}.memory is host but {} ({}) is CUDA device memory", name,
-        r.has_layer_table() ? "k_layers[0]" : "k", p));
+    return Status::InvalidArgument(
+        fmt::format("{}.memory is host but {} ({}) is CUDA device memory", name,
+                    r.has_layer_table() ? "k_layers[0]" : "k", p));
   }
   return Status::OK();
 }

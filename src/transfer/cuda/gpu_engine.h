@@ -17,7 +17,8 @@ struct GpuTransferStats {
   int blocks = 0;        // kernel: blocks of the widest launch = SMs occupied (one 1024-thread
                          // block fits an SM at a time, see copy_kernels.cuh)
   int64_t launches = 0;  // kernel: kernel launches
-  int64_t copy_ops = 0;  // dma: copy operations submitted (batch entries + 2D copies + single copies)
+  int64_t copy_ops =
+      0;  // dma: copy operations submitted (batch entries + 2D copies + single copies)
   int64_t batch_calls = 0;  // dma: cudaMemcpyBatchAsync calls
   int64_t copies_2d = 0;    // dma: cudaMemcpy2DAsync calls
 };

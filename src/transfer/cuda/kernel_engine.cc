@@ -63,12 +63,15 @@ constexpr int64_t kSmallPageBytes = 4096;
 ChunkOrder OrderFor(const KvGeometry& src, const KvGeometry& dst) {
   const KvGeometry& lead = dst.layout != KvLayout::kLayerFirst ? dst : src;
   switch (lead.layout) {
-    case KvLayout::kPageFirst: return ChunkOrder::kSlotLayerHead;
-    case KvLayout::kPageHead: return ChunkOrder::kSlotHeadLayer;
+    case KvLayout::kPageFirst:
+      return ChunkOrder::kSlotLayerHead;
+    case KvLayout::kPageHead:
+      return ChunkOrder::kSlotHeadLayer;
     case KvLayout::kPageFirstDirect:
       return lead.page_size * lead.slot_bytes < kSmallPageBytes ? ChunkOrder::kSlotLayerHead
                                                                 : ChunkOrder::kLayerSlotHead;
-    default: return ChunkOrder::kLayerSlotHead;
+    default:
+      return ChunkOrder::kLayerSlotHead;
   }
 }
 
@@ -152,8 +155,8 @@ class KernelTransferEngine final : public GpuTransferEngine {
                             DeviceBuffer::Allocate(sizeof(DeviceErrorRecord), config_.device));
     KVTIER_ASSIGN_OR_RETURN(error_host_, PinnedHostBuffer::Allocate(sizeof(DeviceErrorRecord)));
     KVTIER_ASSIGN_OR_RETURN(private_stream_, CudaStreamHandle::Create(config_.device, true));
-    KVTIER_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(error_device_.data(), 0,
-                                                sizeof(DeviceErrorRecord), private_stream_.get()));
+    KVTIER_CUDA_RETURN_IF_ERROR(
+        cudaMemsetAsync(error_device_.data(), 0, sizeof(DeviceErrorRecord), private_stream_.get()));
     KVTIER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(private_stream_.get()));
     for (auto& slot : staging_) {
       KVTIER_ASSIGN_OR_RETURN(slot.done, CudaEventHandle::Create(config_.device, false));
@@ -185,8 +188,7 @@ class KernelTransferEngine final : public GpuTransferEngine {
 };
 
 Status KernelTransferEngine::StageIndices(const TransferRequest& r, CudaStream stream,
-                                          const void** src, const void** dst,
-                                          StagingSlot** used) {
+                                          const void** src, const void** dst, StagingSlot** used) {
   const bool src_host = r.src_slots.memory == MemoryKind::kHost;
   const bool dst_host = r.dst_slots.memory == MemoryKind::kHost;
   *src = r.src_slots.data;
@@ -216,8 +218,8 @@ Status KernelTransferEngine::StageIndices(const TransferRequest& r, CudaStream s
     std::memcpy(host + src_bytes, r.dst_slots.data, static_cast<size_t>(dst_bytes));
     *dst = device + src_bytes;
   }
-  KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(device, host, static_cast<size_t>(bytes),
-                                              cudaMemcpyHostToDevice, stream));
+  KVTIER_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(device, host, static_cast<size_t>(bytes), cudaMemcpyHostToDevice, stream));
   *used = &slot;
   return Status::OK();
 }
@@ -245,10 +247,9 @@ Result<std::byte* const*> KernelTransferEngine::DeviceLayerTable(const KvRegion&
     entry = &tables_.back();
     KVTIER_ASSIGN_OR_RETURN(entry->last_use, CudaEventHandle::Create(config_.device, false));
   } else {
-    entry = &*std::min_element(tables_.begin(), tables_.end(),
-                               [](const TableEntry& a, const TableEntry& b) {
-                                 return a.tick < b.tick;
-                               });
+    entry = &*std::min_element(
+        tables_.begin(), tables_.end(),
+        [](const TableEntry& a, const TableEntry& b) { return a.tick < b.tick; });
     if (entry->used) KVTIER_RETURN_IF_ERROR(entry->last_use.Synchronize());
     entry->used = false;
   }
@@ -275,9 +276,9 @@ Status KernelTransferEngine::FillRegionView(const KvRegion& region, int64_t head
   view->head_stride = table != nullptr
                           ? view->geometry.OffsetInLayer(0, 1) - view->geometry.OffsetInLayer(0, 0)
                           : view->geometry.HeadOffset(0, 0, 1) - view->geometry.HeadOffset(0, 0, 0);
-  view->layer_stride = table != nullptr ? 0
-                                        : view->geometry.HeadOffset(1, 0, 0) -
-                                              view->geometry.HeadOffset(0, 0, 0);
+  view->layer_stride =
+      table != nullptr ? 0
+                       : view->geometry.HeadOffset(1, 0, 0) - view->geometry.HeadOffset(0, 0, 0);
   auto check = [&](const void* p) {
     const auto a = reinterpret_cast<uintptr_t>(p);
     if (a % 16 != 0) *aligned16 = false;
@@ -298,8 +299,7 @@ Status KernelTransferEngine::FillRegionView(const KvRegion& region, int64_t head
   return Status::OK();
 }
 
-Status KernelTransferEngine::DoTransfer(const TransferRequest& r,
-                                        const TransferOptions& options) {
+Status KernelTransferEngine::DoTransfer(const TransferRequest& r, const TransferOptions& options) {
   std::lock_guard<std::mutex> lock(mu_);
   stats_ = GpuTransferStats{};
   stats_.backend = TransferBackend::kKernel;
@@ -308,9 +308,9 @@ Status KernelTransferEngine::DoTransfer(const TransferRequest& r,
   KVTIER_RETURN_IF_ERROR(CheckResidency(*r.src, "src", /*need_pinned_host=*/true));
   KVTIER_RETURN_IF_ERROR(CheckResidency(*r.dst, "dst", /*need_pinned_host=*/true));
   if (options.layer_events != nullptr && options.layer_events->size() < r.num_layers) {
-    return Status::InvalidArgument(fmt::format(
-        "layer_events has {} events but the request copies {} layers",
-        options.layer_events->size(), r.num_layers));
+    return Status::InvalidArgument(
+        fmt::format("layer_events has {} events but the request copies {} layers",
+                    options.layer_events->size(), r.num_layers));
   }
   const CudaStream stream = options.stream;
   const void* src_slots = nullptr;
@@ -336,8 +336,10 @@ Status KernelTransferEngine::DoTransfer(const TransferRequest& r,
   const int64_t chunk_bytes = sg.slot_bytes / heads;
   CopyView view{};
   bool aligned16 = true, aligned8 = true;
-  KVTIER_RETURN_IF_ERROR(FillRegionView(*r.src, heads, src_table, &view.src, &aligned16, &aligned8));
-  KVTIER_RETURN_IF_ERROR(FillRegionView(*r.dst, heads, dst_table, &view.dst, &aligned16, &aligned8));
+  KVTIER_RETURN_IF_ERROR(
+      FillRegionView(*r.src, heads, src_table, &view.src, &aligned16, &aligned8));
+  KVTIER_RETURN_IF_ERROR(
+      FillRegionView(*r.dst, heads, dst_table, &view.dst, &aligned16, &aligned8));
   const int width = (aligned16 && chunk_bytes % 16 == 0) ? 16
                     : (aligned8 && chunk_bytes % 8 == 0) ? 8
                                                          : 4;
@@ -410,7 +412,8 @@ Result<std::unique_ptr<GpuTransferEngine>> CreateKernelEngine(const TransferEngi
 
 namespace kvtier::transfer {
 
-Result<std::unique_ptr<TransferEngine>> MakeKernelTransferEngine(const TransferEngineConfig& config) {
+Result<std::unique_ptr<TransferEngine>> MakeKernelTransferEngine(
+    const TransferEngineConfig& config) {
   KVTIER_ASSIGN_OR_RETURN(auto engine, cuda::CreateKernelEngine(config));
   return std::unique_ptr<TransferEngine>(std::move(engine));
 }
