@@ -7,7 +7,10 @@
 #   3. tests         every ctest test (GPU tests run for real here; they skip on GPU-less CI)
 #   4. sanitizer     compute-sanitizer memcheck over a small GPU test case (out-of-range device
 #                    indices, 0/1 indices, one layout pair per direction)
-#   5. bench         kvtier bench per GPU backend (kernel, dma, auto), --json per backend
+#   5. bench         kvtier bench per GPU backend (kernel, dma, auto), --json per backend. Three
+#                    invocations instead of `--backend all`: "all" adds the cpu rows, whose
+#                    byte-exact reference check of 2 GiB backups alone takes minutes. Each
+#                    invocation measures the DMA ceiling first.
 #   6. summary       a short table of everything above, printed LAST
 #   5b. cache       the HierarchicalCache model test on the kernel and dma backends
 #   5c. python      python/run_gpu_tests.sh: the extension with CUDA, pytest, the torch example
