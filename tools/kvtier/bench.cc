@@ -76,6 +76,18 @@ std::string DescribeOffset(const KvGeometry& g, int64_t offset) {
   return fmt::format("layer {} slot {} head {}", layer, slot, head);
 }
 
+// MemAvailable of /proc/meminfo in bytes; 0 when it cannot be read (no check then).
+int64_t AvailableMemoryBytes() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (meminfo >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return 0;
+}
+
 // Copies the first `bytes` bytes of `src`'s buffers into `dst`'s (K then V): one memcpy when
 // they fit in one buffer, as they do whenever the pools hold twice the tokens.
 void FlatCopy(const HostKvBuffers& src, const HostKvBuffers& dst, int64_t bytes) {
@@ -203,10 +215,13 @@ Status BenchOptions::Validate() const {
   if (shapes.empty()) return Status::InvalidArgument("shapes is empty");
   if (layouts.empty()) return Status::InvalidArgument("layouts is empty");
   if (ops.empty()) return Status::InvalidArgument("ops is empty");
-  if (repeats < 1) return Status::InvalidArgument(fmt::format("repeats = {}; must be >= 1", repeats));
+  if (repeats < 1)
+    return Status::InvalidArgument(fmt::format("repeats = {}; must be >= 1", repeats));
   if (warmup < 0) return Status::InvalidArgument(fmt::format("warmup = {}; must be >= 0", warmup));
-  if (threads < 0) return Status::InvalidArgument(fmt::format("threads = {}; must be >= 0", threads));
-  if (max_sms < 1) return Status::InvalidArgument(fmt::format("max_sms = {}; must be >= 1", max_sms));
+  if (threads < 0)
+    return Status::InvalidArgument(fmt::format("threads = {}; must be >= 0", threads));
+  if (max_sms < 1)
+    return Status::InvalidArgument(fmt::format("max_sms = {}; must be >= 1", max_sms));
   return Status::OK();
 }
 
@@ -233,7 +248,9 @@ int64_t BenchCase::BytesMoved() const {
   return tokens * layers_moved * slot_bytes * (mla ? 1 : 2);
 }
 
-int64_t BenchCase::PoolBytes() const { return pool_slots * num_layers * slot_bytes * (mla ? 1 : 2); }
+int64_t BenchCase::PoolBytes() const {
+  return pool_slots * num_layers * slot_bytes * (mla ? 1 : 2);
+}
 
 std::string BenchCase::Label() const {
   return fmt::format("{} {} {} p{}", BenchShapeName(shape), BenchOpName(op),
@@ -396,23 +413,23 @@ double Median(std::vector<double> values) {
 }
 
 void PrintProgress(const BenchRow& row, size_t index, size_t total) {
-  std::fprintf(stderr, "[%zu/%zu] %s %s %s p%lld %s: %.2f GB/s (%.0f%% of %s) %s%s%s\n",
-               index + 1, total, row.shape.c_str(), row.op.c_str(), row.layout.c_str(),
+  std::fprintf(stderr, "[%zu/%zu] %s %s %s p%lld %s: %.2f GB/s (%.0f%% of %s) %s%s%s\n", index + 1,
+               total, row.shape.c_str(), row.op.c_str(), row.layout.c_str(),
                static_cast<long long>(row.page_size), row.backend.c_str(), row.gbps,
                row.pct_of_ceiling, row.ceiling.c_str(), row.check_ok ? "ok" : "FAIL",
                row.note.empty() ? "" : ": ", row.note.c_str());
 }
 
 void PrintTable(std::FILE* out, const std::vector<BenchRow>& rows) {
-  std::fprintf(out, "%-5s %-6s %-17s %4s %-7s %7s %12s %9s %8s %7s %11s %4s %-5s\n", "shape",
-               "op", "layout", "page", "backend", "tokens", "bytes", "ms", "GB/s", "%ceil",
-               "submit_us", "SMs", "check");
+  std::fprintf(out, "%-5s %-6s %-17s %4s %-7s %7s %12s %9s %8s %7s %11s %4s %-5s\n", "shape", "op",
+               "layout", "page", "backend", "tokens", "bytes", "ms", "GB/s", "%ceil", "submit_us",
+               "SMs", "check");
   for (const BenchRow& r : rows) {
-    std::fprintf(out, "%-5s %-6s %-17s %4lld %-7s %7lld %12lld %9.3f %8.2f %6.1f%% %11.1f %4d %-5s\n",
-                 r.shape.c_str(), r.op.c_str(), r.layout.c_str(),
-                 static_cast<long long>(r.page_size), r.backend.c_str(),
-                 static_cast<long long>(r.tokens), static_cast<long long>(r.bytes), r.ms, r.gbps,
-                 r.pct_of_ceiling, r.host_submit_us, r.sms_used, r.check_ok ? "ok" : "FAIL");
+    std::fprintf(
+        out, "%-5s %-6s %-17s %4lld %-7s %7lld %12lld %9.3f %8.2f %6.1f%% %11.1f %4d %-5s\n",
+        r.shape.c_str(), r.op.c_str(), r.layout.c_str(), static_cast<long long>(r.page_size),
+        r.backend.c_str(), static_cast<long long>(r.tokens), static_cast<long long>(r.bytes), r.ms,
+        r.gbps, r.pct_of_ceiling, r.host_submit_us, r.sms_used, r.check_ok ? "ok" : "FAIL");
   }
   for (const BenchRow& r : rows) {
     if (!r.note.empty()) {
@@ -469,15 +486,26 @@ Status RunCpuBench(const BenchOptions& options, std::vector<BenchRow>* rows) {
     for (const BenchCase& c : cases) {
       if (c.shape != shape) continue;
       std::fprintf(stderr,
-                   "%s (%s): %lld layers, slot_bytes %lld%s, pools of %lld slots "
-                   "(%.2f GiB each; 3 live at once: device, host, reference), %lld tokens per row, layouts %s\n",
+                   "%s (%s): %lld layers, slot_bytes %lld%s, pools of %lld slots (%.2f GiB "
+                   "each; 3 live at once: device, host, reference), %lld tokens per row, "
+                   "layouts %s\n",
                    BenchShapeName(shape), ModelShapeOf(shape).model,
                    static_cast<long long>(c.num_layers), static_cast<long long>(c.slot_bytes),
                    c.mla ? "" : " (K and V)", static_cast<long long>(c.pool_slots),
-                   static_cast<double>(c.PoolBytes()) / (1 << 30),
-                   static_cast<long long>(c.tokens), JoinLayoutNames(options.layouts).c_str());
+                   static_cast<double>(c.PoolBytes()) / (1 << 30), static_cast<long long>(c.tokens),
+                   JoinLayoutNames(options.layouts).c_str());
       break;
     }
+  }
+
+  int64_t peak_bytes = 0;
+  for (const BenchCase& c : cases) peak_bytes = std::max(peak_bytes, 3 * c.PoolBytes());
+  const int64_t available = AvailableMemoryBytes();
+  if (available > 0 && peak_bytes > available) {
+    return Status::OutOfMemory(fmt::format(
+        "the run needs {:.1f} GiB at once (3 pools) but the machine has {:.1f} GiB available; "
+        "pass a smaller --tokens (or --layers)",
+        static_cast<double>(peak_bytes) / (1 << 30), static_cast<double>(available) / (1 << 30)));
   }
 
   // Pools are shared by the rows of one (shape, layout, page size); allocate them per group.
@@ -489,13 +517,13 @@ Status RunCpuBench(const BenchOptions& options, std::vector<BenchRow>* rows) {
         for (const BenchCase& c : cases) {
           if (c.shape != shape || c.host_layout != layout || c.page_size != page) continue;
           if (!device_pool) {
-            KVTIER_ASSIGN_OR_RETURN(device_pool, HostKvBuffers::Allocate(c.DeviceGeometry(), c.mla));
+            KVTIER_ASSIGN_OR_RETURN(device_pool,
+                                    HostKvBuffers::Allocate(c.DeviceGeometry(), c.mla));
             KVTIER_ASSIGN_OR_RETURN(host_pool, HostKvBuffers::Allocate(c.HostGeometry(), c.mla));
           }
           const uint64_t row_seed = options.seed * 1000003ull + index;
-          KVTIER_ASSIGN_OR_RETURN(BenchRow row,
-                                  RunCpuRow(c, options, *engine, *device_pool, *host_pool,
-                                            row_seed));
+          KVTIER_ASSIGN_OR_RETURN(
+              BenchRow row, RunCpuRow(c, options, *engine, *device_pool, *host_pool, row_seed));
           PrintProgress(row, index, cases.size());
           rows->push_back(std::move(row));
           ++index;

@@ -42,10 +42,10 @@ Result<BenchOp> ParseBenchOp(std::string_view name);
 // The model shapes of the reference workload.
 struct ModelShape {
   BenchShape shape;
-  const char* model;           // "Llama-3-8B", "DeepSeek-V3"
-  int64_t num_layers;          // 32, 61
-  int64_t slot_bytes;          // 2048 (each of K and V), 1152 (the one MLA buffer)
-  int64_t page_head_heads;     // head_num used for the page_head host layout: 8, 1
+  const char* model;        // "Llama-3-8B", "DeepSeek-V3"
+  int64_t num_layers;       // 32, 61
+  int64_t slot_bytes;       // 2048 (each of K and V), 1152 (the one MLA buffer)
+  int64_t page_head_heads;  // head_num used for the page_head host layout: 8, 1
   bool mla;
   int64_t reference_device_slots;  // 65,536: the device pool of PERFORMANCE.md
 };
@@ -81,7 +81,7 @@ struct BenchCase {
   int64_t page_size = 1;
   int64_t num_layers = 0;
   int64_t slot_bytes = 0;
-  int64_t head_num = 1;    // of the host pool (page_head: 8 MHA / 1 MLA; else 1)
+  int64_t head_num = 1;  // of the host pool (page_head: 8 MHA / 1 MLA; else 1)
   bool mla = false;
   int64_t tokens = 0;      // tokens moved: a multiple of page_size
   int64_t pool_slots = 0;  // slots of each pool (device and host): a multiple of page_size
@@ -153,22 +153,22 @@ class HostKvBuffers {
 
 // One row of the table (PERFORMANCE.md "How to measure").
 struct BenchRow {
-  std::string shape;    // "mha" / "mla"
-  std::string op;       // "load" / "backup"
-  std::string layout;   // host layout
+  std::string shape;   // "mha" / "mla"
+  std::string op;      // "load" / "backup"
+  std::string layout;  // host layout
   int64_t page_size = 0;
   std::string backend;  // "cpu", "kernel", "dma", "auto"
   int64_t tokens = 0;
   int64_t bytes = 0;
-  double ms = 0;               // median time of one run (GPU time by events on GPU backends)
-  double gbps = 0;             // bytes / ms (1 GB = 1e9 bytes)
-  double ceiling_gbps = 0;     // the ceiling this row is compared with, measured in this run
-  std::string ceiling;         // what the ceiling is: "memcpy" (cpu), "dma_h2d", "dma_d2h"
-  double pct_of_ceiling = 0;   // 100 * gbps / ceiling_gbps
-  double host_submit_us = 0;   // median wall time of the submitting call on the host
-  int sms_used = 0;            // SMs the backend occupied (0: cpu and dma)
-  bool check_ok = false;       // byte-for-byte equal to transfer::ReferenceTransfer
-  std::string note;            // first mismatch, or why the row could not run
+  double ms = 0;              // median time of one run (GPU time by events on GPU backends)
+  double gbps = 0;            // bytes / ms (1 GB = 1e9 bytes)
+  double ceiling_gbps = 0;    // the ceiling this row is compared with, measured in this run
+  std::string ceiling;        // what the ceiling is: "memcpy" (cpu), "dma_h2d", "dma_d2h"
+  double pct_of_ceiling = 0;  // 100 * gbps / ceiling_gbps
+  double host_submit_us = 0;  // median wall time of the submitting call on the host
+  int sms_used = 0;           // SMs the backend occupied (0: cpu and dma)
+  bool check_ok = false;      // byte-for-byte equal to transfer::ReferenceTransfer
+  std::string note;           // first mismatch, or why the row could not run
 };
 
 // One line on stderr per finished row: "[k/n] mha load page_first p16 cpu: 12.3 GB/s ok".

@@ -12,6 +12,8 @@
 //      new pages, the poison everywhere else (a stray write anywhere fails the demo).
 //
 // Thread safety: single-threaded (the transfer engine uses its own workers).
+#include "demo.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -23,7 +25,6 @@
 #include <span>
 #include <vector>
 
-#include "demo.h"
 #include "kvtier/device.h"
 #include "kvtier/hierarchical_cache.h"
 #include "kvtier/host_pool.h"
@@ -131,8 +132,7 @@ double MiB(int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
 
 // The image of one buffer of the device pool: token position t's KV (the pattern) at slots[t],
 // the poison everywhere else.
-std::vector<uint8_t> PoolImage(const KvGeometry& geometry, int b,
-                               std::span<const int64_t> slots) {
+std::vector<uint8_t> PoolImage(const KvGeometry& geometry, int b, std::span<const int64_t> slots) {
   std::vector<uint8_t> image(static_cast<size_t>(geometry.buffer_bytes()), kPoison);
   for (int64_t l = 0; l < geometry.num_layers; ++l) {
     for (size_t t = 0; t < slots.size(); ++t) {
@@ -146,8 +146,7 @@ std::vector<uint8_t> PoolImage(const KvGeometry& geometry, int b,
 }
 
 // A prefill: the pattern of positions 0..slots.size()-1 at `slots`, poison elsewhere.
-Status WritePrefill(DevicePool& pool, const KvGeometry& geometry,
-                    std::span<const int64_t> slots) {
+Status WritePrefill(DevicePool& pool, const KvGeometry& geometry, std::span<const int64_t> slots) {
   for (int b = 0; b < 2; ++b) KVTIER_RETURN_IF_ERROR(pool.Write(b, PoolImage(geometry, b, slots)));
   return Status::OK();
 }
@@ -180,16 +179,16 @@ Result<std::unique_ptr<TransferEngine>> ChooseEngine(const std::string& wanted, 
   if (wanted != "best") {
     KVTIER_ASSIGN_OR_RETURN(TransferBackend b, ParseTransferBackend(wanted));
     if (b != TransferBackend::kCpu && !gpu) {
-      return Status::Unavailable(fmt::format(
-          "--backend {} needs a GPU and kvtier {}", wanted,
-          BuiltWithCuda() ? "found none" : "was built without CUDA"));
+      return Status::Unavailable(
+          fmt::format("--backend {} needs a GPU and kvtier {}", wanted,
+                      BuiltWithCuda() ? "found none" : "was built without CUDA"));
     }
     *why = "asked for with --backend";
     return MakeTransferEngine(b);
   }
   if (gpu) {
-    for (TransferBackend b : {TransferBackend::kAuto, TransferBackend::kKernel,
-                              TransferBackend::kDma}) {
+    for (TransferBackend b :
+         {TransferBackend::kAuto, TransferBackend::kKernel, TransferBackend::kDma}) {
       Result<std::unique_ptr<TransferEngine>> engine = MakeTransferEngine(b);
       if (engine.ok()) {
         *why = "GPU present";
@@ -235,11 +234,12 @@ Status CacheTour(const DemoOptions& options, TransferBackend backend, bool devic
   config.transfer_backend = backend;
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<HierarchicalCache> cache,
                           HierarchicalCache::Create(config, device));
-  fmt::print("kvtier demo, part 2: HierarchicalCache ({} device slots, host pool {} ({}), "
-             "write_through, backend {})\n",
-             geometry.num_slots, LayoutName(config.host_layout),
-             fmt::format("{:.1f} MiB", MiB(cache->stats().host_total_bytes)),
-             TransferBackendName(cache->backend()));
+  fmt::print(
+      "kvtier demo, part 2: HierarchicalCache ({} device slots, host pool {} ({}), "
+      "write_through, backend {})\n",
+      geometry.num_slots, LayoutName(config.host_layout),
+      fmt::format("{:.1f} MiB", MiB(cache->stats().host_total_bytes)),
+      TransferBackendName(cache->backend()));
 
   // Request A: prefill, insert, backed up by write_through.
   std::mt19937_64 rng(options.seed + 1);
@@ -249,25 +249,27 @@ Status CacheTour(const DemoOptions& options, TransferBackend backend, bool devic
   KVTIER_RETURN_IF_ERROR(WritePrefill(pool, geometry, a_slots));
   KVTIER_ASSIGN_OR_RETURN(InsertResult inserted, cache->Insert(a_tokens, a_slots));
   KVTIER_RETURN_IF_ERROR(cache->WaitForBackups());
-  fmt::print("  6. request A: prefilled {} tokens; Insert cached {} new tokens; write_through "
-             "backed up {} tokens to host memory\n",
-             a_len, inserted.new_tokens, cache->stats().backup_tokens);
+  fmt::print(
+      "  6. request A: prefilled {} tokens; Insert cached {} new tokens; write_through "
+      "backed up {} tokens to host memory\n",
+      a_len, inserted.new_tokens, cache->stats().backup_tokens);
 
   // Device pressure: everything leaves the device, stays in host memory.
   KVTIER_ASSIGN_OR_RETURN(int64_t evicted, cache->EvictDevice(a_len));
   for (int b = 0; b < 2; ++b) KVTIER_RETURN_IF_ERROR(pool.Fill(b, kPoison));
-  fmt::print("  7. device pressure: EvictDevice freed {} tokens of device slots (still cached in "
-             "host memory); device pool poisoned\n",
-             evicted);
+  fmt::print(
+      "  7. device pressure: EvictDevice freed {} tokens of device slots (still cached in "
+      "host memory); device pool poisoned\n",
+      evicted);
 
   // Request B: A's first `shared` tokens, then something new.
   std::vector<Token> b_tokens(a_tokens.begin(), a_tokens.begin() + shared);
   for (int64_t i = 0; i < kPageSize; ++i) b_tokens.push_back(static_cast<Token>(128000 + i));
   KVTIER_ASSIGN_OR_RETURN(MatchResult match, cache->Match(b_tokens));
   if (match.device_tokens != 0 || match.host_tokens != shared) {
-    return Status::Internal(fmt::format(
-        "Match of request B found {} device and {} host tokens; expected 0 and {}",
-        match.device_tokens, match.host_tokens, shared));
+    return Status::Internal(
+        fmt::format("Match of request B found {} device and {} host tokens; expected 0 and {}",
+                    match.device_tokens, match.host_tokens, shared));
   }
   const auto t0 = std::chrono::steady_clock::now();
   KVTIER_ASSIGN_OR_RETURN(LoadBackResult loaded, cache->LoadBack(match.handle, /*stream=*/nullptr));
@@ -276,22 +278,26 @@ Status CacheTour(const DemoOptions& options, TransferBackend backend, bool devic
     KVTIER_RETURN_IF_ERROR(cache->WaitLayer(match.handle, l, /*consumer=*/nullptr));
   }
   KVTIER_RETURN_IF_ERROR(pool.Synchronize());
-  const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double load_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const int64_t load_bytes = 2 * loaded.loaded_tokens * kLayers * kSlotBytes;
-  fmt::print("  8. request B ({} tokens) shares A's first {}: Match found {} tokens in host "
-             "memory; LoadBack copied them to the device in {:.2f} ms ({:.2f} GB/s)\n",
-             b_len, shared, match.host_tokens, load_s * 1e3, GBps(load_bytes, load_s));
+  fmt::print(
+      "  8. request B ({} tokens) shares A's first {}: Match found {} tokens in host "
+      "memory; LoadBack copied them to the device in {:.2f} ms ({:.2f} GB/s)\n",
+      b_len, shared, match.host_tokens, load_s * 1e3, GBps(load_bytes, load_s));
 
   KVTIER_RETURN_IF_ERROR(VerifyPool(pool, geometry, loaded.device_slots));
-  fmt::print("  9. verified the whole device pool: B's prefix is byte-for-byte A's KV, every "
-             "other slot is still poisoned\n");
+  fmt::print(
+      "  9. verified the whole device pool: B's prefix is byte-for-byte A's KV, every "
+      "other slot is still poisoned\n");
   KVTIER_RETURN_IF_ERROR(cache->Release(match.handle));
   KVTIER_RETURN_IF_ERROR(cache->CheckConsistency());
   const CacheStats stats = cache->stats();
-  fmt::print("  stats: {} match calls, {} host-hit tokens, {} loaded back, {} backed up, {} "
-             "evicted from the device\n",
-             stats.match_calls, stats.host_hit_tokens, stats.load_back_tokens,
-             stats.backup_tokens, stats.device_evicted_tokens);
+  fmt::print(
+      "  stats: {} match calls, {} host-hit tokens, {} loaded back, {} backed up, {} "
+      "evicted from the device\n",
+      stats.match_calls, stats.host_hit_tokens, stats.load_back_tokens, stats.backup_tokens,
+      stats.device_evicted_tokens);
   return Status::OK();
 }
 
@@ -350,9 +356,10 @@ Status Demo(const DemoOptions& options) {
   std::shuffle(prefill_pages.begin(), prefill_pages.end(), rng);
   const std::vector<int64_t> prefill_slots = PageSlots(prefill_pages, kPageSize);
   KVTIER_RETURN_IF_ERROR(WritePrefill(device_memory, device_geometry, prefill_slots));
-  fmt::print("  1. prefill: wrote a known KV pattern for {} tokens ({} pages) into the device "
-             "pool\n",
-             tokens, pages);
+  fmt::print(
+      "  1. prefill: wrote a known KV pattern for {} tokens ({} pages) into the device "
+      "pool\n",
+      tokens, pages);
 
   // 2. Backup, all layers, device -> host.
   KVTIER_ASSIGN_OR_RETURN(std::vector<int64_t> host_page_starts, host->AllocatePages(pages));
@@ -368,10 +375,12 @@ Status Demo(const DemoOptions& options) {
   auto t0 = std::chrono::steady_clock::now();
   KVTIER_RETURN_IF_ERROR(engine->Transfer(backup));
   KVTIER_RETURN_IF_ERROR(engine->Synchronize(nullptr));
-  const double backup_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  fmt::print("  2. backup device -> host, all {} layers in one call: {:.1f} MiB in {:.2f} ms "
-             "({:.2f} GB/s)\n",
-             kLayers, MiB(backup_bytes), backup_s * 1e3, GBps(backup_bytes, backup_s));
+  const double backup_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  fmt::print(
+      "  2. backup device -> host, all {} layers in one call: {:.1f} MiB in {:.2f} ms "
+      "({:.2f} GB/s)\n",
+      kLayers, MiB(backup_bytes), backup_s * 1e3, GBps(backup_bytes, backup_s));
 
   // 3. Evict: free the device pages and poison the whole device pool.
   KVTIER_RETURN_IF_ERROR(device_pages->FreePages(prefill_pages));
@@ -392,16 +401,19 @@ Status Demo(const DemoOptions& options) {
         host_region, device, SlotIndices::Host(host_slots), SlotIndices::Host(load_slots), l)));
   }
   KVTIER_RETURN_IF_ERROR(engine->Synchronize(nullptr));
-  const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  fmt::print("  4. load host -> device, layer by layer ({} calls): {:.1f} MiB in {:.2f} ms "
-             "({:.2f} GB/s)\n",
-             kLayers, MiB(backup_bytes), load_s * 1e3, GBps(backup_bytes, load_s));
+  const double load_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  fmt::print(
+      "  4. load host -> device, layer by layer ({} calls): {:.1f} MiB in {:.2f} ms "
+      "({:.2f} GB/s)\n",
+      kLayers, MiB(backup_bytes), load_s * 1e3, GBps(backup_bytes, load_s));
 
   // 5. Verify the whole device pool.
   KVTIER_RETURN_IF_ERROR(VerifyPool(device_memory, device_geometry, load_slots));
-  fmt::print("  5. verified all {:.1f} MiB of the device pool byte-for-byte: every loaded token "
-             "matches the prefill, every other slot is still poisoned\n",
-             MiB(2 * device_geometry.buffer_bytes()));
+  fmt::print(
+      "  5. verified all {:.1f} MiB of the device pool byte-for-byte: every loaded token "
+      "matches the prefill, every other slot is still poisoned\n",
+      MiB(2 * device_geometry.buffer_bytes()));
   KVTIER_RETURN_IF_ERROR(host->FreePages(host_page_starts));
   return CacheTour(options, engine->backend(), device_on_gpu);
 }

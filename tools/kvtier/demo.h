@@ -9,7 +9,7 @@
 namespace kvtier::tools {
 
 struct DemoOptions {
-  int64_t tokens = 2048;        // tokens backed up and loaded back
+  int64_t tokens = 2048;         // tokens backed up and loaded back
   std::string backend = "best";  // best, cpu, kernel, dma, auto
   uint64_t seed = 7;
 };

@@ -4,9 +4,9 @@
 // a run could not complete, 2 bad command line (CLI11's own codes for parse errors).
 //
 // Thread safety: a single-threaded program (the transfer engines run their own workers).
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -107,8 +107,8 @@ int RunBench(BenchOptions options, const BenchArgs& args, const std::string& com
   std::stable_sort(rows.begin(), rows.end(),
                    [&](const BenchRow& a, const BenchRow& b) { return rank(a) < rank(b); });
   if (!rows.empty()) PrintTable(stdout, rows);
-  const auto failed = std::count_if(rows.begin(), rows.end(),
-                                    [](const BenchRow& r) { return !r.check_ok; });
+  const auto failed =
+      std::count_if(rows.begin(), rows.end(), [](const BenchRow& r) { return !r.check_ok; });
   if (failed > 0) {
     std::fprintf(stderr, "kvtier bench: %lld of %zu rows FAILED the byte-for-byte check\n",
                  static_cast<long long>(failed), rows.size());
@@ -150,48 +150,56 @@ int main(int argc, char** argv) {
       "host layout. Every row is checked byte-for-byte against an independent reference and "
       "compared with a ceiling measured in the same run (cpu: one memcpy of the same byte count; "
       "GPU: a DMA copy). Prints one table; exits non-zero if any check fails.");
-  bench->add_option("--backend", args.backend,
-                    "cpu: multi-threaded gather/scatter, host memory only (the 'device' pool is a "
-                    "second host region); kernel: CUDA copy kernels over pinned host memory; dma: "
-                    "copy engines; auto: picks kernel or dma per request; all: every backend "
-                    "(GPU ones skipped with a message when no GPU is usable)")
+  bench
+      ->add_option("--backend", args.backend,
+                   "cpu: multi-threaded gather/scatter, host memory only (the 'device' pool is a "
+                   "second host region); kernel: CUDA copy kernels over pinned host memory; dma: "
+                   "copy engines; auto: picks kernel or dma per request; all: every backend "
+                   "(GPU ones skipped with a message when no GPU is usable)")
       ->check(CLI::IsMember({"cpu", "kernel", "dma", "auto", "all"}))
       ->capture_default_str();
-  bench->add_option("--tokens", options.tokens,
-                    "tokens moved per row (rounded up to the page size); the pools hold about "
-                    "twice this many slots, so memory grows with it")
+  bench
+      ->add_option("--tokens", options.tokens,
+                   "tokens moved per row (rounded up to the page size); the pools hold about "
+                   "twice this many slots, so memory grows with it")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  bench->add_option("--layers", options.layers,
-                    "layers of both shapes; 0 = the model's own (32 for mha, 61 for mla)")
+  bench
+      ->add_option("--layers", options.layers,
+                   "layers of both shapes; 0 = the model's own (32 for mha, 61 for mla)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  bench->add_option("--page-sizes", options.page_sizes,
-                    "comma-separated page sizes (powers of two, 1..256)")
+  bench
+      ->add_option("--page-sizes", options.page_sizes,
+                   "comma-separated page sizes (powers of two, 1..256)")
       ->delimiter(',')
       ->capture_default_str();
   bench->add_option("--shapes", args.shapes, "comma-separated model shapes: mha, mla")
       ->delimiter(',')
       ->capture_default_str();
-  bench->add_option("--layouts", args.layouts,
-                    "comma-separated host layouts: layer_first, page_first, page_first_direct, "
-                    "page_head (page_head uses 8 heads for mha, 1 for mla)")
+  bench
+      ->add_option("--layouts", args.layouts,
+                   "comma-separated host layouts: layer_first, page_first, page_first_direct, "
+                   "page_head (page_head uses 8 heads for mha, 1 for mla)")
       ->delimiter(',')
       ->capture_default_str();
-  bench->add_option("--ops", args.ops,
-                    "comma-separated ops: load (per-layer, host -> device), backup (all layers, "
-                    "device -> host)")
+  bench
+      ->add_option("--ops", args.ops,
+                   "comma-separated ops: load (per-layer, host -> device), backup (all layers, "
+                   "device -> host)")
       ->delimiter(',')
       ->capture_default_str();
-  bench->add_option("--repeats", options.repeats,
-                    "timed runs per row after the warm-up; the median is reported")
+  bench
+      ->add_option("--repeats", options.repeats,
+                   "timed runs per row after the warm-up; the median is reported")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   bench->add_option("--warmup", options.warmup, "untimed warm-up runs per row")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  bench->add_option("--threads", options.threads,
-                    "worker threads of the cpu backend; 0 = hardware concurrency")
+  bench
+      ->add_option("--threads", options.threads,
+                   "worker threads of the cpu backend; 0 = hardware concurrency")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   bench->add_option("--seed", options.seed, "seed of the random pages and random data")
