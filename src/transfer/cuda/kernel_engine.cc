@@ -19,8 +19,9 @@
 // were skipped since the previous Synchronize and one offending index. Transfer itself never
 // reports them (it does not wait for the device).
 //
-// Thread safety: Transfer and Synchronize may be called from several threads; each takes the
-// engine's mutex.
+// Thread safety: Transfer and Synchronize may be called from several threads. Transfer holds the
+// engine's mutex while it stages and launches; Synchronize waits for its stream without it and
+// then reads the error record under a second mutex.
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
@@ -93,10 +94,11 @@ class KernelTransferEngine final : public GpuTransferEngine {
   TransferBackend backend() const override { return TransferBackend::kKernel; }
 
   Status Synchronize(CudaStream stream) override {
-    std::lock_guard<std::mutex> lock(mu_);
     DeviceGuard guard;
     KVTIER_RETURN_IF_ERROR(guard.Set(config_.device));
+    // Wait without holding a lock, so other threads keep submitting meanwhile.
     KVTIER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+    std::lock_guard<std::mutex> lock(error_mu_);
     auto* host = static_cast<DeviceErrorRecord*>(error_host_.data());
     auto* dev = static_cast<DeviceErrorRecord*>(error_device_.data());
     KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host, dev, sizeof(DeviceErrorRecord),
@@ -179,7 +181,8 @@ class KernelTransferEngine final : public GpuTransferEngine {
   int sm_count_ = 0;
   DeviceBuffer error_device_;
   PinnedHostBuffer error_host_;
-  unsigned long long reported_errors_ = 0;  // guarded by mu_
+  std::mutex error_mu_;                     // the error record's host copy and the count below
+  unsigned long long reported_errors_ = 0;  // guarded by error_mu_
   CudaStreamHandle private_stream_;
   std::array<StagingSlot, kStagingSlots> staging_;
   int next_staging_ = 0;
