@@ -201,13 +201,15 @@ class HierarchicalCache:
         del keep
 
     def insert(self, tokens: Any, device_slots: Any, namespace: str = "",
-               priority: int = 0) -> dict:
+               priority: int = 0, stream: Any = None) -> dict:
         """Caches `tokens` whose KV the engine wrote into `device_slots` (one per token, whole
-        pages); the cache owns the slots afterwards. Returns the token counts by kind."""
+        pages); the cache owns the slots afterwards. GPU: backups of these slots are ordered
+        after the work queued so far on `stream` (default: the current stream), where the engine
+        wrote the KV. Returns the token counts by kind."""
         t_addr, t_count, t_keep = _host_array(tokens, "tokens", "i")
         s_addr, s_count, s_keep = _host_array(device_slots, "device_slots", "q")
         result = self._native.insert(t_addr, t_count, s_addr, s_count, namespace,
-                                     _int(priority, "priority"))
+                                     _int(priority, "priority"), self._stream(stream))
         del t_keep, s_keep
         return result
 

@@ -198,13 +198,16 @@ void RegisterCache(py::module_& m) {
            })
       .def("insert",
            [](PyCache& c, uint64_t tokens, int64_t num_tokens, uint64_t slots, int64_t num_slots,
-              const std::string& ns, int32_t priority) {
+              const std::string& ns, int32_t priority, uint64_t stream) {
              auto t = SpanOf<Token>(tokens, num_tokens, "tokens");
              auto s = SpanOf<int64_t>(slots, num_slots, "device_slots");
              HierarchicalCache& cache = c.checked();
+             InsertOptions options;
+             options.priority = priority;
+             options.stream = reinterpret_cast<CudaStream>(stream);
              Result<InsertResult> r = [&] {
                py::gil_scoped_release release;
-               return cache.Insert(t, s, ns, priority);
+               return cache.Insert(t, s, ns, options);
              }();
              InsertResult i = Unwrap(std::move(r));
              py::dict d;
