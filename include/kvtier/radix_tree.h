@@ -214,6 +214,8 @@ class RadixTree {
   void SetDevicePages(RadixNode* node, std::vector<int64_t> pages);
   // Moves the device pages out. REQUIRES: no child on the device.
   std::vector<int64_t> TakeDevicePages(RadixNode* node);
+  // Same, appending them to `out` (no allocation or free on the eviction path).
+  void TakeDevicePages(RadixNode* node, std::vector<int64_t>* out);
   // REQUIRES: pages.size() == node's pages; the parent is in host memory (or the root).
   void SetHostPages(RadixNode* node, std::vector<int64_t> pages);
   // REQUIRES: no child in host memory.
@@ -243,6 +245,10 @@ class RadixTree {
   // The evictable node with the smallest key, or null.
   RadixNode* DeviceVictim() const;
   RadixNode* HostVictim() const;
+  // A hint for eviction loops: prefetches the node after the best device victim and the page
+  // list of the one after that (evicting is bound by cache misses on nodes that were last
+  // touched long ago). Changes nothing.
+  void PrefetchDeviceVictims() const;
   int64_t device_evictable_nodes() const { return static_cast<int64_t>(device_set_.size()); }
   int64_t host_evictable_nodes() const { return static_cast<int64_t>(host_set_.size()); }
 

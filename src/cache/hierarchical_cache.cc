@@ -296,10 +296,12 @@ struct HierarchicalCache::State {
     Reap();
   }
 
-  // Queues a node's device pages for FlushDeviceFrees (one allocator call per eviction round).
-  void FreeTreeDevicePages(const std::vector<int64_t>& pages) {
-    for (int64_t page : pages) Owner(page) = kFree;
-    device_frees.insert(device_frees.end(), pages.begin(), pages.end());
+  // Takes a node's device pages and queues them for FlushDeviceFrees (one allocator call per
+  // eviction round).
+  void FreeTreeDevicePages(RadixNode* node) {
+    const size_t from = device_frees.size();
+    tree.TakeDevicePages(node, &device_frees);
+    for (size_t i = from; i < device_frees.size(); ++i) Owner(device_frees[i]) = kFree;
   }
   void FlushDeviceFrees() {
     if (device_frees.empty()) return;
@@ -442,6 +444,7 @@ struct HierarchicalCache::State {
     while (freed < need_pages) {
       if (!health.ok()) break;
       RadixNode* v = tree.DeviceVictim();
+      tree.PrefetchDeviceVictims();
       if (v == nullptr) {
         if (inflight.empty()) break;
         WaitAll();  // nodes with copies in flight become evictable once those finish
@@ -452,7 +455,7 @@ struct HierarchicalCache::State {
       if (!health.ok()) break;
       if (v->on_host()) {
         Notify(CacheTier::kDevice, v, true);
-        FreeTreeDevicePages(tree.TakeDevicePages(v));
+        FreeTreeDevicePages(v);
       } else {
         if (v->num_children() != 0) {
           health = Status::Internal(fmt::format(
@@ -461,7 +464,7 @@ struct HierarchicalCache::State {
           break;
         }
         Notify(CacheTier::kDevice, v, false);
-        FreeTreeDevicePages(tree.TakeDevicePages(v));
+        FreeTreeDevicePages(v);
         tree.Remove(v);
         counters.dropped_tokens += n;
       }

@@ -356,6 +356,16 @@ std::vector<int64_t> RadixTree::TakeDevicePages(RadixNode* node) {
   return out;
 }
 
+void RadixTree::TakeDevicePages(RadixNode* node, std::vector<int64_t>* out) {
+  if (node->device_pages_.empty()) return;
+  out->insert(out->end(), node->device_pages_.begin(), node->device_pages_.end());
+  device_tokens_ -= static_cast<int64_t>(node->device_pages_.size()) * page_size_;
+  node->device_pages_.clear();  // keeps the buffer for when the node comes back
+  --node->parent_->device_children_;
+  Refresh(node->parent_);
+  Refresh(node);
+}
+
 void RadixTree::SetHostPages(RadixNode* node, std::vector<int64_t> pages) {
   const bool was = node->on_host();
   host_tokens_ += (static_cast<int64_t>(pages.size()) -
@@ -455,6 +465,20 @@ void RadixTree::Refresh(RadixNode* n) {
 
 RadixNode* RadixTree::DeviceVictim() const {
   return device_set_.empty() ? nullptr : device_set_.begin()->node;
+}
+
+void RadixTree::PrefetchDeviceVictims() const {
+  auto it = device_set_.begin();
+  if (it == device_set_.end() || ++it == device_set_.end()) return;
+  // The next victim: its struct was prefetched one round ago; fetch its page list now.
+  const RadixNode* next = it->node;
+  const char* pages = reinterpret_cast<const char*>(next->device_pages_.data());
+  const size_t bytes = next->device_pages_.size() * sizeof(int64_t);
+  for (size_t off = 0; off < bytes && off < 1024; off += 64) __builtin_prefetch(pages + off);
+  if (++it == device_set_.end()) return;
+  // The one after: its struct.
+  const char* node = reinterpret_cast<const char*>(it->node);
+  for (size_t off = 0; off < sizeof(RadixNode); off += 64) __builtin_prefetch(node + off);
 }
 
 RadixNode* RadixTree::HostVictim() const {
