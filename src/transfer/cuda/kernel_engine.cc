@@ -163,6 +163,9 @@ class KernelTransferEngine final : public GpuTransferEngine {
     for (auto& slot : staging_) {
       KVTIER_ASSIGN_OR_RETURN(slot.done, CudaEventHandle::Create(config_.device, false));
     }
+    // DoTransfer keeps pointers to the entries of one request (src and dst tables) while it adds
+    // the second: the vector must never reallocate.
+    tables_.reserve(kTableCacheEntries);
     return Status::OK();
   }
 
@@ -186,7 +189,7 @@ class KernelTransferEngine final : public GpuTransferEngine {
   CudaStreamHandle private_stream_;
   std::array<StagingSlot, kStagingSlots> staging_;
   int next_staging_ = 0;
-  std::vector<TableEntry> tables_;
+  std::vector<TableEntry> tables_;  // capacity kTableCacheEntries, reserved in Init
   uint64_t tick_ = 0;
 };
 
