@@ -443,22 +443,34 @@ void RadixTree::Refresh(RadixNode* n) {
   const bool idle = n->ref_count_ == 0 && n->pending_ == nullptr;
   const bool dev = idle && n->on_device() && n->device_children_ == 0;
   const bool host = idle && n->on_host() && !n->on_device() && n->children_.empty();
+  // Set nodes are moved between and within the sets as node handles, so re-filing a node
+  // (a touch, or a device eviction that keeps the host copy) allocates and frees nothing.
+  std::set<SetEntry>::node_type spare;
   if (n->in_device_set_) {
-    device_set_.erase({n->device_key_, n->id_, n});
+    spare = device_set_.extract({n->device_key_, n->id_, n});
     n->in_device_set_ = false;
   }
+  if (n->in_host_set_) {
+    auto h = host_set_.extract({n->host_key_, n->id_, n});
+    if (!spare) spare = std::move(h);
+    n->in_host_set_ = false;
+  }
+  auto file = [&spare](std::set<SetEntry>& set, const SetEntry& entry) {
+    if (spare) {
+      spare.value() = entry;
+      set.insert(std::move(spare));
+    } else {
+      set.insert(entry);
+    }
+  };
   if (dev) {
     n->device_key_ = device_policy_->Key(StatsOf(n));
-    device_set_.insert({n->device_key_, n->id_, n});
+    file(device_set_, {n->device_key_, n->id_, n});
     n->in_device_set_ = true;
-  }
-  if (n->in_host_set_) {
-    host_set_.erase({n->host_key_, n->id_, n});
-    n->in_host_set_ = false;
   }
   if (host) {
     n->host_key_ = host_policy_->Key(StatsOf(n));
-    host_set_.insert({n->host_key_, n->id_, n});
+    file(host_set_, {n->host_key_, n->id_, n});
     n->in_host_set_ = true;
   }
 }
