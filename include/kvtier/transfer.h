@@ -125,6 +125,14 @@ struct TransferRequest {
   }
 
   int64_t num_slots() const { return src_slots.count; }
+  // Pieces each slot is copied in: a page_head side stores its heads apart, so a copy to or from
+  // one moves head_num chunks of slot_bytes / head_num; any other pair moves whole slots (1).
+  // REQUIRES: src and dst set (a validated request).
+  int64_t head_chunks() const {
+    if (src->geometry.layout == KvLayout::kPageHead) return src->geometry.head_num;
+    if (dst->geometry.layout == KvLayout::kPageHead) return dst->geometry.head_num;
+    return 1;
+  }
   // Bytes the request moves: slots * layers * slot_bytes * buffers.
   int64_t bytes() const;
 };

@@ -115,9 +115,7 @@ CopyPlan MakePlan(const TransferRequest& r) {
   CopyPlan p;
   p.req = &r;
   const KvLayout sl = r.src->geometry.layout, dl = r.dst->geometry.layout;
-  p.heads = sl == KvLayout::kPageHead   ? r.src->geometry.head_num
-            : dl == KvLayout::kPageHead ? r.dst->geometry.head_num
-                                        : 1;
+  p.heads = r.head_chunks();
   p.chunk_bytes = r.src->geometry.slot_bytes / p.heads;
   p.src.Init(*r.src, r.src_layer, r.num_layers, p.heads);
   p.dst.Init(*r.dst, r.dst_layer, r.num_layers, p.heads);

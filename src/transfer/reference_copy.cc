@@ -14,9 +14,7 @@ Status ReferenceTransfer(const TransferRequest& r) {
   // address comes from HeadOffset.
   const KvGeometry& sg = r.src->geometry;
   const KvGeometry& dg = r.dst->geometry;
-  const int64_t heads = sg.layout == KvLayout::kPageHead   ? sg.head_num
-                        : dg.layout == KvLayout::kPageHead ? dg.head_num
-                                                           : 1;
+  const int64_t heads = r.head_chunks();
   const int64_t head_bytes = sg.slot_bytes / heads;
   for (int b = 0; b < r.src->num_buffers(); ++b) {
     for (int64_t k = 0; k < r.src_slots.count; ++k) {

@@ -286,10 +286,8 @@ Status DmaTransferEngine::HostIndices(const SlotIndices& idx, const char* name, 
 void DmaTransferEngine::Plan(const TransferRequest& r, const SlotIndices& si, const SlotIndices& di,
                              int64_t layer0, int64_t layers) {
   Sides x{r.src, r.dst, r.src->geometry, r.dst->geometry, 1, 0};
+  x.heads = r.head_chunks();
   const KvLayout sl = x.sg.layout, dl = x.dg.layout;
-  x.heads = sl == KvLayout::kPageHead   ? x.sg.head_num
-            : dl == KvLayout::kPageHead ? x.dg.head_num
-                                        : 1;
   x.sg.head_num = x.heads;
   x.dg.head_num = x.heads;
   x.chunk = x.sg.slot_bytes / x.heads;

@@ -336,9 +336,7 @@ Status KernelTransferEngine::DoTransfer(const TransferRequest& r, const Transfer
 
   const KvGeometry& sg = r.src->geometry;
   const KvGeometry& dg = r.dst->geometry;
-  const int64_t heads = sg.layout == KvLayout::kPageHead   ? sg.head_num
-                        : dg.layout == KvLayout::kPageHead ? dg.head_num
-                                                           : 1;
+  const int64_t heads = r.head_chunks();
   const int64_t chunk_bytes = sg.slot_bytes / heads;
   CopyView view{};
   bool aligned16 = true, aligned8 = true;
