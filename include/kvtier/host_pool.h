@@ -41,7 +41,9 @@ struct HostKvPoolConfig {
   double device_ratio = 0;        // capacity = ratio * device_pool_bytes
   int64_t device_pool_bytes = 0;  // bytes of the device pool (for device_ratio)
 
-  bool huge_pages = false;         // try MAP_HUGETLB; fall back to normal pages with a warning
+  // Try MAP_HUGETLB (reserved huge pages); fall back to normal pages with a warning. Normal
+  // pages are always advised to transparent huge pages (MADV_HUGEPAGE).
+  bool huge_pages = false;
   bool register_with_cuda = true;  // cudaHostRegister when built with CUDA and a GPU is present
 
   // InvalidArgument naming the bad field and its value.

@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -329,6 +330,10 @@ Result<HostKvBuffers> HostKvBuffers::Allocate(const KvGeometry& geometry, bool m
     if (p == MAP_FAILED) {
       return Status::OutOfMemory(fmt::format("mmap of {} bytes for KV buffer {} failed: {}", bytes,
                                              i, std::strerror(errno)));
+    }
+    // KVTIER_BENCH_HUGEPAGES=1: transparent huge pages, as a HostKvPool with huge_pages gets.
+    if (const char* env = std::getenv("KVTIER_BENCH_HUGEPAGES"); env != nullptr && env[0] == '1') {
+      (void)madvise(p, static_cast<size_t>(bytes), MADV_HUGEPAGE);
     }
     b.data_[i] = p;
   }
