@@ -437,6 +437,22 @@ struct HierarchicalCache::State {
     }
   }
 
+  // `pages` device pages, evicting first what must go. OutOfMemory, naming `what`, when pins and
+  // copies in flight leave too little to evict.
+  Result<std::vector<int64_t>> AllocateDevicePages(int64_t pages, std::string_view what) {
+    Reap();
+    const int64_t free = device_alloc->free_pages();
+    if (free < pages) EvictDevice(pages - free);
+    KVTIER_RETURN_IF_ERROR(CheckHealth());
+    Result<std::vector<int64_t>> alloc = device_alloc->AllocatePages(pages);
+    if (!alloc.ok()) {
+      return Status::OutOfMemory(fmt::format(
+          "{}: the device cannot make room ({} pages free, {} held by the engine, the rest "
+          "pinned or busy)", what, device_alloc->free_pages(), engine_pages));
+    }
+    return alloc;
+  }
+
   // Frees at least `need_pages` device pages if it can; returns the pages freed.
   int64_t EvictDevice(int64_t need_pages) {
     int64_t freed = 0;
@@ -706,16 +722,9 @@ Result<LoadBackResult> HierarchicalCache::LoadBack(MatchHandle handle, CudaStrea
     return Status::OutOfMemory(fmt::format("LoadBack of {} tokens exceeds the device pool of {}",
                                            tokens, s.device_alloc->num_slots()));
   }
-  const int64_t free = s.device_alloc->free_pages();
-  if (free < pages) s.EvictDevice(pages - free);
-  KVTIER_RETURN_IF_ERROR(s.CheckHealth());
-  Result<std::vector<int64_t>> alloc = s.device_alloc->AllocatePages(pages);
-  if (!alloc.ok()) {
-    return Status::OutOfMemory(fmt::format(
-        "LoadBack of {} tokens: the device cannot make room ({} pages free, {} held by the "
-        "engine, the rest pinned or busy)", tokens, s.device_alloc->free_pages(),
-        s.engine_pages));
-  }
+  Result<std::vector<int64_t>> alloc =
+      s.AllocateDevicePages(pages, fmt::format("LoadBack of {} tokens", tokens));
+  if (!alloc.ok()) return alloc.status();
   auto op = std::make_shared<PendingCopy>();
   op->kind = PendingCopy::Kind::kLoad;
   op->gpu = s.gpu;
@@ -825,17 +834,9 @@ Result<std::vector<int64_t>> HierarchicalCache::AllocateDeviceSlots(int64_t num_
     return Status::InvalidArgument(fmt::format("num_tokens = {} exceeds the device pool of {} slots",
                                                num_tokens, s.device_alloc->num_slots()));
   }
-  s.Reap();
-  const int64_t free = s.device_alloc->free_pages();
-  if (free < pages) s.EvictDevice(pages - free);
-  KVTIER_RETURN_IF_ERROR(s.CheckHealth());
-  Result<std::vector<int64_t>> alloc = s.device_alloc->AllocatePages(pages);
-  if (!alloc.ok()) {
-    return Status::OutOfMemory(fmt::format(
-        "AllocateDeviceSlots({}): the device cannot make room ({} pages free, {} held by the "
-        "engine, the rest pinned or busy)", num_tokens, s.device_alloc->free_pages(),
-        s.engine_pages));
-  }
+  Result<std::vector<int64_t>> alloc =
+      s.AllocateDevicePages(pages, fmt::format("AllocateDeviceSlots({})", num_tokens));
+  if (!alloc.ok()) return alloc.status();
   for (int64_t p : *alloc) s.Owner(p) = kEngine;
   s.engine_pages += pages;
   return PageSlots(*alloc, s.P);
