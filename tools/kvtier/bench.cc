@@ -331,10 +331,10 @@ Result<HostKvBuffers> HostKvBuffers::Allocate(const KvGeometry& geometry, bool m
       return Status::OutOfMemory(fmt::format("mmap of {} bytes for KV buffer {} failed: {}", bytes,
                                              i, std::strerror(errno)));
     }
-    // KVTIER_BENCH_HUGEPAGES=1: transparent huge pages, as a HostKvPool with huge_pages gets.
-    if (const char* env = std::getenv("KVTIER_BENCH_HUGEPAGES"); env != nullptr && env[0] == '1') {
-      (void)madvise(p, static_cast<size_t>(bytes), MADV_HUGEPAGE);
-    }
+    // Transparent huge pages, as every HostKvPool asks for (KVTIER_BENCH_HUGEPAGES=0: 4 KiB
+    // pages, to measure what the page size is worth).
+    const char* env = std::getenv("KVTIER_BENCH_HUGEPAGES");
+    if (env == nullptr || env[0] != '0') (void)madvise(p, static_cast<size_t>(bytes), MADV_HUGEPAGE);
     b.data_[i] = p;
   }
   return b;
