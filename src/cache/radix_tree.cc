@@ -337,8 +337,8 @@ void RadixTree::SetDevicePages(RadixNode* node, std::vector<int64_t> pages) {
   device_tokens_ += (static_cast<int64_t>(pages.size()) -
                      static_cast<int64_t>(node->device_pages_.size())) * page_size_;
   node->device_pages_ = std::move(pages);
-  if (!was && node->on_device()) {
-    ++node->parent_->device_children_;
+  if (was != node->on_device()) {  // an empty list takes the node off the tier
+    node->parent_->device_children_ += was ? -1 : 1;
     Refresh(node->parent_);
   }
   Refresh(node);
@@ -371,8 +371,8 @@ void RadixTree::SetHostPages(RadixNode* node, std::vector<int64_t> pages) {
   host_tokens_ += (static_cast<int64_t>(pages.size()) -
                    static_cast<int64_t>(node->host_pages_.size())) * page_size_;
   node->host_pages_ = std::move(pages);
-  if (!was && node->on_host()) {
-    ++node->parent_->host_children_;
+  if (was != node->on_host()) {  // an empty list takes the node off the tier
+    node->parent_->host_children_ += was ? -1 : 1;
     Refresh(node->parent_);
   }
   Refresh(node);

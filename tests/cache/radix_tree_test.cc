@@ -380,3 +380,32 @@ INSTANTIATE_TEST_SUITE_P(PageSizes, TreeModelTest, ::testing::Values(1, 2, 16),
 
 }  // namespace
 }  // namespace kvtier
+
+namespace kvtier {
+namespace {
+
+// Setting an empty page list takes a node off that tier: its parent's count of children on the
+// tier follows (CheckInvariants recounts them).
+TEST(RadixTreeTest, SettingEmptyPagesTakesTheNodeOffTheTier) {
+  RadixTree tree(2);
+  std::vector<Token> a = {1, 2, 3, 4};
+  std::vector<Token> b = {1, 2, 5, 6};
+  tree.Insert("", a, Pages(0, 4, 2), nullptr);
+  tree.Insert("", b, Pages(8, 4, 2), nullptr);  // splits: {1,2} -> {3,4}, {5,6}
+  auto r = tree.Match("", a);
+  ASSERT_EQ(r.matched_tokens, 4);
+  RadixNode* parent = r.last->parent();
+  ASSERT_EQ(parent->device_children(), 2);
+  // Back the path up first: a node must stay resident somewhere, and host copies form a prefix.
+  tree.SetHostPages(parent, Pages(200, 2, 2));
+  tree.SetHostPages(r.last, Pages(100, 2, 2));
+  tree.SetDevicePages(r.last, {});
+  EXPECT_EQ(parent->device_children(), 1);
+  EXPECT_TRUE(tree.CheckInvariants().ok()) << tree.CheckInvariants().ToString();
+  tree.SetDevicePages(r.last, Pages(2, 2, 2));
+  EXPECT_EQ(parent->device_children(), 2);
+  EXPECT_TRUE(tree.CheckInvariants().ok()) << tree.CheckInvariants().ToString();
+}
+
+}  // namespace
+}  // namespace kvtier
