@@ -345,14 +345,8 @@ void RadixTree::SetDevicePages(RadixNode* node, std::vector<int64_t> pages) {
 }
 
 std::vector<int64_t> RadixTree::TakeDevicePages(RadixNode* node) {
-  std::vector<int64_t> out = std::move(node->device_pages_);
-  node->device_pages_.clear();
-  device_tokens_ -= static_cast<int64_t>(out.size()) * page_size_;
-  if (!out.empty()) {
-    --node->parent_->device_children_;
-    Refresh(node->parent_);
-  }
-  Refresh(node);
+  std::vector<int64_t> out;
+  TakeDevicePages(node, &out);
   return out;
 }
 
