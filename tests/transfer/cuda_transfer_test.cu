@@ -14,11 +14,14 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -221,6 +224,7 @@ struct Copy {
   bool src_table = false, dst_table = false;
   int index_mode = 0;  // 0 host int64, 1 host int32, 2 device int64, 3 device int32
   CudaStream stream = nullptr;
+  TransferEngine* engine = nullptr;  // null: the shared Engine(backend, variant)
 };
 
 // Runs `c` for `pairs` between fresh regions of the two geometries and compares the whole
@@ -269,7 +273,7 @@ void RunAndCompare(const KvGeometry& sg, const KvGeometry& dg, bool mla, const C
       di = ddst->get();
       break;
   }
-  TransferEngine* engine = Engine(c.backend, c.variant);
+  TransferEngine* engine = c.engine != nullptr ? c.engine : Engine(c.backend, c.variant);
   ASSERT_NE(engine, nullptr);
   TransferRequest req{&src_gpu, &dst_gpu, si, di, layer, layer, layers};
   ASSERT_OK(engine->Transfer(req, {.stream = c.stream}));
@@ -446,6 +450,35 @@ TEST(CudaTransferTest, AccessWidthsAndRealisticSlots) {
   }
 }
 
+// Per-layer tables on both sides of one request (SGLang's transfer_kv_all_layer: device layer
+// tables to host layer tables), each call with tables the engine has not seen, on a fresh engine
+// so its table cache grows from empty: the cache must not move an entry of the request while it
+// adds the second (it did: the first call with two new tables used a dangling entry).
+TEST(CudaTransferTest, LayerTablesOnBothSidesOnAFreshEngine) {
+  REQUIRE_GPU();
+  std::mt19937_64 rng(testing::TestSeed() + 17);
+  for (TransferBackend backend : kGpuBackends) {
+    auto engine = MakeTransferEngine(backend, TransferEngineConfig{});
+    ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+    for (bool mla : {false, true}) {
+      for (int call = 0; call < 10; ++call) {  // > the kernel engine's 8 cached tables
+        const KvGeometry dg = MakeGeometry(KvLayout::kLayerFirst, mla, 4, 16, 3);
+        const KvGeometry hg = MakeGeometry(KvLayout::kLayerFirst, mla, 4, 16, 3);
+        Copy c{.backend = backend,
+               .src_memory = MemoryKind::kDevice,
+               .dst_memory = MemoryKind::kHost,
+               .all_layers = true,
+               .src_table = true,
+               .dst_table = true,
+               .index_mode = call % 2 == 0 ? 2 : 0,
+               .engine = engine->get()};
+        RunAndCompare(dg, hg, mla, c, testing::RandomPagePairs(rng, 64, 64, 4, 5), rng);
+        if (HasFatalFailure()) return;
+      }
+    }
+  }
+}
+
 // Many consecutive calls with host indices on one stream, without synchronising in between:
 // staging buffers are reused only once their copy finished, so every call sees its own indices.
 TEST(CudaTransferTest, HostIndexStagingIsNotOverwrittenInFlight) {
@@ -479,6 +512,96 @@ TEST(CudaTransferTest, HostIndexStagingIsNotOverwrittenInFlight) {
     std::fill(d_idx.begin(), d_idx.end(), 0);
   }
   ASSERT_OK(engine->Synchronize(stream.get()));
+  EXPECT_TRUE(dst.MatchesMirror());
+}
+
+// A copy that cannot start yet on one stream (held by a host function until the test releases
+// it) must not hold up calls for another stream: the kernel engine's index staging waits for a
+// busy slot only when it has no free one to give. With a fixed ring of staging slots, the call
+// that came back to the held copy's slot waited for it, so a long all-layer backup serialised
+// the per-layer loads issued beside it ("both directions at once").
+//
+// The gate opens by itself after 30 s, so a regression fails the test instead of hanging it. The
+// engine is warmed up first, so that no staging buffer is allocated while the stream is held.
+TEST(CudaTransferTest, CallsOnOneStreamDoNotWaitForAnotherStream) {
+  REQUIRE_GPU();
+  std::mt19937_64 rng(testing::TestSeed() + 16);
+  const KvGeometry hg = MakeGeometry(KvLayout::kPageFirst, false, 16, 64, 4, 256, 1);
+  const KvGeometry dg = MakeGeometry(KvLayout::kLayerFirst, false, 16, 64, 4, 256, 1);
+  TestRegion held_src(hg, false, MemoryKind::kHost, false);
+  TestRegion src(hg, false, MemoryKind::kHost, false);
+  TestRegion held_dst(dg, false, MemoryKind::kDevice, false);
+  TestRegion dst(dg, false, MemoryKind::kDevice, false);
+  for (TestRegion* r : {&held_src, &src}) r->FillRandom(rng);
+  for (TestRegion* r : {&held_dst, &dst}) r->Fill(testing::kPoison);
+  for (TestRegion* r : {&held_src, &src, &held_dst, &dst}) r->Upload();
+  const KvRegion held_src_gpu = held_src.gpu_region(), held_dst_gpu = held_dst.gpu_region();
+  const KvRegion src_gpu = src.gpu_region(), dst_gpu = dst.gpu_region();
+  const KvRegion src_mirror = src.mirror_region(), dst_mirror = dst.mirror_region();
+  CudaStreamHandle held = std::move(CudaStreamHandle::Create(0, true)).value();
+  CudaStreamHandle free_stream = std::move(CudaStreamHandle::Create(0, true)).value();
+  auto made = MakeTransferEngine(TransferBackend::kKernel, TransferEngineConfig{});
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  TransferEngine* engine = made->get();
+
+  constexpr int kCalls = 12;  // more than any small fixed ring of staging slots
+  const auto held_pairs = testing::RandomPagePairs(rng, hg.num_slots, dg.num_slots, 16, 2);
+  std::vector<testing::SlotPairs> pairs;
+  for (int call = 0; call < kCalls; ++call) {
+    pairs.push_back(testing::RandomPagePairs(rng, hg.num_slots, dg.num_slots, 16, 2));
+  }
+  const TransferRequest held_request = TransferRequest::AllLayers(
+      held_src_gpu, held_dst_gpu, SlotIndices::Host(held_pairs.src),
+      SlotIndices::Host(held_pairs.dst));
+  auto call_request = [&](int call) {
+    return TransferRequest::PerLayer(src_gpu, dst_gpu, SlotIndices::Host(pairs[call].src),
+                                     SlotIndices::Host(pairs[call].dst), call % hg.num_layers);
+  };
+  // Warm-up: the same calls, nothing held (the engine's staging buffers grow here).
+  ASSERT_OK(engine->Transfer(held_request, {.stream = held.get()}));
+  for (int call = 0; call < kCalls; ++call) {
+    ASSERT_OK(engine->Transfer(call_request(call), {.stream = free_stream.get()}));
+    ASSERT_OK(engine->Synchronize(free_stream.get()));
+  }
+  ASSERT_OK(engine->Synchronize(held.get()));
+
+  static std::atomic<bool> release{false};
+  static std::atomic<bool> gate_timed_out{false};
+  release = false;
+  gate_timed_out = false;
+  ASSERT_CUDA(cudaLaunchHostFunc(
+      held.get(),
+      [](void*) {
+        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+        while (!release.load()) {
+          if (std::chrono::steady_clock::now() > until) {
+            gate_timed_out = true;
+            return;
+          }
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+      },
+      nullptr));
+  ASSERT_OK(engine->Transfer(held_request, {.stream = held.get()}));
+  // The calls for the free stream, from another thread; each waits for its own stream only.
+  Status worker_status;
+  std::thread worker([&] {
+    for (int call = 0; call < kCalls && worker_status.ok(); ++call) {
+      worker_status = engine->Transfer(call_request(call), {.stream = free_stream.get()});
+      if (worker_status.ok()) worker_status = engine->Synchronize(free_stream.get());
+    }
+  });
+  worker.join();
+  release = true;
+  ASSERT_OK(engine->Synchronize(held.get()));
+  EXPECT_FALSE(gate_timed_out.load())
+      << "calls on a free stream waited for a copy held back on another stream";
+  ASSERT_OK(worker_status);
+  for (int call = 0; call < kCalls; ++call) {
+    ASSERT_OK(transfer::ReferenceTransfer(TransferRequest::PerLayer(
+        src_mirror, dst_mirror, SlotIndices::Host(pairs[call].src),
+        SlotIndices::Host(pairs[call].dst), call % hg.num_layers)));
+  }
   EXPECT_TRUE(dst.MatchesMirror());
 }
 

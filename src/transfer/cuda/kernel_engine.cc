@@ -4,10 +4,15 @@
 // Host side of a call (target: <= 30 us of host time):
 //   1. residency checks (cudaPointerGetAttributes on each region's first base);
 //   2. host indices are copied into a staging slot (pinned host buffer -> device buffer on the
-//      request's stream). kStagingSlots slots are used round-robin; a slot is reused only after
-//      the event recorded behind its last kernel has completed, so a staging buffer is never
-//      overwritten while a copy still reads it. Buffers grow (never shrink) to the largest list
-//      seen, so steady-state calls allocate nothing. Device indices are used in place;
+//      request's stream). A slot is reused only once the event recorded behind its last kernel
+//      has completed (cudaEventQuery, no waiting), so a staging buffer is never overwritten while
+//      a copy still reads it. When every slot is still in flight a new one is made, up to
+//      kMaxStagingSlots; only beyond that does the call wait for the oldest. So a long copy on
+//      one stream (an all-layer backup) never holds up calls for other streams (the per-layer
+//      loads beside it): with a fixed round-robin of 4 slots the fifth call waited for the
+//      backup, which serialised "both directions at once". Buffers grow (never shrink) to the
+//      largest list seen, so steady-state calls allocate nothing. Device indices are used in
+//      place;
 //   3. per-layer tables (KvRegion::k_layers/v_layers) are uploaded once and cached by content
 //      (kTableCacheEntries entries, LRU; an entry is evicted only after its last use completed);
 //   4. one launch (or, with TransferOptions::layer_events, one launch per layer followed by that
@@ -30,6 +35,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -43,7 +49,7 @@
 namespace kvtier::transfer::cuda {
 namespace {
 
-constexpr int kStagingSlots = 4;
+constexpr size_t kMaxStagingSlots = 64;
 // Default copy kernel variant; see the measurements in BENCHMARKS.md (GPU section).
 constexpr bool kDefaultStaged = false;
 constexpr size_t kTableCacheEntries = 8;
@@ -130,7 +136,8 @@ class KernelTransferEngine final : public GpuTransferEngine {
     PinnedHostBuffer host;
     DeviceBuffer device;
     CudaEventHandle done;
-    bool in_use = false;
+    bool in_use = false;  // `done` was recorded behind a copy that reads this slot
+    uint64_t tick = 0;    // when it was last handed out (the oldest is waited for first)
   };
   struct TableEntry {
     std::vector<void*> key;  // k_layers then v_layers
@@ -160,15 +167,15 @@ class KernelTransferEngine final : public GpuTransferEngine {
     KVTIER_CUDA_RETURN_IF_ERROR(
         cudaMemsetAsync(error_device_.data(), 0, sizeof(DeviceErrorRecord), private_stream_.get()));
     KVTIER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(private_stream_.get()));
-    for (auto& slot : staging_) {
-      KVTIER_ASSIGN_OR_RETURN(slot.done, CudaEventHandle::Create(config_.device, false));
-    }
     // DoTransfer keeps pointers to the entries of one request (src and dst tables) while it adds
     // the second: the vector must never reallocate.
     tables_.reserve(kTableCacheEntries);
     return Status::OK();
   }
 
+  // A staging slot no copy in flight reads: a free one, a new one, or (at kMaxStagingSlots)
+  // the oldest once its copy finished.
+  Result<StagingSlot*> FreeStagingSlot();
   // Copies the host index lists of `r` to the device; returns their device addresses.
   Status StageIndices(const TransferRequest& r, CudaStream stream, const void** src,
                       const void** dst, StagingSlot** used);
@@ -187,11 +194,32 @@ class KernelTransferEngine final : public GpuTransferEngine {
   std::mutex error_mu_;                     // the error record's host copy and the count below
   unsigned long long reported_errors_ = 0;  // guarded by error_mu_
   CudaStreamHandle private_stream_;
-  std::array<StagingSlot, kStagingSlots> staging_;
-  int next_staging_ = 0;
+  std::vector<std::unique_ptr<StagingSlot>> staging_;  // at most kMaxStagingSlots
+  uint64_t staging_tick_ = 0;
   std::vector<TableEntry> tables_;  // capacity kTableCacheEntries, reserved in Init
   uint64_t tick_ = 0;
 };
+
+Result<KernelTransferEngine::StagingSlot*> KernelTransferEngine::FreeStagingSlot() {
+  StagingSlot* oldest = nullptr;
+  for (auto& slot : staging_) {
+    if (slot->in_use) {
+      KVTIER_ASSIGN_OR_RETURN(const bool finished, slot->done.Query());
+      if (finished) slot->in_use = false;
+    }
+    if (!slot->in_use) return slot.get();
+    if (oldest == nullptr || slot->tick < oldest->tick) oldest = slot.get();
+  }
+  if (staging_.size() < kMaxStagingSlots) {
+    auto slot = std::make_unique<StagingSlot>();
+    KVTIER_ASSIGN_OR_RETURN(slot->done, CudaEventHandle::Create(config_.device, false));
+    staging_.push_back(std::move(slot));
+    return staging_.back().get();
+  }
+  KVTIER_RETURN_IF_ERROR(oldest->done.Synchronize());
+  oldest->in_use = false;
+  return oldest;
+}
 
 Status KernelTransferEngine::StageIndices(const TransferRequest& r, CudaStream stream,
                                           const void** src, const void** dst, StagingSlot** used) {
@@ -204,11 +232,9 @@ Status KernelTransferEngine::StageIndices(const TransferRequest& r, CudaStream s
   const int64_t src_bytes = src_host ? (IndexBytes(r.src_slots) + 15) / 16 * 16 : 0;
   const int64_t dst_bytes = dst_host ? IndexBytes(r.dst_slots) : 0;
   const int64_t bytes = src_bytes + dst_bytes;
-  StagingSlot& slot = staging_[static_cast<size_t>(next_staging_)];
-  next_staging_ = (next_staging_ + 1) % kStagingSlots;
-  // Never overwrite a buffer that a copy enqueued earlier may still read.
-  if (slot.in_use) KVTIER_RETURN_IF_ERROR(slot.done.Synchronize());
-  slot.in_use = false;
+  KVTIER_ASSIGN_OR_RETURN(StagingSlot * free_slot, FreeStagingSlot());
+  StagingSlot& slot = *free_slot;
+  slot.tick = ++staging_tick_;
   if (slot.host.bytes() < bytes) {
     const int64_t grown = std::max<int64_t>(bytes, 2 * slot.host.bytes());
     KVTIER_ASSIGN_OR_RETURN(slot.host, PinnedHostBuffer::Allocate(grown));
@@ -226,6 +252,10 @@ Status KernelTransferEngine::StageIndices(const TransferRequest& r, CudaStream s
   }
   KVTIER_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(device, host, static_cast<size_t>(bytes), cudaMemcpyHostToDevice, stream));
+  // Protects the slot until the upload is done even if the launch below fails; DoTransfer
+  // records `done` again behind the kernels that read it.
+  KVTIER_RETURN_IF_ERROR(slot.done.Record(stream));
+  slot.in_use = true;
   *used = &slot;
   return Status::OK();
 }
@@ -373,6 +403,10 @@ Status KernelTransferEngine::DoTransfer(const TransferRequest& r, const Transfer
     view.div_layers = FastDivmod::Make(view.num_layers);
     view.src.first_layer = r.src_layer + l0;
     view.dst.first_layer = r.dst_layer + l0;
+    view.src.slot_addressing =
+        SlotAddressing::Make(view.src.geometry, src_table != nullptr, view.src.first_layer);
+    view.dst.slot_addressing =
+        SlotAddressing::Make(view.dst.geometry, dst_table != nullptr, view.dst.first_layer);
     view.report_errors = l0 == 0 ? 1 : 0;
     for (int64_t k0 = 0; k0 < r.num_slots(); k0 += max_pairs) {
       const int64_t pairs = std::min(max_pairs, r.num_slots() - k0);
