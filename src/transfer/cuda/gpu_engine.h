@@ -21,6 +21,7 @@ struct GpuTransferStats {
       0;  // dma: copy operations submitted (batch entries + 2D copies + single copies)
   int64_t batch_calls = 0;  // dma: cudaMemcpyBatchAsync calls
   int64_t copies_2d = 0;    // dma: cudaMemcpy2DAsync calls
+  int lanes = 1;            // dma: streams the operations were spread over (dma_engine.cc)
 };
 
 class GpuTransferEngine : public TransferEngine {
