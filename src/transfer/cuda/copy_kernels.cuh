@@ -61,10 +61,11 @@ __device__ __forceinline__ int64_t LoadSlotIndex(const void* slots, uint32_t k, 
 
 // The part of a chunk's address that depends on the slot only: with base pointers, the address
 // of (first_layer, slot, head 0); with a per-layer table, the offset of the slot in its layer.
+// No 64-bit division (SlotAddressing).
 __device__ __forceinline__ uintptr_t SlotBase(const RegionView& r, uint32_t b, int64_t slot) {
-  if (r.layer_table != nullptr) return static_cast<uintptr_t>(r.geometry.OffsetInLayer(slot, 0));
-  return reinterpret_cast<uintptr_t>(r.base[b]) +
-         static_cast<uintptr_t>(r.geometry.HeadOffset(r.first_layer, slot, 0));
+  const auto offset = static_cast<uintptr_t>(r.slot_addressing.Offset(slot));
+  if (r.layer_table != nullptr) return offset;
+  return reinterpret_cast<uintptr_t>(r.base[b]) + offset;
 }
 
 // Address of head `h` of layer `l` (relative to first_layer) of a slot whose SlotBase is `base`:
