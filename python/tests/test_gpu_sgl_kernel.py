@@ -34,20 +34,38 @@ def rand(shape, dtype, where):
     return t.pin_memory() if where == "pinned" else t
 
 
+def pinned(shape, dtype):
+    """A pinned host tensor, allocated once per test; `refill` gives it new bytes per case."""
+    return torch.empty(shape, dtype=dtype, pin_memory=True)
+
+
+def refill(*hosts):
+    """New random bytes (drawn on the GPU) in each pinned host tensor; returns GPU copies of them,
+    which the reference indexes. The copy to the host is synchronous."""
+    mirrors = []
+    for h in hosts:
+        g = torch.randn(h.shape, dtype=h.dtype, device=dev)
+        h.copy_(g)
+        mirrors.append(g)
+    return mirrors
+
+
 def bits(t):
     return t.view(torch.int16)
 
 
 def assert_same(got, want):
-    g, w = bits(got).cpu(), bits(want).cpu()
+    """Byte-for-byte equality (as int16), compared on the GPU."""
+    g = bits(got if got.is_cuda else got.to(dev))
+    w = bits(want if want.is_cuda else want.to(dev))
     if not torch.equal(g, w):
         bad = (g != w).nonzero()
         raise AssertionError(f"{bad.shape[0]} elements differ, first at {bad[0].tolist()}")
 
 
 def cases(direct=False):
-    """(page_size, count, src_idx, dst_idx) for every page size x item count, as int64 tensors on
-    the GPU (SGLang passes device indices). Direct functions need whole pages: counts round up."""
+    """(page_size, src_idx, dst_idx) for every page size x item count, as int64 tensors on the GPU
+    (SGLang passes device indices). Direct functions need whole pages: counts round up."""
     rng = np.random.default_rng(2024)
     for p in PAGE_SIZES:
         for n in ITEM_COUNTS:
@@ -77,6 +95,10 @@ def ptr_table(tensors):
         torch.uint64 if hasattr(torch, "uint64") else torch.int64)
 
 
+def page_head_shape(p):
+    return (N // p, H, p, L, D)
+
+
 # ---- per-layer loads: host pool -> one device layer --------------------------------------------
 
 @pytest.mark.parametrize("stream", STREAMS)
@@ -86,26 +108,26 @@ def test_per_layer_mha(host_layout, dtype, stream):
     item = H * D * dtype.itemsize
     layer = 2
     dk, dv = rand((N, H, D), dtype, "gpu"), rand((N, H, D), dtype, "gpu")
+    flat_k, flat_v = pinned((L * N * H * D,), dtype), pinned((L * N * H * D,), dtype)
     for p, si, di in cases():
         if host_layout == "lf":
-            hk, hv = rand((L, N, H, D), dtype, "pinned"), rand((L, N, H, D), dtype, "pinned")
+            hk, hv = flat_k.view(L, N, H, D), flat_v.view(L, N, H, D)
             call = lambda: kv.transfer_kv_per_layer(hk[layer], dk, hv[layer], dv, si, di, item)
             ref = lambda h, s: h[layer][s]
         elif host_layout == "pf":
-            hk, hv = rand((N, L, H, D), dtype, "pinned"), rand((N, L, H, D), dtype, "pinned")
+            hk, hv = flat_k.view(N, L, H, D), flat_v.view(N, L, H, D)
             call = lambda: kv.transfer_kv_per_layer_pf_lf(hk, dk, hv, dv, si, di, layer, item,
                                                           L * item)
             ref = lambda h, s: h[s, layer]
         else:
-            shape = (N // p, H, p, L, D)
-            hk, hv = rand(shape, dtype, "pinned"), rand(shape, dtype, "pinned")
+            hk, hv = flat_k.view(page_head_shape(p)), flat_v.view(page_head_shape(p))
             call = lambda: kv.transfer_kv_per_layer_ph_lf(hk, dk, hv, dv, si, di, layer, item,
                                                           L * item, p, H)
             ref = lambda h, s: h[s // p, :, s % p, layer]
+        gk, gv = refill(hk, hv)
         wk, wv = dk.clone(), dv.clone()
         run_on(stream, call)
-        s_cpu = si.cpu()
-        wk[di], wv[di] = ref(hk, s_cpu).to(dev), ref(hv, s_cpu).to(dev)
+        wk[di], wv[di] = ref(gk, si), ref(gv, si)
         assert_same(dk, wk)
         assert_same(dv, wv)
 
@@ -117,18 +139,18 @@ def test_per_layer_mla(host_layout, dtype, stream):
     item = MLA_DIM * dtype.itemsize
     layer = L - 1
     d = rand((N, 1, MLA_DIM), dtype, "gpu")
+    h = pinned((L, N, 1, MLA_DIM) if host_layout == "lf" else (N, L, 1, MLA_DIM), dtype)
     for p, si, di in cases():
+        (g,) = refill(h)
         if host_layout == "lf":
-            h = rand((L, N, 1, MLA_DIM), dtype, "pinned")
             call = lambda: kv.transfer_kv_per_layer_mla(h[layer], d, si, di, item)
-            ref = lambda s: h[layer][s]
+            want = g[layer][si]
         else:
-            h = rand((N, L, 1, MLA_DIM), dtype, "pinned")
             call = lambda: kv.transfer_kv_per_layer_mla_pf_lf(h, d, si, di, layer, item, L * item)
-            ref = lambda s: h[s, layer]
+            want = g[si, layer]
         w = d.clone()
         run_on(stream, call)
-        w[di] = ref(si.cpu()).to(dev)
+        w[di] = want
         assert_same(d, w)
 
 
@@ -142,36 +164,36 @@ def test_all_layer_mha(host_layout, dtype, stream):
     dk = [rand((N, H, D), dtype, "gpu") for _ in range(L)]
     dv = [rand((N, H, D), dtype, "gpu") for _ in range(L)]
     tk, tv = ptr_table(dk), ptr_table(dv)
-    for p, si, di in cases():
-        d_cpu = di.cpu()
-        if host_layout == "lf":
-            hk = [rand((N, H, D), dtype, "pinned") for _ in range(L)]
-            hv = [rand((N, H, D), dtype, "pinned") for _ in range(L)]
-            wk, wv = [t.clone() for t in hk], [t.clone() for t in hv]
-            call = lambda: kv.transfer_kv_all_layer(tk, ptr_table(hk), tv, ptr_table(hv), si, di,
-                                                    item, L)
-            run_on(stream, call)
+    if host_layout == "lf":
+        hk = [pinned((N, H, D), dtype) for _ in range(L)]
+        hv = [pinned((N, H, D), dtype) for _ in range(L)]
+        hk_table, hv_table = ptr_table(hk), ptr_table(hv)
+        for p, si, di in cases():
+            wk, wv = refill(*hk), refill(*hv)
+            run_on(stream, lambda: kv.transfer_kv_all_layer(tk, hk_table, tv, hv_table, si, di,
+                                                            item, L))
             for l in range(L):
-                wk[l][d_cpu], wv[l][d_cpu] = dk[l][si].cpu(), dv[l][si].cpu()
+                wk[l][di], wv[l][di] = dk[l][si], dv[l][si]
                 assert_same(hk[l], wk[l])
                 assert_same(hv[l], wv[l])
-            continue
+        return
+    flat_k, flat_v = pinned((L * N * H * D,), dtype), pinned((L * N * H * D,), dtype)
+    for p, si, di in cases():
+        shape = (N, L, H, D) if host_layout == "pf" else page_head_shape(p)
+        hk, hv = flat_k.view(shape), flat_v.view(shape)
         if host_layout == "pf":
-            shape = (N, L, H, D)
             call = lambda: kv.transfer_kv_all_layer_lf_pf(tk, hk, tv, hv, si, di, item, L * item, L)
         else:
-            shape = (N // p, H, p, L, D)
             call = lambda: kv.transfer_kv_all_layer_lf_ph(tk, hk, tv, hv, si, di, item, L * item,
                                                           L, p, H)
-        hk, hv = rand(shape, dtype, "pinned"), rand(shape, dtype, "pinned")
-        wk, wv = hk.clone(), hv.clone()
+        wk, wv = refill(hk, hv)
         run_on(stream, call)
         for l in range(L):
             for w, src in ((wk, dk[l]), (wv, dv[l])):
                 if host_layout == "pf":
-                    w[d_cpu, l] = src[si].cpu()
+                    w[di, l] = src[si]
                 else:
-                    w[d_cpu // p, :, d_cpu % p, l] = src[si].cpu()
+                    w[di // p, :, di % p, l] = src[si]
         assert_same(hk, wk)
         assert_same(hv, wv)
 
@@ -183,23 +205,23 @@ def test_all_layer_mla(host_layout, dtype, stream):
     item = MLA_DIM * dtype.itemsize
     d = [rand((N, 1, MLA_DIM), dtype, "gpu") for _ in range(L)]
     t = ptr_table(d)
-    for p, si, di in cases():
-        d_cpu = di.cpu()
-        if host_layout == "lf":
-            h = [rand((N, 1, MLA_DIM), dtype, "pinned") for _ in range(L)]
-            w = [x.clone() for x in h]
-            run_on(stream, lambda: kv.transfer_kv_all_layer_mla(t, ptr_table(h), si, di, item, L))
+    if host_layout == "lf":
+        h = [pinned((N, 1, MLA_DIM), dtype) for _ in range(L)]
+        h_table = ptr_table(h)
+        for p, si, di in cases():
+            w = refill(*h)
+            run_on(stream, lambda: kv.transfer_kv_all_layer_mla(t, h_table, si, di, item, L))
             for l in range(L):
-                w[l][d_cpu] = d[l][si].cpu()
+                w[l][di] = d[l][si]
                 assert_same(h[l], w[l])
-        else:
-            h = rand((N, L, 1, MLA_DIM), dtype, "pinned")
-            w = h.clone()
-            run_on(stream, lambda: kv.transfer_kv_all_layer_mla_lf_pf(t, h, si, di, item, L * item,
-                                                                      L))
-            for l in range(L):
-                w[d_cpu, l] = d[l][si].cpu()
-            assert_same(h, w)
+        return
+    h = pinned((N, L, 1, MLA_DIM), dtype)
+    for p, si, di in cases():
+        (w,) = refill(h)
+        run_on(stream, lambda: kv.transfer_kv_all_layer_mla_lf_pf(t, h, si, di, item, L * item, L))
+        for l in range(L):
+            w[di, l] = d[l][si]
+        assert_same(h, w)
 
 
 # ---- direct functions (copy engines) -----------------------------------------------------------
@@ -211,18 +233,19 @@ def test_direct(mla, dtype, stream):
     n = L if mla else 2 * L
     shape = (N, 1, MLA_DIM) if mla else (N, H, D)
     gpu = [rand(shape, dtype, "gpu") for _ in range(n)]
-    host = [rand(shape, dtype, "pinned") for _ in range(n)]
+    host = [pinned(shape, dtype) for _ in range(n)]
     for p, si, di in cases(direct=True):
-        # device -> host (backup), then host -> device (load), indices on the device
-        wh = [x.clone() for x in host]
+        # device -> host (backup), then host -> device (load); device indices for the backup,
+        # host indices for the load (the direct functions take indices on any device)
+        wh = refill(*host)
         run_on(stream, lambda: kv.transfer_kv_direct(gpu, host, si, di, p))
         for j in range(n):
-            wh[j][di.cpu()] = gpu[j][si].cpu()
+            wh[j][di] = gpu[j][si]
             assert_same(host[j], wh[j])
         wg = [x.clone() for x in gpu]
         run_on(stream, lambda: kv.transfer_kv_direct(host, gpu, di.cpu(), si.cpu(), p))
         for j in range(n):
-            wg[j][si] = host[j][di.cpu()].to(dev)
+            wg[j][si] = wh[j][di]
             assert_same(gpu[j], wg[j])
 
 
@@ -232,25 +255,26 @@ def test_direct(mla, dtype, stream):
 def test_page_first_direct(mla, dtype, stream):
     nb = 1 if mla else 2
     tail = (1, MLA_DIM) if mla else (H, D)
+    per_slot = MLA_DIM if mla else H * D
+    flat = [pinned((N * L * per_slot,), dtype) for _ in range(nb)]
+    gpu = [rand((N,) + tail, dtype, "gpu") for _ in range(nb * L)]  # L K layers, L V layers
+    targets = [rand((N,) + tail, dtype, "gpu") for _ in range(nb)]
+    layer = 1
     for p, si, di in cases(direct=True):
-        pool = [rand((N // p, L, p) + tail, dtype, "pinned") for _ in range(nb)]
-        gpu = [rand((N,) + tail, dtype, "gpu") for _ in range(nb * L)]  # L K layers, L V layers
+        pool = [f.view((N // p, L, p) + tail) for f in flat]
         # backup: every device layer -> host page_first_direct pool
-        wp = [x.clone() for x in pool]
+        wp = refill(*pool)
         run_on(stream, lambda: kv.transfer_kv_all_layer_direct_lf_pf(gpu, pool, si, di, p))
-        d_cpu = di.cpu()
         for b in range(nb):
             for l in range(L):
-                wp[b][d_cpu // p, l, d_cpu % p] = gpu[b * L + l][si].cpu()
+                wp[b][di // p, l, di % p] = gpu[b * L + l][si]
             assert_same(pool[b], wp[b])
         # load: layer 1 of the host pool -> one device layer ([K_1, V_1] or [KV_1])
-        layer = 1
-        targets = [rand((N,) + tail, dtype, "gpu") for _ in range(nb)]
         wt = [x.clone() for x in targets]
         run_on(stream, lambda: kv.transfer_kv_per_layer_direct_pf_lf(pool, targets, di, si, layer,
                                                                      p))
         for b in range(nb):
-            wt[b][si] = pool[b][d_cpu // p, layer, d_cpu % p].to(dev)
+            wt[b][si] = wp[b][di // p, layer, di % p]
             assert_same(targets[b], wt[b])
 
 
