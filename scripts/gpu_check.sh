@@ -15,7 +15,8 @@
 #   5b. cache       the HierarchicalCache model test on the kernel and dma backends
 #   5c. python      python/run_gpu_tests.sh: the extension with CUDA, pytest, the torch example
 #
-# Usage: scripts/gpu_check.sh [--skip-bench] [--skip-python] [--bench-args "..."]
+# Usage: scripts/gpu_check.sh [--skip-tests] [--skip-bench] [--skip-python] [--bench-args "..."]
+#   --skip-tests skips sections 3, 4 and 5b (for a bench-only run on a machine already checked).
 # Budget: about 8 minutes on a 16-core H100 machine.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -23,11 +24,13 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 BUILD=${KVTIER_GPU_BUILD_DIR:-build-gpu}
 LOGS=${OUT:-$BUILD/logs}
 mkdir -p "$LOGS"
+SKIP_TESTS=0
 SKIP_BENCH=0
 SKIP_PYTHON=0
 BENCH_ARGS=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
+    --skip-tests) SKIP_TESTS=1 ;;
     --skip-bench) SKIP_BENCH=1 ;;
     --skip-python) SKIP_PYTHON=1 ;;
     --bench-args) BENCH_ARGS="$2"; shift ;;
@@ -63,8 +66,8 @@ stamp "build: ${RESULT[build]}"
 
 # ---- 3. tests ----------------------------------------------------------------------------------
 echo "== tests"
-if [[ ${RESULT[build]} == ok ]]; then
-  ctest --test-dir "$BUILD" -j8 --timeout 300 --output-on-failure >"$LOGS/ctest.log" 2>&1
+if [[ ${RESULT[build]} == ok && $SKIP_TESTS == 0 ]]; then
+  ctest --test-dir "$BUILD" -j8 --timeout 120 --output-on-failure >"$LOGS/ctest.log" 2>&1
   rc=$?
   RESULT[tests]=$([[ $rc == 0 ]] && echo ok || echo FAIL)
   grep -E "tests passed|tests failed|\(Failed\)|\(Timeout\)|\(SEGFAULT\)|Not Run" "$LOGS/ctest.log" | tail -25
@@ -80,7 +83,8 @@ stamp "tests: ${RESULT[tests]}"
 # ---- 4. sanitizer ------------------------------------------------------------------------------
 echo "== compute-sanitizer (memcheck)"
 TEST_BIN="$BUILD/tests/cuda_transfer_test"
-if [[ ${RESULT[build]} == ok && -x $TEST_BIN ]] && command -v compute-sanitizer >/dev/null; then
+if [[ ${RESULT[build]} == ok && $SKIP_TESTS == 0 && -x $TEST_BIN ]] &&
+   command -v compute-sanitizer >/dev/null; then
   FILTER='CudaTransferTest.OutOfRangeDeviceIndicesAreReported:CudaTransferTest.ZeroAndOneIndex'
   FILTER+=':AllPairs/CudaTransferMatrixTest.MatchesReferenceByteForByte/page_head_to_layer_first_one_mha_p16'
   FILTER+=':AllPairs/CudaTransferMatrixTest.MatchesReferenceByteForByte/layer_first_to_page_first_direct_all_mla_p1'
@@ -113,7 +117,7 @@ stamp "bench: ${RESULT[bench]}"
 # ---- 5b. cache manager on the GPU backends ------------------------------------------------------
 echo "== cache model test (kernel, dma)"
 RESULT[cache]=skipped
-if [[ ${RESULT[build]} == ok && -x $BUILD/tests/hierarchical_cache_model_test ]]; then
+if [[ ${RESULT[build]} == ok && $SKIP_TESTS == 0 && -x $BUILD/tests/hierarchical_cache_model_test ]]; then
   RESULT[cache]=ok
   for backend in kernel dma; do
     KVTIER_TEST_BACKEND=$backend "$BUILD/tests/hierarchical_cache_model_test" \

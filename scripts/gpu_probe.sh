@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# scripts/gpu_probe.sh — focused GPU measurements behind BENCHMARKS.md's "what limits the misses"
+# (run after scripts/gpu_check.sh has built build-gpu). Each section prints a header and keeps
+# its raw output under $OUT (or build-gpu/logs/probe).
+#
+#   1. MLA per-layer loads, kernel backend, twice in a row (spread within one machine), then
+#      at 4x the tokens (is it the transfer size?).
+#   2. Both directions at once and the all-layer backups next to them, kernel and dma (the dma
+#      backend with its default lanes and with KVTIER_DMA_LANES=1).
+#   3. Host pages: transparent huge pages on this machine, and the MLA loads with the pinned
+#      pool on THP (KVTIER_BENCH_HUGEPAGES=1).
+#   4. Nsight Compute counters (sysmem read requests, instructions) on MLA page_first vs page_head
+#      loads and MHA layer_first vs page_head loads, each pair in one process (same pinned pool).
+#   5. Both directions at once on the kernel backend with 1, 2, 3 and 8 SMs per kernel.
+# Everything is packed into $OUT/probe.tgz at the end.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+BUILD=${KVTIER_GPU_BUILD_DIR:-build-gpu}
+LOGS=${OUT:-$BUILD/logs}/probe
+mkdir -p "$LOGS"
+K="timeout 150 $BUILD/tools/kvtier"
+T0=$(date +%s)
+stamp() { echo "[probe $(( $(date +%s) - T0 ))s] $*"; }
+table() { grep -E "^(mha|mla) " "$1" | cut -c1-200; }
+[[ -x $BUILD/tools/kvtier ]] || { echo "probe: kvtier missing (run scripts/gpu_check.sh first)"; exit 2; }
+
+SECTIONS=${PROBE_SECTIONS:-1 2 3 4}
+for s in $SECTIONS; do
+  case $s in
+  1)
+    stamp "1. MLA loads, kernel"
+    for run in ${PROBE_MLA_RUNS:-a b}; do
+      $K bench --backend kernel --shapes mla --ops load --repeats 9 \
+        --json "$LOGS/mla_load_$run.json" >"$LOGS/mla_load_$run.txt" 2>&1
+      table "$LOGS/mla_load_$run.txt"
+    done
+    stamp "1b. MLA loads at 65,536 tokens"
+    $K bench --backend kernel --shapes mla --ops load --tokens 65536 --page-sizes 1,64 \
+      --layouts page_first,page_head --repeats 9 >"$LOGS/mla_load_64k.txt" 2>&1
+    table "$LOGS/mla_load_64k.txt"
+    ;;
+  2)
+    stamp "2. both directions + backups (kernel, dma)"
+    $K bench --backend kernel --shapes mha --ops backup --layouts layer_first,page_first_direct \
+      --page-sizes 16,64 --repeats 5 >"$LOGS/both_kernel.txt" 2>&1
+    table "$LOGS/both_kernel.txt"
+    for lanes in default 1; do
+      if [[ $lanes == default ]]; then unset KVTIER_DMA_LANES; else export KVTIER_DMA_LANES=$lanes; fi
+      $K bench --backend dma --shapes mha,mla --ops backup --layouts layer_first,page_first_direct \
+        --page-sizes 16,64 --repeats 5 >"$LOGS/both_dma_lanes_$lanes.txt" 2>&1
+      echo "-- dma lanes: $lanes"
+      table "$LOGS/both_dma_lanes_$lanes.txt"
+    done
+    unset KVTIER_DMA_LANES
+    ;;
+  3)
+    stamp "3. host pages"
+    cat /sys/kernel/mm/transparent_hugepage/enabled /sys/kernel/mm/transparent_hugepage/defrag 2>&1
+    grep -E "AnonHugePages|HugePages_Total|Hugepagesize" /proc/meminfo
+    KVTIER_BENCH_HUGEPAGES=1 $K bench --backend kernel --shapes mla --ops load --repeats 9 \
+      >"$LOGS/mla_load_thp.txt" 2>&1 &
+    pid=$!
+    sleep 25; grep AnonHugePages /proc/meminfo
+    wait $pid
+    table "$LOGS/mla_load_thp.txt"
+    ;;
+  4)
+    stamp "4. Nsight Compute"
+    NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+    if [[ -z "$NCU" ]]; then echo "no ncu"; continue; fi
+    "$NCU" --version | tail -1
+    "$NCU" --query-metrics >"$LOGS/ncu_metrics.txt" 2>&1
+    grep -iE "^(pcie|lts__t_(sectors|requests)_aperture_sysmem|sm__throughput|gpu__time)" \
+      "$LOGS/ncu_metrics.txt" | cut -c1-120 | head -30
+    grep -iE "tlb|mmu|pcie|hub|sysmem_op_read" "$LOGS/ncu_metrics.txt" | awk '{print $1}' | sort -u | head -60 | tr '\n' ' '; echo
+    METRICS=gpu__time_duration.sum,lts__t_requests_aperture_sysmem_op_read.sum,lts__t_sectors_aperture_sysmem_op_read.sum,smsp__inst_executed.sum,sm__warps_active.avg.per_cycle_active
+    for spec in "mla page_first,page_head 16" "mha layer_first,page_head 16"; do
+      set -- $spec
+      # Rows run in order with 1 warm-up + 3 timed calls each: launches 3-4 of the first row and
+      # 1-3 of the second, all on the same pinned pool and the same random pages per row.
+      timeout 150 "$NCU" --clock-control none --cache-control none --kernel-name regex:CopyChunks \
+        --launch-skip 2 --launch-count 5 --metrics "$METRICS" --csv --page raw \
+        $K bench --backend kernel --shapes "$1" --ops load --layouts "$2" --page-sizes "$3" \
+        --repeats 3 --warmup 1 >"$LOGS/ncu_$1_$3.csv" 2>&1
+      echo "-- ncu $spec (rc=$?)"
+      grep -E "CopyChunks|Metric Name|ID" "$LOGS/ncu_$1_$3.csv" | cut -c1-400 | head -8
+    done
+    ;;
+  5)
+    stamp "5. both directions, kernel, by SMs per kernel"
+    for sms in 1 2 3 8; do
+      $K bench --backend kernel --shapes mha --ops backup --layouts layer_first --page-sizes 16 \
+        --max-sms $sms --repeats 5 >"$LOGS/both_kernel_sms$sms.txt" 2>&1
+      echo "-- max-sms $sms"; grep -E "^mha +(backup|both)" "$LOGS/both_kernel_sms$sms.txt"
+    done
+    ;;
+  esac
+done
+stamp "done"
+tar czf "${OUT:-$BUILD/logs}/probe.tgz" -C "$LOGS" . && rm -rf "$LOGS"
