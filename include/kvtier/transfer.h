@@ -146,6 +146,10 @@ struct TransferOptions {
   // request) on `stream` once that layer's bytes are in place. The cpu backend is synchronous and
   // records nothing.
   LayerEvents* layer_events = nullptr;
+  // kernel backend (and auto when it picks the kernel): at most this many SMs for this call;
+  // 0 = TransferEngineConfig::max_sms. E.g. a backup that runs beside per-layer loads can be
+  // given fewer SMs than the loads (BENCHMARKS.md, GPU: both directions). Ignored by cpu and dma.
+  int max_sms = 0;
 };
 
 enum class TransferBackend : uint8_t { kCpu = 0, kKernel = 1, kDma = 2, kAuto = 3 };

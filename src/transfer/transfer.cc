@@ -179,6 +179,10 @@ Status ValidateTransfer(const TransferRequest& r) {
 
 Status TransferEngine::Transfer(const TransferRequest& request, const TransferOptions& options) {
   KVTIER_RETURN_IF_ERROR(ValidateTransfer(request));
+  if (options.max_sms < 0) {
+    return Status::InvalidArgument(
+        fmt::format("TransferOptions::max_sms = {} must not be negative", options.max_sms));
+  }
   return DoTransfer(request, options);
 }
 

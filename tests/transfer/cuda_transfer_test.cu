@@ -302,6 +302,7 @@ TEST_P(CudaTransferMatrixTest, MatchesReferenceByteForByte) {
   int variant = 0;
   const std::pair<TransferBackend, const char*> engines[] = {
       {TransferBackend::kKernel, "registers"},
+      {TransferBackend::kKernel, "per-lane"},
       {TransferBackend::kKernel, "staged"},
       {TransferBackend::kDma, nullptr},
       {TransferBackend::kAuto, nullptr}};
@@ -424,6 +425,7 @@ TEST(CudaTransferTest, AccessWidthsAndRealisticSlots) {
     for (KvLayout host : kLayouts) {
       for (auto [backend, variant] :
            {std::pair{TransferBackend::kKernel, "registers"},
+            std::pair{TransferBackend::kKernel, "per-lane"},
             std::pair{TransferBackend::kKernel, "staged"}, std::pair{TransferBackend::kDma, ""}}) {
         SCOPED_TRACE(::testing::Message() << sh.slot_bytes << " B " << LayoutName(host) << " "
                                           << TransferBackendName(backend) << " " << variant);
@@ -447,6 +449,95 @@ TEST(CudaTransferTest, AccessWidthsAndRealisticSlots) {
                       testing::RandomPagePairs(rng, dg.num_slots, hg.num_slots, 16, 3), rng);
       }
     }
+  }
+}
+
+// A dma plan of thousands of operations is split over several streams (dma_engine.cc, lanes)
+// and joined back to the caller's stream: the bytes are the same as the reference, on a
+// non-blocking stream and on the legacy default stream, with and without per-layer events.
+TEST(CudaTransferTest, DmaPlansSplitOverStreamsMatchTheReference) {
+  REQUIRE_GPU();
+  std::mt19937_64 rng(testing::TestSeed() + 19);
+  const KvGeometry dg = MakeGeometry(KvLayout::kLayerFirst, false, 1, 4096, 3, 256, 1);
+  const KvGeometry hg = MakeGeometry(KvLayout::kPageFirst, false, 1, 4096, 3, 256, 1);
+  CudaStreamHandle stream = std::move(CudaStreamHandle::Create(0, true)).value();
+  // The lanes submitted from the calling thread and from a thread each (the default).
+  std::vector<std::unique_ptr<TransferEngine>> engines;
+  for (bool threads : {false, true}) {
+    setenv("KVTIER_DMA_SUBMIT_THREADS", threads ? "1" : "0", 1);
+    auto made = MakeTransferEngine(TransferBackend::kDma, TransferEngineConfig{});
+    unsetenv("KVTIER_DMA_SUBMIT_THREADS");
+    ASSERT_TRUE(made.ok()) << made.status().ToString();
+    engines.push_back(std::move(made).value());
+  }
+  for (size_t e = 0; e < engines.size(); ++e) {
+    for (CudaStream s : {stream.get(), CudaStream{nullptr}}) {
+      for (bool events : {false, true}) {
+        SCOPED_TRACE(::testing::Message()
+                     << (s == nullptr ? "legacy stream" : "stream")
+                     << (events ? ", layer events" : "") << (e == 1 ? ", submit threads" : ""));
+        TestRegion src(dg, false, MemoryKind::kDevice, false);
+        TestRegion dst(hg, false, MemoryKind::kHost, false);
+        src.FillRandom(rng);
+        dst.Fill(testing::kPoison);
+        src.Upload();
+        dst.Upload();
+        // 1,500 random single slots x 3 layers x K/V: about 9,000 runs, no two adjacent.
+        const auto pairs = testing::RandomTokenPairs(rng, dg.num_slots, hg.num_slots, 1500);
+        const KvRegion sm = src.mirror_region(), dm = dst.mirror_region();
+        ASSERT_OK(transfer::ReferenceTransfer(TransferRequest::AllLayers(
+            sm, dm, SlotIndices::Host(pairs.src), SlotIndices::Host(pairs.dst))));
+        const KvRegion sgpu = src.gpu_region(), dgpu = dst.gpu_region();
+        auto layer_events = LayerEvents::Create(3, 0);
+        ASSERT_TRUE(layer_events.ok()) << layer_events.status().ToString();
+        TransferEngine* engine = engines[e].get();
+        ASSERT_OK(engine->Transfer(
+            TransferRequest::AllLayers(sgpu, dgpu, SlotIndices::Host(pairs.src),
+                                       SlotIndices::Host(pairs.dst)),
+            {.stream = s, .layer_events = events ? &layer_events.value() : nullptr}));
+        const auto* stats = transfer::cuda::LastTransferStats(*engine);
+        ASSERT_NE(stats, nullptr);
+        EXPECT_GT(stats->lanes, 1) << stats->copy_ops << " copy ops";
+        ASSERT_OK(engine->Synchronize(s));
+        EXPECT_TRUE(dst.MatchesMirror());
+      }
+    }
+  }
+}
+
+// TransferOptions::max_sms bounds the kernel backend's grid for one call (the engine's
+// TransferEngineConfig::max_sms otherwise); the bytes are the same either way.
+TEST(CudaTransferTest, PerCallMaxSmsBoundsTheGrid) {
+  REQUIRE_GPU();
+  std::mt19937_64 rng(testing::TestSeed() + 18);
+  const KvGeometry dg = MakeGeometry(KvLayout::kLayerFirst, false, 16, 256, 4, 2048, 8);
+  const KvGeometry hg = MakeGeometry(KvLayout::kPageFirst, false, 16, 256, 4, 2048, 8);
+  TransferEngineConfig config;
+  config.max_sms = 3;
+  auto made = MakeTransferEngine(TransferBackend::kKernel, config);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  for (int sms : {0, 1, 2, 8}) {
+    SCOPED_TRACE(::testing::Message() << "max_sms " << sms);
+    TestRegion src(dg, false, MemoryKind::kDevice, false);
+    TestRegion dst(hg, false, MemoryKind::kHost, false);
+    src.FillRandom(rng);
+    dst.Fill(testing::kPoison);
+    src.Upload();
+    dst.Upload();
+    const auto pairs = testing::RandomPagePairs(rng, dg.num_slots, hg.num_slots, 16, 64);
+    const KvRegion sm = src.mirror_region(), dm = dst.mirror_region();
+    ASSERT_OK(transfer::ReferenceTransfer(TransferRequest::AllLayers(
+        sm, dm, SlotIndices::Host(pairs.src), SlotIndices::Host(pairs.dst))));
+    const KvRegion sgpu = src.gpu_region(), dgpu = dst.gpu_region();
+    ASSERT_OK(
+        made.value()->Transfer(TransferRequest::AllLayers(sgpu, dgpu, SlotIndices::Host(pairs.src),
+                                                          SlotIndices::Host(pairs.dst)),
+                               {.max_sms = sms}));
+    ASSERT_OK(made.value()->Synchronize(nullptr));
+    const auto* stats = transfer::cuda::LastTransferStats(*made.value());
+    ASSERT_NE(stats, nullptr);
+    EXPECT_EQ(stats->blocks, sms == 0 ? 3 : sms);  // 16 MiB: enough work for every block
+    EXPECT_TRUE(dst.MatchesMirror());
   }
 }
 
@@ -550,9 +641,9 @@ TEST(CudaTransferTest, CallsOnOneStreamDoNotWaitForAnotherStream) {
   for (int call = 0; call < kCalls; ++call) {
     pairs.push_back(testing::RandomPagePairs(rng, hg.num_slots, dg.num_slots, 16, 2));
   }
-  const TransferRequest held_request = TransferRequest::AllLayers(
-      held_src_gpu, held_dst_gpu, SlotIndices::Host(held_pairs.src),
-      SlotIndices::Host(held_pairs.dst));
+  const TransferRequest held_request =
+      TransferRequest::AllLayers(held_src_gpu, held_dst_gpu, SlotIndices::Host(held_pairs.src),
+                                 SlotIndices::Host(held_pairs.dst));
   auto call_request = [&](int call) {
     return TransferRequest::PerLayer(src_gpu, dst_gpu, SlotIndices::Host(pairs[call].src),
                                      SlotIndices::Host(pairs[call].dst), call % hg.num_layers);
@@ -598,9 +689,9 @@ TEST(CudaTransferTest, CallsOnOneStreamDoNotWaitForAnotherStream) {
       << "calls on a free stream waited for a copy held back on another stream";
   ASSERT_OK(worker_status);
   for (int call = 0; call < kCalls; ++call) {
-    ASSERT_OK(transfer::ReferenceTransfer(TransferRequest::PerLayer(
-        src_mirror, dst_mirror, SlotIndices::Host(pairs[call].src),
-        SlotIndices::Host(pairs[call].dst), call % hg.num_layers)));
+    ASSERT_OK(transfer::ReferenceTransfer(
+        TransferRequest::PerLayer(src_mirror, dst_mirror, SlotIndices::Host(pairs[call].src),
+                                  SlotIndices::Host(pairs[call].dst), call % hg.num_layers)));
   }
   EXPECT_TRUE(dst.MatchesMirror());
 }
@@ -612,40 +703,54 @@ TEST(CudaTransferTest, CallsOnOneStreamDoNotWaitForAnotherStream) {
 TEST(CudaTransferTest, OutOfRangeDeviceIndicesAreReported) {
   REQUIRE_GPU();
   std::mt19937_64 rng(testing::TestSeed() + 16);
-  const KvGeometry hg = MakeGeometry(KvLayout::kPageFirst, false, 1, 32);
-  const KvGeometry dg = MakeGeometry(KvLayout::kLayerFirst, false, 1, 32);
-  for (int width : {32, 64}) {
-    for (auto [backend, variant] :
-         {std::pair{TransferBackend::kKernel, "registers"},
-          std::pair{TransferBackend::kKernel, "staged"}, std::pair{TransferBackend::kAuto, ""}}) {
-      SCOPED_TRACE(::testing::Message()
-                   << TransferBackendName(backend) << " " << variant << " int" << width);
-      TestRegion src(hg, false, MemoryKind::kHost, false);
-      TestRegion dst(dg, false, MemoryKind::kDevice, false);
-      src.FillRandom(rng);
-      dst.Fill(testing::kPoison);
-      src.Upload();
-      dst.Upload();
-      std::vector<int64_t> s = {3, 4, 1000000, 7, -5, 9}, d = {0, 1, 2, 3, 4, 99};
-      // Expected: the valid pairs (0, 1, 3) copied, the rest skipped.
-      const KvRegion sm = src.mirror_region(), dm = dst.mirror_region();
-      std::vector<int64_t> vs = {3, 4, 7}, vd = {0, 1, 3};
-      ASSERT_OK(transfer::ReferenceTransfer(
-          TransferRequest::AllLayers(sm, dm, SlotIndices::Host(vs), SlotIndices::Host(vd))));
-      DeviceIndices ds = width == 64 ? DeviceIndices(s, int64_t{}) : DeviceIndices(s, int32_t{});
-      DeviceIndices dd = width == 64 ? DeviceIndices(d, int64_t{}) : DeviceIndices(d, int32_t{});
-      const KvRegion sgpu = src.gpu_region(), dgpu = dst.gpu_region();
-      TransferEngine* engine = Engine(backend, variant[0] != '\0' ? variant : nullptr);
-      ASSERT_OK(engine->Transfer(TransferRequest::AllLayers(sgpu, dgpu, ds.get(), dd.get())));
-      const Status st = engine->Synchronize(nullptr);
-      ASSERT_TRUE(st.IsInvalidArgument()) << st.ToString();
-      EXPECT_NE(st.message().find("3 slot pair(s)"), std::string::npos) << st.message();
-      EXPECT_NE(st.message().find("not in [0, 32)"), std::string::npos) << st.message();
-      EXPECT_TRUE(dst.MatchesMirror());
-      // Reported once: the next Synchronize is clean.
-      ASSERT_OK(engine->Synchronize(nullptr));
+  // Small slots (a warp's tile spans many chunks: per-lane resolve), and 1,152-byte slots and
+  // 256-byte page_head heads (2..9 chunks per tile: the cooperative resolve).
+  struct Shape {
+    KvLayout host;
+    int64_t slot_bytes, heads;
+  };
+  for (Shape sh : {Shape{KvLayout::kPageFirst, 64, 4}, Shape{KvLayout::kPageFirst, 1152, 1},
+                   Shape{KvLayout::kPageHead, 2048, 8}}) {
+    const KvGeometry hg = MakeGeometry(sh.host, false, 1, 32, 3, sh.slot_bytes, sh.heads);
+    const KvGeometry dg =
+        MakeGeometry(KvLayout::kLayerFirst, false, 1, 32, 3, sh.slot_bytes, sh.heads);
+    for (int width : {32, 64}) {
+      for (auto [backend, variant] :
+           {std::pair{TransferBackend::kKernel, "registers"},
+            std::pair{TransferBackend::kKernel, "per-lane"},
+            std::pair{TransferBackend::kKernel, "staged"}, std::pair{TransferBackend::kAuto, ""}}) {
+        SCOPED_TRACE(::testing::Message()
+                     << TransferBackendName(backend) << " " << variant << " int" << width << " "
+                     << LayoutName(sh.host) << " " << sh.slot_bytes << " B");
+        TestRegion src(hg, false, MemoryKind::kHost, false);
+        TestRegion dst(dg, false, MemoryKind::kDevice, false);
+        src.FillRandom(rng);
+        dst.Fill(testing::kPoison);
+        src.Upload();
+        dst.Upload();
+        std::vector<int64_t> s = {3, 4, 1000000, 7, -5, 9}, d = {0, 1, 2, 3, 4, 99};
+        // Expected: the valid pairs (0, 1, 3) copied, the rest skipped.
+        const KvRegion sm = src.mirror_region(), dm = dst.mirror_region();
+        std::vector<int64_t> vs = {3, 4, 7}, vd = {0, 1, 3};
+        ASSERT_OK(transfer::ReferenceTransfer(
+            TransferRequest::AllLayers(sm, dm, SlotIndices::Host(vs), SlotIndices::Host(vd))));
+        DeviceIndices ds = width == 64 ? DeviceIndices(s, int64_t{}) : DeviceIndices(s, int32_t{});
+        DeviceIndices dd = width == 64 ? DeviceIndices(d, int64_t{}) : DeviceIndices(d, int32_t{});
+        const KvRegion sgpu = src.gpu_region(), dgpu = dst.gpu_region();
+        TransferEngine* engine = Engine(backend, variant[0] != '\0' ? variant : nullptr);
+        ASSERT_OK(engine->Transfer(TransferRequest::AllLayers(sgpu, dgpu, ds.get(), dd.get())));
+        const Status st = engine->Synchronize(nullptr);
+        ASSERT_TRUE(st.IsInvalidArgument()) << st.ToString();
+        EXPECT_NE(st.message().find("3 slot pair(s)"), std::string::npos) << st.message();
+        EXPECT_NE(st.message().find("not in [0, 32)"), std::string::npos) << st.message();
+        EXPECT_TRUE(dst.MatchesMirror());
+        // Reported once: the next Synchronize is clean.
+        ASSERT_OK(engine->Synchronize(nullptr));
+      }
     }
   }
+  const KvGeometry hg = MakeGeometry(KvLayout::kPageFirst, false, 1, 32);
+  const KvGeometry dg = MakeGeometry(KvLayout::kLayerFirst, false, 1, 32);
   // dma: Transfer refuses before any copy.
   TestRegion src(hg, false, MemoryKind::kHost, false);
   TestRegion dst(dg, false, MemoryKind::kDevice, false);

@@ -68,6 +68,15 @@ TEST(TransferValidationTest, ValidRequestSucceeds) {
   EXPECT_TRUE(f.engine->Transfer(f.Request()).ok());
 }
 
+TEST(TransferValidationTest, NegativeMaxSmsInOptions) {
+  Fixture f;
+  const auto before = f.dst.Snapshot();
+  const Status st = f.engine->Transfer(f.Request(), {.max_sms = -2});
+  EXPECT_TRUE(st.IsInvalidArgument()) << st.ToString();
+  EXPECT_NE(st.message().find("max_sms = -2"), std::string::npos) << st.message();
+  EXPECT_EQ(f.dst.Snapshot(), before) << "destination modified by a rejected request";
+}
+
 TEST(TransferValidationTest, MismatchedLengths) {
   ExpectRejected([](Fixture& f, TransferRequest& r, KvRegion&, KvRegion&) {
     f.dst_idx.pop_back();

@@ -162,41 +162,82 @@ template <int W>
 __global__ void __launch_bounds__(kCopyThreads, 1) CopyChunksKernel(const CopyView v) {
   using Vec = typename CopyVec<W>::Type;
   constexpr int R = kLoadsInFlight;
+  constexpr unsigned kAllLanes = 0xffffffffu;
   const uint32_t lane = threadIdx.x & 31u;
   const uint64_t warp = (static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32u;
   const uint64_t start = warp * (32u * R) + lane;
   const uint64_t start_chunk = start / v.vecs_per_chunk;
-  if (start_chunk >= v.num_chunks) return;
-  uint32_t c = static_cast<uint32_t>(start_chunk);
+  // Every lane of a warp stays in the loop until lane 0 (the tile's first position) is past the
+  // end, so that the cooperative path's shuffles always see the whole warp; positions past the
+  // end are skipped below.
+  uint32_t c = static_cast<uint32_t>(start_chunk < v.num_chunks ? start_chunk : v.num_chunks);
   uint32_t e = static_cast<uint32_t>(start - start_chunk * v.vecs_per_chunk);
 
   uint32_t cached = 0xffffffffu;
   const char* chunk_src = nullptr;
   char* chunk_dst = nullptr;
   PairCache pairs;
-  while (c < v.num_chunks) {
+  while (true) {
+    const uint32_t c_first = __shfl_sync(kAllLanes, c, 0);
+    if (c_first >= v.num_chunks) break;
     const Vec* from[R];
     Vec* to[R];
     uint32_t pc = c, pe = e;
+    if (v.cooperative != 0) {
+      // The tile's chunks c_first .. c_first + n - 1 are resolved once, chunk c_first + j by lane
+      // j, and each lane takes its chunks' addresses from their lanes by shuffle: one resolve
+      // pass per tile instead of one per load step that crosses a chunk boundary.
+      const uint32_t e_first = __shfl_sync(kAllLanes, e, 0);
+      const uint32_t n = 1u + v.div_vecs.Div(e_first + 32u * R - 1u);
+      const uint32_t mine = c_first + lane;
+      const char* my_src = nullptr;
+      char* my_dst = nullptr;
+      if (lane < n && mine < v.num_chunks) {
+        // Vector 0 of chunk `mine` lies in this tile unless it is the tile's first chunk entered
+        // part-way: exactly one (tile, lane) owns it, which keeps bad pairs counted once.
+        ResolveChunk(v, mine, lane > 0 || e_first == 0, &pairs, &my_src, &my_dst);
+      }
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      from[r] = nullptr;
-      to[r] = nullptr;
-      if (pc < v.num_chunks) {
-        if (pc != cached) {
-          cached = pc;
-          ResolveChunk(v, pc, pe == 0, &pairs, &chunk_src, &chunk_dst);
+      for (int r = 0; r < R; ++r) {
+        const uint32_t from_lane = (pc - c_first) & 31u;
+        const auto s = static_cast<uintptr_t>(
+            __shfl_sync(kAllLanes, reinterpret_cast<unsigned long long>(my_src), from_lane));
+        const auto d = static_cast<uintptr_t>(
+            __shfl_sync(kAllLanes, reinterpret_cast<unsigned long long>(my_dst), from_lane));
+        from[r] = nullptr;
+        to[r] = nullptr;
+        if (pc < v.num_chunks && s != 0) {
+          from[r] = reinterpret_cast<const Vec*>(s + static_cast<uint64_t>(pe) * W);
+          to[r] = reinterpret_cast<Vec*>(d + static_cast<uint64_t>(pe) * W);
         }
-        if (chunk_src != nullptr) {
-          from[r] = reinterpret_cast<const Vec*>(chunk_src + static_cast<uint64_t>(pe) * W);
-          to[r] = reinterpret_cast<Vec*>(chunk_dst + static_cast<uint64_t>(pe) * W);
+        pe += v.step32_vecs;
+        pc += v.step32_chunks;
+        if (pe >= v.vecs_per_chunk) {
+          pe -= v.vecs_per_chunk;
+          ++pc;
         }
       }
-      pe += v.step32_vecs;
-      pc += v.step32_chunks;
-      if (pe >= v.vecs_per_chunk) {
-        pe -= v.vecs_per_chunk;
-        ++pc;
+    } else {
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        from[r] = nullptr;
+        to[r] = nullptr;
+        if (pc < v.num_chunks) {
+          if (pc != cached) {
+            cached = pc;
+            ResolveChunk(v, pc, pe == 0, &pairs, &chunk_src, &chunk_dst);
+          }
+          if (chunk_src != nullptr) {
+            from[r] = reinterpret_cast<const Vec*>(chunk_src + static_cast<uint64_t>(pe) * W);
+            to[r] = reinterpret_cast<Vec*>(chunk_dst + static_cast<uint64_t>(pe) * W);
+          }
+        }
+        pe += v.step32_vecs;
+        pc += v.step32_chunks;
+        if (pe >= v.vecs_per_chunk) {
+          pe -= v.vecs_per_chunk;
+          ++pc;
+        }
       }
     }
     Vec val[R];
@@ -214,6 +255,7 @@ __global__ void __launch_bounds__(kCopyThreads, 1) CopyChunksKernel(const CopyVi
       e -= v.vecs_per_chunk;
       ++c;
     }
+    if (c > v.num_chunks) c = v.num_chunks;  // no wrap-around past 2^32 on the last tiles
   }
 }
 

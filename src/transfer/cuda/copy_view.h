@@ -143,6 +143,9 @@ struct CopyView {
   uint32_t vecs_per_chunk;  // chunk bytes / W
   ChunkOrder order;
   int32_t report_errors;  // 1: count bad pairs (only one launch of a per-layer split does)
+  // 1: each warp resolves its tile's chunks once, one chunk per lane, and shares the addresses
+  // by shuffle (register kernel; set when a tile spans 2..32 chunks, see kernel_engine.cc).
+  int32_t cooperative;
   int64_t position_base;  // k of this launch's first pair in the request (for messages)
   FastDivmod div_heads, div_count, div_layers, div_vecs;
   // Per-lane walk through the flattened (chunk, vector) space: every lane advances by 32 vectors

@@ -148,10 +148,12 @@ class KernelTransferEngine final : public GpuTransferEngine {
   };
 
   explicit KernelTransferEngine(const TransferEngineConfig& config) : config_(config) {
-    // KVTIER_COPY_KERNEL=registers|staged overrides the default variant (for measurements).
+    // KVTIER_COPY_KERNEL=registers|staged|per-lane overrides the default variant (for measurements).
     if (const char* env = std::getenv("KVTIER_COPY_KERNEL"); env != nullptr) {
       if (std::strcmp(env, "registers") == 0) staged_ = false;
       if (std::strcmp(env, "staged") == 0) staged_ = true;
+      // "per-lane": the register kernel without the cooperative resolve (for measurements).
+      if (std::strcmp(env, "per-lane") == 0) cooperative_ = false;
     }
   }
 
@@ -187,6 +189,8 @@ class KernelTransferEngine final : public GpuTransferEngine {
   const TransferEngineConfig config_;
   // The copy kernel variant (copy_kernels.cuh): cp.async through shared memory, or registers.
   bool staged_ = kDefaultStaged;
+  // The register kernel's cooperative chunk resolve (CopyView::cooperative), where it applies.
+  bool cooperative_ = true;
   std::mutex mu_;
   int sm_count_ = 0;
   DeviceBuffer error_device_;
@@ -388,13 +392,25 @@ Status KernelTransferEngine::DoTransfer(const TransferRequest& r, const Transfer
   view.div_vecs = FastDivmod::Make(view.vecs_per_chunk);
   view.step32_chunks = 32u / view.vecs_per_chunk;
   view.step32_vecs = 32u % view.vecs_per_chunk;
+  {
+    // A warp's tile is 32 x loads-in-flight vectors. When it spans several chunks (MLA's
+    // 1,152-byte slots, page_head's 256-byte heads), resolving each chunk once per tile and
+    // sharing the addresses by shuffle replaces one warp-wide resolve per load step. Measured
+    // with Nsight Compute before it: MLA loads issued on 60 % of the cycles of their 4 SMs,
+    // instruction-bound (BENCHMARKS.md, GPU).
+    const int64_t tile = int64_t{32} * CopyLoadsInFlight(false);
+    const int64_t vpc = view.vecs_per_chunk;
+    const int64_t max_chunks_per_tile = 1 + (vpc - 1 + tile - 1) / vpc;
+    view.cooperative = !staged_ && cooperative_ && vpc < tile && max_chunks_per_tile <= 32 ? 1 : 0;
+  }
 
   const int64_t layers_per_launch = options.layer_events != nullptr ? 1 : r.num_layers;
   const int64_t chunks_per_pair = view.num_buffers * layers_per_launch * heads;
   const int64_t max_pairs = std::max<int64_t>(1, kMaxChunksPerLaunch / chunks_per_pair);
   const int threads = CopyThreadsPerBlock();
   const int64_t vecs_per_block_pass = int64_t{threads} * CopyLoadsInFlight(staged_);
-  const int max_blocks = std::max(1, std::min(config_.max_sms, sm_count_));
+  const int sms = options.max_sms > 0 ? options.max_sms : config_.max_sms;
+  const int max_blocks = std::max(1, std::min(sms, sm_count_));
   const int src_index_bytes = view.src.slots_int64 ? 8 : 4;
   const int dst_index_bytes = view.dst.slots_int64 ? 8 : 4;
 
