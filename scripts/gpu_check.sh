@@ -155,7 +155,9 @@ ceil = [r for r in rows if r["op"] == "ceiling"]
 if ceil:
     h2d = min(r["gbps"] for r in ceil if r["layout"] == "h2d")
     d2h = min(r["gbps"] for r in ceil if r["layout"] == "d2h")
-    print(f"ceiling (1 GiB cudaMemcpyAsync): H2D {h2d:.1f} GB/s, D2H {d2h:.1f} GB/s")
+    both = [r["gbps"] for r in ceil if r["layout"] == "both"]
+    print(f"ceiling (1 GiB cudaMemcpyAsync): H2D {h2d:.1f} GB/s, D2H {d2h:.1f} GB/s"
+          + (f", both ways at once {min(both):.1f} GB/s ({min(both) / min(h2d, d2h):.2f} x)" if both else ""))
 print(f"{'backend':7} {'shape':5} {'op':6} {'rows':>4} {'min%':>6} {'median%':>7} {'max%':>6} {'<target':>7} {'max_SMs':>7} {'submit_us(med)':>14} check")
 for b in ["kernel", "dma", "auto"]:
     for shape in ["mha", "mla"]:

@@ -11,7 +11,8 @@
 #      pool on THP (KVTIER_BENCH_HUGEPAGES=1).
 #   4. Nsight Compute counters (sysmem read requests, instructions) on MLA page_first vs page_head
 #      loads and MHA layer_first vs page_head loads, each pair in one process (same pinned pool).
-#   5. Both directions at once on the kernel backend with 1, 2, 3 and 8 SMs per kernel.
+#   5. Both directions at once on the kernel backend with different SMs for the loads and the
+#      backup (KVTIER_BENCH_BOTH_SMS), next to the copy engines' two-way ceiling.
 # Everything is packed into $OUT/probe.tgz at the end.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -87,11 +88,13 @@ for s in $SECTIONS; do
     done
     ;;
   5)
-    stamp "5. both directions, kernel, by SMs per kernel"
-    for sms in 1 2 3 8; do
-      $K bench --backend kernel --shapes mha --ops backup --layouts layer_first --page-sizes 16 \
-        --max-sms $sms --repeats 5 >"$LOGS/both_kernel_sms$sms.txt" 2>&1
-      echo "-- max-sms $sms"; grep -E "^mha +(backup|both)" "$LOGS/both_kernel_sms$sms.txt"
+    stamp "5. both directions, kernel, SMs for loads,backup (KVTIER_BENCH_BOTH_SMS)"
+    for sms in ${PROBE_BOTH_SMS:-4,4 4,2 4,1 8,2 8,4}; do
+      KVTIER_BENCH_BOTH_SMS=$sms $K bench --backend kernel --shapes mha --ops backup \
+        --layouts layer_first --page-sizes 16 --max-sms 8 --repeats 5 \
+        >"$LOGS/both_kernel_sms$sms.txt" 2>&1
+      echo "-- loads,backup SMs $sms"
+      grep -E "ceiling both|^mha +both" "$LOGS/both_kernel_sms$sms.txt"
     done
     ;;
   esac

@@ -9,8 +9,10 @@
 //      device -> host) on every asked GPU backend. GPU ms: CUDA events around each call on the
 //      copy stream, median of `repeats` after `warmup` calls; the stream is held by a host gate
 //      (StreamGate) until the call is submitted, so the events time the device work alone and
-//      not the host's submission. Host submit: wall clock around the Transfer call alone (no
-//      synchronisation inside it), median.
+//      not the host's submission. Calls of under 2 ms are timed in bursts of back-to-back calls
+//      (events around the burst, divided by its length; up to 32 calls, ~4 ms a burst), so a
+//      row is the rate of repeated calls, as a layer-by-layer load issues them. Host submit:
+//      wall clock around each Transfer call alone (no synchronisation inside it), median.
 //   3. Every row is checked byte for byte against the cpu backend (itself tested against
 //      transfer::ReferenceTransfer): loads compare the whole destination layer (K and V) with a
 //      poisoned layer into which the cpu backend copied the same slots; backups compare the whole
@@ -36,6 +38,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -302,6 +305,45 @@ Status GpuBench::MeasureCeiling() {
     std::fprintf(stderr, "ceiling %s: %.2f GB/s (1 GiB cudaMemcpyAsync, median of %d)\n",
                  dir == 0 ? "H2D" : "D2H", gbps, options_.repeats);
   }
+  // Both directions at once on the copy engines: what the link gives a load and a backup that
+  // overlap perfectly (the reference for target 5's 1.6 x).
+  KVTIER_ASSIGN_OR_RETURN(PinnedHostBuffer host2, PinnedHostBuffer::Allocate(kBytes));
+  KVTIER_ASSIGN_OR_RETURN(DeviceBuffer device2, DeviceBuffer::Allocate(kBytes, options_.device));
+  KVTIER_ASSIGN_OR_RETURN(CudaEventHandle stop2, CudaEventHandle::Create(options_.device, true));
+  std::vector<double> ms;
+  for (int r = 0; r < options_.warmup + options_.repeats; ++r) {
+    KVTIER_RETURN_IF_ERROR(start.Record(stream_.get()));
+    KVTIER_RETURN_IF_ERROR(start.WaitOn(stream2_.get()));
+    KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(device.data(), host.data(), kBytes,
+                                                cudaMemcpyHostToDevice, stream_.get()));
+    KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host2.data(), device2.data(), kBytes,
+                                                cudaMemcpyDeviceToHost, stream2_.get()));
+    KVTIER_RETURN_IF_ERROR(stop.Record(stream_.get()));
+    KVTIER_RETURN_IF_ERROR(stop2.Record(stream2_.get()));
+    KVTIER_RETURN_IF_ERROR(stop.Synchronize());
+    KVTIER_RETURN_IF_ERROR(stop2.Synchronize());
+    KVTIER_ASSIGN_OR_RETURN(float t1, stop.ElapsedMsSince(start));
+    KVTIER_ASSIGN_OR_RETURN(float t2, stop2.ElapsedMsSince(start));
+    if (r >= options_.warmup) ms.push_back(std::max(t1, t2));
+  }
+  BenchRow row;
+  row.shape = "-";
+  row.op = "ceiling";
+  row.layout = "both";
+  row.backend = "memcpy";
+  row.bytes = 2 * kBytes;
+  row.ms = Median(ms);
+  row.gbps = static_cast<double>(row.bytes) / (row.ms * 1e-3) / 1e9;
+  row.ceiling = "dma_h2d+d2h/2*1.6";
+  row.ceiling_gbps = std::min(ceiling_h2d_, ceiling_d2h_);
+  row.pct_of_ceiling = 100.0 * row.gbps / row.ceiling_gbps;
+  row.check_ok = true;
+  row.note =
+      "ceiling both ways: 1 GiB cudaMemcpyAsync host->device and 1 GiB device->host on two "
+      "streams at once; % is of the one-way ceiling";
+  rows_->push_back(row);
+  std::fprintf(stderr, "ceiling both ways at once: %.2f GB/s (%.2f x one way)\n", row.gbps,
+               row.pct_of_ceiling / 100.0);
   return Status::OK();
 }
 
@@ -328,31 +370,55 @@ Result<BenchRow> GpuBench::TimeRow(const BenchCase& c, TransferBackend backend,
   // H200 with 1,024 strided copies in one cudaMemcpy3DBatchAsync); those calls are timed
   // ungated, and their GPU time then includes the submission.
   constexpr int64_t kMaxGatedCopyOps = 256;
+  // Short calls are timed in bursts of back-to-back calls (events around the burst, divided by
+  // its length), as PERFORMANCE.md asks ("CUDA events around repeated calls"): a lone call of a
+  // few hundred microseconds also times the stream's start-up after the gate and the launch,
+  // tens of microseconds that back-to-back calls (a layer-by-layer load) overlap.
+  constexpr double kBurstMs = 4.0;
+  constexpr int kMaxBurst = 32;
   StreamGate gate;
   bool gated = false;
+  int burst = 1;
+  double warmup_ms = 0;
   for (int r = 0; r < options_.warmup + options_.repeats; ++r) {
     if (r == options_.warmup) {
       const auto* stats = transfer::cuda::LastTransferStats(engine);
       const bool few_ops = stats == nullptr || stats->backend == TransferBackend::kKernel ||
                            stats->copy_ops <= kMaxGatedCopyOps;
       gated = options_.warmup > 0 && few_ops && Median(host_us) < 2000.0;
+      if (gated && warmup_ms > 0 && warmup_ms < kBurstMs / 2) {
+        burst = std::clamp(static_cast<int>(kBurstMs / warmup_ms), 2, kMaxBurst);
+        // One untimed, ungated burst first: the engine's per-call buffers (index staging) grow
+        // to a burst's needs here, not while the gate holds the stream.
+        for (int b = 0; b < burst; ++b) {
+          KVTIER_RETURN_IF_ERROR(engine.Transfer(request, topts).WithContext(c.Label()));
+        }
+        KVTIER_RETURN_IF_ERROR(engine.Synchronize(stream_.get()).WithContext(c.Label()));
+      }
     }
     if (r == options_.warmup) host_us.clear();
     if (gated) KVTIER_RETURN_IF_ERROR(gate.Close(stream_.get()));
     KVTIER_RETURN_IF_ERROR(start.Record(stream_.get()));
-    const auto t0 = std::chrono::steady_clock::now();
-    Status submitted = engine.Transfer(request, topts).WithContext(c.Label());
-    const double us = WallUs(t0);
+    Status submitted;
+    for (int b = 0; b < burst && submitted.ok(); ++b) {
+      const auto t0 = std::chrono::steady_clock::now();
+      submitted = engine.Transfer(request, topts).WithContext(c.Label());
+      host_us.push_back(WallUs(t0));
+    }
     const Status recorded = stop.Record(stream_.get());
     gate.Open();
     KVTIER_RETURN_IF_ERROR(submitted);
     KVTIER_RETURN_IF_ERROR(recorded);
     KVTIER_RETURN_IF_ERROR(engine.Synchronize(stream_.get()).WithContext(c.Label()));
     KVTIER_ASSIGN_OR_RETURN(float ms, stop.ElapsedMsSince(start));
-    host_us.push_back(us);
-    if (r >= options_.warmup) gpu_ms.push_back(ms);
+    if (r >= options_.warmup) gpu_ms.push_back(ms / burst);
+    if (r < options_.warmup) warmup_ms = ms;
   }
   if (!gated) row.note = "GPU time includes host submission (long submission: not gated)";
+  if (burst > 1) {
+    row.note = fmt::format("GPU time per call from {} bursts of {} back-to-back calls{}",
+                           options_.repeats, burst, row.note.empty() ? "" : "; " + row.note);
+  }
   row.ms = Median(gpu_ms);
   row.gbps = static_cast<double>(row.bytes) / (row.ms * 1e-3) / 1e9;
   row.pct_of_ceiling = 100.0 * row.gbps / row.ceiling_gbps;
@@ -529,17 +595,34 @@ Status GpuBench::RunBoth(const BenchCase& c, ShapeBuffers& buf, TransferBackend 
   KVTIER_ASSIGN_OR_RETURN(CudaEventHandle end2, CudaEventHandle::Create(options_.device, true));
   const TransferRequest backup = TransferRequest::AllLayers(
       device, out, SlotIndices::Host(backup_slots.device), SlotIndices::Host(backup_slots.host));
+  // KVTIER_BENCH_BOTH_SMS="L,B": the kernel backend's SMs for the loads and for the backup
+  // (TransferOptions::max_sms; default: --max-sms for both), for measurements.
+  int load_sms = 0, backup_sms = 0;
+  if (const char* env = std::getenv("KVTIER_BENCH_BOTH_SMS"); env != nullptr) {
+    if (std::sscanf(env, "%d,%d", &load_sms, &backup_sms) != 2 || load_sms < 0 || backup_sms < 0) {
+      return Status::InvalidArgument(
+          fmt::format("KVTIER_BENCH_BOTH_SMS = \"{}\": expected two SM counts, e.g. 4,2", env));
+    }
+  }
+  int blocks_load = 0, blocks_backup = 0;
   std::vector<double> ms;
   for (int r = 0; r < options_.warmup + options_.repeats; ++r) {
     KVTIER_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
     KVTIER_RETURN_IF_ERROR(start.Record(stream_.get()));
     KVTIER_RETURN_IF_ERROR(start.WaitOn(stream2_.get()));
-    KVTIER_RETURN_IF_ERROR(engine.Transfer(backup, {.stream = stream2_.get()}));
+    KVTIER_RETURN_IF_ERROR(
+        engine.Transfer(backup, {.stream = stream2_.get(), .max_sms = backup_sms}));
+    if (const auto* stats = transfer::cuda::LastTransferStats(engine)) {
+      blocks_backup = stats->backend == TransferBackend::kKernel ? stats->blocks : 0;
+    }
     for (int64_t l = 0; l < dg.num_layers; ++l) {
       KVTIER_RETURN_IF_ERROR(engine.Transfer(
           TransferRequest::PerLayer(host, device, SlotIndices::Host(load_slots.host),
                                     SlotIndices::Host(load_slots.device), l),
-          {.stream = stream_.get()}));
+          {.stream = stream_.get(), .max_sms = load_sms}));
+    }
+    if (const auto* stats = transfer::cuda::LastTransferStats(engine)) {
+      blocks_load = stats->backend == TransferBackend::kKernel ? stats->blocks : 0;
     }
     KVTIER_RETURN_IF_ERROR(end1.Record(stream_.get()));
     KVTIER_RETURN_IF_ERROR(end2.Record(stream2_.get()));
@@ -566,13 +649,11 @@ Status GpuBench::RunBoth(const BenchCase& c, ShapeBuffers& buf, TransferBackend 
   row.ceiling = "dma_h2d+d2h/2*1.6";
   row.ceiling_gbps = std::min(ceiling_h2d_, ceiling_d2h_);
   row.pct_of_ceiling = 100.0 * row.gbps / row.ceiling_gbps;
-  if (const auto* stats = transfer::cuda::LastTransferStats(engine)) {
-    row.sms_used = stats->backend == TransferBackend::kKernel ? 2 * stats->blocks : 0;
-  }
+  row.sms_used = blocks_load + blocks_backup;
   row.note = fmt::format(
       "both directions: {} layer loads on one stream + one all-layer backup on another; "
-      "% is of the one-way ceiling (target 160%)",
-      dg.num_layers);
+      "% is of the one-way ceiling (target 160%); SMs: loads {}, backup {}",
+      dg.num_layers, blocks_load, blocks_backup);
   // Check: the device pool = mirror with the loaded slots of every layer replaced; the second
   // host pool = poison with the backed-up slots.
   HostBytes got = HostBytes::Allocate(buf.bytes);
