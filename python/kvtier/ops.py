@@ -218,11 +218,13 @@ def _native_indices(info: IndexInfo) -> Any:
 
 def transfer(src: KvRegion, dst: KvRegion, src_indices: Any, dst_indices: Any, *,
              src_layer: int = 0, dst_layer: int = 0, num_layers: int = 1, backend: str = "auto",
-             stream: Any = None, layer_events: Any = None) -> None:
+             stream: Any = None, layer_events: Any = None, max_sms: int = 0) -> None:
     """Copy layers [src_layer, src_layer + num_layers) of slots src_indices of `src` to layers
     [dst_layer, ...) of slots dst_indices of `dst` (slot k of one list goes to slot k of the other).
 
     layer_events: a kvtier.LayerEvents (CUDA builds); GPU backends record one event per layer.
+    max_sms: at most this many SMs for the kernel backend, for this call (0 = the engine's
+    default, 4), e.g. fewer for a backup that runs beside per-layer loads.
     """
     if not isinstance(src, KvRegion):
         raise ValueError(f"src must be a kvtier.ops.KvRegion, not {type(src).__name__}")
@@ -234,13 +236,16 @@ def transfer(src: KvRegion, dst: KvRegion, src_indices: Any, dst_indices: Any, *
     src_layer = _int(src_layer, "src_layer")
     dst_layer = _int(dst_layer, "dst_layer")
     num_layers = _int(num_layers, "num_layers")
+    max_sms = _int(max_sms, "max_sms", 0)
     si = describe_indices(src_indices, "src_indices")
     di = describe_indices(dst_indices, "dst_indices")
-    _run(src, dst, si, di, src_layer, dst_layer, num_layers, backend, stream, layer_events)
+    _run(src, dst, si, di, src_layer, dst_layer, num_layers, backend, stream, layer_events,
+         max_sms)
 
 
 def _run(src: KvRegion, dst: KvRegion, si: IndexInfo, di: IndexInfo, src_layer: int,
-         dst_layer: int, num_layers: int, backend: str, stream: Any, layer_events: Any) -> None:
+         dst_layer: int, num_layers: int, backend: str, stream: Any, layer_events: Any,
+         max_sms: int = 0) -> None:
     """transfer() after argument parsing; shared with kvtier.compat."""
     placed = (("src", src.device), ("dst", dst.device), ("src_indices", si.device),
               ("dst_indices", di.device))
@@ -260,7 +265,8 @@ def _run(src: KvRegion, dst: KvRegion, si: IndexInfo, di: IndexInfo, src_layer: 
         _kvtier.transfer(src._native, dst._native, _native_indices(si), _native_indices(di),
                          src_layer=src_layer, dst_layer=dst_layer, num_layers=num_layers,
                          backend=backend, stream=stream_address,
-                         device=device if device != HOST else 0, layer_events=layer_events)
+                         device=device if device != HOST else 0, layer_events=layer_events,
+                         max_sms=max_sms)
     except _kvtier.InvalidArgumentError as e:
         raise _kvtier.InvalidArgumentError(_rename_slots(str(e))) from None
 

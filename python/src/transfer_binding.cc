@@ -179,10 +179,11 @@ kvtier.ops.region(), which checks buffer sizes; this class does not (it cannot s
       [layer_events_caster](const PyRegion& src, const PyRegion& dst, const PyIndices& src_indices,
                             const PyIndices& dst_indices, int64_t src_layer, int64_t dst_layer,
                             int64_t num_layers, const std::string& backend_name, uint64_t stream,
-                            int device, py::object layer_events) {
+                            int device, py::object layer_events, int max_sms) {
         const TransferBackend backend = Unwrap(ParseTransferBackend(backend_name));
         TransferOptions options;
         options.stream = reinterpret_cast<CudaStream>(static_cast<uintptr_t>(stream));
+        options.max_sms = max_sms;
         if (!layer_events.is_none()) {
           if (layer_events_caster == nullptr) {
             ThrowStatus(Status::Unavailable(
@@ -205,10 +206,11 @@ kvtier.ops.region(), which checks buffer sizes; this class does not (it cannot s
       py::arg("src"), py::arg("dst"), py::arg("src_indices"), py::arg("dst_indices"),
       py::kw_only(), py::arg("src_layer") = 0, py::arg("dst_layer") = 0,
       py::arg("num_layers") = 1, py::arg("backend") = "cpu", py::arg("stream") = 0,
-      py::arg("device") = 0, py::arg("layer_events") = py::none(),
+      py::arg("device") = 0, py::arg("layer_events") = py::none(), py::arg("max_sms") = 0,
       R"doc(Copies layers [src_layer, src_layer + num_layers) of the slots src_indices of src to
 layers [dst_layer, ...) of the slots dst_indices of dst with the named backend (cpu, kernel, dma,
 auto) on CUDA stream `stream` (an address; 0 = the legacy default stream) of CUDA device `device`.
+max_sms: at most this many SMs for the kernel backend (0 = the engine's default).
 GPU backends return once the copy is enqueued; cpu once the bytes are in place.)doc");
 
   m.def(

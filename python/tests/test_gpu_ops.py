@@ -68,6 +68,26 @@ def test_every_layout_pair(direction, mla, backend):
                                           err_msg=f"{src_layout} -> {dst_layout}")
 
 
+@pytest.mark.parametrize("max_sms", [1, 2, 7])
+def test_max_sms_per_call(max_sms):
+    """max_sms bounds the kernel backend's SMs for one call; the bytes are the same."""
+    rng = np.random.default_rng(23)
+    sb = buffers("page_head", False, "host", rng)
+    db = buffers("layer_first", False, "gpu", rng)
+    src, dst = region("page_head", False, sb, "src"), region("layer_first", False, db, "dst")
+    si = random_indices(rng, 8 * P, N, P)
+    di = random_indices(rng, 8 * P, N, P)
+    before = [canon(b, "layer_first") for b in db]
+    ops.transfer_all_layers(src, dst, torch.from_numpy(si).to(dev), torch.from_numpy(di).to(dev),
+                            backend="kernel", max_sms=max_sms)
+    ops.synchronize("kernel")
+    torch.cuda.synchronize()
+    for b, bb in zip(range(2), before):
+        want = bb.copy()
+        want[:, di] = canon(sb[b], "page_head")[:, si]
+        np.testing.assert_array_equal(canon(db[b], "layer_first"), want)
+
+
 def test_layer_events_per_layer_wait():
     rng = np.random.default_rng(3)
     host = buffers("page_first", False, "host", rng)

@@ -223,6 +223,8 @@ def test_bad_transfer_arguments_name_the_argument():
         (dict(src="src"), "src must be a kvtier.ops.KvRegion"),
         (dict(dst=np.zeros(4)), "dst must be a kvtier.ops.KvRegion"),
         (dict(src_layer="0"), "src_layer = '0' must be an integer"),
+        (dict(max_sms=-1), "max_sms = -1 must be >= 0"),
+        (dict(max_sms=2.5), "max_sms = 2.5 must be an integer"),
     ]
     base = dict(src=src, dst=dst, src_indices=si, dst_indices=si)
     for override, message in cases:
