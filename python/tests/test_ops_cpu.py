@@ -130,6 +130,19 @@ def test_different_layer_counts_and_offsets():
     np.testing.assert_array_equal(canon(ob[0], "layer_first", L=1), want)
 
 
+def test_max_sms_reaches_the_engine():
+    """max_sms is passed through to the native call (the cpu backend ignores it)."""
+    rng = np.random.default_rng(3)
+    src, sbufs = make_region(rng, "page_first", False, "src")
+    dst, dbufs = make_region(rng, "layer_first", False, "dst")
+    si, di = random_indices(rng, 9, N), random_indices(rng, 9, N)
+    before = [canon(b, "layer_first") for b in dbufs]
+    ops.transfer_all_layers(src, dst, si, di, backend="cpu", max_sms=3)
+    for sb, db, b0 in zip(sbufs, dbufs, before):
+        want = expected_copy(canon(sb, "page_first"), b0, si, di, 0, 0, L)
+        np.testing.assert_array_equal(canon(db, "layer_first"), want)
+
+
 def test_empty_index_list_is_a_no_op():
     rng = np.random.default_rng(1)
     src, _ = make_region(rng, "layer_first", False, "src")
