@@ -176,9 +176,11 @@ class RadixTree {
   RadixTree& operator=(const RadixTree&) = delete;
 
   int64_t page_size() const { return page_size_; }
+  // Namespaces that hold or held nodes (Insert creates them).
+  int64_t num_namespaces() const { return static_cast<int64_t>(roots_.size()); }
 
   struct MatchResult {
-    RadixNode* last = nullptr;   // deepest matched node; the namespace root when nothing matched
+    RadixNode* last = nullptr;   // deepest matched node; a root when nothing matched
     int64_t matched_tokens = 0;  // page-aligned; == last->prefix_tokens() after Match
     int64_t device_tokens = 0;   // leading matched tokens whose KV is on the device
     int64_t host_tokens = 0;     // the rest of the match: in host memory only
@@ -186,7 +188,9 @@ class RadixTree {
 
   // The longest cached page-aligned prefix of `tokens` in namespace `ns`. Splits the node in which
   // the match ends, so the match ends exactly at `last`'s end. Touches nothing else (no access
-  // times, no hit counts). The namespace root is created on first use.
+  // times, no hit counts). A namespace nothing was inserted into matches nothing, with `last` a
+  // shared empty root of no namespace: matching never creates a namespace, so probing arbitrary
+  // names does not grow the tree.
   MatchResult Match(std::string_view ns, std::span<const Token> tokens);
   // Like Match but changes nothing: `last` may extend past matched_tokens; null when the
   // namespace does not exist.
@@ -297,6 +301,9 @@ class RadixTree {
   std::shared_ptr<const EvictionPolicy> device_policy_;
   std::shared_ptr<const EvictionPolicy> host_policy_;
   std::map<std::string, std::unique_ptr<RadixNode>, std::less<>> roots_;
+  // What Match returns as `last` for a namespace that does not exist: a root with no children.
+  const std::string no_namespace_;
+  std::unique_ptr<RadixNode> empty_root_;
   std::set<SetEntry> device_set_;
   std::set<SetEntry> host_set_;
   std::function<void(RadixNode*, RadixNode*)> split_hook_;

@@ -109,7 +109,11 @@ RadixTree::RadixTree(int64_t page_size, std::shared_ptr<const EvictionPolicy> de
       device_policy_(device_policy ? std::move(device_policy)
                                    : MakeEvictionPolicy(EvictionPolicyKind::kLru)),
       host_policy_(host_policy ? std::move(host_policy)
-                               : MakeEvictionPolicy(EvictionPolicyKind::kLru)) {}
+                               : MakeEvictionPolicy(EvictionPolicyKind::kLru)),
+      empty_root_(new RadixNode()) {
+  empty_root_->id_ = next_id_++;
+  empty_root_->namespace_ = &no_namespace_;
+}
 
 RadixTree::~RadixTree() {
   // The child maps do not own their nodes: delete every non-root node, children first.
@@ -243,8 +247,9 @@ RadixNode* RadixTree::Split(RadixNode* lower, int64_t k) {
 }
 
 RadixTree::MatchResult RadixTree::Match(std::string_view ns, std::span<const Token> tokens) {
-  RadixNode* node = Root(ns, /*create=*/true);
+  RadixNode* node = Root(ns, /*create=*/false);
   MatchResult r;
+  if (node == nullptr) node = empty_root_.get();
   r.last = node;
   int64_t pos = 0;
   const int64_t n = static_cast<int64_t>(tokens.size());

@@ -98,6 +98,30 @@ TEST(RadixTreeTest, NamespacesNeverShareAPrefix) {
   ASSERT_TRUE(tree.CheckInvariants().ok());
 }
 
+// Matching a namespace nothing was inserted into creates nothing: a server probed with
+// arbitrary namespace names keeps a tree of the namespaces it holds KV for.
+TEST(RadixTreeTest, MatchingUnknownNamespacesCreatesNothing) {
+  RadixTree tree(2);
+  std::vector<Token> t = {1, 2, 3, 4};
+  for (int i = 0; i < 1000; ++i) {
+    auto r = tree.Match("probe-" + std::to_string(i), t);
+    EXPECT_EQ(r.matched_tokens, 0);
+    ASSERT_NE(r.last, nullptr);
+    EXPECT_TRUE(r.last->is_root());
+    EXPECT_EQ(r.last->prefix_tokens(), 0);
+    tree.IncRef(r.last);  // a pin on a root pins nothing
+    tree.DecRef(r.last);
+  }
+  EXPECT_EQ(tree.num_namespaces(), 0);
+  EXPECT_EQ(tree.num_nodes(), 0);
+  tree.Insert("tenant", t, Pages(0, 4, 2), nullptr);
+  EXPECT_EQ(tree.num_namespaces(), 1);
+  EXPECT_EQ(tree.Match("tenant", t).matched_tokens, 4);
+  EXPECT_EQ(tree.Match("probe-1", t).matched_tokens, 0);
+  EXPECT_EQ(tree.num_namespaces(), 1);
+  ASSERT_TRUE(tree.CheckInvariants().ok()) << tree.CheckInvariants().ToString();
+}
+
 TEST(RadixTreeTest, ReferencedNodesAndAncestorsAreNotEvictable) {
   RadixTree tree(1);
   tree.Insert("", std::vector<Token>{1, 2}, Pages(0, 2), nullptr);
