@@ -184,10 +184,16 @@ KvRegion RegionOver(std::byte* base, const KvGeometry& g, bool mla, MemoryKind m
 // much the host's page size matters to scattered SM accesses.
 class PinnedPool {
  public:
+  // KVTIER_BENCH_HUGEPAGES: unset or "0" = cudaHostAlloc, "1" = mmap on THP + cudaHostRegister.
+  // (The cpu rows default to THP and take "0" for 4 KiB pages: "0" and "1" mean the same on
+  // both; unset is each path's default.)
+  static bool OnHugePages() {
+    const char* env = std::getenv("KVTIER_BENCH_HUGEPAGES");
+    return env != nullptr && env[0] == '1';
+  }
   static Result<PinnedPool> Allocate(int64_t bytes) {
     PinnedPool p;
-    const char* env = std::getenv("KVTIER_BENCH_HUGEPAGES");
-    if (env == nullptr || env[0] != '1') {
+    if (!OnHugePages()) {
       KVTIER_ASSIGN_OR_RETURN(p.alloc_, PinnedHostBuffer::Allocate(bytes));
       p.data_ = p.alloc_.data();
       return p;
@@ -730,7 +736,7 @@ Status GpuBench::Run() {
     std::fprintf(stderr,
                  "%s: allocating pools of %.2f GiB (pinned host%s, device, 2 host mirrors)\n",
                  BenchShapeName(shape), static_cast<double>(bytes) / (1 << 30),
-                 std::getenv("KVTIER_BENCH_HUGEPAGES") != nullptr ? " on huge pages" : "");
+                 PinnedPool::OnHugePages() ? " on transparent huge pages" : "");
     KVTIER_ASSIGN_OR_RETURN(buf.host_pool, PinnedPool::Allocate(bytes));
     const BenchCase* first = nullptr;
     for (const BenchCase& c : cases) {
