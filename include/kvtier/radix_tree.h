@@ -281,6 +281,12 @@ class RadixTree {
     }
   };
 
+  // Replaces one tier's page list of `node` (`pages` and `children` name that tier's members,
+  // `tokens` its total) and keeps the totals, the parent's child count and the evictable sets
+  // right. Returns the old list.
+  std::vector<int64_t> ReplacePages(RadixNode* node, std::vector<int64_t> RadixNode::*pages,
+                                    int64_t RadixNode::*children, int64_t* tokens,
+                                    std::vector<int64_t> replacement);
   RadixNode* Root(std::string_view ns, bool create);
   const RadixNode* FindRoot(std::string_view ns) const;
   RadixNode* FindChild(const RadixNode* node, std::span<const Token> page) const;

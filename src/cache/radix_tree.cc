@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
+#include <utility>
 
 namespace kvtier {
 
@@ -337,16 +338,23 @@ void RadixTree::Insert(std::string_view ns, std::span<const Token> tokens,
   }
 }
 
-void RadixTree::SetDevicePages(RadixNode* node, std::vector<int64_t> pages) {
-  const bool was = node->on_device();
-  device_tokens_ += (static_cast<int64_t>(pages.size()) -
-                     static_cast<int64_t>(node->device_pages_.size())) * page_size_;
-  node->device_pages_ = std::move(pages);
-  if (was != node->on_device()) {  // an empty list takes the node off the tier
-    node->parent_->device_children_ += was ? -1 : 1;
+std::vector<int64_t> RadixTree::ReplacePages(RadixNode* node, std::vector<int64_t> RadixNode::*pages,
+                                             int64_t RadixNode::*children, int64_t* tokens,
+                                             std::vector<int64_t> replacement) {
+  std::vector<int64_t> old = std::exchange(node->*pages, std::move(replacement));
+  *tokens += (static_cast<int64_t>((node->*pages).size()) - static_cast<int64_t>(old.size())) *
+             page_size_;
+  if (old.empty() != (node->*pages).empty()) {  // an empty list takes the node off the tier
+    node->parent_->*children += old.empty() ? 1 : -1;
     Refresh(node->parent_);
   }
   Refresh(node);
+  return old;
+}
+
+void RadixTree::SetDevicePages(RadixNode* node, std::vector<int64_t> pages) {
+  ReplacePages(node, &RadixNode::device_pages_, &RadixNode::device_children_, &device_tokens_,
+               std::move(pages));
 }
 
 std::vector<int64_t> RadixTree::TakeDevicePages(RadixNode* node) {
@@ -366,27 +374,13 @@ void RadixTree::TakeDevicePages(RadixNode* node, std::vector<int64_t>* out) {
 }
 
 void RadixTree::SetHostPages(RadixNode* node, std::vector<int64_t> pages) {
-  const bool was = node->on_host();
-  host_tokens_ += (static_cast<int64_t>(pages.size()) -
-                   static_cast<int64_t>(node->host_pages_.size())) * page_size_;
-  node->host_pages_ = std::move(pages);
-  if (was != node->on_host()) {  // an empty list takes the node off the tier
-    node->parent_->host_children_ += was ? -1 : 1;
-    Refresh(node->parent_);
-  }
-  Refresh(node);
+  ReplacePages(node, &RadixNode::host_pages_, &RadixNode::host_children_, &host_tokens_,
+               std::move(pages));
 }
 
 std::vector<int64_t> RadixTree::TakeHostPages(RadixNode* node) {
-  std::vector<int64_t> out = std::move(node->host_pages_);
-  node->host_pages_.clear();
-  host_tokens_ -= static_cast<int64_t>(out.size()) * page_size_;
-  if (!out.empty()) {
-    --node->parent_->host_children_;
-    Refresh(node->parent_);
-  }
-  Refresh(node);
-  return out;
+  return ReplacePages(node, &RadixNode::host_pages_, &RadixNode::host_children_, &host_tokens_,
+                      {});
 }
 
 void RadixTree::SetStorageKeys(RadixNode* node, std::vector<std::string> keys) {
