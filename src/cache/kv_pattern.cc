@@ -84,26 +84,14 @@ std::vector<uint64_t> KvPatternHashes(std::span<const Token> tokens, uint64_t sa
   return out;
 }
 
-Status FillKvPattern(const KvRegion& region, std::span<const int64_t> slots,
-                     std::span<const uint64_t> token_hashes) {
-  KVTIER_RETURN_IF_ERROR(CheckArgs(region, slots, token_hashes));
-  const int64_t S = region.geometry.slot_bytes;
-  std::vector<std::byte> buf(static_cast<size_t>(S));
-  for (size_t k = 0; k < slots.size(); ++k) {
-    for (int b = 0; b < region.num_buffers(); ++b) {
-      for (int64_t l = 0; l < region.geometry.num_layers; ++l) {
-        Generate(token_hashes[k], l, b, buf.data(), S);
-        ForEachChunk(region, b, l, slots[k], [&](std::byte* dst, int64_t off, int64_t n) {
-          std::memcpy(dst, buf.data() + off, static_cast<size_t>(n));
-        });
-      }
-    }
-  }
-  return Status::OK();
-}
+namespace {
 
-Status VerifyKvPattern(const KvRegion& region, std::span<const int64_t> slots,
-                       std::span<const uint64_t> token_hashes) {
+// Checks the arguments, then calls fn(k, b, layer, at, expected, off, n) for every head chunk of
+// every (slot k, buffer b, layer): `at` is the chunk in the region, `expected` the pattern's bytes
+// [off, off + n) of that slot and layer. Stops at the first error fn returns.
+template <typename Fn>
+Status ForEachPatternChunk(const KvRegion& region, std::span<const int64_t> slots,
+                           std::span<const uint64_t> token_hashes, Fn&& fn) {
   KVTIER_RETURN_IF_ERROR(CheckArgs(region, slots, token_hashes));
   const int64_t S = region.geometry.slot_bytes;
   std::vector<std::byte> buf(static_cast<size_t>(S));
@@ -112,20 +100,42 @@ Status VerifyKvPattern(const KvRegion& region, std::span<const int64_t> slots,
       for (int64_t l = 0; l < region.geometry.num_layers; ++l) {
         Generate(token_hashes[k], l, b, buf.data(), S);
         Status st;
-        ForEachChunk(region, b, l, slots[k], [&](const std::byte* src, int64_t off, int64_t n) {
-          if (!st.ok() || std::memcmp(src, buf.data() + off, static_cast<size_t>(n)) == 0) return;
-          int64_t i = 0;
-          while (i < n && src[i] == buf[off + i]) ++i;
-          st = Status::Corruption(fmt::format(
-              "token {} (slot {}), layer {}, {} buffer, byte {}: found 0x{:02x}, pattern 0x{:02x}",
-              k, slots[k], l, region.mla ? "MLA" : (b == 0 ? "K" : "V"), off + i,
-              static_cast<unsigned>(src[i]), static_cast<unsigned>(buf[off + i])));
+        ForEachChunk(region, b, l, slots[k], [&](std::byte* at, int64_t off, int64_t n) {
+          if (st.ok()) st = fn(k, b, l, at, buf.data() + off, off, n);
         });
         KVTIER_RETURN_IF_ERROR(st);
       }
     }
   }
   return Status::OK();
+}
+
+}  // namespace
+
+Status FillKvPattern(const KvRegion& region, std::span<const int64_t> slots,
+                     std::span<const uint64_t> token_hashes) {
+  return ForEachPatternChunk(region, slots, token_hashes,
+                             [](size_t, int, int64_t, std::byte* at, const std::byte* expected,
+                                int64_t, int64_t n) {
+                               std::memcpy(at, expected, static_cast<size_t>(n));
+                               return Status::OK();
+                             });
+}
+
+Status VerifyKvPattern(const KvRegion& region, std::span<const int64_t> slots,
+                       std::span<const uint64_t> token_hashes) {
+  return ForEachPatternChunk(
+      region, slots, token_hashes,
+      [&](size_t k, int b, int64_t l, std::byte* at, const std::byte* expected, int64_t off,
+          int64_t n) {
+        if (std::memcmp(at, expected, static_cast<size_t>(n)) == 0) return Status::OK();
+        int64_t i = 0;
+        while (i < n && at[i] == expected[i]) ++i;
+        return Status::Corruption(fmt::format(
+            "token {} (slot {}), layer {}, {} buffer, byte {}: found 0x{:02x}, pattern 0x{:02x}",
+            k, slots[k], l, region.mla ? "MLA" : (b == 0 ? "K" : "V"), off + i,
+            static_cast<unsigned>(at[i]), static_cast<unsigned>(expected[i])));
+      });
 }
 
 }  // namespace kvtier
