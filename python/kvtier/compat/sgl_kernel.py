@@ -376,57 +376,35 @@ def transfer_kv_all_layer_lf_ph(src_k_layers, dst_k, src_v_layers, dst_v, src_in
             gpu_backend="kernel", extra_gpu=g)
 
 
+# The MLA functions are the MHA ones with one buffer (v = None: MLA; argument names in messages
+# follow, e.g. "src_layers" instead of "src_k_layers").
+
 def transfer_kv_per_layer_mla(src, dst, src_indices, dst_indices, item_size, block_quota=2,
                               num_warps_per_block=32):
     """MLA, one layer, layer_first to layer_first."""
-    item_size = _item_size(item_size)
-    si, di = _indices(src_indices, dst_indices)
-    s = _region_kv(src, None, "src", layout="layer_first", num_layers=1, item_size=item_size,
-                   unit=item_size)
-    d = _region_kv(dst, None, "dst", layout="layer_first", num_layers=1, item_size=item_size,
-                   unit=item_size)
-    _launch(s, d, si, di, src_layer=0, dst_layer=0, num_layers=1, gpu_backend="kernel")
+    transfer_kv_per_layer(src, dst, None, None, src_indices, dst_indices, item_size)
 
 
 def transfer_kv_per_layer_mla_pf_lf(src, dst, src_indices, dst_indices, layer_id, item_size,
                                     src_layout_dim, block_quota=2, num_warps_per_block=32):
     """MLA, layer layer_id of a page_first pool to one layer_first layer."""
-    item_size = _item_size(item_size)
-    src_layout_dim = _layout_dim(src_layout_dim, "src_layout_dim", item_size)
-    layer_id = ops._int(layer_id, "layer_id", 0)
-    si, di = _indices(src_indices, dst_indices)
-    s = _region_kv(src, None, "src", layout="page_first", num_layers=src_layout_dim // item_size,
-                   item_size=item_size, unit=src_layout_dim)
-    d = _region_kv(dst, None, "dst", layout="layer_first", num_layers=1, item_size=item_size,
-                   unit=item_size)
-    _launch(s, d, si, di, src_layer=layer_id, dst_layer=0, num_layers=1, gpu_backend="kernel")
+    transfer_kv_per_layer_pf_lf(src, dst, None, None, src_indices, dst_indices, layer_id,
+                                item_size, src_layout_dim)
 
 
 def transfer_kv_all_layer_mla(src_layers, dst_layers, src_indices, dst_indices, item_size,
                               num_layers, block_quota=2, num_warps_per_block=32):
     """MLA, every layer, per-layer pointer tables on both sides."""
-    item_size = _item_size(item_size)
-    si, di = _indices(src_indices, dst_indices)
-    s, g1 = _table_region(src_layers, None, "src", num_layers, item_size)
-    d, g2 = _table_region(dst_layers, None, "dst", num_layers, item_size)
-    _launch(s, d, si, di, src_layer=0, dst_layer=0, num_layers=s.num_layers,
-            gpu_backend="kernel", extra_gpu=g1 or g2)
+    transfer_kv_all_layer(src_layers, dst_layers, None, None, src_indices, dst_indices, item_size,
+                          num_layers)
 
 
 def transfer_kv_all_layer_mla_lf_pf(src_layers, dst, src_indices, dst_indices, item_size,
                                     dst_layout_dim, num_layers, block_quota=2,
                                     num_warps_per_block=32):
     """MLA, every layer, per-layer pointer tables to a page_first pool."""
-    item_size = _item_size(item_size)
-    dst_layout_dim = _layout_dim(dst_layout_dim, "dst_layout_dim", item_size)
-    num_layers = ops._int(num_layers, "num_layers", 1)
-    _check_layers(num_layers, dst_layout_dim // item_size, "dst_layout_dim")
-    si, di = _indices(src_indices, dst_indices)
-    s, g = _table_region(src_layers, None, "src", num_layers, item_size)
-    d = _region_kv(dst, None, "dst", layout="page_first", num_layers=dst_layout_dim // item_size,
-                   item_size=item_size, unit=dst_layout_dim)
-    _launch(s, d, si, di, src_layer=0, dst_layer=0, num_layers=num_layers, gpu_backend="kernel",
-            extra_gpu=g)
+    transfer_kv_all_layer_lf_pf(src_layers, dst, None, None, src_indices, dst_indices, item_size,
+                                dst_layout_dim, num_layers)
 
 
 def _check_layers(num_layers: int, pool_layers: int, dim_name: str) -> None:
