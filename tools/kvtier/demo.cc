@@ -62,6 +62,7 @@ class DevicePool {
  public:
   Status Allocate(bool on_gpu, const KvGeometry& geometry) {
     on_gpu_ = on_gpu;
+    geometry_ = geometry;
     bytes_ = static_cast<size_t>(geometry.buffer_bytes());
     if (on_gpu) {
       KVTIER_ASSIGN_OR_RETURN(gpu_, DeviceKvPool::Create(geometry, /*mla=*/false, /*device=*/0));
@@ -76,6 +77,17 @@ class DevicePool {
   void* buffer(int b) {
     if (on_gpu_) return b == 0 ? gpu_.k() : gpu_.v();
     return host_[b].data();
+  }
+
+  // The pool as a transfer region: GPU memory, or host memory standing in for it.
+  KvRegion region() {
+    KvRegion r;
+    r.geometry = geometry_;
+    r.memory = on_gpu_ ? MemoryKind::kDevice : MemoryKind::kHost;
+    r.device = on_gpu_ ? 0 : -1;
+    r.k = buffer(0);
+    r.v = buffer(1);
+    return r;
   }
 
   Status Write(int b, const std::vector<uint8_t>& bytes) {
@@ -120,12 +132,24 @@ class DevicePool {
   }
 #endif
   bool on_gpu_ = false;
+  KvGeometry geometry_;
   size_t bytes_ = 0;
   DeviceKvPool gpu_;
   std::vector<uint8_t> host_[2];
 };
 
 bool GpuPresent() { return CudaDeviceCount() > 0; }
+
+// The demo's device pool shape (layer_first, as an engine's KV pool is) with `num_slots` slots.
+KvGeometry DeviceGeometry(int64_t num_slots) {
+  KvGeometry g;
+  g.layout = KvLayout::kLayerFirst;
+  g.num_layers = kLayers;
+  g.num_slots = num_slots;
+  g.slot_bytes = kSlotBytes;
+  g.page_size = kPageSize;
+  return g;
+}
 
 double GBps(int64_t bytes, double seconds) { return static_cast<double>(bytes) / seconds / 1e9; }
 double MiB(int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
@@ -211,20 +235,10 @@ Status CacheTour(const DemoOptions& options, TransferBackend backend, bool devic
   const int64_t a_len = (options.tokens + kPageSize - 1) / kPageSize * kPageSize;
   const int64_t shared = std::max<int64_t>(kPageSize, a_len / 4 * 3 / kPageSize * kPageSize);
   const int64_t b_len = shared + kPageSize;
-  KvGeometry geometry;
-  geometry.layout = KvLayout::kLayerFirst;
-  geometry.num_layers = kLayers;
-  geometry.num_slots = 2 * a_len;
-  geometry.slot_bytes = kSlotBytes;
-  geometry.page_size = kPageSize;
+  const KvGeometry geometry = DeviceGeometry(2 * a_len);
   DevicePool pool;
   KVTIER_RETURN_IF_ERROR(pool.Allocate(device_on_gpu, geometry));
-  KvRegion device;
-  device.geometry = geometry;
-  device.memory = device_on_gpu ? MemoryKind::kDevice : MemoryKind::kHost;
-  device.device = device_on_gpu ? 0 : -1;
-  device.k = pool.buffer(0);
-  device.v = pool.buffer(1);
+  const KvRegion device = pool.region();
 
   HierarchicalCacheConfig config;
   config.page_size = kPageSize;
@@ -315,21 +329,11 @@ Status Demo(const DemoOptions& options) {
   fmt::print("  model: {} layers, K and V of {} B per token per layer, pages of {} tokens\n",
              kLayers, kSlotBytes, kPageSize);
 
-  // The device (L1) pool: layer_first, as an engine's KV pool is.
-  KvGeometry device_geometry;
-  device_geometry.layout = KvLayout::kLayerFirst;
-  device_geometry.num_layers = kLayers;
-  device_geometry.num_slots = pool_slots;
-  device_geometry.slot_bytes = kSlotBytes;
-  device_geometry.page_size = kPageSize;
+  // The device (L1) pool.
+  const KvGeometry device_geometry = DeviceGeometry(pool_slots);
   DevicePool device_memory;
   KVTIER_RETURN_IF_ERROR(device_memory.Allocate(device_on_gpu, device_geometry));
-  KvRegion device;
-  device.geometry = device_geometry;
-  device.memory = device_on_gpu ? MemoryKind::kDevice : MemoryKind::kHost;
-  device.device = device_on_gpu ? 0 : -1;
-  device.k = device_memory.buffer(0);
-  device.v = device_memory.buffer(1);
+  const KvRegion device = device_memory.region();
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<SlotAllocator> device_pages,
                           SlotAllocator::Create(pool_slots, kPageSize));
   fmt::print("  device pool: {} slots, layer_first, {} ({:.1f} MiB)\n", pool_slots,
