@@ -13,6 +13,8 @@
 #      loads and MHA layer_first vs page_head loads, each pair in one process (same pinned pool).
 #   5. Both directions at once on the kernel backend with different SMs for the loads and the
 #      backup (KVTIER_BENCH_BOTH_SMS), next to the copy engines' two-way ceiling.
+#   6. The platform under the link: NUMA nodes and the GPU's node, IOMMU, huge pages, the PCIe
+#      path (lspci -tv), and the GPU's own PCIe counters before and after a bench.
 # Everything is packed into $OUT/probe.tgz at the end.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -64,6 +66,23 @@ for s in $SECTIONS; do
     sleep 25; grep AnonHugePages /proc/meminfo
     wait $pid
     table "$LOGS/mla_load_thp.txt"
+    ;;
+  6)
+    stamp "6. platform"
+    nproc; lscpu | grep -E "Model name|NUMA|Socket|Thread|Hypervisor" 
+    command -v numactl >/dev/null && numactl -H | head -20
+    for d in /sys/bus/pci/devices/*; do
+      if [[ $(cat "$d/vendor" 2>/dev/null) == 0x10de ]]; then
+        echo "gpu $d numa_node=$(cat $d/numa_node) link=$(cat $d/current_link_speed 2>/dev/null) x$(cat $d/current_link_width 2>/dev/null) max_read_req=$(cat $d/max_read_request_size 2>/dev/null || echo ?) iommu_group=$(basename "$(readlink -f $d/iommu_group 2>/dev/null)")"
+      fi
+    done
+    ls /sys/class/iommu 2>&1 | head; cat /proc/cmdline
+    grep -E "HugePages_|Hugepagesize|AnonHugePages" /proc/meminfo
+    ls /sys/kernel/mm/hugepages 2>&1
+    command -v lspci >/dev/null && lspci -tv 2>/dev/null | head -30
+    command -v lspci >/dev/null && lspci -vv -d 10de: 2>/dev/null | grep -E "LnkSta|DevCtl|MaxReadReq|MaxPayload" | head
+    nvidia-smi -q 2>/dev/null | grep -iE -A3 "PCIe Generation|Link Width|Replays|Tx Throughput|Rx Throughput|Addressing" | head -30
+    nvidia-smi topo -m 2>&1 | head
     ;;
   4)
     stamp "4. Nsight Compute"

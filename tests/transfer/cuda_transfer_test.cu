@@ -606,6 +606,54 @@ TEST(CudaTransferTest, HostIndexStagingIsNotOverwrittenInFlight) {
   EXPECT_TRUE(dst.MatchesMirror());
 }
 
+// Staging slots are reused oldest-first and skip streams known to be busy: many calls on three
+// streams (more than the engine's 64 slots), index lists overwritten after each call, each
+// stream writing its own destination, must all land.
+TEST(CudaTransferTest, HostIndexStagingAcrossStreams) {
+  REQUIRE_GPU();
+  std::mt19937_64 rng(testing::TestSeed() + 17);
+  const KvGeometry sg = MakeGeometry(KvLayout::kPageFirst, false, 16, 64, 4, 256, 1);
+  const KvGeometry dg = MakeGeometry(KvLayout::kLayerFirst, false, 16, 64, 4, 256, 1);
+  constexpr int kStreams = 3;
+  constexpr int kCalls = 150;
+  TestRegion src(sg, false, MemoryKind::kHost, false);
+  src.FillRandom(rng);
+  src.Upload();
+  std::vector<std::unique_ptr<TestRegion>> dsts;
+  std::vector<CudaStreamHandle> streams;
+  for (int i = 0; i < kStreams; ++i) {
+    dsts.push_back(std::make_unique<TestRegion>(dg, false, MemoryKind::kDevice, false));
+    dsts.back()->Fill(testing::kPoison);
+    dsts.back()->Upload();
+    streams.push_back(std::move(CudaStreamHandle::Create(0, true)).value());
+  }
+  const KvRegion sgpu = src.gpu_region(), sm = src.mirror_region();
+  TransferEngine* engine = Engine(TransferBackend::kKernel);
+  std::vector<int64_t> s_idx, d_idx;
+  for (int call = 0; call < kCalls; ++call) {
+    const int k = call % kStreams;
+    // Uneven sizes, so a stream's copies finish at different times from the others'.
+    const int pages = 1 + static_cast<int>(rng() % (k == 0 ? 16 : 3));
+    const auto pairs = testing::RandomPagePairs(rng, sg.num_slots, dg.num_slots, 16, pages);
+    const int64_t layer = (call / kStreams) % sg.num_layers;
+    ASSERT_OK(transfer::ReferenceTransfer(
+        TransferRequest::PerLayer(sm, dsts[k]->mirror_region(), SlotIndices::Host(pairs.src),
+                                  SlotIndices::Host(pairs.dst), layer)));
+    s_idx = pairs.src;
+    d_idx = pairs.dst;
+    ASSERT_OK(engine->Transfer(
+        TransferRequest::PerLayer(sgpu, dsts[k]->gpu_region(), SlotIndices::Host(s_idx),
+                                  SlotIndices::Host(d_idx), layer),
+        {.stream = streams[k].get()}));
+    std::fill(s_idx.begin(), s_idx.end(), 0);
+    std::fill(d_idx.begin(), d_idx.end(), 0);
+  }
+  for (int i = 0; i < kStreams; ++i) {
+    ASSERT_OK(engine->Synchronize(streams[i].get()));
+    EXPECT_TRUE(dsts[i]->MatchesMirror()) << "stream " << i;
+  }
+}
+
 // A copy that cannot start yet on one stream (held by a host function until the test releases
 // it) must not hold up calls for another stream: the kernel engine's index staging waits for a
 // busy slot only when it has no free one to give. With a fixed ring of staging slots, the call

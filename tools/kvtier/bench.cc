@@ -426,15 +426,17 @@ void PrintProgress(const BenchRow& row, size_t index, size_t total) {
 }
 
 void PrintTable(std::FILE* out, const std::vector<BenchRow>& rows) {
-  std::fprintf(out, "%-5s %-6s %-17s %4s %-7s %7s %12s %9s %8s %7s %11s %4s %-5s\n", "shape", "op",
-               "layout", "page", "backend", "tokens", "bytes", "ms", "GB/s", "%ceil", "submit_us",
-               "SMs", "check");
+  std::fprintf(out, "%-5s %-6s %-17s %4s %-7s %7s %12s %9s %8s %7s %11s %4s %-5s %8s\n", "shape",
+               "op", "layout", "page", "backend", "tokens", "bytes", "ms", "GB/s", "%ceil",
+               "submit_us", "SMs", "check", "dma_now");
   for (const BenchRow& r : rows) {
+    const std::string dma_now = r.dma_now_gbps > 0 ? fmt::format("{:.2f}", r.dma_now_gbps) : "-";
     std::fprintf(
-        out, "%-5s %-6s %-17s %4lld %-7s %7lld %12lld %9.3f %8.2f %6.1f%% %11.1f %4d %-5s\n",
+        out, "%-5s %-6s %-17s %4lld %-7s %7lld %12lld %9.3f %8.2f %6.1f%% %11.1f %4d %-5s %8s\n",
         r.shape.c_str(), r.op.c_str(), r.layout.c_str(), static_cast<long long>(r.page_size),
         r.backend.c_str(), static_cast<long long>(r.tokens), static_cast<long long>(r.bytes), r.ms,
-        r.gbps, r.pct_of_ceiling, r.host_submit_us, r.sms_used, r.check_ok ? "ok" : "FAIL");
+        r.gbps, r.pct_of_ceiling, r.host_submit_us, r.sms_used, r.check_ok ? "ok" : "FAIL",
+        dma_now.c_str());
   }
   for (const BenchRow& r : rows) {
     if (!r.note.empty()) {
@@ -464,6 +466,8 @@ Status WriteJson(const std::string& path, const std::string& command,
                    {"ceiling_gbps", r.ceiling_gbps},
                    {"pct_of_ceiling", r.pct_of_ceiling},
                    {"host_submit_us", r.host_submit_us},
+                   {"host_submit_timed_us", r.host_submit_timed_us},
+                   {"dma_now_gbps", r.dma_now_gbps},
                    {"sms_used", r.sms_used},
                    {"check", r.check_ok ? "ok" : "FAIL"},
                    {"note", r.note}});

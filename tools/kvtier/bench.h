@@ -166,6 +166,12 @@ struct BenchRow {
   std::string ceiling;        // what the ceiling is: "memcpy" (cpu), "dma_h2d", "dma_d2h"
   double pct_of_ceiling = 0;  // 100 * gbps / ceiling_gbps
   double host_submit_us = 0;  // median wall time of the submitting call on the host
+  // GPU rows: the same, measured while the timed calls were submitted (behind the stream gate,
+  // in bursts for short calls), next to host_submit_us which is each call alone on an idle stream.
+  double host_submit_timed_us = 0;
+  // GPU rows: the copy engines' rate in the row's direction right after the row (64 MiB
+  // cudaMemcpyAsync, median of 3), to tell a slow row from a slow link at that moment.
+  double dma_now_gbps = 0;
   int sms_used = 0;           // SMs the backend occupied (0: cpu and dma)
   bool check_ok = false;      // byte-for-byte equal to transfer::ReferenceTransfer
   std::string note;           // first mismatch, or why the row could not run

@@ -12,7 +12,11 @@
 //      not the host's submission. Calls of under 2 ms are timed in bursts of back-to-back calls
 //      (events around the burst, divided by its length; up to 32 calls, ~4 ms a burst), so a
 //      row is the rate of repeated calls, as a layer-by-layer load issues them. Host submit:
-//      wall clock around each Transfer call alone (no synchronisation inside it), median.
+//      wall clock around each Transfer call alone (no synchronisation inside it), median of
+//      `repeats` calls each made on an idle stream right after Synchronize, with no gate queued
+//      before it (the wall clock of the timed calls is kept as host_submit_timed_us). After the
+//      row, the copy engines' rate in its direction is measured again (dma_now_gbps: 64 MiB,
+//      median of 3), so a slow row can be told from a slow link at that moment.
 //   3. Every row is checked byte for byte against the cpu backend (itself tested against
 //      transfer::ReferenceTransfer): loads compare the whole destination layer (K and V) with a
 //      poisoned layer into which the cpu backend copied the same slots; backups compare the whole
@@ -258,6 +262,8 @@ class GpuBench {
                  TransferEngine& engine);
   Result<BenchRow> TimeRow(const BenchCase& c, TransferBackend backend, TransferEngine& engine,
                            const TransferRequest& request);
+  // The copy engines' rate right now in one direction (GB/s): kNowBytes, median of 3.
+  Result<double> DmaNow(bool h2d);
 
   const BenchOptions& options_;
   std::vector<BenchRow>* rows_;
@@ -265,7 +271,36 @@ class GpuBench {
   CudaStreamHandle stream_;
   CudaStreamHandle stream2_;
   double ceiling_h2d_ = 0, ceiling_d2h_ = 0;
+  static constexpr int64_t kNowBytes = int64_t{64} << 20;
+  PinnedHostBuffer now_host_;  // kNowBytes each, random: DmaNow's buffers
+  DeviceBuffer now_device_;
 };
+
+Result<double> GpuBench::DmaNow(bool h2d) {
+  if (now_host_.bytes() < kNowBytes) {
+    KVTIER_ASSIGN_OR_RETURN(now_host_, PinnedHostBuffer::Allocate(kNowBytes));
+    KVTIER_ASSIGN_OR_RETURN(now_device_, DeviceBuffer::Allocate(kNowBytes, options_.device));
+    ParallelRandom(static_cast<std::byte*>(now_host_.data()), kNowBytes, options_.seed + 17);
+    KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(now_device_.data(), now_host_.data(), kNowBytes,
+                                                cudaMemcpyHostToDevice, stream_.get()));
+  }
+  KVTIER_ASSIGN_OR_RETURN(CudaEventHandle start, CudaEventHandle::Create(options_.device, true));
+  KVTIER_ASSIGN_OR_RETURN(CudaEventHandle stop, CudaEventHandle::Create(options_.device, true));
+  std::vector<double> ms;
+  for (int r = 0; r < 4; ++r) {  // one warm-up
+    KVTIER_RETURN_IF_ERROR(start.Record(stream_.get()));
+    KVTIER_CUDA_RETURN_IF_ERROR(
+        h2d ? cudaMemcpyAsync(now_device_.data(), now_host_.data(), kNowBytes,
+                              cudaMemcpyHostToDevice, stream_.get())
+            : cudaMemcpyAsync(now_host_.data(), now_device_.data(), kNowBytes,
+                              cudaMemcpyDeviceToHost, stream_.get()));
+    KVTIER_RETURN_IF_ERROR(stop.Record(stream_.get()));
+    KVTIER_RETURN_IF_ERROR(stop.Synchronize());
+    KVTIER_ASSIGN_OR_RETURN(float t, stop.ElapsedMsSince(start));
+    if (r > 0) ms.push_back(t);
+  }
+  return static_cast<double>(kNowBytes) / (Median(ms) * 1e-3) / 1e9;
+}
 
 Status GpuBench::MeasureCeiling() {
   constexpr int64_t kBytes = int64_t{1} << 30;
@@ -428,7 +463,20 @@ Result<BenchRow> GpuBench::TimeRow(const BenchCase& c, TransferBackend backend,
   row.ms = Median(gpu_ms);
   row.gbps = static_cast<double>(row.bytes) / (row.ms * 1e-3) / 1e9;
   row.pct_of_ceiling = 100.0 * row.gbps / row.ceiling_gbps;
+  row.host_submit_timed_us = Median(host_us);
+  // Host submission of a call alone on an idle stream: no gate (a host function) queued just
+  // before it and no burst, i.e. what an engine's thread pays per call.
+  host_us.clear();
+  for (int r = 0; r < options_.repeats; ++r) {
+    KVTIER_RETURN_IF_ERROR(engine.Synchronize(stream_.get()).WithContext(c.Label()));
+    const auto t0 = std::chrono::steady_clock::now();
+    const Status submitted = engine.Transfer(request, topts).WithContext(c.Label());
+    host_us.push_back(WallUs(t0));
+    KVTIER_RETURN_IF_ERROR(submitted);
+  }
+  KVTIER_RETURN_IF_ERROR(engine.Synchronize(stream_.get()).WithContext(c.Label()));
   row.host_submit_us = Median(host_us);
+  KVTIER_ASSIGN_OR_RETURN(row.dma_now_gbps, DmaNow(load));
   if (const auto* stats = transfer::cuda::LastTransferStats(engine)) {
     if (stats->backend == TransferBackend::kKernel) {
       row.sms_used = stats->blocks;

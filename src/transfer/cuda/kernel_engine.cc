@@ -136,8 +136,8 @@ class KernelTransferEngine final : public GpuTransferEngine {
     PinnedHostBuffer host;
     DeviceBuffer device;
     CudaEventHandle done;
-    bool in_use = false;  // `done` was recorded behind a copy that reads this slot
-    uint64_t tick = 0;    // when it was last handed out (the oldest is waited for first)
+    bool in_use = false;       // `done` was recorded behind a copy that reads this slot
+    CudaStream stream{};       // the stream of that copy (valid while in_use)
   };
   struct TableEntry {
     std::vector<void*> key;  // k_layers then v_layers
@@ -176,8 +176,8 @@ class KernelTransferEngine final : public GpuTransferEngine {
   }
 
   // A staging slot no copy in flight reads: a free one, a new one, or (at kMaxStagingSlots)
-  // the oldest once its copy finished.
-  Result<StagingSlot*> FreeStagingSlot();
+  // the oldest once its copy finished. Moves it to the back of staging_ (newest).
+  Result<StagingSlot*> FreeStagingSlot(CudaStream stream);
   // Copies the host index lists of `r` to the device; returns their device addresses.
   Status StageIndices(const TransferRequest& r, CudaStream stream, const void** src,
                       const void** dst, StagingSlot** used);
@@ -198,31 +198,54 @@ class KernelTransferEngine final : public GpuTransferEngine {
   std::mutex error_mu_;                     // the error record's host copy and the count below
   unsigned long long reported_errors_ = 0;  // guarded by error_mu_
   CudaStreamHandle private_stream_;
-  std::vector<std::unique_ptr<StagingSlot>> staging_;  // at most kMaxStagingSlots
-  uint64_t staging_tick_ = 0;
+  // At most kMaxStagingSlots, in the order they were last handed out (oldest first).
+  std::vector<std::unique_ptr<StagingSlot>> staging_;
   std::vector<TableEntry> tables_;  // capacity kTableCacheEntries, reserved in Init
   uint64_t tick_ = 0;
 };
 
-Result<KernelTransferEngine::StagingSlot*> KernelTransferEngine::FreeStagingSlot() {
-  StagingSlot* oldest = nullptr;
-  for (auto& slot : staging_) {
-    if (slot->in_use) {
-      KVTIER_ASSIGN_OR_RETURN(const bool finished, slot->done.Query());
-      if (finished) slot->in_use = false;
+Result<KernelTransferEngine::StagingSlot*> KernelTransferEngine::FreeStagingSlot(
+    CudaStream stream) {
+  // Oldest first. Copies on one stream finish in order, so once a slot of stream s is still
+  // busy, every later slot of s is too and is not queried: a call costs about one
+  // cudaEventQuery per stream with copies in flight, not one per copy in flight.
+  std::array<CudaStream, 8> busy_streams{};
+  size_t num_busy = 0;
+  auto known_busy = [&](CudaStream s) {
+    return std::find(busy_streams.begin(), busy_streams.begin() + num_busy, s) !=
+           busy_streams.begin() + num_busy;
+  };
+  size_t pick = staging_.size();
+  for (size_t i = 0; i < staging_.size() && pick == staging_.size(); ++i) {
+    StagingSlot& slot = *staging_[i];
+    if (slot.in_use && !known_busy(slot.stream)) {
+      KVTIER_ASSIGN_OR_RETURN(const bool finished, slot.done.Query());
+      if (finished) {
+        slot.in_use = false;
+      } else if (num_busy < busy_streams.size()) {
+        busy_streams[num_busy++] = slot.stream;
+      }
     }
-    if (!slot->in_use) return slot.get();
-    if (oldest == nullptr || slot->tick < oldest->tick) oldest = slot.get();
+    if (!slot.in_use) pick = i;
   }
-  if (staging_.size() < kMaxStagingSlots) {
-    auto slot = std::make_unique<StagingSlot>();
-    KVTIER_ASSIGN_OR_RETURN(slot->done, CudaEventHandle::Create(config_.device, false));
-    staging_.push_back(std::move(slot));
-    return staging_.back().get();
+  if (pick == staging_.size()) {
+    if (staging_.size() < kMaxStagingSlots) {
+      auto slot = std::make_unique<StagingSlot>();
+      KVTIER_ASSIGN_OR_RETURN(slot->done, CudaEventHandle::Create(config_.device, false));
+      staging_.push_back(std::move(slot));
+    } else {
+      pick = 0;
+      KVTIER_RETURN_IF_ERROR(staging_[0]->done.Synchronize());
+      staging_[0]->in_use = false;
+    }
   }
-  KVTIER_RETURN_IF_ERROR(oldest->done.Synchronize());
-  oldest->in_use = false;
-  return oldest;
+  if (pick != staging_.size()) {
+    std::rotate(staging_.begin() + static_cast<ptrdiff_t>(pick),
+                staging_.begin() + static_cast<ptrdiff_t>(pick) + 1, staging_.end());
+  }
+  StagingSlot* slot = staging_.back().get();
+  slot->stream = stream;
+  return slot;
 }
 
 Status KernelTransferEngine::StageIndices(const TransferRequest& r, CudaStream stream,
@@ -236,9 +259,8 @@ Status KernelTransferEngine::StageIndices(const TransferRequest& r, CudaStream s
   const int64_t src_bytes = src_host ? (IndexBytes(r.src_slots) + 15) / 16 * 16 : 0;
   const int64_t dst_bytes = dst_host ? IndexBytes(r.dst_slots) : 0;
   const int64_t bytes = src_bytes + dst_bytes;
-  KVTIER_ASSIGN_OR_RETURN(StagingSlot * free_slot, FreeStagingSlot());
+  KVTIER_ASSIGN_OR_RETURN(StagingSlot * free_slot, FreeStagingSlot(stream));
   StagingSlot& slot = *free_slot;
-  slot.tick = ++staging_tick_;
   if (slot.host.bytes() < bytes) {
     const int64_t grown = std::max<int64_t>(bytes, 2 * slot.host.bytes());
     KVTIER_ASSIGN_OR_RETURN(slot.host, PinnedHostBuffer::Allocate(grown));
