@@ -13,6 +13,10 @@
 #      loads and MHA layer_first vs page_head loads, each pair in one process (same pinned pool).
 #   5. Both directions at once on the kernel backend with different SMs for the loads and the
 #      backup (KVTIER_BENCH_BOTH_SMS), next to the copy engines' two-way ceiling.
+#   7. MLA per-layer loads, kernel: is a slow row the GPU's state at that moment? Three
+#      invocations with the default warm-up and three with KVTIER_BENCH_WARMUP_MS=200, alternating,
+#      while nvidia-smi samples the SM clock every 20 ms (rows time-stamped); then
+#      scripts/probes/submit_cost.cu (host cost of a call's driver calls after a large copy).
 #   6. The platform under the link: NUMA nodes and the GPU's node, IOMMU, huge pages, the PCIe
 #      path (lspci -tv), and the GPU's own PCIe counters before and after a bench.
 # Everything is packed into $OUT/probe.tgz at the end.
@@ -66,6 +70,29 @@ for s in $SECTIONS; do
     sleep 25; grep AnonHugePages /proc/meminfo
     wait $pid
     table "$LOGS/mla_load_thp.txt"
+    ;;
+  7)
+    stamp "7. MLA loads: warm-up A/B with SM clock samples"
+    nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,pstate \
+      --format=csv,noheader -lms 20 >"$LOGS/clocks.csv" 2>&1 &
+    smi=$!
+    for run in a b c; do
+      for w in 0 200; do
+        KVTIER_BENCH_WARMUP_MS=$w $K bench --backend kernel --shapes mla --ops load --repeats 9 \
+          2>&1 | while IFS= read -r line; do echo "$(date +%H:%M:%S.%3N) $line"; done \
+          >"$LOGS/mla_warm${w}_$run.txt"
+        echo "-- run $run, KVTIER_BENCH_WARMUP_MS=$w"
+        grep -E "^[0-9:.]+ (mla) " "$LOGS/mla_warm${w}_$run.txt" | cut -c1-200
+      done
+    done
+    kill $smi 2>/dev/null
+    echo "-- SM clock samples: $(wc -l <"$LOGS/clocks.csv") lines; distribution of clocks.sm:"
+    awk -F', ' '{print $2}' "$LOGS/clocks.csv" | sort | uniq -c | sort -rn | head -12
+    echo "-- progress lines (time, row, GB/s) of run a"
+    grep -E "\] mla load" "$LOGS/mla_warm0_a.txt" | cut -c1-110
+    if command -v nvcc >/dev/null; then
+      nvcc -O2 -arch=sm_90 -o "$BUILD/submit_cost" scripts/probes/submit_cost.cu && "$BUILD/submit_cost"
+    fi
     ;;
   6)
     stamp "6. platform"

@@ -421,6 +421,15 @@ Result<BenchRow> GpuBench::TimeRow(const BenchCase& c, TransferBackend backend,
   bool gated = false;
   int burst = 1;
   double warmup_ms = 0;
+  // KVTIER_BENCH_WARMUP_MS=N: before the warm-up calls, keep calling (each call waited for) until
+  // N ms of wall time have passed, so the row starts on a GPU that has been busy (measurements).
+  if (const char* env = std::getenv("KVTIER_BENCH_WARMUP_MS"); env != nullptr && atof(env) > 0) {
+    const auto t0 = std::chrono::steady_clock::now();
+    while (WallUs(t0) < 1000.0 * atof(env)) {
+      KVTIER_RETURN_IF_ERROR(engine.Transfer(request, topts).WithContext(c.Label()));
+      KVTIER_RETURN_IF_ERROR(engine.Synchronize(stream_.get()).WithContext(c.Label()));
+    }
+  }
   for (int r = 0; r < options_.warmup + options_.repeats; ++r) {
     if (r == options_.warmup) {
       const auto* stats = transfer::cuda::LastTransferStats(engine);
