@@ -17,6 +17,10 @@
 #      invocations with the default warm-up and three with KVTIER_BENCH_WARMUP_MS=200, alternating,
 #      while nvidia-smi samples the SM clock every 20 ms (rows time-stamped); then
 #      scripts/probes/submit_cost.cu (host cost of a call's driver calls after a large copy).
+#   8. Host page size, directly: the MLA (and MHA page-1) per-layer loads with the pinned pool on
+#      reserved 2 MiB huge pages (KVTIER_BENCH_HUGEPAGES=2; the probe reserves them in
+#      /proc/sys/vm/nr_hugepages and puts the old value back) against cudaHostAlloc, alternating;
+#      then MLA page-1 loads with 8 SMs against 4.
 #   6. The platform under the link: NUMA nodes and the GPU's node, IOMMU, huge pages, the PCIe
 #      path (lspci -tv), and the GPU's own PCIe counters before and after a bench.
 # Everything is packed into $OUT/probe.tgz at the end.
@@ -93,6 +97,37 @@ for s in $SECTIONS; do
     if command -v nvcc >/dev/null; then
       nvcc -O2 -arch=sm_90 -o "$BUILD/submit_cost" scripts/probes/submit_cost.cu && "$BUILD/submit_cost"
     fi
+    ;;
+  8)
+    stamp "8. hugetlb pinned pool"
+    before=$(cat /proc/sys/vm/nr_hugepages)
+    echo "${PROBE_HUGEPAGES:-2600}" >/proc/sys/vm/nr_hugepages 2>/dev/null || echo "cannot reserve huge pages"
+    grep -E "HugePages_Total|HugePages_Free" /proc/meminfo
+    for run in a b c; do
+      for hp in 0 2; do
+        KVTIER_BENCH_HUGEPAGES=$hp $K bench --backend kernel --shapes mla --ops load --page-sizes 1,16 \
+          --repeats 9 >"$LOGS/mla_hp${hp}_$run.txt" 2>&1
+        echo "-- run $run, KVTIER_BENCH_HUGEPAGES=$hp"
+        grep -E "allocating|rror" "$LOGS/mla_hp${hp}_$run.txt" | head -3
+        table "$LOGS/mla_hp${hp}_$run.txt"
+      done
+    done
+    for hp in 0 2; do
+      KVTIER_BENCH_HUGEPAGES=$hp $K bench --backend kernel --shapes mha --ops load --page-sizes 1 \
+        --repeats 9 >"$LOGS/mha_hp${hp}.txt" 2>&1
+      echo "-- MHA page 1, KVTIER_BENCH_HUGEPAGES=$hp"
+      table "$LOGS/mha_hp${hp}.txt"
+    done
+    echo "$before" >/proc/sys/vm/nr_hugepages 2>/dev/null
+    grep -E "HugePages_Total" /proc/meminfo
+    for run in a b; do
+      for sms in 4 8; do
+        $K bench --backend kernel --shapes mla --ops load --page-sizes 1 --max-sms $sms \
+          --repeats 9 >"$LOGS/mla_sms${sms}_$run.txt" 2>&1
+        echo "-- run $run, --max-sms $sms"
+        table "$LOGS/mla_sms${sms}_$run.txt"
+      done
+    done
     ;;
   6)
     stamp "6. platform"

@@ -44,6 +44,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cerrno>
 #include <cstring>
 #include <memory>
 #include <thread>
@@ -183,34 +184,44 @@ KvRegion RegionOver(std::byte* base, const KvGeometry& g, bool mla, MemoryKind m
   return r;
 }
 
-// The pinned host pool: cudaHostAlloc, or — with KVTIER_BENCH_HUGEPAGES=1 — an anonymous mmap
-// advised to transparent huge pages (2 MiB) and registered with cudaHostRegister, to measure how
-// much the host's page size matters to scattered SM accesses.
+// The pinned host pool: cudaHostAlloc, or an anonymous mmap registered with cudaHostRegister —
+// on transparent huge pages (KVTIER_BENCH_HUGEPAGES=1, madvise) or on reserved 2 MiB huge pages
+// (KVTIER_BENCH_HUGEPAGES=2, MAP_HUGETLB: needs /proc/sys/vm/nr_hugepages) — to measure how much
+// the host's page size matters to scattered SM accesses.
 class PinnedPool {
  public:
-  // KVTIER_BENCH_HUGEPAGES: unset or "0" = cudaHostAlloc, "1" = mmap on THP + cudaHostRegister.
+  // KVTIER_BENCH_HUGEPAGES: unset or "0" = cudaHostAlloc, "1" = THP, "2" = hugetlb.
   // (The cpu rows default to THP and take "0" for 4 KiB pages: "0" and "1" mean the same on
   // both; unset is each path's default.)
-  static bool OnHugePages() {
+  static int HugePageMode() {
     const char* env = std::getenv("KVTIER_BENCH_HUGEPAGES");
-    return env != nullptr && env[0] == '1';
+    return env == nullptr ? 0 : env[0] == '1' ? 1 : env[0] == '2' ? 2 : 0;
   }
+  static bool OnHugePages() { return HugePageMode() != 0; }
   static Result<PinnedPool> Allocate(int64_t bytes) {
     PinnedPool p;
-    if (!OnHugePages()) {
+    const int mode = HugePageMode();
+    if (mode == 0) {
       KVTIER_ASSIGN_OR_RETURN(p.alloc_, PinnedHostBuffer::Allocate(bytes));
       p.data_ = p.alloc_.data();
       return p;
     }
     constexpr size_t kHuge = size_t{2} << 20;
     const size_t n = (static_cast<size_t>(bytes) + kHuge - 1) / kHuge * kHuge;
-    void* raw =
-        mmap(nullptr, n + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (raw == MAP_FAILED) return Status::OutOfMemory(fmt::format("mmap of {} bytes failed", n));
-    p.map_.reset(new Mapping{raw, n + kHuge});
+    // hugetlb mappings are 2 MiB-aligned already; the THP one is over-allocated and aligned.
+    const size_t mapped = mode == 2 ? n : n + kHuge;
+    void* raw = mmap(nullptr, mapped, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | (mode == 2 ? MAP_HUGETLB : 0), -1, 0);
+    if (raw == MAP_FAILED) {
+      return Status::OutOfMemory(fmt::format(
+          "mmap of {} bytes{} failed: {}", n,
+          mode == 2 ? " on reserved huge pages (see /proc/sys/vm/nr_hugepages)" : "",
+          std::strerror(errno)));
+    }
+    p.map_.reset(new Mapping{raw, mapped});
     auto* aligned = reinterpret_cast<std::byte*>((reinterpret_cast<uintptr_t>(raw) + kHuge - 1) /
                                                  kHuge * kHuge);
-    (void)madvise(aligned, n, MADV_HUGEPAGE);
+    if (mode == 1) (void)madvise(aligned, n, MADV_HUGEPAGE);
     KVTIER_ASSIGN_OR_RETURN(p.registration_,
                             PinnedRegistration::Register(aligned, static_cast<int64_t>(n)));
     p.data_ = aligned;
@@ -793,7 +804,9 @@ Status GpuBench::Run() {
     std::fprintf(stderr,
                  "%s: allocating pools of %.2f GiB (pinned host%s, device, 2 host mirrors)\n",
                  BenchShapeName(shape), static_cast<double>(bytes) / (1 << 30),
-                 PinnedPool::OnHugePages() ? " on transparent huge pages" : "");
+                 PinnedPool::HugePageMode() == 1   ? " on transparent huge pages"
+                 : PinnedPool::HugePageMode() == 2 ? " on reserved 2 MiB huge pages"
+                                                   : "");
     KVTIER_ASSIGN_OR_RETURN(buf.host_pool, PinnedPool::Allocate(bytes));
     const BenchCase* first = nullptr;
     for (const BenchCase& c : cases) {
