@@ -830,14 +830,16 @@ Status GpuBench::Run() {
       KVTIER_RETURN_IF_ERROR(RunCase(c, buf, &index, cases.size()));
     }
     // Both directions at once, on the MHA shape: layer_first p16 and page_first_direct p64.
-    if (shape == BenchShape::kMha) {
+    auto both_case = [&](const BenchCase& c) {
+      return c.shape == shape && c.op == BenchOp::kBackup &&
+             ((c.host_layout == KvLayout::kLayerFirst && c.page_size == 16) ||
+              (c.host_layout == KvLayout::kPageFirstDirect && c.page_size == 64));
+    };
+    if (shape == BenchShape::kMha && std::any_of(cases.begin(), cases.end(), both_case)) {
       KVTIER_ASSIGN_OR_RETURN(buf.host_pool2, PinnedPool::Allocate(bytes));
       ParallelRandom(static_cast<std::byte*>(buf.host_pool.data()), bytes, options_.seed ^ 0x9abc);
       for (const BenchCase& c : cases) {
-        if (c.shape != shape || c.op != BenchOp::kBackup) continue;
-        const bool pick = (c.host_layout == KvLayout::kLayerFirst && c.page_size == 16) ||
-                          (c.host_layout == KvLayout::kPageFirstDirect && c.page_size == 64);
-        if (!pick) continue;
+        if (!both_case(c)) continue;
         for (auto& [backend, engine] : engines_.gpu) {
           KVTIER_RETURN_IF_ERROR(RunBoth(c, buf, backend, *engine));
         }
