@@ -21,6 +21,7 @@
 #      reserved 2 MiB huge pages (KVTIER_BENCH_HUGEPAGES=2; the probe reserves them in
 #      /proc/sys/vm/nr_hugepages and puts the old value back) against cudaHostAlloc, alternating;
 #      then MLA page-1 loads with 8 SMs against 4.
+#   9. scripts/probes/submit_cost.cu alone.
 #   6. The platform under the link: NUMA nodes and the GPU's node, IOMMU, huge pages, the PCIe
 #      path (lspci -tv), and the GPU's own PCIe counters before and after a bench.
 # Everything is packed into $OUT/probe.tgz at the end.
@@ -128,6 +129,10 @@ for s in $SECTIONS; do
         table "$LOGS/mla_sms${sms}_$run.txt"
       done
     done
+    ;;
+  9)
+    stamp "9. host cost of a call's driver calls"
+    nvcc -O2 -arch=sm_90 -o "$BUILD/submit_cost" scripts/probes/submit_cost.cu && "$BUILD/submit_cost"
     ;;
   6)
     stamp "6. platform"

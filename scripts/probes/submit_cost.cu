@@ -2,7 +2,8 @@
 // a large copy (BENCHMARKS.md, GPU: "Host submission (kernel)"). Stand-alone (CUDA runtime only):
 //   nvcc -O2 -arch=sm_90 -o submit_cost scripts/probes/submit_cost.cu && ./submit_cost
 // For each "before" state (idle; after an SM copy that writes 512 MiB of pinned host memory;
-// after one that reads it; after the CPU writes 256 MiB of ordinary memory) and each host
+// after one that reads it; after the CPU writes 256 MiB of ordinary memory; after a 10 ms sleep,
+// a 10 ms busy loop, or a cudaStreamSynchronize on a device-only copy) and each host
 // operation a call makes (two cudaPointerGetAttributes, one kernel launch, both), the wall time
 // of the operation alone, median / min / max of 15 trials, each trial in a freshly made state.
 #include <cuda_runtime.h>
@@ -12,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #define CHECK(x)                                                                       \
@@ -48,6 +50,17 @@ int main() {
     CHECK(cudaGetLastError());
     CHECK(cudaStreamSynchronize(stream));
     if (state == 3) std::memset(cpu_buf.data(), state, cpu_buf.size());
+    if (state == 4) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (state == 5) {
+      const auto t0 = std::chrono::steady_clock::now();
+      while (std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(10)) {
+      }
+    }
+    if (state == 6) {
+      Copy16<<<4, 1024, 0, stream>>>(static_cast<uint4*>(dev), static_cast<uint4*>(dev) + n / 2, n / 2);
+      CHECK(cudaGetLastError());
+      CHECK(cudaStreamSynchronize(stream));
+    }
   };
   auto op = [&](int which) {
     cudaPointerAttributes a{}, b{};
@@ -61,13 +74,14 @@ int main() {
     }
   };
   const char* states[] = {"idle", "after SM copy writing 512 MiB host", "after SM copy reading 512 MiB host",
-                          "after CPU writes 256 MiB"};
+                          "after CPU writes 256 MiB", "after a 10 ms sleep", "after a 10 ms busy loop",
+                          "after a device-only copy (sync wait)"};
   const char* ops[] = {"2x cudaPointerGetAttributes", "1 kernel launch", "both"};
   before(1);
   op(2);
   CHECK(cudaStreamSynchronize(stream));
   std::printf("%-38s %-30s %8s %8s %8s\n", "state", "operation", "med_us", "min_us", "max_us");
-  for (int s = 0; s < 4; ++s) {
+  for (int s = 0; s < 7; ++s) {
     for (int o = 0; o < 3; ++o) {
       std::vector<double> us;
       for (int t = 0; t < 15; ++t) {
