@@ -22,6 +22,9 @@
 #      /proc/sys/vm/nr_hugepages and puts the old value back) against cudaHostAlloc, alternating;
 #      then MLA page-1 loads with 8 SMs against 4.
 #   9. scripts/probes/submit_cost.cu alone.
+#  10. Bytes in flight per SM: per-layer loads (MHA, MLA; pages 1 and 16) with the register
+#      kernel (64 B per lane) against the cp.async staged kernel (128 B per lane), alternating,
+#      twice; then kernel backups with the host time inside the launch call (host_launch_us).
 #   6. The platform under the link: NUMA nodes and the GPU's node, IOMMU, huge pages, the PCIe
 #      path (lspci -tv), and the GPU's own PCIe counters before and after a bench.
 # Everything is packed into $OUT/probe.tgz at the end.
@@ -133,6 +136,26 @@ for s in $SECTIONS; do
   9)
     stamp "9. host cost of a call's driver calls"
     nvcc -O2 -arch=sm_90 -o "$BUILD/submit_cost" scripts/probes/submit_cost.cu && "$BUILD/submit_cost"
+    ;;
+  10)
+    stamp "10. register vs staged kernel on loads; launch share of backup submit"
+    for run in a b; do
+      for variant in registers staged; do
+        KVTIER_COPY_KERNEL=$variant $K bench --backend kernel --shapes mha,mla --ops load \
+          --page-sizes 1,16 --repeats 9 >"$LOGS/load_${variant}_$run.txt" 2>&1
+        echo "-- run $run, KVTIER_COPY_KERNEL=$variant"
+        table "$LOGS/load_${variant}_$run.txt"
+      done
+    done
+    $K bench --backend kernel --ops backup --page-sizes 16 --layouts layer_first,page_first_direct \
+      --repeats 9 --json "$LOGS/backup_submit.json" >"$LOGS/backup_submit.txt" 2>&1
+    python3 - "$LOGS/backup_submit.json" <<'PY'
+import json, sys
+for r in json.load(open(sys.argv[1]))["rows"]:
+    if r["op"] == "backup":
+        print(f'{r["shape"]} backup {r["layout"]} p{r["page_size"]}: submit {r["host_submit_us"]:.1f} us '
+              f'(launch {r["host_launch_us"]:.1f} us; timed calls {r["host_submit_timed_us"]:.1f} us)')
+PY
     ;;
   6)
     stamp "6. platform"

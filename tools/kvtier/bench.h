@@ -169,6 +169,9 @@ struct BenchRow {
   // GPU rows: the same, measured while the timed calls were submitted (behind the stream gate,
   // in bursts for short calls), next to host_submit_us which is each call alone on an idle stream.
   double host_submit_timed_us = 0;
+  // GPU rows, kernel backend: of host_submit_us, the median time inside the kernel launch calls
+  // (the driver's share; the rest is the engine's own work).
+  double host_launch_us = 0;
   // GPU rows: the copy engines' rate in the row's direction right after the row (64 MiB
   // cudaMemcpyAsync, median of 3), to tell a slow row from a slow link at that moment.
   double dma_now_gbps = 0;

@@ -487,15 +487,20 @@ Result<BenchRow> GpuBench::TimeRow(const BenchCase& c, TransferBackend backend,
   // Host submission of a call alone on an idle stream: no gate (a host function) queued just
   // before it and no burst, i.e. what an engine's thread pays per call.
   host_us.clear();
+  std::vector<double> launch_us;
   for (int r = 0; r < options_.repeats; ++r) {
     KVTIER_RETURN_IF_ERROR(engine.Synchronize(stream_.get()).WithContext(c.Label()));
     const auto t0 = std::chrono::steady_clock::now();
     const Status submitted = engine.Transfer(request, topts).WithContext(c.Label());
     host_us.push_back(WallUs(t0));
     KVTIER_RETURN_IF_ERROR(submitted);
+    if (const auto* stats = transfer::cuda::LastTransferStats(engine)) {
+      launch_us.push_back(stats->launch_us);
+    }
   }
   KVTIER_RETURN_IF_ERROR(engine.Synchronize(stream_.get()).WithContext(c.Label()));
   row.host_submit_us = Median(host_us);
+  if (!launch_us.empty()) row.host_launch_us = Median(launch_us);
   KVTIER_ASSIGN_OR_RETURN(row.dma_now_gbps, DmaNow(load));
   if (const auto* stats = transfer::cuda::LastTransferStats(engine)) {
     if (stats->backend == TransferBackend::kKernel) {

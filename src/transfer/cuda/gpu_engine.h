@@ -17,6 +17,8 @@ struct GpuTransferStats {
   int blocks = 0;        // kernel: blocks of the widest launch = SMs occupied (one 1024-thread
                          // block fits an SM at a time, see copy_kernels.cuh)
   int64_t launches = 0;  // kernel: kernel launches
+  double launch_us = 0;  // kernel: host wall time inside the launch calls (the driver's part of
+                         // the call's host time; bench reports it next to the whole call)
   int64_t copy_ops =
       0;  // dma: copy operations submitted (batch entries + 2D copies + single copies)
   int64_t batch_calls = 0;  // dma: cudaMemcpyBatchAsync calls

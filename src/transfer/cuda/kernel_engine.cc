@@ -32,6 +32,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -460,7 +461,12 @@ Status KernelTransferEngine::DoTransfer(const TransferRequest& r, const Transfer
       const uint64_t grid_stride = uint64_t(blocks) * uint64_t(vecs_per_block_pass);
       view.grid_chunks = static_cast<uint32_t>(grid_stride / view.vecs_per_chunk);
       view.grid_vecs = static_cast<uint32_t>(grid_stride % view.vecs_per_chunk);
-      KVTIER_CUDA_RETURN_IF_ERROR(LaunchCopyKernel(view, width, blocks, stream, staged_));
+      const auto launch_start = std::chrono::steady_clock::now();
+      const cudaError_t launched = LaunchCopyKernel(view, width, blocks, stream, staged_);
+      stats_.launch_us += std::chrono::duration<double, std::micro>(
+                              std::chrono::steady_clock::now() - launch_start)
+                              .count();
+      KVTIER_CUDA_RETURN_IF_ERROR(launched);
       stats_.blocks = std::max(stats_.blocks, blocks);
       ++stats_.launches;
     }
