@@ -147,7 +147,7 @@ struct TransferOptions {
   // records nothing.
   LayerEvents* layer_events = nullptr;
   // kernel backend (and auto when it picks the kernel): at most this many SMs for this call;
-  // 0 = TransferEngineConfig::max_sms. E.g. a backup that runs beside per-layer loads can be
+  // 0 = TransferEngineConfig::max_sms (max_sms_to_host for device -> host copies). E.g. a backup that runs beside per-layer loads can be
   // given fewer SMs than the loads (BENCHMARKS.md, GPU: both directions). Ignored by cpu and dma.
   int max_sms = 0;
 };
@@ -163,6 +163,12 @@ struct TransferEngineConfig {
   int64_t cpu_parallel_threshold_bytes = 4 << 20;
   // kernel: upper bound on the SMs the copy kernels occupy.
   int max_sms = 4;
+  // kernel: upper bound for copies from device memory to host memory (backups), within max_sms;
+  // 0 = max_sms. A GPU writing to host memory posts its writes, so 2 SMs already reach the link's
+  // rate, and a backup with fewer SMs leaves more of the link's upstream side to the per-layer
+  // loads that run beside it (BENCHMARKS.md, GPU: both directions). TransferOptions::max_sms
+  // overrides both for one call.
+  int max_sms_to_host = 2;
   // kernel/dma: CUDA device ordinal.
   int device = 0;
 

@@ -177,6 +177,14 @@ def test_configure_round_trip():
         ops.configure(**old)
     with pytest.raises(ValueError, match="max_sms"):
         ops.configure(max_sms=0)
+    assert old["max_sms_to_host"] == 2
+    try:
+        ops.configure(max_sms_to_host=0)
+        assert ops.engine_config()["max_sms_to_host"] == 0
+    finally:
+        ops.configure(**old)
+    with pytest.raises(ValueError, match="max_sms_to_host"):
+        ops.configure(max_sms_to_host=-1)
 
 
 # ---- argument checks --------------------------------------------------------------------------

@@ -199,6 +199,10 @@ Status TransferEngineConfig::Validate() const {
   if (max_sms <= 0) {
     return Status::InvalidArgument(fmt::format("max_sms = {} must be positive", max_sms));
   }
+  if (max_sms_to_host < 0) {
+    return Status::InvalidArgument(fmt::format(
+        "max_sms_to_host = {} must not be negative (0 = max_sms)", max_sms_to_host));
+  }
   if (device < 0) return Status::InvalidArgument(fmt::format("device = {} must not be negative", device));
   return Status::OK();
 }

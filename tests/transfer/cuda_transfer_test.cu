@@ -514,6 +514,7 @@ TEST(CudaTransferTest, PerCallMaxSmsBoundsTheGrid) {
   const KvGeometry hg = MakeGeometry(KvLayout::kPageFirst, false, 16, 256, 4, 2048, 8);
   TransferEngineConfig config;
   config.max_sms = 3;
+  config.max_sms_to_host = 0;  // = max_sms (the default engine's split is tested below)
   auto made = MakeTransferEngine(TransferBackend::kKernel, config);
   ASSERT_TRUE(made.ok()) << made.status().ToString();
   for (int sms : {0, 1, 2, 8}) {
@@ -537,6 +538,53 @@ TEST(CudaTransferTest, PerCallMaxSmsBoundsTheGrid) {
     const auto* stats = transfer::cuda::LastTransferStats(*made.value());
     ASSERT_NE(stats, nullptr);
     EXPECT_EQ(stats->blocks, sms == 0 ? 3 : sms);  // 16 MiB: enough work for every block
+    EXPECT_TRUE(dst.MatchesMirror());
+  }
+}
+
+// The default configuration gives device -> host copies (backups) max_sms_to_host = 2 SMs and
+// host -> device copies max_sms = 4; a per-call max_sms overrides both.
+TEST(CudaTransferTest, BackupsDefaultToFewerSmsThanLoads) {
+  REQUIRE_GPU();
+  std::mt19937_64 rng(testing::TestSeed() + 19);
+  const KvGeometry dg = MakeGeometry(KvLayout::kLayerFirst, false, 16, 256, 4, 2048, 8);
+  const KvGeometry hg = MakeGeometry(KvLayout::kPageFirst, false, 16, 256, 4, 2048, 8);
+  const TransferEngineConfig config;
+  ASSERT_EQ(config.max_sms, 4);
+  ASSERT_EQ(config.max_sms_to_host, 2);
+  auto made = MakeTransferEngine(TransferBackend::kKernel, config);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  TestRegion device(dg, false, MemoryKind::kDevice, false);
+  TestRegion host(hg, false, MemoryKind::kHost, false);
+  const KvRegion dgpu = device.gpu_region(), hgpu = host.gpu_region();
+  const KvRegion dm = device.mirror_region(), hm = host.mirror_region();
+  struct Case {
+    bool to_host;
+    int per_call;
+    int expected_blocks;
+  };
+  for (const Case& c : {Case{true, 0, 2}, Case{false, 0, 4}, Case{true, 3, 3}, Case{false, 1, 1}}) {
+    SCOPED_TRACE(::testing::Message() << (c.to_host ? "to host" : "to device") << ", max_sms "
+                                      << c.per_call);
+    TestRegion& src = c.to_host ? device : host;
+    TestRegion& dst = c.to_host ? host : device;
+    src.FillRandom(rng);
+    dst.Fill(testing::kPoison);
+    src.Upload();
+    dst.Upload();
+    const auto pairs = testing::RandomPagePairs(rng, (c.to_host ? dg : hg).num_slots,
+                                                (c.to_host ? hg : dg).num_slots, 16, 64);
+    ASSERT_OK(transfer::ReferenceTransfer(TransferRequest::AllLayers(
+        c.to_host ? dm : hm, c.to_host ? hm : dm, SlotIndices::Host(pairs.src),
+        SlotIndices::Host(pairs.dst))));
+    ASSERT_OK(made.value()->Transfer(
+        TransferRequest::AllLayers(c.to_host ? dgpu : hgpu, c.to_host ? hgpu : dgpu,
+                                   SlotIndices::Host(pairs.src), SlotIndices::Host(pairs.dst)),
+        {.max_sms = c.per_call}));
+    ASSERT_OK(made.value()->Synchronize(nullptr));
+    const auto* stats = transfer::cuda::LastTransferStats(*made.value());
+    ASSERT_NE(stats, nullptr);
+    EXPECT_EQ(stats->blocks, c.expected_blocks);
     EXPECT_TRUE(dst.MatchesMirror());
   }
 }

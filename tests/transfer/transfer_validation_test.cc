@@ -77,6 +77,20 @@ TEST(TransferValidationTest, NegativeMaxSmsInOptions) {
   EXPECT_EQ(f.dst.Snapshot(), before) << "destination modified by a rejected request";
 }
 
+TEST(TransferValidationTest, EngineConfigLimits) {
+  TransferEngineConfig config;
+  EXPECT_TRUE(config.Validate().ok());
+  config.max_sms_to_host = 0;  // = max_sms
+  EXPECT_TRUE(config.Validate().ok());
+  config.max_sms_to_host = -1;
+  const Status st = config.Validate();
+  EXPECT_TRUE(st.IsInvalidArgument()) << st.ToString();
+  EXPECT_NE(st.message().find("max_sms_to_host = -1"), std::string::npos) << st.message();
+  config.max_sms_to_host = 2;
+  config.max_sms = 0;
+  EXPECT_NE(config.Validate().message().find("max_sms = 0"), std::string::npos);
+}
+
 TEST(TransferValidationTest, MismatchedLengths) {
   ExpectRejected([](Fixture& f, TransferRequest& r, KvRegion&, KvRegion&) {
     f.dst_idx.pop_back();

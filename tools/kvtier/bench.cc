@@ -223,6 +223,10 @@ Status BenchOptions::Validate() const {
     return Status::InvalidArgument(fmt::format("threads = {}; must be >= 0", threads));
   if (max_sms < 1)
     return Status::InvalidArgument(fmt::format("max_sms = {}; must be >= 1", max_sms));
+  if (max_sms_to_host < 0) {
+    return Status::InvalidArgument(
+        fmt::format("max_sms_to_host = {}; must be >= 0 (0 = max_sms)", max_sms_to_host));
+  }
   return Status::OK();
 }
 

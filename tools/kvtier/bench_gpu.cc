@@ -774,6 +774,7 @@ Status GpuBench::Run() {
   TransferEngineConfig config;
   config.device = options_.device;
   config.max_sms = options_.max_sms;
+  config.max_sms_to_host = options_.max_sms_to_host;
   config.cpu_threads = options_.threads;
   for (TransferBackend b : options_.backends) {
     if (b == TransferBackend::kCpu) continue;

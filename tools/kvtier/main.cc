@@ -210,6 +210,12 @@ int main(int argc, char** argv) {
   bench->add_option("--max-sms", options.max_sms, "upper bound on the SMs the kernel backend uses")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  bench
+      ->add_option("--max-sms-to-host", options.max_sms_to_host,
+                   "upper bound on the SMs of the kernel backend's device -> host copies (backups), "
+                   "within --max-sms; 0 = --max-sms")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   bench->add_option("--json", options.json_path, "also write the rows as JSON to this file");
 
   // ---- demo ----

@@ -432,7 +432,11 @@ Status KernelTransferEngine::DoTransfer(const TransferRequest& r, const Transfer
   const int64_t max_pairs = std::max<int64_t>(1, kMaxChunksPerLaunch / chunks_per_pair);
   const int threads = CopyThreadsPerBlock();
   const int64_t vecs_per_block_pass = int64_t{threads} * CopyLoadsInFlight(staged_);
-  const int sms = options.max_sms > 0 ? options.max_sms : config_.max_sms;
+  int sms = options.max_sms > 0 ? options.max_sms : config_.max_sms;
+  if (options.max_sms == 0 && config_.max_sms_to_host > 0 &&
+      r.src->memory == MemoryKind::kDevice && r.dst->memory == MemoryKind::kHost) {
+    sms = std::min(sms, config_.max_sms_to_host);
+  }
   const int max_blocks = std::max(1, std::min(sms, sm_count_));
   const int src_index_bytes = view.src.slots_int64 ? 8 : 4;
   const int dst_index_bytes = view.dst.slots_int64 ? 8 : 4;
