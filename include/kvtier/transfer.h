@@ -164,11 +164,12 @@ struct TransferEngineConfig {
   // kernel: upper bound on the SMs the copy kernels occupy.
   int max_sms = 4;
   // kernel: upper bound for copies from device memory to host memory (backups), within max_sms;
-  // 0 = max_sms. A GPU writing to host memory posts its writes, so 2 SMs already reach the link's
-  // rate, and a backup with fewer SMs leaves more of the link's upstream side to the per-layer
-  // loads that run beside it (BENCHMARKS.md, GPU: both directions). TransferOptions::max_sms
-  // overrides both for one call.
-  int max_sms_to_host = 2;
+  // 0 = max_sms. A GPU writing to host memory posts its writes, so fewer SMs keep the link busy,
+  // and a backup with fewer SMs leaves more of the link to the per-layer loads beside it.
+  // Measured on an H100 (BENCHMARKS.md, GPU): 3 SMs kept every backup row at >= 92 % of the
+  // ceiling and raised loads + backup at once from 1.10 x to 1.11-1.15 x; 2 SMs gave 1.19 x but
+  // some page-1 backups fell to 78-90 %. TransferOptions::max_sms overrides both for one call.
+  int max_sms_to_host = 3;
   // kernel/dma: CUDA device ordinal.
   int device = 0;
 

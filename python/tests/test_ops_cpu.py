@@ -177,7 +177,7 @@ def test_configure_round_trip():
         ops.configure(**old)
     with pytest.raises(ValueError, match="max_sms"):
         ops.configure(max_sms=0)
-    assert old["max_sms_to_host"] == 2
+    assert old["max_sms_to_host"] == 3
     try:
         ops.configure(max_sms_to_host=0)
         assert ops.engine_config()["max_sms_to_host"] == 0

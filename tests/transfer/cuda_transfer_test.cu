@@ -542,7 +542,7 @@ TEST(CudaTransferTest, PerCallMaxSmsBoundsTheGrid) {
   }
 }
 
-// The default configuration gives device -> host copies (backups) max_sms_to_host = 2 SMs and
+// The default configuration gives device -> host copies (backups) max_sms_to_host = 3 SMs and
 // host -> device copies max_sms = 4; a per-call max_sms overrides both.
 TEST(CudaTransferTest, BackupsDefaultToFewerSmsThanLoads) {
   REQUIRE_GPU();
@@ -551,7 +551,7 @@ TEST(CudaTransferTest, BackupsDefaultToFewerSmsThanLoads) {
   const KvGeometry hg = MakeGeometry(KvLayout::kPageFirst, false, 16, 256, 4, 2048, 8);
   const TransferEngineConfig config;
   ASSERT_EQ(config.max_sms, 4);
-  ASSERT_EQ(config.max_sms_to_host, 2);
+  ASSERT_EQ(config.max_sms_to_host, 3);
   auto made = MakeTransferEngine(TransferBackend::kKernel, config);
   ASSERT_TRUE(made.ok()) << made.status().ToString();
   TestRegion device(dg, false, MemoryKind::kDevice, false);
@@ -563,7 +563,7 @@ TEST(CudaTransferTest, BackupsDefaultToFewerSmsThanLoads) {
     int per_call;
     int expected_blocks;
   };
-  for (const Case& c : {Case{true, 0, 2}, Case{false, 0, 4}, Case{true, 3, 3}, Case{false, 1, 1}}) {
+  for (const Case& c : {Case{true, 0, 3}, Case{false, 0, 4}, Case{true, 2, 2}, Case{false, 1, 1}}) {
     SCOPED_TRACE(::testing::Message() << (c.to_host ? "to host" : "to device") << ", max_sms "
                                       << c.per_call);
     TestRegion& src = c.to_host ? device : host;

@@ -69,7 +69,7 @@ struct BenchOptions {
   std::string json_path;  // empty: no JSON
   int device = 0;         // CUDA device ordinal (GPU backends)
   int max_sms = 4;        // kernel backend SM cap (TransferEngineConfig::max_sms)
-  int max_sms_to_host = 2;  // the same for device -> host copies (max_sms_to_host; 0 = max_sms)
+  int max_sms_to_host = 3;  // the same for device -> host copies (max_sms_to_host; 0 = max_sms)
 
   Status Validate() const;
 };
