@@ -22,6 +22,8 @@
 #      /proc/sys/vm/nr_hugepages and puts the old value back) against cudaHostAlloc, alternating;
 #      then MLA page-1 loads with 8 SMs against 4.
 #   9. scripts/probes/submit_cost.cu alone.
+#  11. scripts/probes/host_latency.cu (GPU read latency per 2 MiB of pinned pools) and
+#      scripts/probes/dma_rows.cu (host cost of strided copies per operation and per row).
 #  10. Bytes in flight per SM: per-layer loads (MHA, MLA; pages 1 and 16) with the register
 #      kernel (64 B per lane) against the cp.async staged kernel (128 B per lane), alternating,
 #      twice; then kernel backups with the host time inside the launch call (host_launch_us).
@@ -131,6 +133,12 @@ for s in $SECTIONS; do
         echo "-- run $run, --max-sms $sms"
         table "$LOGS/mla_sms${sms}_$run.txt"
       done
+    done
+    ;;
+  11)
+    stamp "11. host read latency per 2 MiB; dma submission per row"
+    for p in host_latency dma_rows; do
+      nvcc -O2 -arch=sm_90 -o "$BUILD/$p" scripts/probes/$p.cu && timeout 120 "$BUILD/$p"
     done
     ;;
   9)
