@@ -505,6 +505,73 @@ TEST(CudaTransferTest, DmaPlansSplitOverStreamsMatchTheReference) {
   }
 }
 
+// The dma backend joins K and V of a page into one depth-2 strided copy when each side holds V a
+// whole number of layer strides after K (one allocation, K then V: DeviceKvPool, HostKvPool):
+// an all-layer copy at page 16 is then one copy operation per page run instead of two. Both
+// directions, host layer_first and page_first_direct; bytes against the reference.
+TEST(CudaTransferTest, DmaJoinsKAndVOfAPageInOneCopy) {
+  REQUIRE_GPU();
+  std::mt19937_64 rng(testing::TestSeed() + 21);
+  auto made = MakeTransferEngine(TransferBackend::kDma, TransferEngineConfig{});
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  TransferEngine& engine = *made.value();
+  for (const KvLayout host_layout : {KvLayout::kLayerFirst, KvLayout::kPageFirstDirect}) {
+    for (const bool to_host : {true, false}) {
+      SCOPED_TRACE(::testing::Message() << LayoutName(host_layout) << (to_host ? " backup" : " load"));
+      const KvGeometry dg = MakeGeometry(KvLayout::kLayerFirst, false, 16, 64, 6, 256, 2);
+      const KvGeometry hg = MakeGeometry(host_layout, false, 16, 64, 6, 256, 2);
+      auto pool = DeviceKvPool::Create(dg, false, 0);
+      ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+      auto pinned = PinnedHostBuffer::Allocate(2 * hg.buffer_bytes());
+      ASSERT_TRUE(pinned.ok()) << pinned.status().ToString();
+      // Mirrors, K then V, like the GPU side.
+      std::vector<std::byte> dev_mirror(static_cast<size_t>(2 * dg.buffer_bytes()));
+      std::vector<std::byte> host_mirror(static_cast<size_t>(2 * hg.buffer_bytes()));
+      auto fill = [&](std::vector<std::byte>& v, bool random) {
+        for (auto& b : v) b = random ? static_cast<std::byte>(rng()) : testing::kPoison;
+      };
+      fill(dev_mirror, to_host);  // the source side random, the destination poisoned
+      fill(host_mirror, !to_host);
+      ASSERT_EQ(cudaMemcpy(pool->k(), dev_mirror.data(), dev_mirror.size(), cudaMemcpyHostToDevice),
+                cudaSuccess);
+      std::memcpy(pinned->data(), host_mirror.data(), host_mirror.size());
+      auto region = [](const KvGeometry& g, void* base, MemoryKind memory) {
+        KvRegion r;
+        r.geometry = g;
+        r.mla = false;
+        r.memory = memory;
+        r.device = memory == MemoryKind::kDevice ? 0 : -1;
+        r.k = base;
+        r.v = static_cast<std::byte*>(base) + g.buffer_bytes();
+        return r;
+      };
+      const KvRegion dev = region(dg, pool->k(), MemoryKind::kDevice);
+      const KvRegion host = region(hg, pinned->data(), MemoryKind::kHost);
+      const KvRegion dev_m = region(dg, dev_mirror.data(), MemoryKind::kHost);
+      const KvRegion host_m = region(hg, host_mirror.data(), MemoryKind::kHost);
+      const auto pairs = testing::RandomPagePairs(rng, dg.num_slots, hg.num_slots, 16, 24);
+      const std::vector<int64_t>& src_idx = to_host ? pairs.src : pairs.dst;
+      const std::vector<int64_t>& dst_idx = to_host ? pairs.dst : pairs.src;
+      ASSERT_OK(transfer::ReferenceTransfer(TransferRequest::AllLayers(
+          to_host ? dev_m : host_m, to_host ? host_m : dev_m, SlotIndices::Host(src_idx),
+          SlotIndices::Host(dst_idx))));
+      ASSERT_OK(engine.Transfer(TransferRequest::AllLayers(to_host ? dev : host, to_host ? host : dev,
+                                                           SlotIndices::Host(src_idx),
+                                                           SlotIndices::Host(dst_idx))));
+      ASSERT_OK(engine.Synchronize(nullptr));
+      const auto* stats = transfer::cuda::LastTransferStats(engine);
+      ASSERT_NE(stats, nullptr);
+      EXPECT_GE(stats->copy_ops, 1);
+      EXPECT_EQ(stats->kv_merged, stats->copy_ops) << "every page run should be one K+V copy";
+      std::vector<std::byte> got(to_host ? host_mirror.size() : dev_mirror.size());
+      ASSERT_EQ(cudaMemcpy(got.data(), to_host ? pinned->data() : pool->k(), got.size(),
+                           cudaMemcpyDefault),
+                cudaSuccess);
+      EXPECT_TRUE(got == (to_host ? host_mirror : dev_mirror)) << "bytes differ from the reference";
+    }
+  }
+}
+
 // TransferOptions::max_sms bounds the kernel backend's grid for one call (the engine's
 // TransferEngineConfig::max_sms otherwise); the bytes are the same either way.
 TEST(CudaTransferTest, PerCallMaxSmsBoundsTheGrid) {

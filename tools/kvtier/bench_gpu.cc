@@ -509,10 +509,11 @@ Result<BenchRow> GpuBench::TimeRow(const BenchCase& c, TransferBackend backend,
         row.note = "auto chose kernel" + (row.note.empty() ? "" : "; " + row.note);
       }
     } else {
-      row.note = fmt::format("{}dma: {} copy ops ({} 2D, {} batch call(s), {} stream(s)){}",
-                             backend == TransferBackend::kAuto ? "auto chose " : "",
-                             stats->copy_ops, stats->copies_2d, stats->batch_calls, stats->lanes,
-                             row.note.empty() ? "" : "; " + row.note);
+      row.note = fmt::format(
+          "{}dma: {} copy ops ({} 2D of which {} carry K and V, {} batch call(s), {} stream(s)){}",
+          backend == TransferBackend::kAuto ? "auto chose " : "", stats->copy_ops,
+          stats->copies_2d, stats->kv_merged, stats->batch_calls, stats->lanes,
+          row.note.empty() ? "" : "; " + row.note);
     }
   }
   return row;

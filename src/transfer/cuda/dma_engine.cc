@@ -64,6 +64,9 @@
 namespace kvtier::transfer::cuda {
 namespace {
 
+// `height` rows of `width` bytes, `spitch` / `dpitch` apart; `depth` > 1: that many such
+// blocks, the z-th at src + z * spitch * s_layer_height (dst likewise): a depth-2 copy carries K
+// and V of one page when V lies a whole number of rows after K on both sides.
 struct Copy2D {
   const std::byte* src;
   std::byte* dst;
@@ -71,6 +74,9 @@ struct Copy2D {
   size_t spitch;
   size_t dpitch;
   size_t height;
+  size_t depth = 1;
+  size_t s_layer_height = 0;  // rows between blocks (depth > 1), >= height
+  size_t d_layer_height = 0;
 };
 
 // Run merging and 2D grouping (steps 3 of the file comment). Owns no memory but the vectors it
@@ -105,6 +111,32 @@ class CopyPlanner {
   void Finish() {
     FlushRun();
     FlushGroup();
+  }
+
+  // A strided copy planned whole (height >= 2, pitches >= width and < the device's max pitch,
+  // within one allocation per side). With `merge_depth`, a copy of the same shape whose source
+  // and destination lie a whole number (>= height) of rows after the previous copy's on both
+  // sides becomes that copy's second block (V after K of the same page).
+  void AddStrided(const Copy2D& c, bool merge_depth) {
+    FlushRun();
+    FlushGroup();
+    if (merge_depth && !copies_2d_.empty()) {
+      Copy2D& prev = copies_2d_.back();
+      if (prev.depth == 1 && prev.width == c.width && prev.height == c.height &&
+          prev.spitch == c.spitch && prev.dpitch == c.dpitch && c.src > prev.src &&
+          c.dst > prev.dst) {
+        const auto sd = static_cast<size_t>(c.src - prev.src);
+        const auto dd = static_cast<size_t>(c.dst - prev.dst);
+        if (sd % c.spitch == 0 && dd % c.dpitch == 0 && sd / c.spitch >= c.height &&
+            dd / c.dpitch >= c.height) {
+          prev.depth = 2;
+          prev.s_layer_height = sd / c.spitch;
+          prev.d_layer_height = dd / c.dpitch;
+          return;
+        }
+      }
+    }
+    copies_2d_.push_back(c);
   }
 
   std::vector<void*>& dsts() { return dsts_; }
@@ -251,6 +283,9 @@ class DmaTransferEngine final : public GpuTransferEngine {
     KVTIER_ASSIGN_OR_RETURN(private_stream_, CudaStreamHandle::Create(config_.device, true));
     KVTIER_ASSIGN_OR_RETURN(fence_in_, CudaEventHandle::Create(config_.device, false));
     KVTIER_ASSIGN_OR_RETURN(fence_out_, CudaEventHandle::Create(config_.device, false));
+    if (const char* env = std::getenv("KVTIER_DMA_MERGE_KV"); env != nullptr && env[0] == '0') {
+      merge_kv_ = false;
+    }
     max_lanes_ = kMaxLanes;
     if (const char* env = std::getenv("KVTIER_DMA_LANES"); env != nullptr) {
       max_lanes_ = std::clamp(std::atoi(env), 1, 16);
@@ -303,6 +338,9 @@ class DmaTransferEngine final : public GpuTransferEngine {
   std::atomic<bool> batch_available_{false};
   std::atomic<bool> use_batch_{false};          // this call: batch available, no pageable side
   std::atomic<bool> batch_3d_available_{true};  // cleared when cudaMemcpy3DBatchAsync is refused
+  // K and V of a page in one depth-2 copy (Plan); cleared when the driver refuses such a copy,
+  // or by KVTIER_DMA_MERGE_KV=0 (for measurements).
+  std::atomic<bool> merge_kv_{true};
   CudaStreamHandle private_stream_;
   CudaEventHandle fence_in_;
   CudaEventHandle fence_out_;
@@ -369,6 +407,41 @@ void DmaTransferEngine::Plan(const TransferRequest& r, const SlotIndices& si, co
   run_starts_.push_back(n);
   const size_t runs = run_starts_.size() - 1;
 
+  // layer_first / page_first_direct on both sides, base pointers, several layers: a run's layers
+  // are rows a constant pitch apart on each side, so each (run, buffer) is one strided copy,
+  // planned whole (O(runs), not O(runs x layers) pieces). K and V of a run go one after the
+  // other, so the planner can join them into one depth-2 copy.
+  if (run_pieces && layers >= 2 && !r.src->has_layer_table() && !r.dst->has_layer_table()) {
+    const int64_t ls0 = r.src_layer + layer0, ld0 = r.dst_layer + layer0;
+    const bool merge = merge_kv_ && batch_3d_available_ && use_batch_;
+    for (size_t i = 0; i < runs; ++i) {
+      const int64_t k0 = run_starts_[i], k1 = run_starts_[i + 1];
+      const int64_t s0 = si.at(k0), d0 = di.at(k0);
+      const auto width = static_cast<size_t>((k1 - k0) * S);
+      for (int b = 0; b < r.src->num_buffers(); ++b) {
+        const std::byte* src = x.Src(b, ls0, s0, 0);
+        std::byte* dst = x.Dst(b, ld0, d0, 0);
+        const auto spitch = static_cast<size_t>(x.Src(b, ls0 + 1, s0, 0) - src);
+        const auto dpitch = static_cast<size_t>(x.Dst(b, ld0 + 1, d0, 0) - dst);
+        const int64_t alloc = x.Alloc(b, ls0, ld0);
+        if (spitch == width && dpitch == width) {
+          planner_.Add(src, dst, static_cast<int64_t>(width) * layers, alloc);  // contiguous
+        } else if (spitch >= width && dpitch >= width && spitch < max_pitch_ &&
+                   dpitch < max_pitch_) {
+          const auto h = static_cast<size_t>(layers);
+          planner_.AddStrided(Copy2D{src, dst, width, spitch, dpitch, h, 1, h, h}, merge);
+        } else {
+          for (int64_t l = 0; l < layers; ++l) {
+            planner_.Add(x.Src(b, ls0 + l, s0, 0), x.Dst(b, ld0 + l, d0, 0),
+                         static_cast<int64_t>(width), x.Alloc(b, ls0 + l, ld0 + l));
+          }
+        }
+      }
+    }
+    planner_.Finish();
+    return;
+  }
+
   for (int b = 0; b < r.src->num_buffers(); ++b) {
     if (lead == KvLayout::kPageFirst) {
       // All layers of a slot are contiguous on the page_first side.
@@ -429,6 +502,7 @@ Status DmaTransferEngine::Submit(CudaStream stream) {
     stats_.copy_ops += st.copy_ops;
     stats_.copies_2d += st.copies_2d;
     stats_.batch_calls += st.batch_calls;
+    stats_.kv_merged += st.kv_merged;
   };
   if (lanes <= 1) {
     LaneWork& work = lane_work_[0];
@@ -479,28 +553,53 @@ Status DmaTransferEngine::SubmitSlice(CudaStream stream, size_t c0, size_t c1, s
   const Copy2D* copies = planner_.copies_2d().data() + c0;
   const size_t num_copies = c1 - c0;
   bool strided_done = false;
+  size_t submitted_ops = 0;  // copy operations the strided copies took
   if (use_batch_ && batch_3d_available_ && num_copies >= 2 && !IsLegacyStream(stream)) {
     // All strided copies in one cudaMemcpy3DBatchAsync (depth 1): one driver call instead of one
     // per copy, and no stall when thousands are queued.
-    ops_3d.resize(num_copies);
-    for (size_t i = 0; i < num_copies; ++i) {
-      const Copy2D& c = copies[i];
-      cudaMemcpy3DBatchOp& op = ops_3d[i];
-      op = cudaMemcpy3DBatchOp{};
-      op.src.type = cudaMemcpyOperandTypePointer;
-      op.src.op.ptr.ptr = const_cast<std::byte*>(c.src);
-      op.src.op.ptr.rowLength = c.spitch;
-      op.src.op.ptr.layerHeight = c.height;
-      op.dst.type = cudaMemcpyOperandTypePointer;
-      op.dst.op.ptr.ptr = c.dst;
-      op.dst.op.ptr.rowLength = c.dpitch;
-      op.dst.op.ptr.layerHeight = c.height;
-      op.extent = make_cudaExtent(c.width, c.height, 1);
-      op.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
-      op.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+    // split_depth: each block of a depth-2 copy as an operation of its own (after a refusal).
+    auto fill_ops = [&](bool split_depth) {
+      ops_3d.clear();
+      for (size_t i = 0; i < num_copies; ++i) {
+        const Copy2D& c = copies[i];
+        const size_t blocks = split_depth ? c.depth : 1;
+        for (size_t z = 0; z < blocks; ++z) {
+          cudaMemcpy3DBatchOp op{};
+          op.src.type = cudaMemcpyOperandTypePointer;
+          op.src.op.ptr.ptr = const_cast<std::byte*>(c.src + z * c.spitch * c.s_layer_height);
+          op.src.op.ptr.rowLength = c.spitch;
+          op.src.op.ptr.layerHeight = c.depth > 1 ? c.s_layer_height : c.height;
+          op.dst.type = cudaMemcpyOperandTypePointer;
+          op.dst.op.ptr.ptr = c.dst + z * c.dpitch * c.d_layer_height;
+          op.dst.op.ptr.rowLength = c.dpitch;
+          op.dst.op.ptr.layerHeight = c.depth > 1 ? c.d_layer_height : c.height;
+          op.extent = make_cudaExtent(c.width, c.height, split_depth ? 1 : c.depth);
+          op.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+          op.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+          ops_3d.push_back(op);
+        }
+      }
+    };
+    const auto depth2 = static_cast<int64_t>(std::count_if(
+        copies, copies + num_copies, [](const Copy2D& c) { return c.depth > 1; }));
+    const bool has_depth = depth2 > 0;
+    fill_ops(false);
+    cudaError_t e = cudaMemcpy3DBatchAsync(ops_3d.size(), ops_3d.data(), 0, stream);
+    if (e != cudaSuccess && has_depth) {
+      // The driver refuses K and V in one operation (e.g. when they are separate allocations):
+      // stop joining them and submit the blocks one by one.
+      (void)cudaGetLastError();
+      merge_kv_ = false;
+      util::Log(util::LogLevel::kWarning,
+                "dma backend: a depth-2 cudaMemcpy3DBatchAsync operation was refused ({}); K and "
+                "V go as separate copies from now on",
+                cudaGetErrorString(e));
+      fill_ops(true);
+      e = cudaMemcpy3DBatchAsync(ops_3d.size(), ops_3d.data(), 0, stream);
     }
-    const cudaError_t e = cudaMemcpy3DBatchAsync(ops_3d.size(), ops_3d.data(), 0, stream);
     if (e == cudaSuccess) {
+      submitted_ops = ops_3d.size();
+      if (submitted_ops == num_copies) stats.kv_merged += depth2;
       strided_done = true;
       ++stats.batch_calls;
     } else {
@@ -512,14 +611,20 @@ Status DmaTransferEngine::SubmitSlice(CudaStream stream, size_t c0, size_t c1, s
     }
   }
   if (!strided_done) {
+    submitted_ops = 0;
     for (size_t i = 0; i < num_copies; ++i) {
       const Copy2D& c = copies[i];
-      KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(c.dst, c.dpitch, c.src, c.spitch, c.width,
-                                                    c.height, cudaMemcpyDefault, stream));
+      for (size_t z = 0; z < c.depth; ++z) {
+        KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(
+            c.dst + z * c.dpitch * c.d_layer_height, c.dpitch,
+            c.src + z * c.spitch * c.s_layer_height, c.spitch, c.width, c.height,
+            cudaMemcpyDefault, stream));
+        ++submitted_ops;
+      }
     }
   }
-  stats.copies_2d += static_cast<int64_t>(num_copies);
-  stats.copy_ops += static_cast<int64_t>(num_copies);
+  stats.copies_2d += static_cast<int64_t>(submitted_ops);
+  stats.copy_ops += static_cast<int64_t>(submitted_ops);
   const size_t count = r1 - r0;
   void** dsts = planner_.dsts().data() + r0;
   const void** srcs = planner_.srcs().data() + r0;

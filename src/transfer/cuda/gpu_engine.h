@@ -24,6 +24,7 @@ struct GpuTransferStats {
   int64_t batch_calls = 0;  // dma: cudaMemcpyBatchAsync calls
   int64_t copies_2d = 0;    // dma: cudaMemcpy2DAsync calls
   int lanes = 1;            // dma: streams the operations were spread over (dma_engine.cc)
+  int64_t kv_merged = 0;    // dma: strided copies that carried K and V of a page at once
 };
 
 class GpuTransferEngine : public TransferEngine {
