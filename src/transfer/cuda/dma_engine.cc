@@ -287,6 +287,10 @@ class DmaTransferEngine final : public GpuTransferEngine {
       merge_kv_ = false;
     }
     max_lanes_ = kMaxLanes;
+    // KVTIER_DMA_OPS_PER_LANE=N: operations per lane before the plan is split (measurements).
+    if (const char* env = std::getenv("KVTIER_DMA_OPS_PER_LANE"); env != nullptr) {
+      ops_per_lane_ = static_cast<size_t>(std::clamp(std::atoi(env), 16, 1 << 20));
+    }
     if (const char* env = std::getenv("KVTIER_DMA_LANES"); env != nullptr) {
       max_lanes_ = std::clamp(std::atoi(env), 1, 16);
     }
@@ -351,6 +355,7 @@ class DmaTransferEngine final : public GpuTransferEngine {
   std::unique_ptr<util::ThreadPool> submit_pool_;  // null: lanes submit from the caller's thread
   std::vector<int64_t> run_starts_;          // slot runs: [run_starts_[i], run_starts_[i+1])
   int max_lanes_ = 1;                        // request's stream + lanes_.size()
+  size_t ops_per_lane_ = kOpsPerLane;
   CudaEventHandle fork_;                     // recorded on the request's stream, lanes wait
   std::vector<Lane> lanes_;
 };
@@ -497,7 +502,7 @@ Status DmaTransferEngine::Submit(CudaStream stream) {
   const size_t runs = planner_.sizes().size();
   const size_t ops = strided + runs;
   const int lanes = static_cast<int>(
-      std::min<size_t>(static_cast<size_t>(max_lanes_), (ops + kOpsPerLane - 1) / kOpsPerLane));
+      std::min<size_t>(static_cast<size_t>(max_lanes_), (ops + ops_per_lane_ - 1) / ops_per_lane_));
   auto add_stats = [&](const GpuTransferStats& st) {
     stats_.copy_ops += st.copy_ops;
     stats_.copies_2d += st.copies_2d;
