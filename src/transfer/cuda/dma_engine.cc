@@ -27,9 +27,12 @@
 // for the 2,048 strided copies of an all-layer MHA backup at page 16). Separate streams have
 // separate queues. KVTIER_DMA_LANES=N caps the lanes (1 = off), for measurements.
 // The lanes are submitted in parallel, one thread each (util::ThreadPool): the driver's cost per
-// strided copy (~2.5-3.5 us) is host time, and measured on an H100 a thread per lane cut the
-// submission of an all-layer MHA backup at page 16 from 5.5 to 3.1 ms (layer_first) and 5.2 to
-// 4.1 ms (page_first_direct), MLA from 2.8 / 3.5 to 2.5 / 2.6 ms.
+// strided copy (~2 us whatever its height, scripts/probes/dma_rows.cu) is host time, and
+// measured on an H100 a thread per lane cut the submission of an all-layer MHA backup at page 16
+// from 5.5 to 3.1 ms (layer_first) and 5.2 to 4.1 ms (page_first_direct), MLA from 2.8 / 3.5 to
+// 2.5 / 2.6 ms. With K and V joined (1,024 copies for that backup), 256 operations per lane
+// (4 lanes) submitted it in 1.4-1.6 ms against 1.7-1.9 ms with 512 (2 lanes), MHA and MLA;
+// KVTIER_DMA_OPS_PER_LANE=N sets the split, for measurements.
 //
 // Streams: cudaMemcpyBatchAsync refuses the legacy default stream, so for `stream == nullptr`
 // the operations run on the engine's private non-blocking stream, fenced by events to the legacy
@@ -232,7 +235,7 @@ bool RunContiguous(KvLayout l) {
 bool IsLegacyStream(CudaStream s) { return s == nullptr || s == cudaStreamLegacy; }
 
 // Lane split (see the file comment).
-constexpr size_t kOpsPerLane = 512;
+constexpr size_t kOpsPerLane = 256;
 constexpr int kMaxLanes = 4;
 
 }  // namespace
