@@ -1,0 +1,155 @@
+// Internal: the host-side plan of the `dma` backend (dma_engine.cc): contiguous pieces merged
+// into runs, runs of equal width at a constant pitch grouped into strided copies, and K and V
+// strided copies of a page joined into one depth-2 copy. Plain C++ (no CUDA), so that the
+// merging rules are tested without a GPU (tests/transfer/dma_plan_test.cc).
+//
+// Thread safety: none; the engine plans under its mutex.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace kvtier::transfer::cuda {
+
+// `height` rows of `width` bytes, `spitch` / `dpitch` apart; `depth` > 1: that many such
+// blocks, the z-th at src + z * spitch * s_layer_height (dst likewise): a depth-2 copy carries K
+// and V of one page when V lies a whole number of rows after K on both sides.
+struct Copy2D {
+  const std::byte* src;
+  std::byte* dst;
+  size_t width;
+  size_t spitch;
+  size_t dpitch;
+  size_t height;
+  size_t depth = 1;
+  size_t s_layer_height = 0;  // rows between blocks (depth > 1), >= height
+  size_t d_layer_height = 0;
+
+  // Where block z (0 <= z < depth) starts on each side.
+  const std::byte* BlockSrc(size_t z) const { return src + z * spitch * s_layer_height; }
+  std::byte* BlockDst(size_t z) const { return dst + z * dpitch * d_layer_height; }
+};
+
+// Run merging and 2D grouping (step 3 of dma_engine.cc's file comment). Owns no memory but the
+// vectors it fills, which the engine keeps between calls.
+class CopyPlanner {
+ public:
+  void Reset(size_t max_pitch) {
+    max_pitch_ = max_pitch;
+    dsts_.clear();
+    srcs_.clear();
+    sizes_.clear();
+    copies_2d_.clear();
+    run_len_ = 0;
+    group_height_ = 0;
+  }
+
+  // `alloc`: which allocation of its side a piece lies in (pieces of different allocations
+  // never merge, even when adjacent in the address space).
+  void Add(const std::byte* src, std::byte* dst, int64_t n, int64_t alloc) {
+    if (run_len_ > 0 && alloc == run_alloc_ && src == run_src_ + run_len_ &&
+        dst == run_dst_ + run_len_) {
+      run_len_ += n;
+      return;
+    }
+    FlushRun();
+    run_src_ = src;
+    run_dst_ = dst;
+    run_len_ = n;
+    run_alloc_ = alloc;
+  }
+
+  void Finish() {
+    FlushRun();
+    FlushGroup();
+  }
+
+  // A strided copy planned whole (height >= 2, pitches >= width and < the device's max pitch,
+  // within one allocation per side). With `merge_depth`, a copy of the same shape whose source
+  // and destination lie a whole number (>= height) of rows after the previous copy's on both
+  // sides becomes that copy's second block (V after K of the same page).
+  void AddStrided(const Copy2D& c, bool merge_depth) {
+    FlushRun();
+    FlushGroup();
+    if (merge_depth && !copies_2d_.empty()) {
+      Copy2D& prev = copies_2d_.back();
+      if (prev.depth == 1 && prev.width == c.width && prev.height == c.height &&
+          prev.spitch == c.spitch && prev.dpitch == c.dpitch && c.src > prev.src &&
+          c.dst > prev.dst) {
+        const auto sd = static_cast<size_t>(c.src - prev.src);
+        const auto dd = static_cast<size_t>(c.dst - prev.dst);
+        if (sd % c.spitch == 0 && dd % c.dpitch == 0 && sd / c.spitch >= c.height &&
+            dd / c.dpitch >= c.height) {
+          prev.depth = 2;
+          prev.s_layer_height = sd / c.spitch;
+          prev.d_layer_height = dd / c.dpitch;
+          return;
+        }
+      }
+    }
+    copies_2d_.push_back(c);
+  }
+
+  std::vector<void*>& dsts() { return dsts_; }
+  std::vector<const void*>& srcs() { return srcs_; }
+  std::vector<size_t>& sizes() { return sizes_; }
+  const std::vector<Copy2D>& copies_2d() const { return copies_2d_; }
+
+ private:
+  void FlushRun() {
+    if (run_len_ == 0) return;
+    const auto w = static_cast<size_t>(run_len_);
+    run_len_ = 0;
+    if (group_height_ > 0 && w == group_.width && run_alloc_ == group_alloc_) {
+      if (group_height_ == 1) {
+        if (run_src_ > group_.src && run_dst_ > group_.dst) {
+          const auto sp = static_cast<size_t>(run_src_ - group_.src);
+          const auto dp = static_cast<size_t>(run_dst_ - group_.dst);
+          if (sp >= w && dp >= w && sp < max_pitch_ && dp < max_pitch_) {
+            group_.spitch = sp;
+            group_.dpitch = dp;
+            group_height_ = 2;
+            return;
+          }
+        }
+      } else if (run_src_ == group_.src + group_height_ * group_.spitch &&
+                 run_dst_ == group_.dst + group_height_ * group_.dpitch) {
+        ++group_height_;
+        return;
+      }
+    }
+    FlushGroup();
+    group_ = Copy2D{run_src_, run_dst_, w, 0, 0, 0};
+    group_alloc_ = run_alloc_;
+    group_height_ = 1;
+  }
+
+  void FlushGroup() {
+    if (group_height_ == 0) return;
+    if (group_height_ == 1) {
+      dsts_.push_back(group_.dst);
+      srcs_.push_back(group_.src);
+      sizes_.push_back(group_.width);
+    } else {
+      group_.height = group_height_;
+      copies_2d_.push_back(group_);
+    }
+    group_height_ = 0;
+  }
+
+  size_t max_pitch_ = 0;
+  const std::byte* run_src_ = nullptr;
+  std::byte* run_dst_ = nullptr;
+  int64_t run_len_ = 0;
+  int64_t run_alloc_ = 0;
+  Copy2D group_{};
+  int64_t group_alloc_ = 0;
+  size_t group_height_ = 0;
+  std::vector<void*> dsts_;
+  std::vector<const void*> srcs_;
+  std::vector<size_t> sizes_;
+  std::vector<Copy2D> copies_2d_;
+};
+
+}  // namespace kvtier::transfer::cuda
