@@ -129,6 +129,8 @@ class HierarchicalCache:
       device_eviction / host_eviction: "lru" | "lfu" | "fifo" | "priority".
       transfer_backend: "cpu" | "kernel" | "dma" | "auto" (default: cpu for a host region, kernel
         for a device region).
+      max_sms / max_sms_to_host: the kernel backend's SMs for loads / for backups (write-backs);
+        max_sms_to_host 0 = max_sms.
     """
 
     def __init__(self, device_region: KvRegion, *, page_size: int = 0,
@@ -137,7 +139,8 @@ class HierarchicalCache:
                  host_huge_pages: bool = False, write_policy: str = "write_through_selective",
                  write_through_threshold: int = 2, device_eviction: str = "lru",
                  host_eviction: str = "lru", transfer_backend: Optional[str] = None,
-                 max_sms: int = 4, cpu_threads: int = 0, backup_threads: int = 1,
+                 max_sms: int = 4, max_sms_to_host: int = 3, cpu_threads: int = 0,
+                 backup_threads: int = 1,
                  load_back_min_tokens: int = 0) -> None:
         if not isinstance(device_region, KvRegion):
             raise ValueError("device_region must be a kvtier.ops.KvRegion, not "
@@ -155,6 +158,7 @@ class HierarchicalCache:
             write_through_threshold=_int(write_through_threshold, "write_through_threshold", 0),
             device_eviction=device_eviction, host_eviction=host_eviction,
             transfer_backend=transfer_backend, max_sms=_int(max_sms, "max_sms", 1),
+            max_sms_to_host=_int(max_sms_to_host, "max_sms_to_host", 0),
             cpu_threads=_int(cpu_threads, "cpu_threads", 0),
             backup_threads=_int(backup_threads, "backup_threads", 0),
             load_back_min_tokens=_int(load_back_min_tokens, "load_back_min_tokens", 0))

@@ -98,6 +98,9 @@ def test_bad_arguments_name_the_argument():
         kvtier.HierarchicalCache("pool")
     with pytest.raises(ValueError, match="write_policy|write policy"):
         make_cache(write_policy="sometimes")
+    with pytest.raises(ValueError, match="max_sms_to_host"):
+        make_cache(max_sms_to_host=-1)
+    make_cache(max_sms_to_host=0)  # 0 = max_sms
     m = cache.match([1, 2, 3, 4])
     cache.release(m)
     with pytest.raises(ValueError):
