@@ -11,7 +11,13 @@
 //      allocations), become one strided
 //      cudaMemcpy2DAsync (e.g. a page across all layers for layer_first <-> page_first_direct,
 //      a page of page_first slots within one layer); with batching available, all of them go out
-//      in one cudaMemcpy3DBatchAsync (depth-1 operations), else one cudaMemcpy2DAsync each;
+//      in one cudaMemcpy3DBatchAsync, else one cudaMemcpy2DAsync each. With base pointers on
+//      both sides and several layers, each (run, buffer) is planned directly as one strided copy
+//      across the layers, and the V copy of a run joins the K copy as its second block (one
+//      depth-2 operation) when V lies a whole number of rows after K on both sides, as in a
+//      pool allocated K then V: the driver's cost is ~2 us per strided operation whatever its
+//      height (scripts/probes/dma_rows.cu), so this halves an MHA all-layer backup's submission
+//      (dma_plan.h holds the rules; BENCHMARKS.md, GPU, the numbers);
 //   4. the remaining single runs go out in one cudaMemcpyBatchAsync when the runtime and driver
 //      offer it (CUDA >= 12.8, detected at run time; the 12.8 and 13.x signatures are both
 //      handled at compile time), else one cudaMemcpyAsync each (also when the environment sets
