@@ -197,7 +197,6 @@ class PinnedPool {
     const char* env = std::getenv("KVTIER_BENCH_HUGEPAGES");
     return env == nullptr ? 0 : env[0] == '1' ? 1 : env[0] == '2' ? 2 : 0;
   }
-  static bool OnHugePages() { return HugePageMode() != 0; }
   static Result<PinnedPool> Allocate(int64_t bytes) {
     PinnedPool p;
     const int mode = HugePageMode();
