@@ -25,7 +25,9 @@
 #  11. scripts/probes/host_latency.cu (GPU read latency per 2 MiB of pinned pools) and
 #      scripts/probes/dma_rows.cu (host cost of strided copies per operation and per row).
 #  12. scripts/probes/tma_loads.cu: 16-byte loads against bulk (TMA) copies reading pinned host
-#      memory on 4 SMs (written at the end of a session; not yet run on a GPU).
+#      memory on 4 SMs.
+#  13. scripts/probes/both_ways.cu: both directions at once, each by the copy engines or by SMs,
+#      on contiguous bytes (which pairing loses, and which direction).
 #  10. Bytes in flight per SM: per-layer loads (MHA, MLA; pages 1 and 16) with the register
 #      kernel (64 B per lane) against the cp.async staged kernel (128 B per lane), alternating,
 #      twice; then kernel backups with the host time inside the launch call (host_launch_us).
@@ -140,6 +142,10 @@ for s in $SECTIONS; do
   12)
     stamp "12. 16-byte loads against bulk copies"
     nvcc -O2 -arch=sm_90 -o "$BUILD/tma_loads" scripts/probes/tma_loads.cu && timeout 60 "$BUILD/tma_loads"
+    ;;
+  13)
+    stamp "13. both directions at once: copy engines against SMs"
+    nvcc -O2 -arch=sm_90 -o "$BUILD/both_ways" scripts/probes/both_ways.cu && timeout 120 "$BUILD/both_ways"
     ;;
   11)
     stamp "11. host read latency per 2 MiB; dma submission per row"
