@@ -147,8 +147,8 @@ struct TransferOptions {
   // records nothing.
   LayerEvents* layer_events = nullptr;
   // kernel backend (and auto when it picks the kernel): at most this many SMs for this call;
-  // 0 = TransferEngineConfig::max_sms (max_sms_to_host for device -> host copies). E.g. a backup that runs beside per-layer loads can be
-  // given fewer SMs than the loads (BENCHMARKS.md, GPU: both directions). Ignored by cpu and dma.
+  // 0 = TransferEngineConfig::max_sms (max_sms_to_host for device -> host copies,
+  // max_sms_beside_backup for host -> device copies while a backup runs). Ignored by cpu and dma.
   int max_sms = 0;
 };
 
@@ -170,6 +170,15 @@ struct TransferEngineConfig {
   // ceiling and raised loads + backup at once from 1.10 x to 1.11-1.15 x; 2 SMs gave 1.19 x but
   // some page-1 backups fell to 78-90 %. TransferOptions::max_sms overrides both for one call.
   int max_sms_to_host = 3;
+  // kernel: SMs for copies from host memory to device memory (loads) while a device -> host copy
+  // (a backup) this engine launched on another stream is still running; 0 = off (max_sms). The
+  // backup's writes share the link with the loads' read requests, and SM reads of host memory
+  // fall from 51 to 31-33 GB/s beside it whoever writes (SMs, bulk copies or the copy engines);
+  // more reading SMs win part of it back. Measured on an H100 (scripts/probes/both_ways.cu,
+  // BENCHMARKS.md, GPU: both directions): 4 reading SMs + 3 writing 1.13 x the one-way ceiling,
+  // 8 + 3 1.42 x, 16 + 3 1.21 x (the backup then slows). Loads are what the forward pass waits
+  // for, so by default they get 8 SMs while a backup runs. TransferOptions::max_sms overrides.
+  int max_sms_beside_backup = 8;
   // kernel/dma: CUDA device ordinal.
   int device = 0;
 

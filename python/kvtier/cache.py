@@ -131,6 +131,7 @@ class HierarchicalCache:
         for a device region).
       max_sms / max_sms_to_host: the kernel backend's SMs for loads / for backups (write-backs);
         max_sms_to_host 0 = max_sms.
+      max_sms_beside_backup: the SMs for a load while a write-back is still running (0 = off).
     """
 
     def __init__(self, device_region: KvRegion, *, page_size: int = 0,
@@ -139,7 +140,8 @@ class HierarchicalCache:
                  host_huge_pages: bool = False, write_policy: str = "write_through_selective",
                  write_through_threshold: int = 2, device_eviction: str = "lru",
                  host_eviction: str = "lru", transfer_backend: Optional[str] = None,
-                 max_sms: int = 4, max_sms_to_host: int = 3, cpu_threads: int = 0,
+                 max_sms: int = 4, max_sms_to_host: int = 3, max_sms_beside_backup: int = 8,
+                 cpu_threads: int = 0,
                  backup_threads: int = 1,
                  load_back_min_tokens: int = 0) -> None:
         if not isinstance(device_region, KvRegion):
@@ -159,6 +161,7 @@ class HierarchicalCache:
             device_eviction=device_eviction, host_eviction=host_eviction,
             transfer_backend=transfer_backend, max_sms=_int(max_sms, "max_sms", 1),
             max_sms_to_host=_int(max_sms_to_host, "max_sms_to_host", 0),
+            max_sms_beside_backup=_int(max_sms_beside_backup, "max_sms_beside_backup", 0),
             cpu_threads=_int(cpu_threads, "cpu_threads", 0),
             backup_threads=_int(backup_threads, "backup_threads", 0),
             load_back_min_tokens=_int(load_back_min_tokens, "load_back_min_tokens", 0))

@@ -303,11 +303,13 @@ def synchronize(backend: str = "kernel", stream: Any = None, device: int = 0) ->
 
 
 def configure(*, cpu_threads: Optional[int] = None, cpu_parallel_threshold_bytes: Optional[int] = None,
-              max_sms: Optional[int] = None, max_sms_to_host: Optional[int] = None) -> None:
+              max_sms: Optional[int] = None, max_sms_to_host: Optional[int] = None,
+              max_sms_beside_backup: Optional[int] = None) -> None:
     """Reconfigure the engines kvtier.ops uses (unset arguments keep their current value).
 
     max_sms bounds the kernel backend's SMs per call; max_sms_to_host bounds them for device ->
-    host copies (backups), within max_sms (0 = max_sms).
+    host copies (backups), within max_sms (0 = max_sms); max_sms_beside_backup sets them for host
+    -> device copies (loads) while a backup on another stream is still running (0 = off).
     """
     current = _kvtier.engine_config()
     if cpu_threads is not None:
@@ -319,6 +321,8 @@ def configure(*, cpu_threads: Optional[int] = None, cpu_parallel_threshold_bytes
         current["max_sms"] = _int(max_sms, "max_sms", 1)
     if max_sms_to_host is not None:
         current["max_sms_to_host"] = _int(max_sms_to_host, "max_sms_to_host", 0)
+    if max_sms_beside_backup is not None:
+        current["max_sms_beside_backup"] = _int(max_sms_beside_backup, "max_sms_beside_backup", 0)
     _kvtier.configure(**current)
 
 

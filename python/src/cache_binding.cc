@@ -121,7 +121,8 @@ void RegisterCache(py::module_& m) {
                        bool host_huge_pages, const std::string& write_policy,
                        int64_t write_through_threshold, const std::string& device_eviction,
                        const std::string& host_eviction, const std::string& transfer_backend,
-                       int max_sms, int max_sms_to_host, int cpu_threads, int backup_threads,
+                       int max_sms, int max_sms_to_host, int max_sms_beside_backup,
+                       int cpu_threads, int backup_threads,
                        int64_t load_back_min_tokens) {
              HierarchicalCacheConfig config;
              config.page_size = page_size;
@@ -137,6 +138,7 @@ void RegisterCache(py::module_& m) {
              config.transfer_backend = Unwrap(ParseTransferBackend(transfer_backend));
              config.transfer.max_sms = max_sms;
              config.transfer.max_sms_to_host = max_sms_to_host;
+             config.transfer.max_sms_beside_backup = max_sms_beside_backup;
              config.transfer.cpu_threads = cpu_threads;
              if (device_region.region.memory == MemoryKind::kDevice) {
                config.transfer.device = device_region.region.device;
@@ -155,7 +157,7 @@ void RegisterCache(py::module_& m) {
            py::arg("host_head_num"), py::arg("host_huge_pages"), py::arg("write_policy"),
            py::arg("write_through_threshold"), py::arg("device_eviction"),
            py::arg("host_eviction"), py::arg("transfer_backend"), py::arg("max_sms"),
-           py::arg("max_sms_to_host"), py::arg("cpu_threads"), py::arg("backup_threads"), py::arg("load_back_min_tokens"))
+           py::arg("max_sms_to_host"), py::arg("max_sms_beside_backup"), py::arg("cpu_threads"), py::arg("backup_threads"), py::arg("load_back_min_tokens"))
       .def("match",
            [](PyCache& c, uint64_t tokens, int64_t count, const std::string& ns) {
              auto span = SpanOf<Token>(tokens, count, "tokens");

@@ -231,18 +231,21 @@ GPU backends return once the copy is enqueued; cpu once the bytes are in place.)
 
   m.def(
       "configure",
-      [](int cpu_threads, int64_t cpu_parallel_threshold_bytes, int max_sms, int max_sms_to_host) {
+      [](int cpu_threads, int64_t cpu_parallel_threshold_bytes, int max_sms, int max_sms_to_host,
+         int max_sms_beside_backup) {
         TransferEngineConfig config;
         config.cpu_threads = cpu_threads;
         config.cpu_parallel_threshold_bytes = cpu_parallel_threshold_bytes;
         config.max_sms = max_sms;
         config.max_sms_to_host = max_sms_to_host;
+        config.max_sms_beside_backup = max_sms_beside_backup;
         ThrowIfError(Engines().Configure(config));
       },
       py::kw_only(), py::arg("cpu_threads") = TransferEngineConfig{}.cpu_threads,
       py::arg("cpu_parallel_threshold_bytes") = TransferEngineConfig{}.cpu_parallel_threshold_bytes,
       py::arg("max_sms") = TransferEngineConfig{}.max_sms,
       py::arg("max_sms_to_host") = TransferEngineConfig{}.max_sms_to_host,
+      py::arg("max_sms_beside_backup") = TransferEngineConfig{}.max_sms_beside_backup,
       "Sets the configuration of the transfer engines kvtier.ops uses (they are re-created).");
 
   m.def("engine_config", []() {
@@ -252,6 +255,7 @@ GPU backends return once the copy is enqueued; cpu once the bytes are in place.)
     d["cpu_parallel_threshold_bytes"] = c.cpu_parallel_threshold_bytes;
     d["max_sms"] = c.max_sms;
     d["max_sms_to_host"] = c.max_sms_to_host;
+    d["max_sms_beside_backup"] = c.max_sms_beside_backup;
     return d;
   });
 

@@ -101,6 +101,9 @@ def test_bad_arguments_name_the_argument():
     with pytest.raises(ValueError, match="max_sms_to_host"):
         make_cache(max_sms_to_host=-1)
     make_cache(max_sms_to_host=0)  # 0 = max_sms
+    with pytest.raises(ValueError, match="max_sms_beside_backup"):
+        make_cache(max_sms_beside_backup=-1)
+    make_cache(max_sms_beside_backup=0)  # 0 = off
     m = cache.match([1, 2, 3, 4])
     cache.release(m)
     with pytest.raises(ValueError):

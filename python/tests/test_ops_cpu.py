@@ -185,6 +185,14 @@ def test_configure_round_trip():
         ops.configure(**old)
     with pytest.raises(ValueError, match="max_sms_to_host"):
         ops.configure(max_sms_to_host=-1)
+    assert old["max_sms_beside_backup"] == 8
+    try:
+        ops.configure(max_sms_beside_backup=0)
+        assert ops.engine_config()["max_sms_beside_backup"] == 0
+    finally:
+        ops.configure(**old)
+    with pytest.raises(ValueError, match="max_sms_beside_backup"):
+        ops.configure(max_sms_beside_backup=-1)
 
 
 # ---- argument checks --------------------------------------------------------------------------

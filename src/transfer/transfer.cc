@@ -203,6 +203,10 @@ Status TransferEngineConfig::Validate() const {
     return Status::InvalidArgument(fmt::format(
         "max_sms_to_host = {} must not be negative (0 = max_sms)", max_sms_to_host));
   }
+  if (max_sms_beside_backup < 0) {
+    return Status::InvalidArgument(fmt::format(
+        "max_sms_beside_backup = {} must not be negative (0 = off)", max_sms_beside_backup));
+  }
   if (device < 0) return Status::InvalidArgument(fmt::format("device = {} must not be negative", device));
   return Status::OK();
 }

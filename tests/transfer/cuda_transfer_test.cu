@@ -656,6 +656,104 @@ TEST(CudaTransferTest, BackupsDefaultToFewerSmsThanLoads) {
   }
 }
 
+// A load (host -> device) while a backup this engine launched on another stream is still
+// running gets max_sms_beside_backup SMs (default 8); once the backup has finished, or beside a
+// backup on its own stream, or with the setting off, max_sms. The backup is held back by a host
+// gate on its stream, so it is certainly running (queued) while the loads are submitted. Every
+// copy's bytes are checked against the reference copy.
+TEST(CudaTransferTest, LoadsBesideABackupGetMoreSms) {
+  REQUIRE_GPU();
+  std::mt19937_64 rng(testing::TestSeed() + 23);
+  const KvGeometry dg = MakeGeometry(KvLayout::kLayerFirst, false, 16, 128, 4, 2048, 8);
+  const KvGeometry hg = MakeGeometry(KvLayout::kPageFirst, false, 16, 128, 4, 2048, 8);
+  ASSERT_EQ(TransferEngineConfig{}.max_sms_beside_backup, 8);
+  TestRegion backup_src(dg, false, MemoryKind::kDevice, false);
+  TestRegion backup_dst(hg, false, MemoryKind::kHost, false);
+  TestRegion load_src(hg, false, MemoryKind::kHost, false);
+  TestRegion load_dst(dg, false, MemoryKind::kDevice, false);
+  // TransferRequest holds pointers to its regions: keep them alive for the whole test.
+  const KvRegion backup_from = backup_src.gpu_region(), backup_to = backup_dst.gpu_region();
+  const KvRegion load_from = load_src.gpu_region(), load_to = load_dst.gpu_region();
+  const KvRegion backup_from_m = backup_src.mirror_region();
+  const KvRegion backup_to_m = backup_dst.mirror_region();
+  const KvRegion load_from_m = load_src.mirror_region(), load_to_m = load_dst.mirror_region();
+  CudaStreamHandle backup_stream = std::move(CudaStreamHandle::Create(0, true)).value();
+  CudaStreamHandle load_stream = std::move(CudaStreamHandle::Create(0, true)).value();
+  static std::atomic<bool> release{false};
+  static std::atomic<bool> gate_timed_out{false};
+  struct Case {
+    int beside_backup;    // TransferEngineConfig::max_sms_beside_backup
+    bool held;            // a backup on backup_stream is held back while the load is submitted
+    bool same_stream;     // the load goes on backup_stream
+    int per_call;         // TransferOptions::max_sms
+    int expected_blocks;  // of the load
+  };
+  for (const Case& c : {Case{8, true, false, 0, 8}, Case{8, false, false, 0, 4},
+                        Case{8, true, true, 0, 4}, Case{8, true, false, 2, 2},
+                        Case{0, true, false, 0, 4}, Case{6, true, false, 0, 6}}) {
+    SCOPED_TRACE(::testing::Message() << "max_sms_beside_backup " << c.beside_backup << ", held "
+                                      << c.held << ", same stream " << c.same_stream
+                                      << ", max_sms " << c.per_call);
+    TransferEngineConfig config;
+    config.max_sms_beside_backup = c.beside_backup;
+    auto made = MakeTransferEngine(TransferBackend::kKernel, config);
+    ASSERT_TRUE(made.ok()) << made.status().ToString();
+    TransferEngine& engine = *made.value();
+    for (TestRegion* r : {&backup_src, &load_src}) r->FillRandom(rng);
+    for (TestRegion* r : {&backup_dst, &load_dst}) r->Fill(testing::kPoison);
+    for (TestRegion* r : {&backup_src, &backup_dst, &load_src, &load_dst}) r->Upload();
+    const auto backup_pairs = testing::RandomPagePairs(rng, dg.num_slots, hg.num_slots, 16, 64);
+    const auto load_pairs = testing::RandomPagePairs(rng, hg.num_slots, dg.num_slots, 16, 64);
+    const TransferRequest backup = TransferRequest::AllLayers(
+        backup_from, backup_to, SlotIndices::Host(backup_pairs.src),
+        SlotIndices::Host(backup_pairs.dst));
+    const TransferRequest load = TransferRequest::AllLayers(
+        load_from, load_to, SlotIndices::Host(load_pairs.src), SlotIndices::Host(load_pairs.dst));
+    release = false;
+    gate_timed_out = false;
+    if (c.held) {
+      ASSERT_CUDA(cudaLaunchHostFunc(
+          backup_stream.get(),
+          [](void*) {
+            const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+            while (!release.load()) {
+              if (std::chrono::steady_clock::now() > until) {
+                gate_timed_out = true;
+                return;
+              }
+              std::this_thread::sleep_for(std::chrono::milliseconds(1));
+            }
+          },
+          nullptr));
+    }
+    ASSERT_OK(engine.Transfer(backup, {.stream = backup_stream.get()}));
+    if (!c.held) ASSERT_OK(engine.Synchronize(backup_stream.get()));
+    const CudaStream load_on = c.same_stream ? backup_stream.get() : load_stream.get();
+    ASSERT_OK(engine.Transfer(load, {.stream = load_on, .max_sms = c.per_call}));
+    const auto* stats = transfer::cuda::LastTransferStats(engine);
+    ASSERT_NE(stats, nullptr);
+    EXPECT_EQ(stats->blocks, c.expected_blocks);
+    release = true;
+    ASSERT_OK(engine.Synchronize(load_on));
+    ASSERT_OK(engine.Synchronize(backup_stream.get()));
+    EXPECT_FALSE(gate_timed_out.load());
+    ASSERT_OK(transfer::ReferenceTransfer(TransferRequest::AllLayers(
+        backup_from_m, backup_to_m, SlotIndices::Host(backup_pairs.src),
+        SlotIndices::Host(backup_pairs.dst))));
+    ASSERT_OK(transfer::ReferenceTransfer(TransferRequest::AllLayers(
+        load_from_m, load_to_m, SlotIndices::Host(load_pairs.src),
+        SlotIndices::Host(load_pairs.dst))));
+    EXPECT_TRUE(backup_dst.MatchesMirror());
+    EXPECT_TRUE(load_dst.MatchesMirror());
+    if (c.held) {
+      // The backup has finished: the next load on the other stream is back to max_sms.
+      ASSERT_OK(engine.Transfer(load, {.stream = load_stream.get()}));
+      ASSERT_OK(engine.Synchronize(load_stream.get()));
+      EXPECT_EQ(transfer::cuda::LastTransferStats(engine)->blocks, 4);
+    }
+  }
+}
+
 // Per-layer tables on both sides of one request (SGLang's transfer_kv_all_layer: device layer
 // tables to host layer tables), each call with tables the engine has not seen, on a fresh engine
 // so its table cache grows from empty: the cache must not move an entry of the request while it

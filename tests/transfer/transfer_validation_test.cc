@@ -87,6 +87,11 @@ TEST(TransferValidationTest, EngineConfigLimits) {
   EXPECT_TRUE(st.IsInvalidArgument()) << st.ToString();
   EXPECT_NE(st.message().find("max_sms_to_host = -1"), std::string::npos) << st.message();
   config.max_sms_to_host = 2;
+  config.max_sms_beside_backup = 0;  // off
+  EXPECT_TRUE(config.Validate().ok());
+  config.max_sms_beside_backup = -1;
+  EXPECT_NE(config.Validate().message().find("max_sms_beside_backup = -1"), std::string::npos);
+  config.max_sms_beside_backup = 8;
   config.max_sms = 0;
   EXPECT_NE(config.Validate().message().find("max_sms = 0"), std::string::npos);
 }

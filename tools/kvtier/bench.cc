@@ -227,6 +227,10 @@ Status BenchOptions::Validate() const {
     return Status::InvalidArgument(
         fmt::format("max_sms_to_host = {}; must be >= 0 (0 = max_sms)", max_sms_to_host));
   }
+  if (max_sms_beside_backup < 0) {
+    return Status::InvalidArgument(fmt::format(
+        "max_sms_beside_backup = {}; must be >= 0 (0 = off)", max_sms_beside_backup));
+  }
   return Status::OK();
 }
 

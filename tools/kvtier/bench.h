@@ -70,6 +70,7 @@ struct BenchOptions {
   int device = 0;         // CUDA device ordinal (GPU backends)
   int max_sms = 4;        // kernel backend SM cap (TransferEngineConfig::max_sms)
   int max_sms_to_host = 3;  // the same for device -> host copies (max_sms_to_host; 0 = max_sms)
+  int max_sms_beside_backup = 8;  // loads while a backup runs (max_sms_beside_backup; 0 = off)
 
   Status Validate() const;
 };

@@ -689,7 +689,8 @@ Status GpuBench::RunBoth(const BenchCase& c, ShapeBuffers& buf, TransferBackend 
   const TransferRequest backup = TransferRequest::AllLayers(
       device, out, SlotIndices::Host(backup_slots.device), SlotIndices::Host(backup_slots.host));
   // KVTIER_BENCH_BOTH_SMS="L,B": the kernel backend's SMs for the loads and for the backup
-  // (TransferOptions::max_sms; default: --max-sms for both), for measurements.
+  // (TransferOptions::max_sms), for measurements. Default: the engine's own choice, i.e.
+  // --max-sms-beside-backup for loads while the backup runs and --max-sms-to-host for it.
   int load_sms = 0, backup_sms = 0;
   if (const char* env = std::getenv("KVTIER_BENCH_BOTH_SMS"); env != nullptr) {
     if (std::sscanf(env, "%d,%d", &load_sms, &backup_sms) != 2 || load_sms < 0 || backup_sms < 0) {
@@ -713,9 +714,10 @@ Status GpuBench::RunBoth(const BenchCase& c, ShapeBuffers& buf, TransferBackend 
           TransferRequest::PerLayer(host, device, SlotIndices::Host(load_slots.host),
                                     SlotIndices::Host(load_slots.device), l),
           {.stream = stream_.get(), .max_sms = load_sms}));
-    }
-    if (const auto* stats = transfer::cuda::LastTransferStats(engine)) {
-      blocks_load = stats->backend == TransferBackend::kKernel ? stats->blocks : 0;
+      if (const auto* stats = transfer::cuda::LastTransferStats(engine)) {
+        // the widest load: loads beside the running backup may get more SMs than later ones
+        if (stats->backend == TransferBackend::kKernel) blocks_load = std::max(blocks_load, stats->blocks);
+      }
     }
     KVTIER_RETURN_IF_ERROR(end1.Record(stream_.get()));
     KVTIER_RETURN_IF_ERROR(end2.Record(stream2_.get()));
@@ -789,6 +791,7 @@ Status GpuBench::Run() {
   config.device = options_.device;
   config.max_sms = options_.max_sms;
   config.max_sms_to_host = options_.max_sms_to_host;
+  config.max_sms_beside_backup = options_.max_sms_beside_backup;
   config.cpu_threads = options_.threads;
   for (TransferBackend b : options_.backends) {
     if (b == TransferBackend::kCpu) continue;

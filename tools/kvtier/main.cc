@@ -216,6 +216,12 @@ int main(int argc, char** argv) {
                    "within --max-sms; 0 = --max-sms")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  bench
+      ->add_option("--max-sms-beside-backup", options.max_sms_beside_backup,
+                   "SMs of the kernel backend's host -> device copies (loads) while a backup on "
+                   "another stream is still running; 0 = off (--max-sms)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   bench->add_option("--json", options.json_path, "also write the rows as JSON to this file");
 
   // ---- demo ----

@@ -15,8 +15,11 @@
 //      place;
 //   3. per-layer tables (KvRegion::k_layers/v_layers) are uploaded once and cached by content
 //      (kTableCacheEntries entries, LRU; an entry is evicted only after its last use completed);
-//   4. one launch (or, with TransferOptions::layer_events, one launch per layer followed by that
-//      layer's event record).
+//   4. the SMs: max_sms, max_sms_to_host for a backup (device -> host), or max_sms_beside_backup
+//      for a load (host -> device) while a backup this engine launched on another stream is
+//      still running (one cudaEventQuery per stream with a backup in flight);
+//   5. one launch (or, with TransferOptions::layer_events, one launch per layer followed by that
+//      layer's event record); behind a backup, an event that marks it running.
 //
 // Out-of-range device indices are skipped by the kernel and counted in a DeviceErrorRecord in
 // device memory; `Synchronize(stream)` waits for the stream, reads the record through the
@@ -54,6 +57,9 @@ constexpr size_t kMaxStagingSlots = 64;
 // Default copy kernel variant; see the measurements in BENCHMARKS.md (GPU section).
 constexpr bool kDefaultStaged = false;
 constexpr size_t kTableCacheEntries = 8;
+// Streams whose backups are followed for max_sms_beside_backup; a backup on a further stream
+// while all of these still run changes nothing (loads already get the extra SMs).
+constexpr size_t kMaxBackupStreams = 8;
 // Chunks per launch stay below 2^31 so the kernel's position arithmetic fits 32 bits.
 constexpr int64_t kMaxChunksPerLaunch = (int64_t{1} << 31) - 1;
 
@@ -140,6 +146,13 @@ class KernelTransferEngine final : public GpuTransferEngine {
     bool in_use = false;       // `done` was recorded behind a copy that reads this slot
     CudaStream stream{};       // the stream of that copy (valid while in_use)
   };
+  // The newest backup (device -> host copy) launched on one stream. Copies on a stream finish
+  // in order, so once it has finished, every earlier backup on that stream has too.
+  struct BackupMark {
+    CudaStream stream{};
+    CudaEventHandle done;
+    bool running = false;  // `done` was recorded and had not completed when last queried
+  };
   struct TableEntry {
     std::vector<void*> key;  // k_layers then v_layers
     DeviceBuffer table;
@@ -182,6 +195,10 @@ class KernelTransferEngine final : public GpuTransferEngine {
   // Copies the host index lists of `r` to the device; returns their device addresses.
   Status StageIndices(const TransferRequest& r, CudaStream stream, const void** src,
                       const void** dst, StagingSlot** used);
+  // Whether a backup launched by this engine on a stream other than `stream` is still running.
+  Result<bool> BackupRunningBeside(CudaStream stream);
+  // Records that a backup was just launched on `stream`.
+  Status MarkBackup(CudaStream stream);
   Result<std::byte* const*> DeviceLayerTable(const KvRegion& region, CudaStream stream,
                                              std::vector<TableEntry*>* used);
   Status FillRegionView(const KvRegion& region, int64_t heads, std::byte* const* table,
@@ -202,6 +219,7 @@ class KernelTransferEngine final : public GpuTransferEngine {
   // At most kMaxStagingSlots, in the order they were last handed out (oldest first).
   std::vector<std::unique_ptr<StagingSlot>> staging_;
   std::vector<TableEntry> tables_;  // capacity kTableCacheEntries, reserved in Init
+  std::vector<BackupMark> backups_;  // at most kMaxBackupStreams, one per stream
   uint64_t tick_ = 0;
 };
 
@@ -247,6 +265,36 @@ Result<KernelTransferEngine::StagingSlot*> KernelTransferEngine::FreeStagingSlot
   StagingSlot* slot = staging_.back().get();
   slot->stream = stream;
   return slot;
+}
+
+Result<bool> KernelTransferEngine::BackupRunningBeside(CudaStream stream) {
+  for (BackupMark& b : backups_) {
+    if (!b.running || b.stream == stream) continue;
+    KVTIER_ASSIGN_OR_RETURN(const bool finished, b.done.Query());
+    if (!finished) return true;
+    b.running = false;
+  }
+  return false;
+}
+
+Status KernelTransferEngine::MarkBackup(CudaStream stream) {
+  BackupMark* mark = nullptr;
+  for (BackupMark& b : backups_) {
+    if (b.stream == stream) mark = &b;
+  }
+  for (size_t i = 0; mark == nullptr && i < backups_.size(); ++i) {
+    if (!backups_[i].running) mark = &backups_[i];
+  }
+  if (mark == nullptr) {
+    if (backups_.size() == kMaxBackupStreams) return Status::OK();
+    KVTIER_ASSIGN_OR_RETURN(CudaEventHandle done, CudaEventHandle::Create(config_.device, false));
+    backups_.push_back(BackupMark{.stream = stream, .done = std::move(done)});
+    mark = &backups_.back();
+  }
+  mark->stream = stream;
+  KVTIER_RETURN_IF_ERROR(mark->done.Record(stream));
+  mark->running = true;
+  return Status::OK();
 }
 
 Status KernelTransferEngine::StageIndices(const TransferRequest& r, CudaStream stream,
@@ -432,10 +480,15 @@ Status KernelTransferEngine::DoTransfer(const TransferRequest& r, const Transfer
   const int64_t max_pairs = std::max<int64_t>(1, kMaxChunksPerLaunch / chunks_per_pair);
   const int threads = CopyThreadsPerBlock();
   const int64_t vecs_per_block_pass = int64_t{threads} * CopyLoadsInFlight(staged_);
+  const bool to_host = r.src->memory == MemoryKind::kDevice && r.dst->memory == MemoryKind::kHost;
+  const bool to_device = r.src->memory == MemoryKind::kHost && r.dst->memory == MemoryKind::kDevice;
   int sms = options.max_sms > 0 ? options.max_sms : config_.max_sms;
-  if (options.max_sms == 0 && config_.max_sms_to_host > 0 &&
-      r.src->memory == MemoryKind::kDevice && r.dst->memory == MemoryKind::kHost) {
+  if (options.max_sms == 0 && to_host && config_.max_sms_to_host > 0) {
     sms = std::min(sms, config_.max_sms_to_host);
+  }
+  if (options.max_sms == 0 && to_device && config_.max_sms_beside_backup > 0) {
+    KVTIER_ASSIGN_OR_RETURN(const bool beside_backup, BackupRunningBeside(stream));
+    if (beside_backup) sms = config_.max_sms_beside_backup;
   }
   const int max_blocks = std::max(1, std::min(sms, sm_count_));
   const int src_index_bytes = view.src.slots_int64 ? 8 : 4;
@@ -477,6 +530,9 @@ Status KernelTransferEngine::DoTransfer(const TransferRequest& r, const Transfer
     if (options.layer_events != nullptr) {
       KVTIER_RETURN_IF_ERROR(options.layer_events->Record(static_cast<int>(l0), stream));
     }
+  }
+  if (to_host && config_.max_sms_beside_backup > 0 && stats_.launches > 0) {
+    KVTIER_RETURN_IF_ERROR(MarkBackup(stream));
   }
   if (staging != nullptr) {
     KVTIER_RETURN_IF_ERROR(staging->done.Record(stream));
