@@ -660,7 +660,10 @@ TEST(CudaTransferTest, BackupsDefaultToFewerSmsThanLoads) {
 // running gets max_sms_beside_backup SMs (default 8); once the backup has finished, or beside a
 // backup on its own stream, or with the setting off, max_sms. The backup is held back by a host
 // gate on its stream, so it is certainly running (queued) while the loads are submitted. Every
-// copy's bytes are checked against the reference copy.
+// copy's bytes are checked against the reference copy. Run as the first test of its process (as
+// ctest runs it), it also checks that the engine loaded its kernels when it was made: before
+// PreloadCopyKernels, the first load's lazy kernel load waited for the held backup, i.e. for
+// the gate to time out.
 TEST(CudaTransferTest, LoadsBesideABackupGetMoreSms) {
   REQUIRE_GPU();
   std::mt19937_64 rng(testing::TestSeed() + 23);

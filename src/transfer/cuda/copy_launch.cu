@@ -27,6 +27,22 @@ cudaError_t LaunchStaged(const CopyView& view, int blocks, cudaStream_t stream) 
 
 }  // namespace
 
+cudaError_t PreloadCopyKernels() {
+  cudaFuncAttributes attributes{};
+  for (const void* kernel :
+       {reinterpret_cast<const void*>(CopyChunksKernel<16>),
+        reinterpret_cast<const void*>(CopyChunksKernel<8>),
+        reinterpret_cast<const void*>(CopyChunksKernel<4>),
+        reinterpret_cast<const void*>(CopyChunksStagedKernel<16>),
+        reinterpret_cast<const void*>(CopyChunksStagedKernel<8>),
+        reinterpret_cast<const void*>(CopyChunksStagedKernel<4>)}) {
+    if (const cudaError_t e = cudaFuncGetAttributes(&attributes, kernel); e != cudaSuccess) {
+      return e;
+    }
+  }
+  return cudaSuccess;
+}
+
 cudaError_t LaunchCopyKernel(const CopyView& view, int width, int blocks, cudaStream_t stream,
                              bool staged) {
   (void)cudaGetLastError();  // report this launch's error, not an earlier one's

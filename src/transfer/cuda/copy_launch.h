@@ -14,6 +14,13 @@ namespace kvtier::transfer::cuda {
 int CopyThreadsPerBlock();
 int CopyLoadsInFlight(bool staged);
 
+// Loads every copy kernel into the current device's context now. With lazy module loading (the
+// default since CUDA 12.2) a kernel is loaded at its first launch, and that load can wait for
+// the device to go idle: a process's first load launched while a backup runs on another stream
+// would stall until the backup finished (measured: a held backup stalled it until its 30 s
+// gate gave up). Engines call this once when they are made.
+cudaError_t PreloadCopyKernels();
+
 // Launches CopyChunksKernel<width> (or CopyChunksStagedKernel<width> when `staged`) with
 // `blocks` blocks on `stream` and returns the launch error
 // (cudaGetLastError). Returns a cudaError_t, not a Status, so that no .cu file includes the

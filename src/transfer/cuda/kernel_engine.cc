@@ -176,6 +176,8 @@ class KernelTransferEngine final : public GpuTransferEngine {
     KVTIER_RETURN_IF_ERROR(guard.Set(config_.device));
     KVTIER_CUDA_RETURN_IF_ERROR(
         cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, config_.device));
+    // Not at the first launch, which may be beside a running backup (copy_launch.h).
+    KVTIER_CUDA_RETURN_IF_ERROR(PreloadCopyKernels());
     KVTIER_ASSIGN_OR_RETURN(error_device_,
                             DeviceBuffer::Allocate(sizeof(DeviceErrorRecord), config_.device));
     KVTIER_ASSIGN_OR_RETURN(error_host_, PinnedHostBuffer::Allocate(sizeof(DeviceErrorRecord)));
