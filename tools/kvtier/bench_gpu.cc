@@ -3,7 +3,11 @@
 // Follows PERFORMANCE.md "How to measure (GPU)":
 //   1. The ceiling first, every run: one 1 GiB cudaMemcpyAsync pinned host -> device and
 //      device -> host (warm-up, then the median of `repeats`, timed by CUDA events). Every row's
-//      "% of ceiling" is against the direction it moves, measured here.
+//      "% of ceiling" is against the direction it moves, measured here; but where the median
+//      of the DMA rates measured right after the rows (below) is higher, the rows are compared
+//      with that median instead (RaiseCeilingToRowMedian): on the lent VMs the start
+//      measurement was sometimes 5-15 % low, and rows then read above 100 %. The bar is only
+//      ever raised.
 //   2. Every case of the reference workload (bench.h: MHA Llama-3-8B and MLA DeepSeek-V3 shapes,
 //      page sizes, every host layout; per-layer load host -> device and all-layer backup
 //      device -> host) on every asked GPU backend. GPU ms: CUDA events around each call on the
@@ -274,6 +278,9 @@ class GpuBench {
                            const TransferRequest& request);
   // The copy engines' rate right now in one direction (GB/s): kNowBytes, median of 3.
   Result<double> DmaNow(bool h2d);
+  // After the last row: per direction, the higher of the start ceiling and the median of the
+  // rows' DMA rates measured right after them; rows from `first_row` on are compared with it.
+  void RaiseCeilingToRowMedian(size_t first_row);
 
   const BenchOptions& options_;
   std::vector<BenchRow>* rows_;
@@ -812,6 +819,7 @@ Status GpuBench::Run() {
                  options_.device, prop.name, prop.multiProcessorCount, prop.pciBusID,
                  prop.pciDeviceID, driver, runtime);
   }
+  const size_t first_row = rows_->size();
   KVTIER_RETURN_IF_ERROR(MeasureCeiling());
 
   const std::vector<BenchCase> cases = EnumerateCases(options_);
@@ -869,7 +877,45 @@ Status GpuBench::Run() {
       }
     }
   }
+  RaiseCeilingToRowMedian(first_row);
   return Status::OK();
+}
+
+void GpuBench::RaiseCeilingToRowMedian(size_t first_row) {
+  std::vector<double> now[2];  // [0] host -> device (loads), [1] device -> host (backups)
+  for (size_t i = first_row; i < rows_->size(); ++i) {
+    const BenchRow& row = (*rows_)[i];
+    if (row.dma_now_gbps <= 0) continue;
+    if (row.op == "load") now[0].push_back(row.dma_now_gbps);
+    if (row.op == "backup") now[1].push_back(row.dma_now_gbps);
+  }
+  double ceiling[2] = {ceiling_h2d_, ceiling_d2h_};
+  bool raised = false;
+  for (int dir = 0; dir < 2; ++dir) {
+    if (now[dir].empty()) continue;
+    const double median = Median(now[dir]);
+    std::fprintf(stderr,
+                 "ceiling %s: %.2f GB/s at the start, %.2f GB/s the median of the DMA rate "
+                 "after %zu rows%s\n",
+                 dir == 0 ? "H2D" : "D2H", ceiling[dir], median, now[dir].size(),
+                 median > ceiling[dir] ? "; rows are compared with the median" : "");
+    if (median > ceiling[dir]) {
+      ceiling[dir] = median;
+      raised = true;
+    }
+  }
+  if (!raised) return;
+  for (size_t i = first_row; i < rows_->size(); ++i) {
+    BenchRow& row = (*rows_)[i];
+    if (row.op == "load" || row.layout == "h2d") {
+      row.ceiling_gbps = ceiling[0];
+    } else if (row.op == "backup" || row.layout == "d2h") {
+      row.ceiling_gbps = ceiling[1];
+    } else {  // both directions, and the copy engines' own both-ways row
+      row.ceiling_gbps = std::min(ceiling[0], ceiling[1]);
+    }
+    row.pct_of_ceiling = 100.0 * row.gbps / row.ceiling_gbps;
+  }
 }
 
 }  // namespace
