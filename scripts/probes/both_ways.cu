@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "probe_check.h"
+#include "probe_tma.h"
 
 constexpr size_t kBytes = size_t{512} << 20;
 
@@ -63,17 +64,11 @@ __global__ void __launch_bounds__(1024, 1) SmCopy(const uint4* __restrict__ src,
   }
 }
 
-__device__ __forceinline__ uint32_t Smem(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// Bulk (TMA) copy of contiguous bytes through shared memory, as in tma_loads.cu: kIssuers
-// threads per block each keep a ring of kChunk-byte bulk loads in flight and bulk-store every
-// landed chunk; a slot is refilled once all but the last kStoreLag stores have read theirs.
+// Bulk (TMA) copy of contiguous bytes through shared memory (probe_tma.h): kIssuers threads
+// per block, each with a ring of kSlots kChunk-byte chunks.
 constexpr int kIssuers = 8;
-constexpr int kStoreLag = 4;
 constexpr uint32_t kChunk = 4096;
-constexpr int kSlots = 3 * kStoreLag / 2;  // per issuer
+constexpr uint32_t kSlots = 3 * kBulkStoreLag / 2;  // per issuer
 constexpr int kTmaSmem = kIssuers * kSlots * kChunk;
 
 __global__ void TmaCopy(const char* __restrict__ src, char* __restrict__ dst, uint32_t chunks) {
@@ -81,45 +76,10 @@ __global__ void TmaCopy(const char* __restrict__ src, char* __restrict__ dst, ui
   __shared__ __align__(8) uint64_t bars[kIssuers * kSlots];
   const uint32_t w = threadIdx.x / 32;
   if (threadIdx.x % 32 != 0 || w >= kIssuers) return;
-  unsigned char* ring = smem + size_t(w) * kSlots * kChunk;
-  uint64_t* bar = bars + w * kSlots;
-  for (int s = 0; s < kSlots; ++s) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(Smem(&bar[s])));
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   const uint32_t g = blockIdx.x * kIssuers + w, G = gridDim.x * kIssuers;
   const uint32_t mine = chunks > g ? (chunks - g + G - 1) / G : 0;
-  auto load = [&](uint32_t j) {
-    const uint32_t s = j % kSlots;
-    const uint64_t c = g + uint64_t(j) * G;
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(Smem(&bar[s])), "r"(kChunk)
-                 : "memory");
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                     Smem(ring + size_t(s) * kChunk)),
-                 "l"(src + c * kChunk), "r"(kChunk), "r"(Smem(&bar[s]))
-                 : "memory");
-  };
-  for (uint32_t j = 0; j < min(mine, uint32_t(kSlots)); ++j) load(j);
-  for (uint32_t j = 0; j < mine; ++j) {
-    const uint32_t s = j % kSlots;
-    const uint32_t parity = (j / kSlots) & 1u;
-    uint32_t done = 0;
-    while (!done) {
-      asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-                   : "=r"(done)
-                   : "r"(Smem(&bar[s])), "r"(parity)
-                   : "memory");
-    }
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    const uint64_t c = g + uint64_t(j) * G;
-    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst + c * kChunk),
-                 "r"(Smem(ring + size_t(s) * kChunk)), "r"(kChunk)
-                 : "memory");
-    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-    if (j >= kStoreLag && j - kStoreLag + kSlots < mine) {
-      asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(kStoreLag) : "memory");
-      load(j - kStoreLag + kSlots);
-    }
-  }
-  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+  BulkRingCopy([&](uint64_t c) { return src + c * kChunk; }, dst, kChunk, g, G, mine,
+               smem + size_t(w) * kSlots * kChunk, bars + w * kSlots, kSlots);
 }
 
 __global__ void Spin(long long cycles) {

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "probe_check.h"
+#include "probe_tma.h"
 
 constexpr int kBlocks = 4;
 constexpr int kSmemBytes = 192 * 1024;
@@ -51,17 +52,9 @@ __global__ void __launch_bounds__(1024, 1)
   }
 }
 
-__device__ __forceinline__ uint32_t Smem(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// kIssuers threads per block (lane 0 of each warp) each keep a ring of bulk loads in flight.
-// A ring slot is refilled once the bulk store that read it has finished reading: the issuer
-// waits for all but its last kStoreLag store groups, so stores and loads overlap (waiting for
-// every store before each refill serialised the first version of this probe at ~0.35 us per
-// chunk per block).
+// kIssuers threads per block (lane 0 of each warp), each with a ring of bulk loads in flight
+// (probe_tma.h).
 constexpr int kIssuers = 8;
-constexpr int kStoreLag = 4;
 
 __global__ void TmaCopy(const char* __restrict__ src, char* __restrict__ dst,
                         const uint64_t* __restrict__ src_off, uint32_t chunks, uint32_t chunk) {
@@ -69,53 +62,12 @@ __global__ void TmaCopy(const char* __restrict__ src, char* __restrict__ dst,
   __shared__ __align__(8) uint64_t bars[256];
   const uint32_t slots = min(256u, uint32_t(kSmemBytes) / chunk) / kIssuers;  // per issuer
   const uint32_t w = threadIdx.x / 32;
-  if (threadIdx.x % 32 != 0 || w >= kIssuers || slots <= kStoreLag) return;
-  unsigned char* ring = smem + size_t(w) * slots * chunk;
-  uint64_t* bar = bars + w * slots;
-  for (uint32_t s = 0; s < slots; ++s) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(Smem(&bar[s])));
-  }
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  if (threadIdx.x % 32 != 0 || w >= kIssuers || slots <= kBulkStoreLag) return;
   // this issuer's chunks: g, g + G, g + 2G, ... with g its index among all G issuers
   const uint32_t g = blockIdx.x * kIssuers + w, G = gridDim.x * kIssuers;
   const uint32_t mine = chunks > g ? (chunks - g + G - 1) / G : 0;
-  auto load = [&](uint32_t j) {  // j-th chunk of this issuer into slot j % slots
-    const uint32_t s = j % slots;
-    const uint64_t c = g + uint64_t(j) * G;
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(Smem(&bar[s])),
-                 "r"(chunk)
-                 : "memory");
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-            Smem(ring + size_t(s) * chunk)),
-        "l"(src + src_off[c]), "r"(chunk), "r"(Smem(&bar[s]))
-        : "memory");
-  };
-  for (uint32_t j = 0; j < min(mine, slots); ++j) load(j);
-  for (uint32_t j = 0; j < mine; ++j) {
-    const uint32_t s = j % slots;
-    const uint32_t parity = (j / slots) & 1u;
-    uint32_t done = 0;
-    while (!done) {
-      asm volatile(
-          "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-          : "=r"(done)
-          : "r"(Smem(&bar[s])), "r"(parity)
-          : "memory");
-    }
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    const uint64_t c = g + uint64_t(j) * G;
-    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst + c * chunk),
-                 "r"(Smem(ring + size_t(s) * chunk)), "r"(chunk)
-                 : "memory");
-    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-    if (j >= kStoreLag && j - kStoreLag + slots < mine) {
-      // all but the last kStoreLag stores have read their slots: chunk j - kStoreLag's is free
-      asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(kStoreLag) : "memory");
-      load(j - kStoreLag + slots);
-    }
-  }
-  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+  BulkRingCopy([&](uint64_t c) { return src + src_off[c]; }, dst, chunk, g, G, mine,
+               smem + size_t(w) * slots * chunk, bars + w * slots, slots);
 }
 
 int main() {

@@ -70,6 +70,53 @@ TransferEngine* Engine(TransferBackend backend, const char* variant = nullptr) {
   return it->second.get();
 }
 
+// Holds a stream behind a host function until Release(), so that what is queued behind it is
+// certainly still running when the test looks. Gives up after 30 s (TimedOut() then says so)
+// rather than hang the test. The destructor releases it and waits for its host function to
+// finish, so a failed ASSERT between Hold and Release leaves nothing pointing at a dead gate.
+class HostGate {
+ public:
+  HostGate() = default;
+  HostGate(const HostGate&) = delete;
+  HostGate& operator=(const HostGate&) = delete;
+  ~HostGate() {
+    Release();
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (pending_.load() > 0 && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+
+  cudaError_t Hold(cudaStream_t stream) {
+    release_ = false;
+    timed_out_ = false;
+    ++pending_;
+    const cudaError_t e = cudaLaunchHostFunc(stream, &HostGate::Wait, this);
+    if (e != cudaSuccess) --pending_;
+    return e;
+  }
+  void Release() { release_ = true; }
+  bool TimedOut() const { return timed_out_.load(); }
+
+ private:
+  static void CUDART_CB Wait(void* p) {
+    auto* gate = static_cast<HostGate*>(p);
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (!gate->release_.load()) {
+      if (std::chrono::steady_clock::now() > until) {
+        gate->timed_out_ = true;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    --gate->pending_;  // last touch of *gate
+  }
+
+  std::atomic<bool> release_{false};
+  std::atomic<bool> timed_out_{false};
+  std::atomic<int> pending_{0};
+};
+
 // A KV region on the GPU side (device memory or pinned host memory), optionally as per-layer
 // allocations, with a host mirror of identical structure that the reference runs on.
 class TestRegion {
@@ -682,8 +729,7 @@ TEST(CudaTransferTest, LoadsBesideABackupGetMoreSms) {
   const KvRegion load_from_m = load_src.mirror_region(), load_to_m = load_dst.mirror_region();
   CudaStreamHandle backup_stream = std::move(CudaStreamHandle::Create(0, true)).value();
   CudaStreamHandle load_stream = std::move(CudaStreamHandle::Create(0, true)).value();
-  static std::atomic<bool> release{false};
-  static std::atomic<bool> gate_timed_out{false};
+  HostGate gate;
   struct Case {
     int beside_backup;    // TransferEngineConfig::max_sms_beside_backup
     bool held;            // a backup on backup_stream is held back while the load is submitted
@@ -712,23 +758,7 @@ TEST(CudaTransferTest, LoadsBesideABackupGetMoreSms) {
         SlotIndices::Host(backup_pairs.dst));
     const TransferRequest load = TransferRequest::AllLayers(
         load_from, load_to, SlotIndices::Host(load_pairs.src), SlotIndices::Host(load_pairs.dst));
-    release = false;
-    gate_timed_out = false;
-    if (c.held) {
-      ASSERT_CUDA(cudaLaunchHostFunc(
-          backup_stream.get(),
-          [](void*) {
-            const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-            while (!release.load()) {
-              if (std::chrono::steady_clock::now() > until) {
-                gate_timed_out = true;
-                return;
-              }
-              std::this_thread::sleep_for(std::chrono::milliseconds(1));
-            }
-          },
-          nullptr));
-    }
+    if (c.held) ASSERT_CUDA(gate.Hold(backup_stream.get()));
     ASSERT_OK(engine.Transfer(backup, {.stream = backup_stream.get()}));
     if (!c.held) ASSERT_OK(engine.Synchronize(backup_stream.get()));
     const CudaStream load_on = c.same_stream ? backup_stream.get() : load_stream.get();
@@ -736,10 +766,10 @@ TEST(CudaTransferTest, LoadsBesideABackupGetMoreSms) {
     const auto* stats = transfer::cuda::LastTransferStats(engine);
     ASSERT_NE(stats, nullptr);
     EXPECT_EQ(stats->blocks, c.expected_blocks);
-    release = true;
+    gate.Release();
     ASSERT_OK(engine.Synchronize(load_on));
     ASSERT_OK(engine.Synchronize(backup_stream.get()));
-    EXPECT_FALSE(gate_timed_out.load());
+    EXPECT_FALSE(gate.TimedOut());
     ASSERT_OK(transfer::ReferenceTransfer(TransferRequest::AllLayers(
         backup_from_m, backup_to_m, SlotIndices::Host(backup_pairs.src),
         SlotIndices::Host(backup_pairs.dst))));
@@ -920,23 +950,8 @@ TEST(CudaTransferTest, CallsOnOneStreamDoNotWaitForAnotherStream) {
   }
   ASSERT_OK(engine->Synchronize(held.get()));
 
-  static std::atomic<bool> release{false};
-  static std::atomic<bool> gate_timed_out{false};
-  release = false;
-  gate_timed_out = false;
-  ASSERT_CUDA(cudaLaunchHostFunc(
-      held.get(),
-      [](void*) {
-        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-        while (!release.load()) {
-          if (std::chrono::steady_clock::now() > until) {
-            gate_timed_out = true;
-            return;
-          }
-          std::this_thread::sleep_for(std::chrono::milliseconds(1));
-        }
-      },
-      nullptr));
+  HostGate gate;
+  ASSERT_CUDA(gate.Hold(held.get()));
   ASSERT_OK(engine->Transfer(held_request, {.stream = held.get()}));
   // The calls for the free stream, from another thread; each waits for its own stream only.
   Status worker_status;
@@ -947,9 +962,9 @@ TEST(CudaTransferTest, CallsOnOneStreamDoNotWaitForAnotherStream) {
     }
   });
   worker.join();
-  release = true;
+  gate.Release();
   ASSERT_OK(engine->Synchronize(held.get()));
-  EXPECT_FALSE(gate_timed_out.load())
+  EXPECT_FALSE(gate.TimedOut())
       << "calls on a free stream waited for a copy held back on another stream";
   ASSERT_OK(worker_status);
   for (int call = 0; call < kCalls; ++call) {
