@@ -185,7 +185,7 @@ int main() {
   auto gbps = [](float ms) { return ms > 0 ? kBytes / (ms * 1e-3) / 1e9 : 0.0; };
 
   CHECK(cudaFuncSetAttribute(TmaCopy, cudaFuncAttributeMaxDynamicSharedMemorySize, kTmaSmem));
-  const Way ce{0}, sm4{4}, sm3{3}, sm8{8}, sm2{2}, sm16{16}, tma4{4, true}, tma3{3, true};
+  const Way ce{0}, sm4{4}, sm3{3}, sm8{8}, sm2{2}, sm12{12}, sm16{16}, tma4{4, true}, tma3{3, true};
   struct Case {
     const Way* h2d;
     const Way* d2h;
@@ -195,7 +195,7 @@ int main() {
       {nullptr, &tma3}, {&ce, &ce},     {&sm4, &sm3},    {&sm4, &ce},     {&ce, &sm3},
       {&ce, &tma3},    {&sm4, &tma3},   {&tma4, &sm3},   {&tma4, &tma3},  {&tma4, &ce},
       {&sm4, &sm2},    {&sm8, &sm3},    {&sm8, &sm2},    {&sm16, &sm3},   {&sm16, &sm2},
-      {&sm8, &tma3},
+      {&sm8, &tma3},   {&sm8, &ce},     {&sm12, &ce},    {&sm16, &ce},
   };
   double ceiling = 0;
   std::printf("%-8s %-8s %10s %10s %10s %8s %s\n", "H2D by", "D2H by", "H2D GB/s", "D2H GB/s", "sum GB/s",
