@@ -103,14 +103,7 @@ void FlatCopy(const HostKvBuffers& src, const HostKvBuffers& dst, int64_t bytes)
 Result<BenchRow> RunCpuRow(const BenchCase& c, const BenchOptions& options, TransferEngine& engine,
                            HostKvBuffers& device_pool, HostKvBuffers& host_pool,
                            uint64_t row_seed) {
-  BenchRow row;
-  row.shape = BenchShapeName(c.shape);
-  row.op = BenchOpName(c.op);
-  row.layout = LayoutName(c.host_layout);
-  row.page_size = c.page_size;
-  row.backend = TransferBackendName(TransferBackend::kCpu);
-  row.tokens = c.tokens;
-  row.bytes = c.BytesMoved();
+  BenchRow row = RowOf(c, TransferBackend::kCpu);
   row.ceiling = "memcpy";
   row.sms_used = 0;
 
@@ -259,6 +252,18 @@ int64_t BenchCase::BytesMoved() const {
 
 int64_t BenchCase::PoolBytes() const {
   return pool_slots * num_layers * slot_bytes * (mla ? 1 : 2);
+}
+
+BenchRow RowOf(const BenchCase& c, TransferBackend backend) {
+  BenchRow row;
+  row.shape = BenchShapeName(c.shape);
+  row.op = BenchOpName(c.op);
+  row.layout = LayoutName(c.host_layout);
+  row.page_size = c.page_size;
+  row.backend = TransferBackendName(backend);
+  row.tokens = c.tokens;
+  row.bytes = c.BytesMoved();
+  return row;
 }
 
 std::string BenchCase::Label() const {

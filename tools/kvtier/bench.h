@@ -182,6 +182,10 @@ struct BenchRow {
   std::string note;           // first mismatch, or why the row could not run
 };
 
+// A row of case `c` on `backend` with what names it filled in (shape, op, host layout, page
+// size, backend, tokens, bytes moved); the measurements are the caller's.
+BenchRow RowOf(const BenchCase& c, TransferBackend backend);
+
 // One line on stderr per finished row: "[k/n] mha load page_first p16 cpu: 12.3 GB/s ok".
 void PrintProgress(const BenchRow& row, size_t index, size_t total);
 // The table, with a header line, to `out`.

@@ -407,14 +407,7 @@ Status GpuBench::MeasureCeiling() {
 
 Result<BenchRow> GpuBench::TimeRow(const BenchCase& c, TransferBackend backend,
                                    TransferEngine& engine, const TransferRequest& request) {
-  BenchRow row;
-  row.shape = BenchShapeName(c.shape);
-  row.op = BenchOpName(c.op);
-  row.layout = LayoutName(c.host_layout);
-  row.page_size = c.page_size;
-  row.backend = TransferBackendName(backend);
-  row.tokens = c.tokens;
-  row.bytes = c.BytesMoved();
+  BenchRow row = RowOf(c, backend);
   const bool load = c.op == BenchOp::kLoad;
   row.ceiling = load ? "dma_h2d" : "dma_d2h";
   row.ceiling_gbps = load ? ceiling_h2d_ : ceiling_d2h_;
@@ -599,13 +592,7 @@ Status GpuBench::RunCase(const BenchCase& c, ShapeBuffers& buf, size_t* index, s
     const bool dma_hopeless = backend == TransferBackend::kDma && !load &&
                               (c.page_size == 1 || c.host_layout == KvLayout::kPageHead);
     if (dma_hopeless) {
-      row.shape = BenchShapeName(c.shape);
-      row.op = BenchOpName(c.op);
-      row.layout = LayoutName(c.host_layout);
-      row.page_size = c.page_size;
-      row.backend = TransferBackendName(backend);
-      row.tokens = c.tokens;
-      row.bytes = c.BytesMoved();
+      row = RowOf(c, backend);
       row.check_ok = true;
       row.note = "not run: one copy per slot (and head) per layer, >= 1M copy ops";
     } else {
@@ -738,13 +725,8 @@ Status GpuBench::RunBoth(const BenchCase& c, ShapeBuffers& buf, TransferBackend 
                              dg.slot_bytes * (c.mla ? 1 : 2);
   const int64_t bytes_backup = static_cast<int64_t>(backup_slots.host.size()) * dg.num_layers *
                                dg.slot_bytes * (c.mla ? 1 : 2);
-  BenchRow row;
-  row.shape = BenchShapeName(c.shape);
+  BenchRow row = RowOf(c, backend);
   row.op = "both";
-  row.layout = LayoutName(c.host_layout);
-  row.page_size = c.page_size;
-  row.backend = TransferBackendName(backend);
-  row.tokens = c.tokens;
   row.bytes = bytes_load + bytes_backup;
   row.ms = Median(ms);
   row.gbps = static_cast<double>(row.bytes) / (row.ms * 1e-3) / 1e9;

@@ -114,11 +114,7 @@ constexpr int kMaxLanes = 4;
 class DmaTransferEngine final : public GpuTransferEngine {
  public:
   static Result<std::unique_ptr<DmaTransferEngine>> Create(const TransferEngineConfig& config) {
-    if (CudaDeviceCount() <= config.device) {
-      return Status::Unavailable(
-          fmt::format("the dma transfer backend needs CUDA device {}, but {} device(s) are present",
-                      config.device, CudaDeviceCount()));
-    }
+    KVTIER_RETURN_IF_ERROR(RequireDevice("dma", config.device));
     std::unique_ptr<DmaTransferEngine> e(new DmaTransferEngine(config));
     KVTIER_RETURN_IF_ERROR(e->Init());
     return e;

@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
+#include "kvtier/device.h"
 #include "util/cuda_check.h"
 
 namespace kvtier::transfer::cuda {
@@ -10,6 +11,13 @@ namespace kvtier::transfer::cuda {
 const GpuTransferStats* LastTransferStats(const TransferEngine& engine) {
   const auto* gpu = dynamic_cast<const GpuTransferEngine*>(&engine);
   return gpu == nullptr ? nullptr : &gpu->last_stats();
+}
+
+Status RequireDevice(const char* backend, int device) {
+  if (CudaDeviceCount() > device) return Status::OK();
+  return Status::Unavailable(
+      fmt::format("the {} transfer backend needs CUDA device {}, but {} device(s) are present",
+                  backend, device, CudaDeviceCount()));
 }
 
 Status CheckResidency(const KvRegion& r, const char* name, bool need_pinned_host, bool* pageable) {

@@ -51,6 +51,10 @@ TransferBackend AutoChoice(const TransferRequest& request, const TransferOptions
 // The last call's statistics when `engine` is a CUDA engine, else nullptr.
 const GpuTransferStats* LastTransferStats(const TransferEngine& engine);
 
+// OK when CUDA device `device` exists; else Unavailable naming `backend` ("kernel", "dma") and
+// how many devices are present. The engines' factories call it first.
+Status RequireDevice(const char* backend, int device);
+
 // Checks that `r`'s memory is where `r.memory` says and usable by `backend`: host regions must
 // be pinned/registered for the kernel backend (pageable memory cannot be read by kernels), device
 // regions must be device memory. The message names the region, the pointer and the fix.

@@ -94,11 +94,7 @@ ChunkOrder OrderFor(const KvGeometry& src, const KvGeometry& dst) {
 class KernelTransferEngine final : public GpuTransferEngine {
  public:
   static Result<std::unique_ptr<KernelTransferEngine>> Create(const TransferEngineConfig& config) {
-    if (CudaDeviceCount() <= config.device) {
-      return Status::Unavailable(fmt::format(
-          "the kernel transfer backend needs CUDA device {}, but {} device(s) are present",
-          config.device, CudaDeviceCount()));
-    }
+    KVTIER_RETURN_IF_ERROR(RequireDevice("kernel", config.device));
     std::unique_ptr<KernelTransferEngine> e(new KernelTransferEngine(config));
     KVTIER_RETURN_IF_ERROR(e->Init());
     return e;
