@@ -161,7 +161,8 @@ struct TransferEngineConfig {
   int cpu_threads = 0;
   // cpu: requests smaller than this many bytes run on the calling thread.
   int64_t cpu_parallel_threshold_bytes = 4 << 20;
-  // kernel: upper bound on the SMs the copy kernels occupy.
+  // kernel: upper bound on the SMs one copy occupies (but a load beside a running backup gets
+  // max_sms_beside_backup, below).
   int max_sms = 4;
   // kernel: upper bound for copies from device memory to host memory (backups), within max_sms;
   // 0 = max_sms. A GPU writing to host memory posts its writes, so fewer SMs keep the link busy,
@@ -174,7 +175,8 @@ struct TransferEngineConfig {
   // (a backup) this engine launched on another stream is still running; 0 = off (max_sms). The
   // backup's writes share the link with the loads' read requests, and SM reads of host memory
   // fall from 51 to 31-33 GB/s beside it whoever writes (SMs, bulk copies or the copy engines);
-  // more reading SMs win part of it back. Measured on an H100 (scripts/probes/both_ways.cu,
+  // beside SM writes (not the copy engines') more reading SMs win part of it back, so only this
+  // engine's own backups count. Measured on an H100 (scripts/probes/both_ways.cu,
   // BENCHMARKS.md, GPU: both directions): 4 reading SMs + 3 writing 1.13 x the one-way ceiling,
   // 8 + 3 1.42 x, 16 + 3 1.21 x (the backup then slows). Loads are what the forward pass waits
   // for, so by default they get 8 SMs while a backup runs. TransferOptions::max_sms overrides.
