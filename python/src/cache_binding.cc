@@ -157,7 +157,8 @@ void RegisterCache(py::module_& m) {
            py::arg("host_head_num"), py::arg("host_huge_pages"), py::arg("write_policy"),
            py::arg("write_through_threshold"), py::arg("device_eviction"),
            py::arg("host_eviction"), py::arg("transfer_backend"), py::arg("max_sms"),
-           py::arg("max_sms_to_host"), py::arg("max_sms_beside_backup"), py::arg("cpu_threads"), py::arg("backup_threads"), py::arg("load_back_min_tokens"))
+           py::arg("max_sms_to_host"), py::arg("max_sms_beside_backup"), py::arg("cpu_threads"),
+           py::arg("backup_threads"), py::arg("load_back_min_tokens"))
       .def("match",
            [](PyCache& c, uint64_t tokens, int64_t count, const std::string& ns) {
              auto span = SpanOf<Token>(tokens, count, "tokens");

@@ -710,7 +710,9 @@ Status GpuBench::RunBoth(const BenchCase& c, ShapeBuffers& buf, TransferBackend 
           {.stream = stream_.get(), .max_sms = load_sms}));
       if (const auto* stats = transfer::cuda::LastTransferStats(engine)) {
         // the widest load: loads beside the running backup may get more SMs than later ones
-        if (stats->backend == TransferBackend::kKernel) blocks_load = std::max(blocks_load, stats->blocks);
+        if (stats->backend == TransferBackend::kKernel) {
+          blocks_load = std::max(blocks_load, stats->blocks);
+        }
       }
     }
     KVTIER_RETURN_IF_ERROR(end1.Record(stream_.get()));
