@@ -1,0 +1,197 @@
+// kvtier/storage.h — the storage tier (L3): batched, asynchronous page storage behind one interface.
+//
+// A `StorageBackend` stores whole pages under their `PageKey` (page_key.h), inside one deployment
+// `StorageNamespace`. Every backend writes the same value: a header (magic, format version,
+// namespace hash, key, payload length, XXH3-64 of the payload, a checksum of the header) followed
+// by the payload. A value that does not check out — corrupt, truncated, another key's, another
+// namespace's, an older format — is a miss, never bytes handed to the caller.
+//
+// Backends are chosen by URL (OpenStorage):
+//   file:///abs/dir?capacity=200GiB[&fsync=1]   one file per page, LRU within a byte capacity
+//   redis://[user:password@]host:port[?timeout_ms=..]
+//   redis+cluster://host:port[,host:port...]     cluster routing in kvtier (slots, MOVED/ASK)
+//   memory://?capacity=1GiB                      in-process, same semantics (tests)
+//
+// Shape (CacheLib navy's Device): the public methods are non-virtual and do the argument checks,
+// counters and timing; a backend implements the protected Do* hooks. Every call validates its
+// arguments, puts the batch on a bounded queue and returns at once; the batch runs on the
+// backend's own I/O threads, which call the hook and then complete the call's future (or run its
+// callback). A full queue rejects the call with Unavailable; a call never blocks its caller.
+//
+// Page buffers are caller memory. A page's payload is the concatenation of its buffer's segments
+// (K then V of a page_first / page_first_direct host page, each one contiguous range, so the
+// pool's memory is read and written with zero copies; one segment for MLA or a staging buffer).
+// CONTRACT: the caller keeps the buffers alive and untouched until the call has completed; a call
+// always completes, within `StorageOptions::timeout` of being dequeued (pages not done by then are
+// kTimedOut), and after completion the backend never touches the buffers again.
+//
+// Thread safety: every public method may be called from any thread.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <future>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kvtier/page_key.h"
+#include "kvtier/status.h"
+
+namespace kvtier {
+
+// One page's bytes in caller memory: the payload is segments[0] ‖ ... ‖ segments[n-1].
+struct PageBuffer {
+  static constexpr int kMaxSegments = 2;
+  std::array<std::span<std::byte>, kMaxSegments> segments{};
+  int num_segments = 0;
+
+  static PageBuffer Of(std::span<std::byte> whole) { return PageBuffer{{whole, {}}, 1}; }
+  static PageBuffer Of(std::span<std::byte> first, std::span<std::byte> second) {
+    return PageBuffer{{first, second}, 2};
+  }
+  int64_t bytes() const {
+    int64_t n = 0;
+    for (int i = 0; i < num_segments; ++i) n += static_cast<int64_t>(segments[i].size());
+    return n;
+  }
+};
+
+// What happened to one page of a batch.
+enum class PageStatus : uint8_t {
+  kOk = 0,              // Get: hit, bytes in the buffer; Set / Remove: done
+  kAbsent = 1,          // Get: no such object (a miss)
+  kCorrupt = 2,         // Get: bad header, checksum, length or key (a miss)
+  kWrongNamespace = 3,  // Get: the object belongs to another deployment (a miss)
+  kTimedOut = 4,        // not done within the timeout (a miss / a failed set)
+  kFailed = 5,          // I/O or server error, no space, rejected (a miss / a failed set)
+  kSkipped = 6,         // not attempted: the batch was rejected, or an earlier page cut it
+};
+const char* PageStatusName(PageStatus status);
+
+// The outcome of one batch: `status` is OK when the batch ran (each page then has its own
+// outcome), or the reason it did not run at all (InvalidArgument, Unavailable when the queue was
+// full or the backend is closing); then every page is kSkipped.
+struct BatchResult {
+  Status status;
+  std::vector<PageStatus> pages;
+  // Pages with kOk from the first page on (a prefix is usable only up to its first miss).
+  int64_t leading_ok() const;
+  int64_t count(PageStatus s) const;
+};
+
+// The outcome of Exists: the number of leading keys present (SGLang's batch_exists), or why the
+// batch did not run / failed as a whole (then `leading` is 0: nothing is known to be there).
+struct ExistsResult {
+  Status status;
+  int64_t leading = 0;
+};
+
+struct StorageOptions {
+  int io_threads = 4;               // the backend's I/O threads, in [1, 64]
+  int max_queued_batches = 256;     // calls waiting for an I/O thread; more are rejected
+  std::chrono::milliseconds timeout{2000};  // per call, from when an I/O thread takes it
+  int64_t max_batch_pages = 4096;   // InvalidArgument beyond this
+  // InvalidArgument naming the field.
+  Status Validate() const;
+};
+
+// Counters (monotonic) and gauges of one backend.
+struct StorageStats {
+  int64_t exists_calls = 0, get_calls = 0, set_calls = 0, remove_calls = 0;
+  int64_t rejected_calls = 0;  // queue full or closing
+  int64_t get_hit_pages = 0, get_absent_pages = 0, get_corrupt_pages = 0,
+          get_wrong_namespace_pages = 0, get_timed_out_pages = 0, get_failed_pages = 0;
+  int64_t set_ok_pages = 0, set_failed_pages = 0, set_timed_out_pages = 0;
+  int64_t removed_pages = 0;
+  int64_t bytes_read = 0, bytes_written = 0;  // payload bytes of hits / successful sets
+  double get_seconds = 0, set_seconds = 0;    // I/O-thread time inside the hooks
+  int64_t queued_batches = 0;                 // gauge: waiting now
+  int64_t stored_pages = -1, stored_bytes = -1, capacity_bytes = -1;  // -1: unknown
+  int64_t evicted_pages = 0;                  // by the backend's own capacity policy
+};
+
+class StorageBackend {
+ public:
+  virtual ~StorageBackend();  // a backend's destructor calls Close() first
+  StorageBackend(const StorageBackend&) = delete;
+  StorageBackend& operator=(const StorageBackend&) = delete;
+
+  // ---- asynchronous calls; each returns at once ------------------------------------------
+  // `done` runs on an I/O thread when the batch completes (or at once, in the calling thread,
+  // when the call is rejected); it must not block for long. The future forms wrap these.
+  void ExistsAsync(std::vector<PageKey> keys, std::function<void(ExistsResult)> done);
+  // Reads each page into its buffer. REQUIRES: buffers.size() == keys.size(), each buffer's
+  // bytes() == ns().page_bytes(). A page that is not kOk leaves its buffer's contents undefined.
+  void GetAsync(std::vector<PageKey> keys, std::vector<PageBuffer> buffers,
+                std::function<void(BatchResult)> done);
+  // Writes each page (atomically: a reader sees the old object, the new one or none).
+  void SetAsync(std::vector<PageKey> keys, std::vector<PageBuffer> buffers,
+                std::function<void(BatchResult)> done);
+  void RemoveAsync(std::vector<PageKey> keys, std::function<void(BatchResult)> done);
+
+  std::future<ExistsResult> Exists(std::vector<PageKey> keys);
+  std::future<BatchResult> Get(std::vector<PageKey> keys, std::vector<PageBuffer> buffers);
+  std::future<BatchResult> Set(std::vector<PageKey> keys, std::vector<PageBuffer> buffers);
+  std::future<BatchResult> Remove(std::vector<PageKey> keys);
+
+  // Stops taking calls (later calls are rejected with Unavailable), lets queued and running
+  // batches finish (each within its timeout), and joins the I/O threads. Idempotent.
+  void Close();
+
+  StorageStats Stats() const;
+  const StorageNamespace& ns() const { return ns_; }
+  const StorageOptions& options() const { return options_; }
+  // "file:///dir", "redis://host:port", ... without credentials.
+  const std::string& url() const { return url_; }
+
+ protected:
+  StorageBackend(std::string url, StorageNamespace ns, StorageOptions options);
+
+  // Starts the I/O threads. A backend calls it at the end of its own setup.
+  Status Start();
+
+  // Hooks, called on an I/O thread with validated arguments; they must return by `deadline`
+  // (pages not done then are kTimedOut) and never throw. `out` has one entry per key,
+  // pre-filled with kSkipped.
+  virtual ExistsResult DoExists(std::span<const PageKey> keys,
+                                std::chrono::steady_clock::time_point deadline) = 0;
+  virtual void DoGet(std::span<const PageKey> keys, std::span<const PageBuffer> buffers,
+                     std::span<PageStatus> out,
+                     std::chrono::steady_clock::time_point deadline) = 0;
+  virtual void DoSet(std::span<const PageKey> keys, std::span<const PageBuffer> buffers,
+                     std::span<PageStatus> out,
+                     std::chrono::steady_clock::time_point deadline) = 0;
+  virtual void DoRemove(std::span<const PageKey> keys, std::span<PageStatus> out,
+                        std::chrono::steady_clock::time_point deadline) = 0;
+  // Backend-specific gauges (stored_pages, stored_bytes, capacity_bytes, evicted_pages).
+  virtual void FillStats(StorageStats& /*stats*/) const {}
+
+ private:
+  struct Queue;  // the bounded queue and the I/O threads (storage_backend.cc)
+  const std::string url_;
+  const StorageNamespace ns_;
+  const StorageOptions options_;
+  std::unique_ptr<Queue> queue_;
+};
+
+// Opens the backend that `url` names for deployment `ns`. InvalidArgument naming the URL part
+// (unknown scheme, relative file path, bad capacity, bad host:port); Unavailable when a Redis
+// server cannot be reached or refuses the credentials (the message says which);
+// IOError when a file store's directory cannot be created. A backend left out of this build
+// (hiredis missing) is InvalidArgument saying so.
+Result<std::unique_ptr<StorageBackend>> OpenStorage(std::string_view url,
+                                                    const StorageNamespace& ns,
+                                                    const StorageOptions& options = {});
+
+// Parses "123", "4096B", "200GiB", "1.5GB", "64MiB", "10KiB"... into bytes. InvalidArgument
+// naming the text for anything else, negative or above 2^60.
+Result<int64_t> ParseByteSize(std::string_view text);
+
+}  // namespace kvtier
