@@ -38,6 +38,7 @@ struct CopyOp {
   };
   Kind kind = Kind::kBackup;
   bool gpu = false;  // completion through `event` (kBackup, kLoad on a GPU backend)
+  bool write_back = false;  // kBackup made by a write_back eviction
 
   // ---- guarded by the cache's mutex ------------------------------------------------------
   // Nodes this operation marked busy (once each), top-down. A split adds the new upper node.
