@@ -53,6 +53,11 @@ using Clock = std::chrono::steady_clock;
 
 bool IsPowerOfTwo(int64_t x) { return x > 0 && (x & (x - 1)) == 0; }
 
+// Pages covering `num_tokens` (no overflow near INT64_MAX).
+int64_t PagesFor(int64_t num_tokens, int64_t page_size) {
+  return num_tokens / page_size + (num_tokens % page_size != 0 ? 1 : 0);
+}
+
 double SecondsSince(Clock::time_point start, Clock::time_point end = Clock::now()) {
   return std::chrono::duration<double>(end - start).count();
 }
@@ -165,13 +170,14 @@ struct HierarchicalCache::Impl {
   Result<Handle*> FindHandle(MatchHandle handle) {
     if ((handle.id >> kHandleSeqBits) != tag) {
       return Status::InvalidArgument(fmt::format(
-          "handle {} belongs to another HierarchicalCache instance (or was never issued)",
+          "handle {} is not live: it belongs to another HierarchicalCache instance or was never "
+          "issued",
           handle.id));
     }
     auto it = handles.find(handle.id);
     if (it == handles.end()) {
       return Status::InvalidArgument(
-          fmt::format("handle {} is not live (already released)", handle.id));
+          fmt::format("handle {} is not live (never issued, or already released)", handle.id));
     }
     return &it->second;
   }
@@ -345,9 +351,10 @@ struct HierarchicalCache::Impl {
   int64_t HostReclaimable() const {
     return host->allocator().free_pages() + (tree.host_tokens() - tree.locked_host_tokens()) / P;
   }
+  // Device pages eviction could free once the copies in flight have completed (pins and the
+  // engine's pages excluded).
   int64_t DeviceReclaimable() const {
-    return ledger->free_pages() +
-           (tree.device_tokens() - tree.locked_device_tokens()) / P;
+    return ledger->free_pages() + (tree.device_tokens() - tree.pinned_device_tokens()) / P;
   }
 
   // `pages` free host pages if eviction can make them (nothing is evicted when it cannot).
@@ -848,9 +855,9 @@ struct HierarchicalCache::Impl {
     if (free < pages) {
       if (!allow_fewer && DeviceReclaimable() < pages) {
         return Status::OutOfMemory(fmt::format(
-            "{}: the device cannot make room ({} pages free, {} held by the engine, {} pinned or "
-            "busy in the tree, {} needed)", what, free,
-            ledger->pages_of(DevicePageLedger::kEngine), tree.locked_device_tokens() / P, pages));
+            "{}: the device cannot make room ({} pages free, {} held by the engine, {} pinned by "
+            "live handles, {} needed)", what, free,
+            ledger->pages_of(DevicePageLedger::kEngine), tree.pinned_device_tokens() / P, pages));
       }
       EvictDevice(pages - free, work);
     }
@@ -1527,7 +1534,7 @@ Result<std::vector<int64_t>> HierarchicalCache::AllocateDeviceSlots(
       num_tokens = s.ledger->num_slots();
     }
     s.Reap(&work);
-    const int64_t pages = (num_tokens + s.P - 1) / s.P;
+    const int64_t pages = PagesFor(num_tokens, s.P);
     Result<std::vector<int64_t>> alloc =
         s.AllocateDevice(lk, pages, options.allow_fewer, DevicePageLedger::kEngine,
                          fmt::format("AllocateDeviceSlots({})", num_tokens), &work);
@@ -1654,39 +1661,50 @@ Result<InsertResult> HierarchicalCache::Insert(std::span<const Token> tokens,
 
 Result<int64_t> HierarchicalCache::EvictDevice(int64_t num_tokens) {
   Impl& s = *impl_;
+  if (num_tokens < 0) {
+    return Status::InvalidArgument(fmt::format("num_tokens = {} must not be negative", num_tokens));
+  }
   Impl::Work work;
   int64_t freed = 0;
   Status health;
   {
     Impl::Lock lk(s);
     KVTIER_RETURN_IF_ERROR(s.CheckHealth());
-    if (num_tokens < 0 || num_tokens > s.ledger->num_slots()) {
-      return Status::InvalidArgument(fmt::format(
-          "num_tokens = {} must be in [0, {}] (the device pool)", num_tokens,
-          s.ledger->num_slots()));
+    const int64_t need = std::min(PagesFor(num_tokens, s.P), s.ledger->num_pages());
+    // write_back: victims are copied to host memory first; wait for those copies (outside the
+    // lock) and evict again, a bounded number of times.
+    for (int round = 0; round < 4 && health.ok(); ++round) {
+      s.Reap(&work);
+      freed += s.EvictDevice(need - freed, &work);
+      health = s.CheckHealth();
+      std::vector<std::shared_ptr<CopyOp>> waits;
+      for (const auto& op : s.tracker.ops()) {
+        if (op->kind == CopyOp::Kind::kBackup && op->write_back) waits.push_back(op);
+      }
+      if (freed >= need || waits.empty()) break;
+      lk.unlock();
+      s.RunWork(work);
+      for (auto& op : waits) s.tracker.Wait(*op);
+      lk.lock();
     }
-    s.Reap(&work);
-    freed = s.EvictDevice((num_tokens + s.P - 1) / s.P, &work) * s.P;
-    health = s.CheckHealth();
   }
   s.RunWork(work);
   KVTIER_RETURN_IF_ERROR(health);
-  return freed;
+  return freed * s.P;
 }
 
 Result<int64_t> HierarchicalCache::EvictHost(int64_t num_tokens) {
   Impl& s = *impl_;
+  if (num_tokens < 0) {
+    return Status::InvalidArgument(fmt::format("num_tokens = {} must not be negative", num_tokens));
+  }
   Impl::Work work;
   int64_t freed = 0;
   {
     Impl::Lock lk(s);
     KVTIER_RETURN_IF_ERROR(s.CheckHealth());
-    if (num_tokens < 0 || num_tokens > s.host->num_slots()) {
-      return Status::InvalidArgument(fmt::format(
-          "num_tokens = {} must be in [0, {}] (the host pool)", num_tokens, s.host->num_slots()));
-    }
     s.Reap(&work);
-    freed = s.EvictHost((num_tokens + s.P - 1) / s.P, &work) * s.P;
+    freed = s.EvictHost(std::min(PagesFor(num_tokens, s.P), s.host->num_pages()), &work) * s.P;
     s.TrimStorage(&work);
   }
   s.RunWork(work);

@@ -334,6 +334,10 @@ void RadixTree::Account(const RadixNode* n, int sign) {
     locked_device_tokens_ += sign * dev;
     locked_host_tokens_ += sign * host;
   }
+  if (n->ref_count_ > 0) {
+    pinned_device_tokens_ += sign * dev;
+    pinned_host_tokens_ += sign * host;
+  }
 }
 
 std::vector<int64_t> RadixTree::ReplacePages(RadixNode* node, std::vector<int64_t> RadixNode::*pages,
@@ -711,7 +715,7 @@ Status RadixTree::CheckInvariants() const {
         num_nodes_));
   }
   int64_t dev_members = 0, host_members = 0, storage_members = 0;
-  int64_t locked_dev = 0, locked_host = 0, storage_only = 0;
+  int64_t locked_dev = 0, locked_host = 0, storage_only = 0, pinned_dev = 0, pinned_host = 0;
   ForEachNode([&](const RadixNode& n) {
     dev_members += n.in_device_set_;
     host_members += n.in_host_set_;
@@ -720,6 +724,10 @@ Status RadixTree::CheckInvariants() const {
     if (n.ref_count_ > 0 || n.busy_ > 0) {
       locked_dev += static_cast<int64_t>(n.device_pages_.size()) * page_size_;
       locked_host += static_cast<int64_t>(n.host_pages_.size()) * page_size_;
+    }
+    if (n.ref_count_ > 0) {
+      pinned_dev += static_cast<int64_t>(n.device_pages_.size()) * page_size_;
+      pinned_host += static_cast<int64_t>(n.host_pages_.size()) * page_size_;
     }
   });
   if (dev_members != static_cast<int64_t>(device_set_.size()) ||
@@ -731,7 +739,8 @@ Status RadixTree::CheckInvariants() const {
                                         storage_members));
   }
   if (locked_dev != locked_device_tokens_ || locked_host != locked_host_tokens_ ||
-      storage_only != storage_only_tokens_) {
+      storage_only != storage_only_tokens_ || pinned_dev != pinned_device_tokens_ ||
+      pinned_host != pinned_host_tokens_) {
     return Status::Internal(fmt::format(
         "locked device {} host {} storage-only {}, recorded {} {} {}", locked_dev, locked_host,
         storage_only, locked_device_tokens_, locked_host_tokens_, storage_only_tokens_));

@@ -188,6 +188,11 @@ class RadixTree {
   void SetDevicePages(RadixNode* node, std::vector<int64_t> pages);
   // Moves the device pages out, appending them to `out`. REQUIRES: no child on the device.
   void TakeDevicePages(RadixNode* node, std::vector<int64_t>* out);
+  std::vector<int64_t> TakeDevicePages(RadixNode* node) {
+    std::vector<int64_t> out;
+    TakeDevicePages(node, &out);
+    return out;
+  }
   // REQUIRES: pages.size() == node's pages; the parent is in host memory (or the root).
   void SetHostPages(RadixNode* node, std::vector<int64_t> pages);
   // REQUIRES: no child in host memory.
@@ -240,6 +245,9 @@ class RadixTree {
   // Tier tokens of referenced or busy nodes (what eviction cannot take).
   int64_t locked_device_tokens() const { return locked_device_tokens_; }
   int64_t locked_host_tokens() const { return locked_host_tokens_; }
+  // Tier tokens of referenced nodes (what eviction cannot take until a Release).
+  int64_t pinned_device_tokens() const { return pinned_device_tokens_; }
+  int64_t pinned_host_tokens() const { return pinned_host_tokens_; }
   // Tokens from the namespace root through the end of `node`.
   std::vector<Token> PrefixTokens(const RadixNode* node) const;
   // The key of the page before `node`'s first page (null when it is the first page or unknown).
@@ -312,6 +320,8 @@ class RadixTree {
   int64_t storage_only_tokens_ = 0;
   int64_t locked_device_tokens_ = 0;
   int64_t locked_host_tokens_ = 0;
+  int64_t pinned_device_tokens_ = 0;
+  int64_t pinned_host_tokens_ = 0;
 };
 
 }  // namespace kvtier
