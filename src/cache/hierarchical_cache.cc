@@ -464,8 +464,8 @@ struct HierarchicalCache::Impl {
         op->keys.push_back(n->keys()[i]);
         op->buffers.push_back(HostPageBuffer(n->host_pages()[i]));
       }
-      tree.SetStoring(n, true);
-      MarkBusy(*op, n);
+      tree.SetStoring(n, true);  // its host pages stay put (the device copy may still go)
+      op->nodes.push_back(n);
     }
     op->page_status.assign(static_cast<size_t>(pages), PageStatus::kSkipped);
     op->batch_done.assign(1, 0);
@@ -559,11 +559,10 @@ struct HierarchicalCache::Impl {
     counters.storage_backup_failed_tokens += (pages - ok) * P;
     CountStorageFaults(op);
     // Mark stored the nodes (or the leading part of the node) whose pages all made it.
-    std::vector<RadixNode*> nodes = op.nodes;
+    std::vector<RadixNode*> nodes = std::move(op.nodes);
     std::sort(nodes.begin(), nodes.end(), [](const RadixNode* a, const RadixNode* b) {
       return a->prefix_tokens() < b->prefix_tokens();
     });
-    ClearBusy(op);
     int64_t left = ok;
     for (RadixNode* n : nodes) {
       tree.SetStoring(n, false);
@@ -1039,7 +1038,7 @@ Result<std::unique_ptr<HierarchicalCache>> HierarchicalCache::Create(
 
   Impl* self = impl.get();
   s.tree.SetSplitHook([self](RadixNode* upper, RadixNode* lower) {
-    if (lower->busy() == 0) return;
+    if (lower->busy() == 0 && !lower->storing()) return;
     for (const auto& op : self->tracker.ops()) {
       if (std::find(op->nodes.begin(), op->nodes.end(), lower) != op->nodes.end()) {
         op->nodes.push_back(upper);
@@ -1771,7 +1770,9 @@ Status HierarchicalCache::CheckConsistency() const {
   }
   int64_t copy_pages = 0, filling = 0;
   for (const auto& op : s.tracker.ops()) {
-    for (const RadixNode* n : op->nodes) ++expected_busy[n];
+    if (op->kind != CopyOp::Kind::kStore) {
+      for (const RadixNode* n : op->nodes) ++expected_busy[n];
+    }
     if (op->kind == CopyOp::Kind::kLoad) {
       copy_pages += static_cast<int64_t>(op->free_on_completion.size());
     }
