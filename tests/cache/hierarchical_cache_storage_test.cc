@@ -356,7 +356,9 @@ TEST(StorageTierTest, StorageDownKeepsServingWithinTheTimeout) {
   // Back up: what b wrote while down was not stored, a's pages are still there.
   faults->SetDown(false);
   auto m = s.cache->Match(a);
-  if (m->storage_tokens == 0) ASSERT_TRUE(s.cache->QueryStorage(m->handle).ok());
+  if (m->storage_tokens == 0) {
+    ASSERT_TRUE(s.cache->QueryStorage(m->handle).ok());
+  }
   ASSERT_TRUE(s.cache->Prefetch(m->handle, PrefetchPolicy::kWaitComplete).ok());
   auto l = s.cache->LoadBack(m->handle);
   ASSERT_TRUE(l.ok());
@@ -502,7 +504,9 @@ TEST(CacheFixesTest, NothingBlockingRunsUnderTheMutex) {
         Prefill(s, t);
         auto m = s.cache->Match(t);
         ASSERT_TRUE(m.ok());
-        if (m->storage_tokens > 0) ASSERT_TRUE(s.cache->Prefetch(m->handle).ok());
+        if (m->storage_tokens > 0) {
+          ASSERT_TRUE(s.cache->Prefetch(m->handle).ok());
+        }
         auto l = s.cache->LoadBack(m->handle);
         ASSERT_TRUE(l.ok()) << l.status().ToString();
         EXPECT_TRUE(s.device->Verify(l->device_slots, Hashes(t, "")).ok());
