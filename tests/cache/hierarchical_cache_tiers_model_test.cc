@@ -7,7 +7,9 @@
 // Prefetch, byte-exact. The "Concurrent" variant runs four threads on one cache (TSan in CI), and
 // a fork test has a second process find the first's prefixes in one file store.
 //
-// Environment: KVTIER_TEST_SEED (one seed), KVTIER_TEST_STEPS (steps per run, default 600).
+// Environment: KVTIER_TEST_BACKEND=cpu|kernel|dma (the device tier and the cache's backend; GPU
+// backends skip without a GPU; the two-process test always runs on cpu), KVTIER_TEST_SEED (one
+// seed), KVTIER_TEST_STEPS (steps per run, default 600).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -23,6 +25,7 @@
 #include <thread>
 
 #include "cache/cache_test_util.h"
+#include "kvtier/device.h"
 #include "kvtier/hierarchical_cache.h"
 #include "kvtier/kv_pattern.h"
 #include "kvtier/storage.h"
@@ -85,11 +88,13 @@ struct CacheUnderTest {
   std::unique_ptr<HierarchicalCache> cache;
 };
 
+// The device tier on `backend` (KVTIER_TEST_BACKEND for the model tests: cpu, kernel or dma).
 CacheUnderTest MakeCache(HierarchicalCacheConfig cfg, int64_t page, int64_t device_pages,
-                int64_t host_pages) {
+                int64_t host_pages, TransferBackend backend = TransferBackend::kCpu) {
   CacheUnderTest s;
   KvGeometry g{KvLayout::kLayerFirst, kLayers, device_pages * page, kSlotBytes, page, 1};
-  auto dev = DeviceTier::Create(TransferBackend::kCpu, g, false);
+  cfg.transfer_backend = backend;
+  auto dev = DeviceTier::Create(backend, g, false);
   EXPECT_TRUE(dev.ok()) << dev.status().ToString();
   s.device = std::move(*dev);
   cfg.host_capacity_bytes = host_pages * page * kLayers * kSlotBytes * 2;
@@ -395,7 +400,7 @@ void RunModel(const Params& p, int64_t steps) {
   cfg.storage.prefetch_timeout_base_s = 0.02;
   cfg.storage.max_storage_only_pages = 64;
   cfg.storage.max_prefetch_batch_pages = 3;
-  CacheUnderTest s = MakeCache(cfg, page, 24, 32);
+  CacheUnderTest s = MakeCache(cfg, page, 24, 32, testing::BackendFromEnv());
   ASSERT_NE(s.cache, nullptr);
   InsertedPrefixes model(page);
   {
@@ -412,7 +417,12 @@ void RunModel(const Params& p, int64_t steps) {
   EXPECT_GT(stats.match_calls, 0);
 }
 
+bool SkipWithoutGpu() {
+  return testing::BackendFromEnv() != TransferBackend::kCpu && CudaDeviceCount() == 0;
+}
+
 TEST_P(TiersModelTest, InvariantsAndBytesHoldUnderRandomOperations) {
+  if (SkipWithoutGpu()) GTEST_SKIP() << "KVTIER_TEST_BACKEND needs a GPU";
   const int64_t one = testing::EnvInt("KVTIER_TEST_SEED", 0);
   if (one != 0 && static_cast<uint64_t>(one) != GetParam().seed) GTEST_SKIP();
   RunModel(GetParam(), testing::EnvInt("KVTIER_TEST_STEPS", 600));
@@ -427,6 +437,7 @@ INSTANTIATE_TEST_SUITE_P(
 
 // Four engine threads on one cache, faults included; the invariants are checked as they run.
 TEST(TiersModelConcurrencyTest, ConcurrentThreadsKeepInvariantsAndBytes) {
+  if (SkipWithoutGpu()) GTEST_SKIP() << "KVTIER_TEST_BACKEND needs a GPU";
   for (uint64_t seed : {11u, 12u, 13u}) {
     TempDir dir;
     const int64_t page = int64_t{1} << (seed % 3);
@@ -441,7 +452,7 @@ TEST(TiersModelConcurrencyTest, ConcurrentThreadsKeepInvariantsAndBytes) {
         page, seed, &faults);
     cfg.storage.prefetch_threshold_tokens = 0;
     cfg.storage.prefetch_timeout_base_s = 0.02;
-    CacheUnderTest s = MakeCache(cfg, page, 64, 48);
+    CacheUnderTest s = MakeCache(cfg, page, 64, 48, testing::BackendFromEnv());
     ASSERT_NE(s.cache, nullptr);
     InsertedPrefixes model(page);
     const int64_t steps = testing::EnvInt("KVTIER_TEST_STEPS", 600) / 2;
