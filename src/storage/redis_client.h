@@ -58,8 +58,8 @@ struct RedisOp {
 
   RedisOpOutcome outcome = RedisOpOutcome::kPending;
   RedisReplyPtr reply;
-  std::string error;   // why, for kFailed / kTimedOut
-  int ask_node = -1;   // routing state: the node an ASK named, for the next round
+  std::string error;  // why, for kFailed / kTimedOut
+  int ask_node = -1;  // routing state: the node an ASK named, for the next round
 };
 
 struct RedisClientCounters {

@@ -222,9 +222,9 @@ Status RedisConnection::WriteSome() {
     int count = 0;
     for (size_t i = next_piece_; i < pieces_.size() && count < kMaxIovecs; ++i, ++count) {
       const Piece& piece = pieces_[i];
-      const std::byte* base = piece.data != nullptr
-                                  ? piece.data
-                                  : reinterpret_cast<const std::byte*>(owned_.data()) + piece.offset;
+      const std::byte* base =
+          piece.data != nullptr ? piece.data
+                                : reinterpret_cast<const std::byte*>(owned_.data()) + piece.offset;
       const size_t skip = i == next_piece_ ? next_piece_done_ : 0;
       vectors[count].iov_base = const_cast<std::byte*>(base + skip);
       vectors[count].iov_len = piece.size - skip;
@@ -317,8 +317,8 @@ void RunPipelines(std::span<RedisConnection* const> connections,
     waiting.clear();
     for (size_t i : active) {
       const RedisConnection& c = *connections[i];
-      waiting.push_back(pollfd{c.fd_, static_cast<short>(POLLIN | (c.wants_write() ? POLLOUT : 0)),
-                               0});
+      waiting.push_back(
+          pollfd{c.fd_, static_cast<short>(POLLIN | (c.wants_write() ? POLLOUT : 0)), 0});
     }
     const int ready = ::poll(waiting.data(), waiting.size(), ms);
     if (ready < 0) {

@@ -52,8 +52,7 @@ class RedisConnection {
   // and sends AUTH when `auth` has a password. Unavailable naming the endpoint and the cause
   // (refused, timed out, AUTH rejected with the server's message).
   static Result<std::unique_ptr<RedisConnection>> Connect(const RedisEndpoint& endpoint,
-                                                          const RedisAuth& auth,
-                                                          Deadline deadline);
+                                                          const RedisAuth& auth, Deadline deadline);
   ~RedisConnection();
   RedisConnection(const RedisConnection&) = delete;
   RedisConnection& operator=(const RedisConnection&) = delete;

@@ -23,11 +23,11 @@ using testing::RedisTestServer;
 using testing::ReplyText;
 using Clock = std::chrono::steady_clock;
 
-#define SKIP_WITHOUT_REDIS()                                                    \
-  do {                                                                          \
-    if (std::string why = testing::RedisTestSkipReason(); !why.empty()) {       \
-      GTEST_SKIP() << why;                                                      \
-    }                                                                           \
+#define SKIP_WITHOUT_REDIS()                                              \
+  do {                                                                    \
+    if (std::string why = testing::RedisTestSkipReason(); !why.empty()) { \
+      GTEST_SKIP() << why;                                                \
+    }                                                                     \
   } while (0)
 
 Result<std::unique_ptr<RedisClient>> OpenClient(const std::string& url) {
@@ -65,9 +65,9 @@ std::vector<RedisOpOutcome> SetAll(RedisClient& client, const std::vector<std::s
   std::vector<RedisOpOutcome> outcomes;
   for (const RedisOp& op : ops) {
     const bool ok = op.outcome == RedisOpOutcome::kReplied && ReplyText(op.reply.get()) == "OK";
-    outcomes.push_back(ok ? RedisOpOutcome::kReplied
-                          : (op.outcome == RedisOpOutcome::kReplied ? RedisOpOutcome::kFailed
-                                                                    : op.outcome));
+    outcomes.push_back(
+        ok ? RedisOpOutcome::kReplied
+           : (op.outcome == RedisOpOutcome::kReplied ? RedisOpOutcome::kFailed : op.outcome));
   }
   return outcomes;
 }
@@ -125,8 +125,8 @@ TEST(RedisClientTest, PipelinedBinaryRoundTrip) {
 
 TEST(RedisClientTest, PasswordAndAclUser) {
   SKIP_WITHOUT_REDIS();
-  RedisTestServer server({"--requirepass", "s3cret", "--user", "alice", "on", ">wonderland",
-                          "~*", "&*", "+@all"});
+  RedisTestServer server(
+      {"--requirepass", "s3cret", "--user", "alice", "on", ">wonderland", "~*", "&*", "+@all"});
   ASSERT_EQ(server.Start(), "");
   const std::string host = server.address();
 
@@ -289,8 +289,8 @@ TEST(RedisClientClusterTest, RoutesBySlotAndFollowsAskAndMoved) {
   // old owner answers MOVED and the client follows and updates its map.
   // Every key left in the slot (ours and any of the 300 above), in bounded rounds.
   for (int round = 0; round < 10; ++round) {
-    auto left = RedisCommand(cluster.node(from).endpoint(),
-                             {"CLUSTER", "GETKEYSINSLOT", slot_text, "100"});
+    auto left =
+        RedisCommand(cluster.node(from).endpoint(), {"CLUSTER", "GETKEYSINSLOT", slot_text, "100"});
     ASSERT_NE(left, nullptr);
     if (left->elements == 0) break;
     for (size_t i = 0; i < left->elements; ++i) {

@@ -13,6 +13,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <hiredis/hiredis.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -30,8 +31,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "storage/redis_connection.h"
 #include "storage/redis_url.h"
@@ -178,11 +177,11 @@ class RedisTestServer {
   // answers. Empty on success, else what went wrong (with the server's log).
   std::string Start() {
     if (dir_.empty() || port_ < 0) return "no temporary directory or free port";
-    std::vector<std::string> argv = {"redis-server",  "--port",        std::to_string(port_),
-                                     "--bind",        "127.0.0.1",     "--dir",
-                                     dir_,            "--save",        "",
-                                     "--appendonly",  "no",            "--daemonize",
-                                     "no",            "--logfile",     dir_ + "/redis.log"};
+    std::vector<std::string> argv = {"redis-server", "--port",    std::to_string(port_),
+                                     "--bind",       "127.0.0.1", "--dir",
+                                     dir_,           "--save",    "",
+                                     "--appendonly", "no",        "--daemonize",
+                                     "no",           "--logfile", dir_ + "/redis.log"};
     if (cluster_) {
       for (const char* a : {"--cluster-enabled", "yes", "--cluster-node-timeout", "3000",
                             "--cluster-require-full-coverage", "no"}) {
@@ -219,8 +218,12 @@ class RedisTestServer {
     pid_ = -1;
   }
   // SIGSTOP / SIGCONT: a server that accepts connections but does not answer.
-  void Pause() { if (pid_ > 0) ::kill(-pid_, SIGSTOP); }
-  void Resume() { if (pid_ > 0) ::kill(-pid_, SIGCONT); }
+  void Pause() {
+    if (pid_ > 0) ::kill(-pid_, SIGSTOP);
+  }
+  void Resume() {
+    if (pid_ > 0) ::kill(-pid_, SIGCONT);
+  }
 
   int port() const { return port_; }
   storage::RedisEndpoint endpoint() const { return {"127.0.0.1", port_}; }
@@ -251,8 +254,8 @@ class RedisTestCluster {
     for (const char* a : {"--cluster-replicas", "0", "--cluster-yes"}) argv.emplace_back(a);
     const std::string log = nodes_.front()->dir() + "/create.log";
     if (const int code = RunProcess(argv, log, 30s); code != 0) {
-      return "redis-cli --cluster create failed (" + std::to_string(code) + "): " +
-             ReadTextFile(log);
+      return "redis-cli --cluster create failed (" + std::to_string(code) +
+             "): " + ReadTextFile(log);
     }
     return WaitUntilHealthy();
   }
