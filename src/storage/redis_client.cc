@@ -329,7 +329,7 @@ void RedisClient::Execute(std::span<RedisOp> ops, Deadline deadline) {
         if (op.verb == "SET") {
           group.connection->AppendWithValue({op.verb, op.key}, op.value);
         } else {
-          group.connection->Append({op.verb, op.key});
+          group.connection->Append({op.verb, op.key}, op.sink);
         }
       }
       connections.push_back(group.connection.get());
@@ -356,6 +356,11 @@ void RedisClient::Execute(std::span<RedisOp> ops, Deadline deadline) {
           continue;
         }
         RedisReplyPtr reply = std::move(group.replies[next_reply++]);
+        if (reply == nullptr) {  // a value read straight into the op's sink
+          op.sunk = true;
+          op.outcome = RedisOpOutcome::kReplied;
+          continue;
+        }
         if (reply->type == REDIS_REPLY_ERROR) {
           const std::string_view text(reply->str, reply->len);
           if (std::optional<RedisRedirect> redirect = ParseRedirect(text, target->endpoint());

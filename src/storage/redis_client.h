@@ -55,11 +55,15 @@ struct RedisOp {
   std::string key;        // the object name; routes the command in a cluster
   // SET: the value, the concatenation of these pieces, borrowed until Execute returns.
   std::span<const std::span<const std::byte>> value;
+  // GET: where a value of exactly the sink's total size is read to (no copies), borrowed until
+  // Execute returns. Its contents are undefined unless the op ends `sunk`.
+  std::span<const std::span<std::byte>> sink;
 
   RedisOpOutcome outcome = RedisOpOutcome::kPending;
-  RedisReplyPtr reply;
-  std::string error;  // why, for kFailed / kTimedOut
-  int ask_node = -1;  // routing state: the node an ASK named, for the next round
+  RedisReplyPtr reply;  // kReplied: the reply, or null when it was `sunk`
+  bool sunk = false;    // kReplied with the value in `sink`
+  std::string error;    // why, for kFailed / kTimedOut
+  int ask_node = -1;    // routing state: the node an ASK named, for the next round
 };
 
 struct RedisClientCounters {

@@ -88,13 +88,20 @@ Result<std::vector<RedisBaselineRow>> RunRedisBenchmark(std::string_view url,
   }
   const storage::RedisEndpoint& server = parsed.endpoints.front();
   std::vector<std::string> argv = {"redis-benchmark",
-                                   "-h", server.host,
-                                   "-p", std::to_string(server.port),
-                                   "-t", "set,get",
-                                   "-d", std::to_string(options.value_bytes),
-                                   "-c", std::to_string(options.clients),
-                                   "-P", std::to_string(options.pipeline),
-                                   "-n", std::to_string(options.requests),
+                                   "-h",
+                                   server.host,
+                                   "-p",
+                                   std::to_string(server.port),
+                                   "-t",
+                                   "set,get",
+                                   "-d",
+                                   std::to_string(options.value_bytes),
+                                   "-c",
+                                   std::to_string(options.clients),
+                                   "-P",
+                                   std::to_string(options.pipeline),
+                                   "-n",
+                                   std::to_string(options.requests),
                                    "--csv"};
   if (parsed.cluster) argv.emplace_back("--cluster");
   if (!parsed.password.empty()) {

@@ -28,7 +28,7 @@ struct RedisBaselineRow {
   std::string test;  // "SET", "GET"
   double requests_per_second = 0;
   double avg_ms = 0, p50_ms = 0, p99_ms = 0;  // per request, as redis-benchmark measures them
-  double gb_per_second = 0;                    // requests_per_second * value_bytes / 1e9
+  double gb_per_second = 0;                   // requests_per_second * value_bytes / 1e9
 };
 
 // Runs redis-benchmark against the server of a redis:// URL (or, with --cluster, the first seed
