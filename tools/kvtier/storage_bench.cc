@@ -103,8 +103,9 @@ struct PageSet {
 struct OpTimes {
   std::vector<double> round_seconds;
   std::vector<double> batch_ms;
-  // Percentiles reported by an external tool (redis-benchmark) instead of batch_ms; < 0: none.
-  double reported_p50_ms = -1, reported_p99_ms = -1;
+  // Per round, percentiles reported by an external tool (redis-benchmark) that has no batch
+  // times; the row shows the median p50 and the largest p99 of the rounds.
+  std::vector<double> reported_p50_ms, reported_p99_ms;
 };
 
 struct StorageRow {
@@ -120,6 +121,10 @@ void Append(OpTimes& to, const OpTimes& from) {
   to.round_seconds.insert(to.round_seconds.end(), from.round_seconds.begin(),
                           from.round_seconds.end());
   to.batch_ms.insert(to.batch_ms.end(), from.batch_ms.begin(), from.batch_ms.end());
+  to.reported_p50_ms.insert(to.reported_p50_ms.end(), from.reported_p50_ms.begin(),
+                            from.reported_p50_ms.end());
+  to.reported_p99_ms.insert(to.reported_p99_ms.end(), from.reported_p99_ms.begin(),
+                            from.reported_p99_ms.end());
 }
 
 double Percentile(std::vector<double> v, double q) {
@@ -142,8 +147,13 @@ StorageRow RowFrom(const std::string& kind, const std::string& op, const std::st
     r.gbps = static_cast<double>(pages * page_bytes) / s / 1e9;
     r.pages_per_s = static_cast<double>(pages) / s;
   }
-  r.p50_ms = t.reported_p50_ms >= 0 ? t.reported_p50_ms : Percentile(t.batch_ms, 0.50);
-  r.p99_ms = t.reported_p99_ms >= 0 ? t.reported_p99_ms : Percentile(t.batch_ms, 0.99);
+  if (!t.reported_p50_ms.empty()) {
+    r.p50_ms = Median(t.reported_p50_ms);
+    r.p99_ms = *std::max_element(t.reported_p99_ms.begin(), t.reported_p99_ms.end());
+  } else {
+    r.p50_ms = Percentile(t.batch_ms, 0.50);
+    r.p99_ms = Percentile(t.batch_ms, 0.99);
+  }
   return r;
 }
 
@@ -259,7 +269,7 @@ Baseline MemcpyBaseline(const PageSet& src, PageSet& dst, int64_t batch_pages, i
 
 // redis:// and redis+cluster://: redis-benchmark SET and GET of values of the backend's value
 // size (header + page), against the same server(s), as many requests as the backend's rounds
-// moved pages. The bench keeps one batch in flight at a time, so the baseline runs one client
+// moved pages (the bench calls it once per round, between the backend's rounds). The bench keeps one batch in flight at a time, so the baseline runs one client
 // with a pipeline depth of batch_pages: the same requests in flight. Its requests per second
 // become the rate of the rows; its per-request p50/p99 (a request waits for its pipeline, as a
 // page waits for its batch) stand for the batch times.
@@ -278,8 +288,8 @@ Result<Baseline> RedisBenchmarkBaseline(const std::string& url, int64_t pages, i
     OpTimes* t = row.test == "SET" ? &b.set : row.test == "GET" ? &b.get : nullptr;
     if (t == nullptr || row.requests_per_second <= 0) continue;
     t->round_seconds = {static_cast<double>(pages) / row.requests_per_second};
-    t->reported_p50_ms = row.p50_ms;
-    t->reported_p99_ms = row.p99_ms;
+    t->reported_p50_ms = {row.p50_ms};
+    t->reported_p99_ms = {row.p99_ms};
   }
   if (b.set.round_seconds.empty() || b.get.round_seconds.empty()) {
     return Status::Unavailable("redis-benchmark reported no SET or GET rate");
