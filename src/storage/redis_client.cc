@@ -339,6 +339,7 @@ void RedisClient::Execute(std::span<RedisOp> ops, Deadline deadline) {
     std::vector<PipelineOutcome> outcomes(sent.size());
     RunPipelines(connections, reply_lists,
                  EarlierOf(deadline, Clock::now() + config_.command_timeout), outcomes);
+    round_trips_.fetch_add(static_cast<int64_t>(sent.size()));
 
     // Hand out the replies; note redirects for the next round.
     bool try_again = false;
@@ -416,6 +417,7 @@ RedisClientCounters RedisClient::counters() const {
   counters.moved = moved_.load();
   counters.ask = ask_.load();
   counters.slot_refreshes = slot_refreshes_.load();
+  counters.round_trips = round_trips_.load();
   std::lock_guard lock(mu_);
   for (const auto& n : nodes_) n->AddCounters(counters);
   return counters;

@@ -69,6 +69,7 @@ struct RedisOp {
 struct RedisClientCounters {
   int64_t moved = 0, ask = 0;  // redirects followed
   int64_t slot_refreshes = 0;  // CLUSTER SLOTS read
+  int64_t round_trips = 0;     // pipelines run by Execute (one per server per round)
   int64_t connects = 0, connect_failures = 0, node_failures = 0;
 };
 
@@ -109,7 +110,7 @@ class RedisClient {
   std::vector<int> slot_node_;                     // cluster: node index per slot, -1 if none
   std::chrono::steady_clock::time_point last_refresh_{};
   std::atomic<bool> refresh_wanted_{false};
-  std::atomic<int64_t> moved_{0}, ask_{0}, slot_refreshes_{0};
+  std::atomic<int64_t> moved_{0}, ask_{0}, slot_refreshes_{0}, round_trips_{0};
 };
 
 }  // namespace kvtier::storage

@@ -111,6 +111,7 @@ TEST(RedisClientTest, PipelinedBinaryRoundTrip) {
   const auto set = SetAll(**client, keys, values, Clock::now() + 5s);
   for (size_t i = 0; i < keys.size(); ++i) ASSERT_EQ(set[i], RedisOpOutcome::kReplied) << i;
   EXPECT_EQ(CountExact(GetAll(**client, keys, Clock::now() + 5s), values), 200);
+  EXPECT_EQ((*client)->counters().round_trips, 2);  // one per batch: a single server
 
   std::vector<RedisOp> del(2);
   del[0].verb = del[1].verb = "DEL";
@@ -308,6 +309,20 @@ TEST(RedisClientClusterTest, RoutesBySlotAndFollowsAskAndMoved) {
   for (auto outcome : set) ASSERT_EQ(outcome, RedisOpOutcome::kReplied);
   EXPECT_EQ(CountExact(GetAll(**client, keys, Clock::now() + 5s), values), 300);
   EXPECT_EQ((*client)->counters().moved, 0);
+
+  // EXISTS of 1,000 keys: one pipelined round trip per node.
+  std::vector<RedisOp> exists(1000);
+  for (size_t i = 0; i < exists.size(); ++i) {
+    exists[i].verb = "EXISTS";
+    exists[i].key = i < keys.size() ? keys[i] : "kv0123/none-" + std::to_string(i);
+  }
+  const int64_t trips_before = (*client)->counters().round_trips;
+  (*client)->Execute(exists, Clock::now() + 5s);
+  EXPECT_EQ((*client)->counters().round_trips - trips_before, RedisTestCluster::kNodes);
+  for (size_t i = 0; i < exists.size(); ++i) {
+    ASSERT_EQ(exists[i].outcome, RedisOpOutcome::kReplied);
+    EXPECT_EQ(exists[i].reply->integer, i < keys.size() ? 1 : 0) << i;
+  }
 
   // Migrate one slot from its owner to another node, half its keys first: the moved half
   // answers ASK from the old owner.
