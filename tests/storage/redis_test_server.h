@@ -3,7 +3,7 @@
 //
 // Each server runs in its own process group and temporary directory; every wait is bounded; the
 // destructor kills the process group and removes the directory, so a failing test leaves nothing
-// behind. Tests call RedisTestSkipReason() first and GTEST_SKIP with it when redis-server is not
+// behind (and a server gets SIGKILL when the test process dies without unwinding). Tests call RedisTestSkipReason() first and GTEST_SKIP with it when redis-server is not
 // installed (the GPU machine); CI installs it (deps/debian-packages.txt).
 //
 // Thread safety: a fixture object is used by one test thread.
@@ -17,6 +17,7 @@
 #include <hiredis/hiredis.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -78,6 +79,9 @@ inline pid_t SpawnProcess(const std::vector<std::string>& argv, const std::strin
   const pid_t pid = ::fork();
   if (pid == 0) {
     ::setpgid(0, 0);
+    // If the test process dies without its destructors (a crash, a kill by ctest's timeout),
+    // the server dies with it.
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
     if (fd >= 0) {
       ::dup2(fd, 1);
