@@ -21,6 +21,23 @@
 namespace kvtier {
 namespace {
 
+#if !KVTIER_HAVE_HIREDIS
+
+// A build without hiredis leaves the Redis backend out and says so.
+TEST(RedisBackendTest, LeftOutOfThisBuild) {
+  StorageNamespace ns;
+  ns.model_id = "m";
+  ns.num_layers = 1;
+  ns.slot_bytes = 64;
+  ns.page_size = 16;
+  auto backend = OpenStorage("redis://127.0.0.1:6379", ns);
+  ASSERT_FALSE(backend.ok());
+  EXPECT_TRUE(backend.status().IsInvalidArgument());
+  EXPECT_NE(backend.status().message().find("hiredis"), std::string::npos);
+}
+
+#else  // KVTIER_HAVE_HIREDIS
+
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 using testing::RedisCommand;
@@ -64,7 +81,7 @@ std::byte PatternByte(const PageKey& key, size_t offset) {
 
 // Page buffers of one namespace: each page two segments (K, V) of separate allocations.
 struct Pages {
-  std::vector<std::vector<std::byte>> k, v;
+  std::vector<std::vector<std::byte> > k, v;
   std::vector<PageBuffer> buffers;
   Pages(const StorageNamespace& ns, size_t n) : k(n), v(n) {
     const size_t half = static_cast<size_t>(ns.page_bytes() / 2);
@@ -560,6 +577,8 @@ TEST(RedisClusterBackendTest, OpenErrors) {
   EXPECT_NE(unreachable.status().message().find("refused"), std::string::npos)
       << unreachable.status().ToString();
 }
+
+#endif  // KVTIER_HAVE_HIREDIS
 
 }  // namespace
 }  // namespace kvtier

@@ -3,8 +3,9 @@
 //
 // Each server runs in its own process group and temporary directory; every wait is bounded; the
 // destructor kills the process group and removes the directory, so a failing test leaves nothing
-// behind (and a server gets SIGKILL when the test process dies without unwinding). Tests call RedisTestSkipReason() first and GTEST_SKIP with it when redis-server is not
-// installed (the GPU machine); CI installs it (deps/debian-packages.txt).
+// behind (and a server gets SIGKILL when the test process dies without unwinding). Tests call
+// RedisTestSkipReason() first and GTEST_SKIP with it when redis-server is not installed (the GPU
+// machine); CI installs it (deps/debian-packages.txt).
 //
 // Thread safety: a fixture object is used by one test thread.
 #pragma once
