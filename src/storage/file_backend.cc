@@ -382,7 +382,8 @@ class FileBackend final : public StorageBackend {
 
   // Opens the page's file for `read`; kOk, or the page's outcome.
   PageStatus OpenForRead(const PageKey& key, const PageBuffer& buffer, PageRead& read) {
-    read.fd = ::open(PathOf(key).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    // O_NONBLOCK: a FIFO or device put in place of a page must not block the open.
+    read.fd = ::open(PathOf(key).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (read.fd < 0) {
       if (errno == ENOENT) {
         std::lock_guard<std::mutex> lock(mu_);
@@ -391,6 +392,9 @@ class FileBackend final : public StorageBackend {
       }
       return errno == ELOOP ? PageStatus::kCorrupt : PageStatus::kFailed;  // ELOOP: a symlink
     }
+    struct stat st;
+    if (::fstat(read.fd, &st) != 0) return PageStatus::kFailed;
+    if (!S_ISREG(st.st_mode)) return PageStatus::kCorrupt;
     read.Prepare(buffer);
     return PageStatus::kOk;
   }

@@ -246,6 +246,13 @@ TEST_P(FileBackendTest, AnotherKeysFileOlderVersionAndSymlinkAreMisses) {
   ASSERT_EQ(::rename(PathOf(keys[1]).c_str(), target.c_str()), 0);
   ASSERT_EQ(::symlink(target.c_str(), PathOf(keys[1]).c_str()), 0);
   EXPECT_EQ(GetOne(*b, keys[1], in.bytes[1]), PageStatus::kCorrupt);
+
+  // A FIFO in place of a page neither blocks the Get nor counts as a page.
+  ASSERT_EQ(::unlink(PathOf(keys[1]).c_str()), 0);
+  ASSERT_EQ(::mkfifo(PathOf(keys[1]).c_str(), 0600), 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(GetOne(*b, keys[1], in.bytes[1]), PageStatus::kCorrupt);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
 }
 
 TEST_P(FileBackendTest, WrongNamespaceIsAMiss) {
