@@ -382,7 +382,8 @@ class FileBackend final : public StorageBackend {
 
   // Opens the page's file for `read`; kOk, or the page's outcome.
   PageStatus OpenForRead(const PageKey& key, const PageBuffer& buffer, PageRead& read) {
-    read.fd = ::open(PathOf(key).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    // O_NONBLOCK: a FIFO or device put in place of a page must not block the open.
+    read.fd = ::open(PathOf(key).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (read.fd < 0) {
       if (errno == ENOENT) {
         std::lock_guard<std::mutex> lock(mu_);
@@ -391,6 +392,9 @@ class FileBackend final : public StorageBackend {
       }
       return errno == ELOOP ? PageStatus::kCorrupt : PageStatus::kFailed;  // ELOOP: a symlink
     }
+    struct stat st;
+    if (::fstat(read.fd, &st) != 0) return PageStatus::kFailed;
+    if (!S_ISREG(st.st_mode)) return PageStatus::kCorrupt;
     read.Prepare(buffer);
     return PageStatus::kOk;
   }
@@ -423,9 +427,10 @@ class FileBackend final : public StorageBackend {
 
 #if KVTIER_HAVE_URING
   // The batch's reads in flight together on this I/O thread's ring (IOSQE_ASYNC: the kernel's
-  // workers copy in parallel), then the checks on the thread pool. Past the deadline the reads
-  // still in flight are cancelled and waited for (the kernel may be writing into the caller's
-  // buffers until they complete); pages not read by then are kTimedOut.
+  // workers copy in parallel); each page is checked by this thread as its read completes. Past
+  // the deadline the reads still in flight are cancelled and waited for (the kernel may be
+  // writing into the caller's buffers until they complete); pages not read by then are
+  // kTimedOut.
   void GetWithUring(io_uring& ring, std::span<const PageKey> keys,
                     std::span<const PageBuffer> buffers, std::span<PageStatus> out,
                     Clock::time_point deadline) {
@@ -476,26 +481,29 @@ class FileBackend final : public StorageBackend {
       const int res = cqe->res;
       io_uring_cqe_seen(&ring, cqe);
       if (tag == kCancelTag) continue;
-      reads[tag].got = res >= 0 ? res : res == -ECANCELED ? kCancelled : kReadError;
       --in_flight;
+      // Check this page now, while the kernel's workers copy the others.
+      PageRead& r = reads[tag];
+      r.got = res >= 0 ? res : res == -ECANCELED ? kCancelled : kReadError;
+      out[tag] = Finish(keys[tag], buffers[tag], r, cancelled);
     }
-    pool_.ParallelFor(static_cast<int64_t>(n), [&](int64_t t) {
-      const size_t i = static_cast<size_t>(t);
-      if (out[i] != PageStatus::kOk) return;
-      PageRead& r = reads[i];
-      if (r.got > 0 && r.got < value_bytes_) {
-        // A short read that may not be the end of the file: read it again the plain way.
-        r.Prepare(buffers[i]);
-        r.got = ReadAll(r.fd, r.iov, r.iovcnt);
+    for (size_t i = 0; i < n; ++i) {
+      // Pages never submitted (cancelled first) or never completed (the ring failed).
+      if (out[i] == PageStatus::kOk && reads[i].got == kNotRead) {
+        out[i] = cancelled ? PageStatus::kTimedOut : PageStatus::kFailed;
       }
-      if (r.got == kCancelled || (r.got == kNotRead && cancelled)) {
-        out[i] = PageStatus::kTimedOut;
-      } else if (r.got < 0) {
-        out[i] = PageStatus::kFailed;
-      } else {
-        out[i] = FinishRead(keys[i], buffers[i], r);
-      }
-    });
+    }
+  }
+
+  PageStatus Finish(const PageKey& key, const PageBuffer& buffer, PageRead& r, bool cancelled) {
+    if (r.got > 0 && r.got < value_bytes_) {
+      // A short read that may not be the end of the file: read it again the plain way.
+      r.Prepare(buffer);
+      r.got = ReadAll(r.fd, r.iov, r.iovcnt);
+    }
+    if (r.got == kCancelled || (r.got == kReadError && cancelled)) return PageStatus::kTimedOut;
+    if (r.got < 0) return PageStatus::kFailed;
+    return FinishRead(key, buffer, r);
   }
 
   static constexpr unsigned kRingDepth = 64;
