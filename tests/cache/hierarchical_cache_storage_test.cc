@@ -16,6 +16,7 @@
 #include "kvtier/hierarchical_cache.h"
 #include "kvtier/storage.h"
 #include "kvtier/storage_fault.h"
+#include "storage/redis_test_server.h"
 
 namespace kvtier {
 namespace {
@@ -366,6 +367,52 @@ TEST(StorageTierTest, StorageDownKeepsServingWithinTheTimeout) {
   EXPECT_TRUE(s.device->Verify(l->device_slots, Hashes(a, "")).ok());
   ASSERT_TRUE(s.cache->Release(m->handle).ok());
 }
+
+#if KVTIER_HAVE_HIREDIS
+// A real Redis server killed in the middle of a run: the cache keeps serving (storage hits become
+// misses) and no call blocks longer than the configured timeout.
+TEST(StorageTierTest, RedisStoppedMidRunKeepsServing) {
+  if (std::string why = testing::RedisTestSkipReason(); !why.empty()) GTEST_SKIP() << why;
+  testing::RedisTestServer server;
+  ASSERT_EQ(server.Start(), "");
+  HierarchicalCacheConfig cfg;
+  cfg.write_policy = WritePolicy::kWriteThrough;
+  cfg.storage.url = "redis://" + server.address();
+  cfg.storage.model_id = "cache-test";
+  cfg.storage.options.timeout = std::chrono::milliseconds(300);
+  cfg.storage.prefetch_threshold_tokens = 0;
+  TestCache s = Make(cfg, 4, 16, 32);
+  ASSERT_NE(s.cache, nullptr);
+  const auto a = Seq(32, 4242);
+  Prefill(s, a);
+  EvictAll(s);
+  EXPECT_GT(s.cache->stats().storage_backup_tokens, 0);
+  server.Kill();
+  double slowest = 0;
+  auto timed = [&](auto&& fn) {
+    const auto start = Clock::now();
+    fn();
+    slowest = std::max(slowest, std::chrono::duration<double>(Clock::now() - start).count());
+  };
+  for (int round = 0; round < 4; ++round) {
+    timed([&] { Prefill(s, Seq(32, 9000 + round * 100)); });
+    timed([&] { ASSERT_TRUE(s.cache->WaitForBackups().ok()); });
+    auto m = s.cache->Match(a);
+    ASSERT_TRUE(m.ok());
+    timed([&] { ASSERT_TRUE(s.cache->QueryStorage(m->handle).ok()); });
+    timed([&] { ASSERT_TRUE(s.cache->Prefetch(m->handle, PrefetchPolicy::kWaitComplete).ok()); });
+    timed([&] {
+      auto l = s.cache->LoadBack(m->handle);
+      ASSERT_TRUE(l.ok()) << l.status().ToString();
+      EXPECT_EQ(l->loaded_tokens, 0);  // the server is gone: storage hits became misses
+    });
+    ASSERT_TRUE(s.cache->Release(m->handle).ok());
+    ExpectConsistent(s);
+  }
+  EXPECT_LT(slowest, 0.3 + 1.0);  // the configured timeout (and the query's slack)
+  EXPECT_GT(s.cache->stats().storage_errors, 0);
+}
+#endif  // KVTIER_HAVE_HIREDIS
 
 // ---- the fixes (each failed before) ---------------------------------------------------------
 
