@@ -157,8 +157,7 @@ const char* TransferBackendName(TransferBackend backend);
 Result<TransferBackend> ParseTransferBackend(std::string_view name);
 
 struct TransferEngineConfig {
-  // cpu: worker threads for large requests, in [0, kMaxCpuThreads]; 0 = hardware concurrency.
-  static constexpr int kMaxCpuThreads = 1024;
+  // cpu: worker threads for large requests; 0 = hardware concurrency.
   int cpu_threads = 0;
   // cpu: requests smaller than this many bytes run on the calling thread.
   int64_t cpu_parallel_threshold_bytes = 4 << 20;
