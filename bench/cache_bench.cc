@@ -46,7 +46,8 @@ struct World {
   std::vector<std::vector<Token>> system_prompts;
   std::vector<Token> long_prompt;  // 8,192 tokens, cached in full
 
-  World(WritePolicy policy, int64_t threshold, int64_t host_pages, int64_t headroom_pages) {
+  World(WritePolicy policy, int64_t threshold, int64_t host_pages, int64_t headroom_pages,
+        bool with_storage = true) {
     const int64_t pages = kTreePages + headroom_pages;
     region.geometry = {KvLayout::kLayerFirst, 1, pages * kPage, 4, kPage, 1};
     k.resize(static_cast<size_t>(region.geometry.buffer_bytes()));
@@ -60,8 +61,10 @@ struct World {
     cfg.host_capacity_bytes = host_pages * kPage * 4 * 2;
     // Storage is written only when a node leaves host memory (write_back) or after a host backup;
     // these benchmarks time tree work and key computation, not storage I/O.
-    cfg.storage.url = "memory://?capacity=256MiB";
-    cfg.storage.model_id = "cache_bench";
+    if (with_storage) {
+      cfg.storage.url = "memory://?capacity=256MiB";
+      cfg.storage.model_id = "cache_bench";
+    }
     auto c = HierarchicalCache::Create(cfg, region);
     Die(c.status(), "create");
     cache = std::move(*c);
@@ -200,10 +203,16 @@ BENCHMARK(BM_Insert)->Arg(kRequestTokens)->Arg(kPromptTokens - kSystemPromptToke
     ->UseManualTime()->Unit(benchmark::kMicrosecond);
 
 // Insert of 8,192 new tokens (512 pages, no cached prefix) into a tree of 100,000 pages, page keys
-// included; engine slots already allocated (untimed: allocation evicts LRU requests, so the tree
-// stays at 100,000 pages).
+// included (range(0) = 1; 0: a cache without a storage tier, so no keys, to show their share);
+// engine slots already allocated (untimed: allocation evicts LRU requests, so the tree stays at
+// 100,000 pages).
 void BM_Insert8192New(benchmark::State& state) {
-  static World w(WritePolicy::kWriteBack, 2, 1024, 1024);
+  static World keyed(WritePolicy::kWriteBack, 2, 1024, 1024);
+  static World* unkeyed = nullptr;
+  if (state.range(0) == 0 && unkeyed == nullptr) {
+    unkeyed = new World(WritePolicy::kWriteBack, 2, 1024, 1024, /*with_storage=*/false);
+  }
+  World& w = state.range(0) == 0 ? *unkeyed : keyed;
   RegionTimer timer(state);
   for (auto _ : state) {
     const std::vector<Token> t = w.Random(kPromptTokens);
@@ -218,7 +227,7 @@ void BM_Insert8192New(benchmark::State& state) {
   timer.Report();
   ReportTree(state, w);
 }
-BENCHMARK(BM_Insert8192New)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Insert8192New)->Arg(1)->Arg(0)->UseManualTime()->Unit(benchmark::kMicrosecond);
 
 // EvictDevice of 1,000 pages (timed), then refill (untimed).
 //   dropped:   nodes without a host copy are removed from the tree (write_through_selective,
