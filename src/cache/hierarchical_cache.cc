@@ -53,6 +53,11 @@ using Clock = std::chrono::steady_clock;
 
 bool IsPowerOfTwo(int64_t x) { return x > 0 && (x & (x - 1)) == 0; }
 
+// Pages covering `num_tokens` (no overflow near INT64_MAX).
+int64_t PagesFor(int64_t num_tokens, int64_t page_size) {
+  return num_tokens / page_size + (num_tokens % page_size != 0 ? 1 : 0);
+}
+
 double SecondsSince(Clock::time_point start, Clock::time_point end = Clock::now()) {
   return std::chrono::duration<double>(end - start).count();
 }
@@ -93,8 +98,17 @@ struct HierarchicalCache::Impl {
     PrefetchPolicy prefetch_policy = PrefetchPolicy::kBestEffort;
   };
 
-  // What a call does after releasing the mutex.
+  // What a call does after releasing the mutex. Operations in it are registered already, so it
+  // must run: a public call declares its Work before its Lock, and the Work's destructor runs
+  // what is left after the lock is gone (early returns included).
   struct Work {
+    explicit Work(Impl* owner = nullptr) : impl(owner) {}
+    ~Work() {
+      if (impl != nullptr) impl->RunWork(*this);
+    }
+    Work(const Work&) = delete;
+    Work& operator=(const Work&) = delete;
+    Impl* impl;
     std::vector<std::shared_ptr<CopyOp>> copies;   // device <-> host backups to submit
     std::vector<std::shared_ptr<CopyOp>> storage;  // prefetches and stores to submit
     std::vector<OwnedEvent> events;
@@ -165,13 +179,14 @@ struct HierarchicalCache::Impl {
   Result<Handle*> FindHandle(MatchHandle handle) {
     if ((handle.id >> kHandleSeqBits) != tag) {
       return Status::InvalidArgument(fmt::format(
-          "handle {} belongs to another HierarchicalCache instance (or was never issued)",
+          "handle {} is not live: it belongs to another HierarchicalCache instance or was never "
+          "issued",
           handle.id));
     }
     auto it = handles.find(handle.id);
     if (it == handles.end()) {
       return Status::InvalidArgument(
-          fmt::format("handle {} is not live (already released)", handle.id));
+          fmt::format("handle {} is not live (never issued, or already released)", handle.id));
     }
     return &it->second;
   }
@@ -345,9 +360,10 @@ struct HierarchicalCache::Impl {
   int64_t HostReclaimable() const {
     return host->allocator().free_pages() + (tree.host_tokens() - tree.locked_host_tokens()) / P;
   }
+  // Device pages eviction could free once the copies in flight have completed (pins and the
+  // engine's pages excluded).
   int64_t DeviceReclaimable() const {
-    return ledger->free_pages() +
-           (tree.device_tokens() - tree.locked_device_tokens()) / P;
+    return ledger->free_pages() + (tree.device_tokens() - tree.pinned_device_tokens()) / P;
   }
 
   // `pages` free host pages if eviction can make them (nothing is evicted when it cannot).
@@ -457,8 +473,8 @@ struct HierarchicalCache::Impl {
         op->keys.push_back(n->keys()[i]);
         op->buffers.push_back(HostPageBuffer(n->host_pages()[i]));
       }
-      tree.SetStoring(n, true);
-      MarkBusy(*op, n);
+      tree.SetStoring(n, true);  // its host pages stay put (the device copy may still go)
+      op->nodes.push_back(n);
     }
     op->page_status.assign(static_cast<size_t>(pages), PageStatus::kSkipped);
     op->batch_done.assign(1, 0);
@@ -552,11 +568,10 @@ struct HierarchicalCache::Impl {
     counters.storage_backup_failed_tokens += (pages - ok) * P;
     CountStorageFaults(op);
     // Mark stored the nodes (or the leading part of the node) whose pages all made it.
-    std::vector<RadixNode*> nodes = op.nodes;
+    std::vector<RadixNode*> nodes = std::move(op.nodes);
     std::sort(nodes.begin(), nodes.end(), [](const RadixNode* a, const RadixNode* b) {
       return a->prefix_tokens() < b->prefix_tokens();
     });
-    ClearBusy(op);
     int64_t left = ok;
     for (RadixNode* n : nodes) {
       tree.SetStoring(n, false);
@@ -822,8 +837,10 @@ struct HierarchicalCache::Impl {
         }
       }
       for (auto& op : work.storage) SubmitStorage(op);
-      std::vector<OwnedEvent> events = std::move(work.events);
-      work = Work();
+      std::vector<OwnedEvent> events;
+      events.swap(work.events);
+      work.copies.clear();
+      work.storage.clear();
       for (const OwnedEvent& e : events) {
         config.eviction_listener(EvictionEvent{e.tier, e.name_space, e.prefix, e.num_tokens,
                                                e.kept_in_host, e.kept_in_storage});
@@ -848,9 +865,9 @@ struct HierarchicalCache::Impl {
     if (free < pages) {
       if (!allow_fewer && DeviceReclaimable() < pages) {
         return Status::OutOfMemory(fmt::format(
-            "{}: the device cannot make room ({} pages free, {} held by the engine, {} pinned or "
-            "busy in the tree, {} needed)", what, free,
-            ledger->pages_of(DevicePageLedger::kEngine), tree.locked_device_tokens() / P, pages));
+            "{}: the device cannot make room ({} pages free, {} held by the engine, {} pinned by "
+            "live handles, {} needed)", what, free,
+            ledger->pages_of(DevicePageLedger::kEngine), tree.pinned_device_tokens() / P, pages));
       }
       EvictDevice(pages - free, work);
     }
@@ -919,7 +936,7 @@ HierarchicalCache::HierarchicalCache(std::unique_ptr<Impl> impl) : impl_(std::mo
 
 HierarchicalCache::~HierarchicalCache() {
   Impl& s = *impl_;
-  Impl::Work work;
+  Impl::Work work(&s);
   {
     Impl::Lock lk(s);
     for (auto& [id, h] : s.handles) {
@@ -1032,7 +1049,7 @@ Result<std::unique_ptr<HierarchicalCache>> HierarchicalCache::Create(
 
   Impl* self = impl.get();
   s.tree.SetSplitHook([self](RadixNode* upper, RadixNode* lower) {
-    if (lower->busy() == 0) return;
+    if (lower->busy() == 0 && !lower->storing()) return;
     for (const auto& op : self->tracker.ops()) {
       if (std::find(op->nodes.begin(), op->nodes.end(), lower) != op->nodes.end()) {
         op->nodes.push_back(upper);
@@ -1051,7 +1068,7 @@ Result<std::unique_ptr<HierarchicalCache>> HierarchicalCache::Create(
 
 Result<MatchResult> HierarchicalCache::Match(std::span<const Token> tokens, std::string_view ns) {
   Impl& s = *impl_;
-  Impl::Work work;
+  Impl::Work work(&s);
   MatchResult out;
   {
     Impl::Lock lk(s);
@@ -1100,7 +1117,7 @@ Result<MatchResult> HierarchicalCache::Match(std::span<const Token> tokens, std:
 
 Result<StorageQueryResult> HierarchicalCache::QueryStorage(MatchHandle handle) {
   Impl& s = *impl_;
-  Impl::Work work;
+  Impl::Work work(&s);
   StorageQueryResult out;
   std::vector<Token> rest;
   std::optional<PageKey> previous;
@@ -1179,7 +1196,7 @@ Result<PrefetchResult> HierarchicalCache::Prefetch(MatchHandle handle, PrefetchP
     return Status::InvalidArgument(
         fmt::format("prefetch policy = {} is not a known policy", static_cast<int>(policy)));
   }
-  Impl::Work work;
+  Impl::Work work(&s);
   PrefetchResult out;
   {
     Impl::Lock lk(s);
@@ -1281,7 +1298,7 @@ Result<PrefetchResult> HierarchicalCache::PollPrefetch(MatchHandle handle) {
 
 Result<PrefetchResult> HierarchicalCache::FinishPrefetch(MatchHandle handle) {
   Impl& s = *impl_;
-  Impl::Work work;
+  Impl::Work work(&s);
   PrefetchResult out;
   {
     Impl::Lock lk(s);
@@ -1317,7 +1334,7 @@ Result<LoadBackResult> HierarchicalCache::LoadBack(MatchHandle handle, CudaStrea
       KVTIER_ASSIGN_OR_RETURN(out.prefetch, FinishPrefetch(handle));
     }
   }
-  Impl::Work work;
+  Impl::Work work(&s);
   Impl::Lock lk(s);
   const auto start = Clock::now();
   Impl::Handle* h = nullptr;
@@ -1492,7 +1509,7 @@ Status HierarchicalCache::WaitLayer(MatchHandle handle, int64_t layer, CudaStrea
 
 Status HierarchicalCache::Release(MatchHandle handle) {
   Impl& s = *impl_;
-  Impl::Work work;
+  Impl::Work work(&s);
   {
     Impl::Lock lk(s);
     KVTIER_ASSIGN_OR_RETURN(Impl::Handle * h, s.FindHandle(handle));
@@ -1509,7 +1526,7 @@ Status HierarchicalCache::Release(MatchHandle handle) {
 Result<std::vector<int64_t>> HierarchicalCache::AllocateDeviceSlots(
     int64_t num_tokens, const AllocateOptions& options) {
   Impl& s = *impl_;
-  Impl::Work work;
+  Impl::Work work(&s);
   std::vector<int64_t> slots;
   {
     Impl::Lock lk(s);
@@ -1527,7 +1544,7 @@ Result<std::vector<int64_t>> HierarchicalCache::AllocateDeviceSlots(
       num_tokens = s.ledger->num_slots();
     }
     s.Reap(&work);
-    const int64_t pages = (num_tokens + s.P - 1) / s.P;
+    const int64_t pages = PagesFor(num_tokens, s.P);
     Result<std::vector<int64_t>> alloc =
         s.AllocateDevice(lk, pages, options.allow_fewer, DevicePageLedger::kEngine,
                          fmt::format("AllocateDeviceSlots({})", num_tokens), &work);
@@ -1581,7 +1598,7 @@ Result<InsertResult> HierarchicalCache::Insert(std::span<const Token> tokens,
     fence = std::make_shared<CudaEventHandle>(std::move(*ev));
   }
 
-  Impl::Work work;
+  Impl::Work work(&s);
   InsertResult out;
   {
     Impl::Lock lk(s);
@@ -1654,39 +1671,50 @@ Result<InsertResult> HierarchicalCache::Insert(std::span<const Token> tokens,
 
 Result<int64_t> HierarchicalCache::EvictDevice(int64_t num_tokens) {
   Impl& s = *impl_;
-  Impl::Work work;
+  if (num_tokens < 0) {
+    return Status::InvalidArgument(fmt::format("num_tokens = {} must not be negative", num_tokens));
+  }
+  Impl::Work work(&s);
   int64_t freed = 0;
   Status health;
   {
     Impl::Lock lk(s);
     KVTIER_RETURN_IF_ERROR(s.CheckHealth());
-    if (num_tokens < 0 || num_tokens > s.ledger->num_slots()) {
-      return Status::InvalidArgument(fmt::format(
-          "num_tokens = {} must be in [0, {}] (the device pool)", num_tokens,
-          s.ledger->num_slots()));
+    const int64_t need = std::min(PagesFor(num_tokens, s.P), s.ledger->num_pages());
+    // write_back: victims are copied to host memory first; wait for those copies (outside the
+    // lock) and evict again, a bounded number of times.
+    for (int round = 0; round < 4 && health.ok(); ++round) {
+      s.Reap(&work);
+      freed += s.EvictDevice(need - freed, &work);
+      health = s.CheckHealth();
+      std::vector<std::shared_ptr<CopyOp>> waits;
+      for (const auto& op : s.tracker.ops()) {
+        if (op->kind == CopyOp::Kind::kBackup && op->write_back) waits.push_back(op);
+      }
+      if (freed >= need || waits.empty()) break;
+      lk.unlock();
+      s.RunWork(work);
+      for (auto& op : waits) s.tracker.Wait(*op);
+      lk.lock();
     }
-    s.Reap(&work);
-    freed = s.EvictDevice((num_tokens + s.P - 1) / s.P, &work) * s.P;
-    health = s.CheckHealth();
   }
   s.RunWork(work);
   KVTIER_RETURN_IF_ERROR(health);
-  return freed;
+  return freed * s.P;
 }
 
 Result<int64_t> HierarchicalCache::EvictHost(int64_t num_tokens) {
   Impl& s = *impl_;
-  Impl::Work work;
+  if (num_tokens < 0) {
+    return Status::InvalidArgument(fmt::format("num_tokens = {} must not be negative", num_tokens));
+  }
+  Impl::Work work(&s);
   int64_t freed = 0;
   {
     Impl::Lock lk(s);
     KVTIER_RETURN_IF_ERROR(s.CheckHealth());
-    if (num_tokens < 0 || num_tokens > s.host->num_slots()) {
-      return Status::InvalidArgument(fmt::format(
-          "num_tokens = {} must be in [0, {}] (the host pool)", num_tokens, s.host->num_slots()));
-    }
     s.Reap(&work);
-    freed = s.EvictHost((num_tokens + s.P - 1) / s.P, &work) * s.P;
+    freed = s.EvictHost(std::min(PagesFor(num_tokens, s.P), s.host->num_pages()), &work) * s.P;
     s.TrimStorage(&work);
   }
   s.RunWork(work);
@@ -1695,7 +1723,7 @@ Result<int64_t> HierarchicalCache::EvictHost(int64_t num_tokens) {
 
 Status HierarchicalCache::WaitForBackups() {
   Impl& s = *impl_;
-  Impl::Work work;
+  Impl::Work work(&s);
   Status failure;
   {
     Impl::Lock lk(s);
@@ -1712,7 +1740,7 @@ Status HierarchicalCache::WaitForBackups() {
 
 CacheStats HierarchicalCache::stats() const {
   Impl& s = *impl_;
-  Impl::Work work;
+  Impl::Work work(&s);
   CacheStats c;
   {
     Impl::Lock lk(s);
@@ -1753,7 +1781,9 @@ Status HierarchicalCache::CheckConsistency() const {
   }
   int64_t copy_pages = 0, filling = 0;
   for (const auto& op : s.tracker.ops()) {
-    for (const RadixNode* n : op->nodes) ++expected_busy[n];
+    if (op->kind != CopyOp::Kind::kStore) {
+      for (const RadixNode* n : op->nodes) ++expected_busy[n];
+    }
     if (op->kind == CopyOp::Kind::kLoad) {
       copy_pages += static_cast<int64_t>(op->free_on_completion.size());
     }

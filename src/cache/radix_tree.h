@@ -21,7 +21,8 @@
 //     memory; the storage set the evictable nodes on neither (storage-only or orphans) with no
 //     children. The first two are ordered by their tier's EvictionPolicy key, the storage set
 //     orphans first, then least recently used;
-//   - locked_device_tokens / locked_host_tokens are the tier tokens of referenced or busy nodes.
+//   - locked_device_tokens / locked_host_tokens are the tier tokens of referenced or busy nodes
+//     (host: or storing).
 //
 // Thread safety: none; the owner (the cache) serialises every call.
 #pragma once
@@ -188,6 +189,11 @@ class RadixTree {
   void SetDevicePages(RadixNode* node, std::vector<int64_t> pages);
   // Moves the device pages out, appending them to `out`. REQUIRES: no child on the device.
   void TakeDevicePages(RadixNode* node, std::vector<int64_t>* out);
+  std::vector<int64_t> TakeDevicePages(RadixNode* node) {
+    std::vector<int64_t> out;
+    TakeDevicePages(node, &out);
+    return out;
+  }
   // REQUIRES: pages.size() == node's pages; the parent is in host memory (or the root).
   void SetHostPages(RadixNode* node, std::vector<int64_t> pages);
   // REQUIRES: no child in host memory.
@@ -212,7 +218,9 @@ class RadixTree {
   // REQUIRES: a matching AddBusy.
   void RemoveBusy(RadixNode* node);
   void SetPrefetching(RadixNode* node, bool on) { node->prefetching_ = on; }
-  void SetStoring(RadixNode* node, bool on) { node->storing_ = on; }
+  // A node being written to storage keeps its host pages (not host-evictable, not forgotten);
+  // its device copy may still go.
+  void SetStoring(RadixNode* node, bool on);
   // Called as hook(upper, lower) after a split: `upper` is the new node holding the first part of
   // `lower`'s old tokens; `lower` keeps its identity (handles pointing at it stay valid). Both
   // carry the old node's busy count, flags, references and statistics.
@@ -240,6 +248,9 @@ class RadixTree {
   // Tier tokens of referenced or busy nodes (what eviction cannot take).
   int64_t locked_device_tokens() const { return locked_device_tokens_; }
   int64_t locked_host_tokens() const { return locked_host_tokens_; }
+  // Tier tokens of referenced nodes (what eviction cannot take until a Release).
+  int64_t pinned_device_tokens() const { return pinned_device_tokens_; }
+  int64_t pinned_host_tokens() const { return pinned_host_tokens_; }
   // Tokens from the namespace root through the end of `node`.
   std::vector<Token> PrefixTokens(const RadixNode* node) const;
   // The key of the page before `node`'s first page (null when it is the first page or unknown).
@@ -312,6 +323,8 @@ class RadixTree {
   int64_t storage_only_tokens_ = 0;
   int64_t locked_device_tokens_ = 0;
   int64_t locked_host_tokens_ = 0;
+  int64_t pinned_device_tokens_ = 0;
+  int64_t pinned_host_tokens_ = 0;
 };
 
 }  // namespace kvtier

@@ -15,6 +15,7 @@
 
 #include "bench.h"
 #include "demo.h"
+#include "storage_bench.h"
 
 namespace kvtier::tools {
 namespace {
@@ -223,6 +224,8 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   bench->add_option("--json", options.json_path, "also write the rows as JSON to this file");
+  StorageBenchOptions storage_options;
+  AddStorageBenchOptions(bench, &storage_options);
 
   // ---- demo ----
   DemoOptions demo_options;
@@ -245,6 +248,11 @@ int main(int argc, char** argv) {
 
   CLI11_PARSE(app, argc, argv);
 
+  if (bench->parsed() && !storage_options.url.empty()) {
+    storage_options.repeats = options.repeats;
+    storage_options.json_path = options.json_path;
+    return RunStorageBench(storage_options, JoinArgs(argc, argv));
+  }
   if (bench->parsed()) return RunBench(options, args, JoinArgs(argc, argv));
   if (demo->parsed()) return RunDemo(demo_options);
   return 2;
