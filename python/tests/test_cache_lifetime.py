@@ -201,26 +201,39 @@ def _python_ran_during(call):
     return t1 - t0, sum(1 for s in stamps if t0 + margin < s < t1 - margin)
 
 
-def test_blocking_calls_release_the_gil():
+def _measure_blocking_calls():
+    """{call name: (seconds, ticks)} for insert, load_back and close of a fresh cache."""
     # 2 layers x 2,048 slots x 4 KiB for K and V: each full copy moves 32 MiB on one thread.
     num_slots, slot_bytes = 2048, 4096
     cache = make_cache(num_slots=num_slots, slot_bytes=slot_bytes, page_size=16, cpu_threads=1)
     tokens = np.arange(num_slots, dtype=np.int32)
     slots = cache.allocate_device_slots(num_slots)
-    checked = {}
+    measured = {}
     # insert backs up to host memory in the calling thread (write_through, backup_threads=0).
-    checked["insert"] = _python_ran_during(lambda: cache.insert(tokens, slots))
+    measured["insert"] = _python_ran_during(lambda: cache.insert(tokens, slots))
     assert cache.evict_device(num_slots) == num_slots
     m = cache.match(tokens)
     assert m.host_tokens == num_slots
-    checked["load_back"] = _python_ran_during(lambda: cache.load_back(m))
+    measured["load_back"] = _python_ran_during(lambda: cache.load_back(m))
     m.release()
-    checked["close"] = _python_ran_during(cache.close)
-    for name, (seconds, ticks) in checked.items():
-        if seconds < 0.02:
-            continue  # too fast to tell on this machine
-        assert ticks > 0, f"{name} held the GIL for {seconds * 1e3:.1f} ms"
-    assert any(seconds >= 0.02 for seconds, _ in checked.values()), checked
+    measured["close"] = _python_ran_during(cache.close)
+    return measured
+
+
+def test_blocking_calls_release_the_gil():
+    # A call that holds the GIL never shows a tick; one that releases it shows ticks unless the
+    # ticker thread was not scheduled at all (a loaded machine), so each call gets a few tries.
+    long_calls, released = set(), set()
+    for _ in range(4):
+        for name, (seconds, ticks) in _measure_blocking_calls().items():
+            if seconds >= 0.02:  # shorter calls are too fast to tell on this machine
+                long_calls.add(name)
+                if ticks > 0:
+                    released.add(name)
+        if long_calls and long_calls <= released:
+            break
+    assert long_calls, "no call took long enough to tell"
+    assert long_calls <= released, f"held the GIL in every try: {long_calls - released}"
 
 
 # ---- argument limits -----------------------------------------------------------------------
