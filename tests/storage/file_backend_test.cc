@@ -12,10 +12,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <thread>
 
 #include "kvtier/storage.h"
 #include "storage/page_format.h"
@@ -434,6 +436,50 @@ TEST_P(FileBackendTest, TwoProcessesWritingTheSameKey) {
   }
   EXPECT_EQ(wrong, 0);
   EXPECT_GT(hits, 0);
+  EXPECT_EQ(CountTempFiles(), 0);
+}
+
+// Several threads Set, Exists, Get and Remove pages of one store at once, some of them the same
+// keys; every hit holds exactly the bytes of one of the Sets of its key.
+TEST_P(FileBackendTest, ConcurrentCallersSeeWholePages) {
+  StorageOptions o;
+  o.io_threads = 3;
+  auto r = OpenStorage(Url("?capacity=" + std::to_string(24 * kValueBytes)), SmallNamespace(), o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  StorageBackend& b = **r;
+  const auto keys = Keys(16);
+  constexpr int kThreads = 4;
+  std::vector<Pages> versions;
+  for (int t = 0; t < kThreads; ++t) versions.emplace_back(16, 100 + t);
+  std::atomic<int> wrong{0}, hits{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < 15; ++round) {
+        const size_t first = static_cast<size_t>((t * 5 + round) % 12);
+        std::vector<PageKey> batch(keys.begin() + first, keys.begin() + first + 4);
+        std::vector<PageBuffer> in(versions[t].buffers.begin() + first,
+                                   versions[t].buffers.begin() + first + 4);
+        b.Set(batch, in).get();
+        b.Exists(batch).get();
+        Pages out(4, 0, true);
+        const BatchResult got = b.Get(batch, out.buffers).get();
+        for (size_t i = 0; i < 4; ++i) {
+          if (got.pages[i] != PageStatus::kOk) continue;
+          ++hits;
+          bool matches = false;
+          for (const Pages& v : versions) matches |= out.bytes[i] == v.bytes[first + i];
+          if (!matches) ++wrong;
+        }
+        if (round % 5 == 4) b.Remove({batch[0]}).get();
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_GT(hits.load(), 0);
+  const StorageStats s = b.Stats();
+  EXPECT_LE(s.stored_bytes, 24 * kValueBytes);
   EXPECT_EQ(CountTempFiles(), 0);
 }
 
