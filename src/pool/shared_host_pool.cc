@@ -39,8 +39,9 @@ Status ValidateGeometry(const KvGeometry& g, const char* what) {
         fmt::format("{}.num_layers = {} must be positive", what, g.num_layers));
   }
   if (g.slot_bytes <= 0 || g.slot_bytes % kSlotBytesAlignment != 0) {
-    return Status::InvalidArgument(fmt::format("{}.slot_bytes = {} must be a positive multiple of {}",
-                                               what, g.slot_bytes, kSlotBytesAlignment));
+    return Status::InvalidArgument(
+        fmt::format("{}.slot_bytes = {} must be a positive multiple of {}", what, g.slot_bytes,
+                    kSlotBytesAlignment));
   }
   if (g.page_size <= 0) {
     return Status::InvalidArgument(
@@ -57,9 +58,9 @@ Status ValidateGeometry(const KvGeometry& g, const char* what) {
         what, g.head_num, g.slot_bytes, kSlotBytesAlignment));
   }
   if (g.num_slots < 0 || g.num_slots % g.page_size != 0) {
-    return Status::InvalidArgument(fmt::format(
-        "{}.num_slots = {} must be a non-negative multiple of page_size = {}", what, g.num_slots,
-        g.page_size));
+    return Status::InvalidArgument(
+        fmt::format("{}.num_slots = {} must be a non-negative multiple of page_size = {}", what,
+                    g.num_slots, g.page_size));
   }
   return Status::OK();
 }
@@ -79,9 +80,9 @@ Result<KvGeometry> PoolGeometry(const SharedHostPoolConfig& config) {
     }
     const int64_t pages = config.capacity_bytes / page_bytes;
     if (pages < 1) {
-      return Status::InvalidArgument(fmt::format(
-          "SharedHostPoolConfig.capacity_bytes = {} is less than one page of {} bytes",
-          config.capacity_bytes, page_bytes));
+      return Status::InvalidArgument(
+          fmt::format("SharedHostPoolConfig.capacity_bytes = {} is less than one page of {} bytes",
+                      config.capacity_bytes, page_bytes));
     }
     g.num_slots = pages * g.page_size;
   }
@@ -92,9 +93,9 @@ Result<KvGeometry> PoolGeometry(const SharedHostPoolConfig& config) {
 Status CheckExpectedGeometry(std::string_view name, const KvGeometry& have, bool have_mla,
                              const KvGeometry& want, bool want_mla) {
   const auto mismatch = [&](const char* field, auto segment_value, auto wanted) {
-    return Status::InvalidArgument(fmt::format(
-        "shared host pool '{}': {} is {} in the segment but {} was expected", name, field,
-        segment_value, wanted));
+    return Status::InvalidArgument(
+        fmt::format("shared host pool '{}': {} is {} in the segment but {} was expected", name,
+                    field, segment_value, wanted));
   };
   if (have.layout != want.layout) {
     return mismatch("layout", LayoutName(have.layout), LayoutName(want.layout));
@@ -118,12 +119,12 @@ Status CheckExpectedGeometry(std::string_view name, const KvGeometry& have, bool
 
 // Waits for the creator to finish, then checks that the header describes a segment this build
 // can use and that fits the mapping. Returns the segment's geometry and MLA flag.
-Status CheckSegmentHeader(std::string_view name, const shm::SharedMapping& mapping,
-                          int timeout_ms, KvGeometry* geometry, bool* mla) {
+Status CheckSegmentHeader(std::string_view name, const shm::SharedMapping& mapping, int timeout_ms,
+                          KvGeometry* geometry, bool* mla) {
   if (mapping.bytes() < static_cast<int64_t>(sizeof(shm::SegmentHeader))) {
     return Status::InvalidArgument(fmt::format(
-        "shared host pool '{}' ({}) is {} bytes, smaller than a header: not a kvtier segment",
-        name, mapping.path(), mapping.bytes()));
+        "shared host pool '{}' ({}) is {} bytes, smaller than a header: not a kvtier segment", name,
+        mapping.path(), mapping.bytes()));
   }
   const auto* h = reinterpret_cast<const shm::SegmentHeader*>(mapping.data());
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
@@ -139,9 +140,9 @@ Status CheckSegmentHeader(std::string_view name, const shm::SharedMapping& mappi
         name, mapping.path(), timeout_ms, name));
   }
   if (magic != shm::kSegmentMagic) {
-    return Status::InvalidArgument(fmt::format(
-        "shared host pool '{}' ({}) is not a kvtier segment (magic {:#x})", name, mapping.path(),
-        magic));
+    return Status::InvalidArgument(
+        fmt::format("shared host pool '{}' ({}) is not a kvtier segment (magic {:#x})", name,
+                    mapping.path(), magic));
   }
   if (h->version != shm::kSegmentVersion || h->header_bytes != sizeof(shm::SegmentHeader)) {
     return Status::InvalidArgument(fmt::format(
@@ -160,8 +161,9 @@ Status CheckSegmentHeader(std::string_view name, const shm::SharedMapping& mappi
     return Status::Corruption(
         fmt::format("shared host pool '{}': the header's layout or mla field is invalid", name));
   }
-  KVTIER_RETURN_IF_ERROR(ValidateGeometry(g, "segment header").WithContext(
-      fmt::format("shared host pool '{}' has a corrupt header", name)));
+  KVTIER_RETURN_IF_ERROR(
+      ValidateGeometry(g, "segment header")
+          .WithContext(fmt::format("shared host pool '{}' has a corrupt header", name)));
   const int max_processes = h->max_processes;
   if (max_processes < 1 || max_processes > shm::kMaxProcessesLimit) {
     return Status::Corruption(fmt::format(
@@ -191,10 +193,14 @@ Status CheckSegmentHeader(std::string_view name, const shm::SharedMapping& mappi
 
 const char* ReserveOutcomeName(ReserveOutcome outcome) {
   switch (outcome) {
-    case ReserveOutcome::kReserved: return "reserved";
-    case ReserveOutcome::kAlreadyReady: return "already_ready";
-    case ReserveOutcome::kBeingWritten: return "being_written";
-    case ReserveOutcome::kNoSpace: return "no_space";
+    case ReserveOutcome::kReserved:
+      return "reserved";
+    case ReserveOutcome::kAlreadyReady:
+      return "already_ready";
+    case ReserveOutcome::kBeingWritten:
+      return "being_written";
+    case ReserveOutcome::kNoSpace:
+      return "no_space";
   }
   return "unknown";
 }
@@ -267,9 +273,8 @@ struct SharedHostPool::State {
     state->mapping = std::move(mapping);
     state->index = std::make_unique<shm::PageIndex>(state->mapping.data());
     state->pid = getpid();
-    KVTIER_ASSIGN_OR_RETURN(state->slot,
-                            state->index->AttachProcess(state->pid,
-                                                        shm::ProcessStartTime(state->pid)));
+    KVTIER_ASSIGN_OR_RETURN(
+        state->slot, state->index->AttachProcess(state->pid, shm::ProcessStartTime(state->pid)));
     const shm::SegmentHeader* h = state->index->header();
     std::byte* data = state->mapping.data() + h->data_offset;
     state->region.geometry = geometry;
@@ -308,7 +313,7 @@ Result<std::unique_ptr<SharedHostPool>> SharedHostPool::Create(const SharedHostP
   }
   Result<std::unique_ptr<State>> state =
       s.ok() ? State::Open(config.name, std::move(mapping), geometry, config.mla,
-                    config.register_with_cuda)
+                           config.register_with_cuda)
              : Result<std::unique_ptr<State>>(s);
   if (!state.ok()) {
     (void)shm::UnlinkSegment(config.name);
@@ -342,7 +347,7 @@ Result<std::unique_ptr<SharedHostPool>> SharedHostPool::Attach(
         CheckExpectedGeometry(name, geometry, mla, *options.expected_geometry, options.mla));
   }
   KVTIER_ASSIGN_OR_RETURN(auto state, State::Open(name, std::move(mapping).value(), geometry, mla,
-                                           options.register_with_cuda));
+                                                  options.register_with_cuda));
   return std::unique_ptr<SharedHostPool>(new SharedHostPool(std::move(state)));
 }
 
@@ -422,8 +427,8 @@ Result<SharedHostPoolInfo> SharedHostPool::Inspect() {
   info.path = state_->mapping.path();
   info.geometry = geometry();
   info.mla = region().mla;
-  info.page_bytes = region().num_buffers() * geometry().num_layers * geometry().page_size *
-                    geometry().slot_bytes;
+  info.page_bytes =
+      region().num_buffers() * geometry().num_layers * geometry().page_size * geometry().slot_bytes;
   info.segment_bytes = state_->mapping.bytes();
   info.huge_pages = huge_pages();
   info.cuda_registered = cuda_registered();

@@ -41,13 +41,13 @@ Result<SegmentLayout> ComputeSegmentLayout(const KvGeometry& geometry, bool mla,
   const uint64_t pages = static_cast<uint64_t>(out.num_pages);
   uint64_t offset = 0;
   bool ok = AlignUp(sizeof(SegmentHeader), 64, &out.process_offset);
-  ok = ok && AlignUp(out.process_offset + sizeof(ProcessRecord) * max_processes, 64,
-                     &out.page_offset);
+  ok = ok &&
+       AlignUp(out.process_offset + sizeof(ProcessRecord) * max_processes, 64, &out.page_offset);
   ok = ok && AlignUp(out.page_offset + sizeof(PageRecord) * pages, 64, &out.refs_offset);
-  ok = ok && AlignUp(out.refs_offset + sizeof(uint16_t) * pages * max_processes, 64,
-                     &out.bucket_offset);
-  ok = ok && AlignUp(out.bucket_offset + sizeof(int32_t) * buckets, kDataAlignment,
-                     &out.data_offset);
+  ok = ok &&
+       AlignUp(out.refs_offset + sizeof(uint16_t) * pages * max_processes, 64, &out.bucket_offset);
+  ok = ok &&
+       AlignUp(out.bucket_offset + sizeof(int32_t) * buckets, kDataAlignment, &out.data_offset);
   uint64_t stride = 0;
   ok = ok && AlignUp(static_cast<uint64_t>(out.buffer_bytes), kDataAlignment, &stride);
   if (!ok) return overflow("the segment size");

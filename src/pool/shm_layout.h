@@ -127,7 +127,6 @@ struct SegmentLayout {
 
 // REQUIRES: a geometry that KvRegion::Validate accepts (num_slots > 0, a multiple of
 // page_size); 1 <= max_processes <= kMaxProcessesLimit. InvalidArgument on overflow.
-Result<SegmentLayout> ComputeSegmentLayout(const KvGeometry& geometry, bool mla,
-                                           int max_processes);
+Result<SegmentLayout> ComputeSegmentLayout(const KvGeometry& geometry, bool mla, int max_processes);
 
 }  // namespace kvtier::shm

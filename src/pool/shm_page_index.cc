@@ -146,9 +146,7 @@ class PageIndex::Locked {
   SegmentHeader& h() { return *ix_->header_; }
   PageRecord& page(int64_t p) { return ix_->pages_[p]; }
   ProcessRecord& process(int s) { return ix_->processes_[s]; }
-  uint16_t& refs(int64_t p, int s) {
-    return ix_->refs_[p * ix_->max_processes_ + s];
-  }
+  uint16_t& refs(int64_t p, int s) { return ix_->refs_[p * ix_->max_processes_ + s]; }
   int64_t num_pages() const { return ix_->num_pages_; }
   int max_processes() const { return ix_->max_processes_; }
   PageState state(int64_t p) { return static_cast<PageState>(page(p).state); }
@@ -169,8 +167,8 @@ class PageIndex::Locked {
          p = page(p).hash_next, ++steps) {
       if (p < 0 || p >= num_pages()) return kNone;  // only after corruption; CheckInvariants
       const PageRecord& r = page(p);
-      if (r.state != static_cast<uint32_t>(PageState::kEmpty) && r.namespace_hash == namespace_hash &&
-          std::memcmp(r.key, key, 32) == 0) {
+      if (r.state != static_cast<uint32_t>(PageState::kEmpty) &&
+          r.namespace_hash == namespace_hash && std::memcmp(r.key, key, 32) == 0) {
         return p;
       }
     }
@@ -366,13 +364,12 @@ class PageIndex::Locked {
       if (state(p) == PageState::kWriting) {
         ++writing;
         if (!SlotAttached(r.writer)) {
-          return Status::Corruption(
-              fmt::format("page {} is WRITING for process record {}, which is not attached", p,
-                          r.writer));
+          return Status::Corruption(fmt::format(
+              "page {} is WRITING for process record {}, which is not attached", p, r.writer));
         }
       } else if (r.writer != kNone) {
-        return Status::Corruption(fmt::format("page {} is not WRITING but names writer {}", p,
-                                              r.writer));
+        return Status::Corruption(
+            fmt::format("page {} is not WRITING but names writer {}", p, r.writer));
       }
       if (state(p) == PageState::kEmpty) ++empty;
       if (state(p) == PageState::kReady) ++ready;
@@ -386,9 +383,9 @@ class PageIndex::Locked {
         sum += n;
       }
       if (sum != r.readers) {
-        return Status::Corruption(fmt::format(
-            "page {} counts {} readers but its per-process references sum to {}", p, r.readers,
-            sum));
+        return Status::Corruption(
+            fmt::format("page {} counts {} readers but its per-process references sum to {}", p,
+                        r.readers, sum));
       }
       if (sum != 0 && state(p) != PageState::kReady) {
         return Status::Corruption(fmt::format("page {} has readers but is not READY", p));
@@ -410,9 +407,9 @@ class PageIndex::Locked {
       ++n;
     }
     if (n != empty || hd.free_count != empty) {
-      return Status::Corruption(fmt::format(
-          "free list holds {} pages, free_count says {}, {} pages are EMPTY", n, hd.free_count,
-          empty));
+      return Status::Corruption(
+          fmt::format("free list holds {} pages, free_count says {}, {} pages are EMPTY", n,
+                      hd.free_count, empty));
     }
     // LRU list.
     std::fill(seen.begin(), seen.end(), 0);
@@ -451,15 +448,14 @@ class PageIndex::Locked {
         seen[p] = 1;
         ++n;
         if (Find(page(p).namespace_hash, page(p).key) != p) {
-          return Status::Corruption(
-              fmt::format("page {} shares its namespace and key with page {}", p,
-                          Find(page(p).namespace_hash, page(p).key)));
+          return Status::Corruption(fmt::format("page {} shares its namespace and key with page {}",
+                                                p, Find(page(p).namespace_hash, page(p).key)));
         }
       }
     }
     if (n != ready + writing) {
-      return Status::Corruption(fmt::format(
-          "hash chains hold {} pages but {} are READY or WRITING", n, ready + writing));
+      return Status::Corruption(
+          fmt::format("hash chains hold {} pages but {} are READY or WRITING", n, ready + writing));
     }
     return Status::OK();
   }
@@ -501,9 +497,9 @@ Status PageIndex::Initialize(std::byte* base, const SegmentLayout& layout,
   if (rc == 0) rc = pthread_mutex_init(&h->lock, &attr);
   pthread_mutexattr_destroy(&attr);
   if (rc != 0) {
-    return Status::Internal(fmt::format(
-        "shared host pool: a robust process-shared mutex could not be made: {}",
-        std::strerror(rc)));
+    return Status::Internal(
+        fmt::format("shared host pool: a robust process-shared mutex could not be made: {}",
+                    std::strerror(rc)));
   }
 
   auto* processes = reinterpret_cast<ProcessRecord*>(base + layout.process_offset);
@@ -567,8 +563,7 @@ Result<std::vector<PageReservation>> PageIndex::Reserve(int slot, uint64_t names
     int64_t found = ix.Find(namespace_hash, key);
     if (found != kNone && ix.state(found) == PageState::kWriting) {
       const int writer = ix.page(found).writer;
-      if (writer != slot &&
-          !ProcessAlive(ix.process(writer).pid, ix.process(writer).start_time)) {
+      if (writer != slot && !ProcessAlive(ix.process(writer).pid, ix.process(writer).start_time)) {
         ix.ReleaseProcess(writer, /*dead=*/true);  // its unfinished page goes back to EMPTY
         found = kNone;
       }
@@ -644,9 +639,9 @@ Status PageIndex::Abort(int slot, std::span<const int64_t> pages) {
   KVTIER_ASSIGN_OR_RETURN(Locked ix, Locked::Acquire(this));
   for (size_t i = 0; i < pages.size(); ++i) {
     if (ix.state(pages[i]) != PageState::kWriting || ix.page(pages[i]).writer != slot) {
-      return Status::FailedPrecondition(fmt::format(
-          "shared host pool Abort: page {} (pages[{}]) is not WRITING for this process", pages[i],
-          i));
+      return Status::FailedPrecondition(
+          fmt::format("shared host pool Abort: page {} (pages[{}]) is not WRITING for this process",
+                      pages[i], i));
     }
   }
   for (int64_t p : pages) ix.DropWriting(static_cast<int32_t>(p));
@@ -731,13 +726,17 @@ Status PageIndex::Inspect(int caller_slot, SharedHostPoolInfo* info) {
   for (int64_t p = 0; p < num_pages_; ++p) {
     const PageRecord& r = ix.page(p);
     switch (ix.state(p)) {
-      case PageState::kEmpty: ++info->empty_pages; break;
+      case PageState::kEmpty:
+        ++info->empty_pages;
+        break;
       case PageState::kWriting:
         ++info->writing_pages;
         if (r.writer >= 0 && r.writer < max_processes_) ++procs[r.writer].writing_pages;
         break;
       case PageState::kReady:
-      default: ++info->ready_pages; break;
+      default:
+        ++info->ready_pages;
+        break;
     }
     if (r.readers > 0) ++info->pinned_pages;
     for (int s = 0; s < max_processes_; ++s) {

@@ -164,8 +164,8 @@ SharedMapping::~SharedMapping() {
 
 Status ValidateSegmentName(std::string_view name) {
   if (name.empty() || name.size() > kMaxNameLength) {
-    return Status::InvalidArgument(fmt::format(
-        "shared host pool name '{}' must be 1 to {} characters", name, kMaxNameLength));
+    return Status::InvalidArgument(
+        fmt::format("shared host pool name '{}' must be 1 to {} characters", name, kMaxNameLength));
   }
   if (name.front() == '.') {
     return Status::InvalidArgument(
@@ -192,10 +192,10 @@ Result<SharedMapping> CreateSegment(std::string_view name, const CreateSegmentOp
   const std::string mount = HugetlbfsMount();
   const std::string shm_path = ShmPath(name);
   if (Exists(shm_path) || (!mount.empty() && Exists(HugetlbfsPath(mount, name)))) {
-    return Status::FailedPrecondition(fmt::format(
-        "shared host pool '{}' exists already ({}); attach to it, or remove it with "
-        "`kvtier shm destroy {}`",
-        name, Exists(shm_path) ? shm_path : HugetlbfsPath(mount, name), name));
+    return Status::FailedPrecondition(
+        fmt::format("shared host pool '{}' exists already ({}); attach to it, or remove it with "
+                    "`kvtier shm destroy {}`",
+                    name, Exists(shm_path) ? shm_path : HugetlbfsPath(mount, name), name));
   }
 
   if (options.huge_pages) {
@@ -219,13 +219,13 @@ Result<SharedMapping> CreateSegment(std::string_view name, const CreateSegmentOp
   Fd fd(shm_open(object.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
   if (fd.get() < 0) {
     if (errno == EEXIST) {
-      return Status::FailedPrecondition(fmt::format(
-          "shared host pool '{}' exists already ({}); attach to it, or remove it with "
-          "`kvtier shm destroy {}`",
-          name, shm_path, name));
+      return Status::FailedPrecondition(
+          fmt::format("shared host pool '{}' exists already ({}); attach to it, or remove it with "
+                      "`kvtier shm destroy {}`",
+                      name, shm_path, name));
     }
-    return Status::IOError(fmt::format("shared host pool: shm_open {} failed: {}", object,
-                                       std::strerror(errno)));
+    return Status::IOError(
+        fmt::format("shared host pool: shm_open {} failed: {}", object, std::strerror(errno)));
   }
   Status s = SetPermissions(fd.get(), shm_path, options.group_id);
   if (s.ok()) {
@@ -242,8 +242,8 @@ Result<SharedMapping> CreateSegment(std::string_view name, const CreateSegmentOp
           options.bytes, shm_path, std::strerror(err)));
     }
   }
-  Result<std::byte*> data = s.ok() ? MapWhole(fd.get(), options.bytes, shm_path)
-                                   : Result<std::byte*>(s);
+  Result<std::byte*> data =
+      s.ok() ? MapWhole(fd.get(), options.bytes, shm_path) : Result<std::byte*>(s);
   if (!data.ok()) {
     shm_unlink(object.c_str());
     return data.status();
@@ -286,7 +286,7 @@ Result<SharedMapping> OpenSegment(std::string_view name) {
         "shared host pool '{}' ({}) is empty: its creator has not sized it yet, or died", name,
         path));
   }
-  KVTIER_ASSIGN_OR_RETURN(std::byte* data, MapWhole(fd.get(), st.st_size, path));
+  KVTIER_ASSIGN_OR_RETURN(std::byte * data, MapWhole(fd.get(), st.st_size, path));
   return SegmentFiles::Make(data, st.st_size, path, huge);
 }
 

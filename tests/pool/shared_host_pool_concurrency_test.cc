@@ -89,8 +89,8 @@ TEST(SharedHostPoolConcurrencyTest, ThreadsInsertAndMatchOverlappingPrefixes) {
   std::set<int64_t> seen;
   for (int64_t index = 0; index < kPrompts; ++index) {
     const Tenant& tenant = tenants[static_cast<size_t>(index % 2)];
-    auto prompt = testing::PagesOf(
-        testing::WorkloadPrompt(seed, index, kFamilies, kMaxPages, 4), 4, tenant);
+    auto prompt =
+        testing::PagesOf(testing::WorkloadPrompt(seed, index, kFamilies, kMaxPages, 4), 4, tenant);
     ASSERT_TRUE(prompt.ok());
     for (size_t k = 0; k < prompt->keys.size(); ++k) {
       auto page = shared->PinPrefix(tenant.namespace_hash,

@@ -86,8 +86,7 @@ class Worker {
   // True once the worker wrote `signal` ('A': attached, 'R': stopped where it was told to),
   // within `timeout_ms`.
   bool WaitFor(char signal, int timeout_ms) {
-    const auto deadline =
-        std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
     for (;;) {
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
           deadline - std::chrono::steady_clock::now());
@@ -108,8 +107,7 @@ class Worker {
   // Waits up to `timeout_ms` for the exit; -1 on timeout (then kills it), else the exit code
   // (128 + signal for a signal). `output` gets what it printed.
   int Wait(int timeout_ms, std::string* output) {
-    const auto deadline =
-        std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
     int status = 0;
     while (waitpid(pid_, &status, WNOHANG) == 0) {
       if (std::chrono::steady_clock::now() > deadline) {
@@ -142,10 +140,13 @@ std::unique_ptr<SharedHostPool> MustCreate(const std::string& name, int64_t num_
   return created.ok() ? std::move(created).value() : nullptr;
 }
 
-std::vector<std::string> WorkerArgs(const std::string& name, const std::string& mode,
-                                    uint64_t seed, int64_t prompts) {
-  return {"name=" + name, "mode=" + mode, "seed=" + std::to_string(seed),
-          "prompts=" + std::to_string(prompts), "families=" + std::to_string(kFamilies),
+std::vector<std::string> WorkerArgs(const std::string& name, const std::string& mode, uint64_t seed,
+                                    int64_t prompts) {
+  return {"name=" + name,
+          "mode=" + mode,
+          "seed=" + std::to_string(seed),
+          "prompts=" + std::to_string(prompts),
+          "families=" + std::to_string(kFamilies),
           "max_pages=" + std::to_string(kMaxPages)};
 }
 
@@ -161,13 +162,13 @@ Status CheckEveryPage(SharedHostPool& pool, uint64_t seed, int64_t prompts,
     KVTIER_ASSIGN_OR_RETURN(testing::PromptPages prompt,
                             testing::PagesOf(tokens, pool.page_size(), tenant));
     for (size_t k = 0; k < prompt.keys.size(); ++k) {
-      KVTIER_ASSIGN_OR_RETURN(
-          std::vector<int64_t> page,
-          pool.PinPrefix(tenant.namespace_hash, std::span<const PageKey>(prompt.keys).subspan(k, 1)));
+      KVTIER_ASSIGN_OR_RETURN(std::vector<int64_t> page,
+                              pool.PinPrefix(tenant.namespace_hash,
+                                             std::span<const PageKey>(prompt.keys).subspan(k, 1)));
       Status s = page.empty() ? Status::OK() : testing::VerifyPage(pool, page[0], prompt, k);
       KVTIER_RETURN_IF_ERROR(pool.Unpin(page));
-      KVTIER_RETURN_IF_ERROR(s.WithContext("seed " + std::to_string(seed) + " prompt " +
-                                           std::to_string(i)));
+      KVTIER_RETURN_IF_ERROR(
+          s.WithContext("seed " + std::to_string(seed) + " prompt " + std::to_string(i)));
       if (!page.empty()) seen->insert(page[0]);
     }
   }
@@ -205,7 +206,8 @@ TEST(SharedHostPoolMultiProcessTest, FourProcessesShareOverlappingPrefixesByteEx
   EXPECT_EQ(info->reaped_processes, 0);
   EXPECT_GT(info->evictions, 0);
   std::set<int64_t> seen;
-  for (uint64_t seed = 1; seed <= 4; ++seed) ASSERT_OK(CheckEveryPage(*pool, seed, kPrompts, &seen));
+  for (uint64_t seed = 1; seed <= 4; ++seed)
+    ASSERT_OK(CheckEveryPage(*pool, seed, kPrompts, &seen));
   EXPECT_EQ(static_cast<int64_t>(seen.size()), info->ready_pages);
   ASSERT_OK(pool->CheckInvariants());
 }
@@ -250,8 +252,8 @@ TEST(SharedHostPoolMultiProcessTest, KilledProcessesCostOnlyTheirOwnPages) {
 
     // This process keeps working (the first lock after a kill inside the lock repairs)...
     const int64_t index = static_cast<int64_t>(rng() % kPrompts);
-    auto prompt = testing::PagesOf(
-        testing::WorkloadPrompt(7, index, kFamilies, kMaxPages, 4), 4, tenants[index % 2]);
+    auto prompt = testing::PagesOf(testing::WorkloadPrompt(7, index, kFamilies, kMaxPages, 4), 4,
+                                   tenants[index % 2]);
     ASSERT_TRUE(prompt.ok());
     testing::PublishStats stats;
     ASSERT_OK(testing::Publish(*pool, tenants[index % 2], *prompt, &stats));
@@ -294,12 +296,13 @@ TEST(SharedHostPoolMultiProcessTest, KilledProcessesCostOnlyTheirOwnPages) {
   for (int i = 0; i < 50; ++i) ASSERT_OK(CheckEveryPage(*pool, 100 + i, kPrompts, &seen));
   EXPECT_EQ(static_cast<int64_t>(seen.size()), info->ready_pages);
   ASSERT_OK(pool->CheckInvariants());
-  std::printf("50 kills in %.2f s: %lld lock recoveries, %lld processes reaped, %lld WRITING "
-              "pages reclaimed, %lld references dropped\n",
-              seconds, static_cast<long long>(info->lock_recoveries),
-              static_cast<long long>(info->reaped_processes),
-              static_cast<long long>(info->reclaimed_writing_pages),
-              static_cast<long long>(info->dropped_refs));
+  std::printf(
+      "50 kills in %.2f s: %lld lock recoveries, %lld processes reaped, %lld WRITING "
+      "pages reclaimed, %lld references dropped\n",
+      seconds, static_cast<long long>(info->lock_recoveries),
+      static_cast<long long>(info->reaped_processes),
+      static_cast<long long>(info->reclaimed_writing_pages),
+      static_cast<long long>(info->dropped_refs));
 }
 
 TEST(SharedHostPoolMultiProcessTest, RecordsOfDeadProcessesAreReused) {

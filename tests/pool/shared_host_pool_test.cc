@@ -4,6 +4,8 @@
 // namespaces never seeing each other's pages; detaching releasing what an attachment held; and a
 // randomised model-based test of two attachments against a reference model of the index.
 // Processes dying at random points are covered by shared_host_pool_multiprocess_test.cc.
+#include "kvtier/shared_host_pool.h"
+
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -15,7 +17,6 @@
 #include <string>
 #include <vector>
 
-#include "kvtier/shared_host_pool.h"
 #include "pool/shared_host_pool_test_util.h"
 #include "support/kv_test_util.h"
 
@@ -241,8 +242,8 @@ TEST(SharedHostPoolTest, PublishPinUnpinByteExact) {
   EXPECT_TRUE(none->empty());
 
   // Reserve 4 of the 6 pages: WRITING pages are invisible to readers and busy for writers.
-  auto first = writer->Reserve(tenant.namespace_hash,
-                               std::span<const PageKey>(prompt->keys).first(4));
+  auto first =
+      writer->Reserve(tenant.namespace_hash, std::span<const PageKey>(prompt->keys).first(4));
   ASSERT_TRUE(first.ok());
   std::vector<int64_t> pages;
   for (const PageReservation& r : *first) {
@@ -456,8 +457,8 @@ TEST(SharedHostPoolTest, RandomOperationsMatchAReferenceModel) {
 
   std::map<std::pair<uint64_t, PageKey>, ModelPage> model;
   uint64_t clock = 0;
-  std::vector<int64_t> pinned[2];     // pages each attachment holds pins on (with repeats)
-  std::vector<int64_t> writing[2];    // pages each attachment has WRITING
+  std::vector<int64_t> pinned[2];   // pages each attachment holds pins on (with repeats)
+  std::vector<int64_t> writing[2];  // pages each attachment has WRITING
   std::map<int64_t, std::pair<uint64_t, PageKey>> page_key;  // host page -> model key
 
   const auto evict_lru = [&]() -> bool {

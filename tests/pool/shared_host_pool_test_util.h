@@ -76,8 +76,8 @@ inline std::vector<Token> WorkloadPrompt(uint64_t seed, int64_t index, int famil
 }
 
 struct PromptPages {
-  std::vector<PageKey> keys;      // one per whole page
-  std::vector<uint64_t> hashes;   // one per token (the pattern)
+  std::vector<PageKey> keys;     // one per whole page
+  std::vector<uint64_t> hashes;  // one per token (the pattern)
 };
 
 inline Result<PromptPages> PagesOf(std::span<const Token> tokens, int64_t page_size,
@@ -121,9 +121,15 @@ inline Status Publish(SharedHostPool& pool, const Tenant& tenant, const PromptPa
         written.push_back(page);
         break;
       }
-      case ReserveOutcome::kAlreadyReady: ++stats->already_ready; break;
-      case ReserveOutcome::kBeingWritten: ++stats->being_written; break;
-      case ReserveOutcome::kNoSpace: ++stats->no_space; break;
+      case ReserveOutcome::kAlreadyReady:
+        ++stats->already_ready;
+        break;
+      case ReserveOutcome::kBeingWritten:
+        ++stats->being_written;
+        break;
+      case ReserveOutcome::kNoSpace:
+        ++stats->no_space;
+        break;
     }
   }
   return pool.Commit(written);

@@ -151,8 +151,7 @@ int RunGpu(SharedHostPool& pool, const Workload& w) {
   const auto copy = [&](const KvRegion& src, const KvRegion& dst, const std::vector<int64_t>& s,
                         const std::vector<int64_t>& d) -> Status {
     KVTIER_RETURN_IF_ERROR((*engine)->Transfer(
-        TransferRequest::AllLayers(src, dst, SlotIndices::Host(s), SlotIndices::Host(d)),
-        options));
+        TransferRequest::AllLayers(src, dst, SlotIndices::Host(s), SlotIndices::Host(d)), options));
     return (*engine)->Synchronize(stream->get());
   };
   std::vector<int64_t> identity(static_cast<size_t>(slots));

@@ -15,6 +15,7 @@
 
 #include "bench.h"
 #include "demo.h"
+#include "shm.h"
 
 namespace kvtier::tools {
 namespace {
@@ -243,9 +244,12 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   demo->add_option("--seed", demo_options.seed, "seed of the random pages")->capture_default_str();
 
+  ShmCommand shm(app);
+
   CLI11_PARSE(app, argc, argv);
 
   if (bench->parsed()) return RunBench(options, args, JoinArgs(argc, argv));
   if (demo->parsed()) return RunDemo(demo_options);
+  if (shm.parsed()) return shm.Run();
   return 2;
 }
