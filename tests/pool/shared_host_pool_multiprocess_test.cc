@@ -1,5 +1,7 @@
 // Multi-process tests of SharedHostPool, with worker processes (fork + exec of
 // shared_host_pool_worker) on one segment:
+// The 4 processes are exec()ed; the 50 victims of the crash test are fork()ed, to keep it to
+// seconds under the sanitizers too.
 //   - 4 processes inserting and matching overlapping prefixes of two tenants at once: every page
 //     any of them reads is byte-exact, and afterwards the index invariants hold and every READY
 //     page holds exactly the bytes of its key;
@@ -28,11 +30,8 @@
 
 #include "kvtier/shared_host_pool.h"
 #include "pool/shared_host_pool_test_util.h"
+#include "pool/shared_host_pool_worker_process.h"
 #include "support/kv_test_util.h"
-
-#ifndef KVTIER_SHM_WORKER
-#error "KVTIER_SHM_WORKER (the path of shared_host_pool_worker) must be defined by CMake"
-#endif
 
 namespace kvtier {
 namespace {
@@ -40,6 +39,7 @@ namespace {
 using testing::ScopedSegmentName;
 using testing::SmallSharedGeometry;
 using testing::Tenant;
+using testing::Worker;
 
 #define ASSERT_OK(expr)                                     \
   do {                                                      \
@@ -49,85 +49,6 @@ using testing::Tenant;
 
 constexpr int kFamilies = 4;
 constexpr int64_t kMaxPages = 6;
-
-// A worker process with a pipe from its stdout. Killed (if still running) and reaped on
-// destruction, so a failed assertion leaves no process behind.
-class Worker {
- public:
-  explicit Worker(const std::vector<std::string>& args) {
-    int fds[2];
-    if (pipe2(fds, O_CLOEXEC) != 0) return;
-    std::vector<std::string> argv_storage = {KVTIER_SHM_WORKER};
-    argv_storage.insert(argv_storage.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (std::string& a : argv_storage) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    pid_ = fork();
-    if (pid_ == 0) {
-      dup2(fds[1], STDOUT_FILENO);  // dup2 clears O_CLOEXEC on the copy
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
-    close(fds[1]);
-    out_ = fds[0];
-  }
-  Worker(const Worker&) = delete;
-  Worker& operator=(const Worker&) = delete;
-  ~Worker() {
-    if (pid_ > 0 && !reaped_) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-    if (out_ >= 0) close(out_);
-  }
-
-  pid_t pid() const { return pid_; }
-
-  // True once the worker wrote `signal` ('A': attached, 'R': stopped where it was told to),
-  // within `timeout_ms`.
-  bool WaitFor(char signal, int timeout_ms) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-    for (;;) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          deadline - std::chrono::steady_clock::now());
-      pollfd p{out_, POLLIN, 0};
-      if (left.count() <= 0 || poll(&p, 1, static_cast<int>(left.count())) != 1) return false;
-      char c = 0;
-      if (read(out_, &c, 1) != 1) return false;
-      if (c == signal) return true;
-    }
-  }
-
-  void Kill() {
-    kill(pid_, SIGKILL);
-    waitpid(pid_, nullptr, 0);
-    reaped_ = true;
-  }
-
-  // Waits up to `timeout_ms` for the exit; -1 on timeout (then kills it), else the exit code
-  // (128 + signal for a signal). `output` gets what it printed.
-  int Wait(int timeout_ms, std::string* output) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-    int status = 0;
-    while (waitpid(pid_, &status, WNOHANG) == 0) {
-      if (std::chrono::steady_clock::now() > deadline) {
-        Kill();
-        return -1;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
-    reaped_ = true;
-    char buf[512];
-    ssize_t n;
-    while ((n = read(out_, buf, sizeof(buf))) > 0) output->append(buf, static_cast<size_t>(n));
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  }
-
- private:
-  pid_t pid_ = -1;
-  int out_ = -1;
-  bool reaped_ = false;
-};
 
 std::unique_ptr<SharedHostPool> MustCreate(const std::string& name, int64_t num_pages) {
   SharedHostPoolConfig c;
@@ -148,31 +69,6 @@ std::vector<std::string> WorkerArgs(const std::string& name, const std::string& 
           "prompts=" + std::to_string(prompts),
           "families=" + std::to_string(kFamilies),
           "max_pages=" + std::to_string(kMaxPages)};
-}
-
-// Checks every READY page that any prompt (seed, 0..prompts-1) of the workload names, one key at
-// a time (so pages behind an evicted one are checked too); adds the checked pages to `seen`.
-Status CheckEveryPage(SharedHostPool& pool, uint64_t seed, int64_t prompts,
-                      std::set<int64_t>* seen) {
-  const std::vector<Tenant> tenants = testing::WorkloadTenants();
-  for (int64_t i = 0; i < prompts; ++i) {
-    const Tenant& tenant = tenants[static_cast<size_t>(i % 2)];
-    const std::vector<Token> tokens =
-        testing::WorkloadPrompt(seed, i, kFamilies, kMaxPages, pool.page_size());
-    KVTIER_ASSIGN_OR_RETURN(testing::PromptPages prompt,
-                            testing::PagesOf(tokens, pool.page_size(), tenant));
-    for (size_t k = 0; k < prompt.keys.size(); ++k) {
-      KVTIER_ASSIGN_OR_RETURN(std::vector<int64_t> page,
-                              pool.PinPrefix(tenant.namespace_hash,
-                                             std::span<const PageKey>(prompt.keys).subspan(k, 1)));
-      Status s = page.empty() ? Status::OK() : testing::VerifyPage(pool, page[0], prompt, k);
-      KVTIER_RETURN_IF_ERROR(pool.Unpin(page));
-      KVTIER_RETURN_IF_ERROR(
-          s.WithContext("seed " + std::to_string(seed) + " prompt " + std::to_string(i)));
-      if (!page.empty()) seen->insert(page[0]);
-    }
-  }
-  return Status::OK();
 }
 
 TEST(SharedHostPoolMultiProcessTest, FourProcessesShareOverlappingPrefixesByteExact) {
@@ -207,7 +103,7 @@ TEST(SharedHostPoolMultiProcessTest, FourProcessesShareOverlappingPrefixesByteEx
   EXPECT_GT(info->evictions, 0);
   std::set<int64_t> seen;
   for (uint64_t seed = 1; seed <= 4; ++seed)
-    ASSERT_OK(CheckEveryPage(*pool, seed, kPrompts, &seen));
+    ASSERT_OK(testing::CheckEveryPage(*pool, seed, kPrompts, kFamilies, kMaxPages, &seen));
   EXPECT_EQ(static_cast<int64_t>(seen.size()), info->ready_pages);
   ASSERT_OK(pool->CheckInvariants());
 }
@@ -225,7 +121,7 @@ TEST(SharedHostPoolMultiProcessTest, KilledProcessesCostOnlyTheirOwnPages) {
   std::vector<std::string> survivor_args = WorkerArgs(name.get(), "mixed", 1000, kPrompts);
   survivor_args.push_back("iterations=0");
   survivor_args.push_back("stop_file=" + stop_file);
-  Worker survivor(survivor_args);
+  Worker survivor(survivor_args, testing::WorkerStart::kFork);
 
   const std::vector<std::string> kHolds = {"reserve:popped", "reserve:writing", "commit:ready",
                                            "pin:counted",    "evict:unlinked",  "mid-write",
@@ -239,7 +135,7 @@ TEST(SharedHostPoolMultiProcessTest, KilledProcessesCostOnlyTheirOwnPages) {
     const uint64_t worker_seed = 100 + static_cast<uint64_t>(i);
     std::vector<std::string> args = WorkerArgs(name.get(), "hold", worker_seed, kPrompts);
     args.push_back("hold=" + hold);
-    Worker victim(args);
+    Worker victim(args, testing::WorkerStart::kFork);
     ASSERT_TRUE(victim.WaitFor('A', 20000)) << "the worker did not attach";
     if (hold == "random") {
       std::this_thread::sleep_for(std::chrono::microseconds(rng() % 5000));
@@ -291,9 +187,10 @@ TEST(SharedHostPoolMultiProcessTest, KilledProcessesCostOnlyTheirOwnPages) {
   EXPECT_GT(info->dropped_refs, 0);
   // No READY page holds a wrong byte: every one is checked against its key's pattern.
   std::set<int64_t> seen;
-  ASSERT_OK(CheckEveryPage(*pool, 1000, kPrompts, &seen));
-  ASSERT_OK(CheckEveryPage(*pool, 7, kPrompts, &seen));
-  for (int i = 0; i < 50; ++i) ASSERT_OK(CheckEveryPage(*pool, 100 + i, kPrompts, &seen));
+  ASSERT_OK(testing::CheckEveryPage(*pool, 1000, kPrompts, kFamilies, kMaxPages, &seen));
+  ASSERT_OK(testing::CheckEveryPage(*pool, 7, kPrompts, kFamilies, kMaxPages, &seen));
+  for (int i = 0; i < 50; ++i)
+    ASSERT_OK(testing::CheckEveryPage(*pool, 100 + i, kPrompts, kFamilies, kMaxPages, &seen));
   EXPECT_EQ(static_cast<int64_t>(seen.size()), info->ready_pages);
   ASSERT_OK(pool->CheckInvariants());
   std::printf(

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstdint>
 #include <random>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -154,6 +155,30 @@ inline Result<int64_t> CheckPrefix(SharedHostPool& pool, const Tenant& tenant,
 // The two tenants of the workload: an unsalted one and a salted one, in two namespaces.
 inline std::vector<Tenant> WorkloadTenants() {
   return {Tenant{"", 0x1111222233334444ULL}, Tenant{"tenant-b", 0x5555666677778888ULL}};
+}
+
+// Checks every READY page that any prompt (seed, 0..prompts-1) of the workload names, one key at
+// a time (so pages behind an evicted one are checked too); adds the checked pages to `seen`.
+inline Status CheckEveryPage(SharedHostPool& pool, uint64_t seed, int64_t prompts, int families,
+                             int64_t max_pages, std::set<int64_t>* seen) {
+  const std::vector<Tenant> tenants = WorkloadTenants();
+  for (int64_t i = 0; i < prompts; ++i) {
+    const Tenant& tenant = tenants[static_cast<size_t>(i % 2)];
+    const std::vector<Token> tokens =
+        WorkloadPrompt(seed, i, families, max_pages, pool.page_size());
+    KVTIER_ASSIGN_OR_RETURN(PromptPages prompt, PagesOf(tokens, pool.page_size(), tenant));
+    for (size_t k = 0; k < prompt.keys.size(); ++k) {
+      KVTIER_ASSIGN_OR_RETURN(std::vector<int64_t> page,
+                              pool.PinPrefix(tenant.namespace_hash,
+                                             std::span<const PageKey>(prompt.keys).subspan(k, 1)));
+      Status s = page.empty() ? Status::OK() : VerifyPage(pool, page[0], prompt, k);
+      KVTIER_RETURN_IF_ERROR(pool.Unpin(page));
+      KVTIER_RETURN_IF_ERROR(
+          s.WithContext("seed " + std::to_string(seed) + " prompt " + std::to_string(i)));
+      if (!page.empty()) seen->insert(page[0]);
+    }
+  }
+  return Status::OK();
 }
 
 }  // namespace kvtier::testing

@@ -15,11 +15,14 @@
 //             an index hook point (reserve:popped, reserve:writing, commit:ready, pin:counted,
 //             evict:unlinked: the index lock held), mid-write (pages WRITING, half written) or
 //             mid-read (pages pinned). The parent kills it there.
-// mode=gpu    (two of these run at once on one GPU) publishes prompts i with i % 2 == seed % 2
+// mode=gpu    (two of these run at once on one GPU) publishes prompts i with i % 2 == parity
 //             through the GPU (pattern -> device -> shared pages with the kernel backend) and
 //             loads every prompt's cached prefix from the shared pages to the GPU with the kernel
 //             backend, copies it back and checks it, until every prompt was fully loaded once.
 //             Exits 3 when no GPU backend is available.
+//
+// Also linked into shared_host_pool_multiprocess_test (KVTIER_SHM_WORKER_IN_TEST: no main), which
+// runs RunSharedHostPoolWorker in fork()ed children where exec would cost too much.
 //
 // Thread safety: a single-threaded program.
 #include <unistd.h>
@@ -36,6 +39,7 @@
 #include "kvtier/shared_host_pool.h"
 #include "kvtier/transfer.h"
 #include "pool/shared_host_pool_test_util.h"
+#include "pool/shared_host_pool_worker_process.h"
 #include "pool/shm_page_index.h"
 #include "support/kv_test_util.h"
 
@@ -169,7 +173,7 @@ int RunGpu(SharedHostPool& pool, const Workload& w) {
     if (!prompt.ok()) return Fail("prompt", prompt.status());
     const Tenant& tenant = w.tenant(i);
     const int64_t n = static_cast<int64_t>(prompt->keys.size());
-    if (i % 2 == static_cast<int64_t>(w.seed % 2)) {
+    if (i % 2 == IntArg("parity", 0)) {
       // Publish through the GPU: pattern -> staging -> device -> reserved shared pages.
       auto r = pool.Reserve(tenant.namespace_hash, prompt->keys);
       if (!r.ok()) return Fail("reserve", r.status());
@@ -215,7 +219,9 @@ int RunGpu(SharedHostPool& pool, const Workload& w) {
   return 0;
 }
 
-int Main(int argc, char** argv) {
+}  // namespace
+
+int RunSharedHostPoolWorker(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const size_t eq = a.find('=');
@@ -244,7 +250,8 @@ int Main(int argc, char** argv) {
   return RunMixed(**pool, w, IntArg("iterations", 100));
 }
 
-}  // namespace
 }  // namespace kvtier::testing
 
-int main(int argc, char** argv) { return kvtier::testing::Main(argc, argv); }
+#if !defined(KVTIER_SHM_WORKER_IN_TEST)
+int main(int argc, char** argv) { return kvtier::testing::RunSharedHostPoolWorker(argc, argv); }
+#endif
