@@ -123,8 +123,8 @@ Result<PageKey> PageKey::FromHex(std::string_view hex) {
     const int hi = nibble(hex[2 * i]);
     const int lo = nibble(hex[2 * i + 1]);
     if (hi < 0 || lo < 0) {
-      return Status::InvalidArgument(fmt::format(
-          "page key has a non-hex character at position {}", hi < 0 ? 2 * i : 2 * i + 1));
+      return Status::InvalidArgument(fmt::format("page key has a non-hex character at position {}",
+                                                 hi < 0 ? 2 * i : 2 * i + 1));
     }
     key.bytes[i] = static_cast<uint8_t>(hi << 4 | lo);
   }
@@ -177,21 +177,20 @@ Status StorageNamespace::Validate() const {
     return Status::OK();
   };
   if (static_cast<int>(layout) >= kNumLayouts) {
-    return Status::InvalidArgument(fmt::format("storage namespace: layout {} is not a layout",
-                                               static_cast<int>(layout)));
+    return Status::InvalidArgument(
+        fmt::format("storage namespace: layout {} is not a layout", static_cast<int>(layout)));
   }
   KVTIER_RETURN_IF_ERROR(in_range("num_layers", num_layers, 1, int64_t{1} << 16));
   KVTIER_RETURN_IF_ERROR(in_range("slot_bytes", slot_bytes, 1, int64_t{1} << 30));
   KVTIER_RETURN_IF_ERROR(in_range("page_size", page_size, 1, 256));
   if (!std::has_single_bit(static_cast<uint64_t>(page_size))) {
-    return Status::InvalidArgument(fmt::format(
-        "storage namespace: page_size must be a power of two, got {}", page_size));
+    return Status::InvalidArgument(
+        fmt::format("storage namespace: page_size must be a power of two, got {}", page_size));
   }
   KVTIER_RETURN_IF_ERROR(in_range("head_num", head_num, 1, int64_t{1} << 16));
   if (slot_bytes % head_num != 0) {
-    return Status::InvalidArgument(
-        fmt::format("storage namespace: slot_bytes {} is not a multiple of head_num {}",
-                    slot_bytes, head_num));
+    return Status::InvalidArgument(fmt::format(
+        "storage namespace: slot_bytes {} is not a multiple of head_num {}", slot_bytes, head_num));
   }
   KVTIER_RETURN_IF_ERROR(in_range("tp_size", tp_size, 1, int64_t{1} << 16));
   KVTIER_RETURN_IF_ERROR(in_range("tp_rank", tp_rank, 0, tp_size - 1));
@@ -208,8 +207,8 @@ uint64_t StorageNamespace::Hash() const {
   const std::string text = fmt::format(
       "ns1|model:{}:{}|dtype:{}:{}|layout:{}|mla:{}|layers:{}|slot_bytes:{}|page_size:{}|"
       "heads:{}|tp:{}/{}",
-      model_id.size(), model_id, kv_dtype.size(), kv_dtype, static_cast<int>(layout),
-      mla ? 1 : 0, num_layers, slot_bytes, page_size, head_num, tp_rank, tp_size);
+      model_id.size(), model_id, kv_dtype.size(), kv_dtype, static_cast<int>(layout), mla ? 1 : 0,
+      num_layers, slot_bytes, page_size, head_num, tp_rank, tp_size);
   uint8_t digest[32];
   if (!Sha256Of({reinterpret_cast<const uint8_t*>(text.data()), text.size()}, {}, digest)) {
     return 0;
@@ -224,8 +223,8 @@ std::string StorageNamespace::Name() const { return fmt::format("kv{:016x}", Has
 std::string StorageNamespace::Describe() const {
   return fmt::format(
       "model={} dtype={} layout={} mla={} layers={} slot_bytes={} page_size={} heads={} tp={}/{}",
-      model_id.empty() ? "\"\"" : model_id, kv_dtype, LayoutName(layout), mla ? 1 : 0,
-      num_layers, slot_bytes, page_size, head_num, tp_rank, tp_size);
+      model_id.empty() ? "\"\"" : model_id, kv_dtype, LayoutName(layout), mla ? 1 : 0, num_layers,
+      slot_bytes, page_size, head_num, tp_rank, tp_size);
 }
 
 }  // namespace kvtier

@@ -34,10 +34,9 @@ TEST(PageKeyTest, ChainsAndDropsThePartialPage) {
   const std::vector<int32_t> tokens = {1, 2, 3, 4, 5, 6, 7, 8, 9};
   auto keys = ComputePromptPageKeys(tokens, 4);
   ASSERT_TRUE(keys.ok());
-  EXPECT_EQ(HexOf(*keys),
-            (std::vector<std::string>{
-                "cf97adeedb59e05bfd73a2b4c2a8885708c4f4f70c84c64b27120e72ab733b72",
-                "4ebfa8a1f3c341517621838c6e1b9aa350307e3f00b3cbd1a07ef740f54396d6"}));
+  EXPECT_EQ(HexOf(*keys), (std::vector<std::string>{
+                              "cf97adeedb59e05bfd73a2b4c2a8885708c4f4f70c84c64b27120e72ab733b72",
+                              "4ebfa8a1f3c341517621838c6e1b9aa350307e3f00b3cbd1a07ef740f54396d6"}));
   // Continuing a chain from the previous key gives the same key as hashing the whole prompt.
   const std::vector<int32_t> second = {5, 6, 7, 8};
   auto continued = ComputePageKeys(std::span<const int32_t>(second), 4, (*keys)[0]);
@@ -54,10 +53,9 @@ TEST(PageKeyTest, TokensAreUnsigned32BitLittleEndian) {
   const std::vector<int64_t> tokens = {0xFFFFFFFFll, 0, 7, int64_t{1} << 31};
   auto keys = ComputePageKeys(std::span<const int64_t>(tokens), 2, std::nullopt);
   ASSERT_TRUE(keys.ok()) << keys.status().ToString();
-  EXPECT_EQ(HexOf(*keys),
-            (std::vector<std::string>{
-                "72a4fa3544e43a836ffcb268ce06ccdbc55d44d5e6b1b1c19216a53ea98301fd",
-                "3b509b93c63275ec46f7075b87c993cd9ab97754ee8326c350dafc61e062c585"}));
+  EXPECT_EQ(HexOf(*keys), (std::vector<std::string>{
+                              "72a4fa3544e43a836ffcb268ce06ccdbc55d44d5e6b1b1c19216a53ea98301fd",
+                              "3b509b93c63275ec46f7075b87c993cd9ab97754ee8326c350dafc61e062c585"}));
   // int32 and int64 spellings of the same tokens give the same keys.
   const std::vector<int32_t> small = {1, 2, 3, 4, 5, 6, 7, 8};
   const std::vector<int64_t> wide(small.begin(), small.end());
@@ -71,8 +69,7 @@ TEST(PageKeyTest, SaltSeedsTheChainAndIsolatesTenants) {
   const std::vector<int32_t> tokens = {1, 2, 3, 4};
   auto salted = ComputePromptPageKeys(tokens, 4, "tenant-a");
   ASSERT_TRUE(salted.ok());
-  EXPECT_EQ((*salted)[0].Hex(),
-            "32536273a94208feabc3cf641988b749050c9128666d0652aa789a6785b4a137");
+  EXPECT_EQ((*salted)[0].Hex(), "32536273a94208feabc3cf641988b749050c9128666d0652aa789a6785b4a137");
   auto other = ComputePromptPageKeys(tokens, 4, "tenant-b");
   auto none = ComputePromptPageKeys(tokens, 4, "");
   ASSERT_TRUE(other.ok() && none.ok());
@@ -216,11 +213,20 @@ TEST(StorageNamespaceTest, EveryFieldChangesTheHash) {
   add([](StorageNamespace& n) { n.slot_bytes = 512; });
   add([](StorageNamespace& n) { n.page_size = 64; });
   add([](StorageNamespace& n) { n.head_num = 4; });
-  add([](StorageNamespace& n) { n.tp_rank = 1; n.tp_size = 2; });
+  add([](StorageNamespace& n) {
+    n.tp_rank = 1;
+    n.tp_size = 2;
+  });
   add([](StorageNamespace& n) { n.tp_size = 2; });
   // Concatenation must not collide: "ab"+"c" vs "a"+"bc".
-  add([](StorageNamespace& n) { n.model_id = "meta-llama/Llama-3-8Bb"; n.kv_dtype = "f16"; });
-  add([](StorageNamespace& n) { n.model_id = "meta-llama/Llama-3-8B"; n.kv_dtype = "bbf16"; });
+  add([](StorageNamespace& n) {
+    n.model_id = "meta-llama/Llama-3-8Bb";
+    n.kv_dtype = "f16";
+  });
+  add([](StorageNamespace& n) {
+    n.model_id = "meta-llama/Llama-3-8B";
+    n.kv_dtype = "bbf16";
+  });
   std::set<uint64_t> hashes = {base.Hash()};
   std::set<std::string> names = {base.Name()};
   for (const auto& v : variants) {

@@ -16,6 +16,7 @@
 #include "bench.h"
 #include "demo.h"
 #include "shm.h"
+#include "storage_bench.h"
 
 namespace kvtier::tools {
 namespace {
@@ -224,6 +225,8 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   bench->add_option("--json", options.json_path, "also write the rows as JSON to this file");
+  StorageBenchOptions storage_options;
+  AddStorageBenchOptions(bench, &storage_options);
 
   // ---- demo ----
   DemoOptions demo_options;
@@ -248,6 +251,11 @@ int main(int argc, char** argv) {
 
   CLI11_PARSE(app, argc, argv);
 
+  if (bench->parsed() && !storage_options.url.empty()) {
+    storage_options.repeats = options.repeats;
+    storage_options.json_path = options.json_path;
+    return RunStorageBench(storage_options, JoinArgs(argc, argv));
+  }
   if (bench->parsed()) return RunBench(options, args, JoinArgs(argc, argv));
   if (demo->parsed()) return RunDemo(demo_options);
   if (shm.parsed()) return shm.Run();
