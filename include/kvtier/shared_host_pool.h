@@ -44,6 +44,7 @@
 #include "kvtier/layout.h"
 #include "kvtier/page_key.h"
 #include "kvtier/status.h"
+#include "kvtier/storage.h"
 #include "kvtier/transfer.h"
 
 namespace kvtier {
@@ -200,5 +201,17 @@ class SharedHostPool {
   explicit SharedHostPool(std::unique_ptr<State> state);
   std::unique_ptr<State> state_;
 };
+
+// The shared host tier as a StorageBackend ("shm://<name>"), for HierarchicalCacheConfig's
+// storage tier: Exists counts the leading READY pages of (ns.Hash(), key), Get copies pinned pages
+// out, Set publishes pages (one already READY is not copied again; one another process is writing
+// or no space is kFailed), Remove is not offered (kFailed: the tier evicts by its own LRU). So
+// caches in different processes share what any of them backed up, and find it by key after their
+// own tree match (QueryStorage). The payload of a page is its bytes in the segment, buffer by
+// buffer. InvalidArgument unless the pool keeps pages contiguous (not layer_first) and `ns`
+// describes its pages (layout, mla, num_layers, slot_bytes, page_size, head_num).
+Result<std::unique_ptr<StorageBackend>> OpenSharedHostStorage(std::shared_ptr<SharedHostPool> pool,
+                                                              const StorageNamespace& ns,
+                                                              const StorageOptions& options = {});
 
 }  // namespace kvtier
