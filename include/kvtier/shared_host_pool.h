@@ -181,6 +181,8 @@ class SharedHostPool {
 
   // Pins the READY pages of the longest prefix of `keys` (stops at the first key that is not
   // READY) for reading, marks them used, and returns their host pages in order.
+  // FailedPrecondition when a page would hold more than 65,535 references of this process
+  // (nothing is pinned then).
   Result<std::vector<int64_t>> PinPrefix(uint64_t namespace_hash, std::span<const PageKey> keys);
   // Drops one of this process's references on each page. FailedPrecondition when this process
   // holds none on a page (nothing changes then).

@@ -655,14 +655,20 @@ Result<std::vector<int64_t>> PageIndex::PinPrefix(int slot, uint64_t namespace_h
   for (const PageKey& key : keys) {
     const int64_t p = ix.Find(namespace_hash, key.bytes.data());
     if (p == kNone || ix.state(p) != PageState::kReady) break;
-    if (ix.refs(p, slot) >= kMaxRefsPerProcess - std::count(pages.begin(), pages.end(), p)) {
-      return Status::FailedPrecondition(fmt::format(
-          "shared host pool PinPrefix: this process holds {} references on page {} already",
-          ix.refs(p, slot), p));
-    }
     pages.push_back(p);
   }
-  for (int64_t p : pages) {
+  for (size_t i = 0; i < pages.size(); ++i) {
+    const int64_t p = pages[i];
+    if (ix.refs(p, slot) >= kMaxRefsPerProcess) {
+      for (size_t j = 0; j < i; ++j) {  // undo this call's pins: all or nothing
+        --ix.refs(pages[j], slot);
+        --ix.page(pages[j]).readers;
+      }
+      return Status::FailedPrecondition(fmt::format(
+          "shared host pool PinPrefix: page {} would hold more than {} references of this "
+          "process; nothing was pinned",
+          p, kMaxRefsPerProcess));
+    }
     ++ix.refs(p, slot);
     Hook("pin:counted");
     ++ix.page(p).readers;

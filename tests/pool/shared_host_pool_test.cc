@@ -408,6 +408,29 @@ TEST(SharedHostPoolTest, TenantsAndNamespacesNeverSeeEachOthersPages) {
   ASSERT_OK(pool->CheckInvariants());
 }
 
+TEST(SharedHostPoolTest, TooManyPinsAreRefusedWholly) {
+  ScopedSegmentName name("pins");
+  auto pool = MustCreate(SmallConfig(name.get(), 4));
+  ASSERT_NE(pool, nullptr);
+  auto keys = OnePageKeys(9);
+  auto r = pool->Reserve(1, keys);
+  ASSERT_OK(pool->Commit(std::vector<int64_t>{(*r)[0].page}));
+  // One call naming the page 65,536 times: the last pin would overflow, so none is taken.
+  std::vector<PageKey> many(65536, keys[0]);
+  auto refused = pool->PinPrefix(1, many);
+  ASSERT_FALSE(refused.ok());
+  ExpectError(refused.status(), StatusCode::kFailedPrecondition, "more than 65535 references");
+  auto info = pool->Inspect();
+  EXPECT_EQ(info->pinned_pages, 0);
+  many.resize(65535);
+  auto pinned = pool->PinPrefix(1, many);
+  ASSERT_TRUE(pinned.ok()) << pinned.status().ToString();
+  EXPECT_EQ(pinned->size(), 65535u);
+  EXPECT_EQ(pool->Evict(1).value(), 0);  // pinned
+  ASSERT_OK(pool->Unpin(*pinned));
+  ASSERT_OK(pool->CheckInvariants());
+}
+
 TEST(SharedHostPoolTest, DetachReleasesPinsAndWritingPages) {
   ScopedSegmentName name("detach");
   auto pool = MustCreate(SmallConfig(name.get(), 8));
