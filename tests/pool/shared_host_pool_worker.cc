@@ -148,6 +148,13 @@ int RunGpu(SharedHostPool& pool, const Workload& w) {
   const KvRegion device_region = device->region();
   KvGeometry hg = dg;
   HostRegion staging(hg, pool.region().mla);  // pattern in, and the checked copy back out
+  // The kernel backend reads and writes pinned host memory only.
+  std::vector<PinnedRegistration> pinned;
+  for (int b = 0; b < staging.region().num_buffers(); ++b) {
+    auto reg = PinnedRegistration::Register(staging.region().LayerBase(b, 0), hg.buffer_bytes());
+    if (!reg.ok()) return Fail("pinning the staging region", reg.status());
+    pinned.push_back(std::move(*reg));
+  }
   auto stream = CudaStreamHandle::Create();
   if (!stream.ok()) return Fail("stream", stream.status());
   TransferOptions options;
