@@ -558,14 +558,18 @@ Result<std::vector<PageReservation>> PageIndex::Reserve(int slot, uint64_t names
   KVTIER_ASSIGN_OR_RETURN(Locked ix, Locked::Acquire(this));
   std::vector<PageReservation> out(keys.size());
   bool reaped = false;
+  std::vector<uint8_t> writer_alive(static_cast<size_t>(max_processes_), 0);  // checked live
   for (size_t i = 0; i < keys.size(); ++i) {
     const uint8_t* key = keys[i].bytes.data();
     int64_t found = ix.Find(namespace_hash, key);
     if (found != kNone && ix.state(found) == PageState::kWriting) {
       const int writer = ix.page(found).writer;
-      if (writer != slot && !ProcessAlive(ix.process(writer).pid, ix.process(writer).start_time)) {
+      if (writer != slot && writer_alive[writer] == 0 &&
+          !ProcessAlive(ix.process(writer).pid, ix.process(writer).start_time)) {
         ix.ReleaseProcess(writer, /*dead=*/true);  // its unfinished page goes back to EMPTY
         found = kNone;
+      } else {
+        writer_alive[writer] = 1;  // one liveness check per writer and call
       }
     }
     if (found != kNone) {

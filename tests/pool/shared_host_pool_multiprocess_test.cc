@@ -121,6 +121,7 @@ TEST(SharedHostPoolMultiProcessTest, KilledProcessesCostOnlyTheirOwnPages) {
   std::vector<std::string> survivor_args = WorkerArgs(name.get(), "mixed", 1000, kPrompts);
   survivor_args.push_back("iterations=0");
   survivor_args.push_back("stop_file=" + stop_file);
+  survivor_args.push_back("pause_us=200");  // busy, but leaves the CPU to the kills
   Worker survivor(survivor_args, testing::WorkerStart::kFork);
 
   const std::vector<std::string> kHolds = {"reserve:popped", "reserve:writing", "commit:ready",

@@ -3,7 +3,7 @@
 // by name and runs a workload on it, checking every byte it reads.
 //
 //   shared_host_pool_worker name=N mode=M [seed=S] [iterations=I] [prompts=P] [families=F]
-//                           [max_pages=K] [pages=N] [hold=WHERE]
+//                           [max_pages=K] [pages=N] [hold=WHERE] [stop_file=PATH] [pause_us=U]
 //
 // mode=mixed  for each of `iterations` prompts (0 = until the file `stop_file` exists, or
 //             forever): pin and check the cached prefix,
@@ -93,8 +93,10 @@ int RunMixed(SharedHostPool& pool, const Workload& w, int64_t iterations) {
   int64_t hits = 0;
   PublishStats stats;
   const std::string stop_file = Arg("stop_file", "");
+  const int64_t pause_us = IntArg("pause_us", 0);  // between prompts: leave the CPU to others
   for (int64_t i = 0; iterations == 0 || i < iterations; ++i) {
     if (!stop_file.empty() && access(stop_file.c_str(), F_OK) == 0) break;
+    if (pause_us > 0) usleep(static_cast<useconds_t>(pause_us));
     auto prompt = w.Prompt(pool, i);
     if (!prompt.ok()) return Fail("prompt", prompt.status());
     const Tenant& tenant = w.tenant(i % w.prompts);
