@@ -152,6 +152,19 @@ class PageIndex::Locked {
   PageState state(int64_t p) { return static_cast<PageState>(page(p).state); }
   uint64_t Tick() { return ++h().clock; }
 
+  // OK when record `s` is still the caller's (it is released when the process is taken for dead,
+  // which happens to a live one only across pid namespaces).
+  Status CheckOwner(int s) {
+    if (SlotAttached(s) && process(s).pid == ix_->owner_pid_ &&
+        process(s).start_time == ix_->owner_start_time_) {
+      return Status::OK();
+    }
+    return Status::FailedPrecondition(fmt::format(
+        "shared host pool: this process's record {} was released as if it had died (do the "
+        "attached processes share one pid namespace?); attach again",
+        s));
+  }
+
   bool SlotAttached(int s) {
     return s >= 0 && s < max_processes() &&
            process(s).state == static_cast<uint32_t>(ProcessState::kAttached);
@@ -539,6 +552,8 @@ Result<int> PageIndex::AttachProcess(int64_t pid, uint64_t start_time) {
     rec.start_time = start_time;
     rec.attach_clock = ix.h().clock;
     rec.state = static_cast<uint32_t>(ProcessState::kAttached);
+    owner_pid_ = pid;
+    owner_start_time_ = start_time;
     return s;
   }
   return Status::Unavailable(fmt::format(
@@ -549,13 +564,14 @@ Result<int> PageIndex::AttachProcess(int64_t pid, uint64_t start_time) {
 
 Status PageIndex::DetachProcess(int slot) {
   KVTIER_ASSIGN_OR_RETURN(Locked ix, Locked::Acquire(this));
-  if (ix.SlotAttached(slot)) ix.ReleaseProcess(slot, /*dead=*/false);
+  if (ix.CheckOwner(slot).ok()) ix.ReleaseProcess(slot, /*dead=*/false);
   return Status::OK();
 }
 
 Result<std::vector<PageReservation>> PageIndex::Reserve(int slot, uint64_t namespace_hash,
                                                         std::span<const PageKey> keys) {
   KVTIER_ASSIGN_OR_RETURN(Locked ix, Locked::Acquire(this));
+  KVTIER_RETURN_IF_ERROR(ix.CheckOwner(slot));
   std::vector<PageReservation> out(keys.size());
   bool reaped = false;
   std::vector<uint8_t> writer_alive(static_cast<size_t>(max_processes_), 0);  // checked live
@@ -619,6 +635,7 @@ Status CheckPages(std::span<const int64_t> pages, int64_t num_pages, const char*
 Status PageIndex::Commit(int slot, std::span<const int64_t> pages) {
   KVTIER_RETURN_IF_ERROR(CheckPages(pages, num_pages_, "Commit"));
   KVTIER_ASSIGN_OR_RETURN(Locked ix, Locked::Acquire(this));
+  KVTIER_RETURN_IF_ERROR(ix.CheckOwner(slot));
   for (size_t i = 0; i < pages.size(); ++i) {
     if (ix.state(pages[i]) != PageState::kWriting || ix.page(pages[i]).writer != slot) {
       return Status::FailedPrecondition(fmt::format(
@@ -641,6 +658,7 @@ Status PageIndex::Commit(int slot, std::span<const int64_t> pages) {
 Status PageIndex::Abort(int slot, std::span<const int64_t> pages) {
   KVTIER_RETURN_IF_ERROR(CheckPages(pages, num_pages_, "Abort"));
   KVTIER_ASSIGN_OR_RETURN(Locked ix, Locked::Acquire(this));
+  KVTIER_RETURN_IF_ERROR(ix.CheckOwner(slot));
   for (size_t i = 0; i < pages.size(); ++i) {
     if (ix.state(pages[i]) != PageState::kWriting || ix.page(pages[i]).writer != slot) {
       return Status::FailedPrecondition(
@@ -655,6 +673,7 @@ Status PageIndex::Abort(int slot, std::span<const int64_t> pages) {
 Result<std::vector<int64_t>> PageIndex::PinPrefix(int slot, uint64_t namespace_hash,
                                                   std::span<const PageKey> keys) {
   KVTIER_ASSIGN_OR_RETURN(Locked ix, Locked::Acquire(this));
+  KVTIER_RETURN_IF_ERROR(ix.CheckOwner(slot));
   std::vector<int64_t> pages;
   for (const PageKey& key : keys) {
     const int64_t p = ix.Find(namespace_hash, key.bytes.data());
@@ -686,6 +705,7 @@ Result<std::vector<int64_t>> PageIndex::PinPrefix(int slot, uint64_t namespace_h
 Status PageIndex::Unpin(int slot, std::span<const int64_t> pages) {
   KVTIER_RETURN_IF_ERROR(CheckPages(pages, num_pages_, "Unpin"));
   KVTIER_ASSIGN_OR_RETURN(Locked ix, Locked::Acquire(this));
+  KVTIER_RETURN_IF_ERROR(ix.CheckOwner(slot));
   std::unordered_map<int64_t, uint32_t> wanted;
   for (int64_t p : pages) ++wanted[p];
   for (const auto& [p, n] : wanted) {

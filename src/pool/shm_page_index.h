@@ -58,7 +58,8 @@ class PageIndex {
   int64_t num_pages() const { return num_pages_; }
 
   // Claims a process record for (pid, start time) after reaping dead processes. Unavailable
-  // when every record is held by a live process.
+  // when every record is held by a live process. Called once per PageIndex; the calls below
+  // taking `slot` answer FailedPrecondition once that record no longer belongs to this process.
   Result<int> AttachProcess(int64_t pid, uint64_t start_time);
   // Aborts the slot's WRITING pages, drops its references and frees the record.
   Status DetachProcess(int slot);
@@ -88,6 +89,9 @@ class PageIndex {
   int64_t num_pages_;
   int max_processes_;
   uint64_t bucket_mask_;
+  // The process that AttachProcess recorded (the record's owner; checked by every call).
+  int64_t owner_pid_ = 0;
+  uint64_t owner_start_time_ = 0;
 };
 
 }  // namespace kvtier::shm

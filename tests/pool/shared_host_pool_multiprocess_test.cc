@@ -31,6 +31,8 @@
 #include "kvtier/shared_host_pool.h"
 #include "pool/shared_host_pool_test_util.h"
 #include "pool/shared_host_pool_worker_process.h"
+#include "pool/shm_page_index.h"
+#include "pool/shm_segment.h"
 #include "support/kv_test_util.h"
 
 namespace kvtier {
@@ -228,6 +230,37 @@ TEST(SharedHostPoolMultiProcessTest, RecordsOfDeadProcessesAreReused) {
   EXPECT_EQ(info->reaped_processes, 1);
   EXPECT_GT(info->dropped_refs, 0);
   EXPECT_EQ(info->pinned_pages, 0);
+}
+
+TEST(SharedHostPoolMultiProcessTest, ARecordTakenForDeadIsNeverUsedAgain) {
+  ScopedSegmentName name("stale");
+  auto pool = MustCreate(name.get(), 8);
+  ASSERT_NE(pool, nullptr);
+  const pid_t child = fork();
+  if (child == 0) _exit(0);
+  ASSERT_EQ(waitpid(child, nullptr, 0), child);  // `child` is now a dead pid
+  // A record in the dead process's name, made through the index itself (as if that process had
+  // attached), then reaped by the pool.
+  auto mapping = shm::OpenSegment(name.get());
+  ASSERT_TRUE(mapping.ok()) << mapping.status().ToString();
+  shm::PageIndex index(mapping->data());
+  auto slot = index.AttachProcess(child, 0);
+  ASSERT_TRUE(slot.ok()) << slot.status().ToString();
+  EXPECT_EQ(pool->ReapDeadProcesses().value(), 1);
+  std::vector<PageKey> keys(1);
+  auto reserved = index.Reserve(*slot, 1, keys);
+  ASSERT_FALSE(reserved.ok());
+  EXPECT_EQ(reserved.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(reserved.status().message().find("was released as if it had died"), std::string::npos);
+  EXPECT_FALSE(index.PinPrefix(*slot, 1, keys).ok());
+  // A new attachment may take the record; the stale owner's detach leaves it alone.
+  auto other = SharedHostPool::Attach(name.get());
+  ASSERT_TRUE(other.ok());
+  ASSERT_TRUE(index.DetachProcess(*slot).ok());
+  auto info = pool->Inspect();
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->processes.size(), 2u);
+  ASSERT_OK(pool->CheckInvariants());
 }
 
 TEST(SharedHostPoolMultiProcessTest, ForkedChildMustAttachAgain) {
