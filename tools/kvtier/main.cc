@@ -15,6 +15,7 @@
 
 #include "bench.h"
 #include "demo.h"
+#include "shm.h"
 #include "storage_bench.h"
 
 namespace kvtier::tools {
@@ -246,6 +247,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   demo->add_option("--seed", demo_options.seed, "seed of the random pages")->capture_default_str();
 
+  ShmCommand shm(app);
+
   CLI11_PARSE(app, argc, argv);
 
   if (bench->parsed() && !storage_options.url.empty()) {
@@ -255,5 +258,6 @@ int main(int argc, char** argv) {
   }
   if (bench->parsed()) return RunBench(options, args, JoinArgs(argc, argv));
   if (demo->parsed()) return RunDemo(demo_options);
+  if (shm.parsed()) return shm.Run();
   return 2;
 }
