@@ -188,8 +188,11 @@ struct TransferEngineConfig {
 };
 
 // Checks a request against everything the backends rely on: region geometry and pointers,
-// matching kinds (MHA/MLA) and slot_bytes, equal index counts, layer ranges, and host indices in
-// range. Device indices are checked inside the kernels instead.
+// matching kinds (MHA/MLA) and slot_bytes, equal index counts, layer ranges, host indices in
+// range, and no slot both read and written: within one region (same geometry and pointers) and
+// overlapping layers, a host index in both lists is refused, as are two different regions over
+// overlapping base buffers. Device indices are range-checked inside the kernels instead, and not
+// checked for overlap.
 Status ValidateTransfer(const TransferRequest& request);
 
 class TransferEngine {

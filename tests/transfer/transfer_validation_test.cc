@@ -241,5 +241,46 @@ TEST(TransferValidationTest, EngineConfigIsValidated) {
   EXPECT_NE(e.status().message().find("cpu_threads = -2"), std::string::npos);
 }
 
+// A slot both read and written in one region: refused before any byte moves (the cpu backend
+// would otherwise produce either the old or the new bytes, depending on thread timing).
+TEST(TransferValidationTest, OverlappingSlotsInOneRegionAreRefused) {
+  HostRegion pool{Geo(KvLayout::kPageFirst), false};
+  std::mt19937_64 rng(testing::TestSeed());
+  pool.FillRandom(rng);
+  auto engine = std::move(MakeTransferEngine(TransferBackend::kCpu).value());
+  const std::vector<int64_t> src{0, 1, 2, 3};
+  const std::vector<int64_t> dst{4, 5, 3, 6};
+  const auto before = pool.Snapshot();
+  const Status st = engine->Transfer(TransferRequest::AllLayers(
+      pool.region(), pool.region(), SlotIndices::Host(std::span<const int64_t>(src)),
+      SlotIndices::Host(std::span<const int64_t>(dst))));
+  EXPECT_TRUE(st.IsInvalidArgument()) << st.ToString();
+  EXPECT_NE(st.message().find("dst_slots[2] = 3 is also read (src_slots[3])"), std::string::npos)
+      << st.message();
+  EXPECT_EQ(pool.Snapshot(), before);
+  // Disjoint slots in one region, and the same slots in different layers, are fine.
+  const std::vector<int64_t> other{8, 9, 10, 11};
+  EXPECT_TRUE(engine->Transfer(TransferRequest::AllLayers(
+      pool.region(), pool.region(), SlotIndices::Host(std::span<const int64_t>(src)),
+      SlotIndices::Host(std::span<const int64_t>(other)))).ok());
+  TransferRequest layers{&pool.region(), &pool.region(),
+                         SlotIndices::Host(std::span<const int64_t>(src)),
+                         SlotIndices::Host(std::span<const int64_t>(src)), 0, 2, 2};
+  EXPECT_TRUE(engine->Transfer(layers).ok());
+}
+
+TEST(TransferValidationTest, DifferentRegionsOverOverlappingMemoryAreRefused) {
+  Fixture f;
+  KvRegion shifted = f.src.region();
+  shifted.k = static_cast<std::byte*>(shifted.k) + 64;  // the same buffer seen one slot later
+  shifted.geometry.num_slots -= 4;                       // a whole number of pages still
+  const auto req = TransferRequest::AllLayers(
+      f.src.region(), shifted, SlotIndices::Host(std::span<const int64_t>(f.src_idx)),
+      SlotIndices::Host(std::span<const int64_t>(f.dst_idx)));
+  const Status st = ValidateTransfer(req);
+  EXPECT_TRUE(st.IsInvalidArgument()) << st.ToString();
+  EXPECT_NE(st.message().find("overlapping memory"), std::string::npos) << st.message();
+}
+
 }  // namespace
 }  // namespace kvtier
