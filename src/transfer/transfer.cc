@@ -269,6 +269,17 @@ Status TransferEngineConfig::Validate() const {
         "max_sms_beside_backup = {} must not be negative (0 = off)", max_sms_beside_backup));
   }
   if (device < 0) return Status::InvalidArgument(fmt::format("device = {} must not be negative", device));
+  if (dma_lanes < 1 || dma_lanes > 16) {
+    return Status::InvalidArgument(fmt::format("dma_lanes = {} must be in [1, 16]", dma_lanes));
+  }
+  if (dma_ops_per_lane < 16 || dma_ops_per_lane > (1 << 20)) {
+    return Status::InvalidArgument(
+        fmt::format("dma_ops_per_lane = {} must be in [16, {}]", dma_ops_per_lane, 1 << 20));
+  }
+  if (dma_min_strided_rows < 2 || dma_min_strided_rows > (1 << 20)) {
+    return Status::InvalidArgument(fmt::format("dma_min_strided_rows = {} must be in [2, {}]",
+                                               dma_min_strided_rows, 1 << 20));
+  }
   return Status::OK();
 }
 

@@ -96,6 +96,29 @@ TEST(TransferValidationTest, EngineConfigLimits) {
   EXPECT_NE(config.Validate().message().find("max_sms = 0"), std::string::npos);
 }
 
+TEST(TransferValidationTest, DmaConfigLimits) {
+  const std::pair<void (*)(TransferEngineConfig&), const char*> cases[] = {
+      {[](TransferEngineConfig& c) { c.dma_lanes = 0; }, "dma_lanes = 0"},
+      {[](TransferEngineConfig& c) { c.dma_lanes = 17; }, "dma_lanes = 17"},
+      {[](TransferEngineConfig& c) { c.dma_ops_per_lane = 15; }, "dma_ops_per_lane = 15"},
+      {[](TransferEngineConfig& c) { c.dma_ops_per_lane = (1 << 20) + 1; }, "dma_ops_per_lane"},
+      {[](TransferEngineConfig& c) { c.dma_min_strided_rows = 1; }, "dma_min_strided_rows = 1"},
+  };
+  for (const auto& [mutate, needle] : cases) {
+    TransferEngineConfig config;
+    mutate(config);
+    const Status st = config.Validate();
+    EXPECT_TRUE(st.IsInvalidArgument()) << needle;
+    EXPECT_NE(st.message().find(needle), std::string::npos) << st.message();
+    EXPECT_TRUE(MakeTransferEngine(TransferBackend::kCpu, config).status().IsInvalidArgument());
+  }
+  TransferEngineConfig edges;
+  edges.dma_lanes = 1;
+  edges.dma_ops_per_lane = 16;
+  edges.dma_min_strided_rows = 2;
+  EXPECT_TRUE(edges.Validate().ok());
+}
+
 TEST(TransferValidationTest, MismatchedLengths) {
   ExpectRejected([](Fixture& f, TransferRequest& r, KvRegion&, KvRegion&) {
     f.dst_idx.pop_back();

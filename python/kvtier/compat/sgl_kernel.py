@@ -172,3 +172,14 @@ def transfer_kv_all_layer_direct_lf_pf(src_ptrs, dst_ptrs, src_indices, dst_indi
     """Every layer of per-layer tensors (L K layers then L V layers, or L MLA layers) into a host
     page_first_direct pool ([K, V] or [buffer], each [pages, L, page_size, ...])."""
     _direct(_DIRECT_LF_PF, src_ptrs, dst_ptrs, src_indices, dst_indices, 0, page_size)
+
+
+def _register_torch_ops() -> None:
+    """torch.ops.kvtier.* (kvtier.compat.torch_ops), when PyTorch is already imported."""
+    import sys
+
+    if "torch" in sys.modules and "kvtier.compat.torch_ops" not in sys.modules:
+        from . import torch_ops  # noqa: F401
+
+
+_register_torch_ops()
