@@ -73,7 +73,18 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--warmup", type=bounded_int(1, 100), default=3)
     p.add_argument("--shapes", default="mha,mla")
     p.add_argument("--json", default=None, help="write the rows here (checked before the run)")
+    p.add_argument("--functions", default="",
+                   help="comma-separated substrings: only functions whose name holds one")
+    p.add_argument("--dma-config", default="",
+                   help="kvtier.ops.configure() fields for this run, e.g. dma_lanes=1,"
+                        "dma_min_strided_rows=3")
     a = p.parse_args()
+    a.config = {}
+    for item in filter(None, a.dma_config.split(",")):
+        key, _, value = item.partition("=")
+        if not key.startswith("dma_") or not value:
+            p.error(f"--dma-config: {item!r} is not dma_<field>=<value>")
+        a.config[key] = value.lower() == "true" if value.lower() in ("true", "false") else int(value)
     for s in a.shapes.split(","):
         if s not in SHAPES:
             p.error(f"--shapes: {s!r} is not one of {', '.join(SHAPES)}")
@@ -96,6 +107,8 @@ _cycles_per_ms = None
 def hold_stream(ms: float) -> None:
     """Keeps the current stream busy for about `ms` milliseconds (a sleep kernel)."""
     global _cycles_per_ms
+    if ms <= 0:
+        return
     if _cycles_per_ms is None:
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
@@ -197,18 +210,25 @@ def check(got_want) -> str:
 
 
 def measure(rows, args, shape, fn_name, page, nbytes, call, poison, verify, direction, hold_ms):
+    wanted = [f for f in args.functions.split(",") if f]
+    if wanted and not any(f in fn_name for f in wanted):
+        return
     host = host_us(call, args.repeats, args.warmup)
     ms = gpu_ms(call, args.repeats, max(hold_ms, 2 * host / 1000))
+    # Also with nothing holding the stream: what a caller sees when submission is the slower part
+    # (how SGLang's figures were taken: events around the call).
+    ms_open = gpu_ms(call, args.repeats, 0)
     poison()
     torch.cuda.synchronize()
     call()
     status = check(verify())
     row = Row(shape=shape.name, function=fn_name, page=page, direction=direction,
               tokens=args.tokens, bytes=nbytes, host_us=round(host, 1), gpu_ms=round(ms, 4),
-              gbps=round(nbytes / ms / 1e6, 2), check=status)
+              gbps=round(nbytes / ms / 1e6, 2), gpu_ms_open=round(ms_open, 4),
+              gbps_open=round(nbytes / ms_open / 1e6, 2), check=status, config=args.config)
     rows.append(row)
     print(f"{shape.name:4} {fn_name:38} p{page:<3} host {host:9.1f} us  gpu {ms:8.3f} ms  "
-          f"{row['gbps']:6.2f} GB/s  {status}", flush=True)
+          f"{row['gbps']:6.2f} GB/s  (unheld {row['gbps_open']:6.2f})  {status}", flush=True)
 
 
 def run_shape(rows, args, shape: Shape, rng) -> None:
@@ -337,7 +357,11 @@ def run_shape(rows, args, shape: Shape, rng) -> None:
                 verify_ph, "backup", 1.0)
         del ph
 
-    # Direct functions on a page_first_direct host pool [pool/P, L, P, H, D].
+    # Direct functions on a page_first_direct host pool [pool/P, L, P, H, D]. The all-layer
+    # backup runs twice: from per-layer views of one device pool, and from separately allocated
+    # per-layer tensors (as SGLang's MHATokenToKVPool allocates them).
+    all_dev = [x for b in range(nb) for x in shape.dev_layers[b]]
+    separate = [x.clone() for x in all_dev]
     for page in (16, 64):
         pfd = shape.host((shape.pool // page, L, page, shape.H, shape.D))
         sih, dih = idx(page, "cpu")
@@ -350,7 +374,6 @@ def run_shape(rows, args, shape: Shape, rng) -> None:
         measure(rows, args, shape, "transfer_kv_per_layer_direct_pf_lf", page, one_layer, call,
                 poison_rows(dst, dih), lambda: [(dst[b][dih], pfd_rows(b, sih, layer))
                                                 for b in range(nb)], "load", 2.0)
-        all_dev = [x for b in range(nb) for x in shape.dev_layers[b]]
         call = lambda: kv.transfer_kv_all_layer_direct_lf_pf(all_dev, pfd, sih, dih, page)
 
         def poison_pfd():
@@ -360,6 +383,13 @@ def run_shape(rows, args, shape: Shape, rng) -> None:
         measure(rows, args, shape, "transfer_kv_all_layer_direct_lf_pf", page, all_layers, call,
                 poison_pfd, lambda: [(pfd_rows(b, dih), shape.dev[b][:, sih.to(dev)]
                                       .transpose(0, 1)) for b in range(nb)], "backup", 5.0)
+        call = lambda: kv.transfer_kv_all_layer_direct_lf_pf(separate, pfd, sih, dih, page)
+        sid = sih.to(dev)
+        measure(rows, args, shape, "transfer_kv_all_layer_direct_lf_pf (separate layers)", page,
+                all_layers, call, poison_pfd,
+                lambda: [(pfd_rows(b, dih), torch.stack([separate[b * L + l][sid]
+                                                         for l in range(L)], dim=1))
+                         for b in range(nb)], "backup", 5.0)
         del pfd
 
 
@@ -369,6 +399,9 @@ def main() -> int:
         sys.exit("compat_host_time: needs a GPU and kvtier built with CUDA")
     torch.manual_seed(0)
     rng = np.random.default_rng(14)
+    if args.config:
+        ops.configure(**args.config)
+        print(f"engine configuration: {ops.engine_config()}", flush=True)
     ceil = ceiling()
     print(f"ceiling: H2D {ceil['h2d']:.1f} GB/s, D2H {ceil['d2h']:.1f} GB/s "
           f"({torch.cuda.get_device_name()}, torch {torch.__version__})", flush=True)

@@ -276,26 +276,37 @@ def synchronize(backend: str = "kernel", stream: Any = None, device: int = 0) ->
 
 def configure(*, cpu_threads: Optional[int] = None, cpu_parallel_threshold_bytes: Optional[int] = None,
               max_sms: Optional[int] = None, max_sms_to_host: Optional[int] = None,
-              max_sms_beside_backup: Optional[int] = None) -> None:
+              max_sms_beside_backup: Optional[int] = None, dma_batch: Optional[bool] = None,
+              dma_join_kv: Optional[bool] = None, dma_lanes: Optional[int] = None,
+              dma_ops_per_lane: Optional[int] = None, dma_submit_threads: Optional[bool] = None,
+              dma_min_strided_rows: Optional[int] = None) -> None:
     """Reconfigure the engines kvtier.ops uses (unset arguments keep their current value).
 
     max_sms bounds the kernel backend's SMs per call; max_sms_to_host bounds them for device ->
     host copies (backups), within max_sms (0 = max_sms); max_sms_beside_backup sets them for host
-    -> device copies (loads) while a backup on another stream is still running (0 = off).
+    -> device copies (loads) while a backup on another stream is still running (0 = off). The
+    dma_* fields are TransferEngineConfig's (include/kvtier/transfer.h): batched submission, K/V
+    joining, lanes (1..16) and operations per lane (16..2^20), a thread per lane, and the fewest
+    equal-width runs sent as one strided copy (2..2^20).
     """
     current = _kvtier.engine_config()
-    if cpu_threads is not None:
-        current["cpu_threads"] = _int(cpu_threads, "cpu_threads", 0, _INT32_MAX)
+    ints = dict(cpu_threads=(cpu_threads, 0), max_sms=(max_sms, 1),
+                max_sms_to_host=(max_sms_to_host, 0),
+                max_sms_beside_backup=(max_sms_beside_backup, 0), dma_lanes=(dma_lanes, 1),
+                dma_ops_per_lane=(dma_ops_per_lane, 1),
+                dma_min_strided_rows=(dma_min_strided_rows, 1))
+    for name, (value, minimum) in ints.items():
+        if value is not None:
+            current[name] = _int(value, name, minimum, _INT32_MAX)
     if cpu_parallel_threshold_bytes is not None:
         current["cpu_parallel_threshold_bytes"] = _int(
             cpu_parallel_threshold_bytes, "cpu_parallel_threshold_bytes", 0)
-    if max_sms is not None:
-        current["max_sms"] = _int(max_sms, "max_sms", 1, _INT32_MAX)
-    if max_sms_to_host is not None:
-        current["max_sms_to_host"] = _int(max_sms_to_host, "max_sms_to_host", 0, _INT32_MAX)
-    if max_sms_beside_backup is not None:
-        current["max_sms_beside_backup"] = _int(max_sms_beside_backup, "max_sms_beside_backup", 0,
-                                                _INT32_MAX)
+    for name, value in (("dma_batch", dma_batch), ("dma_join_kv", dma_join_kv),
+                        ("dma_submit_threads", dma_submit_threads)):
+        if value is not None:
+            if not isinstance(value, bool):
+                raise ValueError(f"{name} = {value!r} must be True or False")
+            current[name] = value
     _kvtier.configure(**current)
 
 

@@ -64,6 +64,9 @@ struct Side {
   std::vector<void*> k_layers;
   std::vector<void*> v_layers;
   bool table_on_gpu = false;  // the pointer table itself lives on a GPU
+  // Set when the region claims more slots than its buffers hold rows (per-layer views described
+  // by base pointers, below): indices must also be below this.
+  int64_t index_bound = -1;
 
   int device() const { return region.memory == MemoryKind::kHost ? kHostDevice : region.device; }
   // Points the region's spans at the vectors; call once the Side is in its final place.
@@ -199,6 +202,8 @@ Side TableSide(py::handle k_table, py::handle v_table, bool mla, const std::stri
   return s;
 }
 
+void CheckBound(const IndexArg& idx, int64_t bound, const char* name);
+
 // Picks the backend (cpu when everything is in host memory), the device and PyTorch's current
 // stream, and runs the requests: every request is validated before any of them moves a byte.
 void Launch(std::vector<std::pair<Side*, Side*>> pairs, IndexArg si, IndexArg di,
@@ -231,6 +236,10 @@ void Launch(std::vector<std::pair<Side*, Side*>> pairs, IndexArg si, IndexArg di
       ThrowInvalid("the copy spans several CUDA devices: " + where);
     }
     device = d;
+  }
+  for (auto& [src, dst] : pairs) {
+    CheckBound(si, src->index_bound, "src_indices");
+    CheckBound(di, dst->index_bound, "dst_indices");
   }
   TransferOptions options;
   if (backend != TransferBackend::kCpu) options.stream = ResolveStreamArg(py::none(), device);
@@ -356,8 +365,29 @@ int64_t RowBytes(const BufferArg& b, const std::string& name) {
   return b.nbytes / b.shape[0];
 }
 
+// The stride of n buffers that follow each other at one constant stride, a multiple of `row`
+// and at least `bytes` (no overlap), inside one CUDA allocation where CUDA can tell (device
+// or pinned memory); 0 otherwise.
+int64_t ConstantStride(const std::vector<BufferArg>& bufs, size_t first, int64_t n, int64_t row,
+                       int64_t bytes) {
+  if (n < 2) return 0;
+  const int64_t stride = static_cast<int64_t>(bufs[first + 1].address - bufs[first].address);
+  if (bufs[first + 1].address <= bufs[first].address || stride % row != 0 || stride < bytes) {
+    return 0;
+  }
+  for (int64_t j = 1; j < n; ++j) {
+    if (bufs[first + static_cast<size_t>(j)].address != bufs[first].address + j * stride) return 0;
+  }
+  const int64_t reach = AllocationBytesFrom(bufs[first].address);
+  if (reach >= 0 && reach < (n - 1) * stride + bytes) return 0;
+  return stride;
+}
+
 // A layer_first region over per-layer buffers: k = bufs[first, first + n), v = the n after them
 // (none for MLA). The buffers must share one memory; the region holds the rows all of them hold.
+// Views of one allocation at a constant stride (a pool allocated [L, N, ...] and handed out per
+// layer) are described by base pointers, with num_slots = stride / row: then the dma backend
+// plans a run of slots across all layers as one strided copy instead of one copy per layer.
 Side LayerListSide(const std::vector<BufferArg>& bufs, size_t first, int64_t n, bool mla,
                    int64_t row, const char* list_name, bool dst) {
   Side s;
@@ -377,7 +407,29 @@ Side LayerListSide(const std::vector<BufferArg>& bufs, size_t first, int64_t n, 
   s.region.geometry = {KvLayout::kLayerFirst, n, num_slots, row, 1, 1};
   s.region.mla = mla;
   SetMemory(&s, bufs[first].device);
+  const int64_t bytes = num_slots * row;
+  const int64_t k_stride = ConstantStride(bufs, first, n, row, bytes);
+  const int64_t v_stride = mla ? k_stride : ConstantStride(bufs, first + n, n, row, bytes);
+  if (k_stride > 0 && v_stride == k_stride) {
+    s.region.k = s.k_layers[0];
+    s.region.v = mla ? nullptr : s.v_layers[0];
+    s.k_layers.clear();
+    s.v_layers.clear();
+    s.region.geometry.num_slots = k_stride / row;
+    if (s.region.geometry.num_slots != num_slots) s.index_bound = num_slots;
+  }
   return s;
+}
+
+void CheckBound(const IndexArg& idx, int64_t bound, const char* name) {
+  if (bound < 0 || idx.device != kHostDevice) return;
+  const SlotIndices s = idx.Get();
+  for (int64_t k = 0; k < s.count; ++k) {
+    const int64_t v = s.at(k);
+    if (v < 0 || v >= bound) {
+      ThrowInvalid(fmt::format("{}[{}] = {} is out of range [0, {})", name, k, v, bound));
+    }
+  }
 }
 
 std::vector<BufferArg> ReadList(const py::list& list, const char* name) {
