@@ -191,8 +191,10 @@ struct TransferEngineConfig {
   int dma_ops_per_lane = 256;
   bool dma_submit_threads = true;
   // dma: fewest equal-width runs at a constant pitch that go as one strided copy instead of
-  // single copies; in [2, 1 << 20].
-  int dma_min_strided_rows = 2;
+  // single copies; in [2, 1 << 20]. Two random runs that happen to be a pitch apart make a
+  // two-row strided copy, which the copy engines move slower than two single copies
+  // (BENCHMARKS.md, GPU: the direct path).
+  int dma_min_strided_rows = 3;
 
   // InvalidArgument naming the field and its value.
   Status Validate() const;

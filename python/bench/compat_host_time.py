@@ -221,6 +221,7 @@ def measure(rows, args, shape, fn_name, page, nbytes, call, poison, verify, dire
     poison()
     torch.cuda.synchronize()
     call()
+    torch.cuda.synchronize()  # before verify() reads host memory the copy writes
     status = check(verify())
     row = Row(shape=shape.name, function=fn_name, page=page, direction=direction,
               tokens=args.tokens, bytes=nbytes, host_us=round(host, 1), gpu_ms=round(ms, 4),

@@ -59,6 +59,13 @@ py::object CallMethod(py::handle obj, PyObject* name) {
 }
 
 std::string Repr(py::handle obj) { return py::repr(obj).cast<std::string>(); }
+
+// A torch.Size (or any sequence of ints) as Python prints a plain tuple: (2,), (2, 3).
+std::string TupleText(py::handle seq) {
+  py::object t = py::reinterpret_steal<py::object>(PySequence_Tuple(seq.ptr()));
+  if (!t) throw py::error_already_set();
+  return Repr(t);
+}
 std::string TypeName(py::handle obj) { return Py_TYPE(obj.ptr())->tp_name; }
 
 // torch's Tensor type and the dtypes kvtier checks, once torch has been imported by someone.
@@ -139,8 +146,8 @@ int TensorDevice(py::handle t, std::string_view name) {
 void CheckTensorContiguous(py::handle t, std::string_view name) {
   if (!Truthy(CallMethod(t, Name().is_contiguous))) {
     ThrowInvalid(fmt::format("{} must be contiguous (shape {}, strides {})", name,
-                             py::str(py::tuple(Attr(t, Name().shape))).cast<std::string>(),
-                             py::str(t.attr("stride")()).cast<std::string>()));
+                             TupleText(Attr(t, Name().shape)),
+                             TupleText(t.attr("stride")())));
   }
 }
 
@@ -372,7 +379,7 @@ IndexArg ReadIndices(py::handle obj, std::string_view name) {
     py::object shape = Attr(obj, n.shape);
     if (PyTuple_GET_SIZE(shape.ptr()) != 1) {
       ThrowInvalid(fmt::format("{} must be 1-D, got shape {}", name,
-                               py::str(py::tuple(shape)).cast<std::string>()));
+                               TupleText(shape)));
     }
     IndexArg a;
     a.device = TensorDevice(obj, name);
@@ -513,7 +520,7 @@ std::vector<uint64_t> ReadAddressTable(py::handle obj, std::string_view name, in
     if (PyTuple_GET_SIZE(shape.ptr()) != 1 ||
         PyLong_AsLongLong(PyTuple_GET_ITEM(shape.ptr(), 0)) != count) {
       ThrowInvalid(fmt::format("{} has shape {}; expected ({},) for num_layers = {}", name,
-                               py::str(py::tuple(shape)).cast<std::string>(), count, count));
+                               TupleText(shape), count, count));
     }
     const int device = TensorDevice(obj, name);
     if (!Truthy(CallMethod(obj, n.is_contiguous))) {

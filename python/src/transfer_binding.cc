@@ -87,11 +87,14 @@ EngineRegistry& Engines() {
   return *registry;
 }
 
-std::string ReplaceAll(std::string s, std::string_view from, std::string_view to) {
-  for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size())) {
-    s.replace(at, from.size(), to);
+std::string ReplaceAll(std::string_view s, std::string_view from, std::string_view to) {
+  std::string out;
+  size_t begin = 0;
+  for (size_t at = s.find(from); at != std::string_view::npos; at = s.find(from, begin)) {
+    out.append(s.substr(begin, at - begin)).append(to);
+    begin = at + from.size();
   }
-  return s;
+  return out.append(s.substr(begin));
 }
 
 // kvtier.ops.transfer after its type checks: everything else is read and checked here.

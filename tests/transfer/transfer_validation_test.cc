@@ -117,6 +117,7 @@ TEST(TransferValidationTest, DmaConfigLimits) {
   edges.dma_ops_per_lane = 16;
   edges.dma_min_strided_rows = 2;
   EXPECT_TRUE(edges.Validate().ok());
+  EXPECT_EQ(TransferEngineConfig{}.dma_min_strided_rows, 3);
 }
 
 TEST(TransferValidationTest, MismatchedLengths) {

@@ -77,7 +77,7 @@ struct BenchOptions {
   int dma_lanes = 4;
   int dma_ops_per_lane = 256;
   bool dma_submit_threads = true;
-  int dma_min_strided_rows = 2;
+  int dma_min_strided_rows = 3;
   // Pages of the bench's own host buffers: "default" (cpu rows: transparent huge pages; GPU
   // rows: cudaHostAlloc), "4k" (cpu rows: no THP), "thp" / "hugetlb" (GPU rows: an mmap on
   // transparent / reserved 2 MiB huge pages, registered with cudaHostRegister).
