@@ -14,7 +14,8 @@ direct functions get int64 CPU indices.
 
 Method (PERFORMANCE.md, target 8):
   host µs  wall clock around one call on an idle stream (torch.cuda.synchronize() before it),
-           median of --repeats calls after --warmup calls;
+           median of --repeats calls after --warmup calls; "engine": the part of it inside the
+           C++ TransferEngine::Transfer (_kvtier.last_engine_us), the rest is argument handling;
   GPU GB/s CUDA events around one call, the stream held by a sleep kernel until the call is
            submitted (so host submission is not in it), median of --repeats;
   ceiling  one 1 GiB copy each way between pinned host memory and the GPU, median of 5;
@@ -42,7 +43,7 @@ except ImportError:  # pragma: no cover - a GPU machine has torch
     sys.exit("compat_host_time: needs PyTorch")
 
 import kvtier
-from kvtier import ops
+from kvtier import _kvtier, ops
 from kvtier.compat import sgl_kernel as kv
 
 SHAPES = {  # name: (layers, heads, head_dim, buffers)
@@ -119,18 +120,20 @@ def hold_stream(ms: float) -> None:
     torch.cuda._sleep(int(_cycles_per_ms * ms))
 
 
-def host_us(call, repeats: int, warmup: int) -> float:
+def host_us(call, repeats: int, warmup: int):
+    """(median host µs of a call, median µs of it inside the C++ engine)."""
     for _ in range(warmup):
         call()
     torch.cuda.synchronize()
-    samples = []
+    samples, engine = [], []
     for _ in range(repeats):
         torch.cuda.synchronize()
         t0 = time.perf_counter_ns()
         call()
         samples.append((time.perf_counter_ns() - t0) / 1000)
+        engine.append(_kvtier.last_engine_us())
     torch.cuda.synchronize()
-    return statistics.median(samples)
+    return statistics.median(samples), statistics.median(engine)
 
 
 def gpu_ms(call, repeats: int, hold_ms: float) -> float:
@@ -213,7 +216,7 @@ def measure(rows, args, shape, fn_name, page, nbytes, call, poison, verify, dire
     wanted = [f for f in args.functions.split(",") if f]
     if wanted and not any(f in fn_name for f in wanted):
         return
-    host = host_us(call, args.repeats, args.warmup)
+    host, engine_us = host_us(call, args.repeats, args.warmup)
     ms = gpu_ms(call, args.repeats, max(hold_ms, 2 * host / 1000))
     # Also with nothing holding the stream: what a caller sees when submission is the slower part
     # (how SGLang's figures were taken: events around the call).
@@ -224,11 +227,13 @@ def measure(rows, args, shape, fn_name, page, nbytes, call, poison, verify, dire
     torch.cuda.synchronize()  # before verify() reads host memory the copy writes
     status = check(verify())
     row = Row(shape=shape.name, function=fn_name, page=page, direction=direction,
-              tokens=args.tokens, bytes=nbytes, host_us=round(host, 1), gpu_ms=round(ms, 4),
+              tokens=args.tokens, bytes=nbytes, host_us=round(host, 1),
+              engine_us=round(engine_us, 1), gpu_ms=round(ms, 4),
               gbps=round(nbytes / ms / 1e6, 2), gpu_ms_open=round(ms_open, 4),
               gbps_open=round(nbytes / ms_open / 1e6, 2), check=status, config=args.config)
     rows.append(row)
-    print(f"{shape.name:4} {fn_name:38} p{page:<3} host {host:9.1f} us  gpu {ms:8.3f} ms  "
+    print(f"{shape.name:4} {fn_name:38} p{page:<3} host {host:9.1f} us "
+          f"(engine {engine_us:8.1f})  gpu {ms:8.3f} ms  "
           f"{row['gbps']:6.2f} GB/s  (unheld {row['gbps_open']:6.2f})  {status}", flush=True)
 
 

@@ -474,9 +474,10 @@ Status DmaTransferEngine::SubmitSlice(CudaStream stream, size_t c0, size_t c1, s
   size_t* sizes = planner_.sizes().data() + r0;
   stats.copy_ops += static_cast<int64_t>(count);
   if (use_batch_ && count >= 2 && !IsLegacyStream(stream)) {
+    // No cudaMemcpyFlagPreferOverlapWithCompute here: with it the driver took 1.5x as long to
+    // submit 2,048 single copies (BENCHMARKS.md, GPU: the direct path).
     cudaMemcpyAttributes attr{};
     attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
-    attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
     size_t attr_index = 0;
 #if CUDART_VERSION >= 13000
     const cudaError_t e =
