@@ -16,6 +16,7 @@ Method (PERFORMANCE.md, target 8):
   host µs  wall clock around one call on an idle stream (torch.cuda.synchronize() before it),
            median of --repeats calls after --warmup calls; "engine": the part of it inside the
            C++ TransferEngine::Transfer (_kvtier.last_engine_us), the rest is argument handling;
+           "back to back": the same, per call, for --repeats calls issued without waiting;
   GPU GB/s CUDA events around one call, the stream held by a sleep kernel until the call is
            submitted (so host submission is not in it), median of --repeats;
   ceiling  one 1 GiB copy each way between pinned host memory and the GPU, median of 5;
@@ -136,6 +137,20 @@ def host_us(call, repeats: int, warmup: int):
     return statistics.median(samples), statistics.median(engine)
 
 
+def back_to_back_us(call, repeats: int):
+    """(host µs per call, µs of it in the engine) for `repeats` calls issued back to back, no
+    synchronisation between them: the warm cost of a call (an engine's per-layer loop)."""
+    torch.cuda.synchronize()
+    engine = 0.0
+    t0 = time.perf_counter_ns()
+    for _ in range(repeats):
+        call()
+        engine += _kvtier.last_engine_us()
+    total = (time.perf_counter_ns() - t0) / 1000
+    torch.cuda.synchronize()
+    return total / repeats, engine / repeats
+
+
 def gpu_ms(call, repeats: int, hold_ms: float) -> float:
     samples = []
     for _ in range(repeats):
@@ -217,6 +232,7 @@ def measure(rows, args, shape, fn_name, page, nbytes, call, poison, verify, dire
     if wanted and not any(f in fn_name for f in wanted):
         return
     host, engine_us = host_us(call, args.repeats, args.warmup)
+    warm, warm_engine = back_to_back_us(call, args.repeats)
     ms = gpu_ms(call, args.repeats, max(hold_ms, 2 * host / 1000))
     # Also with nothing holding the stream: what a caller sees when submission is the slower part
     # (how SGLang's figures were taken: events around the call).
@@ -228,12 +244,14 @@ def measure(rows, args, shape, fn_name, page, nbytes, call, poison, verify, dire
     status = check(verify())
     row = Row(shape=shape.name, function=fn_name, page=page, direction=direction,
               tokens=args.tokens, bytes=nbytes, host_us=round(host, 1),
-              engine_us=round(engine_us, 1), gpu_ms=round(ms, 4),
+              engine_us=round(engine_us, 1), warm_host_us=round(warm, 1),
+              warm_engine_us=round(warm_engine, 1), gpu_ms=round(ms, 4),
               gbps=round(nbytes / ms / 1e6, 2), gpu_ms_open=round(ms_open, 4),
               gbps_open=round(nbytes / ms_open / 1e6, 2), check=status, config=args.config)
     rows.append(row)
     print(f"{shape.name:4} {fn_name:38} p{page:<3} host {host:9.1f} us "
-          f"(engine {engine_us:8.1f})  gpu {ms:8.3f} ms  "
+          f"(engine {engine_us:8.1f}; back to back {warm:8.1f}, engine {warm_engine:8.1f})  "
+          f"gpu {ms:8.3f} ms  "
           f"{row['gbps']:6.2f} GB/s  (unheld {row['gbps_open']:6.2f})  {status}", flush=True)
 
 
