@@ -14,10 +14,6 @@
 namespace kvtier {
 namespace {
 
-// 4 bytes is the narrowest access of the CUDA kernels; every real KV slot (bf16/fp8 heads of
-// 64+ elements) is a multiple of it.
-constexpr int64_t kSlotBytesAlignment = 4;
-
 Status CheckIndices(const SlotIndices& idx, std::string_view name, int64_t num_slots) {
   if (idx.count < 0) {
     return Status::InvalidArgument(fmt::format("{}.count = {} must not be negative", name, idx.count));
