@@ -9,7 +9,9 @@
 // and how far their allocations reach (`TableInfo`, below). Every table entry is bounded by its
 // CUDA allocation (device or pinned host memory), so an index past it is an InvalidArgument
 // (host indices) or a skipped, reported pair (device indices); pageable host memory, and every
-// table in a build without CUDA, cannot be measured and is not bounded.
+// table in a build without CUDA, cannot be measured and is not bounded. The extents are measured
+// once per table contents: memory freed and allocated again, smaller, at the very same addresses
+// while a table still names them is not noticed (PyTorch's caching allocator keeps its segments).
 //
 // Thread safety: REQUIRES the GIL except around the copy itself; the cache is guarded by it.
 #include <fmt/format.h>
