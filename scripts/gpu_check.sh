@@ -13,7 +13,9 @@
 #                    invocation measures the DMA ceiling first.
 #   6. summary       a short table of everything above, printed LAST
 #   5b. cache       the HierarchicalCache model test on the kernel and dma backends
-#   5c. python      python/run_gpu_tests.sh: the extension with CUDA, pytest, the torch example
+#   5c. python      python/run_gpu_tests.sh: the extension with CUDA, pytest, the torch example,
+#                   then python/bench/compat_host_time.py (host time and GB/s of every
+#                   kvtier.compat.sgl_kernel function, byte-checked; skipped with --skip-bench)
 #
 # Usage: scripts/gpu_check.sh [--skip-tests] [--skip-bench] [--skip-python] [--bench-args "..."]
 #   --skip-tests skips sections 3, 4 and 5b (for a bench-only run on a machine already checked).
@@ -134,6 +136,7 @@ stamp "cache: ${RESULT[cache]}"
 # ---- 5c. Python: extension with CUDA, pytest (CPU + GPU), examples/torch_offload.py --------------
 echo "== python"
 RESULT[python]=skipped
+RESULT[pybench]=skipped
 if [[ ${RESULT[build]} == ok && $SKIP_PYTHON == 0 ]]; then
   if KVTIER_PY_BUILD_DIR="$BUILD" JOBS=$JOBS python/run_gpu_tests.sh >"$LOGS/python.log" 2>&1; then
     RESULT[python]=ok
@@ -141,6 +144,17 @@ if [[ ${RESULT[build]} == ok && $SKIP_PYTHON == 0 ]]; then
     RESULT[python]=FAIL
   fi
   grep -E "passed|failed|error|PASS|FAIL" "$LOGS/python.log" | tail -8
+  # The Python drop-in on the reference workload: host time per call and GB/s of every
+  # kvtier.compat.sgl_kernel function, every result byte-checked (python/bench/).
+  if [[ ${RESULT[python]} == ok && $SKIP_BENCH == 0 ]]; then
+    if PYTHONPATH="$BUILD/python" python3 python/bench/compat_host_time.py \
+         --json "$LOGS/py_host_time.json" >"$LOGS/py_host_time.log" 2>&1; then
+      RESULT[pybench]=ok
+    else
+      RESULT[pybench]=FAIL
+    fi
+    tail -3 "$LOGS/py_host_time.log"
+  fi
 fi
 stamp "python: ${RESULT[python]}"
 
@@ -178,8 +192,8 @@ for b in ["kernel", "dma", "auto"]:
                   f"{max(r['sms_used'] for r in rs):7} {sub:14.1f} {'ok' if bad == 0 else f'{bad} FAIL'}")
 EOF
 fi
-echo "build: ${RESULT[build]}  tests: ${RESULT[tests]}  sanitizer: ${RESULT[sanitizer]}  bench: ${RESULT[bench]}  cache: ${RESULT[cache]}  python: ${RESULT[python]}  ($(( $(date +%s) - T0 ))s)"
-for k in build tests sanitizer bench cache python; do
+echo "build: ${RESULT[build]}  tests: ${RESULT[tests]}  sanitizer: ${RESULT[sanitizer]}  bench: ${RESULT[bench]}  cache: ${RESULT[cache]}  python: ${RESULT[python]}  python bench: ${RESULT[pybench]}  ($(( $(date +%s) - T0 ))s)"
+for k in build tests sanitizer bench cache python pybench; do
   [[ ${RESULT[$k]} == ok || ${RESULT[$k]} == skipped ]] || exit 1
 done
 exit 0

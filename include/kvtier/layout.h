@@ -49,6 +49,12 @@ enum class MemoryKind : uint8_t {
   kDevice = 1,  // CUDA device memory
 };
 
+// slot_bytes (and, for page_head, slot_bytes / head_num) must be a multiple of this: 4 bytes is
+// the narrowest access of the CUDA copy kernels, and every real KV slot (bf16/fp8 heads of 64+
+// elements) is a multiple of it. Regions (KvRegion::Validate) and pools (HostKvPoolConfig)
+// check it.
+inline constexpr int64_t kSlotBytesAlignment = 4;
+
 // Shape and layout of one KV buffer (K, V, or the MLA buffer).
 struct KvGeometry {
   KvLayout layout = KvLayout::kLayerFirst;

@@ -165,31 +165,47 @@ struct TransferEngineConfig {
   // max_sms_beside_backup, below).
   int max_sms = 4;
   // kernel: upper bound for copies from device memory to host memory (backups), within max_sms;
-  // 0 = max_sms. A GPU writing to host memory posts its writes, so fewer SMs keep the link busy,
-  // and a backup with fewer SMs leaves more of the link to the per-layer loads beside it.
-  // Measured on an H100 (BENCHMARKS.md, GPU): 3 SMs kept every backup row at >= 92 % of the
-  // ceiling and raised loads + backup at once from 1.10 x to 1.11-1.15 x; 2 SMs gave 1.19 x but
-  // some page-1 backups fell to 78-90 %. TransferOptions::max_sms overrides both for one call.
+  // 0 = max_sms. A GPU writing to host memory posts its writes, so fewer SMs keep the link busy
+  // and leave more of it to the per-layer loads beside a backup (BENCHMARKS.md, GPU, has the
+  // measurements behind the default). TransferOptions::max_sms overrides it for one call.
   int max_sms_to_host = 3;
   // kernel: SMs for copies from host memory to device memory (loads) while a device -> host copy
-  // (a backup) this engine launched on another stream is still running; 0 = off (max_sms). The
-  // backup's writes share the link with the loads' read requests, and SM reads of host memory
-  // fall from 51 to 31-33 GB/s beside it whoever writes (SMs, bulk copies or the copy engines);
-  // beside SM writes (not the copy engines') more reading SMs win part of it back, so only this
-  // engine's own backups count. Measured on an H100 (scripts/probes/both_ways.cu,
-  // BENCHMARKS.md, GPU: both directions): 4 reading SMs + 3 writing 1.13 x the one-way ceiling,
-  // 8 + 3 1.42 x, 16 + 3 1.21 x (the backup then slows). Loads are what the forward pass waits
-  // for, so by default they get 8 SMs while a backup runs. TransferOptions::max_sms overrides.
+  // (a backup) this engine launched on another stream is still running; 0 = off (max_sms).
+  // Beside a backup's writes, SM reads of host memory slow down, and more reading SMs win part of
+  // it back (BENCHMARKS.md, GPU: both directions). Only this engine's own backups count.
+  // TransferOptions::max_sms overrides it for one call.
   int max_sms_beside_backup = 8;
   // kernel/dma: CUDA device ordinal.
   int device = 0;
 
+  // dma: submit copies with cudaMemcpyBatchAsync / cudaMemcpy3DBatchAsync where the runtime and
+  // driver offer them (CUDA >= 12.8); false: one cudaMemcpyAsync / cudaMemcpy2DAsync per copy.
+  bool dma_batch = true;
+  // dma: K and V strided copies of one page in one depth-2 operation, where V lies a whole
+  // number of rows after K on both sides (a pool allocated K then V).
+  bool dma_join_kv = true;
+  // dma: a plan of more than dma_ops_per_lane operations is split over up to dma_lanes streams
+  // (the request's stream and the engine's own, joined back by events), each submitted from its
+  // own thread when dma_submit_threads. In [1, 16] and [16, 1 << 20].
+  int dma_lanes = 4;
+  int dma_ops_per_lane = 256;
+  bool dma_submit_threads = true;
+  // dma: fewest equal-width runs at a constant pitch that go as one strided copy instead of
+  // single copies; in [2, 1 << 20]. Two random runs that happen to be a pitch apart make a
+  // two-row strided copy, which the copy engines move slower than two single copies
+  // (BENCHMARKS.md, GPU: the direct path).
+  int dma_min_strided_rows = 3;
+
+  // InvalidArgument naming the field and its value.
   Status Validate() const;
 };
 
 // Checks a request against everything the backends rely on: region geometry and pointers,
-// matching kinds (MHA/MLA) and slot_bytes, equal index counts, layer ranges, and host indices in
-// range. Device indices are checked inside the kernels instead.
+// matching kinds (MHA/MLA) and slot_bytes, equal index counts, layer ranges, host indices in
+// range, and no slot both read and written: within one region (same geometry and pointers) and
+// overlapping layers, a host index in both lists is refused, as are two different regions over
+// overlapping base buffers. Device indices are range-checked inside the kernels instead, and not
+// checked for overlap.
 Status ValidateTransfer(const TransferRequest& request);
 
 class TransferEngine {

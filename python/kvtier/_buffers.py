@@ -1,4 +1,5 @@
-"""Buffer and index introspection: raw addresses and sizes from torch, CUDA-array and numpy objects.
+"""Buffer introspection for building regions: raw addresses and sizes from torch, CUDA-array and
+numpy objects. (Per-call arguments, such as index lists, are read in C++: python/src/py_args.cc.)
 
 Everything kvtier copies is described by an address, a byte size and where it lives (host memory or
 CUDA device N). This module gets those from any object that exposes one of
@@ -103,75 +104,6 @@ def describe_buffer(obj: Any, name: str) -> BufferInfo:
         return BufferInfo(address, nbytes, device, readonly, shape, itemsize, obj)
     raise ValueError(f"{name} of type {type(obj).__name__} exposes no data_ptr(), "
                      "__cuda_array_interface__ or __array_interface__")
-
-
-class IndexInfo(NamedTuple):
-    address: int
-    count: int
-    int64: bool
-    device: int  # CUDA device ordinal, or HOST
-    obj: Any  # keeps converted arrays alive
-
-    @property
-    def on_device(self) -> bool:
-        return self.device != HOST
-
-
-_INT_TYPESTRS = {"<i4": False, "<i8": True, "=i4": False, "=i8": True}
-
-
-def describe_indices(obj: Any, name: str) -> IndexInfo:
-    """A 1-D int32/int64 index array on host or device; lists become int64 numpy arrays."""
-    if obj is None:
-        raise ValueError(f"{name} is None; expected an int32/int64 array or tensor")
-    if _is_torch_tensor(obj):
-        torch = sys.modules["torch"]
-        if obj.dtype not in (torch.int32, torch.int64):
-            raise ValueError(f"{name} has dtype {obj.dtype}; expected torch.int32 or torch.int64")
-        if obj.dim() != 1:
-            raise ValueError(f"{name} must be 1-D, got shape {tuple(obj.shape)}")
-        if not obj.is_contiguous():
-            raise ValueError(f"{name} must be contiguous")
-        if obj.device.type not in ("cpu", "cuda"):
-            raise ValueError(f"{name} is on device {obj.device}; expected cpu or cuda")
-        device = HOST
-        if obj.device.type == "cuda":
-            device = obj.device.index if obj.device.index is not None else 0
-        return IndexInfo(obj.data_ptr(), obj.numel(), obj.dtype == torch.int64, device, obj)
-    if isinstance(obj, (list, tuple, range)):
-        import numpy as np
-
-        try:
-            obj = np.asarray(obj, dtype=np.int64)
-        except (TypeError, ValueError, OverflowError):
-            raise ValueError(f"{name} must hold integers") from None
-        if obj.ndim != 1:
-            raise ValueError(f"{name} must be 1-D, got shape {obj.shape}")
-    cuda_iface = getattr(obj, "__cuda_array_interface__", None)
-    host_iface = getattr(obj, "__array_interface__", None)
-    iface = cuda_iface if cuda_iface is not None else host_iface
-    if iface is None:
-        raise ValueError(f"{name} of type {type(obj).__name__} is not an index array "
-                         "(expected numpy/torch int32 or int64, or a list of ints)")
-    typestr = iface["typestr"]
-    if sys.byteorder == "little" and typestr in ("|i4", "|i8"):
-        typestr = "<" + typestr[1:]
-    if typestr not in _INT_TYPESTRS:
-        raise ValueError(f"{name} has element type {iface['typestr']!r}; expected int32 or int64")
-    int64 = _INT_TYPESTRS[typestr]
-    shape = tuple(int(d) for d in iface["shape"])
-    if len(shape) != 1:
-        raise ValueError(f"{name} must be 1-D, got shape {shape}")
-    if not _c_contiguous(shape, iface.get("strides"), 8 if int64 else 4):
-        if cuda_iface is not None:
-            raise ValueError(f"{name} must be contiguous")
-        import numpy as np
-
-        obj = np.ascontiguousarray(obj)
-        return describe_indices(obj, name)
-    address = int(iface["data"][0] or 0)
-    device = _cuda_device_of(address) if cuda_iface is not None else HOST
-    return IndexInfo(address, shape[0], int64, device, obj)
 
 
 def resolve_stream(stream: Any, device: int) -> int:

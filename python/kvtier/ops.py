@@ -33,7 +33,7 @@ import numbers
 from typing import Any, List, Optional, Sequence
 
 from . import _kvtier
-from ._buffers import HOST, BufferInfo, IndexInfo, describe_buffer, describe_indices, resolve_stream
+from ._buffers import HOST, BufferInfo, describe_buffer, resolve_stream
 
 __all__ = [
     "LAYOUTS",
@@ -51,12 +51,18 @@ LAYOUTS = ("layer_first", "page_first", "page_first_direct", "page_head")
 BACKENDS = ("cpu", "kernel", "dma", "auto")
 
 
-def _int(value: Any, name: str, minimum: Optional[int] = None) -> int:
+_INT64_MAX = (1 << 63) - 1
+_INT32_MAX = (1 << 31) - 1
+
+
+def _int(value: Any, name: str, minimum: Optional[int] = None, maximum: int = _INT64_MAX) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise ValueError(f"{name} = {value!r} must be an integer")
     value = int(value)
     if minimum is not None and value < minimum:
         raise ValueError(f"{name} = {value} must be >= {minimum}")
+    if value > maximum or value < -_INT64_MAX - 1:
+        raise ValueError(f"{name} = {value} must be <= {maximum}")
     return value
 
 
@@ -88,7 +94,7 @@ class KvRegion:
         num_layers = _int(num_layers, f"{name}.num_layers", 1)
         slot_bytes = _int(slot_bytes, f"{name}.slot_bytes", 1)
         page_size = _int(page_size, f"{name}.page_size", 1)
-        head_num = _int(head_num, f"{name}.head_num", 1)
+        head_num = _int(head_num, f"{name}.head_num", 1, _INT32_MAX)
         mla = bool(mla)
         if mla and v is not None:
             raise ValueError(f"{name}.v must be None for an MLA region (mla=True has one buffer)")
@@ -151,8 +157,7 @@ class KvRegion:
         else:
             kwargs["k"] = buffers[0].address
             kwargs["v"] = 0 if mla else buffers[1].address
-        self._init(kwargs, keepalive=[b.obj for b in buffers],
-                   readonly=[label for b, label in zip(buffers, names) if b.readonly])
+        self._init(kwargs, keepalive=[b.obj for b in buffers], labels=names)
 
     @staticmethod
     def _buffer_names(name: str, per_layer: bool, mla: bool, num_layers: int) -> List[str]:
@@ -161,12 +166,14 @@ class KvRegion:
         labels = ("k",) if mla else ("k", "v")
         return [f"{name}.{label}[{i}]" for label in labels for i in range(num_layers)]
 
-    def _init(self, kwargs: dict, keepalive: list, readonly: List[str]) -> None:
+    def _init(self, kwargs: dict, keepalive: list, labels: Optional[List[str]]) -> None:
         self.name = kwargs.pop("name")
         self._native = _kvtier.Region(**kwargs, name=self.name)
         self.device = kwargs["device"] if kwargs["memory"] == "device" else HOST
         self._keepalive = keepalive
-        self._readonly = readonly
+        if labels is not None:
+            # A copy into this region checks that these buffers are still writable.
+            self._native._watch(keepalive, list(labels))
 
     @classmethod
     def from_addresses(cls, *, layout: str, num_layers: int, num_slots: int, slot_bytes: int,
@@ -185,7 +192,7 @@ class KvRegion:
                       slot_bytes=slot_bytes, page_size=page_size, head_num=head_num, mla=mla,
                       memory="host" if device == HOST else "device", device=device, k=k, v=v,
                       k_layers=list(k_layers), v_layers=list(v_layers), name=name)
-        self._init(kwargs, keepalive=[keepalive], readonly=[])
+        self._init(kwargs, keepalive=[keepalive], labels=None)
         return self
 
     # Geometry, read from the C++ region.
@@ -212,10 +219,6 @@ def _rename_slots(message: str) -> str:
     return message.replace("src_slots", "src_indices").replace("dst_slots", "dst_indices")
 
 
-def _native_indices(info: IndexInfo) -> Any:
-    return _kvtier.Indices(info.address, info.count, info.int64, info.device != HOST)
-
-
 def transfer(src: KvRegion, dst: KvRegion, src_indices: Any, dst_indices: Any, *,
              src_layer: int = 0, dst_layer: int = 0, num_layers: int = 1, backend: str = "auto",
              stream: Any = None, layer_events: Any = None, max_sms: int = 0) -> None:
@@ -225,50 +228,19 @@ def transfer(src: KvRegion, dst: KvRegion, src_indices: Any, dst_indices: Any, *
     layer_events: a kvtier.LayerEvents (CUDA builds); GPU backends record one event per layer.
     max_sms: at most this many SMs for the kernel backend, for this call (0 = the engine's
     default, 4), e.g. fewer for a backup that runs beside per-layer loads.
+
+    The arguments are read and checked in C++ (``_kvtier.transfer_objects``); a destination buffer
+    made read-only after the region was built is refused.
     """
     if not isinstance(src, KvRegion):
         raise ValueError(f"src must be a kvtier.ops.KvRegion, not {type(src).__name__}")
     if not isinstance(dst, KvRegion):
         raise ValueError(f"dst must be a kvtier.ops.KvRegion, not {type(dst).__name__}")
-    if dst._readonly:
-        raise ValueError(f"dst buffer {dst._readonly[0]} is read-only")
-    _check_choice(backend, "backend", BACKENDS)
-    src_layer = _int(src_layer, "src_layer")
-    dst_layer = _int(dst_layer, "dst_layer")
-    num_layers = _int(num_layers, "num_layers")
-    max_sms = _int(max_sms, "max_sms", 0)
-    si = describe_indices(src_indices, "src_indices")
-    di = describe_indices(dst_indices, "dst_indices")
-    _run(src, dst, si, di, src_layer, dst_layer, num_layers, backend, stream, layer_events,
-         max_sms)
+    _transfer_objects(src._native, dst._native, src_indices, dst_indices, src_layer, dst_layer,
+                      num_layers, backend, stream, layer_events, max_sms)
 
 
-def _run(src: KvRegion, dst: KvRegion, si: IndexInfo, di: IndexInfo, src_layer: int,
-         dst_layer: int, num_layers: int, backend: str, stream: Any, layer_events: Any,
-         max_sms: int = 0) -> None:
-    """transfer() after argument parsing; shared with kvtier.compat."""
-    placed = (("src", src.device), ("dst", dst.device), ("src_indices", si.device),
-              ("dst_indices", di.device))
-    devices = {d for _, d in placed if d != HOST}
-    if len(devices) > 1:
-        where = ", ".join(f"{n} on cuda:{d}" for n, d in placed if d != HOST)
-        raise ValueError(f"the copy spans several CUDA devices: {where}")
-    device = devices.pop() if devices else HOST
-    if backend == "auto" and device == HOST and layer_events is None:
-        backend = "cpu"
-    if backend == "cpu":
-        for n, d in placed:
-            if d != HOST:
-                raise ValueError(f"backend='cpu' copies host memory only, but {n} is on cuda:{d}")
-    stream_address = 0 if backend == "cpu" else resolve_stream(stream, device)
-    try:
-        _kvtier.transfer(src._native, dst._native, _native_indices(si), _native_indices(di),
-                         src_layer=src_layer, dst_layer=dst_layer, num_layers=num_layers,
-                         backend=backend, stream=stream_address,
-                         device=device if device != HOST else 0, layer_events=layer_events,
-                         max_sms=max_sms)
-    except _kvtier.InvalidArgumentError as e:
-        raise _kvtier.InvalidArgumentError(_rename_slots(str(e))) from None
+_transfer_objects = _kvtier.transfer_objects
 
 
 def transfer_layer(src: KvRegion, dst: KvRegion, src_indices: Any, dst_indices: Any, layer: int,
@@ -293,7 +265,7 @@ def synchronize(backend: str = "kernel", stream: Any = None, device: int = 0) ->
     error found on the device since the last call (e.g. an out-of-range device index a kernel
     skipped). A no-op for cpu."""
     _check_choice(backend, "backend", BACKENDS)
-    device = _int(device, "device", 0)
+    device = _int(device, "device", 0, _INT32_MAX)
     if backend == "cpu":
         return
     try:
@@ -304,25 +276,37 @@ def synchronize(backend: str = "kernel", stream: Any = None, device: int = 0) ->
 
 def configure(*, cpu_threads: Optional[int] = None, cpu_parallel_threshold_bytes: Optional[int] = None,
               max_sms: Optional[int] = None, max_sms_to_host: Optional[int] = None,
-              max_sms_beside_backup: Optional[int] = None) -> None:
+              max_sms_beside_backup: Optional[int] = None, dma_batch: Optional[bool] = None,
+              dma_join_kv: Optional[bool] = None, dma_lanes: Optional[int] = None,
+              dma_ops_per_lane: Optional[int] = None, dma_submit_threads: Optional[bool] = None,
+              dma_min_strided_rows: Optional[int] = None) -> None:
     """Reconfigure the engines kvtier.ops uses (unset arguments keep their current value).
 
     max_sms bounds the kernel backend's SMs per call; max_sms_to_host bounds them for device ->
     host copies (backups), within max_sms (0 = max_sms); max_sms_beside_backup sets them for host
-    -> device copies (loads) while a backup on another stream is still running (0 = off).
+    -> device copies (loads) while a backup on another stream is still running (0 = off). The
+    dma_* fields are TransferEngineConfig's (include/kvtier/transfer.h): batched submission, K/V
+    joining, lanes (1..16) and operations per lane (16..2^20), a thread per lane, and the fewest
+    equal-width runs sent as one strided copy (2..2^20).
     """
     current = _kvtier.engine_config()
-    if cpu_threads is not None:
-        current["cpu_threads"] = _int(cpu_threads, "cpu_threads", 0)
+    ints = dict(cpu_threads=(cpu_threads, 0), max_sms=(max_sms, 1),
+                max_sms_to_host=(max_sms_to_host, 0),
+                max_sms_beside_backup=(max_sms_beside_backup, 0), dma_lanes=(dma_lanes, 1),
+                dma_ops_per_lane=(dma_ops_per_lane, 1),
+                dma_min_strided_rows=(dma_min_strided_rows, 1))
+    for name, (value, minimum) in ints.items():
+        if value is not None:
+            current[name] = _int(value, name, minimum, _INT32_MAX)
     if cpu_parallel_threshold_bytes is not None:
         current["cpu_parallel_threshold_bytes"] = _int(
             cpu_parallel_threshold_bytes, "cpu_parallel_threshold_bytes", 0)
-    if max_sms is not None:
-        current["max_sms"] = _int(max_sms, "max_sms", 1)
-    if max_sms_to_host is not None:
-        current["max_sms_to_host"] = _int(max_sms_to_host, "max_sms_to_host", 0)
-    if max_sms_beside_backup is not None:
-        current["max_sms_beside_backup"] = _int(max_sms_beside_backup, "max_sms_beside_backup", 0)
+    for name, value in (("dma_batch", dma_batch), ("dma_join_kv", dma_join_kv),
+                        ("dma_submit_threads", dma_submit_threads)):
+        if value is not None:
+            if not isinstance(value, bool):
+                raise ValueError(f"{name} = {value!r} must be True or False")
+            current[name] = value
     _kvtier.configure(**current)
 
 

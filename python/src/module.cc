@@ -26,6 +26,7 @@ PYBIND11_MODULE(_kvtier, m) {
   m.doc() = "kvtier: hierarchical KV cache for LLM inference (C++ core binding)";
   RegisterErrors(m);
   RegisterTransfer(m, &CastLayerEvents);
+  RegisterCompat(m);
   RegisterDevice(m);
   RegisterStorage(m);
 #if defined(KVTIER_PY_WITH_CACHE)

@@ -1,9 +1,11 @@
-// python/src/transfer_binding.cc — `_kvtier.Region`, `_kvtier.Indices`, `_kvtier.transfer`.
+// python/src/transfer_binding.cc — `_kvtier.Region`, `_kvtier.Indices`, `_kvtier.transfer`,
+// `_kvtier.transfer_objects` and the engine registry.
 //
-// The binding is deliberately thin: the Python layer (kvtier/ops.py) turns buffers into raw
-// addresses and checks their sizes against the geometry; this file builds the C++ request, picks a
-// cached TransferEngine for (backend, device) and runs it with the GIL released. Every Status
-// becomes a Python exception (errors.h).
+// kvtier.ops.KvRegion describes its buffers once, in Python (kvtier/_buffers.py), and keeps a
+// `Region`. A copy (`transfer_objects`) reads its per-call arguments here in C++ (py_args.h):
+// the index lists, integers, stream and backend, checks that the destination's buffers are still
+// writable, builds the C++ request, picks a cached TransferEngine for (backend, device) and runs
+// it with the GIL released. Every Status becomes a Python exception (errors.h).
 //
 // Thread safety: engines are shared between Python threads (TransferEngine is thread-safe); the
 // registry is guarded by a mutex and hands out shared_ptr so reconfiguring never frees an engine a
@@ -12,7 +14,9 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <chrono>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -21,6 +25,7 @@
 #include <vector>
 
 #include "errors.h"
+#include "py_args.h"
 #include "kvtier/layout.h"
 #include "kvtier/transfer.h"
 #include "transfer_binding.h"
@@ -83,7 +88,117 @@ EngineRegistry& Engines() {
   return *registry;
 }
 
+std::string ReplaceAll(std::string_view s, std::string_view from, std::string_view to) {
+  std::string out;
+  size_t begin = 0;
+  for (size_t at = s.find(from); at != std::string_view::npos; at = s.find(from, begin)) {
+    out.append(s.substr(begin, at - begin)).append(to);
+    begin = at + from.size();
+  }
+  return out.append(s.substr(begin));
+}
+
+// kvtier.ops.transfer after its type checks: everything else is read and checked here.
+void TransferObjects(const PyRegion& src, const PyRegion& dst, py::handle src_indices,
+                     py::handle dst_indices, py::handle src_layer_arg, py::handle dst_layer_arg,
+                     py::handle num_layers_arg, const std::string& backend_name, py::handle stream,
+                     py::handle layer_events, py::handle max_sms_arg,
+                     LayerEventsCaster layer_events_caster) {
+  for (size_t i = 0; i < dst.buffers.size(); ++i) {
+    if (IsReadOnly(dst.buffers[i])) {
+      ThrowInvalid(fmt::format("dst buffer {} is read-only", dst.labels[i]));
+    }
+  }
+  auto backend_or = ParseTransferBackend(backend_name);
+  if (!backend_or.ok()) {
+    ThrowInvalid(fmt::format("backend = '{}' is not one of cpu, kernel, dma, auto", backend_name));
+  }
+  TransferBackend backend = *backend_or;
+  constexpr int64_t kMin = std::numeric_limits<int64_t>::min();
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  const int64_t src_layer = ReadInt(src_layer_arg, "src_layer", kMin, kMax);
+  const int64_t dst_layer = ReadInt(dst_layer_arg, "dst_layer", kMin, kMax);
+  const int64_t num_layers = ReadInt(num_layers_arg, "num_layers", kMin, kMax);
+  TransferOptions options;
+  options.max_sms = static_cast<int>(
+      ReadInt(max_sms_arg, "max_sms", 0, std::numeric_limits<int32_t>::max()));
+  IndexArg si = ReadIndices(src_indices, "src_indices");
+  IndexArg di = ReadIndices(dst_indices, "dst_indices");
+
+  auto device_of = [](const PyRegion& r) {
+    return r.region.memory == MemoryKind::kHost ? kHostDevice : r.region.device;
+  };
+  const std::pair<const char*, int> placed[] = {{"src", device_of(src)},
+                                                {"dst", device_of(dst)},
+                                                {"src_indices", si.device},
+                                                {"dst_indices", di.device}};
+  int device = kHostDevice;
+  for (const auto& [name, d] : placed) {
+    if (d == kHostDevice) continue;
+    if (device != kHostDevice && d != device) {
+      std::string where;
+      for (const auto& [n2, d2] : placed) {
+        if (d2 != kHostDevice) where += fmt::format("{}{} on cuda:{}", where.empty() ? "" : ", ", n2, d2);
+      }
+      ThrowInvalid("the copy spans several CUDA devices: " + where);
+    }
+    device = d;
+  }
+  if (backend == TransferBackend::kAuto && device == kHostDevice && layer_events.is_none()) {
+    backend = TransferBackend::kCpu;
+  }
+  if (backend == TransferBackend::kCpu) {
+    for (const auto& [name, d] : placed) {
+      if (d != kHostDevice) {
+        ThrowInvalid(fmt::format("backend='cpu' copies host memory only, but {} is on cuda:{}",
+                                 name, d));
+      }
+    }
+  } else {
+    options.stream = ResolveStreamArg(stream, device);
+  }
+  if (!layer_events.is_none()) {
+    if (layer_events_caster == nullptr) {
+      ThrowStatus(Status::Unavailable("layer_events needs CUDA, and kvtier was built without it"));
+    }
+    options.layer_events = layer_events_caster(layer_events);
+  }
+  const KvRegion s = src.Get();
+  const KvRegion d = dst.Get();
+  RunTransfers(backend, device == kHostDevice ? 0 : device,
+               {TransferRequest{&s, &d, si.Get(), di.Get(), src_layer, dst_layer, num_layers}},
+               options);
+}
+
 }  // namespace
+
+Status RenameSlots(const Status& status) {
+  if (status.ok()) return status;
+  std::string message = ReplaceAll(status.message(), "src_slots", "src_indices");
+  message = ReplaceAll(std::move(message), "dst_slots", "dst_indices");
+  return Status(status.code(), std::move(message));
+}
+
+namespace {
+thread_local double g_last_engine_us = 0;  // see last_engine_us
+}  // namespace
+
+void RunTransfers(TransferBackend backend, int device, const std::vector<TransferRequest>& requests,
+                  const TransferOptions& options) {
+  std::shared_ptr<TransferEngine> engine = Unwrap(GetEngine(backend, device));
+  Status status;
+  {
+    py::gil_scoped_release release;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (const TransferRequest& request : requests) {
+      status = engine->Transfer(request, options);
+      if (!status.ok()) break;
+    }
+    g_last_engine_us =
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+  }
+  ThrowIfError(RenameSlots(status));
+}
 
 Result<std::shared_ptr<TransferEngine>> GetEngine(TransferBackend backend, int device) {
   return Engines().Get(backend, device);
@@ -154,6 +269,18 @@ kvtier.ops.region(), which checks buffer sizes; this class does not (it cannot s
       .def_property_readonly("device", [](const PyRegion& r) { return r.region.device; })
       .def_property_readonly("buffer_bytes",
                              [](const PyRegion& r) { return r.region.geometry.buffer_bytes(); })
+      .def(
+          "_watch",
+          [](PyRegion& r, std::vector<py::object> buffers, std::vector<std::string> labels) {
+            if (buffers.size() != labels.size()) {
+              ThrowInvalid("_watch: buffers and labels differ in length");
+            }
+            r.buffers = std::move(buffers);
+            r.labels = std::move(labels);
+          },
+          py::arg("buffers"), py::arg("labels"),
+          "The buffers under the region and their names; a copy into the region checks that "
+          "they are still writable.")
       .def("__repr__", [](const PyRegion& r) {
         const KvGeometry& g = r.region.geometry;
         return fmt::format(
@@ -214,6 +341,19 @@ max_sms: at most this many SMs for the kernel backend (0 = the engine's default)
 GPU backends return once the copy is enqueued; cpu once the bytes are in place.)doc");
 
   m.def(
+      "transfer_objects",
+      [layer_events_caster](const PyRegion& src, const PyRegion& dst, py::handle src_indices,
+                            py::handle dst_indices, py::handle src_layer, py::handle dst_layer,
+                            py::handle num_layers, const std::string& backend, py::handle stream,
+                            py::handle layer_events, py::handle max_sms) {
+        TransferObjects(src, dst, src_indices, dst_indices, src_layer, dst_layer, num_layers,
+                        backend, stream, layer_events, max_sms, layer_events_caster);
+      },
+      "kvtier.ops.transfer's body: (src, dst, src_indices, dst_indices, src_layer, dst_layer, "
+      "num_layers, backend, stream, layer_events, max_sms); indices as numpy / torch / CUDA "
+      "arrays or lists of ints.");
+
+  m.def(
       "synchronize",
       [](const std::string& backend_name, uint64_t stream, int device) {
         const TransferBackend backend = Unwrap(ParseTransferBackend(backend_name));
@@ -232,13 +372,20 @@ GPU backends return once the copy is enqueued; cpu once the bytes are in place.)
   m.def(
       "configure",
       [](int cpu_threads, int64_t cpu_parallel_threshold_bytes, int max_sms, int max_sms_to_host,
-         int max_sms_beside_backup) {
+         int max_sms_beside_backup, bool dma_batch, bool dma_join_kv, int dma_lanes,
+         int dma_ops_per_lane, bool dma_submit_threads, int dma_min_strided_rows) {
         TransferEngineConfig config;
         config.cpu_threads = cpu_threads;
         config.cpu_parallel_threshold_bytes = cpu_parallel_threshold_bytes;
         config.max_sms = max_sms;
         config.max_sms_to_host = max_sms_to_host;
         config.max_sms_beside_backup = max_sms_beside_backup;
+        config.dma_batch = dma_batch;
+        config.dma_join_kv = dma_join_kv;
+        config.dma_lanes = dma_lanes;
+        config.dma_ops_per_lane = dma_ops_per_lane;
+        config.dma_submit_threads = dma_submit_threads;
+        config.dma_min_strided_rows = dma_min_strided_rows;
         ThrowIfError(Engines().Configure(config));
       },
       py::kw_only(), py::arg("cpu_threads") = TransferEngineConfig{}.cpu_threads,
@@ -246,6 +393,12 @@ GPU backends return once the copy is enqueued; cpu once the bytes are in place.)
       py::arg("max_sms") = TransferEngineConfig{}.max_sms,
       py::arg("max_sms_to_host") = TransferEngineConfig{}.max_sms_to_host,
       py::arg("max_sms_beside_backup") = TransferEngineConfig{}.max_sms_beside_backup,
+      py::arg("dma_batch") = TransferEngineConfig{}.dma_batch,
+      py::arg("dma_join_kv") = TransferEngineConfig{}.dma_join_kv,
+      py::arg("dma_lanes") = TransferEngineConfig{}.dma_lanes,
+      py::arg("dma_ops_per_lane") = TransferEngineConfig{}.dma_ops_per_lane,
+      py::arg("dma_submit_threads") = TransferEngineConfig{}.dma_submit_threads,
+      py::arg("dma_min_strided_rows") = TransferEngineConfig{}.dma_min_strided_rows,
       "Sets the configuration of the transfer engines kvtier.ops uses (they are re-created).");
 
   m.def("engine_config", []() {
@@ -256,8 +409,20 @@ GPU backends return once the copy is enqueued; cpu once the bytes are in place.)
     d["max_sms"] = c.max_sms;
     d["max_sms_to_host"] = c.max_sms_to_host;
     d["max_sms_beside_backup"] = c.max_sms_beside_backup;
+    d["dma_batch"] = c.dma_batch;
+    d["dma_join_kv"] = c.dma_join_kv;
+    d["dma_lanes"] = c.dma_lanes;
+    d["dma_ops_per_lane"] = c.dma_ops_per_lane;
+    d["dma_submit_threads"] = c.dma_submit_threads;
+    d["dma_min_strided_rows"] = c.dma_min_strided_rows;
     return d;
   });
+
+  m.def(
+      "last_engine_us", []() { return g_last_engine_us; },
+      "Microseconds the last transfer call of this thread spent inside the C++ engine "
+      "(TransferEngine::Transfer); the rest of the call's time is argument handling. For "
+      "benchmarks (python/bench/).");
 
   m.def("built_with_cuda", &BuiltWithCuda, "True when kvtier was built with the CUDA backends.");
 }

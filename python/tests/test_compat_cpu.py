@@ -311,3 +311,36 @@ def test_read_only_destination():
     with pytest.raises(ValueError, match="dst buffer dst is read-only"):
         kv.transfer_kv_per_layer_mla(src, dst, [0], [1], MLA_ITEM)
     np.testing.assert_array_equal(dst, before)
+
+
+@pytest.mark.parametrize("mla", [False, True], ids=["mha", "mla"])
+def test_all_layer_direct_from_views_of_one_pool(mla):
+    # Per-layer tensors that are views of one [L, N, ...] pool are described by base pointers
+    # (one strided copy per run across all layers on the dma backend): same bytes.
+    nb = 1 if mla else 2
+    pools = [rand(L, N, H, D) for _ in range(nb)]
+    src = [pools[b][l] for b in range(nb) for l in range(L)]
+    pfd = [rand(N // P, L, P, H, D) for _ in range(nb)]
+    ref = [a.copy() for a in pfd]
+    si, di = idx(3 * P, P)
+    kv.transfer_kv_all_layer_direct_lf_pf(src, pfd, si, di, P)
+    for b in range(nb):
+        for l in range(L):
+            ref[b][di // P, l, di % P] = pools[b][l][si]
+        np.testing.assert_array_equal(pfd[b], ref[b])
+
+
+def test_views_with_gaps_are_bounded_by_their_rows():
+    # Views of the first half of each layer: the layers are N rows apart but hold N/2 rows, so an
+    # index in the second half is out of range although it lies inside the pool.
+    pool = rand(L, N, H, D)
+    half = [pool[l, :N // 2] for l in range(L)]
+    pfd = [rand(N // P, L, P, H, D)]
+    before = pfd[0].copy()
+    si = np.arange(N // 2, N // 2 + P)
+    with pytest.raises(ValueError, match=re.escape(f"src_indices[0] = {N // 2} is out of range")):
+        kv.transfer_kv_all_layer_direct_lf_pf(half, pfd, si, np.arange(P), P)
+    np.testing.assert_array_equal(pfd[0], before)
+    kv.transfer_kv_all_layer_direct_lf_pf(half, pfd, si - N // 2, np.arange(P), P)
+    for l in range(L):
+        np.testing.assert_array_equal(pfd[0][0, l], pool[l, :P])

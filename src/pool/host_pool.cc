@@ -29,7 +29,6 @@
 namespace kvtier {
 namespace {
 
-constexpr int64_t kSlotBytesAlignment = 4;  // what the transfer backends require (transfer.cc)
 constexpr int64_t kDefaultHugePageBytes = int64_t{2} << 20;
 
 const char* BufferName(bool mla, int b) { return mla ? "mla" : (b == 0 ? "k" : "v"); }

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "transfer/backends.h"
+#include "transfer/plan_rules.h"
 #include "util/thread_pool.h"
 
 namespace kvtier::transfer {
@@ -95,12 +96,8 @@ struct Side {
       }
     }
   }
-  // Page size that cuts runs of consecutive slots (0: runs never need cutting).
-  int64_t run_page() const {
-    return (geo.layout == KvLayout::kPageFirstDirect || geo.layout == KvLayout::kPageHead)
-               ? geo.page_size
-               : 0;
-  }
+  // Page size that cuts runs of consecutive slots (plan_rules.h).
+  int64_t run_page() const { return RunCutPage(geo); }
 };
 
 struct CopyPlan {
@@ -114,15 +111,11 @@ struct CopyPlan {
 CopyPlan MakePlan(const TransferRequest& r) {
   CopyPlan p;
   p.req = &r;
-  const KvLayout sl = r.src->geometry.layout, dl = r.dst->geometry.layout;
   p.heads = r.head_chunks();
   p.chunk_bytes = r.src->geometry.slot_bytes / p.heads;
   p.src.Init(*r.src, r.src_layer, r.num_layers, p.heads);
   p.dst.Init(*r.dst, r.dst_layer, r.num_layers, p.heads);
-  // Follow the side that is not layer_first (the host side of a load or backup); when both are
-  // something else, the destination, whose writes are the costlier stream.
-  const KvLayout lead = dl != KvLayout::kLayerFirst ? dl : sl;
-  p.order = OrderFor(lead);
+  p.order = OrderFor(LeadLayout(r));  // plan_rules.h
   return p;
 }
 
@@ -176,8 +169,7 @@ void CopyRange(const CopyPlan& p, int64_t k0, int64_t k1) {
           int64_t prev_s = si.at(run_begin), prev_d = di.at(run_begin);
           while (run_end < k1) {
             const int64_t s = si.at(run_end), d = di.at(run_end);
-            if (s != prev_s + 1 || d != prev_d + 1) break;
-            if ((src_page > 0 && s % src_page == 0) || (dst_page > 0 && d % dst_page == 0)) break;
+            if (!ContinuesRun(prev_s, prev_d, s, d, src_page, dst_page)) break;
             prev_s = s;
             prev_d = d;
             ++run_end;

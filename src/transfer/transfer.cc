@@ -3,17 +3,16 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <limits>
+#include <utility>
+#include <vector>
 #include <string>
 
 #include "transfer/backends.h"
 
 namespace kvtier {
 namespace {
-
-// 4 bytes is the narrowest access of the CUDA kernels; every real KV slot (bf16/fp8 heads of
-// 64+ elements) is a multiple of it.
-constexpr int64_t kSlotBytesAlignment = 4;
 
 Status CheckIndices(const SlotIndices& idx, std::string_view name, int64_t num_slots) {
   if (idx.count < 0) {
@@ -48,6 +47,64 @@ Status CheckLayerRange(const KvRegion& r, std::string_view name, int64_t first, 
     return Status::InvalidArgument(fmt::format(
         "{}_layer = {} with num_layers = {} is out of range for {} with {} layers", name, first,
         count, name, L));
+  }
+  return Status::OK();
+}
+
+bool SameRegion(const KvRegion& a, const KvRegion& b) {
+  const KvGeometry& x = a.geometry;
+  const KvGeometry& y = b.geometry;
+  return x.layout == y.layout && x.num_layers == y.num_layers && x.num_slots == y.num_slots &&
+         x.slot_bytes == y.slot_bytes && x.page_size == y.page_size && x.head_num == y.head_num &&
+         a.mla == b.mla && a.k == b.k && a.v == b.v &&
+         std::equal(a.k_layers.begin(), a.k_layers.end(), b.k_layers.begin(), b.k_layers.end()) &&
+         std::equal(a.v_layers.begin(), a.v_layers.end(), b.v_layers.begin(), b.v_layers.end());
+}
+
+// Copies inside one memory: the backends copy slot by slot in no set order, so a slot that is
+// both read and written would come out as either its old or its new bytes. Refused:
+//   - two different regions over overlapping base buffers (the geometry tells their sizes);
+//   - within one region (same geometry and pointers) and overlapping layer ranges, a slot
+//     named in both lists (host indices; device indices are not read on the host).
+// Regions over per-layer tables of different addresses are not compared (tables carry no sizes).
+Status CheckOverlap(const TransferRequest& r) {
+  const KvRegion& s = *r.src;
+  const KvRegion& d = *r.dst;
+  if (s.memory != d.memory) return Status::OK();
+  if (SameRegion(s, d)) {
+    const bool layers_overlap = r.src_layer < r.dst_layer + r.num_layers &&
+                                r.dst_layer < r.src_layer + r.num_layers;
+    if (!layers_overlap || r.src_slots.memory != MemoryKind::kHost ||
+        r.dst_slots.memory != MemoryKind::kHost) {
+      return Status::OK();
+    }
+    std::vector<std::pair<int64_t, int64_t>> read(static_cast<size_t>(r.src_slots.count));
+    for (int64_t k = 0; k < r.src_slots.count; ++k) read[k] = {r.src_slots.at(k), k};
+    std::sort(read.begin(), read.end());
+    for (int64_t k = 0; k < r.dst_slots.count; ++k) {
+      const int64_t slot = r.dst_slots.at(k);
+      auto it = std::lower_bound(read.begin(), read.end(), std::pair<int64_t, int64_t>{slot, 0});
+      if (it != read.end() && it->first == slot) {
+        return Status::InvalidArgument(fmt::format(
+            "dst_slots[{}] = {} is also read (src_slots[{}]) in the same region and layers; "
+            "a copy must not read and write one slot", k, slot, it->second));
+      }
+    }
+    return Status::OK();
+  }
+  if (s.has_layer_table() || d.has_layer_table()) return Status::OK();
+  const int64_t bytes_s = s.geometry.buffer_bytes();
+  const int64_t bytes_d = d.geometry.buffer_bytes();
+  for (int bs = 0; bs < s.num_buffers(); ++bs) {
+    for (int bd = 0; bd < d.num_buffers(); ++bd) {
+      const auto a = reinterpret_cast<uintptr_t>(s.LayerBase(bs, 0));
+      const auto b = reinterpret_cast<uintptr_t>(d.LayerBase(bd, 0));
+      if (a < b + static_cast<uintptr_t>(bytes_d) && b < a + static_cast<uintptr_t>(bytes_s)) {
+        return Status::InvalidArgument(fmt::format(
+            "src and dst are different regions over overlapping memory (src buffer {}, dst "
+            "buffer {}); copy within one buffer through one region", bs, bd));
+      }
+    }
   }
   return Status::OK();
 }
@@ -174,7 +231,7 @@ Status ValidateTransfer(const TransferRequest& r) {
   KVTIER_RETURN_IF_ERROR(CheckLayerRange(*r.dst, "dst", r.dst_layer, r.num_layers));
   KVTIER_RETURN_IF_ERROR(CheckIndices(r.src_slots, "src_slots", sg.num_slots));
   KVTIER_RETURN_IF_ERROR(CheckIndices(r.dst_slots, "dst_slots", dg.num_slots));
-  return Status::OK();
+  return CheckOverlap(r);
 }
 
 Status TransferEngine::Transfer(const TransferRequest& request, const TransferOptions& options) {
@@ -209,6 +266,17 @@ Status TransferEngineConfig::Validate() const {
         "max_sms_beside_backup = {} must not be negative (0 = off)", max_sms_beside_backup));
   }
   if (device < 0) return Status::InvalidArgument(fmt::format("device = {} must not be negative", device));
+  if (dma_lanes < 1 || dma_lanes > 16) {
+    return Status::InvalidArgument(fmt::format("dma_lanes = {} must be in [1, 16]", dma_lanes));
+  }
+  if (dma_ops_per_lane < 16 || dma_ops_per_lane > (1 << 20)) {
+    return Status::InvalidArgument(
+        fmt::format("dma_ops_per_lane = {} must be in [16, {}]", dma_ops_per_lane, 1 << 20));
+  }
+  if (dma_min_strided_rows < 2 || dma_min_strided_rows > (1 << 20)) {
+    return Status::InvalidArgument(fmt::format("dma_min_strided_rows = {} must be in [2, {}]",
+                                               dma_min_strided_rows, 1 << 20));
+  }
   return Status::OK();
 }
 

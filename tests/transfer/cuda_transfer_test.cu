@@ -52,17 +52,28 @@ constexpr TransferBackend kGpuBackends[] = {TransferBackend::kKernel, TransferBa
 
 #define ASSERT_CUDA(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
 
-// One engine per (backend, kernel variant) for the whole binary (creation allocates; tests share
-// them, as an engine is meant to be shared). `variant`: KVTIER_COPY_KERNEL for the kernel engine
-// ("registers" or "staged"; null = the default).
+// A TransferEngineConfig change by name: "strided-pairs" (dma_min_strided_rows = 2), "no-join-kv",
+// "one-lane" (dma_lanes = 1), "caller-thread" (dma_submit_threads = false), "no-batch"
+// (dma_batch = false); null or "" = the defaults.
+TransferEngineConfig ConfigFor(const char* variant) {
+  TransferEngineConfig config;
+  const std::string v = variant == nullptr ? "" : variant;
+  if (v == "strided-pairs") config.dma_min_strided_rows = 2;
+  if (v == "no-join-kv") config.dma_join_kv = false;
+  if (v == "one-lane") config.dma_lanes = 1;
+  if (v == "caller-thread") config.dma_submit_threads = false;
+  if (v == "no-batch") config.dma_batch = false;
+  return config;
+}
+
+// One engine per (backend, configuration variant) for the whole binary (creation allocates;
+// tests share them, as an engine is meant to be shared). `variant`: see ConfigFor.
 TransferEngine* Engine(TransferBackend backend, const char* variant = nullptr) {
   static std::map<std::pair<TransferBackend, std::string>, std::unique_ptr<TransferEngine>> engines;
   const auto key = std::pair(backend, std::string(variant == nullptr ? "" : variant));
   auto it = engines.find(key);
   if (it == engines.end()) {
-    if (variant != nullptr) setenv("KVTIER_COPY_KERNEL", variant, 1);
-    auto e = MakeTransferEngine(backend, TransferEngineConfig{});
-    if (variant != nullptr) unsetenv("KVTIER_COPY_KERNEL");
+    auto e = MakeTransferEngine(backend, ConfigFor(variant));
     EXPECT_TRUE(e.ok()) << e.status().ToString();
     if (!e.ok()) return nullptr;
     it = engines.emplace(key, std::move(e).value()).first;
@@ -348,10 +359,10 @@ TEST_P(CudaTransferMatrixTest, MatchesReferenceByteForByte) {
   CudaStreamHandle stream = std::move(CudaStreamHandle::Create(0, true)).value();
   int variant = 0;
   const std::pair<TransferBackend, const char*> engines[] = {
-      {TransferBackend::kKernel, "registers"},
-      {TransferBackend::kKernel, "per-lane"},
-      {TransferBackend::kKernel, "staged"},
+      {TransferBackend::kKernel, nullptr},
       {TransferBackend::kDma, nullptr},
+      {TransferBackend::kDma, "strided-pairs"},
+      {TransferBackend::kDma, "no-batch"},
       {TransferBackend::kAuto, nullptr}};
   for (auto [backend, kernel_variant] : engines) {
     // host -> device (a load) and device -> host (a backup).
@@ -471,9 +482,9 @@ TEST(CudaTransferTest, AccessWidthsAndRealisticSlots) {
                    Shape{20, 1, true}, Shape{24, 2, false}}) {
     for (KvLayout host : kLayouts) {
       for (auto [backend, variant] :
-           {std::pair{TransferBackend::kKernel, "registers"},
-            std::pair{TransferBackend::kKernel, "per-lane"},
-            std::pair{TransferBackend::kKernel, "staged"}, std::pair{TransferBackend::kDma, ""}}) {
+           {std::pair{TransferBackend::kKernel, ""}, std::pair{TransferBackend::kDma, ""},
+            std::pair{TransferBackend::kDma, "strided-pairs"},
+            std::pair{TransferBackend::kDma, "no-join-kv"}}) {
         SCOPED_TRACE(::testing::Message() << sh.slot_bytes << " B " << LayoutName(host) << " "
                                           << TransferBackendName(backend) << " " << variant);
         const KvGeometry hg = MakeGeometry(host, sh.mla, 16, 4, 4, sh.slot_bytes, sh.heads);
@@ -511,9 +522,9 @@ TEST(CudaTransferTest, DmaPlansSplitOverStreamsMatchTheReference) {
   // The lanes submitted from the calling thread and from a thread each (the default).
   std::vector<std::unique_ptr<TransferEngine>> engines;
   for (bool threads : {false, true}) {
-    setenv("KVTIER_DMA_SUBMIT_THREADS", threads ? "1" : "0", 1);
-    auto made = MakeTransferEngine(TransferBackend::kDma, TransferEngineConfig{});
-    unsetenv("KVTIER_DMA_SUBMIT_THREADS");
+    TransferEngineConfig config;
+    config.dma_submit_threads = threads;
+    auto made = MakeTransferEngine(TransferBackend::kDma, config);
     ASSERT_TRUE(made.ok()) << made.status().ToString();
     engines.push_back(std::move(made).value());
   }
@@ -995,9 +1006,7 @@ TEST(CudaTransferTest, OutOfRangeDeviceIndicesAreReported) {
         MakeGeometry(KvLayout::kLayerFirst, false, 1, 32, 3, sh.slot_bytes, sh.heads);
     for (int width : {32, 64}) {
       for (auto [backend, variant] :
-           {std::pair{TransferBackend::kKernel, "registers"},
-            std::pair{TransferBackend::kKernel, "per-lane"},
-            std::pair{TransferBackend::kKernel, "staged"}, std::pair{TransferBackend::kAuto, ""}}) {
+           {std::pair{TransferBackend::kKernel, ""}, std::pair{TransferBackend::kAuto, ""}}) {
         SCOPED_TRACE(::testing::Message()
                      << TransferBackendName(backend) << " " << variant << " int" << width << " "
                      << LayoutName(sh.host) << " " << sh.slot_bytes << " B");

@@ -96,6 +96,30 @@ TEST(TransferValidationTest, EngineConfigLimits) {
   EXPECT_NE(config.Validate().message().find("max_sms = 0"), std::string::npos);
 }
 
+TEST(TransferValidationTest, DmaConfigLimits) {
+  const std::pair<void (*)(TransferEngineConfig&), const char*> cases[] = {
+      {[](TransferEngineConfig& c) { c.dma_lanes = 0; }, "dma_lanes = 0"},
+      {[](TransferEngineConfig& c) { c.dma_lanes = 17; }, "dma_lanes = 17"},
+      {[](TransferEngineConfig& c) { c.dma_ops_per_lane = 15; }, "dma_ops_per_lane = 15"},
+      {[](TransferEngineConfig& c) { c.dma_ops_per_lane = (1 << 20) + 1; }, "dma_ops_per_lane"},
+      {[](TransferEngineConfig& c) { c.dma_min_strided_rows = 1; }, "dma_min_strided_rows = 1"},
+  };
+  for (const auto& [mutate, needle] : cases) {
+    TransferEngineConfig config;
+    mutate(config);
+    const Status st = config.Validate();
+    EXPECT_TRUE(st.IsInvalidArgument()) << needle;
+    EXPECT_NE(st.message().find(needle), std::string::npos) << st.message();
+    EXPECT_TRUE(MakeTransferEngine(TransferBackend::kCpu, config).status().IsInvalidArgument());
+  }
+  TransferEngineConfig edges;
+  edges.dma_lanes = 1;
+  edges.dma_ops_per_lane = 16;
+  edges.dma_min_strided_rows = 2;
+  EXPECT_TRUE(edges.Validate().ok());
+  EXPECT_EQ(TransferEngineConfig{}.dma_min_strided_rows, 3);
+}
+
 TEST(TransferValidationTest, MismatchedLengths) {
   ExpectRejected([](Fixture& f, TransferRequest& r, KvRegion&, KvRegion&) {
     f.dst_idx.pop_back();
@@ -245,6 +269,47 @@ TEST(TransferValidationTest, EngineConfigIsValidated) {
   EXPECT_TRUE(e.status().IsInvalidArgument());
   EXPECT_NE(e.status().message().find("cpu_threads = 100000 must be in [0, 1024]"),
             std::string::npos);
+}
+
+// A slot both read and written in one region: refused before any byte moves (the cpu backend
+// would otherwise produce either the old or the new bytes, depending on thread timing).
+TEST(TransferValidationTest, OverlappingSlotsInOneRegionAreRefused) {
+  HostRegion pool{Geo(KvLayout::kPageFirst), false};
+  std::mt19937_64 rng(testing::TestSeed());
+  pool.FillRandom(rng);
+  auto engine = std::move(MakeTransferEngine(TransferBackend::kCpu).value());
+  const std::vector<int64_t> src{0, 1, 2, 3};
+  const std::vector<int64_t> dst{4, 5, 3, 6};
+  const auto before = pool.Snapshot();
+  const Status st = engine->Transfer(TransferRequest::AllLayers(
+      pool.region(), pool.region(), SlotIndices::Host(std::span<const int64_t>(src)),
+      SlotIndices::Host(std::span<const int64_t>(dst))));
+  EXPECT_TRUE(st.IsInvalidArgument()) << st.ToString();
+  EXPECT_NE(st.message().find("dst_slots[2] = 3 is also read (src_slots[3])"), std::string::npos)
+      << st.message();
+  EXPECT_EQ(pool.Snapshot(), before);
+  // Disjoint slots in one region, and the same slots in different layers, are fine.
+  const std::vector<int64_t> other{8, 9, 10, 11};
+  EXPECT_TRUE(engine->Transfer(TransferRequest::AllLayers(
+      pool.region(), pool.region(), SlotIndices::Host(std::span<const int64_t>(src)),
+      SlotIndices::Host(std::span<const int64_t>(other)))).ok());
+  TransferRequest layers{&pool.region(), &pool.region(),
+                         SlotIndices::Host(std::span<const int64_t>(src)),
+                         SlotIndices::Host(std::span<const int64_t>(src)), 0, 2, 2};
+  EXPECT_TRUE(engine->Transfer(layers).ok());
+}
+
+TEST(TransferValidationTest, DifferentRegionsOverOverlappingMemoryAreRefused) {
+  Fixture f;
+  KvRegion shifted = f.src.region();
+  shifted.k = static_cast<std::byte*>(shifted.k) + 64;  // the same buffer seen one slot later
+  shifted.geometry.num_slots -= 4;                       // a whole number of pages still
+  const auto req = TransferRequest::AllLayers(
+      f.src.region(), shifted, SlotIndices::Host(std::span<const int64_t>(f.src_idx)),
+      SlotIndices::Host(std::span<const int64_t>(f.dst_idx)));
+  const Status st = ValidateTransfer(req);
+  EXPECT_TRUE(st.IsInvalidArgument()) << st.ToString();
+  EXPECT_NE(st.message().find("overlapping memory"), std::string::npos) << st.message();
 }
 
 }  // namespace

@@ -121,7 +121,8 @@ Result<BenchRow> RunCpuRow(const BenchCase& c, const BenchOptions& options, Tran
 
   // The second destination: first the target of the memcpy ceiling, then of the reference.
   KVTIER_ASSIGN_OR_RETURN(HostKvBuffers expected,
-                          HostKvBuffers::Allocate(dst_region.geometry, c.mla));
+                          HostKvBuffers::Allocate(dst_region.geometry, c.mla,
+                                                  options.host_pages != "4k"));
   src.FillRandom(row_seed ^ 0x5EEDF00Dull);
   dst.Poison();
   expected.Poison();
@@ -194,11 +195,16 @@ const ModelShape& ModelShapeOf(BenchShape shape) {
 }
 
 Status BenchOptions::Validate() const {
+  auto range = [](std::string_view name, auto value, auto lo, auto hi) -> Status {
+    if (value < lo || value > hi) {
+      return Status::InvalidArgument(
+          fmt::format("{} = {} is out of range; must be in [{}, {}]", name, value, lo, hi));
+    }
+    return Status::OK();
+  };
   if (backends.empty()) return Status::InvalidArgument("backends is empty");
-  if (tokens <= 0) return Status::InvalidArgument(fmt::format("tokens = {}; must be > 0", tokens));
-  if (layers < 0) {
-    return Status::InvalidArgument(fmt::format("layers = {}; must be >= 0 (0 = model's)", layers));
-  }
+  KVTIER_RETURN_IF_ERROR(range("tokens", tokens, int64_t{1}, kMaxTokens));
+  KVTIER_RETURN_IF_ERROR(range("layers", layers, int64_t{0}, kMaxLayers));
   if (page_sizes.empty()) return Status::InvalidArgument("page_sizes is empty");
   for (int64_t p : page_sizes) {
     if (p < 1 || p > 256 || (p & (p - 1)) != 0) {
@@ -209,22 +215,27 @@ Status BenchOptions::Validate() const {
   if (shapes.empty()) return Status::InvalidArgument("shapes is empty");
   if (layouts.empty()) return Status::InvalidArgument("layouts is empty");
   if (ops.empty()) return Status::InvalidArgument("ops is empty");
-  if (repeats < 1)
-    return Status::InvalidArgument(fmt::format("repeats = {}; must be >= 1", repeats));
-  if (warmup < 0) return Status::InvalidArgument(fmt::format("warmup = {}; must be >= 0", warmup));
-  if (threads < 0)
-    return Status::InvalidArgument(fmt::format("threads = {}; must be >= 0", threads));
-  if (max_sms < 1)
-    return Status::InvalidArgument(fmt::format("max_sms = {}; must be >= 1", max_sms));
-  if (max_sms_to_host < 0) {
-    return Status::InvalidArgument(
-        fmt::format("max_sms_to_host = {}; must be >= 0 (0 = max_sms)", max_sms_to_host));
-  }
-  if (max_sms_beside_backup < 0) {
+  KVTIER_RETURN_IF_ERROR(range("repeats", repeats, 1, kMaxRepeats));
+  KVTIER_RETURN_IF_ERROR(range("warmup", warmup, 0, kMaxRepeats));
+  KVTIER_RETURN_IF_ERROR(range("threads", threads, 0, kMaxThreads));
+  KVTIER_RETURN_IF_ERROR(range("device", device, 0, kMaxDevice));
+  KVTIER_RETURN_IF_ERROR(range("max_sms", max_sms, 1, kMaxSms));
+  KVTIER_RETURN_IF_ERROR(range("max_sms_to_host (0 = max_sms)", max_sms_to_host, 0, kMaxSms));
+  KVTIER_RETURN_IF_ERROR(
+      range("max_sms_beside_backup (0 = off)", max_sms_beside_backup, 0, kMaxSms));
+  KVTIER_RETURN_IF_ERROR(range("both_load_sms", both_load_sms, 0, kMaxSms));
+  KVTIER_RETURN_IF_ERROR(range("both_backup_sms", both_backup_sms, 0, kMaxSms));
+  KVTIER_RETURN_IF_ERROR(range("warmup_ms", warmup_ms, 0.0, kMaxWarmupMs));
+  if (host_pages != "default" && host_pages != "4k" && host_pages != "thp" &&
+      host_pages != "hugetlb") {
     return Status::InvalidArgument(fmt::format(
-        "max_sms_beside_backup = {}; must be >= 0 (0 = off)", max_sms_beside_backup));
+        "host_pages = '{}' is not one of default, 4k, thp, hugetlb", host_pages));
   }
-  return Status::OK();
+  TransferEngineConfig dma;  // the dma fields are the engine's; its Validate has their bounds
+  dma.dma_lanes = dma_lanes;
+  dma.dma_ops_per_lane = dma_ops_per_lane;
+  dma.dma_min_strided_rows = dma_min_strided_rows;
+  return dma.Validate();
 }
 
 KvGeometry BenchCase::DeviceGeometry() const {
@@ -327,7 +338,8 @@ BenchSlots DrawSlots(const BenchCase& c, uint64_t seed) {
 
 // ---- HostKvBuffers ------------------------------------------------------------------------
 
-Result<HostKvBuffers> HostKvBuffers::Allocate(const KvGeometry& geometry, bool mla) {
+Result<HostKvBuffers> HostKvBuffers::Allocate(const KvGeometry& geometry, bool mla,
+                                              bool huge_pages) {
   HostKvBuffers b;
   b.geometry_ = geometry;
   b.mla_ = mla;
@@ -344,10 +356,9 @@ Result<HostKvBuffers> HostKvBuffers::Allocate(const KvGeometry& geometry, bool m
       return Status::OutOfMemory(fmt::format("mmap of {} bytes for KV buffer {} failed: {}", bytes,
                                              i, std::strerror(errno)));
     }
-    // Transparent huge pages, as every HostKvPool asks for (KVTIER_BENCH_HUGEPAGES=0: 4 KiB
-    // pages, to measure what the page size is worth).
-    const char* env = std::getenv("KVTIER_BENCH_HUGEPAGES");
-    if (env == nullptr || env[0] != '0') (void)madvise(p, static_cast<size_t>(bytes), MADV_HUGEPAGE);
+    // Transparent huge pages, as every HostKvPool asks for (--host-pages 4k: 4 KiB pages, to
+    // measure what the page size is worth).
+    if (huge_pages) (void)madvise(p, static_cast<size_t>(bytes), MADV_HUGEPAGE);
     b.data_[i] = p;
   }
   return b;
@@ -541,8 +552,10 @@ Status RunCpuBench(const BenchOptions& options, std::vector<BenchRow>* rows) {
           if (c.shape != shape || c.host_layout != layout || c.page_size != page) continue;
           if (!device_pool) {
             KVTIER_ASSIGN_OR_RETURN(device_pool,
-                                    HostKvBuffers::Allocate(c.DeviceGeometry(), c.mla));
-            KVTIER_ASSIGN_OR_RETURN(host_pool, HostKvBuffers::Allocate(c.HostGeometry(), c.mla));
+                                    HostKvBuffers::Allocate(c.DeviceGeometry(), c.mla,
+                                                            options.host_pages != "4k"));
+            KVTIER_ASSIGN_OR_RETURN(host_pool, HostKvBuffers::Allocate(c.HostGeometry(), c.mla,
+                                                                     options.host_pages != "4k"));
           }
           const uint64_t row_seed = options.seed * 1000003ull + index;
           KVTIER_ASSIGN_OR_RETURN(

@@ -71,7 +71,29 @@ struct BenchOptions {
   int max_sms = 4;        // kernel backend SM cap (TransferEngineConfig::max_sms)
   int max_sms_to_host = 3;  // the same for device -> host copies (max_sms_to_host; 0 = max_sms)
   int max_sms_beside_backup = 8;  // loads while a backup runs (max_sms_beside_backup; 0 = off)
-
+  // The dma backend's TransferEngineConfig fields (see transfer.h).
+  bool dma_batch = true;
+  bool dma_join_kv = true;
+  int dma_lanes = 4;
+  int dma_ops_per_lane = 256;
+  bool dma_submit_threads = true;
+  int dma_min_strided_rows = 3;
+  // Pages of the bench's own host buffers: "default" (cpu rows: transparent huge pages; GPU
+  // rows: cudaHostAlloc), "4k" (cpu rows: no THP), "thp" / "hugetlb" (GPU rows: an mmap on
+  // transparent / reserved 2 MiB huge pages, registered with cudaHostRegister).
+  std::string host_pages = "default";
+  double warmup_ms = 0;          // GPU rows: keep calling this long before the warm-up calls
+  bool reference_first = false;  // GPU loads: the cpu reference copy before the timed copies
+  int both_load_sms = 0;         // both-direction rows: kernel SMs of the loads; 0 = engine's
+  int both_backup_sms = 0;       // and of the backup; 0 = engine's
+  // Bounds of the numeric options (Validate and the command line use them).
+  static constexpr int64_t kMaxTokens = int64_t{1} << 22;
+  static constexpr int64_t kMaxLayers = 1024;
+  static constexpr int kMaxRepeats = 10000;
+  static constexpr int kMaxThreads = 1024;
+  static constexpr int kMaxSms = 1024;
+  static constexpr int kMaxDevice = 1023;
+  static constexpr double kMaxWarmupMs = 60000;
   Status Validate() const;
 };
 
@@ -121,7 +143,9 @@ BenchSlots DrawSlots(const BenchCase& c, uint64_t seed);
 // anonymous mmap (so a failed allocation is OutOfMemory, never an abort). Move-only.
 class HostKvBuffers {
  public:
-  static Result<HostKvBuffers> Allocate(const KvGeometry& geometry, bool mla);
+  // `huge_pages`: advise the buffers to transparent huge pages (MADV_HUGEPAGE).
+  static Result<HostKvBuffers> Allocate(const KvGeometry& geometry, bool mla,
+                                        bool huge_pages = true);
 
   HostKvBuffers() = default;
   HostKvBuffers(HostKvBuffers&& other) noexcept;

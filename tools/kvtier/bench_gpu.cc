@@ -36,7 +36,7 @@
 // backups at page 1 — over a million copies; page_head backups — a copy per head chunk): the
 // row says so in its note.
 //
-// Memory: per shape one pinned host pool (cudaHostAlloc; KVTIER_BENCH_HUGEPAGES=1: an mmap on
+// Memory: per shape one pinned host pool (cudaHostAlloc; --host-pages thp: an mmap on
 // transparent huge pages, registered), one device pool, a pageable mirror of the device pool
 // and a pageable expected buffer, each the reference pool size (4 GiB for MHA at 16,384 tokens).
 //
@@ -189,21 +189,16 @@ KvRegion RegionOver(std::byte* base, const KvGeometry& g, bool mla, MemoryKind m
 }
 
 // The pinned host pool: cudaHostAlloc, or an anonymous mmap registered with cudaHostRegister —
-// on transparent huge pages (KVTIER_BENCH_HUGEPAGES=1, madvise) or on reserved 2 MiB huge pages
-// (KVTIER_BENCH_HUGEPAGES=2, MAP_HUGETLB: needs /proc/sys/vm/nr_hugepages) — to measure how much
+// on transparent huge pages (--host-pages thp, madvise) or on reserved 2 MiB huge pages
+// (--host-pages hugetlb, MAP_HUGETLB: needs /proc/sys/vm/nr_hugepages) — to measure how much
 // the host's page size matters to scattered SM accesses.
 class PinnedPool {
  public:
-  // KVTIER_BENCH_HUGEPAGES: unset or "0" = cudaHostAlloc, "1" = THP, "2" = hugetlb.
-  // (The cpu rows default to THP and take "0" for 4 KiB pages: "0" and "1" mean the same on
-  // both; unset is each path's default.)
-  static int HugePageMode() {
-    const char* env = std::getenv("KVTIER_BENCH_HUGEPAGES");
-    return env == nullptr ? 0 : env[0] == '1' ? 1 : env[0] == '2' ? 2 : 0;
-  }
-  static Result<PinnedPool> Allocate(int64_t bytes) {
+  // `host_pages` (BenchOptions): "thp" and "hugetlb" map and register; anything else is
+  // cudaHostAlloc.
+  static Result<PinnedPool> Allocate(int64_t bytes, const std::string& host_pages) {
     PinnedPool p;
-    const int mode = HugePageMode();
+    const int mode = host_pages == "thp" ? 1 : host_pages == "hugetlb" ? 2 : 0;
     if (mode == 0) {
       KVTIER_ASSIGN_OR_RETURN(p.alloc_, PinnedHostBuffer::Allocate(bytes));
       p.data_ = p.alloc_.data();
@@ -431,11 +426,11 @@ Result<BenchRow> GpuBench::TimeRow(const BenchCase& c, TransferBackend backend,
   bool gated = false;
   int burst = 1;
   double warmup_ms = 0;
-  // KVTIER_BENCH_WARMUP_MS=N: before the warm-up calls, keep calling (each call waited for) until
-  // N ms of wall time have passed, so the row starts on a GPU that has been busy (measurements).
-  if (const char* env = std::getenv("KVTIER_BENCH_WARMUP_MS"); env != nullptr && atof(env) > 0) {
+  // --warmup-ms: before the warm-up calls, keep calling (each call waited for) until that much
+  // wall time has passed, so the row starts on a GPU that has been busy (measurements).
+  if (options_.warmup_ms > 0) {
     const auto t0 = std::chrono::steady_clock::now();
-    while (WallUs(t0) < 1000.0 * atof(env)) {
+    while (WallUs(t0) < 1000.0 * options_.warmup_ms) {
       KVTIER_RETURN_IF_ERROR(engine.Transfer(request, topts).WithContext(c.Label()));
       KVTIER_RETURN_IF_ERROR(engine.Synchronize(stream_.get()).WithContext(c.Label()));
     }
@@ -573,7 +568,7 @@ Status GpuBench::RunCase(const BenchCase& c, ShapeBuffers& buf, size_t* index, s
   }
 
   bool load_expected_ready = false;
-  if (load && std::getenv("KVTIER_BENCH_REFERENCE_FIRST") != nullptr) {
+  if (load && options_.reference_first) {
     // The order before this change, for measurements: the reference first.
     KVTIER_RETURN_IF_ERROR(engines_.cpu->Transfer(TransferRequest::PerLayer(
         host, expected, SlotIndices::Host(src_idx), SlotIndices::Host(dst_idx), c.load_layer)));
@@ -610,7 +605,7 @@ Status GpuBench::RunCase(const BenchCase& c, ShapeBuffers& buf, size_t* index, s
       if (load && !load_expected_ready) {
         // The cpu backend's copy of the same slots, made after the GPU copies were timed: made
         // before, it leaves the source slots in the CPU's caches while the GPU reads them
-        // (KVTIER_BENCH_REFERENCE_FIRST=1 keeps that order; BENCHMARKS.md, GPU, compares).
+        // (--reference-first keeps that order; BENCHMARKS.md, GPU, compares).
         KVTIER_RETURN_IF_ERROR(engines_.cpu->Transfer(TransferRequest::PerLayer(
             host, expected, SlotIndices::Host(src_idx), SlotIndices::Host(dst_idx),
             c.load_layer)));
@@ -682,16 +677,10 @@ Status GpuBench::RunBoth(const BenchCase& c, ShapeBuffers& buf, TransferBackend 
   KVTIER_ASSIGN_OR_RETURN(CudaEventHandle end2, CudaEventHandle::Create(options_.device, true));
   const TransferRequest backup = TransferRequest::AllLayers(
       device, out, SlotIndices::Host(backup_slots.device), SlotIndices::Host(backup_slots.host));
-  // KVTIER_BENCH_BOTH_SMS="L,B": the kernel backend's SMs for the loads and for the backup
-  // (TransferOptions::max_sms), for measurements. Default: the engine's own choice, i.e.
+  // --both-sms L,B: the kernel backend's SMs for the loads and for the backup
+  // (TransferOptions::max_sms), for measurements. Default (0): the engine's own choice, i.e.
   // --max-sms-beside-backup for loads while the backup runs and --max-sms-to-host for it.
-  int load_sms = 0, backup_sms = 0;
-  if (const char* env = std::getenv("KVTIER_BENCH_BOTH_SMS"); env != nullptr) {
-    if (std::sscanf(env, "%d,%d", &load_sms, &backup_sms) != 2 || load_sms < 0 || backup_sms < 0) {
-      return Status::InvalidArgument(
-          fmt::format("KVTIER_BENCH_BOTH_SMS = \"{}\": expected two SM counts, e.g. 4,2", env));
-    }
-  }
+  const int load_sms = options_.both_load_sms, backup_sms = options_.both_backup_sms;
   int blocks_load = 0, blocks_backup = 0;
   std::vector<double> ms;
   for (int r = 0; r < options_.warmup + options_.repeats; ++r) {
@@ -784,6 +773,12 @@ Status GpuBench::Run() {
   config.max_sms_to_host = options_.max_sms_to_host;
   config.max_sms_beside_backup = options_.max_sms_beside_backup;
   config.cpu_threads = options_.threads;
+  config.dma_batch = options_.dma_batch;
+  config.dma_join_kv = options_.dma_join_kv;
+  config.dma_lanes = options_.dma_lanes;
+  config.dma_ops_per_lane = options_.dma_ops_per_lane;
+  config.dma_submit_threads = options_.dma_submit_threads;
+  config.dma_min_strided_rows = options_.dma_min_strided_rows;
   for (TransferBackend b : options_.backends) {
     if (b == TransferBackend::kCpu) continue;
     KVTIER_ASSIGN_OR_RETURN(auto engine, MakeTransferEngine(b, config));
@@ -819,10 +814,10 @@ Status GpuBench::Run() {
     std::fprintf(stderr,
                  "%s: allocating pools of %.2f GiB (pinned host%s, device, 2 host mirrors)\n",
                  BenchShapeName(shape), static_cast<double>(bytes) / (1 << 30),
-                 PinnedPool::HugePageMode() == 1   ? " on transparent huge pages"
-                 : PinnedPool::HugePageMode() == 2 ? " on reserved 2 MiB huge pages"
-                                                   : "");
-    KVTIER_ASSIGN_OR_RETURN(buf.host_pool, PinnedPool::Allocate(bytes));
+                 options_.host_pages == "thp"       ? " on transparent huge pages"
+                 : options_.host_pages == "hugetlb" ? " on reserved 2 MiB huge pages"
+                                                    : "");
+    KVTIER_ASSIGN_OR_RETURN(buf.host_pool, PinnedPool::Allocate(bytes, options_.host_pages));
     const BenchCase* first = nullptr;
     for (const BenchCase& c : cases) {
       if (c.shape == shape && c.PoolBytes() == bytes) {
@@ -851,7 +846,7 @@ Status GpuBench::Run() {
               (c.host_layout == KvLayout::kPageFirstDirect && c.page_size == 64));
     };
     if (shape == BenchShape::kMha && std::any_of(cases.begin(), cases.end(), both_case)) {
-      KVTIER_ASSIGN_OR_RETURN(buf.host_pool2, PinnedPool::Allocate(bytes));
+      KVTIER_ASSIGN_OR_RETURN(buf.host_pool2, PinnedPool::Allocate(bytes, options_.host_pages));
       ParallelRandom(static_cast<std::byte*>(buf.host_pool.data()), bytes, options_.seed ^ 0x9abc);
       for (const BenchCase& c : cases) {
         if (!both_case(c)) continue;

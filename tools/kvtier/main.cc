@@ -8,7 +8,10 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <string>
 #include <utility>
 #include <vector>
@@ -46,7 +49,22 @@ struct BenchArgs {
   std::vector<std::string> layouts = {"layer_first", "page_first", "page_first_direct",
                                       "page_head"};
   std::vector<std::string> ops = {"load", "backup"};
+  std::vector<int> both_sms = {0, 0};
 };
+
+// Checks before a run that `path` can be written (a run takes minutes; its JSON should not fail
+// at the end). Leaves no file behind that was not there.
+Status CheckWritable(const std::string& path) {
+  const bool existed = std::filesystem::exists(path);
+  std::FILE* f = std::fopen(path.c_str(), "a");
+  if (f == nullptr) {
+    return Status::InvalidArgument(
+        fmt::format("--json {}: cannot write there: {}", path, std::strerror(errno)));
+  }
+  std::fclose(f);
+  if (!existed) std::remove(path.c_str());
+  return Status::OK();
+}
 
 // Runs `kvtier bench` with parsed options. Returns the process exit code.
 int RunBench(BenchOptions options, const BenchArgs& args, const std::string& command) {
@@ -65,7 +83,10 @@ int RunBench(BenchOptions options, const BenchArgs& args, const std::string& com
       parsed = b.status();
     }
   }
+  options.both_load_sms = args.both_sms[0];
+  options.both_backup_sms = args.both_sms[1];
   if (parsed.ok()) parsed = options.Validate();
+  if (parsed.ok() && !options.json_path.empty()) parsed = CheckWritable(options.json_path);
   if (!parsed.ok()) {
     std::fprintf(stderr, "kvtier bench: %s\n", parsed.ToString().c_str());
     return 2;
@@ -164,12 +185,12 @@ int main(int argc, char** argv) {
       ->add_option("--tokens", options.tokens,
                    "tokens moved per row (rounded up to the page size); the pools hold about "
                    "twice this many slots, so memory grows with it")
-      ->check(CLI::PositiveNumber)
+      ->check(CLI::Range(int64_t{1}, BenchOptions::kMaxTokens))
       ->capture_default_str();
   bench
       ->add_option("--layers", options.layers,
                    "layers of both shapes; 0 = the model's own (32 for mha, 61 for mla)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(CLI::Range(int64_t{0}, BenchOptions::kMaxLayers))
       ->capture_default_str();
   bench
       ->add_option("--page-sizes", options.page_sizes,
@@ -194,37 +215,77 @@ int main(int argc, char** argv) {
   bench
       ->add_option("--repeats", options.repeats,
                    "timed runs per row after the warm-up; the median is reported")
-      ->check(CLI::PositiveNumber)
+      ->check(CLI::Range(1, BenchOptions::kMaxRepeats))
       ->capture_default_str();
   bench->add_option("--warmup", options.warmup, "untimed warm-up runs per row")
-      ->check(CLI::NonNegativeNumber)
+      ->check(CLI::Range(0, BenchOptions::kMaxRepeats))
       ->capture_default_str();
   bench
       ->add_option("--threads", options.threads,
                    "worker threads of the cpu backend; 0 = hardware concurrency")
-      ->check(CLI::NonNegativeNumber)
+      ->check(CLI::Range(0, BenchOptions::kMaxThreads))
       ->capture_default_str();
   bench->add_option("--seed", options.seed, "seed of the random pages and random data")
       ->capture_default_str();
   bench->add_option("--device", options.device, "CUDA device ordinal for the GPU backends")
-      ->check(CLI::NonNegativeNumber)
+      ->check(CLI::Range(0, BenchOptions::kMaxDevice))
       ->capture_default_str();
   bench->add_option("--max-sms", options.max_sms, "upper bound on the SMs the kernel backend uses")
-      ->check(CLI::PositiveNumber)
+      ->check(CLI::Range(1, BenchOptions::kMaxSms))
       ->capture_default_str();
   bench
       ->add_option("--max-sms-to-host", options.max_sms_to_host,
                    "upper bound on the SMs of the kernel backend's device -> host copies (backups), "
                    "within --max-sms; 0 = --max-sms")
-      ->check(CLI::NonNegativeNumber)
+      ->check(CLI::Range(0, BenchOptions::kMaxSms))
       ->capture_default_str();
   bench
       ->add_option("--max-sms-beside-backup", options.max_sms_beside_backup,
                    "SMs of the kernel backend's host -> device copies (loads) while a backup on "
                    "another stream is still running; 0 = off (--max-sms)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(CLI::Range(0, BenchOptions::kMaxSms))
       ->capture_default_str();
-  bench->add_option("--json", options.json_path, "also write the rows as JSON to this file");
+  bench->add_option("--json", options.json_path,
+                    "also write the rows as JSON to this file (checked to be writable first)");
+  // The dma backend's TransferEngineConfig fields (include/kvtier/transfer.h).
+  bench->add_option("--dma-batch", options.dma_batch,
+                    "dma: batched submission (cudaMemcpyBatchAsync / 3DBatch) where available")
+      ->capture_default_str();
+  bench->add_option("--dma-join-kv", options.dma_join_kv,
+                    "dma: K and V strided copies of a page as one depth-2 operation")
+      ->capture_default_str();
+  bench->add_option("--dma-lanes", options.dma_lanes, "dma: most streams one plan is split over")
+      ->check(CLI::Range(1, 16))
+      ->capture_default_str();
+  bench->add_option("--dma-ops-per-lane", options.dma_ops_per_lane,
+                    "dma: operations per lane before a plan is split")
+      ->check(CLI::Range(16, 1 << 20))
+      ->capture_default_str();
+  bench->add_option("--dma-submit-threads", options.dma_submit_threads,
+                    "dma: submit each lane from its own thread")
+      ->capture_default_str();
+  bench->add_option("--dma-min-strided-rows", options.dma_min_strided_rows,
+                    "dma: fewest equal-width runs at a constant pitch sent as one strided copy")
+      ->check(CLI::Range(2, 1 << 20))
+      ->capture_default_str();
+  // Measurement switches.
+  bench->add_option("--host-pages", options.host_pages,
+                    "pages of the bench's host buffers: default (cpu rows: transparent huge "
+                    "pages; GPU rows: cudaHostAlloc), 4k (cpu rows), thp, hugetlb (GPU rows)")
+      ->check(CLI::IsMember({"default", "4k", "thp", "hugetlb"}))
+      ->capture_default_str();
+  bench->add_option("--warmup-ms", options.warmup_ms,
+                    "GPU rows: keep calling this many ms before the warm-up calls")
+      ->check(CLI::Range(0.0, BenchOptions::kMaxWarmupMs))
+      ->capture_default_str();
+  bench->add_flag("--reference-first", options.reference_first,
+                  "GPU loads: make the cpu reference copy before the timed copies");
+  bench->add_option("--both-sms", args.both_sms,
+                    "both-direction rows: kernel SMs of the loads and of the backup, e.g. 8,3; "
+                    "0 = the engine's choice")
+      ->delimiter(',')
+      ->expected(2)
+      ->check(CLI::Range(0, BenchOptions::kMaxSms));
   StorageBenchOptions storage_options;
   AddStorageBenchOptions(bench, &storage_options);
 

@@ -19,12 +19,8 @@
 //     (PairCache), and each (layer, head) chunk of the pair is two multiply-adds away.
 //   - Out-of-range indices: the chunk is skipped (no access) and, once per bad slot pair, counted
 //     in the engine's DeviceErrorRecord; the host turns that into a Status in Synchronize.
-//   - Two variants of the same walk. CopyChunksKernel holds the loaded vectors in registers
-//     (kLoadsInFlight per thread; the 64-register cap of 1024-thread blocks bounds it).
-//     CopyChunksStagedKernel issues cp.async global->shared copies instead (kStagedLoadsInFlight
-//     per thread, 128 KiB of shared memory per block at W = 16), which doubles the bytes in
-//     flight per SM without registers, then stores from shared memory. The engine picks one
-//     (kernel_engine.cc says which and why).
+//   - The loaded vectors are held in registers (kLoadsInFlight per thread; the 64-register cap
+//     of 1024-thread blocks bounds it).
 //   - Loads and stores use the streaming cache hints (ld.global.cs / st.global.cs): the KV bytes
 //     are touched once and should not evict the forward pass's working set from L2.
 #pragma once
@@ -36,8 +32,7 @@
 namespace kvtier::transfer::cuda {
 
 inline constexpr int kCopyThreads = 1024;
-inline constexpr int kLoadsInFlight = 4;        // register kernel: W-byte loads per thread
-inline constexpr int kStagedLoadsInFlight = 8;  // staged kernel: W-byte cp.async per thread
+inline constexpr int kLoadsInFlight = 4;  // W-byte loads per thread
 
 template <int W>
 struct CopyVec;
@@ -256,79 +251,6 @@ __global__ void __launch_bounds__(kCopyThreads, 1) CopyChunksKernel(const CopyVi
       ++c;
     }
     if (c > v.num_chunks) c = v.num_chunks;  // no wrap-around past 2^32 on the last tiles
-  }
-}
-
-template <int W>
-__device__ __forceinline__ void CopyAsyncToShared(void* smem, const void* global) {
-  const auto dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  if constexpr (W == 16) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(global));
-  } else {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(dst), "l"(global), "n"(W));
-  }
-}
-
-// The same walk as CopyChunksKernel, with the loads as cp.async into shared memory: slot
-// (r, thread) of the block's staging area holds this thread's r-th vector of the tile. Each thread
-// reads back only what it copied itself, so no barrier is needed (cp.async.wait_group makes a
-// thread's own async copies visible to it).
-template <int W>
-__global__ void __launch_bounds__(kCopyThreads, 1) CopyChunksStagedKernel(const CopyView v) {
-  using Vec = typename CopyVec<W>::Type;
-  constexpr int R = kStagedLoadsInFlight;
-  extern __shared__ __align__(16) unsigned char staging[];  // [R, kCopyThreads, W]
-  const uint32_t lane = threadIdx.x & 31u;
-  const uint64_t warp = (static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32u;
-  const uint64_t start = warp * (32u * R) + lane;
-  const uint64_t start_chunk = start / v.vecs_per_chunk;
-  if (start_chunk >= v.num_chunks) return;
-  uint32_t c = static_cast<uint32_t>(start_chunk);
-  uint32_t e = static_cast<uint32_t>(start - start_chunk * v.vecs_per_chunk);
-
-  uint32_t cached = 0xffffffffu;
-  const char* chunk_src = nullptr;
-  char* chunk_dst = nullptr;
-  PairCache pairs;
-  while (c < v.num_chunks) {
-    Vec* to[R];
-    uint32_t pc = c, pe = e;
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      to[r] = nullptr;
-      if (pc < v.num_chunks) {
-        if (pc != cached) {
-          cached = pc;
-          ResolveChunk(v, pc, pe == 0, &pairs, &chunk_src, &chunk_dst);
-        }
-        if (chunk_src != nullptr) {
-          CopyAsyncToShared<W>(staging + (r * kCopyThreads + threadIdx.x) * W,
-                               chunk_src + static_cast<uint64_t>(pe) * W);
-          to[r] = reinterpret_cast<Vec*>(chunk_dst + static_cast<uint64_t>(pe) * W);
-        }
-      }
-      pe += v.step32_vecs;
-      pc += v.step32_chunks;
-      if (pe >= v.vecs_per_chunk) {
-        pe -= v.vecs_per_chunk;
-        ++pc;
-      }
-    }
-    asm volatile("cp.async.commit_group;\n" ::);
-    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      if (to[r] != nullptr) {
-        __stcs(to[r],
-               *reinterpret_cast<const Vec*>(staging + (r * kCopyThreads + threadIdx.x) * W));
-      }
-    }
-    e += v.grid_vecs;
-    c += v.grid_chunks;
-    if (e >= v.vecs_per_chunk) {
-      e -= v.vecs_per_chunk;
-      ++c;
-    }
   }
 }
 

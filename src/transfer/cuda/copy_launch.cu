@@ -10,32 +10,14 @@
 namespace kvtier::transfer::cuda {
 
 int CopyThreadsPerBlock() { return kCopyThreads; }
-int CopyLoadsInFlight(bool staged) { return staged ? kStagedLoadsInFlight : kLoadsInFlight; }
-
-namespace {
-
-template <int W>
-cudaError_t LaunchStaged(const CopyView& view, int blocks, cudaStream_t stream) {
-  constexpr int kSharedBytes = kCopyThreads * kStagedLoadsInFlight * W;
-  // Above 48 KiB a kernel must opt in to its dynamic shared memory, once per process.
-  static const cudaError_t opt_in = cudaFuncSetAttribute(
-      CopyChunksStagedKernel<W>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes);
-  if (opt_in != cudaSuccess) return opt_in;
-  CopyChunksStagedKernel<W><<<blocks, kCopyThreads, kSharedBytes, stream>>>(view);
-  return cudaSuccess;
-}
-
-}  // namespace
+int CopyLoadsInFlight() { return kLoadsInFlight; }
 
 cudaError_t PreloadCopyKernels() {
   cudaFuncAttributes attributes{};
   for (const void* kernel :
        {reinterpret_cast<const void*>(CopyChunksKernel<16>),
         reinterpret_cast<const void*>(CopyChunksKernel<8>),
-        reinterpret_cast<const void*>(CopyChunksKernel<4>),
-        reinterpret_cast<const void*>(CopyChunksStagedKernel<16>),
-        reinterpret_cast<const void*>(CopyChunksStagedKernel<8>),
-        reinterpret_cast<const void*>(CopyChunksStagedKernel<4>)}) {
+        reinterpret_cast<const void*>(CopyChunksKernel<4>)}) {
     if (const cudaError_t e = cudaFuncGetAttributes(&attributes, kernel); e != cudaSuccess) {
       return e;
     }
@@ -43,36 +25,21 @@ cudaError_t PreloadCopyKernels() {
   return cudaSuccess;
 }
 
-cudaError_t LaunchCopyKernel(const CopyView& view, int width, int blocks, cudaStream_t stream,
-                             bool staged) {
+cudaError_t LaunchCopyKernel(const CopyView& view, int width, int blocks, cudaStream_t stream) {
   (void)cudaGetLastError();  // report this launch's error, not an earlier one's
-  cudaError_t e = cudaSuccess;
   switch (width) {
     case 16:
-      if (staged) {
-        e = LaunchStaged<16>(view, blocks, stream);
-      } else {
-        CopyChunksKernel<16><<<blocks, kCopyThreads, 0, stream>>>(view);
-      }
+      CopyChunksKernel<16><<<blocks, kCopyThreads, 0, stream>>>(view);
       break;
     case 8:
-      if (staged) {
-        e = LaunchStaged<8>(view, blocks, stream);
-      } else {
-        CopyChunksKernel<8><<<blocks, kCopyThreads, 0, stream>>>(view);
-      }
+      CopyChunksKernel<8><<<blocks, kCopyThreads, 0, stream>>>(view);
       break;
     case 4:
-      if (staged) {
-        e = LaunchStaged<4>(view, blocks, stream);
-      } else {
-        CopyChunksKernel<4><<<blocks, kCopyThreads, 0, stream>>>(view);
-      }
+      CopyChunksKernel<4><<<blocks, kCopyThreads, 0, stream>>>(view);
       break;
     default:
       return cudaErrorInvalidValue;
   }
-  if (e != cudaSuccess) return e;
   return cudaGetLastError();
 }
 

@@ -9,10 +9,9 @@
 
 namespace kvtier::transfer::cuda {
 
-// Threads per block and W-byte loads each thread keeps in flight (see copy_kernels.cuh), for the
-// register kernel (staged = false) or the cp.async kernel (staged = true).
+// Threads per block and W-byte loads each thread keeps in flight (see copy_kernels.cuh).
 int CopyThreadsPerBlock();
-int CopyLoadsInFlight(bool staged);
+int CopyLoadsInFlight();
 
 // Loads every copy kernel into the current device's context now. With lazy module loading (the
 // default since CUDA 12.2) a kernel is loaded at its first launch, and that load can wait for
@@ -21,12 +20,10 @@ int CopyLoadsInFlight(bool staged);
 // gate gave up). Engines call this once when they are made.
 cudaError_t PreloadCopyKernels();
 
-// Launches CopyChunksKernel<width> (or CopyChunksStagedKernel<width> when `staged`) with
-// `blocks` blocks on `stream` and returns the launch error
+// Launches CopyChunksKernel<width> with `blocks` blocks on `stream` and returns the launch error
 // (cudaGetLastError). Returns a cudaError_t, not a Status, so that no .cu file includes the
 // Status headers; the engine wraps it with KVTIER_CUDA_RETURN_IF_ERROR.
 // REQUIRES: width in {16, 8, 4} (else cudaErrorInvalidValue), view filled by the engine.
-cudaError_t LaunchCopyKernel(const CopyView& view, int width, int blocks, cudaStream_t stream,
-                             bool staged);
+cudaError_t LaunchCopyKernel(const CopyView& view, int width, int blocks, cudaStream_t stream);
 
 }  // namespace kvtier::transfer::cuda

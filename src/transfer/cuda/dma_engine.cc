@@ -5,40 +5,31 @@
 //      cut where a page-based side (page_first_direct, page_head) starts a new page;
 //   2. pieces, walked in the order of the host-side layout (as the cpu backend does); a run of
 //      slots that is contiguous within a layer on both sides is one piece;
-//   3. pieces contiguous on both sides merge into runs; consecutive runs of equal width whose
-//      source and destination addresses both advance by a constant pitch, within one allocation
-//      on each side (a buffer, or one layer of a per-layer table: a copy may not span
-//      allocations), become one strided
-//      cudaMemcpy2DAsync (e.g. a page across all layers for layer_first <-> page_first_direct,
-//      a page of page_first slots within one layer); with batching available, all of them go out
-//      in one cudaMemcpy3DBatchAsync, else one cudaMemcpy2DAsync each. With base pointers on
-//      both sides and several layers, each (run, buffer) is planned directly as one strided copy
-//      across the layers, and the V copy of a run joins the K copy as its second block (one
-//      depth-2 operation) when V lies a whole number of rows after K on both sides, as in a
-//      pool allocated K then V: the driver's cost is ~2 us per strided operation whatever its
-//      height (scripts/probes/dma_rows.cu), so this halves an MHA all-layer backup's submission
-//      (dma_plan.h holds the rules; BENCHMARKS.md, GPU, the numbers);
-//   4. the remaining single runs go out in one cudaMemcpyBatchAsync when the runtime and driver
-//      offer it (CUDA >= 12.8, detected at run time; the 12.8 and 13.x signatures are both
-//      handled at compile time), else one cudaMemcpyAsync each (also when the environment sets
-//      KVTIER_DMA_BATCH=0, for measurements).
+//   3. pieces contiguous on both sides merge into runs; at least
+//      TransferEngineConfig::dma_min_strided_rows consecutive runs of equal width whose source
+//      and destination addresses both advance by a constant pitch, within one allocation on each
+//      side (a buffer, or one layer of a per-layer table: a copy may not span allocations),
+//      become one strided copy (e.g. a page across all layers for layer_first <->
+//      page_first_direct). With base pointers on both sides and several layers, each (run,
+//      buffer) is planned directly as one strided copy across the layers, and with
+//      dma_join_kv the V copy of a run joins the K copy as its second block (one depth-2
+//      operation) when V lies a whole number of rows after K on both sides (dma_plan.h holds
+//      the rules);
+//   4. with dma_batch and a runtime and driver that offer it (CUDA >= 12.8, detected at run
+//      time; the 12.8 and 13.x signatures are both handled at compile time), the strided copies
+//      go out in one cudaMemcpy3DBatchAsync and the single runs in one cudaMemcpyBatchAsync;
+//      otherwise one cudaMemcpy2DAsync / cudaMemcpyAsync each.
 // All plan buffers are engine members reused across calls: no per-call allocation once they
 // have grown to the largest request.
 //
-// Lanes: a plan of more than kOpsPerLane operations is split into up to kMaxLanes slices, the
-// first on the request's stream and the others on the engine's private lane streams, forked
+// Lanes: a plan of more than dma_ops_per_lane operations is split into up to dma_lanes slices,
+// the first on the request's stream and the others on the engine's private lane streams, forked
 // from and joined back to the request's stream by events (so to the caller it is one copy in
-// stream order). One stream's queue in the driver holds roughly a thousand strided copies;
-// beyond that the submitting thread waits for the copy engines (measured: 24-29 ms of host time
-// for the 2,048 strided copies of an all-layer MHA backup at page 16). Separate streams have
-// separate queues. KVTIER_DMA_LANES=N caps the lanes (1 = off), for measurements.
-// The lanes are submitted in parallel, one thread each (util::ThreadPool): the driver's cost per
-// strided copy (~2 us whatever its height, scripts/probes/dma_rows.cu) is host time, and
-// measured on an H100 a thread per lane cut the submission of an all-layer MHA backup at page 16
-// from 5.5 to 3.1 ms (layer_first) and 5.2 to 4.1 ms (page_first_direct), MLA from 2.8 / 3.5 to
-// 2.5 / 2.6 ms. With K and V joined (1,024 copies for that backup), 256 operations per lane
-// (4 lanes) submitted it in 1.4-1.6 ms against 1.7-1.9 ms with 512 (2 lanes), MHA and MLA;
-// KVTIER_DMA_OPS_PER_LANE=N sets the split, for measurements.
+// stream order). One stream's queue in the driver holds a bounded number of copies, beyond
+// which the submitting thread waits for the copy engines; separate streams have separate
+// queues. With dma_submit_threads the lanes are submitted in parallel, one thread each
+// (util::ThreadPool), since the driver's cost per operation is host time. BENCHMARKS.md (GPU)
+// has the measurements behind the defaults.
 //
 // Streams: cudaMemcpyBatchAsync refuses the legacy default stream, so for `stream == nullptr`
 // the operations run on the engine's private non-blocking stream, fenced by events to the legacy
@@ -56,7 +47,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -67,6 +57,7 @@
 #include "transfer/cuda/device_guard.h"
 #include "transfer/cuda/dma_plan.h"
 #include "transfer/cuda/gpu_engine.h"
+#include "transfer/plan_rules.h"
 #include "util/cuda_check.h"
 #include "util/log.h"
 #include "util/thread_pool.h"
@@ -74,40 +65,35 @@
 namespace kvtier::transfer::cuda {
 namespace {
 
-// Addresses of one request; head_num is the request's head chunks on both sides.
+// Addresses of one request: the two regions with head_num set to the request's head chunks on
+// both sides (so a head index means the same chunk on each side), addressed through
+// KvRegion::LayerBase + LayerOffset.
 struct Sides {
-  const KvRegion* src;
-  const KvRegion* dst;
-  KvGeometry sg, dg;
-  int64_t heads, chunk;
+  KvRegion src;
+  KvRegion dst;
+  const KvGeometry& sg() const { return src.geometry; }
+  const KvGeometry& dg() const { return dst.geometry; }
   const std::byte* Src(int b, int64_t layer, int64_t slot, int64_t h) const {
-    return src->LayerBase(b, layer) +
-           (src->has_layer_table() ? sg.OffsetInLayer(slot, h) : sg.HeadOffset(layer, slot, h));
+    return src.LayerBase(b, layer) + src.LayerOffset(layer, slot, h);
   }
   std::byte* Dst(int b, int64_t layer, int64_t slot, int64_t h) const {
-    return dst->LayerBase(b, layer) +
-           (dst->has_layer_table() ? dg.OffsetInLayer(slot, h) : dg.HeadOffset(layer, slot, h));
+    return dst.LayerBase(b, layer) + dst.LayerOffset(layer, slot, h);
   }
   // One key for the pair of allocations (source, destination) that (b, layers) lie in: a buffer
   // is one allocation, a per-layer table has one per layer.
   int64_t Alloc(int b, int64_t src_layer, int64_t dst_layer) const {
-    const int64_t s = src->has_layer_table() ? b * sg.num_layers + src_layer : b;
-    const int64_t d = dst->has_layer_table() ? b * dg.num_layers + dst_layer : b;
-    return s * (2 * dg.num_layers + 2) + d;
+    const int64_t s = src.has_layer_table() ? b * sg().num_layers + src_layer : b;
+    const int64_t d = dst.has_layer_table() ? b * dg().num_layers + dst_layer : b;
+    return s * (2 * dg().num_layers + 2) + d;
   }
 };
 
-bool PageBased(KvLayout l) { return l == KvLayout::kPageFirstDirect || l == KvLayout::kPageHead; }
 // A run of slots (within one page for page-based layouts) is contiguous within one layer.
 bool RunContiguous(KvLayout l) {
   return l == KvLayout::kLayerFirst || l == KvLayout::kPageFirstDirect;
 }
 
 bool IsLegacyStream(CudaStream s) { return s == nullptr || s == cudaStreamLegacy; }
-
-// Lane split (see the file comment).
-constexpr size_t kOpsPerLane = 256;
-constexpr int kMaxLanes = 4;
 
 }  // namespace
 
@@ -145,31 +131,17 @@ class DmaTransferEngine final : public GpuTransferEngine {
     int runtime = 0, driver = 0;
     KVTIER_CUDA_RETURN_IF_ERROR(cudaRuntimeGetVersion(&runtime));
     KVTIER_CUDA_RETURN_IF_ERROR(cudaDriverGetVersion(&driver));
-    batch_available_ = runtime >= 12080 && driver >= 12080;
-    // KVTIER_DMA_BATCH=0 forces one cudaMemcpyAsync per run (for measurements).
-    if (const char* env = std::getenv("KVTIER_DMA_BATCH"); env != nullptr && env[0] == '0') {
-      batch_available_ = false;
-    }
+    batch_available_ = config_.dma_batch && runtime >= 12080 && driver >= 12080;
+    merge_kv_ = config_.dma_join_kv;
     KVTIER_ASSIGN_OR_RETURN(private_stream_, CudaStreamHandle::Create(config_.device, true));
     KVTIER_ASSIGN_OR_RETURN(fence_in_, CudaEventHandle::Create(config_.device, false));
     KVTIER_ASSIGN_OR_RETURN(fence_out_, CudaEventHandle::Create(config_.device, false));
-    if (const char* env = std::getenv("KVTIER_DMA_MERGE_KV"); env != nullptr && env[0] == '0') {
-      merge_kv_ = false;
-    }
-    max_lanes_ = kMaxLanes;
-    // KVTIER_DMA_OPS_PER_LANE=N: operations per lane before the plan is split (measurements).
-    if (const char* env = std::getenv("KVTIER_DMA_OPS_PER_LANE"); env != nullptr) {
-      ops_per_lane_ = static_cast<size_t>(std::clamp(std::atoi(env), 16, 1 << 20));
-    }
-    if (const char* env = std::getenv("KVTIER_DMA_LANES"); env != nullptr) {
-      max_lanes_ = std::clamp(std::atoi(env), 1, 16);
-    }
+    max_lanes_ = config_.dma_lanes;
+    ops_per_lane_ = static_cast<size_t>(config_.dma_ops_per_lane);
     KVTIER_ASSIGN_OR_RETURN(fork_, CudaEventHandle::Create(config_.device, false));
     lane_work_.resize(static_cast<size_t>(max_lanes_));
-    // Each lane submits from its own thread (the caller's for the first lane):
-    // KVTIER_DMA_SUBMIT_THREADS=0 submits every lane from the caller's thread, for measurements.
-    const char* threads_env = std::getenv("KVTIER_DMA_SUBMIT_THREADS");
-    if (max_lanes_ > 1 && (threads_env == nullptr || threads_env[0] != '0')) {
+    // Each lane submits from its own thread (the caller's for the first lane).
+    if (max_lanes_ > 1 && config_.dma_submit_threads) {
       submit_pool_ = std::make_unique<util::ThreadPool>(max_lanes_);
     }
     for (int i = 1; i < max_lanes_; ++i) {
@@ -212,8 +184,8 @@ class DmaTransferEngine final : public GpuTransferEngine {
   std::atomic<bool> batch_available_{false};
   std::atomic<bool> use_batch_{false};          // this call: batch available, no pageable side
   std::atomic<bool> batch_3d_available_{true};  // cleared when cudaMemcpy3DBatchAsync is refused
-  // K and V of a page in one depth-2 copy (Plan); cleared when the driver refuses such a copy,
-  // or by KVTIER_DMA_MERGE_KV=0 (for measurements).
+  // K and V of a page in one depth-2 copy (Plan): config_.dma_join_kv, cleared when the driver
+  // refuses such a copy.
   std::atomic<bool> merge_kv_{true};
   CudaStreamHandle private_stream_;
   CudaEventHandle fence_in_;
@@ -225,7 +197,7 @@ class DmaTransferEngine final : public GpuTransferEngine {
   std::unique_ptr<util::ThreadPool> submit_pool_;  // null: lanes submit from the caller's thread
   std::vector<int64_t> run_starts_;          // slot runs: [run_starts_[i], run_starts_[i+1])
   int max_lanes_ = 1;                        // request's stream + lanes_.size()
-  size_t ops_per_lane_ = kOpsPerLane;
+  size_t ops_per_lane_ = 256;
   CudaEventHandle fork_;                     // recorded on the request's stream, lanes wait
   std::vector<Lane> lanes_;
 };
@@ -257,25 +229,22 @@ Status DmaTransferEngine::HostIndices(const SlotIndices& idx, const char* name, 
 
 void DmaTransferEngine::Plan(const TransferRequest& r, const SlotIndices& si, const SlotIndices& di,
                              int64_t layer0, int64_t layers) {
-  Sides x{r.src, r.dst, r.src->geometry, r.dst->geometry, 1, 0};
-  x.heads = r.head_chunks();
-  const KvLayout sl = x.sg.layout, dl = x.dg.layout;
-  x.sg.head_num = x.heads;
-  x.dg.head_num = x.heads;
-  x.chunk = x.sg.slot_bytes / x.heads;
-  const int64_t S = x.sg.slot_bytes;  // run pieces only (heads == 1)
+  const int64_t heads = r.head_chunks();
+  Sides x{*r.src, *r.dst};
+  x.src.geometry.head_num = heads;
+  x.dst.geometry.head_num = heads;
+  const KvLayout sl = x.sg().layout, dl = x.dg().layout;
+  const int64_t chunk = x.sg().slot_bytes / heads;
+  const int64_t S = x.sg().slot_bytes;  // run pieces only (heads == 1)
   const int64_t n = si.count;
-  const KvLayout lead = dl != KvLayout::kLayerFirst ? dl : sl;
-  const bool run_pieces = x.heads == 1 && RunContiguous(sl) && RunContiguous(dl);
+  const KvLayout lead = LeadLayout(r);  // plan_rules.h
+  const bool run_pieces = heads == 1 && RunContiguous(sl) && RunContiguous(dl);
 
   // Slot runs, shared by every buffer and layer.
   run_starts_.clear();
-  const int64_t sp = PageBased(sl) ? x.sg.page_size : 0;
-  const int64_t dp = PageBased(dl) ? x.dg.page_size : 0;
+  const int64_t sp = RunCutPage(x.sg()), dp = RunCutPage(x.dg());  // plan_rules.h
   for (int64_t k = 0; k < n; ++k) {
-    const int64_t s = si.at(k), d = di.at(k);
-    if (k == 0 || s != si.at(k - 1) + 1 || d != di.at(k - 1) + 1 || (sp > 0 && s % sp == 0) ||
-        (dp > 0 && d % dp == 0)) {
+    if (k == 0 || !ContinuesRun(si.at(k - 1), di.at(k - 1), si.at(k), di.at(k), sp, dp)) {
       run_starts_.push_back(k);
     }
   }
@@ -323,21 +292,21 @@ void DmaTransferEngine::Plan(const TransferRequest& r, const SlotIndices& si, co
       for (int64_t k = 0; k < n; ++k) {
         const int64_t s = si.at(k), d = di.at(k);
         for (int64_t l = 0; l < layers; ++l) {
-          for (int64_t h = 0; h < x.heads; ++h) {
+          for (int64_t h = 0; h < heads; ++h) {
             const int64_t ls = r.src_layer + layer0 + l, ld = r.dst_layer + layer0 + l;
-            planner_.Add(x.Src(b, ls, s, h), x.Dst(b, ld, d, h), x.chunk, x.Alloc(b, ls, ld));
+            planner_.Add(x.Src(b, ls, s, h), x.Dst(b, ld, d, h), chunk, x.Alloc(b, ls, ld));
           }
         }
       }
     } else if (lead == KvLayout::kPageHead) {
       // A head's page holds (slot, layer) contiguously.
       for (size_t i = 0; i < runs; ++i) {
-        for (int64_t h = 0; h < x.heads; ++h) {
+        for (int64_t h = 0; h < heads; ++h) {
           for (int64_t k = run_starts_[i]; k < run_starts_[i + 1]; ++k) {
             const int64_t s = si.at(k), d = di.at(k);
             for (int64_t l = 0; l < layers; ++l) {
               const int64_t ls = r.src_layer + layer0 + l, ld = r.dst_layer + layer0 + l;
-              planner_.Add(x.Src(b, ls, s, h), x.Dst(b, ld, d, h), x.chunk, x.Alloc(b, ls, ld));
+              planner_.Add(x.Src(b, ls, s, h), x.Dst(b, ld, d, h), chunk, x.Alloc(b, ls, ld));
             }
           }
         }
@@ -356,8 +325,8 @@ void DmaTransferEngine::Plan(const TransferRequest& r, const SlotIndices& si, co
           }
           for (int64_t k = k0; k < k1; ++k) {
             const int64_t s = si.at(k), d = di.at(k);
-            for (int64_t h = 0; h < x.heads; ++h) {
-              planner_.Add(x.Src(b, ls, s, h), x.Dst(b, ld, d, h), x.chunk, alloc);
+            for (int64_t h = 0; h < heads; ++h) {
+              planner_.Add(x.Src(b, ls, s, h), x.Dst(b, ld, d, h), chunk, alloc);
             }
           }
         }
@@ -505,9 +474,10 @@ Status DmaTransferEngine::SubmitSlice(CudaStream stream, size_t c0, size_t c1, s
   size_t* sizes = planner_.sizes().data() + r0;
   stats.copy_ops += static_cast<int64_t>(count);
   if (use_batch_ && count >= 2 && !IsLegacyStream(stream)) {
+    // No cudaMemcpyFlagPreferOverlapWithCompute here: with it the driver took 1.5x as long to
+    // submit 2,048 single copies (BENCHMARKS.md, GPU: the direct path).
     cudaMemcpyAttributes attr{};
     attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
-    attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
     size_t attr_index = 0;
 #if CUDART_VERSION >= 13000
     const cudaError_t e =
@@ -566,7 +536,7 @@ Status DmaTransferEngine::DoTransfer(const TransferRequest& r, const TransferOpt
   }
   const int64_t step = options.layer_events != nullptr ? 1 : r.num_layers;
   for (int64_t l0 = 0; l0 < r.num_layers; l0 += step) {
-    planner_.Reset(max_pitch_);
+    planner_.Reset(max_pitch_, static_cast<size_t>(config_.dma_min_strided_rows));
     Plan(r, si, di, l0, step);
     KVTIER_RETURN_IF_ERROR(Submit(exec));
     if (options.layer_events != nullptr) {

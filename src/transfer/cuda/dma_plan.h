@@ -35,8 +35,10 @@ struct Copy2D {
 // vectors it fills, which the engine keeps between calls.
 class CopyPlanner {
  public:
-  void Reset(size_t max_pitch) {
+  // `min_strided_rows`: groups of fewer equal-width runs go out as single copies.
+  void Reset(size_t max_pitch, size_t min_strided_rows = 2) {
     max_pitch_ = max_pitch;
+    min_strided_rows_ = min_strided_rows < 2 ? 2 : min_strided_rows;
     dsts_.clear();
     srcs_.clear();
     sizes_.clear();
@@ -127,10 +129,12 @@ class CopyPlanner {
 
   void FlushGroup() {
     if (group_height_ == 0) return;
-    if (group_height_ == 1) {
-      dsts_.push_back(group_.dst);
-      srcs_.push_back(group_.src);
-      sizes_.push_back(group_.width);
+    if (group_height_ < min_strided_rows_) {
+      for (size_t i = 0; i < group_height_; ++i) {
+        dsts_.push_back(group_.dst + i * group_.dpitch);
+        srcs_.push_back(group_.src + i * group_.spitch);
+        sizes_.push_back(group_.width);
+      }
     } else {
       group_.height = group_height_;
       copies_2d_.push_back(group_);
@@ -139,6 +143,7 @@ class CopyPlanner {
   }
 
   size_t max_pitch_ = 0;
+  size_t min_strided_rows_ = 2;
   const std::byte* run_src_ = nullptr;
   std::byte* run_dst_ = nullptr;
   int64_t run_len_ = 0;

@@ -48,14 +48,13 @@
 #include "transfer/cuda/copy_launch.h"
 #include "transfer/cuda/device_guard.h"
 #include "transfer/cuda/gpu_engine.h"
+#include "transfer/plan_rules.h"
 #include "util/cuda_check.h"
 
 namespace kvtier::transfer::cuda {
 namespace {
 
 constexpr size_t kMaxStagingSlots = 64;
-// Default copy kernel variant; see the measurements in BENCHMARKS.md (GPU section).
-constexpr bool kDefaultStaged = false;
 constexpr size_t kTableCacheEntries = 8;
 // Streams whose backups are followed for max_sms_beside_backup; a backup on a further stream
 // while all of these still run changes nothing (loads already get the extra SMs).
@@ -75,7 +74,7 @@ int64_t IndexBytes(const SlotIndices& idx) {
 constexpr int64_t kSmallPageBytes = 4096;
 
 ChunkOrder OrderFor(const KvGeometry& src, const KvGeometry& dst) {
-  const KvGeometry& lead = dst.layout != KvLayout::kLayerFirst ? dst : src;
+  const KvGeometry& lead = LeadGeometry(src, dst);  // plan_rules.h
   switch (lead.layout) {
     case KvLayout::kPageFirst:
       return ChunkOrder::kSlotLayerHead;
@@ -157,15 +156,7 @@ class KernelTransferEngine final : public GpuTransferEngine {
     uint64_t tick = 0;
   };
 
-  explicit KernelTransferEngine(const TransferEngineConfig& config) : config_(config) {
-    // KVTIER_COPY_KERNEL=registers|staged|per-lane overrides the default variant (for measurements).
-    if (const char* env = std::getenv("KVTIER_COPY_KERNEL"); env != nullptr) {
-      if (std::strcmp(env, "registers") == 0) staged_ = false;
-      if (std::strcmp(env, "staged") == 0) staged_ = true;
-      // "per-lane": the register kernel without the cooperative resolve (for measurements).
-      if (std::strcmp(env, "per-lane") == 0) cooperative_ = false;
-    }
-  }
+  explicit KernelTransferEngine(const TransferEngineConfig& config) : config_(config) {}
 
   Status Init() {
     DeviceGuard guard;
@@ -203,10 +194,6 @@ class KernelTransferEngine final : public GpuTransferEngine {
                         RegionView* view, bool* aligned16, bool* aligned8) const;
 
   const TransferEngineConfig config_;
-  // The copy kernel variant (copy_kernels.cuh): cp.async through shared memory, or registers.
-  bool staged_ = kDefaultStaged;
-  // The register kernel's cooperative chunk resolve (CopyView::cooperative), where it applies.
-  bool cooperative_ = true;
   std::mutex mu_;
   int sm_count_ = 0;
   DeviceBuffer error_device_;
@@ -467,17 +454,17 @@ Status KernelTransferEngine::DoTransfer(const TransferRequest& r, const Transfer
     // sharing the addresses by shuffle replaces one warp-wide resolve per load step. Measured
     // with Nsight Compute before it: MLA loads issued on 60 % of the cycles of their 4 SMs,
     // instruction-bound (BENCHMARKS.md, GPU).
-    const int64_t tile = int64_t{32} * CopyLoadsInFlight(false);
+    const int64_t tile = int64_t{32} * CopyLoadsInFlight();
     const int64_t vpc = view.vecs_per_chunk;
     const int64_t max_chunks_per_tile = 1 + (vpc - 1 + tile - 1) / vpc;
-    view.cooperative = !staged_ && cooperative_ && vpc < tile && max_chunks_per_tile <= 32 ? 1 : 0;
+    view.cooperative = vpc < tile && max_chunks_per_tile <= 32 ? 1 : 0;
   }
 
   const int64_t layers_per_launch = options.layer_events != nullptr ? 1 : r.num_layers;
   const int64_t chunks_per_pair = view.num_buffers * layers_per_launch * heads;
   const int64_t max_pairs = std::max<int64_t>(1, kMaxChunksPerLaunch / chunks_per_pair);
   const int threads = CopyThreadsPerBlock();
-  const int64_t vecs_per_block_pass = int64_t{threads} * CopyLoadsInFlight(staged_);
+  const int64_t vecs_per_block_pass = int64_t{threads} * CopyLoadsInFlight();
   const bool to_host = r.src->memory == MemoryKind::kDevice && r.dst->memory == MemoryKind::kHost;
   const bool to_device = r.src->memory == MemoryKind::kHost && r.dst->memory == MemoryKind::kDevice;
   int sms = options.max_sms > 0 ? options.max_sms : config_.max_sms;
@@ -517,7 +504,7 @@ Status KernelTransferEngine::DoTransfer(const TransferRequest& r, const Transfer
       view.grid_chunks = static_cast<uint32_t>(grid_stride / view.vecs_per_chunk);
       view.grid_vecs = static_cast<uint32_t>(grid_stride % view.vecs_per_chunk);
       const auto launch_start = std::chrono::steady_clock::now();
-      const cudaError_t launched = LaunchCopyKernel(view, width, blocks, stream, staged_);
+      const cudaError_t launched = LaunchCopyKernel(view, width, blocks, stream);
       stats_.launch_us += std::chrono::duration<double, std::micro>(
                               std::chrono::steady_clock::now() - launch_start)
                               .count();
