@@ -1,67 +1,102 @@
-// kvtier/hierarchical_cache.h — the engine-facing hierarchical KV cache (device + host tiers).
+// kvtier/hierarchical_cache.h — the engine-facing hierarchical KV cache: device, host and storage.
 //
 // The engine brings its device KV pool as a layer_first `KvRegion` (in CPU-only tests that region
 // simply lives in host memory and the cpu backend moves it; the cache does not care). The cache
 // owns everything else: the allocation of the device pool's pages (engines get slots from
 // AllocateDeviceSlots and hand them back through Insert or FreeDeviceSlots), a HostKvPool for the
-// host tier, the radix tree that indexes both tiers, and the copies between them.
+// host tier, optionally a StorageBackend (kvtier/storage.h) for the storage tier, the radix tree
+// that indexes all three tiers, and the copies between them.
 //
 // A request's life, as an engine drives it:
-//   m = Match(tokens, ns)          cached prefix: device slots, plus tokens cached only in host
-//                                  memory; the matched nodes stay pinned until Release(m.handle)
-//   LoadBack(m.handle, stream)     host part -> freshly allocated device slots; per-layer
-//                                  readiness through WaitLayer (GPU); all or nothing
+//   m = Match(tokens, ns)          cached prefix: device slots, then tokens cached in host memory,
+//                                  then tokens known to be in storage; the matched nodes stay
+//                                  pinned until Release(m.handle)
+//   QueryStorage(m.handle)         (storage) asks the backend for further pages of `tokens` the
+//                                  tree does not know (another process, an earlier run)
+//   Prefetch(m.handle, policy)     (storage) storage -> host for the storage part; returns at once
+//   LoadBack(m.handle, stream)     ends a prefetch by its policy, then host part -> freshly
+//                                  allocated device slots; per-layer readiness through WaitLayer
 //   AllocateDeviceSlots(n)         slots for the tokens the engine computes (evicts if needed)
 //   ... prefill writes the KV of the new tokens into those slots ...
 //   Insert(tokens, slots, ns)      the cache takes ownership of the slots (duplicates of pages
 //                                  that are already cached are freed); the write policy decides
-//                                  what is backed up to host memory
-//   Release(m.handle)
+//                                  what is backed up to host memory and storage
+//   Release(m.handle)              unpins; cancels a prefetch still running
 //
 // Ownership of device pages: every page of the device pool is free, held by the engine (handed
 // out by AllocateDeviceSlots, not yet inserted or freed) or held by the tree. Insert and
 // FreeDeviceSlots accept only pages the engine holds (or, for Insert, the tree's own pages at the
 // same positions, as returned by Match). Anything else is InvalidArgument and changes nothing.
 //
+// Namespaces: `ns` separates tenants: prefixes never match across namespaces, and with a storage
+// tier `ns` is the tenant salt of the page keys (kvtier/page_key.h; the empty namespace gives
+// SGLang's unsalted keys). A namespace exists while it holds nodes.
+//
 // Write policies: write_through backs up every insert; write_through_selective backs up a node
 // once its hit count (inserts and matches touching it) reaches `write_through_threshold`;
-// write_back backs up only when a node is evicted from the device. Backups always cover the whole
-// unbacked path from the namespace root, so host copies form a contiguous prefix.
+// write_back backs up to host only when a node leaves the device, and to storage only when it
+// leaves host memory. Device -> host backups cover the whole unbacked path from the namespace
+// root, so host copies form a contiguous prefix. With a storage tier, write_through and
+// write_through_selective also back up to storage what they backed up to host, once the device ->
+// host copy has completed; only pages storage does not already hold are written; backups to
+// storage go through a bounded queue (when it is full they are skipped and counted, never waited
+// for).
 //
-// Eviction: device eviction takes unreferenced device leaves in policy order; a node with a host
-// copy stays cached in host memory; under write_back an unbacked node is first copied to host
-// memory (synchronously), otherwise it is dropped. Host eviction frees unreferenced nodes cached
-// only in host memory that have no children.
+// Eviction is page-granular in every tier: when a tier needs n pages, the tail pages of the
+// evictable leaf that comes first in the tier's policy order go first (a node is split when only
+// part of it goes), then the next, until n pages are free. Under LRU a page's recency is the last
+// Match or Insert that touched it. Device leaves with a host copy stay cached in host memory;
+// under write_back an unbacked device leaf is first copied to host memory (submitted under the
+// lock, the slots freed once the copy has completed). Host eviction takes host-only leaves; a
+// node that storage holds stays known as storage-only (up to `max_storage_only_pages`; forgotten
+// beyond that and when the backend reports a page gone).
+//
+// Prefetch (storage -> host): host pages are allocated up front and marked filling; a filling
+// page is never a host hit and never evicted. At most max_prefetch_host_fraction of the host pool
+// is filling at once; a prefetch of fewer than prefetch_threshold_tokens tokens does nothing. The
+// prefetch ends by its policy when the engine asks (FinishPrefetch, or LoadBack): best_effort
+// takes what has arrived, wait_complete waits for every page, timeout waits until every page
+// arrived or the deadline passed (base + per 1,024 tokens, capped). Pages that arrived (a prefix:
+// a missing, corrupt or timed-out page cuts it) become host hits of the handle; the rest is
+// cancelled and its host pages freed. Bytes are verified by the storage format (checksums); a
+// page that does not check out is a miss, never wrong bytes.
 //
 // Copies in flight (the races that corrupt KV in other systems, each with a test):
-//   - a device slot is never freed while a backup reads it: nodes with an in-flight copy are not
-//     evictable; eviction that needs them waits for the copies to finish;
-//   - a host page is never reused while a copy writes into or reads from it: host pages belong to
-//     their node from the moment the copy is submitted, and a busy node is not evictable;
-//   - a matched host node is never evicted between Match and the end of its LoadBack: the handle
-//     pins it;
-//   - (GPU) the device slots a LoadBack writes are not evicted before the copy has finished.
-// Backups run on worker threads (cpu backend; backup_threads = 0 runs them in the calling thread)
-// or on a dedicated CUDA stream (kernel/dma backends), completion observed through futures and
-// events, never by sleeping.
+//   - a device slot is never freed while a backup reads it, nor while the engine's writes to it
+//     (on the stream given to Insert) may still be queued: a copy into reused slots is ordered
+//     after them;
+//   - a host page is never reused while a copy writes into or reads from it (device <-> host or
+//     host <-> storage): pages belong to their operation from submission to completion;
+//   - a matched node is never evicted between Match and Release: the handle pins it;
+//   - (GPU) the device slots a LoadBack writes are not evicted before the copy has finished;
+//   - a copy that fails after part of it was enqueued keeps its pages reserved until it is known
+//     to be finished; a failed backup changes nothing but its own pages and is not counted as a
+//     backup.
+// Copies run on the cpu thread pool (cpu backend; backup_threads = 0 runs them in the calling
+// thread after the lock is released) or on a dedicated CUDA stream (kernel/dma), storage I/O on
+// the backend's threads; completion is observed through futures and events, never by sleeping.
 //
-// Thread safety: every method may be called from any thread; one internal mutex serialises the
-// bookkeeping (copies on the cpu backend run inside it for LoadBack and write_back evictions,
-// outside it for backups). The eviction listener runs under that mutex and must not call back
-// into the cache.
+// Thread safety: every method may be called from any thread. One internal mutex guards the
+// bookkeeping only: no byte copy, stream synchronisation, storage call, wait for another
+// operation or user callback runs while it is held (the eviction listener runs after it is
+// released). Calls that wait (WaitForBackups, FinishPrefetch, LoadBack finishing a prefetch,
+// eviction that needs a copy to complete) wait outside it.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
 #include "kvtier/eviction_policy.h"
 #include "kvtier/layout.h"
-#include "kvtier/radix_tree.h"
 #include "kvtier/status.h"
+#include "kvtier/storage.h"
+#include "kvtier/token.h"
 #include "kvtier/transfer.h"
 
 namespace kvtier {
@@ -71,24 +106,69 @@ enum class WritePolicy : uint8_t { kWriteThrough = 0, kWriteThroughSelective = 1
 const char* WritePolicyName(WritePolicy policy);
 Result<WritePolicy> ParseWritePolicy(std::string_view name);
 
-enum class CacheTier : uint8_t { kDevice = 0, kHost = 1 };
+// How a prefetch ends when the engine asks for its result (SGLang's hicache prefetch policies).
+enum class PrefetchPolicy : uint8_t { kBestEffort = 0, kWaitComplete = 1, kTimeout = 2 };
+// "best_effort", "wait_complete", "timeout".
+const char* PrefetchPolicyName(PrefetchPolicy policy);
+Result<PrefetchPolicy> ParsePrefetchPolicy(std::string_view name);
 
-// Reported for every node that leaves a tier.
+enum class CacheTier : uint8_t { kDevice = 0, kHost = 1, kStorage = 2 };
+// "device", "host", "storage".
+const char* CacheTierName(CacheTier tier);
+
+// Reported for every run of pages that leaves a tier (after the cache's lock is released).
+// kStorage: the tree forgot pages it knew to be in storage (the bytes may still be there).
 struct EvictionEvent {
   CacheTier tier;
   std::string_view name_space;
-  std::span<const Token> prefix;  // tokens from the namespace root through the evicted node
+  std::span<const Token> prefix;  // tokens from the namespace root through the evicted pages
   int64_t num_tokens;             // the last num_tokens of `prefix` left `tier`
   bool kept_in_host;              // device evictions: the tokens stay cached in host memory
+  bool kept_in_storage;           // host evictions: the tokens stay known as storage-only
+};
+
+// The storage tier. Off unless `backend` or `url` is set.
+struct StorageTierConfig {
+  // A backend shared with others (several caches may use one). Its namespace must describe this
+  // cache's host pages: layout == host_layout, mla, num_layers, slot_bytes, page_size, head_num.
+  std::shared_ptr<StorageBackend> backend;
+  // Or a URL (kvtier/storage.h) that Create opens with the namespace built from the device region,
+  // the host layout and the fields below. Ignored when `backend` is set.
+  std::string url;
+  StorageOptions options;    // for `url`
+  std::string model_id;      // for `url`: StorageNamespace::model_id (free text)
+  std::string kv_dtype = "bf16";
+  int64_t tp_rank = 0;
+  int64_t tp_size = 1;
+
+  PrefetchPolicy prefetch_policy = PrefetchPolicy::kBestEffort;  // Prefetch's default
+  int64_t prefetch_threshold_tokens = 256;   // smaller prefetches do nothing
+  double prefetch_timeout_base_s = 2.0;      // timeout policy: base ...
+  double prefetch_timeout_per_1k_tokens_s = 0.1;  // ... + this per 1,024 tokens requested ...
+  double prefetch_timeout_max_s = 30.0;      // ... capped here
+  double max_prefetch_host_fraction = 0.5;   // of the host pool filling at once, in (0, 1]
+  int64_t max_prefetch_batch_pages = 256;    // pages per Get batch
+
+  // Storage-only pages the tree remembers (beyond: the least recently used are forgotten).
+  int64_t max_storage_only_pages = 1 << 20;
+  // Backups to storage waiting for the backend or running, in pages; beyond: skipped, counted.
+  int64_t max_backup_queue_pages = 4096;
+  int64_t max_backup_batch_pages = 256;  // pages per Set batch
+
+  bool enabled() const { return backend != nullptr || !url.empty(); }
+  // InvalidArgument naming the field and its value.
+  Status Validate() const;
 };
 
 struct HierarchicalCacheConfig {
-  // Page size of both tiers; 0 = the device region's page_size, else it must equal it.
+  // Page size of every tier; 0 = the device region's page_size, else it must equal it.
   // A power of two in [1, 256].
   int64_t page_size = 0;
   // Host tier capacity: host_capacity_bytes when > 0, else host_ratio x the device pool's bytes.
   int64_t host_capacity_bytes = 0;
   double host_ratio = 2.0;
+  // With a storage tier: page_first, page_first_direct or page_head (a page is one contiguous
+  // range per buffer, stored with zero copies).
   KvLayout host_layout = KvLayout::kPageFirst;
   int64_t host_head_num = 0;  // page_head: heads per slot; 0 = the device region's head_num
   bool host_huge_pages = false;
@@ -104,20 +184,25 @@ struct HierarchicalCacheConfig {
 
   TransferBackend transfer_backend = TransferBackend::kCpu;
   TransferEngineConfig transfer;
-  // cpu backend: threads running backups; 0 = in the calling thread (deterministic).
+  // cpu backend: threads of the pool running device <-> host backups, in [0, 64]; 0 = in the
+  // calling thread, after the cache's lock is released (deterministic).
   int backup_threads = 1;
   // LoadBack leaves host hits shorter than this many tokens where they are (the engine
   // recomputes them instead).
   int64_t load_back_min_tokens = 0;
 
-  // Called (under the cache's lock) for every eviction; for tests and metrics.
+  StorageTierConfig storage;
+
+  // Called for every eviction, after the cache's lock is released, on the thread whose call
+  // evicted; it may call back into the cache. For tests and metrics.
   std::function<void(const EvictionEvent&)> eviction_listener;
 
   // InvalidArgument naming the field and its value.
   Status Validate() const;
 };
 
-// Pins what a Match matched until Release. Plain value; the cache validates it on every use.
+// Pins what a Match matched until Release. Plain value; the cache validates it on every use, and
+// a handle of another cache instance is InvalidArgument (ids are unique per instance).
 struct MatchHandle {
   uint64_t id = 0;
 };
@@ -126,14 +211,41 @@ struct MatchResult {
   MatchHandle handle;
   int64_t device_tokens = 0;          // leading tokens whose KV is on the device ...
   std::vector<int64_t> device_slots;  // ... at these slots of the device region
-  int64_t host_tokens = 0;            // the next tokens, cached in host memory only ...
+  int64_t host_tokens = 0;            // the next tokens, cached in host memory ...
   std::vector<int64_t> host_slots;    // ... at these slots of host_region()
+  int64_t storage_tokens = 0;         // the next tokens, known to be in storage only
+};
+
+// QueryStorage's answer: the handle's storage part after the query.
+struct StorageQueryResult {
+  int64_t storage_tokens = 0;  // tokens after the host part found in storage (tree + backend)
+  int64_t queried_tokens = 0;  // of those, found by asking the backend in this call
+};
+
+enum class PrefetchState : uint8_t {
+  kNone = 0,      // nothing to prefetch, below the threshold, no host room, or no storage tier
+  kRunning = 1,   // pages are still arriving
+  kComplete = 2,  // every requested page arrived
+  kPartial = 3,   // ended with a prefix of the pages (best_effort, a miss, a corrupt page, cancel)
+  kTimedOut = 4,  // timeout policy: the deadline passed with pages missing
+};
+// "none", "running", "complete", "partial", "timed_out".
+const char* PrefetchStateName(PrefetchState state);
+
+struct PrefetchResult {
+  PrefetchState state = PrefetchState::kNone;
+  PrefetchPolicy policy = PrefetchPolicy::kBestEffort;
+  int64_t requested_tokens = 0;  // storage tokens the prefetch asked for
+  int64_t arrived_tokens = 0;    // leading tokens in host memory so far / at the end
+  // After the prefetch ended: the handle's host part now (host hits incl. the arrived tokens).
+  int64_t host_tokens = 0;
 };
 
 struct LoadBackResult {
   int64_t loaded_tokens = 0;   // copied from host memory by this call
   int64_t skipped_tokens = 0;  // host hits left alone (below load_back_min_tokens)
   std::vector<int64_t> device_slots;  // the whole matched prefix now on the device
+  PrefetchResult prefetch;     // the prefetch this call ended, if one was running
 };
 
 struct InsertOptions {
@@ -143,94 +255,189 @@ struct InsertOptions {
   // decoding on them, as SGLang's cache_unfinished_req does); Release it like a Match handle.
   bool pin = false;
   // GPU: the stream on which the engine wrote the KV of these slots (nullptr: the legacy default
-  // stream). Backups of the slots are ordered after the work queued on it so far.
+  // stream). Copies out of the slots, and copies into them after they are reused, are ordered
+  // after the work queued on it so far.
   CudaStream stream = nullptr;
 };
 
 struct InsertResult {
   MatchHandle handle;            // with options.pin: a live handle pinning the inserted tokens
   int64_t cached_tokens = 0;     // already on the device (their slots stay the cache's)
-  int64_t revived_tokens = 0;    // were cached in host memory only; now also on the device
+  int64_t revived_tokens = 0;    // were cached in host memory / storage only; now on the device
   int64_t new_tokens = 0;        // not cached before
   int64_t duplicate_tokens = 0;  // engine slots freed because the tree already had that page
 };
 
-// Counters for operators (tokens unless named otherwise).
+struct AllocateOptions {
+  // When the device cannot make room for all of num_tokens: return as many whole pages as it can
+  // (possibly none) instead of OutOfMemory.
+  bool allow_fewer = false;
+};
+
+// A duration histogram in the Prometheus sense, kept raw: counts[i] = observations in
+// (kBounds[i-1], kBounds[i]] (not cumulative); counts[kNumBounds] = above the last bound.
+struct DurationHistogram {
+  static constexpr int kNumBounds = 12;
+  static constexpr std::array<double, kNumBounds> kBounds = {
+      0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1.0, 5.0};
+  std::array<int64_t, kNumBounds + 1> counts{};
+  int64_t count = 0;
+  double sum_seconds = 0;
+  void Observe(double seconds);
+};
+
+// Counters (monotonic; tokens unless named otherwise) and gauges for operators. Reading them
+// never waits behind a copy.
 struct CacheStats {
   int64_t page_size = 0;
+  // Gauges.
   int64_t device_total_tokens = 0;
   int64_t device_used_tokens = 0;    // allocated pages: cached + held by the engine
   int64_t device_cached_tokens = 0;  // in the tree
   int64_t device_engine_tokens = 0;  // handed to the engine, not yet inserted or freed
   int64_t host_total_tokens = 0;
-  int64_t host_used_tokens = 0;
+  int64_t host_used_tokens = 0;      // cached + filling
+  int64_t host_filling_tokens = 0;   // allocated to prefetches still running
   int64_t host_total_bytes = 0;
+  int64_t storage_known_tokens = 0;  // tokens the tree knows to be in storage (any tier too)
+  int64_t storage_only_tokens = 0;   // ... of which in storage only
   int64_t nodes = 0;
+  int64_t namespaces = 0;
   int64_t live_handles = 0;
+  int64_t backup_inflight_tokens = 0;          // device -> host copies running
+  int64_t storage_backup_inflight_tokens = 0;  // host -> storage writes queued or running
+  int64_t prefetch_inflight_tokens = 0;        // storage -> host reads running
 
+  // Matching (cached_tokens_total{cache_source=device|host|storage}).
   int64_t match_calls = 0;
   int64_t match_query_tokens = 0;
   int64_t device_hit_tokens = 0;
   int64_t host_hit_tokens = 0;
+  int64_t storage_hit_tokens = 0;  // storage part of matches (tree and QueryStorage)
+  int64_t query_storage_calls = 0;
+  int64_t query_storage_tokens = 0;  // found by asking the backend
+
+  // Prefetch (storage -> host).
+  int64_t prefetch_calls = 0;
+  int64_t prefetch_requested_tokens = 0;
+  int64_t prefetched_tokens = 0;  // arrived and became host hits
+  int64_t prefetch_below_threshold_tokens = 0;
+  int64_t prefetch_no_room_tokens = 0;  // not started: the filling cap or no host pages
+  int64_t prefetch_complete = 0, prefetch_partial = 0, prefetch_timed_out = 0;  // prefetches
+  int64_t prefetch_cancelled = 0;  // released while running
+  int64_t prefetch_bytes = 0;
+  double prefetch_seconds = 0;  // start to end of each prefetch
+
+  // Load back (host -> device).
   int64_t load_back_calls = 0;
   int64_t load_back_tokens = 0;
   int64_t load_back_skipped_tokens = 0;
   double load_back_seconds = 0;  // wall time of LoadBack calls (submission only on a GPU)
-  int64_t inserted_tokens = 0;   // new + revived
+  DurationHistogram load_back_duration;
+
+  // Inserts and backups.
+  int64_t inserted_tokens = 0;  // new + revived
   int64_t duplicate_tokens = 0;
-  int64_t backup_tokens = 0;          // completed device -> host copies
-  int64_t backup_inflight_tokens = 0;
+  int64_t backup_tokens = 0;         // completed device -> host copies
+  int64_t backup_failed_tokens = 0;  // device -> host copies that failed (not in backup_tokens)
   int64_t backup_skipped_tokens = 0;  // no host space
+  int64_t backup_bytes = 0;
+  double backup_seconds = 0;          // submission to completion, summed over copies
   int64_t write_back_tokens = 0;      // copied to host on device eviction (write_back)
+  int64_t storage_backup_tokens = 0;  // completed host -> storage writes
+  int64_t storage_backup_failed_tokens = 0;
+  int64_t storage_backup_present_tokens = 0;  // not written: storage already held them
+  int64_t storage_backup_dropped_tokens = 0;  // not written: the backup queue was full
+  int64_t storage_backup_bytes = 0;
+  double storage_backup_seconds = 0;
+
+  // Eviction.
   int64_t device_evicted_tokens = 0;
-  int64_t device_evictions = 0;  // nodes
+  int64_t device_evictions = 0;  // runs of pages (a node or its tail)
   int64_t dropped_tokens = 0;    // evicted from the device with no host copy
   int64_t host_evicted_tokens = 0;
-  int64_t host_evictions = 0;  // nodes
+  int64_t host_evictions = 0;
+  int64_t storage_forgotten_tokens = 0;  // storage-only pages the tree forgot
+  double eviction_seconds = 0;           // time spent choosing and evicting, all tiers
+
+  // Storage faults (misses, never wrong bytes).
+  int64_t storage_errors = 0;         // failed or rejected calls and failed pages
+  int64_t storage_corrupt_pages = 0;  // corrupt or wrong-namespace pages read
+  int64_t storage_timeouts = 0;       // pages timed out, and prefetches ended by the deadline
+  int64_t storage_queue_drops = 0;    // calls rejected by the backend's queue, skipped backups
 };
 
 class HierarchicalCache {
  public:
   // Validates config and the device region (layer_first; host memory only with the cpu
-  // backend), creates the host pool and the transfer engine (or takes `engine`, e.g. a wrapper
-  // used by tests; its backend must agree with where the regions live).
+  // backend), creates the host pool, the transfer engine (or takes `engine`, e.g. a wrapper used
+  // by tests; its backend must agree with where the regions live) and opens the storage tier.
   static Result<std::unique_ptr<HierarchicalCache>> Create(
       const HierarchicalCacheConfig& config, const KvRegion& device_region,
       std::unique_ptr<TransferEngine> engine = nullptr);
 
-  // Waits for every copy in flight. Handles still live are dropped.
+  // Cancels prefetches and waits for every copy in flight. Handles still live are dropped.
   ~HierarchicalCache();
   HierarchicalCache(const HierarchicalCache&) = delete;
   HierarchicalCache& operator=(const HierarchicalCache&) = delete;
 
-  // The longest cached page-aligned prefix of `tokens` in namespace `ns`. Always returns a live
-  // handle (also for a miss) that must be released.
+  // The longest cached page-aligned prefix of `tokens` in namespace `ns`: device, then host, then
+  // storage-only pages the tree knows. Always returns a live handle (also for a miss) that must
+  // be released. The handle remembers the rest of `tokens` for QueryStorage.
   Result<MatchResult> Match(std::span<const Token> tokens, std::string_view ns = "");
 
-  // Copies the host part of the handle's match to freshly allocated device slots (evicting if
-  // needed). All or nothing: OutOfMemory (nothing changes) when the device cannot make room.
-  // Host parts shorter than load_back_min_tokens are skipped. cpu: the bytes are in place on
-  // return. GPU: enqueued on `stream`; consumers wait per layer with WaitLayer.
+  // Asks the storage backend (Exists, outside the lock) which further whole pages of the
+  // handle's tokens are stored, beyond the match, and extends the handle's storage part by them.
+  // No storage tier: OK with nothing found. Backend errors and timeouts find nothing (counted).
+  Result<StorageQueryResult> QueryStorage(MatchHandle handle);
+
+  // Starts copying the handle's storage part into host memory (host pages allocated now, marked
+  // filling; batched Gets on the backend's threads) and returns at once. `policy` decides how
+  // FinishPrefetch / LoadBack end it. Does nothing (state kNone) below prefetch_threshold_tokens,
+  // without a storage part, or when host memory for it cannot be found within the filling cap
+  // (fewer pages are prefetched when only some fit). FailedPrecondition if a prefetch of this
+  // handle is running already.
+  Result<PrefetchResult> Prefetch(MatchHandle handle);
+  Result<PrefetchResult> Prefetch(MatchHandle handle, PrefetchPolicy policy);
+  // The prefetch's progress, without waiting or ending it.
+  Result<PrefetchResult> PollPrefetch(MatchHandle handle);
+  // Ends the handle's prefetch by its policy (waiting outside the lock as the policy says): the
+  // arrived prefix becomes host hits of the handle, the rest is cancelled. kNone when none ran.
+  Result<PrefetchResult> FinishPrefetch(MatchHandle handle);
+
+  // Ends a running prefetch (FinishPrefetch), then copies the host part of the handle's match to
+  // freshly allocated device slots (evicting if needed). cpu: the bytes are in place on return.
+  // GPU: enqueued on `stream`, after the engine's pending writes to the reused slots; consumers
+  // wait per layer with WaitLayer. Host parts shorter than load_back_min_tokens are skipped.
+  // OutOfMemory when the device cannot make room: then the tree and the handle are as before,
+  // except that unpinned device pages may have been evicted to make room (reported to the
+  // eviction listener). A copy that fails makes the handle's load fail; its pages stay reserved
+  // until the copy is known to have finished.
   Result<LoadBackResult> LoadBack(MatchHandle handle, CudaStream stream = nullptr);
   // GPU: makes `consumer` wait (on the device) until layer `layer` of every slot the handle's
   // match covers is in place: its own LoadBack and any other handle's LoadBack still filling
   // slots of this prefix. Call it before reading layer `layer` of matched slots on a GPU.
   // cpu (or nothing in flight): OK at once.
   Status WaitLayer(MatchHandle handle, int64_t layer, CudaStream consumer);
-  // Unpins the handle's match. InvalidArgument for an unknown or already released handle.
+  // Unpins the handle's match and cancels its prefetch. InvalidArgument for an unknown, already
+  // released or foreign handle.
   Status Release(MatchHandle handle);
 
   // Slots for `num_tokens` new tokens, rounded up to whole pages, evicting if needed. The engine
   // holds them until it passes them to Insert or FreeDeviceSlots. InvalidArgument for negative
-  // counts or more than the device pool holds; OutOfMemory when eviction cannot make room.
-  Result<std::vector<int64_t>> AllocateDeviceSlots(int64_t num_tokens);
+  // counts or more than the device pool holds; OutOfMemory when eviction cannot make room (then
+  // nothing was evicted), or with allow_fewer as many pages as it could make room for.
+  Result<std::vector<int64_t>> AllocateDeviceSlots(int64_t num_tokens,
+                                                   const AllocateOptions& options = {});
   // Returns engine-held pages. REQUIRES: whole pages (slots.size() a multiple of page_size,
   // each page its aligned run of slots), all held by the engine. All or nothing.
   Status FreeDeviceSlots(std::span<const int64_t> slots);
 
-  // Caches `tokens` whose KV the engine has written into `device_slots` (one per token).
+  // Caches `tokens` whose KV the engine has written into `device_slots` (one per token). Page
+  // keys (storage tier) are computed once, here, before the lock is taken.
   // REQUIRES: equal lengths, a multiple of page_size; whole pages held by the engine, or the
   // tree's own pages at the same positions. The cache owns all the given slots afterwards.
+  // An empty insert creates nothing (no namespace).
   Result<InsertResult> Insert(std::span<const Token> tokens, std::span<const int64_t> device_slots,
                               std::string_view ns = "", const InsertOptions& options = {});
 
@@ -239,23 +446,31 @@ class HierarchicalCache {
   Result<int64_t> EvictDevice(int64_t num_tokens);
   Result<int64_t> EvictHost(int64_t num_tokens);
 
-  // Waits until every backup in flight has finished.
+  // Waits until every backup in flight (device -> host and host -> storage) has finished.
+  // FailedPrecondition naming the first failure since the last call, if a backup failed.
   Status WaitForBackups();
 
   CacheStats stats() const;
-  // Tree invariants plus agreement of the tree, the allocators, the page ownership map and the
-  // live handles; Internal naming the first disagreement.
+  // Prometheus text exposition of stats() (SGLang's metric names, prefixed "kvtier:").
+  std::string Metrics() const;
+  // Tree invariants plus agreement of the tree, the allocators, the page ownership map, the
+  // operations in flight and the live handles; Internal naming the first disagreement.
   Status CheckConsistency() const;
+  // For tests: whether the calling thread holds the cache's mutex now (engine and storage
+  // wrappers assert that it does not).
+  bool MutexHeldByCurrentThread() const;
 
   const KvRegion& device_region() const;
   const KvRegion& host_region() const;
   int64_t page_size() const;
   TransferBackend backend() const;
+  // The storage tier's backend, or null.
+  StorageBackend* storage() const;
 
  private:
-  struct State;
-  explicit HierarchicalCache(std::unique_ptr<State> state);
-  std::unique_ptr<State> state_;
+  struct Impl;
+  explicit HierarchicalCache(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace kvtier

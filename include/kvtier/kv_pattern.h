@@ -17,7 +17,7 @@
 #include <string_view>
 #include <vector>
 
-#include "kvtier/radix_tree.h"
+#include "kvtier/token.h"
 #include "kvtier/status.h"
 #include "kvtier/transfer.h"
 

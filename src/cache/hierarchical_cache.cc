@@ -37,6 +37,7 @@
 
 #include "kvtier/device.h"
 #include "kvtier/host_pool.h"
+#include "kvtier/radix_tree.h"
 #include "kvtier/slot_allocator.h"
 #include "util/log.h"
 
@@ -67,76 +68,8 @@ bool IsPowerOfTwo(int64_t x) { return x > 0 && (x & (x - 1)) == 0; }
 
 }  // namespace
 
-const char* WritePolicyName(WritePolicy policy) {
-  switch (policy) {
-    case WritePolicy::kWriteThrough: return "write_through";
-    case WritePolicy::kWriteThroughSelective: return "write_through_selective";
-    case WritePolicy::kWriteBack: return "write_back";
-  }
-  return "unknown_write_policy";
-}
-
-Result<WritePolicy> ParseWritePolicy(std::string_view name) {
-  for (auto p : {WritePolicy::kWriteThrough, WritePolicy::kWriteThroughSelective,
-                 WritePolicy::kWriteBack}) {
-    if (name == WritePolicyName(p)) return p;
-  }
-  return Status::InvalidArgument(fmt::format(
-      "write policy '{}' is not one of write_through, write_through_selective, write_back", name));
-}
-
-Status HierarchicalCacheConfig::Validate() const {
-  if (page_size != 0 && (!IsPowerOfTwo(page_size) || page_size > 256)) {
-    return Status::InvalidArgument(fmt::format(
-        "page_size = {} must be 0 (the device region's) or a power of two in [1, 256]", page_size));
-  }
-  if (host_capacity_bytes < 0) {
-    return Status::InvalidArgument(
-        fmt::format("host_capacity_bytes = {} must not be negative", host_capacity_bytes));
-  }
-  if (host_capacity_bytes == 0 && !(std::isfinite(host_ratio) && host_ratio > 0)) {
-    return Status::InvalidArgument(fmt::format(
-        "host_ratio = {} must be positive when host_capacity_bytes is 0", host_ratio));
-  }
-  if (static_cast<int>(host_layout) >= kNumLayouts) {
-    return Status::InvalidArgument(
-        fmt::format("host_layout = {} is not a known layout", static_cast<int>(host_layout)));
-  }
-  if (host_head_num < 0) {
-    return Status::InvalidArgument(fmt::format("host_head_num = {} must not be negative",
-                                               host_head_num));
-  }
-  if (static_cast<int>(write_policy) > 2) {
-    return Status::InvalidArgument(
-        fmt::format("write_policy = {} is not a known policy", static_cast<int>(write_policy)));
-  }
-  if (write_through_threshold < 1) {
-    return Status::InvalidArgument(fmt::format("write_through_threshold = {} must be at least 1",
-                                               write_through_threshold));
-  }
-  if (static_cast<int>(device_eviction) > 3 || static_cast<int>(host_eviction) > 3) {
-    return Status::InvalidArgument(fmt::format(
-        "device_eviction = {} / host_eviction = {}: not known eviction policies",
-        static_cast<int>(device_eviction), static_cast<int>(host_eviction)));
-  }
-  if (static_cast<int>(transfer_backend) > 3) {
-    return Status::InvalidArgument(fmt::format("transfer_backend = {} is not a known backend",
-                                               static_cast<int>(transfer_backend)));
-  }
-  KVTIER_RETURN_IF_ERROR(transfer.Validate().WithContext("transfer"));
-  if (backup_threads < 0 || backup_threads > 64) {
-    return Status::InvalidArgument(
-        fmt::format("backup_threads = {} must be in [0, 64]", backup_threads));
-  }
-  if (load_back_min_tokens < 0) {
-    return Status::InvalidArgument(
-        fmt::format("load_back_min_tokens = {} must not be negative", load_back_min_tokens));
-  }
-  return Status::OK();
-}
-
-struct HierarchicalCache::State {
-  State(const HierarchicalCacheConfig& cfg, int64_t page_size)
+struct HierarchicalCache::Impl {
+  Impl(const HierarchicalCacheConfig& cfg, int64_t page_size)
       : config(cfg),
         P(page_size),
         log2_page(std::countr_zero(static_cast<uint64_t>(page_size))),
@@ -227,7 +160,7 @@ struct HierarchicalCache::State {
     if (!config.eviction_listener) return;
     const std::vector<Token> prefix = tree.PrefixTokens(node);
     config.eviction_listener(
-        EvictionEvent{tier, node->name_space(), prefix, node->num_tokens(), kept_in_host});
+        EvictionEvent{tier, node->name_space(), prefix, node->num_tokens(), kept_in_host, false});
   }
 
   Status RunCopy(const PendingCopy& op, CudaStream stream) {
@@ -553,10 +486,10 @@ struct HierarchicalCache::State {
   }
 };
 
-HierarchicalCache::HierarchicalCache(std::unique_ptr<State> state) : state_(std::move(state)) {}
+HierarchicalCache::HierarchicalCache(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 HierarchicalCache::~HierarchicalCache() {
-  State& s = *state_;
+  Impl& s = *impl_;
   {
     std::lock_guard<std::mutex> lk(s.mu);
     s.WaitAll();
@@ -603,7 +536,7 @@ Result<std::unique_ptr<HierarchicalCache>> HierarchicalCache::Create(
         TransferBackendName(engine->backend())));
   }
 
-  auto state = std::make_unique<State>(config, g.page_size);
+  auto state = std::make_unique<Impl>(config, g.page_size);
   state->device = device_region;
   state->engine = std::move(engine);
   state->gpu = gpu;
@@ -630,7 +563,7 @@ Result<std::unique_ptr<HierarchicalCache>> HierarchicalCache::Create(
     KVTIER_ASSIGN_OR_RETURN(state->backup_stream, CudaStreamHandle::Create(device_region.device));
     KVTIER_ASSIGN_OR_RETURN(state->kv_written, CudaEventHandle::Create(device_region.device));
   } else {
-    State* s = state.get();
+    Impl* s = state.get();
     for (int i = 0; i < config.backup_threads; ++i) {
       s->workers.emplace_back([s] {
         for (;;) {
@@ -653,7 +586,7 @@ Result<std::unique_ptr<HierarchicalCache>> HierarchicalCache::Create(
       });
     }
   }
-  State* s = state.get();
+  Impl* s = state.get();
   s->tree.SetSplitHook([s](RadixNode* upper, RadixNode* lower) {
     if (lower->pending()) lower->pending()->nodes.push_back(upper);
   });
@@ -661,7 +594,7 @@ Result<std::unique_ptr<HierarchicalCache>> HierarchicalCache::Create(
 }
 
 Result<MatchResult> HierarchicalCache::Match(std::span<const Token> tokens, std::string_view ns) {
-  State& s = *state_;
+  Impl& s = *impl_;
   std::lock_guard<std::mutex> lk(s.mu);
   KVTIER_RETURN_IF_ERROR(s.CheckHealth());
   s.Reap();
@@ -682,7 +615,7 @@ Result<MatchResult> HierarchicalCache::Match(std::span<const Token> tokens, std:
   }
   out.handle.id = s.next_handle++;
   if (!r.last->is_root()) s.tree.IncRef(r.last);
-  s.handles.emplace(out.handle.id, State::Handle{r.last, nullptr});
+  s.handles.emplace(out.handle.id, Impl::Handle{r.last, nullptr});
   s.MaybeBackup(path);
   ++s.counters.match_calls;
   s.counters.match_query_tokens += static_cast<int64_t>(tokens.size());
@@ -692,7 +625,7 @@ Result<MatchResult> HierarchicalCache::Match(std::span<const Token> tokens, std:
 }
 
 Result<LoadBackResult> HierarchicalCache::LoadBack(MatchHandle handle, CudaStream stream) {
-  State& s = *state_;
+  Impl& s = *impl_;
   std::lock_guard<std::mutex> lk(s.mu);
   KVTIER_RETURN_IF_ERROR(s.CheckHealth());
   s.Reap();
@@ -780,7 +713,7 @@ Result<LoadBackResult> HierarchicalCache::LoadBack(MatchHandle handle, CudaStrea
 }
 
 Status HierarchicalCache::WaitLayer(MatchHandle handle, int64_t layer, CudaStream consumer) {
-  State& s = *state_;
+  Impl& s = *impl_;
   std::lock_guard<std::mutex> lk(s.mu);
   auto it = s.handles.find(handle.id);
   if (it == s.handles.end()) {
@@ -809,7 +742,7 @@ Status HierarchicalCache::WaitLayer(MatchHandle handle, int64_t layer, CudaStrea
 }
 
 Status HierarchicalCache::Release(MatchHandle handle) {
-  State& s = *state_;
+  Impl& s = *impl_;
   std::lock_guard<std::mutex> lk(s.mu);
   auto it = s.handles.find(handle.id);
   if (it == s.handles.end()) {
@@ -822,8 +755,9 @@ Status HierarchicalCache::Release(MatchHandle handle) {
   return Status::OK();
 }
 
-Result<std::vector<int64_t>> HierarchicalCache::AllocateDeviceSlots(int64_t num_tokens) {
-  State& s = *state_;
+Result<std::vector<int64_t>> HierarchicalCache::AllocateDeviceSlots(int64_t num_tokens,
+                                                                   const AllocateOptions&) {
+  Impl& s = *impl_;
   std::lock_guard<std::mutex> lk(s.mu);
   KVTIER_RETURN_IF_ERROR(s.CheckHealth());
   if (num_tokens < 0) {
@@ -843,7 +777,7 @@ Result<std::vector<int64_t>> HierarchicalCache::AllocateDeviceSlots(int64_t num_
 }
 
 Status HierarchicalCache::FreeDeviceSlots(std::span<const int64_t> slots) {
-  State& s = *state_;
+  Impl& s = *impl_;
   std::lock_guard<std::mutex> lk(s.mu);
   std::vector<int64_t> pages;
   KVTIER_RETURN_IF_ERROR(s.CheckPages(slots, "slots", &pages));
@@ -858,7 +792,7 @@ Result<InsertResult> HierarchicalCache::Insert(std::span<const Token> tokens,
                                                std::span<const int64_t> device_slots,
                                                std::string_view ns,
                                                const InsertOptions& options) {
-  State& s = *state_;
+  Impl& s = *impl_;
   std::lock_guard<std::mutex> lk(s.mu);
   KVTIER_RETURN_IF_ERROR(s.CheckHealth());
   s.Reap();
@@ -939,14 +873,14 @@ Result<InsertResult> HierarchicalCache::Insert(std::span<const Token> tokens,
       s.tree.IncRef(last);
     }
     out.handle.id = s.next_handle++;
-    s.handles.emplace(out.handle.id, State::Handle{last, nullptr});
+    s.handles.emplace(out.handle.id, Impl::Handle{last, nullptr});
   }
   if (!segments.empty()) s.MaybeBackup(s.Path(segments.back().node));
   return out;
 }
 
 Result<int64_t> HierarchicalCache::EvictDevice(int64_t num_tokens) {
-  State& s = *state_;
+  Impl& s = *impl_;
   std::lock_guard<std::mutex> lk(s.mu);
   KVTIER_RETURN_IF_ERROR(s.CheckHealth());
   if (num_tokens < 0) {
@@ -958,7 +892,7 @@ Result<int64_t> HierarchicalCache::EvictDevice(int64_t num_tokens) {
 }
 
 Result<int64_t> HierarchicalCache::EvictHost(int64_t num_tokens) {
-  State& s = *state_;
+  Impl& s = *impl_;
   std::lock_guard<std::mutex> lk(s.mu);
   KVTIER_RETURN_IF_ERROR(s.CheckHealth());
   if (num_tokens < 0) {
@@ -969,14 +903,14 @@ Result<int64_t> HierarchicalCache::EvictHost(int64_t num_tokens) {
 }
 
 Status HierarchicalCache::WaitForBackups() {
-  State& s = *state_;
+  Impl& s = *impl_;
   std::lock_guard<std::mutex> lk(s.mu);
   s.WaitAll();
   return s.CheckHealth();
 }
 
 CacheStats HierarchicalCache::stats() const {
-  const State& s = *state_;
+  const Impl& s = *impl_;
   std::lock_guard<std::mutex> lk(s.mu);
   CacheStats c = s.counters;
   c.page_size = s.P;
@@ -993,7 +927,7 @@ CacheStats HierarchicalCache::stats() const {
 }
 
 Status HierarchicalCache::CheckConsistency() const {
-  const State& s = *state_;
+  const Impl& s = *impl_;
   std::lock_guard<std::mutex> lk(s.mu);
   KVTIER_RETURN_IF_ERROR(s.tree.CheckInvariants());
   const int64_t P = s.P;
@@ -1058,9 +992,33 @@ Status HierarchicalCache::CheckConsistency() const {
   return Status::OK();
 }
 
-const KvRegion& HierarchicalCache::device_region() const { return state_->device; }
-const KvRegion& HierarchicalCache::host_region() const { return state_->host->region(); }
-int64_t HierarchicalCache::page_size() const { return state_->P; }
-TransferBackend HierarchicalCache::backend() const { return state_->engine->backend(); }
+const KvRegion& HierarchicalCache::device_region() const { return impl_->device; }
+const KvRegion& HierarchicalCache::host_region() const { return impl_->host->region(); }
+int64_t HierarchicalCache::page_size() const { return impl_->P; }
+TransferBackend HierarchicalCache::backend() const { return impl_->engine->backend(); }
+
+}  // namespace kvtier
+
+namespace kvtier {
+
+// Interim (cache-v2 in progress): the storage tier's calls answer FailedPrecondition until the
+// restructured cache lands.
+Result<StorageQueryResult> HierarchicalCache::QueryStorage(MatchHandle) {
+  return Status::FailedPrecondition("QueryStorage: the storage tier is not implemented yet");
+}
+Result<PrefetchResult> HierarchicalCache::Prefetch(MatchHandle handle) {
+  return Prefetch(handle, impl_->config.storage.prefetch_policy);
+}
+Result<PrefetchResult> HierarchicalCache::Prefetch(MatchHandle, PrefetchPolicy) {
+  return Status::FailedPrecondition("Prefetch: the storage tier is not implemented yet");
+}
+Result<PrefetchResult> HierarchicalCache::PollPrefetch(MatchHandle) {
+  return Status::FailedPrecondition("PollPrefetch: the storage tier is not implemented yet");
+}
+Result<PrefetchResult> HierarchicalCache::FinishPrefetch(MatchHandle) {
+  return Status::FailedPrecondition("FinishPrefetch: the storage tier is not implemented yet");
+}
+bool HierarchicalCache::MutexHeldByCurrentThread() const { return false; }
+StorageBackend* HierarchicalCache::storage() const { return nullptr; }
 
 }  // namespace kvtier
