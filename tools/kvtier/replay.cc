@@ -151,7 +151,9 @@ Status ReplayOptions::Validate() const {
         fmt::format("--page-size = {} must be a power of two in [1, 256]", page_size));
   }
   KVTIER_RETURN_IF_ERROR(Bound("--device-tokens", device_tokens, page_size, kMaxTokens));
-  KVTIER_RETURN_IF_ERROR(Bound("--host-tokens", host_tokens, -1, kMaxTokens));
+  if (host_tokens != -1) {  // -1: the default, 4 x --device-tokens
+    KVTIER_RETURN_IF_ERROR(Bound("--host-tokens", host_tokens, 0, kMaxTokens));
+  }
   KVTIER_RETURN_IF_ERROR(Bound("--storage-bytes", storage_bytes, 0, int64_t{1} << 50));
   KVTIER_RETURN_IF_ERROR(ParseLayout(host_layout).status().WithContext("--hicache-mem-layout"));
   KVTIER_RETURN_IF_ERROR(
@@ -661,7 +663,6 @@ std::string Settings(const Setup& s, bool exact) {
 
 int RunReplay(const ReplayOptions& input) {
   ReplayOptions o = input;
-  if (o.host_tokens < 0) o.host_tokens = 4 * o.device_tokens;
   if (Status st = o.Validate(); !st.ok()) {
     std::fprintf(stderr, "kvtier replay: %s\n", st.message().c_str());
     return 2;
@@ -670,6 +671,7 @@ int RunReplay(const ReplayOptions& input) {
     std::fprintf(stderr, "kvtier replay: %s\n", st.ToString().c_str());
     return 1;
   };
+  if (o.host_tokens == -1) o.host_tokens = std::min(4 * o.device_tokens, kMaxTokens);
   Setup s;
   s.options = o;
   s.model = *FindReplayModel(o.model);
@@ -758,7 +760,8 @@ int RunReplay(const ReplayOptions& input) {
     report.runs.insert(report.runs.end() - 1, std::move(dev));
   }
   if (!o.sweep.empty()) {
-    for (int64_t value : *ParseSweep(o.sweep)) {
+    const std::vector<int64_t> values = *ParseSweep(o.sweep);
+    for (int64_t value : values) {
       Result<RunSummary> r =
           run(RunKind::kHierarchy, value, fmt::format("host-tokens={}", value));
       if (!r.ok()) return fail(r.status().WithContext(fmt::format("sweep host-tokens={}", value)));

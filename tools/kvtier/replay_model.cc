@@ -33,6 +33,9 @@ const std::vector<ReplayModel>& ReplayModels() {
       // 80 layers, 64 query heads, 8 KV heads x 128, hidden 8192, intermediate 28672.
       {"llama3-70b", "meta-llama/Meta-Llama-3-70B", 80, false, 2048, 8, 8192, 64, 128, 128,
        8192 + 2 * 1024, 28672},
+      // 24 layers, 14 query heads, 2 KV heads x 64, hidden 896, intermediate 4864.
+      {"qwen2.5-0.5b", "Qwen/Qwen2.5-0.5B", 24, false, 256, 2, 896, 14, 64, 64, 896 + 2 * 128,
+       4864},
       // 28 layers, 28 query heads, 4 KV heads x 128, hidden 3584, intermediate 18944.
       {"qwen2.5-7b", "Qwen/Qwen2.5-7B", 28, false, 1024, 4, 3584, 28, 128, 128, 3584 + 2 * 512,
        18944},

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -44,7 +45,7 @@ struct ReplayModel {
   double LinearFlopsPerToken() const;
 };
 
-// tiny, llama3-8b, llama3-70b, qwen2.5-7b, deepseek-v3, deepseek-v2-lite.
+// tiny, llama3-8b, llama3-70b, qwen2.5-0.5b, qwen2.5-7b, deepseek-v3, deepseek-v2-lite.
 const std::vector<ReplayModel>& ReplayModels();
 // InvalidArgument listing the known names otherwise.
 Result<ReplayModel> FindReplayModel(std::string_view name);

@@ -14,7 +14,6 @@
 namespace kvtier::tools {
 namespace {
 
-double Pct(double part, double whole) { return whole > 0 ? 100.0 * part / whole : 0.0; }
 
 double Quantile(const std::vector<double>& sorted, double q) {
   if (sorted.empty()) return 0;
