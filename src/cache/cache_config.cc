@@ -81,6 +81,7 @@ void DurationHistogram::Observe(double seconds) {
 
 Status StorageTierConfig::Validate() const {
   if (!enabled()) return Status::OK();
+  if (!backend) KVTIER_RETURN_IF_ERROR(options.Validate().WithContext("storage.options"));
   if (static_cast<int>(prefetch_policy) > 2) {
     return Status::InvalidArgument(fmt::format("storage.prefetch_policy = {} is not a known policy",
                                                static_cast<int>(prefetch_policy)));

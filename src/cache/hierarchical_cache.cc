@@ -1,25 +1,26 @@
-// The hierarchical KV cache (see kvtier/hierarchical_cache.h).
+// The hierarchical KV cache (see kvtier/hierarchical_cache.h): the tree and the policies on top of
+// the device page ledger (cache/device_page_ledger.h) and the copy tracker (cache/copy_tracker.h).
 //
-// State, all guarded by State::mu except where noted:
-//   tree          the radix tree over both tiers;
-//   page_owner    per device page: kFree, kEngine (handed out, not yet inserted or freed) or
-//                 kTree (some node's device slots);
-//   handles       live MatchHandles: the node each pins (ancestors included) and, on a GPU, the
-//                 load-back it started;
-//   inflight      copies submitted and not yet reaped. A node touched by one carries it as its
-//                 `pending` copy and is evictable in no tier until Reap clears it; a split hands
-//                 the copy to both halves (split hook).
-// Invariants (CheckConsistency): the tree's device pages are exactly the kTree pages, each once;
-// the device allocator's used pages are the kTree plus kEngine pages; the host allocator's used
-// pages are exactly the tree's host pages, each once; every node's ref_count equals the number of
-// live handles pinning it or a descendant.
+// State, all guarded by Impl::mu:
+//   tree          the radix tree over the three tiers (cache/radix_tree.h);
+//   ledger        per device page: free, engine, tree or a copy in flight;
+//   host pages    the host pool's allocator: a page is a node's (tree) or an in-flight prefetch's
+//                 (filling) — nothing else;
+//   handles       live MatchHandles: the node each pins (ancestors included), the tokens after
+//                 the match (for QueryStorage), a running prefetch and, on a GPU, its load-back;
+//   tracker       operations in flight. Each marked its nodes busy once (a split hands the mark to
+//                 both halves: the split hook); a busy node is evictable in no tier.
+// Invariants (CheckConsistency): the tree's device pages are exactly the ledger's kTree pages; the
+// ledger's kCopy pages are exactly the load-backs' unpublished pages; the host allocator's used
+// pages are the tree's host pages plus the prefetches' filling pages; every node's ref_count
+// equals the number of live handles pinning it or a descendant, and its busy count the number of
+// operations that list it.
 //
-// Copies: backups (device -> host) are submitted with their host pages already assigned to the
-// nodes (so nothing else can take those pages) and run on worker threads / a CUDA stream outside
-// `mu`; the worker threads touch only the PendingCopy (its index lists, status and done flag) and
-// the region bytes of those slots. Load-backs and write_back evictions copy synchronously on the
-// cpu backend; on a GPU a load-back is enqueued on the caller's stream and its nodes stay busy
-// until its last event has completed.
+// Locking discipline: every public call takes `mu`, does bookkeeping only, and collects into a
+// `Work` what must happen outside it — submitting copies (cpu pool, inline, or a CUDA stream) and
+// storage calls, and the eviction listener's events — which RunWork does after `mu` is released.
+// Completions are applied (Reap) by the next call under `mu`. Calls that wait (FinishPrefetch,
+// WaitForBackups, allocations that need a write-back to finish) release `mu` while they wait.
 #include "kvtier/hierarchical_cache.h"
 
 #include <fmt/format.h>
@@ -29,42 +30,51 @@
 #include <bit>
 #include <chrono>
 #include <cmath>
-#include <condition_variable>
-#include <deque>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 
+#include "cache/copy_tracker.h"
+#include "cache/device_page_ledger.h"
+#include "cache/radix_tree.h"
 #include "kvtier/device.h"
 #include "kvtier/host_pool.h"
-#include "kvtier/radix_tree.h"
 #include "kvtier/slot_allocator.h"
 #include "util/log.h"
+#include "util/thread_pool.h"
 
 namespace kvtier {
 
-// An in-flight copy (declared in radix_tree.h).
-struct PendingCopy {
-  enum class Kind : uint8_t { kBackup, kLoad };
-  Kind kind = Kind::kBackup;
-  std::vector<RadixNode*> nodes;  // guarded by the cache mutex
-  std::vector<int64_t> src;       // immutable once submitted
-  std::vector<int64_t> dst;
-  int64_t tokens = 0;
-  bool gpu = false;
-  // cpu: set by the worker (status first, then done with release order).
-  std::atomic<bool> done{false};
-  Status status;
-  // GPU: recorded after the copy on its stream; per-layer events for loads.
-  CudaEventHandle event;
-  std::unique_ptr<LayerEvents> layer_events;
-};
-
 namespace {
 
-enum PageOwner : uint8_t { kFree = 0, kEngine = 1, kTree = 2 };
+using Clock = std::chrono::steady_clock;
 
 bool IsPowerOfTwo(int64_t x) { return x > 0 && (x & (x - 1)) == 0; }
+
+// Pages covering `num_tokens` (no overflow near INT64_MAX).
+int64_t PagesFor(int64_t num_tokens, int64_t page_size) {
+  return num_tokens / page_size + (num_tokens % page_size != 0 ? 1 : 0);
+}
+
+double SecondsSince(Clock::time_point start, Clock::time_point end = Clock::now()) {
+  return std::chrono::duration<double>(end - start).count();
+}
+
+// Handle ids: the instance's tag in the high 24 bits, a sequence number in the low 40.
+constexpr int kHandleSeqBits = 40;
+std::atomic<uint64_t> g_next_cache_tag{1};
+
+// An eviction event whose strings the cache owns until the listener has run.
+struct OwnedEvent {
+  CacheTier tier;
+  std::string name_space;
+  std::vector<Token> prefix;
+  int64_t num_tokens;
+  bool kept_in_host;
+  bool kept_in_storage;
+};
 
 }  // namespace
 
@@ -72,7 +82,7 @@ struct HierarchicalCache::Impl {
   Impl(const HierarchicalCacheConfig& cfg, int64_t page_size)
       : config(cfg),
         P(page_size),
-        log2_page(std::countr_zero(static_cast<uint64_t>(page_size))),
+        tag(g_next_cache_tag.fetch_add(1) & ((uint64_t{1} << (64 - kHandleSeqBits)) - 1)),
         tree(page_size,
              cfg.device_eviction_policy ? cfg.device_eviction_policy
                                         : MakeEvictionPolicy(cfg.device_eviction),
@@ -80,52 +90,105 @@ struct HierarchicalCache::Impl {
                                       : MakeEvictionPolicy(cfg.host_eviction)) {}
 
   struct Handle {
-    RadixNode* last = nullptr;  // pinned (with its ancestors) unless a root
-    std::shared_ptr<PendingCopy> load;
+    RadixNode* last = nullptr;  // pinned with its ancestors; null: nothing matched
+    std::string ns;
+    std::vector<Token> rest;  // whole pages after the match (storage tier only)
+    std::shared_ptr<CopyOp> load;      // GPU: its LoadBack
+    std::shared_ptr<CopyOp> prefetch;  // running (not concluded) prefetch
+    PrefetchPolicy prefetch_policy = PrefetchPolicy::kBestEffort;
+  };
+
+  // What a call does after releasing the mutex.
+  struct Work {
+    std::vector<std::shared_ptr<CopyOp>> copies;   // device <-> host backups to submit
+    std::vector<std::shared_ptr<CopyOp>> storage;  // prefetches and stores to submit
+    std::vector<OwnedEvent> events;
+    bool empty() const { return copies.empty() && storage.empty() && events.empty(); }
+  };
+
+  // The mutex with an owner record, so tests can ask whether the calling thread holds it.
+  class Lock {
+   public:
+    explicit Lock(const Impl& impl) : impl_(impl), lk_(impl.mu) { Own(); }
+    ~Lock() {
+      if (lk_.owns_lock()) impl_.owner.store(std::thread::id(), std::memory_order_relaxed);
+    }
+    void unlock() {
+      impl_.owner.store(std::thread::id(), std::memory_order_relaxed);
+      lk_.unlock();
+    }
+    void lock() {
+      lk_.lock();
+      Own();
+    }
+
+   private:
+    void Own() { impl_.owner.store(std::this_thread::get_id(), std::memory_order_relaxed); }
+    const Impl& impl_;
+    std::unique_lock<std::mutex> lk_;
   };
 
   const HierarchicalCacheConfig config;
   const int64_t P;
-  const int log2_page;  // P is a power of two: page numbers by shifting, not dividing
+  const uint64_t tag;
   KvRegion device;
   std::unique_ptr<HostKvPool> host;
   std::unique_ptr<TransferEngine> engine;
-  std::unique_ptr<SlotAllocator> device_alloc;
   bool gpu = false;
   CudaStreamHandle backup_stream;  // GPU only
-  CudaEventHandle kv_written;      // GPU only: recorded on the engine's stream at each Insert
+  std::shared_ptr<StorageBackend> storage;
+  bool owns_storage = false;  // opened from a URL: closed with the cache
 
   mutable std::mutex mu;
+  mutable std::atomic<std::thread::id> owner{};
   RadixTree tree;
-  std::vector<uint8_t> page_owner;
-  std::vector<int64_t> device_frees;  // page starts evicted, not yet returned to device_alloc
-  int64_t engine_pages = 0;
+  std::unique_ptr<DevicePageLedger> ledger;
+  CopyTracker tracker;
   std::unordered_map<uint64_t, Handle> handles;
-  uint64_t next_handle = 1;
-  std::vector<std::shared_ptr<PendingCopy>> inflight;
-  Status health;
+  uint64_t next_seq = 1;
+  int64_t filling_pages = 0;       // host pages of prefetches not yet handed to the tree
+  int64_t store_queue_pages = 0;   // host -> storage pages queued or running
+  Status health;                   // an internal failure makes the cache unusable
+  Status backup_failure;           // the first failed backup since WaitForBackups last said so
   CacheStats counters;
 
-  // Backup workers (cpu backend).
-  std::mutex worker_mu;
-  std::condition_variable worker_cv;
-  std::condition_variable done_cv;
-  std::deque<std::shared_ptr<PendingCopy>> queue;  // guarded by worker_mu
-  bool stop = false;                               // guarded by worker_mu
-  std::vector<std::thread> workers;
+  std::unique_ptr<util::ThreadPool> pool;  // cpu backups; destroyed first (joins its workers)
 
-  // ---- helpers; all REQUIRE mu held ------------------------------------------------------
-  uint8_t& Owner(int64_t page_start) {
-    return page_owner[static_cast<uint64_t>(page_start) >> log2_page];
-  }
-
+  // ---- small helpers; REQUIRE mu held -------------------------------------------------------
   Status CheckHealth() const {
     if (health.ok()) return Status::OK();
     return Status::FailedPrecondition(
-        fmt::format("the cache is unusable after a failed copy: {}", health.ToString()));
+        fmt::format("the cache is unusable after an internal failure: {}", health.ToString()));
   }
 
-  std::vector<RadixNode*> Path(RadixNode* last) const {
+  void Fail(Status st, std::string_view what) {
+    if (st.ok() || !health.ok()) return;
+    health = st.WithContext(what);
+    util::Log(util::LogLevel::kError, "kvtier: cache: {}", health.ToString());
+  }
+
+  Result<Handle*> FindHandle(MatchHandle handle) {
+    if ((handle.id >> kHandleSeqBits) != tag) {
+      return Status::InvalidArgument(fmt::format(
+          "handle {} is not live: it belongs to another HierarchicalCache instance or was never "
+          "issued",
+          handle.id));
+    }
+    auto it = handles.find(handle.id);
+    if (it == handles.end()) {
+      return Status::InvalidArgument(
+          fmt::format("handle {} is not live (never issued, or already released)", handle.id));
+    }
+    return &it->second;
+  }
+
+  MatchHandle NewHandle(Handle h) {
+    MatchHandle out{(tag << kHandleSeqBits) | next_seq++};
+    handles.emplace(out.id, std::move(h));
+    return out;
+  }
+
+  static std::vector<RadixNode*> Path(RadixNode* last) {
     std::vector<RadixNode*> path;
     for (RadixNode* n = last; n != nullptr && !n->is_root(); n = n->parent()) path.push_back(n);
     std::reverse(path.begin(), path.end());
@@ -156,207 +219,204 @@ struct HierarchicalCache::Impl {
     return out;
   }
 
-  void Notify(CacheTier tier, RadixNode* node, bool kept_in_host) {
+  void Event(Work* work, CacheTier tier, const RadixNode* node, bool kept_in_host,
+             bool kept_in_storage) {
     if (!config.eviction_listener) return;
-    const std::vector<Token> prefix = tree.PrefixTokens(node);
-    config.eviction_listener(
-        EvictionEvent{tier, node->name_space(), prefix, node->num_tokens(), kept_in_host, false});
+    work->events.push_back(OwnedEvent{tier, node->name_space(), tree.PrefixTokens(node),
+                                      node->num_tokens(), kept_in_host, kept_in_storage});
   }
 
-  Status RunCopy(const PendingCopy& op, CudaStream stream) {
-    const bool to_host = op.kind == PendingCopy::Kind::kBackup;
-    const KvRegion& src = to_host ? device : host->region();
-    const KvRegion& dst = to_host ? host->region() : device;
-    return engine->Transfer(TransferRequest::AllLayers(src, dst, SlotIndices::Host(op.src),
-                                                       SlotIndices::Host(op.dst)),
-                            TransferOptions{stream, op.layer_events.get()});
-  }
-
-  bool IsDone(PendingCopy& op) {
-    if (!op.gpu) return op.done.load(std::memory_order_acquire);
-    if (op.done.load(std::memory_order_relaxed)) return true;
-    Result<bool> q = op.event.Query();
-    if (!q.ok()) {
-      op.status = q.status();
-    } else if (!*q) {
-      return false;
-    }
-    op.done.store(true, std::memory_order_relaxed);
-    return true;
-  }
-
-  void Wait(PendingCopy& op) {
-    if (op.gpu) {
-      if (!op.done.load(std::memory_order_relaxed)) {
-        Status st = op.event.Synchronize();
-        if (!st.ok() && op.status.ok()) op.status = std::move(st);
-        op.done.store(true, std::memory_order_relaxed);
-      }
-      return;
-    }
-    std::unique_lock<std::mutex> lk(worker_mu);
-    done_cv.wait(lk, [&] { return op.done.load(std::memory_order_acquire); });
-  }
-
-  // Clears finished copies off their nodes; a failed copy makes the cache unusable.
-  void Reap() {
-    size_t keep = 0;
-    for (size_t i = 0; i < inflight.size(); ++i) {
-      std::shared_ptr<PendingCopy>& op = inflight[i];
-      if (!IsDone(*op)) {
-        if (keep != i) inflight[keep] = std::move(op);
-        ++keep;
-        continue;
-      }
-      if (!op->status.ok() && health.ok()) {
-        health = op->status.WithContext(op->kind == PendingCopy::Kind::kBackup ? "backup copy"
-                                                                               : "load-back copy");
-        util::Log(util::LogLevel::kError, "kvtier: cache: {}", health.ToString());
-      }
-      for (RadixNode* n : op->nodes) {
-        if (n->pending() == op) tree.SetPending(n, nullptr);
-      }
-      if (op->kind == PendingCopy::Kind::kBackup) {
-        counters.backup_tokens += op->tokens;
-        counters.backup_inflight_tokens -= op->tokens;
-      }
-    }
-    inflight.resize(keep);
-  }
-
-  void WaitAll() {
-    for (auto& op : inflight) Wait(*op);
-    Reap();
-  }
-
-  // Takes a node's device pages and queues them for FlushDeviceFrees (one allocator call per
-  // eviction round).
-  void FreeTreeDevicePages(RadixNode* node) {
-    const size_t from = device_frees.size();
-    tree.TakeDevicePages(node, &device_frees);
-    for (size_t i = from; i < device_frees.size(); ++i) Owner(device_frees[i]) = kFree;
-  }
-  void FlushDeviceFrees() {
-    if (device_frees.empty()) return;
-    Status st = device_alloc->FreePages(device_frees);
-    if (!st.ok() && health.ok()) health = Status::Internal(st.WithContext("device pages").ToString());
-    device_frees.clear();
-  }
-
-  void FreeHostPages(const std::vector<int64_t>& pages) {
+  void FreeHost(std::span<const int64_t> pages) {
+    if (pages.empty()) return;
     Status st = host->FreePages(pages);
-    if (!st.ok() && health.ok()) health = Status::Internal(st.WithContext("host pages").ToString());
+    if (!st.ok()) Fail(Status::Internal(st.ToString()), "freeing host pages");
   }
 
-  int64_t EvictHost(int64_t need_pages) {
+  void FreeDevice(std::span<const int64_t> pages) { Fail(ledger->Free(pages), "device pages"); }
+
+  // The host page buffer of page `page_start` for storage calls (page_first, page_first_direct
+  // and page_head keep one page of one buffer contiguous at page_start * L * S).
+  PageBuffer HostPageBuffer(int64_t page_start) const {
+    const KvRegion& r = host->region();
+    const int64_t bytes = P * r.geometry.num_layers * r.geometry.slot_bytes;
+    const int64_t off = page_start * r.geometry.num_layers * r.geometry.slot_bytes;
+    auto* k = static_cast<std::byte*>(r.k) + off;
+    if (r.mla) return PageBuffer::Of(std::span<std::byte>(k, static_cast<size_t>(bytes)));
+    auto* v = static_cast<std::byte*>(r.v) + off;
+    return PageBuffer::Of(std::span<std::byte>(k, static_cast<size_t>(bytes)),
+                          std::span<std::byte>(v, static_cast<size_t>(bytes)));
+  }
+
+  int64_t PageBytes() const {
+    return device.num_buffers() * device.geometry.num_layers * device.geometry.slot_bytes * P;
+  }
+
+  // ---- busy marks ---------------------------------------------------------------------------
+  void MarkBusy(CopyOp& op, RadixNode* n) {
+    tree.AddBusy(n);
+    op.nodes.push_back(n);
+  }
+  void ClearBusy(CopyOp& op) {
+    for (RadixNode* n : op.nodes) tree.RemoveBusy(n);
+    op.nodes.clear();
+  }
+
+  // ---- eviction (page-granular) -------------------------------------------------------------
+  // Removes `node` and its subtree when it is resident nowhere any more (its children can only
+  // be storage-only or orphans then).
+  void DropIfNowhere(RadixNode* node) {
+    if (node->resident() || node->ref_count() > 0 || node->busy() > 0) return;
+    int64_t forgotten = 0;
+    tree.RemoveSubtree(node, &forgotten);
+    counters.storage_forgotten_tokens += forgotten;
+  }
+
+  // Frees at least `need` device pages if it can; returns the pages freed now. Under write_back,
+  // unbacked leaves are submitted for backup instead (added to `work`); they become evictable
+  // once the copy has completed.
+  int64_t EvictDevice(int64_t need, Work* work) {
+    const auto start = Clock::now();
     int64_t freed = 0;
-    while (freed < need_pages) {
-      RadixNode* v = tree.HostVictim();
+    std::vector<int64_t> frees;
+    while (freed < need && health.ok()) {
+      RadixNode* v = tree.DeviceVictim();
       if (v == nullptr) break;
+      const int64_t pages = v->num_tokens() / P;
+      const int64_t take = std::min(pages, need - freed);
+      if (!v->on_host() && config.write_policy == WritePolicy::kWriteBack) {
+        // The whole unbacked path goes to host memory first (host copies form a prefix).
+        if (Backup(v, work, /*write_back=*/true)) continue;  // v is busy now
+      }
+      v = tree.SplitAfter(v, pages - take);
       const int64_t n = v->num_tokens();
-      Notify(CacheTier::kHost, v, false);
-      FreeHostPages(tree.TakeHostPages(v));
-      tree.Remove(v);
-      freed += n / P;
-      counters.host_evicted_tokens += n;
-      ++counters.host_evictions;
+      const bool kept_in_host = v->on_host();
+      Event(work, CacheTier::kDevice, v, kept_in_host, false);
+      tree.TakeDevicePages(v, &frees);
+      if (!kept_in_host) {
+        counters.dropped_tokens += n;
+        DropIfNowhere(v);
+      }
+      freed += take;
+      counters.device_evicted_tokens += n;
+      ++counters.device_evictions;
     }
+    FreeDevice(frees);
+    counters.eviction_seconds += SecondsSince(start);
     return freed;
   }
 
-  bool EnsureHostPages(int64_t pages) {
+  // Frees at least `need` host pages if it can; returns the pages freed now. Under write_back
+  // with a storage tier, unstored leaves are submitted for a store instead.
+  int64_t EvictHost(int64_t need, Work* work) {
+    const auto start = Clock::now();
+    int64_t freed = 0;
+    while (freed < need && health.ok()) {
+      RadixNode* v = tree.HostVictim();
+      if (v == nullptr) break;
+      const int64_t pages = v->num_tokens() / P;
+      const int64_t take = std::min(pages, need - freed);
+      if (!v->stored() && storage && config.write_policy == WritePolicy::kWriteBack &&
+          !v->storing()) {
+        if (Store(v, work)) continue;  // v is busy now; evictable once stored
+      }
+      v = tree.SplitAfter(v, pages - take);
+      const int64_t n = v->num_tokens();
+      const bool kept = v->stored();
+      Event(work, CacheTier::kHost, v, false, kept);
+      FreeHost(tree.TakeHostPages(v));
+      DropIfNowhere(v);
+      freed += take;
+      counters.host_evicted_tokens += n;
+      ++counters.host_evictions;
+    }
+    counters.eviction_seconds += SecondsSince(start);
+    return freed;
+  }
+
+  // Keeps the storage-only part of the tree within its bound; orphans go at once.
+  void TrimStorage(Work* work) {
+    const int64_t limit = config.storage.max_storage_only_pages * P;
+    for (;;) {
+      RadixNode* v = tree.StorageVictim();
+      if (v == nullptr) return;
+      if (v->stored() && tree.storage_only_tokens() <= limit) return;
+      if (v->stored()) Event(work, CacheTier::kStorage, v, false, false);
+      int64_t forgotten = 0;
+      tree.RemoveSubtree(v, &forgotten);
+      counters.storage_forgotten_tokens += forgotten;
+    }
+  }
+
+  // Host pages that eviction could free now (an upper bound: pins and busy nodes excluded).
+  int64_t HostReclaimable() const {
+    return host->allocator().free_pages() + (tree.host_tokens() - tree.locked_host_tokens()) / P;
+  }
+  // Device pages eviction could free once the copies in flight have completed (pins and the
+  // engine's pages excluded).
+  int64_t DeviceReclaimable() const {
+    return ledger->free_pages() + (tree.device_tokens() - tree.pinned_device_tokens()) / P;
+  }
+
+  // `pages` free host pages if eviction can make them (nothing is evicted when it cannot).
+  bool EnsureHostPages(int64_t pages, Work* work) {
     const int64_t free = host->allocator().free_pages();
-    if (free < pages) EvictHost(pages - free);
+    if (free >= pages) return true;
+    if (HostReclaimable() < pages) return false;
+    EvictHost(pages - free, work);
     return host->allocator().free_pages() >= pages;
   }
 
-  // Assigns host pages to the unbacked part of the path ending at `node` (top-down) and builds
-  // the copy. Null when host memory cannot be found (nothing changes then).
-  std::shared_ptr<PendingCopy> PrepareBackup(RadixNode* node) {
+  // ---- backups --------------------------------------------------------------------------------
+  // Device -> host for the unbacked path ending at `node`: host pages assigned now (so nothing
+  // else takes them), the nodes busy until the copy has completed. False (nothing changed, no
+  // host node evicted) when host memory cannot be found.
+  bool Backup(RadixNode* node, Work* work, bool write_back) {
     std::vector<RadixNode*> path;
-    for (RadixNode* n = node; !n->is_root() && !n->on_host(); n = n->parent()) path.push_back(n);
-    if (path.empty()) return nullptr;
+    for (RadixNode* n = node; !n->is_root() && !n->on_host(); n = n->parent()) {
+      if (n->busy() > 0 || !n->on_device()) return false;
+      path.push_back(n);
+    }
+    if (path.empty()) return false;
     std::reverse(path.begin(), path.end());
     int64_t tokens = 0;
     for (RadixNode* n : path) tokens += n->num_tokens();
-    if (!EnsureHostPages(tokens / P)) {
+    const int64_t pages = tokens / P;
+    if (!EnsureHostPages(pages, work)) {
       counters.backup_skipped_tokens += tokens;
-      return nullptr;
+      return false;
     }
-    Result<std::vector<int64_t>> pages = host->AllocatePages(tokens / P);
-    if (!pages.ok()) {
+    Result<std::vector<int64_t>> host_pages = host->AllocatePages(pages);
+    if (!host_pages.ok()) {
       counters.backup_skipped_tokens += tokens;
-      return nullptr;
+      return false;
     }
-    auto op = std::make_shared<PendingCopy>();
-    op->kind = PendingCopy::Kind::kBackup;
-    op->tokens = tokens;
+    auto op = std::make_shared<CopyOp>();
+    op->kind = CopyOp::Kind::kBackup;
     op->gpu = gpu;
-    op->dst = PageSlots(*pages, P);
+    op->tokens = tokens;
+    op->bytes = pages * PageBytes();
+    op->start = Clock::now();
+    op->dst = PageSlots(*host_pages, P);
     op->src.reserve(static_cast<size_t>(tokens));
+    op->pages = *host_pages;
+    op->write_back = write_back;
     size_t off = 0;
     for (RadixNode* n : path) {
       AppendSlots(n->device_pages(), &op->src);
       const size_t np = n->device_pages().size();
-      tree.SetHostPages(n, std::vector<int64_t>(pages->begin() + off, pages->begin() + off + np));
+      tree.SetHostPages(n, std::vector<int64_t>(host_pages->begin() + static_cast<ptrdiff_t>(off),
+                                                host_pages->begin() +
+                                                    static_cast<ptrdiff_t>(off + np)));
       off += np;
-      op->nodes.push_back(n);
+      MarkBusy(*op, n);
     }
-    return op;
-  }
-
-  // Write policy: backs up the path ending at `node` asynchronously.
-  void Backup(RadixNode* node) {
-    std::shared_ptr<PendingCopy> op = PrepareBackup(node);
-    if (!op) return;
-    for (RadixNode* n : op->nodes) tree.SetPending(n, op);
-    counters.backup_inflight_tokens += op->tokens;
-    inflight.push_back(op);
-    if (gpu) {
-      Status st = RunCopy(*op, backup_stream.get());
-      if (st.ok()) {
-        Result<CudaEventHandle> ev = CudaEventHandle::Create(device.device);
-        st = ev.ok() ? ev->Record(backup_stream.get()) : ev.status();
-        if (ev.ok()) op->event = std::move(*ev);
-      }
-      if (!st.ok()) {
-        op->status = std::move(st);
-        op->done.store(true);
-      }
-      return;
-    }
-    if (workers.empty()) {
-      op->status = RunCopy(*op, nullptr);
-      op->done.store(true, std::memory_order_release);
-      Reap();
-      return;
-    }
-    {
-      std::lock_guard<std::mutex> lk(worker_mu);
-      queue.push_back(op);
-    }
-    worker_cv.notify_one();
-  }
-
-  // write_back eviction: copies the unbacked path ending at `node` to host memory now.
-  bool WriteBack(RadixNode* node) {
-    std::shared_ptr<PendingCopy> op = PrepareBackup(node);
-    if (!op) return false;
-    Status st = RunCopy(*op, gpu ? backup_stream.get() : nullptr);
-    if (st.ok() && gpu) {
-      st = backup_stream.Synchronize();
-      if (st.ok()) st = engine->Synchronize(backup_stream.get());
-    }
-    if (!st.ok()) {
-      if (health.ok()) health = st.WithContext("write_back copy");
-      return false;
-    }
-    counters.write_back_tokens += op->tokens;
-    counters.backup_tokens += op->tokens;
+    counters.backup_inflight_tokens += tokens;
+    tracker.Add(op);
+    work->copies.push_back(std::move(op));
     return true;
   }
 
-  void MaybeBackup(const std::vector<RadixNode*>& path) {
+  void MaybeBackup(const std::vector<RadixNode*>& path, Work* work) {
     if (config.write_policy == WritePolicy::kWriteBack) return;
     const int64_t threshold = config.write_policy == WritePolicy::kWriteThrough
                                   ? 1
@@ -364,143 +424,523 @@ struct HierarchicalCache::Impl {
     for (auto it = path.rbegin(); it != path.rend(); ++it) {
       RadixNode* n = *it;
       if (n->on_device() && !n->on_host() && n->hit_count() >= threshold) {
-        Backup(n);
+        Backup(n, work, /*write_back=*/false);
         return;
       }
     }
   }
 
-  // `pages` device pages, evicting first what must go. OutOfMemory, naming `what`, when pins and
-  // copies in flight leave too little to evict.
-  Result<std::vector<int64_t>> AllocateDevicePages(int64_t pages, std::string_view what) {
-    Reap();
-    const int64_t free = device_alloc->free_pages();
-    if (free < pages) EvictDevice(pages - free);
-    KVTIER_RETURN_IF_ERROR(CheckHealth());
-    Result<std::vector<int64_t>> alloc = device_alloc->AllocatePages(pages);
-    if (!alloc.ok()) {
-      return Status::OutOfMemory(fmt::format(
-          "{}: the device cannot make room ({} pages free, {} held by the engine, the rest "
-          "pinned or busy)", what, device_alloc->free_pages(), engine_pages));
+  // Host -> storage for the unstored host path ending at `node` (only pages storage does not
+  // hold: the tree's `stored` marks, then the backend's Exists). False when nothing was queued
+  // (nothing to store, the queue is full — counted — or a node on the path is busy).
+  bool Store(RadixNode* node, Work* work) {
+    if (!storage) return false;
+    std::vector<RadixNode*> path;
+    for (RadixNode* n = node; !n->is_root(); n = n->parent()) {
+      if (!n->on_host()) return false;  // host copies form a prefix: cannot happen
+      if (n->stored()) break;
+      if (n->storing() || n->busy() > 0 || n->keys().empty()) return false;
+      path.push_back(n);
     }
-    return alloc;
+    if (path.empty()) return false;
+    std::reverse(path.begin(), path.end());
+    int64_t tokens = 0;
+    for (RadixNode* n : path) tokens += n->num_tokens();
+    const int64_t pages = tokens / P;
+    if (store_queue_pages + pages > config.storage.max_backup_queue_pages ||
+        pages > config.storage.max_backup_batch_pages) {
+      counters.storage_backup_dropped_tokens += tokens;
+      ++counters.storage_queue_drops;
+      return false;
+    }
+    auto op = std::make_shared<CopyOp>();
+    op->kind = CopyOp::Kind::kStore;
+    op->tokens = tokens;
+    op->start = Clock::now();
+    op->batch_pages = pages;
+    for (RadixNode* n : path) {
+      for (size_t i = 0; i < n->host_pages().size(); ++i) {
+        op->pages.push_back(n->host_pages()[i]);
+        op->keys.push_back(n->keys()[i]);
+        op->buffers.push_back(HostPageBuffer(n->host_pages()[i]));
+      }
+      tree.SetStoring(n, true);
+      MarkBusy(*op, n);
+    }
+    op->page_status.assign(static_cast<size_t>(pages), PageStatus::kSkipped);
+    op->batch_done.assign(1, 0);
+    op->batches_left = 1;
+    store_queue_pages += pages;
+    counters.storage_backup_inflight_tokens += tokens;
+    tracker.Add(op);
+    work->storage.push_back(std::move(op));
+    return true;
   }
 
-  // Frees at least `need_pages` device pages if it can; returns the pages freed.
-  int64_t EvictDevice(int64_t need_pages) {
-    int64_t freed = 0;
-    Reap();
-    while (freed < need_pages) {
-      if (!health.ok()) break;
-      RadixNode* v = tree.DeviceVictim();
-      tree.PrefetchDeviceVictims();
-      if (v == nullptr) {
-        if (inflight.empty()) break;
-        WaitAll();  // nodes with copies in flight become evictable once those finish
-        continue;
-      }
-      const int64_t n = v->num_tokens();
-      if (!v->on_host() && config.write_policy == WritePolicy::kWriteBack) WriteBack(v);
-      if (!health.ok()) break;
-      if (v->on_host()) {
-        Notify(CacheTier::kDevice, v, true);
-        FreeTreeDevicePages(v);
-      } else {
-        if (v->num_children() != 0) {
-          health = Status::Internal(fmt::format(
-              "device victim node {} has no host copy but has {} children", v->id(),
-              v->num_children()));
-          break;
-        }
-        Notify(CacheTier::kDevice, v, false);
-        FreeTreeDevicePages(v);
-        tree.Remove(v);
-        counters.dropped_tokens += n;
-      }
-      freed += n / P;
-      counters.device_evicted_tokens += n;
-      ++counters.device_evictions;
-    }
-    FlushDeviceFrees();
-    return freed;
-  }
-
-  // Checks that `slots` are whole aligned pages inside the device pool; page starts to `pages`.
-  Status CheckPages(std::span<const int64_t> slots, std::string_view arg,
-                    std::vector<int64_t>* pages) const {
-    if (slots.size() % P != 0) {
-      return Status::InvalidArgument(fmt::format(
-          "{} has {} slots, not a multiple of page_size = {}", arg, slots.size(), P));
-    }
-    const int64_t N = device.geometry.num_slots;
-    pages->reserve(pages->size() + slots.size() / P);
-    for (size_t k = 0; k < slots.size(); k += P) {
-      const int64_t s = slots[k];
-      if (s < 0 || s >= N) {
-        return Status::InvalidArgument(
-            fmt::format("{}[{}] = {} is outside the device pool [0, {})", arg, k, s, N));
-      }
-      if (s % P != 0) {
-        return Status::InvalidArgument(fmt::format(
-            "{}[{}] = {} starts a page but is not a multiple of page_size = {}", arg, k, s, P));
-      }
-      // N is a multiple of P, so the rest of an aligned page is in range too.
-      for (int64_t j = 1; j < P; ++j) {
-        if (slots[k + j] != s + j) {
-          return Status::InvalidArgument(fmt::format(
-              "{}[{}] = {} does not continue its page (expected {})", arg, k + j, slots[k + j],
-              s + j));
-        }
-      }
-      pages->push_back(s);
-    }
-    return Status::OK();
-  }
-
-  // Pages the engine passes back must be held by it, each once. `skip[i]` exempts page i.
-  Status CheckEngineHeld(std::span<const int64_t> pages, std::string_view arg,
-                         const std::vector<bool>* skip) {
-    for (size_t i = 0; i < pages.size(); ++i) {
-      if (skip != nullptr && (*skip)[i]) continue;
-      const int64_t p = pages[i] >> log2_page;
-      if (page_owner[p] != kEngine) {
-        // Undo the marks of this call before answering.
-        for (size_t j = 0; j < i; ++j) {
-          if ((skip == nullptr || !(*skip)[j]) && Owner(pages[j]) == 0xFF) {
-            Owner(pages[j]) = kEngine;
+  // ---- completions (Reap) -----------------------------------------------------------------------
+  void Reap(Work* work) {
+    if (gpu) ledger->PruneWriteFences();
+    std::vector<std::shared_ptr<CopyOp>> done = tracker.TakeDone();
+    for (auto& op : done) {
+      switch (op->kind) {
+        case CopyOp::Kind::kBackup: ReapBackup(*op, work); break;
+        case CopyOp::Kind::kLoad: ReapLoad(*op); break;
+        case CopyOp::Kind::kPrefetch:
+          if (!op->concluded) {
+            tracker.Add(op);  // its handle takes the result; it stays accounted until then
+          } else {
+            FreeHost(op->free_on_completion);
+            filling_pages -= static_cast<int64_t>(op->free_on_completion.size());
+            op->free_on_completion.clear();
           }
-        }
-        const char* why = page_owner[p] == kFree ? "is not allocated"
-                          : page_owner[p] == kTree ? "is cached by another prefix"
-                                                   : "appears twice in this call";
-        return Status::InvalidArgument(fmt::format(
-            "{}: page at slot {} (page {} of the call) {}; only pages from AllocateDeviceSlots "
-            "may be passed", arg, pages[i], i, why));
+          break;
+        case CopyOp::Kind::kStore: ReapStore(*op, work); break;
       }
-      page_owner[p] = 0xFF;  // mark to catch repeats
     }
-    for (size_t i = 0; i < pages.size(); ++i) {
-      if (Owner(pages[i]) == 0xFF) Owner(pages[i]) = kEngine;
+  }
+
+  void ReapBackup(CopyOp& op, Work* work) {
+    counters.backup_inflight_tokens -= op.tokens;
+    if (op.status.ok()) {
+      counters.backup_tokens += op.tokens;
+      counters.backup_bytes += op.bytes;
+      counters.backup_seconds += SecondsSince(op.start, op.finished);
+      if (op.write_back) counters.write_back_tokens += op.tokens;
+      std::vector<RadixNode*> nodes = op.nodes;
+      ClearBusy(op);
+      if (storage && config.write_policy != WritePolicy::kWriteBack && !nodes.empty()) {
+        RadixNode* deepest = *std::max_element(
+            nodes.begin(), nodes.end(),
+            [](const RadixNode* a, const RadixNode* b) { return a->prefix_tokens() < b->prefix_tokens(); });
+        Store(deepest, work);
+      }
+      return;
     }
-    return Status::OK();
+    // Failed: take back the host pages it was given (deepest first); it never counted.
+    counters.backup_failed_tokens += op.tokens;
+    if (backup_failure.ok()) backup_failure = op.status.WithContext("backup copy");
+    util::Log(util::LogLevel::kWarning, "kvtier: cache: {}",
+              op.status.WithContext("backup copy").ToString());
+    std::vector<RadixNode*> nodes = op.nodes;
+    ClearBusy(op);
+    std::sort(nodes.begin(), nodes.end(), [](const RadixNode* a, const RadixNode* b) {
+      return a->prefix_tokens() > b->prefix_tokens();
+    });
+    for (RadixNode* n : nodes) {
+      if (!n->on_host()) continue;
+      if (n->host_children() > 0) {
+        Fail(Status::Internal(fmt::format("node {}: its failed backup has host children", n->id())),
+             "rolling back a failed backup");
+        return;
+      }
+      FreeHost(tree.TakeHostPages(n));
+      DropIfNowhere(n);
+    }
+  }
+
+  void ReapLoad(CopyOp& op) {
+    ClearBusy(op);
+    FreeDevice(op.free_on_completion);
+    op.free_on_completion.clear();
+    if (!op.status.ok()) Fail(op.status, "load-back copy");  // a device error is sticky
+  }
+
+  void ReapStore(CopyOp& op, Work* work) {
+    const int64_t pages = static_cast<int64_t>(op.keys.size());
+    store_queue_pages -= pages;
+    counters.storage_backup_inflight_tokens -= op.tokens;
+    int64_t ok = 0;
+    while (ok < pages && op.page_status[static_cast<size_t>(ok)] == PageStatus::kOk) ++ok;
+    const int64_t written = std::max<int64_t>(0, ok - op.present_pages);
+    counters.storage_backup_present_tokens += std::min(op.present_pages, ok) * P;
+    counters.storage_backup_tokens += written * P;
+    counters.storage_backup_bytes += written * PageBytes();
+    counters.storage_backup_seconds += SecondsSince(op.start, op.finished);
+    counters.storage_backup_failed_tokens += (pages - ok) * P;
+    CountStorageFaults(op);
+    // Mark stored the nodes (or the leading part of the node) whose pages all made it.
+    std::vector<RadixNode*> nodes = op.nodes;
+    std::sort(nodes.begin(), nodes.end(), [](const RadixNode* a, const RadixNode* b) {
+      return a->prefix_tokens() < b->prefix_tokens();
+    });
+    ClearBusy(op);
+    int64_t left = ok;
+    for (RadixNode* n : nodes) {
+      tree.SetStoring(n, false);
+    }
+    for (RadixNode* n : nodes) {
+      const int64_t np = n->num_tokens() / P;
+      if (left <= 0) break;
+      if (left >= np) {
+        tree.SetStored(n, true);
+        left -= np;
+      } else {
+        RadixNode* lower = tree.SplitAfter(n, left);
+        tree.SetStored(lower->parent(), true);
+        left = 0;
+      }
+    }
+    (void)work;
+  }
+
+  void CountStorageFaults(const CopyOp& op) {
+    for (PageStatus s : op.page_status) {
+      switch (s) {
+        case PageStatus::kCorrupt:
+        case PageStatus::kWrongNamespace: ++counters.storage_corrupt_pages; break;
+        case PageStatus::kTimedOut: ++counters.storage_timeouts; break;
+        case PageStatus::kFailed: ++counters.storage_errors; break;
+        default: break;
+      }
+    }
+    if (!op.status.ok()) {
+      ++counters.storage_errors;
+      if (op.status.code() == StatusCode::kUnavailable) ++counters.storage_queue_drops;
+    }
+  }
+
+  // ---- prefetch conclusion ----------------------------------------------------------------------
+  // Ends the handle's prefetch: the arrived prefix becomes host pages of its nodes, pages that
+  // storage reported missing or corrupt make their nodes orphans, the rest is cancelled (pages of
+  // batches still running are freed when they complete).
+  PrefetchResult Conclude(Handle& h, bool cancelled, Work* work) {
+    std::shared_ptr<CopyOp> op = std::move(h.prefetch);
+    h.prefetch.reset();
+    PrefetchResult out;
+    out.policy = h.prefetch_policy;
+    out.requested_tokens = op->tokens;
+    std::vector<PageStatus> statuses;
+    std::vector<uint8_t> batches;
+    Status status;
+    tracker.Snapshot(*op, &statuses, &batches, &status);
+    const int64_t total = static_cast<int64_t>(statuses.size());
+    auto batch_done = [&](int64_t page) { return batches[static_cast<size_t>(page / op->batch_pages)] != 0; };
+    int64_t arrived = 0;
+    while (arrived < total && batch_done(arrived) && statuses[static_cast<size_t>(arrived)] == PageStatus::kOk) {
+      ++arrived;
+    }
+    // The first page that is known to be gone (absent or corrupt) from storage, if any.
+    int64_t gone_from = -1;
+    if (arrived < total && batch_done(arrived)) {
+      const PageStatus s = statuses[static_cast<size_t>(arrived)];
+      if (s == PageStatus::kAbsent || s == PageStatus::kCorrupt || s == PageStatus::kWrongNamespace) {
+        gone_from = arrived;
+      }
+    }
+    // Hand arrived pages to their nodes, top-down, while the host prefix stays contiguous.
+    std::vector<RadixNode*> nodes = op->nodes;
+    std::sort(nodes.begin(), nodes.end(), [](const RadixNode* a, const RadixNode* b) {
+      return a->prefix_tokens() < b->prefix_tokens();
+    });
+    ClearBusy(*op);
+    for (RadixNode* n : nodes) tree.SetPrefetching(n, false);
+    std::vector<int64_t> to_free;
+    int64_t pos = 0;  // page index into op->pages
+    int64_t used = 0;
+    for (RadixNode* n : nodes) {
+      if (pos >= total) break;
+      const int64_t np = n->num_tokens() / P;
+      const int64_t have = std::clamp<int64_t>(arrived - pos, 0, np);
+      if (gone_from >= pos && gone_from < pos + np) {
+        // From this node's page (gone_from - pos) on, storage no longer has the prefix.
+        const int64_t keep = gone_from - pos;
+        if (keep > 0) tree.SplitAfter(n, keep);  // n keeps its identity as the lower part
+        MarkGone(n);
+        if (keep > 0) n = n->parent();
+      }
+      if (have > 0) {
+        RadixNode* target = n;
+        if (have < n->num_tokens() / P) target = tree.SplitAfter(n, have)->parent();
+        const bool parent_ok = target->parent()->is_root() || target->parent()->on_host();
+        std::vector<int64_t> slice(op->pages.begin() + pos, op->pages.begin() + pos + have);
+        if (!target->on_host() && parent_ok) {
+          tree.SetHostPages(target, std::move(slice));
+          used += have;
+        } else {
+          to_free.insert(to_free.end(), slice.begin(), slice.end());
+          arrived = pos;  // the prefix ends here
+        }
+      }
+      pos += np;
+      if (have < np) break;
+    }
+    // Pages not handed over: freed now when their batch completed, else on completion.
+    for (int64_t i = used; i < total; ++i) {
+      if (std::find(to_free.begin(), to_free.end(), op->pages[static_cast<size_t>(i)]) != to_free.end()) continue;
+      if (batch_done(i)) {
+        to_free.push_back(op->pages[static_cast<size_t>(i)]);
+      } else {
+        op->free_on_completion.push_back(op->pages[static_cast<size_t>(i)]);
+      }
+    }
+    FreeHost(to_free);
+    filling_pages -= total - static_cast<int64_t>(op->free_on_completion.size());
+    op->concluded = true;
+    CountStorageFaults(*op);
+    out.arrived_tokens = used * P;
+    counters.prefetched_tokens += used * P;
+    counters.prefetch_bytes += used * PageBytes();
+    counters.prefetch_seconds += SecondsSince(op->start);
+    const bool past_deadline = Clock::now() >= op->deadline;
+    if (used == total) {
+      out.state = PrefetchState::kComplete;
+      ++counters.prefetch_complete;
+    } else if (h.prefetch_policy == PrefetchPolicy::kTimeout && past_deadline && !cancelled &&
+               gone_from < 0) {
+      out.state = PrefetchState::kTimedOut;
+      ++counters.prefetch_timed_out;
+      ++counters.storage_timeouts;
+    } else {
+      out.state = PrefetchState::kPartial;
+      ++counters.prefetch_partial;
+    }
+    if (cancelled) ++counters.prefetch_cancelled;
+    out.host_tokens = HostTokensOf(h);
+    TrimStorage(work);
+    return out;
+  }
+
+  // The node and its storage-only descendants lose their storage copy (storage reported it
+  // gone): orphans, removed once unpinned.
+  void MarkGone(RadixNode* node) {
+    std::vector<RadixNode*> stack = {node};
+    while (!stack.empty()) {
+      RadixNode* n = stack.back();
+      stack.pop_back();
+      tree.SetStored(n, false);
+      n->ForEachChild([&](RadixNode* c) {
+        if (!c->on_device() && !c->on_host()) stack.push_back(c);
+      });
+    }
+  }
+
+  int64_t HostTokensOf(const Handle& h) const {
+    int64_t t = 0;
+    for (RadixNode* n : Path(h.last)) {
+      if (n->on_device()) continue;
+      if (!n->on_host()) break;
+      t += n->num_tokens();
+    }
+    return t;
+  }
+
+  PrefetchResult Progress(Handle& h) {
+    PrefetchResult out;
+    out.policy = h.prefetch_policy;
+    out.host_tokens = HostTokensOf(h);
+    if (!h.prefetch) return out;
+    out.state = PrefetchState::kRunning;
+    out.requested_tokens = h.prefetch->tokens;
+    out.arrived_tokens = tracker.ArrivedPages(*h.prefetch) * P;
+    return out;
+  }
+
+  // ---- after the lock -------------------------------------------------------------------------
+  Status RunCopy(const CopyOp& op, CudaStream stream) {
+    const bool to_host = op.kind == CopyOp::Kind::kBackup;
+    const KvRegion& src = to_host ? device : host->region();
+    const KvRegion& dst = to_host ? host->region() : device;
+    return engine->Transfer(TransferRequest::AllLayers(src, dst, SlotIndices::Host(op.src),
+                                                       SlotIndices::Host(op.dst)),
+                            TransferOptions{stream, op.layer_events.get()});
+  }
+
+  // GPU: enqueues `op` on `stream` after the engine's pending writes; the op completes through
+  // its event. A failure after part of the copy may have been enqueued still records the event
+  // (or synchronises the stream), so the op completes only when nothing writes any more.
+  void SubmitGpu(CopyOp& op, CudaStream stream,
+                 const std::vector<std::shared_ptr<CudaEventHandle>>& fences) {
+    Status st;
+    for (const auto& f : fences) {
+      st = f->WaitOn(stream);
+      if (!st.ok()) break;
+    }
+    if (st.ok()) st = RunCopy(op, stream);
+    Result<CudaEventHandle> ev = CudaEventHandle::Create(device.device);
+    Status rec = ev.ok() ? ev->Record(stream) : ev.status();
+    if (rec.ok()) {
+      op.event = std::move(*ev);
+      tracker.MarkSubmitted(op, std::move(st));
+      return;
+    }
+    Status sync = engine->Synchronize(stream);
+    tracker.Complete(op, !st.ok() ? std::move(st) : !rec.ok() ? std::move(rec) : std::move(sync));
+  }
+
+  void SubmitStorage(const std::shared_ptr<CopyOp>& op) {
+    CopyTracker* tr = &tracker;
+    StorageBackend* backend = storage.get();
+    if (op->kind == CopyOp::Kind::kPrefetch) {
+      const int64_t n = static_cast<int64_t>(op->keys.size());
+      for (int64_t b = 0; b * op->batch_pages < n; ++b) {
+        const int64_t from = b * op->batch_pages;
+        const int64_t to = std::min(n, from + op->batch_pages);
+        std::vector<PageKey> keys(op->keys.begin() + from, op->keys.begin() + to);
+        std::vector<PageBuffer> bufs(op->buffers.begin() + from, op->buffers.begin() + to);
+        backend->GetAsync(std::move(keys), std::move(bufs), [tr, op, b](BatchResult r) {
+          tr->CompleteBatch(*op, b, r.status, r.pages);
+        });
+      }
+      return;
+    }
+    // kStore: Exists first; write only what storage does not hold.
+    backend->ExistsAsync(op->keys, [tr, op, backend](ExistsResult e) {
+      const int64_t n = static_cast<int64_t>(op->keys.size());
+      const int64_t present = e.status.ok() ? std::clamp<int64_t>(e.leading, 0, n) : 0;
+      tr->SetPresent(*op, present);
+      if (present == n) {
+        tr->CompleteBatch(*op, 0, Status::OK(), std::vector<PageStatus>(static_cast<size_t>(n),
+                                                                        PageStatus::kOk));
+        return;
+      }
+      std::vector<PageKey> keys(op->keys.begin() + present, op->keys.end());
+      std::vector<PageBuffer> bufs(op->buffers.begin() + present, op->buffers.end());
+      backend->SetAsync(std::move(keys), std::move(bufs), [tr, op, present, n](BatchResult r) {
+        std::vector<PageStatus> all(static_cast<size_t>(n), PageStatus::kOk);
+        for (size_t i = 0; i < r.pages.size() && present + static_cast<int64_t>(i) < n; ++i) {
+          all[static_cast<size_t>(present) + i] = r.pages[i];
+        }
+        if (!r.status.ok()) {
+          for (int64_t i = present; i < n; ++i) all[static_cast<size_t>(i)] = PageStatus::kSkipped;
+        }
+        tr->CompleteBatch(*op, 0, r.status, all);
+      });
+    });
+  }
+
+  // Runs what a call collected, without the mutex. Inline copies (backup_threads = 0) complete
+  // here, and their follow-ups (stores after backups) run in the same call.
+  void RunWork(Work& work) {
+    for (int round = 0; !work.empty(); ++round) {
+      bool inline_done = false;
+      std::vector<std::shared_ptr<CudaEventHandle>> fences;
+      if (gpu && !work.copies.empty()) {
+        Lock lk(*this);
+        fences = ledger->write_fences();
+      }
+      for (auto& op : work.copies) {
+        if (gpu) {
+          SubmitGpu(*op, backup_stream.get(), fences);
+        } else if (pool) {
+          pool->Post([this, op] { tracker.Complete(*op, RunCopy(*op, nullptr)); });
+        } else {
+          tracker.Complete(*op, RunCopy(*op, nullptr));
+          inline_done = true;
+        }
+      }
+      for (auto& op : work.storage) SubmitStorage(op);
+      std::vector<OwnedEvent> events = std::move(work.events);
+      work = Work();
+      for (const OwnedEvent& e : events) {
+        config.eviction_listener(EvictionEvent{e.tier, e.name_space, e.prefix, e.num_tokens,
+                                               e.kept_in_host, e.kept_in_storage});
+      }
+      if (inline_done) {
+        Lock lk(*this);
+        Reap(&work);
+      }
+    }
+  }
+
+  // ---- device allocation --------------------------------------------------------------------
+  // `pages` device pages for `owner`, evicting first what must go. With allow_fewer, as many as
+  // can be had. OutOfMemory naming `what` when pins and the engine's pages leave too little
+  // (before anything is evicted). `waits` collects operations whose completion would free more
+  // (write_back copies, busy nodes); the caller may wait for them outside the lock and retry.
+  Result<std::vector<int64_t>> TryAllocateDevice(int64_t pages, bool allow_fewer,
+                                                 DevicePageLedger::Owner owner,
+                                                 std::string_view what, Work* work,
+                                                 std::vector<std::shared_ptr<CopyOp>>* waits) {
+    const int64_t free = ledger->free_pages();
+    if (free < pages) {
+      if (!allow_fewer && DeviceReclaimable() < pages) {
+        return Status::OutOfMemory(fmt::format(
+            "{}: the device cannot make room ({} pages free, {} held by the engine, {} pinned by "
+            "live handles, {} needed)", what, free,
+            ledger->pages_of(DevicePageLedger::kEngine), tree.pinned_device_tokens() / P, pages));
+      }
+      EvictDevice(pages - free, work);
+    }
+    KVTIER_RETURN_IF_ERROR(CheckHealth());
+    if (ledger->free_pages() >= pages) return ledger->Allocate(pages, owner);
+    for (const auto& op : tracker.ops()) {
+      if (op->kind == CopyOp::Kind::kBackup || op->kind == CopyOp::Kind::kLoad) {
+        waits->push_back(op);
+      }
+    }
+    if (allow_fewer && waits->empty()) return ledger->Allocate(ledger->free_pages(), owner);
+    return Status::OutOfMemory(fmt::format(
+        "{}: the device cannot make room ({} pages free after eviction, {} needed)", what,
+        ledger->free_pages(), pages));
+  }
+
+  // Runs TryAllocateDevice, waiting outside the lock for copies whose completion makes more
+  // evictable (write_back copies, busy nodes), and retrying a bounded number of times.
+  Result<std::vector<int64_t>> AllocateDevice(Lock& lk, int64_t pages, bool allow_fewer,
+                                              DevicePageLedger::Owner owner,
+                                              std::string_view what, Work* work) {
+    constexpr int kMaxWaits = 4;
+    for (int attempt = 0;; ++attempt) {
+      std::vector<std::shared_ptr<CopyOp>> waits;
+      Result<std::vector<int64_t>> r =
+          TryAllocateDevice(pages, allow_fewer, owner, what, work, &waits);
+      if (r.ok() || waits.empty()) return r;
+      if (attempt >= kMaxWaits) {
+        if (allow_fewer) return ledger->Allocate(ledger->free_pages(), owner);
+        return r;
+      }
+      lk.unlock();
+      RunWork(*work);
+      for (auto& op : waits) tracker.Wait(*op);
+      lk.lock();
+      KVTIER_RETURN_IF_ERROR(CheckHealth());
+      Reap(work);
+    }
+  }
+
+  // Waits for every operation in flight (outside the lock) until none is left.
+  void Drain(Lock& lk, Work* work, bool backups_only) {
+    for (;;) {
+      Reap(work);
+      std::vector<std::shared_ptr<CopyOp>> waits;
+      for (const auto& op : tracker.ops()) {
+        if (op->kind == CopyOp::Kind::kPrefetch && !op->concluded) continue;  // its handle's
+        if (backups_only && op->kind != CopyOp::Kind::kBackup &&
+            op->kind != CopyOp::Kind::kStore) {
+          continue;
+        }
+        waits.push_back(op);
+      }
+      if (waits.empty() && work->empty()) return;
+      lk.unlock();
+      RunWork(*work);
+      for (auto& op : waits) tracker.Wait(*op);
+      lk.lock();
+    }
   }
 };
+
+// ---------------------------------------------------------------------------------------------
 
 HierarchicalCache::HierarchicalCache(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 HierarchicalCache::~HierarchicalCache() {
   Impl& s = *impl_;
+  Impl::Work work;
   {
-    std::lock_guard<std::mutex> lk(s.mu);
-    s.WaitAll();
+    Impl::Lock lk(s);
+    for (auto& [id, h] : s.handles) {
+      if (h.prefetch) s.Conclude(h, /*cancelled=*/true, &work);
+    }
+    // Prefetches still receiving pages must finish before their buffers go.
+    for (;;) {
+      s.Drain(lk, &work, /*backups_only=*/false);
+      if (s.tracker.ops().empty()) break;
+    }
   }
-  {
-    std::lock_guard<std::mutex> lk(s.worker_mu);
-    s.stop = true;
-  }
-  s.worker_cv.notify_all();
-  for (auto& t : s.workers) t.join();
+  s.pool.reset();
   if (s.gpu) (void)s.backup_stream.Synchronize();
+  if (s.owns_storage && s.storage) s.storage->Close();
 }
 
 Result<std::unique_ptr<HierarchicalCache>> HierarchicalCache::Create(
@@ -536,10 +976,11 @@ Result<std::unique_ptr<HierarchicalCache>> HierarchicalCache::Create(
         TransferBackendName(engine->backend())));
   }
 
-  auto state = std::make_unique<Impl>(config, g.page_size);
-  state->device = device_region;
-  state->engine = std::move(engine);
-  state->gpu = gpu;
+  auto impl = std::make_unique<Impl>(config, g.page_size);
+  Impl& s = *impl;
+  s.device = device_region;
+  s.engine = std::move(engine);
+  s.gpu = gpu;
 
   HostKvPoolConfig hc;
   hc.layout = config.host_layout;
@@ -556,186 +997,501 @@ Result<std::unique_ptr<HierarchicalCache>> HierarchicalCache::Create(
   }
   hc.huge_pages = config.host_huge_pages;
   hc.register_with_cuda = gpu;
-  KVTIER_ASSIGN_OR_RETURN(state->host, HostKvPool::Create(hc));
-  KVTIER_ASSIGN_OR_RETURN(state->device_alloc, SlotAllocator::Create(g.num_slots, g.page_size));
-  state->page_owner.assign(static_cast<size_t>(g.num_pages()), kFree);
+  KVTIER_ASSIGN_OR_RETURN(s.host, HostKvPool::Create(hc));
+  KVTIER_ASSIGN_OR_RETURN(s.ledger, DevicePageLedger::Create(g.num_slots, g.page_size));
   if (gpu) {
-    KVTIER_ASSIGN_OR_RETURN(state->backup_stream, CudaStreamHandle::Create(device_region.device));
-    KVTIER_ASSIGN_OR_RETURN(state->kv_written, CudaEventHandle::Create(device_region.device));
-  } else {
-    Impl* s = state.get();
-    for (int i = 0; i < config.backup_threads; ++i) {
-      s->workers.emplace_back([s] {
-        for (;;) {
-          std::shared_ptr<PendingCopy> op;
-          {
-            std::unique_lock<std::mutex> lk(s->worker_mu);
-            s->worker_cv.wait(lk, [&] { return s->stop || !s->queue.empty(); });
-            if (s->queue.empty()) return;
-            op = std::move(s->queue.front());
-            s->queue.pop_front();
-          }
-          Status st = s->RunCopy(*op, nullptr);
-          {
-            std::lock_guard<std::mutex> lk(s->worker_mu);
-            op->status = std::move(st);
-            op->done.store(true, std::memory_order_release);
-          }
-          s->done_cv.notify_all();
-        }
-      });
+    KVTIER_ASSIGN_OR_RETURN(s.backup_stream, CudaStreamHandle::Create(device_region.device));
+  } else if (config.backup_threads > 0) {
+    KVTIER_ASSIGN_OR_RETURN(s.pool, util::ThreadPool::Create(config.backup_threads + 1));
+  }
+
+  if (config.storage.enabled()) {
+    StorageNamespace want;
+    want.model_id = config.storage.model_id;
+    want.kv_dtype = config.storage.kv_dtype;
+    want.layout = config.host_layout;
+    want.mla = device_region.mla;
+    want.num_layers = g.num_layers;
+    want.slot_bytes = g.slot_bytes;
+    want.page_size = g.page_size;
+    want.head_num = hc.head_num;
+    want.tp_rank = config.storage.tp_rank;
+    want.tp_size = config.storage.tp_size;
+    if (config.storage.backend) {
+      const StorageNamespace& have = config.storage.backend->ns();
+      if (have.layout != want.layout || have.mla != want.mla ||
+          have.num_layers != want.num_layers || have.slot_bytes != want.slot_bytes ||
+          have.page_size != want.page_size ||
+          (want.layout == KvLayout::kPageHead && have.head_num != want.head_num)) {
+        return Status::InvalidArgument(fmt::format(
+            "storage.backend's namespace ({}) does not describe this cache's host pages ({})",
+            have.Describe(), want.Describe()));
+      }
+      s.storage = config.storage.backend;
+    } else {
+      KVTIER_RETURN_IF_ERROR(want.Validate().WithContext("storage namespace"));
+      KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<StorageBackend> opened,
+                              OpenStorage(config.storage.url, want, config.storage.options));
+      s.storage = std::move(opened);
+      s.owns_storage = true;
     }
   }
-  Impl* s = state.get();
-  s->tree.SetSplitHook([s](RadixNode* upper, RadixNode* lower) {
-    if (lower->pending()) lower->pending()->nodes.push_back(upper);
+
+  Impl* self = impl.get();
+  s.tree.SetSplitHook([self](RadixNode* upper, RadixNode* lower) {
+    if (lower->busy() == 0) return;
+    for (const auto& op : self->tracker.ops()) {
+      if (std::find(op->nodes.begin(), op->nodes.end(), lower) != op->nodes.end()) {
+        op->nodes.push_back(upper);
+      }
+    }
+    for (auto& [id, h] : self->handles) {
+      const auto& op = h.prefetch;
+      if (op && std::find(op->nodes.begin(), op->nodes.end(), lower) != op->nodes.end() &&
+          std::find(op->nodes.begin(), op->nodes.end(), upper) == op->nodes.end()) {
+        op->nodes.push_back(upper);
+      }
+    }
   });
-  return std::unique_ptr<HierarchicalCache>(new HierarchicalCache(std::move(state)));
+  return std::unique_ptr<HierarchicalCache>(new HierarchicalCache(std::move(impl)));
 }
 
 Result<MatchResult> HierarchicalCache::Match(std::span<const Token> tokens, std::string_view ns) {
   Impl& s = *impl_;
-  std::lock_guard<std::mutex> lk(s.mu);
-  KVTIER_RETURN_IF_ERROR(s.CheckHealth());
-  s.Reap();
-  RadixTree::MatchResult r = s.tree.Match(ns, tokens);
+  Impl::Work work;
   MatchResult out;
-  out.device_tokens = r.device_tokens;
-  out.host_tokens = r.host_tokens;
-  const std::vector<RadixNode*> path = s.Path(r.last);
-  out.device_slots.reserve(static_cast<size_t>(r.device_tokens));
-  out.host_slots.reserve(static_cast<size_t>(r.host_tokens));
-  for (RadixNode* n : path) {
-    if (n->on_device()) {
-      s.AppendSlots(n->device_pages(), &out.device_slots);
-    } else {
-      s.AppendSlots(n->host_pages(), &out.host_slots);
+  {
+    Impl::Lock lk(s);
+    KVTIER_RETURN_IF_ERROR(s.CheckHealth());
+    s.Reap(&work);
+    RadixTree::MatchResult r = s.tree.Match(ns, tokens);
+    out.device_tokens = r.device_tokens;
+    out.host_tokens = r.host_tokens;
+    out.storage_tokens = r.storage_tokens;
+    const std::vector<RadixNode*> path = Impl::Path(r.last);
+    out.device_slots.reserve(static_cast<size_t>(r.device_tokens));
+    out.host_slots.reserve(static_cast<size_t>(r.host_tokens));
+    for (RadixNode* n : path) {
+      if (n->on_device()) {
+        s.AppendSlots(n->device_pages(), &out.device_slots);
+      } else if (n->on_host()) {
+        s.AppendSlots(n->host_pages(), &out.host_slots);
+      }
+      s.tree.Touch(n, 1);
     }
-    s.tree.Touch(n, 1);
+    Impl::Handle h;
+    if (!r.last->is_root()) {
+      h.last = r.last;
+      s.tree.IncRef(r.last);
+    }
+    h.ns = std::string(ns);
+    if (s.storage) {
+      const size_t from = static_cast<size_t>(r.matched_tokens);
+      const size_t whole = (tokens.size() - from) / static_cast<size_t>(s.P) *
+                           static_cast<size_t>(s.P);
+      h.rest.assign(tokens.begin() + static_cast<ptrdiff_t>(from),
+                    tokens.begin() + static_cast<ptrdiff_t>(from + whole));
+    }
+    h.prefetch_policy = s.config.storage.prefetch_policy;
+    out.handle = s.NewHandle(std::move(h));
+    s.MaybeBackup(path, &work);
+    ++s.counters.match_calls;
+    s.counters.match_query_tokens += static_cast<int64_t>(tokens.size());
+    s.counters.device_hit_tokens += r.device_tokens;
+    s.counters.host_hit_tokens += r.host_tokens;
+    s.counters.storage_hit_tokens += r.storage_tokens;
   }
-  out.handle.id = s.next_handle++;
-  if (!r.last->is_root()) s.tree.IncRef(r.last);
-  s.handles.emplace(out.handle.id, Impl::Handle{r.last, nullptr});
-  s.MaybeBackup(path);
-  ++s.counters.match_calls;
-  s.counters.match_query_tokens += static_cast<int64_t>(tokens.size());
-  s.counters.device_hit_tokens += r.device_tokens;
-  s.counters.host_hit_tokens += r.host_tokens;
+  s.RunWork(work);
+  return out;
+}
+
+Result<StorageQueryResult> HierarchicalCache::QueryStorage(MatchHandle handle) {
+  Impl& s = *impl_;
+  Impl::Work work;
+  StorageQueryResult out;
+  std::vector<Token> rest;
+  std::optional<PageKey> previous;
+  std::string ns;
+  RadixNode* last = nullptr;
+  {
+    Impl::Lock lk(s);
+    KVTIER_ASSIGN_OR_RETURN(Impl::Handle * h, s.FindHandle(handle));
+    for (RadixNode* n : Impl::Path(h->last)) {
+      if (!n->on_device() && !n->on_host() && n->stored()) out.storage_tokens += n->num_tokens();
+    }
+    if (!s.storage || h->rest.empty()) return out;
+    ++s.counters.query_storage_calls;
+    rest = h->rest;
+    ns = h->ns;
+    last = h->last;
+    if (last != nullptr) {
+      if (last->keys().empty()) return out;
+      previous = last->keys().back();
+    } else {
+      previous = ChainSeed(ns);
+    }
+  }
+  Result<std::vector<PageKey>> keys = ComputePageKeys(rest, s.P, previous);
+  if (!keys.ok()) return keys.status();
+  if (static_cast<int64_t>(keys->size()) > s.storage->options().max_batch_pages) {
+    keys->resize(static_cast<size_t>(s.storage->options().max_batch_pages));
+  }
+  std::future<ExistsResult> fut = s.storage->Exists(*keys);
+  ExistsResult found;
+  const auto limit = s.storage->options().timeout + std::chrono::seconds(1);
+  if (fut.wait_for(limit) == std::future_status::ready) {
+    found = fut.get();
+  } else {
+    found.status = Status::Unavailable("Exists did not complete in time");
+  }
+  Impl::Lock lk(s);
+  if (!found.status.ok()) {
+    ++s.counters.storage_errors;
+    if (found.status.code() == StatusCode::kUnavailable) ++s.counters.storage_timeouts;
+  }
+  KVTIER_ASSIGN_OR_RETURN(Impl::Handle * h, s.FindHandle(handle));
+  const int64_t pages = std::clamp<int64_t>(found.leading, 0, static_cast<int64_t>(keys->size()));
+  if (pages > 0 && h->last == last && h->rest == rest) {
+    const size_t n = static_cast<size_t>(pages * s.P);
+    RadixNode* deepest = s.tree.AddStored(
+        last, ns, std::span<const Token>(rest).first(n),
+        std::span<const PageKey>(*keys).first(static_cast<size_t>(pages)));
+    if (deepest != nullptr && !deepest->is_root() && deepest != last) {
+      s.tree.IncRef(deepest);
+      if (last != nullptr) s.tree.DecRef(last);
+      h->last = deepest;
+      for (RadixNode* x = deepest; x != last && !x->is_root(); x = x->parent()) {
+        s.tree.Touch(x, 1);
+      }
+    }
+    h->rest.erase(h->rest.begin(), h->rest.begin() + static_cast<ptrdiff_t>(n));
+    out.queried_tokens = pages * s.P;
+    out.storage_tokens += out.queried_tokens;
+    s.counters.query_storage_tokens += out.queried_tokens;
+    s.counters.storage_hit_tokens += out.queried_tokens;
+    s.TrimStorage(&work);
+  }
+  lk.unlock();
+  s.RunWork(work);
+  return out;
+}
+
+Result<PrefetchResult> HierarchicalCache::Prefetch(MatchHandle handle) {
+  return Prefetch(handle, impl_->config.storage.prefetch_policy);
+}
+
+Result<PrefetchResult> HierarchicalCache::Prefetch(MatchHandle handle, PrefetchPolicy policy) {
+  Impl& s = *impl_;
+  if (static_cast<int>(policy) > 2) {
+    return Status::InvalidArgument(
+        fmt::format("prefetch policy = {} is not a known policy", static_cast<int>(policy)));
+  }
+  Impl::Work work;
+  PrefetchResult out;
+  {
+    Impl::Lock lk(s);
+    KVTIER_RETURN_IF_ERROR(s.CheckHealth());
+    s.Reap(&work);
+    KVTIER_ASSIGN_OR_RETURN(Impl::Handle * h, s.FindHandle(handle));
+    if (h->prefetch) {
+      return Status::FailedPrecondition(
+          fmt::format("handle {}: a prefetch is running already", handle.id));
+    }
+    h->prefetch_policy = policy;
+    out.policy = policy;
+    out.host_tokens = s.HostTokensOf(*h);
+    if (!s.storage) return out;
+    // The storage part: nodes after the host part that storage holds and nobody fills yet.
+    std::vector<RadixNode*> part;
+    int64_t tokens = 0;
+    for (RadixNode* n : Impl::Path(h->last)) {
+      if (n->on_device() || n->on_host()) {
+        if (!part.empty()) break;
+        continue;
+      }
+      if (!n->stored() || n->prefetching() || n->keys().empty()) break;
+      part.push_back(n);
+      tokens += n->num_tokens();
+    }
+    if (tokens == 0) return out;
+    ++s.counters.prefetch_calls;
+    if (!part.front()->parent()->is_root() && !part.front()->parent()->on_host()) {
+      // Host copies form a prefix: pages after a device-only node have nowhere to go.
+      s.counters.prefetch_no_room_tokens += tokens;
+      return out;
+    }
+    if (tokens < s.config.storage.prefetch_threshold_tokens) {
+      s.counters.prefetch_below_threshold_tokens += tokens;
+      return out;
+    }
+    const int64_t cap = static_cast<int64_t>(std::floor(
+        s.config.storage.max_prefetch_host_fraction * static_cast<double>(s.host->num_pages())));
+    int64_t pages = std::min(tokens / s.P, cap - s.filling_pages);
+    if (pages > 0 && !s.EnsureHostPages(pages, &work)) {
+      pages = std::min(pages, s.host->allocator().free_pages());
+    }
+    if (pages <= 0 || pages * s.P < std::min(tokens, s.config.storage.prefetch_threshold_tokens)) {
+      s.counters.prefetch_no_room_tokens += tokens;
+      lk.unlock();
+      s.RunWork(work);
+      return out;
+    }
+    KVTIER_ASSIGN_OR_RETURN(std::vector<int64_t> host_pages, s.host->AllocatePages(pages));
+    auto op = std::make_shared<CopyOp>();
+    op->kind = CopyOp::Kind::kPrefetch;
+    op->tokens = pages * s.P;
+    op->start = Clock::now();
+    const double budget = std::min(
+        s.config.storage.prefetch_timeout_max_s,
+        s.config.storage.prefetch_timeout_base_s +
+            s.config.storage.prefetch_timeout_per_1k_tokens_s * static_cast<double>(op->tokens) /
+                1024.0);
+    op->deadline = op->start + std::chrono::duration_cast<Clock::duration>(
+                                   std::chrono::duration<double>(budget));
+    op->pages = host_pages;
+    op->batch_pages = std::min(s.config.storage.max_prefetch_batch_pages,
+                               s.storage->options().max_batch_pages);
+    int64_t left = pages;
+    for (RadixNode* n : part) {
+      if (left <= 0) break;
+      const int64_t np = n->num_tokens() / s.P;
+      const int64_t take = std::min(np, left);
+      for (int64_t i = 0; i < take; ++i) {
+        op->keys.push_back(n->keys()[static_cast<size_t>(i)]);
+      }
+      s.tree.SetPrefetching(n, true);
+      s.MarkBusy(*op, n);
+      left -= take;
+    }
+    for (int64_t p : host_pages) op->buffers.push_back(s.HostPageBuffer(p));
+    op->page_status.assign(static_cast<size_t>(pages), PageStatus::kSkipped);
+    op->batch_done.assign(static_cast<size_t>(op->num_batches()), 0);
+    op->batches_left = op->num_batches();
+    s.filling_pages += pages;
+    s.counters.prefetch_requested_tokens += op->tokens;
+    h->prefetch = op;
+    s.tracker.Add(op);
+    work.storage.push_back(op);
+    out.state = PrefetchState::kRunning;
+    out.requested_tokens = op->tokens;
+  }
+  s.RunWork(work);
+  return out;
+}
+
+Result<PrefetchResult> HierarchicalCache::PollPrefetch(MatchHandle handle) {
+  Impl& s = *impl_;
+  Impl::Lock lk(s);
+  KVTIER_ASSIGN_OR_RETURN(Impl::Handle * h, s.FindHandle(handle));
+  return s.Progress(*h);
+}
+
+Result<PrefetchResult> HierarchicalCache::FinishPrefetch(MatchHandle handle) {
+  Impl& s = *impl_;
+  Impl::Work work;
+  PrefetchResult out;
+  {
+    Impl::Lock lk(s);
+    KVTIER_ASSIGN_OR_RETURN(Impl::Handle * h, s.FindHandle(handle));
+    if (!h->prefetch) return s.Progress(*h);
+    std::shared_ptr<CopyOp> op = h->prefetch;
+    if (h->prefetch_policy != PrefetchPolicy::kBestEffort) {
+      lk.unlock();
+      if (h->prefetch_policy == PrefetchPolicy::kWaitComplete) {
+        s.tracker.Wait(*op);
+      } else {
+        s.tracker.WaitUntil(*op, op->deadline);
+      }
+      lk.lock();
+      KVTIER_ASSIGN_OR_RETURN(h, s.FindHandle(handle));
+      if (h->prefetch != op) return s.Progress(*h);  // another call ended it meanwhile
+    }
+    out = s.Conclude(*h, /*cancelled=*/false, &work);
+  }
+  s.RunWork(work);
   return out;
 }
 
 Result<LoadBackResult> HierarchicalCache::LoadBack(MatchHandle handle, CudaStream stream) {
   Impl& s = *impl_;
-  std::lock_guard<std::mutex> lk(s.mu);
-  KVTIER_RETURN_IF_ERROR(s.CheckHealth());
-  s.Reap();
-  auto it = s.handles.find(handle.id);
-  if (it == s.handles.end()) {
-    return Status::InvalidArgument(fmt::format(
-        "handle {} is not live (never issued, or already released)", handle.id));
-  }
-  const auto start = std::chrono::steady_clock::now();
-  const std::vector<RadixNode*> path = s.Path(it->second.last);
-  std::vector<RadixNode*> host_nodes;
-  int64_t tokens = 0;
-  for (RadixNode* n : path) {
-    if (n->on_device()) continue;
-    host_nodes.push_back(n);
-    tokens += n->num_tokens();
-  }
   LoadBackResult out;
-  if (tokens == 0 || tokens < s.config.load_back_min_tokens) {
-    out.skipped_tokens = tokens;
-    s.counters.load_back_skipped_tokens += tokens;
-    out.device_slots = s.DeviceSlotsOf(path);
-    return out;
+  {
+    Impl::Lock lk(s);
+    KVTIER_ASSIGN_OR_RETURN(Impl::Handle * h, s.FindHandle(handle));
+    const bool prefetching = h->prefetch != nullptr;
+    lk.unlock();
+    if (prefetching) {
+      KVTIER_ASSIGN_OR_RETURN(out.prefetch, FinishPrefetch(handle));
+    }
   }
-  const int64_t pages = tokens / s.P;
-  if (pages > s.device_alloc->num_pages()) {
-    return Status::OutOfMemory(fmt::format("LoadBack of {} tokens exceeds the device pool of {}",
-                                           tokens, s.device_alloc->num_slots()));
+  Impl::Work work;
+  Impl::Lock lk(s);
+  const auto start = Clock::now();
+  Impl::Handle* h = nullptr;
+  std::vector<RadixNode*> host_nodes;
+  std::vector<int64_t> alloc;
+  int64_t tokens = 0;
+  for (int attempt = 0;; ++attempt) {
+    KVTIER_RETURN_IF_ERROR(s.CheckHealth());
+    s.Reap(&work);
+    KVTIER_ASSIGN_OR_RETURN(h, s.FindHandle(handle));
+    // The host part: nodes after the device part that are in host memory.
+    auto host_part = [&](std::vector<RadixNode*>* nodes) {
+      int64_t t = 0;
+      for (RadixNode* n : Impl::Path(h->last)) {
+        if (n->on_device()) continue;
+        if (!n->on_host()) break;
+        if (nodes != nullptr) nodes->push_back(n);
+        t += n->num_tokens();
+      }
+      return t;
+    };
+    tokens = host_part(nullptr);
+    if (tokens == 0 || tokens < s.config.load_back_min_tokens) {
+      out.skipped_tokens = tokens;
+      s.counters.load_back_skipped_tokens += tokens;
+      out.device_slots = s.DeviceSlotsOf(Impl::Path(h->last));
+      lk.unlock();
+      s.RunWork(work);
+      return out;
+    }
+    const int64_t pages = tokens / s.P;
+    if (pages > s.ledger->num_pages()) {
+      return Status::OutOfMemory(fmt::format(
+          "LoadBack of {} tokens exceeds the device pool of {}", tokens, s.ledger->num_slots()));
+    }
+    Result<std::vector<int64_t>> got =
+        s.AllocateDevice(lk, pages, false, DevicePageLedger::kCopy,
+                         fmt::format("LoadBack of {} tokens", tokens), &work);
+    if (!got.ok()) {
+      lk.unlock();
+      s.RunWork(work);
+      return got.status();
+    }
+    // The lock may have been dropped while allocating: the host part may have changed.
+    KVTIER_ASSIGN_OR_RETURN(h, s.FindHandle(handle));
+    host_nodes.clear();
+    if (host_part(&host_nodes) == tokens) {
+      alloc = std::move(*got);
+      break;
+    }
+    s.FreeDevice(*got);
+    if (attempt >= 3) {
+      return Status::Unavailable("LoadBack: the match kept changing under concurrent loads");
+    }
   }
-  Result<std::vector<int64_t>> alloc =
-      s.AllocateDevicePages(pages, fmt::format("LoadBack of {} tokens", tokens));
-  if (!alloc.ok()) return alloc.status();
-  auto op = std::make_shared<PendingCopy>();
-  op->kind = PendingCopy::Kind::kLoad;
+  auto op = std::make_shared<CopyOp>();
+  op->kind = CopyOp::Kind::kLoad;
   op->gpu = s.gpu;
   op->tokens = tokens;
-  op->dst = PageSlots(*alloc, s.P);
+  op->start = start;
+  op->pages = alloc;
+  op->free_on_completion = alloc;
+  op->dst = PageSlots(alloc, s.P);
   for (RadixNode* n : host_nodes) {
     s.AppendSlots(n->host_pages(), &op->src);
+    s.MarkBusy(*op, n);  // its host pages stay put while they are read
   }
+  s.tracker.Add(op);
+  std::vector<std::shared_ptr<CudaEventHandle>> fences;
+  if (s.gpu) fences = s.ledger->write_fences();
+  lk.unlock();
+  s.RunWork(work);
+
   Status st;
   if (s.gpu) {
     Result<LayerEvents> events =
         LayerEvents::Create(static_cast<int>(s.device.geometry.num_layers), s.device.device);
-    st = events.status();
     if (events.ok()) {
       op->layer_events = std::make_unique<LayerEvents>(std::move(*events));
-      st = s.RunCopy(*op, stream);
-    }
-    if (st.ok()) {
-      Result<CudaEventHandle> ev = CudaEventHandle::Create(s.device.device);
-      st = ev.ok() ? ev->Record(stream) : ev.status();
-      if (ev.ok()) op->event = std::move(*ev);
+      s.SubmitGpu(*op, stream, fences);
+    } else {
+      s.tracker.Complete(*op, events.status());
     }
   } else {
-    st = s.RunCopy(*op, nullptr);
+    s.tracker.Complete(*op, s.RunCopy(*op, nullptr));
   }
+  {
+    std::vector<PageStatus> unused_pages;
+    std::vector<uint8_t> unused_batches;
+    s.tracker.Snapshot(*op, &unused_pages, &unused_batches, &st);
+  }
+
+  lk.lock();
   if (!st.ok()) {
-    Status freed = s.device_alloc->FreePages(*alloc);
-    (void)freed;
+    // The copy may still write its pages (GPU): they stay with the op until it has completed.
+    s.Reap(&work);
+    lk.unlock();
+    s.RunWork(work);
     return st.WithContext("LoadBack");
   }
+  // Publish: each node that is still off the device takes its pages; pages of nodes that came
+  // onto the device meanwhile stay with the op and are freed when it completes. Nodes split
+  // meanwhile are all in op->nodes (the split hook), whose host pages in order are the sources.
+  std::vector<RadixNode*> nodes = op->nodes;
+  std::sort(nodes.begin(), nodes.end(), [](const RadixNode* a, const RadixNode* b) {
+    return a->prefix_tokens() < b->prefix_tokens();
+  });
   size_t off = 0;
-  for (RadixNode* n : host_nodes) {
+  std::vector<int64_t> published;
+  for (RadixNode* n : nodes) {
     const size_t np = n->host_pages().size();
-    s.tree.SetDevicePages(n, std::vector<int64_t>(alloc->begin() + off, alloc->begin() + off + np));
+    std::vector<int64_t> slice(alloc.begin() + static_cast<ptrdiff_t>(off),
+                               alloc.begin() + static_cast<ptrdiff_t>(off + np));
     off += np;
-  }
-  for (int64_t p : *alloc) s.Owner(p) = kTree;
-  if (s.gpu) {
-    for (RadixNode* n : host_nodes) {
-      op->nodes.push_back(n);
-      s.tree.SetPending(n, op);
+    const bool parent_ok = n->parent()->is_root() || n->parent()->on_device();
+    if (!n->on_device() && parent_ok) {
+      published.insert(published.end(), slice.begin(), slice.end());
+      s.tree.SetDevicePages(n, std::move(slice));
     }
-    s.inflight.push_back(op);
-    it->second.load = op;
   }
-  out.loaded_tokens = tokens;
-  out.device_slots = s.DeviceSlotsOf(path);
+  s.ledger->Transfer(published, DevicePageLedger::kTree);
+  std::erase_if(op->free_on_completion, [&](int64_t p) {
+    return std::find(published.begin(), published.end(), p) != published.end();
+  });
+  KVTIER_ASSIGN_OR_RETURN(h, s.FindHandle(handle));
+  if (s.gpu) h->load = op;
+  s.Reap(&work);  // cpu: the copy has completed; frees what was not published
+  out.loaded_tokens = static_cast<int64_t>(published.size()) * s.P;
+  out.device_slots = s.DeviceSlotsOf(Impl::Path(h->last));
   ++s.counters.load_back_calls;
-  s.counters.load_back_tokens += tokens;
-  s.counters.load_back_seconds +=
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  s.counters.load_back_tokens += out.loaded_tokens;
+  const double seconds = SecondsSince(start);
+  s.counters.load_back_seconds += seconds;
+  s.counters.load_back_duration.Observe(seconds);
+  lk.unlock();
+  s.RunWork(work);
   return out;
 }
 
 Status HierarchicalCache::WaitLayer(MatchHandle handle, int64_t layer, CudaStream consumer) {
   Impl& s = *impl_;
-  std::lock_guard<std::mutex> lk(s.mu);
-  auto it = s.handles.find(handle.id);
-  if (it == s.handles.end()) {
-    return Status::InvalidArgument(fmt::format(
-        "handle {} is not live (never issued, or already released)", handle.id));
-  }
-  if (layer < 0 || layer >= s.device.geometry.num_layers) {
-    return Status::InvalidArgument(fmt::format("layer = {} is out of range [0, {})", layer,
-                                               s.device.geometry.num_layers));
-  }
-  // The handle's own load-back, and any other handle's load-back still filling slots of this
-  // match (its nodes carry it as their pending copy until it has finished).
-  std::vector<const PendingCopy*> loads;
-  if (it->second.load && it->second.load->layer_events) loads.push_back(it->second.load.get());
-  for (RadixNode* n : s.Path(it->second.last)) {
-    const PendingCopy* op = n->pending().get();
-    if (op != nullptr && op->kind == PendingCopy::Kind::kLoad && op->layer_events &&
-        std::find(loads.begin(), loads.end(), op) == loads.end()) {
-      loads.push_back(op);
+  std::vector<std::shared_ptr<CopyOp>> loads;
+  {
+    Impl::Lock lk(s);
+    KVTIER_ASSIGN_OR_RETURN(Impl::Handle * h, s.FindHandle(handle));
+    if (layer < 0 || layer >= s.device.geometry.num_layers) {
+      return Status::InvalidArgument(fmt::format("layer = {} is out of range [0, {})", layer,
+                                                 s.device.geometry.num_layers));
+    }
+    // The handle's own load-back, and any other load-back still filling slots of this match.
+    if (h->load && h->load->layer_events) loads.push_back(h->load);
+    const std::vector<RadixNode*> path = Impl::Path(h->last);
+    const std::unordered_set<const RadixNode*> on_path(path.begin(), path.end());
+    for (const auto& op : s.tracker.ops()) {
+      if (op->kind != CopyOp::Kind::kLoad || !op->layer_events) continue;
+      if (std::find(loads.begin(), loads.end(), op) != loads.end()) continue;
+      for (const RadixNode* n : op->nodes) {
+        if (on_path.count(n)) {
+          loads.push_back(op);
+          break;
+        }
+      }
     }
   }
-  for (const PendingCopy* op : loads) {
+  // Enqueuing a wait on the consumer's stream does not block; it runs outside the lock all the
+  // same (the ops are kept alive by `loads`).
+  for (const auto& op : loads) {
     KVTIER_RETURN_IF_ERROR(op->layer_events->Wait(static_cast<int>(layer), consumer));
   }
   return Status::OK();
@@ -743,49 +1499,63 @@ Status HierarchicalCache::WaitLayer(MatchHandle handle, int64_t layer, CudaStrea
 
 Status HierarchicalCache::Release(MatchHandle handle) {
   Impl& s = *impl_;
-  std::lock_guard<std::mutex> lk(s.mu);
-  auto it = s.handles.find(handle.id);
-  if (it == s.handles.end()) {
-    return Status::InvalidArgument(fmt::format(
-        "handle {} is not live (never issued, or already released)", handle.id));
+  Impl::Work work;
+  {
+    Impl::Lock lk(s);
+    KVTIER_ASSIGN_OR_RETURN(Impl::Handle * h, s.FindHandle(handle));
+    if (h->prefetch) s.Conclude(*h, /*cancelled=*/true, &work);
+    if (h->last != nullptr) s.tree.DecRef(h->last);
+    s.handles.erase(handle.id);
+    s.Reap(&work);
+    s.TrimStorage(&work);
   }
-  if (!it->second.last->is_root()) s.tree.DecRef(it->second.last);
-  s.handles.erase(it);
-  s.Reap();
+  s.RunWork(work);
   return Status::OK();
 }
 
-Result<std::vector<int64_t>> HierarchicalCache::AllocateDeviceSlots(int64_t num_tokens,
-                                                                   const AllocateOptions&) {
+Result<std::vector<int64_t>> HierarchicalCache::AllocateDeviceSlots(
+    int64_t num_tokens, const AllocateOptions& options) {
   Impl& s = *impl_;
-  std::lock_guard<std::mutex> lk(s.mu);
-  KVTIER_RETURN_IF_ERROR(s.CheckHealth());
-  if (num_tokens < 0) {
-    return Status::InvalidArgument(fmt::format("num_tokens = {} must not be negative", num_tokens));
+  Impl::Work work;
+  std::vector<int64_t> slots;
+  {
+    Impl::Lock lk(s);
+    KVTIER_RETURN_IF_ERROR(s.CheckHealth());
+    if (num_tokens < 0) {
+      return Status::InvalidArgument(
+          fmt::format("num_tokens = {} must not be negative", num_tokens));
+    }
+    if (num_tokens > s.ledger->num_slots()) {
+      if (!options.allow_fewer) {
+        return Status::InvalidArgument(fmt::format(
+            "num_tokens = {} exceeds the device pool of {} slots", num_tokens,
+            s.ledger->num_slots()));
+      }
+      num_tokens = s.ledger->num_slots();
+    }
+    s.Reap(&work);
+    const int64_t pages = PagesFor(num_tokens, s.P);
+    Result<std::vector<int64_t>> alloc =
+        s.AllocateDevice(lk, pages, options.allow_fewer, DevicePageLedger::kEngine,
+                         fmt::format("AllocateDeviceSlots({})", num_tokens), &work);
+    if (!alloc.ok()) {
+      lk.unlock();
+      s.RunWork(work);
+      return alloc.status();
+    }
+    slots = PageSlots(*alloc, s.P);
   }
-  const int64_t pages = (num_tokens + s.P - 1) / s.P;
-  if (pages > s.device_alloc->num_pages()) {
-    return Status::InvalidArgument(fmt::format("num_tokens = {} exceeds the device pool of {} slots",
-                                               num_tokens, s.device_alloc->num_slots()));
-  }
-  Result<std::vector<int64_t>> alloc =
-      s.AllocateDevicePages(pages, fmt::format("AllocateDeviceSlots({})", num_tokens));
-  if (!alloc.ok()) return alloc.status();
-  for (int64_t p : *alloc) s.Owner(p) = kEngine;
-  s.engine_pages += pages;
-  return PageSlots(*alloc, s.P);
+  s.RunWork(work);
+  return slots;
 }
 
 Status HierarchicalCache::FreeDeviceSlots(std::span<const int64_t> slots) {
   Impl& s = *impl_;
-  std::lock_guard<std::mutex> lk(s.mu);
+  Impl::Lock lk(s);
   std::vector<int64_t> pages;
-  KVTIER_RETURN_IF_ERROR(s.CheckPages(slots, "slots", &pages));
-  KVTIER_RETURN_IF_ERROR(s.CheckEngineHeld(pages, "FreeDeviceSlots", nullptr));
-  KVTIER_RETURN_IF_ERROR(s.device_alloc->FreePages(pages));
-  for (int64_t p : pages) s.Owner(p) = kFree;
-  s.engine_pages -= static_cast<int64_t>(pages.size());
-  return Status::OK();
+  KVTIER_RETURN_IF_ERROR(s.ledger->CheckPages(slots, "slots", &pages));
+  KVTIER_RETURN_IF_ERROR(s.ledger->CheckEngineHeld(pages, "FreeDeviceSlots", nullptr));
+  return s.ledger->Free(pages);
 }
 
 Result<InsertResult> HierarchicalCache::Insert(std::span<const Token> tokens,
@@ -793,171 +1563,256 @@ Result<InsertResult> HierarchicalCache::Insert(std::span<const Token> tokens,
                                                std::string_view ns,
                                                const InsertOptions& options) {
   Impl& s = *impl_;
-  std::lock_guard<std::mutex> lk(s.mu);
-  KVTIER_RETURN_IF_ERROR(s.CheckHealth());
-  s.Reap();
   if (tokens.size() != device_slots.size()) {
     return Status::InvalidArgument(fmt::format("tokens has {} entries but device_slots has {}",
                                                tokens.size(), device_slots.size()));
   }
-  if (tokens.size() % s.P != 0) {
+  if (tokens.size() % static_cast<size_t>(s.P) != 0) {
     return Status::InvalidArgument(fmt::format(
         "tokens has {} entries, not a multiple of page_size = {} (insert whole pages; keep the "
         "partial last page)", tokens.size(), s.P));
   }
-  std::vector<int64_t> pages;
-  KVTIER_RETURN_IF_ERROR(s.CheckPages(device_slots, "device_slots", &pages));
-  // Pages of the cached device prefix may be the tree's own (as Match returned them).
-  RadixTree::MatchResult peek = s.tree.Peek(ns, tokens);
-  std::vector<int64_t> cached;
-  if (peek.last != nullptr && peek.device_tokens > 0) {
-    cached = s.DeviceSlotsOf(s.Path(peek.last));
-    cached.resize(static_cast<size_t>(peek.device_tokens));
+  // Outside the lock: the page keys, and (GPU) the point on the engine's stream after which the
+  // KV of these slots is written.
+  std::vector<PageKey> keys;
+  if (s.storage && !tokens.empty()) {
+    Result<std::vector<PageKey>> k = ComputePromptPageKeys(tokens, s.P, ns);
+    if (!k.ok()) return k.status().WithContext("Insert: page keys");
+    keys = std::move(*k);
   }
-  std::vector<bool> own(pages.size(), false);
-  for (size_t i = 0; i < pages.size(); ++i) {
-    own[i] = i * s.P < cached.size() && cached[i * s.P] == pages[i];
+  std::shared_ptr<CudaEventHandle> fence;
+  if (s.gpu && !tokens.empty()) {
+    Result<CudaEventHandle> ev = CudaEventHandle::Create(s.device.device);
+    if (!ev.ok()) return ev.status().WithContext("Insert");
+    KVTIER_RETURN_IF_ERROR(ev->Record(options.stream).WithContext("Insert"));
+    fence = std::make_shared<CudaEventHandle>(std::move(*ev));
   }
-  KVTIER_RETURN_IF_ERROR(s.CheckEngineHeld(pages, "Insert", &own));
 
-  std::vector<RadixTree::InsertSegment> segments;
-  s.tree.Insert(ns, tokens, pages, &segments);
+  Impl::Work work;
   InsertResult out;
-  std::vector<int64_t> duplicates;
-  for (const auto& seg : segments) {
-    const int64_t len = seg.end - seg.begin;
-    switch (seg.kind) {
-      case RadixTree::SegmentKind::kOnDevice:
-        out.cached_tokens += len;
-        for (int64_t k = seg.begin; k < seg.end; k += s.P) {
-          const int64_t mine = seg.node->device_pages()[(k - seg.begin) / s.P];
-          if (device_slots[k] != mine) {
-            duplicates.push_back(device_slots[k]);
-            s.Owner(device_slots[k]) = kFree;
+  {
+    Impl::Lock lk(s);
+    KVTIER_RETURN_IF_ERROR(s.CheckHealth());
+    s.Reap(&work);
+    std::vector<int64_t> pages;
+    KVTIER_RETURN_IF_ERROR(s.ledger->CheckPages(device_slots, "device_slots", &pages));
+    // Pages of the cached device prefix may be the tree's own (as Match returned them).
+    RadixTree::MatchResult peek = s.tree.Peek(ns, tokens);
+    std::vector<int64_t> cached;
+    if (peek.last != nullptr && peek.device_tokens > 0) {
+      cached = s.DeviceSlotsOf(Impl::Path(peek.last));
+      cached.resize(static_cast<size_t>(peek.device_tokens));
+    }
+    std::vector<bool> own(pages.size(), false);
+    for (size_t i = 0; i < pages.size(); ++i) {
+      own[i] = i * static_cast<size_t>(s.P) < cached.size() &&
+               cached[i * static_cast<size_t>(s.P)] == pages[i];
+    }
+    KVTIER_RETURN_IF_ERROR(s.ledger->CheckEngineHeld(pages, "Insert", &own));
+
+    std::vector<RadixTree::InsertSegment> segments;
+    s.tree.Insert(ns, tokens, pages, keys, &segments);
+    std::vector<int64_t> duplicates, taken;
+    for (const auto& seg : segments) {
+      const int64_t len = seg.end - seg.begin;
+      switch (seg.kind) {
+        case RadixTree::SegmentKind::kOnDevice:
+          out.cached_tokens += len;
+          for (int64_t k = seg.begin; k < seg.end; k += s.P) {
+            const int64_t mine = seg.node->device_pages()[static_cast<size_t>((k - seg.begin) / s.P)];
+            if (device_slots[static_cast<size_t>(k)] != mine) {
+              duplicates.push_back(device_slots[static_cast<size_t>(k)]);
+            }
           }
-        }
-        s.tree.Touch(seg.node, 1);
-        break;
-      case RadixTree::SegmentKind::kRevived:
-      case RadixTree::SegmentKind::kNew:
-        (seg.kind == RadixTree::SegmentKind::kNew ? out.new_tokens : out.revived_tokens) += len;
-        for (int64_t k = seg.begin; k < seg.end; k += s.P) {
-          s.Owner(device_slots[k]) = kTree;
-        }
-        s.tree.Touch(seg.node, seg.kind == RadixTree::SegmentKind::kNew ? 0 : 1);
-        break;
+          s.tree.Touch(seg.node, 1);
+          break;
+        case RadixTree::SegmentKind::kRevived:
+        case RadixTree::SegmentKind::kNew:
+          (seg.kind == RadixTree::SegmentKind::kNew ? out.new_tokens : out.revived_tokens) += len;
+          for (int64_t k = seg.begin; k < seg.end; k += s.P) {
+            taken.push_back(device_slots[static_cast<size_t>(k)]);
+          }
+          s.tree.Touch(seg.node, seg.kind == RadixTree::SegmentKind::kNew ? 0 : 1);
+          break;
+      }
+      s.tree.RaisePriority(seg.node, options.priority);
     }
-    s.tree.RaisePriority(seg.node, options.priority);
-  }
-  s.engine_pages -= static_cast<int64_t>(std::count(own.begin(), own.end(), false));
-  if (!duplicates.empty()) {
-    Status st = s.device_alloc->FreePages(duplicates);
-    if (!st.ok()) s.health = Status::Internal(st.WithContext("freeing duplicates").ToString());
-  }
-  out.duplicate_tokens = static_cast<int64_t>(duplicates.size()) * s.P;
-  s.counters.inserted_tokens += out.new_tokens + out.revived_tokens;
-  s.counters.duplicate_tokens += out.duplicate_tokens;
-  if (s.gpu) {
-    // Backups run on the backup stream: order them after the engine's writes of this KV (and,
-    // since every later backup is enqueued behind this wait, after all earlier inserts' too).
-    Status st = s.kv_written.Record(options.stream);
-    if (st.ok()) st = s.kv_written.WaitOn(s.backup_stream.get());
-    if (!st.ok()) s.health = st.WithContext("ordering backups after the engine's stream");
-  }
-  if (options.pin) {
-    RadixNode* last = segments.empty() ? nullptr : segments.back().node;
-    if (last == nullptr) {
-      // Nothing inserted (no tokens): an empty pin on the namespace root.
-      last = s.tree.Match(ns, std::span<const Token>()).last;
-    } else {
-      s.tree.IncRef(last);
+    s.ledger->Transfer(taken, DevicePageLedger::kTree);
+    s.Fail(s.ledger->Free(duplicates), "freeing duplicates");
+    out.duplicate_tokens = static_cast<int64_t>(duplicates.size()) * s.P;
+    s.counters.inserted_tokens += out.new_tokens + out.revived_tokens;
+    s.counters.duplicate_tokens += out.duplicate_tokens;
+    if (fence) s.ledger->AddWriteFence(std::move(fence));
+    if (options.pin) {
+      Impl::Handle h;
+      h.ns = std::string(ns);
+      if (!segments.empty()) {
+        h.last = segments.back().node;
+        s.tree.IncRef(h.last);
+      }
+      h.prefetch_policy = s.config.storage.prefetch_policy;
+      out.handle = s.NewHandle(std::move(h));
     }
-    out.handle.id = s.next_handle++;
-    s.handles.emplace(out.handle.id, Impl::Handle{last, nullptr});
+    if (!segments.empty()) s.MaybeBackup(Impl::Path(segments.back().node), &work);
   }
-  if (!segments.empty()) s.MaybeBackup(s.Path(segments.back().node));
+  s.RunWork(work);
   return out;
 }
 
 Result<int64_t> HierarchicalCache::EvictDevice(int64_t num_tokens) {
   Impl& s = *impl_;
-  std::lock_guard<std::mutex> lk(s.mu);
-  KVTIER_RETURN_IF_ERROR(s.CheckHealth());
   if (num_tokens < 0) {
     return Status::InvalidArgument(fmt::format("num_tokens = {} must not be negative", num_tokens));
   }
-  const int64_t freed = s.EvictDevice((num_tokens + s.P - 1) / s.P);
-  KVTIER_RETURN_IF_ERROR(s.CheckHealth());
+  Impl::Work work;
+  int64_t freed = 0;
+  Status health;
+  {
+    Impl::Lock lk(s);
+    KVTIER_RETURN_IF_ERROR(s.CheckHealth());
+    const int64_t need = std::min(PagesFor(num_tokens, s.P), s.ledger->num_pages());
+    // write_back: victims are copied to host memory first; wait for those copies (outside the
+    // lock) and evict again, a bounded number of times.
+    for (int round = 0; round < 4 && health.ok(); ++round) {
+      s.Reap(&work);
+      freed += s.EvictDevice(need - freed, &work);
+      health = s.CheckHealth();
+      std::vector<std::shared_ptr<CopyOp>> waits;
+      for (const auto& op : s.tracker.ops()) {
+        if (op->kind == CopyOp::Kind::kBackup && op->write_back) waits.push_back(op);
+      }
+      if (freed >= need || waits.empty()) break;
+      lk.unlock();
+      s.RunWork(work);
+      for (auto& op : waits) s.tracker.Wait(*op);
+      lk.lock();
+    }
+  }
+  s.RunWork(work);
+  KVTIER_RETURN_IF_ERROR(health);
   return freed * s.P;
 }
 
 Result<int64_t> HierarchicalCache::EvictHost(int64_t num_tokens) {
   Impl& s = *impl_;
-  std::lock_guard<std::mutex> lk(s.mu);
-  KVTIER_RETURN_IF_ERROR(s.CheckHealth());
   if (num_tokens < 0) {
     return Status::InvalidArgument(fmt::format("num_tokens = {} must not be negative", num_tokens));
   }
-  s.Reap();
-  return s.EvictHost((num_tokens + s.P - 1) / s.P) * s.P;
+  Impl::Work work;
+  int64_t freed = 0;
+  {
+    Impl::Lock lk(s);
+    KVTIER_RETURN_IF_ERROR(s.CheckHealth());
+    s.Reap(&work);
+    freed = s.EvictHost(std::min(PagesFor(num_tokens, s.P), s.host->num_pages()), &work) * s.P;
+    s.TrimStorage(&work);
+  }
+  s.RunWork(work);
+  return freed;
 }
 
 Status HierarchicalCache::WaitForBackups() {
   Impl& s = *impl_;
-  std::lock_guard<std::mutex> lk(s.mu);
-  s.WaitAll();
-  return s.CheckHealth();
+  Impl::Work work;
+  Status failure;
+  {
+    Impl::Lock lk(s);
+    s.Drain(lk, &work, /*backups_only=*/true);
+    failure = std::exchange(s.backup_failure, Status::OK());
+    KVTIER_RETURN_IF_ERROR(s.CheckHealth());
+  }
+  if (!failure.ok()) {
+    return Status::FailedPrecondition(
+        fmt::format("a backup failed (its host pages were taken back): {}", failure.ToString()));
+  }
+  return Status::OK();
 }
 
 CacheStats HierarchicalCache::stats() const {
-  const Impl& s = *impl_;
-  std::lock_guard<std::mutex> lk(s.mu);
-  CacheStats c = s.counters;
-  c.page_size = s.P;
-  c.device_total_tokens = s.device_alloc->num_slots();
-  c.device_used_tokens = s.device_alloc->used_pages() * s.P;
-  c.device_cached_tokens = s.tree.device_tokens();
-  c.device_engine_tokens = s.engine_pages * s.P;
-  c.host_total_tokens = s.host->num_slots();
-  c.host_used_tokens = s.host->allocator().used_pages() * s.P;
-  c.host_total_bytes = s.host->capacity_bytes();
-  c.nodes = s.tree.num_nodes();
-  c.live_handles = static_cast<int64_t>(s.handles.size());
+  Impl& s = *impl_;
+  Impl::Work work;
+  CacheStats c;
+  {
+    Impl::Lock lk(s);
+    s.Reap(&work);
+    c = s.counters;
+    c.page_size = s.P;
+    c.device_total_tokens = s.ledger->num_slots();
+    c.device_used_tokens = s.ledger->used_pages() * s.P;
+    c.device_cached_tokens = s.tree.device_tokens();
+    c.device_engine_tokens = s.ledger->pages_of(DevicePageLedger::kEngine) * s.P;
+    c.host_total_tokens = s.host->num_slots();
+    c.host_used_tokens = s.host->allocator().used_pages() * s.P;
+    c.host_filling_tokens = s.filling_pages * s.P;
+    c.host_total_bytes = s.host->capacity_bytes();
+    c.storage_known_tokens = s.tree.stored_tokens();
+    c.storage_only_tokens = s.tree.storage_only_tokens();
+    c.nodes = s.tree.num_nodes();
+    c.namespaces = s.tree.num_namespaces();
+    c.live_handles = static_cast<int64_t>(s.handles.size());
+    c.prefetch_inflight_tokens = s.filling_pages * s.P;
+  }
+  s.RunWork(work);
   return c;
 }
 
 Status HierarchicalCache::CheckConsistency() const {
   const Impl& s = *impl_;
-  std::lock_guard<std::mutex> lk(s.mu);
+  Impl::Lock lk(s);
   KVTIER_RETURN_IF_ERROR(s.tree.CheckInvariants());
   const int64_t P = s.P;
-  std::vector<uint8_t> dev_seen(s.page_owner.size(), 0);
+  std::vector<uint8_t> dev_seen(static_cast<size_t>(s.ledger->num_pages()), 0);
   std::vector<uint8_t> host_seen(static_cast<size_t>(s.host->num_pages()), 0);
-  std::unordered_map<const RadixNode*, int64_t> expected_refs;
+  std::unordered_map<const RadixNode*, int64_t> expected_refs, expected_busy;
   for (const auto& [id, h] : s.handles) {
-    for (const RadixNode* n = h.last; !n->is_root(); n = n->parent()) ++expected_refs[n];
+    for (const RadixNode* n = h.last; n != nullptr && !n->is_root(); n = n->parent()) {
+      ++expected_refs[n];
+    }
+  }
+  int64_t copy_pages = 0, filling = 0;
+  for (const auto& op : s.tracker.ops()) {
+    for (const RadixNode* n : op->nodes) ++expected_busy[n];
+    if (op->kind == CopyOp::Kind::kLoad) {
+      copy_pages += static_cast<int64_t>(op->free_on_completion.size());
+    }
+    if (op->kind == CopyOp::Kind::kPrefetch) {
+      const int64_t held = op->concluded ? static_cast<int64_t>(op->free_on_completion.size())
+                                         : static_cast<int64_t>(op->pages.size());
+      filling += held;
+      const auto& pages = op->concluded ? op->free_on_completion : op->pages;
+      for (int64_t p : pages) {
+        if (host_seen[static_cast<size_t>(p / P)]++) {
+          return Status::Internal(fmt::format("host page at slot {} held twice by prefetches", p));
+        }
+      }
+    }
+  }
+  if (filling != s.filling_pages) {
+    return Status::Internal(fmt::format("filling host pages: prefetches hold {}, recorded {}",
+                                        filling, s.filling_pages));
   }
   Status st;
   int64_t tree_pages = 0, host_pages = 0;
   s.tree.ForEachNode([&](const RadixNode& n) {
     if (!st.ok()) return;
     for (int64_t start : n.device_pages()) {
-      const int64_t p = start / P;
-      if (s.page_owner[p] != kTree || dev_seen[p] || !s.device_alloc->IsAllocated(p * P)) {
+      const size_t p = static_cast<size_t>(start / P);
+      if (s.ledger->owner(start) != DevicePageLedger::kTree || dev_seen[p] ||
+          !s.ledger->IsAllocated(start)) {
         st = Status::Internal(fmt::format(
-            "node {}: device page at slot {} has owner {}, seen {}, allocated {}", n.id(), p * P,
-            s.page_owner[p], dev_seen[p], s.device_alloc->IsAllocated(p * P)));
+            "node {}: device page at slot {} has owner {}, seen {}, allocated {}", n.id(), start,
+            static_cast<int>(s.ledger->owner(start)), dev_seen[p], s.ledger->IsAllocated(start)));
         return;
       }
       dev_seen[p] = 1;
       ++tree_pages;
     }
     for (int64_t start : n.host_pages()) {
-      const int64_t p = start / P;
-      if (host_seen[p] || !s.host->allocator().IsAllocated(p * P)) {
+      const size_t p = static_cast<size_t>(start / P);
+      if (host_seen[p] || !s.host->allocator().IsAllocated(start)) {
         st = Status::Internal(fmt::format("node {}: host page at slot {} seen {}, allocated {}",
-                                          n.id(), p * P, host_seen[p],
-                                          s.host->allocator().IsAllocated(p * P)));
+                                          n.id(), start, host_seen[p],
+                                          s.host->allocator().IsAllocated(start)));
         return;
       }
       host_seen[p] = 1;
@@ -970,55 +1825,40 @@ Status HierarchicalCache::CheckConsistency() const {
                                         n.ref_count(), want));
       return;
     }
-    if (n.busy()) {
-      bool found = false;
-      for (const auto& op : s.inflight) found = found || op == n.pending();
-      if (!found) st = Status::Internal(fmt::format("node {}: busy with a reaped copy", n.id()));
+    auto b = expected_busy.find(&n);
+    const int64_t busy = b == expected_busy.end() ? 0 : b->second;
+    if (n.busy() != busy) {
+      st = Status::Internal(fmt::format("node {}: busy {} but {} operations list it", n.id(),
+                                        n.busy(), busy));
+      return;
     }
   });
   KVTIER_RETURN_IF_ERROR(st);
-  const int64_t owner_tree = std::count(s.page_owner.begin(), s.page_owner.end(), kTree);
-  const int64_t owner_engine = std::count(s.page_owner.begin(), s.page_owner.end(), kEngine);
-  if (owner_tree != tree_pages || owner_engine != s.engine_pages ||
-      s.device_alloc->used_pages() != tree_pages + s.engine_pages) {
+  const int64_t owner_tree = s.ledger->pages_of(DevicePageLedger::kTree);
+  const int64_t owner_copy = s.ledger->pages_of(DevicePageLedger::kCopy);
+  const int64_t owner_engine = s.ledger->pages_of(DevicePageLedger::kEngine);
+  if (owner_tree != tree_pages || owner_copy != copy_pages ||
+      s.ledger->used_pages() != tree_pages + owner_engine + owner_copy) {
     return Status::Internal(fmt::format(
-        "device pages: tree {} (owner map {}), engine {} (owner map {}), allocator used {}",
-        tree_pages, owner_tree, s.engine_pages, owner_engine, s.device_alloc->used_pages()));
+        "device pages: tree {} (ledger {}), load-backs {} (ledger {}), engine {}, allocator used "
+        "{}", tree_pages, owner_tree, copy_pages, owner_copy, owner_engine,
+        s.ledger->used_pages()));
   }
-  if (s.host->allocator().used_pages() != host_pages) {
-    return Status::Internal(fmt::format("host pages: tree {}, allocator used {}", host_pages,
-                                        s.host->allocator().used_pages()));
+  if (s.host->allocator().used_pages() != host_pages + filling) {
+    return Status::Internal(fmt::format("host pages: tree {} + filling {}, allocator used {}",
+                                        host_pages, filling, s.host->allocator().used_pages()));
   }
   return Status::OK();
+}
+
+bool HierarchicalCache::MutexHeldByCurrentThread() const {
+  return impl_->owner.load(std::memory_order_relaxed) == std::this_thread::get_id();
 }
 
 const KvRegion& HierarchicalCache::device_region() const { return impl_->device; }
 const KvRegion& HierarchicalCache::host_region() const { return impl_->host->region(); }
 int64_t HierarchicalCache::page_size() const { return impl_->P; }
 TransferBackend HierarchicalCache::backend() const { return impl_->engine->backend(); }
-
-}  // namespace kvtier
-
-namespace kvtier {
-
-// Interim (cache-v2 in progress): the storage tier's calls answer FailedPrecondition until the
-// restructured cache lands.
-Result<StorageQueryResult> HierarchicalCache::QueryStorage(MatchHandle) {
-  return Status::FailedPrecondition("QueryStorage: the storage tier is not implemented yet");
-}
-Result<PrefetchResult> HierarchicalCache::Prefetch(MatchHandle handle) {
-  return Prefetch(handle, impl_->config.storage.prefetch_policy);
-}
-Result<PrefetchResult> HierarchicalCache::Prefetch(MatchHandle, PrefetchPolicy) {
-  return Status::FailedPrecondition("Prefetch: the storage tier is not implemented yet");
-}
-Result<PrefetchResult> HierarchicalCache::PollPrefetch(MatchHandle) {
-  return Status::FailedPrecondition("PollPrefetch: the storage tier is not implemented yet");
-}
-Result<PrefetchResult> HierarchicalCache::FinishPrefetch(MatchHandle) {
-  return Status::FailedPrecondition("FinishPrefetch: the storage tier is not implemented yet");
-}
-bool HierarchicalCache::MutexHeldByCurrentThread() const { return false; }
-StorageBackend* HierarchicalCache::storage() const { return nullptr; }
+StorageBackend* HierarchicalCache::storage() const { return impl_->storage.get(); }
 
 }  // namespace kvtier

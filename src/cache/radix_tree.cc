@@ -1,82 +1,25 @@
-// The paged radix tree (see kvtier/radix_tree.h).
+// The paged radix tree (see cache/radix_tree.h).
 //
 // Bookkeeping kept incrementally, so no operation scans the tree:
 //   device_children_ / host_children_  how many children are resident in each tier;
 //   ref_count_                         pins through this node (IncRef walks to the root);
-//   device_set_ / host_set_            the evictable nodes of each tier, ordered by policy key;
-//                                      Refresh(node) re-files one node after any change to it
-//                                      or to its children counts.
-#include "kvtier/radix_tree.h"
+//   busy_                              operations in flight touching the node;
+//   device_set_ / host_set_ /          the evictable nodes of each tier, ordered by policy key;
+//   storage_set_                       Refresh(node) re-files one node after any change to it
+//                                      or to its children counts;
+//   the totals (tier tokens, stored,   Account(node, -1) before and Account(node, +1) after
+//   storage-only, locked)              every change of a node's residency, pins or busy count.
+#include "cache/radix_tree.h"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <bit>
 #include <cstring>
+#include <limits>
 #include <utility>
 
 namespace kvtier {
-
-namespace detail {
-
-void ChildMap::Insert(uint64_t key, RadixNode* node) {
-  if ((used_ + 1) * 4 > slots_.size() * 3) {
-    size_t capacity = 4;
-    while (capacity * 3 < (size_ + 1) * 4 * 2) capacity *= 2;  // at most 3/8 full after
-    Rehash(capacity);
-  }
-  for (size_t i = Home(key);; i = (i + 1) & mask_) {
-    Entry& e = slots_[i];
-    if (!Live(e)) {
-      if (e.node == nullptr) ++used_;
-      e = {key, node};
-      ++size_;
-      return;
-    }
-  }
-}
-
-size_t ChildMap::Locate(uint64_t key, const RadixNode* node) const {
-  for (size_t i = Home(key);; i = (i + 1) & mask_) {
-    if (slots_[i].node == node) return i;
-  }
-}
-
-void ChildMap::Erase(uint64_t key, RadixNode* node) {
-  slots_[Locate(key, node)].node = Tombstone();
-  --size_;
-  if (size_ == 0) Clear();
-}
-
-void ChildMap::Replace(uint64_t key, RadixNode* from, RadixNode* to) {
-  slots_[Locate(key, from)].node = to;
-}
-
-void ChildMap::Clear() {
-  slots_.clear();
-  slots_.shrink_to_fit();
-  mask_ = 0;
-  shift_ = 64;
-  size_ = used_ = 0;
-}
-
-void ChildMap::Rehash(size_t capacity) {
-  std::vector<Entry> old = std::move(slots_);
-  slots_.assign(capacity, Entry{});
-  mask_ = capacity - 1;
-  shift_ = 64 - std::countr_zero(capacity);
-  size_ = used_ = 0;
-  for (const Entry& e : old) {
-    if (!Live(e)) continue;
-    size_t i = Home(e.key);
-    while (slots_[i].node != nullptr) i = (i + 1) & mask_;
-    slots_[i] = e;
-    ++size_;
-    ++used_;
-  }
-}
-
-}  // namespace detail
 
 namespace {
 constexpr size_t kMaxPooledNodes = 4096;
@@ -94,14 +37,15 @@ void RadixNode::Reset() {
   prefix_tokens_ = 0;
   device_pages_.clear();
   host_pages_.clear();
-  storage_keys_.clear();
+  keys_.clear();
+  stored_ = prefetching_ = storing_ = false;
   children_.Clear();
   device_children_ = host_children_ = 0;
   ref_count_ = hit_count_ = last_access_ = created_ = 0;
   priority_ = 0;
-  pending_.reset();
-  in_device_set_ = in_host_set_ = false;
-  device_key_ = host_key_ = EvictionKey{};
+  busy_ = 0;
+  in_device_set_ = in_host_set_ = in_storage_set_ = false;
+  device_key_ = host_key_ = storage_key_ = EvictionKey{};
 }
 
 RadixTree::RadixTree(int64_t page_size, std::shared_ptr<const EvictionPolicy> device_policy,
@@ -205,6 +149,7 @@ RadixNode* RadixTree::NewNode(RadixNode* parent) {
 }
 
 RadixNode* RadixTree::Split(RadixNode* lower, int64_t k) {
+  Account(lower, -1);
   RadixNode* parent = lower->parent_;
   const uint64_t key = lower->child_key_;
   RadixNode* upper = NewNode(parent);
@@ -213,25 +158,23 @@ RadixNode* RadixTree::Split(RadixNode* lower, int64_t k) {
   lower->tokens_.erase(lower->tokens_.begin(), lower->tokens_.begin() + k);
   upper->prefix_tokens_ = lower->prefix_tokens_ - static_cast<int64_t>(lower->tokens_.size());
   const int64_t pages = k / page_size_;
-  auto split_vec = [pages](std::vector<int64_t>& from, std::vector<int64_t>& to) {
+  auto split_vec = [pages](auto& from, auto& to) {
     if (from.empty()) return;
     to.assign(from.begin(), from.begin() + pages);
     from.erase(from.begin(), from.begin() + pages);
   };
   split_vec(lower->device_pages_, upper->device_pages_);
   split_vec(lower->host_pages_, upper->host_pages_);
-  if (!lower->storage_keys_.empty()) {
-    upper->storage_keys_.assign(std::make_move_iterator(lower->storage_keys_.begin()),
-                                std::make_move_iterator(lower->storage_keys_.begin() + pages));
-    lower->storage_keys_.erase(lower->storage_keys_.begin(),
-                               lower->storage_keys_.begin() + pages);
-  }
+  split_vec(lower->keys_, upper->keys_);
+  upper->stored_ = lower->stored_;
+  upper->prefetching_ = lower->prefetching_;
+  upper->storing_ = lower->storing_;
   upper->ref_count_ = lower->ref_count_;
   upper->hit_count_ = lower->hit_count_;
   upper->last_access_ = lower->last_access_;
   upper->created_ = lower->created_;
   upper->priority_ = lower->priority_;
-  upper->pending_ = lower->pending_;
+  upper->busy_ = lower->busy_;
   upper->device_children_ = lower->on_device() ? 1 : 0;
   upper->host_children_ = lower->on_host() ? 1 : 0;
   // Re-link: parent -> upper -> lower. The parent's tier counts are unchanged (upper has the
@@ -241,10 +184,18 @@ RadixNode* RadixTree::Split(RadixNode* lower, int64_t k) {
   lower->child_key_ = PageHash(std::span<const Token>(lower->tokens_).first(page_size_));
   upper->children_.Insert(lower->child_key_, lower);
   parent->children_.Replace(key, lower, upper);
+  Account(lower, +1);
+  Account(upper, +1);
   Refresh(lower);  // its key is unchanged, but its tier counts may differ from upper's
   Refresh(upper);
   if (split_hook_) split_hook_(upper, lower);
   return upper;
+}
+
+RadixNode* RadixTree::SplitAfter(RadixNode* node, int64_t keep_pages) {
+  if (keep_pages <= 0) return node;
+  Split(node, keep_pages * page_size_);
+  return node;
 }
 
 RadixTree::MatchResult RadixTree::Match(std::string_view ns, std::span<const Token> tokens) {
@@ -254,19 +205,17 @@ RadixTree::MatchResult RadixTree::Match(std::string_view ns, std::span<const Tok
   r.last = node;
   int64_t pos = 0;
   const int64_t n = static_cast<int64_t>(tokens.size());
-  bool device_run = true;
+  int tier = 0;  // 0 device, 1 host, 2 storage: the part of the match being walked
   while (pos + page_size_ <= n) {
     RadixNode* child = FindChild(node, tokens.subspan(pos, page_size_));
     if (child == nullptr) break;
+    const int child_tier = child->on_device() ? 0 : child->on_host() ? 1 : child->stored_ ? 2 : 3;
+    if (child_tier == 3 || child_tier < tier) break;  // an orphan (or out of order) ends it
+    tier = child_tier;
     const int64_t k = CommonPages(child, tokens.subspan(pos));
     const bool partial = k < child->num_tokens();
     if (partial) child = Split(child, k);
-    if (device_run && child->on_device()) {
-      r.device_tokens += k;
-    } else {
-      device_run = false;
-      r.host_tokens += k;
-    }
+    (tier == 0 ? r.device_tokens : tier == 1 ? r.host_tokens : r.storage_tokens) += k;
     pos += k;
     node = child;
     if (partial) break;
@@ -282,17 +231,15 @@ RadixTree::MatchResult RadixTree::Peek(std::string_view ns, std::span<const Toke
   if (node == nullptr) return r;
   int64_t pos = 0;
   const int64_t n = static_cast<int64_t>(tokens.size());
-  bool device_run = true;
+  int tier = 0;
   while (pos + page_size_ <= n) {
     RadixNode* child = FindChild(node, tokens.subspan(pos, page_size_));
     if (child == nullptr) break;
+    const int child_tier = child->on_device() ? 0 : child->on_host() ? 1 : child->stored_ ? 2 : 3;
+    if (child_tier == 3 || child_tier < tier) break;
+    tier = child_tier;
     const int64_t k = CommonPages(child, tokens.subspan(pos));
-    if (device_run && child->on_device()) {
-      r.device_tokens += k;
-    } else {
-      device_run = false;
-      r.host_tokens += k;
-    }
+    (tier == 0 ? r.device_tokens : tier == 1 ? r.host_tokens : r.storage_tokens) += k;
     pos += k;
     node = child;
     if (k < child->num_tokens()) break;
@@ -303,11 +250,15 @@ RadixTree::MatchResult RadixTree::Peek(std::string_view ns, std::span<const Toke
 }
 
 void RadixTree::Insert(std::string_view ns, std::span<const Token> tokens,
-                       std::span<const int64_t> device_pages,
+                       std::span<const int64_t> device_pages, std::span<const PageKey> keys,
                        std::vector<InsertSegment>* segments) {
+  if (tokens.empty()) return;
   RadixNode* node = Root(ns, /*create=*/true);
   int64_t pos = 0;
   const int64_t n = static_cast<int64_t>(tokens.size());
+  auto keys_of = [&](int64_t begin, int64_t end) {
+    return std::vector<PageKey>(keys.begin() + begin / page_size_, keys.begin() + end / page_size_);
+  };
   while (pos < n) {
     RadixNode* child = FindChild(node, tokens.subspan(pos, page_size_));
     if (child == nullptr) {
@@ -318,6 +269,7 @@ void RadixTree::Insert(std::string_view ns, std::span<const Token> tokens,
       leaf->hit_count_ = 1;
       leaf->created_ = leaf->last_access_ = ++clock_;
       leaf->child_key_ = PageHash(tokens.subspan(pos, page_size_));
+      if (!keys.empty()) leaf->keys_ = keys_of(pos, n);
       node->children_.Insert(leaf->child_key_, leaf);
       SetDevicePages(leaf, std::vector<int64_t>(device_pages.begin() + pos / page_size_,
                                                 device_pages.end()));
@@ -326,6 +278,7 @@ void RadixTree::Insert(std::string_view ns, std::span<const Token> tokens,
     }
     const int64_t k = CommonPages(child, tokens.subspan(pos));
     if (k < child->num_tokens()) child = Split(child, k);
+    if (!keys.empty() && child->keys_.empty()) child->keys_ = keys_of(pos, pos + k);
     if (child->on_device()) {
       if (segments) segments->push_back({child, pos, pos + k, SegmentKind::kOnDevice});
     } else {
@@ -338,12 +291,61 @@ void RadixTree::Insert(std::string_view ns, std::span<const Token> tokens,
   }
 }
 
+RadixNode* RadixTree::AddStored(RadixNode* from, std::string_view ns,
+                                std::span<const Token> tokens, std::span<const PageKey> keys) {
+  if (tokens.empty()) return from != nullptr ? from : Root(ns, /*create=*/false);
+  RadixNode* node = from != nullptr ? from : Root(ns, /*create=*/true);
+  int64_t pos = 0;
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  while (pos < n) {
+    RadixNode* child = FindChild(node, tokens.subspan(pos, page_size_));
+    if (child == nullptr) {
+      RadixNode* leaf = NewNode(node);
+      leaf->tokens_.assign(tokens.begin() + pos, tokens.end());
+      FitTokens(leaf);
+      leaf->prefix_tokens_ = node->prefix_tokens_ + (n - pos);
+      leaf->created_ = leaf->last_access_ = ++clock_;
+      leaf->child_key_ = PageHash(tokens.subspan(pos, page_size_));
+      leaf->keys_.assign(keys.begin() + pos / page_size_, keys.end());
+      node->children_.Insert(leaf->child_key_, leaf);
+      SetStored(leaf, true);
+      return leaf;
+    }
+    const int64_t k = CommonPages(child, tokens.subspan(pos));
+    if (k < child->num_tokens()) child = Split(child, k);
+    if (child->keys_.empty()) {
+      child->keys_.assign(keys.begin() + pos / page_size_, keys.begin() + (pos + k) / page_size_);
+    }
+    SetStored(child, true);
+    pos += k;
+    node = child;
+  }
+  return node;
+}
+
+void RadixTree::Account(const RadixNode* n, int sign) {
+  const int64_t dev = static_cast<int64_t>(n->device_pages_.size()) * page_size_;
+  const int64_t host = static_cast<int64_t>(n->host_pages_.size()) * page_size_;
+  device_tokens_ += sign * dev;
+  host_tokens_ += sign * host;
+  if (n->stored_) stored_tokens_ += sign * n->num_tokens();
+  if (n->storage_only()) storage_only_tokens_ += sign * n->num_tokens();
+  if (n->ref_count_ > 0 || n->busy_ > 0) {
+    locked_device_tokens_ += sign * dev;
+    locked_host_tokens_ += sign * host;
+  }
+  if (n->ref_count_ > 0) {
+    pinned_device_tokens_ += sign * dev;
+    pinned_host_tokens_ += sign * host;
+  }
+}
+
 std::vector<int64_t> RadixTree::ReplacePages(RadixNode* node, std::vector<int64_t> RadixNode::*pages,
-                                             int64_t RadixNode::*children, int64_t* tokens,
+                                             int64_t RadixNode::*children,
                                              std::vector<int64_t> replacement) {
+  Account(node, -1);
   std::vector<int64_t> old = std::exchange(node->*pages, std::move(replacement));
-  *tokens += (static_cast<int64_t>((node->*pages).size()) - static_cast<int64_t>(old.size())) *
-             page_size_;
+  Account(node, +1);
   if (old.empty() != (node->*pages).empty()) {  // an empty list takes the node off the tier
     node->parent_->*children += old.empty() ? 1 : -1;
     Refresh(node->parent_);
@@ -353,67 +355,115 @@ std::vector<int64_t> RadixTree::ReplacePages(RadixNode* node, std::vector<int64_
 }
 
 void RadixTree::SetDevicePages(RadixNode* node, std::vector<int64_t> pages) {
-  ReplacePages(node, &RadixNode::device_pages_, &RadixNode::device_children_, &device_tokens_,
-               std::move(pages));
-}
-
-std::vector<int64_t> RadixTree::TakeDevicePages(RadixNode* node) {
-  std::vector<int64_t> out;
-  TakeDevicePages(node, &out);
-  return out;
+  ReplacePages(node, &RadixNode::device_pages_, &RadixNode::device_children_, std::move(pages));
 }
 
 void RadixTree::TakeDevicePages(RadixNode* node, std::vector<int64_t>* out) {
   if (node->device_pages_.empty()) return;
+  Account(node, -1);
   out->insert(out->end(), node->device_pages_.begin(), node->device_pages_.end());
-  device_tokens_ -= static_cast<int64_t>(node->device_pages_.size()) * page_size_;
   node->device_pages_.clear();  // keeps the buffer for when the node comes back
+  Account(node, +1);
   --node->parent_->device_children_;
   Refresh(node->parent_);
   Refresh(node);
 }
 
 void RadixTree::SetHostPages(RadixNode* node, std::vector<int64_t> pages) {
-  ReplacePages(node, &RadixNode::host_pages_, &RadixNode::host_children_, &host_tokens_,
-               std::move(pages));
+  ReplacePages(node, &RadixNode::host_pages_, &RadixNode::host_children_, std::move(pages));
 }
 
 std::vector<int64_t> RadixTree::TakeHostPages(RadixNode* node) {
-  return ReplacePages(node, &RadixNode::host_pages_, &RadixNode::host_children_, &host_tokens_,
-                      {});
+  return ReplacePages(node, &RadixNode::host_pages_, &RadixNode::host_children_, {});
 }
 
-void RadixTree::SetStorageKeys(RadixNode* node, std::vector<std::string> keys) {
-  node->storage_keys_ = std::move(keys);
+void RadixTree::SetStored(RadixNode* node, bool stored) {
+  if (node->stored_ == stored) return;
+  Account(node, -1);
+  node->stored_ = stored;
+  Account(node, +1);
+  Refresh(node);
 }
 
-void RadixTree::Remove(RadixNode* node) {
-  if (node->in_device_set_) device_set_.erase({node->device_key_, node->id_, node});
-  if (node->in_host_set_) host_set_.erase({node->host_key_, node->id_, node});
+void RadixTree::SetKeys(RadixNode* node, std::vector<PageKey> keys) {
+  node->keys_ = std::move(keys);
+}
+
+void RadixTree::RemoveSubtree(RadixNode* node, int64_t* removed_stored_tokens) {
+  std::vector<RadixNode*> stack = {node}, order;
+  while (!stack.empty()) {
+    RadixNode* n = stack.back();
+    stack.pop_back();
+    order.push_back(n);
+    n->children_.ForEach([&](uint64_t, RadixNode* c) { stack.push_back(c); });
+  }
   RadixNode* parent = node->parent_;
   parent->children_.Erase(node->child_key_, node);
-  Recycle(std::unique_ptr<RadixNode>(node));  // or deletes it
-  --num_nodes_;
-  Refresh(parent);
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {  // children before parents
+    RadixNode* n = *it;
+    if (removed_stored_tokens != nullptr && n->stored_) *removed_stored_tokens += n->num_tokens();
+    Account(n, -1);
+    if (n->in_device_set_) device_set_.erase({n->device_key_, n->id_, n});
+    if (n->in_host_set_) host_set_.erase({n->host_key_, n->id_, n});
+    if (n->in_storage_set_) storage_set_.erase({n->storage_key_, n->id_, n});
+    Recycle(std::unique_ptr<RadixNode>(n));  // or deletes it
+    --num_nodes_;
+  }
+  if (parent->is_root()) {
+    if (parent->children_.empty()) {
+      auto root = roots_.find(*parent->namespace_);
+      if (root != roots_.end() && root->second.get() == parent) roots_.erase(root);
+    }
+  } else {
+    Refresh(parent);
+  }
 }
 
 void RadixTree::IncRef(RadixNode* node) {
   for (RadixNode* n = node; n != nullptr && !n->is_root(); n = n->parent_) {
-    if (n->ref_count_++ == 0) Refresh(n);
+    if (n->ref_count_ == 0) {
+      Account(n, -1);
+      n->ref_count_ = 1;
+      Account(n, +1);
+      Refresh(n);
+    } else {
+      ++n->ref_count_;
+    }
   }
 }
 
 void RadixTree::DecRef(RadixNode* node) {
   for (RadixNode* n = node; n != nullptr && !n->is_root(); n = n->parent_) {
-    if (--n->ref_count_ == 0) Refresh(n);
+    if (n->ref_count_ == 1) {
+      Account(n, -1);
+      n->ref_count_ = 0;
+      Account(n, +1);
+      Refresh(n);
+    } else {
+      --n->ref_count_;
+    }
   }
+}
+
+void RadixTree::AddBusy(RadixNode* node) {
+  Account(node, -1);
+  ++node->busy_;
+  Account(node, +1);
+  if (node->busy_ == 1) Refresh(node);
+}
+
+void RadixTree::RemoveBusy(RadixNode* node) {
+  Account(node, -1);
+  --node->busy_;
+  Account(node, +1);
+  if (node->busy_ == 0) Refresh(node);
 }
 
 void RadixTree::Touch(RadixNode* node, int64_t hits) {
   if (node->is_root()) return;
   node->last_access_ = ++clock_;
   node->hit_count_ += hits;
-  if (node->in_device_set_ || node->in_host_set_) Refresh(node);
+  if (node->in_device_set_ || node->in_host_set_ || node->in_storage_set_) Refresh(node);
 }
 
 void RadixTree::RaisePriority(RadixNode* node, int32_t priority) {
@@ -422,32 +472,28 @@ void RadixTree::RaisePriority(RadixNode* node, int32_t priority) {
   if (node->in_device_set_ || node->in_host_set_) Refresh(node);
 }
 
-void RadixTree::SetPending(RadixNode* node, std::shared_ptr<PendingCopy> pending) {
-  node->pending_ = std::move(pending);
-  Refresh(node);
-}
-
 EvictionStats RadixTree::StatsOf(const RadixNode* n) const {
   return {n->last_access_, n->created_, n->hit_count_, n->priority_};
 }
 
 void RadixTree::Refresh(RadixNode* n) {
   if (n->is_root()) return;
-  const bool idle = n->ref_count_ == 0 && n->pending_ == nullptr;
+  const bool idle = n->ref_count_ == 0 && n->busy_ == 0;
   const bool dev = idle && n->on_device() && n->device_children_ == 0;
-  const bool host = idle && n->on_host() && !n->on_device() && n->children_.empty();
+  const bool host = idle && n->on_host() && !n->on_device() && n->host_children_ == 0;
+  const bool storage = idle && !n->on_host() && !n->on_device() && n->children_.empty();
   // Set nodes are moved between and within the sets as node handles, so re-filing a node
   // (a touch, or a device eviction that keeps the host copy) allocates and frees nothing.
   std::set<SetEntry>::node_type spare;
-  if (n->in_device_set_) {
-    spare = device_set_.extract({n->device_key_, n->id_, n});
-    n->in_device_set_ = false;
-  }
-  if (n->in_host_set_) {
-    auto h = host_set_.extract({n->host_key_, n->id_, n});
+  auto take = [&](bool& member, std::set<SetEntry>& set, const EvictionKey& key) {
+    if (!member) return;
+    auto h = set.extract({key, n->id_, n});
     if (!spare) spare = std::move(h);
-    n->in_host_set_ = false;
-  }
+    member = false;
+  };
+  take(n->in_device_set_, device_set_, n->device_key_);
+  take(n->in_host_set_, host_set_, n->host_key_);
+  take(n->in_storage_set_, storage_set_, n->storage_key_);
   auto file = [&spare](std::set<SetEntry>& set, const SetEntry& entry) {
     if (spare) {
       spare.value() = entry;
@@ -466,28 +512,25 @@ void RadixTree::Refresh(RadixNode* n) {
     file(host_set_, {n->host_key_, n->id_, n});
     n->in_host_set_ = true;
   }
+  if (storage) {
+    // Orphans first (their pages are gone), then the least recently used.
+    n->storage_key_ = n->stored_ ? EvictionKey{n->last_access_, n->created_}
+                                 : EvictionKey{std::numeric_limits<int64_t>::min(), 0};
+    file(storage_set_, {n->storage_key_, n->id_, n});
+    n->in_storage_set_ = true;
+  }
 }
 
 RadixNode* RadixTree::DeviceVictim() const {
   return device_set_.empty() ? nullptr : device_set_.begin()->node;
 }
 
-void RadixTree::PrefetchDeviceVictims() const {
-  auto it = device_set_.begin();
-  if (it == device_set_.end() || ++it == device_set_.end()) return;
-  // The next victim: its struct was prefetched one round ago; fetch its page list now.
-  const RadixNode* next = it->node;
-  const char* pages = reinterpret_cast<const char*>(next->device_pages_.data());
-  const size_t bytes = next->device_pages_.size() * sizeof(int64_t);
-  for (size_t off = 0; off < bytes && off < 1024; off += 64) __builtin_prefetch(pages + off);
-  if (++it == device_set_.end()) return;
-  // The one after: its struct.
-  const char* node = reinterpret_cast<const char*>(it->node);
-  for (size_t off = 0; off < sizeof(RadixNode); off += 64) __builtin_prefetch(node + off);
-}
-
 RadixNode* RadixTree::HostVictim() const {
   return host_set_.empty() ? nullptr : host_set_.begin()->node;
+}
+
+RadixNode* RadixTree::StorageVictim() const {
+  return storage_set_.empty() ? nullptr : storage_set_.begin()->node;
 }
 
 std::vector<Token> RadixTree::PrefixTokens(const RadixNode* node) const {
@@ -498,6 +541,12 @@ std::vector<Token> RadixTree::PrefixTokens(const RadixNode* node) const {
     std::copy(n->tokens_.begin(), n->tokens_.end(), out.begin() + end);
   }
   return out;
+}
+
+const PageKey* RadixTree::KeyBefore(const RadixNode* node) const {
+  const RadixNode* p = node->parent_;
+  if (p == nullptr || p->is_root() || p->keys_.empty()) return nullptr;
+  return &p->keys_.back();
 }
 
 void RadixTree::ForEachNode(const std::function<void(const RadixNode&)>& fn) const {
@@ -528,7 +577,7 @@ Status PagesAligned(const RadixNode* n, std::span<const int64_t> pages, const ch
 }  // namespace
 
 Status RadixTree::CheckNode(const RadixNode* n, int64_t* device_tokens, int64_t* host_tokens,
-                            int64_t* nodes) const {
+                            int64_t* stored_tokens, int64_t* nodes) const {
   int64_t dev_children = 0, host_children = 0, child_refs = 0;
   std::vector<std::pair<uint64_t, const RadixNode*>> kids;
   n->children_.ForEach([&](uint64_t key, const RadixNode* c) { kids.emplace_back(key, c); });
@@ -558,8 +607,10 @@ Status RadixTree::CheckNode(const RadixNode* n, int64_t* device_tokens, int64_t*
     if (c->namespace_ != n->namespace_) {
       return Status::Internal(fmt::format("node {}: namespace differs from its parent", c->id_));
     }
-    if (!c->on_device() && !c->on_host()) {
-      return Status::Internal(fmt::format("node {}: resident in no tier", c->id_));
+    if (!c->resident() && c->ref_count_ == 0 && c->busy_ == 0 && !c->in_storage_set_ &&
+        c->children_.empty()) {
+      return Status::Internal(fmt::format(
+          "node {}: resident in no tier, unreferenced and not waiting for removal", c->id_));
     }
     const int64_t pages = c->num_tokens() / page_size_;
     if (c->on_device() && pages != static_cast<int64_t>(c->device_pages_.size())) {
@@ -570,10 +621,12 @@ Status RadixTree::CheckNode(const RadixNode* n, int64_t* device_tokens, int64_t*
       return Status::Internal(fmt::format("node {}: {} host pages for {} tokens", c->id_,
                                           c->host_pages_.size(), c->num_tokens()));
     }
-    if (!c->storage_keys_.empty() &&
-        static_cast<int64_t>(c->storage_keys_.size()) != c->num_tokens() / page_size_) {
+    if (!c->keys_.empty() && static_cast<int64_t>(c->keys_.size()) != pages) {
       return Status::Internal(fmt::format("node {}: {} storage keys for {} pages", c->id_,
-                                          c->storage_keys_.size(), c->num_tokens() / page_size_));
+                                          c->keys_.size(), pages));
+    }
+    if (c->stored_ && c->keys_.empty()) {
+      return Status::Internal(fmt::format("node {}: stored without page keys", c->id_));
     }
     if (c->on_device() && !n->is_root() && !n->on_device()) {
       return Status::Internal(fmt::format("node {}: on the device but its parent {} is not",
@@ -584,6 +637,7 @@ Status RadixTree::CheckNode(const RadixNode* n, int64_t* device_tokens, int64_t*
           "node {}: in host memory but its parent {} is not (backups must form a prefix)", c->id_,
           n->id_));
     }
+    if (c->busy_ < 0) return Status::Internal(fmt::format("node {}: busy {}", c->id_, c->busy_));
     KVTIER_RETURN_IF_ERROR(PagesAligned(c, c->device_pages_, "device", page_size_));
     KVTIER_RETURN_IF_ERROR(PagesAligned(c, c->host_pages_, "host", page_size_));
     // Distinct first pages among siblings.
@@ -600,8 +654,9 @@ Status RadixTree::CheckNode(const RadixNode* n, int64_t* device_tokens, int64_t*
     child_refs += c->ref_count_;
     *device_tokens += static_cast<int64_t>(c->device_pages_.size()) * page_size_;
     *host_tokens += static_cast<int64_t>(c->host_pages_.size()) * page_size_;
+    if (c->stored_) *stored_tokens += c->num_tokens();
     ++*nodes;
-    KVTIER_RETURN_IF_ERROR(CheckNode(c, device_tokens, host_tokens, nodes));
+    KVTIER_RETURN_IF_ERROR(CheckNode(c, device_tokens, host_tokens, stored_tokens, nodes));
   }
   if (dev_children != n->device_children_ || host_children != n->host_children_) {
     return Status::Internal(fmt::format(
@@ -613,49 +668,82 @@ Status RadixTree::CheckNode(const RadixNode* n, int64_t* device_tokens, int64_t*
       return Status::Internal(fmt::format("node {}: ref_count {} below its children's sum {}",
                                           n->id_, n->ref_count_, child_refs));
     }
-    const bool idle = n->ref_count_ == 0 && n->pending_ == nullptr;
+    const bool idle = n->ref_count_ == 0 && n->busy_ == 0;
     const bool dev = idle && n->on_device() && n->device_children_ == 0;
-    const bool host = idle && n->on_host() && !n->on_device() && n->children_.empty();
+    const bool host = idle && n->on_host() && !n->on_device() && n->host_children_ == 0;
+    const bool storage = idle && !n->on_host() && !n->on_device() && n->children_.empty();
+    auto* mut = const_cast<RadixNode*>(n);
     if (dev != n->in_device_set_ ||
-        (dev && (!device_set_.count({n->device_key_, n->id_, const_cast<RadixNode*>(n)}) ||
+        (dev && (!device_set_.count({n->device_key_, n->id_, mut}) ||
                  n->device_key_ != device_policy_->Key(StatsOf(n))))) {
       return Status::Internal(fmt::format("node {}: device-evictable set membership is wrong "
                                           "(should be {})", n->id_, dev));
     }
     if (host != n->in_host_set_ ||
-        (host && (!host_set_.count({n->host_key_, n->id_, const_cast<RadixNode*>(n)}) ||
+        (host && (!host_set_.count({n->host_key_, n->id_, mut}) ||
                   n->host_key_ != host_policy_->Key(StatsOf(n))))) {
       return Status::Internal(fmt::format("node {}: host-evictable set membership is wrong "
                                           "(should be {})", n->id_, host));
+    }
+    if (storage != n->in_storage_set_ ||
+        (storage && !storage_set_.count({n->storage_key_, n->id_, mut}))) {
+      return Status::Internal(fmt::format("node {}: storage set membership is wrong "
+                                          "(should be {})", n->id_, storage));
     }
   }
   return Status::OK();
 }
 
 Status RadixTree::CheckInvariants() const {
-  int64_t device_tokens = 0, host_tokens = 0, nodes = 0;
+  int64_t device_tokens = 0, host_tokens = 0, stored_tokens = 0, nodes = 0;
   for (const auto& [name, root] : roots_) {
     if (!root->tokens_.empty() || root->on_device() || root->on_host() || root->ref_count_ != 0) {
       return Status::Internal(fmt::format("root of namespace '{}' holds tokens, slots or refs",
                                           name));
     }
-    KVTIER_RETURN_IF_ERROR(CheckNode(root.get(), &device_tokens, &host_tokens, &nodes));
+    if (root->children_.empty()) {
+      return Status::Internal(fmt::format("namespace '{}' has no nodes but was kept", name));
+    }
+    KVTIER_RETURN_IF_ERROR(
+        CheckNode(root.get(), &device_tokens, &host_tokens, &stored_tokens, &nodes));
   }
-  if (device_tokens != device_tokens_ || host_tokens != host_tokens_ || nodes != num_nodes_) {
+  if (device_tokens != device_tokens_ || host_tokens != host_tokens_ || nodes != num_nodes_ ||
+      stored_tokens != stored_tokens_) {
     return Status::Internal(fmt::format(
-        "totals: device {} host {} nodes {}, recorded {} {} {}", device_tokens, host_tokens, nodes,
-        device_tokens_, host_tokens_, num_nodes_));
+        "totals: device {} host {} stored {} nodes {}, recorded {} {} {} {}", device_tokens,
+        host_tokens, stored_tokens, nodes, device_tokens_, host_tokens_, stored_tokens_,
+        num_nodes_));
   }
-  int64_t dev_members = 0, host_members = 0;
+  int64_t dev_members = 0, host_members = 0, storage_members = 0;
+  int64_t locked_dev = 0, locked_host = 0, storage_only = 0, pinned_dev = 0, pinned_host = 0;
   ForEachNode([&](const RadixNode& n) {
     dev_members += n.in_device_set_;
     host_members += n.in_host_set_;
+    storage_members += n.in_storage_set_;
+    if (n.storage_only()) storage_only += n.num_tokens();
+    if (n.ref_count_ > 0 || n.busy_ > 0) {
+      locked_dev += static_cast<int64_t>(n.device_pages_.size()) * page_size_;
+      locked_host += static_cast<int64_t>(n.host_pages_.size()) * page_size_;
+    }
+    if (n.ref_count_ > 0) {
+      pinned_dev += static_cast<int64_t>(n.device_pages_.size()) * page_size_;
+      pinned_host += static_cast<int64_t>(n.host_pages_.size()) * page_size_;
+    }
   });
   if (dev_members != static_cast<int64_t>(device_set_.size()) ||
-      host_members != static_cast<int64_t>(host_set_.size())) {
-    return Status::Internal(fmt::format("evictable sets hold {} and {} entries for {} and {} "
-                                        "members", device_set_.size(), host_set_.size(),
-                                        dev_members, host_members));
+      host_members != static_cast<int64_t>(host_set_.size()) ||
+      storage_members != static_cast<int64_t>(storage_set_.size())) {
+    return Status::Internal(fmt::format("evictable sets hold {}, {} and {} entries for {}, {} and "
+                                        "{} members", device_set_.size(), host_set_.size(),
+                                        storage_set_.size(), dev_members, host_members,
+                                        storage_members));
+  }
+  if (locked_dev != locked_device_tokens_ || locked_host != locked_host_tokens_ ||
+      storage_only != storage_only_tokens_ || pinned_dev != pinned_device_tokens_ ||
+      pinned_host != pinned_host_tokens_) {
+    return Status::Internal(fmt::format(
+        "locked device {} host {} storage-only {}, recorded {} {} {}", locked_dev, locked_host,
+        storage_only, locked_device_tokens_, locked_host_tokens_, storage_only_tokens_));
   }
   return Status::OK();
 }

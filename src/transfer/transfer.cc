@@ -189,8 +189,9 @@ Status TransferEngine::Transfer(const TransferRequest& request, const TransferOp
 Status TransferEngine::Synchronize(CudaStream) { return Status::OK(); }
 
 Status TransferEngineConfig::Validate() const {
-  if (cpu_threads < 0) {
-    return Status::InvalidArgument(fmt::format("cpu_threads = {} must not be negative", cpu_threads));
+  if (cpu_threads < 0 || cpu_threads > 1024) {
+    return Status::InvalidArgument(
+        fmt::format("cpu_threads = {} must be in [0, 1024] (0: hardware concurrency)", cpu_threads));
   }
   if (cpu_parallel_threshold_bytes < 0) {
     return Status::InvalidArgument(fmt::format("cpu_parallel_threshold_bytes = {} must not be negative",

@@ -1,9 +1,33 @@
 #include "util/thread_pool.h"
 
+#include <fmt/format.h>
+
+#include <system_error>
+
 namespace kvtier::util {
 
 ThreadPool::ThreadPool(int num_threads) {
-  for (int i = 1; i < num_threads; ++i) workers_.emplace_back([this] { WorkerLoop(); });
+  if (num_threads > kMaxThreads) num_threads = kMaxThreads;
+  workers_.reserve(static_cast<size_t>(std::max(0, num_threads - 1)));
+  for (int i = 1; i < num_threads; ++i) {
+    try {
+      workers_.emplace_back([this] { WorkerLoop(); });
+    } catch (const std::system_error& e) {
+      start_status_ = Status::Unavailable(fmt::format(
+          "could start only {} of {} worker threads: {}", i - 1, num_threads - 1, e.what()));
+      break;
+    }
+  }
+}
+
+Result<std::unique_ptr<ThreadPool>> ThreadPool::Create(int num_threads) {
+  if (num_threads < 1 || num_threads > kMaxThreads) {
+    return Status::InvalidArgument(
+        fmt::format("a thread pool of {} threads: must be in [1, {}]", num_threads, kMaxThreads));
+  }
+  auto pool = std::make_unique<ThreadPool>(num_threads);
+  if (!pool->start_status().ok()) return pool->start_status();
+  return pool;
 }
 
 ThreadPool::~ThreadPool() {
@@ -31,13 +55,24 @@ void ThreadPool::RunTasks() {
 void ThreadPool::WorkerLoop() {
   uint64_t seen = 0;
   for (;;) {
+    std::function<void()> task;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      work_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
+      work_cv_.wait(lock, [&] { return stop_ || generation_ != seen || !posted_.empty(); });
+      if (generation_ == seen && !posted_.empty()) {
+        task = std::move(posted_.front());
+        posted_.pop_front();
+      } else if (stop_ && generation_ == seen) {
+        return;  // posted_ is empty: every posted task has run
+      } else {
+        seen = generation_;
+      }
     }
-    RunTasks();
+    if (task) {
+      task();
+    } else {
+      RunTasks();
+    }
   }
 }
 
@@ -61,6 +96,18 @@ void ThreadPool::ParallelFor(int64_t num_tasks, const std::function<void(int64_t
   std::unique_lock<std::mutex> lock(mu_);
   done_cv_.wait(lock, [&] { return finished_tasks_ == num_tasks_; });
   fn_ = nullptr;
+}
+
+void ThreadPool::Post(std::function<void()> task) {
+  if (workers_.empty()) {
+    task();
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    posted_.push_back(std::move(task));
+  }
+  work_cv_.notify_one();
 }
 
 }  // namespace kvtier::util

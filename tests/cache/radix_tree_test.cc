@@ -1,6 +1,6 @@
 // RadixTree: matching, splitting, namespaces, residency, references, eviction order, and a
 // randomised model-based test against a map of cached page prefixes.
-#include "kvtier/radix_tree.h"
+#include "cache/radix_tree.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -34,7 +34,7 @@ TEST(RadixTreeTest, InsertThenMatchIsPageGranular) {
   RadixTree tree(4);
   std::vector<Token> t = {1, 2, 3, 4, 5, 6, 7, 8};
   std::vector<RadixTree::InsertSegment> seg;
-  tree.Insert("", t, Pages(16, 8, 4), &seg);
+  tree.Insert("", t, Pages(16, 8, 4), {}, &seg);
   ASSERT_EQ(seg.size(), 1u);
   EXPECT_EQ(seg[0].kind, RadixTree::SegmentKind::kNew);
   // A longer query with a partial last page matches the whole node.
@@ -61,14 +61,14 @@ TEST(RadixTreeTest, InsertThenMatchIsPageGranular) {
 TEST(RadixTreeTest, InsertReportsExistingRevivedAndNewParts) {
   RadixTree tree(2);
   std::vector<Token> a = {1, 2, 3, 4};
-  tree.Insert("", a, Pages(0, 4, 2), nullptr);
+  tree.Insert("", a, Pages(0, 4, 2), {}, nullptr);
   // Move the node to host only.
   auto r = tree.Match("", a);
   tree.SetHostPages(r.last, Pages(100, 4, 2));
   tree.TakeDevicePages(r.last);
   std::vector<Token> b = {1, 2, 3, 4, 5, 6};
   std::vector<RadixTree::InsertSegment> seg;
-  tree.Insert("", b, Pages(10, 6, 2), &seg);
+  tree.Insert("", b, Pages(10, 6, 2), {}, &seg);
   ASSERT_EQ(seg.size(), 2u);
   EXPECT_EQ(seg[0].kind, RadixTree::SegmentKind::kRevived);
   EXPECT_EQ(seg[0].node->device_pages()[0], 10);
@@ -76,7 +76,7 @@ TEST(RadixTreeTest, InsertReportsExistingRevivedAndNewParts) {
   EXPECT_EQ(seg[1].kind, RadixTree::SegmentKind::kNew);
   EXPECT_EQ(seg[1].begin, 4);
   seg.clear();
-  tree.Insert("", b, Pages(30, 6, 2), &seg);
+  tree.Insert("", b, Pages(30, 6, 2), {}, &seg);
   ASSERT_EQ(seg.size(), 2u);
   EXPECT_EQ(seg[0].kind, RadixTree::SegmentKind::kOnDevice);
   EXPECT_EQ(seg[1].kind, RadixTree::SegmentKind::kOnDevice);
@@ -87,11 +87,11 @@ TEST(RadixTreeTest, InsertReportsExistingRevivedAndNewParts) {
 TEST(RadixTreeTest, NamespacesNeverShareAPrefix) {
   RadixTree tree(1);
   std::vector<Token> t = {7, 8, 9};
-  tree.Insert("tenant-a", t, Pages(0, 3), nullptr);
+  tree.Insert("tenant-a", t, Pages(0, 3), {}, nullptr);
   EXPECT_EQ(tree.Match("tenant-b", t).matched_tokens, 0);
   EXPECT_EQ(tree.Match("", t).matched_tokens, 0);
   EXPECT_EQ(tree.Match("tenant-a", t).matched_tokens, 3);
-  tree.Insert("tenant-b", t, Pages(3, 3), nullptr);
+  tree.Insert("tenant-b", t, Pages(3, 3), {}, nullptr);
   EXPECT_EQ(tree.Match("tenant-b", t).last->device_pages()[0], 3);
   EXPECT_EQ(tree.Match("tenant-a", t).last->device_pages()[0], 0);
   EXPECT_EQ(tree.Match("tenant-a", t).last->name_space(), "tenant-a");
@@ -114,7 +114,7 @@ TEST(RadixTreeTest, MatchingUnknownNamespacesCreatesNothing) {
   }
   EXPECT_EQ(tree.num_namespaces(), 0);
   EXPECT_EQ(tree.num_nodes(), 0);
-  tree.Insert("tenant", t, Pages(0, 4, 2), nullptr);
+  tree.Insert("tenant", t, Pages(0, 4, 2), {}, nullptr);
   EXPECT_EQ(tree.num_namespaces(), 1);
   EXPECT_EQ(tree.Match("tenant", t).matched_tokens, 4);
   EXPECT_EQ(tree.Match("probe-1", t).matched_tokens, 0);
@@ -124,9 +124,9 @@ TEST(RadixTreeTest, MatchingUnknownNamespacesCreatesNothing) {
 
 TEST(RadixTreeTest, ReferencedNodesAndAncestorsAreNotEvictable) {
   RadixTree tree(1);
-  tree.Insert("", std::vector<Token>{1, 2}, Pages(0, 2), nullptr);
-  tree.Insert("", std::vector<Token>{1, 2, 3, 4}, Pages(10, 4), nullptr);  // leaf {3,4}
-  tree.Insert("", std::vector<Token>{1, 2, 5}, Pages(20, 3), nullptr);     // leaf {5}
+  tree.Insert("", std::vector<Token>{1, 2}, Pages(0, 2), {}, nullptr);
+  tree.Insert("", std::vector<Token>{1, 2, 3, 4}, Pages(10, 4), {}, nullptr);  // leaf {3,4}
+  tree.Insert("", std::vector<Token>{1, 2, 5}, Pages(20, 3), {}, nullptr);     // leaf {5}
   auto leaf = tree.Match("", std::vector<Token>{1, 2, 3, 4}).last;
   tree.IncRef(leaf);
   EXPECT_EQ(leaf->parent()->ref_count(), 1);
@@ -136,7 +136,7 @@ TEST(RadixTreeTest, ReferencedNodesAndAncestorsAreNotEvictable) {
   EXPECT_EQ(tree.device_evictable_nodes(), 1);
   auto v = tree.DeviceVictim();
   tree.TakeDevicePages(v);
-  tree.Remove(v);
+  tree.RemoveSubtree(v);
   EXPECT_EQ(tree.DeviceVictim(), nullptr);
   tree.DecRef(leaf);
   EXPECT_EQ(tree.DeviceVictim(), leaf);
@@ -148,9 +148,9 @@ TEST(RadixTreeTest, PoliciesOrderVictims) {
                     EvictionPolicyKind::kPriority}) {
     SCOPED_TRACE(EvictionPolicyName(kind));
     RadixTree tree(1, MakeEvictionPolicy(kind));
-    tree.Insert("", std::vector<Token>{1}, Pages(0, 1), nullptr);  // oldest
-    tree.Insert("", std::vector<Token>{2}, Pages(1, 1), nullptr);
-    tree.Insert("", std::vector<Token>{3}, Pages(2, 1), nullptr);  // newest
+    tree.Insert("", std::vector<Token>{1}, Pages(0, 1), {}, nullptr);  // oldest
+    tree.Insert("", std::vector<Token>{2}, Pages(1, 1), {}, nullptr);
+    tree.Insert("", std::vector<Token>{3}, Pages(2, 1), {}, nullptr);  // newest
     auto n1 = tree.Match("", std::vector<Token>{1}).last;
     auto n2 = tree.Match("", std::vector<Token>{2}).last;
     auto n3 = tree.Match("", std::vector<Token>{3}).last;
@@ -172,8 +172,8 @@ TEST(RadixTreeTest, PoliciesOrderVictims) {
 
 TEST(RadixTreeTest, HostEvictionOnlyTakesHostOnlyLeaves) {
   RadixTree tree(1);
-  tree.Insert("", std::vector<Token>{1, 2}, Pages(0, 2), nullptr);
-  tree.Insert("", std::vector<Token>{1, 2, 3}, Pages(10, 3), nullptr);
+  tree.Insert("", std::vector<Token>{1, 2}, Pages(0, 2), {}, nullptr);
+  tree.Insert("", std::vector<Token>{1, 2, 3}, Pages(10, 3), {}, nullptr);
   auto top = tree.Match("", std::vector<Token>{1, 2}).last;
   auto leaf = tree.Match("", std::vector<Token>{1, 2, 3}).last;
   tree.SetHostPages(top, Pages(50, 2));
@@ -190,7 +190,7 @@ TEST(RadixTreeTest, HostEvictionOnlyTakesHostOnlyLeaves) {
 
 TEST(RadixTreeTest, SplitCarriesPinsAndStats) {
   RadixTree tree(2);
-  tree.Insert("", std::vector<Token>{1, 2, 3, 4, 5, 6}, Pages(0, 6, 2), nullptr);
+  tree.Insert("", std::vector<Token>{1, 2, 3, 4, 5, 6}, Pages(0, 6, 2), {}, nullptr);
   auto whole = tree.Match("", std::vector<Token>{1, 2, 3, 4, 5, 6}).last;
   tree.IncRef(whole);
   tree.Touch(whole, 3);
@@ -302,7 +302,7 @@ TEST_P(TreeModelTest, RandomOperationsAgreeWithModel) {
         auto t = random_seq();
         t.resize(t.size() / P * P);
         if (t.empty()) continue;
-        tree.Insert(ns, t, Pages(next_slot, static_cast<int64_t>(t.size()), P), nullptr);
+        tree.Insert(ns, t, Pages(next_slot, static_cast<int64_t>(t.size()), P), {}, nullptr);
         next_slot += static_cast<int64_t>(t.size());
         for (auto& k : page_keys(ns, t, static_cast<int64_t>(t.size()) / P)) model[k].device = true;
         seqs.push_back({ns, t});
@@ -347,7 +347,7 @@ TEST_P(TreeModelTest, RandomOperationsAgreeWithModel) {
         const int64_t first_page = (v->prefix_tokens() - v->num_tokens()) / P;
         auto keys = page_keys(vns, prefix, v->prefix_tokens() / P);
         tree.TakeDevicePages(v);
-        if (!keep) tree.Remove(v);
+        if (!keep) tree.RemoveSubtree(v);
         for (size_t p = static_cast<size_t>(first_page); p < keys.size(); ++p) {
           ASSERT_EQ(pinned_prefixes.count(keys[p]), 0u) << "evicted a pinned page";
           ASSERT_TRUE(model[keys[p]].device);
@@ -364,7 +364,7 @@ TEST_P(TreeModelTest, RandomOperationsAgreeWithModel) {
         const int64_t first_page = (v->prefix_tokens() - v->num_tokens()) / P;
         auto keys = page_keys(vns, prefix, v->prefix_tokens() / P);
         tree.TakeHostPages(v);
-        tree.Remove(v);
+        tree.RemoveSubtree(v);
         for (size_t p = static_cast<size_t>(first_page); p < keys.size(); ++p) {
           ASSERT_EQ(pinned_prefixes.count(keys[p]), 0u) << "evicted a pinned page";
           model.erase(keys[p]);
@@ -414,8 +414,8 @@ TEST(RadixTreeTest, SettingEmptyPagesTakesTheNodeOffTheTier) {
   RadixTree tree(2);
   std::vector<Token> a = {1, 2, 3, 4};
   std::vector<Token> b = {1, 2, 5, 6};
-  tree.Insert("", a, Pages(0, 4, 2), nullptr);
-  tree.Insert("", b, Pages(8, 4, 2), nullptr);  // splits: {1,2} -> {3,4}, {5,6}
+  tree.Insert("", a, Pages(0, 4, 2), {}, nullptr);
+  tree.Insert("", b, Pages(8, 4, 2), {}, nullptr);  // splits: {1,2} -> {3,4}, {5,6}
   auto r = tree.Match("", a);
   ASSERT_EQ(r.matched_tokens, 4);
   RadixNode* parent = r.last->parent();

@@ -40,6 +40,39 @@ TEST(ThreadPoolTest, LoopsFromSeveralThreadsAreSerialisedAndComplete) {
   EXPECT_EQ(total.load(), 4 * 50 * (15 * 16 / 2));
 }
 
+TEST(ThreadPoolTest, PostedTasksRunBesideLoopsAndBeforeDestruction) {
+  std::atomic<int> posted{0};
+  {
+    util::ThreadPool pool(3);
+    std::atomic<int64_t> total{0};
+    for (int i = 0; i < 100; ++i) {
+      pool.Post([&] { posted.fetch_add(1); });
+      pool.ParallelFor(8, [&](int64_t t) { total += t; });
+    }
+    EXPECT_EQ(total.load(), 100 * 28);
+  }  // the destructor runs what is still queued
+  EXPECT_EQ(posted.load(), 100);
+  util::ThreadPool inline_pool(1);  // no worker: Post runs in the caller
+  int ran = 0;
+  inline_pool.Post([&] { ++ran; });
+  EXPECT_EQ(ran, 1);
+}
+
+TEST(ThreadPoolTest, CreateBoundsTheThreadCount) {
+  for (int n : {0, -1, util::ThreadPool::kMaxThreads + 1, 100000}) {
+    auto pool = util::ThreadPool::Create(n);
+    ASSERT_FALSE(pool.ok()) << n;
+    EXPECT_EQ(pool.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(pool.status().message().find(std::to_string(n)), std::string::npos);
+  }
+  auto pool = util::ThreadPool::Create(2);
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  EXPECT_EQ((*pool)->num_threads(), 2);
+  TransferEngineConfig cfg;
+  cfg.cpu_threads = 100000;  // used to start 100,000 threads
+  EXPECT_EQ(cfg.Validate().code(), StatusCode::kInvalidArgument);
+}
+
 TEST(ThreadPoolTest, ConcurrentCpuTransfersOnOneEngine) {
   KvGeometry g;
   g.layout = KvLayout::kPageFirst;

@@ -1,29 +1,34 @@
-// kvtier/radix_tree.h — the paged radix tree over token ids that indexes cached KV.
+// Internal: the paged radix tree over token ids that indexes cached KV in three tiers.
 //
-// Each namespace (a tenant salt) has its own root, so prefixes never match across namespaces.
-// A node holds a span of tokens (a non-empty multiple of page_size) and, per tier, where their KV
-// lives, one entry per page: the page's first device slot and/or first host slot (a page is
-// page_size consecutive slots starting at a multiple of page_size), and a storage key
-// (placeholder for the storage tier). Children are keyed by a hash of their first page and
-// verified token by token. Matching and inserting walk page by page and split a node where a
-// match ends inside it.
+// Each namespace (a tenant) has its own root, so prefixes never match across namespaces; a root
+// exists while it has children. A node holds a span of tokens (a non-empty multiple of
+// page_size) and, per tier, where their KV lives, one entry per page: the page's first device
+// slot and/or first host slot (a page is page_size consecutive slots starting at a multiple of
+// page_size), whether storage holds the pages (`stored`), and the pages' storage keys (chained,
+// kvtier/page_key.h; empty without a storage tier). Children are keyed by a hash of their first
+// page and verified token by token. Matching and inserting walk page by page and split a node
+// where a match ends inside it; eviction splits a node when only its tail goes.
 //
 // Invariants (checked by CheckInvariants, written once in radix_tree.cc):
-//   - every non-root node is resident somewhere (device or host);
+//   - a non-root node is resident somewhere (device, host or storage), or is an orphan (its
+//     storage copy was reported gone) that is pinned or waits in the storage set to be removed;
 //   - device residency is prefix-closed (a node on the device has its parent on the device), and
 //     so is host residency (backups form a contiguous prefix);
 //   - a node's reference count is at least the sum of its children's (IncRef pins a node and all
-//     its ancestors), and only unreferenced nodes are evictable;
-//   - the device-evictable set holds exactly the unreferenced, idle nodes on the device with no
-//     child on the device; the host-evictable set exactly the unreferenced, idle nodes in host
-//     memory only, with no children. Both are ordered by the tier's EvictionPolicy key.
+//     its ancestors), and only unreferenced, idle (busy == 0) nodes are evictable;
+//   - the device set holds exactly the evictable nodes on the device with no child on the device;
+//     the host set the evictable nodes in host memory, not on the device, with no child in host
+//     memory; the storage set the evictable nodes on neither (storage-only or orphans) with no
+//     children. The first two are ordered by their tier's EvictionPolicy key, the storage set
+//     orphans first, then least recently used;
+//   - locked_device_tokens / locked_host_tokens are the tier tokens of referenced or busy nodes.
 //
-// Thread safety: none; the owner (HierarchicalCache) serialises every call.
+// Thread safety: none; the owner (the cache) serialises every call.
 #pragma once
 
-#include <cstdint>
-#include <cstddef>
 #include <algorithm>
+#include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
@@ -33,74 +38,13 @@
 #include <string_view>
 #include <vector>
 
+#include "cache/child_map.h"
 #include "kvtier/eviction_policy.h"
+#include "kvtier/page_key.h"
 #include "kvtier/status.h"
+#include "kvtier/token.h"
 
 namespace kvtier {
-
-using Token = int32_t;
-
-// An in-flight copy touching a node (defined by the cache). A node that has one is "busy": it is
-// neither device- nor host-evictable until the owner clears it.
-struct PendingCopy;
-
-class RadixNode;
-
-namespace detail {
-
-// The children of a radix node, keyed by the hash of their first page: open addressing with
-// linear probing in a power-of-two table (none allocated for a leaf). Several children may share
-// a key (a hash collision); lookups tell them apart with a predicate on the node. Does not own
-// the nodes.
-class ChildMap {
- public:
-  size_t size() const { return size_; }
-  bool empty() const { return size_ == 0; }
-  // fn(key, node) for every child, in table order.
-  template <typename Fn>
-  void ForEach(Fn&& fn) const {
-    for (const Entry& e : slots_) {
-      if (Live(e)) fn(e.key, e.node);
-    }
-  }
-  // The first child with `key` for which match(node) is true, or null.
-  template <typename Fn>
-  RadixNode* Find(uint64_t key, Fn&& match) const {
-    if (slots_.empty()) return nullptr;
-    for (size_t i = Home(key);; i = (i + 1) & mask_) {
-      const Entry& e = slots_[i];
-      if (e.node == nullptr) return nullptr;
-      if (e.key == key && e.node != Tombstone() && match(e.node)) return e.node;
-    }
-  }
-  void Insert(uint64_t key, RadixNode* node);
-  // REQUIRES: `node` is present under `key`.
-  void Erase(uint64_t key, RadixNode* node);
-  // Puts `to` where `from` is (same key). REQUIRES: `from` is present under `key`.
-  void Replace(uint64_t key, RadixNode* from, RadixNode* to);
-  void Clear();
-
- private:
-  struct Entry {
-    uint64_t key = 0;
-    RadixNode* node = nullptr;  // null: empty; Tombstone(): erased
-  };
-  static RadixNode* Tombstone() { return reinterpret_cast<RadixNode*>(uintptr_t{1}); }
-  static bool Live(const Entry& e) { return e.node != nullptr && e.node != Tombstone(); }
-  size_t Home(uint64_t key) const {
-    return static_cast<size_t>((key * 0x9E3779B97F4A7C15ull) >> shift_);
-  }
-  size_t Locate(uint64_t key, const RadixNode* node) const;
-  void Rehash(size_t capacity);
-
-  std::vector<Entry> slots_;
-  size_t mask_ = 0;
-  int shift_ = 64;
-  size_t size_ = 0;  // live entries
-  size_t used_ = 0;  // live entries + tombstones
-};
-
-}  // namespace detail
 
 class RadixNode {
  public:
@@ -119,20 +63,32 @@ class RadixNode {
 
   bool on_device() const { return !device_pages_.empty(); }
   bool on_host() const { return !host_pages_.empty(); }
+  bool stored() const { return stored_; }
+  bool storage_only() const { return stored_ && !on_device() && !on_host(); }
+  bool resident() const { return stored_ || on_device() || on_host(); }
   // First slot of each page of the node, in the device pool / the host pool (empty when absent).
   std::span<const int64_t> device_pages() const { return device_pages_; }
   std::span<const int64_t> host_pages() const { return host_pages_; }
-  std::span<const std::string> storage_keys() const { return storage_keys_; }
+  // One key per page, or empty (no storage tier).
+  std::span<const PageKey> keys() const { return keys_; }
 
   int64_t ref_count() const { return ref_count_; }
   int64_t hit_count() const { return hit_count_; }
   int64_t last_access() const { return last_access_; }
   int64_t created() const { return created_; }
   int32_t priority() const { return priority_; }
-  bool busy() const { return pending_ != nullptr; }
-  const std::shared_ptr<PendingCopy>& pending() const { return pending_; }
+  // Operations in flight touching the node (copies, prefetches, storage writes).
+  int32_t busy() const { return busy_; }
+  bool prefetching() const { return prefetching_; }
+  bool storing() const { return storing_; }
   size_t num_children() const { return children_.size(); }
   int64_t device_children() const { return device_children_; }
+  int64_t host_children() const { return host_children_; }
+  // fn(child) for every child.
+  template <typename Fn>
+  void ForEachChild(Fn&& fn) const {
+    children_.ForEach([&](uint64_t, RadixNode* c) { fn(c); });
+  }
 
  private:
   friend class RadixTree;
@@ -148,7 +104,10 @@ class RadixNode {
   int64_t prefix_tokens_ = 0;
   std::vector<int64_t> device_pages_;  // empty, or one page start per page
   std::vector<int64_t> host_pages_;    // empty, or one page start per page
-  std::vector<std::string> storage_keys_;  // empty, or one per page
+  std::vector<PageKey> keys_;          // empty, or one per page
+  bool stored_ = false;
+  bool prefetching_ = false;
+  bool storing_ = false;
   // Keyed by the hash of the child's first page. The tree owns the nodes.
   detail::ChildMap children_;
   int64_t device_children_ = 0;  // children on the device
@@ -158,12 +117,14 @@ class RadixNode {
   int64_t last_access_ = 0;
   int64_t created_ = 0;
   int32_t priority_ = 0;
-  std::shared_ptr<PendingCopy> pending_;
+  int32_t busy_ = 0;
   // Membership in the tree's evictable sets and the key it is filed under.
   bool in_device_set_ = false;
   bool in_host_set_ = false;
+  bool in_storage_set_ = false;
   EvictionKey device_key_;
   EvictionKey host_key_;
+  EvictionKey storage_key_;
 };
 
 class RadixTree {
@@ -176,21 +137,22 @@ class RadixTree {
   RadixTree& operator=(const RadixTree&) = delete;
 
   int64_t page_size() const { return page_size_; }
-  // Namespaces that hold or held nodes (Insert creates them).
+  // Namespaces that hold nodes.
   int64_t num_namespaces() const { return static_cast<int64_t>(roots_.size()); }
 
   struct MatchResult {
     RadixNode* last = nullptr;   // deepest matched node; a root when nothing matched
     int64_t matched_tokens = 0;  // page-aligned; == last->prefix_tokens() after Match
     int64_t device_tokens = 0;   // leading matched tokens whose KV is on the device
-    int64_t host_tokens = 0;     // the rest of the match: in host memory only
+    int64_t host_tokens = 0;     // then: in host memory (not on the device)
+    int64_t storage_tokens = 0;  // then: in storage only
   };
 
-  // The longest cached page-aligned prefix of `tokens` in namespace `ns`. Splits the node in which
-  // the match ends, so the match ends exactly at `last`'s end. Touches nothing else (no access
-  // times, no hit counts). A namespace nothing was inserted into matches nothing, with `last` a
-  // shared empty root of no namespace: matching never creates a namespace, so probing arbitrary
-  // names does not grow the tree.
+  // The longest resident page-aligned prefix of `tokens` in namespace `ns` (orphans end it).
+  // Splits the node in which the match ends, so the match ends exactly at `last`'s end. Touches
+  // nothing else (no access times, no hit counts). A namespace that does not exist matches
+  // nothing, with `last` a shared empty root of no namespace: matching never creates a
+  // namespace. A root `last` may be removed by a later change; do not keep it.
   MatchResult Match(std::string_view ns, std::span<const Token> tokens);
   // Like Match but changes nothing: `last` may extend past matched_tokens; null when the
   // namespace does not exist.
@@ -198,7 +160,7 @@ class RadixTree {
 
   enum class SegmentKind : uint8_t {
     kOnDevice,  // already on the device: the node keeps its slots
-    kRevived,   // was in host memory only: the node took the given device slots
+    kRevived,   // was not on the device: the node took the given device slots
     kNew,       // a new leaf holding the given device slots
   };
   struct InsertSegment {
@@ -207,29 +169,43 @@ class RadixTree {
     int64_t end;
     SegmentKind kind;
   };
-  // Inserts `tokens` with their device pages (first slot of each page); see SegmentKind for what
-  // happens to each part. Segments are appended to `segments` top-down. New nodes get
-  // hit_count 1. REQUIRES: tokens.size() == device_pages.size() * page_size.
+  // Inserts `tokens` with their device pages (first slot of each page) and, when not empty, their
+  // page keys (one per page; nodes that lack keys get them); see SegmentKind for what happens to
+  // each part. Segments are appended to `segments` top-down. New nodes get hit_count 1. Creates
+  // nothing for empty `tokens`. REQUIRES: tokens.size() == device_pages.size() * page_size.
   void Insert(std::string_view ns, std::span<const Token> tokens,
-              std::span<const int64_t> device_pages, std::vector<InsertSegment>* segments);
+              std::span<const int64_t> device_pages, std::span<const PageKey> keys,
+              std::vector<InsertSegment>* segments);
+  // Walks from `from` (a node, or a root; null: the root of `ns`, created if needed) along
+  // `tokens` (whole pages following `from`), marking every node on the way stored and creating
+  // a storage-only leaf with `keys` for the rest. Returns the deepest node (`from` when `tokens`
+  // is empty). REQUIRES: keys.size() == tokens.size() / page_size.
+  RadixNode* AddStored(RadixNode* from, std::string_view ns, std::span<const Token> tokens,
+                       std::span<const PageKey> keys);
 
   // ---- residency (each keeps the counts and the evictable sets right) --------------------
   // REQUIRES: pages.size() == node's pages; the parent is on the device (or the root).
   void SetDevicePages(RadixNode* node, std::vector<int64_t> pages);
-  // Moves the device pages out. REQUIRES: no child on the device.
-  std::vector<int64_t> TakeDevicePages(RadixNode* node);
-  // Same, appending them to `out` (no allocation or free on the eviction path).
+  // Moves the device pages out, appending them to `out`. REQUIRES: no child on the device.
   void TakeDevicePages(RadixNode* node, std::vector<int64_t>* out);
+  std::vector<int64_t> TakeDevicePages(RadixNode* node) {
+    std::vector<int64_t> out;
+    TakeDevicePages(node, &out);
+    return out;
+  }
   // REQUIRES: pages.size() == node's pages; the parent is in host memory (or the root).
   void SetHostPages(RadixNode* node, std::vector<int64_t> pages);
   // REQUIRES: no child in host memory.
   std::vector<int64_t> TakeHostPages(RadixNode* node);
-  // REQUIRES: keys.size() == pages of node (or empty).
-  void SetStorageKeys(RadixNode* node, std::vector<std::string> keys);
-  // Deletes a node. REQUIRES: not a root, no children, no slots in any tier, unreferenced.
-  void Remove(RadixNode* node);
+  void SetStored(RadixNode* node, bool stored);
+  // REQUIRES: keys.size() == pages of node.
+  void SetKeys(RadixNode* node, std::vector<PageKey> keys);
+  // Deletes `node` and its whole subtree. REQUIRES: not a root; no node of the subtree is on the
+  // device, in host memory, referenced or busy. Removes the namespace when its root is left
+  // without children. Appends the removed nodes' tokens count to *removed_tokens if given.
+  void RemoveSubtree(RadixNode* node, int64_t* removed_stored_tokens = nullptr);
 
-  // ---- references, statistics, in-flight copies ------------------------------------------
+  // ---- references, statistics, operations in flight --------------------------------------
   // Pins `node` and all its ancestors (the namespace root excluded).
   void IncRef(RadixNode* node);
   // REQUIRES: a matching IncRef.
@@ -237,22 +213,26 @@ class RadixTree {
   // Access: last_access = a new tick of the logical clock. Adds `hits` to hit_count.
   void Touch(RadixNode* node, int64_t hits);
   void RaisePriority(RadixNode* node, int32_t priority);
-  void SetPending(RadixNode* node, std::shared_ptr<PendingCopy> pending);
+  void AddBusy(RadixNode* node);
+  // REQUIRES: a matching AddBusy.
+  void RemoveBusy(RadixNode* node);
+  void SetPrefetching(RadixNode* node, bool on) { node->prefetching_ = on; }
+  void SetStoring(RadixNode* node, bool on) { node->storing_ = on; }
   // Called as hook(upper, lower) after a split: `upper` is the new node holding the first part of
   // `lower`'s old tokens; `lower` keeps its identity (handles pointing at it stay valid). Both
-  // carry the old node's pending copy, references and statistics.
+  // carry the old node's busy count, flags, references and statistics.
   void SetSplitHook(std::function<void(RadixNode* upper, RadixNode* lower)> hook) {
     split_hook_ = std::move(hook);
   }
+  // Splits `node` after its first `keep_pages` pages; returns the lower part (which keeps the
+  // node's identity), or `node` itself when keep_pages == 0. REQUIRES: 0 <= keep_pages < pages.
+  RadixNode* SplitAfter(RadixNode* node, int64_t keep_pages);
 
   // ---- eviction ---------------------------------------------------------------------------
-  // The evictable node with the smallest key, or null.
+  // The evictable node that goes first, or null.
   RadixNode* DeviceVictim() const;
   RadixNode* HostVictim() const;
-  // A hint for eviction loops: prefetches the node after the best device victim and the page
-  // list of the one after that (evicting is bound by cache misses on nodes that were last
-  // touched long ago). Changes nothing.
-  void PrefetchDeviceVictims() const;
+  RadixNode* StorageVictim() const;
   int64_t device_evictable_nodes() const { return static_cast<int64_t>(device_set_.size()); }
   int64_t host_evictable_nodes() const { return static_cast<int64_t>(host_set_.size()); }
 
@@ -260,8 +240,18 @@ class RadixTree {
   int64_t num_nodes() const { return num_nodes_; }  // roots excluded
   int64_t device_tokens() const { return device_tokens_; }
   int64_t host_tokens() const { return host_tokens_; }
+  int64_t stored_tokens() const { return stored_tokens_; }
+  int64_t storage_only_tokens() const { return storage_only_tokens_; }
+  // Tier tokens of referenced or busy nodes (what eviction cannot take).
+  int64_t locked_device_tokens() const { return locked_device_tokens_; }
+  int64_t locked_host_tokens() const { return locked_host_tokens_; }
+  // Tier tokens of referenced nodes (what eviction cannot take until a Release).
+  int64_t pinned_device_tokens() const { return pinned_device_tokens_; }
+  int64_t pinned_host_tokens() const { return pinned_host_tokens_; }
   // Tokens from the namespace root through the end of `node`.
   std::vector<Token> PrefixTokens(const RadixNode* node) const;
+  // The key of the page before `node`'s first page (null when it is the first page or unknown).
+  const PageKey* KeyBefore(const RadixNode* node) const;
   // Calls fn on every non-root node, parents before children.
   void ForEachNode(const std::function<void(const RadixNode&)>& fn) const;
   // Every invariant above, plus page alignment of slots; Internal naming the node otherwise.
@@ -281,11 +271,11 @@ class RadixTree {
     }
   };
 
-  // Replaces one tier's page list of `node` (`pages` and `children` name that tier's members,
-  // `tokens` its total) and keeps the totals, the parent's child count and the evictable sets
+  // Replaces one tier's page list of `node` (`pages` and `children` name that tier's members)
+  // and keeps the totals, the parent's child count and the evictable sets
   // right. Returns the old list.
   std::vector<int64_t> ReplacePages(RadixNode* node, std::vector<int64_t> RadixNode::*pages,
-                                    int64_t RadixNode::*children, int64_t* tokens,
+                                    int64_t RadixNode::*children,
                                     std::vector<int64_t> replacement);
   RadixNode* Root(std::string_view ns, bool create);
   const RadixNode* FindRoot(std::string_view ns) const;
@@ -299,9 +289,11 @@ class RadixTree {
   void Recycle(std::unique_ptr<RadixNode> node);
   static void FitTokens(RadixNode* node);
   void Refresh(RadixNode* node);
+  // Adds (sign +1) or removes (-1) the node's contribution to the locked and storage totals.
+  void Account(const RadixNode* node, int sign);
   EvictionStats StatsOf(const RadixNode* node) const;
   Status CheckNode(const RadixNode* node, int64_t* device_tokens, int64_t* host_tokens,
-                   int64_t* nodes) const;
+                   int64_t* stored_tokens, int64_t* nodes) const;
 
   const int64_t page_size_;
   std::shared_ptr<const EvictionPolicy> device_policy_;
@@ -312,6 +304,7 @@ class RadixTree {
   std::unique_ptr<RadixNode> empty_root_;
   std::set<SetEntry> device_set_;
   std::set<SetEntry> host_set_;
+  std::set<SetEntry> storage_set_;
   std::function<void(RadixNode*, RadixNode*)> split_hook_;
   // Removed nodes kept for reuse, so evicting a node frees no memory on the hot path (freeing
   // large token buffers was a third of the eviction time). Bounded by kMaxPooledNodes and
@@ -323,6 +316,12 @@ class RadixTree {
   int64_t num_nodes_ = 0;
   int64_t device_tokens_ = 0;
   int64_t host_tokens_ = 0;
+  int64_t stored_tokens_ = 0;
+  int64_t storage_only_tokens_ = 0;
+  int64_t locked_device_tokens_ = 0;
+  int64_t locked_host_tokens_ = 0;
+  int64_t pinned_device_tokens_ = 0;
+  int64_t pinned_host_tokens_ = 0;
 };
 
 }  // namespace kvtier

@@ -1,0 +1,118 @@
+// Internal: the operations in flight of a cache — device <-> host copies (on a CUDA stream or the
+// cpu thread pool) and host <-> storage transfers (on the storage backend's threads) — and how
+// their completion is observed: CUDA events and a condition variable signalled by the thread that
+// completes an operation, never by sleeping.
+//
+// An operation is created and registered under the cache's mutex (its pages already reserved, its
+// nodes marked busy), submitted after the mutex is released, completed by whichever thread runs
+// it, and reaped (its effects on the tree applied) under the mutex again. Waiting happens outside
+// the cache's mutex.
+//
+// Thread safety: Add / TakeDone / ops() under the cache's mutex; Complete*, Wait* and the progress
+// readers from any thread (they take the tracker's own small mutex, never the cache's).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "kvtier/device.h"
+#include "kvtier/page_key.h"
+#include "kvtier/status.h"
+#include "kvtier/storage.h"
+
+namespace kvtier {
+
+class RadixNode;
+
+struct CopyOp {
+  enum class Kind : uint8_t {
+    kBackup,    // device -> host (write policy or write_back eviction)
+    kLoad,      // host -> device (LoadBack)
+    kPrefetch,  // storage -> host
+    kStore,     // host -> storage
+  };
+  Kind kind = Kind::kBackup;
+  bool gpu = false;  // completion through `event` (kBackup, kLoad on a GPU backend)
+  bool write_back = false;  // kBackup made by a write_back eviction
+
+  // ---- guarded by the cache's mutex ------------------------------------------------------
+  // Nodes this operation marked busy (once each), top-down. A split adds the new upper node.
+  std::vector<RadixNode*> nodes;
+  // Device pages (kLoad: the destination, owned by the op until published) or host pages
+  // (kPrefetch: the destination, owned until they become host hits or are freed) that the cache
+  // must free when the operation has completed.
+  std::vector<int64_t> free_on_completion;
+  bool concluded = false;  // kPrefetch: its result was taken (FinishPrefetch / Release)
+
+  // ---- immutable once registered ---------------------------------------------------------
+  std::vector<int64_t> src, dst;   // slots (device <-> host copies)
+  std::vector<int64_t> pages;      // page starts of the destination (or host source for kStore)
+  std::vector<PageKey> keys;       // storage operations: one per page
+  std::vector<PageBuffer> buffers;  // storage operations: host memory of each page
+  int64_t tokens = 0;
+  int64_t bytes = 0;
+  int64_t batch_pages = 0;  // storage operations: pages per batch
+  std::chrono::steady_clock::time_point start;
+  std::chrono::steady_clock::time_point deadline;  // kPrefetch with the timeout policy
+  std::shared_ptr<CudaEventHandle> wait_before;    // GPU: the engine's writes to wait for
+  CudaEventHandle event;                            // GPU: recorded after the copy
+  std::unique_ptr<LayerEvents> layer_events;        // GPU loads
+
+  // ---- completion (the tracker's mutex) ---------------------------------------------------
+  Status status;                     // the first failure
+  std::vector<PageStatus> page_status;  // storage operations
+  std::vector<uint8_t> batch_done;      // storage operations, per batch
+  int64_t batches_left = 0;
+  int64_t present_pages = 0;  // kStore: leading pages storage already held (not written)
+  bool submitted = false;
+  std::atomic<bool> done{false};
+  std::chrono::steady_clock::time_point finished;
+
+  int64_t num_batches() const {
+    return batch_pages == 0 ? 0
+                            : (static_cast<int64_t>(keys.size()) + batch_pages - 1) / batch_pages;
+  }
+};
+
+class CopyTracker {
+ public:
+  // Registers an operation (under the cache's mutex).
+  void Add(std::shared_ptr<CopyOp> op) { ops_.push_back(std::move(op)); }
+  const std::vector<std::shared_ptr<CopyOp>>& ops() const { return ops_; }
+  // Removes and returns the operations that have completed (non-blocking: GPU events are
+  // queried). Under the cache's mutex.
+  std::vector<std::shared_ptr<CopyOp>> TakeDone();
+
+  // ---- completion, from the thread that ran the operation -----------------------------------
+  // A copy (or the submission of a GPU copy: `submitted` without `done`).
+  void MarkSubmitted(CopyOp& op, Status status);
+  void Complete(CopyOp& op, Status status);
+  // Storage: one batch's page outcomes (pages [first, first + statuses.size())).
+  void CompleteBatch(CopyOp& op, int64_t batch, const Status& status,
+                     const std::vector<PageStatus>& statuses);
+  void SetPresent(CopyOp& op, int64_t present_pages);
+
+  // ---- observation (any thread; never under the cache's mutex when it may block) -----------
+  bool IsDone(CopyOp& op);
+  // Blocks until the operation has completed.
+  void Wait(CopyOp& op);
+  // Blocks until it has completed or `deadline` passed; true when completed.
+  bool WaitUntil(CopyOp& op, std::chrono::steady_clock::time_point deadline);
+  // Storage operations: pages with kOk from the first on, over completed batches only.
+  int64_t ArrivedPages(CopyOp& op);
+  // A snapshot of the page outcomes and which batches completed.
+  void Snapshot(CopyOp& op, std::vector<PageStatus>* pages, std::vector<uint8_t>* batches,
+                Status* status);
+
+ private:
+  std::vector<std::shared_ptr<CopyOp>> ops_;  // guarded by the cache's mutex
+  std::mutex mu_;
+  std::condition_variable cv_;
+};
+
+}  // namespace kvtier
