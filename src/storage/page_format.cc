@@ -12,6 +12,11 @@
 #if KVTIER_HAVE_XXHASH
 #define XXH_STATIC_LINKING_ONLY
 #include <xxhash.h>
+// On x86-64 libxxhash picks the widest vector unit at run time (AVX2/AVX-512 beside the SSE2
+// baseline); the values are the same.
+#if defined(__x86_64__) && __has_include(<xxh_x86dispatch.h>)
+#include <xxh_x86dispatch.h>
+#endif
 #endif
 
 namespace kvtier::storage {

@@ -24,6 +24,7 @@
 #include <utility>
 
 #include "kvtier/storage.h"
+#include "storage/file_backend.h"
 #include "storage/memory_backend.h"
 #include "storage/storage_url.h"
 #include "util/log.h"
@@ -450,10 +451,7 @@ Result<std::unique_ptr<StorageBackend>> OpenStorage(std::string_view url,
         url));
   }
   if (scheme == "memory") return storage::OpenMemoryStorage(url, ns, options);
-  if (scheme == "file") {
-    return Status::InvalidArgument(
-        fmt::format("storage URL '{}': the file backend is not built yet", url));
-  }
+  if (scheme == "file") return storage::OpenFileStorage(url, ns, options);
   if (scheme == "redis" || scheme == "redis+cluster") {
 #if KVTIER_HAVE_REDIS_BACKEND
     return storage::OpenRedisStorage(url, ns, options);
