@@ -123,6 +123,10 @@ if [[ ${RESULT[build]} == ok && $SKIP_TESTS == 0 && -x $BUILD/tests/hierarchical
     KVTIER_TEST_BACKEND=$backend "$BUILD/tests/hierarchical_cache_model_test" \
       >"$LOGS/cache_$backend.log" 2>&1 || RESULT[cache]="FAIL($backend)"
     grep -E "PASSED|FAILED|SKIPPED" "$LOGS/cache_$backend.log" | tail -3
+    KVTIER_TEST_BACKEND=$backend "$BUILD/tests/hierarchical_cache_tiers_model_test" \
+      --gtest_filter='-*SecondProcess*' >"$LOGS/cache_tiers_$backend.log" 2>&1 ||
+      RESULT[cache]="FAIL(tiers $backend)"
+    grep -E "PASSED|FAILED|SKIPPED" "$LOGS/cache_tiers_$backend.log" | tail -3
   done
 fi
 stamp "cache: ${RESULT[cache]}"

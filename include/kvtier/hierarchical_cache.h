@@ -48,8 +48,10 @@
 // Match or Insert that touched it. Device leaves with a host copy stay cached in host memory;
 // under write_back an unbacked device leaf is first copied to host memory (submitted under the
 // lock, the slots freed once the copy has completed). Host eviction takes host-only leaves; a
-// node that storage holds stays known as storage-only (up to `max_storage_only_pages`; forgotten
-// beyond that and when the backend reports a page gone).
+// node that storage holds stays known as storage-only (up to `max_storage_only_pages`, least
+// recently used forgotten beyond that; a page a prefetch finds absent or corrupt is forgotten
+// with everything after it). A node being written to storage keeps its host pages until the write
+// has completed.
 //
 // Prefetch (storage -> host): host pages are allocated up front and marked filling; a filling
 // page is never a host hit and never evicted. At most max_prefetch_host_fraction of the host pool
@@ -409,10 +411,9 @@ class HierarchicalCache {
   // freshly allocated device slots (evicting if needed). cpu: the bytes are in place on return.
   // GPU: enqueued on `stream`, after the engine's pending writes to the reused slots; consumers
   // wait per layer with WaitLayer. Host parts shorter than load_back_min_tokens are skipped.
-  // OutOfMemory when the device cannot make room: then the tree and the handle are as before,
-  // except that unpinned device pages may have been evicted to make room (reported to the
-  // eviction listener). A copy that fails makes the handle's load fail; its pages stay reserved
-  // until the copy is known to have finished.
+  // OutOfMemory as AllocateDeviceSlots: the handle's match is as before; unpinned device pages
+  // may have been evicted (reported to the eviction listener). A copy that fails makes this call
+  // fail; its device pages stay reserved until the copy is known to have finished.
   Result<LoadBackResult> LoadBack(MatchHandle handle, CudaStream stream = nullptr);
   // GPU: makes `consumer` wait (on the device) until layer `layer` of every slot the handle's
   // match covers is in place: its own LoadBack and any other handle's LoadBack still filling
@@ -423,10 +424,14 @@ class HierarchicalCache {
   // released or foreign handle.
   Status Release(MatchHandle handle);
 
-  // Slots for `num_tokens` new tokens, rounded up to whole pages, evicting if needed. The engine
-  // holds them until it passes them to Insert or FreeDeviceSlots. InvalidArgument for negative
-  // counts or more than the device pool holds; OutOfMemory when eviction cannot make room (then
-  // nothing was evicted), or with allow_fewer as many pages as it could make room for.
+  // Slots for `num_tokens` new tokens, rounded up to whole pages, evicting if needed (tail pages
+  // of the policy's first leaves). The engine holds them until it passes them to Insert or
+  // FreeDeviceSlots. InvalidArgument for negative counts or more than the device pool holds.
+  // OutOfMemory when eviction cannot make room: answered before anything is evicted when live
+  // handles and the engine's pages leave too little; when copies in flight keep pages busy the
+  // call waits for them (outside the lock, a bounded number of times) first, and unpinned pages
+  // may have been evicted by then. With allow_fewer: as many pages as can be had (all unpinned
+  // pages evicted if needed) instead of OutOfMemory.
   Result<std::vector<int64_t>> AllocateDeviceSlots(int64_t num_tokens,
                                                    const AllocateOptions& options = {});
   // Returns engine-held pages. REQUIRES: whole pages (slots.size() a multiple of page_size,
@@ -434,15 +439,18 @@ class HierarchicalCache {
   Status FreeDeviceSlots(std::span<const int64_t> slots);
 
   // Caches `tokens` whose KV the engine has written into `device_slots` (one per token). Page
-  // keys (storage tier) are computed once, here, before the lock is taken.
+  // keys (storage tier) are computed once, here, before the lock is taken; with a storage tier
+  // tokens must be in [0, 2^32) (InvalidArgument otherwise).
   // REQUIRES: equal lengths, a multiple of page_size; whole pages held by the engine, or the
   // tree's own pages at the same positions. The cache owns all the given slots afterwards.
   // An empty insert creates nothing (no namespace).
   Result<InsertResult> Insert(std::span<const Token> tokens, std::span<const int64_t> device_slots,
                               std::string_view ns = "", const InsertOptions& options = {});
 
-  // Evicts at least `num_tokens` (rounded up to pages) from a tier if it can; returns the
-  // tokens evicted (device: freed device tokens).
+  // Evicts at least `num_tokens` (rounded up to pages; counts beyond the tier mean all of it)
+  // from a tier if it can; returns the tokens evicted now (device: freed device tokens). Under
+  // write_back, EvictDevice waits (outside the lock) for the copies to host memory it started;
+  // EvictHost does not wait for stores: nodes being stored leave at a later eviction.
   Result<int64_t> EvictDevice(int64_t num_tokens);
   Result<int64_t> EvictHost(int64_t num_tokens);
 
@@ -451,7 +459,8 @@ class HierarchicalCache {
   Status WaitForBackups();
 
   CacheStats stats() const;
-  // Prometheus text exposition of stats() (SGLang's metric names, prefixed "kvtier:").
+  // Prometheus text exposition of stats() (SGLang's metric names, prefixed "kvtier:"), written
+  // by the metrics writer (src/cache/cache_metrics.cc, with the Python side).
   std::string Metrics() const;
   // Tree invariants plus agreement of the tree, the allocators, the page ownership map, the
   // operations in flight and the live handles; Internal naming the first disagreement.

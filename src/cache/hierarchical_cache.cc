@@ -98,8 +98,17 @@ struct HierarchicalCache::Impl {
     PrefetchPolicy prefetch_policy = PrefetchPolicy::kBestEffort;
   };
 
-  // What a call does after releasing the mutex.
+  // What a call does after releasing the mutex. Operations in it are registered already, so it
+  // must run: a public call declares its Work before its Lock, and the Work's destructor runs
+  // what is left after the lock is gone (early returns included).
   struct Work {
+    explicit Work(Impl* owner = nullptr) : impl(owner) {}
+    ~Work() {
+      if (impl != nullptr) impl->RunWork(*this);
+    }
+    Work(const Work&) = delete;
+    Work& operator=(const Work&) = delete;
+    Impl* impl;
     std::vector<std::shared_ptr<CopyOp>> copies;   // device <-> host backups to submit
     std::vector<std::shared_ptr<CopyOp>> storage;  // prefetches and stores to submit
     std::vector<OwnedEvent> events;
@@ -464,8 +473,8 @@ struct HierarchicalCache::Impl {
         op->keys.push_back(n->keys()[i]);
         op->buffers.push_back(HostPageBuffer(n->host_pages()[i]));
       }
-      tree.SetStoring(n, true);
-      MarkBusy(*op, n);
+      tree.SetStoring(n, true);  // its host pages stay put (the device copy may still go)
+      op->nodes.push_back(n);
     }
     op->page_status.assign(static_cast<size_t>(pages), PageStatus::kSkipped);
     op->batch_done.assign(1, 0);
@@ -559,11 +568,10 @@ struct HierarchicalCache::Impl {
     counters.storage_backup_failed_tokens += (pages - ok) * P;
     CountStorageFaults(op);
     // Mark stored the nodes (or the leading part of the node) whose pages all made it.
-    std::vector<RadixNode*> nodes = op.nodes;
+    std::vector<RadixNode*> nodes = std::move(op.nodes);
     std::sort(nodes.begin(), nodes.end(), [](const RadixNode* a, const RadixNode* b) {
       return a->prefix_tokens() < b->prefix_tokens();
     });
-    ClearBusy(op);
     int64_t left = ok;
     for (RadixNode* n : nodes) {
       tree.SetStoring(n, false);
@@ -829,8 +837,10 @@ struct HierarchicalCache::Impl {
         }
       }
       for (auto& op : work.storage) SubmitStorage(op);
-      std::vector<OwnedEvent> events = std::move(work.events);
-      work = Work();
+      std::vector<OwnedEvent> events;
+      events.swap(work.events);
+      work.copies.clear();
+      work.storage.clear();
       for (const OwnedEvent& e : events) {
         config.eviction_listener(EvictionEvent{e.tier, e.name_space, e.prefix, e.num_tokens,
                                                e.kept_in_host, e.kept_in_storage});
@@ -926,7 +936,7 @@ HierarchicalCache::HierarchicalCache(std::unique_ptr<Impl> impl) : impl_(std::mo
 
 HierarchicalCache::~HierarchicalCache() {
   Impl& s = *impl_;
-  Impl::Work work;
+  Impl::Work work(&s);
   {
     Impl::Lock lk(s);
     for (auto& [id, h] : s.handles) {
@@ -1039,7 +1049,7 @@ Result<std::unique_ptr<HierarchicalCache>> HierarchicalCache::Create(
 
   Impl* self = impl.get();
   s.tree.SetSplitHook([self](RadixNode* upper, RadixNode* lower) {
-    if (lower->busy() == 0) return;
+    if (lower->busy() == 0 && !lower->storing()) return;
     for (const auto& op : self->tracker.ops()) {
       if (std::find(op->nodes.begin(), op->nodes.end(), lower) != op->nodes.end()) {
         op->nodes.push_back(upper);
@@ -1058,7 +1068,7 @@ Result<std::unique_ptr<HierarchicalCache>> HierarchicalCache::Create(
 
 Result<MatchResult> HierarchicalCache::Match(std::span<const Token> tokens, std::string_view ns) {
   Impl& s = *impl_;
-  Impl::Work work;
+  Impl::Work work(&s);
   MatchResult out;
   {
     Impl::Lock lk(s);
@@ -1107,7 +1117,7 @@ Result<MatchResult> HierarchicalCache::Match(std::span<const Token> tokens, std:
 
 Result<StorageQueryResult> HierarchicalCache::QueryStorage(MatchHandle handle) {
   Impl& s = *impl_;
-  Impl::Work work;
+  Impl::Work work(&s);
   StorageQueryResult out;
   std::vector<Token> rest;
   std::optional<PageKey> previous;
@@ -1186,7 +1196,7 @@ Result<PrefetchResult> HierarchicalCache::Prefetch(MatchHandle handle, PrefetchP
     return Status::InvalidArgument(
         fmt::format("prefetch policy = {} is not a known policy", static_cast<int>(policy)));
   }
-  Impl::Work work;
+  Impl::Work work(&s);
   PrefetchResult out;
   {
     Impl::Lock lk(s);
@@ -1288,7 +1298,7 @@ Result<PrefetchResult> HierarchicalCache::PollPrefetch(MatchHandle handle) {
 
 Result<PrefetchResult> HierarchicalCache::FinishPrefetch(MatchHandle handle) {
   Impl& s = *impl_;
-  Impl::Work work;
+  Impl::Work work(&s);
   PrefetchResult out;
   {
     Impl::Lock lk(s);
@@ -1324,7 +1334,7 @@ Result<LoadBackResult> HierarchicalCache::LoadBack(MatchHandle handle, CudaStrea
       KVTIER_ASSIGN_OR_RETURN(out.prefetch, FinishPrefetch(handle));
     }
   }
-  Impl::Work work;
+  Impl::Work work(&s);
   Impl::Lock lk(s);
   const auto start = Clock::now();
   Impl::Handle* h = nullptr;
@@ -1499,7 +1509,7 @@ Status HierarchicalCache::WaitLayer(MatchHandle handle, int64_t layer, CudaStrea
 
 Status HierarchicalCache::Release(MatchHandle handle) {
   Impl& s = *impl_;
-  Impl::Work work;
+  Impl::Work work(&s);
   {
     Impl::Lock lk(s);
     KVTIER_ASSIGN_OR_RETURN(Impl::Handle * h, s.FindHandle(handle));
@@ -1516,7 +1526,7 @@ Status HierarchicalCache::Release(MatchHandle handle) {
 Result<std::vector<int64_t>> HierarchicalCache::AllocateDeviceSlots(
     int64_t num_tokens, const AllocateOptions& options) {
   Impl& s = *impl_;
-  Impl::Work work;
+  Impl::Work work(&s);
   std::vector<int64_t> slots;
   {
     Impl::Lock lk(s);
@@ -1588,7 +1598,7 @@ Result<InsertResult> HierarchicalCache::Insert(std::span<const Token> tokens,
     fence = std::make_shared<CudaEventHandle>(std::move(*ev));
   }
 
-  Impl::Work work;
+  Impl::Work work(&s);
   InsertResult out;
   {
     Impl::Lock lk(s);
@@ -1664,7 +1674,7 @@ Result<int64_t> HierarchicalCache::EvictDevice(int64_t num_tokens) {
   if (num_tokens < 0) {
     return Status::InvalidArgument(fmt::format("num_tokens = {} must not be negative", num_tokens));
   }
-  Impl::Work work;
+  Impl::Work work(&s);
   int64_t freed = 0;
   Status health;
   {
@@ -1698,7 +1708,7 @@ Result<int64_t> HierarchicalCache::EvictHost(int64_t num_tokens) {
   if (num_tokens < 0) {
     return Status::InvalidArgument(fmt::format("num_tokens = {} must not be negative", num_tokens));
   }
-  Impl::Work work;
+  Impl::Work work(&s);
   int64_t freed = 0;
   {
     Impl::Lock lk(s);
@@ -1713,7 +1723,7 @@ Result<int64_t> HierarchicalCache::EvictHost(int64_t num_tokens) {
 
 Status HierarchicalCache::WaitForBackups() {
   Impl& s = *impl_;
-  Impl::Work work;
+  Impl::Work work(&s);
   Status failure;
   {
     Impl::Lock lk(s);
@@ -1730,7 +1740,7 @@ Status HierarchicalCache::WaitForBackups() {
 
 CacheStats HierarchicalCache::stats() const {
   Impl& s = *impl_;
-  Impl::Work work;
+  Impl::Work work(&s);
   CacheStats c;
   {
     Impl::Lock lk(s);
@@ -1771,7 +1781,9 @@ Status HierarchicalCache::CheckConsistency() const {
   }
   int64_t copy_pages = 0, filling = 0;
   for (const auto& op : s.tracker.ops()) {
-    for (const RadixNode* n : op->nodes) ++expected_busy[n];
+    if (op->kind != CopyOp::Kind::kStore) {
+      for (const RadixNode* n : op->nodes) ++expected_busy[n];
+    }
     if (op->kind == CopyOp::Kind::kLoad) {
       copy_pages += static_cast<int64_t>(op->free_on_completion.size());
     }

@@ -330,10 +330,8 @@ void RadixTree::Account(const RadixNode* n, int sign) {
   host_tokens_ += sign * host;
   if (n->stored_) stored_tokens_ += sign * n->num_tokens();
   if (n->storage_only()) storage_only_tokens_ += sign * n->num_tokens();
-  if (n->ref_count_ > 0 || n->busy_ > 0) {
-    locked_device_tokens_ += sign * dev;
-    locked_host_tokens_ += sign * host;
-  }
+  if (n->ref_count_ > 0 || n->busy_ > 0) locked_device_tokens_ += sign * dev;
+  if (n->ref_count_ > 0 || n->busy_ > 0 || n->storing_) locked_host_tokens_ += sign * host;
   if (n->ref_count_ > 0) {
     pinned_device_tokens_ += sign * dev;
     pinned_host_tokens_ += sign * host;
@@ -381,6 +379,14 @@ void RadixTree::SetStored(RadixNode* node, bool stored) {
   if (node->stored_ == stored) return;
   Account(node, -1);
   node->stored_ = stored;
+  Account(node, +1);
+  Refresh(node);
+}
+
+void RadixTree::SetStoring(RadixNode* node, bool on) {
+  if (node->storing_ == on) return;
+  Account(node, -1);
+  node->storing_ = on;
   Account(node, +1);
   Refresh(node);
 }
@@ -480,8 +486,10 @@ void RadixTree::Refresh(RadixNode* n) {
   if (n->is_root()) return;
   const bool idle = n->ref_count_ == 0 && n->busy_ == 0;
   const bool dev = idle && n->on_device() && n->device_children_ == 0;
-  const bool host = idle && n->on_host() && !n->on_device() && n->host_children_ == 0;
-  const bool storage = idle && !n->on_host() && !n->on_device() && n->children_.empty();
+  const bool host =
+      idle && !n->storing_ && n->on_host() && !n->on_device() && n->host_children_ == 0;
+  const bool storage = idle && !n->storing_ && !n->on_host() && !n->on_device() &&
+                       n->children_.empty();
   // Set nodes are moved between and within the sets as node handles, so re-filing a node
   // (a touch, or a device eviction that keeps the host copy) allocates and frees nothing.
   std::set<SetEntry>::node_type spare;
@@ -670,8 +678,10 @@ Status RadixTree::CheckNode(const RadixNode* n, int64_t* device_tokens, int64_t*
     }
     const bool idle = n->ref_count_ == 0 && n->busy_ == 0;
     const bool dev = idle && n->on_device() && n->device_children_ == 0;
-    const bool host = idle && n->on_host() && !n->on_device() && n->host_children_ == 0;
-    const bool storage = idle && !n->on_host() && !n->on_device() && n->children_.empty();
+    const bool host =
+        idle && !n->storing_ && n->on_host() && !n->on_device() && n->host_children_ == 0;
+    const bool storage = idle && !n->storing_ && !n->on_host() && !n->on_device() &&
+                         n->children_.empty();
     auto* mut = const_cast<RadixNode*>(n);
     if (dev != n->in_device_set_ ||
         (dev && (!device_set_.count({n->device_key_, n->id_, mut}) ||
@@ -723,6 +733,8 @@ Status RadixTree::CheckInvariants() const {
     if (n.storage_only()) storage_only += n.num_tokens();
     if (n.ref_count_ > 0 || n.busy_ > 0) {
       locked_dev += static_cast<int64_t>(n.device_pages_.size()) * page_size_;
+    }
+    if (n.ref_count_ > 0 || n.busy_ > 0 || n.storing_) {
       locked_host += static_cast<int64_t>(n.host_pages_.size()) * page_size_;
     }
     if (n.ref_count_ > 0) {

@@ -21,7 +21,8 @@
 //     memory; the storage set the evictable nodes on neither (storage-only or orphans) with no
 //     children. The first two are ordered by their tier's EvictionPolicy key, the storage set
 //     orphans first, then least recently used;
-//   - locked_device_tokens / locked_host_tokens are the tier tokens of referenced or busy nodes.
+//   - locked_device_tokens / locked_host_tokens are the tier tokens of referenced or busy nodes
+//     (host: or storing).
 //
 // Thread safety: none; the owner (the cache) serialises every call.
 #pragma once
@@ -217,7 +218,9 @@ class RadixTree {
   // REQUIRES: a matching AddBusy.
   void RemoveBusy(RadixNode* node);
   void SetPrefetching(RadixNode* node, bool on) { node->prefetching_ = on; }
-  void SetStoring(RadixNode* node, bool on) { node->storing_ = on; }
+  // A node being written to storage keeps its host pages (not host-evictable, not forgotten);
+  // its device copy may still go.
+  void SetStoring(RadixNode* node, bool on);
   // Called as hook(upper, lower) after a split: `upper` is the new node holding the first part of
   // `lower`'s old tokens; `lower` keeps its identity (handles pointing at it stay valid). Both
   // carry the old node's busy count, flags, references and statistics.

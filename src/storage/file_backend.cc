@@ -26,6 +26,10 @@
 #include <mutex>
 #include <unordered_map>
 
+#if KVTIER_HAVE_URING
+#include <liburing.h>
+#endif
+
 #include "storage/page_format.h"
 #include "storage/storage_url.h"
 #include "util/log.h"
@@ -155,6 +159,7 @@ class FileBackend final : public StorageBackend {
     std::string root;       // the URL's directory
     int64_t capacity = -1;  // bytes of files in this namespace's directory; -1: none
     bool fsync = false;
+    bool io_uring = false;  // reads through io_uring (when built with liburing)
   };
 
   FileBackend(std::string url, const StorageNamespace& ns, const StorageOptions& options,
@@ -195,6 +200,14 @@ class FileBackend final : public StorageBackend {
 
   void DoGet(std::span<const PageKey> keys, std::span<const PageBuffer> buffers,
              std::span<PageStatus> out, Clock::time_point deadline) override {
+#if KVTIER_HAVE_URING
+    if (config_.io_uring) {
+      if (io_uring* ring = ThreadRing()) {
+        GetWithUring(*ring, keys, buffers, out, deadline);
+        return;
+      }
+    }
+#endif
     pool_.ParallelFor(static_cast<int64_t>(keys.size()), [&](int64_t i) {
       const size_t k = static_cast<size_t>(i);
       out[k] = Clock::now() > deadline ? PageStatus::kTimedOut : GetOne(keys[k], buffers[k]);
@@ -341,42 +354,167 @@ class FileBackend final : public StorageBackend {
     }
   }
 
-  PageStatus GetOne(const PageKey& key, const PageBuffer& buffer) {
-    Fd fd(::open(PathOf(key).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
-    if (!fd.ok()) {
+  static constexpr int64_t kNotRead = -3, kCancelled = -2, kReadError = -1;
+
+  // One page being read: its file, and where the header, the payload and one byte past a page
+  // (to notice a file longer than a page) go.
+  struct PageRead {
+    int fd = -1;
+    std::byte header[kPageHeaderBytes];
+    std::byte extra;
+    iovec iov[PageBuffer::kMaxSegments + 2];
+    int iovcnt = 0;
+    int64_t got = kNotRead;  // bytes read, or one of the k... codes below
+
+    ~PageRead() {
+      if (fd >= 0) ::close(fd);
+    }
+    void Prepare(const PageBuffer& buffer) {
+      iovcnt = 0;
+      iov[iovcnt++] = {header, sizeof(header)};
+      for (int s = 0; s < buffer.num_segments; ++s) {
+        const auto& seg = buffer.segments[static_cast<size_t>(s)];
+        if (!seg.empty()) iov[iovcnt++] = {seg.data(), seg.size()};
+      }
+      iov[iovcnt++] = {&extra, 1};
+    }
+  };
+
+  // Opens the page's file for `read`; kOk, or the page's outcome.
+  PageStatus OpenForRead(const PageKey& key, const PageBuffer& buffer, PageRead& read) {
+    read.fd = ::open(PathOf(key).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (read.fd < 0) {
       if (errno == ENOENT) {
         std::lock_guard<std::mutex> lock(mu_);
         EraseLocked(key);
         return PageStatus::kAbsent;
       }
-      return errno == ELOOP ? PageStatus::kCorrupt : PageStatus::kFailed;
+      return errno == ELOOP ? PageStatus::kCorrupt : PageStatus::kFailed;  // ELOOP: a symlink
     }
-    // Header, payload segments, and one byte more to notice a file longer than a page.
-    std::byte header[kPageHeaderBytes];
-    std::byte extra;
-    iovec iov[PageBuffer::kMaxSegments + 2];
-    int n = 0;
-    iov[n++] = {header, sizeof(header)};
-    for (int s = 0; s < buffer.num_segments; ++s) {
-      const auto& seg = buffer.segments[static_cast<size_t>(s)];
-      if (!seg.empty()) iov[n++] = {seg.data(), seg.size()};
-    }
-    iov[n++] = {&extra, 1};
-    const ssize_t got = ReadAll(fd.get(), iov, n);
-    if (got < 0) return PageStatus::kFailed;
-    if (got != value_bytes_) return PageStatus::kCorrupt;  // truncated or too long
+    read.Prepare(buffer);
+    return PageStatus::kOk;
+  }
+
+  // Checks what `read` brought in; on a hit stamps the file as the most recently used.
+  PageStatus FinishRead(const PageKey& key, const PageBuffer& buffer, PageRead& read) {
+    if (read.got != value_bytes_) return PageStatus::kCorrupt;  // truncated or too long
     PageHeader parsed;
-    PageStatus st = ParsePageHeader(std::span(header), namespace_hash_, key,
+    PageStatus st = ParsePageHeader(std::span(read.header), namespace_hash_, key,
                                     static_cast<uint64_t>(buffer.bytes()), &parsed);
     if (st == PageStatus::kOk) st = CheckPayload(parsed, buffer);
     if (st != PageStatus::kOk) return st;
     std::lock_guard<std::mutex> lock(mu_);
     const int64_t stamp = NextStampLocked();
     const timespec times[2] = {{0, UTIME_OMIT}, ToTimespec(stamp)};
-    ::futimens(fd.get(), times);  // best effort: a read-only store still serves hits
+    ::futimens(read.fd, times);  // best effort: a read-only store still serves hits
     AddLocked(key, value_bytes_, stamp, /*newest=*/true);
     return PageStatus::kOk;
   }
+
+  PageStatus GetOne(const PageKey& key, const PageBuffer& buffer) {
+    PageRead read;
+    const PageStatus st = OpenForRead(key, buffer, read);
+    if (st != PageStatus::kOk) return st;
+    read.got = ReadAll(read.fd, read.iov, read.iovcnt);
+    if (read.got < 0) return PageStatus::kFailed;
+
+    return FinishRead(key, buffer, read);
+  }
+
+#if KVTIER_HAVE_URING
+  // The batch's reads in flight together on this I/O thread's ring (IOSQE_ASYNC: the kernel's
+  // workers copy in parallel), then the checks on the thread pool. Past the deadline the reads
+  // still in flight are cancelled and waited for (the kernel may be writing into the caller's
+  // buffers until they complete); pages not read by then are kTimedOut.
+  void GetWithUring(io_uring& ring, std::span<const PageKey> keys,
+                    std::span<const PageBuffer> buffers, std::span<PageStatus> out,
+                    Clock::time_point deadline) {
+    const size_t n = keys.size();
+    std::vector<PageRead> reads(n);
+    for (size_t i = 0; i < n; ++i) {
+      out[i] = Clock::now() > deadline ? PageStatus::kTimedOut
+                                       : OpenForRead(keys[i], buffers[i], reads[i]);
+    }
+    constexpr uint64_t kCancelTag = ~uint64_t{0};
+    size_t next = 0, in_flight = 0;
+    bool cancelled = false;
+    while (true) {
+      while (!cancelled && next < n && in_flight < kRingDepth) {
+        PageRead& r = reads[next];
+        if (out[next] == PageStatus::kOk) {
+          io_uring_sqe* sqe = io_uring_get_sqe(&ring);
+          io_uring_prep_readv(sqe, r.fd, r.iov, static_cast<unsigned>(r.iovcnt), 0);
+          sqe->flags |= IOSQE_ASYNC;
+          io_uring_sqe_set_data64(sqe, next);
+          ++in_flight;
+        }
+        ++next;
+      }
+      if (in_flight == 0 && (cancelled || next == n)) break;
+      io_uring_submit(&ring);
+      io_uring_cqe* cqe = nullptr;
+      int rc;
+      if (cancelled) {
+        rc = io_uring_wait_cqe(&ring, &cqe);
+      } else {
+        const auto left = std::max<int64_t>(
+            0,
+            std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - Clock::now()).count());
+        __kernel_timespec ts{left / 1'000'000'000, left % 1'000'000'000};
+        rc = io_uring_wait_cqe_timeout(&ring, &cqe, &ts);
+        if (rc == -ETIME) {
+          cancelled = true;
+          io_uring_sqe* sqe = io_uring_get_sqe(&ring);
+          io_uring_prep_cancel64(sqe, 0, IORING_ASYNC_CANCEL_ANY);
+          io_uring_sqe_set_data64(sqe, kCancelTag);
+          continue;
+        }
+      }
+      if (rc == -EINTR) continue;
+      if (rc < 0) break;  // the ring itself failed: pages without a completion are failed below
+      const uint64_t tag = io_uring_cqe_get_data64(cqe);
+      const int res = cqe->res;
+      io_uring_cqe_seen(&ring, cqe);
+      if (tag == kCancelTag) continue;
+      reads[tag].got = res >= 0 ? res : res == -ECANCELED ? kCancelled : kReadError;
+      --in_flight;
+    }
+    pool_.ParallelFor(static_cast<int64_t>(n), [&](int64_t t) {
+      const size_t i = static_cast<size_t>(t);
+      if (out[i] != PageStatus::kOk) return;
+      PageRead& r = reads[i];
+      if (r.got > 0 && r.got < value_bytes_) {
+        // A short read that may not be the end of the file: read it again the plain way.
+        r.Prepare(buffers[i]);
+        r.got = ReadAll(r.fd, r.iov, r.iovcnt);
+      }
+      if (r.got == kCancelled || (r.got == kNotRead && cancelled)) {
+        out[i] = PageStatus::kTimedOut;
+      } else if (r.got < 0) {
+        out[i] = PageStatus::kFailed;
+      } else {
+        out[i] = FinishRead(keys[i], buffers[i], r);
+      }
+    });
+  }
+
+  static constexpr unsigned kRingDepth = 64;
+
+  // This I/O thread's ring, made at its first use; null when io_uring is not available (then
+  // reads go through the thread pool).
+  static io_uring* ThreadRing() {
+    struct Ring {
+      io_uring ring;
+      bool ok = false;
+      Ring() { ok = io_uring_queue_init(kRingDepth * 2, &ring, 0) == 0; }
+      ~Ring() {
+        if (ok) io_uring_queue_exit(&ring);
+      }
+    };
+    thread_local Ring ring;
+    return ring.ok ? &ring.ring : nullptr;
+  }
+#endif
 
   PageStatus SetOne(const PageKey& key, const PageBuffer& buffer) {
     if (config_.capacity >= 0 && value_bytes_ > config_.capacity) return PageStatus::kFailed;
@@ -460,9 +598,22 @@ Result<std::unique_ptr<StorageBackend>> OpenFileStorage(std::string_view url,
   FileBackend::Config config;
   KVTIER_ASSIGN_OR_RETURN(std::optional<int64_t> capacity, parsed.TakeByteSize("capacity"));
   KVTIER_ASSIGN_OR_RETURN(std::optional<bool> fsync, parsed.TakeBool("fsync"));
+  const std::optional<std::string> io = parsed.Take("io");
   KVTIER_RETURN_IF_ERROR(parsed.CheckAllTaken(url));
   config.capacity = capacity.value_or(-1);
   config.fsync = fsync.value_or(false);
+  if (io && *io != "uring" && *io != "threads") {
+    return Status::InvalidArgument(
+        fmt::format("storage URL '{}': io must be uring or threads, got '{}'", url, *io));
+  }
+#if KVTIER_HAVE_URING
+  config.io_uring = !io || *io == "uring";
+#else
+  if (io && *io == "uring") {
+    return Status::InvalidArgument(
+        fmt::format("storage URL '{}': io=uring, but kvtier was built without liburing", url));
+  }
+#endif
   std::string root = parsed.rest;
   if (root.empty() || root[0] != '/') {
     return Status::InvalidArgument(fmt::format(

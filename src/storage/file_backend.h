@@ -1,7 +1,7 @@
 // Internal: the `file://` backend — one file per page under a directory, for a local disk cache
 // that outlives the process and can be shared by processes on one host.
 //
-//   file:///abs/dir[?capacity=200GiB][&fsync=1]
+//   file:///abs/dir[?capacity=200GiB][&fsync=1][&io=uring|threads]
 //
 // Layout: <dir>/<namespace name>/<first two hex digits of the key>/<64 hex digits of the key>;
 // directories 0700, files 0600. Only the hex of a key (never caller text) becomes a path. Each

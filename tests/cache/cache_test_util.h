@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdlib>
 #include <memory>
@@ -153,6 +154,44 @@ class GatedEngine final : public TransferEngine {
   bool closed_ = false;
   int waiting_ = 0;
   int copies_to_host_ = 0;
+};
+
+// Wraps a real engine. Fails every call made while the calling thread holds `cache`'s mutex
+// (counted in under_lock), and, while failures_left > 0, copies into the region whose K buffer is
+// `fail_to` (an injected copy failure).
+class CheckingEngine final : public TransferEngine {
+ public:
+  explicit CheckingEngine(std::unique_ptr<TransferEngine> inner) : inner_(std::move(inner)) {}
+  TransferBackend backend() const override { return inner_->backend(); }
+  Status Synchronize(CudaStream stream) override {
+    if (HeldByCaller()) return Status::Internal("Synchronize with the cache's mutex held");
+    return inner_->Synchronize(stream);
+  }
+
+  std::atomic<const HierarchicalCache*> cache{nullptr};
+  std::atomic<const void*> fail_to{nullptr};
+  std::atomic<int> failures_left{0};
+  std::atomic<int> under_lock{0};
+  std::atomic<int> calls{0};
+
+ protected:
+  Status DoTransfer(const TransferRequest& request, const TransferOptions& options) override {
+    ++calls;
+    if (HeldByCaller()) return Status::Internal("Transfer with the cache's mutex held");
+    if (request.dst->k == fail_to.load() && failures_left.fetch_sub(1) > 0) {
+      return Status::IOError("injected copy failure");
+    }
+    return inner_->Transfer(request, options);
+  }
+
+ private:
+  bool HeldByCaller() {
+    const HierarchicalCache* c = cache.load();
+    if (c == nullptr || !c->MutexHeldByCurrentThread()) return false;
+    ++under_lock;
+    return true;
+  }
+  std::unique_ptr<TransferEngine> inner_;
 };
 
 inline std::vector<uint64_t> Hashes(std::span<const Token> tokens, std::string_view ns) {

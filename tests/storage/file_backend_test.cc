@@ -57,7 +57,8 @@ struct Pages {
   }
 };
 
-class FileBackendTest : public ::testing::Test {
+// Every test runs with each way the backend reads (the `io` URL parameter).
+class FileBackendTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     // tmpfs when there is one: removing directories on a virtual disk is slow, and the faults
@@ -72,8 +73,11 @@ class FileBackendTest : public ::testing::Test {
     fs::remove_all(root_, ec);
   }
 
+  // The store's URL with `params` ("" or "?name=value...") and this run's io mode.
   std::string Url(std::string_view params = "") const {
-    return "file://" + root_ + "/store" + std::string(params);
+    const std::string io = "io=" + GetParam();
+    return "file://" + root_ + "/store" +
+           (params.empty() ? "?" + io : std::string(params) + "&" + io);
   }
   std::unique_ptr<StorageBackend> Open(std::string_view params = "",
                                        const StorageNamespace& ns = SmallNamespace()) {
@@ -120,7 +124,7 @@ class FileBackendTest : public ::testing::Test {
   std::string root_;
 };
 
-TEST_F(FileBackendTest, RoundTripLayoutAndPermissions) {
+TEST_P(FileBackendTest, RoundTripLayoutAndPermissions) {
   auto b = Open();
   EXPECT_EQ(b->url(), "file://" + root_ + "/store");
   const auto keys = Keys(20);
@@ -141,7 +145,7 @@ TEST_F(FileBackendTest, RoundTripLayoutAndPermissions) {
   EXPECT_EQ(st.st_mode & 0777, 0600u);
   EXPECT_EQ(st.st_size, kValueBytes);
   for (const std::string& dir : {root_ + "/store", root_ + "/store/" + SmallNamespace().Name(),
-                                fs::path(PathOf(keys[0])).parent_path().string()}) {
+                                 fs::path(PathOf(keys[0])).parent_path().string()}) {
     ASSERT_EQ(::stat(dir.c_str(), &st), 0) << dir;
     EXPECT_EQ(st.st_mode & 0777, 0700u) << dir;
   }
@@ -155,7 +159,7 @@ TEST_F(FileBackendTest, RoundTripLayoutAndPermissions) {
   EXPECT_EQ(s.capacity_bytes, -1);
 }
 
-TEST_F(FileBackendTest, BadUrls) {
+TEST_P(FileBackendTest, BadUrls) {
   const StorageNamespace ns = SmallNamespace();
   for (std::string url : {std::string("file://relative/dir"), std::string("file://"),
                           "file://" + root_ + "/a/../b", "file://" + root_ + "?capacity=big",
@@ -171,7 +175,7 @@ TEST_F(FileBackendTest, BadUrls) {
   EXPECT_EQ(r.status().code(), StatusCode::kIOError) << r.status().ToString();
 }
 
-TEST_F(FileBackendTest, CorruptHeaderFlippedPayloadTruncationAreMisses) {
+TEST_P(FileBackendTest, CorruptHeaderFlippedPayloadTruncationAreMisses) {
   auto b = Open();
   const auto keys = Keys(5);
   Pages in(5, 2);
@@ -210,7 +214,7 @@ TEST_F(FileBackendTest, CorruptHeaderFlippedPayloadTruncationAreMisses) {
   EXPECT_EQ(GetOne(*b, keys[0], in.bytes[0]), PageStatus::kOk);
 }
 
-TEST_F(FileBackendTest, AnotherKeysFileOlderVersionAndSymlinkAreMisses) {
+TEST_P(FileBackendTest, AnotherKeysFileOlderVersionAndSymlinkAreMisses) {
   auto b = Open();
   const auto keys = Keys(3);
   Pages in(3, 3);
@@ -242,7 +246,7 @@ TEST_F(FileBackendTest, AnotherKeysFileOlderVersionAndSymlinkAreMisses) {
   EXPECT_EQ(GetOne(*b, keys[1], in.bytes[1]), PageStatus::kCorrupt);
 }
 
-TEST_F(FileBackendTest, WrongNamespaceIsAMiss) {
+TEST_P(FileBackendTest, WrongNamespaceIsAMiss) {
   const StorageNamespace a = SmallNamespace("model-a"), other = SmallNamespace("model-b");
   auto store_a = Open("", a);
   auto store_b = Open("", other);
@@ -259,8 +263,8 @@ TEST_F(FileBackendTest, WrongNamespaceIsAMiss) {
   EXPECT_EQ(store_b->Stats().get_wrong_namespace_pages, 1);
 }
 
-TEST_F(FileBackendTest, DirectoryMissingAtStartAndRemovedWhileRunning) {
-  const std::string url = "file://" + root_ + "/deep/er/store";
+TEST_P(FileBackendTest, DirectoryMissingAtStartAndRemovedWhileRunning) {
+  const std::string url = "file://" + root_ + "/deep/er/store?io=" + GetParam();
   auto r = OpenStorage(url, SmallNamespace());
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   auto& b = **r;
@@ -279,7 +283,7 @@ TEST_F(FileBackendTest, DirectoryMissingAtStartAndRemovedWhileRunning) {
   EXPECT_EQ(out.bytes, in.bytes);
 }
 
-TEST_F(FileBackendTest, CapacityEvictsLeastRecentlyUsedAndSurvivesRestart) {
+TEST_P(FileBackendTest, CapacityEvictsLeastRecentlyUsedAndSurvivesRestart) {
   const std::string cap = "?capacity=" + std::to_string(4 * kValueBytes);
   const auto keys = Keys(6);
   Pages in(6, 6);
@@ -324,7 +328,7 @@ TEST_F(FileBackendTest, CapacityEvictsLeastRecentlyUsedAndSurvivesRestart) {
   EXPECT_EQ(tiny->Set({keys[5]}, {in.buffers[5]}).get().pages[0], PageStatus::kFailed);
 }
 
-TEST_F(FileBackendTest, StaleTempFilesAreRemovedAtStart) {
+TEST_P(FileBackendTest, StaleTempFilesAreRemovedAtStart) {
   auto b = Open();
   const auto keys = Keys(1);
   Pages in(1, 7);
@@ -346,7 +350,7 @@ TEST_F(FileBackendTest, StaleTempFilesAreRemovedAtStart) {
 
 // The store runs in a forked child whose file size limit is below one page: the Set fails
 // cleanly, leaves no temporary file, and the pages written before are intact.
-TEST_F(FileBackendTest, DiskFullSetFailsCleanly) {
+TEST_P(FileBackendTest, DiskFullSetFailsCleanly) {
   const pid_t child = ::fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
@@ -386,7 +390,7 @@ TEST_F(FileBackendTest, DiskFullSetFailsCleanly) {
 
 // Two processes write different pages under the same key at once while this one reads it: every
 // hit is exactly one of the two pages, never a mix, and no temporary file is left.
-TEST_F(FileBackendTest, TwoProcessesWritingTheSameKey) {
+TEST_P(FileBackendTest, TwoProcessesWritingTheSameKey) {
   const auto key = Keys(1)[0];
   Pages writes(2, 9);
   std::vector<pid_t> children;
@@ -432,6 +436,12 @@ TEST_F(FileBackendTest, TwoProcessesWritingTheSameKey) {
   EXPECT_GT(hits, 0);
   EXPECT_EQ(CountTempFiles(), 0);
 }
+
+#if KVTIER_HAVE_URING
+INSTANTIATE_TEST_SUITE_P(IoModes, FileBackendTest, ::testing::Values("threads", "uring"));
+#else
+INSTANTIATE_TEST_SUITE_P(IoModes, FileBackendTest, ::testing::Values("threads"));
+#endif
 
 }  // namespace
 }  // namespace kvtier

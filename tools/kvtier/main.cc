@@ -15,6 +15,7 @@
 
 #include "bench.h"
 #include "replay_cli.h"
+#include "storage_bench.h"
 
 namespace kvtier::tools {
 namespace {
@@ -224,6 +225,8 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   bench->add_option("--json", options.json_path, "also write the rows as JSON to this file");
+  StorageBenchOptions storage_options;
+  AddStorageBenchOptions(bench, &storage_options);
 
   // ---- replay, demo ----
   ReplayOptions replay_options;
@@ -233,6 +236,11 @@ int main(int argc, char** argv) {
 
   CLI11_PARSE(app, argc, argv);
 
+  if (bench->parsed() && !storage_options.url.empty()) {
+    storage_options.repeats = options.repeats;
+    storage_options.json_path = options.json_path;
+    return RunStorageBench(storage_options, JoinArgs(argc, argv));
+  }
   if (bench->parsed()) return RunBench(options, args, JoinArgs(argc, argv));
   if (replay->parsed()) {
     replay_options.command_line = JoinArgs(argc, argv);

@@ -1,0 +1,263 @@
+// HierarchicalCache on a GPU (kernel and dma backends) with a storage tier: a prefix evicted from
+// the device and host memory comes back through QueryStorage -> Prefetch -> LoadBack, and a
+// kernel on another stream consumes it layer by layer after WaitLayer, comparing every byte with
+// the KV pattern. The load is held behind a gate on its stream, so a consumer that did not wait
+// for the right layer would read the poison the device pool was filled with. Also: a LoadBack
+// into slots the engine just wrote (reused after eviction) is ordered after those writes.
+// Every test skips itself without a GPU.
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <limits>
+#include <mutex>
+
+#include "cache/cache_test_util.h"
+#include "kvtier/device.h"
+#include "kvtier/hierarchical_cache.h"
+#include "kvtier/kv_pattern.h"
+#include "kvtier/storage.h"
+
+namespace kvtier {
+namespace {
+
+using testing::DeviceTier;
+using testing::Hashes;
+
+constexpr int64_t kLayers = 4;
+constexpr int64_t kSlotBytes = 64;
+constexpr int64_t kPage = 16;
+
+#define REQUIRE_GPU()                                                   \
+  do {                                                                  \
+    if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device present"; \
+  } while (0)
+
+// Counts the bytes of layer `layer` of `slots` (in a layer_first region with `num_slots` slots)
+// that differ from `want` (layer_first, slot i of `want` for slots[i]); K and V.
+__global__ void CountMismatches(const unsigned char* k, const unsigned char* v,
+                                const unsigned char* want_k, const unsigned char* want_v,
+                                const int64_t* slots, int64_t n, int64_t num_slots,
+                                int64_t want_slots, int64_t slot_bytes, int64_t layer,
+                                unsigned long long* wrong) {
+  const int64_t total = n * slot_bytes;
+  unsigned long long mine = 0;
+  for (int64_t x = blockIdx.x * blockDim.x + threadIdx.x; x < total;
+       x += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t i = x / slot_bytes, b = x % slot_bytes;
+    const int64_t got = (layer * num_slots + slots[i]) * slot_bytes + b;
+    const int64_t exp = (layer * want_slots + i) * slot_bytes + b;
+    mine += (k[got] != want_k[exp]) + (v[got] != want_v[exp]);
+  }
+  if (mine != 0) atomicAdd(wrong, mine);
+}
+
+// A host function that holds its stream until Open().
+struct Gate {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool open = false;
+  static void CUDART_CB Wait(void* p) {
+    auto* g = static_cast<Gate*>(p);
+    std::unique_lock<std::mutex> lk(g->mu);
+    g->cv.wait_for(lk, std::chrono::seconds(30), [&] { return g->open; });
+  }
+  void Open() {
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      open = true;
+    }
+    cv.notify_all();
+  }
+};
+
+class GpuCacheTest : public ::testing::TestWithParam<TransferBackend> {};
+
+TEST_P(GpuCacheTest, PrefetchLoadBackWaitLayerFeedsAKernelOnAnotherStream) {
+  REQUIRE_GPU();
+  const TransferBackend backend = GetParam();
+  KvGeometry g{KvLayout::kLayerFirst, kLayers, 32 * kPage, kSlotBytes, kPage, 1};
+  auto dev = DeviceTier::Create(backend, g, false);
+  ASSERT_TRUE(dev.ok()) << dev.status().ToString();
+  StorageNamespace ns;
+  ns.model_id = "gpu-cache-test";
+  ns.layout = KvLayout::kPageFirst;
+  ns.num_layers = kLayers;
+  ns.slot_bytes = kSlotBytes;
+  ns.page_size = kPage;
+  auto store = OpenStorage("memory://?capacity=64MiB", ns);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+
+  HierarchicalCacheConfig cfg;
+  cfg.write_policy = WritePolicy::kWriteThrough;
+  cfg.transfer_backend = backend;
+  cfg.host_capacity_bytes = 64 * kPage * kLayers * kSlotBytes * 2;
+  cfg.storage.backend = std::shared_ptr<StorageBackend>(std::move(*store));
+  cfg.storage.prefetch_threshold_tokens = 0;
+  auto cache_r = HierarchicalCache::Create(cfg, (*dev)->region());
+  ASSERT_TRUE(cache_r.ok()) << cache_r.status().ToString();
+  HierarchicalCache& cache = **cache_r;
+
+  std::vector<Token> a(static_cast<size_t>(12 * kPage));
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<Token>(40000 + i);
+  const auto hashes = Hashes(a, "");
+  auto fresh = cache.AllocateDeviceSlots(static_cast<int64_t>(a.size()));
+  ASSERT_TRUE(fresh.ok());
+  ASSERT_TRUE((*dev)->Fill(*fresh, hashes).ok());
+  ASSERT_TRUE(cache.Insert(a, *fresh).ok());
+  ASSERT_TRUE(cache.WaitForBackups().ok());
+  ASSERT_TRUE(cache.EvictDevice(std::numeric_limits<int64_t>::max()).ok());
+  ASSERT_TRUE(cache.EvictHost(std::numeric_limits<int64_t>::max()).ok());
+  ASSERT_TRUE(cache.CheckConsistency().ok()) << cache.CheckConsistency().ToString();
+  // Poison the device pool: a consumer that reads before its layer arrived sees 0xEE.
+  const KvRegion& d = (*dev)->region();
+  ASSERT_EQ(cudaMemset(d.k, 0xEE, static_cast<size_t>(g.buffer_bytes())), cudaSuccess);
+  ASSERT_EQ(cudaMemset(d.v, 0xEE, static_cast<size_t>(g.buffer_bytes())), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+
+  auto m = cache.Match(a);
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m->storage_tokens, static_cast<int64_t>(a.size()));
+  ASSERT_TRUE(cache.QueryStorage(m->handle).ok());
+  auto p = cache.Prefetch(m->handle, PrefetchPolicy::kWaitComplete);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+
+  auto load_stream = CudaStreamHandle::Create(0);
+  auto consumer = CudaStreamHandle::Create(0);
+  ASSERT_TRUE(load_stream.ok() && consumer.ok());
+  Gate gate;
+  ASSERT_EQ(cudaLaunchHostFunc(load_stream->get(), &Gate::Wait, &gate), cudaSuccess);
+  auto lb = cache.LoadBack(m->handle, load_stream->get());
+  ASSERT_TRUE(lb.ok()) << lb.status().ToString();
+  EXPECT_EQ(lb->prefetch.state, PrefetchState::kComplete);
+  ASSERT_EQ(lb->device_slots.size(), a.size());
+
+  // The expected bytes, layer_first over slots 0..n-1, on the device.
+  const int64_t n = static_cast<int64_t>(a.size());
+  KvGeometry wg{KvLayout::kLayerFirst, kLayers, n, kSlotBytes, kPage, 1};
+  std::vector<std::byte> want_k(static_cast<size_t>(wg.buffer_bytes()));
+  std::vector<std::byte> want_v(want_k.size());
+  KvRegion want;
+  want.geometry = wg;
+  want.k = want_k.data();
+  want.v = want_v.data();
+  std::vector<int64_t> iota(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) iota[static_cast<size_t>(i)] = i;
+  ASSERT_TRUE(FillKvPattern(want, iota, hashes).ok());
+  unsigned char *dk = nullptr, *dv = nullptr;
+  int64_t* dslots = nullptr;
+  unsigned long long* wrong = nullptr;
+  ASSERT_EQ(cudaMalloc(&dk, want_k.size()), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dv, want_v.size()), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dslots, static_cast<size_t>(n) * sizeof(int64_t)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&wrong, sizeof(unsigned long long)), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dk, want_k.data(), want_k.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dv, want_v.data(), want_v.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dslots, lb->device_slots.data(), static_cast<size_t>(n) * sizeof(int64_t),
+                       cudaMemcpyHostToDevice),
+            cudaSuccess);
+  ASSERT_EQ(cudaMemset(wrong, 0, sizeof(unsigned long long)), cudaSuccess);
+  for (int64_t l = 0; l < kLayers; ++l) {
+    ASSERT_TRUE(cache.WaitLayer(m->handle, l, consumer->get()).ok());
+    CountMismatches<<<32, 256, 0, consumer->get()>>>(
+        static_cast<const unsigned char*>(d.k), static_cast<const unsigned char*>(d.v), dk, dv,
+        dslots, n, g.num_slots, n, kSlotBytes, l, wrong);
+    ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  }
+  gate.Open();
+  ASSERT_TRUE(consumer->Synchronize().ok());
+  unsigned long long bad = 1;
+  ASSERT_EQ(cudaMemcpy(&bad, wrong, sizeof(bad), cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(bad, 0u) << "the consumer read bytes that had not arrived (or were wrong)";
+  ASSERT_TRUE(load_stream->Synchronize().ok());
+  ASSERT_TRUE(cache.Release(m->handle).ok());
+  ASSERT_TRUE(cache.CheckConsistency().ok()) << cache.CheckConsistency().ToString();
+  cudaFree(dk);
+  cudaFree(dv);
+  cudaFree(dslots);
+  cudaFree(wrong);
+}
+
+// The engine writes new KV into slots on its stream (held back by a gate) and inserts them; the
+// node is evicted at once (write_through_selective: not backed up, not busy) and its slots are
+// reused by a LoadBack on another stream. The load must land after the engine's writes, or the
+// engine's late writes would overwrite the loaded bytes.
+TEST_P(GpuCacheTest, LoadBackIntoReusedSlotsIsOrderedAfterTheEnginesWrites) {
+  REQUIRE_GPU();
+  const TransferBackend backend = GetParam();
+  KvGeometry g{KvLayout::kLayerFirst, kLayers, 4 * kPage, kSlotBytes, kPage, 1};
+  auto dev = DeviceTier::Create(backend, g, false);
+  ASSERT_TRUE(dev.ok()) << dev.status().ToString();
+  HierarchicalCacheConfig cfg;
+  cfg.write_policy = WritePolicy::kWriteThroughSelective;
+  cfg.transfer_backend = backend;
+  cfg.host_capacity_bytes = 16 * kPage * kLayers * kSlotBytes * 2;
+  auto cache_r = HierarchicalCache::Create(cfg, (*dev)->region());
+  ASSERT_TRUE(cache_r.ok()) << cache_r.status().ToString();
+  HierarchicalCache& cache = **cache_r;
+
+  // A prefix cached in host memory only (two hits: backed up; then evicted from the device).
+  std::vector<Token> a(static_cast<size_t>(4 * kPage));
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<Token>(1 + i);
+  auto sa = cache.AllocateDeviceSlots(static_cast<int64_t>(a.size()));
+  ASSERT_TRUE((*dev)->Fill(*sa, Hashes(a, "")).ok());
+  ASSERT_TRUE(cache.Insert(a, *sa).ok());
+  auto hit = cache.Match(a);
+  ASSERT_TRUE(cache.Release(hit->handle).ok());
+  ASSERT_TRUE(cache.WaitForBackups().ok());
+  ASSERT_TRUE(cache.EvictDevice(std::numeric_limits<int64_t>::max()).ok());
+
+  // The engine's prefill of b on a gated stream: a copy of b's KV into its slots, held back.
+  std::vector<Token> b(static_cast<size_t>(4 * kPage));
+  for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<Token>(90000 + i);
+  auto sb = cache.AllocateDeviceSlots(static_cast<int64_t>(b.size()));
+  ASSERT_TRUE(sb.ok());
+  auto engine_stream = CudaStreamHandle::Create(0);
+  auto load_stream = CudaStreamHandle::Create(0);
+  ASSERT_TRUE(engine_stream.ok() && load_stream.ok());
+  const int64_t n = static_cast<int64_t>(b.size());
+  KvGeometry sg{KvLayout::kLayerFirst, kLayers, n, kSlotBytes, kPage, 1};
+  auto staging = PinnedHostBuffer::Allocate(sg.buffer_bytes() * 2);
+  ASSERT_TRUE(staging.ok());
+  KvRegion src;
+  src.geometry = sg;
+  src.k = staging->data();
+  src.v = static_cast<std::byte*>(staging->data()) + sg.buffer_bytes();
+  std::vector<int64_t> iota(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) iota[static_cast<size_t>(i)] = i;
+  ASSERT_TRUE(FillKvPattern(src, iota, Hashes(b, "")).ok());
+  auto writer = MakeTransferEngine(backend);
+  ASSERT_TRUE(writer.ok());
+  Gate gate;
+  ASSERT_EQ(cudaLaunchHostFunc(engine_stream->get(), &Gate::Wait, &gate), cudaSuccess);
+  ASSERT_TRUE((*writer)
+                  ->Transfer(TransferRequest::AllLayers(src, (*dev)->region(),
+                                                        SlotIndices::Host(iota),
+                                                        SlotIndices::Host(*sb)),
+                             TransferOptions{engine_stream->get(), nullptr})
+                  .ok());
+  ASSERT_TRUE(cache.Insert(b, *sb, "", {.stream = engine_stream->get()}).ok());
+  // b is not backed up (one hit) and not busy: the LoadBack of a may take its slots at once.
+  auto m = cache.Match(a);
+  ASSERT_EQ(m->host_tokens, static_cast<int64_t>(a.size()));
+  auto lb = cache.LoadBack(m->handle, load_stream->get());
+  ASSERT_TRUE(lb.ok()) << lb.status().ToString();
+  gate.Open();
+  ASSERT_TRUE(engine_stream->Synchronize().ok());
+  ASSERT_TRUE(load_stream->Synchronize().ok());
+  EXPECT_TRUE((*dev)->Verify(lb->device_slots, Hashes(a, "")).ok())
+      << "the engine's queued writes landed after the load-back into the same slots";
+  ASSERT_TRUE(cache.Release(m->handle).ok());
+  ASSERT_TRUE(cache.CheckConsistency().ok()) << cache.CheckConsistency().ToString();
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, GpuCacheTest,
+                         ::testing::Values(TransferBackend::kKernel, TransferBackend::kDma),
+                         [](const auto& info) {
+                           return std::string(TransferBackendName(info.param));
+                         });
+
+}  // namespace
+}  // namespace kvtier
