@@ -23,6 +23,7 @@
 #include "kvtier/hierarchical_cache.h"
 #include "kvtier/kv_pattern.h"
 #include "kvtier/storage.h"
+#include "kvtier/storage_fault.h"
 #include "replay_engine.h"
 #include "replay_model.h"
 #include "replay_report.h"
@@ -142,6 +143,9 @@ Status ReplayOptions::Validate() const {
         concurrency));
   }
   KVTIER_RETURN_IF_ERROR(FindReplayModel(model).status().WithContext("--model"));
+  if (!compute_model.empty()) {
+    KVTIER_RETURN_IF_ERROR(FindReplayModel(compute_model).status().WithContext("--compute-model"));
+  }
   KVTIER_RETURN_IF_ERROR(OneOf("--compute", compute, {"auto", "gemm", "model"}));
   KVTIER_RETURN_IF_ERROR(BoundReal("--tflops", tflops, 1e-3, 1e5));
   KVTIER_RETURN_IF_ERROR(Bound("--chunk-tokens", chunk_tokens, 64, 1 << 20));
@@ -295,24 +299,30 @@ class RunStorage {
     ns.page_size = o.page_size;
     ns.head_num = s.model.kv_head_num;
     KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<StorageBackend> backend, OpenStorage(url, ns));
+    url_ = backend->url();
+    if (s.fault_at_s >= 0) {
+      // --fault: the store sits behind the fault-injecting wrapper, healthy until TakeDown.
+      KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<FaultInjectingStorage> faulty,
+                              FaultInjectingStorage::Wrap(std::move(backend), /*seed=*/1));
+      faulty_ = faulty.get();
+      backend = std::move(faulty);
+    }
     backend_ = std::shared_ptr<StorageBackend>(std::move(backend));
-    url_ = backend_->url();
     return Status::OK();
   }
   std::shared_ptr<StorageBackend> backend() const { return backend_; }
   const std::string& url() const { return url_; }
-  // Makes the store fail from now on (--fault storage-down@S).
-  Status TakeDown();
+  // Makes the store fail from now on, as a stopped server does (--fault storage-down@S).
+  void TakeDown() {
+    if (faulty_ != nullptr) faulty_->SetDown(true);
+  }
 
  private:
+  FaultInjectingStorage* faulty_ = nullptr;  // owned by backend_
   std::string temp_dir_;
   std::string url_;
   std::shared_ptr<StorageBackend> backend_;
 };
-
-Status RunStorage::TakeDown() {
-  return Status::Unavailable("storage faults need the storage fault wrapper (storage branch)");
-}
 
 // The progress line: requests done, hit rate so far, ETA; at most twice a second, on stderr.
 class Progress {
@@ -450,7 +460,7 @@ class RunDriver {
     // --fault storage-down@S: the store fails from the first request arriving at or after S.
     if (storage_ != nullptr && s_.fault_at_s >= 0 && summary_.fault_index < 0 &&
         timeline_.Arrival(i) >= s_.fault_at_s * 1e3) {
-      KVTIER_RETURN_IF_ERROR(storage_->TakeDown());
+      storage_->TakeDown();
       summary_.fault_index = i;
       summary_.fault_at_s = timeline_.Arrival(i) / 1e3;
     }
@@ -562,7 +572,7 @@ class RunDriver {
     if (!slots.empty()) {
       const std::span<const Token> tokens(f.tokens.data(), slots.size());
       InsertOptions io;
-      io.stream = s_.engine->load_stream();
+      io.stream = s_.engine->write_stream();
       KVTIER_RETURN_IF_ERROR(cache_->Insert(tokens, slots, "", io).status().WithContext("Insert"));
     }
     return cache_->Release(f.match.handle).WithContext("Release");
@@ -703,12 +713,17 @@ int RunReplay(const ReplayOptions& input) {
   s.options.device_tokens = device_slots;
   PrefillEngineConfig ec;
   ec.model = s.model;
+  ec.compute_model = o.compute_model.empty() ? s.model : *FindReplayModel(o.compute_model);
   ec.device_slots = device_slots;
   ec.page_size = o.page_size;
   ec.compute = (o.compute == "gemm" || (o.compute == "auto" && s.gpu)) ? ComputeMode::kGemm
                                                                         : ComputeMode::kModel;
   ec.tflops = o.tflops;
   ec.chunk_tokens = o.chunk_tokens;
+  ec.max_context = 1;
+  for (const WorkloadRequest& r : s.workload.requests) {
+    ec.max_context = std::max(ec.max_context, r.input_length);
+  }
   Result<std::unique_ptr<PrefillEngine>> engine =
       s.gpu ? MakeGpuPrefillEngine(ec) : MakeCpuPrefillEngine(ec);
   if (!engine.ok()) return fail(engine.status().WithContext("device pool"));
@@ -720,9 +735,12 @@ int RunReplay(const ReplayOptions& input) {
   report.command = o.command_line;
   report.workload = fmt::format("{} ({} requests, {} input tokens)", s.workload.name,
                                 s.workload.requests.size(), s.workload.input_tokens());
-  report.model = fmt::format("{} ({} layers, {}, {} KV bytes per token)", s.model.name,
+  report.model = fmt::format("{} ({} layers, {}, {} KV bytes per token){}", s.model.name,
                              s.model.num_layers, s.model.mla ? "MLA" : "MHA",
-                             s.model.kv_bytes_per_token());
+                             s.model.kv_bytes_per_token(),
+                             o.compute_model.empty() || o.compute_model == o.model
+                                 ? ""
+                                 : fmt::format("; compute of {}", o.compute_model));
   report.engine = s.engine->Describe();
   report.settings = Settings(s, exact);
   report.page_size = o.page_size;

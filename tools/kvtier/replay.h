@@ -46,6 +46,9 @@ struct ReplayOptions {
 
   // ---- model and compute ----
   std::string model = "llama3-8b";
+  // The model whose prefill the compute stands for ("" = --model): a small --model's KV with a
+  // large model's compute keeps a long replay's bytes small on cpu.
+  std::string compute_model;
   std::string compute = "auto";  // auto (gemm on a GPU, model on cpu), gemm, model
   double tflops = 400;           // the cost model's rate
   int64_t chunk_tokens = 8192;   // chunked prefill (SGLang's --chunked-prefill-size)

@@ -45,6 +45,9 @@ CLI::App* AddReplayCommand(CLI::App& app, ReplayOptions* o) {
       ->capture_default_str();
   // Model and compute.
   c->add_option("--model", o->model, "model shape: " + ReplayModelNames())->capture_default_str();
+  c->add_option("--compute-model", o->compute_model,
+                "the model whose prefill the compute stands for (default: --model); e.g. --model "
+                "tiny --compute-model llama3-8b keeps a long replay's KV bytes small");
   c->add_option("--compute", o->compute,
                 "prefill compute: gemm (real bf16 cuBLAS GEMMs, GPU), model (cost model at "
                 "--tflops), auto (gemm on a GPU)")

@@ -149,6 +149,7 @@ class CpuPrefillEngine final : public PrefillEngine {
   const KvRegion& device_region() const override { return region_; }
   TransferBackend backend() const override { return TransferBackend::kCpu; }
   CudaStream load_stream() const override { return nullptr; }
+  CudaStream write_stream() const override { return nullptr; }
   Status BeginRequest() override { return Status::OK(); }
 
   Result<PrefillTiming> Prefill(const PrefillJob& job) override {
@@ -159,8 +160,8 @@ class CpuPrefillEngine final : public PrefillEngine {
       KVTIER_RETURN_IF_ERROR(FillKvPattern(region_, job.new_slots, job.new_hashes));
     }
     const auto [total, compute] =
-        ModelPrefillMs(config_.model, job.new_tokens, job.cached_tokens, config_.chunk_tokens,
-                       config_.tflops, job.load_wall_ms);
+        ModelPrefillMs(config_.compute_model, job.new_tokens, job.cached_tokens,
+                       config_.chunk_tokens, config_.tflops, job.load_wall_ms);
     t.total_ms = total;
     t.compute_ms = compute;
     t.load_ms = job.load_wall_ms;

@@ -34,12 +34,14 @@ namespace kvtier::tools {
 enum class ComputeMode : uint8_t { kModel = 0, kGemm = 1 };
 
 struct PrefillEngineConfig {
-  ReplayModel model;
+  ReplayModel model;          // the KV geometry
+  ReplayModel compute_model;  // the prefill's shapes and FLOPs (usually the same model)
   int64_t device_slots = 0;  // a multiple of page_size
   int64_t page_size = 64;
   ComputeMode compute = ComputeMode::kModel;
   double tflops = 400;          // the cost model's rate
   int64_t chunk_tokens = 8192;  // chunked prefill
+  int64_t max_context = 131072;  // gemm: the longest prompt (sizes the attention operands)
   int device = 0;               // CUDA device (gpu)
 };
 
@@ -80,8 +82,10 @@ class PrefillEngine {
   // The device KV pool (layer_first, page_size pages).
   virtual const KvRegion& device_region() const = 0;
   virtual TransferBackend backend() const = 0;
-  // The stream LoadBack enqueues on (nullptr on cpu).
+  // The stream LoadBack enqueues on, and the one the prefill writes the KV on (Insert's stream);
+  // nullptr on cpu.
   virtual CudaStream load_stream() const = 0;
+  virtual CudaStream write_stream() const = 0;
   // Marks the start of a request's device work; call right before LoadBack.
   virtual Status BeginRequest() = 0;
   virtual Result<PrefillTiming> Prefill(const PrefillJob& job) = 0;
