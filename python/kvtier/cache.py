@@ -1,39 +1,78 @@
-"""kvtier.HierarchicalCache — the engine-facing hierarchical KV cache (device + host tiers).
+"""kvtier.HierarchicalCache — the engine-facing hierarchical KV cache: device, host and storage.
 
 The engine brings its device KV pool as a layer_first kvtier.ops.KvRegion; the cache owns the
-allocation of that pool's pages, a pinned host tier, the radix tree over both, and the copies:
+allocation of that pool's pages, a pinned host tier, optionally a storage tier (a URL), the radix
+tree over all three, and the copies between them:
 
-    cache = kvtier.HierarchicalCache(device_pool, transfer_backend="kernel")
+    cache = kvtier.HierarchicalCache(device_pool, transfer_backend="kernel",
+                                     storage="file:///var/cache/kvtier", prefetch_policy="timeout")
     with cache.match(tokens) as m:               # cached prefix; pinned until the block ends
-        loaded = cache.load_back(m)              # host hits -> fresh device slots
+        cache.query_storage(m)                   # pages other processes or earlier runs stored
+        cache.prefetch(m)                        # storage -> host, in the background
+        loaded = cache.load_back(m)              # ends the prefetch; host hits -> device slots
         for layer in range(L):
             cache.wait_layer(m, layer)           # current stream waits for that layer (GPU)
             ...                                  # attention over loaded.device_slots
-        new = cache.allocate_device_slots(len(tokens) - m.device_tokens - loaded.loaded_tokens)
+        new = cache.allocate_device_slots(len(tokens) - len(loaded.device_slots))
         ...                                      # prefill writes the KV of the new tokens
         cache.insert(tokens, slots)              # the cache owns the slots from now on
+    print(cache.metrics())                       # Prometheus text (SGLang's names, "kvtier:")
 
 Tokens are int32 (lists, numpy arrays, torch tensors); slot lists come back as int64 torch tensors
 (CPU) when torch is imported, else numpy arrays (or array.array without numpy). Streams default to
-PyTorch's current stream of the pool's device, else the legacy default stream. The C++
-HierarchicalCache has no storage tier or Prefetch yet, so neither has this class.
+PyTorch's current stream of the pool's device, else the legacy default stream.
 
-Thread safety: every method may be called from any thread (the C++ cache serialises its
-bookkeeping and copies run with the GIL released).
+Match handles cannot leak: a Match releases its handle when it is garbage collected, when its
+`with` block ends, or through cache.release(m); a Match of another cache is refused.
+
+Thread safety: every method may be called from any thread; every call that can block releases
+the GIL. close() refuses new calls, waits for the calls in flight to return and then frees the
+cache; calls after it raise kvtier.FailedPreconditionError.
 """
 
 from __future__ import annotations
 
 import array
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional, Tuple
 
 from . import _kvtier
 from ._buffers import HOST, resolve_stream
 from .ops import KvRegion, _int
 
-__all__ = ["HierarchicalCache", "Match", "LoadBack"]
+__all__ = ["HierarchicalCache", "Match", "LoadBack", "Prefetch", "StorageQuery",
+           "PREFETCH_POLICIES"]
+
+PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
+
+_INT64_MAX = 2**63 - 1
+_INT32_MAX = 2**31 - 1
+
+
+def _int64(value: Any, name: str, minimum: Optional[int] = None) -> int:
+    """An int that fits int64_t (ValueError naming `name` otherwise)."""
+    value = _int(value, name, minimum)
+    if not -_INT64_MAX - 1 <= value <= _INT64_MAX:
+        raise ValueError(f"{name} = {value} does not fit in a 64-bit signed integer")
+    return value
+
+
+def _int32(value: Any, name: str, minimum: Optional[int] = None) -> int:
+    """An int that fits int32_t (ValueError naming `name` otherwise)."""
+    value = _int(value, name, minimum)
+    if not -_INT32_MAX - 1 <= value <= _INT32_MAX:
+        raise ValueError(f"{name} = {value} does not fit in a 32-bit signed integer")
+    return value
+
+
+def _float(value: Any, name: str) -> float:
+    if isinstance(value, bool):
+        raise ValueError(f"{name} = {value!r} must be a number")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} = {value!r} must be a number") from None
 
 
 def _slots_from_bytes(data: bytes) -> Any:
@@ -87,21 +126,37 @@ def _host_array(obj: Any, name: str, typecode: str) -> Tuple[int, int, Any]:
     return address, count, values
 
 
-@dataclass
 class Match:
-    """The cached prefix of a token sequence. Pinned until released (or the `with` block ends)."""
+    """The cached prefix of a token sequence, pinned until released.
 
-    handle: int
-    device_tokens: int  # leading tokens whose KV is on the device ...
-    device_slots: Any   # ... at these device slots
-    host_tokens: int    # the next tokens, cached in host memory only ...
-    host_slots: Any     # ... at these host slots
-    _cache: Any = None
+    Released by cache.release(m), m.release(), the end of its `with` block, or when the object is
+    garbage collected (so a forgotten match never pins the prefix for ever). Releasing twice
+    through m.release() is a no-op.
+    """
+
+    def __init__(self, owner: "HierarchicalCache", handle: int, device_tokens: int,
+                 device_slots: Any, host_tokens: int, host_slots: Any,
+                 storage_tokens: int) -> None:
+        self.handle = handle
+        self.device_tokens = device_tokens    # leading tokens whose KV is on the device ...
+        self.device_slots = device_slots      # ... at these device slots
+        self.host_tokens = host_tokens        # the next tokens, cached in host memory ...
+        self.host_slots = host_slots          # ... at these host slots
+        self.storage_tokens = storage_tokens  # the next tokens, known to be in storage only
+        self._owner = owner
+        self._pinned = True
+
+    @property
+    def released(self) -> bool:
+        return not self.__dict__.get("_pinned", False)
+
+    def _unpin(self) -> bool:
+        """True for the one caller that unpins it (dict.pop is atomic under the GIL)."""
+        return self.__dict__.pop("_pinned", False)
 
     def release(self) -> None:
-        if self._cache is not None:
-            cache, self._cache = self._cache, None
-            cache.release(self)
+        if self._unpin():
+            self._owner._release_handle(self.handle)
 
     def __enter__(self) -> "Match":
         return self
@@ -109,12 +164,47 @@ class Match:
     def __exit__(self, *exc: Any) -> None:
         self.release()
 
+    def __del__(self) -> None:
+        try:
+            if self._unpin():
+                self._owner._release_handle(self.handle)
+        except Exception:  # the cache is closed (handles dropped) or the interpreter is exiting
+            pass
+
+    def __repr__(self) -> str:
+        return (f"Match(handle={self.handle}, device_tokens={self.device_tokens}, "
+                f"host_tokens={self.host_tokens}, storage_tokens={self.storage_tokens}, "
+                f"released={self.released})")
+
+
+@dataclass
+class Prefetch:
+    """A prefetch's progress or outcome (storage -> host)."""
+
+    state: str             # "none", "running", "complete", "partial", "timed_out"
+    policy: str            # "best_effort", "wait_complete", "timeout"
+    requested_tokens: int  # storage tokens the prefetch asked for
+    arrived_tokens: int    # leading tokens in host memory so far / at the end
+    host_tokens: int       # after it ended: the match's host part (host hits incl. arrived)
+
+
+@dataclass
+class StorageQuery:
+    storage_tokens: int  # tokens after the host part found in storage (tree + backend)
+    queried_tokens: int  # of those, found by asking the backend in this call
+
 
 @dataclass
 class LoadBack:
     loaded_tokens: int   # copied from host memory by this call
     skipped_tokens: int  # host hits left alone (below load_back_min_tokens)
     device_slots: Any    # the whole matched prefix now on the device
+    prefetch: Optional[Prefetch] = field(default=None)  # the prefetch this call ended, if any
+
+
+def _prefetch(d: dict) -> Prefetch:
+    return Prefetch(d["state"], d["policy"], d["requested_tokens"], d["arrived_tokens"],
+                    d["host_tokens"])
 
 
 class HierarchicalCache:
@@ -124,7 +214,8 @@ class HierarchicalCache:
       device_region: a layer_first kvtier.ops.KvRegion (device memory with the kernel/dma/auto
         backends; host memory with cpu, e.g. for tests).
       page_size: 0 = the region's.  host_capacity_bytes / host_ratio: host tier size.
-      host_layout: "page_first" | "page_first_direct" | "page_head" | "layer_first".
+      host_layout: "page_first" | "page_first_direct" | "page_head" | "layer_first" (with storage:
+        not layer_first).
       write_policy: "write_through" | "write_through_selective" | "write_back".
       device_eviction / host_eviction: "lru" | "lfu" | "fifo" | "priority".
       transfer_backend: "cpu" | "kernel" | "dma" | "auto" (default: cpu for a host region, kernel
@@ -132,6 +223,19 @@ class HierarchicalCache:
       max_sms / max_sms_to_host: the kernel backend's SMs for loads / for backups (write-backs);
         max_sms_to_host 0 = max_sms.
       max_sms_beside_backup: the SMs for a load while a write-back is still running (0 = off).
+      cpu_threads: cpu backend copy threads, 0..1024 (0 = one per core).
+      backup_threads: cpu backend backup threads, 0..64 (0 = in the calling thread).
+      storage: the storage tier's URL: "file:///dir[?capacity=200GiB]", "redis://host:port",
+        "redis+cluster://host:port,...", "memory://[?capacity=1GiB]"; None = no storage tier.
+      storage_model_id / storage_kv_dtype / storage_tp_rank / storage_tp_size: the deployment's
+        namespace in the store (pages of other deployments are never read).
+      storage_io_threads / storage_timeout_ms: the backend's I/O threads and per-call timeout.
+      prefetch_policy: how a prefetch ends by default: "best_effort" | "wait_complete" | "timeout".
+      prefetch_threshold_tokens: prefetches of fewer tokens do nothing.
+      prefetch_timeout_base_s / prefetch_timeout_per_1k_tokens_s / prefetch_timeout_max_s: the
+        timeout policy's deadline (base + per 1,024 tokens, capped).
+      max_prefetch_host_fraction: at most this share of the host pool fills at once.
+      max_storage_only_pages / max_backup_queue_pages: bounds of the storage bookkeeping.
     """
 
     def __init__(self, device_region: KvRegion, *, page_size: int = 0,
@@ -141,65 +245,142 @@ class HierarchicalCache:
                  write_through_threshold: int = 2, device_eviction: str = "lru",
                  host_eviction: str = "lru", transfer_backend: Optional[str] = None,
                  max_sms: int = 4, max_sms_to_host: int = 3, max_sms_beside_backup: int = 8,
-                 cpu_threads: int = 0,
-                 backup_threads: int = 1,
-                 load_back_min_tokens: int = 0) -> None:
+                 cpu_threads: int = 0, backup_threads: int = 1, load_back_min_tokens: int = 0,
+                 storage: Optional[str] = None, storage_model_id: str = "",
+                 storage_kv_dtype: str = "bf16", storage_tp_rank: int = 0,
+                 storage_tp_size: int = 1, storage_io_threads: int = 4,
+                 storage_timeout_ms: int = 2000, prefetch_policy: str = "best_effort",
+                 prefetch_threshold_tokens: int = 256, prefetch_timeout_base_s: float = 2.0,
+                 prefetch_timeout_per_1k_tokens_s: float = 0.1,
+                 prefetch_timeout_max_s: float = 30.0, max_prefetch_host_fraction: float = 0.5,
+                 max_storage_only_pages: int = 1 << 20,
+                 max_backup_queue_pages: int = 4096) -> None:
         if not isinstance(device_region, KvRegion):
             raise ValueError("device_region must be a kvtier.ops.KvRegion, not "
                              f"{type(device_region).__name__}")
         if transfer_backend is None:
             transfer_backend = "cpu" if device_region.device == HOST else "kernel"
-        self._region = device_region  # the C++ cache refers to its buffers and tables
-        self._device = device_region.device
-        self._native = _kvtier._HierarchicalCache(
-            device_region._native, page_size=_int(page_size, "page_size", 0),
-            host_capacity_bytes=_int(host_capacity_bytes, "host_capacity_bytes", 0),
-            host_ratio=float(host_ratio), host_layout=host_layout,
-            host_head_num=_int(host_head_num, "host_head_num", 0),
+        if storage is not None and not isinstance(storage, str):
+            raise ValueError(f"storage = {storage!r} must be a URL string or None")
+        if prefetch_policy not in PREFETCH_POLICIES:
+            raise ValueError(f"prefetch_policy = {prefetch_policy!r} is not one of "
+                             f"{', '.join(PREFETCH_POLICIES)}")
+        for name, value in (("host_layout", host_layout), ("write_policy", write_policy),
+                            ("device_eviction", device_eviction),
+                            ("host_eviction", host_eviction),
+                            ("transfer_backend", transfer_backend),
+                            ("storage_model_id", storage_model_id),
+                            ("storage_kv_dtype", storage_kv_dtype)):
+            if not isinstance(value, str):
+                raise ValueError(f"{name} = {value!r} must be a string")
+        config = dict(
+            page_size=_int64(page_size, "page_size", 0),
+            host_capacity_bytes=_int64(host_capacity_bytes, "host_capacity_bytes", 0),
+            host_ratio=_float(host_ratio, "host_ratio"), host_layout=host_layout,
+            host_head_num=_int64(host_head_num, "host_head_num", 0),
             host_huge_pages=bool(host_huge_pages), write_policy=write_policy,
-            write_through_threshold=_int(write_through_threshold, "write_through_threshold", 0),
+            write_through_threshold=_int64(write_through_threshold, "write_through_threshold", 0),
             device_eviction=device_eviction, host_eviction=host_eviction,
-            transfer_backend=transfer_backend, max_sms=_int(max_sms, "max_sms", 1),
-            max_sms_to_host=_int(max_sms_to_host, "max_sms_to_host", 0),
-            max_sms_beside_backup=_int(max_sms_beside_backup, "max_sms_beside_backup", 0),
-            cpu_threads=_int(cpu_threads, "cpu_threads", 0),
-            backup_threads=_int(backup_threads, "backup_threads", 0),
-            load_back_min_tokens=_int(load_back_min_tokens, "load_back_min_tokens", 0))
+            transfer_backend=transfer_backend, max_sms=_int32(max_sms, "max_sms", 1),
+            max_sms_to_host=_int32(max_sms_to_host, "max_sms_to_host", 0),
+            max_sms_beside_backup=_int32(max_sms_beside_backup, "max_sms_beside_backup", 0),
+            cpu_threads=_int32(cpu_threads, "cpu_threads", 0),
+            backup_threads=_int32(backup_threads, "backup_threads", 0),
+            load_back_min_tokens=_int64(load_back_min_tokens, "load_back_min_tokens", 0),
+            storage=storage or "", storage_model_id=storage_model_id,
+            storage_kv_dtype=storage_kv_dtype,
+            storage_tp_rank=_int64(storage_tp_rank, "storage_tp_rank", 0),
+            storage_tp_size=_int64(storage_tp_size, "storage_tp_size", 1),
+            storage_io_threads=_int32(storage_io_threads, "storage_io_threads", 1),
+            storage_timeout_ms=_int64(storage_timeout_ms, "storage_timeout_ms", 0),
+            prefetch_policy=prefetch_policy,
+            prefetch_threshold_tokens=_int64(prefetch_threshold_tokens,
+                                             "prefetch_threshold_tokens", 0),
+            prefetch_timeout_base_s=_float(prefetch_timeout_base_s, "prefetch_timeout_base_s"),
+            prefetch_timeout_per_1k_tokens_s=_float(prefetch_timeout_per_1k_tokens_s,
+                                                    "prefetch_timeout_per_1k_tokens_s"),
+            prefetch_timeout_max_s=_float(prefetch_timeout_max_s, "prefetch_timeout_max_s"),
+            max_prefetch_host_fraction=_float(max_prefetch_host_fraction,
+                                              "max_prefetch_host_fraction"),
+            max_storage_only_pages=_int64(max_storage_only_pages, "max_storage_only_pages", 0),
+            max_backup_queue_pages=_int64(max_backup_queue_pages, "max_backup_queue_pages", 0))
+        self._device = device_region.device
+        # The native object keeps the region (its buffers) alive until the C++ cache is gone.
+        self._native = _kvtier._HierarchicalCache(device_region, device_region._native, config)
 
     # ---- the request path ------------------------------------------------------------------
 
     def match(self, tokens: Any, namespace: str = "") -> Match:
-        """The longest cached page-aligned prefix of `tokens`; always a live handle to release."""
+        """The longest cached page-aligned prefix of `tokens` (device, then host, then storage
+        pages the cache knows); always a live handle, released with the Match."""
         address, count, keep = _host_array(tokens, "tokens", "i")
-        handle, dev_tokens, dev_slots, host_tokens, host_slots = self._native.match(
-            address, count, namespace)
+        handle, dev_tokens, dev_slots, host_tokens, host_slots, storage_tokens = \
+            self._native.match(address, count, namespace)
         del keep
-        return Match(handle, dev_tokens, _slots_from_bytes(dev_slots), host_tokens,
-                     _slots_from_bytes(host_slots), self)
+        return Match(self, handle, dev_tokens, _slots_from_bytes(dev_slots), host_tokens,
+                     _slots_from_bytes(host_slots), storage_tokens)
+
+    def query_storage(self, match: Match) -> StorageQuery:
+        """Asks the storage backend for further pages of the match's tokens than the cache knows
+        (stored by another process or an earlier run) and extends the match by them. No storage
+        tier: nothing found. Updates match.storage_tokens when given a Match."""
+        storage_tokens, queried = self._native.query_storage(self._handle(match))
+        if isinstance(match, Match):
+            match.storage_tokens = storage_tokens
+        return StorageQuery(storage_tokens, queried)
+
+    def prefetch(self, match: Match, policy: Optional[str] = None) -> Prefetch:
+        """Starts copying the match's storage part into host memory and returns at once.
+        `policy` (default: the cache's prefetch_policy) decides how finish_prefetch / load_back
+        end it. State "none" when there is nothing to do (below prefetch_threshold_tokens, no
+        storage part or no host room)."""
+        if policy is not None and policy not in PREFETCH_POLICIES:
+            raise ValueError(f"policy = {policy!r} is not one of {', '.join(PREFETCH_POLICIES)}")
+        return _prefetch(self._native.prefetch(self._handle(match), policy or ""))
+
+    def poll_prefetch(self, match: Match) -> Prefetch:
+        """The prefetch's progress, without waiting or ending it."""
+        return _prefetch(self._native.poll_prefetch(self._handle(match)))
+
+    def finish_prefetch(self, match: Match) -> Prefetch:
+        """Ends the match's prefetch by its policy (waiting as the policy says): the arrived
+        prefix becomes host hits of the match, the rest is cancelled."""
+        return _prefetch(self._native.finish_prefetch(self._handle(match)))
 
     def load_back(self, match: Match, stream: Any = None) -> LoadBack:
-        """Copies the host part of `match` into fresh device slots (all or nothing; MemoryError
-        when the device cannot make room). GPU: enqueued on `stream`; wait per layer."""
-        loaded, skipped, slots = self._native.load_back(self._handle(match),
-                                                        self._stream(stream))
-        return LoadBack(loaded, skipped, _slots_from_bytes(slots))
+        """Ends a running prefetch, then copies the host part of `match` into fresh device slots
+        (MemoryError when the device cannot make room). GPU: enqueued on `stream`; wait per
+        layer."""
+        loaded, skipped, slots, prefetch = self._native.load_back(self._handle(match),
+                                                                  self._stream(stream))
+        return LoadBack(loaded, skipped, _slots_from_bytes(slots),
+                        None if prefetch["state"] == "none" else _prefetch(prefetch))
 
     def wait_layer(self, match: Match, layer: int, stream: Any = None) -> None:
         """Makes `stream` wait (on the device) until `layer` of the match's last load_back is in
         place. Returns at once on the cpu backend."""
-        self._native.wait_layer(self._handle(match), _int(layer, "layer", 0),
+        self._native.wait_layer(self._handle(match), _int64(layer, "layer", 0),
                                 self._stream(stream))
 
     def release(self, match: Any) -> None:
-        """Unpins a match (a Match or its handle id)."""
+        """Unpins a match (a Match or its handle id) and cancels its prefetch."""
         if isinstance(match, Match):
-            match._cache = None
-        self._native.release(self._handle(match))
+            handle = self._handle(match)  # refuses another cache's Match
+            if not match._unpin():
+                raise ValueError(f"match handle {handle} is already released")
+            self._release_handle(handle)
+        else:
+            self._release_handle(self._handle(match))
 
-    def allocate_device_slots(self, num_tokens: int) -> Any:
-        """Slots for num_tokens new tokens (rounded up to whole pages), evicting if needed."""
+    def _release_handle(self, handle: int) -> None:
+        self._native.release(handle)
+
+    def allocate_device_slots(self, num_tokens: int, allow_fewer: bool = False) -> Any:
+        """Slots for num_tokens new tokens (rounded up to whole pages), evicting if needed.
+        MemoryError when eviction cannot make room, or with allow_fewer as many whole pages as
+        it could."""
         return _slots_from_bytes(self._native.allocate_device_slots(
-            _int(num_tokens, "num_tokens")))
+            _int64(num_tokens, "num_tokens"), bool(allow_fewer)))
 
     def free_device_slots(self, slots: Any) -> None:
         """Returns engine-held pages (whole pages)."""
@@ -216,23 +397,28 @@ class HierarchicalCache:
         t_addr, t_count, t_keep = _host_array(tokens, "tokens", "i")
         s_addr, s_count, s_keep = _host_array(device_slots, "device_slots", "q")
         result = self._native.insert(t_addr, t_count, s_addr, s_count, namespace,
-                                     _int(priority, "priority"), self._stream(stream))
+                                     _int32(priority, "priority"), self._stream(stream))
         del t_keep, s_keep
         return result
 
     # ---- maintenance -----------------------------------------------------------------------
 
     def evict_device(self, num_tokens: int) -> int:
-        return self._native.evict_device(_int(num_tokens, "num_tokens"))
+        return self._native.evict_device(_int64(num_tokens, "num_tokens"))
 
     def evict_host(self, num_tokens: int) -> int:
-        return self._native.evict_host(_int(num_tokens, "num_tokens"))
+        return self._native.evict_host(_int64(num_tokens, "num_tokens"))
 
     def wait_for_backups(self) -> None:
         self._native.wait_for_backups()
 
     def stats(self) -> dict:
         return self._native.stats()
+
+    def metrics(self) -> str:
+        """Prometheus text exposition of the cache's counters and gauges (SGLang HiCache's metric
+        names where SGLang has them, prefixed "kvtier:")."""
+        return self._native.metrics()
 
     def check_consistency(self) -> None:
         """Raises kvtier.InternalError naming the first broken invariant."""
@@ -247,11 +433,21 @@ class HierarchicalCache:
         return self._native.backend()
 
     @property
+    def has_storage(self) -> bool:
+        return self._native.has_storage()
+
+    @property
     def host_geometry(self) -> dict:
         return self._native.host_geometry()
 
+    @property
+    def closed(self) -> bool:
+        return self._native.closed
+
     def close(self) -> None:
-        """Waits for copies in flight and frees the host tier. Later calls raise."""
+        """Refuses new calls, waits for the calls in flight (other threads) and the copies, and
+        frees the cache. Later calls raise kvtier.FailedPreconditionError; live matches are
+        dropped. Closing twice is fine."""
         self._native.close()
 
     def __enter__(self) -> "HierarchicalCache":
@@ -262,11 +458,16 @@ class HierarchicalCache:
 
     # ---- helpers ---------------------------------------------------------------------------
 
-    @staticmethod
-    def _handle(match: Any) -> int:
+    def _handle(self, match: Any) -> int:
         if isinstance(match, Match):
+            if match._owner is not self:
+                raise ValueError(f"match handle {match.handle} belongs to another "
+                                 "HierarchicalCache")
             return match.handle
-        return _int(match, "match", 0)
+        handle = _int(match, "match", 0)
+        if handle >= 2**64:
+            raise ValueError(f"match = {handle} is not a handle id (an unsigned 64-bit integer)")
+        return handle
 
     def _stream(self, stream: Any) -> int:
         if self._device == HOST:

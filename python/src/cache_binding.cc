@@ -1,20 +1,28 @@
 // python/src/cache_binding.cc — `_kvtier._HierarchicalCache`, the cache manager for
-// kvtier.HierarchicalCache (python/kvtier/cache.py adds the Pythonic surface: token and slot
-// arrays of any kind, torch/numpy results, match handles as context managers).
+// kvtier.HierarchicalCache (python/kvtier/cache.py adds the Pythonic surface: argument checks,
+// token and slot arrays of any kind, torch/numpy results, match handles that release themselves).
 //
 // Arrays cross this boundary as (address, count) of contiguous host int32 (tokens) / int64
 // (slots) memory that the Python layer keeps alive for the call; results come back as bytes of
-// int64 so that importing kvtier needs neither numpy nor torch.
+// int64 so that importing kvtier needs neither numpy nor torch. The configuration comes as a dict
+// whose keys are HierarchicalCacheConfig's fields (storage ones prefixed "storage_").
 //
-// Thread safety: HierarchicalCache is thread-safe; every call that may copy or wait releases
-// the GIL. The Python object keeps the device region (and its buffers) alive, since the cache
-// refers to the region's per-layer pointer tables.
+// Lifetime: every call holds a CallGuard, counted in flight; close() refuses new calls, waits
+// (without the GIL) until the calls in flight have returned, then destroys the C++ cache, so a
+// close() racing other threads never frees the cache under them; later calls raise
+// FailedPreconditionError. The object keeps the Python device region (its buffers and per-layer
+// pointer tables) alive until the C++ cache is gone.
+//
+// Thread safety: HierarchicalCache is thread-safe; every call that takes the cache's mutex, copies
+// or waits runs with the GIL released.
 #include <fmt/format.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <utility>
@@ -50,29 +58,161 @@ CudaStream StreamOf(uint64_t address) {
   return reinterpret_cast<CudaStream>(static_cast<uintptr_t>(address));
 }
 
-// Owns the cache; the device region it was created over lives in the Python wrapper.
+// Runs `fn` with the GIL released and returns its result.
+template <typename Fn>
+auto WithoutGil(Fn&& fn) {
+  py::gil_scoped_release release;
+  return fn();
+}
+
+// Owns the cache; see the file comment for the lifetime rules.
 class PyCache {
  public:
-  explicit PyCache(std::unique_ptr<HierarchicalCache> cache) : cache_(std::move(cache)) {}
-  HierarchicalCache& get() { return *cache_; }
+  PyCache(std::unique_ptr<HierarchicalCache> cache, py::object region_keepalive)
+      : region_keepalive_(std::move(region_keepalive)), cache_(std::move(cache)) {}
+  // No call can be in flight (each holds a reference to this object). Copies still running are
+  // waited for by the cache's destructor; they never need the GIL.
+  ~PyCache() = default;
+  PyCache(const PyCache&) = delete;
+  PyCache& operator=(const PyCache&) = delete;
 
-  // Waits for copies in flight without holding the GIL (a backup worker never needs it, but the
-  // wait can be long).
+  // One call in flight. REQUIRES: the GIL is held (construction only).
+  class CallGuard {
+   public:
+    explicit CallGuard(PyCache& owner) : owner_(owner) {
+      std::lock_guard<std::mutex> lock(owner_.mu_);
+      if (owner_.state_ != State::kOpen) {
+        ThrowStatus(Status::FailedPrecondition("the HierarchicalCache is closed"));
+      }
+      ++owner_.calls_in_flight_;
+    }
+    ~CallGuard() {
+      std::lock_guard<std::mutex> lock(owner_.mu_);
+      if (--owner_.calls_in_flight_ == 0) owner_.cv_.notify_all();
+    }
+    CallGuard(const CallGuard&) = delete;
+    CallGuard& operator=(const CallGuard&) = delete;
+    HierarchicalCache* operator->() const { return owner_.cache_.get(); }
+    HierarchicalCache& operator*() const { return *owner_.cache_; }
+
+   private:
+    PyCache& owner_;
+  };
+
+  // Refuses new calls, waits for the calls in flight, then destroys the cache (which waits for
+  // its copies). A second close() waits for the first to finish. REQUIRES: the GIL is held.
   void Close() {
-    if (!cache_) return;
-    std::unique_ptr<HierarchicalCache> cache = std::move(cache_);
-    py::gil_scoped_release release;
-    cache.reset();
+    bool closer = false;
+    {
+      py::gil_scoped_release release;
+      std::unique_lock<std::mutex> lock(mu_);
+      if (state_ == State::kOpen) {
+        state_ = State::kClosing;
+        closer = true;
+        cv_.wait(lock, [&] { return calls_in_flight_ == 0; });
+      } else {
+        cv_.wait(lock, [&] { return state_ == State::kClosed; });
+      }
+    }
+    if (!closer) return;
+    {
+      py::gil_scoped_release release;
+      cache_.reset();
+      std::lock_guard<std::mutex> lock(mu_);
+      state_ = State::kClosed;
+    }
+    cv_.notify_all();
+    region_keepalive_ = py::none();  // the buffers may go now
   }
-  bool closed() const { return cache_ == nullptr; }
-  HierarchicalCache& checked() {
-    if (!cache_) ThrowStatus(Status::FailedPrecondition("the HierarchicalCache is closed"));
-    return *cache_;
+
+  bool closed() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return state_ != State::kOpen;
   }
 
  private:
+  enum class State { kOpen, kClosing, kClosed };
+  // Declared before cache_ so that the cache is destroyed first.
+  py::object region_keepalive_;
   std::unique_ptr<HierarchicalCache> cache_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  State state_ = State::kOpen;  // guarded by mu_
+  int64_t calls_in_flight_ = 0;  // guarded by mu_
 };
+
+// ---- configuration -----------------------------------------------------------------------
+
+// Reads config[key] as T; InvalidArgument naming the key when it is missing or of another type.
+template <typename T>
+T ConfigValue(const py::dict& config, const char* key) {
+  if (!config.contains(key)) {
+    ThrowStatus(Status::InvalidArgument(fmt::format("cache config lacks '{}'", key)));
+  }
+  try {
+    return config[key].cast<T>();
+  } catch (const py::cast_error&) {
+    ThrowStatus(Status::InvalidArgument(
+        fmt::format("cache config '{}' = {} has the wrong type or range", key,
+                    py::repr(config[key]).cast<std::string>())));
+  }
+}
+
+HierarchicalCacheConfig ConfigFromDict(const py::dict& d, const PyRegion& device_region) {
+  HierarchicalCacheConfig c;
+  c.page_size = ConfigValue<int64_t>(d, "page_size");
+  c.host_capacity_bytes = ConfigValue<int64_t>(d, "host_capacity_bytes");
+  c.host_ratio = ConfigValue<double>(d, "host_ratio");
+  c.host_layout = Unwrap(ParseLayout(ConfigValue<std::string>(d, "host_layout")));
+  c.host_head_num = ConfigValue<int64_t>(d, "host_head_num");
+  c.host_huge_pages = ConfigValue<bool>(d, "host_huge_pages");
+  c.write_policy = Unwrap(ParseWritePolicy(ConfigValue<std::string>(d, "write_policy")));
+  c.write_through_threshold = ConfigValue<int64_t>(d, "write_through_threshold");
+  c.device_eviction =
+      Unwrap(ParseEvictionPolicy(ConfigValue<std::string>(d, "device_eviction")));
+  c.host_eviction = Unwrap(ParseEvictionPolicy(ConfigValue<std::string>(d, "host_eviction")));
+  c.transfer_backend =
+      Unwrap(ParseTransferBackend(ConfigValue<std::string>(d, "transfer_backend")));
+  c.transfer.max_sms = ConfigValue<int>(d, "max_sms");
+  c.transfer.max_sms_to_host = ConfigValue<int>(d, "max_sms_to_host");
+  c.transfer.max_sms_beside_backup = ConfigValue<int>(d, "max_sms_beside_backup");
+  c.transfer.cpu_threads = ConfigValue<int>(d, "cpu_threads");
+  if (device_region.region.memory == MemoryKind::kDevice) {
+    c.transfer.device = device_region.region.device;
+  }
+  c.backup_threads = ConfigValue<int>(d, "backup_threads");
+  c.load_back_min_tokens = ConfigValue<int64_t>(d, "load_back_min_tokens");
+
+  StorageTierConfig& s = c.storage;
+  s.url = ConfigValue<std::string>(d, "storage");
+  s.model_id = ConfigValue<std::string>(d, "storage_model_id");
+  s.kv_dtype = ConfigValue<std::string>(d, "storage_kv_dtype");
+  s.tp_rank = ConfigValue<int64_t>(d, "storage_tp_rank");
+  s.tp_size = ConfigValue<int64_t>(d, "storage_tp_size");
+  s.options.io_threads = ConfigValue<int>(d, "storage_io_threads");
+  s.options.timeout = std::chrono::milliseconds(ConfigValue<int64_t>(d, "storage_timeout_ms"));
+  s.prefetch_policy = Unwrap(ParsePrefetchPolicy(ConfigValue<std::string>(d, "prefetch_policy")));
+  s.prefetch_threshold_tokens = ConfigValue<int64_t>(d, "prefetch_threshold_tokens");
+  s.prefetch_timeout_base_s = ConfigValue<double>(d, "prefetch_timeout_base_s");
+  s.prefetch_timeout_per_1k_tokens_s = ConfigValue<double>(d, "prefetch_timeout_per_1k_tokens_s");
+  s.prefetch_timeout_max_s = ConfigValue<double>(d, "prefetch_timeout_max_s");
+  s.max_prefetch_host_fraction = ConfigValue<double>(d, "max_prefetch_host_fraction");
+  s.max_storage_only_pages = ConfigValue<int64_t>(d, "max_storage_only_pages");
+  s.max_backup_queue_pages = ConfigValue<int64_t>(d, "max_backup_queue_pages");
+  return c;
+}
+
+// ---- results -----------------------------------------------------------------------------
+
+py::dict PrefetchDict(const PrefetchResult& p) {
+  py::dict d;
+  d["state"] = PrefetchStateName(p.state);
+  d["policy"] = PrefetchPolicyName(p.policy);
+  d["requested_tokens"] = p.requested_tokens;
+  d["arrived_tokens"] = p.arrived_tokens;
+  d["host_tokens"] = p.host_tokens;
+  return d;
+}
 
 py::dict StatsDict(const CacheStats& s) {
   py::dict d;
@@ -84,13 +224,34 @@ py::dict StatsDict(const CacheStats& s) {
   KVTIER_STAT_(device_engine_tokens);
   KVTIER_STAT_(host_total_tokens);
   KVTIER_STAT_(host_used_tokens);
+  KVTIER_STAT_(host_filling_tokens);
   KVTIER_STAT_(host_total_bytes);
+  KVTIER_STAT_(storage_known_tokens);
+  KVTIER_STAT_(storage_only_tokens);
   KVTIER_STAT_(nodes);
+  KVTIER_STAT_(namespaces);
   KVTIER_STAT_(live_handles);
+  KVTIER_STAT_(backup_inflight_tokens);
+  KVTIER_STAT_(storage_backup_inflight_tokens);
+  KVTIER_STAT_(prefetch_inflight_tokens);
   KVTIER_STAT_(match_calls);
   KVTIER_STAT_(match_query_tokens);
   KVTIER_STAT_(device_hit_tokens);
   KVTIER_STAT_(host_hit_tokens);
+  KVTIER_STAT_(storage_hit_tokens);
+  KVTIER_STAT_(query_storage_calls);
+  KVTIER_STAT_(query_storage_tokens);
+  KVTIER_STAT_(prefetch_calls);
+  KVTIER_STAT_(prefetch_requested_tokens);
+  KVTIER_STAT_(prefetched_tokens);
+  KVTIER_STAT_(prefetch_below_threshold_tokens);
+  KVTIER_STAT_(prefetch_no_room_tokens);
+  KVTIER_STAT_(prefetch_complete);
+  KVTIER_STAT_(prefetch_partial);
+  KVTIER_STAT_(prefetch_timed_out);
+  KVTIER_STAT_(prefetch_cancelled);
+  KVTIER_STAT_(prefetch_bytes);
+  KVTIER_STAT_(prefetch_seconds);
   KVTIER_STAT_(load_back_calls);
   KVTIER_STAT_(load_back_tokens);
   KVTIER_STAT_(load_back_skipped_tokens);
@@ -98,122 +259,140 @@ py::dict StatsDict(const CacheStats& s) {
   KVTIER_STAT_(inserted_tokens);
   KVTIER_STAT_(duplicate_tokens);
   KVTIER_STAT_(backup_tokens);
-  KVTIER_STAT_(backup_inflight_tokens);
+  KVTIER_STAT_(backup_failed_tokens);
   KVTIER_STAT_(backup_skipped_tokens);
+  KVTIER_STAT_(backup_bytes);
+  KVTIER_STAT_(backup_seconds);
   KVTIER_STAT_(write_back_tokens);
+  KVTIER_STAT_(storage_backup_tokens);
+  KVTIER_STAT_(storage_backup_failed_tokens);
+  KVTIER_STAT_(storage_backup_present_tokens);
+  KVTIER_STAT_(storage_backup_dropped_tokens);
+  KVTIER_STAT_(storage_backup_bytes);
+  KVTIER_STAT_(storage_backup_seconds);
   KVTIER_STAT_(device_evicted_tokens);
   KVTIER_STAT_(device_evictions);
   KVTIER_STAT_(dropped_tokens);
   KVTIER_STAT_(host_evicted_tokens);
   KVTIER_STAT_(host_evictions);
+  KVTIER_STAT_(storage_forgotten_tokens);
+  KVTIER_STAT_(eviction_seconds);
+  KVTIER_STAT_(storage_errors);
+  KVTIER_STAT_(storage_corrupt_pages);
+  KVTIER_STAT_(storage_timeouts);
+  KVTIER_STAT_(storage_queue_drops);
 #undef KVTIER_STAT_
+  py::dict h;
+  h["bounds"] = std::vector<double>(DurationHistogram::kBounds.begin(),
+                                    DurationHistogram::kBounds.end());
+  h["counts"] = std::vector<int64_t>(s.load_back_duration.counts.begin(),
+                                     s.load_back_duration.counts.end());
+  h["count"] = s.load_back_duration.count;
+  h["sum_seconds"] = s.load_back_duration.sum_seconds;
+  d["load_back_duration"] = h;
   return d;
 }
 
 }  // namespace
 
 void RegisterCache(py::module_& m) {
+  using CallGuard = PyCache::CallGuard;
   py::class_<PyCache>(m, "_HierarchicalCache",
                       "The C++ cache manager; use kvtier.HierarchicalCache.")
-      .def(py::init([](const PyRegion& device_region, int64_t page_size,
-                       int64_t host_capacity_bytes, double host_ratio,
-                       const std::string& host_layout, int64_t host_head_num,
-                       bool host_huge_pages, const std::string& write_policy,
-                       int64_t write_through_threshold, const std::string& device_eviction,
-                       const std::string& host_eviction, const std::string& transfer_backend,
-                       int max_sms, int max_sms_to_host, int max_sms_beside_backup,
-                       int cpu_threads, int backup_threads,
-                       int64_t load_back_min_tokens) {
-             HierarchicalCacheConfig config;
-             config.page_size = page_size;
-             config.host_capacity_bytes = host_capacity_bytes;
-             config.host_ratio = host_ratio;
-             config.host_layout = Unwrap(ParseLayout(host_layout));
-             config.host_head_num = host_head_num;
-             config.host_huge_pages = host_huge_pages;
-             config.write_policy = Unwrap(ParseWritePolicy(write_policy));
-             config.write_through_threshold = write_through_threshold;
-             config.device_eviction = Unwrap(ParseEvictionPolicy(device_eviction));
-             config.host_eviction = Unwrap(ParseEvictionPolicy(host_eviction));
-             config.transfer_backend = Unwrap(ParseTransferBackend(transfer_backend));
-             config.transfer.max_sms = max_sms;
-             config.transfer.max_sms_to_host = max_sms_to_host;
-             config.transfer.max_sms_beside_backup = max_sms_beside_backup;
-             config.transfer.cpu_threads = cpu_threads;
-             if (device_region.region.memory == MemoryKind::kDevice) {
-               config.transfer.device = device_region.region.device;
-             }
-             config.backup_threads = backup_threads;
-             config.load_back_min_tokens = load_back_min_tokens;
+      .def(py::init([](py::object region_keepalive, const PyRegion& device_region,
+                       const py::dict& config_dict) {
+             const HierarchicalCacheConfig config = ConfigFromDict(config_dict, device_region);
              const KvRegion region = device_region.Get();
-             Result<std::unique_ptr<HierarchicalCache>> cache = [&] {
-               py::gil_scoped_release release;
-               return HierarchicalCache::Create(config, region);
-             }();
-             return std::make_unique<PyCache>(Unwrap(std::move(cache)));
+             Result<std::unique_ptr<HierarchicalCache>> cache =
+                 WithoutGil([&] { return HierarchicalCache::Create(config, region); });
+             return std::make_unique<PyCache>(Unwrap(std::move(cache)),
+                                              std::move(region_keepalive));
            }),
-           py::arg("device_region"), py::kw_only(), py::arg("page_size"),
-           py::arg("host_capacity_bytes"), py::arg("host_ratio"), py::arg("host_layout"),
-           py::arg("host_head_num"), py::arg("host_huge_pages"), py::arg("write_policy"),
-           py::arg("write_through_threshold"), py::arg("device_eviction"),
-           py::arg("host_eviction"), py::arg("transfer_backend"), py::arg("max_sms"),
-           py::arg("max_sms_to_host"), py::arg("max_sms_beside_backup"), py::arg("cpu_threads"),
-           py::arg("backup_threads"), py::arg("load_back_min_tokens"))
+           py::arg("region_keepalive"), py::arg("device_region"), py::arg("config"))
       .def("match",
            [](PyCache& c, uint64_t tokens, int64_t count, const std::string& ns) {
              auto span = SpanOf<Token>(tokens, count, "tokens");
-             HierarchicalCache& cache = c.checked();
-             Result<MatchResult> r = [&] {
-               py::gil_scoped_release release;
-               return cache.Match(span, ns);
+             CallGuard cache(c);
+             MatchResult r = Unwrap(WithoutGil([&] { return cache->Match(span, ns); }));
+             return py::make_tuple(r.handle.id, r.device_tokens, SlotBytes(r.device_slots),
+                                   r.host_tokens, SlotBytes(r.host_slots), r.storage_tokens);
+           })
+      .def("query_storage",
+           [](PyCache& c, uint64_t handle) {
+             CallGuard cache(c);
+             StorageQueryResult r =
+                 Unwrap(WithoutGil([&] { return cache->QueryStorage(MatchHandle{handle}); }));
+             return py::make_tuple(r.storage_tokens, r.queried_tokens);
+           })
+      .def("prefetch",
+           [](PyCache& c, uint64_t handle, const std::string& policy) {
+             CallGuard cache(c);
+             Result<PrefetchResult> r = [&]() -> Result<PrefetchResult> {
+               if (policy.empty()) {
+                 return WithoutGil([&] { return cache->Prefetch(MatchHandle{handle}); });
+               }
+               KVTIER_ASSIGN_OR_RETURN(PrefetchPolicy p, ParsePrefetchPolicy(policy));
+               return WithoutGil([&] { return cache->Prefetch(MatchHandle{handle}, p); });
              }();
-             MatchResult m = Unwrap(std::move(r));
-             return py::make_tuple(m.handle.id, m.device_tokens, SlotBytes(m.device_slots),
-                                   m.host_tokens, SlotBytes(m.host_slots));
+             return PrefetchDict(Unwrap(std::move(r)));
+           })
+      .def("poll_prefetch",
+           [](PyCache& c, uint64_t handle) {
+             CallGuard cache(c);
+             return PrefetchDict(
+                 Unwrap(WithoutGil([&] { return cache->PollPrefetch(MatchHandle{handle}); })));
+           })
+      .def("finish_prefetch",
+           [](PyCache& c, uint64_t handle) {
+             CallGuard cache(c);
+             return PrefetchDict(
+                 Unwrap(WithoutGil([&] { return cache->FinishPrefetch(MatchHandle{handle}); })));
            })
       .def("load_back",
            [](PyCache& c, uint64_t handle, uint64_t stream) {
-             HierarchicalCache& cache = c.checked();
-             Result<LoadBackResult> r = [&] {
-               py::gil_scoped_release release;
-               return cache.LoadBack(MatchHandle{handle}, StreamOf(stream));
-             }();
-             LoadBackResult l = Unwrap(std::move(r));
-             return py::make_tuple(l.loaded_tokens, l.skipped_tokens, SlotBytes(l.device_slots));
+             CallGuard cache(c);
+             LoadBackResult l = Unwrap(
+                 WithoutGil([&] { return cache->LoadBack(MatchHandle{handle}, StreamOf(stream)); }));
+             return py::make_tuple(l.loaded_tokens, l.skipped_tokens, SlotBytes(l.device_slots),
+                                   PrefetchDict(l.prefetch));
            })
       .def("wait_layer",
            [](PyCache& c, uint64_t handle, int64_t layer, uint64_t stream) {
-             ThrowIfError(c.checked().WaitLayer(MatchHandle{handle}, layer, StreamOf(stream)));
+             CallGuard cache(c);
+             ThrowIfError(WithoutGil([&] {
+               return cache->WaitLayer(MatchHandle{handle}, layer, StreamOf(stream));
+             }));
            })
       .def("release",
-           [](PyCache& c, uint64_t handle) { ThrowIfError(c.checked().Release(MatchHandle{handle})); })
+           [](PyCache& c, uint64_t handle) {
+             CallGuard cache(c);
+             ThrowIfError(WithoutGil([&] { return cache->Release(MatchHandle{handle}); }));
+           })
       .def("allocate_device_slots",
-           [](PyCache& c, int64_t num_tokens) {
-             HierarchicalCache& cache = c.checked();
-             Result<std::vector<int64_t>> r = [&] {
-               py::gil_scoped_release release;
-               return cache.AllocateDeviceSlots(num_tokens);
-             }();
-             return SlotBytes(Unwrap(std::move(r)));
+           [](PyCache& c, int64_t num_tokens, bool allow_fewer) {
+             CallGuard cache(c);
+             AllocateOptions options;
+             options.allow_fewer = allow_fewer;
+             return SlotBytes(Unwrap(
+                 WithoutGil([&] { return cache->AllocateDeviceSlots(num_tokens, options); })));
            })
       .def("free_device_slots",
            [](PyCache& c, uint64_t slots, int64_t count) {
-             ThrowIfError(c.checked().FreeDeviceSlots(SpanOf<int64_t>(slots, count, "slots")));
+             auto span = SpanOf<int64_t>(slots, count, "slots");
+             CallGuard cache(c);
+             ThrowIfError(WithoutGil([&] { return cache->FreeDeviceSlots(span); }));
            })
       .def("insert",
            [](PyCache& c, uint64_t tokens, int64_t num_tokens, uint64_t slots, int64_t num_slots,
               const std::string& ns, int32_t priority, uint64_t stream) {
              auto t = SpanOf<Token>(tokens, num_tokens, "tokens");
              auto s = SpanOf<int64_t>(slots, num_slots, "device_slots");
-             HierarchicalCache& cache = c.checked();
+             CallGuard cache(c);
              InsertOptions options;
              options.priority = priority;
-             options.stream = reinterpret_cast<CudaStream>(stream);
-             Result<InsertResult> r = [&] {
-               py::gil_scoped_release release;
-               return cache.Insert(t, s, ns, options);
-             }();
-             InsertResult i = Unwrap(std::move(r));
+             options.stream = StreamOf(stream);
+             InsertResult i =
+                 Unwrap(WithoutGil([&] { return cache->Insert(t, s, ns, options); }));
              py::dict d;
              d["cached_tokens"] = i.cached_tokens;
              d["revived_tokens"] = i.revived_tokens;
@@ -223,39 +402,41 @@ void RegisterCache(py::module_& m) {
            })
       .def("evict_device",
            [](PyCache& c, int64_t n) {
-             HierarchicalCache& cache = c.checked();
-             Result<int64_t> r = [&] {
-               py::gil_scoped_release release;
-               return cache.EvictDevice(n);
-             }();
-             return Unwrap(std::move(r));
+             CallGuard cache(c);
+             return Unwrap(WithoutGil([&] { return cache->EvictDevice(n); }));
            })
       .def("evict_host",
            [](PyCache& c, int64_t n) {
-             HierarchicalCache& cache = c.checked();
-             Result<int64_t> r = [&] {
-               py::gil_scoped_release release;
-               return cache.EvictHost(n);
-             }();
-             return Unwrap(std::move(r));
+             CallGuard cache(c);
+             return Unwrap(WithoutGil([&] { return cache->EvictHost(n); }));
            })
       .def("wait_for_backups",
            [](PyCache& c) {
-             HierarchicalCache& cache = c.checked();
-             Status s;
-             {
-               py::gil_scoped_release release;
-               s = cache.WaitForBackups();
-             }
-             ThrowIfError(s);
+             CallGuard cache(c);
+             ThrowIfError(WithoutGil([&] { return cache->WaitForBackups(); }));
            })
-      .def("stats", [](PyCache& c) { return StatsDict(c.checked().stats()); })
-      .def("check_consistency", [](PyCache& c) { ThrowIfError(c.checked().CheckConsistency()); })
-      .def("page_size", [](PyCache& c) { return c.checked().page_size(); })
-      .def("backend", [](PyCache& c) { return TransferBackendName(c.checked().backend()); })
+      .def("stats",
+           [](PyCache& c) {
+             CallGuard cache(c);
+             return StatsDict(WithoutGil([&] { return cache->stats(); }));
+           })
+      .def("metrics",
+           [](PyCache& c) {
+             CallGuard cache(c);
+             return WithoutGil([&] { return cache->Metrics(); });
+           })
+      .def("check_consistency",
+           [](PyCache& c) {
+             CallGuard cache(c);
+             ThrowIfError(WithoutGil([&] { return cache->CheckConsistency(); }));
+           })
+      .def("page_size", [](PyCache& c) { return CallGuard(c)->page_size(); })
+      .def("backend", [](PyCache& c) { return TransferBackendName(CallGuard(c)->backend()); })
+      .def("has_storage", [](PyCache& c) { return CallGuard(c)->storage() != nullptr; })
       .def("host_geometry",
            [](PyCache& c) {
-             const KvRegion& r = c.checked().host_region();
+             CallGuard cache(c);
+             const KvRegion& r = cache->host_region();
              py::dict d;
              d["layout"] = LayoutName(r.geometry.layout);
              d["num_layers"] = r.geometry.num_layers;

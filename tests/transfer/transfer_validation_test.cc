@@ -239,6 +239,12 @@ TEST(TransferValidationTest, EngineConfigIsValidated) {
   auto e = MakeTransferEngine(TransferBackend::kCpu, cfg);
   EXPECT_TRUE(e.status().IsInvalidArgument());
   EXPECT_NE(e.status().message().find("cpu_threads = -2"), std::string::npos);
+  // Bounded: a thread count no machine can start is an error, not a long hang.
+  cfg.cpu_threads = 100000;
+  e = MakeTransferEngine(TransferBackend::kCpu, cfg);
+  EXPECT_TRUE(e.status().IsInvalidArgument());
+  EXPECT_NE(e.status().message().find("cpu_threads = 100000 must be in [0, 1024]"),
+            std::string::npos);
 }
 
 }  // namespace
