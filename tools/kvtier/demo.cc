@@ -23,9 +23,10 @@ int RunDemo(const DemoOptions& options) {
   o.compute_model = "llama3-8b";
   o.compute = "model";
   o.page_size = 256;
-  // Open loop at a fifth of the trace's pace. The device tier holds the hottest prefixes, host memory 4x as
-  // many, and the temporary file store everything the run writes.
-  o.speed = 0.2;  // one device serves a fifth of the trace's traffic (a cluster served it all)
+  // Open loop at a fifth of the trace's pace (one device serves a fifth of the traffic a cluster
+  // served). The device tier holds the hottest prefixes, host memory 4x as many, and the
+  // temporary file store everything the run writes.
+  o.speed = 0.2;
   o.device_tokens = 1 << 20;
   o.host_tokens = 4 << 20;
   o.storage = "file";
