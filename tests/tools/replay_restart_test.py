@@ -17,8 +17,9 @@ import tempfile
 
 def replay(kvtier, store, out, workload):
     cmd = [kvtier, "replay", "--workload", workload, "--requests", "60", "--seed", "3",
-           "--model", "qwen2.5-0.5b", "--device", "cpu", "--compute", "model",
-           "--device-tokens", "16384", "--host-tokens", "32768",
+           "--model", "tiny", "--compute-model", "llama3-8b", "--device", "cpu",
+           "--compute", "model",
+           "--device-tokens", "32768", "--host-tokens", "65536",
            "--storage", "file://" + store, "--hicache-write-policy", "write_through",
            "--hicache-storage-prefetch-policy", "wait_complete",
            "--sequential", "--runs", "hierarchy", "--no-progress", "--json", out]
