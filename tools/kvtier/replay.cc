@@ -324,28 +324,32 @@ class RunStorage {
   std::shared_ptr<StorageBackend> backend_;
 };
 
-// The progress line: requests done, hit rate so far, ETA; at most twice a second, on stderr.
+// The progress line: requests done, hit rate so far, ETA, on stderr: rewritten in place twice a
+// second on a terminal, a plain line every 10 s otherwise (logs), and a last line per run.
 class Progress {
  public:
   Progress(bool on, std::string name, int64_t total)
-      : on_(on), name_(std::move(name)), total_(total), t0_(Clock::now()), last_(t0_) {}
+      : on_(on), tty_(isatty(STDERR_FILENO) != 0), name_(std::move(name)), total_(total),
+        t0_(Clock::now()), last_(t0_) {}
   void Update(int64_t done, double hit_rate) {
     if (!on_) return;
     const auto now = Clock::now();
-    if (done < total_ && now - last_ < std::chrono::milliseconds(500)) return;
+    const auto every = tty_ ? std::chrono::milliseconds(500) : std::chrono::milliseconds(10000);
+    if (done < total_ && now - last_ < every) return;
     last_ = now;
     const double s = std::chrono::duration<double>(now - t0_).count();
     const double eta = done > 0 ? s / static_cast<double>(done) * static_cast<double>(total_ - done)
                                 : 0;
-    std::fprintf(stderr, "\r  [%s] %lld/%lld requests, hit rate %.1f %%, %.0f s, ETA %.0f s   ",
-                 name_.c_str(), static_cast<long long>(done), static_cast<long long>(total_),
-                 100 * hit_rate, s, eta);
-    if (done == total_) std::fprintf(stderr, "\n");
+    std::fprintf(stderr, "%s  [%s] %lld/%lld requests, hit rate %.1f %%, %.0f s, ETA %.0f s%s",
+                 tty_ ? "\r" : "", name_.c_str(), static_cast<long long>(done),
+                 static_cast<long long>(total_), 100 * hit_rate, s, eta,
+                 tty_ && done < total_ ? "   " : "\n");
     std::fflush(stderr);
   }
 
  private:
   bool on_;
+  bool tty_;
   std::string name_;
   int64_t total_;
   Clock::time_point t0_, last_;
@@ -367,7 +371,7 @@ class RunDriver {
     if (kind_ != RunKind::kNoCache) KVTIER_RETURN_IF_ERROR(CreateCache());
     const int64_t n = static_cast<int64_t>(s_.workload.requests.size());
     summary_.records.resize(static_cast<size_t>(n));
-    Progress progress(o_.progress && isatty(STDERR_FILENO), summary_.name, n);
+    Progress progress(o_.progress, summary_.name, n);
     std::deque<InFlight> pending;
     int64_t next = 0;
     int64_t hit = 0, input = 0;
