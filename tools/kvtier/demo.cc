@@ -35,9 +35,10 @@ int RunDemo(const DemoOptions& options) {
   o.prefetch_policy = "wait_complete";
   o.json_path = options.json_path;
   o.plot_path = options.plot_path;
-  std::printf("kvtier demo: `kvtier replay` on the shipped Mooncake conversation trace through "
-              "device, host and storage tiers, every loaded byte checked. (`kvtier replay "
-              "--help` for the knobs.)\n\n");
+  std::printf(
+      "kvtier demo: `kvtier replay` on the shipped Mooncake conversation trace through "
+      "device, host and storage tiers, every loaded byte checked. (`kvtier replay "
+      "--help` for the knobs.)\n\n");
   return RunReplay(o);
 }
 

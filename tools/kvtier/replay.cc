@@ -49,8 +49,8 @@ Status Bound(const char* flag, int64_t value, int64_t lo, int64_t hi) {
 }
 Status BoundReal(const char* flag, double value, double lo, double hi) {
   if (!(std::isfinite(value) && value >= lo && value <= hi)) {
-    return Status::InvalidArgument(fmt::format("{} = {} must be in [{:g}, {:g}]", flag, value, lo,
-                                               hi));
+    return Status::InvalidArgument(
+        fmt::format("{} = {} must be in [{:g}, {:g}]", flag, value, lo, hi));
   }
   return Status::OK();
 }
@@ -98,8 +98,8 @@ Result<std::vector<int64_t>> ParseSweep(const std::string& sweep) {
     char* end = nullptr;
     const long long v = std::strtoll(item.c_str(), &end, 10);
     if (item.empty() || end != item.c_str() + item.size() || v < 0 || v > kMaxTokens) {
-      return Status::InvalidArgument(fmt::format(
-          "--sweep: '{}' is not a token count in [0, {}]", item, kMaxTokens));
+      return Status::InvalidArgument(
+          fmt::format("--sweep: '{}' is not a token count in [0, {}]", item, kMaxTokens));
     }
     values.push_back(v);
     if (comma == std::string_view::npos) break;
@@ -133,6 +133,7 @@ std::string DefaultTracePath() {
 
 Status ReplayOptions::Validate() const {
   KVTIER_RETURN_IF_ERROR(Bound("--requests", requests, 0, 10'000'000));
+  KVTIER_RETURN_IF_ERROR(Bound("--warmup", warmup, 0, 10'000'000));
   KVTIER_RETURN_IF_ERROR(BoundReal("--rate", rate, 1e-6, 1e6));
   KVTIER_RETURN_IF_ERROR(Bound("--concurrency", concurrency, 0, 100'000));
   KVTIER_RETURN_IF_ERROR(BoundReal("--speed", speed, 1e-6, 1e9));
@@ -168,23 +169,25 @@ Status ReplayOptions::Validate() const {
                              .WithContext("--hicache-storage-prefetch-policy"));
   KVTIER_RETURN_IF_ERROR(Bound("--prefetch-threshold", prefetch_threshold, 0, kMaxTokens));
   KVTIER_RETURN_IF_ERROR(ParseEvictionPolicy(eviction).status().WithContext("--eviction"));
-  KVTIER_RETURN_IF_ERROR(OneOf("--hicache-io-backend", io_backend,
-                               {"auto", "kernel", "dma", "cpu"}));
+  KVTIER_RETURN_IF_ERROR(
+      OneOf("--hicache-io-backend", io_backend, {"auto", "kernel", "dma", "cpu"}));
   KVTIER_RETURN_IF_ERROR(Bound("--load-back-threshold", load_back_threshold, 0, kMaxTokens));
   KVTIER_RETURN_IF_ERROR(OneOf("--verify", verify, {"all", "sample"}));
   KVTIER_RETURN_IF_ERROR(OneOf("--runs", runs, {"all", "hierarchy"}));
   if (!fault.empty()) {
     KVTIER_RETURN_IF_ERROR(ParseFault(fault).status());
     if (storage == "none") {
-      return Status::InvalidArgument("--fault storage-down@S needs a storage tier (not --storage "
-                                     "none)");
+      return Status::InvalidArgument(
+          "--fault storage-down@S needs a storage tier (not --storage "
+          "none)");
     }
   }
   if (!sweep.empty()) KVTIER_RETURN_IF_ERROR(ParseSweep(sweep).status());
   if (storage != "none" && storage != "file" && storage.find("://") == std::string::npos) {
-    return Status::InvalidArgument(fmt::format(
-        "--storage = '{}' must be none, file (a temporary file store) or a URL such as "
-        "file:///path, redis://host:port, memory://", storage));
+    return Status::InvalidArgument(
+        fmt::format("--storage = '{}' must be none, file (a temporary file store) or a URL such as "
+                    "file:///path, redis://host:port, memory://",
+                    storage));
   }
   if (!json_path.empty()) KVTIER_RETURN_IF_ERROR(CheckOutputPath(json_path, "--json"));
   if (!plot_path.empty()) KVTIER_RETURN_IF_ERROR(CheckOutputPath(plot_path, "--plot"));
@@ -209,8 +212,9 @@ class Timeline {
     }
   }
   // True once request i's arrival time is known (closed loop: request i - N has finished).
-  bool Known(int64_t i, int64_t served) const { return closed_ == 0 || i < closed_ ||
-                                                       i - closed_ < served; }
+  bool Known(int64_t i, int64_t served) const {
+    return closed_ == 0 || i < closed_ || i - closed_ < served;
+  }
   double Arrival(int64_t i) const {
     if (closed_ == 0) return open_[static_cast<size_t>(i)];
     return i < closed_ ? 0 : end_[static_cast<size_t>(i - closed_)];
@@ -236,9 +240,12 @@ class Timeline {
 enum class RunKind { kNoCache, kDeviceOnly, kHierarchy };
 const char* RunName(RunKind k) {
   switch (k) {
-    case RunKind::kNoCache: return "no_cache";
-    case RunKind::kDeviceOnly: return "device_only";
-    case RunKind::kHierarchy: return "hierarchy";
+    case RunKind::kNoCache:
+      return "no_cache";
+    case RunKind::kDeviceOnly:
+      return "device_only";
+    case RunKind::kHierarchy:
+      return "hierarchy";
   }
   return "?";
 }
@@ -246,7 +253,8 @@ const char* RunName(RunKind k) {
 // Everything the runs of one invocation share.
 struct Setup {
   ReplayOptions options;
-  Workload workload;
+  Workload workload;  // the measured requests
+  Workload warmup;    // --warmup: served first, not measured
   ReplayModel model;
   std::unique_ptr<PrefillEngine> engine;
   TransferBackend io_backend = TransferBackend::kCpu;
@@ -286,8 +294,9 @@ class RunStorage {
         return Status::IOError(fmt::format("cannot create a temporary directory {}", templ));
       }
       temp_dir_ = templ;
-      const int64_t cap = o.storage_bytes > 0 ? o.storage_bytes : std::max<int64_t>(
-          8 * host_bytes, int64_t{64} << 20);
+      const int64_t cap = o.storage_bytes > 0
+                              ? o.storage_bytes
+                              : std::max<int64_t>(8 * host_bytes, int64_t{64} << 20);
       url = fmt::format("file://{}?capacity={}", temp_dir_, cap);
     }
     StorageNamespace ns;
@@ -329,8 +338,12 @@ class RunStorage {
 class Progress {
  public:
   Progress(bool on, std::string name, int64_t total)
-      : on_(on), tty_(isatty(STDERR_FILENO) != 0), name_(std::move(name)), total_(total),
-        t0_(Clock::now()), last_(t0_) {}
+      : on_(on),
+        tty_(isatty(STDERR_FILENO) != 0),
+        name_(std::move(name)),
+        total_(total),
+        t0_(Clock::now()),
+        last_(t0_) {}
   void Update(int64_t done, double hit_rate) {
     if (!on_) return;
     const auto now = Clock::now();
@@ -338,8 +351,8 @@ class Progress {
     if (done < total_ && now - last_ < every) return;
     last_ = now;
     const double s = std::chrono::duration<double>(now - t0_).count();
-    const double eta = done > 0 ? s / static_cast<double>(done) * static_cast<double>(total_ - done)
-                                : 0;
+    const double eta =
+        done > 0 ? s / static_cast<double>(done) * static_cast<double>(total_ - done) : 0;
     std::fprintf(stderr, "%s  [%s] %lld/%lld requests, hit rate %.1f %%, %.0f s, ETA %.0f s%s",
                  tty_ ? "\r" : "", name_.c_str(), static_cast<long long>(done),
                  static_cast<long long>(total_), 100 * hit_rate, s, eta,
@@ -358,8 +371,12 @@ class Progress {
 class RunDriver {
  public:
   RunDriver(Setup& setup, RunKind kind, int64_t host_tokens, std::string name)
-      : s_(setup), o_(setup.options), kind_(kind), host_tokens_(host_tokens),
-        P_(o_.page_size), timeline_(setup.workload, setup.options) {
+      : s_(setup),
+        o_(setup.options),
+        kind_(kind),
+        host_tokens_(host_tokens),
+        P_(o_.page_size),
+        timeline_(setup.workload, setup.options) {
     summary_.name = std::move(name);
     summary_.device_tokens = o_.device_tokens;
     summary_.host_tokens = kind == RunKind::kHierarchy ? host_tokens : 0;
@@ -372,6 +389,16 @@ class RunDriver {
     const int64_t n = static_cast<int64_t>(s_.workload.requests.size());
     summary_.records.resize(static_cast<size_t>(n));
     Progress progress(o_.progress, summary_.name, n);
+    // --warmup: requests served one by one before the measured ones, to fill the tiers; their KV
+    // is written and checked, nothing is timed or recorded.
+    if (cache_ != nullptr) {
+      warming_ = true;
+      for (int64_t i = 0; i < static_cast<int64_t>(s_.warmup.requests.size()); ++i) {
+        KVTIER_ASSIGN_OR_RETURN(InFlight f, Arrive(i));
+        KVTIER_RETURN_IF_ERROR(Serve(f).WithContext(fmt::format("warm-up request {}", i)));
+      }
+      warming_ = false;
+    }
     std::deque<InFlight> pending;
     int64_t next = 0;
     int64_t hit = 0, input = 0;
@@ -437,21 +464,21 @@ class RunDriver {
     }
     if (kind_ == RunKind::kHierarchy && o_.storage != "none") {
       storage_ = std::make_unique<RunStorage>();
-      KVTIER_RETURN_IF_ERROR(storage_->Open(s_, host_tier ? c.host_capacity_bytes : 0)
-                                 .WithContext("--storage"));
+      KVTIER_RETURN_IF_ERROR(
+          storage_->Open(s_, host_tier ? c.host_capacity_bytes : 0).WithContext("--storage"));
       c.storage.backend = storage_->backend();
       c.storage.prefetch_policy = *ParsePrefetchPolicy(o_.prefetch_policy);
       c.storage.prefetch_threshold_tokens = o_.prefetch_threshold;
       summary_.storage = storage_->url();
     }
-    KVTIER_ASSIGN_OR_RETURN(cache_,
-                            HierarchicalCache::Create(c, s_.engine->device_region()));
+    KVTIER_ASSIGN_OR_RETURN(cache_, HierarchicalCache::Create(c, s_.engine->device_region()));
     summary_.has_cache = true;
     return Status::OK();
   }
 
   Result<InFlight> Arrive(int64_t i) {
-    const WorkloadRequest& req = s_.workload.requests[static_cast<size_t>(i)];
+    const WorkloadRequest& req =
+        (warming_ ? s_.warmup : s_.workload).requests[static_cast<size_t>(i)];
     InFlight f;
     f.index = i;
     f.tokens = PromptTokens(req);
@@ -462,7 +489,7 @@ class RunDriver {
     }
     if (cache_ == nullptr) return f;
     // --fault storage-down@S: the store fails from the first request arriving at or after S.
-    if (storage_ != nullptr && s_.fault_at_s >= 0 && summary_.fault_index < 0 &&
+    if (!warming_ && storage_ != nullptr && s_.fault_at_s >= 0 && summary_.fault_index < 0 &&
         timeline_.Arrival(i) >= s_.fault_at_s * 1e3) {
       storage_->TakeDown();
       summary_.fault_index = i;
@@ -483,9 +510,10 @@ class RunDriver {
   }
 
   Status Serve(InFlight& f) {
-    RequestRecord& r = summary_.records[static_cast<size_t>(f.index)];
-    r.arrival_ms = timeline_.Arrival(f.index);
-    r.start_ms = timeline_.StartOf(f.index);
+    RequestRecord warm_record;
+    RequestRecord& r = warming_ ? warm_record : summary_.records[static_cast<size_t>(f.index)];
+    r.arrival_ms = warming_ ? 0 : timeline_.Arrival(f.index);
+    r.start_ms = warming_ ? 0 : timeline_.StartOf(f.index);
     r.queue_ms = r.start_ms - r.arrival_ms;
     r.input_tokens = f.prompt_tokens;
     PrefillJob job;
@@ -530,6 +558,7 @@ class RunDriver {
       job.hit_slots = hit_slots;
       job.hit_hashes = std::span<const uint64_t>(f.hashes.data(), static_cast<size_t>(hit));
       job.verify_sample = o_.verify == "sample";
+      job.skip_compute = warming_;
       job.new_slots = new_slots;
       job.new_hashes = std::span<const uint64_t>(f.hashes.data() + hit, new_slots.size());
     }
@@ -544,8 +573,10 @@ class RunDriver {
     r.load_ms = t.load_ms;
     r.compute_ms = t.compute_ms;
     r.device_ms = t.total_ms;
-    const double end = timeline_.Serve(f.index, r.prefetch_wait_ms + t.total_ms);
-    r.ttft_ms = end - r.arrival_ms;
+    if (!warming_) {
+      const double end = timeline_.Serve(f.index, r.prefetch_wait_ms + t.total_ms);
+      r.ttft_ms = end - r.arrival_ms;
+    }
     if (cache_ != nullptr) KVTIER_RETURN_IF_ERROR(InsertAndRelease(f, hit_slots, new_slots));
     return Status::OK();
   }
@@ -553,16 +584,15 @@ class RunDriver {
   // Insert the prompt's computed pages (and, with --insert-output, the output's), then Release.
   Status InsertAndRelease(InFlight& f, std::vector<int64_t>& slots,
                           const std::vector<int64_t>& new_slots) {
-    const int64_t hit = static_cast<int64_t>(slots.size());
     slots.insert(slots.end(), new_slots.begin(), new_slots.end());
     const int64_t prompt_whole = f.prompt_tokens / P_ * P_;
     const int64_t all_whole = static_cast<int64_t>(f.tokens.size()) / P_ * P_;
     if (o_.insert_output && static_cast<int64_t>(slots.size()) == prompt_whole &&
         all_whole > prompt_whole) {
       // Decode would have written the output's KV; write it now (untimed) and cache it too.
-      KVTIER_ASSIGN_OR_RETURN(std::vector<int64_t> out,
-                              cache_->AllocateDeviceSlots(all_whole - prompt_whole,
-                                                          {.allow_fewer = true}));
+      KVTIER_ASSIGN_OR_RETURN(
+          std::vector<int64_t> out,
+          cache_->AllocateDeviceSlots(all_whole - prompt_whole, {.allow_fewer = true}));
       if (!out.empty()) {
         PrefillJob write;
         write.new_slots = out;
@@ -572,7 +602,6 @@ class RunDriver {
         slots.insert(slots.end(), out.begin(), out.end());
       }
     }
-    (void)hit;
     if (!slots.empty()) {
       const std::span<const Token> tokens(f.tokens.data(), slots.size());
       InsertOptions io;
@@ -584,10 +613,18 @@ class RunDriver {
 
   void CountPrefetch(PrefetchState st) {
     switch (st) {
-      case PrefetchState::kNone: ++summary_.prefetch_none; break;
-      case PrefetchState::kComplete: ++summary_.prefetch_complete; break;
-      case PrefetchState::kTimedOut: ++summary_.prefetch_timed_out; break;
-      default: ++summary_.prefetch_partial; break;
+      case PrefetchState::kNone:
+        ++summary_.prefetch_none;
+        break;
+      case PrefetchState::kComplete:
+        ++summary_.prefetch_complete;
+        break;
+      case PrefetchState::kTimedOut:
+        ++summary_.prefetch_timed_out;
+        break;
+      default:
+        ++summary_.prefetch_partial;
+        break;
     }
   }
 
@@ -600,6 +637,7 @@ class RunDriver {
   RunSummary summary_;
   std::unique_ptr<RunStorage> storage_;
   std::unique_ptr<HierarchicalCache> cache_;
+  bool warming_ = false;  // serving --warmup requests
 };
 
 // The ideal of a run: its hits, each load at the measured ceiling and fully overlapped with the
@@ -628,8 +666,9 @@ Result<TransferBackend> ChooseIoBackend(const ReplayOptions& o, bool gpu) {
     return TransferBackend::kCpu;
   }
   if (o.io_backend == "cpu") {
-    return Status::InvalidArgument("--hicache-io-backend cpu cannot move GPU memory; use auto, "
-                                   "kernel or dma");
+    return Status::InvalidArgument(
+        "--hicache-io-backend cpu cannot move GPU memory; use auto, "
+        "kernel or dma");
   }
   if (o.io_backend == "auto") return TransferBackend::kKernel;
   return ParseTransferBackend(o.io_backend);
@@ -640,7 +679,7 @@ Status LoadWorkload(const ReplayOptions& o, Workload* w) {
   if (name == "chat" || name == "system-prompt" || name == "doc-qa") {
     SyntheticOptions so;
     so.kind = *ParseSyntheticKind(name);
-    so.requests = o.requests > 0 ? o.requests : 1000;
+    so.requests = (o.requests > 0 ? o.requests : 1000) + o.warmup;
     so.seed = o.seed;
     so.rate_per_s = o.rate;
     KVTIER_ASSIGN_OR_RETURN(*w, MakeSyntheticWorkload(so));
@@ -655,22 +694,22 @@ Status LoadWorkload(const ReplayOptions& o, Workload* w) {
           "its path with --workload FILE (or set KVTIER_DATA_DIR to the data folder)");
     }
   }
-  KVTIER_ASSIGN_OR_RETURN(*w, LoadMooncakeTrace(path, o.requests));
+  KVTIER_ASSIGN_OR_RETURN(*w, LoadMooncakeTrace(path, o.requests > 0 ? o.requests + o.warmup : 0));
   return Status::OK();
 }
 
 std::string Settings(const Setup& s, bool exact) {
   const ReplayOptions& o = s.options;
   std::string sched = o.sequential ? "sequential"
-                      : o.concurrency > 0 ? fmt::format("closed loop, {} in flight", o.concurrency)
-                                          : fmt::format("open loop at {:g}x the timestamps",
-                                                        o.speed);
-  return fmt::format("page {}, device {} tokens, host {} tokens ({}), storage {}, write {}, "
-                     "prefetch {}, eviction {}, io {}, verify {}, {}{}",
-                     o.page_size, o.device_tokens, o.host_tokens, o.host_layout, o.storage,
-                     o.write_policy, o.prefetch_policy, o.eviction,
-                     TransferBackendName(s.io_backend), o.verify, sched,
-                     exact ? " [exact mode: the device tier is a plain leaf-LRU prefix cache]" : "");
+                      : o.concurrency > 0
+                          ? fmt::format("closed loop, {} in flight", o.concurrency)
+                          : fmt::format("open loop at {:g}x the timestamps", o.speed);
+  return fmt::format(
+      "page {}, device {} tokens, host {} tokens ({}), storage {}, write {}, "
+      "prefetch {}, eviction {}, io {}, verify {}, {}{}",
+      o.page_size, o.device_tokens, o.host_tokens, o.host_layout, o.storage, o.write_policy,
+      o.prefetch_policy, o.eviction, TransferBackendName(s.io_backend), o.verify, sched,
+      exact ? " [exact mode: the device tier is a plain leaf-LRU prefix cache]" : "");
 }
 
 }  // namespace
@@ -693,6 +732,17 @@ int RunReplay(const ReplayOptions& input) {
   if (Status st = LoadWorkload(o, &s.workload); !st.ok()) {
     std::fprintf(stderr, "kvtier replay: %s\n", st.message().c_str());
     return st.IsInvalidArgument() || st.IsNotFound() ? 2 : 1;
+  }
+  if (o.warmup > 0) {
+    if (o.warmup >= static_cast<int64_t>(s.workload.requests.size())) {
+      std::fprintf(stderr, "kvtier replay: --warmup %lld leaves no request of the %zu to measure\n",
+                   static_cast<long long>(o.warmup), s.workload.requests.size());
+      return 2;
+    }
+    const auto cut = s.workload.requests.begin() + o.warmup;
+    s.warmup.name = s.workload.name;
+    s.warmup.requests.assign(s.workload.requests.begin(), cut);
+    s.workload.requests.erase(s.workload.requests.begin(), cut);
   }
 
   // The device pool: a GPU when asked for or present, else host memory standing in.
@@ -721,7 +771,7 @@ int RunReplay(const ReplayOptions& input) {
   ec.device_slots = device_slots;
   ec.page_size = o.page_size;
   ec.compute = (o.compute == "gemm" || (o.compute == "auto" && s.gpu)) ? ComputeMode::kGemm
-                                                                        : ComputeMode::kModel;
+                                                                       : ComputeMode::kModel;
   ec.tflops = o.tflops;
   ec.chunk_tokens = o.chunk_tokens;
   ec.max_context = 1;
@@ -737,14 +787,16 @@ int RunReplay(const ReplayOptions& input) {
   ReplayReport report;
   report.label = o.label;
   report.command = o.command_line;
-  report.workload = fmt::format("{} ({} requests, {} input tokens)", s.workload.name,
-                                s.workload.requests.size(), s.workload.input_tokens());
-  report.model = fmt::format("{} ({} layers, {}, {} KV bytes per token){}", s.model.name,
-                             s.model.num_layers, s.model.mla ? "MLA" : "MHA",
-                             s.model.kv_bytes_per_token(),
-                             o.compute_model.empty() || o.compute_model == o.model
-                                 ? ""
-                                 : fmt::format("; compute of {}", o.compute_model));
+  report.workload =
+      fmt::format("{} ({} requests, {} input tokens{})", s.workload.name,
+                  s.workload.requests.size(), s.workload.input_tokens(),
+                  o.warmup > 0 ? fmt::format(", after {} warm-up requests", o.warmup) : "");
+  report.model =
+      fmt::format("{} ({} layers, {}, {} KV bytes per token){}", s.model.name, s.model.num_layers,
+                  s.model.mla ? "MLA" : "MHA", s.model.kv_bytes_per_token(),
+                  o.compute_model.empty() || o.compute_model == o.model
+                      ? ""
+                      : fmt::format("; compute of {}", o.compute_model));
   report.engine = s.engine->Describe();
   report.settings = Settings(s, exact);
   report.page_size = o.page_size;
@@ -784,8 +836,7 @@ int RunReplay(const ReplayOptions& input) {
   if (!o.sweep.empty()) {
     const std::vector<int64_t> values = *ParseSweep(o.sweep);
     for (int64_t value : values) {
-      Result<RunSummary> r =
-          run(RunKind::kHierarchy, value, fmt::format("host-tokens={}", value));
+      Result<RunSummary> r = run(RunKind::kHierarchy, value, fmt::format("host-tokens={}", value));
       if (!r.ok()) return fail(r.status().WithContext(fmt::format("sweep host-tokens={}", value)));
       r->ideal_ttft_ms = IdealTtft(s, *r);
       report.sweep.push_back({"host-tokens", value, std::move(*r)});

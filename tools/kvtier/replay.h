@@ -34,8 +34,11 @@ struct ReplayOptions {
   // "chat", "system-prompt", "doc-qa".
   std::string workload = "mooncake";
   int64_t requests = 0;  // 0: the whole trace / 1000 synthetic requests
-  uint64_t seed = 1;     // synthetic workloads
-  double rate = 2.0;     // synthetic arrivals per second
+  // Requests served first (one at a time, KV written and checked, nothing timed or recorded) to
+  // fill the tiers; the report covers the `requests` after them.
+  int64_t warmup = 0;
+  uint64_t seed = 1;  // synthetic workloads
+  double rate = 2.0;  // synthetic arrivals per second
   bool insert_output = false;
 
   // ---- scheduling ----
@@ -57,10 +60,10 @@ struct ReplayOptions {
   // ---- tiers (names of SGLang's --hicache-* flags where they exist) ----
   int64_t page_size = 64;
   int64_t device_tokens = 131072;
-  int64_t host_tokens = -1;  // -1: 4 x device_tokens; 0: no host tier
-  std::string storage = "file";  // file (a temporary file store), none, or a storage URL
-  int64_t storage_bytes = 0;     // file store capacity; 0: 8 x the host tier's bytes
-  std::string host_layout = "page_first";     // --hicache-mem-layout
+  int64_t host_tokens = -1;                // -1: 4 x device_tokens; 0: no host tier
+  std::string storage = "file";            // file (a temporary file store), none, or a storage URL
+  int64_t storage_bytes = 0;               // file store capacity; 0: 8 x the host tier's bytes
+  std::string host_layout = "page_first";  // --hicache-mem-layout
   std::string write_policy = "write_through";  // --hicache-write-policy
   int64_t write_through_threshold = 2;
   std::string prefetch_policy = "wait_complete";  // --hicache-storage-prefetch-policy

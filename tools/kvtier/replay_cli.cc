@@ -10,8 +10,9 @@ namespace kvtier::tools {
 
 CLI::App* AddReplayCommand(CLI::App& app, ReplayOptions* o) {
   CLI::App* c = app.add_subcommand(
-      "replay", "Serve a recorded or synthetic workload through device, host and storage; check "
-                "every loaded byte; report hits per tier, bandwidth and TTFT");
+      "replay",
+      "Serve a recorded or synthetic workload through device, host and storage; check "
+      "every loaded byte; report hits per tier, bandwidth and TTFT");
   c->footer(
       "Drives HierarchicalCache per request as an engine's scheduler does: Match -> QueryStorage "
       "-> Prefetch -> LoadBack -> prefill (per layer: WaitLayer, check the matched KV, compute, "
@@ -27,6 +28,10 @@ CLI::App* AddReplayCommand(CLI::App& app, ReplayOptions* o) {
       ->capture_default_str();
   c->add_option("--requests", o->requests,
                 "requests to serve: the first N of the trace (0 = all; synthetic: 1000)")
+      ->capture_default_str();
+  c->add_option("--warmup", o->warmup,
+                "requests served first to fill the tiers (KV written and checked, not timed or "
+                "reported); --requests counts the measured ones after them")
       ->capture_default_str();
   c->add_option("--seed", o->seed, "seed of the synthetic workloads")->capture_default_str();
   c->add_option("--rate", o->rate, "synthetic workloads: arrivals per second")
@@ -88,8 +93,9 @@ CLI::App* AddReplayCommand(CLI::App& app, ReplayOptions* o) {
   c->add_option("--prefetch-threshold", o->prefetch_threshold,
                 "storage hits shorter than this many tokens are not prefetched")
       ->capture_default_str();
-  c->add_option("--eviction", o->eviction, "eviction policy of device and host: lru, lfu, fifo, "
-                                           "priority")
+  c->add_option("--eviction", o->eviction,
+                "eviction policy of device and host: lru, lfu, fifo, "
+                "priority")
       ->capture_default_str();
   c->add_option("--hicache-io-backend,--io-backend", o->io_backend,
                 "host <-> device copies: auto (kernel on a GPU, cpu otherwise), kernel, dma, cpu")

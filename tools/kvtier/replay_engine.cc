@@ -18,8 +18,8 @@ double ModelLayerMs(const ReplayModel& model, int64_t new_tokens, int64_t cached
 }
 
 std::pair<double, double> ModelPrefillMs(const ReplayModel& model, int64_t new_tokens,
-                                         int64_t cached_tokens, int64_t chunk_tokens,
-                                         double tflops, double load_ms) {
+                                         int64_t cached_tokens, int64_t chunk_tokens, double tflops,
+                                         double load_ms) {
   const int64_t L = model.num_layers;
   const int64_t first = std::min(new_tokens, chunk_tokens);
   const double first_layer_ms = ModelLayerMs(model, first, cached_tokens, tflops);
@@ -57,7 +57,8 @@ int64_t CountWrongBytes(const KvRegion& region, int64_t slot, uint64_t hash,
   expected.v = region.mla ? nullptr : scratch->data() + buffer_bytes;
   const int64_t zero = 0;
   if (!FillKvPattern(expected, std::span<const int64_t>(&zero, 1),
-                     std::span<const uint64_t>(&hash, 1)).ok()) {
+                     std::span<const uint64_t>(&hash, 1))
+           .ok()) {
     return g.slot_bytes * g.num_layers * region.num_buffers();
   }
   int64_t wrong = 0;
@@ -68,9 +69,11 @@ int64_t CountWrongBytes(const KvRegion& region, int64_t slot, uint64_t hash,
       for (int64_t i = 0; i < g.slot_bytes; ++i) {
         if (have[i] == want[i]) continue;
         if (wrong == 0 && first->empty()) {
-          *first = fmt::format("slot {}, layer {}, {} buffer, byte {}: found 0x{:02x}, pattern "
-                               "0x{:02x}", slot, l, region.mla ? "MLA" : (b == 0 ? "K" : "V"), i,
-                               static_cast<unsigned>(have[i]), static_cast<unsigned>(want[i]));
+          *first = fmt::format(
+              "slot {}, layer {}, {} buffer, byte {}: found 0x{:02x}, pattern "
+              "0x{:02x}",
+              slot, l, region.mla ? "MLA" : (b == 0 ? "K" : "V"), i, static_cast<unsigned>(have[i]),
+              static_cast<unsigned>(want[i]));
         }
         ++wrong;
       }
@@ -85,8 +88,8 @@ Status VerifyHostSlots(const KvRegion& region, std::span<const int64_t> slots,
                        std::span<const uint64_t> hashes, int64_t page_size, bool sample,
                        PrefillTiming* timing) {
   if (slots.size() != hashes.size()) {
-    return Status::InvalidArgument(fmt::format("VerifyHostSlots: {} slots, {} hashes",
-                                               slots.size(), hashes.size()));
+    return Status::InvalidArgument(
+        fmt::format("VerifyHostSlots: {} slots, {} hashes", slots.size(), hashes.size()));
   }
   const int64_t slot_total =
       region.geometry.slot_bytes * region.geometry.num_layers * region.num_buffers();
@@ -104,9 +107,9 @@ Status VerifyHostSlots(const KvRegion& region, std::span<const int64_t> slots,
     if (st.ok()) continue;
     if (st.code() != StatusCode::kCorruption) return st;
     for (int64_t k = 0; k < count; ++k) {
-      timing->wrong_bytes += CountWrongBytes(region, s[static_cast<size_t>(k)],
-                                             h[static_cast<size_t>(k)], &scratch,
-                                             &timing->first_wrong);
+      timing->wrong_bytes +=
+          CountWrongBytes(region, s[static_cast<size_t>(k)], h[static_cast<size_t>(k)], &scratch,
+                          &timing->first_wrong);
     }
   }
   return Status::OK();
@@ -133,8 +136,9 @@ class CpuPrefillEngine final : public PrefillEngine {
     } catch (const std::bad_alloc&) {
       return Status::OutOfMemory(fmt::format(
           "the device pool ({} slots of {} bytes) needs {:.2f} GiB of host memory on the cpu "
-          "backend; lower --device-tokens", config_.device_slots,
-          config_.model.kv_bytes_per_token(), static_cast<double>(bytes) / (1 << 30)));
+          "backend; lower --device-tokens",
+          config_.device_slots, config_.model.kv_bytes_per_token(),
+          static_cast<double>(bytes) / (1 << 30)));
     }
     region_.geometry = g;
     region_.mla = config_.model.mla;
@@ -170,10 +174,10 @@ class CpuPrefillEngine final : public PrefillEngine {
 
   double ceiling_bytes_per_s() const override { return ceiling_; }
   std::string Describe() const override {
-    return fmt::format("cpu: device pool in host memory ({:.2f} GiB); loads measured (wall "
-                       "clock), compute modelled at {:g} TFLOP/s; one-copy ceiling {:.1f} GB/s",
-                       static_cast<double>(memory_.size()) / (1 << 30), config_.tflops,
-                       ceiling_ / 1e9);
+    return fmt::format(
+        "cpu: device pool in host memory ({:.2f} GiB); loads measured (wall "
+        "clock), compute modelled at {:g} TFLOP/s; one-copy ceiling {:.1f} GB/s",
+        static_cast<double>(memory_.size()) / (1 << 30), config_.tflops, ceiling_ / 1e9);
   }
 
  private:

@@ -36,13 +36,13 @@ enum class ComputeMode : uint8_t { kModel = 0, kGemm = 1 };
 struct PrefillEngineConfig {
   ReplayModel model;          // the KV geometry
   ReplayModel compute_model;  // the prefill's shapes and FLOPs (usually the same model)
-  int64_t device_slots = 0;  // a multiple of page_size
+  int64_t device_slots = 0;   // a multiple of page_size
   int64_t page_size = 64;
   ComputeMode compute = ComputeMode::kModel;
-  double tflops = 400;          // the cost model's rate
-  int64_t chunk_tokens = 8192;  // chunked prefill
+  double tflops = 400;           // the cost model's rate
+  int64_t chunk_tokens = 8192;   // chunked prefill
   int64_t max_context = 131072;  // gemm: the longest prompt (sizes the attention operands)
-  int device = 0;               // CUDA device (gpu)
+  int device = 0;                // CUDA device (gpu)
 };
 
 // One request's prefill.
@@ -55,6 +55,8 @@ struct PrefillJob {
   std::span<const int64_t> hit_slots;
   std::span<const uint64_t> hit_hashes;
   bool verify_sample = false;
+  // Warm-up: write and check the KV, but no compute and no timing.
+  bool skip_compute = false;
   // Slots the engine allocated for the new whole pages, and their tokens' hashes: the prefill
   // writes their KV. May be shorter than new_tokens (a partial last page, or no room).
   std::span<const int64_t> new_slots;
@@ -110,8 +112,8 @@ double ModelLayerMs(const ReplayModel& model, int64_t new_tokens, int64_t cached
 // (load_ms spread evenly over the layers) and layer l-1 is computed; chunks after the first
 // follow without waiting. Returns {total, compute} in ms.
 std::pair<double, double> ModelPrefillMs(const ReplayModel& model, int64_t new_tokens,
-                                         int64_t cached_tokens, int64_t chunk_tokens,
-                                         double tflops, double load_ms);
+                                         int64_t cached_tokens, int64_t chunk_tokens, double tflops,
+                                         double load_ms);
 
 // Checks (host memory) that `slots` of `region` hold the pattern of `hashes`: every token, or
 // with `sample` one page in eight (and the last page). Adds to bytes_checked / wrong_bytes

@@ -43,8 +43,8 @@ Status Cublas(cublasStatus_t s, const char* what) {
 Result<DeviceBuffer> Operand(int64_t elements, int device) {
   KVTIER_ASSIGN_OR_RETURN(DeviceBuffer b,
                           DeviceBuffer::Allocate(std::max<int64_t>(elements, 1) * 2, device));
-  KVTIER_RETURN_IF_ERROR(Cuda(cudaMemset(b.data(), 0x3C, static_cast<size_t>(b.bytes())),
-                              "cudaMemset"));
+  KVTIER_RETURN_IF_ERROR(
+      Cuda(cudaMemset(b.data(), 0x3C, static_cast<size_t>(b.bytes())), "cudaMemset"));
   return b;
 }
 
@@ -146,12 +146,13 @@ class GpuPrefillEngine final : public PrefillEngine {
           }
           if (checks > 0) {
             KVTIER_RETURN_IF_ERROR(Cuda(static_cast<cudaError_t>(LaunchVerifyPattern(
-                view_, d_check_slots, d_check_hashes, checks, l, counters, counters + 1,
-                check_.get())), "verify kernel"));
+                                            view_, d_check_slots, d_check_hashes, checks, l,
+                                            counters, counters + 1, check_.get())),
+                                        "verify kernel"));
           }
           KVTIER_RETURN_IF_ERROR(layer_begin_[static_cast<size_t>(l)].Record(compute_.get()));
         }
-        if (c_.compute == ComputeMode::kGemm && n > 0) {
+        if (c_.compute == ComputeMode::kGemm && n > 0 && !job.skip_compute) {
           // The compute model's layers that belong to KV layer l (the same layer when the KV
           // and the compute come from one model).
           const int64_t Lc = c_.compute_model.num_layers;
@@ -162,12 +163,13 @@ class GpuPrefillEngine final : public PrefillEngine {
         // The KV of this chunk's new tokens that have slots, layer l.
         const int64_t w0 = std::min(done, news), w1 = std::min(done + n, news);
         if (w1 > w0) {
-          KVTIER_RETURN_IF_ERROR(Cuda(static_cast<cudaError_t>(LaunchFillPattern(
-              view_, d_new_slots + w0, d_new_hashes + w0, w1 - w0, l, compute_.get())),
-              "fill kernel"));
+          KVTIER_RETURN_IF_ERROR(
+              Cuda(static_cast<cudaError_t>(LaunchFillPattern(
+                       view_, d_new_slots + w0, d_new_hashes + w0, w1 - w0, l, compute_.get())),
+                   "fill kernel"));
         }
-        if (chunk == 0) KVTIER_RETURN_IF_ERROR(layer_end_[static_cast<size_t>(l)].Record(
-            compute_.get()));
+        if (chunk == 0)
+          KVTIER_RETURN_IF_ERROR(layer_end_[static_cast<size_t>(l)].Record(compute_.get()));
       }
       done += n;
       if (n == 0) break;
@@ -193,8 +195,7 @@ class GpuPrefillEngine final : public PrefillEngine {
         const int64_t i = unit / m.num_buffers();
         t.first_wrong = fmt::format("slot {} (token {} of the match), {} buffer, byte {}",
                                     check_slots[static_cast<size_t>(i)], i,
-                                    m.mla ? "MLA" : (unit % 2 == 0 ? "K" : "V"),
-                                    at % m.slot_bytes);
+                                    m.mla ? "MLA" : (unit % 2 == 0 ? "K" : "V"), at % m.slot_bytes);
       }
     }
     if (!timed) return t;
@@ -213,8 +214,9 @@ class GpuPrefillEngine final : public PrefillEngine {
       t.compute_ms = compute + rest;
       t.total_ms = total;
     } else {
-      const auto [modelled, compute] = ModelPrefillMs(c_.compute_model, job.new_tokens, job.cached_tokens,
-                                                      c_.chunk_tokens, c_.tflops, t.load_ms);
+      const auto [modelled, compute] =
+          ModelPrefillMs(c_.compute_model, job.new_tokens, job.cached_tokens, c_.chunk_tokens,
+                         c_.tflops, t.load_ms);
       t.total_ms = modelled;
       t.compute_ms = compute;
     }
@@ -226,13 +228,13 @@ class GpuPrefillEngine final : public PrefillEngine {
   std::string Describe() const override {
     cudaDeviceProp prop{};
     cudaGetDeviceProperties(&prop, c_.device);
-    return fmt::format("gpu {}: device pool {:.2f} GiB; loads timed with CUDA events; compute {}; "
-                       "host -> device ceiling {:.1f} GB/s (one 256 MiB copy)",
-                       prop.name, static_cast<double>(pool_.bytes()) / (1 << 30),
-                       c_.compute == ComputeMode::kGemm
-                           ? "bf16 cuBLAS GEMMs of the model's prefill"
-                           : fmt::format("modelled at {:g} TFLOP/s", c_.tflops),
-                       ceiling_ / 1e9);
+    return fmt::format(
+        "gpu {}: device pool {:.2f} GiB; loads timed with CUDA events; compute {}; "
+        "host -> device ceiling {:.1f} GB/s (one 256 MiB copy)",
+        prop.name, static_cast<double>(pool_.bytes()) / (1 << 30),
+        c_.compute == ComputeMode::kGemm ? "bf16 cuBLAS GEMMs of the model's prefill"
+                                         : fmt::format("modelled at {:g} TFLOP/s", c_.tflops),
+        ceiling_ / 1e9);
   }
 
  private:
@@ -246,28 +248,31 @@ class GpuPrefillEngine final : public PrefillEngine {
     KVTIER_ASSIGN_OR_RETURN(w_out_, Operand(m.q_heads * m.v_dim * m.hidden, d));
     KVTIER_ASSIGN_OR_RETURN(w_up_, Operand(m.hidden * 2 * m.mlp_cols, d));
     KVTIER_ASSIGN_OR_RETURN(w_down_, Operand(m.mlp_cols * m.hidden, d));
-    KVTIER_ASSIGN_OR_RETURN(x_, Operand(n * std::max({m.hidden, m.q_heads * m.v_dim, m.mlp_cols}),
-                                        d));
-    KVTIER_ASSIGN_OR_RETURN(y_, Operand(n * std::max({m.attn_in_cols, m.hidden, 2 * m.mlp_cols}),
-                                        d));
+    KVTIER_ASSIGN_OR_RETURN(x_,
+                            Operand(n * std::max({m.hidden, m.q_heads * m.v_dim, m.mlp_cols}), d));
+    KVTIER_ASSIGN_OR_RETURN(y_,
+                            Operand(n * std::max({m.attn_in_cols, m.hidden, 2 * m.mlp_cols}), d));
     KVTIER_ASSIGN_OR_RETURN(q_, Operand(m.q_heads * n * m.qk_dim, d));
     KVTIER_ASSIGN_OR_RETURN(o_, Operand(m.q_heads * n * m.v_dim, d));
     // Keys and values of the whole context, per query head (what attention reads).
     KVTIER_ASSIGN_OR_RETURN(kc_, Operand(m.q_heads * c_.max_context * m.qk_dim, d));
     KVTIER_ASSIGN_OR_RETURN(vc_, Operand(m.q_heads * c_.max_context * m.v_dim, d));
     KVTIER_ASSIGN_OR_RETURN(scores_, Operand(kScoreElements, d));
-    return Status::OK();
+    // Warm-up: cuBLAS picks and loads its kernels at the first call of each shape; one layer of
+    // a full chunk keeps that out of the first request's time.
+    KVTIER_RETURN_IF_ERROR(LayerGemms(std::min(n, c_.max_context), 0));
+    return compute_.Synchronize();
   }
 
   // C[m, n] = A[m, k] x B[k, n] in column-major terms (only the shapes matter).
   Status Gemm(int64_t rows, int64_t cols, int64_t inner, const void* a, const void* b, void* out) {
     const float one = 1, zero = 0;
-    return Cublas(cublasGemmEx(cublas_, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(rows),
-                               static_cast<int>(cols), static_cast<int>(inner), &one, a,
-                               CUDA_R_16BF, static_cast<int>(rows), b, CUDA_R_16BF,
-                               static_cast<int>(inner), &zero, out, CUDA_R_16BF,
-                               static_cast<int>(rows), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                  "cublasGemmEx");
+    return Cublas(
+        cublasGemmEx(cublas_, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(rows),
+                     static_cast<int>(cols), static_cast<int>(inner), &one, a, CUDA_R_16BF,
+                     static_cast<int>(rows), b, CUDA_R_16BF, static_cast<int>(inner), &zero, out,
+                     CUDA_R_16BF, static_cast<int>(rows), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+        "cublasGemmEx");
   }
 
   // One layer of the prefill of `n` tokens after `cached` (ReplayModel's GEMMs).
@@ -279,20 +284,20 @@ class GpuPrefillEngine final : public PrefillEngine {
     const int64_t H = m.q_heads;
     for (int64_t r0 = 0; r0 < n;) {
       const int64_t keys_max = std::min(cached + n, c_.max_context);
-      const int64_t R = std::clamp<int64_t>(kScoreElements / (H * std::max<int64_t>(keys_max, 1)),
-                                            1, n - r0);
+      const int64_t R =
+          std::clamp<int64_t>(kScoreElements / (H * std::max<int64_t>(keys_max, 1)), 1, n - r0);
       const int64_t keys = std::min(cached + r0 + R, c_.max_context);
       auto* q = static_cast<__nv_bfloat16*>(q_.data()) + r0 * m.qk_dim;
       auto* o = static_cast<__nv_bfloat16*>(o_.data()) + r0 * m.v_dim;
       // scores[keys, R] = K^T[keys, qk] x Q[qk, R], per head.
       KVTIER_RETURN_IF_ERROR(Cublas(
-          cublasGemmStridedBatchedEx(
-              cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(keys), static_cast<int>(R),
-              static_cast<int>(m.qk_dim), &one, kc_.data(), CUDA_R_16BF,
-              static_cast<int>(m.qk_dim), c_.max_context * m.qk_dim, q, CUDA_R_16BF,
-              static_cast<int>(m.qk_dim), c_.chunk_tokens * m.qk_dim, &zero, scores_.data(),
-              CUDA_R_16BF, static_cast<int>(keys), keys * R, static_cast<int>(H),
-              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+          cublasGemmStridedBatchedEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(keys),
+                                     static_cast<int>(R), static_cast<int>(m.qk_dim), &one,
+                                     kc_.data(), CUDA_R_16BF, static_cast<int>(m.qk_dim),
+                                     c_.max_context * m.qk_dim, q, CUDA_R_16BF,
+                                     static_cast<int>(m.qk_dim), c_.chunk_tokens * m.qk_dim, &zero,
+                                     scores_.data(), CUDA_R_16BF, static_cast<int>(keys), keys * R,
+                                     static_cast<int>(H), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
           "attention scores"));
       // out[v, R] = V[v, keys] x scores[keys, R], per head.
       KVTIER_RETURN_IF_ERROR(Cublas(
@@ -300,9 +305,8 @@ class GpuPrefillEngine final : public PrefillEngine {
               cublas_, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(m.v_dim), static_cast<int>(R),
               static_cast<int>(keys), &one, vc_.data(), CUDA_R_16BF, static_cast<int>(m.v_dim),
               c_.max_context * m.v_dim, scores_.data(), CUDA_R_16BF, static_cast<int>(keys),
-              keys * R, &zero, o, CUDA_R_16BF, static_cast<int>(m.v_dim),
-              c_.chunk_tokens * m.v_dim, static_cast<int>(H), CUBLAS_COMPUTE_32F,
-              CUBLAS_GEMM_DEFAULT),
+              keys * R, &zero, o, CUDA_R_16BF, static_cast<int>(m.v_dim), c_.chunk_tokens * m.v_dim,
+              static_cast<int>(H), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
           "attention values"));
       r0 += R;
     }
@@ -320,10 +324,10 @@ class GpuPrefillEngine final : public PrefillEngine {
     const size_t bytes = 16 * n;
     if (bytes == 0) return Status::OK();
     if (static_cast<int64_t>(bytes) > indices_.bytes()) {
-      KVTIER_ASSIGN_OR_RETURN(indices_, DeviceBuffer::Allocate(static_cast<int64_t>(bytes) * 2,
-                                                               c_.device));
-      KVTIER_ASSIGN_OR_RETURN(staging_, PinnedHostBuffer::Allocate(
-                                            static_cast<int64_t>(bytes) * 2));
+      KVTIER_ASSIGN_OR_RETURN(indices_,
+                              DeviceBuffer::Allocate(static_cast<int64_t>(bytes) * 2, c_.device));
+      KVTIER_ASSIGN_OR_RETURN(staging_,
+                              PinnedHostBuffer::Allocate(static_cast<int64_t>(bytes) * 2));
     }
     auto* s = static_cast<unsigned char*>(staging_.data());
     auto put = [&](const void* src, size_t len) {
@@ -351,9 +355,9 @@ class GpuPrefillEngine final : public PrefillEngine {
     std::vector<float> ms;
     for (int i = 0; i < 6; ++i) {
       KVTIER_RETURN_IF_ERROR(start_.Record(load_.get()));
-      KVTIER_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(dst.data(), src.data(), bytes,
-                                                  cudaMemcpyHostToDevice, load_.get()),
-                                  "ceiling copy"));
+      KVTIER_RETURN_IF_ERROR(
+          Cuda(cudaMemcpyAsync(dst.data(), src.data(), bytes, cudaMemcpyHostToDevice, load_.get()),
+               "ceiling copy"));
       KVTIER_RETURN_IF_ERROR(end_.Record(load_.get()));
       KVTIER_RETURN_IF_ERROR(end_.Synchronize());
       KVTIER_ASSIGN_OR_RETURN(float t, end_.ElapsedMsSince(start_));

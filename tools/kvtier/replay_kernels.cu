@@ -59,8 +59,8 @@ __global__ void PatternKernel(DevicePoolView pool, const int64_t* slots, const u
       wrong += n;
       int first = 0;
       while (((diff >> (8 * first)) & 0xFF) == 0) ++first;
-      atomicMin(first_wrong, static_cast<unsigned long long>(
-                                 (i * buffers + b) * pool.slot_bytes + w * 4 + first));
+      atomicMin(first_wrong, static_cast<unsigned long long>((i * buffers + b) * pool.slot_bytes +
+                                                             w * 4 + first));
     }
   }
   if (kVerify && wrong != 0) atomicAdd(wrong_bytes, wrong);
@@ -76,11 +76,11 @@ int Launch(bool verify, const DevicePoolView& pool, const int64_t* slots, const 
   const int64_t blocks = (total + threads - 1) / threads;
   const int grid = static_cast<int>(blocks < 4096 ? blocks : 4096);
   if (verify) {
-    PatternKernel<true><<<grid, threads, 0, stream>>>(pool, slots, hashes, count, layer,
-                                                      wrong_bytes, first_wrong);
+    PatternKernel<true>
+        <<<grid, threads, 0, stream>>>(pool, slots, hashes, count, layer, wrong_bytes, first_wrong);
   } else {
-    PatternKernel<false><<<grid, threads, 0, stream>>>(pool, slots, hashes, count, layer, nullptr,
-                                                       nullptr);
+    PatternKernel<false>
+        <<<grid, threads, 0, stream>>>(pool, slots, hashes, count, layer, nullptr, nullptr);
   }
   return static_cast<int>(cudaGetLastError());
 }

@@ -9,8 +9,8 @@ namespace kvtier::tools {
 
 double ReplayModel::LinearFlopsPerToken() const {
   const double h = static_cast<double>(hidden);
-  return 2.0 * (h * static_cast<double>(attn_in_cols) +
-                static_cast<double>(q_heads * v_dim) * h + 3.0 * h * static_cast<double>(mlp_cols));
+  return 2.0 * (h * static_cast<double>(attn_in_cols) + static_cast<double>(q_heads * v_dim) * h +
+                3.0 * h * static_cast<double>(mlp_cols));
 }
 
 double ReplayModel::LayerFlops(int64_t new_tokens, int64_t cached_tokens) const {
@@ -45,7 +45,8 @@ const std::vector<ReplayModel>& ReplayModels() {
       // 2048 active per token.
       {"deepseek-v3", "deepseek-ai/DeepSeek-V3", 61, true, 1152, 1, 7168, 128, 192, 128, 9704,
        9 * 2048},
-      // MLA: 27 layers, 512 + 64 latent, 16 heads, hidden 2048; 6 routed + 2 shared experts of 1408.
+      // MLA: 27 layers, 512 + 64 latent, 16 heads, hidden 2048; 6 routed + 2 shared experts of
+      // 1408.
       {"deepseek-v2-lite", "deepseek-ai/DeepSeek-V2-Lite", 27, true, 1152, 1, 2048, 16, 192, 128,
        3072 + 576, 8 * 1408},
   };

@@ -14,7 +14,6 @@
 namespace kvtier::tools {
 namespace {
 
-
 double Quantile(const std::vector<double>& sorted, double q) {
   if (sorted.empty()) return 0;
   const double pos = q * static_cast<double>(sorted.size() - 1);
@@ -212,19 +211,21 @@ void PrintReport(std::FILE* out, const ReplayReport& report) {
     }
   }
   if (hier->fault_index >= 0) {
+    auto storage_rate = [&](int64_t begin, int64_t end) {
+      int64_t hit = 0, in = 0;
+      for (int64_t i = begin; i < end; ++i) {
+        hit += hier->records[static_cast<size_t>(i)].storage_hit;
+        in += hier->records[static_cast<size_t>(i)].input_tokens;
+      }
+      return in > 0 ? 100.0 * static_cast<double>(hit) / static_cast<double>(in) : 0.0;
+    };
+    const int64_t n = static_cast<int64_t>(hier->records.size());
     std::fprintf(out,
                  "fault: storage down at %.1f s (request %lld): hit rate before %.2f %%, after "
-                 "%.2f %% (storage before %.2f %%)\n",
+                 "%.2f %%; storage hits before %.2f %%, after %.2f %%\n",
                  hier->fault_at_s, static_cast<long long>(hier->fault_index),
                  100 * hier->HitRate(0, hier->fault_index), 100 * hier->HitRate(hier->fault_index),
-                 [&] {
-                   int64_t s = 0, in = 0;
-                   for (int64_t i = 0; i < hier->fault_index; ++i) {
-                     s += hier->records[static_cast<size_t>(i)].storage_hit;
-                     in += hier->records[static_cast<size_t>(i)].input_tokens;
-                   }
-                   return in > 0 ? 100.0 * static_cast<double>(s) / static_cast<double>(in) : 0;
-                 }());
+                 storage_rate(0, hier->fault_index), storage_rate(hier->fault_index, n));
   }
   if (!report.sweep.empty()) {
     std::fprintf(out, "\nsweep (hierarchy):\n%-24s %9s %9s %9s %9s %10s %10s\n", "knob", "hit %",
@@ -249,8 +250,8 @@ void PrintReport(std::FILE* out, const ReplayReport& report) {
                static_cast<long long>(checked), static_cast<long long>(wrong),
                first.empty() ? "" : "; first: ", first.c_str());
   for (const RunSummary& r : report.runs) {
-    if (!r.metrics.empty()) std::fprintf(out, "\nmetrics (%s):\n%s", r.name.c_str(),
-                                         r.metrics.c_str());
+    if (!r.metrics.empty())
+      std::fprintf(out, "\nmetrics (%s):\n%s", r.name.c_str(), r.metrics.c_str());
   }
   std::fflush(out);
 }
@@ -268,27 +269,28 @@ nlohmann::json RunJson(const RunSummary& r, int64_t token_bytes) {
   j["host_tokens"] = r.host_tokens;
   j["storage"] = r.storage;
   j["hit_rate"] = r.HitRate();
-  j["hit_rate_by_tier"] = {{"device", r.TierHitRate(0)}, {"host", r.TierHitRate(1)},
-                           {"storage", r.TierHitRate(2)}};
+  j["hit_rate_by_tier"] = {
+      {"device", r.TierHitRate(0)}, {"host", r.TierHitRate(1)}, {"storage", r.TierHitRate(2)}};
   j["ttft_ms"] = PercentilesJson(r.Ttft());
-  if (!r.ideal_ttft_ms.empty()) j["ideal_ttft_ms"] = PercentilesJson(PercentilesOf(r.ideal_ttft_ms));
+  if (!r.ideal_ttft_ms.empty())
+    j["ideal_ttft_ms"] = PercentilesJson(PercentilesOf(r.ideal_ttft_ms));
   j["integrity"] = {{"bytes_checked", r.bytes_checked}, {"wrong_bytes", r.wrong_bytes}};
   j["wall_s"] = r.wall_s;
   j["load_failures"] = r.load_failures;
-  j["prefetch"] = {{"complete", r.prefetch_complete}, {"partial", r.prefetch_partial},
-                   {"timed_out", r.prefetch_timed_out}, {"none", r.prefetch_none}};
+  j["prefetch"] = {{"complete", r.prefetch_complete},
+                   {"partial", r.prefetch_partial},
+                   {"timed_out", r.prefetch_timed_out},
+                   {"none", r.prefetch_none}};
   if (r.has_cache) {
     const CacheStats& c = r.cache;
-    j["bytes"] = {
-        {"host_to_device", c.load_back_tokens * token_bytes},
-        {"device_to_host", c.backup_bytes},
-        {"storage_to_host", c.prefetch_bytes},
-        {"host_to_storage", c.storage_backup_bytes}};
-    j["gbps"] = {
-        {"host_to_device", Gbps(c.load_back_tokens * token_bytes, c.load_back_seconds)},
-        {"device_to_host", Gbps(c.backup_bytes, c.backup_seconds)},
-        {"storage_to_host", Gbps(c.prefetch_bytes, c.prefetch_seconds)},
-        {"host_to_storage", Gbps(c.storage_backup_bytes, c.storage_backup_seconds)}};
+    j["bytes"] = {{"host_to_device", c.load_back_tokens * token_bytes},
+                  {"device_to_host", c.backup_bytes},
+                  {"storage_to_host", c.prefetch_bytes},
+                  {"host_to_storage", c.storage_backup_bytes}};
+    j["gbps"] = {{"host_to_device", Gbps(c.load_back_tokens * token_bytes, c.load_back_seconds)},
+                 {"device_to_host", Gbps(c.backup_bytes, c.backup_seconds)},
+                 {"storage_to_host", Gbps(c.prefetch_bytes, c.prefetch_seconds)},
+                 {"host_to_storage", Gbps(c.storage_backup_bytes, c.storage_backup_seconds)}};
     j["evicted_tokens"] = {{"device", c.device_evicted_tokens},
                            {"host", c.host_evicted_tokens},
                            {"storage_forgotten", c.storage_forgotten_tokens}};
@@ -351,7 +353,8 @@ Status WriteReplayJson(const std::string& path, const ReplayReport& report) {
   j["requests"] = hier->records.size();
   j["input_tokens"] = hier->input_tokens();
   j["hit_rate"] = hier->HitRate();
-  j["hit_rate_by_tier"] = {{"device", hier->TierHitRate(0)}, {"host", hier->TierHitRate(1)},
+  j["hit_rate_by_tier"] = {{"device", hier->TierHitRate(0)},
+                           {"host", hier->TierHitRate(1)},
                            {"storage", hier->TierHitRate(2)}};
   nlohmann::json ttft;
   for (const RunSummary& r : report.runs) ttft[r.name] = PercentilesJson(r.Ttft());
@@ -369,9 +372,10 @@ Status WriteReplayJson(const std::string& path, const ReplayReport& report) {
   j["integrity"] = {{"bytes_checked", checked}, {"wrong_bytes", wrong}};
   if (const RunSummary* none = report.Find("no_cache"); none != nullptr) {
     const std::vector<size_t> mostly = MostlyCached(*hier);
-    j["mostly_cached"] = {{"requests", mostly.size()},
-                          {"no_cache_ttft_ms", PercentilesJson(PercentilesOf(TtftOf(*none, mostly)))},
-                          {"hierarchy_ttft_ms", PercentilesJson(PercentilesOf(TtftOf(*hier, mostly)))}};
+    j["mostly_cached"] = {
+        {"requests", mostly.size()},
+        {"no_cache_ttft_ms", PercentilesJson(PercentilesOf(TtftOf(*none, mostly)))},
+        {"hierarchy_ttft_ms", PercentilesJson(PercentilesOf(TtftOf(*hier, mostly)))}};
   }
   nlohmann::json runs = nlohmann::json::array();
   nlohmann::json timeline;
@@ -432,6 +436,9 @@ Status WriteReplayPlot(const std::string& png_path, const std::string& json_path
     return Status::IOError("fork failed");
   }
   if (pid == 0) {
+    // Debian's interpreter (python3-matplotlib belongs to it), else whatever python3 is on PATH.
+    execl("/usr/bin/python3", "python3", script_path, json_path.c_str(), png_path.c_str(),
+          static_cast<char*>(nullptr));
     execlp("python3", "python3", script_path, json_path.c_str(), png_path.c_str(),
            static_cast<char*>(nullptr));
     _exit(127);

@@ -28,7 +28,7 @@ struct RequestRecord {
   double device_ms = 0;   // load and compute overlapped (what the device spent)
   int64_t input_tokens = 0;
   int64_t device_hit = 0, host_hit = 0, storage_hit = 0;  // tokens of the matched prefix
-  int64_t loaded_bytes = 0;  // host -> device for this request
+  int64_t loaded_bytes = 0;                               // host -> device for this request
   int64_t hit_tokens() const { return device_hit + host_hit + storage_hit; }
 };
 
@@ -53,7 +53,7 @@ struct RunSummary {
   int64_t fault_index = -1;  // first request served after the storage went down
   double fault_at_s = 0;
   double wall_s = 0;
-  std::string metrics;  // Prometheus text at the end (with --metrics)
+  std::string metrics;                // Prometheus text at the end (with --metrics)
   std::vector<double> ideal_ttft_ms;  // hierarchy: the ideal's TTFT per request
 
   int64_t input_tokens() const;
@@ -74,7 +74,7 @@ struct ReplayReport {
   std::string command;
   std::string workload;
   std::string model;
-  std::string engine;  // PrefillEngine::Describe()
+  std::string engine;    // PrefillEngine::Describe()
   std::string settings;  // one line of the knobs
   int64_t page_size = 0;
   int64_t kv_bytes_per_token = 0;

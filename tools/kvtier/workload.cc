@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -28,7 +29,8 @@ Result<int64_t> IntField(const nlohmann::json& j, const char* field, const std::
         fmt::format("{}: `{}` must be an integer, not {}", where, field, it->dump()));
   }
   const int64_t v = it->get<int64_t>();
-  if (v < 0) return Status::InvalidArgument(fmt::format("{}: `{}` = {} is negative", where, field, v));
+  if (v < 0)
+    return Status::InvalidArgument(fmt::format("{}: `{}` = {} is negative", where, field, v));
   return v;
 }
 
@@ -47,7 +49,7 @@ Result<Workload> LoadMooncakeTrace(const std::string& path, int64_t max_requests
   std::ifstream in(path);
   if (!in) return Status::NotFound(fmt::format("cannot open the trace file {}", path));
   Workload w;
-  w.name = fmt::format("mooncake:{}", path);
+  w.name = fmt::format("mooncake:{}", std::filesystem::path(path).filename().string());
   std::string line;
   int64_t line_no = 0;
   double last_ms = 0;
@@ -84,9 +86,9 @@ Result<Workload> LoadMooncakeTrace(const std::string& path, int64_t max_requests
     }
     const int64_t blocks = (r.input_length + kBlockTokens - 1) / kBlockTokens;
     if (static_cast<int64_t>(ids->size()) != blocks) {
-      return Status::InvalidArgument(fmt::format(
-          "{}: {} hash_ids for input_length {} (one per {}-token block: {} expected)", where,
-          ids->size(), r.input_length, kBlockTokens, blocks));
+      return Status::InvalidArgument(
+          fmt::format("{}: {} hash_ids for input_length {} (one per {}-token block: {} expected)",
+                      where, ids->size(), r.input_length, kBlockTokens, blocks));
     }
     r.hash_ids.reserve(static_cast<size_t>(blocks));
     for (const nlohmann::json& id : *ids) {
@@ -95,7 +97,8 @@ Result<Workload> LoadMooncakeTrace(const std::string& path, int64_t max_requests
             fmt::format("{}: hash_ids holds {}, not an integer", where, id.dump()));
       }
       const int64_t v = id.get<int64_t>();
-      if (v < 0) return Status::InvalidArgument(fmt::format("{}: hash id {} is negative", where, v));
+      if (v < 0)
+        return Status::InvalidArgument(fmt::format("{}: hash id {} is negative", where, v));
       r.hash_ids.push_back(v);
     }
     w.requests.push_back(std::move(r));
@@ -108,16 +111,19 @@ Result<Workload> LoadMooncakeTrace(const std::string& path, int64_t max_requests
 
 const char* SyntheticKindName(SyntheticKind kind) {
   switch (kind) {
-    case SyntheticKind::kChat: return "chat";
-    case SyntheticKind::kSystemPrompt: return "system-prompt";
-    case SyntheticKind::kDocQa: return "doc-qa";
+    case SyntheticKind::kChat:
+      return "chat";
+    case SyntheticKind::kSystemPrompt:
+      return "system-prompt";
+    case SyntheticKind::kDocQa:
+      return "doc-qa";
   }
   return "?";
 }
 
 Result<SyntheticKind> ParseSyntheticKind(std::string_view name) {
-  for (SyntheticKind k : {SyntheticKind::kChat, SyntheticKind::kSystemPrompt,
-                          SyntheticKind::kDocQa}) {
+  for (SyntheticKind k :
+       {SyntheticKind::kChat, SyntheticKind::kSystemPrompt, SyntheticKind::kDocQa}) {
     if (name == SyntheticKindName(k)) return k;
   }
   return Status::InvalidArgument(
@@ -126,12 +132,11 @@ Result<SyntheticKind> ParseSyntheticKind(std::string_view name) {
 
 Status SyntheticOptions::Validate() const {
   if (requests < 1 || requests > 10'000'000) {
-    return Status::InvalidArgument(
-        fmt::format("requests = {} must be in [1, 10000000]", requests));
+    return Status::InvalidArgument(fmt::format("requests = {} must be in [1, 10000000]", requests));
   }
   if (!(std::isfinite(rate_per_s) && rate_per_s > 0 && rate_per_s <= 1e6)) {
-    return Status::InvalidArgument(fmt::format("rate = {} must be in (0, 1e6] per second",
-                                               rate_per_s));
+    return Status::InvalidArgument(
+        fmt::format("rate = {} must be in (0, 1e6] per second", rate_per_s));
   }
   return Status::OK();
 }
@@ -238,8 +243,8 @@ std::vector<int32_t> OutputTokens(int64_t index, int64_t count) {
   std::vector<int32_t> tokens(static_cast<size_t>(count));
   const uint64_t seed = Mix(static_cast<uint64_t>(index) ^ 0x6F75747075740000ull);  // "output"
   for (int64_t i = 0; i < count; ++i) {
-    tokens[static_cast<size_t>(i)] = static_cast<int32_t>(
-        Mix(seed ^ static_cast<uint64_t>(i)) % static_cast<uint64_t>(kVocabularySize));
+    tokens[static_cast<size_t>(i)] = static_cast<int32_t>(Mix(seed ^ static_cast<uint64_t>(i)) %
+                                                          static_cast<uint64_t>(kVocabularySize));
   }
   return tokens;
 }
