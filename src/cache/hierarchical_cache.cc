@@ -566,7 +566,7 @@ struct HierarchicalCache::Impl {
     counters.storage_backup_bytes += written * PageBytes();
     counters.storage_backup_seconds += SecondsSince(op.start, op.finished);
     counters.storage_backup_failed_tokens += (pages - ok) * P;
-    CountStorageFaults(op);
+    CountStorageFaults(op.page_status, op.status);
     // Mark stored the nodes (or the leading part of the node) whose pages all made it.
     std::vector<RadixNode*> nodes = std::move(op.nodes);
     std::sort(nodes.begin(), nodes.end(), [](const RadixNode* a, const RadixNode* b) {
@@ -591,8 +591,9 @@ struct HierarchicalCache::Impl {
     (void)work;
   }
 
-  void CountStorageFaults(const CopyOp& op) {
-    for (PageStatus s : op.page_status) {
+  // REQUIRES: `statuses` and `status` are not being written (a completed op, or a snapshot).
+  void CountStorageFaults(const std::vector<PageStatus>& statuses, const Status& status) {
+    for (PageStatus s : statuses) {
       switch (s) {
         case PageStatus::kCorrupt:
         case PageStatus::kWrongNamespace: ++counters.storage_corrupt_pages; break;
@@ -601,9 +602,9 @@ struct HierarchicalCache::Impl {
         default: break;
       }
     }
-    if (!op.status.ok()) {
+    if (!status.ok()) {
       ++counters.storage_errors;
-      if (op.status.code() == StatusCode::kUnavailable) ++counters.storage_queue_drops;
+      if (status.code() == StatusCode::kUnavailable) ++counters.storage_queue_drops;
     }
   }
 
@@ -684,7 +685,7 @@ struct HierarchicalCache::Impl {
     FreeHost(to_free);
     filling_pages -= total - static_cast<int64_t>(op->free_on_completion.size());
     op->concluded = true;
-    CountStorageFaults(*op);
+    CountStorageFaults(statuses, status);  // the snapshot: batches may still be completing
     out.arrived_tokens = used * P;
     counters.prefetched_tokens += used * P;
     counters.prefetch_bytes += used * PageBytes();

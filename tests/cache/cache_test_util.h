@@ -3,7 +3,6 @@
 // copies back (to open race windows on purpose), and the backend choice from the environment.
 #pragma once
 
-#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -52,7 +51,7 @@ class DeviceTier {
         t->v_.assign(static_cast<size_t>(bytes), std::byte{0xA5});
         t->region_.v = t->v_.data();
       }
-      return t;
+      return Result<std::unique_ptr<DeviceTier>>(std::move(t));
     }
     KVTIER_ASSIGN_OR_RETURN(t->pool_, DeviceKvPool::Create(geometry, mla, 0));
     t->region_ = t->pool_.region();
@@ -63,7 +62,7 @@ class DeviceTier {
     t->staging_.k = t->staging_mem_.data();
     t->staging_.v = mla ? nullptr : static_cast<std::byte*>(t->staging_mem_.data()) + bytes;
     KVTIER_ASSIGN_OR_RETURN(t->engine_, MakeTransferEngine(backend));
-    return t;
+    return Result<std::unique_ptr<DeviceTier>>(std::move(t));
   }
 
   const KvRegion& region() const { return region_; }

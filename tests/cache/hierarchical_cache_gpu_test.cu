@@ -6,7 +6,6 @@
 // into slots the engine just wrote (reused after eviction) is ordered after those writes.
 // Every test skips itself without a GPU.
 #include <cuda_runtime.h>
-#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
