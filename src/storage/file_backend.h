@@ -13,6 +13,8 @@
 // thread pool.
 //
 // Capacity (per namespace directory: the bytes of this deployment's files) with LRU eviction.
+// Each process counts the files it knows of (found at start, written, or hit since); processes
+// sharing a directory do not share one count.
 // The LRU order lives in the files' modification times: every Set and every Get hit stamps its
 // file with a strictly increasing time, so a restart (which scans the directory, sorts by that
 // time, and removes temporary files whose writer process is gone) finds the same order. Exists

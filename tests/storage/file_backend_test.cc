@@ -12,10 +12,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <thread>
 
 #include "kvtier/storage.h"
 #include "storage/page_format.h"
@@ -244,6 +246,13 @@ TEST_P(FileBackendTest, AnotherKeysFileOlderVersionAndSymlinkAreMisses) {
   ASSERT_EQ(::rename(PathOf(keys[1]).c_str(), target.c_str()), 0);
   ASSERT_EQ(::symlink(target.c_str(), PathOf(keys[1]).c_str()), 0);
   EXPECT_EQ(GetOne(*b, keys[1], in.bytes[1]), PageStatus::kCorrupt);
+
+  // A FIFO in place of a page neither blocks the Get nor counts as a page.
+  ASSERT_EQ(::unlink(PathOf(keys[1]).c_str()), 0);
+  ASSERT_EQ(::mkfifo(PathOf(keys[1]).c_str(), 0600), 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(GetOne(*b, keys[1], in.bytes[1]), PageStatus::kCorrupt);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
 }
 
 TEST_P(FileBackendTest, WrongNamespaceIsAMiss) {
@@ -434,6 +443,50 @@ TEST_P(FileBackendTest, TwoProcessesWritingTheSameKey) {
   }
   EXPECT_EQ(wrong, 0);
   EXPECT_GT(hits, 0);
+  EXPECT_EQ(CountTempFiles(), 0);
+}
+
+// Several threads Set, Exists, Get and Remove pages of one store at once, some of them the same
+// keys; every hit holds exactly the bytes of one of the Sets of its key.
+TEST_P(FileBackendTest, ConcurrentCallersSeeWholePages) {
+  StorageOptions o;
+  o.io_threads = 3;
+  auto r = OpenStorage(Url("?capacity=" + std::to_string(24 * kValueBytes)), SmallNamespace(), o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  StorageBackend& b = **r;
+  const auto keys = Keys(16);
+  constexpr int kThreads = 4;
+  std::vector<Pages> versions;
+  for (int t = 0; t < kThreads; ++t) versions.emplace_back(16, 100 + t);
+  std::atomic<int> wrong{0}, hits{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < 15; ++round) {
+        const size_t first = static_cast<size_t>((t * 5 + round) % 12);
+        std::vector<PageKey> batch(keys.begin() + first, keys.begin() + first + 4);
+        std::vector<PageBuffer> in(versions[t].buffers.begin() + first,
+                                   versions[t].buffers.begin() + first + 4);
+        b.Set(batch, in).get();
+        b.Exists(batch).get();
+        Pages out(4, 0, true);
+        const BatchResult got = b.Get(batch, out.buffers).get();
+        for (size_t i = 0; i < 4; ++i) {
+          if (got.pages[i] != PageStatus::kOk) continue;
+          ++hits;
+          bool matches = false;
+          for (const Pages& v : versions) matches |= out.bytes[i] == v.bytes[first + i];
+          if (!matches) ++wrong;
+        }
+        if (round % 5 == 4) b.Remove({batch[0]}).get();
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_GT(hits.load(), 0);
+  const StorageStats s = b.Stats();
+  EXPECT_LE(s.stored_bytes, 24 * kValueBytes);
   EXPECT_EQ(CountTempFiles(), 0);
 }
 
