@@ -3,9 +3,11 @@
 // Every page is one Redis string named `<namespace name>/<key hex>` whose value is the shared
 // page format (page_format.h: header ‖ payload), so a value that does not check out is a miss.
 // A batch becomes one pipelined round trip per server (RedisClient); a Set sends the header and
-// the caller's page segments straight from their memory; a Get checks the header and checksum of
-// the value it received and copies the payload into the caller's buffer. Batches of large pages
-// go out in chunks of about kChunkBytes, so a batch never holds more than that many reply bytes.
+// the caller's page segments straight from their memory; a Get reads a value of the expected size
+// straight into [a header buffer ‖ the caller's segments] and then checks the header and the
+// payload's checksum there (any other value is parsed by hiredis, checked and copied). Batches of
+// large pages go out in chunks of about kChunkBytes, so a batch never holds more than that many
+// reply bytes.
 //
 // Thread safety: the hooks run on several I/O threads at once; RedisClient is thread-safe and the
 // backend has no other mutable state.
@@ -69,15 +71,32 @@ class RedisBackend final : public StorageBackend {
 
   void DoGet(std::span<const PageKey> keys, std::span<const PageBuffer> buffers,
              std::span<PageStatus> out, Deadline deadline) override {
+    using Header = std::array<std::byte, kPageHeaderBytes>;
+    using Sink = std::array<std::span<std::byte>, 1 + PageBuffer::kMaxSegments>;
     for (size_t first = 0; first < keys.size(); first += pages_per_chunk_) {
       const size_t count = std::min(pages_per_chunk_, keys.size() - first);
       std::vector<RedisOp> ops = OpsFor("GET", keys.subspan(first, count));
+      // A value of the expected size is read straight into [header ‖ the caller's segments].
+      std::vector<Header> headers(count);
+      std::vector<Sink> sinks(count);
+      for (size_t i = 0; i < count; ++i) {
+        const PageBuffer& buffer = buffers[first + i];
+        sinks[i][0] = headers[i];
+        for (int s = 0; s < buffer.num_segments; ++s) sinks[i][1 + s] = buffer.segments[s];
+        ops[i].sink = std::span<const std::span<std::byte>>(
+            sinks[i].data(), static_cast<size_t>(1 + buffer.num_segments));
+      }
       client_->Execute(ops, deadline);
       for (size_t i = 0; i < count; ++i) {
         const RedisOp& op = ops[i];
         const size_t page = first + i;
         if (op.outcome != RedisOpOutcome::kReplied) {
           out[page] = FromOutcome(op);
+        } else if (op.sunk) {
+          PageHeader header;
+          out[page] = ParsePageHeader(headers[i], namespace_hash_, keys[page],
+                                      static_cast<uint64_t>(buffers[page].bytes()), &header);
+          if (out[page] == PageStatus::kOk) out[page] = CheckPayload(header, buffers[page]);
         } else if (op.reply->type == REDIS_REPLY_NIL) {
           out[page] = PageStatus::kAbsent;
         } else if (op.reply->type == REDIS_REPLY_STRING) {

@@ -27,7 +27,8 @@ constexpr auto kTryAgainPause = std::chrono::milliseconds(5);
 Deadline EarlierOf(Deadline a, Deadline b) { return a < b ? a : b; }
 
 bool IsError(const redisReply* reply, std::string_view prefix) {
-  return reply->type == REDIS_REPLY_ERROR && std::string_view(reply->str, reply->len).starts_with(prefix);
+  return reply->type == REDIS_REPLY_ERROR &&
+         std::string_view(reply->str, reply->len).starts_with(prefix);
 }
 
 }  // namespace
@@ -85,6 +86,12 @@ class RedisNode {
     ++node_failures_;
     idle_.clear();
     BackOffLocked(why);
+  }
+
+  // False after a failure, until a connect succeeds again.
+  bool healthy() const {
+    std::lock_guard lock(mu_);
+    return failures_ == 0;
   }
 
   void AddCounters(RedisClientCounters& counters) const {
@@ -185,7 +192,8 @@ Status RedisClient::RefreshSlots(Deadline deadline, bool force) {
     refresh_wanted_ = false;
     // Nodes that serve slots first, then the seeds and every other node known.
     for (int index : slot_node_) {
-      if (index >= 0 && std::find(candidates.begin(), candidates.end(), index) == candidates.end()) {
+      if (index >= 0 &&
+          std::find(candidates.begin(), candidates.end(), index) == candidates.end()) {
         candidates.push_back(index);
       }
     }
@@ -194,6 +202,9 @@ Status RedisClient::RefreshSlots(Deadline deadline, bool force) {
         candidates.push_back(i);
       }
     }
+    // Nodes that failed last go last: a refresh should not spend the batch's time on them.
+    std::stable_partition(candidates.begin(), candidates.end(),
+                          [&](int i) { return nodes_[static_cast<size_t>(i)]->healthy(); });
   }
   std::string errors;
   for (int index : candidates) {
@@ -251,8 +262,8 @@ void RedisClient::Execute(std::span<RedisOp> ops, Deadline deadline) {
   const bool cluster = config_.url.cluster;
   struct Group {
     int node = -1;
-    std::vector<size_t> ops;     // indexes into `ops`, in send order
-    std::vector<bool> asking;    // per op: preceded by ASKING
+    std::vector<size_t> ops;   // indexes into `ops`, in send order
+    std::vector<bool> asking;  // per op: preceded by ASKING
     std::unique_ptr<RedisConnection> connection;
     std::vector<RedisReplyPtr> replies;
   };
@@ -318,7 +329,7 @@ void RedisClient::Execute(std::span<RedisOp> ops, Deadline deadline) {
         if (op.verb == "SET") {
           group.connection->AppendWithValue({op.verb, op.key}, op.value);
         } else {
-          group.connection->Append({op.verb, op.key});
+          group.connection->Append({op.verb, op.key}, op.sink);
         }
       }
       connections.push_back(group.connection.get());
@@ -328,6 +339,7 @@ void RedisClient::Execute(std::span<RedisOp> ops, Deadline deadline) {
     std::vector<PipelineOutcome> outcomes(sent.size());
     RunPipelines(connections, reply_lists,
                  EarlierOf(deadline, Clock::now() + config_.command_timeout), outcomes);
+    round_trips_.fetch_add(static_cast<int64_t>(sent.size()));
 
     // Hand out the replies; note redirects for the next round.
     bool try_again = false;
@@ -345,6 +357,11 @@ void RedisClient::Execute(std::span<RedisOp> ops, Deadline deadline) {
           continue;
         }
         RedisReplyPtr reply = std::move(group.replies[next_reply++]);
+        if (reply == nullptr) {  // a value read straight into the op's sink
+          op.sunk = true;
+          op.outcome = RedisOpOutcome::kReplied;
+          continue;
+        }
         if (reply->type == REDIS_REPLY_ERROR) {
           const std::string_view text(reply->str, reply->len);
           if (std::optional<RedisRedirect> redirect = ParseRedirect(text, target->endpoint());
@@ -376,7 +393,8 @@ void RedisClient::Execute(std::span<RedisOp> ops, Deadline deadline) {
         target->Release(std::move(group.connection));
       }
     }
-    if (try_again) std::this_thread::sleep_until(EarlierOf(deadline, Clock::now() + kTryAgainPause));
+    if (try_again)
+      std::this_thread::sleep_until(EarlierOf(deadline, Clock::now() + kTryAgainPause));
   }
   for (RedisOp& op : ops) {
     if (op.outcome != RedisOpOutcome::kPending) continue;
@@ -399,6 +417,7 @@ RedisClientCounters RedisClient::counters() const {
   counters.moved = moved_.load();
   counters.ask = ask_.load();
   counters.slot_refreshes = slot_refreshes_.load();
+  counters.round_trips = round_trips_.load();
   std::lock_guard lock(mu_);
   for (const auto& n : nodes_) n->AddCounters(counters);
   return counters;

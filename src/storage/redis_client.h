@@ -55,16 +55,21 @@ struct RedisOp {
   std::string key;        // the object name; routes the command in a cluster
   // SET: the value, the concatenation of these pieces, borrowed until Execute returns.
   std::span<const std::span<const std::byte>> value;
+  // GET: where a value of exactly the sink's total size is read to (no copies), borrowed until
+  // Execute returns. Its contents are undefined unless the op ends `sunk`.
+  std::span<const std::span<std::byte>> sink;
 
   RedisOpOutcome outcome = RedisOpOutcome::kPending;
-  RedisReplyPtr reply;
-  std::string error;   // why, for kFailed / kTimedOut
-  int ask_node = -1;   // routing state: the node an ASK named, for the next round
+  RedisReplyPtr reply;  // kReplied: the reply, or null when it was `sunk`
+  bool sunk = false;    // kReplied with the value in `sink`
+  std::string error;    // why, for kFailed / kTimedOut
+  int ask_node = -1;    // routing state: the node an ASK named, for the next round
 };
 
 struct RedisClientCounters {
   int64_t moved = 0, ask = 0;  // redirects followed
   int64_t slot_refreshes = 0;  // CLUSTER SLOTS read
+  int64_t round_trips = 0;     // pipelines run by Execute (one per server per round)
   int64_t connects = 0, connect_failures = 0, node_failures = 0;
 };
 
@@ -105,7 +110,7 @@ class RedisClient {
   std::vector<int> slot_node_;                     // cluster: node index per slot, -1 if none
   std::chrono::steady_clock::time_point last_refresh_{};
   std::atomic<bool> refresh_wanted_{false};
-  std::atomic<int64_t> moved_{0}, ask_{0}, slot_refreshes_{0};
+  std::atomic<int64_t> moved_{0}, ask_{0}, slot_refreshes_{0}, round_trips_{0};
 };
 
 }  // namespace kvtier::storage

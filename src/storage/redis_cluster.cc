@@ -52,8 +52,7 @@ std::optional<RedisRedirect> ParseRedirect(std::string_view error, const RedisEn
 Result<std::vector<RedisSlotRange>> ParseClusterSlots(const redisReply& reply,
                                                       const RedisEndpoint& replier) {
   if (reply.type == REDIS_REPLY_ERROR) {
-    return Status::Unavailable(fmt::format("redis {}: CLUSTER SLOTS failed: {}",
-                                           replier.ToString(),
+    return Status::Unavailable(fmt::format("redis {}: CLUSTER SLOTS failed: {}", replier.ToString(),
                                            std::string_view(reply.str, reply.len)));
   }
   auto malformed = [&](std::string_view what) {

@@ -16,14 +16,18 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <iterator>
+#include <limits>
 
 namespace kvtier::storage {
 namespace {
 
-constexpr size_t kReadChunkBytes = 1 << 20;  // one read(2) of replies
-constexpr int kMaxIovecs = 64;               // pieces per sendmsg(2)
+constexpr size_t kReadChunkBytes = 256 << 10;  // one read(2) of replies not read into a sink
+constexpr int kSinkIovecs = 8;                 // sink spans per readv(2)
+constexpr size_t kMaxLineBytes = 4096;         // the first line of a reply
+constexpr int kMaxIovecs = 64;                 // pieces per sendmsg(2)
 
 int MillisUntil(Deadline deadline) {
   const auto left = deadline - std::chrono::steady_clock::now();
@@ -33,6 +37,31 @@ int MillisUntil(Deadline deadline) {
 }
 
 std::string ErrnoText(int err) { return std::strerror(err); }
+
+constexpr size_t kUnknownBytes = std::numeric_limits<size_t>::max();
+
+// The bytes of the reply that starts at `p` (n bytes there): a simple string, error, integer or
+// bulk string has a length its first line tells; an array (or anything else) is kUnknownBytes.
+// Sets *need_more (returning 0) when that first line has not arrived yet.
+size_t ReplyBytes(const char* p, size_t n, bool* need_more) {
+  *need_more = false;
+  if (n == 0) {
+    *need_more = true;
+    return 0;
+  }
+  if (p[0] != '+' && p[0] != '-' && p[0] != ':' && p[0] != '$') return kUnknownBytes;
+  const char* cr = static_cast<const char*>(std::memchr(p, '\r', n));
+  if (cr == nullptr || cr + 1 >= p + n) {
+    *need_more = n < kMaxLineBytes;  // a longer line is malformed: let hiredis say so
+    return *need_more ? 0 : kUnknownBytes;
+  }
+  const size_t line = static_cast<size_t>(cr - p) + 2;
+  if (p[0] != '$') return line;
+  long long length = 0;
+  const auto [end, ec] = std::from_chars(p + 1, cr, length);
+  if (ec != std::errc() || end != cr || length < -1) return kUnknownBytes;
+  return length < 0 ? line : line + static_cast<size_t>(length) + 2;
+}
 
 // Connects one socket to `address`, bounded by `deadline`; the fd, or -1 with `error` set.
 int ConnectSocket(const addrinfo& address, Deadline deadline, std::string& error) {
@@ -183,9 +212,11 @@ void RedisConnection::AppendArg(std::string_view arg) {
   AppendOwned("\r\n");
 }
 
-void RedisConnection::Append(std::initializer_list<std::string_view> args) {
+void RedisConnection::Append(std::initializer_list<std::string_view> args,
+                             std::span<const std::span<std::byte>> sink) {
   AppendHeader(args.size());
   for (std::string_view arg : args) AppendArg(arg);
+  sinks_.push_back(sink);
   ++pending_replies_;
 }
 
@@ -202,6 +233,7 @@ void RedisConnection::AppendWithValue(std::initializer_list<std::string_view> ar
     if (!piece.empty()) pieces_.push_back(Piece{piece.data(), 0, piece.size()});
   }
   AppendOwned("\r\n");
+  sinks_.emplace_back();
   ++pending_replies_;
 }
 
@@ -222,9 +254,9 @@ Status RedisConnection::WriteSome() {
     int count = 0;
     for (size_t i = next_piece_; i < pieces_.size() && count < kMaxIovecs; ++i, ++count) {
       const Piece& piece = pieces_[i];
-      const std::byte* base = piece.data != nullptr
-                                  ? piece.data
-                                  : reinterpret_cast<const std::byte*>(owned_.data()) + piece.offset;
+      const std::byte* base =
+          piece.data != nullptr ? piece.data
+                                : reinterpret_cast<const std::byte*>(owned_.data()) + piece.offset;
       const size_t skip = i == next_piece_ ? next_piece_done_ : 0;
       vectors[count].iov_base = const_cast<std::byte*>(base + skip);
       vectors[count].iov_len = piece.size - skip;
@@ -257,28 +289,164 @@ Status RedisConnection::WriteSome() {
   return Status::OK();
 }
 
+bool RedisConnection::ReaderIdle() const {
+  // A GetReply call that found no bytes leaves the reader at task 0 with no type read yet: that
+  // is between replies too.
+  const bool no_task = reader_->ridx == -1 || (reader_->ridx == 0 && reader_->rstack[0].type < 0);
+  return no_task && reader_->pos == reader_->len;
+}
+
+bool RedisConnection::StartSinkRead(bool* need_more) {
+  *need_more = false;
+  const std::span<const std::span<std::byte>> sink = sinks_[next_sink_];
+  size_t sink_bytes = 0;
+  for (const auto& span : sink) sink_bytes += span.size();
+  const char* begin = in_.data() + in_begin_;
+  const size_t available = in_end_ - in_begin_;
+  if (available == 0 || begin[0] != '$') return false;
+  constexpr size_t kMaxHeader = 24;  // "$" + 20 digits + "\r\n"
+  const char* cr =
+      static_cast<const char*>(std::memchr(begin, '\r', std::min(available, kMaxHeader)));
+  if (cr == nullptr || cr + 1 >= begin + available) {
+    *need_more = available < kMaxHeader;
+    return false;
+  }
+  size_t length = 0;
+  const auto [end, ec] = std::from_chars(begin + 1, cr, length);
+  if (ec != std::errc() || end != cr || cr[1] != '\n' || length != sink_bytes) return false;
+  in_begin_ += static_cast<size_t>(cr + 2 - begin);
+  sink_left_ = length;
+  sink_crlf_left_ = 2;
+  sink_span_ = 0;
+  sink_offset_ = 0;
+  return true;
+}
+
+size_t RedisConnection::SinkWrite(const char* data, size_t n) {
+  const std::span<const std::span<std::byte>> sink = sinks_[next_sink_];
+  size_t done = 0;
+  while (done < n && sink_span_ < sink.size()) {
+    const std::span<std::byte> span = sink[sink_span_];
+    const size_t take = std::min(n - done, span.size() - sink_offset_);
+    std::memcpy(span.data() + sink_offset_, data + done, take);
+    done += take;
+    sink_offset_ += take;
+    if (sink_offset_ == span.size()) {
+      ++sink_span_;
+      sink_offset_ = 0;
+    }
+  }
+  return done;
+}
+
+void RedisConnection::FinishReply(std::vector<RedisReplyPtr>& replies, RedisReplyPtr reply) {
+  replies.push_back(std::move(reply));
+  --pending_replies_;
+  if (++next_sink_ == sinks_.size() || pending_replies_ == 0) {
+    sinks_.clear();
+    next_sink_ = 0;
+  }
+}
+
 Status RedisConnection::ReadSome(std::vector<RedisReplyPtr>& replies) {
-  thread_local std::vector<char> buffer(kReadChunkBytes);
+  if (in_.empty()) in_.resize(kReadChunkBytes);
   while (pending_replies_ > 0) {
-    const ssize_t got = ::read(fd_, buffer.data(), buffer.size());
+    // A bulk reply on its way into a sink: first the bytes already read, then straight from the
+    // socket into the caller's memory, then its "\r\n".
+    if (sink_left_ > 0 && in_begin_ < in_end_) {
+      const size_t n = SinkWrite(in_.data() + in_begin_, std::min(sink_left_, in_end_ - in_begin_));
+      in_begin_ += n;
+      sink_left_ -= n;
+      continue;
+    }
+    if (sink_left_ > 0) {
+      iovec vectors[kSinkIovecs];
+      int count = 0;
+      size_t limit = sink_left_;
+      const auto sink = sinks_[next_sink_];
+      for (size_t i = sink_span_; i < sink.size() && count < kSinkIovecs && limit > 0; ++i) {
+        const size_t skip = i == sink_span_ ? sink_offset_ : 0;
+        const size_t take = std::min(limit, sink[i].size() - skip);
+        vectors[count].iov_base = sink[i].data() + skip;
+        vectors[count].iov_len = take;
+        limit -= take;
+        ++count;
+      }
+      const ssize_t got = ::readv(fd_, vectors, count);
+      if (got == 0) return Fail(Status::IOError("the server closed the connection"));
+      if (got < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return Status::OK();
+        if (errno == EINTR) continue;
+        return Fail(Status::IOError("read: " + ErrnoText(errno)));
+      }
+      // Advance the cursor over what readv wrote in place.
+      size_t left = static_cast<size_t>(got);
+      sink_left_ -= left;
+      while (left > 0) {
+        const size_t in_span = sink[sink_span_].size() - sink_offset_;
+        const size_t step = std::min(left, in_span);
+        sink_offset_ += step;
+        left -= step;
+        if (sink_offset_ == sink[sink_span_].size()) {
+          ++sink_span_;
+          sink_offset_ = 0;
+        }
+      }
+      continue;
+    }
+    if (sink_crlf_left_ > 0 && in_begin_ < in_end_) {
+      const char expected = sink_crlf_left_ == 2 ? '\r' : '\n';
+      if (in_[in_begin_++] != expected) {
+        return Fail(Status::IOError("protocol error: a bulk reply does not end in CRLF"));
+      }
+      if (--sink_crlf_left_ == 0) FinishReply(replies, nullptr);
+      continue;
+    }
+    if (sink_crlf_left_ == 0 && in_begin_ < in_end_) {
+      bool need_more = false;
+      if (ReaderIdle()) {
+        if (!sinks_[next_sink_].empty() && StartSinkRead(&need_more)) continue;
+        // hiredis parses this reply; give it this reply's bytes only (when its length can be
+        // told), so the replies after it can still be read into their sinks.
+        if (!need_more) {
+          hiredis_left_ = ReplyBytes(in_.data() + in_begin_, in_end_ - in_begin_, &need_more);
+        }
+      }
+      if (!need_more) {
+        if (hiredis_left_ == 0) hiredis_left_ = kUnknownBytes;  // never feed nothing
+        const size_t take = std::min(in_end_ - in_begin_, hiredis_left_);
+        if (redisReaderFeed(reader_, in_.data() + in_begin_, take) != REDIS_OK) {
+          return Fail(Status::IOError(fmt::format("reply parser: {}", reader_->errstr)));
+        }
+        in_begin_ += take;
+        if (hiredis_left_ != kUnknownBytes) hiredis_left_ -= take;
+        while (pending_replies_ > 0) {
+          void* parsed = nullptr;
+          if (redisReaderGetReply(reader_, &parsed) != REDIS_OK) {
+            return Fail(Status::IOError(fmt::format("protocol error: {}", reader_->errstr)));
+          }
+          if (parsed == nullptr) break;  // needs more bytes
+          FinishReply(replies, RedisReplyPtr(static_cast<redisReply*>(parsed)));
+        }
+        continue;
+      }
+    }
+    // Read more: keep unhandled bytes at the front of the buffer.
+    if (in_begin_ == in_end_) {
+      in_begin_ = in_end_ = 0;
+    } else if (in_begin_ > 0) {
+      std::memmove(in_.data(), in_.data() + in_begin_, in_end_ - in_begin_);
+      in_end_ -= in_begin_;
+      in_begin_ = 0;
+    }
+    const ssize_t got = ::read(fd_, in_.data() + in_end_, in_.size() - in_end_);
     if (got == 0) return Fail(Status::IOError("the server closed the connection"));
     if (got < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK) return Status::OK();
       if (errno == EINTR) continue;
       return Fail(Status::IOError("read: " + ErrnoText(errno)));
     }
-    if (redisReaderFeed(reader_, buffer.data(), static_cast<size_t>(got)) != REDIS_OK) {
-      return Fail(Status::IOError(fmt::format("reply parser: {}", reader_->errstr)));
-    }
-    while (pending_replies_ > 0) {
-      void* parsed = nullptr;
-      if (redisReaderGetReply(reader_, &parsed) != REDIS_OK) {
-        return Fail(Status::IOError(fmt::format("protocol error: {}", reader_->errstr)));
-      }
-      if (parsed == nullptr) break;  // needs more bytes
-      replies.emplace_back(static_cast<redisReply*>(parsed));
-      --pending_replies_;
-    }
+    in_end_ += static_cast<size_t>(got);
   }
   return Status::OK();
 }
@@ -317,8 +485,8 @@ void RunPipelines(std::span<RedisConnection* const> connections,
     waiting.clear();
     for (size_t i : active) {
       const RedisConnection& c = *connections[i];
-      waiting.push_back(pollfd{c.fd_, static_cast<short>(POLLIN | (c.wants_write() ? POLLOUT : 0)),
-                               0});
+      waiting.push_back(
+          pollfd{c.fd_, static_cast<short>(POLLIN | (c.wants_write() ? POLLOUT : 0)), 0});
     }
     const int ready = ::poll(waiting.data(), waiting.size(), ms);
     if (ready < 0) {

@@ -2,8 +2,10 @@
 //
 // Commands are encoded here (RESP arrays of bulk strings) into an output queue of pieces; a value
 // argument may be a list of caller spans that are written straight from caller memory (sendmsg
-// with an iovec), so a page is never copied on its way out. Replies are parsed by hiredis's
-// reader (the protocol), fed from large non-blocking reads. `RunPipelines` drives several
+// with an iovec), so a page is never copied on its way out. A command may name a sink, caller
+// spans for its reply: a bulk-string reply of exactly the sink's size is read straight into them
+// (readv), so a page is not copied on its way in either. Every other reply is parsed by hiredis's
+// reader (the protocol), fed from non-blocking reads. `RunPipelines` drives several
 // connections at once with poll(2) until each has every reply it waits for or a deadline passes,
 // so one batch costs one round trip per server and never waits past its deadline.
 //
@@ -52,14 +54,16 @@ class RedisConnection {
   // and sends AUTH when `auth` has a password. Unavailable naming the endpoint and the cause
   // (refused, timed out, AUTH rejected with the server's message).
   static Result<std::unique_ptr<RedisConnection>> Connect(const RedisEndpoint& endpoint,
-                                                          const RedisAuth& auth,
-                                                          Deadline deadline);
+                                                          const RedisAuth& auth, Deadline deadline);
   ~RedisConnection();
   RedisConnection(const RedisConnection&) = delete;
   RedisConnection& operator=(const RedisConnection&) = delete;
 
-  // Queues a command of `args` (copied). Its reply is counted in pending_replies().
-  void Append(std::initializer_list<std::string_view> args);
+  // Queues a command of `args` (copied). Its reply is counted in pending_replies(). With a
+  // `sink`, a bulk-string reply of exactly its total size lands in it and its reply is a null
+  // RedisReplyPtr; REQUIRES the sink stays alive until the pipeline has run.
+  void Append(std::initializer_list<std::string_view> args,
+              std::span<const std::span<std::byte>> sink = {});
   // Queues `args` followed by one more argument, the concatenation of `value` pieces, which are
   // borrowed: REQUIRES they stay alive and unchanged until the pipeline has run.
   void AppendWithValue(std::initializer_list<std::string_view> args,
@@ -92,6 +96,15 @@ class RedisConnection {
   // Non-blocking reads until the socket has no more; replies parsed so far go to `replies`.
   Status ReadSome(std::vector<RedisReplyPtr>& replies);
   Status Fail(Status status);
+  // True when hiredis's reader holds no bytes of an unfinished reply.
+  bool ReaderIdle() const;
+  // Starts reading a bulk reply into the front sink when `in_` begins with its header "$<n>\r\n"
+  // and n is the sink's size. False (nothing consumed) otherwise, or when more bytes are needed
+  // to tell (then *need_more).
+  bool StartSinkRead(bool* need_more);
+  // Copies up to `n` bytes to the sink at the cursor; returns the number copied.
+  size_t SinkWrite(const char* data, size_t n);
+  void FinishReply(std::vector<RedisReplyPtr>& replies, RedisReplyPtr reply);
 
   int fd_ = -1;
   RedisEndpoint endpoint_;
@@ -102,6 +115,19 @@ class RedisConnection {
   size_t next_piece_done_ = 0;  // bytes of pieces_[next_piece_] already written
   int pending_replies_ = 0;
   bool broken_ = false;
+
+  // Replies: one sink per pending reply (empty: none), in order.
+  std::vector<std::span<const std::span<std::byte>>> sinks_;
+  size_t next_sink_ = 0;
+  // Bytes read and not yet handled: in_[in_begin_, in_end_).
+  std::vector<char> in_;
+  size_t in_begin_ = 0, in_end_ = 0;
+  // A bulk reply being read into sinks_[next_sink_]: body bytes left, then its "\r\n".
+  size_t sink_left_ = 0;
+  int sink_crlf_left_ = 0;
+  size_t sink_span_ = 0, sink_offset_ = 0;  // the cursor in the sink
+  // Bytes of the reply hiredis is parsing that it has not been given yet (SIZE_MAX: unknown).
+  size_t hiredis_left_ = 0;
 };
 
 // How one connection's pipeline ended: OK (every reply read), or why it stopped early, leaving

@@ -21,6 +21,23 @@
 namespace kvtier {
 namespace {
 
+#if !KVTIER_HAVE_HIREDIS
+
+// A build without hiredis leaves the Redis backend out and says so.
+TEST(RedisBackendTest, LeftOutOfThisBuild) {
+  StorageNamespace ns;
+  ns.model_id = "m";
+  ns.num_layers = 1;
+  ns.slot_bytes = 64;
+  ns.page_size = 16;
+  auto backend = OpenStorage("redis://127.0.0.1:6379", ns);
+  ASSERT_FALSE(backend.ok());
+  EXPECT_TRUE(backend.status().IsInvalidArgument());
+  EXPECT_NE(backend.status().message().find("hiredis"), std::string::npos);
+}
+
+#else  // KVTIER_HAVE_HIREDIS
+
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 using testing::RedisCommand;
@@ -64,7 +81,7 @@ std::byte PatternByte(const PageKey& key, size_t offset) {
 
 // Page buffers of one namespace: each page two segments (K, V) of separate allocations.
 struct Pages {
-  std::vector<std::vector<std::byte>> k, v;
+  std::vector<std::vector<std::byte> > k, v;
   std::vector<PageBuffer> buffers;
   Pages(const StorageNamespace& ns, size_t n) : k(n), v(n) {
     const size_t half = static_cast<size_t>(ns.page_bytes() / 2);
@@ -87,7 +104,8 @@ struct Pages {
   // The first wrong byte of page i as text, or "" when it holds key's pattern exactly.
   std::string Mismatch(size_t i, const PageKey& key) const {
     for (size_t b = 0; b < k[i].size(); ++b) {
-      if (k[i][b] != PatternByte(key, b)) return "page " + std::to_string(i) + " K byte " + std::to_string(b);
+      if (k[i][b] != PatternByte(key, b))
+        return "page " + std::to_string(i) + " K byte " + std::to_string(b);
     }
     for (size_t b = 0; b < v[i].size(); ++b) {
       if (v[i][b] != PatternByte(key, k[i].size() + b)) {
@@ -236,8 +254,8 @@ TEST(RedisBackendTest, ValuesThatDoNotCheckOutAreMisses) {
     header.namespace_hash = ns.Hash();
     header.key = keys[4];
     header.payload_bytes = static_cast<uint64_t>(ns.page_bytes());
-    ASSERT_TRUE(storage::PayloadChecksum(header.checksum_kind, page.buffers[0],
-                                         &header.payload_checksum));
+    ASSERT_TRUE(
+        storage::PayloadChecksum(header.checksum_kind, page.buffers[0], &header.payload_checksum));
     std::string old(storage::kPageHeaderBytes, '\0');
     storage::EncodePageHeader(
         header, std::span<std::byte, storage::kPageHeaderBytes>(
@@ -258,8 +276,8 @@ TEST(RedisBackendTest, ValuesThatDoNotCheckOutAreMisses) {
                                  PageStatus::kCorrupt, PageStatus::kCorrupt,
                                  PageStatus::kCorrupt, PageStatus::kCorrupt};
   for (size_t i = 0; i < keys.size(); ++i) {
-    EXPECT_EQ(result.pages[i], expected[i]) << "case " << i << ": "
-                                            << PageStatusName(result.pages[i]);
+    EXPECT_EQ(result.pages[i], expected[i])
+        << "case " << i << ": " << PageStatusName(result.pages[i]);
   }
   // The untouched value still reads back; a key of the wrong Redis type is a failed read.
   raw_set(keys[0], good);
@@ -274,8 +292,8 @@ TEST(RedisBackendTest, ValuesThatDoNotCheckOutAreMisses) {
 
 TEST(RedisBackendTest, PasswordAclUserAndWrongCredentials) {
   SKIP_WITHOUT_REDIS();
-  RedisTestServer server({"--requirepass", "s3cret", "--user", "alice", "on", ">wonder%land",
-                          "~*", "&*", "+@all"});
+  RedisTestServer server(
+      {"--requirepass", "s3cret", "--user", "alice", "on", ">wonder%land", "~*", "&*", "+@all"});
   ASSERT_EQ(server.Start(), "");
   const StorageNamespace ns = TestNamespace();
   const std::vector<PageKey> keys = Keys(4);
@@ -447,8 +465,8 @@ TEST(RedisClusterBackendTest, KeysOnEveryNodeAndASlotMigratedDuringBatches) {
   ASSERT_EQ(admin(to, {"CLUSTER", "SETSLOT", slot_text, "IMPORTING", from_id}), "OK");
   ASSERT_EQ(admin(from, {"CLUSTER", "SETSLOT", slot_text, "MIGRATING", to_id}), "OK");
   for (int round = 0; round < 20; ++round) {
-    auto left = RedisCommand(cluster.node(from).endpoint(),
-                             {"CLUSTER", "GETKEYSINSLOT", slot_text, "1"});
+    auto left =
+        RedisCommand(cluster.node(from).endpoint(), {"CLUSTER", "GETKEYSINSLOT", slot_text, "1"});
     ASSERT_NE(left, nullptr);
     if (left->elements == 0) break;
     const std::string name(left->element[0]->str, left->element[0]->len);
@@ -471,8 +489,9 @@ TEST(RedisClusterBackendTest, KeysOnEveryNodeAndASlotMigratedDuringBatches) {
   // Writes and reads of the migrated slot go to its new owner.
   ASSERT_EQ(SetPattern(*backend, batch), static_cast<int64_t>(batch.size()));
   EXPECT_EQ(GetChecked(*backend, keys).count(PageStatus::kOk), 300);
-  EXPECT_EQ(RedisCommand(cluster.node(from).endpoint(),
-                         {"CLUSTER", "COUNTKEYSINSLOT", slot_text})->integer, 0);
+  EXPECT_EQ(RedisCommand(cluster.node(from).endpoint(), {"CLUSTER", "COUNTKEYSINSLOT", slot_text})
+                ->integer,
+            0);
 }
 
 TEST(RedisClusterBackendTest, NodeKilledDuringBatchesThenRestarted) {
@@ -507,7 +526,8 @@ TEST(RedisClusterBackendTest, NodeKilledDuringBatchesThenRestarted) {
       EXPECT_LT(Clock::now() - start, 1s);
       for (size_t i = 0; i < keys.size(); ++i) {
         if (node_of[i] != victim) {
-          EXPECT_EQ(result.pages[i], PageStatus::kOk) << i << " " << PageStatusName(result.pages[i]);
+          EXPECT_EQ(result.pages[i], PageStatus::kOk)
+              << i << " " << PageStatusName(result.pages[i]);
         } else if (was_killed) {
           EXPECT_TRUE(result.pages[i] == PageStatus::kFailed ||
                       result.pages[i] == PageStatus::kTimedOut)
@@ -550,13 +570,15 @@ TEST(RedisClusterBackendTest, OpenErrors) {
       << not_cluster.status().ToString();
 
   const int nobody = testing::FreeLoopbackPort();
-  auto unreachable = OpenStorage("redis+cluster://127.0.0.1:" + std::to_string(nobody) + "," +
-                                     plain.address(),
-                                 TestNamespace());
+  auto unreachable =
+      OpenStorage("redis+cluster://127.0.0.1:" + std::to_string(nobody) + "," + plain.address(),
+                  TestNamespace());
   ASSERT_FALSE(unreachable.ok());
   EXPECT_NE(unreachable.status().message().find("refused"), std::string::npos)
       << unreachable.status().ToString();
 }
+
+#endif  // KVTIER_HAVE_HIREDIS
 
 }  // namespace
 }  // namespace kvtier

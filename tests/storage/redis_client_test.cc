@@ -23,11 +23,11 @@ using testing::RedisTestServer;
 using testing::ReplyText;
 using Clock = std::chrono::steady_clock;
 
-#define SKIP_WITHOUT_REDIS()                                                    \
-  do {                                                                          \
-    if (std::string why = testing::RedisTestSkipReason(); !why.empty()) {       \
-      GTEST_SKIP() << why;                                                      \
-    }                                                                           \
+#define SKIP_WITHOUT_REDIS()                                              \
+  do {                                                                    \
+    if (std::string why = testing::RedisTestSkipReason(); !why.empty()) { \
+      GTEST_SKIP() << why;                                                \
+    }                                                                     \
   } while (0)
 
 Result<std::unique_ptr<RedisClient>> OpenClient(const std::string& url) {
@@ -65,9 +65,9 @@ std::vector<RedisOpOutcome> SetAll(RedisClient& client, const std::vector<std::s
   std::vector<RedisOpOutcome> outcomes;
   for (const RedisOp& op : ops) {
     const bool ok = op.outcome == RedisOpOutcome::kReplied && ReplyText(op.reply.get()) == "OK";
-    outcomes.push_back(ok ? RedisOpOutcome::kReplied
-                          : (op.outcome == RedisOpOutcome::kReplied ? RedisOpOutcome::kFailed
-                                                                    : op.outcome));
+    outcomes.push_back(
+        ok ? RedisOpOutcome::kReplied
+           : (op.outcome == RedisOpOutcome::kReplied ? RedisOpOutcome::kFailed : op.outcome));
   }
   return outcomes;
 }
@@ -111,6 +111,7 @@ TEST(RedisClientTest, PipelinedBinaryRoundTrip) {
   const auto set = SetAll(**client, keys, values, Clock::now() + 5s);
   for (size_t i = 0; i < keys.size(); ++i) ASSERT_EQ(set[i], RedisOpOutcome::kReplied) << i;
   EXPECT_EQ(CountExact(GetAll(**client, keys, Clock::now() + 5s), values), 200);
+  EXPECT_EQ((*client)->counters().round_trips, 2);  // one per batch: a single server
 
   std::vector<RedisOp> del(2);
   del[0].verb = del[1].verb = "DEL";
@@ -123,10 +124,70 @@ TEST(RedisClientTest, PipelinedBinaryRoundTrip) {
   EXPECT_EQ(after[0].reply->type, REDIS_REPLY_NIL);
 }
 
+TEST(RedisClientTest, ValuesReadStraightIntoSinks) {
+  SKIP_WITHOUT_REDIS();
+  RedisTestServer server;
+  ASSERT_EQ(server.Start(), "");
+  auto client = OpenClient("redis://" + server.address());
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  std::mt19937_64 rng(5);
+  std::vector<std::string> keys, values;
+  for (int i = 0; i < 40; ++i) {
+    keys.push_back("s/" + std::to_string(i));
+    values.push_back(RandomBytes(rng, i % 5 == 0 ? 700000 : 100 + rng() % 3000));
+  }
+  for (auto outcome : SetAll(**client, keys, values, Clock::now() + 5s)) {
+    ASSERT_EQ(outcome, RedisOpOutcome::kReplied);
+  }
+  // Sinks of two spans: the exact size for even keys (read in place), one byte short for odd
+  // ones (parsed by hiredis instead); a missing key and an error reply in between.
+  keys.insert(keys.begin() + 7, "s/absent");
+  values.insert(values.begin() + 7, "");
+  ASSERT_NE(RedisCommand(server.endpoint(), {"LPUSH", "s/list", "x"}), nullptr);
+  keys.insert(keys.begin() + 20, "s/list");
+  values.insert(values.begin() + 20, "");
+  std::vector<std::vector<std::byte>> first(keys.size()), second(keys.size());
+  std::vector<std::array<std::span<std::byte>, 2>> sinks(keys.size());
+  std::vector<RedisOp> ops(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const size_t size = values[i].size() + (i % 2 == 1 ? 1 : 0);
+    first[i].assign(size / 2, std::byte{0xA5});
+    second[i].assign(size - size / 2, std::byte{0xA5});
+    sinks[i] = {first[i], second[i]};
+    ops[i].verb = "GET";
+    ops[i].key = keys[i];
+    ops[i].sink = sinks[i];
+  }
+  (*client)->Execute(ops, Clock::now() + 5s);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    ASSERT_EQ(ops[i].outcome, RedisOpOutcome::kReplied) << i << " " << ops[i].error;
+    if (keys[i] == "s/absent") {
+      ASSERT_FALSE(ops[i].sunk);
+      EXPECT_EQ(ops[i].reply->type, REDIS_REPLY_NIL);
+    } else if (keys[i] == "s/list") {
+      ASSERT_FALSE(ops[i].sunk);
+      EXPECT_EQ(ops[i].reply->type, REDIS_REPLY_ERROR);
+    } else if (ops[i].sunk) {
+      std::string got(reinterpret_cast<const char*>(first[i].data()), first[i].size());
+      got.append(reinterpret_cast<const char*>(second[i].data()), second[i].size());
+      EXPECT_EQ(got, values[i]) << i;
+    } else {
+      // Only a size mismatch takes hiredis's path; the value is intact there.
+      EXPECT_NE(first[i].size() + second[i].size(), values[i].size()) << i;
+      ASSERT_EQ(ops[i].reply->type, REDIS_REPLY_STRING);
+      EXPECT_EQ(std::string_view(ops[i].reply->str, ops[i].reply->len), values[i]) << i;
+    }
+  }
+  int sunk = 0;
+  for (const RedisOp& op : ops) sunk += op.sunk;
+  // Every even key but the list: a reply parsed by hiredis never takes the next one with it.
+  EXPECT_EQ(sunk, 20);
+}
+
 TEST(RedisClientTest, PasswordAndAclUser) {
   SKIP_WITHOUT_REDIS();
-  RedisTestServer server({"--requirepass", "s3cret", "--user", "alice", "on", ">wonderland",
-                          "~*", "&*", "+@all"});
+  RedisTestServer server(
+      {"--requirepass", "s3cret", "--user", "alice", "on", ">wonderland", "~*", "&*", "+@all"});
   ASSERT_EQ(server.Start(), "");
   const std::string host = server.address();
 
@@ -249,6 +310,20 @@ TEST(RedisClientClusterTest, RoutesBySlotAndFollowsAskAndMoved) {
   EXPECT_EQ(CountExact(GetAll(**client, keys, Clock::now() + 5s), values), 300);
   EXPECT_EQ((*client)->counters().moved, 0);
 
+  // EXISTS of 1,000 keys: one pipelined round trip per node.
+  std::vector<RedisOp> exists(1000);
+  for (size_t i = 0; i < exists.size(); ++i) {
+    exists[i].verb = "EXISTS";
+    exists[i].key = i < keys.size() ? keys[i] : "kv0123/none-" + std::to_string(i);
+  }
+  const int64_t trips_before = (*client)->counters().round_trips;
+  (*client)->Execute(exists, Clock::now() + 5s);
+  EXPECT_EQ((*client)->counters().round_trips - trips_before, RedisTestCluster::kNodes);
+  for (size_t i = 0; i < exists.size(); ++i) {
+    ASSERT_EQ(exists[i].outcome, RedisOpOutcome::kReplied);
+    EXPECT_EQ(exists[i].reply->integer, i < keys.size() ? 1 : 0) << i;
+  }
+
   // Migrate one slot from its owner to another node, half its keys first: the moved half
   // answers ASK from the old owner.
   const int slot = HashSlot(keys[0]);
@@ -289,8 +364,8 @@ TEST(RedisClientClusterTest, RoutesBySlotAndFollowsAskAndMoved) {
   // old owner answers MOVED and the client follows and updates its map.
   // Every key left in the slot (ours and any of the 300 above), in bounded rounds.
   for (int round = 0; round < 10; ++round) {
-    auto left = RedisCommand(cluster.node(from).endpoint(),
-                             {"CLUSTER", "GETKEYSINSLOT", slot_text, "100"});
+    auto left =
+        RedisCommand(cluster.node(from).endpoint(), {"CLUSTER", "GETKEYSINSLOT", slot_text, "100"});
     ASSERT_NE(left, nullptr);
     if (left->elements == 0) break;
     for (size_t i = 0; i < left->elements; ++i) {

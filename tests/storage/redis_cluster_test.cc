@@ -44,10 +44,10 @@ TEST(RedisRedirectTest, MovedAndAsk) {
 }
 
 TEST(RedisRedirectTest, OtherErrorsAreNotRedirects) {
-  for (const char* text : {"ERR unknown command", "MOVED", "MOVED 16384 127.0.0.1:1",
-                           "MOVED -1 127.0.0.1:1", "ASK 12", "ASK 12 127.0.0.1:0",
-                           "TRYAGAIN Multiple keys request during rehashing of slot",
-                           "CLUSTERDOWN The cluster is down"}) {
+  for (const char* text :
+       {"ERR unknown command", "MOVED", "MOVED 16384 127.0.0.1:1", "MOVED -1 127.0.0.1:1", "ASK 12",
+        "ASK 12 127.0.0.1:0", "TRYAGAIN Multiple keys request during rehashing of slot",
+        "CLUSTERDOWN The cluster is down"}) {
     EXPECT_FALSE(ParseRedirect(text, kReplier).has_value()) << text;
   }
 }
@@ -56,8 +56,8 @@ TEST(RedisClusterSlotsTest, ParsesRangesAndFillsEmptyHosts) {
   const std::string resp =
       "*3\r\n"
       "*4\r\n:0\r\n:5460\r\n*3\r\n$9\r\n127.0.0.1\r\n:7000\r\n$4\r\nid-a\r\n"
-      "*3\r\n$9\r\n127.0.0.1\r\n:7003\r\n$4\r\nid-d\r\n"  // a replica: ignored
-      "*3\r\n:5461\r\n:10922\r\n*2\r\n$0\r\n\r\n:7001\r\n"  // empty host: the replier's
+      "*3\r\n$9\r\n127.0.0.1\r\n:7003\r\n$4\r\nid-d\r\n"       // a replica: ignored
+      "*3\r\n:5461\r\n:10922\r\n*2\r\n$0\r\n\r\n:7001\r\n"     // empty host: the replier's
       "*3\r\n:10923\r\n:16383\r\n*2\r\n$1\r\n?\r\n:7002\r\n";  // unknown endpoint: left out
   RedisReplyPtr reply = ParseResp(resp);
   Result<std::vector<RedisSlotRange>> ranges = ParseClusterSlots(*reply, kReplier);
@@ -77,10 +77,11 @@ TEST(RedisClusterSlotsTest, ErrorsAndMalformedReplies) {
   EXPECT_TRUE(error.status().IsUnavailable());
   EXPECT_NE(error.status().message().find("cluster support disabled"), std::string::npos);
 
-  for (const char* resp : {":5\r\n", "*1\r\n:1\r\n", "*1\r\n*3\r\n:9\r\n:2\r\n*2\r\n$1\r\na\r\n:1\r\n",
-                           "*1\r\n*3\r\n:0\r\n:16384\r\n*2\r\n$1\r\na\r\n:1\r\n",
-                           "*1\r\n*3\r\n:0\r\n:1\r\n*2\r\n$1\r\na\r\n:0\r\n",
-                           "*1\r\n*3\r\n:0\r\n:1\r\n*1\r\n$1\r\na\r\n"}) {
+  for (const char* resp :
+       {":5\r\n", "*1\r\n:1\r\n", "*1\r\n*3\r\n:9\r\n:2\r\n*2\r\n$1\r\na\r\n:1\r\n",
+        "*1\r\n*3\r\n:0\r\n:16384\r\n*2\r\n$1\r\na\r\n:1\r\n",
+        "*1\r\n*3\r\n:0\r\n:1\r\n*2\r\n$1\r\na\r\n:0\r\n",
+        "*1\r\n*3\r\n:0\r\n:1\r\n*1\r\n$1\r\na\r\n"}) {
     RedisReplyPtr reply = ParseResp(resp);
     Result<std::vector<RedisSlotRange>> ranges = ParseClusterSlots(*reply, kReplier);
     ASSERT_FALSE(ranges.ok()) << resp;

@@ -3,8 +3,9 @@
 //
 // Each server runs in its own process group and temporary directory; every wait is bounded; the
 // destructor kills the process group and removes the directory, so a failing test leaves nothing
-// behind. Tests call RedisTestSkipReason() first and GTEST_SKIP with it when redis-server is not
-// installed (the GPU machine); CI installs it (deps/debian-packages.txt).
+// behind (and a server gets SIGKILL when the test process dies without unwinding). Tests call
+// RedisTestSkipReason() first and GTEST_SKIP with it when redis-server is not installed (the GPU
+// machine); CI installs it (deps/debian-packages.txt).
 //
 // Thread safety: a fixture object is used by one test thread.
 #pragma once
@@ -13,9 +14,11 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <hiredis/hiredis.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -30,8 +33,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "storage/redis_connection.h"
 #include "storage/redis_url.h"
@@ -79,6 +80,9 @@ inline pid_t SpawnProcess(const std::vector<std::string>& argv, const std::strin
   const pid_t pid = ::fork();
   if (pid == 0) {
     ::setpgid(0, 0);
+    // If the test process dies without its destructors (a crash, a kill by ctest's timeout),
+    // the server dies with it.
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
     if (fd >= 0) {
       ::dup2(fd, 1);
@@ -178,11 +182,11 @@ class RedisTestServer {
   // answers. Empty on success, else what went wrong (with the server's log).
   std::string Start() {
     if (dir_.empty() || port_ < 0) return "no temporary directory or free port";
-    std::vector<std::string> argv = {"redis-server",  "--port",        std::to_string(port_),
-                                     "--bind",        "127.0.0.1",     "--dir",
-                                     dir_,            "--save",        "",
-                                     "--appendonly",  "no",            "--daemonize",
-                                     "no",            "--logfile",     dir_ + "/redis.log"};
+    std::vector<std::string> argv = {"redis-server", "--port",    std::to_string(port_),
+                                     "--bind",       "127.0.0.1", "--dir",
+                                     dir_,           "--save",    "",
+                                     "--appendonly", "no",        "--daemonize",
+                                     "no",           "--logfile", dir_ + "/redis.log"};
     if (cluster_) {
       for (const char* a : {"--cluster-enabled", "yes", "--cluster-node-timeout", "3000",
                             "--cluster-require-full-coverage", "no"}) {
@@ -219,8 +223,12 @@ class RedisTestServer {
     pid_ = -1;
   }
   // SIGSTOP / SIGCONT: a server that accepts connections but does not answer.
-  void Pause() { if (pid_ > 0) ::kill(-pid_, SIGSTOP); }
-  void Resume() { if (pid_ > 0) ::kill(-pid_, SIGCONT); }
+  void Pause() {
+    if (pid_ > 0) ::kill(-pid_, SIGSTOP);
+  }
+  void Resume() {
+    if (pid_ > 0) ::kill(-pid_, SIGCONT);
+  }
 
   int port() const { return port_; }
   storage::RedisEndpoint endpoint() const { return {"127.0.0.1", port_}; }
@@ -251,8 +259,8 @@ class RedisTestCluster {
     for (const char* a : {"--cluster-replicas", "0", "--cluster-yes"}) argv.emplace_back(a);
     const std::string log = nodes_.front()->dir() + "/create.log";
     if (const int code = RunProcess(argv, log, 30s); code != 0) {
-      return "redis-cli --cluster create failed (" + std::to_string(code) + "): " +
-             ReadTextFile(log);
+      return "redis-cli --cluster create failed (" + std::to_string(code) +
+             "): " + ReadTextFile(log);
     }
     return WaitUntilHealthy();
   }
