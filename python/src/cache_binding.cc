@@ -351,8 +351,8 @@ void RegisterCache(py::module_& m) {
       .def("load_back",
            [](PyCache& c, uint64_t handle, uint64_t stream) {
              CallGuard cache(c);
-             LoadBackResult l = Unwrap(
-                 WithoutGil([&] { return cache->LoadBack(MatchHandle{handle}, StreamOf(stream)); }));
+             LoadBackResult l = Unwrap(WithoutGil(
+                 [&] { return cache->LoadBack(MatchHandle{handle}, StreamOf(stream)); }));
              return py::make_tuple(l.loaded_tokens, l.skipped_tokens, SlotBytes(l.device_slots),
                                    PrefetchDict(l.prefetch));
            })
