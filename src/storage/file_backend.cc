@@ -24,6 +24,7 @@
 #include <cstring>
 #include <list>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 
 #if KVTIER_HAVE_URING
@@ -101,9 +102,8 @@ bool IsHexKey(std::string_view name) {
   return true;
 }
 
-// Writes all of `iov` at offset 0 (pwritev may write less than asked).
-bool WriteAll(int fd, iovec* iov, int iovcnt) {
-  off_t offset = 0;
+// Writes all of `iov` at `offset` (pwritev may write less than asked).
+bool WriteAll(int fd, iovec* iov, int iovcnt, off_t offset) {
   while (iovcnt > 0) {
     const ssize_t n = ::pwritev(fd, iov, iovcnt, offset);
     if (n < 0) {
@@ -128,10 +128,10 @@ bool WriteAll(int fd, iovec* iov, int iovcnt) {
   return true;
 }
 
-// Reads into `iov` from offset 0 until the iovecs are full or the file ends; the byte count, or
+// Reads into `iov` from `start` until the iovecs are full or the file ends; the byte count, or
 // -1 with errno.
-ssize_t ReadAll(int fd, iovec* iov, int iovcnt) {
-  off_t offset = 0;
+ssize_t ReadAll(int fd, iovec* iov, int iovcnt, off_t start = 0) {
+  off_t offset = start;
   while (iovcnt > 0) {
     const ssize_t n = ::preadv(fd, iov, iovcnt, offset);
     if (n < 0) {
@@ -150,7 +150,53 @@ ssize_t ReadAll(int fd, iovec* iov, int iovcnt) {
       iov->iov_len -= left;
     }
   }
-  return offset;
+  return offset - start;
+}
+
+// Bytes of a page moved per read or write in the thread path: small enough that a chunk is still
+// in this core's L2 when it is hashed right after it is read (or right before it is written), so
+// the checksum does not make a second pass over the page at memory speed.
+constexpr size_t kChunkBytes = size_t{256} << 10;
+
+// Walks a page buffer's segments in chunks of at most kChunkBytes.
+class PayloadChunks {
+ public:
+  explicit PayloadChunks(const PageBuffer& buffer) : buffer_(buffer) { SkipEmpty(); }
+
+  bool done() const { return segment_ >= buffer_.num_segments; }
+
+  // Appends the next chunk's iovecs (at most kMaxSegments) to `iov` at `*iovcnt`; its bytes.
+  size_t Next(iovec* iov, int* iovcnt) {
+    size_t bytes = 0;
+    while (!done() && bytes < kChunkBytes) {
+      const auto& seg = buffer_.segments[static_cast<size_t>(segment_)];
+      const size_t take = std::min(kChunkBytes - bytes, seg.size() - at_);
+      iov[(*iovcnt)++] = {seg.data() + at_, take};
+      bytes += take;
+      at_ += take;
+      if (at_ == seg.size()) {
+        ++segment_;
+        at_ = 0;
+        SkipEmpty();
+      }
+    }
+    return bytes;
+  }
+
+ private:
+  void SkipEmpty() {
+    while (!done() && buffer_.segments[static_cast<size_t>(segment_)].empty()) ++segment_;
+  }
+
+  const PageBuffer& buffer_;
+  int segment_ = 0;
+  size_t at_ = 0;
+};
+
+void HashIovecs(PayloadHasher& hasher, const iovec* iov, int iovcnt) {
+  for (int i = 0; i < iovcnt; ++i) {
+    hasher.Update({static_cast<const std::byte*>(iov[i].iov_base), iov[i].iov_len});
+  }
 }
 
 class FileBackend final : public StorageBackend {
@@ -395,6 +441,7 @@ class FileBackend final : public StorageBackend {
     struct stat st;
     if (::fstat(read.fd, &st) != 0) return PageStatus::kFailed;
     if (!S_ISREG(st.st_mode)) return PageStatus::kCorrupt;
+    if (st.st_size != value_bytes_) return PageStatus::kCorrupt;  // truncated or too long
     read.Prepare(buffer);
     return PageStatus::kOk;
   }
@@ -407,22 +454,61 @@ class FileBackend final : public StorageBackend {
                                     static_cast<uint64_t>(buffer.bytes()), &parsed);
     if (st == PageStatus::kOk) st = CheckPayload(parsed, buffer);
     if (st != PageStatus::kOk) return st;
+    return MarkHit(key, read.fd);
+  }
+
+  // Stamps a page just read and checked as the most recently used.
+  PageStatus MarkHit(const PageKey& key, int fd) {
     std::lock_guard<std::mutex> lock(mu_);
     const int64_t stamp = NextStampLocked();
     const timespec times[2] = {{0, UTIME_OMIT}, ToTimespec(stamp)};
-    ::futimens(read.fd, times);  // best effort: a read-only store still serves hits
+    ::futimens(fd, times);  // best effort: a read-only store still serves hits
     AddLocked(key, value_bytes_, stamp, /*newest=*/true);
     return PageStatus::kOk;
   }
 
+  // The thread path: the header and the first chunk of the payload in one preadv, then chunk by
+  // chunk, every read straight into the caller's buffer; each chunk is hashed as soon as it has
+  // landed (the checks run in the documented order: length, header, payload checksum).
   PageStatus GetOne(const PageKey& key, const PageBuffer& buffer) {
     PageRead read;
-    const PageStatus st = OpenForRead(key, buffer, read);
-    if (st != PageStatus::kOk) return st;
-    read.got = ReadAll(read.fd, read.iov, read.iovcnt);
-    if (read.got < 0) return PageStatus::kFailed;
-
-    return FinishRead(key, buffer, read);
+    const PageStatus opened = OpenForRead(key, buffer, read);
+    if (opened != PageStatus::kOk) return opened;
+    PayloadChunks chunks(buffer);
+    std::optional<PayloadHasher> hasher;
+    uint64_t stored_checksum = 0;
+    off_t offset = 0;
+    bool first = true;
+    do {
+      iovec iov[PageBuffer::kMaxSegments + 2];
+      int iovcnt = 0;
+      if (first) iov[iovcnt++] = {read.header, sizeof(read.header)};
+      const int payload_from = iovcnt;
+      const size_t payload_bytes = chunks.Next(iov, &iovcnt);
+      const int payload_to = iovcnt;
+      // One byte past the page with the last chunk: a file grown since the open is noticed.
+      if (chunks.done()) iov[iovcnt++] = {&read.extra, 1};
+      iovec hashed[PageBuffer::kMaxSegments + 2];
+      std::copy(iov, iov + iovcnt, hashed);  // ReadAll advances `iov`
+      const size_t wanted = (first ? sizeof(read.header) : 0) + payload_bytes;
+      const ssize_t got = ReadAll(read.fd, iov, iovcnt, offset);
+      if (got < 0) return PageStatus::kFailed;
+      if (static_cast<size_t>(got) != wanted) return PageStatus::kCorrupt;  // length changed
+      offset += got;
+      if (first) {
+        PageHeader parsed;
+        const PageStatus st = ParsePageHeader(std::span(read.header), namespace_hash_, key,
+                                              static_cast<uint64_t>(buffer.bytes()), &parsed);
+        if (st != PageStatus::kOk) return st;
+        hasher.emplace(parsed.checksum_kind);
+        if (!hasher->ok()) return PageStatus::kCorrupt;
+        stored_checksum = parsed.payload_checksum;
+        first = false;
+      }
+      HashIovecs(*hasher, hashed + payload_from, payload_to - payload_from);
+    } while (!chunks.done());
+    if (hasher->Digest() != stored_checksum) return PageStatus::kCorrupt;
+    return MarkHit(key, read.fd);
   }
 
 #if KVTIER_HAVE_URING
@@ -524,10 +610,39 @@ class FileBackend final : public StorageBackend {
   }
 #endif
 
+  // Writes the payload chunk by chunk after the header's place, hashing each chunk right before
+  // it is written (so the write copies it from cache), then the header with that checksum at
+  // offset 0. The file is published only by the rename that follows.
+  bool WritePayloadAndHeader(int fd, const PageKey& key, const PageBuffer& buffer) {
+    PageHeader header;
+    header.checksum_kind = DefaultChecksumKind();
+    header.namespace_hash = namespace_hash_;
+    header.key = key;
+    header.payload_bytes = static_cast<uint64_t>(buffer.bytes());
+    PayloadHasher hasher(header.checksum_kind);
+    if (!hasher.ok()) {
+      errno = EINVAL;
+      return false;
+    }
+    PayloadChunks chunks(buffer);
+    off_t offset = kPageHeaderBytes;
+    while (!chunks.done()) {
+      iovec iov[PageBuffer::kMaxSegments];
+      int iovcnt = 0;
+      const size_t bytes = chunks.Next(iov, &iovcnt);
+      HashIovecs(hasher, iov, iovcnt);
+      if (!WriteAll(fd, iov, iovcnt, offset)) return false;
+      offset += static_cast<off_t>(bytes);
+    }
+    header.payload_checksum = hasher.Digest();
+    std::byte encoded[kPageHeaderBytes];
+    EncodePageHeader(header, encoded);
+    iovec iov{encoded, sizeof(encoded)};
+    return WriteAll(fd, &iov, 1, 0);
+  }
+
   PageStatus SetOne(const PageKey& key, const PageBuffer& buffer) {
     if (config_.capacity >= 0 && value_bytes_ > config_.capacity) return PageStatus::kFailed;
-    std::byte header[kPageHeaderBytes];
-    EncodePageHeader(namespace_hash_, key, buffer, header);
     const std::string hex = key.Hex();
     const std::string shard = ShardOf(hex);
     const std::string path = shard + "/" + hex;
@@ -548,14 +663,8 @@ class FileBackend final : public StorageBackend {
       return PageStatus::kFailed;
     }
     Fd fd(raw);
-    iovec iov[PageBuffer::kMaxSegments + 1];
-    int n = 0;
-    iov[n++] = {header, sizeof(header)};
-    for (int s = 0; s < buffer.num_segments; ++s) {
-      const auto& seg = buffer.segments[static_cast<size_t>(s)];
-      if (!seg.empty()) iov[n++] = {seg.data(), seg.size()};
-    }
-    bool ok = WriteAll(fd.get(), iov, n) && (!config_.fsync || ::fdatasync(fd.get()) == 0);
+    bool ok = WritePayloadAndHeader(fd.get(), key, buffer) &&
+              (!config_.fsync || ::fdatasync(fd.get()) == 0);
     int64_t stamp = 0;
     if (ok) {
       {

@@ -64,6 +64,61 @@ uint64_t Xxh3(std::span<const std::span<const std::byte>> segments) {
 
 }  // namespace
 
+struct PayloadHasher::State {
+  struct FreeMd {
+    void operator()(EVP_MD_CTX* c) const { EVP_MD_CTX_free(c); }
+  };
+#if KVTIER_HAVE_XXHASH
+  XXH3_state_t xxh3;  // 64-byte aligned; State is allocated with operator new, which honours it
+#endif
+  std::unique_ptr<EVP_MD_CTX, FreeMd> sha256;
+};
+
+PayloadHasher::PayloadHasher(uint8_t kind) : kind_(kind) {
+  switch (kind) {
+    case kChecksumXxh3:
+#if KVTIER_HAVE_XXHASH
+      state_ = std::make_unique<State>();
+      XXH3_INITSTATE(&state_->xxh3);
+      XXH3_64bits_reset(&state_->xxh3);
+#endif
+      return;
+    case kChecksumSha256: {
+      auto state = std::make_unique<State>();
+      state->sha256.reset(EVP_MD_CTX_new());
+      if (state->sha256 && EVP_DigestInit_ex(state->sha256.get(), EVP_sha256(), nullptr) == 1) {
+        state_ = std::move(state);
+      }
+      return;
+    }
+    default:
+      return;
+  }
+}
+
+PayloadHasher::~PayloadHasher() = default;
+
+void PayloadHasher::Update(std::span<const std::byte> bytes) {
+  if (bytes.empty()) return;
+#if KVTIER_HAVE_XXHASH
+  if (kind_ == kChecksumXxh3) {
+    XXH3_64bits_update(&state_->xxh3, bytes.data(), bytes.size());
+    return;
+  }
+#endif
+  EVP_DigestUpdate(state_->sha256.get(), bytes.data(), bytes.size());
+}
+
+uint64_t PayloadHasher::Digest() {
+#if KVTIER_HAVE_XXHASH
+  if (kind_ == kChecksumXxh3) return XXH3_64bits_digest(&state_->xxh3);
+#endif
+  unsigned char digest[32];
+  unsigned int len = 0;
+  if (EVP_DigestFinal_ex(state_->sha256.get(), digest, &len) != 1 || len != 32) return 0;
+  return GetLe(reinterpret_cast<const std::byte*>(digest), 8);
+}
+
 uint8_t DefaultChecksumKind() {
 #if KVTIER_HAVE_XXHASH
   return kChecksumXxh3;

@@ -24,6 +24,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 
 #include "kvtier/page_key.h"
@@ -54,6 +55,28 @@ bool PayloadChecksum(uint8_t kind, std::span<const std::span<const std::byte>> s
                      uint64_t* checksum);
 // Of one page buffer's segments.
 bool PayloadChecksum(uint8_t kind, const PageBuffer& payload, uint64_t* checksum);
+
+// The checksum of a payload fed in pieces (the file backend hashes each chunk of a page right
+// after reading it, or right before writing it, while it is still in cache). Same values as
+// PayloadChecksum over the pieces concatenated.
+class PayloadHasher {
+ public:
+  // ok() is false for an unknown kind (or kind 1 in a build without xxhash).
+  explicit PayloadHasher(uint8_t kind);
+  ~PayloadHasher();
+  PayloadHasher(const PayloadHasher&) = delete;
+  PayloadHasher& operator=(const PayloadHasher&) = delete;
+
+  bool ok() const { return state_ != nullptr; }
+  uint8_t kind() const { return kind_; }
+  void Update(std::span<const std::byte> bytes);  // REQUIRES: ok()
+  uint64_t Digest();                              // REQUIRES: ok(); once, after the last Update
+
+ private:
+  struct State;
+  uint8_t kind_;
+  std::unique_ptr<State> state_;
+};
 
 // Writes the header for `payload` (its length and checksum, this build's checksum kind) into
 // `out`, the header checksum last.

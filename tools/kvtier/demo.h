@@ -1,4 +1,7 @@
-// tools/kvtier/demo.h — `kvtier demo`: a short, self-checking tour of the transfer path.
+// tools/kvtier/demo.h — `kvtier demo`: the first thing to run. `kvtier replay` on the shipped
+// Mooncake conversation trace with embedded defaults: the GPU when one is present (else host
+// memory standing in for it), a temporary file store, and capacities small enough that every tier
+// gets hits; every loaded byte is checked. Finishes in well under a minute on 2 cores.
 //
 // Thread safety: RunDemo is called once from main.
 #pragma once
@@ -9,9 +12,11 @@
 namespace kvtier::tools {
 
 struct DemoOptions {
-  int64_t tokens = 2048;         // tokens backed up and loaded back
-  std::string backend = "best";  // best, cpu, kernel, dma, auto
-  uint64_t seed = 7;
+  int64_t requests = 0;  // 0: the demo's default (a prefix of the trace)
+  std::string device = "auto";
+  std::string json_path;
+  std::string plot_path;
+  std::string command_line;
 };
 
 // Runs the demo and returns the process exit code (0 when every byte checked out).

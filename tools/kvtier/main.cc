@@ -1,4 +1,4 @@
-// tools/kvtier/main.cc — the `kvtier` command line: `kvtier bench`, `kvtier demo`.
+// tools/kvtier/main.cc — the `kvtier` command line: `kvtier replay`, `kvtier demo`, `kvtier bench`.
 //
 // CLI11 parses; everything else is errors as values. Exit codes: 0 success, 1 a check failed or
 // a run could not complete, 2 bad command line (CLI11's own codes for parse errors).
@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "bench.h"
-#include "demo.h"
+#include "replay_cli.h"
 #include "shm.h"
 #include "storage_bench.h"
 
@@ -154,7 +154,8 @@ int main(int argc, char** argv) {
   using namespace kvtier::tools;
   CLI::App app{
       "kvtier: a hierarchical KV cache for LLM inference (GPU <-> pinned host <-> storage).\n"
-      "This tool benchmarks the KV transfer backends and runs a self-checking demo.",
+      "This tool replays workloads through the cache's tiers (replay, demo) and benchmarks the KV "
+      "transfer backends (bench).",
       "kvtier"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "kvtier 0.1.0");
@@ -289,24 +290,11 @@ int main(int argc, char** argv) {
   StorageBenchOptions storage_options;
   AddStorageBenchOptions(bench, &storage_options);
 
-  // ---- demo ----
+  // ---- replay, demo ----
+  ReplayOptions replay_options;
+  CLI::App* replay = AddReplayCommand(app, &replay_options);
   DemoOptions demo_options;
-  CLI::App* demo = app.add_subcommand(
-      "demo", "Short self-checking tour: backup to host, evict, load back layer by layer, verify");
-  demo->footer(
-      "A short self-checking run, the first thing to try: writes a known KV pattern into a "
-      "'device' pool (the GPU when kvtier was built with CUDA and one is present, host memory "
-      "otherwise), backs it up into a host pool with the best available backend, poisons the "
-      "device pool, loads the KV back layer by layer and verifies every byte. Prints what it did "
-      "and the bandwidths.");
-  demo->add_option("--tokens", demo_options.tokens, "tokens to back up and load back")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  demo->add_option("--backend", demo_options.backend,
-                   "backend to use: best (auto with a GPU, else cpu), cpu, kernel, dma, auto")
-      ->check(CLI::IsMember({"best", "cpu", "kernel", "dma", "auto"}))
-      ->capture_default_str();
-  demo->add_option("--seed", demo_options.seed, "seed of the random pages")->capture_default_str();
+  CLI::App* demo = AddDemoCommand(app, &demo_options);
 
   ShmCommand shm(app);
 
@@ -318,7 +306,14 @@ int main(int argc, char** argv) {
     return RunStorageBench(storage_options, JoinArgs(argc, argv));
   }
   if (bench->parsed()) return RunBench(options, args, JoinArgs(argc, argv));
-  if (demo->parsed()) return RunDemo(demo_options);
+  if (replay->parsed()) {
+    replay_options.command_line = JoinArgs(argc, argv);
+    return RunReplay(replay_options);
+  }
+  if (demo->parsed()) {
+    demo_options.command_line = JoinArgs(argc, argv);
+    return RunDemo(demo_options);
+  }
   if (shm.parsed()) return shm.Run();
   return 2;
 }

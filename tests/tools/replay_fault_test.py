@@ -1,0 +1,54 @@
+#!/usr/bin/env python3
+"""`kvtier replay --fault storage-down@S`: the file store fails mid-run (through the storage fault
+wrapper); the replay keeps serving with 0 wrong bytes, reports the storage errors, and its hit rate
+before and after the fault, and storage stops giving hits after it.
+
+Usage: replay_fault_test.py KVTIER
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+
+def main():
+    kvtier = sys.argv[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "fault.json")
+        cmd = [kvtier, "replay", "--workload", "doc-qa", "--requests", "120", "--seed", "5",
+               "--model", "tiny", "--compute-model", "llama3-8b", "--device", "cpu",
+               "--device-tokens", "32768", "--host-tokens", "65536", "--storage", "file",
+               "--sequential", "--runs", "hierarchy", "--fault", "storage-down@30",
+               "--no-progress", "--json", out]
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        sys.stdout.write(proc.stdout)
+        if proc.returncode != 0:
+            print("FAIL: kvtier replay exited with %d" % proc.returncode)
+            return 1
+        with open(out) as f:
+            report = json.load(f)
+    run = report["runs"][-1]
+    failures = []
+    if report["integrity"]["wrong_bytes"] != 0:
+        failures.append("%d wrong bytes" % report["integrity"]["wrong_bytes"])
+    if "fault" not in run:
+        failures.append("the storage never went down (no fault in the report)")
+    else:
+        k = run["fault"]["request"]
+        series = report["timeline"]["hierarchy"]["storage_hit"]
+        if sum(series[:k]) <= 0:
+            failures.append("no storage hits before the fault (the test proves nothing)")
+        if sum(series[k:]) != 0:
+            failures.append("storage hits after the store went down: %d tokens" % sum(series[k:]))
+        if run["storage_errors"]["errors"] <= 0:
+            failures.append("no storage errors reported after the fault")
+        if "fault: storage down" not in proc.stdout:
+            failures.append("the report has no fault line")
+    for f in failures:
+        print("FAIL: " + f)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

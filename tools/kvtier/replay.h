@@ -1,0 +1,100 @@
+// tools/kvtier/replay.h — `kvtier replay`: serve a workload through the whole hierarchy (device,
+// host, storage) the way an engine's scheduler drives HierarchicalCache, check every loaded byte,
+// and report what the cache saves.
+//
+// Per request, in the order the scheduler serves them:
+//   arrival:  Match -> QueryStorage -> Prefetch (policy)          (storage I/O starts)
+//   serve:    FinishPrefetch (the prefetch wait) -> LoadBack -> AllocateDeviceSlots for the new
+//             whole pages -> prefill (per layer: WaitLayer, check the matched KV, compute, write
+//             the new tokens' KV) -> Insert -> Release
+// Scheduling: open loop (arrivals at the workload's timestamps / --speed), closed loop
+// (--concurrency N requests in flight) or --sequential (one at a time, in file order). The device
+// serves one prefill at a time in arrival order; TTFT = queueing + prefetch wait + load + prefill,
+// on a timeline built from the measured (or, for compute on cpu, modelled) durations.
+//
+// Three runs side by side in one invocation: no cache (every prompt computed), a device-only
+// radix cache (no host tier, no storage: what engines have without a hierarchy) and the full
+// hierarchy; plus the ideal of the hierarchy (its hits, every load at the measured ceiling and
+// fully overlapped with compute, no prefetch wait).
+//
+// Thread safety: RunReplay is called once from main.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kvtier/status.h"
+
+namespace kvtier::tools {
+
+struct ReplayOptions {
+  // ---- workload ----
+  // "mooncake" (the shipped conversation trace), a Mooncake JSONL file, or a synthetic kind:
+  // "chat", "system-prompt", "doc-qa".
+  std::string workload = "mooncake";
+  int64_t requests = 0;  // 0: the whole trace / 1000 synthetic requests
+  // Requests served first (one at a time, KV written and checked, nothing timed or recorded) to
+  // fill the tiers; the report covers the `requests` after them.
+  int64_t warmup = 0;
+  uint64_t seed = 1;  // synthetic workloads
+  double rate = 2.0;  // synthetic arrivals per second
+  bool insert_output = false;
+
+  // ---- scheduling ----
+  int64_t concurrency = 0;  // > 0: closed loop with this many requests in flight
+  double speed = 1.0;       // open loop: timestamps divided by this
+  bool sequential = false;
+  int64_t max_inflight = 64;  // open loop: requests matched ahead of the one being served
+
+  // ---- model and compute ----
+  std::string model = "llama3-8b";
+  // The model whose prefill the compute stands for ("" = --model): a small --model's KV with a
+  // large model's compute keeps a long replay's bytes small on cpu.
+  std::string compute_model;
+  std::string compute = "auto";  // auto (gemm on a GPU, model on cpu), gemm, model
+  double tflops = 400;           // the cost model's rate
+  int64_t chunk_tokens = 8192;   // chunked prefill (SGLang's --chunked-prefill-size)
+  std::string device = "auto";   // auto, gpu, cpu
+
+  // ---- tiers (names of SGLang's --hicache-* flags where they exist) ----
+  int64_t page_size = 64;
+  int64_t device_tokens = 131072;
+  int64_t host_tokens = -1;                // -1: 4 x device_tokens; 0: no host tier
+  std::string storage = "file";            // file (a temporary file store), none, or a storage URL
+  int64_t storage_bytes = 0;               // file store capacity; 0: 8 x the host tier's bytes
+  std::string host_layout = "page_first";  // --hicache-mem-layout
+  std::string write_policy = "write_through";  // --hicache-write-policy
+  int64_t write_through_threshold = 2;
+  std::string prefetch_policy = "wait_complete";  // --hicache-storage-prefetch-policy
+  int64_t prefetch_threshold = 256;
+  std::string eviction = "lru";
+  std::string io_backend = "auto";  // --hicache-io-backend: auto (kernel on a GPU), kernel,
+                                    // dma, cpu
+  int64_t load_back_threshold = 0;  // host hits shorter than this are recomputed
+
+  // ---- checks, faults, output ----
+  std::string verify = "all";  // all, sample
+  std::string fault;           // "storage-down@SECONDS"
+  std::string json_path;
+  std::string plot_path;
+  std::string sweep;  // "host-tokens=A,B,C"
+  bool metrics = false;
+  bool progress = true;
+  // Runs to make: "all" (no cache, device-only, hierarchy) or "hierarchy" only.
+  std::string runs = "all";
+  std::string command_line;  // echoed into the JSON
+  std::string label = "kvtier replay";
+
+  // Bounds every number and checks every name; InvalidArgument naming the flag.
+  Status Validate() const;
+};
+
+// Runs the replay and returns the process exit code: 0, 1 when a byte was wrong or the run failed,
+// 2 for bad options.
+int RunReplay(const ReplayOptions& options);
+
+// The shipped conversation trace (data/traces/...), or "" when it cannot be found.
+std::string DefaultTracePath();
+
+}  // namespace kvtier::tools

@@ -1,0 +1,143 @@
+// Flags of `kvtier replay` and `kvtier demo` (see replay_cli.h). Numbers are bounded and names
+// checked by ReplayOptions::Validate, which answers with a message naming the flag.
+#include "replay_cli.h"
+
+#include <string>
+
+#include "replay_model.h"
+
+namespace kvtier::tools {
+
+CLI::App* AddReplayCommand(CLI::App& app, ReplayOptions* o) {
+  CLI::App* c = app.add_subcommand(
+      "replay",
+      "Serve a recorded or synthetic workload through device, host and storage; check "
+      "every loaded byte; report hits per tier, bandwidth and TTFT");
+  c->footer(
+      "Drives HierarchicalCache per request as an engine's scheduler does: Match -> QueryStorage "
+      "-> Prefetch -> LoadBack -> prefill (per layer: WaitLayer, check the matched KV, compute, "
+      "write the new tokens' KV) -> Insert -> Release. Three runs side by side: no cache, a "
+      "device-only radix cache, and the full hierarchy, plus the hierarchy's ideal (every load at "
+      "the measured ceiling, fully overlapped). TTFT = queueing + prefetch wait + load + "
+      "prefill. Exact mode: --sequential --host-tokens 0 --storage none --eviction lru makes the "
+      "device tier a plain leaf-LRU prefix cache. Exit code 1 if any loaded byte is wrong.");
+  // Workload.
+  c->add_option("--workload", o->workload,
+                "mooncake (the shipped conversation trace), a Mooncake JSONL trace file, or a "
+                "synthetic workload: chat, system-prompt, doc-qa")
+      ->capture_default_str();
+  c->add_option("--requests", o->requests,
+                "requests to serve: the first N of the trace (0 = all; synthetic: 1000)")
+      ->capture_default_str();
+  c->add_option("--warmup", o->warmup,
+                "requests served first to fill the tiers (KV written and checked, not timed or "
+                "reported); --requests counts the measured ones after them")
+      ->capture_default_str();
+  c->add_option("--seed", o->seed, "seed of the synthetic workloads")->capture_default_str();
+  c->add_option("--rate", o->rate, "synthetic workloads: arrivals per second")
+      ->capture_default_str();
+  c->add_flag("--insert-output", o->insert_output,
+              "also cache each request's output tokens (default: prompts only)");
+  // Scheduling.
+  c->add_option("--concurrency", o->concurrency,
+                "closed loop: this many requests in flight (0 = open loop by timestamps)")
+      ->capture_default_str();
+  c->add_option("--speed", o->speed, "open loop: the trace's timestamps divided by this")
+      ->capture_default_str();
+  c->add_flag("--sequential", o->sequential, "one request at a time, in file order");
+  c->add_option("--max-inflight", o->max_inflight,
+                "open loop: requests matched (and prefetching) ahead of the one being served")
+      ->capture_default_str();
+  // Model and compute.
+  c->add_option("--model", o->model, "model shape: " + ReplayModelNames())->capture_default_str();
+  c->add_option("--compute-model", o->compute_model,
+                "the model whose prefill the compute stands for (default: --model); e.g. --model "
+                "tiny --compute-model llama3-8b keeps a long replay's KV bytes small");
+  c->add_option("--compute", o->compute,
+                "prefill compute: gemm (real bf16 cuBLAS GEMMs, GPU), model (cost model at "
+                "--tflops), auto (gemm on a GPU)")
+      ->capture_default_str();
+  c->add_option("--tflops", o->tflops, "the cost model's rate (TFLOP/s)")->capture_default_str();
+  c->add_option("--chunk-tokens", o->chunk_tokens,
+                "chunked prefill: tokens per chunk (SGLang's --chunked-prefill-size)")
+      ->capture_default_str();
+  c->add_option("--device", o->device,
+                "device pool: gpu, cpu (host memory standing in), auto (gpu when present)")
+      ->capture_default_str();
+  // Tiers.
+  c->add_option("--page-size", o->page_size, "tokens per page (--page-size in SGLang)")
+      ->capture_default_str();
+  c->add_option("--device-tokens", o->device_tokens, "device tier capacity in tokens")
+      ->capture_default_str();
+  c->add_option("--host-tokens", o->host_tokens,
+                "host tier capacity in tokens (0 = no host tier; default 4 x --device-tokens)");
+  c->add_option("--storage", o->storage,
+                "storage tier: file (a temporary file store, removed afterwards), none, or a URL: "
+                "file:///dir, redis://host:port, memory://")
+      ->capture_default_str();
+  c->add_option("--storage-bytes", o->storage_bytes,
+                "capacity of the temporary file store (0 = 8 x the host tier's bytes)")
+      ->capture_default_str();
+  c->add_option("--hicache-mem-layout,--host-layout", o->host_layout,
+                "host tier layout: layer_first, page_first, page_first_direct, page_head")
+      ->capture_default_str();
+  c->add_option("--hicache-write-policy,--write-policy", o->write_policy,
+                "write_through, write_through_selective, write_back")
+      ->capture_default_str();
+  c->add_option("--write-through-threshold", o->write_through_threshold,
+                "write_through_selective: hits before a backup")
+      ->capture_default_str();
+  c->add_option("--hicache-storage-prefetch-policy,--prefetch-policy", o->prefetch_policy,
+                "best_effort, wait_complete, timeout")
+      ->capture_default_str();
+  c->add_option("--prefetch-threshold", o->prefetch_threshold,
+                "storage hits shorter than this many tokens are not prefetched")
+      ->capture_default_str();
+  c->add_option("--eviction", o->eviction,
+                "eviction policy of device and host: lru, lfu, fifo, "
+                "priority")
+      ->capture_default_str();
+  c->add_option("--hicache-io-backend,--io-backend", o->io_backend,
+                "host <-> device copies: auto (kernel on a GPU, cpu otherwise), kernel, dma, cpu")
+      ->capture_default_str();
+  c->add_option("--load-back-threshold", o->load_back_threshold,
+                "host hits shorter than this many tokens are recomputed instead of loaded")
+      ->capture_default_str();
+  // Checks, faults, output.
+  c->add_option("--verify", o->verify, "check all loaded bytes, or a sample (one page in eight)")
+      ->capture_default_str();
+  c->add_option("--fault", o->fault,
+                "storage-down@SECONDS: the store fails from that point of the replay's clock on");
+  c->add_option("--json", o->json_path, "also write the numbers (and per-request series) as JSON");
+  c->add_option("--plot", o->plot_path,
+                "write the plots (hit rate over time per tier, TTFT CDF) as a PNG; needs "
+                "python3-matplotlib");
+  c->add_option("--sweep", o->sweep,
+                "host-tokens=A,B,C: one hierarchy run per value; hit rate and TTFT against it");
+  c->add_option("--runs", o->runs, "all (no cache, device-only, hierarchy) or hierarchy")
+      ->capture_default_str();
+  c->add_flag("--metrics", o->metrics, "print the cache's Prometheus metrics at the end");
+  c->add_flag("!--no-progress", o->progress, "no progress line");
+  return c;
+}
+
+CLI::App* AddDemoCommand(CLI::App& app, DemoOptions* o) {
+  CLI::App* c = app.add_subcommand(
+      "demo", "The first thing to run: replay of the shipped trace through all three tiers");
+  c->footer(
+      "`kvtier replay` on the shipped Mooncake conversation trace with embedded defaults: the "
+      "GPU if present (else host memory standing in for it), a temporary file store, capacities "
+      "small enough that every tier gets hits. Prints hits per tier, bandwidths and TTFT with no "
+      "cache, a device-only cache and the hierarchy; checks every loaded byte (exit code 1 on "
+      "any wrong byte).");
+  c->add_option("--requests", o->requests, "requests of the trace to serve (0 = the default)")
+      ->capture_default_str();
+  c->add_option("--device", o->device, "gpu, cpu or auto")
+      ->check(CLI::IsMember({"auto", "gpu", "cpu"}))
+      ->capture_default_str();
+  c->add_option("--json", o->json_path, "also write the numbers as JSON");
+  c->add_option("--plot", o->plot_path, "write the plots as a PNG (python3-matplotlib)");
+  return c;
+}
+
+}  // namespace kvtier::tools

@@ -1,0 +1,463 @@
+// The report of `kvtier replay` (see replay_report.h).
+#include "replay_report.h"
+
+#include <fmt/format.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+namespace kvtier::tools {
+namespace {
+
+double Quantile(const std::vector<double>& sorted, double q) {
+  if (sorted.empty()) return 0;
+  const double pos = q * static_cast<double>(sorted.size() - 1);
+  const size_t lo = static_cast<size_t>(std::floor(pos));
+  const size_t hi = std::min(lo + 1, sorted.size() - 1);
+  return sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - static_cast<double>(lo));
+}
+
+double Gbps(int64_t bytes, double seconds) {
+  return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0;
+}
+
+// TTFT of the requests whose matched prefix is >= 90 % of the prompt (the target's subset).
+std::vector<size_t> MostlyCached(const RunSummary& run) {
+  std::vector<size_t> out;
+  for (size_t i = 0; i < run.records.size(); ++i) {
+    const RequestRecord& r = run.records[i];
+    if (r.input_tokens > 0 && r.hit_tokens() * 10 >= r.input_tokens * 9) out.push_back(i);
+  }
+  return out;
+}
+
+std::vector<double> TtftOf(const RunSummary& run, const std::vector<size_t>& subset) {
+  std::vector<double> v;
+  for (size_t i : subset) v.push_back(run.records[i].ttft_ms);
+  return v;
+}
+
+}  // namespace
+
+Percentiles PercentilesOf(std::vector<double> values) {
+  Percentiles p;
+  if (values.empty()) return p;
+  std::sort(values.begin(), values.end());
+  p.p50 = Quantile(values, 0.50);
+  p.p90 = Quantile(values, 0.90);
+  p.p99 = Quantile(values, 0.99);
+  double sum = 0;
+  for (double v : values) sum += v;
+  p.mean = sum / static_cast<double>(values.size());
+  return p;
+}
+
+int64_t RunSummary::input_tokens() const {
+  int64_t n = 0;
+  for (const RequestRecord& r : records) n += r.input_tokens;
+  return n;
+}
+
+double RunSummary::HitRate(int64_t begin, int64_t end) const {
+  if (end < 0) end = static_cast<int64_t>(records.size());
+  int64_t hit = 0, input = 0;
+  for (int64_t i = begin; i < end; ++i) {
+    hit += records[static_cast<size_t>(i)].hit_tokens();
+    input += records[static_cast<size_t>(i)].input_tokens;
+  }
+  return input > 0 ? static_cast<double>(hit) / static_cast<double>(input) : 0;
+}
+
+double RunSummary::TierHitRate(int which) const {
+  int64_t hit = 0, input = 0;
+  for (const RequestRecord& r : records) {
+    hit += which == 0 ? r.device_hit : which == 1 ? r.host_hit : r.storage_hit;
+    input += r.input_tokens;
+  }
+  return input > 0 ? static_cast<double>(hit) / static_cast<double>(input) : 0;
+}
+
+Percentiles RunSummary::Ttft() const {
+  std::vector<double> v;
+  v.reserve(records.size());
+  for (const RequestRecord& r : records) v.push_back(r.ttft_ms);
+  return PercentilesOf(std::move(v));
+}
+
+const RunSummary* ReplayReport::Find(const std::string& name) const {
+  for (const RunSummary& r : runs) {
+    if (r.name == name) return &r;
+  }
+  return nullptr;
+}
+
+int64_t ReplayReport::wrong_bytes() const {
+  int64_t n = 0;
+  for (const RunSummary& r : runs) n += r.wrong_bytes;
+  for (const SweepPoint& p : sweep) n += p.run.wrong_bytes;
+  return n;
+}
+
+void PrintReport(std::FILE* out, const ReplayReport& report) {
+  const RunSummary* hier = report.Find("hierarchy");
+  if (hier == nullptr) return;
+  const int64_t input = hier->input_tokens();
+  std::fprintf(out, "\nrequests %zu, input tokens %lld\n", hier->records.size(),
+               static_cast<long long>(input));
+
+  std::fprintf(out, "\n%-12s %9s %9s %9s %9s %10s %10s %10s %10s\n", "run", "hit %", "device %",
+               "host %", "storage %", "TTFT p50", "p90", "p99", "mean");
+  auto row = [&](const std::string& name, const RunSummary* r, const Percentiles& p) {
+    if (r != nullptr) {
+      std::fprintf(out, "%-12s %9.2f %9.2f %9.2f %9.2f", name.c_str(), 100 * r->HitRate(),
+                   100 * r->TierHitRate(0), 100 * r->TierHitRate(1), 100 * r->TierHitRate(2));
+    } else {
+      std::fprintf(out, "%-12s %9s %9s %9s %9s", name.c_str(), "", "", "", "");
+    }
+    std::fprintf(out, " %8.1fms %8.1fms %8.1fms %8.1fms\n", p.p50, p.p90, p.p99, p.mean);
+  };
+  for (const RunSummary& r : report.runs) row(r.name, &r, r.Ttft());
+  row("ideal", nullptr, PercentilesOf(hier->ideal_ttft_ms));
+  const Percentiles h = hier->Ttft();
+  const Percentiles ideal = PercentilesOf(hier->ideal_ttft_ms);
+  if (ideal.p50 > 0) {
+    std::fprintf(out, "hierarchy / ideal: p50 %.2fx, p90 %.2fx\n", h.p50 / ideal.p50,
+                 ideal.p90 > 0 ? h.p90 / ideal.p90 : 0.0);
+  }
+  if (const RunSummary* none = report.Find("no_cache"); none != nullptr) {
+    const std::vector<size_t> mostly = MostlyCached(*hier);
+    if (!mostly.empty()) {
+      const Percentiles a = PercentilesOf(TtftOf(*none, mostly));
+      const Percentiles b = PercentilesOf(TtftOf(*hier, mostly));
+      std::fprintf(out,
+                   "requests with >= 90 %% of the prompt cached: %zu; TTFT p50 no cache %.1f ms, "
+                   "hierarchy %.1f ms (%.1fx better)\n",
+                   mostly.size(), a.p50, b.p50, b.p50 > 0 ? a.p50 / b.p50 : 0.0);
+    }
+  }
+
+  // Time per request (hierarchy): where the TTFT goes.
+  double queue = 0, wait = 0, load = 0, compute = 0, device = 0;
+  for (const RequestRecord& r : hier->records) {
+    queue += r.queue_ms;
+    wait += r.prefetch_wait_ms;
+    load += r.load_ms;
+    compute += r.compute_ms;
+    device += r.device_ms;
+  }
+  const double n = std::max<double>(1.0, static_cast<double>(hier->records.size()));
+  std::fprintf(out,
+               "hierarchy, mean per request: queueing %.2f ms, prefetch wait %.2f ms, load %.2f "
+               "ms, compute %.2f ms, device (load and compute overlapped) %.2f ms, load stall "
+               "%.2f ms\n",
+               queue / n, wait / n, load / n, compute / n, device / n,
+               std::max(0.0, device - compute) / n);
+
+  if (hier->has_cache) {
+    const CacheStats& c = hier->cache;
+    std::fprintf(out, "\nbytes and bandwidth (hierarchy):\n");
+    std::fprintf(out, "  host -> device   %10.3f GB  %7.2f GB/s  (%lld tokens loaded back)\n",
+                 static_cast<double>(c.load_back_tokens * report.kv_bytes_per_token) / 1e9,
+                 Gbps(c.load_back_tokens * report.kv_bytes_per_token, c.load_back_seconds),
+                 static_cast<long long>(c.load_back_tokens));
+    std::fprintf(out, "  device -> host   %10.3f GB  %7.2f GB/s  (%lld tokens backed up)\n",
+                 static_cast<double>(c.backup_bytes) / 1e9, Gbps(c.backup_bytes, c.backup_seconds),
+                 static_cast<long long>(c.backup_tokens));
+    std::fprintf(out, "  storage -> host  %10.3f GB  %7.2f GB/s  (%lld tokens prefetched)\n",
+                 static_cast<double>(c.prefetch_bytes) / 1e9,
+                 Gbps(c.prefetch_bytes, c.prefetch_seconds),
+                 static_cast<long long>(c.prefetched_tokens));
+    std::fprintf(out, "  host -> storage  %10.3f GB  %7.2f GB/s  (%lld tokens written)\n",
+                 static_cast<double>(c.storage_backup_bytes) / 1e9,
+                 Gbps(c.storage_backup_bytes, c.storage_backup_seconds),
+                 static_cast<long long>(c.storage_backup_tokens));
+    std::fprintf(out, "  load ceiling     %.2f GB/s (measured at start)\n",
+                 report.ceiling_bytes_per_s / 1e9);
+    std::fprintf(out,
+                 "prefetch: %lld complete, %lld partial, %lld timed out, %lld none (no storage "
+                 "part, below the threshold or no room)\n",
+                 static_cast<long long>(hier->prefetch_complete),
+                 static_cast<long long>(hier->prefetch_partial),
+                 static_cast<long long>(hier->prefetch_timed_out),
+                 static_cast<long long>(hier->prefetch_none));
+    std::fprintf(out,
+                 "evictions: device %lld tokens (%lld dropped, the rest kept in host), host %lld "
+                 "tokens, storage %lld tokens forgotten by the tree",
+                 static_cast<long long>(c.device_evicted_tokens),
+                 static_cast<long long>(c.dropped_tokens),
+                 static_cast<long long>(c.host_evicted_tokens),
+                 static_cast<long long>(c.storage_forgotten_tokens));
+    if (hier->has_storage && hier->storage_stats.evicted_pages > 0) {
+      std::fprintf(out, ", %lld pages evicted by the store",
+                   static_cast<long long>(hier->storage_stats.evicted_pages));
+    }
+    std::fprintf(out, "\n");
+    if (hier->load_failures > 0) {
+      std::fprintf(out, "load back: %lld requests recomputed their host hits (no device room)\n",
+                   static_cast<long long>(hier->load_failures));
+    }
+    if (hier->has_storage) {
+      std::fprintf(out,
+                   "storage %s: %lld errors, %lld corrupt pages, %lld timeouts, %lld queue drops\n",
+                   hier->storage.c_str(), static_cast<long long>(c.storage_errors),
+                   static_cast<long long>(c.storage_corrupt_pages),
+                   static_cast<long long>(c.storage_timeouts),
+                   static_cast<long long>(c.storage_queue_drops));
+    }
+  }
+  if (hier->fault_index >= 0) {
+    auto storage_rate = [&](int64_t begin, int64_t end) {
+      int64_t hit = 0, in = 0;
+      for (int64_t i = begin; i < end; ++i) {
+        hit += hier->records[static_cast<size_t>(i)].storage_hit;
+        in += hier->records[static_cast<size_t>(i)].input_tokens;
+      }
+      return in > 0 ? 100.0 * static_cast<double>(hit) / static_cast<double>(in) : 0.0;
+    };
+    const int64_t n = static_cast<int64_t>(hier->records.size());
+    std::fprintf(out,
+                 "fault: storage down at %.1f s (request %lld): hit rate before %.2f %%, after "
+                 "%.2f %%; storage hits before %.2f %%, after %.2f %%\n",
+                 hier->fault_at_s, static_cast<long long>(hier->fault_index),
+                 100 * hier->HitRate(0, hier->fault_index), 100 * hier->HitRate(hier->fault_index),
+                 storage_rate(0, hier->fault_index), storage_rate(hier->fault_index, n));
+  }
+  if (!report.sweep.empty()) {
+    std::fprintf(out, "\nsweep (hierarchy):\n%-24s %9s %9s %9s %9s %10s %10s\n", "knob", "hit %",
+                 "device %", "host %", "storage %", "TTFT p50", "p90");
+    for (const SweepPoint& p : report.sweep) {
+      const Percentiles t = p.run.Ttft();
+      std::fprintf(out, "%-24s %9.2f %9.2f %9.2f %9.2f %8.1fms %8.1fms\n", p.run.name.c_str(),
+                   100 * p.run.HitRate(), 100 * p.run.TierHitRate(0), 100 * p.run.TierHitRate(1),
+                   100 * p.run.TierHitRate(2), t.p50, t.p90);
+    }
+  }
+  int64_t checked = 0, wrong = 0;
+  std::string first;
+  auto add = [&](const RunSummary& r) {
+    checked += r.bytes_checked;
+    wrong += r.wrong_bytes;
+    if (first.empty()) first = r.first_wrong;
+  };
+  for (const RunSummary& r : report.runs) add(r);
+  for (const SweepPoint& p : report.sweep) add(p.run);
+  std::fprintf(out, "integrity: %lld bytes checked, %lld wrong%s%s\n",
+               static_cast<long long>(checked), static_cast<long long>(wrong),
+               first.empty() ? "" : "; first: ", first.c_str());
+  for (const RunSummary& r : report.runs) {
+    if (!r.metrics.empty())
+      std::fprintf(out, "\nmetrics (%s):\n%s", r.name.c_str(), r.metrics.c_str());
+  }
+  std::fflush(out);
+}
+
+namespace {
+
+nlohmann::json PercentilesJson(const Percentiles& p) {
+  return {{"p50", p.p50}, {"p90", p.p90}, {"p99", p.p99}, {"mean", p.mean}};
+}
+
+nlohmann::json RunJson(const RunSummary& r, int64_t token_bytes) {
+  nlohmann::json j;
+  j["name"] = r.name;
+  j["device_tokens"] = r.device_tokens;
+  j["host_tokens"] = r.host_tokens;
+  j["storage"] = r.storage;
+  j["hit_rate"] = r.HitRate();
+  j["hit_rate_by_tier"] = {
+      {"device", r.TierHitRate(0)}, {"host", r.TierHitRate(1)}, {"storage", r.TierHitRate(2)}};
+  j["ttft_ms"] = PercentilesJson(r.Ttft());
+  if (!r.ideal_ttft_ms.empty())
+    j["ideal_ttft_ms"] = PercentilesJson(PercentilesOf(r.ideal_ttft_ms));
+  j["integrity"] = {{"bytes_checked", r.bytes_checked}, {"wrong_bytes", r.wrong_bytes}};
+  j["wall_s"] = r.wall_s;
+  j["load_failures"] = r.load_failures;
+  j["prefetch"] = {{"complete", r.prefetch_complete},
+                   {"partial", r.prefetch_partial},
+                   {"timed_out", r.prefetch_timed_out},
+                   {"none", r.prefetch_none}};
+  if (r.has_cache) {
+    const CacheStats& c = r.cache;
+    j["bytes"] = {{"host_to_device", c.load_back_tokens * token_bytes},
+                  {"device_to_host", c.backup_bytes},
+                  {"storage_to_host", c.prefetch_bytes},
+                  {"host_to_storage", c.storage_backup_bytes}};
+    j["gbps"] = {{"host_to_device", Gbps(c.load_back_tokens * token_bytes, c.load_back_seconds)},
+                 {"device_to_host", Gbps(c.backup_bytes, c.backup_seconds)},
+                 {"storage_to_host", Gbps(c.prefetch_bytes, c.prefetch_seconds)},
+                 {"host_to_storage", Gbps(c.storage_backup_bytes, c.storage_backup_seconds)}};
+    j["evicted_tokens"] = {{"device", c.device_evicted_tokens},
+                           {"host", c.host_evicted_tokens},
+                           {"storage_forgotten", c.storage_forgotten_tokens}};
+    j["storage_errors"] = {{"errors", c.storage_errors},
+                           {"corrupt_pages", c.storage_corrupt_pages},
+                           {"timeouts", c.storage_timeouts},
+                           {"queue_drops", c.storage_queue_drops}};
+  }
+  if (r.fault_index >= 0) {
+    j["fault"] = {{"at_s", r.fault_at_s},
+                  {"request", r.fault_index},
+                  {"hit_rate_before", r.HitRate(0, r.fault_index)},
+                  {"hit_rate_after", r.HitRate(r.fault_index)}};
+  }
+  double stall = 0;
+  for (const RequestRecord& x : r.records) stall += std::max(0.0, x.device_ms - x.compute_ms);
+  j["load_stall_ms_total"] = stall;
+  return j;
+}
+
+// Per-request series for the plots.
+nlohmann::json TimelineJson(const RunSummary& r) {
+  nlohmann::json t;
+  std::vector<double> arrival, ttft;
+  std::vector<int64_t> input, device, host, storage;
+  for (const RequestRecord& x : r.records) {
+    arrival.push_back(x.arrival_ms);
+    ttft.push_back(x.ttft_ms);
+    input.push_back(x.input_tokens);
+    device.push_back(x.device_hit);
+    host.push_back(x.host_hit);
+    storage.push_back(x.storage_hit);
+  }
+  t["arrival_ms"] = arrival;
+  t["ttft_ms"] = ttft;
+  t["input_tokens"] = input;
+  t["device_hit"] = device;
+  t["host_hit"] = host;
+  t["storage_hit"] = storage;
+  if (!r.ideal_ttft_ms.empty()) t["ideal_ttft_ms"] = r.ideal_ttft_ms;
+  return t;
+}
+
+}  // namespace
+
+Status WriteReplayJson(const std::string& path, const ReplayReport& report) {
+  const RunSummary* hier = report.Find("hierarchy");
+  if (hier == nullptr) return Status::Internal("no hierarchy run to write");
+  nlohmann::json j;
+  j["label"] = report.label;
+  j["command"] = report.command;
+  j["workload"] = report.workload;
+  j["model"] = report.model;
+  j["engine"] = report.engine;
+  j["settings"] = report.settings;
+  j["exact_mode"] = report.exact_mode;
+  j["page_size"] = report.page_size;
+  j["kv_bytes_per_token"] = report.kv_bytes_per_token;
+  j["load_ceiling_gbps"] = report.ceiling_bytes_per_s / 1e9;
+  j["requests"] = hier->records.size();
+  j["input_tokens"] = hier->input_tokens();
+  j["hit_rate"] = hier->HitRate();
+  j["hit_rate_by_tier"] = {{"device", hier->TierHitRate(0)},
+                           {"host", hier->TierHitRate(1)},
+                           {"storage", hier->TierHitRate(2)}};
+  nlohmann::json ttft;
+  for (const RunSummary& r : report.runs) ttft[r.name] = PercentilesJson(r.Ttft());
+  ttft["ideal"] = PercentilesJson(PercentilesOf(hier->ideal_ttft_ms));
+  j["ttft_ms"] = ttft;
+  int64_t checked = 0, wrong = 0;
+  for (const RunSummary& r : report.runs) {
+    checked += r.bytes_checked;
+    wrong += r.wrong_bytes;
+  }
+  for (const SweepPoint& p : report.sweep) {
+    checked += p.run.bytes_checked;
+    wrong += p.run.wrong_bytes;
+  }
+  j["integrity"] = {{"bytes_checked", checked}, {"wrong_bytes", wrong}};
+  if (const RunSummary* none = report.Find("no_cache"); none != nullptr) {
+    const std::vector<size_t> mostly = MostlyCached(*hier);
+    j["mostly_cached"] = {
+        {"requests", mostly.size()},
+        {"no_cache_ttft_ms", PercentilesJson(PercentilesOf(TtftOf(*none, mostly)))},
+        {"hierarchy_ttft_ms", PercentilesJson(PercentilesOf(TtftOf(*hier, mostly)))}};
+  }
+  nlohmann::json runs = nlohmann::json::array();
+  nlohmann::json timeline;
+  for (const RunSummary& r : report.runs) {
+    runs.push_back(RunJson(r, report.kv_bytes_per_token));
+    timeline[r.name] = TimelineJson(r);
+  }
+  j["runs"] = runs;
+  j["timeline"] = timeline;
+  nlohmann::json sweep = nlohmann::json::array();
+  for (const SweepPoint& p : report.sweep) {
+    nlohmann::json s = RunJson(p.run, report.kv_bytes_per_token);
+    s["knob"] = p.knob;
+    s["value"] = p.value;
+    sweep.push_back(std::move(s));
+  }
+  j["sweep"] = sweep;
+  std::ofstream f(path);
+  if (!f) return Status::IOError(fmt::format("--json: cannot write {}", path));
+  f << j.dump(1) << "\n";
+  if (!f) return Status::IOError(fmt::format("--json: writing {} failed", path));
+  return Status::OK();
+}
+
+Status CheckOutputPath(const std::string& path, const char* flag) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    return Status::InvalidArgument(fmt::format("{} {}: is a directory", flag, path));
+  }
+  fs::path dir = fs::path(path).parent_path();
+  if (dir.empty()) dir = ".";
+  if (!fs::is_directory(dir, ec)) {
+    return Status::InvalidArgument(
+        fmt::format("{} {}: the directory {} does not exist", flag, path, dir.string()));
+  }
+  if (access(dir.c_str(), W_OK) != 0 || (fs::exists(path, ec) && access(path.c_str(), W_OK) != 0)) {
+    return Status::InvalidArgument(fmt::format("{} {}: not writable", flag, path));
+  }
+  return Status::OK();
+}
+
+Status WriteReplayPlot(const std::string& png_path, const std::string& json_path) {
+  // The script goes to a temporary file and runs under Debian's interpreter.
+  char script_path[] = "/tmp/kvtier-replay-plot-XXXXXX";
+  const int fd = mkstemp(script_path);
+  if (fd < 0) return Status::IOError("cannot create a temporary file for the plot script");
+  const std::string text = kReplayPlotScript;
+  const bool written = write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  close(fd);
+  if (!written) {
+    unlink(script_path);
+    return Status::IOError("cannot write the plot script");
+  }
+  const pid_t pid = fork();
+  if (pid < 0) {
+    unlink(script_path);
+    return Status::IOError("fork failed");
+  }
+  if (pid == 0) {
+    // Debian's interpreter (python3-matplotlib belongs to it), else whatever python3 is on PATH.
+    execl("/usr/bin/python3", "python3", script_path, json_path.c_str(), png_path.c_str(),
+          static_cast<char*>(nullptr));
+    execlp("python3", "python3", script_path, json_path.c_str(), png_path.c_str(),
+           static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  unlink(script_path);
+  if (!WIFEXITED(status)) return Status::IOError("the plot script was killed");
+  const int code = WEXITSTATUS(status);
+  if (code == 0) return Status::OK();
+  if (code == 127) {
+    return Status::Unavailable("python3 was not found; install Debian's python3-matplotlib");
+  }
+  if (code == 3) {
+    return Status::Unavailable(
+        "python3 has no matplotlib; install Debian's python3-matplotlib (apt-get install "
+        "python3-matplotlib)");
+  }
+  return Status::IOError(fmt::format("the plot script failed (exit code {})", code));
+}
+
+}  // namespace kvtier::tools
