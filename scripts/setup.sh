@@ -8,6 +8,7 @@
 #                             2. an address+undefined sanitizer build (CPU only): ctest
 #                             3. a thread sanitizer build (CPU only): tests named *Concurren*|*Thread*|*Race*
 #                             4. the Python tests (pytest) against the normal build
+#                             then the libFuzzer targets (clang, build-fuzz) for a bounded time each
 #
 # Run it as root (or as a user with sudo) from anywhere; it works in the repository it lives in.
 # Build trees go to build-release, build-asan and build-tsan under the repository;
@@ -17,6 +18,7 @@
 #   KVTIER_JOBS=N         parallel build and test jobs (default 2)
 #   KVTIER_SKIP_APT=1     do not run apt-get (the packages are known to be installed)
 #   KVTIER_CUDA=AUTO|ON|OFF  CUDA in the normal build (default AUTO: on when nvcc is found)
+#   KVTIER_FUZZ_SECONDS=N  how long each fuzz target runs (default 60)
 set -euo pipefail
 
 usage() {
@@ -151,5 +153,20 @@ else
     exit "$rc"
   fi
 fi
+
+# The libFuzzer targets (tests/fuzz), built with clang: each runs for a bounded time from an empty
+# corpus; any finding (crash, sanitizer report, leak, timeout) fails the script.
+fuzz_seconds=${KVTIER_FUZZ_SECONDS:-60}
+step "fuzz: libFuzzer targets, ${fuzz_seconds} s each (build-fuzz, clang)"
+CC=clang CXX=clang++ configure build-fuzz -DCMAKE_BUILD_TYPE=Release -DKVTIER_CUDA=OFF \
+  -DKVTIER_BUILD_FUZZ=ON -DKVTIER_BUILD_TESTS=OFF -DKVTIER_BUILD_BENCH=OFF \
+  -DKVTIER_BUILD_PYTHON=OFF -DKVTIER_BUILD_TOOLS=OFF
+cmake --build build-fuzz -j "$jobs" --target kvtier_fuzz_page_value
+for target in build-fuzz/tests/fuzz/kvtier_fuzz_*; do
+  corpus=build-fuzz/corpus/$(basename "$target")
+  rm -rf "$corpus" && mkdir -p "$corpus"
+  "$target" -max_total_time="$fuzz_seconds" -timeout=10 -print_final_stats=1 \
+    -artifact_prefix=build-fuzz/ "$corpus"
+done
 
 step "all tests passed in $(( ($(date +%s) - start) / 60 )) min $(( ($(date +%s) - start) % 60 )) s"

@@ -143,6 +143,7 @@ class StorageBackend {
 
   // Stops taking calls (later calls are rejected with Unavailable), lets queued and running
   // batches finish (each within its timeout), and joins the I/O threads. Idempotent.
+  // REQUIRES: not called from one of this backend's `done` callbacks (it would wait for itself).
   void Close();
 
   StorageStats Stats() const;

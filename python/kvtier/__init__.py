@@ -5,6 +5,7 @@
     kvtier.compat.sgl_kernel        # drop-in for SGLang's sgl_kernel.kvcacheio
     kvtier.LayerEvents              # per-layer readiness of a GPU copy (CUDA builds)
     kvtier.HierarchicalCache        # the cache manager (when built in)
+    kvtier.page_keys(tokens, 16)    # SGLang-compatible chained SHA-256 page keys (hex)
 
 Importing kvtier needs neither a GPU nor PyTorch. Features that need CUDA raise
 kvtier.UnavailableError when kvtier was built without it. Errors are exceptions whose message is
@@ -36,6 +37,7 @@ __version__ = "0.1.0"
 LayerEvents = _kvtier.LayerEvents
 PinnedRegistration = _kvtier.PinnedRegistration
 cuda_device_count = _kvtier.cuda_device_count
+page_keys = _kvtier.page_keys
 
 if getattr(_kvtier, "has_cache", False):
     from .cache import HierarchicalCache  # noqa: F401
@@ -47,6 +49,7 @@ __all__ = [
     "PinnedRegistration",
     "built_with_cuda",
     "cuda_device_count",
+    "page_keys",
     "KvtierError",
     "InvalidArgumentError",
     "OutOfMemoryError",

@@ -14,6 +14,7 @@ namespace kvtier::python {
 // device_binding.cc
 void RegisterDevice(py::module_& m);
 LayerEvents* CastLayerEvents(py::handle h);
+void RegisterStorage(py::module_& m);  // storage_binding.cc
 #if defined(KVTIER_PY_WITH_CACHE)
 // cache_binding.cc
 void RegisterCache(py::module_& m);
@@ -27,6 +28,7 @@ PYBIND11_MODULE(_kvtier, m) {
   RegisterTransfer(m, &CastLayerEvents);
   RegisterCompat(m);
   RegisterDevice(m);
+  RegisterStorage(m);
 #if defined(KVTIER_PY_WITH_CACHE)
   RegisterCache(m);
   m.attr("has_cache") = true;

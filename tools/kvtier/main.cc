@@ -18,6 +18,7 @@
 
 #include "bench.h"
 #include "demo.h"
+#include "storage_bench.h"
 
 namespace kvtier::tools {
 namespace {
@@ -284,6 +285,8 @@ int main(int argc, char** argv) {
       ->delimiter(',')
       ->expected(2)
       ->check(CLI::Range(0, BenchOptions::kMaxSms));
+  StorageBenchOptions storage_options;
+  AddStorageBenchOptions(bench, &storage_options);
 
   // ---- demo ----
   DemoOptions demo_options;
@@ -306,6 +309,11 @@ int main(int argc, char** argv) {
 
   CLI11_PARSE(app, argc, argv);
 
+  if (bench->parsed() && !storage_options.url.empty()) {
+    storage_options.repeats = options.repeats;
+    storage_options.json_path = options.json_path;
+    return RunStorageBench(storage_options, JoinArgs(argc, argv));
+  }
   if (bench->parsed()) return RunBench(options, args, JoinArgs(argc, argv));
   if (demo->parsed()) return RunDemo(demo_options);
   return 2;

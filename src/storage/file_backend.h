@@ -1,0 +1,40 @@
+// Internal: the `file://` backend — one file per page under a directory, for a local disk cache
+// that outlives the process and can be shared by processes on one host.
+//
+//   file:///abs/dir[?capacity=200GiB][&fsync=1][&io=uring|threads]
+//
+// Layout: <dir>/<namespace name>/<first two hex digits of the key>/<64 hex digits of the key>;
+// directories 0700, files 0600. Only the hex of a key (never caller text) becomes a path. Each
+// file is a page value (page_format.h). A Set writes a temporary file beside the final one
+// (".tmp.<pid>.<n>.<key hex>") in one pwritev, optionally fdatasyncs it (and the directory after
+// the rename), then renames it into place: a reader sees the old page, the new one or none. A Get
+// opens the file and reads header and payload in one preadv straight into the caller's page
+// buffer, then checks header and checksum. The pages of a batch run in parallel on the backend's
+// thread pool.
+//
+// Capacity (per namespace directory: the bytes of this deployment's files) with LRU eviction.
+// Each process counts the files it knows of (found at start, written, or hit since); processes
+// sharing a directory do not share one count.
+// The LRU order lives in the files' modification times: every Set and every Get hit stamps its
+// file with a strictly increasing time, so a restart (which scans the directory, sorts by that
+// time, and removes temporary files whose writer process is gone) finds the same order. Exists
+// answers from the in-memory index; a key missing from it (written by another process) costs one
+// stat, and the first absent key ends the call.
+//
+// Thread safety: the hooks may run on several I/O threads at once; the index has its own mutex.
+#pragma once
+
+#include <memory>
+#include <string_view>
+
+#include "kvtier/storage.h"
+
+namespace kvtier::storage {
+
+// IOError when the directory cannot be created or read; InvalidArgument for a relative path or a
+// bad parameter.
+Result<std::unique_ptr<StorageBackend>> OpenFileStorage(std::string_view url,
+                                                        const StorageNamespace& ns,
+                                                        const StorageOptions& options);
+
+}  // namespace kvtier::storage

@@ -1,0 +1,85 @@
+// Internal: the value every storage backend stores for one page — a fixed header followed by the
+// payload — and the checks that turn anything that does not check out into a miss.
+//
+// Header (kPageHeaderBytes = 72 bytes, little-endian):
+//   offset  size  field
+//        0     4  magic "KVTP"
+//        4     2  format version (kPageFormatVersion; any other version is a miss)
+//        6     1  checksum kind (1 = XXH3-64, 2 = the first 8 bytes of SHA-256, little-endian)
+//        7     1  reserved, 0
+//        8     8  namespace hash (StorageNamespace::Hash)
+//       16    32  page key
+//       48     8  payload length in bytes
+//       56     8  checksum of the payload
+//       64     8  checksum of bytes [0, 64) of this header
+// The payload (K then V of a page_first page, or the one MLA buffer) follows at byte 72.
+//
+// Order of the checks (so each fault has one outcome): length, header checksum, magic, version,
+// checksum kind → kCorrupt; namespace hash → kWrongNamespace; key, payload length, payload
+// checksum → kCorrupt. A builder without xxhash writes and reads kind 2; a value of kind 1 read by
+// such a build is a miss (kCorrupt), never unchecked bytes.
+//
+// Thread safety: pure functions.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "kvtier/page_key.h"
+#include "kvtier/storage.h"
+
+namespace kvtier::storage {
+
+inline constexpr size_t kPageHeaderBytes = 72;
+inline constexpr uint16_t kPageFormatVersion = 1;
+inline constexpr uint8_t kChecksumXxh3 = 1;
+inline constexpr uint8_t kChecksumSha256 = 2;
+
+// The checksum kind this build writes (XXH3-64 when built with xxhash).
+uint8_t DefaultChecksumKind();
+
+struct PageHeader {
+  uint16_t version = kPageFormatVersion;
+  uint8_t checksum_kind = kChecksumXxh3;
+  uint64_t namespace_hash = 0;
+  PageKey key;
+  uint64_t payload_bytes = 0;
+  uint64_t payload_checksum = 0;
+};
+
+// Checksum of `segments` concatenated, of the given kind. Returns false for an unknown kind (or
+// kind 1 in a build without xxhash).
+bool PayloadChecksum(uint8_t kind, std::span<const std::span<const std::byte>> segments,
+                     uint64_t* checksum);
+// Of one page buffer's segments.
+bool PayloadChecksum(uint8_t kind, const PageBuffer& payload, uint64_t* checksum);
+
+// Writes the header for `payload` (its length and checksum, this build's checksum kind) into
+// `out`, the header checksum last.
+void EncodePageHeader(uint64_t namespace_hash, const PageKey& key, const PageBuffer& payload,
+                      std::span<std::byte, kPageHeaderBytes> out);
+// The same from a header whose payload fields are already filled (`header.version` and
+// `header.checksum_kind` are written as given: tests write old versions with it).
+void EncodePageHeader(const PageHeader& header, std::span<std::byte, kPageHeaderBytes> out);
+
+// Parses and checks a header alone: size, header checksum, magic, version, checksum kind, then
+// the namespace hash, the key and the payload length against what the reader expects. kOk fills
+// `*out` (payload checksum still to be checked against the payload).
+PageStatus ParsePageHeader(std::span<const std::byte> bytes, uint64_t namespace_hash,
+                           const PageKey& key, uint64_t payload_bytes, PageHeader* out);
+
+// Checks the payload already in `payload` against a parsed header's checksum.
+PageStatus CheckPayload(const PageHeader& header, const PageBuffer& payload);
+
+// A whole value (header ‖ payload, as a Redis GET returns it): checks it and copies the payload
+// into `dst` (whose bytes() is the expected payload length). Anything but kOk leaves `dst`
+// contents undefined. Never reads outside `value` nor writes outside `dst`.
+PageStatus ReadPageValue(std::span<const std::byte> value, uint64_t namespace_hash,
+                         const PageKey& key, const PageBuffer& dst);
+
+// The bytes of header ‖ payload for `payload`, as one buffer (memory and Redis backends).
+void EncodePageValue(uint64_t namespace_hash, const PageKey& key, const PageBuffer& payload,
+                     std::span<std::byte> out);  // REQUIRES: out.size() == 72 + payload.bytes()
+
+}  // namespace kvtier::storage

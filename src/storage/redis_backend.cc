@@ -1,0 +1,196 @@
+// The `redis://` and `redis+cluster://` storage backends (redis_backend.h).
+//
+// Every page is one Redis string named `<namespace name>/<key hex>` whose value is the shared
+// page format (page_format.h: header ‖ payload), so a value that does not check out is a miss.
+// A batch becomes one pipelined round trip per server (RedisClient); a Set sends the header and
+// the caller's page segments straight from their memory; a Get reads a value of the expected size
+// straight into [a header buffer ‖ the caller's segments] and then checks the header and the
+// payload's checksum there (any other value is parsed by hiredis, checked and copied). Batches of
+// large pages go out in chunks of about kChunkBytes, so a batch never holds more than that many
+// reply bytes.
+//
+// Thread safety: the hooks run on several I/O threads at once; RedisClient is thread-safe and the
+// backend has no other mutable state.
+#include "storage/redis_backend.h"
+
+#if KVTIER_HAVE_HIREDIS
+
+#include <fmt/format.h>
+#include <hiredis/hiredis.h>
+
+#include <algorithm>
+#include <array>
+
+#include "storage/page_format.h"
+#include "storage/redis_client.h"
+#include "storage/redis_url.h"
+
+namespace kvtier::storage {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Value bytes per pipelined round trip of a Get or Set (at least one page).
+constexpr int64_t kChunkBytes = int64_t{64} << 20;
+
+PageStatus FromOutcome(const RedisOp& op) {
+  return op.outcome == RedisOpOutcome::kTimedOut ? PageStatus::kTimedOut : PageStatus::kFailed;
+}
+
+class RedisBackend final : public StorageBackend {
+ public:
+  RedisBackend(std::string url, const StorageNamespace& ns, const StorageOptions& options,
+               std::unique_ptr<RedisClient> client)
+      : StorageBackend(std::move(url), ns, options),
+        client_(std::move(client)),
+        namespace_hash_(ns.Hash()),
+        name_prefix_(ns.Name() + "/"),
+        pages_per_chunk_(static_cast<size_t>(
+            std::max<int64_t>(1, kChunkBytes / std::max<int64_t>(1, ns.page_bytes())))) {}
+  ~RedisBackend() override { Close(); }
+
+  Status Open() { return Start(); }
+
+ protected:
+  ExistsResult DoExists(std::span<const PageKey> keys, Deadline deadline) override {
+    std::vector<RedisOp> ops = OpsFor("EXISTS", keys);
+    client_->Execute(ops, deadline);
+    ExistsResult result;
+    for (const RedisOp& op : ops) {
+      if (op.outcome != RedisOpOutcome::kReplied) {
+        // Nothing is known past a page that could not be asked about; when it is the first,
+        // say why.
+        if (result.leading == 0) result.status = Status::Unavailable(op.error);
+        break;
+      }
+      if (op.reply->type != REDIS_REPLY_INTEGER || op.reply->integer != 1) break;
+      ++result.leading;
+    }
+    return result;
+  }
+
+  void DoGet(std::span<const PageKey> keys, std::span<const PageBuffer> buffers,
+             std::span<PageStatus> out, Deadline deadline) override {
+    using Header = std::array<std::byte, kPageHeaderBytes>;
+    using Sink = std::array<std::span<std::byte>, 1 + PageBuffer::kMaxSegments>;
+    for (size_t first = 0; first < keys.size(); first += pages_per_chunk_) {
+      const size_t count = std::min(pages_per_chunk_, keys.size() - first);
+      std::vector<RedisOp> ops = OpsFor("GET", keys.subspan(first, count));
+      // A value of the expected size is read straight into [header ‖ the caller's segments].
+      std::vector<Header> headers(count);
+      std::vector<Sink> sinks(count);
+      for (size_t i = 0; i < count; ++i) {
+        const PageBuffer& buffer = buffers[first + i];
+        sinks[i][0] = headers[i];
+        for (int s = 0; s < buffer.num_segments; ++s) sinks[i][1 + s] = buffer.segments[s];
+        ops[i].sink = std::span<const std::span<std::byte>>(
+            sinks[i].data(), static_cast<size_t>(1 + buffer.num_segments));
+      }
+      client_->Execute(ops, deadline);
+      for (size_t i = 0; i < count; ++i) {
+        const RedisOp& op = ops[i];
+        const size_t page = first + i;
+        if (op.outcome != RedisOpOutcome::kReplied) {
+          out[page] = FromOutcome(op);
+        } else if (op.sunk) {
+          PageHeader header;
+          out[page] = ParsePageHeader(headers[i], namespace_hash_, keys[page],
+                                      static_cast<uint64_t>(buffers[page].bytes()), &header);
+          if (out[page] == PageStatus::kOk) out[page] = CheckPayload(header, buffers[page]);
+        } else if (op.reply->type == REDIS_REPLY_NIL) {
+          out[page] = PageStatus::kAbsent;
+        } else if (op.reply->type == REDIS_REPLY_STRING) {
+          const auto value = std::as_bytes(std::span<const char>(op.reply->str, op.reply->len));
+          out[page] = ReadPageValue(value, namespace_hash_, keys[page], buffers[page]);
+        } else {
+          out[page] = PageStatus::kFailed;  // an error reply (WRONGTYPE, OOM, LOADING, ...)
+        }
+      }
+    }
+  }
+
+  void DoSet(std::span<const PageKey> keys, std::span<const PageBuffer> buffers,
+             std::span<PageStatus> out, Deadline deadline) override {
+    using Header = std::array<std::byte, kPageHeaderBytes>;
+    using Pieces = std::array<std::span<const std::byte>, 1 + PageBuffer::kMaxSegments>;
+    for (size_t first = 0; first < keys.size(); first += pages_per_chunk_) {
+      const size_t count = std::min(pages_per_chunk_, keys.size() - first);
+      std::vector<RedisOp> ops = OpsFor("SET", keys.subspan(first, count));
+      std::vector<Header> headers(count);
+      std::vector<Pieces> pieces(count);
+      for (size_t i = 0; i < count; ++i) {
+        const PageBuffer& buffer = buffers[first + i];
+        EncodePageHeader(namespace_hash_, keys[first + i], buffer, headers[i]);
+        pieces[i][0] = headers[i];
+        for (int s = 0; s < buffer.num_segments; ++s) pieces[i][1 + s] = buffer.segments[s];
+        ops[i].value = std::span<const std::span<const std::byte>>(
+            pieces[i].data(), static_cast<size_t>(1 + buffer.num_segments));
+      }
+      client_->Execute(ops, deadline);
+      for (size_t i = 0; i < count; ++i) {
+        const RedisOp& op = ops[i];
+        if (op.outcome != RedisOpOutcome::kReplied) {
+          out[first + i] = FromOutcome(op);
+        } else {
+          const bool ok = op.reply->type == REDIS_REPLY_STATUS &&
+                          std::string_view(op.reply->str, op.reply->len) == "OK";
+          out[first + i] = ok ? PageStatus::kOk : PageStatus::kFailed;
+        }
+      }
+    }
+  }
+
+  void DoRemove(std::span<const PageKey> keys, std::span<PageStatus> out,
+                Deadline deadline) override {
+    std::vector<RedisOp> ops = OpsFor("DEL", keys);
+    client_->Execute(ops, deadline);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      const RedisOp& op = ops[i];
+      if (op.outcome != RedisOpOutcome::kReplied) {
+        out[i] = FromOutcome(op);
+      } else {
+        out[i] = op.reply->type == REDIS_REPLY_INTEGER ? PageStatus::kOk : PageStatus::kFailed;
+      }
+    }
+  }
+
+ private:
+  std::vector<RedisOp> OpsFor(std::string_view verb, std::span<const PageKey> keys) const {
+    std::vector<RedisOp> ops(keys.size());
+    for (size_t i = 0; i < keys.size(); ++i) {
+      ops[i].verb = verb;
+      ops[i].key = name_prefix_ + keys[i].Hex();
+    }
+    return ops;
+  }
+
+  const std::unique_ptr<RedisClient> client_;
+  const uint64_t namespace_hash_;
+  const std::string name_prefix_;  // "<namespace name>/"
+  const size_t pages_per_chunk_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<StorageBackend>> OpenRedisStorage(std::string_view url,
+                                                         const StorageNamespace& ns,
+                                                         const StorageOptions& options) {
+  KVTIER_RETURN_IF_ERROR(ns.Validate());
+  KVTIER_RETURN_IF_ERROR(options.Validate());
+  KVTIER_ASSIGN_OR_RETURN(RedisUrl parsed, ParseRedisUrl(url));
+  RedisClientConfig config;
+  config.url = std::move(parsed);
+  config.command_timeout = config.url.timeout.count() > 0 ? config.url.timeout : options.timeout;
+  config.max_idle_connections_per_node = std::max(4, options.io_threads);
+  const std::string redacted = config.url.Redacted();
+  const Deadline deadline = Clock::now() + config.url.connect_timeout + config.command_timeout;
+  KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<RedisClient> client,
+                          RedisClient::Open(std::move(config), deadline));
+  auto backend = std::make_unique<RedisBackend>(redacted, ns, options, std::move(client));
+  KVTIER_RETURN_IF_ERROR(backend->Open());
+  return std::unique_ptr<StorageBackend>(std::move(backend));
+}
+
+}  // namespace kvtier::storage
+
+#endif  // KVTIER_HAVE_HIREDIS

@@ -1,0 +1,51 @@
+// Internal: the parsed form of a Redis storage URL.
+//
+//   redis://[[user]:password@]host[:port][/][?timeout_ms=N&connect_timeout_ms=N]
+//   redis+cluster://[[user]:password@]host[:port][,host[:port]...][/][?...]
+//
+// user and password may be percent-encoded; an IPv6 host is written in brackets ([::1]:6379); the
+// port defaults to 6379. `timeout_ms` bounds one pipelined round trip to one node (default: the
+// call's StorageOptions::timeout); `connect_timeout_ms` bounds connecting and authenticating
+// (default 1000). Both are also capped by the call's deadline.
+//
+// Thread safety: plain values and pure functions.
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kvtier/status.h"
+
+namespace kvtier::storage {
+
+struct RedisEndpoint {
+  std::string host;  // without brackets
+  int port = 6379;
+
+  // "host:port", or "[v6]:port".
+  std::string ToString() const;
+  friend bool operator==(const RedisEndpoint&, const RedisEndpoint&) = default;
+};
+
+struct RedisUrl {
+  bool cluster = false;
+  std::vector<RedisEndpoint> endpoints;  // the server, or the cluster's seed nodes
+  std::string user;                      // empty: the default user
+  std::string password;                  // empty: no AUTH
+  std::chrono::milliseconds timeout{0};  // 0: the call's timeout
+  std::chrono::milliseconds connect_timeout{1000};
+
+  // The URL without credentials ("redis://host:port", "redis+cluster://a:1,b:2").
+  std::string Redacted() const;
+};
+
+// InvalidArgument naming the part of the URL that is wrong (scheme, user info, host, port,
+// a path, an unknown or bad query parameter).
+Result<RedisUrl> ParseRedisUrl(std::string_view url);
+
+// "host:port" or "[v6]:port" into an endpoint (used for URLs and for MOVED/ASK replies).
+Result<RedisEndpoint> ParseRedisEndpoint(std::string_view text);
+
+}  // namespace kvtier::storage

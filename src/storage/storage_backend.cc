@@ -1,0 +1,473 @@
+// StorageBackend's non-virtual half: argument checks, the bounded queue and the I/O threads that
+// run the hooks, per-call deadlines, counters, futures and callbacks, Close; and OpenStorage's
+// URL dispatch.
+//
+// The I/O threads are the backend's own rather than util::ThreadPool: the pool runs one blocking
+// ParallelFor at a time, while a backend needs independent batches from many callers queued and
+// run concurrently, with a bound on the queue and rejection instead of waiting.
+//
+// Invariants (Queue, under `mu`): `calls.size() <= options.max_queued_batches`; calls are added
+// only while `running`; once it is cleared (Close) the threads drain `calls` and exit. Every
+// accepted call has its `done` run exactly once, by the I/O thread that ran it; a rejected call has
+// it run at once by its caller.
+//
+// Thread safety: every public method may be called from any thread; Close is serialised by
+// `close_mu`.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <utility>
+
+#include "kvtier/storage.h"
+#include "storage/file_backend.h"
+#include "storage/memory_backend.h"
+#include "storage/storage_url.h"
+#include "util/log.h"
+#if KVTIER_HAVE_REDIS_BACKEND
+#include "storage/redis_backend.h"
+#endif
+
+namespace kvtier {
+
+using Clock = std::chrono::steady_clock;
+
+const char* PageStatusName(PageStatus status) {
+  switch (status) {
+    case PageStatus::kOk:
+      return "ok";
+    case PageStatus::kAbsent:
+      return "absent";
+    case PageStatus::kCorrupt:
+      return "corrupt";
+    case PageStatus::kWrongNamespace:
+      return "wrong_namespace";
+    case PageStatus::kTimedOut:
+      return "timed_out";
+    case PageStatus::kFailed:
+      return "failed";
+    case PageStatus::kSkipped:
+      return "skipped";
+  }
+  return "unknown_page_status";
+}
+
+int64_t BatchResult::leading_ok() const {
+  int64_t n = 0;
+  while (n < static_cast<int64_t>(pages.size()) &&
+         pages[static_cast<size_t>(n)] == PageStatus::kOk) {
+    ++n;
+  }
+  return n;
+}
+
+int64_t BatchResult::count(PageStatus s) const { return std::count(pages.begin(), pages.end(), s); }
+
+Status StorageOptions::Validate() const {
+  if (io_threads < 1 || io_threads > 64) {
+    return Status::InvalidArgument(
+        fmt::format("storage options: io_threads must be in [1, 64], got {}", io_threads));
+  }
+  if (max_queued_batches < 1) {
+    return Status::InvalidArgument(fmt::format(
+        "storage options: max_queued_batches must be at least 1, got {}", max_queued_batches));
+  }
+  if (timeout.count() < 1) {
+    return Status::InvalidArgument(
+        fmt::format("storage options: timeout must be at least 1 ms, got {} ms", timeout.count()));
+  }
+  if (max_batch_pages < 1 || max_batch_pages > (int64_t{1} << 20)) {
+    return Status::InvalidArgument(fmt::format(
+        "storage options: max_batch_pages must be in [1, 2^20], got {}", max_batch_pages));
+  }
+  return Status::OK();
+}
+
+// ---- the queue -------------------------------------------------------------------------------
+
+namespace {
+
+enum class CallKind : uint8_t { kExists, kGet, kSet, kRemove };
+
+const char* CallName(CallKind kind) {
+  switch (kind) {
+    case CallKind::kExists:
+      return "Exists";
+    case CallKind::kGet:
+      return "Get";
+    case CallKind::kSet:
+      return "Set";
+    case CallKind::kRemove:
+      return "Remove";
+  }
+  return "?";
+}
+
+struct Call {
+  CallKind kind;
+  std::vector<PageKey> keys;
+  std::vector<PageBuffer> buffers;  // Get and Set
+  std::function<void(ExistsResult)> exists_done;
+  std::function<void(BatchResult)> batch_done;
+};
+
+// Runs a caller's callback; an exception from it (the core does not throw, but callers' code,
+// e.g. a Python callback, might) is logged instead of ending the I/O thread.
+template <typename Fn, typename Arg>
+void RunDone(const Fn& done, Arg&& arg) {
+  if (!done) return;
+  try {
+    done(std::forward<Arg>(arg));
+  } catch (const std::exception& e) {
+    util::Log(util::LogLevel::kError, "storage: a completion callback threw: {}", e.what());
+  } catch (...) {
+    util::Log(util::LogLevel::kError, "storage: a completion callback threw");
+  }
+}
+
+}  // namespace
+
+// The bounded queue, the I/O threads and the counters. A nested class, so it may call the
+// backend's protected hooks without the public header naming any of this.
+struct StorageBackend::Queue {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<Call> calls;  // guarded by mu
+  bool running = false;    // guarded by mu: Start ran and Close has not
+  std::vector<std::thread> threads;
+  std::mutex close_mu;  // serialises Start and Close; guards `threads` and `started`
+  bool started = false;
+
+  mutable std::mutex stats_mu;
+  StorageStats stats;  // guarded by stats_mu; queued_batches and gauges filled on read
+
+  void Count(CallKind kind);
+  Status Check(const StorageBackend& b, CallKind kind, const std::vector<PageKey>& keys,
+               const std::vector<PageBuffer>* buffers) const;
+  // Moves `call` into the queue, or leaves it with the caller and says why not.
+  Status Enqueue(const StorageBackend& b, Call& call);
+  void Submit(StorageBackend& b, CallKind kind, std::vector<PageKey> keys,
+              std::vector<PageBuffer> buffers, std::function<void(BatchResult)> done);
+  void Loop(StorageBackend& b);
+  void Run(StorageBackend& b, Call& call);
+};
+
+StorageBackend::StorageBackend(std::string url, StorageNamespace ns, StorageOptions options)
+    : url_(std::move(url)),
+      ns_(std::move(ns)),
+      options_(std::move(options)),
+      queue_(std::make_unique<Queue>()) {}
+
+StorageBackend::~StorageBackend() { Close(); }
+
+Status StorageBackend::Start() {
+  KVTIER_RETURN_IF_ERROR(options_.Validate());
+  KVTIER_RETURN_IF_ERROR(ns_.Validate());
+  std::lock_guard<std::mutex> close_lock(queue_->close_mu);
+  if (queue_->started) return Status::FailedPrecondition("storage backend started twice");
+  queue_->started = true;
+  {
+    std::lock_guard<std::mutex> lock(queue_->mu);
+    queue_->running = true;
+  }
+  for (int i = 0; i < options_.io_threads; ++i) {
+    queue_->threads.emplace_back([this] { queue_->Loop(*this); });
+  }
+  return Status::OK();
+}
+
+void StorageBackend::Close() {
+  std::lock_guard<std::mutex> close_lock(queue_->close_mu);
+  {
+    std::lock_guard<std::mutex> lock(queue_->mu);
+    queue_->running = false;
+  }
+  queue_->cv.notify_all();
+  for (auto& t : queue_->threads) t.join();
+  queue_->threads.clear();
+}
+
+void StorageBackend::Queue::Loop(StorageBackend& b) {
+  for (;;) {
+    Call call;
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] { return !running || !calls.empty(); });
+      if (calls.empty()) return;  // closing and drained
+      call = std::move(calls.front());
+      calls.pop_front();
+    }
+    Run(b, call);
+  }
+}
+
+void StorageBackend::Queue::Run(StorageBackend& b, Call& call) {
+  const auto start = Clock::now();
+  const auto deadline = start + b.options_.timeout;
+  if (call.kind == CallKind::kExists) {
+    ExistsResult result = b.DoExists(call.keys, deadline);
+    if (!result.status.ok()) result.leading = 0;
+    result.leading = std::clamp<int64_t>(result.leading, 0, static_cast<int64_t>(call.keys.size()));
+    RunDone(call.exists_done, std::move(result));
+    return;
+  }
+  BatchResult result;
+  result.pages.assign(call.keys.size(), PageStatus::kSkipped);
+  switch (call.kind) {
+    case CallKind::kGet:
+      b.DoGet(call.keys, call.buffers, result.pages, deadline);
+      break;
+    case CallKind::kSet:
+      b.DoSet(call.keys, call.buffers, result.pages, deadline);
+      break;
+    case CallKind::kRemove:
+      b.DoRemove(call.keys, result.pages, deadline);
+      break;
+    case CallKind::kExists:
+      break;
+  }
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  {
+    std::lock_guard<std::mutex> lock(stats_mu);
+    StorageStats& s = stats;
+    for (size_t i = 0; i < result.pages.size(); ++i) {
+      const PageStatus p = result.pages[i];
+      const int64_t bytes = call.buffers.empty() ? 0 : call.buffers[i].bytes();
+      if (call.kind == CallKind::kGet) {
+        s.get_hit_pages += p == PageStatus::kOk;
+        s.get_absent_pages += p == PageStatus::kAbsent;
+        s.get_corrupt_pages += p == PageStatus::kCorrupt;
+        s.get_wrong_namespace_pages += p == PageStatus::kWrongNamespace;
+        s.get_timed_out_pages += p == PageStatus::kTimedOut;
+        s.get_failed_pages += p == PageStatus::kFailed;
+        if (p == PageStatus::kOk) s.bytes_read += bytes;
+      } else if (call.kind == CallKind::kSet) {
+        s.set_ok_pages += p == PageStatus::kOk;
+        s.set_timed_out_pages += p == PageStatus::kTimedOut;
+        s.set_failed_pages +=
+            p != PageStatus::kOk && p != PageStatus::kTimedOut && p != PageStatus::kSkipped;
+        if (p == PageStatus::kOk) s.bytes_written += bytes;
+      } else {
+        s.removed_pages += p == PageStatus::kOk;
+      }
+    }
+    if (call.kind == CallKind::kGet) s.get_seconds += seconds;
+    if (call.kind == CallKind::kSet) s.set_seconds += seconds;
+  }
+  result.status = Status::OK();
+  RunDone(call.batch_done, std::move(result));
+}
+
+// ---- submission --------------------------------------------------------------------------------
+
+namespace {
+
+BatchResult Rejected(Status status, size_t num_pages) {
+  BatchResult r;
+  r.status = std::move(status);
+  r.pages.assign(num_pages, PageStatus::kSkipped);
+  return r;
+}
+
+}  // namespace
+
+Status StorageBackend::Queue::Check(const StorageBackend& b, CallKind kind,
+                                    const std::vector<PageKey>& keys,
+                                    const std::vector<PageBuffer>* buffers) const {
+  const char* name = CallName(kind);
+  if (static_cast<int64_t>(keys.size()) > b.options_.max_batch_pages) {
+    return Status::InvalidArgument(fmt::format("storage {}: {} keys exceed max_batch_pages {}",
+                                               name, keys.size(), b.options_.max_batch_pages));
+  }
+  if (buffers == nullptr) return Status::OK();
+  if (buffers->size() != keys.size()) {
+    return Status::InvalidArgument(
+        fmt::format("storage {}: {} keys but {} page buffers", name, keys.size(), buffers->size()));
+  }
+  const int64_t page_bytes = b.ns_.page_bytes();
+  for (size_t i = 0; i < buffers->size(); ++i) {
+    const PageBuffer& buf = (*buffers)[i];
+    if (buf.num_segments < 1 || buf.num_segments > PageBuffer::kMaxSegments) {
+      return Status::InvalidArgument(fmt::format(
+          "storage {}: page buffer {} has {} segments (1 or 2)", name, i, buf.num_segments));
+    }
+    for (int s = 0; s < buf.num_segments; ++s) {
+      const auto& seg = buf.segments[static_cast<size_t>(s)];
+      if (seg.data() == nullptr && !seg.empty()) {
+        return Status::InvalidArgument(
+            fmt::format("storage {}: page buffer {} segment {} is null", name, i, s));
+      }
+    }
+    if (buf.bytes() != page_bytes) {
+      return Status::InvalidArgument(
+          fmt::format("storage {}: page buffer {} holds {} bytes, a page of {} is {} bytes", name,
+                      i, buf.bytes(), b.ns_.Name(), page_bytes));
+    }
+  }
+  return Status::OK();
+}
+
+Status StorageBackend::Queue::Enqueue(const StorageBackend& b, Call& call) {
+  Status why;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (running && static_cast<int64_t>(calls.size()) < b.options_.max_queued_batches) {
+      calls.push_back(std::move(call));
+      cv.notify_one();
+      return Status::OK();
+    }
+    why = running ? Status::Unavailable(fmt::format("storage {}: queue full ({} batches waiting)",
+                                                    b.url_, b.options_.max_queued_batches))
+                  : Status::Unavailable(fmt::format("storage {} is closed", b.url_));
+  }
+  std::lock_guard<std::mutex> lock(stats_mu);
+  ++stats.rejected_calls;
+  return why;
+}
+
+void StorageBackend::Queue::Count(CallKind kind) {
+  std::lock_guard<std::mutex> lock(stats_mu);
+  switch (kind) {
+    case CallKind::kExists:
+      ++stats.exists_calls;
+      break;
+    case CallKind::kGet:
+      ++stats.get_calls;
+      break;
+    case CallKind::kSet:
+      ++stats.set_calls;
+      break;
+    case CallKind::kRemove:
+      ++stats.remove_calls;
+      break;
+  }
+}
+
+void StorageBackend::Queue::Submit(StorageBackend& b, CallKind kind, std::vector<PageKey> keys,
+                                   std::vector<PageBuffer> buffers,
+                                   std::function<void(BatchResult)> done) {
+  Count(kind);
+  const size_t num_pages = keys.size();
+  Status st = Check(b, kind, keys, kind == CallKind::kRemove ? nullptr : &buffers);
+  if (st.ok()) {
+    Call call{kind, std::move(keys), std::move(buffers), {}, std::move(done)};
+    st = Enqueue(b, call);
+    if (st.ok()) return;
+    done = std::move(call.batch_done);
+  }
+  RunDone(done, Rejected(std::move(st), num_pages));
+}
+
+void StorageBackend::ExistsAsync(std::vector<PageKey> keys,
+                                 std::function<void(ExistsResult)> done) {
+  queue_->Count(CallKind::kExists);
+  Status st = queue_->Check(*this, CallKind::kExists, keys, nullptr);
+  if (st.ok()) {
+    Call call{CallKind::kExists, std::move(keys), {}, std::move(done), {}};
+    st = queue_->Enqueue(*this, call);
+    if (st.ok()) return;
+    done = std::move(call.exists_done);
+  }
+  RunDone(done, ExistsResult{std::move(st), 0});
+}
+
+void StorageBackend::GetAsync(std::vector<PageKey> keys, std::vector<PageBuffer> buffers,
+                              std::function<void(BatchResult)> done) {
+  queue_->Submit(*this, CallKind::kGet, std::move(keys), std::move(buffers), std::move(done));
+}
+
+void StorageBackend::SetAsync(std::vector<PageKey> keys, std::vector<PageBuffer> buffers,
+                              std::function<void(BatchResult)> done) {
+  queue_->Submit(*this, CallKind::kSet, std::move(keys), std::move(buffers), std::move(done));
+}
+
+void StorageBackend::RemoveAsync(std::vector<PageKey> keys, std::function<void(BatchResult)> done) {
+  queue_->Submit(*this, CallKind::kRemove, std::move(keys), {}, std::move(done));
+}
+
+std::future<ExistsResult> StorageBackend::Exists(std::vector<PageKey> keys) {
+  auto promise = std::make_shared<std::promise<ExistsResult>>();
+  auto future = promise->get_future();
+  ExistsAsync(std::move(keys), [promise](ExistsResult r) { promise->set_value(std::move(r)); });
+  return future;
+}
+
+std::future<BatchResult> StorageBackend::Get(std::vector<PageKey> keys,
+                                             std::vector<PageBuffer> buffers) {
+  auto promise = std::make_shared<std::promise<BatchResult>>();
+  auto future = promise->get_future();
+  GetAsync(std::move(keys), std::move(buffers),
+           [promise](BatchResult r) { promise->set_value(std::move(r)); });
+  return future;
+}
+
+std::future<BatchResult> StorageBackend::Set(std::vector<PageKey> keys,
+                                             std::vector<PageBuffer> buffers) {
+  auto promise = std::make_shared<std::promise<BatchResult>>();
+  auto future = promise->get_future();
+  SetAsync(std::move(keys), std::move(buffers),
+           [promise](BatchResult r) { promise->set_value(std::move(r)); });
+  return future;
+}
+
+std::future<BatchResult> StorageBackend::Remove(std::vector<PageKey> keys) {
+  auto promise = std::make_shared<std::promise<BatchResult>>();
+  auto future = promise->get_future();
+  RemoveAsync(std::move(keys), [promise](BatchResult r) { promise->set_value(std::move(r)); });
+  return future;
+}
+
+StorageStats StorageBackend::Stats() const {
+  StorageStats s;
+  {
+    std::lock_guard<std::mutex> lock(queue_->stats_mu);
+    s = queue_->stats;
+  }
+  {
+    std::lock_guard<std::mutex> lock(queue_->mu);
+    s.queued_batches = static_cast<int64_t>(queue_->calls.size());
+  }
+  FillStats(s);
+  return s;
+}
+
+// ---- OpenStorage -------------------------------------------------------------------------------
+
+Result<std::unique_ptr<StorageBackend>> OpenStorage(std::string_view url,
+                                                    const StorageNamespace& ns,
+                                                    const StorageOptions& options) {
+  KVTIER_RETURN_IF_ERROR(ns.Validate());
+  KVTIER_RETURN_IF_ERROR(options.Validate());
+  const size_t sep = url.find("://");
+  const std::string_view scheme = sep == std::string_view::npos ? url : url.substr(0, sep);
+  if (sep == std::string_view::npos) {
+    return Status::InvalidArgument(fmt::format(
+        "storage URL '{}' has no scheme (expected file://, redis://, redis+cluster:// or "
+        "memory://)",
+        url));
+  }
+  if (scheme == "memory") return storage::OpenMemoryStorage(url, ns, options);
+  if (scheme == "file") return storage::OpenFileStorage(url, ns, options);
+  if (scheme == "redis" || scheme == "redis+cluster") {
+#if KVTIER_HAVE_REDIS_BACKEND
+    return storage::OpenRedisStorage(url, ns, options);
+#elif KVTIER_HAVE_HIREDIS
+    return Status::InvalidArgument(fmt::format(
+        "storage URL scheme '{}': this build has hiredis but not the redis backend", scheme));
+#else
+    return Status::InvalidArgument(fmt::format(
+        "storage URL scheme '{}': kvtier was built without hiredis (install libhiredis-dev and "
+        "rebuild)",
+        scheme));
+#endif
+  }
+  return Status::InvalidArgument(fmt::format(
+      "storage URL '{}': unknown scheme '{}' (expected file, redis, redis+cluster or memory)", url,
+      scheme));
+}
+
+}  // namespace kvtier

@@ -1,0 +1,500 @@
+// The file:// backend against a real directory: round trips, permissions and layout, capacity
+// with LRU eviction that survives a restart, and every file fault of issue 12 — each a miss (or a
+// clean failed Set) and never a wrong byte reported as a hit: corrupt header, flipped payload
+// byte, truncated file, another key's file renamed in, older format version, wrong namespace,
+// a symlink in place of a page, the directory missing at start and removed while running, disk
+// full (RLIMIT_FSIZE in a forked child), and two processes writing the same key at once.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include "kvtier/storage.h"
+#include "storage/page_format.h"
+
+namespace kvtier {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+constexpr int64_t kPageBytes = 2 * 2 * 4 * 32;  // SmallNamespace: 512
+constexpr int64_t kValueBytes = kPageBytes + 72;
+
+StorageNamespace SmallNamespace(std::string model = "test-model") {
+  StorageNamespace ns;
+  ns.model_id = std::move(model);
+  ns.num_layers = 2;
+  ns.slot_bytes = 32;
+  ns.page_size = 4;
+  return ns;
+}
+
+std::vector<PageKey> Keys(int n, std::string_view salt = "") {
+  std::vector<int32_t> tokens(static_cast<size_t>(n) * 4);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(i * 7 + 3);
+  return *ComputePromptPageKeys(tokens, 4, salt);
+}
+
+struct Pages {
+  std::vector<std::vector<std::byte>> bytes;
+  std::vector<PageBuffer> buffers;
+  Pages(int n, uint32_t seed, bool poison = false) : bytes(static_cast<size_t>(n)) {
+    std::mt19937 rng(seed);
+    for (auto& page : bytes) {
+      page.resize(kPageBytes);
+      for (auto& b : page) b = poison ? std::byte{0xCD} : static_cast<std::byte>(rng());
+      buffers.push_back(PageBuffer::Of(page));
+    }
+  }
+};
+
+// Every test runs with each way the backend reads (the `io` URL parameter).
+class FileBackendTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    // tmpfs when there is one: removing directories on a virtual disk is slow, and the faults
+    // tested here do not depend on the file system.
+    const char* base = ::access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
+    std::string tmpl = std::string(base) + "/kvtier_file_test_XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+    root_ = tmpl;
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(root_, ec);
+  }
+
+  // The store's URL with `params` ("" or "?name=value...") and this run's io mode.
+  std::string Url(std::string_view params = "") const {
+    const std::string io = "io=" + GetParam();
+    return "file://" + root_ + "/store" +
+           (params.empty() ? "?" + io : std::string(params) + "&" + io);
+  }
+  std::unique_ptr<StorageBackend> Open(std::string_view params = "",
+                                       const StorageNamespace& ns = SmallNamespace()) {
+    auto r = OpenStorage(Url(params), ns);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? std::move(*r) : nullptr;
+  }
+  std::string PathOf(const PageKey& key, const StorageNamespace& ns = SmallNamespace()) const {
+    const std::string hex = key.Hex();
+    return root_ + "/store/" + ns.Name() + "/" + hex.substr(0, 2) + "/" + hex;
+  }
+  // Temporary files anywhere under the store.
+  int CountTempFiles() const {
+    int n = 0;
+    for (const auto& e : fs::recursive_directory_iterator(root_)) {
+      if (e.path().filename().string().starts_with(".tmp.")) ++n;
+    }
+    return n;
+  }
+  static std::vector<std::byte> ReadFile(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    std::vector<char> c((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    std::vector<std::byte> out(c.size());
+    std::memcpy(out.data(), c.data(), c.size());
+    return out;
+  }
+  static void WriteFile(const std::string& path, std::span<const std::byte> bytes) {
+    std::ofstream f(path, std::ios::binary | std::ios::trunc);
+    f.write(reinterpret_cast<const char*>(bytes.data()),
+            static_cast<std::streamsize>(bytes.size()));
+  }
+  // Get of one page into a poisoned buffer: its status, and whether a hit has the right bytes.
+  static PageStatus GetOne(StorageBackend& b, const PageKey& key,
+                           const std::vector<std::byte>& expected) {
+    Pages out(1, 0, /*poison=*/true);
+    const BatchResult r = b.Get({key}, out.buffers).get();
+    EXPECT_TRUE(r.status.ok()) << r.status.ToString();
+    if (r.pages[0] == PageStatus::kOk) {
+      EXPECT_EQ(out.bytes[0], expected);
+    }
+    return r.pages[0];
+  }
+
+  std::string root_;
+};
+
+TEST_P(FileBackendTest, RoundTripLayoutAndPermissions) {
+  auto b = Open();
+  EXPECT_EQ(b->url(), "file://" + root_ + "/store");
+  const auto keys = Keys(20);
+  Pages in(20, 1);
+  ASSERT_EQ(b->Set(keys, in.buffers).get().leading_ok(), 20);
+  EXPECT_EQ(b->Exists(keys).get().leading, 20);
+  Pages out(20, 0, true);
+  ASSERT_EQ(b->Get(keys, out.buffers).get().leading_ok(), 20);
+  EXPECT_EQ(out.bytes, in.bytes);
+  // K and V segments read a one-segment write.
+  std::vector<std::byte> k(100), v(kPageBytes - 100);
+  ASSERT_EQ(b->Get({keys[3]}, {PageBuffer::Of(k, v)}).get().leading_ok(), 1);
+  EXPECT_TRUE(std::equal(k.begin(), k.end(), in.bytes[3].begin()));
+  EXPECT_TRUE(std::equal(v.begin(), v.end(), in.bytes[3].begin() + 100));
+
+  struct stat st;
+  ASSERT_EQ(::stat(PathOf(keys[0]).c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  EXPECT_EQ(st.st_size, kValueBytes);
+  for (const std::string& dir : {root_ + "/store", root_ + "/store/" + SmallNamespace().Name(),
+                                 fs::path(PathOf(keys[0])).parent_path().string()}) {
+    ASSERT_EQ(::stat(dir.c_str(), &st), 0) << dir;
+    EXPECT_EQ(st.st_mode & 0777, 0700u) << dir;
+  }
+  EXPECT_EQ(CountTempFiles(), 0);
+  EXPECT_EQ(b->Remove({keys[0], keys[0]}).get().leading_ok(), 2);
+  EXPECT_FALSE(fs::exists(PathOf(keys[0])));
+  EXPECT_EQ(b->Exists(keys).get().leading, 0);
+  const StorageStats s = b->Stats();
+  EXPECT_EQ(s.stored_pages, 19);
+  EXPECT_EQ(s.stored_bytes, 19 * kValueBytes);
+  EXPECT_EQ(s.capacity_bytes, -1);
+}
+
+TEST_P(FileBackendTest, BadUrls) {
+  const StorageNamespace ns = SmallNamespace();
+  for (std::string url : {std::string("file://relative/dir"), std::string("file://"),
+                          "file://" + root_ + "/a/../b", "file://" + root_ + "?capacity=big",
+                          "file://" + root_ + "?fsync=2", "file://" + root_ + "?mode=fast"}) {
+    auto r = OpenStorage(url, ns);
+    ASSERT_FALSE(r.ok()) << url;
+    EXPECT_TRUE(r.status().IsInvalidArgument()) << url << ": " << r.status().ToString();
+  }
+  // A regular file where the directory should be: IOError.
+  WriteFile(root_ + "/plainfile", std::vector<std::byte>(3));
+  auto r = OpenStorage("file://" + root_ + "/plainfile", ns);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kIOError) << r.status().ToString();
+}
+
+TEST_P(FileBackendTest, CorruptHeaderFlippedPayloadTruncationAreMisses) {
+  auto b = Open();
+  const auto keys = Keys(5);
+  Pages in(5, 2);
+  ASSERT_EQ(b->Set(keys, in.buffers).get().leading_ok(), 5);
+  auto value = ReadFile(PathOf(keys[0]));
+  ASSERT_EQ(static_cast<int64_t>(value.size()), kValueBytes);
+
+  auto header = value;
+  header[10] ^= std::byte{0x01};  // inside the namespace hash: the header checksum catches it
+  WriteFile(PathOf(keys[0]), header);
+  EXPECT_EQ(GetOne(*b, keys[0], in.bytes[0]), PageStatus::kCorrupt);
+
+  auto payload = ReadFile(PathOf(keys[1]));
+  payload[72 + 300] ^= std::byte{0x40};
+  WriteFile(PathOf(keys[1]), payload);
+  EXPECT_EQ(GetOne(*b, keys[1], in.bytes[1]), PageStatus::kCorrupt);
+
+  auto truncated = ReadFile(PathOf(keys[2]));
+  truncated.resize(truncated.size() - 1);
+  WriteFile(PathOf(keys[2]), truncated);
+  EXPECT_EQ(GetOne(*b, keys[2], in.bytes[2]), PageStatus::kCorrupt);
+  WriteFile(PathOf(keys[2]), {});
+  EXPECT_EQ(GetOne(*b, keys[2], in.bytes[2]), PageStatus::kCorrupt);
+  WriteFile(PathOf(keys[2]), std::span(truncated).first(40));  // shorter than a header
+  EXPECT_EQ(GetOne(*b, keys[2], in.bytes[2]), PageStatus::kCorrupt);
+
+  auto longer = ReadFile(PathOf(keys[3]));
+  longer.push_back(std::byte{0});
+  WriteFile(PathOf(keys[3]), longer);
+  EXPECT_EQ(GetOne(*b, keys[3], in.bytes[3]), PageStatus::kCorrupt);
+
+  EXPECT_EQ(GetOne(*b, keys[4], in.bytes[4]), PageStatus::kOk);  // untouched page still good
+  EXPECT_EQ(b->Stats().get_corrupt_pages, 6);
+  // A corrupt page is replaced by a new Set.
+  ASSERT_EQ(b->Set({keys[0]}, {in.buffers[0]}).get().leading_ok(), 1);
+  EXPECT_EQ(GetOne(*b, keys[0], in.bytes[0]), PageStatus::kOk);
+}
+
+TEST_P(FileBackendTest, AnotherKeysFileOlderVersionAndSymlinkAreMisses) {
+  auto b = Open();
+  const auto keys = Keys(3);
+  Pages in(3, 3);
+  ASSERT_EQ(b->Set(keys, in.buffers).get().leading_ok(), 3);
+  // Another key's (valid) file renamed into place.
+  ASSERT_EQ(::rename(PathOf(keys[1]).c_str(), PathOf(keys[0]).c_str()), 0);
+  EXPECT_EQ(GetOne(*b, keys[0], in.bytes[0]), PageStatus::kCorrupt);
+  EXPECT_EQ(GetOne(*b, keys[1], in.bytes[1]), PageStatus::kAbsent);
+
+  // A well-formed value of an older format version.
+  storage::PageHeader h;
+  h.version = storage::kPageFormatVersion - 1;
+  h.checksum_kind = storage::DefaultChecksumKind();
+  h.namespace_hash = SmallNamespace().Hash();
+  h.key = keys[2];
+  h.payload_bytes = kPageBytes;
+  ASSERT_TRUE(storage::PayloadChecksum(h.checksum_kind, in.buffers[2], &h.payload_checksum));
+  std::vector<std::byte> old(kValueBytes);
+  storage::EncodePageHeader(h, std::span(old).first<storage::kPageHeaderBytes>());
+  std::memcpy(old.data() + 72, in.bytes[2].data(), kPageBytes);
+  WriteFile(PathOf(keys[2]), old);
+  EXPECT_EQ(GetOne(*b, keys[2], in.bytes[2]), PageStatus::kCorrupt);
+
+  // A symlink in place of a page is never followed.
+  const std::string target = root_ + "/elsewhere";
+  ASSERT_EQ(b->Set({keys[1]}, {in.buffers[1]}).get().leading_ok(), 1);
+  ASSERT_EQ(::rename(PathOf(keys[1]).c_str(), target.c_str()), 0);
+  ASSERT_EQ(::symlink(target.c_str(), PathOf(keys[1]).c_str()), 0);
+  EXPECT_EQ(GetOne(*b, keys[1], in.bytes[1]), PageStatus::kCorrupt);
+
+  // A FIFO in place of a page neither blocks the Get nor counts as a page.
+  ASSERT_EQ(::unlink(PathOf(keys[1]).c_str()), 0);
+  ASSERT_EQ(::mkfifo(PathOf(keys[1]).c_str(), 0600), 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(GetOne(*b, keys[1], in.bytes[1]), PageStatus::kCorrupt);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
+}
+
+TEST_P(FileBackendTest, WrongNamespaceIsAMiss) {
+  const StorageNamespace a = SmallNamespace("model-a"), other = SmallNamespace("model-b");
+  auto store_a = Open("", a);
+  auto store_b = Open("", other);
+  const auto keys = Keys(2);
+  Pages in(2, 4);
+  ASSERT_EQ(store_a->Set(keys, in.buffers).get().leading_ok(), 2);
+  // Another deployment sees nothing under the same keys...
+  EXPECT_EQ(store_b->Exists(keys).get().leading, 0);
+  EXPECT_EQ(GetOne(*store_b, keys[0], in.bytes[0]), PageStatus::kAbsent);
+  // ...and a file copied across namespaces is recognised as another deployment's.
+  fs::create_directories(fs::path(PathOf(keys[0], other)).parent_path());
+  fs::copy_file(PathOf(keys[0], a), PathOf(keys[0], other));
+  EXPECT_EQ(GetOne(*store_b, keys[0], in.bytes[0]), PageStatus::kWrongNamespace);
+  EXPECT_EQ(store_b->Stats().get_wrong_namespace_pages, 1);
+}
+
+TEST_P(FileBackendTest, DirectoryMissingAtStartAndRemovedWhileRunning) {
+  const std::string url = "file://" + root_ + "/deep/er/store?io=" + GetParam();
+  auto r = OpenStorage(url, SmallNamespace());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  auto& b = **r;
+  struct stat st;
+  ASSERT_EQ(::stat((root_ + "/deep/er/store").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  const auto keys = Keys(4);
+  Pages in(4, 5);
+  ASSERT_EQ(b.Set(keys, in.buffers).get().leading_ok(), 4);
+  fs::remove_all(root_ + "/deep");
+  Pages out(4, 0, true);
+  EXPECT_EQ(b.Get(keys, out.buffers).get().count(PageStatus::kAbsent), 4);
+  EXPECT_EQ(b.Exists(keys).get().leading, 0);
+  ASSERT_EQ(b.Set(keys, in.buffers).get().leading_ok(), 4);  // directories made again
+  ASSERT_EQ(b.Get(keys, out.buffers).get().leading_ok(), 4);
+  EXPECT_EQ(out.bytes, in.bytes);
+}
+
+TEST_P(FileBackendTest, CapacityEvictsLeastRecentlyUsedAndSurvivesRestart) {
+  const std::string cap = "?capacity=" + std::to_string(4 * kValueBytes);
+  const auto keys = Keys(6);
+  Pages in(6, 6);
+  {
+    auto b = Open(cap);
+    for (int i = 0; i < 4; ++i) {
+      ASSERT_EQ(b->Set({keys[static_cast<size_t>(i)]}, {in.buffers[static_cast<size_t>(i)]})
+                    .get()
+                    .leading_ok(),
+                1);
+    }
+    EXPECT_EQ(GetOne(*b, keys[0], in.bytes[0]), PageStatus::kOk);  // 0 is now the newest
+    EXPECT_EQ(b->Stats().stored_bytes, 4 * kValueBytes);
+  }
+  {
+    auto b = Open(cap);  // a restart: order and bytes from the directory
+    StorageStats s = b->Stats();
+    EXPECT_EQ(s.stored_pages, 4);
+    EXPECT_EQ(s.stored_bytes, 4 * kValueBytes);
+    EXPECT_EQ(s.capacity_bytes, 4 * kValueBytes);
+    ASSERT_EQ(b->Set({keys[4]}, {in.buffers[4]}).get().leading_ok(), 1);
+    // Page 1 was the least recently used (0 was read after it).
+    EXPECT_EQ(b->Exists({keys[1]}).get().leading, 0);
+    EXPECT_FALSE(fs::exists(PathOf(keys[1])));
+    for (int i : {0, 2, 3, 4}) {
+      EXPECT_EQ(b->Exists({keys[static_cast<size_t>(i)]}).get().leading, 1) << i;
+    }
+    s = b->Stats();
+    EXPECT_EQ(s.evicted_pages, 1);
+    EXPECT_EQ(s.stored_bytes, 4 * kValueBytes);
+  }
+  {
+    // Restart with a smaller capacity: the oldest go at once. The order is 4 (written last),
+    // 0 (read in the first run), 3, 2 (Exists does not count as a use).
+    auto b = Open("?capacity=" + std::to_string(2 * kValueBytes));
+    EXPECT_EQ(b->Stats().stored_pages, 2);
+    EXPECT_EQ(b->Exists({keys[4], keys[0]}).get().leading, 2);
+    EXPECT_EQ(b->Exists({keys[3]}).get().leading, 0);
+    EXPECT_EQ(b->Exists({keys[2]}).get().leading, 0);
+  }
+  auto tiny = Open("?capacity=100");
+  EXPECT_EQ(tiny->Set({keys[5]}, {in.buffers[5]}).get().pages[0], PageStatus::kFailed);
+}
+
+TEST_P(FileBackendTest, StaleTempFilesAreRemovedAtStart) {
+  auto b = Open();
+  const auto keys = Keys(1);
+  Pages in(1, 7);
+  ASSERT_EQ(b->Set(keys, in.buffers).get().leading_ok(), 1);
+  b.reset();
+  const std::string shard = fs::path(PathOf(keys[0])).parent_path().string();
+  const std::string dead = shard + "/.tmp.999999999.0." + keys[0].Hex();  // above pid_max
+  const std::string alive = shard + "/.tmp." + std::to_string(::getpid()) + ".7." + keys[0].Hex();
+  const std::string stray = shard + "/not-a-key";
+  WriteFile(dead, std::vector<std::byte>(10));
+  WriteFile(alive, std::vector<std::byte>(10));
+  WriteFile(stray, std::vector<std::byte>(10));
+  b = Open();
+  EXPECT_FALSE(fs::exists(dead));
+  EXPECT_TRUE(fs::exists(alive));  // its writer (this process) may still be writing
+  EXPECT_TRUE(fs::exists(stray));  // not ours: left alone, not indexed
+  EXPECT_EQ(b->Stats().stored_pages, 1);
+}
+
+// The store runs in a forked child whose file size limit is below one page: the Set fails
+// cleanly, leaves no temporary file, and the pages written before are intact.
+TEST_P(FileBackendTest, DiskFullSetFailsCleanly) {
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    int code = 0;
+    {
+      ::signal(SIGXFSZ, SIG_IGN);  // writes past the limit then fail with EFBIG
+      auto r = OpenStorage(Url(), SmallNamespace());
+      if (!r.ok()) ::_exit(10);
+      auto& b = **r;
+      const auto keys = Keys(3);
+      Pages in(3, 8);
+      if (b.Set({keys[0]}, {in.buffers[0]}).get().leading_ok() != 1) ::_exit(11);
+      rlimit limit{kValueBytes / 2, kValueBytes / 2};
+      if (::setrlimit(RLIMIT_FSIZE, &limit) != 0) ::_exit(12);
+      const BatchResult full = b.Set({keys[1], keys[2]}, {in.buffers[1], in.buffers[2]}).get();
+      if (full.count(PageStatus::kFailed) != 2) code = 13;
+      if (b.Stats().set_failed_pages != 2) code = 14;
+      Pages out(1, 0, true);
+      if (b.Get({keys[0]}, out.buffers).get().leading_ok() != 1 || out.bytes[0] != in.bytes[0]) {
+        code = 15;
+      }
+      if (b.Exists({keys[1]}).get().leading != 0) code = 16;
+    }
+    ::_exit(code);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status)) << "child died with signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "see the exit codes in the test";
+  EXPECT_EQ(CountTempFiles(), 0);
+  auto b = Open();
+  const auto keys = Keys(3);
+  Pages in(3, 8);
+  EXPECT_EQ(GetOne(*b, keys[0], in.bytes[0]), PageStatus::kOk);
+  EXPECT_EQ(GetOne(*b, keys[1], in.bytes[1]), PageStatus::kAbsent);
+}
+
+// Two processes write different pages under the same key at once while this one reads it: every
+// hit is exactly one of the two pages, never a mix, and no temporary file is left.
+TEST_P(FileBackendTest, TwoProcessesWritingTheSameKey) {
+  const auto key = Keys(1)[0];
+  Pages writes(2, 9);
+  std::vector<pid_t> children;
+  for (int w = 0; w < 2; ++w) {
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      auto r = OpenStorage(Url(), SmallNamespace());
+      if (!r.ok()) ::_exit(20);
+      for (int i = 0; i < 150; ++i) {
+        if ((*r)->Set({key}, {writes.buffers[static_cast<size_t>(w)]}).get().leading_ok() != 1) {
+          ::_exit(21);
+        }
+      }
+      ::_exit(0);
+    }
+    children.push_back(child);
+  }
+  auto b = Open();
+  int hits = 0, wrong = 0;
+  bool running = true;
+  while (running) {
+    Pages out(1, 0, true);
+    const BatchResult r = b->Get({key}, out.buffers).get();
+    if (r.pages[0] == PageStatus::kOk) {
+      ++hits;
+      if (out.bytes[0] != writes.bytes[0] && out.bytes[0] != writes.bytes[1]) ++wrong;
+    } else {
+      EXPECT_EQ(r.pages[0], PageStatus::kAbsent);  // before the first rename only
+    }
+    int status = 0;
+    running = false;
+    for (pid_t c : children) {
+      const pid_t done = ::waitpid(c, &status, WNOHANG);
+      if (done == 0) running = true;
+      if (done == c) {
+        EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+      }
+    }
+    if (running) continue;
+  }
+  EXPECT_EQ(wrong, 0);
+  EXPECT_GT(hits, 0);
+  EXPECT_EQ(CountTempFiles(), 0);
+}
+
+// Several threads Set, Exists, Get and Remove pages of one store at once, some of them the same
+// keys; every hit holds exactly the bytes of one of the Sets of its key.
+TEST_P(FileBackendTest, ConcurrentCallersSeeWholePages) {
+  StorageOptions o;
+  o.io_threads = 3;
+  auto r = OpenStorage(Url("?capacity=" + std::to_string(24 * kValueBytes)), SmallNamespace(), o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  StorageBackend& b = **r;
+  const auto keys = Keys(16);
+  constexpr int kThreads = 4;
+  std::vector<Pages> versions;
+  for (int t = 0; t < kThreads; ++t) versions.emplace_back(16, 100 + t);
+  std::atomic<int> wrong{0}, hits{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < 15; ++round) {
+        const size_t first = static_cast<size_t>((t * 5 + round) % 12);
+        std::vector<PageKey> batch(keys.begin() + first, keys.begin() + first + 4);
+        std::vector<PageBuffer> in(versions[t].buffers.begin() + first,
+                                   versions[t].buffers.begin() + first + 4);
+        b.Set(batch, in).get();
+        b.Exists(batch).get();
+        Pages out(4, 0, true);
+        const BatchResult got = b.Get(batch, out.buffers).get();
+        for (size_t i = 0; i < 4; ++i) {
+          if (got.pages[i] != PageStatus::kOk) continue;
+          ++hits;
+          bool matches = false;
+          for (const Pages& v : versions) matches |= out.bytes[i] == v.bytes[first + i];
+          if (!matches) ++wrong;
+        }
+        if (round % 5 == 4) b.Remove({batch[0]}).get();
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_GT(hits.load(), 0);
+  const StorageStats s = b.Stats();
+  EXPECT_LE(s.stored_bytes, 24 * kValueBytes);
+  EXPECT_EQ(CountTempFiles(), 0);
+}
+
+#if KVTIER_HAVE_URING
+INSTANTIATE_TEST_SUITE_P(IoModes, FileBackendTest, ::testing::Values("threads", "uring"));
+#else
+INSTANTIATE_TEST_SUITE_P(IoModes, FileBackendTest, ::testing::Values("threads"));
+#endif
+
+}  // namespace
+}  // namespace kvtier

@@ -1,0 +1,160 @@
+// The page value format: round trips (one and two segments), and every way a value can fail to
+// check out — each a miss with the right PageStatus and no byte written past the buffer.
+#include "storage/page_format.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+namespace kvtier::storage {
+namespace {
+
+constexpr uint64_t kNs = 0x1234'5678'9abc'def0ull;
+
+PageKey KeyOf(uint8_t seed) {
+  PageKey k;
+  for (size_t i = 0; i < k.bytes.size(); ++i) k.bytes[i] = static_cast<uint8_t>(seed * 31 + i);
+  return k;
+}
+
+std::vector<std::byte> RandomBytes(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<std::byte> v(n);
+  for (auto& b : v) b = static_cast<std::byte>(rng());
+  return v;
+}
+
+std::vector<std::byte> Encode(const PageKey& key, std::vector<std::byte>& payload) {
+  std::vector<std::byte> value(kPageHeaderBytes + payload.size());
+  EncodePageValue(kNs, key, PageBuffer::Of(payload), value);
+  return value;
+}
+
+TEST(PageFormatTest, RoundTripOneAndTwoSegments) {
+  const PageKey key = KeyOf(1);
+  std::vector<std::byte> payload = RandomBytes(4096, 1);
+  const std::vector<std::byte> value = Encode(key, payload);
+  ASSERT_EQ(value.size(), kPageHeaderBytes + 4096);
+  EXPECT_EQ(std::memcmp(value.data() + kPageHeaderBytes, payload.data(), 4096), 0);
+
+  std::vector<std::byte> out(4096, std::byte{0xAB});
+  EXPECT_EQ(ReadPageValue(value, kNs, key, PageBuffer::Of(out)), PageStatus::kOk);
+  EXPECT_EQ(out, payload);
+
+  // The same payload split over two segments (K and V) encodes to the same bytes.
+  std::vector<std::byte> k(payload.begin(), payload.begin() + 1000);
+  std::vector<std::byte> v(payload.begin() + 1000, payload.end());
+  std::vector<std::byte> split(value.size());
+  EncodePageValue(kNs, key, PageBuffer::Of(k, v), split);
+  EXPECT_EQ(split, value);
+  std::vector<std::byte> k_out(1000), v_out(3096);
+  EXPECT_EQ(ReadPageValue(value, kNs, key, PageBuffer::Of(k_out, v_out)), PageStatus::kOk);
+  EXPECT_EQ(k_out, k);
+  EXPECT_EQ(v_out, v);
+
+  PageHeader header;
+  EXPECT_EQ(ParsePageHeader(std::span(value).first(kPageHeaderBytes), kNs, key, 4096, &header),
+            PageStatus::kOk);
+  EXPECT_EQ(header.version, kPageFormatVersion);
+  EXPECT_EQ(header.checksum_kind, DefaultChecksumKind());
+  EXPECT_EQ(header.key, key);
+  EXPECT_EQ(CheckPayload(header, PageBuffer::Of(payload)), PageStatus::kOk);
+}
+
+TEST(PageFormatTest, EveryHeaderOrPayloadByteFlipIsAMiss) {
+  const PageKey key = KeyOf(2);
+  std::vector<std::byte> payload = RandomBytes(256, 2);
+  const std::vector<std::byte> value = Encode(key, payload);
+  std::vector<std::byte> out(256);
+  for (size_t i = 0; i < value.size(); ++i) {
+    for (uint8_t bit : {uint8_t{0x01}, uint8_t{0x80}}) {
+      std::vector<std::byte> bad = value;
+      bad[i] ^= std::byte{bit};
+      const PageStatus st = ReadPageValue(bad, kNs, key, PageBuffer::Of(out));
+      EXPECT_EQ(st, PageStatus::kCorrupt) << "byte " << i << " bit " << int{bit};
+    }
+  }
+}
+
+TEST(PageFormatTest, WrongNamespaceKeyLengthAndTruncation) {
+  const PageKey key = KeyOf(3);
+  std::vector<std::byte> payload = RandomBytes(512, 3);
+  const std::vector<std::byte> value = Encode(key, payload);
+  std::vector<std::byte> out(512);
+  EXPECT_EQ(ReadPageValue(value, kNs + 1, key, PageBuffer::Of(out)), PageStatus::kWrongNamespace);
+  EXPECT_EQ(ReadPageValue(value, kNs, KeyOf(4), PageBuffer::Of(out)), PageStatus::kCorrupt);
+  std::vector<std::byte> shorter(511);
+  EXPECT_EQ(ReadPageValue(value, kNs, key, PageBuffer::Of(shorter)), PageStatus::kCorrupt);
+  for (size_t n :
+       {size_t{0}, size_t{1}, kPageHeaderBytes - 1, kPageHeaderBytes, kPageHeaderBytes + 511}) {
+    EXPECT_EQ(ReadPageValue(std::span(value).first(n), kNs, key, PageBuffer::Of(out)),
+              PageStatus::kCorrupt)
+        << n;
+  }
+  std::vector<std::byte> longer = value;
+  longer.push_back(std::byte{0});
+  EXPECT_EQ(ReadPageValue(longer, kNs, key, PageBuffer::Of(out)), PageStatus::kCorrupt);
+}
+
+TEST(PageFormatTest, OlderVersionAndUnknownChecksumKindAreMisses) {
+  const PageKey key = KeyOf(5);
+  std::vector<std::byte> payload = RandomBytes(128, 5);
+  std::vector<std::byte> out(128);
+  for (uint16_t version : {uint16_t{0}, uint16_t{kPageFormatVersion + 1}}) {
+    PageHeader h;
+    h.version = version;
+    h.checksum_kind = DefaultChecksumKind();
+    h.namespace_hash = kNs;
+    h.key = key;
+    h.payload_bytes = payload.size();
+    ASSERT_TRUE(PayloadChecksum(h.checksum_kind, PageBuffer::Of(payload), &h.payload_checksum));
+    std::vector<std::byte> value(kPageHeaderBytes + payload.size());
+    EncodePageHeader(h, std::span(value).first<kPageHeaderBytes>());
+    std::memcpy(value.data() + kPageHeaderBytes, payload.data(), payload.size());
+    // A well-formed header in every other respect: only the version is wrong.
+    EXPECT_EQ(ReadPageValue(value, kNs, key, PageBuffer::Of(out)), PageStatus::kCorrupt) << version;
+  }
+  PageHeader h;
+  h.checksum_kind = 7;
+  h.namespace_hash = kNs;
+  h.key = key;
+  h.payload_bytes = payload.size();
+  std::vector<std::byte> value(kPageHeaderBytes + payload.size());
+  EncodePageHeader(h, std::span(value).first<kPageHeaderBytes>());
+  EXPECT_EQ(ReadPageValue(value, kNs, key, PageBuffer::Of(out)), PageStatus::kCorrupt);
+}
+
+TEST(PageFormatTest, BothChecksumKindsRoundTrip) {
+  // A value written with the SHA-256 kind (a build without xxhash) reads back in this build.
+  const PageKey key = KeyOf(6);
+  std::vector<std::byte> payload = RandomBytes(1000, 6);
+  PageHeader h;
+  h.checksum_kind = kChecksumSha256;
+  h.namespace_hash = kNs;
+  h.key = key;
+  h.payload_bytes = payload.size();
+  ASSERT_TRUE(PayloadChecksum(kChecksumSha256, PageBuffer::Of(payload), &h.payload_checksum));
+  std::vector<std::byte> value(kPageHeaderBytes + payload.size());
+  EncodePageHeader(h, std::span(value).first<kPageHeaderBytes>());
+  std::memcpy(value.data() + kPageHeaderBytes, payload.data(), payload.size());
+  std::vector<std::byte> out(1000);
+  EXPECT_EQ(ReadPageValue(value, kNs, key, PageBuffer::Of(out)), PageStatus::kOk);
+  EXPECT_EQ(out, payload);
+  value.back() ^= std::byte{1};
+  EXPECT_EQ(ReadPageValue(value, kNs, key, PageBuffer::Of(out)), PageStatus::kCorrupt);
+}
+
+TEST(PageFormatTest, CorruptPayloadNeverReachesTheBuffer) {
+  const PageKey key = KeyOf(8);
+  std::vector<std::byte> payload = RandomBytes(300, 8);
+  std::vector<std::byte> value = Encode(key, payload);
+  value[kPageHeaderBytes + 150] ^= std::byte{0x10};
+  std::vector<std::byte> out(300, std::byte{0xEE});
+  EXPECT_EQ(ReadPageValue(value, kNs, key, PageBuffer::Of(out)), PageStatus::kCorrupt);
+  for (auto b : out) ASSERT_EQ(b, std::byte{0xEE});
+}
+
+}  // namespace
+}  // namespace kvtier::storage

@@ -1,0 +1,584 @@
+// The redis:// and redis+cluster:// storage backends against real redis-server processes on
+// loopback ports: round trips of two-segment pages with every byte checked (poisoned outputs),
+// Exists prefixes, Remove, the stored name and value format, values whose header disagrees (all
+// misses), AUTH with a password or an ACL user and a clear error for a wrong one, a paused,
+// killed and restarted server (misses within the timeout, then a reconnect), and a 3-master
+// cluster created by the test: keys on every node, a slot migrated while batches run (MOVED and
+// ASK followed, no miss), and a node killed while batches run (its pages miss within the
+// timeout, the rest are hits) and restarted.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "kvtier/storage.h"
+#include "storage/crc16.h"
+#include "storage/page_format.h"
+#include "storage/redis_test_server.h"
+
+namespace kvtier {
+namespace {
+
+#if !KVTIER_HAVE_HIREDIS
+
+// A build without hiredis leaves the Redis backend out and says so.
+TEST(RedisBackendTest, LeftOutOfThisBuild) {
+  StorageNamespace ns;
+  ns.model_id = "m";
+  ns.num_layers = 1;
+  ns.slot_bytes = 64;
+  ns.page_size = 16;
+  auto backend = OpenStorage("redis://127.0.0.1:6379", ns);
+  ASSERT_FALSE(backend.ok());
+  EXPECT_TRUE(backend.status().IsInvalidArgument());
+  EXPECT_NE(backend.status().message().find("hiredis"), std::string::npos);
+}
+
+#else  // KVTIER_HAVE_HIREDIS
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+using testing::RedisCommand;
+using testing::RedisTestCluster;
+using testing::RedisTestServer;
+using testing::ReplyText;
+
+#define SKIP_WITHOUT_REDIS()                                              \
+  do {                                                                    \
+    if (std::string why = testing::RedisTestSkipReason(); !why.empty()) { \
+      GTEST_SKIP() << why;                                                \
+    }                                                                     \
+  } while (0)
+
+constexpr std::byte kPoison{0xA5};
+
+StorageNamespace TestNamespace(std::string model = "redis-test-model") {
+  StorageNamespace ns;
+  ns.model_id = std::move(model);
+  ns.num_layers = 2;
+  ns.slot_bytes = 64;
+  ns.page_size = 16;
+  return ns;  // page_bytes = 2 (K, V) * 2 layers * 16 tokens * 64 = 4096; K and V 2048 each
+}
+
+std::vector<PageKey> Keys(int n, int64_t start = 0) {
+  std::vector<int32_t> tokens(static_cast<size_t>(n) * 16);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(start + i);
+  return *ComputePromptPageKeys(tokens, 16);
+}
+
+// The byte at `offset` of the payload of the page named `key`: a function of both, so a page read
+// into the wrong buffer or shifted by a byte is caught.
+std::byte PatternByte(const PageKey& key, size_t offset) {
+  uint64_t x = (static_cast<uint64_t>(key.bytes[0]) << 32 | key.bytes[1] << 8 | key.bytes[2]) +
+               offset * 0x9E3779B97F4A7C15ull;
+  x ^= x >> 31;
+  x *= 0xBF58476D1CE4E5B9ull;
+  return static_cast<std::byte>(x >> 56);
+}
+
+// Page buffers of one namespace: each page two segments (K, V) of separate allocations.
+struct Pages {
+  std::vector<std::vector<std::byte> > k, v;
+  std::vector<PageBuffer> buffers;
+  Pages(const StorageNamespace& ns, size_t n) : k(n), v(n) {
+    const size_t half = static_cast<size_t>(ns.page_bytes() / 2);
+    for (size_t i = 0; i < n; ++i) {
+      k[i].assign(half, kPoison);
+      v[i].assign(half, kPoison);
+      buffers.push_back(PageBuffer::Of(k[i], v[i]));
+    }
+  }
+  void Fill(std::span<const PageKey> keys) {
+    for (size_t i = 0; i < keys.size(); ++i) {
+      for (size_t b = 0; b < k[i].size(); ++b) k[i][b] = PatternByte(keys[i], b);
+      for (size_t b = 0; b < v[i].size(); ++b) v[i][b] = PatternByte(keys[i], k[i].size() + b);
+    }
+  }
+  void Poison() {
+    for (auto& s : k) std::fill(s.begin(), s.end(), kPoison);
+    for (auto& s : v) std::fill(s.begin(), s.end(), kPoison);
+  }
+  // The first wrong byte of page i as text, or "" when it holds key's pattern exactly.
+  std::string Mismatch(size_t i, const PageKey& key) const {
+    for (size_t b = 0; b < k[i].size(); ++b) {
+      if (k[i][b] != PatternByte(key, b))
+        return "page " + std::to_string(i) + " K byte " + std::to_string(b);
+    }
+    for (size_t b = 0; b < v[i].size(); ++b) {
+      if (v[i][b] != PatternByte(key, k[i].size() + b)) {
+        return "page " + std::to_string(i) + " V byte " + std::to_string(b);
+      }
+    }
+    return "";
+  }
+};
+
+std::unique_ptr<StorageBackend> Open(const std::string& url, const StorageNamespace& ns,
+                                     StorageOptions options = {}) {
+  auto backend = OpenStorage(url, ns, options);
+  EXPECT_TRUE(backend.ok()) << url << ": " << backend.status().ToString();
+  return backend.ok() ? std::move(backend).value() : nullptr;
+}
+
+// Sets `keys` from pattern pages; the number of kOk pages.
+int64_t SetPattern(StorageBackend& backend, const std::vector<PageKey>& keys) {
+  Pages pages(backend.ns(), keys.size());
+  pages.Fill(keys);
+  BatchResult result = backend.Set(keys, pages.buffers).get();
+  EXPECT_TRUE(result.status.ok()) << result.status.ToString();
+  return result.count(PageStatus::kOk);
+}
+
+// Gets `keys` into poisoned buffers; every kOk page must hold its pattern (a failure otherwise).
+BatchResult GetChecked(StorageBackend& backend, const std::vector<PageKey>& keys) {
+  Pages pages(backend.ns(), keys.size());
+  BatchResult result = backend.Get(keys, pages.buffers).get();
+  EXPECT_TRUE(result.status.ok()) << result.status.ToString();
+  for (size_t i = 0; i < keys.size() && i < result.pages.size(); ++i) {
+    if (result.pages[i] == PageStatus::kOk) {
+      EXPECT_EQ(pages.Mismatch(i, keys[i]), "");
+    }
+  }
+  return result;
+}
+
+std::string ObjectName(const StorageNamespace& ns, const PageKey& key) {
+  return ns.Name() + "/" + key.Hex();
+}
+
+TEST(RedisBackendTest, RoundTripExistsAndRemove) {
+  SKIP_WITHOUT_REDIS();
+  RedisTestServer server;
+  ASSERT_EQ(server.Start(), "");
+  const StorageNamespace ns = TestNamespace();
+  auto backend = Open("redis://" + server.address(), ns);
+  ASSERT_NE(backend, nullptr);
+  EXPECT_EQ(backend->url(), "redis://" + server.address());
+
+  const std::vector<PageKey> keys = Keys(64);
+  EXPECT_EQ(backend->Exists(keys).get().leading, 0);
+  const BatchResult absent = GetChecked(*backend, keys);
+  EXPECT_EQ(absent.count(PageStatus::kAbsent), 64);
+
+  ASSERT_EQ(SetPattern(*backend, keys), 64);
+  EXPECT_EQ(backend->Exists(keys).get().leading, 64);
+  const BatchResult hits = GetChecked(*backend, keys);
+  EXPECT_EQ(hits.count(PageStatus::kOk), 64);
+
+  // Remove pages 10 and 40: Exists stops at 10; Get misses exactly those two.
+  ASSERT_EQ(backend->Remove({keys[10], keys[40]}).get().count(PageStatus::kOk), 2);
+  EXPECT_EQ(backend->Exists(keys).get().leading, 10);
+  const BatchResult after = GetChecked(*backend, keys);
+  EXPECT_EQ(after.count(PageStatus::kOk), 62);
+  EXPECT_EQ(after.pages[10], PageStatus::kAbsent);
+  EXPECT_EQ(after.pages[40], PageStatus::kAbsent);
+  EXPECT_EQ(after.leading_ok(), 10);
+
+  // Exists of 1,000 keys (a prefix of 64 present) in one call.
+  std::vector<PageKey> many = keys;
+  const std::vector<PageKey> more = Keys(936, 64 * 16);
+  many.insert(many.end(), more.begin(), more.end());
+  EXPECT_EQ(backend->Exists(many).get().leading, 10);
+
+  const StorageStats stats = backend->Stats();
+  EXPECT_EQ(stats.set_ok_pages, 64);
+  EXPECT_EQ(stats.get_hit_pages, 64 + 62);
+  EXPECT_EQ(stats.bytes_written, 64 * ns.page_bytes());
+}
+
+TEST(RedisBackendTest, StoredNameAndValueAreThePageFormat) {
+  SKIP_WITHOUT_REDIS();
+  RedisTestServer server;
+  ASSERT_EQ(server.Start(), "");
+  const StorageNamespace ns = TestNamespace();
+  auto backend = Open("redis://" + server.address(), ns);
+  ASSERT_NE(backend, nullptr);
+  const std::vector<PageKey> keys = Keys(1);
+  ASSERT_EQ(SetPattern(*backend, keys), 1);
+
+  auto raw = RedisCommand(server.endpoint(), {"GET", ObjectName(ns, keys[0])});
+  ASSERT_NE(raw, nullptr);
+  ASSERT_EQ(raw->type, REDIS_REPLY_STRING);
+  ASSERT_EQ(raw->len, storage::kPageHeaderBytes + static_cast<size_t>(ns.page_bytes()));
+  const auto value = std::as_bytes(std::span<const char>(raw->str, raw->len));
+  storage::PageHeader header;
+  ASSERT_EQ(storage::ParsePageHeader(value.first(storage::kPageHeaderBytes), ns.Hash(), keys[0],
+                                     static_cast<uint64_t>(ns.page_bytes()), &header),
+            PageStatus::kOk);
+  for (size_t b = 0; b < static_cast<size_t>(ns.page_bytes()); ++b) {
+    ASSERT_EQ(value[storage::kPageHeaderBytes + b], PatternByte(keys[0], b)) << b;
+  }
+}
+
+TEST(RedisBackendTest, ValuesThatDoNotCheckOutAreMisses) {
+  SKIP_WITHOUT_REDIS();
+  RedisTestServer server;
+  ASSERT_EQ(server.Start(), "");
+  const StorageNamespace ns = TestNamespace();
+  const StorageNamespace other_ns = TestNamespace("another-model");
+  auto backend = Open("redis://" + server.address(), ns);
+  auto other = Open("redis://" + server.address(), other_ns);
+  ASSERT_NE(backend, nullptr);
+  ASSERT_NE(other, nullptr);
+  const std::vector<PageKey> keys = Keys(8);
+  ASSERT_EQ(SetPattern(*backend, keys), 8);
+  ASSERT_EQ(SetPattern(*other, keys), 8);
+
+  auto raw_get = [&](const std::string& name) {
+    auto reply = RedisCommand(server.endpoint(), {"GET", name});
+    return std::string(reply->str, reply->len);
+  };
+  auto raw_set = [&](const PageKey& key, const std::string& value) {
+    ASSERT_EQ(ReplyText(RedisCommand(server.endpoint(), {"SET", ObjectName(ns, key), value}).get()),
+              "OK");
+  };
+  const std::string good = raw_get(ObjectName(ns, keys[0]));
+  // 0: another key's value renamed into place; 1: another namespace's value of the same key;
+  // 2: one payload byte flipped; 3: truncated; 4: an older format version; 5: not a page at all;
+  // 6: a header byte flipped; 7: one byte too long.
+  raw_set(keys[0], raw_get(ObjectName(ns, keys[1])));
+  raw_set(keys[1], raw_get(ObjectName(other_ns, keys[1])));
+  std::string flipped = raw_get(ObjectName(ns, keys[2]));
+  flipped[storage::kPageHeaderBytes + 1000] ^= 0x01;
+  raw_set(keys[2], flipped);
+  raw_set(keys[3], raw_get(ObjectName(ns, keys[3])).substr(0, 3000));
+  {
+    Pages page(ns, 1);
+    page.Fill(std::span<const PageKey>(&keys[4], 1));
+    storage::PageHeader header;
+    header.version = storage::kPageFormatVersion - 1;
+    header.checksum_kind = storage::DefaultChecksumKind();
+    header.namespace_hash = ns.Hash();
+    header.key = keys[4];
+    header.payload_bytes = static_cast<uint64_t>(ns.page_bytes());
+    ASSERT_TRUE(
+        storage::PayloadChecksum(header.checksum_kind, page.buffers[0], &header.payload_checksum));
+    std::string old(storage::kPageHeaderBytes, '\0');
+    storage::EncodePageHeader(
+        header, std::span<std::byte, storage::kPageHeaderBytes>(
+                    reinterpret_cast<std::byte*>(old.data()), storage::kPageHeaderBytes));
+    old.append(reinterpret_cast<const char*>(page.k[0].data()), page.k[0].size());
+    old.append(reinterpret_cast<const char*>(page.v[0].data()), page.v[0].size());
+    raw_set(keys[4], old);
+  }
+  raw_set(keys[5], "hello");
+  std::string bad_header = raw_get(ObjectName(ns, keys[6]));
+  bad_header[20] ^= 0x40;
+  raw_set(keys[6], bad_header);
+  raw_set(keys[7], raw_get(ObjectName(ns, keys[7])) + "x");
+
+  const BatchResult result = GetChecked(*backend, keys);
+  const PageStatus expected[] = {PageStatus::kCorrupt, PageStatus::kWrongNamespace,
+                                 PageStatus::kCorrupt, PageStatus::kCorrupt,
+                                 PageStatus::kCorrupt, PageStatus::kCorrupt,
+                                 PageStatus::kCorrupt, PageStatus::kCorrupt};
+  for (size_t i = 0; i < keys.size(); ++i) {
+    EXPECT_EQ(result.pages[i], expected[i])
+        << "case " << i << ": " << PageStatusName(result.pages[i]);
+  }
+  // The untouched value still reads back; a key of the wrong Redis type is a failed read.
+  raw_set(keys[0], good);
+  ASSERT_EQ(ReplyText(RedisCommand(server.endpoint(), {"DEL", ObjectName(ns, keys[1])}).get()),
+            "1");
+  ASSERT_NE(RedisCommand(server.endpoint(), {"LPUSH", ObjectName(ns, keys[1]), "x"}), nullptr);
+  const BatchResult again = GetChecked(*backend, {keys[0], keys[1]});
+  EXPECT_EQ(again.pages[0], PageStatus::kOk);
+  EXPECT_EQ(again.pages[1], PageStatus::kFailed);
+  EXPECT_EQ(backend->Stats().get_wrong_namespace_pages, 1);
+}
+
+TEST(RedisBackendTest, PasswordAclUserAndWrongCredentials) {
+  SKIP_WITHOUT_REDIS();
+  RedisTestServer server(
+      {"--requirepass", "s3cret", "--user", "alice", "on", ">wonder%land", "~*", "&*", "+@all"});
+  ASSERT_EQ(server.Start(), "");
+  const StorageNamespace ns = TestNamespace();
+  const std::vector<PageKey> keys = Keys(4);
+
+  auto with_password = Open("redis://:s3cret@" + server.address(), ns);
+  ASSERT_NE(with_password, nullptr);
+  EXPECT_EQ(with_password->url(), "redis://" + server.address());  // no credentials shown
+  ASSERT_EQ(SetPattern(*with_password, keys), 4);
+  auto as_alice = Open("redis://alice:wonder%25land@" + server.address(), ns);
+  ASSERT_NE(as_alice, nullptr);
+  EXPECT_EQ(GetChecked(*as_alice, keys).count(PageStatus::kOk), 4);
+
+  auto wrong = OpenStorage("redis://:nope@" + server.address(), ns);
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_TRUE(wrong.status().IsUnavailable());
+  EXPECT_NE(wrong.status().message().find("AUTH failed"), std::string::npos)
+      << wrong.status().ToString();
+  EXPECT_NE(wrong.status().message().find("WRONGPASS"), std::string::npos);
+  EXPECT_EQ(wrong.status().message().find("nope"), std::string::npos);  // never the password
+
+  auto missing = OpenStorage("redis://" + server.address(), ns);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_TRUE(missing.status().IsUnavailable());
+  EXPECT_NE(missing.status().message().find("NOAUTH"), std::string::npos)
+      << missing.status().ToString();
+
+  auto bad_url = OpenStorage("redis://alice@" + server.address(), ns);
+  ASSERT_FALSE(bad_url.ok());
+  EXPECT_TRUE(bad_url.status().IsInvalidArgument());
+}
+
+TEST(RedisBackendTest, PausedKilledAndRestartedServer) {
+  SKIP_WITHOUT_REDIS();
+  RedisTestServer server;
+  ASSERT_EQ(server.Start(), "");
+  const StorageNamespace ns = TestNamespace();
+  StorageOptions options;
+  options.timeout = 300ms;
+  auto backend = Open("redis://" + server.address(), ns, options);
+  ASSERT_NE(backend, nullptr);
+  const std::vector<PageKey> keys = Keys(16);
+  ASSERT_EQ(SetPattern(*backend, keys), 16);
+
+  // Paused (accepts, never answers): every call completes at its timeout, as misses.
+  server.Pause();
+  auto start = Clock::now();
+  const BatchResult paused = GetChecked(*backend, keys);
+  EXPECT_LT(Clock::now() - start, 800ms);
+  EXPECT_EQ(paused.count(PageStatus::kTimedOut), 16);
+  start = Clock::now();
+  EXPECT_EQ(SetPattern(*backend, keys), 0);
+  const ExistsResult exists = backend->Exists(keys).get();
+  EXPECT_EQ(exists.leading, 0);
+  EXPECT_LT(Clock::now() - start, 1600ms);
+  server.Resume();
+
+  // Killed: misses and failed sets at once, not at the timeout.
+  server.Kill();
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    start = Clock::now();
+    const BatchResult dead = GetChecked(*backend, keys);
+    EXPECT_EQ(dead.count(PageStatus::kFailed), 16);
+    EXPECT_EQ(SetPattern(*backend, keys), 0);
+    EXPECT_LT(Clock::now() - start, 250ms);
+    std::this_thread::sleep_for(30ms);
+  }
+
+  // Restarted (empty: the tests run without persistence): the backend reconnects by itself.
+  ASSERT_EQ(server.Start(), "");
+  const auto give_up = Clock::now() + 5s;
+  int64_t stored = 0;
+  while (stored != 16 && Clock::now() < give_up) {
+    stored = SetPattern(*backend, keys);
+    if (stored != 16) std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_EQ(stored, 16);
+  EXPECT_EQ(GetChecked(*backend, keys).count(PageStatus::kOk), 16);
+  EXPECT_EQ(backend->Exists(keys).get().leading, 16);
+}
+
+TEST(RedisBackendTest, ConcurrentCallersOnOneBackend) {
+  SKIP_WITHOUT_REDIS();
+  RedisTestServer server;
+  ASSERT_EQ(server.Start(), "");
+  const StorageNamespace ns = TestNamespace();
+  auto backend = Open("redis://" + server.address(), ns);
+  ASSERT_NE(backend, nullptr);
+  std::vector<std::thread> callers;
+  std::atomic<int64_t> hits{0};
+  for (int t = 0; t < 4; ++t) {
+    callers.emplace_back([&, t] {
+      const std::vector<PageKey> keys = Keys(32, t * 100000);
+      for (int round = 0; round < 5; ++round) {
+        EXPECT_EQ(SetPattern(*backend, keys), 32);
+        hits += GetChecked(*backend, keys).count(PageStatus::kOk);
+        EXPECT_EQ(backend->Exists(keys).get().leading, 32);
+      }
+    });
+  }
+  for (auto& caller : callers) caller.join();
+  EXPECT_EQ(hits.load(), 4 * 5 * 32);
+}
+
+// ---- cluster ------------------------------------------------------------------------------------
+
+// The index of the cluster node that serves `key`'s object, asking the cluster (-1: none).
+int NodeOfKey(RedisTestCluster& cluster, const StorageNamespace& ns, const PageKey& key) {
+  const int slot = storage::HashSlot(ObjectName(ns, key));
+  // The owner is the node whose CLUSTER SLOTS ranges hold the slot (as node 0 sees them).
+  auto slots = RedisCommand(cluster.node(0).endpoint(), {"CLUSTER", "SLOTS"});
+  for (size_t i = 0; slots != nullptr && i < slots->elements; ++i) {
+    const redisReply* range = slots->element[i];
+    if (range->element[0]->integer <= slot && slot <= range->element[1]->integer) {
+      return cluster.IndexOf("127.0.0.1:" + std::to_string(range->element[2]->element[1]->integer));
+    }
+  }
+  return -1;
+}
+
+TEST(RedisClusterBackendTest, KeysOnEveryNodeAndASlotMigratedDuringBatches) {
+  SKIP_WITHOUT_REDIS();
+  RedisTestCluster cluster;
+  ASSERT_EQ(cluster.Start(), "");
+  const StorageNamespace ns = TestNamespace();
+  auto backend = Open(cluster.Url(2), ns);
+  ASSERT_NE(backend, nullptr);
+
+  const std::vector<PageKey> keys = Keys(300);
+  ASSERT_EQ(SetPattern(*backend, keys), 300);
+  int per_node[RedisTestCluster::kNodes] = {};
+  for (int n = 0; n < RedisTestCluster::kNodes; ++n) {
+    per_node[n] = static_cast<int>(RedisCommand(cluster.node(n).endpoint(), {"DBSIZE"})->integer);
+  }
+  EXPECT_EQ(per_node[0] + per_node[1] + per_node[2], 300);
+  for (int n : per_node) EXPECT_GT(n, 50) << "keys are not spread over the nodes";
+  EXPECT_EQ(GetChecked(*backend, keys).count(PageStatus::kOk), 300);
+  EXPECT_EQ(backend->Exists(keys).get().leading, 300);
+
+  // Migrate the slot of keys[0] to another node while other threads keep reading and writing
+  // batches that include it: each read must be a hit with the right bytes (ASK while the slot
+  // is migrating, MOVED after).
+  const int slot = storage::HashSlot(ObjectName(ns, keys[0]));
+  const int from = NodeOfKey(cluster, ns, keys[0]);
+  ASSERT_GE(from, 0);
+  const int to = (from + 1) % RedisTestCluster::kNodes;
+  const std::string from_id = cluster.NodeId(from), to_id = cluster.NodeId(to);
+  const std::string slot_text = std::to_string(slot);
+  // More keys in the same slot (searched by their names' CRC16), so the batch has several.
+  std::vector<PageKey> batch = {keys[0]};
+  for (int64_t start = 1000000; batch.size() < 6; start += 16) {
+    const PageKey key = Keys(1, start)[0];
+    if (storage::HashSlot(ObjectName(ns, key)) == slot) batch.push_back(key);
+  }
+  ASSERT_EQ(SetPattern(*backend, batch), 6);
+  batch.insert(batch.end(), keys.begin() + 1, keys.begin() + 40);
+
+  std::atomic<bool> done{false};
+  std::atomic<int64_t> batches{0}, misses{0};
+  std::thread reader([&] {
+    while (!done.load()) {
+      const BatchResult result = GetChecked(*backend, batch);
+      misses += static_cast<int64_t>(batch.size()) - result.count(PageStatus::kOk);
+      ++batches;
+    }
+  });
+  auto admin = [&](int node, std::initializer_list<std::string_view> args) {
+    return ReplyText(RedisCommand(cluster.node(node).endpoint(), args).get());
+  };
+  ASSERT_EQ(admin(to, {"CLUSTER", "SETSLOT", slot_text, "IMPORTING", from_id}), "OK");
+  ASSERT_EQ(admin(from, {"CLUSTER", "SETSLOT", slot_text, "MIGRATING", to_id}), "OK");
+  for (int round = 0; round < 20; ++round) {
+    auto left =
+        RedisCommand(cluster.node(from).endpoint(), {"CLUSTER", "GETKEYSINSLOT", slot_text, "1"});
+    ASSERT_NE(left, nullptr);
+    if (left->elements == 0) break;
+    const std::string name(left->element[0]->str, left->element[0]->len);
+    ASSERT_EQ(admin(from, {"MIGRATE", "127.0.0.1", std::to_string(cluster.node(to).port()), name,
+                           "0", "2000"}),
+              "OK");
+    std::this_thread::sleep_for(5ms);  // let batches run against a half-migrated slot
+  }
+  // The new owner first, then the old one, then the rest (the order that never loses a key).
+  ASSERT_EQ(admin(to, {"CLUSTER", "SETSLOT", slot_text, "NODE", to_id}), "OK");
+  ASSERT_EQ(admin(from, {"CLUSTER", "SETSLOT", slot_text, "NODE", to_id}), "OK");
+  ASSERT_EQ(admin(3 - from - to, {"CLUSTER", "SETSLOT", slot_text, "NODE", to_id}), "OK");
+  const int64_t before_end = batches.load();
+  while (batches.load() < before_end + 2) std::this_thread::sleep_for(1ms);
+  done = true;
+  reader.join();
+  EXPECT_GT(batches.load(), 2);
+  EXPECT_EQ(misses.load(), 0);
+  EXPECT_EQ(NodeOfKey(cluster, ns, keys[0]), to);
+  // Writes and reads of the migrated slot go to its new owner.
+  ASSERT_EQ(SetPattern(*backend, batch), static_cast<int64_t>(batch.size()));
+  EXPECT_EQ(GetChecked(*backend, keys).count(PageStatus::kOk), 300);
+  EXPECT_EQ(RedisCommand(cluster.node(from).endpoint(), {"CLUSTER", "COUNTKEYSINSLOT", slot_text})
+                ->integer,
+            0);
+}
+
+TEST(RedisClusterBackendTest, NodeKilledDuringBatchesThenRestarted) {
+  SKIP_WITHOUT_REDIS();
+  RedisTestCluster cluster;
+  ASSERT_EQ(cluster.Start(), "");
+  const StorageNamespace ns = TestNamespace();
+  StorageOptions options;
+  options.timeout = 400ms;
+  auto backend = Open(cluster.Url(3), ns, options);
+  ASSERT_NE(backend, nullptr);
+  const std::vector<PageKey> keys = Keys(150);
+  ASSERT_EQ(SetPattern(*backend, keys), 150);
+  std::vector<int> node_of(keys.size());
+  int on_victim = 0;
+  const int victim = 1;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    node_of[i] = NodeOfKey(cluster, ns, keys[i]);
+    on_victim += node_of[i] == victim;
+  }
+  ASSERT_GT(on_victim, 10);
+
+  // Batches run while the node dies; after that, every batch completes within the timeout
+  // with exactly the victim's pages missing and every other page a hit with the right bytes.
+  std::atomic<bool> killed{false}, done{false};
+  std::atomic<int64_t> after_kill{0};
+  std::thread reader([&] {
+    while (!done.load()) {
+      const bool was_killed = killed.load();
+      const auto start = Clock::now();
+      const BatchResult result = GetChecked(*backend, keys);
+      EXPECT_LT(Clock::now() - start, 1s);
+      for (size_t i = 0; i < keys.size(); ++i) {
+        if (node_of[i] != victim) {
+          EXPECT_EQ(result.pages[i], PageStatus::kOk)
+              << i << " " << PageStatusName(result.pages[i]);
+        } else if (was_killed) {
+          EXPECT_TRUE(result.pages[i] == PageStatus::kFailed ||
+                      result.pages[i] == PageStatus::kTimedOut)
+              << PageStatusName(result.pages[i]);
+        }
+      }
+      if (was_killed) ++after_kill;
+    }
+  });
+  std::this_thread::sleep_for(20ms);
+  cluster.node(victim).Kill();
+  killed = true;
+  while (after_kill.load() < 5) std::this_thread::sleep_for(1ms);
+  done = true;
+  reader.join();
+
+  // Sets of the victim's pages fail, the others succeed.
+  EXPECT_EQ(SetPattern(*backend, keys), 150 - on_victim);
+
+  // Restarted with its cluster config (same id and slots, no data): the backend reconnects.
+  ASSERT_EQ(cluster.node(victim).Start(), "");
+  const auto give_up = Clock::now() + 10s;
+  int64_t stored = 0;
+  while (stored != 150 && Clock::now() < give_up) {
+    stored = SetPattern(*backend, keys);
+    if (stored != 150) std::this_thread::sleep_for(50ms);
+  }
+  ASSERT_EQ(stored, 150);
+  EXPECT_EQ(GetChecked(*backend, keys).count(PageStatus::kOk), 150);
+}
+
+TEST(RedisClusterBackendTest, OpenErrors) {
+  SKIP_WITHOUT_REDIS();
+  RedisTestServer plain;  // no cluster support
+  ASSERT_EQ(plain.Start(), "");
+  auto not_cluster = OpenStorage("redis+cluster://" + plain.address(), TestNamespace());
+  ASSERT_FALSE(not_cluster.ok());
+  EXPECT_TRUE(not_cluster.status().IsUnavailable());
+  EXPECT_NE(not_cluster.status().message().find("cluster support disabled"), std::string::npos)
+      << not_cluster.status().ToString();
+
+  const int nobody = testing::FreeLoopbackPort();
+  auto unreachable =
+      OpenStorage("redis+cluster://127.0.0.1:" + std::to_string(nobody) + "," + plain.address(),
+                  TestNamespace());
+  ASSERT_FALSE(unreachable.ok());
+  EXPECT_NE(unreachable.status().message().find("refused"), std::string::npos)
+      << unreachable.status().ToString();
+}
+
+#endif  // KVTIER_HAVE_HIREDIS
+
+}  // namespace
+}  // namespace kvtier

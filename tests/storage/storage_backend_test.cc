@@ -1,0 +1,305 @@
+// StorageBackend's own machinery, through a backend whose hooks wait at a gate the test opens:
+// argument checks (InvalidArgument at once, in the caller's thread), the bounded queue (a full
+// queue rejects with Unavailable without blocking), completion on the I/O threads, deadlines,
+// Close (drains, then rejects), counters, and a callback that throws. The concurrency test runs
+// many callers against the real memory backend and checks every byte.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <random>
+#include <stdexcept>
+#include <thread>
+
+#include "kvtier/storage.h"
+
+namespace kvtier {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+StorageNamespace SmallNamespace() {
+  StorageNamespace ns;
+  ns.model_id = "test-model";
+  ns.num_layers = 2;
+  ns.slot_bytes = 32;
+  ns.page_size = 4;
+  return ns;  // page_bytes = 2 * 2 * 4 * 32 = 512
+}
+
+PageKey KeyOf(int i) {
+  std::vector<int32_t> tokens = {i, i + 1, i + 2, i + 3};
+  return ComputePromptPageKeys(tokens, 4)->front();
+}
+
+// Hooks that record what they were given and block until the gate opens. Absent/present is
+// decided by the key's first byte so results are checkable.
+class GatedBackend final : public StorageBackend {
+ public:
+  GatedBackend(const StorageNamespace& ns, const StorageOptions& options)
+      : StorageBackend("gated://", ns, options) {}
+  ~GatedBackend() override { Close(); }
+  Status Open() { return Start(); }
+
+  void OpenGate() {
+    std::lock_guard<std::mutex> lock(mu_);
+    open_ = true;
+    cv_.notify_all();
+  }
+  // Waits until `n` hooks have been entered.
+  void WaitEntered(int n) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return entered_ >= n; });
+  }
+  Clock::time_point last_deadline() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return last_deadline_;
+  }
+  std::thread::id last_thread() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return last_thread_;
+  }
+
+ protected:
+  ExistsResult DoExists(std::span<const PageKey> keys, Clock::time_point deadline) override {
+    Enter(deadline);
+    ExistsResult r;
+    while (r.leading < static_cast<int64_t>(keys.size()) &&
+           keys[static_cast<size_t>(r.leading)].bytes[0] % 2 == 0) {
+      ++r.leading;
+    }
+    return r;
+  }
+  void DoGet(std::span<const PageKey> keys, std::span<const PageBuffer> buffers,
+             std::span<PageStatus> out, Clock::time_point deadline) override {
+    Enter(deadline);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (keys[i].bytes[0] % 2 == 0) {
+        std::memset(buffers[i].segments[0].data(), keys[i].bytes[1], buffers[i].bytes());
+        out[i] = PageStatus::kOk;
+      } else {
+        out[i] = PageStatus::kAbsent;
+      }
+    }
+  }
+  void DoSet(std::span<const PageKey> keys, std::span<const PageBuffer>, std::span<PageStatus> out,
+             Clock::time_point deadline) override {
+    Enter(deadline);
+    for (size_t i = 0; i < keys.size(); ++i) out[i] = PageStatus::kOk;
+  }
+  void DoRemove(std::span<const PageKey> keys, std::span<PageStatus> out,
+                Clock::time_point deadline) override {
+    Enter(deadline);
+    for (size_t i = 0; i < keys.size(); ++i) out[i] = PageStatus::kOk;
+  }
+
+ private:
+  void Enter(Clock::time_point deadline) {
+    std::unique_lock<std::mutex> lock(mu_);
+    ++entered_;
+    last_deadline_ = deadline;
+    last_thread_ = std::this_thread::get_id();
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return open_; });
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = false;
+  int entered_ = 0;
+  Clock::time_point last_deadline_;
+  std::thread::id last_thread_;
+};
+
+std::unique_ptr<GatedBackend> MakeGated(int threads, int queue, std::chrono::milliseconds timeout) {
+  StorageOptions o;
+  o.io_threads = threads;
+  o.max_queued_batches = queue;
+  o.timeout = timeout;
+  o.max_batch_pages = 8;
+  auto b = std::make_unique<GatedBackend>(SmallNamespace(), o);
+  EXPECT_TRUE(b->Open().ok());
+  return b;
+}
+
+TEST(StorageBackendTest, BadArgumentsAreRejectedAtOnceInTheCallersThread) {
+  auto b = MakeGated(1, 4, 1000ms);
+  std::vector<std::byte> page(512), small(100);
+  const auto caller = std::this_thread::get_id();
+  struct Case {
+    std::vector<PageKey> keys;
+    std::vector<PageBuffer> buffers;
+    const char* needle;
+  };
+  std::vector<Case> cases;
+  cases.push_back({{KeyOf(1), KeyOf(2)}, {PageBuffer::Of(page)}, "2 keys but 1 page buffers"});
+  cases.push_back({{KeyOf(1)}, {PageBuffer::Of(small)}, "holds 100 bytes"});
+  cases.push_back({{KeyOf(1)}, {PageBuffer{}}, "0 segments"});
+  cases.push_back({std::vector<PageKey>(9, KeyOf(1)),
+                   std::vector<PageBuffer>(9, PageBuffer::Of(page)), "max_batch_pages"});
+  for (auto& c : cases) {
+    for (bool set : {false, true}) {
+      bool called = false;
+      auto done = [&](BatchResult r) {
+        called = true;
+        EXPECT_EQ(std::this_thread::get_id(), caller);
+        EXPECT_TRUE(r.status.IsInvalidArgument());
+        EXPECT_NE(r.status.message().find(c.needle), std::string::npos) << r.status.ToString();
+        EXPECT_EQ(r.pages.size(), c.keys.size());
+        EXPECT_EQ(r.count(PageStatus::kSkipped), static_cast<int64_t>(c.keys.size()));
+      };
+      if (set) {
+        b->SetAsync(c.keys, c.buffers, done);
+      } else {
+        b->GetAsync(c.keys, c.buffers, done);
+      }
+      EXPECT_TRUE(called);
+    }
+  }
+  auto exists = b->Exists(std::vector<PageKey>(9, KeyOf(1))).get();
+  EXPECT_TRUE(exists.status.IsInvalidArgument());
+  EXPECT_EQ(exists.leading, 0);
+  // A zero-length segment beside a full one is fine (bytes() is what counts).
+  std::vector<std::byte> empty;
+  b->OpenGate();
+  auto r = b->Get({KeyOf(2)}, {PageBuffer::Of(std::span<std::byte>(empty), page)}).get();
+  EXPECT_TRUE(r.status.ok()) << r.status.ToString();
+  EXPECT_EQ(b->Stats().rejected_calls, 0);  // bad arguments are not queue rejections
+}
+
+TEST(StorageBackendTest, FullQueueRejectsWithUnavailableWithoutBlocking) {
+  auto b = MakeGated(/*threads=*/1, /*queue=*/2, 5000ms);
+  std::vector<std::byte> page(512);
+  std::atomic<int> completed{0};
+  auto count = [&](BatchResult r) {
+    EXPECT_TRUE(r.status.ok());
+    completed.fetch_add(1);
+  };
+  b->SetAsync({KeyOf(0)}, {PageBuffer::Of(page)}, count);  // taken by the I/O thread
+  b->WaitEntered(1);
+  b->SetAsync({KeyOf(2)}, {PageBuffer::Of(page)}, count);  // queued
+  b->SetAsync({KeyOf(4)}, {PageBuffer::Of(page)}, count);  // queued: the queue is full
+  EXPECT_EQ(b->Stats().queued_batches, 2);
+  const auto t0 = Clock::now();
+  auto rejected = b->Set({KeyOf(6)}, {PageBuffer::Of(page)});
+  ASSERT_EQ(rejected.wait_for(0s), std::future_status::ready);  // completed in the call
+  EXPECT_LT(Clock::now() - t0, 100ms);
+  const BatchResult r = rejected.get();
+  EXPECT_TRUE(r.status.IsUnavailable());
+  EXPECT_NE(r.status.message().find("queue full"), std::string::npos);
+  EXPECT_EQ(r.pages, std::vector<PageStatus>{PageStatus::kSkipped});
+  auto exists = b->Exists({KeyOf(0)});
+  ASSERT_EQ(exists.wait_for(0s), std::future_status::ready);
+  EXPECT_TRUE(exists.get().status.IsUnavailable());
+  EXPECT_EQ(b->Stats().rejected_calls, 2);
+  b->OpenGate();
+  b->Close();
+  EXPECT_EQ(completed.load(), 3);
+}
+
+TEST(StorageBackendTest, CompletesOnAnIoThreadWithTheDeadline) {
+  auto b = MakeGated(2, 8, 750ms);
+  b->OpenGate();
+  std::vector<std::byte> page(512, std::byte{0});
+  PageKey even = KeyOf(0), odd = KeyOf(0);
+  even.bytes[0] = 2;
+  even.bytes[1] = 0x5A;
+  odd.bytes[0] = 3;
+  const auto before = Clock::now();
+  BatchResult r = b->Get({even, odd}, {PageBuffer::Of(page), PageBuffer::Of(page)}).get();
+  EXPECT_TRUE(r.status.ok());
+  EXPECT_EQ(r.pages, (std::vector<PageStatus>{PageStatus::kOk, PageStatus::kAbsent}));
+  EXPECT_EQ(r.leading_ok(), 1);
+  EXPECT_NE(b->last_thread(), std::this_thread::get_id());
+  EXPECT_GE(b->last_deadline(), before + 750ms);
+  EXPECT_LE(b->last_deadline(), Clock::now() + 750ms);
+  auto e = b->Exists({even, even, odd, even}).get();
+  EXPECT_TRUE(e.status.ok());
+  EXPECT_EQ(e.leading, 2);
+  const StorageStats s = b->Stats();
+  EXPECT_EQ(s.get_calls, 1);
+  EXPECT_EQ(s.exists_calls, 1);
+  EXPECT_EQ(s.get_hit_pages, 1);
+  EXPECT_EQ(s.get_absent_pages, 1);
+  EXPECT_EQ(s.bytes_read, 512);
+  EXPECT_EQ(s.stored_pages, -1);  // this backend reports no gauges
+}
+
+TEST(StorageBackendTest, CloseDrainsTheQueueThenRejects) {
+  auto b = MakeGated(1, 16, 5000ms);
+  std::vector<std::byte> page(512);
+  std::vector<std::future<BatchResult>> futures;
+  for (int i = 0; i < 5; ++i) futures.push_back(b->Set({KeyOf(i)}, {PageBuffer::Of(page)}));
+  b->WaitEntered(1);
+  std::thread closer([&] { b->Close(); });
+  // Close waits for the queued calls; open the gate so they can run.
+  std::this_thread::sleep_for(20ms);
+  b->OpenGate();
+  closer.join();
+  for (auto& f : futures) {
+    ASSERT_EQ(f.wait_for(0s), std::future_status::ready);
+    EXPECT_TRUE(f.get().status.ok());
+  }
+  auto late = b->Remove({KeyOf(1)}).get();
+  EXPECT_TRUE(late.status.IsUnavailable());
+  EXPECT_NE(late.status.message().find("closed"), std::string::npos);
+  b->Close();  // idempotent
+}
+
+TEST(StorageBackendTest, AThrowingCallbackDoesNotStopTheIoThread) {
+  auto b = MakeGated(1, 4, 1000ms);
+  b->OpenGate();
+  std::vector<std::byte> page(512);
+  b->SetAsync({KeyOf(1)}, {PageBuffer::Of(page)},
+              [](BatchResult) { throw std::runtime_error("callback failure"); });
+  EXPECT_TRUE(b->Set({KeyOf(2)}, {PageBuffer::Of(page)}).get().status.ok());
+}
+
+// Many threads Set, Exists, Get and Remove their own pages on the memory backend at once; every
+// byte read back is checked.
+TEST(StorageBackendTest, ConcurrentCallersGetTheirOwnBytes) {
+  StorageOptions o;
+  o.io_threads = 3;
+  o.max_queued_batches = 1024;
+  auto backend = OpenStorage("memory://?capacity=64MiB", SmallNamespace(), o);
+  ASSERT_TRUE(backend.ok()) << backend.status().ToString();
+  StorageBackend& b = **backend;
+  constexpr int kThreads = 6, kRounds = 40, kPages = 4;
+  std::atomic<int> errors{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937 rng(static_cast<uint32_t>(t));
+      for (int round = 0; round < kRounds; ++round) {
+        std::vector<PageKey> keys;
+        std::vector<std::vector<std::byte>> pages(kPages, std::vector<std::byte>(512));
+        std::vector<PageBuffer> buffers;
+        for (int p = 0; p < kPages; ++p) {
+          keys.push_back(KeyOf(t * 100000 + round * 10 + p));
+          for (auto& byte : pages[static_cast<size_t>(p)]) byte = static_cast<std::byte>(rng());
+          buffers.push_back(PageBuffer::Of(pages[static_cast<size_t>(p)]));
+        }
+        if (b.Set(keys, buffers).get().leading_ok() != kPages) ++errors;
+        if (b.Exists(keys).get().leading != kPages) ++errors;
+        std::vector<std::vector<std::byte>> out(kPages, std::vector<std::byte>(512));
+        std::vector<PageBuffer> out_buffers;
+        for (auto& o2 : out) out_buffers.push_back(PageBuffer::Of(o2));
+        if (b.Get(keys, out_buffers).get().leading_ok() != kPages) ++errors;
+        if (out != pages) ++errors;
+        if (round % 2 == 0 && b.Remove(keys).get().leading_ok() != kPages) ++errors;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(errors.load(), 0);
+  const StorageStats s = b.Stats();
+  EXPECT_EQ(s.set_ok_pages, kThreads * kRounds * kPages);
+  EXPECT_EQ(s.get_hit_pages, kThreads * kRounds * kPages);
+  EXPECT_EQ(s.stored_pages, kThreads * (kRounds / 2) * kPages);
+}
+
+}  // namespace
+}  // namespace kvtier

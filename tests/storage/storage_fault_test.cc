@@ -1,0 +1,241 @@
+// FaultInjectingStorage over the real memory backend: each fault has the outcome its contract
+// names (and no wrong bytes reported as a hit), faults are reproducible from the seed, settings
+// can change from another thread while calls run, and clearing them restores normal service.
+#include "kvtier/storage_fault.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <random>
+#include <thread>
+
+namespace kvtier {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+StorageNamespace SmallNamespace() {
+  StorageNamespace ns;
+  ns.model_id = "test-model";
+  ns.num_layers = 2;
+  ns.slot_bytes = 32;
+  ns.page_size = 4;
+  return ns;  // page_bytes = 512
+}
+
+std::vector<PageKey> Keys(int n, int first = 0) {
+  std::vector<int32_t> tokens(static_cast<size_t>(n + first) * 4);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(i * 3 + 1);
+  auto all = *ComputePromptPageKeys(tokens, 4);
+  return std::vector<PageKey>(all.begin() + first, all.end());
+}
+
+struct Pages {
+  std::vector<std::vector<std::byte>> bytes;
+  std::vector<PageBuffer> buffers;
+  Pages(int n, uint32_t seed, bool poison = false) : bytes(static_cast<size_t>(n)) {
+    std::mt19937 rng(seed);
+    for (auto& page : bytes) {
+      page.resize(512);
+      for (auto& b : page) b = poison ? std::byte{0xCD} : static_cast<std::byte>(rng());
+      buffers.push_back(PageBuffer::Of(page));
+    }
+  }
+};
+
+std::unique_ptr<FaultInjectingStorage> Wrapped(uint64_t seed, int io_threads = 1,
+                                               std::chrono::milliseconds timeout = 2000ms) {
+  auto inner = OpenStorage("memory://?capacity=16MiB", SmallNamespace());
+  EXPECT_TRUE(inner.ok());
+  StorageOptions o;
+  o.io_threads = io_threads;
+  o.timeout = timeout;
+  auto w = FaultInjectingStorage::Wrap(std::move(*inner), seed, o);
+  EXPECT_TRUE(w.ok()) << w.status().ToString();
+  return std::move(*w);
+}
+
+TEST(StorageFaultTest, NoFaultsPassesThrough) {
+  auto w = Wrapped(1);
+  EXPECT_EQ(w->url(), "faulty+memory://");
+  const auto keys = Keys(8);
+  Pages in(8, 1), out(8, 0, true);
+  ASSERT_EQ(w->Set(keys, in.buffers).get().leading_ok(), 8);
+  EXPECT_EQ(w->Exists(keys).get().leading, 8);
+  ASSERT_EQ(w->Get(keys, out.buffers).get().leading_ok(), 8);
+  EXPECT_EQ(out.bytes, in.bytes);
+  EXPECT_EQ(w->Remove({keys[7]}).get().leading_ok(), 1);
+  EXPECT_EQ(w->Stats().stored_pages, 7);  // the wrapped store's gauge
+  const InjectedFaults f = w->injected();
+  EXPECT_EQ(f.failed_pages + f.corrupted_pages + f.dropped_pages + f.down_calls, 0);
+}
+
+TEST(StorageFaultTest, ErrorOnEveryCall) {
+  auto w = Wrapped(2);
+  const auto keys = Keys(4);
+  Pages in(4, 2), out(4, 0, true);
+  ASSERT_TRUE(w->SetErrorFraction(1.0).ok());
+  EXPECT_EQ(w->Set(keys, in.buffers).get().count(PageStatus::kFailed), 4);
+  EXPECT_EQ(w->inner().Exists(keys).get().leading, 0);  // nothing reached the store
+  ASSERT_TRUE(w->SetErrorFraction(0).ok());
+  ASSERT_EQ(w->Set(keys, in.buffers).get().leading_ok(), 4);
+  ASSERT_TRUE(w->SetErrorFraction(1.0).ok());
+  EXPECT_EQ(w->Get(keys, out.buffers).get().count(PageStatus::kFailed), 4);
+  const ExistsResult e = w->Exists(keys).get();
+  EXPECT_TRUE(e.status.IsUnavailable());
+  EXPECT_EQ(e.leading, 0);
+  EXPECT_EQ(w->Remove(keys).get().count(PageStatus::kFailed), 4);
+  EXPECT_EQ(w->inner().Exists(keys).get().leading, 4);
+  const StorageStats s = w->Stats();
+  EXPECT_EQ(s.get_failed_pages, 4);
+  EXPECT_EQ(s.set_failed_pages, 4);
+  EXPECT_EQ(w->injected().failed_exists, 1);
+}
+
+TEST(StorageFaultTest, FractionsAreReproducibleFromTheSeed) {
+  const auto keys = Keys(200);
+  Pages in(200, 3);
+  auto run = [&](uint64_t seed) {
+    auto w = Wrapped(seed);
+    EXPECT_TRUE(w->SetErrorFraction(0.5).ok());
+    return w->Set(keys, in.buffers).get().pages;
+  };
+  const auto a = run(7), b = run(7), c = run(8);
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, c);
+  const auto failed = std::count(a.begin(), a.end(), PageStatus::kFailed);
+  EXPECT_GT(failed, 60);  // 200 draws at 0.5: far outside 60..140 is a broken generator
+  EXPECT_LT(failed, 140);
+  EXPECT_EQ(std::count(a.begin(), a.end(), PageStatus::kOk), 200 - failed);
+}
+
+TEST(StorageFaultTest, CorruptedReadsAreMissesWithOneFlippedByte) {
+  auto w = Wrapped(4);
+  const auto keys = Keys(6);
+  Pages in(6, 4), out(6, 0, true);
+  ASSERT_EQ(w->Set(keys, in.buffers).get().leading_ok(), 6);
+  ASSERT_TRUE(w->SetCorruptFraction(1.0).ok());
+  const BatchResult r = w->Get(keys, out.buffers).get();
+  EXPECT_EQ(r.count(PageStatus::kCorrupt), 6);
+  for (size_t i = 0; i < 6; ++i) {
+    int differing = 0;
+    for (size_t j = 0; j < 512; ++j) differing += out.bytes[i][j] != in.bytes[i][j];
+    EXPECT_EQ(differing, 1) << i;
+  }
+  EXPECT_EQ(w->Stats().get_corrupt_pages, 6);
+  EXPECT_EQ(w->injected().corrupted_pages, 6);
+  // Two segments: the flipped byte lands in one of them.
+  std::vector<std::byte> k(256), v(256);
+  EXPECT_EQ(w->Get({keys[0]}, {PageBuffer::Of(k, v)}).get().pages[0], PageStatus::kCorrupt);
+  w->ClearFaults();
+  ASSERT_EQ(w->Get(keys, out.buffers).get().leading_ok(), 6);
+  EXPECT_EQ(out.bytes, in.bytes);
+}
+
+TEST(StorageFaultTest, DroppedWritesReportOkButMiss) {
+  auto w = Wrapped(5);
+  const auto keys = Keys(3);
+  Pages in(3, 5), out(3, 0, true);
+  ASSERT_TRUE(w->SetDropFraction(1.0).ok());
+  EXPECT_EQ(w->Set(keys, in.buffers).get().leading_ok(), 3);
+  EXPECT_EQ(w->Exists(keys).get().leading, 0);
+  EXPECT_EQ(w->Get(keys, out.buffers).get().count(PageStatus::kAbsent), 3);
+  EXPECT_EQ(w->injected().dropped_pages, 3);
+}
+
+TEST(StorageFaultTest, DownFailsEverythingUntilUp) {
+  auto w = Wrapped(6);
+  const auto keys = Keys(2);
+  Pages in(2, 6), out(2, 0, true);
+  ASSERT_EQ(w->Set(keys, in.buffers).get().leading_ok(), 2);
+  w->SetDown(true);
+  EXPECT_TRUE(w->faults().down);
+  const auto t0 = Clock::now();
+  EXPECT_EQ(w->Get(keys, out.buffers).get().count(PageStatus::kFailed), 2);
+  EXPECT_EQ(w->Set(keys, in.buffers).get().count(PageStatus::kFailed), 2);
+  EXPECT_EQ(w->Remove(keys).get().count(PageStatus::kFailed), 2);
+  const ExistsResult e = w->Exists(keys).get();
+  EXPECT_TRUE(e.status.IsUnavailable());
+  EXPECT_NE(e.status.message().find("down"), std::string::npos);
+  EXPECT_LT(Clock::now() - t0, 500ms);
+  EXPECT_EQ(w->injected().down_calls, 4);
+  w->SetDown(false);
+  ASSERT_EQ(w->Get(keys, out.buffers).get().leading_ok(), 2);
+  EXPECT_EQ(out.bytes, in.bytes);
+}
+
+TEST(StorageFaultTest, DelaysAndTimeouts) {
+  auto w = Wrapped(7, 1, /*timeout=*/300ms);
+  const auto keys = Keys(2);
+  Pages in(2, 7), out(2, 0, true);
+  ASSERT_TRUE(w->SetDelay(50ms).ok());
+  auto t0 = Clock::now();
+  ASSERT_EQ(w->Set(keys, in.buffers).get().leading_ok(), 2);
+  EXPECT_GE(Clock::now() - t0, 50ms);
+  ASSERT_TRUE(w->SetDelay(5000ms).ok());
+  t0 = Clock::now();
+  const BatchResult r = w->Get(keys, out.buffers).get();
+  const auto took = Clock::now() - t0;
+  EXPECT_EQ(r.count(PageStatus::kTimedOut), 2);
+  EXPECT_GE(took, 290ms);
+  EXPECT_LT(took, 2000ms);  // the deadline, not the delay
+  EXPECT_TRUE(w->Exists(keys).get().status.IsUnavailable());
+  EXPECT_EQ(w->Stats().get_timed_out_pages, 2);
+  EXPECT_EQ(w->injected().timed_out_calls, 2);
+}
+
+TEST(StorageFaultTest, BadSettingsAreInvalidArgument) {
+  auto w = Wrapped(8);
+  EXPECT_TRUE(w->SetErrorFraction(1.5).IsInvalidArgument());
+  EXPECT_TRUE(w->SetCorruptFraction(-0.1).IsInvalidArgument());
+  EXPECT_TRUE(w->SetDropFraction(std::nan("")).IsInvalidArgument());
+  const Status s = w->SetDelay(-1ms);
+  EXPECT_TRUE(s.IsInvalidArgument());
+  EXPECT_NE(s.message().find("delay"), std::string::npos);
+  EXPECT_EQ(w->faults().error_fraction, 0);
+  EXPECT_TRUE(FaultInjectingStorage::Wrap(nullptr, 1).status().IsInvalidArgument());
+}
+
+// Settings flip from another thread while several callers run; every hit has the right bytes.
+TEST(StorageFaultTest, ConcurrentSettingChangesKeepHitsCorrect) {
+  auto w = Wrapped(9, /*io_threads=*/3);
+  const auto keys = Keys(16);
+  Pages in(16, 9);
+  ASSERT_EQ(w->Set(keys, in.buffers).get().leading_ok(), 16);
+  std::atomic<bool> stop{false};
+  std::thread flipper([&] {
+    std::mt19937 rng(1);
+    while (!stop.load()) {
+      EXPECT_TRUE(w->SetErrorFraction((rng() % 3) * 0.25).ok());
+      EXPECT_TRUE(w->SetCorruptFraction((rng() % 3) * 0.25).ok());
+      w->SetDown(rng() % 5 == 0);
+      std::this_thread::sleep_for(1ms);
+    }
+  });
+  std::atomic<int> wrong{0}, hits{0};
+  std::vector<std::thread> callers;
+  for (int t = 0; t < 3; ++t) {
+    callers.emplace_back([&] {
+      for (int round = 0; round < 30; ++round) {
+        Pages out(16, 0, true);
+        const BatchResult r = w->Get(keys, out.buffers).get();
+        for (size_t i = 0; i < 16; ++i) {
+          if (r.pages[i] != PageStatus::kOk) continue;
+          ++hits;
+          if (out.bytes[i] != in.bytes[i]) ++wrong;
+        }
+      }
+    });
+  }
+  for (auto& c : callers) c.join();
+  stop.store(true);
+  flipper.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_GT(hits.load(), 0);
+}
+
+}  // namespace
+}  // namespace kvtier

@@ -1,0 +1,648 @@
+// tools/kvtier/storage_bench.cc — `kvtier bench --storage URL` (storage_bench.h).
+//
+// Thread safety: one thread drives the run; the backend completes calls on its own threads.
+#include "storage_bench.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <random>
+
+#include "bench.h"
+#include "redis_baseline.h"
+#include "kvtier/page_key.h"
+#include "kvtier/storage.h"
+#include "storage/page_format.h"
+
+namespace kvtier::tools {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// A page kind of the reference workload, stored page_first (K then V of each page contiguous).
+struct PageKind {
+  const char* name;
+  const char* model;
+  int64_t num_layers, slot_bytes, page_size, head_num;
+  bool mla;
+};
+constexpr PageKind kKinds[] = {
+    {"mha16", "Llama-3-8B", 32, 2048, 16, 8, false},  // 2 MiB
+    {"mha64", "Llama-3-8B", 32, 2048, 64, 8, false},  // 8 MiB
+    {"mla64", "DeepSeek-V3", 61, 1152, 64, 1, true},  // 4.5 MB
+};
+// Small pages for the Exists measurement (the index, not the bytes, is what it measures).
+constexpr PageKind kExistsKind = {"exists", "tiny", 1, 64, 16, 1, false};
+
+StorageNamespace NamespaceOf(const PageKind& kind) {
+  StorageNamespace ns;
+  ns.model_id = std::string("kvtier-bench/") + kind.model;
+  ns.kv_dtype = "bf16";
+  ns.layout = KvLayout::kPageFirst;
+  ns.mla = kind.mla;
+  ns.num_layers = kind.num_layers;
+  ns.slot_bytes = kind.slot_bytes;
+  ns.page_size = kind.page_size;
+  ns.head_num = kind.head_num;
+  return ns;
+}
+
+// Page buffers of `count` pages of `page_bytes`, uninitialised until filled.
+struct PageSet {
+  int64_t page_bytes = 0, count = 0;
+  std::unique_ptr<std::byte[]> data;
+
+  static PageSet Make(int64_t page_bytes, int64_t count) {
+    PageSet p;
+    p.page_bytes = page_bytes;
+    p.count = count;
+    p.data.reset(new std::byte[static_cast<size_t>(page_bytes * count)]);
+    return p;
+  }
+  std::span<std::byte> page(int64_t i) const {
+    return {data.get() + i * page_bytes, static_cast<size_t>(page_bytes)};
+  }
+  void FillRandom(uint64_t seed) {
+    uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+    const size_t words = static_cast<size_t>(page_bytes * count) / 8;
+    auto* w = reinterpret_cast<uint64_t*>(data.get());
+    for (size_t i = 0; i < words; ++i) {
+      uint64_t z = (x += 0x9E3779B97F4A7C15ull);
+      z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+      z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+      w[i] = z ^ (z >> 31);
+    }
+  }
+  void Poison() { std::memset(data.get(), 0xA5, static_cast<size_t>(page_bytes * count)); }
+  // Pages that differ from `other`'s.
+  int64_t CountDiffering(const PageSet& other) const {
+    int64_t n = 0;
+    for (int64_t i = 0; i < count; ++i) {
+      n += std::memcmp(page(i).data(), other.page(i).data(), static_cast<size_t>(page_bytes)) != 0;
+    }
+    return n;
+  }
+};
+
+// Times of one op over the rounds: per-round throughput and every batch's latency.
+struct OpTimes {
+  std::vector<double> round_seconds;
+  std::vector<double> batch_ms;
+  // Per round, percentiles reported by an external tool (redis-benchmark) that has no batch
+  // times; the row shows the median p50 and the largest p99 of the rounds.
+  std::vector<double> reported_p50_ms, reported_p99_ms;
+};
+
+struct StorageRow {
+  std::string kind, op, who;  // who: "kvtier" or the baseline's name
+  int64_t pages = 0, page_bytes = 0;
+  double gbps = 0, pages_per_s = 0, p50_ms = 0, p99_ms = 0;
+  double pct_of_baseline = 0;  // kvtier rows with a baseline
+  bool check_ok = true;
+  std::string note;
+};
+
+void Append(OpTimes& to, const OpTimes& from) {
+  to.round_seconds.insert(to.round_seconds.end(), from.round_seconds.begin(),
+                          from.round_seconds.end());
+  to.batch_ms.insert(to.batch_ms.end(), from.batch_ms.begin(), from.batch_ms.end());
+  to.reported_p50_ms.insert(to.reported_p50_ms.end(), from.reported_p50_ms.begin(),
+                            from.reported_p50_ms.end());
+  to.reported_p99_ms.insert(to.reported_p99_ms.end(), from.reported_p99_ms.begin(),
+                            from.reported_p99_ms.end());
+}
+
+double Percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t i = static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5);
+  return v[std::min(i, v.size() - 1)];
+}
+
+StorageRow RowFrom(const std::string& kind, const std::string& op, const std::string& who,
+                   int64_t pages, int64_t page_bytes, const OpTimes& t) {
+  StorageRow r;
+  r.kind = kind;
+  r.op = op;
+  r.who = who;
+  r.pages = pages;
+  r.page_bytes = page_bytes;
+  const double s = Median(t.round_seconds);
+  if (s > 0) {
+    r.gbps = static_cast<double>(pages * page_bytes) / s / 1e9;
+    r.pages_per_s = static_cast<double>(pages) / s;
+  }
+  if (!t.reported_p50_ms.empty()) {
+    r.p50_ms = Median(t.reported_p50_ms);
+    r.p99_ms = *std::max_element(t.reported_p99_ms.begin(), t.reported_p99_ms.end());
+  } else {
+    r.p50_ms = Percentile(t.batch_ms, 0.50);
+    r.p99_ms = Percentile(t.batch_ms, 0.99);
+  }
+  return r;
+}
+
+// ---- baselines
+// -----------------------------------------------------------------------------------
+
+struct Baseline {
+  std::string name;
+  OpTimes set, get;
+  bool check_ok = true;
+  std::string note;
+};
+
+bool WriteWhole(int fd, const std::byte* p, size_t n) {
+  for (size_t at = 0; at < n;) {
+    const ssize_t w = ::pwrite(fd, p + at, n - at, static_cast<off_t>(at));
+    if (w <= 0) return false;
+    at += static_cast<size_t>(w);
+  }
+  return true;
+}
+
+bool ReadWhole(int fd, std::byte* p, size_t n) {
+  for (size_t at = 0; at < n;) {
+    const ssize_t r = ::pread(fd, p + at, n - at, static_cast<off_t>(at));
+    if (r <= 0) return false;
+    at += static_cast<size_t>(r);
+  }
+  return true;
+}
+
+// file://: the same pages as plain files in a directory beside the store, written with
+// open+pwrite+close+rename and read with open+pread+close, one thread, batch by batch.
+Result<Baseline> FileBaseline(const std::string& root, const PageKind& kind, const PageSet& src,
+                              PageSet& dst, int64_t batch_pages, int repeats) {
+  Baseline b;
+  b.name = "pwrite+rename/pread";
+  const std::string dir =
+      fmt::format("{}/kvtier-bench-baseline-{}-{}", root, kind.name, ::getpid());
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return Status::IOError(fmt::format("cannot create {}: {}", dir, ec.message()));
+  const size_t n = static_cast<size_t>(src.page_bytes);
+  for (int round = 0; round < repeats; ++round) {
+    auto round_start = Clock::now();
+    for (int64_t first = 0; first < src.count; first += batch_pages) {
+      const auto t0 = Clock::now();
+      for (int64_t i = first; i < std::min(src.count, first + batch_pages); ++i) {
+        const std::string path = fmt::format("{}/{}", dir, i);
+        const std::string temp = path + ".tmp";
+        const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+        const bool ok = fd >= 0 && WriteWhole(fd, src.page(i).data(), n);
+        if (fd >= 0) ::close(fd);
+        if (!ok || ::rename(temp.c_str(), path.c_str()) != 0) {
+          return Status::IOError(fmt::format("baseline write {}: {}", path, std::strerror(errno)));
+        }
+      }
+      b.set.batch_ms.push_back(Seconds(t0, Clock::now()) * 1e3);
+    }
+    b.set.round_seconds.push_back(Seconds(round_start, Clock::now()));
+
+    dst.Poison();
+    round_start = Clock::now();
+    for (int64_t first = 0; first < src.count; first += batch_pages) {
+      const auto t0 = Clock::now();
+      for (int64_t i = first; i < std::min(src.count, first + batch_pages); ++i) {
+        const std::string path = fmt::format("{}/{}", dir, i);
+        const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+        const bool ok = fd >= 0 && ReadWhole(fd, dst.page(i).data(), n);
+        if (fd >= 0) ::close(fd);
+        if (!ok) return Status::IOError(fmt::format("baseline read {}", path));
+      }
+      b.get.batch_ms.push_back(Seconds(t0, Clock::now()) * 1e3);
+    }
+    b.get.round_seconds.push_back(Seconds(round_start, Clock::now()));
+    if (const int64_t bad = dst.CountDiffering(src); bad > 0) {
+      b.check_ok = false;
+      b.note = fmt::format("{} pages differ", bad);
+    }
+  }
+  std::filesystem::remove_all(dir, ec);
+  return b;
+}
+
+// memory://: one memcpy per page into and out of a second buffer, one thread.
+Baseline MemcpyBaseline(const PageSet& src, PageSet& dst, int64_t batch_pages, int repeats) {
+  Baseline b;
+  b.name = "memcpy";
+  PageSet stored = PageSet::Make(src.page_bytes, src.count);
+  const size_t n = static_cast<size_t>(src.page_bytes);
+  for (int round = 0; round < repeats; ++round) {
+    for (int pass = 0; pass < 2; ++pass) {
+      OpTimes& t = pass == 0 ? b.set : b.get;
+      if (pass == 1) dst.Poison();
+      const auto round_start = Clock::now();
+      for (int64_t first = 0; first < src.count; first += batch_pages) {
+        const auto t0 = Clock::now();
+        for (int64_t i = first; i < std::min(src.count, first + batch_pages); ++i) {
+          if (pass == 0) {
+            std::memcpy(stored.page(i).data(), src.page(i).data(), n);
+          } else {
+            std::memcpy(dst.page(i).data(), stored.page(i).data(), n);
+          }
+        }
+        t.batch_ms.push_back(Seconds(t0, Clock::now()) * 1e3);
+      }
+      t.round_seconds.push_back(Seconds(round_start, Clock::now()));
+    }
+    if (dst.CountDiffering(src) > 0) b.check_ok = false;
+  }
+  return b;
+}
+
+// redis:// and redis+cluster://: redis-benchmark SET and GET of values of the backend's value
+// size (header + page), against the same server(s), as many requests as the backend's rounds
+// moved pages (the bench calls it once per round, between the backend's rounds). The bench keeps one batch in flight at a time, so the baseline runs one client
+// with a pipeline depth of batch_pages: the same requests in flight. Its requests per second
+// become the rate of the rows; its per-request p50/p99 (a request waits for its pipeline, as a
+// page waits for its batch) stand for the batch times.
+Result<Baseline> RedisBenchmarkBaseline(const std::string& url, int64_t pages, int64_t page_bytes,
+                                        const StorageBenchOptions& o) {
+  RedisBaselineOptions options;
+  options.value_bytes = page_bytes + static_cast<int64_t>(storage::kPageHeaderBytes);
+  options.clients = 1;
+  options.pipeline = static_cast<int>(o.batch_pages);
+  options.requests = pages * o.repeats;
+  KVTIER_ASSIGN_OR_RETURN(std::vector<RedisBaselineRow> rows, RunRedisBenchmark(url, options));
+  Baseline b;
+  b.name = "redis-benchmark";
+  b.note = "check: none (its own values)";
+  for (const RedisBaselineRow& row : rows) {
+    OpTimes* t = row.test == "SET" ? &b.set : row.test == "GET" ? &b.get : nullptr;
+    if (t == nullptr || row.requests_per_second <= 0) continue;
+    t->round_seconds = {static_cast<double>(pages) / row.requests_per_second};
+    t->reported_p50_ms = {row.p50_ms};
+    t->reported_p99_ms = {row.p99_ms};
+  }
+  if (b.set.round_seconds.empty() || b.get.round_seconds.empty()) {
+    return Status::Unavailable("redis-benchmark reported no SET or GET rate");
+  }
+  return b;
+}
+
+// The platform baseline of a scheme for the same pages, or nullopt where there is none.
+Result<std::optional<Baseline>> RunBaseline(const std::string& scheme, const std::string& rest,
+                                            const PageKind& kind, const PageSet& src, PageSet& dst,
+                                            const StorageBenchOptions& o) {
+  if (scheme == "file") {
+    KVTIER_ASSIGN_OR_RETURN(Baseline b,
+                            FileBaseline(rest, kind, src, dst, o.batch_pages, o.repeats));
+    return std::optional<Baseline>(std::move(b));
+  }
+  if (scheme == "memory") {
+    return std::optional<Baseline>(MemcpyBaseline(src, dst, o.batch_pages, o.repeats));
+  }
+  if (scheme == "redis" || scheme == "redis+cluster") {
+    KVTIER_ASSIGN_OR_RETURN(Baseline b,
+                            RedisBenchmarkBaseline(o.url, src.count, src.page_bytes, o));
+    return std::optional<Baseline>(std::move(b));
+  }
+  return std::optional<Baseline>();
+}
+
+// ---- the backend's rows
+// --------------------------------------------------------------------------
+
+std::vector<PageKey> KeysFor(const PageKind& kind, int64_t count, uint64_t run_id) {
+  std::mt19937_64 rng(run_id);
+  std::vector<int32_t> tokens(static_cast<size_t>(count * kind.page_size));
+  for (auto& t : tokens) t = static_cast<int32_t>(rng() % 128'000);
+  return *ComputePromptPageKeys(tokens, kind.page_size, fmt::format("kvtier-bench-{}", run_id));
+}
+
+std::vector<PageBuffer> BuffersOf(const PageSet& pages, int64_t first, int64_t count) {
+  std::vector<PageBuffer> buffers;
+  for (int64_t i = first; i < first + count; ++i) buffers.push_back(PageBuffer::Of(pages.page(i)));
+  return buffers;
+}
+
+struct KindResult {
+  OpTimes set, get, exists;
+  bool check_ok = true;
+  std::string note;
+};
+
+Result<KindResult> RunKind(StorageBackend& backend, const std::vector<PageKey>& keys,
+                           const PageSet& src, PageSet& dst, const StorageBenchOptions& o) {
+  KindResult r;
+  auto fail = [&](std::string note) {
+    r.check_ok = false;
+    if (r.note.empty()) r.note = std::move(note);
+  };
+  const int64_t n = src.count;
+  for (int round = 0; round < o.repeats; ++round) {
+    auto round_start = Clock::now();
+    for (int64_t first = 0; first < n; first += o.batch_pages) {
+      const int64_t count = std::min(o.batch_pages, n - first);
+      std::vector<PageKey> batch(keys.begin() + first, keys.begin() + first + count);
+      const auto t0 = Clock::now();
+      const BatchResult res = backend.Set(std::move(batch), BuffersOf(src, first, count)).get();
+      r.set.batch_ms.push_back(Seconds(t0, Clock::now()) * 1e3);
+      if (!res.status.ok()) return res.status.WithContext("Set");
+      if (res.leading_ok() != count) {
+        fail(fmt::format("Set: {} of {} pages not ok", count - res.leading_ok(), count));
+      }
+    }
+    r.set.round_seconds.push_back(Seconds(round_start, Clock::now()));
+
+    const auto e0 = Clock::now();
+    const ExistsResult ex = backend.Exists(keys).get();
+    r.exists.batch_ms.push_back(Seconds(e0, Clock::now()) * 1e3);
+    r.exists.round_seconds.push_back(Seconds(e0, Clock::now()));
+    if (!ex.status.ok()) return ex.status.WithContext("Exists");
+    if (ex.leading != n) fail(fmt::format("Exists: {} of {} leading pages", ex.leading, n));
+
+    dst.Poison();
+    round_start = Clock::now();
+    for (int64_t first = 0; first < n; first += o.batch_pages) {
+      const int64_t count = std::min(o.batch_pages, n - first);
+      std::vector<PageKey> batch(keys.begin() + first, keys.begin() + first + count);
+      const auto t0 = Clock::now();
+      const BatchResult res = backend.Get(std::move(batch), BuffersOf(dst, first, count)).get();
+      r.get.batch_ms.push_back(Seconds(t0, Clock::now()) * 1e3);
+      if (!res.status.ok()) return res.status.WithContext("Get");
+      if (res.leading_ok() != count) {
+        fail(fmt::format("Get: {} of {} pages missed", count - res.leading_ok(), count));
+      }
+    }
+    r.get.round_seconds.push_back(Seconds(round_start, Clock::now()));
+    if (const int64_t bad = dst.CountDiffering(src); bad > 0) {
+      fail(fmt::format("Get: {} of {} pages differ from what was Set", bad, n));
+    }
+  }
+  return r;
+}
+
+// Exists of `count` stored small pages, 50 times; each call's time is a "batch".
+Result<OpTimes> RunExistsIndex(const std::string& url, const StorageBenchOptions& o,
+                               uint64_t run_id, std::string* note) {
+  StorageOptions so;
+  so.io_threads = o.io_threads;
+  so.max_batch_pages = std::max<int64_t>(4096, o.exists_keys);
+  KVTIER_ASSIGN_OR_RETURN(auto backend, OpenStorage(url, NamespaceOf(kExistsKind), so));
+  const std::vector<PageKey> keys = KeysFor(kExistsKind, o.exists_keys, run_id);
+  PageSet pages = PageSet::Make(backend->ns().page_bytes(), o.exists_keys);
+  pages.FillRandom(run_id);
+  for (int64_t first = 0; first < o.exists_keys; first += 256) {
+    const int64_t count = std::min<int64_t>(256, o.exists_keys - first);
+    std::vector<PageKey> batch(keys.begin() + first, keys.begin() + first + count);
+    const BatchResult res = backend->Set(std::move(batch), BuffersOf(pages, first, count)).get();
+    if (!res.status.ok() || res.leading_ok() != count) {
+      return Status::IOError("storing the small pages for the Exists measurement failed");
+    }
+  }
+  OpTimes t;
+  for (int i = 0; i < 50; ++i) {
+    const auto t0 = Clock::now();
+    const ExistsResult ex = backend->Exists(keys).get();
+    const double s = Seconds(t0, Clock::now());
+    if (!ex.status.ok() || ex.leading != o.exists_keys) {
+      *note = fmt::format("Exists found {} of {}", ex.leading, o.exists_keys);
+    }
+    t.batch_ms.push_back(s * 1e3);
+    t.round_seconds.push_back(s);
+  }
+  for (int64_t first = 0; first < o.exists_keys; first += 256) {
+    const int64_t count = std::min<int64_t>(256, o.exists_keys - first);
+    backend->Remove(std::vector<PageKey>(keys.begin() + first, keys.begin() + first + count)).get();
+  }
+  return t;
+}
+
+void PrintRows(std::FILE* out, const std::vector<StorageRow>& rows) {
+  std::fprintf(out, "%-7s %-7s %-20s %6s %9s %8s %10s %9s %9s %8s %s\n", "kind", "op", "who",
+               "pages", "page MiB", "GB/s", "pages/s", "p50 ms", "p99 ms", "% base", "check");
+  for (const StorageRow& r : rows) {
+    const std::string pct = r.pct_of_baseline > 0 ? fmt::format("{:.0f}%", r.pct_of_baseline) : "";
+    std::fprintf(out, "%-7s %-7s %-20s %6lld %9.2f %8.2f %10.0f %9.3f %9.3f %8s %s\n",
+                 r.kind.c_str(), r.op.c_str(), r.who.c_str(), static_cast<long long>(r.pages),
+                 static_cast<double>(r.page_bytes) / (1 << 20), r.gbps, r.pages_per_s, r.p50_ms,
+                 r.p99_ms, pct.c_str(), r.check_ok ? "ok" : ("FAILED " + r.note).c_str());
+  }
+}
+
+Status WriteRowsJson(const std::string& path, const std::string& command,
+                     const std::vector<StorageRow>& rows) {
+  nlohmann::json j;
+  j["command"] = command;
+  j["rows"] = nlohmann::json::array();
+  for (const StorageRow& r : rows) {
+    j["rows"].push_back({{"kind", r.kind},
+                         {"op", r.op},
+                         {"who", r.who},
+                         {"pages", r.pages},
+                         {"page_bytes", r.page_bytes},
+                         {"gbps", r.gbps},
+                         {"pages_per_s", r.pages_per_s},
+                         {"p50_ms", r.p50_ms},
+                         {"p99_ms", r.p99_ms},
+                         {"pct_of_baseline", r.pct_of_baseline},
+                         {"check_ok", r.check_ok},
+                         {"note", r.note}});
+  }
+  std::ofstream f(path);
+  f << j.dump(2) << "\n";
+  if (!f) return Status::IOError(fmt::format("cannot write {}", path));
+  return Status::OK();
+}
+
+Status Validate(const StorageBenchOptions& o) {
+  for (const std::string& k : o.kinds) {
+    if (std::none_of(std::begin(kKinds), std::end(kKinds),
+                     [&](const PageKind& p) { return k == p.name; })) {
+      return Status::InvalidArgument(
+          fmt::format("--storage-kinds: unknown page kind '{}' (mha16, mha64, mla64)", k));
+    }
+  }
+  if (o.batch_pages < 1 || o.batch_pages > 4096) {
+    return Status::InvalidArgument("--storage-batch must be in [1, 4096]");
+  }
+  if (o.io_threads < 1 || o.io_threads > 64) {
+    return Status::InvalidArgument("--storage-threads must be in [1, 64]");
+  }
+  if (o.repeats < 1) return Status::InvalidArgument("--repeats must be at least 1");
+  auto bytes = ParseByteSize(o.bytes_per_kind);
+  if (!bytes.ok()) return bytes.status().WithContext("--storage-bytes");
+  if (*bytes < 1) return Status::InvalidArgument("--storage-bytes must be positive");
+  if (o.exists_keys < 0 || o.exists_keys > 100'000) {
+    return Status::InvalidArgument("--storage-exists-keys must be in [0, 100000]");
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+void AddStorageBenchOptions(CLI::App* bench, StorageBenchOptions* o) {
+  bench->add_option("--storage", o->url,
+                    "benchmark the storage tier at this URL instead of the transfer backends "
+                    "(file:///abs/dir, memory://, redis://host:port, ...): Set, Exists and Get of "
+                    "real pages, every byte checked, against the platform's baseline");
+  bench
+      ->add_option("--storage-kinds", o->kinds,
+                   "page kinds: mha16 (2 MiB), mha64 (8 MiB), mla64 (4.5 MB), page_first")
+      ->delimiter(',')
+      ->capture_default_str();
+  bench
+      ->add_option("--storage-bytes", o->bytes_per_kind,
+                   "bytes of pages per kind, e.g. 512MiB (pages = this / page size, at least 2)")
+      ->capture_default_str();
+  bench->add_option("--storage-batch", o->batch_pages, "pages per Set / Get call")
+      ->capture_default_str();
+  bench->add_option("--storage-threads", o->io_threads, "I/O threads of the backend")
+      ->capture_default_str();
+  bench
+      ->add_option("--storage-exists-keys", o->exists_keys,
+                   "stored keys in the Exists measurement (0 = skip it)")
+      ->capture_default_str();
+  bench->add_flag("!--no-baseline", o->baseline, "skip the platform baseline");
+}
+
+int RunStorageBench(const StorageBenchOptions& options, const std::string& command) {
+  StorageBenchOptions o = options;
+  if (Status s = Validate(o); !s.ok()) {
+    std::fprintf(stderr, "kvtier bench: %s\n", s.ToString().c_str());
+    return 2;
+  }
+  const size_t sep = o.url.find("://");
+  const std::string scheme = sep == std::string::npos ? "" : o.url.substr(0, sep);
+  std::string rest = sep == std::string::npos ? "" : o.url.substr(sep + 3);
+  rest = rest.substr(0, rest.find('?'));
+  const uint64_t run_id = static_cast<uint64_t>(::getpid()) << 20 ^
+                          static_cast<uint64_t>(Clock::now().time_since_epoch().count());
+  std::vector<StorageRow> rows;
+  int exit_code = 0;
+  StorageOptions so;
+  so.io_threads = o.io_threads;
+
+  for (const std::string& kind_name : o.kinds) {
+    const PageKind& kind = *std::find_if(std::begin(kKinds), std::end(kKinds),
+                                         [&](const PageKind& p) { return kind_name == p.name; });
+    auto opened = OpenStorage(o.url, NamespaceOf(kind), so);
+    if (!opened.ok()) {
+      std::fprintf(stderr, "kvtier bench: %s\n", opened.status().ToString().c_str());
+      return opened.status().IsInvalidArgument() ? 2 : 1;
+    }
+    StorageBackend& backend = **opened;
+    const int64_t page_bytes = backend.ns().page_bytes();
+    const int64_t n = std::max<int64_t>(2, *ParseByteSize(o.bytes_per_kind) / page_bytes);
+    std::fprintf(stderr, "[%s] %lld pages of %.2f MiB at %s\n", kind.name,
+                 static_cast<long long>(n), static_cast<double>(page_bytes) / (1 << 20),
+                 backend.url().c_str());
+    PageSet src = PageSet::Make(page_bytes, n), dst = PageSet::Make(page_bytes, n);
+    src.FillRandom(run_id + static_cast<uint64_t>(page_bytes));
+    const std::vector<PageKey> keys = KeysFor(kind, n, run_id);
+
+    // The rounds alternate between the backend and the baseline, so both see the same machine.
+    StorageBenchOptions one_round = o;
+    one_round.repeats = 1;
+    Result<KindResult> result = KindResult{};
+    std::optional<Baseline> baseline;
+    for (int round = 0; round < o.repeats && result.ok(); ++round) {
+      auto r = RunKind(backend, keys, src, dst, one_round);
+      if (!r.ok()) {
+        result = r.status();
+        break;
+      }
+      Append(result->set, r->set);
+      Append(result->get, r->get);
+      Append(result->exists, r->exists);
+      if (!r->check_ok && result->check_ok) {
+        result->check_ok = false;
+        result->note = r->note;
+      }
+      if (!o.baseline) continue;
+      auto b = RunBaseline(scheme, rest, kind, src, dst, one_round);
+      if (!b.ok()) {
+        std::fprintf(stderr, "kvtier bench: %s baseline: %s\n", kind.name,
+                     b.status().ToString().c_str());
+        exit_code = 1;
+      } else if (b->has_value()) {
+        if (!baseline) {
+          baseline = std::move(*b);
+        } else {
+          Append(baseline->set, (*b)->set);
+          Append(baseline->get, (*b)->get);
+          if (!(*b)->check_ok) baseline->check_ok = false;
+        }
+      }
+    }
+    for (int64_t first = 0; first < n; first += o.batch_pages) {  // leave nothing behind
+      const int64_t count = std::min(o.batch_pages, n - first);
+      backend.Remove(std::vector<PageKey>(keys.begin() + first, keys.begin() + first + count))
+          .get();
+    }
+    if (!result.ok()) {
+      std::fprintf(stderr, "kvtier bench: %s: %s\n", kind.name, result.status().ToString().c_str());
+      exit_code = 1;
+      continue;
+    }
+    for (const char* op : {"set", "exists", "get"}) {
+      const std::string op_name = op;
+      const OpTimes& t = op_name == "set"   ? result->set
+                         : op_name == "get" ? result->get
+                                            : result->exists;
+      StorageRow row = RowFrom(kind.name, op_name, "kvtier", n, page_bytes, t);
+      row.check_ok = result->check_ok;
+      row.note = result->note;
+      if (op_name == "exists") row.gbps = 0;  // no bytes move
+      if (baseline && op_name != "exists") {
+        const OpTimes& bt = op_name == "set" ? baseline->set : baseline->get;
+        StorageRow base = RowFrom(kind.name, op_name, baseline->name, n, page_bytes, bt);
+        base.check_ok = baseline->check_ok;
+        base.note = baseline->note;
+        if (base.gbps > 0) row.pct_of_baseline = 100.0 * row.gbps / base.gbps;
+        rows.push_back(row);
+        rows.push_back(base);
+      } else {
+        rows.push_back(row);
+      }
+      std::fprintf(stderr, "[%s] %s: %.2f GB/s, p50 %.3f ms%s\n", kind.name, op, row.gbps,
+                   row.p50_ms, row.check_ok ? "" : " FAILED");
+    }
+    if (!result->check_ok) exit_code = 1;
+  }
+
+  if (o.exists_keys > 0) {
+    std::string note;
+    auto t = RunExistsIndex(o.url, o, run_id, &note);
+    if (!t.ok()) {
+      std::fprintf(stderr, "kvtier bench: exists: %s\n", t.status().ToString().c_str());
+      exit_code = 1;
+    } else {
+      StorageRow row =
+          RowFrom(fmt::format("{}keys", o.exists_keys), "exists", "kvtier", o.exists_keys, 0, *t);
+      row.gbps = 0;
+      row.check_ok = note.empty();
+      row.note = note;
+      if (!row.check_ok) exit_code = 1;
+      rows.push_back(row);
+    }
+  }
+  PrintRows(stdout, rows);
+  if (!o.json_path.empty()) {
+    if (Status s = WriteRowsJson(o.json_path, command, rows); !s.ok()) {
+      std::fprintf(stderr, "kvtier bench: %s\n", s.ToString().c_str());
+      exit_code = 1;
+    }
+  }
+  return exit_code;
+}
+
+}  // namespace kvtier::tools

@@ -1,0 +1,40 @@
+// tools/kvtier/storage_bench.h — `kvtier bench --storage URL`: the storage tier's benchmark.
+//
+// For each page kind (real page_first pages of the reference workload: mha16 = Llama-3-8B at page
+// 16, 2 MiB; mha64 = page 64, 8 MiB; mla64 = DeepSeek-V3 at page 64, 4.5 MB) it Sets N pages of
+// random bytes in batches, Exists them, Gets them back into poisoned buffers and checks every
+// byte; it reports GB/s, pages/s and the p50/p99 time of one batch. In the same run it measures
+// the platform's baseline for the same bytes (file://: a plain pwrite+rename / pread loop over
+// the same number of files in the same directory; redis: redis-benchmark, added with the redis
+// backend) and the Exists of 1,000 stored keys. Everything it stored is removed at the end.
+//
+// Thread safety: run from one thread (the backend uses its own).
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace kvtier::tools {
+
+struct StorageBenchOptions {
+  std::string url;  // empty: not a storage bench
+  std::vector<std::string> kinds = {"mha16", "mha64", "mla64"};
+  std::string bytes_per_kind = "512MiB";  // pages per kind = this / page bytes (at least 2)
+  int64_t batch_pages = 8;                // pages per Set / Get call
+  int io_threads = 4;
+  int repeats = 3;  // Set+Get rounds per kind; each batch's time goes into p50/p99,
+                    // throughput is the median round
+  int64_t exists_keys = 1000;
+  bool baseline = true;
+  std::string json_path;
+};
+
+// Adds --storage and the flags of the storage bench to `bench`.
+void AddStorageBenchOptions(CLI::App* bench, StorageBenchOptions* options);
+
+// Runs it; returns the process exit code (0 ok, 1 a failed check or run, 2 bad options).
+int RunStorageBench(const StorageBenchOptions& options, const std::string& command);
+
+}  // namespace kvtier::tools
