@@ -6,11 +6,15 @@
 // Layout: <dir>/<namespace name>/<first two hex digits of the key>/<64 hex digits of the key>;
 // directories 0700, files 0600. Only the hex of a key (never caller text) becomes a path. Each
 // file is a page value (page_format.h). A Set writes a temporary file beside the final one
-// (".tmp.<pid>.<n>.<key hex>") in one pwritev, optionally fdatasyncs it (and the directory after
-// the rename), then renames it into place: a reader sees the old page, the new one or none. A Get
-// opens the file and reads header and payload in one preadv straight into the caller's page
-// buffer, then checks header and checksum. The pages of a batch run in parallel on the backend's
-// thread pool.
+// (".tmp.<pid>.<n>.<key hex>"): the payload in chunks of 256 KiB, each hashed (streaming XXH3-64)
+// right before its pwritev, then the header holding that checksum at offset 0; optionally
+// fdatasyncs it (and the directory after the rename), then renames it into place: a reader sees
+// the old page, the new one or none. A Get (io=threads) reads the header with the first chunk,
+// then chunk by chunk, every preadv straight into the caller's page buffer (no bounce buffer), and
+// hashes each chunk as soon as it lands; a bad header ends the read early. With io=uring (the
+// default where liburing is present) a batch's pages are read in one readv each, in flight
+// together on the I/O thread's ring, and each page is hashed as its read completes. The pages of
+// a batch run in parallel on the backend's thread pool.
 //
 // Capacity (per namespace directory: the bytes of this deployment's files) with LRU eviction.
 // Each process counts the files it knows of (found at start, written, or hit since); processes

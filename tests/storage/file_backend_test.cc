@@ -177,6 +177,60 @@ TEST_P(FileBackendTest, BadUrls) {
   EXPECT_EQ(r.status().code(), StatusCode::kIOError) << r.status().ToString();
 }
 
+// A page of several read/write chunks, in two segments split off any chunk boundary: the file is
+// header || payload with the whole payload's checksum, the bytes come back exactly, and a byte
+// flipped in the first, a middle or the last chunk is a miss.
+TEST_P(FileBackendTest, MultiChunkTwoSegmentPagesRoundTripAndCatchFlips) {
+  StorageNamespace ns = SmallNamespace();
+  ns.slot_bytes = 69632;  // page of 2 * 2 * 4 * 69632 = 1,114,112 bytes (4.25 chunks of 256 KiB)
+  const int64_t page_bytes = ns.page_bytes();
+  ASSERT_EQ(page_bytes, 1'114'112);
+  auto b = Open("", ns);
+  ASSERT_NE(b, nullptr);
+  const auto keys = Keys(4);
+  std::mt19937 rng(9);
+  std::vector<std::vector<std::byte>> pages(keys.size(), std::vector<std::byte>(page_bytes));
+  std::vector<PageBuffer> in;
+  constexpr size_t kSplit = 300'001;  // inside the second chunk, odd
+  for (auto& page : pages) {
+    for (auto& x : page) x = static_cast<std::byte>(rng());
+    in.push_back(PageBuffer{{std::span(page).first(kSplit), std::span(page).subspan(kSplit)}, 2});
+  }
+  ASSERT_EQ(b->Set(keys, in).get().leading_ok(), 4);
+
+  const auto value = ReadFile(PathOf(keys[0], ns));
+  ASSERT_EQ(static_cast<int64_t>(value.size()), page_bytes + 72);
+  std::vector<std::byte> parsed(static_cast<size_t>(page_bytes));
+  EXPECT_EQ(storage::ReadPageValue(value, ns.Hash(), keys[0], PageBuffer::Of(parsed)),
+            PageStatus::kOk);
+  EXPECT_EQ(parsed, pages[0]);
+
+  std::vector<std::vector<std::byte>> out(keys.size(),
+                                          std::vector<std::byte>(page_bytes, std::byte{0xCD}));
+  std::vector<PageBuffer> out_buffers;
+  for (auto& page : out) {
+    out_buffers.push_back(PageBuffer{{std::span(page).first(7), std::span(page).subspan(7)}, 2});
+  }
+  const BatchResult r = b->Get(keys, out_buffers).get();
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  for (size_t i = 0; i < keys.size(); ++i) {
+    EXPECT_EQ(r.pages[i], PageStatus::kOk) << i;
+    EXPECT_EQ(out[i], pages[i]) << i;
+  }
+
+  const size_t flips[] = {72 + 5, 72 + 600'000, value.size() - 1};
+  for (size_t f = 0; f < std::size(flips); ++f) {
+    auto bad = ReadFile(PathOf(keys[f + 1], ns));
+    bad[flips[f]] ^= std::byte{0x10};
+    WriteFile(PathOf(keys[f + 1], ns), bad);
+    std::vector<std::byte> poisoned(static_cast<size_t>(page_bytes), std::byte{0xCD});
+    const BatchResult miss = b->Get({keys[f + 1]}, {PageBuffer::Of(poisoned)}).get();
+    ASSERT_TRUE(miss.status.ok());
+    EXPECT_EQ(miss.pages[0], PageStatus::kCorrupt) << "flip at " << flips[f];
+  }
+  b->Remove(keys).get();
+}
+
 TEST_P(FileBackendTest, CorruptHeaderFlippedPayloadTruncationAreMisses) {
   auto b = Open();
   const auto keys = Keys(5);

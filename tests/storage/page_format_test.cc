@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -144,6 +145,27 @@ TEST(PageFormatTest, BothChecksumKindsRoundTrip) {
   EXPECT_EQ(out, payload);
   value.back() ^= std::byte{1};
   EXPECT_EQ(ReadPageValue(value, kNs, key, PageBuffer::Of(out)), PageStatus::kCorrupt);
+}
+
+// The streaming hasher gives PayloadChecksum's value however the payload is cut into pieces.
+TEST(PageFormatTest, StreamingHasherMatchesOneShotChecksum) {
+  std::vector<std::byte> payload(1'000'003);
+  std::mt19937 rng(5);
+  for (auto& b : payload) b = static_cast<std::byte>(rng());
+  const std::span<const std::byte> whole(payload);
+  for (uint8_t kind : {kChecksumXxh3, kChecksumSha256}) {
+    uint64_t expected = 0;
+    if (!PayloadChecksum(kind, std::span(&whole, 1), &expected)) continue;  // no xxhash here
+    for (size_t piece : {size_t{1} << 18, size_t{4097}, payload.size()}) {
+      PayloadHasher hasher(kind);
+      ASSERT_TRUE(hasher.ok());
+      for (size_t at = 0; at < payload.size(); at += piece) {
+        hasher.Update(whole.subspan(at, std::min(piece, payload.size() - at)));
+      }
+      EXPECT_EQ(hasher.Digest(), expected) << int{kind} << " " << piece;
+    }
+  }
+  EXPECT_FALSE(PayloadHasher(7).ok());
 }
 
 TEST(PageFormatTest, CorruptPayloadNeverReachesTheBuffer) {
