@@ -139,7 +139,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("kvtier")
     ap.add_argument("trace")
-    ap.add_argument("--requests", type=int, default=4000)
+    ap.add_argument("--requests", type=int, default=3000)
     ap.add_argument("--page-size", type=int, default=64)
     ap.add_argument("--capacities", default="262144,1048576,4194304")
     args = ap.parse_args()

@@ -160,6 +160,8 @@ Status ReplayOptions::Validate() const {
     KVTIER_RETURN_IF_ERROR(Bound("--host-tokens", host_tokens, 0, kMaxTokens));
   }
   KVTIER_RETURN_IF_ERROR(Bound("--storage-bytes", storage_bytes, 0, int64_t{1} << 50));
+  KVTIER_RETURN_IF_ERROR(
+      Bound("--storage-backup-queue-pages", storage_backup_queue_pages, 1, int64_t{1} << 24));
   KVTIER_RETURN_IF_ERROR(ParseLayout(host_layout).status().WithContext("--hicache-mem-layout"));
   KVTIER_RETURN_IF_ERROR(
       ParseWritePolicy(write_policy).status().WithContext("--hicache-write-policy"));
@@ -469,6 +471,7 @@ class RunDriver {
       c.storage.backend = storage_->backend();
       c.storage.prefetch_policy = *ParsePrefetchPolicy(o_.prefetch_policy);
       c.storage.prefetch_threshold_tokens = o_.prefetch_threshold;
+      c.storage.max_backup_queue_pages = o_.storage_backup_queue_pages;
       summary_.storage = storage_->url();
     }
     KVTIER_ASSIGN_OR_RETURN(cache_, HierarchicalCache::Create(c, s_.engine->device_region()));

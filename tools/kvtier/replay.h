@@ -63,6 +63,7 @@ struct ReplayOptions {
   int64_t host_tokens = -1;                // -1: 4 x device_tokens; 0: no host tier
   std::string storage = "file";            // file (a temporary file store), none, or a storage URL
   int64_t storage_bytes = 0;               // file store capacity; 0: 8 x the host tier's bytes
+  int64_t storage_backup_queue_pages = 4096;  // storage backups queued at most (then skipped)
   std::string host_layout = "page_first";  // --hicache-mem-layout
   std::string write_policy = "write_through";  // --hicache-write-policy
   int64_t write_through_threshold = 2;

@@ -78,6 +78,10 @@ CLI::App* AddReplayCommand(CLI::App& app, ReplayOptions* o) {
   c->add_option("--storage-bytes", o->storage_bytes,
                 "capacity of the temporary file store (0 = 8 x the host tier's bytes)")
       ->capture_default_str();
+  c->add_option("--storage-backup-queue-pages", o->storage_backup_queue_pages,
+                "backups to storage waiting or running, in pages; beyond it they are skipped "
+                "(and counted), never waited for")
+      ->capture_default_str();
   c->add_option("--hicache-mem-layout,--host-layout", o->host_layout,
                 "host tier layout: layer_first, page_first, page_first_direct, page_head")
       ->capture_default_str();
