@@ -162,13 +162,14 @@ struct PoolShape {
 // REQUIRES: the per-field checks of HostKvPoolConfig::Validate passed.
 Result<PoolShape> ComputeShape(const HostKvPoolConfig& config) {
   const int num_buffers = config.mla ? 1 : 2;
-  KVTIER_ASSIGN_OR_RETURN(
-      const int64_t layer_slot_bytes,
-      CheckedMul(config.num_layers, config.slot_bytes, "num_layers * slot_bytes"));
+  KVTIER_ASSIGN_OR_RETURN(const int64_t layer_slot_bytes,
+                          CheckedMul(config.geometry.num_layers, config.geometry.slot_bytes,
+                                     "num_layers * slot_bytes"));
   KVTIER_ASSIGN_OR_RETURN(const int64_t slot_total_bytes,
                           CheckedMul(layer_slot_bytes, num_buffers, "bytes per slot"));
-  KVTIER_ASSIGN_OR_RETURN(const int64_t page_bytes,
-                          CheckedMul(slot_total_bytes, config.page_size, "bytes per page"));
+  KVTIER_ASSIGN_OR_RETURN(
+      const int64_t page_bytes,
+      CheckedMul(slot_total_bytes, config.geometry.page_size, "bytes per page"));
   int64_t budget = config.capacity_bytes;
   std::string budget_source = fmt::format("capacity_bytes = {}", config.capacity_bytes);
   if (config.device_ratio > 0) {
@@ -188,12 +189,12 @@ Result<PoolShape> ComputeShape(const HostKvPoolConfig& config) {
     return Status::InvalidArgument(fmt::format(
         "HostKvPoolConfig: {} is less than one page of {} bytes ({} buffer(s) x {} layers x "
         "page_size {} x slot_bytes {})",
-        budget_source, page_bytes, num_buffers, config.num_layers, config.page_size,
-        config.slot_bytes));
+        budget_source, page_bytes, num_buffers, config.geometry.num_layers,
+        config.geometry.page_size, config.geometry.slot_bytes));
   }
   PoolShape shape;
   shape.num_buffers = num_buffers;
-  shape.num_slots = num_pages * config.page_size;
+  shape.num_slots = num_pages * config.geometry.page_size;
   shape.buffer_bytes = num_pages * (page_bytes / num_buffers);
   return shape;
 }
@@ -219,34 +220,36 @@ struct HostKvPool::Buffers {
 };
 
 Status HostKvPoolConfig::Validate() const {
-  const int layout_index = static_cast<int>(layout);
+  const int layout_index = static_cast<int>(geometry.layout);
   if (layout_index < 0 || layout_index >= kNumLayouts) {
     return Status::InvalidArgument(
-        fmt::format("HostKvPoolConfig.layout = {} is not a known layout", layout_index));
+        fmt::format("HostKvPoolConfig.geometry.layout = {} is not a known layout", layout_index));
   }
-  if (num_layers <= 0) {
-    return Status::InvalidArgument(
-        fmt::format("HostKvPoolConfig.num_layers = {} must be positive", num_layers));
-  }
-  if (slot_bytes <= 0 || slot_bytes % kSlotBytesAlignment != 0) {
-    return Status::InvalidArgument(
-        fmt::format("HostKvPoolConfig.slot_bytes = {} must be a positive multiple of {}",
-                    slot_bytes, kSlotBytesAlignment));
-  }
-  if (page_size <= 0) {
-    return Status::InvalidArgument(
-        fmt::format("HostKvPoolConfig.page_size = {} must be positive", page_size));
-  }
-  if (head_num <= 0) {
-    return Status::InvalidArgument(
-        fmt::format("HostKvPoolConfig.head_num = {} must be positive", head_num));
-  }
-  if (layout == KvLayout::kPageHead &&
-      (slot_bytes % head_num != 0 || (slot_bytes / head_num) % kSlotBytesAlignment != 0)) {
+  if (geometry.num_layers <= 0) {
     return Status::InvalidArgument(fmt::format(
-        "HostKvPoolConfig.head_num = {} must divide slot_bytes = {} into multiples of {} bytes "
-        "for page_head",
-        head_num, slot_bytes, kSlotBytesAlignment));
+        "HostKvPoolConfig.geometry.num_layers = {} must be positive", geometry.num_layers));
+  }
+  if (geometry.slot_bytes <= 0 || geometry.slot_bytes % kSlotBytesAlignment != 0) {
+    return Status::InvalidArgument(
+        fmt::format("HostKvPoolConfig.geometry.slot_bytes = {} must be a positive multiple of {}",
+                    geometry.slot_bytes, kSlotBytesAlignment));
+  }
+  if (geometry.page_size <= 0) {
+    return Status::InvalidArgument(fmt::format(
+        "HostKvPoolConfig.geometry.page_size = {} must be positive", geometry.page_size));
+  }
+  if (geometry.head_num <= 0) {
+    return Status::InvalidArgument(
+        fmt::format("HostKvPoolConfig.geometry.head_num = {} must be positive", geometry.head_num));
+  }
+  if (geometry.layout == KvLayout::kPageHead &&
+      (geometry.slot_bytes % geometry.head_num != 0 ||
+       (geometry.slot_bytes / geometry.head_num) % kSlotBytesAlignment != 0)) {
+    return Status::InvalidArgument(
+        fmt::format("HostKvPoolConfig.geometry.head_num = {} must divide slot_bytes = {} into "
+                    "multiples of {} bytes "
+                    "for page_head",
+                    geometry.head_num, geometry.slot_bytes, kSlotBytesAlignment));
   }
   if (capacity_bytes < 0) {
     return Status::InvalidArgument(
@@ -293,12 +296,8 @@ Result<std::unique_ptr<HostKvPool>> HostKvPool::Create(const HostKvPoolConfig& c
   const int64_t buffer_bytes = shape.buffer_bytes;
 
   KvRegion region;
-  region.geometry.layout = config.layout;
-  region.geometry.num_layers = config.num_layers;
+  region.geometry = config.geometry;
   region.geometry.num_slots = num_slots;
-  region.geometry.slot_bytes = config.slot_bytes;
-  region.geometry.page_size = config.page_size;
-  region.geometry.head_num = config.head_num;
   region.mla = config.mla;
   region.memory = MemoryKind::kHost;
   region.device = -1;
@@ -375,7 +374,8 @@ Result<std::unique_ptr<HostKvPool>> HostKvPool::Create(const HostKvPoolConfig& c
 #endif
 
   KVTIER_RETURN_IF_ERROR(region.Validate("host pool region").WithContext("internal error"));
-  KVTIER_ASSIGN_OR_RETURN(auto allocator, SlotAllocator::Create(num_slots, config.page_size));
+  KVTIER_ASSIGN_OR_RETURN(auto allocator,
+                          SlotAllocator::Create(num_slots, config.geometry.page_size));
   return std::unique_ptr<HostKvPool>(
       new HostKvPool(std::move(buffers), std::move(allocator), region));
 }
