@@ -10,7 +10,6 @@
 
 #include <fmt/format.h>
 #include <sys/mman.h>
-#include <sys/resource.h>
 
 #include <cerrno>
 #include <cmath>
@@ -20,11 +19,9 @@
 #include <string>
 #include <utility>
 
+#include "kvtier/device.h"
 #include "util/log.h"
 
-#if defined(KVTIER_WITH_CUDA)
-#include <cuda_runtime.h>
-#endif
 
 namespace kvtier {
 namespace {
@@ -99,48 +96,6 @@ int64_t HugePageBytes() {
   return bytes;
 }
 
-#if defined(KVTIER_WITH_CUDA)
-std::string MemlockLimit() {
-  rlimit limit{};
-  if (getrlimit(RLIMIT_MEMLOCK, &limit) != 0) return "unknown";
-  if (limit.rlim_cur == RLIM_INFINITY) return "unlimited";
-  return fmt::format("{} KiB", static_cast<unsigned long long>(limit.rlim_cur) / 1024);
-}
-
-// A cudaHostRegister'ed range, unregistered on destruction.
-class CudaHostRegistration {
- public:
-  explicit CudaHostRegistration(void* addr) : addr_(addr) {}
-  CudaHostRegistration(CudaHostRegistration&& other) noexcept
-      : addr_(std::exchange(other.addr_, nullptr)) {}
-  CudaHostRegistration& operator=(CudaHostRegistration&&) = delete;
-  CudaHostRegistration(const CudaHostRegistration&) = delete;
-  CudaHostRegistration& operator=(const CudaHostRegistration&) = delete;
-  ~CudaHostRegistration() {
-    if (addr_ == nullptr) return;
-    const cudaError_t err = cudaHostUnregister(addr_);
-    if (err != cudaSuccess) {
-      (void)cudaGetLastError();
-      util::Log(util::LogLevel::kError, "host pool: cudaHostUnregister({}) failed: {}", addr_,
-                cudaGetErrorString(err));
-    }
-  }
-
- private:
-  void* addr_;
-};
-
-// True when the CUDA runtime sees at least one GPU; clears the error left by a failed query.
-bool CudaDevicePresent() {
-  int count = 0;
-  const cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  return count > 0;
-}
-#endif
 
 // a * b, or InvalidArgument naming `what` on overflow.
 Result<int64_t> CheckedMul(int64_t a, int64_t b, const char* what) {
@@ -204,19 +159,11 @@ Result<PoolShape> ComputeShape(const HostKvPoolConfig& config) {
 struct HostKvPool::Buffers {
   // Declaration order matters: registrations are destroyed (unregistered) before the mappings.
   std::vector<Mapping> mappings;
-#if defined(KVTIER_WITH_CUDA)
-  std::vector<CudaHostRegistration> registrations;
-#endif
+  std::vector<PinnedRegistration> registrations;  // empty: plain memory
   bool huge_pages = false;
   int64_t capacity_bytes = 0;
 
-  bool cuda_registered() const {
-#if defined(KVTIER_WITH_CUDA)
-    return !registrations.empty();
-#else
-    return false;
-#endif
-  }
+  bool cuda_registered() const { return !registrations.empty(); }
 };
 
 Status HostKvPoolConfig::Validate() const {
@@ -247,8 +194,7 @@ Status HostKvPoolConfig::Validate() const {
        (geometry.slot_bytes / geometry.head_num) % kSlotBytesAlignment != 0)) {
     return Status::InvalidArgument(
         fmt::format("HostKvPoolConfig.geometry.head_num = {} must divide slot_bytes = {} into "
-                    "multiples of {} bytes "
-                    "for page_head",
+                    "multiples of {} bytes for page_head",
                     geometry.head_num, geometry.slot_bytes, kSlotBytesAlignment));
   }
   if (capacity_bytes < 0) {
@@ -350,28 +296,24 @@ Result<std::unique_ptr<HostKvPool>> HostKvPool::Create(const HostKvPoolConfig& c
   region.k = buffers->mappings[0].data();
   region.v = config.mla ? nullptr : buffers->mappings[1].data();
 
-  // ---- CUDA registration ----
-#if defined(KVTIER_WITH_CUDA)
-  if (config.register_with_cuda && CudaDevicePresent()) {
+  // ---- CUDA registration (when a GPU is present) ----
+  if (config.register_with_cuda) {
     buffers->registrations.reserve(static_cast<size_t>(num_buffers));
     for (int b = 0; b < num_buffers; ++b) {
       const Mapping& m = buffers->mappings[b];
-      const cudaError_t err =
-          cudaHostRegister(m.data(), m.length(), cudaHostRegisterPortable | cudaHostRegisterMapped);
-      if (err != cudaSuccess) {
-        (void)cudaGetLastError();
+      Result<PinnedRegistration> reg =
+          PinnedRegistration::RegisterIfGpuPresent(m.data(), static_cast<int64_t>(m.length()));
+      if (!reg.ok()) {
         // `buffers` goes out of scope: earlier registrations are undone, then every mapping.
         return Status::CudaError(fmt::format(
-            "host pool: the pool could not be pinned: cudaHostRegister of {} bytes (buffer {}) "
-            "failed: {} ({}). Raise the locked-memory limit (`ulimit -l`, now {}), shrink the "
-            "host pool, or set register_with_cuda = false",
-            m.length(), BufferName(config.mla, b), cudaGetErrorString(err), cudaGetErrorName(err),
-            MemlockLimit()));
+            "host pool: the pool could not be pinned (buffer {}): {}. Shrink the host pool, or "
+            "set register_with_cuda = false",
+            BufferName(config.mla, b), reg.status().message()));
       }
-      buffers->registrations.emplace_back(m.data());
+      if (!reg->registered()) break;  // no GPU: plain memory
+      buffers->registrations.push_back(std::move(reg).value());
     }
   }
-#endif
 
   KVTIER_RETURN_IF_ERROR(region.Validate("host pool region").WithContext("internal error"));
   KVTIER_ASSIGN_OR_RETURN(auto allocator,
