@@ -286,9 +286,7 @@ Result<std::unique_ptr<HostKvPool>> HostKvPool::Create(const HostKvPoolConfig& c
       }
       // Always ask for transparent huge pages where the kernel has them (advisory, so failure
       // is fine): slot and head chunks land at random places in pools of many GiB, and with
-      // 4 KiB pages every chunk is a TLB miss. Measured on the 2-core dev box (kvtier bench
-      // --backend cpu, MHA page_head per-layer loads, 3 alternating runs): 5.0-5.9 -> 6.7-7.2
-      // GB/s at page 1 and 6.7-7.3 -> 8.3-8.7 GB/s at pages 16 and 64.
+      // 4 KiB pages every chunk is a TLB miss (BENCHMARKS.md, CPU: transparent huge pages).
       (void)madvise(m.data(), m.length(), MADV_HUGEPAGE);
       buffers->mappings.push_back(std::move(m));
     }
