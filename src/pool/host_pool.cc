@@ -22,7 +22,6 @@
 #include "kvtier/device.h"
 #include "util/log.h"
 
-
 namespace kvtier {
 namespace {
 
@@ -95,7 +94,6 @@ int64_t HugePageBytes() {
   std::fclose(f);
   return bytes;
 }
-
 
 // a * b, or InvalidArgument naming `what` on overflow.
 Result<int64_t> CheckedMul(int64_t a, int64_t b, const char* what) {
