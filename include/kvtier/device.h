@@ -199,6 +199,12 @@ class PinnedRegistration {
   // refuses to lock the pages (typically the locked-memory limit), the error names
   // RLIMIT_MEMLOCK, the current limit and `ulimit -l`.
   static Result<PinnedRegistration> Register(void* ptr, int64_t bytes);
+  // The pools' registration: Register when a GPU is present; otherwise (no GPU, or kvtier built
+  // without CUDA) an empty registration (registered() false) and the memory stays plain.
+  static Result<PinnedRegistration> RegisterIfGpuPresent(void* ptr, int64_t bytes) {
+    if (CudaDeviceCount() == 0) return PinnedRegistration();
+    return Register(ptr, bytes);
+  }
 
   PinnedRegistration() = default;
   ~PinnedRegistration();
@@ -207,6 +213,7 @@ class PinnedRegistration {
   PinnedRegistration(const PinnedRegistration&) = delete;
   PinnedRegistration& operator=(const PinnedRegistration&) = delete;
 
+  bool registered() const { return ptr_ != nullptr; }
   void* data() const { return ptr_; }
   int64_t bytes() const { return bytes_; }
 

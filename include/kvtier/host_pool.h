@@ -29,12 +29,12 @@
 namespace kvtier {
 
 struct HostKvPoolConfig {
-  KvLayout layout = KvLayout::kPageFirst;
+  // The pool's shape: layout, num_layers, slot_bytes (a multiple of kSlotBytesAlignment),
+  // page_size and head_num (page_head: slot_bytes / head_num a multiple of kSlotBytesAlignment).
+  // geometry.num_slots is not read: the pool derives it from the capacity below (see
+  // HostKvPool::geometry()), so a device pool's geometry can be copied in as it is.
+  KvGeometry geometry{.layout = KvLayout::kPageFirst};
   bool mla = false;  // one buffer instead of K and V
-  int64_t num_layers = 0;
-  int64_t slot_bytes = 0;  // bytes of one token in one layer of one buffer; a multiple of 4
-  int64_t page_size = 1;
-  int64_t head_num = 1;  // page_head: slot_bytes / head_num must be a multiple of 4
 
   // Capacity: exactly one of capacity_bytes and device_ratio.
   int64_t capacity_bytes = 0;     // total bytes of all buffers (K+V, or the MLA buffer)

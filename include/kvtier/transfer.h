@@ -8,7 +8,7 @@
 //          synchronous. The reference every other backend is tested against.
 //   kernel CUDA kernels over pinned host memory (UVA) and device memory.
 //   dma    copy engines only (cudaMemcpyBatchAsync / 2D / per-run cudaMemcpyAsync).
-//   auto   picks kernel or dma per request from a measured table.
+//   auto   picks kernel or dma per request by a fixed rule (auto_engine.cc), from measurements.
 // The GPU backends exist only when kvtier is built with CUDA (`KVTIER_CUDA=ON`); asking for one
 // otherwise gives `Unavailable`.
 //

@@ -994,12 +994,10 @@ Result<std::unique_ptr<HierarchicalCache>> HierarchicalCache::Create(
   s.gpu = gpu;
 
   HostKvPoolConfig hc;
-  hc.layout = config.host_layout;
+  hc.geometry = g;  // num_slots is derived from the capacity below
+  hc.geometry.layout = config.host_layout;
+  hc.geometry.head_num = config.host_head_num > 0 ? config.host_head_num : g.head_num;
   hc.mla = device_region.mla;
-  hc.num_layers = g.num_layers;
-  hc.slot_bytes = g.slot_bytes;
-  hc.page_size = g.page_size;
-  hc.head_num = config.host_head_num > 0 ? config.host_head_num : g.head_num;
   if (config.host_capacity_bytes > 0) {
     hc.capacity_bytes = config.host_capacity_bytes;
   } else {
@@ -1025,7 +1023,7 @@ Result<std::unique_ptr<HierarchicalCache>> HierarchicalCache::Create(
     want.num_layers = g.num_layers;
     want.slot_bytes = g.slot_bytes;
     want.page_size = g.page_size;
-    want.head_num = hc.head_num;
+    want.head_num = hc.geometry.head_num;
     want.tp_rank = config.storage.tp_rank;
     want.tp_size = config.storage.tp_size;
     if (config.storage.backend) {

@@ -10,7 +10,6 @@
 
 #include <fmt/format.h>
 #include <sys/mman.h>
-#include <sys/resource.h>
 
 #include <cerrno>
 #include <cmath>
@@ -20,11 +19,8 @@
 #include <string>
 #include <utility>
 
+#include "kvtier/device.h"
 #include "util/log.h"
-
-#if defined(KVTIER_WITH_CUDA)
-#include <cuda_runtime.h>
-#endif
 
 namespace kvtier {
 namespace {
@@ -99,49 +95,6 @@ int64_t HugePageBytes() {
   return bytes;
 }
 
-#if defined(KVTIER_WITH_CUDA)
-std::string MemlockLimit() {
-  rlimit limit{};
-  if (getrlimit(RLIMIT_MEMLOCK, &limit) != 0) return "unknown";
-  if (limit.rlim_cur == RLIM_INFINITY) return "unlimited";
-  return fmt::format("{} KiB", static_cast<unsigned long long>(limit.rlim_cur) / 1024);
-}
-
-// A cudaHostRegister'ed range, unregistered on destruction.
-class CudaHostRegistration {
- public:
-  explicit CudaHostRegistration(void* addr) : addr_(addr) {}
-  CudaHostRegistration(CudaHostRegistration&& other) noexcept
-      : addr_(std::exchange(other.addr_, nullptr)) {}
-  CudaHostRegistration& operator=(CudaHostRegistration&&) = delete;
-  CudaHostRegistration(const CudaHostRegistration&) = delete;
-  CudaHostRegistration& operator=(const CudaHostRegistration&) = delete;
-  ~CudaHostRegistration() {
-    if (addr_ == nullptr) return;
-    const cudaError_t err = cudaHostUnregister(addr_);
-    if (err != cudaSuccess) {
-      (void)cudaGetLastError();
-      util::Log(util::LogLevel::kError, "host pool: cudaHostUnregister({}) failed: {}", addr_,
-                cudaGetErrorString(err));
-    }
-  }
-
- private:
-  void* addr_;
-};
-
-// True when the CUDA runtime sees at least one GPU; clears the error left by a failed query.
-bool CudaDevicePresent() {
-  int count = 0;
-  const cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  return count > 0;
-}
-#endif
-
 // a * b, or InvalidArgument naming `what` on overflow.
 Result<int64_t> CheckedMul(int64_t a, int64_t b, const char* what) {
   int64_t out = 0;
@@ -162,13 +115,14 @@ struct PoolShape {
 // REQUIRES: the per-field checks of HostKvPoolConfig::Validate passed.
 Result<PoolShape> ComputeShape(const HostKvPoolConfig& config) {
   const int num_buffers = config.mla ? 1 : 2;
-  KVTIER_ASSIGN_OR_RETURN(
-      const int64_t layer_slot_bytes,
-      CheckedMul(config.num_layers, config.slot_bytes, "num_layers * slot_bytes"));
+  KVTIER_ASSIGN_OR_RETURN(const int64_t layer_slot_bytes,
+                          CheckedMul(config.geometry.num_layers, config.geometry.slot_bytes,
+                                     "num_layers * slot_bytes"));
   KVTIER_ASSIGN_OR_RETURN(const int64_t slot_total_bytes,
                           CheckedMul(layer_slot_bytes, num_buffers, "bytes per slot"));
-  KVTIER_ASSIGN_OR_RETURN(const int64_t page_bytes,
-                          CheckedMul(slot_total_bytes, config.page_size, "bytes per page"));
+  KVTIER_ASSIGN_OR_RETURN(
+      const int64_t page_bytes,
+      CheckedMul(slot_total_bytes, config.geometry.page_size, "bytes per page"));
   int64_t budget = config.capacity_bytes;
   std::string budget_source = fmt::format("capacity_bytes = {}", config.capacity_bytes);
   if (config.device_ratio > 0) {
@@ -188,12 +142,12 @@ Result<PoolShape> ComputeShape(const HostKvPoolConfig& config) {
     return Status::InvalidArgument(fmt::format(
         "HostKvPoolConfig: {} is less than one page of {} bytes ({} buffer(s) x {} layers x "
         "page_size {} x slot_bytes {})",
-        budget_source, page_bytes, num_buffers, config.num_layers, config.page_size,
-        config.slot_bytes));
+        budget_source, page_bytes, num_buffers, config.geometry.num_layers,
+        config.geometry.page_size, config.geometry.slot_bytes));
   }
   PoolShape shape;
   shape.num_buffers = num_buffers;
-  shape.num_slots = num_pages * config.page_size;
+  shape.num_slots = num_pages * config.geometry.page_size;
   shape.buffer_bytes = num_pages * (page_bytes / num_buffers);
   return shape;
 }
@@ -203,50 +157,43 @@ Result<PoolShape> ComputeShape(const HostKvPoolConfig& config) {
 struct HostKvPool::Buffers {
   // Declaration order matters: registrations are destroyed (unregistered) before the mappings.
   std::vector<Mapping> mappings;
-#if defined(KVTIER_WITH_CUDA)
-  std::vector<CudaHostRegistration> registrations;
-#endif
+  std::vector<PinnedRegistration> registrations;  // empty: plain memory
   bool huge_pages = false;
   int64_t capacity_bytes = 0;
 
-  bool cuda_registered() const {
-#if defined(KVTIER_WITH_CUDA)
-    return !registrations.empty();
-#else
-    return false;
-#endif
-  }
+  bool cuda_registered() const { return !registrations.empty(); }
 };
 
 Status HostKvPoolConfig::Validate() const {
-  const int layout_index = static_cast<int>(layout);
+  const int layout_index = static_cast<int>(geometry.layout);
   if (layout_index < 0 || layout_index >= kNumLayouts) {
     return Status::InvalidArgument(
-        fmt::format("HostKvPoolConfig.layout = {} is not a known layout", layout_index));
+        fmt::format("HostKvPoolConfig.geometry.layout = {} is not a known layout", layout_index));
   }
-  if (num_layers <= 0) {
-    return Status::InvalidArgument(
-        fmt::format("HostKvPoolConfig.num_layers = {} must be positive", num_layers));
-  }
-  if (slot_bytes <= 0 || slot_bytes % kSlotBytesAlignment != 0) {
-    return Status::InvalidArgument(
-        fmt::format("HostKvPoolConfig.slot_bytes = {} must be a positive multiple of {}",
-                    slot_bytes, kSlotBytesAlignment));
-  }
-  if (page_size <= 0) {
-    return Status::InvalidArgument(
-        fmt::format("HostKvPoolConfig.page_size = {} must be positive", page_size));
-  }
-  if (head_num <= 0) {
-    return Status::InvalidArgument(
-        fmt::format("HostKvPoolConfig.head_num = {} must be positive", head_num));
-  }
-  if (layout == KvLayout::kPageHead &&
-      (slot_bytes % head_num != 0 || (slot_bytes / head_num) % kSlotBytesAlignment != 0)) {
+  if (geometry.num_layers <= 0) {
     return Status::InvalidArgument(fmt::format(
-        "HostKvPoolConfig.head_num = {} must divide slot_bytes = {} into multiples of {} bytes "
-        "for page_head",
-        head_num, slot_bytes, kSlotBytesAlignment));
+        "HostKvPoolConfig.geometry.num_layers = {} must be positive", geometry.num_layers));
+  }
+  if (geometry.slot_bytes <= 0 || geometry.slot_bytes % kSlotBytesAlignment != 0) {
+    return Status::InvalidArgument(
+        fmt::format("HostKvPoolConfig.geometry.slot_bytes = {} must be a positive multiple of {}",
+                    geometry.slot_bytes, kSlotBytesAlignment));
+  }
+  if (geometry.page_size <= 0) {
+    return Status::InvalidArgument(fmt::format(
+        "HostKvPoolConfig.geometry.page_size = {} must be positive", geometry.page_size));
+  }
+  if (geometry.head_num <= 0) {
+    return Status::InvalidArgument(
+        fmt::format("HostKvPoolConfig.geometry.head_num = {} must be positive", geometry.head_num));
+  }
+  if (geometry.layout == KvLayout::kPageHead &&
+      (geometry.slot_bytes % geometry.head_num != 0 ||
+       (geometry.slot_bytes / geometry.head_num) % kSlotBytesAlignment != 0)) {
+    return Status::InvalidArgument(
+        fmt::format("HostKvPoolConfig.geometry.head_num = {} must divide slot_bytes = {} into "
+                    "multiples of {} bytes for page_head",
+                    geometry.head_num, geometry.slot_bytes, kSlotBytesAlignment));
   }
   if (capacity_bytes < 0) {
     return Status::InvalidArgument(
@@ -293,12 +240,8 @@ Result<std::unique_ptr<HostKvPool>> HostKvPool::Create(const HostKvPoolConfig& c
   const int64_t buffer_bytes = shape.buffer_bytes;
 
   KvRegion region;
-  region.geometry.layout = config.layout;
-  region.geometry.num_layers = config.num_layers;
+  region.geometry = config.geometry;
   region.geometry.num_slots = num_slots;
-  region.geometry.slot_bytes = config.slot_bytes;
-  region.geometry.page_size = config.page_size;
-  region.geometry.head_num = config.head_num;
   region.mla = config.mla;
   region.memory = MemoryKind::kHost;
   region.device = -1;
@@ -341,9 +284,7 @@ Result<std::unique_ptr<HostKvPool>> HostKvPool::Create(const HostKvPoolConfig& c
       }
       // Always ask for transparent huge pages where the kernel has them (advisory, so failure
       // is fine): slot and head chunks land at random places in pools of many GiB, and with
-      // 4 KiB pages every chunk is a TLB miss. Measured on the 2-core dev box (kvtier bench
-      // --backend cpu, MHA page_head per-layer loads, 3 alternating runs): 5.0-5.9 -> 6.7-7.2
-      // GB/s at page 1 and 6.7-7.3 -> 8.3-8.7 GB/s at pages 16 and 64.
+      // 4 KiB pages every chunk is a TLB miss (BENCHMARKS.md, CPU: transparent huge pages).
       (void)madvise(m.data(), m.length(), MADV_HUGEPAGE);
       buffers->mappings.push_back(std::move(m));
     }
@@ -351,31 +292,28 @@ Result<std::unique_ptr<HostKvPool>> HostKvPool::Create(const HostKvPoolConfig& c
   region.k = buffers->mappings[0].data();
   region.v = config.mla ? nullptr : buffers->mappings[1].data();
 
-  // ---- CUDA registration ----
-#if defined(KVTIER_WITH_CUDA)
-  if (config.register_with_cuda && CudaDevicePresent()) {
+  // ---- CUDA registration (when a GPU is present) ----
+  if (config.register_with_cuda) {
     buffers->registrations.reserve(static_cast<size_t>(num_buffers));
     for (int b = 0; b < num_buffers; ++b) {
       const Mapping& m = buffers->mappings[b];
-      const cudaError_t err =
-          cudaHostRegister(m.data(), m.length(), cudaHostRegisterPortable | cudaHostRegisterMapped);
-      if (err != cudaSuccess) {
-        (void)cudaGetLastError();
+      Result<PinnedRegistration> reg =
+          PinnedRegistration::RegisterIfGpuPresent(m.data(), static_cast<int64_t>(m.length()));
+      if (!reg.ok()) {
         // `buffers` goes out of scope: earlier registrations are undone, then every mapping.
         return Status::CudaError(fmt::format(
-            "host pool: the pool could not be pinned: cudaHostRegister of {} bytes (buffer {}) "
-            "failed: {} ({}). Raise the locked-memory limit (`ulimit -l`, now {}), shrink the "
-            "host pool, or set register_with_cuda = false",
-            m.length(), BufferName(config.mla, b), cudaGetErrorString(err), cudaGetErrorName(err),
-            MemlockLimit()));
+            "host pool: the pool could not be pinned (buffer {}): {}. Shrink the host pool, or "
+            "set register_with_cuda = false",
+            BufferName(config.mla, b), reg.status().message()));
       }
-      buffers->registrations.emplace_back(m.data());
+      if (!reg->registered()) break;  // no GPU: plain memory
+      buffers->registrations.push_back(std::move(reg).value());
     }
   }
-#endif
 
   KVTIER_RETURN_IF_ERROR(region.Validate("host pool region").WithContext("internal error"));
-  KVTIER_ASSIGN_OR_RETURN(auto allocator, SlotAllocator::Create(num_slots, config.page_size));
+  KVTIER_ASSIGN_OR_RETURN(auto allocator,
+                          SlotAllocator::Create(num_slots, config.geometry.page_size));
   return std::unique_ptr<HostKvPool>(
       new HostKvPool(std::move(buffers), std::move(allocator), region));
 }

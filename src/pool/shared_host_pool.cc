@@ -283,10 +283,11 @@ struct SharedHostPool::State {
     state->region.k = data;
     state->region.v = mla ? nullptr : data + h->buffer_stride;
     KVTIER_RETURN_IF_ERROR(state->region.Validate("shared host pool region"));
-    if (register_with_cuda && CudaDeviceCount() > 0) {
+    if (register_with_cuda) {
       const int64_t bytes = static_cast<int64_t>(h->segment_bytes - h->data_offset);
-      KVTIER_ASSIGN_OR_RETURN(PinnedRegistration reg, PinnedRegistration::Register(data, bytes));
-      state->registrations.push_back(std::move(reg));
+      KVTIER_ASSIGN_OR_RETURN(PinnedRegistration reg,
+                              PinnedRegistration::RegisterIfGpuPresent(data, bytes));
+      if (reg.registered()) state->registrations.push_back(std::move(reg));
     }
     return state;
   }

@@ -29,18 +29,18 @@ constexpr KvLayout kAllLayouts[] = {KvLayout::kLayerFirst, KvLayout::kPageFirst,
 // 3 layers x 64-byte slots, pages of 4, 4 heads (16-byte head chunks for page_head).
 HostKvPoolConfig SmallConfig(KvLayout layout, bool mla) {
   HostKvPoolConfig c;
-  c.layout = layout;
+  c.geometry.layout = layout;
   c.mla = mla;
-  c.num_layers = 3;
-  c.slot_bytes = 64;
-  c.page_size = 4;
-  c.head_num = 4;
+  c.geometry.num_layers = 3;
+  c.geometry.slot_bytes = 64;
+  c.geometry.page_size = 4;
+  c.geometry.head_num = 4;
   c.capacity_bytes = 0;
   return c;
 }
 
 int64_t PageBytes(const HostKvPoolConfig& c) {
-  return (c.mla ? 1 : 2) * c.num_layers * c.slot_bytes * c.page_size;
+  return (c.mla ? 1 : 2) * c.geometry.num_layers * c.geometry.slot_bytes * c.geometry.page_size;
 }
 
 std::unique_ptr<HostKvPool> MustCreate(const HostKvPoolConfig& config) {
@@ -128,6 +128,17 @@ TEST(HostKvPoolTest, CapacityFromBytesRoundsDownToWholePages) {
   EXPECT_EQ(pool->capacity_bytes(), page);
 }
 
+TEST(HostKvPoolTest, GeometryNumSlotsIsDerivedFromTheCapacity) {
+  HostKvPoolConfig c = SmallConfig(KvLayout::kPageFirst, /*mla=*/false);
+  c.geometry.num_slots = 4096;  // e.g. copied from a device pool's geometry; not read
+  c.capacity_bytes = 3 * PageBytes(c);
+  auto pool = MustCreate(c);
+  ASSERT_NE(pool, nullptr);
+  EXPECT_EQ(pool->num_slots(), 12);
+  EXPECT_EQ(pool->geometry().num_slots, 12);
+  EXPECT_EQ(pool->geometry().slot_bytes, 64);
+}
+
 TEST(HostKvPoolTest, CapacityFromDeviceRatio) {
   HostKvPoolConfig c = SmallConfig(KvLayout::kLayerFirst, /*mla=*/true);
   const int64_t page = PageBytes(c);  // 3 * 64 * 4 = 768
@@ -173,15 +184,15 @@ TEST(HostKvPoolTest, BadConfigFieldsAreNamed) {
     const char* needle;
   };
   const Case cases[] = {
-      {[](HostKvPoolConfig& c) { c.layout = static_cast<KvLayout>(7); }, "layout = 7"},
-      {[](HostKvPoolConfig& c) { c.num_layers = 0; }, "num_layers = 0"},
-      {[](HostKvPoolConfig& c) { c.num_layers = -2; }, "num_layers = -2"},
-      {[](HostKvPoolConfig& c) { c.slot_bytes = 0; }, "slot_bytes = 0"},
-      {[](HostKvPoolConfig& c) { c.slot_bytes = 66; }, "slot_bytes = 66"},
-      {[](HostKvPoolConfig& c) { c.page_size = 0; }, "page_size = 0"},
-      {[](HostKvPoolConfig& c) { c.head_num = 0; }, "head_num = 0"},
-      {[](HostKvPoolConfig& c) { c.head_num = 3; }, "head_num = 3"},
-      {[](HostKvPoolConfig& c) { c.head_num = 32; }, "head_num = 32"},  // 2-byte heads
+      {[](HostKvPoolConfig& c) { c.geometry.layout = static_cast<KvLayout>(7); }, "layout = 7"},
+      {[](HostKvPoolConfig& c) { c.geometry.num_layers = 0; }, "num_layers = 0"},
+      {[](HostKvPoolConfig& c) { c.geometry.num_layers = -2; }, "num_layers = -2"},
+      {[](HostKvPoolConfig& c) { c.geometry.slot_bytes = 0; }, "slot_bytes = 0"},
+      {[](HostKvPoolConfig& c) { c.geometry.slot_bytes = 66; }, "slot_bytes = 66"},
+      {[](HostKvPoolConfig& c) { c.geometry.page_size = 0; }, "page_size = 0"},
+      {[](HostKvPoolConfig& c) { c.geometry.head_num = 0; }, "head_num = 0"},
+      {[](HostKvPoolConfig& c) { c.geometry.head_num = 3; }, "head_num = 3"},
+      {[](HostKvPoolConfig& c) { c.geometry.head_num = 32; }, "head_num = 32"},  // 2-byte heads
       {[](HostKvPoolConfig& c) { c.capacity_bytes = -1; }, "capacity_bytes = -1"},
       {[](HostKvPoolConfig& c) { c.capacity_bytes = 0; }, "exactly one of capacity_bytes"},
       {[](HostKvPoolConfig& c) {
@@ -209,9 +220,9 @@ TEST(HostKvPoolTest, BadConfigFieldsAreNamed) {
 
   // Sizes whose products overflow are rejected, not wrapped.
   HostKvPoolConfig huge = good;
-  huge.layout = KvLayout::kPageFirst;
-  huge.num_layers = int64_t{1} << 40;
-  huge.slot_bytes = int64_t{1} << 30;
+  huge.geometry.layout = KvLayout::kPageFirst;
+  huge.geometry.num_layers = int64_t{1} << 40;
+  huge.geometry.slot_bytes = int64_t{1} << 30;
   ExpectInvalid(huge, "overflows int64");
   HostKvPoolConfig ratio = good;
   ratio.capacity_bytes = 0;
@@ -384,16 +395,16 @@ TEST(HostKvPoolTest, CpuTransferRoundTripsThroughThePool) {
       auto pool = MustCreate(c);
       ASSERT_NE(pool, nullptr);
       const KvRegion& pr = pool->region();
-      const int64_t heads = c.head_num;  // page_head side needs it; others are contiguous
+      const int64_t heads = c.geometry.head_num;  // page_head side needs it; others are contiguous
 
       // An engine-side region in another layout with random KV, and a poisoned one to load into.
       KvGeometry eg;
       eg.layout =
           pool_layout == KvLayout::kLayerFirst ? KvLayout::kPageFirst : KvLayout::kLayerFirst;
-      eg.num_layers = c.num_layers;
+      eg.num_layers = c.geometry.num_layers;
       eg.num_slots = 64;
-      eg.slot_bytes = c.slot_bytes;
-      eg.page_size = c.page_size;
+      eg.slot_bytes = c.geometry.slot_bytes;
+      eg.page_size = c.geometry.page_size;
       eg.head_num = 1;
       testing::HostRegion engine_src(eg, mla);
       engine_src.FillRandom(rng);
@@ -408,7 +419,7 @@ TEST(HostKvPoolTest, CpuTransferRoundTripsThroughThePool) {
       // Back up 5 random engine slots per page into 5 freshly allocated pool pages (all layers).
       auto pages = pool->AllocatePages(5);
       ASSERT_TRUE(pages.ok()) << pages.status().ToString();
-      const std::vector<int64_t> pool_slots = PageSlots(*pages, c.page_size);
+      const std::vector<int64_t> pool_slots = PageSlots(*pages, c.geometry.page_size);
       std::vector<int64_t> engine_slots(64);
       for (int64_t i = 0; i < 64; ++i) engine_slots[i] = i;
       std::shuffle(engine_slots.begin(), engine_slots.end(), rng);
@@ -419,7 +430,7 @@ TEST(HostKvPoolTest, CpuTransferRoundTripsThroughThePool) {
       ASSERT_TRUE(s.ok()) << s.ToString();
       for (size_t i = 0; i < pool_slots.size(); ++i) {
         for (int b = 0; b < pr.num_buffers(); ++b) {
-          for (int64_t l = 0; l < c.num_layers; ++l) {
+          for (int64_t l = 0; l < c.geometry.num_layers; ++l) {
             ASSERT_EQ(SlotBytes(pr, b, l, pool_slots[i], heads),
                       SlotBytes(engine_src.region(), b, l, engine_slots[i], heads))
                 << "pool slot " << pool_slots[i] << " buffer " << b << " layer " << l;
@@ -432,7 +443,7 @@ TEST(HostKvPoolTest, CpuTransferRoundTripsThroughThePool) {
       for (int64_t i = 0; i < 64; ++i) load_slots[i] = 63 - i;
       std::shuffle(load_slots.begin(), load_slots.end(), rng);
       load_slots.resize(pool_slots.size());
-      for (int64_t l = 0; l < c.num_layers; ++l) {
+      for (int64_t l = 0; l < c.geometry.num_layers; ++l) {
         s = engine.Transfer(TransferRequest::PerLayer(pr, engine_dst.region(),
                                                       SlotIndices::Host(pool_slots),
                                                       SlotIndices::Host(load_slots), l));
@@ -440,10 +451,11 @@ TEST(HostKvPoolTest, CpuTransferRoundTripsThroughThePool) {
       }
       std::vector<bool> loaded(64, false);
       for (int64_t x : load_slots) loaded[x] = true;
-      const std::vector<std::byte> poison(static_cast<size_t>(c.slot_bytes), testing::kPoison);
+      const std::vector<std::byte> poison(static_cast<size_t>(c.geometry.slot_bytes),
+                                          testing::kPoison);
       for (int64_t slot = 0; slot < 64; ++slot) {
         for (int b = 0; b < pr.num_buffers(); ++b) {
-          for (int64_t l = 0; l < c.num_layers; ++l) {
+          for (int64_t l = 0; l < c.geometry.num_layers; ++l) {
             const auto got = SlotBytes(engine_dst.region(), b, l, slot, heads);
             if (!loaded[slot]) {
               ASSERT_EQ(got, poison) << "engine slot " << slot << " was written";
@@ -453,7 +465,7 @@ TEST(HostKvPoolTest, CpuTransferRoundTripsThroughThePool) {
       }
       for (size_t i = 0; i < load_slots.size(); ++i) {
         for (int b = 0; b < pr.num_buffers(); ++b) {
-          for (int64_t l = 0; l < c.num_layers; ++l) {
+          for (int64_t l = 0; l < c.geometry.num_layers; ++l) {
             ASSERT_EQ(SlotBytes(engine_dst.region(), b, l, load_slots[i], heads),
                       SlotBytes(engine_src.region(), b, l, engine_slots[i], heads))
                 << "engine slot " << load_slots[i] << " buffer " << b << " layer " << l;

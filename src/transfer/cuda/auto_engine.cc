@@ -1,23 +1,11 @@
-// The `auto` transfer backend: per request, the kernel or the dma engine, from a small table
-// measured with `kvtier bench --backend kernel|dma` (16,384 tokens in random pages; H200, PCIe
-// Gen5 x16, ceiling 55.5 GB/s each way; full numbers in BENCHMARKS.md, GPU section):
-//
-//   request                                          kernel (4 SMs)   dma                pick
-//   per-layer load, any layout, page 1..64           67-92 %          1-77 % (best: lf   kernel
-//                                                                     p64, 404 copies)
-//   all-layer backup, layer_first <-> layer_first   95 %             70 % p16, 90 % p64 kernel
-//   all-layer backup, layer_first <-> page_first_    92-95 %          84 % p16 (32 KiB   dma when
-//     direct                                                          pages), 95-97 %    pages of a
-//                                                                     p64 (72-128 KiB)   layer >=
-//                                                                                        64 KiB
-//   all-layer backup, page_first / page_head         92-95 %          25 % (a copy per   kernel
-//                                                                     slot) / not run
-//   any request with device indices                  -                must synchronise   kernel
-//                                                                     to read them
-//
-// The dma engine is picked exactly where it is measured to be as fast as the kernel, since it
-// leaves every SM to the forward pass; its host submission (~1.5 us per page copy) is then the
-// price. Everything else goes to the kernel.
+// The `auto` transfer backend: per request, the kernel or the dma engine. The rule:
+//   - an all-layer copy between layer_first and page_first_direct, with host indices, whose
+//     page of one layer on the page_first_direct side holds at least kDmaMinPageBytes, goes to
+//     the dma engine: there the copy engines keep up with the kernel and leave every SM to the
+//     forward pass, at the price of host submission per copy;
+//   - everything else goes to the kernel: per-layer loads, other layout pairs, smaller pages,
+//     and requests with device indices (the dma engine would have to synchronise to read them).
+// The measurements behind the rule are the kernel, dma and auto columns of BENCHMARKS.md, GPU.
 //
 // Thread safety: as the engines it holds (both are thread-safe); last_stats() as documented in
 // gpu_engine.h.
@@ -31,8 +19,8 @@
 namespace kvtier::transfer::cuda {
 namespace {
 
-// Measured threshold (see the table above): bytes of one page of one layer on the
-// page_first_direct side from which an all-layer copy goes to the copy engines.
+// Bytes of one page of one layer on the page_first_direct side from which an all-layer copy goes
+// to the copy engines (see the file comment).
 constexpr int64_t kDmaMinPageBytes = int64_t{64} << 10;
 
 }  // namespace

@@ -8,6 +8,7 @@
 
 #include "transfer/cuda/device_guard.h"
 #include "util/cuda_check.h"
+#include "util/log.h"
 
 namespace kvtier {
 
@@ -255,7 +256,13 @@ Result<PinnedRegistration> PinnedRegistration::Register(void* ptr, int64_t bytes
   return r;
 }
 PinnedRegistration::~PinnedRegistration() {
-  if (ptr_ != nullptr) cudaHostUnregister(ptr_);
+  if (ptr_ == nullptr) return;
+  const cudaError_t e = cudaHostUnregister(ptr_);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    util::Log(util::LogLevel::kError, "cudaHostUnregister({}) failed: {}", ptr_,
+              cudaGetErrorString(e));
+  }
 }
 PinnedRegistration::PinnedRegistration(PinnedRegistration&& o) noexcept
     : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
