@@ -61,7 +61,9 @@ def _int(value: Any, name: str, minimum: Optional[int] = None, maximum: int = _I
     value = int(value)
     if minimum is not None and value < minimum:
         raise ValueError(f"{name} = {value} must be >= {minimum}")
-    if value > maximum or value < -_INT64_MAX - 1:
+    if not -_INT64_MAX - 1 <= value <= _INT64_MAX:
+        raise ValueError(f"{name} = {value} does not fit in a 64-bit signed integer")
+    if value > maximum:
         raise ValueError(f"{name} = {value} must be <= {maximum}")
     return value
 
