@@ -201,10 +201,11 @@ def _python_ran_during(call):
     return t1 - t0, sum(1 for s in stamps if t0 + margin < s < t1 - margin)
 
 
-def _measure_blocking_calls():
+def _measure_blocking_calls(num_slots):
     """{call name: (seconds, ticks)} for insert, load_back and close of a fresh cache."""
-    # 2 layers x 2,048 slots x 4 KiB for K and V: each full copy moves 32 MiB on one thread.
-    num_slots, slot_bytes = 2048, 4096
+    # 2 layers x num_slots x 4 KiB for K and V: each full copy moves num_slots x 16 KiB on one
+    # thread (32 MiB at 2,048 slots).
+    slot_bytes = 4096
     cache = make_cache(num_slots=num_slots, slot_bytes=slot_bytes, page_size=16, cpu_threads=1)
     tokens = np.arange(num_slots, dtype=np.int32)
     slots = cache.allocate_device_slots(num_slots)
@@ -223,9 +224,10 @@ def _measure_blocking_calls():
 def test_blocking_calls_release_the_gil():
     # A call that holds the GIL never shows a tick; one that releases it shows ticks unless the
     # ticker thread was not scheduled at all (a loaded machine), so each call gets a few tries.
+    # A fast machine copies 32 MiB in under 20 ms: the copies grow until the calls can be told.
     long_calls, released = set(), set()
-    for _ in range(4):
-        for name, (seconds, ticks) in _measure_blocking_calls().items():
+    for num_slots in (2048, 2048, 8192, 8192, 32768, 32768):
+        for name, (seconds, ticks) in _measure_blocking_calls(num_slots).items():
             if seconds >= 0.02:  # shorter calls are too fast to tell on this machine
                 long_calls.add(name)
                 if ticks > 0:

@@ -67,8 +67,11 @@ class DeviceTier {
 
   const KvRegion& region() const { return region_; }
 
+  // Fill and Verify may be called from several threads: on a GPU they share one staging buffer
+  // and engine, so one call at a time uses them.
   Status Fill(std::span<const int64_t> slots, std::span<const uint64_t> hashes) {
     if (backend_ == TransferBackend::kCpu) return FillKvPattern(region_, slots, hashes);
+    std::lock_guard<std::mutex> staging_lock(staging_mu_);
     std::vector<int64_t> idx = Iota(slots.size());
     KVTIER_RETURN_IF_ERROR(FillKvPattern(staging_, idx, hashes));
     KVTIER_RETURN_IF_ERROR(engine_->Transfer(TransferRequest::AllLayers(
@@ -79,6 +82,7 @@ class DeviceTier {
   Status Verify(std::span<const int64_t> slots, std::span<const uint64_t> hashes) {
     if (backend_ == TransferBackend::kCpu) return VerifyKvPattern(region_, slots, hashes);
     if (slots.empty()) return Status::OK();
+    std::lock_guard<std::mutex> staging_lock(staging_mu_);
     std::vector<int64_t> idx = Iota(slots.size());
     KVTIER_RETURN_IF_ERROR(engine_->Transfer(TransferRequest::AllLayers(
         region_, staging_, SlotIndices::Host(slots), SlotIndices::Host(idx))));
@@ -97,6 +101,7 @@ class DeviceTier {
   std::vector<std::byte> k_, v_;
   KvRegion region_;
   DeviceKvPool pool_;
+  std::mutex staging_mu_;  // guards staging_mem_ and engine_ (GPU backends)
   PinnedHostBuffer staging_mem_;
   KvRegion staging_;
   std::unique_ptr<TransferEngine> engine_;
