@@ -55,6 +55,8 @@ fi
 
 # ccache: a bounded cache in the usual place; CMake picks ccache up by itself when it is found.
 export CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-5G}
+# Paths under the repository are hashed relative to it, so a fresh clone elsewhere reuses the cache.
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$repo}
 
 # configure <build dir> <cmake args...>
 configure() {
