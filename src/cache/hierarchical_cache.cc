@@ -153,6 +153,9 @@ struct HierarchicalCache::Impl {
   RadixTree tree;
   std::unique_ptr<DevicePageLedger> ledger;
   CopyTracker tracker;
+  // Completed operations taken from the tracker by Reap and not reaped yet (null once reaped).
+  // A split while Reap runs (ReapStore splits) must find their busy nodes too: see SetSplitHook.
+  std::vector<std::shared_ptr<CopyOp>> reaping;
   std::unordered_map<uint64_t, Handle> handles;
   uint64_t next_seq = 1;
   int64_t filling_pages = 0;       // host pages of prefetches not yet handed to the tree
@@ -489,8 +492,9 @@ struct HierarchicalCache::Impl {
   // ---- completions (Reap) -----------------------------------------------------------------------
   void Reap(Work* work) {
     if (gpu) ledger->PruneWriteFences();
-    std::vector<std::shared_ptr<CopyOp>> done = tracker.TakeDone();
-    for (auto& op : done) {
+    reaping = tracker.TakeDone();
+    for (auto& entry : reaping) {
+      const std::shared_ptr<CopyOp> op = std::move(entry);
       switch (op->kind) {
         case CopyOp::Kind::kBackup: ReapBackup(*op, work); break;
         case CopyOp::Kind::kLoad: ReapLoad(*op); break;
@@ -506,6 +510,7 @@ struct HierarchicalCache::Impl {
         case CopyOp::Kind::kStore: ReapStore(*op, work); break;
       }
     }
+    reaping.clear();
   }
 
   void ReapBackup(CopyOp& op, Work* work) {
@@ -1051,6 +1056,11 @@ Result<std::unique_ptr<HierarchicalCache>> HierarchicalCache::Create(
     if (lower->busy() == 0 && !lower->storing()) return;
     for (const auto& op : self->tracker.ops()) {
       if (std::find(op->nodes.begin(), op->nodes.end(), lower) != op->nodes.end()) {
+        op->nodes.push_back(upper);
+      }
+    }
+    for (const auto& op : self->reaping) {  // completed, not reaped yet (see Reap)
+      if (op && std::find(op->nodes.begin(), op->nodes.end(), lower) != op->nodes.end()) {
         op->nodes.push_back(upper);
       }
     }
