@@ -96,6 +96,10 @@ class FaultInjectingStorage final : public StorageBackend {
   bool Delay(std::chrono::steady_clock::time_point deadline);
   // True with probability `fraction`, from the seeded generator.
   bool Draw(double fraction);
+  // A "down" store fails every page, a delay past the deadline times every page out: then `out`
+  // is filled and true is returned, and the call is not forwarded to the inner backend.
+  bool AnsweredWithoutForwarding(std::span<PageStatus> out,
+                                 std::chrono::steady_clock::time_point deadline);
   // A position in [0, n) from the seeded generator.
   uint64_t DrawIndex(uint64_t n);
 

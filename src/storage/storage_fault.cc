@@ -118,6 +118,21 @@ InjectedFaults FaultInjectingStorage::injected() const {
   return counts_;
 }
 
+bool FaultInjectingStorage::AnsweredWithoutForwarding(std::span<PageStatus> out,
+                                                      Clock::time_point deadline) {
+  if (down_.load()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++counts_.down_calls;
+    std::fill(out.begin(), out.end(), PageStatus::kFailed);
+    return true;
+  }
+  if (!Delay(deadline)) {
+    std::fill(out.begin(), out.end(), PageStatus::kTimedOut);
+    return true;
+  }
+  return false;
+}
+
 bool FaultInjectingStorage::Draw(double fraction) {
   if (fraction <= 0) return false;
   if (fraction >= 1) return true;
@@ -169,16 +184,7 @@ ExistsResult FaultInjectingStorage::DoExists(std::span<const PageKey> keys,
 void FaultInjectingStorage::DoGet(std::span<const PageKey> keys,
                                   std::span<const PageBuffer> buffers, std::span<PageStatus> out,
                                   Clock::time_point deadline) {
-  if (down_.load()) {
-    std::lock_guard<std::mutex> lock(mu_);
-    ++counts_.down_calls;
-    std::fill(out.begin(), out.end(), PageStatus::kFailed);
-    return;
-  }
-  if (!Delay(deadline)) {
-    std::fill(out.begin(), out.end(), PageStatus::kTimedOut);
-    return;
-  }
+  if (AnsweredWithoutForwarding(out, deadline)) return;
   const double error_fraction = error_fraction_.load();
   Forwarded fwd;
   int64_t failed = 0;
@@ -221,16 +227,7 @@ void FaultInjectingStorage::DoGet(std::span<const PageKey> keys,
 void FaultInjectingStorage::DoSet(std::span<const PageKey> keys,
                                   std::span<const PageBuffer> buffers, std::span<PageStatus> out,
                                   Clock::time_point deadline) {
-  if (down_.load()) {
-    std::lock_guard<std::mutex> lock(mu_);
-    ++counts_.down_calls;
-    std::fill(out.begin(), out.end(), PageStatus::kFailed);
-    return;
-  }
-  if (!Delay(deadline)) {
-    std::fill(out.begin(), out.end(), PageStatus::kTimedOut);
-    return;
-  }
+  if (AnsweredWithoutForwarding(out, deadline)) return;
   const double error_fraction = error_fraction_.load();
   const double drop_fraction = drop_fraction_.load();
   Forwarded fwd;
@@ -259,16 +256,7 @@ void FaultInjectingStorage::DoSet(std::span<const PageKey> keys,
 
 void FaultInjectingStorage::DoRemove(std::span<const PageKey> keys, std::span<PageStatus> out,
                                      Clock::time_point deadline) {
-  if (down_.load()) {
-    std::lock_guard<std::mutex> lock(mu_);
-    ++counts_.down_calls;
-    std::fill(out.begin(), out.end(), PageStatus::kFailed);
-    return;
-  }
-  if (!Delay(deadline)) {
-    std::fill(out.begin(), out.end(), PageStatus::kTimedOut);
-    return;
-  }
+  if (AnsweredWithoutForwarding(out, deadline)) return;
   const double error_fraction = error_fraction_.load();
   Forwarded fwd;
   int64_t failed = 0;
