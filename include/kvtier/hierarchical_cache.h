@@ -167,6 +167,9 @@ struct HierarchicalCacheConfig {
   // A power of two in [1, 256].
   int64_t page_size = 0;
   // Host tier capacity: host_capacity_bytes when > 0, else host_ratio x the device pool's bytes.
+  // Both 0: no host tier. Then device evictions forget the tokens, nothing is backed up (any
+  // write policy), Match reports no host tokens, LoadBack loads nothing, host_region() is empty
+  // and the host gauges are 0. A storage tier needs a host tier (prefetches land in host memory).
   int64_t host_capacity_bytes = 0;
   double host_ratio = 2.0;
   // With a storage tier: page_first, page_first_direct or page_head (a page is one contiguous
@@ -199,6 +202,7 @@ struct HierarchicalCacheConfig {
   // evicted; it may call back into the cache. For tests and metrics.
   std::function<void(const EvictionEvent&)> eviction_listener;
 
+  bool has_host_tier() const { return host_capacity_bytes > 0 || host_ratio != 0; }
   // InvalidArgument naming the field and its value.
   Status Validate() const;
 };
@@ -470,6 +474,7 @@ class HierarchicalCache {
   bool MutexHeldByCurrentThread() const;
 
   const KvRegion& device_region() const;
+  // The host pool's region; without a host tier an empty region (no buffers, 0 slots).
   const KvRegion& host_region() const;
   int64_t page_size() const;
   TransferBackend backend() const;

@@ -213,7 +213,8 @@ class HierarchicalCache:
     Args (keyword-only, defaults as in the C++ HierarchicalCacheConfig):
       device_region: a layer_first kvtier.ops.KvRegion (device memory with the kernel/dma/auto
         backends; host memory with cpu, e.g. for tests).
-      page_size: 0 = the region's.  host_capacity_bytes / host_ratio: host tier size.
+      page_size: 0 = the region's.  host_capacity_bytes / host_ratio: host tier size (both 0: no
+        host tier; evicted device tokens are forgotten; storage then raises ValueError).
       host_layout: "page_first" | "page_first_direct" | "page_head" | "layer_first" (with storage:
         not layer_first).
       write_policy: "write_through" | "write_through_selective" | "write_back".

@@ -111,6 +111,38 @@ def test_bad_arguments_name_the_argument():
     m.release()  # a no-op after cache.release(m)
 
 
+@pytest.mark.parametrize("write_policy", ["write_through", "write_back"])
+def test_no_host_tier(write_policy):
+    """host_capacity_bytes = 0 and host_ratio = 0: device evictions forget, nothing is backed up,
+    the host gauges read 0; a storage tier without a host tier is refused naming both."""
+    cache, k, v = make_cache(host_ratio=0, write_policy=write_policy)
+    assert cache.host_geometry["num_slots"] == 0
+    tokens = list(range(2000, 2032))
+    slots = np.asarray(cache.allocate_device_slots(32))
+    kv_k = np.random.default_rng(1).integers(0, 256, size=(L, 32, S), dtype=np.uint8)
+    k[:, slots] = kv_k
+    cache.insert(tokens, slots)
+    cache.wait_for_backups()
+    with cache.match(tokens) as m:
+        assert m.device_tokens == 32 and m.host_tokens == 0
+        np.testing.assert_array_equal(k[:, np.asarray(m.device_slots)], kv_k)
+    assert cache.evict_device(N) == 32
+    assert cache.evict_host(N) == 0
+    with cache.match(tokens) as m:
+        assert m.device_tokens == 0 and m.host_tokens == 0 and m.storage_tokens == 0
+        assert cache.load_back(m).loaded_tokens == 0
+    stats = cache.stats()
+    assert stats["host_total_tokens"] == 0 and stats["host_used_tokens"] == 0
+    assert stats["backup_tokens"] == 0 and stats["dropped_tokens"] == 32
+    assert "kvtier:hicache_host_total_tokens 0\n" in cache.metrics()
+    cache.check_consistency()
+    cache.close()
+    with pytest.raises(ValueError, match="storage.*host tier.*host_ratio"):
+        make_cache(host_ratio=0, storage="memory://")
+    with pytest.raises(ValueError, match="host_ratio"):
+        make_cache(host_ratio=-1.0)
+
+
 def test_out_of_memory_is_a_memory_error():
     cache, _, _ = make_cache()
     held = cache.allocate_device_slots(N)  # the engine holds every page: nothing to evict

@@ -130,10 +130,11 @@ Status HierarchicalCacheConfig::Validate() const {
     return Status::InvalidArgument(
         fmt::format("host_capacity_bytes = {} must not be negative", host_capacity_bytes));
   }
-  if (host_capacity_bytes == 0 &&
+  if (host_capacity_bytes == 0 && host_ratio != 0 &&
       !(std::isfinite(host_ratio) && host_ratio > 0 && host_ratio <= 1e6)) {
     return Status::InvalidArgument(fmt::format(
-        "host_ratio = {} must be in (0, 1e6] when host_capacity_bytes is 0", host_ratio));
+        "host_ratio = {} must be in (0, 1e6] when host_capacity_bytes is 0 (both 0: no host tier)",
+        host_ratio));
   }
   if (static_cast<int>(host_layout) >= kNumLayouts) {
     return Status::InvalidArgument(
@@ -170,6 +171,11 @@ Status HierarchicalCacheConfig::Validate() const {
         fmt::format("load_back_min_tokens = {} must not be negative", load_back_min_tokens));
   }
   KVTIER_RETURN_IF_ERROR(storage.Validate());
+  if (storage.enabled() && !has_host_tier()) {
+    return Status::InvalidArgument(
+        "storage (a backend or url) needs a host tier, but host_capacity_bytes = 0 and host_ratio "
+        "= 0 configure none: prefetches land in host memory (give the host tier a capacity)");
+  }
   if (storage.enabled() && host_layout == KvLayout::kLayerFirst) {
     return Status::InvalidArgument(
         "host_layout = layer_first cannot hold a storage tier: a page must be one contiguous "

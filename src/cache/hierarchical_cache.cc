@@ -5,7 +5,8 @@
 //   tree          the radix tree over the three tiers (cache/radix_tree.h);
 //   ledger        per device page: free, engine, tree or a copy in flight;
 //   host pages    the host pool's allocator: a page is a node's (tree) or an in-flight prefetch's
-//                 (filling) — nothing else;
+//                 (filling) — nothing else; no host pool at all without a host tier (`host` is
+//                 null: nothing is ever backed up, device evictions forget);
 //   handles       live MatchHandles: the node each pins (ancestors included), the tokens after
 //                 the match (for QueryStorage), a running prefetch and, on a GPU, its load-back;
 //   tracker       operations in flight. Each marked its nodes busy once (a split hands the mark to
@@ -141,7 +142,8 @@ struct HierarchicalCache::Impl {
   const int64_t P;
   const uint64_t tag;
   KvRegion device;
-  std::unique_ptr<HostKvPool> host;
+  std::unique_ptr<HostKvPool> host;  // null: no host tier (config.has_host_tier())
+  KvRegion no_host_region;           // host_region() without a host tier: empty
   std::unique_ptr<TransferEngine> engine;
   bool gpu = false;
   CudaStreamHandle backup_stream;  // GPU only
@@ -320,6 +322,7 @@ struct HierarchicalCache::Impl {
   // Frees at least `need` host pages if it can; returns the pages freed now. Under write_back
   // with a storage tier, unstored leaves are submitted for a store instead.
   int64_t EvictHost(int64_t need, Work* work) {
+    if (!host) return 0;
     const auto start = Clock::now();
     int64_t freed = 0;
     while (freed < need && health.ok()) {
@@ -383,6 +386,7 @@ struct HierarchicalCache::Impl {
   // else takes them), the nodes busy until the copy has completed. False (nothing changed, no
   // host node evicted) when host memory cannot be found.
   bool Backup(RadixNode* node, Work* work, bool write_back) {
+    if (!host) return false;  // no host tier: nothing to back up to
     std::vector<RadixNode*> path;
     for (RadixNode* n = node; !n->is_root() && !n->on_host(); n = n->parent()) {
       if (n->busy() > 0 || !n->on_device()) return false;
@@ -429,7 +433,7 @@ struct HierarchicalCache::Impl {
   }
 
   void MaybeBackup(const std::vector<RadixNode*>& path, Work* work) {
-    if (config.write_policy == WritePolicy::kWriteBack) return;
+    if (!host || config.write_policy == WritePolicy::kWriteBack) return;
     const int64_t threshold = config.write_policy == WritePolicy::kWriteThrough
                                   ? 1
                                   : config.write_through_threshold;
@@ -1011,7 +1015,13 @@ Result<std::unique_ptr<HierarchicalCache>> HierarchicalCache::Create(
   }
   hc.huge_pages = config.host_huge_pages;
   hc.register_with_cuda = gpu;
-  KVTIER_ASSIGN_OR_RETURN(s.host, HostKvPool::Create(hc));
+  if (config.has_host_tier()) {
+    KVTIER_ASSIGN_OR_RETURN(s.host, HostKvPool::Create(hc));
+  } else {
+    s.no_host_region.geometry = hc.geometry;
+    s.no_host_region.geometry.num_slots = 0;
+    s.no_host_region.mla = device_region.mla;
+  }
   KVTIER_ASSIGN_OR_RETURN(s.ledger, DevicePageLedger::Create(g.num_slots, g.page_size));
   if (gpu) {
     KVTIER_ASSIGN_OR_RETURN(s.backup_stream, CudaStreamHandle::Create(device_region.device));
@@ -1723,7 +1733,8 @@ Result<int64_t> HierarchicalCache::EvictHost(int64_t num_tokens) {
     Impl::Lock lk(s);
     KVTIER_RETURN_IF_ERROR(s.CheckHealth());
     s.Reap(&work);
-    freed = s.EvictHost(std::min(PagesFor(num_tokens, s.P), s.host->num_pages()), &work) * s.P;
+    const int64_t host_pages = s.host ? s.host->num_pages() : 0;
+    freed = s.EvictHost(std::min(PagesFor(num_tokens, s.P), host_pages), &work) * s.P;
     s.TrimStorage(&work);
   }
   s.RunWork(work);
@@ -1760,10 +1771,12 @@ CacheStats HierarchicalCache::stats() const {
     c.device_used_tokens = s.ledger->used_pages() * s.P;
     c.device_cached_tokens = s.tree.device_tokens();
     c.device_engine_tokens = s.ledger->pages_of(DevicePageLedger::kEngine) * s.P;
-    c.host_total_tokens = s.host->num_slots();
-    c.host_used_tokens = s.host->allocator().used_pages() * s.P;
+    if (s.host) {
+      c.host_total_tokens = s.host->num_slots();
+      c.host_used_tokens = s.host->allocator().used_pages() * s.P;
+      c.host_total_bytes = s.host->capacity_bytes();
+    }
     c.host_filling_tokens = s.filling_pages * s.P;
-    c.host_total_bytes = s.host->capacity_bytes();
     c.storage_known_tokens = s.tree.stored_tokens();
     c.storage_only_tokens = s.tree.storage_only_tokens();
     c.nodes = s.tree.num_nodes();
@@ -1781,7 +1794,8 @@ Status HierarchicalCache::CheckConsistency() const {
   KVTIER_RETURN_IF_ERROR(s.tree.CheckInvariants());
   const int64_t P = s.P;
   std::vector<uint8_t> dev_seen(static_cast<size_t>(s.ledger->num_pages()), 0);
-  std::vector<uint8_t> host_seen(static_cast<size_t>(s.host->num_pages()), 0);
+  const HostKvPool* host = s.host.get();  // null without a host tier: the tree has no host pages
+  std::vector<uint8_t> host_seen(static_cast<size_t>(host ? host->num_pages() : 0), 0);
   std::unordered_map<const RadixNode*, int64_t> expected_refs, expected_busy;
   for (const auto& [id, h] : s.handles) {
     for (const RadixNode* n = h.last; n != nullptr && !n->is_root(); n = n->parent()) {
@@ -1830,10 +1844,15 @@ Status HierarchicalCache::CheckConsistency() const {
     }
     for (int64_t start : n.host_pages()) {
       const size_t p = static_cast<size_t>(start / P);
-      if (host_seen[p] || !s.host->allocator().IsAllocated(start)) {
+      if (host == nullptr) {
+        st = Status::Internal(fmt::format(
+            "node {}: host page at slot {} but the cache has no host tier", n.id(), start));
+        return;
+      }
+      if (host_seen[p] || !host->allocator().IsAllocated(start)) {
         st = Status::Internal(fmt::format("node {}: host page at slot {} seen {}, allocated {}",
                                           n.id(), start, host_seen[p],
-                                          s.host->allocator().IsAllocated(start)));
+                                          host->allocator().IsAllocated(start)));
         return;
       }
       host_seen[p] = 1;
@@ -1865,9 +1884,10 @@ Status HierarchicalCache::CheckConsistency() const {
         "{}", tree_pages, owner_tree, copy_pages, owner_copy, owner_engine,
         s.ledger->used_pages()));
   }
-  if (s.host->allocator().used_pages() != host_pages + filling) {
+  const int64_t host_used = host ? host->allocator().used_pages() : 0;
+  if (host_used != host_pages + filling) {
     return Status::Internal(fmt::format("host pages: tree {} + filling {}, allocator used {}",
-                                        host_pages, filling, s.host->allocator().used_pages()));
+                                        host_pages, filling, host_used));
   }
   return Status::OK();
 }
@@ -1877,7 +1897,9 @@ bool HierarchicalCache::MutexHeldByCurrentThread() const {
 }
 
 const KvRegion& HierarchicalCache::device_region() const { return impl_->device; }
-const KvRegion& HierarchicalCache::host_region() const { return impl_->host->region(); }
+const KvRegion& HierarchicalCache::host_region() const {
+  return impl_->host ? impl_->host->region() : impl_->no_host_region;
+}
 int64_t HierarchicalCache::page_size() const { return impl_->P; }
 TransferBackend HierarchicalCache::backend() const { return impl_->engine->backend(); }
 StorageBackend* HierarchicalCache::storage() const { return impl_->storage.get(); }

@@ -9,7 +9,8 @@
 // and agreement of the cached token count. Every Match is compared exactly with the model (device
 // prefix length, then host length), and every device and host slot it returns is checked
 // byte-for-byte with the KV pattern. Every 200 steps all sequences ever inserted are matched
-// again: nothing inserted and not evicted is lost.
+// again: nothing inserted and not evicted is lost. The no_host cases run the same sequence on a
+// cache without a host tier: every device eviction forgets, nothing is backed up, no host hits.
 //
 // Environment: KVTIER_TEST_BACKEND=cpu|kernel|dma (GPU backends skip without a GPU),
 // KVTIER_TEST_SEED (run one seed), KVTIER_TEST_STEPS (steps per run, default 3000). Four seeds per case cover every host
@@ -33,6 +34,7 @@ using testing::DeviceTier;
 struct Params {
   WritePolicy policy;
   int64_t page;
+  bool no_host = false;  // host_capacity_bytes = 0 and host_ratio = 0: no host tier
 };
 
 struct Live {
@@ -49,6 +51,7 @@ class Model {
   std::unordered_map<uint64_t, int> pins;
   std::vector<std::string> errors;
   int64_t P = 1;
+  bool no_host = false;
 
   static uint64_t Key(const std::vector<uint64_t>& hashes, int64_t page, int64_t P) {
     return hashes[static_cast<size_t>((page + 1) * P - 1)];
@@ -66,6 +69,10 @@ class Model {
                                      e.tier == CacheTier::kDevice ? "device" : "host", p,
                                      e.prefix.size(), it == pages.end() ? '-' : it->second));
         continue;
+      }
+      if (no_host && (e.tier != CacheTier::kDevice || e.kept_in_host)) {
+        errors.push_back(fmt::format("no host tier, yet a {} eviction kept_in_host {} (page {})",
+                                     CacheTierName(e.tier), e.kept_in_host, p));
       }
       if (pins.count(k) && pins[k] > 0) {
         errors.push_back(fmt::format("evicted pinned page {} (prefix {} tokens)", p,
@@ -129,6 +136,7 @@ void RunModel(const Params& prm, uint64_t seed, int64_t steps, TransferBackend b
 
   Model model;
   model.P = P;
+  model.no_host = prm.no_host;
   HierarchicalCacheConfig cfg;
   cfg.write_policy = prm.policy;
   cfg.device_eviction = static_cast<EvictionPolicyKind>(seed % 4);
@@ -138,6 +146,10 @@ void RunModel(const Params& prm, uint64_t seed, int64_t steps, TransferBackend b
   cfg.load_back_min_tokens = seed % 2 == 0 ? 2 * P : 0;
   cfg.transfer.cpu_threads = 1;
   cfg.host_capacity_bytes = host_pages * P * 2 * slot_bytes * (mla ? 1 : 2);
+  if (prm.no_host) {
+    cfg.host_capacity_bytes = 0;
+    cfg.host_ratio = 0;
+  }
   cfg.eviction_listener = [&model](const EvictionEvent& e) { model.OnEvict(e); };
   KvGeometry g{KvLayout::kLayerFirst, 2, device_pages * P, slot_bytes, P, 2};
   auto dev_r = DeviceTier::Create(backend, g, mla);
@@ -184,9 +196,11 @@ void RunModel(const Params& prm, uint64_t seed, int64_t steps, TransferBackend b
     const std::span<const uint64_t> hs(h);
     Status st = dev.Verify(m->device_slots, hs.first(m->device_slots.size()));
     EXPECT_TRUE(st.ok()) << "device slots: " << st.ToString();
-    st = VerifyKvPattern(cache.host_region(), m->host_slots,
-                         hs.subspan(m->device_slots.size(), m->host_slots.size()));
-    EXPECT_TRUE(st.ok()) << "host slots: " << st.ToString();
+    if (!m->host_slots.empty()) {
+      st = VerifyKvPattern(cache.host_region(), m->host_slots,
+                           hs.subspan(m->device_slots.size(), m->host_slots.size()));
+      EXPECT_TRUE(st.ok()) << "host slots: " << st.ToString();
+    }
     model.Pin(h, m->device_tokens + m->host_tokens, +1);
     return m;
   };
@@ -300,6 +314,7 @@ void RunModel(const Params& prm, uint64_t seed, int64_t steps, TransferBackend b
     } else if (op < 76) {
       auto r = cache.EvictHost(static_cast<int64_t>(rng() % (host_pages / 4 + 1)) * P);
       ASSERT_TRUE(r.ok()) << r.status().ToString();
+      if (prm.no_host) ASSERT_EQ(*r, 0);
     } else if (op < 80) {
       ASSERT_TRUE(cache.WaitForBackups().ok());
     } else if (op < 88) {  // an aborted request: slots taken and given back
@@ -345,7 +360,19 @@ void RunModel(const Params& prm, uint64_t seed, int64_t steps, TransferBackend b
   // The run must have exercised the tiers, or it proved nothing.
   EXPECT_GT(stats.device_evicted_tokens, 0);
   EXPECT_GT(stats.device_hit_tokens, 0);
-  if (prm.policy != WritePolicy::kWriteBack || stats.write_back_tokens > 0) {
+  if (prm.no_host) {
+    // Nothing ever went to host memory, and every eviction forgot its tokens.
+    EXPECT_EQ(stats.host_total_tokens, 0);
+    EXPECT_EQ(stats.host_total_bytes, 0);
+    EXPECT_EQ(stats.host_used_tokens, 0);
+    EXPECT_EQ(stats.host_hit_tokens, 0);
+    EXPECT_EQ(stats.backup_tokens + stats.backup_skipped_tokens + stats.write_back_tokens, 0);
+    EXPECT_EQ(stats.load_back_tokens, 0);
+    EXPECT_EQ(stats.dropped_tokens, stats.device_evicted_tokens);
+    EXPECT_EQ(stats.host_evicted_tokens, 0);
+    EXPECT_EQ(cache.host_region().geometry.num_slots, 0);
+    EXPECT_NE(cache.Metrics().find("kvtier:hicache_host_total_tokens 0\n"), std::string::npos);
+  } else if (prm.policy != WritePolicy::kWriteBack || stats.write_back_tokens > 0) {
     EXPECT_GT(stats.backup_tokens, 0);
   }
 }
@@ -371,9 +398,13 @@ INSTANTIATE_TEST_SUITE_P(
                       Params{WritePolicy::kWriteThroughSelective, 16},
                       Params{WritePolicy::kWriteThroughSelective, 64},
                       Params{WritePolicy::kWriteBack, 1}, Params{WritePolicy::kWriteBack, 16},
-                      Params{WritePolicy::kWriteBack, 64}),
+                      Params{WritePolicy::kWriteBack, 64},
+                      Params{WritePolicy::kWriteThrough, 16, /*no_host=*/true},
+                      Params{WritePolicy::kWriteThroughSelective, 1, /*no_host=*/true},
+                      Params{WritePolicy::kWriteBack, 16, /*no_host=*/true}),
     [](const auto& info) {
-      return fmt::format("{}_page{}", WritePolicyName(info.param.policy), info.param.page);
+      return fmt::format("{}_page{}{}", WritePolicyName(info.param.policy), info.param.page,
+                         info.param.no_host ? "_no_host" : "");
     });
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cmath>
 #include <condition_variable>
 #include <mutex>
 #include <chrono>
@@ -42,6 +43,7 @@ TestCache Make(HierarchicalCacheConfig cfg, int64_t page, int64_t device_pages, 
   auto dev = DeviceTier::Create(TransferBackend::kCpu, g, false);
   EXPECT_TRUE(dev.ok()) << dev.status().ToString();
   s.device = std::move(*dev);
+  // host_pages 0 keeps cfg's host_ratio (0: no host tier).
   cfg.host_capacity_bytes = host_pages * page * kLayers * kSlotBytes * 2;
   cfg.transfer.cpu_threads = 1;
   std::unique_ptr<TransferEngine> engine;
@@ -96,7 +98,8 @@ TEST(HierarchicalCacheConfigTest, ValidateNamesTheField) {
   bad([](auto& c) { c.page_size = 3; }, "page_size");
   bad([](auto& c) { c.page_size = 512; }, "page_size");
   bad([](auto& c) { c.host_capacity_bytes = -1; }, "host_capacity_bytes");
-  bad([](auto& c) { c.host_ratio = 0; }, "host_ratio");
+  bad([](auto& c) { c.host_ratio = -1; }, "host_ratio");
+  bad([](auto& c) { c.host_ratio = std::nan(""); }, "host_ratio");
   bad([](auto& c) { c.write_through_threshold = 0; }, "write_through_threshold");
   bad([](auto& c) { c.backup_threads = -1; }, "backup_threads");
   bad([](auto& c) { c.load_back_min_tokens = -5; }, "load_back_min_tokens");
@@ -177,6 +180,92 @@ TEST(HierarchicalCacheTest, DeviceHitHostHitAndLoadBack) {
   EXPECT_EQ(st.device_hit_tokens, 32);
   EXPECT_EQ(st.live_handles, 0);
   ASSERT_TRUE(s.cache->CheckConsistency().ok());
+}
+
+// host_capacity_bytes = 0 and host_ratio = 0: no host tier. Device evictions forget the tokens
+// under every write policy, nothing is backed up, matches have no host part, and the host gauges
+// read 0. A storage tier without a host tier is refused, naming both.
+TEST(HierarchicalCacheTest, NoHostTier) {
+  {
+    HierarchicalCacheConfig c;
+    c.host_ratio = 0;
+    EXPECT_TRUE(c.Validate().ok()) << c.Validate().ToString();
+    EXPECT_FALSE(c.has_host_tier());
+    c.storage.url = "memory://";
+    const Status st = c.Validate();
+    EXPECT_TRUE(st.IsInvalidArgument()) << st.ToString();
+    EXPECT_NE(st.message().find("storage"), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find("host tier"), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find("host_ratio"), std::string::npos) << st.message();
+  }
+  for (WritePolicy wp : {WritePolicy::kWriteThrough, WritePolicy::kWriteThroughSelective,
+                         WritePolicy::kWriteBack}) {
+    for (int threads : {0, 1}) {
+      SCOPED_TRACE(fmt::format("{} backup_threads {}", WritePolicyName(wp), threads));
+      HierarchicalCacheConfig cfg;
+      cfg.write_policy = wp;
+      cfg.write_through_threshold = 1;
+      cfg.backup_threads = threads;
+      cfg.host_ratio = 0;
+      std::vector<EvictionEvent> events;
+      cfg.eviction_listener = [&](const EvictionEvent& e) { events.push_back(e); };
+      TestCache s = Make(cfg, 4, 8, /*host_pages=*/0);
+      ASSERT_NE(s.cache, nullptr);
+      EXPECT_EQ(s.cache->host_region().geometry.num_slots, 0);
+      const auto a = Seq(16, 100), b = Seq(24, 500);
+      const auto ha = Hashes(a, ""), hb = Hashes(b, "");
+      Prefill(s, a);
+      Prefill(s, a);  // a second hit: write_through_selective would back up now
+      auto m = s.cache->Match(a);
+      ASSERT_TRUE(m.ok());
+      EXPECT_EQ(m->device_tokens, 16);
+      EXPECT_TRUE(s.device->Verify(m->device_slots, ha).ok());
+      ASSERT_TRUE(s.cache->Release(m->handle).ok());
+      ASSERT_TRUE(s.cache->WaitForBackups().ok());
+      // b needs 6 of the 8 device pages: a's tail goes, forgotten.
+      Prefill(s, b);
+      m = s.cache->Match(b);
+      ASSERT_TRUE(m.ok());
+      EXPECT_EQ(m->device_tokens, 24);
+      EXPECT_TRUE(s.device->Verify(m->device_slots, hb).ok());
+      ASSERT_TRUE(s.cache->Release(m->handle).ok());
+      m = s.cache->Match(a);
+      ASSERT_TRUE(m.ok());
+      EXPECT_EQ(m->device_tokens, 8);  // the head pages stayed on the device
+      EXPECT_EQ(m->host_tokens, 0);
+      EXPECT_TRUE(m->host_slots.empty());
+      EXPECT_TRUE(s.device->Verify(m->device_slots, std::span(ha).first(8)).ok());
+      auto lb = s.cache->LoadBack(m->handle);
+      ASSERT_TRUE(lb.ok()) << lb.status().ToString();
+      EXPECT_EQ(lb->loaded_tokens, 0);
+      EXPECT_EQ(lb->device_slots, m->device_slots);
+      ASSERT_TRUE(s.cache->Release(m->handle).ok());
+      EXPECT_EQ(*s.cache->EvictHost(1000), 0);
+      EXPECT_EQ(*s.cache->EvictDevice(1000), 32);
+      m = s.cache->Match(b);
+      EXPECT_EQ(m->device_tokens + m->host_tokens + m->storage_tokens, 0);
+      ASSERT_TRUE(s.cache->Release(m->handle).ok());
+      ASSERT_TRUE(s.cache->WaitForBackups().ok());
+      ASSERT_TRUE(s.cache->CheckConsistency().ok()) << s.cache->CheckConsistency().ToString();
+      ASSERT_FALSE(events.empty());
+      for (const EvictionEvent& e : events) {
+        EXPECT_EQ(e.tier, CacheTier::kDevice);
+        EXPECT_FALSE(e.kept_in_host);
+      }
+      const CacheStats st = s.cache->stats();
+      EXPECT_EQ(st.host_total_tokens, 0);
+      EXPECT_EQ(st.host_total_bytes, 0);
+      EXPECT_EQ(st.host_used_tokens, 0);
+      EXPECT_EQ(st.host_hit_tokens, 0);
+      EXPECT_EQ(st.backup_tokens + st.backup_skipped_tokens + st.write_back_tokens, 0);
+      EXPECT_EQ(st.device_evicted_tokens, 40);
+      EXPECT_EQ(st.dropped_tokens, 40);
+      EXPECT_EQ(st.device_cached_tokens, 0);
+      EXPECT_EQ(st.nodes, 0);
+      const std::string text = s.cache->Metrics();
+      EXPECT_NE(text.find("kvtier:hicache_host_total_tokens 0\n"), std::string::npos) << text;
+    }
+  }
 }
 
 TEST(HierarchicalCacheTest, LoadBackSkipsShortHostHits) {
