@@ -173,6 +173,11 @@ class StorageBackend {
                         std::chrono::steady_clock::time_point deadline) = 0;
   // Backend-specific gauges (stored_pages, stored_bytes, capacity_bytes, evicted_pages).
   virtual void FillStats(StorageStats& /*stats*/) const {}
+  // Called on the caller's thread by every Exists / Get / Set / Remove call (async and future
+  // forms) before anything else. A non-OK status rejects the call with it (`done` runs at once,
+  // in the calling thread, as for a full queue). The default accepts every call; test wrappers
+  // use it to check the caller's state (e.g. that it holds no cache mutex).
+  virtual Status CheckCaller(std::string_view /*call*/) const { return Status::OK(); }
 
  private:
   struct Queue;  // the bounded queue and the I/O threads (storage_backend.cc)

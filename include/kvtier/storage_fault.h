@@ -24,6 +24,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -72,6 +73,10 @@ class FaultInjectingStorage final : public StorageBackend {
   void SetDown(bool down);
   // Back to no faults.
   void ClearFaults();
+  // Runs `check` on the caller's thread at the start of every call (StorageBackend::CheckCaller);
+  // a non-OK status rejects the call. For tests of the layers above (e.g. "never called under
+  // the cache's mutex"). Null: no check.
+  void SetCallerCheck(std::function<Status(std::string_view call)> check);
 
   StorageFaults faults() const;
   InjectedFaults injected() const;
@@ -88,6 +93,7 @@ class FaultInjectingStorage final : public StorageBackend {
                 std::chrono::steady_clock::time_point deadline) override;
   // The wrapped backend's gauges (stored pages and bytes, capacity, evictions).
   void FillStats(StorageStats& stats) const override;
+  Status CheckCaller(std::string_view call) const override;
 
  private:
   FaultInjectingStorage(std::unique_ptr<StorageBackend> inner, uint64_t seed,
@@ -113,6 +119,7 @@ class FaultInjectingStorage final : public StorageBackend {
   mutable std::mutex mu_;
   std::mt19937_64 rng_;    // guarded by mu_
   InjectedFaults counts_;  // guarded by mu_
+  std::shared_ptr<const std::function<Status(std::string_view)>> caller_check_;  // guarded by mu_
 };
 
 }  // namespace kvtier

@@ -352,7 +352,8 @@ void StorageBackend::Queue::Submit(StorageBackend& b, CallKind kind, std::vector
                                    std::function<void(BatchResult)> done) {
   Count(kind);
   const size_t num_pages = keys.size();
-  Status st = Check(b, kind, keys, kind == CallKind::kRemove ? nullptr : &buffers);
+  Status st = b.CheckCaller(CallName(kind));
+  if (st.ok()) st = Check(b, kind, keys, kind == CallKind::kRemove ? nullptr : &buffers);
   if (st.ok()) {
     Call call{kind, std::move(keys), std::move(buffers), {}, std::move(done)};
     st = Enqueue(b, call);
@@ -365,7 +366,8 @@ void StorageBackend::Queue::Submit(StorageBackend& b, CallKind kind, std::vector
 void StorageBackend::ExistsAsync(std::vector<PageKey> keys,
                                  std::function<void(ExistsResult)> done) {
   queue_->Count(CallKind::kExists);
-  Status st = queue_->Check(*this, CallKind::kExists, keys, nullptr);
+  Status st = CheckCaller(CallName(CallKind::kExists));
+  if (st.ok()) st = queue_->Check(*this, CallKind::kExists, keys, nullptr);
   if (st.ok()) {
     Call call{CallKind::kExists, std::move(keys), {}, std::move(done), {}};
     st = queue_->Enqueue(*this, call);

@@ -103,6 +103,23 @@ void FaultInjectingStorage::ClearFaults() {
   down_.store(false);
 }
 
+void FaultInjectingStorage::SetCallerCheck(std::function<Status(std::string_view call)> check) {
+  auto shared = check ? std::make_shared<const std::function<Status(std::string_view)>>(
+                            std::move(check))
+                      : nullptr;
+  std::lock_guard<std::mutex> lock(mu_);
+  caller_check_ = std::move(shared);
+}
+
+Status FaultInjectingStorage::CheckCaller(std::string_view call) const {
+  std::shared_ptr<const std::function<Status(std::string_view)>> check;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    check = caller_check_;
+  }
+  return check ? (*check)(call) : Status::OK();  // outside mu_: the check may take its time
+}
+
 StorageFaults FaultInjectingStorage::faults() const {
   StorageFaults f;
   f.delay = std::chrono::milliseconds(delay_ms_.load());

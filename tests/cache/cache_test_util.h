@@ -1,6 +1,7 @@
 // Shared helpers for the cache tests: an engine-side "device tier" (host memory on the cpu
 // backend, a DeviceKvPool on kernel/dma), a transfer engine wrapper with a gate that holds
-// copies back (to open race windows on purpose), and the backend choice from the environment.
+// copies back (to open race windows on purpose), wrappers that fail engine and storage calls made
+// under the cache's mutex, and the backend choice from the environment.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -16,6 +17,7 @@
 #include "kvtier/device.h"
 #include "kvtier/hierarchical_cache.h"
 #include "kvtier/kv_pattern.h"
+#include "kvtier/storage_fault.h"
 #include "kvtier/transfer.h"
 
 namespace kvtier::testing {
@@ -197,6 +199,28 @@ class CheckingEngine final : public TransferEngine {
   }
   std::unique_ptr<TransferEngine> inner_;
 };
+
+// Makes every call of `storage` made while the calling thread holds the mutex of `probe->cache`
+// fail (Internal), counted in probe->storage_under_lock. The cache's storage calls are made on
+// the caller's thread (StorageBackend::CheckCaller runs there), so the check sees the lock.
+struct StorageMutexProbe {
+  std::atomic<const HierarchicalCache*> cache{nullptr};
+  std::atomic<int> storage_under_lock{0};
+  std::atomic<int> storage_calls{0};
+};
+inline std::shared_ptr<StorageMutexProbe> FailStorageCallsUnderCacheMutex(
+    FaultInjectingStorage& storage) {
+  auto probe = std::make_shared<StorageMutexProbe>();
+  storage.SetCallerCheck([probe](std::string_view call) {
+    ++probe->storage_calls;
+    const HierarchicalCache* c = probe->cache.load();
+    if (c == nullptr || !c->MutexHeldByCurrentThread()) return Status::OK();
+    ++probe->storage_under_lock;
+    return Status::Internal(std::string("storage ") + std::string(call) +
+                            " with the cache's mutex held");
+  });
+  return probe;
+}
 
 inline std::vector<uint64_t> Hashes(std::span<const Token> tokens, std::string_view ns) {
   return KvPatternHashes(tokens, KvPatternSalt(ns));

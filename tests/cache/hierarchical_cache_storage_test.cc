@@ -526,14 +526,18 @@ TEST(CacheFixesTest, OutOfMemoryEvictsNothing) {
   ExpectConsistent(s);
 }
 
-// No copy, storage call or user callback runs under the cache's mutex: the engine wrapper fails
-// any call made while the caller holds it, the listener checks and calls back into the cache.
+// No copy, storage call or user callback runs under the cache's mutex: the engine wrapper and
+// the storage wrapper fail any call made while the caller holds it, the listener checks and calls
+// back into the cache.
 TEST(CacheFixesTest, NothingBlockingRunsUnderTheMutex) {
   for (WritePolicy wp : {WritePolicy::kWriteThrough, WritePolicy::kWriteThroughSelective,
                          WritePolicy::kWriteBack}) {
     for (int threads : {0, 1}) {
       SCOPED_TRACE(fmt::format("{} backup_threads {}", WritePolicyName(wp), threads));
-      HierarchicalCacheConfig cfg = StorageConfig(MemoryStore(4));
+      FaultInjectingStorage* faults = nullptr;
+      HierarchicalCacheConfig cfg = StorageConfig(FaultyStore(4, &faults));
+      ASSERT_NE(faults, nullptr);
+      auto probe = testing::FailStorageCallsUnderCacheMutex(*faults);
       cfg.write_policy = wp;
       cfg.backup_threads = threads;
       std::atomic<int> events{0}, held{0};
@@ -545,12 +549,14 @@ TEST(CacheFixesTest, NothingBlockingRunsUnderTheMutex) {
       };
       TestCache s = Make(cfg, 4, 8, 8);
       cache = s.cache.get();
+      probe->cache = cache;
       std::mt19937 rng(5);
       for (int i = 0; i < 200; ++i) {
         const auto t = Seq(4 * (1 + rng() % 6), static_cast<Token>(rng() % 5) * 1000);
         Prefill(s, t);
         auto m = s.cache->Match(t);
         ASSERT_TRUE(m.ok());
+        if (i % 3 == 0) ASSERT_TRUE(s.cache->QueryStorage(m->handle).ok());
         if (m->storage_tokens > 0) {
           ASSERT_TRUE(s.cache->Prefetch(m->handle).ok());
         }
@@ -564,6 +570,9 @@ TEST(CacheFixesTest, NothingBlockingRunsUnderTheMutex) {
       EXPECT_EQ(held.load(), 0);
       EXPECT_GT(s.engine->calls.load(), 0);
       EXPECT_EQ(s.engine->under_lock.load(), 0);
+      EXPECT_GT(probe->storage_calls.load(), 0);
+      EXPECT_EQ(probe->storage_under_lock.load(), 0);
+      EXPECT_GT(s.cache->stats().storage_backup_tokens, 0);
       ExpectConsistent(s);
     }
   }

@@ -5,7 +5,9 @@
 // right bytes (the KV pattern), and no match is longer than the longest prefix ever inserted (the
 // model). A final phase evicts everything from device and host and brings it back through
 // Prefetch, byte-exact. The "Concurrent" variant runs four threads on one cache (TSan in CI), and
-// a fork test has a second process find the first's prefixes in one file store.
+// a fork test has a second process find the first's prefixes in one file store. In the model
+// tests the transfer engine and the storage wrapper fail every call made while the calling thread
+// holds the cache's mutex (nothing blocking runs under it), and the runs check none was.
 //
 // Environment: KVTIER_TEST_BACKEND=cpu|kernel|dma (the device tier and the cache's backend; GPU
 // backends skip without a GPU; the two-process test always runs on cpu), KVTIER_TEST_SEED (one
@@ -34,6 +36,7 @@
 namespace kvtier {
 namespace {
 
+using testing::CheckingEngine;
 using testing::DeviceTier;
 using testing::Hashes;
 
@@ -86,11 +89,27 @@ std::shared_ptr<StorageBackend> OpenStore(const std::string& url, int64_t page, 
 struct CacheUnderTest {
   std::unique_ptr<DeviceTier> device;
   std::unique_ptr<HierarchicalCache> cache;
+  CheckingEngine* engine = nullptr;  // owned by the cache
+  std::shared_ptr<testing::StorageMutexProbe> storage_probe;  // with `faults`
+
+  // Nothing ran under the cache's mutex, and the checks saw calls (they could have failed).
+  void ExpectNothingRanUnderTheMutex() const {
+    EXPECT_GT(engine->calls.load(), 0);
+    EXPECT_EQ(engine->under_lock.load(), 0) << "engine calls made under the cache's mutex";
+    if (storage_probe) {
+      EXPECT_GT(storage_probe->storage_calls.load(), 0);
+      EXPECT_EQ(storage_probe->storage_under_lock.load(), 0)
+          << "storage calls made under the cache's mutex";
+    }
+  }
 };
 
 // The device tier on `backend` (KVTIER_TEST_BACKEND for the model tests: cpu, kernel or dma).
+// The cache's engine and, when given, the storage wrapper `faults` fail calls made under the
+// cache's mutex.
 CacheUnderTest MakeCache(HierarchicalCacheConfig cfg, int64_t page, int64_t device_pages,
-                int64_t host_pages, TransferBackend backend = TransferBackend::kCpu) {
+                int64_t host_pages, TransferBackend backend = TransferBackend::kCpu,
+                FaultInjectingStorage* faults = nullptr) {
   CacheUnderTest s;
   KvGeometry g{KvLayout::kLayerFirst, kLayers, device_pages * page, kSlotBytes, page, 1};
   cfg.transfer_backend = backend;
@@ -99,9 +118,21 @@ CacheUnderTest MakeCache(HierarchicalCacheConfig cfg, int64_t page, int64_t devi
   s.device = std::move(*dev);
   cfg.host_capacity_bytes = host_pages * page * kLayers * kSlotBytes * 2;
   cfg.transfer.cpu_threads = 1;
-  auto c = HierarchicalCache::Create(cfg, s.device->region());
+  auto inner = MakeTransferEngine(backend, cfg.transfer);
+  EXPECT_TRUE(inner.ok()) << inner.status().ToString();
+  if (!inner.ok()) return s;
+  auto engine = std::make_unique<CheckingEngine>(std::move(*inner));
+  s.engine = engine.get();
+  if (faults != nullptr) s.storage_probe = testing::FailStorageCallsUnderCacheMutex(*faults);
+  auto c = HierarchicalCache::Create(cfg, s.device->region(), std::move(engine));
   EXPECT_TRUE(c.ok()) << c.status().ToString();
-  if (c.ok()) s.cache = std::move(*c);
+  if (!c.ok()) {
+    s.engine = nullptr;  // destroyed with the failed Create
+    return s;
+  }
+  s.cache = std::move(*c);
+  s.engine->cache = s.cache.get();
+  if (s.storage_probe) s.storage_probe->cache = s.cache.get();
   return s;
 }
 
@@ -400,7 +431,7 @@ void RunModel(const Params& p, int64_t steps) {
   cfg.storage.prefetch_timeout_base_s = 0.02;
   cfg.storage.max_storage_only_pages = 64;
   cfg.storage.max_prefetch_batch_pages = 3;
-  CacheUnderTest s = MakeCache(cfg, page, 24, 32, testing::BackendFromEnv());
+  CacheUnderTest s = MakeCache(cfg, page, 24, 32, testing::BackendFromEnv(), faults);
   ASSERT_NE(s.cache, nullptr);
   InsertedPrefixes model(page);
   {
@@ -415,6 +446,7 @@ void RunModel(const Params& p, int64_t steps) {
   EvictAllAndPrefetchBack(s, faults, page);
   const CacheStats stats = s.cache->stats();
   EXPECT_GT(stats.match_calls, 0);
+  s.ExpectNothingRanUnderTheMutex();
 }
 
 bool SkipWithoutGpu() {
@@ -452,7 +484,7 @@ TEST(TiersModelConcurrencyTest, ConcurrentThreadsKeepInvariantsAndBytes) {
         page, seed, &faults);
     cfg.storage.prefetch_threshold_tokens = 0;
     cfg.storage.prefetch_timeout_base_s = 0.02;
-    CacheUnderTest s = MakeCache(cfg, page, 64, 48, testing::BackendFromEnv());
+    CacheUnderTest s = MakeCache(cfg, page, 64, 48, testing::BackendFromEnv(), faults);
     ASSERT_NE(s.cache, nullptr);
     InsertedPrefixes model(page);
     const int64_t steps = testing::EnvInt("KVTIER_TEST_STEPS", 600) / 2;
@@ -472,6 +504,7 @@ TEST(TiersModelConcurrencyTest, ConcurrentThreadsKeepInvariantsAndBytes) {
     for (auto& th : threads) th.join();
     ASSERT_TRUE(s.cache->CheckConsistency().ok()) << s.cache->CheckConsistency().ToString();
     EXPECT_EQ(s.cache->stats().live_handles, 0);
+    s.ExpectNothingRanUnderTheMutex();
   }
 }
 
