@@ -553,17 +553,26 @@ TEST(CacheFixesTest, NothingBlockingRunsUnderTheMutex) {
       std::mt19937 rng(5);
       for (int i = 0; i < 200; ++i) {
         const auto t = Seq(4 * (1 + rng() % 6), static_cast<Token>(rng() % 5) * 1000);
-        Prefill(s, t);
+        // What the tiers hold of t now (storage too), loaded back, then the rest prefilled.
         auto m = s.cache->Match(t);
         ASSERT_TRUE(m.ok());
-        if (i % 3 == 0) ASSERT_TRUE(s.cache->QueryStorage(m->handle).ok());
-        if (m->storage_tokens > 0) {
-          ASSERT_TRUE(s.cache->Prefetch(m->handle).ok());
+        int64_t stored = m->storage_tokens;
+        if (i % 3 == 0) {
+          auto q = s.cache->QueryStorage(m->handle);
+          ASSERT_TRUE(q.ok());
+          stored = q->storage_tokens;
+        }
+        if (stored > 0) {
+          ASSERT_TRUE(s.cache->Prefetch(m->handle, static_cast<PrefetchPolicy>(i % 3)).ok());
         }
         auto l = s.cache->LoadBack(m->handle);
         ASSERT_TRUE(l.ok()) << l.status().ToString();
-        EXPECT_TRUE(s.device->Verify(l->device_slots, Hashes(t, "")).ok());
+        const auto hashes = Hashes(t, "");
+        const Status bytes = s.device->Verify(
+            l->device_slots, std::span<const uint64_t>(hashes).first(l->device_slots.size()));
+        EXPECT_TRUE(bytes.ok()) << bytes.ToString();
         ASSERT_TRUE(s.cache->Release(m->handle).ok());
+        Prefill(s, t);
       }
       ASSERT_TRUE(s.cache->WaitForBackups().ok());
       EXPECT_GT(events.load(), 0);
@@ -573,6 +582,8 @@ TEST(CacheFixesTest, NothingBlockingRunsUnderTheMutex) {
       EXPECT_GT(probe->storage_calls.load(), 0);
       EXPECT_EQ(probe->storage_under_lock.load(), 0);
       EXPECT_GT(s.cache->stats().storage_backup_tokens, 0);
+      EXPECT_GT(s.cache->stats().prefetch_calls, 0);
+      EXPECT_GT(s.cache->stats().prefetched_tokens, 0);
       ExpectConsistent(s);
     }
   }
