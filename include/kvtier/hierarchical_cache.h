@@ -417,7 +417,9 @@ class HierarchicalCache {
   // wait per layer with WaitLayer. Host parts shorter than load_back_min_tokens are skipped.
   // OutOfMemory as AllocateDeviceSlots: the handle's match is as before; unpinned device pages
   // may have been evicted (reported to the eviction listener). A copy that fails makes this call
-  // fail; its device pages stay reserved until the copy is known to have finished.
+  // fail with its error and changes nothing else: the match is as before, and the device pages
+  // it was given stay reserved until the copy is known to have finished (on a GPU, layers
+  // enqueued before the failure may still run), then return to the pool.
   Result<LoadBackResult> LoadBack(MatchHandle handle, CudaStream stream = nullptr);
   // GPU: makes `consumer` wait (on the device) until layer `layer` of every slot the handle's
   // match covers is in place: its own LoadBack and any other handle's LoadBack still filling

@@ -556,11 +556,17 @@ struct HierarchicalCache::Impl {
     }
   }
 
+  // A failed load-back published nothing (LoadBack returned the error); its pages come back now
+  // that nothing writes them any more, and the cache stays usable (a sticky device error fails
+  // the next GPU call on its own).
   void ReapLoad(CopyOp& op) {
     ClearBusy(op);
     FreeDevice(op.free_on_completion);
     op.free_on_completion.clear();
-    if (!op.status.ok()) Fail(op.status, "load-back copy");  // a device error is sticky
+    if (!op.status.ok()) {
+      util::Log(util::LogLevel::kWarning, "kvtier: cache: {}",
+                op.status.WithContext("load-back copy").ToString());
+    }
   }
 
   void ReapStore(CopyOp& op, Work* work) {

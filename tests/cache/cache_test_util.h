@@ -200,6 +200,50 @@ class CheckingEngine final : public TransferEngine {
   std::unique_ptr<TransferEngine> inner_;
 };
 
+// Wraps a real engine. While armed, the next copy into the region whose K buffer is `split_to`
+// (a LoadBack into the device tier) is submitted one layer at a time, and submission `fail_at`
+// (1-based) fails with IOError: the layers before it are enqueued (on a GPU they may still be
+// running, or waiting behind earlier work on the stream, when the error is returned).
+class MidwayFailingEngine final : public TransferEngine {
+ public:
+  MidwayFailingEngine(std::unique_ptr<TransferEngine> inner, const void* split_to, int fail_at)
+      : inner_(std::move(inner)), split_to_(split_to), fail_at_(fail_at) {}
+  TransferBackend backend() const override { return inner_->backend(); }
+  Status Synchronize(CudaStream stream) override { return inner_->Synchronize(stream); }
+
+  std::atomic<bool> armed{false};
+  std::atomic<int> failures{0};
+  std::atomic<int> enqueued_layers{0};  // submitted before the failure
+
+ protected:
+  Status DoTransfer(const TransferRequest& request, const TransferOptions& options) override {
+    if (request.dst->k != split_to_ || !armed.exchange(false)) {
+      return inner_->Transfer(request, options);
+    }
+    TransferOptions part_options = options;
+    part_options.layer_events = nullptr;
+    for (int64_t l = 0; l < request.num_layers; ++l) {
+      if (l + 1 == fail_at_) {
+        ++failures;
+        return Status::IOError("injected: submission " + std::to_string(fail_at_) +
+                               " of a load failed");
+      }
+      TransferRequest part = request;
+      part.src_layer = request.src_layer + l;
+      part.dst_layer = request.dst_layer + l;
+      part.num_layers = 1;
+      KVTIER_RETURN_IF_ERROR(inner_->Transfer(part, part_options));
+      ++enqueued_layers;
+    }
+    return Status::OK();
+  }
+
+ private:
+  std::unique_ptr<TransferEngine> inner_;
+  const void* split_to_;
+  int fail_at_;
+};
+
 // Makes every call of `storage` made while the calling thread holds the mutex of `probe->cache`
 // fail (Internal), counted in probe->storage_under_lock. The cache's storage calls are made on
 // the caller's thread (StorageBackend::CheckCaller runs there), so the check sees the lock.

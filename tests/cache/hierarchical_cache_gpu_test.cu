@@ -252,6 +252,80 @@ TEST_P(GpuCacheTest, LoadBackIntoReusedSlotsIsOrderedAfterTheEnginesWrites) {
   ASSERT_TRUE(cache.CheckConsistency().ok()) << cache.CheckConsistency().ToString();
 }
 
+// A LoadBack whose copy fails after part of it was enqueued: its stream is gated, layers 0 and 1
+// are queued behind the gate, the third submission fails. The LoadBack's device pages must stay
+// reserved until the queued part has run: the engine's next allocation gets other pages (here:
+// b's, evicted), and the bytes the engine writes there survive the gate opening. Freeing the
+// pages at once would hand them to the engine and the late layers would overwrite its KV.
+TEST_P(GpuCacheTest, LoadBackFailingMidwayKeepsItsPagesUntilTheQueuedPartRan) {
+  REQUIRE_GPU();
+  const TransferBackend backend = GetParam();
+  KvGeometry g{KvLayout::kLayerFirst, kLayers, 8 * kPage, kSlotBytes, kPage, 1};
+  auto dev = DeviceTier::Create(backend, g, false);
+  ASSERT_TRUE(dev.ok()) << dev.status().ToString();
+  HierarchicalCacheConfig cfg;
+  cfg.write_policy = WritePolicy::kWriteThrough;
+  cfg.transfer_backend = backend;
+  cfg.host_capacity_bytes = 16 * kPage * kLayers * kSlotBytes * 2;
+  auto inner = MakeTransferEngine(backend);
+  ASSERT_TRUE(inner.ok()) << inner.status().ToString();
+  auto engine = std::make_unique<testing::MidwayFailingEngine>(std::move(*inner),
+                                                               (*dev)->region().k, 3);
+  testing::MidwayFailingEngine* failing = engine.get();
+  auto cache_r = HierarchicalCache::Create(cfg, (*dev)->region(), std::move(engine));
+  ASSERT_TRUE(cache_r.ok()) << cache_r.status().ToString();
+  HierarchicalCache& cache = **cache_r;
+  auto prefill = [&](const std::vector<Token>& t) {
+    auto slots = cache.AllocateDeviceSlots(static_cast<int64_t>(t.size()));
+    ASSERT_TRUE(slots.ok()) << slots.status().ToString();
+    ASSERT_TRUE((*dev)->Fill(*slots, Hashes(t, "")).ok());
+    ASSERT_TRUE(cache.Insert(t, *slots).ok());
+  };
+  auto seq = [](Token base) {
+    std::vector<Token> t(static_cast<size_t>(4 * kPage));
+    for (size_t i = 0; i < t.size(); ++i) t[i] = base + static_cast<Token>(i);
+    return t;
+  };
+  const auto a = seq(1), b = seq(50000), c = seq(90000);
+  prefill(a);  // a: in host memory only
+  ASSERT_TRUE(cache.WaitForBackups().ok());
+  ASSERT_TRUE(cache.EvictDevice(std::numeric_limits<int64_t>::max()).ok());
+  prefill(b);  // b: on the device (and backed up), evictable
+  ASSERT_TRUE(cache.WaitForBackups().ok());
+
+  auto load_stream = CudaStreamHandle::Create(0);
+  ASSERT_TRUE(load_stream.ok());
+  Gate gate;
+  ASSERT_EQ(cudaLaunchHostFunc(load_stream->get(), &Gate::Wait, &gate), cudaSuccess);
+  auto m = cache.Match(a);
+  ASSERT_TRUE(m.ok());
+  ASSERT_EQ(m->host_tokens, static_cast<int64_t>(a.size()));
+  failing->armed = true;
+  auto lb = cache.LoadBack(m->handle, load_stream->get());
+  ASSERT_FALSE(lb.ok());
+  EXPECT_NE(lb.status().message().find("injected"), std::string::npos) << lb.status().ToString();
+  ASSERT_EQ(failing->enqueued_layers.load(), 2);
+
+  // The engine computes c: the pages it gets must not be the failed load's.
+  auto sc = cache.AllocateDeviceSlots(static_cast<int64_t>(c.size()));
+  ASSERT_TRUE(sc.ok()) << sc.status().ToString();
+  ASSERT_TRUE((*dev)->Fill(*sc, Hashes(c, "")).ok());
+  gate.Open();
+  ASSERT_TRUE(load_stream->Synchronize().ok());
+  EXPECT_TRUE((*dev)->Verify(*sc, Hashes(c, "")).ok())
+      << "the failed load-back's queued layers overwrote pages handed to the engine";
+  ASSERT_TRUE(cache.Insert(c, *sc).ok());
+  ASSERT_TRUE(cache.CheckConsistency().ok()) << cache.CheckConsistency().ToString();
+
+  // The match is as before; a second LoadBack works, byte-exact, once the first's pages are back.
+  auto lb2 = cache.LoadBack(m->handle, load_stream->get());
+  ASSERT_TRUE(lb2.ok()) << lb2.status().ToString();
+  ASSERT_TRUE(load_stream->Synchronize().ok());
+  EXPECT_TRUE((*dev)->Verify(lb2->device_slots, Hashes(a, "")).ok());
+  ASSERT_TRUE(cache.Release(m->handle).ok());
+  ASSERT_TRUE(cache.CheckConsistency().ok()) << cache.CheckConsistency().ToString();
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, GpuCacheTest,
                          ::testing::Values(TransferBackend::kKernel, TransferBackend::kDma),
                          [](const auto& info) {

@@ -569,6 +569,90 @@ TEST(HierarchicalCacheRaceTest, WriteBackCopiesBeforeFreeing) {
   ASSERT_TRUE(s.cache->FreeDeviceSlots(*got).ok());
 }
 
+// A LoadBack whose copy fails after part of it was submitted fails with the engine's error and
+// changes nothing else: the match is as before, its pages come back to the pool (cpu: the copy
+// is over when Transfer returns; the GPU test holds the queued part behind a gate), nothing is
+// published, and a second LoadBack succeeds byte-exact.
+TEST(HierarchicalCacheRaceTest, LoadBackFailingMidwayChangesNothingElse) {
+  constexpr int64_t P = 4;
+  KvGeometry g{KvLayout::kLayerFirst, kLayers, 8 * P, kSlotBytes, P, 1};
+  auto dev = DeviceTier::Create(TransferBackend::kCpu, g, false);
+  ASSERT_TRUE(dev.ok());
+  HierarchicalCacheConfig cfg;
+  cfg.write_policy = WritePolicy::kWriteThrough;
+  cfg.backup_threads = 0;
+  cfg.host_capacity_bytes = 16 * P * kLayers * kSlotBytes * 2;
+  cfg.transfer.cpu_threads = 1;
+  auto inner = MakeTransferEngine(TransferBackend::kCpu, cfg.transfer);
+  ASSERT_TRUE(inner.ok());
+  auto engine =
+      std::make_unique<testing::MidwayFailingEngine>(std::move(*inner), (*dev)->region().k, 2);
+  testing::MidwayFailingEngine* failing = engine.get();
+  auto c = HierarchicalCache::Create(cfg, (*dev)->region(), std::move(engine));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  TestCache s;
+  s.device = std::move(*dev);
+  s.cache = std::move(*c);
+  const auto a = Seq(16, 1), b = Seq(16, 500);
+  Prefill(s, a);
+  ASSERT_TRUE(s.cache->EvictDevice(1000).ok());
+  Prefill(s, b);
+  const CacheStats before = s.cache->stats();
+  auto m = s.cache->Match(a);
+  ASSERT_EQ(m->host_tokens, 16);
+  failing->armed = true;
+  auto lb = s.cache->LoadBack(m->handle);
+  ASSERT_FALSE(lb.ok());
+  EXPECT_EQ(lb.status().code(), StatusCode::kIOError) << lb.status().ToString();
+  EXPECT_EQ(failing->enqueued_layers.load(), 1);
+  ASSERT_TRUE(s.cache->CheckConsistency().ok()) << s.cache->CheckConsistency().ToString();
+  const CacheStats after = s.cache->stats();
+  EXPECT_EQ(after.device_used_tokens, before.device_used_tokens);
+  EXPECT_EQ(after.device_cached_tokens, before.device_cached_tokens);
+  EXPECT_EQ(after.load_back_tokens, before.load_back_tokens);
+  auto again = s.cache->Match(a);
+  EXPECT_EQ(again->device_tokens, 0);
+  EXPECT_EQ(again->host_tokens, 16);
+  ASSERT_TRUE(s.cache->Release(again->handle).ok());
+  auto lb2 = s.cache->LoadBack(m->handle);
+  ASSERT_TRUE(lb2.ok()) << lb2.status().ToString();
+  EXPECT_EQ(lb2->loaded_tokens, 16);
+  EXPECT_TRUE(s.device->Verify(lb2->device_slots, Hashes(a, "")).ok());
+  ASSERT_TRUE(s.cache->Release(m->handle).ok());
+  auto mb = s.cache->Match(b);
+  EXPECT_EQ(mb->device_tokens, 16);
+  EXPECT_TRUE(s.device->Verify(mb->device_slots, Hashes(b, "")).ok());
+  ASSERT_TRUE(s.cache->Release(mb->handle).ok());
+  ASSERT_TRUE(s.cache->CheckConsistency().ok());
+}
+
+// A backup that cannot find host memory (pins leave too little) evicts no host node: it is
+// skipped, and the unpinned host prefix stays a host hit.
+TEST(HierarchicalCacheTest, SkippedBackupEvictsNoHostNode) {
+  HierarchicalCacheConfig cfg;
+  cfg.write_policy = WritePolicy::kWriteThrough;
+  cfg.backup_threads = 0;
+  TestCache s = Make(cfg, 4, 8, 4);  // host: 4 pages
+  const auto a = Seq(8, 1), b = Seq(8, 100), c = Seq(12, 200);
+  Prefill(s, a);
+  Prefill(s, b);  // a and b: 2 host pages each
+  ASSERT_TRUE(s.cache->EvictDevice(1000).ok());
+  auto pin = s.cache->Match(a);  // a's host pages are pinned; b's are evictable
+  ASSERT_EQ(pin->host_tokens, 8);
+  const CacheStats before = s.cache->stats();
+  Prefill(s, c);  // its backup needs 3 host pages: 2 could be freed, not 3
+  const CacheStats after = s.cache->stats();
+  EXPECT_EQ(after.backup_skipped_tokens - before.backup_skipped_tokens, 12);
+  EXPECT_EQ(after.host_evicted_tokens, before.host_evicted_tokens) << "host nodes evicted for "
+                                                                      "a backup that was skipped";
+  auto mb = s.cache->Match(b);
+  EXPECT_EQ(mb->host_tokens, 8);
+  EXPECT_TRUE(VerifyKvPattern(s.cache->host_region(), mb->host_slots, Hashes(b, "")).ok());
+  ASSERT_TRUE(s.cache->Release(mb->handle).ok());
+  ASSERT_TRUE(s.cache->Release(pin->handle).ok());
+  ASSERT_TRUE(s.cache->CheckConsistency().ok());
+}
+
 #if defined(KVTIER_WITH_CUDA)
 // GPU: the device slots a LoadBack writes must not be evicted (and reused) before its copy has
 // finished, even once the handle is released. The copy is held back by a host function that
