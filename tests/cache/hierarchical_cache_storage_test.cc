@@ -454,6 +454,7 @@ TEST(CacheFixesTest, EmptyNamespacesAreRemovedAndEmptyInsertsCreateNone) {
 
 TEST(CacheFixesTest, CountsNearInt64MaxAndThreadCounts) {
   HierarchicalCacheConfig cfg;
+  cfg.write_policy = WritePolicy::kWriteThrough;
   TestCache s = Make(cfg, 4, 8, 8);
   constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
   EXPECT_TRUE(s.cache->AllocateDeviceSlots(kMax).status().IsInvalidArgument());
@@ -462,8 +463,16 @@ TEST(CacheFixesTest, CountsNearInt64MaxAndThreadCounts) {
   ASSERT_TRUE(fewer.ok());
   EXPECT_EQ(fewer->size(), 32u);
   ASSERT_TRUE(s.cache->FreeDeviceSlots(*fewer).ok());
-  EXPECT_TRUE(s.cache->EvictDevice(kMax).ok());
-  EXPECT_TRUE(s.cache->EvictHost(kMax).ok());
+  Prefill(s, Seq(8, 1));
+  ASSERT_TRUE(s.cache->WaitForBackups().ok());
+  // kMax tokens means everything (no overflow when rounding up to pages).
+  auto evicted = s.cache->EvictDevice(kMax);
+  ASSERT_TRUE(evicted.ok()) << evicted.status().ToString();
+  EXPECT_EQ(*evicted, 8);
+  evicted = s.cache->EvictHost(kMax);
+  ASSERT_TRUE(evicted.ok()) << evicted.status().ToString();
+  EXPECT_EQ(*evicted, 8);
+  EXPECT_EQ(s.cache->stats().nodes, 0);
   EXPECT_TRUE(s.cache->EvictDevice(-1).status().IsInvalidArgument());
   KvGeometry g{KvLayout::kLayerFirst, kLayers, 32, kSlotBytes, 4, 1};
   HierarchicalCacheConfig bad;
@@ -547,7 +556,7 @@ TEST(CacheFixesTest, NothingBlockingRunsUnderTheMutex) {
         if (cache->MutexHeldByCurrentThread()) ++held;
         (void)cache->stats();  // calling back in must not deadlock
       };
-      TestCache s = Make(cfg, 4, 8, 8);
+      TestCache s = Make(cfg, 4, 8, 16);
       cache = s.cache.get();
       probe->cache = cache;
       std::mt19937 rng(5);
@@ -583,7 +592,7 @@ TEST(CacheFixesTest, NothingBlockingRunsUnderTheMutex) {
       EXPECT_EQ(probe->storage_under_lock.load(), 0);
       EXPECT_GT(s.cache->stats().storage_backup_tokens, 0);
       EXPECT_GT(s.cache->stats().prefetch_calls, 0);
-      EXPECT_GT(s.cache->stats().prefetched_tokens, 0);
+      EXPECT_GT(s.cache->stats().prefetched_tokens, 0) << s.cache->Metrics();
       ExpectConsistent(s);
     }
   }
