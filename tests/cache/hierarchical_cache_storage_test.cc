@@ -422,6 +422,7 @@ TEST(CacheFixesTest, HandleOfAnotherInstanceIsRefused) {
   TestCache c2 = Make(cfg, 4, 8, 8);
   const auto a = Seq(8, 1);
   Prefill(c1, a);
+  Prefill(c2, a);  // the same calls: without instance tags m1 and m2 would have the same id
   auto m1 = c1.cache->Match(a);
   auto m2 = c2.cache->Match(a);
   ASSERT_TRUE(m1.ok() && m2.ok());
