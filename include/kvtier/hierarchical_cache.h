@@ -280,17 +280,43 @@ struct AllocateOptions {
   bool allow_fewer = false;
 };
 
-// A duration histogram in the Prometheus sense, kept raw: counts[i] = observations in
+// A histogram in the Prometheus sense, kept raw: counts[i] = observations in
 // (kBounds[i-1], kBounds[i]] (not cumulative); counts[kNumBounds] = above the last bound.
-struct DurationHistogram {
-  static constexpr int kNumBounds = 12;
-  static constexpr std::array<double, kNumBounds> kBounds = {
-      0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1.0, 5.0};
-  std::array<int64_t, kNumBounds + 1> counts{};
+// `Bounds::kBounds` holds the upper bounds, ascending.
+template <typename Bounds>
+struct Histogram {
+  static constexpr auto kBounds = Bounds::kBounds;
+  static constexpr int kNumBounds = static_cast<int>(Bounds::kBounds.size());
+  std::array<int64_t, Bounds::kBounds.size() + 1> counts{};
   int64_t count = 0;
-  double sum_seconds = 0;
-  void Observe(double seconds);
+  double sum = 0;
+  void Observe(double value) {
+    size_t i = 0;
+    while (i < kBounds.size() && value > kBounds[i]) ++i;
+    ++counts[i];
+    ++count;
+    sum += value;
+  }
 };
+// Seconds of a LoadBack call.
+struct LoadBackDurationBounds {
+  static constexpr std::array<double, 12> kBounds = {0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01,
+                                                     0.02,   0.05,   0.1,   0.5,   1.0,   5.0};
+};
+// Seconds of one eviction (a call that evicted pages): SGLang's buckets from 1 ms up, with finer
+// ones below, where evicting a few hundred pages lands.
+struct EvictionDurationBounds {
+  static constexpr std::array<double, 18> kBounds = {
+      0.00001, 0.00002, 0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.003,
+      0.005,   0.01,    0.02,    0.05,   0.1,    0.2,    0.5,   1.0,   5.0};
+};
+// GB/s of one prefetch or one storage backup (SGLang's buckets).
+struct BandwidthBounds {
+  static constexpr std::array<double, 7> kBounds = {0.1, 0.5, 1, 5, 10, 50, 100};
+};
+using DurationHistogram = Histogram<LoadBackDurationBounds>;
+using EvictionHistogram = Histogram<EvictionDurationBounds>;
+using BandwidthHistogram = Histogram<BandwidthBounds>;
 
 // Counters (monotonic; tokens unless named otherwise) and gauges for operators. Reading them
 // never waits behind a copy.
@@ -333,6 +359,7 @@ struct CacheStats {
   int64_t prefetch_cancelled = 0;  // released while running
   int64_t prefetch_bytes = 0;
   double prefetch_seconds = 0;  // start to end of each prefetch
+  BandwidthHistogram prefetch_bandwidth;  // GB/s of each prefetch that brought pages
 
   // Load back (host -> device).
   int64_t load_back_calls = 0;
@@ -356,6 +383,7 @@ struct CacheStats {
   int64_t storage_backup_dropped_tokens = 0;  // not written: the backup queue was full
   int64_t storage_backup_bytes = 0;
   double storage_backup_seconds = 0;
+  BandwidthHistogram storage_backup_bandwidth;  // GB/s of each host -> storage write that wrote
 
   // Eviction.
   int64_t device_evicted_tokens = 0;
@@ -365,6 +393,7 @@ struct CacheStats {
   int64_t host_evictions = 0;
   int64_t storage_forgotten_tokens = 0;  // storage-only pages the tree forgot
   double eviction_seconds = 0;           // time spent choosing and evicting, all tiers
+  EvictionHistogram eviction_duration;   // seconds of each eviction that evicted pages
 
   // Storage faults (misses, never wrong bytes).
   int64_t storage_errors = 0;         // failed or rejected calls and failed pages

@@ -214,6 +214,17 @@ py::dict PrefetchDict(const PrefetchResult& p) {
   return d;
 }
 
+// {"bounds", "counts" (not cumulative, one more than bounds), "count", sum_key}.
+template <typename Bounds>
+py::dict HistogramDict(const Histogram<Bounds>& h, const char* sum_key) {
+  py::dict d;
+  d["bounds"] = std::vector<double>(h.kBounds.begin(), h.kBounds.end());
+  d["counts"] = std::vector<int64_t>(h.counts.begin(), h.counts.end());
+  d["count"] = h.count;
+  d[sum_key] = h.sum;
+  return d;
+}
+
 py::dict StatsDict(const CacheStats& s) {
   py::dict d;
 #define KVTIER_STAT_(field) d[#field] = s.field
@@ -282,14 +293,10 @@ py::dict StatsDict(const CacheStats& s) {
   KVTIER_STAT_(storage_timeouts);
   KVTIER_STAT_(storage_queue_drops);
 #undef KVTIER_STAT_
-  py::dict h;
-  h["bounds"] = std::vector<double>(DurationHistogram::kBounds.begin(),
-                                    DurationHistogram::kBounds.end());
-  h["counts"] = std::vector<int64_t>(s.load_back_duration.counts.begin(),
-                                     s.load_back_duration.counts.end());
-  h["count"] = s.load_back_duration.count;
-  h["sum_seconds"] = s.load_back_duration.sum_seconds;
-  d["load_back_duration"] = h;
+  d["load_back_duration"] = HistogramDict(s.load_back_duration, "sum_seconds");
+  d["eviction_duration"] = HistogramDict(s.eviction_duration, "sum_seconds");
+  d["prefetch_bandwidth"] = HistogramDict(s.prefetch_bandwidth, "sum");
+  d["storage_backup_bandwidth"] = HistogramDict(s.storage_backup_bandwidth, "sum");
   return d;
 }
 

@@ -57,9 +57,9 @@ def test_metrics_parse_with_sglang_names_and_types():
         "kvtier:load_back_tokens": "counter",
         "kvtier:load_back_duration_seconds": "histogram",
         "kvtier:evicted_tokens": "counter",
-        "kvtier:eviction_duration_seconds": "counter",
-        "kvtier:prefetch_bandwidth": "gauge",
-        "kvtier:backup_bandwidth": "gauge",
+        "kvtier:eviction_duration_seconds": "histogram",
+        "kvtier:prefetch_bandwidth": "histogram",
+        "kvtier:backup_bandwidth": "histogram",
         "kvtier:storage_errors": "counter",
         "kvtier:storage_corrupt_pages": "counter",
         "kvtier:storage_timeouts": "counter",
@@ -73,6 +73,16 @@ def test_metrics_parse_with_sglang_names_and_types():
         assert value(samples, "kvtier:evicted_tokens_total", tier=tier) == 0
     assert value(samples, "kvtier:hicache_host_total_tokens") == 2 * N  # host_ratio 2
     assert value(samples, "kvtier:load_back_duration_seconds_bucket", le="+Inf") == 0
+    # SGLang's buckets: GB/s for the bandwidths, seconds (finer below 1 ms) for evictions.
+    for name in ("kvtier:prefetch_bandwidth", "kvtier:backup_bandwidth"):
+        assert [float(le) for (n, labels) in samples if n == name + "_bucket"
+                for (_, le) in labels] == [0.1, 0.5, 1, 5, 10, 50, 100, math.inf]
+        assert value(samples, name + "_count") == 0
+    eviction_bounds = [float(le) for (n, labels) in samples
+                       if n == "kvtier:eviction_duration_seconds_bucket"
+                       for (_, le) in labels if le != "+Inf"]
+    assert eviction_bounds == sorted(eviction_bounds)
+    assert eviction_bounds[0] <= 1e-5 and 0.001 in eviction_bounds and 1.0 in eviction_bounds
     assert all(math.isfinite(v) for v in samples.values())
 
 
@@ -106,6 +116,9 @@ def test_metrics_follow_cache_operations_and_counters_only_grow():
     assert cache.evict_device(N) == 32
     s = step()
     assert value(s, "kvtier:evicted_tokens_total", tier="device") == 32
+    assert value(s, "kvtier:eviction_duration_seconds_count") == 1
+    assert value(s, "kvtier:eviction_duration_seconds_bucket", le="+Inf") == 1
+    assert 0 < value(s, "kvtier:eviction_duration_seconds_sum") < 1
     assert value(s, "kvtier:device_cached_tokens") == 0
     assert value(s, "kvtier:hicache_host_used_tokens") == 32  # kept in host memory
 

@@ -122,7 +122,10 @@ def test_storage_metrics_move():
     assert samples["kvtier:prefetched_tokens_total"] == 32
     assert samples["kvtier:prefetch_bytes_total"] == 32 * L * S * 2
     assert samples["kvtier:storage_errors_total"] == 0
-    assert samples["kvtier:prefetch_bandwidth"] > 0
+    assert samples["kvtier:prefetch_bandwidth_count"] == 1  # one prefetch brought pages
+    assert samples["kvtier:prefetch_bandwidth_sum"] > 0
+    assert samples["kvtier:backup_bandwidth_count"] >= 1
+    assert samples["kvtier:backup_bandwidth_sum"] > 0
 
 
 def test_prefetch_below_the_threshold_does_nothing():

@@ -71,14 +71,6 @@ const char* PrefetchStateName(PrefetchState state) {
   return "unknown_prefetch_state";
 }
 
-void DurationHistogram::Observe(double seconds) {
-  int i = 0;
-  while (i < kNumBounds && seconds > kBounds[static_cast<size_t>(i)]) ++i;
-  ++counts[static_cast<size_t>(i)];
-  ++count;
-  sum_seconds += seconds;
-}
-
 Status StorageTierConfig::Validate() const {
   if (!enabled()) return Status::OK();
   if (!backend) KVTIER_RETURN_IF_ERROR(options.Validate().WithContext("storage.options"));

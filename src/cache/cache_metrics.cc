@@ -14,22 +14,18 @@ using util::HistogramSnapshot;
 using util::MetricType;
 using util::PrometheusTextWriter;
 
-HistogramSnapshot SnapshotOf(const DurationHistogram& h) {
+template <typename Bounds>
+HistogramSnapshot SnapshotOf(const Histogram<Bounds>& h) {
   HistogramSnapshot s;
-  s.upper_bounds.assign(DurationHistogram::kBounds.begin(), DurationHistogram::kBounds.end());
+  s.upper_bounds.assign(h.kBounds.begin(), h.kBounds.end());
   s.cumulative_counts.reserve(h.counts.size());
   uint64_t running = 0;
   for (int64_t c : h.counts) {
     running += static_cast<uint64_t>(c > 0 ? c : 0);
     s.cumulative_counts.push_back(running);
   }
-  s.sum = h.sum_seconds;
+  s.sum = h.sum;
   return s;
-}
-
-// GB/s of `bytes` moved in `seconds` of copy time; 0 before anything moved.
-double GigabytesPerSecond(int64_t bytes, double seconds) {
-  return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0.0;
 }
 
 void WriteGauges(PrometheusTextWriter& w, const CacheStats& s) {
@@ -109,9 +105,10 @@ void WritePrefetch(PrometheusTextWriter& w, const CacheStats& s) {
             "Seconds from start to end of each prefetch, summed (rate(bytes) / rate(seconds) "
             "is the bandwidth over a window).",
             s.prefetch_seconds);
-  w.Gauge("kvtier:prefetch_bandwidth",
-          "Prefetch bandwidth in GB/s, averaged over every prefetch so far.",
-          GigabytesPerSecond(s.prefetch_bytes, s.prefetch_seconds));
+  w.BeginFamily("kvtier:prefetch_bandwidth", MetricType::kHistogram,
+                "GB/s of each prefetch that brought pages (bytes that became host hits over its "
+                "start-to-end time).");
+  w.AddHistogram({}, SnapshotOf(s.prefetch_bandwidth));
 }
 
 void WriteInsertAndBackup(PrometheusTextWriter& w, const CacheStats& s) {
@@ -152,9 +149,10 @@ void WriteInsertAndBackup(PrometheusTextWriter& w, const CacheStats& s) {
             "Seconds of host -> storage writes, summed (rate(bytes) / rate(seconds) is the "
             "bandwidth over a window).",
             s.storage_backup_seconds);
-  w.Gauge("kvtier:backup_bandwidth",
-          "Host -> storage backup bandwidth in GB/s, averaged over every backup so far.",
-          GigabytesPerSecond(s.storage_backup_bytes, s.storage_backup_seconds));
+  w.BeginFamily("kvtier:backup_bandwidth", MetricType::kHistogram,
+                "GB/s of each host -> storage backup that wrote pages (bytes written over its "
+                "queue-to-completion time).");
+  w.AddHistogram({}, SnapshotOf(s.storage_backup_bandwidth));
 }
 
 void WriteEvictionAndFaults(PrometheusTextWriter& w, const CacheStats& s) {
@@ -169,8 +167,9 @@ void WriteEvictionAndFaults(PrometheusTextWriter& w, const CacheStats& s) {
   w.AddSample({{"tier", "host"}}, s.host_evictions);
   w.Counter("kvtier:dropped_tokens_total",
             "Tokens evicted from the device with no copy in host memory.", s.dropped_tokens);
-  w.Counter("kvtier:eviction_duration_seconds_total",
-            "Seconds spent choosing and evicting pages, all tiers, summed.", s.eviction_seconds);
+  w.BeginFamily("kvtier:eviction_duration_seconds", MetricType::kHistogram,
+                "Seconds of each eviction that evicted pages (choosing and evicting; any tier).");
+  w.AddHistogram({}, SnapshotOf(s.eviction_duration));
 
   w.Counter("kvtier:storage_errors_total",
             "Storage calls that failed or were rejected, and pages that failed.",

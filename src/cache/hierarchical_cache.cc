@@ -315,7 +315,7 @@ struct HierarchicalCache::Impl {
       ++counters.device_evictions;
     }
     FreeDevice(frees);
-    counters.eviction_seconds += SecondsSince(start);
+    CountEviction(start, freed);
     return freed;
   }
 
@@ -344,8 +344,14 @@ struct HierarchicalCache::Impl {
       counters.host_evicted_tokens += n;
       ++counters.host_evictions;
     }
-    counters.eviction_seconds += SecondsSince(start);
+    CountEviction(start, freed);
     return freed;
+  }
+
+  void CountEviction(Clock::time_point start, int64_t freed_pages) {
+    const double seconds = SecondsSince(start);
+    counters.eviction_seconds += seconds;
+    if (freed_pages > 0) counters.eviction_duration.Observe(seconds);
   }
 
   // Keeps the storage-only part of the tree within its bound; orphans go at once.
@@ -579,7 +585,12 @@ struct HierarchicalCache::Impl {
     counters.storage_backup_present_tokens += std::min(op.present_pages, ok) * P;
     counters.storage_backup_tokens += written * P;
     counters.storage_backup_bytes += written * PageBytes();
-    counters.storage_backup_seconds += SecondsSince(op.start, op.finished);
+    const double seconds = SecondsSince(op.start, op.finished);
+    counters.storage_backup_seconds += seconds;
+    if (written > 0 && seconds > 0) {
+      counters.storage_backup_bandwidth.Observe(static_cast<double>(written * PageBytes()) /
+                                                seconds / 1e9);
+    }
     counters.storage_backup_failed_tokens += (pages - ok) * P;
     CountStorageFaults(op.page_status, op.status);
     // Mark stored the nodes (or the leading part of the node) whose pages all made it.
@@ -704,7 +715,12 @@ struct HierarchicalCache::Impl {
     out.arrived_tokens = used * P;
     counters.prefetched_tokens += used * P;
     counters.prefetch_bytes += used * PageBytes();
-    counters.prefetch_seconds += SecondsSince(op->start);
+    const double seconds = SecondsSince(op->start);
+    counters.prefetch_seconds += seconds;
+    if (used > 0 && seconds > 0) {
+      counters.prefetch_bandwidth.Observe(static_cast<double>(used * PageBytes()) / seconds /
+                                          1e9);
+    }
     const bool past_deadline = Clock::now() >= op->deadline;
     if (used == total) {
       out.state = PrefetchState::kComplete;

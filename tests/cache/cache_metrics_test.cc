@@ -57,6 +57,11 @@ TEST(CacheMetricsText, EveryStatLandsInItsMetric) {
   s.storage_backup_bytes = 1'000'000'000;
   s.storage_backup_seconds = 0.5;
   s.eviction_seconds = 0.125;
+  s.eviction_duration.Observe(0.00003);
+  s.eviction_duration.Observe(0.125);
+  s.prefetch_bandwidth.Observe(2.0);
+  s.prefetch_bandwidth.Observe(0.05);
+  s.storage_backup_bandwidth.Observe(200.0);
   s.load_back_duration.Observe(0.0002);
   s.load_back_duration.Observe(0.003);
   s.load_back_duration.Observe(100);
@@ -81,9 +86,21 @@ TEST(CacheMetricsText, EveryStatLandsInItsMetric) {
       {"kvtier:storage_corrupt_pages_total", "22"},
       {"kvtier:storage_timeouts_total", "23"},
       {"kvtier:storage_queue_drops_total", "24"},
-      {"kvtier:prefetch_bandwidth", "2"},
-      {"kvtier:backup_bandwidth", "2"},
-      {"kvtier:eviction_duration_seconds_total", "0.125"},
+      {"kvtier:prefetch_bandwidth_bucket{le=\"0.1\"}", "1"},
+      {"kvtier:prefetch_bandwidth_bucket{le=\"1\"}", "1"},
+      {"kvtier:prefetch_bandwidth_bucket{le=\"5\"}", "2"},
+      {"kvtier:prefetch_bandwidth_bucket{le=\"+Inf\"}", "2"},
+      {"kvtier:prefetch_bandwidth_count", "2"},
+      {"kvtier:prefetch_bandwidth_sum", "2.05"},
+      {"kvtier:backup_bandwidth_bucket{le=\"100\"}", "0"},
+      {"kvtier:backup_bandwidth_bucket{le=\"+Inf\"}", "1"},
+      {"kvtier:backup_bandwidth_sum", "200"},
+      {"kvtier:eviction_duration_seconds_bucket{le=\"2e-05\"}", "0"},
+      {"kvtier:eviction_duration_seconds_bucket{le=\"5e-05\"}", "1"},
+      {"kvtier:eviction_duration_seconds_bucket{le=\"0.1\"}", "1"},
+      {"kvtier:eviction_duration_seconds_bucket{le=\"0.2\"}", "2"},
+      {"kvtier:eviction_duration_seconds_count", "2"},
+      {"kvtier:eviction_duration_seconds_sum", "0.12503"},
       {"kvtier:load_back_duration_seconds_bucket{le=\"0.0001\"}", "0"},
       {"kvtier:load_back_duration_seconds_bucket{le=\"0.0005\"}", "1"},
       {"kvtier:load_back_duration_seconds_bucket{le=\"0.005\"}", "2"},
@@ -101,6 +118,8 @@ TEST(CacheMetricsText, EveryStatLandsInItsMetric) {
   for (const char* type_line :
        {"# TYPE kvtier:cached_tokens_total counter", "# TYPE kvtier:hicache_host_used_tokens gauge",
         "# TYPE kvtier:load_back_duration_seconds histogram",
+        "# TYPE kvtier:eviction_duration_seconds histogram",
+        "# TYPE kvtier:prefetch_bandwidth histogram", "# TYPE kvtier:backup_bandwidth histogram",
         "# TYPE kvtier:evicted_tokens_total counter",
         "# TYPE kvtier:prefetched_tokens_total counter"}) {
     EXPECT_NE(text.find(std::string(type_line) + "\n"), std::string::npos) << type_line;
@@ -160,6 +179,8 @@ TEST(HierarchicalCacheMetrics, CountersMoveWithOperations) {
   EXPECT_EQ(after["kvtier:load_back_duration_seconds_count"], "1");
   EXPECT_EQ(after["kvtier:load_back_duration_seconds_bucket{le=\"+Inf\"}"], "1");
   EXPECT_EQ(after["kvtier:evicted_tokens_total{tier=\"device\"}"], "16");
+  EXPECT_EQ(after["kvtier:eviction_duration_seconds_count"], "1");  // the one EvictDevice
+  EXPECT_EQ(after["kvtier:eviction_duration_seconds_bucket{le=\"+Inf\"}"], "1");
 }
 
 }  // namespace
