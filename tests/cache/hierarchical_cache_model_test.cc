@@ -314,7 +314,9 @@ void RunModel(const Params& prm, uint64_t seed, int64_t steps, TransferBackend b
     } else if (op < 76) {
       auto r = cache.EvictHost(static_cast<int64_t>(rng() % (host_pages / 4 + 1)) * P);
       ASSERT_TRUE(r.ok()) << r.status().ToString();
-      if (prm.no_host) ASSERT_EQ(*r, 0);
+      if (prm.no_host) {
+        ASSERT_EQ(*r, 0);
+      }
     } else if (op < 80) {
       ASSERT_TRUE(cache.WaitForBackups().ok());
     } else if (op < 88) {  // an aborted request: slots taken and given back
