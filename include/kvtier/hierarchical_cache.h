@@ -103,6 +103,8 @@
 
 namespace kvtier {
 
+class SharedHostPool;  // kvtier/shared_host_pool.h
+
 enum class WritePolicy : uint8_t { kWriteThrough = 0, kWriteThroughSelective = 1, kWriteBack = 2 };
 // "write_through", "write_through_selective", "write_back".
 const char* WritePolicyName(WritePolicy policy);
@@ -194,6 +196,22 @@ struct HierarchicalCacheConfig {
   int64_t load_back_min_tokens = 0;
 
   StorageTierConfig storage;
+
+  // A host tier shared with other processes (kvtier/shared_host_pool.h) instead of the cache's
+  // own host pool. Its segment fixes the host layout (host_layout and host_head_num are not
+  // used; its page_size, num_layers, slot_bytes, head_num and MLA flag must be the device
+  // region's). Host pages are published by key (tenant salt `ns` and storage.model_id included):
+  //   - Match: after the tree's device and host match, the next pages are looked up by key in
+  //     the segment (when the match ends in host memory or matches nothing) and become host hits
+  //     of the handle, pages other processes published included;
+  //   - backups reserve pages by key: a page already published (by anyone) is taken without a
+  //     copy; a page another process is writing, or no room, skips the backup (counted);
+  //   - the tree's host pages are pinned in the segment; host eviction unpins them (at most
+  //     host_capacity_bytes, or host_ratio x the device pool, held at once; capped at the
+  //     segment); an unpinned page stays findable until the segment's LRU evicts it;
+  //   - LoadBack copies straight from the segment's pages.
+  // Incompatible with a storage tier (InvalidArgument).
+  std::shared_ptr<SharedHostPool> shared_host;
 
   // Called for every eviction, after the cache's lock is released, on the thread whose call
   // evicted; it may call back into the cache. For tests and metrics.
@@ -342,7 +360,11 @@ struct CacheStats {
   int64_t duplicate_tokens = 0;
   int64_t backup_tokens = 0;         // completed device -> host copies
   int64_t backup_failed_tokens = 0;  // device -> host copies that failed (not in backup_tokens)
-  int64_t backup_skipped_tokens = 0;  // no host space
+  int64_t backup_skipped_tokens = 0;  // no host space (shared host: or being written elsewhere)
+  // Shared host tier: pages found published already (not copied by backups), and host hits
+  // found in the segment by key after the tree's match (a part of host_hit_tokens).
+  int64_t backup_present_tokens = 0;
+  int64_t shared_host_hit_tokens = 0;
   int64_t backup_bytes = 0;
   double backup_seconds = 0;          // submission to completion, summed over copies
   int64_t write_back_tokens = 0;      // copied to host on device eviction (write_back)

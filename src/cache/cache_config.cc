@@ -161,6 +161,11 @@ Status HierarchicalCacheConfig::Validate() const {
                                                static_cast<int>(transfer_backend)));
   }
   KVTIER_RETURN_IF_ERROR(transfer.Validate().WithContext("transfer"));
+  if (shared_host != nullptr && storage.enabled()) {
+    return Status::InvalidArgument(
+        "shared_host and storage are both set: a cache on a shared host tier has no storage tier "
+        "below it (drop storage.backend / storage.url, or shared_host)");
+  }
   if (backup_threads < 0 || backup_threads > 64) {
     return Status::InvalidArgument(
         fmt::format("backup_threads = {} must be in [0, 64]", backup_threads));
