@@ -1,9 +1,10 @@
 // HierarchicalCache on a shared host tier (HierarchicalCacheConfig::shared_host): two processes
 // on one segment (the second gets host hits for the first's prefixes, byte-exact, no page copied
 // twice), two caches publishing the same pages at once, a process killed while its tree pins
-// pages (the survivors reclaim them), the per-process host budget, configuration errors, and a
-// random model run (two caches on one small segment, invariants of both caches and the segment
-// and every byte checked after every step).
+// pages (the survivors reclaim them), the per-process host budget, configuration errors, the same
+// two processes on a GPU (kernel and dma: LoadBack straight from the segment; skips without a
+// GPU), and a random model run (two caches on one small segment, invariants of both caches and
+// the segment and every byte checked after every step).
 //
 // Environment: KVTIER_TEST_SEED (one seed), KVTIER_TEST_STEPS (model steps, default 500).
 #include <fmt/format.h>
@@ -14,10 +15,13 @@
 
 #include <cstdio>
 #include <limits>
+#include <mutex>
 #include <random>
 #include <set>
+#include <thread>
 
 #include "cache/cache_test_util.h"
+#include "kvtier/device.h"
 #include "kvtier/hierarchical_cache.h"
 #include "kvtier/kv_pattern.h"
 #include "kvtier/shared_host_pool.h"
@@ -349,15 +353,122 @@ TEST(SharedHostCacheTest, ConfigurationErrorsNameTheProblem) {
   EXPECT_NE(c.status().message().find("slot_bytes"), std::string::npos) << c.status().ToString();
 }
 
+// ---- on a GPU -----------------------------------------------------------------------------------
+
+// Two processes on one GPU: the child computes documents on the device with a kernel/dma cache
+// and exits; this process's cache (the same backend) gets them as host hits and LoadBack copies
+// them from the segment's CUDA-registered pages straight into its device pool (poisoned before),
+// checked byte for byte. The child is forked before this process touches CUDA; skips (in both)
+// without a GPU.
+class SharedHostCacheGpuTest : public ::testing::TestWithParam<TransferBackend> {};
+
+TEST_P(SharedHostCacheGpuTest, SecondProcessLoadsTheFirstsPagesFromTheSegment) {
+  constexpr int kNoGpu = 77;
+  const TransferBackend backend = GetParam();
+  ScopedSegmentName name("cachegpu");
+  {
+    // Created without CUDA here: the child must be forked before this process initialises CUDA.
+    SharedHostPoolConfig c;
+    c.name = name.get();
+    c.geometry = KvGeometry{KvLayout::kPageFirst, kLayers, 64 * kPage, kSlotBytes, kPage, 1};
+    c.register_with_cuda = false;
+    auto created = SharedHostPool::Create(c);
+    ASSERT_TRUE(created.ok()) << created.status().ToString();
+  }
+  const std::vector<std::vector<Token>> docs = {Doc(30, 7), Doc(31, 5)};
+  auto gpu_cache = [&](std::shared_ptr<SharedHostPool> pool) {
+    CacheUnderTest s;
+    KvGeometry g{KvLayout::kLayerFirst, kLayers, 32 * kPage, kSlotBytes, kPage, 1};
+    auto dev = DeviceTier::Create(backend, g, false);
+    if (!dev.ok()) {
+      s.status = dev.status();
+      return s;
+    }
+    s.device = std::move(*dev);
+    HierarchicalCacheConfig cfg = SharedConfig(std::move(pool), 32);
+    cfg.transfer_backend = backend;
+    auto c = HierarchicalCache::Create(cfg, s.device->region());
+    if (c.ok()) {
+      s.cache = std::move(*c);
+    } else {
+      s.status = c.status();
+    }
+    return s;
+  };
+  auto attach = [&]() -> std::shared_ptr<SharedHostPool> {
+    SharedHostPoolAttachOptions o;
+    o.register_with_cuda = true;
+    auto pool = SharedHostPool::Attach(name.get(), o);
+    return pool.ok() ? std::shared_ptr<SharedHostPool>(std::move(*pool)) : nullptr;
+  };
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    if (CudaDeviceCount() == 0) _exit(kNoGpu);
+    int code = 0;
+    {
+      std::shared_ptr<SharedHostPool> pool = attach();
+      if (pool == nullptr || !pool->cuda_registered()) _exit(2);
+      CacheUnderTest s = gpu_cache(pool);
+      if (s.cache == nullptr) _exit(3);
+      for (const auto& doc : docs) {
+        if (!ComputeAndInsert(s, doc).ok()) code = 4;
+      }
+      if (!s.cache->WaitForBackups().ok()) code = 5;
+      if (s.cache->stats().backup_tokens != 12 * kPage) code = 6;
+    }
+    _exit(code);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  if (WEXITSTATUS(status) == kNoGpu) GTEST_SKIP() << "no CUDA device present";
+  ASSERT_EQ(WEXITSTATUS(status), 0) << "the first process failed";
+
+  std::shared_ptr<SharedHostPool> pool = attach();
+  ASSERT_NE(pool, nullptr);
+  ASSERT_TRUE(pool->cuda_registered());
+  CacheUnderTest s = gpu_cache(pool);
+  ASSERT_NE(s.cache, nullptr) << s.status.ToString();
+  for (const auto& doc : docs) {
+    auto m = s.cache->Match(doc);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    ASSERT_EQ(m->host_tokens, static_cast<int64_t>(doc.size()));
+    const auto hashes = Hashes(doc, "");
+    EXPECT_TRUE(VerifyKvPattern(s.cache->host_region(), m->host_slots, hashes).ok());
+    auto lb = s.cache->LoadBack(m->handle);
+    ASSERT_TRUE(lb.ok()) << lb.status().ToString();
+    ASSERT_EQ(lb->device_slots.size(), doc.size());
+    for (int64_t layer = 0; layer < kLayers; ++layer) {
+      ASSERT_TRUE(s.cache->WaitLayer(m->handle, layer, nullptr).ok());
+    }
+    const Status bytes = s.device->Verify(lb->device_slots, hashes);
+    EXPECT_TRUE(bytes.ok()) << bytes.ToString();
+    ASSERT_TRUE(s.cache->Insert(doc, lb->device_slots).ok());
+    ASSERT_TRUE(s.cache->Release(m->handle).ok());
+  }
+  ASSERT_TRUE(s.cache->WaitForBackups().ok());
+  EXPECT_EQ(s.cache->stats().backup_tokens, 0) << "a published page was copied again";
+  EXPECT_EQ(s.cache->stats().shared_host_hit_tokens, 12 * kPage);
+  ASSERT_TRUE(s.cache->CheckConsistency().ok()) << s.cache->CheckConsistency().ToString();
+  EXPECT_TRUE(pool->CheckInvariants().ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, SharedHostCacheGpuTest,
+                         ::testing::Values(TransferBackend::kKernel, TransferBackend::kDma),
+                         [](const auto& info) { return TransferBackendName(info.param); });
+
 // ---- the model: two caches on one small segment, random engine steps -------------------------
 
-// What was ever inserted by either cache: no match may be longer.
+// What was ever inserted by any cache: no match may be longer. Thread-safe.
 class InsertedPrefixes {
  public:
   void Add(const std::string& ns, std::span<const Token> tokens) {
+    std::lock_guard<std::mutex> lk(mu_);
     for (size_t n = kPage; n <= tokens.size(); n += kPage) set_.insert(Key(ns, tokens.first(n)));
   }
   int64_t Longest(const std::string& ns, std::span<const Token> tokens) const {
+    std::lock_guard<std::mutex> lk(mu_);
     int64_t best = 0;
     for (size_t n = kPage; n <= tokens.size(); n += kPage) {
       if (!set_.count(Key(ns, tokens.first(n)))) break;
@@ -372,6 +483,7 @@ class InsertedPrefixes {
     k.append(reinterpret_cast<const char*>(t.data()), t.size() * sizeof(Token));
     return k;
   }
+  mutable std::mutex mu_;
   std::set<std::string> set_;
 };
 
@@ -558,6 +670,52 @@ TEST_P(SharedHostModelTest, InvariantsAndBytesHoldForTwoCachesOnOneSegment) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Seeds, SharedHostModelTest, ::testing::Values(1u, 2u, 3u, 4u, 5u, 6u));
+
+// Two caches on one segment, two engine threads each (backups on the cpu pool): the caches'
+// invariants and the segment's hold while they run (TSan in CI), every byte checked.
+TEST(SharedHostConcurrencyTest, ConcurrentThreadsOnTwoCachesKeepInvariantsAndBytes) {
+  ScopedSegmentName name("cacheconc");
+  std::shared_ptr<SharedHostPool> pool = CreateSegment(name.get(), 48);
+  ASSERT_NE(pool, nullptr);
+  InsertedPrefixes model;
+  std::vector<CacheUnderTest> caches;
+  for (int i = 0; i < 2; ++i) {
+    HierarchicalCacheConfig cfg = SharedConfig(pool, 24);
+    cfg.backup_threads = 2;
+    cfg.write_policy = i == 0 ? WritePolicy::kWriteThrough : WritePolicy::kWriteBack;
+    caches.push_back(MakeCache(cfg, 40));
+    ASSERT_NE(caches.back().cache, nullptr) << caches.back().status.ToString();
+  }
+  const int64_t steps = testing::EnvInt("KVTIER_TEST_STEPS", 500) / 2;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      CacheUnderTest& s = caches[static_cast<size_t>(t % 2)];
+      ModelDriver d(s, model, 100 + static_cast<uint64_t>(t));
+      for (int64_t i = 0; i < steps && !::testing::Test::HasFailure(); ++i) {
+        d.Step();
+        if (i % 50 == 0) {
+          const Status st = s.cache->CheckConsistency();
+          EXPECT_TRUE(st.ok()) << st.ToString();
+          const Status seg = pool->CheckInvariants();
+          EXPECT_TRUE(seg.ok()) << seg.ToString();
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (const CacheUnderTest& s : caches) {
+    ASSERT_TRUE(s.cache->WaitForBackups().ok());
+    ASSERT_TRUE(s.cache->CheckConsistency().ok()) << s.cache->CheckConsistency().ToString();
+    EXPECT_EQ(s.cache->stats().live_handles, 0);
+  }
+  caches.clear();
+  auto info = Info(*pool);
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->pinned_pages, 0);
+  EXPECT_EQ(info->writing_pages, 0);
+  EXPECT_TRUE(pool->CheckInvariants().ok());
+}
 
 }  // namespace
 }  // namespace kvtier
