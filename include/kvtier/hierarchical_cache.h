@@ -4,8 +4,9 @@
 // simply lives in host memory and the cpu backend moves it; the cache does not care). The cache
 // owns everything else: the allocation of the device pool's pages (engines get slots from
 // AllocateDeviceSlots and hand them back through Insert or FreeDeviceSlots), a HostKvPool for the
-// host tier, optionally a StorageBackend (kvtier/storage.h) for the storage tier, the radix tree
-// that indexes all three tiers, and the copies between them.
+// host tier (or pins in a host tier shared with other processes: `shared_host`, a
+// SharedHostPool), optionally a StorageBackend (kvtier/storage.h) for the storage tier, the radix
+// tree that indexes all three tiers, and the copies between them.
 //
 // A request's life, as an engine drives it:
 //   m = Match(tokens, ns)          cached prefix: device slots, then tokens cached in host memory,
@@ -461,8 +462,8 @@ class HierarchicalCache {
   Status FreeDeviceSlots(std::span<const int64_t> slots);
 
   // Caches `tokens` whose KV the engine has written into `device_slots` (one per token). Page
-  // keys (storage tier) are computed once, here, before the lock is taken; with a storage tier
-  // tokens must be in [0, 2^32) (InvalidArgument otherwise).
+  // keys (storage tier, shared host tier) are computed once, here, before the lock is taken; with
+  // either, tokens must be in [0, 2^32) (InvalidArgument otherwise; Match too with a shared host).
   // REQUIRES: equal lengths, a multiple of page_size; whole pages held by the engine, or the
   // tree's own pages at the same positions. The cache owns all the given slots afterwards.
   // An empty insert creates nothing (no namespace).

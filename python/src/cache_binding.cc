@@ -271,6 +271,8 @@ py::dict StatsDict(const CacheStats& s) {
   KVTIER_STAT_(backup_tokens);
   KVTIER_STAT_(backup_failed_tokens);
   KVTIER_STAT_(backup_skipped_tokens);
+  KVTIER_STAT_(backup_present_tokens);
+  KVTIER_STAT_(shared_host_hit_tokens);
   KVTIER_STAT_(backup_bytes);
   KVTIER_STAT_(backup_seconds);
   KVTIER_STAT_(write_back_tokens);

@@ -441,7 +441,9 @@ struct HierarchicalCache::Impl {
       const HostTier::Page& pg = (*got)[static_cast<size_t>(i)];
       if (pg.got != HostTier::Got::kWrite && pg.got != HostTier::Got::kReady) continue;
       (i < keep ? host_pages : unused).push_back(pg.start);
-      if (pg.got == HostTier::Got::kWrite) (i < keep ? written : unused_written).push_back(pg.start);
+      if (pg.got == HostTier::Got::kWrite) {
+        (i < keep ? written : unused_written).push_back(pg.start);
+      }
     }
     ReturnBackupPages(unused, unused_written);
     counters.backup_skipped_tokens += (pages - keep) * P;
