@@ -203,8 +203,8 @@ struct HierarchicalCacheConfig {
   // used; its page_size, num_layers, slot_bytes, head_num and MLA flag must be the device
   // region's). Host pages are published by key (tenant salt `ns` and storage.model_id included):
   //   - Match: after the tree's device and host match, the next pages are looked up by key in
-  //     the segment (when the match ends in host memory or matches nothing) and become host hits
-  //     of the handle, pages other processes published included;
+  //     the segment and become host hits of the handle, pages other processes published
+  //     included (device-only nodes at the end of the match take theirs as host copies first);
   //   - backups reserve pages by key: a page already published (by anyone) is taken without a
   //     copy; a page another process is writing, or no room, skips the backup (counted);
   //   - the tree's host pages are pinned in the segment; host eviction unpins them (at most

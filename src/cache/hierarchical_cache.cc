@@ -825,15 +825,23 @@ struct HierarchicalCache::Impl {
   }
 
   // ---- shared host tier: pages other processes published --------------------------------------
-  // The pages after the tree's match `r` that the shared tier holds under their keys (`keys`: one
-  // per whole page of `tokens`), adopted as a host-only leaf: `r` then ends at the leaf. Only
-  // when the match ends in host memory or matches nothing (host copies form a prefix), and at
-  // most what host eviction could make room for. Returns the tokens adopted.
+  // The pages after the host part of the tree's match `r` that the shared tier holds under their
+  // keys (`keys`: one per whole page of `tokens`), pinned (at most what host eviction could make
+  // room for): device-only nodes at the end of the match take theirs as host copies (a backup
+  // with nothing to copy), the pages after the match become a host-only leaf, and `r` then ends
+  // at the leaf. Returns the tokens the match gained.
   int64_t AdoptShared(RadixTree::MatchResult* r, std::string_view ns,
                       std::span<const Token> tokens, std::span<const PageKey> keys) {
-    RadixNode* last = r->last;
-    if (!host->shared() || (!last->is_root() && !last->on_host())) return 0;
-    const size_t from = static_cast<size_t>(r->matched_tokens / P);
+    if (!host->shared()) return 0;
+    // The device-only nodes at the end of the match, top-down, and where host memory ends.
+    std::vector<RadixNode*> bare;
+    RadixNode* top = r->last;
+    for (; !top->is_root() && !top->on_host(); top = top->parent()) {
+      if (!top->on_device() || top->busy() > 0) return 0;
+      bare.push_back(top);
+    }
+    std::reverse(bare.begin(), bare.end());
+    const size_t from = static_cast<size_t>((top->is_root() ? 0 : top->prefix_tokens()) / P);
     if (from >= keys.size()) return 0;
     Result<std::vector<int64_t>> found = host->FindPrefix(keys.subspan(from), HostReclaimable());
     if (!found.ok()) {
@@ -841,21 +849,38 @@ struct HierarchicalCache::Impl {
                 found.status().ToString());
       return 0;
     }
-    if (found->empty()) return 0;
-    const size_t n = found->size();
-    const std::vector<int64_t> pages = *found;
-    RadixNode* leaf = tree.AddHostLeaf(
-        last->is_root() ? nullptr : last, ns,
-        tokens.subspan(from * static_cast<size_t>(P), n * static_cast<size_t>(P)),
-        keys.subspan(from, n), std::move(*found));
-    if (leaf == nullptr) {
-      FreeHost(pages);
-      return 0;
+    const std::vector<int64_t>& pages = *found;
+    size_t used = 0;
+    for (RadixNode* d : bare) {
+      const size_t np = static_cast<size_t>(d->num_tokens() / P);
+      const size_t have = std::min(np, pages.size() - used);
+      if (have == 0) break;
+      RadixNode* target = have < np ? tree.SplitAfter(d, static_cast<int64_t>(have))->parent() : d;
+      tree.SetHostPages(target, std::vector<int64_t>(pages.begin() + static_cast<ptrdiff_t>(used),
+                                                     pages.begin() +
+                                                         static_cast<ptrdiff_t>(used + have)));
+      used += have;
+      counters.backup_present_tokens += static_cast<int64_t>(have) * P;
+      if (have < np) break;
     }
-    const int64_t adopted = static_cast<int64_t>(n) * P;
-    r->last = leaf;
-    r->matched_tokens += adopted;
-    r->host_tokens += adopted;
+    int64_t adopted = 0;
+    const size_t matched = static_cast<size_t>(r->matched_tokens / P);
+    if (from + used == matched && used < pages.size()) {
+      const size_t n = pages.size() - used;
+      RadixNode* leaf = tree.AddHostLeaf(
+          r->last->is_root() ? nullptr : r->last, ns,
+          tokens.subspan(matched * static_cast<size_t>(P), n * static_cast<size_t>(P)),
+          keys.subspan(matched, n),
+          std::vector<int64_t>(pages.begin() + static_cast<ptrdiff_t>(used), pages.end()));
+      if (leaf != nullptr) {
+        adopted = static_cast<int64_t>(n) * P;
+        used = pages.size();
+        r->last = leaf;
+        r->matched_tokens += adopted;
+        r->host_tokens += adopted;
+      }
+    }
+    FreeHost(std::span<const int64_t>(pages).subspan(used));  // found, but nowhere to go
     return adopted;
   }
 

@@ -227,6 +227,56 @@ TEST(SharedHostCacheTest, BackupsOfPublishedPagesCopyNothing) {
   EXPECT_TRUE(pool->CheckInvariants().ok());
 }
 
+// A match that ends in device-only nodes (not backed up: below the selective threshold) goes on
+// in the segment: those nodes take the published pages as host copies (nothing copied) and the
+// pages after them are host hits.
+TEST(SharedHostCacheTest, DeviceOnlyMatchTakesPublishedPagesAndGoesOn) {
+  ScopedSegmentName name("cachedevonly");
+  std::shared_ptr<SharedHostPool> pool = CreateSegment(name.get(), 64);
+  ASSERT_NE(pool, nullptr);
+  CacheUnderTest a = MakeCache(SharedConfig(pool, 32), 32);
+  HierarchicalCacheConfig cfg = SharedConfig(pool, 32);
+  cfg.write_policy = WritePolicy::kWriteThroughSelective;
+  cfg.write_through_threshold = 1000;  // b never backs up by itself
+  CacheUnderTest b = MakeCache(cfg, 32);
+  ASSERT_NE(a.cache, nullptr) << a.status.ToString();
+  ASSERT_NE(b.cache, nullptr) << b.status.ToString();
+  const std::vector<Token> doc = Doc(4, 8);
+  ASSERT_TRUE(ComputeAndInsert(a, doc).ok());
+  ASSERT_TRUE(a.cache->WaitForBackups().ok());
+  const std::vector<Token> head(doc.begin(), doc.begin() + 3 * kPage);
+  ASSERT_TRUE(ComputeAndInsert(b, head).ok());
+  EXPECT_EQ(b.cache->stats().host_used_tokens, 0);
+
+  auto m = b.cache->Match(doc);
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m->device_tokens, 3 * kPage);
+  ASSERT_EQ(m->host_tokens, 5 * kPage);
+  const auto hashes = Hashes(doc, "");
+  EXPECT_TRUE(b.device->Verify(m->device_slots, std::span<const uint64_t>(hashes).first(
+                                                    static_cast<size_t>(3 * kPage)))
+                  .ok());
+  EXPECT_TRUE(VerifyKvPattern(b.cache->host_region(), m->host_slots,
+                              std::span<const uint64_t>(hashes).subspan(
+                                  static_cast<size_t>(3 * kPage)))
+                  .ok());
+  ASSERT_TRUE(b.cache->Release(m->handle).ok());
+  const CacheStats st = b.cache->stats();
+  EXPECT_EQ(st.host_used_tokens, 8 * kPage) << "the device-only pages took host copies too";
+  EXPECT_EQ(st.backup_present_tokens, 3 * kPage);
+  EXPECT_EQ(st.backup_tokens, 0);
+  EXPECT_EQ(st.shared_host_hit_tokens, 5 * kPage);
+  // Off the device, the whole document is a host hit of b's own tree now.
+  ASSERT_TRUE(b.cache->EvictDevice(std::numeric_limits<int64_t>::max()).ok());
+  m = b.cache->Match(doc);
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m->host_tokens, 8 * kPage);
+  EXPECT_TRUE(VerifyKvPattern(b.cache->host_region(), m->host_slots, hashes).ok());
+  ASSERT_TRUE(b.cache->Release(m->handle).ok());
+  ASSERT_TRUE(b.cache->CheckConsistency().ok()) << b.cache->CheckConsistency().ToString();
+  EXPECT_TRUE(pool->CheckInvariants().ok());
+}
+
 // A cache holds at most its host budget of pinned pages; a match that finds more in the segment
 // takes what fits, and unpinned pages are what the segment evicts when it runs out.
 TEST(SharedHostCacheTest, HostBudgetBoundsThePinsAndTheSegmentEvictsUnpinnedPages) {
