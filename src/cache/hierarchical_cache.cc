@@ -825,14 +825,34 @@ struct HierarchicalCache::Impl {
   }
 
   // ---- shared host tier: pages other processes published --------------------------------------
+  // Where the tree's match of `tokens` ends (in whole pages) and the key of the page before that
+  // point (the namespace's chain seed at the start): what Match hashes the rest of the prompt
+  // from. At the start when a node on the way lacks its keys.
+  void MatchedChain(std::string_view ns, std::span<const Token> tokens, int64_t* pages,
+                    std::optional<PageKey>* previous) const {
+    const RadixTree::MatchResult peek = tree.Peek(ns, tokens);
+    *pages = peek.matched_tokens / P;
+    if (*pages > 0) {
+      const RadixNode* last = peek.last;
+      const int64_t index = *pages - 1 - (last->prefix_tokens() - last->num_tokens()) / P;
+      if (index >= 0 && index < static_cast<int64_t>(last->keys().size())) {
+        *previous = last->keys()[static_cast<size_t>(index)];
+        return;
+      }
+    }
+    *pages = 0;
+    *previous = ChainSeed(ns);
+  }
+
   // The pages after the host part of the tree's match `r` that the shared tier holds under their
-  // keys (`keys`: one per whole page of `tokens`), pinned (at most what host eviction could make
-  // room for): device-only nodes at the end of the match take theirs as host copies (a backup
-  // with nothing to copy), the pages after the match become a host-only leaf, and `r` then ends
-  // at the leaf. Returns the tokens the match gained.
+  // keys, pinned (at most what host eviction could make room for): device-only nodes at the end
+  // of the match take theirs as host copies (a backup with nothing to copy), the pages after the
+  // match become a host-only leaf, and `r` then ends at the leaf. `tail`: the keys of the pages
+  // of `tokens` from page `tail_from` on (the match's end when Match peeked). Returns the tokens
+  // the match gained.
   int64_t AdoptShared(RadixTree::MatchResult* r, std::string_view ns,
-                      std::span<const Token> tokens, std::span<const PageKey> keys) {
-    if (!host->shared()) return 0;
+                      std::span<const Token> tokens, std::span<const PageKey> tail,
+                      int64_t tail_from) {
     // The device-only nodes at the end of the match, top-down, and where host memory ends.
     std::vector<RadixNode*> bare;
     RadixNode* top = r->last;
@@ -841,9 +861,19 @@ struct HierarchicalCache::Impl {
       bare.push_back(top);
     }
     std::reverse(bare.begin(), bare.end());
-    const size_t from = static_cast<size_t>((top->is_root() ? 0 : top->prefix_tokens()) / P);
-    if (from >= keys.size()) return 0;
-    Result<std::vector<int64_t>> found = host->FindPrefix(keys.subspan(from), HostReclaimable());
+    const int64_t matched = r->matched_tokens / P;
+    // The match shrank since the peek (evictions meanwhile): no keys for the pages it lost.
+    if (matched < tail_from) return 0;
+    // Keys from where host memory ends: the bare nodes' own, then the tail's.
+    std::vector<PageKey> keys;
+    for (const RadixNode* d : bare) {
+      if (static_cast<int64_t>(d->keys().size()) * P != d->num_tokens()) return 0;
+      keys.insert(keys.end(), d->keys().begin(), d->keys().end());
+    }
+    const size_t bare_pages = keys.size();
+    keys.insert(keys.end(), tail.begin() + (matched - tail_from), tail.end());
+    if (keys.empty()) return 0;
+    Result<std::vector<int64_t>> found = host->FindPrefix(keys, HostReclaimable());
     if (!found.ok()) {
       util::Log(util::LogLevel::kWarning, "kvtier: cache: shared host lookup: {}",
                 found.status().ToString());
@@ -864,13 +894,12 @@ struct HierarchicalCache::Impl {
       if (have < np) break;
     }
     int64_t adopted = 0;
-    const size_t matched = static_cast<size_t>(r->matched_tokens / P);
-    if (from + used == matched && used < pages.size()) {
+    if (used == bare_pages && used < pages.size()) {
       const size_t n = pages.size() - used;
       RadixNode* leaf = tree.AddHostLeaf(
           r->last->is_root() ? nullptr : r->last, ns,
-          tokens.subspan(matched * static_cast<size_t>(P), n * static_cast<size_t>(P)),
-          keys.subspan(matched, n),
+          tokens.subspan(static_cast<size_t>(matched * P), n * static_cast<size_t>(P)),
+          std::span<const PageKey>(keys).subspan(used, n),
           std::vector<int64_t>(pages.begin() + static_cast<ptrdiff_t>(used), pages.end()));
       if (leaf != nullptr) {
         adopted = static_cast<int64_t>(n) * P;
@@ -1223,13 +1252,25 @@ Result<std::unique_ptr<HierarchicalCache>> HierarchicalCache::Create(
 
 Result<MatchResult> HierarchicalCache::Match(std::span<const Token> tokens, std::string_view ns) {
   Impl& s = *impl_;
-  // Shared host tier: the page keys of the whole pages, outside the lock.
-  std::vector<PageKey> keys;
-  if (s.host->shared() && tokens.size() >= static_cast<size_t>(s.P)) {
-    const size_t whole = tokens.size() / static_cast<size_t>(s.P) * static_cast<size_t>(s.P);
-    Result<std::vector<PageKey>> k = ComputePromptPageKeys(tokens.first(whole), s.P, ns);
-    if (!k.ok()) return k.status().WithContext("Match: page keys");
-    keys = std::move(*k);
+  // Shared host tier: the keys of the whole pages after the tree's match (a peek under the lock
+  // says where it ends and gives the key to chain from), hashed outside the lock.
+  std::vector<PageKey> tail;
+  int64_t tail_from = -1;  // page of tail[0]; -1: no lookup in the segment
+  const int64_t whole_pages = static_cast<int64_t>(tokens.size()) / s.P;
+  if (s.host->shared() && whole_pages > 0) {
+    std::optional<PageKey> previous;
+    {
+      Impl::Lock lk(s);
+      s.MatchedChain(ns, tokens, &tail_from, &previous);
+    }
+    if (tail_from < whole_pages) {
+      Result<std::vector<PageKey>> k = ComputePageKeys(
+          tokens.subspan(static_cast<size_t>(tail_from * s.P),
+                         static_cast<size_t>((whole_pages - tail_from) * s.P)),
+          s.P, previous);
+      if (!k.ok()) return k.status().WithContext("Match: page keys");
+      tail = std::move(*k);
+    }
   }
   Impl::Work work(&s);
   MatchResult out;
@@ -1238,7 +1279,7 @@ Result<MatchResult> HierarchicalCache::Match(std::span<const Token> tokens, std:
     KVTIER_RETURN_IF_ERROR(s.CheckHealth());
     s.Reap(&work);
     RadixTree::MatchResult r = s.tree.Match(ns, tokens);
-    const int64_t adopted = keys.empty() ? 0 : s.AdoptShared(&r, ns, tokens, keys);
+    const int64_t adopted = tail_from < 0 ? 0 : s.AdoptShared(&r, ns, tokens, tail, tail_from);
     out.device_tokens = r.device_tokens;
     out.host_tokens = r.host_tokens;
     out.storage_tokens = r.storage_tokens;
