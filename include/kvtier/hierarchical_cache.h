@@ -4,8 +4,9 @@
 // simply lives in host memory and the cpu backend moves it; the cache does not care). The cache
 // owns everything else: the allocation of the device pool's pages (engines get slots from
 // AllocateDeviceSlots and hand them back through Insert or FreeDeviceSlots), a HostKvPool for the
-// host tier, optionally a StorageBackend (kvtier/storage.h) for the storage tier, the radix tree
-// that indexes all three tiers, and the copies between them.
+// host tier (or pins in a host tier shared with other processes: `shared_host`, a
+// SharedHostPool), optionally a StorageBackend (kvtier/storage.h) for the storage tier, the radix
+// tree that indexes all three tiers, and the copies between them.
 //
 // A request's life, as an engine drives it:
 //   m = Match(tokens, ns)          cached prefix: device slots, then tokens cached in host memory,
@@ -103,6 +104,8 @@
 
 namespace kvtier {
 
+class SharedHostPool;  // kvtier/shared_host_pool.h
+
 enum class WritePolicy : uint8_t { kWriteThrough = 0, kWriteThroughSelective = 1, kWriteBack = 2 };
 // "write_through", "write_through_selective", "write_back".
 const char* WritePolicyName(WritePolicy policy);
@@ -197,6 +200,22 @@ struct HierarchicalCacheConfig {
   int64_t load_back_min_tokens = 0;
 
   StorageTierConfig storage;
+
+  // A host tier shared with other processes (kvtier/shared_host_pool.h) instead of the cache's
+  // own host pool. Its segment fixes the host layout (host_layout and host_head_num are not
+  // used; its page_size, num_layers, slot_bytes, head_num and MLA flag must be the device
+  // region's). Host pages are published by key (tenant salt `ns` and storage.model_id included):
+  //   - Match: after the tree's device and host match, the next pages are looked up by key in
+  //     the segment and become host hits of the handle, pages other processes published
+  //     included (device-only nodes at the end of the match take theirs as host copies first);
+  //   - backups reserve pages by key: a page already published (by anyone) is taken without a
+  //     copy; a page another process is writing, or no room, skips the backup (counted);
+  //   - the tree's host pages are pinned in the segment; host eviction unpins them (at most
+  //     host_capacity_bytes, or host_ratio x the device pool, held at once; capped at the
+  //     segment); an unpinned page stays findable until the segment's LRU evicts it;
+  //   - LoadBack copies straight from the segment's pages.
+  // Incompatible with a storage tier (InvalidArgument).
+  std::shared_ptr<SharedHostPool> shared_host;
 
   // Called for every eviction, after the cache's lock is released, on the thread whose call
   // evicted; it may call back into the cache. For tests and metrics.
@@ -373,7 +392,11 @@ struct CacheStats {
   int64_t duplicate_tokens = 0;
   int64_t backup_tokens = 0;         // completed device -> host copies
   int64_t backup_failed_tokens = 0;  // device -> host copies that failed (not in backup_tokens)
-  int64_t backup_skipped_tokens = 0;  // no host space
+  int64_t backup_skipped_tokens = 0;  // no host space (shared host: or being written elsewhere)
+  // Shared host tier: pages found published already (not copied by backups), and host hits
+  // found in the segment by key after the tree's match (a part of host_hit_tokens).
+  int64_t backup_present_tokens = 0;
+  int64_t shared_host_hit_tokens = 0;
   int64_t backup_bytes = 0;
   double backup_seconds = 0;          // submission to completion, summed over copies
   int64_t write_back_tokens = 0;      // copied to host on device eviction (write_back)
@@ -474,8 +497,8 @@ class HierarchicalCache {
   Status FreeDeviceSlots(std::span<const int64_t> slots);
 
   // Caches `tokens` whose KV the engine has written into `device_slots` (one per token). Page
-  // keys (storage tier) are computed once, here, before the lock is taken; with a storage tier
-  // tokens must be in [0, 2^32) (InvalidArgument otherwise).
+  // keys (storage tier, shared host tier) are computed once, here, before the lock is taken; with
+  // either, tokens must be in [0, 2^32) (InvalidArgument otherwise; Match too with a shared host).
   // REQUIRES: equal lengths, a multiple of page_size; whole pages held by the engine, or the
   // tree's own pages at the same positions. The cache owns all the given slots afterwards.
   // An empty insert creates nothing (no namespace).

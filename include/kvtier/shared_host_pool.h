@@ -172,10 +172,18 @@ class SharedHostPool {
   // A key given twice is reserved once (the second is kBeingWritten).
   Result<std::vector<PageReservation>> Reserve(uint64_t namespace_hash,
                                                std::span<const PageKey> keys);
+  // Reserve, except that each kAlreadyReady page is also pinned for this process (one reference,
+  // as PinPrefix takes), in the same step: it cannot be evicted before the caller uses it. A
+  // READY page this process holds 65,535 references on is kNoSpace (not pinned).
+  Result<std::vector<PageReservation>> ReserveOrPin(uint64_t namespace_hash,
+                                                    std::span<const PageKey> keys);
   // WRITING -> READY. REQUIRES: every byte of the pages written (and visible to the CPU: a GPU
   // copy into them synchronised). FailedPrecondition when a page is not WRITING for this process
   // (nothing changes then).
   Status Commit(std::span<const int64_t> pages);
+  // Commit, each page also pinned for this process (one reference) in the same step, so no
+  // other process can evict it between the commit and a PinPrefix.
+  Status CommitPinned(std::span<const int64_t> pages);
   // WRITING -> EMPTY, for a write that failed. Same checks as Commit.
   Status Abort(std::span<const int64_t> pages);
 

@@ -237,6 +237,10 @@ class HierarchicalCache:
         timeout policy's deadline (base + per 1,024 tokens, capped).
       max_prefetch_host_fraction: at most this share of the host pool fills at once.
       max_storage_only_pages / max_backup_queue_pages: bounds of the storage bookkeeping.
+      shared_host: the name of a shared host segment (`kvtier shm create NAME`) to use as the host
+        tier, shared with other processes (their published prefixes are host hits); the host
+        capacity is then this cache's budget of pinned pages. Not with `storage`. None = the
+        cache's own host pool.
     """
 
     def __init__(self, device_region: KvRegion, *, page_size: int = 0,
@@ -255,7 +259,8 @@ class HierarchicalCache:
                  prefetch_timeout_per_1k_tokens_s: float = 0.1,
                  prefetch_timeout_max_s: float = 30.0, max_prefetch_host_fraction: float = 0.5,
                  max_storage_only_pages: int = 1 << 20,
-                 max_backup_queue_pages: int = 4096) -> None:
+                 max_backup_queue_pages: int = 4096,
+                 shared_host: Optional[str] = None) -> None:
         if not isinstance(device_region, KvRegion):
             raise ValueError("device_region must be a kvtier.ops.KvRegion, not "
                              f"{type(device_region).__name__}")
@@ -263,6 +268,8 @@ class HierarchicalCache:
             transfer_backend = "cpu" if device_region.device == HOST else "kernel"
         if storage is not None and not isinstance(storage, str):
             raise ValueError(f"storage = {storage!r} must be a URL string or None")
+        if shared_host is not None and (not isinstance(shared_host, str) or not shared_host):
+            raise ValueError(f"shared_host = {shared_host!r} must be a segment name or None")
         if prefetch_policy not in PREFETCH_POLICIES:
             raise ValueError(f"prefetch_policy = {prefetch_policy!r} is not one of "
                              f"{', '.join(PREFETCH_POLICIES)}")
@@ -304,7 +311,8 @@ class HierarchicalCache:
             max_prefetch_host_fraction=_float(max_prefetch_host_fraction,
                                               "max_prefetch_host_fraction"),
             max_storage_only_pages=_int64(max_storage_only_pages, "max_storage_only_pages", 0),
-            max_backup_queue_pages=_int64(max_backup_queue_pages, "max_backup_queue_pages", 0))
+            max_backup_queue_pages=_int64(max_backup_queue_pages, "max_backup_queue_pages", 0),
+            shared_host=shared_host or "")
         self._device = device_region.device
         # The native object keeps the region (its buffers) alive until the C++ cache is gone.
         self._native = _kvtier._HierarchicalCache(device_region, device_region._native, config)

@@ -31,6 +31,7 @@
 #include "errors.h"
 #include "kvtier/eviction_policy.h"
 #include "kvtier/hierarchical_cache.h"
+#include "kvtier/shared_host_pool.h"
 #include "transfer_binding.h"
 
 namespace py = pybind11;
@@ -199,6 +200,15 @@ HierarchicalCacheConfig ConfigFromDict(const py::dict& d, const PyRegion& device
   s.max_prefetch_host_fraction = ConfigValue<double>(d, "max_prefetch_host_fraction");
   s.max_storage_only_pages = ConfigValue<int64_t>(d, "max_storage_only_pages");
   s.max_backup_queue_pages = ConfigValue<int64_t>(d, "max_backup_queue_pages");
+
+  // The shared host tier: a segment made by `kvtier shm create`, attached (and registered with
+  // CUDA when the device pool is on a GPU) for this cache.
+  const std::string shared = ConfigValue<std::string>(d, "shared_host");
+  if (!shared.empty()) {
+    SharedHostPoolAttachOptions attach;
+    attach.register_with_cuda = device_region.region.memory == MemoryKind::kDevice;
+    c.shared_host = Unwrap(SharedHostPool::Attach(shared, attach));
+  }
   return c;
 }
 
@@ -272,6 +282,8 @@ py::dict StatsDict(const CacheStats& s) {
   KVTIER_STAT_(backup_tokens);
   KVTIER_STAT_(backup_failed_tokens);
   KVTIER_STAT_(backup_skipped_tokens);
+  KVTIER_STAT_(backup_present_tokens);
+  KVTIER_STAT_(shared_host_hit_tokens);
   KVTIER_STAT_(backup_bytes);
   KVTIER_STAT_(backup_seconds);
   KVTIER_STAT_(write_back_tokens);

@@ -154,6 +154,16 @@ Status HierarchicalCacheConfig::Validate() const {
                                                static_cast<int>(transfer_backend)));
   }
   KVTIER_RETURN_IF_ERROR(transfer.Validate().WithContext("transfer"));
+  if (shared_host != nullptr && storage.enabled()) {
+    return Status::InvalidArgument(
+        "shared_host and storage are both set: a cache on a shared host tier has no storage tier "
+        "below it (drop storage.backend / storage.url, or shared_host)");
+  }
+  if (shared_host != nullptr && !has_host_tier()) {
+    return Status::InvalidArgument(
+        "shared_host is set, but host_capacity_bytes = 0 and host_ratio = 0 configure no host "
+        "tier: the shared segment is the host tier (give it a budget of pinned pages)");
+  }
   if (backup_threads < 0 || backup_threads > 64) {
     return Status::InvalidArgument(
         fmt::format("backup_threads = {} must be in [0, 64]", backup_threads));

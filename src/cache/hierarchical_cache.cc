@@ -4,9 +4,10 @@
 // State, all guarded by Impl::mu:
 //   tree          the radix tree over the three tiers (cache/radix_tree.h);
 //   ledger        per device page: free, engine, tree or a copy in flight;
-//   host pages    the host pool's allocator: a page is a node's (tree) or an in-flight prefetch's
-//                 (filling) — nothing else; no host pool at all without a host tier (`host` is
-//                 null: nothing is ever backed up, device evictions forget);
+//   host pages    the host tier (cache/host_tier.h: the cache's own pool, or a shared segment
+//                 whose pages it pins): a held page is a node's (tree) or an in-flight prefetch's
+//                 (filling) — nothing else; null without a host tier (nothing is ever backed up,
+//                 device evictions forget);
 //   handles       live MatchHandles: the node each pins (ancestors included), the tokens after
 //                 the match (for QueryStorage), a running prefetch and, on a GPU, its load-back;
 //   tracker       operations in flight. Each marked its nodes busy once (a split hands the mark to
@@ -39,9 +40,11 @@
 
 #include "cache/copy_tracker.h"
 #include "cache/device_page_ledger.h"
+#include "cache/host_tier.h"
 #include "cache/radix_tree.h"
 #include "kvtier/device.h"
 #include "kvtier/host_pool.h"
+#include "kvtier/shared_host_pool.h"
 #include "kvtier/slot_allocator.h"
 #include "util/log.h"
 #include "util/thread_pool.h"
@@ -142,8 +145,8 @@ struct HierarchicalCache::Impl {
   const int64_t P;
   const uint64_t tag;
   KvRegion device;
-  std::unique_ptr<HostKvPool> host;  // null: no host tier (config.has_host_tier())
-  KvRegion no_host_region;           // host_region() without a host tier: empty
+  std::unique_ptr<HostTier> host;  // null: no host tier (config.has_host_tier())
+  KvRegion no_host_region;         // host_region() without a host tier: empty
   std::unique_ptr<TransferEngine> engine;
   bool gpu = false;
   CudaStreamHandle backup_stream;  // GPU only
@@ -242,8 +245,22 @@ struct HierarchicalCache::Impl {
 
   void FreeHost(std::span<const int64_t> pages) {
     if (pages.empty()) return;
-    Status st = host->FreePages(pages);
-    if (!st.ok()) Fail(Status::Internal(st.ToString()), "freeing host pages");
+    Status st = host->Release(pages);
+    if (!st.ok()) Fail(Status::Internal(st.ToString()), "releasing host pages");
+  }
+  // Pages a backup was given and did not use (or that its failed copy wrote): those it was to
+  // write are abandoned, those published already released.
+  void ReturnBackupPages(std::span<const int64_t> pages, const std::vector<int64_t>& written) {
+    std::vector<int64_t> abandon, release;
+    for (int64_t p : pages) {
+      (std::find(written.begin(), written.end(), p) != written.end() ? abandon : release)
+          .push_back(p);
+    }
+    if (!abandon.empty()) {
+      Status st = host->Abandon(abandon);
+      if (!st.ok()) Fail(Status::Internal(st.ToString()), "abandoning host pages");
+    }
+    FreeHost(release);
   }
 
   void FreeDevice(std::span<const int64_t> pages) { Fail(ledger->Free(pages), "device pages"); }
@@ -370,7 +387,7 @@ struct HierarchicalCache::Impl {
 
   // Host pages that eviction could free now (an upper bound: pins and busy nodes excluded).
   int64_t HostReclaimable() const {
-    return host->allocator().free_pages() + (tree.host_tokens() - tree.locked_host_tokens()) / P;
+    return host->free_pages() + (tree.host_tokens() - tree.locked_host_tokens()) / P;
   }
   // Device pages eviction could free once the copies in flight have completed (pins and the
   // engine's pages excluded).
@@ -380,17 +397,19 @@ struct HierarchicalCache::Impl {
 
   // `pages` free host pages if eviction can make them (nothing is evicted when it cannot).
   bool EnsureHostPages(int64_t pages, Work* work) {
-    const int64_t free = host->allocator().free_pages();
+    const int64_t free = host->free_pages();
     if (free >= pages) return true;
     if (HostReclaimable() < pages) return false;
     EvictHost(pages - free, work);
-    return host->allocator().free_pages() >= pages;
+    return host->free_pages() >= pages;
   }
 
   // ---- backups --------------------------------------------------------------------------------
   // Device -> host for the unbacked path ending at `node`: host pages assigned now (so nothing
   // else takes them), the nodes busy until the copy has completed. False (nothing changed, no
-  // host node evicted) when host memory cannot be found.
+  // host node evicted) when host memory cannot be found. Shared host tier: pages are reserved by
+  // key; pages published already are taken without a copy; the backup covers the leading pages
+  // the tier gave (the node where they end is split), the rest is skipped (counted).
   bool Backup(RadixNode* node, Work* work, bool write_back) {
     if (!host) return false;  // no host tier: nothing to back up to
     std::vector<RadixNode*> path;
@@ -407,32 +426,86 @@ struct HierarchicalCache::Impl {
       counters.backup_skipped_tokens += tokens;
       return false;
     }
-    Result<std::vector<int64_t>> host_pages = host->AllocatePages(pages);
-    if (!host_pages.ok()) {
+    std::vector<PageKey> keys;
+    if (host->shared()) {
+      for (RadixNode* n : path) {
+        if (static_cast<int64_t>(n->keys().size()) * P != n->num_tokens()) return false;
+        keys.insert(keys.end(), n->keys().begin(), n->keys().end());
+      }
+    }
+    Result<std::vector<HostTier::Page>> got = host->Acquire(pages, keys);
+    if (!got.ok()) {
+      util::Log(util::LogLevel::kWarning, "kvtier: cache: backup skipped: {}",
+                got.status().ToString());
       counters.backup_skipped_tokens += tokens;
       return false;
+    }
+    // The leading pages the tier gave; the others go back.
+    int64_t keep = 0;
+    while (keep < pages && ((*got)[static_cast<size_t>(keep)].got == HostTier::Got::kWrite ||
+                            (*got)[static_cast<size_t>(keep)].got == HostTier::Got::kReady)) {
+      ++keep;
+    }
+    std::vector<int64_t> host_pages, written, unused, unused_written;
+    for (int64_t i = 0; i < pages; ++i) {
+      const HostTier::Page& pg = (*got)[static_cast<size_t>(i)];
+      if (pg.got != HostTier::Got::kWrite && pg.got != HostTier::Got::kReady) continue;
+      (i < keep ? host_pages : unused).push_back(pg.start);
+      if (pg.got == HostTier::Got::kWrite) {
+        (i < keep ? written : unused_written).push_back(pg.start);
+      }
+    }
+    ReturnBackupPages(unused, unused_written);
+    counters.backup_skipped_tokens += (pages - keep) * P;
+    if (keep == 0) return false;
+    if (keep < pages) {  // the path ends where the kept pages end
+      int64_t acc = 0;
+      for (size_t i = 0; i < path.size(); ++i) {
+        const int64_t np = path[i]->num_tokens() / P;
+        if (acc + np <= keep) {
+          acc += np;
+          continue;
+        }
+        if (keep > acc) {
+          path[i] = tree.SplitAfter(path[i], keep - acc)->parent();
+          path.resize(i + 1);
+        } else {
+          path.resize(i);
+        }
+        break;
+      }
     }
     auto op = std::make_shared<CopyOp>();
     op->kind = CopyOp::Kind::kBackup;
     op->gpu = gpu;
-    op->tokens = tokens;
-    op->bytes = pages * PageBytes();
+    op->tokens = static_cast<int64_t>(written.size()) * P;
+    op->bytes = static_cast<int64_t>(written.size()) * PageBytes();
     op->start = Clock::now();
-    op->dst = PageSlots(*host_pages, P);
-    op->src.reserve(static_cast<size_t>(tokens));
-    op->pages = *host_pages;
+    op->pages = written;
     op->write_back = write_back;
+    const bool copy_all = written.size() == host_pages.size();
+    if (copy_all) AppendSlots(host_pages, &op->dst);
     size_t off = 0;
     for (RadixNode* n : path) {
-      AppendSlots(n->device_pages(), &op->src);
       const size_t np = n->device_pages().size();
-      tree.SetHostPages(n, std::vector<int64_t>(host_pages->begin() + static_cast<ptrdiff_t>(off),
-                                                host_pages->begin() +
+      if (copy_all) {
+        AppendSlots(n->device_pages(), &op->src);
+      } else {
+        for (size_t i = 0; i < np; ++i) {
+          if ((*got)[off + i].got != HostTier::Got::kWrite) continue;
+          AppendSlots(n->device_pages().subspan(i, 1), &op->src);
+          AppendSlots(std::span<const int64_t>(host_pages).subspan(off + i, 1), &op->dst);
+        }
+      }
+      tree.SetHostPages(n, std::vector<int64_t>(host_pages.begin() + static_cast<ptrdiff_t>(off),
+                                                host_pages.begin() +
                                                     static_cast<ptrdiff_t>(off + np)));
       off += np;
-      MarkBusy(*op, n);
     }
-    counters.backup_inflight_tokens += tokens;
+    counters.backup_present_tokens += keep * P - op->tokens;
+    if (written.empty()) return true;  // every page was published already: nothing to copy
+    for (RadixNode* n : path) MarkBusy(*op, n);
+    counters.backup_inflight_tokens += op->tokens;
     tracker.Add(op);
     work->copies.push_back(std::move(op));
     return true;
@@ -526,6 +599,8 @@ struct HierarchicalCache::Impl {
   void ReapBackup(CopyOp& op, Work* work) {
     counters.backup_inflight_tokens -= op.tokens;
     if (op.status.ok()) {
+      Status published = host->Publish(op.pages);
+      if (!published.ok()) Fail(Status::Internal(published.ToString()), "publishing a backup");
       counters.backup_tokens += op.tokens;
       counters.backup_bytes += op.bytes;
       counters.backup_seconds += SecondsSince(op.start, op.finished);
@@ -557,7 +632,7 @@ struct HierarchicalCache::Impl {
              "rolling back a failed backup");
         return;
       }
-      FreeHost(tree.TakeHostPages(n));
+      ReturnBackupPages(tree.TakeHostPages(n), op.pages);
       DropIfNowhere(n);
     }
   }
@@ -773,6 +848,95 @@ struct HierarchicalCache::Impl {
     out.requested_tokens = h.prefetch->tokens;
     out.arrived_tokens = tracker.ArrivedPages(*h.prefetch) * P;
     return out;
+  }
+
+  // ---- shared host tier: pages other processes published --------------------------------------
+  // Where the tree's match of `tokens` ends (in whole pages) and the key of the page before that
+  // point (the namespace's chain seed at the start): what Match hashes the rest of the prompt
+  // from. At the start when a node on the way lacks its keys.
+  void MatchedChain(std::string_view ns, std::span<const Token> tokens, int64_t* pages,
+                    std::optional<PageKey>* previous) const {
+    const RadixTree::MatchResult peek = tree.Peek(ns, tokens);
+    *pages = peek.matched_tokens / P;
+    if (*pages > 0) {
+      const RadixNode* last = peek.last;
+      const int64_t index = *pages - 1 - (last->prefix_tokens() - last->num_tokens()) / P;
+      if (index >= 0 && index < static_cast<int64_t>(last->keys().size())) {
+        *previous = last->keys()[static_cast<size_t>(index)];
+        return;
+      }
+    }
+    *pages = 0;
+    *previous = ChainSeed(ns);
+  }
+
+  // The pages after the host part of the tree's match `r` that the shared tier holds under their
+  // keys, pinned (at most what host eviction could make room for): device-only nodes at the end
+  // of the match take theirs as host copies (a backup with nothing to copy), the pages after the
+  // match become a host-only leaf, and `r` then ends at the leaf. `tail`: the keys of the pages
+  // of `tokens` from page `tail_from` on (the match's end when Match peeked). Returns the tokens
+  // the match gained.
+  int64_t AdoptShared(RadixTree::MatchResult* r, std::string_view ns,
+                      std::span<const Token> tokens, std::span<const PageKey> tail,
+                      int64_t tail_from) {
+    // The device-only nodes at the end of the match, top-down, and where host memory ends.
+    std::vector<RadixNode*> bare;
+    RadixNode* top = r->last;
+    for (; !top->is_root() && !top->on_host(); top = top->parent()) {
+      if (!top->on_device() || top->busy() > 0) return 0;
+      bare.push_back(top);
+    }
+    std::reverse(bare.begin(), bare.end());
+    const int64_t matched = r->matched_tokens / P;
+    // The match shrank since the peek (evictions meanwhile): no keys for the pages it lost.
+    if (matched < tail_from) return 0;
+    // Keys from where host memory ends: the bare nodes' own, then the tail's.
+    std::vector<PageKey> keys;
+    for (const RadixNode* d : bare) {
+      if (static_cast<int64_t>(d->keys().size()) * P != d->num_tokens()) return 0;
+      keys.insert(keys.end(), d->keys().begin(), d->keys().end());
+    }
+    const size_t bare_pages = keys.size();
+    keys.insert(keys.end(), tail.begin() + (matched - tail_from), tail.end());
+    if (keys.empty()) return 0;
+    Result<std::vector<int64_t>> found = host->FindPrefix(keys, HostReclaimable());
+    if (!found.ok()) {
+      util::Log(util::LogLevel::kWarning, "kvtier: cache: shared host lookup: {}",
+                found.status().ToString());
+      return 0;
+    }
+    const std::vector<int64_t>& pages = *found;
+    size_t used = 0;
+    for (RadixNode* d : bare) {
+      const size_t np = static_cast<size_t>(d->num_tokens() / P);
+      const size_t have = std::min(np, pages.size() - used);
+      if (have == 0) break;
+      RadixNode* target = have < np ? tree.SplitAfter(d, static_cast<int64_t>(have))->parent() : d;
+      tree.SetHostPages(target, std::vector<int64_t>(pages.begin() + static_cast<ptrdiff_t>(used),
+                                                     pages.begin() +
+                                                         static_cast<ptrdiff_t>(used + have)));
+      used += have;
+      counters.backup_present_tokens += static_cast<int64_t>(have) * P;
+      if (have < np) break;
+    }
+    int64_t adopted = 0;
+    if (used == bare_pages && used < pages.size()) {
+      const size_t n = pages.size() - used;
+      RadixNode* leaf = tree.AddHostLeaf(
+          r->last->is_root() ? nullptr : r->last, ns,
+          tokens.subspan(static_cast<size_t>(matched * P), n * static_cast<size_t>(P)),
+          std::span<const PageKey>(keys).subspan(used, n),
+          std::vector<int64_t>(pages.begin() + static_cast<ptrdiff_t>(used), pages.end()));
+      if (leaf != nullptr) {
+        adopted = static_cast<int64_t>(n) * P;
+        used = pages.size();
+        r->last = leaf;
+        r->matched_tokens += adopted;
+        r->host_tokens += adopted;
+      }
+    }
+    FreeHost(std::span<const int64_t>(pages).subspan(used));  // found, but nowhere to go
+    return adopted;
   }
 
   // ---- after the lock -------------------------------------------------------------------------
@@ -1037,12 +1201,21 @@ Result<std::unique_ptr<HierarchicalCache>> HierarchicalCache::Create(
   }
   hc.huge_pages = config.host_huge_pages;
   hc.register_with_cuda = gpu;
-  if (config.has_host_tier()) {
-    KVTIER_ASSIGN_OR_RETURN(s.host, HostKvPool::Create(hc));
-  } else {
+  if (!config.has_host_tier()) {
     s.no_host_region.geometry = hc.geometry;
     s.no_host_region.geometry.num_slots = 0;
     s.no_host_region.mla = device_region.mla;
+  } else if (config.shared_host) {
+    const double budget =
+        config.host_capacity_bytes > 0
+            ? static_cast<double>(config.host_capacity_bytes)
+            : config.host_ratio * static_cast<double>(hc.device_pool_bytes);
+    KVTIER_ASSIGN_OR_RETURN(
+        s.host, OpenSharedHostTier(config.shared_host, device_region, gpu, config.storage.model_id,
+                                   static_cast<int64_t>(std::min(budget, 9e18))));
+  } else {
+    KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<HostKvPool> pool, HostKvPool::Create(hc));
+    s.host = MakeLocalHostTier(std::move(pool));
   }
   KVTIER_ASSIGN_OR_RETURN(s.ledger, DevicePageLedger::Create(g.num_slots, g.page_size));
   if (gpu) {
@@ -1109,6 +1282,26 @@ Result<std::unique_ptr<HierarchicalCache>> HierarchicalCache::Create(
 
 Result<MatchResult> HierarchicalCache::Match(std::span<const Token> tokens, std::string_view ns) {
   Impl& s = *impl_;
+  // Shared host tier: the keys of the whole pages after the tree's match (a peek under the lock
+  // says where it ends and gives the key to chain from), hashed outside the lock.
+  std::vector<PageKey> tail;
+  int64_t tail_from = -1;  // page of tail[0]; -1: no lookup in the segment
+  const int64_t whole_pages = static_cast<int64_t>(tokens.size()) / s.P;
+  if (s.host && s.host->shared() && whole_pages > 0) {
+    std::optional<PageKey> previous;
+    {
+      Impl::Lock lk(s);
+      s.MatchedChain(ns, tokens, &tail_from, &previous);
+    }
+    if (tail_from < whole_pages) {
+      Result<std::vector<PageKey>> k = ComputePageKeys(
+          tokens.subspan(static_cast<size_t>(tail_from * s.P),
+                         static_cast<size_t>((whole_pages - tail_from) * s.P)),
+          s.P, previous);
+      if (!k.ok()) return k.status().WithContext("Match: page keys");
+      tail = std::move(*k);
+    }
+  }
   Impl::Work work(&s);
   MatchResult out;
   {
@@ -1116,6 +1309,7 @@ Result<MatchResult> HierarchicalCache::Match(std::span<const Token> tokens, std:
     KVTIER_RETURN_IF_ERROR(s.CheckHealth());
     s.Reap(&work);
     RadixTree::MatchResult r = s.tree.Match(ns, tokens);
+    const int64_t adopted = tail_from < 0 ? 0 : s.AdoptShared(&r, ns, tokens, tail, tail_from);
     out.device_tokens = r.device_tokens;
     out.host_tokens = r.host_tokens;
     out.storage_tokens = r.storage_tokens;
@@ -1145,7 +1339,10 @@ Result<MatchResult> HierarchicalCache::Match(std::span<const Token> tokens, std:
     }
     h.prefetch_policy = s.config.storage.prefetch_policy;
     out.handle = s.NewHandle(std::move(h));
+    // Adopted pages count against this cache's host budget: unpin others (not these: pinned).
+    if (s.host && s.host->free_pages() < 0) s.EvictHost(-s.host->free_pages(), &work);
     s.MaybeBackup(path, &work);
+    s.counters.shared_host_hit_tokens += adopted;
     ++s.counters.match_calls;
     s.counters.match_query_tokens += static_cast<int64_t>(tokens.size());
     s.counters.device_hit_tokens += r.device_tokens;
@@ -1279,7 +1476,7 @@ Result<PrefetchResult> HierarchicalCache::Prefetch(MatchHandle handle, PrefetchP
         s.config.storage.max_prefetch_host_fraction * static_cast<double>(s.host->num_pages())));
     int64_t pages = std::min(tokens / s.P, cap - s.filling_pages);
     if (pages > 0 && !s.EnsureHostPages(pages, &work)) {
-      pages = std::min(pages, s.host->allocator().free_pages());
+      pages = std::min(pages, s.host->free_pages());
     }
     if (pages <= 0 || pages * s.P < std::min(tokens, s.config.storage.prefetch_threshold_tokens)) {
       s.counters.prefetch_no_room_tokens += tokens;
@@ -1287,7 +1484,11 @@ Result<PrefetchResult> HierarchicalCache::Prefetch(MatchHandle handle, PrefetchP
       s.RunWork(work);
       return out;
     }
-    KVTIER_ASSIGN_OR_RETURN(std::vector<int64_t> host_pages, s.host->AllocatePages(pages));
+    // The local tier (a shared one has no storage tier below it): every page is kWrite.
+    KVTIER_ASSIGN_OR_RETURN(std::vector<HostTier::Page> acquired, s.host->Acquire(pages, {}));
+    std::vector<int64_t> host_pages;
+    host_pages.reserve(acquired.size());
+    for (const HostTier::Page& pg : acquired) host_pages.push_back(pg.start);
     auto op = std::make_shared<CopyOp>();
     op->kind = CopyOp::Kind::kPrefetch;
     op->tokens = pages * s.P;
@@ -1626,7 +1827,7 @@ Result<InsertResult> HierarchicalCache::Insert(std::span<const Token> tokens,
   // Outside the lock: the page keys, and (GPU) the point on the engine's stream after which the
   // KV of these slots is written.
   std::vector<PageKey> keys;
-  if (s.storage && !tokens.empty()) {
+  if ((s.storage || (s.host && s.host->shared())) && !tokens.empty()) {
     Result<std::vector<PageKey>> k = ComputePromptPageKeys(tokens, s.P, ns);
     if (!k.ok()) return k.status().WithContext("Insert: page keys");
     keys = std::move(*k);
@@ -1794,8 +1995,8 @@ CacheStats HierarchicalCache::stats() const {
     c.device_cached_tokens = s.tree.device_tokens();
     c.device_engine_tokens = s.ledger->pages_of(DevicePageLedger::kEngine) * s.P;
     if (s.host) {
-      c.host_total_tokens = s.host->num_slots();
-      c.host_used_tokens = s.host->allocator().used_pages() * s.P;
+      c.host_total_tokens = s.host->num_pages() * s.P;
+      c.host_used_tokens = s.host->held_pages() * s.P;
       c.host_total_bytes = s.host->capacity_bytes();
     }
     c.host_filling_tokens = s.filling_pages * s.P;
@@ -1816,8 +2017,9 @@ Status HierarchicalCache::CheckConsistency() const {
   KVTIER_RETURN_IF_ERROR(s.tree.CheckInvariants());
   const int64_t P = s.P;
   std::vector<uint8_t> dev_seen(static_cast<size_t>(s.ledger->num_pages()), 0);
-  const HostKvPool* host = s.host.get();  // null without a host tier: the tree has no host pages
-  std::vector<uint8_t> host_seen(static_cast<size_t>(host ? host->num_pages() : 0), 0);
+  const HostTier* host = s.host.get();  // null without a host tier: the tree has no host pages
+  std::vector<uint8_t> host_seen(
+      static_cast<size_t>(host ? host->region().geometry.num_pages() : 0), 0);
   std::unordered_map<const RadixNode*, int64_t> expected_refs, expected_busy;
   for (const auto& [id, h] : s.handles) {
     for (const RadixNode* n = h.last; n != nullptr && !n->is_root(); n = n->parent()) {
@@ -1871,10 +2073,9 @@ Status HierarchicalCache::CheckConsistency() const {
             "node {}: host page at slot {} but the cache has no host tier", n.id(), start));
         return;
       }
-      if (host_seen[p] || !host->allocator().IsAllocated(start)) {
-        st = Status::Internal(fmt::format("node {}: host page at slot {} seen {}, allocated {}",
-                                          n.id(), start, host_seen[p],
-                                          host->allocator().IsAllocated(start)));
+      if (host_seen[p] || !host->Holds(start)) {
+        st = Status::Internal(fmt::format("node {}: host page at slot {} seen {}, held {}",
+                                          n.id(), start, host_seen[p], host->Holds(start)));
         return;
       }
       host_seen[p] = 1;
@@ -1906,10 +2107,10 @@ Status HierarchicalCache::CheckConsistency() const {
         "{}", tree_pages, owner_tree, copy_pages, owner_copy, owner_engine,
         s.ledger->used_pages()));
   }
-  const int64_t host_used = host ? host->allocator().used_pages() : 0;
-  if (host_used != host_pages + filling) {
-    return Status::Internal(fmt::format("host pages: tree {} + filling {}, allocator used {}",
-                                        host_pages, filling, host_used));
+  const int64_t host_held = host ? host->held_pages() : 0;
+  if (host_held != host_pages + filling) {
+    return Status::Internal(fmt::format("host pages: tree {} + filling {}, host tier holds {}",
+                                        host_pages, filling, host_held));
   }
   return Status::OK();
 }

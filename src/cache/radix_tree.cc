@@ -323,6 +323,23 @@ RadixNode* RadixTree::AddStored(RadixNode* from, std::string_view ns,
   return node;
 }
 
+RadixNode* RadixTree::AddHostLeaf(RadixNode* from, std::string_view ns,
+                                  std::span<const Token> tokens, std::span<const PageKey> keys,
+                                  std::vector<int64_t> host_pages) {
+  RadixNode* node = from != nullptr ? from : Root(ns, /*create=*/true);
+  if (FindChild(node, tokens.first(static_cast<size_t>(page_size_))) != nullptr) return nullptr;
+  RadixNode* leaf = NewNode(node);
+  leaf->tokens_.assign(tokens.begin(), tokens.end());
+  FitTokens(leaf);
+  leaf->prefix_tokens_ = node->prefix_tokens_ + static_cast<int64_t>(tokens.size());
+  leaf->created_ = leaf->last_access_ = ++clock_;
+  leaf->child_key_ = PageHash(tokens.first(static_cast<size_t>(page_size_)));
+  leaf->keys_.assign(keys.begin(), keys.end());
+  node->children_.Insert(leaf->child_key_, leaf);
+  SetHostPages(leaf, std::move(host_pages));
+  return leaf;
+}
+
 void RadixTree::Account(const RadixNode* n, int sign) {
   const int64_t dev = static_cast<int64_t>(n->device_pages_.size()) * page_size_;
   const int64_t host = static_cast<int64_t>(n->host_pages_.size()) * page_size_;

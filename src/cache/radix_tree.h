@@ -184,6 +184,13 @@ class RadixTree {
   RadixNode* AddStored(RadixNode* from, std::string_view ns, std::span<const Token> tokens,
                        std::span<const PageKey> keys);
 
+  // A new leaf after `from` (a node, or null: the root of `ns`, created if needed) holding
+  // `tokens` (whole pages) in host memory at `host_pages`, with `keys` (one per page). Returns
+  // null (nothing changes) when a child of `from` starts with the same page already.
+  // REQUIRES: `from` is in host memory or a root; sizes agree; tokens not empty.
+  RadixNode* AddHostLeaf(RadixNode* from, std::string_view ns, std::span<const Token> tokens,
+                         std::span<const PageKey> keys, std::vector<int64_t> host_pages);
+
   // ---- residency (each keeps the counts and the evictable sets right) --------------------
   // REQUIRES: pages.size() == node's pages; the parent is on the device (or the root).
   void SetDevicePages(RadixNode* node, std::vector<int64_t> pages);

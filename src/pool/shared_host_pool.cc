@@ -386,12 +386,23 @@ std::vector<int64_t> SharedHostPool::PageSlots(std::span<const int64_t> pages) c
 Result<std::vector<PageReservation>> SharedHostPool::Reserve(uint64_t namespace_hash,
                                                              std::span<const PageKey> keys) {
   KVTIER_RETURN_IF_ERROR(state_->CheckCaller());
-  return state_->index->Reserve(state_->slot, namespace_hash, keys);
+  return state_->index->Reserve(state_->slot, namespace_hash, keys, /*pin_ready=*/false);
+}
+
+Result<std::vector<PageReservation>> SharedHostPool::ReserveOrPin(uint64_t namespace_hash,
+                                                                  std::span<const PageKey> keys) {
+  KVTIER_RETURN_IF_ERROR(state_->CheckCaller());
+  return state_->index->Reserve(state_->slot, namespace_hash, keys, /*pin_ready=*/true);
 }
 
 Status SharedHostPool::Commit(std::span<const int64_t> pages) {
   KVTIER_RETURN_IF_ERROR(state_->CheckCaller());
-  return state_->index->Commit(state_->slot, pages);
+  return state_->index->Commit(state_->slot, pages, /*pin=*/false);
+}
+
+Status SharedHostPool::CommitPinned(std::span<const int64_t> pages) {
+  KVTIER_RETURN_IF_ERROR(state_->CheckCaller());
+  return state_->index->Commit(state_->slot, pages, /*pin=*/true);
 }
 
 Status SharedHostPool::Abort(std::span<const int64_t> pages) {

@@ -245,6 +245,19 @@ class PageIndex::Locked {
     r.lru_prev = r.lru_next = kNone;
   }
 
+  // One more reference of process `s` on READY page `p`, which becomes the most recently used.
+  // False (nothing changes) when `s` holds the most references a page can count.
+  bool Pin(int64_t p, int s) {
+    if (refs(p, s) >= kMaxRefsPerProcess) return false;
+    ++refs(p, s);
+    Hook("pin:counted");
+    ++page(p).readers;
+    page(p).last_use = Tick();
+    LruRemove(static_cast<int32_t>(p));
+    LruAppend(static_cast<int32_t>(p));
+    return true;
+  }
+
   // READY -> EMPTY. REQUIRES: state READY, no readers.
   void EvictPage(int32_t p) {
     LruRemove(p);
@@ -569,7 +582,8 @@ Status PageIndex::DetachProcess(int slot) {
 }
 
 Result<std::vector<PageReservation>> PageIndex::Reserve(int slot, uint64_t namespace_hash,
-                                                        std::span<const PageKey> keys) {
+                                                        std::span<const PageKey> keys,
+                                                        bool pin_ready) {
   KVTIER_ASSIGN_OR_RETURN(Locked ix, Locked::Acquire(this));
   KVTIER_RETURN_IF_ERROR(ix.CheckOwner(slot));
   std::vector<PageReservation> out(keys.size());
@@ -590,6 +604,10 @@ Result<std::vector<PageReservation>> PageIndex::Reserve(int slot, uint64_t names
     }
     if (found != kNone) {
       const bool ready = ix.state(found) == PageState::kReady;
+      if (ready && pin_ready && !ix.Pin(found, slot)) {
+        out[i] = {ReserveOutcome::kNoSpace, -1};  // this process holds too many references on it
+        continue;
+      }
       out[i] = {ready ? ReserveOutcome::kAlreadyReady : ReserveOutcome::kBeingWritten,
                 ready ? found : -1};
       continue;
@@ -632,7 +650,7 @@ Status CheckPages(std::span<const int64_t> pages, int64_t num_pages, const char*
 
 }  // namespace
 
-Status PageIndex::Commit(int slot, std::span<const int64_t> pages) {
+Status PageIndex::Commit(int slot, std::span<const int64_t> pages, bool pin) {
   KVTIER_RETURN_IF_ERROR(CheckPages(pages, num_pages_, "Commit"));
   KVTIER_ASSIGN_OR_RETURN(Locked ix, Locked::Acquire(this));
   KVTIER_RETURN_IF_ERROR(ix.CheckOwner(slot));
@@ -651,6 +669,7 @@ Status PageIndex::Commit(int slot, std::span<const int64_t> pages) {
     r.writer = kNone;
     ++ix.h().ready_count;
     ix.LruAppend(static_cast<int32_t>(p));
+    if (pin) ix.Pin(p, slot);  // a fresh READY page has no references: cannot fail
   }
   return Status::OK();
 }
@@ -692,12 +711,7 @@ Result<std::vector<int64_t>> PageIndex::PinPrefix(int slot, uint64_t namespace_h
           "process; nothing was pinned",
           p, kMaxRefsPerProcess));
     }
-    ++ix.refs(p, slot);
-    Hook("pin:counted");
-    ++ix.page(p).readers;
-    ix.page(p).last_use = ix.Tick();
-    ix.LruRemove(static_cast<int32_t>(p));
-    ix.LruAppend(static_cast<int32_t>(p));
+    ix.Pin(p, slot);
   }
   return pages;
 }

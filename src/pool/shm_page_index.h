@@ -64,9 +64,12 @@ class PageIndex {
   // Aborts the slot's WRITING pages, drops its references and frees the record.
   Status DetachProcess(int slot);
 
+  // pin_ready: a kAlreadyReady page also gets one reference of `slot`.
   Result<std::vector<PageReservation>> Reserve(int slot, uint64_t namespace_hash,
-                                               std::span<const PageKey> keys);
-  Status Commit(int slot, std::span<const int64_t> pages);
+                                               std::span<const PageKey> keys,
+                                               bool pin_ready = false);
+  // pin: each page becomes READY with one reference of `slot`.
+  Status Commit(int slot, std::span<const int64_t> pages, bool pin = false);
   Status Abort(int slot, std::span<const int64_t> pages);
   Result<std::vector<int64_t>> PinPrefix(int slot, uint64_t namespace_hash,
                                          std::span<const PageKey> keys);

@@ -22,6 +22,7 @@
 #include "kvtier/device.h"
 #include "kvtier/hierarchical_cache.h"
 #include "kvtier/kv_pattern.h"
+#include "kvtier/shared_host_pool.h"
 #include "kvtier/storage.h"
 #include "kvtier/storage_fault.h"
 #include "replay_engine.h"
@@ -185,6 +186,13 @@ Status ReplayOptions::Validate() const {
     }
   }
   if (!sweep.empty()) KVTIER_RETURN_IF_ERROR(ParseSweep(sweep).status());
+  if (!shared_host.empty() && ((storage != "file" && storage != "none") || !fault.empty() ||
+                               host_tokens == 0)) {
+    return Status::InvalidArgument(fmt::format(
+        "--shared-host {} is the host tier, with no storage tier below it: it needs a host tier "
+        "(--host-tokens > 0) and takes neither --storage {} nor --fault",
+        shared_host, storage));
+  }
   if (storage != "none" && storage != "file" && storage.find("://") == std::string::npos) {
     return Status::InvalidArgument(
         fmt::format("--storage = '{}' must be none, file (a temporary file store) or a URL such as "
@@ -455,6 +463,16 @@ class RunDriver {
     const bool host_tier = kind_ == RunKind::kHierarchy && host_tokens_ > 0;
     if (host_tier) {
       c.host_capacity_bytes = host_tokens_ * token_bytes;
+      if (!o_.shared_host.empty()) {
+        SharedHostPoolAttachOptions attach;
+        attach.register_with_cuda = s_.gpu;
+        Result<std::unique_ptr<SharedHostPool>> pool =
+            SharedHostPool::Attach(o_.shared_host, attach);
+        if (!pool.ok()) return pool.status().WithContext("--shared-host");
+        c.shared_host = std::move(*pool);
+        c.storage.model_id = s_.model.model_id;  // part of the page keys' namespace
+        summary_.shared_host = o_.shared_host;
+      }
       c.write_policy = *ParseWritePolicy(o_.write_policy);
       c.write_through_threshold = o_.write_through_threshold;
     } else {
@@ -728,6 +746,7 @@ int RunReplay(const ReplayOptions& input) {
     return 1;
   };
   if (o.host_tokens == -1) o.host_tokens = std::min(4 * o.device_tokens, kMaxTokens);
+  if (!o.shared_host.empty()) o.storage = "none";  // the default file store is not made
   Setup s;
   s.options = o;
   s.model = *FindReplayModel(o.model);

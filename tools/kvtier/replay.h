@@ -64,6 +64,9 @@ struct ReplayOptions {
   std::string storage = "file";            // file (a temporary file store), none, or a storage URL
   int64_t storage_bytes = 0;               // file store capacity; 0: 8 x the host tier's bytes
   int64_t storage_backup_queue_pages = 4096;  // storage backups queued at most (then skipped)
+  // --shared-host NAME: the hierarchy's host tier is this shared segment (kvtier shm create),
+  // shared with every process attached to it; no storage tier below it.
+  std::string shared_host;
   std::string host_layout = "page_first";  // --hicache-mem-layout
   std::string write_policy = "write_through";  // --hicache-write-policy
   int64_t write_through_threshold = 2;

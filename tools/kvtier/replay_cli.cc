@@ -75,6 +75,10 @@ CLI::App* AddReplayCommand(CLI::App& app, ReplayOptions* o) {
                 "storage tier: file (a temporary file store, removed afterwards), none, or a URL: "
                 "file:///dir, redis://host:port, memory://")
       ->capture_default_str();
+  c->add_option("--shared-host", o->shared_host,
+                "host tier: the shared segment NAME (`kvtier shm create NAME` with the model's "
+                "geometry), shared with every process attached to it: a replay finds what another "
+                "computed; --host-tokens is this process's budget of pinned pages; no storage tier");
   c->add_option("--storage-bytes", o->storage_bytes,
                 "capacity of the temporary file store (0 = 8 x the host tier's bytes)")
       ->capture_default_str();

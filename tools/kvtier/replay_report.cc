@@ -168,6 +168,13 @@ void PrintReport(std::FILE* out, const ReplayReport& report) {
     std::fprintf(out, "  device -> host   %10.3f GB  %7.2f GB/s  (%lld tokens backed up)\n",
                  static_cast<double>(c.backup_bytes) / 1e9, Gbps(c.backup_bytes, c.backup_seconds),
                  static_cast<long long>(c.backup_tokens));
+    if (!hier->shared_host.empty()) {
+      std::fprintf(out,
+                   "  shared host %s: %lld tokens of host hits found in the segment by key, %lld "
+                   "tokens found published when backed up (not copied)\n",
+                   hier->shared_host.c_str(), static_cast<long long>(c.shared_host_hit_tokens),
+                   static_cast<long long>(c.backup_present_tokens));
+    }
     std::fprintf(out, "  storage -> host  %10.3f GB  %7.2f GB/s  (%lld tokens prefetched)\n",
                  static_cast<double>(c.prefetch_bytes) / 1e9,
                  Gbps(c.prefetch_bytes, c.prefetch_seconds),
@@ -281,6 +288,11 @@ nlohmann::json RunJson(const RunSummary& r, int64_t token_bytes) {
                    {"partial", r.prefetch_partial},
                    {"timed_out", r.prefetch_timed_out},
                    {"none", r.prefetch_none}};
+  if (r.has_cache && !r.shared_host.empty()) {
+    j["shared_host"] = {{"name", r.shared_host},
+                        {"hit_tokens", r.cache.shared_host_hit_tokens},
+                        {"backup_present_tokens", r.cache.backup_present_tokens}};
+  }
   if (r.has_cache) {
     const CacheStats& c = r.cache;
     j["bytes"] = {{"host_to_device", c.load_back_tokens * token_bytes},

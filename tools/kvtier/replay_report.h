@@ -42,6 +42,7 @@ struct RunSummary {
   std::vector<RequestRecord> records;
   int64_t device_tokens = 0, host_tokens = 0;  // capacities (host 0: no host tier)
   std::string storage;                         // URL or "none"
+  std::string shared_host;                     // --shared-host NAME, or empty
   bool has_cache = false;
   CacheStats cache;
   bool has_storage = false;
