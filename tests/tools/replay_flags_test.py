@@ -17,6 +17,7 @@ CASES = [
     (["--page-size", "48"], "--page-size"),
     (["--device-tokens", "0"], "--device-tokens"),
     (["--host-tokens", "-5"], "--host-tokens"),
+    (["--host-tokens", "0"], "--host-tokens"),
     (["--model", "gpt-5"], "--model"),
     (["--compute", "magic"], "--compute"),
     (["--verify", "some"], "--verify"),

@@ -12,7 +12,6 @@
 #include <cstdlib>
 #include <deque>
 #include <filesystem>
-#include <limits>
 #include <memory>
 #include <optional>
 #include <span>
@@ -24,6 +23,7 @@
 #include "kvtier/kv_pattern.h"
 #include "kvtier/storage.h"
 #include "kvtier/storage_fault.h"
+#include "redis_server.h"
 #include "replay_engine.h"
 #include "replay_model.h"
 #include "replay_report.h"
@@ -159,6 +159,11 @@ Status ReplayOptions::Validate() const {
   if (host_tokens != -1) {  // -1: the default, 4 x --device-tokens
     KVTIER_RETURN_IF_ERROR(Bound("--host-tokens", host_tokens, 0, kMaxTokens));
   }
+  if (host_tokens == 0 && storage != "none") {
+    return Status::InvalidArgument(
+        "--host-tokens 0 (no host tier) needs --storage none: prefetches from storage land in "
+        "host memory");
+  }
   KVTIER_RETURN_IF_ERROR(Bound("--storage-bytes", storage_bytes, 0, int64_t{1} << 50));
   KVTIER_RETURN_IF_ERROR(
       Bound("--storage-backup-queue-pages", storage_backup_queue_pages, 1, int64_t{1} << 24));
@@ -185,10 +190,12 @@ Status ReplayOptions::Validate() const {
     }
   }
   if (!sweep.empty()) KVTIER_RETURN_IF_ERROR(ParseSweep(sweep).status());
-  if (storage != "none" && storage != "file" && storage.find("://") == std::string::npos) {
+  if (storage != "none" && storage != "file" && storage != "redis" &&
+      storage.find("://") == std::string::npos) {
     return Status::InvalidArgument(
-        fmt::format("--storage = '{}' must be none, file (a temporary file store) or a URL such as "
-                    "file:///path, redis://host:port, memory://",
+        fmt::format("--storage = '{}' must be none, file (a temporary file store), redis (a "
+                    "redis-server the run starts) or a URL such as file:///path, "
+                    "redis://host:port, memory://",
                     storage));
   }
   if (!json_path.empty()) KVTIER_RETURN_IF_ERROR(CheckOutputPath(json_path, "--json"));
@@ -288,7 +295,15 @@ class RunStorage {
   Status Open(const Setup& s, int64_t host_bytes) {
     const ReplayOptions& o = s.options;
     std::string url = o.storage;
-    if (url == "file") {
+    if (url == "redis" || url == "redis://auto") {
+      // A redis-server of the run's own on a free loopback port, stopped at the end (or at
+      // --fault storage-down@S).
+      const int64_t cap = o.storage_bytes > 0
+                              ? o.storage_bytes
+                              : std::max<int64_t>(8 * host_bytes, int64_t{64} << 20);
+      KVTIER_ASSIGN_OR_RETURN(redis_, LocalRedisServer::Start(cap));
+      url = redis_->url();
+    } else if (url == "file") {
       const char* tmp = std::getenv("TMPDIR");
       std::string templ =
           fmt::format("{}/kvtier-replay-XXXXXX", tmp != nullptr && *tmp != '\0' ? tmp : "/tmp");
@@ -311,8 +326,9 @@ class RunStorage {
     ns.head_num = s.model.kv_head_num;
     KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<StorageBackend> backend, OpenStorage(url, ns));
     url_ = backend->url();
-    if (s.fault_at_s >= 0) {
-      // --fault: the store sits behind the fault-injecting wrapper, healthy until TakeDown.
+    if (s.fault_at_s >= 0 && redis_ == nullptr) {
+      // --fault: the store sits behind the fault-injecting wrapper, healthy until TakeDown (a
+      // redis-server of the run's own is stopped instead).
       KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<FaultInjectingStorage> faulty,
                               FaultInjectingStorage::Wrap(std::move(backend), /*seed=*/1));
       faulty_ = faulty.get();
@@ -323,12 +339,18 @@ class RunStorage {
   }
   std::shared_ptr<StorageBackend> backend() const { return backend_; }
   const std::string& url() const { return url_; }
-  // Makes the store fail from now on, as a stopped server does (--fault storage-down@S).
-  void TakeDown() {
+  // Makes the store fail from now on (--fault storage-down@S): stops the run's own redis-server,
+  // or makes the wrapped store answer as a stopped server does. Returns what was done.
+  std::string TakeDown() {
+    if (redis_ != nullptr) return "redis-server stopped (SIGTERM): " + redis_->Stop();
     if (faulty_ != nullptr) faulty_->SetDown(true);
+    return "the store fails every call";
   }
 
  private:
+  // Declared first, so destroyed last: the backend closes its connections before the server
+  // stops.
+  std::unique_ptr<LocalRedisServer> redis_;
   FaultInjectingStorage* faulty_ = nullptr;  // owned by backend_
   std::string temp_dir_;
   std::string url_;
@@ -458,13 +480,11 @@ class RunDriver {
       c.write_policy = *ParseWritePolicy(o_.write_policy);
       c.write_through_threshold = o_.write_through_threshold;
     } else {
-      // No host tier: the cache keeps one host page that nothing is ever backed up to
-      // (selective write-through whose threshold is never reached).
-      c.host_capacity_bytes = P_ * token_bytes;
-      c.write_policy = WritePolicy::kWriteThroughSelective;
-      c.write_through_threshold = std::numeric_limits<int32_t>::max();
+      // No host tier (--host-tokens 0, and the device-only run): device evictions forget.
+      c.host_capacity_bytes = 0;
+      c.host_ratio = 0;
     }
-    if (kind_ == RunKind::kHierarchy && o_.storage != "none") {
+    if (kind_ == RunKind::kHierarchy && o_.storage != "none" && host_tier) {
       storage_ = std::make_unique<RunStorage>();
       KVTIER_RETURN_IF_ERROR(
           storage_->Open(s_, host_tier ? c.host_capacity_bytes : 0).WithContext("--storage"));
@@ -494,7 +514,7 @@ class RunDriver {
     // --fault storage-down@S: the store fails from the first request arriving at or after S.
     if (!warming_ && storage_ != nullptr && s_.fault_at_s >= 0 && summary_.fault_index < 0 &&
         timeline_.Arrival(i) >= s_.fault_at_s * 1e3) {
-      storage_->TakeDown();
+      summary_.fault_action = storage_->TakeDown();
       summary_.fault_index = i;
       summary_.fault_at_s = timeline_.Arrival(i) / 1e3;
     }

@@ -226,6 +226,7 @@ void PrintReport(std::FILE* out, const ReplayReport& report) {
                  hier->fault_at_s, static_cast<long long>(hier->fault_index),
                  100 * hier->HitRate(0, hier->fault_index), 100 * hier->HitRate(hier->fault_index),
                  storage_rate(0, hier->fault_index), storage_rate(hier->fault_index, n));
+    if (!hier->fault_action.empty()) std::fprintf(out, "  (%s)\n", hier->fault_action.c_str());
   }
   if (!report.sweep.empty()) {
     std::fprintf(out, "\nsweep (hierarchy):\n%-24s %9s %9s %9s %9s %10s %10s\n", "knob", "hit %",
@@ -303,7 +304,8 @@ nlohmann::json RunJson(const RunSummary& r, int64_t token_bytes) {
     j["fault"] = {{"at_s", r.fault_at_s},
                   {"request", r.fault_index},
                   {"hit_rate_before", r.HitRate(0, r.fault_index)},
-                  {"hit_rate_after", r.HitRate(r.fault_index)}};
+                  {"hit_rate_after", r.HitRate(r.fault_index)},
+                  {"action", r.fault_action}};
   }
   double stall = 0;
   for (const RequestRecord& x : r.records) stall += std::max(0.0, x.device_ms - x.compute_ms);
