@@ -83,6 +83,23 @@ Result<double> ParseFault(const std::string& fault) {
   return s;
 }
 
+// "I/K" -> {I, K} with 0 <= I < K <= 4096.
+Result<std::pair<int64_t, int64_t>> ParseShard(const std::string& shard) {
+  const size_t slash = shard.find('/');
+  char* end_i = nullptr;
+  char* end_k = nullptr;
+  const std::string a = shard.substr(0, slash);
+  const std::string b = slash == std::string::npos ? "" : shard.substr(slash + 1);
+  const long long i = std::strtoll(a.c_str(), &end_i, 10);
+  const long long k = std::strtoll(b.c_str(), &end_k, 10);
+  if (a.empty() || b.empty() || end_i != a.c_str() + a.size() || end_k != b.c_str() + b.size() ||
+      k < 1 || k > 4096 || i < 0 || i >= k) {
+    return Status::InvalidArgument(fmt::format(
+        "--shard = '{}' must be I/K with 0 <= I < K <= 4096 (engine I of K)", shard));
+  }
+  return std::make_pair(static_cast<int64_t>(i), static_cast<int64_t>(k));
+}
+
 // "host-tokens=A,B,C" -> {A, B, C}.
 Result<std::vector<int64_t>> ParseSweep(const std::string& sweep) {
   const std::string prefix = "host-tokens=";
@@ -134,6 +151,15 @@ std::string DefaultTracePath() {
 Status ReplayOptions::Validate() const {
   KVTIER_RETURN_IF_ERROR(Bound("--requests", requests, 0, 10'000'000));
   KVTIER_RETURN_IF_ERROR(Bound("--warmup", warmup, 0, 10'000'000));
+  KVTIER_RETURN_IF_ERROR(Bound("--skip", skip, 0, 10'000'000));
+  if (!shard.empty()) KVTIER_RETURN_IF_ERROR(ParseShard(shard).status());
+  if ((skip > 0 || !shard.empty()) &&
+      (workload == "chat" || workload == "system-prompt" || workload == "doc-qa")) {
+    return Status::InvalidArgument(fmt::format(
+        "--skip / --shard select requests of a trace; the synthetic workload '{}' has no trace "
+        "(use --seed and --requests)",
+        workload));
+  }
   KVTIER_RETURN_IF_ERROR(BoundReal("--rate", rate, 1e-6, 1e6));
   KVTIER_RETURN_IF_ERROR(Bound("--concurrency", concurrency, 0, 100'000));
   KVTIER_RETURN_IF_ERROR(BoundReal("--speed", speed, 1e-6, 1e9));
@@ -167,6 +193,7 @@ Status ReplayOptions::Validate() const {
   KVTIER_RETURN_IF_ERROR(Bound("--storage-bytes", storage_bytes, 0, int64_t{1} << 50));
   KVTIER_RETURN_IF_ERROR(
       Bound("--storage-backup-queue-pages", storage_backup_queue_pages, 1, int64_t{1} << 24));
+  KVTIER_RETURN_IF_ERROR(Bound("--storage-io-threads", storage_io_threads, 1, 64));
   KVTIER_RETURN_IF_ERROR(ParseLayout(host_layout).status().WithContext("--hicache-mem-layout"));
   KVTIER_RETURN_IF_ERROR(
       ParseWritePolicy(write_policy).status().WithContext("--hicache-write-policy"));
@@ -303,6 +330,7 @@ class RunStorage {
                               : std::max<int64_t>(8 * host_bytes, int64_t{64} << 20);
       KVTIER_ASSIGN_OR_RETURN(redis_, LocalRedisServer::Start(cap));
       url = redis_->url();
+      capacity_bytes_ = cap;
     } else if (url == "file") {
       const char* tmp = std::getenv("TMPDIR");
       std::string templ =
@@ -315,6 +343,7 @@ class RunStorage {
                               ? o.storage_bytes
                               : std::max<int64_t>(8 * host_bytes, int64_t{64} << 20);
       url = fmt::format("file://{}?capacity={}", temp_dir_, cap);
+      capacity_bytes_ = cap;
     }
     StorageNamespace ns;
     ns.model_id = s.model.model_id;
@@ -324,7 +353,7 @@ class RunStorage {
     ns.slot_bytes = s.model.slot_bytes;
     ns.page_size = o.page_size;
     ns.head_num = s.model.kv_head_num;
-    KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<StorageBackend> backend, OpenStorage(url, ns));
+    KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<StorageBackend> backend, OpenStorage(url, ns, StorageOptions{.io_threads = static_cast<int>(o.storage_io_threads)}));
     url_ = backend->url();
     if (s.fault_at_s >= 0 && redis_ == nullptr) {
       // --fault: the store sits behind the fault-injecting wrapper, healthy until TakeDown (a
@@ -339,6 +368,8 @@ class RunStorage {
   }
   std::shared_ptr<StorageBackend> backend() const { return backend_; }
   const std::string& url() const { return url_; }
+  // The store's capacity when the run made the store (file, redis), else -1.
+  int64_t capacity_bytes() const { return capacity_bytes_; }
   // Makes the store fail from now on (--fault storage-down@S): stops the run's own redis-server,
   // or makes the wrapped store answer as a stopped server does. Returns what was done.
   std::string TakeDown() {
@@ -354,6 +385,7 @@ class RunStorage {
   FaultInjectingStorage* faulty_ = nullptr;  // owned by backend_
   std::string temp_dir_;
   std::string url_;
+  int64_t capacity_bytes_ = -1;
   std::shared_ptr<StorageBackend> backend_;
 };
 
@@ -492,6 +524,15 @@ class RunDriver {
       c.storage.prefetch_policy = *ParsePrefetchPolicy(o_.prefetch_policy);
       c.storage.prefetch_threshold_tokens = o_.prefetch_threshold;
       c.storage.max_backup_queue_pages = o_.storage_backup_queue_pages;
+      if (storage_->capacity_bytes() >= 0) {
+        // The tree remembers no more storage-only pages than the store can hold beside the host
+        // tier's (the store evicts by itself and does not tell the tree): a page the tree still
+        // believes stored after the store dropped it costs a prefetch that waits and then
+        // misses. Pages the tree forgot are found again by QueryStorage's Exists.
+        const int64_t page_bytes = P_ * token_bytes;
+        c.storage.max_storage_only_pages = std::max<int64_t>(
+            0, storage_->capacity_bytes() / page_bytes - c.host_capacity_bytes / page_bytes);
+      }
       summary_.storage = storage_->url();
     }
     KVTIER_ASSIGN_OR_RETURN(cache_, HierarchicalCache::Create(c, s_.engine->device_region()));
@@ -717,7 +758,23 @@ Status LoadWorkload(const ReplayOptions& o, Workload* w) {
           "its path with --workload FILE (or set KVTIER_DATA_DIR to the data folder)");
     }
   }
-  KVTIER_ASSIGN_OR_RETURN(*w, LoadMooncakeTrace(path, o.requests > 0 ? o.requests + o.warmup : 0));
+  const bool select = o.skip > 0 || !o.shard.empty();
+  const int64_t wanted = o.requests > 0 ? o.requests + o.warmup : 0;
+  KVTIER_ASSIGN_OR_RETURN(*w, LoadMooncakeTrace(path, select ? 0 : wanted));
+  if (!o.shard.empty()) {
+    const auto [shard, shards] = *ParseShard(o.shard);
+    *w = ShardWorkload(*w, shard, shards);
+    w->name += fmt::format(", shard {}", o.shard);
+  }
+  if (o.skip > 0) {
+    if (o.skip >= static_cast<int64_t>(w->requests.size())) {
+      return Status::InvalidArgument(fmt::format("--skip {} leaves none of the {} requests",
+                                                 o.skip, w->requests.size()));
+    }
+    w->requests.erase(w->requests.begin(), w->requests.begin() + o.skip);
+    w->name += fmt::format(", from request {}", o.skip);
+  }
+  if (wanted > 0 && static_cast<int64_t>(w->requests.size()) > wanted) w->requests.resize(wanted);
   return Status::OK();
 }
 

@@ -37,6 +37,11 @@ struct ReplayOptions {
   // Requests served first (one at a time, KV written and checked, nothing timed or recorded) to
   // fill the tiers; the report covers the `requests` after them.
   int64_t warmup = 0;
+  // Trace workloads: requests of the trace left out before the warm-up ones, after --shard.
+  int64_t skip = 0;
+  // Trace workloads: "I/K" keeps the conversations a prefix-affinity router over K engines sends
+  // to engine I (ShardWorkload); "" keeps all.
+  std::string shard;
   uint64_t seed = 1;  // synthetic workloads
   double rate = 2.0;  // synthetic arrivals per second
   bool insert_output = false;
@@ -64,6 +69,7 @@ struct ReplayOptions {
   std::string storage = "file";            // file (a temporary file store), none, or a storage URL
   int64_t storage_bytes = 0;               // file store capacity; 0: 8 x the host tier's bytes
   int64_t storage_backup_queue_pages = 4096;  // storage backups queued at most (then skipped)
+  int64_t storage_io_threads = 4;             // the storage backend's I/O threads
   std::string host_layout = "page_first";  // --hicache-mem-layout
   std::string write_policy = "write_through";  // --hicache-write-policy
   int64_t write_through_threshold = 2;

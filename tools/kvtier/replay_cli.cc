@@ -33,6 +33,13 @@ CLI::App* AddReplayCommand(CLI::App& app, ReplayOptions* o) {
                 "requests served first to fill the tiers (KV written and checked, not timed or "
                 "reported); --requests counts the measured ones after them")
       ->capture_default_str();
+  c->add_option("--skip", o->skip,
+                "trace workloads: requests left out before the warm-up ones (after --shard)")
+      ->capture_default_str();
+  c->add_option("--shard", o->shard,
+                "trace workloads: I/K serves only the conversations that a prefix-affinity "
+                "router over K engines sends to engine I (conversation = second block id, "
+                "modulo K)");
   c->add_option("--seed", o->seed, "seed of the synthetic workloads")->capture_default_str();
   c->add_option("--rate", o->rate, "synthetic workloads: arrivals per second")
       ->capture_default_str();
@@ -83,6 +90,9 @@ CLI::App* AddReplayCommand(CLI::App& app, ReplayOptions* o) {
   c->add_option("--storage-backup-queue-pages", o->storage_backup_queue_pages,
                 "backups to storage waiting or running, in pages; beyond it they are skipped "
                 "(and counted), never waited for")
+      ->capture_default_str();
+  c->add_option("--storage-io-threads", o->storage_io_threads,
+                "I/O threads of the storage backend")
       ->capture_default_str();
   c->add_option("--hicache-mem-layout,--host-layout", o->host_layout,
                 "host tier layout: layer_first, page_first, page_first_direct, page_head")
