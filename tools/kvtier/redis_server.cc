@@ -115,13 +115,13 @@ Result<std::unique_ptr<LocalRedisServer>> LocalRedisServer::Start(int64_t max_by
   for (int attempt = 0; attempt < 3; ++attempt) {
     const int port = FreeLoopbackPort();
     if (port <= 0) return Status::Unavailable("no free TCP port on 127.0.0.1");
-    std::vector<std::string> args = {binary,         "--port",         std::to_string(port),
-                                     "--bind",       "127.0.0.1",      "--dir",
-                                     server->dir_,   "--save",         "",
-                                     "--appendonly", "no",             "--daemonize",
-                                     "no",           "--logfile",      log,
-                                     "--maxmemory",  std::to_string(std::max<int64_t>(max_bytes, 0)),
-                                     "--maxmemory-policy", "allkeys-lru"};
+    // No persistence (nothing outlives the run); LRU eviction beyond max_bytes.
+    std::vector<std::string> args = {binary,      "--port", std::to_string(port), "--bind",
+                                     "127.0.0.1", "--dir",  server->dir_};
+    args.insert(args.end(), {"--save", "", "--appendonly", "no", "--daemonize", "no"});
+    args.insert(args.end(),
+                {"--logfile", log, "--maxmemory", std::to_string(std::max<int64_t>(max_bytes, 0))});
+    args.insert(args.end(), {"--maxmemory-policy", "allkeys-lru"});
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -151,8 +151,8 @@ Result<std::unique_ptr<LocalRedisServer>> LocalRedisServer::Start(int64_t max_by
       int status = 0;
       if (::waitpid(pid, &status, WNOHANG) == pid) {
         server->pid_ = -1;
-        last_error = fmt::format("redis-server exited at start: {}{}", ReadText(out),
-                                 ReadText(log));
+        last_error =
+            fmt::format("redis-server exited at start: {}{}", ReadText(out), ReadText(log));
         break;
       }
       if (AnswersPing(port)) {
@@ -190,9 +190,8 @@ std::string LocalRedisServer::Stop(int grace_ms) {
   while (Clock::now() < deadline) {
     if (::waitpid(pid_, &status, WNOHANG) == pid_) {
       pid_ = -1;
-      return fmt::format(
-          "exited after {:.0f} ms",
-          std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+      return fmt::format("exited after {:.0f} ms",
+                         std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
     }
     std::this_thread::sleep_for(5ms);
   }

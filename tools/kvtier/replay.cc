@@ -94,8 +94,8 @@ Result<std::pair<int64_t, int64_t>> ParseShard(const std::string& shard) {
   const long long k = std::strtoll(b.c_str(), &end_k, 10);
   if (a.empty() || b.empty() || end_i != a.c_str() + a.size() || end_k != b.c_str() + b.size() ||
       k < 1 || k > 4096 || i < 0 || i >= k) {
-    return Status::InvalidArgument(fmt::format(
-        "--shard = '{}' must be I/K with 0 <= I < K <= 4096 (engine I of K)", shard));
+    return Status::InvalidArgument(
+        fmt::format("--shard = '{}' must be I/K with 0 <= I < K <= 4096 (engine I of K)", shard));
   }
   return std::make_pair(static_cast<int64_t>(i), static_cast<int64_t>(k));
 }
@@ -353,7 +353,9 @@ class RunStorage {
     ns.slot_bytes = s.model.slot_bytes;
     ns.page_size = o.page_size;
     ns.head_num = s.model.kv_head_num;
-    KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<StorageBackend> backend, OpenStorage(url, ns, StorageOptions{.io_threads = static_cast<int>(o.storage_io_threads)}));
+    StorageOptions so;
+    so.io_threads = static_cast<int>(o.storage_io_threads);
+    KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<StorageBackend> backend, OpenStorage(url, ns, so));
     url_ = backend->url();
     if (s.fault_at_s >= 0 && redis_ == nullptr) {
       // --fault: the store sits behind the fault-injecting wrapper, healthy until TakeDown (a
@@ -518,8 +520,7 @@ class RunDriver {
     }
     if (kind_ == RunKind::kHierarchy && o_.storage != "none" && host_tier) {
       storage_ = std::make_unique<RunStorage>();
-      KVTIER_RETURN_IF_ERROR(
-          storage_->Open(s_, host_tier ? c.host_capacity_bytes : 0).WithContext("--storage"));
+      KVTIER_RETURN_IF_ERROR(storage_->Open(s_, c.host_capacity_bytes).WithContext("--storage"));
       c.storage.backend = storage_->backend();
       c.storage.prefetch_policy = *ParsePrefetchPolicy(o_.prefetch_policy);
       c.storage.prefetch_threshold_tokens = o_.prefetch_threshold;
@@ -768,8 +769,8 @@ Status LoadWorkload(const ReplayOptions& o, Workload* w) {
   }
   if (o.skip > 0) {
     if (o.skip >= static_cast<int64_t>(w->requests.size())) {
-      return Status::InvalidArgument(fmt::format("--skip {} leaves none of the {} requests",
-                                                 o.skip, w->requests.size()));
+      return Status::InvalidArgument(
+          fmt::format("--skip {} leaves none of the {} requests", o.skip, w->requests.size()));
     }
     w->requests.erase(w->requests.begin(), w->requests.begin() + o.skip);
     w->name += fmt::format(", from request {}", o.skip);

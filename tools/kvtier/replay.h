@@ -65,14 +65,14 @@ struct ReplayOptions {
   // ---- tiers (names of SGLang's --hicache-* flags where they exist) ----
   int64_t page_size = 64;
   int64_t device_tokens = 131072;
-  int64_t host_tokens = -1;                // -1: 4 x device_tokens; 0: no host tier
+  int64_t host_tokens = -1;  // -1: 4 x device_tokens; 0: no host tier
   // file (a temporary file store), redis (a redis-server the run starts on a free loopback port
   // and stops), none, or a storage URL. Needs a host tier (--host-tokens > 0) unless none.
   std::string storage = "file";
   int64_t storage_bytes = 0;  // capacity of the run's file store / redis; 0: 8 x the host's bytes
-  int64_t storage_backup_queue_pages = 4096;  // storage backups queued at most (then skipped)
-  int64_t storage_io_threads = 4;             // the storage backend's I/O threads
-  std::string host_layout = "page_first";  // --hicache-mem-layout
+  int64_t storage_backup_queue_pages = 4096;   // storage backups queued at most (then skipped)
+  int64_t storage_io_threads = 4;              // the storage backend's I/O threads
+  std::string host_layout = "page_first";      // --hicache-mem-layout
   std::string write_policy = "write_through";  // --hicache-write-policy
   int64_t write_through_threshold = 2;
   std::string prefetch_policy = "wait_complete";  // --hicache-storage-prefetch-policy
@@ -84,7 +84,7 @@ struct ReplayOptions {
 
   // ---- checks, faults, output ----
   std::string verify = "all";  // all, sample
-  std::string fault;  // "storage-down@SECONDS" (--storage redis: the server is stopped)
+  std::string fault;           // "storage-down@SECONDS" (--storage redis: the server is stopped)
   std::string json_path;
   std::string plot_path;
   std::string sweep;  // "host-tokens=A,B,C"

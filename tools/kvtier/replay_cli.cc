@@ -91,8 +91,7 @@ CLI::App* AddReplayCommand(CLI::App& app, ReplayOptions* o) {
                 "backups to storage waiting or running, in pages; beyond it they are skipped "
                 "(and counted), never waited for")
       ->capture_default_str();
-  c->add_option("--storage-io-threads", o->storage_io_threads,
-                "I/O threads of the storage backend")
+  c->add_option("--storage-io-threads", o->storage_io_threads, "I/O threads of the storage backend")
       ->capture_default_str();
   c->add_option("--hicache-mem-layout,--host-layout", o->host_layout,
                 "host tier layout: layer_first, page_first, page_first_direct, page_head")
