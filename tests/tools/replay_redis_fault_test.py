@@ -2,7 +2,8 @@
 """`kvtier replay --storage redis --fault storage-down@S`: the replay starts its own redis-server on
 a free 127.0.0.1 port, uses it as the storage tier, and stops it (SIGTERM) at S seconds of the
 replay's clock; the replay keeps serving with 0 wrong bytes, reports the storage errors and the
-hit rate before and after, gets no storage hits after the stop, and leaves no server behind.
+hit rate before and after, gets no storage hits after the stop, and leaves no server behind, also
+when the replay itself is killed (SIGKILL) mid-run.
 
 Skips (exit code 77) only when redis-server is not installed or kvtier was built without hiredis
 (the GPU machine); CI has both.
@@ -17,6 +18,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 
 SKIP = 77
 
@@ -77,9 +79,44 @@ def main():
             failures.append("no storage errors reported after the server stopped")
         if "fault: storage down" not in proc.stdout or "hit rate before" not in proc.stdout:
             failures.append("the report has no fault line with the hit rate before and after")
+    failures += killed_replay_leaves_no_server(kvtier)
     for f in failures:
         print("FAIL: " + f)
     return 1 if failures else 0
+
+
+def killed_replay_leaves_no_server(kvtier):
+    """SIGKILL the replay while it runs: its redis-server must go with it (PR_SET_PDEATHSIG)."""
+    cmd = [kvtier, "replay", "--workload", "doc-qa", "--requests", "100000", "--seed", "5",
+           "--model", "tiny", "--compute-model", "llama3-8b", "--device", "cpu",
+           "--device-tokens", "32768", "--host-tokens", "65536", "--storage", "redis",
+           "--sequential", "--runs", "hierarchy", "--no-progress"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    port = None
+    deadline = time.time() + 60
+    try:
+        while time.time() < deadline:
+            line = proc.stderr.readline()
+            if not line:
+                break
+            m = re.search(r"redis-server (\d+) started at redis://127\.0\.0\.1:(\d+)", line)
+            if m:
+                port = int(m.group(2))
+                break
+        if port is None:
+            return ["the replay never said which redis-server it started"]
+        time.sleep(1.0)  # the replay is serving requests through the server now
+        if not listening(port):
+            return ["the replay's redis-server on port %d was not listening" % port]
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    for _ in range(100):
+        if not listening(port):
+            print("killed replay: its redis-server on port %d is gone" % port)
+            return []
+        time.sleep(0.05)
+    return ["the redis-server on port %d outlived the killed replay" % port]
 
 
 if __name__ == "__main__":

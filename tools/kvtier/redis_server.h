@@ -34,6 +34,7 @@ class LocalRedisServer {
   // "redis://127.0.0.1:PORT".
   std::string url() const;
   int port() const { return port_; }
+  int pid() const { return static_cast<int>(pid_); }
   bool running() const { return pid_ > 0; }
 
   // SIGTERM, then waits up to `grace_ms` for the server to exit; SIGKILL to its process group

@@ -330,6 +330,8 @@ class RunStorage {
                               : std::max<int64_t>(8 * host_bytes, int64_t{64} << 20);
       KVTIER_ASSIGN_OR_RETURN(redis_, LocalRedisServer::Start(cap));
       url = redis_->url();
+      std::fprintf(stderr, "kvtier replay: redis-server %d started at %s\n", redis_->pid(),
+                   url.c_str());
       capacity_bytes_ = cap;
     } else if (url == "file") {
       const char* tmp = std::getenv("TMPDIR");
