@@ -17,6 +17,9 @@
 // arguments, puts the batch on a bounded queue and returns at once; the batch runs on the
 // backend's own I/O threads, which call the hook and then complete the call's future (or run its
 // callback). A full queue rejects the call with Unavailable; a call never blocks its caller.
+// Reads never wait behind writes: Exists and Get have a queue of their own, taken first by every
+// free I/O thread, and Set and Remove run on at most io_threads - 1 threads at once (1 when there
+// is one), so a backlog of writes (a cache's write-through backups) leaves a thread for reads.
 //
 // Page buffers are caller memory. A page's payload is the concatenation of its buffer's segments
 // (K then V of a page_first / page_first_direct host page, each one contiguous range, so the
@@ -95,7 +98,7 @@ struct ExistsResult {
 
 struct StorageOptions {
   int io_threads = 4;               // the backend's I/O threads, in [1, 64]
-  int max_queued_batches = 256;     // calls waiting for an I/O thread; more are rejected
+  int max_queued_batches = 256;     // reads (and, apart, writes) waiting; more are rejected
   std::chrono::milliseconds timeout{2000};  // per call, from when an I/O thread takes it
   int64_t max_batch_pages = 4096;   // InvalidArgument beyond this
   // InvalidArgument naming the field.

@@ -215,7 +215,8 @@ class FileBackend final : public StorageBackend {
         ns_dir_(config_.root + "/" + ns.Name()),
         namespace_hash_(ns.Hash()),
         value_bytes_(static_cast<int64_t>(kPageHeaderBytes) + ns.page_bytes()),
-        pool_(options.io_threads) {}
+        read_pool_(options.io_threads),
+        write_pool_(options.io_threads) {}
   ~FileBackend() override { Close(); }
 
   Status Open() {
@@ -254,7 +255,7 @@ class FileBackend final : public StorageBackend {
       }
     }
 #endif
-    pool_.ParallelFor(static_cast<int64_t>(keys.size()), [&](int64_t i) {
+    read_pool_.ParallelFor(static_cast<int64_t>(keys.size()), [&](int64_t i) {
       const size_t k = static_cast<size_t>(i);
       out[k] = Clock::now() > deadline ? PageStatus::kTimedOut : GetOne(keys[k], buffers[k]);
     });
@@ -262,7 +263,7 @@ class FileBackend final : public StorageBackend {
 
   void DoSet(std::span<const PageKey> keys, std::span<const PageBuffer> buffers,
              std::span<PageStatus> out, Clock::time_point deadline) override {
-    pool_.ParallelFor(static_cast<int64_t>(keys.size()), [&](int64_t i) {
+    write_pool_.ParallelFor(static_cast<int64_t>(keys.size()), [&](int64_t i) {
       const size_t k = static_cast<size_t>(i);
       out[k] = Clock::now() > deadline ? PageStatus::kTimedOut : SetOne(keys[k], buffers[k]);
     });
@@ -694,7 +695,10 @@ class FileBackend final : public StorageBackend {
   const std::string ns_dir_;
   const uint64_t namespace_hash_;
   const int64_t value_bytes_;
-  util::ThreadPool pool_;
+  // Pages of a batch run in parallel on these; reads and writes have a pool each, so a Get
+  // never waits for a Set's loop (a pool runs one loop at a time).
+  util::ThreadPool read_pool_;
+  util::ThreadPool write_pool_;
   std::atomic<uint64_t> temp_counter_{0};
   std::mutex dirs_mu_;  // one EnsureDirs at a time
 

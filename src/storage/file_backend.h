@@ -14,7 +14,7 @@
 // hashes each chunk as soon as it lands; a bad header ends the read early. With io=uring (the
 // default where liburing is present) a batch's pages are read in one readv each, in flight
 // together on the I/O thread's ring, and each page is hashed as its read completes. The pages of
-// a batch run in parallel on the backend's thread pool.
+// a batch run in parallel on the backend's thread pools (one for reads, one for writes).
 //
 // Capacity (per namespace directory: the bytes of this deployment's files) with LRU eviction.
 // Each process counts the files it knows of (found at start, written, or hit since); processes

@@ -6,8 +6,15 @@
 // ParallelFor at a time, while a backend needs independent batches from many callers queued and
 // run concurrently, with a bound on the queue and rejection instead of waiting.
 //
-// Invariants (Queue, under `mu`): `calls.size() <= options.max_queued_batches`; calls are added
-// only while `running`; once it is cleared (Close) the threads drain `calls` and exit. Every
+// Reads before writes: Exists and Get wait in `reads`, Set and Remove in `writes`, each queue
+// bounded on its own. A free I/O thread always takes the oldest read first, and at most
+// `max_running_writes` threads (all but one, when there are two or more) run writes at once, so
+// a read never waits behind a backlog of writes: at worst it waits for a thread to finish the
+// read it is running, or (with one I/O thread) the one write running.
+//
+// Invariants (Queue, under `mu`): `reads.size()` and `writes.size()` are each at most
+// `options.max_queued_batches`; `running_writes <= max_running_writes`; calls are added only
+// while `running`; once it is cleared (Close) the threads drain both queues and exit. Every
 // accepted call has its `done` run exactly once, by the I/O thread that ran it; a rejected call has
 // it run at once by its caller.
 //
@@ -107,6 +114,8 @@ const char* CallName(CallKind kind) {
   return "?";
 }
 
+bool IsRead(CallKind kind) { return kind == CallKind::kExists || kind == CallKind::kGet; }
+
 struct Call {
   CallKind kind;
   std::vector<PageKey> keys;
@@ -136,8 +145,11 @@ void RunDone(const Fn& done, Arg&& arg) {
 struct StorageBackend::Queue {
   std::mutex mu;
   std::condition_variable cv;
-  std::deque<Call> calls;  // guarded by mu
-  bool running = false;    // guarded by mu: Start ran and Close has not
+  std::deque<Call> reads;   // guarded by mu: Exists and Get, served first
+  std::deque<Call> writes;  // guarded by mu: Set and Remove
+  int running_writes = 0;   // guarded by mu
+  int max_running_writes = 1;
+  bool running = false;  // guarded by mu: Start ran and Close has not
   std::vector<std::thread> threads;
   std::mutex close_mu;  // serialises Start and Close; guards `threads` and `started`
   bool started = false;
@@ -152,6 +164,10 @@ struct StorageBackend::Queue {
   Status Enqueue(const StorageBackend& b, Call& call);
   void Submit(StorageBackend& b, CallKind kind, std::vector<PageKey> keys,
               std::vector<PageBuffer> buffers, std::function<void(BatchResult)> done);
+  // Under `mu`: whether an I/O thread may take a call now.
+  bool HasWorkLocked() const {
+    return !reads.empty() || (!writes.empty() && running_writes < max_running_writes);
+  }
   void Loop(StorageBackend& b);
   void Run(StorageBackend& b, Call& call);
 };
@@ -173,6 +189,7 @@ Status StorageBackend::Start() {
   {
     std::lock_guard<std::mutex> lock(queue_->mu);
     queue_->running = true;
+    queue_->max_running_writes = std::max(1, options_.io_threads - 1);
   }
   for (int i = 0; i < options_.io_threads; ++i) {
     queue_->threads.emplace_back([this] { queue_->Loop(*this); });
@@ -196,12 +213,21 @@ void StorageBackend::Queue::Loop(StorageBackend& b) {
     Call call;
     {
       std::unique_lock<std::mutex> lock(mu);
-      cv.wait(lock, [&] { return !running || !calls.empty(); });
-      if (calls.empty()) return;  // closing and drained
-      call = std::move(calls.front());
-      calls.pop_front();
+      cv.wait(lock, [&] { return HasWorkLocked() || (!running && writes.empty()); });
+      if (!HasWorkLocked()) return;  // closing and drained
+      std::deque<Call>& from = reads.empty() ? writes : reads;
+      call = std::move(from.front());
+      from.pop_front();
+      if (!IsRead(call.kind)) ++running_writes;
     }
     Run(b, call);
+    if (!IsRead(call.kind)) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        --running_writes;
+      }
+      cv.notify_all();  // a thread waiting for the write limit may take the next write
+    }
   }
 }
 
@@ -315,13 +341,17 @@ Status StorageBackend::Queue::Enqueue(const StorageBackend& b, Call& call) {
   Status why;
   {
     std::lock_guard<std::mutex> lock(mu);
-    if (running && static_cast<int64_t>(calls.size()) < b.options_.max_queued_batches) {
-      calls.push_back(std::move(call));
-      cv.notify_one();
+    const bool read = IsRead(call.kind);
+    std::deque<Call>& queue = read ? reads : writes;
+    if (running && static_cast<int64_t>(queue.size()) < b.options_.max_queued_batches) {
+      queue.push_back(std::move(call));
+      // notify_all: the one thread woken by notify_one might be unable to take a write (limit).
+      cv.notify_all();
       return Status::OK();
     }
-    why = running ? Status::Unavailable(fmt::format("storage {}: queue full ({} batches waiting)",
-                                                    b.url_, b.options_.max_queued_batches))
+    why = running ? Status::Unavailable(fmt::format(
+                        "storage {}: {} queue full ({} batches waiting)", b.url_,
+                        read ? "read" : "write", b.options_.max_queued_batches))
                   : Status::Unavailable(fmt::format("storage {} is closed", b.url_));
   }
   std::lock_guard<std::mutex> lock(stats_mu);
@@ -431,7 +461,7 @@ StorageStats StorageBackend::Stats() const {
   }
   {
     std::lock_guard<std::mutex> lock(queue_->mu);
-    s.queued_batches = static_cast<int64_t>(queue_->calls.size());
+    s.queued_batches = static_cast<int64_t>(queue_->reads.size() + queue_->writes.size());
   }
   FillStats(s);
   return s;

@@ -1,6 +1,7 @@
 // StorageBackend's own machinery, through a backend whose hooks wait at a gate the test opens:
 // argument checks (InvalidArgument at once, in the caller's thread), the bounded queue (a full
-// queue rejects with Unavailable without blocking), completion on the I/O threads, deadlines,
+// queue rejects with Unavailable without blocking; reads and writes are queued apart and reads
+// go first), completion on the I/O threads, deadlines,
 // Close (drains, then rejects), counters, and a callback that throws. The concurrency test runs
 // many callers against the real memory backend and checks every byte.
 #include <gtest/gtest.h>
@@ -62,10 +63,15 @@ class GatedBackend final : public StorageBackend {
     std::lock_guard<std::mutex> lock(mu_);
     return last_thread_;
   }
+  // The hooks entered so far, in order: 'E'xists, 'G'et, 'S'et, 'R'emove.
+  std::string order() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return order_;
+  }
 
  protected:
   ExistsResult DoExists(std::span<const PageKey> keys, Clock::time_point deadline) override {
-    Enter(deadline);
+    Enter(deadline, 'E');
     ExistsResult r;
     while (r.leading < static_cast<int64_t>(keys.size()) &&
            keys[static_cast<size_t>(r.leading)].bytes[0] % 2 == 0) {
@@ -75,7 +81,7 @@ class GatedBackend final : public StorageBackend {
   }
   void DoGet(std::span<const PageKey> keys, std::span<const PageBuffer> buffers,
              std::span<PageStatus> out, Clock::time_point deadline) override {
-    Enter(deadline);
+    Enter(deadline, 'G');
     for (size_t i = 0; i < keys.size(); ++i) {
       if (keys[i].bytes[0] % 2 == 0) {
         std::memset(buffers[i].segments[0].data(), keys[i].bytes[1], buffers[i].bytes());
@@ -87,19 +93,20 @@ class GatedBackend final : public StorageBackend {
   }
   void DoSet(std::span<const PageKey> keys, std::span<const PageBuffer>, std::span<PageStatus> out,
              Clock::time_point deadline) override {
-    Enter(deadline);
+    Enter(deadline, 'S');
     for (size_t i = 0; i < keys.size(); ++i) out[i] = PageStatus::kOk;
   }
   void DoRemove(std::span<const PageKey> keys, std::span<PageStatus> out,
                 Clock::time_point deadline) override {
-    Enter(deadline);
+    Enter(deadline, 'R');
     for (size_t i = 0; i < keys.size(); ++i) out[i] = PageStatus::kOk;
   }
 
  private:
-  void Enter(Clock::time_point deadline) {
+  void Enter(Clock::time_point deadline, char hook) {
     std::unique_lock<std::mutex> lock(mu_);
     ++entered_;
+    order_ += hook;
     last_deadline_ = deadline;
     last_thread_ = std::this_thread::get_id();
     cv_.notify_all();
@@ -112,6 +119,7 @@ class GatedBackend final : public StorageBackend {
   int entered_ = 0;
   Clock::time_point last_deadline_;
   std::thread::id last_thread_;
+  std::string order_;
 };
 
 std::unique_ptr<GatedBackend> MakeGated(int threads, int queue, std::chrono::milliseconds timeout) {
@@ -181,7 +189,7 @@ TEST(StorageBackendTest, FullQueueRejectsWithUnavailableWithoutBlocking) {
   b->SetAsync({KeyOf(0)}, {PageBuffer::Of(page)}, count);  // taken by the I/O thread
   b->WaitEntered(1);
   b->SetAsync({KeyOf(2)}, {PageBuffer::Of(page)}, count);  // queued
-  b->SetAsync({KeyOf(4)}, {PageBuffer::Of(page)}, count);  // queued: the queue is full
+  b->SetAsync({KeyOf(4)}, {PageBuffer::Of(page)}, count);  // queued: the write queue is full
   EXPECT_EQ(b->Stats().queued_batches, 2);
   const auto t0 = Clock::now();
   auto rejected = b->Set({KeyOf(6)}, {PageBuffer::Of(page)});
@@ -189,15 +197,58 @@ TEST(StorageBackendTest, FullQueueRejectsWithUnavailableWithoutBlocking) {
   EXPECT_LT(Clock::now() - t0, 100ms);
   const BatchResult r = rejected.get();
   EXPECT_TRUE(r.status.IsUnavailable());
-  EXPECT_NE(r.status.message().find("queue full"), std::string::npos);
+  EXPECT_NE(r.status.message().find("write queue full"), std::string::npos);
   EXPECT_EQ(r.pages, std::vector<PageStatus>{PageStatus::kSkipped});
+  EXPECT_TRUE(b->Remove({KeyOf(6)}).get().status.IsUnavailable());  // a write too
+  // Reads have a queue of their own: a full write queue does not turn them away.
   auto exists = b->Exists({KeyOf(0)});
-  ASSERT_EQ(exists.wait_for(0s), std::future_status::ready);
-  EXPECT_TRUE(exists.get().status.IsUnavailable());
-  EXPECT_EQ(b->Stats().rejected_calls, 2);
+  auto get = b->Get({KeyOf(0)}, {PageBuffer::Of(page)});
+  EXPECT_EQ(b->Stats().queued_batches, 4);
+  auto rejected_get = b->Get({KeyOf(0)}, {PageBuffer::Of(page)});
+  ASSERT_EQ(rejected_get.wait_for(0s), std::future_status::ready);
+  const BatchResult rg = rejected_get.get();
+  EXPECT_TRUE(rg.status.IsUnavailable());
+  EXPECT_NE(rg.status.message().find("read queue full"), std::string::npos) << rg.status.ToString();
+  EXPECT_EQ(b->Stats().rejected_calls, 3);
   b->OpenGate();
+  EXPECT_TRUE(exists.get().status.ok());
+  EXPECT_TRUE(get.get().status.ok());
   b->Close();
   EXPECT_EQ(completed.load(), 3);
+}
+
+TEST(StorageBackendTest, QueuedReadsRunBeforeQueuedWrites) {
+  auto b = MakeGated(/*threads=*/1, /*queue=*/8, 5000ms);
+  std::vector<std::byte> page(512);
+  auto set = b->Set({KeyOf(0)}, {PageBuffer::Of(page)});  // taken by the only I/O thread
+  b->WaitEntered(1);
+  std::vector<std::future<BatchResult>> writes;
+  for (int i = 1; i <= 3; ++i) writes.push_back(b->Set({KeyOf(i)}, {PageBuffer::Of(page)}));
+  writes.push_back(b->Remove({KeyOf(1)}));
+  auto get = b->Get({KeyOf(0)}, {PageBuffer::Of(page)});
+  auto exists = b->Exists({KeyOf(0)});
+  b->OpenGate();
+  EXPECT_TRUE(get.get().status.ok());
+  EXPECT_TRUE(exists.get().status.ok());
+  for (auto& f : writes) EXPECT_TRUE(f.get().status.ok());
+  // The running Set, then both reads in arrival order, then the writes in theirs.
+  EXPECT_EQ(b->order(), "SGESSSR");
+}
+
+TEST(StorageBackendTest, WritesNeverTakeTheLastIoThread) {
+  auto b = MakeGated(/*threads=*/3, /*queue=*/8, 5000ms);
+  std::vector<std::byte> page(512);
+  std::vector<std::future<BatchResult>> writes;
+  for (int i = 0; i < 4; ++i) writes.push_back(b->Set({KeyOf(i)}, {PageBuffer::Of(page)}));
+  b->WaitEntered(2);  // two writes run (io_threads - 1); two wait although a thread is idle
+  EXPECT_EQ(b->Stats().queued_batches, 2);
+  auto get = b->Get({KeyOf(0)}, {PageBuffer::Of(page)});
+  b->WaitEntered(3);  // the Get reached its hook while both running writes are stuck
+  EXPECT_EQ(b->order(), "SSG");
+  b->OpenGate();
+  EXPECT_TRUE(get.get().status.ok());
+  for (auto& f : writes) EXPECT_TRUE(f.get().status.ok());
+  EXPECT_EQ(b->order(), "SSGSS");
 }
 
 TEST(StorageBackendTest, CompletesOnAnIoThreadWithTheDeadline) {

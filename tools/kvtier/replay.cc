@@ -12,7 +12,6 @@
 #include <cstdlib>
 #include <deque>
 #include <filesystem>
-#include <limits>
 #include <memory>
 #include <optional>
 #include <span>
@@ -25,6 +24,7 @@
 #include "kvtier/shared_host_pool.h"
 #include "kvtier/storage.h"
 #include "kvtier/storage_fault.h"
+#include "redis_server.h"
 #include "replay_engine.h"
 #include "replay_model.h"
 #include "replay_report.h"
@@ -84,6 +84,23 @@ Result<double> ParseFault(const std::string& fault) {
   return s;
 }
 
+// "I/K" -> {I, K} with 0 <= I < K <= 4096.
+Result<std::pair<int64_t, int64_t>> ParseShard(const std::string& shard) {
+  const size_t slash = shard.find('/');
+  char* end_i = nullptr;
+  char* end_k = nullptr;
+  const std::string a = shard.substr(0, slash);
+  const std::string b = slash == std::string::npos ? "" : shard.substr(slash + 1);
+  const long long i = std::strtoll(a.c_str(), &end_i, 10);
+  const long long k = std::strtoll(b.c_str(), &end_k, 10);
+  if (a.empty() || b.empty() || end_i != a.c_str() + a.size() || end_k != b.c_str() + b.size() ||
+      k < 1 || k > 4096 || i < 0 || i >= k) {
+    return Status::InvalidArgument(
+        fmt::format("--shard = '{}' must be I/K with 0 <= I < K <= 4096 (engine I of K)", shard));
+  }
+  return std::make_pair(static_cast<int64_t>(i), static_cast<int64_t>(k));
+}
+
 // "host-tokens=A,B,C" -> {A, B, C}.
 Result<std::vector<int64_t>> ParseSweep(const std::string& sweep) {
   const std::string prefix = "host-tokens=";
@@ -135,6 +152,15 @@ std::string DefaultTracePath() {
 Status ReplayOptions::Validate() const {
   KVTIER_RETURN_IF_ERROR(Bound("--requests", requests, 0, 10'000'000));
   KVTIER_RETURN_IF_ERROR(Bound("--warmup", warmup, 0, 10'000'000));
+  KVTIER_RETURN_IF_ERROR(Bound("--skip", skip, 0, 10'000'000));
+  if (!shard.empty()) KVTIER_RETURN_IF_ERROR(ParseShard(shard).status());
+  if ((skip > 0 || !shard.empty()) &&
+      (workload == "chat" || workload == "system-prompt" || workload == "doc-qa")) {
+    return Status::InvalidArgument(fmt::format(
+        "--skip / --shard select requests of a trace; the synthetic workload '{}' has no trace "
+        "(use --seed and --requests)",
+        workload));
+  }
   KVTIER_RETURN_IF_ERROR(BoundReal("--rate", rate, 1e-6, 1e6));
   KVTIER_RETURN_IF_ERROR(Bound("--concurrency", concurrency, 0, 100'000));
   KVTIER_RETURN_IF_ERROR(BoundReal("--speed", speed, 1e-6, 1e9));
@@ -160,9 +186,15 @@ Status ReplayOptions::Validate() const {
   if (host_tokens != -1) {  // -1: the default, 4 x --device-tokens
     KVTIER_RETURN_IF_ERROR(Bound("--host-tokens", host_tokens, 0, kMaxTokens));
   }
+  if (host_tokens == 0 && storage != "none") {
+    return Status::InvalidArgument(
+        "--host-tokens 0 (no host tier) needs --storage none: prefetches from storage land in "
+        "host memory");
+  }
   KVTIER_RETURN_IF_ERROR(Bound("--storage-bytes", storage_bytes, 0, int64_t{1} << 50));
   KVTIER_RETURN_IF_ERROR(
       Bound("--storage-backup-queue-pages", storage_backup_queue_pages, 1, int64_t{1} << 24));
+  KVTIER_RETURN_IF_ERROR(Bound("--storage-io-threads", storage_io_threads, 1, 64));
   KVTIER_RETURN_IF_ERROR(ParseLayout(host_layout).status().WithContext("--hicache-mem-layout"));
   KVTIER_RETURN_IF_ERROR(
       ParseWritePolicy(write_policy).status().WithContext("--hicache-write-policy"));
@@ -193,10 +225,12 @@ Status ReplayOptions::Validate() const {
         "(--host-tokens > 0) and takes neither --storage {} nor --fault",
         shared_host, storage));
   }
-  if (storage != "none" && storage != "file" && storage.find("://") == std::string::npos) {
+  if (storage != "none" && storage != "file" && storage != "redis" &&
+      storage.find("://") == std::string::npos) {
     return Status::InvalidArgument(
-        fmt::format("--storage = '{}' must be none, file (a temporary file store) or a URL such as "
-                    "file:///path, redis://host:port, memory://",
+        fmt::format("--storage = '{}' must be none, file (a temporary file store), redis (a "
+                    "redis-server the run starts) or a URL such as file:///path, "
+                    "redis://host:port, memory://",
                     storage));
   }
   if (!json_path.empty()) KVTIER_RETURN_IF_ERROR(CheckOutputPath(json_path, "--json"));
@@ -296,7 +330,18 @@ class RunStorage {
   Status Open(const Setup& s, int64_t host_bytes) {
     const ReplayOptions& o = s.options;
     std::string url = o.storage;
-    if (url == "file") {
+    if (url == "redis" || url == "redis://auto") {
+      // A redis-server of the run's own on a free loopback port, stopped at the end (or at
+      // --fault storage-down@S).
+      const int64_t cap = o.storage_bytes > 0
+                              ? o.storage_bytes
+                              : std::max<int64_t>(8 * host_bytes, int64_t{64} << 20);
+      KVTIER_ASSIGN_OR_RETURN(redis_, LocalRedisServer::Start(cap));
+      url = redis_->url();
+      std::fprintf(stderr, "kvtier replay: redis-server %d started at %s\n", redis_->pid(),
+                   url.c_str());
+      capacity_bytes_ = cap;
+    } else if (url == "file") {
       const char* tmp = std::getenv("TMPDIR");
       std::string templ =
           fmt::format("{}/kvtier-replay-XXXXXX", tmp != nullptr && *tmp != '\0' ? tmp : "/tmp");
@@ -308,6 +353,7 @@ class RunStorage {
                               ? o.storage_bytes
                               : std::max<int64_t>(8 * host_bytes, int64_t{64} << 20);
       url = fmt::format("file://{}?capacity={}", temp_dir_, cap);
+      capacity_bytes_ = cap;
     }
     StorageNamespace ns;
     ns.model_id = s.model.model_id;
@@ -317,10 +363,13 @@ class RunStorage {
     ns.slot_bytes = s.model.slot_bytes;
     ns.page_size = o.page_size;
     ns.head_num = s.model.kv_head_num;
-    KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<StorageBackend> backend, OpenStorage(url, ns));
+    StorageOptions so;
+    so.io_threads = static_cast<int>(o.storage_io_threads);
+    KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<StorageBackend> backend, OpenStorage(url, ns, so));
     url_ = backend->url();
-    if (s.fault_at_s >= 0) {
-      // --fault: the store sits behind the fault-injecting wrapper, healthy until TakeDown.
+    if (s.fault_at_s >= 0 && redis_ == nullptr) {
+      // --fault: the store sits behind the fault-injecting wrapper, healthy until TakeDown (a
+      // redis-server of the run's own is stopped instead).
       KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<FaultInjectingStorage> faulty,
                               FaultInjectingStorage::Wrap(std::move(backend), /*seed=*/1));
       faulty_ = faulty.get();
@@ -331,15 +380,24 @@ class RunStorage {
   }
   std::shared_ptr<StorageBackend> backend() const { return backend_; }
   const std::string& url() const { return url_; }
-  // Makes the store fail from now on, as a stopped server does (--fault storage-down@S).
-  void TakeDown() {
+  // The store's capacity when the run made the store (file, redis), else -1.
+  int64_t capacity_bytes() const { return capacity_bytes_; }
+  // Makes the store fail from now on (--fault storage-down@S): stops the run's own redis-server,
+  // or makes the wrapped store answer as a stopped server does. Returns what was done.
+  std::string TakeDown() {
+    if (redis_ != nullptr) return "redis-server stopped (SIGTERM): " + redis_->Stop();
     if (faulty_ != nullptr) faulty_->SetDown(true);
+    return "the store fails every call";
   }
 
  private:
+  // Declared first, so destroyed last: the backend closes its connections before the server
+  // stops.
+  std::unique_ptr<LocalRedisServer> redis_;
   FaultInjectingStorage* faulty_ = nullptr;  // owned by backend_
   std::string temp_dir_;
   std::string url_;
+  int64_t capacity_bytes_ = -1;
   std::shared_ptr<StorageBackend> backend_;
 };
 
@@ -476,20 +534,26 @@ class RunDriver {
       c.write_policy = *ParseWritePolicy(o_.write_policy);
       c.write_through_threshold = o_.write_through_threshold;
     } else {
-      // No host tier: the cache keeps one host page that nothing is ever backed up to
-      // (selective write-through whose threshold is never reached).
-      c.host_capacity_bytes = P_ * token_bytes;
-      c.write_policy = WritePolicy::kWriteThroughSelective;
-      c.write_through_threshold = std::numeric_limits<int32_t>::max();
+      // No host tier (--host-tokens 0, and the device-only run): device evictions forget.
+      c.host_capacity_bytes = 0;
+      c.host_ratio = 0;
     }
-    if (kind_ == RunKind::kHierarchy && o_.storage != "none") {
+    if (kind_ == RunKind::kHierarchy && o_.storage != "none" && host_tier) {
       storage_ = std::make_unique<RunStorage>();
-      KVTIER_RETURN_IF_ERROR(
-          storage_->Open(s_, host_tier ? c.host_capacity_bytes : 0).WithContext("--storage"));
+      KVTIER_RETURN_IF_ERROR(storage_->Open(s_, c.host_capacity_bytes).WithContext("--storage"));
       c.storage.backend = storage_->backend();
       c.storage.prefetch_policy = *ParsePrefetchPolicy(o_.prefetch_policy);
       c.storage.prefetch_threshold_tokens = o_.prefetch_threshold;
       c.storage.max_backup_queue_pages = o_.storage_backup_queue_pages;
+      if (storage_->capacity_bytes() >= 0) {
+        // The tree remembers no more storage-only pages than the store can hold beside the host
+        // tier's (the store evicts by itself and does not tell the tree): a page the tree still
+        // believes stored after the store dropped it costs a prefetch that waits and then
+        // misses. Pages the tree forgot are found again by QueryStorage's Exists.
+        const int64_t page_bytes = P_ * token_bytes;
+        c.storage.max_storage_only_pages = std::max<int64_t>(
+            0, storage_->capacity_bytes() / page_bytes - c.host_capacity_bytes / page_bytes);
+      }
       summary_.storage = storage_->url();
     }
     KVTIER_ASSIGN_OR_RETURN(cache_, HierarchicalCache::Create(c, s_.engine->device_region()));
@@ -512,7 +576,7 @@ class RunDriver {
     // --fault storage-down@S: the store fails from the first request arriving at or after S.
     if (!warming_ && storage_ != nullptr && s_.fault_at_s >= 0 && summary_.fault_index < 0 &&
         timeline_.Arrival(i) >= s_.fault_at_s * 1e3) {
-      storage_->TakeDown();
+      summary_.fault_action = storage_->TakeDown();
       summary_.fault_index = i;
       summary_.fault_at_s = timeline_.Arrival(i) / 1e3;
     }
@@ -715,7 +779,23 @@ Status LoadWorkload(const ReplayOptions& o, Workload* w) {
           "its path with --workload FILE (or set KVTIER_DATA_DIR to the data folder)");
     }
   }
-  KVTIER_ASSIGN_OR_RETURN(*w, LoadMooncakeTrace(path, o.requests > 0 ? o.requests + o.warmup : 0));
+  const bool select = o.skip > 0 || !o.shard.empty();
+  const int64_t wanted = o.requests > 0 ? o.requests + o.warmup : 0;
+  KVTIER_ASSIGN_OR_RETURN(*w, LoadMooncakeTrace(path, select ? 0 : wanted));
+  if (!o.shard.empty()) {
+    const auto [shard, shards] = *ParseShard(o.shard);
+    *w = ShardWorkload(*w, shard, shards);
+    w->name += fmt::format(", shard {}", o.shard);
+  }
+  if (o.skip > 0) {
+    if (o.skip >= static_cast<int64_t>(w->requests.size())) {
+      return Status::InvalidArgument(
+          fmt::format("--skip {} leaves none of the {} requests", o.skip, w->requests.size()));
+    }
+    w->requests.erase(w->requests.begin(), w->requests.begin() + o.skip);
+    w->name += fmt::format(", from request {}", o.skip);
+  }
+  if (wanted > 0 && static_cast<int64_t>(w->requests.size()) > wanted) w->requests.resize(wanted);
   return Status::OK();
 }
 

@@ -37,6 +37,11 @@ struct ReplayOptions {
   // Requests served first (one at a time, KV written and checked, nothing timed or recorded) to
   // fill the tiers; the report covers the `requests` after them.
   int64_t warmup = 0;
+  // Trace workloads: requests of the trace left out before the warm-up ones, after --shard.
+  int64_t skip = 0;
+  // Trace workloads: "I/K" keeps the conversations a prefix-affinity router over K engines sends
+  // to engine I (ShardWorkload); "" keeps all.
+  std::string shard;
   uint64_t seed = 1;  // synthetic workloads
   double rate = 2.0;  // synthetic arrivals per second
   bool insert_output = false;
@@ -60,14 +65,17 @@ struct ReplayOptions {
   // ---- tiers (names of SGLang's --hicache-* flags where they exist) ----
   int64_t page_size = 64;
   int64_t device_tokens = 131072;
-  int64_t host_tokens = -1;                // -1: 4 x device_tokens; 0: no host tier
-  std::string storage = "file";            // file (a temporary file store), none, or a storage URL
-  int64_t storage_bytes = 0;               // file store capacity; 0: 8 x the host tier's bytes
-  int64_t storage_backup_queue_pages = 4096;  // storage backups queued at most (then skipped)
+  int64_t host_tokens = -1;  // -1: 4 x device_tokens; 0: no host tier
+  // file (a temporary file store), redis (a redis-server the run starts on a free loopback port
+  // and stops), none, or a storage URL. Needs a host tier (--host-tokens > 0) unless none.
+  std::string storage = "file";
+  int64_t storage_bytes = 0;  // capacity of the run's file store / redis; 0: 8 x the host's bytes
+  int64_t storage_backup_queue_pages = 4096;   // storage backups queued at most (then skipped)
+  int64_t storage_io_threads = 4;              // the storage backend's I/O threads
   // --shared-host NAME: the hierarchy's host tier is this shared segment (kvtier shm create),
   // shared with every process attached to it; no storage tier below it.
   std::string shared_host;
-  std::string host_layout = "page_first";  // --hicache-mem-layout
+  std::string host_layout = "page_first";      // --hicache-mem-layout
   std::string write_policy = "write_through";  // --hicache-write-policy
   int64_t write_through_threshold = 2;
   std::string prefetch_policy = "wait_complete";  // --hicache-storage-prefetch-policy
@@ -79,7 +87,7 @@ struct ReplayOptions {
 
   // ---- checks, faults, output ----
   std::string verify = "all";  // all, sample
-  std::string fault;           // "storage-down@SECONDS"
+  std::string fault;           // "storage-down@SECONDS" (--storage redis: the server is stopped)
   std::string json_path;
   std::string plot_path;
   std::string sweep;  // "host-tokens=A,B,C"

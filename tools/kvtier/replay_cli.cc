@@ -33,6 +33,13 @@ CLI::App* AddReplayCommand(CLI::App& app, ReplayOptions* o) {
                 "requests served first to fill the tiers (KV written and checked, not timed or "
                 "reported); --requests counts the measured ones after them")
       ->capture_default_str();
+  c->add_option("--skip", o->skip,
+                "trace workloads: requests left out before the warm-up ones (after --shard)")
+      ->capture_default_str();
+  c->add_option("--shard", o->shard,
+                "trace workloads: I/K serves only the conversations that a prefix-affinity "
+                "router over K engines sends to engine I (conversation = second block id, "
+                "modulo K)");
   c->add_option("--seed", o->seed, "seed of the synthetic workloads")->capture_default_str();
   c->add_option("--rate", o->rate, "synthetic workloads: arrivals per second")
       ->capture_default_str();
@@ -72,7 +79,8 @@ CLI::App* AddReplayCommand(CLI::App& app, ReplayOptions* o) {
   c->add_option("--host-tokens", o->host_tokens,
                 "host tier capacity in tokens (0 = no host tier; default 4 x --device-tokens)");
   c->add_option("--storage", o->storage,
-                "storage tier: file (a temporary file store, removed afterwards), none, or a URL: "
+                "storage tier: file (a temporary file store, removed afterwards), redis (a "
+                "redis-server the run starts on a free 127.0.0.1 port and stops), none, or a URL: "
                 "file:///dir, redis://host:port, memory://")
       ->capture_default_str();
   c->add_option("--shared-host", o->shared_host,
@@ -80,11 +88,14 @@ CLI::App* AddReplayCommand(CLI::App& app, ReplayOptions* o) {
                 "geometry), shared with every process attached to it: a replay finds what another "
                 "computed; --host-tokens is this process's budget of pinned pages; no storage tier");
   c->add_option("--storage-bytes", o->storage_bytes,
-                "capacity of the temporary file store (0 = 8 x the host tier's bytes)")
+                "capacity of the temporary file store or the run's redis-server (0 = 8 x the "
+                "host tier's bytes)")
       ->capture_default_str();
   c->add_option("--storage-backup-queue-pages", o->storage_backup_queue_pages,
                 "backups to storage waiting or running, in pages; beyond it they are skipped "
                 "(and counted), never waited for")
+      ->capture_default_str();
+  c->add_option("--storage-io-threads", o->storage_io_threads, "I/O threads of the storage backend")
       ->capture_default_str();
   c->add_option("--hicache-mem-layout,--host-layout", o->host_layout,
                 "host tier layout: layer_first, page_first, page_first_direct, page_head")
@@ -115,7 +126,9 @@ CLI::App* AddReplayCommand(CLI::App& app, ReplayOptions* o) {
   c->add_option("--verify", o->verify, "check all loaded bytes, or a sample (one page in eight)")
       ->capture_default_str();
   c->add_option("--fault", o->fault,
-                "storage-down@SECONDS: the store fails from that point of the replay's clock on");
+                "storage-down@SECONDS: from that point of the replay's clock on, the store is "
+                "down (--storage redis: its redis-server is stopped; otherwise every call "
+                "fails)");
   c->add_option("--json", o->json_path, "also write the numbers (and per-request series) as JSON");
   c->add_option("--plot", o->plot_path,
                 "write the plots (hit rate over time per tier, TTFT CDF) as a PNG; needs "

@@ -17,50 +17,89 @@ __device__ __forceinline__ uint64_t Mix(uint64_t x) {
   return x;
 }
 
-// Word w (4 bytes) of the pattern of (hash, layer, buffer).
-__device__ __forceinline__ uint32_t PatternWord(uint64_t hash, int64_t layer, int buffer,
-                                                int64_t w) {
-  const uint64_t state = Mix(hash ^ Mix(static_cast<uint64_t>(layer) * 2 + buffer + 1));
-  const uint64_t v = Mix(state + static_cast<uint64_t>(w / 2 + 1) * kGolden);
-  return (w & 1) == 0 ? static_cast<uint32_t>(v) : static_cast<uint32_t>(v >> 32);
+// The per-(hash, layer, buffer) state, and the 64-bit value holding words 2p and 2p + 1.
+__device__ __forceinline__ uint64_t PatternState(uint64_t hash, int64_t layer, int buffer) {
+  return Mix(hash ^ Mix(static_cast<uint64_t>(layer) * 2 + buffer + 1));
+}
+__device__ __forceinline__ uint64_t PatternPair(uint64_t state, int64_t p) {
+  return Mix(state + static_cast<uint64_t>(p + 1) * kGolden);
 }
 
-// One thread per (slot i, buffer b, word w) of one layer, grid-stride.
+// Wrong bytes of `got` against `want` (4 bytes), and the first wrong byte's index.
+__device__ __forceinline__ int WrongBytes(uint32_t got, uint32_t want, int* first) {
+  const uint32_t diff = got ^ want;
+  int n = 0;
+  *first = 4;
+  for (int k = 3; k >= 0; --k) {
+    if (((diff >> (8 * k)) & 0xFF) != 0) {
+      ++n;
+      *first = k;
+    }
+  }
+  return n;
+}
+
+// One block per (slot i, buffer b) of one layer (grid-stride over them); its threads take the
+// slot's words two at a time (one 64-bit pattern value each), so the state and the index
+// arithmetic are paid once per slot and buffer, not per word: the kernels run at memory speed,
+// and the pattern work they add to a prefill stays far below the GEMMs it sits between.
 template <bool kVerify>
 __global__ void PatternKernel(DevicePoolView pool, const int64_t* slots, const uint64_t* hashes,
                               int64_t count, int64_t layer, unsigned long long* wrong_bytes,
                               unsigned long long* first_wrong) {
   const int buffers = pool.v == nullptr ? 1 : 2;
   const int64_t words = pool.slot_bytes / 4;
-  const int64_t total = count * buffers * words;
+  const int64_t pairs = words / 2;
+  const bool aligned = pool.slot_bytes % 8 == 0;
   unsigned long long wrong = 0;
-  for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < total;
-       t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t w = t % words;
-    const int b = static_cast<int>((t / words) % buffers);
-    const int64_t i = t / (words * buffers);
+  for (int64_t unit = blockIdx.x; unit < count * buffers; unit += gridDim.x) {
+    const int64_t i = unit / buffers;
+    const int b = static_cast<int>(unit % buffers);
     const int64_t slot = slots[i];
     if (slot < 0 || slot >= pool.num_slots) {  // never reached with the cache's slots
-      if (kVerify) wrong += 4;
+      if (kVerify && threadIdx.x == 0) wrong += static_cast<unsigned long long>(pool.slot_bytes);
       continue;
     }
-    unsigned char* base = b == 0 ? pool.k : pool.v;
-    uint32_t* at = reinterpret_cast<uint32_t*>(
-        base + (layer * pool.num_slots + slot) * pool.slot_bytes + w * 4);
-    const uint32_t want = PatternWord(hashes[i], layer, b, w);
-    if (!kVerify) {
-      *at = want;
-      continue;
-    }
-    const uint32_t diff = *at ^ want;
-    if (diff != 0) {
-      int n = 0;
-      for (int k = 0; k < 4; ++k) n += ((diff >> (8 * k)) & 0xFF) != 0;
-      wrong += n;
-      int first = 0;
-      while (((diff >> (8 * first)) & 0xFF) == 0) ++first;
-      atomicMin(first_wrong, static_cast<unsigned long long>((i * buffers + b) * pool.slot_bytes +
-                                                             w * 4 + first));
+    unsigned char* base =
+        (b == 0 ? pool.k : pool.v) + (layer * pool.num_slots + slot) * pool.slot_bytes;
+    const uint64_t state = PatternState(hashes[i], layer, b);
+    const unsigned long long unit_byte = static_cast<unsigned long long>(unit) * pool.slot_bytes;
+    // Words 2p and 2p + 1, then the odd last word (a slot of an odd number of words).
+    for (int64_t p = threadIdx.x; p <= pairs; p += blockDim.x) {
+      if (p == pairs && words % 2 == 0) break;
+      const uint64_t v = PatternPair(state, p);
+      const uint32_t lo = static_cast<uint32_t>(v), hi = static_cast<uint32_t>(v >> 32);
+      uint32_t* at = reinterpret_cast<uint32_t*>(base) + 2 * p;
+      const bool two = p < pairs;
+      if (!kVerify) {
+        if (two && aligned) {
+          *reinterpret_cast<uint2*>(at) = make_uint2(lo, hi);
+        } else {
+          at[0] = lo;
+          if (two) at[1] = hi;
+        }
+        continue;
+      }
+      uint32_t got_lo, got_hi = hi;
+      if (two && aligned) {
+        const uint2 got = *reinterpret_cast<const uint2*>(at);
+        got_lo = got.x;
+        got_hi = got.y;
+      } else {
+        got_lo = at[0];
+        if (two) got_hi = at[1];
+      }
+      int first = 4;
+      const int n_lo = WrongBytes(got_lo, lo, &first);
+      if (n_lo > 0) {
+        wrong += n_lo;
+        atomicMin(first_wrong, unit_byte + static_cast<unsigned long long>(8 * p + first));
+      }
+      const int n_hi = WrongBytes(got_hi, hi, &first);
+      if (n_hi > 0) {
+        wrong += n_hi;
+        atomicMin(first_wrong, unit_byte + static_cast<unsigned long long>(8 * p + 4 + first));
+      }
     }
   }
   if (kVerify && wrong != 0) atomicAdd(wrong_bytes, wrong);
@@ -71,10 +110,10 @@ int Launch(bool verify, const DevicePoolView& pool, const int64_t* slots, const 
            unsigned long long* first_wrong, cudaStream_t stream) {
   if (count <= 0) return 0;
   const int buffers = pool.v == nullptr ? 1 : 2;
-  const int64_t total = count * buffers * (pool.slot_bytes / 4);
-  const int threads = 256;
-  const int64_t blocks = (total + threads - 1) / threads;
-  const int grid = static_cast<int>(blocks < 4096 ? blocks : 4096);
+  const int64_t units = count * buffers;  // one block per (slot, buffer), grid-stride
+  const int64_t pairs = pool.slot_bytes / 8 + 1;
+  const int threads = pairs >= 256 ? 256 : pairs >= 128 ? 128 : 64;
+  const int grid = static_cast<int>(units < 16384 ? units : 16384);
   if (verify) {
     PatternKernel<true>
         <<<grid, threads, 0, stream>>>(pool, slots, hashes, count, layer, wrong_bytes, first_wrong);

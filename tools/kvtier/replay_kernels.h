@@ -5,7 +5,8 @@
 // The pattern is the one FillKvPattern writes on the host, computed on the device: the 4-byte
 // word w of (token hash h, layer l, buffer b) is half of the 64-bit value
 //   Mix(Mix(h ^ Mix(2l + b + 1)) + (w / 2 + 1) * 0x9E3779B97F4A7C15)
-// (the low half for even w), so every word is independent and a thread computes its own.
+// (the low half for even w); a block takes one slot's buffer, a thread one 64-bit value (two
+// words) at a time.
 //
 // Thread safety: launchers enqueue on the given stream; no host state.
 #pragma once

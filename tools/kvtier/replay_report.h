@@ -53,6 +53,7 @@ struct RunSummary {
   int64_t prefetch_none = 0, prefetch_complete = 0, prefetch_partial = 0, prefetch_timed_out = 0;
   int64_t fault_index = -1;  // first request served after the storage went down
   double fault_at_s = 0;
+  std::string fault_action;  // what taking the store down did
   double wall_s = 0;
   std::string metrics;                // Prometheus text at the end (with --metrics)
   std::vector<double> ideal_ttft_ms;  // hierarchy: the ideal's TTFT per request

@@ -45,6 +45,17 @@ int64_t Workload::input_tokens() const {
   return n;
 }
 
+Workload ShardWorkload(const Workload& workload, int64_t shard, int64_t shards) {
+  Workload out;
+  out.name = workload.name;
+  for (const WorkloadRequest& r : workload.requests) {
+    if (r.hash_ids.empty()) continue;
+    const int64_t key = r.hash_ids[r.hash_ids.size() > 1 ? 1 : 0];
+    if (key % shards == shard) out.requests.push_back(r);
+  }
+  return out;
+}
+
 Result<Workload> LoadMooncakeTrace(const std::string& path, int64_t max_requests) {
   std::ifstream in(path);
   if (!in) return Status::NotFound(fmt::format("cannot open the trace file {}", path));

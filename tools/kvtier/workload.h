@@ -46,6 +46,13 @@ struct Workload {
 // when the file cannot be opened.
 Result<Workload> LoadMooncakeTrace(const std::string& path, int64_t max_requests = 0);
 
+// The requests that a prefix-affinity router over `shards` engines sends to engine `shard` (in
+// [0, shards)): those whose conversation key is `shard` modulo `shards`. The key is a request's
+// second block id (the first after the system prompt every conversation of the Mooncake traces
+// shares), or its only one. Turns of one conversation start with the same blocks, so they stay on
+// one engine, in their order; the arrival times are kept.
+Workload ShardWorkload(const Workload& workload, int64_t shard, int64_t shards);
+
 // Synthetic workloads. Arrivals are a Poisson process of `rate_per_s` requests per second.
 enum class SyntheticKind : uint8_t {
   kChat = 0,          // multi-turn conversations: each turn's prompt extends the previous one

@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""`kvtier replay --storage redis --fault storage-down@S`: the replay starts its own redis-server on
+a free 127.0.0.1 port, uses it as the storage tier, and stops it (SIGTERM) at S seconds of the
+replay's clock; the replay keeps serving with 0 wrong bytes, reports the storage errors and the
+hit rate before and after, gets no storage hits after the stop, and leaves no server behind, also
+when the replay itself is killed (SIGKILL) mid-run.
+
+Skips (exit code 77) only when redis-server is not installed or kvtier was built without hiredis
+(the GPU machine); CI has both.
+
+Usage: replay_redis_fault_test.py KVTIER HIREDIS(ON|OFF)
+"""
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+SKIP = 77
+
+
+def listening(port):
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(1.0)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def main():
+    kvtier, hiredis = sys.argv[1], sys.argv[2]
+    if hiredis.upper() not in ("ON", "1", "TRUE", "YES"):
+        print("SKIP: kvtier was built without hiredis (no redis storage backend)")
+        return SKIP
+    if shutil.which("redis-server") is None:
+        print("SKIP: redis-server is not installed (Debian: redis-server); the test needs a real "
+              "server")
+        return SKIP
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "fault.json")
+        cmd = [kvtier, "replay", "--workload", "doc-qa", "--requests", "120", "--seed", "5",
+               "--model", "tiny", "--compute-model", "llama3-8b", "--device", "cpu",
+               "--device-tokens", "32768", "--host-tokens", "65536", "--storage", "redis",
+               "--sequential", "--runs", "hierarchy", "--fault", "storage-down@30",
+               "--no-progress", "--json", out]
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              timeout=240)
+        sys.stdout.write(proc.stdout)
+        if proc.returncode != 0:
+            print("FAIL: kvtier replay exited with %d" % proc.returncode)
+            return 1
+        with open(out) as f:
+            report = json.load(f)
+    run = report["runs"][-1]
+    failures = []
+    if report["integrity"]["wrong_bytes"] != 0:
+        failures.append("%d wrong bytes" % report["integrity"]["wrong_bytes"])
+    if report["integrity"]["bytes_checked"] <= 0:
+        failures.append("no bytes checked")
+    m = re.match(r"redis://127\.0\.0\.1:(\d+)$", run.get("storage", ""))
+    if not m:
+        failures.append("the storage tier is not a local redis-server: %r" % run.get("storage"))
+    elif listening(int(m.group(1))):
+        failures.append("something still listens on the run's redis port %s" % m.group(1))
+    if "fault" not in run:
+        failures.append("the storage never went down (no fault in the report)")
+    else:
+        k = run["fault"]["request"]
+        if "redis-server stopped" not in run["fault"].get("action", ""):
+            failures.append("the fault did not stop the redis-server: %r" % run["fault"])
+        series = report["timeline"]["hierarchy"]["storage_hit"]
+        if sum(series[:k]) <= 0:
+            failures.append("no storage hits before the fault (the test proves nothing)")
+        if sum(series[k:]) != 0:
+            failures.append("storage hits after the server stopped: %d tokens" % sum(series[k:]))
+        if run["storage_errors"]["errors"] <= 0:
+            failures.append("no storage errors reported after the server stopped")
+        if "fault: storage down" not in proc.stdout or "hit rate before" not in proc.stdout:
+            failures.append("the report has no fault line with the hit rate before and after")
+    failures += killed_replay_leaves_no_server(kvtier)
+    for f in failures:
+        print("FAIL: " + f)
+    return 1 if failures else 0
+
+
+def killed_replay_leaves_no_server(kvtier):
+    """SIGKILL the replay while it runs: its redis-server must go with it (PR_SET_PDEATHSIG)."""
+    cmd = [kvtier, "replay", "--workload", "doc-qa", "--requests", "100000", "--seed", "5",
+           "--model", "tiny", "--compute-model", "llama3-8b", "--device", "cpu",
+           "--device-tokens", "32768", "--host-tokens", "65536", "--storage", "redis",
+           "--sequential", "--runs", "hierarchy", "--no-progress"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    port = None
+    deadline = time.time() + 60
+    try:
+        while time.time() < deadline:
+            line = proc.stderr.readline()
+            if not line:
+                break
+            m = re.search(r"redis-server (\d+) started at redis://127\.0\.0\.1:(\d+)", line)
+            if m:
+                port = int(m.group(2))
+                break
+        if port is None:
+            return ["the replay never said which redis-server it started"]
+        time.sleep(1.0)  # the replay is serving requests through the server now
+        if not listening(port):
+            return ["the replay's redis-server on port %d was not listening" % port]
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    for _ in range(100):
+        if not listening(port):
+            print("killed replay: its redis-server on port %d is gone" % port)
+            return []
+        time.sleep(0.05)
+    return ["the redis-server on port %d outlived the killed replay" % port]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
