@@ -4,22 +4,66 @@
 #include <fmt/format.h>
 
 #include <bit>
+#include <new>
 
 namespace kvtier {
 
+namespace {
+
+// Set on an owner byte while Free checks a call (a repeat within the call finds it set).
+constexpr uint8_t kFreeing = 0x80;
+
+}  // namespace
+
 Result<std::unique_ptr<DevicePageLedger>> DevicePageLedger::Create(int64_t num_slots,
                                                                    int64_t page_size) {
+  if (page_size <= 0 || (page_size & (page_size - 1)) != 0) {
+    return Status::InvalidArgument(
+        fmt::format("device page ledger: page_size = {} is not a power of two", page_size));
+  }
+  if (num_slots <= 0 || num_slots % page_size != 0) {
+    return Status::InvalidArgument(fmt::format(
+        "device page ledger: num_slots = {} is not a positive multiple of page_size = {}",
+        num_slots, page_size));
+  }
   auto ledger = std::unique_ptr<DevicePageLedger>(new DevicePageLedger());
-  KVTIER_ASSIGN_OR_RETURN(ledger->alloc_, SlotAllocator::Create(num_slots, page_size));
   ledger->page_size_ = page_size;
   ledger->log2_page_ = std::countr_zero(static_cast<uint64_t>(page_size));
-  ledger->owners_.assign(static_cast<size_t>(ledger->alloc_->num_pages()), kFree);
-  ledger->counts_[kFree] = ledger->alloc_->num_pages();
+  const int64_t pages = num_slots / page_size;
+  ledger->num_pages_ = pages;
+  try {
+    ledger->owners_.assign(static_cast<size_t>(pages), kFree);
+    ledger->free_.resize(static_cast<size_t>(pages));
+  } catch (const std::bad_alloc&) {
+    return Status::OutOfMemory(fmt::format(
+        "device page ledger: cannot allocate the bookkeeping for {} pages", pages));
+  }
+  // Lowest page on top: a fresh ledger hands out pages in ascending order.
+  for (int64_t i = 0; i < pages; ++i) {
+    ledger->free_[static_cast<size_t>(i)] = (pages - 1 - i) << ledger->log2_page_;
+  }
+  ledger->counts_[kFree] = pages;
   return ledger;
 }
 
+bool DevicePageLedger::IsAllocated(int64_t page_start) const {
+  if (page_start < 0 || (page_start & (page_size_ - 1)) != 0 ||
+      (page_start >> log2_page_) >= num_pages_) {
+    return false;
+  }
+  return owner(page_start) != kFree;
+}
+
 Result<std::vector<int64_t>> DevicePageLedger::Allocate(int64_t n, Owner owner) {
-  KVTIER_ASSIGN_OR_RETURN(std::vector<int64_t> pages, alloc_->AllocatePages(n));
+  if (n < 0) {
+    return Status::InvalidArgument(fmt::format("device page ledger: {} pages asked for", n));
+  }
+  if (n > free_pages()) {
+    return Status::OutOfMemory(
+        fmt::format("device page ledger: {} pages asked for, {} free", n, free_pages()));
+  }
+  std::vector<int64_t> pages(free_.rbegin(), free_.rbegin() + n);
+  free_.resize(free_.size() - static_cast<size_t>(n));
   for (int64_t p : pages) owners_[static_cast<size_t>(p >> log2_page_)] = owner;
   counts_[kFree] -= n;
   counts_[owner] += n;
@@ -36,10 +80,44 @@ void DevicePageLedger::Transfer(std::span<const int64_t> page_starts, Owner to) 
 }
 
 Status DevicePageLedger::Free(std::span<const int64_t> page_starts) {
-  if (page_starts.empty()) return Status::OK();
-  Status st = alloc_->FreePages(page_starts);
-  if (!st.ok()) return Status::Internal(st.WithContext("freeing device pages").ToString());
-  Transfer(page_starts, kFree);
+  // Pass 1: every page is a page start in range, allocated, and named once (marked kFreeing).
+  size_t checked = 0;
+  Status bad;
+  for (; checked < page_starts.size(); ++checked) {
+    const int64_t p = page_starts[checked];
+    const char* why = nullptr;
+    if (p < 0 || (p & (page_size_ - 1)) != 0 || (p >> log2_page_) >= num_pages_) {
+      why = "is not a page start of the pool";
+    } else {
+      uint8_t& o = owners_[static_cast<size_t>(p >> log2_page_)];
+      if (o == kFree) {
+        why = "is free already";
+      } else if ((o & kFreeing) != 0) {
+        why = "appears twice in the call";
+      } else {
+        o |= kFreeing;
+      }
+    }
+    if (why != nullptr) {
+      bad = Status::Internal(fmt::format(
+          "freeing device pages: page at slot {} (page {} of the call) {}", p, checked, why));
+      break;
+    }
+  }
+  if (!bad.ok()) {
+    for (size_t i = 0; i < checked; ++i) {
+      owners_[static_cast<size_t>(page_starts[i] >> log2_page_)] &= ~kFreeing;
+    }
+    return bad;
+  }
+  // Pass 2: commit. free_ has capacity for every page, so push_back does not allocate.
+  for (int64_t p : page_starts) {
+    uint8_t& o = owners_[static_cast<size_t>(p >> log2_page_)];
+    --counts_[o & ~kFreeing];
+    o = kFree;
+    free_.push_back(p);
+  }
+  counts_[kFree] += static_cast<int64_t>(page_starts.size());
   return Status::OK();
 }
 
@@ -50,7 +128,7 @@ Status DevicePageLedger::CheckPages(std::span<const int64_t> slots, std::string_
     return Status::InvalidArgument(fmt::format(
         "{} has {} slots, not a multiple of page_size = {}", arg, slots.size(), P));
   }
-  const int64_t N = alloc_->num_slots();
+  const int64_t N = num_slots();
   pages->reserve(pages->size() + slots.size() / static_cast<size_t>(P));
   for (size_t k = 0; k < slots.size(); k += static_cast<size_t>(P)) {
     const int64_t s = slots[k];

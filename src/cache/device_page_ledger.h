@@ -4,8 +4,12 @@
 // known to have finished) — and the engine's pending writes (GPU: one event per Insert) that a
 // copy into reused pages must wait for.
 //
-// Invariants (CheckConsistency in the cache): the allocator's used pages are exactly the pages
-// whose owner is not kFree; the tree's device pages are exactly the kTree pages.
+// The ledger is also the pool's allocator: a stack of free page starts beside the owner of each
+// page (one byte), so freeing a page is a check of its owner and a push: no second state array,
+// lock or division (eviction frees pages by the thousand; BENCHMARKS.md, cache section).
+//
+// Invariants (CheckConsistency in the cache): the free stack holds exactly the kFree pages, each
+// once; the tree's device pages are exactly the kTree pages.
 //
 // Thread safety: none; the cache's mutex guards every call.
 #pragma once
@@ -17,7 +21,6 @@
 #include <vector>
 
 #include "kvtier/device.h"
-#include "kvtier/slot_allocator.h"
 #include "kvtier/status.h"
 
 namespace kvtier {
@@ -26,24 +29,29 @@ class DevicePageLedger {
  public:
   enum Owner : uint8_t { kFree = 0, kEngine = 1, kTree = 2, kCopy = 3 };
 
+  // InvalidArgument unless page_size is a power of two and num_slots a positive multiple of it;
+  // OutOfMemory if the bookkeeping (9 bytes per page) cannot be allocated.
   static Result<std::unique_ptr<DevicePageLedger>> Create(int64_t num_slots, int64_t page_size);
 
   int64_t page_size() const { return page_size_; }
-  int64_t num_slots() const { return alloc_->num_slots(); }
-  int64_t num_pages() const { return alloc_->num_pages(); }
-  int64_t free_pages() const { return alloc_->free_pages(); }
-  int64_t used_pages() const { return alloc_->used_pages(); }
+  int64_t num_slots() const { return num_pages_ << log2_page_; }
+  int64_t num_pages() const { return num_pages_; }
+  int64_t free_pages() const { return static_cast<int64_t>(free_.size()); }
+  int64_t used_pages() const { return num_pages_ - free_pages(); }
   int64_t pages_of(Owner owner) const { return counts_[owner]; }
   Owner owner(int64_t page_start) const {
     return static_cast<Owner>(owners_[static_cast<size_t>(page_start >> log2_page_)]);
   }
-  bool IsAllocated(int64_t page_start) const { return alloc_->IsAllocated(page_start); }
+  // A page start in range whose owner is not kFree.
+  bool IsAllocated(int64_t page_start) const;
 
-  // `n` free pages for `owner`; OutOfMemory (nothing changes) when fewer are free.
+  // `n` free pages (page starts; ascending on a fresh ledger) for `owner`; OutOfMemory (nothing
+  // changes) when fewer are free.
   Result<std::vector<int64_t>> Allocate(int64_t n, Owner owner);
   // REQUIRES: every page is allocated (owner != kFree).
   void Transfer(std::span<const int64_t> page_starts, Owner to);
-  // Returns pages to the free list. Internal if the allocator refuses (a bookkeeping bug).
+  // Returns pages to the free stack, all or nothing: Internal (a bookkeeping bug) naming the
+  // page if one is out of range, not a page start, free already or repeated in the call.
   Status Free(std::span<const int64_t> page_starts);
 
   // Checks that `slots` are whole aligned pages inside the pool; page starts to `pages`.
@@ -64,7 +72,8 @@ class DevicePageLedger {
 
   int64_t page_size_ = 1;
   int log2_page_ = 0;
-  std::unique_ptr<SlotAllocator> alloc_;
+  int64_t num_pages_ = 0;
+  std::vector<int64_t> free_;    // free page starts, a stack (top = back); capacity num_pages_
   std::vector<uint8_t> owners_;  // per page
   int64_t counts_[4] = {0, 0, 0, 0};
   std::vector<std::shared_ptr<CudaEventHandle>> fences_;

@@ -312,6 +312,7 @@ struct HierarchicalCache::Impl {
     while (freed < need && health.ok()) {
       RadixNode* v = tree.DeviceVictim();
       if (v == nullptr) break;
+      tree.PrefetchDeviceVictims();
       const int64_t pages = v->num_tokens() / P;
       const int64_t take = std::min(pages, need - freed);
       if (!v->on_host() && config.write_policy == WritePolicy::kWriteBack) {
@@ -322,10 +323,14 @@ struct HierarchicalCache::Impl {
       const int64_t n = v->num_tokens();
       const bool kept_in_host = v->on_host();
       Event(work, CacheTier::kDevice, v, kept_in_host, false);
-      tree.TakeDevicePages(v, &frees);
       if (!kept_in_host) {
         counters.dropped_tokens += n;
-        DropIfNowhere(v);
+        if (!tree.DropDeviceLeaf(v, &frees)) {  // the common case in one step
+          tree.TakeDevicePages(v, &frees);
+          DropIfNowhere(v);
+        }
+      } else {
+        tree.TakeDevicePages(v, &frees);
       }
       freed += take;
       counters.device_evicted_tokens += n;

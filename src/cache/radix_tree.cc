@@ -442,6 +442,30 @@ void RadixTree::RemoveSubtree(RadixNode* node, int64_t* removed_stored_tokens) {
   }
 }
 
+bool RadixTree::DropDeviceLeaf(RadixNode* node, std::vector<int64_t>* out) {
+  if (!node->children_.empty() || !node->on_device() || node->on_host() || node->stored_ ||
+      node->storing_ || node->prefetching_ || node->ref_count_ > 0 || node->busy_ > 0) {
+    return false;
+  }
+  Account(node, -1);
+  if (node->in_device_set_) device_set_.erase({node->device_key_, node->id_, node});
+  if (node->in_host_set_) host_set_.erase({node->host_key_, node->id_, node});
+  if (node->in_storage_set_) storage_set_.erase({node->storage_key_, node->id_, node});
+  out->insert(out->end(), node->device_pages_.begin(), node->device_pages_.end());
+  RadixNode* parent = node->parent_;
+  --parent->device_children_;
+  parent->children_.Erase(node->child_key_, node);
+  Recycle(std::unique_ptr<RadixNode>(node));  // or deletes it
+  --num_nodes_;
+  if (!parent->is_root()) {
+    Refresh(parent);
+  } else if (parent->children_.empty()) {
+    auto root = roots_.find(*parent->namespace_);
+    if (root != roots_.end() && root->second.get() == parent) roots_.erase(root);
+  }
+  return true;
+}
+
 void RadixTree::IncRef(RadixNode* node) {
   for (RadixNode* n = node; n != nullptr && !n->is_root(); n = n->parent_) {
     if (n->ref_count_ == 0) {
@@ -548,6 +572,19 @@ void RadixTree::Refresh(RadixNode* n) {
 
 RadixNode* RadixTree::DeviceVictim() const {
   return device_set_.empty() ? nullptr : device_set_.begin()->node;
+}
+
+void RadixTree::PrefetchDeviceVictims() const {
+  auto it = device_set_.begin();
+  if (it == device_set_.end() || ++it == device_set_.end()) return;
+  // The next victim: its node was prefetched one round ago; fetch its page list now.
+  const RadixNode* next = it->node;
+  const char* pages = reinterpret_cast<const char*>(next->device_pages_.data());
+  const size_t bytes = next->device_pages_.size() * sizeof(int64_t);
+  for (size_t off = 0; off < bytes && off < 1024; off += 64) __builtin_prefetch(pages + off);
+  if (++it == device_set_.end()) return;
+  const char* node = reinterpret_cast<const char*>(it->node);
+  for (size_t off = 0; off < sizeof(RadixNode); off += 64) __builtin_prefetch(node + off);
 }
 
 RadixNode* RadixTree::HostVictim() const {

@@ -212,6 +212,11 @@ class RadixTree {
   // device, in host memory, referenced or busy. Removes the namespace when its root is left
   // without children. Appends the removed nodes' tokens count to *removed_tokens if given.
   void RemoveSubtree(RadixNode* node, int64_t* removed_stored_tokens = nullptr);
+  // Device eviction of a leaf that goes nowhere else: when `node` has no children, no host copy,
+  // is not known to storage, and nothing pins, fills or stores it, appends its device pages to
+  // `out`, deletes it and returns true (TakeDevicePages + RemoveSubtree in one step, without
+  // filing the node anywhere in between). Otherwise changes nothing and returns false.
+  bool DropDeviceLeaf(RadixNode* node, std::vector<int64_t>* out);
 
   // ---- references, statistics, operations in flight --------------------------------------
   // Pins `node` and all its ancestors (the namespace root excluded).
@@ -241,6 +246,10 @@ class RadixTree {
   // ---- eviction ---------------------------------------------------------------------------
   // The evictable node that goes first, or null.
   RadixNode* DeviceVictim() const;
+  // A hint for eviction loops: prefetches the page list of the device victim after the first and
+  // the node after that. Eviction is bound by cache misses on nodes last touched long ago.
+  // Changes nothing.
+  void PrefetchDeviceVictims() const;
   RadixNode* HostVictim() const;
   RadixNode* StorageVictim() const;
   int64_t device_evictable_nodes() const { return static_cast<int64_t>(device_set_.size()); }
