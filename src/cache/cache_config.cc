@@ -170,11 +170,6 @@ Status HierarchicalCacheConfig::Validate() const {
         fmt::format("load_back_min_tokens = {} must not be negative", load_back_min_tokens));
   }
   KVTIER_RETURN_IF_ERROR(storage.Validate());
-  if (storage.enabled() && host_layout == KvLayout::kLayerFirst) {
-    return Status::InvalidArgument(
-        "host_layout = layer_first cannot hold a storage tier: a page must be one contiguous "
-        "range per buffer (use page_first, page_first_direct or page_head)");
-  }
   return Status::OK();
 }
 
