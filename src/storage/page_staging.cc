@@ -8,7 +8,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <limits>
 
 namespace kvtier::storage {
 namespace {
@@ -34,7 +33,7 @@ Result<std::unique_ptr<PageStaging>> PageStaging::Create(const KvRegion& host) {
   if (host.geometry.layout == KvLayout::kLayerFirst) {
     TransferEngineConfig config;
     config.cpu_threads = 1;  // a page's gather runs on the thread that asks for it
-    config.cpu_parallel_threshold_bytes = std::numeric_limits<int64_t>::max();
+    config.cpu_parallel_threshold_bytes = int64_t{1} << 40;
     KVTIER_ASSIGN_OR_RETURN(cpu, MakeTransferEngine(TransferBackend::kCpu, config));
   }
   return std::unique_ptr<PageStaging>(new PageStaging(host, std::move(cpu)));
