@@ -215,8 +215,8 @@ class HierarchicalCache:
         backends; host memory with cpu, e.g. for tests).
       page_size: 0 = the region's.  host_capacity_bytes / host_ratio: host tier size (both 0: no
         host tier; evicted device tokens are forgotten; storage then raises ValueError).
-      host_layout: "page_first" | "page_first_direct" | "page_head" | "layer_first" (with storage:
-        not layer_first).
+      host_layout: "page_first" | "page_first_direct" | "page_head" | "layer_first" (with storage,
+        a layer_first page is gathered into a staging buffer; the others go with zero copies).
       write_policy: "write_through" | "write_through_selective" | "write_back".
       device_eviction / host_eviction: "lru" | "lfu" | "fifo" | "priority".
       transfer_backend: "cpu" | "kernel" | "dma" | "auto" (default: cpu for a host region, kernel

@@ -178,11 +178,6 @@ Status HierarchicalCacheConfig::Validate() const {
         "storage (a backend or url) needs a host tier, but host_capacity_bytes = 0 and host_ratio "
         "= 0 configure none: prefetches land in host memory (give the host tier a capacity)");
   }
-  if (storage.enabled() && host_layout == KvLayout::kLayerFirst) {
-    return Status::InvalidArgument(
-        "host_layout = layer_first cannot hold a storage tier: a page must be one contiguous "
-        "range per buffer (use page_first, page_first_direct or page_head)");
-  }
   return Status::OK();
 }
 

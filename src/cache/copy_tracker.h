@@ -53,7 +53,6 @@ struct CopyOp {
   std::vector<int64_t> src, dst;   // slots (device <-> host copies)
   std::vector<int64_t> pages;      // page starts of the destination (or host source for kStore)
   std::vector<PageKey> keys;       // storage operations: one per page
-  std::vector<PageBuffer> buffers;  // storage operations: host memory of each page
   int64_t tokens = 0;
   int64_t bytes = 0;
   int64_t batch_pages = 0;  // storage operations: pages per batch

@@ -46,6 +46,7 @@
 #include "kvtier/host_pool.h"
 #include "kvtier/shared_host_pool.h"
 #include "kvtier/slot_allocator.h"
+#include "storage/page_staging.h"
 #include "util/log.h"
 #include "util/thread_pool.h"
 
@@ -152,6 +153,7 @@ struct HierarchicalCache::Impl {
   CudaStreamHandle backup_stream;  // GPU only
   std::shared_ptr<StorageBackend> storage;
   bool owns_storage = false;  // opened from a URL: closed with the cache
+  std::unique_ptr<storage::PageStaging> staging;  // host pages <-> storage calls
 
   mutable std::mutex mu;
   mutable std::atomic<std::thread::id> owner{};
@@ -264,19 +266,6 @@ struct HierarchicalCache::Impl {
   }
 
   void FreeDevice(std::span<const int64_t> pages) { Fail(ledger->Free(pages), "device pages"); }
-
-  // The host page buffer of page `page_start` for storage calls (page_first, page_first_direct
-  // and page_head keep one page of one buffer contiguous at page_start * L * S).
-  PageBuffer HostPageBuffer(int64_t page_start) const {
-    const KvRegion& r = host->region();
-    const int64_t bytes = P * r.geometry.num_layers * r.geometry.slot_bytes;
-    const int64_t off = page_start * r.geometry.num_layers * r.geometry.slot_bytes;
-    auto* k = static_cast<std::byte*>(r.k) + off;
-    if (r.mla) return PageBuffer::Of(std::span<std::byte>(k, static_cast<size_t>(bytes)));
-    auto* v = static_cast<std::byte*>(r.v) + off;
-    return PageBuffer::Of(std::span<std::byte>(k, static_cast<size_t>(bytes)),
-                          std::span<std::byte>(v, static_cast<size_t>(bytes)));
-  }
 
   int64_t PageBytes() const {
     return device.num_buffers() * device.geometry.num_layers * device.geometry.slot_bytes * P;
@@ -562,7 +551,6 @@ struct HierarchicalCache::Impl {
       for (size_t i = 0; i < n->host_pages().size(); ++i) {
         op->pages.push_back(n->host_pages()[i]);
         op->keys.push_back(n->keys()[i]);
-        op->buffers.push_back(HostPageBuffer(n->host_pages()[i]));
       }
       tree.SetStoring(n, true);  // its host pages stay put (the device copy may still go)
       op->nodes.push_back(n);
@@ -979,21 +967,22 @@ struct HierarchicalCache::Impl {
   void SubmitStorage(const std::shared_ptr<CopyOp>& op) {
     CopyTracker* tr = &tracker;
     StorageBackend* backend = storage.get();
+    storage::PageStaging* pages = staging.get();
     if (op->kind == CopyOp::Kind::kPrefetch) {
       const int64_t n = static_cast<int64_t>(op->keys.size());
       for (int64_t b = 0; b * op->batch_pages < n; ++b) {
         const int64_t from = b * op->batch_pages;
         const int64_t to = std::min(n, from + op->batch_pages);
         std::vector<PageKey> keys(op->keys.begin() + from, op->keys.begin() + to);
-        std::vector<PageBuffer> bufs(op->buffers.begin() + from, op->buffers.begin() + to);
-        backend->GetAsync(std::move(keys), std::move(bufs), [tr, op, b](BatchResult r) {
+        const auto starts = std::span(op->pages).subspan(from, to - from);
+        pages->GetAsync(*backend, std::move(keys), starts, [tr, op, b](BatchResult r) {
           tr->CompleteBatch(*op, b, r.status, r.pages);
         });
       }
       return;
     }
     // kStore: Exists first; write only what storage does not hold.
-    backend->ExistsAsync(op->keys, [tr, op, backend](ExistsResult e) {
+    backend->ExistsAsync(op->keys, [tr, op, backend, pages](ExistsResult e) {
       const int64_t n = static_cast<int64_t>(op->keys.size());
       const int64_t present = e.status.ok() ? std::clamp<int64_t>(e.leading, 0, n) : 0;
       tr->SetPresent(*op, present);
@@ -1003,8 +992,8 @@ struct HierarchicalCache::Impl {
         return;
       }
       std::vector<PageKey> keys(op->keys.begin() + present, op->keys.end());
-      std::vector<PageBuffer> bufs(op->buffers.begin() + present, op->buffers.end());
-      backend->SetAsync(std::move(keys), std::move(bufs), [tr, op, present, n](BatchResult r) {
+      pages->SetAsync(*backend, std::move(keys), std::span(op->pages).subspan(present),
+                      [tr, op, present, n](BatchResult r) {
         std::vector<PageStatus> all(static_cast<size_t>(n), PageStatus::kOk);
         for (size_t i = 0; i < r.pages.size() && present + static_cast<int64_t>(i) < n; ++i) {
           all[static_cast<size_t>(present) + i] = r.pages[i];
@@ -1259,6 +1248,7 @@ Result<std::unique_ptr<HierarchicalCache>> HierarchicalCache::Create(
       s.storage = std::move(opened);
       s.owns_storage = true;
     }
+    KVTIER_ASSIGN_OR_RETURN(s.staging, storage::PageStaging::Create(s.host->region()));
   }
 
   Impl* self = impl.get();
@@ -1520,7 +1510,6 @@ Result<PrefetchResult> HierarchicalCache::Prefetch(MatchHandle handle, PrefetchP
       s.MarkBusy(*op, n);
       left -= take;
     }
-    for (int64_t p : host_pages) op->buffers.push_back(s.HostPageBuffer(p));
     op->page_status.assign(static_cast<size_t>(pages), PageStatus::kSkipped);
     op->batch_done.assign(static_cast<size_t>(op->num_batches()), 0);
     op->batches_left = op->num_batches();
