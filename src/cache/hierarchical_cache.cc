@@ -297,7 +297,8 @@ struct HierarchicalCache::Impl {
   int64_t EvictDevice(int64_t need, Work* work) {
     const auto start = Clock::now();
     int64_t freed = 0;
-    std::vector<int64_t> frees;
+    std::vector<int64_t> frees;  // one ledger call per eviction; no regrowth while it fills
+    frees.reserve(static_cast<size_t>(std::clamp<int64_t>(need, 0, ledger->num_pages())));
     while (freed < need && health.ok()) {
       RadixNode* v = tree.DeviceVictim();
       if (v == nullptr) break;

@@ -109,14 +109,30 @@ class DeviceTier {
   std::unique_ptr<TransferEngine> engine_;
 };
 
+// What every engine wrapper below checks first: a call made while the calling thread holds the
+// mutex of `cache` (set once the cache exists) fails with Internal and is counted in under_lock.
+struct CacheMutexCheck {
+  std::atomic<const HierarchicalCache*> cache{nullptr};
+  std::atomic<int> under_lock{0};
+  Status Check(const char* call) {
+    const HierarchicalCache* c = cache.load();
+    if (c == nullptr || !c->MutexHeldByCurrentThread()) return Status::OK();
+    ++under_lock;
+    return Status::Internal(std::string(call) + " with the cache's mutex held");
+  }
+};
+
 // Wraps a real engine; while closed, copies out of the region whose K buffer is `gated_source`
 // (the device tier: backups and write-backs) wait at the gate.
-class GatedEngine final : public TransferEngine {
+class GatedEngine final : public TransferEngine, public CacheMutexCheck {
  public:
   GatedEngine(std::unique_ptr<TransferEngine> inner, const void* gated_source)
       : inner_(std::move(inner)), gated_source_(gated_source) {}
   TransferBackend backend() const override { return inner_->backend(); }
-  Status Synchronize(CudaStream stream) override { return inner_->Synchronize(stream); }
+  Status Synchronize(CudaStream stream) override {
+    KVTIER_RETURN_IF_ERROR(Check("Synchronize"));
+    return inner_->Synchronize(stream);
+  }
 
   void Close() {
     std::lock_guard<std::mutex> lk(mu_);
@@ -141,6 +157,7 @@ class GatedEngine final : public TransferEngine {
 
  protected:
   Status DoTransfer(const TransferRequest& request, const TransferOptions& options) override {
+    KVTIER_RETURN_IF_ERROR(Check("Transfer"));
     if (request.src->k == gated_source_) {
       std::unique_lock<std::mutex> lk(mu_);
       ++copies_to_host_;
@@ -165,25 +182,23 @@ class GatedEngine final : public TransferEngine {
 // Wraps a real engine. Fails every call made while the calling thread holds `cache`'s mutex
 // (counted in under_lock), and, while failures_left > 0, copies into the region whose K buffer is
 // `fail_to` (an injected copy failure).
-class CheckingEngine final : public TransferEngine {
+class CheckingEngine final : public TransferEngine, public CacheMutexCheck {
  public:
   explicit CheckingEngine(std::unique_ptr<TransferEngine> inner) : inner_(std::move(inner)) {}
   TransferBackend backend() const override { return inner_->backend(); }
   Status Synchronize(CudaStream stream) override {
-    if (HeldByCaller()) return Status::Internal("Synchronize with the cache's mutex held");
+    KVTIER_RETURN_IF_ERROR(Check("Synchronize"));
     return inner_->Synchronize(stream);
   }
 
-  std::atomic<const HierarchicalCache*> cache{nullptr};
   std::atomic<const void*> fail_to{nullptr};
   std::atomic<int> failures_left{0};
-  std::atomic<int> under_lock{0};
   std::atomic<int> calls{0};
 
  protected:
   Status DoTransfer(const TransferRequest& request, const TransferOptions& options) override {
     ++calls;
-    if (HeldByCaller()) return Status::Internal("Transfer with the cache's mutex held");
+    KVTIER_RETURN_IF_ERROR(Check("Transfer"));
     if (request.dst->k == fail_to.load() && failures_left.fetch_sub(1) > 0) {
       return Status::IOError("injected copy failure");
     }
@@ -191,12 +206,6 @@ class CheckingEngine final : public TransferEngine {
   }
 
  private:
-  bool HeldByCaller() {
-    const HierarchicalCache* c = cache.load();
-    if (c == nullptr || !c->MutexHeldByCurrentThread()) return false;
-    ++under_lock;
-    return true;
-  }
   std::unique_ptr<TransferEngine> inner_;
 };
 
@@ -204,12 +213,15 @@ class CheckingEngine final : public TransferEngine {
 // (a LoadBack into the device tier) is submitted one layer at a time, and submission `fail_at`
 // (1-based) fails with IOError: the layers before it are enqueued (on a GPU they may still be
 // running, or waiting behind earlier work on the stream, when the error is returned).
-class MidwayFailingEngine final : public TransferEngine {
+class MidwayFailingEngine final : public TransferEngine, public CacheMutexCheck {
  public:
   MidwayFailingEngine(std::unique_ptr<TransferEngine> inner, const void* split_to, int fail_at)
       : inner_(std::move(inner)), split_to_(split_to), fail_at_(fail_at) {}
   TransferBackend backend() const override { return inner_->backend(); }
-  Status Synchronize(CudaStream stream) override { return inner_->Synchronize(stream); }
+  Status Synchronize(CudaStream stream) override {
+    KVTIER_RETURN_IF_ERROR(Check("Synchronize"));
+    return inner_->Synchronize(stream);
+  }
 
   std::atomic<bool> armed{false};
   std::atomic<int> failures{0};
@@ -217,6 +229,7 @@ class MidwayFailingEngine final : public TransferEngine {
 
  protected:
   Status DoTransfer(const TransferRequest& request, const TransferOptions& options) override {
+    KVTIER_RETURN_IF_ERROR(Check("Transfer"));
     if (request.dst->k != split_to_ || !armed.exchange(false)) {
       return inner_->Transfer(request, options);
     }

@@ -275,6 +275,7 @@ TEST_P(GpuCacheTest, LoadBackFailingMidwayKeepsItsPagesUntilTheQueuedPartRan) {
   auto cache_r = HierarchicalCache::Create(cfg, (*dev)->region(), std::move(engine));
   ASSERT_TRUE(cache_r.ok()) << cache_r.status().ToString();
   HierarchicalCache& cache = **cache_r;
+  failing->cache = &cache;  // its calls fail under the cache's mutex
   auto prefill = [&](const std::vector<Token>& t) {
     auto slots = cache.AllocateDeviceSlots(static_cast<int64_t>(t.size()));
     ASSERT_TRUE(slots.ok()) << slots.status().ToString();
@@ -324,6 +325,7 @@ TEST_P(GpuCacheTest, LoadBackFailingMidwayKeepsItsPagesUntilTheQueuedPartRan) {
   EXPECT_TRUE((*dev)->Verify(lb2->device_slots, Hashes(a, "")).ok());
   ASSERT_TRUE(cache.Release(m->handle).ok());
   ASSERT_TRUE(cache.CheckConsistency().ok()) << cache.CheckConsistency().ToString();
+  EXPECT_EQ(failing->under_lock.load(), 0) << "engine calls under the cache's mutex";
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, GpuCacheTest,

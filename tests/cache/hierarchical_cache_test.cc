@@ -57,6 +57,7 @@ TestCache Make(HierarchicalCacheConfig cfg, int64_t page, int64_t device_pages, 
   auto c = HierarchicalCache::Create(cfg, s.device->region(), std::move(engine));
   EXPECT_TRUE(c.ok()) << c.status().ToString();
   s.cache = std::move(*c);
+  if (s.gate != nullptr) s.gate->cache = s.cache.get();  // its calls fail under the mutex
   return s;
 }
 
@@ -478,6 +479,7 @@ TEST(HierarchicalCacheRaceTest, DeviceSlotNotFreedWhileBackupReadsIt) {
   ASSERT_TRUE(s.cache->Release(m->handle).ok());
   ASSERT_TRUE(s.cache->FreeDeviceSlots(*got).ok());
   ASSERT_TRUE(s.cache->CheckConsistency().ok());
+  EXPECT_EQ(s.gate->under_lock.load(), 0) << "engine calls under the cache's mutex";
 }
 
 // A host page must not be reused while a backup writes into it.
@@ -508,6 +510,7 @@ TEST(HierarchicalCacheRaceTest, HostPageNotReusedWhileBackupWritesIt) {
   auto mb = s.cache->Match(b);
   EXPECT_EQ(mb->device_tokens + mb->host_tokens, 0);  // b was never backed up: dropped
   ASSERT_TRUE(s.cache->Release(mb->handle).ok());
+  EXPECT_EQ(s.gate->under_lock.load(), 0) << "engine calls under the cache's mutex";
 }
 
 // A host node that a Match returned must survive host pressure until its LoadBack has run.
@@ -567,6 +570,7 @@ TEST(HierarchicalCacheRaceTest, WriteBackCopiesBeforeFreeing) {
   ASSERT_TRUE(VerifyKvPattern(s.cache->host_region(), m->host_slots, Hashes(a, "")).ok());
   ASSERT_TRUE(s.cache->Release(m->handle).ok());
   ASSERT_TRUE(s.cache->FreeDeviceSlots(*got).ok());
+  EXPECT_EQ(s.gate->under_lock.load(), 0) << "engine calls under the cache's mutex";
 }
 
 // A LoadBack whose copy fails after part of it was submitted fails with the engine's error and
@@ -593,6 +597,7 @@ TEST(HierarchicalCacheRaceTest, LoadBackFailingMidwayChangesNothingElse) {
   TestCache s;
   s.device = std::move(*dev);
   s.cache = std::move(*c);
+  failing->cache = s.cache.get();
   const auto a = Seq(16, 1), b = Seq(16, 500);
   Prefill(s, a);
   ASSERT_TRUE(s.cache->EvictDevice(1000).ok());
@@ -624,6 +629,7 @@ TEST(HierarchicalCacheRaceTest, LoadBackFailingMidwayChangesNothingElse) {
   EXPECT_TRUE(s.device->Verify(mb->device_slots, Hashes(b, "")).ok());
   ASSERT_TRUE(s.cache->Release(mb->handle).ok());
   ASSERT_TRUE(s.cache->CheckConsistency().ok());
+  EXPECT_EQ(failing->under_lock.load(), 0) << "engine calls under the cache's mutex";
 }
 
 // A backup that cannot find host memory (pins leave too little) evicts no host node: it is
