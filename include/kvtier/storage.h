@@ -17,9 +17,10 @@
 // arguments, puts the batch on a bounded queue and returns at once; the batch runs on the
 // backend's own I/O threads, which call the hook and then complete the call's future (or run its
 // callback). A full queue rejects the call with Unavailable; a call never blocks its caller.
-// Reads never wait behind writes: Exists and Get have a queue of their own, taken first by every
-// free I/O thread, and Set and Remove run on at most io_threads - 1 threads at once (1 when there
-// is one), so a backlog of writes (a cache's write-through backups) leaves a thread for reads.
+// Reads never wait behind a backlog of writes: Exists and Get have a queue of their own, taken
+// first by every I/O thread that comes free (at worst a read waits for one running batch), except
+// that a read naming a key of a write submitted before it waits for that write (a Get after a Set
+// of the same page sees it).
 //
 // Page buffers are caller memory. A page's payload is the concatenation of its buffer's segments
 // (K then V of a page_first / page_first_direct host page, each one contiguous range, so the

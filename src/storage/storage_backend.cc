@@ -7,14 +7,20 @@
 // run concurrently, with a bound on the queue and rejection instead of waiting.
 //
 // Reads before writes: Exists and Get wait in `reads`, Set and Remove in `writes`, each queue
-// bounded on its own. A free I/O thread always takes the oldest read first, and at most
-// `max_running_writes` threads (all but one, when there are two or more) run writes at once, so
-// a read never waits behind a backlog of writes: at worst it waits for a thread to finish the
-// read it is running, or (with one I/O thread) the one write running.
+// bounded on its own. A free I/O thread always takes the oldest read first, so a read never waits
+// behind a backlog of writes: at worst it waits for one I/O thread to finish the batch it is
+// running. (Keeping a thread for reads only, writes on io_threads - 1 threads, was tried: the
+// replay's write-through backups then fell behind its sequential requests, whose storage
+// lookups found nothing stored; kvtier_cli.replay_fault.) The exception keeps each
+// key's order: a read that names a key of a write submitted before it (queued or running) is
+// held until those writes have completed, so a Get or Exists issued after a Set of the same page
+// sees that Set (read-your-writes), as it did when one queue ran everything in order.
 //
-// Invariants (Queue, under `mu`): `reads.size()` and `writes.size()` are each at most
-// `options.max_queued_batches`; `running_writes <= max_running_writes`; calls are added only
-// while `running`; once it is cleared (Close) the threads drain both queues and exit. Every
+// Invariants (Queue, under `mu`): `reads.size() + held.size()` and `writes.size()` are each at
+// most `options.max_queued_batches`; `pending_writes`
+// counts, per key, the queued and running writes naming it; every held read names a key of
+// `pending_writes`; calls are added only while `running`; once it is cleared (Close) the threads
+// drain all queues and exit. Every
 // accepted call has its `done` run exactly once, by the I/O thread that ran it; a rejected call has
 // it run at once by its caller.
 //
@@ -28,6 +34,7 @@
 #include <exception>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
 #include <utility>
 
 #include "kvtier/storage.h"
@@ -147,8 +154,8 @@ struct StorageBackend::Queue {
   std::condition_variable cv;
   std::deque<Call> reads;   // guarded by mu: Exists and Get, served first
   std::deque<Call> writes;  // guarded by mu: Set and Remove
-  int running_writes = 0;   // guarded by mu
-  int max_running_writes = 1;
+  std::deque<Call> held;    // guarded by mu: reads waiting for earlier writes of their keys
+  std::unordered_map<PageKey, int, PageKeyHash> pending_writes;  // guarded by mu
   bool running = false;  // guarded by mu: Start ran and Close has not
   std::vector<std::thread> threads;
   std::mutex close_mu;  // serialises Start and Close; guards `threads` and `started`
@@ -165,8 +172,29 @@ struct StorageBackend::Queue {
   void Submit(StorageBackend& b, CallKind kind, std::vector<PageKey> keys,
               std::vector<PageBuffer> buffers, std::function<void(BatchResult)> done);
   // Under `mu`: whether an I/O thread may take a call now.
-  bool HasWorkLocked() const {
-    return !reads.empty() || (!writes.empty() && running_writes < max_running_writes);
+  bool HasWorkLocked() const { return !reads.empty() || !writes.empty(); }
+  // Under `mu`: whether `call` names a key that a queued or running write names.
+  bool WaitsForAWriteLocked(const Call& call) const {
+    if (pending_writes.empty()) return false;
+    for (const PageKey& key : call.keys) {
+      if (pending_writes.count(key) != 0) return true;
+    }
+    return false;
+  }
+  // Under `mu`: a write of `keys` has completed; held reads no longer waiting go to `reads`.
+  void WriteDoneLocked(const std::vector<PageKey>& keys) {
+    for (const PageKey& key : keys) {
+      auto it = pending_writes.find(key);
+      if (it != pending_writes.end() && --it->second == 0) pending_writes.erase(it);
+    }
+    for (auto it = held.begin(); it != held.end();) {
+      if (WaitsForAWriteLocked(*it)) {
+        ++it;
+        continue;
+      }
+      reads.push_back(std::move(*it));
+      it = held.erase(it);
+    }
   }
   void Loop(StorageBackend& b);
   void Run(StorageBackend& b, Call& call);
@@ -189,7 +217,6 @@ Status StorageBackend::Start() {
   {
     std::lock_guard<std::mutex> lock(queue_->mu);
     queue_->running = true;
-    queue_->max_running_writes = std::max(1, options_.io_threads - 1);
   }
   for (int i = 0; i < options_.io_threads; ++i) {
     queue_->threads.emplace_back([this] { queue_->Loop(*this); });
@@ -213,20 +240,21 @@ void StorageBackend::Queue::Loop(StorageBackend& b) {
     Call call;
     {
       std::unique_lock<std::mutex> lock(mu);
-      cv.wait(lock, [&] { return HasWorkLocked() || (!running && writes.empty()); });
+      cv.wait(lock, [&] {
+        return HasWorkLocked() || (!running && writes.empty() && held.empty());
+      });
       if (!HasWorkLocked()) return;  // closing and drained
       std::deque<Call>& from = reads.empty() ? writes : reads;
       call = std::move(from.front());
       from.pop_front();
-      if (!IsRead(call.kind)) ++running_writes;
     }
     Run(b, call);
     if (!IsRead(call.kind)) {
       {
         std::lock_guard<std::mutex> lock(mu);
-        --running_writes;
+        WriteDoneLocked(call.keys);
       }
-      cv.notify_all();  // a thread waiting for the write limit may take the next write
+      cv.notify_all();  // reads this write held may run now
     }
   }
 }
@@ -342,11 +370,18 @@ Status StorageBackend::Queue::Enqueue(const StorageBackend& b, Call& call) {
   {
     std::lock_guard<std::mutex> lock(mu);
     const bool read = IsRead(call.kind);
-    std::deque<Call>& queue = read ? reads : writes;
-    if (running && static_cast<int64_t>(queue.size()) < b.options_.max_queued_batches) {
-      queue.push_back(std::move(call));
-      // notify_all: the one thread woken by notify_one might be unable to take a write (limit).
-      cv.notify_all();
+    const size_t waiting = read ? reads.size() + held.size() : writes.size();
+    if (running && static_cast<int64_t>(waiting) < b.options_.max_queued_batches) {
+      if (!read) {
+        for (const PageKey& key : call.keys) ++pending_writes[key];
+        writes.push_back(std::move(call));
+      } else if (WaitsForAWriteLocked(call)) {
+        held.push_back(std::move(call));
+        return Status::OK();  // nothing to wake a thread for
+      } else {
+        reads.push_back(std::move(call));
+      }
+      cv.notify_one();
       return Status::OK();
     }
     why = running ? Status::Unavailable(fmt::format(
@@ -461,7 +496,8 @@ StorageStats StorageBackend::Stats() const {
   }
   {
     std::lock_guard<std::mutex> lock(queue_->mu);
-    s.queued_batches = static_cast<int64_t>(queue_->reads.size() + queue_->writes.size());
+    s.queued_batches =
+        static_cast<int64_t>(queue_->reads.size() + queue_->held.size() + queue_->writes.size());
   }
   FillStats(s);
   return s;
