@@ -235,7 +235,7 @@ class CpuTransferEngine final : public TransferEngine {
     const int64_t bytes = r.bytes();
     const int64_t tasks =
         std::min<int64_t>({static_cast<int64_t>(pool_.num_threads()) * 4, n,
-                           threshold_bytes_ > 0 ? (bytes + threshold_bytes_ - 1) / threshold_bytes_
+                           threshold_bytes_ > 0 ? bytes / threshold_bytes_ + (bytes % threshold_bytes_ != 0 ? 1 : 0)
                                                 : static_cast<int64_t>(pool_.num_threads()) * 4});
     if (tasks <= 1) {
       CopyRange(plan, 0, n);

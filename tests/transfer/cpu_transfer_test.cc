@@ -56,6 +56,8 @@ TEST_P(CpuTransferMatrixTest, MatchesReferenceByteForByte) {
   const KvGeometry dg = MakeGeometry(dst_layout, mla, page_size, 5);
   auto serial = CpuEngine(1, 0);
   auto threaded = CpuEngine(3, 1);
+  // The largest threshold validation allows: one task, and no overflow rounding the task count.
+  auto unsplit = CpuEngine(3, std::numeric_limits<int64_t>::max());
 
   for (int tables = 0; tables < 2; ++tables) {
     const bool src_table = tables && src_layout == KvLayout::kLayerFirst;
@@ -78,7 +80,7 @@ TEST_P(CpuTransferMatrixTest, MatchesReferenceByteForByte) {
                                             1 + static_cast<int64_t>(rng() % dg.num_slots));
           break;
       }
-      for (TransferEngine* engine : {serial.get(), threaded.get()}) {
+      for (TransferEngine* engine : {serial.get(), threaded.get(), unsplit.get()}) {
         SCOPED_TRACE(::testing::Message()
                      << "variant " << variant << " tables " << tables << " slots "
                      << pairs.src.size() << " threaded " << (engine == threaded.get()));
