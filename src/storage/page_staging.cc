@@ -59,6 +59,13 @@ PageBuffer PageStaging::PoolPage(int64_t page_start) const {
   return PageBuffer::Of(k, std::span<std::byte>(host_.LayerBase(1, 0) + off, bytes));
 }
 
+std::vector<PageBuffer> PageStaging::PoolPages(std::span<const int64_t> page_starts) const {
+  std::vector<PageBuffer> buffers;
+  buffers.reserve(page_starts.size());
+  for (int64_t start : page_starts) buffers.push_back(PoolPage(start));
+  return buffers;
+}
+
 std::shared_ptr<PageStaging::Staging> PageStaging::TakeStaging(int64_t pages) {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -142,10 +149,7 @@ void PageStaging::GetAsync(StorageBackend& backend, std::vector<PageKey> keys,
                            std::function<void(BatchResult)> done) {
   const int64_t n = static_cast<int64_t>(page_starts.size());
   if (zero_copy_ || n == 0) {
-    std::vector<PageBuffer> buffers;
-    buffers.reserve(page_starts.size());
-    for (int64_t start : page_starts) buffers.push_back(PoolPage(start));
-    backend.GetAsync(std::move(keys), std::move(buffers), std::move(done));
+    backend.GetAsync(std::move(keys), PoolPages(page_starts), std::move(done));
     return;
   }
   std::shared_ptr<Staging> staging = TakeStaging(n);
@@ -177,10 +181,7 @@ void PageStaging::SetAsync(StorageBackend& backend, std::vector<PageKey> keys,
                            std::function<void(BatchResult)> done) {
   const int64_t n = static_cast<int64_t>(page_starts.size());
   if (zero_copy_ || n == 0) {
-    std::vector<PageBuffer> buffers;
-    buffers.reserve(page_starts.size());
-    for (int64_t start : page_starts) buffers.push_back(PoolPage(start));
-    backend.SetAsync(std::move(keys), std::move(buffers), std::move(done));
+    backend.SetAsync(std::move(keys), PoolPages(page_starts), std::move(done));
     return;
   }
   std::shared_ptr<Staging> staging = TakeStaging(n);

@@ -64,6 +64,8 @@ class PageStaging {
 
   PageStaging(const KvRegion& host, std::unique_ptr<TransferEngine> cpu);
   PageBuffer PoolPage(int64_t page_start) const;
+  // The backend's page buffers straight over these pool pages (zero copy).
+  std::vector<PageBuffer> PoolPages(std::span<const int64_t> page_starts) const;
   std::shared_ptr<Staging> TakeStaging(int64_t pages);
   void ReturnStaging(std::shared_ptr<Staging> staging);
   // The backend's page buffers over the first `n` pages of `staging`.
