@@ -2,14 +2,18 @@
 #include "redis_baseline.h"
 
 #include <fmt/format.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 #include <charconv>
 #include <thread>
 
+#include "storage/redis_client.h"
 #include "storage/redis_url.h"
 
 namespace kvtier::tools {
@@ -37,6 +41,69 @@ std::vector<std::string> CsvFields(std::string_view line) {
 bool ParseDouble(const std::string& text, double* value) {
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), *value);
   return ec == std::errc() && end == text.data() + text.size();
+}
+
+#if KVTIER_HAVE_HIREDIS
+// The key redis-benchmark -r sends for the random number `i` ("key:__rand_int__" with the number
+// written as 12 zero-padded digits).
+std::string KeySpaceKey(int64_t i) { return fmt::format("key:{:012d}", i); }
+
+// SETs (fill) or DELs (!fill) keys [0, count) of redis-benchmark's key space, pipelined in groups
+// whose values add up to about 64 MiB.
+Status TouchKeySpace(storage::RedisClient& client, int64_t count, int64_t value_bytes, bool fill) {
+  std::vector<std::byte> value;
+  if (fill) {
+    value.resize(static_cast<size_t>(value_bytes));
+    for (size_t i = 0; i < value.size(); ++i) value[i] = static_cast<std::byte>(i * 131 + 7);
+  }
+  const std::span<const std::byte> piece(value);
+  const int64_t group = fill ? std::max<int64_t>(1, (int64_t{64} << 20) / value_bytes) : 1024;
+  for (int64_t first = 0; first < count; first += group) {
+    std::vector<storage::RedisOp> ops(static_cast<size_t>(std::min(group, count - first)));
+    for (size_t i = 0; i < ops.size(); ++i) {
+      ops[i].verb = fill ? "SET" : "DEL";
+      ops[i].key = KeySpaceKey(first + static_cast<int64_t>(i));
+      if (fill) ops[i].value = std::span<const std::span<const std::byte>>(&piece, 1);
+    }
+    client.Execute(ops, std::chrono::steady_clock::now() + std::chrono::seconds(60));
+    for (const storage::RedisOp& op : ops) {
+      if (op.outcome != storage::RedisOpOutcome::kReplied) {
+        return Status::Unavailable(fmt::format("redis baseline: {} {}: {}", op.verb, op.key,
+                                               op.error));
+      }
+    }
+  }
+  return Status::OK();
+}
+
+Result<std::unique_ptr<storage::RedisClient>> OpenClient(storage::RedisUrl url) {
+  storage::RedisClientConfig config;
+  config.url = std::move(url);
+  config.command_timeout = std::chrono::seconds(10);
+  return storage::RedisClient::Open(std::move(config),
+                                    std::chrono::steady_clock::now() + std::chrono::seconds(10));
+}
+#endif  // KVTIER_HAVE_HIREDIS
+
+// The literal key redis-benchmark SETs and GETs without -r (not on a cluster, where it adds a
+// hash tag per node).
+constexpr std::string_view kLiteralKey = "key:__rand_int__";
+
+// Deletes redis-benchmark's literal key, so the baseline leaves nothing on the server.
+Status DeleteLiteralKey(const storage::RedisUrl& url) {
+#if KVTIER_HAVE_HIREDIS
+  KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<storage::RedisClient> client, OpenClient(url));
+  storage::RedisOp op;
+  op.verb = "DEL";
+  op.key = std::string(kLiteralKey);
+  client->Execute(std::span(&op, 1), std::chrono::steady_clock::now() + std::chrono::seconds(10));
+  if (op.outcome != storage::RedisOpOutcome::kReplied) {
+    return Status::Unavailable(fmt::format("redis baseline: DEL {}: {}", op.key, op.error));
+  }
+#else
+  (void)url;
+#endif
+  return Status::OK();
 }
 
 }  // namespace
@@ -79,12 +146,85 @@ Result<std::vector<RedisBaselineRow>> ParseRedisBenchmarkCsv(std::string_view cs
   return rows;
 }
 
+namespace {
+
+Result<std::string> RunChild(std::vector<std::string> argv, std::chrono::seconds time_limit) {
+  int out[2];
+  if (::pipe2(out, O_CLOEXEC) != 0) return Status::Unavailable("redis baseline: pipe failed");
+  // posix_spawn, not fork: a fork would mark every page of the bench's page buffers
+  // copy-on-write, and the bench's next writes to them would each take a fault.
+  posix_spawn_file_actions_t actions;
+  posix_spawnattr_t attr;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, out[1], 1);
+  posix_spawnattr_init(&attr);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+  posix_spawnattr_setpgroup(&attr, 0);  // its own group, so a timeout kills all of it
+  std::vector<char*> args;
+  for (std::string& a : argv) args.push_back(a.data());
+  args.push_back(nullptr);
+  pid_t pid = -1;
+  const int spawned = ::posix_spawnp(&pid, args[0], &actions, &attr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attr);
+  if (spawned != 0) {
+    ::close(out[0]);
+    ::close(out[1]);
+    if (spawned == ENOENT) {
+      return Status::NotFound("redis-benchmark is not installed (Debian: redis-tools)");
+    }
+    return Status::Unavailable(
+        fmt::format("redis baseline: cannot start redis-benchmark: {}", std::strerror(spawned)));
+  }
+  ::close(out[1]);
+  // The output is a few lines; read it on a thread so the wait below can enforce the limit.
+  std::string output;
+  std::thread reader([&] {
+    char chunk[4096];
+    ssize_t got;
+    while ((got = ::read(out[0], chunk, sizeof(chunk))) > 0 || (got < 0 && errno == EINTR)) {
+      if (got > 0) output.append(chunk, static_cast<size_t>(got));
+    }
+  });
+  const auto deadline = std::chrono::steady_clock::now() + time_limit;
+  int status = 0;
+  bool timed_out = false;
+  while (::waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() >= deadline) {
+      ::kill(-pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      timed_out = true;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  reader.join();
+  ::close(out[0]);
+  if (timed_out) {
+    return Status::Unavailable(
+        fmt::format("redis-benchmark ran past {} s", time_limit.count()));
+  }
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 127) {
+    return Status::NotFound("redis-benchmark is not installed (Debian: redis-tools)");
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    return Status::Unavailable(fmt::format("redis-benchmark failed: {}", output));
+  }
+  return output;
+}
+
+}  // namespace
+
 Result<std::vector<RedisBaselineRow>> RunRedisBenchmark(std::string_view url,
                                                         const RedisBaselineOptions& options) {
   KVTIER_ASSIGN_OR_RETURN(storage::RedisUrl parsed, storage::ParseRedisUrl(url));
   if (options.value_bytes < 1 || options.clients < 1 || options.pipeline < 1 ||
-      options.requests < 1) {
-    return Status::InvalidArgument("redis baseline: sizes, clients, pipeline and requests >= 1");
+      options.requests < 1 || options.key_space < 0) {
+    return Status::InvalidArgument(
+        "redis baseline: sizes, clients, pipeline and requests >= 1, key space >= 0");
+  }
+  if (options.key_space > 0 && parsed.cluster) {
+    return Status::InvalidArgument("redis baseline: a key space is not supported on a cluster");
   }
   const storage::RedisEndpoint& server = parsed.endpoints.front();
   std::vector<std::string> argv = {"redis-benchmark",
@@ -104,66 +244,58 @@ Result<std::vector<RedisBaselineRow>> RunRedisBenchmark(std::string_view url,
                                    std::to_string(options.requests),
                                    "--csv"};
   if (parsed.cluster) argv.emplace_back("--cluster");
+  if (options.key_space > 0) argv.insert(argv.end(), {"-r", std::to_string(options.key_space)});
   if (!parsed.password.empty()) {
     argv.insert(argv.end(), {"-a", parsed.password});
     if (!parsed.user.empty()) argv.insert(argv.end(), {"--user", parsed.user});
   }
 
-  int out[2];
-  if (::pipe(out) != 0) return Status::Unavailable("redis baseline: pipe failed");
-  const pid_t pid = ::fork();
-  if (pid < 0) {
-    ::close(out[0]);
-    ::close(out[1]);
-    return Status::Unavailable("redis baseline: fork failed");
-  }
-  if (pid == 0) {
-    ::setpgid(0, 0);
-    ::dup2(out[1], 1);
-    ::close(out[0]);
-    ::close(out[1]);
-    std::vector<char*> args;
-    for (std::string& a : argv) args.push_back(a.data());
-    args.push_back(nullptr);
-    ::execvp(args[0], args.data());
-    ::_exit(127);
-  }
-  ::setpgid(pid, pid);
-  ::close(out[1]);
-  // The output is a few lines; read it on a thread so the wait below can enforce the limit.
-  std::string output;
-  std::thread reader([&] {
-    char chunk[4096];
-    ssize_t got;
-    while ((got = ::read(out[0], chunk, sizeof(chunk))) > 0 || (got < 0 && errno == EINTR)) {
-      if (got > 0) output.append(chunk, static_cast<size_t>(got));
-    }
-  });
-  const auto deadline = std::chrono::steady_clock::now() + options.time_limit;
-  int status = 0;
-  bool timed_out = false;
-  while (::waitpid(pid, &status, WNOHANG) == 0) {
-    if (std::chrono::steady_clock::now() >= deadline) {
-      ::kill(-pid, SIGKILL);
-      ::waitpid(pid, &status, 0);
-      timed_out = true;
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  reader.join();
-  ::close(out[0]);
-  if (timed_out) {
-    return Status::Unavailable(
-        fmt::format("redis-benchmark ran past {} s", options.time_limit.count()));
-  }
-  if (WIFEXITED(status) && WEXITSTATUS(status) == 127) {
-    return Status::NotFound("redis-benchmark is not installed (Debian: redis-tools)");
-  }
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    return Status::Unavailable(fmt::format("redis-benchmark failed: {}", output));
-  }
+  KVTIER_ASSIGN_OR_RETURN(std::string output, RunChild(std::move(argv), options.time_limit));
+  if (options.key_space == 0 && !parsed.cluster) KVTIER_RETURN_IF_ERROR(DeleteLiteralKey(parsed));
   return ParseRedisBenchmarkCsv(output, options.value_bytes);
 }
+
+#if KVTIER_HAVE_HIREDIS
+struct RedisKeySpace::Client {
+  std::unique_ptr<storage::RedisClient> redis;
+  int64_t value_bytes = 0;
+};
+
+Result<std::unique_ptr<RedisKeySpace>> RedisKeySpace::Fill(std::string_view url, int64_t keys,
+                                                           int64_t value_bytes) {
+  KVTIER_ASSIGN_OR_RETURN(storage::RedisUrl parsed, storage::ParseRedisUrl(url));
+  if (parsed.cluster) {
+    return Status::InvalidArgument("redis baseline: a key space is not supported on a cluster");
+  }
+  if (keys < 1 || value_bytes < 1) {
+    return Status::InvalidArgument("redis baseline: a key space needs keys and value bytes >= 1");
+  }
+  auto client = std::make_unique<Client>();
+  client->value_bytes = value_bytes;
+  KVTIER_ASSIGN_OR_RETURN(client->redis, OpenClient(std::move(parsed)));
+  std::unique_ptr<RedisKeySpace> space(new RedisKeySpace(std::move(client), keys));
+  KVTIER_RETURN_IF_ERROR(TouchKeySpace(*space->client_->redis, keys, value_bytes, /*fill=*/true));
+  return space;
+}
+
+Status RedisKeySpace::Delete() {
+  if (deleted_) return Status::OK();
+  deleted_ = true;
+  return TouchKeySpace(*client_->redis, keys_, client_->value_bytes, /*fill=*/false);
+}
+#else
+struct RedisKeySpace::Client {};
+
+Result<std::unique_ptr<RedisKeySpace>> RedisKeySpace::Fill(std::string_view, int64_t, int64_t) {
+  return Status::Unavailable("redis baseline: a key space needs kvtier built with hiredis");
+}
+
+Status RedisKeySpace::Delete() { return Status::OK(); }
+#endif  // KVTIER_HAVE_HIREDIS
+
+RedisKeySpace::RedisKeySpace(std::unique_ptr<Client> client, int64_t keys)
+    : client_(std::move(client)), keys_(keys) {}
+
+RedisKeySpace::~RedisKeySpace() { (void)Delete(); }
 
 }  // namespace kvtier::tools

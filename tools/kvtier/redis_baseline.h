@@ -2,11 +2,18 @@
 // `redis-benchmark` (Debian redis-tools) SET and GET of values of the same size, with the same
 // number of clients and the same pipeline depth, against the same server(s) as the backend.
 //
+// By default redis-benchmark SETs and GETs one literal key, so the server rewrites and serves
+// one value that stays in the CPU caches on both sides. With a key space (redis-benchmark -r N)
+// its requests go to N keys ("key:%012d"), which RedisKeySpace fills with values of the same size
+// and deletes again: the server then holds as many distinct values as the backend stored, the
+// same bytes in memory, for as long as the backend's keys live.
+//
 // Thread safety: one call at a time per process is enough; it runs a child process and waits.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -20,6 +27,9 @@ struct RedisBaselineOptions {
   int clients = 1;          // redis-benchmark -c: the backend's I/O threads
   int pipeline = 1;         // redis-benchmark -P: pages per batch
   int64_t requests = 0;     // redis-benchmark -n: per test (SET, then GET)
+  // redis-benchmark -r: the number of keys of a RedisKeySpace that exists for the run; 0: its
+  // one literal key. Not with a redis+cluster:// URL (redis-benchmark names cluster keys itself).
+  int64_t key_space = 0;
   std::chrono::seconds time_limit{300};
 };
 
@@ -31,9 +41,33 @@ struct RedisBaselineRow {
   double gb_per_second = 0;                   // requests_per_second * value_bytes / 1e9
 };
 
+// redis-benchmark's key space ("key:000000000000" ...) on the server of a redis:// URL, filled
+// with values of one size; Delete() (or the destructor, best effort) removes it.
+class RedisKeySpace {
+ public:
+  // Unavailable when the server cannot be reached or a SET fails; InvalidArgument for a bad or
+  // a cluster URL.
+  static Result<std::unique_ptr<RedisKeySpace>> Fill(std::string_view url, int64_t keys,
+                                                     int64_t value_bytes);
+  ~RedisKeySpace();
+  RedisKeySpace(const RedisKeySpace&) = delete;
+  RedisKeySpace& operator=(const RedisKeySpace&) = delete;
+
+  int64_t keys() const { return keys_; }
+  Status Delete();
+
+ private:
+  struct Client;
+  RedisKeySpace(std::unique_ptr<Client> client, int64_t keys);
+  std::unique_ptr<Client> client_;
+  int64_t keys_ = 0;
+  bool deleted_ = false;
+};
+
 // Runs redis-benchmark against the server of a redis:// URL (or, with --cluster, the first seed
 // of a redis+cluster:// URL), with the URL's credentials. NotFound when redis-benchmark is not
-// installed; Unavailable when it fails or runs past the time limit; InvalidArgument for a bad URL.
+// installed; Unavailable when it fails or runs past the time limit; InvalidArgument for a bad URL
+// or a key space with a cluster URL.
 Result<std::vector<RedisBaselineRow>> RunRedisBenchmark(std::string_view url,
                                                         const RedisBaselineOptions& options);
 

@@ -269,20 +269,28 @@ Baseline MemcpyBaseline(const PageSet& src, PageSet& dst, int64_t batch_pages, i
 
 // redis:// and redis+cluster://: redis-benchmark SET and GET of values of the backend's value
 // size (header + page), against the same server(s), as many requests as the backend's rounds
-// moved pages (the bench calls it once per round, between the backend's rounds). The bench keeps one batch in flight at a time, so the baseline runs one client
-// with a pipeline depth of batch_pages: the same requests in flight. Its requests per second
-// become the rate of the rows; its per-request p50/p99 (a request waits for its pipeline, as a
-// page waits for its batch) stand for the batch times.
+// moved pages (the bench calls it once per round, between the backend's rounds). The bench keeps
+// one batch in flight at a time, so the baseline runs one client with a pipeline depth of
+// batch_pages: the same requests in flight. Its requests per second become the rate of the rows;
+// its per-request p50/p99 (a request waits for its pipeline, as a page waits for its batch) stand
+// for the batch times.
+//
+// On one server the baseline spreads its requests over as many keys as the backend stores
+// (redis-benchmark -r over a RedisKeySpace filled once per page kind, like the backend's keys,
+// which live from its first round to the end of the kind), so the server keeps the same bytes in
+// memory on both sides; a second, informational run uses redis-benchmark's default of one literal
+// key, whose value stays in the CPU caches. On a cluster only the default is run.
 Result<Baseline> RedisBenchmarkBaseline(const std::string& url, int64_t pages, int64_t page_bytes,
-                                        const StorageBenchOptions& o) {
+                                        int64_t key_space, const StorageBenchOptions& o) {
   RedisBaselineOptions options;
   options.value_bytes = page_bytes + static_cast<int64_t>(storage::kPageHeaderBytes);
   options.clients = 1;
   options.pipeline = static_cast<int>(o.batch_pages);
   options.requests = pages * o.repeats;
+  options.key_space = key_space;
   KVTIER_ASSIGN_OR_RETURN(std::vector<RedisBaselineRow> rows, RunRedisBenchmark(url, options));
   Baseline b;
-  b.name = "redis-benchmark";
+  b.name = key_space > 0 ? fmt::format("redis-benchmark -r{}", key_space) : "redis-benchmark 1 key";
   b.note = "check: none (its own values)";
   for (const RedisBaselineRow& row : rows) {
     OpTimes* t = row.test == "SET" ? &b.set : row.test == "GET" ? &b.get : nullptr;
@@ -297,24 +305,30 @@ Result<Baseline> RedisBenchmarkBaseline(const std::string& url, int64_t pages, i
   return b;
 }
 
-// The platform baseline of a scheme for the same pages, or nullopt where there is none.
-Result<std::optional<Baseline>> RunBaseline(const std::string& scheme, const std::string& rest,
-                                            const PageKind& kind, const PageSet& src, PageSet& dst,
-                                            const StorageBenchOptions& o) {
+// The platform baselines of a scheme for the same pages: the first is the one the backend is
+// measured against, any others are shown beside it; none where the scheme has no baseline.
+// `key_space`: the keys of a RedisKeySpace that exists (redis:// only; 0: none).
+Result<std::vector<Baseline>> RunBaselines(const std::string& scheme, const std::string& rest,
+                                           const PageKind& kind, const PageSet& src, PageSet& dst,
+                                           int64_t key_space, const StorageBenchOptions& o) {
+  std::vector<Baseline> baselines;
   if (scheme == "file") {
     KVTIER_ASSIGN_OR_RETURN(Baseline b,
                             FileBaseline(rest, kind, src, dst, o.batch_pages, o.repeats));
-    return std::optional<Baseline>(std::move(b));
-  }
-  if (scheme == "memory") {
-    return std::optional<Baseline>(MemcpyBaseline(src, dst, o.batch_pages, o.repeats));
-  }
-  if (scheme == "redis" || scheme == "redis+cluster") {
+    baselines.push_back(std::move(b));
+  } else if (scheme == "memory") {
+    baselines.push_back(MemcpyBaseline(src, dst, o.batch_pages, o.repeats));
+  } else if (scheme == "redis" || scheme == "redis+cluster") {
+    if (key_space > 0) {
+      KVTIER_ASSIGN_OR_RETURN(
+          Baseline b, RedisBenchmarkBaseline(o.url, src.count, src.page_bytes, key_space, o));
+      baselines.push_back(std::move(b));
+    }
     KVTIER_ASSIGN_OR_RETURN(Baseline b,
-                            RedisBenchmarkBaseline(o.url, src.count, src.page_bytes, o));
-    return std::optional<Baseline>(std::move(b));
+                            RedisBenchmarkBaseline(o.url, src.count, src.page_bytes, 0, o));
+    baselines.push_back(std::move(b));
   }
-  return std::optional<Baseline>();
+  return baselines;
 }
 
 // ---- the backend's rows
@@ -553,7 +567,19 @@ int RunStorageBench(const StorageBenchOptions& options, const std::string& comma
     StorageBenchOptions one_round = o;
     one_round.repeats = 1;
     Result<KindResult> result = KindResult{};
-    std::optional<Baseline> baseline;
+    std::vector<Baseline> baselines;  // summed over the rounds
+    std::unique_ptr<RedisKeySpace> key_space;
+    if (o.baseline && scheme == "redis") {
+      auto filled = RedisKeySpace::Fill(o.url, n, page_bytes + static_cast<int64_t>(
+                                                          storage::kPageHeaderBytes));
+      if (!filled.ok()) {
+        std::fprintf(stderr, "kvtier bench: %s baseline key space: %s\n", kind.name,
+                     filled.status().ToString().c_str());
+        exit_code = 1;
+      } else {
+        key_space = std::move(*filled);
+      }
+    }
     for (int round = 0; round < o.repeats && result.ok(); ++round) {
       auto r = RunKind(backend, keys, src, dst, one_round);
       if (!r.ok()) {
@@ -568,19 +594,27 @@ int RunStorageBench(const StorageBenchOptions& options, const std::string& comma
         result->note = r->note;
       }
       if (!o.baseline) continue;
-      auto b = RunBaseline(scheme, rest, kind, src, dst, one_round);
+      auto b = RunBaselines(scheme, rest, kind, src, dst, key_space ? key_space->keys() : 0,
+                            one_round);
       if (!b.ok()) {
         std::fprintf(stderr, "kvtier bench: %s baseline: %s\n", kind.name,
                      b.status().ToString().c_str());
         exit_code = 1;
-      } else if (b->has_value()) {
-        if (!baseline) {
-          baseline = std::move(*b);
-        } else {
-          Append(baseline->set, (*b)->set);
-          Append(baseline->get, (*b)->get);
-          if (!(*b)->check_ok) baseline->check_ok = false;
+      } else if (baselines.empty()) {
+        baselines = std::move(*b);
+      } else {
+        for (size_t i = 0; i < baselines.size() && i < b->size(); ++i) {
+          Append(baselines[i].set, (*b)[i].set);
+          Append(baselines[i].get, (*b)[i].get);
+          if (!(*b)[i].check_ok) baselines[i].check_ok = false;
         }
+      }
+    }
+    if (key_space) {
+      if (Status s = key_space->Delete(); !s.ok()) {
+        std::fprintf(stderr, "kvtier bench: %s baseline key space: %s\n", kind.name,
+                     s.ToString().c_str());
+        exit_code = 1;
       }
     }
     for (int64_t first = 0; first < n; first += o.batch_pages) {  // leave nothing behind
@@ -602,17 +636,21 @@ int RunStorageBench(const StorageBenchOptions& options, const std::string& comma
       row.check_ok = result->check_ok;
       row.note = result->note;
       if (op_name == "exists") row.gbps = 0;  // no bytes move
-      if (baseline && op_name != "exists") {
-        const OpTimes& bt = op_name == "set" ? baseline->set : baseline->get;
-        StorageRow base = RowFrom(kind.name, op_name, baseline->name, n, page_bytes, bt);
-        base.check_ok = baseline->check_ok;
-        base.note = baseline->note;
-        if (base.gbps > 0) row.pct_of_baseline = 100.0 * row.gbps / base.gbps;
-        rows.push_back(row);
-        rows.push_back(base);
-      } else {
-        rows.push_back(row);
+      std::vector<StorageRow> base_rows;
+      if (op_name != "exists") {
+        for (const Baseline& baseline : baselines) {
+          const OpTimes& bt = op_name == "set" ? baseline.set : baseline.get;
+          StorageRow base = RowFrom(kind.name, op_name, baseline.name, n, page_bytes, bt);
+          base.check_ok = baseline.check_ok;
+          base.note = baseline.note;
+          base_rows.push_back(std::move(base));
+        }
       }
+      if (!base_rows.empty() && base_rows.front().gbps > 0) {
+        row.pct_of_baseline = 100.0 * row.gbps / base_rows.front().gbps;
+      }
+      rows.push_back(row);
+      rows.insert(rows.end(), base_rows.begin(), base_rows.end());
       std::fprintf(stderr, "[%s] %s: %.2f GB/s, p50 %.3f ms%s\n", kind.name, op, row.gbps,
                    row.p50_ms, row.check_ok ? "" : " FAILED");
     }
