@@ -563,7 +563,7 @@ int RunStorageBench(const StorageBenchOptions& options, const std::string& comma
     src.FillRandom(run_id + static_cast<uint64_t>(page_bytes));
     const std::vector<PageKey> keys = KeysFor(kind, n, run_id);
 
-    // The rounds alternate between the backend and the baseline, so both see the same machine.
+    // The rounds interleave the backend and the baseline, so both see the same machine.
     StorageBenchOptions one_round = o;
     one_round.repeats = 1;
     Result<KindResult> result = KindResult{};
@@ -580,11 +580,12 @@ int RunStorageBench(const StorageBenchOptions& options, const std::string& comma
         key_space = std::move(*filled);
       }
     }
-    for (int round = 0; round < o.repeats && result.ok(); ++round) {
+    // One round of the backend; false when it failed (result holds why).
+    auto run_backend = [&]() -> bool {
       auto r = RunKind(backend, keys, src, dst, one_round);
       if (!r.ok()) {
         result = r.status();
-        break;
+        return false;
       }
       Append(result->set, r->set);
       Append(result->get, r->get);
@@ -593,7 +594,9 @@ int RunStorageBench(const StorageBenchOptions& options, const std::string& comma
         result->check_ok = false;
         result->note = r->note;
       }
-      if (!o.baseline) continue;
+      return true;
+    };
+    auto run_baselines = [&] {
       auto b = RunBaselines(scheme, rest, kind, src, dst, key_space ? key_space->keys() : 0,
                             one_round);
       if (!b.ok()) {
@@ -609,6 +612,16 @@ int RunStorageBench(const StorageBenchOptions& options, const std::string& comma
           if (!(*b)[i].check_ok) baselines[i].check_ok = false;
         }
       }
+    };
+    // The side that goes first alternates between rounds (the backend in even rounds, the
+    // baseline in odd ones): whichever runs right after the other's writes finds the page
+    // cache, the disk's write-back or the server's allocator in the state those left, and that
+    // must not always be the same side.
+    for (int round = 0; round < o.repeats; ++round) {
+      const bool baseline_first = o.baseline && round % 2 == 1;
+      if (baseline_first) run_baselines();
+      if (!run_backend()) break;
+      if (o.baseline && !baseline_first) run_baselines();
     }
     if (key_space) {
       if (Status s = key_space->Delete(); !s.ok()) {
