@@ -250,11 +250,17 @@ void StorageBackend::Queue::Loop(StorageBackend& b) {
     }
     Run(b, call);
     if (!IsRead(call.kind)) {
+      bool wake = false;
       {
         std::lock_guard<std::mutex> lock(mu);
+        const size_t ready_reads = reads.size();
         WriteDoneLocked(call.keys);
+        // Wake the idle threads only when there is something new for them: reads this write
+        // held, or (closing) the drain they wait for. Waking them after every write made each
+        // one contend for `mu` and go back to sleep, a storm of hand-offs per batch.
+        wake = reads.size() > ready_reads || !running;
       }
-      cv.notify_all();  // reads this write held may run now
+      if (wake) cv.notify_all();
     }
   }
 }
