@@ -374,7 +374,7 @@ Status StorageBackend::Queue::Check(const StorageBackend& b, CallKind kind,
 Status StorageBackend::Queue::Enqueue(const StorageBackend& b, Call& call) {
   Status why;
   {
-    std::lock_guard<std::mutex> lock(mu);
+    std::unique_lock<std::mutex> lock(mu);
     const bool read = IsRead(call.kind);
     const size_t waiting = read ? reads.size() + held.size() : writes.size();
     if (running && static_cast<int64_t>(waiting) < b.options_.max_queued_batches) {
@@ -387,6 +387,8 @@ Status StorageBackend::Queue::Enqueue(const StorageBackend& b, Call& call) {
       } else {
         reads.push_back(std::move(call));
       }
+      // Wake a thread after unlocking, so it does not wake only to block on `mu` again.
+      lock.unlock();
       cv.notify_one();
       return Status::OK();
     }
