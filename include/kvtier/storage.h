@@ -85,6 +85,8 @@ const char* PageStatusName(PageStatus status);
 struct BatchResult {
   Status status;
   std::vector<PageStatus> pages;
+  // A batch of `num_pages` that did not run: `status` says why, every page is kSkipped.
+  static BatchResult Failed(Status status, size_t num_pages);
   // Pages with kOk from the first page on (a prefix is usable only up to its first miss).
   int64_t leading_ok() const;
   int64_t count(PageStatus s) const;

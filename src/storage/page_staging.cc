@@ -15,13 +15,6 @@ namespace {
 // Idle staging buffers kept for reuse.
 constexpr size_t kMaxIdleStagings = 4;
 
-BatchResult FailedBatch(Status status, size_t pages) {
-  BatchResult r;
-  r.status = std::move(status);
-  r.pages.assign(pages, PageStatus::kSkipped);
-  return r;
-}
-
 }  // namespace
 
 Result<std::unique_ptr<PageStaging>> PageStaging::Create(const KvRegion& host) {
@@ -188,7 +181,8 @@ void PageStaging::SetAsync(StorageBackend& backend, std::vector<PageKey> keys,
   std::vector<int64_t> staged(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) staged[static_cast<size_t>(i)] = i;
   if (Status st = Move(*staging, page_starts, staged, /*to_staging=*/true); !st.ok()) {
-    done(FailedBatch(st.WithContext("page staging: gathering a layer_first page"), keys.size()));
+    done(BatchResult::Failed(st.WithContext("page staging: gathering a layer_first page"),
+                             keys.size()));
     return;
   }
   std::vector<PageBuffer> buffers = StagedPages(*staging, n);

@@ -81,6 +81,13 @@ int64_t BatchResult::leading_ok() const {
 
 int64_t BatchResult::count(PageStatus s) const { return std::count(pages.begin(), pages.end(), s); }
 
+BatchResult BatchResult::Failed(Status status, size_t num_pages) {
+  BatchResult r;
+  r.status = std::move(status);
+  r.pages.assign(num_pages, PageStatus::kSkipped);
+  return r;
+}
+
 Status StorageOptions::Validate() const {
   if (io_threads < 1 || io_threads > 64) {
     return Status::InvalidArgument(
@@ -324,17 +331,6 @@ void StorageBackend::Queue::Run(StorageBackend& b, Call& call) {
 
 // ---- submission --------------------------------------------------------------------------------
 
-namespace {
-
-BatchResult Rejected(Status status, size_t num_pages) {
-  BatchResult r;
-  r.status = std::move(status);
-  r.pages.assign(num_pages, PageStatus::kSkipped);
-  return r;
-}
-
-}  // namespace
-
 Status StorageBackend::Queue::Check(const StorageBackend& b, CallKind kind,
                                     const std::vector<PageKey>& keys,
                                     const std::vector<PageBuffer>* buffers) const {
@@ -433,7 +429,7 @@ void StorageBackend::Queue::Submit(StorageBackend& b, CallKind kind, std::vector
     if (st.ok()) return;
     done = std::move(call.batch_done);
   }
-  RunDone(done, Rejected(std::move(st), num_pages));
+  RunDone(done, BatchResult::Failed(std::move(st), num_pages));
 }
 
 void StorageBackend::ExistsAsync(std::vector<PageKey> keys,

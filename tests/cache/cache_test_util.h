@@ -1,7 +1,8 @@
 // Shared helpers for the cache tests: an engine-side "device tier" (host memory on the cpu
 // backend, a DeviceKvPool on kernel/dma), a transfer engine wrapper with a gate that holds
 // copies back (to open race windows on purpose), wrappers that fail engine and storage calls made
-// under the cache's mutex, and the backend choice from the environment.
+// under the cache's mutex, the backend choice from the environment, and the model of what was
+// inserted that the random model tests check matches against.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -11,6 +12,8 @@
 #include <cstdlib>
 #include <memory>
 #include <mutex>
+#include <set>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -282,5 +285,35 @@ inline std::shared_ptr<StorageMutexProbe> FailStorageCallsUnderCacheMutex(
 inline std::vector<uint64_t> Hashes(std::span<const Token> tokens, std::string_view ns) {
   return KvPatternHashes(tokens, KvPatternSalt(ns));
 }
+
+// What was ever inserted, by any cache: the whole-page prefixes of each (namespace, prompt). No
+// match may be longer than Longest. Thread-safe.
+class InsertedPrefixes {
+ public:
+  explicit InsertedPrefixes(int64_t page) : page_(static_cast<size_t>(page)) {}
+  void Add(const std::string& ns, std::span<const Token> tokens) {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (size_t n = page_; n <= tokens.size(); n += page_) set_.insert(Key(ns, tokens.first(n)));
+  }
+  int64_t Longest(const std::string& ns, std::span<const Token> tokens) const {
+    std::lock_guard<std::mutex> lk(mu_);
+    int64_t best = 0;
+    for (size_t n = page_; n <= tokens.size(); n += page_) {
+      if (!set_.count(Key(ns, tokens.first(n)))) break;
+      best = static_cast<int64_t>(n);
+    }
+    return best;
+  }
+
+ private:
+  static std::string Key(const std::string& ns, std::span<const Token> t) {
+    std::string k = ns + '\0';
+    k.append(reinterpret_cast<const char*>(t.data()), t.size() * sizeof(Token));
+    return k;
+  }
+  const size_t page_;
+  mutable std::mutex mu_;
+  std::set<std::string> set_;
+};
 
 }  // namespace kvtier::testing

@@ -32,6 +32,7 @@ namespace {
 
 using testing::DeviceTier;
 using testing::Hashes;
+using testing::InsertedPrefixes;
 using testing::ScopedSegmentName;
 
 constexpr int64_t kLayers = 2;
@@ -510,33 +511,6 @@ INSTANTIATE_TEST_SUITE_P(Backends, SharedHostCacheGpuTest,
 
 // ---- the model: two caches on one small segment, random engine steps -------------------------
 
-// What was ever inserted by any cache: no match may be longer. Thread-safe.
-class InsertedPrefixes {
- public:
-  void Add(const std::string& ns, std::span<const Token> tokens) {
-    std::lock_guard<std::mutex> lk(mu_);
-    for (size_t n = kPage; n <= tokens.size(); n += kPage) set_.insert(Key(ns, tokens.first(n)));
-  }
-  int64_t Longest(const std::string& ns, std::span<const Token> tokens) const {
-    std::lock_guard<std::mutex> lk(mu_);
-    int64_t best = 0;
-    for (size_t n = kPage; n <= tokens.size(); n += kPage) {
-      if (!set_.count(Key(ns, tokens.first(n)))) break;
-      best = static_cast<int64_t>(n);
-    }
-    return best;
-  }
-
- private:
-  static std::string Key(const std::string& ns, std::span<const Token> t) {
-    std::string k = ns + '\0';
-    k.append(reinterpret_cast<const char*>(t.data()), t.size() * sizeof(Token));
-    return k;
-  }
-  mutable std::mutex mu_;
-  std::set<std::string> set_;
-};
-
 class ModelDriver {
  public:
   ModelDriver(CacheUnderTest& s, InsertedPrefixes& model, uint64_t seed)
@@ -668,7 +642,7 @@ TEST_P(SharedHostModelTest, InvariantsAndBytesHoldForTwoCachesOnOneSegment) {
   // no room when the trees and live matches pin everything.
   std::shared_ptr<SharedHostPool> pool = CreateSegment(name.get(), 40);
   ASSERT_NE(pool, nullptr);
-  InsertedPrefixes model;
+  InsertedPrefixes model(kPage);
   std::vector<CacheUnderTest> caches;
   for (int i = 0; i < 2; ++i) {
     HierarchicalCacheConfig cfg = SharedConfig(pool, 24);
@@ -727,7 +701,7 @@ TEST(SharedHostConcurrencyTest, ConcurrentThreadsOnTwoCachesKeepInvariantsAndByt
   ScopedSegmentName name("cacheconc");
   std::shared_ptr<SharedHostPool> pool = CreateSegment(name.get(), 48);
   ASSERT_NE(pool, nullptr);
-  InsertedPrefixes model;
+  InsertedPrefixes model(kPage);
   std::vector<CacheUnderTest> caches;
   for (int i = 0; i < 2; ++i) {
     HierarchicalCacheConfig cfg = SharedConfig(pool, 24);

@@ -39,6 +39,7 @@ namespace {
 using testing::CheckingEngine;
 using testing::DeviceTier;
 using testing::Hashes;
+using testing::InsertedPrefixes;
 
 constexpr int64_t kLayers = 2;
 constexpr int64_t kSlotBytes = 8;
@@ -163,37 +164,6 @@ class Prompts {
   int64_t page_;
   std::mt19937_64 rng_;
   std::vector<std::vector<Token>> docs_;
-};
-
-// What was ever inserted: prefixes (namespace, whole pages) — no match may be longer.
-class InsertedPrefixes {
- public:
-  explicit InsertedPrefixes(int64_t page) : page_(page) {}
-  void Add(const std::string& ns, std::span<const Token> tokens) {
-    std::lock_guard<std::mutex> lk(mu_);
-    for (size_t n = static_cast<size_t>(page_); n <= tokens.size(); n += static_cast<size_t>(page_)) {
-      set_.insert(Key(ns, tokens.first(n)));
-    }
-  }
-  int64_t Longest(const std::string& ns, std::span<const Token> tokens) {
-    std::lock_guard<std::mutex> lk(mu_);
-    int64_t best = 0;
-    for (size_t n = static_cast<size_t>(page_); n <= tokens.size(); n += static_cast<size_t>(page_)) {
-      if (!set_.count(Key(ns, tokens.first(n)))) break;
-      best = static_cast<int64_t>(n);
-    }
-    return best;
-  }
-
- private:
-  static std::string Key(const std::string& ns, std::span<const Token> t) {
-    std::string k = ns + '\0';
-    k.append(reinterpret_cast<const char*>(t.data()), t.size() * sizeof(Token));
-    return k;
-  }
-  int64_t page_;
-  std::mutex mu_;
-  std::set<std::string> set_;
 };
 
 struct Live {

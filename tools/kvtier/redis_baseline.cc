@@ -43,27 +43,31 @@ bool ParseDouble(const std::string& text, double* value) {
   return ec == std::errc() && end == text.data() + text.size();
 }
 
-#if KVTIER_HAVE_HIREDIS
-// The key redis-benchmark -r sends for the random number `i` ("key:__rand_int__" with the number
-// written as 12 zero-padded digits).
-std::string KeySpaceKey(int64_t i) { return fmt::format("key:{:012d}", i); }
+// The literal key redis-benchmark SETs and GETs without -r (not on a cluster, where it adds a
+// hash tag per node).
+constexpr std::string_view kLiteralKey = "key:__rand_int__";
 
-// SETs (fill) or DELs (!fill) keys [0, count) of redis-benchmark's key space, pipelined in groups
-// whose values add up to about 64 MiB.
-Status TouchKeySpace(storage::RedisClient& client, int64_t count, int64_t value_bytes, bool fill) {
-  std::vector<std::byte> value;
-  if (fill) {
-    value.resize(static_cast<size_t>(value_bytes));
-    for (size_t i = 0; i < value.size(); ++i) value[i] = static_cast<std::byte>(i * 131 + 7);
-  }
-  const std::span<const std::byte> piece(value);
-  const int64_t group = fill ? std::max<int64_t>(1, (int64_t{64} << 20) / value_bytes) : 1024;
-  for (int64_t first = 0; first < count; first += group) {
-    std::vector<storage::RedisOp> ops(static_cast<size_t>(std::min(group, count - first)));
+#if KVTIER_HAVE_HIREDIS
+// The keys redis-benchmark -r N sends: "key:__rand_int__" with the number [0, N) written as 12
+// zero-padded digits.
+std::vector<std::string> KeySpaceKeys(int64_t count) {
+  std::vector<std::string> keys;
+  keys.reserve(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) keys.push_back(fmt::format("key:{:012d}", i));
+  return keys;
+}
+
+// Runs `verb key [value]` for each of `keys`, pipelined `group` commands at a time; Unavailable
+// naming the first command that got no reply.
+Status ExecuteAll(storage::RedisClient& client, std::string_view verb,
+                  const std::vector<std::string>& keys, std::span<const std::byte> value,
+                  size_t group) {
+  for (size_t first = 0; first < keys.size(); first += group) {
+    std::vector<storage::RedisOp> ops(std::min(group, keys.size() - first));
     for (size_t i = 0; i < ops.size(); ++i) {
-      ops[i].verb = fill ? "SET" : "DEL";
-      ops[i].key = KeySpaceKey(first + static_cast<int64_t>(i));
-      if (fill) ops[i].value = std::span<const std::span<const std::byte>>(&piece, 1);
+      ops[i].verb = verb;
+      ops[i].key = keys[first + i];
+      if (!value.empty()) ops[i].value = std::span<const std::span<const std::byte>>(&value, 1);
     }
     client.Execute(ops, std::chrono::steady_clock::now() + std::chrono::seconds(60));
     for (const storage::RedisOp& op : ops) {
@@ -85,25 +89,15 @@ Result<std::unique_ptr<storage::RedisClient>> OpenClient(storage::RedisUrl url) 
 }
 #endif  // KVTIER_HAVE_HIREDIS
 
-// The literal key redis-benchmark SETs and GETs without -r (not on a cluster, where it adds a
-// hash tag per node).
-constexpr std::string_view kLiteralKey = "key:__rand_int__";
-
 // Deletes redis-benchmark's literal key, so the baseline leaves nothing on the server.
 Status DeleteLiteralKey(const storage::RedisUrl& url) {
 #if KVTIER_HAVE_HIREDIS
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<storage::RedisClient> client, OpenClient(url));
-  storage::RedisOp op;
-  op.verb = "DEL";
-  op.key = std::string(kLiteralKey);
-  client->Execute(std::span(&op, 1), std::chrono::steady_clock::now() + std::chrono::seconds(10));
-  if (op.outcome != storage::RedisOpOutcome::kReplied) {
-    return Status::Unavailable(fmt::format("redis baseline: DEL {}: {}", op.key, op.error));
-  }
+  return ExecuteAll(*client, "DEL", {std::string(kLiteralKey)}, {}, 1);
 #else
   (void)url;
-#endif
   return Status::OK();
+#endif
 }
 
 }  // namespace
@@ -204,9 +198,6 @@ Result<std::string> RunChild(std::vector<std::string> argv, std::chrono::seconds
     return Status::Unavailable(
         fmt::format("redis-benchmark ran past {} s", time_limit.count()));
   }
-  if (WIFEXITED(status) && WEXITSTATUS(status) == 127) {
-    return Status::NotFound("redis-benchmark is not installed (Debian: redis-tools)");
-  }
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
     return Status::Unavailable(fmt::format("redis-benchmark failed: {}", output));
   }
@@ -258,7 +249,6 @@ Result<std::vector<RedisBaselineRow>> RunRedisBenchmark(std::string_view url,
 #if KVTIER_HAVE_HIREDIS
 struct RedisKeySpace::Client {
   std::unique_ptr<storage::RedisClient> redis;
-  int64_t value_bytes = 0;
 };
 
 Result<std::unique_ptr<RedisKeySpace>> RedisKeySpace::Fill(std::string_view url, int64_t keys,
@@ -271,17 +261,23 @@ Result<std::unique_ptr<RedisKeySpace>> RedisKeySpace::Fill(std::string_view url,
     return Status::InvalidArgument("redis baseline: a key space needs keys and value bytes >= 1");
   }
   auto client = std::make_unique<Client>();
-  client->value_bytes = value_bytes;
   KVTIER_ASSIGN_OR_RETURN(client->redis, OpenClient(std::move(parsed)));
   std::unique_ptr<RedisKeySpace> space(new RedisKeySpace(std::move(client), keys));
-  KVTIER_RETURN_IF_ERROR(TouchKeySpace(*space->client_->redis, keys, value_bytes, /*fill=*/true));
+  // Values of the size asked for (the contents do not matter to the server), pipelined in groups
+  // of about 64 MiB.
+  std::vector<std::byte> value(static_cast<size_t>(value_bytes));
+  for (size_t i = 0; i < value.size(); ++i) value[i] = static_cast<std::byte>(i * 131 + 7);
+  const size_t group =
+      static_cast<size_t>(std::max<int64_t>(1, (int64_t{64} << 20) / value_bytes));
+  KVTIER_RETURN_IF_ERROR(
+      ExecuteAll(*space->client_->redis, "SET", KeySpaceKeys(keys), value, group));
   return space;
 }
 
 Status RedisKeySpace::Delete() {
   if (deleted_) return Status::OK();
   deleted_ = true;
-  return TouchKeySpace(*client_->redis, keys_, client_->value_bytes, /*fill=*/false);
+  return ExecuteAll(*client_->redis, "DEL", KeySpaceKeys(keys_), {}, 1024);
 }
 #else
 struct RedisKeySpace::Client {};

@@ -16,7 +16,6 @@
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <optional>
 #include <random>
 
 #include "bench.h"
