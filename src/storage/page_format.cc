@@ -215,6 +215,11 @@ PageStatus CheckPayload(const PageHeader& header, const PageBuffer& payload) {
   return PageStatus::kOk;
 }
 
+bool IsBlankPageHeader(std::span<const std::byte> bytes) {
+  return std::all_of(bytes.begin(), bytes.begin() + kPageHeaderBytes,
+                     [](std::byte b) { return b == std::byte{0}; });
+}
+
 PageStatus ReadPageValue(std::span<const std::byte> value, uint64_t namespace_hash,
                          const PageKey& key, const PageBuffer& dst) {
   const uint64_t expected = static_cast<uint64_t>(dst.bytes());

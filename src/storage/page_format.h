@@ -14,6 +14,10 @@
 //       64     8  checksum of bytes [0, 64) of this header
 // The payload (K then V of a page_first page, or the one MLA buffer) follows at byte 72.
 //
+// A header of 72 zero bytes is blank: the Redis backend writes large pages header-last (the value
+// with a blank header first, the header once the payload's checksum is known) and reads a blank
+// header as absent. Everywhere else it fails the header checksum like any other damage (kCorrupt).
+//
 // Order of the checks (so each fault has one outcome): length, header checksum, magic, version,
 // checksum kind → kCorrupt; namespace hash → kWrongNamespace; key, payload length, payload
 // checksum → kCorrupt. A builder without xxhash writes and reads kind 2; a value of kind 1 read by
@@ -91,6 +95,10 @@ void EncodePageHeader(const PageHeader& header, std::span<std::byte, kPageHeader
 // `*out` (payload checksum still to be checked against the payload).
 PageStatus ParsePageHeader(std::span<const std::byte> bytes, uint64_t namespace_hash,
                            const PageKey& key, uint64_t payload_bytes, PageHeader* out);
+
+// True when the first kPageHeaderBytes of `bytes` are all zero (see "blank" above).
+// REQUIRES: bytes.size() >= kPageHeaderBytes.
+bool IsBlankPageHeader(std::span<const std::byte> bytes);
 
 // Checks the payload already in `payload` against a parsed header's checksum.
 PageStatus CheckPayload(const PageHeader& header, const PageBuffer& payload);

@@ -9,6 +9,14 @@
 // large pages go out in chunks of about kChunkBytes, so a batch never holds more than that many
 // reply bytes.
 //
+// Pages of at least the URL's header_last_bytes are written header-last, because their checksum
+// (a pass over cold memory) would otherwise delay the first byte sent: `SET name <blank header ‖
+// payload>` goes out at once while a ChecksumPool thread computes the payload's checksum, and
+// `SETRANGE name 0 <header>` follows in a second round trip. A reader in between finds the blank
+// header and reads a miss (kAbsent); EXISTS already counts the page. Two writers of one key can
+// leave one's header over the other's payload: a checksum mismatch, a miss. A SETRANGE that
+// fails leaves the blank value (a miss until the next Set of that page) and fails the page.
+//
 // Thread safety: the hooks run on several I/O threads at once; RedisClient is thread-safe and the
 // backend has no other mutable state.
 #include "storage/redis_backend.h"
@@ -21,6 +29,7 @@
 #include <algorithm>
 #include <array>
 
+#include "storage/checksum_pool.h"
 #include "storage/page_format.h"
 #include "storage/redis_client.h"
 #include "storage/redis_url.h"
@@ -40,13 +49,16 @@ PageStatus FromOutcome(const RedisOp& op) {
 class RedisBackend final : public StorageBackend {
  public:
   RedisBackend(std::string url, const StorageNamespace& ns, const StorageOptions& options,
-               std::unique_ptr<RedisClient> client)
+               std::unique_ptr<RedisClient> client, int64_t header_last_bytes)
       : StorageBackend(std::move(url), ns, options),
         client_(std::move(client)),
         namespace_hash_(ns.Hash()),
         name_prefix_(ns.Name() + "/"),
         pages_per_chunk_(static_cast<size_t>(
-            std::max<int64_t>(1, kChunkBytes / std::max<int64_t>(1, ns.page_bytes())))) {}
+            std::max<int64_t>(1, kChunkBytes / std::max<int64_t>(1, ns.page_bytes())))),
+        checksum_pool_(header_last_bytes > 0 && ns.page_bytes() >= header_last_bytes
+                           ? std::make_unique<ChecksumPool>(options.io_threads)
+                           : nullptr) {}
   ~RedisBackend() override { Close(); }
 
   Status Open() { return Start(); }
@@ -92,6 +104,8 @@ class RedisBackend final : public StorageBackend {
         const size_t page = first + i;
         if (op.outcome != RedisOpOutcome::kReplied) {
           out[page] = FromOutcome(op);
+        } else if (op.sunk && IsBlankPageHeader(headers[i])) {
+          out[page] = PageStatus::kAbsent;  // a header-last Set not finished (or abandoned)
         } else if (op.sunk) {
           PageHeader header;
           out[page] = ParsePageHeader(headers[i], namespace_hash_, keys[page],
@@ -111,31 +125,14 @@ class RedisBackend final : public StorageBackend {
 
   void DoSet(std::span<const PageKey> keys, std::span<const PageBuffer> buffers,
              std::span<PageStatus> out, Deadline deadline) override {
-    using Header = std::array<std::byte, kPageHeaderBytes>;
-    using Pieces = std::array<std::span<const std::byte>, 1 + PageBuffer::kMaxSegments>;
     for (size_t first = 0; first < keys.size(); first += pages_per_chunk_) {
       const size_t count = std::min(pages_per_chunk_, keys.size() - first);
-      std::vector<RedisOp> ops = OpsFor("SET", keys.subspan(first, count));
-      std::vector<Header> headers(count);
-      std::vector<Pieces> pieces(count);
-      for (size_t i = 0; i < count; ++i) {
-        const PageBuffer& buffer = buffers[first + i];
-        EncodePageHeader(namespace_hash_, keys[first + i], buffer, headers[i]);
-        pieces[i][0] = headers[i];
-        for (int s = 0; s < buffer.num_segments; ++s) pieces[i][1 + s] = buffer.segments[s];
-        ops[i].value = std::span<const std::span<const std::byte>>(
-            pieces[i].data(), static_cast<size_t>(1 + buffer.num_segments));
-      }
-      client_->Execute(ops, deadline);
-      for (size_t i = 0; i < count; ++i) {
-        const RedisOp& op = ops[i];
-        if (op.outcome != RedisOpOutcome::kReplied) {
-          out[first + i] = FromOutcome(op);
-        } else {
-          const bool ok = op.reply->type == REDIS_REPLY_STATUS &&
-                          std::string_view(op.reply->str, op.reply->len) == "OK";
-          out[first + i] = ok ? PageStatus::kOk : PageStatus::kFailed;
-        }
+      if (checksum_pool_ != nullptr) {
+        SetHeaderLast(keys.subspan(first, count), buffers.subspan(first, count),
+                      out.subspan(first, count), deadline);
+      } else {
+        SetInOne(keys.subspan(first, count), buffers.subspan(first, count),
+                 out.subspan(first, count), deadline);
       }
     }
   }
@@ -155,6 +152,97 @@ class RedisBackend final : public StorageBackend {
   }
 
  private:
+  using Header = std::array<std::byte, kPageHeaderBytes>;
+  using Pieces = std::array<std::span<const std::byte>, 1 + PageBuffer::kMaxSegments>;
+
+  // `SET name <header ‖ payload>` per page, one round trip.
+  void SetInOne(std::span<const PageKey> keys, std::span<const PageBuffer> buffers,
+                std::span<PageStatus> out, Deadline deadline) {
+    const size_t count = keys.size();
+    std::vector<RedisOp> ops = OpsFor("SET", keys);
+    std::vector<Header> headers(count);
+    std::vector<Pieces> pieces(count);
+    for (size_t i = 0; i < count; ++i) {
+      EncodePageHeader(namespace_hash_, keys[i], buffers[i], headers[i]);
+      ops[i].value = ValueOf(headers[i], buffers[i], pieces[i]);
+    }
+    client_->Execute(ops, deadline);
+    for (size_t i = 0; i < count; ++i) out[i] = SetOutcome(ops[i]);
+  }
+
+  // `SET name <blank header ‖ payload>` per page while the checksums are computed, then
+  // `SETRANGE name 0 <header>` for the pages that were stored: two round trips.
+  void SetHeaderLast(std::span<const PageKey> keys, std::span<const PageBuffer> buffers,
+                     std::span<PageStatus> out, Deadline deadline) {
+    static constexpr Header kBlank{};
+    const size_t count = keys.size();
+    std::vector<uint64_t> checksums(count);
+    ChecksumPool::Batch batch(*checksum_pool_);  // waits for its jobs even on an early return
+    for (size_t i = 0; i < count; ++i) batch.Add(buffers[i], &checksums[i]);
+
+    std::vector<RedisOp> sets = OpsFor("SET", keys);
+    std::vector<Pieces> pieces(count);
+    for (size_t i = 0; i < count; ++i) sets[i].value = ValueOf(kBlank, buffers[i], pieces[i]);
+    client_->Execute(sets, deadline);
+    batch.Wait();
+
+    std::vector<Header> headers(count);
+    std::vector<std::span<const std::byte>> header_pieces(count);
+    std::vector<RedisOp> ranges;
+    std::vector<size_t> range_page;  // the page of each SETRANGE
+    for (size_t i = 0; i < count; ++i) {
+      out[i] = SetOutcome(sets[i]);
+      if (out[i] != PageStatus::kOk) continue;
+      PageHeader header;
+      header.checksum_kind = DefaultChecksumKind();
+      header.namespace_hash = namespace_hash_;
+      header.key = keys[i];
+      header.payload_bytes = static_cast<uint64_t>(buffers[i].bytes());
+      header.payload_checksum = checksums[i];
+      EncodePageHeader(header, headers[i]);
+      header_pieces[i] = headers[i];
+      RedisOp op;
+      op.verb = "SETRANGE";
+      op.key = std::move(sets[i].key);
+      op.offset = "0";
+      op.value = std::span<const std::span<const std::byte>>(&header_pieces[i], 1);
+      ranges.push_back(std::move(op));
+      range_page.push_back(i);
+    }
+    if (ranges.empty()) return;
+    client_->Execute(ranges, deadline);
+    for (size_t r = 0; r < ranges.size(); ++r) {
+      const RedisOp& op = ranges[r];
+      const size_t i = range_page[r];
+      if (op.outcome != RedisOpOutcome::kReplied) {
+        out[i] = FromOutcome(op);
+      } else {
+        // The reply is the value's length: anything else means the key changed in between
+        // (removed, or replaced by another size) and the value is not this page.
+        const auto expected = static_cast<long long>(kPageHeaderBytes) + buffers[i].bytes();
+        const bool ok = op.reply->type == REDIS_REPLY_INTEGER && op.reply->integer == expected;
+        out[i] = ok ? PageStatus::kOk : PageStatus::kFailed;
+      }
+    }
+  }
+
+  // The value pieces [header ‖ the buffer's segments], in `pieces`.
+  static std::span<const std::span<const std::byte>> ValueOf(const Header& header,
+                                                             const PageBuffer& buffer,
+                                                             Pieces& pieces) {
+    pieces[0] = header;
+    for (int s = 0; s < buffer.num_segments; ++s) pieces[1 + s] = buffer.segments[s];
+    return std::span<const std::span<const std::byte>>(
+        pieces.data(), static_cast<size_t>(1 + buffer.num_segments));
+  }
+
+  static PageStatus SetOutcome(const RedisOp& op) {
+    if (op.outcome != RedisOpOutcome::kReplied) return FromOutcome(op);
+    const bool ok = op.reply->type == REDIS_REPLY_STATUS &&
+                    std::string_view(op.reply->str, op.reply->len) == "OK";
+    return ok ? PageStatus::kOk : PageStatus::kFailed;
+  }
+
   std::vector<RedisOp> OpsFor(std::string_view verb, std::span<const PageKey> keys) const {
     std::vector<RedisOp> ops(keys.size());
     for (size_t i = 0; i < keys.size(); ++i) {
@@ -168,6 +256,8 @@ class RedisBackend final : public StorageBackend {
   const uint64_t namespace_hash_;
   const std::string name_prefix_;  // "<namespace name>/"
   const size_t pages_per_chunk_;
+  // Set: header-last writes (pages of at least header_last_bytes); null: every page in one SET.
+  const std::unique_ptr<ChecksumPool> checksum_pool_;
 };
 
 }  // namespace
@@ -183,10 +273,12 @@ Result<std::unique_ptr<StorageBackend>> OpenRedisStorage(std::string_view url,
   config.command_timeout = config.url.timeout.count() > 0 ? config.url.timeout : options.timeout;
   config.max_idle_connections_per_node = std::max(4, options.io_threads);
   const std::string redacted = config.url.Redacted();
+  const int64_t header_last_bytes = config.url.header_last_bytes;
   const Deadline deadline = Clock::now() + config.url.connect_timeout + config.command_timeout;
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<RedisClient> client,
                           RedisClient::Open(std::move(config), deadline));
-  auto backend = std::make_unique<RedisBackend>(redacted, ns, options, std::move(client));
+  auto backend = std::make_unique<RedisBackend>(redacted, ns, options, std::move(client),
+                                                header_last_bytes);
   KVTIER_RETURN_IF_ERROR(backend->Open());
   return std::unique_ptr<StorageBackend>(std::move(backend));
 }

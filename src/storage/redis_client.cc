@@ -328,6 +328,8 @@ void RedisClient::Execute(std::span<RedisOp> ops, Deadline deadline) {
         if (group.asking[k]) group.connection->Append({"ASKING"});
         if (op.verb == "SET") {
           group.connection->AppendWithValue({op.verb, op.key}, op.value);
+        } else if (op.verb == "SETRANGE") {
+          group.connection->AppendWithValue({op.verb, op.key, op.offset}, op.value);
         } else {
           group.connection->Append({op.verb, op.key}, op.sink);
         }

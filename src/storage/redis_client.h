@@ -49,11 +49,12 @@ enum class RedisOpOutcome : uint8_t {
   kFailed = 3,  // the server is down, the connection failed, too many redirects; see `error`
 };
 
-// One single-key command of a batch: `verb key [value]`.
+// One single-key command of a batch: `verb key [offset] [value]`.
 struct RedisOp {
-  std::string_view verb;  // "GET", "SET", "EXISTS", "DEL"
+  std::string_view verb;  // "GET", "SET", "SETRANGE", "EXISTS", "DEL"
   std::string key;        // the object name; routes the command in a cluster
-  // SET: the value, the concatenation of these pieces, borrowed until Execute returns.
+  std::string_view offset;  // SETRANGE: the offset, sent between the key and the value
+  // SET, SETRANGE: the value, the concatenation of these pieces, borrowed until Execute returns.
   std::span<const std::span<const std::byte>> value;
   // GET: where a value of exactly the sink's total size is read to (no copies), borrowed until
   // Execute returns. Its contents are undefined unless the op ends `sunk`.

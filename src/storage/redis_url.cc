@@ -6,6 +6,8 @@
 #include <charconv>
 #include <cstdint>
 
+#include "kvtier/storage.h"
+
 namespace kvtier::storage {
 namespace {
 
@@ -187,9 +189,18 @@ Result<RedisUrl> ParseRedisUrl(std::string_view url) {
     } else if (name == "connect_timeout_ms") {
       KVTIER_ASSIGN_OR_RETURN(const int64_t ms, ParseMillis(name, value));
       parsed.connect_timeout = std::chrono::milliseconds(ms);
+    } else if (name == "header_last_bytes") {
+      Result<int64_t> bytes = ParseByteSize(value);
+      if (!bytes.ok()) {
+        return Status::InvalidArgument(
+            fmt::format("redis URL: header_last_bytes: {}", bytes.status().message()));
+      }
+      parsed.header_last_bytes = *bytes;
     } else {
-      return Status::InvalidArgument(fmt::format(
-          "redis URL: unknown parameter '{}' (known: timeout_ms, connect_timeout_ms)", name));
+      return Status::InvalidArgument(
+          fmt::format("redis URL: unknown parameter '{}' (known: timeout_ms, connect_timeout_ms, "
+                      "header_last_bytes)",
+                      name));
     }
   }
   return parsed;

@@ -1,17 +1,20 @@
 // Internal: the parsed form of a Redis storage URL.
 //
-//   redis://[[user]:password@]host[:port][/][?timeout_ms=N&connect_timeout_ms=N]
+//   redis://[[user]:password@]host[:port][/][?timeout_ms=N&connect_timeout_ms=N&header_last_bytes=S]
 //   redis+cluster://[[user]:password@]host[:port][,host[:port]...][/][?...]
 //
 // user and password may be percent-encoded; an IPv6 host is written in brackets ([::1]:6379); the
 // port defaults to 6379. `timeout_ms` bounds one pipelined round trip to one node (default: the
 // call's StorageOptions::timeout); `connect_timeout_ms` bounds connecting and authenticating
-// (default 1000). Both are also capped by the call's deadline.
+// (default 1000). Both are also capped by the call's deadline. `header_last_bytes` (a byte size,
+// default 1MiB, 0 = never): pages of at least this many bytes are written header-last (the value
+// with a blank header first, its checksum computed meanwhile, then the header; redis_backend.cc).
 //
 // Thread safety: plain values and pure functions.
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -36,6 +39,7 @@ struct RedisUrl {
   std::string password;                  // empty: no AUTH
   std::chrono::milliseconds timeout{0};  // 0: the call's timeout
   std::chrono::milliseconds connect_timeout{1000};
+  int64_t header_last_bytes = int64_t{1} << 20;  // 0: every page in one SET
 
   // The URL without credentials ("redis://host:port", "redis+cluster://a:1,b:2").
   std::string Redacted() const;

@@ -8,9 +8,13 @@
 // timeout, the rest are hits) and restarted.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <ostream>
 #include <random>
+#include <string>
+#include <string_view>
 #include <thread>
 
 #include "kvtier/storage.h"
@@ -149,12 +153,49 @@ std::string ObjectName(const StorageNamespace& ns, const PageKey& key) {
   return ns.Name() + "/" + key.Hex();
 }
 
-TEST(RedisBackendTest, RoundTripExistsAndRemove) {
+// The two ways a Set writes a page (redis_backend.cc): one SET of header ‖ payload, or
+// header-last (SET of a blank header ‖ payload, then SETRANGE of the header). The tests of Set
+// behaviour run with each, forced by the URL's header_last_bytes whatever the page size.
+struct WriteMode {
+  const char* name;
+  const char* query;
+};
+constexpr WriteMode kWriteModes[] = {{"OneSet", "?header_last_bytes=0"},
+                                     {"HeaderLast", "?header_last_bytes=1"}};
+
+void PrintTo(const WriteMode& mode, std::ostream* os) { *os << mode.name; }
+
+class RedisWriteModeTest : public ::testing::TestWithParam<WriteMode> {
+ protected:
+  static std::string Query() { return GetParam().query; }
+  static bool HeaderLast() { return std::string_view(GetParam().name) == "HeaderLast"; }
+};
+using RedisBackendWriteTest = RedisWriteModeTest;
+using RedisClusterBackendWriteTest = RedisWriteModeTest;
+std::string WriteModeName(const ::testing::TestParamInfo<WriteMode>& info) {
+  return info.param.name;
+}
+INSTANTIATE_TEST_SUITE_P(Writes, RedisBackendWriteTest, ::testing::ValuesIn(kWriteModes),
+                         WriteModeName);
+INSTANTIATE_TEST_SUITE_P(Writes, RedisClusterBackendWriteTest, ::testing::ValuesIn(kWriteModes),
+                         WriteModeName);
+
+// Calls of `command` the server has run (INFO commandstats), 0 when it has run none.
+int64_t CommandCalls(const storage::RedisEndpoint& server, const std::string& command) {
+  auto info = RedisCommand(server, {"INFO", "commandstats"});
+  if (info == nullptr || info->type != REDIS_REPLY_STRING) return -1;
+  const std::string text(info->str, info->len);
+  const std::string field = "cmdstat_" + command + ":calls=";
+  const size_t at = text.find(field);
+  return at == std::string::npos ? 0 : std::stoll(text.substr(at + field.size()));
+}
+
+TEST_P(RedisBackendWriteTest, RoundTripExistsAndRemove) {
   SKIP_WITHOUT_REDIS();
   RedisTestServer server;
   ASSERT_EQ(server.Start(), "");
   const StorageNamespace ns = TestNamespace();
-  auto backend = Open("redis://" + server.address(), ns);
+  auto backend = Open("redis://" + server.address() + Query(), ns);
   ASSERT_NE(backend, nullptr);
   EXPECT_EQ(backend->url(), "redis://" + server.address());
 
@@ -164,6 +205,8 @@ TEST(RedisBackendTest, RoundTripExistsAndRemove) {
   EXPECT_EQ(absent.count(PageStatus::kAbsent), 64);
 
   ASSERT_EQ(SetPattern(*backend, keys), 64);
+  EXPECT_EQ(CommandCalls(server.endpoint(), "setrange"), HeaderLast() ? 64 : 0);
+  EXPECT_EQ(CommandCalls(server.endpoint(), "set"), 64);
   EXPECT_EQ(backend->Exists(keys).get().leading, 64);
   const BatchResult hits = GetChecked(*backend, keys);
   EXPECT_EQ(hits.count(PageStatus::kOk), 64);
@@ -189,12 +232,12 @@ TEST(RedisBackendTest, RoundTripExistsAndRemove) {
   EXPECT_EQ(stats.bytes_written, 64 * ns.page_bytes());
 }
 
-TEST(RedisBackendTest, StoredNameAndValueAreThePageFormat) {
+TEST_P(RedisBackendWriteTest, StoredNameAndValueAreThePageFormat) {
   SKIP_WITHOUT_REDIS();
   RedisTestServer server;
   ASSERT_EQ(server.Start(), "");
   const StorageNamespace ns = TestNamespace();
-  auto backend = Open("redis://" + server.address(), ns);
+  auto backend = Open("redis://" + server.address() + Query(), ns);
   ASSERT_NE(backend, nullptr);
   const std::vector<PageKey> keys = Keys(1);
   ASSERT_EQ(SetPattern(*backend, keys), 1);
@@ -213,14 +256,14 @@ TEST(RedisBackendTest, StoredNameAndValueAreThePageFormat) {
   }
 }
 
-TEST(RedisBackendTest, ValuesThatDoNotCheckOutAreMisses) {
+TEST_P(RedisBackendWriteTest, ValuesThatDoNotCheckOutAreMisses) {
   SKIP_WITHOUT_REDIS();
   RedisTestServer server;
   ASSERT_EQ(server.Start(), "");
   const StorageNamespace ns = TestNamespace();
   const StorageNamespace other_ns = TestNamespace("another-model");
-  auto backend = Open("redis://" + server.address(), ns);
-  auto other = Open("redis://" + server.address(), other_ns);
+  auto backend = Open("redis://" + server.address() + Query(), ns);
+  auto other = Open("redis://" + server.address() + Query(), other_ns);
   ASSERT_NE(backend, nullptr);
   ASSERT_NE(other, nullptr);
   const std::vector<PageKey> keys = Keys(8);
@@ -325,14 +368,14 @@ TEST(RedisBackendTest, PasswordAclUserAndWrongCredentials) {
   EXPECT_TRUE(bad_url.status().IsInvalidArgument());
 }
 
-TEST(RedisBackendTest, PausedKilledAndRestartedServer) {
+TEST_P(RedisBackendWriteTest, PausedKilledAndRestartedServer) {
   SKIP_WITHOUT_REDIS();
   RedisTestServer server;
   ASSERT_EQ(server.Start(), "");
   const StorageNamespace ns = TestNamespace();
   StorageOptions options;
   options.timeout = 300ms;
-  auto backend = Open("redis://" + server.address(), ns, options);
+  auto backend = Open("redis://" + server.address() + Query(), ns, options);
   ASSERT_NE(backend, nullptr);
   const std::vector<PageKey> keys = Keys(16);
   ASSERT_EQ(SetPattern(*backend, keys), 16);
@@ -374,12 +417,12 @@ TEST(RedisBackendTest, PausedKilledAndRestartedServer) {
   EXPECT_EQ(backend->Exists(keys).get().leading, 16);
 }
 
-TEST(RedisBackendTest, ConcurrentCallersOnOneBackend) {
+TEST_P(RedisBackendWriteTest, ConcurrentCallersOnOneBackend) {
   SKIP_WITHOUT_REDIS();
   RedisTestServer server;
   ASSERT_EQ(server.Start(), "");
   const StorageNamespace ns = TestNamespace();
-  auto backend = Open("redis://" + server.address(), ns);
+  auto backend = Open("redis://" + server.address() + Query(), ns);
   ASSERT_NE(backend, nullptr);
   std::vector<std::thread> callers;
   std::atomic<int64_t> hits{0};
@@ -395,6 +438,56 @@ TEST(RedisBackendTest, ConcurrentCallersOnOneBackend) {
   }
   for (auto& caller : callers) caller.join();
   EXPECT_EQ(hits.load(), 4 * 5 * 32);
+}
+
+// The default: pages of 1 MiB or more are written header-last, smaller ones in one SET; both read
+// back byte for byte.
+TEST(RedisBackendTest, DefaultWritesLargePagesHeaderLast) {
+  SKIP_WITHOUT_REDIS();
+  RedisTestServer server;
+  ASSERT_EQ(server.Start(), "");
+  StorageNamespace large = TestNamespace("large-pages");
+  large.slot_bytes = 16384;  // 2 (K, V) * 2 layers * 16 tokens * 16 KiB = 1 MiB
+  ASSERT_EQ(large.page_bytes(), int64_t{1} << 20);
+  auto small_backend = Open("redis://" + server.address(), TestNamespace());
+  auto large_backend = Open("redis://" + server.address(), large);
+  ASSERT_NE(small_backend, nullptr);
+  ASSERT_NE(large_backend, nullptr);
+  const std::vector<PageKey> keys = Keys(3);
+  ASSERT_EQ(SetPattern(*small_backend, keys), 3);
+  EXPECT_EQ(CommandCalls(server.endpoint(), "setrange"), 0);
+  ASSERT_EQ(SetPattern(*large_backend, keys), 3);
+  EXPECT_EQ(CommandCalls(server.endpoint(), "setrange"), 3);
+  EXPECT_EQ(GetChecked(*small_backend, keys).count(PageStatus::kOk), 3);
+  EXPECT_EQ(GetChecked(*large_backend, keys).count(PageStatus::kOk), 3);
+}
+
+// A value whose header is still blank (a header-last Set between its SET and its SETRANGE, or
+// one whose SETRANGE never came) reads as absent; once the header is written it is a hit.
+TEST(RedisBackendTest, BlankHeaderReadsAsAbsentUntilTheHeaderIsWritten) {
+  SKIP_WITHOUT_REDIS();
+  RedisTestServer server;
+  ASSERT_EQ(server.Start(), "");
+  const StorageNamespace ns = TestNamespace();
+  auto backend = Open("redis://" + server.address(), ns);
+  ASSERT_NE(backend, nullptr);
+  const std::vector<PageKey> keys = Keys(2);
+  ASSERT_EQ(SetPattern(*backend, keys), 2);
+  const std::string name = ObjectName(ns, keys[0]);
+  auto good = RedisCommand(server.endpoint(), {"GET", name});
+  ASSERT_NE(good, nullptr);
+  const std::string value(good->str, good->len);
+  std::string blank = value;
+  std::fill(blank.begin(), blank.begin() + storage::kPageHeaderBytes, '\0');
+  ASSERT_EQ(ReplyText(RedisCommand(server.endpoint(), {"SET", name, blank}).get()), "OK");
+  const BatchResult pending = GetChecked(*backend, keys);
+  EXPECT_EQ(pending.pages[0], PageStatus::kAbsent);
+  EXPECT_EQ(pending.pages[1], PageStatus::kOk);
+  EXPECT_EQ(backend->Stats().get_corrupt_pages, 0);
+  ASSERT_NE(RedisCommand(server.endpoint(),
+                         {"SETRANGE", name, "0", value.substr(0, storage::kPageHeaderBytes)}),
+            nullptr);
+  EXPECT_EQ(GetChecked(*backend, keys).count(PageStatus::kOk), 2);
 }
 
 // ---- cluster ------------------------------------------------------------------------------------
@@ -413,12 +506,12 @@ int NodeOfKey(RedisTestCluster& cluster, const StorageNamespace& ns, const PageK
   return -1;
 }
 
-TEST(RedisClusterBackendTest, KeysOnEveryNodeAndASlotMigratedDuringBatches) {
+TEST_P(RedisClusterBackendWriteTest, KeysOnEveryNodeAndASlotMigratedDuringBatches) {
   SKIP_WITHOUT_REDIS();
   RedisTestCluster cluster;
   ASSERT_EQ(cluster.Start(), "");
   const StorageNamespace ns = TestNamespace();
-  auto backend = Open(cluster.Url(2), ns);
+  auto backend = Open(cluster.Url(2) + Query(), ns);
   ASSERT_NE(backend, nullptr);
 
   const std::vector<PageKey> keys = Keys(300);
@@ -494,14 +587,14 @@ TEST(RedisClusterBackendTest, KeysOnEveryNodeAndASlotMigratedDuringBatches) {
             0);
 }
 
-TEST(RedisClusterBackendTest, NodeKilledDuringBatchesThenRestarted) {
+TEST_P(RedisClusterBackendWriteTest, NodeKilledDuringBatchesThenRestarted) {
   SKIP_WITHOUT_REDIS();
   RedisTestCluster cluster;
   ASSERT_EQ(cluster.Start(), "");
   const StorageNamespace ns = TestNamespace();
   StorageOptions options;
   options.timeout = 400ms;
-  auto backend = Open(cluster.Url(3), ns, options);
+  auto backend = Open(cluster.Url(3) + Query(), ns, options);
   ASSERT_NE(backend, nullptr);
   const std::vector<PageKey> keys = Keys(150);
   ASSERT_EQ(SetPattern(*backend, keys), 150);

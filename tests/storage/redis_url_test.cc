@@ -18,6 +18,7 @@ TEST(RedisUrlTest, SingleServer) {
   EXPECT_TRUE(url->password.empty());
   EXPECT_EQ(url->timeout.count(), 0);
   EXPECT_EQ(url->connect_timeout.count(), 1000);
+  EXPECT_EQ(url->header_last_bytes, int64_t{1} << 20);
   EXPECT_EQ(url->Redacted(), "redis://127.0.0.1:6380");
 
   Result<RedisUrl> default_port = ParseRedisUrl("redis://localhost/");
@@ -41,7 +42,7 @@ TEST(RedisUrlTest, Credentials) {
 TEST(RedisUrlTest, ClusterSeedsAndParameters) {
   Result<RedisUrl> url = ParseRedisUrl(
       "redis+cluster://127.0.0.1:7000,127.0.0.1:7001,[::1]:7002?timeout_ms=250&"
-      "connect_timeout_ms=100");
+      "connect_timeout_ms=100&header_last_bytes=4MiB");
   ASSERT_TRUE(url.ok()) << url.status().ToString();
   EXPECT_TRUE(url->cluster);
   ASSERT_EQ(url->endpoints.size(), 3u);
@@ -50,6 +51,7 @@ TEST(RedisUrlTest, ClusterSeedsAndParameters) {
   EXPECT_EQ(url->endpoints[2].ToString(), "[::1]:7002");
   EXPECT_EQ(url->timeout.count(), 250);
   EXPECT_EQ(url->connect_timeout.count(), 100);
+  EXPECT_EQ(url->header_last_bytes, int64_t{4} << 20);
   EXPECT_EQ(url->Redacted(), "redis+cluster://127.0.0.1:7000,127.0.0.1:7001,[::1]:7002");
 }
 
@@ -73,6 +75,8 @@ TEST(RedisUrlTest, BadUrlsNameTheirProblem) {
       {"redis://127.0.0.1:1/3", "database"},
       {"redis://127.0.0.1:1?timeout_ms=0", "timeout_ms"},
       {"redis://127.0.0.1:1?timeout_ms=abc", "timeout_ms"},
+      {"redis://127.0.0.1:1?header_last_bytes=-1", "header_last_bytes"},
+      {"redis://127.0.0.1:1?header_last_bytes=lots", "header_last_bytes"},
       {"redis://127.0.0.1:1?connect_timeout_ms=99999999", "connect_timeout_ms"},
       {"redis://127.0.0.1:1?db=2", "unknown parameter 'db'"},
       {"redis://::1:6379", "brackets"},
