@@ -438,6 +438,21 @@ Result<OpTimes> RunExistsIndex(const std::string& url, const StorageBenchOptions
   return t;
 }
 
+// A file store keeps each namespace in a directory of shard directories (one per key prefix),
+// which stay when their pages are removed. After the bench has removed its pages it removes the
+// directories of its own namespaces that are left empty, deepest first; rmdir never removes a
+// directory that still holds anything, so pages other processes stored there stay.
+void RemoveEmptyDirectories(const std::filesystem::path& dir) {
+  std::error_code ec;
+  std::vector<std::filesystem::path> children;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    std::error_code type_ec;
+    if (entry.is_directory(type_ec) && !entry.is_symlink(type_ec)) children.push_back(entry.path());
+  }
+  for (const auto& child : children) RemoveEmptyDirectories(child);
+  ::rmdir(dir.c_str());  // fails, harmlessly, when anything is left
+}
+
 void PrintRows(std::FILE* out, const std::vector<StorageRow>& rows) {
   std::fprintf(out, "%-7s %-7s %-20s %6s %9s %8s %10s %9s %9s %8s %s\n", "kind", "op", "who",
                "pages", "page MiB", "GB/s", "pages/s", "p50 ms", "p99 ms", "% base", "check");
@@ -697,6 +712,16 @@ int RunStorageBench(const StorageBenchOptions& options, const std::string& comma
       row.note = note;
       if (!row.check_ok) exit_code = 1;
       rows.push_back(row);
+    }
+  }
+  if (scheme == "file") {  // every backend of the run is closed by now
+    for (const std::string& kind_name : o.kinds) {
+      const PageKind& kind = *std::find_if(std::begin(kKinds), std::end(kKinds),
+                                           [&](const PageKind& p) { return kind_name == p.name; });
+      RemoveEmptyDirectories(std::filesystem::path(rest) / NamespaceOf(kind).Name());
+    }
+    if (o.exists_keys > 0) {
+      RemoveEmptyDirectories(std::filesystem::path(rest) / NamespaceOf(kExistsKind).Name());
     }
   }
   PrintRows(stdout, rows);
