@@ -120,8 +120,14 @@ int64_t AsInt64(const py::object& o) {
 std::string ShapeText(const int64_t* shape, int ndim) {
   // As Python prints a tuple: (), (3,), (2, 2).
   std::string s = "(";
-  for (int i = 0; i < ndim; ++i) s += (i == 0 ? "" : ", ") + std::to_string(shape[i]);
-  return s + (ndim == 1 ? ",)" : ")");
+  for (int i = 0; i < ndim; ++i) {
+    // Appended piece by piece: GCC 12's LTO warned (-Wstringop-overflow, a false positive) on
+    // the `const char* + std::string` temporary this loop used to build.
+    if (i > 0) s += ", ";
+    s += std::to_string(shape[i]);
+  }
+  s += ndim == 1 ? ",)" : ")";
+  return s;
 }
 
 // Device of a torch tensor (kHostDevice for cpu); InvalidArgument for other devices.
