@@ -20,10 +20,11 @@ import argparse
 import heapq
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
+
+from replay_report import run_replay
 
 BLOCK = 512  # tokens per hash id in Mooncake traces
 
@@ -123,12 +124,7 @@ def replay_hit_rate(kvtier, trace, requests, page_size, capacity_tokens):
                "--device-tokens", str(capacity_tokens), "--host-tokens", "0",
                "--storage", "none", "--eviction", "lru", "--sequential",
                "--runs", "hierarchy", "--no-progress", "--json", out]
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        if proc.returncode != 0:
-            sys.stdout.write(proc.stdout)
-            raise SystemExit("kvtier replay failed with exit code %d" % proc.returncode)
-        with open(out) as f:
-            report = json.load(f)
+        report, _ = run_replay(cmd, out, echo=False)
     assert report["exact_mode"], "the replay did not run in exact mode"
     assert report["integrity"]["wrong_bytes"] == 0, report["integrity"]
     assert report["integrity"]["bytes_checked"] > 0, report["integrity"]

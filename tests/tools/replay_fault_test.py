@@ -5,11 +5,11 @@ before and after the fault, and storage stops giving hits after it.
 
 Usage: replay_fault_test.py KVTIER
 """
-import json
 import os
-import subprocess
 import sys
 import tempfile
+
+from replay_report import run_replay
 
 
 def main():
@@ -27,13 +27,7 @@ def main():
                # skipped, and no storage hit happens before the fault (the test proves nothing).
                "--storage-io-threads", "1",
                "--no-progress", "--json", out]
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        sys.stdout.write(proc.stdout)
-        if proc.returncode != 0:
-            print("FAIL: kvtier replay exited with %d" % proc.returncode)
-            return 1
-        with open(out) as f:
-            report = json.load(f)
+        report, output = run_replay(cmd, out)
     run = report["runs"][-1]
     failures = []
     if report["integrity"]["wrong_bytes"] != 0:
@@ -49,7 +43,7 @@ def main():
             failures.append("storage hits after the store went down: %d tokens" % sum(series[k:]))
         if run["storage_errors"]["errors"] <= 0:
             failures.append("no storage errors reported after the fault")
-        if "fault: storage down" not in proc.stdout:
+        if "fault: storage down" not in output:
             failures.append("the report has no fault line")
     for f in failures:
         print("FAIL: " + f)

@@ -10,7 +10,6 @@ Skips (exit code 77) only when redis-server is not installed or kvtier was built
 
 Usage: replay_redis_fault_test.py KVTIER HIREDIS(ON|OFF)
 """
-import json
 import os
 import re
 import shutil
@@ -19,6 +18,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from replay_report import run_replay
 
 SKIP = 77
 
@@ -45,14 +46,7 @@ def main():
                "--device-tokens", "32768", "--host-tokens", "65536", "--storage", "redis",
                "--sequential", "--runs", "hierarchy", "--fault", "storage-down@30",
                "--no-progress", "--json", out]
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              timeout=240)
-        sys.stdout.write(proc.stdout)
-        if proc.returncode != 0:
-            print("FAIL: kvtier replay exited with %d" % proc.returncode)
-            return 1
-        with open(out) as f:
-            report = json.load(f)
+        report, output = run_replay(cmd, out, timeout=240)
     run = report["runs"][-1]
     failures = []
     if report["integrity"]["wrong_bytes"] != 0:
@@ -77,7 +71,7 @@ def main():
             failures.append("storage hits after the server stopped: %d tokens" % sum(series[k:]))
         if run["storage_errors"]["errors"] <= 0:
             failures.append("no storage errors reported after the server stopped")
-        if "fault: storage down" not in proc.stdout or "hit rate before" not in proc.stdout:
+        if "fault: storage down" not in output or "hit rate before" not in output:
             failures.append("the report has no fault line with the hit rate before and after")
     failures += killed_replay_leaves_no_server(kvtier)
     for f in failures:

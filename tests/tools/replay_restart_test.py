@@ -8,11 +8,11 @@ its own inserts must come from the store the first run wrote.
 
 Usage: replay_restart_test.py KVTIER
 """
-import json
 import os
-import subprocess
 import sys
 import tempfile
+
+from replay_report import run_replay
 
 
 def replay(kvtier, store, out, workload):
@@ -23,12 +23,7 @@ def replay(kvtier, store, out, workload):
            "--storage", "file://" + store, "--hicache-write-policy", "write_through",
            "--hicache-storage-prefetch-policy", "wait_complete",
            "--sequential", "--runs", "hierarchy", "--no-progress", "--json", out]
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    sys.stdout.write(proc.stdout)
-    if proc.returncode != 0:
-        raise SystemExit("FAIL: kvtier replay exited with %d" % proc.returncode)
-    with open(out) as f:
-        return json.load(f)
+    return run_replay(cmd, out)[0]
 
 
 def main():

@@ -8,9 +8,10 @@ Usage: replay_shard_test.py KVTIER TRACE
 """
 import json
 import os
-import subprocess
 import sys
 import tempfile
+
+from replay_report import run_replay
 
 
 def main():
@@ -28,14 +29,7 @@ def main():
                "--model", "tiny", "--compute-model", "llama3-8b", "--device", "cpu",
                "--device-tokens", "65536", "--host-tokens", "131072", "--storage", "none",
                "--sequential", "--runs", "hierarchy", "--no-progress", "--json", out]
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              timeout=120)
-        sys.stdout.write(proc.stdout)
-        if proc.returncode != 0:
-            print("FAIL: kvtier replay exited with %d" % proc.returncode)
-            return 1
-        with open(out) as f:
-            report = json.load(f)
+        report, _ = run_replay(cmd, out, timeout=120)
     got = report["timeline"]["hierarchy"]["input_tokens"]
     failures = []
     if len(want) != requests:

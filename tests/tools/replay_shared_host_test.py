@@ -17,6 +17,8 @@ import sys
 import tempfile
 import time
 
+from replay_report import load_report
+
 
 def replay_cmd(kvtier, name, out):
     return [kvtier, "replay", "--workload", "doc-qa", "--requests", "60", "--seed", "5",
@@ -41,11 +43,8 @@ def hierarchy(report):
 
 def finish(proc, label, out):
     stdout, _ = proc.communicate(timeout=600)
-    sys.stdout.write("---- %s ----\n%s" % (label, stdout))
-    if proc.returncode != 0:
-        raise SystemExit("FAIL: the %s replay exited with %d" % (label, proc.returncode))
-    with open(out) as f:
-        return json.load(f)
+    return load_report(proc.returncode, "---- %s ----\n%s" % (label, stdout), out,
+                       label="the %s replay" % label)
 
 
 def main():
