@@ -17,8 +17,8 @@
 // leave one's header over the other's payload: a checksum mismatch, a miss. A SETRANGE that
 // fails leaves the blank value (a miss until the next Set of that page) and fails the page.
 //
-// Thread safety: the hooks run on several I/O threads at once; RedisClient is thread-safe and the
-// backend has no other mutable state.
+// Thread safety: the hooks run on several I/O threads at once; RedisClient and ChecksumPool are
+// thread-safe and the backend has no other mutable state.
 #include "storage/redis_backend.h"
 
 #if KVTIER_HAVE_HIREDIS
