@@ -1,9 +1,11 @@
 // Internal: computes page payload checksums on threads of its own, so that a writer can send a
-// page while its checksum is being computed (the Redis backend's header-last Set, redis_backend.cc).
+// page while its checksum is being computed (the Redis backend's header-last Set,
+// redis_backend.cc).
 //
 // A caller groups its jobs in a Batch and waits for them together. Wait() runs the batch's jobs
 // that no pool thread has started yet on the calling thread, so a batch never waits for a queue
 // full of other callers' jobs: at worst it costs what computing its checksums in line would.
+// (util::ThreadPool's posted tasks cannot be taken back by a waiter, hence a queue of its own.)
 //
 // Thread safety: a pool is shared by any number of threads; one Batch belongs to one thread.
 #pragma once

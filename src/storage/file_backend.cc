@@ -634,11 +634,8 @@ class FileBackend final : public StorageBackend {
   // it is written (so the write copies it from cache), then the header with that checksum at
   // offset 0. The file is published only by the rename that follows.
   bool WritePayloadAndHeader(int fd, const PageKey& key, const PageBuffer& buffer) {
-    PageHeader header;
-    header.checksum_kind = DefaultChecksumKind();
-    header.namespace_hash = namespace_hash_;
-    header.key = key;
-    header.payload_bytes = static_cast<uint64_t>(buffer.bytes());
+    PageHeader header =
+        NewPageHeader(namespace_hash_, key, static_cast<uint64_t>(buffer.bytes()));
     PayloadHasher hasher(header.checksum_kind);
     if (!hasher.ok()) {
       errno = EINVAL;

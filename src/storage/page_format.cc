@@ -168,13 +168,19 @@ void EncodePageHeader(const PageHeader& header, std::span<std::byte, kPageHeader
   PutLe(header_checksum, 8, p + kHeaderChecksumOffset);
 }
 
-void EncodePageHeader(uint64_t namespace_hash, const PageKey& key, const PageBuffer& payload,
-                      std::span<std::byte, kPageHeaderBytes> out) {
+PageHeader NewPageHeader(uint64_t namespace_hash, const PageKey& key, uint64_t payload_bytes) {
   PageHeader header;
   header.checksum_kind = DefaultChecksumKind();
   header.namespace_hash = namespace_hash;
   header.key = key;
-  header.payload_bytes = static_cast<uint64_t>(payload.bytes());
+  header.payload_bytes = payload_bytes;
+  return header;
+}
+
+void EncodePageHeader(uint64_t namespace_hash, const PageKey& key, const PageBuffer& payload,
+                      std::span<std::byte, kPageHeaderBytes> out) {
+  PageHeader header =
+      NewPageHeader(namespace_hash, key, static_cast<uint64_t>(payload.bytes()));
   PayloadChecksum(header.checksum_kind, payload, &header.payload_checksum);
   EncodePageHeader(header, out);
 }

@@ -53,6 +53,10 @@ struct PageHeader {
   uint64_t payload_checksum = 0;
 };
 
+// The header this build writes for a payload of `payload_bytes` under `key`: this build's
+// checksum kind, the payload checksum still 0 (the writer fills it in).
+PageHeader NewPageHeader(uint64_t namespace_hash, const PageKey& key, uint64_t payload_bytes);
+
 // Checksum of `segments` concatenated, of the given kind. Returns false for an unknown kind (or
 // kind 1 in a build without xxhash).
 bool PayloadChecksum(uint8_t kind, std::span<const std::span<const std::byte>> segments,

@@ -193,11 +193,8 @@ class RedisBackend final : public StorageBackend {
     for (size_t i = 0; i < count; ++i) {
       out[i] = SetOutcome(sets[i]);
       if (out[i] != PageStatus::kOk) continue;
-      PageHeader header;
-      header.checksum_kind = DefaultChecksumKind();
-      header.namespace_hash = namespace_hash_;
-      header.key = keys[i];
-      header.payload_bytes = static_cast<uint64_t>(buffers[i].bytes());
+      PageHeader header =
+          NewPageHeader(namespace_hash_, keys[i], static_cast<uint64_t>(buffers[i].bytes()));
       header.payload_checksum = checksums[i];
       EncodePageHeader(header, headers[i]);
       header_pieces[i] = headers[i];

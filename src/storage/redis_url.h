@@ -1,7 +1,9 @@
 // Internal: the parsed form of a Redis storage URL.
 //
-//   redis://[[user]:password@]host[:port][/][?timeout_ms=N&connect_timeout_ms=N&header_last_bytes=S]
-//   redis+cluster://[[user]:password@]host[:port][,host[:port]...][/][?...]
+//   redis://[[user]:password@]host[:port][/][?param=value&...]
+//   redis+cluster://[[user]:password@]host[:port][,host[:port]...][/][?param=value&...]
+//
+// with the parameters timeout_ms=N, connect_timeout_ms=N and header_last_bytes=SIZE.
 //
 // user and password may be percent-encoded; an IPv6 host is written in brackets ([::1]:6379); the
 // port defaults to 6379. `timeout_ms` bounds one pipelined round trip to one node (default: the

@@ -45,6 +45,13 @@ constexpr PageKind kKinds[] = {
     {"mha64", "Llama-3-8B", 32, 2048, 64, 8, false},  // 8 MiB
     {"mla64", "DeepSeek-V3", 61, 1152, 64, 1, true},  // 4.5 MB
 };
+
+// The kind named `name`. REQUIRES: one of kKinds (the options were validated).
+const PageKind& KindNamed(std::string_view name) {
+  return *std::find_if(std::begin(kKinds), std::end(kKinds),
+                       [&](const PageKind& p) { return name == p.name; });
+}
+
 // Small pages for the Exists measurement (the index, not the bytes, is what it measures).
 constexpr PageKind kExistsKind = {"exists", "tiny", 1, 64, 16, 1, false};
 
@@ -559,8 +566,7 @@ int RunStorageBench(const StorageBenchOptions& options, const std::string& comma
   so.io_threads = o.io_threads;
 
   for (const std::string& kind_name : o.kinds) {
-    const PageKind& kind = *std::find_if(std::begin(kKinds), std::end(kKinds),
-                                         [&](const PageKind& p) { return kind_name == p.name; });
+    const PageKind& kind = KindNamed(kind_name);
     auto opened = OpenStorage(o.url, NamespaceOf(kind), so);
     if (!opened.ok()) {
       std::fprintf(stderr, "kvtier bench: %s\n", opened.status().ToString().c_str());
@@ -716,9 +722,8 @@ int RunStorageBench(const StorageBenchOptions& options, const std::string& comma
   }
   if (scheme == "file") {  // every backend of the run is closed by now
     for (const std::string& kind_name : o.kinds) {
-      const PageKind& kind = *std::find_if(std::begin(kKinds), std::end(kKinds),
-                                           [&](const PageKind& p) { return kind_name == p.name; });
-      RemoveEmptyDirectories(std::filesystem::path(rest) / NamespaceOf(kind).Name());
+      const std::string ns_name = NamespaceOf(KindNamed(kind_name)).Name();
+      RemoveEmptyDirectories(std::filesystem::path(rest) / ns_name);
     }
     if (o.exists_keys > 0) {
       RemoveEmptyDirectories(std::filesystem::path(rest) / NamespaceOf(kExistsKind).Name());
