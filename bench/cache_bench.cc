@@ -8,7 +8,6 @@
 //   kvtier_bench_cache [--benchmark_filter=...]
 #include <benchmark/benchmark.h>
 #include <fmt/format.h>
-
 #include <time.h>
 
 #include <algorithm>
@@ -29,7 +28,7 @@ constexpr int64_t kPage = 16;
 constexpr int64_t kTreePages = 100'000;
 constexpr int64_t kSystemPromptTokens = 1024;  // 64 pages, shared by many requests
 constexpr int64_t kNumSystemPrompts = 16;
-constexpr int64_t kRequestTokens = 512;        // unique part of a request: 32 pages
+constexpr int64_t kRequestTokens = 512;  // unique part of a request: 32 pages
 constexpr int64_t kPromptTokens = 8192;
 
 void Die(const Status& st, const char* what) {
@@ -200,8 +199,11 @@ void BM_Insert(benchmark::State& state) {
   timer.Report();
   ReportTree(state, w);
 }
-BENCHMARK(BM_Insert)->Arg(kRequestTokens)->Arg(kPromptTokens - kSystemPromptTokens)
-    ->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Insert)
+    ->Arg(kRequestTokens)
+    ->Arg(kPromptTokens - kSystemPromptTokens)
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
 
 // Insert of 8,192 new tokens (512 pages, no cached prefix) into a tree of 100,000 pages, page keys
 // included (range(0) = 1; 0: a cache without a storage tier, so no keys, to show their share);
@@ -269,8 +271,7 @@ void BM_EvictDevice1000Pages(benchmark::State& state) {
   timer.Report();
   ReportTree(state, w);
 }
-BENCHMARK(BM_EvictDevice1000Pages)->Arg(0)->Arg(1)->UseManualTime()
-    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_EvictDevice1000Pages)->Arg(0)->Arg(1)->UseManualTime()->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 }  // namespace kvtier

@@ -2,7 +2,7 @@
 # scripts/setup.sh — install, build and run kvtier on a fresh Debian 12 machine.
 #
 #   scripts/setup.sh demo   install the packages, build the kvtier CLI, run `kvtier demo`
-#   scripts/setup.sh test   install the packages, then build and run every test:
+#   scripts/setup.sh test   install the packages, check the format, then build and run every test:
 #                             1. the normal build (CUDA code compiled when nvcc is at
 #                                /usr/local/cuda; GPU tests skip themselves without a GPU): ctest
 #                             2. an address+undefined sanitizer build (CPU only): ctest
@@ -80,6 +80,10 @@ fi
 
 # ---- test ------------------------------------------------------------------------------------
 start=$(date +%s)
+
+# 0. Formatting: every C++ and CUDA file as clang-format (Debian 12: version 14) writes it.
+step "0/4 clang-format --dry-run -Werror (.clang-format)"
+git ls-files -z '*.cc' '*.h' '*.cu' '*.cuh' | xargs -0 clang-format --dry-run -Werror
 
 # ctest over a build dir; extra arguments select tests. Fails the script on any failed test.
 run_ctest() {

@@ -140,19 +140,19 @@ struct StorageTierConfig {
   // Or a URL (kvtier/storage.h) that Create opens with the namespace built from the device region,
   // the host layout and the fields below. Ignored when `backend` is set.
   std::string url;
-  StorageOptions options;    // for `url`
-  std::string model_id;      // for `url`: StorageNamespace::model_id (free text)
+  StorageOptions options;  // for `url`
+  std::string model_id;    // for `url`: StorageNamespace::model_id (free text)
   std::string kv_dtype = "bf16";
   int64_t tp_rank = 0;
   int64_t tp_size = 1;
 
   PrefetchPolicy prefetch_policy = PrefetchPolicy::kBestEffort;  // Prefetch's default
-  int64_t prefetch_threshold_tokens = 256;   // smaller prefetches do nothing
-  double prefetch_timeout_base_s = 2.0;      // timeout policy: base ...
+  int64_t prefetch_threshold_tokens = 256;                       // smaller prefetches do nothing
+  double prefetch_timeout_base_s = 2.0;                          // timeout policy: base ...
   double prefetch_timeout_per_1k_tokens_s = 0.1;  // ... + this per 1,024 tokens requested ...
-  double prefetch_timeout_max_s = 30.0;      // ... capped here
-  double max_prefetch_host_fraction = 0.5;   // of the host pool filling at once, in (0, 1]
-  int64_t max_prefetch_batch_pages = 256;    // pages per Get batch
+  double prefetch_timeout_max_s = 30.0;           // ... capped here
+  double max_prefetch_host_fraction = 0.5;        // of the host pool filling at once, in (0, 1]
+  int64_t max_prefetch_batch_pages = 256;         // pages per Get batch
 
   // Storage-only pages the tree remembers (beyond: the least recently used are forgotten).
   int64_t max_storage_only_pages = 1 << 20;
@@ -267,10 +267,10 @@ struct PrefetchResult {
 };
 
 struct LoadBackResult {
-  int64_t loaded_tokens = 0;   // copied from host memory by this call
-  int64_t skipped_tokens = 0;  // host hits left alone (below load_back_min_tokens)
+  int64_t loaded_tokens = 0;          // copied from host memory by this call
+  int64_t skipped_tokens = 0;         // host hits left alone (below load_back_min_tokens)
   std::vector<int64_t> device_slots;  // the whole matched prefix now on the device
-  PrefetchResult prefetch;     // the prefetch this call ended, if one was running
+  PrefetchResult prefetch;            // the prefetch this call ended, if one was running
 };
 
 struct InsertOptions {
@@ -347,8 +347,8 @@ struct CacheStats {
   int64_t device_cached_tokens = 0;  // in the tree
   int64_t device_engine_tokens = 0;  // handed to the engine, not yet inserted or freed
   int64_t host_total_tokens = 0;
-  int64_t host_used_tokens = 0;      // cached + filling
-  int64_t host_filling_tokens = 0;   // allocated to prefetches still running
+  int64_t host_used_tokens = 0;     // cached + filling
+  int64_t host_filling_tokens = 0;  // allocated to prefetches still running
   int64_t host_total_bytes = 0;
   int64_t storage_known_tokens = 0;  // tokens the tree knows to be in storage (any tier too)
   int64_t storage_only_tokens = 0;   // ... of which in storage only
@@ -377,7 +377,7 @@ struct CacheStats {
   int64_t prefetch_complete = 0, prefetch_partial = 0, prefetch_timed_out = 0;  // prefetches
   int64_t prefetch_cancelled = 0;  // released while running
   int64_t prefetch_bytes = 0;
-  double prefetch_seconds = 0;  // start to end of each prefetch
+  double prefetch_seconds = 0;            // start to end of each prefetch
   BandwidthHistogram prefetch_bandwidth;  // GB/s of each prefetch that brought pages
 
   // Load back (host -> device).
@@ -390,8 +390,8 @@ struct CacheStats {
   // Inserts and backups.
   int64_t inserted_tokens = 0;  // new + revived
   int64_t duplicate_tokens = 0;
-  int64_t backup_tokens = 0;         // completed device -> host copies
-  int64_t backup_failed_tokens = 0;  // device -> host copies that failed (not in backup_tokens)
+  int64_t backup_tokens = 0;          // completed device -> host copies
+  int64_t backup_failed_tokens = 0;   // device -> host copies that failed (not in backup_tokens)
   int64_t backup_skipped_tokens = 0;  // no host space (shared host: or being written elsewhere)
   // Shared host tier: pages found published already (not copied by backups), and host hits
   // found in the segment by key after the tree's match (a part of host_hit_tokens).

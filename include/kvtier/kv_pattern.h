@@ -17,8 +17,8 @@
 #include <string_view>
 #include <vector>
 
-#include "kvtier/token.h"
 #include "kvtier/status.h"
+#include "kvtier/token.h"
 #include "kvtier/transfer.h"
 
 namespace kvtier {

@@ -97,11 +97,15 @@ struct KvGeometry {
   }
   KVTIER_HOST_DEVICE int64_t layer_stride() const {
     switch (layout) {
-      case KvLayout::kLayerFirst: return num_slots * slot_bytes;
-      case KvLayout::kPageFirst: return slot_bytes;
-      case KvLayout::kPageFirstDirect: return page_size * slot_bytes;
+      case KvLayout::kLayerFirst:
+        return num_slots * slot_bytes;
+      case KvLayout::kPageFirst:
+        return slot_bytes;
+      case KvLayout::kPageFirstDirect:
+        return page_size * slot_bytes;
       case KvLayout::kPageHead:
-      default: return slot_bytes / head_num;
+      default:
+        return slot_bytes / head_num;
     }
   }
   KVTIER_HOST_DEVICE int64_t head_stride() const {

@@ -68,8 +68,8 @@ Result<std::vector<PageKey>> ComputePromptPageKeys(std::span<const int32_t> toke
 
 // What makes the bytes of a stored page incompatible between deployments.
 struct StorageNamespace {
-  std::string model_id;           // e.g. "meta-llama/Llama-3-8B"; free text, hashed
-  std::string kv_dtype = "bf16";  // free text, hashed ("bf16", "fp8_e4m3", ...)
+  std::string model_id;                    // e.g. "meta-llama/Llama-3-8B"; free text, hashed
+  std::string kv_dtype = "bf16";           // free text, hashed ("bf16", "fp8_e4m3", ...)
   KvLayout layout = KvLayout::kPageFirst;  // the host layout the payload is written in
   bool mla = false;                        // one buffer per page instead of K and V
   int64_t num_layers = 0;

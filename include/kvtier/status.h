@@ -116,9 +116,9 @@ class [[nodiscard]] Result {
 #define KVTIER_STATUS_CONCAT_(a, b) KVTIER_STATUS_CONCAT_INNER_(a, b)
 
 // Evaluates `expr` (a Status); returns it from the current function when not OK.
-#define KVTIER_RETURN_IF_ERROR(expr)                        \
-  do {                                                      \
-    ::kvtier::Status kvtier_status_tmp_ = (expr);           \
+#define KVTIER_RETURN_IF_ERROR(expr)                         \
+  do {                                                       \
+    ::kvtier::Status kvtier_status_tmp_ = (expr);            \
     if (!kvtier_status_tmp_.ok()) return kvtier_status_tmp_; \
   } while (0)
 

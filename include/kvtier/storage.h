@@ -1,4 +1,5 @@
-// kvtier/storage.h — the storage tier (L3): batched, asynchronous page storage behind one interface.
+// kvtier/storage.h — the storage tier (L3): batched, asynchronous page storage behind one
+// interface.
 //
 // A `StorageBackend` stores whole pages under their `PageKey` (page_key.h), inside one deployment
 // `StorageNamespace`. Every backend writes the same value: a header (magic, format version,
@@ -100,10 +101,10 @@ struct ExistsResult {
 };
 
 struct StorageOptions {
-  int io_threads = 4;               // the backend's I/O threads, in [1, 64]
-  int max_queued_batches = 256;     // reads (and, apart, writes) waiting; more are rejected
+  int io_threads = 4;                       // the backend's I/O threads, in [1, 64]
+  int max_queued_batches = 256;             // reads (and, apart, writes) waiting; more are rejected
   std::chrono::milliseconds timeout{2000};  // per call, from when an I/O thread takes it
-  int64_t max_batch_pages = 4096;   // InvalidArgument beyond this
+  int64_t max_batch_pages = 4096;           // InvalidArgument beyond this
   // InvalidArgument naming the field.
   Status Validate() const;
 };
@@ -120,7 +121,7 @@ struct StorageStats {
   double get_seconds = 0, set_seconds = 0;    // I/O-thread time inside the hooks
   int64_t queued_batches = 0;                 // gauge: waiting now
   int64_t stored_pages = -1, stored_bytes = -1, capacity_bytes = -1;  // -1: unknown
-  int64_t evicted_pages = 0;                  // by the backend's own capacity policy
+  int64_t evicted_pages = 0;  // by the backend's own capacity policy
 };
 
 class StorageBackend {
@@ -170,11 +171,9 @@ class StorageBackend {
   virtual ExistsResult DoExists(std::span<const PageKey> keys,
                                 std::chrono::steady_clock::time_point deadline) = 0;
   virtual void DoGet(std::span<const PageKey> keys, std::span<const PageBuffer> buffers,
-                     std::span<PageStatus> out,
-                     std::chrono::steady_clock::time_point deadline) = 0;
+                     std::span<PageStatus> out, std::chrono::steady_clock::time_point deadline) = 0;
   virtual void DoSet(std::span<const PageKey> keys, std::span<const PageBuffer> buffers,
-                     std::span<PageStatus> out,
-                     std::chrono::steady_clock::time_point deadline) = 0;
+                     std::span<PageStatus> out, std::chrono::steady_clock::time_point deadline) = 0;
   virtual void DoRemove(std::span<const PageKey> keys, std::span<PageStatus> out,
                         std::chrono::steady_clock::time_point deadline) = 0;
   // Backend-specific gauges (stored_pages, stored_bytes, capacity_bytes, evicted_pages).

@@ -117,8 +117,8 @@ class FaultInjectingStorage final : public StorageBackend {
   std::atomic<bool> down_{false};
 
   mutable std::mutex mu_;
-  std::mt19937_64 rng_;    // guarded by mu_
-  InjectedFaults counts_;  // guarded by mu_
+  std::mt19937_64 rng_;                                                          // guarded by mu_
+  InjectedFaults counts_;                                                        // guarded by mu_
   std::shared_ptr<const std::function<Status(std::string_view)>> caller_check_;  // guarded by mu_
 };
 

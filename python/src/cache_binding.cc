@@ -47,8 +47,7 @@ std::span<const T> SpanOf(uint64_t address, int64_t count, const char* name) {
   if (count > 0 && address == 0) {
     ThrowStatus(Status::InvalidArgument(fmt::format("{} is null but has {} entries", name, count)));
   }
-  return {reinterpret_cast<const T*>(static_cast<uintptr_t>(address)),
-          static_cast<size_t>(count)};
+  return {reinterpret_cast<const T*>(static_cast<uintptr_t>(address)), static_cast<size_t>(count)};
 }
 
 py::bytes SlotBytes(const std::vector<int64_t>& slots) {
@@ -138,7 +137,7 @@ class PyCache {
   std::unique_ptr<HierarchicalCache> cache_;
   std::mutex mu_;
   std::condition_variable cv_;
-  State state_ = State::kOpen;  // guarded by mu_
+  State state_ = State::kOpen;   // guarded by mu_
   int64_t calls_in_flight_ = 0;  // guarded by mu_
 };
 
@@ -153,9 +152,9 @@ T ConfigValue(const py::dict& config, const char* key) {
   try {
     return config[key].cast<T>();
   } catch (const py::cast_error&) {
-    ThrowStatus(Status::InvalidArgument(
-        fmt::format("cache config '{}' = {} has the wrong type or range", key,
-                    py::repr(config[key]).cast<std::string>())));
+    ThrowStatus(
+        Status::InvalidArgument(fmt::format("cache config '{}' = {} has the wrong type or range",
+                                            key, py::repr(config[key]).cast<std::string>())));
   }
 }
 
@@ -169,8 +168,7 @@ HierarchicalCacheConfig ConfigFromDict(const py::dict& d, const PyRegion& device
   c.host_huge_pages = ConfigValue<bool>(d, "host_huge_pages");
   c.write_policy = Unwrap(ParseWritePolicy(ConfigValue<std::string>(d, "write_policy")));
   c.write_through_threshold = ConfigValue<int64_t>(d, "write_through_threshold");
-  c.device_eviction =
-      Unwrap(ParseEvictionPolicy(ConfigValue<std::string>(d, "device_eviction")));
+  c.device_eviction = Unwrap(ParseEvictionPolicy(ConfigValue<std::string>(d, "device_eviction")));
   c.host_eviction = Unwrap(ParseEvictionPolicy(ConfigValue<std::string>(d, "host_eviction")));
   c.transfer_backend =
       Unwrap(ParseTransferBackend(ConfigValue<std::string>(d, "transfer_backend")));
@@ -378,9 +376,8 @@ void RegisterCache(py::module_& m) {
       .def("wait_layer",
            [](PyCache& c, uint64_t handle, int64_t layer, uint64_t stream) {
              CallGuard cache(c);
-             ThrowIfError(WithoutGil([&] {
-               return cache->WaitLayer(MatchHandle{handle}, layer, StreamOf(stream));
-             }));
+             ThrowIfError(WithoutGil(
+                 [&] { return cache->WaitLayer(MatchHandle{handle}, layer, StreamOf(stream)); }));
            })
       .def("release",
            [](PyCache& c, uint64_t handle) {
@@ -410,8 +407,7 @@ void RegisterCache(py::module_& m) {
              InsertOptions options;
              options.priority = priority;
              options.stream = StreamOf(stream);
-             InsertResult i =
-                 Unwrap(WithoutGil([&] { return cache->Insert(t, s, ns, options); }));
+             InsertResult i = Unwrap(WithoutGil([&] { return cache->Insert(t, s, ns, options); }));
              py::dict d;
              d["cached_tokens"] = i.cached_tokens;
              d["revived_tokens"] = i.revived_tokens;

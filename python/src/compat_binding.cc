@@ -143,8 +143,7 @@ std::map<TableKey, TableInfo>& TableInfos() {
 constexpr size_t kTableInfoCapacity = 256;
 
 TableInfo Measure(const std::vector<uint64_t>& k, const std::vector<uint64_t>& v,
-                  const std::string& k_name, const std::string& v_name, int64_t item,
-                  bool on_gpu) {
+                  const std::string& k_name, const std::string& v_name, int64_t item, bool on_gpu) {
   if (on_gpu && !BuiltWithCuda()) {
     ThrowStatus(Status::Unavailable(fmt::format(
         "{} is a CUDA tensor, and kvtier was built without CUDA (KVTIER_CUDA=OFF)", k_name)));
@@ -157,14 +156,16 @@ TableInfo Measure(const std::vector<uint64_t>& k, const std::vector<uint64_t>& v
     for (size_t i = 0; i < table->size(); ++i) {
       const int device = PointerDevice((*table)[i]);
       if (device != info.device) {
-        ThrowInvalid(fmt::format("{}[{}] points into {} but {}[0] into {}", name, i,
-                                 Where(device), k_name, Where(info.device)));
+        ThrowInvalid(fmt::format("{}[{}] points into {} but {}[0] into {}", name, i, Where(device),
+                                 k_name, Where(info.device)));
       }
       const int64_t bytes = AllocationBytesFrom((*table)[i]);
       if (bytes < 0) continue;
       if (bytes < item) {
-        ThrowInvalid(fmt::format("{}[{}] lies {} bytes before the end of its allocation, less "
-                                 "than one item of {} bytes", name, i, bytes, item));
+        ThrowInvalid(
+            fmt::format("{}[{}] lies {} bytes before the end of its allocation, less "
+                        "than one item of {} bytes",
+                        name, i, bytes, item));
       }
       bound = bound < 0 ? bytes / item : std::min(bound, bytes / item);
     }
@@ -186,17 +187,20 @@ Side TableSide(py::handle k_table, py::handle v_table, bool mla, const std::stri
   TableKey key{item, std::move(k), std::move(v)};
   auto it = cache.find(key);
   if (it == cache.end()) {
-    TableInfo info = Measure(std::get<1>(key), std::get<2>(key), k_name, v_name, item,
-                             k_gpu || v_gpu);
+    TableInfo info =
+        Measure(std::get<1>(key), std::get<2>(key), k_name, v_name, item, k_gpu || v_gpu);
     if (cache.size() >= kTableInfoCapacity) cache.clear();
     it = cache.emplace(key, info).first;
   }
   Side s;
   s.table_on_gpu = k_gpu || v_gpu;
-  s.region.geometry = {KvLayout::kLayerFirst, num_layers,
+  s.region.geometry = {KvLayout::kLayerFirst,
+                       num_layers,
                        std::min(it->second.num_slots,
                                 std::max<int64_t>(1, (int64_t{1} << 62) / (num_layers * item))),
-                       item, 1, 1};
+                       item,
+                       1,
+                       1};
   s.region.mla = mla;
   for (uint64_t a : std::get<1>(key)) s.k_layers.push_back(Ptr(a));
   for (uint64_t a : std::get<2>(key)) s.v_layers.push_back(Ptr(a));
@@ -208,8 +212,8 @@ void CheckBound(const IndexArg& idx, int64_t bound, const char* name);
 
 // Picks the backend (cpu when everything is in host memory), the device and PyTorch's current
 // stream, and runs the requests: every request is validated before any of them moves a byte.
-void Launch(std::vector<std::pair<Side*, Side*>> pairs, IndexArg si, IndexArg di,
-            py::handle si_obj, py::handle di_obj, int64_t src_layer, int64_t dst_layer,
+void Launch(std::vector<std::pair<Side*, Side*>> pairs, IndexArg si, IndexArg di, py::handle si_obj,
+            py::handle di_obj, int64_t src_layer, int64_t dst_layer,
             std::vector<int64_t> num_layers, TransferBackend gpu_backend) {
   bool host_only = true;
   std::vector<std::pair<std::string, int>> placed;
@@ -233,7 +237,8 @@ void Launch(std::vector<std::pair<Side*, Side*>> pairs, IndexArg si, IndexArg di
     if (device != kHostDevice && d != device) {
       std::string where;
       for (const auto& [n2, d2] : placed) {
-        if (d2 != kHostDevice) where += fmt::format("{}{} on cuda:{}", where.empty() ? "" : ", ", n2, d2);
+        if (d2 != kHostDevice)
+          where += fmt::format("{}{} on cuda:{}", where.empty() ? "" : ", ", n2, d2);
       }
       ThrowInvalid("the copy spans several CUDA devices: " + where);
     }
@@ -256,15 +261,18 @@ void Launch(std::vector<std::pair<Side*, Side*>> pairs, IndexArg si, IndexArg di
 
 int64_t ItemSize(py::handle item_size) {
   const int64_t item = ReadInt(item_size, "item_size", 1, kMaxItemBytes);
-  if (item % 4 != 0) ThrowInvalid(fmt::format("item_size = {} must be a multiple of 4 bytes", item));
+  if (item % 4 != 0)
+    ThrowInvalid(fmt::format("item_size = {} must be a multiple of 4 bytes", item));
   return item;
 }
 
 int64_t LayoutDim(py::handle value, const char* name, int64_t item) {
   const int64_t dim = ReadInt(value, name, 1, std::numeric_limits<int64_t>::max());
   if (dim % item != 0) {
-    ThrowInvalid(fmt::format("{} = {} is not a multiple of item_size = {} (it is num_layers * "
-                             "item_size)", name, dim, item));
+    ThrowInvalid(
+        fmt::format("{} = {} is not a multiple of item_size = {} (it is num_layers * "
+                    "item_size)",
+                    name, dim, item));
   }
   return dim;
 }
@@ -273,8 +281,8 @@ std::pair<IndexArg, IndexArg> Indices(py::handle src_indices, py::handle dst_ind
   IndexArg si = ReadIndices(src_indices, "src_indices");
   IndexArg di = ReadIndices(dst_indices, "dst_indices");
   if (si.count != di.count) {
-    ThrowInvalid(fmt::format("src_indices and dst_indices differ in length: {} vs {}", si.count,
-                             di.count));
+    ThrowInvalid(
+        fmt::format("src_indices and dst_indices differ in length: {} vs {}", si.count, di.count));
   }
   return {std::move(si), std::move(di)};
 }
@@ -285,8 +293,8 @@ void SglKernel(int kind_value, bool mla, py::handle src_k, py::handle dst_k, py:
                py::handle num_layers, py::handle page_size, py::handle head_num) {
   const auto kind = static_cast<Kernel>(kind_value);
   const int64_t item = ItemSize(item_size);
-  const bool per_layer = kind == Kernel::kPerLayer || kind == Kernel::kPerLayerPfLf ||
-                         kind == Kernel::kPerLayerPhLf;
+  const bool per_layer =
+      kind == Kernel::kPerLayer || kind == Kernel::kPerLayerPfLf || kind == Kernel::kPerLayerPhLf;
   int64_t dim = item;
   int64_t layers = 1;
   if (kind != Kernel::kPerLayer && kind != Kernel::kAllLayer) {
@@ -295,8 +303,10 @@ void SglKernel(int kind_value, bool mla, py::handle src_k, py::handle dst_k, py:
   if (!per_layer) {
     layers = ReadInt(num_layers, "num_layers", 1, kMaxInt);
     if (kind != Kernel::kAllLayer && layers > dim / item) {
-      ThrowInvalid(fmt::format("num_layers = {} exceeds the {} layers that dst_layout_dim "
-                               "describes", layers, dim / item));
+      ThrowInvalid(
+          fmt::format("num_layers = {} exceeds the {} layers that dst_layout_dim "
+                      "describes",
+                      layers, dim / item));
     }
   }
   const int64_t layer = kind == Kernel::kPerLayerPfLf || kind == Kernel::kPerLayerPhLf
@@ -314,8 +324,7 @@ void SglKernel(int kind_value, bool mla, py::handle src_k, py::handle dst_k, py:
       src = BufferSide(src_k, src_v, mla, "src", KvLayout::kLayerFirst, 1, item, item, 1, 1);
       break;
     case Kernel::kPerLayerPfLf:
-      src = BufferSide(src_k, src_v, mla, "src", KvLayout::kPageFirst, dim / item, item, dim, 1,
-                       1);
+      src = BufferSide(src_k, src_v, mla, "src", KvLayout::kPageFirst, dim / item, item, dim, 1, 1);
       break;
     case Kernel::kPerLayerPhLf:
       src = BufferSide(src_k, src_v, mla, "src", KvLayout::kPageHead, dim / item, item, dim, p, h);
@@ -328,8 +337,7 @@ void SglKernel(int kind_value, bool mla, py::handle src_k, py::handle dst_k, py:
       dst = TableSide(dst_k, dst_v, mla, "dst", layers, item);
       break;
     case Kernel::kAllLayerLfPf:
-      dst = BufferSide(dst_k, dst_v, mla, "dst", KvLayout::kPageFirst, dim / item, item, dim, 1,
-                       1);
+      dst = BufferSide(dst_k, dst_v, mla, "dst", KvLayout::kPageFirst, dim / item, item, dim, 1, 1);
       break;
     case Kernel::kAllLayerLfPh:
       dst = BufferSide(dst_k, dst_v, mla, "dst", KvLayout::kPageHead, dim / item, item, dim, p, h);
@@ -345,8 +353,8 @@ void SglKernel(int kind_value, bool mla, py::handle src_k, py::handle dst_k, py:
 
 py::list AsList(py::handle value, const char* name) {
   if (!py::isinstance<py::list>(value) && !py::isinstance<py::tuple>(value)) {
-    ThrowInvalid(fmt::format("{} must be a list of tensors, not {}", name,
-                             Py_TYPE(value.ptr())->tp_name));
+    ThrowInvalid(
+        fmt::format("{} must be a list of tensors, not {}", name, Py_TYPE(value.ptr())->tp_name));
   }
   py::list list(py::reinterpret_borrow<py::object>(value));
   if (list.empty()) ThrowInvalid(fmt::format("{} is empty", name));
@@ -448,13 +456,15 @@ Side PageFirstDirectSide(const py::list& list, const char* name, int64_t page_si
   const std::vector<BufferArg> bufs = ReadList(list, name);
   const BufferArg& first = bufs[0];
   if (first.ndim < 3) {
-    ThrowInvalid(fmt::format("{}[0] has shape {}; a page_first_direct pool is [pages, layers, "
-                             "page_size, ...]", name, ShapeOf(first)));
+    ThrowInvalid(
+        fmt::format("{}[0] has shape {}; a page_first_direct pool is [pages, layers, "
+                    "page_size, ...]",
+                    name, ShapeOf(first)));
   }
   const int64_t pages = first.shape[0], layers = first.shape[1], p = first.shape[2];
   if (p != page_size) {
-    ThrowInvalid(fmt::format("page_size = {} does not match {}[0].shape[2] = {}", page_size, name,
-                             p));
+    ThrowInvalid(
+        fmt::format("page_size = {} does not match {}[0].shape[2] = {}", page_size, name, p));
   }
   for (size_t i = 1; i < bufs.size(); ++i) {
     if (bufs[i].ndim < 3 || bufs[i].shape != first.shape || bufs[i].nbytes != first.nbytes) {
@@ -467,15 +477,15 @@ Side PageFirstDirectSide(const py::list& list, const char* name, int64_t page_si
     }
   }
   if (pages * layers * p == 0 || first.nbytes % (pages * layers * p) != 0) {
-    ThrowInvalid(fmt::format("{}[0] of shape {} does not split into whole tokens", name,
-                             ShapeOf(first)));
+    ThrowInvalid(
+        fmt::format("{}[0] of shape {} does not split into whole tokens", name, ShapeOf(first)));
   }
   if (dst) {
     for (size_t i = 0; i < bufs.size(); ++i) CheckWritable(bufs[i], fmt::format("{}[{}]", name, i));
   }
   Side s;
-  s.region.geometry = {KvLayout::kPageFirstDirect, layers, pages * p,
-                       first.nbytes / (pages * layers * p), p, 1};
+  s.region.geometry = {KvLayout::kPageFirstDirect,          layers, pages * p,
+                       first.nbytes / (pages * layers * p), p,      1};
   s.region.mla = bufs.size() == 1;
   s.region.k = Ptr(first.address);
   s.region.v = bufs.size() == 2 ? Ptr(bufs[1].address) : nullptr;
@@ -485,8 +495,10 @@ Side PageFirstDirectSide(const py::list& list, const char* name, int64_t page_si
 
 Side PerLayerSide(const py::list& list, const char* name, bool mla, bool dst) {
   if (!mla && list.size() % 2 != 0) {
-    ThrowInvalid(fmt::format("{} has {} tensors; an MHA pool passes K layers then V layers (an "
-                             "even count)", name, list.size()));
+    ThrowInvalid(
+        fmt::format("{} has {} tensors; an MHA pool passes K layers then V layers (an "
+                    "even count)",
+                    name, list.size()));
   }
   const std::vector<BufferArg> bufs = ReadList(list, name);
   const int64_t n = static_cast<int64_t>(mla ? bufs.size() : bufs.size() / 2);
@@ -502,16 +514,16 @@ void SglDirect(int kind_value, py::handle src_list, py::handle dst_list, py::han
   const py::list src = AsList(src_list, src_name);
   const py::list dst = AsList(dst_list, dst_name);
   if (kind == Direct::kDirect && src.size() != dst.size()) {
-    ThrowInvalid(fmt::format("src_layers has {} tensors but dst_layers has {}", src.size(),
-                             dst.size()));
+    ThrowInvalid(
+        fmt::format("src_layers has {} tensors but dst_layers has {}", src.size(), dst.size()));
   }
   if (kind == Direct::kPerLayerPfLf && src.size() != 1 && src.size() != 2) {
-    ThrowInvalid(fmt::format("src_ptrs has {} tensors; expected [K, V] or [buffer] (MLA)",
-                             src.size()));
+    ThrowInvalid(
+        fmt::format("src_ptrs has {} tensors; expected [K, V] or [buffer] (MLA)", src.size()));
   }
   if (kind == Direct::kAllLayerLfPf && dst.size() != 1 && dst.size() != 2) {
-    ThrowInvalid(fmt::format("dst_ptrs has {} tensors; expected [K, V] or [buffer] (MLA)",
-                             dst.size()));
+    ThrowInvalid(
+        fmt::format("dst_ptrs has {} tensors; expected [K, V] or [buffer] (MLA)", dst.size()));
   }
   const int64_t layer = kind == Direct::kPerLayerPfLf
                             ? ReadInt(layer_id, "layer_id", 0, std::numeric_limits<int64_t>::max())
@@ -519,8 +531,8 @@ void SglDirect(int kind_value, py::handle src_list, py::handle dst_list, py::han
   const int64_t p = ReadInt(page_size, "page_size", 1, kMaxInt);
   auto [si, di] = Indices(src_indices, dst_indices);
   if (si.count % p != 0) {
-    ThrowInvalid(fmt::format("src_indices has {} entries, not a multiple of page_size = {}",
-                             si.count, p));
+    ThrowInvalid(
+        fmt::format("src_indices has {} entries, not a multiple of page_size = {}", si.count, p));
   }
   // The copy engines are driven from the host: device indices come over first (as in SGLang).
   si = HostIndices(std::move(si), src_indices, "src_indices");
@@ -535,8 +547,10 @@ void SglDirect(int kind_value, py::handle src_list, py::handle dst_list, py::han
       const int64_t s_row = RowBytes(sb[j], fmt::format("src_layers[{}]", j));
       const int64_t d_row = RowBytes(db[j], fmt::format("dst_layers[{}]", j));
       if (s_row != d_row) {
-        ThrowInvalid(fmt::format("src_layers[{}] has {}-byte rows but dst_layers[{}] has {}-byte "
-                                 "rows", j, s_row, j, d_row));
+        ThrowInvalid(
+            fmt::format("src_layers[{}] has {}-byte rows but dst_layers[{}] has {}-byte "
+                        "rows",
+                        j, s_row, j, d_row));
       }
       rows.push_back(s_row);
     }
@@ -566,8 +580,8 @@ void SglDirect(int kind_value, py::handle src_list, py::handle dst_list, py::han
     s = PerLayerSide(src, "src_ptrs", dst.size() == 1, false);
     d = PageFirstDirectSide(dst, "dst_ptrs", p, true);
   }
-  const int64_t layers = kind == Direct::kPerLayerPfLf ? d.region.geometry.num_layers
-                                                       : s.region.geometry.num_layers;
+  const int64_t layers =
+      kind == Direct::kPerLayerPfLf ? d.region.geometry.num_layers : s.region.geometry.num_layers;
   Launch({{&s, &d}}, std::move(si), std::move(di), src_indices, dst_indices, layer, 0, {layers},
          TransferBackend::kDma);
 }

@@ -51,9 +51,9 @@ CudaStream ResolveStream(const py::object& stream, int device) {
 
 LayerEvents* CastLayerEvents(py::handle h) {
   if (!py::isinstance<PyLayerEvents>(h)) {
-    ThrowStatus(Status::InvalidArgument(fmt::format(
-        "layer_events must be a kvtier.LayerEvents, not {}",
-        py::str(py::type::handle_of(h).attr("__name__")).cast<std::string>())));
+    ThrowStatus(Status::InvalidArgument(
+        fmt::format("layer_events must be a kvtier.LayerEvents, not {}",
+                    py::str(py::type::handle_of(h).attr("__name__")).cast<std::string>())));
   }
   return &h.cast<PyLayerEvents&>().events;
 }
@@ -113,15 +113,14 @@ device (no host blocking) before using layer k. Needs kvtier built with CUDA.)do
           },
           py::arg("layer"), "Blocks the host until layer `layer` is in place.")
       .def(
-          "query",
-          [](const PyLayerEvents& e, int layer) { return Unwrap(e.events.Query(layer)); },
+          "query", [](const PyLayerEvents& e, int layer) { return Unwrap(e.events.Query(layer)); },
           py::arg("layer"), "True once layer `layer` is in place (or was never recorded).")
       .def(
           "event_handle",
           [](const PyLayerEvents& e, int layer) {
             if (layer < 0 || layer >= e.events.size()) {
-              ThrowStatus(Status::InvalidArgument(fmt::format(
-                  "layer = {} is out of range [0, {})", layer, e.events.size())));
+              ThrowStatus(Status::InvalidArgument(
+                  fmt::format("layer = {} is out of range [0, {})", layer, e.events.size())));
             }
             return reinterpret_cast<uintptr_t>(e.events.event(layer));
           },
@@ -132,13 +131,14 @@ Page-locks an existing host buffer (cudaHostRegister) while the object lives, so
 backend can read and write it; close() (or leaving a `with` block) unregisters it. The object keeps
 the buffer alive. Needs kvtier built with CUDA.)doc")
       .def(py::init([](py::object buffer) {
-             const py::tuple info = py::module_::import("kvtier._buffers")
-                                        .attr("describe_buffer")(buffer, "buffer");
+             const py::tuple info =
+                 py::module_::import("kvtier._buffers").attr("describe_buffer")(buffer, "buffer");
              const auto address = info[0].cast<uint64_t>();
              const auto nbytes = info[1].cast<int64_t>();
              if (info[2].cast<int>() != -1) {
-               ThrowStatus(Status::InvalidArgument("buffer is device memory; only host memory "
-                                                   "can be pinned"));
+               ThrowStatus(
+                   Status::InvalidArgument("buffer is device memory; only host memory "
+                                           "can be pinned"));
              }
              auto r = std::make_unique<PyPinnedRegistration>();
              r->registration = Unwrap(PinnedRegistration::Register(

@@ -32,8 +32,8 @@ PyObject* Bases(PyObject* a, PyObject* b) {
 }  // namespace
 
 void RegisterErrors(py::module_& m) {
-  PyObject* base = NewClass(m, "KvtierError", PyExc_RuntimeError,
-                            "Base class of every error kvtier reports.");
+  PyObject* base =
+      NewClass(m, "KvtierError", PyExc_RuntimeError, "Base class of every error kvtier reports.");
   g_classes[0] = base;
   auto simple = [&](StatusCode code, const char* name, const char* doc) {
     g_classes[static_cast<int>(code)] = NewClass(m, name, base, doc);
@@ -62,9 +62,8 @@ void RegisterErrors(py::module_& m) {
       if (p) std::rethrow_exception(p);
     } catch (const StatusError& e) {
       const int code = static_cast<int>(e.status().code());
-      PyObject* cls = (code > 0 && code < kNumCodes && g_classes[code] != nullptr)
-                          ? g_classes[code]
-                          : g_classes[0];
+      PyObject* cls = (code > 0 && code < kNumCodes && g_classes[code] != nullptr) ? g_classes[code]
+                                                                                   : g_classes[0];
       PyErr_SetString(cls, e.status().message().c_str());
     }
   });

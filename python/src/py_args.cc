@@ -73,8 +73,8 @@ struct Torch {
   PyObject* tensor = nullptr;
   PyObject* int32 = nullptr;
   PyObject* int64 = nullptr;
-  PyObject* uint64 = nullptr;       // null on torch versions without it
-  PyObject* raw_stream = nullptr;   // torch._C._cuda_getCurrentRawStream, null when absent
+  PyObject* uint64 = nullptr;      // null on torch versions without it
+  PyObject* raw_stream = nullptr;  // torch._C._cuda_getCurrentRawStream, null when absent
 };
 
 const Torch* GetTorch() {
@@ -152,8 +152,7 @@ int TensorDevice(py::handle t, std::string_view name) {
 void CheckTensorContiguous(py::handle t, std::string_view name) {
   if (!Truthy(CallMethod(t, Name().is_contiguous))) {
     ThrowInvalid(fmt::format("{} must be contiguous (shape {}, strides {})", name,
-                             TupleText(Attr(t, Name().shape)),
-                             TupleText(t.attr("stride")())));
+                             TupleText(Attr(t, Name().shape)), TupleText(t.attr("stride")())));
   }
 }
 
@@ -231,8 +230,8 @@ bool ReadInterface(py::handle obj, std::string_view name, Interface* out, bool* 
   try {
     out->itemsize = std::stoi(out->typestr.substr(2));
   } catch (const std::exception&) {
-    ThrowInvalid(fmt::format("{}: cannot read the element size from typestr '{}'", name,
-                             out->typestr));
+    ThrowInvalid(
+        fmt::format("{}: cannot read the element size from typestr '{}'", name, out->typestr));
   }
   py::object data = d.contains("data") ? py::object(d["data"]) : py::none();
   if (!py::isinstance<py::tuple>(data)) {
@@ -264,7 +263,10 @@ int IndexFormatBytes(const char* format, Py_ssize_t itemsize) {
   if (*f == '@' || *f == '=' || *f == '<') ++f;
   if (f[0] == '\0' || f[1] != '\0') return 0;
   switch (f[0]) {
-    case 'i': case 'l': case 'q': case 'n':
+    case 'i':
+    case 'l':
+    case 'q':
+    case 'n':
       return (itemsize == 4 || itemsize == 8) ? static_cast<int>(itemsize) : 0;
     default:
       return 0;
@@ -284,8 +286,8 @@ IndexArg IndicesFromSequence(py::handle obj, std::string_view name) {
       int overflow = 0;
       v = PyLong_AsLongLongAndOverflow(item, &overflow);
       if (overflow != 0) {
-        ThrowInvalid(fmt::format("{}[{}] = {} is outside the int64 range", name, k,
-                                 Repr(py::handle(item))));
+        ThrowInvalid(
+            fmt::format("{}[{}] = {} is outside the int64 range", name, k, Repr(py::handle(item))));
       }
     } else {
       const std::string type = Py_TYPE(item)->tp_name;
@@ -298,8 +300,8 @@ IndexArg IndicesFromSequence(py::handle obj, std::string_view name) {
       int overflow = 0;
       v = PyLong_AsLongLongAndOverflow(i.ptr(), &overflow);
       if (overflow != 0) {
-        ThrowInvalid(fmt::format("{}[{}] = {} is outside the int64 range", name, k,
-                                 Repr(py::handle(item))));
+        ThrowInvalid(
+            fmt::format("{}[{}] = {} is outside the int64 range", name, k, Repr(py::handle(item))));
       }
     }
     a.owned[static_cast<size_t>(k)] = v;
@@ -340,14 +342,16 @@ BufferArg ReadBuffer(py::handle obj, std::string_view name) {
   Interface iface;
   bool on_device = false;
   if (!ReadInterface(obj, name, &iface, &on_device)) {
-    ThrowInvalid(fmt::format("{} of type {} exposes no data_ptr(), __cuda_array_interface__ or "
-                             "__array_interface__", name, TypeName(obj)));
+    ThrowInvalid(
+        fmt::format("{} of type {} exposes no data_ptr(), __cuda_array_interface__ or "
+                    "__array_interface__",
+                    name, TypeName(obj)));
   }
   if (!iface.contiguous) {
-    ThrowInvalid(fmt::format("{} must be C-contiguous (shape {}, strides {})", name,
-                             ShapeText(iface.shape.data(), static_cast<int>(iface.shape.size())),
-                             ShapeText(iface.strides.data(),
-                                       static_cast<int>(iface.strides.size()))));
+    ThrowInvalid(
+        fmt::format("{} must be C-contiguous (shape {}, strides {})", name,
+                    ShapeText(iface.shape.data(), static_cast<int>(iface.shape.size())),
+                    ShapeText(iface.strides.data(), static_cast<int>(iface.strides.size()))));
   }
   b.address = iface.address;
   b.readonly = iface.readonly;
@@ -384,8 +388,7 @@ IndexArg ReadIndices(py::handle obj, std::string_view name) {
     }
     py::object shape = Attr(obj, n.shape);
     if (PyTuple_GET_SIZE(shape.ptr()) != 1) {
-      ThrowInvalid(fmt::format("{} must be 1-D, got shape {}", name,
-                               TupleText(shape)));
+      ThrowInvalid(fmt::format("{} must be 1-D, got shape {}", name, TupleText(shape)));
     }
     IndexArg a;
     a.device = TensorDevice(obj, name);
@@ -394,8 +397,8 @@ IndexArg ReadIndices(py::handle obj, std::string_view name) {
     }
     a.count = PyLong_AsLongLong(PyTuple_GET_ITEM(shape.ptr(), 0));
     a.int64 = dtype.ptr() == torch->int64;
-    a.data = reinterpret_cast<const void*>(
-        static_cast<uintptr_t>(AsInt64(CallMethod(obj, n.data_ptr))));
+    a.data =
+        reinterpret_cast<const void*>(static_cast<uintptr_t>(AsInt64(CallMethod(obj, n.data_ptr))));
     return a;
   }
   if (PyList_Check(obj.ptr()) || PyTuple_Check(obj.ptr()) || PyRange_Check(obj.ptr())) {
@@ -412,8 +415,8 @@ IndexArg ReadIndices(py::handle obj, std::string_view name) {
       if (bytes == 0) ThrowIndexType(name, view.format ? view.format : "?");
       if (view.ndim != 1) {
         std::vector<int64_t> shape(view.shape, view.shape + view.ndim);
-        ThrowInvalid(fmt::format("{} must be 1-D, got shape {}", name,
-                                 ShapeText(shape.data(), view.ndim)));
+        ThrowInvalid(
+            fmt::format("{} must be 1-D, got shape {}", name, ShapeText(shape.data(), view.ndim)));
       }
       IndexArg a;
       a.count = view.shape[0];
@@ -444,8 +447,10 @@ IndexArg ReadIndices(py::handle obj, std::string_view name) {
   Interface iface;
   bool on_device = false;
   if (!ReadInterface(obj, name, &iface, &on_device)) {
-    ThrowInvalid(fmt::format("{} of type {} is not an index array (expected numpy/torch int32 or "
-                             "int64, or a list of ints)", name, TypeName(obj)));
+    ThrowInvalid(
+        fmt::format("{} of type {} is not an index array (expected numpy/torch int32 or "
+                    "int64, or a list of ints)",
+                    name, TypeName(obj)));
   }
   std::string t = iface.typestr;
   if (t.size() == 3 && (t[0] == '|' || t[0] == '=')) t[0] = '<';
@@ -544,8 +549,8 @@ std::vector<uint64_t> ReadAddressTable(py::handle obj, std::string_view name, in
       if (it != cache.end() && it->second.version == version) return it->second.addresses;
       // One device-to-host read on the current stream (it waits for the stream's earlier work).
       py::object host = CallMethod(obj, n.cpu);
-      addresses = CopyAddresses(static_cast<uint64_t>(AsInt64(CallMethod(host, n.data_ptr))),
-                                count);
+      addresses =
+          CopyAddresses(static_cast<uint64_t>(AsInt64(CallMethod(host, n.data_ptr))), count);
       if (cache.size() >= kTableCacheCapacity) cache.clear();
       cache[key] = TableEntry{py::reinterpret_borrow<py::object>(obj), version, addresses};
     }
@@ -564,9 +569,10 @@ std::vector<uint64_t> ReadAddressTable(py::handle obj, std::string_view name, in
         if (ok) addresses = CopyAddresses(reinterpret_cast<uintptr_t>(view.buf), count);
         PyBuffer_Release(&view);
         if (!ok) {
-          ThrowInvalid(fmt::format("{} must be a 1-D uint64 array of {} addresses, got format "
-                                   "'{}' shape {}", name, count, format,
-                                   ShapeText(shape.data(), static_cast<int>(shape.size()))));
+          ThrowInvalid(fmt::format(
+              "{} must be a 1-D uint64 array of {} addresses, got format "
+              "'{}' shape {}",
+              name, count, format, ShapeText(shape.data(), static_cast<int>(shape.size()))));
         }
       } else {
         PyErr_Clear();
@@ -583,9 +589,8 @@ std::vector<uint64_t> ReadAddressTable(py::handle obj, std::string_view name, in
                                  name, count, seq.size()));
       }
       for (size_t i = 0; i < seq.size(); ++i) {
-        addresses.push_back(static_cast<uint64_t>(
-            ReadInt(seq[i], fmt::format("{}[{}]", name, i), 0,
-                    std::numeric_limits<int64_t>::max())));
+        addresses.push_back(static_cast<uint64_t>(ReadInt(seq[i], fmt::format("{}[{}]", name, i), 0,
+                                                          std::numeric_limits<int64_t>::max())));
       }
     }
   }
@@ -596,10 +601,13 @@ std::vector<uint64_t> ReadAddressTable(py::handle obj, std::string_view name, in
 }
 
 CudaStream ResolveStreamArg(py::handle stream, int device) {
-  auto as_stream = [](uint64_t a) { return reinterpret_cast<CudaStream>(static_cast<uintptr_t>(a)); };
+  auto as_stream = [](uint64_t a) {
+    return reinterpret_cast<CudaStream>(static_cast<uintptr_t>(a));
+  };
   if (!stream.is_none()) {
     PyObject* o = stream.ptr();
-    if (PyBool_Check(o)) ThrowInvalid(fmt::format("stream = {} is not a CUDA stream", Repr(stream)));
+    if (PyBool_Check(o))
+      ThrowInvalid(fmt::format("stream = {} is not a CUDA stream", Repr(stream)));
     if (PyLong_Check(o)) {
       int overflow = 0;
       const long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
@@ -620,8 +628,10 @@ CudaStream ResolveStreamArg(py::handle stream, int device) {
         return as_stream(PyLong_AsUnsignedLongLong(value.ptr()));
       }
     }
-    ThrowInvalid(fmt::format("stream of type {} is not a CUDA stream (pass an int address or a "
-                             "torch.cuda.Stream)", TypeName(stream)));
+    ThrowInvalid(
+        fmt::format("stream of type {} is not a CUDA stream (pass an int address or a "
+                    "torch.cuda.Stream)",
+                    TypeName(stream)));
   }
   if (device == kHostDevice) return nullptr;
   const Torch* torch = GetTorch();
@@ -639,8 +649,8 @@ CudaStream ResolveStreamArg(py::handle stream, int device) {
 int PointerDevice(uint64_t address) {
 #if defined(KVTIER_PY_WITH_CUDA)
   cudaPointerAttributes attr{};
-  if (cudaPointerGetAttributes(&attr, reinterpret_cast<const void*>(
-                                          static_cast<uintptr_t>(address))) != cudaSuccess) {
+  if (cudaPointerGetAttributes(
+          &attr, reinterpret_cast<const void*>(static_cast<uintptr_t>(address))) != cudaSuccess) {
     (void)cudaGetLastError();
     return kHostDevice;
   }

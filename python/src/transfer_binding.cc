@@ -10,6 +10,8 @@
 // Thread safety: engines are shared between Python threads (TransferEngine is thread-safe); the
 // registry is guarded by a mutex and hands out shared_ptr so reconfiguring never frees an engine a
 // call is still using.
+#include "transfer_binding.h"
+
 #include <fmt/format.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -25,23 +27,23 @@
 #include <vector>
 
 #include "errors.h"
-#include "py_args.h"
 #include "kvtier/layout.h"
 #include "kvtier/transfer.h"
-#include "transfer_binding.h"
+#include "py_args.h"
 
 namespace py = pybind11;
 
 namespace kvtier::python {
 namespace {
 
-void* AsPointer(uint64_t address) { return reinterpret_cast<void*>(static_cast<uintptr_t>(address)); }
+void* AsPointer(uint64_t address) {
+  return reinterpret_cast<void*>(static_cast<uintptr_t>(address));
+}
 
 Result<MemoryKind> ParseMemory(std::string_view name, std::string_view what) {
   if (name == "host") return MemoryKind::kHost;
   if (name == "device") return MemoryKind::kDevice;
-  return Status::InvalidArgument(
-      fmt::format("{} = '{}' is not 'host' or 'device'", what, name));
+  return Status::InvalidArgument(fmt::format("{} = '{}' is not 'host' or 'device'", what, name));
 }
 
 // Transfer engines, one per (backend, CUDA device), created on first use.
@@ -120,8 +122,8 @@ void TransferObjects(const PyRegion& src, const PyRegion& dst, py::handle src_in
   const int64_t dst_layer = ReadInt(dst_layer_arg, "dst_layer", kMin, kMax);
   const int64_t num_layers = ReadInt(num_layers_arg, "num_layers", kMin, kMax);
   TransferOptions options;
-  options.max_sms = static_cast<int>(
-      ReadInt(max_sms_arg, "max_sms", 0, std::numeric_limits<int32_t>::max()));
+  options.max_sms =
+      static_cast<int>(ReadInt(max_sms_arg, "max_sms", 0, std::numeric_limits<int32_t>::max()));
   IndexArg si = ReadIndices(src_indices, "src_indices");
   IndexArg di = ReadIndices(dst_indices, "dst_indices");
 
@@ -138,7 +140,8 @@ void TransferObjects(const PyRegion& src, const PyRegion& dst, py::handle src_in
     if (device != kHostDevice && d != device) {
       std::string where;
       for (const auto& [n2, d2] : placed) {
-        if (d2 != kHostDevice) where += fmt::format("{}{} on cuda:{}", where.empty() ? "" : ", ", n2, d2);
+        if (d2 != kHostDevice)
+          where += fmt::format("{}{} on cuda:{}", where.empty() ? "" : ", ", n2, d2);
       }
       ThrowInvalid("the copy spans several CUDA devices: " + where);
     }
@@ -150,8 +153,8 @@ void TransferObjects(const PyRegion& src, const PyRegion& dst, py::handle src_in
   if (backend == TransferBackend::kCpu) {
     for (const auto& [name, d] : placed) {
       if (d != kHostDevice) {
-        ThrowInvalid(fmt::format("backend='cpu' copies host memory only, but {} is on cuda:{}",
-                                 name, d));
+        ThrowInvalid(
+            fmt::format("backend='cpu' copies host memory only, but {} is on cuda:{}", name, d));
       }
     }
   } else {
@@ -227,8 +230,8 @@ kvtier.ops.region(), which checks buffer sizes; this class does not (it cannot s
       .def(py::init([](const std::string& layout, int64_t num_layers, int64_t num_slots,
                        int64_t slot_bytes, int64_t page_size, int64_t head_num, bool mla,
                        const std::string& memory, int device, uint64_t k, uint64_t v,
-                       const std::vector<uint64_t>& k_layers,
-                       const std::vector<uint64_t>& v_layers, const std::string& name) {
+                       const std::vector<uint64_t>& k_layers, const std::vector<uint64_t>& v_layers,
+                       const std::string& name) {
              auto r = std::make_unique<PyRegion>();
              r->region.geometry.layout = Unwrap(ParseLayout(layout));
              r->region.geometry.num_layers = num_layers;
@@ -313,15 +316,15 @@ kvtier.ops.region(), which checks buffer sizes; this class does not (it cannot s
         options.max_sms = max_sms;
         if (!layer_events.is_none()) {
           if (layer_events_caster == nullptr) {
-            ThrowStatus(Status::Unavailable(
-                "layer_events needs CUDA, and kvtier was built without it"));
+            ThrowStatus(
+                Status::Unavailable("layer_events needs CUDA, and kvtier was built without it"));
           }
           options.layer_events = layer_events_caster(layer_events);
         }
         std::shared_ptr<TransferEngine> engine = Unwrap(GetEngine(backend, device));
         const KvRegion s = src.Get();
         const KvRegion d = dst.Get();
-        TransferRequest request{&s, &d, src_indices.Get(), dst_indices.Get(),
+        TransferRequest request{&s,        &d,        src_indices.Get(), dst_indices.Get(),
                                 src_layer, dst_layer, num_layers};
         Status status;
         {
@@ -330,10 +333,10 @@ kvtier.ops.region(), which checks buffer sizes; this class does not (it cannot s
         }
         ThrowIfError(status);
       },
-      py::arg("src"), py::arg("dst"), py::arg("src_indices"), py::arg("dst_indices"),
-      py::kw_only(), py::arg("src_layer") = 0, py::arg("dst_layer") = 0,
-      py::arg("num_layers") = 1, py::arg("backend") = "cpu", py::arg("stream") = 0,
-      py::arg("device") = 0, py::arg("layer_events") = py::none(), py::arg("max_sms") = 0,
+      py::arg("src"), py::arg("dst"), py::arg("src_indices"), py::arg("dst_indices"), py::kw_only(),
+      py::arg("src_layer") = 0, py::arg("dst_layer") = 0, py::arg("num_layers") = 1,
+      py::arg("backend") = "cpu", py::arg("stream") = 0, py::arg("device") = 0,
+      py::arg("layer_events") = py::none(), py::arg("max_sms") = 0,
       R"doc(Copies layers [src_layer, src_layer + num_layers) of the slots src_indices of src to
 layers [dst_layer, ...) of the slots dst_indices of dst with the named backend (cpu, kernel, dma,
 auto) on CUDA stream `stream` (an address; 0 = the legacy default stream) of CUDA device `device`.
@@ -361,7 +364,8 @@ GPU backends return once the copy is enqueued; cpu once the bytes are in place.)
         Status status;
         {
           py::gil_scoped_release release;
-          status = engine->Synchronize(reinterpret_cast<CudaStream>(static_cast<uintptr_t>(stream)));
+          status =
+              engine->Synchronize(reinterpret_cast<CudaStream>(static_cast<uintptr_t>(stream)));
         }
         ThrowIfError(status);
       },

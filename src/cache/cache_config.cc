@@ -17,16 +17,19 @@ bool IsPowerOfTwo(int64_t x) { return x > 0 && (x & (x - 1)) == 0; }
 
 const char* WritePolicyName(WritePolicy policy) {
   switch (policy) {
-    case WritePolicy::kWriteThrough: return "write_through";
-    case WritePolicy::kWriteThroughSelective: return "write_through_selective";
-    case WritePolicy::kWriteBack: return "write_back";
+    case WritePolicy::kWriteThrough:
+      return "write_through";
+    case WritePolicy::kWriteThroughSelective:
+      return "write_through_selective";
+    case WritePolicy::kWriteBack:
+      return "write_back";
   }
   return "unknown_write_policy";
 }
 
 Result<WritePolicy> ParseWritePolicy(std::string_view name) {
-  for (auto p : {WritePolicy::kWriteThrough, WritePolicy::kWriteThroughSelective,
-                 WritePolicy::kWriteBack}) {
+  for (auto p :
+       {WritePolicy::kWriteThrough, WritePolicy::kWriteThroughSelective, WritePolicy::kWriteBack}) {
     if (name == WritePolicyName(p)) return p;
   }
   return Status::InvalidArgument(fmt::format(
@@ -35,38 +38,49 @@ Result<WritePolicy> ParseWritePolicy(std::string_view name) {
 
 const char* PrefetchPolicyName(PrefetchPolicy policy) {
   switch (policy) {
-    case PrefetchPolicy::kBestEffort: return "best_effort";
-    case PrefetchPolicy::kWaitComplete: return "wait_complete";
-    case PrefetchPolicy::kTimeout: return "timeout";
+    case PrefetchPolicy::kBestEffort:
+      return "best_effort";
+    case PrefetchPolicy::kWaitComplete:
+      return "wait_complete";
+    case PrefetchPolicy::kTimeout:
+      return "timeout";
   }
   return "unknown_prefetch_policy";
 }
 
 Result<PrefetchPolicy> ParsePrefetchPolicy(std::string_view name) {
-  for (auto p : {PrefetchPolicy::kBestEffort, PrefetchPolicy::kWaitComplete,
-                 PrefetchPolicy::kTimeout}) {
+  for (auto p :
+       {PrefetchPolicy::kBestEffort, PrefetchPolicy::kWaitComplete, PrefetchPolicy::kTimeout}) {
     if (name == PrefetchPolicyName(p)) return p;
   }
-  return Status::InvalidArgument(fmt::format(
-      "prefetch policy '{}' is not one of best_effort, wait_complete, timeout", name));
+  return Status::InvalidArgument(
+      fmt::format("prefetch policy '{}' is not one of best_effort, wait_complete, timeout", name));
 }
 
 const char* CacheTierName(CacheTier tier) {
   switch (tier) {
-    case CacheTier::kDevice: return "device";
-    case CacheTier::kHost: return "host";
-    case CacheTier::kStorage: return "storage";
+    case CacheTier::kDevice:
+      return "device";
+    case CacheTier::kHost:
+      return "host";
+    case CacheTier::kStorage:
+      return "storage";
   }
   return "unknown_tier";
 }
 
 const char* PrefetchStateName(PrefetchState state) {
   switch (state) {
-    case PrefetchState::kNone: return "none";
-    case PrefetchState::kRunning: return "running";
-    case PrefetchState::kComplete: return "complete";
-    case PrefetchState::kPartial: return "partial";
-    case PrefetchState::kTimedOut: return "timed_out";
+    case PrefetchState::kNone:
+      return "none";
+    case PrefetchState::kRunning:
+      return "running";
+    case PrefetchState::kComplete:
+      return "complete";
+    case PrefetchState::kPartial:
+      return "partial";
+    case PrefetchState::kTimedOut:
+      return "timed_out";
   }
   return "unknown_prefetch_state";
 }
@@ -87,8 +101,8 @@ Status StorageTierConfig::Validate() const {
       !seconds_ok(prefetch_timeout_max_s)) {
     return Status::InvalidArgument(fmt::format(
         "storage.prefetch_timeout_base_s = {}, _per_1k_tokens_s = {}, _max_s = {}: each must be "
-        "in [0, 86400] seconds", prefetch_timeout_base_s, prefetch_timeout_per_1k_tokens_s,
-        prefetch_timeout_max_s));
+        "in [0, 86400] seconds",
+        prefetch_timeout_base_s, prefetch_timeout_per_1k_tokens_s, prefetch_timeout_max_s));
   }
   if (!(max_prefetch_host_fraction > 0 && max_prefetch_host_fraction <= 1)) {
     return Status::InvalidArgument(fmt::format(
@@ -141,13 +155,13 @@ Status HierarchicalCacheConfig::Validate() const {
         fmt::format("write_policy = {} is not a known policy", static_cast<int>(write_policy)));
   }
   if (write_through_threshold < 1) {
-    return Status::InvalidArgument(fmt::format("write_through_threshold = {} must be at least 1",
-                                               write_through_threshold));
+    return Status::InvalidArgument(
+        fmt::format("write_through_threshold = {} must be at least 1", write_through_threshold));
   }
   if (static_cast<int>(device_eviction) > 3 || static_cast<int>(host_eviction) > 3) {
-    return Status::InvalidArgument(fmt::format(
-        "device_eviction = {} / host_eviction = {}: not known eviction policies",
-        static_cast<int>(device_eviction), static_cast<int>(host_eviction)));
+    return Status::InvalidArgument(
+        fmt::format("device_eviction = {} / host_eviction = {}: not known eviction policies",
+                    static_cast<int>(device_eviction), static_cast<int>(host_eviction)));
   }
   if (static_cast<int>(transfer_backend) > 3) {
     return Status::InvalidArgument(fmt::format("transfer_backend = {} is not a known backend",

@@ -86,8 +86,8 @@ void WriteMatchAndLoadBack(PrometheusTextWriter& w, const CacheStats& s) {
 
 void WritePrefetch(PrometheusTextWriter& w, const CacheStats& s) {
   w.Counter("kvtier:prefetch_total", "Prefetch calls.", s.prefetch_calls);
-  w.Counter("kvtier:prefetch_requested_tokens_total",
-            "Storage tokens prefetches asked for.", s.prefetch_requested_tokens);
+  w.Counter("kvtier:prefetch_requested_tokens_total", "Storage tokens prefetches asked for.",
+            s.prefetch_requested_tokens);
   w.Counter("kvtier:prefetched_tokens_total",
             "Tokens prefetched from storage that became host hits.", s.prefetched_tokens);
   w.BeginFamily("kvtier:prefetch_skipped_tokens_total", MetricType::kCounter,
@@ -121,11 +121,10 @@ void WriteInsertAndBackup(PrometheusTextWriter& w, const CacheStats& s) {
   // Device -> host.
   w.Counter("kvtier:host_backup_tokens_total", "Tokens copied from device to host memory.",
             s.backup_tokens);
-  w.Counter("kvtier:host_backup_failed_tokens_total",
-            "Tokens whose device -> host copy failed.", s.backup_failed_tokens);
+  w.Counter("kvtier:host_backup_failed_tokens_total", "Tokens whose device -> host copy failed.",
+            s.backup_failed_tokens);
   w.Counter("kvtier:host_backup_skipped_tokens_total",
-            "Tokens not backed up to host memory for lack of host space.",
-            s.backup_skipped_tokens);
+            "Tokens not backed up to host memory for lack of host space.", s.backup_skipped_tokens);
   w.Counter("kvtier:write_back_tokens_total",
             "Tokens copied to host memory when they left the device (write_back).",
             s.write_back_tokens);
@@ -161,8 +160,7 @@ void WriteEvictionAndFaults(PrometheusTextWriter& w, const CacheStats& s) {
   w.AddSample({{"tier", "device"}}, s.device_evicted_tokens);
   w.AddSample({{"tier", "host"}}, s.host_evicted_tokens);
   w.AddSample({{"tier", "storage"}}, s.storage_forgotten_tokens);
-  w.BeginFamily("kvtier:evictions_total", MetricType::kCounter,
-                "Runs of pages evicted, by tier.");
+  w.BeginFamily("kvtier:evictions_total", MetricType::kCounter, "Runs of pages evicted, by tier.");
   w.AddSample({{"tier", "device"}}, s.device_evictions);
   w.AddSample({{"tier", "host"}}, s.host_evictions);
   w.Counter("kvtier:dropped_tokens_total",
@@ -172,8 +170,7 @@ void WriteEvictionAndFaults(PrometheusTextWriter& w, const CacheStats& s) {
   w.AddHistogram({}, SnapshotOf(s.eviction_duration));
 
   w.Counter("kvtier:storage_errors_total",
-            "Storage calls that failed or were rejected, and pages that failed.",
-            s.storage_errors);
+            "Storage calls that failed or were rejected, and pages that failed.", s.storage_errors);
   w.Counter("kvtier:storage_corrupt_pages_total",
             "Pages read from storage that were corrupt or of another namespace (misses).",
             s.storage_corrupt_pages);

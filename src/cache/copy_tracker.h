@@ -37,7 +37,7 @@ struct CopyOp {
     kStore,     // host -> storage
   };
   Kind kind = Kind::kBackup;
-  bool gpu = false;  // completion through `event` (kBackup, kLoad on a GPU backend)
+  bool gpu = false;         // completion through `event` (kBackup, kLoad on a GPU backend)
   bool write_back = false;  // kBackup made by a write_back eviction
 
   // ---- guarded by the cache's mutex ------------------------------------------------------
@@ -50,20 +50,20 @@ struct CopyOp {
   bool concluded = false;  // kPrefetch: its result was taken (FinishPrefetch / Release)
 
   // ---- immutable once registered ---------------------------------------------------------
-  std::vector<int64_t> src, dst;   // slots (device <-> host copies)
-  std::vector<int64_t> pages;      // page starts of the destination (or host source for kStore)
-  std::vector<PageKey> keys;       // storage operations: one per page
+  std::vector<int64_t> src, dst;  // slots (device <-> host copies)
+  std::vector<int64_t> pages;     // page starts of the destination (or host source for kStore)
+  std::vector<PageKey> keys;      // storage operations: one per page
   int64_t tokens = 0;
   int64_t bytes = 0;
   int64_t batch_pages = 0;  // storage operations: pages per batch
   std::chrono::steady_clock::time_point start;
   std::chrono::steady_clock::time_point deadline;  // kPrefetch with the timeout policy
   std::shared_ptr<CudaEventHandle> wait_before;    // GPU: the engine's writes to wait for
-  CudaEventHandle event;                            // GPU: recorded after the copy
-  std::unique_ptr<LayerEvents> layer_events;        // GPU loads
+  CudaEventHandle event;                           // GPU: recorded after the copy
+  std::unique_ptr<LayerEvents> layer_events;       // GPU loads
 
   // ---- completion (the tracker's mutex) ---------------------------------------------------
-  Status status;                     // the first failure
+  Status status;                        // the first failure
   std::vector<PageStatus> page_status;  // storage operations
   std::vector<uint8_t> batch_done;      // storage operations, per batch
   int64_t batches_left = 0;

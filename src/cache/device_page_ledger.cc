@@ -35,8 +35,8 @@ Result<std::unique_ptr<DevicePageLedger>> DevicePageLedger::Create(int64_t num_s
     ledger->owners_.assign(static_cast<size_t>(pages), kFree);
     ledger->free_.resize(static_cast<size_t>(pages));
   } catch (const std::bad_alloc&) {
-    return Status::OutOfMemory(fmt::format(
-        "device page ledger: cannot allocate the bookkeeping for {} pages", pages));
+    return Status::OutOfMemory(
+        fmt::format("device page ledger: cannot allocate the bookkeeping for {} pages", pages));
   }
   // Lowest page on top: a fresh ledger hands out pages in ascending order.
   for (int64_t i = 0; i < pages; ++i) {
@@ -125,8 +125,8 @@ Status DevicePageLedger::CheckPages(std::span<const int64_t> slots, std::string_
                                     std::vector<int64_t>* pages) const {
   const int64_t P = page_size_;
   if (slots.size() % static_cast<size_t>(P) != 0) {
-    return Status::InvalidArgument(fmt::format(
-        "{} has {} slots, not a multiple of page_size = {}", arg, slots.size(), P));
+    return Status::InvalidArgument(
+        fmt::format("{} has {} slots, not a multiple of page_size = {}", arg, slots.size(), P));
   }
   const int64_t N = num_slots();
   pages->reserve(pages->size() + slots.size() / static_cast<size_t>(P));
@@ -143,9 +143,9 @@ Status DevicePageLedger::CheckPages(std::span<const int64_t> slots, std::string_
     // N is a multiple of P, so the rest of an aligned page is in range too.
     for (int64_t j = 1; j < P; ++j) {
       if (slots[k + static_cast<size_t>(j)] != s + j) {
-        return Status::InvalidArgument(fmt::format(
-            "{}[{}] = {} does not continue its page (expected {})", arg,
-            k + static_cast<size_t>(j), slots[k + static_cast<size_t>(j)], s + j));
+        return Status::InvalidArgument(
+            fmt::format("{}[{}] = {} does not continue its page (expected {})", arg,
+                        k + static_cast<size_t>(j), slots[k + static_cast<size_t>(j)], s + j));
       }
     }
     pages->push_back(s);
@@ -162,13 +162,14 @@ Status DevicePageLedger::CheckEngineHeld(std::span<const int64_t> pages, std::st
     if (skip != nullptr && (*skip)[i]) continue;
     uint8_t& o = owners_[static_cast<size_t>(pages[i] >> log2_page_)];
     if (o != kEngine) {
-      const char* why = o == kFree ? "is not allocated"
+      const char* why = o == kFree   ? "is not allocated"
                         : o == kTree ? "is cached by another prefix"
                         : o == kCopy ? "is being filled by a load-back"
                                      : "appears twice in this call";
       bad = Status::InvalidArgument(fmt::format(
           "{}: page at slot {} (page {} of the call) {}; only pages from AllocateDeviceSlots "
-          "may be passed", arg, pages[i], i, why));
+          "may be passed",
+          arg, pages[i], i, why));
       break;
     }
     o = kMark;

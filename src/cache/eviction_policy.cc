@@ -34,10 +34,14 @@ class PriorityPolicy final : public EvictionPolicy {
 
 const char* EvictionPolicyName(EvictionPolicyKind kind) {
   switch (kind) {
-    case EvictionPolicyKind::kLru: return "lru";
-    case EvictionPolicyKind::kLfu: return "lfu";
-    case EvictionPolicyKind::kFifo: return "fifo";
-    case EvictionPolicyKind::kPriority: return "priority";
+    case EvictionPolicyKind::kLru:
+      return "lru";
+    case EvictionPolicyKind::kLfu:
+      return "lfu";
+    case EvictionPolicyKind::kFifo:
+      return "fifo";
+    case EvictionPolicyKind::kPriority:
+      return "priority";
   }
   return "unknown_eviction_policy";
 }
@@ -57,11 +61,15 @@ std::shared_ptr<const EvictionPolicy> MakeEvictionPolicy(EvictionPolicyKind kind
   static const auto fifo = std::make_shared<const FifoPolicy>();
   static const auto priority = std::make_shared<const PriorityPolicy>();
   switch (kind) {
-    case EvictionPolicyKind::kLfu: return lfu;
-    case EvictionPolicyKind::kFifo: return fifo;
-    case EvictionPolicyKind::kPriority: return priority;
+    case EvictionPolicyKind::kLfu:
+      return lfu;
+    case EvictionPolicyKind::kFifo:
+      return fifo;
+    case EvictionPolicyKind::kPriority:
+      return priority;
     case EvictionPolicyKind::kLru:
-    default: return lru;
+    default:
+      return lru;
   }
 }
 

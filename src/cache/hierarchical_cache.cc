@@ -97,7 +97,7 @@ struct HierarchicalCache::Impl {
   struct Handle {
     RadixNode* last = nullptr;  // pinned with its ancestors; null: nothing matched
     std::string ns;
-    std::vector<Token> rest;  // whole pages after the match (storage tier only)
+    std::vector<Token> rest;           // whole pages after the match (storage tier only)
     std::shared_ptr<CopyOp> load;      // GPU: its LoadBack
     std::shared_ptr<CopyOp> prefetch;  // running (not concluded) prefetch
     PrefetchPolicy prefetch_policy = PrefetchPolicy::kBestEffort;
@@ -152,7 +152,7 @@ struct HierarchicalCache::Impl {
   bool gpu = false;
   CudaStreamHandle backup_stream;  // GPU only
   std::shared_ptr<StorageBackend> storage;
-  bool owns_storage = false;  // opened from a URL: closed with the cache
+  bool owns_storage = false;                      // opened from a URL: closed with the cache
   std::unique_ptr<storage::PageStaging> staging;  // host pages <-> storage calls
 
   mutable std::mutex mu;
@@ -165,10 +165,10 @@ struct HierarchicalCache::Impl {
   std::vector<std::shared_ptr<CopyOp>> reaping;
   std::unordered_map<uint64_t, Handle> handles;
   uint64_t next_seq = 1;
-  int64_t filling_pages = 0;       // host pages of prefetches not yet handed to the tree
-  int64_t store_queue_pages = 0;   // host -> storage pages queued or running
-  Status health;                   // an internal failure makes the cache unusable
-  Status backup_failure;           // the first failed backup since WaitForBackups last said so
+  int64_t filling_pages = 0;      // host pages of prefetches not yet handed to the tree
+  int64_t store_queue_pages = 0;  // host -> storage pages queued or running
+  Status health;                  // an internal failure makes the cache unusable
+  Status backup_failure;          // the first failed backup since WaitForBackups last said so
   CacheStats counters;
 
   std::unique_ptr<util::ThreadPool> pool;  // cpu backups; destroyed first (joins its workers)
@@ -492,9 +492,9 @@ struct HierarchicalCache::Impl {
           AppendSlots(std::span<const int64_t>(host_pages).subspan(off + i, 1), &op->dst);
         }
       }
-      tree.SetHostPages(n, std::vector<int64_t>(host_pages.begin() + static_cast<ptrdiff_t>(off),
-                                                host_pages.begin() +
-                                                    static_cast<ptrdiff_t>(off + np)));
+      tree.SetHostPages(
+          n, std::vector<int64_t>(host_pages.begin() + static_cast<ptrdiff_t>(off),
+                                  host_pages.begin() + static_cast<ptrdiff_t>(off + np)));
       off += np;
     }
     counters.backup_present_tokens += keep * P - op->tokens;
@@ -508,9 +508,8 @@ struct HierarchicalCache::Impl {
 
   void MaybeBackup(const std::vector<RadixNode*>& path, Work* work) {
     if (!host || config.write_policy == WritePolicy::kWriteBack) return;
-    const int64_t threshold = config.write_policy == WritePolicy::kWriteThrough
-                                  ? 1
-                                  : config.write_through_threshold;
+    const int64_t threshold =
+        config.write_policy == WritePolicy::kWriteThrough ? 1 : config.write_through_threshold;
     for (auto it = path.rbegin(); it != path.rend(); ++it) {
       RadixNode* n = *it;
       if (n->on_device() && !n->on_host() && n->hit_count() >= threshold) {
@@ -573,8 +572,12 @@ struct HierarchicalCache::Impl {
     for (auto& entry : reaping) {
       const std::shared_ptr<CopyOp> op = std::move(entry);
       switch (op->kind) {
-        case CopyOp::Kind::kBackup: ReapBackup(*op, work); break;
-        case CopyOp::Kind::kLoad: ReapLoad(*op); break;
+        case CopyOp::Kind::kBackup:
+          ReapBackup(*op, work);
+          break;
+        case CopyOp::Kind::kLoad:
+          ReapLoad(*op);
+          break;
         case CopyOp::Kind::kPrefetch:
           if (!op->concluded) {
             tracker.Add(op);  // its handle takes the result; it stays accounted until then
@@ -584,7 +587,9 @@ struct HierarchicalCache::Impl {
             op->free_on_completion.clear();
           }
           break;
-        case CopyOp::Kind::kStore: ReapStore(*op, work); break;
+        case CopyOp::Kind::kStore:
+          ReapStore(*op, work);
+          break;
       }
     }
     reaping.clear();
@@ -602,9 +607,10 @@ struct HierarchicalCache::Impl {
       std::vector<RadixNode*> nodes = op.nodes;
       ClearBusy(op);
       if (storage && config.write_policy != WritePolicy::kWriteBack && !nodes.empty()) {
-        RadixNode* deepest = *std::max_element(
-            nodes.begin(), nodes.end(),
-            [](const RadixNode* a, const RadixNode* b) { return a->prefix_tokens() < b->prefix_tokens(); });
+        RadixNode* deepest = *std::max_element(nodes.begin(), nodes.end(),
+                                               [](const RadixNode* a, const RadixNode* b) {
+                                                 return a->prefix_tokens() < b->prefix_tokens();
+                                               });
         Store(deepest, work);
       }
       return;
@@ -691,10 +697,17 @@ struct HierarchicalCache::Impl {
     for (PageStatus s : statuses) {
       switch (s) {
         case PageStatus::kCorrupt:
-        case PageStatus::kWrongNamespace: ++counters.storage_corrupt_pages; break;
-        case PageStatus::kTimedOut: ++counters.storage_timeouts; break;
-        case PageStatus::kFailed: ++counters.storage_errors; break;
-        default: break;
+        case PageStatus::kWrongNamespace:
+          ++counters.storage_corrupt_pages;
+          break;
+        case PageStatus::kTimedOut:
+          ++counters.storage_timeouts;
+          break;
+        case PageStatus::kFailed:
+          ++counters.storage_errors;
+          break;
+        default:
+          break;
       }
     }
     if (!status.ok()) {
@@ -718,16 +731,20 @@ struct HierarchicalCache::Impl {
     Status status;
     tracker.Snapshot(*op, &statuses, &batches, &status);
     const int64_t total = static_cast<int64_t>(statuses.size());
-    auto batch_done = [&](int64_t page) { return batches[static_cast<size_t>(page / op->batch_pages)] != 0; };
+    auto batch_done = [&](int64_t page) {
+      return batches[static_cast<size_t>(page / op->batch_pages)] != 0;
+    };
     int64_t arrived = 0;
-    while (arrived < total && batch_done(arrived) && statuses[static_cast<size_t>(arrived)] == PageStatus::kOk) {
+    while (arrived < total && batch_done(arrived) &&
+           statuses[static_cast<size_t>(arrived)] == PageStatus::kOk) {
       ++arrived;
     }
     // The first page that is known to be gone (absent or corrupt) from storage, if any.
     int64_t gone_from = -1;
     if (arrived < total && batch_done(arrived)) {
       const PageStatus s = statuses[static_cast<size_t>(arrived)];
-      if (s == PageStatus::kAbsent || s == PageStatus::kCorrupt || s == PageStatus::kWrongNamespace) {
+      if (s == PageStatus::kAbsent || s == PageStatus::kCorrupt ||
+          s == PageStatus::kWrongNamespace) {
         gone_from = arrived;
       }
     }
@@ -770,7 +787,9 @@ struct HierarchicalCache::Impl {
     }
     // Pages not handed over: freed now when their batch completed, else on completion.
     for (int64_t i = used; i < total; ++i) {
-      if (std::find(to_free.begin(), to_free.end(), op->pages[static_cast<size_t>(i)]) != to_free.end()) continue;
+      if (std::find(to_free.begin(), to_free.end(), op->pages[static_cast<size_t>(i)]) !=
+          to_free.end())
+        continue;
       if (batch_done(i)) {
         to_free.push_back(op->pages[static_cast<size_t>(i)]);
       } else {
@@ -787,8 +806,7 @@ struct HierarchicalCache::Impl {
     const double seconds = SecondsSince(op->start);
     counters.prefetch_seconds += seconds;
     if (used > 0 && seconds > 0) {
-      counters.prefetch_bandwidth.Observe(static_cast<double>(used * PageBytes()) / seconds /
-                                          1e9);
+      counters.prefetch_bandwidth.Observe(static_cast<double>(used * PageBytes()) / seconds / 1e9);
     }
     const bool past_deadline = Clock::now() >= op->deadline;
     if (used == total) {
@@ -870,9 +888,8 @@ struct HierarchicalCache::Impl {
   // match become a host-only leaf, and `r` then ends at the leaf. `tail`: the keys of the pages
   // of `tokens` from page `tail_from` on (the match's end when Match peeked). Returns the tokens
   // the match gained.
-  int64_t AdoptShared(RadixTree::MatchResult* r, std::string_view ns,
-                      std::span<const Token> tokens, std::span<const PageKey> tail,
-                      int64_t tail_from) {
+  int64_t AdoptShared(RadixTree::MatchResult* r, std::string_view ns, std::span<const Token> tokens,
+                      std::span<const PageKey> tail, int64_t tail_from) {
     // The device-only nodes at the end of the match, top-down, and where host memory ends.
     std::vector<RadixNode*> bare;
     RadixNode* top = r->last;
@@ -906,9 +923,9 @@ struct HierarchicalCache::Impl {
       const size_t have = std::min(np, pages.size() - used);
       if (have == 0) break;
       RadixNode* target = have < np ? tree.SplitAfter(d, static_cast<int64_t>(have))->parent() : d;
-      tree.SetHostPages(target, std::vector<int64_t>(pages.begin() + static_cast<ptrdiff_t>(used),
-                                                     pages.begin() +
-                                                         static_cast<ptrdiff_t>(used + have)));
+      tree.SetHostPages(target,
+                        std::vector<int64_t>(pages.begin() + static_cast<ptrdiff_t>(used),
+                                             pages.begin() + static_cast<ptrdiff_t>(used + have)));
       used += have;
       counters.backup_present_tokens += static_cast<int64_t>(have) * P;
       if (have < np) break;
@@ -938,9 +955,9 @@ struct HierarchicalCache::Impl {
     const bool to_host = op.kind == CopyOp::Kind::kBackup;
     const KvRegion& src = to_host ? device : host->region();
     const KvRegion& dst = to_host ? host->region() : device;
-    return engine->Transfer(TransferRequest::AllLayers(src, dst, SlotIndices::Host(op.src),
-                                                       SlotIndices::Host(op.dst)),
-                            TransferOptions{stream, op.layer_events.get()});
+    return engine->Transfer(
+        TransferRequest::AllLayers(src, dst, SlotIndices::Host(op.src), SlotIndices::Host(op.dst)),
+        TransferOptions{stream, op.layer_events.get()});
   }
 
   // GPU: enqueues `op` on `stream` after the engine's pending writes; the op completes through
@@ -988,22 +1005,24 @@ struct HierarchicalCache::Impl {
       const int64_t present = e.status.ok() ? std::clamp<int64_t>(e.leading, 0, n) : 0;
       tr->SetPresent(*op, present);
       if (present == n) {
-        tr->CompleteBatch(*op, 0, Status::OK(), std::vector<PageStatus>(static_cast<size_t>(n),
-                                                                        PageStatus::kOk));
+        tr->CompleteBatch(*op, 0, Status::OK(),
+                          std::vector<PageStatus>(static_cast<size_t>(n), PageStatus::kOk));
         return;
       }
       std::vector<PageKey> keys(op->keys.begin() + present, op->keys.end());
       pages->SetAsync(*backend, std::move(keys), std::span(op->pages).subspan(present),
                       [tr, op, present, n](BatchResult r) {
-        std::vector<PageStatus> all(static_cast<size_t>(n), PageStatus::kOk);
-        for (size_t i = 0; i < r.pages.size() && present + static_cast<int64_t>(i) < n; ++i) {
-          all[static_cast<size_t>(present) + i] = r.pages[i];
-        }
-        if (!r.status.ok()) {
-          for (int64_t i = present; i < n; ++i) all[static_cast<size_t>(i)] = PageStatus::kSkipped;
-        }
-        tr->CompleteBatch(*op, 0, r.status, all);
-      });
+                        std::vector<PageStatus> all(static_cast<size_t>(n), PageStatus::kOk);
+                        for (size_t i = 0;
+                             i < r.pages.size() && present + static_cast<int64_t>(i) < n; ++i) {
+                          all[static_cast<size_t>(present) + i] = r.pages[i];
+                        }
+                        if (!r.status.ok()) {
+                          for (int64_t i = present; i < n; ++i)
+                            all[static_cast<size_t>(i)] = PageStatus::kSkipped;
+                        }
+                        tr->CompleteBatch(*op, 0, r.status, all);
+                      });
     });
   }
 
@@ -1057,8 +1076,9 @@ struct HierarchicalCache::Impl {
       if (!allow_fewer && DeviceReclaimable() < pages) {
         return Status::OutOfMemory(fmt::format(
             "{}: the device cannot make room ({} pages free, {} held by the engine, {} pinned by "
-            "live handles, {} needed)", what, free,
-            ledger->pages_of(DevicePageLedger::kEngine), tree.pinned_device_tokens() / P, pages));
+            "live handles, {} needed)",
+            what, free, ledger->pages_of(DevicePageLedger::kEngine),
+            tree.pinned_device_tokens() / P, pages));
       }
       EvictDevice(pages - free, work);
     }
@@ -1070,16 +1090,16 @@ struct HierarchicalCache::Impl {
       }
     }
     if (allow_fewer && waits->empty()) return ledger->Allocate(ledger->free_pages(), owner);
-    return Status::OutOfMemory(fmt::format(
-        "{}: the device cannot make room ({} pages free after eviction, {} needed)", what,
-        ledger->free_pages(), pages));
+    return Status::OutOfMemory(
+        fmt::format("{}: the device cannot make room ({} pages free after eviction, {} needed)",
+                    what, ledger->free_pages(), pages));
   }
 
   // Runs TryAllocateDevice, waiting outside the lock for copies whose completion makes more
   // evictable (write_back copies, busy nodes), and retrying a bounded number of times.
   Result<std::vector<int64_t>> AllocateDevice(Lock& lk, int64_t pages, bool allow_fewer,
-                                              DevicePageLedger::Owner owner,
-                                              std::string_view what, Work* work) {
+                                              DevicePageLedger::Owner owner, std::string_view what,
+                                              Work* work) {
     constexpr int kMaxWaits = 4;
     for (int attempt = 0;; ++attempt) {
       std::vector<std::shared_ptr<CopyOp>> waits;
@@ -1106,8 +1126,7 @@ struct HierarchicalCache::Impl {
       std::vector<std::shared_ptr<CopyOp>> waits;
       for (const auto& op : tracker.ops()) {
         if (op->kind == CopyOp::Kind::kPrefetch && !op->concluded) continue;  // its handle's
-        if (backups_only && op->kind != CopyOp::Kind::kBackup &&
-            op->kind != CopyOp::Kind::kStore) {
+        if (backups_only && op->kind != CopyOp::Kind::kBackup && op->kind != CopyOp::Kind::kStore) {
           continue;
         }
         waits.push_back(op);
@@ -1172,9 +1191,9 @@ Result<std::unique_ptr<HierarchicalCache>> HierarchicalCache::Create(
         "auto");
   }
   if (gpu && device_region.memory != MemoryKind::kDevice) {
-    return Status::InvalidArgument(fmt::format(
-        "device_region is in host memory but the transfer backend is {}; use cpu",
-        TransferBackendName(engine->backend())));
+    return Status::InvalidArgument(
+        fmt::format("device_region is in host memory but the transfer backend is {}; use cpu",
+                    TransferBackendName(engine->backend())));
   }
 
   auto impl = std::make_unique<Impl>(config, g.page_size);
@@ -1201,10 +1220,9 @@ Result<std::unique_ptr<HierarchicalCache>> HierarchicalCache::Create(
     s.no_host_region.geometry.num_slots = 0;
     s.no_host_region.mla = device_region.mla;
   } else if (config.shared_host) {
-    const double budget =
-        config.host_capacity_bytes > 0
-            ? static_cast<double>(config.host_capacity_bytes)
-            : config.host_ratio * static_cast<double>(hc.device_pool_bytes);
+    const double budget = config.host_capacity_bytes > 0
+                              ? static_cast<double>(config.host_capacity_bytes)
+                              : config.host_ratio * static_cast<double>(hc.device_pool_bytes);
     KVTIER_ASSIGN_OR_RETURN(
         s.host, OpenSharedHostTier(config.shared_host, device_region, gpu, config.storage.model_id,
                                    static_cast<int64_t>(std::min(budget, 9e18))));
@@ -1290,10 +1308,10 @@ Result<MatchResult> HierarchicalCache::Match(std::span<const Token> tokens, std:
       s.MatchedChain(ns, tokens, &tail_from, &previous);
     }
     if (tail_from < whole_pages) {
-      Result<std::vector<PageKey>> k = ComputePageKeys(
-          tokens.subspan(static_cast<size_t>(tail_from * s.P),
-                         static_cast<size_t>((whole_pages - tail_from) * s.P)),
-          s.P, previous);
+      Result<std::vector<PageKey>> k =
+          ComputePageKeys(tokens.subspan(static_cast<size_t>(tail_from * s.P),
+                                         static_cast<size_t>((whole_pages - tail_from) * s.P)),
+                          s.P, previous);
       if (!k.ok()) return k.status().WithContext("Match: page keys");
       tail = std::move(*k);
     }
@@ -1328,8 +1346,8 @@ Result<MatchResult> HierarchicalCache::Match(std::span<const Token> tokens, std:
     h.ns = std::string(ns);
     if (s.storage) {
       const size_t from = static_cast<size_t>(r.matched_tokens);
-      const size_t whole = (tokens.size() - from) / static_cast<size_t>(s.P) *
-                           static_cast<size_t>(s.P);
+      const size_t whole =
+          (tokens.size() - from) / static_cast<size_t>(s.P) * static_cast<size_t>(s.P);
       h.rest.assign(tokens.begin() + static_cast<ptrdiff_t>(from),
                     tokens.begin() + static_cast<ptrdiff_t>(from + whole));
     }
@@ -1397,9 +1415,9 @@ Result<StorageQueryResult> HierarchicalCache::QueryStorage(MatchHandle handle) {
   const int64_t pages = std::clamp<int64_t>(found.leading, 0, static_cast<int64_t>(keys->size()));
   if (pages > 0 && h->last == last && h->rest == rest) {
     const size_t n = static_cast<size_t>(pages * s.P);
-    RadixNode* deepest = s.tree.AddStored(
-        last, ns, std::span<const Token>(rest).first(n),
-        std::span<const PageKey>(*keys).first(static_cast<size_t>(pages)));
+    RadixNode* deepest =
+        s.tree.AddStored(last, ns, std::span<const Token>(rest).first(n),
+                         std::span<const PageKey>(*keys).first(static_cast<size_t>(pages)));
     if (deepest != nullptr && !deepest->is_root() && deepest != last) {
       s.tree.IncRef(deepest);
       if (last != nullptr) s.tree.DecRef(last);
@@ -1489,16 +1507,15 @@ Result<PrefetchResult> HierarchicalCache::Prefetch(MatchHandle handle, PrefetchP
     op->kind = CopyOp::Kind::kPrefetch;
     op->tokens = pages * s.P;
     op->start = Clock::now();
-    const double budget = std::min(
-        s.config.storage.prefetch_timeout_max_s,
-        s.config.storage.prefetch_timeout_base_s +
-            s.config.storage.prefetch_timeout_per_1k_tokens_s * static_cast<double>(op->tokens) /
-                1024.0);
+    const double budget = std::min(s.config.storage.prefetch_timeout_max_s,
+                                   s.config.storage.prefetch_timeout_base_s +
+                                       s.config.storage.prefetch_timeout_per_1k_tokens_s *
+                                           static_cast<double>(op->tokens) / 1024.0);
     op->deadline = op->start + std::chrono::duration_cast<Clock::duration>(
                                    std::chrono::duration<double>(budget));
     op->pages = host_pages;
-    op->batch_pages = std::min(s.config.storage.max_prefetch_batch_pages,
-                               s.storage->options().max_batch_pages);
+    op->batch_pages =
+        std::min(s.config.storage.max_prefetch_batch_pages, s.storage->options().max_batch_pages);
     int64_t left = pages;
     for (RadixNode* n : part) {
       if (left <= 0) break;
@@ -1604,8 +1621,8 @@ Result<LoadBackResult> HierarchicalCache::LoadBack(MatchHandle handle, CudaStrea
     }
     const int64_t pages = tokens / s.P;
     if (pages > s.ledger->num_pages()) {
-      return Status::OutOfMemory(fmt::format(
-          "LoadBack of {} tokens exceeds the device pool of {}", tokens, s.ledger->num_slots()));
+      return Status::OutOfMemory(fmt::format("LoadBack of {} tokens exceeds the device pool of {}",
+                                             tokens, s.ledger->num_slots()));
     }
     Result<std::vector<int64_t>> got =
         s.AllocateDevice(lk, pages, false, DevicePageLedger::kCopy,
@@ -1718,8 +1735,8 @@ Status HierarchicalCache::WaitLayer(MatchHandle handle, int64_t layer, CudaStrea
     Impl::Lock lk(s);
     KVTIER_ASSIGN_OR_RETURN(Impl::Handle * h, s.FindHandle(handle));
     if (layer < 0 || layer >= s.device.geometry.num_layers) {
-      return Status::InvalidArgument(fmt::format("layer = {} is out of range [0, {})", layer,
-                                                 s.device.geometry.num_layers));
+      return Status::InvalidArgument(
+          fmt::format("layer = {} is out of range [0, {})", layer, s.device.geometry.num_layers));
     }
     // The handle's own load-back, and any other load-back still filling slots of this match.
     if (h->load && h->load->layer_events) loads.push_back(h->load);
@@ -1774,9 +1791,9 @@ Result<std::vector<int64_t>> HierarchicalCache::AllocateDeviceSlots(
     }
     if (num_tokens > s.ledger->num_slots()) {
       if (!options.allow_fewer) {
-        return Status::InvalidArgument(fmt::format(
-            "num_tokens = {} exceeds the device pool of {} slots", num_tokens,
-            s.ledger->num_slots()));
+        return Status::InvalidArgument(
+            fmt::format("num_tokens = {} exceeds the device pool of {} slots", num_tokens,
+                        s.ledger->num_slots()));
       }
       num_tokens = s.ledger->num_slots();
     }
@@ -1807,8 +1824,7 @@ Status HierarchicalCache::FreeDeviceSlots(std::span<const int64_t> slots) {
 
 Result<InsertResult> HierarchicalCache::Insert(std::span<const Token> tokens,
                                                std::span<const int64_t> device_slots,
-                                               std::string_view ns,
-                                               const InsertOptions& options) {
+                                               std::string_view ns, const InsertOptions& options) {
   Impl& s = *impl_;
   if (tokens.size() != device_slots.size()) {
     return Status::InvalidArgument(fmt::format("tokens has {} entries but device_slots has {}",
@@ -1817,7 +1833,8 @@ Result<InsertResult> HierarchicalCache::Insert(std::span<const Token> tokens,
   if (tokens.size() % static_cast<size_t>(s.P) != 0) {
     return Status::InvalidArgument(fmt::format(
         "tokens has {} entries, not a multiple of page_size = {} (insert whole pages; keep the "
-        "partial last page)", tokens.size(), s.P));
+        "partial last page)",
+        tokens.size(), s.P));
   }
   // Outside the lock: the page keys, and (GPU) the point on the engine's stream after which the
   // KV of these slots is written.
@@ -1866,7 +1883,8 @@ Result<InsertResult> HierarchicalCache::Insert(std::span<const Token> tokens,
         case RadixTree::SegmentKind::kOnDevice:
           out.cached_tokens += len;
           for (int64_t k = seg.begin; k < seg.end; k += s.P) {
-            const int64_t mine = seg.node->device_pages()[static_cast<size_t>((k - seg.begin) / s.P)];
+            const int64_t mine =
+                seg.node->device_pages()[static_cast<size_t>((k - seg.begin) / s.P)];
             if (device_slots[static_cast<size_t>(k)] != mine) {
               duplicates.push_back(device_slots[static_cast<size_t>(k)]);
             }
@@ -2069,8 +2087,8 @@ Status HierarchicalCache::CheckConsistency() const {
         return;
       }
       if (host_seen[p] || !host->Holds(start)) {
-        st = Status::Internal(fmt::format("node {}: host page at slot {} seen {}, held {}",
-                                          n.id(), start, host_seen[p], host->Holds(start)));
+        st = Status::Internal(fmt::format("node {}: host page at slot {} seen {}, held {}", n.id(),
+                                          start, host_seen[p], host->Holds(start)));
         return;
       }
       host_seen[p] = 1;
@@ -2086,8 +2104,8 @@ Status HierarchicalCache::CheckConsistency() const {
     auto b = expected_busy.find(&n);
     const int64_t busy = b == expected_busy.end() ? 0 : b->second;
     if (n.busy() != busy) {
-      st = Status::Internal(fmt::format("node {}: busy {} but {} operations list it", n.id(),
-                                        n.busy(), busy));
+      st = Status::Internal(
+          fmt::format("node {}: busy {} but {} operations list it", n.id(), n.busy(), busy));
       return;
     }
   });
@@ -2099,8 +2117,8 @@ Status HierarchicalCache::CheckConsistency() const {
       s.ledger->used_pages() != tree_pages + owner_engine + owner_copy) {
     return Status::Internal(fmt::format(
         "device pages: tree {} (ledger {}), load-backs {} (ledger {}), engine {}, allocator used "
-        "{}", tree_pages, owner_tree, copy_pages, owner_copy, owner_engine,
-        s.ledger->used_pages()));
+        "{}",
+        tree_pages, owner_tree, copy_pages, owner_copy, owner_engine, s.ledger->used_pages()));
   }
   const int64_t host_held = host ? host->held_pages() : 0;
   if (host_held != host_pages + filling) {

@@ -74,9 +74,9 @@ class SharedHostTier final : public HostTier {
 
   Result<std::vector<Page>> Acquire(int64_t count, std::span<const PageKey> keys) override {
     if (static_cast<int64_t>(keys.size()) != count) {
-      return Status::InvalidArgument(fmt::format(
-          "shared host tier: {} page keys for {} pages (pages are published by key)",
-          keys.size(), count));
+      return Status::InvalidArgument(
+          fmt::format("shared host tier: {} page keys for {} pages (pages are published by key)",
+                      keys.size(), count));
     }
     KVTIER_ASSIGN_OR_RETURN(std::vector<PageReservation> r, pool_->ReserveOrPin(ns_, keys));
     std::vector<Page> out(r.size());
@@ -90,8 +90,12 @@ class SharedHostTier final : public HostTier {
           out[i] = {Got::kReady, r[i].page * P_};
           Take(r[i].page, kPinned);
           break;
-        case ReserveOutcome::kBeingWritten: out[i] = {Got::kBusy, -1}; break;
-        case ReserveOutcome::kNoSpace: out[i] = {Got::kNone, -1}; break;
+        case ReserveOutcome::kBeingWritten:
+          out[i] = {Got::kBusy, -1};
+          break;
+        case ReserveOutcome::kNoSpace:
+          out[i] = {Got::kNone, -1};
+          break;
       }
     }
     return out;
@@ -120,8 +124,8 @@ class SharedHostTier final : public HostTier {
 
   Result<std::vector<int64_t>> FindPrefix(std::span<const PageKey> keys,
                                           int64_t max_pages) override {
-    const size_t n = static_cast<size_t>(std::clamp<int64_t>(
-        max_pages, 0, static_cast<int64_t>(keys.size())));
+    const size_t n =
+        static_cast<size_t>(std::clamp<int64_t>(max_pages, 0, static_cast<int64_t>(keys.size())));
     if (n == 0) return std::vector<int64_t>{};
     KVTIER_ASSIGN_OR_RETURN(std::vector<int64_t> pinned, pool_->PinPrefix(ns_, keys.first(n)));
     // A page this cache holds already belongs to another of its nodes: the prefix ends there
@@ -129,8 +133,7 @@ class SharedHostTier final : public HostTier {
     size_t keep = 0;
     while (keep < pinned.size() && state_[static_cast<size_t>(pinned[keep])] == kNotHeld) ++keep;
     if (keep < pinned.size()) {
-      KVTIER_RETURN_IF_ERROR(
-          pool_->Unpin(std::span<const int64_t>(pinned).subspan(keep)));
+      KVTIER_RETURN_IF_ERROR(pool_->Unpin(std::span<const int64_t>(pinned).subspan(keep)));
       pinned.resize(keep);
     }
     std::vector<int64_t> starts;
@@ -168,9 +171,9 @@ class SharedHostTier final : public HostTier {
     for (size_t i = 0; i < starts.size(); ++i) {
       const int64_t p = PageOf(starts[i]);
       if (p < 0 || state_[static_cast<size_t>(p)] != want) {
-        return Status::InvalidArgument(fmt::format(
-            "shared host tier {}: page at slot {} (starts[{}]) is not {} by this cache", what,
-            starts[i], i, want == kWriting ? "being written" : "held"));
+        return Status::InvalidArgument(
+            fmt::format("shared host tier {}: page at slot {} (starts[{}]) is not {} by this cache",
+                        what, starts[i], i, want == kWriting ? "being written" : "held"));
       }
       pages.push_back(p);
     }
@@ -198,9 +201,9 @@ Result<std::unique_ptr<HostTier>> OpenSharedHostTier(std::shared_ptr<SharedHostP
   const KvGeometry& seg = pool->geometry();
   const KvGeometry& dev = device.geometry;
   auto mismatch = [&](const char* field, int64_t have, int64_t want) {
-    return Status::InvalidArgument(fmt::format(
-        "shared_host: segment '{}' has {} = {} but the device region has {}", pool->name(), field,
-        have, want));
+    return Status::InvalidArgument(
+        fmt::format("shared_host: segment '{}' has {} = {} but the device region has {}",
+                    pool->name(), field, have, want));
   };
   if (seg.page_size != dev.page_size) return mismatch("page_size", seg.page_size, dev.page_size);
   if (seg.num_layers != dev.num_layers) {

@@ -39,11 +39,12 @@ Status CheckArgs(const KvRegion& region, std::span<const int64_t> slots,
   if (region.memory != MemoryKind::kHost) {
     return Status::InvalidArgument(fmt::format(
         "region.memory = {}: the KV pattern reads and writes host memory only; copy device "
-        "slots to a host region first", MemoryKindName(region.memory)));
+        "slots to a host region first",
+        MemoryKindName(region.memory)));
   }
   if (slots.size() != hashes.size()) {
-    return Status::InvalidArgument(fmt::format("slots has {} entries but token_hashes has {}",
-                                               slots.size(), hashes.size()));
+    return Status::InvalidArgument(
+        fmt::format("slots has {} entries but token_hashes has {}", slots.size(), hashes.size()));
   }
   for (size_t k = 0; k < slots.size(); ++k) {
     if (slots[k] < 0 || slots[k] >= region.geometry.num_slots) {
@@ -114,12 +115,12 @@ Status ForEachPatternChunk(const KvRegion& region, std::span<const int64_t> slot
 
 Status FillKvPattern(const KvRegion& region, std::span<const int64_t> slots,
                      std::span<const uint64_t> token_hashes) {
-  return ForEachPatternChunk(region, slots, token_hashes,
-                             [](size_t, int, int64_t, std::byte* at, const std::byte* expected,
-                                int64_t, int64_t n) {
-                               std::memcpy(at, expected, static_cast<size_t>(n));
-                               return Status::OK();
-                             });
+  return ForEachPatternChunk(
+      region, slots, token_hashes,
+      [](size_t, int, int64_t, std::byte* at, const std::byte* expected, int64_t, int64_t n) {
+        std::memcpy(at, expected, static_cast<size_t>(n));
+        return Status::OK();
+      });
 }
 
 Status VerifyKvPattern(const KvRegion& region, std::span<const int64_t> slots,
@@ -132,8 +133,8 @@ Status VerifyKvPattern(const KvRegion& region, std::span<const int64_t> slots,
         int64_t i = 0;
         while (i < n && at[i] == expected[i]) ++i;
         return Status::Corruption(fmt::format(
-            "token {} (slot {}), layer {}, {} buffer, byte {}: found 0x{:02x}, pattern 0x{:02x}",
-            k, slots[k], l, region.mla ? "MLA" : (b == 0 ? "K" : "V"), off + i,
+            "token {} (slot {}), layer {}, {} buffer, byte {}: found 0x{:02x}, pattern 0x{:02x}", k,
+            slots[k], l, region.mla ? "MLA" : (b == 0 ? "K" : "V"), off + i,
             static_cast<unsigned>(at[i]), static_cast<unsigned>(expected[i])));
       });
 }

@@ -106,8 +106,8 @@ RadixNode* RadixTree::FindChild(const RadixNode* node, std::span<const Token> pa
 }
 
 int64_t RadixTree::CommonPages(const RadixNode* node, std::span<const Token> tokens) const {
-  const int64_t n = static_cast<int64_t>(std::min(node->tokens_.size(), tokens.size())) /
-                    page_size_ * page_size_;
+  const int64_t n =
+      static_cast<int64_t>(std::min(node->tokens_.size(), tokens.size())) / page_size_ * page_size_;
   const Token* a = node->tokens_.data();
   const Token* b = tokens.data();
   // memcmp is vectorised; the common case (the whole overlap matches) is one call.
@@ -271,8 +271,8 @@ void RadixTree::Insert(std::string_view ns, std::span<const Token> tokens,
       leaf->child_key_ = PageHash(tokens.subspan(pos, page_size_));
       if (!keys.empty()) leaf->keys_ = keys_of(pos, n);
       node->children_.Insert(leaf->child_key_, leaf);
-      SetDevicePages(leaf, std::vector<int64_t>(device_pages.begin() + pos / page_size_,
-                                                device_pages.end()));
+      SetDevicePages(
+          leaf, std::vector<int64_t>(device_pages.begin() + pos / page_size_, device_pages.end()));
       if (segments) segments->push_back({leaf, pos, n, SegmentKind::kNew});
       return;
     }
@@ -291,8 +291,8 @@ void RadixTree::Insert(std::string_view ns, std::span<const Token> tokens,
   }
 }
 
-RadixNode* RadixTree::AddStored(RadixNode* from, std::string_view ns,
-                                std::span<const Token> tokens, std::span<const PageKey> keys) {
+RadixNode* RadixTree::AddStored(RadixNode* from, std::string_view ns, std::span<const Token> tokens,
+                                std::span<const PageKey> keys) {
   if (tokens.empty()) return from != nullptr ? from : Root(ns, /*create=*/false);
   RadixNode* node = from != nullptr ? from : Root(ns, /*create=*/true);
   int64_t pos = 0;
@@ -355,7 +355,8 @@ void RadixTree::Account(const RadixNode* n, int sign) {
   }
 }
 
-std::vector<int64_t> RadixTree::ReplacePages(RadixNode* node, std::vector<int64_t> RadixNode::*pages,
+std::vector<int64_t> RadixTree::ReplacePages(RadixNode* node,
+                                             std::vector<int64_t> RadixNode::*pages,
                                              int64_t RadixNode::*children,
                                              std::vector<int64_t> replacement) {
   Account(node, -1);
@@ -529,8 +530,8 @@ void RadixTree::Refresh(RadixNode* n) {
   const bool dev = idle && n->on_device() && n->device_children_ == 0;
   const bool host =
       idle && !n->storing_ && n->on_host() && !n->on_device() && n->host_children_ == 0;
-  const bool storage = idle && !n->storing_ && !n->on_host() && !n->on_device() &&
-                       n->children_.empty();
+  const bool storage =
+      idle && !n->storing_ && !n->on_host() && !n->on_device() && n->children_.empty();
   // Set nodes are moved between and within the sets as node handles, so re-filing a node
   // (a touch, or a device eviction that keeps the host copy) allocates and frees nothing.
   std::set<SetEntry>::node_type spare;
@@ -628,9 +629,10 @@ Status PagesAligned(const RadixNode* n, std::span<const int64_t> pages, const ch
                     int64_t page_size) {
   for (size_t k = 0; k < pages.size(); ++k) {
     if (pages[k] < 0 || pages[k] % page_size != 0) {
-      return Status::Internal(fmt::format("node {}: {} page {} starts at slot {}, not a multiple "
-                                          "of page_size {}", n->id(), tier, k, pages[k],
-                                          page_size));
+      return Status::Internal(
+          fmt::format("node {}: {} page {} starts at slot {}, not a multiple "
+                      "of page_size {}",
+                      n->id(), tier, k, pages[k], page_size));
     }
   }
   return Status::OK();
@@ -652,11 +654,14 @@ Status RadixTree::CheckNode(const RadixNode* n, int64_t* device_tokens, int64_t*
       return Status::Internal(fmt::format("node {}: not reachable under its key", c->id_));
     }
     if (c->parent_ != n) {
-      return Status::Internal(fmt::format("node {}: parent pointer is not node {}", c->id_, n->id_));
+      return Status::Internal(
+          fmt::format("node {}: parent pointer is not node {}", c->id_, n->id_));
     }
     if (c->tokens_.empty() || c->num_tokens() % page_size_ != 0) {
-      return Status::Internal(fmt::format("node {}: {} tokens is not a positive multiple of page "
-                                          "size {}", c->id_, c->num_tokens(), page_size_));
+      return Status::Internal(
+          fmt::format("node {}: {} tokens is not a positive multiple of page "
+                      "size {}",
+                      c->id_, c->num_tokens(), page_size_));
     }
     if (key != PageHash(std::span<const Token>(c->tokens_).first(page_size_)) ||
         key != c->child_key_) {
@@ -684,15 +689,15 @@ Status RadixTree::CheckNode(const RadixNode* n, int64_t* device_tokens, int64_t*
                                           c->host_pages_.size(), c->num_tokens()));
     }
     if (!c->keys_.empty() && static_cast<int64_t>(c->keys_.size()) != pages) {
-      return Status::Internal(fmt::format("node {}: {} storage keys for {} pages", c->id_,
-                                          c->keys_.size(), pages));
+      return Status::Internal(
+          fmt::format("node {}: {} storage keys for {} pages", c->id_, c->keys_.size(), pages));
     }
     if (c->stored_ && c->keys_.empty()) {
       return Status::Internal(fmt::format("node {}: stored without page keys", c->id_));
     }
     if (c->on_device() && !n->is_root() && !n->on_device()) {
-      return Status::Internal(fmt::format("node {}: on the device but its parent {} is not",
-                                          c->id_, n->id_));
+      return Status::Internal(
+          fmt::format("node {}: on the device but its parent {} is not", c->id_, n->id_));
     }
     if (c->on_host() && !n->is_root() && !n->on_host()) {
       return Status::Internal(fmt::format(
@@ -707,8 +712,8 @@ Status RadixTree::CheckNode(const RadixNode* n, int64_t* device_tokens, int64_t*
       if (other != c && key2 == key &&
           std::equal(other->tokens_.begin(), other->tokens_.begin() + page_size_,
                      c->tokens_.begin())) {
-        return Status::Internal(fmt::format("nodes {} and {} share a first page", c->id_,
-                                            other->id_));
+        return Status::Internal(
+            fmt::format("nodes {} and {} share a first page", c->id_, other->id_));
       }
     }
     dev_children += c->on_device();
@@ -721,9 +726,9 @@ Status RadixTree::CheckNode(const RadixNode* n, int64_t* device_tokens, int64_t*
     KVTIER_RETURN_IF_ERROR(CheckNode(c, device_tokens, host_tokens, stored_tokens, nodes));
   }
   if (dev_children != n->device_children_ || host_children != n->host_children_) {
-    return Status::Internal(fmt::format(
-        "node {}: children counts device {} host {} but recorded {} and {}", n->id_, dev_children,
-        host_children, n->device_children_, n->host_children_));
+    return Status::Internal(
+        fmt::format("node {}: children counts device {} host {} but recorded {} and {}", n->id_,
+                    dev_children, host_children, n->device_children_, n->host_children_));
   }
   if (!n->is_root()) {
     if (n->ref_count_ < child_refs) {
@@ -734,25 +739,29 @@ Status RadixTree::CheckNode(const RadixNode* n, int64_t* device_tokens, int64_t*
     const bool dev = idle && n->on_device() && n->device_children_ == 0;
     const bool host =
         idle && !n->storing_ && n->on_host() && !n->on_device() && n->host_children_ == 0;
-    const bool storage = idle && !n->storing_ && !n->on_host() && !n->on_device() &&
-                         n->children_.empty();
+    const bool storage =
+        idle && !n->storing_ && !n->on_host() && !n->on_device() && n->children_.empty();
     auto* mut = const_cast<RadixNode*>(n);
-    if (dev != n->in_device_set_ ||
-        (dev && (!device_set_.count({n->device_key_, n->id_, mut}) ||
-                 n->device_key_ != device_policy_->Key(StatsOf(n))))) {
-      return Status::Internal(fmt::format("node {}: device-evictable set membership is wrong "
-                                          "(should be {})", n->id_, dev));
+    if (dev != n->in_device_set_ || (dev && (!device_set_.count({n->device_key_, n->id_, mut}) ||
+                                             n->device_key_ != device_policy_->Key(StatsOf(n))))) {
+      return Status::Internal(
+          fmt::format("node {}: device-evictable set membership is wrong "
+                      "(should be {})",
+                      n->id_, dev));
     }
-    if (host != n->in_host_set_ ||
-        (host && (!host_set_.count({n->host_key_, n->id_, mut}) ||
-                  n->host_key_ != host_policy_->Key(StatsOf(n))))) {
-      return Status::Internal(fmt::format("node {}: host-evictable set membership is wrong "
-                                          "(should be {})", n->id_, host));
+    if (host != n->in_host_set_ || (host && (!host_set_.count({n->host_key_, n->id_, mut}) ||
+                                             n->host_key_ != host_policy_->Key(StatsOf(n))))) {
+      return Status::Internal(
+          fmt::format("node {}: host-evictable set membership is wrong "
+                      "(should be {})",
+                      n->id_, host));
     }
     if (storage != n->in_storage_set_ ||
         (storage && !storage_set_.count({n->storage_key_, n->id_, mut}))) {
-      return Status::Internal(fmt::format("node {}: storage set membership is wrong "
-                                          "(should be {})", n->id_, storage));
+      return Status::Internal(
+          fmt::format("node {}: storage set membership is wrong "
+                      "(should be {})",
+                      n->id_, storage));
     }
   }
   return Status::OK();
@@ -762,8 +771,8 @@ Status RadixTree::CheckInvariants() const {
   int64_t device_tokens = 0, host_tokens = 0, stored_tokens = 0, nodes = 0;
   for (const auto& [name, root] : roots_) {
     if (!root->tokens_.empty() || root->on_device() || root->on_host() || root->ref_count_ != 0) {
-      return Status::Internal(fmt::format("root of namespace '{}' holds tokens, slots or refs",
-                                          name));
+      return Status::Internal(
+          fmt::format("root of namespace '{}' holds tokens, slots or refs", name));
     }
     if (root->children_.empty()) {
       return Status::Internal(fmt::format("namespace '{}' has no nodes but was kept", name));
@@ -773,10 +782,10 @@ Status RadixTree::CheckInvariants() const {
   }
   if (device_tokens != device_tokens_ || host_tokens != host_tokens_ || nodes != num_nodes_ ||
       stored_tokens != stored_tokens_) {
-    return Status::Internal(fmt::format(
-        "totals: device {} host {} stored {} nodes {}, recorded {} {} {} {}", device_tokens,
-        host_tokens, stored_tokens, nodes, device_tokens_, host_tokens_, stored_tokens_,
-        num_nodes_));
+    return Status::Internal(
+        fmt::format("totals: device {} host {} stored {} nodes {}, recorded {} {} {} {}",
+                    device_tokens, host_tokens, stored_tokens, nodes, device_tokens_, host_tokens_,
+                    stored_tokens_, num_nodes_));
   }
   int64_t dev_members = 0, host_members = 0, storage_members = 0;
   int64_t locked_dev = 0, locked_host = 0, storage_only = 0, pinned_dev = 0, pinned_host = 0;
@@ -799,10 +808,11 @@ Status RadixTree::CheckInvariants() const {
   if (dev_members != static_cast<int64_t>(device_set_.size()) ||
       host_members != static_cast<int64_t>(host_set_.size()) ||
       storage_members != static_cast<int64_t>(storage_set_.size())) {
-    return Status::Internal(fmt::format("evictable sets hold {}, {} and {} entries for {}, {} and "
-                                        "{} members", device_set_.size(), host_set_.size(),
-                                        storage_set_.size(), dev_members, host_members,
-                                        storage_members));
+    return Status::Internal(
+        fmt::format("evictable sets hold {}, {} and {} entries for {}, {} and "
+                    "{} members",
+                    device_set_.size(), host_set_.size(), storage_set_.size(), dev_members,
+                    host_members, storage_members));
   }
   if (locked_dev != locked_device_tokens_ || locked_host != locked_host_tokens_ ||
       storage_only != storage_only_tokens_ || pinned_dev != pinned_device_tokens_ ||

@@ -294,8 +294,7 @@ class RadixTree {
   // and keeps the totals, the parent's child count and the evictable sets
   // right. Returns the old list.
   std::vector<int64_t> ReplacePages(RadixNode* node, std::vector<int64_t> RadixNode::*pages,
-                                    int64_t RadixNode::*children,
-                                    std::vector<int64_t> replacement);
+                                    int64_t RadixNode::*children, std::vector<int64_t> replacement);
   RadixNode* Root(std::string_view ns, bool create);
   const RadixNode* FindRoot(std::string_view ns) const;
   RadixNode* FindChild(const RadixNode* node, std::span<const Token> page) const;

@@ -634,8 +634,7 @@ class FileBackend final : public StorageBackend {
   // it is written (so the write copies it from cache), then the header with that checksum at
   // offset 0. The file is published only by the rename that follows.
   bool WritePayloadAndHeader(int fd, const PageKey& key, const PageBuffer& buffer) {
-    PageHeader header =
-        NewPageHeader(namespace_hash_, key, static_cast<uint64_t>(buffer.bytes()));
+    PageHeader header = NewPageHeader(namespace_hash_, key, static_cast<uint64_t>(buffer.bytes()));
     PayloadHasher hasher(header.checksum_kind);
     if (!hasher.ok()) {
       errno = EINVAL;

@@ -179,8 +179,7 @@ PageHeader NewPageHeader(uint64_t namespace_hash, const PageKey& key, uint64_t p
 
 void EncodePageHeader(uint64_t namespace_hash, const PageKey& key, const PageBuffer& payload,
                       std::span<std::byte, kPageHeaderBytes> out) {
-  PageHeader header =
-      NewPageHeader(namespace_hash, key, static_cast<uint64_t>(payload.bytes()));
+  PageHeader header = NewPageHeader(namespace_hash, key, static_cast<uint64_t>(payload.bytes()));
   PayloadChecksum(header.checksum_kind, payload, &header.payload_checksum);
   EncodePageHeader(header, out);
 }

@@ -274,8 +274,8 @@ Result<std::unique_ptr<StorageBackend>> OpenRedisStorage(std::string_view url,
   const Deadline deadline = Clock::now() + config.url.connect_timeout + config.command_timeout;
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<RedisClient> client,
                           RedisClient::Open(std::move(config), deadline));
-  auto backend = std::make_unique<RedisBackend>(redacted, ns, options, std::move(client),
-                                                header_last_bytes);
+  auto backend =
+      std::make_unique<RedisBackend>(redacted, ns, options, std::move(client), header_last_bytes);
   KVTIER_RETURN_IF_ERROR(backend->Open());
   return std::unique_ptr<StorageBackend>(std::move(backend));
 }

@@ -51,8 +51,8 @@ enum class RedisOpOutcome : uint8_t {
 
 // One single-key command of a batch: `verb key [offset] [value]`.
 struct RedisOp {
-  std::string_view verb;  // "GET", "SET", "SETRANGE", "EXISTS", "DEL"
-  std::string key;        // the object name; routes the command in a cluster
+  std::string_view verb;    // "GET", "SET", "SETRANGE", "EXISTS", "DEL"
+  std::string key;          // the object name; routes the command in a cluster
   std::string_view offset;  // SETRANGE: the offset, sent between the key and the value
   // SET, SETRANGE: the value, the concatenation of these pieces, borrowed until Execute returns.
   std::span<const std::span<const std::byte>> value;

@@ -247,9 +247,8 @@ void StorageBackend::Queue::Loop(StorageBackend& b) {
     Call call;
     {
       std::unique_lock<std::mutex> lock(mu);
-      cv.wait(lock, [&] {
-        return HasWorkLocked() || (!running && writes.empty() && held.empty());
-      });
+      cv.wait(lock,
+              [&] { return HasWorkLocked() || (!running && writes.empty() && held.empty()); });
       if (!HasWorkLocked()) return;  // closing and drained
       std::deque<Call>& from = reads.empty() ? writes : reads;
       call = std::move(from.front());
@@ -388,9 +387,9 @@ Status StorageBackend::Queue::Enqueue(const StorageBackend& b, Call& call) {
       cv.notify_one();
       return Status::OK();
     }
-    why = running ? Status::Unavailable(fmt::format(
-                        "storage {}: {} queue full ({} batches waiting)", b.url_,
-                        read ? "read" : "write", b.options_.max_queued_batches))
+    why = running ? Status::Unavailable(
+                        fmt::format("storage {}: {} queue full ({} batches waiting)", b.url_,
+                                    read ? "read" : "write", b.options_.max_queued_batches))
                   : Status::Unavailable(fmt::format("storage {} is closed", b.url_));
   }
   std::lock_guard<std::mutex> lock(stats_mu);

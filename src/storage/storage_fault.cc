@@ -104,9 +104,9 @@ void FaultInjectingStorage::ClearFaults() {
 }
 
 void FaultInjectingStorage::SetCallerCheck(std::function<Status(std::string_view call)> check) {
-  auto shared = check ? std::make_shared<const std::function<Status(std::string_view)>>(
-                            std::move(check))
-                      : nullptr;
+  auto shared =
+      check ? std::make_shared<const std::function<Status(std::string_view)>>(std::move(check))
+            : nullptr;
   std::lock_guard<std::mutex> lock(mu_);
   caller_check_ = std::move(shared);
 }

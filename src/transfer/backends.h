@@ -11,7 +11,8 @@ Result<std::unique_ptr<TransferEngine>> MakeCpuTransferEngine(const TransferEngi
 
 #if defined(KVTIER_WITH_CUDA)
 // Defined in src/transfer/cuda/.
-Result<std::unique_ptr<TransferEngine>> MakeKernelTransferEngine(const TransferEngineConfig& config);
+Result<std::unique_ptr<TransferEngine>> MakeKernelTransferEngine(
+    const TransferEngineConfig& config);
 Result<std::unique_ptr<TransferEngine>> MakeDmaTransferEngine(const TransferEngineConfig& config);
 Result<std::unique_ptr<TransferEngine>> MakeAutoTransferEngine(const TransferEngineConfig& config);
 #endif

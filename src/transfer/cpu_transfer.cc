@@ -11,8 +11,8 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
-#include <vector>
 #include <thread>
+#include <vector>
 
 #include "transfer/backends.h"
 #include "transfer/plan_rules.h"
@@ -23,19 +23,23 @@ namespace {
 
 // Loop nests, named by the layout whose contiguity they follow.
 enum class LoopOrder {
-  kLayerSlot,       // for layer, for slot: runs of slots within a layer (layer_first)
-  kSlotLayer,       // for slot, for layer: all layers of one slot (page_first)
-  kPageLayerSlot,   // for page run, for layer, for slot in run: one page of one layer, or all
-                    // layers of a page (page_first_direct)
+  kLayerSlot,         // for layer, for slot: runs of slots within a layer (layer_first)
+  kSlotLayer,         // for slot, for layer: all layers of one slot (page_first)
+  kPageLayerSlot,     // for page run, for layer, for slot in run: one page of one layer, or all
+                      // layers of a page (page_first_direct)
   kPageHeadSlotLayer  // for page run, for head, for slot in run, for layer (page_head)
 };
 
 LoopOrder OrderFor(KvLayout layout) {
   switch (layout) {
-    case KvLayout::kLayerFirst: return LoopOrder::kLayerSlot;
-    case KvLayout::kPageFirst: return LoopOrder::kSlotLayer;
-    case KvLayout::kPageFirstDirect: return LoopOrder::kPageLayerSlot;
-    case KvLayout::kPageHead: return LoopOrder::kPageHeadSlotLayer;
+    case KvLayout::kLayerFirst:
+      return LoopOrder::kLayerSlot;
+    case KvLayout::kPageFirst:
+      return LoopOrder::kSlotLayer;
+    case KvLayout::kPageFirstDirect:
+      return LoopOrder::kPageLayerSlot;
+    case KvLayout::kPageHead:
+      return LoopOrder::kPageHeadSlotLayer;
   }
   return LoopOrder::kLayerSlot;
 }
@@ -79,7 +83,7 @@ class RunMerger {
 struct Side {
   KvGeometry geo;  // head_num set to the request's head-chunk count
   int64_t head_stride = 0;
-  int64_t slot_step = 0;  // SlotBase(i + 1) - SlotBase(i) within one page
+  int64_t slot_step = 0;                  // SlotBase(i + 1) - SlotBase(i) within one page
   std::vector<std::byte*> layer_base[2];  // [buffer][layer relative to the request]
 
   void Init(const KvRegion& r, int64_t first_layer, int64_t num_layers, int64_t heads) {
@@ -125,7 +129,8 @@ inline void CopySlotLayers(const CopyPlan& p, int b, int64_t sb, int64_t db, Run
   for (int64_t l = 0; l < L; ++l) {
     const std::byte* s = p.src.layer_base[b][l] + sb;
     std::byte* d = p.dst.layer_base[b][l] + db;
-    for (int64_t h = 0; h < H; ++h) merger->Add(s + h * p.src.head_stride, d + h * p.dst.head_stride, C);
+    for (int64_t h = 0; h < H; ++h)
+      merger->Add(s + h * p.src.head_stride, d + h * p.dst.head_stride, C);
   }
 }
 
@@ -227,23 +232,23 @@ class CpuTransferEngine final : public TransferEngine {
           MemoryKindName(r.src->memory), MemoryKindName(r.dst->memory)));
     }
     if (r.src_slots.memory != MemoryKind::kHost || r.dst_slots.memory != MemoryKind::kHost) {
-      return Status::InvalidArgument("the cpu backend needs src_slots and dst_slots in host memory");
+      return Status::InvalidArgument(
+          "the cpu backend needs src_slots and dst_slots in host memory");
     }
     const int64_t n = r.num_slots();
     if (n == 0) return Status::OK();
     const CopyPlan plan = MakePlan(r);
     const int64_t bytes = r.bytes();
-    const int64_t tasks =
-        std::min<int64_t>({static_cast<int64_t>(pool_.num_threads()) * 4, n,
-                           threshold_bytes_ > 0 ? bytes / threshold_bytes_ + (bytes % threshold_bytes_ != 0 ? 1 : 0)
-                                                : static_cast<int64_t>(pool_.num_threads()) * 4});
+    const int64_t tasks = std::min<int64_t>(
+        {static_cast<int64_t>(pool_.num_threads()) * 4, n,
+         threshold_bytes_ > 0 ? bytes / threshold_bytes_ + (bytes % threshold_bytes_ != 0 ? 1 : 0)
+                              : static_cast<int64_t>(pool_.num_threads()) * 4});
     if (tasks <= 1) {
       CopyRange(plan, 0, n);
       return Status::OK();
     }
-    pool_.ParallelFor(tasks, [&](int64_t t) {
-      CopyRange(plan, n * t / tasks, n * (t + 1) / tasks);
-    });
+    pool_.ParallelFor(tasks,
+                      [&](int64_t t) { CopyRange(plan, n * t / tasks, n * (t + 1) / tasks); });
     return Status::OK();
   }
 

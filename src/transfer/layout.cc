@@ -6,18 +6,24 @@ namespace kvtier {
 
 const char* LayoutName(KvLayout layout) {
   switch (layout) {
-    case KvLayout::kLayerFirst: return "layer_first";
-    case KvLayout::kPageFirst: return "page_first";
-    case KvLayout::kPageFirstDirect: return "page_first_direct";
-    case KvLayout::kPageHead: return "page_head";
+    case KvLayout::kLayerFirst:
+      return "layer_first";
+    case KvLayout::kPageFirst:
+      return "page_first";
+    case KvLayout::kPageFirstDirect:
+      return "page_first_direct";
+    case KvLayout::kPageHead:
+      return "page_head";
   }
   return "unknown_layout";
 }
 
 const char* MemoryKindName(MemoryKind kind) {
   switch (kind) {
-    case MemoryKind::kHost: return "host";
-    case MemoryKind::kDevice: return "device";
+    case MemoryKind::kHost:
+      return "host";
+    case MemoryKind::kDevice:
+      return "device";
   }
   return "unknown_memory";
 }

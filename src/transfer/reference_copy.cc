@@ -25,12 +25,12 @@ Status ReferenceTransfer(const TransferRequest& r) {
           KvGeometry sgh = sg, dgh = dg;
           sgh.head_num = heads;
           dgh.head_num = heads;
-          const std::byte* from = r.src->LayerBase(b, sl) +
-                                  (r.src->has_layer_table() ? sgh.OffsetInLayer(s, h)
-                                                            : sgh.HeadOffset(sl, s, h));
-          std::byte* to = r.dst->LayerBase(b, dl) +
-                          (r.dst->has_layer_table() ? dgh.OffsetInLayer(d, h)
-                                                    : dgh.HeadOffset(dl, d, h));
+          const std::byte* from =
+              r.src->LayerBase(b, sl) +
+              (r.src->has_layer_table() ? sgh.OffsetInLayer(s, h) : sgh.HeadOffset(sl, s, h));
+          std::byte* to =
+              r.dst->LayerBase(b, dl) +
+              (r.dst->has_layer_table() ? dgh.OffsetInLayer(d, h) : dgh.HeadOffset(dl, d, h));
           for (int64_t e = 0; e < head_bytes; e += 4) std::memcpy(to + e, from + e, 4);
         }
       }

@@ -5,9 +5,9 @@
 
 #include <algorithm>
 #include <limits>
+#include <string>
 #include <utility>
 #include <vector>
-#include <string>
 
 #include "transfer/backends.h"
 
@@ -16,11 +16,11 @@ namespace {
 
 Status CheckIndices(const SlotIndices& idx, std::string_view name, int64_t num_slots) {
   if (idx.count < 0) {
-    return Status::InvalidArgument(fmt::format("{}.count = {} must not be negative", name, idx.count));
+    return Status::InvalidArgument(
+        fmt::format("{}.count = {} must not be negative", name, idx.count));
   }
   if (idx.count > 0 && idx.data == nullptr) {
-    return Status::InvalidArgument(
-        fmt::format("{} is null but its count is {}", name, idx.count));
+    return Status::InvalidArgument(fmt::format("{} is null but its count is {}", name, idx.count));
   }
   if (idx.type != IndexType::kInt32 && idx.type != IndexType::kInt64) {
     return Status::InvalidArgument(
@@ -31,8 +31,8 @@ Status CheckIndices(const SlotIndices& idx, std::string_view name, int64_t num_s
     for (int64_t k = 0; k < idx.count; ++k) {
       const int64_t s = static_cast<int64_t>(p[k]);
       if (s < 0 || s >= num_slots) {
-        return Status::InvalidArgument(fmt::format(
-            "{}[{}] = {} is out of range [0, {})", name, k, s, num_slots));
+        return Status::InvalidArgument(
+            fmt::format("{}[{}] = {} is out of range [0, {})", name, k, s, num_slots));
       }
     }
     return Status::OK();
@@ -44,9 +44,9 @@ Status CheckIndices(const SlotIndices& idx, std::string_view name, int64_t num_s
 Status CheckLayerRange(const KvRegion& r, std::string_view name, int64_t first, int64_t count) {
   const int64_t L = r.geometry.num_layers;
   if (first < 0 || first >= L || count > L - first) {
-    return Status::InvalidArgument(fmt::format(
-        "{}_layer = {} with num_layers = {} is out of range for {} with {} layers", name, first,
-        count, name, L));
+    return Status::InvalidArgument(
+        fmt::format("{}_layer = {} with num_layers = {} is out of range for {} with {} layers",
+                    name, first, count, name, L));
   }
   return Status::OK();
 }
@@ -72,8 +72,8 @@ Status CheckOverlap(const TransferRequest& r) {
   const KvRegion& d = *r.dst;
   if (s.memory != d.memory) return Status::OK();
   if (SameRegion(s, d)) {
-    const bool layers_overlap = r.src_layer < r.dst_layer + r.num_layers &&
-                                r.dst_layer < r.src_layer + r.num_layers;
+    const bool layers_overlap =
+        r.src_layer < r.dst_layer + r.num_layers && r.dst_layer < r.src_layer + r.num_layers;
     if (!layers_overlap || r.src_slots.memory != MemoryKind::kHost ||
         r.dst_slots.memory != MemoryKind::kHost) {
       return Status::OK();
@@ -87,7 +87,8 @@ Status CheckOverlap(const TransferRequest& r) {
       if (it != read.end() && it->first == slot) {
         return Status::InvalidArgument(fmt::format(
             "dst_slots[{}] = {} is also read (src_slots[{}]) in the same region and layers; "
-            "a copy must not read and write one slot", k, slot, it->second));
+            "a copy must not read and write one slot",
+            k, slot, it->second));
       }
     }
     return Status::OK();
@@ -102,7 +103,8 @@ Status CheckOverlap(const TransferRequest& r) {
       if (a < b + static_cast<uintptr_t>(bytes_d) && b < a + static_cast<uintptr_t>(bytes_s)) {
         return Status::InvalidArgument(fmt::format(
             "src and dst are different regions over overlapping memory (src buffer {}, dst "
-            "buffer {}); copy within one buffer through one region", bs, bd));
+            "buffer {}); copy within one buffer through one region",
+            bs, bd));
       }
     }
   }
@@ -115,30 +117,36 @@ Status KvRegion::Validate(std::string_view name) const {
   const KvGeometry& g = geometry;
   const int layout_index = static_cast<int>(g.layout);
   if (layout_index < 0 || layout_index >= kNumLayouts) {
-    return Status::InvalidArgument(fmt::format("{}.layout = {} is not a known layout", name, layout_index));
+    return Status::InvalidArgument(
+        fmt::format("{}.layout = {} is not a known layout", name, layout_index));
   }
   if (g.num_layers <= 0) {
-    return Status::InvalidArgument(fmt::format("{}.num_layers = {} must be positive", name, g.num_layers));
+    return Status::InvalidArgument(
+        fmt::format("{}.num_layers = {} must be positive", name, g.num_layers));
   }
   if (g.num_slots <= 0) {
-    return Status::InvalidArgument(fmt::format("{}.num_slots = {} must be positive", name, g.num_slots));
+    return Status::InvalidArgument(
+        fmt::format("{}.num_slots = {} must be positive", name, g.num_slots));
   }
   if (g.slot_bytes <= 0) {
-    return Status::InvalidArgument(fmt::format("{}.slot_bytes = {} must be positive", name, g.slot_bytes));
+    return Status::InvalidArgument(
+        fmt::format("{}.slot_bytes = {} must be positive", name, g.slot_bytes));
   }
   if (g.slot_bytes % kSlotBytesAlignment != 0) {
     return Status::InvalidArgument(fmt::format("{}.slot_bytes = {} is not a multiple of {}", name,
                                                g.slot_bytes, kSlotBytesAlignment));
   }
   if (g.page_size <= 0) {
-    return Status::InvalidArgument(fmt::format("{}.page_size = {} must be positive", name, g.page_size));
+    return Status::InvalidArgument(
+        fmt::format("{}.page_size = {} must be positive", name, g.page_size));
   }
   if (g.num_slots % g.page_size != 0) {
-    return Status::InvalidArgument(fmt::format(
-        "{}.page_size = {} does not divide num_slots = {}", name, g.page_size, g.num_slots));
+    return Status::InvalidArgument(fmt::format("{}.page_size = {} does not divide num_slots = {}",
+                                               name, g.page_size, g.num_slots));
   }
   if (g.head_num <= 0) {
-    return Status::InvalidArgument(fmt::format("{}.head_num = {} must be positive", name, g.head_num));
+    return Status::InvalidArgument(
+        fmt::format("{}.head_num = {} must be positive", name, g.head_num));
   }
   if (g.layout == KvLayout::kPageHead &&
       (g.slot_bytes % g.head_num != 0 || g.head_bytes() % kSlotBytesAlignment != 0)) {
@@ -151,8 +159,8 @@ Status KvRegion::Validate(std::string_view name) const {
                                                name, g.num_layers, g.num_slots, g.slot_bytes));
   }
   if (memory != MemoryKind::kHost && memory != MemoryKind::kDevice) {
-    return Status::InvalidArgument(fmt::format("{}.memory = {} is not host or device", name,
-                                               static_cast<int>(memory)));
+    return Status::InvalidArgument(
+        fmt::format("{}.memory = {} is not host or device", name, static_cast<int>(memory)));
   }
   if (has_layer_table() || !v_layers.empty()) {
     if (g.layout != KvLayout::kLayerFirst) {
@@ -165,8 +173,9 @@ Status KvRegion::Validate(std::string_view name) const {
           fmt::format("{} has both base pointers and a per-layer pointer table", name));
     }
     if (static_cast<int64_t>(k_layers.size()) != g.num_layers) {
-      return Status::InvalidArgument(fmt::format("{}.k_layers has {} entries, expected num_layers = {}",
-                                                 name, k_layers.size(), g.num_layers));
+      return Status::InvalidArgument(
+          fmt::format("{}.k_layers has {} entries, expected num_layers = {}", name, k_layers.size(),
+                      g.num_layers));
     }
     const int64_t want_v = mla ? 0 : g.num_layers;
     if (static_cast<int64_t>(v_layers.size()) != want_v) {
@@ -207,12 +216,13 @@ Status ValidateTransfer(const TransferRequest& r) {
   const KvGeometry& sg = r.src->geometry;
   const KvGeometry& dg = r.dst->geometry;
   if (r.src->mla != r.dst->mla) {
-    return Status::InvalidArgument(fmt::format("src is {} but dst is {}", r.src->mla ? "MLA" : "MHA",
-                                               r.dst->mla ? "MLA" : "MHA"));
+    return Status::InvalidArgument(fmt::format(
+        "src is {} but dst is {}", r.src->mla ? "MLA" : "MHA", r.dst->mla ? "MLA" : "MHA"));
   }
   if (sg.slot_bytes != dg.slot_bytes) {
-    return Status::InvalidArgument(fmt::format(
-        "slot_bytes differ: src.slot_bytes = {}, dst.slot_bytes = {}", sg.slot_bytes, dg.slot_bytes));
+    return Status::InvalidArgument(
+        fmt::format("slot_bytes differ: src.slot_bytes = {}, dst.slot_bytes = {}", sg.slot_bytes,
+                    dg.slot_bytes));
   }
   if (sg.layout == KvLayout::kPageHead && dg.layout == KvLayout::kPageHead &&
       sg.head_num != dg.head_num) {
@@ -221,8 +231,8 @@ Status ValidateTransfer(const TransferRequest& r) {
         sg.head_num, dg.head_num));
   }
   if (r.src_slots.count != r.dst_slots.count) {
-    return Status::InvalidArgument(fmt::format(
-        "src_slots and dst_slots differ in length: {} vs {}", r.src_slots.count, r.dst_slots.count));
+    return Status::InvalidArgument(fmt::format("src_slots and dst_slots differ in length: {} vs {}",
+                                               r.src_slots.count, r.dst_slots.count));
   }
   if (r.num_layers <= 0) {
     return Status::InvalidArgument(fmt::format("num_layers = {} must be positive", r.num_layers));
@@ -247,25 +257,26 @@ Status TransferEngine::Synchronize(CudaStream) { return Status::OK(); }
 
 Status TransferEngineConfig::Validate() const {
   if (cpu_threads < 0 || cpu_threads > 1024) {
-    return Status::InvalidArgument(
-        fmt::format("cpu_threads = {} must be in [0, 1024] (0: hardware concurrency)", cpu_threads));
+    return Status::InvalidArgument(fmt::format(
+        "cpu_threads = {} must be in [0, 1024] (0: hardware concurrency)", cpu_threads));
   }
   if (cpu_parallel_threshold_bytes < 0) {
-    return Status::InvalidArgument(fmt::format("cpu_parallel_threshold_bytes = {} must not be negative",
-                                               cpu_parallel_threshold_bytes));
+    return Status::InvalidArgument(fmt::format(
+        "cpu_parallel_threshold_bytes = {} must not be negative", cpu_parallel_threshold_bytes));
   }
   if (max_sms <= 0) {
     return Status::InvalidArgument(fmt::format("max_sms = {} must be positive", max_sms));
   }
   if (max_sms_to_host < 0) {
-    return Status::InvalidArgument(fmt::format(
-        "max_sms_to_host = {} must not be negative (0 = max_sms)", max_sms_to_host));
+    return Status::InvalidArgument(
+        fmt::format("max_sms_to_host = {} must not be negative (0 = max_sms)", max_sms_to_host));
   }
   if (max_sms_beside_backup < 0) {
     return Status::InvalidArgument(fmt::format(
         "max_sms_beside_backup = {} must not be negative (0 = off)", max_sms_beside_backup));
   }
-  if (device < 0) return Status::InvalidArgument(fmt::format("device = {} must not be negative", device));
+  if (device < 0)
+    return Status::InvalidArgument(fmt::format("device = {} must not be negative", device));
   if (dma_lanes < 1 || dma_lanes > 16) {
     return Status::InvalidArgument(fmt::format("dma_lanes = {} must be in [1, 16]", dma_lanes));
   }
@@ -274,18 +285,22 @@ Status TransferEngineConfig::Validate() const {
         fmt::format("dma_ops_per_lane = {} must be in [16, {}]", dma_ops_per_lane, 1 << 20));
   }
   if (dma_min_strided_rows < 2 || dma_min_strided_rows > (1 << 20)) {
-    return Status::InvalidArgument(fmt::format("dma_min_strided_rows = {} must be in [2, {}]",
-                                               dma_min_strided_rows, 1 << 20));
+    return Status::InvalidArgument(
+        fmt::format("dma_min_strided_rows = {} must be in [2, {}]", dma_min_strided_rows, 1 << 20));
   }
   return Status::OK();
 }
 
 const char* TransferBackendName(TransferBackend backend) {
   switch (backend) {
-    case TransferBackend::kCpu: return "cpu";
-    case TransferBackend::kKernel: return "kernel";
-    case TransferBackend::kDma: return "dma";
-    case TransferBackend::kAuto: return "auto";
+    case TransferBackend::kCpu:
+      return "cpu";
+    case TransferBackend::kKernel:
+      return "kernel";
+    case TransferBackend::kDma:
+      return "dma";
+    case TransferBackend::kAuto:
+      return "auto";
   }
   return "unknown_backend";
 }
@@ -324,9 +339,11 @@ Result<std::unique_ptr<TransferEngine>> MakeTransferEngine(TransferBackend backe
     case TransferBackend::kKernel:
     case TransferBackend::kDma:
     case TransferBackend::kAuto:
-      return Status::Unavailable(fmt::format(
-          "transfer backend '{}' needs CUDA, and kvtier was built without it (KVTIER_CUDA=OFF or no "
-          "nvcc)", TransferBackendName(backend)));
+      return Status::Unavailable(
+          fmt::format("transfer backend '{}' needs CUDA, and kvtier was built without it "
+                      "(KVTIER_CUDA=OFF or no "
+                      "nvcc)",
+                      TransferBackendName(backend)));
 #endif
   }
   return Status::InvalidArgument(

@@ -35,10 +35,17 @@ std::string FormatDouble(double value) {
 void AppendLabelValue(std::string& out, std::string_view value) {
   for (char c : value) {
     switch (c) {
-      case '\\': out += "\\\\"; break;
-      case '"': out += "\\\""; break;
-      case '\n': out += "\\n"; break;
-      default: out += c;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      default:
+        out += c;
     }
   }
 }
@@ -47,9 +54,14 @@ void AppendLabelValue(std::string& out, std::string_view value) {
 void AppendHelp(std::string& out, std::string_view help) {
   for (char c : help) {
     switch (c) {
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      default: out += c;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      default:
+        out += c;
     }
   }
 }
@@ -58,9 +70,12 @@ void AppendHelp(std::string& out, std::string_view help) {
 
 const char* MetricTypeName(MetricType type) {
   switch (type) {
-    case MetricType::kCounter: return "counter";
-    case MetricType::kGauge: return "gauge";
-    case MetricType::kHistogram: return "histogram";
+    case MetricType::kCounter:
+      return "counter";
+    case MetricType::kGauge:
+      return "gauge";
+    case MetricType::kHistogram:
+      return "histogram";
   }
   return "untyped";
 }
@@ -148,8 +163,7 @@ void PrometheusTextWriter::BeginFamily(std::string_view name, MetricType type,
   text_ += '\n';
 }
 
-bool PrometheusTextWriter::CheckSample(std::span<const MetricLabel> labels,
-                                       bool histogram_series) {
+bool PrometheusTextWriter::CheckSample(std::span<const MetricLabel> labels, bool histogram_series) {
   if (!status_.ok()) return false;
   if (family_.empty()) {
     Fail("a sample was added before any BeginFamily");
@@ -163,9 +177,10 @@ bool PrometheusTextWriter::CheckSample(std::span<const MetricLabel> labels,
   for (size_t i = 0; i < labels.size(); ++i) {
     const std::string_view name = labels[i].name;
     if (!IsValidName(name, /*allow_colon=*/false) || name.starts_with("__")) {
-      Fail(fmt::format("label name '{}' of metric '{}' is not [a-zA-Z_][a-zA-Z0-9_]* or starts "
-                       "with the reserved '__'",
-                       name, family_));
+      Fail(
+          fmt::format("label name '{}' of metric '{}' is not [a-zA-Z_][a-zA-Z0-9_]* or starts "
+                      "with the reserved '__'",
+                      name, family_));
       return false;
     }
     if (histogram_series && name == "le") {

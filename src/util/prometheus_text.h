@@ -48,7 +48,7 @@ struct MetricLabel {
 Status CheckHistogramBounds(std::span<const double> bounds);
 
 struct HistogramSnapshot {
-  std::vector<double> upper_bounds;        // finite, strictly increasing
+  std::vector<double> upper_bounds;         // finite, strictly increasing
   std::vector<uint64_t> cumulative_counts;  // upper_bounds.size() + 1 entries; the last is +Inf
   double sum = 0;
   uint64_t count() const { return cumulative_counts.empty() ? 0 : cumulative_counts.back(); }
@@ -88,7 +88,7 @@ class PrometheusTextWriter {
   // One sample of the current counter or gauge family. Counter values must not be negative or
   // NaN. Integers are written exactly.
   template <typename T>
-    requires std::is_arithmetic_v<T>
+  requires std::is_arithmetic_v<T>
   void AddSample(std::span<const MetricLabel> labels, T value) {
     if constexpr (std::is_floating_point_v<T>) {
       AddDoubleSample(labels, static_cast<double>(value));
@@ -99,7 +99,7 @@ class PrometheusTextWriter {
     }
   }
   template <typename T>
-    requires std::is_arithmetic_v<T>
+  requires std::is_arithmetic_v<T>
   void AddSample(std::initializer_list<MetricLabel> labels, T value) {
     AddSample(std::span<const MetricLabel>(labels.begin(), labels.size()), value);
   }
@@ -135,8 +135,8 @@ class PrometheusTextWriter {
   // misuse.
   bool CheckSample(std::span<const MetricLabel> labels, bool histogram_series);
   // name{labels[,le="<le>"]} <value>\n
-  void WriteLine(std::string_view suffix, std::span<const MetricLabel> labels,
-                 std::string_view le, std::string_view value);
+  void WriteLine(std::string_view suffix, std::span<const MetricLabel> labels, std::string_view le,
+                 std::string_view value);
   void Fail(std::string message);
 
   std::string text_;

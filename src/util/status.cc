@@ -4,16 +4,26 @@ namespace kvtier {
 
 const char* StatusCodeName(StatusCode code) {
   switch (code) {
-    case StatusCode::kOk: return "OK";
-    case StatusCode::kInvalidArgument: return "InvalidArgument";
-    case StatusCode::kNotFound: return "NotFound";
-    case StatusCode::kOutOfMemory: return "OutOfMemory";
-    case StatusCode::kIOError: return "IOError";
-    case StatusCode::kCorruption: return "Corruption";
-    case StatusCode::kCudaError: return "CudaError";
-    case StatusCode::kUnavailable: return "Unavailable";
-    case StatusCode::kFailedPrecondition: return "FailedPrecondition";
-    case StatusCode::kInternal: return "Internal";
+    case StatusCode::kOk:
+      return "OK";
+    case StatusCode::kInvalidArgument:
+      return "InvalidArgument";
+    case StatusCode::kNotFound:
+      return "NotFound";
+    case StatusCode::kOutOfMemory:
+      return "OutOfMemory";
+    case StatusCode::kIOError:
+      return "IOError";
+    case StatusCode::kCorruption:
+      return "Corruption";
+    case StatusCode::kCudaError:
+      return "CudaError";
+    case StatusCode::kUnavailable:
+      return "Unavailable";
+    case StatusCode::kFailedPrecondition:
+      return "FailedPrecondition";
+    case StatusCode::kInternal:
+      return "Internal";
   }
   return "Unknown";
 }
@@ -22,8 +32,7 @@ Status::Status(StatusCode code, std::string_view message) {
   if (code != StatusCode::kOk) state_.reset(new State{code, std::string(message)});
 }
 
-Status::Status(const Status& other)
-    : state_(other.state_ ? new State(*other.state_) : nullptr) {}
+Status::Status(const Status& other) : state_(other.state_ ? new State(*other.state_) : nullptr) {}
 
 Status& Status::operator=(const Status& other) {
   if (this != &other) state_.reset(other.state_ ? new State(*other.state_) : nullptr);

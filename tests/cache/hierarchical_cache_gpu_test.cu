@@ -29,8 +29,8 @@ constexpr int64_t kLayers = 4;
 constexpr int64_t kSlotBytes = 64;
 constexpr int64_t kPage = 16;
 
-#define REQUIRE_GPU()                                                   \
-  do {                                                                  \
+#define REQUIRE_GPU()                                                     \
+  do {                                                                    \
     if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device present"; \
   } while (0)
 
@@ -231,12 +231,12 @@ TEST_P(GpuCacheTest, LoadBackIntoReusedSlotsIsOrderedAfterTheEnginesWrites) {
   ASSERT_TRUE(writer.ok());
   Gate gate;
   ASSERT_EQ(cudaLaunchHostFunc(engine_stream->get(), &Gate::Wait, &gate), cudaSuccess);
-  ASSERT_TRUE((*writer)
-                  ->Transfer(TransferRequest::AllLayers(src, (*dev)->region(),
-                                                        SlotIndices::Host(iota),
-                                                        SlotIndices::Host(*sb)),
-                             TransferOptions{engine_stream->get(), nullptr})
-                  .ok());
+  ASSERT_TRUE(
+      (*writer)
+          ->Transfer(TransferRequest::AllLayers(src, (*dev)->region(), SlotIndices::Host(iota),
+                                                SlotIndices::Host(*sb)),
+                     TransferOptions{engine_stream->get(), nullptr})
+          .ok());
   ASSERT_TRUE(cache.Insert(b, *sb, "", {.stream = engine_stream->get()}).ok());
   // b is not backed up (one hit) and not busy: the LoadBack of a may take its slots at once.
   auto m = cache.Match(a);
@@ -269,8 +269,8 @@ TEST_P(GpuCacheTest, LoadBackFailingMidwayKeepsItsPagesUntilTheQueuedPartRan) {
   cfg.host_capacity_bytes = 16 * kPage * kLayers * kSlotBytes * 2;
   auto inner = MakeTransferEngine(backend);
   ASSERT_TRUE(inner.ok()) << inner.status().ToString();
-  auto engine = std::make_unique<testing::MidwayFailingEngine>(std::move(*inner),
-                                                               (*dev)->region().k, 3);
+  auto engine =
+      std::make_unique<testing::MidwayFailingEngine>(std::move(*inner), (*dev)->region().k, 3);
   testing::MidwayFailingEngine* failing = engine.get();
   auto cache_r = HierarchicalCache::Create(cfg, (*dev)->region(), std::move(engine));
   ASSERT_TRUE(cache_r.ok()) << cache_r.status().ToString();

@@ -13,8 +13,9 @@
 // cache without a host tier: every device eviction forgets, nothing is backed up, no host hits.
 //
 // Environment: KVTIER_TEST_BACKEND=cpu|kernel|dma (GPU backends skip without a GPU),
-// KVTIER_TEST_SEED (run one seed), KVTIER_TEST_STEPS (steps per run, default 3000). Four seeds per case cover every host
-// layout, eviction policy, MHA and MLA, sync and async backups, with and without a load-back minimum.
+// KVTIER_TEST_SEED (run one seed), KVTIER_TEST_STEPS (steps per run, default 3000). Four seeds per
+// case cover every host layout, eviction policy, MHA and MLA, sync and async backups, with and
+// without a load-back minimum.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -65,9 +66,10 @@ class Model {
       auto it = pages.find(k);
       const char want = e.tier == CacheTier::kDevice ? 'D' : 'H';
       if (it == pages.end() || it->second != want) {
-        errors.push_back(fmt::format("{} eviction of page {} (prefix {} tokens) found model state {}",
-                                     e.tier == CacheTier::kDevice ? "device" : "host", p,
-                                     e.prefix.size(), it == pages.end() ? '-' : it->second));
+        errors.push_back(
+            fmt::format("{} eviction of page {} (prefix {} tokens) found model state {}",
+                        e.tier == CacheTier::kDevice ? "device" : "host", p, e.prefix.size(),
+                        it == pages.end() ? '-' : it->second));
         continue;
       }
       if (no_host && (e.tier != CacheTier::kDevice || e.kept_in_host)) {
@@ -75,8 +77,8 @@ class Model {
                                      CacheTierName(e.tier), e.kept_in_host, p));
       }
       if (pins.count(k) && pins[k] > 0) {
-        errors.push_back(fmt::format("evicted pinned page {} (prefix {} tokens)", p,
-                                     e.prefix.size()));
+        errors.push_back(
+            fmt::format("evicted pinned page {} (prefix {} tokens)", p, e.prefix.size()));
       }
       if (e.tier == CacheTier::kDevice && e.kept_in_host) {
         it->second = 'H';
@@ -228,7 +230,8 @@ void RunModel(const Params& prm, uint64_t seed, int64_t steps, TransferBackend b
     EXPECT_EQ(lb->loaded_tokens, ehost);
     model.Set(h, edev, l.matched, 'D');
     EXPECT_EQ(static_cast<int64_t>(lb->device_slots.size()), l.matched);
-    Status st = dev.Verify(lb->device_slots, std::span<const uint64_t>(h).first(lb->device_slots.size()));
+    Status st =
+        dev.Verify(lb->device_slots, std::span<const uint64_t>(h).first(lb->device_slots.size()));
     EXPECT_TRUE(st.ok()) << "loaded slots: " << st.ToString();
     return std::move(*lb);
   };
@@ -272,8 +275,8 @@ void RunModel(const Params& prm, uint64_t seed, int64_t steps, TransferBackend b
         auto fresh = cache.AllocateDeviceSlots(aligned - from);
         if (fresh.ok()) {
           ASSERT_EQ(static_cast<int64_t>(fresh->size()), aligned - from);
-          ASSERT_TRUE(dev.Fill(*fresh, std::span<const uint64_t>(h).subspan(from, aligned - from))
-                          .ok());
+          ASSERT_TRUE(
+              dev.Fill(*fresh, std::span<const uint64_t>(h).subspan(from, aligned - from)).ok());
           std::vector<int64_t> slots;
           if (!dup) slots = prefix_slots;
           slots.insert(slots.end(), fresh->begin(), fresh->end());
@@ -288,8 +291,8 @@ void RunModel(const Params& prm, uint64_t seed, int64_t steps, TransferBackend b
           model.Set(h, 0, aligned, 'D');
           if (pin) {
             model.Pin(h, aligned, +1);
-            live.push_back({ns, std::vector<Token>(t.begin(), t.begin() + aligned), ins->handle,
-                            aligned});
+            live.push_back(
+                {ns, std::vector<Token>(t.begin(), t.begin() + aligned), ins->handle, aligned});
           }
           history.push_back({ns, std::vector<Token>(t.begin(), t.begin() + aligned)});
           if (static_cast<int64_t>(t.size()) > aligned) {  // the partial page: computed, not cached
@@ -351,13 +354,15 @@ void RunModel(const Params& prm, uint64_t seed, int64_t steps, TransferBackend b
   ASSERT_TRUE(model.errors.empty()) << model.errors.front();
   const CacheStats stats = cache.stats();
   if (testing::EnvInt("KVTIER_TEST_VERBOSE", 0) != 0) {
-    fmt::print("seed {} P {} {}: inserted {} dup {} device hits {} host hits {} loaded {} skipped {} "
-               "backups {} skipped {} write_back {} dev evicted {} dropped {} host evicted {} "
-               "history {}\n", seed, P, WritePolicyName(prm.policy), stats.inserted_tokens,
-               stats.duplicate_tokens, stats.device_hit_tokens, stats.host_hit_tokens,
-               stats.load_back_tokens, stats.load_back_skipped_tokens, stats.backup_tokens,
-               stats.backup_skipped_tokens, stats.write_back_tokens, stats.device_evicted_tokens,
-               stats.dropped_tokens, stats.host_evicted_tokens, history.size());
+    fmt::print(
+        "seed {} P {} {}: inserted {} dup {} device hits {} host hits {} loaded {} skipped {} "
+        "backups {} skipped {} write_back {} dev evicted {} dropped {} host evicted {} "
+        "history {}\n",
+        seed, P, WritePolicyName(prm.policy), stats.inserted_tokens, stats.duplicate_tokens,
+        stats.device_hit_tokens, stats.host_hit_tokens, stats.load_back_tokens,
+        stats.load_back_skipped_tokens, stats.backup_tokens, stats.backup_skipped_tokens,
+        stats.write_back_tokens, stats.device_evicted_tokens, stats.dropped_tokens,
+        stats.host_evicted_tokens, history.size());
   }
   // The run must have exercised the tiers, or it proved nothing.
   EXPECT_GT(stats.device_evicted_tokens, 0);

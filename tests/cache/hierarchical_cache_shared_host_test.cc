@@ -254,13 +254,14 @@ TEST(SharedHostCacheTest, DeviceOnlyMatchTakesPublishedPagesAndGoesOn) {
   EXPECT_EQ(m->device_tokens, 3 * kPage);
   ASSERT_EQ(m->host_tokens, 5 * kPage);
   const auto hashes = Hashes(doc, "");
-  EXPECT_TRUE(b.device->Verify(m->device_slots, std::span<const uint64_t>(hashes).first(
-                                                    static_cast<size_t>(3 * kPage)))
+  EXPECT_TRUE(b.device
+                  ->Verify(m->device_slots,
+                           std::span<const uint64_t>(hashes).first(static_cast<size_t>(3 * kPage)))
                   .ok());
-  EXPECT_TRUE(VerifyKvPattern(b.cache->host_region(), m->host_slots,
-                              std::span<const uint64_t>(hashes).subspan(
-                                  static_cast<size_t>(3 * kPage)))
-                  .ok());
+  EXPECT_TRUE(
+      VerifyKvPattern(b.cache->host_region(), m->host_slots,
+                      std::span<const uint64_t>(hashes).subspan(static_cast<size_t>(3 * kPage)))
+          .ok());
   ASSERT_TRUE(b.cache->Release(m->handle).ok());
   const CacheStats st = b.cache->stats();
   EXPECT_EQ(st.host_used_tokens, 8 * kPage) << "the device-only pages took host copies too";
@@ -536,16 +537,17 @@ class ModelDriver {
       }
       const auto hashes = Hashes(tokens, ns);
       const int64_t cached = static_cast<int64_t>(lb->device_slots.size());
-      ASSERT_TRUE(s_.device->Verify(lb->device_slots,
-                                    std::span<const uint64_t>(hashes).first(
-                                        static_cast<size_t>(cached)))
+      ASSERT_TRUE(s_.device
+                      ->Verify(lb->device_slots,
+                               std::span<const uint64_t>(hashes).first(static_cast<size_t>(cached)))
                       .ok())
           << "device bytes after LoadBack";
       const int64_t whole = static_cast<int64_t>(tokens.size()) / kPage * kPage;
       auto fresh = c.AllocateDeviceSlots(whole - cached);
       if (fresh.ok()) {
-        ASSERT_TRUE(s_.device->Fill(*fresh, std::span<const uint64_t>(hashes).subspan(
-                                                static_cast<size_t>(cached), fresh->size()))
+        ASSERT_TRUE(s_.device
+                        ->Fill(*fresh, std::span<const uint64_t>(hashes).subspan(
+                                           static_cast<size_t>(cached), fresh->size()))
                         .ok());
         std::vector<int64_t> slots = lb->device_slots;
         slots.insert(slots.end(), fresh->begin(), fresh->end());
@@ -573,8 +575,9 @@ class ModelDriver {
         auto lb = c.LoadBack(l.handle);
         if (lb.ok()) {
           const auto hashes = Hashes(l.tokens, l.ns);
-          ASSERT_TRUE(s_.device->Verify(lb->device_slots, std::span<const uint64_t>(hashes).first(
-                                                              lb->device_slots.size()))
+          ASSERT_TRUE(s_.device
+                          ->Verify(lb->device_slots,
+                                   std::span<const uint64_t>(hashes).first(lb->device_slots.size()))
                           .ok());
         } else {
           ASSERT_TRUE(lb.status().IsOutOfMemory()) << lb.status().ToString();
@@ -613,13 +616,14 @@ class ModelDriver {
     const auto hashes = Hashes(tokens, ns);
     ASSERT_EQ(static_cast<int64_t>(m.device_slots.size()), m.device_tokens);
     ASSERT_EQ(static_cast<int64_t>(m.host_slots.size()), m.host_tokens);
-    ASSERT_TRUE(s_.device->Verify(m.device_slots,
-                                  std::span<const uint64_t>(hashes).first(m.device_slots.size()))
-                    .ok())
+    ASSERT_TRUE(
+        s_.device
+            ->Verify(m.device_slots, std::span<const uint64_t>(hashes).first(m.device_slots.size()))
+            .ok())
         << "device bytes of a match";
     ASSERT_TRUE(VerifyKvPattern(s_.cache->host_region(), m.host_slots,
-                                std::span<const uint64_t>(hashes).subspan(
-                                    m.device_slots.size(), m.host_slots.size()))
+                                std::span<const uint64_t>(hashes).subspan(m.device_slots.size(),
+                                                                          m.host_slots.size()))
                     .ok())
         << "host bytes of a match";
   }
@@ -680,11 +684,12 @@ TEST_P(SharedHostModelTest, InvariantsAndBytesHoldForTwoCachesOnOneSegment) {
   EXPECT_GT(present, 0) << "no backup found its pages published already";
   EXPECT_GT(loaded, 0);
   EXPECT_GT(seg->evictions, 0) << "the segment never ran out of room";
-  std::printf("seed %llu: shared host hits %lld, backups present %lld, loaded back %lld, segment "
-              "evictions %lld\n",
-              static_cast<unsigned long long>(seed), static_cast<long long>(shared_hits),
-              static_cast<long long>(present), static_cast<long long>(loaded),
-              static_cast<long long>(seg->evictions));
+  std::printf(
+      "seed %llu: shared host hits %lld, backups present %lld, loaded back %lld, segment "
+      "evictions %lld\n",
+      static_cast<unsigned long long>(seed), static_cast<long long>(shared_hits),
+      static_cast<long long>(present), static_cast<long long>(loaded),
+      static_cast<long long>(seg->evictions));
   caches.clear();  // the caches unpin what their trees held
   auto info = Info(*pool);
   ASSERT_TRUE(info.ok());

@@ -177,9 +177,10 @@ TEST_P(PrefetchPolicyTest, PageEvictedFromDeviceAndHostComesBackByteExact) {
 
 INSTANTIATE_TEST_SUITE_P(Policies, PrefetchPolicyTest,
                          ::testing::Values(PrefetchPolicy::kBestEffort,
-                                           PrefetchPolicy::kWaitComplete,
-                                           PrefetchPolicy::kTimeout),
-                         [](const auto& info) { return std::string(PrefetchPolicyName(info.param)); });
+                                           PrefetchPolicy::kWaitComplete, PrefetchPolicy::kTimeout),
+                         [](const auto& info) {
+                           return std::string(PrefetchPolicyName(info.param));
+                         });
 
 // A layer_first host pool keeps a page in num_layers pieces per buffer: its pages are gathered
 // into a staging buffer before a Set and scattered after a Get. Pages written by one cache come
@@ -608,8 +609,8 @@ TEST(CacheFixesTest, OutOfMemoryEvictsNothing) {
 // the storage wrapper fail any call made while the caller holds it, the listener checks and calls
 // back into the cache.
 TEST(CacheFixesTest, NothingBlockingRunsUnderTheMutex) {
-  for (WritePolicy wp : {WritePolicy::kWriteThrough, WritePolicy::kWriteThroughSelective,
-                         WritePolicy::kWriteBack}) {
+  for (WritePolicy wp :
+       {WritePolicy::kWriteThrough, WritePolicy::kWriteThroughSelective, WritePolicy::kWriteBack}) {
     for (int threads : {0, 1}) {
       SCOPED_TRACE(fmt::format("{} backup_threads {}", WritePolicyName(wp), threads));
       FaultInjectingStorage* faults = nullptr;
@@ -766,8 +767,9 @@ TEST(PageGranularEvictionTest, DeviceTierIsALeafLruPrefixCache) {
       slots.insert(slots.end(), fresh->begin(), fresh->end());
       const std::span<const Token> fits(tokens.data(), slots.size());
       const auto fit_hashes = Hashes(fits, "");
-      ASSERT_TRUE(s.device->Fill(*fresh, std::span<const uint64_t>(fit_hashes)
-                                             .subspan(static_cast<size_t>(m->device_tokens)))
+      ASSERT_TRUE(s.device
+                      ->Fill(*fresh, std::span<const uint64_t>(fit_hashes)
+                                         .subspan(static_cast<size_t>(m->device_tokens)))
                       .ok());
       ASSERT_TRUE(s.cache->Insert(fits, slots).ok());
       ASSERT_TRUE(s.cache->Release(m->handle).ok());

@@ -6,10 +6,10 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <mutex>
-#include <chrono>
 #include <random>
 #include <thread>
 
@@ -37,7 +37,7 @@ struct TestCache {
 };
 
 TestCache Make(HierarchicalCacheConfig cfg, int64_t page, int64_t device_pages, int64_t host_pages,
-           bool gated = false) {
+               bool gated = false) {
   TestCache s;
   KvGeometry g{KvLayout::kLayerFirst, kLayers, device_pages * page, kSlotBytes, page, 1};
   auto dev = DeviceTier::Create(TransferBackend::kCpu, g, false);
@@ -76,8 +76,8 @@ InsertResult Prefill(TestCache& s, std::span<const Token> tokens, std::string_vi
   const int64_t rest = static_cast<int64_t>(tokens.size()) - m->device_tokens;
   auto fresh = s.cache->AllocateDeviceSlots(rest);
   EXPECT_TRUE(fresh.ok()) << fresh.status().ToString();
-  EXPECT_TRUE(s.device->Fill(*fresh, std::span<const uint64_t>(hashes).subspan(m->device_tokens))
-                  .ok());
+  EXPECT_TRUE(
+      s.device->Fill(*fresh, std::span<const uint64_t>(hashes).subspan(m->device_tokens)).ok());
   slots.insert(slots.end(), fresh->begin(), fresh->end());
   auto r = s.cache->Insert(tokens, slots, ns);
   EXPECT_TRUE(r.ok()) << r.status().ToString();
@@ -199,8 +199,8 @@ TEST(HierarchicalCacheTest, NoHostTier) {
     EXPECT_NE(st.message().find("host tier"), std::string::npos) << st.message();
     EXPECT_NE(st.message().find("host_ratio"), std::string::npos) << st.message();
   }
-  for (WritePolicy wp : {WritePolicy::kWriteThrough, WritePolicy::kWriteThroughSelective,
-                         WritePolicy::kWriteBack}) {
+  for (WritePolicy wp :
+       {WritePolicy::kWriteThrough, WritePolicy::kWriteThroughSelective, WritePolicy::kWriteBack}) {
     for (int threads : {0, 1}) {
       SCOPED_TRACE(fmt::format("{} backup_threads {}", WritePolicyName(wp), threads));
       HierarchicalCacheConfig cfg;
@@ -347,8 +347,9 @@ TEST(HierarchicalCacheTest, WritePolicies) {
     auto m = s.cache->Match(b);
     EXPECT_EQ(m->device_tokens, 8);
     EXPECT_EQ(m->host_tokens, 4);
-    ASSERT_TRUE(VerifyKvPattern(s.cache->host_region(), m->host_slots, std::span<const uint64_t>(
-                                    Hashes(b, "")).subspan(8)).ok());
+    ASSERT_TRUE(VerifyKvPattern(s.cache->host_region(), m->host_slots,
+                                std::span<const uint64_t>(Hashes(b, "")).subspan(8))
+                    .ok());
     ASSERT_TRUE(s.cache->Release(m->handle).ok());
     ASSERT_TRUE(s.cache->CheckConsistency().ok());
   }
@@ -418,8 +419,8 @@ TEST(HierarchicalCacheTest, NamespacesAreIsolated) {
 }
 
 TEST(HierarchicalCacheTest, EvictionFollowsThePolicy) {
-  for (auto kind : {EvictionPolicyKind::kLru, EvictionPolicyKind::kFifo,
-                    EvictionPolicyKind::kLfu, EvictionPolicyKind::kPriority}) {
+  for (auto kind : {EvictionPolicyKind::kLru, EvictionPolicyKind::kFifo, EvictionPolicyKind::kLfu,
+                    EvictionPolicyKind::kPriority}) {
     SCOPED_TRACE(EvictionPolicyName(kind));
     HierarchicalCacheConfig cfg;
     cfg.device_eviction = kind;
@@ -757,9 +758,10 @@ TEST(HierarchicalCacheBadInputTest, ClearStatusAndConsistentAfterwards) {
   ASSERT_EQ(slots->size(), 8u);
   const auto b = Seq(8, 50);
   // Misaligned lengths.
-  check(s.cache->Insert(std::span<const Token>(b).first(6),
-                        std::span<const int64_t>(*slots).first(6)).status(),
-        StatusCode::kInvalidArgument, "multiple of page_size");
+  check(
+      s.cache->Insert(std::span<const Token>(b).first(6), std::span<const int64_t>(*slots).first(6))
+          .status(),
+      StatusCode::kInvalidArgument, "multiple of page_size");
   check(s.cache->Insert(b, std::span<const int64_t>(*slots).first(4)).status(),
         StatusCode::kInvalidArgument, "device_slots has 4");
   check(s.cache->FreeDeviceSlots(std::span<const int64_t>(*slots).first(3)),

@@ -90,7 +90,7 @@ std::shared_ptr<StorageBackend> OpenStore(const std::string& url, int64_t page, 
 struct CacheUnderTest {
   std::unique_ptr<DeviceTier> device;
   std::unique_ptr<HierarchicalCache> cache;
-  CheckingEngine* engine = nullptr;  // owned by the cache
+  CheckingEngine* engine = nullptr;                           // owned by the cache
   std::shared_ptr<testing::StorageMutexProbe> storage_probe;  // with `faults`
 
   // Nothing ran under the cache's mutex, and the checks saw calls (they could have failed).
@@ -109,8 +109,8 @@ struct CacheUnderTest {
 // The cache's engine and, when given, the storage wrapper `faults` fail calls made under the
 // cache's mutex.
 CacheUnderTest MakeCache(HierarchicalCacheConfig cfg, int64_t page, int64_t device_pages,
-                int64_t host_pages, TransferBackend backend = TransferBackend::kCpu,
-                FaultInjectingStorage* faults = nullptr) {
+                         int64_t host_pages, TransferBackend backend = TransferBackend::kCpu,
+                         FaultInjectingStorage* faults = nullptr) {
   CacheUnderTest s;
   KvGeometry g{KvLayout::kLayerFirst, kLayers, device_pages * page, kSlotBytes, page, 1};
   cfg.transfer_backend = backend;
@@ -177,7 +177,11 @@ class Driver {
  public:
   Driver(CacheUnderTest& s, InsertedPrefixes& model, FaultInjectingStorage* faults, uint64_t seed,
          bool allow_faults)
-      : s_(s), model_(model), faults_(faults), rng_(seed), prompts_(s.cache->page_size(), seed),
+      : s_(s),
+        model_(model),
+        faults_(faults),
+        rng_(seed),
+        prompts_(s.cache->page_size(), seed),
         allow_faults_(allow_faults) {}
 
   ~Driver() {
@@ -188,14 +192,15 @@ class Driver {
                   const std::vector<int64_t>& host_slots) {
     const auto hashes = Hashes(l.tokens, l.ns);
     ASSERT_EQ(static_cast<int64_t>(device_slots.size()), device_tokens);
-    ASSERT_TRUE(s_.device->Verify(device_slots,
-                                  std::span<const uint64_t>(hashes).first(device_slots.size()))
-                    .ok())
+    ASSERT_TRUE(
+        s_.device
+            ->Verify(device_slots, std::span<const uint64_t>(hashes).first(device_slots.size()))
+            .ok())
         << "device bytes of a match";
     if (!host_slots.empty()) {
       ASSERT_TRUE(VerifyKvPattern(s_.cache->host_region(), host_slots,
-                                  std::span<const uint64_t>(hashes).subspan(
-                                      device_slots.size(), host_slots.size()))
+                                  std::span<const uint64_t>(hashes).subspan(device_slots.size(),
+                                                                            host_slots.size()))
                       .ok())
           << "host bytes of a match";
     }
@@ -209,8 +214,7 @@ class Driver {
       auto m = c.Match(tokens, ns);
       ASSERT_TRUE(m.ok()) << m.status().ToString();
       Live l{m->handle, ns, tokens};
-      ASSERT_LE(m->device_tokens + m->host_tokens + m->storage_tokens,
-                model_.Longest(ns, tokens));
+      ASSERT_LE(m->device_tokens + m->host_tokens + m->storage_tokens, model_.Longest(ns, tokens));
       CheckSlots(l, m->device_tokens, m->device_slots, m->host_slots);
       if (rng_() % 2 == 0) {
         auto q = c.QueryStorage(m->handle);
@@ -230,8 +234,9 @@ class Driver {
       auto fresh = c.AllocateDeviceSlots(whole - cached);
       if (fresh.ok()) {
         const auto hashes = Hashes(tokens, ns);
-        ASSERT_TRUE(s_.device->Fill(*fresh, std::span<const uint64_t>(hashes).subspan(
-                                                static_cast<size_t>(cached), fresh->size()))
+        ASSERT_TRUE(s_.device
+                        ->Fill(*fresh, std::span<const uint64_t>(hashes).subspan(
+                                           static_cast<size_t>(cached), fresh->size()))
                         .ok());
         std::vector<int64_t> slots = lb->device_slots;
         slots.insert(slots.end(), fresh->begin(), fresh->end());
@@ -284,12 +289,24 @@ class Driver {
       ASSERT_TRUE(st.ok() || st.code() == StatusCode::kFailedPrecondition) << st.ToString();
     } else if (op < 78 && allow_faults_ && faults_ != nullptr) {
       switch (rng_() % 6) {
-        case 0: faults_->ClearFaults(); break;
-        case 1: ASSERT_TRUE(faults_->SetCorruptFraction(0.3).ok()); break;
-        case 2: ASSERT_TRUE(faults_->SetErrorFraction(0.3).ok()); break;
-        case 3: ASSERT_TRUE(faults_->SetDropFraction(0.5).ok()); break;
-        case 4: faults_->SetDown(rng_() % 2 == 0); break;
-        case 5: ASSERT_TRUE(faults_->SetDelay(std::chrono::milliseconds(rng_() % 3)).ok()); break;
+        case 0:
+          faults_->ClearFaults();
+          break;
+        case 1:
+          ASSERT_TRUE(faults_->SetCorruptFraction(0.3).ok());
+          break;
+        case 2:
+          ASSERT_TRUE(faults_->SetErrorFraction(0.3).ok());
+          break;
+        case 3:
+          ASSERT_TRUE(faults_->SetDropFraction(0.5).ok());
+          break;
+        case 4:
+          faults_->SetDown(rng_() % 2 == 0);
+          break;
+        case 5:
+          ASSERT_TRUE(faults_->SetDelay(std::chrono::milliseconds(rng_() % 3)).ok());
+          break;
       }
     } else if (op < 80) {
       (void)c.stats();
@@ -329,8 +346,9 @@ void EvictAllAndPrefetchBack(CacheUnderTest& s, FaultInjectingStorage* faults, i
   auto fresh = c.AllocateDeviceSlots(static_cast<int64_t>(doc.size()) - m->device_tokens);
   ASSERT_TRUE(fresh.ok()) << fresh.status().ToString();
   const auto hashes = Hashes(doc, "");
-  ASSERT_TRUE(s.device->Fill(*fresh, std::span<const uint64_t>(hashes).subspan(
-                                         static_cast<size_t>(m->device_tokens)))
+  ASSERT_TRUE(s.device
+                  ->Fill(*fresh, std::span<const uint64_t>(hashes).subspan(
+                                     static_cast<size_t>(m->device_tokens)))
                   .ok());
   std::vector<int64_t> slots = m->device_slots;
   slots.insert(slots.end(), fresh->begin(), fresh->end());
@@ -369,8 +387,9 @@ void EvictAllAndPrefetchBack(CacheUnderTest& s, FaultInjectingStorage* faults, i
       << c.stats().storage_backup_present_tokens << " qdrops " << c.stats().storage_queue_drops
       << " prefetch " << c.stats().prefetch_no_room_tokens << " corrupt "
       << c.stats().storage_corrupt_pages;
-  EXPECT_TRUE(s.device->Verify(lb->device_slots,
-                               std::span<const uint64_t>(hashes).first(lb->device_slots.size()))
+  EXPECT_TRUE(s.device
+                  ->Verify(lb->device_slots,
+                           std::span<const uint64_t>(hashes).first(lb->device_slots.size()))
                   .ok());
   ASSERT_TRUE(c.Release(m->handle).ok());
   ASSERT_TRUE(c.CheckConsistency().ok()) << c.CheckConsistency().ToString();
@@ -388,8 +407,8 @@ void RunModel(const Params& p, int64_t steps) {
   const int64_t page = int64_t{1} << (p.seed % 3);
   const std::string url = p.store == "file" ? fmt::format("file://{}?capacity=8MiB", dir.path())
                                             : std::string("memory://?capacity=8MiB");
-  SCOPED_TRACE(fmt::format("store {} seed {} page {} (rerun: KVTIER_TEST_SEED={})", p.store,
-                           p.seed, page, p.seed));
+  SCOPED_TRACE(fmt::format("store {} seed {} page {} (rerun: KVTIER_TEST_SEED={})", p.store, p.seed,
+                           page, p.seed));
   FaultInjectingStorage* faults = nullptr;
   HierarchicalCacheConfig cfg;
   cfg.write_policy = static_cast<WritePolicy>(p.seed % 3);
@@ -430,12 +449,14 @@ TEST_P(TiersModelTest, InvariantsAndBytesHoldUnderRandomOperations) {
   RunModel(GetParam(), testing::EnvInt("KVTIER_TEST_STEPS", 600));
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Stores, TiersModelTest,
-    ::testing::Values(Params{"memory", 1}, Params{"memory", 2}, Params{"memory", 3},
-                      Params{"memory", 4}, Params{"memory", 5}, Params{"memory", 6},
-                      Params{"file", 7}, Params{"file", 8}, Params{"file", 9}),
-    [](const auto& info) { return fmt::format("{}_{}", info.param.store, info.param.seed); });
+INSTANTIATE_TEST_SUITE_P(Stores, TiersModelTest,
+                         ::testing::Values(Params{"memory", 1}, Params{"memory", 2},
+                                           Params{"memory", 3}, Params{"memory", 4},
+                                           Params{"memory", 5}, Params{"memory", 6},
+                                           Params{"file", 7}, Params{"file", 8}, Params{"file", 9}),
+                         [](const auto& info) {
+                           return fmt::format("{}_{}", info.param.store, info.param.seed);
+                         });
 
 // Four engine threads on one cache, faults included; the invariants are checked as they run.
 TEST(TiersModelConcurrencyTest, ConcurrentThreadsKeepInvariantsAndBytes) {
@@ -448,10 +469,9 @@ TEST(TiersModelConcurrencyTest, ConcurrentThreadsKeepInvariantsAndBytes) {
     HierarchicalCacheConfig cfg;
     cfg.write_policy = static_cast<WritePolicy>(seed % 3);
     cfg.backup_threads = 2;
-    cfg.storage.backend = OpenStore(
-        seed % 2 ? std::string("memory://?capacity=8MiB")
-                 : fmt::format("file://{}?capacity=8MiB", dir.path()),
-        page, seed, &faults);
+    cfg.storage.backend = OpenStore(seed % 2 ? std::string("memory://?capacity=8MiB")
+                                             : fmt::format("file://{}?capacity=8MiB", dir.path()),
+                                    page, seed, &faults);
     cfg.storage.prefetch_threshold_tokens = 0;
     cfg.storage.prefetch_timeout_base_s = 0.02;
     CacheUnderTest s = MakeCache(cfg, page, 64, 48, testing::BackendFromEnv(), faults);

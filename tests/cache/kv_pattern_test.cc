@@ -44,8 +44,8 @@ TEST(KvPatternTest, HashesDependOnWholePrefixAndSalt) {
 TEST(KvPatternTest, FillVerifyAndDetectEveryLayoutThroughACopy) {
   std::mt19937_64 rng(7);
   for (bool mla : {false, true}) {
-    for (KvLayout layout : {KvLayout::kLayerFirst, KvLayout::kPageFirst,
-                            KvLayout::kPageFirstDirect, KvLayout::kPageHead}) {
+    for (KvLayout layout : {KvLayout::kLayerFirst, KvLayout::kPageFirst, KvLayout::kPageFirstDirect,
+                            KvLayout::kPageHead}) {
       SCOPED_TRACE(fmt::format("{} {}", LayoutName(layout), mla ? "mla" : "mha"));
       OwnedRegion src(KvLayout::kLayerFirst, mla, 3, 32, 24, 4, 2);
       OwnedRegion dst(layout, mla, 3, 64, 24, 4, 2);
@@ -58,9 +58,9 @@ TEST(KvPatternTest, FillVerifyAndDetectEveryLayoutThroughACopy) {
       ASSERT_TRUE(VerifyKvPattern(src.region, s_slots, h).ok());
       // Poisoned destination fails, a real copy passes.
       EXPECT_EQ(VerifyKvPattern(dst.region, d_slots, h).code(), StatusCode::kCorruption);
-      ASSERT_TRUE(transfer::ReferenceTransfer(TransferRequest::AllLayers(
-                      src.region, dst.region, SlotIndices::Host(s_slots),
-                      SlotIndices::Host(d_slots)))
+      ASSERT_TRUE(transfer::ReferenceTransfer(
+                      TransferRequest::AllLayers(src.region, dst.region, SlotIndices::Host(s_slots),
+                                                 SlotIndices::Host(d_slots)))
                       .ok());
       ASSERT_TRUE(VerifyKvPattern(dst.region, d_slots, h).ok());
       // Wrong slot order (another token's KV) is caught.

@@ -160,10 +160,18 @@ TEST(RadixTreeTest, PoliciesOrderVictims) {
     tree.RaisePriority(n3, 4);
     const RadixNode* want = nullptr;
     switch (kind) {
-      case EvictionPolicyKind::kLru: want = n2; break;       // n2 untouched since creation
-      case EvictionPolicyKind::kLfu: want = n2; break;       // hits: 6, 1, 2
-      case EvictionPolicyKind::kFifo: want = n1; break;      // created first
-      case EvictionPolicyKind::kPriority: want = n1; break;  // priority 0
+      case EvictionPolicyKind::kLru:
+        want = n2;
+        break;  // n2 untouched since creation
+      case EvictionPolicyKind::kLfu:
+        want = n2;
+        break;  // hits: 6, 1, 2
+      case EvictionPolicyKind::kFifo:
+        want = n1;
+        break;  // created first
+      case EvictionPolicyKind::kPriority:
+        want = n1;
+        break;  // priority 0
     }
     EXPECT_EQ(tree.DeviceVictim(), want);
     ASSERT_TRUE(tree.CheckInvariants().ok()) << tree.CheckInvariants().ToString();

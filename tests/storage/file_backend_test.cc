@@ -4,6 +4,8 @@
 // byte, truncated file, another key's file renamed in, older format version, wrong namespace,
 // a symlink in place of a page, the directory missing at start and removed while running, disk
 // full (RLIMIT_FSIZE in a forked child), and two processes writing the same key at once.
+#include "storage/file_backend.h"
+
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -22,7 +24,6 @@
 
 #include "kvtier/storage.h"
 #include "kvtier/storage_fault.h"
-#include "storage/file_backend.h"
 #include "storage/page_format.h"
 
 namespace kvtier {
@@ -31,7 +32,7 @@ namespace {
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
-constexpr int64_t kPageBytes = 2 * 2 * 4 * 32;  // SmallNamespace: 512
+constexpr int64_t kPageBytes = 2 * 2 * 4 * 32;        // SmallNamespace: 512
 constexpr size_t kOff = storage::kFilePayloadOffset;  // the payload's place in a page file
 constexpr int64_t kValueBytes = kPageBytes + static_cast<int64_t>(kOff);
 

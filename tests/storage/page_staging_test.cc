@@ -141,8 +141,8 @@ TEST_P(PageStagingTest, LayerFirstPagesAreStoredInPageFirstOrderAndScatteredBack
                     std::move(done));
   });
   ASSERT_TRUE(get.status.ok());
-  EXPECT_EQ(get.pages, (std::vector<PageStatus>{PageStatus::kOk, PageStatus::kOk,
-                                                PageStatus::kAbsent}));
+  EXPECT_EQ(get.pages,
+            (std::vector<PageStatus>{PageStatus::kOk, PageStatus::kOk, PageStatus::kAbsent}));
   EXPECT_TRUE(dst.PageHolds(12, 0));
   EXPECT_TRUE(dst.PageHolds(4, 8));
   EXPECT_TRUE(dst.PageUntouched(0));

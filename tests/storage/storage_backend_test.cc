@@ -252,9 +252,9 @@ TEST(StorageBackendTest, AReadWaitsForEarlierWritesOfItsKeysOnly) {
   const PageKey a = KeyOf(0), bkey = KeyOf(2), c = KeyOf(4);
   b->SetAsync({a}, {PageBuffer::Of(page)}, record("set a"));  // running
   b->WaitEntered(1);
-  b->SetAsync({bkey}, {PageBuffer::Of(page)}, record("set b"));  // queued
+  b->SetAsync({bkey}, {PageBuffer::Of(page)}, record("set b"));                          // queued
   b->GetAsync({c, a}, {PageBuffer::Of(page), PageBuffer::Of(page)}, record("get c,a"));  // held
-  b->GetAsync({bkey}, {PageBuffer::Of(page)}, record("get b"));                        // held
+  b->GetAsync({bkey}, {PageBuffer::Of(page)}, record("get b"));                          // held
   b->GetAsync({c}, {PageBuffer::Of(page)}, record("get c"));  // no pending write: first
   EXPECT_EQ(b->Stats().queued_batches, 4);
   b->OpenGate();

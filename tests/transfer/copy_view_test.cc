@@ -3,10 +3,11 @@
 // computes (RegionView::layer_stride / head_stride), and the slot part is the division-free
 // SlotAddressing. Checked on the host against KvGeometry::HeadOffset for every layout, head
 // count and page size; CUDA-free, runs in every build.
+#include "transfer/cuda/copy_view.h"
+
 #include <gtest/gtest.h>
 
 #include "kvtier/layout.h"
-#include "transfer/cuda/copy_view.h"
 
 namespace kvtier {
 namespace {
@@ -44,8 +45,8 @@ TEST(CopyViewTest, OffsetsAreLinearInLayerAndHeadForAFixedSlot) {
           const auto in_layer = transfer::cuda::SlotAddressing::Make(g, true, first);
           for (int64_t slot = 0; slot < g.num_slots; ++slot) {
             ASSERT_EQ(with_base.Offset(slot), g.HeadOffset(first, slot, 0))
-                << LayoutName(layout) << " heads " << heads << " page " << page << " slot "
-                << slot << " first layer " << first;
+                << LayoutName(layout) << " heads " << heads << " page " << page << " slot " << slot
+                << " first layer " << first;
             ASSERT_EQ(in_layer.Offset(slot), g.OffsetInLayer(slot, 0));
           }
         }

@@ -7,8 +7,8 @@
 #include <random>
 #include <tuple>
 
-#include "support/kv_test_util.h"
 #include "kvtier/transfer.h"
+#include "support/kv_test_util.h"
 #include "transfer/reference_copy.h"
 
 namespace kvtier {
@@ -69,8 +69,11 @@ TEST_P(CpuTransferMatrixTest, MatchesReferenceByteForByte) {
     for (int variant = 0; variant < 4; ++variant) {
       testing::SlotPairs pairs;
       switch (variant) {
-        case 0: break;  // no slots
-        case 1: pairs = testing::RandomTokenPairs(rng, sg.num_slots, dg.num_slots, 1); break;
+        case 0:
+          break;  // no slots
+        case 1:
+          pairs = testing::RandomTokenPairs(rng, sg.num_slots, dg.num_slots, 1);
+          break;
         case 2:
           pairs = testing::RandomPagePairs(rng, sg.num_slots, dg.num_slots, page_size,
                                            1 + static_cast<int64_t>(rng() % 4));
@@ -132,15 +135,19 @@ TEST(CpuTransferTest, Int32IndicesMatchInt64) {
   a.Fill(kPoison);
   b.Fill(kPoison);
   auto pairs = testing::RandomPagePairs(rng, g.num_slots, d.num_slots, 16, 3);
-  std::vector<int32_t> s32(pairs.src.begin(), pairs.src.end()), d32(pairs.dst.begin(), pairs.dst.end());
+  std::vector<int32_t> s32(pairs.src.begin(), pairs.src.end()),
+      d32(pairs.dst.begin(), pairs.dst.end());
   auto engine = CpuEngine(2, 1);
-  ASSERT_TRUE(engine->Transfer(TransferRequest::AllLayers(src.region(), a.region(),
-                                                          SlotIndices::Host(std::span<const int64_t>(pairs.src)),
-                                                          SlotIndices::Host(std::span<const int64_t>(pairs.dst))))
-                  .ok());
-  ASSERT_TRUE(engine->Transfer(TransferRequest::AllLayers(src.region(), b.region(),
-                                                          SlotIndices::Host(std::span<const int32_t>(s32)),
-                                                          SlotIndices::Host(std::span<const int32_t>(d32))))
+  ASSERT_TRUE(
+      engine
+          ->Transfer(TransferRequest::AllLayers(
+              src.region(), a.region(), SlotIndices::Host(std::span<const int64_t>(pairs.src)),
+              SlotIndices::Host(std::span<const int64_t>(pairs.dst))))
+          .ok());
+  ASSERT_TRUE(engine
+                  ->Transfer(TransferRequest::AllLayers(
+                      src.region(), b.region(), SlotIndices::Host(std::span<const int32_t>(s32)),
+                      SlotIndices::Host(std::span<const int32_t>(d32))))
                   .ok());
   EXPECT_EQ(a.Snapshot(), b.Snapshot());
 }
@@ -154,9 +161,9 @@ TEST(CpuTransferTest, RejectsDeviceMemoryAndDeviceIndices) {
   auto engine = CpuEngine(1, 0);
   KvRegion device_dst = dst.region();
   device_dst.memory = MemoryKind::kDevice;
-  Status st = engine->Transfer(TransferRequest::AllLayers(src.region(), device_dst,
-                                                          SlotIndices::Host(std::span<const int64_t>(idx)),
-                                                          SlotIndices::Host(std::span<const int64_t>(idx))));
+  Status st = engine->Transfer(TransferRequest::AllLayers(
+      src.region(), device_dst, SlotIndices::Host(std::span<const int64_t>(idx)),
+      SlotIndices::Host(std::span<const int64_t>(idx))));
   EXPECT_TRUE(st.IsInvalidArgument()) << st.ToString();
   EXPECT_NE(st.message().find("device"), std::string::npos) << st.message();
   st = engine->Transfer(TransferRequest::AllLayers(src.region(), dst.region(),

@@ -575,7 +575,8 @@ TEST(CudaTransferTest, DmaJoinsKAndVOfAPageInOneCopy) {
   TransferEngine& engine = *made.value();
   for (const KvLayout host_layout : {KvLayout::kLayerFirst, KvLayout::kPageFirstDirect}) {
     for (const bool to_host : {true, false}) {
-      SCOPED_TRACE(::testing::Message() << LayoutName(host_layout) << (to_host ? " backup" : " load"));
+      SCOPED_TRACE(::testing::Message()
+                   << LayoutName(host_layout) << (to_host ? " backup" : " load"));
       const KvGeometry dg = MakeGeometry(KvLayout::kLayerFirst, false, 16, 64, 6, 256, 2);
       const KvGeometry hg = MakeGeometry(host_layout, false, 16, 64, 6, 256, 2);
       auto pool = DeviceKvPool::Create(dg, false, 0);
@@ -610,12 +611,12 @@ TEST(CudaTransferTest, DmaJoinsKAndVOfAPageInOneCopy) {
       const auto pairs = testing::RandomPagePairs(rng, dg.num_slots, hg.num_slots, 16, 24);
       const std::vector<int64_t>& src_idx = to_host ? pairs.src : pairs.dst;
       const std::vector<int64_t>& dst_idx = to_host ? pairs.dst : pairs.src;
-      ASSERT_OK(transfer::ReferenceTransfer(TransferRequest::AllLayers(
-          to_host ? dev_m : host_m, to_host ? host_m : dev_m, SlotIndices::Host(src_idx),
-          SlotIndices::Host(dst_idx))));
-      ASSERT_OK(engine.Transfer(TransferRequest::AllLayers(to_host ? dev : host, to_host ? host : dev,
-                                                           SlotIndices::Host(src_idx),
-                                                           SlotIndices::Host(dst_idx))));
+      ASSERT_OK(transfer::ReferenceTransfer(
+          TransferRequest::AllLayers(to_host ? dev_m : host_m, to_host ? host_m : dev_m,
+                                     SlotIndices::Host(src_idx), SlotIndices::Host(dst_idx))));
+      ASSERT_OK(engine.Transfer(
+          TransferRequest::AllLayers(to_host ? dev : host, to_host ? host : dev,
+                                     SlotIndices::Host(src_idx), SlotIndices::Host(dst_idx))));
       ASSERT_OK(engine.Synchronize(nullptr));
       const auto* stats = transfer::cuda::LastTransferStats(engine);
       ASSERT_NE(stats, nullptr);
@@ -689,8 +690,8 @@ TEST(CudaTransferTest, BackupsDefaultToFewerSmsThanLoads) {
     int expected_blocks;
   };
   for (const Case& c : {Case{true, 0, 3}, Case{false, 0, 4}, Case{true, 2, 2}, Case{false, 1, 1}}) {
-    SCOPED_TRACE(::testing::Message() << (c.to_host ? "to host" : "to device") << ", max_sms "
-                                      << c.per_call);
+    SCOPED_TRACE(::testing::Message()
+                 << (c.to_host ? "to host" : "to device") << ", max_sms " << c.per_call);
     TestRegion& src = c.to_host ? device : host;
     TestRegion& dst = c.to_host ? host : device;
     src.FillRandom(rng);
@@ -699,9 +700,9 @@ TEST(CudaTransferTest, BackupsDefaultToFewerSmsThanLoads) {
     dst.Upload();
     const auto pairs = testing::RandomPagePairs(rng, (c.to_host ? dg : hg).num_slots,
                                                 (c.to_host ? hg : dg).num_slots, 16, 64);
-    ASSERT_OK(transfer::ReferenceTransfer(TransferRequest::AllLayers(
-        c.to_host ? dm : hm, c.to_host ? hm : dm, SlotIndices::Host(pairs.src),
-        SlotIndices::Host(pairs.dst))));
+    ASSERT_OK(transfer::ReferenceTransfer(
+        TransferRequest::AllLayers(c.to_host ? dm : hm, c.to_host ? hm : dm,
+                                   SlotIndices::Host(pairs.src), SlotIndices::Host(pairs.dst))));
     ASSERT_OK(made.value()->Transfer(
         TransferRequest::AllLayers(c.to_host ? dgpu : hgpu, c.to_host ? hgpu : dgpu,
                                    SlotIndices::Host(pairs.src), SlotIndices::Host(pairs.dst)),
@@ -748,12 +749,12 @@ TEST(CudaTransferTest, LoadsBesideABackupGetMoreSms) {
     int per_call;         // TransferOptions::max_sms
     int expected_blocks;  // of the load
   };
-  for (const Case& c : {Case{8, true, false, 0, 8}, Case{8, false, false, 0, 4},
-                        Case{8, true, true, 0, 4}, Case{8, true, false, 2, 2},
-                        Case{0, true, false, 0, 4}, Case{6, true, false, 0, 6}}) {
-    SCOPED_TRACE(::testing::Message() << "max_sms_beside_backup " << c.beside_backup << ", held "
-                                      << c.held << ", same stream " << c.same_stream
-                                      << ", max_sms " << c.per_call);
+  for (const Case& c :
+       {Case{8, true, false, 0, 8}, Case{8, false, false, 0, 4}, Case{8, true, true, 0, 4},
+        Case{8, true, false, 2, 2}, Case{0, true, false, 0, 4}, Case{6, true, false, 0, 6}}) {
+    SCOPED_TRACE(::testing::Message()
+                 << "max_sms_beside_backup " << c.beside_backup << ", held " << c.held
+                 << ", same stream " << c.same_stream << ", max_sms " << c.per_call);
     TransferEngineConfig config;
     config.max_sms_beside_backup = c.beside_backup;
     auto made = MakeTransferEngine(TransferBackend::kKernel, config);
@@ -764,9 +765,9 @@ TEST(CudaTransferTest, LoadsBesideABackupGetMoreSms) {
     for (TestRegion* r : {&backup_src, &backup_dst, &load_src, &load_dst}) r->Upload();
     const auto backup_pairs = testing::RandomPagePairs(rng, dg.num_slots, hg.num_slots, 16, 64);
     const auto load_pairs = testing::RandomPagePairs(rng, hg.num_slots, dg.num_slots, 16, 64);
-    const TransferRequest backup = TransferRequest::AllLayers(
-        backup_from, backup_to, SlotIndices::Host(backup_pairs.src),
-        SlotIndices::Host(backup_pairs.dst));
+    const TransferRequest backup =
+        TransferRequest::AllLayers(backup_from, backup_to, SlotIndices::Host(backup_pairs.src),
+                                   SlotIndices::Host(backup_pairs.dst));
     const TransferRequest load = TransferRequest::AllLayers(
         load_from, load_to, SlotIndices::Host(load_pairs.src), SlotIndices::Host(load_pairs.dst));
     if (c.held) ASSERT_CUDA(gate.Hold(backup_stream.get()));
@@ -781,12 +782,12 @@ TEST(CudaTransferTest, LoadsBesideABackupGetMoreSms) {
     ASSERT_OK(engine.Synchronize(load_on));
     ASSERT_OK(engine.Synchronize(backup_stream.get()));
     EXPECT_FALSE(gate.TimedOut());
-    ASSERT_OK(transfer::ReferenceTransfer(TransferRequest::AllLayers(
-        backup_from_m, backup_to_m, SlotIndices::Host(backup_pairs.src),
-        SlotIndices::Host(backup_pairs.dst))));
-    ASSERT_OK(transfer::ReferenceTransfer(TransferRequest::AllLayers(
-        load_from_m, load_to_m, SlotIndices::Host(load_pairs.src),
-        SlotIndices::Host(load_pairs.dst))));
+    ASSERT_OK(transfer::ReferenceTransfer(
+        TransferRequest::AllLayers(backup_from_m, backup_to_m, SlotIndices::Host(backup_pairs.src),
+                                   SlotIndices::Host(backup_pairs.dst))));
+    ASSERT_OK(transfer::ReferenceTransfer(
+        TransferRequest::AllLayers(load_from_m, load_to_m, SlotIndices::Host(load_pairs.src),
+                                   SlotIndices::Host(load_pairs.dst))));
     EXPECT_TRUE(backup_dst.MatchesMirror());
     EXPECT_TRUE(load_dst.MatchesMirror());
     if (c.held) {

@@ -82,27 +82,28 @@ struct JoinCase {
 TEST(DmaPlanTest, TwoStridedCopiesJoinOnlyWhenTheSecondIsWholeRowsAfterTheFirstOnBothSides) {
   constexpr size_t kWidth = 48, kSPitch = 256, kDPitch = 128, kHeight = 3;
   const JoinCase cases[] = {
-      {8 * kSPitch, 5 * kDPitch, kWidth, true, true},    // V whole layers after K: joined
-      {3 * kSPitch, 3 * kDPitch, kWidth, true, true},    // exactly `height` rows after: joined
-      {2 * kSPitch, 5 * kDPitch, kWidth, true, false},   // blocks would overlap on the source
+      {8 * kSPitch, 5 * kDPitch, kWidth, true, true},        // V whole layers after K: joined
+      {3 * kSPitch, 3 * kDPitch, kWidth, true, true},        // exactly `height` rows after: joined
+      {2 * kSPitch, 5 * kDPitch, kWidth, true, false},       // blocks would overlap on the source
       {8 * kSPitch + 16, 5 * kDPitch, kWidth, true, false},  // not a whole number of rows
       {8 * kSPitch, 5 * kDPitch + 16, kWidth, true, false},
       {-8 * static_cast<ptrdiff_t>(kSPitch), 5 * kDPitch, kWidth, true, false},  // before
-      {8 * kSPitch, 5 * kDPitch, kWidth - 16, true, false},  // another shape
-      {8 * kSPitch, 5 * kDPitch, kWidth, false, false},      // joining turned off
+      {8 * kSPitch, 5 * kDPitch, kWidth - 16, true, false},                      // another shape
+      {8 * kSPitch, 5 * kDPitch, kWidth, false, false},  // joining turned off
   };
   for (const JoinCase& jc : cases) {
-    SCOPED_TRACE(::testing::Message() << "s_offset " << jc.s_offset << " d_offset " << jc.d_offset
-                                      << " width " << jc.second_width << " merge "
-                                      << jc.merge_depth);
+    SCOPED_TRACE(::testing::Message()
+                 << "s_offset " << jc.s_offset << " d_offset " << jc.d_offset << " width "
+                 << jc.second_width << " merge " << jc.merge_depth);
     std::vector<std::byte> src(16 * kSPitch * 4), dst(16 * kDPitch * 4);
     std::mt19937_64 rng(7);
     for (auto& b : src) b = static_cast<std::byte>(rng());
     std::byte* s0 = src.data() + 8 * kSPitch;  // room before, for the negative offset
     std::byte* d0 = dst.data() + 8 * kDPitch;
     const Copy2D first{s0, d0, kWidth, kSPitch, kDPitch, kHeight, 1, kHeight, kHeight};
-    const Copy2D second{s0 + jc.s_offset, d0 + jc.d_offset, jc.second_width, kSPitch, kDPitch,
-                        kHeight, 1, kHeight, kHeight};
+    const Copy2D second{
+        s0 + jc.s_offset, d0 + jc.d_offset, jc.second_width, kSPitch, kDPitch, kHeight, 1,
+        kHeight,          kHeight};
     CopyPlanner p;
     p.Reset(kMaxPitch);
     p.AddStrided(first, jc.merge_depth);

@@ -1,10 +1,10 @@
 // KvGeometry's address math: the formulas of ARCHITECTURE.md §2 at hand-computed points, and for
 // every layout a bijection between (layer, slot, head) chunks and the chunks of the buffer.
+#include "kvtier/layout.h"
+
 #include <gtest/gtest.h>
 
 #include <vector>
-
-#include "kvtier/layout.h"
 
 namespace kvtier {
 namespace {

@@ -46,8 +46,9 @@ struct Fixture {
 
 // Applies `mutate` to a valid request and expects InvalidArgument mentioning every `needles`
 // substring, with the destination untouched.
-void ExpectRejected(const std::function<void(Fixture&, TransferRequest&, KvRegion&, KvRegion&)>& mutate,
-                    std::initializer_list<std::string> needles) {
+void ExpectRejected(
+    const std::function<void(Fixture&, TransferRequest&, KvRegion&, KvRegion&)>& mutate,
+    std::initializer_list<std::string> needles) {
   Fixture f;
   KvRegion src = f.src.region();
   KvRegion dst = f.dst.region();
@@ -121,10 +122,12 @@ TEST(TransferValidationTest, DmaConfigLimits) {
 }
 
 TEST(TransferValidationTest, MismatchedLengths) {
-  ExpectRejected([](Fixture& f, TransferRequest& r, KvRegion&, KvRegion&) {
-    f.dst_idx.pop_back();
-    r.dst_slots = SlotIndices::Host(std::span<const int64_t>(f.dst_idx));
-  }, {"src_slots", "dst_slots", "4", "3"});
+  ExpectRejected(
+      [](Fixture& f, TransferRequest& r, KvRegion&, KvRegion&) {
+        f.dst_idx.pop_back();
+        r.dst_slots = SlotIndices::Host(std::span<const int64_t>(f.dst_idx));
+      },
+      {"src_slots", "dst_slots", "4", "3"});
 }
 
 TEST(TransferValidationTest, SourceIndexOutOfRange) {
@@ -139,49 +142,59 @@ TEST(TransferValidationTest, NegativeDestinationIndex) {
 
 TEST(TransferValidationTest, Int32IndexOutOfRange) {
   static std::vector<int32_t> idx32;
-  ExpectRejected([](Fixture&, TransferRequest& r, KvRegion&, KvRegion&) {
-    idx32 = {0, 1, 2, 1000};
-    r.dst_slots = SlotIndices::Host(std::span<const int32_t>(idx32));
-  }, {"dst_slots[3]", "1000"});
+  ExpectRejected(
+      [](Fixture&, TransferRequest& r, KvRegion&, KvRegion&) {
+        idx32 = {0, 1, 2, 1000};
+        r.dst_slots = SlotIndices::Host(std::span<const int32_t>(idx32));
+      },
+      {"dst_slots[3]", "1000"});
 }
 
 TEST(TransferValidationTest, NullIndexDataWithCount) {
-  ExpectRejected([](Fixture&, TransferRequest& r, KvRegion&, KvRegion&) {
-    r.src_slots.data = nullptr;
-  }, {"src_slots", "null", "4"});
+  ExpectRejected(
+      [](Fixture&, TransferRequest& r, KvRegion&, KvRegion&) { r.src_slots.data = nullptr; },
+      {"src_slots", "null", "4"});
 }
 
 TEST(TransferValidationTest, ZeroSlotBytes) {
-  ExpectRejected([](Fixture&, TransferRequest&, KvRegion& s, KvRegion&) { s.geometry.slot_bytes = 0; },
-                 {"src.slot_bytes", "0"});
+  ExpectRejected(
+      [](Fixture&, TransferRequest&, KvRegion& s, KvRegion&) { s.geometry.slot_bytes = 0; },
+      {"src.slot_bytes", "0"});
 }
 
 TEST(TransferValidationTest, MisalignedSlotBytes) {
-  ExpectRejected([](Fixture&, TransferRequest&, KvRegion&, KvRegion& d) { d.geometry.slot_bytes = 62; },
-                 {"dst.slot_bytes", "62", "multiple of 4"});
+  ExpectRejected(
+      [](Fixture&, TransferRequest&, KvRegion&, KvRegion& d) { d.geometry.slot_bytes = 62; },
+      {"dst.slot_bytes", "62", "multiple of 4"});
 }
 
 TEST(TransferValidationTest, SlotBytesDiffer) {
-  ExpectRejected([](Fixture&, TransferRequest&, KvRegion&, KvRegion& d) {
-    d.geometry.slot_bytes = 32;
-    d.geometry.num_slots = 64;  // same buffer bytes
-  }, {"slot_bytes", "64", "32"});
+  ExpectRejected(
+      [](Fixture&, TransferRequest&, KvRegion&, KvRegion& d) {
+        d.geometry.slot_bytes = 32;
+        d.geometry.num_slots = 64;  // same buffer bytes
+      },
+      {"slot_bytes", "64", "32"});
 }
 
 TEST(TransferValidationTest, SourceLayerOutOfRange) {
-  ExpectRejected([](Fixture&, TransferRequest& r, KvRegion&, KvRegion&) {
-    r.src_layer = 4;
-    r.dst_layer = 0;
-    r.num_layers = 1;
-  }, {"src_layer = 4", "4 layers"});
+  ExpectRejected(
+      [](Fixture&, TransferRequest& r, KvRegion&, KvRegion&) {
+        r.src_layer = 4;
+        r.dst_layer = 0;
+        r.num_layers = 1;
+      },
+      {"src_layer = 4", "4 layers"});
 }
 
 TEST(TransferValidationTest, LayerRangePastTheEnd) {
-  ExpectRejected([](Fixture&, TransferRequest& r, KvRegion&, KvRegion&) {
-    r.dst_layer = 2;
-    r.src_layer = 0;
-    r.num_layers = 3;
-  }, {"dst_layer = 2", "num_layers = 3"});
+  ExpectRejected(
+      [](Fixture&, TransferRequest& r, KvRegion&, KvRegion&) {
+        r.dst_layer = 2;
+        r.src_layer = 0;
+        r.num_layers = 3;
+      },
+      {"dst_layer = 2", "num_layers = 3"});
 }
 
 TEST(TransferValidationTest, ZeroLayers) {
@@ -190,23 +203,28 @@ TEST(TransferValidationTest, ZeroLayers) {
 }
 
 TEST(TransferValidationTest, PageSizeDoesNotDividePool) {
-  ExpectRejected([](Fixture&, TransferRequest&, KvRegion& s, KvRegion&) { s.geometry.page_size = 5; },
-                 {"src.page_size = 5", "num_slots = 32"});
+  ExpectRejected(
+      [](Fixture&, TransferRequest&, KvRegion& s, KvRegion&) { s.geometry.page_size = 5; },
+      {"src.page_size = 5", "num_slots = 32"});
 }
 
 TEST(TransferValidationTest, MlaAgainstMha) {
-  ExpectRejected([](Fixture&, TransferRequest&, KvRegion& s, KvRegion&) {
-    s.mla = true;
-    s.v = nullptr;
-  }, {"MLA", "MHA"});
+  ExpectRejected(
+      [](Fixture&, TransferRequest&, KvRegion& s, KvRegion&) {
+        s.mla = true;
+        s.v = nullptr;
+      },
+      {"MLA", "MHA"});
 }
 
 TEST(TransferValidationTest, MlaRegionWithVBuffer) {
-  ExpectRejected([](Fixture&, TransferRequest&, KvRegion& s, KvRegion& d) {
-    s.mla = true;
-    d.mla = true;
-    d.v = nullptr;
-  }, {"src.v", "MLA"});
+  ExpectRejected(
+      [](Fixture&, TransferRequest&, KvRegion& s, KvRegion& d) {
+        s.mla = true;
+        d.mla = true;
+        d.v = nullptr;
+      },
+      {"src.v", "MLA"});
 }
 
 TEST(TransferValidationTest, NullBuffer) {
@@ -215,36 +233,44 @@ TEST(TransferValidationTest, NullBuffer) {
 }
 
 TEST(TransferValidationTest, HeadNumNotDividingSlotBytesForPageHead) {
-  ExpectRejected([](Fixture&, TransferRequest&, KvRegion& s, KvRegion&) {
-    s.geometry.layout = KvLayout::kPageHead;
-    s.geometry.head_num = 3;
-  }, {"src.head_num = 3", "slot_bytes = 64", "page_head"});
+  ExpectRejected(
+      [](Fixture&, TransferRequest&, KvRegion& s, KvRegion&) {
+        s.geometry.layout = KvLayout::kPageHead;
+        s.geometry.head_num = 3;
+      },
+      {"src.head_num = 3", "slot_bytes = 64", "page_head"});
 }
 
 TEST(TransferValidationTest, PageHeadRegionsWithDifferentHeadNum) {
-  ExpectRejected([](Fixture&, TransferRequest&, KvRegion& s, KvRegion& d) {
-    s.geometry.layout = KvLayout::kPageHead;
-    d.geometry.layout = KvLayout::kPageHead;
-    d.geometry.head_num = 2;
-  }, {"head_num", "4", "2"});
+  ExpectRejected(
+      [](Fixture&, TransferRequest&, KvRegion& s, KvRegion& d) {
+        s.geometry.layout = KvLayout::kPageHead;
+        d.geometry.layout = KvLayout::kPageHead;
+        d.geometry.head_num = 2;
+      },
+      {"head_num", "4", "2"});
 }
 
 TEST(TransferValidationTest, LayerTableOnPageLayout) {
   static std::vector<void*> table(4, reinterpret_cast<void*>(0x1000));
-  ExpectRejected([](Fixture&, TransferRequest&, KvRegion& s, KvRegion&) {
-    s.k = s.v = nullptr;
-    s.k_layers = table;
-    s.v_layers = table;
-  }, {"src", "per-layer pointer table", "page_first"});
+  ExpectRejected(
+      [](Fixture&, TransferRequest&, KvRegion& s, KvRegion&) {
+        s.k = s.v = nullptr;
+        s.k_layers = table;
+        s.v_layers = table;
+      },
+      {"src", "per-layer pointer table", "page_first"});
 }
 
 TEST(TransferValidationTest, LayerTableWithWrongLength) {
   static std::vector<void*> table(3, reinterpret_cast<void*>(0x1000));
-  ExpectRejected([](Fixture&, TransferRequest&, KvRegion&, KvRegion& d) {
-    d.k = d.v = nullptr;
-    d.k_layers = table;
-    d.v_layers = table;
-  }, {"dst.k_layers has 3 entries", "num_layers = 4"});
+  ExpectRejected(
+      [](Fixture&, TransferRequest&, KvRegion&, KvRegion& d) {
+        d.k = d.v = nullptr;
+        d.k_layers = table;
+        d.v_layers = table;
+      },
+      {"dst.k_layers has 3 entries", "num_layers = 4"});
 }
 
 TEST(TransferValidationTest, NullRegions) {
@@ -290,12 +316,19 @@ TEST(TransferValidationTest, OverlappingSlotsInOneRegionAreRefused) {
   EXPECT_EQ(pool.Snapshot(), before);
   // Disjoint slots in one region, and the same slots in different layers, are fine.
   const std::vector<int64_t> other{8, 9, 10, 11};
-  EXPECT_TRUE(engine->Transfer(TransferRequest::AllLayers(
-      pool.region(), pool.region(), SlotIndices::Host(std::span<const int64_t>(src)),
-      SlotIndices::Host(std::span<const int64_t>(other)))).ok());
-  TransferRequest layers{&pool.region(), &pool.region(),
+  EXPECT_TRUE(
+      engine
+          ->Transfer(TransferRequest::AllLayers(pool.region(), pool.region(),
+                                                SlotIndices::Host(std::span<const int64_t>(src)),
+                                                SlotIndices::Host(std::span<const int64_t>(other))))
+          .ok());
+  TransferRequest layers{&pool.region(),
+                         &pool.region(),
                          SlotIndices::Host(std::span<const int64_t>(src)),
-                         SlotIndices::Host(std::span<const int64_t>(src)), 0, 2, 2};
+                         SlotIndices::Host(std::span<const int64_t>(src)),
+                         0,
+                         2,
+                         2};
   EXPECT_TRUE(engine->Transfer(layers).ok());
 }
 
@@ -303,7 +336,7 @@ TEST(TransferValidationTest, DifferentRegionsOverOverlappingMemoryAreRefused) {
   Fixture f;
   KvRegion shifted = f.src.region();
   shifted.k = static_cast<std::byte*>(shifted.k) + 64;  // the same buffer seen one slot later
-  shifted.geometry.num_slots -= 4;                       // a whole number of pages still
+  shifted.geometry.num_slots -= 4;                      // a whole number of pages still
   const auto req = TransferRequest::AllLayers(
       f.src.region(), shifted, SlotIndices::Host(std::span<const int64_t>(f.src_idx)),
       SlotIndices::Host(std::span<const int64_t>(f.dst_idx)));

@@ -115,8 +115,8 @@ TEST(PrometheusTextWriter, RefusesMisuse) {
   const Case cases[] = {
       {"bad metric name", [](PrometheusTextWriter& w) { w.Gauge("9lives", "", 1); }, "9lives"},
       {"space in name", [](PrometheusTextWriter& w) { w.Gauge("a b", "", 1); }, "a b"},
-      {"counter without _total",
-       [](PrometheusTextWriter& w) { w.Counter("kvtier:hits", "", 1); }, "_total"},
+      {"counter without _total", [](PrometheusTextWriter& w) { w.Counter("kvtier:hits", "", 1); },
+       "_total"},
       {"family twice",
        [](PrometheusTextWriter& w) {
          w.Gauge("g", "", 1);

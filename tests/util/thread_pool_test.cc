@@ -98,9 +98,10 @@ TEST(ThreadPoolTest, ConcurrentCpuTransfersOnOneEngine) {
     dst[c]->Fill(testing::kPoison);
     want[c]->Fill(testing::kPoison);
     pairs.push_back(testing::RandomPagePairs(rng, g.num_slots, d.num_slots, 16, 8));
-    auto req = TransferRequest::AllLayers(src[c]->region(), want[c]->region(),
-                                          SlotIndices::Host(std::span<const int64_t>(pairs[c].src)),
-                                          SlotIndices::Host(std::span<const int64_t>(pairs[c].dst)));
+    auto req =
+        TransferRequest::AllLayers(src[c]->region(), want[c]->region(),
+                                   SlotIndices::Host(std::span<const int64_t>(pairs[c].src)),
+                                   SlotIndices::Host(std::span<const int64_t>(pairs[c].dst)));
     ASSERT_TRUE(transfer::ReferenceTransfer(req).ok());
   }
   std::vector<std::thread> callers;
@@ -108,10 +109,10 @@ TEST(ThreadPoolTest, ConcurrentCpuTransfersOnOneEngine) {
   for (int c = 0; c < kCallers; ++c) {
     callers.emplace_back([&, c] {
       for (int i = 0; i < 20; ++i) {
-        auto req = TransferRequest::AllLayers(
-            src[c]->region(), dst[c]->region(),
-            SlotIndices::Host(std::span<const int64_t>(pairs[c].src)),
-            SlotIndices::Host(std::span<const int64_t>(pairs[c].dst)));
+        auto req =
+            TransferRequest::AllLayers(src[c]->region(), dst[c]->region(),
+                                       SlotIndices::Host(std::span<const int64_t>(pairs[c].src)),
+                                       SlotIndices::Host(std::span<const int64_t>(pairs[c].dst)));
         if (!engine->Transfer(req).ok()) ++failures;
       }
     });

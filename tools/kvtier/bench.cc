@@ -120,9 +120,9 @@ Result<BenchRow> RunCpuRow(const BenchCase& c, const BenchOptions& options, Tran
            : TransferRequest::AllLayers(src_region, dst_region, src_slots, dst_slots);
 
   // The second destination: first the target of the memcpy ceiling, then of the reference.
-  KVTIER_ASSIGN_OR_RETURN(HostKvBuffers expected,
-                          HostKvBuffers::Allocate(dst_region.geometry, c.mla,
-                                                  options.host_pages != "4k"));
+  KVTIER_ASSIGN_OR_RETURN(
+      HostKvBuffers expected,
+      HostKvBuffers::Allocate(dst_region.geometry, c.mla, options.host_pages != "4k"));
   src.FillRandom(row_seed ^ 0x5EEDF00Dull);
   dst.Poison();
   expected.Poison();
@@ -228,8 +228,8 @@ Status BenchOptions::Validate() const {
   KVTIER_RETURN_IF_ERROR(range("warmup_ms", warmup_ms, 0.0, kMaxWarmupMs));
   if (host_pages != "default" && host_pages != "4k" && host_pages != "thp" &&
       host_pages != "hugetlb") {
-    return Status::InvalidArgument(fmt::format(
-        "host_pages = '{}' is not one of default, 4k, thp, hugetlb", host_pages));
+    return Status::InvalidArgument(
+        fmt::format("host_pages = '{}' is not one of default, 4k, thp, hugetlb", host_pages));
   }
   TransferEngineConfig dma;  // the dma fields are the engine's; its Validate has their bounds
   dma.dma_lanes = dma_lanes;
@@ -551,11 +551,11 @@ Status RunCpuBench(const BenchOptions& options, std::vector<BenchRow>* rows) {
         for (const BenchCase& c : cases) {
           if (c.shape != shape || c.host_layout != layout || c.page_size != page) continue;
           if (!device_pool) {
-            KVTIER_ASSIGN_OR_RETURN(device_pool,
-                                    HostKvBuffers::Allocate(c.DeviceGeometry(), c.mla,
-                                                            options.host_pages != "4k"));
+            KVTIER_ASSIGN_OR_RETURN(
+                device_pool,
+                HostKvBuffers::Allocate(c.DeviceGeometry(), c.mla, options.host_pages != "4k"));
             KVTIER_ASSIGN_OR_RETURN(host_pool, HostKvBuffers::Allocate(c.HostGeometry(), c.mla,
-                                                                     options.host_pages != "4k"));
+                                                                       options.host_pages != "4k"));
           }
           const uint64_t row_seed = options.seed * 1000003ull + index;
           KVTIER_ASSIGN_OR_RETURN(

@@ -66,9 +66,9 @@ struct BenchOptions {
   int warmup = 1;
   int threads = 0;  // cpu backend worker threads; 0 = hardware concurrency
   uint64_t seed = 1;
-  std::string json_path;  // empty: no JSON
-  int device = 0;         // CUDA device ordinal (GPU backends)
-  int max_sms = 4;        // kernel backend SM cap (TransferEngineConfig::max_sms)
+  std::string json_path;    // empty: no JSON
+  int device = 0;           // CUDA device ordinal (GPU backends)
+  int max_sms = 4;          // kernel backend SM cap (TransferEngineConfig::max_sms)
   int max_sms_to_host = 3;  // the same for device -> host copies (max_sms_to_host; 0 = max_sms)
   int max_sms_beside_backup = 8;  // loads while a backup runs (max_sms_beside_backup; 0 = off)
   // The dma backend's TransferEngineConfig fields (see transfer.h).
@@ -201,9 +201,9 @@ struct BenchRow {
   // GPU rows: the copy engines' rate in the row's direction right after the row (64 MiB
   // cudaMemcpyAsync, median of 3), to tell a slow row from a slow link at that moment.
   double dma_now_gbps = 0;
-  int sms_used = 0;           // SMs the backend occupied (0: cpu and dma)
-  bool check_ok = false;      // byte-for-byte equal to transfer::ReferenceTransfer
-  std::string note;           // first mismatch, or why the row could not run
+  int sms_used = 0;       // SMs the backend occupied (0: cpu and dma)
+  bool check_ok = false;  // byte-for-byte equal to transfer::ReferenceTransfer
+  std::string note;       // first mismatch, or why the row could not run
 };
 
 // A row of case `c` on `backend` with what names it filled in (shape, op, host layout, page

@@ -45,10 +45,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <cerrno>
 #include <cstring>
 #include <memory>
 #include <thread>
@@ -211,10 +211,10 @@ class PinnedPool {
     void* raw = mmap(nullptr, mapped, PROT_READ | PROT_WRITE,
                      MAP_PRIVATE | MAP_ANONYMOUS | (mode == 2 ? MAP_HUGETLB : 0), -1, 0);
     if (raw == MAP_FAILED) {
-      return Status::OutOfMemory(fmt::format(
-          "mmap of {} bytes{} failed: {}", n,
-          mode == 2 ? " on reserved huge pages (see /proc/sys/vm/nr_hugepages)" : "",
-          std::strerror(errno)));
+      return Status::OutOfMemory(
+          fmt::format("mmap of {} bytes{} failed: {}", n,
+                      mode == 2 ? " on reserved huge pages (see /proc/sys/vm/nr_hugepages)" : "",
+                      std::strerror(errno)));
     }
     p.map_.reset(new Mapping{raw, mapped});
     auto* aligned = reinterpret_cast<std::byte*>((reinterpret_cast<uintptr_t>(raw) + kHuge - 1) /
@@ -367,8 +367,8 @@ Status GpuBench::MeasureCeiling() {
   for (int r = 0; r < options_.warmup + options_.repeats; ++r) {
     KVTIER_RETURN_IF_ERROR(start.Record(stream_.get()));
     KVTIER_RETURN_IF_ERROR(start.WaitOn(stream2_.get()));
-    KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(device.data(), host.data(), kBytes,
-                                                cudaMemcpyHostToDevice, stream_.get()));
+    KVTIER_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(device.data(), host.data(), kBytes, cudaMemcpyHostToDevice, stream_.get()));
     KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host2.data(), device2.data(), kBytes,
                                                 cudaMemcpyDeviceToHost, stream2_.get()));
     KVTIER_RETURN_IF_ERROR(stop.Record(stream_.get()));
@@ -505,8 +505,8 @@ Result<BenchRow> GpuBench::TimeRow(const BenchCase& c, TransferBackend backend,
     } else {
       row.note = fmt::format(
           "{}dma: {} copy ops ({} 2D of which {} carry K and V, {} batch call(s), {} stream(s)){}",
-          backend == TransferBackend::kAuto ? "auto chose " : "", stats->copy_ops,
-          stats->copies_2d, stats->kv_merged, stats->batch_calls, stats->lanes,
+          backend == TransferBackend::kAuto ? "auto chose " : "", stats->copy_ops, stats->copies_2d,
+          stats->kv_merged, stats->batch_calls, stats->lanes,
           row.note.empty() ? "" : "; " + row.note);
     }
   }
@@ -607,8 +607,7 @@ Status GpuBench::RunCase(const BenchCase& c, ShapeBuffers& buf, size_t* index, s
         // before, it leaves the source slots in the CPU's caches while the GPU reads them
         // (--reference-first keeps that order; BENCHMARKS.md, GPU, compares).
         KVTIER_RETURN_IF_ERROR(engines_.cpu->Transfer(TransferRequest::PerLayer(
-            host, expected, SlotIndices::Host(src_idx), SlotIndices::Host(dst_idx),
-            c.load_layer)));
+            host, expected, SlotIndices::Host(src_idx), SlotIndices::Host(dst_idx), c.load_layer)));
         load_expected_ready = true;
       }
       if (load) {

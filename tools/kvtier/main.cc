@@ -235,9 +235,10 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, BenchOptions::kMaxSms))
       ->capture_default_str();
   bench
-      ->add_option("--max-sms-to-host", options.max_sms_to_host,
-                   "upper bound on the SMs of the kernel backend's device -> host copies (backups), "
-                   "within --max-sms; 0 = --max-sms")
+      ->add_option(
+          "--max-sms-to-host", options.max_sms_to_host,
+          "upper bound on the SMs of the kernel backend's device -> host copies (backups), "
+          "within --max-sms; 0 = --max-sms")
       ->check(CLI::Range(0, BenchOptions::kMaxSms))
       ->capture_default_str();
   bench
@@ -249,41 +250,49 @@ int main(int argc, char** argv) {
   bench->add_option("--json", options.json_path,
                     "also write the rows as JSON to this file (checked to be writable first)");
   // The dma backend's TransferEngineConfig fields (include/kvtier/transfer.h).
-  bench->add_option("--dma-batch", options.dma_batch,
-                    "dma: batched submission (cudaMemcpyBatchAsync / 3DBatch) where available")
+  bench
+      ->add_option("--dma-batch", options.dma_batch,
+                   "dma: batched submission (cudaMemcpyBatchAsync / 3DBatch) where available")
       ->capture_default_str();
-  bench->add_option("--dma-join-kv", options.dma_join_kv,
-                    "dma: K and V strided copies of a page as one depth-2 operation")
+  bench
+      ->add_option("--dma-join-kv", options.dma_join_kv,
+                   "dma: K and V strided copies of a page as one depth-2 operation")
       ->capture_default_str();
   bench->add_option("--dma-lanes", options.dma_lanes, "dma: most streams one plan is split over")
       ->check(CLI::Range(1, 16))
       ->capture_default_str();
-  bench->add_option("--dma-ops-per-lane", options.dma_ops_per_lane,
-                    "dma: operations per lane before a plan is split")
+  bench
+      ->add_option("--dma-ops-per-lane", options.dma_ops_per_lane,
+                   "dma: operations per lane before a plan is split")
       ->check(CLI::Range(16, 1 << 20))
       ->capture_default_str();
-  bench->add_option("--dma-submit-threads", options.dma_submit_threads,
-                    "dma: submit each lane from its own thread")
+  bench
+      ->add_option("--dma-submit-threads", options.dma_submit_threads,
+                   "dma: submit each lane from its own thread")
       ->capture_default_str();
-  bench->add_option("--dma-min-strided-rows", options.dma_min_strided_rows,
-                    "dma: fewest equal-width runs at a constant pitch sent as one strided copy")
+  bench
+      ->add_option("--dma-min-strided-rows", options.dma_min_strided_rows,
+                   "dma: fewest equal-width runs at a constant pitch sent as one strided copy")
       ->check(CLI::Range(2, 1 << 20))
       ->capture_default_str();
   // Measurement switches.
-  bench->add_option("--host-pages", options.host_pages,
-                    "pages of the bench's host buffers: default (cpu rows: transparent huge "
-                    "pages; GPU rows: cudaHostAlloc), 4k (cpu rows), thp, hugetlb (GPU rows)")
+  bench
+      ->add_option("--host-pages", options.host_pages,
+                   "pages of the bench's host buffers: default (cpu rows: transparent huge "
+                   "pages; GPU rows: cudaHostAlloc), 4k (cpu rows), thp, hugetlb (GPU rows)")
       ->check(CLI::IsMember({"default", "4k", "thp", "hugetlb"}))
       ->capture_default_str();
-  bench->add_option("--warmup-ms", options.warmup_ms,
-                    "GPU rows: keep calling this many ms before the warm-up calls")
+  bench
+      ->add_option("--warmup-ms", options.warmup_ms,
+                   "GPU rows: keep calling this many ms before the warm-up calls")
       ->check(CLI::Range(0.0, BenchOptions::kMaxWarmupMs))
       ->capture_default_str();
   bench->add_flag("--reference-first", options.reference_first,
                   "GPU loads: make the cpu reference copy before the timed copies");
-  bench->add_option("--both-sms", args.both_sms,
-                    "both-direction rows: kernel SMs of the loads and of the backup, e.g. 8,3; "
-                    "0 = the engine's choice")
+  bench
+      ->add_option("--both-sms", args.both_sms,
+                   "both-direction rows: kernel SMs of the loads and of the backup, e.g. 8,3; "
+                   "0 = the engine's choice")
       ->delimiter(',')
       ->expected(2)
       ->check(CLI::Range(0, BenchOptions::kMaxSms));

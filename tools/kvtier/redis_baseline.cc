@@ -1,16 +1,16 @@
 // redis-benchmark as the baseline of the Redis storage bench (see redis_baseline.h).
 #include "redis_baseline.h"
 
-#include <fmt/format.h>
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstring>
 #include <charconv>
+#include <cstring>
 #include <thread>
 
 #include "storage/redis_client.h"
@@ -72,8 +72,8 @@ Status ExecuteAll(storage::RedisClient& client, std::string_view verb,
     client.Execute(ops, std::chrono::steady_clock::now() + std::chrono::seconds(60));
     for (const storage::RedisOp& op : ops) {
       if (op.outcome != storage::RedisOpOutcome::kReplied) {
-        return Status::Unavailable(fmt::format("redis baseline: {} {}: {}", op.verb, op.key,
-                                               op.error));
+        return Status::Unavailable(
+            fmt::format("redis baseline: {} {}: {}", op.verb, op.key, op.error));
       }
     }
   }
@@ -195,8 +195,7 @@ Result<std::string> RunChild(std::vector<std::string> argv, std::chrono::seconds
   reader.join();
   ::close(out[0]);
   if (timed_out) {
-    return Status::Unavailable(
-        fmt::format("redis-benchmark ran past {} s", time_limit.count()));
+    return Status::Unavailable(fmt::format("redis-benchmark ran past {} s", time_limit.count()));
   }
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
     return Status::Unavailable(fmt::format("redis-benchmark failed: {}", output));
@@ -267,8 +266,7 @@ Result<std::unique_ptr<RedisKeySpace>> RedisKeySpace::Fill(std::string_view url,
   // of about 64 MiB.
   std::vector<std::byte> value(static_cast<size_t>(value_bytes));
   for (size_t i = 0; i < value.size(); ++i) value[i] = static_cast<std::byte>(i * 131 + 7);
-  const size_t group =
-      static_cast<size_t>(std::max<int64_t>(1, (int64_t{64} << 20) / value_bytes));
+  const size_t group = static_cast<size_t>(std::max<int64_t>(1, (int64_t{64} << 20) / value_bytes));
   KVTIER_RETURN_IF_ERROR(
       ExecuteAll(*space->client_->redis, "SET", KeySpaceKeys(keys), value, group));
   return space;

@@ -218,8 +218,8 @@ Status ReplayOptions::Validate() const {
     }
   }
   if (!sweep.empty()) KVTIER_RETURN_IF_ERROR(ParseSweep(sweep).status());
-  if (!shared_host.empty() && ((storage != "file" && storage != "none") || !fault.empty() ||
-                               host_tokens == 0)) {
+  if (!shared_host.empty() &&
+      ((storage != "file" && storage != "none") || !fault.empty() || host_tokens == 0)) {
     return Status::InvalidArgument(fmt::format(
         "--shared-host {} is the host tier, with no storage tier below it: it needs a host tier "
         "(--host-tokens > 0) and takes neither --storage {} nor --fault",

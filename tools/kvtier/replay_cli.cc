@@ -83,10 +83,11 @@ CLI::App* AddReplayCommand(CLI::App& app, ReplayOptions* o) {
                 "redis-server the run starts on a free 127.0.0.1 port and stops), none, or a URL: "
                 "file:///dir, redis://host:port, memory://")
       ->capture_default_str();
-  c->add_option("--shared-host", o->shared_host,
-                "host tier: the shared segment NAME (`kvtier shm create NAME` with the model's "
-                "geometry), shared with every process attached to it: a replay finds what another "
-                "computed; --host-tokens is this process's budget of pinned pages; no storage tier");
+  c->add_option(
+      "--shared-host", o->shared_host,
+      "host tier: the shared segment NAME (`kvtier shm create NAME` with the model's "
+      "geometry), shared with every process attached to it: a replay finds what another "
+      "computed; --host-tokens is this process's budget of pinned pages; no storage tier");
   c->add_option("--storage-bytes", o->storage_bytes,
                 "capacity of the temporary file store or the run's redis-server (0 = 8 x the "
                 "host tier's bytes)")

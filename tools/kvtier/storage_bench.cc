@@ -19,9 +19,9 @@
 #include <random>
 
 #include "bench.h"
-#include "redis_baseline.h"
 #include "kvtier/page_key.h"
 #include "kvtier/storage.h"
+#include "redis_baseline.h"
 #include "storage/page_format.h"
 
 namespace kvtier::tools {
@@ -600,8 +600,8 @@ int RunStorageBench(const StorageBenchOptions& options, const std::string& comma
       }
     }
     if (o.baseline && scheme == "redis") {
-      auto filled = RedisKeySpace::Fill(o.url, n, page_bytes + static_cast<int64_t>(
-                                                          storage::kPageHeaderBytes));
+      auto filled = RedisKeySpace::Fill(
+          o.url, n, page_bytes + static_cast<int64_t>(storage::kPageHeaderBytes));
       if (!filled.ok()) {
         std::fprintf(stderr, "kvtier bench: %s baseline key space: %s\n", kind.name,
                      filled.status().ToString().c_str());
@@ -627,8 +627,8 @@ int RunStorageBench(const StorageBenchOptions& options, const std::string& comma
       return true;
     };
     auto run_baselines = [&] {
-      auto b = RunBaselines(scheme, file_dir, src, dst, key_space ? key_space->keys() : 0,
-                            one_round);
+      auto b =
+          RunBaselines(scheme, file_dir, src, dst, key_space ? key_space->keys() : 0, one_round);
       if (!b.ok()) {
         std::fprintf(stderr, "kvtier bench: %s baseline: %s\n", kind.name,
                      b.status().ToString().c_str());

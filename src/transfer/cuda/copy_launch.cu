@@ -14,10 +14,9 @@ int CopyLoadsInFlight() { return kLoadsInFlight; }
 
 cudaError_t PreloadCopyKernels() {
   cudaFuncAttributes attributes{};
-  for (const void* kernel :
-       {reinterpret_cast<const void*>(CopyChunksKernel<16>),
-        reinterpret_cast<const void*>(CopyChunksKernel<8>),
-        reinterpret_cast<const void*>(CopyChunksKernel<4>)}) {
+  for (const void* kernel : {reinterpret_cast<const void*>(CopyChunksKernel<16>),
+                             reinterpret_cast<const void*>(CopyChunksKernel<8>),
+                             reinterpret_cast<const void*>(CopyChunksKernel<4>)}) {
     if (const cudaError_t e = cudaFuncGetAttributes(&attributes, kernel); e != cudaSuccess) {
       return e;
     }

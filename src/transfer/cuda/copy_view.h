@@ -66,14 +66,14 @@ struct SlotAddressing {
   FastDivmod pages;
   int64_t page_stride = 0;
   int64_t token_stride = 0;
-  int64_t layer0 = 0;       // first_layer's offset (0 with per-layer tables)
-  int32_t wide_slots = 0;   // 1: slot indices may exceed 32 bits, divide in 64 bits
+  int64_t layer0 = 0;      // first_layer's offset (0 with per-layer tables)
+  int32_t wide_slots = 0;  // 1: slot indices may exceed 32 bits, divide in 64 bits
 
   // `layer_table`: offsets within one layer's allocation (OffsetInLayer) instead.
   static SlotAddressing Make(const KvGeometry& g, bool layer_table, int64_t first_layer) {
     SlotAddressing a;
-    const bool paged = !layer_table && (g.layout == KvLayout::kPageFirstDirect ||
-                                        g.layout == KvLayout::kPageHead);
+    const bool paged =
+        !layer_table && (g.layout == KvLayout::kPageFirstDirect || g.layout == KvLayout::kPageHead);
     const int64_t p = paged ? g.page_size : 1;
     auto slot_base = [&](int64_t slot) {
       return layer_table ? g.OffsetInLayer(slot, 0) : g.SlotBase(slot);
@@ -121,7 +121,7 @@ struct RegionView {
   // layer_first with separate layer allocations: device array [num_buffers * L] of layer bases
   // (K layers 0..L-1, then V layers), each [N, S]. Null otherwise.
   std::byte* const* layer_table;
-  int64_t first_layer;   // request layer 0 is this layer of the region
+  int64_t first_layer;             // request layer 0 is this layer of the region
   SlotAddressing slot_addressing;  // offset of (first_layer, slot, head 0), or within a layer
   int64_t head_stride;   // bytes from head chunk h to h + 1 of one (layer, slot): S/H, or P*L*(S/H)
                          // on a page_head side

@@ -173,8 +173,7 @@ class DmaTransferEngine final : public GpuTransferEngine {
   Status Submit(CudaStream stream);
   // Strided copies [c0, c1) and single runs [r0, r1) of the plan on `stream`; counts into
   // work->stats and uses work->ops_3d (one LaneWork per lane, so lanes may run in parallel).
-  Status SubmitSlice(CudaStream stream, size_t c0, size_t c1, size_t r0, size_t r1,
-                     LaneWork* work);
+  Status SubmitSlice(CudaStream stream, size_t c0, size_t c1, size_t r0, size_t r1, LaneWork* work);
 
   const TransferEngineConfig config_;
   std::mutex mu_;
@@ -193,12 +192,12 @@ class DmaTransferEngine final : public GpuTransferEngine {
   PinnedHostBuffer src_index_staging_;
   PinnedHostBuffer dst_index_staging_;
   CopyPlanner planner_;
-  std::vector<LaneWork> lane_work_;         // max_lanes_ entries, made in Init
+  std::vector<LaneWork> lane_work_;                // max_lanes_ entries, made in Init
   std::unique_ptr<util::ThreadPool> submit_pool_;  // null: lanes submit from the caller's thread
-  std::vector<int64_t> run_starts_;          // slot runs: [run_starts_[i], run_starts_[i+1])
-  int max_lanes_ = 1;                        // request's stream + lanes_.size()
+  std::vector<int64_t> run_starts_;                // slot runs: [run_starts_[i], run_starts_[i+1])
+  int max_lanes_ = 1;                              // request's stream + lanes_.size()
   size_t ops_per_lane_ = 256;
-  CudaEventHandle fork_;                     // recorded on the request's stream, lanes wait
+  CudaEventHandle fork_;  // recorded on the request's stream, lanes wait
   std::vector<Lane> lanes_;
 };
 
@@ -364,8 +363,8 @@ Status DmaTransferEngine::Submit(CudaStream stream) {
     work.status = guard.Set(config_.device);
     if (work.status.ok() && i > 0) work.status = fork_.WaitOn(s);
     if (work.status.ok()) {
-      work.status = SubmitSlice(s, strided * i / lanes, strided * (i + 1) / lanes,
-                                runs * i / lanes, runs * (i + 1) / lanes, &work);
+      work.status = SubmitSlice(s, strided * i / lanes, strided * (i + 1) / lanes, runs * i / lanes,
+                                runs * (i + 1) / lanes, &work);
     }
   };
   if (submit_pool_ != nullptr) {
@@ -390,8 +389,8 @@ Status DmaTransferEngine::Submit(CudaStream stream) {
   return first_error;
 }
 
-Status DmaTransferEngine::SubmitSlice(CudaStream stream, size_t c0, size_t c1, size_t r0,
-                                      size_t r1, LaneWork* work) {
+Status DmaTransferEngine::SubmitSlice(CudaStream stream, size_t c0, size_t c1, size_t r0, size_t r1,
+                                      LaneWork* work) {
   std::vector<cudaMemcpy3DBatchOp>& ops_3d = work->ops_3d;
   GpuTransferStats& stats = work->stats;
   const Copy2D* copies = planner_.copies_2d().data() + c0;
@@ -424,8 +423,8 @@ Status DmaTransferEngine::SubmitSlice(CudaStream stream, size_t c0, size_t c1, s
         }
       }
     };
-    const auto depth2 = static_cast<int64_t>(std::count_if(
-        copies, copies + num_copies, [](const Copy2D& c) { return c.depth > 1; }));
+    const auto depth2 = static_cast<int64_t>(
+        std::count_if(copies, copies + num_copies, [](const Copy2D& c) { return c.depth > 1; }));
     const bool has_depth = depth2 > 0;
     fill_ops(false);
     cudaError_t e = cudaMemcpy3DBatchAsync(ops_3d.size(), ops_3d.data(), 0, stream);

@@ -137,8 +137,8 @@ class KernelTransferEngine final : public GpuTransferEngine {
     PinnedHostBuffer host;
     DeviceBuffer device;
     CudaEventHandle done;
-    bool in_use = false;       // `done` was recorded behind a copy that reads this slot
-    CudaStream stream{};       // the stream of that copy (valid while in_use)
+    bool in_use = false;  // `done` was recorded behind a copy that reads this slot
+    CudaStream stream{};  // the stream of that copy (valid while in_use)
   };
   // The newest backup (device -> host copy) launched on one stream. Copies on a stream finish
   // in order, so once it has finished, every earlier backup on that stream has too.
@@ -202,7 +202,7 @@ class KernelTransferEngine final : public GpuTransferEngine {
   CudaStreamHandle private_stream_;
   // At most kMaxStagingSlots, in the order they were last handed out (oldest first).
   std::vector<std::unique_ptr<StagingSlot>> staging_;
-  std::vector<TableEntry> tables_;  // capacity kTableCacheEntries, reserved in Init
+  std::vector<TableEntry> tables_;   // capacity kTableCacheEntries, reserved in Init
   std::vector<BackupMark> backups_;  // at most kMaxBackupStreams, one per stream
   uint64_t tick_ = 0;
 };
@@ -504,9 +504,9 @@ Status KernelTransferEngine::DoTransfer(const TransferRequest& r, const Transfer
       view.grid_vecs = static_cast<uint32_t>(grid_stride % view.vecs_per_chunk);
       const auto launch_start = std::chrono::steady_clock::now();
       const cudaError_t launched = LaunchCopyKernel(view, width, blocks, stream);
-      stats_.launch_us += std::chrono::duration<double, std::micro>(
-                              std::chrono::steady_clock::now() - launch_start)
-                              .count();
+      stats_.launch_us +=
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - launch_start)
+              .count();
       KVTIER_CUDA_RETURN_IF_ERROR(launched);
       stats_.blocks = std::max(stats_.blocks, blocks);
       ++stats_.launches;

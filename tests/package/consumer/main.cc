@@ -15,9 +15,9 @@ int main() {
   const std::vector<int64_t> s = {1, 2}, d = {5, 6};
   auto engine = MakeTransferEngine(TransferBackend::kCpu);
   if (!engine.ok()) return std::puts(engine.status().ToString().c_str()), 1;
-  const Status st = (*engine)->Transfer(TransferRequest::AllLayers(
-      from, to, SlotIndices::Host(std::span<const int64_t>(s)),
-      SlotIndices::Host(std::span<const int64_t>(d))));
+  const Status st = (*engine)->Transfer(
+      TransferRequest::AllLayers(from, to, SlotIndices::Host(std::span<const int64_t>(s)),
+                                 SlotIndices::Host(std::span<const int64_t>(d))));
   const bool ok = st.ok() && dst[static_cast<size_t>(g.SlotOffset(1, 6))] == std::byte{7} &&
                   dst[0] == std::byte{0};
   std::puts(ok ? "kvtier package: ok" : st.ToString().c_str());
