@@ -165,7 +165,11 @@ class DeferredReleases {
 
  private:
   struct Parked {
-    void* event;  // cudaEvent_t
+#if defined(KVTIER_PY_WITH_CUDA)
+    cudaEvent_t event;
+#else
+    void* event;
+#endif
     uint64_t handle;
     std::vector<int64_t> slots;  // non-empty: a free of these slots instead of a release
   };
