@@ -55,9 +55,13 @@ def build_model(args):
                          intermediate_size=args.hidden * 11 // 4, num_hidden_layers=args.layers,
                          num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
                          max_position_embeddings=65536)
+    config._attn_implementation = "sdpa"
     torch.manual_seed(args.seed)
-    with torch.device(args.device):
-        model = LlamaForCausalLM._from_config(config, attn_implementation="sdpa")
+    with torch.device(args.device):  # random weights made on the device: seconds, not minutes
+        try:
+            model = LlamaForCausalLM._from_config(config, attn_implementation="sdpa")
+        except (AttributeError, TypeError):
+            model = LlamaForCausalLM(config)
     return model.to(dtype=torch.bfloat16).eval()
 
 
@@ -337,7 +341,10 @@ def main():
           f"device {torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu'}")
     model = build_model(args)
     with torch.no_grad():
-        model(input_ids=torch.ones((1, 8), dtype=torch.long, device=args.device))  # warm-up
+        warm = torch.randint(3, model.config.vocab_size, (1, 2 * args.chunk + 7),
+                             device=args.device)
+        chunked_forward(model, warm, DynamicCache(), 0, args.chunk)  # warm-up: kernels, cuBLAS
+        model(input_ids=warm)
         failures, model = run_chat(model, args)
         if args.bench and torch.cuda.is_available():
             failures += run_bench(model, args)

@@ -175,7 +175,8 @@ Status Launch(const KvRegion& pool, const DenseKv& d, int64_t first_layer, Dense
   }
   view.units_per_head = FastDivmod::Make(units_per_head);
   view.units_per_row = FastDivmod::Make(static_cast<uint32_t>(units_per_row));
-  const uint64_t tokens_per_launch = std::max<uint64_t>(1, (uint64_t{0xffffffff}) / units_per_row);
+  // At most 2^31 positions per launch, so that a thread's 32-bit position never wraps.
+  const uint64_t tokens_per_launch = std::max<uint64_t>(1, (uint64_t{1} << 31) / units_per_row);
 
   for (size_t first = 0; first < rows.size(); first += cuda::kDenseMaxRows) {
     const int n = static_cast<int>(std::min<size_t>(cuda::kDenseMaxRows, rows.size() - first));

@@ -6,7 +6,8 @@
 // that row's flat space of (token, head, unit) positions, W-byte units fastest, so a warp reads
 // and writes consecutive bytes of a head on both sides when head_dim is contiguous. Each thread
 // issues kDenseUnroll loads before its first store. Positions are decoded with FastDivmod (32-bit:
-// the launcher splits a request whose positions exceed 2^32 by tokens).
+// the launcher splits a request whose positions exceed 2^31 by tokens, so that positions plus
+// the grid's stride stay below 2^32).
 //
 // A slot outside [0, num_slots) is skipped (never accessed) and counted once per token in
 // `*errors` (by row 0 only).

@@ -31,7 +31,7 @@ struct DensePagedView {
   int64_t dense_unit_stride = 0;  // bytes between consecutive W-byte units of head_dim (dense)
   int64_t num_slots = 0;
   uint32_t token_offset = 0;  // first token of this launch
-  uint32_t positions = 0;     // tokens of this launch x units_per_row
+  uint32_t positions = 0;     // tokens of this launch x units_per_row, <= 2^31
   FastDivmod units_per_row;   // heads x units_per_head
   FastDivmod units_per_head;
   FastDivmod seq;  // token -> (b, t)
