@@ -94,7 +94,8 @@ def poison(pool, keep=None):
 
 
 def make_pool(model, args):
-    return KvtierPool(model.config, device=args.device, num_tokens=args.pool_tokens,
+    return KvtierPool(model.config, device=args.device, dtype=model.dtype,
+                      num_tokens=args.pool_tokens,
                       page_size=args.page_size, host_ratio=args.host_ratio,
                       storage=f"file://{args.storage}", storage_model_id="kvtier-example")
 
@@ -215,7 +216,7 @@ def run_bench(model, args):
     """kvtier's own costs at args.bench_tokens cached tokens (no model in the timed parts)."""
     failures = []
     n = args.bench_tokens
-    pool = KvtierPool(model.config, device=args.device, num_tokens=2 * n + 4096,
+    pool = KvtierPool(model.config, device=args.device, dtype=model.dtype, num_tokens=2 * n + 4096,
                       page_size=args.page_size, host_ratio=2.0)
     hc = pool.cache
     tokens = torch.randint(3, model.config.vocab_size, (n + 1,)).tolist()

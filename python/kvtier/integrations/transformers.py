@@ -95,7 +95,7 @@ class KvtierPool:
       config: the model's config (model.config).
       device: the CUDA device of the model ("cuda", "cuda:1", torch.device); "cpu" runs the pool
         in host memory on the cpu backend (for tests without a GPU).
-      dtype: the K/V dtype (default: config.torch_dtype, else bfloat16).
+      dtype: the K/V dtype, the model's (default bfloat16; pass model.dtype otherwise).
       num_tokens: device pool capacity in tokens (rounded up to whole pages).
       page_size: tokens per page (a power of two <= 256).
       **settings: kvtier.HierarchicalCache settings. Defaults here differ from the cache's where a
@@ -109,10 +109,7 @@ class KvtierPool:
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
-        if dtype is None:
-            dtype = getattr(config, "torch_dtype", None) or getattr(config, "dtype", None)
-            dtype = dtype if isinstance(dtype, torch.dtype) else torch.bfloat16
-        self.dtype = dtype
+        self.dtype = torch.bfloat16 if dtype is None else dtype
         self.num_layers = shape["layers"]
         self.heads = shape["heads"]
         self.head_dim = shape["head_dim"]
