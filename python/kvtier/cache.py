@@ -94,7 +94,8 @@ _FIELDS_BY_NAME = {f["name"]: f for f in _CONFIG_FIELDS}
 
 
 def _check_setting(name: str, value: Any) -> Any:
-    """`value` checked against the C++ field `name` (kind, bounds, choices); ValueError naming it."""
+    """`value` checked against the C++ field `name` (kind, bounds, choices); a ValueError naming
+    the field otherwise."""
     field = _FIELDS_BY_NAME.get(name)
     if field is None:
         raise ValueError(f"{name!r} is not a HierarchicalCache setting; known: "

@@ -338,7 +338,8 @@ def _describe_dense(obj: Any, name: str) -> _Dense:
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(obj, torch.Tensor):
         if obj.device.type not in ("cpu", "cuda"):
-            raise ValueError(f"{name} is on device {obj.device}; kvtier copies cpu and cuda tensors")
+            raise ValueError(f"{name} is on device {obj.device}; kvtier copies cpu and cuda "
+                             "tensors")
         itemsize = obj.element_size()
         device = HOST if obj.device.type == "cpu" else (obj.device.index or 0)
         return _Dense(obj.data_ptr(), tuple(obj.shape), tuple(s * itemsize for s in obj.stride()),
@@ -368,8 +369,8 @@ def _describe_dense(obj: Any, name: str) -> _Dense:
             device = _cuda_device_of(int(data[0]))
         return _Dense(int(data[0]), shape, tuple(int(s) for s in strides), itemsize, device,
                       bool(data[1]))
-    raise ValueError(f"{name} of type {type(obj).__name__} is not a tensor or array (no data_ptr(), "
-                     "__cuda_array_interface__ or __array_interface__)")
+    raise ValueError(f"{name} of type {type(obj).__name__} is not a tensor or array (no "
+                     "data_ptr(), __cuda_array_interface__ or __array_interface__)")
 
 
 def _dense_layers(obj: Any, name: str, writable: bool) -> List[_Dense]:
@@ -386,8 +387,9 @@ def _dense_layers(obj: Any, name: str, writable: bool) -> List[_Dense]:
     else:
         d = _describe_dense(obj, name)
         if len(d.shape) != 5:
-            raise ValueError(f"{name} has shape {d.shape}; expected a list of [batch, heads, seq, "
-                             "head_dim] tensors or one [layers, batch, heads, seq, head_dim] tensor")
+            raise ValueError(f"{name} has shape {d.shape}; expected a list of [batch, heads, "
+                             "seq, head_dim] tensors or one [layers, batch, heads, seq, head_dim] "
+                             "tensor")
         layers = [d._replace(address=d.address + i * d.strides[0], shape=d.shape[1:],
                              strides=d.strides[1:]) for i in range(d.shape[0])]
         if d.shape[0] == 0:
@@ -402,8 +404,8 @@ def _dense_layers(obj: Any, name: str, writable: bool) -> List[_Dense]:
             raise ValueError(f"{label} has {d.itemsize}-byte elements, {name}[0] has "
                              f"{layers[0].itemsize}")
         if d.device != layers[0].device:
-            raise ValueError(f"{label} is in {'host memory' if d.device == HOST else f'cuda:{d.device}'}"
-                             f", {name}[0] is not")
+            where = "host memory" if d.device == HOST else f"cuda:{d.device}"
+            raise ValueError(f"{label} is in {where}, {name}[0] is not")
         if writable and d.readonly:
             raise ValueError(f"{label} is read-only")
     return layers

@@ -146,28 +146,24 @@ Status Launch(const KvRegion& pool, const DenseKv& d, int64_t first_layer, Dense
       }
     }
   }
+  // Contiguous head_dim everywhere: W-byte units along it. Otherwise one element per unit, each
+  // row stepping by its own tensor's head_dim stride.
   int width;
   uint32_t units_per_head;
   if (contiguous) {
     width = std::min<int>(WidestDividing(alignment), 16);
-    view.dense_unit_stride = width;
     units_per_head = static_cast<uint32_t>(head_bytes / width);
+    for (Row& r : rows) r.row.dim_stride = width;
   } else {
-    // head_dim strided: one element per unit.
     alignment.push_back(static_cast<uint64_t>(d.elem_bytes));
+    for (const Row& r : rows) alignment.push_back(static_cast<uint64_t>(r.tensor->strides[3]));
     if (WidestDividing(alignment) < d.elem_bytes) {
       return Status::InvalidArgument(
           "dense tensors with a strided head_dim must be aligned to their element size");
     }
     width = static_cast<int>(d.elem_bytes);
-    view.dense_unit_stride = rows.front().tensor->strides[3];
-    for (const Row& r : rows) {
-      if (r.tensor->strides[3] != view.dense_unit_stride) {
-        return Status::InvalidArgument(
-            "dense tensors with a strided head_dim must share that stride across layers and K/V");
-      }
-    }
     units_per_head = static_cast<uint32_t>(d.head_dim);
+    for (Row& r : rows) r.row.dim_stride = r.tensor->strides[3];
   }
   const uint64_t units_per_row = uint64_t{units_per_head} * static_cast<uint64_t>(d.heads);
   if (units_per_row > (uint64_t{1} << 31)) {

@@ -71,7 +71,7 @@ __global__ void __launch_bounds__(kDenseThreads) DensePagedKernel(const DensePag
       char* pool = row.pool + v.slot_addressing.Offset(slot) + head * v.pool_head_stride +
                    static_cast<int64_t>(unit) * W;
       char* dense = row.dense + b * row.batch_stride + head * row.head_stride + t * row.seq_stride +
-                    unit * v.dense_unit_stride;
+                    unit * row.dim_stride;
       const char* src = v.to_pool ? dense : pool;
       dst[u] = reinterpret_cast<Vec*>(v.to_pool ? pool : dense);
       value[u] = *reinterpret_cast<const Vec*>(src);

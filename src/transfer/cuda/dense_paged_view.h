@@ -19,6 +19,7 @@ struct DenseRow {
                           // pool_head_stride
   char* dense = nullptr;  // element (0, 0, 0, 0) of the dense tensor
   int64_t batch_stride = 0, head_stride = 0, seq_stride = 0;  // dense, bytes
+  int64_t dim_stride = 0;  // dense: bytes between consecutive W-byte units of head_dim
 };
 
 struct DensePagedView {
@@ -26,9 +27,8 @@ struct DensePagedView {
   SlotAddressing slot_addressing;  // slot -> offset of (layer, slot, head 0) from row.pool
   const void* slots = nullptr;     // [batch * seq] int32 / int64, device memory
   int32_t slots64 = 1;
-  int32_t to_pool = 0;            // 1: dense -> pool; 0: pool -> dense
-  int64_t pool_head_stride = 0;   // bytes between heads of one slot in the pool
-  int64_t dense_unit_stride = 0;  // bytes between consecutive W-byte units of head_dim (dense)
+  int32_t to_pool = 0;           // 1: dense -> pool; 0: pool -> dense
+  int64_t pool_head_stride = 0;  // bytes between heads of one slot in the pool
   int64_t num_slots = 0;
   uint32_t token_offset = 0;  // first token of this launch
   uint32_t positions = 0;     // tokens of this launch x units_per_row, <= 2^31
@@ -37,5 +37,8 @@ struct DensePagedView {
   FastDivmod seq;  // token -> (b, t)
   unsigned long long* errors = nullptr;
 };
+
+// Kernel parameters are limited to 4 KiB on every architecture this builds for.
+static_assert(sizeof(DensePagedView) <= 4096, "the view must fit the kernel parameter space");
 
 }  // namespace kvtier::transfer::cuda
