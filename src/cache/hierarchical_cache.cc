@@ -1,34 +1,11 @@
-// The hierarchical KV cache (see kvtier/hierarchical_cache.h): the tree and the policies on top of
-// the device page ledger (cache/device_page_ledger.h) and the copy tracker (cache/copy_tracker.h).
-//
-// State, all guarded by Impl::mu:
-//   tree          the radix tree over the three tiers (cache/radix_tree.h);
-//   ledger        per device page: free, engine, tree or a copy in flight;
-//   host pages    the host tier (cache/host_tier.h: the cache's own pool, or a shared segment
-//                 whose pages it pins): a held page is a node's (tree) or an in-flight prefetch's
-//                 (filling) — nothing else; null without a host tier (nothing is ever backed up,
-//                 device evictions forget);
-//   handles       live MatchHandles: the node each pins (ancestors included), the tokens after
-//                 the match (for QueryStorage), a running prefetch and, on a GPU, its load-back;
-//   tracker       operations in flight. Each marked its nodes busy once (a split hands the mark to
-//                 both halves: the split hook); a busy node is evictable in no tier.
-// Invariants (CheckConsistency): the tree's device pages are exactly the ledger's kTree pages; the
-// ledger's kCopy pages are exactly the load-backs' unpublished pages; the host allocator's used
-// pages are the tree's host pages plus the prefetches' filling pages; every node's ref_count
-// equals the number of live handles pinning it or a descendant, and its busy count the number of
-// operations that list it.
-//
-// Locking discipline: every public call takes `mu`, does bookkeeping only, and collects into a
-// `Work` what must happen outside it — submitting copies (cpu pool, inline, or a CUDA stream) and
-// storage calls, and the eviction listener's events — which RunWork does after `mu` is released.
-// Completions are applied (Reap) by the next call under `mu`. Calls that wait (FinishPrefetch,
-// WaitForBackups, allocations that need a write-back to finish) release `mu` while they wait.
+// The hierarchical KV cache (see kvtier/hierarchical_cache.h): the orchestrator over the parts
+// and the bookkeeping they share (cache/cache_core.h: the state, its invariants and the locking
+// discipline).
 #include "kvtier/hierarchical_cache.h"
 
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <atomic>
 #include <bit>
 #include <chrono>
 #include <cmath>
@@ -38,247 +15,71 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "cache/copy_tracker.h"
-#include "cache/device_page_ledger.h"
-#include "cache/host_tier.h"
-#include "cache/radix_tree.h"
+#include "cache/cache_core.h"
+#include "cache/copy_executor.h"
 #include "kvtier/device.h"
-#include "kvtier/host_pool.h"
-#include "kvtier/shared_host_pool.h"
 #include "kvtier/slot_allocator.h"
-#include "storage/page_staging.h"
 #include "util/log.h"
-#include "util/thread_pool.h"
 
 namespace kvtier {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
 bool IsPowerOfTwo(int64_t x) { return x > 0 && (x & (x - 1)) == 0; }
-
-// Pages covering `num_tokens` (no overflow near INT64_MAX).
-int64_t PagesFor(int64_t num_tokens, int64_t page_size) {
-  return num_tokens / page_size + (num_tokens % page_size != 0 ? 1 : 0);
-}
-
-double SecondsSince(Clock::time_point start, Clock::time_point end = Clock::now()) {
-  return std::chrono::duration<double>(end - start).count();
-}
-
-// Handle ids: the instance's tag in the high 24 bits, a sequence number in the low 40.
-constexpr int kHandleSeqBits = 40;
-std::atomic<uint64_t> g_next_cache_tag{1};
-
-// An eviction event whose strings the cache owns until the listener has run.
-struct OwnedEvent {
-  CacheTier tier;
-  std::string name_space;
-  std::vector<Token> prefix;
-  int64_t num_tokens;
-  bool kept_in_host;
-  bool kept_in_storage;
-};
 
 }  // namespace
 
-struct HierarchicalCache::Impl {
+struct HierarchicalCache::Impl : CacheCore {
   Impl(const HierarchicalCacheConfig& cfg, int64_t page_size)
-      : config(cfg),
-        P(page_size),
-        tag(g_next_cache_tag.fetch_add(1) & ((uint64_t{1} << (64 - kHandleSeqBits)) - 1)),
-        tree(page_size,
-             cfg.device_eviction_policy ? cfg.device_eviction_policy
-                                        : MakeEvictionPolicy(cfg.device_eviction),
-             cfg.host_eviction_policy ? cfg.host_eviction_policy
-                                      : MakeEvictionPolicy(cfg.host_eviction)) {}
+      : CacheCore(cfg, page_size), executor(*this, [this](CacheWork* work) { Reap(work); }) {}
 
-  struct Handle {
-    RadixNode* last = nullptr;  // pinned with its ancestors; null: nothing matched
-    std::string ns;
-    std::vector<Token> rest;           // whole pages after the match (storage tier only)
-    std::shared_ptr<CopyOp> load;      // GPU: its LoadBack
-    std::shared_ptr<CopyOp> prefetch;  // running (not concluded) prefetch
-    PrefetchPolicy prefetch_policy = PrefetchPolicy::kBestEffort;
-  };
+  CopyExecutor executor;
 
-  // What a call does after releasing the mutex. Operations in it are registered already, so it
-  // must run: a public call declares its Work before its Lock, and the Work's destructor runs
-  // what is left after the lock is gone (early returns included).
-  struct Work {
-    explicit Work(Impl* owner = nullptr) : impl(owner) {}
-    ~Work() {
-      if (impl != nullptr) impl->RunWork(*this);
-    }
-    Work(const Work&) = delete;
-    Work& operator=(const Work&) = delete;
-    Impl* impl;
-    std::vector<std::shared_ptr<CopyOp>> copies;   // device <-> host backups to submit
-    std::vector<std::shared_ptr<CopyOp>> storage;  // prefetches and stores to submit
-    std::vector<OwnedEvent> events;
-    bool empty() const { return copies.empty() && storage.empty() && events.empty(); }
-  };
-
-  // The mutex with an owner record, so tests can ask whether the calling thread holds it.
-  class Lock {
-   public:
-    explicit Lock(const Impl& impl) : impl_(impl), lk_(impl.mu) { Own(); }
-    ~Lock() {
-      if (lk_.owns_lock()) impl_.owner.store(std::thread::id(), std::memory_order_relaxed);
-    }
-    void unlock() {
-      impl_.owner.store(std::thread::id(), std::memory_order_relaxed);
-      lk_.unlock();
-    }
-    void lock() {
-      lk_.lock();
-      Own();
-    }
-
-   private:
-    void Own() { impl_.owner.store(std::this_thread::get_id(), std::memory_order_relaxed); }
-    const Impl& impl_;
-    std::unique_lock<std::mutex> lk_;
-  };
-
-  const HierarchicalCacheConfig config;
-  const int64_t P;
-  const uint64_t tag;
-  KvRegion device;
-  std::unique_ptr<HostTier> host;  // null: no host tier (config.has_host_tier())
-  KvRegion no_host_region;         // host_region() without a host tier: empty
-  std::unique_ptr<TransferEngine> engine;
-  bool gpu = false;
-  CudaStreamHandle backup_stream;  // GPU only
-  std::shared_ptr<StorageBackend> storage;
-  bool owns_storage = false;                      // opened from a URL: closed with the cache
-  std::unique_ptr<storage::PageStaging> staging;  // host pages <-> storage calls
-
-  mutable std::mutex mu;
-  mutable std::atomic<std::thread::id> owner{};
-  RadixTree tree;
-  std::unique_ptr<DevicePageLedger> ledger;
-  CopyTracker tracker;
-  // Completed operations taken from the tracker by Reap and not reaped yet (null once reaped).
-  // A split while Reap runs (ReapStore splits) must find their busy nodes too: see SetSplitHook.
-  std::vector<std::shared_ptr<CopyOp>> reaping;
-  std::unordered_map<uint64_t, Handle> handles;
-  uint64_t next_seq = 1;
-  int64_t filling_pages = 0;      // host pages of prefetches not yet handed to the tree
-  int64_t store_queue_pages = 0;  // host -> storage pages queued or running
-  Status health;                  // an internal failure makes the cache unusable
-  Status backup_failure;          // the first failed backup since WaitForBackups last said so
-  CacheStats counters;
-
-  std::unique_ptr<util::ThreadPool> pool;  // cpu backups; destroyed first (joins its workers)
-
-  // ---- small helpers; REQUIRE mu held -------------------------------------------------------
-  Status CheckHealth() const {
-    if (health.ok()) return Status::OK();
-    return Status::FailedPrecondition(
-        fmt::format("the cache is unusable after an internal failure: {}", health.ToString()));
-  }
-
-  void Fail(Status st, std::string_view what) {
-    if (st.ok() || !health.ok()) return;
-    health = st.WithContext(what);
-    util::Log(util::LogLevel::kError, "kvtier: cache: {}", health.ToString());
-  }
-
-  Result<Handle*> FindHandle(MatchHandle handle) {
-    if ((handle.id >> kHandleSeqBits) != tag) {
-      return Status::InvalidArgument(fmt::format(
-          "handle {} is not live: it belongs to another HierarchicalCache instance or was never "
-          "issued",
-          handle.id));
-    }
-    auto it = handles.find(handle.id);
-    if (it == handles.end()) {
-      return Status::InvalidArgument(
-          fmt::format("handle {} is not live (never issued, or already released)", handle.id));
-    }
-    return &it->second;
-  }
-
-  MatchHandle NewHandle(Handle h) {
-    MatchHandle out{(tag << kHandleSeqBits) | next_seq++};
-    handles.emplace(out.id, std::move(h));
-    return out;
-  }
-
-  static std::vector<RadixNode*> Path(RadixNode* last) {
-    std::vector<RadixNode*> path;
-    for (RadixNode* n = last; n != nullptr && !n->is_root(); n = n->parent()) path.push_back(n);
-    std::reverse(path.begin(), path.end());
-    return path;
-  }
-
-  // Appends the slots of `pages` (page starts) to `out`.
-  void AppendSlots(std::span<const int64_t> pages, std::vector<int64_t>* out) const {
-    const size_t at = out->size();
-    const int64_t page_size = P;  // a local, so the stores below cannot alias it
-    const size_t n = pages.size();
-    out->resize(at + n * static_cast<size_t>(page_size));
-    const int64_t* __restrict in = pages.data();
-    int64_t* __restrict o = out->data() + at;
-    for (size_t k = 0; k < n; ++k) {
-      const int64_t page = in[k];
-      for (int64_t j = 0; j < page_size; ++j) o[j] = page + j;  // vectorised
-      o += page_size;
+  // The tree split `lower` off `upper` (its new parent): operations that list `lower` (busy or
+  // storing) list `upper` too — registered ones, completed ones being reaped, and handles'
+  // prefetches.
+  void OnSplit(RadixNode* upper, RadixNode* lower) {
+    if (lower->busy() == 0 && !lower->storing()) return;
+    tracker.ForEachOp([&](const std::shared_ptr<CopyOp>& op) {
+      if (std::find(op->nodes.begin(), op->nodes.end(), lower) != op->nodes.end()) {
+        op->nodes.push_back(upper);
+      }
+    });
+    for (auto& [id, h] : handles) {
+      const auto& op = h.prefetch;
+      if (op && std::find(op->nodes.begin(), op->nodes.end(), lower) != op->nodes.end() &&
+          std::find(op->nodes.begin(), op->nodes.end(), upper) == op->nodes.end()) {
+        op->nodes.push_back(upper);
+      }
     }
   }
 
-  std::vector<int64_t> DeviceSlotsOf(const std::vector<RadixNode*>& path) const {
-    std::vector<int64_t> out;
-    for (RadixNode* n : path) {
-      if (!n->on_device()) break;
-      AppendSlots(n->device_pages(), &out);
-    }
-    return out;
-  }
-
-  void Event(Work* work, CacheTier tier, const RadixNode* node, bool kept_in_host,
-             bool kept_in_storage) {
-    if (!config.eviction_listener) return;
-    work->events.push_back(OwnedEvent{tier, node->name_space(), tree.PrefixTokens(node),
-                                      node->num_tokens(), kept_in_host, kept_in_storage});
-  }
-
-  void FreeHost(std::span<const int64_t> pages) {
-    if (pages.empty()) return;
-    Status st = host->Release(pages);
-    if (!st.ok()) Fail(Status::Internal(st.ToString()), "releasing host pages");
-  }
-  // Pages a backup was given and did not use (or that its failed copy wrote): those it was to
-  // write are abandoned, those published already released.
-  void ReturnBackupPages(std::span<const int64_t> pages, const std::vector<int64_t>& written) {
-    std::vector<int64_t> abandon, release;
-    for (int64_t p : pages) {
-      (std::find(written.begin(), written.end(), p) != written.end() ? abandon : release)
-          .push_back(p);
-    }
-    if (!abandon.empty()) {
-      Status st = host->Abandon(abandon);
-      if (!st.ok()) Fail(Status::Internal(st.ToString()), "abandoning host pages");
-    }
-    FreeHost(release);
-  }
-
-  void FreeDevice(std::span<const int64_t> pages) { Fail(ledger->Free(pages), "device pages"); }
-
-  int64_t PageBytes() const {
-    return device.num_buffers() * device.geometry.num_layers * device.geometry.slot_bytes * P;
-  }
-
-  // ---- busy marks ---------------------------------------------------------------------------
-  void MarkBusy(CopyOp& op, RadixNode* n) {
-    tree.AddBusy(n);
-    op.nodes.push_back(n);
-  }
-  void ClearBusy(CopyOp& op) {
-    for (RadixNode* n : op.nodes) tree.RemoveBusy(n);
-    op.nodes.clear();
+  // ---- completions --------------------------------------------------------------------------
+  // Applies the operations that have completed (the tracker hands them over one by one).
+  void Reap(CacheWork* work) {
+    if (gpu) ledger->PruneWriteFences();
+    tracker.Reap([&](const std::shared_ptr<CopyOp>& op) {
+      switch (op->kind) {
+        case CopyOp::Kind::kBackup:
+          ReapBackup(*op, work);
+          break;
+        case CopyOp::Kind::kLoad:
+          executor.ReapLoad(*op);
+          break;
+        case CopyOp::Kind::kPrefetch:
+          if (!op->concluded) {
+            tracker.Add(op);  // its handle takes the result; it stays accounted until then
+          } else {
+            FreeHost(op->free_on_completion);
+            filling_pages -= static_cast<int64_t>(op->free_on_completion.size());
+            op->free_on_completion.clear();
+          }
+          break;
+        case CopyOp::Kind::kStore:
+          ReapStore(*op, work);
+          break;
+      }
+    });
   }
 
   // ---- eviction (page-granular) -------------------------------------------------------------
@@ -294,8 +95,8 @@ struct HierarchicalCache::Impl {
   // Frees at least `need` device pages if it can; returns the pages freed now. Under write_back,
   // unbacked leaves are submitted for backup instead (added to `work`); they become evictable
   // once the copy has completed.
-  int64_t EvictDevice(int64_t need, Work* work) {
-    const auto start = Clock::now();
+  int64_t EvictDevice(int64_t need, CacheWork* work) {
+    const auto start = CacheClock::now();
     int64_t freed = 0;
     std::vector<int64_t> frees;  // one ledger call per eviction; no regrowth while it fills
     frees.reserve(static_cast<size_t>(std::clamp<int64_t>(need, 0, ledger->num_pages())));
@@ -333,9 +134,9 @@ struct HierarchicalCache::Impl {
 
   // Frees at least `need` host pages if it can; returns the pages freed now. Under write_back
   // with a storage tier, unstored leaves are submitted for a store instead.
-  int64_t EvictHost(int64_t need, Work* work) {
+  int64_t EvictHost(int64_t need, CacheWork* work) {
     if (!host) return 0;
-    const auto start = Clock::now();
+    const auto start = CacheClock::now();
     int64_t freed = 0;
     while (freed < need && health.ok()) {
       RadixNode* v = tree.HostVictim();
@@ -360,14 +161,14 @@ struct HierarchicalCache::Impl {
     return freed;
   }
 
-  void CountEviction(Clock::time_point start, int64_t freed_pages) {
+  void CountEviction(CacheClock::time_point start, int64_t freed_pages) {
     const double seconds = SecondsSince(start);
     counters.eviction_seconds += seconds;
     if (freed_pages > 0) counters.eviction_duration.Observe(seconds);
   }
 
   // Keeps the storage-only part of the tree within its bound; orphans go at once.
-  void TrimStorage(Work* work) {
+  void TrimStorage(CacheWork* work) {
     const int64_t limit = config.storage.max_storage_only_pages * P;
     for (;;) {
       RadixNode* v = tree.StorageVictim();
@@ -391,7 +192,7 @@ struct HierarchicalCache::Impl {
   }
 
   // `pages` free host pages if eviction can make them (nothing is evicted when it cannot).
-  bool EnsureHostPages(int64_t pages, Work* work) {
+  bool EnsureHostPages(int64_t pages, CacheWork* work) {
     const int64_t free = host->free_pages();
     if (free >= pages) return true;
     if (HostReclaimable() < pages) return false;
@@ -405,7 +206,7 @@ struct HierarchicalCache::Impl {
   // host node evicted) when host memory cannot be found. Shared host tier: pages are reserved by
   // key; pages published already are taken without a copy; the backup covers the leading pages
   // the tier gave (the node where they end is split), the rest is skipped (counted).
-  bool Backup(RadixNode* node, Work* work, bool write_back) {
+  bool Backup(RadixNode* node, CacheWork* work, bool write_back) {
     if (!host) return false;  // no host tier: nothing to back up to
     std::vector<RadixNode*> path;
     for (RadixNode* n = node; !n->is_root() && !n->on_host(); n = n->parent()) {
@@ -475,7 +276,7 @@ struct HierarchicalCache::Impl {
     op->gpu = gpu;
     op->tokens = static_cast<int64_t>(written.size()) * P;
     op->bytes = static_cast<int64_t>(written.size()) * PageBytes();
-    op->start = Clock::now();
+    op->start = CacheClock::now();
     op->pages = written;
     op->write_back = write_back;
     const bool copy_all = written.size() == host_pages.size();
@@ -506,7 +307,7 @@ struct HierarchicalCache::Impl {
     return true;
   }
 
-  void MaybeBackup(const std::vector<RadixNode*>& path, Work* work) {
+  void MaybeBackup(const std::vector<RadixNode*>& path, CacheWork* work) {
     if (!host || config.write_policy == WritePolicy::kWriteBack) return;
     const int64_t threshold =
         config.write_policy == WritePolicy::kWriteThrough ? 1 : config.write_through_threshold;
@@ -522,7 +323,7 @@ struct HierarchicalCache::Impl {
   // Host -> storage for the unstored host path ending at `node` (only pages storage does not
   // hold: the tree's `stored` marks, then the backend's Exists). False when nothing was queued
   // (nothing to store, the queue is full — counted — or a node on the path is busy).
-  bool Store(RadixNode* node, Work* work) {
+  bool Store(RadixNode* node, CacheWork* work) {
     if (!storage) return false;
     std::vector<RadixNode*> path;
     for (RadixNode* n = node; !n->is_root(); n = n->parent()) {
@@ -545,7 +346,7 @@ struct HierarchicalCache::Impl {
     auto op = std::make_shared<CopyOp>();
     op->kind = CopyOp::Kind::kStore;
     op->tokens = tokens;
-    op->start = Clock::now();
+    op->start = CacheClock::now();
     op->batch_pages = pages;
     for (RadixNode* n : path) {
       for (size_t i = 0; i < n->host_pages().size(); ++i) {
@@ -565,37 +366,7 @@ struct HierarchicalCache::Impl {
     return true;
   }
 
-  // ---- completions (Reap) -----------------------------------------------------------------------
-  void Reap(Work* work) {
-    if (gpu) ledger->PruneWriteFences();
-    reaping = tracker.TakeDone();
-    for (auto& entry : reaping) {
-      const std::shared_ptr<CopyOp> op = std::move(entry);
-      switch (op->kind) {
-        case CopyOp::Kind::kBackup:
-          ReapBackup(*op, work);
-          break;
-        case CopyOp::Kind::kLoad:
-          ReapLoad(*op);
-          break;
-        case CopyOp::Kind::kPrefetch:
-          if (!op->concluded) {
-            tracker.Add(op);  // its handle takes the result; it stays accounted until then
-          } else {
-            FreeHost(op->free_on_completion);
-            filling_pages -= static_cast<int64_t>(op->free_on_completion.size());
-            op->free_on_completion.clear();
-          }
-          break;
-        case CopyOp::Kind::kStore:
-          ReapStore(*op, work);
-          break;
-      }
-    }
-    reaping.clear();
-  }
-
-  void ReapBackup(CopyOp& op, Work* work) {
+  void ReapBackup(CopyOp& op, CacheWork* work) {
     counters.backup_inflight_tokens -= op.tokens;
     if (op.status.ok()) {
       Status published = host->Publish(op.pages);
@@ -637,20 +408,7 @@ struct HierarchicalCache::Impl {
     }
   }
 
-  // A failed load-back published nothing (LoadBack returned the error); its pages come back now
-  // that nothing writes them any more, and the cache stays usable (a sticky device error fails
-  // the next GPU call on its own).
-  void ReapLoad(CopyOp& op) {
-    ClearBusy(op);
-    FreeDevice(op.free_on_completion);
-    op.free_on_completion.clear();
-    if (!op.status.ok()) {
-      util::Log(util::LogLevel::kWarning, "kvtier: cache: {}",
-                op.status.WithContext("load-back copy").ToString());
-    }
-  }
-
-  void ReapStore(CopyOp& op, Work* work) {
+  void ReapStore(CopyOp& op, CacheWork* work) {
     const int64_t pages = static_cast<int64_t>(op.keys.size());
     store_queue_pages -= pages;
     counters.storage_backup_inflight_tokens -= op.tokens;
@@ -692,35 +450,11 @@ struct HierarchicalCache::Impl {
     (void)work;
   }
 
-  // REQUIRES: `statuses` and `status` are not being written (a completed op, or a snapshot).
-  void CountStorageFaults(const std::vector<PageStatus>& statuses, const Status& status) {
-    for (PageStatus s : statuses) {
-      switch (s) {
-        case PageStatus::kCorrupt:
-        case PageStatus::kWrongNamespace:
-          ++counters.storage_corrupt_pages;
-          break;
-        case PageStatus::kTimedOut:
-          ++counters.storage_timeouts;
-          break;
-        case PageStatus::kFailed:
-          ++counters.storage_errors;
-          break;
-        default:
-          break;
-      }
-    }
-    if (!status.ok()) {
-      ++counters.storage_errors;
-      if (status.code() == StatusCode::kUnavailable) ++counters.storage_queue_drops;
-    }
-  }
-
   // ---- prefetch conclusion ----------------------------------------------------------------------
   // Ends the handle's prefetch: the arrived prefix becomes host pages of its nodes, pages that
   // storage reported missing or corrupt make their nodes orphans, the rest is cancelled (pages of
   // batches still running are freed when they complete).
-  PrefetchResult Conclude(Handle& h, bool cancelled, Work* work) {
+  PrefetchResult Conclude(HandleState& h, bool cancelled, CacheWork* work) {
     std::shared_ptr<CopyOp> op = std::move(h.prefetch);
     h.prefetch.reset();
     PrefetchResult out;
@@ -808,7 +542,7 @@ struct HierarchicalCache::Impl {
     if (used > 0 && seconds > 0) {
       counters.prefetch_bandwidth.Observe(static_cast<double>(used * PageBytes()) / seconds / 1e9);
     }
-    const bool past_deadline = Clock::now() >= op->deadline;
+    const bool past_deadline = CacheClock::now() >= op->deadline;
     if (used == total) {
       out.state = PrefetchState::kComplete;
       ++counters.prefetch_complete;
@@ -841,7 +575,7 @@ struct HierarchicalCache::Impl {
     }
   }
 
-  int64_t HostTokensOf(const Handle& h) const {
+  int64_t HostTokensOf(const HandleState& h) const {
     int64_t t = 0;
     for (RadixNode* n : Path(h.last)) {
       if (n->on_device()) continue;
@@ -851,7 +585,7 @@ struct HierarchicalCache::Impl {
     return t;
   }
 
-  PrefetchResult Progress(Handle& h) {
+  PrefetchResult Progress(HandleState& h) {
     PrefetchResult out;
     out.policy = h.prefetch_policy;
     out.host_tokens = HostTokensOf(h);
@@ -950,118 +684,6 @@ struct HierarchicalCache::Impl {
     return adopted;
   }
 
-  // ---- after the lock -------------------------------------------------------------------------
-  Status RunCopy(const CopyOp& op, CudaStream stream) {
-    const bool to_host = op.kind == CopyOp::Kind::kBackup;
-    const KvRegion& src = to_host ? device : host->region();
-    const KvRegion& dst = to_host ? host->region() : device;
-    return engine->Transfer(
-        TransferRequest::AllLayers(src, dst, SlotIndices::Host(op.src), SlotIndices::Host(op.dst)),
-        TransferOptions{stream, op.layer_events.get()});
-  }
-
-  // GPU: enqueues `op` on `stream` after the engine's pending writes; the op completes through
-  // its event. A failure after part of the copy may have been enqueued still records the event
-  // (or synchronises the stream), so the op completes only when nothing writes any more.
-  void SubmitGpu(CopyOp& op, CudaStream stream,
-                 const std::vector<std::shared_ptr<CudaEventHandle>>& fences) {
-    Status st;
-    for (const auto& f : fences) {
-      st = f->WaitOn(stream);
-      if (!st.ok()) break;
-    }
-    if (st.ok()) st = RunCopy(op, stream);
-    Result<CudaEventHandle> ev = CudaEventHandle::Create(device.device);
-    Status rec = ev.ok() ? ev->Record(stream) : ev.status();
-    if (rec.ok()) {
-      op.event = std::move(*ev);
-      tracker.MarkSubmitted(op, std::move(st));
-      return;
-    }
-    Status sync = engine->Synchronize(stream);
-    tracker.Complete(op, !st.ok() ? std::move(st) : !rec.ok() ? std::move(rec) : std::move(sync));
-  }
-
-  void SubmitStorage(const std::shared_ptr<CopyOp>& op) {
-    CopyTracker* tr = &tracker;
-    StorageBackend* backend = storage.get();
-    storage::PageStaging* pages = staging.get();
-    if (op->kind == CopyOp::Kind::kPrefetch) {
-      const int64_t n = static_cast<int64_t>(op->keys.size());
-      for (int64_t b = 0; b * op->batch_pages < n; ++b) {
-        const int64_t from = b * op->batch_pages;
-        const int64_t to = std::min(n, from + op->batch_pages);
-        std::vector<PageKey> keys(op->keys.begin() + from, op->keys.begin() + to);
-        const auto starts = std::span(op->pages).subspan(from, to - from);
-        pages->GetAsync(*backend, std::move(keys), starts, [tr, op, b](BatchResult r) {
-          tr->CompleteBatch(*op, b, r.status, r.pages);
-        });
-      }
-      return;
-    }
-    // kStore: Exists first; write only what storage does not hold.
-    backend->ExistsAsync(op->keys, [tr, op, backend, pages](ExistsResult e) {
-      const int64_t n = static_cast<int64_t>(op->keys.size());
-      const int64_t present = e.status.ok() ? std::clamp<int64_t>(e.leading, 0, n) : 0;
-      tr->SetPresent(*op, present);
-      if (present == n) {
-        tr->CompleteBatch(*op, 0, Status::OK(),
-                          std::vector<PageStatus>(static_cast<size_t>(n), PageStatus::kOk));
-        return;
-      }
-      std::vector<PageKey> keys(op->keys.begin() + present, op->keys.end());
-      pages->SetAsync(*backend, std::move(keys), std::span(op->pages).subspan(present),
-                      [tr, op, present, n](BatchResult r) {
-                        std::vector<PageStatus> all(static_cast<size_t>(n), PageStatus::kOk);
-                        for (size_t i = 0;
-                             i < r.pages.size() && present + static_cast<int64_t>(i) < n; ++i) {
-                          all[static_cast<size_t>(present) + i] = r.pages[i];
-                        }
-                        if (!r.status.ok()) {
-                          for (int64_t i = present; i < n; ++i)
-                            all[static_cast<size_t>(i)] = PageStatus::kSkipped;
-                        }
-                        tr->CompleteBatch(*op, 0, r.status, all);
-                      });
-    });
-  }
-
-  // Runs what a call collected, without the mutex. Inline copies (backup_threads = 0) complete
-  // here, and their follow-ups (stores after backups) run in the same call.
-  void RunWork(Work& work) {
-    for (int round = 0; !work.empty(); ++round) {
-      bool inline_done = false;
-      std::vector<std::shared_ptr<CudaEventHandle>> fences;
-      if (gpu && !work.copies.empty()) {
-        Lock lk(*this);
-        fences = ledger->write_fences();
-      }
-      for (auto& op : work.copies) {
-        if (gpu) {
-          SubmitGpu(*op, backup_stream.get(), fences);
-        } else if (pool) {
-          pool->Post([this, op] { tracker.Complete(*op, RunCopy(*op, nullptr)); });
-        } else {
-          tracker.Complete(*op, RunCopy(*op, nullptr));
-          inline_done = true;
-        }
-      }
-      for (auto& op : work.storage) SubmitStorage(op);
-      std::vector<OwnedEvent> events;
-      events.swap(work.events);
-      work.copies.clear();
-      work.storage.clear();
-      for (const OwnedEvent& e : events) {
-        config.eviction_listener(EvictionEvent{e.tier, e.name_space, e.prefix, e.num_tokens,
-                                               e.kept_in_host, e.kept_in_storage});
-      }
-      if (inline_done) {
-        Lock lk(*this);
-        Reap(&work);
-      }
-    }
-  }
-
   // ---- device allocation --------------------------------------------------------------------
   // `pages` device pages for `owner`, evicting first what must go. With allow_fewer, as many as
   // can be had. OutOfMemory naming `what` when pins and the engine's pages leave too little
@@ -1069,7 +691,7 @@ struct HierarchicalCache::Impl {
   // (write_back copies, busy nodes); the caller may wait for them outside the lock and retry.
   Result<std::vector<int64_t>> TryAllocateDevice(int64_t pages, bool allow_fewer,
                                                  DevicePageLedger::Owner owner,
-                                                 std::string_view what, Work* work,
+                                                 std::string_view what, CacheWork* work,
                                                  std::vector<std::shared_ptr<CopyOp>>* waits) {
     const int64_t free = ledger->free_pages();
     if (free < pages) {
@@ -1097,9 +719,9 @@ struct HierarchicalCache::Impl {
 
   // Runs TryAllocateDevice, waiting outside the lock for copies whose completion makes more
   // evictable (write_back copies, busy nodes), and retrying a bounded number of times.
-  Result<std::vector<int64_t>> AllocateDevice(Lock& lk, int64_t pages, bool allow_fewer,
+  Result<std::vector<int64_t>> AllocateDevice(CacheLock& lk, int64_t pages, bool allow_fewer,
                                               DevicePageLedger::Owner owner, std::string_view what,
-                                              Work* work) {
+                                              CacheWork* work) {
     constexpr int kMaxWaits = 4;
     for (int attempt = 0;; ++attempt) {
       std::vector<std::shared_ptr<CopyOp>> waits;
@@ -1111,7 +733,7 @@ struct HierarchicalCache::Impl {
         return r;
       }
       lk.unlock();
-      RunWork(*work);
+      executor.Run(*work);
       for (auto& op : waits) tracker.Wait(*op);
       lk.lock();
       KVTIER_RETURN_IF_ERROR(CheckHealth());
@@ -1120,7 +742,7 @@ struct HierarchicalCache::Impl {
   }
 
   // Waits for every operation in flight (outside the lock) until none is left.
-  void Drain(Lock& lk, Work* work, bool backups_only) {
+  void Drain(CacheLock& lk, CacheWork* work, bool backups_only) {
     for (;;) {
       Reap(work);
       std::vector<std::shared_ptr<CopyOp>> waits;
@@ -1133,7 +755,7 @@ struct HierarchicalCache::Impl {
       }
       if (waits.empty() && work->empty()) return;
       lk.unlock();
-      RunWork(*work);
+      executor.Run(*work);
       for (auto& op : waits) tracker.Wait(*op);
       lk.lock();
     }
@@ -1146,9 +768,9 @@ HierarchicalCache::HierarchicalCache(std::unique_ptr<Impl> impl) : impl_(std::mo
 
 HierarchicalCache::~HierarchicalCache() {
   Impl& s = *impl_;
-  Impl::Work work(&s);
+  CacheWork work(&s.executor);
   {
-    Impl::Lock lk(s);
+    CacheLock lk(s);
     for (auto& [id, h] : s.handles) {
       if (h.prefetch) s.Conclude(h, /*cancelled=*/true, &work);
     }
@@ -1158,8 +780,7 @@ HierarchicalCache::~HierarchicalCache() {
       if (s.tracker.ops().empty()) break;
     }
   }
-  s.pool.reset();
-  if (s.gpu) (void)s.backup_stream.Synchronize();
+  s.executor.Stop();
   if (s.owns_storage && s.storage) s.storage->Close();
 }
 
@@ -1202,95 +823,12 @@ Result<std::unique_ptr<HierarchicalCache>> HierarchicalCache::Create(
   s.engine = std::move(engine);
   s.gpu = gpu;
 
-  HostKvPoolConfig hc;
-  hc.geometry = g;  // num_slots is derived from the capacity below
-  hc.geometry.layout = config.host_layout;
-  hc.geometry.head_num = config.host_head_num > 0 ? config.host_head_num : g.head_num;
-  hc.mla = device_region.mla;
-  if (config.host_capacity_bytes > 0) {
-    hc.capacity_bytes = config.host_capacity_bytes;
-  } else {
-    hc.device_ratio = config.host_ratio;
-    hc.device_pool_bytes = g.buffer_bytes() * device_region.num_buffers();
-  }
-  hc.huge_pages = config.host_huge_pages;
-  hc.register_with_cuda = gpu;
-  if (!config.has_host_tier()) {
-    s.no_host_region.geometry = hc.geometry;
-    s.no_host_region.geometry.num_slots = 0;
-    s.no_host_region.mla = device_region.mla;
-  } else if (config.shared_host) {
-    const double budget = config.host_capacity_bytes > 0
-                              ? static_cast<double>(config.host_capacity_bytes)
-                              : config.host_ratio * static_cast<double>(hc.device_pool_bytes);
-    KVTIER_ASSIGN_OR_RETURN(
-        s.host, OpenSharedHostTier(config.shared_host, device_region, gpu, config.storage.model_id,
-                                   static_cast<int64_t>(std::min(budget, 9e18))));
-  } else {
-    KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<HostKvPool> pool, HostKvPool::Create(hc));
-    s.host = MakeLocalHostTier(std::move(pool));
-  }
+  KVTIER_RETURN_IF_ERROR(s.OpenHostTier(device_region));
   KVTIER_ASSIGN_OR_RETURN(s.ledger, DevicePageLedger::Create(g.num_slots, g.page_size));
-  if (gpu) {
-    KVTIER_ASSIGN_OR_RETURN(s.backup_stream, CudaStreamHandle::Create(device_region.device));
-  } else if (config.backup_threads > 0) {
-    KVTIER_ASSIGN_OR_RETURN(s.pool, util::ThreadPool::Create(config.backup_threads + 1));
-  }
-
-  if (config.storage.enabled()) {
-    StorageNamespace want;
-    want.model_id = config.storage.model_id;
-    want.kv_dtype = config.storage.kv_dtype;
-    want.layout = config.host_layout;
-    want.mla = device_region.mla;
-    want.num_layers = g.num_layers;
-    want.slot_bytes = g.slot_bytes;
-    want.page_size = g.page_size;
-    want.head_num = hc.geometry.head_num;
-    want.tp_rank = config.storage.tp_rank;
-    want.tp_size = config.storage.tp_size;
-    if (config.storage.backend) {
-      const StorageNamespace& have = config.storage.backend->ns();
-      if (have.layout != want.layout || have.mla != want.mla ||
-          have.num_layers != want.num_layers || have.slot_bytes != want.slot_bytes ||
-          have.page_size != want.page_size ||
-          (want.layout == KvLayout::kPageHead && have.head_num != want.head_num)) {
-        return Status::InvalidArgument(fmt::format(
-            "storage.backend's namespace ({}) does not describe this cache's host pages ({})",
-            have.Describe(), want.Describe()));
-      }
-      s.storage = config.storage.backend;
-    } else {
-      KVTIER_RETURN_IF_ERROR(want.Validate().WithContext("storage namespace"));
-      KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<StorageBackend> opened,
-                              OpenStorage(config.storage.url, want, config.storage.options));
-      s.storage = std::move(opened);
-      s.owns_storage = true;
-    }
-    KVTIER_ASSIGN_OR_RETURN(s.staging, storage::PageStaging::Create(s.host->region()));
-  }
-
-  Impl* self = impl.get();
-  s.tree.SetSplitHook([self](RadixNode* upper, RadixNode* lower) {
-    if (lower->busy() == 0 && !lower->storing()) return;
-    for (const auto& op : self->tracker.ops()) {
-      if (std::find(op->nodes.begin(), op->nodes.end(), lower) != op->nodes.end()) {
-        op->nodes.push_back(upper);
-      }
-    }
-    for (const auto& op : self->reaping) {  // completed, not reaped yet (see Reap)
-      if (op && std::find(op->nodes.begin(), op->nodes.end(), lower) != op->nodes.end()) {
-        op->nodes.push_back(upper);
-      }
-    }
-    for (auto& [id, h] : self->handles) {
-      const auto& op = h.prefetch;
-      if (op && std::find(op->nodes.begin(), op->nodes.end(), lower) != op->nodes.end() &&
-          std::find(op->nodes.begin(), op->nodes.end(), upper) == op->nodes.end()) {
-        op->nodes.push_back(upper);
-      }
-    }
-  });
+  KVTIER_RETURN_IF_ERROR(s.executor.Start());
+  KVTIER_RETURN_IF_ERROR(s.OpenStorageTier(device_region));
+  s.tree.SetSplitHook(
+      [self = impl.get()](RadixNode* upper, RadixNode* lower) { self->OnSplit(upper, lower); });
   return std::unique_ptr<HierarchicalCache>(new HierarchicalCache(std::move(impl)));
 }
 
@@ -1304,7 +842,7 @@ Result<MatchResult> HierarchicalCache::Match(std::span<const Token> tokens, std:
   if (s.host && s.host->shared() && whole_pages > 0) {
     std::optional<PageKey> previous;
     {
-      Impl::Lock lk(s);
+      CacheLock lk(s);
       s.MatchedChain(ns, tokens, &tail_from, &previous);
     }
     if (tail_from < whole_pages) {
@@ -1316,10 +854,10 @@ Result<MatchResult> HierarchicalCache::Match(std::span<const Token> tokens, std:
       tail = std::move(*k);
     }
   }
-  Impl::Work work(&s);
+  CacheWork work(&s.executor);
   MatchResult out;
   {
-    Impl::Lock lk(s);
+    CacheLock lk(s);
     KVTIER_RETURN_IF_ERROR(s.CheckHealth());
     s.Reap(&work);
     RadixTree::MatchResult r = s.tree.Match(ns, tokens);
@@ -1327,7 +865,7 @@ Result<MatchResult> HierarchicalCache::Match(std::span<const Token> tokens, std:
     out.device_tokens = r.device_tokens;
     out.host_tokens = r.host_tokens;
     out.storage_tokens = r.storage_tokens;
-    const std::vector<RadixNode*> path = Impl::Path(r.last);
+    const std::vector<RadixNode*> path = CacheCore::Path(r.last);
     out.device_slots.reserve(static_cast<size_t>(r.device_tokens));
     out.host_slots.reserve(static_cast<size_t>(r.host_tokens));
     for (RadixNode* n : path) {
@@ -1338,7 +876,7 @@ Result<MatchResult> HierarchicalCache::Match(std::span<const Token> tokens, std:
       }
       s.tree.Touch(n, 1);
     }
-    Impl::Handle h;
+    HandleState h;
     if (!r.last->is_root()) {
       h.last = r.last;
       s.tree.IncRef(r.last);
@@ -1363,22 +901,22 @@ Result<MatchResult> HierarchicalCache::Match(std::span<const Token> tokens, std:
     s.counters.host_hit_tokens += r.host_tokens;
     s.counters.storage_hit_tokens += r.storage_tokens;
   }
-  s.RunWork(work);
+  s.executor.Run(work);
   return out;
 }
 
 Result<StorageQueryResult> HierarchicalCache::QueryStorage(MatchHandle handle) {
   Impl& s = *impl_;
-  Impl::Work work(&s);
+  CacheWork work(&s.executor);
   StorageQueryResult out;
   std::vector<Token> rest;
   std::optional<PageKey> previous;
   std::string ns;
   RadixNode* last = nullptr;
   {
-    Impl::Lock lk(s);
-    KVTIER_ASSIGN_OR_RETURN(Impl::Handle * h, s.FindHandle(handle));
-    for (RadixNode* n : Impl::Path(h->last)) {
+    CacheLock lk(s);
+    KVTIER_ASSIGN_OR_RETURN(HandleState * h, s.FindHandle(handle));
+    for (RadixNode* n : CacheCore::Path(h->last)) {
       if (!n->on_device() && !n->on_host() && n->stored()) out.storage_tokens += n->num_tokens();
     }
     if (!s.storage || h->rest.empty()) return out;
@@ -1406,12 +944,12 @@ Result<StorageQueryResult> HierarchicalCache::QueryStorage(MatchHandle handle) {
   } else {
     found.status = Status::Unavailable("Exists did not complete in time");
   }
-  Impl::Lock lk(s);
+  CacheLock lk(s);
   if (!found.status.ok()) {
     ++s.counters.storage_errors;
     if (found.status.code() == StatusCode::kUnavailable) ++s.counters.storage_timeouts;
   }
-  KVTIER_ASSIGN_OR_RETURN(Impl::Handle * h, s.FindHandle(handle));
+  KVTIER_ASSIGN_OR_RETURN(HandleState * h, s.FindHandle(handle));
   const int64_t pages = std::clamp<int64_t>(found.leading, 0, static_cast<int64_t>(keys->size()));
   if (pages > 0 && h->last == last && h->rest == rest) {
     const size_t n = static_cast<size_t>(pages * s.P);
@@ -1434,7 +972,7 @@ Result<StorageQueryResult> HierarchicalCache::QueryStorage(MatchHandle handle) {
     s.TrimStorage(&work);
   }
   lk.unlock();
-  s.RunWork(work);
+  s.executor.Run(work);
   return out;
 }
 
@@ -1448,13 +986,13 @@ Result<PrefetchResult> HierarchicalCache::Prefetch(MatchHandle handle, PrefetchP
     return Status::InvalidArgument(
         fmt::format("prefetch policy = {} is not a known policy", static_cast<int>(policy)));
   }
-  Impl::Work work(&s);
+  CacheWork work(&s.executor);
   PrefetchResult out;
   {
-    Impl::Lock lk(s);
+    CacheLock lk(s);
     KVTIER_RETURN_IF_ERROR(s.CheckHealth());
     s.Reap(&work);
-    KVTIER_ASSIGN_OR_RETURN(Impl::Handle * h, s.FindHandle(handle));
+    KVTIER_ASSIGN_OR_RETURN(HandleState * h, s.FindHandle(handle));
     if (h->prefetch) {
       return Status::FailedPrecondition(
           fmt::format("handle {}: a prefetch is running already", handle.id));
@@ -1466,7 +1004,7 @@ Result<PrefetchResult> HierarchicalCache::Prefetch(MatchHandle handle, PrefetchP
     // The storage part: nodes after the host part that storage holds and nobody fills yet.
     std::vector<RadixNode*> part;
     int64_t tokens = 0;
-    for (RadixNode* n : Impl::Path(h->last)) {
+    for (RadixNode* n : CacheCore::Path(h->last)) {
       if (n->on_device() || n->on_host()) {
         if (!part.empty()) break;
         continue;
@@ -1495,7 +1033,7 @@ Result<PrefetchResult> HierarchicalCache::Prefetch(MatchHandle handle, PrefetchP
     if (pages <= 0 || pages * s.P < std::min(tokens, s.config.storage.prefetch_threshold_tokens)) {
       s.counters.prefetch_no_room_tokens += tokens;
       lk.unlock();
-      s.RunWork(work);
+      s.executor.Run(work);
       return out;
     }
     // The local tier (a shared one has no storage tier below it): every page is kWrite.
@@ -1506,12 +1044,12 @@ Result<PrefetchResult> HierarchicalCache::Prefetch(MatchHandle handle, PrefetchP
     auto op = std::make_shared<CopyOp>();
     op->kind = CopyOp::Kind::kPrefetch;
     op->tokens = pages * s.P;
-    op->start = Clock::now();
+    op->start = CacheClock::now();
     const double budget = std::min(s.config.storage.prefetch_timeout_max_s,
                                    s.config.storage.prefetch_timeout_base_s +
                                        s.config.storage.prefetch_timeout_per_1k_tokens_s *
                                            static_cast<double>(op->tokens) / 1024.0);
-    op->deadline = op->start + std::chrono::duration_cast<Clock::duration>(
+    op->deadline = op->start + std::chrono::duration_cast<CacheClock::duration>(
                                    std::chrono::duration<double>(budget));
     op->pages = host_pages;
     op->batch_pages =
@@ -1539,24 +1077,24 @@ Result<PrefetchResult> HierarchicalCache::Prefetch(MatchHandle handle, PrefetchP
     out.state = PrefetchState::kRunning;
     out.requested_tokens = op->tokens;
   }
-  s.RunWork(work);
+  s.executor.Run(work);
   return out;
 }
 
 Result<PrefetchResult> HierarchicalCache::PollPrefetch(MatchHandle handle) {
   Impl& s = *impl_;
-  Impl::Lock lk(s);
-  KVTIER_ASSIGN_OR_RETURN(Impl::Handle * h, s.FindHandle(handle));
+  CacheLock lk(s);
+  KVTIER_ASSIGN_OR_RETURN(HandleState * h, s.FindHandle(handle));
   return s.Progress(*h);
 }
 
 Result<PrefetchResult> HierarchicalCache::FinishPrefetch(MatchHandle handle) {
   Impl& s = *impl_;
-  Impl::Work work(&s);
+  CacheWork work(&s.executor);
   PrefetchResult out;
   {
-    Impl::Lock lk(s);
-    KVTIER_ASSIGN_OR_RETURN(Impl::Handle * h, s.FindHandle(handle));
+    CacheLock lk(s);
+    KVTIER_ASSIGN_OR_RETURN(HandleState * h, s.FindHandle(handle));
     if (!h->prefetch) return s.Progress(*h);
     std::shared_ptr<CopyOp> op = h->prefetch;
     if (h->prefetch_policy != PrefetchPolicy::kBestEffort) {
@@ -1572,7 +1110,7 @@ Result<PrefetchResult> HierarchicalCache::FinishPrefetch(MatchHandle handle) {
     }
     out = s.Conclude(*h, /*cancelled=*/false, &work);
   }
-  s.RunWork(work);
+  s.executor.Run(work);
   return out;
 }
 
@@ -1580,18 +1118,18 @@ Result<LoadBackResult> HierarchicalCache::LoadBack(MatchHandle handle, CudaStrea
   Impl& s = *impl_;
   LoadBackResult out;
   {
-    Impl::Lock lk(s);
-    KVTIER_ASSIGN_OR_RETURN(Impl::Handle * h, s.FindHandle(handle));
+    CacheLock lk(s);
+    KVTIER_ASSIGN_OR_RETURN(HandleState * h, s.FindHandle(handle));
     const bool prefetching = h->prefetch != nullptr;
     lk.unlock();
     if (prefetching) {
       KVTIER_ASSIGN_OR_RETURN(out.prefetch, FinishPrefetch(handle));
     }
   }
-  Impl::Work work(&s);
-  Impl::Lock lk(s);
-  const auto start = Clock::now();
-  Impl::Handle* h = nullptr;
+  CacheWork work(&s.executor);
+  CacheLock lk(s);
+  const auto start = CacheClock::now();
+  HandleState* h = nullptr;
   std::vector<RadixNode*> host_nodes;
   std::vector<int64_t> alloc;
   int64_t tokens = 0;
@@ -1602,7 +1140,7 @@ Result<LoadBackResult> HierarchicalCache::LoadBack(MatchHandle handle, CudaStrea
     // The host part: nodes after the device part that are in host memory.
     auto host_part = [&](std::vector<RadixNode*>* nodes) {
       int64_t t = 0;
-      for (RadixNode* n : Impl::Path(h->last)) {
+      for (RadixNode* n : CacheCore::Path(h->last)) {
         if (n->on_device()) continue;
         if (!n->on_host()) break;
         if (nodes != nullptr) nodes->push_back(n);
@@ -1614,9 +1152,9 @@ Result<LoadBackResult> HierarchicalCache::LoadBack(MatchHandle handle, CudaStrea
     if (tokens == 0 || tokens < s.config.load_back_min_tokens) {
       out.skipped_tokens = tokens;
       s.counters.load_back_skipped_tokens += tokens;
-      out.device_slots = s.DeviceSlotsOf(Impl::Path(h->last));
+      out.device_slots = s.DeviceSlotsOf(CacheCore::Path(h->last));
       lk.unlock();
-      s.RunWork(work);
+      s.executor.Run(work);
       return out;
     }
     const int64_t pages = tokens / s.P;
@@ -1629,7 +1167,7 @@ Result<LoadBackResult> HierarchicalCache::LoadBack(MatchHandle handle, CudaStrea
                          fmt::format("LoadBack of {} tokens", tokens), &work);
     if (!got.ok()) {
       lk.unlock();
-      s.RunWork(work);
+      s.executor.Run(work);
       return got.status();
     }
     // The lock may have been dropped while allocating: the host part may have changed.
@@ -1660,7 +1198,7 @@ Result<LoadBackResult> HierarchicalCache::LoadBack(MatchHandle handle, CudaStrea
   std::vector<std::shared_ptr<CudaEventHandle>> fences;
   if (s.gpu) fences = s.ledger->write_fences();
   lk.unlock();
-  s.RunWork(work);
+  s.executor.Run(work);
 
   Status st;
   if (s.gpu) {
@@ -1668,12 +1206,12 @@ Result<LoadBackResult> HierarchicalCache::LoadBack(MatchHandle handle, CudaStrea
         LayerEvents::Create(static_cast<int>(s.device.geometry.num_layers), s.device.device);
     if (events.ok()) {
       op->layer_events = std::make_unique<LayerEvents>(std::move(*events));
-      s.SubmitGpu(*op, stream, fences);
+      s.executor.SubmitGpu(*op, stream, fences);
     } else {
       s.tracker.Complete(*op, events.status());
     }
   } else {
-    s.tracker.Complete(*op, s.RunCopy(*op, nullptr));
+    s.tracker.Complete(*op, s.executor.RunCopy(*op, nullptr));
   }
   {
     std::vector<PageStatus> unused_pages;
@@ -1686,7 +1224,7 @@ Result<LoadBackResult> HierarchicalCache::LoadBack(MatchHandle handle, CudaStrea
     // The copy may still write its pages (GPU): they stay with the op until it has completed.
     s.Reap(&work);
     lk.unlock();
-    s.RunWork(work);
+    s.executor.Run(work);
     return st.WithContext("LoadBack");
   }
   // Publish: each node that is still off the device takes its pages; pages of nodes that came
@@ -1717,14 +1255,14 @@ Result<LoadBackResult> HierarchicalCache::LoadBack(MatchHandle handle, CudaStrea
   if (s.gpu) h->load = op;
   s.Reap(&work);  // cpu: the copy has completed; frees what was not published
   out.loaded_tokens = static_cast<int64_t>(published.size()) * s.P;
-  out.device_slots = s.DeviceSlotsOf(Impl::Path(h->last));
+  out.device_slots = s.DeviceSlotsOf(CacheCore::Path(h->last));
   ++s.counters.load_back_calls;
   s.counters.load_back_tokens += out.loaded_tokens;
   const double seconds = SecondsSince(start);
   s.counters.load_back_seconds += seconds;
   s.counters.load_back_duration.Observe(seconds);
   lk.unlock();
-  s.RunWork(work);
+  s.executor.Run(work);
   return out;
 }
 
@@ -1732,15 +1270,15 @@ Status HierarchicalCache::WaitLayer(MatchHandle handle, int64_t layer, CudaStrea
   Impl& s = *impl_;
   std::vector<std::shared_ptr<CopyOp>> loads;
   {
-    Impl::Lock lk(s);
-    KVTIER_ASSIGN_OR_RETURN(Impl::Handle * h, s.FindHandle(handle));
+    CacheLock lk(s);
+    KVTIER_ASSIGN_OR_RETURN(HandleState * h, s.FindHandle(handle));
     if (layer < 0 || layer >= s.device.geometry.num_layers) {
       return Status::InvalidArgument(
           fmt::format("layer = {} is out of range [0, {})", layer, s.device.geometry.num_layers));
     }
     // The handle's own load-back, and any other load-back still filling slots of this match.
     if (h->load && h->load->layer_events) loads.push_back(h->load);
-    const std::vector<RadixNode*> path = Impl::Path(h->last);
+    const std::vector<RadixNode*> path = CacheCore::Path(h->last);
     const std::unordered_set<const RadixNode*> on_path(path.begin(), path.end());
     for (const auto& op : s.tracker.ops()) {
       if (op->kind != CopyOp::Kind::kLoad || !op->layer_events) continue;
@@ -1763,27 +1301,27 @@ Status HierarchicalCache::WaitLayer(MatchHandle handle, int64_t layer, CudaStrea
 
 Status HierarchicalCache::Release(MatchHandle handle) {
   Impl& s = *impl_;
-  Impl::Work work(&s);
+  CacheWork work(&s.executor);
   {
-    Impl::Lock lk(s);
-    KVTIER_ASSIGN_OR_RETURN(Impl::Handle * h, s.FindHandle(handle));
+    CacheLock lk(s);
+    KVTIER_ASSIGN_OR_RETURN(HandleState * h, s.FindHandle(handle));
     if (h->prefetch) s.Conclude(*h, /*cancelled=*/true, &work);
     if (h->last != nullptr) s.tree.DecRef(h->last);
     s.handles.erase(handle.id);
     s.Reap(&work);
     s.TrimStorage(&work);
   }
-  s.RunWork(work);
+  s.executor.Run(work);
   return Status::OK();
 }
 
 Result<std::vector<int64_t>> HierarchicalCache::AllocateDeviceSlots(
     int64_t num_tokens, const AllocateOptions& options) {
   Impl& s = *impl_;
-  Impl::Work work(&s);
+  CacheWork work(&s.executor);
   std::vector<int64_t> slots;
   {
-    Impl::Lock lk(s);
+    CacheLock lk(s);
     KVTIER_RETURN_IF_ERROR(s.CheckHealth());
     if (num_tokens < 0) {
       return Status::InvalidArgument(
@@ -1804,18 +1342,18 @@ Result<std::vector<int64_t>> HierarchicalCache::AllocateDeviceSlots(
                          fmt::format("AllocateDeviceSlots({})", num_tokens), &work);
     if (!alloc.ok()) {
       lk.unlock();
-      s.RunWork(work);
+      s.executor.Run(work);
       return alloc.status();
     }
     slots = PageSlots(*alloc, s.P);
   }
-  s.RunWork(work);
+  s.executor.Run(work);
   return slots;
 }
 
 Status HierarchicalCache::FreeDeviceSlots(std::span<const int64_t> slots) {
   Impl& s = *impl_;
-  Impl::Lock lk(s);
+  CacheLock lk(s);
   std::vector<int64_t> pages;
   KVTIER_RETURN_IF_ERROR(s.ledger->CheckPages(slots, "slots", &pages));
   KVTIER_RETURN_IF_ERROR(s.ledger->CheckEngineHeld(pages, "FreeDeviceSlots", nullptr));
@@ -1852,10 +1390,10 @@ Result<InsertResult> HierarchicalCache::Insert(std::span<const Token> tokens,
     fence = std::make_shared<CudaEventHandle>(std::move(*ev));
   }
 
-  Impl::Work work(&s);
+  CacheWork work(&s.executor);
   InsertResult out;
   {
-    Impl::Lock lk(s);
+    CacheLock lk(s);
     KVTIER_RETURN_IF_ERROR(s.CheckHealth());
     s.Reap(&work);
     std::vector<int64_t> pages;
@@ -1864,7 +1402,7 @@ Result<InsertResult> HierarchicalCache::Insert(std::span<const Token> tokens,
     RadixTree::MatchResult peek = s.tree.Peek(ns, tokens);
     std::vector<int64_t> cached;
     if (peek.last != nullptr && peek.device_tokens > 0) {
-      cached = s.DeviceSlotsOf(Impl::Path(peek.last));
+      cached = s.DeviceSlotsOf(CacheCore::Path(peek.last));
       cached.resize(static_cast<size_t>(peek.device_tokens));
     }
     std::vector<bool> own(pages.size(), false);
@@ -1909,7 +1447,7 @@ Result<InsertResult> HierarchicalCache::Insert(std::span<const Token> tokens,
     s.counters.duplicate_tokens += out.duplicate_tokens;
     if (fence) s.ledger->AddWriteFence(std::move(fence));
     if (options.pin) {
-      Impl::Handle h;
+      HandleState h;
       h.ns = std::string(ns);
       if (!segments.empty()) {
         h.last = segments.back().node;
@@ -1918,9 +1456,9 @@ Result<InsertResult> HierarchicalCache::Insert(std::span<const Token> tokens,
       h.prefetch_policy = s.config.storage.prefetch_policy;
       out.handle = s.NewHandle(std::move(h));
     }
-    if (!segments.empty()) s.MaybeBackup(Impl::Path(segments.back().node), &work);
+    if (!segments.empty()) s.MaybeBackup(CacheCore::Path(segments.back().node), &work);
   }
-  s.RunWork(work);
+  s.executor.Run(work);
   return out;
 }
 
@@ -1929,11 +1467,11 @@ Result<int64_t> HierarchicalCache::EvictDevice(int64_t num_tokens) {
   if (num_tokens < 0) {
     return Status::InvalidArgument(fmt::format("num_tokens = {} must not be negative", num_tokens));
   }
-  Impl::Work work(&s);
+  CacheWork work(&s.executor);
   int64_t freed = 0;
   Status health;
   {
-    Impl::Lock lk(s);
+    CacheLock lk(s);
     KVTIER_RETURN_IF_ERROR(s.CheckHealth());
     const int64_t need = std::min(PagesFor(num_tokens, s.P), s.ledger->num_pages());
     // write_back: victims are copied to host memory first; wait for those copies (outside the
@@ -1948,12 +1486,12 @@ Result<int64_t> HierarchicalCache::EvictDevice(int64_t num_tokens) {
       }
       if (freed >= need || waits.empty()) break;
       lk.unlock();
-      s.RunWork(work);
+      s.executor.Run(work);
       for (auto& op : waits) s.tracker.Wait(*op);
       lk.lock();
     }
   }
-  s.RunWork(work);
+  s.executor.Run(work);
   KVTIER_RETURN_IF_ERROR(health);
   return freed * s.P;
 }
@@ -1963,26 +1501,26 @@ Result<int64_t> HierarchicalCache::EvictHost(int64_t num_tokens) {
   if (num_tokens < 0) {
     return Status::InvalidArgument(fmt::format("num_tokens = {} must not be negative", num_tokens));
   }
-  Impl::Work work(&s);
+  CacheWork work(&s.executor);
   int64_t freed = 0;
   {
-    Impl::Lock lk(s);
+    CacheLock lk(s);
     KVTIER_RETURN_IF_ERROR(s.CheckHealth());
     s.Reap(&work);
     const int64_t host_pages = s.host ? s.host->num_pages() : 0;
     freed = s.EvictHost(std::min(PagesFor(num_tokens, s.P), host_pages), &work) * s.P;
     s.TrimStorage(&work);
   }
-  s.RunWork(work);
+  s.executor.Run(work);
   return freed;
 }
 
 Status HierarchicalCache::WaitForBackups() {
   Impl& s = *impl_;
-  Impl::Work work(&s);
+  CacheWork work(&s.executor);
   Status failure;
   {
-    Impl::Lock lk(s);
+    CacheLock lk(s);
     s.Drain(lk, &work, /*backups_only=*/true);
     failure = std::exchange(s.backup_failure, Status::OK());
     KVTIER_RETURN_IF_ERROR(s.CheckHealth());
@@ -1996,10 +1534,10 @@ Status HierarchicalCache::WaitForBackups() {
 
 CacheStats HierarchicalCache::stats() const {
   Impl& s = *impl_;
-  Impl::Work work(&s);
+  CacheWork work(&s.executor);
   CacheStats c;
   {
-    Impl::Lock lk(s);
+    CacheLock lk(s);
     s.Reap(&work);
     c = s.counters;
     c.page_size = s.P;
@@ -2020,13 +1558,13 @@ CacheStats HierarchicalCache::stats() const {
     c.live_handles = static_cast<int64_t>(s.handles.size());
     c.prefetch_inflight_tokens = s.filling_pages * s.P;
   }
-  s.RunWork(work);
+  s.executor.Run(work);
   return c;
 }
 
 Status HierarchicalCache::CheckConsistency() const {
   const Impl& s = *impl_;
-  Impl::Lock lk(s);
+  CacheLock lk(s);
   KVTIER_RETURN_IF_ERROR(s.tree.CheckInvariants());
   const int64_t P = s.P;
   std::vector<uint8_t> dev_seen(static_cast<size_t>(s.ledger->num_pages()), 0);
