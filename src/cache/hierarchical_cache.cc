@@ -15,8 +15,10 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "cache/backup_planner.h"
 #include "cache/cache_core.h"
 #include "cache/copy_executor.h"
+#include "cache/tier_evictor.h"
 #include "kvtier/device.h"
 #include "kvtier/slot_allocator.h"
 #include "util/log.h"
@@ -31,9 +33,14 @@ bool IsPowerOfTwo(int64_t x) { return x > 0 && (x & (x - 1)) == 0; }
 
 struct HierarchicalCache::Impl : CacheCore {
   Impl(const HierarchicalCacheConfig& cfg, int64_t page_size)
-      : CacheCore(cfg, page_size), executor(*this, [this](CacheWork* work) { Reap(work); }) {}
+      : CacheCore(cfg, page_size),
+        executor(*this, [this](CacheWork* work) { Reap(work); }),
+        evictor(*this, planner),
+        planner(*this, evictor) {}
 
   CopyExecutor executor;
+  TierEvictor evictor;
+  BackupPlanner planner;
 
   // The tree split `lower` off `upper` (its new parent): operations that list `lower` (busy or
   // storing) list `upper` too — registered ones, completed ones being reaped, and handles'
@@ -61,7 +68,7 @@ struct HierarchicalCache::Impl : CacheCore {
     tracker.Reap([&](const std::shared_ptr<CopyOp>& op) {
       switch (op->kind) {
         case CopyOp::Kind::kBackup:
-          ReapBackup(*op, work);
+          planner.ReapBackup(*op, work);
           break;
         case CopyOp::Kind::kLoad:
           executor.ReapLoad(*op);
@@ -76,379 +83,15 @@ struct HierarchicalCache::Impl : CacheCore {
           }
           break;
         case CopyOp::Kind::kStore:
-          ReapStore(*op, work);
+          planner.ReapStore(*op, work);
           break;
       }
     });
   }
 
   // ---- eviction (page-granular) -------------------------------------------------------------
-  // Removes `node` and its subtree when it is resident nowhere any more (its children can only
-  // be storage-only or orphans then).
-  void DropIfNowhere(RadixNode* node) {
-    if (node->resident() || node->ref_count() > 0 || node->busy() > 0) return;
-    int64_t forgotten = 0;
-    tree.RemoveSubtree(node, &forgotten);
-    counters.storage_forgotten_tokens += forgotten;
-  }
-
-  // Frees at least `need` device pages if it can; returns the pages freed now. Under write_back,
-  // unbacked leaves are submitted for backup instead (added to `work`); they become evictable
-  // once the copy has completed.
-  int64_t EvictDevice(int64_t need, CacheWork* work) {
-    const auto start = CacheClock::now();
-    int64_t freed = 0;
-    std::vector<int64_t> frees;  // one ledger call per eviction; no regrowth while it fills
-    frees.reserve(static_cast<size_t>(std::clamp<int64_t>(need, 0, ledger->num_pages())));
-    while (freed < need && health.ok()) {
-      RadixNode* v = tree.DeviceVictim();
-      if (v == nullptr) break;
-      tree.PrefetchDeviceVictims();
-      const int64_t pages = v->num_tokens() / P;
-      const int64_t take = std::min(pages, need - freed);
-      if (!v->on_host() && config.write_policy == WritePolicy::kWriteBack) {
-        // The whole unbacked path goes to host memory first (host copies form a prefix).
-        if (Backup(v, work, /*write_back=*/true)) continue;  // v is busy now
-      }
-      v = tree.SplitAfter(v, pages - take);
-      const int64_t n = v->num_tokens();
-      const bool kept_in_host = v->on_host();
-      Event(work, CacheTier::kDevice, v, kept_in_host, false);
-      if (!kept_in_host) {
-        counters.dropped_tokens += n;
-        if (!tree.DropDeviceLeaf(v, &frees)) {  // the common case in one step
-          tree.TakeDevicePages(v, &frees);
-          DropIfNowhere(v);
-        }
-      } else {
-        tree.TakeDevicePages(v, &frees);
-      }
-      freed += take;
-      counters.device_evicted_tokens += n;
-      ++counters.device_evictions;
-    }
-    FreeDevice(frees);
-    CountEviction(start, freed);
-    return freed;
-  }
-
-  // Frees at least `need` host pages if it can; returns the pages freed now. Under write_back
-  // with a storage tier, unstored leaves are submitted for a store instead.
-  int64_t EvictHost(int64_t need, CacheWork* work) {
-    if (!host) return 0;
-    const auto start = CacheClock::now();
-    int64_t freed = 0;
-    while (freed < need && health.ok()) {
-      RadixNode* v = tree.HostVictim();
-      if (v == nullptr) break;
-      const int64_t pages = v->num_tokens() / P;
-      const int64_t take = std::min(pages, need - freed);
-      if (!v->stored() && storage && config.write_policy == WritePolicy::kWriteBack &&
-          !v->storing()) {
-        if (Store(v, work)) continue;  // v is busy now; evictable once stored
-      }
-      v = tree.SplitAfter(v, pages - take);
-      const int64_t n = v->num_tokens();
-      const bool kept = v->stored();
-      Event(work, CacheTier::kHost, v, false, kept);
-      FreeHost(tree.TakeHostPages(v));
-      DropIfNowhere(v);
-      freed += take;
-      counters.host_evicted_tokens += n;
-      ++counters.host_evictions;
-    }
-    CountEviction(start, freed);
-    return freed;
-  }
-
-  void CountEviction(CacheClock::time_point start, int64_t freed_pages) {
-    const double seconds = SecondsSince(start);
-    counters.eviction_seconds += seconds;
-    if (freed_pages > 0) counters.eviction_duration.Observe(seconds);
-  }
-
-  // Keeps the storage-only part of the tree within its bound; orphans go at once.
-  void TrimStorage(CacheWork* work) {
-    const int64_t limit = config.storage.max_storage_only_pages * P;
-    for (;;) {
-      RadixNode* v = tree.StorageVictim();
-      if (v == nullptr) return;
-      if (v->stored() && tree.storage_only_tokens() <= limit) return;
-      if (v->stored()) Event(work, CacheTier::kStorage, v, false, false);
-      int64_t forgotten = 0;
-      tree.RemoveSubtree(v, &forgotten);
-      counters.storage_forgotten_tokens += forgotten;
-    }
-  }
-
-  // Host pages that eviction could free now (an upper bound: pins and busy nodes excluded).
-  int64_t HostReclaimable() const {
-    return host->free_pages() + (tree.host_tokens() - tree.locked_host_tokens()) / P;
-  }
-  // Device pages eviction could free once the copies in flight have completed (pins and the
-  // engine's pages excluded).
-  int64_t DeviceReclaimable() const {
-    return ledger->free_pages() + (tree.device_tokens() - tree.pinned_device_tokens()) / P;
-  }
-
-  // `pages` free host pages if eviction can make them (nothing is evicted when it cannot).
-  bool EnsureHostPages(int64_t pages, CacheWork* work) {
-    const int64_t free = host->free_pages();
-    if (free >= pages) return true;
-    if (HostReclaimable() < pages) return false;
-    EvictHost(pages - free, work);
-    return host->free_pages() >= pages;
-  }
 
   // ---- backups --------------------------------------------------------------------------------
-  // Device -> host for the unbacked path ending at `node`: host pages assigned now (so nothing
-  // else takes them), the nodes busy until the copy has completed. False (nothing changed, no
-  // host node evicted) when host memory cannot be found. Shared host tier: pages are reserved by
-  // key; pages published already are taken without a copy; the backup covers the leading pages
-  // the tier gave (the node where they end is split), the rest is skipped (counted).
-  bool Backup(RadixNode* node, CacheWork* work, bool write_back) {
-    if (!host) return false;  // no host tier: nothing to back up to
-    std::vector<RadixNode*> path;
-    for (RadixNode* n = node; !n->is_root() && !n->on_host(); n = n->parent()) {
-      if (n->busy() > 0 || !n->on_device()) return false;
-      path.push_back(n);
-    }
-    if (path.empty()) return false;
-    std::reverse(path.begin(), path.end());
-    int64_t tokens = 0;
-    for (RadixNode* n : path) tokens += n->num_tokens();
-    const int64_t pages = tokens / P;
-    if (!EnsureHostPages(pages, work)) {
-      counters.backup_skipped_tokens += tokens;
-      return false;
-    }
-    std::vector<PageKey> keys;
-    if (host->shared()) {
-      for (RadixNode* n : path) {
-        if (static_cast<int64_t>(n->keys().size()) * P != n->num_tokens()) return false;
-        keys.insert(keys.end(), n->keys().begin(), n->keys().end());
-      }
-    }
-    Result<std::vector<HostTier::Page>> got = host->Acquire(pages, keys);
-    if (!got.ok()) {
-      util::Log(util::LogLevel::kWarning, "kvtier: cache: backup skipped: {}",
-                got.status().ToString());
-      counters.backup_skipped_tokens += tokens;
-      return false;
-    }
-    // The leading pages the tier gave; the others go back.
-    int64_t keep = 0;
-    while (keep < pages && ((*got)[static_cast<size_t>(keep)].got == HostTier::Got::kWrite ||
-                            (*got)[static_cast<size_t>(keep)].got == HostTier::Got::kReady)) {
-      ++keep;
-    }
-    std::vector<int64_t> host_pages, written, unused, unused_written;
-    for (int64_t i = 0; i < pages; ++i) {
-      const HostTier::Page& pg = (*got)[static_cast<size_t>(i)];
-      if (pg.got != HostTier::Got::kWrite && pg.got != HostTier::Got::kReady) continue;
-      (i < keep ? host_pages : unused).push_back(pg.start);
-      if (pg.got == HostTier::Got::kWrite) {
-        (i < keep ? written : unused_written).push_back(pg.start);
-      }
-    }
-    ReturnBackupPages(unused, unused_written);
-    counters.backup_skipped_tokens += (pages - keep) * P;
-    if (keep == 0) return false;
-    if (keep < pages) {  // the path ends where the kept pages end
-      int64_t acc = 0;
-      for (size_t i = 0; i < path.size(); ++i) {
-        const int64_t np = path[i]->num_tokens() / P;
-        if (acc + np <= keep) {
-          acc += np;
-          continue;
-        }
-        if (keep > acc) {
-          path[i] = tree.SplitAfter(path[i], keep - acc)->parent();
-          path.resize(i + 1);
-        } else {
-          path.resize(i);
-        }
-        break;
-      }
-    }
-    auto op = std::make_shared<CopyOp>();
-    op->kind = CopyOp::Kind::kBackup;
-    op->gpu = gpu;
-    op->tokens = static_cast<int64_t>(written.size()) * P;
-    op->bytes = static_cast<int64_t>(written.size()) * PageBytes();
-    op->start = CacheClock::now();
-    op->pages = written;
-    op->write_back = write_back;
-    const bool copy_all = written.size() == host_pages.size();
-    if (copy_all) AppendSlots(host_pages, &op->dst);
-    size_t off = 0;
-    for (RadixNode* n : path) {
-      const size_t np = n->device_pages().size();
-      if (copy_all) {
-        AppendSlots(n->device_pages(), &op->src);
-      } else {
-        for (size_t i = 0; i < np; ++i) {
-          if ((*got)[off + i].got != HostTier::Got::kWrite) continue;
-          AppendSlots(n->device_pages().subspan(i, 1), &op->src);
-          AppendSlots(std::span<const int64_t>(host_pages).subspan(off + i, 1), &op->dst);
-        }
-      }
-      tree.SetHostPages(
-          n, std::vector<int64_t>(host_pages.begin() + static_cast<ptrdiff_t>(off),
-                                  host_pages.begin() + static_cast<ptrdiff_t>(off + np)));
-      off += np;
-    }
-    counters.backup_present_tokens += keep * P - op->tokens;
-    if (written.empty()) return true;  // every page was published already: nothing to copy
-    for (RadixNode* n : path) MarkBusy(*op, n);
-    counters.backup_inflight_tokens += op->tokens;
-    tracker.Add(op);
-    work->copies.push_back(std::move(op));
-    return true;
-  }
-
-  void MaybeBackup(const std::vector<RadixNode*>& path, CacheWork* work) {
-    if (!host || config.write_policy == WritePolicy::kWriteBack) return;
-    const int64_t threshold =
-        config.write_policy == WritePolicy::kWriteThrough ? 1 : config.write_through_threshold;
-    for (auto it = path.rbegin(); it != path.rend(); ++it) {
-      RadixNode* n = *it;
-      if (n->on_device() && !n->on_host() && n->hit_count() >= threshold) {
-        Backup(n, work, /*write_back=*/false);
-        return;
-      }
-    }
-  }
-
-  // Host -> storage for the unstored host path ending at `node` (only pages storage does not
-  // hold: the tree's `stored` marks, then the backend's Exists). False when nothing was queued
-  // (nothing to store, the queue is full — counted — or a node on the path is busy).
-  bool Store(RadixNode* node, CacheWork* work) {
-    if (!storage) return false;
-    std::vector<RadixNode*> path;
-    for (RadixNode* n = node; !n->is_root(); n = n->parent()) {
-      if (!n->on_host()) return false;  // host copies form a prefix: cannot happen
-      if (n->stored()) break;
-      if (n->storing() || n->busy() > 0 || n->keys().empty()) return false;
-      path.push_back(n);
-    }
-    if (path.empty()) return false;
-    std::reverse(path.begin(), path.end());
-    int64_t tokens = 0;
-    for (RadixNode* n : path) tokens += n->num_tokens();
-    const int64_t pages = tokens / P;
-    if (store_queue_pages + pages > config.storage.max_backup_queue_pages ||
-        pages > config.storage.max_backup_batch_pages) {
-      counters.storage_backup_dropped_tokens += tokens;
-      ++counters.storage_queue_drops;
-      return false;
-    }
-    auto op = std::make_shared<CopyOp>();
-    op->kind = CopyOp::Kind::kStore;
-    op->tokens = tokens;
-    op->start = CacheClock::now();
-    op->batch_pages = pages;
-    for (RadixNode* n : path) {
-      for (size_t i = 0; i < n->host_pages().size(); ++i) {
-        op->pages.push_back(n->host_pages()[i]);
-        op->keys.push_back(n->keys()[i]);
-      }
-      tree.SetStoring(n, true);  // its host pages stay put (the device copy may still go)
-      op->nodes.push_back(n);
-    }
-    op->page_status.assign(static_cast<size_t>(pages), PageStatus::kSkipped);
-    op->batch_done.assign(1, 0);
-    op->batches_left = 1;
-    store_queue_pages += pages;
-    counters.storage_backup_inflight_tokens += tokens;
-    tracker.Add(op);
-    work->storage.push_back(std::move(op));
-    return true;
-  }
-
-  void ReapBackup(CopyOp& op, CacheWork* work) {
-    counters.backup_inflight_tokens -= op.tokens;
-    if (op.status.ok()) {
-      Status published = host->Publish(op.pages);
-      if (!published.ok()) Fail(Status::Internal(published.ToString()), "publishing a backup");
-      counters.backup_tokens += op.tokens;
-      counters.backup_bytes += op.bytes;
-      counters.backup_seconds += SecondsSince(op.start, op.finished);
-      if (op.write_back) counters.write_back_tokens += op.tokens;
-      std::vector<RadixNode*> nodes = op.nodes;
-      ClearBusy(op);
-      if (storage && config.write_policy != WritePolicy::kWriteBack && !nodes.empty()) {
-        RadixNode* deepest = *std::max_element(nodes.begin(), nodes.end(),
-                                               [](const RadixNode* a, const RadixNode* b) {
-                                                 return a->prefix_tokens() < b->prefix_tokens();
-                                               });
-        Store(deepest, work);
-      }
-      return;
-    }
-    // Failed: take back the host pages it was given (deepest first); it never counted.
-    counters.backup_failed_tokens += op.tokens;
-    if (backup_failure.ok()) backup_failure = op.status.WithContext("backup copy");
-    util::Log(util::LogLevel::kWarning, "kvtier: cache: {}",
-              op.status.WithContext("backup copy").ToString());
-    std::vector<RadixNode*> nodes = op.nodes;
-    ClearBusy(op);
-    std::sort(nodes.begin(), nodes.end(), [](const RadixNode* a, const RadixNode* b) {
-      return a->prefix_tokens() > b->prefix_tokens();
-    });
-    for (RadixNode* n : nodes) {
-      if (!n->on_host()) continue;
-      if (n->host_children() > 0) {
-        Fail(Status::Internal(fmt::format("node {}: its failed backup has host children", n->id())),
-             "rolling back a failed backup");
-        return;
-      }
-      ReturnBackupPages(tree.TakeHostPages(n), op.pages);
-      DropIfNowhere(n);
-    }
-  }
-
-  void ReapStore(CopyOp& op, CacheWork* work) {
-    const int64_t pages = static_cast<int64_t>(op.keys.size());
-    store_queue_pages -= pages;
-    counters.storage_backup_inflight_tokens -= op.tokens;
-    int64_t ok = 0;
-    while (ok < pages && op.page_status[static_cast<size_t>(ok)] == PageStatus::kOk) ++ok;
-    const int64_t written = std::max<int64_t>(0, ok - op.present_pages);
-    counters.storage_backup_present_tokens += std::min(op.present_pages, ok) * P;
-    counters.storage_backup_tokens += written * P;
-    counters.storage_backup_bytes += written * PageBytes();
-    const double seconds = SecondsSince(op.start, op.finished);
-    counters.storage_backup_seconds += seconds;
-    if (written > 0 && seconds > 0) {
-      counters.storage_backup_bandwidth.Observe(static_cast<double>(written * PageBytes()) /
-                                                seconds / 1e9);
-    }
-    counters.storage_backup_failed_tokens += (pages - ok) * P;
-    CountStorageFaults(op.page_status, op.status);
-    // Mark stored the nodes (or the leading part of the node) whose pages all made it.
-    std::vector<RadixNode*> nodes = std::move(op.nodes);
-    std::sort(nodes.begin(), nodes.end(), [](const RadixNode* a, const RadixNode* b) {
-      return a->prefix_tokens() < b->prefix_tokens();
-    });
-    int64_t left = ok;
-    for (RadixNode* n : nodes) {
-      tree.SetStoring(n, false);
-    }
-    for (RadixNode* n : nodes) {
-      const int64_t np = n->num_tokens() / P;
-      if (left <= 0) break;
-      if (left >= np) {
-        tree.SetStored(n, true);
-        left -= np;
-      } else {
-        RadixNode* lower = tree.SplitAfter(n, left);
-        tree.SetStored(lower->parent(), true);
-        left = 0;
-      }
-    }
-    (void)work;
-  }
 
   // ---- prefetch conclusion ----------------------------------------------------------------------
   // Ends the handle's prefetch: the arrived prefix becomes host pages of its nodes, pages that
@@ -557,7 +200,7 @@ struct HierarchicalCache::Impl : CacheCore {
     }
     if (cancelled) ++counters.prefetch_cancelled;
     out.host_tokens = HostTokensOf(h);
-    TrimStorage(work);
+    evictor.TrimStorage(work);
     return out;
   }
 
@@ -644,7 +287,7 @@ struct HierarchicalCache::Impl : CacheCore {
     const size_t bare_pages = keys.size();
     keys.insert(keys.end(), tail.begin() + (matched - tail_from), tail.end());
     if (keys.empty()) return 0;
-    Result<std::vector<int64_t>> found = host->FindPrefix(keys, HostReclaimable());
+    Result<std::vector<int64_t>> found = host->FindPrefix(keys, evictor.HostReclaimable());
     if (!found.ok()) {
       util::Log(util::LogLevel::kWarning, "kvtier: cache: shared host lookup: {}",
                 found.status().ToString());
@@ -685,37 +328,6 @@ struct HierarchicalCache::Impl : CacheCore {
   }
 
   // ---- device allocation --------------------------------------------------------------------
-  // `pages` device pages for `owner`, evicting first what must go. With allow_fewer, as many as
-  // can be had. OutOfMemory naming `what` when pins and the engine's pages leave too little
-  // (before anything is evicted). `waits` collects operations whose completion would free more
-  // (write_back copies, busy nodes); the caller may wait for them outside the lock and retry.
-  Result<std::vector<int64_t>> TryAllocateDevice(int64_t pages, bool allow_fewer,
-                                                 DevicePageLedger::Owner owner,
-                                                 std::string_view what, CacheWork* work,
-                                                 std::vector<std::shared_ptr<CopyOp>>* waits) {
-    const int64_t free = ledger->free_pages();
-    if (free < pages) {
-      if (!allow_fewer && DeviceReclaimable() < pages) {
-        return Status::OutOfMemory(fmt::format(
-            "{}: the device cannot make room ({} pages free, {} held by the engine, {} pinned by "
-            "live handles, {} needed)",
-            what, free, ledger->pages_of(DevicePageLedger::kEngine),
-            tree.pinned_device_tokens() / P, pages));
-      }
-      EvictDevice(pages - free, work);
-    }
-    KVTIER_RETURN_IF_ERROR(CheckHealth());
-    if (ledger->free_pages() >= pages) return ledger->Allocate(pages, owner);
-    for (const auto& op : tracker.ops()) {
-      if (op->kind == CopyOp::Kind::kBackup || op->kind == CopyOp::Kind::kLoad) {
-        waits->push_back(op);
-      }
-    }
-    if (allow_fewer && waits->empty()) return ledger->Allocate(ledger->free_pages(), owner);
-    return Status::OutOfMemory(
-        fmt::format("{}: the device cannot make room ({} pages free after eviction, {} needed)",
-                    what, ledger->free_pages(), pages));
-  }
 
   // Runs TryAllocateDevice, waiting outside the lock for copies whose completion makes more
   // evictable (write_back copies, busy nodes), and retrying a bounded number of times.
@@ -726,7 +338,7 @@ struct HierarchicalCache::Impl : CacheCore {
     for (int attempt = 0;; ++attempt) {
       std::vector<std::shared_ptr<CopyOp>> waits;
       Result<std::vector<int64_t>> r =
-          TryAllocateDevice(pages, allow_fewer, owner, what, work, &waits);
+          evictor.TryAllocateDevice(pages, allow_fewer, owner, what, work, &waits);
       if (r.ok() || waits.empty()) return r;
       if (attempt >= kMaxWaits) {
         if (allow_fewer) return ledger->Allocate(ledger->free_pages(), owner);
@@ -892,8 +504,8 @@ Result<MatchResult> HierarchicalCache::Match(std::span<const Token> tokens, std:
     h.prefetch_policy = s.config.storage.prefetch_policy;
     out.handle = s.NewHandle(std::move(h));
     // Adopted pages count against this cache's host budget: unpin others (not these: pinned).
-    if (s.host && s.host->free_pages() < 0) s.EvictHost(-s.host->free_pages(), &work);
-    s.MaybeBackup(path, &work);
+    if (s.host && s.host->free_pages() < 0) s.evictor.EvictHost(-s.host->free_pages(), &work);
+    s.planner.MaybeBackup(path, &work);
     s.counters.shared_host_hit_tokens += adopted;
     ++s.counters.match_calls;
     s.counters.match_query_tokens += static_cast<int64_t>(tokens.size());
@@ -969,7 +581,7 @@ Result<StorageQueryResult> HierarchicalCache::QueryStorage(MatchHandle handle) {
     out.storage_tokens += out.queried_tokens;
     s.counters.query_storage_tokens += out.queried_tokens;
     s.counters.storage_hit_tokens += out.queried_tokens;
-    s.TrimStorage(&work);
+    s.evictor.TrimStorage(&work);
   }
   lk.unlock();
   s.executor.Run(work);
@@ -1027,7 +639,7 @@ Result<PrefetchResult> HierarchicalCache::Prefetch(MatchHandle handle, PrefetchP
     const int64_t cap = static_cast<int64_t>(std::floor(
         s.config.storage.max_prefetch_host_fraction * static_cast<double>(s.host->num_pages())));
     int64_t pages = std::min(tokens / s.P, cap - s.filling_pages);
-    if (pages > 0 && !s.EnsureHostPages(pages, &work)) {
+    if (pages > 0 && !s.evictor.EnsureHostPages(pages, &work)) {
       pages = std::min(pages, s.host->free_pages());
     }
     if (pages <= 0 || pages * s.P < std::min(tokens, s.config.storage.prefetch_threshold_tokens)) {
@@ -1309,7 +921,7 @@ Status HierarchicalCache::Release(MatchHandle handle) {
     if (h->last != nullptr) s.tree.DecRef(h->last);
     s.handles.erase(handle.id);
     s.Reap(&work);
-    s.TrimStorage(&work);
+    s.evictor.TrimStorage(&work);
   }
   s.executor.Run(work);
   return Status::OK();
@@ -1456,7 +1068,7 @@ Result<InsertResult> HierarchicalCache::Insert(std::span<const Token> tokens,
       h.prefetch_policy = s.config.storage.prefetch_policy;
       out.handle = s.NewHandle(std::move(h));
     }
-    if (!segments.empty()) s.MaybeBackup(CacheCore::Path(segments.back().node), &work);
+    if (!segments.empty()) s.planner.MaybeBackup(CacheCore::Path(segments.back().node), &work);
   }
   s.executor.Run(work);
   return out;
@@ -1478,7 +1090,7 @@ Result<int64_t> HierarchicalCache::EvictDevice(int64_t num_tokens) {
     // lock) and evict again, a bounded number of times.
     for (int round = 0; round < 4 && health.ok(); ++round) {
       s.Reap(&work);
-      freed += s.EvictDevice(need - freed, &work);
+      freed += s.evictor.EvictDevice(need - freed, &work);
       health = s.CheckHealth();
       std::vector<std::shared_ptr<CopyOp>> waits;
       for (const auto& op : s.tracker.ops()) {
@@ -1508,8 +1120,8 @@ Result<int64_t> HierarchicalCache::EvictHost(int64_t num_tokens) {
     KVTIER_RETURN_IF_ERROR(s.CheckHealth());
     s.Reap(&work);
     const int64_t host_pages = s.host ? s.host->num_pages() : 0;
-    freed = s.EvictHost(std::min(PagesFor(num_tokens, s.P), host_pages), &work) * s.P;
-    s.TrimStorage(&work);
+    freed = s.evictor.EvictHost(std::min(PagesFor(num_tokens, s.P), host_pages), &work) * s.P;
+    s.evictor.TrimStorage(&work);
   }
   s.executor.Run(work);
   return freed;
