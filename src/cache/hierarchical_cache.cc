@@ -18,6 +18,7 @@
 #include "cache/backup_planner.h"
 #include "cache/cache_core.h"
 #include "cache/copy_executor.h"
+#include "cache/prefetcher.h"
 #include "cache/tier_evictor.h"
 #include "kvtier/device.h"
 #include "kvtier/slot_allocator.h"
@@ -36,11 +37,13 @@ struct HierarchicalCache::Impl : CacheCore {
       : CacheCore(cfg, page_size),
         executor(*this, [this](CacheWork* work) { Reap(work); }),
         evictor(*this, planner),
-        planner(*this, evictor) {}
+        planner(*this, evictor),
+        prefetcher(*this, evictor) {}
 
   CopyExecutor executor;
   TierEvictor evictor;
   BackupPlanner planner;
+  Prefetcher prefetcher;
 
   // The tree split `lower` off `upper` (its new parent): operations that list `lower` (busy or
   // storing) list `upper` too — registered ones, completed ones being reaped, and handles'
@@ -74,13 +77,7 @@ struct HierarchicalCache::Impl : CacheCore {
           executor.ReapLoad(*op);
           break;
         case CopyOp::Kind::kPrefetch:
-          if (!op->concluded) {
-            tracker.Add(op);  // its handle takes the result; it stays accounted until then
-          } else {
-            FreeHost(op->free_on_completion);
-            filling_pages -= static_cast<int64_t>(op->free_on_completion.size());
-            op->free_on_completion.clear();
-          }
+          prefetcher.ReapPrefetch(op);
           break;
         case CopyOp::Kind::kStore:
           planner.ReapStore(*op, work);
@@ -94,150 +91,6 @@ struct HierarchicalCache::Impl : CacheCore {
   // ---- backups --------------------------------------------------------------------------------
 
   // ---- prefetch conclusion ----------------------------------------------------------------------
-  // Ends the handle's prefetch: the arrived prefix becomes host pages of its nodes, pages that
-  // storage reported missing or corrupt make their nodes orphans, the rest is cancelled (pages of
-  // batches still running are freed when they complete).
-  PrefetchResult Conclude(HandleState& h, bool cancelled, CacheWork* work) {
-    std::shared_ptr<CopyOp> op = std::move(h.prefetch);
-    h.prefetch.reset();
-    PrefetchResult out;
-    out.policy = h.prefetch_policy;
-    out.requested_tokens = op->tokens;
-    std::vector<PageStatus> statuses;
-    std::vector<uint8_t> batches;
-    Status status;
-    tracker.Snapshot(*op, &statuses, &batches, &status);
-    const int64_t total = static_cast<int64_t>(statuses.size());
-    auto batch_done = [&](int64_t page) {
-      return batches[static_cast<size_t>(page / op->batch_pages)] != 0;
-    };
-    int64_t arrived = 0;
-    while (arrived < total && batch_done(arrived) &&
-           statuses[static_cast<size_t>(arrived)] == PageStatus::kOk) {
-      ++arrived;
-    }
-    // The first page that is known to be gone (absent or corrupt) from storage, if any.
-    int64_t gone_from = -1;
-    if (arrived < total && batch_done(arrived)) {
-      const PageStatus s = statuses[static_cast<size_t>(arrived)];
-      if (s == PageStatus::kAbsent || s == PageStatus::kCorrupt ||
-          s == PageStatus::kWrongNamespace) {
-        gone_from = arrived;
-      }
-    }
-    // Hand arrived pages to their nodes, top-down, while the host prefix stays contiguous.
-    std::vector<RadixNode*> nodes = op->nodes;
-    std::sort(nodes.begin(), nodes.end(), [](const RadixNode* a, const RadixNode* b) {
-      return a->prefix_tokens() < b->prefix_tokens();
-    });
-    ClearBusy(*op);
-    for (RadixNode* n : nodes) tree.SetPrefetching(n, false);
-    std::vector<int64_t> to_free;
-    int64_t pos = 0;  // page index into op->pages
-    int64_t used = 0;
-    for (RadixNode* n : nodes) {
-      if (pos >= total) break;
-      const int64_t np = n->num_tokens() / P;
-      const int64_t have = std::clamp<int64_t>(arrived - pos, 0, np);
-      if (gone_from >= pos && gone_from < pos + np) {
-        // From this node's page (gone_from - pos) on, storage no longer has the prefix.
-        const int64_t keep = gone_from - pos;
-        if (keep > 0) tree.SplitAfter(n, keep);  // n keeps its identity as the lower part
-        MarkGone(n);
-        if (keep > 0) n = n->parent();
-      }
-      if (have > 0) {
-        RadixNode* target = n;
-        if (have < n->num_tokens() / P) target = tree.SplitAfter(n, have)->parent();
-        const bool parent_ok = target->parent()->is_root() || target->parent()->on_host();
-        std::vector<int64_t> slice(op->pages.begin() + pos, op->pages.begin() + pos + have);
-        if (!target->on_host() && parent_ok) {
-          tree.SetHostPages(target, std::move(slice));
-          used += have;
-        } else {
-          to_free.insert(to_free.end(), slice.begin(), slice.end());
-          arrived = pos;  // the prefix ends here
-        }
-      }
-      pos += np;
-      if (have < np) break;
-    }
-    // Pages not handed over: freed now when their batch completed, else on completion.
-    for (int64_t i = used; i < total; ++i) {
-      if (std::find(to_free.begin(), to_free.end(), op->pages[static_cast<size_t>(i)]) !=
-          to_free.end())
-        continue;
-      if (batch_done(i)) {
-        to_free.push_back(op->pages[static_cast<size_t>(i)]);
-      } else {
-        op->free_on_completion.push_back(op->pages[static_cast<size_t>(i)]);
-      }
-    }
-    FreeHost(to_free);
-    filling_pages -= total - static_cast<int64_t>(op->free_on_completion.size());
-    op->concluded = true;
-    CountStorageFaults(statuses, status);  // the snapshot: batches may still be completing
-    out.arrived_tokens = used * P;
-    counters.prefetched_tokens += used * P;
-    counters.prefetch_bytes += used * PageBytes();
-    const double seconds = SecondsSince(op->start);
-    counters.prefetch_seconds += seconds;
-    if (used > 0 && seconds > 0) {
-      counters.prefetch_bandwidth.Observe(static_cast<double>(used * PageBytes()) / seconds / 1e9);
-    }
-    const bool past_deadline = CacheClock::now() >= op->deadline;
-    if (used == total) {
-      out.state = PrefetchState::kComplete;
-      ++counters.prefetch_complete;
-    } else if (h.prefetch_policy == PrefetchPolicy::kTimeout && past_deadline && !cancelled &&
-               gone_from < 0) {
-      out.state = PrefetchState::kTimedOut;
-      ++counters.prefetch_timed_out;
-      ++counters.storage_timeouts;
-    } else {
-      out.state = PrefetchState::kPartial;
-      ++counters.prefetch_partial;
-    }
-    if (cancelled) ++counters.prefetch_cancelled;
-    out.host_tokens = HostTokensOf(h);
-    evictor.TrimStorage(work);
-    return out;
-  }
-
-  // The node and its storage-only descendants lose their storage copy (storage reported it
-  // gone): orphans, removed once unpinned.
-  void MarkGone(RadixNode* node) {
-    std::vector<RadixNode*> stack = {node};
-    while (!stack.empty()) {
-      RadixNode* n = stack.back();
-      stack.pop_back();
-      tree.SetStored(n, false);
-      n->ForEachChild([&](RadixNode* c) {
-        if (!c->on_device() && !c->on_host()) stack.push_back(c);
-      });
-    }
-  }
-
-  int64_t HostTokensOf(const HandleState& h) const {
-    int64_t t = 0;
-    for (RadixNode* n : Path(h.last)) {
-      if (n->on_device()) continue;
-      if (!n->on_host()) break;
-      t += n->num_tokens();
-    }
-    return t;
-  }
-
-  PrefetchResult Progress(HandleState& h) {
-    PrefetchResult out;
-    out.policy = h.prefetch_policy;
-    out.host_tokens = HostTokensOf(h);
-    if (!h.prefetch) return out;
-    out.state = PrefetchState::kRunning;
-    out.requested_tokens = h.prefetch->tokens;
-    out.arrived_tokens = tracker.ArrivedPages(*h.prefetch) * P;
-    return out;
-  }
 
   // ---- shared host tier: pages other processes published --------------------------------------
   // Where the tree's match of `tokens` ends (in whole pages) and the key of the page before that
@@ -384,7 +237,7 @@ HierarchicalCache::~HierarchicalCache() {
   {
     CacheLock lk(s);
     for (auto& [id, h] : s.handles) {
-      if (h.prefetch) s.Conclude(h, /*cancelled=*/true, &work);
+      if (h.prefetch) s.prefetcher.Conclude(h, /*cancelled=*/true, &work);
     }
     // Prefetches still receiving pages must finish before their buffers go.
     for (;;) {
@@ -599,105 +452,22 @@ Result<PrefetchResult> HierarchicalCache::Prefetch(MatchHandle handle, PrefetchP
         fmt::format("prefetch policy = {} is not a known policy", static_cast<int>(policy)));
   }
   CacheWork work(&s.executor);
-  PrefetchResult out;
-  {
-    CacheLock lk(s);
-    KVTIER_RETURN_IF_ERROR(s.CheckHealth());
-    s.Reap(&work);
-    KVTIER_ASSIGN_OR_RETURN(HandleState * h, s.FindHandle(handle));
-    if (h->prefetch) {
-      return Status::FailedPrecondition(
-          fmt::format("handle {}: a prefetch is running already", handle.id));
-    }
-    h->prefetch_policy = policy;
-    out.policy = policy;
-    out.host_tokens = s.HostTokensOf(*h);
-    if (!s.storage) return out;
-    // The storage part: nodes after the host part that storage holds and nobody fills yet.
-    std::vector<RadixNode*> part;
-    int64_t tokens = 0;
-    for (RadixNode* n : CacheCore::Path(h->last)) {
-      if (n->on_device() || n->on_host()) {
-        if (!part.empty()) break;
-        continue;
-      }
-      if (!n->stored() || n->prefetching() || n->keys().empty()) break;
-      part.push_back(n);
-      tokens += n->num_tokens();
-    }
-    if (tokens == 0) return out;
-    ++s.counters.prefetch_calls;
-    if (!part.front()->parent()->is_root() && !part.front()->parent()->on_host()) {
-      // Host copies form a prefix: pages after a device-only node have nowhere to go.
-      s.counters.prefetch_no_room_tokens += tokens;
-      return out;
-    }
-    if (tokens < s.config.storage.prefetch_threshold_tokens) {
-      s.counters.prefetch_below_threshold_tokens += tokens;
-      return out;
-    }
-    const int64_t cap = static_cast<int64_t>(std::floor(
-        s.config.storage.max_prefetch_host_fraction * static_cast<double>(s.host->num_pages())));
-    int64_t pages = std::min(tokens / s.P, cap - s.filling_pages);
-    if (pages > 0 && !s.evictor.EnsureHostPages(pages, &work)) {
-      pages = std::min(pages, s.host->free_pages());
-    }
-    if (pages <= 0 || pages * s.P < std::min(tokens, s.config.storage.prefetch_threshold_tokens)) {
-      s.counters.prefetch_no_room_tokens += tokens;
-      lk.unlock();
-      s.executor.Run(work);
-      return out;
-    }
-    // The local tier (a shared one has no storage tier below it): every page is kWrite.
-    KVTIER_ASSIGN_OR_RETURN(std::vector<HostTier::Page> acquired, s.host->Acquire(pages, {}));
-    std::vector<int64_t> host_pages;
-    host_pages.reserve(acquired.size());
-    for (const HostTier::Page& pg : acquired) host_pages.push_back(pg.start);
-    auto op = std::make_shared<CopyOp>();
-    op->kind = CopyOp::Kind::kPrefetch;
-    op->tokens = pages * s.P;
-    op->start = CacheClock::now();
-    const double budget = std::min(s.config.storage.prefetch_timeout_max_s,
-                                   s.config.storage.prefetch_timeout_base_s +
-                                       s.config.storage.prefetch_timeout_per_1k_tokens_s *
-                                           static_cast<double>(op->tokens) / 1024.0);
-    op->deadline = op->start + std::chrono::duration_cast<CacheClock::duration>(
-                                   std::chrono::duration<double>(budget));
-    op->pages = host_pages;
-    op->batch_pages =
-        std::min(s.config.storage.max_prefetch_batch_pages, s.storage->options().max_batch_pages);
-    int64_t left = pages;
-    for (RadixNode* n : part) {
-      if (left <= 0) break;
-      const int64_t np = n->num_tokens() / s.P;
-      const int64_t take = std::min(np, left);
-      for (int64_t i = 0; i < take; ++i) {
-        op->keys.push_back(n->keys()[static_cast<size_t>(i)]);
-      }
-      s.tree.SetPrefetching(n, true);
-      s.MarkBusy(*op, n);
-      left -= take;
-    }
-    op->page_status.assign(static_cast<size_t>(pages), PageStatus::kSkipped);
-    op->batch_done.assign(static_cast<size_t>(op->num_batches()), 0);
-    op->batches_left = op->num_batches();
-    s.filling_pages += pages;
-    s.counters.prefetch_requested_tokens += op->tokens;
-    h->prefetch = op;
-    s.tracker.Add(op);
-    work.storage.push_back(op);
-    out.state = PrefetchState::kRunning;
-    out.requested_tokens = op->tokens;
+  CacheLock lk(s);
+  KVTIER_RETURN_IF_ERROR(s.CheckHealth());
+  s.Reap(&work);
+  KVTIER_ASSIGN_OR_RETURN(HandleState * h, s.FindHandle(handle));
+  if (h->prefetch) {
+    return Status::FailedPrecondition(
+        fmt::format("handle {}: a prefetch is running already", handle.id));
   }
-  s.executor.Run(work);
-  return out;
+  return s.prefetcher.Start(*h, policy, &work);
 }
 
 Result<PrefetchResult> HierarchicalCache::PollPrefetch(MatchHandle handle) {
   Impl& s = *impl_;
   CacheLock lk(s);
   KVTIER_ASSIGN_OR_RETURN(HandleState * h, s.FindHandle(handle));
-  return s.Progress(*h);
+  return s.prefetcher.Progress(*h);
 }
 
 Result<PrefetchResult> HierarchicalCache::FinishPrefetch(MatchHandle handle) {
@@ -707,7 +477,7 @@ Result<PrefetchResult> HierarchicalCache::FinishPrefetch(MatchHandle handle) {
   {
     CacheLock lk(s);
     KVTIER_ASSIGN_OR_RETURN(HandleState * h, s.FindHandle(handle));
-    if (!h->prefetch) return s.Progress(*h);
+    if (!h->prefetch) return s.prefetcher.Progress(*h);
     std::shared_ptr<CopyOp> op = h->prefetch;
     if (h->prefetch_policy != PrefetchPolicy::kBestEffort) {
       lk.unlock();
@@ -718,9 +488,9 @@ Result<PrefetchResult> HierarchicalCache::FinishPrefetch(MatchHandle handle) {
       }
       lk.lock();
       KVTIER_ASSIGN_OR_RETURN(h, s.FindHandle(handle));
-      if (h->prefetch != op) return s.Progress(*h);  // another call ended it meanwhile
+      if (h->prefetch != op) return s.prefetcher.Progress(*h);  // another call ended it meanwhile
     }
-    out = s.Conclude(*h, /*cancelled=*/false, &work);
+    out = s.prefetcher.Conclude(*h, /*cancelled=*/false, &work);
   }
   s.executor.Run(work);
   return out;
@@ -917,7 +687,7 @@ Status HierarchicalCache::Release(MatchHandle handle) {
   {
     CacheLock lk(s);
     KVTIER_ASSIGN_OR_RETURN(HandleState * h, s.FindHandle(handle));
-    if (h->prefetch) s.Conclude(*h, /*cancelled=*/true, &work);
+    if (h->prefetch) s.prefetcher.Conclude(*h, /*cancelled=*/true, &work);
     if (h->last != nullptr) s.tree.DecRef(h->last);
     s.handles.erase(handle.id);
     s.Reap(&work);
