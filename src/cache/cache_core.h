@@ -188,6 +188,9 @@ struct CacheCore {
   void CountStorageFaults(const std::vector<PageStatus>& statuses, const Status& status);
 };
 
+// The invariants above, checked; Internal naming the first that does not hold.
+Status CheckCacheConsistency(const CacheCore& core);
+
 // The core's mutex with an owner record, so tests can ask whether the calling thread holds it.
 class CacheLock {
  public:

@@ -19,6 +19,7 @@
 #include "cache/cache_core.h"
 #include "cache/copy_executor.h"
 #include "cache/prefetcher.h"
+#include "cache/shared_adopter.h"
 #include "cache/tier_evictor.h"
 #include "kvtier/device.h"
 #include "kvtier/slot_allocator.h"
@@ -38,12 +39,14 @@ struct HierarchicalCache::Impl : CacheCore {
         executor(*this, [this](CacheWork* work) { Reap(work); }),
         evictor(*this, planner),
         planner(*this, evictor),
-        prefetcher(*this, evictor) {}
+        prefetcher(*this, evictor),
+        adopter(*this, evictor) {}
 
   CopyExecutor executor;
   TierEvictor evictor;
   BackupPlanner planner;
   Prefetcher prefetcher;
+  SharedHostAdopter adopter;
 
   // The tree split `lower` off `upper` (its new parent): operations that list `lower` (busy or
   // storing) list `upper` too — registered ones, completed ones being reaped, and handles'
@@ -84,100 +87,6 @@ struct HierarchicalCache::Impl : CacheCore {
           break;
       }
     });
-  }
-
-  // ---- eviction (page-granular) -------------------------------------------------------------
-
-  // ---- backups --------------------------------------------------------------------------------
-
-  // ---- prefetch conclusion ----------------------------------------------------------------------
-
-  // ---- shared host tier: pages other processes published --------------------------------------
-  // Where the tree's match of `tokens` ends (in whole pages) and the key of the page before that
-  // point (the namespace's chain seed at the start): what Match hashes the rest of the prompt
-  // from. At the start when a node on the way lacks its keys.
-  void MatchedChain(std::string_view ns, std::span<const Token> tokens, int64_t* pages,
-                    std::optional<PageKey>* previous) const {
-    const RadixTree::MatchResult peek = tree.Peek(ns, tokens);
-    *pages = peek.matched_tokens / P;
-    if (*pages > 0) {
-      const RadixNode* last = peek.last;
-      const int64_t index = *pages - 1 - (last->prefix_tokens() - last->num_tokens()) / P;
-      if (index >= 0 && index < static_cast<int64_t>(last->keys().size())) {
-        *previous = last->keys()[static_cast<size_t>(index)];
-        return;
-      }
-    }
-    *pages = 0;
-    *previous = ChainSeed(ns);
-  }
-
-  // The pages after the host part of the tree's match `r` that the shared tier holds under their
-  // keys, pinned (at most what host eviction could make room for): device-only nodes at the end
-  // of the match take theirs as host copies (a backup with nothing to copy), the pages after the
-  // match become a host-only leaf, and `r` then ends at the leaf. `tail`: the keys of the pages
-  // of `tokens` from page `tail_from` on (the match's end when Match peeked). Returns the tokens
-  // the match gained.
-  int64_t AdoptShared(RadixTree::MatchResult* r, std::string_view ns, std::span<const Token> tokens,
-                      std::span<const PageKey> tail, int64_t tail_from) {
-    // The device-only nodes at the end of the match, top-down, and where host memory ends.
-    std::vector<RadixNode*> bare;
-    RadixNode* top = r->last;
-    for (; !top->is_root() && !top->on_host(); top = top->parent()) {
-      if (!top->on_device() || top->busy() > 0) return 0;
-      bare.push_back(top);
-    }
-    std::reverse(bare.begin(), bare.end());
-    const int64_t matched = r->matched_tokens / P;
-    // The match shrank since the peek (evictions meanwhile): no keys for the pages it lost.
-    if (matched < tail_from) return 0;
-    // Keys from where host memory ends: the bare nodes' own, then the tail's.
-    std::vector<PageKey> keys;
-    for (const RadixNode* d : bare) {
-      if (static_cast<int64_t>(d->keys().size()) * P != d->num_tokens()) return 0;
-      keys.insert(keys.end(), d->keys().begin(), d->keys().end());
-    }
-    const size_t bare_pages = keys.size();
-    keys.insert(keys.end(), tail.begin() + (matched - tail_from), tail.end());
-    if (keys.empty()) return 0;
-    Result<std::vector<int64_t>> found = host->FindPrefix(keys, evictor.HostReclaimable());
-    if (!found.ok()) {
-      util::Log(util::LogLevel::kWarning, "kvtier: cache: shared host lookup: {}",
-                found.status().ToString());
-      return 0;
-    }
-    const std::vector<int64_t>& pages = *found;
-    size_t used = 0;
-    for (RadixNode* d : bare) {
-      const size_t np = static_cast<size_t>(d->num_tokens() / P);
-      const size_t have = std::min(np, pages.size() - used);
-      if (have == 0) break;
-      RadixNode* target = have < np ? tree.SplitAfter(d, static_cast<int64_t>(have))->parent() : d;
-      tree.SetHostPages(target,
-                        std::vector<int64_t>(pages.begin() + static_cast<ptrdiff_t>(used),
-                                             pages.begin() + static_cast<ptrdiff_t>(used + have)));
-      used += have;
-      counters.backup_present_tokens += static_cast<int64_t>(have) * P;
-      if (have < np) break;
-    }
-    int64_t adopted = 0;
-    if (used == bare_pages && used < pages.size()) {
-      const size_t n = pages.size() - used;
-      RadixNode* leaf = tree.AddHostLeaf(
-          r->last->is_root() ? nullptr : r->last, ns,
-          tokens.subspan(static_cast<size_t>(matched * P), n * static_cast<size_t>(P)),
-          std::span<const PageKey>(keys).subspan(used, n),
-          std::vector<int64_t>(pages.begin() + static_cast<ptrdiff_t>(used), pages.end()));
-      if (leaf != nullptr) {
-        adopted = static_cast<int64_t>(n) * P;
-        used = pages.size();
-        r->last = leaf;
-        r->matched_tokens += adopted;
-        r->host_tokens += adopted;
-      }
-    }
-    FreeHost(std::span<const int64_t>(pages).subspan(used));  // found, but nowhere to go
-    return adopted;
   }
 
   // ---- device allocation --------------------------------------------------------------------
@@ -308,7 +217,7 @@ Result<MatchResult> HierarchicalCache::Match(std::span<const Token> tokens, std:
     std::optional<PageKey> previous;
     {
       CacheLock lk(s);
-      s.MatchedChain(ns, tokens, &tail_from, &previous);
+      s.adopter.MatchedChain(ns, tokens, &tail_from, &previous);
     }
     if (tail_from < whole_pages) {
       Result<std::vector<PageKey>> k =
@@ -326,7 +235,8 @@ Result<MatchResult> HierarchicalCache::Match(std::span<const Token> tokens, std:
     KVTIER_RETURN_IF_ERROR(s.CheckHealth());
     s.Reap(&work);
     RadixTree::MatchResult r = s.tree.Match(ns, tokens);
-    const int64_t adopted = tail_from < 0 ? 0 : s.AdoptShared(&r, ns, tokens, tail, tail_from);
+    const int64_t adopted =
+        tail_from < 0 ? 0 : s.adopter.AdoptShared(&r, ns, tokens, tail, tail_from);
     out.device_tokens = r.device_tokens;
     out.host_tokens = r.host_tokens;
     out.storage_tokens = r.storage_tokens;
@@ -945,107 +855,8 @@ CacheStats HierarchicalCache::stats() const {
 }
 
 Status HierarchicalCache::CheckConsistency() const {
-  const Impl& s = *impl_;
-  CacheLock lk(s);
-  KVTIER_RETURN_IF_ERROR(s.tree.CheckInvariants());
-  const int64_t P = s.P;
-  std::vector<uint8_t> dev_seen(static_cast<size_t>(s.ledger->num_pages()), 0);
-  const HostTier* host = s.host.get();  // null without a host tier: the tree has no host pages
-  std::vector<uint8_t> host_seen(
-      static_cast<size_t>(host ? host->region().geometry.num_pages() : 0), 0);
-  std::unordered_map<const RadixNode*, int64_t> expected_refs, expected_busy;
-  for (const auto& [id, h] : s.handles) {
-    for (const RadixNode* n = h.last; n != nullptr && !n->is_root(); n = n->parent()) {
-      ++expected_refs[n];
-    }
-  }
-  int64_t copy_pages = 0, filling = 0;
-  for (const auto& op : s.tracker.ops()) {
-    if (op->kind != CopyOp::Kind::kStore) {
-      for (const RadixNode* n : op->nodes) ++expected_busy[n];
-    }
-    if (op->kind == CopyOp::Kind::kLoad) {
-      copy_pages += static_cast<int64_t>(op->free_on_completion.size());
-    }
-    if (op->kind == CopyOp::Kind::kPrefetch) {
-      const int64_t held = op->concluded ? static_cast<int64_t>(op->free_on_completion.size())
-                                         : static_cast<int64_t>(op->pages.size());
-      filling += held;
-      const auto& pages = op->concluded ? op->free_on_completion : op->pages;
-      for (int64_t p : pages) {
-        if (host_seen[static_cast<size_t>(p / P)]++) {
-          return Status::Internal(fmt::format("host page at slot {} held twice by prefetches", p));
-        }
-      }
-    }
-  }
-  if (filling != s.filling_pages) {
-    return Status::Internal(fmt::format("filling host pages: prefetches hold {}, recorded {}",
-                                        filling, s.filling_pages));
-  }
-  Status st;
-  int64_t tree_pages = 0, host_pages = 0;
-  s.tree.ForEachNode([&](const RadixNode& n) {
-    if (!st.ok()) return;
-    for (int64_t start : n.device_pages()) {
-      const size_t p = static_cast<size_t>(start / P);
-      if (s.ledger->owner(start) != DevicePageLedger::kTree || dev_seen[p] ||
-          !s.ledger->IsAllocated(start)) {
-        st = Status::Internal(fmt::format(
-            "node {}: device page at slot {} has owner {}, seen {}, allocated {}", n.id(), start,
-            static_cast<int>(s.ledger->owner(start)), dev_seen[p], s.ledger->IsAllocated(start)));
-        return;
-      }
-      dev_seen[p] = 1;
-      ++tree_pages;
-    }
-    for (int64_t start : n.host_pages()) {
-      const size_t p = static_cast<size_t>(start / P);
-      if (host == nullptr) {
-        st = Status::Internal(fmt::format(
-            "node {}: host page at slot {} but the cache has no host tier", n.id(), start));
-        return;
-      }
-      if (host_seen[p] || !host->Holds(start)) {
-        st = Status::Internal(fmt::format("node {}: host page at slot {} seen {}, held {}", n.id(),
-                                          start, host_seen[p], host->Holds(start)));
-        return;
-      }
-      host_seen[p] = 1;
-      ++host_pages;
-    }
-    auto it = expected_refs.find(&n);
-    const int64_t want = it == expected_refs.end() ? 0 : it->second;
-    if (n.ref_count() != want) {
-      st = Status::Internal(fmt::format("node {}: ref_count {} but {} live handles pin it", n.id(),
-                                        n.ref_count(), want));
-      return;
-    }
-    auto b = expected_busy.find(&n);
-    const int64_t busy = b == expected_busy.end() ? 0 : b->second;
-    if (n.busy() != busy) {
-      st = Status::Internal(
-          fmt::format("node {}: busy {} but {} operations list it", n.id(), n.busy(), busy));
-      return;
-    }
-  });
-  KVTIER_RETURN_IF_ERROR(st);
-  const int64_t owner_tree = s.ledger->pages_of(DevicePageLedger::kTree);
-  const int64_t owner_copy = s.ledger->pages_of(DevicePageLedger::kCopy);
-  const int64_t owner_engine = s.ledger->pages_of(DevicePageLedger::kEngine);
-  if (owner_tree != tree_pages || owner_copy != copy_pages ||
-      s.ledger->used_pages() != tree_pages + owner_engine + owner_copy) {
-    return Status::Internal(fmt::format(
-        "device pages: tree {} (ledger {}), load-backs {} (ledger {}), engine {}, allocator used "
-        "{}",
-        tree_pages, owner_tree, copy_pages, owner_copy, owner_engine, s.ledger->used_pages()));
-  }
-  const int64_t host_held = host ? host->held_pages() : 0;
-  if (host_held != host_pages + filling) {
-    return Status::Internal(fmt::format("host pages: tree {} + filling {}, host tier holds {}",
-                                        host_pages, filling, host_held));
-  }
-  return Status::OK();
+  CacheLock lk(*impl_);
+  return CheckCacheConsistency(*impl_);
 }
 
 bool HierarchicalCache::MutexHeldByCurrentThread() const {
