@@ -115,6 +115,162 @@ struct HierarchicalCache::Impl : CacheCore {
     }
   }
 
+  // ---- insert -------------------------------------------------------------------------------
+  // The pages of `device_slots` (whole pages, each held by the engine — or, for the cached device
+  // prefix of `tokens`, the tree's own as Match returned them) to `pages`.
+  Status CheckInsertPages(std::span<const Token> tokens, std::span<const int64_t> device_slots,
+                          std::string_view ns, std::vector<int64_t>* pages) {
+    KVTIER_RETURN_IF_ERROR(ledger->CheckPages(device_slots, "device_slots", pages));
+    RadixTree::MatchResult peek = tree.Peek(ns, tokens);
+    std::vector<int64_t> cached;
+    if (peek.last != nullptr && peek.device_tokens > 0) {
+      cached = DeviceSlotsOf(CacheCore::Path(peek.last));
+      cached.resize(static_cast<size_t>(peek.device_tokens));
+    }
+    std::vector<bool> own(pages->size(), false);
+    for (size_t i = 0; i < pages->size(); ++i) {
+      own[i] = i * static_cast<size_t>(P) < cached.size() &&
+               cached[i * static_cast<size_t>(P)] == (*pages)[i];
+    }
+    return ledger->CheckEngineHeld(*pages, "Insert", &own);
+  }
+
+  // Counts what the tree's insert made of each segment into `out`: pages of segments the tree
+  // already had on the device are `duplicates` (unless they are the tree's own), pages of new or
+  // revived segments are `taken` by the tree. Touches and raises the priority of each node.
+  void ApplySegments(const std::vector<RadixTree::InsertSegment>& segments,
+                     std::span<const int64_t> device_slots, int32_t priority, InsertResult* out,
+                     std::vector<int64_t>* duplicates, std::vector<int64_t>* taken) {
+    for (const auto& seg : segments) {
+      const int64_t len = seg.end - seg.begin;
+      switch (seg.kind) {
+        case RadixTree::SegmentKind::kOnDevice:
+          out->cached_tokens += len;
+          for (int64_t k = seg.begin; k < seg.end; k += P) {
+            const int64_t mine = seg.node->device_pages()[static_cast<size_t>((k - seg.begin) / P)];
+            if (device_slots[static_cast<size_t>(k)] != mine) {
+              duplicates->push_back(device_slots[static_cast<size_t>(k)]);
+            }
+          }
+          tree.Touch(seg.node, 1);
+          break;
+        case RadixTree::SegmentKind::kRevived:
+        case RadixTree::SegmentKind::kNew:
+          (seg.kind == RadixTree::SegmentKind::kNew ? out->new_tokens : out->revived_tokens) += len;
+          for (int64_t k = seg.begin; k < seg.end; k += P) {
+            taken->push_back(device_slots[static_cast<size_t>(k)]);
+          }
+          tree.Touch(seg.node, seg.kind == RadixTree::SegmentKind::kNew ? 0 : 1);
+          break;
+      }
+      tree.RaisePriority(seg.node, priority);
+    }
+  }
+
+  // ---- load-back ----------------------------------------------------------------------------
+  // What a LoadBack copies: the host part of a handle's match (after its device part) and the
+  // device pages (kCopy) it goes to. tokens == 0: nothing to copy (skipped_tokens below
+  // load_back_min_tokens).
+  struct LoadPlan {
+    std::vector<RadixNode*> host_nodes;
+    std::vector<int64_t> alloc;
+    int64_t tokens = 0;
+    int64_t skipped_tokens = 0;
+  };
+
+  // Tokens of the host part of `h`'s match after its device part; its nodes go to `nodes`.
+  int64_t HostPart(const HandleState& h, std::vector<RadixNode*>* nodes) const {
+    int64_t t = 0;
+    for (RadixNode* n : CacheCore::Path(h.last)) {
+      if (n->on_device()) continue;
+      if (!n->on_host()) break;
+      if (nodes != nullptr) nodes->push_back(n);
+      t += n->num_tokens();
+    }
+    return t;
+  }
+
+  // Device pages for the host part of `handle`'s match. The lock may be dropped while allocating
+  // (waits for copies): the part is taken again after, and the allocation retried while it keeps
+  // changing (Unavailable after a few tries).
+  Status PlanLoad(CacheLock& lk, MatchHandle handle, CacheWork* work, LoadPlan* plan) {
+    for (int attempt = 0;; ++attempt) {
+      KVTIER_RETURN_IF_ERROR(CheckHealth());
+      Reap(work);
+      KVTIER_ASSIGN_OR_RETURN(HandleState * h, FindHandle(handle));
+      const int64_t tokens = HostPart(*h, nullptr);
+      if (tokens == 0 || tokens < config.load_back_min_tokens) {
+        plan->skipped_tokens = tokens;
+        return Status::OK();
+      }
+      const int64_t pages = tokens / P;
+      if (pages > ledger->num_pages()) {
+        return Status::OutOfMemory(fmt::format(
+            "LoadBack of {} tokens exceeds the device pool of {}", tokens, ledger->num_slots()));
+      }
+      KVTIER_ASSIGN_OR_RETURN(std::vector<int64_t> got,
+                              AllocateDevice(lk, pages, false, DevicePageLedger::kCopy,
+                                             fmt::format("LoadBack of {} tokens", tokens), work));
+      KVTIER_ASSIGN_OR_RETURN(h, FindHandle(handle));
+      plan->host_nodes.clear();
+      if (HostPart(*h, &plan->host_nodes) == tokens) {
+        plan->alloc = std::move(got);
+        plan->tokens = tokens;
+        return Status::OK();
+      }
+      FreeDevice(got);
+      if (attempt >= 3) {
+        return Status::Unavailable("LoadBack: the match kept changing under concurrent loads");
+      }
+    }
+  }
+
+  // The load-back copy of `plan`, registered: its host nodes busy (their pages stay put while they
+  // are read), its device pages its own until published.
+  std::shared_ptr<CopyOp> MakeLoad(const LoadPlan& plan, CacheClock::time_point start) {
+    auto op = std::make_shared<CopyOp>();
+    op->kind = CopyOp::Kind::kLoad;
+    op->gpu = gpu;
+    op->tokens = plan.tokens;
+    op->start = start;
+    op->pages = plan.alloc;
+    op->free_on_completion = plan.alloc;
+    op->dst = PageSlots(plan.alloc, P);
+    for (RadixNode* n : plan.host_nodes) {
+      AppendSlots(n->host_pages(), &op->src);
+      MarkBusy(*op, n);
+    }
+    tracker.Add(op);
+    return op;
+  }
+
+  // Publishes a load-back's pages: each node that is still off the device takes its pages; pages
+  // of nodes that came onto the device meanwhile stay with the op and are freed when it completes.
+  // Nodes split meanwhile are all in op.nodes (the split hook), whose host pages in order are the
+  // sources. Returns the pages published.
+  int64_t PublishLoad(CopyOp& op, const std::vector<int64_t>& alloc) {
+    std::vector<RadixNode*> nodes = op.nodes;
+    SortTopDown(&nodes);
+    size_t off = 0;
+    std::vector<int64_t> published;
+    for (RadixNode* n : nodes) {
+      const size_t np = n->host_pages().size();
+      std::vector<int64_t> slice(alloc.begin() + static_cast<ptrdiff_t>(off),
+                                 alloc.begin() + static_cast<ptrdiff_t>(off + np));
+      off += np;
+      const bool parent_ok = n->parent()->is_root() || n->parent()->on_device();
+      if (!n->on_device() && parent_ok) {
+        published.insert(published.end(), slice.begin(), slice.end());
+        tree.SetDevicePages(n, std::move(slice));
+      }
+    }
+    ledger->Transfer(published, DevicePageLedger::kTree);
+    std::erase_if(op.free_on_completion, [&](int64_t p) {
+      return std::find(published.begin(), published.end(), p) != published.end();
+    });
+    return static_cast<int64_t>(published.size());
+  }
+
   // Waits for every operation in flight (outside the lock) until none is left.
   void Drain(CacheLock& lk, CacheWork* work, bool backups_only) {
     for (;;) {
@@ -421,140 +577,37 @@ Result<LoadBackResult> HierarchicalCache::LoadBack(MatchHandle handle, CudaStrea
   CacheWork work(&s.executor);
   CacheLock lk(s);
   const auto start = CacheClock::now();
-  HandleState* h = nullptr;
-  std::vector<RadixNode*> host_nodes;
-  std::vector<int64_t> alloc;
-  int64_t tokens = 0;
-  for (int attempt = 0;; ++attempt) {
-    KVTIER_RETURN_IF_ERROR(s.CheckHealth());
-    s.Reap(&work);
-    KVTIER_ASSIGN_OR_RETURN(h, s.FindHandle(handle));
-    // The host part: nodes after the device part that are in host memory.
-    auto host_part = [&](std::vector<RadixNode*>* nodes) {
-      int64_t t = 0;
-      for (RadixNode* n : CacheCore::Path(h->last)) {
-        if (n->on_device()) continue;
-        if (!n->on_host()) break;
-        if (nodes != nullptr) nodes->push_back(n);
-        t += n->num_tokens();
-      }
-      return t;
-    };
-    tokens = host_part(nullptr);
-    if (tokens == 0 || tokens < s.config.load_back_min_tokens) {
-      out.skipped_tokens = tokens;
-      s.counters.load_back_skipped_tokens += tokens;
-      out.device_slots = s.DeviceSlotsOf(CacheCore::Path(h->last));
-      lk.unlock();
-      s.executor.Run(work);
-      return out;
-    }
-    const int64_t pages = tokens / s.P;
-    if (pages > s.ledger->num_pages()) {
-      return Status::OutOfMemory(fmt::format("LoadBack of {} tokens exceeds the device pool of {}",
-                                             tokens, s.ledger->num_slots()));
-    }
-    Result<std::vector<int64_t>> got =
-        s.AllocateDevice(lk, pages, false, DevicePageLedger::kCopy,
-                         fmt::format("LoadBack of {} tokens", tokens), &work);
-    if (!got.ok()) {
-      lk.unlock();
-      s.executor.Run(work);
-      return got.status();
-    }
-    // The lock may have been dropped while allocating: the host part may have changed.
-    KVTIER_ASSIGN_OR_RETURN(h, s.FindHandle(handle));
-    host_nodes.clear();
-    if (host_part(&host_nodes) == tokens) {
-      alloc = std::move(*got);
-      break;
-    }
-    s.FreeDevice(*got);
-    if (attempt >= 3) {
-      return Status::Unavailable("LoadBack: the match kept changing under concurrent loads");
-    }
+  Impl::LoadPlan plan;
+  KVTIER_RETURN_IF_ERROR(s.PlanLoad(lk, handle, &work, &plan));
+  if (plan.tokens == 0) {  // nothing to load (or below load_back_min_tokens)
+    KVTIER_ASSIGN_OR_RETURN(HandleState * h, s.FindHandle(handle));
+    out.skipped_tokens = plan.skipped_tokens;
+    s.counters.load_back_skipped_tokens += plan.skipped_tokens;
+    out.device_slots = s.DeviceSlotsOf(CacheCore::Path(h->last));
+    return out;
   }
-  auto op = std::make_shared<CopyOp>();
-  op->kind = CopyOp::Kind::kLoad;
-  op->gpu = s.gpu;
-  op->tokens = tokens;
-  op->start = start;
-  op->pages = alloc;
-  op->free_on_completion = alloc;
-  op->dst = PageSlots(alloc, s.P);
-  for (RadixNode* n : host_nodes) {
-    s.AppendSlots(n->host_pages(), &op->src);
-    s.MarkBusy(*op, n);  // its host pages stay put while they are read
-  }
-  s.tracker.Add(op);
+  std::shared_ptr<CopyOp> op = s.MakeLoad(plan, start);
   std::vector<std::shared_ptr<CudaEventHandle>> fences;
   if (s.gpu) fences = s.ledger->write_fences();
   lk.unlock();
   s.executor.Run(work);
-
-  Status st;
-  if (s.gpu) {
-    Result<LayerEvents> events =
-        LayerEvents::Create(static_cast<int>(s.device.geometry.num_layers), s.device.device);
-    if (events.ok()) {
-      op->layer_events = std::make_unique<LayerEvents>(std::move(*events));
-      s.executor.SubmitGpu(*op, stream, fences);
-    } else {
-      s.tracker.Complete(*op, events.status());
-    }
-  } else {
-    s.tracker.Complete(*op, s.executor.RunCopy(*op, nullptr));
-  }
-  {
-    std::vector<PageStatus> unused_pages;
-    std::vector<uint8_t> unused_batches;
-    s.tracker.Snapshot(*op, &unused_pages, &unused_batches, &st);
-  }
-
+  const Status st = s.executor.RunLoad(*op, stream, fences);
   lk.lock();
   if (!st.ok()) {
     // The copy may still write its pages (GPU): they stay with the op until it has completed.
     s.Reap(&work);
-    lk.unlock();
-    s.executor.Run(work);
     return st.WithContext("LoadBack");
   }
-  // Publish: each node that is still off the device takes its pages; pages of nodes that came
-  // onto the device meanwhile stay with the op and are freed when it completes. Nodes split
-  // meanwhile are all in op->nodes (the split hook), whose host pages in order are the sources.
-  std::vector<RadixNode*> nodes = op->nodes;
-  std::sort(nodes.begin(), nodes.end(), [](const RadixNode* a, const RadixNode* b) {
-    return a->prefix_tokens() < b->prefix_tokens();
-  });
-  size_t off = 0;
-  std::vector<int64_t> published;
-  for (RadixNode* n : nodes) {
-    const size_t np = n->host_pages().size();
-    std::vector<int64_t> slice(alloc.begin() + static_cast<ptrdiff_t>(off),
-                               alloc.begin() + static_cast<ptrdiff_t>(off + np));
-    off += np;
-    const bool parent_ok = n->parent()->is_root() || n->parent()->on_device();
-    if (!n->on_device() && parent_ok) {
-      published.insert(published.end(), slice.begin(), slice.end());
-      s.tree.SetDevicePages(n, std::move(slice));
-    }
-  }
-  s.ledger->Transfer(published, DevicePageLedger::kTree);
-  std::erase_if(op->free_on_completion, [&](int64_t p) {
-    return std::find(published.begin(), published.end(), p) != published.end();
-  });
-  KVTIER_ASSIGN_OR_RETURN(h, s.FindHandle(handle));
+  out.loaded_tokens = s.PublishLoad(*op, plan.alloc) * s.P;
+  KVTIER_ASSIGN_OR_RETURN(HandleState * h, s.FindHandle(handle));
   if (s.gpu) h->load = op;
   s.Reap(&work);  // cpu: the copy has completed; frees what was not published
-  out.loaded_tokens = static_cast<int64_t>(published.size()) * s.P;
   out.device_slots = s.DeviceSlotsOf(CacheCore::Path(h->last));
   ++s.counters.load_back_calls;
   s.counters.load_back_tokens += out.loaded_tokens;
   const double seconds = SecondsSince(start);
   s.counters.load_back_seconds += seconds;
   s.counters.load_back_duration.Observe(seconds);
-  lk.unlock();
-  s.executor.Run(work);
   return out;
 }
 
@@ -689,49 +742,11 @@ Result<InsertResult> HierarchicalCache::Insert(std::span<const Token> tokens,
     KVTIER_RETURN_IF_ERROR(s.CheckHealth());
     s.Reap(&work);
     std::vector<int64_t> pages;
-    KVTIER_RETURN_IF_ERROR(s.ledger->CheckPages(device_slots, "device_slots", &pages));
-    // Pages of the cached device prefix may be the tree's own (as Match returned them).
-    RadixTree::MatchResult peek = s.tree.Peek(ns, tokens);
-    std::vector<int64_t> cached;
-    if (peek.last != nullptr && peek.device_tokens > 0) {
-      cached = s.DeviceSlotsOf(CacheCore::Path(peek.last));
-      cached.resize(static_cast<size_t>(peek.device_tokens));
-    }
-    std::vector<bool> own(pages.size(), false);
-    for (size_t i = 0; i < pages.size(); ++i) {
-      own[i] = i * static_cast<size_t>(s.P) < cached.size() &&
-               cached[i * static_cast<size_t>(s.P)] == pages[i];
-    }
-    KVTIER_RETURN_IF_ERROR(s.ledger->CheckEngineHeld(pages, "Insert", &own));
-
+    KVTIER_RETURN_IF_ERROR(s.CheckInsertPages(tokens, device_slots, ns, &pages));
     std::vector<RadixTree::InsertSegment> segments;
     s.tree.Insert(ns, tokens, pages, keys, &segments);
     std::vector<int64_t> duplicates, taken;
-    for (const auto& seg : segments) {
-      const int64_t len = seg.end - seg.begin;
-      switch (seg.kind) {
-        case RadixTree::SegmentKind::kOnDevice:
-          out.cached_tokens += len;
-          for (int64_t k = seg.begin; k < seg.end; k += s.P) {
-            const int64_t mine =
-                seg.node->device_pages()[static_cast<size_t>((k - seg.begin) / s.P)];
-            if (device_slots[static_cast<size_t>(k)] != mine) {
-              duplicates.push_back(device_slots[static_cast<size_t>(k)]);
-            }
-          }
-          s.tree.Touch(seg.node, 1);
-          break;
-        case RadixTree::SegmentKind::kRevived:
-        case RadixTree::SegmentKind::kNew:
-          (seg.kind == RadixTree::SegmentKind::kNew ? out.new_tokens : out.revived_tokens) += len;
-          for (int64_t k = seg.begin; k < seg.end; k += s.P) {
-            taken.push_back(device_slots[static_cast<size_t>(k)]);
-          }
-          s.tree.Touch(seg.node, seg.kind == RadixTree::SegmentKind::kNew ? 0 : 1);
-          break;
-      }
-      s.tree.RaisePriority(seg.node, options.priority);
-    }
+    s.ApplySegments(segments, device_slots, options.priority, &out, &duplicates, &taken);
     s.ledger->Transfer(taken, DevicePageLedger::kTree);
     s.Fail(s.ledger->Free(duplicates), "freeing duplicates");
     out.duplicate_tokens = static_cast<int64_t>(duplicates.size()) * s.P;
