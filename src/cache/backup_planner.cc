@@ -10,17 +10,75 @@
 
 namespace kvtier {
 
+int64_t BackupPlanner::UnbackedPath(RadixNode* node, std::vector<RadixNode*>* path) const {
+  for (RadixNode* n = node; !n->is_root() && !n->on_host(); n = n->parent()) {
+    if (n->busy() > 0 || !n->on_device()) return 0;
+    path->push_back(n);
+  }
+  std::reverse(path->begin(), path->end());
+  int64_t tokens = 0;
+  for (RadixNode* n : *path) tokens += n->num_tokens();
+  return tokens;
+}
+
+void BackupPlanner::EndPathAt(std::vector<RadixNode*>* path, int64_t keep) {
+  int64_t acc = 0;
+  for (size_t i = 0; i < path->size(); ++i) {
+    const int64_t np = (*path)[i]->num_tokens() / core_.P;
+    if (acc + np <= keep) {
+      acc += np;
+      continue;
+    }
+    if (keep > acc) {
+      (*path)[i] = core_.tree.SplitAfter((*path)[i], keep - acc)->parent();
+      path->resize(i + 1);
+    } else {
+      path->resize(i);
+    }
+    return;
+  }
+}
+
+std::shared_ptr<CopyOp> BackupPlanner::MakeBackup(const std::vector<RadixNode*>& path,
+                                                  const std::vector<HostTier::Page>& got,
+                                                  const std::vector<int64_t>& host_pages,
+                                                  const std::vector<int64_t>& written,
+                                                  bool write_back) {
+  auto op = std::make_shared<CopyOp>();
+  op->kind = CopyOp::Kind::kBackup;
+  op->gpu = core_.gpu;
+  op->tokens = static_cast<int64_t>(written.size()) * core_.P;
+  op->bytes = static_cast<int64_t>(written.size()) * core_.PageBytes();
+  op->start = CacheClock::now();
+  op->pages = written;
+  op->write_back = write_back;
+  const bool copy_all = written.size() == host_pages.size();
+  if (copy_all) core_.AppendSlots(host_pages, &op->dst);
+  size_t off = 0;
+  for (RadixNode* n : path) {
+    const size_t np = n->device_pages().size();
+    if (copy_all) {
+      core_.AppendSlots(n->device_pages(), &op->src);
+    } else {
+      for (size_t i = 0; i < np; ++i) {
+        if (got[off + i].got != HostTier::Got::kWrite) continue;
+        core_.AppendSlots(n->device_pages().subspan(i, 1), &op->src);
+        core_.AppendSlots(std::span<const int64_t>(host_pages).subspan(off + i, 1), &op->dst);
+      }
+    }
+    core_.tree.SetHostPages(
+        n, std::vector<int64_t>(host_pages.begin() + static_cast<ptrdiff_t>(off),
+                                host_pages.begin() + static_cast<ptrdiff_t>(off + np)));
+    off += np;
+  }
+  return op;
+}
+
 bool BackupPlanner::Backup(RadixNode* node, CacheWork* work, bool write_back) {
   if (!core_.host) return false;  // no host tier: nothing to back up to
   std::vector<RadixNode*> path;
-  for (RadixNode* n = node; !n->is_root() && !n->on_host(); n = n->parent()) {
-    if (n->busy() > 0 || !n->on_device()) return false;
-    path.push_back(n);
-  }
-  if (path.empty()) return false;
-  std::reverse(path.begin(), path.end());
-  int64_t tokens = 0;
-  for (RadixNode* n : path) tokens += n->num_tokens();
+  const int64_t tokens = UnbackedPath(node, &path);
+  if (tokens == 0) return false;
   const int64_t pages = tokens / core_.P;
   if (!evictor_.EnsureHostPages(pages, work)) {
     core_.counters.backup_skipped_tokens += tokens;
@@ -58,50 +116,8 @@ bool BackupPlanner::Backup(RadixNode* node, CacheWork* work, bool write_back) {
   core_.ReturnBackupPages(unused, unused_written);
   core_.counters.backup_skipped_tokens += (pages - keep) * core_.P;
   if (keep == 0) return false;
-  if (keep < pages) {  // the path ends where the kept pages end
-    int64_t acc = 0;
-    for (size_t i = 0; i < path.size(); ++i) {
-      const int64_t np = path[i]->num_tokens() / core_.P;
-      if (acc + np <= keep) {
-        acc += np;
-        continue;
-      }
-      if (keep > acc) {
-        path[i] = core_.tree.SplitAfter(path[i], keep - acc)->parent();
-        path.resize(i + 1);
-      } else {
-        path.resize(i);
-      }
-      break;
-    }
-  }
-  auto op = std::make_shared<CopyOp>();
-  op->kind = CopyOp::Kind::kBackup;
-  op->gpu = core_.gpu;
-  op->tokens = static_cast<int64_t>(written.size()) * core_.P;
-  op->bytes = static_cast<int64_t>(written.size()) * core_.PageBytes();
-  op->start = CacheClock::now();
-  op->pages = written;
-  op->write_back = write_back;
-  const bool copy_all = written.size() == host_pages.size();
-  if (copy_all) core_.AppendSlots(host_pages, &op->dst);
-  size_t off = 0;
-  for (RadixNode* n : path) {
-    const size_t np = n->device_pages().size();
-    if (copy_all) {
-      core_.AppendSlots(n->device_pages(), &op->src);
-    } else {
-      for (size_t i = 0; i < np; ++i) {
-        if ((*got)[off + i].got != HostTier::Got::kWrite) continue;
-        core_.AppendSlots(n->device_pages().subspan(i, 1), &op->src);
-        core_.AppendSlots(std::span<const int64_t>(host_pages).subspan(off + i, 1), &op->dst);
-      }
-    }
-    core_.tree.SetHostPages(
-        n, std::vector<int64_t>(host_pages.begin() + static_cast<ptrdiff_t>(off),
-                                host_pages.begin() + static_cast<ptrdiff_t>(off + np)));
-    off += np;
-  }
+  if (keep < pages) EndPathAt(&path, keep);  // the path ends where the kept pages end
+  auto op = MakeBackup(path, *got, host_pages, written, write_back);
   core_.counters.backup_present_tokens += keep * core_.P - op->tokens;
   if (written.empty()) return true;  // every page was published already: nothing to copy
   for (RadixNode* n : path) core_.MarkBusy(*op, n);

@@ -52,6 +52,18 @@ class BackupPlanner {
   void ReapStore(CopyOp& op, CacheWork* work);
 
  private:
+  // The unbacked path ending at `node`, top-down, and its tokens (0: empty, or a node on it is
+  // busy or off the device).
+  int64_t UnbackedPath(RadixNode* node, std::vector<RadixNode*>* path) const;
+  // Cuts `path` after its first `keep` pages (splitting the node where they end).
+  void EndPathAt(std::vector<RadixNode*>* path, int64_t keep);
+  // The copy of `path` into `host_pages` (the kWrite pages of `got` only: `written`); the nodes
+  // take their host pages now.
+  std::shared_ptr<CopyOp> MakeBackup(const std::vector<RadixNode*>& path,
+                                     const std::vector<HostTier::Page>& got,
+                                     const std::vector<int64_t>& host_pages,
+                                     const std::vector<int64_t>& written, bool write_back);
+
   CacheCore& core_;
   TierEvictor& evictor_;
   std::unique_ptr<BackupPolicy> policy_;

@@ -7,6 +7,50 @@
 
 namespace kvtier {
 
+namespace {
+
+// What the handles and the operations in flight say the tree and the tiers must hold.
+struct Expected {
+  std::unordered_map<const RadixNode*, int64_t> refs;  // per node: handles pinning it
+  std::unordered_map<const RadixNode*, int64_t> busy;  // per node: operations listing it
+  int64_t copy_pages = 0;                              // load-backs' unpublished device pages
+  int64_t filling = 0;                                 // prefetches' host pages
+};
+
+// Fills `e` and marks the prefetches' host pages in `host_seen` (Internal: one held twice, or the
+// filling count differs from the recorded one).
+Status ExpectFromHandlesAndOps(const CacheCore& s, Expected* e, std::vector<uint8_t>* host_seen) {
+  for (const auto& [id, h] : s.handles) {
+    for (const RadixNode* n = h.last; n != nullptr && !n->is_root(); n = n->parent()) {
+      ++e->refs[n];
+    }
+  }
+  for (const auto& op : s.tracker.ops()) {
+    if (op->kind != CopyOp::Kind::kStore) {
+      for (const RadixNode* n : op->nodes) ++e->busy[n];
+    }
+    if (op->kind == CopyOp::Kind::kLoad) {
+      e->copy_pages += static_cast<int64_t>(op->free_on_completion.size());
+    }
+    if (op->kind == CopyOp::Kind::kPrefetch) {
+      const auto& pages = op->concluded ? op->free_on_completion : op->pages;
+      e->filling += static_cast<int64_t>(pages.size());
+      for (int64_t p : pages) {
+        if ((*host_seen)[static_cast<size_t>(p / s.P)]++) {
+          return Status::Internal(fmt::format("host page at slot {} held twice by prefetches", p));
+        }
+      }
+    }
+  }
+  if (e->filling != s.filling_pages) {
+    return Status::Internal(fmt::format("filling host pages: prefetches hold {}, recorded {}",
+                                        e->filling, s.filling_pages));
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
 Status CheckCacheConsistency(const CacheCore& s) {
   KVTIER_RETURN_IF_ERROR(s.tree.CheckInvariants());
   const int64_t P = s.P;
@@ -14,36 +58,12 @@ Status CheckCacheConsistency(const CacheCore& s) {
   const HostTier* host = s.host.get();  // null without a host tier: the tree has no host pages
   std::vector<uint8_t> host_seen(
       static_cast<size_t>(host ? host->region().geometry.num_pages() : 0), 0);
-  std::unordered_map<const RadixNode*, int64_t> expected_refs, expected_busy;
-  for (const auto& [id, h] : s.handles) {
-    for (const RadixNode* n = h.last; n != nullptr && !n->is_root(); n = n->parent()) {
-      ++expected_refs[n];
-    }
-  }
-  int64_t copy_pages = 0, filling = 0;
-  for (const auto& op : s.tracker.ops()) {
-    if (op->kind != CopyOp::Kind::kStore) {
-      for (const RadixNode* n : op->nodes) ++expected_busy[n];
-    }
-    if (op->kind == CopyOp::Kind::kLoad) {
-      copy_pages += static_cast<int64_t>(op->free_on_completion.size());
-    }
-    if (op->kind == CopyOp::Kind::kPrefetch) {
-      const int64_t held = op->concluded ? static_cast<int64_t>(op->free_on_completion.size())
-                                         : static_cast<int64_t>(op->pages.size());
-      filling += held;
-      const auto& pages = op->concluded ? op->free_on_completion : op->pages;
-      for (int64_t p : pages) {
-        if (host_seen[static_cast<size_t>(p / P)]++) {
-          return Status::Internal(fmt::format("host page at slot {} held twice by prefetches", p));
-        }
-      }
-    }
-  }
-  if (filling != s.filling_pages) {
-    return Status::Internal(fmt::format("filling host pages: prefetches hold {}, recorded {}",
-                                        filling, s.filling_pages));
-  }
+  Expected e;
+  KVTIER_RETURN_IF_ERROR(ExpectFromHandlesAndOps(s, &e, &host_seen));
+  std::unordered_map<const RadixNode*, int64_t>& expected_refs = e.refs;
+  std::unordered_map<const RadixNode*, int64_t>& expected_busy = e.busy;
+  const int64_t copy_pages = e.copy_pages;
+  const int64_t filling = e.filling;
   Status st;
   int64_t tree_pages = 0, host_pages = 0;
   s.tree.ForEachNode([&](const RadixNode& n) {

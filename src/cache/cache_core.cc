@@ -110,6 +110,28 @@ Status CacheCore::OpenStorageTier(const KvRegion& device_region) {
   return Status::OK();
 }
 
+CacheStats CacheCore::Stats() const {
+  CacheStats c = counters;
+  c.page_size = P;
+  c.device_total_tokens = ledger->num_slots();
+  c.device_used_tokens = ledger->used_pages() * P;
+  c.device_cached_tokens = tree.device_tokens();
+  c.device_engine_tokens = ledger->pages_of(DevicePageLedger::kEngine) * P;
+  if (host) {
+    c.host_total_tokens = host->num_pages() * P;
+    c.host_used_tokens = host->held_pages() * P;
+    c.host_total_bytes = host->capacity_bytes();
+  }
+  c.host_filling_tokens = filling_pages * P;
+  c.storage_known_tokens = tree.stored_tokens();
+  c.storage_only_tokens = tree.storage_only_tokens();
+  c.nodes = tree.num_nodes();
+  c.namespaces = tree.num_namespaces();
+  c.live_handles = static_cast<int64_t>(handles.size());
+  c.prefetch_inflight_tokens = filling_pages * P;
+  return c;
+}
+
 Result<HandleState*> CacheCore::FindHandle(MatchHandle handle) {
   if ((handle.id >> kHandleSeqBits) != tag) {
     return Status::InvalidArgument(fmt::format(

@@ -146,6 +146,9 @@ struct CacheCore {
   // staging; InvalidArgument when a given backend's namespace does not describe the host pages.
   Status OpenStorageTier(const KvRegion& device_region);
 
+  // The counters with the tiers' occupancy (HierarchicalCache::stats).
+  CacheStats Stats() const;
+
   // ---- handles -------------------------------------------------------------------------------
   Result<HandleState*> FindHandle(MatchHandle handle);
   MatchHandle NewHandle(HandleState h);

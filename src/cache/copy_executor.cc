@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "kvtier/slot_allocator.h"
 #include "util/log.h"
 
 namespace kvtier {
@@ -151,6 +152,48 @@ Status CopyExecutor::RunLoad(CopyOp& op, CudaStream stream,
   std::vector<uint8_t> unused_batches;
   core_.tracker.Snapshot(op, &unused_pages, &unused_batches, &st);
   return st;
+}
+
+std::shared_ptr<CopyOp> CopyExecutor::MakeLoad(const std::vector<RadixNode*>& host_nodes,
+                                               const std::vector<int64_t>& alloc, int64_t tokens,
+                                               CacheClock::time_point start) {
+  auto op = std::make_shared<CopyOp>();
+  op->kind = CopyOp::Kind::kLoad;
+  op->gpu = core_.gpu;
+  op->tokens = tokens;
+  op->start = start;
+  op->pages = alloc;
+  op->free_on_completion = alloc;
+  op->dst = PageSlots(alloc, core_.P);
+  for (RadixNode* n : host_nodes) {
+    core_.AppendSlots(n->host_pages(), &op->src);
+    core_.MarkBusy(*op, n);
+  }
+  core_.tracker.Add(op);
+  return op;
+}
+
+int64_t CopyExecutor::PublishLoad(CopyOp& op, const std::vector<int64_t>& alloc) {
+  std::vector<RadixNode*> nodes = op.nodes;
+  SortTopDown(&nodes);
+  size_t off = 0;
+  std::vector<int64_t> published;
+  for (RadixNode* n : nodes) {
+    const size_t np = n->host_pages().size();
+    std::vector<int64_t> slice(alloc.begin() + static_cast<ptrdiff_t>(off),
+                               alloc.begin() + static_cast<ptrdiff_t>(off + np));
+    off += np;
+    const bool parent_ok = n->parent()->is_root() || n->parent()->on_device();
+    if (!n->on_device() && parent_ok) {
+      published.insert(published.end(), slice.begin(), slice.end());
+      core_.tree.SetDevicePages(n, std::move(slice));
+    }
+  }
+  core_.ledger->Transfer(published, DevicePageLedger::kTree);
+  std::erase_if(op.free_on_completion, [&](int64_t p) {
+    return std::find(published.begin(), published.end(), p) != published.end();
+  });
+  return static_cast<int64_t>(published.size());
 }
 
 void CopyExecutor::ReapLoad(CopyOp& op) {

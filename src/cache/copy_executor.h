@@ -51,6 +51,18 @@ class CopyExecutor {
   Status RunLoad(CopyOp& op, CudaStream stream,
                  const std::vector<std::shared_ptr<CudaEventHandle>>& fences);
 
+  // The load-back copy of `host_nodes` (the host part of a match) into `alloc` (kCopy device
+  // pages), registered: the nodes busy (their host pages stay put while they are read), the device
+  // pages the op's until published. REQUIRES the mutex.
+  std::shared_ptr<CopyOp> MakeLoad(const std::vector<RadixNode*>& host_nodes,
+                                   const std::vector<int64_t>& alloc, int64_t tokens,
+                                   CacheClock::time_point start);
+  // Publishes a copied load-back: each of its nodes that is still off the device (under a parent
+  // on the device) takes its pages; pages of nodes that came onto the device meanwhile stay with
+  // the op and are freed when it completes. Nodes split meanwhile are all in op.nodes (the split
+  // hook), whose host pages in order are the sources. Returns the pages published. REQUIRES the
+  // mutex.
+  int64_t PublishLoad(CopyOp& op, const std::vector<int64_t>& alloc);
   // A load-back completed. A failed one published nothing (LoadBack returned the error); its pages
   // come back now that nothing writes them any more, and the cache stays usable (a sticky device
   // error fails the next GPU call on its own). REQUIRES the mutex.

@@ -225,52 +225,6 @@ struct HierarchicalCache::Impl : CacheCore {
     }
   }
 
-  // The load-back copy of `plan`, registered: its host nodes busy (their pages stay put while they
-  // are read), its device pages its own until published.
-  std::shared_ptr<CopyOp> MakeLoad(const LoadPlan& plan, CacheClock::time_point start) {
-    auto op = std::make_shared<CopyOp>();
-    op->kind = CopyOp::Kind::kLoad;
-    op->gpu = gpu;
-    op->tokens = plan.tokens;
-    op->start = start;
-    op->pages = plan.alloc;
-    op->free_on_completion = plan.alloc;
-    op->dst = PageSlots(plan.alloc, P);
-    for (RadixNode* n : plan.host_nodes) {
-      AppendSlots(n->host_pages(), &op->src);
-      MarkBusy(*op, n);
-    }
-    tracker.Add(op);
-    return op;
-  }
-
-  // Publishes a load-back's pages: each node that is still off the device takes its pages; pages
-  // of nodes that came onto the device meanwhile stay with the op and are freed when it completes.
-  // Nodes split meanwhile are all in op.nodes (the split hook), whose host pages in order are the
-  // sources. Returns the pages published.
-  int64_t PublishLoad(CopyOp& op, const std::vector<int64_t>& alloc) {
-    std::vector<RadixNode*> nodes = op.nodes;
-    SortTopDown(&nodes);
-    size_t off = 0;
-    std::vector<int64_t> published;
-    for (RadixNode* n : nodes) {
-      const size_t np = n->host_pages().size();
-      std::vector<int64_t> slice(alloc.begin() + static_cast<ptrdiff_t>(off),
-                                 alloc.begin() + static_cast<ptrdiff_t>(off + np));
-      off += np;
-      const bool parent_ok = n->parent()->is_root() || n->parent()->on_device();
-      if (!n->on_device() && parent_ok) {
-        published.insert(published.end(), slice.begin(), slice.end());
-        tree.SetDevicePages(n, std::move(slice));
-      }
-    }
-    ledger->Transfer(published, DevicePageLedger::kTree);
-    std::erase_if(op.free_on_completion, [&](int64_t p) {
-      return std::find(published.begin(), published.end(), p) != published.end();
-    });
-    return static_cast<int64_t>(published.size());
-  }
-
   // Waits for every operation in flight (outside the lock) until none is left.
   void Drain(CacheLock& lk, CacheWork* work, bool backups_only) {
     for (;;) {
@@ -586,7 +540,7 @@ Result<LoadBackResult> HierarchicalCache::LoadBack(MatchHandle handle, CudaStrea
     out.device_slots = s.DeviceSlotsOf(CacheCore::Path(h->last));
     return out;
   }
-  std::shared_ptr<CopyOp> op = s.MakeLoad(plan, start);
+  std::shared_ptr<CopyOp> op = s.executor.MakeLoad(plan.host_nodes, plan.alloc, plan.tokens, start);
   std::vector<std::shared_ptr<CudaEventHandle>> fences;
   if (s.gpu) fences = s.ledger->write_fences();
   lk.unlock();
@@ -598,7 +552,7 @@ Result<LoadBackResult> HierarchicalCache::LoadBack(MatchHandle handle, CudaStrea
     s.Reap(&work);
     return st.WithContext("LoadBack");
   }
-  out.loaded_tokens = s.PublishLoad(*op, plan.alloc) * s.P;
+  out.loaded_tokens = s.executor.PublishLoad(*op, plan.alloc) * s.P;
   KVTIER_ASSIGN_OR_RETURN(HandleState * h, s.FindHandle(handle));
   if (s.gpu) h->load = op;
   s.Reap(&work);  // cpu: the copy has completed; frees what was not published
@@ -842,31 +796,9 @@ Status HierarchicalCache::WaitForBackups() {
 CacheStats HierarchicalCache::stats() const {
   Impl& s = *impl_;
   CacheWork work(&s.executor);
-  CacheStats c;
-  {
-    CacheLock lk(s);
-    s.Reap(&work);
-    c = s.counters;
-    c.page_size = s.P;
-    c.device_total_tokens = s.ledger->num_slots();
-    c.device_used_tokens = s.ledger->used_pages() * s.P;
-    c.device_cached_tokens = s.tree.device_tokens();
-    c.device_engine_tokens = s.ledger->pages_of(DevicePageLedger::kEngine) * s.P;
-    if (s.host) {
-      c.host_total_tokens = s.host->num_pages() * s.P;
-      c.host_used_tokens = s.host->held_pages() * s.P;
-      c.host_total_bytes = s.host->capacity_bytes();
-    }
-    c.host_filling_tokens = s.filling_pages * s.P;
-    c.storage_known_tokens = s.tree.stored_tokens();
-    c.storage_only_tokens = s.tree.storage_only_tokens();
-    c.nodes = s.tree.num_nodes();
-    c.namespaces = s.tree.num_namespaces();
-    c.live_handles = static_cast<int64_t>(s.handles.size());
-    c.prefetch_inflight_tokens = s.filling_pages * s.P;
-  }
-  s.executor.Run(work);
-  return c;
+  CacheLock lk(s);
+  s.Reap(&work);
+  return s.Stats();
 }
 
 Status HierarchicalCache::CheckConsistency() const {
