@@ -23,7 +23,7 @@ Status CopyExecutor::Start() {
 
 void CopyExecutor::Stop() {
   pool_.reset();
-  if (core_.gpu) (void)backup_stream_.Synchronize();
+  if (core_.gpu && backup_stream_.get() != nullptr) (void)backup_stream_.Synchronize();
 }
 
 Status CopyExecutor::RunCopy(const CopyOp& op, CudaStream stream) {

@@ -15,12 +15,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "cache/backup_planner.h"
-#include "cache/cache_core.h"
-#include "cache/copy_executor.h"
-#include "cache/prefetcher.h"
-#include "cache/shared_adopter.h"
-#include "cache/tier_evictor.h"
+#include "cache/cache_parts.h"
 #include "kvtier/device.h"
 #include "kvtier/slot_allocator.h"
 #include "util/log.h"
@@ -33,61 +28,8 @@ bool IsPowerOfTwo(int64_t x) { return x > 0 && (x & (x - 1)) == 0; }
 
 }  // namespace
 
-struct HierarchicalCache::Impl : CacheCore {
-  Impl(const HierarchicalCacheConfig& cfg, int64_t page_size)
-      : CacheCore(cfg, page_size),
-        executor(*this, [this](CacheWork* work) { Reap(work); }),
-        evictor(*this, planner),
-        planner(*this, evictor),
-        prefetcher(*this, evictor),
-        adopter(*this, evictor) {}
-
-  CopyExecutor executor;
-  TierEvictor evictor;
-  BackupPlanner planner;
-  Prefetcher prefetcher;
-  SharedHostAdopter adopter;
-
-  // The tree split `lower` off `upper` (its new parent): operations that list `lower` (busy or
-  // storing) list `upper` too — registered ones, completed ones being reaped, and handles'
-  // prefetches.
-  void OnSplit(RadixNode* upper, RadixNode* lower) {
-    if (lower->busy() == 0 && !lower->storing()) return;
-    tracker.ForEachOp([&](const std::shared_ptr<CopyOp>& op) {
-      if (std::find(op->nodes.begin(), op->nodes.end(), lower) != op->nodes.end()) {
-        op->nodes.push_back(upper);
-      }
-    });
-    for (auto& [id, h] : handles) {
-      const auto& op = h.prefetch;
-      if (op && std::find(op->nodes.begin(), op->nodes.end(), lower) != op->nodes.end() &&
-          std::find(op->nodes.begin(), op->nodes.end(), upper) == op->nodes.end()) {
-        op->nodes.push_back(upper);
-      }
-    }
-  }
-
-  // ---- completions --------------------------------------------------------------------------
-  // Applies the operations that have completed (the tracker hands them over one by one).
-  void Reap(CacheWork* work) {
-    if (gpu) ledger->PruneWriteFences();
-    tracker.Reap([&](const std::shared_ptr<CopyOp>& op) {
-      switch (op->kind) {
-        case CopyOp::Kind::kBackup:
-          planner.ReapBackup(*op, work);
-          break;
-        case CopyOp::Kind::kLoad:
-          executor.ReapLoad(*op);
-          break;
-        case CopyOp::Kind::kPrefetch:
-          prefetcher.ReapPrefetch(op);
-          break;
-        case CopyOp::Kind::kStore:
-          planner.ReapStore(*op, work);
-          break;
-      }
-    });
-  }
+struct HierarchicalCache::Impl : CacheParts {
+  using CacheParts::CacheParts;
 
   // ---- device allocation --------------------------------------------------------------------
 
@@ -224,49 +166,13 @@ struct HierarchicalCache::Impl : CacheCore {
       }
     }
   }
-
-  // Waits for every operation in flight (outside the lock) until none is left.
-  void Drain(CacheLock& lk, CacheWork* work, bool backups_only) {
-    for (;;) {
-      Reap(work);
-      std::vector<std::shared_ptr<CopyOp>> waits;
-      for (const auto& op : tracker.ops()) {
-        if (op->kind == CopyOp::Kind::kPrefetch && !op->concluded) continue;  // its handle's
-        if (backups_only && op->kind != CopyOp::Kind::kBackup && op->kind != CopyOp::Kind::kStore) {
-          continue;
-        }
-        waits.push_back(op);
-      }
-      if (waits.empty() && work->empty()) return;
-      lk.unlock();
-      executor.Run(*work);
-      for (auto& op : waits) tracker.Wait(*op);
-      lk.lock();
-    }
-  }
 };
 
 // ---------------------------------------------------------------------------------------------
 
 HierarchicalCache::HierarchicalCache(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
-HierarchicalCache::~HierarchicalCache() {
-  Impl& s = *impl_;
-  CacheWork work(&s.executor);
-  {
-    CacheLock lk(s);
-    for (auto& [id, h] : s.handles) {
-      if (h.prefetch) s.prefetcher.Conclude(h, /*cancelled=*/true, &work);
-    }
-    // Prefetches still receiving pages must finish before their buffers go.
-    for (;;) {
-      s.Drain(lk, &work, /*backups_only=*/false);
-      if (s.tracker.ops().empty()) break;
-    }
-  }
-  s.executor.Stop();
-  if (s.owns_storage && s.storage) s.storage->Close();
-}
+HierarchicalCache::~HierarchicalCache() { impl_->Close(); }
 
 Result<std::unique_ptr<HierarchicalCache>> HierarchicalCache::Create(
     const HierarchicalCacheConfig& config, const KvRegion& device_region,
@@ -302,17 +208,7 @@ Result<std::unique_ptr<HierarchicalCache>> HierarchicalCache::Create(
   }
 
   auto impl = std::make_unique<Impl>(config, g.page_size);
-  Impl& s = *impl;
-  s.device = device_region;
-  s.engine = std::move(engine);
-  s.gpu = gpu;
-
-  KVTIER_RETURN_IF_ERROR(s.OpenHostTier(device_region));
-  KVTIER_ASSIGN_OR_RETURN(s.ledger, DevicePageLedger::Create(g.num_slots, g.page_size));
-  KVTIER_RETURN_IF_ERROR(s.executor.Start());
-  KVTIER_RETURN_IF_ERROR(s.OpenStorageTier(device_region));
-  s.tree.SetSplitHook(
-      [self = impl.get()](RadixNode* upper, RadixNode* lower) { self->OnSplit(upper, lower); });
+  KVTIER_RETURN_IF_ERROR(impl->Open(device_region, std::move(engine)));
   return std::unique_ptr<HierarchicalCache>(new HierarchicalCache(std::move(impl)));
 }
 
