@@ -68,8 +68,9 @@ struct PartsRig {
   CacheParts& p() { return *parts; }
   int64_t P() const { return parts->P; }
 
-  // The engine's prefill of `tokens` (whole pages) with nothing cached: engine pages from the
-  // ledger, filled with the KV pattern, inserted into the tree. Returns the deepest node.
+  // The engine's prefill of `tokens` (whole pages), recomputing everything: engine pages from the
+  // ledger, filled with the KV pattern, inserted into the tree (pages of a prefix the tree has on
+  // the device already are freed, as duplicates). Returns the deepest node.
   RadixNode* InsertOnDevice(std::span<const Token> tokens, std::string_view ns = "") {
     CacheLock lk(*parts);
     const int64_t pages = static_cast<int64_t>(tokens.size()) / P();
@@ -81,7 +82,13 @@ struct PartsRig {
     EXPECT_TRUE(keys.ok());
     std::vector<RadixTree::InsertSegment> segments;
     parts->tree.Insert(ns, tokens, *got, *keys, &segments);
-    parts->ledger->Transfer(*got, DevicePageLedger::kTree);
+    std::vector<int64_t> taken, duplicates;
+    for (const auto& seg : segments) {
+      auto& to = seg.kind == RadixTree::SegmentKind::kOnDevice ? duplicates : taken;
+      for (int64_t k = seg.begin; k < seg.end; k += P()) to.push_back((*got)[k / P()]);
+    }
+    parts->ledger->Transfer(taken, DevicePageLedger::kTree);
+    EXPECT_TRUE(parts->ledger->Free(duplicates).ok());
     return segments.empty() ? nullptr : segments.back().node;
   }
 
