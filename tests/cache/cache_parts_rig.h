@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "cache/cache_parts.h"
-#include "cache_test_util.h"
+#include "cache/cache_test_util.h"
 #include "kvtier/page_key.h"
 #include "kvtier/storage.h"
 

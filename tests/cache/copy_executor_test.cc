@@ -9,7 +9,7 @@
 #include <thread>
 #include <vector>
 
-#include "cache_parts_rig.h"
+#include "cache/cache_parts_rig.h"
 #include "kvtier/kv_pattern.h"
 
 namespace kvtier {

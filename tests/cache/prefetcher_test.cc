@@ -8,7 +8,7 @@
 #include <limits>
 #include <vector>
 
-#include "cache_parts_rig.h"
+#include "cache/cache_parts_rig.h"
 #include "kvtier/kv_pattern.h"
 
 namespace kvtier {

@@ -7,7 +7,7 @@
 #include <limits>
 #include <vector>
 
-#include "cache_parts_rig.h"
+#include "cache/cache_parts_rig.h"
 
 namespace kvtier {
 namespace {
