@@ -71,7 +71,7 @@ struct ReplayOptions {
   std::string storage = "file";
   int64_t storage_bytes = 0;  // capacity of the run's file store / redis; 0: 8 x the host's bytes
   int64_t storage_backup_queue_pages = 4096;  // storage backups queued at most (then skipped)
-  int64_t storage_io_threads = 4;             // the storage backend's I/O threads
+  int storage_io_threads = 4;                 // the storage backend's I/O threads
   // --shared-host NAME: the hierarchy's host tier is this shared segment (kvtier shm create),
   // shared with every process attached to it; no storage tier below it.
   std::string shared_host;
