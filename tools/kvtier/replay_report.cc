@@ -522,11 +522,14 @@ nlohmann::json RunJson(const RunSummary& r, int64_t token_bytes) {
 // Per-request series for the plots.
 nlohmann::json TimelineJson(const RunSummary& r) {
   nlohmann::json t;
-  std::vector<double> arrival, ttft;
+  std::vector<double> arrival, ttft, compute, load, wait;
   std::vector<int64_t> input, device, host, storage;
   for (const RequestRecord& x : r.records) {
     arrival.push_back(x.arrival_ms);
     ttft.push_back(x.ttft_ms);
+    compute.push_back(x.compute_ms);
+    load.push_back(x.load_ms);
+    wait.push_back(x.prefetch_wait_ms);
     input.push_back(x.input_tokens);
     device.push_back(x.device_hit);
     host.push_back(x.host_hit);
@@ -534,6 +537,9 @@ nlohmann::json TimelineJson(const RunSummary& r) {
   }
   t["arrival_ms"] = arrival;
   t["ttft_ms"] = ttft;
+  t["compute_ms"] = compute;
+  t["load_ms"] = load;
+  t["prefetch_wait_ms"] = wait;
   t["input_tokens"] = input;
   t["device_hit"] = device;
   t["host_hit"] = host;
