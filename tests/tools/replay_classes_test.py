@@ -22,7 +22,7 @@ from replay_report import run_replay
 BASE = ["replay", "--workload", "doc-qa", "--requests", "40", "--seed", "5", "--model", "tiny",
         "--compute-model", "llama3-8b", "--device", "cpu",
         "--device-tokens", "32768", "--host-tokens", "65536", "--storage", "file", "--sequential",
-        "--no-progress"]
+        "--runs", "no_cache,hierarchy", "--no-progress"]
 
 
 def interval_ok(i, requests=None):
@@ -63,6 +63,9 @@ def check_fields(report, output, failures):
     for name, c in classes.items():
         if not interval_ok(c["ratio_p50"], c["requests"]):
             failures.append("class %s has no sound interval: %s" % (name, c["ratio_p50"]))
+    if [r["name"] for r in report["runs"]] != ["no_cache", "hierarchy"]:
+        failures.append("--runs no_cache,hierarchy made the runs %s"
+                        % [r["name"] for r in report["runs"]])
     run = report["runs"][-1]
     if run["load_back"]["requests"] <= 0 or not run["load_back"]["gbps_end_to_end"] > 0:
         failures.append("no load-back timing in the hierarchy run: %s" % run["load_back"])

@@ -96,7 +96,7 @@ struct ReplayOptions {
   std::string sweep;  // "host-tokens=A,B,C"
   bool metrics = false;
   bool progress = true;
-  // Runs to make: "all" (no cache, device-only, hierarchy) or "hierarchy" only.
+  // Runs to make: "all" (no cache, device-only, hierarchy), "no_cache,hierarchy" or "hierarchy".
   std::string runs = "all";
   // A hit class (device / host / storage / none) whose TTFT is slower than no cache for the same
   // requests beyond noise (its bootstrap interval above 1 + slow_class_margin) fails the run

@@ -159,7 +159,9 @@ CLI::App* AddReplayCommand(CLI::App& app, ReplayOptions* o) {
                 "python3-matplotlib");
   c->add_option("--sweep", o->sweep,
                 "host-tokens=A,B,C: one hierarchy run per value; hit rate and TTFT against it");
-  c->add_option("--runs", o->runs, "all (no cache, device-only, hierarchy) or hierarchy")
+  c->add_option("--runs", o->runs,
+                "all (no cache, device-only, hierarchy), no_cache,hierarchy (what the ideal, "
+                "the mostly-cached speed-up and the hit classes need) or hierarchy")
       ->capture_default_str();
   c->add_flag("--metrics", o->metrics, "print the cache's Prometheus metrics at the end");
   c->add_flag("!--no-progress", o->progress, "no progress line");

@@ -266,6 +266,8 @@ void PrintReport(std::FILE* out, const ReplayReport& report) {
   if (report.storage_ceiling_bytes_per_s > 0) {
     std::fprintf(out, "%.2f GB/s (%s)", report.storage_ceiling_bytes_per_s / 1e9,
                  report.storage_ceiling_how.c_str());
+  } else if (!report.storage_ceiling_how.empty()) {
+    std::fprintf(out, "- (%s)", report.storage_ceiling_how.c_str());
   } else {
     std::fprintf(out, "- (no storage tier)");
   }
