@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "redis_baseline.h"
+#include "storage/redis_url.h"
 
 namespace kvtier::tools {
 namespace {
@@ -149,6 +150,14 @@ Result<StorageCeiling> MeasureFileReadCeiling(const std::string& dir, int64_t pa
 
 Result<StorageCeiling> MeasureRedisReadCeiling(const std::string& url, int64_t page_bytes,
                                                int threads) {
+  KVTIER_ASSIGN_OR_RETURN(storage::RedisUrl parsed, storage::ParseRedisUrl(url));
+  if (!parsed.password.empty()) {
+    // redis-benchmark takes the password on its command line, where any user of the machine
+    // reads it.
+    return Status::Unavailable(
+        "the store's URL has credentials, which redis-benchmark would show on its command line: "
+        "no GET baseline");
+  }
   RedisBaselineOptions o;
   o.value_bytes = page_bytes;
   o.clients = threads;

@@ -32,7 +32,8 @@ Result<StorageCeiling> MeasureFileReadCeiling(const std::string& dir, int64_t pa
                                               int threads);
 
 // redis-benchmark GET of `page_bytes` values with `threads` clients at the server of `url`
-// (redis:// or redis+cluster://). NotFound without redis-benchmark; Unavailable when it fails.
+// (redis:// or redis+cluster://). NotFound without redis-benchmark; Unavailable when it fails or
+// when the URL has a password (redis-benchmark would show it on its command line).
 Result<StorageCeiling> MeasureRedisReadCeiling(const std::string& url, int64_t page_bytes,
                                                int threads);
 
