@@ -104,8 +104,11 @@ Result<StorageCeiling> MeasureFileReadCeiling(const std::string& dir, int64_t pa
   if (page_bytes < 1 || threads < 1) {
     return Status::InvalidArgument("storage ceiling: page bytes and threads must be >= 1");
   }
-  // About 256 MiB in all, at least 4 files per thread, at most 1,024 files.
-  const int64_t files = std::clamp<int64_t>((int64_t{256} << 20) / page_bytes, 4 * threads, 1024);
+  // About 256 MiB in all, at least 4 files per thread (but never beyond 1 GiB), at most 1,024
+  // files, at least one per thread.
+  const int64_t files = std::max<int64_t>(
+      threads, std::min({std::max((int64_t{256} << 20) / page_bytes, int64_t{4} * threads),
+                         (int64_t{1} << 30) / page_bytes, int64_t{1024}}));
   TempDir tmp;
   KVTIER_RETURN_IF_ERROR(tmp.Make(dir));
   std::vector<char> bytes(static_cast<size_t>(page_bytes));
