@@ -55,8 +55,10 @@ def check_fields(report, output, failures):
     if "bootstrap" not in h["spread"]:
         failures.append("the spread does not say how it was made: %r" % h["spread"])
     classes = classes_of(report)
-    if not {"none", "storage"} <= set(classes):
-        failures.append("hit classes none and storage expected, got %s" % sorted(classes))
+    # The first request matches nothing; which tiers serve the others depends on how fast the
+    # store's writes land, so only "none" is certain here (the slow store below needs storage).
+    if "none" not in classes or not set(classes) <= {"none", "device", "host", "storage"}:
+        failures.append("hit classes: %s" % sorted(classes))
     hier = report["timeline"]["hierarchy"]
     if sum(c["requests"] for c in classes.values()) != len(hier["ttft_ms"]):
         failures.append("the hit classes do not cover every request once")
