@@ -39,7 +39,8 @@ def test_bounds_are_refused_outside_and_accepted_on(field):
     assert ops.engine_config()[name] == lo
     ops.configure(**{name: hi})
     assert ops.engine_config()[name] == hi
-    for value in (lo - 1, hi + 1):
+    # (A value past int64 is refused as not fitting: no C++ field could hold it.)
+    for value in [lo - 1] + ([hi + 1] if hi < 2**63 - 1 else []):
         with pytest.raises(ValueError, match=rf"^{name} = {value} must be in \[{lo}, {hi}\]$"):
             ops.configure(**{name: value})
         # The binding alone (no Python check) refuses it with the same words.

@@ -10,6 +10,8 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <initializer_list>
 #include <map>
 #include <string>
 #include <string_view>
