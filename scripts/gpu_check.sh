@@ -49,6 +49,9 @@ if [[ -d $DEPS/usr ]]; then
   export CMAKE_PREFIX_PATH=$DEPS/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
   export LD_LIBRARY_PATH=$DEPS/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   export PATH=$DEPS/usr/bin:$PATH
+  # Sources that include a package's header by name (tests including <hiredis/hiredis.h>).
+  export CPATH=$DEPS/usr/include${CPATH:+:$CPATH}
+  export LIBRARY_PATH=$DEPS/usr/lib/x86_64-linux-gnu${LIBRARY_PATH:+:$LIBRARY_PATH}
 else
   echo "note: no build-deps/root (scripts/gpu_deps.sh): hiredis, liburing, redis, ZeroMQ absent"
 fi
