@@ -42,8 +42,12 @@ class BackupPlanner {
   void MaybeBackup(const std::vector<RadixNode*>& path, CacheWork* work)
       KVTIER_REQUIRES(kCacheLock);
   // Host -> storage for the unstored host path ending at `node` (only pages storage does not hold:
-  // the tree's `stored` marks, then the backend's Exists). False when nothing was queued (nothing
-  // to store, the queue is full — counted — or a node on the path is busy or storing).
+  // the tree's `stored` marks, then the backend's Exists per batch), in batches of
+  // max_backup_batch_pages (at most the backend's max_batch_pages). At most the room left in the
+  // bounded queue (max_backup_queue_pages) is queued: the rest of the path follows when those pages
+  // are stored. False when nothing was queued: nothing to store, the queue is full (counted as
+  // queue_full), a node on the path is busy, or an ancestor is being stored (the path is stored
+  // when that store completes, under a policy that stores on backup).
   bool Store(RadixNode* node, CacheWork* work) KVTIER_REQUIRES(kCacheLock);
 
   // Completions. A backup publishes its host pages (and, under a policy that stores on backup,
@@ -51,6 +55,8 @@ class BackupPlanner {
   // nodes (or the leading part of a node) whose pages all made it.
   void ReapBackup(CopyOp& op, CacheWork* work) KVTIER_REQUIRES(kCacheLock);
   void ReapStore(CopyOp& op, CacheWork* work) KVTIER_REQUIRES(kCacheLock);
+  // Stores the host-resident, unstored descendants of `node` (what waited for its store).
+  void StoreBelow(RadixNode* node, CacheWork* work) KVTIER_REQUIRES(kCacheLock);
 
  private:
   // The unbacked path ending at `node`, top-down, and its tokens (0: empty, or a node on it is

@@ -67,6 +67,8 @@ void CacheParts::Reap(CacheWork* work) {
       case CopyOp::Kind::kStore:
         planner.ReapStore(*op, work);
         break;
+      case CopyOp::Kind::kRemove:  // nothing to apply: the tree forgot the pages at Conclude
+        break;
     }
   });
 }
@@ -93,7 +95,8 @@ void CacheParts::Drain(CacheLock& lk, CacheWork* work, bool backups_only) {
     std::vector<std::shared_ptr<CopyOp>> waits;
     for (const auto& op : tracker.ops()) {
       if (op->kind == CopyOp::Kind::kPrefetch && !op->concluded) continue;  // its handle's
-      if (backups_only && op->kind != CopyOp::Kind::kBackup && op->kind != CopyOp::Kind::kStore) {
+      if (backups_only && op->kind != CopyOp::Kind::kBackup && op->kind != CopyOp::Kind::kStore &&
+          op->kind != CopyOp::Kind::kRemove) {
         continue;
       }
       waits.push_back(op);

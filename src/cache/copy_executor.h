@@ -44,8 +44,8 @@ class CopyExecutor {
   void SubmitGpu(CopyOp& op, CudaStream stream,
                  const std::vector<std::shared_ptr<CudaEventHandle>>& fences)
       KVTIER_EXCLUDES(kCacheLock);
-  // Prefetches: one GetAsync per batch. Stores: Exists first, then writes only what storage does
-  // not hold.
+  // Prefetches: one GetAsync per batch. Stores: per batch, Exists first, then writes only what
+  // storage does not hold. Removals: one RemoveAsync.
   void SubmitStorage(const std::shared_ptr<CopyOp>& op) KVTIER_EXCLUDES(kCacheLock);
   // A load-back's copy on the caller's `stream` (GPU, with per-layer events) or on this thread;
   // returns the copy's status as far as it is known (a GPU copy may still fail later).

@@ -36,6 +36,7 @@ struct CopyOp {
     kLoad,      // host -> device (LoadBack)
     kPrefetch,  // storage -> host
     kStore,     // host -> storage
+    kRemove,    // storage objects found corrupt, removed so that the next store writes them again
   };
   Kind kind = Kind::kBackup;
   bool gpu = false;         // completion through `event` (kBackup, kLoad on a GPU backend)
@@ -68,7 +69,7 @@ struct CopyOp {
   std::vector<PageStatus> page_status;  // storage operations
   std::vector<uint8_t> batch_done;      // storage operations, per batch
   int64_t batches_left = 0;
-  int64_t present_pages = 0;  // kStore: leading pages storage already held (not written)
+  int64_t present_pages = 0;  // kStore: pages storage already held (not written)
   bool submitted = false;
   std::atomic<bool> done{false};
   std::chrono::steady_clock::time_point finished;
@@ -121,7 +122,8 @@ class CopyTracker {
   // Storage: one batch's page outcomes (pages [first, first + statuses.size())).
   void CompleteBatch(CopyOp& op, int64_t batch, const Status& status,
                      const std::vector<PageStatus>& statuses);
-  void SetPresent(CopyOp& op, int64_t present_pages);
+  // kStore: `present_pages` more pages storage held already (each batch's Exists).
+  void AddPresent(CopyOp& op, int64_t present_pages);
 
   // ---- observation (any thread; never under the cache's mutex when it may block) -----------
   bool IsDone(CopyOp& op);

@@ -4,7 +4,8 @@
 // prefetching and busy; the pages are read in batches by the CopyExecutor. Progress: how much
 // arrived. Conclude (FinishPrefetch, Release, the destructor): the arrived prefix becomes host
 // pages of its nodes; pages storage reported absent or corrupt make their nodes (and storage-only
-// descendants) lose their storage mark; the rest is cancelled (pages of batches still running are
+// descendants) lose their storage mark, and corrupt ones are removed from storage (so the next
+// store writes them again); the rest is cancelled (pages of batches still running are
 // freed when they complete, by ReapPrefetch).
 //
 // Thread safety: every method REQUIRES the cache's mutex (cache/cache_core.h); nothing here waits
@@ -76,6 +77,11 @@ class Prefetcher {
       KVTIER_REQUIRES(kCacheLock);
   // Pages not handed over: freed now when their batch completed, else on completion.
   void ReleaseUnused(CopyOp& op, const Snapshot& s, int64_t used, std::vector<int64_t> to_free)
+      KVTIER_REQUIRES(kCacheLock);
+  // Pages read corrupt (not absent, not another deployment's) are removed from storage, so that
+  // the next store of the prefix writes them again instead of finding them present (the tree
+  // forgot them already: MarkGone).
+  void RemoveCorrupt(const CopyOp& op, const Snapshot& s, CacheWork* work)
       KVTIER_REQUIRES(kCacheLock);
   PrefetchState CountConclusion(const CopyOp& op, const Snapshot& s, int64_t used,
                                 PrefetchPolicy policy, bool cancelled) KVTIER_REQUIRES(kCacheLock);
