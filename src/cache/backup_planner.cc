@@ -138,7 +138,7 @@ void BackupPlanner::MaybeBackup(const std::vector<RadixNode*>& path, CacheWork* 
   }
 }
 
-bool BackupPlanner::Store(RadixNode* node, CacheWork* work) {
+bool BackupPlanner::Store(RadixNode* node, CacheWork* work, bool* deferred) {
   if (!core_.storage) return false;
   std::vector<RadixNode*> path;
   for (RadixNode* n = node; !n->is_root(); n = n->parent()) {
@@ -146,7 +146,11 @@ bool BackupPlanner::Store(RadixNode* node, CacheWork* work) {
     if (n->stored()) break;
     // Behind an ancestor's store in flight: that store, when it completes, stores what is below
     // it (StoreBelow). Busy (being read or copied): its completion starts the store.
-    if (n->storing() || n->busy() > 0 || n->keys().empty()) return false;
+    if (n->storing() || n->busy() > 0) {
+      if (deferred != nullptr) *deferred = true;
+      return false;
+    }
+    if (n->keys().empty()) return false;
     path.push_back(n);
   }
   if (path.empty()) return false;

@@ -48,7 +48,10 @@ class BackupPlanner {
   // are stored. False when nothing was queued: nothing to store, the queue is full (counted as
   // queue_full), a node on the path is busy, or an ancestor is being stored (the path is stored
   // when that store completes, under a policy that stores on backup).
-  bool Store(RadixNode* node, CacheWork* work) KVTIER_REQUIRES(kCacheLock);
+  // `deferred` (optional): set when nothing was queued because the path waits for a store or a
+  // copy in flight.
+  bool Store(RadixNode* node, CacheWork* work, bool* deferred = nullptr)
+      KVTIER_REQUIRES(kCacheLock);
 
   // Completions. A backup publishes its host pages (and, under a policy that stores on backup,
   // starts the store), or a failed one takes them back, deepest first. A store marks stored the

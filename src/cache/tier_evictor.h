@@ -31,7 +31,8 @@ class TierEvictor {
   // the copy has completed.
   int64_t EvictDevice(int64_t need, CacheWork* work) KVTIER_REQUIRES(kCacheLock);
   // Frees at least `need` host pages if it can; returns the pages freed now. Under write_back with
-  // a storage tier, unstored leaves are submitted for a store instead.
+  // a storage tier, unstored leaves are submitted for a store instead, and eviction stops at a
+  // leaf whose path waits for a store in flight (it is stored, then evictable, later).
   int64_t EvictHost(int64_t need, CacheWork* work) KVTIER_REQUIRES(kCacheLock);
   // Keeps the storage-only part of the tree within its bound; orphans go at once.
   void TrimStorage(CacheWork* work) KVTIER_REQUIRES(kCacheLock);
