@@ -71,6 +71,11 @@ inline constexpr std::string_view kMediumMemory = "MEMORY";
 // The 64-bit block hash of a page key (see above).
 uint64_t BlockHashOf(const PageKey& key);
 
+// The medium of a storage tier opened from `url`, by its scheme: "DISK" (file), "REDIS" (redis,
+// redis+cluster), "MEMORY" (memory), else the scheme in upper case ("STORAGE" without one). Only
+// the scheme is read (a URL's password never reaches an event).
+std::string StorageMediumOf(std::string_view url);
+
 // One or more consecutive blocks of one prefix chain entered `medium`.
 struct BlockStored {
   std::vector<uint64_t> block_hashes;

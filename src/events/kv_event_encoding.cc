@@ -3,6 +3,7 @@
 //
 // Thread safety: pure functions.
 #include <bit>
+#include <cctype>
 #include <msgpack.hpp>
 
 #include "kvtier/kv_events.h"
@@ -75,6 +76,18 @@ uint64_t BlockHashOf(const PageKey& key) {
     value = (value << 8) | key.bytes[i];
   }
   return value;
+}
+
+std::string StorageMediumOf(std::string_view url) {
+  const size_t sep = url.find("://");
+  if (sep == std::string_view::npos || sep == 0) return "STORAGE";
+  const std::string_view scheme = url.substr(0, sep);
+  if (scheme == "file") return std::string(kMediumDisk);
+  if (scheme == "redis" || scheme == "redis+cluster") return std::string(kMediumRedis);
+  if (scheme == "memory") return std::string(kMediumMemory);
+  std::string out(scheme);
+  for (char& c : out) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return out;
 }
 
 std::string EncodeKvEventBatch(const KvEventBatch& batch) {

@@ -91,5 +91,15 @@ TEST(KvEventEncodingTest, BlockHashIsTheLastEightBytesOfThePageKeyBigEndian) {
   EXPECT_EQ(BlockHashOf(low), 0x8000000000000001ull);
 }
 
+TEST(KvEventEncodingTest, StorageMediumComesFromTheSchemeOnly) {
+  EXPECT_EQ(StorageMediumOf("file:///var/kv"), "DISK");
+  EXPECT_EQ(StorageMediumOf("redis://:secret@127.0.0.1:6379/0"), "REDIS");
+  EXPECT_EQ(StorageMediumOf("redis+cluster://127.0.0.1:7000"), "REDIS");
+  EXPECT_EQ(StorageMediumOf("memory://?capacity=1GiB"), "MEMORY");
+  EXPECT_EQ(StorageMediumOf("s3://bucket/x"), "S3");
+  EXPECT_EQ(StorageMediumOf("no-scheme"), "STORAGE");
+  EXPECT_EQ(StorageMediumOf("://x"), "STORAGE");
+}
+
 }  // namespace
 }  // namespace kvtier
