@@ -53,6 +53,7 @@
 #include "cache/copy_tracker.h"
 #include "cache/device_page_ledger.h"
 #include "cache/host_tier.h"
+#include "cache/kv_event_emitter.h"
 #include "cache/radix_tree.h"
 #include "kvtier/hierarchical_cache.h"
 #include "storage/page_staging.h"
@@ -129,6 +130,9 @@ struct CacheCore {
   mutable std::mutex mu;
   mutable std::atomic<std::thread::id> owner{};  // who holds `mu` (MutexHeldByCurrentThread)
   RadixTree tree;
+  // KV events (config.kv_event_sink): the tree's tier changes, handed to the sink as CacheLock
+  // releases `mu` (null without a sink).
+  std::unique_ptr<KvEventEmitter> events;
   std::unique_ptr<DevicePageLedger> ledger;
   CopyTracker tracker;
   std::unordered_map<uint64_t, HandleState> handles;
@@ -199,11 +203,15 @@ class CacheLock {
  public:
   explicit CacheLock(const CacheCore& core) : core_(core), lk_(core.mu) { Own(); }
   ~CacheLock() {
-    if (lk_.owns_lock()) core_.owner.store(std::thread::id(), std::memory_order_relaxed);
+    if (lk_.owns_lock()) {
+      FlushEvents();
+      core_.owner.store(std::thread::id(), std::memory_order_relaxed);
+    }
   }
   CacheLock(const CacheLock&) = delete;
   CacheLock& operator=(const CacheLock&) = delete;
   void unlock() {
+    FlushEvents();
     core_.owner.store(std::thread::id(), std::memory_order_relaxed);
     lk_.unlock();
   }
@@ -214,6 +222,10 @@ class CacheLock {
 
  private:
   void Own() { core_.owner.store(std::this_thread::get_id(), std::memory_order_relaxed); }
+  // The events the tree's changes queued, in order, while `mu` is still held.
+  void FlushEvents() {
+    if (core_.events) core_.events->Flush();
+  }
   const CacheCore& core_;
   std::unique_lock<std::mutex> lk_;
 };

@@ -26,6 +26,15 @@ Status CacheParts::Open(const KvRegion& device_region, std::unique_ptr<TransferE
   KVTIER_RETURN_IF_ERROR(executor.Start());
   KVTIER_RETURN_IF_ERROR(OpenStorageTier(device_region));
   tree.SetSplitHook([this](RadixNode* upper, RadixNode* lower) { OnSplit(upper, lower); });
+  if (config.kv_event_sink) {
+    std::string medium = config.kv_event_storage_medium;
+    if (medium.empty() && storage) medium = StorageMediumOf(storage->url());
+    events = std::make_unique<KvEventEmitter>(config.kv_event_sink, P, std::move(medium));
+    tree.SetTierHook(
+        [emitter = events.get()](const RadixNode& node, RadixTree::Tier tier, bool entered) {
+          emitter->OnTierChange(node, tier, entered);
+        });
+  }
   return Status::OK();
 }
 

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "cache/radix_tree.h"
+#include "kvtier/hierarchical_cache.h"
 #include "kvtier/kv_events.h"
 
 namespace kvtier {
@@ -46,13 +47,9 @@ class KvEventEmitter {
   int64_t nodes_without_keys_ = 0;
 };
 
-// The block hashes of the pages each tier of `tree` holds, sorted: device, host, storage. Pages of
-// nodes without keys are keyed from their prefix tokens (their namespace as the salt).
-struct TierBlockHashes {
-  std::vector<uint64_t> device;
-  std::vector<uint64_t> host;
-  std::vector<uint64_t> storage;
-};
+// The block hashes of the pages each tier of `tree` holds, sorted
+// (HierarchicalCache::CachedBlocks). Pages of nodes without keys are keyed from their prefix tokens
+// (their namespace as the salt).
 Result<TierBlockHashes> CachedBlocksOf(const RadixTree& tree);
 
 }  // namespace kvtier
