@@ -16,10 +16,12 @@
 #include <optional>
 #include <span>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "kvtier/device.h"
 #include "kvtier/hierarchical_cache.h"
+#include "kvtier/kv_events.h"
 #include "kvtier/kv_pattern.h"
 #include "kvtier/shared_host_pool.h"
 #include "kvtier/storage.h"
@@ -230,6 +232,17 @@ Status ReplayOptions::Validate() const {
   KVTIER_RETURN_IF_ERROR(OneOf("--verify", verify, {"all", "sample"}));
   KVTIER_RETURN_IF_ERROR(OneOf("--runs", runs, {"all", "hierarchy", "no_cache,hierarchy"}));
   KVTIER_RETURN_IF_ERROR(BoundReal("--slow-class-margin", slow_class_margin, 0, 10));
+  if (kv_events.empty() && (!kv_events_replay.empty() || !kv_events_topic.empty())) {
+    return Status::InvalidArgument("--kv-events-replay and --kv-events-topic need --kv-events");
+  }
+  KVTIER_RETURN_IF_ERROR(BoundReal("--kv-events-hold", kv_events_hold_s, 0, 3600));
+  if (kv_events.empty() && kv_events_hold_s > 0) {
+    return Status::InvalidArgument("--kv-events-hold needs --kv-events");
+  }
+  if (!kv_events.empty() && !sweep.empty()) {
+    return Status::InvalidArgument(
+        "--kv-events publishes one hierarchy run's events; --sweep makes several");
+  }
   if (!fault.empty()) {
     KVTIER_RETURN_IF_ERROR(ParseFault(fault).status());
     if (storage == "none") {
@@ -328,6 +341,7 @@ struct Setup {
   // there is no baseline for the store (then `storage_ceiling.how` says why).
   bool storage_ceiling_measured = false;
   StorageCeiling storage_ceiling;
+  std::shared_ptr<KvEventPublisher> kv_events;  // --kv-events: the hierarchy run's sink
 };
 
 // A request between its Match and its Release.
@@ -541,6 +555,17 @@ class RunDriver {
     if (cache_ != nullptr) {
       KVTIER_RETURN_IF_ERROR(cache_->WaitForBackups().WithContext("waiting for backups"));
       summary_.cache = cache_->stats();
+      if (kind_ == RunKind::kHierarchy && s_.kv_events != nullptr) {
+        // The blocks the events describe, then every batch sent (the seq they end at).
+        KVTIER_ASSIGN_OR_RETURN(summary_.kv_blocks, cache_->CachedBlocks());
+        if (!s_.kv_events->Flush(std::chrono::seconds(30))) {
+          return Status::Unavailable("--kv-events: batches still queued after 30 s");
+        }
+        summary_.has_kv_events = true;
+        summary_.kv_events = s_.kv_events->stats();
+        summary_.kv_events_endpoint = s_.kv_events->endpoint();
+        summary_.kv_events_replay_endpoint = s_.kv_events->replay_endpoint();
+      }
       if (o_.metrics) summary_.metrics = cache_->Metrics();
       if (StorageBackend* b = cache_->storage(); b != nullptr) {
         summary_.has_storage = true;
@@ -604,6 +629,12 @@ class RunDriver {
             0, storage_->capacity_bytes() / page_bytes - c.host_capacity_bytes / page_bytes);
       }
       summary_.storage = storage_->url();
+    }
+    if (kind_ == RunKind::kHierarchy && s_.kv_events != nullptr) {
+      c.kv_event_sink = s_.kv_events;
+      if (c.storage.backend != nullptr) {
+        summary_.kv_events_storage_medium = StorageMediumOf(c.storage.backend->url());
+      }
     }
     KVTIER_ASSIGN_OR_RETURN(cache_, HierarchicalCache::Create(c, s_.engine->device_region()));
     summary_.has_cache = true;
@@ -912,6 +943,19 @@ int RunReplay(const ReplayOptions& input) {
     s.fault_at_s = f.down_at_s;
     s.fault_delay_ms = f.delay_ms;
   }
+  if (!o.kv_events.empty()) {
+    KvEventPublisherConfig events;
+    events.endpoint = o.kv_events;
+    events.replay_endpoint = o.kv_events_replay;
+    events.topic = o.kv_events_topic;
+    Result<std::unique_ptr<KvEventPublisher>> pub = KvEventPublisher::Open(events);
+    if (!pub.ok()) return fail(pub.status().WithContext("--kv-events"));
+    s.kv_events = std::move(*pub);
+    // Subscribers may want the bound ports ('*') before the run ends.
+    std::fprintf(stderr, "kvtier replay: kv events on %s%s%s\n", s.kv_events->endpoint().c_str(),
+                 s.kv_events->replay_endpoint().empty() ? "" : ", replay socket on ",
+                 s.kv_events->replay_endpoint().c_str());
+  }
   if (Status st = LoadWorkload(o, &s.workload); !st.ok()) {
     std::fprintf(stderr, "kvtier replay: %s\n", st.message().c_str());
     return st.IsInvalidArgument() || st.IsNotFound() ? 2 : 1;
@@ -1071,6 +1115,12 @@ int RunReplay(const ReplayOptions& input) {
                  static_cast<long long>(c.requests), 1 + o.slow_class_margin,
                  o.slow_class_warn ? "" : " (--slow-class-warn makes this a warning)");
     if (!o.slow_class_warn && code == 0) code = 3;
+  }
+  if (s.kv_events != nullptr && o.kv_events_hold_s > 0) {
+    // The report is written: subscribers that missed batches can still ask the replay socket.
+    std::fprintf(stderr, "kvtier replay: holding the kv event sockets open for %g s\n",
+                 o.kv_events_hold_s);
+    std::this_thread::sleep_for(std::chrono::duration<double>(o.kv_events_hold_s));
   }
   return code;
 }

@@ -94,6 +94,13 @@ struct ReplayOptions {
   std::string json_path;
   std::string plot_path;
   std::string sweep;  // "host-tokens=A,B,C"
+  // --kv-events ENDPOINT: the hierarchy run publishes its KV events there (kvtier/kv_events.h;
+  // bound when it has '*', else connected, as vLLM does), with a replay socket bound at
+  // --kv-events-replay and every message under --kv-events-topic.
+  std::string kv_events;
+  std::string kv_events_replay;
+  std::string kv_events_topic;
+  double kv_events_hold_s = 0;  // --kv-events-hold: sockets stay open this long after the run
   bool metrics = false;
   bool progress = true;
   // Runs to make: "all" (no cache, device-only, hierarchy), "no_cache,hierarchy" or "hierarchy".
