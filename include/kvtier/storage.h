@@ -165,6 +165,12 @@ class StorageBackend {
   // Starts the I/O threads. A backend calls it at the end of its own setup.
   Status Start();
 
+  // For hooks: runs fn(0) ... fn(n - 1), in parallel on this backend's idle I/O threads (read
+  // work before write work; a write's pages within the writes' share of the threads) and on the
+  // calling one, and returns when all have returned. Called from any other thread, or with
+  // io_threads = 1, it runs them in order on the caller. `fn` must not throw.
+  void ParallelFor(int64_t n, const std::function<void(int64_t)>& fn);
+
   // Hooks, called on an I/O thread with validated arguments; they must return by `deadline`
   // (pages not done then are kTimedOut) and never throw. `out` has one entry per key,
   // pre-filled with kSkipped.
