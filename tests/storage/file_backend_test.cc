@@ -11,6 +11,7 @@
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -24,6 +25,7 @@
 
 #include "kvtier/storage.h"
 #include "kvtier/storage_fault.h"
+#include "storage/file_io.h"
 #include "storage/page_format.h"
 
 namespace kvtier {
@@ -163,7 +165,94 @@ TEST_P(FileBackendTest, RoundTripLayoutAndPermissions) {
   const StorageStats s = b->Stats();
   EXPECT_EQ(s.stored_pages, 19);
   EXPECT_EQ(s.stored_bytes, 19 * kValueBytes);
-  EXPECT_EQ(s.capacity_bytes, -1);
+  EXPECT_GT(s.capacity_bytes, 0);  // derived from the free space (DefaultCapacity... below)
+}
+
+// Without `capacity` the bound is half of the free space at open plus what the namespace already
+// stores; capacity=0 is an error, as for memory://.
+TEST_P(FileBackendTest, DefaultCapacityIsDerivedFromTheFreeSpace) {
+  {
+    auto b = Open();
+    const auto keys = Keys(8);
+    Pages in(8, 2);
+    ASSERT_EQ(b->Set(keys, in.buffers).get().leading_ok(), 8);
+  }
+  struct statvfs vfs;
+  ASSERT_EQ(::statvfs(root_.c_str(), &vfs), 0);
+  const double free_before = static_cast<double>(vfs.f_bavail) * static_cast<double>(vfs.f_frsize);
+  auto b = Open();
+  ASSERT_EQ(::statvfs(root_.c_str(), &vfs), 0);
+  const double free_after = static_cast<double>(vfs.f_bavail) * static_cast<double>(vfs.f_frsize);
+  const double capacity = static_cast<double>(b->Stats().capacity_bytes);
+  // Other processes may write meanwhile: within 5 % of the rule.
+  EXPECT_GE(capacity, 0.95 * (std::min(free_before, free_after) + 8 * kValueBytes) / 2);
+  EXPECT_LE(capacity, 1.05 * (std::max(free_before, free_after) + 8 * kValueBytes) / 2);
+  EXPECT_EQ(b->Stats().stored_pages, 8);
+
+  for (const char* params : {"?capacity=0", "?capacity=0B"}) {
+    auto r = OpenStorage(Url(params), SmallNamespace());
+    ASSERT_FALSE(r.ok()) << params;
+    EXPECT_TRUE(r.status().IsInvalidArgument()) << r.status().ToString();
+    EXPECT_NE(r.status().message().find("capacity"), std::string::npos) << r.status().ToString();
+  }
+}
+
+// Every path beneath the store root is opened with no symlink followed, with openat2 and with the
+// component-by-component openat fallback: a shard directory or the namespace directory replaced
+// by a symlink to a directory outside the store (holding a valid copy of the page) is never read
+// nor written through, and a restart does not index it.
+TEST_P(FileBackendTest, SymlinkedShardAndNamespaceDirectoriesAreRefused) {
+  struct RestoreResolution {
+    ~RestoreResolution() { storage::ForceOpenatFallbackForTesting(false); }
+  } restore;
+  for (const bool fallback : {false, true}) {
+    SCOPED_TRACE(fallback ? "openat fallback" : "openat2");
+    storage::ForceOpenatFallbackForTesting(fallback);
+    const std::string store = root_ + "/store";
+    fs::remove_all(store);
+    auto b = Open();
+    const auto keys = Keys(2, fallback ? "b" : "a");
+    Pages in(2, 9);
+    ASSERT_EQ(b->Set({keys[0]}, {in.buffers[0]}).get().leading_ok(), 1);
+    // The shard directory moves outside the store; a symlink takes its place.
+    const std::string shard = fs::path(PathOf(keys[0])).parent_path().string();
+    const std::string outside = root_ + "/outside";
+    fs::remove_all(outside);
+    ASSERT_EQ(::rename(shard.c_str(), outside.c_str()), 0);
+    ASSERT_EQ(::symlink(outside.c_str(), shard.c_str()), 0);
+    const auto outside_before = std::distance(fs::directory_iterator(outside), {});
+    EXPECT_EQ(GetOne(*b, keys[0], in.bytes[0]), PageStatus::kCorrupt);
+    // A Set into that shard fails, and writes nothing outside.
+    EXPECT_EQ(b->Set({keys[0]}, {in.buffers[0]}).get().pages[0], PageStatus::kFailed);
+    EXPECT_EQ(std::distance(fs::directory_iterator(outside), {}), outside_before);
+    // Removing the page does not unlink through the symlink either.
+    b->Remove({keys[0]}).get();
+    EXPECT_TRUE(fs::exists(fs::path(outside) / keys[0].Hex()));
+    // A restart skips the symlinked shard.
+    b.reset();
+    b = Open();
+    EXPECT_EQ(b->Stats().stored_pages, 0);
+    EXPECT_EQ(b->Exists({keys[0]}).get().leading, 0);
+
+    // The namespace directory replaced by a symlink: every page is refused, nothing written.
+    const std::string ns_dir = store + "/" + SmallNamespace().Name();
+    const std::string outside_ns = root_ + "/outside_ns";
+    fs::remove_all(outside_ns);
+    ASSERT_EQ(::rename(ns_dir.c_str(), outside_ns.c_str()), 0);
+    ASSERT_EQ(::symlink(outside_ns.c_str(), ns_dir.c_str()), 0);
+    EXPECT_EQ(b->Set({keys[1]}, {in.buffers[1]}).get().pages[0], PageStatus::kFailed);
+    EXPECT_EQ(GetOne(*b, keys[1], in.bytes[1]), PageStatus::kCorrupt);
+    for (const auto& e : fs::recursive_directory_iterator(outside_ns)) {
+      EXPECT_NE(e.path().filename().string(), keys[1].Hex()) << "written through a symlink";
+      EXPECT_FALSE(e.path().filename().string().starts_with(".tmp.")) << e.path();
+    }
+    // Opening a store whose namespace directory is a symlink is an IOError naming it.
+    b.reset();
+    auto r = OpenStorage(Url(), SmallNamespace());
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kIOError) << r.status().ToString();
+    EXPECT_NE(r.status().message().find("symlink"), std::string::npos) << r.status().ToString();
+  }
 }
 
 TEST_P(FileBackendTest, BadUrls) {
