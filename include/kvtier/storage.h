@@ -101,13 +101,20 @@ struct ExistsResult {
 };
 
 struct StorageOptions {
-  int io_threads = 4;                       // the backend's I/O threads, in [1, 64]
+  // The backend's I/O threads, in [1, 64], or 0 (the default): from the machine,
+  // min(cores, 16) and at least 4 (DefaultIoThreads). A backend's options() show the number used.
+  int io_threads = 0;
   int max_queued_batches = 256;             // reads (and, apart, writes) waiting; more are rejected
   std::chrono::milliseconds timeout{2000};  // per call, from when an I/O thread takes it
   int64_t max_batch_pages = 4096;           // InvalidArgument beyond this
   // InvalidArgument naming the field.
   Status Validate() const;
 };
+
+// What io_threads = 0 means on this machine: std::thread::hardware_concurrency() capped at 16,
+// at least 4 (reads of a page-cached store scale with threads up to about the core count; 4
+// keeps a small machine's reads overlapped with its writes).
+int DefaultIoThreads();
 
 // Counters (monotonic) and gauges of one backend.
 struct StorageStats {

@@ -93,10 +93,23 @@ BatchResult BatchResult::Failed(Status status, size_t num_pages) {
   return r;
 }
 
+int DefaultIoThreads() {
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  return std::clamp(cores, 4, 16);
+}
+
+namespace {
+StorageOptions Resolved(StorageOptions options) {
+  if (options.io_threads == 0) options.io_threads = DefaultIoThreads();
+  return options;
+}
+}  // namespace
+
 Status StorageOptions::Validate() const {
-  if (io_threads < 1 || io_threads > 64) {
-    return Status::InvalidArgument(
-        fmt::format("storage options: io_threads must be in [1, 64], got {}", io_threads));
+  if (io_threads < 0 || io_threads > 64) {
+    return Status::InvalidArgument(fmt::format(
+        "storage options: io_threads must be in [1, 64], or 0 for the machine's default; got {}",
+        io_threads));
   }
   if (max_queued_batches < 1) {
     return Status::InvalidArgument(fmt::format(
@@ -255,7 +268,7 @@ struct StorageBackend::Queue {
 StorageBackend::StorageBackend(std::string url, StorageNamespace ns, StorageOptions options)
     : url_(std::move(url)),
       ns_(std::move(ns)),
-      options_(std::move(options)),
+      options_(Resolved(std::move(options))),
       queue_(std::make_unique<Queue>()) {}
 
 StorageBackend::~StorageBackend() { Close(); }

@@ -462,5 +462,22 @@ TEST(StorageBackendTest, ParallelForSharesPagesWithinTheWritersShare) {
   EXPECT_LE(b.threads().size(), 8u);  // only the backend's own threads ever ran a page
 }
 
+// io_threads = 0 (the default) means min(cores, 16), at least 4; a backend's options() show the
+// number it runs.
+TEST(StorageBackendTest, DefaultIoThreadsComeFromTheMachine) {
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  EXPECT_EQ(DefaultIoThreads(), std::min(16, std::max(4, cores)));
+  EXPECT_EQ(StorageOptions{}.io_threads, 0);
+  EXPECT_TRUE(StorageOptions{}.Validate().ok());
+  auto b = OpenStorage("memory://?capacity=1MiB", SmallNamespace());
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_EQ((*b)->options().io_threads, DefaultIoThreads());
+  StorageOptions three;
+  three.io_threads = 3;
+  auto c = OpenStorage("memory://?capacity=1MiB", SmallNamespace(), three);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ((*c)->options().io_threads, 3);
+}
+
 }  // namespace
 }  // namespace kvtier
