@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -69,6 +70,27 @@ Status MakeDirs(const std::string& path) {
     return Status::IOError(fmt::format("{} is not a directory", path));
   }
   return Status::OK();
+}
+
+// Direct I/O (direct=1): file offsets, lengths and memory aligned to this.
+constexpr size_t kDirectAlign = 4096;
+static_assert(kFilePayloadOffset == kDirectAlign);
+
+struct AlignedFree {
+  void operator()(std::byte* p) const { std::free(p); }
+};
+
+// Whether a direct read can land straight in `buffer`: every segment starts on a 4 KiB boundary
+// and every one but the last holds whole 4 KiB blocks.
+bool DirectAligned(const PageBuffer& buffer) {
+  int last = buffer.num_segments - 1;
+  while (last > 0 && buffer.segments[static_cast<size_t>(last)].empty()) --last;
+  for (int s = 0; s <= last; ++s) {
+    const auto& seg = buffer.segments[static_cast<size_t>(s)];
+    if (reinterpret_cast<uintptr_t>(seg.data()) % kDirectAlign != 0) return false;
+    if (s < last && seg.size() % kDirectAlign != 0) return false;
+  }
+  return true;
 }
 
 std::string FormatBytes(int64_t bytes) {
@@ -136,6 +158,7 @@ class FileBackend final : public StorageBackend {
     std::optional<int64_t> capacity;  // bytes of files in this namespace's directory
     bool fsync = false;
     bool io_uring = false;  // reads through io_uring (when built with liburing)
+    bool direct = false;    // O_DIRECT reads and writes (direct=1; with io_uring where present)
   };
 
   FileBackend(std::string url, const StorageNamespace& ns, const StorageOptions& options,
@@ -151,6 +174,7 @@ class FileBackend final : public StorageBackend {
     KVTIER_RETURN_IF_ERROR(OpenRoot());
     Fd ns_dir;
     KVTIER_RETURN_IF_ERROR(EnsureNamespaceDir(&ns_dir));
+    if (config_.direct) KVTIER_RETURN_IF_ERROR(ProbeDirect(ns_dir.get()));
     KVTIER_ASSIGN_OR_RETURN(std::vector<FileIndex::Found> found, ScanPages(ns_dir.get()));
     int64_t capacity = 0;
     if (config_.capacity) {
@@ -187,7 +211,10 @@ class FileBackend final : public StorageBackend {
   void DoGet(std::span<const PageKey> keys, std::span<const PageBuffer> buffers,
              std::span<PageStatus> out, Clock::time_point deadline) override {
 #if KVTIER_HAVE_URING
-    if (config_.io_uring) {
+    // Direct reads straight into the caller's buffers need them 4 KiB-aligned; otherwise each
+    // page goes through a bounce buffer on the thread path.
+    if (config_.io_uring ||
+        (config_.direct && std::all_of(buffers.begin(), buffers.end(), DirectAligned))) {
       if (io_uring* ring = ThreadRing()) {
         GetWithUring(*ring, keys, buffers, out, deadline);
         return;
@@ -319,6 +346,11 @@ class FileBackend final : public StorageBackend {
   // (to notice a file longer than a page) go.
   struct PageRead {
     int fd = -1;
+    // Direct reads: [0, 4 KiB) takes the header block, [4 KiB, 8 KiB) the payload's last partial
+    // block, whose bytes then go to `tail_dst`.
+    std::unique_ptr<std::byte, AlignedFree> block;
+    std::byte* tail_dst = nullptr;
+    size_t tail_bytes = 0;
     std::byte header[kPageHeaderBytes];
     std::byte pad[kFilePayloadOffset - kPageHeaderBytes];
     std::byte extra;
@@ -343,6 +375,34 @@ class FileBackend final : public StorageBackend {
       }
       iov[iovcnt++] = {&extra, 1};
     }
+    // The iovecs of one O_DIRECT read of the whole file. REQUIRES: DirectAligned(buffer).
+    void PrepareDirect(const PageBuffer& buffer) {
+      if (!block)
+        block.reset(static_cast<std::byte*>(std::aligned_alloc(kDirectAlign, 2 * kDirectAlign)));
+      iovcnt = 0;
+      tail_dst = nullptr;
+      tail_bytes = 0;
+      iov[iovcnt++] = {block.get(), kDirectAlign};
+      int last = buffer.num_segments - 1;
+      while (last > 0 && buffer.segments[static_cast<size_t>(last)].empty()) --last;
+      for (int s = 0; s <= last; ++s) {
+        const auto& seg = buffer.segments[static_cast<size_t>(s)];
+        const size_t whole = s < last ? seg.size() : seg.size() / kDirectAlign * kDirectAlign;
+        if (whole > 0) iov[iovcnt++] = {seg.data(), whole};
+        if (s == last && whole < seg.size()) {
+          tail_dst = seg.data() + whole;
+          tail_bytes = seg.size() - whole;
+          iov[iovcnt++] = {block.get() + kDirectAlign, kDirectAlign};
+        }
+      }
+    }
+    // After a direct read: the header and padding, and the payload's tail, where the checks and
+    // the caller expect them.
+    void PlaceDirect() {
+      std::memcpy(header, block.get(), sizeof(header));
+      std::memcpy(pad, block.get() + sizeof(header), sizeof(pad));
+      if (tail_bytes > 0) std::memcpy(tail_dst, block.get() + kDirectAlign, tail_bytes);
+    }
   };
 
   // Opens the page's file for `read`; kOk, or the page's outcome.
@@ -350,7 +410,7 @@ class FileBackend final : public StorageBackend {
     // O_NONBLOCK: a FIFO or device put in place of a page must not block the open.
     const std::string hex = key.Hex();
     read.fd = OpenBeneath(Root()->get(), {ns_name_, std::string_view(hex).substr(0, 2), hex},
-                          O_RDONLY | O_NONBLOCK);
+                          O_RDONLY | O_NONBLOCK | (config_.direct ? O_DIRECT : 0));
     if (read.fd < 0) {
       if (errno == ENOENT) {
         index_->Erase(key);
@@ -358,20 +418,28 @@ class FileBackend final : public StorageBackend {
       }
       // A symlink on the path (ELOOP), a path leaving the root (EXDEV), a shard that is not a
       // directory (ENOTDIR): never followed, a miss.
-      return errno == ELOOP || errno == EXDEV || errno == ENOTDIR ? PageStatus::kCorrupt
-                                                                  : PageStatus::kFailed;
+      // With direct=1, EINVAL: something that takes no O_DIRECT (a FIFO, a device) in its place.
+      return errno == ELOOP || errno == EXDEV || errno == ENOTDIR ||
+                     (config_.direct && errno == EINVAL)
+                 ? PageStatus::kCorrupt
+                 : PageStatus::kFailed;
     }
     struct stat st;
     if (::fstat(read.fd, &st) != 0) return PageStatus::kFailed;
     if (!S_ISREG(st.st_mode)) return PageStatus::kCorrupt;
     if (st.st_size != value_bytes_) return PageStatus::kCorrupt;  // truncated or too long
-    read.Prepare(buffer);
+    if (config_.direct) {
+      if (DirectAligned(buffer)) read.PrepareDirect(buffer);
+    } else {
+      read.Prepare(buffer);
+    }
     return PageStatus::kOk;
   }
 
   // Checks what `read` brought in; on a hit stamps the file as the most recently used.
   PageStatus FinishRead(const PageKey& key, const PageBuffer& buffer, PageRead& read) {
     if (read.got != value_bytes_) return PageStatus::kCorrupt;  // truncated or too long
+    if (read.block) read.PlaceDirect();
     PageHeader parsed;
     PageStatus st = ParsePageHeader(std::span(read.header), namespace_hash_, key,
                                     static_cast<uint64_t>(buffer.bytes()), &parsed);
@@ -396,6 +464,12 @@ class FileBackend final : public StorageBackend {
     PageRead read;
     const PageStatus opened = OpenForRead(key, buffer, read);
     if (opened != PageStatus::kOk) return opened;
+    if (config_.direct) {
+      if (!read.block) return GetOneBounced(key, buffer, read);
+      read.got = DirectRead(read.fd, read.iov, read.iovcnt, 0);
+      if (read.got < 0) return PageStatus::kFailed;
+      return FinishRead(key, buffer, read);
+    }
     PayloadChunks chunks(buffer);
     std::optional<PayloadHasher> hasher;
     uint64_t stored_checksum = 0;
@@ -510,8 +584,13 @@ class FileBackend final : public StorageBackend {
   PageStatus Finish(const PageKey& key, const PageBuffer& buffer, PageRead& r, bool cancelled) {
     if (r.got > 0 && r.got < value_bytes_) {
       // A short read that may not be the end of the file: read it again the plain way.
-      r.Prepare(buffer);
-      r.got = ReadFull(r.fd, r.iov, r.iovcnt, 0);
+      if (r.block) {
+        r.PrepareDirect(buffer);
+        r.got = DirectRead(r.fd, r.iov, r.iovcnt, 0);
+      } else {
+        r.Prepare(buffer);
+        r.got = ReadFull(r.fd, r.iov, r.iovcnt, 0);
+      }
     }
     if (r.got == kCancelled || (r.got == kReadError && cancelled)) return PageStatus::kTimedOut;
     if (r.got < 0) return PageStatus::kFailed;
@@ -562,6 +641,138 @@ class FileBackend final : public StorageBackend {
     return WriteFull(fd, encoded, sizeof(encoded), 0);
   }
 
+  // ---- direct I/O (direct=1) ----------------------------------------------------------------
+
+  // O_DIRECT works on the store's file system (tmpfs, for one, refuses it).
+  Status ProbeDirect(int ns_dirfd) {
+    const std::string probe = fmt::format("{}{}.direct-probe", kTempPrefix, ::getpid());
+    Fd fd(::openat(ns_dirfd, probe.c_str(),
+                   O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW | O_DIRECT, 0600));
+    const int error = errno;
+    ::unlinkat(ns_dirfd, probe.c_str(), 0);
+    if (!fd.ok()) {
+      return Status::InvalidArgument(fmt::format(
+          "storage URL '{}': direct=1, but the file system of {} does not take O_DIRECT ({}); "
+          "leave direct out",
+          url(), config_.root, std::strerror(error)));
+    }
+    return Status::OK();
+  }
+
+  // This I/O thread's 4 KiB-aligned bounce buffer of one chunk (pages whose buffers are not
+  // aligned, and every direct write).
+  static std::byte* Bounce() {
+    thread_local std::unique_ptr<std::byte, AlignedFree> buffer(
+        static_cast<std::byte*>(std::aligned_alloc(kDirectAlign, kChunkBytes)));
+    return buffer.get();
+  }
+
+  // preadv until the iovecs are full or a read ends off a 4 KiB boundary (the end of the file:
+  // O_DIRECT cannot continue from there). Bytes read, or -1.
+  static ssize_t DirectRead(int fd, iovec* iov, int iovcnt, off_t offset) {
+    const off_t start = offset;
+    while (iovcnt > 0) {
+      const ssize_t n = ::preadv(fd, iov, iovcnt, offset);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return -1;
+      }
+      offset += n;
+      if (n == 0 || offset % static_cast<off_t>(kDirectAlign) != 0) break;
+      size_t left = static_cast<size_t>(n);
+      while (iovcnt > 0 && left >= iov->iov_len) {
+        left -= iov->iov_len;
+        ++iov, --iovcnt;
+      }
+      if (iovcnt > 0) {
+        iov->iov_base = static_cast<char*>(iov->iov_base) + left;
+        iov->iov_len -= left;
+      }
+    }
+    return offset - start;
+  }
+
+  // A direct read through the bounce buffer, chunk by chunk, each chunk hashed and copied out.
+  PageStatus GetOneBounced(const PageKey& key, const PageBuffer& buffer, PageRead& read) {
+    std::byte* bounce = Bounce();
+    std::optional<PayloadHasher> hasher;
+    uint64_t stored_checksum = 0;
+    int seg = 0;
+    size_t at = 0;  // in segment `seg`
+    for (off_t offset = 0; offset < value_bytes_; offset += static_cast<off_t>(kChunkBytes)) {
+      iovec iov{bounce, kChunkBytes};
+      const ssize_t got = DirectRead(read.fd, &iov, 1, offset);
+      if (got < 0) return PageStatus::kFailed;
+      const size_t wanted =
+          static_cast<size_t>(std::min<int64_t>(kChunkBytes, value_bytes_ - offset));
+      if (static_cast<size_t>(got) != wanted) return PageStatus::kCorrupt;  // length changed
+      size_t from = 0;
+      if (offset == 0) {
+        std::memcpy(read.header, bounce, sizeof(read.header));
+        std::memcpy(read.pad, bounce + sizeof(read.header), sizeof(read.pad));
+        PageHeader parsed;
+        const PageStatus st = ParsePageHeader(std::span(read.header), namespace_hash_, key,
+                                              static_cast<uint64_t>(buffer.bytes()), &parsed);
+        if (st != PageStatus::kOk) return st;
+        if (!read.PadIsZero()) return PageStatus::kCorrupt;
+        hasher.emplace(parsed.checksum_kind);
+        if (!hasher->ok()) return PageStatus::kCorrupt;
+        stored_checksum = parsed.payload_checksum;
+        from = kFilePayloadOffset;
+      }
+      hasher->Update({bounce + from, wanted - from});
+      while (from < wanted) {  // copy out into the segments
+        const auto& s = buffer.segments[static_cast<size_t>(seg)];
+        const size_t take = std::min(wanted - from, s.size() - at);
+        std::memcpy(s.data() + at, bounce + from, take);
+        from += take;
+        at += take;
+        if (at == s.size()) ++seg, at = 0;
+      }
+    }
+    if (hasher->Digest() != stored_checksum) return PageStatus::kCorrupt;
+    return MarkHit(key, read.fd);
+  }
+
+  // A direct write: the payload copied chunk by chunk into the bounce buffer (hashed there), each
+  // chunk written at its 4 KiB-aligned place, the last one padded to 4 KiB; then the header block
+  // at offset 0 and the file cut to its size.
+  bool WriteDirect(int fd, const PageKey& key, const PageBuffer& buffer) {
+    PageHeader header = NewPageHeader(namespace_hash_, key, static_cast<uint64_t>(buffer.bytes()));
+    PayloadHasher hasher(header.checksum_kind);
+    if (!hasher.ok()) {
+      errno = EINVAL;
+      return false;
+    }
+    std::byte* bounce = Bounce();
+    off_t offset = kFilePayloadOffset;
+    size_t fill = 0;
+    auto flush = [&]() {
+      hasher.Update({bounce, fill});
+      const size_t padded = (fill + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+      std::memset(bounce + fill, 0, padded - fill);
+      const bool ok = WriteFull(fd, bounce, padded, offset);
+      offset += static_cast<off_t>(padded);
+      fill = 0;
+      return ok;
+    };
+    for (int s = 0; s < buffer.num_segments; ++s) {
+      const auto& seg = buffer.segments[static_cast<size_t>(s)];
+      for (size_t at = 0; at < seg.size();) {
+        const size_t take = std::min(kChunkBytes - fill, seg.size() - at);
+        std::memcpy(bounce + fill, seg.data() + at, take);
+        fill += take;
+        at += take;
+        if (fill == kChunkBytes && !flush()) return false;
+      }
+    }
+    if (fill > 0 && !flush()) return false;
+    header.payload_checksum = hasher.Digest();
+    std::memset(bounce, 0, kDirectAlign);
+    EncodePageHeader(header, std::span(bounce, kDirectAlign).first<kPageHeaderBytes>());
+    return WriteFull(fd, bounce, kDirectAlign, 0) && ::ftruncate(fd, value_bytes_) == 0;
+  }
+
   PageStatus SetOne(const PageKey& key, const PageBuffer& buffer) {
     if (value_bytes_ > index_->capacity()) return PageStatus::kFailed;
     const std::string hex = key.Hex();
@@ -575,14 +786,17 @@ class FileBackend final : public StorageBackend {
     }
     const std::string temp =
         fmt::format("{}{}.{}.{}", kTempPrefix, ::getpid(), temp_counter_.fetch_add(1), hex);
-    Fd fd(::openat(shard.get(), temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW,
-                   0600));
+    Fd fd(::openat(
+        shard.get(), temp.c_str(),
+        O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW | (config_.direct ? O_DIRECT : 0),
+        0600));
     if (!fd.ok()) {
       util::Log(util::LogLevel::kWarning, "storage {}: cannot create {}/{}/{}: {}", url(), ns_name_,
                 hex.substr(0, 2), temp, std::strerror(errno));
       return PageStatus::kFailed;
     }
-    bool ok = WritePayloadAndHeader(fd.get(), key, buffer) &&
+    bool ok = (config_.direct ? WriteDirect(fd.get(), key, buffer)
+                              : WritePayloadAndHeader(fd.get(), key, buffer)) &&
               (!config_.fsync || ::fdatasync(fd.get()) == 0);
     int64_t stamp = 0;
     if (ok) {
@@ -622,7 +836,9 @@ Result<std::unique_ptr<StorageBackend>> OpenFileStorage(std::string_view url,
   KVTIER_ASSIGN_OR_RETURN(std::optional<int64_t> capacity, parsed.TakeByteSize("capacity"));
   KVTIER_ASSIGN_OR_RETURN(std::optional<bool> fsync, parsed.TakeBool("fsync"));
   const std::optional<std::string> io = parsed.Take("io");
+  KVTIER_ASSIGN_OR_RETURN(std::optional<bool> direct, parsed.TakeBool("direct"));
   KVTIER_RETURN_IF_ERROR(parsed.CheckAllTaken(url));
+  config.direct = direct.value_or(false);
   if (capacity && *capacity < 1) {
     return Status::InvalidArgument(fmt::format(
         "storage URL '{}': capacity must be at least 1 byte (leave it out for a bound derived "

@@ -1,7 +1,7 @@
 // Internal: the `file://` backend — one file per page under a directory, for a local disk cache
 // that outlives the process and can be shared by processes on one host.
 //
-//   file:///abs/dir[?capacity=200GiB][&fsync=1][&io=uring|threads]
+//   file:///abs/dir[?capacity=200GiB][&fsync=1][&io=uring|threads][&direct=1]
 //
 // Layout: <dir>/<namespace name>/<first two hex digits of the key>/<64 hex digits of the key>;
 // directories 0700, files 0600. Only the hex of a key (never caller text) becomes a path. Each
@@ -29,6 +29,17 @@
 // ring, and each page is hashed by the I/O thread as its read completes: the kernel's workers
 // copy in parallel, but the hashing is serial and reads pages another core just wrote
 // (BENCHMARKS.md, Storage).
+//
+// direct=1 (opt-in, for stores on NVMe that must not fill the page cache): every page file is
+// read and written with O_DIRECT. A Get of pages whose buffers are 4 KiB-aligned (every segment
+// starts on a 4 KiB boundary and all but the last hold whole 4 KiB blocks, as pinned host pages
+// do) reads each page with one readv straight into the buffers, the batch's reads in flight
+// together on the I/O thread's io_uring where liburing is present (preadv per page on the I/O
+// threads otherwise); the header block and the payload's last partial block land in a small
+// aligned buffer and are copied into place; the page is hashed after its read. Pages with
+// unaligned buffers, and every Set, go chunk by chunk through a 256 KiB aligned buffer per I/O
+// thread (a Set pads its last block and cuts the file to size after). Opening a direct store on
+// a file system without O_DIRECT (tmpfs) is InvalidArgument.
 //
 // Capacity (per namespace directory: the bytes of this deployment's files) with LRU eviction
 // (file_index.h). Without `capacity` in the URL the bound is derived at open: half of the space

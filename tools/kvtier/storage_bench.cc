@@ -13,6 +13,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -77,13 +78,17 @@ StorageNamespace NamespaceOf(const PageKind& kind) {
 // Page buffers of `count` pages of `page_bytes`, uninitialised until filled.
 struct PageSet {
   int64_t page_bytes = 0, count = 0;
-  std::unique_ptr<std::byte[]> data;
+  struct Free {
+    void operator()(std::byte* p) const { std::free(p); }
+  };
+  std::unique_ptr<std::byte, Free> data;  // 4 KiB-aligned, as pinned host pages are
 
   static PageSet Make(int64_t page_bytes, int64_t count) {
     PageSet p;
     p.page_bytes = page_bytes;
     p.count = count;
-    p.data.reset(new std::byte[static_cast<size_t>(page_bytes * count)]);
+    const size_t bytes = static_cast<size_t>(page_bytes * count + 4095) / 4096 * 4096;
+    p.data.reset(static_cast<std::byte*>(std::aligned_alloc(4096, bytes)));
     return p;
   }
   std::span<std::byte> page(int64_t i) const {
@@ -223,21 +228,24 @@ bool OnThreads(int threads, int64_t count, const std::function<bool(int64_t)>& f
 // round let its writes be deleted before the kernel wrote them back, which made its Set look
 // about twice as fast as any write that stays.
 Result<Baseline> FileBaseline(const std::string& dir, const PageSet& src, PageSet& dst,
-                              int64_t batch_pages, int repeats, int threads) {
+                              int64_t batch_pages, int repeats, int threads, bool direct) {
   Baseline b;
-  b.name = threads == 1 ? "1 thread pread" : fmt::format("{} threads pread", threads);
+  b.name = fmt::format("{} thread{} {}", threads, threads == 1 ? "" : "s",
+                       direct ? "O_DIRECT" : "plain");
+  const int direct_flag = direct ? O_DIRECT : 0;
   const size_t n = static_cast<size_t>(src.page_bytes);
   std::function<bool(int64_t)> write_one = [&](int64_t i) {
     const std::string path = fmt::format("{}/{}", dir, i);
     const std::string temp = path + ".tmp";
-    const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    const int fd =
+        ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | direct_flag, 0600);
     const bool ok = fd >= 0 && WriteWhole(fd, src.page(i).data(), n);
     if (fd >= 0) ::close(fd);
     return ok && ::rename(temp.c_str(), path.c_str()) == 0;
   };
   std::function<bool(int64_t)> read_one = [&](int64_t i) {
     const std::string path = fmt::format("{}/{}", dir, i);
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | direct_flag);
     const bool ok = fd >= 0 && ReadWhole(fd, dst.page(i).data(), n);
     if (fd >= 0) ::close(fd);
     return ok;
@@ -351,9 +359,12 @@ Result<std::vector<Baseline>> RunBaselines(const std::string& scheme, const std:
   std::vector<Baseline> baselines;
   if (scheme == "file") {
     // N threads first (the reference), one thread beside it.
+    // A direct store (direct=1) is measured against O_DIRECT reads and writes.
+    const bool direct = o.url.find("direct=1") != std::string::npos ||
+                        o.url.find("direct=true") != std::string::npos;
     for (int threads : {o.io_threads, 1}) {
-      KVTIER_ASSIGN_OR_RETURN(Baseline b,
-                              FileBaseline(file_dir, src, dst, o.batch_pages, o.repeats, threads));
+      KVTIER_ASSIGN_OR_RETURN(
+          Baseline b, FileBaseline(file_dir, src, dst, o.batch_pages, o.repeats, threads, direct));
       baselines.push_back(std::move(b));
       if (o.io_threads == 1) break;
     }
@@ -518,11 +529,11 @@ void RemoveEmptyDirectories(const std::filesystem::path& dir) {
 }
 
 void PrintRows(std::FILE* out, const std::vector<StorageRow>& rows) {
-  std::fprintf(out, "%-7s %-7s %-20s %6s %9s %8s %10s %9s %9s %8s %s\n", "kind", "op", "who",
+  std::fprintf(out, "%-7s %-7s %-22s %6s %9s %8s %10s %9s %9s %8s %s\n", "kind", "op", "who",
                "pages", "page MiB", "GB/s", "pages/s", "p50 ms", "p99 ms", "% base", "check");
   for (const StorageRow& r : rows) {
     const std::string pct = r.pct_of_baseline > 0 ? fmt::format("{:.0f}%", r.pct_of_baseline) : "";
-    std::fprintf(out, "%-7s %-7s %-20s %6lld %9.2f %8.2f %10.0f %9.3f %9.3f %8s %s\n",
+    std::fprintf(out, "%-7s %-7s %-22s %6lld %9.2f %8.2f %10.0f %9.3f %9.3f %8s %s\n",
                  r.kind.c_str(), r.op.c_str(), r.who.c_str(), static_cast<long long>(r.pages),
                  static_cast<double>(r.page_bytes) / (1 << 20), r.gbps, r.pages_per_s, r.p50_ms,
                  r.p99_ms, pct.c_str(), r.check_ok ? "ok" : ("FAILED " + r.note).c_str());

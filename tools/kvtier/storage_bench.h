@@ -7,7 +7,8 @@
 // measures the platform's baseline for the same bytes (file://: N threads, N = the backend's I/O
 // threads, each taking the next page and moving it with open+pwrite+close+rename / open+pread+close
 // over the same number of files in a directory beside the store — the reference the kvtier rows'
-// "% base" is against — and the same loop on one thread beside it; redis: redis-benchmark)
+// "% base" is against — and the same loop on one thread beside it; with O_DIRECT for a direct=1
+// store; redis: redis-benchmark)
 // and the Exists of 1,000 stored keys. Everything it stored is removed at the end.
 //
 // Thread safety: run from one thread (the backend uses its own).
