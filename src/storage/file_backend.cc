@@ -213,8 +213,8 @@ class FileBackend final : public StorageBackend {
 #if KVTIER_HAVE_URING
     // Direct reads straight into the caller's buffers need them 4 KiB-aligned; otherwise each
     // page goes through a bounce buffer on the thread path.
-    if (config_.io_uring ||
-        (config_.direct && std::all_of(buffers.begin(), buffers.end(), DirectAligned))) {
+    if (config_.direct ? std::all_of(buffers.begin(), buffers.end(), DirectAligned)
+                       : config_.io_uring) {
       if (io_uring* ring = ThreadRing()) {
         GetWithUring(*ring, keys, buffers, out, deadline);
         return;
@@ -667,29 +667,8 @@ class FileBackend final : public StorageBackend {
     return buffer.get();
   }
 
-  // preadv until the iovecs are full or a read ends off a 4 KiB boundary (the end of the file:
-  // O_DIRECT cannot continue from there). Bytes read, or -1.
   static ssize_t DirectRead(int fd, iovec* iov, int iovcnt, off_t offset) {
-    const off_t start = offset;
-    while (iovcnt > 0) {
-      const ssize_t n = ::preadv(fd, iov, iovcnt, offset);
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        return -1;
-      }
-      offset += n;
-      if (n == 0 || offset % static_cast<off_t>(kDirectAlign) != 0) break;
-      size_t left = static_cast<size_t>(n);
-      while (iovcnt > 0 && left >= iov->iov_len) {
-        left -= iov->iov_len;
-        ++iov, --iovcnt;
-      }
-      if (iovcnt > 0) {
-        iov->iov_base = static_cast<char*>(iov->iov_base) + left;
-        iov->iov_len -= left;
-      }
-    }
-    return offset - start;
+    return ReadFullDirect(fd, iov, iovcnt, offset, kDirectAlign);
   }
 
   // A direct read through the bounce buffer, chunk by chunk, each chunk hashed and copied out.

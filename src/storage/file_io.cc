@@ -77,7 +77,10 @@ void Fd::Reset() {
   fd_ = -1;
 }
 
-ssize_t ReadFull(int fd, iovec* iov, int iovcnt, off_t offset) {
+namespace {
+// Reads until the iovecs are full, the file ends, or (align > 0) a read ends off an `align`
+// boundary.
+ssize_t ReadUntil(int fd, iovec* iov, int iovcnt, off_t offset, size_t align) {
   const off_t start = offset;
   while (iovcnt > 0) {
     const ssize_t n = ::preadv(fd, iov, iovcnt, offset);
@@ -87,9 +90,19 @@ ssize_t ReadFull(int fd, iovec* iov, int iovcnt, off_t offset) {
     }
     if (n == 0) break;  // end of file
     offset += n;
+    if (align > 0 && offset % static_cast<off_t>(align) != 0) break;
     iovcnt = Consume(iov, iovcnt, static_cast<size_t>(n));
   }
   return offset - start;
+}
+}  // namespace
+
+ssize_t ReadFull(int fd, iovec* iov, int iovcnt, off_t offset) {
+  return ReadUntil(fd, iov, iovcnt, offset, 0);
+}
+
+ssize_t ReadFullDirect(int fd, iovec* iov, int iovcnt, off_t offset, size_t align) {
+  return ReadUntil(fd, iov, iovcnt, offset, align);
 }
 
 ssize_t ReadFull(int fd, void* buf, size_t bytes, off_t offset) {

@@ -55,6 +55,9 @@ class Fd {
 // the end of the file), or -1 with errno. `iov` is consumed (advanced past what was read).
 ssize_t ReadFull(int fd, iovec* iov, int iovcnt, off_t offset);
 ssize_t ReadFull(int fd, void* buf, size_t bytes, off_t offset);
+// The same for a file opened with O_DIRECT, whose reads must start on an `align` boundary: it
+// stops after a read that ends off one (the end of the file; the tail is then in the iovecs).
+ssize_t ReadFullDirect(int fd, iovec* iov, int iovcnt, off_t offset, size_t align);
 
 // Writes all of `iov[0..iovcnt)` at `offset`, retrying on EINTR and after short writes. False with
 // errno on an error (a write of 0 bytes is EIO). `iov` is consumed.

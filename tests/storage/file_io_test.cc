@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -60,6 +61,26 @@ TEST_P(FileIoTest, WholeWritesAndReadsAcrossIovecs) {
   EXPECT_EQ(ReadFull(-1, head, sizeof(head), 0), -1);
   EXPECT_EQ(errno, EBADF);
   EXPECT_FALSE(WriteFull(-1, head, sizeof(head), 0));
+}
+
+// O_DIRECT reads stop at the end of the file although it ends off a 4 KiB boundary (a further
+// read from there would be EINVAL), with every byte in place.
+TEST_P(FileIoTest, DirectReadStopsAtAnUnalignedEnd) {
+  std::vector<char> bytes(4096 + 100);
+  std::iota(bytes.begin(), bytes.end(), 1);
+  {
+    Fd w(OpenBeneath(root_.get(), {"d"}, O_WRONLY | O_CREAT | O_EXCL, 0600));
+    ASSERT_TRUE(w.ok());
+    ASSERT_TRUE(WriteFull(w.get(), bytes.data(), bytes.size(), 0));
+  }
+  Fd fd(OpenBeneath(root_.get(), {"d"}, O_RDONLY | O_DIRECT));
+  if (!fd.ok() && errno == EINVAL) GTEST_SKIP() << "no O_DIRECT on /tmp";
+  ASSERT_TRUE(fd.ok()) << std::strerror(errno);
+  char* buf = static_cast<char*>(std::aligned_alloc(4096, 3 * 4096));
+  iovec iov[2] = {{buf, 4096}, {buf + 4096, 2 * 4096}};
+  EXPECT_EQ(ReadFullDirect(fd.get(), iov, 2, 0, 4096), static_cast<ssize_t>(bytes.size()));
+  EXPECT_EQ(std::memcmp(buf, bytes.data(), bytes.size()), 0);
+  std::free(buf);
 }
 
 TEST_P(FileIoTest, OpenBeneathNeverFollowsASymlink) {
