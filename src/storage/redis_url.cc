@@ -126,8 +126,9 @@ Result<RedisUrl> ParseRedisUrl(std::string_view url) {
   } else if (url.starts_with(kSingleScheme)) {
     rest = url.substr(kSingleScheme.size());
   } else {
-    return Status::InvalidArgument(fmt::format(
-        "redis URL: scheme must be redis:// or redis+cluster:// (got '{}')", url.substr(0, 16)));
+    return Status::InvalidArgument(
+        fmt::format("redis URL: scheme must be redis:// or redis+cluster:// (got '{}')",
+                    url.substr(0, url.find("://"))));
   }
 
   std::string_view query;

@@ -118,6 +118,51 @@ TEST(OpenStorageTest, DispatchOnScheme) {
 #endif
 }
 
+TEST(RedactUrlTest, HidesUserInfoOnly) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"redis://:s3cret@127.0.0.1:6379", "redis://***@127.0.0.1:6379"},
+      {"redis://alice:s3cret@host:1?timeout_ms=5", "redis://***@host:1?timeout_ms=5"},
+      {"redis://:s3/cr@t@host:1/", "redis://***@host:1/"},  // raw '/' and '@' in the password
+      {"redis+cluster://u:s3cret@a:1,b:2", "redis+cluster://***@a:1,b:2"},
+      {"rediss://:s3cret@host:1", "rediss://***@host:1"},  // unknown scheme: still hidden
+      {"memory://:s3cret@name?capacity=1MiB", "memory://***@name?capacity=1MiB"},
+      {"file://u:s3cret@/data", "file://***@/data"},
+      {"redis:/:s3cret@host", "***@host"},  // no "://": a mistyped URL
+      {"redis://127.0.0.1:6379", "redis://127.0.0.1:6379"},
+      {"file:///data/kv@2?capacity=1GiB", "file:///data/kv@2?capacity=1GiB"},
+      {"memory://", "memory://"},
+      {"none", "none"},
+      {"", ""},
+  };
+  for (const auto& [url, want] : cases) EXPECT_EQ(storage::RedactUrl(url), want) << url;
+}
+
+// Every error OpenStorage and the URL parsers return for a URL with a password: no password.
+TEST(RedactUrlTest, ErrorsNeverShowThePassword) {
+  StorageNamespace ns;
+  ns.model_id = "m";
+  ns.num_layers = 2;
+  ns.slot_bytes = 64;
+  ns.page_size = 16;
+  for (const char* url :
+       {"rediss://:s3cret@127.0.0.1:1", "redis:/:s3cret@127.0.0.1:1", "ftp://u:s3cret@h/x",
+        "memory://:s3cret@x", "memory://:s3cret@x?capacity=0", "memory://:s3cret@x?bogus=1",
+        "memory://:s3cret@x?capacity=1MiB&capacity=2MiB", "memory://:s3cret@x?novalue",
+        "redis://:s3cret@127.0.0.1:1?bogus=1", "redis://:s3cret@127.0.0.1:99999",
+        "redis+cluster://:s3cret@a:1,:2", "redis://:s3cret@127.0.0.1:1/3"}) {
+    auto r = OpenStorage(url, ns);
+    ASSERT_FALSE(r.ok()) << url;
+    EXPECT_EQ(r.status().ToString().find("s3cret"), std::string::npos)
+        << url << ": " << r.status().ToString();
+    auto p = storage::ParseStorageUrl(url);
+    if (p.ok()) {
+      EXPECT_EQ(p->CheckAllTaken(url).ToString().find("s3cret"), std::string::npos) << url;
+    } else {
+      EXPECT_EQ(p.status().ToString().find("s3cret"), std::string::npos) << url;
+    }
+  }
+}
+
 TEST(StorageOptionsTest, ValidateNamesTheField) {
   EXPECT_TRUE(StorageOptions{}.Validate().ok());
   StorageOptions o;

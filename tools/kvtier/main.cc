@@ -19,6 +19,7 @@
 #include "bench.h"
 #include "replay_cli.h"
 #include "shm.h"
+#include "storage/storage_url.h"
 #include "storage_bench.h"
 
 namespace kvtier::tools {
@@ -34,11 +35,22 @@ Status ParseList(const std::vector<std::string>& names, Parse parse, std::vector
   return Status::OK();
 }
 
+// The command line as reports record it, the user info of every URL (an argument with "://")
+// redacted: --storage URL and --storage=URL alike.
 std::string JoinArgs(int argc, char** argv) {
   std::string s;
   for (int i = 0; i < argc; ++i) {
     if (i > 0) s += ' ';
-    s += argv[i];
+    const std::string_view arg = argv[i];
+    const size_t eq = arg.find('=');
+    if (arg.find("://") == std::string_view::npos) {
+      s += arg;
+    } else if (arg.starts_with("--") && eq != std::string_view::npos && eq < arg.find("://")) {
+      s += arg.substr(0, eq + 1);
+      s += storage::RedactUrl(arg.substr(eq + 1));
+    } else {
+      s += storage::RedactUrl(arg);
+    }
   }
   return s;
 }

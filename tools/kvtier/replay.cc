@@ -28,6 +28,7 @@
 #include "replay_engine.h"
 #include "replay_model.h"
 #include "replay_report.h"
+#include "storage/storage_url.h"
 #include "workload.h"
 
 #if !defined(KVTIER_DATA_DIR)
@@ -223,7 +224,7 @@ Status ReplayOptions::Validate() const {
     return Status::InvalidArgument(fmt::format(
         "--shared-host {} is the host tier, with no storage tier below it: it needs a host tier "
         "(--host-tokens > 0) and takes neither --storage {} nor --fault",
-        shared_host, storage));
+        shared_host, storage::RedactUrl(storage)));
   }
   if (storage != "none" && storage != "file" && storage != "redis" &&
       storage.find("://") == std::string::npos) {
@@ -231,7 +232,7 @@ Status ReplayOptions::Validate() const {
         fmt::format("--storage = '{}' must be none, file (a temporary file store), redis (a "
                     "redis-server the run starts) or a URL such as file:///path, "
                     "redis://host:port, memory://",
-                    storage));
+                    storage::RedactUrl(storage)));
   }
   if (!json_path.empty()) KVTIER_RETURN_IF_ERROR(CheckOutputPath(json_path, "--json"));
   if (!plot_path.empty()) KVTIER_RETURN_IF_ERROR(CheckOutputPath(plot_path, "--plot"));
@@ -554,7 +555,7 @@ class RunDriver {
         c.storage.max_storage_only_pages = std::max<int64_t>(
             0, storage_->capacity_bytes() / page_bytes - c.host_capacity_bytes / page_bytes);
       }
-      summary_.storage = storage_->url();
+      summary_.storage = storage::RedactUrl(storage_->url());
     }
     KVTIER_ASSIGN_OR_RETURN(cache_, HierarchicalCache::Create(c, s_.engine->device_region()));
     summary_.has_cache = true;
@@ -808,9 +809,9 @@ std::string Settings(const Setup& s, bool exact) {
   return fmt::format(
       "page {}, device {} tokens, host {} tokens ({}), storage {}, write {}, "
       "prefetch {}, eviction {}, io {}, verify {}, {}{}",
-      o.page_size, o.device_tokens, o.host_tokens, o.host_layout, o.storage, o.write_policy,
-      o.prefetch_policy, o.eviction, TransferBackendName(s.io_backend), o.verify, sched,
-      exact ? " [exact mode: the device tier is a plain leaf-LRU prefix cache]" : "");
+      o.page_size, o.device_tokens, o.host_tokens, o.host_layout, storage::RedactUrl(o.storage),
+      o.write_policy, o.prefetch_policy, o.eviction, TransferBackendName(s.io_backend), o.verify,
+      sched, exact ? " [exact mode: the device tier is a plain leaf-LRU prefix cache]" : "");
 }
 
 }  // namespace
