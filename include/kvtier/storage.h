@@ -103,7 +103,7 @@ struct ExistsResult {
 struct StorageOptions {
   int io_threads = 4;                       // the backend's I/O threads, in [1, 64]
   int max_queued_batches = 256;             // reads (and, apart, writes) waiting; more are rejected
-  std::chrono::milliseconds timeout{2000};  // per call, from when an I/O thread takes it
+  std::chrono::milliseconds timeout{2000};  // per call, from when an I/O thread takes it; <= 10 min
   int64_t max_batch_pages = 4096;           // InvalidArgument beyond this
   // InvalidArgument naming the field.
   Status Validate() const;

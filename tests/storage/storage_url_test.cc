@@ -174,6 +174,12 @@ TEST(StorageOptionsTest, ValidateNamesTheField) {
   o = {};
   o.timeout = std::chrono::milliseconds(0);
   EXPECT_NE(o.Validate().message().find("timeout"), std::string::npos);
+  for (int64_t ms : {int64_t{600'001}, int64_t{10'000'000'000'000}, INT64_MAX}) {
+    o.timeout = std::chrono::milliseconds(ms);
+    EXPECT_NE(o.Validate().message().find("timeout"), std::string::npos) << ms;
+  }
+  o.timeout = std::chrono::milliseconds(600'000);
+  EXPECT_TRUE(o.Validate().ok());
   o = {};
   o.max_batch_pages = 0;
   EXPECT_NE(o.Validate().message().find("max_batch_pages"), std::string::npos);

@@ -321,6 +321,12 @@ int main(int argc, char** argv) {
 
   CLI11_PARSE(app, argc, argv);
 
+  if (bench->parsed() && bench->count("--storage") > 0 && storage_options.url.empty()) {
+    std::fprintf(stderr,
+                 "kvtier bench: --storage is empty (give a URL: file:///dir, redis://host:port, "
+                 "memory://; without --storage the bench measures transfers)\n");
+    return 2;
+  }
   if (bench->parsed() && !storage_options.url.empty()) {
     storage_options.repeats = options.repeats;
     storage_options.json_path = options.json_path;

@@ -184,7 +184,7 @@ Status ReplayOptions::Validate() const {
         fmt::format("--page-size = {} must be a power of two in [1, 256]", page_size));
   }
   KVTIER_RETURN_IF_ERROR(Bound("--device-tokens", device_tokens, page_size, kMaxTokens));
-  if (host_tokens != -1) {  // -1: the default, 4 x --device-tokens
+  if (host_tokens != -1 || host_tokens_given) {  // -1 unless given: 4 x --device-tokens
     KVTIER_RETURN_IF_ERROR(Bound("--host-tokens", host_tokens, 0, kMaxTokens));
   }
   if (host_tokens == 0 && storage != "none") {
@@ -235,7 +235,17 @@ Status ReplayOptions::Validate() const {
                     storage::RedactUrl(storage)));
   }
   if (!json_path.empty()) KVTIER_RETURN_IF_ERROR(CheckOutputPath(json_path, "--json"));
-  if (!plot_path.empty()) KVTIER_RETURN_IF_ERROR(CheckOutputPath(plot_path, "--plot"));
+  if (!plot_path.empty()) {
+    KVTIER_RETURN_IF_ERROR(CheckOutputPath(plot_path, "--plot"));
+    // A PNG goes to a file: a device (/dev/full, /dev/null) would swallow or refuse it after the
+    // whole run.
+    std::error_code ec;
+    if (std::filesystem::exists(plot_path, ec) &&
+        !std::filesystem::is_regular_file(plot_path, ec)) {
+      return Status::InvalidArgument(
+          fmt::format("--plot {}: not a regular file (the plot is a PNG file)", plot_path));
+    }
+  }
   return Status::OK();
 }
 
@@ -955,7 +965,9 @@ int RunReplay(const ReplayOptions& input) {
     std::string json = o.json_path;
     std::string temp_json;
     if (json.empty()) {
-      temp_json = o.plot_path + ".json.tmp";
+      const char* tmp = std::getenv("TMPDIR");
+      temp_json = fmt::format("{}/kvtier-replay-plot-{}.json",
+                              tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", ::getpid());
       json = temp_json;
       if (Status st = WriteReplayJson(json, report); !st.ok()) code = fail(st);
     }
