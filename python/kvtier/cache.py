@@ -117,6 +117,12 @@ def _host_array(obj: Any, name: str, typecode: str) -> Tuple[int, int, Any]:
             raise ValueError(f"{name} has values outside {np.dtype(want).name}")
         a = np.ascontiguousarray(a, dtype=want)
         return a.ctypes.data, a.size, a
+    # Only ordered sequences of ints: array.array would take a set or dict (unordered: their
+    # iteration is no token list) and reinterpret bytes as raw machine integers.
+    if isinstance(obj, (str, bytes, bytearray, memoryview, set, frozenset, dict)) or \
+            not isinstance(obj, (list, tuple, range, array.array)):
+        raise ValueError(f"{name} must be a list, tuple or range of integers, or a 1-D integer "
+                         f"array or tensor, not {type(obj).__name__}")
     try:
         values = array.array(typecode, obj)
     except (TypeError, OverflowError) as e:
@@ -268,6 +274,9 @@ class HierarchicalCache:
             transfer_backend = "cpu" if device_region.device == HOST else "kernel"
         if storage is not None and not isinstance(storage, str):
             raise ValueError(f"storage = {storage!r} must be a URL string or None")
+        if storage is not None and "\0" in storage:
+            # C++ would see the URL cut at the NUL: another path, or another server
+            raise ValueError("storage holds a NUL byte")
         if shared_host is not None and (not isinstance(shared_host, str) or not shared_host):
             raise ValueError(f"shared_host = {shared_host!r} must be a segment name or None")
         if prefetch_policy not in PREFETCH_POLICIES:

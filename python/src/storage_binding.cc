@@ -12,6 +12,7 @@
 
 #include "errors.h"
 #include "kvtier/page_key.h"
+#include "py_args.h"
 
 namespace py = pybind11;
 
@@ -20,7 +21,8 @@ namespace kvtier::python {
 void RegisterStorage(py::module_& m) {
   m.def(
       "page_keys",
-      [](const std::vector<int64_t>& tokens, int64_t page_size, const std::string& salt) {
+      [](py::handle token_list, int64_t page_size, const std::string& salt) {
+        const std::vector<int64_t> tokens = ReadIntList(token_list, "tokens", INT64_MIN, INT64_MAX);
         Result<std::vector<PageKey>> keys = Status::Internal("unset");
         {
           py::gil_scoped_release release;
@@ -33,7 +35,9 @@ void RegisterStorage(py::module_& m) {
       py::arg("tokens"), py::arg("page_size"), py::arg("salt") = "",
       "Chained SHA-256 page keys of `tokens` (SGLang HiCache's): one 64-character lowercase hex "
       "string per whole page of `page_size` tokens. A non-empty `salt` (a tenant) seeds the "
-      "chain. ValueError for a token outside [0, 2**32) or a page_size outside [1, 2**20].");
+      "chain. ValueError for a token outside [0, 2**32) or not an integer (a float, a bool), "
+      "tokens that are not a list, tuple, range or 1-D integer array (a set, dict, str or "
+      "bytes), or a page_size outside [1, 2**20].");
 }
 
 }  // namespace kvtier::python

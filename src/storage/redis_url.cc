@@ -120,6 +120,9 @@ Result<RedisEndpoint> ParseRedisEndpoint(std::string_view text) {
 Result<RedisUrl> ParseRedisUrl(std::string_view url) {
   RedisUrl parsed;
   std::string_view rest;
+  if (url.find('\0') != std::string_view::npos) {
+    return Status::InvalidArgument("redis URL: holds a NUL byte");
+  }
   if (url.starts_with(kClusterScheme)) {
     parsed.cluster = true;
     rest = url.substr(kClusterScheme.size());

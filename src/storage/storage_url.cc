@@ -100,6 +100,11 @@ Result<StorageUrl> ParseStorageUrl(std::string_view url) {
                     "redis+cluster:// or memory://)",
                     RedactUrl(url)));
   }
+  // A C string cut at a NUL would name another path (file:///a\0b opens /a).
+  if (url.find('\0') != std::string_view::npos) {
+    return Status::InvalidArgument(
+        fmt::format("storage URL '{}' holds a NUL byte", RedactUrl(url.substr(0, url.find('\0')))));
+  }
   StorageUrl out;
   out.scheme = std::string(url.substr(0, sep));
   std::string_view rest = url.substr(sep + 3);

@@ -34,7 +34,7 @@ struct StorageUrl {
 
 // Splits `url` at "://" and "?"; parameters are "name=value" joined by '&', percent-decoding
 // not supported (values are sizes, numbers and flags). InvalidArgument for a URL without "://",
-// an empty or repeated parameter name, or a parameter without '='.
+// with a NUL byte, an empty or repeated parameter name, or a parameter without '='.
 Result<StorageUrl> ParseStorageUrl(std::string_view url);
 
 // `url` with its user info (a password, a user name) replaced by "***", for every place kvtier

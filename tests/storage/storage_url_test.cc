@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "kvtier/storage.h"
+#include "storage/redis_url.h"
 
 namespace kvtier {
 namespace {
@@ -161,6 +162,17 @@ TEST(RedactUrlTest, ErrorsNeverShowThePassword) {
       EXPECT_EQ(p.status().ToString().find("s3cret"), std::string::npos) << url;
     }
   }
+}
+
+TEST(StorageUrlTest, NulByteIsRefused) {
+  using namespace std::string_literals;
+  for (const std::string url : {"file:///tmp/a\0/b"s, "memory://x\0y"s, "redis://h:1\0"s}) {
+    auto parsed = storage::ParseStorageUrl(url);
+    ASSERT_FALSE(parsed.ok());
+    EXPECT_NE(parsed.status().message().find("NUL"), std::string::npos)
+        << parsed.status().ToString();
+  }
+  EXPECT_FALSE(storage::ParseRedisUrl("redis://:pw\0x@h:1"s).ok());
 }
 
 TEST(StorageOptionsTest, ValidateNamesTheField) {
