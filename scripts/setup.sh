@@ -18,7 +18,7 @@
 #   KVTIER_JOBS=N         parallel build and test jobs (default 2)
 #   KVTIER_SKIP_APT=1     do not run apt-get (the packages are known to be installed)
 #   KVTIER_CUDA=AUTO|ON|OFF  CUDA in the normal build (default AUTO: on when nvcc is found)
-#   KVTIER_FUZZ_SECONDS=N  how long each fuzz target runs (default 60)
+#   KVTIER_FUZZ_SECONDS=N  how long each fuzz target runs (default 30)
 set -euo pipefail
 
 usage() {
@@ -162,13 +162,16 @@ fi
 
 # The libFuzzer targets (tests/fuzz), built with clang: each runs for a bounded time from an empty
 # corpus; any finding (crash, sanitizer report, leak, timeout) fails the script.
-fuzz_seconds=${KVTIER_FUZZ_SECONDS:-60}
+fuzz_seconds=${KVTIER_FUZZ_SECONDS:-30}
 step "fuzz: libFuzzer targets, ${fuzz_seconds} s each (build-fuzz, clang)"
 CC=clang CXX=clang++ configure build-fuzz -DCMAKE_BUILD_TYPE=Release -DKVTIER_CUDA=OFF \
   -DKVTIER_BUILD_FUZZ=ON -DKVTIER_BUILD_TESTS=OFF -DKVTIER_BUILD_BENCH=OFF \
   -DKVTIER_BUILD_PYTHON=OFF -DKVTIER_BUILD_TOOLS=OFF
-cmake --build build-fuzz -j "$jobs" --target kvtier_fuzz_page_value
+cmake --build build-fuzz -j "$jobs" --target kvtier_fuzz_all
+# Every target: the page value, the trace line, the storage URLs, the Redis reply reader (with
+# hiredis) and the shared segment's index.
 for target in build-fuzz/tests/fuzz/kvtier_fuzz_*; do
+  [[ -x $target && -f $target ]] || continue
   corpus=build-fuzz/corpus/$(basename "$target")
   rm -rf "$corpus" && mkdir -p "$corpus"
   "$target" -max_total_time="$fuzz_seconds" -timeout=10 -print_final_stats=1 \
