@@ -19,6 +19,7 @@
 #include "bench.h"
 #include "replay_cli.h"
 #include "shm.h"
+#include "storage/storage_url.h"
 #include "storage_bench.h"
 
 namespace kvtier::tools {
@@ -34,11 +35,22 @@ Status ParseList(const std::vector<std::string>& names, Parse parse, std::vector
   return Status::OK();
 }
 
+// The command line as reports record it, the user info of every URL (an argument with "://")
+// redacted: --storage URL and --storage=URL alike.
 std::string JoinArgs(int argc, char** argv) {
   std::string s;
   for (int i = 0; i < argc; ++i) {
     if (i > 0) s += ' ';
-    s += argv[i];
+    const std::string_view arg = argv[i];
+    const size_t eq = arg.find('=');
+    if (arg.find("://") == std::string_view::npos) {
+      s += arg;
+    } else if (arg.starts_with("--") && eq != std::string_view::npos && eq < arg.find("://")) {
+      s += arg.substr(0, eq + 1);
+      s += storage::RedactUrl(arg.substr(eq + 1));
+    } else {
+      s += storage::RedactUrl(arg);
+    }
   }
   return s;
 }
@@ -309,6 +321,12 @@ int main(int argc, char** argv) {
 
   CLI11_PARSE(app, argc, argv);
 
+  if (bench->parsed() && bench->count("--storage") > 0 && storage_options.url.empty()) {
+    std::fprintf(stderr,
+                 "kvtier bench: --storage is empty (give a URL: file:///dir, redis://host:port, "
+                 "memory://; without --storage the bench measures transfers)\n");
+    return 2;
+  }
   if (bench->parsed() && !storage_options.url.empty()) {
     storage_options.repeats = options.repeats;
     storage_options.json_path = options.json_path;

@@ -66,7 +66,8 @@ struct ReplayOptions {
   // ---- tiers (names of SGLang's --hicache-* flags where they exist) ----
   int64_t page_size = 64;
   int64_t device_tokens = 131072;
-  int64_t host_tokens = -1;  // -1: 4 x device_tokens; 0: no host tier
+  int64_t host_tokens = -1;        // -1: 4 x device_tokens; 0: no host tier
+  bool host_tokens_given = false;  // --host-tokens was on the command line (then -1 is an error)
   // file (a temporary file store), redis (a redis-server the run starts on a free loopback port
   // and stops), none, or a storage URL. Needs a host tier (--host-tokens > 0) unless none.
   std::string storage = "file";
