@@ -118,6 +118,10 @@ class TpLeader {
   // broken from then on.
   Status WaitApplied(uint64_t seq);
 
+  // The value rank `rank`'s message handler returned for the last message it applied (read it
+  // after WaitApplied of that message: e.g. the rank's step time).
+  uint64_t MessageResult(int rank) const;
+
   // A TransferEngine for the leader's HierarchicalCache: each Transfer between `device_region`
   // (recognised by its buffers) and any other region (the host tier) is published, run on
   // `inner`, then waited for on every rank (WaitApplied). Slot lists must be in host memory.
@@ -165,10 +169,11 @@ class TpFollower {
   // Applies, in order, every record published so far, waiting up to `wait_s` for the first one
   // when there is none: each copy runs on `engine` between `device` and `host` (this rank's
   // regions; their slot counts must be shape()'s); each message goes to `on_message` (ignored
-  // when it is empty). A record is acknowledged once applied. A copy or message that fails is
+  // when it is empty), whose value the leader reads with MessageResult. A record is acknowledged
+  // once applied. A copy or message that fails is
   // reported to the leader (its WaitApplied fails naming this rank and the error) and returned
   // here; the rank takes no more records. Unavailable when the leader died.
-  using MessageHandler = std::function<Status(std::span<const std::byte>)>;
+  using MessageHandler = std::function<Result<uint64_t>(std::span<const std::byte>)>;
   Result<TpServeResult> Serve(TransferEngine& engine, const KvRegion& device, const KvRegion& host,
                               double wait_s, const MessageHandler& on_message = {});
   TpFollowerStats stats() const;

@@ -61,12 +61,13 @@ enum class RankState : uint32_t { kFree = 0, kAttached = 1, kFailed = 2 };
 struct alignas(64) RankRecord {
   std::atomic<uint32_t> state;  // RankState; the follower's
   uint32_t reserved;
-  int64_t pid;                        // the follower's, while attached
-  uint64_t start_time;                // /proc/<pid>/stat field 22 (tells a reused pid apart)
-  std::atomic<uint64_t> read_pos;     // ring bytes consumed (records applied)
-  std::atomic<uint64_t> applied_seq;  // the last record applied
-  uint64_t failed_seq;                // kFailed: the record whose copy failed
-  char error[192];                    // kFailed: its message (NUL-terminated)
+  int64_t pid;                           // the follower's, while attached
+  uint64_t start_time;                   // /proc/<pid>/stat field 22 (tells a reused pid apart)
+  std::atomic<uint64_t> read_pos;        // ring bytes consumed (records applied)
+  std::atomic<uint64_t> applied_seq;     // the last record applied
+  std::atomic<uint64_t> message_result;  // the last message's handler result (before applied_seq)
+  uint64_t failed_seq;                   // kFailed: the record whose copy failed
+  char error[192];                       // kFailed: its message (NUL-terminated)
 };
 
 struct RingHeader {

@@ -325,6 +325,11 @@ Status TpLeader::WaitApplied(uint64_t seq) {
   return result;
 }
 
+uint64_t TpLeader::MessageResult(int rank) const {
+  if (rank < 1 || rank >= impl_->config.tp_size) return 0;
+  return impl_->h->ranks[rank].message_result.load(std::memory_order_acquire);
+}
+
 Status TpLeader::health() const { return impl_->Broken(); }
 const TpGroupConfig& TpLeader::config() const { return impl_->config; }
 const TpShape& TpLeader::shape() const { return impl_->shape; }
@@ -441,10 +446,12 @@ struct TpFollower::Impl {
       Result<std::span<const std::byte>> msg = tp::DecodeMessage(std::span(data + off, rh.bytes));
       if (!msg.ok()) return Fail(next, msg.status());
       if (on_message) {
-        Status st = on_message(*msg);
-        if (!st.ok()) {
-          return Fail(next, st.WithContext(fmt::format("tp rank {} message {}", rank, next)));
+        Result<uint64_t> value = on_message(*msg);
+        if (!value.ok()) {
+          return Fail(next,
+                      value.status().WithContext(fmt::format("tp rank {} message {}", rank, next)));
         }
+        me().message_result.store(*value, std::memory_order_relaxed);
       }
       Applied(next, 0);
       return static_cast<int64_t>(rh.bytes);

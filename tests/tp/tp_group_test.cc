@@ -337,10 +337,11 @@ HierarchicalCacheConfig CacheConfig() {
       OwnedRegion host(hg, mla, 0x3C);
       auto engine = MakeTransferEngine(TransferBackend::kCpu);
       for (;;) {
-        auto r = (*f)->Serve(**engine, dev.region, host.region, 0.5,
-                             [&](std::span<const std::byte> msg) {
-                               return Step::Apply(msg, dev.region, mla, 1, cfg.tp_size);
-                             });
+        auto r = (*f)->Serve(
+            **engine, dev.region, host.region, 0.5, [&](std::span<const std::byte> msg) {
+              KVTIER_RETURN_IF_ERROR(Step::Apply(msg, dev.region, mla, 1, cfg.tp_size));
+              return uint64_t{msg.size()};
+            });
         if (!r.ok()) {
           std::fprintf(stderr, "follower: %s\n", r.status().ToString().c_str());
           break;
@@ -395,6 +396,9 @@ Status RunWorkload(HierarchicalCache& cache, const KvRegion& device, bool mla, i
                               leader->PublishMessage(Step::Encode(op, slots, hashes)));
       Status own = Step::Apply(Step::Encode(op, slots, hashes), device, mla, 0, tp);
       Status all = leader->WaitApplied(seq);
+      if (all.ok() && leader->MessageResult(1) != Step::Encode(op, slots, hashes).size()) {
+        return Status::Internal("the follower's message result is not its message's size");
+      }
       return own.ok() ? all : own;
     }
     return Step::Apply(Step::Encode(op, slots, hashes), device, mla, 0, tp);

@@ -106,6 +106,11 @@ struct ReplayOptions {
 // 2 for bad options.
 int RunReplay(const ReplayOptions& options);
 
+struct Workload;  // workload.h
+// The requests `options` name (--workload, --requests, --warmup, --skip, --shard): the warm-up
+// ones first. InvalidArgument / NotFound naming the flag or file.
+Status LoadWorkload(const ReplayOptions& options, Workload* workload);
+
 // The shipped conversation trace (data/traces/...), or "" when it cannot be found.
 std::string DefaultTracePath();
 
