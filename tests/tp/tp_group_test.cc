@@ -337,11 +337,12 @@ HierarchicalCacheConfig CacheConfig() {
       OwnedRegion host(hg, mla, 0x3C);
       auto engine = MakeTransferEngine(TransferBackend::kCpu);
       for (;;) {
-        auto r = (*f)->Serve(
-            **engine, dev.region, host.region, 0.5, [&](std::span<const std::byte> msg) {
-              KVTIER_RETURN_IF_ERROR(Step::Apply(msg, dev.region, mla, 1, cfg.tp_size));
-              return uint64_t{msg.size()};
-            });
+        auto r =
+            (*f)->Serve(**engine, dev.region, host.region, 0.5,
+                        [&](std::span<const std::byte> msg) -> Result<uint64_t> {
+                          KVTIER_RETURN_IF_ERROR(Step::Apply(msg, dev.region, mla, 1, cfg.tp_size));
+                          return uint64_t{msg.size()};
+                        });
         if (!r.ok()) {
           std::fprintf(stderr, "follower: %s\n", r.status().ToString().c_str());
           break;
