@@ -86,6 +86,7 @@ struct TpLeaderStats {
   int64_t records = 0;          // published
   int64_t record_bytes = 0;     // ring bytes they took
   int64_t slots = 0;            // slots they copy (each rank)
+  int64_t waits = 0;            // WaitApplied calls (point to point; the group has no collective)
   double ack_wait_seconds = 0;  // waiting for the followers, after the leader's own copy
 };
 

@@ -321,6 +321,7 @@ Status TpLeader::WaitApplied(uint64_t seq) {
     tp::FutexWait(&m.h->ack_word, word, std::min(left, m.config.liveness_poll_s));
   }
   std::lock_guard lk(m.mu);
+  ++m.stats.waits;
   m.stats.ack_wait_seconds += std::chrono::duration<double>(Clock::now() - start).count();
   return result;
 }

@@ -175,7 +175,6 @@ struct PassResult {
   double slowest_rank_excess_ms = 0;  // summed: slowest rank's prefill minus rank 0's
   double wall_s = 0;
   TpLeaderStats ring;
-  int64_t ack_waits = 0;
 };
 
 double Percentile(std::vector<double> v, double q) {
@@ -263,7 +262,6 @@ Status RunPass(const Setup& s, int tp, TpLeader* leader, PassResult* out) {
     double slowest = prefill_ms;
     if (leader != nullptr) {
       KVTIER_RETURN_IF_ERROR(leader->WaitApplied(seq).WithContext(fmt::format("request {}", i)));
-      ++out->ack_waits;
       for (int r = 1; r < tp; ++r) {
         slowest = std::max(slowest, static_cast<double>(leader->MessageResult(r)) / 1e6);
       }
@@ -389,26 +387,28 @@ bool ReapFollowers(const std::vector<pid_t>& pids, double seconds) {
 
 nlohmann::json PassJson(const PassResult& p) {
   const double tokens = std::max<double>(1, static_cast<double>(p.prompt_tokens));
-  return {{"tp", p.tp},
-          {"requests", p.requests},
-          {"prompt_tokens", p.prompt_tokens},
-          {"device_hit_tokens", p.device_hit},
-          {"host_hit_tokens", p.host_hit},
-          {"hit_rate", static_cast<double>(p.device_hit + p.host_hit) / tokens},
-          {"loaded_tokens", p.loaded},
-          {"ttft_ms_p50", Percentile(p.ttft_ms, 0.5)},
-          {"ttft_ms_p90", Percentile(p.ttft_ms, 0.9)},
-          {"ttft_ms_mean", p.ttft_ms.empty()
-                               ? 0.0
-                               : std::accumulate(p.ttft_ms.begin(), p.ttft_ms.end(), 0.0) /
-                                     static_cast<double>(p.ttft_ms.size())},
-          {"bytes_checked_rank0", p.bytes_checked},
-          {"wall_s", p.wall_s},
-          {"decision_records", p.ring.records},
-          {"decision_record_bytes", p.ring.record_bytes},
-          {"leader_ack_wait_s", p.ring.ack_wait_seconds},
-          {"leader_ack_waits", p.ack_waits},
-          {"collectives_on_cache_path", 0}};
+  return {
+      {"tp", p.tp},
+      {"requests", p.requests},
+      {"prompt_tokens", p.prompt_tokens},
+      {"device_hit_tokens", p.device_hit},
+      {"host_hit_tokens", p.host_hit},
+      {"hit_rate", static_cast<double>(p.device_hit + p.host_hit) / tokens},
+      {"loaded_tokens", p.loaded},
+      {"ttft_ms_p50", Percentile(p.ttft_ms, 0.5)},
+      {"ttft_ms_p90", Percentile(p.ttft_ms, 0.9)},
+      {"ttft_ms_mean", p.ttft_ms.empty()
+                           ? 0.0
+                           : std::accumulate(p.ttft_ms.begin(), p.ttft_ms.end(), 0.0) /
+                                 static_cast<double>(p.ttft_ms.size())},
+      {"bytes_checked_rank0", p.bytes_checked},
+      {"wall_s", p.wall_s},
+      {"decision_records", p.ring.records},
+      {"decision_record_bytes", p.ring.record_bytes},
+      {"leader_ack_wait_s", p.ring.ack_wait_seconds},
+      {"leader_waits", p.ring.waits},
+      {"leader_waits_per_request",
+       p.requests > 0 ? static_cast<double>(p.ring.waits) / static_cast<double>(p.requests) : 0.0}};
 }
 
 }  // namespace
@@ -537,7 +537,7 @@ int RunReplayTp(const ReplayOptions& options, const TpReplayArgs& a,
   row("decision records", "decision_records", "{:.0f}");
   row("decision record bytes", "decision_record_bytes", "{:.0f}");
   row("leader wait for ranks (s)", "leader_ack_wait_s", "{:.3f}");
-  row("collectives on the cache's path", "collectives_on_cache_path", "{:.0f}");
+  row("leader waits for ranks per request", "leader_waits_per_request", "{:.2f}");
   std::printf(
       "wrong bytes: 0 on every rank (each rank checks its heads' KV; a wrong byte stops "
       "the run)\nhit rates TP=%d vs TP=1: %s\n",
