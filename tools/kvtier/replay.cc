@@ -878,6 +878,8 @@ Result<TransferBackend> ChooseIoBackend(const ReplayOptions& o, bool gpu) {
   return ParseTransferBackend(o.io_backend);
 }
 
+}  // namespace
+
 Status LoadWorkload(const ReplayOptions& o, Workload* w) {
   const std::string& name = o.workload;
   if (name == "chat" || name == "system-prompt" || name == "doc-qa") {
@@ -917,6 +919,8 @@ Status LoadWorkload(const ReplayOptions& o, Workload* w) {
   if (wanted > 0 && static_cast<int64_t>(w->requests.size()) > wanted) w->requests.resize(wanted);
   return Status::OK();
 }
+
+namespace {
 
 std::string Settings(const Setup& s, bool exact) {
   const ReplayOptions& o = s.options;

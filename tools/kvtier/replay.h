@@ -123,6 +123,11 @@ struct ReplayOptions {
 // slow_class_warn).
 int RunReplay(const ReplayOptions& options);
 
+struct Workload;  // workload.h
+// The requests `options` name (--workload, --requests, --warmup, --skip, --shard): the warm-up
+// ones first. InvalidArgument / NotFound naming the flag or file.
+Status LoadWorkload(const ReplayOptions& options, Workload* workload);
+
 // The shipped conversation trace (data/traces/...), or "" when it cannot be found.
 std::string DefaultTracePath();
 
