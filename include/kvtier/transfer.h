@@ -1,6 +1,6 @@
 // kvtier/transfer.h — the transfer API: copy the KV of a list of slots between two regions.
 //
-// One request shape covers every copy kvtier makes (ARCHITECTURE.md §3): a source region, a
+// One request shape covers every copy kvtier makes (docs/architecture.md §3): a source region, a
 // destination region, equal-length lists of source and destination slot indices, and a layer
 // range. Every layout pair, both directions, MHA (K and V) and MLA (one buffer) go through the
 // same call. Backends:

@@ -1,7 +1,7 @@
 // The `kernel` transfer backend: one persistent copy kernel (copy_kernels.cuh) over device
 // memory and pinned host memory (UVA), for every layout pair, both directions, MHA and MLA.
 //
-// Host side of a call (PERFORMANCE.md, target 4, bounds its host time):
+// Host side of a call (docs/performance.md, target 4, bounds its host time):
 //   1. residency checks (cudaPointerGetAttributes on each region's first base);
 //   2. host indices are copied into a staging slot (pinned host buffer -> device buffer on the
 //      request's stream). A slot is reused only once the event recorded behind its last kernel
