@@ -19,7 +19,8 @@
 // thread pools (one for reads, one for writes). With io=uring (where liburing is present) a
 // batch's pages are read in one readv each, in flight together on the I/O thread's ring, and each
 // page is hashed by the I/O thread as its read completes: the kernel's workers copy in parallel,
-// but the hashing is serial and reads pages another core just wrote (BENCHMARKS.md, Storage).
+// but the hashing is serial and reads pages another core just wrote
+// (docs/perf-notes/file-store.md).
 //
 // Capacity (per namespace directory: the bytes of this deployment's files) with LRU eviction.
 // Each process counts the files it knows of (found at start, written, or hit since); processes
