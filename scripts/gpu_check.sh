@@ -17,6 +17,7 @@
 #                   then python/bench/compat_host_time.py (host time and GB/s of every
 #                   kvtier.compat.sgl_kernel function, byte-checked; skipped with --skip-bench)
 #
+# Before the device call, on the build machine: scripts/gpu_deps.sh (then carry build-deps/root).
 # Usage: scripts/gpu_check.sh [--skip-tests] [--skip-bench] [--skip-python] [--bench-args "..."]
 #   --skip-tests skips sections 3, 4 and 5b (for a bench-only run on a machine already checked).
 # Budget: about 8 minutes on a 16-core H100 machine.
@@ -41,6 +42,16 @@ while [[ $# -gt 0 ]]; do
   shift
 done
 JOBS=${JOBS:-16}
+# Debian packages the GPU machine lacks (hiredis, liburing, xxhash, redis, ZeroMQ, msgpack),
+# unpacked by scripts/gpu_deps.sh on the build machine and carried as build-deps/root.
+DEPS=$PWD/build-deps/root
+if [[ -d $DEPS/usr ]]; then
+  export CMAKE_PREFIX_PATH=$DEPS/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
+  export LD_LIBRARY_PATH=$DEPS/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  export PATH=$DEPS/usr/bin:$PATH
+else
+  echo "note: no build-deps/root (scripts/gpu_deps.sh): hiredis, liburing, redis, ZeroMQ absent"
+fi
 declare -A RESULT
 T0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
