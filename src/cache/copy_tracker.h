@@ -86,6 +86,28 @@ class CopyTracker {
   // Removes and returns the operations that have completed (non-blocking: GPU events are
   // queried). Under the cache's mutex.
   std::vector<std::shared_ptr<CopyOp>> TakeDone();
+  // Reaping: takes the operations that have completed and hands each to `reap(op)` (under the
+  // cache's mutex), in the order they were registered. Until its turn comes, a completed
+  // operation stays visible to ForEachOp (a split while an earlier one is reaped must find its
+  // nodes). `reap` may Add operations (they are reaped by a later call).
+  template <typename Fn>
+  void Reap(Fn&& reap) {
+    reaping_ = TakeDone();
+    for (auto& entry : reaping_) {
+      const std::shared_ptr<CopyOp> op = std::move(entry);
+      reap(op);
+    }
+    reaping_.clear();
+  }
+  // Calls `f(op)` for every registered operation and every completed one not reaped yet. Under
+  // the cache's mutex.
+  template <typename F>
+  void ForEachOp(F&& f) const {
+    for (const auto& op : ops_) f(op);
+    for (const auto& op : reaping_) {
+      if (op) f(op);
+    }
+  }
 
   // ---- completion, from the thread that ran the operation -----------------------------------
   // A copy (or the submission of a GPU copy: `submitted` without `done`).
@@ -109,7 +131,8 @@ class CopyTracker {
                 Status* status);
 
  private:
-  std::vector<std::shared_ptr<CopyOp>> ops_;  // guarded by the cache's mutex
+  std::vector<std::shared_ptr<CopyOp>> ops_;      // guarded by the cache's mutex
+  std::vector<std::shared_ptr<CopyOp>> reaping_;  // Reap's; null once reaped (the cache's mutex)
   std::mutex mu_;
   std::condition_variable cv_;
 };

@@ -1,0 +1,269 @@
+// The backup planner (see cache/backup_planner.h).
+#include "cache/backup_planner.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "cache/tier_evictor.h"
+#include "util/log.h"
+
+namespace kvtier {
+
+int64_t BackupPlanner::UnbackedPath(RadixNode* node, std::vector<RadixNode*>* path) const {
+  for (RadixNode* n = node; !n->is_root() && !n->on_host(); n = n->parent()) {
+    if (n->busy() > 0 || !n->on_device()) return 0;
+    path->push_back(n);
+  }
+  std::reverse(path->begin(), path->end());
+  int64_t tokens = 0;
+  for (RadixNode* n : *path) tokens += n->num_tokens();
+  return tokens;
+}
+
+void BackupPlanner::EndPathAt(std::vector<RadixNode*>* path, int64_t keep) {
+  int64_t acc = 0;
+  for (size_t i = 0; i < path->size(); ++i) {
+    const int64_t np = (*path)[i]->num_tokens() / core_.P;
+    if (acc + np <= keep) {
+      acc += np;
+      continue;
+    }
+    if (keep > acc) {
+      (*path)[i] = core_.tree.SplitAfter((*path)[i], keep - acc)->parent();
+      path->resize(i + 1);
+    } else {
+      path->resize(i);
+    }
+    return;
+  }
+}
+
+std::shared_ptr<CopyOp> BackupPlanner::MakeBackup(const std::vector<RadixNode*>& path,
+                                                  const std::vector<HostTier::Page>& got,
+                                                  const std::vector<int64_t>& host_pages,
+                                                  const std::vector<int64_t>& written,
+                                                  bool write_back) {
+  auto op = std::make_shared<CopyOp>();
+  op->kind = CopyOp::Kind::kBackup;
+  op->gpu = core_.gpu;
+  op->tokens = static_cast<int64_t>(written.size()) * core_.P;
+  op->bytes = static_cast<int64_t>(written.size()) * core_.PageBytes();
+  op->start = CacheClock::now();
+  op->pages = written;
+  op->write_back = write_back;
+  const bool copy_all = written.size() == host_pages.size();
+  if (copy_all) core_.AppendSlots(host_pages, &op->dst);
+  size_t off = 0;
+  for (RadixNode* n : path) {
+    const size_t np = n->device_pages().size();
+    if (copy_all) {
+      core_.AppendSlots(n->device_pages(), &op->src);
+    } else {
+      for (size_t i = 0; i < np; ++i) {
+        if (got[off + i].got != HostTier::Got::kWrite) continue;
+        core_.AppendSlots(n->device_pages().subspan(i, 1), &op->src);
+        core_.AppendSlots(std::span<const int64_t>(host_pages).subspan(off + i, 1), &op->dst);
+      }
+    }
+    core_.tree.SetHostPages(
+        n, std::vector<int64_t>(host_pages.begin() + static_cast<ptrdiff_t>(off),
+                                host_pages.begin() + static_cast<ptrdiff_t>(off + np)));
+    off += np;
+  }
+  return op;
+}
+
+bool BackupPlanner::Backup(RadixNode* node, CacheWork* work, bool write_back) {
+  if (!core_.host) return false;  // no host tier: nothing to back up to
+  std::vector<RadixNode*> path;
+  const int64_t tokens = UnbackedPath(node, &path);
+  if (tokens == 0) return false;
+  const int64_t pages = tokens / core_.P;
+  if (!evictor_.EnsureHostPages(pages, work)) {
+    core_.counters.backup_skipped_tokens += tokens;
+    return false;
+  }
+  std::vector<PageKey> keys;
+  if (core_.host->shared()) {
+    for (RadixNode* n : path) {
+      if (static_cast<int64_t>(n->keys().size()) * core_.P != n->num_tokens()) return false;
+      keys.insert(keys.end(), n->keys().begin(), n->keys().end());
+    }
+  }
+  Result<std::vector<HostTier::Page>> got = core_.host->Acquire(pages, keys);
+  if (!got.ok()) {
+    util::Log(util::LogLevel::kWarning, "kvtier: cache: backup skipped: {}",
+              got.status().ToString());
+    core_.counters.backup_skipped_tokens += tokens;
+    return false;
+  }
+  // The leading pages the tier gave; the others go back.
+  int64_t keep = 0;
+  while (keep < pages && ((*got)[static_cast<size_t>(keep)].got == HostTier::Got::kWrite ||
+                          (*got)[static_cast<size_t>(keep)].got == HostTier::Got::kReady)) {
+    ++keep;
+  }
+  std::vector<int64_t> host_pages, written, unused, unused_written;
+  for (int64_t i = 0; i < pages; ++i) {
+    const HostTier::Page& pg = (*got)[static_cast<size_t>(i)];
+    if (pg.got != HostTier::Got::kWrite && pg.got != HostTier::Got::kReady) continue;
+    (i < keep ? host_pages : unused).push_back(pg.start);
+    if (pg.got == HostTier::Got::kWrite) {
+      (i < keep ? written : unused_written).push_back(pg.start);
+    }
+  }
+  core_.ReturnBackupPages(unused, unused_written);
+  core_.counters.backup_skipped_tokens += (pages - keep) * core_.P;
+  if (keep == 0) return false;
+  if (keep < pages) EndPathAt(&path, keep);  // the path ends where the kept pages end
+  auto op = MakeBackup(path, *got, host_pages, written, write_back);
+  core_.counters.backup_present_tokens += keep * core_.P - op->tokens;
+  if (written.empty()) return true;  // every page was published already: nothing to copy
+  for (RadixNode* n : path) core_.MarkBusy(*op, n);
+  core_.counters.backup_inflight_tokens += op->tokens;
+  core_.tracker.Add(op);
+  work->copies.push_back(std::move(op));
+  return true;
+}
+
+void BackupPlanner::MaybeBackup(const std::vector<RadixNode*>& path, CacheWork* work) {
+  if (!core_.host || !policy_->backs_up_on_use()) return;
+  for (auto it = path.rbegin(); it != path.rend(); ++it) {
+    RadixNode* n = *it;
+    if (n->on_device() && !n->on_host() && policy_->BackUpOnUse(*n)) {
+      Backup(n, work, /*write_back=*/false);
+      return;
+    }
+  }
+}
+
+bool BackupPlanner::Store(RadixNode* node, CacheWork* work) {
+  if (!core_.storage) return false;
+  std::vector<RadixNode*> path;
+  for (RadixNode* n = node; !n->is_root(); n = n->parent()) {
+    if (!n->on_host()) return false;  // host copies form a prefix: cannot happen
+    if (n->stored()) break;
+    if (n->storing() || n->busy() > 0 || n->keys().empty()) return false;
+    path.push_back(n);
+  }
+  if (path.empty()) return false;
+  std::reverse(path.begin(), path.end());
+  int64_t tokens = 0;
+  for (RadixNode* n : path) tokens += n->num_tokens();
+  const int64_t pages = tokens / core_.P;
+  if (core_.store_queue_pages + pages > core_.config.storage.max_backup_queue_pages ||
+      pages > core_.config.storage.max_backup_batch_pages) {
+    core_.counters.storage_backup_dropped_tokens += tokens;
+    ++core_.counters.storage_queue_drops;
+    return false;
+  }
+  auto op = std::make_shared<CopyOp>();
+  op->kind = CopyOp::Kind::kStore;
+  op->tokens = tokens;
+  op->start = CacheClock::now();
+  op->batch_pages = pages;
+  for (RadixNode* n : path) {
+    for (size_t i = 0; i < n->host_pages().size(); ++i) {
+      op->pages.push_back(n->host_pages()[i]);
+      op->keys.push_back(n->keys()[i]);
+    }
+    core_.tree.SetStoring(n, true);  // its host pages stay put (the device copy may still go)
+    op->nodes.push_back(n);
+  }
+  op->page_status.assign(static_cast<size_t>(pages), PageStatus::kSkipped);
+  op->batch_done.assign(1, 0);
+  op->batches_left = 1;
+  core_.store_queue_pages += pages;
+  core_.counters.storage_backup_inflight_tokens += tokens;
+  core_.tracker.Add(op);
+  work->storage.push_back(std::move(op));
+  return true;
+}
+
+void BackupPlanner::ReapBackup(CopyOp& op, CacheWork* work) {
+  core_.counters.backup_inflight_tokens -= op.tokens;
+  if (op.status.ok()) {
+    Status published = core_.host->Publish(op.pages);
+    if (!published.ok()) core_.Fail(Status::Internal(published.ToString()), "publishing a backup");
+    core_.counters.backup_tokens += op.tokens;
+    core_.counters.backup_bytes += op.bytes;
+    core_.counters.backup_seconds += SecondsSince(op.start, op.finished);
+    if (op.write_back) core_.counters.write_back_tokens += op.tokens;
+    std::vector<RadixNode*> nodes = op.nodes;
+    core_.ClearBusy(op);
+    if (core_.storage && policy_->store_on_backup() && !nodes.empty()) {
+      RadixNode* deepest =
+          *std::max_element(nodes.begin(), nodes.end(), [](const RadixNode* a, const RadixNode* b) {
+            return a->prefix_tokens() < b->prefix_tokens();
+          });
+      Store(deepest, work);
+    }
+    return;
+  }
+  // Failed: take back the host pages it was given (deepest first); it never counted.
+  core_.counters.backup_failed_tokens += op.tokens;
+  if (core_.backup_failure.ok()) core_.backup_failure = op.status.WithContext("backup copy");
+  util::Log(util::LogLevel::kWarning, "kvtier: cache: {}",
+            op.status.WithContext("backup copy").ToString());
+  std::vector<RadixNode*> nodes = op.nodes;
+  core_.ClearBusy(op);
+  std::sort(nodes.begin(), nodes.end(), [](const RadixNode* a, const RadixNode* b) {
+    return a->prefix_tokens() > b->prefix_tokens();
+  });
+  for (RadixNode* n : nodes) {
+    if (!n->on_host()) continue;
+    if (n->host_children() > 0) {
+      core_.Fail(
+          Status::Internal(fmt::format("node {}: its failed backup has host children", n->id())),
+          "rolling back a failed backup");
+      return;
+    }
+    core_.ReturnBackupPages(core_.tree.TakeHostPages(n), op.pages);
+    evictor_.DropIfNowhere(n);
+  }
+}
+
+void BackupPlanner::ReapStore(CopyOp& op, CacheWork* work) {
+  const int64_t pages = static_cast<int64_t>(op.keys.size());
+  core_.store_queue_pages -= pages;
+  core_.counters.storage_backup_inflight_tokens -= op.tokens;
+  int64_t ok = 0;
+  while (ok < pages && op.page_status[static_cast<size_t>(ok)] == PageStatus::kOk) ++ok;
+  const int64_t written = std::max<int64_t>(0, ok - op.present_pages);
+  core_.counters.storage_backup_present_tokens += std::min(op.present_pages, ok) * core_.P;
+  core_.counters.storage_backup_tokens += written * core_.P;
+  core_.counters.storage_backup_bytes += written * core_.PageBytes();
+  const double seconds = SecondsSince(op.start, op.finished);
+  core_.counters.storage_backup_seconds += seconds;
+  if (written > 0 && seconds > 0) {
+    core_.counters.storage_backup_bandwidth.Observe(
+        static_cast<double>(written * core_.PageBytes()) / seconds / 1e9);
+  }
+  core_.counters.storage_backup_failed_tokens += (pages - ok) * core_.P;
+  core_.CountStorageFaults(op.page_status, op.status);
+  // Mark stored the nodes (or the leading part of the node) whose pages all made it.
+  std::vector<RadixNode*> nodes = std::move(op.nodes);
+  std::sort(nodes.begin(), nodes.end(), [](const RadixNode* a, const RadixNode* b) {
+    return a->prefix_tokens() < b->prefix_tokens();
+  });
+  int64_t left = ok;
+  for (RadixNode* n : nodes) {
+    core_.tree.SetStoring(n, false);
+  }
+  for (RadixNode* n : nodes) {
+    const int64_t np = n->num_tokens() / core_.P;
+    if (left <= 0) break;
+    if (left >= np) {
+      core_.tree.SetStored(n, true);
+      left -= np;
+    } else {
+      RadixNode* lower = core_.tree.SplitAfter(n, left);
+      core_.tree.SetStored(lower->parent(), true);
+      left = 0;
+    }
+  }
+  (void)work;
+}
+
+}  // namespace kvtier

@@ -1,0 +1,72 @@
+// Internal: the part of a HierarchicalCache that copies pages down the tiers — device -> host
+// backups and host -> storage stores — as its BackupPolicy (the write policy) says, and applies
+// their completions to the tree.
+//
+// A backup covers the unbacked path ending at a node: host pages are assigned at once (so nothing
+// else takes them) and the nodes stay busy until the copy has completed. A store covers the
+// unstored host path ending at a node: its nodes are marked storing (their host pages stay put)
+// until the storage calls complete.
+//
+// Thread safety: every method REQUIRES the cache's mutex (cache/cache_core.h). Copies and storage
+// calls are only collected into a CacheWork here; the CopyExecutor runs them after the lock.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "cache/backup_policy.h"
+#include "cache/cache_core.h"
+
+namespace kvtier {
+
+class TierEvictor;
+
+class BackupPlanner {
+ public:
+  BackupPlanner(CacheCore& core, TierEvictor& evictor)
+      : core_(core),
+        evictor_(evictor),
+        policy_(MakeBackupPolicy(core.config.write_policy, core.config.write_through_threshold)) {}
+  BackupPlanner(const BackupPlanner&) = delete;
+  BackupPlanner& operator=(const BackupPlanner&) = delete;
+
+  const BackupPolicy& policy() const { return *policy_; }
+
+  // Device -> host for the unbacked path ending at `node`. False (nothing changed, no host node
+  // evicted) when host memory cannot be found, a node on the path is busy or not on the device.
+  // Shared host tier: pages are reserved by key; pages published already are taken without a copy;
+  // the backup covers the leading pages the tier gave (the node where they end is split), the rest
+  // is skipped (counted). `write_back`: made by a device eviction (counted as such).
+  bool Backup(RadixNode* node, CacheWork* work, bool write_back);
+  // The policy's backup on use: the deepest device-only node of `path` that qualifies.
+  void MaybeBackup(const std::vector<RadixNode*>& path, CacheWork* work);
+  // Host -> storage for the unstored host path ending at `node` (only pages storage does not hold:
+  // the tree's `stored` marks, then the backend's Exists). False when nothing was queued (nothing
+  // to store, the queue is full — counted — or a node on the path is busy or storing).
+  bool Store(RadixNode* node, CacheWork* work);
+
+  // Completions. A backup publishes its host pages (and, under a policy that stores on backup,
+  // starts the store), or a failed one takes them back, deepest first. A store marks stored the
+  // nodes (or the leading part of a node) whose pages all made it.
+  void ReapBackup(CopyOp& op, CacheWork* work);
+  void ReapStore(CopyOp& op, CacheWork* work);
+
+ private:
+  // The unbacked path ending at `node`, top-down, and its tokens (0: empty, or a node on it is
+  // busy or off the device).
+  int64_t UnbackedPath(RadixNode* node, std::vector<RadixNode*>* path) const;
+  // Cuts `path` after its first `keep` pages (splitting the node where they end).
+  void EndPathAt(std::vector<RadixNode*>* path, int64_t keep);
+  // The copy of `path` into `host_pages` (the kWrite pages of `got` only: `written`); the nodes
+  // take their host pages now.
+  std::shared_ptr<CopyOp> MakeBackup(const std::vector<RadixNode*>& path,
+                                     const std::vector<HostTier::Page>& got,
+                                     const std::vector<int64_t>& host_pages,
+                                     const std::vector<int64_t>& written, bool write_back);
+
+  CacheCore& core_;
+  TierEvictor& evictor_;
+  std::unique_ptr<BackupPolicy> policy_;
+};
+
+}  // namespace kvtier

@@ -1,0 +1,221 @@
+// Internal: the bookkeeping that the parts of a HierarchicalCache share, all guarded by one mutex
+// (CacheCore::mu), and the two things every public call carries: the lock (CacheLock) and the
+// work it collects to run after the lock is released (CacheWork).
+//
+// The parts (each a class of its own, holding a reference to the core):
+//   CopyExecutor   (copy_executor.h)   submits copies and storage calls after the lock; completes
+//                                      load-backs
+//   TierEvictor    (tier_evictor.h)    evicts from device, host and the storage-only tree
+//   BackupPlanner  (backup_planner.h)  device -> host backups and host -> storage stores, under a
+//                                      BackupPolicy (the write policy)
+//   Prefetcher     (prefetcher.h)      the storage -> host read state machine
+// and HierarchicalCache (hierarchical_cache.cc), the orchestrator: the public calls, the handle
+// table's users, reaping and waiting.
+//
+// State (CacheCore):
+//   tree          the radix tree over the three tiers (cache/radix_tree.h);
+//   ledger        per device page: free, engine, tree or a copy in flight;
+//   host          the host tier (cache/host_tier.h: the cache's own pool, or a shared segment
+//                 whose pages it pins): a held page is a node's (tree) or an in-flight prefetch's
+//                 (filling) — nothing else; null without a host tier (nothing is ever backed up,
+//                 device evictions forget);
+//   handles       live MatchHandles: the node each pins (ancestors included), the tokens after
+//                 the match (for QueryStorage), a running prefetch and, on a GPU, its load-back;
+//   tracker       operations in flight. Each marked its nodes busy once (a split hands the mark to
+//                 both halves: the split hook); a busy node is evictable in no tier.
+// Invariants (HierarchicalCache::CheckConsistency): the tree's device pages are exactly the
+// ledger's kTree pages; the ledger's kCopy pages are exactly the load-backs' unpublished pages; the
+// host allocator's used pages are the tree's host pages plus the prefetches' filling pages; every
+// node's ref_count equals the number of live handles pinning it or a descendant, and its busy count
+// the number of operations that list it.
+//
+// Locking discipline: every public call takes `mu`, does bookkeeping only, and collects into a
+// CacheWork what must happen outside it — submitting copies (cpu pool, inline, or a CUDA stream)
+// and storage calls, and the eviction listener's events — which the CopyExecutor runs after `mu`
+// is released. Completions are applied (reaped) by the next call under `mu`. Calls that wait
+// (FinishPrefetch, WaitForBackups, allocations that need a write-back to finish) release `mu` while
+// they wait. Every method of the core and the parts that reads or writes the state REQUIRES `mu`
+// unless its comment says otherwise.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "cache/copy_tracker.h"
+#include "cache/device_page_ledger.h"
+#include "cache/host_tier.h"
+#include "cache/radix_tree.h"
+#include "kvtier/hierarchical_cache.h"
+#include "storage/page_staging.h"
+
+namespace kvtier {
+
+using CacheClock = std::chrono::steady_clock;
+
+inline double SecondsSince(CacheClock::time_point start,
+                           CacheClock::time_point end = CacheClock::now()) {
+  return std::chrono::duration<double>(end - start).count();
+}
+
+// Pages covering `num_tokens` (no overflow near INT64_MAX).
+inline int64_t PagesFor(int64_t num_tokens, int64_t page_size) {
+  return num_tokens / page_size + (num_tokens % page_size != 0 ? 1 : 0);
+}
+
+// Sorts nodes top-down (shallowest first).
+void SortTopDown(std::vector<RadixNode*>* nodes);
+
+// An eviction event whose strings the cache owns until the listener has run.
+struct OwnedEvent {
+  CacheTier tier;
+  std::string name_space;
+  std::vector<Token> prefix;
+  int64_t num_tokens;
+  bool kept_in_host;
+  bool kept_in_storage;
+};
+
+class CopyExecutor;
+
+// What a call does after releasing the mutex. Operations in it are registered already, so it must
+// run: a public call declares its CacheWork before its CacheLock, and the destructor runs what is
+// left after the lock is gone (early returns included).
+struct CacheWork {
+  explicit CacheWork(CopyExecutor* runner = nullptr) : executor(runner) {}
+  ~CacheWork();
+  CacheWork(const CacheWork&) = delete;
+  CacheWork& operator=(const CacheWork&) = delete;
+  CopyExecutor* executor;
+  std::vector<std::shared_ptr<CopyOp>> copies;   // device <-> host backups to submit
+  std::vector<std::shared_ptr<CopyOp>> storage;  // prefetches and stores to submit
+  std::vector<OwnedEvent> events;
+  bool empty() const { return copies.empty() && storage.empty() && events.empty(); }
+};
+
+// A live MatchHandle.
+struct HandleState {
+  RadixNode* last = nullptr;  // pinned with its ancestors; null: nothing matched
+  std::string ns;
+  std::vector<Token> rest;           // whole pages after the match (storage tier only)
+  std::shared_ptr<CopyOp> load;      // GPU: its LoadBack
+  std::shared_ptr<CopyOp> prefetch;  // running (not concluded) prefetch
+  PrefetchPolicy prefetch_policy = PrefetchPolicy::kBestEffort;
+};
+
+struct CacheCore {
+  CacheCore(const HierarchicalCacheConfig& cfg, int64_t page_size);
+
+  const HierarchicalCacheConfig config;
+  const int64_t P;
+  const uint64_t tag;  // handle ids: this instance's tag in the high bits
+  KvRegion device;
+  std::unique_ptr<HostTier> host;  // null: no host tier (config.has_host_tier())
+  KvRegion no_host_region;         // host_region() without a host tier: empty
+  std::unique_ptr<TransferEngine> engine;
+  bool gpu = false;
+  std::shared_ptr<StorageBackend> storage;
+  bool owns_storage = false;                      // opened from a URL: closed with the cache
+  std::unique_ptr<storage::PageStaging> staging;  // host pages <-> storage calls
+
+  mutable std::mutex mu;
+  mutable std::atomic<std::thread::id> owner{};  // who holds `mu` (MutexHeldByCurrentThread)
+  RadixTree tree;
+  std::unique_ptr<DevicePageLedger> ledger;
+  CopyTracker tracker;
+  std::unordered_map<uint64_t, HandleState> handles;
+  uint64_t next_seq = 1;
+  int64_t filling_pages = 0;      // host pages of prefetches not yet handed to the tree
+  int64_t store_queue_pages = 0;  // host -> storage pages queued or running
+  Status health;                  // an internal failure makes the cache unusable
+  Status backup_failure;          // the first failed backup since WaitForBackups last said so
+  CacheStats counters;
+
+  // ---- setup (Create; no lock needed: nothing else sees the core yet) ----------------------
+  // The host tier the config asks for (none, the cache's own pool or a shared segment).
+  Status OpenHostTier(const KvRegion& device_region);
+  // The storage tier the config asks for (a backend given, or opened from its URL) and its
+  // staging; InvalidArgument when a given backend's namespace does not describe the host pages.
+  Status OpenStorageTier(const KvRegion& device_region);
+
+  // The counters with the tiers' occupancy (HierarchicalCache::stats).
+  CacheStats Stats() const;
+
+  // ---- handles -------------------------------------------------------------------------------
+  Result<HandleState*> FindHandle(MatchHandle handle);
+  MatchHandle NewHandle(HandleState h);
+
+  // ---- health --------------------------------------------------------------------------------
+  Status CheckHealth() const;
+  // Makes the cache unusable with `st` (the first failure wins); nothing when `st` is OK.
+  void Fail(Status st, std::string_view what);
+
+  // ---- pages -----------------------------------------------------------------------------------
+  int64_t PageBytes() const {
+    return device.num_buffers() * device.geometry.num_layers * device.geometry.slot_bytes * P;
+  }
+  // Appends the slots of `pages` (page starts) to `out`.
+  void AppendSlots(std::span<const int64_t> pages, std::vector<int64_t>* out) const;
+  // The device slots of the leading device part of `path`.
+  std::vector<int64_t> DeviceSlotsOf(const std::vector<RadixNode*>& path) const;
+  // The nodes from the root's child down to `last` (empty for null or the root).
+  static std::vector<RadixNode*> Path(RadixNode* last);
+
+  void FreeHost(std::span<const int64_t> pages);
+  // Pages a backup was given and did not use (or that its failed copy wrote): those it was to
+  // write (`written`) are abandoned, those published already released.
+  void ReturnBackupPages(std::span<const int64_t> pages, const std::vector<int64_t>& written);
+  void FreeDevice(std::span<const int64_t> pages) { Fail(ledger->Free(pages), "device pages"); }
+
+  // ---- busy marks and events -------------------------------------------------------------------
+  void MarkBusy(CopyOp& op, RadixNode* n) {
+    tree.AddBusy(n);
+    op.nodes.push_back(n);
+  }
+  void ClearBusy(CopyOp& op) {
+    for (RadixNode* n : op.nodes) tree.RemoveBusy(n);
+    op.nodes.clear();
+  }
+  // Queues the eviction listener's event for `node` (nothing without a listener).
+  void Event(CacheWork* work, CacheTier tier, const RadixNode* node, bool kept_in_host,
+             bool kept_in_storage);
+  // Counts the storage faults of a completed storage operation (or a snapshot of one).
+  void CountStorageFaults(const std::vector<PageStatus>& statuses, const Status& status);
+};
+
+// The invariants above, checked; Internal naming the first that does not hold.
+Status CheckCacheConsistency(const CacheCore& core);
+
+// The core's mutex with an owner record, so tests can ask whether the calling thread holds it.
+class CacheLock {
+ public:
+  explicit CacheLock(const CacheCore& core) : core_(core), lk_(core.mu) { Own(); }
+  ~CacheLock() {
+    if (lk_.owns_lock()) core_.owner.store(std::thread::id(), std::memory_order_relaxed);
+  }
+  CacheLock(const CacheLock&) = delete;
+  CacheLock& operator=(const CacheLock&) = delete;
+  void unlock() {
+    core_.owner.store(std::thread::id(), std::memory_order_relaxed);
+    lk_.unlock();
+  }
+  void lock() {
+    lk_.lock();
+    Own();
+  }
+
+ private:
+  void Own() { core_.owner.store(std::this_thread::get_id(), std::memory_order_relaxed); }
+  const CacheCore& core_;
+  std::unique_lock<std::mutex> lk_;
+};
+
+}  // namespace kvtier

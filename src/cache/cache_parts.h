@@ -1,0 +1,59 @@
+// Internal: the core of a HierarchicalCache with its parts wired together (see cache/cache_core.h
+// for the state and the locking discipline): the copy executor, the tier evictor, the backup
+// planner, the prefetcher and the shared-host adopter, and what binds them — reaping (each
+// completed operation goes to the part that made it) and the tree's split hook (a split node's
+// operations list both halves). HierarchicalCache's Impl is this plus the waiting calls; the
+// parts' unit tests build one directly.
+//
+// Thread safety: as CacheCore: Reap and OnSplit REQUIRE the mutex; Drain takes it (`lk`) and
+// releases it while it waits; Open and Close run while no other thread uses the object.
+#pragma once
+
+#include <memory>
+
+#include "cache/backup_planner.h"
+#include "cache/cache_core.h"
+#include "cache/copy_executor.h"
+#include "cache/prefetcher.h"
+#include "cache/shared_adopter.h"
+#include "cache/tier_evictor.h"
+
+namespace kvtier {
+
+struct CacheParts : CacheCore {
+  CacheParts(const HierarchicalCacheConfig& cfg, int64_t page_size);
+  // Close()s.
+  ~CacheParts();
+  CacheParts(const CacheParts&) = delete;
+  CacheParts& operator=(const CacheParts&) = delete;
+
+  // Opens the tiers over `device_region` with `engine` (REQUIRES: both checked against each other
+  // and the config, as HierarchicalCache::Create does): the host tier, the device ledger, the
+  // copy executor, the storage tier, the split hook.
+  Status Open(const KvRegion& device_region, std::unique_ptr<TransferEngine> engine);
+  // Ends running prefetches (cancelled), waits for every operation in flight, stops the executor
+  // and closes a storage backend the cache opened. Idempotent.
+  void Close();
+
+  // Applies the operations that have completed (the tracker hands them over one by one).
+  void Reap(CacheWork* work);
+  // The tree split `lower` off `upper` (its new parent): operations that list `lower` (busy or
+  // storing) list `upper` too — registered ones, completed ones being reaped, and handles'
+  // prefetches.
+  void OnSplit(RadixNode* upper, RadixNode* lower);
+  // Waits for every operation in flight (outside the lock; backups_only: device -> host and
+  // host -> storage copies only; never an unconcluded prefetch, which its handle takes) until
+  // none is left, running `work` first.
+  void Drain(CacheLock& lk, CacheWork* work, bool backups_only);
+
+  CopyExecutor executor;
+  TierEvictor evictor;
+  BackupPlanner planner;
+  Prefetcher prefetcher;
+  SharedHostAdopter adopter;
+
+ private:
+  bool open_ = false;
+};
+
+}  // namespace kvtier

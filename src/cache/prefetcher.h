@@ -1,0 +1,82 @@
+// Internal: the part of a HierarchicalCache that reads a match's storage part into host memory —
+// the prefetch state machine. Start: the storage-only nodes after the handle's host part get host
+// pages (as many as the prefetch share of host memory and eviction allow) and are marked
+// prefetching and busy; the pages are read in batches by the CopyExecutor. Progress: how much
+// arrived. Conclude (FinishPrefetch, Release, the destructor): the arrived prefix becomes host
+// pages of its nodes; pages storage reported absent or corrupt make their nodes (and storage-only
+// descendants) lose their storage mark; the rest is cancelled (pages of batches still running are
+// freed when they complete, by ReapPrefetch).
+//
+// Thread safety: every method REQUIRES the cache's mutex (cache/cache_core.h); nothing here waits
+// or reads storage.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "cache/cache_core.h"
+
+namespace kvtier {
+
+class TierEvictor;
+
+class Prefetcher {
+ public:
+  Prefetcher(CacheCore& core, TierEvictor& evictor) : core_(core), evictor_(evictor) {}
+  Prefetcher(const Prefetcher&) = delete;
+  Prefetcher& operator=(const Prefetcher&) = delete;
+
+  // Starts the prefetch of `h`'s storage part under `policy` (the storage reads go to `work`).
+  // kRunning when started; otherwise nothing was started (no storage part, below the threshold,
+  // no room: counted). Errors only from the host tier. REQUIRES: no prefetch running on `h`.
+  Result<PrefetchResult> Start(HandleState& h, PrefetchPolicy policy, CacheWork* work);
+  // The running prefetch's progress (arrived pages over completed batches), or the host part.
+  PrefetchResult Progress(HandleState& h);
+  // Ends `h`'s prefetch (see above). REQUIRES: h.prefetch.
+  PrefetchResult Conclude(HandleState& h, bool cancelled, CacheWork* work);
+  // A completed prefetch: an unconcluded one goes back to the tracker for its handle; a concluded
+  // one frees the pages it still held.
+  void ReapPrefetch(const std::shared_ptr<CopyOp>& op);
+
+  // Tokens of `h`'s match in host memory after its device part.
+  int64_t HostTokensOf(const HandleState& h) const;
+  // The node and its storage-only descendants lose their storage copy (storage reported it
+  // gone): orphans, removed once unpinned.
+  void MarkGone(RadixNode* node);
+
+ private:
+  // A prefetch's page outcomes at one moment.
+  struct Snapshot {
+    std::vector<PageStatus> statuses;
+    std::vector<uint8_t> batches;
+    Status status;
+    int64_t batch_pages = 1;
+    int64_t total = 0;
+    int64_t arrived = 0;     // leading pages that arrived (kOk, in completed batches)
+    int64_t gone_from = -1;  // the first page storage reported absent or corrupt; -1: none
+    bool BatchDone(int64_t page) const {
+      return batches[static_cast<size_t>(page / batch_pages)] != 0;
+    }
+  };
+
+  // The storage-only nodes after the host part that storage holds and nobody fills yet.
+  int64_t StoragePart(const HandleState& h, std::vector<RadixNode*>* part) const;
+  // Host pages for a prefetch of `tokens` (the prefetch share of host memory, evicting for room).
+  int64_t HostPagesFor(int64_t tokens, CacheWork* work);
+  std::shared_ptr<CopyOp> MakePrefetch(const std::vector<RadixNode*>& part,
+                                       std::vector<int64_t> host_pages);
+  Snapshot TakeSnapshot(CopyOp& op);
+  // Hands the arrived pages to their nodes (clearing the busy and prefetching marks); returns the
+  // pages used. Pages that found no node go to `to_free`.
+  int64_t HandOver(CopyOp& op, Snapshot& s, std::vector<int64_t>* to_free);
+  // Pages not handed over: freed now when their batch completed, else on completion.
+  void ReleaseUnused(CopyOp& op, const Snapshot& s, int64_t used, std::vector<int64_t> to_free);
+  PrefetchState CountConclusion(const CopyOp& op, const Snapshot& s, int64_t used,
+                                PrefetchPolicy policy, bool cancelled);
+
+  CacheCore& core_;
+  TierEvictor& evictor_;
+};
+
+}  // namespace kvtier

@@ -1,0 +1,66 @@
+// Internal: the part of a HierarchicalCache that makes room — evicts device pages (dropping them,
+// or keeping the node in host memory), host pages (keeping the node in storage, or forgetting it),
+// and trims the storage-only part of the tree to its bound. Eviction is page-granular: a victim
+// node is split so that only the pages needed go. Under write_back (the BackupPolicy says so),
+// victims without a copy below are handed to the BackupPlanner first and evicted once copied.
+//
+// Thread safety: every method REQUIRES the cache's mutex (cache/cache_core.h); nothing here waits
+// or copies.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "cache/cache_core.h"
+
+namespace kvtier {
+
+class BackupPlanner;
+
+class TierEvictor {
+ public:
+  // `planner` may be constructed after this (it is used only by calls).
+  TierEvictor(CacheCore& core, BackupPlanner& planner) : core_(core), planner_(planner) {}
+  TierEvictor(const TierEvictor&) = delete;
+  TierEvictor& operator=(const TierEvictor&) = delete;
+
+  // Frees at least `need` device pages if it can; returns the pages freed now. Under write_back,
+  // unbacked leaves are submitted for backup instead (added to `work`); they become evictable once
+  // the copy has completed.
+  int64_t EvictDevice(int64_t need, CacheWork* work);
+  // Frees at least `need` host pages if it can; returns the pages freed now. Under write_back with
+  // a storage tier, unstored leaves are submitted for a store instead.
+  int64_t EvictHost(int64_t need, CacheWork* work);
+  // Keeps the storage-only part of the tree within its bound; orphans go at once.
+  void TrimStorage(CacheWork* work);
+  // Removes `node` and its subtree when it is resident nowhere any more (its children can only be
+  // storage-only or orphans then), unpinned and not busy.
+  void DropIfNowhere(RadixNode* node);
+
+  // Host pages that eviction could free now (an upper bound: pins and busy nodes excluded).
+  int64_t HostReclaimable() const;
+  // Device pages eviction could free once the copies in flight have completed (pins and the
+  // engine's pages excluded).
+  int64_t DeviceReclaimable() const;
+  // `pages` free host pages if eviction can make them (nothing is evicted when it cannot).
+  bool EnsureHostPages(int64_t pages, CacheWork* work);
+
+  // `pages` device pages for `owner`, evicting first what must go. With allow_fewer, as many as
+  // can be had. OutOfMemory naming `what` when pins and the engine's pages leave too little (before
+  // anything is evicted). `waits` collects operations whose completion would free more (write_back
+  // copies, busy nodes); the caller may wait for them outside the lock and retry.
+  Result<std::vector<int64_t>> TryAllocateDevice(int64_t pages, bool allow_fewer,
+                                                 DevicePageLedger::Owner owner,
+                                                 std::string_view what, CacheWork* work,
+                                                 std::vector<std::shared_ptr<CopyOp>>* waits);
+
+ private:
+  void CountEviction(CacheClock::time_point start, int64_t freed_pages);
+
+  CacheCore& core_;
+  BackupPlanner& planner_;
+};
+
+}  // namespace kvtier

@@ -1,0 +1,190 @@
+// BackupPlanner on a CacheParts rig: device -> host backups (bytes, busy marks, the policy's
+// backup on use, no room, a failed copy rolled back) and host -> storage stores (stored marks,
+// the bounded queue).
+#include "cache/backup_planner.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "cache/cache_parts_rig.h"
+#include "kvtier/kv_pattern.h"
+
+namespace kvtier {
+namespace {
+
+using testing::Hashes;
+using testing::PartsRig;
+using testing::RigMemoryStore;
+using testing::Seq;
+
+constexpr int64_t kPage = 4;
+
+HierarchicalCacheConfig Config(WritePolicy policy) {
+  HierarchicalCacheConfig cfg;
+  cfg.write_policy = policy;
+  cfg.write_through_threshold = 2;
+  cfg.backup_threads = 0;  // copies run inline, in CacheWork
+  return cfg;
+}
+
+// The host slots of the host part of `tokens`' match.
+std::vector<int64_t> HostSlots(PartsRig& rig, const std::vector<Token>& tokens) {
+  CacheLock lk(rig.p());
+  std::vector<int64_t> slots;
+  for (RadixNode* n : CacheCore::Path(rig.p().tree.Peek("", tokens).last)) {
+    if (n->on_host()) rig.p().AppendSlots(n->host_pages(), &slots);
+  }
+  return slots;
+}
+
+TEST(BackupPlannerTest, BackupCopiesTheUnbackedPathByteForByte) {
+  auto rig = PartsRig::Make(Config(WritePolicy::kWriteThrough), kPage, 8, 8);
+  const auto a = Seq(2 * kPage, 10);
+  const auto ab = [&] {
+    auto t = a;
+    const auto b = Seq(3 * kPage, 500);
+    t.insert(t.end(), b.begin(), b.end());
+    return t;
+  }();
+  rig->InsertOnDevice(a);
+  RadixNode* leaf = rig->InsertOnDevice(ab);  // a's node, then b's
+  {
+    CacheWork work(&rig->p().executor);
+    CacheLock lk(rig->p());
+    ASSERT_TRUE(rig->p().planner.Backup(leaf, &work, /*write_back=*/false));
+    ASSERT_EQ(work.copies.size(), 1u);
+    EXPECT_EQ(work.copies[0]->tokens, 5 * kPage);  // the whole unbacked path, a included
+    EXPECT_GT(leaf->busy(), 0);
+    EXPECT_TRUE(leaf->on_host());  // pages assigned at once
+    // Busy: no second backup of the same path.
+    EXPECT_FALSE(rig->p().planner.Backup(leaf, &work, false));
+  }
+  rig->Settle();
+  EXPECT_EQ(leaf->busy(), 0);
+  EXPECT_EQ(rig->p().counters.backup_tokens, 5 * kPage);
+  const Status st = VerifyKvPattern(rig->p().host->region(), HostSlots(*rig, ab), Hashes(ab, ""));
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  rig->ExpectConsistent();
+}
+
+TEST(BackupPlannerTest, SelectivePolicyBacksUpOnceANodeHasEnoughHits) {
+  auto rig = PartsRig::Make(Config(WritePolicy::kWriteThroughSelective), kPage, 8, 8);
+  const auto tokens = Seq(2 * kPage, 3);
+  RadixNode* node = rig->InsertOnDevice(tokens);  // 1 hit
+  {
+    CacheWork work(&rig->p().executor);
+    CacheLock lk(rig->p());
+    rig->p().planner.MaybeBackup(CacheCore::Path(node), &work);
+    EXPECT_TRUE(work.copies.empty());
+    rig->p().tree.Touch(node, 1);
+    rig->p().planner.MaybeBackup(CacheCore::Path(node), &work);
+    EXPECT_EQ(work.copies.size(), 1u);
+  }
+  rig->Settle();
+  EXPECT_TRUE(node->on_host());
+  rig->ExpectConsistent();
+}
+
+TEST(BackupPlannerTest, WriteBackNeverBacksUpOnUse) {
+  auto rig = PartsRig::Make(Config(WritePolicy::kWriteBack), kPage, 8, 8);
+  RadixNode* node = rig->InsertOnDevice(Seq(kPage, 3));
+  CacheWork work(&rig->p().executor);
+  CacheLock lk(rig->p());
+  rig->p().tree.Touch(node, 10);
+  rig->p().planner.MaybeBackup(CacheCore::Path(node), &work);
+  EXPECT_TRUE(work.copies.empty());
+}
+
+TEST(BackupPlannerTest, NoHostRoomSkipsTheBackupAndCountsIt) {
+  auto rig = PartsRig::Make(Config(WritePolicy::kWriteThrough), kPage, 8, 2);
+  RadixNode* node = rig->InsertOnDevice(Seq(3 * kPage, 3));
+  CacheWork work(&rig->p().executor);
+  CacheLock lk(rig->p());
+  EXPECT_FALSE(rig->p().planner.Backup(node, &work, false));
+  EXPECT_TRUE(work.copies.empty());
+  EXPECT_FALSE(node->on_host());
+  EXPECT_EQ(rig->p().counters.backup_skipped_tokens, 3 * kPage);
+  EXPECT_EQ(rig->p().host->held_pages(), 0);
+}
+
+TEST(BackupPlannerTest, AFailedCopyGivesTheHostPagesBack) {
+  auto rig = PartsRig::Make(Config(WritePolicy::kWriteThrough), kPage, 8, 8);
+  RadixNode* node = rig->InsertOnDevice(Seq(2 * kPage, 3));
+  std::shared_ptr<CopyOp> op;
+  {
+    CacheWork unrun;  // no executor: the copy is never submitted; the test completes it
+    CacheLock lk(rig->p());
+    ASSERT_TRUE(rig->p().planner.Backup(node, &unrun, false));
+    op = unrun.copies.at(0);
+    EXPECT_EQ(rig->p().host->held_pages(), 2);
+  }
+  rig->p().tracker.Complete(*op, Status::IOError("the copy failed"));
+  {
+    CacheWork work(&rig->p().executor);
+    CacheLock lk(rig->p());
+    rig->p().Reap(&work);
+    EXPECT_FALSE(node->on_host());
+    EXPECT_TRUE(node->on_device());
+    EXPECT_EQ(node->busy(), 0);
+    EXPECT_EQ(rig->p().host->held_pages(), 0);
+    EXPECT_EQ(rig->p().counters.backup_failed_tokens, 2 * kPage);
+    EXPECT_EQ(rig->p().backup_failure.code(), StatusCode::kIOError);
+    EXPECT_TRUE(CheckCacheConsistency(rig->p()).ok());
+  }
+}
+
+TEST(BackupPlannerTest, ALandedBackupIsStoredAndMarkedStored) {
+  HierarchicalCacheConfig cfg = Config(WritePolicy::kWriteThrough);
+  auto store = RigMemoryStore(kPage);
+  cfg.storage.backend = store;
+  auto rig = PartsRig::Make(cfg, kPage, 8, 8);
+  const auto tokens = Seq(3 * kPage, 77);
+  RadixNode* node = rig->InsertOnDevice(tokens);
+  {
+    CacheWork work(&rig->p().executor);
+    CacheLock lk(rig->p());
+    ASSERT_TRUE(rig->p().planner.Backup(node, &work, false));
+  }
+  rig->Settle();  // the backup lands, its store starts and completes
+  EXPECT_TRUE(node->stored());
+  EXPECT_FALSE(node->storing());
+  EXPECT_EQ(rig->p().counters.storage_backup_tokens, 3 * kPage);
+  auto keys = ComputePromptPageKeys(tokens, kPage, "");
+  ASSERT_TRUE(keys.ok());
+  ExistsResult e = store->Exists(*keys).get();
+  ASSERT_TRUE(e.status.ok());
+  EXPECT_EQ(e.leading, 3);
+  {
+    CacheWork work(&rig->p().executor);
+    CacheLock lk(rig->p());
+    EXPECT_FALSE(rig->p().planner.Store(node, &work));  // stored already: nothing to do
+  }
+  rig->ExpectConsistent();
+}
+
+TEST(BackupPlannerTest, AFullStoreQueueDropsTheStoreAndCountsIt) {
+  HierarchicalCacheConfig cfg = Config(WritePolicy::kWriteBack);
+  cfg.storage.backend = RigMemoryStore(kPage);
+  cfg.storage.max_backup_queue_pages = 2;
+  auto rig = PartsRig::Make(cfg, kPage, 8, 8);
+  RadixNode* node = rig->InsertOnDevice(Seq(3 * kPage, 5));
+  {
+    CacheWork work(&rig->p().executor);
+    CacheLock lk(rig->p());
+    ASSERT_TRUE(rig->p().planner.Backup(node, &work, true));
+  }
+  rig->Settle();
+  {
+    CacheWork work(&rig->p().executor);
+    CacheLock lk(rig->p());
+    EXPECT_FALSE(node->stored());  // write_back: no store on backup
+    EXPECT_FALSE(rig->p().planner.Store(node, &work));
+    EXPECT_TRUE(work.storage.empty());
+    EXPECT_EQ(rig->p().counters.storage_queue_drops, 1);
+    EXPECT_EQ(rig->p().counters.storage_backup_dropped_tokens, 3 * kPage);
+  }
+}
+
+}  // namespace
+}  // namespace kvtier

@@ -1,0 +1,178 @@
+// TierEvictor on a CacheParts rig: page-granular device and host eviction, write_back's backup
+// before eviction, pins, the storage-only bound, device allocation's refusals.
+#include "cache/tier_evictor.h"
+
+#include <gtest/gtest.h>
+
+#include <limits>
+#include <vector>
+
+#include "cache/cache_parts_rig.h"
+
+namespace kvtier {
+namespace {
+
+using testing::PartsRig;
+using testing::Seq;
+
+constexpr int64_t kPage = 4;
+
+HierarchicalCacheConfig Config(WritePolicy policy) {
+  HierarchicalCacheConfig cfg;
+  cfg.write_policy = policy;
+  cfg.backup_threads = 0;  // copies run inline, in CacheWork
+  return cfg;
+}
+
+// Backs up the path ending at `node` to host memory and waits for the copy.
+void BackUp(PartsRig& rig, RadixNode* node) {
+  {
+    CacheWork work(&rig.p().executor);
+    CacheLock lk(rig.p());
+    ASSERT_TRUE(rig.p().planner.Backup(node, &work, /*write_back=*/false));
+  }
+  rig.Settle();
+}
+
+TEST(TierEvictorTest, DeviceEvictionWithoutAHostTierDropsTheDeepestPagesFirst) {
+  auto rig = PartsRig::Make(Config(WritePolicy::kWriteThrough), kPage, 8, 0);
+  const auto tokens = Seq(4 * kPage, 100);
+  rig->InsertOnDevice(tokens);
+  CacheWork work(&rig->p().executor);
+  CacheLock lk(rig->p());
+  const int64_t free_before = rig->p().ledger->free_pages();
+  EXPECT_EQ(rig->p().evictor.EvictDevice(1, &work), 1);
+  EXPECT_EQ(rig->p().ledger->free_pages(), free_before + 1);
+  // The first three pages are still matched on the device: eviction split the node.
+  EXPECT_EQ(rig->p().tree.Peek("", tokens).device_tokens, 3 * kPage);
+  EXPECT_EQ(rig->p().counters.dropped_tokens, kPage);
+  EXPECT_EQ(rig->p().counters.device_evictions, 1);
+  EXPECT_EQ(rig->p().evictor.EvictDevice(100, &work), 3);  // all that is left
+  EXPECT_EQ(rig->p().tree.num_nodes(), 0);
+  EXPECT_TRUE(CheckCacheConsistency(rig->p()).ok());
+}
+
+TEST(TierEvictorTest, DeviceEvictionKeepsBackedUpPagesInHostMemory) {
+  auto rig = PartsRig::Make(Config(WritePolicy::kWriteThrough), kPage, 8, 8);
+  const auto tokens = Seq(3 * kPage, 7);
+  RadixNode* node = rig->InsertOnDevice(tokens);
+  BackUp(*rig, node);
+  {
+    CacheWork work(&rig->p().executor);
+    CacheLock lk(rig->p());
+    EXPECT_EQ(rig->p().evictor.EvictDevice(3, &work), 3);
+    const RadixTree::MatchResult m = rig->p().tree.Peek("", tokens);
+    EXPECT_EQ(m.device_tokens, 0);
+    EXPECT_EQ(m.host_tokens, 3 * kPage);
+    EXPECT_EQ(rig->p().counters.dropped_tokens, 0);
+  }
+  rig->ExpectConsistent();
+}
+
+TEST(TierEvictorTest, WriteBackBacksAVictimUpBeforeEvictingIt) {
+  auto rig = PartsRig::Make(Config(WritePolicy::kWriteBack), kPage, 8, 8);
+  const auto tokens = Seq(2 * kPage, 1);
+  rig->InsertOnDevice(tokens);
+  {
+    CacheWork work(&rig->p().executor);
+    CacheLock lk(rig->p());
+    // The victim is copied first: nothing is freed now, the node is busy until the copy lands.
+    EXPECT_EQ(rig->p().evictor.EvictDevice(2, &work), 0);
+    EXPECT_EQ(work.copies.size(), 1u);
+    EXPECT_EQ(rig->p().counters.dropped_tokens, 0);
+  }
+  rig->Settle();
+  {
+    CacheWork work(&rig->p().executor);
+    CacheLock lk(rig->p());
+    EXPECT_EQ(rig->p().counters.write_back_tokens, 2 * kPage);
+    EXPECT_EQ(rig->p().evictor.EvictDevice(2, &work), 2);
+    EXPECT_EQ(rig->p().tree.Peek("", tokens).host_tokens, 2 * kPage);
+    EXPECT_EQ(rig->p().counters.dropped_tokens, 0);
+  }
+  rig->ExpectConsistent();
+}
+
+TEST(TierEvictorTest, PinnedPagesStayAndAllocationSaysWhy) {
+  auto rig = PartsRig::Make(Config(WritePolicy::kWriteThrough), kPage, 4, 0);
+  RadixNode* node = rig->InsertOnDevice(Seq(3 * kPage, 1));
+  CacheWork work(&rig->p().executor);
+  CacheLock lk(rig->p());
+  rig->p().tree.IncRef(node);
+  EXPECT_EQ(rig->p().evictor.DeviceReclaimable(), 1);
+  EXPECT_EQ(rig->p().evictor.EvictDevice(3, &work), 0);
+  std::vector<std::shared_ptr<CopyOp>> waits;
+  auto r = rig->p().evictor.TryAllocateDevice(2, false, DevicePageLedger::kEngine, "the test",
+                                              &work, &waits);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kOutOfMemory);
+  EXPECT_NE(r.status().message().find("the test"), std::string::npos);
+  EXPECT_NE(r.status().message().find("3 pinned by live handles"), std::string::npos)
+      << r.status().ToString();
+  // allow_fewer takes what there is.
+  auto some = rig->p().evictor.TryAllocateDevice(2, true, DevicePageLedger::kEngine, "the test",
+                                                 &work, &waits);
+  ASSERT_TRUE(some.ok()) << some.status().ToString();
+  EXPECT_EQ(some->size(), 1u);
+  rig->p().tree.DecRef(node);
+  // Unpinned: allocation evicts what it needs.
+  auto more = rig->p().evictor.TryAllocateDevice(2, false, DevicePageLedger::kEngine, "the test",
+                                                 &work, &waits);
+  ASSERT_TRUE(more.ok()) << more.status().ToString();
+  EXPECT_EQ(rig->p().tree.Peek("", Seq(3 * kPage, 1)).device_tokens, kPage);
+}
+
+TEST(TierEvictorTest, HostEvictionForgetsWhatNoTierHoldsAndEnsureHostPagesMakesRoom) {
+  auto rig = PartsRig::Make(Config(WritePolicy::kWriteThrough), kPage, 8, 4);
+  const auto a = Seq(2 * kPage, 1000);
+  const auto b = Seq(2 * kPage, 2000);
+  BackUp(*rig, rig->InsertOnDevice(a));
+  BackUp(*rig, rig->InsertOnDevice(b));
+  {
+    CacheWork work(&rig->p().executor);
+    CacheLock lk(rig->p());
+    EXPECT_EQ(rig->p().host->free_pages(), 0);
+    EXPECT_EQ(rig->p().evictor.EvictDevice(4, &work), 4);      // both now host-only
+    rig->p().tree.IncRef(rig->p().tree.Peek("", b).last);      // b is pinned
+    EXPECT_FALSE(rig->p().evictor.EnsureHostPages(3, &work));  // only a's 2 pages could go
+    EXPECT_EQ(rig->p().host->free_pages(), 0);                 // and nothing went
+    EXPECT_TRUE(rig->p().evictor.EnsureHostPages(1, &work));
+    EXPECT_EQ(rig->p().host->free_pages(), 1);  // page-granular: a's last page only
+    EXPECT_EQ(rig->p().tree.Peek("", a).host_tokens, kPage);
+    EXPECT_EQ(rig->p().evictor.EvictHost(10, &work), 1);
+    EXPECT_EQ(rig->p().tree.Peek("", a).matched_tokens, 0);  // forgotten: in no tier
+    EXPECT_EQ(rig->p().counters.host_evictions, 2);
+    rig->p().tree.DecRef(rig->p().tree.Peek("", b).last);
+  }
+  rig->ExpectConsistent();
+}
+
+TEST(TierEvictorTest, TrimStorageKeepsTheStorageOnlyTreeWithinItsBoundAndTellsTheListener) {
+  HierarchicalCacheConfig cfg = Config(WritePolicy::kWriteThrough);
+  cfg.storage.max_storage_only_pages = 3;
+  std::vector<EvictionEvent> events;
+  cfg.eviction_listener = [&](const EvictionEvent& e) { events.push_back(e); };
+  auto rig = PartsRig::Make(cfg, kPage, 8, 0);
+  for (Token base : {Token{100}, Token{200}}) {
+    const auto tokens = Seq(2 * kPage, base);
+    auto keys = ComputePromptPageKeys(tokens, kPage, "");
+    ASSERT_TRUE(keys.ok());
+    CacheLock lk(rig->p());
+    rig->p().tree.AddStored(nullptr, "", tokens, *keys);
+  }
+  {
+    CacheWork work(&rig->p().executor);
+    CacheLock lk(rig->p());
+    EXPECT_EQ(rig->p().tree.storage_only_tokens(), 4 * kPage);
+    rig->p().evictor.TrimStorage(&work);
+    EXPECT_LE(rig->p().tree.storage_only_tokens(), 3 * kPage);
+    EXPECT_EQ(rig->p().counters.storage_forgotten_tokens, 2 * kPage);
+    EXPECT_TRUE(events.empty());  // the listener runs after the lock
+  }
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].tier, CacheTier::kStorage);
+  EXPECT_EQ(events[0].num_tokens, 2 * kPage);
+}
+
+}  // namespace
+}  // namespace kvtier
