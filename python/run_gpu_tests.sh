@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # python/run_gpu_tests.sh — build kvtier's Python extension with CUDA, then run the whole Python
-# test suite (CPU and GPU tests) and examples/torch_offload.py. For a machine with a CUDA GPU,
+# test suite (CPU and GPU tests), examples/torch_offload.py and, where transformers is installed,
+# examples/transformers_prefix_cache.py (device, host, storage and restart hits of a Llama with
+# random weights, logits checked against the no-cache path; then a second process over the same
+# file store). For a machine with a CUDA GPU,
 # nvcc, PyTorch, numpy, pytest and pybind11 (pip) installed; nothing is downloaded.
 #
 #   python/run_gpu_tests.sh            # exit status 0 only when everything passed
 #
 # Environment: PYTHON (default python3), KVTIER_PY_BUILD_DIR (default <repo>/build-python-gpu;
 # an existing CUDA build tree such as build-gpu is reused: only the extension is added to it),
-# JOBS (default nproc), KVTIER_CUDA_ARCHITECTURES (default: the project's, sm_90).
+# JOBS (default nproc), KVTIER_CUDA_ARCHITECTURES (default: the project's, sm_90),
+# PYTEST_SELECT (default python/tests: the test files or node ids to run).
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -60,11 +64,23 @@ export PYTHONPATH="$BUILD/python${PYTHONPATH:+:$PYTHONPATH}"
 status=0
 say "pytest python/tests"
 start=$(date +%s)
-"$PY" -m pytest -q -rs -p no:cacheprovider "$ROOT/python/tests" || status=1
+# shellcheck disable=SC2086
+"$PY" -m pytest -q -rs -p no:cacheprovider ${PYTEST_SELECT:-"$ROOT/python/tests"} || status=1
 say "pytest took $(( $(date +%s) - start )) s"
 for backend in kernel dma auto; do
   say "examples/torch_offload.py --backend $backend"
   "$PY" "$ROOT/examples/torch_offload.py" --backend "$backend" || status=1
 done
+if "$PY" -c "import transformers" 2>/dev/null; then
+  store=$(mktemp -d)
+  say "examples/transformers_prefix_cache.py --bench (device, host, storage and restart hits)"
+  "$PY" "$ROOT/examples/transformers_prefix_cache.py" --bench --storage "$store" || status=1
+  say "examples/transformers_prefix_cache.py --expect-restart (a new process, the same store)"
+  "$PY" "$ROOT/examples/transformers_prefix_cache.py" --turns 2 --expect-restart \
+    --storage "$store" || status=1
+  rm -rf "$store"
+else
+  say "SKIPPED examples/transformers_prefix_cache.py: transformers is not installed for $PY"
+fi
 if [[ $status -eq 0 ]]; then say "PASS"; else say "FAIL"; fi
 exit $status

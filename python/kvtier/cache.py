@@ -19,8 +19,21 @@ tree over all three, and the copies between them:
     print(cache.metrics())                       # Prometheus text (SGLang's names, "kvtier:")
 
 Tokens are int32 (lists, numpy arrays, torch tensors); slot lists come back as int64 torch tensors
-(CPU) when torch is imported, else numpy arrays (or array.array without numpy). Streams default to
-PyTorch's current stream of the pool's device, else the legacy default stream.
+when torch is imported, else numpy arrays (or array.array without numpy). Device slot lists of a
+pool on a GPU are on that GPU (`slots_on_device=False` keeps them in host memory); host slot lists
+are in host memory. Streams default to PyTorch's current stream of the pool's device, else the
+legacy default stream.
+
+Engine streams: cache.release(m, stream=s) and cache.free_device_slots(slots, stream=s) hand the
+slots back only after the work queued on `s` so far has completed (the engine may still read
+them there): the release is parked behind a CUDA event and carried out by a later call once the
+event has completed (or waited for when the device would otherwise run out of pages).
+load_back(m, stream=s, after=[a, b]) enqueues the copies on `s` after the work queued on `s` and
+on `a`, `b` (streams where the engine wrote into slots the load may reuse).
+
+Settings: every field of the C++ HierarchicalCacheConfig is a keyword argument of the same name
+(storage fields prefixed "storage_" where needed), default and bounds read from the C++ struct:
+kvtier.HierarchicalCache.config_fields() lists them.
 
 Match handles cannot leak: a Match releases its handle when it is garbage collected, when its
 `with` block ends, or through cache.release(m); a Match of another cache is refused.
@@ -73,6 +86,44 @@ def _float(value: Any, name: str) -> float:
         return float(value)
     except (TypeError, ValueError):
         raise ValueError(f"{name} = {value!r} must be a number") from None
+
+
+_CONFIG_FIELDS = tuple(_kvtier.cache_config_fields()) if hasattr(_kvtier, "cache_config_fields") \
+    else ()
+_FIELDS_BY_NAME = {f["name"]: f for f in _CONFIG_FIELDS}
+
+
+def _check_setting(name: str, value: Any) -> Any:
+    """`value` checked against the C++ field `name` (kind, bounds, choices); a ValueError naming
+    the field otherwise."""
+    field = _FIELDS_BY_NAME.get(name)
+    if field is None:
+        raise ValueError(f"{name!r} is not a HierarchicalCache setting; known: "
+                         f"{', '.join(sorted(_FIELDS_BY_NAME))}")
+    kind = field["kind"]
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise ValueError(f"{name} = {value!r} must be True or False")
+        return value
+    if kind == "str":
+        if value is not None and not isinstance(value, str):
+            raise ValueError(f"{name} = {value!r} must be a string")
+        return value or ""
+    if kind == "choice":
+        if value not in field["choices"]:
+            raise ValueError(f"{name} = {value!r} is not one of {', '.join(field['choices'])}")
+        return value
+    if kind == "int":
+        value = _int(value, name)
+    else:
+        value = _float(value, name)
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ValueError(f"{name} = {value} must be finite")
+    lo, hi = field["min"], field["max"]
+    if value < lo or (field["min_exclusive"] and value == lo) or value > hi:
+        low = "(" if field["min_exclusive"] else "["
+        raise ValueError(f"{name} = {value} must be in {low}{lo}, {hi}]")
+    return value
 
 
 def _slots_from_bytes(data: bytes) -> Any:
@@ -210,112 +261,46 @@ def _prefetch(d: dict) -> Prefetch:
 class HierarchicalCache:
     """The hierarchical KV cache over an engine's device pool (see the module docstring).
 
-    Args (keyword-only, defaults as in the C++ HierarchicalCacheConfig):
+    Args:
       device_region: a layer_first kvtier.ops.KvRegion (device memory with the kernel/dma/auto
         backends; host memory with cpu, e.g. for tests).
-      page_size: 0 = the region's.  host_capacity_bytes / host_ratio: host tier size (both 0: no
-        host tier; evicted device tokens are forgotten; storage then raises ValueError).
-      host_layout: "page_first" | "page_first_direct" | "page_head" | "layer_first" (with storage,
-        a layer_first page is gathered into a staging buffer; the others go with zero copies).
-      write_policy: "write_through" | "write_through_selective" | "write_back".
-      device_eviction / host_eviction: "lru" | "lfu" | "fifo" | "priority".
-      transfer_backend: "cpu" | "kernel" | "dma" | "auto" (default: cpu for a host region, kernel
-        for a device region).
-      max_sms / max_sms_to_host: the kernel backend's SMs for loads / for backups (write-backs);
-        max_sms_to_host 0 = max_sms.
-      max_sms_beside_backup: the SMs for a load while a write-back is still running (0 = off).
-      cpu_threads: cpu backend copy threads, 0..1024 (0 = one per core).
-      backup_threads: cpu backend backup threads, 0..64 (0 = in the calling thread).
-      storage: the storage tier's URL: "file:///dir[?capacity=200GiB]", "redis://host:port",
-        "redis+cluster://host:port,...", "memory://[?capacity=1GiB]"; None = no storage tier.
-      storage_model_id / storage_kv_dtype / storage_tp_rank / storage_tp_size: the deployment's
-        namespace in the store (pages of other deployments are never read).
-      storage_io_threads / storage_timeout_ms: the backend's I/O threads and per-call timeout.
-      prefetch_policy: how a prefetch ends by default: "best_effort" | "wait_complete" | "timeout".
-      prefetch_threshold_tokens: prefetches of fewer tokens do nothing.
-      prefetch_timeout_base_s / prefetch_timeout_per_1k_tokens_s / prefetch_timeout_max_s: the
-        timeout policy's deadline (base + per 1,024 tokens, capped).
-      max_prefetch_host_fraction: at most this share of the host pool fills at once.
-      max_storage_only_pages / max_backup_queue_pages: bounds of the storage bookkeeping.
+      transfer_backend: "cpu" | "kernel" | "dma" | "auto"; default cpu for a host region, kernel
+        for a device region.
       shared_host: the name of a shared host segment (`kvtier shm create NAME`) to use as the host
-        tier, shared with other processes (their published prefixes are host hits); the host
-        capacity is then this cache's budget of pinned pages. Not with `storage`. None = the
-        cache's own host pool.
+        tier, shared with other processes; not with `storage`. None = the cache's own host pool.
+      slots_on_device: device slot lists of a GPU pool come back on its GPU (default); False keeps
+        them in host memory.
+      **settings: any field of config_fields() (the C++ HierarchicalCacheConfig, same names,
+        defaults and bounds), e.g. host_ratio=2.0, write_policy="write_through",
+        storage="file:///var/cache/kvtier", max_backup_batch_pages=256. An unknown name or a
+        value out of bounds is a ValueError naming it.
     """
 
-    def __init__(self, device_region: KvRegion, *, page_size: int = 0,
-                 host_capacity_bytes: int = 0, host_ratio: float = 2.0,
-                 host_layout: str = "page_first", host_head_num: int = 0,
-                 host_huge_pages: bool = False, write_policy: str = "write_through_selective",
-                 write_through_threshold: int = 2, device_eviction: str = "lru",
-                 host_eviction: str = "lru", transfer_backend: Optional[str] = None,
-                 max_sms: int = 4, max_sms_to_host: int = 3, max_sms_beside_backup: int = 8,
-                 cpu_threads: int = 0, backup_threads: int = 1, load_back_min_tokens: int = 0,
-                 storage: Optional[str] = None, storage_model_id: str = "",
-                 storage_kv_dtype: str = "bf16", storage_tp_rank: int = 0,
-                 storage_tp_size: int = 1, storage_io_threads: int = 4,
-                 storage_timeout_ms: int = 2000, prefetch_policy: str = "best_effort",
-                 prefetch_threshold_tokens: int = 256, prefetch_timeout_base_s: float = 2.0,
-                 prefetch_timeout_per_1k_tokens_s: float = 0.1,
-                 prefetch_timeout_max_s: float = 30.0, max_prefetch_host_fraction: float = 0.5,
-                 max_storage_only_pages: int = 1 << 20,
-                 max_backup_queue_pages: int = 4096,
-                 shared_host: Optional[str] = None) -> None:
+    def __init__(self, device_region: KvRegion, *, transfer_backend: Optional[str] = None,
+                 shared_host: Optional[str] = None, slots_on_device: bool = True,
+                 **settings: Any) -> None:
         if not isinstance(device_region, KvRegion):
             raise ValueError("device_region must be a kvtier.ops.KvRegion, not "
                              f"{type(device_region).__name__}")
         if transfer_backend is None:
             transfer_backend = "cpu" if device_region.device == HOST else "kernel"
-        if storage is not None and not isinstance(storage, str):
-            raise ValueError(f"storage = {storage!r} must be a URL string or None")
+        settings["transfer_backend"] = transfer_backend
         if shared_host is not None and (not isinstance(shared_host, str) or not shared_host):
             raise ValueError(f"shared_host = {shared_host!r} must be a segment name or None")
-        if prefetch_policy not in PREFETCH_POLICIES:
-            raise ValueError(f"prefetch_policy = {prefetch_policy!r} is not one of "
-                             f"{', '.join(PREFETCH_POLICIES)}")
-        for name, value in (("host_layout", host_layout), ("write_policy", write_policy),
-                            ("device_eviction", device_eviction),
-                            ("host_eviction", host_eviction),
-                            ("transfer_backend", transfer_backend),
-                            ("storage_model_id", storage_model_id),
-                            ("storage_kv_dtype", storage_kv_dtype)):
-            if not isinstance(value, str):
-                raise ValueError(f"{name} = {value!r} must be a string")
-        config = dict(
-            page_size=_int64(page_size, "page_size", 0),
-            host_capacity_bytes=_int64(host_capacity_bytes, "host_capacity_bytes", 0),
-            host_ratio=_float(host_ratio, "host_ratio"), host_layout=host_layout,
-            host_head_num=_int64(host_head_num, "host_head_num", 0),
-            host_huge_pages=bool(host_huge_pages), write_policy=write_policy,
-            write_through_threshold=_int64(write_through_threshold, "write_through_threshold", 0),
-            device_eviction=device_eviction, host_eviction=host_eviction,
-            transfer_backend=transfer_backend, max_sms=_int32(max_sms, "max_sms", 1),
-            max_sms_to_host=_int32(max_sms_to_host, "max_sms_to_host", 0),
-            max_sms_beside_backup=_int32(max_sms_beside_backup, "max_sms_beside_backup", 0),
-            cpu_threads=_int32(cpu_threads, "cpu_threads", 0),
-            backup_threads=_int32(backup_threads, "backup_threads", 0),
-            load_back_min_tokens=_int64(load_back_min_tokens, "load_back_min_tokens", 0),
-            storage=storage or "", storage_model_id=storage_model_id,
-            storage_kv_dtype=storage_kv_dtype,
-            storage_tp_rank=_int64(storage_tp_rank, "storage_tp_rank", 0),
-            storage_tp_size=_int64(storage_tp_size, "storage_tp_size", 1),
-            storage_io_threads=_int32(storage_io_threads, "storage_io_threads", 1),
-            storage_timeout_ms=_int64(storage_timeout_ms, "storage_timeout_ms", 0),
-            prefetch_policy=prefetch_policy,
-            prefetch_threshold_tokens=_int64(prefetch_threshold_tokens,
-                                             "prefetch_threshold_tokens", 0),
-            prefetch_timeout_base_s=_float(prefetch_timeout_base_s, "prefetch_timeout_base_s"),
-            prefetch_timeout_per_1k_tokens_s=_float(prefetch_timeout_per_1k_tokens_s,
-                                                    "prefetch_timeout_per_1k_tokens_s"),
-            prefetch_timeout_max_s=_float(prefetch_timeout_max_s, "prefetch_timeout_max_s"),
-            max_prefetch_host_fraction=_float(max_prefetch_host_fraction,
-                                              "max_prefetch_host_fraction"),
-            max_storage_only_pages=_int64(max_storage_only_pages, "max_storage_only_pages", 0),
-            max_backup_queue_pages=_int64(max_backup_queue_pages, "max_backup_queue_pages", 0),
-            shared_host=shared_host or "")
+        config = {name: _check_setting(name, value) for name, value in settings.items()}
         self._device = device_region.device
+        self._slots_device = None
+        if slots_on_device and self._device != HOST and "torch" in sys.modules:
+            self._slots_device = sys.modules["torch"].device("cuda", self._device)
         # The native object keeps the region (its buffers) alive until the C++ cache is gone.
-        self._native = _kvtier._HierarchicalCache(device_region, device_region._native, config)
+        self._native = _kvtier._HierarchicalCache(device_region, device_region._native, config,
+                                                   shared_host or "")
+
+    @staticmethod
+    def config_fields() -> list:
+        """[{name, kind, default, min, max, min_exclusive, choices, help}] of every setting, read
+        from the C++ HierarchicalCacheConfig."""
+        return [dict(f) for f in _CONFIG_FIELDS]
 
     # ---- the request path ------------------------------------------------------------------
 
@@ -326,7 +311,7 @@ class HierarchicalCache:
         handle, dev_tokens, dev_slots, host_tokens, host_slots, storage_tokens = \
             self._native.match(address, count, namespace)
         del keep
-        return Match(self, handle, dev_tokens, _slots_from_bytes(dev_slots), host_tokens,
+        return Match(self, handle, dev_tokens, self._device_slots(dev_slots), host_tokens,
                      _slots_from_bytes(host_slots), storage_tokens)
 
     def query_storage(self, match: Match) -> StorageQuery:
@@ -356,13 +341,19 @@ class HierarchicalCache:
         prefix becomes host hits of the match, the rest is cancelled."""
         return _prefetch(self._native.finish_prefetch(self._handle(match)))
 
-    def load_back(self, match: Match, stream: Any = None) -> LoadBack:
+    def load_back(self, match: Match, stream: Any = None, after: Any = None) -> LoadBack:
         """Ends a running prefetch, then copies the host part of `match` into fresh device slots
-        (MemoryError when the device cannot make room). GPU: enqueued on `stream`; wait per
-        layer."""
-        loaded, skipped, slots, prefetch = self._native.load_back(self._handle(match),
-                                                                  self._stream(stream))
-        return LoadBack(loaded, skipped, _slots_from_bytes(slots),
+        (MemoryError when the device cannot make room). GPU: enqueued on `stream`, so after the
+        work queued on it so far, and after the work queued on each stream of `after` (a stream
+        or a list of streams where the engine wrote into slots the load may reuse); wait per
+        layer with wait_layer."""
+        stream = self._stream(stream)
+        if after is not None and self._device != HOST:
+            others = after if isinstance(after, (list, tuple)) else [after]
+            _kvtier.stream_wait_streams(self._device, stream,
+                                        [resolve_stream(o, self._device) for o in others])
+        loaded, skipped, slots, prefetch = self._native.load_back(self._handle(match), stream)
+        return LoadBack(loaded, skipped, self._device_slots(slots),
                         None if prefetch["state"] == "none" else _prefetch(prefetch))
 
     def wait_layer(self, match: Match, layer: int, stream: Any = None) -> None:
@@ -371,15 +362,20 @@ class HierarchicalCache:
         self._native.wait_layer(self._handle(match), _int64(layer, "layer", 0),
                                 self._stream(stream))
 
-    def release(self, match: Any) -> None:
-        """Unpins a match (a Match or its handle id) and cancels its prefetch."""
+    def release(self, match: Any, stream: Any = None) -> None:
+        """Unpins a match (a Match or its handle id) and cancels its prefetch. With `stream` (GPU
+        pools): only once the work queued on that stream so far has completed; until then the
+        match stays pinned (see the module docstring)."""
         if isinstance(match, Match):
             handle = self._handle(match)  # refuses another cache's Match
             if not match._unpin():
                 raise ValueError(f"match handle {handle} is already released")
+        else:
+            handle = self._handle(match)
+        if stream is None or self._device == HOST:
             self._release_handle(handle)
         else:
-            self._release_handle(self._handle(match))
+            self._native.release(handle, resolve_stream(stream, self._device), self._device)
 
     def _release_handle(self, handle: int) -> None:
         self._native.release(handle)
@@ -388,13 +384,18 @@ class HierarchicalCache:
         """Slots for num_tokens new tokens (rounded up to whole pages), evicting if needed.
         MemoryError when eviction cannot make room, or with allow_fewer as many whole pages as
         it could."""
-        return _slots_from_bytes(self._native.allocate_device_slots(
+        return self._device_slots(self._native.allocate_device_slots(
             _int64(num_tokens, "num_tokens"), bool(allow_fewer)))
 
-    def free_device_slots(self, slots: Any) -> None:
-        """Returns engine-held pages (whole pages)."""
+    def free_device_slots(self, slots: Any, stream: Any = None) -> None:
+        """Returns engine-held pages (whole pages). With `stream` (GPU pools): only once the work
+        queued on that stream so far has completed."""
         address, count, keep = _host_array(slots, "slots", "q")
-        self._native.free_device_slots(address, count)
+        if stream is None or self._device == HOST:
+            self._native.free_device_slots(address, count)
+        else:
+            self._native.free_device_slots(address, count, resolve_stream(stream, self._device),
+                                           self._device)
         del keep
 
     def insert(self, tokens: Any, device_slots: Any, namespace: str = "",
@@ -477,6 +478,12 @@ class HierarchicalCache:
         if handle >= 2**64:
             raise ValueError(f"match = {handle} is not a handle id (an unsigned 64-bit integer)")
         return handle
+
+    def _device_slots(self, data: bytes) -> Any:
+        slots = _slots_from_bytes(data)
+        if self._slots_device is not None:
+            return slots.to(self._slots_device)
+        return slots
 
     def _stream(self, stream: Any) -> int:
         if self._device == HOST:

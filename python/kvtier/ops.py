@@ -30,7 +30,8 @@ not change while it runs.
 from __future__ import annotations
 
 import numbers
-from typing import Any, List, Optional, Sequence
+import sys
+from typing import Any, List, NamedTuple, Optional, Sequence, Tuple
 
 from . import _kvtier
 from ._buffers import HOST, BufferInfo, describe_buffer, resolve_stream
@@ -45,6 +46,9 @@ __all__ = [
     "synchronize",
     "configure",
     "engine_config",
+    "scatter_dense",
+    "gather_dense",
+    "dense_paged_errors",
 ]
 
 LAYOUTS = ("layer_first", "page_first", "page_first_direct", "page_head")
@@ -315,3 +319,171 @@ def configure(*, cpu_threads: Optional[int] = None, cpu_parallel_threshold_bytes
 def engine_config() -> dict:
     """The configuration of the engines kvtier.ops uses."""
     return dict(_kvtier.engine_config())
+
+
+# ---- dense <-> paged ------------------------------------------------------------------------
+
+
+class _Dense(NamedTuple):
+    address: int
+    shape: Tuple[int, ...]
+    strides: Tuple[int, ...]  # bytes
+    itemsize: int
+    device: int
+    readonly: bool
+
+
+def _describe_dense(obj: Any, name: str) -> _Dense:
+    """Address, shape, byte strides and residency of a strided tensor / array (any strides)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(obj, torch.Tensor):
+        if obj.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"{name} is on device {obj.device}; kvtier copies cpu and cuda "
+                             "tensors")
+        itemsize = obj.element_size()
+        device = HOST if obj.device.type == "cpu" else (obj.device.index or 0)
+        return _Dense(obj.data_ptr(), tuple(obj.shape), tuple(s * itemsize for s in obj.stride()),
+                      itemsize, device, False)
+    for attr, on_device in (("__cuda_array_interface__", True), ("__array_interface__", False)):
+        iface = getattr(obj, attr, None)
+        if iface is None:
+            continue
+        shape = tuple(int(d) for d in iface["shape"])
+        typestr = iface["typestr"]
+        try:
+            itemsize = int(typestr[2:])
+        except (TypeError, ValueError):
+            raise ValueError(f"{name}: cannot read the element size from {typestr!r}") from None
+        strides = iface.get("strides")
+        if strides is None:  # C-contiguous
+            strides, step = [], itemsize
+            for d in reversed(shape):
+                strides.insert(0, step)
+                step *= d
+        data = iface.get("data")
+        if data is None or not isinstance(data, tuple):
+            raise ValueError(f"{name}: {attr} does not give a data pointer")
+        device = HOST
+        if on_device:
+            from ._buffers import _cuda_device_of
+            device = _cuda_device_of(int(data[0]))
+        return _Dense(int(data[0]), shape, tuple(int(s) for s in strides), itemsize, device,
+                      bool(data[1]))
+    raise ValueError(f"{name} of type {type(obj).__name__} is not a tensor or array (no "
+                     "data_ptr(), __cuda_array_interface__ or __array_interface__)")
+
+
+def _dense_layers(obj: Any, name: str, writable: bool) -> List[_Dense]:
+    """Per-layer 4-D descriptions of `obj`: a list of [B, H, T, D] tensors, or one
+    [layers, B, H, T, D] tensor."""
+    if isinstance(obj, (list, tuple)):
+        if not obj:
+            raise ValueError(f"{name} is an empty list of layers")
+        layers = [_describe_dense(t, f"{name}[{i}]") for i, t in enumerate(obj)]
+        for i, d in enumerate(layers):
+            if len(d.shape) != 4:
+                raise ValueError(f"{name}[{i}] has shape {d.shape}; expected [batch, heads, seq, "
+                                 "head_dim]")
+    else:
+        d = _describe_dense(obj, name)
+        if len(d.shape) != 5:
+            raise ValueError(f"{name} has shape {d.shape}; expected a list of [batch, heads, "
+                             "seq, head_dim] tensors or one [layers, batch, heads, seq, head_dim] "
+                             "tensor")
+        layers = [d._replace(address=d.address + i * d.strides[0], shape=d.shape[1:],
+                             strides=d.strides[1:]) for i in range(d.shape[0])]
+        if d.shape[0] == 0:
+            raise ValueError(f"{name} has 0 layers")
+    for i, d in enumerate(layers):
+        label = f"{name}[{i}]"
+        if any(s < 0 for s in d.strides):
+            raise ValueError(f"{label} has negative strides {d.strides}; pass a copy")
+        if d.shape != layers[0].shape:
+            raise ValueError(f"{label} has shape {d.shape}, {name}[0] has {layers[0].shape}")
+        if d.itemsize != layers[0].itemsize:
+            raise ValueError(f"{label} has {d.itemsize}-byte elements, {name}[0] has "
+                             f"{layers[0].itemsize}")
+        if d.device != layers[0].device:
+            where = "host memory" if d.device == HOST else f"cuda:{d.device}"
+            raise ValueError(f"{label} is in {where}, {name}[0] is not")
+        if writable and d.readonly:
+            raise ValueError(f"{label} is read-only")
+    return layers
+
+
+def _dense_paged(pool: KvRegion, slots: Any, k: Any, v: Any, first_layer: int, to_pool: bool,
+                 stream: Any) -> None:
+    if not isinstance(pool, KvRegion):
+        raise ValueError(f"pool must be a kvtier.ops.KvRegion, not {type(pool).__name__}")
+    first_layer = _int(first_layer, "first_layer", 0)
+    if k is None:
+        raise ValueError("k is None; expected the dense K tensors (or the MLA tensors)")
+    ks = _dense_layers(k, "k", writable=not to_pool)
+    if pool.mla:
+        if v is not None:
+            raise ValueError("v must be None for an MLA pool (one buffer: pass k only)")
+        vs: List[_Dense] = []
+    else:
+        if v is None:
+            raise ValueError("v is None; an MHA pool needs both k and v (pass mla=True pools "
+                             "k only)")
+        vs = _dense_layers(v, "v", writable=not to_pool)
+        if len(vs) != len(ks):
+            raise ValueError(f"v has {len(vs)} layers, k has {len(ks)}")
+        if vs[0].shape != ks[0].shape or vs[0].itemsize != ks[0].itemsize:
+            raise ValueError(f"v has shape {vs[0].shape} of {vs[0].itemsize}-byte elements, k has "
+                             f"{ks[0].shape} of {ks[0].itemsize}-byte elements")
+        if vs[0].device != ks[0].device:
+            raise ValueError("k and v are on different devices")
+    device = ks[0].device
+    if device != pool.device:
+        where = "host memory" if device == HOST else f"cuda:{device}"
+        pool_where = "host memory" if pool.device == HOST else f"cuda:{pool.device}"
+        raise ValueError(f"k is in {where} but the pool is in {pool_where}")
+    batch, heads, seq, head_dim = ks[0].shape
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(slots, torch.Tensor) and slots.dim() == 2:
+        if tuple(slots.shape) != (batch, seq):
+            raise ValueError(f"slots has shape {tuple(slots.shape)}, expected [batch, seq] = "
+                             f"[{batch}, {seq}]")
+        slots = slots.reshape(-1)
+    elif hasattr(slots, "ndim") and getattr(slots, "ndim", 1) == 2 and hasattr(slots, "reshape"):
+        if tuple(slots.shape) != (batch, seq):
+            raise ValueError(f"slots has shape {tuple(slots.shape)}, expected [batch, seq] = "
+                             f"[{batch}, {seq}]")
+        slots = slots.reshape(-1)
+    strides = lambda d: (d.address, *d.strides)  # noqa: E731
+    _kvtier.dense_paged(pool._native, slots, [strides(d) for d in ks], [strides(d) for d in vs],
+                        (batch, heads, seq, head_dim), ks[0].itemsize, device, first_layer,
+                        to_pool, 0 if device == HOST else resolve_stream(stream, device))
+
+
+def scatter_dense(pool: KvRegion, slots: Any, k: Any, v: Any = None, *, first_layer: int = 0,
+                  stream: Any = None) -> None:
+    """Dense per-layer K/V -> pool slots, every layer in one call.
+
+    k, v: the dense tensors of layers [first_layer, first_layer + n) of `pool`: a list of n
+    tensors (torch, numpy, CUDA arrays) shaped [batch, heads, seq, head_dim] with any
+    non-negative strides, or one [n, batch, heads, seq, head_dim] tensor; one element type of any
+    dtype (the copy moves bytes). heads * head_dim * itemsize must be the pool's slot_bytes. MLA
+    pools (one buffer) take k only.
+    slots: batch * seq slot indices (1-D, or [batch, seq]); token (b, t) goes to slots[b*seq + t].
+      On the pool's device or in host memory.
+    stream: GPU pools: enqueued on it (default: PyTorch's current stream of the pool's device);
+      returns once enqueued. Host pools: synchronous.
+    Bad shapes raise ValueError naming the argument; host slot lists are range-checked, device
+    ones are checked by the kernel (see dense_paged_errors()).
+    """
+    _dense_paged(pool, slots, k, v, first_layer, True, stream)
+
+
+def gather_dense(pool: KvRegion, slots: Any, k: Any, v: Any = None, *, first_layer: int = 0,
+                 stream: Any = None) -> None:
+    """Pool slots -> dense per-layer K/V (the inverse of scatter_dense; k and v are written)."""
+    _dense_paged(pool, slots, k, v, first_layer, False, stream)
+
+
+def dense_paged_errors(device: int = 0) -> int:
+    """Device slot indices outside the pool that scatter_dense / gather_dense skipped on CUDA
+    device `device` since the last call (waits for the device). 0 without CUDA."""
+    return _kvtier.dense_paged_errors(_int(device, "device", 0, _INT32_MAX))

@@ -19,15 +19,23 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#if defined(KVTIER_PY_WITH_CUDA)
+#include <cuda_runtime.h>
+#endif
+
 #include <condition_variable>
 #include <cstdint>
+#include <list>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "cache_config_table.h"
 #include "errors.h"
 #include "kvtier/eviction_policy.h"
 #include "kvtier/hierarchical_cache.h"
@@ -65,6 +73,111 @@ auto WithoutGil(Fn&& fn) {
   return fn();
 }
 
+// Releases and frees ordered after an engine's stream. The engine may still read (or write) the
+// slots of a match, or slots it frees, in work queued on its stream; handing them back to the
+// cache at once would let a later load or allocation reuse them under that work. So a release or
+// free given a stream records a CUDA event on it and is parked here; the parked operations whose
+// events have completed are carried out at the start of every later call (without blocking), all
+// of them when an allocation or load would otherwise run out of device memory (then waiting for
+// the events), and at close(). The cache itself never sees the slots back early: a parked match
+// stays pinned, parked slots stay the engine's. The first error of a parked operation is raised
+// by the next release, free_device_slots, wait_for_backups or close.
+// Without CUDA (or a host pool) there is no stream to wait for: the operation runs at once.
+class DeferredReleases {
+ public:
+  ~DeferredReleases() {
+#if defined(KVTIER_PY_WITH_CUDA)
+    for (Parked& p : parked_) (void)cudaEventDestroy(p.event);
+#endif
+  }
+
+  // Parks a release of `handle` (or a free of `slots`) behind the work queued so far on `stream`
+  // of CUDA device `device`. Returns false when nothing was parked (no CUDA): run it now.
+  Result<bool> Park(int device, CudaStream stream, uint64_t handle, std::vector<int64_t> slots) {
+#if defined(KVTIER_PY_WITH_CUDA)
+    int previous = 0;
+    if (cudaGetDevice(&previous) != cudaSuccess) return Status::CudaError("cudaGetDevice failed");
+    if (previous != device && cudaSetDevice(device) != cudaSuccess) {
+      return Status::CudaError(fmt::format("cudaSetDevice({}) failed", device));
+    }
+    cudaEvent_t event = nullptr;
+    cudaError_t e = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+    if (e == cudaSuccess) {
+      e = cudaEventRecord(event, reinterpret_cast<cudaStream_t>(stream));
+      if (e != cudaSuccess) (void)cudaEventDestroy(event);
+    }
+    if (previous != device) (void)cudaSetDevice(previous);
+    if (e != cudaSuccess) {
+      return Status::CudaError(fmt::format(
+          "recording the release's event on the engine's stream: {}", cudaGetErrorString(e)));
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    parked_.push_back({event, handle, std::move(slots)});
+    return true;
+#else
+    (void)device, (void)stream, (void)handle, (void)slots;
+    return false;
+#endif
+  }
+
+  // Carries out the parked operations whose events have completed (all of them, waiting, when
+  // `wait`). Returns whether any was carried out. Errors are kept for TakeError.
+  bool Reap(HierarchicalCache& cache, bool wait) {
+#if defined(KVTIER_PY_WITH_CUDA)
+    std::vector<Parked> ready;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto it = parked_.begin(); it != parked_.end();) {
+        const cudaError_t e = wait ? cudaEventSynchronize(it->event) : cudaEventQuery(it->event);
+        if (e == cudaErrorNotReady) {
+          ++it;
+          continue;
+        }
+        ready.push_back(std::move(*it));
+        it = parked_.erase(it);
+      }
+    }
+    for (Parked& p : ready) {
+      (void)cudaEventDestroy(p.event);
+      const Status st =
+          p.slots.empty() ? cache.Release(MatchHandle{p.handle}) : cache.FreeDeviceSlots(p.slots);
+      if (!st.ok()) {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (error_.ok()) error_ = st.WithContext("a release deferred to the engine's stream");
+      }
+    }
+    return !ready.empty();
+#else
+    (void)cache, (void)wait;
+    return false;
+#endif
+  }
+
+  bool empty() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return parked_.empty();
+  }
+
+  Status TakeError() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return std::exchange(error_, Status::OK());
+  }
+
+ private:
+  struct Parked {
+#if defined(KVTIER_PY_WITH_CUDA)
+    cudaEvent_t event;
+#else
+    void* event;
+#endif
+    uint64_t handle;
+    std::vector<int64_t> slots;  // non-empty: a free of these slots instead of a release
+  };
+  std::mutex mu_;
+  std::list<Parked> parked_;  // guarded by mu_
+  Status error_;              // guarded by mu_
+};
+
 // Owns the cache; see the file comment for the lifetime rules.
 class PyCache {
  public:
@@ -94,6 +207,7 @@ class PyCache {
     CallGuard& operator=(const CallGuard&) = delete;
     HierarchicalCache* operator->() const { return owner_.cache_.get(); }
     HierarchicalCache& operator*() const { return *owner_.cache_; }
+    DeferredReleases& deferred() const { return owner_.deferred_; }
 
    private:
     PyCache& owner_;
@@ -115,14 +229,18 @@ class PyCache {
       }
     }
     if (!closer) return;
+    Status deferred_error;
     {
       py::gil_scoped_release release;
+      deferred_.Reap(*cache_, /*wait=*/true);
+      deferred_error = deferred_.TakeError();
       cache_.reset();
       std::lock_guard<std::mutex> lock(mu_);
       state_ = State::kClosed;
     }
     cv_.notify_all();
     region_keepalive_ = py::none();  // the buffers may go now
+    ThrowIfError(deferred_error);
   }
 
   bool closed() {
@@ -139,69 +257,41 @@ class PyCache {
   std::condition_variable cv_;
   State state_ = State::kOpen;   // guarded by mu_
   int64_t calls_in_flight_ = 0;  // guarded by mu_
+  DeferredReleases deferred_;
 };
+
+// Runs `fn` (a call returning a Result or Status) without the GIL after reaping completed
+// deferred releases; when it runs out of device memory while releases are parked, waits for
+// them and tries once more.
+template <typename Fn>
+auto ReapAndRun(const PyCache::CallGuard& cache, Fn&& fn) {
+  py::gil_scoped_release release;
+  cache.deferred().Reap(*cache, /*wait=*/false);
+  auto r = fn();
+  auto code = [](const auto& x) {
+    if constexpr (std::is_same_v<std::decay_t<decltype(x)>, Status>) {
+      return x.code();
+    } else {
+      return x.status().code();
+    }
+  };
+  if (code(r) == StatusCode::kOutOfMemory && !cache.deferred().empty() &&
+      cache.deferred().Reap(*cache, /*wait=*/true)) {
+    r = fn();
+  }
+  return r;
+}
 
 // ---- configuration -----------------------------------------------------------------------
 
-// Reads config[key] as T; InvalidArgument naming the key when it is missing or of another type.
-template <typename T>
-T ConfigValue(const py::dict& config, const char* key) {
-  if (!config.contains(key)) {
-    ThrowStatus(Status::InvalidArgument(fmt::format("cache config lacks '{}'", key)));
-  }
-  try {
-    return config[key].cast<T>();
-  } catch (const py::cast_error&) {
-    ThrowStatus(
-        Status::InvalidArgument(fmt::format("cache config '{}' = {} has the wrong type or range",
-                                            key, py::repr(config[key]).cast<std::string>())));
-  }
-}
-
-HierarchicalCacheConfig ConfigFromDict(const py::dict& d, const PyRegion& device_region) {
-  HierarchicalCacheConfig c;
-  c.page_size = ConfigValue<int64_t>(d, "page_size");
-  c.host_capacity_bytes = ConfigValue<int64_t>(d, "host_capacity_bytes");
-  c.host_ratio = ConfigValue<double>(d, "host_ratio");
-  c.host_layout = Unwrap(ParseLayout(ConfigValue<std::string>(d, "host_layout")));
-  c.host_head_num = ConfigValue<int64_t>(d, "host_head_num");
-  c.host_huge_pages = ConfigValue<bool>(d, "host_huge_pages");
-  c.write_policy = Unwrap(ParseWritePolicy(ConfigValue<std::string>(d, "write_policy")));
-  c.write_through_threshold = ConfigValue<int64_t>(d, "write_through_threshold");
-  c.device_eviction = Unwrap(ParseEvictionPolicy(ConfigValue<std::string>(d, "device_eviction")));
-  c.host_eviction = Unwrap(ParseEvictionPolicy(ConfigValue<std::string>(d, "host_eviction")));
-  c.transfer_backend =
-      Unwrap(ParseTransferBackend(ConfigValue<std::string>(d, "transfer_backend")));
-  c.transfer.max_sms = ConfigValue<int>(d, "max_sms");
-  c.transfer.max_sms_to_host = ConfigValue<int>(d, "max_sms_to_host");
-  c.transfer.max_sms_beside_backup = ConfigValue<int>(d, "max_sms_beside_backup");
-  c.transfer.cpu_threads = ConfigValue<int>(d, "cpu_threads");
+HierarchicalCacheConfig ConfigFromDict(const py::dict& d, const std::string& shared,
+                                       const PyRegion& device_region) {
+  HierarchicalCacheConfig c = CacheConfigFromDict(d);
   if (device_region.region.memory == MemoryKind::kDevice) {
     c.transfer.device = device_region.region.device;
   }
-  c.backup_threads = ConfigValue<int>(d, "backup_threads");
-  c.load_back_min_tokens = ConfigValue<int64_t>(d, "load_back_min_tokens");
-
-  StorageTierConfig& s = c.storage;
-  s.url = ConfigValue<std::string>(d, "storage");
-  s.model_id = ConfigValue<std::string>(d, "storage_model_id");
-  s.kv_dtype = ConfigValue<std::string>(d, "storage_kv_dtype");
-  s.tp_rank = ConfigValue<int64_t>(d, "storage_tp_rank");
-  s.tp_size = ConfigValue<int64_t>(d, "storage_tp_size");
-  s.options.io_threads = ConfigValue<int>(d, "storage_io_threads");
-  s.options.timeout = std::chrono::milliseconds(ConfigValue<int64_t>(d, "storage_timeout_ms"));
-  s.prefetch_policy = Unwrap(ParsePrefetchPolicy(ConfigValue<std::string>(d, "prefetch_policy")));
-  s.prefetch_threshold_tokens = ConfigValue<int64_t>(d, "prefetch_threshold_tokens");
-  s.prefetch_timeout_base_s = ConfigValue<double>(d, "prefetch_timeout_base_s");
-  s.prefetch_timeout_per_1k_tokens_s = ConfigValue<double>(d, "prefetch_timeout_per_1k_tokens_s");
-  s.prefetch_timeout_max_s = ConfigValue<double>(d, "prefetch_timeout_max_s");
-  s.max_prefetch_host_fraction = ConfigValue<double>(d, "max_prefetch_host_fraction");
-  s.max_storage_only_pages = ConfigValue<int64_t>(d, "max_storage_only_pages");
-  s.max_backup_queue_pages = ConfigValue<int64_t>(d, "max_backup_queue_pages");
-
   // The shared host tier: a segment made by `kvtier shm create`, attached (and registered with
   // CUDA when the device pool is on a GPU) for this cache.
-  const std::string shared = ConfigValue<std::string>(d, "shared_host");
   if (!shared.empty()) {
     SharedHostPoolAttachOptions attach;
     attach.register_with_cuda = device_region.region.memory == MemoryKind::kDevice;
@@ -317,20 +407,22 @@ void RegisterCache(py::module_& m) {
   py::class_<PyCache>(m, "_HierarchicalCache",
                       "The C++ cache manager; use kvtier.HierarchicalCache.")
       .def(py::init([](py::object region_keepalive, const PyRegion& device_region,
-                       const py::dict& config_dict) {
-             const HierarchicalCacheConfig config = ConfigFromDict(config_dict, device_region);
+                       const py::dict& config_dict, const std::string& shared_host) {
+             const HierarchicalCacheConfig config =
+                 ConfigFromDict(config_dict, shared_host, device_region);
              const KvRegion region = device_region.Get();
              Result<std::unique_ptr<HierarchicalCache>> cache =
                  WithoutGil([&] { return HierarchicalCache::Create(config, region); });
              return std::make_unique<PyCache>(Unwrap(std::move(cache)),
                                               std::move(region_keepalive));
            }),
-           py::arg("region_keepalive"), py::arg("device_region"), py::arg("config"))
+           py::arg("region_keepalive"), py::arg("device_region"), py::arg("config"),
+           py::arg("shared_host"))
       .def("match",
            [](PyCache& c, uint64_t tokens, int64_t count, const std::string& ns) {
              auto span = SpanOf<Token>(tokens, count, "tokens");
              CallGuard cache(c);
-             MatchResult r = Unwrap(WithoutGil([&] { return cache->Match(span, ns); }));
+             MatchResult r = Unwrap(ReapAndRun(cache, [&] { return cache->Match(span, ns); }));
              return py::make_tuple(r.handle.id, r.device_tokens, SlotBytes(r.device_slots),
                                    r.host_tokens, SlotBytes(r.host_slots), r.storage_tokens);
            })
@@ -368,8 +460,8 @@ void RegisterCache(py::module_& m) {
       .def("load_back",
            [](PyCache& c, uint64_t handle, uint64_t stream) {
              CallGuard cache(c);
-             LoadBackResult l = Unwrap(WithoutGil(
-                 [&] { return cache->LoadBack(MatchHandle{handle}, StreamOf(stream)); }));
+             LoadBackResult l = Unwrap(ReapAndRun(
+                 cache, [&] { return cache->LoadBack(MatchHandle{handle}, StreamOf(stream)); }));
              return py::make_tuple(l.loaded_tokens, l.skipped_tokens, SlotBytes(l.device_slots),
                                    PrefetchDict(l.prefetch));
            })
@@ -379,25 +471,42 @@ void RegisterCache(py::module_& m) {
              ThrowIfError(WithoutGil(
                  [&] { return cache->WaitLayer(MatchHandle{handle}, layer, StreamOf(stream)); }));
            })
-      .def("release",
-           [](PyCache& c, uint64_t handle) {
-             CallGuard cache(c);
-             ThrowIfError(WithoutGil([&] { return cache->Release(MatchHandle{handle}); }));
-           })
+      .def(
+          "release",
+          [](PyCache& c, uint64_t handle, std::optional<uint64_t> stream, int device) {
+            CallGuard cache(c);
+            ThrowIfError(cache.deferred().TakeError());
+            if (stream.has_value() &&
+                Unwrap(cache.deferred().Park(device, StreamOf(*stream), handle, {}))) {
+              return;
+            }
+            ThrowIfError(WithoutGil([&] { return cache->Release(MatchHandle{handle}); }));
+          },
+          py::arg("handle"), py::arg("stream") = py::none(), py::arg("device") = 0)
       .def("allocate_device_slots",
            [](PyCache& c, int64_t num_tokens, bool allow_fewer) {
              CallGuard cache(c);
              AllocateOptions options;
              options.allow_fewer = allow_fewer;
-             return SlotBytes(Unwrap(
-                 WithoutGil([&] { return cache->AllocateDeviceSlots(num_tokens, options); })));
+             return SlotBytes(Unwrap(ReapAndRun(
+                 cache, [&] { return cache->AllocateDeviceSlots(num_tokens, options); })));
            })
-      .def("free_device_slots",
-           [](PyCache& c, uint64_t slots, int64_t count) {
-             auto span = SpanOf<int64_t>(slots, count, "slots");
-             CallGuard cache(c);
-             ThrowIfError(WithoutGil([&] { return cache->FreeDeviceSlots(span); }));
-           })
+      .def(
+          "free_device_slots",
+          [](PyCache& c, uint64_t slots, int64_t count, std::optional<uint64_t> stream,
+             int device) {
+            auto span = SpanOf<int64_t>(slots, count, "slots");
+            CallGuard cache(c);
+            ThrowIfError(cache.deferred().TakeError());
+            const int64_t page = cache->page_size();
+            if (stream.has_value() && !span.empty() && span.size() % page == 0 &&
+                Unwrap(cache.deferred().Park(device, StreamOf(*stream), 0,
+                                             std::vector<int64_t>(span.begin(), span.end())))) {
+              return;  // (a list that is not whole pages is refused now, below)
+            }
+            ThrowIfError(WithoutGil([&] { return cache->FreeDeviceSlots(span); }));
+          },
+          py::arg("slots"), py::arg("count"), py::arg("stream") = py::none(), py::arg("device") = 0)
       .def("insert",
            [](PyCache& c, uint64_t tokens, int64_t num_tokens, uint64_t slots, int64_t num_slots,
               const std::string& ns, int32_t priority, uint64_t stream) {
@@ -407,7 +516,8 @@ void RegisterCache(py::module_& m) {
              InsertOptions options;
              options.priority = priority;
              options.stream = StreamOf(stream);
-             InsertResult i = Unwrap(WithoutGil([&] { return cache->Insert(t, s, ns, options); }));
+             InsertResult i =
+                 Unwrap(ReapAndRun(cache, [&] { return cache->Insert(t, s, ns, options); }));
              py::dict d;
              d["cached_tokens"] = i.cached_tokens;
              d["revived_tokens"] = i.revived_tokens;
@@ -418,7 +528,7 @@ void RegisterCache(py::module_& m) {
       .def("evict_device",
            [](PyCache& c, int64_t n) {
              CallGuard cache(c);
-             return Unwrap(WithoutGil([&] { return cache->EvictDevice(n); }));
+             return Unwrap(ReapAndRun(cache, [&] { return cache->EvictDevice(n); }));
            })
       .def("evict_host",
            [](PyCache& c, int64_t n) {
@@ -428,12 +538,19 @@ void RegisterCache(py::module_& m) {
       .def("wait_for_backups",
            [](PyCache& c) {
              CallGuard cache(c);
-             ThrowIfError(WithoutGil([&] { return cache->WaitForBackups(); }));
+             ThrowIfError(WithoutGil([&] {
+               cache.deferred().Reap(*cache, /*wait=*/false);
+               return cache->WaitForBackups();
+             }));
+             ThrowIfError(cache.deferred().TakeError());
            })
       .def("stats",
            [](PyCache& c) {
              CallGuard cache(c);
-             return StatsDict(WithoutGil([&] { return cache->stats(); }));
+             return StatsDict(WithoutGil([&] {
+               cache.deferred().Reap(*cache, /*wait=*/false);
+               return cache->stats();
+             }));
            })
       .def("metrics",
            [](PyCache& c) {
@@ -464,6 +581,42 @@ void RegisterCache(py::module_& m) {
            })
       .def("close", &PyCache::Close)
       .def_property_readonly("closed", &PyCache::closed);
+  m.def("cache_config_fields", &CacheConfigTable,
+        "The HierarchicalCache settings: [{name, kind, default, min, max, min_exclusive, choices, "
+        "help}], defaults read from the C++ HierarchicalCacheConfig.");
+  m.def(
+      "stream_wait_streams",
+      [](int device, uint64_t waiter, const std::vector<uint64_t>& others) {
+#if defined(KVTIER_PY_WITH_CUDA)
+        int previous = 0;
+        ThrowIfError(cudaGetDevice(&previous) == cudaSuccess
+                         ? Status::OK()
+                         : Status::CudaError("cudaGetDevice failed"));
+        if (previous != device) (void)cudaSetDevice(device);
+        Status st;
+        for (uint64_t other : others) {
+          if (other == waiter) continue;
+          cudaEvent_t event = nullptr;
+          cudaError_t e = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+          if (e == cudaSuccess) e = cudaEventRecord(event, reinterpret_cast<cudaStream_t>(other));
+          if (e == cudaSuccess) {
+            e = cudaStreamWaitEvent(reinterpret_cast<cudaStream_t>(waiter), event, 0);
+          }
+          if (event != nullptr) (void)cudaEventDestroy(event);  // freed once the wait is done
+          if (e != cudaSuccess) {
+            st = Status::CudaError(
+                fmt::format("ordering after stream {:#x}: {}", other, cudaGetErrorString(e)));
+            break;
+          }
+        }
+        if (previous != device) (void)cudaSetDevice(previous);
+        ThrowIfError(st);
+#else
+        (void)device, (void)waiter, (void)others;
+#endif
+      },
+      py::arg("device"), py::arg("waiter"), py::arg("others"),
+      "Makes `waiter` wait (on the device) for the work queued so far on each of `others`.");
 }
 
 }  // namespace kvtier::python

@@ -14,7 +14,8 @@ namespace kvtier::python {
 // device_binding.cc
 void RegisterDevice(py::module_& m);
 LayerEvents* CastLayerEvents(py::handle h);
-void RegisterStorage(py::module_& m);  // storage_binding.cc
+void RegisterStorage(py::module_& m);     // storage_binding.cc
+void RegisterDensePaged(py::module_& m);  // dense_paged_binding.cc
 #if defined(KVTIER_PY_WITH_CACHE)
 // cache_binding.cc
 void RegisterCache(py::module_& m);
@@ -29,6 +30,7 @@ PYBIND11_MODULE(_kvtier, m) {
   RegisterCompat(m);
   RegisterDevice(m);
   RegisterStorage(m);
+  RegisterDensePaged(m);
 #if defined(KVTIER_PY_WITH_CACHE)
   RegisterCache(m);
   m.attr("has_cache") = true;

@@ -1,0 +1,1 @@
+"""Integrations of kvtier with inference frameworks (each imported on its own)."""
