@@ -384,7 +384,9 @@ struct CacheStats {
   int64_t load_back_calls = 0;
   int64_t load_back_tokens = 0;
   int64_t load_back_skipped_tokens = 0;
-  double load_back_seconds = 0;  // wall time of LoadBack calls (submission only on a GPU)
+  // Time of the LoadBack copies to completion: on a GPU the copy's device time between CUDA events
+  // (counted once the copy has completed), on cpu the synchronous call's wall time.
+  double load_back_seconds = 0;
   DurationHistogram load_back_duration;
 
   // Inserts and backups.

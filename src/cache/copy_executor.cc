@@ -42,8 +42,13 @@ void CopyExecutor::SubmitGpu(CopyOp& op, CudaStream stream,
     st = f->WaitOn(stream);
     if (!st.ok()) break;
   }
+  const bool timed = op.kind == CopyOp::Kind::kLoad;
+  if (st.ok() && timed) {
+    Result<CudaEventHandle> begin = CudaEventHandle::Create(core_.device.device, /*timing=*/true);
+    if (begin.ok() && begin->Record(stream).ok()) op.begin = std::move(*begin);
+  }
   if (st.ok()) st = RunCopy(op, stream);
-  Result<CudaEventHandle> ev = CudaEventHandle::Create(core_.device.device);
+  Result<CudaEventHandle> ev = CudaEventHandle::Create(core_.device.device, /*timing=*/timed);
   Status rec = ev.ok() ? ev->Record(stream) : ev.status();
   if (rec.ok()) {
     op.event = std::move(*ev);
@@ -197,6 +202,16 @@ int64_t CopyExecutor::PublishLoad(CopyOp& op, const std::vector<int64_t>& alloc)
 }
 
 void CopyExecutor::ReapLoad(CopyOp& op) {
+  if (op.gpu && op.status.ok()) {
+    // The copy's time on the device to completion (its events), else (no timing event) the time
+    // until its completion was seen.
+    double seconds = SecondsSince(op.start, op.finished);
+    if (op.begin.get() != nullptr) {
+      if (Result<float> ms = op.event.ElapsedMsSince(op.begin); ms.ok()) seconds = *ms / 1e3;
+    }
+    core_.counters.load_back_seconds += seconds;
+    core_.counters.load_back_duration.Observe(seconds);
+  }
   core_.ClearBusy(op);
   core_.FreeDevice(op.free_on_completion);
   op.free_on_completion.clear();

@@ -63,9 +63,10 @@ class CopyExecutor {
   // hook), whose host pages in order are the sources. Returns the pages published. REQUIRES the
   // mutex.
   int64_t PublishLoad(CopyOp& op, const std::vector<int64_t>& alloc);
-  // A load-back completed. A failed one published nothing (LoadBack returned the error); its pages
-  // come back now that nothing writes them any more, and the cache stays usable (a sticky device
-  // error fails the next GPU call on its own). REQUIRES the mutex.
+  // A load-back completed. A GPU one counts its copy's device time (load_back_seconds). A failed
+  // one published nothing (LoadBack returned the error); its pages come back now that nothing
+  // writes them any more, and the cache stays usable (a sticky device error fails the next GPU
+  // call on its own). REQUIRES the mutex.
   void ReapLoad(CopyOp& op);
 
  private:

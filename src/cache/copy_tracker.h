@@ -60,7 +60,10 @@ struct CopyOp {
   std::chrono::steady_clock::time_point deadline;  // kPrefetch with the timeout policy
   std::shared_ptr<CudaEventHandle> wait_before;    // GPU: the engine's writes to wait for
   CudaEventHandle event;                           // GPU: recorded after the copy
-  std::unique_ptr<LayerEvents> layer_events;       // GPU loads
+  // GPU loads: a timing event recorded right before the copy (`event` then times too): the
+  // copy's time on the device, begin to end, is what load_back_seconds counts.
+  CudaEventHandle begin;
+  std::unique_ptr<LayerEvents> layer_events;  // GPU loads
 
   // ---- completion (the tracker's mutex) ---------------------------------------------------
   Status status;                        // the first failure

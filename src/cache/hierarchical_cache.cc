@@ -455,9 +455,11 @@ Result<LoadBackResult> HierarchicalCache::LoadBack(MatchHandle handle, CudaStrea
   out.device_slots = s.DeviceSlotsOf(CacheCore::Path(h->last));
   ++s.counters.load_back_calls;
   s.counters.load_back_tokens += out.loaded_tokens;
-  const double seconds = SecondsSince(start);
-  s.counters.load_back_seconds += seconds;
-  s.counters.load_back_duration.Observe(seconds);
+  if (!s.gpu) {  // synchronous: done now (a GPU copy counts its time when reaped, ReapLoad)
+    const double seconds = SecondsSince(start);
+    s.counters.load_back_seconds += seconds;
+    s.counters.load_back_duration.Observe(seconds);
+  }
   return out;
 }
 
