@@ -176,7 +176,7 @@ stamp "python: ${RESULT[python]}"
 echo "== summary"
 if ls "$LOGS"/bench_*.json >/dev/null 2>&1; then
   python3 - "$LOGS" <<'EOF' | tee "$LOGS/summary.txt"
-# Short: per backend, shape and op, the range of % of ceiling against PERFORMANCE.md's targets
+# Short: per backend, shape and op, the range of % of ceiling against docs/performance.md's targets
 # (90 % MHA, 85 % MLA; "both": 160 % of one way), rows below target, and failed checks.
 # The full table is in bench.log and bench_<backend>.json.
 import glob, json, sys

@@ -180,7 +180,7 @@ int main(int argc, char** argv) {
   CLI::App* bench = app.add_subcommand(
       "bench", "Benchmark the transfer backends on the reference workload; checks every byte");
   bench->footer(
-      "Transfer benchmark on the reference workload of PERFORMANCE.md: MHA (Llama-3-8B: 32 "
+      "Transfer benchmark on the reference workload of docs/performance.md: MHA (Llama-3-8B: 32 "
       "layers, slot_bytes 2048 for K and for V) and MLA (DeepSeek-V3: 61 layers, slot_bytes "
       "1152), tokens moved in random pages (source and destination pages drawn independently), "
       "per-layer load (host -> device, one layer) and all-layer backup (device -> host) for every "
