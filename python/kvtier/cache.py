@@ -126,6 +126,12 @@ def _host_array(obj: Any, name: str, typecode: str) -> Tuple[int, int, Any]:
             raise ValueError(f"{name} has values outside {np.dtype(want).name}")
         a = np.ascontiguousarray(a, dtype=want)
         return a.ctypes.data, a.size, a
+    # Only ordered sequences of ints: array.array would take a set or dict (unordered: their
+    # iteration is no token list) and reinterpret bytes as raw machine integers.
+    if isinstance(obj, (str, bytes, bytearray, memoryview, set, frozenset, dict)) or \
+            not isinstance(obj, (list, tuple, range, array.array)):
+        raise ValueError(f"{name} must be a list, tuple or range of integers, or a 1-D integer "
+                         f"array or tensor, not {type(obj).__name__}")
     try:
         values = array.array(typecode, obj)
     except (TypeError, OverflowError) as e:

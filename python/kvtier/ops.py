@@ -1,7 +1,7 @@
 """kvtier.ops — the transfer API over torch tensors, CUDA arrays and numpy arrays.
 
 A copy moves the KV of a list of slots (token indices) between two regions. A region is a KV pool
-described by its geometry (ARCHITECTURE.md §2) over buffers you own:
+described by its geometry (docs/architecture.md §2) over buffers you own:
 
     src = ops.KvRegion(layout="page_first", num_layers=L, slot_bytes=S, k=host_k, v=host_v)
     dst = ops.KvRegion(layout="layer_first", num_layers=L, slot_bytes=S, k=dev_k, v=dev_v)
@@ -94,6 +94,9 @@ def _check_field(field: dict, value: Any) -> Any:
     if kind == "str":
         if value is not None and not isinstance(value, str):
             raise ValueError(f"{name} = {value!r} must be a string")
+        if value is not None and "\0" in value:
+            # C++ would see the text cut at the NUL (a storage URL: another path or server)
+            raise ValueError(f"{name} holds a NUL byte")
         return value or ""
     if kind == "choice":
         return _check_choice(value, name, field["choices"])

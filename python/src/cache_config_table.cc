@@ -94,7 +94,12 @@ bool BoolArg(std::string_view name, py::handle value) {
 std::string StringArg(std::string_view name, py::handle value) {
   if (value.is_none()) return "";  // None reads as "" (off)
   if (!PyUnicode_Check(value.ptr())) WrongType(name, value, "a string");
-  return value.cast<std::string>();
+  std::string s = value.cast<std::string>();
+  if (s.find('\0') != std::string::npos) {
+    // C++ would see the text cut at the NUL (a storage URL: another path or server)
+    ThrowStatus(Status::InvalidArgument(fmt::format("{} holds a NUL byte", name)));
+  }
+  return s;
 }
 
 int64_t ChoiceArg(std::string_view name, py::handle value,

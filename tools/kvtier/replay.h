@@ -67,7 +67,8 @@ struct ReplayOptions {
   // ---- tiers (names of SGLang's --hicache-* flags where they exist) ----
   int64_t page_size = 64;
   int64_t device_tokens = 131072;
-  int64_t host_tokens = -1;  // -1: 4 x device_tokens; 0: no host tier
+  int64_t host_tokens = -1;        // -1: 4 x device_tokens; 0: no host tier
+  bool host_tokens_given = false;  // --host-tokens was on the command line (then -1 is an error)
   // file (a temporary file store), redis (a redis-server the run starts on a free loopback port
   // and stops), none, or a storage URL. Needs a host tier (--host-tokens > 0) unless none.
   std::string storage = "file";
@@ -76,7 +77,9 @@ struct ReplayOptions {
   // Validate) unless the replay has a reason of its own (page size, policies: SGLang's).
   int64_t storage_backup_queue_pages =  // storage backups queued at most (then skipped)
       HierarchicalCacheConfig{}.storage.max_backup_queue_pages;
-  int storage_io_threads = StorageOptions{}.io_threads;  // the storage backend's I/O threads
+  // The storage backend's I/O threads (0: DefaultIoThreads()); 4, not the cache's 0, so that a
+  // replay's numbers do not depend on the machine's core count.
+  int storage_io_threads = 4;
   // --shared-host NAME: the hierarchy's host tier is this shared segment (kvtier shm create),
   // shared with every process attached to it; no storage tier below it.
   std::string shared_host;
@@ -99,6 +102,13 @@ struct ReplayOptions {
   std::string json_path;
   std::string plot_path;
   std::string sweep;  // "host-tokens=A,B,C"
+  // --kv-events ENDPOINT: the hierarchy run publishes its KV events there (kvtier/kv_events.h;
+  // bound when it has '*', else connected, as vLLM does), with a replay socket bound at
+  // --kv-events-replay and every message under --kv-events-topic.
+  std::string kv_events;
+  std::string kv_events_replay;
+  std::string kv_events_topic;
+  double kv_events_hold_s = 0;  // --kv-events-hold: sockets stay open this long after the run
   bool metrics = false;
   bool progress = true;
   // Runs to make: "all" (no cache, device-only, hierarchy), "no_cache,hierarchy" or "hierarchy".
@@ -119,6 +129,11 @@ struct ReplayOptions {
 // 2 for bad options, 3 when a hit class is slower than no cache beyond noise (unless
 // slow_class_warn).
 int RunReplay(const ReplayOptions& options);
+
+struct Workload;  // workload.h
+// The requests `options` name (--workload, --requests, --warmup, --skip, --shard): the warm-up
+// ones first. InvalidArgument / NotFound naming the flag or file.
+Status LoadWorkload(const ReplayOptions& options, Workload* workload);
 
 // The shipped conversation trace (data/traces/...), or "" when it cannot be found.
 std::string DefaultTracePath();
