@@ -139,8 +139,8 @@ ConfigSchema<HierarchicalCacheConfig> BuildSchema() {
                           "tensor-parallel rank in the store's namespace (< storage_tp_size)"));
   s.push_back(IntField<C>("storage_tp_size", Member(&C::storage, &S::tp_size), 1, int64_t{1} << 20,
                           "tensor-parallel size in the store's namespace"));
-  s.push_back(IntField<C>("storage_io_threads", Member(&C::storage, &S::options, &O::io_threads),
-                          0, 64,
+  s.push_back(IntField<C>("storage_io_threads", Member(&C::storage, &S::options, &O::io_threads), 0,
+                          64,
                           "the storage backend's I/O threads; 0 = the machine's default, "
                           "min(cores, 16) and at least 4 (DefaultIoThreads)"));
   s.push_back(IntField<C>("storage_max_queued_batches",

@@ -72,7 +72,7 @@ def main():
         if "1.79e308" in out:
             failures.append("--layers 0: the message shows a floating-point range")
         expect_refused(shm + ["--layers", "2", "--pages", "4", "--page-size", "3"],
-                       "--page-size 3")
+                       "--page-size = 3 must be a power of two")
         subprocess.run([kvtier, "shm", "destroy", name], stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL)
 
