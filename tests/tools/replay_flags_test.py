@@ -38,7 +38,7 @@ CASES = [
     (["--storage", "ftp"], "--storage"),
     (["--storage-io-threads", "-1"], "--storage-io-threads = -1 must be in [0, 64]"),
     # The cache's settings: bounds from HierarchicalCacheConfig's schema, under the replay's flags.
-    (["--storage-io-threads", "65"], "--storage-io-threads = 65 must be in [1, 64]"),
+    (["--storage-io-threads", "65"], "--storage-io-threads = 65 must be in [0, 64]"),
     (["--write-through-threshold", "0"], "--write-through-threshold = 0 must be in [1, "),
     (["--prefetch-threshold", "-1"], "--prefetch-threshold = -1 must be in [0, "),
     (["--load-back-threshold", "-1"], "--load-back-threshold = -1 must be in [0, "),
