@@ -2,7 +2,8 @@
 # scripts/setup.sh — install, build and run kvtier on a fresh Debian 12 machine.
 #
 #   scripts/setup.sh demo   install the packages, build the kvtier CLI, run `kvtier demo`
-#   scripts/setup.sh test   install the packages, check the format, then build and run every test:
+#   scripts/setup.sh test   install the packages, check the format and (clang -Wthread-safety) the
+#                           cache's locking annotations, then build and run every test:
 #                             1. the normal build (CUDA code compiled when nvcc is at
 #                                /usr/local/cuda; GPU tests skip themselves without a GPU): ctest
 #                             2. an address+undefined sanitizer build (CPU only): ctest
@@ -86,6 +87,14 @@ start=$(date +%s)
 # 0. Formatting: every C++ and CUDA file as clang-format (Debian 12: version 14) writes it.
 step "0/5 clang-format --dry-run -Werror (.clang-format)"
 git ls-files -z '*.cc' '*.h' '*.cu' '*.cuh' | xargs -0 clang-format --dry-run -Werror
+
+# The cache's locking contract (src/cache: KVTIER_GUARDED_BY / KVTIER_REQUIRES / KVTIER_EXCLUDES,
+# util/thread_annotations.h) checked by Clang's thread-safety analysis: the library only, CPU only.
+step "0/4 clang -Wthread-safety build of the library (build-tsa)"
+CC=clang CXX=clang++ configure build-tsa -DCMAKE_BUILD_TYPE=Release -DKVTIER_CUDA=OFF \
+  -DKVTIER_BUILD_TESTS=OFF -DKVTIER_BUILD_BENCH=OFF -DKVTIER_BUILD_PYTHON=OFF \
+  -DKVTIER_BUILD_TOOLS=OFF "-DCMAKE_CXX_FLAGS=-Wthread-safety -Werror=thread-safety"
+cmake --build build-tsa -j "$jobs" --target kvtier
 
 # ctest over a build dir; extra arguments select tests. Fails the script on any failed test.
 run_ctest() {

@@ -80,7 +80,7 @@ void WriteMatchAndLoadBack(PrometheusTextWriter& w, const CacheStats& s) {
             "Host hits LoadBack left in place (below load_back_min_tokens).",
             s.load_back_skipped_tokens);
   w.BeginFamily("kvtier:load_back_duration_seconds", MetricType::kHistogram,
-                "Wall time of LoadBack calls (submission only on a GPU).");
+                "LoadBack copies to completion (GPU: device time between CUDA events).");
   w.AddHistogram({}, SnapshotOf(s.load_back_duration));
 }
 

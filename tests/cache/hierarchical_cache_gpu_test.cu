@@ -132,6 +132,9 @@ TEST_P(GpuCacheTest, PrefetchLoadBackWaitLayerFeedsAKernelOnAnotherStream) {
   ASSERT_TRUE(lb.ok()) << lb.status().ToString();
   EXPECT_EQ(lb->prefetch.state, PrefetchState::kComplete);
   ASSERT_EQ(lb->device_slots.size(), a.size());
+  // The load-back's time counts once its copy has completed, not when it was enqueued: nothing
+  // while the copy is held behind the gate.
+  EXPECT_EQ(cache.stats().load_back_duration.count, 0);
 
   // The expected bytes, layer_first over slots 0..n-1, on the device.
   const int64_t n = static_cast<int64_t>(a.size());
@@ -171,6 +174,9 @@ TEST_P(GpuCacheTest, PrefetchLoadBackWaitLayerFeedsAKernelOnAnotherStream) {
   ASSERT_EQ(cudaMemcpy(&bad, wrong, sizeof(bad), cudaMemcpyDeviceToHost), cudaSuccess);
   EXPECT_EQ(bad, 0u) << "the consumer read bytes that had not arrived (or were wrong)";
   ASSERT_TRUE(load_stream->Synchronize().ok());
+  const CacheStats loaded = cache.stats();
+  EXPECT_EQ(loaded.load_back_duration.count, 1);
+  EXPECT_GT(loaded.load_back_seconds, 0.0);
   ASSERT_TRUE(cache.Release(m->handle).ok());
   ASSERT_TRUE(cache.CheckConsistency().ok()) << cache.CheckConsistency().ToString();
   cudaFree(dk);

@@ -105,7 +105,7 @@ TEST(OpenStorageTest, DispatchOnScheme) {
   bad_ns.page_size = 3;
   EXPECT_TRUE(OpenStorage("memory://", bad_ns).status().IsInvalidArgument());
   StorageOptions bad_options;
-  bad_options.io_threads = 0;
+  bad_options.io_threads = -1;  // 0 is the machine's default
   auto r = OpenStorage("memory://", ns, bad_options);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("io_threads"), std::string::npos);

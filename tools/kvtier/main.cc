@@ -18,6 +18,7 @@
 
 #include "bench.h"
 #include "replay_cli.h"
+#include "replay_tp.h"
 #include "shm.h"
 #include "storage/storage_url.h"
 #include "storage_bench.h"
@@ -179,7 +180,7 @@ int main(int argc, char** argv) {
   CLI::App* bench = app.add_subcommand(
       "bench", "Benchmark the transfer backends on the reference workload; checks every byte");
   bench->footer(
-      "Transfer benchmark on the reference workload of PERFORMANCE.md: MHA (Llama-3-8B: 32 "
+      "Transfer benchmark on the reference workload of docs/performance.md: MHA (Llama-3-8B: 32 "
       "layers, slot_bytes 2048 for K and for V) and MLA (DeepSeek-V3: 61 layers, slot_bytes "
       "1152), tokens moved in random pages (source and destination pages drawn independently), "
       "per-layer load (host -> device, one layer) and all-layer backup (device -> host) for every "
@@ -314,6 +315,8 @@ int main(int argc, char** argv) {
   // ---- replay, demo ----
   ReplayOptions replay_options;
   CLI::App* replay = AddReplayCommand(app, &replay_options);
+  TpReplayArgs tp_args;
+  AddTpReplayFlags(replay, &tp_args);
   DemoOptions demo_options;
   CLI::App* demo = AddDemoCommand(app, &demo_options);
 
@@ -335,6 +338,9 @@ int main(int argc, char** argv) {
   if (bench->parsed()) return RunBench(options, args, JoinArgs(argc, argv));
   if (replay->parsed()) {
     replay_options.command_line = JoinArgs(argc, argv);
+    if (tp_args.tp > 1 || tp_args.rank > 0) {
+      return RunReplayTp(replay_options, tp_args, std::vector<std::string>(argv + 1, argv + argc));
+    }
     return RunReplay(replay_options);
   }
   if (demo->parsed()) {

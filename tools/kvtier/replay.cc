@@ -16,15 +16,18 @@
 #include <optional>
 #include <span>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "kvtier/device.h"
 #include "kvtier/hierarchical_cache.h"
+#include "kvtier/kv_events.h"
 #include "kvtier/kv_pattern.h"
 #include "kvtier/shared_host_pool.h"
 #include "kvtier/storage.h"
 #include "kvtier/storage_fault.h"
 #include "redis_server.h"
+#include "replay_ceiling.h"
 #include "replay_engine.h"
 #include "replay_model.h"
 #include "replay_report.h"
@@ -67,22 +70,41 @@ Status OneOf(const char* flag, const std::string& value, std::initializer_list<c
 
 constexpr int64_t kMaxTokens = int64_t{1} << 34;
 
-// "storage-down@SECONDS" -> seconds.
-Result<double> ParseFault(const std::string& fault) {
-  const std::string prefix = "storage-down@";
-  if (fault.rfind(prefix, 0) != 0) {
-    return Status::InvalidArgument(
-        fmt::format("--fault = '{}': the known fault is storage-down@SECONDS", fault));
+// --fault: the store goes down at `down_at_s` (-1: never), or every storage call waits
+// `delay_ms` first (0: none).
+struct Fault {
+  double down_at_s = -1;
+  int64_t delay_ms = 0;
+};
+
+// "storage-down@SECONDS" or "storage-delay@MS".
+Result<Fault> ParseFault(const std::string& fault) {
+  const std::string down = "storage-down@", delay = "storage-delay@";
+  const bool is_down = fault.rfind(down, 0) == 0;
+  if (!is_down && fault.rfind(delay, 0) != 0) {
+    return Status::InvalidArgument(fmt::format(
+        "--fault = '{}': the known faults are storage-down@SECONDS and storage-delay@MS", fault));
   }
   char* end = nullptr;
-  const std::string number = fault.substr(prefix.size());
-  const double s = std::strtod(number.c_str(), &end);
-  if (number.empty() || end != number.c_str() + number.size() || !std::isfinite(s) || s < 0 ||
-      s > 1e7) {
-    return Status::InvalidArgument(fmt::format(
-        "--fault = '{}': SECONDS must be a number in [0, 1e7] (the replay's clock)", fault));
+  const std::string number = fault.substr((is_down ? down : delay).size());
+  const double v = std::strtod(number.c_str(), &end);
+  const bool parsed = !number.empty() && end == number.c_str() + number.size() && std::isfinite(v);
+  Fault f;
+  if (is_down) {
+    if (!parsed || v < 0 || v > 1e7) {
+      return Status::InvalidArgument(fmt::format(
+          "--fault = '{}': SECONDS must be a number in [0, 1e7] (the replay's clock)", fault));
+    }
+    f.down_at_s = v;
+    return f;
   }
-  return s;
+  // Below the storage calls' 2 s deadline: the calls are slow, not timed out.
+  if (!parsed || v != std::floor(v) || v < 1 || v > 1000) {
+    return Status::InvalidArgument(fmt::format(
+        "--fault = '{}': MS must be a whole number of milliseconds in [1, 1000]", fault));
+  }
+  f.delay_ms = static_cast<int64_t>(v);
+  return f;
 }
 
 // "I/K" -> {I, K} with 0 <= I < K <= 4096.
@@ -209,13 +231,23 @@ Status ReplayOptions::Validate() const {
       OneOf("--hicache-io-backend", io_backend, {"auto", "kernel", "dma", "cpu"}));
   KVTIER_RETURN_IF_ERROR(Bound("--load-back-threshold", load_back_threshold, 0, kMaxTokens));
   KVTIER_RETURN_IF_ERROR(OneOf("--verify", verify, {"all", "sample"}));
-  KVTIER_RETURN_IF_ERROR(OneOf("--runs", runs, {"all", "hierarchy"}));
+  KVTIER_RETURN_IF_ERROR(OneOf("--runs", runs, {"all", "hierarchy", "no_cache,hierarchy"}));
+  KVTIER_RETURN_IF_ERROR(BoundReal("--slow-class-margin", slow_class_margin, 0, 10));
+  if (kv_events.empty() && (!kv_events_replay.empty() || !kv_events_topic.empty())) {
+    return Status::InvalidArgument("--kv-events-replay and --kv-events-topic need --kv-events");
+  }
+  KVTIER_RETURN_IF_ERROR(BoundReal("--kv-events-hold", kv_events_hold_s, 0, 3600));
+  if (kv_events.empty() && kv_events_hold_s > 0) {
+    return Status::InvalidArgument("--kv-events-hold needs --kv-events");
+  }
+  if (!kv_events.empty() && !sweep.empty()) {
+    return Status::InvalidArgument(
+        "--kv-events publishes one hierarchy run's events; --sweep makes several");
+  }
   if (!fault.empty()) {
     KVTIER_RETURN_IF_ERROR(ParseFault(fault).status());
     if (storage == "none") {
-      return Status::InvalidArgument(
-          "--fault storage-down@S needs a storage tier (not --storage "
-          "none)");
+      return Status::InvalidArgument("--fault needs a storage tier (not --storage none)");
     }
   }
   if (!sweep.empty()) KVTIER_RETURN_IF_ERROR(ParseSweep(sweep).status());
@@ -315,6 +347,12 @@ struct Setup {
   TransferBackend io_backend = TransferBackend::kCpu;
   bool gpu = false;
   double fault_at_s = -1;
+  int64_t fault_delay_ms = 0;  // --fault storage-delay@MS
+  // The storage read ceiling (replay_ceiling.h), measured when the first store opens; 0 when
+  // there is no baseline for the store (then `storage_ceiling.how` says why).
+  bool storage_ceiling_measured = false;
+  StorageCeiling storage_ceiling;
+  std::shared_ptr<KvEventPublisher> kv_events;  // --kv-events: the hierarchy run's sink
 };
 
 // A request between its Match and its Release.
@@ -338,7 +376,7 @@ class RunStorage {
       std::filesystem::remove_all(temp_dir_, ec);
     }
   }
-  Status Open(const Setup& s, int64_t host_bytes) {
+  Status Open(Setup& s, int64_t host_bytes) {
     const ReplayOptions& o = s.options;
     std::string url = o.storage;
     if (url == "redis" || url == "redis://auto") {
@@ -378,11 +416,18 @@ class RunStorage {
     so.io_threads = static_cast<int>(o.storage_io_threads);
     KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<StorageBackend> backend, OpenStorage(url, ns, so));
     url_ = backend->url();
-    if (s.fault_at_s >= 0 && redis_ == nullptr) {
+    if (!s.storage_ceiling_measured) {
+      s.storage_ceiling_measured = true;
+      MeasureCeiling(s, url);
+    }
+    if ((s.fault_at_s >= 0 && redis_ == nullptr) || s.fault_delay_ms > 0) {
       // --fault: the store sits behind the fault-injecting wrapper, healthy until TakeDown (a
-      // redis-server of the run's own is stopped instead).
+      // redis-server of the run's own is stopped instead), or slow from the start.
       KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<FaultInjectingStorage> faulty,
                               FaultInjectingStorage::Wrap(std::move(backend), /*seed=*/1));
+      if (s.fault_delay_ms > 0) {
+        KVTIER_RETURN_IF_ERROR(faulty->SetDelay(std::chrono::milliseconds(s.fault_delay_ms)));
+      }
       faulty_ = faulty.get();
       backend = std::move(faulty);
     }
@@ -402,6 +447,24 @@ class RunStorage {
   }
 
  private:
+  // The storage read ceiling of `url` (replay_ceiling.h) into s.storage_ceiling; a store without
+  // a baseline keeps 0 and the reason.
+  void MeasureCeiling(Setup& s, const std::string& url) {
+    const int64_t page_bytes = s.options.page_size * s.model.kv_bytes_per_token();
+    const int threads = static_cast<int>(s.options.storage_io_threads);
+    Result<StorageCeiling> c = Status::Unavailable("no plain-read baseline for this kind of store");
+    if (const std::string dir = FileUrlDirectory(url); !dir.empty()) {
+      c = MeasureFileReadCeiling(dir, page_bytes, threads);
+    } else if (url.rfind("redis", 0) == 0) {
+      c = MeasureRedisReadCeiling(url, page_bytes, threads);
+    }
+    if (c.ok()) {
+      s.storage_ceiling = *c;
+    } else {
+      s.storage_ceiling.how = c.status().message();
+    }
+  }
+
   // Declared first, so destroyed last: the backend closes its connections before the server
   // stops.
   std::unique_ptr<LocalRedisServer> redis_;
@@ -503,6 +566,17 @@ class RunDriver {
     if (cache_ != nullptr) {
       KVTIER_RETURN_IF_ERROR(cache_->WaitForBackups().WithContext("waiting for backups"));
       summary_.cache = cache_->stats();
+      if (kind_ == RunKind::kHierarchy && s_.kv_events != nullptr) {
+        // The blocks the events describe, then every batch sent (the seq they end at).
+        KVTIER_ASSIGN_OR_RETURN(summary_.kv_blocks, cache_->CachedBlocks());
+        if (!s_.kv_events->Flush(std::chrono::seconds(30))) {
+          return Status::Unavailable("--kv-events: batches still queued after 30 s");
+        }
+        summary_.has_kv_events = true;
+        summary_.kv_events = s_.kv_events->stats();
+        summary_.kv_events_endpoint = s_.kv_events->endpoint();
+        summary_.kv_events_replay_endpoint = s_.kv_events->replay_endpoint();
+      }
       if (o_.metrics) summary_.metrics = cache_->Metrics();
       if (StorageBackend* b = cache_->storage(); b != nullptr) {
         summary_.has_storage = true;
@@ -566,6 +640,12 @@ class RunDriver {
             0, storage_->capacity_bytes() / page_bytes - c.host_capacity_bytes / page_bytes);
       }
       summary_.storage = storage::RedactUrl(storage_->url());
+    }
+    if (kind_ == RunKind::kHierarchy && s_.kv_events != nullptr) {
+      c.kv_event_sink = s_.kv_events;
+      if (c.storage.backend != nullptr) {
+        summary_.kv_events_storage_medium = StorageMediumOf(c.storage.backend->url());
+      }
     }
     KVTIER_ASSIGN_OR_RETURN(cache_, HierarchicalCache::Create(c, s_.engine->device_region()));
     summary_.has_cache = true;
@@ -736,21 +816,49 @@ class RunDriver {
   bool warming_ = false;  // serving --warmup requests
 };
 
-// The ideal of a run: its hits, each load at the measured ceiling and fully overlapped with the
-// compute, no prefetch wait; the same scheduling.
-std::vector<double> IdealTtft(const Setup& s, const RunSummary& run) {
+// The ideal of a run: its hits and its compute, no prefetch wait, the same scheduling; the loads
+// fully overlapped with the compute, each at its ceiling: every loaded byte (host and storage
+// hits) crosses host -> device at `pcie` bytes/s, and storage hits are read at `storage` bytes/s
+// (<= 0: no storage ceiling, then at pcie), the read pipelined with the copy (the slower of the
+// two sets the load time).
+std::vector<double> IdealTtft(const Setup& s, const RunSummary& run, double pcie, double storage) {
   Timeline timeline(s.workload, s.options);
   std::vector<double> out(run.records.size());
-  const double rate = s.engine->ceiling_bytes_per_s();
-  const int64_t token_bytes = s.model.kv_bytes_per_token();
+  const double token_bytes = static_cast<double>(s.model.kv_bytes_per_token());
   for (size_t i = 0; i < run.records.size(); ++i) {
     const RequestRecord& r = run.records[i];
-    const double load_ms =
-        static_cast<double>((r.host_hit + r.storage_hit) * token_bytes) / rate * 1e3;
+    const double copy_ms =
+        static_cast<double>(r.host_hit + r.storage_hit) * token_bytes / pcie * 1e3;
+    const double read_ms =
+        storage > 0 ? static_cast<double>(r.storage_hit) * token_bytes / storage * 1e3 : 0;
+    const double load_ms = std::max(copy_ms, read_ms);
     const double end = timeline.Serve(static_cast<int64_t>(i), std::max(r.compute_ms, load_ms));
     out[i] = end - timeline.Arrival(static_cast<int64_t>(i));
   }
   return out;
+}
+
+// The storage rate the ideal charges: the ceiling measured at start, else (a store without a
+// baseline) the run's own storage -> host rate, which report.storage_ceiling_how then says.
+double StorageRateFor(const Setup& s, const RunSummary& run, ReplayReport* report) {
+  if (!s.storage_ceiling_measured) return 0;  // no storage tier
+  if (s.storage_ceiling.bytes_per_s > 0) {
+    report->storage_ceiling_bytes_per_s = s.storage_ceiling.bytes_per_s;
+    report->storage_ceiling_how = s.storage_ceiling.how;
+    return s.storage_ceiling.bytes_per_s;
+  }
+  const double rate =
+      run.cache.prefetch_seconds > 0
+          ? static_cast<double>(run.cache.prefetch_bytes) / run.cache.prefetch_seconds
+          : 0;
+  report->storage_ceiling_bytes_per_s = rate;
+  report->storage_ceiling_how =
+      rate > 0 ? fmt::format("the run's own storage -> host rate ({})", s.storage_ceiling.how)
+               : fmt::format(
+                     "no baseline ({}) and no storage reads in the run: storage hits "
+                     "charged at the host -> device ceiling",
+                     s.storage_ceiling.how);
+  return rate;
 }
 
 Result<TransferBackend> ChooseIoBackend(const ReplayOptions& o, bool gpu) {
@@ -769,6 +877,8 @@ Result<TransferBackend> ChooseIoBackend(const ReplayOptions& o, bool gpu) {
   if (o.io_backend == "auto") return TransferBackend::kKernel;
   return ParseTransferBackend(o.io_backend);
 }
+
+}  // namespace
 
 Status LoadWorkload(const ReplayOptions& o, Workload* w) {
   const std::string& name = o.workload;
@@ -810,6 +920,8 @@ Status LoadWorkload(const ReplayOptions& o, Workload* w) {
   return Status::OK();
 }
 
+namespace {
+
 std::string Settings(const Setup& s, bool exact) {
   const ReplayOptions& o = s.options;
   std::string sched = o.sequential ? "sequential"
@@ -841,7 +953,24 @@ int RunReplay(const ReplayOptions& input) {
   Setup s;
   s.options = o;
   s.model = *FindReplayModel(o.model);
-  if (!o.fault.empty()) s.fault_at_s = *ParseFault(o.fault);
+  if (!o.fault.empty()) {
+    const Fault f = *ParseFault(o.fault);
+    s.fault_at_s = f.down_at_s;
+    s.fault_delay_ms = f.delay_ms;
+  }
+  if (!o.kv_events.empty()) {
+    KvEventPublisherConfig events;
+    events.endpoint = o.kv_events;
+    events.replay_endpoint = o.kv_events_replay;
+    events.topic = o.kv_events_topic;
+    Result<std::unique_ptr<KvEventPublisher>> pub = KvEventPublisher::Open(events);
+    if (!pub.ok()) return fail(pub.status().WithContext("--kv-events"));
+    s.kv_events = std::move(*pub);
+    // Subscribers may want the bound ports ('*') before the run ends.
+    std::fprintf(stderr, "kvtier replay: kv events on %s%s%s\n", s.kv_events->endpoint().c_str(),
+                 s.kv_events->replay_endpoint().empty() ? "" : ", replay socket on ",
+                 s.kv_events->replay_endpoint().c_str());
+  }
   if (Status st = LoadWorkload(o, &s.workload); !st.ok()) {
     std::fprintf(stderr, "kvtier replay: %s\n", st.message().c_str());
     return st.IsInvalidArgument() || st.IsNotFound() ? 2 : 1;
@@ -915,6 +1044,11 @@ int RunReplay(const ReplayOptions& input) {
   report.page_size = o.page_size;
   report.kv_bytes_per_token = s.model.kv_bytes_per_token();
   report.ceiling_bytes_per_s = s.engine->ceiling_bytes_per_s();
+  report.ceiling_how = s.gpu ? "one 256 MiB pinned host -> device copy, median of 5"
+                             : "cpu device: one 64 MiB memcpy, median of 3";
+  report.gpu = s.gpu;
+  report.slow_class_margin = o.slow_class_margin;
+  report.slow_class_warn = o.slow_class_warn;
   report.exact_mode = exact;
   std::printf("%s: %s\n  model %s\n  %s\n  %s\n", o.label.c_str(), report.workload.c_str(),
               report.model.c_str(), report.engine.c_str(), report.settings.c_str());
@@ -926,11 +1060,12 @@ int RunReplay(const ReplayOptions& input) {
   };
   // The hierarchy with the same knobs as the device-only run is that run (exact mode).
   const bool hierarchy_is_device_only = o.host_tokens == 0 && o.storage == "none";
-  if (o.runs == "all") {
+  const bool with_device_only = o.runs == "all";
+  if (o.runs != "hierarchy") {
     Result<RunSummary> none = run(RunKind::kNoCache, 0, RunName(RunKind::kNoCache));
     if (!none.ok()) return fail(none.status().WithContext("no-cache run"));
     report.runs.push_back(std::move(*none));
-    if (!hierarchy_is_device_only) {
+    if (with_device_only && !hierarchy_is_device_only) {
       Result<RunSummary> dev = run(RunKind::kDeviceOnly, 0, RunName(RunKind::kDeviceOnly));
       if (!dev.ok()) return fail(dev.status().WithContext("device-only run"));
       report.runs.push_back(std::move(*dev));
@@ -938,9 +1073,11 @@ int RunReplay(const ReplayOptions& input) {
   }
   Result<RunSummary> hier = run(RunKind::kHierarchy, o.host_tokens, RunName(RunKind::kHierarchy));
   if (!hier.ok()) return fail(hier.status().WithContext("hierarchy run"));
-  hier->ideal_ttft_ms = IdealTtft(s, *hier);
+  const double pcie = s.engine->ceiling_bytes_per_s();
+  const double storage_rate = StorageRateFor(s, *hier, &report);
+  hier->ideal_ttft_ms = IdealTtft(s, *hier, pcie, storage_rate);
   report.runs.push_back(std::move(*hier));
-  if (o.runs == "all" && hierarchy_is_device_only) {
+  if (with_device_only && hierarchy_is_device_only) {
     RunSummary dev = report.runs.back();
     dev.name = RunName(RunKind::kDeviceOnly);
     dev.ideal_ttft_ms.clear();
@@ -951,7 +1088,7 @@ int RunReplay(const ReplayOptions& input) {
     for (int64_t value : values) {
       Result<RunSummary> r = run(RunKind::kHierarchy, value, fmt::format("host-tokens={}", value));
       if (!r.ok()) return fail(r.status().WithContext(fmt::format("sweep host-tokens={}", value)));
-      r->ideal_ttft_ms = IdealTtft(s, *r);
+      r->ideal_ttft_ms = IdealTtft(s, *r, pcie, storage_rate);
       report.sweep.push_back({"host-tokens", value, std::move(*r)});
     }
   }
@@ -983,6 +1120,24 @@ int RunReplay(const ReplayOptions& input) {
   if (report.wrong_bytes() > 0) {
     std::fprintf(stderr, "kvtier replay: %lld WRONG bytes in loaded KV\n",
                  static_cast<long long>(report.wrong_bytes()));
+  }
+  for (const ClassComparison& c : report.CompareHitClasses()) {
+    if (!c.slower) continue;
+    std::fprintf(stderr,
+                 "kvtier replay: %s: hit class %s is slower than no cache beyond noise: TTFT p50 "
+                 "%.1f ms against %.1f ms, %.2fx [95 %% interval %.2f, %.2f] over %lld requests, "
+                 "above %.2fx%s\n",
+                 o.slow_class_warn ? "WARNING" : "FAIL", HitClassName(c.hit_class),
+                 c.hierarchy_p50_ms, c.no_cache_p50_ms, c.ratio.value, c.ratio.lo, c.ratio.hi,
+                 static_cast<long long>(c.requests), 1 + o.slow_class_margin,
+                 o.slow_class_warn ? "" : " (--slow-class-warn makes this a warning)");
+    if (!o.slow_class_warn && code == 0) code = 3;
+  }
+  if (s.kv_events != nullptr && o.kv_events_hold_s > 0) {
+    // The report is written: subscribers that missed batches can still ask the replay socket.
+    std::fprintf(stderr, "kvtier replay: holding the kv event sockets open for %g s\n",
+                 o.kv_events_hold_s);
+    std::this_thread::sleep_for(std::chrono::duration<double>(o.kv_events_hold_s));
   }
   return code;
 }

@@ -15,7 +15,8 @@
 // Three runs side by side in one invocation: no cache (every prompt computed), a device-only
 // radix cache (no host tier, no storage: what engines have without a hierarchy) and the full
 // hierarchy; plus the ideal of the hierarchy (its hits, every load at the measured ceiling and
-// fully overlapped with compute, no prefetch wait).
+// fully overlapped with compute, no prefetch wait: host hits at the host -> device ceiling,
+// storage hits at the storage read ceiling, both measured at start; see replay_ceiling.h).
 //
 // Thread safety: RunReplay is called once from main.
 #pragma once
@@ -88,14 +89,28 @@ struct ReplayOptions {
 
   // ---- checks, faults, output ----
   std::string verify = "all";  // all, sample
-  std::string fault;           // "storage-down@SECONDS" (--storage redis: the server is stopped)
+  // "storage-down@SECONDS" (--storage redis: the server is stopped), or "storage-delay@MS": every
+  // storage call waits MS first, from the start (a slow store).
+  std::string fault;
   std::string json_path;
   std::string plot_path;
   std::string sweep;  // "host-tokens=A,B,C"
+  // --kv-events ENDPOINT: the hierarchy run publishes its KV events there (kvtier/kv_events.h;
+  // bound when it has '*', else connected, as vLLM does), with a replay socket bound at
+  // --kv-events-replay and every message under --kv-events-topic.
+  std::string kv_events;
+  std::string kv_events_replay;
+  std::string kv_events_topic;
+  double kv_events_hold_s = 0;  // --kv-events-hold: sockets stay open this long after the run
   bool metrics = false;
   bool progress = true;
-  // Runs to make: "all" (no cache, device-only, hierarchy) or "hierarchy" only.
+  // Runs to make: "all" (no cache, device-only, hierarchy), "no_cache,hierarchy" or "hierarchy".
   std::string runs = "all";
+  // A hit class (device / host / storage / none) whose TTFT is slower than no cache for the same
+  // requests beyond noise (its bootstrap interval above 1 + slow_class_margin) fails the run
+  // (exit code 3), or with slow_class_warn only prints a warning.
+  double slow_class_margin = 0.05;
+  bool slow_class_warn = false;
   std::string command_line;  // echoed into the JSON
   std::string label = "kvtier replay";
 
@@ -104,8 +119,14 @@ struct ReplayOptions {
 };
 
 // Runs the replay and returns the process exit code: 0, 1 when a byte was wrong or the run failed,
-// 2 for bad options.
+// 2 for bad options, 3 when a hit class is slower than no cache beyond noise (unless
+// slow_class_warn).
 int RunReplay(const ReplayOptions& options);
+
+struct Workload;  // workload.h
+// The requests `options` name (--workload, --requests, --warmup, --skip, --shard): the warm-up
+// ones first. InvalidArgument / NotFound naming the flag or file.
+Status LoadWorkload(const ReplayOptions& options, Workload* workload);
 
 // The shipped conversation trace (data/traces/...), or "" when it cannot be found.
 std::string DefaultTracePath();

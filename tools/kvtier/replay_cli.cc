@@ -17,10 +17,25 @@ CLI::App* AddReplayCommand(CLI::App& app, ReplayOptions* o) {
       "Drives HierarchicalCache per request as an engine's scheduler does: Match -> QueryStorage "
       "-> Prefetch -> LoadBack -> prefill (per layer: WaitLayer, check the matched KV, compute, "
       "write the new tokens' KV) -> Insert -> Release. Three runs side by side: no cache, a "
-      "device-only radix cache, and the full hierarchy, plus the hierarchy's ideal (every load at "
-      "the measured ceiling, fully overlapped). TTFT = queueing + prefetch wait + load + "
-      "prefill. Exact mode: --sequential --host-tokens 0 --storage none --eviction lru makes the "
-      "device tier a plain leaf-LRU prefix cache. Exit code 1 if any loaded byte is wrong.");
+      "device-only radix cache, and the full hierarchy, plus the hierarchy's ideal: its own hits "
+      "and compute, no prefetch wait, loads fully overlapped with the compute, host hits at the "
+      "host -> device ceiling (GPU: one pinned copy; cpu: memcpy) and storage hits at the "
+      "storage read ceiling, both measured at start (file://: N threads of open+pread+close over "
+      "files of one page in the store's directory, N = --storage-io-threads; redis: a "
+      "redis-benchmark GET baseline; otherwise the run's own storage -> host rate, as the report "
+      "says). TTFT = queueing + prefetch wait + load + prefill. Loads are timed to completion "
+      "(GPU: CUDA events on the load stream; cpu: the copy is synchronous, wall time). "
+      "Spread: hierarchy / ideal (p50, p90) and the speed-up of requests with >= 90 % cached come "
+      "with a 95 % interval from a paired bootstrap over the measured requests (1000 resamples, "
+      "fixed seed): how much the ratio depends on which requests the slice holds; use >= 300 "
+      "measured requests for numbers to quote. Hit classes: each request's class is the tier "
+      "that served most of its matched prefix (device, host, storage; none: nothing matched); "
+      "per class, its TTFT p50 against the same requests with no cache, and a class whose "
+      "interval lies above 1 + --slow-class-margin is slower than no cache beyond noise. Exact "
+      "mode: --sequential --host-tokens 0 --storage none --eviction lru makes the device tier a "
+      "plain leaf-LRU prefix cache. Exit codes: 1 if any loaded byte is wrong (or the run "
+      "failed), 2 for bad flags, 3 if a hit class is slower than no cache beyond noise (a "
+      "warning with --slow-class-warn).");
   // Workload.
   c->add_option("--workload", o->workload,
                 "mooncake (the shipped conversation trace), a Mooncake JSONL trace file, or a "
@@ -130,14 +145,34 @@ CLI::App* AddReplayCommand(CLI::App& app, ReplayOptions* o) {
   c->add_option("--fault", o->fault,
                 "storage-down@SECONDS: from that point of the replay's clock on, the store is "
                 "down (--storage redis: its redis-server is stopped; otherwise every call "
-                "fails)");
+                "fails); storage-delay@MS: every storage call waits MS ms (1..1000) first, from "
+                "the start (a slow store)");
+  c->add_option("--slow-class-margin", o->slow_class_margin,
+                "a hit class is slower than no cache beyond noise when the 95 % bootstrap "
+                "interval of its TTFT p50 ratio (hierarchy / no cache) lies above 1 + this "
+                "(timing noise the bootstrap over requests does not see)")
+      ->capture_default_str();
+  c->add_flag("--slow-class-warn", o->slow_class_warn,
+              "a hit class slower than no cache is a warning, not a failure (exit code 3)");
   c->add_option("--json", o->json_path, "also write the numbers (and per-request series) as JSON");
   c->add_option("--plot", o->plot_path,
                 "write the plots (hit rate over time per tier, TTFT CDF) as a PNG; needs "
                 "python3-matplotlib");
   c->add_option("--sweep", o->sweep,
                 "host-tokens=A,B,C: one hierarchy run per value; hit rate and TTFT against it");
-  c->add_option("--runs", o->runs, "all (no cache, device-only, hierarchy) or hierarchy")
+  c->add_option("--kv-events", o->kv_events,
+                "publish the hierarchy run's KV events (vLLM's schema, ZeroMQ PUB) on this "
+                "endpoint, e.g. tcp://*:5557 (bound) or tcp://127.0.0.1:5557 (connected)");
+  c->add_option("--kv-events-replay", o->kv_events_replay,
+                "with --kv-events: the replay socket (ROUTER, bound), e.g. tcp://*:5558");
+  c->add_option("--kv-events-topic", o->kv_events_topic,
+                "with --kv-events: the topic frame of every message (default empty)");
+  c->add_option("--kv-events-hold", o->kv_events_hold_s,
+                "with --kv-events: keep the sockets open this many seconds after the report, "
+                "for subscribers that still fetch missed batches from the replay socket");
+  c->add_option("--runs", o->runs,
+                "all (no cache, device-only, hierarchy), no_cache,hierarchy (what the ideal, "
+                "the mostly-cached speed-up and the hit classes need) or hierarchy")
       ->capture_default_str();
   c->add_flag("--metrics", o->metrics, "print the cache's Prometheus metrics at the end");
   c->add_flag("!--no-progress", o->progress, "no progress line");

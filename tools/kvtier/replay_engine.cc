@@ -39,6 +39,25 @@ std::pair<double, double> ModelPrefillMs(const ReplayModel& model, int64_t new_t
   return {std::max(t, load_ms), compute};
 }
 
+int64_t AlignKeys(int64_t tokens) {
+  return (tokens + kAttentionKeyAlign - 1) / kAttentionKeyAlign * kAttentionKeyAlign;
+}
+
+std::vector<AttentionBlock> PlanAttention(int64_t n, int64_t cached, int64_t heads,
+                                          int64_t score_elements, int64_t context) {
+  std::vector<AttentionBlock> out;
+  const int64_t keys_max = std::min(AlignKeys(cached + n), context);
+  const int64_t per_row = std::max<int64_t>(heads * std::max<int64_t>(keys_max, 1), 1);
+  int64_t rows = std::max<int64_t>(score_elements / per_row, 1);
+  if (rows >= kAttentionKeyAlign) rows = rows / kAttentionKeyAlign * kAttentionKeyAlign;
+  for (int64_t r0 = 0; r0 < n;) {
+    const int64_t r = std::min(rows, n - r0);
+    out.push_back({r0, r, std::min(AlignKeys(cached + r0 + r), context)});
+    r0 += r;
+  }
+  return out;
+}
+
 namespace {
 
 // Exact count of the bytes of `slot` that differ from the pattern of `hash`, using a one-slot

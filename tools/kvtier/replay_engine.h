@@ -23,6 +23,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "kvtier/hierarchical_cache.h"
 #include "kvtier/status.h"
@@ -114,6 +115,26 @@ double ModelLayerMs(const ReplayModel& model, int64_t new_tokens, int64_t cached
 std::pair<double, double> ModelPrefillMs(const ReplayModel& model, int64_t new_tokens,
                                          int64_t cached_tokens, int64_t chunk_tokens, double tflops,
                                          double load_ms);
+
+// The attention of the GEMM stand-in (gpu, compute gemm), causal by row blocks: rows
+// [row, row + rows) of a chunk of `n` new tokens after `cached` ones attend to `keys` keys, as two
+// batched GEMMs per block (scores [keys, rows] = K^T Q, then out = V scores), the scores buffer
+// holding at most `score_elements` over `heads` heads. `keys` is the causal bound rounded up to a
+// multiple of kAttentionKeyAlign (at most `context`, itself such a multiple), and `rows` a
+// multiple of it where the buffer holds that many (but the last block): the scores' leading
+// dimension and batch stride stay
+// multiples of 8 bf16 elements (16 bytes), which cuBLAS's tensor-core kernels need. Unrounded,
+// a cached prefix of 512 tokens made blocks of 1,927 rows over 2,439 keys: misaligned operands,
+// slower kernels, and a prompt with 3 % cached computing in 850 ms against 538 ms with none
+// (BENCHMARKS.md, "Replay (GPU)"); real attention kernels tile keys by 64 or 128 all the same.
+inline constexpr int64_t kAttentionKeyAlign = 64;
+struct AttentionBlock {
+  int64_t row = 0, rows = 0, keys = 0;
+};
+std::vector<AttentionBlock> PlanAttention(int64_t n, int64_t cached, int64_t heads,
+                                          int64_t score_elements, int64_t context);
+// `tokens` rounded up to a multiple of kAttentionKeyAlign.
+int64_t AlignKeys(int64_t tokens);
 
 // Checks (host memory) that `slots` of `region` hold the pattern of `hashes`: every token, or
 // with `sample` one page in eight (and the last page). Adds to bytes_checked / wrong_bytes

@@ -254,13 +254,16 @@ class GpuPrefillEngine final : public PrefillEngine {
                             Operand(n * std::max({m.attn_in_cols, m.hidden, 2 * m.mlp_cols}), d));
     KVTIER_ASSIGN_OR_RETURN(q_, Operand(m.q_heads * n * m.qk_dim, d));
     KVTIER_ASSIGN_OR_RETURN(o_, Operand(m.q_heads * n * m.v_dim, d));
-    // Keys and values of the whole context, per query head (what attention reads).
-    KVTIER_ASSIGN_OR_RETURN(kc_, Operand(m.q_heads * c_.max_context * m.qk_dim, d));
-    KVTIER_ASSIGN_OR_RETURN(vc_, Operand(m.q_heads * c_.max_context * m.v_dim, d));
+    // Keys and values of the whole context (padded to whole key tiles), per query head (what
+    // attention reads).
+    context_ = AlignKeys(std::max<int64_t>(c_.max_context, 1));
+    KVTIER_ASSIGN_OR_RETURN(kc_, Operand(m.q_heads * context_ * m.qk_dim, d));
+    KVTIER_ASSIGN_OR_RETURN(vc_, Operand(m.q_heads * context_ * m.v_dim, d));
     KVTIER_ASSIGN_OR_RETURN(scores_, Operand(kScoreElements, d));
     // Warm-up: cuBLAS picks and loads its kernels at the first call of each shape; one layer of
-    // a full chunk keeps that out of the first request's time.
-    KVTIER_RETURN_IF_ERROR(LayerGemms(std::min(n, c_.max_context), 0));
+    // a full chunk, and one after a cached prefix, keep that out of the first requests' time.
+    KVTIER_RETURN_IF_ERROR(LayerGemms(std::min(n, context_), 0));
+    if (context_ > n) KVTIER_RETURN_IF_ERROR(LayerGemms(std::min(n, context_ - n), n));
     return compute_.Synchronize();
   }
 
@@ -280,21 +283,18 @@ class GpuPrefillEngine final : public PrefillEngine {
     const ReplayModel& m = c_.compute_model;
     const float one = 1, zero = 0;
     KVTIER_RETURN_IF_ERROR(Gemm(m.attn_in_cols, n, m.hidden, w_in_.data(), x_.data(), y_.data()));
-    // Attention, causal by row blocks: rows [r0, r0 + R) of the chunk see cached + r0 + R keys.
+    // Attention, causal by row blocks of aligned shapes (PlanAttention).
     const int64_t H = m.q_heads;
-    for (int64_t r0 = 0; r0 < n;) {
-      const int64_t keys_max = std::min(cached + n, c_.max_context);
-      const int64_t R =
-          std::clamp<int64_t>(kScoreElements / (H * std::max<int64_t>(keys_max, 1)), 1, n - r0);
-      const int64_t keys = std::min(cached + r0 + R, c_.max_context);
-      auto* q = static_cast<__nv_bfloat16*>(q_.data()) + r0 * m.qk_dim;
-      auto* o = static_cast<__nv_bfloat16*>(o_.data()) + r0 * m.v_dim;
+    for (const AttentionBlock& b : PlanAttention(n, cached, H, kScoreElements, context_)) {
+      const int64_t R = b.rows, keys = b.keys;
+      auto* q = static_cast<__nv_bfloat16*>(q_.data()) + b.row * m.qk_dim;
+      auto* o = static_cast<__nv_bfloat16*>(o_.data()) + b.row * m.v_dim;
       // scores[keys, R] = K^T[keys, qk] x Q[qk, R], per head.
       KVTIER_RETURN_IF_ERROR(Cublas(
           cublasGemmStridedBatchedEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(keys),
                                      static_cast<int>(R), static_cast<int>(m.qk_dim), &one,
                                      kc_.data(), CUDA_R_16BF, static_cast<int>(m.qk_dim),
-                                     c_.max_context * m.qk_dim, q, CUDA_R_16BF,
+                                     context_ * m.qk_dim, q, CUDA_R_16BF,
                                      static_cast<int>(m.qk_dim), c_.chunk_tokens * m.qk_dim, &zero,
                                      scores_.data(), CUDA_R_16BF, static_cast<int>(keys), keys * R,
                                      static_cast<int>(H), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
@@ -304,11 +304,10 @@ class GpuPrefillEngine final : public PrefillEngine {
           cublasGemmStridedBatchedEx(
               cublas_, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(m.v_dim), static_cast<int>(R),
               static_cast<int>(keys), &one, vc_.data(), CUDA_R_16BF, static_cast<int>(m.v_dim),
-              c_.max_context * m.v_dim, scores_.data(), CUDA_R_16BF, static_cast<int>(keys),
-              keys * R, &zero, o, CUDA_R_16BF, static_cast<int>(m.v_dim), c_.chunk_tokens * m.v_dim,
+              context_ * m.v_dim, scores_.data(), CUDA_R_16BF, static_cast<int>(keys), keys * R,
+              &zero, o, CUDA_R_16BF, static_cast<int>(m.v_dim), c_.chunk_tokens * m.v_dim,
               static_cast<int>(H), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
           "attention values"));
-      r0 += R;
     }
     KVTIER_RETURN_IF_ERROR(
         Gemm(m.hidden, n, m.q_heads * m.v_dim, w_out_.data(), o_.data(), y_.data()));
@@ -384,6 +383,7 @@ class GpuPrefillEngine final : public PrefillEngine {
   PinnedHostBuffer staging_;
   cublasHandle_t cublas_ = nullptr;
   DeviceBuffer w_in_, w_out_, w_up_, w_down_, x_, y_, q_, o_, kc_, vc_, scores_;
+  int64_t context_ = 0;  // keys per head in kc_ / vc_: max_context rounded up to a key tile
   double ceiling_ = 5e10;
 };
 

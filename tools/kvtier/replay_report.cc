@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <random>
 
 namespace kvtier::tools {
 namespace {
@@ -36,13 +37,91 @@ std::vector<size_t> MostlyCached(const RunSummary& run) {
   return out;
 }
 
+// Requests that loaded bytes back, their bytes and their load time (ms).
+struct LoadTotals {
+  int64_t requests = 0, bytes = 0;
+  double ms = 0;
+};
+LoadTotals LoadTotalsOf(const RunSummary& run) {
+  LoadTotals t;
+  for (const RequestRecord& r : run.records) {
+    if (r.loaded_bytes <= 0) continue;
+    ++t.requests;
+    t.bytes += r.loaded_bytes;
+    t.ms += r.load_ms;
+  }
+  return t;
+}
+
 std::vector<double> TtftOf(const RunSummary& run, const std::vector<size_t>& subset) {
   std::vector<double> v;
   for (size_t i : subset) v.push_back(run.records[i].ttft_ms);
   return v;
 }
 
+double QuantileOf(std::vector<double> v, double q) {
+  std::sort(v.begin(), v.end());
+  return Quantile(v, q);
+}
+
+std::string IntervalText(const Interval& i) {
+  return fmt::format("{:.2f}x [{:.2f}, {:.2f}]", i.value, i.lo, i.hi);
+}
+
+nlohmann::json IntervalJson(const Interval& i) {
+  return {{"value", i.value}, {"lo", i.lo}, {"hi", i.hi}, {"requests", i.requests}};
+}
+
 }  // namespace
+
+Interval QuantileRatio(const std::vector<double>& num, const std::vector<double>& den, double q) {
+  Interval out;
+  const size_t n = std::min(num.size(), den.size());
+  out.requests = static_cast<int64_t>(n);
+  if (n == 0) return out;
+  auto ratio = [q](const std::vector<double>& a, const std::vector<double>& b) {
+    const double d = QuantileOf(b, q);
+    return d > 0 ? QuantileOf(a, q) / d : 0.0;
+  };
+  out.value = ratio(num, den);
+  std::mt19937_64 rng(0x6b76746965720001ull);  // fixed: the same report for the same records
+  std::uniform_int_distribution<size_t> pick(0, n - 1);
+  std::vector<double> ratios, a(n), b(n);
+  ratios.reserve(kBootstrapResamples);
+  for (int k = 0; k < kBootstrapResamples; ++k) {
+    for (size_t i = 0; i < n; ++i) {
+      const size_t j = pick(rng);
+      a[i] = num[j];
+      b[i] = den[j];
+    }
+    ratios.push_back(ratio(a, b));
+  }
+  std::sort(ratios.begin(), ratios.end());
+  out.lo = Quantile(ratios, 0.025);
+  out.hi = Quantile(ratios, 0.975);
+  return out;
+}
+
+const char* HitClassName(HitClass c) {
+  switch (c) {
+    case HitClass::kNone:
+      return "none";
+    case HitClass::kDevice:
+      return "device";
+    case HitClass::kHost:
+      return "host";
+    case HitClass::kStorage:
+      return "storage";
+  }
+  return "?";
+}
+
+HitClass HitClassOf(const RequestRecord& r) {
+  if (r.hit_tokens() == 0) return HitClass::kNone;
+  if (r.storage_hit >= r.host_hit && r.storage_hit >= r.device_hit) return HitClass::kStorage;
+  if (r.host_hit >= r.device_hit) return HitClass::kHost;
+  return HitClass::kDevice;
+}
 
 Percentiles PercentilesOf(std::vector<double> values) {
   Percentiles p;
@@ -96,6 +175,54 @@ const RunSummary* ReplayReport::Find(const std::string& name) const {
   return nullptr;
 }
 
+std::vector<ClassComparison> ReplayReport::CompareHitClasses() const {
+  std::vector<ClassComparison> out;
+  const RunSummary* hier = Find("hierarchy");
+  const RunSummary* none = Find("no_cache");
+  if (hier == nullptr || none == nullptr || none->records.size() != hier->records.size()) {
+    return out;
+  }
+  for (HitClass c : {HitClass::kNone, HitClass::kDevice, HitClass::kHost, HitClass::kStorage}) {
+    std::vector<double> h, n;
+    for (size_t i = 0; i < hier->records.size(); ++i) {
+      if (HitClassOf(hier->records[i]) != c) continue;
+      h.push_back(hier->records[i].ttft_ms);
+      n.push_back(none->records[i].ttft_ms);
+    }
+    if (h.empty()) continue;
+    ClassComparison cc;
+    cc.hit_class = c;
+    cc.requests = static_cast<int64_t>(h.size());
+    cc.hierarchy_p50_ms = QuantileOf(h, 0.5);
+    cc.no_cache_p50_ms = QuantileOf(n, 0.5);
+    cc.ratio = QuantileRatio(h, n, 0.5);
+    cc.slower = cc.ratio.lo > 1 + slow_class_margin;
+    out.push_back(cc);
+  }
+  return out;
+}
+
+Headline HeadlineOf(const ReplayReport& report) {
+  Headline out;
+  const RunSummary* hier = report.Find("hierarchy");
+  if (hier == nullptr) return out;
+  out.requests = static_cast<int64_t>(hier->records.size());
+  std::vector<double> h;
+  for (const RequestRecord& r : hier->records) h.push_back(r.ttft_ms);
+  if (hier->ideal_ttft_ms.size() == h.size()) {
+    out.over_ideal_p50 = QuantileRatio(h, hier->ideal_ttft_ms, 0.5);
+    out.over_ideal_p90 = QuantileRatio(h, hier->ideal_ttft_ms, 0.9);
+  }
+  if (const RunSummary* none = report.Find("no_cache");
+      none != nullptr && none->records.size() == hier->records.size()) {
+    const std::vector<size_t> mostly = MostlyCached(*hier);
+    if (!mostly.empty()) {
+      out.mostly_cached_speedup = QuantileRatio(TtftOf(*none, mostly), TtftOf(*hier, mostly), 0.5);
+    }
+  }
+  return out;
+}
+
 int64_t ReplayReport::wrong_bytes() const {
   int64_t n = 0;
   for (const RunSummary& r : runs) n += r.wrong_bytes;
@@ -123,12 +250,28 @@ void PrintReport(std::FILE* out, const ReplayReport& report) {
   };
   for (const RunSummary& r : report.runs) row(r.name, &r, r.Ttft());
   row("ideal", nullptr, PercentilesOf(hier->ideal_ttft_ms));
-  const Percentiles h = hier->Ttft();
   const Percentiles ideal = PercentilesOf(hier->ideal_ttft_ms);
+  const Headline head = HeadlineOf(report);
   if (ideal.p50 > 0) {
-    std::fprintf(out, "hierarchy / ideal: p50 %.2fx, p90 %.2fx\n", h.p50 / ideal.p50,
-                 ideal.p90 > 0 ? h.p90 / ideal.p90 : 0.0);
+    std::fprintf(out,
+                 "hierarchy / ideal: p50 %s, p90 %s  ([lo, hi]: 95 %% interval of a bootstrap "
+                 "over the %lld requests)\n",
+                 IntervalText(head.over_ideal_p50).c_str(),
+                 IntervalText(head.over_ideal_p90).c_str(), static_cast<long long>(head.requests));
   }
+  std::fprintf(out,
+               "  ideal: the hierarchy's hits and compute; host hits at %.2f GB/s (%s), storage "
+               "hits at ",
+               report.ceiling_bytes_per_s / 1e9, report.ceiling_how.c_str());
+  if (report.storage_ceiling_bytes_per_s > 0) {
+    std::fprintf(out, "%.2f GB/s (%s)", report.storage_ceiling_bytes_per_s / 1e9,
+                 report.storage_ceiling_how.c_str());
+  } else if (!report.storage_ceiling_how.empty()) {
+    std::fprintf(out, "- (%s)", report.storage_ceiling_how.c_str());
+  } else {
+    std::fprintf(out, "- (no storage tier)");
+  }
+  std::fprintf(out, "; loads fully overlapped with the compute, no prefetch wait\n");
   if (const RunSummary* none = report.Find("no_cache"); none != nullptr) {
     const std::vector<size_t> mostly = MostlyCached(*hier);
     if (mostly.empty()) {
@@ -140,12 +283,33 @@ void PrintReport(std::FILE* out, const ReplayReport& report) {
       const Percentiles b = PercentilesOf(TtftOf(*hier, mostly));
       std::fprintf(out,
                    "requests with >= 90 %% of the prompt cached (in the hierarchy): %zu; TTFT p50 "
-                   "no cache %.1f ms, hierarchy %.1f ms (%.1fx better)",
-                   mostly.size(), a.p50, b.p50, b.p50 > 0 ? a.p50 / b.p50 : 0.0);
+                   "no cache %.1f ms, hierarchy %.1f ms (%s better)",
+                   mostly.size(), a.p50, b.p50, IntervalText(head.mostly_cached_speedup).c_str());
       if (const RunSummary* dev = report.Find("device_only"); dev != nullptr) {
         std::fprintf(out, ", device-only %.1f ms", PercentilesOf(TtftOf(*dev, mostly)).p50);
       }
       std::fprintf(out, "\n");
+    }
+  }
+  if (head.requests < kHeadlineMinRequests) {
+    std::fprintf(out,
+                 "  (%lld measured requests, fewer than %lld: the ratios above are indicative "
+                 "only)\n",
+                 static_cast<long long>(head.requests),
+                 static_cast<long long>(kHeadlineMinRequests));
+  }
+  const std::vector<ClassComparison> classes = report.CompareHitClasses();
+  if (!classes.empty()) {
+    std::fprintf(out,
+                 "TTFT per hit class (the tier that served most of the matched prefix), the "
+                 "same requests with no cache and in the hierarchy, p50 [95 %% interval]; "
+                 "slower beyond noise = interval above %.2fx:\n",
+                 1 + report.slow_class_margin);
+    for (const ClassComparison& c : classes) {
+      std::fprintf(out, "  %-8s %6lld requests: no cache %9.1f ms, hierarchy %9.1f ms: %s%s\n",
+                   HitClassName(c.hit_class), static_cast<long long>(c.requests), c.no_cache_p50_ms,
+                   c.hierarchy_p50_ms, IntervalText(c.ratio).c_str(),
+                   c.slower ? "  SLOWER than no cache" : "");
     }
   }
 
@@ -169,10 +333,23 @@ void PrintReport(std::FILE* out, const ReplayReport& report) {
   if (hier->has_cache) {
     const CacheStats& c = hier->cache;
     std::fprintf(out, "\nbytes and bandwidth (hierarchy):\n");
-    std::fprintf(out, "  host -> device   %10.3f GB  %7.2f GB/s  (%lld tokens loaded back)\n",
+    std::fprintf(out, "  host -> device   %10.3f GB  %7.2f GB/s  (%lld tokens loaded back; %s)\n",
                  static_cast<double>(c.load_back_tokens * report.kv_bytes_per_token) / 1e9,
                  Gbps(c.load_back_tokens * report.kv_bytes_per_token, c.load_back_seconds),
-                 static_cast<long long>(c.load_back_tokens));
+                 static_cast<long long>(c.load_back_tokens),
+                 report.gpu ? "the copies' time on the device to completion, CUDA events"
+                            : "cpu: the copy is synchronous, its wall time");
+    const LoadTotals lt = LoadTotalsOf(*hier);
+    if (lt.requests > 0) {
+      std::fprintf(out,
+                   "  load back per request: %lld requests, mean %.2f ms for %.1f MB, %.2f GB/s "
+                   "end to end (LoadBack called to the last layer in place%s)\n",
+                   static_cast<long long>(lt.requests), lt.ms / static_cast<double>(lt.requests),
+                   static_cast<double>(lt.bytes) / 1e6 / static_cast<double>(lt.requests),
+                   Gbps(lt.bytes, lt.ms / 1e3),
+                   report.gpu ? ": CUDA events on the load stream, read when the request completed"
+                              : ": wall clock");
+    }
     std::fprintf(out, "  device -> host   %10.3f GB  %7.2f GB/s  (%lld tokens backed up)\n",
                  static_cast<double>(c.backup_bytes) / 1e9, Gbps(c.backup_bytes, c.backup_seconds),
                  static_cast<long long>(c.backup_tokens));
@@ -191,8 +368,12 @@ void PrintReport(std::FILE* out, const ReplayReport& report) {
                  static_cast<double>(c.storage_backup_bytes) / 1e9,
                  Gbps(c.storage_backup_bytes, c.storage_backup_seconds),
                  static_cast<long long>(c.storage_backup_tokens));
-    std::fprintf(out, "  load ceiling     %.2f GB/s (measured at start)\n",
-                 report.ceiling_bytes_per_s / 1e9);
+    std::fprintf(out, "  load ceiling     %.2f GB/s (measured at start: %s)\n",
+                 report.ceiling_bytes_per_s / 1e9, report.ceiling_how.c_str());
+    if (report.storage_ceiling_bytes_per_s > 0) {
+      std::fprintf(out, "  storage ceiling  %.2f GB/s (%s)\n",
+                   report.storage_ceiling_bytes_per_s / 1e9, report.storage_ceiling_how.c_str());
+    }
     std::fprintf(out,
                  "prefetch: %lld complete, %lld partial, %lld timed out, %lld none (no storage "
                  "part, below the threshold or no room)\n",
@@ -215,6 +396,19 @@ void PrintReport(std::FILE* out, const ReplayReport& report) {
     if (hier->load_failures > 0) {
       std::fprintf(out, "load back: %lld requests recomputed their host hits (no device room)\n",
                    static_cast<long long>(hier->load_failures));
+    }
+    if (hier->has_kv_events) {
+      const KvEventPublisherStats& e = hier->kv_events;
+      std::fprintf(
+          out,
+          "kv events: %llu batches (%llu events) published on %s, %llu dropped; the "
+          "cache holds %zu GPU, %zu CPU_PINNED, %zu %s blocks\n",
+          static_cast<unsigned long long>(e.published_batches),
+          static_cast<unsigned long long>(e.published_events), hier->kv_events_endpoint.c_str(),
+          static_cast<unsigned long long>(e.dropped_batches), hier->kv_blocks.device.size(),
+          hier->kv_blocks.host.size(), hier->kv_blocks.storage.size(),
+          hier->kv_events_storage_medium.empty() ? "storage"
+                                                 : hier->kv_events_storage_medium.c_str());
     }
     if (hier->has_storage) {
       std::fprintf(out,
@@ -297,6 +491,25 @@ nlohmann::json RunJson(const RunSummary& r, int64_t token_bytes) {
                    {"partial", r.prefetch_partial},
                    {"timed_out", r.prefetch_timed_out},
                    {"none", r.prefetch_none}};
+  if (r.has_kv_events) {
+    const KvEventPublisherStats& e = r.kv_events;
+    nlohmann::json blocks = {{std::string(kMediumGpu), r.kv_blocks.device},
+                             {std::string(kMediumCpuPinned), r.kv_blocks.host}};
+    if (!r.kv_events_storage_medium.empty()) {
+      blocks[r.kv_events_storage_medium] = r.kv_blocks.storage;
+    }
+    // `batches`: the seqs handed out so far (published, dropped or failed to send).
+    j["kv_events"] = {{"endpoint", r.kv_events_endpoint},
+                      {"replay_endpoint", r.kv_events_replay_endpoint},
+                      {"storage_medium", r.kv_events_storage_medium},
+                      {"batches", e.published_batches + e.dropped_batches + e.send_errors},
+                      {"published_batches", e.published_batches},
+                      {"published_events", e.published_events},
+                      {"dropped_batches", e.dropped_batches},
+                      {"dropped_events", e.dropped_events},
+                      {"send_errors", e.send_errors},
+                      {"blocks", blocks}};
+  }
   if (r.has_cache && !r.shared_host.empty()) {
     j["shared_host"] = {{"name", r.shared_host},
                         {"hit_tokens", r.cache.shared_host_hit_tokens},
@@ -327,6 +540,13 @@ nlohmann::json RunJson(const RunSummary& r, int64_t token_bytes) {
                   {"hit_rate_after", r.HitRate(r.fault_index)},
                   {"action", r.fault_action}};
   }
+  if (r.has_cache) {
+    const LoadTotals lt = LoadTotalsOf(r);
+    j["load_back"] = {{"requests", lt.requests},
+                      {"bytes", lt.bytes},
+                      {"ms", lt.ms},
+                      {"gbps_end_to_end", Gbps(lt.bytes, lt.ms / 1e3)}};
+  }
   double stall = 0;
   for (const RequestRecord& x : r.records) stall += std::max(0.0, x.device_ms - x.compute_ms);
   j["load_stall_ms_total"] = stall;
@@ -336,11 +556,14 @@ nlohmann::json RunJson(const RunSummary& r, int64_t token_bytes) {
 // Per-request series for the plots.
 nlohmann::json TimelineJson(const RunSummary& r) {
   nlohmann::json t;
-  std::vector<double> arrival, ttft;
+  std::vector<double> arrival, ttft, compute, load, wait;
   std::vector<int64_t> input, device, host, storage;
   for (const RequestRecord& x : r.records) {
     arrival.push_back(x.arrival_ms);
     ttft.push_back(x.ttft_ms);
+    compute.push_back(x.compute_ms);
+    load.push_back(x.load_ms);
+    wait.push_back(x.prefetch_wait_ms);
     input.push_back(x.input_tokens);
     device.push_back(x.device_hit);
     host.push_back(x.host_hit);
@@ -348,6 +571,9 @@ nlohmann::json TimelineJson(const RunSummary& r) {
   }
   t["arrival_ms"] = arrival;
   t["ttft_ms"] = ttft;
+  t["compute_ms"] = compute;
+  t["load_ms"] = load;
+  t["prefetch_wait_ms"] = wait;
   t["input_tokens"] = input;
   t["device_hit"] = device;
   t["host_hit"] = host;
@@ -372,6 +598,39 @@ Status WriteReplayJson(const std::string& path, const ReplayReport& report) {
   j["page_size"] = report.page_size;
   j["kv_bytes_per_token"] = report.kv_bytes_per_token;
   j["load_ceiling_gbps"] = report.ceiling_bytes_per_s / 1e9;
+  j["ceilings"] = {{"host_to_device_gbps", report.ceiling_bytes_per_s / 1e9},
+                   {"host_to_device_how", report.ceiling_how},
+                   {"storage_read_gbps", report.storage_ceiling_bytes_per_s / 1e9},
+                   {"storage_read_how", report.storage_ceiling_how}};
+  j["load_timing"] = report.gpu ? "cuda_events_to_completion" : "cpu_synchronous_wall_time";
+  const Headline head = HeadlineOf(report);
+  j["headline"] = {
+      {"requests", head.requests},
+      {"min_requests", kHeadlineMinRequests},
+      {"hierarchy_over_ideal_p50", IntervalJson(head.over_ideal_p50)},
+      {"hierarchy_over_ideal_p90", IntervalJson(head.over_ideal_p90)},
+      {"mostly_cached_speedup_p50", IntervalJson(head.mostly_cached_speedup)},
+      {"spread", fmt::format("paired bootstrap over the measured requests, {} resamples, "
+                             "[lo, hi] = 2.5 and 97.5 percentiles",
+                             kBootstrapResamples)}};
+  nlohmann::json classes = nlohmann::json::array();
+  bool any_slower = false;
+  for (const ClassComparison& c : report.CompareHitClasses()) {
+    classes.push_back({{"class", HitClassName(c.hit_class)},
+                       {"requests", c.requests},
+                       {"no_cache_p50_ms", c.no_cache_p50_ms},
+                       {"hierarchy_p50_ms", c.hierarchy_p50_ms},
+                       {"ratio_p50", IntervalJson(c.ratio)},
+                       {"slower", c.slower}});
+    any_slower = any_slower || c.slower;
+  }
+  j["hit_classes"] = {{"classes", classes},
+                      {"definition",
+                       "the tier that served most of the matched prefix (ties: the slower tier); "
+                       "none: nothing matched"},
+                      {"margin", report.slow_class_margin},
+                      {"on_slower", report.slow_class_warn ? "warn" : "fail"},
+                      {"any_slower", any_slower}};
   j["requests"] = hier->records.size();
   j["input_tokens"] = hier->input_tokens();
   j["hit_rate"] = hier->HitRate();
@@ -401,7 +660,8 @@ Status WriteReplayJson(const std::string& path, const ReplayReport& report) {
                           {"indices", mostly},
                           {"no_cache_ttft_ms", PercentilesJson(a)},
                           {"hierarchy_ttft_ms", PercentilesJson(b)},
-                          {"p50_ratio_no_cache_to_hierarchy", b.p50 > 0 ? a.p50 / b.p50 : 0.0}};
+                          {"p50_ratio_no_cache_to_hierarchy", b.p50 > 0 ? a.p50 / b.p50 : 0.0},
+                          {"speedup_p50", IntervalJson(head.mostly_cached_speedup)}};
     if (const RunSummary* dev = report.Find("device_only"); dev != nullptr) {
       j["mostly_cached"]["device_only_ttft_ms"] =
           PercentilesJson(PercentilesOf(TtftOf(*dev, mostly)));

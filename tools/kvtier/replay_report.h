@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kvtier/hierarchical_cache.h"
+#include "kvtier/kv_events.h"
 #include "kvtier/status.h"
 #include "kvtier/storage.h"
 
@@ -37,6 +38,20 @@ struct Percentiles {
 };
 Percentiles PercentilesOf(std::vector<double> values);
 
+// A ratio of two quantiles over the same requests, with its spread: a paired bootstrap over the
+// requests (kBootstrapResamples resamples with replacement, a fixed seed, so a report is
+// reproducible); [lo, hi] holds the middle 95 % of the resampled ratios. It shows how much the
+// ratio depends on which requests the slice happens to hold (the 60-request runs gave 1.05x and
+// 1.77x); it does not see run-to-run timing noise, which the slow-class margin covers.
+struct Interval {
+  double value = 0, lo = 0, hi = 0;
+  int64_t requests = 0;
+};
+inline constexpr int kBootstrapResamples = 1000;
+// quantile(num[I]) / quantile(den[I]) over resamples I of the indices; num and den are per
+// request (same length). A zero denominator gives 0.
+Interval QuantileRatio(const std::vector<double>& num, const std::vector<double>& den, double q);
+
 struct RunSummary {
   std::string name;  // no_cache, device_only, hierarchy
   std::vector<RequestRecord> records;
@@ -47,6 +62,13 @@ struct RunSummary {
   CacheStats cache;
   bool has_storage = false;
   StorageStats storage_stats;
+  // --kv-events (the hierarchy run): the publisher's counts once every batch was sent, and the
+  // cache's blocks per tier when they were counted (what a subscriber rebuilds from the events).
+  bool has_kv_events = false;
+  KvEventPublisherStats kv_events;
+  std::string kv_events_endpoint, kv_events_replay_endpoint;
+  std::string kv_events_storage_medium;  // empty without a storage tier
+  TierBlockHashes kv_blocks;
   int64_t bytes_checked = 0, wrong_bytes = 0;
   std::string first_wrong;
   int64_t load_failures = 0;  // LoadBack could not make room: the host part was recomputed
@@ -65,6 +87,21 @@ struct RunSummary {
   Percentiles Ttft() const;
 };
 
+// A request's hit class in the hierarchy: the tier that served most of its matched prefix (ties go
+// to the slower tier: storage, then host), or none when nothing matched.
+enum class HitClass : uint8_t { kNone = 0, kDevice = 1, kHost = 2, kStorage = 3 };
+const char* HitClassName(HitClass c);
+HitClass HitClassOf(const RequestRecord& r);
+
+// One hit class: its requests' TTFT in the hierarchy against the same requests with no cache.
+struct ClassComparison {
+  HitClass hit_class = HitClass::kNone;
+  int64_t requests = 0;
+  double no_cache_p50_ms = 0, hierarchy_p50_ms = 0;
+  Interval ratio;       // hierarchy p50 / no-cache p50, with its bootstrap interval
+  bool slower = false;  // ratio.lo > 1 + margin: slower than no cache beyond noise
+};
+
 struct SweepPoint {
   std::string knob;  // "host-tokens"
   int64_t value = 0;
@@ -80,7 +117,20 @@ struct ReplayReport {
   std::string settings;  // one line of the knobs
   int64_t page_size = 0;
   int64_t kv_bytes_per_token = 0;
+  // The ideal's rates, measured at start: host hits move at `ceiling_bytes_per_s` (host -> device:
+  // one pinned copy on a GPU, memcpy on cpu), storage hits at `storage_ceiling_bytes_per_s` (0:
+  // no storage tier); each with how it was measured.
   double ceiling_bytes_per_s = 0;
+  std::string ceiling_how;
+  double storage_ceiling_bytes_per_s = 0;
+  std::string storage_ceiling_how;
+  // Loads are timed with CUDA events to completion (GPU), or are synchronous copies timed by the
+  // wall clock (cpu).
+  bool gpu = false;
+  // A hit class fails the run when its ratio's interval lies above 1 + this (timing noise the
+  // bootstrap over requests does not see); with slow_class_warn it is only reported.
+  double slow_class_margin = 0.05;
+  bool slow_class_warn = false;
   bool exact_mode = false;
   std::vector<RunSummary> runs;
   std::vector<SweepPoint> sweep;
@@ -88,13 +138,31 @@ struct ReplayReport {
   const RunSummary* Find(const std::string& name) const;
   // Wrong bytes over every run.
   int64_t wrong_bytes() const;
+  // Per hit class (none, device, host, storage; classes with requests only), the hierarchy
+  // against no cache; empty without both runs.
+  std::vector<ClassComparison> CompareHitClasses() const;
 };
+
+// The headline ratios over the measured requests (hierarchy run): hierarchy / ideal at p50 and
+// p90, and no cache / hierarchy at p50 over the requests with >= 90 % of the prompt cached.
+struct Headline {
+  Interval over_ideal_p50, over_ideal_p90;
+  Interval mostly_cached_speedup;  // requests = 0: none (or no no-cache run)
+  int64_t requests = 0;
+};
+Headline HeadlineOf(const ReplayReport& report);
+// The fewest measured requests the headline ratios are meant to come from.
+inline constexpr int64_t kHeadlineMinRequests = 300;
 
 // The table a person reads.
 void PrintReport(std::FILE* out, const ReplayReport& report);
 // --json: the same numbers. Keys: requests, input_tokens, hit_rate, hit_rate_by_tier {device,
-// host, storage}, ttft_ms {<run>: {p50, p90, p99}}, integrity {bytes_checked, wrong_bytes}, then
-// runs (details per run), sweep, timeline (per request, for the plots).
+// host, storage}, ttft_ms {<run>: {p50, p90, p99}}, integrity {bytes_checked, wrong_bytes},
+// ceilings {host_to_device_gbps, host_to_device_how, storage_read_gbps, storage_read_how},
+// load_timing, headline {requests, hierarchy_over_ideal_p50/_p90, mostly_cached_speedup_p50:
+// {value, lo, hi, requests}}, hit_classes {classes: [{class, requests, no_cache_p50_ms,
+// hierarchy_p50_ms, ratio_p50, slower}], margin, on_slower, any_slower}, mostly_cached, then runs
+// (details per run), sweep, timeline (per request, for the plots).
 Status WriteReplayJson(const std::string& path, const ReplayReport& report);
 // --plot: runs the plotting script over the JSON file. Unavailable (with the reason) when
 // python3 or matplotlib is missing.

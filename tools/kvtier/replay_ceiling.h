@@ -1,0 +1,43 @@
+// tools/kvtier/replay_ceiling.h — the storage read ceiling `kvtier replay` charges the ideal's
+// storage hits at, measured when the store opens: what the platform gives to plain reads of the
+// same bytes, not what kvtier's backend reaches.
+//   file://  N threads (N = the backend's I/O threads) open + pread + close files of one page's
+//            bytes, written first in a temporary folder inside the store's directory (same
+//            filesystem) and removed afterwards: the median of three passes over all the files.
+//            The files were just written, so the reads come from the page cache, as the store's
+//            reads of pages it wrote during the replay mostly do.
+//   redis:// redis-benchmark (Debian redis-tools) GETs of values of one page's bytes with N
+//            clients against the same server (RunRedisBenchmark).
+// Anything else (memory://, a missing redis-benchmark) has no baseline: the caller falls back to
+// the run's own storage -> host rate and says so.
+//
+// Thread safety: call from one thread; it starts and joins its own threads.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "kvtier/status.h"
+
+namespace kvtier::tools {
+
+struct StorageCeiling {
+  double bytes_per_s = 0;
+  std::string how;  // one line: what was measured
+};
+
+// N-thread pread over files of `page_bytes` in a temporary folder under `dir`. IOError naming
+// the path when a file cannot be written or read.
+Result<StorageCeiling> MeasureFileReadCeiling(const std::string& dir, int64_t page_bytes,
+                                              int threads);
+
+// redis-benchmark GET of `page_bytes` values with `threads` clients at the server of `url`
+// (redis:// or redis+cluster://). NotFound without redis-benchmark; Unavailable when it fails or
+// when the URL has a password (redis-benchmark would show it on its command line).
+Result<StorageCeiling> MeasureRedisReadCeiling(const std::string& url, int64_t page_bytes,
+                                               int threads);
+
+// The directory of a file:// URL ("file:///dir?capacity=..." -> "/dir"); "" for other schemes.
+std::string FileUrlDirectory(const std::string& url);
+
+}  // namespace kvtier::tools
