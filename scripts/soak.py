@@ -16,9 +16,9 @@ host and storage and come back):
   shared-a a host tier shared through a segment (`kvtier shm create`), long-lived;
   shared-b the same segment; SIGKILLed and restarted every 15 s.
 
-Every 2 s the driver samples, per long-lived worker, RSS, open fds and threads, and globally the
-kvtier segments in /dev/shm and the stores' bytes. It fails (exit 1) when a worker reports a wrong
-byte, a request that took longer than --stall-seconds, or an error it did not expect; when a
+Every 2 s the driver samples, per long-lived worker, RSS, open fds and threads, and globally
+the soak's segments in /dev/shm and the stores' bytes. It fails (exit 1) when a worker reports a
+wrong byte, a request that took longer than --stall-seconds, or an error it did not expect; when a
 long-lived worker dies; when RSS grows without bound (the least-squares slope over the second half
 of the run, times that half's length, above max(16 MiB, 25 % of the median)); when fds or threads
 in the second half exceed the first half's maximum by more than 4; when segments are left or the
@@ -295,7 +295,9 @@ def main():
     seconds = args.minutes * 60
     tmp = tempfile.mkdtemp(prefix="kvtier-soak-")
     segment = "kvtier-soak-%d" % os.getpid()
-    shm_before = set(n for n in os.listdir("/dev/shm") if n.startswith("kvtier."))
+    # The soak's own segments (other programs on the machine make theirs meanwhile).
+    def own_segments():
+        return set(n for n in os.listdir("/dev/shm") if n.startswith("kvtier.") and segment in n)
     rng = random.Random(7)
     redis = Redis(tmp)
     workers = {}
@@ -402,8 +404,7 @@ def main():
                 faults["shared_killed"] += 1
                 next_at["shared_kill"] += 15
             if now >= next_at["sample"]:
-                sample = {"t": now, "shm": len([n for n in os.listdir("/dev/shm")
-                                                if n.startswith("kvtier.")]),
+                sample = {"t": now, "shm": len(own_segments()),
                           "file_store_bytes": dir_bytes(file_store),
                           "redis_bytes": redis.used_bytes()}
                 for name in ("redis", "file", "shared-a"):
@@ -434,7 +435,7 @@ def main():
         redis.kill()
         subprocess.run([args.cli, "shm", "destroy", segment], stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL)
-        shm_after = set(n for n in os.listdir("/dev/shm") if n.startswith("kvtier."))
+        shm_left = own_segments()
 
     # ---- judge -------------------------------------------------------------------------------
     for name, r in results.items():
@@ -475,8 +476,8 @@ def main():
                             max(s["file_store_bytes"] for s in samples))
     elif not failures:
         failures.append("too few samples (%d) to judge growth" % len(samples))
-    if shm_after - shm_before:
-        failures.append("segments left in /dev/shm: %s" % sorted(shm_after - shm_before))
+    if shm_left:
+        failures.append("segments left in /dev/shm: %s" % sorted(shm_left))
 
     def rss(name, i):
         pts = [s[name]["rss"] for s in samples if s.get(name)]
