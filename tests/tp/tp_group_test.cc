@@ -647,12 +647,14 @@ TEST_P(TpStorageTest, StorageDecisionsRunOnEveryRankAndTheStoreServesTp1) {
   auto leader = TpLeader::Create(
       cfg, TpShape{kFull.num_slots, 2 * kFull.num_slots, kFull.num_layers, kPage, mla});
   ASSERT_TRUE(leader.ok());
-  // The leader opens (and so lays out) the store before the follower opens it too.
-  auto own = RankStore(url, mla, 0, 2);
-  ASSERT_TRUE(own.ok()) << own.status().ToString();
+  // Lay the store out once before the two processes open it at the same time; closed again so
+  // that no thread of this process lives across the fork.
+  ASSERT_TRUE(RankStore(url, mla, 0, 2).ok());
   std::fflush(nullptr);
   const pid_t child = fork();
   if (child == 0) RunStorageFollowerProcess(cfg, mla, url);
+  auto own = RankStore(url, mla, 0, 2);
+  ASSERT_TRUE(own.ok()) << own.status().ToString();
   ASSERT_TRUE((*leader)->WaitForFollowers().ok());
   HierarchicalCacheConfig c = CacheConfig();
   c.host_layout = KvLayout::kPageHead;
