@@ -238,7 +238,7 @@ Status RunPass(const Setup& s, int tp, TpLeader* leader, PassResult* out) {
     } else if (lb.status().IsOutOfMemory()) {
       step.hit_slots = m.device_slots;  // no room to load: the host part is recomputed
     } else {
-      return lb.status().WithContext(fmt::format("request {}: LoadBack", i));
+      return lb.status().WithContext(fmt::format("request {}", i));
     }
     const int64_t hit = static_cast<int64_t>(step.hit_slots.size());
     const int64_t whole = req.input_length / P * P;
