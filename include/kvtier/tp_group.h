@@ -144,7 +144,8 @@ class TpLeader {
   // pages, run on `own`, then waited for on every rank; a page counts as read or written only
   // when every rank's leading pages include it (a rank's miss is the group's miss, never wrong
   // bytes). Exists is the leader's alone (it decides). MLA: followers_write = false — the
-  // leader is the one writer, every rank reads. REQUIRES SetHostRegion before the first call.
+  // leader is the one writer, every rank reads. REQUIRES SetHostRegion before the first call
+  // (until then every Get/Set fails its pages). Null when its I/O threads cannot be started.
   std::shared_ptr<StorageBackend> WrapStorage(std::shared_ptr<StorageBackend> own,
                                               bool followers_write);
   // The leader cache's host region (host_region() once the cache exists): storage decisions
