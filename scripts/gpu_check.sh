@@ -42,19 +42,8 @@ while [[ $# -gt 0 ]]; do
   shift
 done
 JOBS=${JOBS:-16}
-# Debian packages the GPU machine lacks (hiredis, liburing, xxhash, redis, ZeroMQ, msgpack),
-# unpacked by scripts/gpu_deps.sh on the build machine and carried as build-deps/root.
-DEPS=$PWD/build-deps/root
-if [[ -d $DEPS/usr ]]; then
-  export CMAKE_PREFIX_PATH=$DEPS/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
-  export LD_LIBRARY_PATH=$DEPS/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-  export PATH=$DEPS/usr/bin:$PATH
-  # Sources that include a package's header by name (tests including <hiredis/hiredis.h>).
-  export CPATH=$DEPS/usr/include${CPATH:+:$CPATH}
-  export LIBRARY_PATH=$DEPS/usr/lib/x86_64-linux-gnu${LIBRARY_PATH:+:$LIBRARY_PATH}
-else
-  echo "note: no build-deps/root (scripts/gpu_deps.sh): hiredis, liburing, redis, ZeroMQ absent"
-fi
+# The carried Debian packages (scripts/gpu_deps.sh) on the search paths.
+source scripts/gpu_env.sh
 declare -A RESULT
 T0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
