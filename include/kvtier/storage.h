@@ -107,7 +107,7 @@ struct StorageOptions {
   // min(cores, 16) and at least 4 (DefaultIoThreads). A backend's options() show the number used.
   int io_threads = 0;
   int max_queued_batches = 256;             // reads (and, apart, writes) waiting; more are rejected
-  std::chrono::milliseconds timeout{2000};  // per call, from when an I/O thread takes it
+  std::chrono::milliseconds timeout{2000};  // per call, from when an I/O thread takes it; <= 10 min
   int64_t max_batch_pages = 4096;           // InvalidArgument beyond this
   // InvalidArgument naming the field.
   Status Validate() const;

@@ -28,7 +28,7 @@
 // is present) a batch's pages are read in one readv each, in flight together on the I/O thread's
 // ring, and each page is hashed by the I/O thread as its read completes: the kernel's workers
 // copy in parallel, but the hashing is serial and reads pages another core just wrote
-// (BENCHMARKS.md, Storage).
+// (docs/perf-notes/file-store.md).
 //
 // direct=1 (opt-in, for stores on NVMe that must not fill the page cache): every page file is
 // read and written with O_DIRECT. A Get of pages whose buffers are 4 KiB-aligned (every segment

@@ -115,9 +115,11 @@ Status StorageOptions::Validate() const {
     return Status::InvalidArgument(fmt::format(
         "storage options: max_queued_batches must be at least 1, got {}", max_queued_batches));
   }
-  if (timeout.count() < 1) {
-    return Status::InvalidArgument(
-        fmt::format("storage options: timeout must be at least 1 ms, got {} ms", timeout.count()));
+  // Past 10 minutes a deadline (now + timeout) is no bound a caller can wait for, and near 2^63
+  // it overflows into the past.
+  if (timeout.count() < 1 || timeout.count() > 600'000) {
+    return Status::InvalidArgument(fmt::format(
+        "storage options: timeout must be in [1, 600000] ms, got {} ms", timeout.count()));
   }
   if (max_batch_pages < 1 || max_batch_pages > (int64_t{1} << 20)) {
     return Status::InvalidArgument(fmt::format(
@@ -644,7 +646,7 @@ Result<std::unique_ptr<StorageBackend>> OpenStorage(std::string_view url,
     return Status::InvalidArgument(fmt::format(
         "storage URL '{}' has no scheme (expected file://, redis://, redis+cluster:// or "
         "memory://)",
-        url));
+        storage::RedactUrl(url)));
   }
   if (scheme == "memory") return storage::OpenMemoryStorage(url, ns, options);
   if (scheme == "file") return storage::OpenFileStorage(url, ns, options);
@@ -662,8 +664,8 @@ Result<std::unique_ptr<StorageBackend>> OpenStorage(std::string_view url,
 #endif
   }
   return Status::InvalidArgument(fmt::format(
-      "storage URL '{}': unknown scheme '{}' (expected file, redis, redis+cluster or memory)", url,
-      scheme));
+      "storage URL '{}': unknown scheme '{}' (expected file, redis, redis+cluster or memory)",
+      storage::RedactUrl(url), scheme));
 }
 
 }  // namespace kvtier
