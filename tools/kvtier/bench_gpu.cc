@@ -615,7 +615,7 @@ Status GpuBench::RunCase(const BenchCase& c, ShapeBuffers& buf, size_t* index, s
       if (load && !load_expected_ready) {
         // The cpu backend's copy of the same slots, made after the GPU copies were timed: made
         // before, it leaves the source slots in the CPU's caches while the GPU reads them
-        // (--reference-first keeps that order; BENCHMARKS.md, GPU, compares).
+        // (--reference-first keeps that order; `git show c489830:BENCHMARKS.md` compares).
         KVTIER_RETURN_IF_ERROR(engines_.cpu->Transfer(TransferRequest::PerLayer(
             host, expected, SlotIndices::Host(src_idx), SlotIndices::Host(dst_idx), c.load_layer)));
         load_expected_ready = true;
