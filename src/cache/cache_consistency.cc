@@ -54,6 +54,10 @@ Status ExpectFromHandlesAndOps(const CacheCore& s, Expected* e, std::vector<uint
 
 Status CheckCacheConsistency(const CacheCore& s) {
   KVTIER_RETURN_IF_ERROR(s.tree.CheckInvariants());
+  if (s.events && s.events->nodes_without_keys() > 0) {  // they would be missing from the events
+    return Status::Internal(fmt::format("kv events: {} tier changes of nodes without page keys",
+                                        s.events->nodes_without_keys()));
+  }
   const int64_t P = s.P;
   std::vector<uint8_t> dev_seen(static_cast<size_t>(s.ledger->num_pages()), 0);
   const HostTier* host = s.host.get();  // null without a host tier: the tree has no host pages

@@ -54,6 +54,7 @@
 #include "cache/copy_tracker.h"
 #include "cache/device_page_ledger.h"
 #include "cache/host_tier.h"
+#include "cache/kv_event_emitter.h"
 #include "cache/radix_tree.h"
 #include "kvtier/hierarchical_cache.h"
 #include "storage/page_staging.h"
@@ -132,6 +133,9 @@ struct CacheCore {
   mutable std::mutex mu;
   mutable std::atomic<std::thread::id> owner{};  // who holds `mu` (MutexHeldByCurrentThread)
   RadixTree tree KVTIER_GUARDED_BY(kCacheLock);
+  // KV events (config.kv_event_sink): the tree's tier changes, handed to the sink as CacheLock
+  // releases `mu` (null without a sink; set by Open).
+  std::unique_ptr<KvEventEmitter> events;
   std::unique_ptr<DevicePageLedger> ledger KVTIER_PT_GUARDED_BY(kCacheLock);
   CopyTracker tracker;
   std::unordered_map<uint64_t, HandleState> handles KVTIER_GUARDED_BY(kCacheLock);
@@ -213,11 +217,15 @@ class KVTIER_SCOPED_CAPABILITY CacheLock {
     Own();
   }
   ~CacheLock() KVTIER_RELEASE() {
-    if (lk_.owns_lock()) core_.owner.store(std::thread::id(), std::memory_order_relaxed);
+    if (lk_.owns_lock()) {
+      FlushEvents();
+      core_.owner.store(std::thread::id(), std::memory_order_relaxed);
+    }
   }
   CacheLock(const CacheLock&) = delete;
   CacheLock& operator=(const CacheLock&) = delete;
   void unlock() KVTIER_RELEASE() {
+    FlushEvents();
     core_.owner.store(std::thread::id(), std::memory_order_relaxed);
     lk_.unlock();
   }
@@ -232,6 +240,10 @@ class KVTIER_SCOPED_CAPABILITY CacheLock {
 
  private:
   void Own() { core_.owner.store(std::this_thread::get_id(), std::memory_order_relaxed); }
+  // The events the tree's changes queued, in order, while `mu` is still held.
+  void FlushEvents() {
+    if (core_.events) core_.events->Flush();
+  }
   const CacheCore& core_;
   std::unique_lock<std::mutex> lk_;
 };

@@ -26,9 +26,18 @@ Status CacheParts::Open(const KvRegion& device_region, std::unique_ptr<TransferE
   KVTIER_RETURN_IF_ERROR(executor.Start());
   KVTIER_RETURN_IF_ERROR(OpenStorageTier(device_region));
   CacheLock lk(*this);
-  // The tree calls the hook from its own calls, which are made under the lock.
+  // The tree calls its hooks from its own calls, which are made under the lock.
   tree.SetSplitHook([this](RadixNode* upper, RadixNode* lower)
                         KVTIER_REQUIRES(kCacheLock) { OnSplit(upper, lower); });
+  if (config.kv_event_sink) {
+    std::string medium = config.kv_event_storage_medium;
+    if (medium.empty() && storage) medium = StorageMediumOf(storage->url());
+    events = std::make_unique<KvEventEmitter>(config.kv_event_sink, P, std::move(medium));
+    tree.SetTierHook(
+        [emitter = events.get()](const RadixNode& node, RadixTree::Tier tier, bool entered) {
+          emitter->OnTierChange(node, tier, entered);
+        });
+  }
   return Status::OK();
 }
 

@@ -578,7 +578,7 @@ Result<InsertResult> HierarchicalCache::Insert(std::span<const Token> tokens,
   // Outside the lock: the page keys, and (GPU) the point on the engine's stream after which the
   // KV of these slots is written.
   std::vector<PageKey> keys;
-  if ((s.storage || (s.host && s.host->shared())) && !tokens.empty()) {
+  if ((s.storage || (s.host && s.host->shared()) || s.events) && !tokens.empty()) {
     Result<std::vector<PageKey>> k = ComputePromptPageKeys(tokens, s.P, ns);
     if (!k.ok()) return k.status().WithContext("Insert: page keys");
     keys = std::move(*k);
@@ -701,6 +701,11 @@ CacheStats HierarchicalCache::stats() const {
   CacheLock lk(s);
   s.Reap(&work);
   return s.Stats();
+}
+
+Result<TierBlockHashes> HierarchicalCache::CachedBlocks() const {
+  CacheLock lk(*impl_);
+  return CachedBlocksOf(impl_->tree);
 }
 
 Status HierarchicalCache::CheckConsistency() const {
