@@ -101,13 +101,20 @@ struct ExistsResult {
 };
 
 struct StorageOptions {
-  int io_threads = 4;                       // the backend's I/O threads, in [1, 64]
+  // The backend's I/O threads, in [1, 64], or 0 (the default): from the machine,
+  // min(cores, 16) and at least 4 (DefaultIoThreads). A backend's options() show the number used.
+  int io_threads = 0;
   int max_queued_batches = 256;             // reads (and, apart, writes) waiting; more are rejected
-  std::chrono::milliseconds timeout{2000};  // per call, from when an I/O thread takes it
+  std::chrono::milliseconds timeout{2000};  // per call, from when an I/O thread takes it; <= 10 min
   int64_t max_batch_pages = 4096;           // InvalidArgument beyond this
   // InvalidArgument naming the field.
   Status Validate() const;
 };
+
+// What io_threads = 0 means on this machine: std::thread::hardware_concurrency() capped at 16,
+// at least 4 (reads of a page-cached store scale with threads up to about the core count; 4
+// keeps a small machine's reads overlapped with its writes).
+int DefaultIoThreads();
 
 // Counters (monotonic) and gauges of one backend.
 struct StorageStats {
@@ -164,6 +171,12 @@ class StorageBackend {
 
   // Starts the I/O threads. A backend calls it at the end of its own setup.
   Status Start();
+
+  // For hooks: runs fn(0) ... fn(n - 1), in parallel on this backend's idle I/O threads (read
+  // work before write work; a write's pages within the writes' share of the threads) and on the
+  // calling one, and returns when all have returned. Called from any other thread, or with
+  // io_threads = 1, it runs them in order on the caller. `fn` must not throw.
+  void ParallelFor(int64_t n, const std::function<void(int64_t)>& fn);
 
   // Hooks, called on an I/O thread with validated arguments; they must return by `deadline`
   // (pages not done then are kTimedOut) and never throw. `out` has one entry per key,

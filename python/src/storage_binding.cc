@@ -16,6 +16,7 @@
 #include "errors.h"
 #include "kvtier/kv_events.h"
 #include "kvtier/page_key.h"
+#include "py_args.h"
 
 namespace py = pybind11;
 
@@ -24,8 +25,8 @@ namespace kvtier::python {
 void RegisterStorage(py::module_& m) {
   m.def(
       "page_keys",
-      [](const std::vector<int64_t>& tokens, int64_t page_size, const std::string& salt,
-         bool as_int) {
+      [](py::handle token_list, int64_t page_size, const std::string& salt, bool as_int) {
+        const std::vector<int64_t> tokens = ReadIntList(token_list, "tokens", INT64_MIN, INT64_MAX);
         Result<std::vector<PageKey>> keys = Status::Internal("unset");
         {
           py::gil_scoped_release release;
@@ -46,7 +47,9 @@ void RegisterStorage(py::module_& m) {
       "string per whole page of `page_size` tokens. A non-empty `salt` (a tenant) seeds the "
       "chain. as_int=True gives each key as the block hash of kvtier's KV events instead: its "
       "last 8 bytes as a big-endian unsigned int (vLLM's rule for int block hashes). ValueError "
-      "for a token outside [0, 2**32) or a page_size outside [1, 2**20].");
+      "for a token outside [0, 2**32) or not an integer (a float, a bool), tokens that are not a "
+      "list, tuple, range or 1-D integer array (a set, dict, str or bytes), or a page_size "
+      "outside [1, 2**20].");
 }
 
 }  // namespace kvtier::python

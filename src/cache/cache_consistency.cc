@@ -19,7 +19,8 @@ struct Expected {
 
 // Fills `e` and marks the prefetches' host pages in `host_seen` (Internal: one held twice, or the
 // filling count differs from the recorded one).
-Status ExpectFromHandlesAndOps(const CacheCore& s, Expected* e, std::vector<uint8_t>* host_seen) {
+Status ExpectFromHandlesAndOps(const CacheCore& s, Expected* e, std::vector<uint8_t>* host_seen)
+    KVTIER_REQUIRES(kCacheLock) {
   for (const auto& [id, h] : s.handles) {
     for (const RadixNode* n = h.last; n != nullptr && !n->is_root(); n = n->parent()) {
       ++e->refs[n];
@@ -70,7 +71,7 @@ Status CheckCacheConsistency(const CacheCore& s) {
   const int64_t filling = e.filling;
   Status st;
   int64_t tree_pages = 0, host_pages = 0;
-  s.tree.ForEachNode([&](const RadixNode& n) {
+  s.tree.ForEachNode([&](const RadixNode& n) KVTIER_REQUIRES(kCacheLock) {
     if (!st.ok()) return;
     for (int64_t start : n.device_pages()) {
       const size_t p = static_cast<size_t>(start / P);

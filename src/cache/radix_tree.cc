@@ -664,7 +664,9 @@ Status RadixTree::CheckNode(const RadixNode* n, int64_t* device_tokens, int64_t*
     return Status::Internal(fmt::format("node {}: child map size {} but {} live entries", n->id_,
                                         n->children_.size(), kids.size()));
   }
-  for (const auto& [key, c] : kids) {
+  for (const auto& kid : kids) {
+    const uint64_t key = kid.first;
+    const RadixNode* c = kid.second;  // not a structured binding: the lambda below captures it
     if (n->children_.Find(key, [&](const RadixNode* x) { return x == c; }) != c) {
       return Status::Internal(fmt::format("node {}: not reachable under its key", c->id_));
     }

@@ -1,4 +1,4 @@
-// Internal: the one checking macro for CUDA runtime calls (STYLE.md, "From NCCL and CUB").
+// Internal: the one checking macro for CUDA runtime calls (one macro, as NCCL and CUB have).
 //
 // `KVTIER_CUDA_RETURN_IF_ERROR(call)` evaluates a CUDA runtime call and, when it does not return
 // cudaSuccess, returns `Status::CudaError` from the enclosing function with a message naming the

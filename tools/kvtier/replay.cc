@@ -31,6 +31,7 @@
 #include "replay_engine.h"
 #include "replay_model.h"
 #include "replay_report.h"
+#include "storage/storage_url.h"
 #include "workload.h"
 
 #if !defined(KVTIER_DATA_DIR)
@@ -205,7 +206,7 @@ Status ReplayOptions::Validate() const {
         fmt::format("--page-size = {} must be a power of two in [1, 256]", page_size));
   }
   KVTIER_RETURN_IF_ERROR(Bound("--device-tokens", device_tokens, page_size, kMaxTokens));
-  if (host_tokens != -1) {  // -1: the default, 4 x --device-tokens
+  if (host_tokens != -1 || host_tokens_given) {  // -1 unless given: 4 x --device-tokens
     KVTIER_RETURN_IF_ERROR(Bound("--host-tokens", host_tokens, 0, kMaxTokens));
   }
   if (host_tokens == 0 && storage != "none") {
@@ -255,7 +256,7 @@ Status ReplayOptions::Validate() const {
     return Status::InvalidArgument(fmt::format(
         "--shared-host {} is the host tier, with no storage tier below it: it needs a host tier "
         "(--host-tokens > 0) and takes neither --storage {} nor --fault",
-        shared_host, storage));
+        shared_host, storage::RedactUrl(storage)));
   }
   if (storage != "none" && storage != "file" && storage != "redis" &&
       storage.find("://") == std::string::npos) {
@@ -263,10 +264,20 @@ Status ReplayOptions::Validate() const {
         fmt::format("--storage = '{}' must be none, file (a temporary file store), redis (a "
                     "redis-server the run starts) or a URL such as file:///path, "
                     "redis://host:port, memory://",
-                    storage));
+                    storage::RedactUrl(storage)));
   }
   if (!json_path.empty()) KVTIER_RETURN_IF_ERROR(CheckOutputPath(json_path, "--json"));
-  if (!plot_path.empty()) KVTIER_RETURN_IF_ERROR(CheckOutputPath(plot_path, "--plot"));
+  if (!plot_path.empty()) {
+    KVTIER_RETURN_IF_ERROR(CheckOutputPath(plot_path, "--plot"));
+    // A PNG goes to a file: a device (/dev/full, /dev/null) would swallow or refuse it after the
+    // whole run.
+    std::error_code ec;
+    if (std::filesystem::exists(plot_path, ec) &&
+        !std::filesystem::is_regular_file(plot_path, ec)) {
+      return Status::InvalidArgument(
+          fmt::format("--plot {}: not a regular file (the plot is a PNG file)", plot_path));
+    }
+  }
   return Status::OK();
 }
 
@@ -628,7 +639,7 @@ class RunDriver {
         c.storage.max_storage_only_pages = std::max<int64_t>(
             0, storage_->capacity_bytes() / page_bytes - c.host_capacity_bytes / page_bytes);
       }
-      summary_.storage = storage_->url();
+      summary_.storage = storage::RedactUrl(storage_->url());
     }
     if (kind_ == RunKind::kHierarchy && s_.kv_events != nullptr) {
       c.kv_event_sink = s_.kv_events;
@@ -867,6 +878,8 @@ Result<TransferBackend> ChooseIoBackend(const ReplayOptions& o, bool gpu) {
   return ParseTransferBackend(o.io_backend);
 }
 
+}  // namespace
+
 Status LoadWorkload(const ReplayOptions& o, Workload* w) {
   const std::string& name = o.workload;
   if (name == "chat" || name == "system-prompt" || name == "doc-qa") {
@@ -907,6 +920,8 @@ Status LoadWorkload(const ReplayOptions& o, Workload* w) {
   return Status::OK();
 }
 
+namespace {
+
 std::string Settings(const Setup& s, bool exact) {
   const ReplayOptions& o = s.options;
   std::string sched = o.sequential ? "sequential"
@@ -916,9 +931,9 @@ std::string Settings(const Setup& s, bool exact) {
   return fmt::format(
       "page {}, device {} tokens, host {} tokens ({}), storage {}, write {}, "
       "prefetch {}, eviction {}, io {}, verify {}, {}{}",
-      o.page_size, o.device_tokens, o.host_tokens, o.host_layout, o.storage, o.write_policy,
-      o.prefetch_policy, o.eviction, TransferBackendName(s.io_backend), o.verify, sched,
-      exact ? " [exact mode: the device tier is a plain leaf-LRU prefix cache]" : "");
+      o.page_size, o.device_tokens, o.host_tokens, o.host_layout, storage::RedactUrl(o.storage),
+      o.write_policy, o.prefetch_policy, o.eviction, TransferBackendName(s.io_backend), o.verify,
+      sched, exact ? " [exact mode: the device tier is a plain leaf-LRU prefix cache]" : "");
 }
 
 }  // namespace
@@ -1087,7 +1102,9 @@ int RunReplay(const ReplayOptions& input) {
     std::string json = o.json_path;
     std::string temp_json;
     if (json.empty()) {
-      temp_json = o.plot_path + ".json.tmp";
+      const char* tmp = std::getenv("TMPDIR");
+      temp_json = fmt::format("{}/kvtier-replay-plot-{}.json",
+                              tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", ::getpid());
       json = temp_json;
       if (Status st = WriteReplayJson(json, report); !st.ok()) code = fail(st);
     }

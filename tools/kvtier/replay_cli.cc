@@ -92,7 +92,8 @@ CLI::App* AddReplayCommand(CLI::App& app, ReplayOptions* o) {
   c->add_option("--device-tokens", o->device_tokens, "device tier capacity in tokens")
       ->capture_default_str();
   c->add_option("--host-tokens", o->host_tokens,
-                "host tier capacity in tokens (0 = no host tier; default 4 x --device-tokens)");
+                "host tier capacity in tokens (0 = no host tier; default 4 x --device-tokens)")
+      ->each([o](const std::string&) { o->host_tokens_given = true; });
   c->add_option("--storage", o->storage,
                 "storage tier: file (a temporary file store, removed afterwards), redis (a "
                 "redis-server the run starts on a free 127.0.0.1 port and stops), none, or a URL: "

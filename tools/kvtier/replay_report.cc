@@ -686,6 +686,7 @@ Status WriteReplayJson(const std::string& path, const ReplayReport& report) {
   std::ofstream f(path);
   if (!f) return Status::IOError(fmt::format("--json: cannot write {}", path));
   f << j.dump(1) << "\n";
+  f.close();  // a full disk shows at the last flush
   if (!f) return Status::IOError(fmt::format("--json: writing {} failed", path));
   return Status::OK();
 }
