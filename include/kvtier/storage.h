@@ -100,6 +100,10 @@ struct ExistsResult {
   int64_t leading = 0;
 };
 
+// Bytes the stored format adds to every page: a file or a Redis value holds the page's bytes
+// after a header of this size (src/storage/page_format.h describes it).
+inline constexpr int64_t kStoredPageHeaderBytes = 72;
+
 struct StorageOptions {
   int io_threads = 4;                       // the backend's I/O threads, in [1, 64]
   int max_queued_batches = 256;             // reads (and, apart, writes) waiting; more are rejected

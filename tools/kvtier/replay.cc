@@ -20,10 +20,10 @@
 
 #include "kvtier/device.h"
 #include "kvtier/hierarchical_cache.h"
-#include "kvtier/kv_pattern.h"
 #include "kvtier/shared_host_pool.h"
 #include "kvtier/storage.h"
-#include "kvtier/storage_fault.h"
+#include "kvtier/testing/kv_pattern.h"
+#include "kvtier/testing/storage_fault.h"
 #include "redis_server.h"
 #include "replay_ceiling.h"
 #include "replay_engine.h"
