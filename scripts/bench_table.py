@@ -42,7 +42,8 @@ FIELDS_BY_BACKEND = {
 BOTH_FIELDS = ("gbps", "pct_of_ceiling", "check", "note")
 STRING_FIELDS = ("backend", "shape", "op", "layout", "check", "note")
 
-# sgl-kernel kvcacheio on the H100 reference (PERFORMANCE.md), keyed by (shape, op, layout, page).
+# sgl-kernel kvcacheio on the H100 reference (docs/performance.md), keyed by
+# (shape, op, layout, page).
 SGLANG = {
     ("mha", "load", "layer_first", 1): "39.9 k",
     ("mha", "load", "layer_first", 16): "39.4 k; DMA 4.0",

@@ -49,6 +49,9 @@ if [[ -d $DEPS/usr ]]; then
   export CMAKE_PREFIX_PATH=$DEPS/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
   export LD_LIBRARY_PATH=$DEPS/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   export PATH=$DEPS/usr/bin:$PATH
+  # Sources that include a package's header by name (tests including <hiredis/hiredis.h>).
+  export CPATH=$DEPS/usr/include${CPATH:+:$CPATH}
+  export LIBRARY_PATH=$DEPS/usr/lib/x86_64-linux-gnu${LIBRARY_PATH:+:$LIBRARY_PATH}
 else
   echo "note: no build-deps/root (scripts/gpu_deps.sh): hiredis, liburing, redis, ZeroMQ absent"
 fi
@@ -173,7 +176,7 @@ stamp "python: ${RESULT[python]}"
 echo "== summary"
 if ls "$LOGS"/bench_*.json >/dev/null 2>&1; then
   python3 - "$LOGS" <<'EOF' | tee "$LOGS/summary.txt"
-# Short: per backend, shape and op, the range of % of ceiling against PERFORMANCE.md's targets
+# Short: per backend, shape and op, the range of % of ceiling against docs/performance.md's targets
 # (90 % MHA, 85 % MLA; "both": 160 % of one way), rows below target, and failed checks.
 # The full table is in bench.log and bench_<backend>.json.
 import glob, json, sys

@@ -82,8 +82,9 @@
 // Thread safety: every method may be called from any thread. One internal mutex guards the
 // bookkeeping only: no byte copy, stream synchronisation, storage call, wait for another
 // operation or user callback runs while it is held (the eviction listener runs after it is
-// released). Calls that wait (WaitForBackups, FinishPrefetch, LoadBack finishing a prefetch,
-// eviction that needs a copy to complete) wait outside it.
+// released; the KV event sink, which must only queue, is handed its events just before). Calls that
+// wait (WaitForBackups, FinishPrefetch, LoadBack finishing a prefetch, eviction that needs a copy
+// to complete) wait outside it.
 #pragma once
 
 #include <array>
@@ -96,6 +97,7 @@
 #include <vector>
 
 #include "kvtier/eviction_policy.h"
+#include "kvtier/kv_events.h"
 #include "kvtier/layout.h"
 #include "kvtier/status.h"
 #include "kvtier/storage.h"
@@ -221,9 +223,29 @@ struct HierarchicalCacheConfig {
   // evicted; it may call back into the cache. For tests and metrics.
   std::function<void(const EvictionEvent&)> eviction_listener;
 
+  // KV events (kvtier/kv_events.h): every run of pages entering or leaving a tier — device
+  // ("GPU": Insert, LoadBack; eviction), host ("CPU_PINNED": a backup's pages assigned, a prefetch
+  // concluded, shared pages adopted; eviction, a failed copy), storage (a store completed, pages
+  // QueryStorage found; the tree forgetting them, storage reporting them gone) — as BlockStored /
+  // BlockRemoved with the pages' block hashes (BlockHashOf of their keys, salted by the
+  // namespace). Handed to the sink in order, under the cache's lock, as the lock is released: the
+  // sink must not block or call into the cache (KvEventPublisher only queues). With a sink, Insert
+  // computes page keys even without a storage tier.
+  std::shared_ptr<KvEventSink> kv_event_sink;
+  // The storage tier's medium in events; empty: StorageMediumOf(the backend's URL).
+  std::string kv_event_storage_medium;
+
   bool has_host_tier() const { return host_capacity_bytes > 0 || host_ratio != 0; }
   // InvalidArgument naming the field and its value.
   Status Validate() const;
+};
+
+// The block hashes (kvtier/kv_events.h) of the pages each tier holds, sorted; what a subscriber
+// rebuilds from the cache's KV events.
+struct TierBlockHashes {
+  std::vector<uint64_t> device;   // "GPU"
+  std::vector<uint64_t> host;     // "CPU_PINNED"
+  std::vector<uint64_t> storage;  // the storage medium (pages the tree knows to be stored)
 };
 
 // Pins what a Match matched until Release. Plain value; the cache validates it on every use, and
@@ -525,6 +547,10 @@ class HierarchicalCache {
   // Tree invariants plus agreement of the tree, the allocators, the page ownership map, the
   // operations in flight and the live handles; Internal naming the first disagreement.
   Status CheckConsistency() const;
+  // The block hashes of the pages each tier holds now: what a subscriber to kv_event_sink's events
+  // rebuilds, for checking the events against the cache. Pages without keys (no sink, no storage)
+  // are keyed from their tokens here. Costs a walk of the whole tree under the lock.
+  Result<TierBlockHashes> CachedBlocks() const;
   // For tests: whether the calling thread holds the cache's mutex now (engine and storage
   // wrappers assert that it does not).
   bool MutexHeldByCurrentThread() const;

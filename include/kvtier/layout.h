@@ -1,7 +1,7 @@
 // kvtier/layout.h — the KV layouts and their address math, in one place.
 //
 // Every backend (CPU, CUDA kernels, DMA) and every test reference computes byte offsets through
-// `KvGeometry`, so the math of ARCHITECTURE.md §2 exists exactly once. The struct is a plain
+// `KvGeometry`, so the math of docs/architecture.md §2 exists exactly once. The struct is a plain
 // aggregate usable from host and device code (`__host__ __device__` when compiled by nvcc) and is
 // passed to kernels by value.
 //

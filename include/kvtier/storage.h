@@ -100,18 +100,36 @@ struct ExistsResult {
   int64_t leading = 0;
 };
 
+// `url` with its user info (a password, a user name) replaced by "***", for every place kvtier
+// prints, logs or writes a URL (reports, --json, metrics labels, error messages):
+//   redis://:s3cret@host:6379?timeout_ms=5  ->  redis://***@host:6379?timeout_ms=5
+// The user info is what the URL's own parser takes as one: for redis:// and redis+cluster://
+// everything before the last '@' ahead of the query (redis_url.h, which accepts a raw '@' or '/'
+// in a password); for other schemes everything before the last '@' of the authority (up to the
+// first '/' or '?'), so a file:// path with an '@' in it is shown as it is. Text without "://"
+// that holds an '@' (a mistyped URL) keeps only what follows its last '@'. Everything else is
+// returned unchanged.
+std::string RedactUrl(std::string_view url);
+
 // Bytes the stored format adds to every page: a file or a Redis value holds the page's bytes
 // after a header of this size (src/storage/page_format.h describes it).
 inline constexpr int64_t kStoredPageHeaderBytes = 72;
 
 struct StorageOptions {
-  int io_threads = 4;                       // the backend's I/O threads, in [1, 64]
+  // The backend's I/O threads, in [1, 64], or 0 (the default): from the machine,
+  // min(cores, 16) and at least 4 (DefaultIoThreads). A backend's options() show the number used.
+  int io_threads = 0;
   int max_queued_batches = 256;             // reads (and, apart, writes) waiting; more are rejected
-  std::chrono::milliseconds timeout{2000};  // per call, from when an I/O thread takes it
+  std::chrono::milliseconds timeout{2000};  // per call, from when an I/O thread takes it; <= 10 min
   int64_t max_batch_pages = 4096;           // InvalidArgument beyond this
   // InvalidArgument naming the field.
   Status Validate() const;
 };
+
+// What io_threads = 0 means on this machine: std::thread::hardware_concurrency() capped at 16,
+// at least 4 (reads of a page-cached store scale with threads up to about the core count; 4
+// keeps a small machine's reads overlapped with its writes).
+int DefaultIoThreads();
 
 // Counters (monotonic) and gauges of one backend.
 struct StorageStats {
@@ -168,6 +186,12 @@ class StorageBackend {
 
   // Starts the I/O threads. A backend calls it at the end of its own setup.
   Status Start();
+
+  // For hooks: runs fn(0) ... fn(n - 1), in parallel on this backend's idle I/O threads (read
+  // work before write work; a write's pages within the writes' share of the threads) and on the
+  // calling one, and returns when all have returned. Called from any other thread, or with
+  // io_threads = 1, it runs them in order on the caller. `fn` must not throw.
+  void ParallelFor(int64_t n, const std::function<void(int64_t)>& fn);
 
   // Hooks, called on an I/O thread with validated arguments; they must return by `deadline`
   // (pages not done then are kTimedOut) and never throw. `out` has one entry per key,

@@ -1,6 +1,6 @@
 // kvtier/transfer.h — the transfer API: copy the KV of a list of slots between two regions.
 //
-// One request shape covers every copy kvtier makes (ARCHITECTURE.md §3): a source region, a
+// One request shape covers every copy kvtier makes (docs/architecture.md §3): a source region, a
 // destination region, equal-length lists of source and destination slot indices, and a layer
 // range. Every layout pair, both directions, MHA (K and V) and MLA (one buffer) go through the
 // same call. Backends:
@@ -193,7 +193,7 @@ struct TransferEngineConfig {
   // dma: fewest equal-width runs at a constant pitch that go as one strided copy instead of
   // single copies; in [2, 1 << 20]. Two random runs that happen to be a pitch apart make a
   // two-row strided copy, which the copy engines move slower than two single copies
-  // (BENCHMARKS.md, GPU: the direct path).
+  // (docs/perf-notes/dma-direct-path.md).
   int dma_min_strided_rows = 3;
 
   // InvalidArgument naming the field and its value.

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """python/bench/compat_host_time.py — every kvtier.compat.sgl_kernel function (and
-kvtier.ops.transfer_layer) on the reference workload of PERFORMANCE.md, with PyTorch tensors on a
-GPU: host time per call and GPU GB/s, every result byte-checked.
+kvtier.ops.transfer_layer) on the reference workload of docs/performance.md, with PyTorch tensors
+on a GPU: host time per call and GPU GB/s, every result byte-checked.
 
     PYTHONPATH=<build>/python python3 python/bench/compat_host_time.py [--json FILE]
 
@@ -12,7 +12,7 @@ drawn independently on each side; page 16 for the kernel functions (host time do
 it), pages 16 and 64 for the direct ones. Kernel functions get int64 CUDA indices (as SGLang);
 direct functions get int64 CPU indices.
 
-Method (PERFORMANCE.md, target 8):
+Method (docs/performance.md, target 8):
   host µs  wall clock around one call on an idle stream (torch.cuda.synchronize() before it),
            median of --repeats calls after --warmup calls; "engine": the part of it inside the
            C++ TransferEngine::Transfer (_kvtier.last_engine_us), the rest is argument handling;

@@ -6,6 +6,7 @@
     kvtier.LayerEvents              # per-layer readiness of a GPU copy (CUDA builds)
     kvtier.HierarchicalCache        # the cache manager (when built in)
     kvtier.page_keys(tokens, 16)    # SGLang-compatible chained SHA-256 page keys (hex)
+    kvtier.page_keys(tokens, 16, as_int=True)  # the same as the block hashes of KV events
 
 Importing kvtier needs neither a GPU nor PyTorch. Features that need CUDA raise
 kvtier.UnavailableError when kvtier was built without it. Errors are exceptions whose message is

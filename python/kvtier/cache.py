@@ -108,6 +108,9 @@ def _check_setting(name: str, value: Any) -> Any:
     if kind == "str":
         if value is not None and not isinstance(value, str):
             raise ValueError(f"{name} = {value!r} must be a string")
+        if value is not None and "\0" in value:
+            # C++ would see the text cut at the NUL (a storage URL: another path or server)
+            raise ValueError(f"{name} holds a NUL byte")
         return value or ""
     if kind == "choice":
         if value not in field["choices"]:
@@ -168,6 +171,12 @@ def _host_array(obj: Any, name: str, typecode: str) -> Tuple[int, int, Any]:
             raise ValueError(f"{name} has values outside {np.dtype(want).name}")
         a = np.ascontiguousarray(a, dtype=want)
         return a.ctypes.data, a.size, a
+    # Only ordered sequences of ints: array.array would take a set or dict (unordered: their
+    # iteration is no token list) and reinterpret bytes as raw machine integers.
+    if isinstance(obj, (str, bytes, bytearray, memoryview, set, frozenset, dict)) or \
+            not isinstance(obj, (list, tuple, range, array.array)):
+        raise ValueError(f"{name} must be a list, tuple or range of integers, or a 1-D integer "
+                         f"array or tensor, not {type(obj).__name__}")
     try:
         values = array.array(typecode, obj)
     except (TypeError, OverflowError) as e:

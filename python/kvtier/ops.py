@@ -1,7 +1,7 @@
 """kvtier.ops — the transfer API over torch tensors, CUDA arrays and numpy arrays.
 
 A copy moves the KV of a list of slots (token indices) between two regions. A region is a KV pool
-described by its geometry (ARCHITECTURE.md §2) over buffers you own:
+described by its geometry (docs/architecture.md §2) over buffers you own:
 
     src = ops.KvRegion(layout="page_first", num_layers=L, slot_bytes=S, k=host_k, v=host_v)
     dst = ops.KvRegion(layout="layer_first", num_layers=L, slot_bytes=S, k=dev_k, v=dev_v)

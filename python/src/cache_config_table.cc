@@ -198,8 +198,9 @@ std::vector<ConfigField> BuildFields() {
                            "tensor-parallel rank in the store's namespace"));
   f.push_back(Int<int64_t>("storage_tp_size", KVTIER_REF_(storage.tp_size), 1, kInt64Max,
                            "tensor-parallel size in the store's namespace"));
-  f.push_back(Int<int>("storage_io_threads", KVTIER_REF_(storage.options.io_threads), 1, 64,
-                       "the storage backend's I/O threads"));
+  f.push_back(Int<int>("storage_io_threads", KVTIER_REF_(storage.options.io_threads), 0, 64,
+                       "the storage backend's I/O threads; 0 = the machine's default, "
+                       "min(cores, 16) and at least 4"));
   f.push_back(Int<int>("storage_max_queued_batches",
                        KVTIER_REF_(storage.options.max_queued_batches), 1, 2147483647,
                        "storage calls waiting (reads and writes apart); more are rejected"));

@@ -333,6 +333,29 @@ int64_t ReadInt(py::handle value, std::string_view name, int64_t min, int64_t ma
   return v;
 }
 
+std::vector<int64_t> ReadIntList(py::handle obj, std::string_view name, int64_t min, int64_t max) {
+  PyObject* o = obj.ptr();
+  const bool unordered_or_text = PyUnicode_Check(o) || PyBytes_Check(o) || PyByteArray_Check(o) ||
+                                 PyMemoryView_Check(o) || PyAnySet_Check(o) || PyDict_Check(o);
+  PyObject* iterator = unordered_or_text ? nullptr : PyObject_GetIter(o);
+  if (iterator == nullptr) {
+    PyErr_Clear();
+    ThrowInvalid(
+        fmt::format("{} must be a list, tuple or range of integers or a 1-D integer array, not {}",
+                    name, Py_TYPE(o)->tp_name));
+  }
+  py::object it = Steal(iterator);
+  std::vector<int64_t> out;
+  const Py_ssize_t hint = PyObject_LengthHint(o, 0);
+  if (hint > 0) out.reserve(static_cast<size_t>(hint));
+  while (PyObject* item = PyIter_Next(it.ptr())) {
+    py::object element = Steal(item);
+    out.push_back(ReadInt(element, fmt::format("{}[{}]", name, out.size()), min, max));
+  }
+  if (PyErr_Occurred()) throw py::error_already_set();
+  return out;
+}
+
 BufferArg ReadBuffer(py::handle obj, std::string_view name) {
   if (obj.is_none()) ThrowInvalid(fmt::format("{} is None; expected a tensor or array", name));
   const Torch* torch;

@@ -32,6 +32,13 @@ inline constexpr int kHostDevice = -1;  // device ordinal of host memory
 // a float, within [min, max]. Otherwise InvalidArgument "<name> = <value> must be ...".
 int64_t ReadInt(pybind11::handle value, std::string_view name, int64_t min, int64_t max);
 
+// A list of integers: a list, tuple or range of ints, or any other ordered iterable of integer
+// objects (a 1-D numpy array or tensor); each element as ReadInt reads it ("<name>[i] = ...").
+// str, bytes, bytearray, memoryview, set, frozenset and dict are refused (their iteration is not
+// a token list), as is anything not iterable.
+std::vector<int64_t> ReadIntList(pybind11::handle obj, std::string_view name, int64_t min,
+                                 int64_t max);
+
 // A contiguous buffer.
 struct BufferArg {
   uint64_t address = 0;

@@ -1,4 +1,4 @@
-"""Independent numpy reference for the KV layouts of ARCHITECTURE.md §2 (used by the tests).
+"""Independent numpy reference for the KV layouts of docs/architecture.md §2 (used by the tests).
 
 A buffer of any layout is viewed as the canonical array [L, N, S] (layer, slot, bytes of the slot)
 with plain reshapes and transposes, so the reference shares no code with kvtier's address math.

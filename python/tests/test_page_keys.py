@@ -39,6 +39,22 @@ def test_chain_partial_page_and_salt_match_hashlib():
     assert kvtier.page_keys([2**32 - 1, 0], 2) == reference_keys([2**32 - 1, 0], 2)
 
 
+def test_as_int_is_the_kv_event_block_hash():
+    # The last 8 bytes of each key, big-endian unsigned: int.from_bytes(key, "big") & (2**64 - 1),
+    # vLLM's rule for int block hashes.
+    assert kvtier.page_keys([1, 2, 3, 4], 4, as_int=True) == [0x27120E72AB733B72]
+    tokens = [(i * 104729) % 150000 for i in range(16 * 40)]
+    for salt in ("", "tenant-a"):
+        hashes = kvtier.page_keys(tokens, 16, salt=salt, as_int=True)
+        expected = [int(k, 16) & (2**64 - 1) for k in reference_keys(tokens, 16, salt)]
+        assert hashes == expected
+        assert all(isinstance(h, int) and 0 <= h < 2**64 for h in hashes)
+    assert any(h >= 2**63 for h in kvtier.page_keys(tokens, 16, as_int=True))
+    assert kvtier.page_keys([1, 2, 3], 16, as_int=True) == []
+    with pytest.raises(ValueError, match="page_size"):
+        kvtier.page_keys([1, 2, 3, 4], 0, as_int=True)
+
+
 def test_accepts_numpy_and_empty():
     np = pytest.importorskip("numpy")
     tokens = np.arange(64, dtype=np.int64)

@@ -138,31 +138,43 @@ void BackupPlanner::MaybeBackup(const std::vector<RadixNode*>& path, CacheWork* 
   }
 }
 
-bool BackupPlanner::Store(RadixNode* node, CacheWork* work) {
+bool BackupPlanner::Store(RadixNode* node, CacheWork* work, bool* deferred) {
   if (!core_.storage) return false;
   std::vector<RadixNode*> path;
   for (RadixNode* n = node; !n->is_root(); n = n->parent()) {
     if (!n->on_host()) return false;  // host copies form a prefix: cannot happen
     if (n->stored()) break;
-    if (n->storing() || n->busy() > 0 || n->keys().empty()) return false;
+    // Behind an ancestor's store in flight: that store, when it completes, stores what is below
+    // it (StoreBelow). Busy (being read or copied): its completion starts the store.
+    if (n->storing() || n->busy() > 0) {
+      if (deferred != nullptr) *deferred = true;
+      return false;
+    }
+    if (n->keys().empty()) return false;
     path.push_back(n);
   }
   if (path.empty()) return false;
   std::reverse(path.begin(), path.end());
   int64_t tokens = 0;
   for (RadixNode* n : path) tokens += n->num_tokens();
-  const int64_t pages = tokens / core_.P;
-  if (core_.store_queue_pages + pages > core_.config.storage.max_backup_queue_pages ||
-      pages > core_.config.storage.max_backup_batch_pages) {
+  int64_t pages = tokens / core_.P;
+  const int64_t room = core_.config.storage.max_backup_queue_pages - core_.store_queue_pages;
+  if (room <= 0) {  // the bounded queue is full: the store is skipped
     core_.counters.storage_backup_dropped_tokens += tokens;
     ++core_.counters.storage_queue_drops;
     return false;
+  }
+  if (pages > room) {  // the leading pages now; the rest when they are stored (StoreBelow)
+    EndPathAt(&path, room);
+    pages = room;
+    tokens = room * core_.P;
   }
   auto op = std::make_shared<CopyOp>();
   op->kind = CopyOp::Kind::kStore;
   op->tokens = tokens;
   op->start = CacheClock::now();
-  op->batch_pages = pages;
+  op->batch_pages = std::min(core_.config.storage.max_backup_batch_pages,
+                             core_.storage->options().max_batch_pages);
   for (RadixNode* n : path) {
     for (size_t i = 0; i < n->host_pages().size(); ++i) {
       op->pages.push_back(n->host_pages()[i]);
@@ -172,8 +184,8 @@ bool BackupPlanner::Store(RadixNode* node, CacheWork* work) {
     op->nodes.push_back(n);
   }
   op->page_status.assign(static_cast<size_t>(pages), PageStatus::kSkipped);
-  op->batch_done.assign(1, 0);
-  op->batches_left = 1;
+  op->batch_done.assign(static_cast<size_t>(op->num_batches()), 0);
+  op->batches_left = op->num_batches();
   core_.store_queue_pages += pages;
   core_.counters.storage_backup_inflight_tokens += tokens;
   core_.tracker.Add(op);
@@ -228,10 +240,13 @@ void BackupPlanner::ReapStore(CopyOp& op, CacheWork* work) {
   const int64_t pages = static_cast<int64_t>(op.keys.size());
   core_.store_queue_pages -= pages;
   core_.counters.storage_backup_inflight_tokens -= op.tokens;
-  int64_t ok = 0;
+  int64_t ok = 0;  // leading pages in storage: the stored part of the path
   while (ok < pages && op.page_status[static_cast<size_t>(ok)] == PageStatus::kOk) ++ok;
-  const int64_t written = std::max<int64_t>(0, ok - op.present_pages);
-  core_.counters.storage_backup_present_tokens += std::min(op.present_pages, ok) * core_.P;
+  const int64_t in_storage =
+      std::count(op.page_status.begin(), op.page_status.end(), PageStatus::kOk);
+  const int64_t present = std::min(op.present_pages, in_storage);
+  const int64_t written = in_storage - present;
+  core_.counters.storage_backup_present_tokens += present * core_.P;
   core_.counters.storage_backup_tokens += written * core_.P;
   core_.counters.storage_backup_bytes += written * core_.PageBytes();
   const double seconds = SecondsSince(op.start, op.finished);
@@ -240,7 +255,7 @@ void BackupPlanner::ReapStore(CopyOp& op, CacheWork* work) {
     core_.counters.storage_backup_bandwidth.Observe(
         static_cast<double>(written * core_.PageBytes()) / seconds / 1e9);
   }
-  core_.counters.storage_backup_failed_tokens += (pages - ok) * core_.P;
+  core_.counters.storage_backup_failed_tokens += (pages - in_storage) * core_.P;
   core_.CountStorageFaults(op.page_status, op.status);
   // Mark stored the nodes (or the leading part of the node) whose pages all made it.
   std::vector<RadixNode*> nodes = std::move(op.nodes);
@@ -251,11 +266,13 @@ void BackupPlanner::ReapStore(CopyOp& op, CacheWork* work) {
   for (RadixNode* n : nodes) {
     core_.tree.SetStoring(n, false);
   }
+  RadixNode* deepest_stored = nullptr;
   for (RadixNode* n : nodes) {
     const int64_t np = n->num_tokens() / core_.P;
     if (left <= 0) break;
     if (left >= np) {
       core_.tree.SetStored(n, true);
+      deepest_stored = n;
       left -= np;
     } else {
       RadixNode* lower = core_.tree.SplitAfter(n, left);
@@ -263,7 +280,32 @@ void BackupPlanner::ReapStore(CopyOp& op, CacheWork* work) {
       left = 0;
     }
   }
-  (void)work;
+  // Every page made it: what waited behind this store (the rest of a long path, a later chunk of
+  // the same prompt) goes now.
+  if (ok == pages && deepest_stored != nullptr && policy_->store_on_backup()) {
+    StoreBelow(deepest_stored, work);
+  }
+}
+
+void BackupPlanner::StoreBelow(RadixNode* node, CacheWork* work) {
+  std::vector<RadixNode*> stack;
+  node->ForEachChild([&](RadixNode* c) {
+    if (c->on_host()) stack.push_back(c);
+  });
+  while (!stack.empty()) {
+    RadixNode* n = stack.back();
+    stack.pop_back();
+    bool deeper = false;
+    n->ForEachChild([&](RadixNode* c) {
+      if (c->on_host()) {
+        stack.push_back(c);
+        deeper = true;
+      }
+    });
+    // The deepest host node of each branch: Store takes the unstored path above it. Branches that
+    // share an unstored ancestor wait for its store, and come back here when it completes.
+    if (!deeper && !n->stored() && !n->storing()) Store(n, work);
+  }
 }
 
 }  // namespace kvtier

@@ -37,32 +37,44 @@ class BackupPlanner {
   // Shared host tier: pages are reserved by key; pages published already are taken without a copy;
   // the backup covers the leading pages the tier gave (the node where they end is split), the rest
   // is skipped (counted). `write_back`: made by a device eviction (counted as such).
-  bool Backup(RadixNode* node, CacheWork* work, bool write_back);
+  bool Backup(RadixNode* node, CacheWork* work, bool write_back) KVTIER_REQUIRES(kCacheLock);
   // The policy's backup on use: the deepest device-only node of `path` that qualifies.
-  void MaybeBackup(const std::vector<RadixNode*>& path, CacheWork* work);
+  void MaybeBackup(const std::vector<RadixNode*>& path, CacheWork* work)
+      KVTIER_REQUIRES(kCacheLock);
   // Host -> storage for the unstored host path ending at `node` (only pages storage does not hold:
-  // the tree's `stored` marks, then the backend's Exists). False when nothing was queued (nothing
-  // to store, the queue is full — counted — or a node on the path is busy or storing).
-  bool Store(RadixNode* node, CacheWork* work);
+  // the tree's `stored` marks, then the backend's Exists per batch), in batches of
+  // max_backup_batch_pages (at most the backend's max_batch_pages). At most the room left in the
+  // bounded queue (max_backup_queue_pages) is queued: the rest of the path follows when those pages
+  // are stored. False when nothing was queued: nothing to store, the queue is full (counted as
+  // queue_full), a node on the path is busy, or an ancestor is being stored (the path is stored
+  // when that store completes, under a policy that stores on backup).
+  // `deferred` (optional): set when nothing was queued because the path waits for a store or a
+  // copy in flight.
+  bool Store(RadixNode* node, CacheWork* work, bool* deferred = nullptr)
+      KVTIER_REQUIRES(kCacheLock);
 
   // Completions. A backup publishes its host pages (and, under a policy that stores on backup,
   // starts the store), or a failed one takes them back, deepest first. A store marks stored the
   // nodes (or the leading part of a node) whose pages all made it.
-  void ReapBackup(CopyOp& op, CacheWork* work);
-  void ReapStore(CopyOp& op, CacheWork* work);
+  void ReapBackup(CopyOp& op, CacheWork* work) KVTIER_REQUIRES(kCacheLock);
+  void ReapStore(CopyOp& op, CacheWork* work) KVTIER_REQUIRES(kCacheLock);
+  // Stores the host-resident, unstored descendants of `node` (what waited for its store).
+  void StoreBelow(RadixNode* node, CacheWork* work) KVTIER_REQUIRES(kCacheLock);
 
  private:
   // The unbacked path ending at `node`, top-down, and its tokens (0: empty, or a node on it is
   // busy or off the device).
-  int64_t UnbackedPath(RadixNode* node, std::vector<RadixNode*>* path) const;
+  int64_t UnbackedPath(RadixNode* node, std::vector<RadixNode*>* path) const
+      KVTIER_REQUIRES(kCacheLock);
   // Cuts `path` after its first `keep` pages (splitting the node where they end).
-  void EndPathAt(std::vector<RadixNode*>* path, int64_t keep);
+  void EndPathAt(std::vector<RadixNode*>* path, int64_t keep) KVTIER_REQUIRES(kCacheLock);
   // The copy of `path` into `host_pages` (the kWrite pages of `got` only: `written`); the nodes
   // take their host pages now.
   std::shared_ptr<CopyOp> MakeBackup(const std::vector<RadixNode*>& path,
                                      const std::vector<HostTier::Page>& got,
                                      const std::vector<int64_t>& host_pages,
-                                     const std::vector<int64_t>& written, bool write_back);
+                                     const std::vector<int64_t>& written, bool write_back)
+      KVTIER_REQUIRES(kCacheLock);
 
   CacheCore& core_;
   TierEvictor& evictor_;

@@ -19,7 +19,8 @@ struct Expected {
 
 // Fills `e` and marks the prefetches' host pages in `host_seen` (Internal: one held twice, or the
 // filling count differs from the recorded one).
-Status ExpectFromHandlesAndOps(const CacheCore& s, Expected* e, std::vector<uint8_t>* host_seen) {
+Status ExpectFromHandlesAndOps(const CacheCore& s, Expected* e, std::vector<uint8_t>* host_seen)
+    KVTIER_REQUIRES(kCacheLock) {
   for (const auto& [id, h] : s.handles) {
     for (const RadixNode* n = h.last; n != nullptr && !n->is_root(); n = n->parent()) {
       ++e->refs[n];
@@ -53,6 +54,10 @@ Status ExpectFromHandlesAndOps(const CacheCore& s, Expected* e, std::vector<uint
 
 Status CheckCacheConsistency(const CacheCore& s) {
   KVTIER_RETURN_IF_ERROR(s.tree.CheckInvariants());
+  if (s.events && s.events->nodes_without_keys() > 0) {  // they would be missing from the events
+    return Status::Internal(fmt::format("kv events: {} tier changes of nodes without page keys",
+                                        s.events->nodes_without_keys()));
+  }
   const int64_t P = s.P;
   std::vector<uint8_t> dev_seen(static_cast<size_t>(s.ledger->num_pages()), 0);
   const HostTier* host = s.host.get();  // null without a host tier: the tree has no host pages
@@ -66,7 +71,7 @@ Status CheckCacheConsistency(const CacheCore& s) {
   const int64_t filling = e.filling;
   Status st;
   int64_t tree_pages = 0, host_pages = 0;
-  s.tree.ForEachNode([&](const RadixNode& n) {
+  s.tree.ForEachNode([&](const RadixNode& n) KVTIER_REQUIRES(kCacheLock) {
     if (!st.ok()) return;
     for (int64_t start : n.device_pages()) {
       const size_t p = static_cast<size_t>(start / P);

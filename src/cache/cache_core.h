@@ -50,9 +50,11 @@
 #include <unordered_map>
 #include <vector>
 
+#include "cache/cache_lock_role.h"
 #include "cache/copy_tracker.h"
 #include "cache/device_page_ledger.h"
 #include "cache/host_tier.h"
+#include "cache/kv_event_emitter.h"
 #include "cache/radix_tree.h"
 #include "kvtier/hierarchical_cache.h"
 #include "storage/page_staging.h"
@@ -91,7 +93,7 @@ class CopyExecutor;
 // left after the lock is gone (early returns included).
 struct CacheWork {
   explicit CacheWork(CopyExecutor* runner = nullptr) : executor(runner) {}
-  ~CacheWork();
+  ~CacheWork() KVTIER_EXCLUDES(kCacheLock);
   CacheWork(const CacheWork&) = delete;
   CacheWork& operator=(const CacheWork&) = delete;
   CopyExecutor* executor;
@@ -126,18 +128,27 @@ struct CacheCore {
   bool owns_storage = false;                      // opened from a URL: closed with the cache
   std::unique_ptr<storage::PageStaging> staging;  // host pages <-> storage calls
 
+  // The members above are set by Open and do not change after; those below are guarded by `mu`
+  // (kCacheLock in the analysis; the tracker guards its own list the same way).
   mutable std::mutex mu;
   mutable std::atomic<std::thread::id> owner{};  // who holds `mu` (MutexHeldByCurrentThread)
-  RadixTree tree;
-  std::unique_ptr<DevicePageLedger> ledger;
+  RadixTree tree KVTIER_GUARDED_BY(kCacheLock);
+  // KV events (config.kv_event_sink): the tree's tier changes, handed to the sink as CacheLock
+  // releases `mu` (null without a sink; set by Open).
+  std::unique_ptr<KvEventEmitter> events;
+  std::unique_ptr<DevicePageLedger> ledger KVTIER_PT_GUARDED_BY(kCacheLock);
   CopyTracker tracker;
-  std::unordered_map<uint64_t, HandleState> handles;
-  uint64_t next_seq = 1;
-  int64_t filling_pages = 0;      // host pages of prefetches not yet handed to the tree
-  int64_t store_queue_pages = 0;  // host -> storage pages queued or running
-  Status health;                  // an internal failure makes the cache unusable
-  Status backup_failure;          // the first failed backup since WaitForBackups last said so
-  CacheStats counters;
+  std::unordered_map<uint64_t, HandleState> handles KVTIER_GUARDED_BY(kCacheLock);
+  uint64_t next_seq KVTIER_GUARDED_BY(kCacheLock) = 1;
+  // Host pages of prefetches not yet handed to the tree.
+  int64_t filling_pages KVTIER_GUARDED_BY(kCacheLock) = 0;
+  // Host -> storage pages queued or running.
+  int64_t store_queue_pages KVTIER_GUARDED_BY(kCacheLock) = 0;
+  // An internal failure makes the cache unusable.
+  Status health KVTIER_GUARDED_BY(kCacheLock);
+  // The first failed backup since WaitForBackups last said so.
+  Status backup_failure KVTIER_GUARDED_BY(kCacheLock);
+  CacheStats counters KVTIER_GUARDED_BY(kCacheLock);
 
   // ---- setup (Create; no lock needed: nothing else sees the core yet) ----------------------
   // The host tier the config asks for (none, the cache's own pool or a shared segment).
@@ -147,16 +158,16 @@ struct CacheCore {
   Status OpenStorageTier(const KvRegion& device_region);
 
   // The counters with the tiers' occupancy (HierarchicalCache::stats).
-  CacheStats Stats() const;
+  CacheStats Stats() const KVTIER_REQUIRES(kCacheLock);
 
   // ---- handles -------------------------------------------------------------------------------
-  Result<HandleState*> FindHandle(MatchHandle handle);
-  MatchHandle NewHandle(HandleState h);
+  Result<HandleState*> FindHandle(MatchHandle handle) KVTIER_REQUIRES(kCacheLock);
+  MatchHandle NewHandle(HandleState h) KVTIER_REQUIRES(kCacheLock);
 
   // ---- health --------------------------------------------------------------------------------
-  Status CheckHealth() const;
+  Status CheckHealth() const KVTIER_REQUIRES(kCacheLock);
   // Makes the cache unusable with `st` (the first failure wins); nothing when `st` is OK.
-  void Fail(Status st, std::string_view what);
+  void Fail(Status st, std::string_view what) KVTIER_REQUIRES(kCacheLock);
 
   // ---- pages -----------------------------------------------------------------------------------
   int64_t PageBytes() const {
@@ -165,55 +176,74 @@ struct CacheCore {
   // Appends the slots of `pages` (page starts) to `out`.
   void AppendSlots(std::span<const int64_t> pages, std::vector<int64_t>* out) const;
   // The device slots of the leading device part of `path`.
-  std::vector<int64_t> DeviceSlotsOf(const std::vector<RadixNode*>& path) const;
+  std::vector<int64_t> DeviceSlotsOf(const std::vector<RadixNode*>& path) const
+      KVTIER_REQUIRES(kCacheLock);
   // The nodes from the root's child down to `last` (empty for null or the root).
   static std::vector<RadixNode*> Path(RadixNode* last);
 
-  void FreeHost(std::span<const int64_t> pages);
+  void FreeHost(std::span<const int64_t> pages) KVTIER_REQUIRES(kCacheLock);
   // Pages a backup was given and did not use (or that its failed copy wrote): those it was to
   // write (`written`) are abandoned, those published already released.
-  void ReturnBackupPages(std::span<const int64_t> pages, const std::vector<int64_t>& written);
-  void FreeDevice(std::span<const int64_t> pages) { Fail(ledger->Free(pages), "device pages"); }
+  void ReturnBackupPages(std::span<const int64_t> pages, const std::vector<int64_t>& written)
+      KVTIER_REQUIRES(kCacheLock);
+  void FreeDevice(std::span<const int64_t> pages) KVTIER_REQUIRES(kCacheLock) {
+    Fail(ledger->Free(pages), "device pages");
+  }
 
   // ---- busy marks and events -------------------------------------------------------------------
-  void MarkBusy(CopyOp& op, RadixNode* n) {
+  void MarkBusy(CopyOp& op, RadixNode* n) KVTIER_REQUIRES(kCacheLock) {
     tree.AddBusy(n);
     op.nodes.push_back(n);
   }
-  void ClearBusy(CopyOp& op) {
+  void ClearBusy(CopyOp& op) KVTIER_REQUIRES(kCacheLock) {
     for (RadixNode* n : op.nodes) tree.RemoveBusy(n);
     op.nodes.clear();
   }
   // Queues the eviction listener's event for `node` (nothing without a listener).
   void Event(CacheWork* work, CacheTier tier, const RadixNode* node, bool kept_in_host,
-             bool kept_in_storage);
+             bool kept_in_storage) KVTIER_REQUIRES(kCacheLock);
   // Counts the storage faults of a completed storage operation (or a snapshot of one).
-  void CountStorageFaults(const std::vector<PageStatus>& statuses, const Status& status);
+  void CountStorageFaults(const std::vector<PageStatus>& statuses, const Status& status)
+      KVTIER_REQUIRES(kCacheLock);
 };
 
 // The invariants above, checked; Internal naming the first that does not hold.
-Status CheckCacheConsistency(const CacheCore& core);
+Status CheckCacheConsistency(const CacheCore& core) KVTIER_REQUIRES(kCacheLock);
 
 // The core's mutex with an owner record, so tests can ask whether the calling thread holds it.
-class CacheLock {
+class KVTIER_SCOPED_CAPABILITY CacheLock {
  public:
-  explicit CacheLock(const CacheCore& core) : core_(core), lk_(core.mu) { Own(); }
-  ~CacheLock() {
-    if (lk_.owns_lock()) core_.owner.store(std::thread::id(), std::memory_order_relaxed);
+  explicit CacheLock(const CacheCore& core) KVTIER_ACQUIRE(kCacheLock) : core_(core), lk_(core.mu) {
+    Own();
+  }
+  ~CacheLock() KVTIER_RELEASE() {
+    if (lk_.owns_lock()) {
+      FlushEvents();
+      core_.owner.store(std::thread::id(), std::memory_order_relaxed);
+    }
   }
   CacheLock(const CacheLock&) = delete;
   CacheLock& operator=(const CacheLock&) = delete;
-  void unlock() {
+  void unlock() KVTIER_RELEASE() {
+    FlushEvents();
     core_.owner.store(std::thread::id(), std::memory_order_relaxed);
     lk_.unlock();
   }
-  void lock() {
+  void lock() KVTIER_ACQUIRE() {
     lk_.lock();
     Own();
   }
+  // For a helper that KVTIER_REQUIRES(kCacheLock) and lets the mutex go while it waits: to the
+  // analysis these release and take the role, which the helper's callers hold through this lock.
+  void Release() KVTIER_RELEASE(kCacheLock) KVTIER_NO_THREAD_SAFETY_ANALYSIS { unlock(); }
+  void Reacquire() KVTIER_ACQUIRE(kCacheLock) KVTIER_NO_THREAD_SAFETY_ANALYSIS { lock(); }
 
  private:
   void Own() { core_.owner.store(std::this_thread::get_id(), std::memory_order_relaxed); }
+  // The events the tree's changes queued, in order, while `mu` is still held.
+  void FlushEvents() {
+    if (core_.events) core_.events->Flush();
+  }
   const CacheCore& core_;
   std::unique_lock<std::mutex> lk_;
 };

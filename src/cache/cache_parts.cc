@@ -7,7 +7,7 @@ namespace kvtier {
 
 CacheParts::CacheParts(const HierarchicalCacheConfig& cfg, int64_t page_size)
     : CacheCore(cfg, page_size),
-      executor(*this, [this](CacheWork* work) { Reap(work); }),
+      executor(*this, [this](CacheWork* work) KVTIER_REQUIRES(kCacheLock) { Reap(work); }),
       evictor(*this, planner),
       planner(*this, evictor),
       prefetcher(*this, evictor),
@@ -25,7 +25,19 @@ Status CacheParts::Open(const KvRegion& device_region, std::unique_ptr<TransferE
   open_ = true;  // from here on, Close has something to stop
   KVTIER_RETURN_IF_ERROR(executor.Start());
   KVTIER_RETURN_IF_ERROR(OpenStorageTier(device_region));
-  tree.SetSplitHook([this](RadixNode* upper, RadixNode* lower) { OnSplit(upper, lower); });
+  CacheLock lk(*this);
+  // The tree calls its hooks from its own calls, which are made under the lock.
+  tree.SetSplitHook([this](RadixNode* upper, RadixNode* lower)
+                        KVTIER_REQUIRES(kCacheLock) { OnSplit(upper, lower); });
+  if (config.kv_event_sink) {
+    std::string medium = config.kv_event_storage_medium;
+    if (medium.empty() && storage) medium = StorageMediumOf(storage->url());
+    events = std::make_unique<KvEventEmitter>(config.kv_event_sink, P, std::move(medium));
+    tree.SetTierHook(
+        [emitter = events.get()](const RadixNode& node, RadixTree::Tier tier, bool entered) {
+          emitter->OnTierChange(node, tier, entered);
+        });
+  }
   return Status::OK();
 }
 
@@ -50,7 +62,7 @@ void CacheParts::Close() {
 
 void CacheParts::Reap(CacheWork* work) {
   if (gpu) ledger->PruneWriteFences();
-  tracker.Reap([&](const std::shared_ptr<CopyOp>& op) {
+  tracker.Reap([&](const std::shared_ptr<CopyOp>& op) KVTIER_REQUIRES(kCacheLock) {
     switch (op->kind) {
       case CopyOp::Kind::kBackup:
         planner.ReapBackup(*op, work);
@@ -63,6 +75,8 @@ void CacheParts::Reap(CacheWork* work) {
         break;
       case CopyOp::Kind::kStore:
         planner.ReapStore(*op, work);
+        break;
+      case CopyOp::Kind::kRemove:  // nothing to apply: the tree forgot the pages at Conclude
         break;
     }
   });
@@ -90,16 +104,17 @@ void CacheParts::Drain(CacheLock& lk, CacheWork* work, bool backups_only) {
     std::vector<std::shared_ptr<CopyOp>> waits;
     for (const auto& op : tracker.ops()) {
       if (op->kind == CopyOp::Kind::kPrefetch && !op->concluded) continue;  // its handle's
-      if (backups_only && op->kind != CopyOp::Kind::kBackup && op->kind != CopyOp::Kind::kStore) {
+      if (backups_only && op->kind != CopyOp::Kind::kBackup && op->kind != CopyOp::Kind::kStore &&
+          op->kind != CopyOp::Kind::kRemove) {
         continue;
       }
       waits.push_back(op);
     }
     if (waits.empty() && work->empty()) return;
-    lk.unlock();
+    lk.Release();
     executor.Run(*work);
     for (auto& op : waits) tracker.Wait(*op);
-    lk.lock();
+    lk.Reacquire();
   }
 }
 

@@ -33,18 +33,18 @@ struct CacheParts : CacheCore {
   Status Open(const KvRegion& device_region, std::unique_ptr<TransferEngine> engine);
   // Ends running prefetches (cancelled), waits for every operation in flight, stops the executor
   // and closes a storage backend the cache opened. Idempotent.
-  void Close();
+  void Close() KVTIER_EXCLUDES(kCacheLock);
 
   // Applies the operations that have completed (the tracker hands them over one by one).
-  void Reap(CacheWork* work);
+  void Reap(CacheWork* work) KVTIER_REQUIRES(kCacheLock);
   // The tree split `lower` off `upper` (its new parent): operations that list `lower` (busy or
   // storing) list `upper` too — registered ones, completed ones being reaped, and handles'
   // prefetches.
-  void OnSplit(RadixNode* upper, RadixNode* lower);
+  void OnSplit(RadixNode* upper, RadixNode* lower) KVTIER_REQUIRES(kCacheLock);
   // Waits for every operation in flight (outside the lock; backups_only: device -> host and
-  // host -> storage copies only; never an unconcluded prefetch, which its handle takes) until
-  // none is left, running `work` first.
-  void Drain(CacheLock& lk, CacheWork* work, bool backups_only);
+  // host -> storage copies and removals of corrupt pages only; never an unconcluded prefetch, which
+  // its handle takes) until none is left, running `work` first.
+  void Drain(CacheLock& lk, CacheWork* work, bool backups_only) KVTIER_REQUIRES(kCacheLock);
 
   CopyExecutor executor;
   TierEvictor evictor;

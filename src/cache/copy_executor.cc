@@ -77,31 +77,41 @@ void CopyExecutor::SubmitStorage(const std::shared_ptr<CopyOp>& op) {
     }
     return;
   }
-  // kStore: Exists first; write only what storage does not hold.
-  backend->ExistsAsync(op->keys, [tr, op, backend, pages](ExistsResult e) {
-    const int64_t n = static_cast<int64_t>(op->keys.size());
-    const int64_t present = e.status.ok() ? std::clamp<int64_t>(e.leading, 0, n) : 0;
-    tr->SetPresent(*op, present);
-    if (present == n) {
-      tr->CompleteBatch(*op, 0, Status::OK(),
-                        std::vector<PageStatus>(static_cast<size_t>(n), PageStatus::kOk));
-      return;
-    }
-    std::vector<PageKey> keys(op->keys.begin() + present, op->keys.end());
-    pages->SetAsync(*backend, std::move(keys), std::span(op->pages).subspan(present),
-                    [tr, op, present, n](BatchResult r) {
-                      std::vector<PageStatus> all(static_cast<size_t>(n), PageStatus::kOk);
-                      for (size_t i = 0;
-                           i < r.pages.size() && present + static_cast<int64_t>(i) < n; ++i) {
-                        all[static_cast<size_t>(present) + i] = r.pages[i];
-                      }
-                      if (!r.status.ok()) {
-                        for (int64_t i = present; i < n; ++i)
-                          all[static_cast<size_t>(i)] = PageStatus::kSkipped;
-                      }
-                      tr->CompleteBatch(*op, 0, r.status, all);
-                    });
-  });
+  if (op->kind == CopyOp::Kind::kRemove) {
+    backend->RemoveAsync(op->keys,
+                         [tr, op](BatchResult r) { tr->CompleteBatch(*op, 0, r.status, r.pages); });
+    return;
+  }
+  // kStore, per batch: Exists first; write only what storage does not hold.
+  const int64_t total = static_cast<int64_t>(op->keys.size());
+  for (int64_t b = 0; b * op->batch_pages < total; ++b) {
+    const int64_t from = b * op->batch_pages;
+    const int64_t n = std::min(total, from + op->batch_pages) - from;
+    std::vector<PageKey> batch(op->keys.begin() + from, op->keys.begin() + from + n);
+    backend->ExistsAsync(std::move(batch), [tr, op, backend, pages, b, from, n](ExistsResult e) {
+      const int64_t present = e.status.ok() ? std::clamp<int64_t>(e.leading, 0, n) : 0;
+      tr->AddPresent(*op, present);
+      if (present == n) {
+        tr->CompleteBatch(*op, b, Status::OK(),
+                          std::vector<PageStatus>(static_cast<size_t>(n), PageStatus::kOk));
+        return;
+      }
+      std::vector<PageKey> keys(op->keys.begin() + from + present, op->keys.begin() + from + n);
+      pages->SetAsync(
+          *backend, std::move(keys), std::span(op->pages).subspan(from + present, n - present),
+          [tr, op, b, present, n](BatchResult r) {
+            std::vector<PageStatus> all(static_cast<size_t>(n), PageStatus::kOk);
+            for (size_t i = 0; i < r.pages.size() && present + static_cast<int64_t>(i) < n; ++i) {
+              all[static_cast<size_t>(present) + i] = r.pages[i];
+            }
+            if (!r.status.ok()) {
+              for (int64_t i = present; i < n; ++i)
+                all[static_cast<size_t>(i)] = PageStatus::kSkipped;
+            }
+            tr->CompleteBatch(*op, b, r.status, all);
+          });
+    });
+  }
 }
 
 void CopyExecutor::Run(CacheWork& work) {

@@ -51,9 +51,9 @@ void CopyTracker::CompleteBatch(CopyOp& op, int64_t batch, const Status& status,
   cv_.notify_all();
 }
 
-void CopyTracker::SetPresent(CopyOp& op, int64_t present_pages) {
+void CopyTracker::AddPresent(CopyOp& op, int64_t present_pages) {
   std::lock_guard<std::mutex> lk(mu_);
-  op.present_pages = present_pages;
+  op.present_pages += present_pages;
 }
 
 bool CopyTracker::IsDone(CopyOp& op) {

@@ -20,6 +20,7 @@
 #include <mutex>
 #include <vector>
 
+#include "cache/cache_lock_role.h"
 #include "kvtier/device.h"
 #include "kvtier/page_key.h"
 #include "kvtier/status.h"
@@ -35,6 +36,7 @@ struct CopyOp {
     kLoad,      // host -> device (LoadBack)
     kPrefetch,  // storage -> host
     kStore,     // host -> storage
+    kRemove,    // storage objects found corrupt, removed so that the next store writes them again
   };
   Kind kind = Kind::kBackup;
   bool gpu = false;         // completion through `event` (kBackup, kLoad on a GPU backend)
@@ -70,7 +72,7 @@ struct CopyOp {
   std::vector<PageStatus> page_status;  // storage operations
   std::vector<uint8_t> batch_done;      // storage operations, per batch
   int64_t batches_left = 0;
-  int64_t present_pages = 0;  // kStore: leading pages storage already held (not written)
+  int64_t present_pages = 0;  // kStore: pages storage already held (not written)
   bool submitted = false;
   std::atomic<bool> done{false};
   std::chrono::steady_clock::time_point finished;
@@ -84,17 +86,21 @@ struct CopyOp {
 class CopyTracker {
  public:
   // Registers an operation (under the cache's mutex).
-  void Add(std::shared_ptr<CopyOp> op) { ops_.push_back(std::move(op)); }
-  const std::vector<std::shared_ptr<CopyOp>>& ops() const { return ops_; }
+  void Add(std::shared_ptr<CopyOp> op) KVTIER_REQUIRES(kCacheLock) {
+    ops_.push_back(std::move(op));
+  }
+  const std::vector<std::shared_ptr<CopyOp>>& ops() const KVTIER_REQUIRES(kCacheLock) {
+    return ops_;
+  }
   // Removes and returns the operations that have completed (non-blocking: GPU events are
   // queried). Under the cache's mutex.
-  std::vector<std::shared_ptr<CopyOp>> TakeDone();
+  std::vector<std::shared_ptr<CopyOp>> TakeDone() KVTIER_REQUIRES(kCacheLock);
   // Reaping: takes the operations that have completed and hands each to `reap(op)` (under the
   // cache's mutex), in the order they were registered. Until its turn comes, a completed
   // operation stays visible to ForEachOp (a split while an earlier one is reaped must find its
   // nodes). `reap` may Add operations (they are reaped by a later call).
   template <typename Fn>
-  void Reap(Fn&& reap) {
+  void Reap(Fn&& reap) KVTIER_REQUIRES(kCacheLock) {
     reaping_ = TakeDone();
     for (auto& entry : reaping_) {
       const std::shared_ptr<CopyOp> op = std::move(entry);
@@ -105,7 +111,7 @@ class CopyTracker {
   // Calls `f(op)` for every registered operation and every completed one not reaped yet. Under
   // the cache's mutex.
   template <typename F>
-  void ForEachOp(F&& f) const {
+  void ForEachOp(F&& f) const KVTIER_REQUIRES(kCacheLock) {
     for (const auto& op : ops_) f(op);
     for (const auto& op : reaping_) {
       if (op) f(op);
@@ -119,14 +125,16 @@ class CopyTracker {
   // Storage: one batch's page outcomes (pages [first, first + statuses.size())).
   void CompleteBatch(CopyOp& op, int64_t batch, const Status& status,
                      const std::vector<PageStatus>& statuses);
-  void SetPresent(CopyOp& op, int64_t present_pages);
+  // kStore: `present_pages` more pages storage held already (each batch's Exists).
+  void AddPresent(CopyOp& op, int64_t present_pages);
 
   // ---- observation (any thread; never under the cache's mutex when it may block) -----------
   bool IsDone(CopyOp& op);
   // Blocks until the operation has completed.
-  void Wait(CopyOp& op);
+  void Wait(CopyOp& op) KVTIER_EXCLUDES(kCacheLock);
   // Blocks until it has completed or `deadline` passed; true when completed.
-  bool WaitUntil(CopyOp& op, std::chrono::steady_clock::time_point deadline);
+  bool WaitUntil(CopyOp& op, std::chrono::steady_clock::time_point deadline)
+      KVTIER_EXCLUDES(kCacheLock);
   // Storage operations: pages with kOk from the first on, over completed batches only.
   int64_t ArrivedPages(CopyOp& op);
   // A snapshot of the page outcomes and which batches completed.
@@ -134,8 +142,9 @@ class CopyTracker {
                 Status* status);
 
  private:
-  std::vector<std::shared_ptr<CopyOp>> ops_;      // guarded by the cache's mutex
-  std::vector<std::shared_ptr<CopyOp>> reaping_;  // Reap's; null once reaped (the cache's mutex)
+  std::vector<std::shared_ptr<CopyOp>> ops_ KVTIER_GUARDED_BY(kCacheLock);
+  // Reap's; null once reaped.
+  std::vector<std::shared_ptr<CopyOp>> reaping_ KVTIER_GUARDED_BY(kCacheLock);
   std::mutex mu_;
   std::condition_variable cv_;
 };

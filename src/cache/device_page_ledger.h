@@ -6,7 +6,7 @@
 //
 // The ledger is also the pool's allocator: a stack of free page starts beside the owner of each
 // page (one byte), so freeing a page is a check of its owner and a push: no second state array,
-// lock or division (eviction frees pages by the thousand; BENCHMARKS.md, cache section).
+// lock or division (eviction frees pages by the thousand; docs/perf-notes/cache-eviction.md).
 //
 // Invariants (CheckConsistency in the cache): the free stack holds exactly the kFree pages, each
 // once; the tree's device pages are exactly the kTree pages.

@@ -37,7 +37,7 @@ struct HierarchicalCache::Impl : CacheParts {
   // evictable (write_back copies, busy nodes), and retrying a bounded number of times.
   Result<std::vector<int64_t>> AllocateDevice(CacheLock& lk, int64_t pages, bool allow_fewer,
                                               DevicePageLedger::Owner owner, std::string_view what,
-                                              CacheWork* work) {
+                                              CacheWork* work) KVTIER_REQUIRES(kCacheLock) {
     constexpr int kMaxWaits = 4;
     for (int attempt = 0;; ++attempt) {
       std::vector<std::shared_ptr<CopyOp>> waits;
@@ -48,10 +48,10 @@ struct HierarchicalCache::Impl : CacheParts {
         if (allow_fewer) return ledger->Allocate(ledger->free_pages(), owner);
         return r;
       }
-      lk.unlock();
+      lk.Release();
       executor.Run(*work);
       for (auto& op : waits) tracker.Wait(*op);
-      lk.lock();
+      lk.Reacquire();
       KVTIER_RETURN_IF_ERROR(CheckHealth());
       Reap(work);
     }
@@ -61,7 +61,8 @@ struct HierarchicalCache::Impl : CacheParts {
   // The pages of `device_slots` (whole pages, each held by the engine — or, for the cached device
   // prefix of `tokens`, the tree's own as Match returned them) to `pages`.
   Status CheckInsertPages(std::span<const Token> tokens, std::span<const int64_t> device_slots,
-                          std::string_view ns, std::vector<int64_t>* pages) {
+                          std::string_view ns, std::vector<int64_t>* pages)
+      KVTIER_REQUIRES(kCacheLock) {
     KVTIER_RETURN_IF_ERROR(ledger->CheckPages(device_slots, "device_slots", pages));
     RadixTree::MatchResult peek = tree.Peek(ns, tokens);
     std::vector<int64_t> cached;
@@ -82,7 +83,8 @@ struct HierarchicalCache::Impl : CacheParts {
   // revived segments are `taken` by the tree. Touches and raises the priority of each node.
   void ApplySegments(const std::vector<RadixTree::InsertSegment>& segments,
                      std::span<const int64_t> device_slots, int32_t priority, InsertResult* out,
-                     std::vector<int64_t>* duplicates, std::vector<int64_t>* taken) {
+                     std::vector<int64_t>* duplicates, std::vector<int64_t>* taken)
+      KVTIER_REQUIRES(kCacheLock) {
     for (const auto& seg : segments) {
       const int64_t len = seg.end - seg.begin;
       switch (seg.kind) {
@@ -121,7 +123,8 @@ struct HierarchicalCache::Impl : CacheParts {
   };
 
   // Tokens of the host part of `h`'s match after its device part; its nodes go to `nodes`.
-  int64_t HostPart(const HandleState& h, std::vector<RadixNode*>* nodes) const {
+  int64_t HostPart(const HandleState& h, std::vector<RadixNode*>* nodes) const
+      KVTIER_REQUIRES(kCacheLock) {
     int64_t t = 0;
     for (RadixNode* n : CacheCore::Path(h.last)) {
       if (n->on_device()) continue;
@@ -135,7 +138,8 @@ struct HierarchicalCache::Impl : CacheParts {
   // Device pages for the host part of `handle`'s match. The lock may be dropped while allocating
   // (waits for copies): the part is taken again after, and the allocation retried while it keeps
   // changing (Unavailable after a few tries).
-  Status PlanLoad(CacheLock& lk, MatchHandle handle, CacheWork* work, LoadPlan* plan) {
+  Status PlanLoad(CacheLock& lk, MatchHandle handle, CacheWork* work, LoadPlan* plan)
+      KVTIER_REQUIRES(kCacheLock) {
     for (int attempt = 0;; ++attempt) {
       KVTIER_RETURN_IF_ERROR(CheckHealth());
       Reap(work);
@@ -574,7 +578,7 @@ Result<InsertResult> HierarchicalCache::Insert(std::span<const Token> tokens,
   // Outside the lock: the page keys, and (GPU) the point on the engine's stream after which the
   // KV of these slots is written.
   std::vector<PageKey> keys;
-  if ((s.storage || (s.host && s.host->shared())) && !tokens.empty()) {
+  if ((s.storage || (s.host && s.host->shared()) || s.events) && !tokens.empty()) {
     Result<std::vector<PageKey>> k = ComputePromptPageKeys(tokens, s.P, ns);
     if (!k.ok()) return k.status().WithContext("Insert: page keys");
     keys = std::move(*k);
@@ -697,6 +701,11 @@ CacheStats HierarchicalCache::stats() const {
   CacheLock lk(s);
   s.Reap(&work);
   return s.Stats();
+}
+
+Result<TierBlockHashes> HierarchicalCache::CachedBlocks() const {
+  CacheLock lk(*impl_);
+  return CachedBlocksOf(impl_->tree);
 }
 
 Status HierarchicalCache::CheckConsistency() const {

@@ -4,7 +4,8 @@
 // prefetching and busy; the pages are read in batches by the CopyExecutor. Progress: how much
 // arrived. Conclude (FinishPrefetch, Release, the destructor): the arrived prefix becomes host
 // pages of its nodes; pages storage reported absent or corrupt make their nodes (and storage-only
-// descendants) lose their storage mark; the rest is cancelled (pages of batches still running are
+// descendants) lose their storage mark, and corrupt ones are removed from storage (so the next
+// store writes them again); the rest is cancelled (pages of batches still running are
 // freed when they complete, by ReapPrefetch).
 //
 // Thread safety: every method REQUIRES the cache's mutex (cache/cache_core.h); nothing here waits
@@ -30,20 +31,22 @@ class Prefetcher {
   // Starts the prefetch of `h`'s storage part under `policy` (the storage reads go to `work`).
   // kRunning when started; otherwise nothing was started (no storage part, below the threshold,
   // no room: counted). Errors only from the host tier. REQUIRES: no prefetch running on `h`.
-  Result<PrefetchResult> Start(HandleState& h, PrefetchPolicy policy, CacheWork* work);
+  Result<PrefetchResult> Start(HandleState& h, PrefetchPolicy policy, CacheWork* work)
+      KVTIER_REQUIRES(kCacheLock);
   // The running prefetch's progress (arrived pages over completed batches), or the host part.
-  PrefetchResult Progress(HandleState& h);
+  PrefetchResult Progress(HandleState& h) KVTIER_REQUIRES(kCacheLock);
   // Ends `h`'s prefetch (see above). REQUIRES: h.prefetch.
-  PrefetchResult Conclude(HandleState& h, bool cancelled, CacheWork* work);
+  PrefetchResult Conclude(HandleState& h, bool cancelled, CacheWork* work)
+      KVTIER_REQUIRES(kCacheLock);
   // A completed prefetch: an unconcluded one goes back to the tracker for its handle; a concluded
   // one frees the pages it still held.
-  void ReapPrefetch(const std::shared_ptr<CopyOp>& op);
+  void ReapPrefetch(const std::shared_ptr<CopyOp>& op) KVTIER_REQUIRES(kCacheLock);
 
   // Tokens of `h`'s match in host memory after its device part.
-  int64_t HostTokensOf(const HandleState& h) const;
+  int64_t HostTokensOf(const HandleState& h) const KVTIER_REQUIRES(kCacheLock);
   // The node and its storage-only descendants lose their storage copy (storage reported it
   // gone): orphans, removed once unpinned.
-  void MarkGone(RadixNode* node);
+  void MarkGone(RadixNode* node) KVTIER_REQUIRES(kCacheLock);
 
  private:
   // A prefetch's page outcomes at one moment.
@@ -61,19 +64,27 @@ class Prefetcher {
   };
 
   // The storage-only nodes after the host part that storage holds and nobody fills yet.
-  int64_t StoragePart(const HandleState& h, std::vector<RadixNode*>* part) const;
+  int64_t StoragePart(const HandleState& h, std::vector<RadixNode*>* part) const
+      KVTIER_REQUIRES(kCacheLock);
   // Host pages for a prefetch of `tokens` (the prefetch share of host memory, evicting for room).
-  int64_t HostPagesFor(int64_t tokens, CacheWork* work);
+  int64_t HostPagesFor(int64_t tokens, CacheWork* work) KVTIER_REQUIRES(kCacheLock);
   std::shared_ptr<CopyOp> MakePrefetch(const std::vector<RadixNode*>& part,
-                                       std::vector<int64_t> host_pages);
-  Snapshot TakeSnapshot(CopyOp& op);
+                                       std::vector<int64_t> host_pages) KVTIER_REQUIRES(kCacheLock);
+  Snapshot TakeSnapshot(CopyOp& op) KVTIER_REQUIRES(kCacheLock);
   // Hands the arrived pages to their nodes (clearing the busy and prefetching marks); returns the
   // pages used. Pages that found no node go to `to_free`.
-  int64_t HandOver(CopyOp& op, Snapshot& s, std::vector<int64_t>* to_free);
+  int64_t HandOver(CopyOp& op, Snapshot& s, std::vector<int64_t>* to_free)
+      KVTIER_REQUIRES(kCacheLock);
   // Pages not handed over: freed now when their batch completed, else on completion.
-  void ReleaseUnused(CopyOp& op, const Snapshot& s, int64_t used, std::vector<int64_t> to_free);
+  void ReleaseUnused(CopyOp& op, const Snapshot& s, int64_t used, std::vector<int64_t> to_free)
+      KVTIER_REQUIRES(kCacheLock);
+  // Pages read corrupt (not absent, not another deployment's) are removed from storage, so that
+  // the next store of the prefix writes them again instead of finding them present (the tree
+  // forgot them already: MarkGone).
+  void RemoveCorrupt(const CopyOp& op, const Snapshot& s, CacheWork* work)
+      KVTIER_REQUIRES(kCacheLock);
   PrefetchState CountConclusion(const CopyOp& op, const Snapshot& s, int64_t used,
-                                PrefetchPolicy policy, bool cancelled);
+                                PrefetchPolicy policy, bool cancelled) KVTIER_REQUIRES(kCacheLock);
 
   CacheCore& core_;
   TierEvictor& evictor_;

@@ -367,6 +367,10 @@ std::vector<int64_t> RadixTree::ReplacePages(RadixNode* node,
     Refresh(node->parent_);
   }
   Refresh(node);
+  if (old.empty() != (node->*pages).empty()) {
+    TierChanged(*node, pages == &RadixNode::device_pages_ ? Tier::kDevice : Tier::kHost,
+                old.empty());
+  }
   return old;
 }
 
@@ -383,6 +387,7 @@ void RadixTree::TakeDevicePages(RadixNode* node, std::vector<int64_t>* out) {
   --node->parent_->device_children_;
   Refresh(node->parent_);
   Refresh(node);
+  TierChanged(*node, Tier::kDevice, false);
 }
 
 void RadixTree::SetHostPages(RadixNode* node, std::vector<int64_t> pages) {
@@ -399,6 +404,7 @@ void RadixTree::SetStored(RadixNode* node, bool stored) {
   node->stored_ = stored;
   Account(node, +1);
   Refresh(node);
+  TierChanged(*node, Tier::kStorage, stored);
 }
 
 void RadixTree::SetStoring(RadixNode* node, bool on) {
@@ -426,6 +432,7 @@ void RadixTree::RemoveSubtree(RadixNode* node, int64_t* removed_stored_tokens) {
   for (auto it = order.rbegin(); it != order.rend(); ++it) {  // children before parents
     RadixNode* n = *it;
     if (removed_stored_tokens != nullptr && n->stored_) *removed_stored_tokens += n->num_tokens();
+    LeavingTree(*n);
     Account(n, -1);
     if (n->in_device_set_) device_set_.erase({n->device_key_, n->id_, n});
     if (n->in_host_set_) host_set_.erase({n->host_key_, n->id_, n});
@@ -443,11 +450,19 @@ void RadixTree::RemoveSubtree(RadixNode* node, int64_t* removed_stored_tokens) {
   }
 }
 
+void RadixTree::LeavingTree(const RadixNode& node) {
+  if (!tier_hook_) return;
+  if (node.on_device()) tier_hook_(node, Tier::kDevice, false);
+  if (node.on_host()) tier_hook_(node, Tier::kHost, false);
+  if (node.stored_) tier_hook_(node, Tier::kStorage, false);
+}
+
 bool RadixTree::DropDeviceLeaf(RadixNode* node, std::vector<int64_t>* out) {
   if (!node->children_.empty() || !node->on_device() || node->on_host() || node->stored_ ||
       node->storing_ || node->prefetching_ || node->ref_count_ > 0 || node->busy_ > 0) {
     return false;
   }
+  LeavingTree(*node);
   Account(node, -1);
   if (node->in_device_set_) device_set_.erase({node->device_key_, node->id_, node});
   if (node->in_host_set_) host_set_.erase({node->host_key_, node->id_, node});
@@ -649,7 +664,9 @@ Status RadixTree::CheckNode(const RadixNode* n, int64_t* device_tokens, int64_t*
     return Status::Internal(fmt::format("node {}: child map size {} but {} live entries", n->id_,
                                         n->children_.size(), kids.size()));
   }
-  for (const auto& [key, c] : kids) {
+  for (const auto& kid : kids) {
+    const uint64_t key = kid.first;
+    const RadixNode* c = kid.second;  // not a structured binding: the lambda below captures it
     if (n->children_.Find(key, [&](const RadixNode* x) { return x == c; }) != c) {
       return Status::Internal(fmt::format("node {}: not reachable under its key", c->id_));
     }

@@ -243,6 +243,16 @@ class RadixTree {
   // node's identity), or `node` itself when keep_pages == 0. REQUIRES: 0 <= keep_pages < pages.
   RadixNode* SplitAfter(RadixNode* node, int64_t keep_pages);
 
+  // ---- tier changes (KV events) -----------------------------------------------------------
+  enum class Tier : uint8_t { kDevice = 0, kHost = 1, kStorage = 2 };
+  // Called for every node that enters or leaves a tier, synchronously, after the change: device
+  // or host pages set on a node that had none, or taken from it; `stored` turned on or off; a
+  // node removed from the tree (once per tier it was in, before it is recycled). The node's
+  // tokens and keys are those of the pages that moved. Splits call nothing: they move pages
+  // between two nodes without changing any tier's set of pages.
+  using TierHook = std::function<void(const RadixNode& node, Tier tier, bool entered)>;
+  void SetTierHook(TierHook hook) { tier_hook_ = std::move(hook); }
+
   // ---- eviction ---------------------------------------------------------------------------
   // The evictable node that goes first, or null.
   RadixNode* DeviceVictim() const;
@@ -309,6 +319,11 @@ class RadixTree {
   void Refresh(RadixNode* node);
   // Adds (sign +1) or removes (-1) the node's contribution to the locked and storage totals.
   void Account(const RadixNode* node, int sign);
+  void TierChanged(const RadixNode& node, Tier tier, bool entered) {
+    if (tier_hook_) tier_hook_(node, tier, entered);
+  }
+  // Tells the tier hook that `node`, about to leave the tree, left every tier it was in.
+  void LeavingTree(const RadixNode& node);
   EvictionStats StatsOf(const RadixNode* node) const;
   Status CheckNode(const RadixNode* node, int64_t* device_tokens, int64_t* host_tokens,
                    int64_t* stored_tokens, int64_t* nodes) const;
@@ -324,6 +339,7 @@ class RadixTree {
   std::set<SetEntry> host_set_;
   std::set<SetEntry> storage_set_;
   std::function<void(RadixNode*, RadixNode*)> split_hook_;
+  TierHook tier_hook_;
   // Removed nodes kept for reuse, so evicting a node frees no memory on the hot path (freeing
   // large token buffers was a third of the eviction time). Bounded by kMaxPooledNodes and
   // kMaxPooledTokens of buffer capacity.

@@ -27,7 +27,7 @@ class SharedHostAdopter {
   // point (the namespace's chain seed at the start): what Match hashes the rest of the prompt
   // from. At the start when a node on the way lacks its keys.
   void MatchedChain(std::string_view ns, std::span<const Token> tokens, int64_t* pages,
-                    std::optional<PageKey>* previous) const;
+                    std::optional<PageKey>* previous) const KVTIER_REQUIRES(kCacheLock);
   // The pages after the host part of the tree's match `r` that the shared tier holds under their
   // keys, pinned (at most what host eviction could make room for): device-only nodes at the end
   // of the match take theirs as host copies (a backup with nothing to copy), the pages after the
@@ -35,7 +35,7 @@ class SharedHostAdopter {
   // of `tokens` from page `tail_from` on (the match's end when Match peeked). Returns the tokens
   // the match gained.
   int64_t AdoptShared(RadixTree::MatchResult* r, std::string_view ns, std::span<const Token> tokens,
-                      std::span<const PageKey> tail, int64_t tail_from);
+                      std::span<const PageKey> tail, int64_t tail_from) KVTIER_REQUIRES(kCacheLock);
 
  private:
   CacheCore& core_;

@@ -63,7 +63,10 @@ int64_t TierEvictor::EvictHost(int64_t need, CacheWork* work) {
     const int64_t pages = v->num_tokens() / core_.P;
     const int64_t take = std::min(pages, need - freed);
     if (!v->stored() && core_.storage && !planner_.policy().store_on_backup() && !v->storing()) {
-      if (planner_.Store(v, work)) continue;  // v is busy now; evictable once stored
+      bool deferred = false;
+      if (planner_.Store(v, work, &deferred)) continue;  // v is busy now; evictable once stored
+      // Its path waits for a store or a copy in flight: evicting it now would lose it.
+      if (deferred) break;
     }
     v = core_.tree.SplitAfter(v, pages - take);
     const int64_t n = v->num_tokens();

@@ -29,23 +29,24 @@ class TierEvictor {
   // Frees at least `need` device pages if it can; returns the pages freed now. Under write_back,
   // unbacked leaves are submitted for backup instead (added to `work`); they become evictable once
   // the copy has completed.
-  int64_t EvictDevice(int64_t need, CacheWork* work);
+  int64_t EvictDevice(int64_t need, CacheWork* work) KVTIER_REQUIRES(kCacheLock);
   // Frees at least `need` host pages if it can; returns the pages freed now. Under write_back with
-  // a storage tier, unstored leaves are submitted for a store instead.
-  int64_t EvictHost(int64_t need, CacheWork* work);
+  // a storage tier, unstored leaves are submitted for a store instead, and eviction stops at a
+  // leaf whose path waits for a store in flight (it is stored, then evictable, later).
+  int64_t EvictHost(int64_t need, CacheWork* work) KVTIER_REQUIRES(kCacheLock);
   // Keeps the storage-only part of the tree within its bound; orphans go at once.
-  void TrimStorage(CacheWork* work);
+  void TrimStorage(CacheWork* work) KVTIER_REQUIRES(kCacheLock);
   // Removes `node` and its subtree when it is resident nowhere any more (its children can only be
   // storage-only or orphans then), unpinned and not busy.
-  void DropIfNowhere(RadixNode* node);
+  void DropIfNowhere(RadixNode* node) KVTIER_REQUIRES(kCacheLock);
 
   // Host pages that eviction could free now (an upper bound: pins and busy nodes excluded).
-  int64_t HostReclaimable() const;
+  int64_t HostReclaimable() const KVTIER_REQUIRES(kCacheLock);
   // Device pages eviction could free once the copies in flight have completed (pins and the
   // engine's pages excluded).
-  int64_t DeviceReclaimable() const;
+  int64_t DeviceReclaimable() const KVTIER_REQUIRES(kCacheLock);
   // `pages` free host pages if eviction can make them (nothing is evicted when it cannot).
-  bool EnsureHostPages(int64_t pages, CacheWork* work);
+  bool EnsureHostPages(int64_t pages, CacheWork* work) KVTIER_REQUIRES(kCacheLock);
 
   // `pages` device pages for `owner`, evicting first what must go. With allow_fewer, as many as
   // can be had. OutOfMemory naming `what` when pins and the engine's pages leave too little (before
@@ -54,10 +55,11 @@ class TierEvictor {
   Result<std::vector<int64_t>> TryAllocateDevice(int64_t pages, bool allow_fewer,
                                                  DevicePageLedger::Owner owner,
                                                  std::string_view what, CacheWork* work,
-                                                 std::vector<std::shared_ptr<CopyOp>>* waits);
+                                                 std::vector<std::shared_ptr<CopyOp>>* waits)
+      KVTIER_REQUIRES(kCacheLock);
 
  private:
-  void CountEviction(CacheClock::time_point start, int64_t freed_pages);
+  void CountEviction(CacheClock::time_point start, int64_t freed_pages) KVTIER_REQUIRES(kCacheLock);
 
   CacheCore& core_;
   BackupPlanner& planner_;

@@ -284,7 +284,7 @@ Result<std::unique_ptr<HostKvPool>> HostKvPool::Create(const HostKvPoolConfig& c
       }
       // Always ask for transparent huge pages where the kernel has them (advisory, so failure
       // is fine): slot and head chunks land at random places in pools of many GiB, and with
-      // 4 KiB pages every chunk is a TLB miss (BENCHMARKS.md, CPU: transparent huge pages).
+      // 4 KiB pages every chunk is a TLB miss (docs/perf-notes/cpu-backend.md).
       (void)madvise(m.data(), m.length(), MADV_HUGEPAGE);
       buffers->mappings.push_back(std::move(m));
     }

@@ -1,75 +1,52 @@
-// The `file://` backend (file_backend.h).
+// The `file://` backend (file_backend.h): page I/O here; which pages are stored, their LRU order
+// and the capacity live in the index (file_index.h); whole reads/writes and opens beneath the
+// store root in file_io.h.
 //
-// Index invariants (under `mu_`): `entries_` holds the pages this backend knows to be stored,
-// `lru_` lists exactly those keys, most recently used first, in the order of their stamps;
-// `bytes_` is the sum of their file sizes and, after a Set returns, at most `capacity_` (when
-// there is one). A stamp (nanoseconds since the epoch, stored as the file's mtime) is strictly
-// greater than every stamp handed out before by this backend or found in the directory at start.
+// Paths: the backend holds the store root open (`root_`, reopened by path if the root is removed
+// while running) and reaches every file through OpenBeneath from it: "<ns>/<shard>/<hex>" for a
+// page, "<ns>/<shard>" for the directory a Set writes its temporary file in and renames it in.
+// A symlink anywhere below the root fails that open: a Get of such a page is kCorrupt, a Set
+// into a shard that is a symlink kFailed (with a warning), so nothing is written outside the
+// store.
 //
-// Thread safety: the index under `mu_`; files are reached only through open/rename/unlink, which
-// the kernel orders.
+// Thread safety: the index has its own mutex; `root_` is swapped under `dirs_mu_` and read
+// through an atomic shared_ptr; files are reached only through open/rename/unlink, which the
+// kernel orders.
 #include "storage/file_backend.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <fmt/format.h>
-#include <signal.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
-#include <list>
+#include <memory>
 #include <mutex>
 #include <optional>
-#include <unordered_map>
 
 #if KVTIER_HAVE_URING
 #include <liburing.h>
 #endif
 
+#include "storage/file_index.h"
+#include "storage/file_io.h"
 #include "storage/page_format.h"
 #include "storage/storage_url.h"
 #include "util/log.h"
-#include "util/thread_pool.h"
 
 namespace kvtier::storage {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr std::string_view kTempPrefix = ".tmp.";
-
-// An open file descriptor, closed on scope exit.
-class Fd {
- public:
-  explicit Fd(int fd = -1) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-  bool ok() const { return fd_ >= 0; }
-
- private:
-  int fd_;
-};
-
-int64_t RealtimeNs() {
-  timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
-}
 
 timespec ToTimespec(int64_t ns) {
   return timespec{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
-}
-
-int64_t MtimeNs(const struct stat& st) {
-  return int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec;
 }
 
 // mkdir with 0700; an existing directory is fine.
@@ -77,7 +54,8 @@ bool MakeDir(const std::string& path) {
   return ::mkdir(path.c_str(), 0700) == 0 || errno == EEXIST;
 }
 
-// Creates `path` and its missing parents (0700 each).
+// Creates `path` and its missing parents (0700 each). The root is the user's path: symlinks in
+// it are followed, as for any path a user names.
 Status MakeDirs(const std::string& path) {
   for (size_t at = 1; at <= path.size(); ++at) {
     if (at < path.size() && path[at] != '/') continue;
@@ -94,63 +72,29 @@ Status MakeDirs(const std::string& path) {
   return Status::OK();
 }
 
-bool IsHexKey(std::string_view name) {
-  if (name.size() != 64) return false;
-  for (char c : name) {
-    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+// Direct I/O (direct=1): file offsets, lengths and memory aligned to this.
+constexpr size_t kDirectAlign = 4096;
+static_assert(kFilePayloadOffset == kDirectAlign);
+
+struct AlignedFree {
+  void operator()(std::byte* p) const { std::free(p); }
+};
+
+// Whether a direct read can land straight in `buffer`: every segment starts on a 4 KiB boundary
+// and every one but the last holds whole 4 KiB blocks.
+bool DirectAligned(const PageBuffer& buffer) {
+  int last = buffer.num_segments - 1;
+  while (last > 0 && buffer.segments[static_cast<size_t>(last)].empty()) --last;
+  for (int s = 0; s <= last; ++s) {
+    const auto& seg = buffer.segments[static_cast<size_t>(s)];
+    if (reinterpret_cast<uintptr_t>(seg.data()) % kDirectAlign != 0) return false;
+    if (s < last && seg.size() % kDirectAlign != 0) return false;
   }
   return true;
 }
 
-// Writes all of `iov` at `offset` (pwritev may write less than asked).
-bool WriteAll(int fd, iovec* iov, int iovcnt, off_t offset) {
-  while (iovcnt > 0) {
-    const ssize_t n = ::pwritev(fd, iov, iovcnt, offset);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return false;
-    }
-    if (n == 0) {
-      errno = EIO;
-      return false;
-    }
-    offset += n;
-    size_t left = static_cast<size_t>(n);
-    while (iovcnt > 0 && left >= iov->iov_len) {
-      left -= iov->iov_len;
-      ++iov, --iovcnt;
-    }
-    if (iovcnt > 0) {
-      iov->iov_base = static_cast<char*>(iov->iov_base) + left;
-      iov->iov_len -= left;
-    }
-  }
-  return true;
-}
-
-// Reads into `iov` from `start` until the iovecs are full or the file ends; the byte count, or
-// -1 with errno.
-ssize_t ReadAll(int fd, iovec* iov, int iovcnt, off_t start = 0) {
-  off_t offset = start;
-  while (iovcnt > 0) {
-    const ssize_t n = ::preadv(fd, iov, iovcnt, offset);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return -1;
-    }
-    if (n == 0) break;
-    offset += n;
-    size_t left = static_cast<size_t>(n);
-    while (iovcnt > 0 && left >= iov->iov_len) {
-      left -= iov->iov_len;
-      ++iov, --iovcnt;
-    }
-    if (iovcnt > 0) {
-      iov->iov_base = static_cast<char*>(iov->iov_base) + left;
-      iov->iov_len -= left;
-    }
-  }
-  return offset - start;
+std::string FormatBytes(int64_t bytes) {
+  return fmt::format("{:.1f} GiB", static_cast<double>(bytes) / double(int64_t{1} << 30));
 }
 
 // Bytes of a page moved per read or write in the thread path: small enough that a chunk is still
@@ -210,43 +154,54 @@ void HashIovecs(PayloadHasher& hasher, const iovec* iov, int iovcnt) {
 class FileBackend final : public StorageBackend {
  public:
   struct Config {
-    std::string root;       // the URL's directory
-    int64_t capacity = -1;  // bytes of files in this namespace's directory; -1: none
+    std::string root;                 // the URL's directory
+    std::optional<int64_t> capacity;  // bytes of files in this namespace's directory
     bool fsync = false;
     bool io_uring = false;  // reads through io_uring (when built with liburing)
+    bool direct = false;    // O_DIRECT reads and writes (direct=1; with io_uring where present)
   };
 
   FileBackend(std::string url, const StorageNamespace& ns, const StorageOptions& options,
               Config config)
       : StorageBackend(std::move(url), ns, options),
         config_(std::move(config)),
-        ns_dir_(config_.root + "/" + ns.Name()),
+        ns_name_(ns.Name()),
         namespace_hash_(ns.Hash()),
-        value_bytes_(static_cast<int64_t>(kFilePayloadOffset) + ns.page_bytes()),
-        read_pool_(options.io_threads),
-        write_pool_(options.io_threads) {}
+        value_bytes_(static_cast<int64_t>(kFilePayloadOffset) + ns.page_bytes()) {}
   ~FileBackend() override { Close(); }
 
   Status Open() {
-    KVTIER_RETURN_IF_ERROR(EnsureDirs());
-    KVTIER_RETURN_IF_ERROR(LoadIndex());
+    KVTIER_RETURN_IF_ERROR(OpenRoot());
+    Fd ns_dir;
+    KVTIER_RETURN_IF_ERROR(EnsureNamespaceDir(&ns_dir));
+    if (config_.direct) KVTIER_RETURN_IF_ERROR(ProbeDirect(ns_dir.get()));
+    KVTIER_ASSIGN_OR_RETURN(std::vector<FileIndex::Found> found, ScanPages(ns_dir.get()));
+    int64_t capacity = 0;
+    if (config_.capacity) {
+      capacity = *config_.capacity;
+    } else {
+      KVTIER_ASSIGN_OR_RETURN(capacity, DefaultCapacity(ns_dir.get(), found));
+    }
+    index_ = std::make_unique<FileIndex>(capacity, [this](const PageKey& key) { RemoveFile(key); });
+    index_->Load(std::move(found));
     return Start();
   }
 
  protected:
   ExistsResult DoExists(std::span<const PageKey> keys, Clock::time_point deadline) override {
     ExistsResult r;
-    std::unique_lock<std::mutex> lock(mu_);
     for (const PageKey& key : keys) {
-      if (entries_.count(key) == 0) {
-        // Perhaps written by another process: one stat, outside the lock.
-        lock.unlock();
+      if (!index_->Contains(key)) {
+        // Perhaps written by another process: one open and stat.
+        if (Clock::now() > deadline) break;
+        const std::string hex = key.Hex();
+        const auto root = Root();
+        Fd fd(
+            OpenBeneath(root->get(), {ns_name_, std::string_view(hex).substr(0, 2), hex}, O_PATH));
         struct stat st;
-        const bool found = Clock::now() <= deadline && ::stat(PathOf(key).c_str(), &st) == 0 &&
-                           S_ISREG(st.st_mode);
-        lock.lock();
-        if (!found) break;
-        if (entries_.count(key) == 0) AddLocked(key, st.st_size, MtimeNs(st), /*newest=*/false);
+        if (!fd.ok() || ::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) break;
+        index_->AddFound(key, st.st_size,
+                         int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec);
       }
       ++r.leading;
     }
@@ -256,14 +211,17 @@ class FileBackend final : public StorageBackend {
   void DoGet(std::span<const PageKey> keys, std::span<const PageBuffer> buffers,
              std::span<PageStatus> out, Clock::time_point deadline) override {
 #if KVTIER_HAVE_URING
-    if (config_.io_uring) {
+    // Direct reads straight into the caller's buffers need them 4 KiB-aligned; otherwise each
+    // page goes through a bounce buffer on the thread path.
+    if (config_.direct ? std::all_of(buffers.begin(), buffers.end(), DirectAligned)
+                       : config_.io_uring) {
       if (io_uring* ring = ThreadRing()) {
         GetWithUring(*ring, keys, buffers, out, deadline);
         return;
       }
     }
 #endif
-    read_pool_.ParallelFor(static_cast<int64_t>(keys.size()), [&](int64_t i) {
+    ParallelFor(static_cast<int64_t>(keys.size()), [&](int64_t i) {
       const size_t k = static_cast<size_t>(i);
       out[k] = Clock::now() > deadline ? PageStatus::kTimedOut : GetOne(keys[k], buffers[k]);
     });
@@ -271,7 +229,7 @@ class FileBackend final : public StorageBackend {
 
   void DoSet(std::span<const PageKey> keys, std::span<const PageBuffer> buffers,
              std::span<PageStatus> out, Clock::time_point deadline) override {
-    write_pool_.ParallelFor(static_cast<int64_t>(keys.size()), [&](int64_t i) {
+    ParallelFor(static_cast<int64_t>(keys.size()), [&](int64_t i) {
       const size_t k = static_cast<size_t>(i);
       out[k] = Clock::now() > deadline ? PageStatus::kTimedOut : SetOne(keys[k], buffers[k]);
     });
@@ -284,129 +242,102 @@ class FileBackend final : public StorageBackend {
         out[i] = PageStatus::kTimedOut;
         continue;
       }
-      std::lock_guard<std::mutex> lock(mu_);
-      const bool gone = ::unlink(PathOf(keys[i]).c_str()) == 0 || errno == ENOENT;
-      EraseLocked(keys[i]);
-      out[i] = gone ? PageStatus::kOk : PageStatus::kFailed;
+      index_->Erase(keys[i]);
+      out[i] = RemoveFile(keys[i]) ? PageStatus::kOk : PageStatus::kFailed;
     }
   }
 
   void FillStats(StorageStats& stats) const override {
-    std::lock_guard<std::mutex> lock(mu_);
-    stats.stored_pages = static_cast<int64_t>(entries_.size());
-    stats.stored_bytes = bytes_;
-    stats.capacity_bytes = config_.capacity;
-    stats.evicted_pages = evicted_;
+    stats.stored_pages = index_->pages();
+    stats.stored_bytes = index_->bytes();
+    stats.capacity_bytes = index_->capacity();
+    stats.evicted_pages = index_->evicted();
   }
 
  private:
-  struct Entry {
-    int64_t bytes;
-    int64_t stamp;
-    std::list<PageKey>::iterator lru_pos;
-  };
+  std::shared_ptr<const Fd> Root() const { return std::atomic_load(&root_); }
 
-  std::string ShardOf(const std::string& hex) const { return ns_dir_ + "/" + hex.substr(0, 2); }
-  std::string PathOf(const PageKey& key) const {
-    const std::string hex = key.Hex();
-    return ShardOf(hex) + "/" + hex;
-  }
-
-  // The root and the namespace directory (again after someone removed them). Shard directories
-  // are made by the first Set into them.
-  Status EnsureDirs() { return MakeDirs(ns_dir_); }
-
-  // Scans the namespace directory: pages into the index in stamp order, stale temporary files
-  // (their writer is gone) removed, anything else left alone.
-  Status LoadIndex() {
-    struct Found {
-      PageKey key;
-      int64_t bytes, stamp;
-    };
-    std::vector<Found> found;
-    int64_t newest = 0;
-    for (int shard = 0; shard < 256; ++shard) {
-      const std::string dir = fmt::format("{}/{:02x}", ns_dir_, shard);
-      DIR* d = ::opendir(dir.c_str());
-      if (d == nullptr) {
-        if (errno == ENOENT) continue;  // no page in this shard yet
-        return Status::IOError(
-            fmt::format("cannot read directory {}: {}", dir, std::strerror(errno)));
-      }
-      while (dirent* e = ::readdir(d)) {
-        const std::string_view name = e->d_name;
-        struct stat st;
-        if (::fstatat(::dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
-        if (name.starts_with(kTempPrefix)) {
-          RemoveStaleTemp(dir, name);
-          continue;
-        }
-        if (!IsHexKey(name) || !S_ISREG(st.st_mode)) continue;
-        auto key = PageKey::FromHex(name);
-        if (!key.ok() || name.substr(0, 2) != dir.substr(dir.size() - 2)) continue;
-        found.push_back({*key, st.st_size, MtimeNs(st)});
-        newest = std::max(newest, MtimeNs(st));
-      }
-      ::closedir(d);
+  // Creates the root directory (and its parents) and holds it open.
+  Status OpenRoot() {
+    KVTIER_RETURN_IF_ERROR(MakeDirs(config_.root));
+    const int fd = ::open(config_.root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) {
+      return Status::IOError(
+          fmt::format("cannot open directory {}: {}", config_.root, std::strerror(errno)));
     }
-    std::sort(found.begin(), found.end(),
-              [](const Found& a, const Found& b) { return a.stamp < b.stamp; });
-    std::lock_guard<std::mutex> lock(mu_);
-    for (const Found& f : found) AddLocked(f.key, f.bytes, f.stamp, /*newest=*/true);
-    last_stamp_ = newest;
-    EvictLocked(nullptr);  // the capacity may have shrunk since the last run
+    std::atomic_store(&root_, std::shared_ptr<const Fd>(std::make_shared<Fd>(fd)));
     return Status::OK();
   }
 
-  // ".tmp.<pid>.<n>.<hex>": removed when process <pid> no longer exists.
-  static void RemoveStaleTemp(const std::string& dir, std::string_view name) {
-    std::string_view rest = name.substr(kTempPrefix.size());
-    const size_t dot = rest.find('.');
-    long pid = 0;
-    for (char c : rest.substr(0, dot)) {
-      if (c < '0' || c > '9' || pid > (1L << 40)) return;
-      pid = pid * 10 + (c - '0');
+  // The namespace directory beneath the root, made if missing; the root made again first if it
+  // was removed while we ran.
+  Status EnsureNamespaceDir(Fd* out) {
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      const auto root = Root();  // held: a concurrent reopen must not close it under us
+      if (::mkdirat(root->get(), ns_name_.c_str(), 0700) == 0 || errno == EEXIST) {
+        Fd fd(OpenBeneath(root->get(), {ns_name_}, O_RDONLY | O_DIRECTORY));
+        if (fd.ok()) {
+          *out = std::move(fd);
+          return Status::OK();
+        }
+        const int error = errno;
+        struct stat st;
+        const bool symlink =
+            ::fstatat(root->get(), ns_name_.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+            S_ISLNK(st.st_mode);
+        return Status::IOError(fmt::format(
+            "cannot open {}/{}: {}", config_.root, ns_name_,
+            symlink ? "it is a symlink, which a store never follows" : std::strerror(error)));
+      }
+      if (errno != ENOENT || attempt > 0) break;
+      KVTIER_RETURN_IF_ERROR(OpenRoot());  // the root was removed: make it again
     }
-    if (pid <= 0) return;
-    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) return;  // writer alive
-    ::unlink((dir + "/" + std::string(name)).c_str());
+    return Status::IOError(
+        fmt::format("cannot create {}/{}: {}", config_.root, ns_name_, std::strerror(errno)));
   }
 
-  int64_t NextStampLocked() {
-    last_stamp_ = std::max(RealtimeNs(), last_stamp_ + 1);
-    return last_stamp_;
-  }
-
-  // Adds or replaces `key`; at the front (most recent) or the back (oldest: a page found on disk
-  // that nobody has used in this run).
-  void AddLocked(const PageKey& key, int64_t bytes, int64_t stamp, bool newest) {
-    EraseLocked(key);
-    auto pos = newest ? lru_.insert(lru_.begin(), key) : lru_.insert(lru_.end(), key);
-    entries_.emplace(key, Entry{bytes, stamp, pos});
-    bytes_ += bytes;
-  }
-
-  void EraseLocked(const PageKey& key) {
-    auto it = entries_.find(key);
-    if (it == entries_.end()) return;
-    bytes_ -= it->second.bytes;
-    lru_.erase(it->second.lru_pos);
-    entries_.erase(it);
-  }
-
-  // Removes least recently used pages (never `keep`) until the bytes fit the capacity.
-  void EvictLocked(const PageKey* keep) {
-    if (config_.capacity < 0) return;
-    auto it = lru_.end();
-    while (bytes_ > config_.capacity && it != lru_.begin()) {
-      --it;
-      if (keep != nullptr && *it == *keep) continue;
-      const PageKey victim = *it;
-      it = std::next(it);  // EraseLocked invalidates the victim's position only
-      ::unlink(PathOf(victim).c_str());
-      EraseLocked(victim);
-      ++evicted_;
+  // With no `capacity` in the URL: half of what the file system lets this user write at open,
+  // plus the pages of this namespace already there, at least one page (header comment).
+  Result<int64_t> DefaultCapacity(int ns_dirfd, const std::vector<FileIndex::Found>& found) {
+    struct statvfs vfs;
+    if (::fstatvfs(ns_dirfd, &vfs) != 0) {
+      return Status::IOError(
+          fmt::format("cannot read the free space of {}: {}", config_.root, std::strerror(errno)));
     }
+    const int64_t free_bytes = static_cast<int64_t>(std::min<unsigned __int128>(
+        static_cast<unsigned __int128>(vfs.f_bavail) * vfs.f_frsize, int64_t{1} << 60));
+    int64_t stored = 0;
+    for (const auto& f : found) stored += f.bytes;
+    const int64_t capacity = std::max(value_bytes_, (free_bytes + stored) / 2);
+    util::Log(util::LogLevel::kInfo,
+              "storage {}: no capacity given; using {} (half of the {} free at open plus the {} "
+              "this namespace already stores); set ?capacity= to choose",
+              url(), FormatBytes(capacity), FormatBytes(free_bytes), FormatBytes(stored));
+    return capacity;
+  }
+
+  // The shard directory of `hex` beneath the root; with `create`, made (with the namespace
+  // directory, and the root if it was removed) when missing. -1 with errno on failure (ELOOP when
+  // a symlink is on the path).
+  Fd OpenShard(const std::string& hex, bool create) {
+    const std::string_view shard = std::string_view(hex).substr(0, 2);
+    Fd fd(OpenBeneath(Root()->get(), {ns_name_, shard}, O_RDONLY | O_DIRECTORY));
+    if (fd.ok() || errno != ENOENT || !create) return fd;
+    std::lock_guard<std::mutex> lock(dirs_mu_);
+    Fd ns_dir;
+    if (!EnsureNamespaceDir(&ns_dir).ok()) return Fd();
+    if (::mkdirat(ns_dir.get(), std::string(shard).c_str(), 0700) != 0 && errno != EEXIST) {
+      return Fd();
+    }
+    return Fd(OpenBeneath(ns_dir.get(), {shard}, O_RDONLY | O_DIRECTORY));
+  }
+
+  // Unlinks a page's file (evicted or removed); true when it is gone (or was never there).
+  bool RemoveFile(const PageKey& key) {
+    const std::string hex = key.Hex();
+    Fd shard = OpenShard(hex, /*create=*/false);
+    if (!shard.ok()) return errno == ENOENT;
+    return ::unlinkat(shard.get(), hex.c_str(), 0) == 0 || errno == ENOENT;
   }
 
   static constexpr int64_t kNotRead = -3, kCancelled = -2, kReadError = -1;
@@ -415,6 +346,11 @@ class FileBackend final : public StorageBackend {
   // (to notice a file longer than a page) go.
   struct PageRead {
     int fd = -1;
+    // Direct reads: [0, 4 KiB) takes the header block, [4 KiB, 8 KiB) the payload's last partial
+    // block, whose bytes then go to `tail_dst`.
+    std::unique_ptr<std::byte, AlignedFree> block;
+    std::byte* tail_dst = nullptr;
+    size_t tail_bytes = 0;
     std::byte header[kPageHeaderBytes];
     std::byte pad[kFilePayloadOffset - kPageHeaderBytes];
     std::byte extra;
@@ -439,31 +375,71 @@ class FileBackend final : public StorageBackend {
       }
       iov[iovcnt++] = {&extra, 1};
     }
+    // The iovecs of one O_DIRECT read of the whole file. REQUIRES: DirectAligned(buffer).
+    void PrepareDirect(const PageBuffer& buffer) {
+      if (!block)
+        block.reset(static_cast<std::byte*>(std::aligned_alloc(kDirectAlign, 2 * kDirectAlign)));
+      iovcnt = 0;
+      tail_dst = nullptr;
+      tail_bytes = 0;
+      iov[iovcnt++] = {block.get(), kDirectAlign};
+      int last = buffer.num_segments - 1;
+      while (last > 0 && buffer.segments[static_cast<size_t>(last)].empty()) --last;
+      for (int s = 0; s <= last; ++s) {
+        const auto& seg = buffer.segments[static_cast<size_t>(s)];
+        const size_t whole = s < last ? seg.size() : seg.size() / kDirectAlign * kDirectAlign;
+        if (whole > 0) iov[iovcnt++] = {seg.data(), whole};
+        if (s == last && whole < seg.size()) {
+          tail_dst = seg.data() + whole;
+          tail_bytes = seg.size() - whole;
+          iov[iovcnt++] = {block.get() + kDirectAlign, kDirectAlign};
+        }
+      }
+    }
+    // After a direct read: the header and padding, and the payload's tail, where the checks and
+    // the caller expect them.
+    void PlaceDirect() {
+      std::memcpy(header, block.get(), sizeof(header));
+      std::memcpy(pad, block.get() + sizeof(header), sizeof(pad));
+      if (tail_bytes > 0) std::memcpy(tail_dst, block.get() + kDirectAlign, tail_bytes);
+    }
   };
 
   // Opens the page's file for `read`; kOk, or the page's outcome.
   PageStatus OpenForRead(const PageKey& key, const PageBuffer& buffer, PageRead& read) {
     // O_NONBLOCK: a FIFO or device put in place of a page must not block the open.
-    read.fd = ::open(PathOf(key).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    const std::string hex = key.Hex();
+    read.fd = OpenBeneath(Root()->get(), {ns_name_, std::string_view(hex).substr(0, 2), hex},
+                          O_RDONLY | O_NONBLOCK | (config_.direct ? O_DIRECT : 0));
     if (read.fd < 0) {
       if (errno == ENOENT) {
-        std::lock_guard<std::mutex> lock(mu_);
-        EraseLocked(key);
+        index_->Erase(key);
         return PageStatus::kAbsent;
       }
-      return errno == ELOOP ? PageStatus::kCorrupt : PageStatus::kFailed;  // ELOOP: a symlink
+      // A symlink on the path (ELOOP), a path leaving the root (EXDEV), a shard that is not a
+      // directory (ENOTDIR): never followed, a miss.
+      // With direct=1, EINVAL: something that takes no O_DIRECT (a FIFO, a device) in its place.
+      return errno == ELOOP || errno == EXDEV || errno == ENOTDIR ||
+                     (config_.direct && errno == EINVAL)
+                 ? PageStatus::kCorrupt
+                 : PageStatus::kFailed;
     }
     struct stat st;
     if (::fstat(read.fd, &st) != 0) return PageStatus::kFailed;
     if (!S_ISREG(st.st_mode)) return PageStatus::kCorrupt;
     if (st.st_size != value_bytes_) return PageStatus::kCorrupt;  // truncated or too long
-    read.Prepare(buffer);
+    if (config_.direct) {
+      if (DirectAligned(buffer)) read.PrepareDirect(buffer);
+    } else {
+      read.Prepare(buffer);
+    }
     return PageStatus::kOk;
   }
 
   // Checks what `read` brought in; on a hit stamps the file as the most recently used.
   PageStatus FinishRead(const PageKey& key, const PageBuffer& buffer, PageRead& read) {
     if (read.got != value_bytes_) return PageStatus::kCorrupt;  // truncated or too long
+    if (read.block) read.PlaceDirect();
     PageHeader parsed;
     PageStatus st = ParsePageHeader(std::span(read.header), namespace_hash_, key,
                                     static_cast<uint64_t>(buffer.bytes()), &parsed);
@@ -475,11 +451,9 @@ class FileBackend final : public StorageBackend {
 
   // Stamps a page just read and checked as the most recently used.
   PageStatus MarkHit(const PageKey& key, int fd) {
-    std::lock_guard<std::mutex> lock(mu_);
-    const int64_t stamp = NextStampLocked();
+    const int64_t stamp = index_->Touch(key, value_bytes_);
     const timespec times[2] = {{0, UTIME_OMIT}, ToTimespec(stamp)};
     ::futimens(fd, times);  // best effort: a read-only store still serves hits
-    AddLocked(key, value_bytes_, stamp, /*newest=*/true);
     return PageStatus::kOk;
   }
 
@@ -490,6 +464,12 @@ class FileBackend final : public StorageBackend {
     PageRead read;
     const PageStatus opened = OpenForRead(key, buffer, read);
     if (opened != PageStatus::kOk) return opened;
+    if (config_.direct) {
+      if (!read.block) return GetOneBounced(key, buffer, read);
+      read.got = DirectRead(read.fd, read.iov, read.iovcnt, 0);
+      if (read.got < 0) return PageStatus::kFailed;
+      return FinishRead(key, buffer, read);
+    }
     PayloadChunks chunks(buffer);
     std::optional<PayloadHasher> hasher;
     uint64_t stored_checksum = 0;
@@ -508,9 +488,9 @@ class FileBackend final : public StorageBackend {
       // One byte past the page with the last chunk: a file grown since the open is noticed.
       if (chunks.done()) iov[iovcnt++] = {&read.extra, 1};
       iovec hashed[PageBuffer::kMaxSegments + 3];
-      std::copy(iov, iov + iovcnt, hashed);  // ReadAll advances `iov`
+      std::copy(iov, iov + iovcnt, hashed);  // ReadFull advances `iov`
       const size_t wanted = (first ? kFilePayloadOffset : 0) + payload_bytes;
-      const ssize_t got = ReadAll(read.fd, iov, iovcnt, offset);
+      const ssize_t got = ReadFull(read.fd, iov, iovcnt, offset);
       if (got < 0) return PageStatus::kFailed;
       if (static_cast<size_t>(got) != wanted) return PageStatus::kCorrupt;  // length changed
       offset += got;
@@ -604,8 +584,13 @@ class FileBackend final : public StorageBackend {
   PageStatus Finish(const PageKey& key, const PageBuffer& buffer, PageRead& r, bool cancelled) {
     if (r.got > 0 && r.got < value_bytes_) {
       // A short read that may not be the end of the file: read it again the plain way.
-      r.Prepare(buffer);
-      r.got = ReadAll(r.fd, r.iov, r.iovcnt);
+      if (r.block) {
+        r.PrepareDirect(buffer);
+        r.got = DirectRead(r.fd, r.iov, r.iovcnt, 0);
+      } else {
+        r.Prepare(buffer);
+        r.got = ReadFull(r.fd, r.iov, r.iovcnt, 0);
+      }
     }
     if (r.got == kCancelled || (r.got == kReadError && cancelled)) return PageStatus::kTimedOut;
     if (r.got < 0) return PageStatus::kFailed;
@@ -647,82 +632,177 @@ class FileBackend final : public StorageBackend {
       int iovcnt = 0;
       const size_t bytes = chunks.Next(iov, &iovcnt);
       HashIovecs(hasher, iov, iovcnt);
-      if (!WriteAll(fd, iov, iovcnt, offset)) return false;
+      if (!WriteFull(fd, iov, iovcnt, offset)) return false;
       offset += static_cast<off_t>(bytes);
     }
     header.payload_checksum = hasher.Digest();
     std::byte encoded[kPageHeaderBytes];
     EncodePageHeader(header, encoded);
-    iovec iov{encoded, sizeof(encoded)};
-    return WriteAll(fd, &iov, 1, 0);
+    return WriteFull(fd, encoded, sizeof(encoded), 0);
+  }
+
+  // ---- direct I/O (direct=1) ----------------------------------------------------------------
+
+  // O_DIRECT works on the store's file system (tmpfs, for one, refuses it).
+  Status ProbeDirect(int ns_dirfd) {
+    const std::string probe = fmt::format("{}{}.direct-probe", kTempPrefix, ::getpid());
+    Fd fd(::openat(ns_dirfd, probe.c_str(),
+                   O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW | O_DIRECT, 0600));
+    const int error = errno;
+    ::unlinkat(ns_dirfd, probe.c_str(), 0);
+    if (!fd.ok()) {
+      return Status::InvalidArgument(fmt::format(
+          "storage URL '{}': direct=1, but the file system of {} does not take O_DIRECT ({}); "
+          "leave direct out",
+          url(), config_.root, std::strerror(error)));
+    }
+    return Status::OK();
+  }
+
+  // This I/O thread's 4 KiB-aligned bounce buffer of one chunk (pages whose buffers are not
+  // aligned, and every direct write).
+  static std::byte* Bounce() {
+    thread_local std::unique_ptr<std::byte, AlignedFree> buffer(
+        static_cast<std::byte*>(std::aligned_alloc(kDirectAlign, kChunkBytes)));
+    return buffer.get();
+  }
+
+  static ssize_t DirectRead(int fd, iovec* iov, int iovcnt, off_t offset) {
+    return ReadFullDirect(fd, iov, iovcnt, offset, kDirectAlign);
+  }
+
+  // A direct read through the bounce buffer, chunk by chunk, each chunk hashed and copied out.
+  PageStatus GetOneBounced(const PageKey& key, const PageBuffer& buffer, PageRead& read) {
+    std::byte* bounce = Bounce();
+    std::optional<PayloadHasher> hasher;
+    uint64_t stored_checksum = 0;
+    int seg = 0;
+    size_t at = 0;  // in segment `seg`
+    for (off_t offset = 0; offset < value_bytes_; offset += static_cast<off_t>(kChunkBytes)) {
+      iovec iov{bounce, kChunkBytes};
+      const ssize_t got = DirectRead(read.fd, &iov, 1, offset);
+      if (got < 0) return PageStatus::kFailed;
+      const size_t wanted =
+          static_cast<size_t>(std::min<int64_t>(kChunkBytes, value_bytes_ - offset));
+      if (static_cast<size_t>(got) != wanted) return PageStatus::kCorrupt;  // length changed
+      size_t from = 0;
+      if (offset == 0) {
+        std::memcpy(read.header, bounce, sizeof(read.header));
+        std::memcpy(read.pad, bounce + sizeof(read.header), sizeof(read.pad));
+        PageHeader parsed;
+        const PageStatus st = ParsePageHeader(std::span(read.header), namespace_hash_, key,
+                                              static_cast<uint64_t>(buffer.bytes()), &parsed);
+        if (st != PageStatus::kOk) return st;
+        if (!read.PadIsZero()) return PageStatus::kCorrupt;
+        hasher.emplace(parsed.checksum_kind);
+        if (!hasher->ok()) return PageStatus::kCorrupt;
+        stored_checksum = parsed.payload_checksum;
+        from = kFilePayloadOffset;
+      }
+      hasher->Update({bounce + from, wanted - from});
+      while (from < wanted) {  // copy out into the segments
+        const auto& s = buffer.segments[static_cast<size_t>(seg)];
+        const size_t take = std::min(wanted - from, s.size() - at);
+        std::memcpy(s.data() + at, bounce + from, take);
+        from += take;
+        at += take;
+        if (at == s.size()) ++seg, at = 0;
+      }
+    }
+    if (hasher->Digest() != stored_checksum) return PageStatus::kCorrupt;
+    return MarkHit(key, read.fd);
+  }
+
+  // A direct write: the payload copied chunk by chunk into the bounce buffer (hashed there), each
+  // chunk written at its 4 KiB-aligned place, the last one padded to 4 KiB; then the header block
+  // at offset 0 and the file cut to its size.
+  bool WriteDirect(int fd, const PageKey& key, const PageBuffer& buffer) {
+    PageHeader header = NewPageHeader(namespace_hash_, key, static_cast<uint64_t>(buffer.bytes()));
+    PayloadHasher hasher(header.checksum_kind);
+    if (!hasher.ok()) {
+      errno = EINVAL;
+      return false;
+    }
+    std::byte* bounce = Bounce();
+    off_t offset = kFilePayloadOffset;
+    size_t fill = 0;
+    auto flush = [&]() {
+      hasher.Update({bounce, fill});
+      const size_t padded = (fill + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+      std::memset(bounce + fill, 0, padded - fill);
+      const bool ok = WriteFull(fd, bounce, padded, offset);
+      offset += static_cast<off_t>(padded);
+      fill = 0;
+      return ok;
+    };
+    for (int s = 0; s < buffer.num_segments; ++s) {
+      const auto& seg = buffer.segments[static_cast<size_t>(s)];
+      for (size_t at = 0; at < seg.size();) {
+        const size_t take = std::min(kChunkBytes - fill, seg.size() - at);
+        std::memcpy(bounce + fill, seg.data() + at, take);
+        fill += take;
+        at += take;
+        if (fill == kChunkBytes && !flush()) return false;
+      }
+    }
+    if (fill > 0 && !flush()) return false;
+    header.payload_checksum = hasher.Digest();
+    std::memset(bounce, 0, kDirectAlign);
+    EncodePageHeader(header, std::span(bounce, kDirectAlign).first<kPageHeaderBytes>());
+    return WriteFull(fd, bounce, kDirectAlign, 0) && ::ftruncate(fd, value_bytes_) == 0;
   }
 
   PageStatus SetOne(const PageKey& key, const PageBuffer& buffer) {
-    if (config_.capacity >= 0 && value_bytes_ > config_.capacity) return PageStatus::kFailed;
+    if (value_bytes_ > index_->capacity()) return PageStatus::kFailed;
     const std::string hex = key.Hex();
-    const std::string shard = ShardOf(hex);
-    const std::string path = shard + "/" + hex;
-    const std::string temp = fmt::format("{}/{}{}.{}.{}", shard, kTempPrefix, ::getpid(),
-                                         temp_counter_.fetch_add(1), hex);
-    const int flags = O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW;
-    int raw = ::open(temp.c_str(), flags, 0600);
-    if (raw < 0 && errno == ENOENT) {
-      // The first page of this shard, or the directories were removed while we ran.
-      std::lock_guard<std::mutex> lock(dirs_mu_);
-      if (MakeDir(shard) || (errno == ENOENT && EnsureDirs().ok() && MakeDir(shard))) {
-        raw = ::open(temp.c_str(), flags, 0600);
-      }
-    }
-    if (raw < 0) {
-      util::Log(util::LogLevel::kWarning, "storage {}: cannot create {}: {}", url(), temp,
-                std::strerror(errno));
+    Fd shard = OpenShard(hex, /*create=*/true);
+    if (!shard.ok()) {
+      util::Log(util::LogLevel::kWarning, "storage {}: cannot open the directory {}/{}: {}", url(),
+                ns_name_, hex.substr(0, 2),
+                errno == ELOOP ? "a symlink is on its path, which a store never follows"
+                               : std::strerror(errno));
       return PageStatus::kFailed;
     }
-    Fd fd(raw);
-    bool ok = WritePayloadAndHeader(fd.get(), key, buffer) &&
+    const std::string temp =
+        fmt::format("{}{}.{}.{}", kTempPrefix, ::getpid(), temp_counter_.fetch_add(1), hex);
+    Fd fd(::openat(
+        shard.get(), temp.c_str(),
+        O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW | (config_.direct ? O_DIRECT : 0),
+        0600));
+    if (!fd.ok()) {
+      util::Log(util::LogLevel::kWarning, "storage {}: cannot create {}/{}/{}: {}", url(), ns_name_,
+                hex.substr(0, 2), temp, std::strerror(errno));
+      return PageStatus::kFailed;
+    }
+    bool ok = (config_.direct ? WriteDirect(fd.get(), key, buffer)
+                              : WritePayloadAndHeader(fd.get(), key, buffer)) &&
               (!config_.fsync || ::fdatasync(fd.get()) == 0);
     int64_t stamp = 0;
     if (ok) {
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        stamp = NextStampLocked();
-      }
+      stamp = index_->NextStamp();
       const timespec times[2] = {{0, UTIME_OMIT}, ToTimespec(stamp)};
-      ok = ::futimens(fd.get(), times) == 0 && ::rename(temp.c_str(), path.c_str()) == 0;
+      ok = ::futimens(fd.get(), times) == 0 &&
+           ::renameat(shard.get(), temp.c_str(), shard.get(), hex.c_str()) == 0;
     }
     if (!ok) {
-      util::Log(util::LogLevel::kWarning, "storage {}: cannot write {}: {}", url(), path,
-                std::strerror(errno));
-      ::unlink(temp.c_str());
+      util::Log(util::LogLevel::kWarning, "storage {}: cannot write {}/{}/{}: {}", url(), ns_name_,
+                hex.substr(0, 2), hex, std::strerror(errno));
+      ::unlinkat(shard.get(), temp.c_str(), 0);
       return PageStatus::kFailed;
     }
-    if (config_.fsync) {
-      Fd dir(::open(shard.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-      if (dir.ok()) ::fsync(dir.get());
-    }
-    std::lock_guard<std::mutex> lock(mu_);
-    AddLocked(key, value_bytes_, stamp, /*newest=*/true);
-    EvictLocked(&key);
+    if (config_.fsync) ::fsync(shard.get());
+    index_->Put(key, value_bytes_, stamp);
     return PageStatus::kOk;
   }
 
   const Config config_;
-  const std::string ns_dir_;
+  const std::string ns_name_;
   const uint64_t namespace_hash_;
   const int64_t value_bytes_;
-  // Pages of a batch run in parallel on these; reads and writes have a pool each, so a Get
-  // never waits for a Set's loop (a pool runs one loop at a time).
-  util::ThreadPool read_pool_;
-  util::ThreadPool write_pool_;
+  std::shared_ptr<const Fd> root_;    // read and swapped through std::atomic_load / atomic_store
+  std::unique_ptr<FileIndex> index_;  // set by Open, before the I/O threads start
   std::atomic<uint64_t> temp_counter_{0};
-  std::mutex dirs_mu_;  // one EnsureDirs at a time
-
-  mutable std::mutex mu_;
-  std::unordered_map<PageKey, Entry, PageKeyHash> entries_;
-  std::list<PageKey> lru_;
-  int64_t bytes_ = 0;
-  int64_t evicted_ = 0;
-  int64_t last_stamp_ = 0;
+  std::mutex dirs_mu_;  // one re-creation of missing directories at a time
 };
 
 }  // namespace
@@ -735,8 +815,16 @@ Result<std::unique_ptr<StorageBackend>> OpenFileStorage(std::string_view url,
   KVTIER_ASSIGN_OR_RETURN(std::optional<int64_t> capacity, parsed.TakeByteSize("capacity"));
   KVTIER_ASSIGN_OR_RETURN(std::optional<bool> fsync, parsed.TakeBool("fsync"));
   const std::optional<std::string> io = parsed.Take("io");
+  KVTIER_ASSIGN_OR_RETURN(std::optional<bool> direct, parsed.TakeBool("direct"));
   KVTIER_RETURN_IF_ERROR(parsed.CheckAllTaken(url));
-  config.capacity = capacity.value_or(-1);
+  config.direct = direct.value_or(false);
+  if (capacity && *capacity < 1) {
+    return Status::InvalidArgument(fmt::format(
+        "storage URL '{}': capacity must be at least 1 byte (leave it out for a bound derived "
+        "from the free space)",
+        url));
+  }
+  config.capacity = capacity;
   config.fsync = fsync.value_or(false);
   if (io && *io != "uring" && *io != "threads") {
     return Status::InvalidArgument(

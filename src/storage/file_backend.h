@@ -1,34 +1,57 @@
 // Internal: the `file://` backend — one file per page under a directory, for a local disk cache
 // that outlives the process and can be shared by processes on one host.
 //
-//   file:///abs/dir[?capacity=200GiB][&fsync=1][&io=uring|threads]
+//   file:///abs/dir[?capacity=200GiB][&fsync=1][&io=uring|threads][&direct=1]
 //
 // Layout: <dir>/<namespace name>/<first two hex digits of the key>/<64 hex digits of the key>;
 // directories 0700, files 0600. Only the hex of a key (never caller text) becomes a path. Each
 // file is a page value (page_format.h) with the payload moved to offset kFilePayloadOffset: the
 // header, zeros up to 4 KiB, then the payload, so the payload is page-aligned in the page cache
 // and the kernel's copy into the caller's buffer runs aligned (a Get checks that the padding is
-// zero). A Set writes a temporary file beside the final one
-// (".tmp.<pid>.<n>.<key hex>"): the payload in chunks of 256 KiB, each hashed (streaming XXH3-64)
-// right before its pwritev, then the header holding that checksum at offset 0; optionally
-// fdatasyncs it (and the directory after the rename), then renames it into place: a reader sees
-// the old page, the new one or none. A Get (io=threads, the default) reads the header with the
-// first chunk, then chunk by chunk, every preadv straight into the caller's page buffer (no
-// bounce buffer), and hashes each chunk as soon as it lands, while it is still in this core's
-// cache; a bad header ends the read early. The pages of a batch run in parallel on the backend's
-// thread pools (one for reads, one for writes). With io=uring (where liburing is present) a
-// batch's pages are read in one readv each, in flight together on the I/O thread's ring, and each
-// page is hashed by the I/O thread as its read completes: the kernel's workers copy in parallel,
-// but the hashing is serial and reads pages another core just wrote (BENCHMARKS.md, Storage).
+// zero).
 //
-// Capacity (per namespace directory: the bytes of this deployment's files) with LRU eviction.
-// Each process counts the files it knows of (found at start, written, or hit since); processes
-// sharing a directory do not share one count.
+// Safe paths: <dir> is the user's path, opened once (symlinks in it are the user's choice);
+// everything beneath it is opened relative to that handle with no symlink followed (file_io.h,
+// OpenBeneath). A namespace or shard directory replaced by a symlink, or a symlinked page file,
+// is refused: a Get of the page is kCorrupt, a Set into it kFailed; nothing is read or written
+// outside <dir>.
+//
+// A Set writes a temporary file in the page's shard directory (".tmp.<pid>.<n>.<key hex>"): the
+// payload in chunks of 256 KiB, each hashed (streaming XXH3-64) right before its pwritev, then
+// the header holding that checksum at offset 0; optionally fdatasyncs it (and the directory after
+// the rename), then renames it into place: a reader sees the old page, the new one or none. A
+// Get (io=threads, the default) reads the header with the first chunk, then chunk by chunk,
+// every preadv straight into the caller's page buffer (no bounce buffer), and hashes each chunk
+// as soon as it lands, while it is still in this core's cache; a bad header ends the read early.
+// The pages of a batch run in parallel on the backend's I/O threads (StorageBackend::ParallelFor:
+// the storage queue's threads are the only ones a file store has). With io=uring (where liburing
+// is present) a batch's pages are read in one readv each, in flight together on the I/O thread's
+// ring, and each page is hashed by the I/O thread as its read completes: the kernel's workers
+// copy in parallel, but the hashing is serial and reads pages another core just wrote
+// (docs/perf-notes/file-store.md).
+//
+// direct=1 (opt-in, for stores on NVMe that must not fill the page cache): every page file is
+// read and written with O_DIRECT. A Get of pages whose buffers are 4 KiB-aligned (every segment
+// starts on a 4 KiB boundary and all but the last hold whole 4 KiB blocks, as pinned host pages
+// do) reads each page with one readv straight into the buffers, the batch's reads in flight
+// together on the I/O thread's io_uring where liburing is present (preadv per page on the I/O
+// threads otherwise); the header block and the payload's last partial block land in a small
+// aligned buffer and are copied into place; the page is hashed after its read. Pages with
+// unaligned buffers, and every Set, go chunk by chunk through a 256 KiB aligned buffer per I/O
+// thread (a Set pads its last block and cuts the file to size after). Opening a direct store on
+// a file system without O_DIRECT (tmpfs) is InvalidArgument.
+//
+// Capacity (per namespace directory: the bytes of this deployment's files) with LRU eviction
+// (file_index.h). Without `capacity` in the URL the bound is derived at open: half of the space
+// the file system lets this user write (statvfs f_bavail) plus the bytes of this namespace's
+// pages already there, at least one page; the backend logs the value (info) once. `capacity=0`
+// is InvalidArgument. Each process counts the files it knows of (found at start, written, or hit
+// since); processes sharing a directory do not share one count.
 // The LRU order lives in the files' modification times: every Set and every Get hit stamps its
 // file with a strictly increasing time, so a restart (which scans the directory, sorts by that
 // time, and removes temporary files whose writer process is gone) finds the same order. Exists
-// answers from the in-memory index; a key missing from it (written by another process) costs one
-// stat, and the first absent key ends the call.
+// answers from the index; a key missing from it (written by another process) costs one open and
+// fstat, and the first absent key ends the call.
 //
 // Thread safety: the hooks may run on several I/O threads at once; the index has its own mutex.
 #pragma once

@@ -192,12 +192,13 @@ Result<std::unique_ptr<StorageBackend>> OpenMemoryStorage(std::string_view url,
   KVTIER_RETURN_IF_ERROR(parsed.CheckAllTaken(url));
   if (capacity && *capacity < 1) {
     return Status::InvalidArgument(
-        fmt::format("storage URL '{}': capacity must be at least 1 byte", url));
+        fmt::format("storage URL '{}': capacity must be at least 1 byte", RedactUrl(url)));
   }
   const std::string& name = parsed.rest;
   if (!IsStoreName(name)) {
-    return Status::InvalidArgument(fmt::format(
-        "storage URL '{}': a memory store name is letters, digits, '-', '_' and '.'", url));
+    return Status::InvalidArgument(
+        fmt::format("storage URL '{}': a memory store name is letters, digits, '-', '_' and '.'",
+                    RedactUrl(url)));
   }
   std::shared_ptr<MemoryStore> store;
   if (name.empty()) {

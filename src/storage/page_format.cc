@@ -3,20 +3,16 @@
 // Thread safety: pure functions.
 #include "storage/page_format.h"
 
-#include <openssl/evp.h>
-
 #include <algorithm>
 #include <cstring>
 #include <memory>
 
-#if KVTIER_HAVE_XXHASH
 #define XXH_STATIC_LINKING_ONLY
 #include <xxhash.h>
 // On x86-64 libxxhash picks the widest vector unit at run time (AVX2/AVX-512 beside the SSE2
 // baseline); the values are the same.
 #if defined(__x86_64__) && __has_include(<xxh_x86dispatch.h>)
 #include <xxh_x86dispatch.h>
-#endif
 #endif
 
 namespace kvtier::storage {
@@ -35,23 +31,6 @@ uint64_t GetLe(const std::byte* in, int bytes) {
   return value;
 }
 
-bool Sha256Prefix(std::span<const std::span<const std::byte>> segments, uint64_t* checksum) {
-  struct Free {
-    void operator()(EVP_MD_CTX* c) const { EVP_MD_CTX_free(c); }
-  };
-  std::unique_ptr<EVP_MD_CTX, Free> ctx(EVP_MD_CTX_new());
-  if (!ctx || EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) != 1) return false;
-  for (const auto& s : segments) {
-    if (!s.empty() && EVP_DigestUpdate(ctx.get(), s.data(), s.size()) != 1) return false;
-  }
-  unsigned char digest[32];
-  unsigned int len = 0;
-  if (EVP_DigestFinal_ex(ctx.get(), digest, &len) != 1 || len != 32) return false;
-  *checksum = GetLe(reinterpret_cast<const std::byte*>(digest), 8);
-  return true;
-}
-
-#if KVTIER_HAVE_XXHASH
 uint64_t Xxh3(std::span<const std::span<const std::byte>> segments) {
   if (segments.size() == 1) return XXH3_64bits(segments[0].data(), segments[0].size());
   XXH3_state_t state;  // static linking only: the state lives on the stack, no allocation
@@ -60,88 +39,33 @@ uint64_t Xxh3(std::span<const std::span<const std::byte>> segments) {
   for (const auto& s : segments) XXH3_64bits_update(&state, s.data(), s.size());
   return XXH3_64bits_digest(&state);
 }
-#endif
 
 }  // namespace
 
 struct PayloadHasher::State {
-  struct FreeMd {
-    void operator()(EVP_MD_CTX* c) const { EVP_MD_CTX_free(c); }
-  };
-#if KVTIER_HAVE_XXHASH
   XXH3_state_t xxh3;  // 64-byte aligned; State is allocated with operator new, which honours it
-#endif
-  std::unique_ptr<EVP_MD_CTX, FreeMd> sha256;
 };
 
 PayloadHasher::PayloadHasher(uint8_t kind) : kind_(kind) {
-  switch (kind) {
-    case kChecksumXxh3:
-#if KVTIER_HAVE_XXHASH
-      state_ = std::make_unique<State>();
-      XXH3_INITSTATE(&state_->xxh3);
-      XXH3_64bits_reset(&state_->xxh3);
-#endif
-      return;
-    case kChecksumSha256: {
-      auto state = std::make_unique<State>();
-      state->sha256.reset(EVP_MD_CTX_new());
-      if (state->sha256 && EVP_DigestInit_ex(state->sha256.get(), EVP_sha256(), nullptr) == 1) {
-        state_ = std::move(state);
-      }
-      return;
-    }
-    default:
-      return;
-  }
+  if (kind != kChecksumXxh3) return;
+  state_ = std::make_unique<State>();
+  XXH3_INITSTATE(&state_->xxh3);
+  XXH3_64bits_reset(&state_->xxh3);
 }
 
 PayloadHasher::~PayloadHasher() = default;
 
 void PayloadHasher::Update(std::span<const std::byte> bytes) {
-  if (bytes.empty()) return;
-#if KVTIER_HAVE_XXHASH
-  if (kind_ == kChecksumXxh3) {
-    XXH3_64bits_update(&state_->xxh3, bytes.data(), bytes.size());
-    return;
-  }
-#endif
-  EVP_DigestUpdate(state_->sha256.get(), bytes.data(), bytes.size());
+  if (!bytes.empty()) XXH3_64bits_update(&state_->xxh3, bytes.data(), bytes.size());
 }
 
-uint64_t PayloadHasher::Digest() {
-#if KVTIER_HAVE_XXHASH
-  if (kind_ == kChecksumXxh3) return XXH3_64bits_digest(&state_->xxh3);
-#endif
-  unsigned char digest[32];
-  unsigned int len = 0;
-  if (EVP_DigestFinal_ex(state_->sha256.get(), digest, &len) != 1 || len != 32) return 0;
-  return GetLe(reinterpret_cast<const std::byte*>(digest), 8);
-}
-
-uint8_t DefaultChecksumKind() {
-#if KVTIER_HAVE_XXHASH
-  return kChecksumXxh3;
-#else
-  return kChecksumSha256;
-#endif
-}
+uint64_t PayloadHasher::Digest() { return XXH3_64bits_digest(&state_->xxh3); }
 
 bool PayloadChecksum(uint8_t kind, std::span<const std::span<const std::byte>> segments,
                      uint64_t* checksum) {
-  switch (kind) {
-    case kChecksumXxh3:
-#if KVTIER_HAVE_XXHASH
-      *checksum = Xxh3(segments);
-      return true;
-#else
-      return false;
-#endif
-    case kChecksumSha256:
-      return Sha256Prefix(segments, checksum);
-    default:
-      return false;
-  }
+  if (kind != kChecksumXxh3) return false;
+  *checksum = Xxh3(segments);
+  return true;
 }
 
 bool PayloadChecksum(uint8_t kind, const PageBuffer& payload, uint64_t* checksum) {

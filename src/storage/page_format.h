@@ -5,7 +5,7 @@
 //   offset  size  field
 //        0     4  magic "KVTP"
 //        4     2  format version (kPageFormatVersion; any other version is a miss)
-//        6     1  checksum kind (1 = XXH3-64, 2 = the first 8 bytes of SHA-256, little-endian)
+//        6     1  checksum kind (1 = XXH3-64; every other value is a miss)
 //        7     1  reserved, 0
 //        8     8  namespace hash (StorageNamespace::Hash)
 //       16    32  page key
@@ -20,8 +20,9 @@
 //
 // Order of the checks (so each fault has one outcome): length, header checksum, magic, version,
 // checksum kind → kCorrupt; namespace hash → kWrongNamespace; key, payload length, payload
-// checksum → kCorrupt. A builder without xxhash writes and reads kind 2; a value of kind 1 read by
-// such a build is a miss (kCorrupt), never unchecked bytes.
+// checksum → kCorrupt. The format does not depend on the build: every build writes and reads
+// XXH3-64 (libxxhash is a required dependency). Kind 2 (SHA-256, once written by builds without
+// libxxhash) is no longer read: such a value is a miss (kCorrupt), never unchecked bytes.
 //
 // Thread safety: pure functions.
 #pragma once
@@ -39,10 +40,9 @@ namespace kvtier::storage {
 inline constexpr size_t kPageHeaderBytes = kStoredPageHeaderBytes;
 inline constexpr uint16_t kPageFormatVersion = 1;
 inline constexpr uint8_t kChecksumXxh3 = 1;
-inline constexpr uint8_t kChecksumSha256 = 2;
 
-// The checksum kind this build writes (XXH3-64 when built with xxhash).
-uint8_t DefaultChecksumKind();
+// The checksum kind every build writes: XXH3-64.
+constexpr uint8_t DefaultChecksumKind() { return kChecksumXxh3; }
 
 struct PageHeader {
   uint16_t version = kPageFormatVersion;
@@ -53,12 +53,11 @@ struct PageHeader {
   uint64_t payload_checksum = 0;
 };
 
-// The header this build writes for a payload of `payload_bytes` under `key`: this build's
-// checksum kind, the payload checksum still 0 (the writer fills it in).
+// The header written for a payload of `payload_bytes` under `key`: XXH3-64, the payload
+// checksum still 0 (the writer fills it in).
 PageHeader NewPageHeader(uint64_t namespace_hash, const PageKey& key, uint64_t payload_bytes);
 
-// Checksum of `segments` concatenated, of the given kind. Returns false for an unknown kind (or
-// kind 1 in a build without xxhash).
+// Checksum of `segments` concatenated, of the given kind. Returns false for an unknown kind.
 bool PayloadChecksum(uint8_t kind, std::span<const std::span<const std::byte>> segments,
                      uint64_t* checksum);
 // Of one page buffer's segments.
@@ -69,7 +68,7 @@ bool PayloadChecksum(uint8_t kind, const PageBuffer& payload, uint64_t* checksum
 // PayloadChecksum over the pieces concatenated.
 class PayloadHasher {
  public:
-  // ok() is false for an unknown kind (or kind 1 in a build without xxhash).
+  // ok() is false for an unknown kind.
   explicit PayloadHasher(uint8_t kind);
   ~PayloadHasher();
   PayloadHasher(const PayloadHasher&) = delete;
@@ -86,7 +85,7 @@ class PayloadHasher {
   std::unique_ptr<State> state_;
 };
 
-// Writes the header for `payload` (its length and checksum, this build's checksum kind) into
+// Writes the header for `payload` (its length and XXH3-64 checksum) into
 // `out`, the header checksum last.
 void EncodePageHeader(uint64_t namespace_hash, const PageKey& key, const PageBuffer& payload,
                       std::span<std::byte, kPageHeaderBytes> out);

@@ -271,7 +271,9 @@ Result<std::unique_ptr<StorageBackend>> OpenRedisStorage(std::string_view url,
   config.max_idle_connections_per_node = std::max(4, options.io_threads);
   const std::string redacted = config.url.Redacted();
   const int64_t header_last_bytes = config.url.header_last_bytes;
-  const Deadline deadline = Clock::now() + config.url.connect_timeout + config.command_timeout;
+  // Opening (connect, AUTH, PING or CLUSTER SLOTS) is bounded by connect_timeout_ms alone: a
+  // paused server must not hold it for a command timeout more.
+  const Deadline deadline = Clock::now() + config.url.connect_timeout;
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<RedisClient> client,
                           RedisClient::Open(std::move(config), deadline));
   auto backend =

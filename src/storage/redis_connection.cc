@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <cstdlib>
 #include <cstring>
 #include <iterator>
 #include <limits>
@@ -28,6 +29,10 @@ constexpr size_t kReadChunkBytes = 256 << 10;  // one read(2) of replies not rea
 constexpr int kSinkIovecs = 8;                 // sink spans per readv(2)
 constexpr size_t kMaxLineBytes = 4096;         // the first line of a reply
 constexpr int kMaxIovecs = 64;                 // pieces per sendmsg(2)
+// Bounds of what a reply may make this side hold (redis_connection.h, "Bounded replies").
+constexpr size_t kMaxUnsunkReplyBytes = size_t{16} << 20;
+constexpr long long kMaxArrayElements = 1 << 20;
+constexpr size_t kSinkReplySlackBytes = 64;  // a sink reply's "$<n>\r\n" and "\r\n"
 
 int MillisUntil(Deadline deadline) {
   const auto left = deadline - std::chrono::steady_clock::now();
@@ -61,6 +66,34 @@ size_t ReplyBytes(const char* p, size_t n, bool* need_more) {
   const auto [end, ec] = std::from_chars(p + 1, cr, length);
   if (ec != std::errc() || end != cr || length < -1) return kUnknownBytes;
   return length < 0 ? line : line + static_cast<size_t>(length) + 2;
+}
+
+// An error reply made here (freed by freeReplyObject, as hiredis's own).
+RedisReplyPtr ErrorReply(std::string_view text) {
+  auto* reply = static_cast<redisReply*>(std::calloc(1, sizeof(redisReply)));
+  char* str = static_cast<char*>(std::malloc(text.size() + 1));
+  if (reply == nullptr || str == nullptr) {
+    std::free(reply);
+    std::free(str);
+    return nullptr;
+  }
+  std::memcpy(str, text.data(), text.size());
+  str[text.size()] = '\0';
+  reply->type = REDIS_REPLY_ERROR;
+  reply->str = str;
+  reply->len = text.size();
+  return RedisReplyPtr(reply);
+}
+
+// The element count of an array reply whose first line ("*<n>\r\n") is in [p, p + n), or -1
+// when it is not an array or that line has not arrived.
+long long ArrayElements(const char* p, size_t n) {
+  if (n == 0 || p[0] != '*') return -1;
+  const char* cr = static_cast<const char*>(std::memchr(p, '\r', std::min(n, kMaxLineBytes)));
+  if (cr == nullptr) return -1;
+  long long count = -1;
+  const auto [end, ec] = std::from_chars(p + 1, cr, count);
+  return ec == std::errc() && end == cr ? count : -1;
 }
 
 // Connects one socket to `address`, bounded by `deadline`; the fd, or -1 with `error` set.
@@ -348,9 +381,32 @@ void RedisConnection::FinishReply(std::vector<RedisReplyPtr>& replies, RedisRepl
   }
 }
 
+size_t RedisConnection::ReplyLimit() const {
+  const std::span<const std::span<std::byte>> sink = sinks_[next_sink_];
+  if (sink.empty()) return kMaxUnsunkReplyBytes;
+  size_t bytes = kSinkReplySlackBytes;
+  for (const auto& span : sink) bytes += span.size();
+  return bytes;
+}
+
 Status RedisConnection::ReadSome(std::vector<RedisReplyPtr>& replies) {
   if (in_.empty()) in_.resize(kReadChunkBytes);
   while (pending_replies_ > 0) {
+    // A reply too large for what its command expects, skipped as it streams in; its command
+    // gets an error reply.
+    if (discard_left_ > 0 && in_begin_ < in_end_) {
+      const size_t n = std::min(discard_left_, in_end_ - in_begin_);
+      in_begin_ += n;
+      discard_left_ -= n;
+      if (discard_left_ == 0) {
+        RedisReplyPtr error = ErrorReply(
+            fmt::format("kvtier: a reply of {} bytes where at most {} were expected (discarded)",
+                        discard_total_, discard_limit_));
+        if (error == nullptr) return Fail(Status::OutOfMemory("no memory for an error reply"));
+        FinishReply(replies, std::move(error));
+      }
+      continue;
+    }
     // A bulk reply on its way into a sink: first the bytes already read, then straight from the
     // socket into the caller's memory, then its "\r\n".
     if (sink_left_ > 0 && in_begin_ < in_end_) {
@@ -409,7 +465,23 @@ Status RedisConnection::ReadSome(std::vector<RedisReplyPtr>& replies) {
         // hiredis parses this reply; give it this reply's bytes only (when its length can be
         // told), so the replies after it can still be read into their sinks.
         if (!need_more) {
-          hiredis_left_ = ReplyBytes(in_.data() + in_begin_, in_end_ - in_begin_, &need_more);
+          const char* start = in_.data() + in_begin_;
+          const size_t available = in_end_ - in_begin_;
+          hiredis_left_ = ReplyBytes(start, available, &need_more);
+          hiredis_fed_ = 0;
+          const size_t limit = ReplyLimit();
+          if (!need_more && hiredis_left_ != kUnknownBytes && hiredis_left_ > limit) {
+            discard_left_ = discard_total_ = hiredis_left_;
+            discard_limit_ = limit;
+            hiredis_left_ = 0;
+            continue;
+          }
+          if (const long long elements = ArrayElements(start, available);
+              elements > kMaxArrayElements) {
+            return Fail(Status::IOError(
+                fmt::format("protocol error: an array reply of {} elements (at most {} accepted)",
+                            elements, kMaxArrayElements)));
+          }
         }
       }
       if (!need_more) {
@@ -420,6 +492,13 @@ Status RedisConnection::ReadSome(std::vector<RedisReplyPtr>& replies) {
         }
         in_begin_ += take;
         if (hiredis_left_ != kUnknownBytes) hiredis_left_ -= take;
+        // A reply whose length its first line does not tell (an array, an unterminated line)
+        // is bounded by the bytes given to hiredis for it.
+        hiredis_fed_ += take;
+        if (hiredis_left_ == kUnknownBytes && hiredis_fed_ > kMaxUnsunkReplyBytes) {
+          return Fail(Status::IOError(
+              fmt::format("protocol error: a reply of more than {} bytes", kMaxUnsunkReplyBytes)));
+        }
         while (pending_replies_ > 0) {
           void* parsed = nullptr;
           if (redisReaderGetReply(reader_, &parsed) != REDIS_OK) {
@@ -428,6 +507,7 @@ Status RedisConnection::ReadSome(std::vector<RedisReplyPtr>& replies) {
           if (parsed == nullptr) break;  // needs more bytes
           FinishReply(replies, RedisReplyPtr(static_cast<redisReply*>(parsed)));
         }
+        if (ReaderIdle()) hiredis_fed_ = 0;
         continue;
       }
     }

@@ -9,6 +9,13 @@
 // connections at once with poll(2) until each has every reply it waits for or a deadline passes,
 // so one batch costs one round trip per server and never waits past its deadline.
 //
+// Bounded replies: a reply never makes this side hold more than it can use. A bulk-string reply
+// to a command with a sink that is larger than the sink is skipped as it streams in (never
+// buffered) and its command gets an error reply ("kvtier: a reply of N bytes where at most M were
+// expected"); the connection stays usable. Any other reply is limited to 16 MiB, and an array
+// reply to 2^20 elements: past that the connection fails with a protocol error. (hiredis 0.14,
+// Debian 12's, has no maxelements or bulk length limit of its own.)
+//
 // A connection that saw an I/O error, a protocol error or a deadline is `broken()`: its stream
 // position is unknown and it must be dropped, never reused.
 //
@@ -105,6 +112,9 @@ class RedisConnection {
   // Copies up to `n` bytes to the sink at the cursor; returns the number copied.
   size_t SinkWrite(const char* data, size_t n);
   void FinishReply(std::vector<RedisReplyPtr>& replies, RedisReplyPtr reply);
+  // The most bytes (framing included) the next reply may have: its sink's size plus framing, or
+  // the limit of replies without a sink.
+  size_t ReplyLimit() const;
 
   int fd_ = -1;
   RedisEndpoint endpoint_;
@@ -128,6 +138,10 @@ class RedisConnection {
   size_t sink_span_ = 0, sink_offset_ = 0;  // the cursor in the sink
   // Bytes of the reply hiredis is parsing that it has not been given yet (SIZE_MAX: unknown).
   size_t hiredis_left_ = 0;
+  // Bytes given to hiredis since it was last between replies.
+  size_t hiredis_fed_ = 0;
+  // A reply being skipped: bytes left, its size and the limit it broke.
+  size_t discard_left_ = 0, discard_total_ = 0, discard_limit_ = 0;
 };
 
 // How one connection's pipeline ended: OK (every reply read), or why it stopped early, leaving

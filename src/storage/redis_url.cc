@@ -120,14 +120,18 @@ Result<RedisEndpoint> ParseRedisEndpoint(std::string_view text) {
 Result<RedisUrl> ParseRedisUrl(std::string_view url) {
   RedisUrl parsed;
   std::string_view rest;
+  if (url.find('\0') != std::string_view::npos) {
+    return Status::InvalidArgument("redis URL: holds a NUL byte");
+  }
   if (url.starts_with(kClusterScheme)) {
     parsed.cluster = true;
     rest = url.substr(kClusterScheme.size());
   } else if (url.starts_with(kSingleScheme)) {
     rest = url.substr(kSingleScheme.size());
   } else {
-    return Status::InvalidArgument(fmt::format(
-        "redis URL: scheme must be redis:// or redis+cluster:// (got '{}')", url.substr(0, 16)));
+    return Status::InvalidArgument(
+        fmt::format("redis URL: scheme must be redis:// or redis+cluster:// (got '{}')",
+                    url.substr(0, url.find("://"))));
   }
 
   std::string_view query;

@@ -4,25 +4,30 @@
 //
 // The I/O threads are the backend's own rather than util::ThreadPool: the pool runs one blocking
 // ParallelFor at a time, while a backend needs independent batches from many callers queued and
-// run concurrently, with a bound on the queue and rejection instead of waiting.
+// run concurrently, with a bound on the queue and rejection instead of waiting. They are also
+// the only I/O threads a backend has: a hook that wants a batch's pages done in parallel calls
+// ParallelFor, which shares the pages out to the I/O threads that are idle (the calling thread
+// works through them too, so it never waits for a thread to come free).
 //
 // Reads before writes: Exists and Get wait in `reads`, Set and Remove in `writes`, each queue
-// bounded on its own. A free I/O thread always takes the oldest read first, so a read never waits
-// behind a backlog of writes: at worst it waits for one I/O thread to finish the batch it is
-// running. (Keeping a thread for reads only, writes on io_threads - 1 threads, was tried: the
-// replay's write-through backups then fell behind its sequential requests, whose storage
-// lookups found nothing stored; kvtier_cli.replay_fault.) The exception keeps each
-// key's order: a read that names a key of a write submitted before it (queued or running) is
-// held until those writes have completed, so a Get or Exists issued after a Set of the same page
-// sees that Set (read-your-writes), as it did when one queue ran everything in order.
+// bounded on its own. A free I/O thread always takes read work first (pages of a running read's
+// ParallelFor, then the oldest read call), so a read never waits behind a backlog of writes.
+// Writes have a bounded share of the threads: at most `max_writers` (io_threads minus a quarter
+// of them, at least one left for reads; all of them when there is only one) run write work — a
+// write call or pages of a write's ParallelFor — at once, so a free thread is there for a read
+// even while writes are running; writes that cannot keep up fill their queue and later ones are
+// rejected (Unavailable, "write queue full": the cache counts the backup as queue_full) instead
+// of delaying reads. The exception keeps each key's order: a read that names a key of a write
+// submitted before it (queued or running) is held until those writes have completed, so a Get or
+// Exists issued after a Set of the same page sees that Set (read-your-writes).
 //
 // Invariants (Queue, under `mu`): `reads.size() + held.size()` and `writes.size()` are each at
-// most `options.max_queued_batches`; `pending_writes`
-// counts, per key, the queued and running writes naming it; every held read names a key of
-// `pending_writes`; calls are added only while `running`; once it is cleared (Close) the threads
-// drain all queues and exit. Every
-// accepted call has its `done` run exactly once, by the I/O thread that ran it; a rejected call has
-// it run at once by its caller.
+// most `options.max_queued_batches`; `pending_writes` counts, per key, the queued and running
+// writes naming it; every held read names a key of `pending_writes`; `writers` counts the threads
+// running write work and is at most `max_writers`; a job is in `read_jobs` / `write_jobs` exactly
+// while it has pages nobody has claimed; calls are added only while `running`; once it is cleared
+// (Close) the threads drain all queues and exit. Every accepted call has its `done` run exactly
+// once, by the I/O thread that ran it; a rejected call has it run at once by its caller.
 //
 // Thread safety: every public method may be called from any thread; Close is serialised by
 // `close_mu`.
@@ -88,18 +93,33 @@ BatchResult BatchResult::Failed(Status status, size_t num_pages) {
   return r;
 }
 
+int DefaultIoThreads() {
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  return std::clamp(cores, 4, 16);
+}
+
+namespace {
+StorageOptions Resolved(StorageOptions options) {
+  if (options.io_threads == 0) options.io_threads = DefaultIoThreads();
+  return options;
+}
+}  // namespace
+
 Status StorageOptions::Validate() const {
-  if (io_threads < 1 || io_threads > 64) {
-    return Status::InvalidArgument(
-        fmt::format("storage options: io_threads must be in [1, 64], got {}", io_threads));
+  if (io_threads < 0 || io_threads > 64) {
+    return Status::InvalidArgument(fmt::format(
+        "storage options: io_threads must be in [1, 64], or 0 for the machine's default; got {}",
+        io_threads));
   }
   if (max_queued_batches < 1) {
     return Status::InvalidArgument(fmt::format(
         "storage options: max_queued_batches must be at least 1, got {}", max_queued_batches));
   }
-  if (timeout.count() < 1) {
-    return Status::InvalidArgument(
-        fmt::format("storage options: timeout must be at least 1 ms, got {} ms", timeout.count()));
+  // Past 10 minutes a deadline (now + timeout) is no bound a caller can wait for, and near 2^63
+  // it overflows into the past.
+  if (timeout.count() < 1 || timeout.count() > 600'000) {
+    return Status::InvalidArgument(fmt::format(
+        "storage options: timeout must be in [1, 600000] ms, got {} ms", timeout.count()));
   }
   if (max_batch_pages < 1 || max_batch_pages > (int64_t{1} << 20)) {
     return Status::InvalidArgument(fmt::format(
@@ -157,11 +177,26 @@ void RunDone(const Fn& done, Arg&& arg) {
 // The bounded queue, the I/O threads and the counters. A nested class, so it may call the
 // backend's protected hooks without the public header naming any of this.
 struct StorageBackend::Queue {
+  // One ParallelFor: pages claimed one at a time by its owner and by idle I/O threads.
+  struct Job {
+    const std::function<void(int64_t)>* fn;
+    int64_t n;
+    bool write;
+    int64_t next = 0;      // guarded by mu: the first page nobody has claimed
+    int64_t finished = 0;  // guarded by mu
+  };
+
   std::mutex mu;
   std::condition_variable cv;
-  std::deque<Call> reads;   // guarded by mu: Exists and Get, served first
-  std::deque<Call> writes;  // guarded by mu: Set and Remove
-  std::deque<Call> held;    // guarded by mu: reads waiting for earlier writes of their keys
+  std::condition_variable job_cv;  // a job's owner waits here for pages other threads run
+  std::deque<Job*> read_jobs;      // guarded by mu
+  std::deque<Job*> write_jobs;     // guarded by mu
+  int writers = 0;                 // guarded by mu
+  int max_writers = 1;             // set by Start
+  int num_threads = 1;             // set by Start
+  std::deque<Call> reads;          // guarded by mu: Exists and Get, served first
+  std::deque<Call> writes;         // guarded by mu: Set and Remove
+  std::deque<Call> held;           // guarded by mu: reads waiting for earlier writes of their keys
   std::unordered_map<PageKey, int, PageKeyHash> pending_writes;  // guarded by mu
   bool running = false;  // guarded by mu: Start ran and Close has not
   std::vector<std::thread> threads;
@@ -178,8 +213,33 @@ struct StorageBackend::Queue {
   Status Enqueue(const StorageBackend& b, Call& call);
   void Submit(StorageBackend& b, CallKind kind, std::vector<PageKey> keys,
               std::vector<PageBuffer> buffers, std::function<void(BatchResult)> done);
-  // Under `mu`: whether an I/O thread may take a call now.
-  bool HasWorkLocked() const { return !reads.empty() || !writes.empty(); }
+  // Under `mu`: whether an I/O thread may take work now.
+  bool HasWorkLocked() const {
+    return !read_jobs.empty() || !reads.empty() ||
+           (writers < max_writers && (!write_jobs.empty() || !writes.empty()));
+  }
+  // Under `mu`: claims the next page of `job` (false when all are claimed), dropping the job
+  // from its list once its last page is claimed.
+  bool ClaimLocked(Job& job, int64_t* page) {
+    if (job.next >= job.n) return false;
+    *page = job.next++;
+    if (job.next == job.n) {
+      std::deque<Job*>& list = job.write ? write_jobs : read_jobs;
+      list.erase(std::find(list.begin(), list.end(), &job));
+    }
+    return true;
+  }
+  // Runs page `page` of `job` (claimed), then counts it finished. Called without `mu`.
+  void RunPage(Job& job, int64_t page) {
+    (*job.fn)(page);
+    bool last = false;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      last = ++job.finished == job.n;
+    }
+    if (last) job_cv.notify_all();
+  }
+  void ParallelFor(int64_t n, const std::function<void(int64_t)>& fn, bool write);
   // Under `mu`: whether `call` names a key that a queued or running write names.
   bool WaitsForAWriteLocked(const Call& call) const {
     if (pending_writes.empty()) return false;
@@ -210,7 +270,7 @@ struct StorageBackend::Queue {
 StorageBackend::StorageBackend(std::string url, StorageNamespace ns, StorageOptions options)
     : url_(std::move(url)),
       ns_(std::move(ns)),
-      options_(std::move(options)),
+      options_(Resolved(std::move(options))),
       queue_(std::make_unique<Queue>()) {}
 
 StorageBackend::~StorageBackend() { Close(); }
@@ -225,6 +285,9 @@ Status StorageBackend::Start() {
     std::lock_guard<std::mutex> lock(queue_->mu);
     queue_->running = true;
   }
+  queue_->num_threads = options_.io_threads;
+  queue_->max_writers =
+      options_.io_threads == 1 ? 1 : options_.io_threads - std::max(1, options_.io_threads / 4);
   for (int i = 0; i < options_.io_threads; ++i) {
     queue_->threads.emplace_back([this] { queue_->Loop(*this); });
   }
@@ -242,7 +305,15 @@ void StorageBackend::Close() {
   queue_->threads.clear();
 }
 
+namespace {
+// The queue whose I/O thread this is, and whether the call it runs writes (ParallelFor's
+// caller); null on other threads.
+thread_local const void* tls_queue = nullptr;
+thread_local bool tls_write = false;
+}  // namespace
+
 void StorageBackend::Queue::Loop(StorageBackend& b) {
+  tls_queue = this;
   for (;;) {
     Call call;
     {
@@ -250,25 +321,81 @@ void StorageBackend::Queue::Loop(StorageBackend& b) {
       cv.wait(lock,
               [&] { return HasWorkLocked() || (!running && writes.empty() && held.empty()); });
       if (!HasWorkLocked()) return;  // closing and drained
-      std::deque<Call>& from = reads.empty() ? writes : reads;
+      // Read work first: a page of a running read, then a read call; write work only while
+      // writes hold fewer than their share of the threads.
+      Job* job = !read_jobs.empty()                             ? read_jobs.front()
+                 : !reads.empty()                               ? nullptr
+                 : writers < max_writers && !write_jobs.empty() ? write_jobs.front()
+                                                                : nullptr;
+      if (job != nullptr) {
+        int64_t page = 0;
+        ClaimLocked(*job, &page);  // a listed job has a page left
+        const bool write = job->write;
+        if (write) ++writers;
+        lock.unlock();
+        RunPage(*job, page);  // `job` may be gone once its last page is counted
+        if (write) {
+          lock.lock();
+          --writers;
+          const bool more = !writes.empty() || !write_jobs.empty();
+          lock.unlock();
+          if (more) cv.notify_one();
+        }
+        continue;
+      }
+      const bool read = !reads.empty();
+      std::deque<Call>& from = read ? reads : writes;
       call = std::move(from.front());
       from.pop_front();
+      if (!read) ++writers;
     }
+    tls_write = !IsRead(call.kind);
     Run(b, call);
     if (!IsRead(call.kind)) {
       bool wake = false;
       {
         std::lock_guard<std::mutex> lock(mu);
+        --writers;
         const size_t ready_reads = reads.size();
         WriteDoneLocked(call.keys);
         // Wake the idle threads only when there is something new for them: reads this write
-        // held, or (closing) the drain they wait for. Waking them after every write made each
-        // one contend for `mu` and go back to sleep, a storm of hand-offs per batch.
-        wake = reads.size() > ready_reads || !running;
+        // held, a write that waited for this writer's share, or (closing) the drain they wait
+        // for. Waking them after every write made each one contend for `mu` and go back to
+        // sleep, a storm of hand-offs per batch.
+        wake = reads.size() > ready_reads || !running || !writes.empty() || !write_jobs.empty();
       }
       if (wake) cv.notify_all();
     }
   }
+}
+
+void StorageBackend::Queue::ParallelFor(int64_t n, const std::function<void(int64_t)>& fn,
+                                        bool write) {
+  Job job{&fn, n, write};
+  std::unique_lock<std::mutex> lock(mu);
+  (write ? write_jobs : read_jobs).push_back(&job);
+  lock.unlock();
+  // Helpers for the pages beyond the one this thread starts with.
+  for (int64_t i = 1; i < std::min<int64_t>(n, num_threads); ++i) cv.notify_one();
+  int64_t page = 0;
+  for (;;) {
+    lock.lock();
+    const bool claimed = ClaimLocked(job, &page);
+    lock.unlock();
+    if (!claimed) break;
+    RunPage(job, page);
+  }
+  lock.lock();
+  job_cv.wait(lock, [&] { return job.finished == job.n; });
+}
+
+void StorageBackend::ParallelFor(int64_t n, const std::function<void(int64_t)>& fn) {
+  if (n <= 0) return;
+  if (n == 1 || tls_queue != queue_.get() || options_.io_threads == 1) {
+    for (int64_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  queue_->ParallelFor(n, fn, tls_write);
 }
 
 void StorageBackend::Queue::Run(StorageBackend& b, Call& call) {
@@ -519,7 +646,7 @@ Result<std::unique_ptr<StorageBackend>> OpenStorage(std::string_view url,
     return Status::InvalidArgument(fmt::format(
         "storage URL '{}' has no scheme (expected file://, redis://, redis+cluster:// or "
         "memory://)",
-        url));
+        RedactUrl(url)));
   }
   if (scheme == "memory") return storage::OpenMemoryStorage(url, ns, options);
   if (scheme == "file") return storage::OpenFileStorage(url, ns, options);
@@ -537,8 +664,8 @@ Result<std::unique_ptr<StorageBackend>> OpenStorage(std::string_view url,
 #endif
   }
   return Status::InvalidArgument(fmt::format(
-      "storage URL '{}': unknown scheme '{}' (expected file, redis, redis+cluster or memory)", url,
-      scheme));
+      "storage URL '{}': unknown scheme '{}' (expected file, redis, redis+cluster or memory)",
+      RedactUrl(url), scheme));
 }
 
 }  // namespace kvtier

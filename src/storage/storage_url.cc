@@ -72,6 +72,24 @@ Result<int64_t> ParseByteSize(std::string_view text) {
   return static_cast<int64_t>(bytes);
 }
 
+std::string RedactUrl(std::string_view url) {
+  constexpr std::string_view kHidden = "***";
+  const size_t sep = url.find("://");
+  if (sep == std::string_view::npos) {
+    const size_t at = url.rfind('@');
+    if (at == std::string_view::npos) return std::string(url);
+    return fmt::format("{}{}", kHidden, url.substr(at));
+  }
+  const std::string_view scheme = url.substr(0, sep);
+  const std::string_view rest = url.substr(sep + 3);
+  const bool redis = scheme == "redis" || scheme == "redis+cluster";
+  const std::string_view authority =
+      rest.substr(0, redis ? rest.find('?') : rest.find_first_of("/?"));
+  const size_t at = authority.rfind('@');
+  if (at == std::string_view::npos) return std::string(url);
+  return fmt::format("{}{}{}", url.substr(0, sep + 3), kHidden, rest.substr(at));
+}
+
 namespace storage {
 
 Result<StorageUrl> ParseStorageUrl(std::string_view url) {
@@ -80,7 +98,12 @@ Result<StorageUrl> ParseStorageUrl(std::string_view url) {
     return Status::InvalidArgument(
         fmt::format("storage URL '{}' has no scheme (expected file://, redis://, "
                     "redis+cluster:// or memory://)",
-                    url));
+                    RedactUrl(url)));
+  }
+  // A C string cut at a NUL would name another path (file:///a\0b opens /a).
+  if (url.find('\0') != std::string_view::npos) {
+    return Status::InvalidArgument(
+        fmt::format("storage URL '{}' holds a NUL byte", RedactUrl(url.substr(0, url.find('\0')))));
   }
   StorageUrl out;
   out.scheme = std::string(url.substr(0, sep));
@@ -96,14 +119,14 @@ Result<StorageUrl> ParseStorageUrl(std::string_view url) {
     if (item.empty()) continue;
     const size_t eq = item.find('=');
     if (eq == std::string_view::npos || eq == 0) {
-      return Status::InvalidArgument(
-          fmt::format("storage URL parameter '{}' is not name=value (in '{}')", item, url));
+      return Status::InvalidArgument(fmt::format(
+          "storage URL parameter '{}' is not name=value (in '{}')", item, RedactUrl(url)));
     }
     std::string name(item.substr(0, eq));
     for (const auto& [n, v] : out.params) {
       if (n == name) {
         return Status::InvalidArgument(
-            fmt::format("storage URL parameter '{}' given twice (in '{}')", name, url));
+            fmt::format("storage URL parameter '{}' given twice (in '{}')", name, RedactUrl(url)));
       }
     }
     out.params.emplace_back(std::move(name), std::string(item.substr(eq + 1)));
@@ -156,7 +179,7 @@ Result<std::optional<bool>> StorageUrl::TakeBool(std::string_view name) {
 Status StorageUrl::CheckAllTaken(std::string_view url_for_messages) const {
   if (params.empty()) return Status::OK();
   return Status::InvalidArgument(fmt::format("storage URL '{}': unknown parameter '{}'",
-                                             url_for_messages, params.front().first));
+                                             RedactUrl(url_for_messages), params.front().first));
 }
 
 }  // namespace storage

@@ -34,7 +34,9 @@ struct StorageUrl {
 
 // Splits `url` at "://" and "?"; parameters are "name=value" joined by '&', percent-decoding
 // not supported (values are sizes, numbers and flags). InvalidArgument for a URL without "://",
-// an empty or repeated parameter name, or a parameter without '='.
+// with a NUL byte, an empty or repeated parameter name, or a parameter without '='.
 Result<StorageUrl> ParseStorageUrl(std::string_view url);
+
+// RedactUrl (a URL without its credentials) is public: kvtier/storage.h.
 
 }  // namespace kvtier::storage

@@ -96,7 +96,30 @@ Status FaultInjectingStorage::SetDropFraction(double fraction) {
 
 void FaultInjectingStorage::SetDown(bool down) { down_.store(down); }
 
+void FaultInjectingStorage::HoldWrites(bool hold) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    hold_writes_ = hold;
+  }
+  writes_cv_.notify_all();
+}
+
+int FaultInjectingStorage::held_writes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return held_writes_;
+}
+
+bool FaultInjectingStorage::WaitForWrites(Clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  ++held_writes_;
+  const bool released = writes_cv_.wait_until(lock, deadline, [&] { return !hold_writes_; });
+  --held_writes_;
+  if (!released) ++counts_.timed_out_calls;
+  return released;
+}
+
 void FaultInjectingStorage::ClearFaults() {
+  HoldWrites(false);
   delay_ms_.store(0);
   error_fraction_.store(0);
   corrupt_fraction_.store(0);
@@ -246,6 +269,10 @@ void FaultInjectingStorage::DoSet(std::span<const PageKey> keys,
                                   std::span<const PageBuffer> buffers, std::span<PageStatus> out,
                                   Clock::time_point deadline) {
   if (AnsweredWithoutForwarding(out, deadline)) return;
+  if (!WaitForWrites(deadline)) {
+    std::fill(out.begin(), out.end(), PageStatus::kTimedOut);
+    return;
+  }
   const double error_fraction = error_fraction_.load();
   const double drop_fraction = drop_fraction_.load();
   Forwarded fwd;
@@ -275,6 +302,10 @@ void FaultInjectingStorage::DoSet(std::span<const PageKey> keys,
 void FaultInjectingStorage::DoRemove(std::span<const PageKey> keys, std::span<PageStatus> out,
                                      Clock::time_point deadline) {
   if (AnsweredWithoutForwarding(out, deadline)) return;
+  if (!WaitForWrites(deadline)) {
+    std::fill(out.begin(), out.end(), PageStatus::kTimedOut);
+    return;
+  }
   const double error_fraction = error_fraction_.load();
   Forwarded fwd;
   int64_t failed = 0;

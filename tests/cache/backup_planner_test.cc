@@ -163,27 +163,61 @@ TEST(BackupPlannerTest, ALandedBackupIsStoredAndMarkedStored) {
   rig->ExpectConsistent();
 }
 
-TEST(BackupPlannerTest, AFullStoreQueueDropsTheStoreAndCountsIt) {
+TEST(BackupPlannerTest, AStoreLongerThanTheQueueGoesInPartsAndInBatches) {
+  HierarchicalCacheConfig cfg = Config(WritePolicy::kWriteThrough);
+  auto store = RigMemoryStore(kPage);
+  cfg.storage.backend = store;
+  cfg.storage.max_backup_queue_pages = 2;
+  cfg.storage.max_backup_batch_pages = 1;
+  auto rig = PartsRig::Make(cfg, kPage, 8, 8);
+  const auto tokens = Seq(5 * kPage, 5);
+  RadixNode* node = rig->InsertOnDevice(tokens);
+  {
+    CacheWork work(&rig->p().executor);
+    CacheLock lk(rig->p());
+    ASSERT_TRUE(rig->p().planner.Backup(node, &work, false));
+  }
+  rig->Settle();  // 2 + 2 + 1 pages, each part queued when the one before it is stored
+  EXPECT_TRUE(node->stored());
+  EXPECT_EQ(rig->p().counters.storage_backup_tokens, 5 * kPage);
+  EXPECT_EQ(rig->p().counters.storage_queue_drops, 0);
+  EXPECT_EQ(rig->p().counters.storage_backup_dropped_tokens, 0);
+  EXPECT_EQ(store->Stats().set_calls, 5);  // one page per batch
+  auto keys = ComputePromptPageKeys(tokens, kPage, "");
+  ASSERT_TRUE(keys.ok());
+  EXPECT_EQ(store->Exists(*keys).get().leading, 5);
+  rig->ExpectConsistent();
+}
+
+TEST(BackupPlannerTest, AFullStoreQueueDropsTheStoreAndCountsItAsQueueFull) {
   HierarchicalCacheConfig cfg = Config(WritePolicy::kWriteBack);
   cfg.storage.backend = RigMemoryStore(kPage);
   cfg.storage.max_backup_queue_pages = 2;
   auto rig = PartsRig::Make(cfg, kPage, 8, 8);
-  RadixNode* node = rig->InsertOnDevice(Seq(3 * kPage, 5));
+  RadixNode* a = rig->InsertOnDevice(Seq(2 * kPage, 5));
+  RadixNode* b = rig->InsertOnDevice(Seq(kPage, 500));
   {
     CacheWork work(&rig->p().executor);
     CacheLock lk(rig->p());
-    ASSERT_TRUE(rig->p().planner.Backup(node, &work, true));
+    ASSERT_TRUE(rig->p().planner.Backup(a, &work, true));
+    ASSERT_TRUE(rig->p().planner.Backup(b, &work, true));
   }
   rig->Settle();
+  CacheWork later;  // submitted by hand below, after the lock
   {
-    CacheWork work(&rig->p().executor);
     CacheLock lk(rig->p());
-    EXPECT_FALSE(node->stored());  // write_back: no store on backup
-    EXPECT_FALSE(rig->p().planner.Store(node, &work));
-    EXPECT_TRUE(work.storage.empty());
+    EXPECT_FALSE(a->stored());                       // write_back: no store on backup
+    EXPECT_TRUE(rig->p().planner.Store(a, &later));  // fills the queue
+    EXPECT_FALSE(rig->p().planner.Store(b, &later));
+    EXPECT_EQ(later.storage.size(), 1u);
     EXPECT_EQ(rig->p().counters.storage_queue_drops, 1);
-    EXPECT_EQ(rig->p().counters.storage_backup_dropped_tokens, 3 * kPage);
+    EXPECT_EQ(rig->p().counters.storage_backup_dropped_tokens, kPage);
   }
+  rig->p().executor.Run(later);
+  rig->Settle();
+  EXPECT_TRUE(a->stored());
+  EXPECT_FALSE(b->stored());
+  EXPECT_EQ(rig->p().counters.storage_backup_tokens, 2 * kPage);
 }
 
 }  // namespace

@@ -554,8 +554,8 @@ TEST(CacheFixesTest, CountsNearInt64MaxAndThreadCounts) {
   (void)g;
 }
 
-// The previous session's test: a failed backup is not counted as a backup, gives its host pages
-// back, and WaitForBackups says why.
+// A failed backup is not counted as a backup, gives its host pages back, and WaitForBackups says
+// why.
 TEST(CacheFixesTest, FailedBackupIsNotCountedAsABackup) {
   HierarchicalCacheConfig cfg;
   cfg.write_policy = WritePolicy::kWriteThrough;

@@ -43,6 +43,7 @@ using testing::InsertedPrefixes;
 
 constexpr int64_t kLayers = 2;
 constexpr int64_t kSlotBytes = 8;
+constexpr int64_t kLongDocPages = 160;  // the long-prompt variant's documents
 
 // A temporary directory removed at the end of the scope.
 class TempDir {
@@ -140,16 +141,19 @@ CacheUnderTest MakeCache(HierarchicalCacheConfig cfg, int64_t page, int64_t devi
 // Prompts that share prefixes: documents of pages, cut at random lengths, in two namespaces.
 class Prompts {
  public:
-  Prompts(int64_t page, uint64_t seed) : page_(page), rng_(seed) {
+  // `doc_pages`: the documents' length; prompts take 1 to min(16, doc_pages) pages of one, or up
+  // to all of it when `long_prompts`.
+  Prompts(int64_t page, uint64_t seed, int64_t doc_pages = 24, bool long_prompts = false)
+      : page_(page), long_(long_prompts), doc_pages_(doc_pages), rng_(seed) {
     for (int d = 0; d < 6; ++d) {
-      std::vector<Token> doc(static_cast<size_t>(24 * page));
+      std::vector<Token> doc(static_cast<size_t>(doc_pages * page));
       for (size_t i = 0; i < doc.size(); ++i) doc[i] = static_cast<Token>(d * 100000 + i);
       docs_.push_back(std::move(doc));
     }
   }
   std::pair<std::string, std::vector<Token>> Next(std::mt19937_64& rng) {
     const auto& doc = docs_[rng() % docs_.size()];
-    const size_t pages = 1 + rng() % 16;
+    const size_t pages = 1 + rng() % static_cast<size_t>(long_ ? doc_pages_ : 16);
     std::vector<Token> t(doc.begin(), doc.begin() + static_cast<long>(pages * page_));
     if (rng() % 3 == 0) {  // a distinct tail
       for (int64_t i = 0; i < page_ * static_cast<int64_t>(1 + rng() % 3); ++i) {
@@ -162,6 +166,8 @@ class Prompts {
 
  private:
   int64_t page_;
+  bool long_;
+  int64_t doc_pages_;
   std::mt19937_64 rng_;
   std::vector<std::vector<Token>> docs_;
 };
@@ -175,14 +181,17 @@ struct Live {
 // One random step of an engine thread. Returns false (after recording a failure) to stop.
 class Driver {
  public:
+  // `long_prompts`: prompts up to kLongDocPages pages, and some requests served as back-to-back
+  // chunked-prefill requests (a prefix, then a longer one, ... then the whole prompt).
   Driver(CacheUnderTest& s, InsertedPrefixes& model, FaultInjectingStorage* faults, uint64_t seed,
-         bool allow_faults)
+         bool allow_faults, bool long_prompts = false)
       : s_(s),
         model_(model),
         faults_(faults),
         rng_(seed),
-        prompts_(s.cache->page_size(), seed),
-        allow_faults_(allow_faults) {}
+        prompts_(s.cache->page_size(), seed, long_prompts ? kLongDocPages : 24, long_prompts),
+        allow_faults_(allow_faults),
+        chunked_(long_prompts) {}
 
   ~Driver() {
     for (const Live& l : live_) EXPECT_TRUE(s_.cache->Release(l.handle).ok());
@@ -206,11 +215,11 @@ class Driver {
     }
   }
 
-  void Step() {
+  // A request served like an engine: match, (query, prefetch), load back, prefill the rest,
+  // insert, release.
+  void Serve(const std::string& ns, const std::vector<Token>& tokens) {
     HierarchicalCache& c = *s_.cache;
-    const int op = static_cast<int>(rng_() % 100);
-    if (op < 30) {  // a request served like an engine: match, (load), prefill the rest, insert
-      auto [ns, tokens] = prompts_.Next(rng_);
+    {
       auto m = c.Match(tokens, ns);
       ASSERT_TRUE(m.ok()) << m.status().ToString();
       Live l{m->handle, ns, tokens};
@@ -248,6 +257,24 @@ class Driver {
         ASSERT_TRUE(fresh.status().IsOutOfMemory()) << fresh.status().ToString();
       }
       ASSERT_TRUE(c.Release(m->handle).ok());
+    }
+  }
+
+  void Step() {
+    HierarchicalCache& c = *s_.cache;
+    const int op = static_cast<int>(rng_() % 100);
+    if (op < 30) {
+      auto [ns, tokens] = prompts_.Next(rng_);
+      const int64_t pages = static_cast<int64_t>(tokens.size()) / c.page_size();
+      if (chunked_ && pages >= 4 && rng_() % 2 == 0) {  // chunked prefill, back to back
+        const int64_t chunks = 2 + static_cast<int64_t>(rng_() % 3);
+        for (int64_t k = 1; k < chunks; ++k) {
+          const int64_t end = pages * k / chunks * c.page_size();
+          Serve(ns, std::vector<Token>(tokens.begin(), tokens.begin() + end));
+          if (::testing::Test::HasFatalFailure()) return;
+        }
+      }
+      Serve(ns, tokens);
     } else if (op < 45) {  // a match kept live (pins), maybe queried and prefetched
       if (live_.size() >= 3) return;
       auto [ns, tokens] = prompts_.Next(rng_);
@@ -320,15 +347,19 @@ class Driver {
   std::mt19937_64 rng_;
   Prompts prompts_;
   bool allow_faults_;
+  bool chunked_;
   std::vector<Live> live_;
 };
 
 // Everything leaves device and host memory, then comes back through QueryStorage + Prefetch.
-void EvictAllAndPrefetchBack(CacheUnderTest& s, FaultInjectingStorage* faults, int64_t page) {
+// `doc_pages`: the prompt's length; `chunks`: inserted as that many back-to-back chunked-prefill
+// inserts.
+void EvictAllAndPrefetchBack(CacheUnderTest& s, FaultInjectingStorage* faults, int64_t page,
+                             int64_t doc_pages = 8, int64_t chunks = 1) {
   HierarchicalCache& c = *s.cache;
   if (faults != nullptr) faults->ClearFaults();
   const auto doc = [&] {
-    std::vector<Token> t(static_cast<size_t>(8 * page));
+    std::vector<Token> t(static_cast<size_t>(doc_pages * page));
     for (size_t i = 0; i < t.size(); ++i) t[i] = static_cast<Token>(777000 + i);
     return t;
   }();
@@ -337,38 +368,48 @@ void EvictAllAndPrefetchBack(CacheUnderTest& s, FaultInjectingStorage* faults, i
   for (int i = 0; i < 5000 && c.stats().host_filling_tokens > 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  for (int round = 0; round < 3; ++round) {
+  // Under write_back a long path leaves host memory in parts (the store queue's room at a time):
+  // rounds until it is empty, so that the prompt below competes with nothing for the queue.
+  for (int round = 0; round < 3 || (round < 64 && c.stats().host_used_tokens > 0); ++round) {
     ASSERT_TRUE(c.EvictHost(std::numeric_limits<int64_t>::max()).ok());
     (void)c.WaitForBackups();
   }
-  auto m = c.Match(doc);
-  ASSERT_TRUE(m.ok());
-  auto fresh = c.AllocateDeviceSlots(static_cast<int64_t>(doc.size()) - m->device_tokens);
-  ASSERT_TRUE(fresh.ok()) << fresh.status().ToString();
   const auto hashes = Hashes(doc, "");
-  ASSERT_TRUE(s.device
-                  ->Fill(*fresh, std::span<const uint64_t>(hashes).subspan(
-                                     static_cast<size_t>(m->device_tokens)))
-                  .ok());
-  std::vector<int64_t> slots = m->device_slots;
-  slots.insert(slots.end(), fresh->begin(), fresh->end());
-  ASSERT_TRUE(c.Insert(doc, slots).ok());
-  ASSERT_TRUE(c.Release(m->handle).ok());
+  for (int64_t k = 1; k <= chunks; ++k) {
+    const std::span<const Token> chunk =
+        std::span<const Token>(doc).first(static_cast<size_t>(doc_pages * k / chunks * page));
+    auto m = c.Match(chunk);
+    ASSERT_TRUE(m.ok());
+    auto lb = c.LoadBack(m->handle);  // what an earlier chunk left in host memory
+    ASSERT_TRUE(lb.ok()) << lb.status().ToString();
+    const int64_t cached = static_cast<int64_t>(lb->device_slots.size());
+    auto fresh = c.AllocateDeviceSlots(static_cast<int64_t>(chunk.size()) - cached);
+    ASSERT_TRUE(fresh.ok()) << fresh.status().ToString();
+    ASSERT_TRUE(s.device
+                    ->Fill(*fresh, std::span<const uint64_t>(hashes).subspan(
+                                       static_cast<size_t>(cached), fresh->size()))
+                    .ok());
+    std::vector<int64_t> slots = lb->device_slots;
+    slots.insert(slots.end(), fresh->begin(), fresh->end());
+    ASSERT_TRUE(c.Insert(chunk, slots).ok());
+    ASSERT_TRUE(c.Release(m->handle).ok());
+  }
   for (int i = 0; i < 3; ++i) {  // hits: write_through_selective backs it up at its threshold
     auto hit = c.Match(doc);
     ASSERT_TRUE(hit.ok());
     ASSERT_TRUE(c.Release(hit->handle).ok());
   }
   (void)c.WaitForBackups();
-  // write_back stores only on host eviction: drain in two rounds.
-  for (int round = 0; round < 3; ++round) {
+  // write_back stores only on host eviction, at most the store queue's room at a time (host
+  // eviction waits for what is in flight): drain in rounds.
+  for (int round = 0; round < 3 || (round < 64 && c.stats().host_used_tokens > 0); ++round) {
     ASSERT_TRUE(c.EvictDevice(std::numeric_limits<int64_t>::max()).ok());
     (void)c.WaitForBackups();
     ASSERT_TRUE(c.EvictHost(std::numeric_limits<int64_t>::max()).ok());
     (void)c.WaitForBackups();
   }
   ASSERT_TRUE(c.CheckConsistency().ok()) << c.CheckConsistency().ToString();
-  m = c.Match(doc);
+  auto m = c.Match(doc);
   ASSERT_TRUE(m.ok());
   EXPECT_EQ(m->device_tokens, 0);
   EXPECT_EQ(m->host_tokens, 0);
@@ -398,6 +439,7 @@ void EvictAllAndPrefetchBack(CacheUnderTest& s, FaultInjectingStorage* faults, i
 struct Params {
   std::string store;  // "memory" or "file"
   uint64_t seed;
+  bool long_prompts = false;  // prompts up to kLongDocPages pages, chunked prefill, small batches
 };
 
 class TiersModelTest : public ::testing::TestWithParam<Params> {};
@@ -420,11 +462,21 @@ void RunModel(const Params& p, int64_t steps) {
   cfg.storage.prefetch_timeout_base_s = 0.02;
   cfg.storage.max_storage_only_pages = 64;
   cfg.storage.max_prefetch_batch_pages = 3;
-  CacheUnderTest s = MakeCache(cfg, page, 24, 32, testing::BackendFromEnv(), faults);
+  int64_t device_pages = 24, host_pages = 32;
+  if (p.long_prompts) {
+    // Stores in many batches, and paths longer than the queue's room stored in parts.
+    cfg.storage.max_backup_batch_pages = 7;
+    cfg.storage.max_backup_queue_pages = 40;
+    cfg.storage.max_storage_only_pages = 4 * kLongDocPages;
+    device_pages = 3 * kLongDocPages;
+    host_pages = 4 * kLongDocPages;
+  }
+  CacheUnderTest s =
+      MakeCache(cfg, page, device_pages, host_pages, testing::BackendFromEnv(), faults);
   ASSERT_NE(s.cache, nullptr);
   InsertedPrefixes model(page);
   {
-    Driver d(s, model, faults, p.seed, /*allow_faults=*/true);
+    Driver d(s, model, faults, p.seed, /*allow_faults=*/true, p.long_prompts);
     for (int64_t i = 0; i < steps; ++i) {
       d.Step();
       if (::testing::Test::HasFatalFailure()) return;
@@ -432,7 +484,11 @@ void RunModel(const Params& p, int64_t steps) {
       ASSERT_TRUE(st.ok()) << "step " << i << ": " << st.ToString();
     }
   }
-  EvictAllAndPrefetchBack(s, faults, page);
+  if (p.long_prompts) {
+    EvictAllAndPrefetchBack(s, faults, page, kLongDocPages, /*chunks=*/4);
+  } else {
+    EvictAllAndPrefetchBack(s, faults, page);
+  }
   const CacheStats stats = s.cache->stats();
   EXPECT_GT(stats.match_calls, 0);
   s.ExpectNothingRanUnderTheMutex();
@@ -453,9 +509,12 @@ INSTANTIATE_TEST_SUITE_P(Stores, TiersModelTest,
                          ::testing::Values(Params{"memory", 1}, Params{"memory", 2},
                                            Params{"memory", 3}, Params{"memory", 4},
                                            Params{"memory", 5}, Params{"memory", 6},
-                                           Params{"file", 7}, Params{"file", 8}, Params{"file", 9}),
+                                           Params{"file", 7}, Params{"file", 8}, Params{"file", 9},
+                                           Params{"memory", 10, true}, Params{"memory", 11, true},
+                                           Params{"memory", 12, true}, Params{"file", 13, true}),
                          [](const auto& info) {
-                           return fmt::format("{}_{}", info.param.store, info.param.seed);
+                           return fmt::format("{}_{}{}", info.param.store, info.param.seed,
+                                              info.param.long_prompts ? "_long" : "");
                          });
 
 // Four engine threads on one cache, faults included; the invariants are checked as they run.

@@ -11,6 +11,7 @@
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -24,6 +25,7 @@
 
 #include "kvtier/storage.h"
 #include "kvtier/testing/storage_fault.h"
+#include "storage/file_io.h"
 #include "storage/page_format.h"
 
 namespace kvtier {
@@ -69,12 +71,23 @@ class FileBackendTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     // tmpfs when there is one: removing directories on a virtual disk is slow, and the faults
-    // tested here do not depend on the file system.
-    const char* base = ::access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
+    // tested here do not depend on the file system. Direct I/O needs a file system with
+    // O_DIRECT (tmpfs has none): /tmp, or the test is skipped.
+    const bool direct = GetParam() == "direct";
+    const char* base = !direct && ::access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
     std::string tmpl = std::string(base) + "/kvtier_file_test_XXXXXX";
     ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
     root_ = tmpl;
+    if (direct) {
+      const std::string probe = root_ + "/probe";
+      const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_DIRECT, 0600);
+      if (fd < 0) GTEST_SKIP() << "no O_DIRECT on " << base << ": " << std::strerror(errno);
+      ::close(fd);
+      ::unlink(probe.c_str());
+    }
   }
+  // The URL parameter of this run's I/O mode.
+  std::string IoParam() const { return GetParam() == "direct" ? "direct=1" : "io=" + GetParam(); }
   void TearDown() override {
     std::error_code ec;
     fs::remove_all(root_, ec);
@@ -82,7 +95,7 @@ class FileBackendTest : public ::testing::TestWithParam<std::string> {
 
   // The store's URL with `params` ("" or "?name=value...") and this run's io mode.
   std::string Url(std::string_view params = "") const {
-    const std::string io = "io=" + GetParam();
+    const std::string io = IoParam();
     return "file://" + root_ + "/store" +
            (params.empty() ? "?" + io : std::string(params) + "&" + io);
   }
@@ -163,7 +176,94 @@ TEST_P(FileBackendTest, RoundTripLayoutAndPermissions) {
   const StorageStats s = b->Stats();
   EXPECT_EQ(s.stored_pages, 19);
   EXPECT_EQ(s.stored_bytes, 19 * kValueBytes);
-  EXPECT_EQ(s.capacity_bytes, -1);
+  EXPECT_GT(s.capacity_bytes, 0);  // derived from the free space (DefaultCapacity... below)
+}
+
+// Without `capacity` the bound is half of the free space at open plus what the namespace already
+// stores; capacity=0 is an error, as for memory://.
+TEST_P(FileBackendTest, DefaultCapacityIsDerivedFromTheFreeSpace) {
+  {
+    auto b = Open();
+    const auto keys = Keys(8);
+    Pages in(8, 2);
+    ASSERT_EQ(b->Set(keys, in.buffers).get().leading_ok(), 8);
+  }
+  struct statvfs vfs;
+  ASSERT_EQ(::statvfs(root_.c_str(), &vfs), 0);
+  const double free_before = static_cast<double>(vfs.f_bavail) * static_cast<double>(vfs.f_frsize);
+  auto b = Open();
+  ASSERT_EQ(::statvfs(root_.c_str(), &vfs), 0);
+  const double free_after = static_cast<double>(vfs.f_bavail) * static_cast<double>(vfs.f_frsize);
+  const double capacity = static_cast<double>(b->Stats().capacity_bytes);
+  // Other processes may write meanwhile: within 5 % of the rule.
+  EXPECT_GE(capacity, 0.95 * (std::min(free_before, free_after) + 8 * kValueBytes) / 2);
+  EXPECT_LE(capacity, 1.05 * (std::max(free_before, free_after) + 8 * kValueBytes) / 2);
+  EXPECT_EQ(b->Stats().stored_pages, 8);
+
+  for (const char* params : {"?capacity=0", "?capacity=0B"}) {
+    auto r = OpenStorage(Url(params), SmallNamespace());
+    ASSERT_FALSE(r.ok()) << params;
+    EXPECT_TRUE(r.status().IsInvalidArgument()) << r.status().ToString();
+    EXPECT_NE(r.status().message().find("capacity"), std::string::npos) << r.status().ToString();
+  }
+}
+
+// Every path beneath the store root is opened with no symlink followed, with openat2 and with the
+// component-by-component openat fallback: a shard directory or the namespace directory replaced
+// by a symlink to a directory outside the store (holding a valid copy of the page) is never read
+// nor written through, and a restart does not index it.
+TEST_P(FileBackendTest, SymlinkedShardAndNamespaceDirectoriesAreRefused) {
+  struct RestoreResolution {
+    ~RestoreResolution() { storage::ForceOpenatFallbackForTesting(false); }
+  } restore;
+  for (const bool fallback : {false, true}) {
+    SCOPED_TRACE(fallback ? "openat fallback" : "openat2");
+    storage::ForceOpenatFallbackForTesting(fallback);
+    const std::string store = root_ + "/store";
+    fs::remove_all(store);
+    auto b = Open();
+    const auto keys = Keys(2, fallback ? "b" : "a");
+    Pages in(2, 9);
+    ASSERT_EQ(b->Set({keys[0]}, {in.buffers[0]}).get().leading_ok(), 1);
+    // The shard directory moves outside the store; a symlink takes its place.
+    const std::string shard = fs::path(PathOf(keys[0])).parent_path().string();
+    const std::string outside = root_ + "/outside";
+    fs::remove_all(outside);
+    ASSERT_EQ(::rename(shard.c_str(), outside.c_str()), 0);
+    ASSERT_EQ(::symlink(outside.c_str(), shard.c_str()), 0);
+    const auto outside_before = std::distance(fs::directory_iterator(outside), {});
+    EXPECT_EQ(GetOne(*b, keys[0], in.bytes[0]), PageStatus::kCorrupt);
+    // A Set into that shard fails, and writes nothing outside.
+    EXPECT_EQ(b->Set({keys[0]}, {in.buffers[0]}).get().pages[0], PageStatus::kFailed);
+    EXPECT_EQ(std::distance(fs::directory_iterator(outside), {}), outside_before);
+    // Removing the page does not unlink through the symlink either.
+    b->Remove({keys[0]}).get();
+    EXPECT_TRUE(fs::exists(fs::path(outside) / keys[0].Hex()));
+    // A restart skips the symlinked shard.
+    b.reset();
+    b = Open();
+    EXPECT_EQ(b->Stats().stored_pages, 0);
+    EXPECT_EQ(b->Exists({keys[0]}).get().leading, 0);
+
+    // The namespace directory replaced by a symlink: every page is refused, nothing written.
+    const std::string ns_dir = store + "/" + SmallNamespace().Name();
+    const std::string outside_ns = root_ + "/outside_ns";
+    fs::remove_all(outside_ns);
+    ASSERT_EQ(::rename(ns_dir.c_str(), outside_ns.c_str()), 0);
+    ASSERT_EQ(::symlink(outside_ns.c_str(), ns_dir.c_str()), 0);
+    EXPECT_EQ(b->Set({keys[1]}, {in.buffers[1]}).get().pages[0], PageStatus::kFailed);
+    EXPECT_EQ(GetOne(*b, keys[1], in.bytes[1]), PageStatus::kCorrupt);
+    for (const auto& e : fs::recursive_directory_iterator(outside_ns)) {
+      EXPECT_NE(e.path().filename().string(), keys[1].Hex()) << "written through a symlink";
+      EXPECT_FALSE(e.path().filename().string().starts_with(".tmp.")) << e.path();
+    }
+    // Opening a store whose namespace directory is a symlink is an IOError naming it.
+    b.reset();
+    auto r = OpenStorage(Url(), SmallNamespace());
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kIOError) << r.status().ToString();
+    EXPECT_NE(r.status().message().find("symlink"), std::string::npos) << r.status().ToString();
+  }
 }
 
 TEST_P(FileBackendTest, BadUrls) {
@@ -343,7 +443,7 @@ TEST_P(FileBackendTest, WrongNamespaceIsAMiss) {
 }
 
 TEST_P(FileBackendTest, DirectoryMissingAtStartAndRemovedWhileRunning) {
-  const std::string url = "file://" + root_ + "/deep/er/store?io=" + GetParam();
+  const std::string url = "file://" + root_ + "/deep/er/store?" + IoParam();
   auto r = OpenStorage(url, SmallNamespace());
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   auto& b = **r;
@@ -594,10 +694,81 @@ TEST_P(FileBackendTest, GetIsServedWhileAFaultDelayedSetBacklogWaits) {
   EXPECT_EQ(sets_done.load(), 8);
 }
 
+// Direct I/O with buffers as pinned host pages have them (4 KiB-aligned; one segment, or K and V
+// with K whole blocks) reads straight into them, the payload's partial last block included, and
+// with unaligned buffers through the bounce buffer; every byte is checked, and a byte flipped in
+// the last partial block is a miss.
+TEST_P(FileBackendTest, DirectReadsIntoAlignedAndUnalignedBuffers) {
+  if (GetParam() != "direct") GTEST_SKIP() << "direct=1 only";
+  StorageNamespace ns = SmallNamespace("direct-model");
+  ns.num_layers = 1;
+  ns.slot_bytes = 832;
+  ns.page_size = 16;  // 2 * 832 * 16 = 26,624 bytes: 6.5 blocks of 4 KiB
+  const size_t page = static_cast<size_t>(ns.page_bytes());
+  ASSERT_EQ(page, 26'624u);
+  auto b = Open("", ns);
+  ASSERT_NE(b, nullptr);
+  const auto keys = Keys(6, "direct");
+  struct Free {
+    void operator()(std::byte* p) const { std::free(p); }
+  };
+  std::unique_ptr<std::byte, Free> in(static_cast<std::byte*>(std::aligned_alloc(4096, 8 * 32768)));
+  std::unique_ptr<std::byte, Free> out(
+      static_cast<std::byte*>(std::aligned_alloc(4096, 8 * 32768)));
+  std::mt19937 rng(11);
+  for (size_t i = 0; i < 8 * 32768; ++i) in.get()[i] = static_cast<std::byte>(rng());
+  auto slot = [&](std::byte* base, size_t i) { return std::span(base + i * 32768, page); };
+  std::vector<PageBuffer> src;
+  for (size_t i = 0; i < keys.size(); ++i) src.push_back(PageBuffer::Of(slot(in.get(), i)));
+  ASSERT_EQ(b->Set(keys, src).get().leading_ok(), 6);
+  std::memset(out.get(), 0xCD, 8 * 32768);
+  // Pages 0-1 one aligned segment, 2-3 K (4 blocks) and V, 4-5 unaligned (64 bytes in).
+  std::vector<PageBuffer> dst;
+  for (size_t i = 0; i < 6; ++i) {
+    std::span<std::byte> whole = slot(out.get(), i);
+    if (i < 2) {
+      dst.push_back(PageBuffer::Of(whole));
+    } else if (i < 4) {
+      dst.push_back(PageBuffer::Of(whole.first(16384), whole.subspan(16384)));
+    } else {
+      dst.push_back(PageBuffer::Of(std::span(whole.data() + 64, page)));
+    }
+  }
+  // Aligned and unaligned pages in separate batches (one batch takes one path).
+  ASSERT_EQ(
+      b->Get({keys.begin(), keys.begin() + 4}, {dst.begin(), dst.begin() + 4}).get().leading_ok(),
+      4);
+  ASSERT_EQ(b->Get({keys.begin() + 4, keys.end()}, {dst.begin() + 4, dst.end()}).get().leading_ok(),
+            2);
+  for (size_t i = 0; i < 6; ++i) {
+    const std::byte* got = slot(out.get(), i).data() + (i >= 4 ? 64 : 0);
+    EXPECT_EQ(std::memcmp(got, slot(in.get(), i).data(), page), 0) << "page " << i;
+  }
+  // A flipped byte in the payload's last partial block: a miss on both paths.
+  for (size_t i : {size_t{0}, size_t{4}}) {
+    const std::string path = PathOf(keys[i], ns);
+    std::vector<std::byte> file = ReadFile(path);
+    ASSERT_EQ(file.size(), kOff + page);
+    file[file.size() - 3] ^= std::byte{1};
+    WriteFile(path, file);
+    EXPECT_EQ(b->Get({keys[i]}, {dst[i]}).get().pages[0], PageStatus::kCorrupt) << "page " << i;
+  }
 #if KVTIER_HAVE_URING
-INSTANTIATE_TEST_SUITE_P(IoModes, FileBackendTest, ::testing::Values("threads", "uring"));
+  // io=uring beside direct=1: unaligned buffers still take the bounce path.
+  b.reset();
+  b = Open("?io=uring", ns);
+  ASSERT_NE(b, nullptr);
+  std::memset(out.get(), 0xCD, 8 * 32768);
+  ASSERT_EQ(b->Get({keys[5], keys[1]}, {dst[5], dst[1]}).get().leading_ok(), 2);
+  EXPECT_EQ(std::memcmp(slot(out.get(), 5).data() + 64, slot(in.get(), 5).data(), page), 0);
+  EXPECT_EQ(std::memcmp(slot(out.get(), 1).data(), slot(in.get(), 1).data(), page), 0);
+#endif
+}
+
+#if KVTIER_HAVE_URING
+INSTANTIATE_TEST_SUITE_P(IoModes, FileBackendTest, ::testing::Values("threads", "uring", "direct"));
 #else
-INSTANTIATE_TEST_SUITE_P(IoModes, FileBackendTest, ::testing::Values("threads"));
+INSTANTIATE_TEST_SUITE_P(IoModes, FileBackendTest, ::testing::Values("threads", "direct"));
 #endif
 
 }  // namespace

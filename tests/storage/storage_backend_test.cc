@@ -9,8 +9,10 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
+#include <future>
 #include <mutex>
 #include <random>
+#include <set>
 #include <stdexcept>
 #include <thread>
 
@@ -361,6 +363,120 @@ TEST(StorageBackendTest, ConcurrentCallersGetTheirOwnBytes) {
   EXPECT_EQ(s.set_ok_pages, kThreads * kRounds * kPages);
   EXPECT_EQ(s.get_hit_pages, kThreads * kRounds * kPages);
   EXPECT_EQ(s.stored_pages, kThreads * (kRounds / 2) * kPages);
+}
+
+// A backend whose hooks run their pages through ParallelFor; each page waits at a gate and
+// records how many pages run at once.
+class ParallelBackend final : public StorageBackend {
+ public:
+  ParallelBackend(const StorageNamespace& ns, const StorageOptions& options)
+      : StorageBackend("parallel://", ns, options) {}
+  ~ParallelBackend() override { Close(); }
+  Status Open() { return Start(); }
+
+  void OpenGate() {
+    std::lock_guard<std::mutex> lock(mu_);
+    open_ = true;
+    cv_.notify_all();
+  }
+  // Waits (bounded) until `n` pages are running at once; false if that never happened.
+  bool WaitRunning(int n) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, 30s, [&] { return running_ >= n; });
+  }
+  int max_running() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return max_running_;
+  }
+  std::set<std::thread::id> threads() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return threads_;
+  }
+
+ protected:
+  ExistsResult DoExists(std::span<const PageKey>, Clock::time_point) override { return {}; }
+  void DoGet(std::span<const PageKey> keys, std::span<const PageBuffer>, std::span<PageStatus> out,
+             Clock::time_point) override {
+    // Reads are not gated: they must get through while writes hold their share.
+    ParallelFor(static_cast<int64_t>(keys.size()), [&](int64_t i) {
+      Note();
+      out[static_cast<size_t>(i)] = PageStatus::kOk;
+    });
+  }
+  void DoSet(std::span<const PageKey> keys, std::span<const PageBuffer>, std::span<PageStatus> out,
+             Clock::time_point) override {
+    ParallelFor(static_cast<int64_t>(keys.size()), [&](int64_t i) {
+      std::unique_lock<std::mutex> lock(mu_);
+      threads_.insert(std::this_thread::get_id());
+      max_running_ = std::max(max_running_, ++running_);
+      cv_.notify_all();
+      cv_.wait(lock, [&] { return open_; });
+      --running_;
+      out[static_cast<size_t>(i)] = PageStatus::kOk;
+    });
+  }
+  void DoRemove(std::span<const PageKey>, std::span<PageStatus>, Clock::time_point) override {}
+
+ private:
+  void Note() {
+    std::lock_guard<std::mutex> lock(mu_);
+    threads_.insert(std::this_thread::get_id());
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = false;
+  int running_ = 0, max_running_ = 0;
+  std::set<std::thread::id> threads_;
+};
+
+// One set of threads: a hook's ParallelFor runs its pages on the backend's own idle I/O threads
+// (no pool of its own), a write's pages on at most the writes' share of them (8 threads: 6), and
+// a Get still runs on the threads left while those pages are held.
+TEST(StorageBackendTest, ParallelForSharesPagesWithinTheWritersShare) {
+  StorageOptions o;
+  o.io_threads = 8;
+  o.max_batch_pages = 64;
+  o.timeout = 60s;
+  ParallelBackend b(SmallNamespace(), o);
+  ASSERT_TRUE(b.Open().ok());
+  std::vector<std::byte> page(512);
+  std::vector<PageKey> keys;
+  std::vector<PageBuffer> buffers;
+  for (int i = 0; i < 16; ++i) {
+    keys.push_back(KeyOf(i));
+    buffers.push_back(PageBuffer::Of(page));
+  }
+  auto set = b.Set(keys, buffers);
+  ASSERT_TRUE(b.WaitRunning(6)) << "a write's pages did not spread over the I/O threads";
+  std::vector<PageKey> other_keys;  // keys no write names (else read-your-writes holds the Get)
+  for (int i = 100; i < 116; ++i) other_keys.push_back(KeyOf(i));
+  auto get = b.Get(other_keys, buffers);
+  const bool served = get.wait_for(30s) == std::future_status::ready;
+  if (!served) b.OpenGate();  // let Close drain
+  ASSERT_TRUE(served) << "the Get waited for held writes";
+  EXPECT_EQ(get.get().leading_ok(), 16);
+  EXPECT_EQ(b.max_running(), 6);
+  b.OpenGate();
+  EXPECT_EQ(set.get().leading_ok(), 16);
+  EXPECT_EQ(b.max_running(), 6);
+  EXPECT_LE(b.threads().size(), 8u);  // only the backend's own threads ever ran a page
+}
+
+// io_threads = 0 (the default) means min(cores, 16), at least 4; a backend's options() show the
+// number it runs.
+TEST(StorageBackendTest, DefaultIoThreadsComeFromTheMachine) {
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  EXPECT_EQ(DefaultIoThreads(), std::min(16, std::max(4, cores)));
+  EXPECT_EQ(StorageOptions{}.io_threads, 0);
+  EXPECT_TRUE(StorageOptions{}.Validate().ok());
+  auto b = OpenStorage("memory://?capacity=1MiB", SmallNamespace());
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_EQ((*b)->options().io_threads, DefaultIoThreads());
+  StorageOptions three;
+  three.io_threads = 3;
+  auto c = OpenStorage("memory://?capacity=1MiB", SmallNamespace(), three);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ((*c)->options().io_threads, 3);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "kvtier/storage.h"
+#include "storage/redis_url.h"
 
 namespace kvtier {
 namespace {
@@ -104,7 +105,7 @@ TEST(OpenStorageTest, DispatchOnScheme) {
   bad_ns.page_size = 3;
   EXPECT_TRUE(OpenStorage("memory://", bad_ns).status().IsInvalidArgument());
   StorageOptions bad_options;
-  bad_options.io_threads = 0;
+  bad_options.io_threads = -1;  // 0 is the machine's default
   auto r = OpenStorage("memory://", ns, bad_options);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("io_threads"), std::string::npos);
@@ -118,6 +119,62 @@ TEST(OpenStorageTest, DispatchOnScheme) {
 #endif
 }
 
+TEST(RedactUrlTest, HidesUserInfoOnly) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"redis://:s3cret@127.0.0.1:6379", "redis://***@127.0.0.1:6379"},
+      {"redis://alice:s3cret@host:1?timeout_ms=5", "redis://***@host:1?timeout_ms=5"},
+      {"redis://:s3/cr@t@host:1/", "redis://***@host:1/"},  // raw '/' and '@' in the password
+      {"redis+cluster://u:s3cret@a:1,b:2", "redis+cluster://***@a:1,b:2"},
+      {"rediss://:s3cret@host:1", "rediss://***@host:1"},  // unknown scheme: still hidden
+      {"memory://:s3cret@name?capacity=1MiB", "memory://***@name?capacity=1MiB"},
+      {"file://u:s3cret@/data", "file://***@/data"},
+      {"redis:/:s3cret@host", "***@host"},  // no "://": a mistyped URL
+      {"redis://127.0.0.1:6379", "redis://127.0.0.1:6379"},
+      {"file:///data/kv@2?capacity=1GiB", "file:///data/kv@2?capacity=1GiB"},
+      {"memory://", "memory://"},
+      {"none", "none"},
+      {"", ""},
+  };
+  for (const auto& [url, want] : cases) EXPECT_EQ(RedactUrl(url), want) << url;
+}
+
+// Every error OpenStorage and the URL parsers return for a URL with a password: no password.
+TEST(RedactUrlTest, ErrorsNeverShowThePassword) {
+  StorageNamespace ns;
+  ns.model_id = "m";
+  ns.num_layers = 2;
+  ns.slot_bytes = 64;
+  ns.page_size = 16;
+  for (const char* url :
+       {"rediss://:s3cret@127.0.0.1:1", "redis:/:s3cret@127.0.0.1:1", "ftp://u:s3cret@h/x",
+        "memory://:s3cret@x", "memory://:s3cret@x?capacity=0", "memory://:s3cret@x?bogus=1",
+        "memory://:s3cret@x?capacity=1MiB&capacity=2MiB", "memory://:s3cret@x?novalue",
+        "redis://:s3cret@127.0.0.1:1?bogus=1", "redis://:s3cret@127.0.0.1:99999",
+        "redis+cluster://:s3cret@a:1,:2", "redis://:s3cret@127.0.0.1:1/3"}) {
+    auto r = OpenStorage(url, ns);
+    ASSERT_FALSE(r.ok()) << url;
+    EXPECT_EQ(r.status().ToString().find("s3cret"), std::string::npos)
+        << url << ": " << r.status().ToString();
+    auto p = storage::ParseStorageUrl(url);
+    if (p.ok()) {
+      EXPECT_EQ(p->CheckAllTaken(url).ToString().find("s3cret"), std::string::npos) << url;
+    } else {
+      EXPECT_EQ(p.status().ToString().find("s3cret"), std::string::npos) << url;
+    }
+  }
+}
+
+TEST(StorageUrlTest, NulByteIsRefused) {
+  using namespace std::string_literals;
+  for (const std::string url : {"file:///tmp/a\0/b"s, "memory://x\0y"s, "redis://h:1\0"s}) {
+    auto parsed = storage::ParseStorageUrl(url);
+    ASSERT_FALSE(parsed.ok());
+    EXPECT_NE(parsed.status().message().find("NUL"), std::string::npos)
+        << parsed.status().ToString();
+  }
+  EXPECT_FALSE(storage::ParseRedisUrl("redis://:pw\0x@h:1"s).ok());
+}
+
 TEST(StorageOptionsTest, ValidateNamesTheField) {
   EXPECT_TRUE(StorageOptions{}.Validate().ok());
   StorageOptions o;
@@ -129,6 +186,12 @@ TEST(StorageOptionsTest, ValidateNamesTheField) {
   o = {};
   o.timeout = std::chrono::milliseconds(0);
   EXPECT_NE(o.Validate().message().find("timeout"), std::string::npos);
+  for (int64_t ms : {int64_t{600'001}, int64_t{10'000'000'000'000}, INT64_MAX}) {
+    o.timeout = std::chrono::milliseconds(ms);
+    EXPECT_NE(o.Validate().message().find("timeout"), std::string::npos) << ms;
+  }
+  o.timeout = std::chrono::milliseconds(600'000);
+  EXPECT_TRUE(o.Validate().ok());
   o = {};
   o.max_batch_pages = 0;
   EXPECT_NE(o.Validate().message().find("max_batch_pages"), std::string::npos);

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <future>
 #include <random>
 #include <thread>
 
@@ -235,6 +236,59 @@ TEST(StorageFaultTest, ConcurrentSettingChangesKeepHitsCorrect) {
   flipper.join();
   EXPECT_EQ(wrong.load(), 0);
   EXPECT_GT(hits.load(), 0);
+}
+
+// A slow store's backups never delay a read: writes run on at most their share of the I/O
+// threads (4 threads: 3), so with every write held a Get still finds a thread and completes;
+// writes that cannot keep up fill their queue and the next is rejected at once ("write queue
+// full", what the cache counts as queue_full) instead of waiting. No timing: the writes stay held
+// until the Get has completed.
+TEST(StorageFaultTest, HeldWritesNeverDelayAReadAndOverflowIsRejected) {
+  auto inner = OpenStorage("memory://?capacity=16MiB", SmallNamespace());
+  ASSERT_TRUE(inner.ok());
+  StorageOptions o;
+  o.io_threads = 4;
+  o.max_queued_batches = 2;
+  o.timeout = 60s;  // a bound for a broken build, never reached by a passing one
+  auto w = FaultInjectingStorage::Wrap(std::move(*inner), 1, o);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  FaultInjectingStorage& b = **w;
+  const auto keys = Keys(8);
+  Pages pages(8, 3);
+  ASSERT_EQ(b.Set({keys[0]}, {pages.buffers[0]}).get().leading_ok(), 1);
+
+  b.HoldWrites(true);
+  std::vector<std::future<BatchResult>> sets;
+  for (size_t i = 1; i <= 3; ++i) sets.push_back(b.Set({keys[i]}, {pages.buffers[i]}));
+  // Three writers, the writes' share of four threads, are held; then two more wait in the queue.
+  const auto give_up = Clock::now() + 30s;
+  while (b.held_writes() < 3 && Clock::now() < give_up) std::this_thread::sleep_for(1ms);
+  ASSERT_EQ(b.held_writes(), 3);
+  for (size_t i = 4; i <= 5; ++i) sets.push_back(b.Set({keys[i]}, {pages.buffers[i]}));
+  EXPECT_EQ(b.Stats().queued_batches, 2);
+  auto overflow = b.Set({keys[6]}, {pages.buffers[6]});
+  ASSERT_EQ(overflow.wait_for(0s), std::future_status::ready);  // rejected in the call
+  const BatchResult rejected = overflow.get();
+  EXPECT_TRUE(rejected.status.IsUnavailable());
+  EXPECT_NE(rejected.status.message().find("write queue full"), std::string::npos)
+      << rejected.status.ToString();
+
+  // The fourth thread serves reads while every write is held.
+  Pages out(1, 0, /*poison=*/true);
+  auto get = b.Get({keys[0]}, out.buffers);
+  ASSERT_EQ(get.wait_for(30s), std::future_status::ready) << "the Get waited for held writes";
+  EXPECT_EQ(get.get().leading_ok(), 1);
+  EXPECT_EQ(out.bytes[0], pages.bytes[0]);
+  EXPECT_EQ(b.Exists({keys[0]}).get().leading, 1);
+  EXPECT_EQ(b.held_writes(), 3);
+  for (auto& f : sets) EXPECT_NE(f.wait_for(0s), std::future_status::ready);
+
+  b.HoldWrites(false);
+  for (auto& f : sets) EXPECT_EQ(f.get().leading_ok(), 1);
+  EXPECT_EQ(b.Stats().rejected_calls, 1);
+  Pages back(5, 0, /*poison=*/true);
+  ASSERT_EQ(b.Get({keys.begin() + 1, keys.begin() + 6}, back.buffers).get().leading_ok(), 5);
+  for (size_t i = 0; i < 5; ++i) EXPECT_EQ(back.bytes[i], pages.bytes[i + 1]);
 }
 
 }  // namespace

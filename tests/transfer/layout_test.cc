@@ -1,5 +1,5 @@
-// KvGeometry's address math: the formulas of ARCHITECTURE.md §2 at hand-computed points, and for
-// every layout a bijection between (layer, slot, head) chunks and the chunks of the buffer.
+// KvGeometry's address math: the formulas of docs/architecture.md §2 at hand-computed points, and
+// for every layout a bijection between (layer, slot, head) chunks and the chunks of the buffer.
 #include "kvtier/layout.h"
 
 #include <gtest/gtest.h>

@@ -1,7 +1,7 @@
 // tools/kvtier/bench.cc — the workload, buffers and output of `kvtier bench`, and its cpu rows.
 //
-// The cpu rows follow PERFORMANCE.md with host memory standing in for the GPU: the "device" pool
-// is a second host region. The ceiling of a cpu row is one plain memcpy of the same byte count
+// The cpu rows follow docs/performance.md with host memory standing in for the GPU: the "device"
+// pool is a second host region. The ceiling of a cpu row is one plain memcpy of the same byte count
 // from the same source (target 6: the gather/scatter reaches >= 70 % of it), measured in the same
 // row, alternating with the backend's runs so both see the same machine. Every row fills its
 // source with random bytes, poisons its destination, runs the backend (warm-up, then the timed

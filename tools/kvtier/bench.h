@@ -1,4 +1,4 @@
-// tools/kvtier/bench.h — `kvtier bench`: the reference transfer workload of PERFORMANCE.md.
+// tools/kvtier/bench.h — `kvtier bench`: the reference transfer workload of docs/performance.md.
 //
 // Shared by the CPU half (bench.cc) and the GPU half (bench_gpu.cc, built only with CUDA):
 //   - BenchOptions: what the command line asked for.
@@ -6,7 +6,7 @@
 //   - DrawSlots: the random page selection of a case (source and destination drawn independently).
 //   - HostKvBuffers: owned, mmap-backed host buffers of one KV region, with random fill, poison
 //     and whole-buffer comparison (the correctness check of every row).
-//   - BenchRow, PrintTable, PrintProgress, WriteJson: the output of PERFORMANCE.md.
+//   - BenchRow, PrintTable, PrintProgress, WriteJson: the output of docs/performance.md.
 //
 // Per case the pools are: a "device" pool (layer_first, what the engine owns on the GPU; a second
 // host region on the cpu backend) and a host pool in the case's host layout. Both hold
@@ -47,7 +47,7 @@ struct ModelShape {
   int64_t slot_bytes;       // 2048 (each of K and V), 1152 (the one MLA buffer)
   int64_t page_head_heads;  // head_num used for the page_head host layout: 8, 1
   bool mla;
-  int64_t reference_device_slots;  // 65,536: the device pool of PERFORMANCE.md
+  int64_t reference_device_slots;  // 65,536: the device pool of docs/performance.md
 };
 const ModelShape& ModelShapeOf(BenchShape shape);
 
@@ -177,7 +177,7 @@ class HostKvBuffers {
   void* data_[2] = {nullptr, nullptr};
 };
 
-// One row of the table (PERFORMANCE.md "How to measure").
+// One row of the table (docs/performance.md "How to measure").
 struct BenchRow {
   std::string shape;   // "mha" / "mla"
   std::string op;      // "load" / "backup"

@@ -1,6 +1,6 @@
 // tools/kvtier/bench_gpu.cc — the GPU rows of `kvtier bench` (backends kernel, dma, auto).
 //
-// Follows PERFORMANCE.md "How to measure (GPU)":
+// Follows docs/performance.md "How to measure (GPU)":
 //   1. The ceiling first, every run: one 1 GiB cudaMemcpyAsync pinned host -> device and
 //      device -> host (warm-up, then the median of `repeats`, timed by CUDA events). Every row's
 //      "% of ceiling" is against the direction it moves, measured here; but where the median
@@ -28,7 +28,7 @@
 //      the device pool.
 //   4. "Both directions at once": per-layer loads of every layer on one stream while an
 //      all-layer backup runs on another; reported as the sum of the two directions' bytes over
-//      the time both took, against 1.6 x the one-way ceiling (PERFORMANCE.md target 5).
+//      the time both took, against 1.6 x the one-way ceiling (docs/performance.md target 5).
 //
 // Indices: the kernel backend gets int64 device indices (as engines hand them over); dma and
 // auto get host indices (dma plans on the host; with device indices auto always picks kernel).
@@ -417,9 +417,9 @@ Result<BenchRow> GpuBench::TimeRow(const BenchCase& c, TransferBackend backend,
   // ungated, and their GPU time then includes the submission.
   constexpr int64_t kMaxGatedCopyOps = 256;
   // Short calls are timed in bursts of back-to-back calls (events around the burst, divided by
-  // its length), as PERFORMANCE.md asks ("CUDA events around repeated calls"): a lone call of a
-  // few hundred microseconds also times the stream's start-up after the gate and the launch,
-  // tens of microseconds that back-to-back calls (a layer-by-layer load) overlap.
+  // its length), as docs/performance.md asks ("CUDA events around repeated calls"): a lone call of
+  // a few hundred microseconds also times the stream's start-up after the gate and the launch, tens
+  // of microseconds that back-to-back calls (a layer-by-layer load) overlap.
   constexpr double kBurstMs = 4.0;
   constexpr int kMaxBurst = 32;
   StreamGate gate;

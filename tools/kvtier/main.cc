@@ -18,6 +18,7 @@
 
 #include "bench.h"
 #include "replay_cli.h"
+#include "replay_tp.h"
 #include "shm.h"
 #include "storage_bench.h"
 
@@ -34,11 +35,22 @@ Status ParseList(const std::vector<std::string>& names, Parse parse, std::vector
   return Status::OK();
 }
 
+// The command line as reports record it, the user info of every URL (an argument with "://")
+// redacted: --storage URL and --storage=URL alike.
 std::string JoinArgs(int argc, char** argv) {
   std::string s;
   for (int i = 0; i < argc; ++i) {
     if (i > 0) s += ' ';
-    s += argv[i];
+    const std::string_view arg = argv[i];
+    const size_t eq = arg.find('=');
+    if (arg.find("://") == std::string_view::npos) {
+      s += arg;
+    } else if (arg.starts_with("--") && eq != std::string_view::npos && eq < arg.find("://")) {
+      s += arg.substr(0, eq + 1);
+      s += RedactUrl(arg.substr(eq + 1));
+    } else {
+      s += RedactUrl(arg);
+    }
   }
   return s;
 }
@@ -167,7 +179,7 @@ int main(int argc, char** argv) {
   CLI::App* bench = app.add_subcommand(
       "bench", "Benchmark the transfer backends on the reference workload; checks every byte");
   bench->footer(
-      "Transfer benchmark on the reference workload of PERFORMANCE.md: MHA (Llama-3-8B: 32 "
+      "Transfer benchmark on the reference workload of docs/performance.md: MHA (Llama-3-8B: 32 "
       "layers, slot_bytes 2048 for K and for V) and MLA (DeepSeek-V3: 61 layers, slot_bytes "
       "1152), tokens moved in random pages (source and destination pages drawn independently), "
       "per-layer load (host -> device, one layer) and all-layer backup (device -> host) for every "
@@ -302,6 +314,8 @@ int main(int argc, char** argv) {
   // ---- replay, demo ----
   ReplayOptions replay_options;
   CLI::App* replay = AddReplayCommand(app, &replay_options);
+  TpReplayArgs tp_args;
+  AddTpReplayFlags(replay, &tp_args);
   DemoOptions demo_options;
   CLI::App* demo = AddDemoCommand(app, &demo_options);
 
@@ -309,6 +323,12 @@ int main(int argc, char** argv) {
 
   CLI11_PARSE(app, argc, argv);
 
+  if (bench->parsed() && bench->count("--storage") > 0 && storage_options.url.empty()) {
+    std::fprintf(stderr,
+                 "kvtier bench: --storage is empty (give a URL: file:///dir, redis://host:port, "
+                 "memory://; without --storage the bench measures transfers)\n");
+    return 2;
+  }
   if (bench->parsed() && !storage_options.url.empty()) {
     storage_options.repeats = options.repeats;
     storage_options.json_path = options.json_path;
@@ -317,6 +337,9 @@ int main(int argc, char** argv) {
   if (bench->parsed()) return RunBench(options, args, JoinArgs(argc, argv));
   if (replay->parsed()) {
     replay_options.command_line = JoinArgs(argc, argv);
+    if (tp_args.tp > 1 || tp_args.rank > 0) {
+      return RunReplayTp(replay_options, tp_args, std::vector<std::string>(argv + 1, argv + argc));
+    }
     return RunReplay(replay_options);
   }
   if (demo->parsed()) {

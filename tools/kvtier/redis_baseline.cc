@@ -207,9 +207,20 @@ Result<std::vector<RedisBaselineRow>> RunRedisBenchmark(std::string_view url,
     if (!parsed.user.empty()) argv.insert(argv.end(), {"--user", parsed.user});
   }
 
-  KVTIER_ASSIGN_OR_RETURN(std::string output, RunChild(std::move(argv), options.time_limit));
+  // redis-benchmark now and then prints only its CSV header (a client that lost its connection
+  // to a busy server): one failed run is retried once before it counts.
+  Result<std::vector<RedisBaselineRow>> rows = Status::Unavailable("not run");
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    Result<std::string> output = RunChild(argv, options.time_limit);
+    if (!output.ok() && !output.status().IsUnavailable()) return output.status();  // not installed
+    rows = output.ok() ? ParseRedisBenchmarkCsv(*output, options.value_bytes) : output.status();
+    if (rows.ok()) break;
+  }
   if (options.key_space == 0 && !parsed.cluster) KVTIER_RETURN_IF_ERROR(DeleteLiteralKey(url));
-  return ParseRedisBenchmarkCsv(output, options.value_bytes);
+  if (!rows.ok()) {
+    return Status::Unavailable(fmt::format("{} (twice)", rows.status().message()));
+  }
+  return rows;
 }
 
 #if KVTIER_HAVE_HIREDIS

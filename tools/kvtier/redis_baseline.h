@@ -65,9 +65,10 @@ class RedisKeySpace {
 };
 
 // Runs redis-benchmark against the server of a redis:// URL (or, with --cluster, the first seed
-// of a redis+cluster:// URL), with the URL's credentials. NotFound when redis-benchmark is not
-// installed; Unavailable when it fails or runs past the time limit; InvalidArgument for a bad URL
-// or a key space with a cluster URL.
+// of a redis+cluster:// URL), with the URL's credentials. A run that fails, runs past the time
+// limit or prints no result is retried once. NotFound when redis-benchmark is not installed;
+// Unavailable when both runs failed; InvalidArgument for a bad URL or a key space with a cluster
+// URL.
 Result<std::vector<RedisBaselineRow>> RunRedisBenchmark(std::string_view url,
                                                         const RedisBaselineOptions& options);
 

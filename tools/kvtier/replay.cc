@@ -16,10 +16,12 @@
 #include <optional>
 #include <span>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "kvtier/device.h"
 #include "kvtier/hierarchical_cache.h"
+#include "kvtier/kv_events.h"
 #include "kvtier/shared_host_pool.h"
 #include "kvtier/storage.h"
 #include "kvtier/testing/kv_pattern.h"
@@ -203,7 +205,7 @@ Status ReplayOptions::Validate() const {
         fmt::format("--page-size = {} must be a power of two in [1, 256]", page_size));
   }
   KVTIER_RETURN_IF_ERROR(Bound("--device-tokens", device_tokens, page_size, kMaxTokens));
-  if (host_tokens != -1) {  // -1: the default, 4 x --device-tokens
+  if (host_tokens != -1 || host_tokens_given) {  // -1 unless given: 4 x --device-tokens
     KVTIER_RETURN_IF_ERROR(Bound("--host-tokens", host_tokens, 0, kMaxTokens));
   }
   if (host_tokens == 0 && storage != "none") {
@@ -230,6 +232,17 @@ Status ReplayOptions::Validate() const {
   KVTIER_RETURN_IF_ERROR(OneOf("--verify", verify, {"all", "sample"}));
   KVTIER_RETURN_IF_ERROR(OneOf("--runs", runs, {"all", "hierarchy", "no_cache,hierarchy"}));
   KVTIER_RETURN_IF_ERROR(BoundReal("--slow-class-margin", slow_class_margin, 0, 10));
+  if (kv_events.empty() && (!kv_events_replay.empty() || !kv_events_topic.empty())) {
+    return Status::InvalidArgument("--kv-events-replay and --kv-events-topic need --kv-events");
+  }
+  KVTIER_RETURN_IF_ERROR(BoundReal("--kv-events-hold", kv_events_hold_s, 0, 3600));
+  if (kv_events.empty() && kv_events_hold_s > 0) {
+    return Status::InvalidArgument("--kv-events-hold needs --kv-events");
+  }
+  if (!kv_events.empty() && !sweep.empty()) {
+    return Status::InvalidArgument(
+        "--kv-events publishes one hierarchy run's events; --sweep makes several");
+  }
   if (!fault.empty()) {
     KVTIER_RETURN_IF_ERROR(ParseFault(fault).status());
     if (storage == "none") {
@@ -242,7 +255,7 @@ Status ReplayOptions::Validate() const {
     return Status::InvalidArgument(fmt::format(
         "--shared-host {} is the host tier, with no storage tier below it: it needs a host tier "
         "(--host-tokens > 0) and takes neither --storage {} nor --fault",
-        shared_host, storage));
+        shared_host, RedactUrl(storage)));
   }
   if (storage != "none" && storage != "file" && storage != "redis" &&
       storage.find("://") == std::string::npos) {
@@ -250,10 +263,20 @@ Status ReplayOptions::Validate() const {
         fmt::format("--storage = '{}' must be none, file (a temporary file store), redis (a "
                     "redis-server the run starts) or a URL such as file:///path, "
                     "redis://host:port, memory://",
-                    storage));
+                    RedactUrl(storage)));
   }
   if (!json_path.empty()) KVTIER_RETURN_IF_ERROR(CheckOutputPath(json_path, "--json"));
-  if (!plot_path.empty()) KVTIER_RETURN_IF_ERROR(CheckOutputPath(plot_path, "--plot"));
+  if (!plot_path.empty()) {
+    KVTIER_RETURN_IF_ERROR(CheckOutputPath(plot_path, "--plot"));
+    // A PNG goes to a file: a device (/dev/full, /dev/null) would swallow or refuse it after the
+    // whole run.
+    std::error_code ec;
+    if (std::filesystem::exists(plot_path, ec) &&
+        !std::filesystem::is_regular_file(plot_path, ec)) {
+      return Status::InvalidArgument(
+          fmt::format("--plot {}: not a regular file (the plot is a PNG file)", plot_path));
+    }
+  }
   return Status::OK();
 }
 
@@ -328,6 +351,7 @@ struct Setup {
   // there is no baseline for the store (then `storage_ceiling.how` says why).
   bool storage_ceiling_measured = false;
   StorageCeiling storage_ceiling;
+  std::shared_ptr<KvEventPublisher> kv_events;  // --kv-events: the hierarchy run's sink
 };
 
 // A request between its Match and its Release.
@@ -541,6 +565,17 @@ class RunDriver {
     if (cache_ != nullptr) {
       KVTIER_RETURN_IF_ERROR(cache_->WaitForBackups().WithContext("waiting for backups"));
       summary_.cache = cache_->stats();
+      if (kind_ == RunKind::kHierarchy && s_.kv_events != nullptr) {
+        // The blocks the events describe, then every batch sent (the seq they end at).
+        KVTIER_ASSIGN_OR_RETURN(summary_.kv_blocks, cache_->CachedBlocks());
+        if (!s_.kv_events->Flush(std::chrono::seconds(30))) {
+          return Status::Unavailable("--kv-events: batches still queued after 30 s");
+        }
+        summary_.has_kv_events = true;
+        summary_.kv_events = s_.kv_events->stats();
+        summary_.kv_events_endpoint = s_.kv_events->endpoint();
+        summary_.kv_events_replay_endpoint = s_.kv_events->replay_endpoint();
+      }
       if (o_.metrics) summary_.metrics = cache_->Metrics();
       if (StorageBackend* b = cache_->storage(); b != nullptr) {
         summary_.has_storage = true;
@@ -603,7 +638,13 @@ class RunDriver {
         c.storage.max_storage_only_pages = std::max<int64_t>(
             0, storage_->capacity_bytes() / page_bytes - c.host_capacity_bytes / page_bytes);
       }
-      summary_.storage = storage_->url();
+      summary_.storage = RedactUrl(storage_->url());
+    }
+    if (kind_ == RunKind::kHierarchy && s_.kv_events != nullptr) {
+      c.kv_event_sink = s_.kv_events;
+      if (c.storage.backend != nullptr) {
+        summary_.kv_events_storage_medium = StorageMediumOf(c.storage.backend->url());
+      }
     }
     KVTIER_ASSIGN_OR_RETURN(cache_, HierarchicalCache::Create(c, s_.engine->device_region()));
     summary_.has_cache = true;
@@ -836,6 +877,8 @@ Result<TransferBackend> ChooseIoBackend(const ReplayOptions& o, bool gpu) {
   return ParseTransferBackend(o.io_backend);
 }
 
+}  // namespace
+
 Status LoadWorkload(const ReplayOptions& o, Workload* w) {
   const std::string& name = o.workload;
   if (name == "chat" || name == "system-prompt" || name == "doc-qa") {
@@ -876,6 +919,8 @@ Status LoadWorkload(const ReplayOptions& o, Workload* w) {
   return Status::OK();
 }
 
+namespace {
+
 std::string Settings(const Setup& s, bool exact) {
   const ReplayOptions& o = s.options;
   std::string sched = o.sequential ? "sequential"
@@ -885,9 +930,9 @@ std::string Settings(const Setup& s, bool exact) {
   return fmt::format(
       "page {}, device {} tokens, host {} tokens ({}), storage {}, write {}, "
       "prefetch {}, eviction {}, io {}, verify {}, {}{}",
-      o.page_size, o.device_tokens, o.host_tokens, o.host_layout, o.storage, o.write_policy,
-      o.prefetch_policy, o.eviction, TransferBackendName(s.io_backend), o.verify, sched,
-      exact ? " [exact mode: the device tier is a plain leaf-LRU prefix cache]" : "");
+      o.page_size, o.device_tokens, o.host_tokens, o.host_layout, RedactUrl(o.storage),
+      o.write_policy, o.prefetch_policy, o.eviction, TransferBackendName(s.io_backend), o.verify,
+      sched, exact ? " [exact mode: the device tier is a plain leaf-LRU prefix cache]" : "");
 }
 
 }  // namespace
@@ -911,6 +956,19 @@ int RunReplay(const ReplayOptions& input) {
     const Fault f = *ParseFault(o.fault);
     s.fault_at_s = f.down_at_s;
     s.fault_delay_ms = f.delay_ms;
+  }
+  if (!o.kv_events.empty()) {
+    KvEventPublisherConfig events;
+    events.endpoint = o.kv_events;
+    events.replay_endpoint = o.kv_events_replay;
+    events.topic = o.kv_events_topic;
+    Result<std::unique_ptr<KvEventPublisher>> pub = KvEventPublisher::Open(events);
+    if (!pub.ok()) return fail(pub.status().WithContext("--kv-events"));
+    s.kv_events = std::move(*pub);
+    // Subscribers may want the bound ports ('*') before the run ends.
+    std::fprintf(stderr, "kvtier replay: kv events on %s%s%s\n", s.kv_events->endpoint().c_str(),
+                 s.kv_events->replay_endpoint().empty() ? "" : ", replay socket on ",
+                 s.kv_events->replay_endpoint().c_str());
   }
   if (Status st = LoadWorkload(o, &s.workload); !st.ok()) {
     std::fprintf(stderr, "kvtier replay: %s\n", st.message().c_str());
@@ -1043,7 +1101,9 @@ int RunReplay(const ReplayOptions& input) {
     std::string json = o.json_path;
     std::string temp_json;
     if (json.empty()) {
-      temp_json = o.plot_path + ".json.tmp";
+      const char* tmp = std::getenv("TMPDIR");
+      temp_json = fmt::format("{}/kvtier-replay-plot-{}.json",
+                              tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", ::getpid());
       json = temp_json;
       if (Status st = WriteReplayJson(json, report); !st.ok()) code = fail(st);
     }
@@ -1071,6 +1131,12 @@ int RunReplay(const ReplayOptions& input) {
                  static_cast<long long>(c.requests), 1 + o.slow_class_margin,
                  o.slow_class_warn ? "" : " (--slow-class-warn makes this a warning)");
     if (!o.slow_class_warn && code == 0) code = 3;
+  }
+  if (s.kv_events != nullptr && o.kv_events_hold_s > 0) {
+    // The report is written: subscribers that missed batches can still ask the replay socket.
+    std::fprintf(stderr, "kvtier replay: holding the kv event sockets open for %g s\n",
+                 o.kv_events_hold_s);
+    std::this_thread::sleep_for(std::chrono::duration<double>(o.kv_events_hold_s));
   }
   return code;
 }

@@ -66,7 +66,8 @@ struct ReplayOptions {
   // ---- tiers (names of SGLang's --hicache-* flags where they exist) ----
   int64_t page_size = 64;
   int64_t device_tokens = 131072;
-  int64_t host_tokens = -1;  // -1: 4 x device_tokens; 0: no host tier
+  int64_t host_tokens = -1;        // -1: 4 x device_tokens; 0: no host tier
+  bool host_tokens_given = false;  // --host-tokens was on the command line (then -1 is an error)
   // file (a temporary file store), redis (a redis-server the run starts on a free loopback port
   // and stops), none, or a storage URL. Needs a host tier (--host-tokens > 0) unless none.
   std::string storage = "file";
@@ -94,6 +95,13 @@ struct ReplayOptions {
   std::string json_path;
   std::string plot_path;
   std::string sweep;  // "host-tokens=A,B,C"
+  // --kv-events ENDPOINT: the hierarchy run publishes its KV events there (kvtier/kv_events.h;
+  // bound when it has '*', else connected, as vLLM does), with a replay socket bound at
+  // --kv-events-replay and every message under --kv-events-topic.
+  std::string kv_events;
+  std::string kv_events_replay;
+  std::string kv_events_topic;
+  double kv_events_hold_s = 0;  // --kv-events-hold: sockets stay open this long after the run
   bool metrics = false;
   bool progress = true;
   // Runs to make: "all" (no cache, device-only, hierarchy), "no_cache,hierarchy" or "hierarchy".
@@ -114,6 +122,11 @@ struct ReplayOptions {
 // 2 for bad options, 3 when a hit class is slower than no cache beyond noise (unless
 // slow_class_warn).
 int RunReplay(const ReplayOptions& options);
+
+struct Workload;  // workload.h
+// The requests `options` name (--workload, --requests, --warmup, --skip, --shard): the warm-up
+// ones first. InvalidArgument / NotFound naming the flag or file.
+Status LoadWorkload(const ReplayOptions& options, Workload* workload);
 
 // The shipped conversation trace (data/traces/...), or "" when it cannot be found.
 std::string DefaultTracePath();

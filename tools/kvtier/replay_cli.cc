@@ -92,7 +92,8 @@ CLI::App* AddReplayCommand(CLI::App& app, ReplayOptions* o) {
   c->add_option("--device-tokens", o->device_tokens, "device tier capacity in tokens")
       ->capture_default_str();
   c->add_option("--host-tokens", o->host_tokens,
-                "host tier capacity in tokens (0 = no host tier; default 4 x --device-tokens)");
+                "host tier capacity in tokens (0 = no host tier; default 4 x --device-tokens)")
+      ->each([o](const std::string&) { o->host_tokens_given = true; });
   c->add_option("--storage", o->storage,
                 "storage tier: file (a temporary file store, removed afterwards), redis (a "
                 "redis-server the run starts on a free 127.0.0.1 port and stops), none, or a URL: "
@@ -159,6 +160,16 @@ CLI::App* AddReplayCommand(CLI::App& app, ReplayOptions* o) {
                 "python3-matplotlib");
   c->add_option("--sweep", o->sweep,
                 "host-tokens=A,B,C: one hierarchy run per value; hit rate and TTFT against it");
+  c->add_option("--kv-events", o->kv_events,
+                "publish the hierarchy run's KV events (vLLM's schema, ZeroMQ PUB) on this "
+                "endpoint, e.g. tcp://*:5557 (bound) or tcp://127.0.0.1:5557 (connected)");
+  c->add_option("--kv-events-replay", o->kv_events_replay,
+                "with --kv-events: the replay socket (ROUTER, bound), e.g. tcp://*:5558");
+  c->add_option("--kv-events-topic", o->kv_events_topic,
+                "with --kv-events: the topic frame of every message (default empty)");
+  c->add_option("--kv-events-hold", o->kv_events_hold_s,
+                "with --kv-events: keep the sockets open this many seconds after the report, "
+                "for subscribers that still fetch missed batches from the replay socket");
   c->add_option("--runs", o->runs,
                 "all (no cache, device-only, hierarchy), no_cache,hierarchy (what the ideal, "
                 "the mostly-cached speed-up and the hit classes need) or hierarchy")

@@ -14,8 +14,9 @@ try:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-except ImportError:
-    sys.stderr.write("replay_plot.py: matplotlib is missing (apt-get install python3-matplotlib)\n")
+except ImportError as e:
+    sys.stderr.write("replay_plot.py: matplotlib is missing (apt-get install python3-matplotlib): "
+                     "%s\n" % e)
     sys.exit(3)
 
 COLORS = {"device": "#1b9e77", "host": "#d95f02", "storage": "#7570b3",
@@ -119,7 +120,8 @@ def main():
                  fontsize=10)
     fig.tight_layout()
     try:
-        fig.savefig(sys.argv[2], dpi=110)
+        # format given: matplotlib then writes exactly this path (never "PATH.png" beside it)
+        fig.savefig(sys.argv[2], dpi=110, format="png")
     except OSError as e:
         sys.stderr.write("replay_plot.py: cannot write %s: %s\n" % (sys.argv[2], e))
         return 2

@@ -397,6 +397,19 @@ void PrintReport(std::FILE* out, const ReplayReport& report) {
       std::fprintf(out, "load back: %lld requests recomputed their host hits (no device room)\n",
                    static_cast<long long>(hier->load_failures));
     }
+    if (hier->has_kv_events) {
+      const KvEventPublisherStats& e = hier->kv_events;
+      std::fprintf(
+          out,
+          "kv events: %llu batches (%llu events) published on %s, %llu dropped; the "
+          "cache holds %zu GPU, %zu CPU_PINNED, %zu %s blocks\n",
+          static_cast<unsigned long long>(e.published_batches),
+          static_cast<unsigned long long>(e.published_events), hier->kv_events_endpoint.c_str(),
+          static_cast<unsigned long long>(e.dropped_batches), hier->kv_blocks.device.size(),
+          hier->kv_blocks.host.size(), hier->kv_blocks.storage.size(),
+          hier->kv_events_storage_medium.empty() ? "storage"
+                                                 : hier->kv_events_storage_medium.c_str());
+    }
     if (hier->has_storage) {
       std::fprintf(out,
                    "storage %s: %lld errors, %lld corrupt pages, %lld timeouts, %lld queue drops\n",
@@ -478,6 +491,25 @@ nlohmann::json RunJson(const RunSummary& r, int64_t token_bytes) {
                    {"partial", r.prefetch_partial},
                    {"timed_out", r.prefetch_timed_out},
                    {"none", r.prefetch_none}};
+  if (r.has_kv_events) {
+    const KvEventPublisherStats& e = r.kv_events;
+    nlohmann::json blocks = {{std::string(kMediumGpu), r.kv_blocks.device},
+                             {std::string(kMediumCpuPinned), r.kv_blocks.host}};
+    if (!r.kv_events_storage_medium.empty()) {
+      blocks[r.kv_events_storage_medium] = r.kv_blocks.storage;
+    }
+    // `batches`: the seqs handed out so far (published, dropped or failed to send).
+    j["kv_events"] = {{"endpoint", r.kv_events_endpoint},
+                      {"replay_endpoint", r.kv_events_replay_endpoint},
+                      {"storage_medium", r.kv_events_storage_medium},
+                      {"batches", e.published_batches + e.dropped_batches + e.send_errors},
+                      {"published_batches", e.published_batches},
+                      {"published_events", e.published_events},
+                      {"dropped_batches", e.dropped_batches},
+                      {"dropped_events", e.dropped_events},
+                      {"send_errors", e.send_errors},
+                      {"blocks", blocks}};
+  }
   if (r.has_cache && !r.shared_host.empty()) {
     j["shared_host"] = {{"name", r.shared_host},
                         {"hit_tokens", r.cache.shared_host_hit_tokens},
@@ -654,6 +686,7 @@ Status WriteReplayJson(const std::string& path, const ReplayReport& report) {
   std::ofstream f(path);
   if (!f) return Status::IOError(fmt::format("--json: cannot write {}", path));
   f << j.dump(1) << "\n";
+  f.close();  // a full disk shows at the last flush
   if (!f) return Status::IOError(fmt::format("--json: writing {} failed", path));
   return Status::OK();
 }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kvtier/hierarchical_cache.h"
+#include "kvtier/kv_events.h"
 #include "kvtier/status.h"
 #include "kvtier/storage.h"
 
@@ -61,6 +62,13 @@ struct RunSummary {
   CacheStats cache;
   bool has_storage = false;
   StorageStats storage_stats;
+  // --kv-events (the hierarchy run): the publisher's counts once every batch was sent, and the
+  // cache's blocks per tier when they were counted (what a subscriber rebuilds from the events).
+  bool has_kv_events = false;
+  KvEventPublisherStats kv_events;
+  std::string kv_events_endpoint, kv_events_replay_endpoint;
+  std::string kv_events_storage_medium;  // empty without a storage tier
+  TierBlockHashes kv_blocks;
   int64_t bytes_checked = 0, wrong_bytes = 0;
   std::string first_wrong;
   int64_t load_failures = 0;  // LoadBack could not make room: the host part was recomputed

@@ -7,6 +7,7 @@
 #include <grp.h>
 
 #include <cctype>
+#include <charconv>
 #include <cstdio>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
@@ -48,6 +49,27 @@ Result<int64_t> ParseBytes(const std::string& text) {
   }
   return static_cast<int64_t>(bytes);
 }
+
+// An integer option in [lo, hi]; CLI11 prefixes the message with the option's name.
+CLI::Validator IntegerIn(int64_t lo, int64_t hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& text) -> std::string {
+        int64_t v = 0;
+        const char* end = text.data() + text.size();
+        const auto [ptr, ec] = std::from_chars(text.data(), end, v);
+        if (ec != std::errc() || ptr != end || v < lo || v > hi) {
+          return fmt::format("{} is not an integer in [{}, {}]", text, lo, hi);
+        }
+        return std::string();
+      },
+      fmt::format("INT in [{}, {}]", lo, hi));
+}
+
+// Bounds of `shm create` (a segment's index and pages must stay far from int64 overflow).
+constexpr int64_t kMaxLayers = 4096;
+constexpr int64_t kMaxSlotBytes = int64_t{1} << 30;
+constexpr int64_t kMaxHeads = 4096;
+constexpr int64_t kMaxPages = int64_t{1} << 40;
 
 // A group name or a numeric group id.
 Result<int64_t> ParseGroup(const std::string& text) {
@@ -154,22 +176,22 @@ ShmCommand::ShmCommand(CLI::App& app) {
   create_->add_flag("--mla", mla_, "one buffer per page (MLA) instead of K and V");
   create_->add_option("--layers", layers_, "layers of the model")
       ->required()
-      ->check(CLI::PositiveNumber);
+      ->check(IntegerIn(1, kMaxLayers));
   create_
       ->add_option("--slot-bytes", slot_bytes_,
                    "bytes of one token in one layer of one buffer (a multiple of 4)")
       ->required()
-      ->check(CLI::PositiveNumber);
-  create_->add_option("--page-size", page_size_, "tokens per page")
-      ->check(CLI::PositiveNumber)
+      ->check(IntegerIn(1, kMaxSlotBytes));
+  create_->add_option("--page-size", page_size_, "tokens per page (a power of two, 1..256)")
+      ->check(IntegerIn(1, 256))
       ->capture_default_str();
   create_->add_option("--heads", heads_, "heads in slot_bytes (page_head splits by head)")
-      ->check(CLI::PositiveNumber)
+      ->check(IntegerIn(1, kMaxHeads))
       ->capture_default_str();
   auto* capacity = create_->add_option(
       "--capacity", capacity_, "page bytes of all buffers, e.g. 64G (rounded down to pages)");
   auto* pages =
-      create_->add_option("--pages", pages_, "number of pages")->check(CLI::PositiveNumber);
+      create_->add_option("--pages", pages_, "number of pages")->check(IntegerIn(1, kMaxPages));
   capacity->excludes(pages);
   create_->add_flag("--huge-pages", huge_pages_,
                     "use a hugetlbfs mount when there is one with room (else /dev/shm)");
@@ -216,6 +238,11 @@ int ShmCommand::RunCreate() const {
   config.huge_pages = huge_pages_;
   config.max_processes = max_processes_;
   config.register_with_cuda = false;  // this process only creates it
+  // A page size no cache can use would make a segment nobody can attach.
+  if (bad.ok() && (page_size_ & (page_size_ - 1)) != 0) {
+    bad = Status::InvalidArgument(fmt::format(
+        "--page-size {} is not a power of two in [1, 256] (the cache's page sizes)", page_size_));
+  }
   if (bad.ok() && !capacity_.empty()) {
     Result<int64_t> bytes = ParseBytes(capacity_);
     if (bytes.ok()) config.capacity_bytes = *bytes;

@@ -1,12 +1,15 @@
 // tools/kvtier/storage_bench.h — `kvtier bench --storage URL`: the storage tier's benchmark.
 //
-// For each page kind (real page_first pages of the reference workload: mha16 = Llama-3-8B at page
-// 16, 2 MiB; mha64 = page 64, 8 MiB; mla64 = DeepSeek-V3 at page 64, 4.5 MB) it Sets N pages of
-// random bytes in batches, Exists them, Gets them back into poisoned buffers and checks every
-// byte; it reports GB/s, pages/s and the p50/p99 time of one batch. In the same run it measures
-// the platform's baseline for the same bytes (file://: a plain pwrite+rename / pread loop over
-// the same number of files in the same directory; redis: redis-benchmark, added with the redis
-// backend) and the Exists of 1,000 stored keys. Everything it stored is removed at the end.
+// For each page kind (real page_first pages of the reference workload: mha4 / mha16 = Llama-3-8B at
+// page 4 / 16, 512 KiB / 2 MiB; mha64 = page 64, 8 MiB; mla64 = DeepSeek-V3 at page 64, 4.5 MB) it
+// Sets N pages of random bytes in batches, Exists them, Gets them back into poisoned buffers and
+// checks every byte; it reports GB/s, pages/s and the p50/p99 time of one batch. In the same run it
+// measures the platform's baseline for the same bytes (file://: N threads, N = the backend's I/O
+// threads, each taking the next page and moving it with open+pwrite+close+rename / open+pread+close
+// over the same number of files in a directory beside the store — the reference the kvtier rows'
+// "% base" is against — and the same loop on one thread beside it; with O_DIRECT for a direct=1
+// store; redis: redis-benchmark)
+// and the Exists of 1,000 stored keys. Everything it stored is removed at the end.
 //
 // Thread safety: run from one thread (the backend uses its own).
 #pragma once
@@ -23,9 +26,10 @@ struct StorageBenchOptions {
   std::vector<std::string> kinds = {"mha16", "mha64", "mla64"};
   std::string bytes_per_kind = "512MiB";  // pages per kind = this / page bytes (at least 2)
   int64_t batch_pages = 8;                // pages per Set / Get call
-  int io_threads = 4;
-  int repeats = 3;  // Set+Get rounds per kind; each batch's time goes into p50/p99,
-                    // throughput is the median round
+  int io_threads = 0;                     // the backend's; 0: the machine's default
+  int in_flight = 0;  // batches in flight at once; 0: enough for a page on every I/O thread
+  int repeats = 3;    // Set+Get rounds per kind; each batch's time goes into p50/p99,
+                      // throughput is the median round
   int64_t exists_keys = 1000;
   bool baseline = true;
   std::string json_path;

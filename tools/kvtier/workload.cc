@@ -4,9 +4,12 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
 
@@ -56,62 +59,98 @@ Workload ShardWorkload(const Workload& workload, int64_t shard, int64_t shards) 
   return out;
 }
 
+Result<WorkloadRequest> ParseMooncakeTraceLine(std::string_view line, std::string_view where) {
+  if (line.size() > kMaxTraceLineBytes) {
+    return Status::InvalidArgument(
+        fmt::format("{}: the line is longer than {} bytes", where, kMaxTraceLineBytes));
+  }
+  nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return Status::InvalidArgument(fmt::format("{}: not a JSON object", where));
+  }
+  const std::string at(where);
+  WorkloadRequest r;
+  auto ts = j.find("timestamp");
+  if (ts == j.end() || !ts->is_number()) {
+    return Status::InvalidArgument(fmt::format("{}: `timestamp` must be a number", where));
+  }
+  r.arrival_ms = ts->get<double>();
+  if (!std::isfinite(r.arrival_ms) || r.arrival_ms < 0) {
+    return Status::InvalidArgument(
+        fmt::format("{}: timestamp {} is not a finite number >= 0", where, r.arrival_ms));
+  }
+  KVTIER_ASSIGN_OR_RETURN(r.input_length, IntField(j, "input_length", at));
+  KVTIER_ASSIGN_OR_RETURN(r.output_length, IntField(j, "output_length", at));
+  if (r.input_length == 0 || r.input_length > kMaxInputLength) {
+    return Status::InvalidArgument(fmt::format("{}: input_length = {} must be in [1, {}]", where,
+                                               r.input_length, kMaxInputLength));
+  }
+  auto ids = j.find("hash_ids");
+  if (ids == j.end() || !ids->is_array()) {
+    return Status::InvalidArgument(fmt::format("{}: `hash_ids` must be an array", where));
+  }
+  const int64_t blocks = (r.input_length + kBlockTokens - 1) / kBlockTokens;
+  if (static_cast<int64_t>(ids->size()) != blocks) {
+    return Status::InvalidArgument(
+        fmt::format("{}: {} hash_ids for input_length {} (one per {}-token block: {} expected)",
+                    where, ids->size(), r.input_length, kBlockTokens, blocks));
+  }
+  r.hash_ids.reserve(static_cast<size_t>(blocks));
+  for (const nlohmann::json& id : *ids) {
+    if (!id.is_number_integer() && !id.is_number_unsigned()) {
+      return Status::InvalidArgument(
+          fmt::format("{}: hash_ids holds {}, not an integer", where, id.dump()));
+    }
+    if (id.is_number_unsigned() && id.get<uint64_t>() > uint64_t{INT64_MAX}) {
+      return Status::InvalidArgument(
+          fmt::format("{}: hash id {} is above 2^63-1", where, id.get<uint64_t>()));
+    }
+    const int64_t v = id.get<int64_t>();
+    if (v < 0) return Status::InvalidArgument(fmt::format("{}: hash id {} is negative", where, v));
+    r.hash_ids.push_back(v);
+  }
+  return r;
+}
+
 Result<Workload> LoadMooncakeTrace(const std::string& path, int64_t max_requests) {
-  std::ifstream in(path);
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> in(std::fopen(path.c_str(), "re"), &std::fclose);
   if (!in) return Status::NotFound(fmt::format("cannot open the trace file {}", path));
   Workload w;
   w.name = fmt::format("mooncake:{}", std::filesystem::path(path).filename().string());
   std::string line;
   int64_t line_no = 0;
   double last_ms = 0;
-  while (std::getline(in, line)) {
+  bool more = true;
+  while (more) {
+    // One line, never more than kMaxTraceLineBytes + 1 bytes of it held (a file without
+    // newlines, such as /dev/zero, fails at its first line instead of filling memory).
+    line.clear();
+    int c;
+    while ((c = getc_unlocked(in.get())) != EOF && c != '\n') {
+      if (line.size() > kMaxTraceLineBytes) break;
+      line.push_back(static_cast<char>(c));
+    }
+    more = c != EOF;
+    if (c == EOF && std::ferror(in.get())) {
+      return Status::IOError(
+          fmt::format("{}:{}: read failed: {}", path, line_no + 1, std::strerror(errno)));
+    }
+    if (c == EOF && line.empty()) break;
     ++line_no;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     if (max_requests > 0 && static_cast<int64_t>(w.requests.size()) >= max_requests) break;
     const std::string where = fmt::format("{}:{}", path, line_no);
-    nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded() || !j.is_object()) {
-      return Status::InvalidArgument(fmt::format("{}: not a JSON object", where));
+    if (static_cast<int64_t>(w.requests.size()) >= kMaxTraceRequests) {
+      return Status::InvalidArgument(
+          fmt::format("{}: the trace holds more than {} requests", where, kMaxTraceRequests));
     }
-    WorkloadRequest r;
-    auto ts = j.find("timestamp");
-    if (ts == j.end() || !ts->is_number()) {
-      return Status::InvalidArgument(fmt::format("{}: `timestamp` must be a number", where));
-    }
-    r.arrival_ms = ts->get<double>();
-    if (!std::isfinite(r.arrival_ms) || r.arrival_ms < last_ms) {
+    KVTIER_ASSIGN_OR_RETURN(WorkloadRequest r, ParseMooncakeTraceLine(line, where));
+    if (r.arrival_ms < last_ms) {
       return Status::InvalidArgument(fmt::format(
           "{}: timestamp {} is before the previous line's {} (the trace must be in arrival order)",
           where, r.arrival_ms, last_ms));
     }
     last_ms = r.arrival_ms;
-    KVTIER_ASSIGN_OR_RETURN(r.input_length, IntField(j, "input_length", where));
-    KVTIER_ASSIGN_OR_RETURN(r.output_length, IntField(j, "output_length", where));
-    if (r.input_length == 0 || r.input_length > kMaxInputLength) {
-      return Status::InvalidArgument(fmt::format("{}: input_length = {} must be in [1, {}]", where,
-                                                 r.input_length, kMaxInputLength));
-    }
-    auto ids = j.find("hash_ids");
-    if (ids == j.end() || !ids->is_array()) {
-      return Status::InvalidArgument(fmt::format("{}: `hash_ids` must be an array", where));
-    }
-    const int64_t blocks = (r.input_length + kBlockTokens - 1) / kBlockTokens;
-    if (static_cast<int64_t>(ids->size()) != blocks) {
-      return Status::InvalidArgument(
-          fmt::format("{}: {} hash_ids for input_length {} (one per {}-token block: {} expected)",
-                      where, ids->size(), r.input_length, kBlockTokens, blocks));
-    }
-    r.hash_ids.reserve(static_cast<size_t>(blocks));
-    for (const nlohmann::json& id : *ids) {
-      if (!id.is_number_integer() && !id.is_number_unsigned()) {
-        return Status::InvalidArgument(
-            fmt::format("{}: hash_ids holds {}, not an integer", where, id.dump()));
-      }
-      const int64_t v = id.get<int64_t>();
-      if (v < 0)
-        return Status::InvalidArgument(fmt::format("{}: hash id {} is negative", where, v));
-      r.hash_ids.push_back(v);
-    }
     w.requests.push_back(std::move(r));
   }
   if (w.requests.empty()) {

@@ -39,12 +39,21 @@ struct Workload {
   int64_t input_tokens() const;
 };
 
+// Bounds of a trace: a line (a prompt of 2^24 tokens needs about 700 KB) and the requests read.
+inline constexpr size_t kMaxTraceLineBytes = size_t{1} << 20;
+inline constexpr int64_t kMaxTraceRequests = 10'000'000;
+
 // Reads a Mooncake JSONL trace (one object per line with `timestamp` in ms, `input_length`,
 // `output_length`, `hash_ids`). At most `max_requests` lines (0 = all). InvalidArgument naming
 // the file, the line and the field for anything malformed (a field missing or of the wrong type,
-// a negative length, hash_ids not matching input_length, timestamps going backwards); NotFound
-// when the file cannot be opened.
+// a negative length, hash_ids not matching input_length, timestamps going backwards, a line
+// longer than kMaxTraceLineBytes, more than kMaxTraceRequests requests); NotFound when the file
+// cannot be opened. Memory is bounded by one line plus the requests read.
 Result<Workload> LoadMooncakeTrace(const std::string& path, int64_t max_requests = 0);
+
+// One line of a trace (without its newline) as a request; `where` ("file:line") starts every
+// message. Checks everything LoadMooncakeTrace does except the order of timestamps.
+Result<WorkloadRequest> ParseMooncakeTraceLine(std::string_view line, std::string_view where);
 
 // The requests that a prefix-affinity router over `shards` engines sends to engine `shard` (in
 // [0, shards)): those whose conversation key is `shard` modulo `shards`. The key is a request's

@@ -14,6 +14,9 @@
 //   drop_fraction    Set: each page reports kOk but is not written (a lost write); a later Get
 //                    misses
 //   down             every call fails at once: Get/Set/Remove pages kFailed, Exists Unavailable
+//   writes held      a slow store's writes: each Set and Remove waits (holding its I/O thread)
+//                    until the writes are released or its deadline passes (then its pages are
+//                    kTimedOut and the wrapped backend is not called); reads are not held
 // Random choices come from one generator seeded by `seed`, drawn page by page in the order the
 // wrapper runs its calls: with io_threads = 1 the same seed and call sequence give the same faults.
 //
@@ -23,6 +26,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -71,6 +75,10 @@ class FaultInjectingStorage final : public StorageBackend {
   Status SetCorruptFraction(double fraction);
   Status SetDropFraction(double fraction);
   void SetDown(bool down);
+  // Holds every Set and Remove that starts (or waits) while `hold` is true; false releases them.
+  void HoldWrites(bool hold);
+  // Gauge: Set and Remove calls waiting in HoldWrites now.
+  int held_writes() const;
   // Back to no faults.
   void ClearFaults();
   // Runs `check` on the caller's thread at the start of every call (StorageBackend::CheckCaller);
@@ -108,6 +116,8 @@ class FaultInjectingStorage final : public StorageBackend {
                                  std::chrono::steady_clock::time_point deadline);
   // A position in [0, n) from the seeded generator.
   uint64_t DrawIndex(uint64_t n);
+  // Waits while writes are held; false when the deadline came first.
+  bool WaitForWrites(std::chrono::steady_clock::time_point deadline);
 
   std::unique_ptr<StorageBackend> inner_;
   std::atomic<int64_t> delay_ms_{0};
@@ -117,6 +127,9 @@ class FaultInjectingStorage final : public StorageBackend {
   std::atomic<bool> down_{false};
 
   mutable std::mutex mu_;
+  std::condition_variable writes_cv_;                                            // with mu_
+  bool hold_writes_ = false;                                                     // guarded by mu_
+  int held_writes_ = 0;                                                          // guarded by mu_
   std::mt19937_64 rng_;                                                          // guarded by mu_
   InjectedFaults counts_;                                                        // guarded by mu_
   std::shared_ptr<const std::function<Status(std::string_view)>> caller_check_;  // guarded by mu_

@@ -28,8 +28,8 @@
 // stream order). One stream's queue in the driver holds a bounded number of copies, beyond
 // which the submitting thread waits for the copy engines; separate streams have separate
 // queues. With dma_submit_threads the lanes are submitted in parallel, one thread each
-// (util::ThreadPool), since the driver's cost per operation is host time. BENCHMARKS.md (GPU)
-// has the measurements behind the defaults.
+// (util::ThreadPool), since the driver's cost per operation is host time. BENCHMARKS.md (GPU) and
+// docs/perf-notes/dma-direct-path.md have the measurements behind the defaults.
 //
 // Streams: cudaMemcpyBatchAsync refuses the legacy default stream, so for `stream == nullptr`
 // the operations run on the engine's private non-blocking stream, fenced by events to the legacy
@@ -474,7 +474,7 @@ Status DmaTransferEngine::SubmitSlice(CudaStream stream, size_t c0, size_t c1, s
   stats.copy_ops += static_cast<int64_t>(count);
   if (use_batch_ && count >= 2 && !IsLegacyStream(stream)) {
     // No cudaMemcpyFlagPreferOverlapWithCompute here: with it the driver took 1.5x as long to
-    // submit 2,048 single copies (BENCHMARKS.md, GPU: the direct path).
+    // submit 2,048 single copies (docs/perf-notes/dma-direct-path.md).
     cudaMemcpyAttributes attr{};
     attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
     size_t attr_index = 0;

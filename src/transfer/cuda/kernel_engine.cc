@@ -1,7 +1,7 @@
 // The `kernel` transfer backend: one persistent copy kernel (copy_kernels.cuh) over device
 // memory and pinned host memory (UVA), for every layout pair, both directions, MHA and MLA.
 //
-// Host side of a call (PERFORMANCE.md, target 4, bounds its host time):
+// Host side of a call (docs/performance.md, target 4, bounds its host time):
 //   1. residency checks (cudaPointerGetAttributes on each region's first base);
 //   2. host indices are copied into a staging slot (pinned host buffer -> device buffer on the
 //      request's stream). A slot is reused only once the event recorded behind its last kernel
@@ -69,7 +69,7 @@ int64_t IndexBytes(const SlotIndices& idx) {
 // The chunk order that walks the host-side (non-layer_first) layout in address order. For
 // page_first_direct with pages smaller than kSmallPageBytes per layer, all layers of a slot lie
 // closer together than the slots of one layer's page run (at page 1 the layout is page_first),
-// so those are walked slot-major (BENCHMARKS.md, GPU: measurements behind constants).
+// so those are walked slot-major (docs/perf-notes/gpu-constants.md).
 constexpr int64_t kSmallPageBytes = 4096;
 
 ChunkOrder OrderFor(const KvGeometry& src, const KvGeometry& dst) {
@@ -451,8 +451,7 @@ Status KernelTransferEngine::DoTransfer(const TransferRequest& r, const Transfer
     // A warp's tile is 32 x loads-in-flight vectors. When it spans several chunks (MLA's
     // 1,152-byte slots, page_head's 256-byte heads), resolving each chunk once per tile and
     // sharing the addresses by shuffle replaces one warp-wide resolve per load step, and at
-    // least halves the instructions a load issues (BENCHMARKS.md, GPU: measurements behind
-    // constants).
+    // least halves the instructions a load issues (docs/perf-notes/gpu-constants.md).
     const int64_t tile = int64_t{32} * CopyLoadsInFlight();
     const int64_t vpc = view.vecs_per_chunk;
     const int64_t max_chunks_per_tile = 1 + (vpc - 1 + tile - 1) / vpc;

@@ -1,0 +1,202 @@
+// kvtier/tp_group.h — one cache decision per tensor-parallel group (docs/tp.md).
+//
+// In a TP group every rank holds its share of the KV heads (MHA) or a full copy of the latent
+// (MLA) in a device pool of its own. One rank, the leader, runs a HierarchicalCache; it alone
+// decides hit lengths, prefetch cuts, load-backs, evictions and backups. Every copy its cache
+// makes between device and host memory is published, as a compact record with a sequence number,
+// on a decision ring in shared memory (one host); every other rank, a follower, applies each
+// record in order to its own regions (its device pool, its host pages) through its own transfer
+// engine. Ranks cannot disagree: there is one decision, and no collective call on the cache's path.
+//
+//   leader                                          follower (rank r)
+//   TpLeader::Create(config, shape)                 TpFollower::Attach(config, r)
+//   cache = HierarchicalCache::Create(cfg, dev,     host pool of shape().host_slots slots
+//             leader->WrapEngine(engine, dev))      (its own geometry: its heads)
+//   leader->WaitForFollowers()                      while (Serve(engine, dev, host) ...)
+//   ... the engine drives `cache` as usual ...
+//
+// The leader never waits for a follower except where the bytes must be in place on every rank:
+// a wrapped Transfer publishes the record, runs the leader's own copy, then waits until every
+// follower has applied it (ack_timeout_s at most) — so the cache frees or reuses a slot only after
+// every rank is done with it. A rank that died, failed a copy, or did not answer in time makes
+// that Transfer fail with an error naming the rank, within the timeout; from then on the group is
+// broken and every later Transfer fails at once with the same error (the leader's cache reports
+// them as failed copies: LoadBack returns the error, backups are counted failed). The ring is
+// bounded: a record that does not fit is an error naming the slowest rank, never a wait.
+// Rebuilding: destroy the leader's cache and TpLeader, Create a new one (same name), attach new
+// followers, create a new cache over the same device region — the survivors' pools are kept.
+//
+// Thread safety: a TpLeader may be used from any thread (the cache's copy threads publish at
+// once; records are totally ordered). A TpFollower is driven by one thread.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kvtier/status.h"
+#include "kvtier/transfer.h"
+
+namespace kvtier {
+
+inline constexpr int kMaxTpSize = 64;
+
+struct TpGroupConfig {
+  // The ring's shared-memory segment (shm name rules: 1-200 of [A-Za-z0-9._-]).
+  std::string name;
+  int tp_size = 2;                 // ranks in the group, leader included; in [1, kMaxTpSize]
+  int64_t ring_bytes = 4 << 20;    // decision ring capacity; in [64 KiB, 1 GiB]
+  double ack_timeout_s = 10.0;     // the leader's wait for every rank to apply a record
+  double attach_timeout_s = 30.0;  // WaitForFollowers / Attach
+  double liveness_poll_s = 0.05;   // how often a waiting side checks the other side is alive
+
+  // InvalidArgument naming the field and its value.
+  Status Validate() const;
+};
+
+// What every rank's pools must agree on: slot indices mean the same page on every rank.
+struct TpShape {
+  int64_t device_slots = 0;  // of each rank's device region
+  int64_t host_slots = 0;    // of each rank's host region (0: no host tier)
+  int64_t num_layers = 0;
+  int64_t page_size = 0;
+  bool mla = false;
+};
+
+enum class TpTier : uint8_t { kDevice = 0, kHost = 1 };
+const char* TpTierName(TpTier tier);
+
+// One copy the group decided: layers [src_layer, src_layer + num_layers) of src_slots of the
+// `src` tier to the same number of layers from dst_layer of dst_slots of the `dst` tier.
+struct TpCopy {
+  TpTier src = TpTier::kDevice;
+  TpTier dst = TpTier::kHost;
+  int64_t src_layer = 0;
+  int64_t dst_layer = 0;
+  int64_t num_layers = 0;
+  std::vector<int64_t> src_slots;
+  std::vector<int64_t> dst_slots;
+  bool operator==(const TpCopy&) const = default;
+};
+
+struct TpLeaderStats {
+  int64_t records = 0;          // published
+  int64_t record_bytes = 0;     // ring bytes they took
+  int64_t slots = 0;            // slots they copy (each rank)
+  int64_t waits = 0;            // WaitApplied calls (point to point; the group has no collective)
+  double ack_wait_seconds = 0;  // waiting for the followers, after the leader's own copy
+};
+
+class TpLeader {
+ public:
+  // Creates the ring segment `config.name` (a stale one whose leader died, or one this process
+  // made before, is replaced; one a live leader holds is FailedPrecondition) and announces
+  // `shape`. Followers may attach from then on.
+  static Result<std::unique_ptr<TpLeader>> Create(const TpGroupConfig& config,
+                                                  const TpShape& shape);
+  // Marks the ring closed (followers' Serve returns kClosed), removes the segment's name.
+  ~TpLeader();
+  TpLeader(const TpLeader&) = delete;
+  TpLeader& operator=(const TpLeader&) = delete;
+
+  // Waits until ranks 1 .. tp_size-1 have attached; Unavailable naming the missing ranks after
+  // attach_timeout_s.
+  Status WaitForFollowers();
+
+  // Publishes `copy` and returns its sequence number (1, 2, ...). InvalidArgument for a bad copy
+  // (unequal lengths, negative slots or layers); Unavailable when the group is broken, a rank has
+  // not attached, or the ring has no room (naming the slowest rank).
+  Result<uint64_t> Publish(const TpCopy& copy);
+  // Publishes an engine message (its step: tokens, slots to compute, ...) in the same order as
+  // the copies, so a follower sees it after every copy decided before it. Its sequence number;
+  // errors as Publish (InvalidArgument when it takes more than half the ring).
+  Result<uint64_t> PublishMessage(std::span<const std::byte> message);
+  // Waits until every follower has applied records up to `seq`. Unavailable naming the rank when
+  // one died, reported a failed copy, or did not answer within ack_timeout_s; the group is
+  // broken from then on.
+  Status WaitApplied(uint64_t seq);
+
+  // The value rank `rank`'s message handler returned for the last message it applied (read it
+  // after WaitApplied of that message: e.g. the rank's step time).
+  uint64_t MessageResult(int rank) const;
+
+  // A TransferEngine for the leader's HierarchicalCache: each Transfer between `device_region`
+  // (recognised by its buffers) and any other region (the host tier) is published, run on
+  // `inner`, then waited for on every rank (WaitApplied). Slot lists must be in host memory.
+  // The TpLeader must outlive the engine.
+  std::unique_ptr<TransferEngine> WrapEngine(std::unique_ptr<TransferEngine> inner,
+                                             const KvRegion& device_region);
+
+  // OK while the group works; the error that broke it otherwise.
+  Status health() const;
+  const TpGroupConfig& config() const;
+  const TpShape& shape() const;
+  TpLeaderStats stats() const;
+
+ private:
+  struct Impl;
+  explicit TpLeader(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+enum class TpServeResult : uint8_t {
+  kIdle = 0,     // nothing arrived within the wait
+  kApplied = 1,  // applied one or more records
+  kClosed = 2,   // the leader closed the ring; nothing more will come
+};
+
+struct TpFollowerStats {
+  int64_t records = 0;  // applied
+  int64_t slots = 0;    // slots copied
+  uint64_t applied_seq = 0;
+};
+
+class TpFollower {
+ public:
+  // Opens ring `config.name` (waiting up to attach_timeout_s for the leader to create it) and
+  // claims rank `rank` (in [1, tp_size)). FailedPrecondition when a live process holds the rank
+  // or config.tp_size differs from the leader's; Unavailable on timeout.
+  static Result<std::unique_ptr<TpFollower>> Attach(const TpGroupConfig& config, int rank);
+  ~TpFollower();  // releases the rank
+  TpFollower(const TpFollower&) = delete;
+  TpFollower& operator=(const TpFollower&) = delete;
+
+  const TpShape& shape() const;
+  int rank() const;
+
+  // Applies, in order, every record published so far, waiting up to `wait_s` for the first one
+  // when there is none: each copy runs on `engine` between `device` and `host` (this rank's
+  // regions; their slot counts must be shape()'s); each message goes to `on_message` (ignored
+  // when it is empty), whose value the leader reads with MessageResult. A record is acknowledged
+  // once applied. A copy or message that fails is
+  // reported to the leader (its WaitApplied fails naming this rank and the error) and returned
+  // here; the rank takes no more records. Unavailable when the leader died.
+  using MessageHandler = std::function<Result<uint64_t>(std::span<const std::byte>)>;
+  Result<TpServeResult> Serve(TransferEngine& engine, const KvRegion& device, const KvRegion& host,
+                              double wait_s, const MessageHandler& on_message = {});
+  TpFollowerStats stats() const;
+
+ private:
+  struct Impl;
+  explicit TpFollower(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// The geometry of rank `rank`'s share of a region of `full` geometry in a TP group of `tp_size`:
+// MHA: slot_bytes / tp_size (heads split evenly; head_num / tp_size); MLA: the full latent.
+// InvalidArgument when the heads do not split evenly.
+Result<KvGeometry> TpShardGeometry(const KvGeometry& full, bool mla, int tp_size);
+
+// The KV pattern (kvtier/kv_pattern.h) of rank `rank`'s heads: the bytes [rank * S/tp,
+// (rank + 1) * S/tp) of each slot's full S = slot_bytes * tp bytes (MLA: all of them) — what
+// rank `rank` holds of a TP=1 pool's pattern. `region` is the rank's (host memory).
+Status FillTpShardPattern(const KvRegion& region, bool mla, int rank, int tp_size,
+                          std::span<const int64_t> slots, std::span<const uint64_t> token_hashes);
+// Corruption naming k, the slot, the layer and the buffer of the first mismatch.
+Status VerifyTpShardPattern(const KvRegion& region, bool mla, int rank, int tp_size,
+                            std::span<const int64_t> slots, std::span<const uint64_t> token_hashes);
+
+}  // namespace kvtier

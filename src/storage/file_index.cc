@@ -1,0 +1,191 @@
+// The file store's index and restart scan (file_index.h).
+//
+// Thread safety: the index under `mu_`; the scan touches only its own directory handles.
+#include "storage/file_index.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+namespace kvtier::storage {
+namespace {
+
+int64_t RealtimeNs() {
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
+}
+
+int64_t MtimeNs(const struct stat& st) {
+  return int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec;
+}
+
+bool IsHexKey(std::string_view name) {
+  if (name.size() != 64) return false;
+  for (char c : name) {
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  }
+  return true;
+}
+
+// ".tmp.<pid>.<n>.<hex>" in `dirfd`: removed when process <pid> no longer exists.
+void RemoveStaleTemp(int dirfd, std::string_view name) {
+  std::string_view rest = name.substr(kTempPrefix.size());
+  const size_t dot = rest.find('.');
+  long pid = 0;
+  for (char c : rest.substr(0, dot)) {
+    if (c < '0' || c > '9' || pid > (1L << 40)) return;
+    pid = pid * 10 + (c - '0');
+  }
+  if (pid <= 0) return;
+  if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) return;  // writer alive
+  ::unlinkat(dirfd, std::string(name).c_str(), 0);
+}
+
+}  // namespace
+
+FileIndex::FileIndex(int64_t capacity, std::function<void(const PageKey&)> remove)
+    : capacity_(capacity), remove_(std::move(remove)) {}
+
+void FileIndex::Load(std::vector<Found> found) {
+  std::sort(found.begin(), found.end(),
+            [](const Found& a, const Found& b) { return a.stamp < b.stamp; });
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const Found& f : found) {
+    AddLocked(f.key, f.bytes, /*newest=*/true);
+    last_stamp_ = std::max(last_stamp_, f.stamp);
+  }
+  EvictLocked(nullptr);
+}
+
+int64_t FileIndex::NextStamp() {
+  std::lock_guard<std::mutex> lock(mu_);
+  last_stamp_ = std::max(RealtimeNs(), last_stamp_ + 1);
+  return last_stamp_;
+}
+
+void FileIndex::Put(const PageKey& key, int64_t bytes, int64_t stamp) {
+  std::lock_guard<std::mutex> lock(mu_);
+  last_stamp_ = std::max(last_stamp_, stamp);
+  AddLocked(key, bytes, /*newest=*/true);
+  EvictLocked(&key);
+}
+
+int64_t FileIndex::Touch(const PageKey& key, int64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  last_stamp_ = std::max(RealtimeNs(), last_stamp_ + 1);
+  AddLocked(key, bytes, /*newest=*/true);
+  return last_stamp_;
+}
+
+void FileIndex::AddFound(const PageKey& key, int64_t bytes, int64_t stamp) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (entries_.count(key) != 0) return;
+  last_stamp_ = std::max(last_stamp_, stamp);
+  AddLocked(key, bytes, /*newest=*/false);
+}
+
+void FileIndex::Erase(const PageKey& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  EraseLocked(key);
+}
+
+bool FileIndex::Contains(const PageKey& key) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return entries_.count(key) != 0;
+}
+
+int64_t FileIndex::pages() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int64_t>(entries_.size());
+}
+
+int64_t FileIndex::bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return bytes_;
+}
+
+int64_t FileIndex::evicted() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return evicted_;
+}
+
+std::vector<PageKey> FileIndex::LruOrder() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return std::vector<PageKey>(lru_.begin(), lru_.end());
+}
+
+void FileIndex::AddLocked(const PageKey& key, int64_t bytes, bool newest) {
+  EraseLocked(key);
+  auto pos = newest ? lru_.insert(lru_.begin(), key) : lru_.insert(lru_.end(), key);
+  entries_.emplace(key, Entry{bytes, pos});
+  bytes_ += bytes;
+}
+
+void FileIndex::EraseLocked(const PageKey& key) {
+  auto it = entries_.find(key);
+  if (it == entries_.end()) return;
+  bytes_ -= it->second.bytes;
+  lru_.erase(it->second.lru_pos);
+  entries_.erase(it);
+}
+
+void FileIndex::EvictLocked(const PageKey* keep) {
+  auto it = lru_.end();
+  while (bytes_ > capacity_ && it != lru_.begin()) {
+    --it;
+    if (keep != nullptr && *it == *keep) continue;
+    const PageKey victim = *it;
+    it = std::next(it);  // EraseLocked invalidates the victim's position only
+    if (remove_) remove_(victim);
+    EraseLocked(victim);
+    ++evicted_;
+  }
+}
+
+Result<std::vector<FileIndex::Found>> ScanPages(int ns_dirfd) {
+  std::vector<FileIndex::Found> found;
+  for (int shard = 0; shard < 256; ++shard) {
+    const std::string name = fmt::format("{:02x}", shard);
+    const int fd =
+        ::openat(ns_dirfd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) {
+      // No page in this shard yet; or a symlink / non-directory in its place: not ours.
+      if (errno == ENOENT || errno == ELOOP || errno == ENOTDIR) continue;
+      return Status::IOError(
+          fmt::format("cannot read shard directory {}: {}", name, std::strerror(errno)));
+    }
+    DIR* d = ::fdopendir(fd);
+    if (d == nullptr) {
+      ::close(fd);
+      return Status::IOError(
+          fmt::format("cannot read shard directory {}: {}", name, std::strerror(errno)));
+    }
+    while (dirent* e = ::readdir(d)) {
+      const std::string_view entry = e->d_name;
+      struct stat st;
+      if (::fstatat(fd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+      if (entry.starts_with(kTempPrefix)) {
+        if (S_ISREG(st.st_mode)) RemoveStaleTemp(fd, entry);
+        continue;
+      }
+      if (!IsHexKey(entry) || !S_ISREG(st.st_mode) || entry.substr(0, 2) != name) continue;
+      auto key = PageKey::FromHex(entry);
+      if (!key.ok()) continue;
+      found.push_back({*key, st.st_size, MtimeNs(st)});
+    }
+    ::closedir(d);  // closes `fd`
+  }
+  return found;
+}
+
+}  // namespace kvtier::storage

@@ -1,0 +1,610 @@
+// One cache decision per TP group: the leader's ring writer and engine wrapper, the followers'
+// ring reader (see kvtier/tp_group.h, tp/decision_ring.h, docs/tp.md).
+#include "kvtier/tp_group.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "pool/shm_page_index.h"
+#include "pool/shm_segment.h"
+#include "tp/decision_ring.h"
+
+namespace kvtier {
+
+using tp::RankRecord;
+using tp::RankState;
+using tp::RecordHeader;
+using tp::RecordType;
+using tp::RingHeader;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsLeft(Clock::time_point deadline) {
+  return std::chrono::duration<double>(deadline - Clock::now()).count();
+}
+Clock::time_point After(double seconds) {
+  return Clock::now() +
+         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+}
+
+// kClaiming: a follower is filling in its record (not attached yet).
+constexpr uint32_t kClaiming = 3;
+
+uint32_t StateOf(const RankRecord& r) { return r.state.load(std::memory_order_acquire); }
+
+Status CheckShape(const TpShape& s) {
+  if (s.page_size <= 0 || s.num_layers <= 0 || s.device_slots <= 0 || s.host_slots < 0 ||
+      s.device_slots % s.page_size != 0 || s.host_slots % s.page_size != 0) {
+    return Status::InvalidArgument(fmt::format(
+        "tp shape: device_slots {}, host_slots {}, num_layers {}, page_size {}: need positive "
+        "layers and page size, and slot counts that are whole pages",
+        s.device_slots, s.host_slots, s.num_layers, s.page_size));
+  }
+  return Status::OK();
+}
+
+void Bump(std::atomic<uint32_t>* word) {
+  word->fetch_add(1, std::memory_order_release);
+  tp::FutexWakeAll(word);
+}
+
+}  // namespace
+
+const char* TpTierName(TpTier tier) { return tier == TpTier::kDevice ? "device" : "host"; }
+
+Status TpGroupConfig::Validate() const {
+  KVTIER_RETURN_IF_ERROR(shm::ValidateSegmentName(name));
+  if (tp_size < 1 || tp_size > kMaxTpSize) {
+    return Status::InvalidArgument(fmt::format("tp_size = {} not in [1, {}]", tp_size, kMaxTpSize));
+  }
+  if (ring_bytes < (64 << 10) || ring_bytes > (int64_t{1} << 30) ||
+      ring_bytes % tp::kRecordAlignment != 0) {
+    return Status::InvalidArgument(
+        fmt::format("ring_bytes = {} not in [64 KiB, 1 GiB] or not a multiple of {}", ring_bytes,
+                    tp::kRecordAlignment));
+  }
+  for (auto [field, v] : {std::pair{"ack_timeout_s", ack_timeout_s},
+                          {"attach_timeout_s", attach_timeout_s},
+                          {"liveness_poll_s", liveness_poll_s}}) {
+    if (!(v > 0) || v > 3600) {
+      return Status::InvalidArgument(fmt::format("{} = {} not in (0, 3600]", field, v));
+    }
+  }
+  return Status::OK();
+}
+
+// ---- leader ------------------------------------------------------------------------------------
+
+struct TpLeader::Impl {
+  TpGroupConfig config;
+  TpShape shape;
+  shm::SharedMapping mapping;
+  RingHeader* h = nullptr;
+  std::byte* data = nullptr;
+
+  mutable std::mutex mu;  // publication order, stats, `broken`
+  uint64_t next_seq = 1;
+  Status broken;
+  TpLeaderStats stats;
+
+  // Sets `broken` (the first failure wins) and returns it.
+  Status Break(Status st) {
+    std::lock_guard lk(mu);
+    if (broken.ok()) broken = std::move(st);
+    return broken;
+  }
+  Status Broken() const {
+    std::lock_guard lk(mu);
+    return broken;
+  }
+  // Writes `rec` (its seq set here) at the ring's write position and wakes the followers.
+  Result<uint64_t> PublishRecord(std::vector<std::byte> rec);
+  // An error when rank `r` cannot take records: failed, detached, not attached or dead.
+  Status RankProblem(int r, uint64_t seq) const {
+    const RankRecord& rr = h->ranks[r];
+    const uint32_t st = StateOf(rr);
+    if (st == static_cast<uint32_t>(RankState::kFailed)) {
+      return Status::Unavailable(fmt::format("tp group '{}': rank {} (pid {}) failed record {}: {}",
+                                             config.name, r, rr.pid, rr.failed_seq, rr.error));
+    }
+    if (st != static_cast<uint32_t>(RankState::kAttached)) {
+      return Status::Unavailable(
+          fmt::format("tp group '{}': rank {} is not attached (detached, or never attached: call "
+                      "WaitForFollowers first)",
+                      config.name, r));
+    }
+    if (!shm::ProcessAlive(rr.pid, rr.start_time)) {
+      return Status::Unavailable(
+          fmt::format("tp group '{}': rank {} (pid {}) died; it applied records up to {} of {}",
+                      config.name, r, rr.pid, rr.applied_seq.load(std::memory_order_acquire), seq));
+    }
+    return Status::OK();
+  }
+};
+
+TpLeader::TpLeader(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Result<std::unique_ptr<TpLeader>> TpLeader::Create(const TpGroupConfig& config,
+                                                   const TpShape& shape) {
+  KVTIER_RETURN_IF_ERROR(config.Validate());
+  KVTIER_RETURN_IF_ERROR(CheckShape(shape));
+  const shm::CreateSegmentOptions opts{.bytes = tp::SegmentBytes(config.ring_bytes)};
+  Result<shm::SharedMapping> seg = shm::CreateSegment(config.name, opts);
+  if (!seg.ok() && seg.status().code() == StatusCode::kFailedPrecondition) {
+    // A segment of that name exists: replace it unless a live leader (another process) holds it.
+    Result<shm::SharedMapping> old = shm::OpenSegment(config.name);
+    if (old.ok() && old->bytes() >= static_cast<int64_t>(sizeof(RingHeader))) {
+      const auto* oh = reinterpret_cast<const RingHeader*>(old->data());
+      if (oh->magic.load(std::memory_order_acquire) == tp::kRingMagic &&
+          oh->closed.load(std::memory_order_acquire) == 0 && oh->leader_pid != getpid() &&
+          shm::ProcessAlive(oh->leader_pid, oh->leader_start_time)) {
+        return Status::FailedPrecondition(fmt::format(
+            "tp group '{}' is held by a live leader (pid {})", config.name, oh->leader_pid));
+      }
+    }
+    (void)shm::UnlinkSegment(config.name);
+    seg = shm::CreateSegment(config.name, opts);
+  }
+  if (!seg.ok()) return seg.status().WithContext(fmt::format("tp group '{}'", config.name));
+  auto impl = std::make_unique<Impl>();
+  impl->config = config;
+  impl->shape = shape;
+  impl->mapping = std::move(*seg);
+  // The segment is zero-filled: every atomic starts at 0 (kFree ranks, empty ring).
+  auto* h = reinterpret_cast<RingHeader*>(impl->mapping.data());
+  h->version = tp::kRingVersion;
+  h->tp_size = config.tp_size;
+  h->ring_bytes = config.ring_bytes;
+  h->data_offset = tp::DataOffset();
+  h->leader_pid = getpid();
+  h->leader_start_time = shm::ProcessStartTime(getpid());
+  h->shape = shape;
+  h->magic.store(tp::kRingMagic, std::memory_order_release);
+  impl->h = h;
+  impl->data = impl->mapping.data() + h->data_offset;
+  return std::unique_ptr<TpLeader>(new TpLeader(std::move(impl)));
+}
+
+TpLeader::~TpLeader() {
+  if (impl_ == nullptr || impl_->h == nullptr) return;
+  impl_->h->closed.store(1, std::memory_order_release);
+  Bump(&impl_->h->post_word);
+  // Remove the name only while it is still this ring (a successor may have replaced it).
+  Result<shm::SharedMapping> cur = shm::OpenSegment(impl_->config.name);
+  if (cur.ok() && cur->bytes() >= static_cast<int64_t>(sizeof(RingHeader))) {
+    const auto* ch = reinterpret_cast<const RingHeader*>(cur->data());
+    if (ch->closed.load(std::memory_order_acquire) != 0 && ch->leader_pid == getpid()) {
+      (void)shm::UnlinkSegment(impl_->config.name);
+    }
+  }
+}
+
+Status TpLeader::WaitForFollowers() {
+  Impl& m = *impl_;
+  const auto deadline = After(m.config.attach_timeout_s);
+  for (;;) {
+    const uint32_t word = m.h->ack_word.load(std::memory_order_acquire);
+    std::string missing;
+    for (int r = 1; r < m.config.tp_size; ++r) {
+      if (StateOf(m.h->ranks[r]) != static_cast<uint32_t>(RankState::kAttached)) {
+        missing += fmt::format("{}{}", missing.empty() ? "" : ", ", r);
+      }
+    }
+    if (missing.empty()) return Status::OK();
+    const double left = SecondsLeft(deadline);
+    if (left <= 0) {
+      return Status::Unavailable(fmt::format("tp group '{}': rank(s) {} did not attach within {} s",
+                                             m.config.name, missing, m.config.attach_timeout_s));
+    }
+    tp::FutexWait(&m.h->ack_word, word, std::min(left, m.config.liveness_poll_s));
+  }
+}
+
+Result<uint64_t> TpLeader::Publish(const TpCopy& copy) {
+  KVTIER_RETURN_IF_ERROR(tp::ValidateCopy(copy));
+  const int64_t need = tp::EncodedCopyBytes(copy);
+  if (need > impl_->config.ring_bytes / 2) {
+    return Status::InvalidArgument(fmt::format(
+        "tp group '{}': a copy of {} slots takes {} ring bytes, more than half the ring "
+        "(ring_bytes = {})",
+        impl_->config.name, copy.src_slots.size(), need, impl_->config.ring_bytes));
+  }
+  KVTIER_ASSIGN_OR_RETURN(const uint64_t seq, impl_->PublishRecord(tp::EncodeCopy(copy, 0)));
+  std::lock_guard lk(impl_->mu);
+  impl_->stats.slots += static_cast<int64_t>(copy.src_slots.size());
+  return seq;
+}
+
+Result<uint64_t> TpLeader::PublishMessage(std::span<const std::byte> message) {
+  if (static_cast<int64_t>(message.size()) > impl_->config.ring_bytes / 2 - 64) {
+    return Status::InvalidArgument(
+        fmt::format("tp group '{}': a message of {} bytes takes more than half the ring "
+                    "(ring_bytes = {})",
+                    impl_->config.name, message.size(), impl_->config.ring_bytes));
+  }
+  return impl_->PublishRecord(tp::EncodeMessage(message));
+}
+
+Result<uint64_t> TpLeader::Impl::PublishRecord(std::vector<std::byte> rec) {
+  const int64_t ring = config.ring_bytes;
+  const int64_t need = static_cast<int64_t>(rec.size());
+  std::unique_lock lk(mu);
+  if (!broken.ok()) return broken;
+  const uint64_t seq = next_seq;
+  for (int r = 1; r < config.tp_size; ++r) {
+    Status st = RankProblem(r, seq);
+    if (!st.ok()) {
+      if (broken.ok()) broken = st;
+      return st;
+    }
+  }
+  const uint64_t pos = h->write_pos.load(std::memory_order_relaxed);
+  const int64_t off = static_cast<int64_t>(pos % static_cast<uint64_t>(ring));
+  const int64_t pad = need > ring - off ? ring - off : 0;
+  uint64_t min_read = pos;
+  int slowest = 0;
+  for (int r = 1; r < config.tp_size; ++r) {
+    const uint64_t rp = h->ranks[r].read_pos.load(std::memory_order_acquire);
+    if (rp < min_read) {
+      min_read = rp;
+      slowest = r;
+    }
+  }
+  if (static_cast<int64_t>(pos - min_read) + pad + need > ring) {
+    const RankRecord& rr = h->ranks[slowest];
+    return Status::Unavailable(fmt::format(
+        "tp group '{}': the decision ring ({} bytes) is full: rank {} (pid {}) has applied "
+        "records up to {} of {}",
+        config.name, ring, slowest, rr.pid, rr.applied_seq.load(std::memory_order_acquire),
+        seq - 1));
+  }
+  if (pad > 0) {
+    const RecordHeader ph{static_cast<uint32_t>(pad), static_cast<uint32_t>(RecordType::kPad), 0};
+    std::memcpy(data + off, &ph, sizeof(ph));
+  }
+  std::memcpy(rec.data() + offsetof(RecordHeader, seq), &seq, sizeof(seq));
+  std::memcpy(data + (off + pad) % ring, rec.data(), rec.size());
+  h->write_pos.store(pos + static_cast<uint64_t>(pad + need), std::memory_order_release);
+  next_seq = seq + 1;
+  ++stats.records;
+  stats.record_bytes += need;
+  lk.unlock();
+  Bump(&h->post_word);
+  return seq;
+}
+
+Status TpLeader::WaitApplied(uint64_t seq) {
+  Impl& m = *impl_;
+  const auto start = Clock::now();
+  const auto deadline = After(m.config.ack_timeout_s);
+  Status result;
+  for (;;) {
+    Status broken = m.Broken();
+    if (!broken.ok()) {
+      result = broken;
+      break;
+    }
+    const uint32_t word = m.h->ack_word.load(std::memory_order_acquire);
+    int lagging = 0;
+    for (int r = 1; r < m.config.tp_size && result.ok(); ++r) {
+      const RankRecord& rr = m.h->ranks[r];
+      if (StateOf(rr) == static_cast<uint32_t>(RankState::kAttached) &&
+          rr.applied_seq.load(std::memory_order_acquire) >= seq) {
+        continue;
+      }
+      result = m.RankProblem(r, seq);
+      if (result.ok() && lagging == 0) lagging = r;
+    }
+    if (!result.ok()) {
+      result = m.Break(std::move(result));
+      break;
+    }
+    if (lagging == 0) break;
+    const double left = SecondsLeft(deadline);
+    if (left <= 0) {
+      const RankRecord& rr = m.h->ranks[lagging];
+      result = m.Break(Status::Unavailable(fmt::format(
+          "tp group '{}': rank {} (pid {}) did not apply record {} within {} s (applied up to {})",
+          m.config.name, lagging, rr.pid, seq, m.config.ack_timeout_s,
+          rr.applied_seq.load(std::memory_order_acquire))));
+      break;
+    }
+    tp::FutexWait(&m.h->ack_word, word, std::min(left, m.config.liveness_poll_s));
+  }
+  std::lock_guard lk(m.mu);
+  ++m.stats.waits;
+  m.stats.ack_wait_seconds += std::chrono::duration<double>(Clock::now() - start).count();
+  return result;
+}
+
+uint64_t TpLeader::MessageResult(int rank) const {
+  if (rank < 1 || rank >= impl_->config.tp_size) return 0;
+  return impl_->h->ranks[rank].message_result.load(std::memory_order_acquire);
+}
+
+Status TpLeader::health() const { return impl_->Broken(); }
+const TpGroupConfig& TpLeader::config() const { return impl_->config; }
+const TpShape& TpLeader::shape() const { return impl_->shape; }
+TpLeaderStats TpLeader::stats() const {
+  std::lock_guard lk(impl_->mu);
+  return impl_->stats;
+}
+
+namespace {
+
+// The leader cache's engine: publish, copy here, wait for every rank.
+class TpLeaderEngine final : public TransferEngine {
+ public:
+  TpLeaderEngine(std::unique_ptr<TransferEngine> inner, TpLeader* leader, const KvRegion& device)
+      : inner_(std::move(inner)), leader_(leader), device_(device) {}
+  TransferBackend backend() const override { return inner_->backend(); }
+  Status Synchronize(CudaStream stream) override { return inner_->Synchronize(stream); }
+
+ protected:
+  Status DoTransfer(const TransferRequest& request, const TransferOptions& options) override {
+    if (request.src_slots.memory != MemoryKind::kHost ||
+        request.dst_slots.memory != MemoryKind::kHost) {
+      return Status::InvalidArgument("tp leader engine: slot lists must be in host memory");
+    }
+    TpCopy copy{TierOf(*request.src),    TierOf(*request.dst), request.src_layer,
+                request.dst_layer,       request.num_layers,   Slots(request.src_slots),
+                Slots(request.dst_slots)};
+    if (copy.src == copy.dst) {
+      return Status::InvalidArgument(
+          fmt::format("tp leader engine: a copy within the {} tier is not a cache decision",
+                      TpTierName(copy.src)));
+    }
+    if (copy.src_slots.empty()) return inner_->Transfer(request, options);
+    KVTIER_ASSIGN_OR_RETURN(const uint64_t seq, leader_->Publish(copy));
+    Status own = inner_->Transfer(request, options);
+    if (own.ok() && inner_->backend() != TransferBackend::kCpu) {
+      // The followers' copies are done when they acknowledge; the leader's own must be too
+      // before the cache treats the slots as written on every rank.
+      own = inner_->Synchronize(options.stream);
+    }
+    Status acks = leader_->WaitApplied(seq);
+    return own.ok() ? acks : own;
+  }
+
+ private:
+  TpTier TierOf(const KvRegion& r) const {
+    const bool same = r.has_layer_table() ? r.k_layers.data() == device_.k_layers.data()
+                                          : (r.k == device_.k && r.v == device_.v);
+    return same ? TpTier::kDevice : TpTier::kHost;
+  }
+  static std::vector<int64_t> Slots(const SlotIndices& s) {
+    std::vector<int64_t> out(static_cast<size_t>(s.count));
+    for (int64_t i = 0; i < s.count; ++i) out[static_cast<size_t>(i)] = s.at(i);
+    return out;
+  }
+  std::unique_ptr<TransferEngine> inner_;
+  TpLeader* leader_;
+  KvRegion device_;
+};
+
+}  // namespace
+
+std::unique_ptr<TransferEngine> TpLeader::WrapEngine(std::unique_ptr<TransferEngine> inner,
+                                                     const KvRegion& device_region) {
+  return std::make_unique<TpLeaderEngine>(std::move(inner), this, device_region);
+}
+
+// ---- follower ----------------------------------------------------------------------------------
+
+struct TpFollower::Impl {
+  TpGroupConfig config;
+  int rank = 0;
+  shm::SharedMapping mapping;
+  RingHeader* h = nullptr;
+  std::byte* data = nullptr;
+  TpShape shape;
+  TpFollowerStats stats;
+
+  RankRecord& me() { return h->ranks[rank]; }
+
+  Status Fail(uint64_t seq, Status st) {
+    RankRecord& r = me();
+    r.failed_seq = seq;
+    const std::string msg = st.ToString();
+    std::snprintf(r.error, sizeof(r.error), "%s", msg.c_str());
+    r.state.store(static_cast<uint32_t>(RankState::kFailed), std::memory_order_release);
+    Bump(&h->ack_word);
+    return st;
+  }
+
+  // Applies the record at ring position `pos`; returns the bytes it took.
+  Result<int64_t> ApplyAt(uint64_t pos, TransferEngine& engine, const KvRegion& device,
+                          const KvRegion& host, const MessageHandler& on_message) {
+    const int64_t ring = h->ring_bytes;
+    const int64_t off = static_cast<int64_t>(pos % static_cast<uint64_t>(ring));
+    RecordHeader rh;
+    std::memcpy(&rh, data + off, sizeof(rh));
+    const uint64_t next = me().applied_seq.load(std::memory_order_relaxed) + 1;
+    if (rh.bytes < sizeof(rh) || rh.bytes % tp::kRecordAlignment != 0 || rh.bytes > ring - off) {
+      return Fail(next, Status::Corruption(fmt::format(
+                            "tp record at ring offset {}: {} bytes does not fit", off, rh.bytes)));
+    }
+    if (rh.type == static_cast<uint32_t>(RecordType::kPad)) {
+      if (rh.bytes != ring - off) {
+        return Fail(next, Status::Corruption("tp pad record does not end at the ring's end"));
+      }
+      return static_cast<int64_t>(rh.bytes);
+    }
+    if (rh.seq != next) {
+      return Fail(next, Status::Corruption(
+                            fmt::format("tp record {} where {} was expected", rh.seq, next)));
+    }
+    if (rh.type == static_cast<uint32_t>(RecordType::kMessage)) {
+      Result<std::span<const std::byte>> msg = tp::DecodeMessage(std::span(data + off, rh.bytes));
+      if (!msg.ok()) return Fail(next, msg.status());
+      if (on_message) {
+        Result<uint64_t> value = on_message(*msg);
+        if (!value.ok()) {
+          return Fail(next,
+                      value.status().WithContext(fmt::format("tp rank {} message {}", rank, next)));
+        }
+        me().message_result.store(*value, std::memory_order_relaxed);
+      }
+      Applied(next, 0);
+      return static_cast<int64_t>(rh.bytes);
+    }
+    Result<TpCopy> copy = tp::DecodeCopy(std::span(data + off, rh.bytes));
+    if (!copy.ok()) return Fail(next, copy.status());
+    const KvRegion& src = copy->src == TpTier::kDevice ? device : host;
+    const KvRegion& dst = copy->dst == TpTier::kDevice ? device : host;
+    const TransferRequest req{&src,
+                              &dst,
+                              SlotIndices::Host(copy->src_slots),
+                              SlotIndices::Host(copy->dst_slots),
+                              copy->src_layer,
+                              copy->dst_layer,
+                              copy->num_layers};
+    Status st = engine.Transfer(req);
+    if (st.ok() && engine.backend() != TransferBackend::kCpu) st = engine.Synchronize(nullptr);
+    if (!st.ok()) {
+      return Fail(next, st.WithContext(fmt::format("tp rank {} applying record {}", rank, next)));
+    }
+    Applied(next, static_cast<int64_t>(copy->src_slots.size()));
+    return static_cast<int64_t>(rh.bytes);
+  }
+  void Applied(uint64_t seq, int64_t slots) {
+    me().applied_seq.store(seq, std::memory_order_release);
+    ++stats.records;
+    stats.slots += slots;
+    stats.applied_seq = seq;
+  }
+};
+
+TpFollower::TpFollower(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Result<std::unique_ptr<TpFollower>> TpFollower::Attach(const TpGroupConfig& config, int rank) {
+  KVTIER_RETURN_IF_ERROR(config.Validate());
+  if (rank < 1 || rank >= config.tp_size) {
+    return Status::InvalidArgument(
+        fmt::format("tp follower rank {} not in [1, tp_size = {})", rank, config.tp_size));
+  }
+  const auto deadline = After(config.attach_timeout_s);
+  auto impl = std::make_unique<Impl>();
+  impl->config = config;
+  impl->rank = rank;
+  for (;;) {
+    Result<shm::SharedMapping> seg = shm::OpenSegment(config.name);
+    if (seg.ok() && seg->bytes() >= static_cast<int64_t>(sizeof(RingHeader))) {
+      auto* h = reinterpret_cast<RingHeader*>(seg->data());
+      if (h->magic.load(std::memory_order_acquire) == tp::kRingMagic &&
+          h->closed.load(std::memory_order_acquire) == 0) {
+        if (h->version != tp::kRingVersion || h->tp_size != config.tp_size ||
+            h->ring_bytes != config.ring_bytes || seg->bytes() < tp::SegmentBytes(h->ring_bytes) ||
+            h->data_offset != tp::DataOffset()) {
+          return Status::FailedPrecondition(fmt::format(
+              "tp group '{}': the leader's ring (version {}, tp_size {}, ring_bytes {}) does not "
+              "match this follower's (version {}, tp_size {}, ring_bytes {})",
+              config.name, h->version, h->tp_size, h->ring_bytes, tp::kRingVersion, config.tp_size,
+              config.ring_bytes));
+        }
+        impl->mapping = std::move(*seg);
+        impl->h = h;
+        break;
+      }
+    }
+    if (SecondsLeft(deadline) <= 0) {
+      return Status::Unavailable(fmt::format("tp group '{}': no leader's ring within {} s",
+                                             config.name, config.attach_timeout_s));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  RingHeader* h = impl->h;
+  RankRecord& r = h->ranks[rank];
+  uint32_t expected = static_cast<uint32_t>(RankState::kFree);
+  if (!r.state.compare_exchange_strong(expected, kClaiming, std::memory_order_acq_rel)) {
+    return Status::FailedPrecondition(fmt::format(
+        "tp group '{}': rank {} is taken (pid {}, state {}); rebuild the group to replace it",
+        config.name, rank, r.pid, expected));
+  }
+  if (h->write_pos.load(std::memory_order_acquire) != 0) {
+    r.state.store(static_cast<uint32_t>(RankState::kFree), std::memory_order_release);
+    return Status::FailedPrecondition(fmt::format(
+        "tp group '{}' has published records already; rebuild the group (a new TpLeader) to "
+        "add rank {}",
+        config.name, rank));
+  }
+  r.pid = getpid();
+  r.start_time = shm::ProcessStartTime(r.pid);
+  r.failed_seq = 0;
+  r.error[0] = '\0';
+  r.read_pos.store(0, std::memory_order_relaxed);
+  r.applied_seq.store(0, std::memory_order_relaxed);
+  r.state.store(static_cast<uint32_t>(RankState::kAttached), std::memory_order_release);
+  Bump(&h->ack_word);
+  impl->data = impl->mapping.data() + h->data_offset;
+  impl->shape = h->shape;
+  return std::unique_ptr<TpFollower>(new TpFollower(std::move(impl)));
+}
+
+TpFollower::~TpFollower() {
+  if (impl_ == nullptr || impl_->h == nullptr) return;
+  RankRecord& r = impl_->me();
+  uint32_t attached = static_cast<uint32_t>(RankState::kAttached);
+  r.state.compare_exchange_strong(attached, static_cast<uint32_t>(RankState::kFree),
+                                  std::memory_order_acq_rel);
+  Bump(&impl_->h->ack_word);
+}
+
+const TpShape& TpFollower::shape() const { return impl_->shape; }
+int TpFollower::rank() const { return impl_->rank; }
+TpFollowerStats TpFollower::stats() const { return impl_->stats; }
+
+Result<TpServeResult> TpFollower::Serve(TransferEngine& engine, const KvRegion& device,
+                                        const KvRegion& host, double wait_s,
+                                        const MessageHandler& on_message) {
+  Impl& m = *impl_;
+  const TpShape& s = m.shape;
+  if (device.geometry.num_slots != s.device_slots || device.geometry.num_layers != s.num_layers ||
+      device.mla != s.mla ||
+      (s.host_slots > 0 && (host.geometry.num_slots != s.host_slots ||
+                            host.geometry.num_layers != s.num_layers || host.mla != s.mla))) {
+    return Status::InvalidArgument(fmt::format(
+        "tp rank {}: regions (device {} slots, host {} slots, {} layers, mla {}) do not match the "
+        "leader's shape (device {} slots, host {} slots, {} layers, mla {})",
+        m.rank, device.geometry.num_slots, host.geometry.num_slots, device.geometry.num_layers,
+        device.mla, s.device_slots, s.host_slots, s.num_layers, s.mla));
+  }
+  if (StateOf(m.me()) != static_cast<uint32_t>(RankState::kAttached)) {
+    return Status::FailedPrecondition(
+        fmt::format("tp rank {} is not attached (a copy failed, or it detached)", m.rank));
+  }
+  const auto deadline = After(wait_s);
+  bool applied = false;
+  for (;;) {
+    const uint32_t word = m.h->post_word.load(std::memory_order_acquire);
+    const uint64_t wp = m.h->write_pos.load(std::memory_order_acquire);
+    uint64_t rp = m.me().read_pos.load(std::memory_order_relaxed);
+    while (rp < wp) {
+      KVTIER_ASSIGN_OR_RETURN(const int64_t bytes, m.ApplyAt(rp, engine, device, host, on_message));
+      rp += static_cast<uint64_t>(bytes);
+      m.me().read_pos.store(rp, std::memory_order_release);
+      Bump(&m.h->ack_word);
+      applied = true;
+    }
+    if (applied) return TpServeResult::kApplied;
+    if (m.h->closed.load(std::memory_order_acquire) != 0) return TpServeResult::kClosed;
+    if (!shm::ProcessAlive(m.h->leader_pid, m.h->leader_start_time)) {
+      return Status::Unavailable(
+          fmt::format("tp group '{}': the leader (pid {}) died", m.config.name, m.h->leader_pid));
+    }
+    const double left = SecondsLeft(deadline);
+    if (left <= 0) return TpServeResult::kIdle;
+    tp::FutexWait(&m.h->post_word, word, std::min(left, m.config.liveness_poll_s));
+  }
+}
+
+}  // namespace kvtier

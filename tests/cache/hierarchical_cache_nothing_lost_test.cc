@@ -1,0 +1,315 @@
+// HierarchicalCache with a storage tier (memory:// and file://): nothing is lost on the way to
+// storage. A prefix of any length (1 page to 131,072 tokens, pages of 16 and 64 tokens), inserted
+// at once or as back-to-back chunked-prefill inserts, is entirely in storage after
+// WaitForBackups(); a skipped page is counted under its true reason (queue_full, failed); a page
+// read back corrupt is healed by the next backup.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <chrono>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "cache/cache_test_util.h"
+#include "kvtier/hierarchical_cache.h"
+#include "kvtier/page_key.h"
+#include "kvtier/storage.h"
+#include "kvtier/testing/storage_fault.h"
+
+namespace kvtier {
+namespace {
+
+using testing::DeviceTier;
+using testing::Hashes;
+
+constexpr int64_t kLayers = 2;
+constexpr int64_t kSlotBytes = 8;
+constexpr int64_t kLongest = 131072;
+
+StorageNamespace NamespaceFor(int64_t page) {
+  StorageNamespace ns;
+  ns.model_id = "nothing-lost";
+  ns.layout = KvLayout::kPageFirst;
+  ns.num_layers = kLayers;
+  ns.slot_bytes = kSlotBytes;
+  ns.page_size = page;
+  return ns;
+}
+
+std::vector<Token> Seq(int64_t n, Token base) {
+  std::vector<Token> t(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) t[static_cast<size_t>(i)] = base + static_cast<Token>(i);
+  return t;
+}
+
+struct TestCache {
+  std::unique_ptr<DeviceTier> device;
+  std::unique_ptr<HierarchicalCache> cache;
+};
+
+TestCache Make(std::shared_ptr<StorageBackend> store, int64_t page, int64_t pages) {
+  TestCache s;
+  KvGeometry g{KvLayout::kLayerFirst, kLayers, pages * page, kSlotBytes, page, 1};
+  auto dev = DeviceTier::Create(TransferBackend::kCpu, g, false);
+  EXPECT_TRUE(dev.ok()) << dev.status().ToString();
+  s.device = std::move(*dev);
+  HierarchicalCacheConfig cfg;
+  cfg.write_policy = WritePolicy::kWriteThrough;
+  cfg.backup_threads = 1;
+  cfg.host_capacity_bytes = pages * page * kLayers * kSlotBytes * 2;
+  cfg.transfer.cpu_threads = 1;
+  cfg.storage.backend = std::move(store);
+  cfg.storage.prefetch_threshold_tokens = 0;
+  auto c = HierarchicalCache::Create(cfg, s.device->region());
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  s.cache = std::move(*c);
+  return s;
+}
+
+// The engine's prefill: match, compute (pattern) the uncached rest, insert, release.
+void Prefill(TestCache& s, std::span<const Token> tokens) {
+  auto m = s.cache->Match(tokens);
+  ASSERT_TRUE(m.ok());
+  const auto hashes = Hashes(tokens, "");
+  std::vector<int64_t> slots = m->device_slots;
+  const int64_t rest = static_cast<int64_t>(tokens.size()) - m->device_tokens;
+  auto fresh = s.cache->AllocateDeviceSlots(rest);
+  ASSERT_TRUE(fresh.ok()) << fresh.status().ToString();
+  ASSERT_TRUE(
+      s.device->Fill(*fresh, std::span<const uint64_t>(hashes).subspan(m->device_tokens)).ok());
+  slots.insert(slots.end(), fresh->begin(), fresh->end());
+  auto r = s.cache->Insert(tokens, slots);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_TRUE(s.cache->Release(m->handle).ok());
+}
+
+// The leading pages of `tokens` the store holds (Exists, batch by batch).
+int64_t StoredPages(StorageBackend& store, std::span<const Token> tokens, int64_t page) {
+  auto keys = ComputePromptPageKeys(tokens, page, "");
+  EXPECT_TRUE(keys.ok());
+  const int64_t batch = store.options().max_batch_pages;
+  int64_t held = 0;
+  for (size_t from = 0; from < keys->size(); from += static_cast<size_t>(batch)) {
+    const size_t n = std::min(keys->size() - from, static_cast<size_t>(batch));
+    ExistsResult e =
+        store.Exists(std::vector<PageKey>(keys->begin() + from, keys->begin() + from + n)).get();
+    EXPECT_TRUE(e.status.ok()) << e.status.ToString();
+    held += e.leading;
+    if (e.leading < static_cast<int64_t>(n)) break;
+  }
+  return held;
+}
+
+// Reads `tokens` back through storage only (a second cache over the same store) and checks the
+// bytes.
+void ExpectReadBack(std::shared_ptr<StorageBackend> store, std::span<const Token> tokens,
+                    int64_t page) {
+  // Host room for the whole prefix within the prefetch share (max_prefetch_host_fraction).
+  TestCache c = Make(std::move(store), page, 4 * static_cast<int64_t>(tokens.size()) / page);
+  auto m = c.cache->Match(tokens);
+  ASSERT_TRUE(m.ok());
+  ASSERT_TRUE(c.cache->QueryStorage(m->handle).ok());
+  ASSERT_TRUE(c.cache->Release(m->handle).ok());
+  m = c.cache->Match(tokens);
+  ASSERT_EQ(m->storage_tokens, static_cast<int64_t>(tokens.size()));
+  ASSERT_TRUE(c.cache->Prefetch(m->handle, PrefetchPolicy::kWaitComplete).ok());
+  auto l = c.cache->LoadBack(m->handle);
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  EXPECT_EQ(l->prefetch.state, PrefetchState::kComplete);
+  ASSERT_EQ(l->loaded_tokens, static_cast<int64_t>(tokens.size()));
+  const Status v = c.device->Verify(l->device_slots, Hashes(tokens, ""));
+  EXPECT_TRUE(v.ok()) << v.ToString();
+  ASSERT_TRUE(c.cache->Release(m->handle).ok());
+}
+
+// Parameters: the backend ("memory" or "file") and the page size.
+class NothingLostTest : public ::testing::TestWithParam<std::tuple<std::string, int64_t>> {
+ protected:
+  void TearDown() override {
+    std::error_code ec;
+    if (!dir_.empty()) std::filesystem::remove_all(dir_, ec);
+  }
+  int64_t page() const { return std::get<1>(GetParam()); }
+  std::shared_ptr<StorageBackend> Store() {
+    std::string url = "memory://?capacity=256MiB";
+    if (std::get<0>(GetParam()) == "file") {
+      std::string tmpl = "/tmp/kvtier_nothing_lost_XXXXXX";
+      EXPECT_NE(::mkdtemp(tmpl.data()), nullptr);
+      dir_ = tmpl;
+      url = "file://" + dir_;
+    }
+    // A generous per-call timeout: this checks the cache's bookkeeping, not how fast a loaded
+    // test machine writes thousands of files (a timed-out page would be counted as failed).
+    StorageOptions options;
+    options.timeout = std::chrono::seconds(60);
+    auto b = OpenStorage(url, NamespaceFor(page()), options);
+    EXPECT_TRUE(b.ok()) << b.status().ToString();
+    return b.ok() ? std::shared_ptr<StorageBackend>(std::move(*b)) : nullptr;
+  }
+  std::string dir_;
+};
+
+TEST_P(NothingLostTest, OneInsertOfAnyLengthEndsEntirelyInStorage) {
+  auto store = Store();
+  ASSERT_NE(store, nullptr);
+  const int64_t P = page();
+  // Room in every tier for everything: no page may be skipped for capacity here.
+  TestCache s = Make(store, P, 2 * kLongest / P);
+  Token base = 1;
+  int64_t total = 0;
+  for (int64_t length : {P, int64_t{4096}, int64_t{8192}, kLongest}) {
+    const auto a = Seq(length, base);
+    base += static_cast<Token>(length) + 1000;
+    Prefill(s, a);
+    ASSERT_TRUE(s.cache->WaitForBackups().ok());
+    EXPECT_EQ(StoredPages(*store, a, P), length / P) << length << " tokens";
+    total += length;
+  }
+  const CacheStats st = s.cache->stats();
+  EXPECT_EQ(st.storage_backup_tokens, total);
+  EXPECT_EQ(st.backup_skipped_tokens, 0);
+  EXPECT_EQ(st.storage_backup_dropped_tokens, 0);
+  EXPECT_EQ(st.storage_backup_failed_tokens, 0);
+  EXPECT_EQ(st.storage_queue_drops, 0);
+  EXPECT_TRUE(s.cache->CheckConsistency().ok());
+}
+
+TEST_P(NothingLostTest, BackToBackChunkedPrefillInsertsEndEntirelyInStorage) {
+  auto store = Store();
+  ASSERT_NE(store, nullptr);
+  const int64_t P = page();
+  TestCache s = Make(store, P, 2 * kLongest / P);
+  // A[:4096] then A[:8192], as the issue has it; then B in 8 chunks up to 131,072 tokens.
+  const auto a = Seq(8192, 5);
+  Prefill(s, std::span<const Token>(a).first(4096));
+  Prefill(s, a);
+  // (A file store at page 16 stops at 32,768 tokens: 8,192 files take too long for a unit test;
+  // the one-insert test writes 131,072 tokens there.)
+  const int64_t longest = std::get<0>(GetParam()) == "file" && P == 16 ? 32768 : kLongest;
+  const auto b = Seq(longest, 900000);
+  for (int64_t end = longest / 8; end <= longest; end += longest / 8) {
+    Prefill(s, std::span<const Token>(b).first(static_cast<size_t>(end)));
+  }
+  ASSERT_TRUE(s.cache->WaitForBackups().ok());
+  EXPECT_EQ(StoredPages(*store, a, P), 8192 / P);
+  EXPECT_EQ(StoredPages(*store, b, P), longest / P);
+  const CacheStats st = s.cache->stats();
+  EXPECT_EQ(st.storage_backup_tokens, 8192 + longest);
+  EXPECT_EQ(st.backup_skipped_tokens, 0);
+  EXPECT_EQ(st.storage_backup_dropped_tokens, 0);
+  EXPECT_EQ(st.storage_backup_failed_tokens, 0);
+  EXPECT_TRUE(s.cache->CheckConsistency().ok());
+  ExpectReadBack(store, a, P);  // the chunks' pages, byte for byte
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, NothingLostTest,
+                         ::testing::Combine(::testing::Values("memory", "file"),
+                                            ::testing::Values(16, 64)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_page" +
+                                  std::to_string(std::get<1>(info.param));
+                         });
+
+// A memory store behind the fault wrapper.
+std::shared_ptr<FaultInjectingStorage> FaultyStore(int64_t page) {
+  auto inner = OpenStorage("memory://?capacity=64MiB", NamespaceFor(page));
+  EXPECT_TRUE(inner.ok()) << inner.status().ToString();
+  auto w = FaultInjectingStorage::Wrap(std::move(*inner), 7);
+  EXPECT_TRUE(w.ok()) << w.status().ToString();
+  return std::shared_ptr<FaultInjectingStorage>(std::move(*w));
+}
+
+TEST(NothingLostReasonsTest, FailedWritesAreCountedAsFailedNotAsQueueFull) {
+  auto store = FaultyStore(16);
+  TestCache s = Make(store, 16, 1024);
+  ASSERT_TRUE(store->SetErrorFraction(1).ok());  // every Exists and Set fails
+  const auto a = Seq(8192, 3);
+  Prefill(s, a);
+  ASSERT_TRUE(s.cache->WaitForBackups().ok());
+  CacheStats st = s.cache->stats();
+  EXPECT_EQ(st.storage_backup_failed_tokens, 8192);
+  EXPECT_EQ(st.storage_backup_dropped_tokens, 0);
+  EXPECT_EQ(st.storage_backup_tokens, 0);
+  store->ClearFaults();
+  // Nothing is marked stored: a later backup of the same prefix (another insert) writes it all.
+  ASSERT_TRUE(s.cache->EvictDevice(1 << 30).ok());
+  ASSERT_TRUE(s.cache->EvictHost(1 << 30).ok());
+  Prefill(s, a);
+  ASSERT_TRUE(s.cache->WaitForBackups().ok());
+  EXPECT_EQ(StoredPages(*store, a, 16), 8192 / 16);
+  st = s.cache->stats();
+  EXPECT_EQ(st.storage_backup_tokens, 8192);
+}
+
+TEST(NothingLostReasonsTest, AFullQueueIsCountedAsQueueFullAndTheRestIsStored) {
+  auto store = FaultyStore(16);
+  ASSERT_TRUE(store->SetDelay(std::chrono::milliseconds(50)).ok());  // stores stay in flight
+  KvGeometry g{KvLayout::kLayerFirst, kLayers, 256 * 16, kSlotBytes, 16, 1};
+  auto dev = DeviceTier::Create(TransferBackend::kCpu, g, false);
+  ASSERT_TRUE(dev.ok());
+  TestCache s;
+  s.device = std::move(*dev);
+  HierarchicalCacheConfig cfg;
+  cfg.write_policy = WritePolicy::kWriteThrough;
+  cfg.backup_threads = 0;  // backups land inline, so their stores queue at once
+  cfg.host_capacity_bytes = 256 * 16 * kLayers * kSlotBytes * 2;
+  cfg.storage.backend = store;
+  cfg.storage.max_backup_queue_pages = 4;
+  auto c = HierarchicalCache::Create(cfg, s.device->region());
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  s.cache = std::move(*c);
+  std::vector<std::vector<Token>> prompts;
+  for (int i = 0; i < 4; ++i) {
+    prompts.push_back(Seq(4 * 16, 1000 * (i + 1)));  // 4 pages each: one fills the queue
+    Prefill(s, prompts.back());
+  }
+  ASSERT_TRUE(s.cache->WaitForBackups().ok());
+  const CacheStats st = s.cache->stats();
+  int64_t stored = 0;
+  for (const auto& p : prompts) stored += StoredPages(*store, p, 16) * 16;
+  EXPECT_GT(st.storage_queue_drops, 0);
+  EXPECT_EQ(st.storage_backup_tokens, stored);
+  EXPECT_EQ(st.storage_backup_dropped_tokens + stored, 4 * 4 * 16);  // every page accounted for
+  EXPECT_EQ(st.storage_backup_failed_tokens, 0);
+}
+
+TEST(NothingLostHealTest, APageReadBackCorruptIsWrittenAgainByTheNextBackup) {
+  auto store = FaultyStore(16);
+  const auto a = Seq(64 * 16, 11);
+  {
+    TestCache s = Make(store, 16, 128);
+    Prefill(s, a);
+    ASSERT_TRUE(s.cache->WaitForBackups().ok());
+  }
+  ASSERT_EQ(StoredPages(*store, a, 16), 64);
+  // A second cache reads the prefix back corrupt: the pages are dropped from the tree and from
+  // the store.
+  TestCache s = Make(store, 16, 128);
+  ASSERT_TRUE(store->SetCorruptFraction(1).ok());
+  auto m = s.cache->Match(a);
+  ASSERT_TRUE(m.ok());
+  ASSERT_TRUE(s.cache->QueryStorage(m->handle).ok());
+  ASSERT_TRUE(s.cache->Prefetch(m->handle, PrefetchPolicy::kWaitComplete).ok());
+  auto f = s.cache->FinishPrefetch(m->handle);
+  ASSERT_TRUE(f.ok());
+  EXPECT_EQ(f->state, PrefetchState::kPartial);
+  EXPECT_EQ(f->arrived_tokens, 0);
+  ASSERT_TRUE(s.cache->Release(m->handle).ok());
+  store->ClearFaults();
+  ASSERT_TRUE(s.cache->WaitForBackups().ok());  // the removal of the corrupt pages
+  EXPECT_EQ(StoredPages(*store, a, 16), 0);
+  EXPECT_GT(s.cache->stats().storage_corrupt_pages, 0);
+  // The next backup of the prefix (recomputed and inserted) writes every page again ...
+  Prefill(s, a);
+  ASSERT_TRUE(s.cache->WaitForBackups().ok());
+  EXPECT_EQ(StoredPages(*store, a, 16), 64);
+  EXPECT_TRUE(s.cache->CheckConsistency().ok());
+  // ... and it reads back byte for byte.
+  ExpectReadBack(store, a, 16);
+}
+
+}  // namespace
+}  // namespace kvtier

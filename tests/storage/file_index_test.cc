@@ -1,0 +1,146 @@
+// The file store's index on its own: LRU order, eviction down to the capacity (never the page
+// just written), strictly increasing stamps, the restart load in stamp order, pages another
+// process wrote, and the restart scan of a real directory (page files indexed; other names,
+// symlinks, wrong shards and a symlinked shard left alone; stale temporary files removed).
+#include "storage/file_index.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+
+#include "storage/file_io.h"
+
+namespace kvtier::storage {
+namespace {
+
+namespace fs = std::filesystem;
+
+PageKey KeyOf(int i) {
+  std::vector<int32_t> tokens = {i, i + 1, i + 2, i + 3};
+  return ComputePromptPageKeys(tokens, 4)->front();
+}
+
+struct Recorder {
+  std::vector<PageKey> removed;
+  std::function<void(const PageKey&)> fn() {
+    return [this](const PageKey& k) { removed.push_back(k); };
+  }
+};
+
+TEST(FileIndexTest, PutEvictsLeastRecentlyUsedButNeverThePageJustWritten) {
+  Recorder r;
+  FileIndex index(300, r.fn());
+  for (int i = 0; i < 3; ++i) index.Put(KeyOf(i), 100, index.NextStamp());
+  EXPECT_EQ(index.bytes(), 300);
+  EXPECT_EQ(index.LruOrder(), (std::vector<PageKey>{KeyOf(2), KeyOf(1), KeyOf(0)}));
+  index.Touch(KeyOf(0), 100);  // 0 becomes the most recent
+  index.Put(KeyOf(3), 100, index.NextStamp());
+  EXPECT_EQ(r.removed, std::vector<PageKey>{KeyOf(1)});
+  EXPECT_EQ(index.LruOrder(), (std::vector<PageKey>{KeyOf(3), KeyOf(0), KeyOf(2)}));
+  // A page larger than what is left evicts all others but itself.
+  index.Put(KeyOf(4), 250, index.NextStamp());
+  EXPECT_EQ(index.LruOrder(), std::vector<PageKey>{KeyOf(4)});
+  EXPECT_EQ(index.bytes(), 250);
+  EXPECT_EQ(index.evicted(), 4);
+  EXPECT_EQ(index.pages(), 1);
+  // Replacing a page counts its bytes once.
+  index.Put(KeyOf(4), 250, index.NextStamp());
+  EXPECT_EQ(index.bytes(), 250);
+  index.Erase(KeyOf(4));
+  index.Erase(KeyOf(4));  // unknown: no effect
+  EXPECT_EQ(index.bytes(), 0);
+  EXPECT_FALSE(index.Contains(KeyOf(4)));
+}
+
+TEST(FileIndexTest, StampsIncreaseStrictlyPastEveryLoadedStamp) {
+  FileIndex index(1 << 20, nullptr);
+  const int64_t far_future = int64_t{4'000'000'000} * 1'000'000'000;  // year 2096
+  index.Load({{KeyOf(0), 10, far_future}});
+  int64_t last = far_future;
+  for (int i = 0; i < 1000; ++i) {
+    const int64_t s = i % 2 ? index.NextStamp() : index.Touch(KeyOf(0), 10);
+    ASSERT_GT(s, last);
+    last = s;
+  }
+}
+
+TEST(FileIndexTest, LoadOrdersByStampAndEvictsDownToTheCapacity) {
+  Recorder r;
+  FileIndex index(250, r.fn());
+  index.Load({{KeyOf(0), 100, 30}, {KeyOf(1), 100, 10}, {KeyOf(2), 100, 20}});
+  EXPECT_EQ(r.removed, std::vector<PageKey>{KeyOf(1)});  // the oldest stamp
+  EXPECT_EQ(index.LruOrder(), (std::vector<PageKey>{KeyOf(0), KeyOf(2)}));
+  // A page another process wrote is the least recently used, and does not evict.
+  index.AddFound(KeyOf(5), 100, 5);
+  EXPECT_EQ(index.LruOrder(), (std::vector<PageKey>{KeyOf(0), KeyOf(2), KeyOf(5)}));
+  EXPECT_EQ(index.bytes(), 300);
+  index.AddFound(KeyOf(0), 100, 1);  // already known: unchanged
+  EXPECT_EQ(index.LruOrder().front(), KeyOf(0));
+  index.Put(KeyOf(6), 100, index.NextStamp());
+  EXPECT_EQ(r.removed, (std::vector<PageKey>{KeyOf(1), KeyOf(5), KeyOf(2)}));
+}
+
+class ScanTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = "/tmp/kvtier_scan_test_XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  void Touch(const std::string& rel, int64_t mtime_s, size_t bytes = 5) {
+    fs::create_directories(fs::path(dir_ + "/" + rel).parent_path());
+    std::ofstream(dir_ + "/" + rel) << std::string(bytes, 'x');
+    const timespec t[2] = {{0, UTIME_OMIT}, {static_cast<time_t>(mtime_s), 0}};
+    ASSERT_EQ(::utimensat(AT_FDCWD, (dir_ + "/" + rel).c_str(), t, 0), 0);
+  }
+  std::string dir_;
+};
+
+TEST_F(ScanTest, IndexesPageFilesOnlyAndRemovesStaleTemporaries) {
+  const std::string a = KeyOf(1).Hex(), b = KeyOf(2).Hex(), c = KeyOf(3).Hex();
+  Touch(a.substr(0, 2) + "/" + a, 100, 7);
+  Touch(b.substr(0, 2) + "/" + b, 50, 9);
+  // Another key's name in the wrong shard, an odd name: not indexed, left alone.
+  const std::string wrong_shard = (c.substr(0, 2) == "00" ? "01/" : "00/") + c;
+  Touch(wrong_shard, 10);
+  Touch(a.substr(0, 2) + "/notes.txt", 10);
+  // A symlink named as a page, and a shard directory that is a symlink: not indexed.
+  fs::create_directories(dir_ + "/outside");
+  Touch("outside/" + c, 10);
+  fs::create_symlink(dir_ + "/outside/" + c, dir_ + "/" + b.substr(0, 2) + "/" + c);
+  const std::string d = KeyOf(4).Hex();
+  if (!fs::exists(dir_ + "/" + d.substr(0, 2))) {
+    fs::create_symlink(dir_ + "/outside", dir_ + "/" + d.substr(0, 2));
+    Touch("outside/" + d, 10);
+  }
+  // A temporary file of a process that is gone (pid 2^22 + 1 is beyond pid_max's default and
+  // its usual ceiling), and one of this live process.
+  const std::string dead_tmp = a.substr(0, 2) + "/.tmp.4194305.0." + a;
+  const std::string live_tmp = a.substr(0, 2) + "/.tmp." + std::to_string(::getpid()) + ".1." + a;
+  Touch(dead_tmp, 10);
+  Touch(live_tmp, 10);
+
+  Fd ns(::open(dir_.c_str(), O_RDONLY | O_DIRECTORY));
+  auto found = ScanPages(ns.get());
+  ASSERT_TRUE(found.ok()) << found.status().ToString();
+  std::sort(found->begin(), found->end(),
+            [](const auto& x, const auto& y) { return x.stamp < y.stamp; });
+  ASSERT_EQ(found->size(), 2u);
+  EXPECT_EQ((*found)[0].key, KeyOf(2));
+  EXPECT_EQ((*found)[0].bytes, 9);
+  EXPECT_EQ((*found)[0].stamp, int64_t{50} * 1'000'000'000);
+  EXPECT_EQ((*found)[1].key, KeyOf(1));
+  EXPECT_FALSE(fs::exists(dir_ + "/" + dead_tmp));
+  EXPECT_TRUE(fs::exists(dir_ + "/" + live_tmp));
+  EXPECT_TRUE(fs::exists(dir_ + "/" + wrong_shard));
+  EXPECT_TRUE(fs::exists(dir_ + "/outside/" + c));
+}
+
+}  // namespace
+}  // namespace kvtier::storage

@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""Values the kvtier CLI used to accept although they cannot work: each is refused at once with a
+message naming the problem (and exit code != 0), in bounded time and memory.
+
+  - a trace line that never ends (--workload /dev/zero) or is too long (file:line in the message),
+    with the child's peak RSS bounded;
+  - kvtier shm create with --pages 2^63-1, --layers 0, --page-size 3;
+  - kvtier replay --host-tokens -1 (it silently meant the default);
+  - kvtier bench --storage '' (it silently ran the whole transfer bench);
+  - kvtier replay --plot /dev/full (it exited 0, said it wrote the plot and wrote /dev/full.png);
+    --json /dev/full (a write error seen only at the last flush).
+
+Usage: cli_bad_input_test.py KVTIER
+"""
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+MAX_RSS_KB = 200 * 1024
+
+
+def run(cmd, timeout=60):
+    """(exit code, stdout + stderr, seconds, the child's peak RSS in KiB)."""
+    t0 = time.time()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+        return -9, out, time.time() - t0, 0
+    # The peak of this child alone: RUSAGE_CHILDREN is a maximum over all children so far, so
+    # the test runs the checked commands in the order of growing expectations.
+    rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return proc.returncode, out, time.time() - t0, rss
+
+
+def main():
+    kvtier = sys.argv[1]
+    failures = []
+
+    def expect_refused(cmd, needle, max_seconds=10, check_rss=False):
+        rc, out, took, rss = run(cmd)
+        ok = rc not in (0, -9) and needle in out and took < max_seconds
+        if check_rss and rss > MAX_RSS_KB:
+            ok = False
+            out += "\n(peak RSS %d MiB)" % (rss // 1024)
+        print("%-70s exit %d %.2f s %s: %s" % (" ".join(cmd[1:])[:70], rc, took,
+                                               "ok" if ok else "FAIL", out.strip()[-200:]))
+        if not ok:
+            failures.append(" ".join(cmd[1:]))
+        return out
+
+    replay = [kvtier, "replay", "--device", "cpu", "--model", "tiny", "--no-progress"]
+    # Bounded input: checked first, so RUSAGE_CHILDREN's maximum is theirs.
+    expect_refused(replay + ["--workload", "/dev/zero"], "/dev/zero:1", max_seconds=5,
+                   check_rss=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = os.path.join(tmp, "long_line.jsonl")
+        good = '{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}\n'
+        with open(trace, "w") as f:
+            f.write(good + good + '{"timestamp": 1, "hash_ids": [' + "1," * (2 << 20) + "1]}\n")
+        expect_refused(replay + ["--workload", trace], trace + ":3", check_rss=True)
+
+        name = "kvtier-badinput-%d" % os.getpid()
+        shm = [kvtier, "shm", "create", name, "--slot-bytes", "256"]
+        expect_refused(shm + ["--layers", "2", "--pages", "9223372036854775807"], "--pages")
+        out = expect_refused(shm + ["--layers", "0", "--pages", "4"], "--layers")
+        if "1.79e308" in out:
+            failures.append("--layers 0: the message shows a floating-point range")
+        expect_refused(shm + ["--layers", "2", "--pages", "4", "--page-size", "3"],
+                       "--page-size 3")
+        subprocess.run([kvtier, "shm", "destroy", name], stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+
+        expect_refused(replay + ["--host-tokens", "-1"], "--host-tokens")
+        expect_refused([kvtier, "bench", "--storage", ""], "--storage", max_seconds=5)
+
+        stray = "/dev/full.png"
+        existed = os.path.exists(stray)
+        small = replay + ["--workload", "chat", "--requests", "5", "--runs", "hierarchy",
+                          "--storage", "none"]
+        expect_refused(small + ["--plot", "/dev/full"], "--plot /dev/full")
+        expect_refused(small + ["--json", "/dev/full"], "--json", max_seconds=60)
+        if not existed and os.path.exists(stray):
+            failures.append("--plot /dev/full wrote %s instead" % stray)
+            os.remove(stray)
+    for f in failures:
+        print("FAIL: " + f)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

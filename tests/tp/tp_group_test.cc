@@ -1,0 +1,556 @@
+// A TP group over the decision ring: copies reach every rank in order (wrap-around included), a
+// full ring and a silent, failed or killed follower are clear errors within the timeout, and two
+// processes on the cpu device run a cache as a TP=2 group whose every rank holds the KV of its
+// heads and whose hit rates equal TP=1's; the group is rebuilt after a rank is killed.
+#include "kvtier/tp_group.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <thread>
+
+#include "kvtier/hierarchical_cache.h"
+#include "kvtier/testing/kv_pattern.h"
+
+namespace kvtier {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string GroupName(const char* what) {
+  return "tp_test." + std::to_string(getpid()) + "." + what;
+}
+
+// A host-memory region of `geometry` (K and V, or MLA), with its bytes.
+struct OwnedRegion {
+  OwnedRegion(const KvGeometry& geometry, bool mla, uint8_t fill = 0) {
+    k.assign(static_cast<size_t>(geometry.buffer_bytes()), std::byte{fill});
+    if (!mla) v.assign(k.size(), std::byte{static_cast<uint8_t>(fill ^ 0xFF)});
+    region.geometry = geometry;
+    region.mla = mla;
+    region.k = k.data();
+    region.v = mla ? nullptr : v.data();
+  }
+  void Randomize(uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    for (auto* b : {&k, &v}) {
+      for (auto& x : *b) x = static_cast<std::byte>(rng());
+    }
+  }
+  bool operator==(const OwnedRegion& o) const { return k == o.k && v == o.v; }
+  std::vector<std::byte> k, v;
+  KvRegion region;
+};
+
+std::unique_ptr<TransferEngine> CpuEngine() {
+  auto e = MakeTransferEngine(TransferBackend::kCpu);
+  EXPECT_TRUE(e.ok());
+  return std::move(*e);
+}
+
+TpGroupConfig Config(const char* what, int tp_size = 2) {
+  TpGroupConfig c;
+  c.name = GroupName(what);
+  c.tp_size = tp_size;
+  c.ring_bytes = 64 << 10;
+  c.ack_timeout_s = 5;
+  c.attach_timeout_s = 5;
+  return c;
+}
+
+// A follower on a thread of this process, serving until the ring closes or a call fails.
+class FollowerThread {
+ public:
+  FollowerThread(const TpGroupConfig& config, int rank, KvRegion device, KvRegion host,
+                 std::unique_ptr<TransferEngine> engine = CpuEngine(), bool serve = true) {
+    auto f = TpFollower::Attach(config, rank);
+    EXPECT_TRUE(f.ok()) << f.status().ToString();
+    follower_ = std::move(*f);
+    engine_ = std::move(engine);
+    if (!serve) return;
+    thread_ = std::thread([this, device, host] {
+      for (;;) {
+        Result<TpServeResult> r = follower_->Serve(*engine_, device, host, 0.2);
+        if (!r.ok()) {
+          result_ = r.status();
+          return;
+        }
+        if (*r == TpServeResult::kClosed) return;
+      }
+    });
+  }
+  ~FollowerThread() { (void)Join(); }
+  Status Join() {
+    if (thread_.joinable()) thread_.join();
+    return result_;
+  }
+  TpFollower& follower() { return *follower_; }
+
+ private:
+  std::unique_ptr<TpFollower> follower_;
+  std::unique_ptr<TransferEngine> engine_;
+  std::thread thread_;
+  Status result_;
+};
+
+const KvGeometry kSmall{KvLayout::kLayerFirst, 3, 256, 32, 4, 2};
+const KvGeometry kSmallHost{KvLayout::kPageFirst, 3, 512, 32, 4, 2};
+
+TEST(TpGroupTest, ConfigIsValidated) {
+  TpGroupConfig c = Config("cfg");
+  EXPECT_TRUE(c.Validate().ok());
+  c.tp_size = 0;
+  EXPECT_NE(c.Validate().message().find("tp_size = 0"), std::string::npos);
+  c = Config("cfg");
+  c.ring_bytes = 1000;
+  EXPECT_NE(c.Validate().message().find("ring_bytes = 1000"), std::string::npos);
+  c = Config("cfg");
+  c.ack_timeout_s = 0;
+  EXPECT_NE(c.Validate().message().find("ack_timeout_s"), std::string::npos);
+  c = Config("cfg");
+  c.name = "bad/name";
+  EXPECT_TRUE(c.Validate().IsInvalidArgument());
+  EXPECT_TRUE(TpLeader::Create(Config("cfg"), TpShape{256, 512, 3, 4, false}).ok());
+  EXPECT_TRUE(
+      TpLeader::Create(Config("cfg"), TpShape{250, 512, 3, 4, false}).status().IsInvalidArgument());
+}
+
+// Random copies in both directions through the leader's wrapped engine: afterwards the follower's
+// regions equal the leader's byte for byte (the ring wrapped around many times on the way).
+TEST(TpGroupTest, FollowersApplyEveryCopyInOrderAcrossWrapArounds) {
+  const TpGroupConfig cfg = Config("order");
+  auto leader = TpLeader::Create(cfg, TpShape{256, 512, 3, 4, false});
+  ASSERT_TRUE(leader.ok()) << leader.status().ToString();
+  OwnedRegion dev0(kSmall, false), host0(kSmallHost, false);
+  OwnedRegion dev1(kSmall, false), host1(kSmallHost, false);
+  for (auto* r : {&dev0, &dev1}) r->Randomize(1);
+  for (auto* r : {&host0, &host1}) r->Randomize(2);
+  FollowerThread follower(cfg, 1, dev1.region, host1.region);
+  ASSERT_TRUE((*leader)->WaitForFollowers().ok());
+  auto engine = (*leader)->WrapEngine(CpuEngine(), dev0.region);
+  std::mt19937_64 rng(3);
+  for (int i = 0; i < 400; ++i) {
+    const bool to_host = rng() % 2 == 0;
+    std::vector<int64_t> src(to_host ? 256 : 512), dst(to_host ? 512 : 256);
+    std::iota(src.begin(), src.end(), 0);
+    std::iota(dst.begin(), dst.end(), 0);
+    std::shuffle(src.begin(), src.end(), rng);
+    std::shuffle(dst.begin(), dst.end(), rng);
+    const size_t n = 1 + rng() % 200;
+    src.resize(n);
+    dst.resize(n);
+    const KvRegion& s = to_host ? dev0.region : host0.region;
+    const KvRegion& d = to_host ? host0.region : dev0.region;
+    ASSERT_TRUE(engine
+                    ->Transfer(TransferRequest::AllLayers(s, d, SlotIndices::Host(src),
+                                                          SlotIndices::Host(dst)))
+                    .ok());
+  }
+  const TpLeaderStats st = (*leader)->stats();
+  EXPECT_EQ(st.records, 400);
+  EXPECT_GT(st.record_bytes, 4 * cfg.ring_bytes);  // wrapped around
+  leader->reset();                                 // closes the ring
+  EXPECT_TRUE(follower.Join().ok());
+  EXPECT_EQ(follower.follower().stats().records, 400);
+  EXPECT_TRUE(dev0 == dev1);
+  EXPECT_TRUE(host0 == host1);
+}
+
+TEST(TpGroupTest, AFullRingIsAnErrorNamingTheSlowRankNotAWait) {
+  const TpGroupConfig cfg = Config("full");
+  auto leader = TpLeader::Create(cfg, TpShape{256, 512, 3, 4, false});
+  ASSERT_TRUE(leader.ok());
+  OwnedRegion dev(kSmall, false), host(kSmallHost, false);
+  FollowerThread silent(cfg, 1, dev.region, host.region, CpuEngine(), /*serve=*/false);
+  ASSERT_TRUE((*leader)->WaitForFollowers().ok());
+  const std::vector<std::byte> msg(1000, std::byte{7});
+  Status st;
+  int published = 0;
+  const auto start = Clock::now();
+  for (; published < 1000; ++published) {
+    auto seq = (*leader)->PublishMessage(msg);
+    if (!seq.ok()) {
+      st = seq.status();
+      break;
+    }
+  }
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), 1.0);
+  EXPECT_EQ(published, (64 << 10) / 1024);  // 1,000 bytes + 24 of header = one KiB each
+  ASSERT_TRUE(st.IsUnavailable()) << st.ToString();
+  EXPECT_NE(st.message().find("full: rank 1 (pid " + std::to_string(getpid()) + ")"),
+            std::string::npos)
+      << st.ToString();
+  EXPECT_NE(st.message().find("up to 0 of 64"), std::string::npos) << st.ToString();
+  // Once the follower catches up there is room again.
+  ASSERT_TRUE(silent.follower().Serve(*CpuEngine(), dev.region, host.region, 0).ok());
+  EXPECT_TRUE((*leader)->PublishMessage(msg).ok());
+  EXPECT_TRUE((*leader)->health().ok());
+}
+
+TEST(TpGroupTest, ASilentFollowerFailsTheWaitWithinTheTimeoutAndBreaksTheGroup) {
+  TpGroupConfig cfg = Config("silent");
+  cfg.ack_timeout_s = 0.3;
+  auto leader = TpLeader::Create(cfg, TpShape{256, 512, 3, 4, false});
+  ASSERT_TRUE(leader.ok());
+  OwnedRegion dev(kSmall, false), host(kSmallHost, false);
+  FollowerThread silent(cfg, 1, dev.region, host.region, CpuEngine(), /*serve=*/false);
+  ASSERT_TRUE((*leader)->WaitForFollowers().ok());
+  auto seq = (*leader)->Publish(TpCopy{TpTier::kDevice, TpTier::kHost, 0, 0, 3, {0, 1}, {4, 5}});
+  ASSERT_TRUE(seq.ok());
+  const auto start = Clock::now();
+  const Status st = (*leader)->WaitApplied(*seq);
+  const double waited = std::chrono::duration<double>(Clock::now() - start).count();
+  EXPECT_GE(waited, 0.3);
+  EXPECT_LT(waited, 1.5);
+  ASSERT_TRUE(st.IsUnavailable());
+  EXPECT_NE(st.message().find("rank 1"), std::string::npos) << st.ToString();
+  EXPECT_NE(st.message().find("did not apply record 1 within 0.3 s (applied up to 0)"),
+            std::string::npos)
+      << st.ToString();
+  // Broken: later calls fail at once with the same error.
+  const auto again = Clock::now();
+  EXPECT_EQ((*leader)->PublishMessage({}).status().message(), st.message());
+  EXPECT_EQ((*leader)->WaitApplied(1).message(), st.message());
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - again).count(), 0.1);
+  EXPECT_EQ((*leader)->health().message(), st.message());
+}
+
+// An engine whose every copy fails.
+class FailingEngine final : public TransferEngine {
+ public:
+  TransferBackend backend() const override { return TransferBackend::kCpu; }
+
+ protected:
+  Status DoTransfer(const TransferRequest&, const TransferOptions&) override {
+    return Status::IOError("injected copy failure");
+  }
+};
+
+TEST(TpGroupTest, AFollowersFailedCopyIsReportedToTheLeaderNamingTheRank) {
+  const TpGroupConfig cfg = Config("failed");
+  auto leader = TpLeader::Create(cfg, TpShape{256, 512, 3, 4, false});
+  ASSERT_TRUE(leader.ok());
+  OwnedRegion dev0(kSmall, false), host0(kSmallHost, false);
+  OwnedRegion dev1(kSmall, false), host1(kSmallHost, false);
+  FollowerThread follower(cfg, 1, dev1.region, host1.region, std::make_unique<FailingEngine>());
+  ASSERT_TRUE((*leader)->WaitForFollowers().ok());
+  auto engine = (*leader)->WrapEngine(CpuEngine(), dev0.region);
+  const std::vector<int64_t> src = {0, 1, 2, 3}, dst = {8, 9, 10, 11};
+  const Status st = engine->Transfer(TransferRequest::AllLayers(
+      dev0.region, host0.region, SlotIndices::Host(src), SlotIndices::Host(dst)));
+  ASSERT_TRUE(st.IsUnavailable()) << st.ToString();
+  EXPECT_NE(st.message().find("rank 1 (pid"), std::string::npos) << st.ToString();
+  EXPECT_NE(st.message().find("failed record 1"), std::string::npos) << st.ToString();
+  EXPECT_NE(st.message().find("injected copy failure"), std::string::npos) << st.ToString();
+  EXPECT_NE(follower.Join().message().find("injected copy failure"), std::string::npos);
+}
+
+TEST(TpGroupTest, AttachRules) {
+  TpGroupConfig cfg = Config("attach", 3);
+  cfg.attach_timeout_s = 0.2;
+  EXPECT_TRUE(TpFollower::Attach(cfg, 1).status().IsUnavailable());  // no leader yet
+  auto leader = TpLeader::Create(cfg, TpShape{256, 512, 3, 4, false});
+  ASSERT_TRUE(leader.ok());
+  EXPECT_TRUE(TpFollower::Attach(cfg, 0).status().IsInvalidArgument());
+  EXPECT_TRUE(TpFollower::Attach(cfg, 3).status().IsInvalidArgument());
+  TpGroupConfig other = cfg;
+  other.tp_size = 2;
+  EXPECT_EQ(TpFollower::Attach(other, 1).status().code(), StatusCode::kFailedPrecondition);
+  auto one = TpFollower::Attach(cfg, 1);
+  ASSERT_TRUE(one.ok());
+  EXPECT_EQ((*one)->shape().host_slots, 512);
+  EXPECT_EQ(TpFollower::Attach(cfg, 1).status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_TRUE((*leader)->WaitForFollowers().IsUnavailable());  // rank 2 missing
+  EXPECT_NE((*leader)->WaitForFollowers().message().find("rank(s) 2"), std::string::npos);
+  EXPECT_TRUE((*leader)->PublishMessage({}).status().IsUnavailable());  // rank 2 not attached
+  // The group broke on that publish; a rank attaching now is refused only once records exist.
+  auto two = TpFollower::Attach(cfg, 2);
+  EXPECT_TRUE(two.ok());
+}
+
+// ---- a cache as a TP group ---------------------------------------------------------------------
+
+// The engine's step, as the leader broadcasts it on the ring: fill (compute) or verify the KV
+// pattern of the given tokens in the given device slots, each rank for its own heads.
+struct Step {
+  enum Op : uint32_t { kFill = 1, kVerify = 2 };
+  static std::vector<std::byte> Encode(Op op, std::span<const int64_t> slots,
+                                       std::span<const uint64_t> hashes) {
+    const uint64_t n = slots.size();
+    std::vector<std::byte> out(16 + n * 16);
+    const uint32_t o = op;
+    std::memcpy(out.data(), &o, 4);
+    std::memcpy(out.data() + 8, &n, 8);
+    std::memcpy(out.data() + 16, slots.data(), n * 8);
+    std::memcpy(out.data() + 16 + n * 8, hashes.data(), n * 8);
+    return out;
+  }
+  static Status Apply(std::span<const std::byte> msg, const KvRegion& device, bool mla, int rank,
+                      int tp) {
+    uint32_t op = 0;
+    uint64_t n = 0;
+    if (msg.size() < 16) return Status::InvalidArgument("step: short message");
+    std::memcpy(&op, msg.data(), 4);
+    std::memcpy(&n, msg.data() + 8, 8);
+    if (msg.size() != 16 + n * 16) return Status::InvalidArgument("step: bad length");
+    std::vector<int64_t> slots(n);
+    std::vector<uint64_t> hashes(n);
+    std::memcpy(slots.data(), msg.data() + 16, n * 8);
+    std::memcpy(hashes.data(), msg.data() + 16 + n * 8, n * 8);
+    return op == kFill ? FillTpShardPattern(device, mla, rank, tp, slots, hashes)
+                       : VerifyTpShardPattern(device, mla, rank, tp, slots, hashes);
+  }
+};
+
+constexpr int64_t kPage = 4;
+constexpr int64_t kHeads = 4;
+const KvGeometry kFull{KvLayout::kLayerFirst, 4, 64 * kPage, 16 * kHeads, kPage, kHeads};
+
+HierarchicalCacheConfig CacheConfig() {
+  HierarchicalCacheConfig c;
+  c.write_policy = WritePolicy::kWriteThrough;
+  c.backup_threads = 0;  // deterministic: copies complete inside the call that made them
+  c.host_ratio = 2.0;
+  return c;
+}
+
+// The follower process: attach as rank 1, make host pages of the leader's shape, apply every
+// record (copies; steps on this rank's heads) until the ring closes. Exit code 0 on a clean close.
+[[noreturn]] void RunFollowerProcess(const TpGroupConfig& cfg, bool mla) {
+  int code = 1;
+  {
+    auto f = TpFollower::Attach(cfg, 1);
+    auto g = TpShardGeometry(kFull, mla, cfg.tp_size);
+    if (f.ok() && g.ok()) {
+      OwnedRegion dev(*g, mla, 0x5A);
+      KvGeometry hg = *g;
+      hg.layout = KvLayout::kPageFirst;
+      hg.num_slots = (*f)->shape().host_slots;
+      OwnedRegion host(hg, mla, 0x3C);
+      auto engine = MakeTransferEngine(TransferBackend::kCpu);
+      for (;;) {
+        auto r =
+            (*f)->Serve(**engine, dev.region, host.region, 0.5,
+                        [&](std::span<const std::byte> msg) -> Result<uint64_t> {
+                          KVTIER_RETURN_IF_ERROR(Step::Apply(msg, dev.region, mla, 1, cfg.tp_size));
+                          return uint64_t{msg.size()};
+                        });
+        if (!r.ok()) {
+          std::fprintf(stderr, "follower: %s\n", r.status().ToString().c_str());
+          break;
+        }
+        if (*r == TpServeResult::kClosed) {
+          code = 0;
+          break;
+        }
+      }
+    }
+  }
+  std::fflush(nullptr);
+  _exit(code);
+}
+
+pid_t ForkFollower(const TpGroupConfig& cfg, bool mla) {
+  std::fflush(nullptr);
+  const pid_t pid = fork();
+  if (pid == 0) RunFollowerProcess(cfg, mla);
+  return pid;
+}
+
+int Reap(pid_t pid) {
+  int status = 0;
+  if (waitpid(pid, &status, 0) != pid) return -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+struct Hits {
+  int64_t device = 0, host = 0, loaded = 0, requests = 0;
+  bool operator==(const Hits&) const = default;
+};
+
+// Requests sharing a few prefixes: match, load back, check the loaded KV on every rank, compute
+// the rest (every rank fills its heads), insert. `before(i)` runs before request i; a failing
+// call returns its status.
+Status RunWorkload(HierarchicalCache& cache, const KvRegion& device, bool mla, int tp,
+                   TpLeader* leader, int requests, Hits* hits,
+                   const std::function<void(int)>& before = {}) {
+  std::mt19937_64 rng(42);
+  std::vector<std::vector<Token>> prefixes(6);
+  for (auto& p : prefixes) {
+    p.resize(static_cast<size_t>(kPage * (4 + rng() % 20)));
+    for (auto& t : p) t = static_cast<Token>(rng() % 50000);
+  }
+  const uint64_t salt = KvPatternSalt("");
+  // Every rank runs the step: the leader on its own heads, the followers through the ring.
+  auto step = [&](Step::Op op, std::span<const int64_t> slots,
+                  std::span<const uint64_t> hashes) -> Status {
+    if (leader != nullptr) {
+      KVTIER_ASSIGN_OR_RETURN(const uint64_t seq,
+                              leader->PublishMessage(Step::Encode(op, slots, hashes)));
+      Status own = Step::Apply(Step::Encode(op, slots, hashes), device, mla, 0, tp);
+      Status all = leader->WaitApplied(seq);
+      if (all.ok() && leader->MessageResult(1) != Step::Encode(op, slots, hashes).size()) {
+        return Status::Internal("the follower's message result is not its message's size");
+      }
+      return own.ok() ? all : own;
+    }
+    return Step::Apply(Step::Encode(op, slots, hashes), device, mla, 0, tp);
+  };
+  for (int i = 0; i < requests; ++i) {
+    if (before) before(i);
+    std::vector<Token> tokens = prefixes[rng() % prefixes.size()];
+    const size_t extra = static_cast<size_t>(kPage * (rng() % 6));
+    for (size_t e = 0; e < extra; ++e) tokens.push_back(static_cast<Token>(rng() % 50000));
+    const std::vector<uint64_t> hashes = KvPatternHashes(tokens, salt);
+    KVTIER_ASSIGN_OR_RETURN(MatchResult m, cache.Match(tokens));
+    Result<LoadBackResult> lb = cache.LoadBack(m.handle);
+    if (!lb.ok()) {
+      (void)cache.Release(m.handle);
+      return lb.status();
+    }
+    const size_t cached = lb->device_slots.size();
+    const std::span<const uint64_t> all(hashes);
+    Status st = step(Step::kVerify, lb->device_slots, all.first(cached));
+    std::vector<int64_t> slots = lb->device_slots;
+    if (st.ok() && cached < tokens.size()) {
+      Result<std::vector<int64_t>> fresh =
+          cache.AllocateDeviceSlots(static_cast<int64_t>(tokens.size() - cached));
+      st = fresh.status();
+      if (st.ok()) {
+        st = step(Step::kFill, *fresh, all.subspan(cached));
+        slots.insert(slots.end(), fresh->begin(), fresh->end());
+      }
+    }
+    if (st.ok()) st = cache.Insert(tokens, slots).status();
+    Status rel = cache.Release(m.handle);
+    KVTIER_RETURN_IF_ERROR(st);
+    KVTIER_RETURN_IF_ERROR(rel);
+    hits->device += m.device_tokens;
+    hits->host += m.host_tokens;
+    hits->loaded += lb->loaded_tokens;
+    ++hits->requests;
+  }
+  return cache.WaitForBackups();
+}
+
+Hits RunTp1(bool mla, int requests) {
+  OwnedRegion dev(kFull, mla, 0x5A);
+  auto cache = HierarchicalCache::Create(CacheConfig(), dev.region);
+  EXPECT_TRUE(cache.ok()) << cache.status().ToString();
+  Hits hits;
+  EXPECT_TRUE(RunWorkload(**cache, dev.region, mla, 1, nullptr, requests, &hits).ok());
+  return hits;
+}
+
+class TpCacheTest : public ::testing::TestWithParam<bool> {};
+
+// Two processes on the cpu device as a TP=2 group: the leader's cache decides, the follower
+// applies; every loaded prefix is checked on both ranks (their heads' KV), and the hits equal
+// TP=1's on the same requests.
+TEST_P(TpCacheTest, TwoProcessesRunOneCacheAndMatchTp1) {
+  const bool mla = GetParam();
+  constexpr int kRequests = 120;
+  const Hits tp1 = RunTp1(mla, kRequests);
+  ASSERT_GT(tp1.device, 0);
+  ASSERT_GT(tp1.host, 0);  // the workload reaches the host tier
+  ASSERT_GT(tp1.loaded, 0);
+
+  const TpGroupConfig cfg = Config(mla ? "cache_mla" : "cache");
+  auto geometry = TpShardGeometry(kFull, mla, 2);
+  ASSERT_TRUE(geometry.ok());
+  OwnedRegion dev(*geometry, mla, 0x5A);
+  auto leader = TpLeader::Create(
+      cfg, TpShape{kFull.num_slots, 2 * kFull.num_slots, kFull.num_layers, kPage, mla});
+  ASSERT_TRUE(leader.ok());
+  const pid_t child = ForkFollower(cfg, mla);
+  ASSERT_GT(child, 0);
+  ASSERT_TRUE((*leader)->WaitForFollowers().ok());
+  auto cache = HierarchicalCache::Create(CacheConfig(), dev.region,
+                                         (*leader)->WrapEngine(CpuEngine(), dev.region));
+  ASSERT_TRUE(cache.ok()) << cache.status().ToString();
+  ASSERT_EQ((*cache)->host_region().geometry.num_slots, 2 * kFull.num_slots);
+  Hits tp2;
+  const Status st = RunWorkload(**cache, dev.region, mla, 2, leader->get(), kRequests, &tp2);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(tp2, tp1);
+  const TpLeaderStats ls = (*leader)->stats();
+  EXPECT_GT(ls.records, kRequests);  // steps and copies
+  cache->reset();
+  leader->reset();
+  EXPECT_EQ(Reap(child), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(MhaAndMla, TpCacheTest, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "Mla" : "Mha"; });
+
+// SIGKILL the follower mid-workload: the leader's next call that moves bytes fails naming the
+// dead rank within the timeout (no hang); then the group is rebuilt with a new follower over the
+// same device pool of the surviving leader, and runs clean.
+TEST(TpCacheKillTest, AKilledRankFailsTheLeadersCallsThenTheGroupIsRebuilt) {
+  TpGroupConfig cfg = Config("kill");
+  cfg.ack_timeout_s = 2;
+  auto geometry = TpShardGeometry(kFull, false, 2);
+  ASSERT_TRUE(geometry.ok());
+  OwnedRegion dev(*geometry, false, 0x5A);
+  const TpShape shape{kFull.num_slots, 2 * kFull.num_slots, kFull.num_layers, kPage, false};
+  const void* pool_bytes = dev.region.k;
+  {
+    auto leader = TpLeader::Create(cfg, shape);
+    ASSERT_TRUE(leader.ok());
+    const pid_t child = ForkFollower(cfg, false);
+    ASSERT_TRUE((*leader)->WaitForFollowers().ok());
+    auto cache = HierarchicalCache::Create(CacheConfig(), dev.region,
+                                           (*leader)->WrapEngine(CpuEngine(), dev.region));
+    ASSERT_TRUE(cache.ok());
+    Hits hits;
+    Clock::time_point killed{};
+    const Status st =
+        RunWorkload(**cache, dev.region, false, 2, leader->get(), 60, &hits, [&](int i) {
+          if (i == 20) {
+            kill(child, SIGKILL);
+            killed = Clock::now();
+          }
+        });
+    const double after = std::chrono::duration<double>(Clock::now() - killed).count();
+    EXPECT_EQ(hits.requests, 20);
+    ASSERT_TRUE(st.IsUnavailable()) << st.ToString();
+    EXPECT_NE(st.message().find("rank 1 (pid " + std::to_string(child) + ") died"),
+              std::string::npos)
+        << st.ToString();
+    EXPECT_LT(after, cfg.ack_timeout_s + 1.0);
+    EXPECT_EQ(Reap(child), 128 + SIGKILL);
+    // The cache's copies fail with the same error from now on; nothing hangs.
+    const Status backups = (*cache)->WaitForBackups();
+    EXPECT_TRUE(backups.ok() || backups.message().find("rank 1") != std::string::npos)
+        << backups.ToString();
+    EXPECT_TRUE((*cache)->CheckConsistency().ok());
+  }
+  // Rebuild: a new ring and a new follower; the leader's device pool is the same memory.
+  auto leader = TpLeader::Create(cfg, shape);
+  ASSERT_TRUE(leader.ok()) << leader.status().ToString();
+  const pid_t child = ForkFollower(cfg, false);
+  ASSERT_TRUE((*leader)->WaitForFollowers().ok());
+  ASSERT_EQ(dev.region.k, pool_bytes);
+  auto cache = HierarchicalCache::Create(CacheConfig(), dev.region,
+                                         (*leader)->WrapEngine(CpuEngine(), dev.region));
+  ASSERT_TRUE(cache.ok());
+  Hits hits;
+  const Status st = RunWorkload(**cache, dev.region, false, 2, leader->get(), 40, &hits);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(hits.requests, 40);
+  EXPECT_GT(hits.loaded + hits.device, 0);
+  cache->reset();
+  leader->reset();
+  EXPECT_EQ(Reap(child), 0);
+}
+
+}  // namespace
+}  // namespace kvtier

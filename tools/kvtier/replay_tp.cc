@@ -1,0 +1,557 @@
+// `kvtier replay --tp N` (see replay_tp.h).
+#include "replay_tp.h"
+
+#include <fmt/format.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <thread>
+
+#include "kvtier/device.h"
+#include "kvtier/eviction_policy.h"
+#include "kvtier/hierarchical_cache.h"
+#include "kvtier/host_pool.h"
+#include "kvtier/testing/kv_pattern.h"
+#include "kvtier/tp_group.h"
+#include "replay_engine.h"
+#include "replay_model.h"
+#include "workload.h"
+
+namespace kvtier::tools {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double MsSince(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+// Each rank fills and checks the pattern under its own salt, so a rank holding another rank's
+// bytes (or TP=1's) is caught.
+uint64_t RankSalt(int rank) { return KvPatternSalt(fmt::format("tp-rank-{}", rank)); }
+
+// Rank `rank`'s share of `m` in a group of `tp`: MHA splits the KV heads, MLA keeps the latent;
+// the prefill's heads and MLP columns are split as tensor parallelism splits them.
+Result<ReplayModel> ShardModel(const ReplayModel& m, int tp) {
+  if (tp == 1) return m;
+  if ((!m.mla && (m.kv_head_num % tp != 0 || m.slot_bytes % tp != 0)) || m.q_heads % tp != 0) {
+    return Status::InvalidArgument(fmt::format(
+        "--tp {}: model {} has {} KV heads and {} query heads, which do not split over {} ranks",
+        tp, m.name, m.kv_head_num, m.q_heads, tp));
+  }
+  ReplayModel s = m;
+  if (!m.mla) {
+    s.slot_bytes = m.slot_bytes / tp;
+    s.kv_head_num = m.kv_head_num / tp;
+  }
+  s.q_heads = m.q_heads / tp;
+  s.attn_in_cols = m.attn_in_cols / tp;
+  s.mlp_cols = m.mlp_cols / tp;
+  return s;
+}
+
+// The step rank 0 publishes per request after its copies: flags, counts, then the tokens
+// (hit + new), the matched slots and the new slots.
+struct StepMessage {
+  uint32_t warm = 0;    // warm-up: write and check, no compute
+  uint32_t sample = 0;  // --verify sample
+  int64_t cached_tokens = 0;
+  int64_t new_tokens = 0;
+  std::vector<int32_t> tokens;
+  std::vector<int64_t> hit_slots, new_slots;
+
+  std::vector<std::byte> Encode() const {
+    const int64_t head[6] = {warm,
+                             sample,
+                             cached_tokens,
+                             new_tokens,
+                             static_cast<int64_t>(hit_slots.size()),
+                             static_cast<int64_t>(new_slots.size())};
+    std::vector<std::byte> out(sizeof(head) + tokens.size() * 4 +
+                               (hit_slots.size() + new_slots.size()) * 8);
+    std::byte* p = out.data();
+    auto put = [&p](const void* src, size_t n) {
+      if (n > 0) std::memcpy(p, src, n);
+      p += n;
+    };
+    put(head, sizeof(head));
+    put(tokens.data(), tokens.size() * 4);
+    put(hit_slots.data(), hit_slots.size() * 8);
+    put(new_slots.data(), new_slots.size() * 8);
+    return out;
+  }
+  static Result<StepMessage> Decode(std::span<const std::byte> in) {
+    int64_t head[6];
+    if (in.size() < sizeof(head)) return Status::Corruption("tp step: short message");
+    std::memcpy(head, in.data(), sizeof(head));
+    StepMessage m;
+    m.warm = static_cast<uint32_t>(head[0]);
+    m.sample = static_cast<uint32_t>(head[1]);
+    m.cached_tokens = head[2];
+    m.new_tokens = head[3];
+    const int64_t hits = head[4], fresh = head[5];
+    if (hits < 0 || fresh < 0 || hits > (int64_t{1} << 32) || fresh > (int64_t{1} << 32) ||
+        in.size() != sizeof(head) + static_cast<size_t>(hits + fresh) * 12) {
+      return Status::Corruption("tp step: lengths do not match the message");
+    }
+    const std::byte* p = in.data() + sizeof(head);
+    m.tokens.resize(static_cast<size_t>(hits + fresh));
+    m.hit_slots.resize(static_cast<size_t>(hits));
+    m.new_slots.resize(static_cast<size_t>(fresh));
+    std::memcpy(m.tokens.data(), p, m.tokens.size() * 4);
+    p += m.tokens.size() * 4;
+    std::memcpy(m.hit_slots.data(), p, m.hit_slots.size() * 8);
+    p += m.hit_slots.size() * 8;
+    std::memcpy(m.new_slots.data(), p, m.new_slots.size() * 8);
+    return m;
+  }
+};
+
+// One rank's prefill of a step; `cache` (rank 0) is waited on per layer. Its total in ms.
+Result<double> RunStep(PrefillEngine& engine, const StepMessage& m, int rank,
+                       HierarchicalCache* cache, MatchHandle handle, PrefillTiming* timing) {
+  const std::vector<uint64_t> hashes = KvPatternHashes(m.tokens, RankSalt(rank));
+  const std::span<const uint64_t> all(hashes);
+  PrefillJob job;
+  job.cache = cache;
+  job.handle = handle;
+  job.hit_slots = m.hit_slots;
+  job.hit_hashes = all.first(m.hit_slots.size());
+  job.new_slots = m.new_slots;
+  job.new_hashes = all.subspan(m.hit_slots.size());
+  job.verify_sample = m.sample != 0;
+  job.skip_compute = m.warm != 0;
+  job.cached_tokens = m.cached_tokens;
+  job.new_tokens = m.new_tokens;
+  KVTIER_ASSIGN_OR_RETURN(*timing, engine.Prefill(job));
+  if (timing->wrong_bytes > 0) {
+    return Status::Corruption(fmt::format("tp rank {}: {} wrong bytes; first: {}", rank,
+                                          timing->wrong_bytes, timing->first_wrong));
+  }
+  return timing->total_ms;
+}
+
+struct Setup {
+  ReplayOptions o;
+  int tp = 1;
+  bool gpu = false;
+  TransferBackend io = TransferBackend::kCpu;
+  ReplayModel model{};          // the whole model's KV
+  ReplayModel compute_model{};  // the whole model's compute
+  Workload workload;            // warm-up requests first
+  int64_t device_slots = 0;
+  int64_t host_slots = 0;
+  int64_t max_context = 1;
+};
+
+Result<std::unique_ptr<PrefillEngine>> MakeEngine(const Setup& s, int tp, int rank) {
+  PrefillEngineConfig ec;
+  KVTIER_ASSIGN_OR_RETURN(ec.model, ShardModel(s.model, tp));
+  KVTIER_ASSIGN_OR_RETURN(ec.compute_model, ShardModel(s.compute_model, tp));
+  ec.device_slots = s.device_slots;
+  ec.page_size = s.o.page_size;
+  ec.compute = (s.o.compute == "gemm" || (s.o.compute == "auto" && s.gpu)) ? ComputeMode::kGemm
+                                                                           : ComputeMode::kModel;
+  ec.tflops = s.o.tflops;
+  ec.chunk_tokens = s.o.chunk_tokens;
+  ec.max_context = s.max_context;
+  ec.device = s.gpu ? rank % std::max(1, CudaDeviceCount()) : 0;
+  return s.gpu ? MakeGpuPrefillEngine(ec) : MakeCpuPrefillEngine(ec);
+}
+
+struct PassResult {
+  int tp = 1;
+  int64_t requests = 0, prompt_tokens = 0, device_hit = 0, host_hit = 0, loaded = 0;
+  int64_t bytes_checked = 0;  // rank 0's
+  std::vector<double> ttft_ms;
+  double slowest_rank_excess_ms = 0;  // summed: slowest rank's prefill minus rank 0's
+  double wall_s = 0;
+  TpLeaderStats ring;
+};
+
+double Percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t i = static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5);
+  return v[std::min(i, v.size() - 1)];
+}
+
+// Serves every request at `tp` ranks (rank 0 here; the followers through `leader`).
+Status RunPass(const Setup& s, int tp, TpLeader* leader, PassResult* out) {
+  KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<PrefillEngine> engine, MakeEngine(s, tp, 0));
+  KVTIER_ASSIGN_OR_RETURN(const ReplayModel rank_model, ShardModel(s.model, tp));
+  HierarchicalCacheConfig c;
+  c.page_size = s.o.page_size;
+  c.host_layout = *ParseLayout(s.o.host_layout);
+  c.device_eviction = *ParseEvictionPolicy(s.o.eviction);
+  c.host_eviction = c.device_eviction;
+  c.transfer_backend = s.io;
+  c.transfer.device = 0;
+  c.load_back_min_tokens = s.o.load_back_threshold;
+  c.backup_threads = 0;  // sequential and deterministic: equal hits at every TP size
+  c.write_policy = *ParseWritePolicy(s.o.write_policy);
+  c.write_through_threshold = s.o.write_through_threshold;
+  // Equal pages per rank at every TP size: the capacity in whole pages of this rank's bytes.
+  c.host_capacity_bytes = s.host_slots * rank_model.kv_bytes_per_token();
+  c.host_ratio = s.host_slots > 0 ? c.host_ratio : 0;
+  std::unique_ptr<TransferEngine> wrapped;
+  if (leader != nullptr) {
+    KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<TransferEngine> inner,
+                            MakeTransferEngine(s.io, c.transfer));
+    wrapped = leader->WrapEngine(std::move(inner), engine->device_region());
+  }
+  KVTIER_ASSIGN_OR_RETURN(
+      std::unique_ptr<HierarchicalCache> cache,
+      HierarchicalCache::Create(c, engine->device_region(), std::move(wrapped)));
+  if (leader != nullptr) {
+    // The followers size their host pages from the leader's shape; it must be the cache's.
+    if (cache->host_region().geometry.num_slots != s.host_slots) {
+      return Status::Internal(fmt::format("tp: the cache made {} host slots, the group expects {}",
+                                          cache->host_region().geometry.num_slots, s.host_slots));
+    }
+  }
+  out->tp = tp;
+  const int64_t P = s.o.page_size;
+  const auto wall0 = Clock::now();
+  const int64_t n = static_cast<int64_t>(s.workload.requests.size());
+  for (int64_t i = 0; i < n; ++i) {
+    const bool warm = i < s.o.warmup;
+    const WorkloadRequest& req = s.workload.requests[static_cast<size_t>(i)];
+    const std::vector<int32_t> tokens = PromptTokens(req);
+    const std::span<const Token> prompt(tokens.data(), tokens.size());
+    KVTIER_ASSIGN_OR_RETURN(MatchResult m, cache->Match(prompt));
+    KVTIER_RETURN_IF_ERROR(engine->BeginRequest());
+    const auto t0 = Clock::now();
+    Result<LoadBackResult> lb = cache->LoadBack(m.handle, engine->load_stream());
+    const double load_ms = MsSince(t0);
+    StepMessage step;
+    if (lb.ok()) {
+      step.hit_slots = std::move(lb->device_slots);
+    } else if (lb.status().IsOutOfMemory()) {
+      step.hit_slots = m.device_slots;  // no room to load: the host part is recomputed
+    } else {
+      return lb.status().WithContext(fmt::format("request {}: LoadBack", i));
+    }
+    const int64_t hit = static_cast<int64_t>(step.hit_slots.size());
+    const int64_t whole = req.input_length / P * P;
+    if (whole > hit) {
+      KVTIER_ASSIGN_OR_RETURN(step.new_slots,
+                              cache->AllocateDeviceSlots(whole - hit, {.allow_fewer = true}));
+    }
+    step.warm = warm;
+    step.sample = s.o.verify == "sample";
+    step.cached_tokens = hit;
+    step.new_tokens = req.input_length - hit;
+    const size_t covered = static_cast<size_t>(hit) + step.new_slots.size();
+    step.tokens.assign(tokens.begin(), tokens.begin() + static_cast<ptrdiff_t>(covered));
+    uint64_t seq = 0;
+    if (leader != nullptr) {
+      KVTIER_ASSIGN_OR_RETURN(seq, leader->PublishMessage(step.Encode()));
+    }
+    PrefillTiming timing;
+    KVTIER_ASSIGN_OR_RETURN(double prefill_ms,
+                            RunStep(*engine, step, 0, cache.get(), m.handle, &timing));
+    double slowest = prefill_ms;
+    if (leader != nullptr) {
+      KVTIER_RETURN_IF_ERROR(leader->WaitApplied(seq).WithContext(fmt::format("request {}", i)));
+      for (int r = 1; r < tp; ++r) {
+        slowest = std::max(slowest, static_cast<double>(leader->MessageResult(r)) / 1e6);
+      }
+    }
+    std::vector<int64_t> slots = step.hit_slots;
+    slots.insert(slots.end(), step.new_slots.begin(), step.new_slots.end());
+    if (!slots.empty()) {
+      InsertOptions io;
+      io.stream = engine->write_stream();
+      KVTIER_RETURN_IF_ERROR(
+          cache->Insert(prompt.first(slots.size()), slots, "", io).status().WithContext("Insert"));
+    }
+    KVTIER_RETURN_IF_ERROR(cache->Release(m.handle));
+    if (warm) continue;
+    ++out->requests;
+    out->prompt_tokens += req.input_length;
+    out->device_hit += std::min(hit, m.device_tokens);
+    out->host_hit += std::max<int64_t>(0, hit - std::min(hit, m.device_tokens));
+    out->loaded += lb.ok() ? lb->loaded_tokens : 0;
+    out->bytes_checked += timing.bytes_checked;
+    out->ttft_ms.push_back(load_ms + slowest);
+    out->slowest_rank_excess_ms += slowest - prefill_ms;
+    if (s.o.progress && (out->requests % 100 == 0)) {
+      std::fprintf(stderr, "  tp %d: %lld requests\n", tp, static_cast<long long>(out->requests));
+    }
+  }
+  KVTIER_RETURN_IF_ERROR(cache->WaitForBackups());
+  KVTIER_RETURN_IF_ERROR(cache->CheckConsistency());
+  out->wall_s = std::chrono::duration<double>(Clock::now() - wall0).count();
+  if (leader != nullptr) out->ring = leader->stats();
+  return Status::OK();
+}
+
+// A follower rank: its own device pool (its heads), host pages of the leader's shape, its engine;
+// applies every record until rank 0 closes the ring.
+Status RunFollower(const Setup& s, const TpReplayArgs& a) {
+  TpGroupConfig gc;
+  gc.name = a.group;
+  gc.tp_size = a.tp;
+  gc.ack_timeout_s = a.ack_timeout_s;
+  KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<TpFollower> f, TpFollower::Attach(gc, a.rank));
+  KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<PrefillEngine> engine, MakeEngine(s, a.tp, a.rank));
+  KVTIER_ASSIGN_OR_RETURN(const ReplayModel rank_model, ShardModel(s.model, a.tp));
+  const TpShape shape = f->shape();
+  KvRegion host_region;
+  std::unique_ptr<HostKvPool> host;
+  if (shape.host_slots > 0) {
+    HostKvPoolConfig hc;
+    hc.geometry = engine->device_region().geometry;
+    hc.geometry.layout = *ParseLayout(s.o.host_layout);
+    hc.geometry.head_num = rank_model.kv_head_num;
+    hc.mla = rank_model.mla;
+    hc.capacity_bytes = shape.host_slots * rank_model.kv_bytes_per_token();
+    KVTIER_ASSIGN_OR_RETURN(host, HostKvPool::Create(hc));
+    host_region = host->region();
+  }
+  TransferEngineConfig tc;
+  tc.device = s.gpu ? a.rank % std::max(1, CudaDeviceCount()) : 0;
+  KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<TransferEngine> copier, MakeTransferEngine(s.io, tc));
+  auto on_step = [&](std::span<const std::byte> msg) -> Result<uint64_t> {
+    KVTIER_ASSIGN_OR_RETURN(StepMessage step, StepMessage::Decode(msg));
+    KVTIER_RETURN_IF_ERROR(engine->BeginRequest());
+    PrefillTiming timing;
+    KVTIER_ASSIGN_OR_RETURN(double ms, RunStep(*engine, step, a.rank, nullptr, {}, &timing));
+    return static_cast<uint64_t>(ms * 1e6);  // ns
+  };
+  for (;;) {
+    KVTIER_ASSIGN_OR_RETURN(TpServeResult r,
+                            f->Serve(*copier, engine->device_region(), host_region, 1.0, on_step));
+    if (r == TpServeResult::kClosed) return Status::OK();
+  }
+}
+
+// Starts ranks 1 .. tp-1 as copies of this process with the follower flags.
+std::vector<pid_t> StartFollowers(const TpReplayArgs& a, const std::string& group,
+                                  const std::vector<std::string>& self_args) {
+  std::vector<pid_t> pids;
+  for (int r = 1; r < a.tp; ++r) {
+    std::vector<std::string> args = {"/proc/self/exe"};
+    args.insert(args.end(), self_args.begin(), self_args.end());
+    for (const char* flag : {"--json", "--plot"}) {  // rank 0 writes the outputs
+      auto it = std::find(args.begin(), args.end(), flag);
+      if (it != args.end() && it + 1 != args.end()) args.erase(it, it + 2);
+    }
+    args.insert(args.end(), {"--tp-rank", std::to_string(r), "--tp-group", group});
+    std::vector<char*> argv;
+    for (std::string& s : args) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    std::fflush(nullptr);
+    const pid_t pid = fork();
+    if (pid == 0) {
+      execv(argv[0], argv.data());
+      std::fprintf(stderr, "kvtier replay --tp: exec of rank %d failed: %s\n", r,
+                   std::strerror(errno));
+      _exit(127);
+    }
+    if (pid > 0) pids.push_back(pid);
+  }
+  return pids;
+}
+
+// Waits up to `seconds` for each follower to exit, then kills it. True when all exited with 0.
+bool ReapFollowers(const std::vector<pid_t>& pids, double seconds) {
+  bool clean = true;
+  const auto deadline = Clock::now() + std::chrono::milliseconds(static_cast<int>(seconds * 1e3));
+  for (pid_t pid : pids) {
+    int status = 0;
+    for (;;) {
+      const pid_t r = waitpid(pid, &status, WNOHANG);
+      if (r == pid) break;
+      if (r < 0 || Clock::now() > deadline) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        clean = false;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    clean = clean && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  }
+  return clean;
+}
+
+nlohmann::json PassJson(const PassResult& p) {
+  const double tokens = std::max<double>(1, static_cast<double>(p.prompt_tokens));
+  return {
+      {"tp", p.tp},
+      {"requests", p.requests},
+      {"prompt_tokens", p.prompt_tokens},
+      {"device_hit_tokens", p.device_hit},
+      {"host_hit_tokens", p.host_hit},
+      {"hit_rate", static_cast<double>(p.device_hit + p.host_hit) / tokens},
+      {"loaded_tokens", p.loaded},
+      {"ttft_ms_p50", Percentile(p.ttft_ms, 0.5)},
+      {"ttft_ms_p90", Percentile(p.ttft_ms, 0.9)},
+      {"ttft_ms_mean", p.ttft_ms.empty()
+                           ? 0.0
+                           : std::accumulate(p.ttft_ms.begin(), p.ttft_ms.end(), 0.0) /
+                                 static_cast<double>(p.ttft_ms.size())},
+      {"bytes_checked_rank0", p.bytes_checked},
+      {"wall_s", p.wall_s},
+      {"decision_records", p.ring.records},
+      {"decision_record_bytes", p.ring.record_bytes},
+      {"leader_ack_wait_s", p.ring.ack_wait_seconds},
+      {"leader_waits", p.ring.waits},
+      {"leader_waits_per_request",
+       p.requests > 0 ? static_cast<double>(p.ring.waits) / static_cast<double>(p.requests) : 0.0}};
+}
+
+}  // namespace
+
+void AddTpReplayFlags(CLI::App* replay, TpReplayArgs* a) {
+  replay
+      ->add_option("--tp", a->tp,
+                   "tensor-parallel ranks: one process per rank (GPU, or cpu device), one cache "
+                   "decision per group; serves the requests at TP=1 first and compares "
+                   "(sequential, no storage tier)")
+      ->check(CLI::Range(1, 8))
+      ->capture_default_str();
+  replay
+      ->add_option("--tp-timeout", a->ack_timeout_s,
+                   "--tp: seconds rank 0 waits for a rank to apply a decision before failing")
+      ->check(CLI::Range(0.1, 3600.0))
+      ->capture_default_str();
+  replay->add_option("--tp-rank", a->rank)->group("")->check(CLI::Range(1, 7));
+  replay->add_option("--tp-group", a->group)->group("");
+}
+
+int RunReplayTp(const ReplayOptions& options, const TpReplayArgs& a,
+                const std::vector<std::string>& self_args) {
+  const char* who = a.rank > 0 ? "kvtier replay (tp rank)" : "kvtier replay --tp";
+  auto fail = [&](const Status& st, int code) {
+    std::fprintf(stderr, "%s%s: %s\n", who, a.rank > 0 ? fmt::format(" {}", a.rank).c_str() : "",
+                 st.ToString().c_str());
+    return code;
+  };
+  Setup s;
+  s.o = options;
+  s.tp = a.tp;
+  if (Status st = s.o.Validate(); !st.ok()) return fail(st, 2);
+  if (a.rank > 0 && a.group.empty()) return fail(Status::InvalidArgument("--tp-group missing"), 2);
+  if (s.o.host_tokens == -1) s.o.host_tokens = 4 * s.o.device_tokens;
+  if (!s.o.shared_host.empty()) {
+    return fail(Status::InvalidArgument("--tp: --shared-host is not supported with --tp"), 2);
+  }
+  auto model = FindReplayModel(s.o.model);
+  if (!model.ok()) return fail(model.status(), 2);
+  s.model = *model;
+  s.compute_model = s.o.compute_model.empty() ? s.model : *FindReplayModel(s.o.compute_model);
+  if (Status st = ShardModel(s.model, a.tp).status(); !st.ok()) return fail(st, 2);
+  if (Status st = ShardModel(s.compute_model, a.tp).status(); !st.ok()) return fail(st, 2);
+  if (Status st = LoadWorkload(s.o, &s.workload); !st.ok()) return fail(st, 2);
+  const bool have_gpu = CudaDeviceCount() > 0;
+  if (s.o.device == "gpu" && !have_gpu) {
+    return fail(Status::Unavailable("--device gpu: no GPU is present (or built without CUDA)"), 1);
+  }
+  s.gpu = s.o.device == "gpu" || (s.o.device == "auto" && have_gpu);
+  if (!s.gpu && s.o.io_backend != "auto" && s.o.io_backend != "cpu") {
+    return fail(Status::InvalidArgument("--hicache-io-backend needs a GPU for this run"), 2);
+  }
+  s.io = TransferBackend::kCpu;
+  if (s.gpu) {
+    Result<TransferBackend> io =
+        ParseTransferBackend(s.o.io_backend == "auto" ? "kernel" : s.o.io_backend);
+    if (!io.ok() || *io == TransferBackend::kCpu) {
+      return fail(Status::InvalidArgument("--hicache-io-backend: kernel, dma or auto on a GPU"), 2);
+    }
+    s.io = *io;
+  }
+  const int64_t P = s.o.page_size;
+  s.device_slots = (s.o.device_tokens + P - 1) / P * P;
+  s.host_slots = s.o.host_tokens / P * P;
+  for (const WorkloadRequest& r : s.workload.requests) {
+    s.max_context = std::max(s.max_context, r.input_length);
+  }
+  if (a.rank > 0) {
+    Status st = RunFollower(s, a);
+    return st.ok() ? 0 : fail(st, 1);
+  }
+
+  if (s.o.storage != "none" && s.o.progress) {
+    std::fprintf(stderr,
+                 "kvtier replay --tp: no storage tier with --tp (docs/tp.md); ignoring "
+                 "--storage %s\n",
+                 s.o.storage.c_str());
+  }
+  PassResult tp1, tpn;
+  if (Status st = RunPass(s, 1, nullptr, &tp1); !st.ok()) return fail(st.WithContext("TP=1"), 1);
+
+  TpGroupConfig gc;
+  gc.name = fmt::format("replay-tp.{}", getpid());
+  gc.tp_size = a.tp;
+  gc.ack_timeout_s = a.ack_timeout_s;
+  TpReplayArgs fa = a;
+  auto leader = TpLeader::Create(
+      gc, TpShape{s.device_slots, s.host_slots, s.model.num_layers, P, s.model.mla});
+  if (!leader.ok()) return fail(leader.status(), 1);
+  const std::vector<pid_t> pids = StartFollowers(fa, gc.name, self_args);
+  Status st = static_cast<int>(pids.size()) == a.tp - 1
+                  ? (*leader)->WaitForFollowers()
+                  : Status::Unavailable("could not start the follower ranks");
+  if (st.ok()) st = RunPass(s, a.tp, leader->get(), &tpn);
+  leader->reset();  // closes the ring: the followers exit
+  const bool followers_clean = ReapFollowers(pids, st.ok() ? 30 : 2);
+  if (!st.ok()) return fail(st.WithContext(fmt::format("TP={}", a.tp)), 1);
+  if (!followers_clean) {
+    return fail(Status::Internal("a follower rank did not exit cleanly (see its message above)"),
+                1);
+  }
+
+  const bool equal =
+      tp1.device_hit == tpn.device_hit && tp1.host_hit == tpn.host_hit && tp1.loaded == tpn.loaded;
+  const nlohmann::json j1 = PassJson(tp1), jn = PassJson(tpn);
+  std::printf(
+      "kvtier replay --tp %d: %s, %lld requests (after %lld warm-up), model %s (%s), "
+      "%s device pools, io %s\n",
+      a.tp, s.workload.name.c_str(), static_cast<long long>(tp1.requests),
+      static_cast<long long>(s.o.warmup), s.model.name, s.model.mla ? "MLA" : "MHA",
+      s.gpu ? "GPU" : "cpu", TransferBackendName(s.io));
+  std::printf("%-34s %14s %14s\n", "", "TP=1", fmt::format("TP={}", a.tp).c_str());
+  auto row = [&](const char* name, const char* key, const char* f) {
+    std::printf("%-34s %14s %14s\n", name,
+                fmt::format(fmt::runtime(f), j1[key].get<double>()).c_str(),
+                fmt::format(fmt::runtime(f), jn[key].get<double>()).c_str());
+  };
+  row("hit rate (device + host)", "hit_rate", "{:.4f}");
+  row("device hit tokens", "device_hit_tokens", "{:.0f}");
+  row("host hit tokens", "host_hit_tokens", "{:.0f}");
+  row("TTFT p50 ms (slowest rank)", "ttft_ms_p50", "{:.2f}");
+  row("TTFT p90 ms (slowest rank)", "ttft_ms_p90", "{:.2f}");
+  row("TTFT mean ms (slowest rank)", "ttft_ms_mean", "{:.2f}");
+  row("bytes checked (rank 0)", "bytes_checked_rank0", "{:.0f}");
+  row("decision records", "decision_records", "{:.0f}");
+  row("decision record bytes", "decision_record_bytes", "{:.0f}");
+  row("leader wait for ranks (s)", "leader_ack_wait_s", "{:.3f}");
+  row("leader waits for ranks per request", "leader_waits_per_request", "{:.2f}");
+  std::printf(
+      "wrong bytes: 0 on every rank (each rank checks its heads' KV; a wrong byte stops "
+      "the run)\nhit rates TP=%d vs TP=1: %s\n",
+      a.tp, equal ? "equal" : "DIFFERENT");
+  if (!s.o.json_path.empty()) {
+    std::ofstream out(s.o.json_path);
+    out << nlohmann::json{{"command", s.o.command_line}, {"tp", a.tp},
+                          {"model", s.model.name},       {"gpu", s.gpu},
+                          {"hit_rates_equal", equal},    {"passes", {j1, jn}}}
+               .dump(2)
+        << "\n";
+    if (!out) return fail(Status::IOError("--json: cannot write " + s.o.json_path), 1);
+  }
+  return equal ? 0 : 1;
+}
+
+}  // namespace kvtier::tools

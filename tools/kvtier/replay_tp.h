@@ -1,0 +1,45 @@
+// tools/kvtier/replay_tp.h — `kvtier replay --tp N`: the replay as a tensor-parallel group, one
+// process per rank (per GPU, or per cpu "device"), one cache decision per group
+// (kvtier/tp_group.h).
+//
+// Rank 0 (the process the user starts) runs the cache and starts ranks 1 .. N-1 as copies of
+// itself (`--tp-rank R --tp-group NAME`, hidden flags). Each rank has a device pool of its share
+// of the KV heads (MLA: the full latent), host pages of the leader's shape and its own transfer
+// engine; the leader's cache decides and every rank applies its copies (the decision ring). Each
+// request's prefill is split by heads: rank 0 publishes the step (tokens, matched and new slots)
+// on the ring after the request's copies, every rank runs its share (compute stand-in, checking
+// the matched KV of its heads, writing the new tokens' KV) and reports its time; a wrong byte on
+// any rank stops the run naming the rank.
+//
+// The same requests are first served at TP=1 (one process, the whole model) for the comparison:
+// hit rates must be equal (exit code 1 otherwise), TTFT is LoadBack's wall time plus the slowest
+// rank's prefill. Sequential scheduling, no storage tier (docs/tp.md: not built yet).
+//
+// Thread safety: called once from main.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <string>
+#include <vector>
+
+#include "replay.h"
+
+namespace kvtier::tools {
+
+struct TpReplayArgs {
+  int tp = 1;                 // --tp: ranks; 1 = the plain replay
+  int rank = 0;               // --tp-rank (hidden): a follower started by rank 0
+  std::string group;          // --tp-group (hidden): its decision ring
+  double ack_timeout_s = 60;  // --tp-timeout
+};
+
+// Adds --tp and --tp-timeout (and the hidden follower flags) to `replay`.
+void AddTpReplayFlags(CLI::App* replay, TpReplayArgs* args);
+
+// `kvtier replay --tp N` (rank 0), or the follower rank the arguments name. `self_args` are the
+// process's arguments after the program name (rank 0 starts the followers with them). Exit code
+// as RunReplay: 0, 1 (wrong bytes, unequal hit rates, a failed rank), 2 (bad options).
+int RunReplayTp(const ReplayOptions& options, const TpReplayArgs& args,
+                const std::vector<std::string>& self_args);
+
+}  // namespace kvtier::tools
