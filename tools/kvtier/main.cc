@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "bench.h"
+#include "kvtier/storage.h"
 #include "replay_cli.h"
 #include "replay_tp.h"
 #include "shm.h"
