@@ -5,7 +5,7 @@
 #   1. environment   GPU, driver, toolchain
 #   2. build         cmake -G Ninja -DKVTIER_CUDA=ON -DKVTIER_CUDA_ARCHITECTURES=90 Release, -j16
 #   3. tests         every ctest test (GPU tests run for real here; they skip on GPU-less CI)
-#   4. sanitizer     compute-sanitizer memcheck over a small GPU test case (out-of-range device
+#   4. sanitizer     compute-sanitizer memcheck, racecheck and synccheck over a small GPU test case (out-of-range device
 #                    indices, 0/1 indices, one layout pair per direction)
 #   5. bench         kvtier bench per GPU backend (kernel, dma, auto), --json per backend. Three
 #                    invocations instead of `--backend all`: "all" adds the cpu rows, whose
@@ -42,19 +42,8 @@ while [[ $# -gt 0 ]]; do
   shift
 done
 JOBS=${JOBS:-16}
-# Debian packages the GPU machine lacks (hiredis, liburing, xxhash, redis, ZeroMQ, msgpack),
-# unpacked by scripts/gpu_deps.sh on the build machine and carried as build-deps/root.
-DEPS=$PWD/build-deps/root
-if [[ -d $DEPS/usr ]]; then
-  export CMAKE_PREFIX_PATH=$DEPS/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
-  export LD_LIBRARY_PATH=$DEPS/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-  export PATH=$DEPS/usr/bin:$PATH
-  # Sources that include a package's header by name (tests including <hiredis/hiredis.h>).
-  export CPATH=$DEPS/usr/include${CPATH:+:$CPATH}
-  export LIBRARY_PATH=$DEPS/usr/lib/x86_64-linux-gnu${LIBRARY_PATH:+:$LIBRARY_PATH}
-else
-  echo "note: no build-deps/root (scripts/gpu_deps.sh): hiredis, liburing, redis, ZeroMQ absent"
-fi
+# The carried Debian packages (scripts/gpu_deps.sh) on the search paths.
+source scripts/gpu_env.sh
 declare -A RESULT
 T0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
@@ -104,11 +93,17 @@ if [[ ${RESULT[build]} == ok && $SKIP_TESTS == 0 && -x $TEST_BIN ]] &&
   FILTER='CudaTransferTest.OutOfRangeDeviceIndicesAreReported:CudaTransferTest.ZeroAndOneIndex'
   FILTER+=':AllPairs/CudaTransferMatrixTest.MatchesReferenceByteForByte/page_head_to_layer_first_one_mha_p16'
   FILTER+=':AllPairs/CudaTransferMatrixTest.MatchesReferenceByteForByte/layer_first_to_page_first_direct_all_mla_p1'
-  compute-sanitizer --tool memcheck --error-exitcode 99 "$TEST_BIN" --gtest_filter="$FILTER" \
-    >"$LOGS/sanitizer.log" 2>&1
-  rc=$?
-  RESULT[sanitizer]=$([[ $rc == 0 ]] && echo ok || echo "FAIL(rc=$rc)")
-  grep -E "ERROR SUMMARY|PASSED|FAILED" "$LOGS/sanitizer.log" | tail -5
+  RESULT[sanitizer]=ok
+  # memcheck: out-of-bounds and misaligned accesses; racecheck: shared-memory hazards between
+  # threads of a block; synccheck: barriers used where not every thread reaches them. The same
+  # small case list for each.
+  for tool in memcheck racecheck synccheck; do
+    compute-sanitizer --tool "$tool" --error-exitcode 99 "$TEST_BIN" --gtest_filter="$FILTER" \
+      >"$LOGS/sanitizer_$tool.log" 2>&1
+    rc=$?
+    [[ $rc == 0 ]] || RESULT[sanitizer]="FAIL($tool rc=$rc)"
+    echo "$tool: $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$LOGS/sanitizer_$tool.log" | tail -1)"
+  done
 else
   RESULT[sanitizer]=skipped
 fi

@@ -29,12 +29,8 @@ while [[ $# -gt 0 ]]; do
   shift
 done
 JOBS=${JOBS:-16}
-DEPS=$PWD/build-deps/root
-if [[ -d $DEPS/usr ]]; then
-  export CMAKE_PREFIX_PATH=$DEPS/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
-  export LD_LIBRARY_PATH=$DEPS/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-  export PATH=$DEPS/usr/bin:$PATH
-fi
+# The carried Debian packages (scripts/gpu_deps.sh) on the search paths.
+source scripts/gpu_env.sh
 declare -A RESULT
 T0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }

@@ -90,8 +90,8 @@ git ls-files -z '*.cc' '*.h' '*.cu' '*.cuh' | xargs -0 clang-format --dry-run -W
 
 # The cache's locking contract (src/cache: KVTIER_GUARDED_BY / KVTIER_REQUIRES / KVTIER_EXCLUDES,
 # util/thread_annotations.h) checked by Clang's thread-safety analysis: the library only, CPU only.
-step "0/4 clang -Wthread-safety build of the library (build-tsa)"
-CC=clang CXX=clang++ configure build-tsa -DCMAKE_BUILD_TYPE=Release -DKVTIER_CUDA=OFF \
+step "0/5 clang -Wthread-safety build of the library (build-tsa, unoptimised: only the analysis matters)"
+CC=clang CXX=clang++ configure build-tsa -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-O0 -DKVTIER_CUDA=OFF \
   -DKVTIER_BUILD_TESTS=OFF -DKVTIER_BUILD_BENCH=OFF -DKVTIER_BUILD_PYTHON=OFF \
   -DKVTIER_BUILD_TOOLS=OFF "-DCMAKE_CXX_FLAGS=-Wthread-safety -Werror=thread-safety"
 cmake --build build-tsa -j "$jobs" --target kvtier

@@ -163,13 +163,14 @@ struct StorageTierConfig {
   int64_t max_backup_batch_pages = 256;  // pages per Set batch
 
   bool enabled() const { return backend != nullptr || !url.empty(); }
-  // InvalidArgument naming the field and its value.
+  // When enabled: the storage fields of HierarchicalCacheConfigSchema within their bounds and
+  // tp_rank < tp_size; InvalidArgument naming the field and its value.
   Status Validate() const;
 };
 
 struct HierarchicalCacheConfig {
-  // Page size of every tier; 0 = the device region's page_size, else it must equal it.
-  // A power of two in [1, 256].
+  // Page size of every tier; 0 = the device region's page_size, else it must equal it
+  // (ValidatePageSize, kvtier/layout.h).
   int64_t page_size = 0;
   // Host tier capacity: host_capacity_bytes when > 0, else host_ratio x the device pool's bytes.
   // Both 0: no host tier. Then device evictions forget the tokens, nothing is backed up (any
@@ -236,9 +237,18 @@ struct HierarchicalCacheConfig {
   std::string kv_event_storage_medium;
 
   bool has_host_tier() const { return host_capacity_bytes > 0 || host_ratio != 0; }
-  // InvalidArgument naming the field and its value.
-  Status Validate() const;
+  // Every field of HierarchicalCacheConfigSchema within its bounds, then the rules between
+  // fields; InvalidArgument naming the field (through `name_of`, when given) and its value.
+  Status Validate(const FieldNamer& name_of = nullptr) const;
 };
+
+// Every field of HierarchicalCacheConfig that is a number, a name or a flag
+// (kvtier/config_schema.h): name, bounds and help, declared once; defaults are the member
+// initializers above. The transfer engine's fields come from TransferEngineConfigSchema under their
+// own names; storage fields are prefixed "storage_" where the bare name would be ambiguous
+// ("storage" is storage.url) and are checked only with a storage tier. Validate, the Python keyword
+// arguments of kvtier.HierarchicalCache and the replay's checks read it.
+const ConfigSchema<HierarchicalCacheConfig>& HierarchicalCacheConfigSchema();
 
 // The block hashes (kvtier/kv_events.h) of the pages each tier holds, sorted; what a subscriber
 // rebuilds from the cache's KV events.

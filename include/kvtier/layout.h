@@ -55,6 +55,12 @@ enum class MemoryKind : uint8_t {
 // check it.
 inline constexpr int64_t kSlotBytesAlignment = 4;
 
+// The page-size rule of every tier: a power of two in [1, kMaxKvPageSize] (a page is the unit the
+// cache's tiers and storage move; the device page ledger and the page keys rely on it).
+inline constexpr int64_t kMaxKvPageSize = 256;
+// OK, or InvalidArgument "<name> = <page_size> must be a power of two in [1, 256]".
+Status ValidatePageSize(int64_t page_size, std::string_view name = "page_size");
+
 // Shape and layout of one KV buffer (K, V, or the MLA buffer).
 struct KvGeometry {
   KvLayout layout = KvLayout::kLayerFirst;
@@ -126,6 +132,11 @@ struct KvGeometry {
 
   // True when the S bytes of one (layer, slot) are contiguous (every layout but page_head).
   KVTIER_HOST_DEVICE bool slot_contiguous() const { return layout != KvLayout::kPageHead; }
+
+  // A known layout; L, N, S, P, H positive; S a multiple of kSlotBytesAlignment; P divides N and
+  // follows ValidatePageSize; page_head: H divides S into aligned heads; L*N*S fits int64_t.
+  // InvalidArgument "<name>.<field> = <value> ..." otherwise.
+  Status Validate(std::string_view name = "geometry") const;
 };
 
 // "layer_first", "page_first", "page_first_direct", "page_head".

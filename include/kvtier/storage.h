@@ -8,7 +8,9 @@
 // namespace's, an older format — is a miss, never bytes handed to the caller.
 //
 // Backends are chosen by URL (OpenStorage):
-//   file:///abs/dir?capacity=200GiB[&fsync=1]   one file per page, LRU within a byte capacity
+//   file:///abs/dir[?capacity=200GiB][&fsync=1][&direct=1]
+//                                                one file per page, LRU within a byte capacity
+//                                                (default: half the free space; direct: O_DIRECT)
 //   redis://[user:password@]host:port[?timeout_ms=..]
 //   redis+cluster://host:port[,host:port...]     cluster routing in kvtier (slots, MOVED/ASK)
 //   memory://?capacity=1GiB                      in-process, same semantics (tests)

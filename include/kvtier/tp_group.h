@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "kvtier/status.h"
+#include "kvtier/storage.h"
 #include "kvtier/transfer.h"
 
 namespace kvtier {
@@ -119,9 +120,16 @@ class TpLeader {
   // broken from then on.
   Status WaitApplied(uint64_t seq);
 
-  // The value rank `rank`'s message handler returned for the last message it applied (read it
-  // after WaitApplied of that message: e.g. the rank's step time).
-  uint64_t MessageResult(int rank) const;
+  // Publishes a storage decision (op 1: get, 2: set) of `keys` into / out of the host pages
+  // starting at `pages` (WrapStorage's records; for tests).
+  Result<uint64_t> PublishStorage(int op, std::span<const PageKey> keys,
+                                  std::span<const int64_t> pages);
+
+  // The value rank `rank` returned for record `seq` (a message: its handler's value, e.g. the
+  // rank's step time; a storage decision: its leading pages that succeeded). Read it after
+  // WaitApplied(seq). FailedPrecondition when it is not there (not applied, or the last 256
+  // results of that rank no longer include it).
+  Result<uint64_t> MessageResult(int rank, uint64_t seq) const;
 
   // A TransferEngine for the leader's HierarchicalCache: each Transfer between `device_region`
   // (recognised by its buffers) and any other region (the host tier) is published, run on
@@ -129,6 +137,20 @@ class TpLeader {
   // The TpLeader must outlive the engine.
   std::unique_ptr<TransferEngine> WrapEngine(std::unique_ptr<TransferEngine> inner,
                                              const KvRegion& device_region);
+
+  // A StorageBackend for the leader's HierarchicalCache (StorageTierConfig::backend) over `own`,
+  // the leader's view of the store (its heads: tp/head_split_storage.h). Each Get (a prefetch)
+  // and, with `followers_write`, each Set (a store) is published with its page keys and host
+  // pages, run on `own`, then waited for on every rank; a page counts as read or written only
+  // when every rank's leading pages include it (a rank's miss is the group's miss, never wrong
+  // bytes). Exists is the leader's alone (it decides). MLA: followers_write = false — the
+  // leader is the one writer, every rank reads. REQUIRES SetHostRegion before the first call
+  // (until then every Get/Set fails its pages). Null when its I/O threads cannot be started.
+  std::shared_ptr<StorageBackend> WrapStorage(std::shared_ptr<StorageBackend> own,
+                                              bool followers_write);
+  // The leader cache's host region (host_region() once the cache exists): storage decisions
+  // name its pages by slot.
+  void SetHostRegion(const KvRegion& host);
 
   // OK while the group works; the error that broke it otherwise.
   Status health() const;
@@ -174,9 +196,13 @@ class TpFollower {
   // once applied. A copy or message that fails is
   // reported to the leader (its WaitApplied fails naming this rank and the error) and returned
   // here; the rank takes no more records. Unavailable when the leader died.
+  // Storage decisions run on `storage` (this rank's view of the store: its heads) into / out of
+  // `host`'s pages; their leading pages that succeeded go back to the leader. A storage decision
+  // without `storage` fails the rank.
   using MessageHandler = std::function<Result<uint64_t>(std::span<const std::byte>)>;
   Result<TpServeResult> Serve(TransferEngine& engine, const KvRegion& device, const KvRegion& host,
-                              double wait_s, const MessageHandler& on_message = {});
+                              double wait_s, const MessageHandler& on_message = {},
+                              StorageBackend* storage = nullptr);
   TpFollowerStats stats() const;
 
  private:

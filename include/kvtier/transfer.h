@@ -26,6 +26,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kvtier/config_schema.h"
 #include "kvtier/layout.h"
 #include "kvtier/status.h"
 
@@ -186,19 +187,25 @@ struct TransferEngineConfig {
   bool dma_join_kv = true;
   // dma: a plan of more than dma_ops_per_lane operations is split over up to dma_lanes streams
   // (the request's stream and the engine's own, joined back by events), each submitted from its
-  // own thread when dma_submit_threads. In [1, 16] and [16, 1 << 20].
+  // own thread when dma_submit_threads.
   int dma_lanes = 4;
   int dma_ops_per_lane = 256;
   bool dma_submit_threads = true;
   // dma: fewest equal-width runs at a constant pitch that go as one strided copy instead of
-  // single copies; in [2, 1 << 20]. Two random runs that happen to be a pitch apart make a
+  // single copies. Two random runs that happen to be a pitch apart make a
   // two-row strided copy, which the copy engines move slower than two single copies
   // (docs/perf-notes/dma-direct-path.md).
   int dma_min_strided_rows = 3;
 
-  // InvalidArgument naming the field and its value.
-  Status Validate() const;
+  // Every field within its bounds (TransferEngineConfigSchema); InvalidArgument naming the field
+  // (through `name_of`, when given) and its value.
+  Status Validate(const FieldNamer& name_of = nullptr) const;
 };
+
+// Every field of TransferEngineConfig: name, bounds and help, declared once
+// (kvtier/config_schema.h); the defaults are the member initializers above. Validate, the `kvtier
+// bench` flags and the Python `kvtier.ops.configure` keywords are read from it.
+const ConfigSchema<TransferEngineConfig>& TransferEngineConfigSchema();
 
 // Checks a request against everything the backends rely on: region geometry and pointers,
 // matching kinds (MHA/MLA) and slot_bytes, equal index counts, layer ranges, host indices in

@@ -52,7 +52,7 @@ from typing import Any, Optional, Tuple
 
 from . import _kvtier
 from ._buffers import HOST, resolve_stream
-from .ops import KvRegion, _int
+from .ops import KvRegion, _check_settings, _int
 
 __all__ = ["HierarchicalCache", "Match", "LoadBack", "Prefetch", "StorageQuery",
            "PREFETCH_POLICIES"]
@@ -79,54 +79,9 @@ def _int32(value: Any, name: str, minimum: Optional[int] = None) -> int:
     return value
 
 
-def _float(value: Any, name: str) -> float:
-    if isinstance(value, bool):
-        raise ValueError(f"{name} = {value!r} must be a number")
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} = {value!r} must be a number") from None
-
-
-_CONFIG_FIELDS = tuple(_kvtier.cache_config_fields()) if hasattr(_kvtier, "cache_config_fields") \
-    else ()
+# The cache's settings, read from the C++ HierarchicalCacheConfig schema.
+_CONFIG_FIELDS = tuple(_kvtier.cache_config_fields())
 _FIELDS_BY_NAME = {f["name"]: f for f in _CONFIG_FIELDS}
-
-
-def _check_setting(name: str, value: Any) -> Any:
-    """`value` checked against the C++ field `name` (kind, bounds, choices); a ValueError naming
-    the field otherwise."""
-    field = _FIELDS_BY_NAME.get(name)
-    if field is None:
-        raise ValueError(f"{name!r} is not a HierarchicalCache setting; known: "
-                         f"{', '.join(sorted(_FIELDS_BY_NAME))}")
-    kind = field["kind"]
-    if kind == "bool":
-        if not isinstance(value, bool):
-            raise ValueError(f"{name} = {value!r} must be True or False")
-        return value
-    if kind == "str":
-        if value is not None and not isinstance(value, str):
-            raise ValueError(f"{name} = {value!r} must be a string")
-        if value is not None and "\0" in value:
-            # C++ would see the text cut at the NUL (a storage URL: another path or server)
-            raise ValueError(f"{name} holds a NUL byte")
-        return value or ""
-    if kind == "choice":
-        if value not in field["choices"]:
-            raise ValueError(f"{name} = {value!r} is not one of {', '.join(field['choices'])}")
-        return value
-    if kind == "int":
-        value = _int(value, name)
-    else:
-        value = _float(value, name)
-        if value != value or value in (float("inf"), float("-inf")):
-            raise ValueError(f"{name} = {value} must be finite")
-    lo, hi = field["min"], field["max"]
-    if value < lo or (field["min_exclusive"] and value == lo) or value > hi:
-        low = "(" if field["min_exclusive"] else "["
-        raise ValueError(f"{name} = {value} must be in {low}{lo}, {hi}]")
-    return value
 
 
 def _slots_from_bytes(data: bytes) -> Any:
@@ -296,7 +251,7 @@ class HierarchicalCache:
         settings["transfer_backend"] = transfer_backend
         if shared_host is not None and (not isinstance(shared_host, str) or not shared_host):
             raise ValueError(f"shared_host = {shared_host!r} must be a segment name or None")
-        config = {name: _check_setting(name, value) for name, value in settings.items()}
+        config = _check_settings(_FIELDS_BY_NAME, settings, "HierarchicalCache")
         self._device = device_region.device
         self._slots_device = None
         if slots_on_device and self._device != HOST and "torch" in sys.modules:

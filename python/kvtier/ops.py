@@ -45,6 +45,7 @@ __all__ = [
     "transfer_all_layers",
     "synchronize",
     "configure",
+    "config_fields",
     "engine_config",
     "scatter_dense",
     "gather_dense",
@@ -70,6 +71,54 @@ def _int(value: Any, name: str, minimum: Optional[int] = None, maximum: int = _I
     if value > maximum:
         raise ValueError(f"{name} = {value} must be <= {maximum}")
     return value
+
+
+def _float(value: Any, name: str) -> float:
+    if isinstance(value, bool):
+        raise ValueError(f"{name} = {value!r} must be a number")
+    try:
+        return float(value)
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"{name} = {value!r} must be a number") from None
+
+
+def _check_field(field: dict, value: Any) -> Any:
+    """`value` checked against a field of a C++ config schema (its kind, bounds and choices, as
+    the binding's *_config_fields() tables give them); a ValueError naming the field otherwise,
+    worded as the C++ Validate words it."""
+    name, kind = field["name"], field["kind"]
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise ValueError(f"{name} = {value!r} must be True or False")
+        return value
+    if kind == "str":
+        if value is not None and not isinstance(value, str):
+            raise ValueError(f"{name} = {value!r} must be a string")
+        if value is not None and "\0" in value:
+            # C++ would see the text cut at the NUL (a storage URL: another path or server)
+            raise ValueError(f"{name} holds a NUL byte")
+        return value or ""
+    if kind == "choice":
+        return _check_choice(value, name, field["choices"])
+    value = _int(value, name) if kind == "int" else _float(value, name)
+    lo, hi = field["min"], field["max"]
+    low_ok = value > lo if field["min_exclusive"] else value >= lo
+    if not (low_ok and value <= hi):  # NaN fails both
+        low = "(" if field["min_exclusive"] else "["
+        raise ValueError(f"{name} = {value} must be in {low}{lo}, {hi}]")
+    return value
+
+
+def _check_settings(fields: dict, settings: dict, what: str) -> dict:
+    """Every setting checked against its field of `fields` (name -> field); a ValueError naming an
+    unknown one."""
+    out = {}
+    for name, value in settings.items():
+        field = fields.get(name)
+        if field is None:
+            raise ValueError(f"{name!r} is not a {what} setting; known: {', '.join(sorted(fields))}")
+        out[name] = _check_field(field, value)
+    return out
 
 
 def _check_choice(value: Any, name: str, choices: Sequence[str]) -> str:
@@ -280,40 +329,25 @@ def synchronize(backend: str = "kernel", stream: Any = None, device: int = 0) ->
         raise _kvtier.InvalidArgumentError(_rename_slots(str(e))) from None
 
 
-def configure(*, cpu_threads: Optional[int] = None, cpu_parallel_threshold_bytes: Optional[int] = None,
-              max_sms: Optional[int] = None, max_sms_to_host: Optional[int] = None,
-              max_sms_beside_backup: Optional[int] = None, dma_batch: Optional[bool] = None,
-              dma_join_kv: Optional[bool] = None, dma_lanes: Optional[int] = None,
-              dma_ops_per_lane: Optional[int] = None, dma_submit_threads: Optional[bool] = None,
-              dma_min_strided_rows: Optional[int] = None) -> None:
-    """Reconfigure the engines kvtier.ops uses (unset arguments keep their current value).
+# The engines' settings, read from the C++ TransferEngineConfig schema: names, kinds, defaults,
+# bounds and help are never typed here.
+_ENGINE_FIELDS = {f["name"]: f for f in _kvtier.transfer_config_fields()}
 
-    max_sms bounds the kernel backend's SMs per call; max_sms_to_host bounds them for device ->
-    host copies (backups), within max_sms (0 = max_sms); max_sms_beside_backup sets them for host
-    -> device copies (loads) while a backup on another stream is still running (0 = off). The
-    dma_* fields are TransferEngineConfig's (include/kvtier/transfer.h): batched submission, K/V
-    joining, lanes (1..16) and operations per lane (16..2^20), a thread per lane, and the fewest
-    equal-width runs sent as one strided copy (2..2^20).
+
+def config_fields() -> list:
+    """[{name, kind, default, min, max, min_exclusive, choices, help}] of every setting configure()
+    takes, read from the C++ TransferEngineConfig (same names, defaults and bounds)."""
+    return [dict(f) for f in _ENGINE_FIELDS.values()]
+
+
+def configure(**settings: Any) -> None:
+    """Reconfigure the engines kvtier.ops uses; unset settings keep their current value, None
+    counts as unset. Any field of config_fields() (TransferEngineConfig's, include/kvtier/
+    transfer.h), e.g. cpu_threads=8, max_sms=4, dma_lanes=4, dma_ops_per_lane=256. An unknown
+    name or a value out of bounds is a ValueError naming it.
     """
-    current = _kvtier.engine_config()
-    ints = dict(cpu_threads=(cpu_threads, 0), max_sms=(max_sms, 1),
-                max_sms_to_host=(max_sms_to_host, 0),
-                max_sms_beside_backup=(max_sms_beside_backup, 0), dma_lanes=(dma_lanes, 1),
-                dma_ops_per_lane=(dma_ops_per_lane, 1),
-                dma_min_strided_rows=(dma_min_strided_rows, 1))
-    for name, (value, minimum) in ints.items():
-        if value is not None:
-            current[name] = _int(value, name, minimum, _INT32_MAX)
-    if cpu_parallel_threshold_bytes is not None:
-        current["cpu_parallel_threshold_bytes"] = _int(
-            cpu_parallel_threshold_bytes, "cpu_parallel_threshold_bytes", 0)
-    for name, value in (("dma_batch", dma_batch), ("dma_join_kv", dma_join_kv),
-                        ("dma_submit_threads", dma_submit_threads)):
-        if value is not None:
-            if not isinstance(value, bool):
-                raise ValueError(f"{name} = {value!r} must be True or False")
-            current[name] = value
-    _kvtier.configure(**current)
+    settings = {k: v for k, v in settings.items() if v is not None}
+    _kvtier.configure(**_check_settings(_ENGINE_FIELDS, settings, "kvtier.ops engine"))
 
 
 def engine_config() -> dict:

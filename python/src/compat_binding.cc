@@ -7,9 +7,10 @@
 // is costly to find out is cached: per-layer pointer tables that live on a GPU (read back once
 // per tensor version, py_args.cc) and, per table contents and geometry, where the pointees live
 // and how far their allocations reach (`TableInfo`, below). Every table entry is bounded by its
-// CUDA allocation (device or pinned host memory), so an index past it is an InvalidArgument
-// (host indices) or a skipped, reported pair (device indices); pageable host memory, and every
-// table in a build without CUDA, cannot be measured and is not bounded. The extents are measured
+// CUDA allocation (device memory, pinned or registered host memory: AllocationBytesFrom in
+// py_args.h), so an index past it is an InvalidArgument (host indices) or a skipped, reported
+// pair (device indices); pageable host memory, and every table in a build without CUDA, cannot
+// be measured and is not bounded. The extents are measured
 // once per table contents: memory freed and allocated again, smaller, at the very same addresses
 // while a table still names them is not noticed (PyTorch's caching allocator keeps its segments).
 //

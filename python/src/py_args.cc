@@ -684,31 +684,66 @@ int PointerDevice(uint64_t address) {
   return kHostDevice;
 }
 
+#if defined(KVTIER_PY_WITH_CUDA)
+namespace {
+
+// A driver entry point (the extension links the runtime only), or null.
+void* DriverFunction(const char* name) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  if (cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &found) !=
+          cudaSuccess ||
+      found != cudaDriverEntryPointSuccess) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  return fn;
+}
+
+// Bytes from `address` to the end of [start, start + size), or -1 when it is not inside.
+int64_t BytesToEnd(uint64_t address, uint64_t start, uint64_t size) {
+  if (size == 0 || address < start || address - start >= size) return -1;
+  return static_cast<int64_t>(start + size - address);
+}
+
+}  // namespace
+#endif
+
 int64_t AllocationBytesFrom(uint64_t address) {
 #if defined(KVTIER_PY_WITH_CUDA)
   using GetAttributes = CUresult (*)(unsigned, CUpointer_attribute*, void**, CUdeviceptr);
-  static const GetAttributes get = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuPointerGetAttributes", &fn, 12000, cudaEnableDefault,
-                                         &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
-      (void)cudaGetLastError();
-      return static_cast<GetAttributes>(nullptr);
+  using GetAddressRange = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
+  static const auto get = reinterpret_cast<GetAttributes>(DriverFunction("cuPointerGetAttributes"));
+  static const auto range =
+      reinterpret_cast<GetAddressRange>(DriverFunction("cuMemGetAddressRange"));
+  // 1. Device memory, and pinned memory the driver reports a range for.
+  if (get != nullptr) {
+    CUpointer_attribute attrs[2] = {CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                                    CU_POINTER_ATTRIBUTE_RANGE_SIZE};
+    CUdeviceptr start = 0;
+    size_t size = 0;
+    void* data[2] = {&start, &size};
+    if (get(2, attrs, data, static_cast<CUdeviceptr>(address)) == CUDA_SUCCESS) {
+      const int64_t bytes = BytesToEnd(address, start, size);
+      if (bytes >= 0) return bytes;
     }
-    return reinterpret_cast<GetAttributes>(fn);
-  }();
-  if (get == nullptr) return -1;
-  CUpointer_attribute attrs[2] = {CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
-                                  CU_POINTER_ATTRIBUTE_RANGE_SIZE};
-  CUdeviceptr start = 0;
-  size_t size = 0;
-  void* data[2] = {&start, &size};
-  if (get(2, attrs, data, static_cast<CUdeviceptr>(address)) != CUDA_SUCCESS || size == 0 ||
-      address < start || address - start >= size) {
+  }
+  // 2. Pinned host memory (cudaHostAlloc / cudaMallocHost) and registered host memory
+  //    (cudaHostRegister): the runtime knows the page's device-side alias; the allocation (or
+  //    registration) holding that alias is the range, translated back to the host address.
+  if (range == nullptr) return -1;
+  cudaPointerAttributes attr{};
+  const void* host = reinterpret_cast<const void*>(static_cast<uintptr_t>(address));
+  if (cudaPointerGetAttributes(&attr, host) != cudaSuccess) {
+    (void)cudaGetLastError();
     return -1;
   }
-  return static_cast<int64_t>(start + size - address);
+  if (attr.type != cudaMemoryTypeHost || attr.devicePointer == nullptr) return -1;
+  const auto alias = static_cast<CUdeviceptr>(reinterpret_cast<uintptr_t>(attr.devicePointer));
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  if (range(&base, &size, alias) != CUDA_SUCCESS) return -1;
+  return BytesToEnd(alias, base, size);
 #else
   (void)address;
   return -1;

@@ -96,8 +96,13 @@ CudaStream ResolveStreamArg(pybind11::handle stream, int device);
 // Where `address` lives: kHostDevice for host memory (or without CUDA), else the device ordinal.
 int PointerDevice(uint64_t address);
 
-// Bytes from `address` to the end of the CUDA allocation (device or pinned host memory) that
-// holds it; -1 when CUDA cannot tell (pageable memory, no CUDA).
+// Bytes from `address` to the end of the CUDA allocation that holds it: device memory (the whole
+// cudaMalloc allocation, which for a caching allocator such as PyTorch's is its segment, not the
+// tensor), pinned host memory (cudaHostAlloc / cudaMallocHost) and registered host memory (the
+// cudaHostRegister range), through cuPointerGetAttributes' range or, for host memory,
+// cudaPointerGetAttributes' device alias and cuMemGetAddressRange. -1 when CUDA cannot tell:
+// pageable host memory (numpy arrays, unpinned CPU tensors, malloc), memory of another process,
+// and everything in a build without CUDA.
 int64_t AllocationBytesFrom(uint64_t address);
 
 }  // namespace kvtier::python

@@ -26,6 +26,7 @@
 #include <utility>
 #include <vector>
 
+#include "cache_config_table.h"
 #include "errors.h"
 #include "kvtier/layout.h"
 #include "kvtier/transfer.h"
@@ -375,52 +376,17 @@ GPU backends return once the copy is enqueued; cpu once the bytes are in place.)
 
   m.def(
       "configure",
-      [](int cpu_threads, int64_t cpu_parallel_threshold_bytes, int max_sms, int max_sms_to_host,
-         int max_sms_beside_backup, bool dma_batch, bool dma_join_kv, int dma_lanes,
-         int dma_ops_per_lane, bool dma_submit_threads, int dma_min_strided_rows) {
-        TransferEngineConfig config;
-        config.cpu_threads = cpu_threads;
-        config.cpu_parallel_threshold_bytes = cpu_parallel_threshold_bytes;
-        config.max_sms = max_sms;
-        config.max_sms_to_host = max_sms_to_host;
-        config.max_sms_beside_backup = max_sms_beside_backup;
-        config.dma_batch = dma_batch;
-        config.dma_join_kv = dma_join_kv;
-        config.dma_lanes = dma_lanes;
-        config.dma_ops_per_lane = dma_ops_per_lane;
-        config.dma_submit_threads = dma_submit_threads;
-        config.dma_min_strided_rows = dma_min_strided_rows;
-        ThrowIfError(Engines().Configure(config));
+      [](py::kwargs settings) {
+        ThrowIfError(Engines().Configure(TransferConfigFromDict(Engines().config(), settings)));
       },
-      py::kw_only(), py::arg("cpu_threads") = TransferEngineConfig{}.cpu_threads,
-      py::arg("cpu_parallel_threshold_bytes") = TransferEngineConfig{}.cpu_parallel_threshold_bytes,
-      py::arg("max_sms") = TransferEngineConfig{}.max_sms,
-      py::arg("max_sms_to_host") = TransferEngineConfig{}.max_sms_to_host,
-      py::arg("max_sms_beside_backup") = TransferEngineConfig{}.max_sms_beside_backup,
-      py::arg("dma_batch") = TransferEngineConfig{}.dma_batch,
-      py::arg("dma_join_kv") = TransferEngineConfig{}.dma_join_kv,
-      py::arg("dma_lanes") = TransferEngineConfig{}.dma_lanes,
-      py::arg("dma_ops_per_lane") = TransferEngineConfig{}.dma_ops_per_lane,
-      py::arg("dma_submit_threads") = TransferEngineConfig{}.dma_submit_threads,
-      py::arg("dma_min_strided_rows") = TransferEngineConfig{}.dma_min_strided_rows,
-      "Sets the configuration of the transfer engines kvtier.ops uses (they are re-created).");
+      "Sets fields of the configuration of the transfer engines kvtier.ops uses (the others keep "
+      "their value; the engines are re-created): any field of transfer_config_fields().");
 
-  m.def("engine_config", []() {
-    const TransferEngineConfig c = Engines().config();
-    py::dict d;
-    d["cpu_threads"] = c.cpu_threads;
-    d["cpu_parallel_threshold_bytes"] = c.cpu_parallel_threshold_bytes;
-    d["max_sms"] = c.max_sms;
-    d["max_sms_to_host"] = c.max_sms_to_host;
-    d["max_sms_beside_backup"] = c.max_sms_beside_backup;
-    d["dma_batch"] = c.dma_batch;
-    d["dma_join_kv"] = c.dma_join_kv;
-    d["dma_lanes"] = c.dma_lanes;
-    d["dma_ops_per_lane"] = c.dma_ops_per_lane;
-    d["dma_submit_threads"] = c.dma_submit_threads;
-    d["dma_min_strided_rows"] = c.dma_min_strided_rows;
-    return d;
-  });
+  m.def("transfer_config_fields", &TransferConfigTable,
+        "The kvtier.ops engine settings: [{name, kind, default, min, max, min_exclusive, "
+        "choices, help}], read from the C++ TransferEngineConfig schema.");
+
+  m.def("engine_config", []() { return TransferConfigValues(Engines().config()); });
 
   m.def(
       "last_engine_us", []() { return g_last_engine_us; },

@@ -336,3 +336,50 @@ def test_too_small_device_buffer_is_refused():
     far = torch.tensor([0, 1, 2, 3, 4, 5, 6, 100])
     with pytest.raises(ValueError, match="dst_indices"):
         kv.transfer_kv_per_layer(host[0], small, host[1], small, idx.cpu(), far, item)
+
+
+@pytest.mark.parametrize("memory", ["pinned", "registered"])
+@pytest.mark.parametrize("table_on", ["host", "gpu"])
+def test_pointer_table_into_host_memory_is_bounded(memory, table_on):
+    """A pointer table whose entries point into pinned (cudaHostAlloc) or registered
+    (cudaHostRegister) host memory: an index past the allocation is a ValueError before anything
+    moves, as for device memory (a registered numpy array was written past its end before)."""
+    dtype = torch.float16
+    item = H * D * 2
+    dk = [rand((N, H, D), dtype, "gpu") for _ in range(L)]
+    dv = [rand((N, H, D), dtype, "gpu") for _ in range(L)]
+    cudart = torch.cuda.cudart()
+    arrays = []
+    if memory == "pinned":
+        hk = [pinned((N, H, D), dtype) for _ in range(L)]
+        hv = [pinned((N, H, D), dtype) for _ in range(L)]
+    else:
+        arrays = [np.zeros((N, H, D), np.float16) for _ in range(2 * L)]
+        for a in arrays:
+            assert int(cudart.cudaHostRegister(a.ctypes.data, a.nbytes, 0)) == 0
+        hk = [torch.from_numpy(a) for a in arrays[:L]]
+        hv = [torch.from_numpy(a) for a in arrays[L:]]
+    try:
+        def table(tensors):
+            t = ptr_table(tensors)
+            return t.cpu().numpy() if table_on == "host" else t
+
+        before = [t.clone() for t in hk]
+        si = torch.tensor([0, 1])
+        for far in (N, N + 1, 10**9):
+            di = torch.tensor([2, far])
+            with pytest.raises(ValueError, match="dst_indices"):
+                kv.transfer_kv_all_layer(table(dk), table(hk), table(dv), table(hv), si, di, item,
+                                         L)
+        torch.cuda.synchronize()
+        for t, b in zip(hk, before):
+            assert_same(t, b)  # nothing moved
+        # The last valid slot still works.
+        di = torch.tensor([2, N - 1])
+        kv.transfer_kv_all_layer(table(dk), table(hk), table(dv), table(hv), si, di, item, L)
+        torch.cuda.synchronize()
+        for l in range(L):
+            assert_same(hk[l][N - 1], dk[l][1].cpu())
+    finally:
+        for a in arrays:
+            cudart.cudaHostUnregister(a.ctypes.data)

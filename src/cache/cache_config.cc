@@ -1,19 +1,16 @@
-// The cache's configuration, its names and small result types (see kvtier/hierarchical_cache.h).
+// The cache's configuration (its schema and Validate), its names and small result types (see
+// kvtier/hierarchical_cache.h).
 //
 // Thread safety: pure functions over plain values.
 #include <fmt/format.h>
 
-#include <cmath>
+#include <chrono>
+#include <limits>
+#include <string>
 
 #include "kvtier/hierarchical_cache.h"
 
 namespace kvtier {
-
-namespace {
-
-bool IsPowerOfTwo(int64_t x) { return x > 0 && (x & (x - 1)) == 0; }
-
-}  // namespace
 
 const char* WritePolicyName(WritePolicy policy) {
   switch (policy) {
@@ -85,89 +82,152 @@ const char* PrefetchStateName(PrefetchState state) {
   return "unknown_prefetch_state";
 }
 
+// ---- the schema ------------------------------------------------------------------------------
+
+namespace {
+
+constexpr const char* kWithStorage = "with a storage tier";
+
+bool StorageOn(const HierarchicalCacheConfig& c) { return c.storage.enabled(); }
+
+ConfigSchema<HierarchicalCacheConfig> BuildSchema() {
+  using C = HierarchicalCacheConfig;
+  using S = StorageTierConfig;
+  using O = StorageOptions;
+  constexpr int64_t kPages = int64_t{1} << 40;
+  ConfigSchema<C> s;
+  s.push_back(IntField<C>("page_size", Member(&C::page_size), 0, kMaxKvPageSize,
+                          "page size of every tier; 0 = the device region's (ValidatePageSize)"));
+  s.push_back(IntField<C>("host_capacity_bytes", Member(&C::host_capacity_bytes), 0,
+                          "host tier bytes; 0 = host_ratio x the device pool"));
+  s.push_back(FloatField<C>("host_ratio", Member(&C::host_ratio), 0, 1e6, false,
+                            "host tier as a multiple of the device pool (both 0: no host tier)"));
+  s.back().checked_when = [](const C& c) { return c.host_capacity_bytes == 0; };
+  s.back().when = "when host_capacity_bytes is 0";
+  s.push_back(ChoiceField<C>("host_layout", Member(&C::host_layout), kNumLayouts, LayoutName,
+                             "layout of the host pool"));
+  s.push_back(IntField<C>("host_head_num", Member(&C::host_head_num), 0, int64_t{1} << 20,
+                          "page_head: heads per slot; 0 = the device region's"));
+  s.push_back(BoolField<C>("host_huge_pages", Member(&C::host_huge_pages),
+                           "back the host pool with huge pages"));
+  s.push_back(ChoiceField<C>("write_policy", Member(&C::write_policy), 3, WritePolicyName,
+                             "when device pages are backed up to host and storage"));
+  s.push_back(IntField<C>("write_through_threshold", Member(&C::write_through_threshold), 1,
+                          "write_through_selective: hits before a backup"));
+  s.push_back(ChoiceField<C>("device_eviction", Member(&C::device_eviction), 4, EvictionPolicyName,
+                             "eviction order of the device tier"));
+  s.push_back(ChoiceField<C>("host_eviction", Member(&C::host_eviction), 4, EvictionPolicyName,
+                             "eviction order of the host tier"));
+  s.push_back(ChoiceField<C>("transfer_backend", Member(&C::transfer_backend), 4,
+                             TransferBackendName, "copy backend between device and host"));
+  AppendPart(s, TransferEngineConfigSchema(), &C::transfer);
+  s.push_back(IntField<C>("backup_threads", Member(&C::backup_threads), 0, 64,
+                          "cpu backend: backup threads; 0 = in the calling thread"));
+  s.push_back(IntField<C>("load_back_min_tokens", Member(&C::load_back_min_tokens), 0,
+                          "host hits shorter than this are recomputed, not loaded"));
+  // The storage tier: its bounds are checked only when it is on.
+  const size_t first_storage = s.size();
+  s.push_back(StringField<C>("storage", Member(&C::storage, &S::url),
+                             "storage tier URL (file://, redis://, redis+cluster://, memory://); "
+                             "empty = no storage tier"));
+  s.push_back(StringField<C>("storage_model_id", Member(&C::storage, &S::model_id),
+                             "the deployment's model in the store's namespace"));
+  s.push_back(StringField<C>("storage_kv_dtype", Member(&C::storage, &S::kv_dtype),
+                             "the KV dtype in the store's namespace"));
+  s.push_back(IntField<C>("storage_tp_rank", Member(&C::storage, &S::tp_rank), 0,
+                          (int64_t{1} << 20) - 1,
+                          "tensor-parallel rank in the store's namespace (< storage_tp_size)"));
+  s.push_back(IntField<C>("storage_tp_size", Member(&C::storage, &S::tp_size), 1, int64_t{1} << 20,
+                          "tensor-parallel size in the store's namespace"));
+  s.push_back(IntField<C>("storage_io_threads", Member(&C::storage, &S::options, &O::io_threads), 0,
+                          64,
+                          "the storage backend's I/O threads; 0 = the machine's default, "
+                          "min(cores, 16) and at least 4 (DefaultIoThreads)"));
+  s.push_back(IntField<C>("storage_max_queued_batches",
+                          Member(&C::storage, &S::options, &O::max_queued_batches), 1,
+                          "storage calls waiting (reads and writes apart); more are rejected"));
+  {
+    // A std::chrono::milliseconds: read and written as its count.
+    ConfigField<C> f;
+    f.name = "storage_timeout_ms";
+    f.kind = FieldKind::kInt;
+    f.help = "per storage call, from when an I/O thread takes it, in ms";
+    f.int_min = 1;
+    f.int_max = 600'000;  // past 10 minutes a deadline is no bound a caller can wait for
+    f.get_int = [](const C& c) { return static_cast<int64_t>(c.storage.options.timeout.count()); };
+    f.set_int = [](C& c, int64_t v) { c.storage.options.timeout = std::chrono::milliseconds(v); };
+    s.push_back(std::move(f));
+  }
+  s.push_back(IntField<C>("storage_max_batch_pages",
+                          Member(&C::storage, &S::options, &O::max_batch_pages), 1,
+                          int64_t{1} << 20, "pages of one backend call; more is refused"));
+  s.push_back(ChoiceField<C>("prefetch_policy", Member(&C::storage, &S::prefetch_policy), 3,
+                             PrefetchPolicyName, "how a prefetch ends by default"));
+  s.push_back(IntField<C>("prefetch_threshold_tokens",
+                          Member(&C::storage, &S::prefetch_threshold_tokens), 0,
+                          "prefetches of fewer tokens do nothing"));
+  s.push_back(FloatField<C>("prefetch_timeout_base_s",
+                            Member(&C::storage, &S::prefetch_timeout_base_s), 0, 86400, false,
+                            "timeout policy: base deadline, seconds"));
+  s.push_back(FloatField<C>("prefetch_timeout_per_1k_tokens_s",
+                            Member(&C::storage, &S::prefetch_timeout_per_1k_tokens_s), 0, 86400,
+                            false, "timeout policy: deadline per 1,024 tokens, seconds"));
+  s.push_back(FloatField<C>("prefetch_timeout_max_s",
+                            Member(&C::storage, &S::prefetch_timeout_max_s), 0, 86400, false,
+                            "timeout policy: deadline cap, seconds"));
+  s.push_back(FloatField<C>("max_prefetch_host_fraction",
+                            Member(&C::storage, &S::max_prefetch_host_fraction), 0, 1, true,
+                            "share of the host pool filling at once"));
+  s.push_back(IntField<C>("max_prefetch_batch_pages",
+                          Member(&C::storage, &S::max_prefetch_batch_pages), 1, kPages,
+                          "pages per storage Get batch"));
+  s.push_back(IntField<C>("max_storage_only_pages", Member(&C::storage, &S::max_storage_only_pages),
+                          0, kPages, "storage-only pages the tree remembers"));
+  s.push_back(IntField<C>("max_backup_queue_pages", Member(&C::storage, &S::max_backup_queue_pages),
+                          0, kPages, "backups to storage queued or running, in pages"));
+  s.push_back(IntField<C>("max_backup_batch_pages", Member(&C::storage, &S::max_backup_batch_pages),
+                          1, kPages, "pages per storage Set batch"));
+  CheckedWhen<C>(s, first_storage, StorageOn, kWithStorage);
+  return s;
+}
+
+std::string NameOf(const FieldNamer& name_of, std::string_view field) {
+  return name_of ? name_of(field) : std::string(field);
+}
+
+}  // namespace
+
+const ConfigSchema<HierarchicalCacheConfig>& HierarchicalCacheConfigSchema() {
+  static const ConfigSchema<HierarchicalCacheConfig> schema = BuildSchema();
+  return schema;
+}
+
+// The storage fields of the schema, on a config that holds this storage tier.
 Status StorageTierConfig::Validate() const {
   if (!enabled()) return Status::OK();
-  if (!backend) KVTIER_RETURN_IF_ERROR(options.Validate().WithContext("storage.options"));
-  if (static_cast<int>(prefetch_policy) > 2) {
-    return Status::InvalidArgument(fmt::format("storage.prefetch_policy = {} is not a known policy",
-                                               static_cast<int>(prefetch_policy)));
+  HierarchicalCacheConfig c;
+  c.storage = *this;
+  for (const auto& f : HierarchicalCacheConfigSchema()) {
+    if (f.when == kWithStorage) KVTIER_RETURN_IF_ERROR(f.Check(c, f.name));
   }
-  if (prefetch_threshold_tokens < 0) {
-    return Status::InvalidArgument(fmt::format(
-        "storage.prefetch_threshold_tokens = {} must not be negative", prefetch_threshold_tokens));
-  }
-  auto seconds_ok = [](double s) { return std::isfinite(s) && s >= 0 && s <= 86400; };
-  if (!seconds_ok(prefetch_timeout_base_s) || !seconds_ok(prefetch_timeout_per_1k_tokens_s) ||
-      !seconds_ok(prefetch_timeout_max_s)) {
-    return Status::InvalidArgument(fmt::format(
-        "storage.prefetch_timeout_base_s = {}, _per_1k_tokens_s = {}, _max_s = {}: each must be "
-        "in [0, 86400] seconds",
-        prefetch_timeout_base_s, prefetch_timeout_per_1k_tokens_s, prefetch_timeout_max_s));
-  }
-  if (!(max_prefetch_host_fraction > 0 && max_prefetch_host_fraction <= 1)) {
-    return Status::InvalidArgument(fmt::format(
-        "storage.max_prefetch_host_fraction = {} must be in (0, 1]", max_prefetch_host_fraction));
-  }
-  constexpr int64_t kMaxPages = int64_t{1} << 40;
-  auto pages_ok = [&](int64_t v, int64_t lo) { return v >= lo && v <= kMaxPages; };
-  if (!pages_ok(max_prefetch_batch_pages, 1) || !pages_ok(max_backup_batch_pages, 1)) {
-    return Status::InvalidArgument(fmt::format(
-        "storage.max_prefetch_batch_pages = {} / max_backup_batch_pages = {} must be in [1, 2^40]",
-        max_prefetch_batch_pages, max_backup_batch_pages));
-  }
-  if (!pages_ok(max_storage_only_pages, 0) || !pages_ok(max_backup_queue_pages, 0)) {
-    return Status::InvalidArgument(fmt::format(
-        "storage.max_storage_only_pages = {} / max_backup_queue_pages = {} must be in [0, 2^40]",
-        max_storage_only_pages, max_backup_queue_pages));
-  }
-  if (tp_size < 1 || tp_rank < 0 || tp_rank >= tp_size) {
-    return Status::InvalidArgument(fmt::format(
-        "storage.tp_rank = {} / tp_size = {}: need 0 <= tp_rank < tp_size", tp_rank, tp_size));
+  if (tp_rank >= tp_size) {
+    return Status::InvalidArgument(
+        fmt::format("storage_tp_rank = {} must be below storage_tp_size = {}", tp_rank, tp_size));
   }
   return Status::OK();
 }
 
-Status HierarchicalCacheConfig::Validate() const {
-  if (page_size != 0 && (!IsPowerOfTwo(page_size) || page_size > 256)) {
-    return Status::InvalidArgument(fmt::format(
-        "page_size = {} must be 0 (the device region's) or a power of two in [1, 256]", page_size));
+// The bounds come from the schema; the rules between fields are written here.
+Status HierarchicalCacheConfig::Validate(const FieldNamer& name_of) const {
+  KVTIER_RETURN_IF_ERROR(CheckFields(HierarchicalCacheConfigSchema(), *this, name_of));
+  if (page_size != 0) {
+    KVTIER_RETURN_IF_ERROR(ValidatePageSize(page_size, NameOf(name_of, "page_size")));
   }
-  if (host_capacity_bytes < 0) {
+  if (storage.enabled() && storage.tp_rank >= storage.tp_size) {
     return Status::InvalidArgument(
-        fmt::format("host_capacity_bytes = {} must not be negative", host_capacity_bytes));
+        fmt::format("{} = {} must be below {} = {}", NameOf(name_of, "storage_tp_rank"),
+                    storage.tp_rank, NameOf(name_of, "storage_tp_size"), storage.tp_size));
   }
-  if (host_capacity_bytes == 0 && host_ratio != 0 &&
-      !(std::isfinite(host_ratio) && host_ratio > 0 && host_ratio <= 1e6)) {
-    return Status::InvalidArgument(fmt::format(
-        "host_ratio = {} must be in (0, 1e6] when host_capacity_bytes is 0 (both 0: no host tier)",
-        host_ratio));
-  }
-  if (static_cast<int>(host_layout) >= kNumLayouts) {
-    return Status::InvalidArgument(
-        fmt::format("host_layout = {} is not a known layout", static_cast<int>(host_layout)));
-  }
-  if (host_head_num < 0 || host_head_num > (int64_t{1} << 20)) {
-    return Status::InvalidArgument(
-        fmt::format("host_head_num = {} must be in [0, 2^20]", host_head_num));
-  }
-  if (static_cast<int>(write_policy) > 2) {
-    return Status::InvalidArgument(
-        fmt::format("write_policy = {} is not a known policy", static_cast<int>(write_policy)));
-  }
-  if (write_through_threshold < 1) {
-    return Status::InvalidArgument(
-        fmt::format("write_through_threshold = {} must be at least 1", write_through_threshold));
-  }
-  if (static_cast<int>(device_eviction) > 3 || static_cast<int>(host_eviction) > 3) {
-    return Status::InvalidArgument(
-        fmt::format("device_eviction = {} / host_eviction = {}: not known eviction policies",
-                    static_cast<int>(device_eviction), static_cast<int>(host_eviction)));
-  }
-  if (static_cast<int>(transfer_backend) > 3) {
-    return Status::InvalidArgument(fmt::format("transfer_backend = {} is not a known backend",
-                                               static_cast<int>(transfer_backend)));
-  }
-  KVTIER_RETURN_IF_ERROR(transfer.Validate().WithContext("transfer"));
   if (shared_host != nullptr && storage.enabled()) {
     return Status::InvalidArgument(
         "shared_host and storage are both set: a cache on a shared host tier has no storage tier "
@@ -178,19 +238,11 @@ Status HierarchicalCacheConfig::Validate() const {
         "shared_host is set, but host_capacity_bytes = 0 and host_ratio = 0 configure no host "
         "tier: the shared segment is the host tier (give it a budget of pinned pages)");
   }
-  if (backup_threads < 0 || backup_threads > 64) {
-    return Status::InvalidArgument(
-        fmt::format("backup_threads = {} must be in [0, 64]", backup_threads));
-  }
-  if (load_back_min_tokens < 0) {
-    return Status::InvalidArgument(
-        fmt::format("load_back_min_tokens = {} must not be negative", load_back_min_tokens));
-  }
-  KVTIER_RETURN_IF_ERROR(storage.Validate());
   if (storage.enabled() && !has_host_tier()) {
-    return Status::InvalidArgument(
-        "storage (a backend or url) needs a host tier, but host_capacity_bytes = 0 and host_ratio "
-        "= 0 configure none: prefetches land in host memory (give the host tier a capacity)");
+    return Status::InvalidArgument(fmt::format(
+        "storage (a backend or url) needs a host tier, but {} = 0 and {} = 0 configure none: "
+        "prefetches land in host memory (give the host tier a capacity)",
+        NameOf(name_of, "host_capacity_bytes"), NameOf(name_of, "host_ratio")));
   }
   return Status::OK();
 }

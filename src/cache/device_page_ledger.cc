@@ -6,6 +6,8 @@
 #include <bit>
 #include <new>
 
+#include "kvtier/layout.h"
+
 namespace kvtier {
 
 namespace {
@@ -17,10 +19,7 @@ constexpr uint8_t kFreeing = 0x80;
 
 Result<std::unique_ptr<DevicePageLedger>> DevicePageLedger::Create(int64_t num_slots,
                                                                    int64_t page_size) {
-  if (page_size <= 0 || (page_size & (page_size - 1)) != 0) {
-    return Status::InvalidArgument(
-        fmt::format("device page ledger: page_size = {} is not a power of two", page_size));
-  }
+  KVTIER_RETURN_IF_ERROR(ValidatePageSize(page_size, "device page ledger: page_size"));
   if (num_slots <= 0 || num_slots % page_size != 0) {
     return Status::InvalidArgument(fmt::format(
         "device page ledger: num_slots = {} is not a positive multiple of page_size = {}",

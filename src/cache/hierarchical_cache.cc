@@ -22,12 +22,6 @@
 
 namespace kvtier {
 
-namespace {
-
-bool IsPowerOfTwo(int64_t x) { return x > 0 && (x & (x - 1)) == 0; }
-
-}  // namespace
-
 struct HierarchicalCache::Impl : CacheParts {
   using CacheParts::CacheParts;
 
@@ -187,10 +181,6 @@ Result<std::unique_ptr<HierarchicalCache>> HierarchicalCache::Create(
   if (g.layout != KvLayout::kLayerFirst) {
     return Status::InvalidArgument(fmt::format(
         "device_region.layout = {}: the device tier must be layer_first", LayoutName(g.layout)));
-  }
-  if (!IsPowerOfTwo(g.page_size) || g.page_size > 256) {
-    return Status::InvalidArgument(fmt::format(
-        "device_region.page_size = {} must be a power of two in [1, 256]", g.page_size));
   }
   if (config.page_size != 0 && config.page_size != g.page_size) {
     return Status::InvalidArgument(fmt::format("page_size = {} differs from device_region's {}",

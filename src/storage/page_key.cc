@@ -182,11 +182,7 @@ Status StorageNamespace::Validate() const {
   }
   KVTIER_RETURN_IF_ERROR(in_range("num_layers", num_layers, 1, int64_t{1} << 16));
   KVTIER_RETURN_IF_ERROR(in_range("slot_bytes", slot_bytes, 1, int64_t{1} << 30));
-  KVTIER_RETURN_IF_ERROR(in_range("page_size", page_size, 1, 256));
-  if (!std::has_single_bit(static_cast<uint64_t>(page_size))) {
-    return Status::InvalidArgument(
-        fmt::format("storage namespace: page_size must be a power of two, got {}", page_size));
-  }
+  KVTIER_RETURN_IF_ERROR(ValidatePageSize(page_size, "storage namespace: page_size"));
   KVTIER_RETURN_IF_ERROR(in_range("head_num", head_num, 1, int64_t{1} << 16));
   if (slot_bytes % head_num != 0) {
     return Status::InvalidArgument(fmt::format(

@@ -30,7 +30,7 @@ constexpr int kSinkIovecs = 8;                 // sink spans per readv(2)
 constexpr size_t kMaxLineBytes = 4096;         // the first line of a reply
 constexpr int kMaxIovecs = 64;                 // pieces per sendmsg(2)
 // Bounds of what a reply may make this side hold (redis_connection.h, "Bounded replies").
-constexpr size_t kMaxUnsunkReplyBytes = size_t{16} << 20;
+constexpr size_t kMaxUnsunkReplyBytes = size_t{4} << 20;  // EXISTS, SET, CLUSTER SLOTS replies
 constexpr long long kMaxArrayElements = 1 << 20;
 constexpr size_t kSinkReplySlackBytes = 64;  // a sink reply's "$<n>\r\n" and "\r\n"
 

@@ -12,7 +12,7 @@
 // Bounded replies: a reply never makes this side hold more than it can use. A bulk-string reply
 // to a command with a sink that is larger than the sink is skipped as it streams in (never
 // buffered) and its command gets an error reply ("kvtier: a reply of N bytes where at most M were
-// expected"); the connection stays usable. Any other reply is limited to 16 MiB, and an array
+// expected"); the connection stays usable. Any other reply is limited to 4 MiB, and an array
 // reply to 2^20 elements: past that the connection fails with a protocol error. (hiredis 0.14,
 // Debian 12's, has no maxelements or bulk length limit of its own.)
 //

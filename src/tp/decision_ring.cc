@@ -164,13 +164,12 @@ Result<TpCopy> DecodeCopy(std::span<const std::byte> record) {
   return c;
 }
 
-std::vector<std::byte> EncodeMessage(std::span<const std::byte> message) {
+std::vector<std::byte> EncodeMessage(std::span<const std::byte> message, RecordType type) {
   const uint64_t len = message.size();
   const int64_t bytes =
       AlignUp(static_cast<int64_t>(sizeof(RecordHeader) + sizeof(len) + message.size()));
   std::vector<std::byte> out(static_cast<size_t>(bytes));
-  const RecordHeader h{static_cast<uint32_t>(bytes), static_cast<uint32_t>(RecordType::kMessage),
-                       0};
+  const RecordHeader h{static_cast<uint32_t>(bytes), static_cast<uint32_t>(type), 0};
   std::memcpy(out.data(), &h, sizeof(h));
   std::memcpy(out.data() + sizeof(h), &len, sizeof(len));
   if (len > 0) std::memcpy(out.data() + sizeof(h) + sizeof(len), message.data(), message.size());
@@ -185,7 +184,9 @@ Result<std::span<const std::byte>> DecodeMessage(std::span<const std::byte> reco
     std::memcpy(&h, record.data(), sizeof(h));
     std::memcpy(&len, record.data() + sizeof(h), sizeof(len));
   }
-  if (record.size() < kHead || h.type != static_cast<uint32_t>(RecordType::kMessage) ||
+  if (record.size() < kHead ||
+      (h.type != static_cast<uint32_t>(RecordType::kMessage) &&
+       h.type != static_cast<uint32_t>(RecordType::kStorage)) ||
       len > record.size() - kHead) {
     return Status::Corruption(fmt::format(
         "tp record {}: not a message of {} bytes in {} record bytes", h.seq, len, record.size()));

@@ -14,7 +14,8 @@
 //
 // A record: RecordHeader {bytes, type, seq}, then for kCopy a CopyBody and the slot lists as runs
 // (start, length) of consecutive slots — page-aligned lists are one run per page or fewer; for
-// kMessage a uint64 length and the engine's opaque bytes (its step, ordered with the copies).
+// kMessage a uint64 length and the engine's opaque bytes (its step, ordered with the copies);
+// kStorage the same framing around a storage decision (get or set: page keys and host pages).
 //
 // Thread safety: plain data in shared memory; the atomics say who may write what (see above).
 #pragma once
@@ -34,7 +35,7 @@ inline constexpr uint64_t kRingMagic = 0x3150544b52454954ULL;  // "TIERKTP1" lit
 inline constexpr uint32_t kRingVersion = 1;
 inline constexpr int64_t kRecordAlignment = 16;
 
-enum class RecordType : uint32_t { kPad = 1, kCopy = 2, kMessage = 3 };
+enum class RecordType : uint32_t { kPad = 1, kCopy = 2, kMessage = 3, kStorage = 4 };
 
 struct RecordHeader {
   uint32_t bytes;  // the whole record, a multiple of kRecordAlignment
@@ -61,14 +62,20 @@ enum class RankState : uint32_t { kFree = 0, kAttached = 1, kFailed = 2 };
 struct alignas(64) RankRecord {
   std::atomic<uint32_t> state;  // RankState; the follower's
   uint32_t reserved;
-  int64_t pid;                           // the follower's, while attached
-  uint64_t start_time;                   // /proc/<pid>/stat field 22 (tells a reused pid apart)
-  std::atomic<uint64_t> read_pos;        // ring bytes consumed (records applied)
-  std::atomic<uint64_t> applied_seq;     // the last record applied
-  std::atomic<uint64_t> message_result;  // the last message's handler result (before applied_seq)
-  uint64_t failed_seq;                   // kFailed: the record whose copy failed
-  char error[192];                       // kFailed: its message (NUL-terminated)
+  int64_t pid;                        // the follower's, while attached
+  uint64_t start_time;                // /proc/<pid>/stat field 22 (tells a reused pid apart)
+  std::atomic<uint64_t> read_pos;     // ring bytes consumed (records applied)
+  std::atomic<uint64_t> applied_seq;  // the last record applied
+  uint64_t failed_seq;                // kFailed: the record whose copy failed
+  char error[192];                    // kFailed: its message (NUL-terminated)
+  // Results of messages and storage decisions by sequence number: slot seq % kResultSlots holds
+  // {seq, value}, written before applied_seq moves past seq (value first, then seq, release).
+  struct SeqResult {
+    std::atomic<uint64_t> seq;
+    std::atomic<uint64_t> value;
+  } results[256];
 };
+inline constexpr uint64_t kResultSlots = 256;
 
 struct RingHeader {
   std::atomic<uint64_t> magic;  // stored last by the creator (release)
@@ -105,9 +112,11 @@ int64_t EncodedCopyBytes(const TpCopy& copy);
 // Decodes a kCopy record (`record` spans its header.bytes); Corruption naming what is wrong.
 Result<TpCopy> DecodeCopy(std::span<const std::byte> record);
 
-// The record of an engine message (seq 0; the leader sets it when it publishes).
-std::vector<std::byte> EncodeMessage(std::span<const std::byte> message);
-// The message bytes of a kMessage record; Corruption when the length does not fit.
+// The record of an engine message or a storage decision (seq 0; the leader sets it when it
+// publishes).
+std::vector<std::byte> EncodeMessage(std::span<const std::byte> message,
+                                     RecordType type = RecordType::kMessage);
+// The payload of a kMessage or kStorage record; Corruption when the length does not fit.
 Result<std::span<const std::byte>> DecodeMessage(std::span<const std::byte> record);
 
 // Futex wait/wake on a shared (not process-private) word. Wait returns on a change, a wake, a

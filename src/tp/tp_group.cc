@@ -57,6 +57,65 @@ void Bump(std::atomic<uint32_t>* word) {
   tp::FutexWakeAll(word);
 }
 
+// A storage decision's payload: op (1 get, 2 set), page count, keys, host page starts.
+enum class StorageOp : uint32_t { kGet = 1, kSet = 2 };
+
+std::vector<std::byte> EncodeStorage(StorageOp op, std::span<const PageKey> keys,
+                                     std::span<const int64_t> pages) {
+  const uint32_t o = static_cast<uint32_t>(op), pad = 0;
+  const uint64_t n = keys.size();
+  std::vector<std::byte> out(16 + n * (sizeof(PageKey) + 8));
+  std::memcpy(out.data(), &o, 4);
+  std::memcpy(out.data() + 4, &pad, 4);
+  std::memcpy(out.data() + 8, &n, 8);
+  for (size_t i = 0; i < n; ++i) {
+    std::memcpy(out.data() + 16 + i * sizeof(PageKey), keys[i].bytes.data(), sizeof(PageKey));
+  }
+  std::memcpy(out.data() + 16 + n * sizeof(PageKey), pages.data(), n * 8);
+  return out;
+}
+
+struct StorageDecision {
+  StorageOp op;
+  std::vector<PageKey> keys;
+  std::vector<int64_t> pages;
+};
+
+Result<StorageDecision> DecodeStorage(std::span<const std::byte> in) {
+  uint32_t o = 0;
+  uint64_t n = 0;
+  if (in.size() >= 16) {
+    std::memcpy(&o, in.data(), 4);
+    std::memcpy(&n, in.data() + 8, 8);
+  }
+  if (in.size() < 16 || (o != 1 && o != 2) || n > (uint64_t{1} << 24) ||
+      in.size() != 16 + n * (sizeof(PageKey) + 8)) {
+    return Status::Corruption("tp storage decision: bad header or length");
+  }
+  StorageDecision d{static_cast<StorageOp>(o), std::vector<PageKey>(n), std::vector<int64_t>(n)};
+  for (size_t i = 0; i < n; ++i) {
+    std::memcpy(d.keys[i].bytes.data(), in.data() + 16 + i * sizeof(PageKey), sizeof(PageKey));
+  }
+  std::memcpy(d.pages.data(), in.data() + 16 + n * sizeof(PageKey), n * 8);
+  return d;
+}
+
+// The storage buffer of the host page starting at slot `page` (page_first, page_first_direct
+// and page_head keep a page of each buffer contiguous at SlotBase, as PageStaging does).
+Result<PageBuffer> HostPage(const KvRegion& host, int64_t page) {
+  const KvGeometry& g = host.geometry;
+  if (g.layout == KvLayout::kLayerFirst || page < 0 || page % g.page_size != 0 ||
+      page >= g.num_slots) {
+    return Status::InvalidArgument(
+        fmt::format("tp storage decision: host page {} of a {} region of {} slots", page,
+                    LayoutName(g.layout), g.num_slots));
+  }
+  const size_t bytes = static_cast<size_t>(g.page_size * g.num_layers * g.slot_bytes);
+  std::span<std::byte> k(host.LayerBase(0, 0) + g.SlotBase(page), bytes);
+  if (host.mla) return PageBuffer::Of(k);
+  return PageBuffer::Of(k, std::span<std::byte>(host.LayerBase(1, 0) + g.SlotBase(page), bytes));
+}
+
 }  // namespace
 
 const char* TpTierName(TpTier tier) { return tier == TpTier::kDevice ? "device" : "host"; }
@@ -91,7 +150,9 @@ struct TpLeader::Impl {
   RingHeader* h = nullptr;
   std::byte* data = nullptr;
 
-  mutable std::mutex mu;  // publication order, stats, `broken`
+  mutable std::mutex mu;  // publication order, stats, `broken`, `host`
+  KvRegion host;          // the leader cache's host region (SetHostRegion)
+  bool has_host = false;
   uint64_t next_seq = 1;
   Status broken;
   TpLeaderStats stats;
@@ -326,9 +387,21 @@ Status TpLeader::WaitApplied(uint64_t seq) {
   return result;
 }
 
-uint64_t TpLeader::MessageResult(int rank) const {
-  if (rank < 1 || rank >= impl_->config.tp_size) return 0;
-  return impl_->h->ranks[rank].message_result.load(std::memory_order_acquire);
+Result<uint64_t> TpLeader::MessageResult(int rank, uint64_t seq) const {
+  if (rank < 1 || rank >= impl_->config.tp_size) {
+    return Status::InvalidArgument(fmt::format("tp: no follower rank {}", rank));
+  }
+  const auto& slot = impl_->h->ranks[rank].results[seq % tp::kResultSlots];
+  const uint64_t before = slot.seq.load(std::memory_order_acquire);
+  const uint64_t value = slot.value.load(std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_acquire);
+  if (before != seq || slot.seq.load(std::memory_order_relaxed) != seq) {
+    return Status::FailedPrecondition(fmt::format(
+        "tp: rank {}'s result of record {} is not there (not applied yet, or {} later records "
+        "took its place)",
+        rank, seq, tp::kResultSlots));
+  }
+  return value;
 }
 
 Status TpLeader::health() const { return impl_->Broken(); }
@@ -393,6 +466,123 @@ class TpLeaderEngine final : public TransferEngine {
 
 }  // namespace
 
+namespace {
+
+// The leader cache's store: publish, run on the leader's view, wait for every rank, and keep a
+// page only where every rank's leading pages include it.
+class TpLeaderStorage final : public StorageBackend {
+ public:
+  TpLeaderStorage(std::shared_ptr<StorageBackend> own, TpLeader* leader,
+                  std::function<Result<KvRegion>()> host, bool followers_write)
+      : StorageBackend("tp-leader+" + own->url(), own->ns(), own->options()),
+        own_(std::move(own)),
+        leader_(leader),
+        host_(std::move(host)),
+        followers_write_(followers_write) {}
+  ~TpLeaderStorage() override { Close(); }
+  Status Begin() { return Start(); }
+
+ protected:
+  ExistsResult DoExists(std::span<const PageKey> keys,
+                        std::chrono::steady_clock::time_point) override {
+    return own_->Exists(std::vector<PageKey>(keys.begin(), keys.end())).get();
+  }
+  void DoGet(std::span<const PageKey> keys, std::span<const PageBuffer> buffers,
+             std::span<PageStatus> out, std::chrono::steady_clock::time_point) override {
+    Run(StorageOp::kGet, keys, buffers, out);
+  }
+  void DoSet(std::span<const PageKey> keys, std::span<const PageBuffer> buffers,
+             std::span<PageStatus> out, std::chrono::steady_clock::time_point) override {
+    if (!followers_write_) {
+      const BatchResult r = own_->Set(std::vector<PageKey>(keys.begin(), keys.end()),
+                                      std::vector<PageBuffer>(buffers.begin(), buffers.end()))
+                                .get();
+      for (size_t i = 0; i < out.size() && i < r.pages.size(); ++i) out[i] = r.pages[i];
+      return;
+    }
+    Run(StorageOp::kSet, keys, buffers, out);
+  }
+  void DoRemove(std::span<const PageKey> keys, std::span<PageStatus> out,
+                std::chrono::steady_clock::time_point) override {
+    // The leader's objects only: followers' objects of a removed page are never read again
+    // (a page is a hit only when every rank's is).
+    const BatchResult r = own_->Remove(std::vector<PageKey>(keys.begin(), keys.end())).get();
+    for (size_t i = 0; i < out.size() && i < r.pages.size(); ++i) out[i] = r.pages[i];
+  }
+
+ private:
+  void Run(StorageOp op, std::span<const PageKey> keys, std::span<const PageBuffer> buffers,
+           std::span<PageStatus> out) {
+    Result<KvRegion> host = host_();
+    if (!host.ok()) return Fill(out, PageStatus::kFailed);
+    std::vector<int64_t> pages;
+    const KvGeometry& g = host->geometry;
+    for (const PageBuffer& b : buffers) {
+      const int64_t off = b.segments[0].data() - host->LayerBase(0, 0);
+      pages.push_back(off / (g.num_layers * g.slot_bytes));  // page_head/page_first: slot * L * S
+    }
+    Result<uint64_t> seq = leader_->PublishStorage(static_cast<int>(op), keys, pages);
+    if (!seq.ok()) return Fill(out, PageStatus::kFailed);
+    std::vector<PageKey> k(keys.begin(), keys.end());
+    std::vector<PageBuffer> bufs(buffers.begin(), buffers.end());
+    const BatchResult own = op == StorageOp::kGet ? own_->Get(std::move(k), std::move(bufs)).get()
+                                                  : own_->Set(std::move(k), std::move(bufs)).get();
+    if (!leader_->WaitApplied(*seq).ok()) return Fill(out, PageStatus::kFailed);
+    uint64_t leading = static_cast<uint64_t>(own.status.ok() ? own.leading_ok() : 0);
+    for (int r = 1; r < leader_->config().tp_size; ++r) {
+      Result<uint64_t> theirs = leader_->MessageResult(r, *seq);
+      leading = std::min<uint64_t>(leading, theirs.ok() ? *theirs : 0);
+    }
+    for (size_t i = 0; i < out.size(); ++i) {
+      const PageStatus mine =
+          own.status.ok() && i < own.pages.size() ? own.pages[i] : PageStatus::kFailed;
+      out[i] = i < leading ? PageStatus::kOk
+               : mine == PageStatus::kOk
+                   ? (op == StorageOp::kGet ? PageStatus::kAbsent : PageStatus::kFailed)
+                   : mine;
+    }
+  }
+  static void Fill(std::span<PageStatus> out, PageStatus s) {
+    for (PageStatus& p : out) p = s;
+  }
+  std::shared_ptr<StorageBackend> own_;
+  TpLeader* leader_;
+  std::function<Result<KvRegion>()> host_;
+  bool followers_write_;
+};
+
+}  // namespace
+
+Result<uint64_t> TpLeader::PublishStorage(int op, std::span<const PageKey> keys,
+                                          std::span<const int64_t> pages) {
+  const std::vector<std::byte> payload = EncodeStorage(static_cast<StorageOp>(op), keys, pages);
+  if (static_cast<int64_t>(payload.size()) > impl_->config.ring_bytes / 2 - 64) {
+    return Status::InvalidArgument("tp group: a storage decision takes more than half the ring");
+  }
+  return impl_->PublishRecord(tp::EncodeMessage(payload, RecordType::kStorage));
+}
+
+void TpLeader::SetHostRegion(const KvRegion& host) {
+  std::lock_guard lk(impl_->mu);
+  impl_->host = host;
+  impl_->has_host = true;
+}
+
+std::shared_ptr<StorageBackend> TpLeader::WrapStorage(std::shared_ptr<StorageBackend> own,
+                                                      bool followers_write) {
+  Impl* m = impl_.get();
+  auto host = [m]() -> Result<KvRegion> {
+    std::lock_guard lk(m->mu);
+    if (!m->has_host) {
+      return Status::FailedPrecondition("tp leader storage: SetHostRegion was not called");
+    }
+    return m->host;
+  };
+  auto s = std::make_shared<TpLeaderStorage>(std::move(own), this, host, followers_write);
+  if (!s->Begin().ok()) return nullptr;
+  return s;
+}
+
 std::unique_ptr<TransferEngine> TpLeader::WrapEngine(std::unique_ptr<TransferEngine> inner,
                                                      const KvRegion& device_region) {
   return std::make_unique<TpLeaderEngine>(std::move(inner), this, device_region);
@@ -423,7 +613,8 @@ struct TpFollower::Impl {
 
   // Applies the record at ring position `pos`; returns the bytes it took.
   Result<int64_t> ApplyAt(uint64_t pos, TransferEngine& engine, const KvRegion& device,
-                          const KvRegion& host, const MessageHandler& on_message) {
+                          const KvRegion& host, const MessageHandler& on_message,
+                          StorageBackend* storage) {
     const int64_t ring = h->ring_bytes;
     const int64_t off = static_cast<int64_t>(pos % static_cast<uint64_t>(ring));
     RecordHeader rh;
@@ -452,8 +643,18 @@ struct TpFollower::Impl {
           return Fail(next,
                       value.status().WithContext(fmt::format("tp rank {} message {}", rank, next)));
         }
-        me().message_result.store(*value, std::memory_order_relaxed);
+        SetResult(next, *value);
       }
+      Applied(next, 0);
+      return static_cast<int64_t>(rh.bytes);
+    }
+    if (rh.type == static_cast<uint32_t>(RecordType::kStorage)) {
+      Result<uint64_t> ok = ApplyStorage(std::span(data + off, rh.bytes), host, storage);
+      if (!ok.ok()) {
+        return Fail(next, ok.status().WithContext(
+                              fmt::format("tp rank {} storage decision {}", rank, next)));
+      }
+      SetResult(next, *ok);
       Applied(next, 0);
       return static_cast<int64_t>(rh.bytes);
     }
@@ -475,6 +676,29 @@ struct TpFollower::Impl {
     }
     Applied(next, static_cast<int64_t>(copy->src_slots.size()));
     return static_cast<int64_t>(rh.bytes);
+  }
+  // Runs a storage decision on this rank's store; its leading pages that succeeded.
+  static Result<uint64_t> ApplyStorage(std::span<const std::byte> record, const KvRegion& host,
+                                       StorageBackend* storage) {
+    if (storage == nullptr) return Status::FailedPrecondition("this rank has no storage tier");
+    KVTIER_ASSIGN_OR_RETURN(std::span<const std::byte> payload, tp::DecodeMessage(record));
+    KVTIER_ASSIGN_OR_RETURN(StorageDecision d, DecodeStorage(payload));
+    std::vector<PageBuffer> buffers;
+    for (int64_t p : d.pages) {
+      KVTIER_ASSIGN_OR_RETURN(PageBuffer b, HostPage(host, p));
+      buffers.push_back(b);
+    }
+    BatchResult r = d.op == StorageOp::kGet
+                        ? storage->Get(std::move(d.keys), std::move(buffers)).get()
+                        : storage->Set(std::move(d.keys), std::move(buffers)).get();
+    return static_cast<uint64_t>(r.status.ok() ? r.leading_ok() : 0);
+  }
+  void SetResult(uint64_t seq, uint64_t value) {
+    auto& slot = me().results[seq % tp::kResultSlots];
+    slot.seq.store(0, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_release);
+    slot.value.store(value, std::memory_order_relaxed);
+    slot.seq.store(seq, std::memory_order_release);
   }
   void Applied(uint64_t seq, int64_t slots) {
     me().applied_seq.store(seq, std::memory_order_release);
@@ -565,7 +789,7 @@ TpFollowerStats TpFollower::stats() const { return impl_->stats; }
 
 Result<TpServeResult> TpFollower::Serve(TransferEngine& engine, const KvRegion& device,
                                         const KvRegion& host, double wait_s,
-                                        const MessageHandler& on_message) {
+                                        const MessageHandler& on_message, StorageBackend* storage) {
   Impl& m = *impl_;
   const TpShape& s = m.shape;
   if (device.geometry.num_slots != s.device_slots || device.geometry.num_layers != s.num_layers ||
@@ -589,7 +813,8 @@ Result<TpServeResult> TpFollower::Serve(TransferEngine& engine, const KvRegion& 
     const uint64_t wp = m.h->write_pos.load(std::memory_order_acquire);
     uint64_t rp = m.me().read_pos.load(std::memory_order_relaxed);
     while (rp < wp) {
-      KVTIER_ASSIGN_OR_RETURN(const int64_t bytes, m.ApplyAt(rp, engine, device, host, on_message));
+      KVTIER_ASSIGN_OR_RETURN(const int64_t bytes,
+                              m.ApplyAt(rp, engine, device, host, on_message, storage));
       rp += static_cast<uint64_t>(bytes);
       m.me().read_pos.store(rp, std::memory_order_release);
       Bump(&m.h->ack_word);

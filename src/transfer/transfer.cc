@@ -114,50 +114,8 @@ Status CheckOverlap(const TransferRequest& r) {
 }  // namespace
 
 Status KvRegion::Validate(std::string_view name) const {
+  KVTIER_RETURN_IF_ERROR(geometry.Validate(name));
   const KvGeometry& g = geometry;
-  const int layout_index = static_cast<int>(g.layout);
-  if (layout_index < 0 || layout_index >= kNumLayouts) {
-    return Status::InvalidArgument(
-        fmt::format("{}.layout = {} is not a known layout", name, layout_index));
-  }
-  if (g.num_layers <= 0) {
-    return Status::InvalidArgument(
-        fmt::format("{}.num_layers = {} must be positive", name, g.num_layers));
-  }
-  if (g.num_slots <= 0) {
-    return Status::InvalidArgument(
-        fmt::format("{}.num_slots = {} must be positive", name, g.num_slots));
-  }
-  if (g.slot_bytes <= 0) {
-    return Status::InvalidArgument(
-        fmt::format("{}.slot_bytes = {} must be positive", name, g.slot_bytes));
-  }
-  if (g.slot_bytes % kSlotBytesAlignment != 0) {
-    return Status::InvalidArgument(fmt::format("{}.slot_bytes = {} is not a multiple of {}", name,
-                                               g.slot_bytes, kSlotBytesAlignment));
-  }
-  if (g.page_size <= 0) {
-    return Status::InvalidArgument(
-        fmt::format("{}.page_size = {} must be positive", name, g.page_size));
-  }
-  if (g.num_slots % g.page_size != 0) {
-    return Status::InvalidArgument(fmt::format("{}.page_size = {} does not divide num_slots = {}",
-                                               name, g.page_size, g.num_slots));
-  }
-  if (g.head_num <= 0) {
-    return Status::InvalidArgument(
-        fmt::format("{}.head_num = {} must be positive", name, g.head_num));
-  }
-  if (g.layout == KvLayout::kPageHead &&
-      (g.slot_bytes % g.head_num != 0 || g.head_bytes() % kSlotBytesAlignment != 0)) {
-    return Status::InvalidArgument(fmt::format(
-        "{}.head_num = {} must divide slot_bytes = {} into multiples of {} bytes for page_head",
-        name, g.head_num, g.slot_bytes, kSlotBytesAlignment));
-  }
-  if (g.num_slots > std::numeric_limits<int64_t>::max() / g.slot_bytes / g.num_layers) {
-    return Status::InvalidArgument(fmt::format("{} is too large: {} layers x {} slots x {} bytes",
-                                               name, g.num_layers, g.num_slots, g.slot_bytes));
-  }
   if (memory != MemoryKind::kHost && memory != MemoryKind::kDevice) {
     return Status::InvalidArgument(
         fmt::format("{}.memory = {} is not host or device", name, static_cast<int>(memory)));
@@ -255,40 +213,49 @@ Status TransferEngine::Transfer(const TransferRequest& request, const TransferOp
 
 Status TransferEngine::Synchronize(CudaStream) { return Status::OK(); }
 
-Status TransferEngineConfig::Validate() const {
-  if (cpu_threads < 0 || cpu_threads > 1024) {
-    return Status::InvalidArgument(fmt::format(
-        "cpu_threads = {} must be in [0, 1024] (0: hardware concurrency)", cpu_threads));
-  }
-  if (cpu_parallel_threshold_bytes < 0) {
-    return Status::InvalidArgument(fmt::format(
-        "cpu_parallel_threshold_bytes = {} must not be negative", cpu_parallel_threshold_bytes));
-  }
-  if (max_sms <= 0) {
-    return Status::InvalidArgument(fmt::format("max_sms = {} must be positive", max_sms));
-  }
-  if (max_sms_to_host < 0) {
-    return Status::InvalidArgument(
-        fmt::format("max_sms_to_host = {} must not be negative (0 = max_sms)", max_sms_to_host));
-  }
-  if (max_sms_beside_backup < 0) {
-    return Status::InvalidArgument(fmt::format(
-        "max_sms_beside_backup = {} must not be negative (0 = off)", max_sms_beside_backup));
-  }
-  if (device < 0)
-    return Status::InvalidArgument(fmt::format("device = {} must not be negative", device));
-  if (dma_lanes < 1 || dma_lanes > 16) {
-    return Status::InvalidArgument(fmt::format("dma_lanes = {} must be in [1, 16]", dma_lanes));
-  }
-  if (dma_ops_per_lane < 16 || dma_ops_per_lane > (1 << 20)) {
-    return Status::InvalidArgument(
-        fmt::format("dma_ops_per_lane = {} must be in [16, {}]", dma_ops_per_lane, 1 << 20));
-  }
-  if (dma_min_strided_rows < 2 || dma_min_strided_rows > (1 << 20)) {
-    return Status::InvalidArgument(
-        fmt::format("dma_min_strided_rows = {} must be in [2, {}]", dma_min_strided_rows, 1 << 20));
-  }
-  return Status::OK();
+const ConfigSchema<TransferEngineConfig>& TransferEngineConfigSchema() {
+  using C = TransferEngineConfig;
+  static const ConfigSchema<C> schema = [] {
+    constexpr int64_t kMany = int64_t{1} << 20;
+    ConfigSchema<C> s;
+    s.push_back(IntField<C>("cpu_threads", Member(&C::cpu_threads), 0, 1024,
+                            "cpu backend: copy threads for large requests; 0 = one per core"));
+    s.push_back(IntField<C>("cpu_parallel_threshold_bytes",
+                            Member(&C::cpu_parallel_threshold_bytes), 0,
+                            "cpu backend: smaller requests run on the calling thread"));
+    s.push_back(IntField<C>("max_sms", Member(&C::max_sms), 1, 1024,
+                            "kernel backend: most SMs one copy occupies"));
+    s.push_back(IntField<C>("max_sms_to_host", Member(&C::max_sms_to_host), 0, 1024,
+                            "kernel backend: SMs of device -> host copies (backups), within "
+                            "max_sms; 0 = max_sms"));
+    s.push_back(IntField<C>("max_sms_beside_backup", Member(&C::max_sms_beside_backup), 0, 1024,
+                            "kernel backend: SMs of host -> device copies (loads) while a backup "
+                            "runs; 0 = off (max_sms)"));
+    s.push_back(IntField<C>("device", Member(&C::device), 0, 1023,
+                            "kernel / dma backends: CUDA device ordinal"));
+    s.push_back(BoolField<C>("dma_batch", Member(&C::dma_batch),
+                             "dma backend: batched submission (cudaMemcpyBatchAsync / 3DBatch) "
+                             "where the driver offers it"));
+    s.push_back(BoolField<C>("dma_join_kv", Member(&C::dma_join_kv),
+                             "dma backend: K and V strided copies of a page as one depth-2 "
+                             "operation"));
+    s.push_back(IntField<C>("dma_lanes", Member(&C::dma_lanes), 1, 16,
+                            "dma backend: most streams one plan is split over"));
+    s.push_back(IntField<C>("dma_ops_per_lane", Member(&C::dma_ops_per_lane), 16, kMany,
+                            "dma backend: operations per lane before a plan is split"));
+    s.push_back(BoolField<C>("dma_submit_threads", Member(&C::dma_submit_threads),
+                             "dma backend: submit each lane from its own thread"));
+    s.push_back(IntField<C>("dma_min_strided_rows", Member(&C::dma_min_strided_rows), 2, kMany,
+                            "dma backend: fewest equal-width runs at a constant pitch sent as one "
+                            "strided copy"));
+    return s;
+  }();
+  return schema;
+}
+
+// No rule spans two fields: the bounds are the whole check.
+Status TransferEngineConfig::Validate(const FieldNamer& name_of) const {
+  return CheckFields(TransferEngineConfigSchema(), *this, name_of);
 }
 
 const char* TransferBackendName(TransferBackend backend) {

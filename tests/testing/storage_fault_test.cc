@@ -259,11 +259,17 @@ TEST(StorageFaultTest, HeldWritesNeverDelayAReadAndOverflowIsRejected) {
 
   b.HoldWrites(true);
   std::vector<std::future<BatchResult>> sets;
-  for (size_t i = 1; i <= 3; ++i) sets.push_back(b.Set({keys[i]}, {pages.buffers[i]}));
   // Three writers, the writes' share of four threads, are held; then two more wait in the queue.
+  // One Set at a time, each until an I/O thread holds it: submitted together, the third could
+  // find the first two still queued and be rejected by the queue bound of two.
   const auto give_up = Clock::now() + 30s;
-  while (b.held_writes() < 3 && Clock::now() < give_up) std::this_thread::sleep_for(1ms);
-  ASSERT_EQ(b.held_writes(), 3);
+  for (size_t i = 1; i <= 3; ++i) {
+    sets.push_back(b.Set({keys[i]}, {pages.buffers[i]}));
+    while (b.held_writes() < static_cast<int>(i) && Clock::now() < give_up) {
+      std::this_thread::sleep_for(1ms);
+    }
+    ASSERT_EQ(b.held_writes(), static_cast<int>(i));
+  }
   for (size_t i = 4; i <= 5; ++i) sets.push_back(b.Set({keys[i]}, {pages.buffers[i]}));
   EXPECT_EQ(b.Stats().queued_batches, 2);
   auto overflow = b.Set({keys[6]}, {pages.buffers[6]});

@@ -2,7 +2,8 @@
 """`kvtier replay --tp 2` on the cpu device: two processes serve the requests as one TP group (one
 cache decision, each rank its heads' pools; MLA: the full latent); the hit rates equal TP=1's on
 the same requests, both tiers are hit, every rank's bytes were checked (exit 0), decisions went
-through the ring and the leader waited once per record (no collective).
+through the ring and the leader waited once per record (no collective). Then a rank is killed
+(SIGKILL) mid-replay: rank 0 stops with an error naming the dead rank, within the timeout.
 
 Usage: replay_tp_test.py KVTIER
 """
@@ -11,6 +12,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 
 def run(kvtier, model, tmp):
@@ -24,6 +26,55 @@ def run(kvtier, model, tmp):
         return None, "%s: exit %d\n%s%s" % (model, p.returncode, p.stdout, p.stderr)
     with open(out) as f:
         return json.load(f), None
+
+
+def children(pid):
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % entry) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] not in "ZX":
+            out.append(int(entry))
+    return out
+
+
+def kill_a_rank(kvtier):
+    """Starts a long replay --tp 2, SIGKILLs rank 1 once it serves, and returns a failure text or
+    None."""
+    cmd = [kvtier, "replay", "--tp", "2", "--tp-timeout", "5", "--model", "qwen2.5-0.5b",
+           "--device", "cpu", "--workload", "chat", "--requests", "300", "--page-size", "16",
+           "--device-tokens", "2048", "--host-tokens", "16384", "--storage", "none",
+           "--no-progress"]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        rank = []
+        while not rank and time.time() < deadline and p.poll() is None:
+            time.sleep(0.05)
+            rank = children(p.pid)  # rank 1 exists once the TP=1 pass is over
+        if not rank:
+            return "no rank 1 process appeared"
+        time.sleep(2.0)  # it attaches, then serves
+        os.kill(rank[0], 9)
+        killed = time.time()
+        _, err = p.communicate(timeout=60)
+        waited = time.time() - killed
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    if p.returncode != 1:
+        return "exit %d after the kill, expected 1" % p.returncode
+    if "rank 1 (pid %d) died" % rank[0] not in err:
+        return "the error does not name the dead rank: %s" % err.strip()[-300:]
+    if waited > 5 + 2:
+        return "rank 0 stopped %.1f s after the kill (timeout 5 s)" % waited
+    return None
 
 
 def main():
@@ -53,6 +104,9 @@ def main():
                                 (model, tp2["leader_waits"], tp2["decision_records"]))
             if tp2["bytes_checked_rank0"] <= 0:
                 failures.append("%s: no bytes checked" % model)
+    err = kill_a_rank(kvtier)
+    if err:
+        failures.append("rank killed: " + err)
     for f in failures:
         print("FAIL:", f)
     print("replay --tp: %s" % ("FAILED" if failures else "ok"))

@@ -12,13 +12,16 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <numeric>
 #include <random>
 #include <thread>
 
 #include "kvtier/hierarchical_cache.h"
+#include "kvtier/storage.h"
 #include "kvtier/testing/kv_pattern.h"
+#include "tp/head_split_storage.h"
 
 namespace kvtier {
 namespace {
@@ -397,8 +400,11 @@ Status RunWorkload(HierarchicalCache& cache, const KvRegion& device, bool mla, i
                               leader->PublishMessage(Step::Encode(op, slots, hashes)));
       Status own = Step::Apply(Step::Encode(op, slots, hashes), device, mla, 0, tp);
       Status all = leader->WaitApplied(seq);
-      if (all.ok() && leader->MessageResult(1) != Step::Encode(op, slots, hashes).size()) {
-        return Status::Internal("the follower's message result is not its message's size");
+      if (all.ok()) {
+        KVTIER_ASSIGN_OR_RETURN(const uint64_t result, leader->MessageResult(1, seq));
+        if (result != Step::Encode(op, slots, hashes).size()) {
+          return Status::Internal("the follower's message result is not its message's size");
+        }
       }
       return own.ok() ? all : own;
     }
@@ -551,6 +557,187 @@ TEST(TpCacheKillTest, AKilledRankFailsTheLeadersCallsThenTheGroupIsRebuilt) {
   leader->reset();
   EXPECT_EQ(Reap(child), 0);
 }
+
+// ---- storage decisions -------------------------------------------------------------------------
+
+StorageNamespace RankPages(bool mla, int rank, int tp) {
+  const KvGeometry g = *TpShardGeometry(kFull, mla, tp);
+  StorageNamespace ns;
+  ns.model_id = "tp-group-test";
+  ns.layout = KvLayout::kPageHead;
+  ns.mla = mla;
+  ns.num_layers = g.num_layers;
+  ns.page_size = kPage;
+  ns.slot_bytes = g.slot_bytes;
+  ns.head_num = mla ? 1 : g.head_num;
+  ns.tp_rank = rank;
+  ns.tp_size = tp;
+  return ns;
+}
+
+// Rank `rank`'s view of the per-head file store at `url`.
+Result<std::shared_ptr<StorageBackend>> RankStore(const std::string& url, bool mla, int rank,
+                                                  int tp) {
+  KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<StorageBackend> inner,
+                          OpenStorage(url, tp::HeadObjectNamespace(RankPages(mla, rank, tp))));
+  tp::HeadSplitOptions o;
+  o.first_head = mla ? 0 : rank * kHeads / tp;
+  o.read_only = mla && rank > 0;  // MLA: the leader is the one writer
+  KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<StorageBackend> s,
+                          tp::OpenHeadSplitStorage(std::move(inner), RankPages(mla, rank, tp), o));
+  return std::shared_ptr<StorageBackend>(std::move(s));
+}
+
+[[noreturn]] void RunStorageFollowerProcess(const TpGroupConfig& cfg, bool mla,
+                                            const std::string& url) {
+  int code = 1;
+  {
+    auto f = TpFollower::Attach(cfg, 1);
+    auto store = RankStore(url, mla, 1, 2);
+    if (f.ok() && store.ok()) {
+      const KvGeometry g = *TpShardGeometry(kFull, mla, 2);
+      OwnedRegion dev(g, mla, 0x5A);
+      KvGeometry hg = g;
+      hg.layout = KvLayout::kPageHead;
+      hg.head_num = mla ? 1 : g.head_num;  // the leader's host pages
+      hg.num_slots = (*f)->shape().host_slots;
+      OwnedRegion host(hg, mla, 0x3C);
+      auto engine = MakeTransferEngine(TransferBackend::kCpu);
+      for (;;) {
+        auto r = (*f)->Serve(
+            **engine, dev.region, host.region, 0.5,
+            [&](std::span<const std::byte> msg) -> Result<uint64_t> {
+              KVTIER_RETURN_IF_ERROR(Step::Apply(msg, dev.region, mla, 1, 2));
+              return uint64_t{msg.size()};
+            },
+            store->get());
+        if (!r.ok()) {
+          std::fprintf(stderr, "follower: %s\n", r.status().ToString().c_str());
+          break;
+        }
+        if (*r == TpServeResult::kClosed) {
+          code = 0;
+          break;
+        }
+      }
+    } else {
+      std::fprintf(stderr, "follower: %s %s\n", f.status().ToString().c_str(),
+                   store.status().ToString().c_str());
+    }
+  }
+  std::fflush(nullptr);
+  _exit(code);
+}
+
+class TpStorageTest : public ::testing::TestWithParam<bool> {};
+
+// A TP=2 group with a storage tier in a file store shared by the two processes: the leader's
+// stores and prefetches run on every rank (each its heads; MLA: the leader writes, both read);
+// after the device and host tiers are emptied, storage hits load every rank's KV right; and the
+// store the TP=2 group filled serves a TP=1 cache.
+TEST_P(TpStorageTest, StorageDecisionsRunOnEveryRankAndTheStoreServesTp1) {
+  const bool mla = GetParam();
+  char dir_template[] = "/tmp/kvtier-tp-store-XXXXXX";
+  ASSERT_NE(mkdtemp(dir_template), nullptr);
+  const std::string dir = dir_template;
+  const std::string url = "file://" + dir;
+  const TpGroupConfig cfg = Config(mla ? "storage_mla" : "storage");
+  const KvGeometry g = *TpShardGeometry(kFull, mla, 2);
+  OwnedRegion dev(g, mla, 0x5A);
+  auto leader = TpLeader::Create(
+      cfg, TpShape{kFull.num_slots, 2 * kFull.num_slots, kFull.num_layers, kPage, mla});
+  ASSERT_TRUE(leader.ok());
+  // Lay the store out once before the two processes open it at the same time; closed again so
+  // that no thread of this process lives across the fork.
+  ASSERT_TRUE(RankStore(url, mla, 0, 2).ok());
+  std::fflush(nullptr);
+  const pid_t child = fork();
+  if (child == 0) RunStorageFollowerProcess(cfg, mla, url);
+  auto own = RankStore(url, mla, 0, 2);
+  ASSERT_TRUE(own.ok()) << own.status().ToString();
+  ASSERT_TRUE((*leader)->WaitForFollowers().ok());
+  HierarchicalCacheConfig c = CacheConfig();
+  c.host_layout = KvLayout::kPageHead;
+  c.host_head_num = mla ? 1 : g.head_num;  // the latent is one "head"
+  c.storage.backend = (*leader)->WrapStorage(*own, /*followers_write=*/!mla);
+  c.storage.prefetch_threshold_tokens = 0;
+  c.storage.prefetch_policy = PrefetchPolicy::kWaitComplete;
+  auto cache =
+      HierarchicalCache::Create(c, dev.region, (*leader)->WrapEngine(CpuEngine(), dev.region));
+  ASSERT_TRUE(cache.ok()) << cache.status().ToString();
+  (*leader)->SetHostRegion((*cache)->host_region());
+  Hits hits;
+  Status st = RunWorkload(**cache, dev.region, mla, 2, leader->get(), 20, &hits);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_GT((*cache)->stats().storage_backup_tokens, 0);
+  // Empty the device and host tiers: what the requests had is now in storage only.
+  ASSERT_TRUE((*cache)->EvictDevice(kFull.num_slots).ok());
+  ASSERT_TRUE((*cache)->EvictHost(4 * kFull.num_slots).ok());
+  std::mt19937_64 rng(42);  // RunWorkload's prefixes
+  std::vector<std::vector<Token>> prefixes(6);
+  for (auto& p : prefixes) {
+    p.resize(static_cast<size_t>(kPage * (4 + rng() % 20)));
+    for (auto& t : p) t = static_cast<Token>(rng() % 50000);
+  }
+  int64_t from_storage = 0;
+  for (const auto& p : prefixes) {
+    auto m = (*cache)->Match(p);
+    ASSERT_TRUE(m.ok());
+    ASSERT_TRUE((*cache)->QueryStorage(m->handle).ok());
+    ASSERT_TRUE((*cache)->Prefetch(m->handle).ok());
+    auto lb = (*cache)->LoadBack(m->handle);
+    ASSERT_TRUE(lb.ok()) << lb.status().ToString();
+    from_storage += lb->prefetch.arrived_tokens;
+    const auto hashes = KvPatternHashes(p, KvPatternSalt(""));
+    const std::span<const uint64_t> h(hashes);
+    const auto msg =
+        Step::Encode(Step::kVerify, lb->device_slots, h.first(lb->device_slots.size()));
+    auto seq = (*leader)->PublishMessage(msg);
+    ASSERT_TRUE(seq.ok());
+    EXPECT_TRUE(Step::Apply(msg, dev.region, mla, 0, 2).ok());
+    const Status all = (*leader)->WaitApplied(*seq);
+    EXPECT_TRUE(all.ok()) << all.ToString();
+    ASSERT_TRUE((*cache)->Release(m->handle).ok());
+  }
+  EXPECT_GT(from_storage, 0);
+  cache->reset();
+  leader->reset();
+  EXPECT_EQ(Reap(child), 0);
+
+  // TP=1 over the store the group filled: whole pages, every head.
+  OwnedRegion full(kFull, mla, 0x5A);
+  auto one = RankStore(url, mla, 0, 1);
+  ASSERT_TRUE(one.ok());
+  HierarchicalCacheConfig c1 = CacheConfig();
+  c1.host_layout = KvLayout::kPageHead;
+  c1.host_head_num = mla ? 1 : kHeads;
+  c1.storage.backend = *one;
+  c1.storage.prefetch_threshold_tokens = 0;
+  c1.storage.prefetch_policy = PrefetchPolicy::kWaitComplete;
+  auto tp1 = HierarchicalCache::Create(c1, full.region);
+  ASSERT_TRUE(tp1.ok()) << tp1.status().ToString();
+  int64_t loaded = 0;
+  for (const auto& p : prefixes) {
+    auto m = (*tp1)->Match(p);
+    ASSERT_TRUE(m.ok());
+    ASSERT_TRUE((*tp1)->QueryStorage(m->handle).ok());
+    ASSERT_TRUE((*tp1)->Prefetch(m->handle).ok());
+    auto lb = (*tp1)->LoadBack(m->handle);
+    ASSERT_TRUE(lb.ok());
+    loaded += lb->loaded_tokens;
+    const auto hashes = KvPatternHashes(p, KvPatternSalt(""));
+    const std::span<const uint64_t> h(hashes);
+    EXPECT_TRUE(
+        VerifyKvPattern(full.region, lb->device_slots, h.first(lb->device_slots.size())).ok());
+    ASSERT_TRUE((*tp1)->Release(m->handle).ok());
+  }
+  EXPECT_GT(loaded, 0);
+  tp1->reset();
+  std::filesystem::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(MhaAndMla, TpStorageTest, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "Mla" : "Mha"; });
 
 }  // namespace
 }  // namespace kvtier

@@ -206,36 +206,23 @@ Status BenchOptions::Validate() const {
   KVTIER_RETURN_IF_ERROR(range("tokens", tokens, int64_t{1}, kMaxTokens));
   KVTIER_RETURN_IF_ERROR(range("layers", layers, int64_t{0}, kMaxLayers));
   if (page_sizes.empty()) return Status::InvalidArgument("page_sizes is empty");
-  for (int64_t p : page_sizes) {
-    if (p < 1 || p > 256 || (p & (p - 1)) != 0) {
-      return Status::InvalidArgument(
-          fmt::format("page size {} is not a power of two in [1, 256]", p));
-    }
-  }
+  for (int64_t p : page_sizes) KVTIER_RETURN_IF_ERROR(ValidatePageSize(p, "page size"));
   if (shapes.empty()) return Status::InvalidArgument("shapes is empty");
   if (layouts.empty()) return Status::InvalidArgument("layouts is empty");
   if (ops.empty()) return Status::InvalidArgument("ops is empty");
   KVTIER_RETURN_IF_ERROR(range("repeats", repeats, 1, kMaxRepeats));
   KVTIER_RETURN_IF_ERROR(range("warmup", warmup, 0, kMaxRepeats));
-  KVTIER_RETURN_IF_ERROR(range("threads", threads, 0, kMaxThreads));
-  KVTIER_RETURN_IF_ERROR(range("device", device, 0, kMaxDevice));
-  KVTIER_RETURN_IF_ERROR(range("max_sms", max_sms, 1, kMaxSms));
-  KVTIER_RETURN_IF_ERROR(range("max_sms_to_host (0 = max_sms)", max_sms_to_host, 0, kMaxSms));
-  KVTIER_RETURN_IF_ERROR(
-      range("max_sms_beside_backup (0 = off)", max_sms_beside_backup, 0, kMaxSms));
-  KVTIER_RETURN_IF_ERROR(range("both_load_sms", both_load_sms, 0, kMaxSms));
-  KVTIER_RETURN_IF_ERROR(range("both_backup_sms", both_backup_sms, 0, kMaxSms));
+  // The per-call SM caps of the both-direction rows: up to the engine's own max_sms bound.
+  const int64_t max_sms = FindField(TransferEngineConfigSchema(), "max_sms")->int_max;
+  KVTIER_RETURN_IF_ERROR(range("both_load_sms", both_load_sms, 0, max_sms));
+  KVTIER_RETURN_IF_ERROR(range("both_backup_sms", both_backup_sms, 0, max_sms));
   KVTIER_RETURN_IF_ERROR(range("warmup_ms", warmup_ms, 0.0, kMaxWarmupMs));
   if (host_pages != "default" && host_pages != "4k" && host_pages != "thp" &&
       host_pages != "hugetlb") {
     return Status::InvalidArgument(
         fmt::format("host_pages = '{}' is not one of default, 4k, thp, hugetlb", host_pages));
   }
-  TransferEngineConfig dma;  // the dma fields are the engine's; its Validate has their bounds
-  dma.dma_lanes = dma_lanes;
-  dma.dma_ops_per_lane = dma_ops_per_lane;
-  dma.dma_min_strided_rows = dma_min_strided_rows;
-  return dma.Validate();
+  return transfer.Validate();
 }
 
 KvGeometry BenchCase::DeviceGeometry() const {
@@ -509,10 +496,8 @@ Status WriteJson(const std::string& path, const std::string& command,
 
 Status RunCpuBench(const BenchOptions& options, std::vector<BenchRow>* rows) {
   KVTIER_RETURN_IF_ERROR(options.Validate());
-  TransferEngineConfig config;
-  config.cpu_threads = options.threads;
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<TransferEngine> engine,
-                          MakeTransferEngine(TransferBackend::kCpu, config));
+                          MakeTransferEngine(TransferBackend::kCpu, options.transfer));
   const std::vector<BenchCase> cases = EnumerateCases(options);
 
   // Sizes first, so a run that will not fit says so before it starts.

@@ -64,20 +64,11 @@ struct BenchOptions {
   std::vector<BenchOp> ops = {BenchOp::kLoad, BenchOp::kBackup};
   int repeats = 5;  // timed runs per row (median reported), after one warm-up run
   int warmup = 1;
-  int threads = 0;  // cpu backend worker threads; 0 = hardware concurrency
   uint64_t seed = 1;
-  std::string json_path;    // empty: no JSON
-  int device = 0;           // CUDA device ordinal (GPU backends)
-  int max_sms = 4;          // kernel backend SM cap (TransferEngineConfig::max_sms)
-  int max_sms_to_host = 3;  // the same for device -> host copies (max_sms_to_host; 0 = max_sms)
-  int max_sms_beside_backup = 8;  // loads while a backup runs (max_sms_beside_backup; 0 = off)
-  // The dma backend's TransferEngineConfig fields (see transfer.h).
-  bool dma_batch = true;
-  bool dma_join_kv = true;
-  int dma_lanes = 4;
-  int dma_ops_per_lane = 256;
-  bool dma_submit_threads = true;
-  int dma_min_strided_rows = 3;
+  std::string json_path;  // empty: no JSON
+  // The engines' configuration (cpu threads, device, SM caps, the dma fields): its flags are
+  // generated from TransferEngineConfigSchema, which also holds their bounds.
+  TransferEngineConfig transfer;
   // Pages of the bench's own host buffers: "default" (cpu rows: transparent huge pages; GPU
   // rows: cudaHostAlloc), "4k" (cpu rows: no THP), "thp" / "hugetlb" (GPU rows: an mmap on
   // transparent / reserved 2 MiB huge pages, registered with cudaHostRegister).
@@ -90,9 +81,6 @@ struct BenchOptions {
   static constexpr int64_t kMaxTokens = int64_t{1} << 22;
   static constexpr int64_t kMaxLayers = 1024;
   static constexpr int kMaxRepeats = 10000;
-  static constexpr int kMaxThreads = 1024;
-  static constexpr int kMaxSms = 1024;
-  static constexpr int kMaxDevice = 1023;
   static constexpr double kMaxWarmupMs = 60000;
   Status Validate() const;
 };

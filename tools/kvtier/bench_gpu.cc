@@ -291,13 +291,16 @@ class GpuBench {
 Result<double> GpuBench::DmaNow(bool h2d) {
   if (now_host_.bytes() < kNowBytes) {
     KVTIER_ASSIGN_OR_RETURN(now_host_, PinnedHostBuffer::Allocate(kNowBytes));
-    KVTIER_ASSIGN_OR_RETURN(now_device_, DeviceBuffer::Allocate(kNowBytes, options_.device));
+    KVTIER_ASSIGN_OR_RETURN(now_device_,
+                            DeviceBuffer::Allocate(kNowBytes, options_.transfer.device));
     ParallelRandom(static_cast<std::byte*>(now_host_.data()), kNowBytes, options_.seed + 17);
     KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(now_device_.data(), now_host_.data(), kNowBytes,
                                                 cudaMemcpyHostToDevice, stream_.get()));
   }
-  KVTIER_ASSIGN_OR_RETURN(CudaEventHandle start, CudaEventHandle::Create(options_.device, true));
-  KVTIER_ASSIGN_OR_RETURN(CudaEventHandle stop, CudaEventHandle::Create(options_.device, true));
+  KVTIER_ASSIGN_OR_RETURN(CudaEventHandle start,
+                          CudaEventHandle::Create(options_.transfer.device, true));
+  KVTIER_ASSIGN_OR_RETURN(CudaEventHandle stop,
+                          CudaEventHandle::Create(options_.transfer.device, true));
   std::vector<double> ms;
   for (int r = 0; r < 4; ++r) {  // one warm-up
     KVTIER_RETURN_IF_ERROR(start.Record(stream_.get()));
@@ -317,10 +320,13 @@ Result<double> GpuBench::DmaNow(bool h2d) {
 Status GpuBench::MeasureCeiling() {
   constexpr int64_t kBytes = int64_t{1} << 30;
   KVTIER_ASSIGN_OR_RETURN(PinnedHostBuffer host, PinnedHostBuffer::Allocate(kBytes));
-  KVTIER_ASSIGN_OR_RETURN(DeviceBuffer device, DeviceBuffer::Allocate(kBytes, options_.device));
+  KVTIER_ASSIGN_OR_RETURN(DeviceBuffer device,
+                          DeviceBuffer::Allocate(kBytes, options_.transfer.device));
   ParallelRandom(static_cast<std::byte*>(host.data()), kBytes, options_.seed);
-  KVTIER_ASSIGN_OR_RETURN(CudaEventHandle start, CudaEventHandle::Create(options_.device, true));
-  KVTIER_ASSIGN_OR_RETURN(CudaEventHandle stop, CudaEventHandle::Create(options_.device, true));
+  KVTIER_ASSIGN_OR_RETURN(CudaEventHandle start,
+                          CudaEventHandle::Create(options_.transfer.device, true));
+  KVTIER_ASSIGN_OR_RETURN(CudaEventHandle stop,
+                          CudaEventHandle::Create(options_.transfer.device, true));
   for (int dir = 0; dir < 2; ++dir) {
     std::vector<double> ms;
     for (int r = 0; r < options_.warmup + options_.repeats; ++r) {
@@ -361,8 +367,10 @@ Status GpuBench::MeasureCeiling() {
   // Both directions at once on the copy engines: what the link gives a load and a backup that
   // overlap perfectly (the reference for target 5's 1.6 x).
   KVTIER_ASSIGN_OR_RETURN(PinnedHostBuffer host2, PinnedHostBuffer::Allocate(kBytes));
-  KVTIER_ASSIGN_OR_RETURN(DeviceBuffer device2, DeviceBuffer::Allocate(kBytes, options_.device));
-  KVTIER_ASSIGN_OR_RETURN(CudaEventHandle stop2, CudaEventHandle::Create(options_.device, true));
+  KVTIER_ASSIGN_OR_RETURN(DeviceBuffer device2,
+                          DeviceBuffer::Allocate(kBytes, options_.transfer.device));
+  KVTIER_ASSIGN_OR_RETURN(CudaEventHandle stop2,
+                          CudaEventHandle::Create(options_.transfer.device, true));
   std::vector<double> ms;
   for (int r = 0; r < options_.warmup + options_.repeats; ++r) {
     KVTIER_RETURN_IF_ERROR(start.Record(stream_.get()));
@@ -406,8 +414,10 @@ Result<BenchRow> GpuBench::TimeRow(const BenchCase& c, TransferBackend backend,
   const bool load = c.op == BenchOp::kLoad;
   row.ceiling = load ? "dma_h2d" : "dma_d2h";
   row.ceiling_gbps = load ? ceiling_h2d_ : ceiling_d2h_;
-  KVTIER_ASSIGN_OR_RETURN(CudaEventHandle start, CudaEventHandle::Create(options_.device, true));
-  KVTIER_ASSIGN_OR_RETURN(CudaEventHandle stop, CudaEventHandle::Create(options_.device, true));
+  KVTIER_ASSIGN_OR_RETURN(CudaEventHandle start,
+                          CudaEventHandle::Create(options_.transfer.device, true));
+  KVTIER_ASSIGN_OR_RETURN(CudaEventHandle stop,
+                          CudaEventHandle::Create(options_.transfer.device, true));
   std::vector<double> gpu_ms, host_us;
   const TransferOptions topts{.stream = stream_.get()};
   // The gate is used only for short submissions: kernel launches, or at most kMaxGatedCopyOps
@@ -526,7 +536,7 @@ Status GpuBench::RunCase(const BenchCase& c, ShapeBuffers& buf, size_t* index, s
   const std::vector<int64_t>& src_idx = load ? slots.host : slots.device;
   const std::vector<int64_t>& dst_idx = load ? slots.device : slots.host;
   KVTIER_ASSIGN_OR_RETURN(DeviceBuffer dev_idx,
-                          DeviceBuffer::Allocate(2 * c.tokens * 8 + 16, options_.device));
+                          DeviceBuffer::Allocate(2 * c.tokens * 8 + 16, options_.transfer.device));
   auto* d_src = static_cast<int64_t*>(dev_idx.data());
   int64_t* d_dst = d_src + c.tokens;
   KVTIER_CUDA_RETURN_IF_ERROR(
@@ -605,7 +615,7 @@ Status GpuBench::RunCase(const BenchCase& c, ShapeBuffers& buf, size_t* index, s
       if (load && !load_expected_ready) {
         // The cpu backend's copy of the same slots, made after the GPU copies were timed: made
         // before, it leaves the source slots in the CPU's caches while the GPU reads them
-        // (--reference-first keeps that order; BENCHMARKS.md, GPU, compares).
+        // (--reference-first keeps that order; `git show c489830:BENCHMARKS.md` compares).
         KVTIER_RETURN_IF_ERROR(engines_.cpu->Transfer(TransferRequest::PerLayer(
             host, expected, SlotIndices::Host(src_idx), SlotIndices::Host(dst_idx), c.load_layer)));
         load_expected_ready = true;
@@ -671,9 +681,12 @@ Status GpuBench::RunBoth(const BenchCase& c, ShapeBuffers& buf, TransferBackend 
                                          static_cast<size_t>(buf.bytes), cudaMemcpyHostToDevice));
   KVTIER_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
   ParallelFill(out_base, buf.bytes, kPoisonByte);
-  KVTIER_ASSIGN_OR_RETURN(CudaEventHandle start, CudaEventHandle::Create(options_.device, true));
-  KVTIER_ASSIGN_OR_RETURN(CudaEventHandle end1, CudaEventHandle::Create(options_.device, true));
-  KVTIER_ASSIGN_OR_RETURN(CudaEventHandle end2, CudaEventHandle::Create(options_.device, true));
+  KVTIER_ASSIGN_OR_RETURN(CudaEventHandle start,
+                          CudaEventHandle::Create(options_.transfer.device, true));
+  KVTIER_ASSIGN_OR_RETURN(CudaEventHandle end1,
+                          CudaEventHandle::Create(options_.transfer.device, true));
+  KVTIER_ASSIGN_OR_RETURN(CudaEventHandle end2,
+                          CudaEventHandle::Create(options_.transfer.device, true));
   const TransferRequest backup = TransferRequest::AllLayers(
       device, out, SlotIndices::Host(backup_slots.device), SlotIndices::Host(backup_slots.host));
   // --both-sms L,B: the kernel backend's SMs for the loads and for the backup
@@ -761,23 +774,12 @@ Status GpuBench::RunBoth(const BenchCase& c, ShapeBuffers& buf, TransferBackend 
 }
 
 Status GpuBench::Run() {
-  if (CudaDeviceCount() <= options_.device) {
+  if (CudaDeviceCount() <= options_.transfer.device) {
     return Status::Unavailable(
-        fmt::format("GPU backends are unavailable: no CUDA device {} ({} present)", options_.device,
-                    CudaDeviceCount()));
+        fmt::format("GPU backends are unavailable: no CUDA device {} ({} present)",
+                    options_.transfer.device, CudaDeviceCount()));
   }
-  TransferEngineConfig config;
-  config.device = options_.device;
-  config.max_sms = options_.max_sms;
-  config.max_sms_to_host = options_.max_sms_to_host;
-  config.max_sms_beside_backup = options_.max_sms_beside_backup;
-  config.cpu_threads = options_.threads;
-  config.dma_batch = options_.dma_batch;
-  config.dma_join_kv = options_.dma_join_kv;
-  config.dma_lanes = options_.dma_lanes;
-  config.dma_ops_per_lane = options_.dma_ops_per_lane;
-  config.dma_submit_threads = options_.dma_submit_threads;
-  config.dma_min_strided_rows = options_.dma_min_strided_rows;
+  const TransferEngineConfig& config = options_.transfer;
   for (TransferBackend b : options_.backends) {
     if (b == TransferBackend::kCpu) continue;
     KVTIER_ASSIGN_OR_RETURN(auto engine, MakeTransferEngine(b, config));
@@ -785,16 +787,16 @@ Status GpuBench::Run() {
   }
   if (engines_.gpu.empty()) return Status::OK();
   KVTIER_ASSIGN_OR_RETURN(engines_.cpu, MakeTransferEngine(TransferBackend::kCpu, config));
-  KVTIER_ASSIGN_OR_RETURN(stream_, CudaStreamHandle::Create(options_.device, true));
-  KVTIER_ASSIGN_OR_RETURN(stream2_, CudaStreamHandle::Create(options_.device, true));
+  KVTIER_ASSIGN_OR_RETURN(stream_, CudaStreamHandle::Create(options_.transfer.device, true));
+  KVTIER_ASSIGN_OR_RETURN(stream2_, CudaStreamHandle::Create(options_.transfer.device, true));
   {
     cudaDeviceProp prop{};
-    KVTIER_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, options_.device));
+    KVTIER_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, options_.transfer.device));
     int driver = 0, runtime = 0;
     KVTIER_CUDA_RETURN_IF_ERROR(cudaDriverGetVersion(&driver));
     KVTIER_CUDA_RETURN_IF_ERROR(cudaRuntimeGetVersion(&runtime));
     std::fprintf(stderr, "GPU %d: %s, %d SMs, PCIe %02x:%02x, CUDA driver %d, runtime %d\n",
-                 options_.device, prop.name, prop.multiProcessorCount, prop.pciBusID,
+                 options_.transfer.device, prop.name, prop.multiProcessorCount, prop.pciBusID,
                  prop.pciDeviceID, driver, runtime);
   }
   const size_t first_row = rows_->size();
@@ -824,8 +826,9 @@ Status GpuBench::Run() {
         break;
       }
     }
-    KVTIER_ASSIGN_OR_RETURN(buf.device_pool, DeviceKvPool::Create(first->DeviceGeometry(),
-                                                                  first->mla, options_.device));
+    KVTIER_ASSIGN_OR_RETURN(
+        buf.device_pool,
+        DeviceKvPool::Create(first->DeviceGeometry(), first->mla, options_.transfer.device));
     buf.device_mirror = HostBytes::Allocate(bytes);
     buf.expected = HostBytes::Allocate(bytes);
     ParallelRandom(static_cast<std::byte*>(buf.host_pool.data()), bytes, options_.seed ^ 0x1234);

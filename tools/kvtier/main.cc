@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "bench.h"
+#include "config_flags.h"
 #include "kvtier/storage.h"
 #include "replay_cli.h"
 #include "replay_tp.h"
@@ -234,60 +235,14 @@ int main(int argc, char** argv) {
   bench->add_option("--warmup", options.warmup, "untimed warm-up runs per row")
       ->check(CLI::Range(0, BenchOptions::kMaxRepeats))
       ->capture_default_str();
-  bench
-      ->add_option("--threads", options.threads,
-                   "worker threads of the cpu backend; 0 = hardware concurrency")
-      ->check(CLI::Range(0, BenchOptions::kMaxThreads))
-      ->capture_default_str();
   bench->add_option("--seed", options.seed, "seed of the random pages and random data")
-      ->capture_default_str();
-  bench->add_option("--device", options.device, "CUDA device ordinal for the GPU backends")
-      ->check(CLI::Range(0, BenchOptions::kMaxDevice))
-      ->capture_default_str();
-  bench->add_option("--max-sms", options.max_sms, "upper bound on the SMs the kernel backend uses")
-      ->check(CLI::Range(1, BenchOptions::kMaxSms))
-      ->capture_default_str();
-  bench
-      ->add_option(
-          "--max-sms-to-host", options.max_sms_to_host,
-          "upper bound on the SMs of the kernel backend's device -> host copies (backups), "
-          "within --max-sms; 0 = --max-sms")
-      ->check(CLI::Range(0, BenchOptions::kMaxSms))
-      ->capture_default_str();
-  bench
-      ->add_option("--max-sms-beside-backup", options.max_sms_beside_backup,
-                   "SMs of the kernel backend's host -> device copies (loads) while a backup on "
-                   "another stream is still running; 0 = off (--max-sms)")
-      ->check(CLI::Range(0, BenchOptions::kMaxSms))
       ->capture_default_str();
   bench->add_option("--json", options.json_path,
                     "also write the rows as JSON to this file (checked to be writable first)");
-  // The dma backend's TransferEngineConfig fields (include/kvtier/transfer.h).
-  bench
-      ->add_option("--dma-batch", options.dma_batch,
-                   "dma: batched submission (cudaMemcpyBatchAsync / 3DBatch) where available")
-      ->capture_default_str();
-  bench
-      ->add_option("--dma-join-kv", options.dma_join_kv,
-                   "dma: K and V strided copies of a page as one depth-2 operation")
-      ->capture_default_str();
-  bench->add_option("--dma-lanes", options.dma_lanes, "dma: most streams one plan is split over")
-      ->check(CLI::Range(1, 16))
-      ->capture_default_str();
-  bench
-      ->add_option("--dma-ops-per-lane", options.dma_ops_per_lane,
-                   "dma: operations per lane before a plan is split")
-      ->check(CLI::Range(16, 1 << 20))
-      ->capture_default_str();
-  bench
-      ->add_option("--dma-submit-threads", options.dma_submit_threads,
-                   "dma: submit each lane from its own thread")
-      ->capture_default_str();
-  bench
-      ->add_option("--dma-min-strided-rows", options.dma_min_strided_rows,
-                   "dma: fewest equal-width runs at a constant pitch sent as one strided copy")
-      ->check(CLI::Range(2, 1 << 20))
-      ->capture_default_str();
+  // The engines' TransferEngineConfig: one flag per field of its schema (names, defaults, bounds
+  // and help from include/kvtier/transfer.h); --threads is the older name of --cpu-threads.
+  AddSchemaFlags(bench, kvtier::TransferEngineConfigSchema(), &options.transfer,
+                 {{"cpu_threads", ",--threads"}});
   // Measurement switches.
   bench
       ->add_option("--host-pages", options.host_pages,
@@ -308,7 +263,8 @@ int main(int argc, char** argv) {
                    "0 = the engine's choice")
       ->delimiter(',')
       ->expected(2)
-      ->check(CLI::Range(0, BenchOptions::kMaxSms));
+      ->check(CLI::Range(
+          int64_t{0}, kvtier::FindField(kvtier::TransferEngineConfigSchema(), "max_sms")->int_max));
   StorageBenchOptions storage_options;
   AddStorageBenchOptions(bench, &storage_options);
 

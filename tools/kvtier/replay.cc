@@ -69,6 +69,46 @@ Status OneOf(const char* flag, const std::string& value, std::initializer_list<c
 
 constexpr int64_t kMaxTokens = int64_t{1} << 34;
 
+// The replay's flags that set a HierarchicalCacheConfig field, by field: the cache's Validate
+// checks them (its schema has the bounds) and names them by these flags.
+std::string ReplayFlagOf(std::string_view field) {
+  static const std::pair<std::string_view, std::string_view> kFlags[] = {
+      {"page_size", "--page-size"},
+      {"host_layout", "--hicache-mem-layout"},
+      {"write_policy", "--hicache-write-policy"},
+      {"write_through_threshold", "--write-through-threshold"},
+      {"device_eviction", "--eviction"},
+      {"host_eviction", "--eviction"},
+      {"load_back_min_tokens", "--load-back-threshold"},
+      {"prefetch_policy", "--hicache-storage-prefetch-policy"},
+      {"prefetch_threshold_tokens", "--prefetch-threshold"},
+      {"max_backup_queue_pages", "--storage-backup-queue-pages"},
+      {"storage_io_threads", "--storage-io-threads"},
+  };
+  for (const auto& [f, flag] : kFlags) {
+    if (f == field) return std::string(flag);
+  }
+  return std::string(field);  // not a replay flag: the cache's own name
+}
+
+// The cache settings the replay's flags give. REQUIRES: the names in `o` parse (Validate checks
+// them first).
+HierarchicalCacheConfig CacheConfigOf(const ReplayOptions& o) {
+  HierarchicalCacheConfig c;
+  c.page_size = o.page_size;
+  c.host_layout = *ParseLayout(o.host_layout);
+  c.write_policy = *ParseWritePolicy(o.write_policy);
+  c.write_through_threshold = o.write_through_threshold;
+  c.device_eviction = *ParseEvictionPolicy(o.eviction);
+  c.host_eviction = c.device_eviction;
+  c.load_back_min_tokens = o.load_back_threshold;
+  c.storage.prefetch_policy = *ParsePrefetchPolicy(o.prefetch_policy);
+  c.storage.prefetch_threshold_tokens = o.prefetch_threshold;
+  c.storage.max_backup_queue_pages = o.storage_backup_queue_pages;
+  c.storage.options.io_threads = o.storage_io_threads;
+  return c;
+}
+
 // --fault: the store goes down at `down_at_s` (-1: never), or every storage call waits
 // `delay_ms` first (0: none).
 struct Fault {
@@ -200,10 +240,7 @@ Status ReplayOptions::Validate() const {
   KVTIER_RETURN_IF_ERROR(BoundReal("--tflops", tflops, 1e-3, 1e5));
   KVTIER_RETURN_IF_ERROR(Bound("--chunk-tokens", chunk_tokens, 64, 1 << 20));
   KVTIER_RETURN_IF_ERROR(OneOf("--device", device, {"auto", "gpu", "cpu"}));
-  if (page_size < 1 || page_size > 256 || (page_size & (page_size - 1)) != 0) {
-    return Status::InvalidArgument(
-        fmt::format("--page-size = {} must be a power of two in [1, 256]", page_size));
-  }
+  KVTIER_RETURN_IF_ERROR(ValidatePageSize(page_size, "--page-size"));  // the geometry's rule
   KVTIER_RETURN_IF_ERROR(Bound("--device-tokens", device_tokens, page_size, kMaxTokens));
   if (host_tokens != -1 || host_tokens_given) {  // -1 unless given: 4 x --device-tokens
     KVTIER_RETURN_IF_ERROR(Bound("--host-tokens", host_tokens, 0, kMaxTokens));
@@ -214,21 +251,23 @@ Status ReplayOptions::Validate() const {
         "host memory");
   }
   KVTIER_RETURN_IF_ERROR(Bound("--storage-bytes", storage_bytes, 0, int64_t{1} << 50));
-  KVTIER_RETURN_IF_ERROR(
-      Bound("--storage-backup-queue-pages", storage_backup_queue_pages, 1, int64_t{1} << 24));
-  KVTIER_RETURN_IF_ERROR(Bound("--storage-io-threads", storage_io_threads, 1, 64));
   KVTIER_RETURN_IF_ERROR(ParseLayout(host_layout).status().WithContext("--hicache-mem-layout"));
   KVTIER_RETURN_IF_ERROR(
       ParseWritePolicy(write_policy).status().WithContext("--hicache-write-policy"));
-  KVTIER_RETURN_IF_ERROR(Bound("--write-through-threshold", write_through_threshold, 1, 1 << 20));
   KVTIER_RETURN_IF_ERROR(ParsePrefetchPolicy(prefetch_policy)
                              .status()
                              .WithContext("--hicache-storage-prefetch-policy"));
-  KVTIER_RETURN_IF_ERROR(Bound("--prefetch-threshold", prefetch_threshold, 0, kMaxTokens));
   KVTIER_RETURN_IF_ERROR(ParseEvictionPolicy(eviction).status().WithContext("--eviction"));
   KVTIER_RETURN_IF_ERROR(
       OneOf("--hicache-io-backend", io_backend, {"auto", "kernel", "dma", "cpu"}));
-  KVTIER_RETURN_IF_ERROR(Bound("--load-back-threshold", load_back_threshold, 0, kMaxTokens));
+  {
+    // The cache's settings, through the cache's own Validate (a host tier and a storage tier
+    // stand in so that every field the flags set is checked).
+    HierarchicalCacheConfig c = CacheConfigOf(*this);
+    c.host_capacity_bytes = 1;
+    c.storage.url = "memory://";
+    KVTIER_RETURN_IF_ERROR(c.Validate(ReplayFlagOf));
+  }
   KVTIER_RETURN_IF_ERROR(OneOf("--verify", verify, {"all", "sample"}));
   KVTIER_RETURN_IF_ERROR(OneOf("--runs", runs, {"all", "hierarchy", "no_cache,hierarchy"}));
   KVTIER_RETURN_IF_ERROR(BoundReal("--slow-class-margin", slow_class_margin, 0, 10));
@@ -412,7 +451,7 @@ class RunStorage {
     ns.page_size = o.page_size;
     ns.head_num = s.model.kv_head_num;
     StorageOptions so;
-    so.io_threads = static_cast<int>(o.storage_io_threads);
+    so.io_threads = o.storage_io_threads;
     KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<StorageBackend> backend, OpenStorage(url, ns, so));
     url_ = backend->url();
     if (!s.storage_ceiling_measured) {
@@ -590,14 +629,10 @@ class RunDriver {
 
  private:
   Status CreateCache() {
-    HierarchicalCacheConfig c;
+    HierarchicalCacheConfig c = CacheConfigOf(o_);
     c.page_size = P_;
-    c.host_layout = *ParseLayout(o_.host_layout);
-    c.device_eviction = *ParseEvictionPolicy(o_.eviction);
-    c.host_eviction = c.device_eviction;
     c.transfer_backend = s_.io_backend;
     c.transfer.device = 0;
-    c.load_back_min_tokens = o_.load_back_threshold;
     // One replay thread drives the cache; sequential runs keep backups in that thread, so a
     // replay is deterministic.
     c.backup_threads = o_.sequential ? 0 : 1;
@@ -615,8 +650,6 @@ class RunDriver {
         c.storage.model_id = s_.model.model_id;  // part of the page keys' namespace
         summary_.shared_host = o_.shared_host;
       }
-      c.write_policy = *ParseWritePolicy(o_.write_policy);
-      c.write_through_threshold = o_.write_through_threshold;
     } else {
       // No host tier (--host-tokens 0, and the device-only run): device evictions forget.
       c.host_capacity_bytes = 0;
@@ -626,9 +659,6 @@ class RunDriver {
       storage_ = std::make_unique<RunStorage>();
       KVTIER_RETURN_IF_ERROR(storage_->Open(s_, c.host_capacity_bytes).WithContext("--storage"));
       c.storage.backend = storage_->backend();
-      c.storage.prefetch_policy = *ParsePrefetchPolicy(o_.prefetch_policy);
-      c.storage.prefetch_threshold_tokens = o_.prefetch_threshold;
-      c.storage.max_backup_queue_pages = o_.storage_backup_queue_pages;
       if (storage_->capacity_bytes() >= 0) {
         // The tree remembers no more storage-only pages than the store can hold beside the host
         // tier's (the store evicts by itself and does not tell the tree): a page the tree still
@@ -948,6 +978,7 @@ int RunReplay(const ReplayOptions& input) {
     return 1;
   };
   if (o.host_tokens == -1) o.host_tokens = std::min(4 * o.device_tokens, kMaxTokens);
+  if (o.storage_io_threads == 0) o.storage_io_threads = DefaultIoThreads();  // as the cache's 0
   if (!o.shared_host.empty()) o.storage = "none";  // the default file store is not made
   Setup s;
   s.options = o;

@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "kvtier/hierarchical_cache.h"
 #include "kvtier/status.h"
 
 namespace kvtier::tools {
@@ -72,20 +73,26 @@ struct ReplayOptions {
   // and stops), none, or a storage URL. Needs a host tier (--host-tokens > 0) unless none.
   std::string storage = "file";
   int64_t storage_bytes = 0;  // capacity of the run's file store / redis; 0: 8 x the host's bytes
-  int64_t storage_backup_queue_pages = 4096;  // storage backups queued at most (then skipped)
-  int64_t storage_io_threads = 4;             // the storage backend's I/O threads
+  // Flags that set a cache field take the cache's default (and its bounds, checked by its
+  // Validate) unless the replay has a reason of its own (page size, policies: SGLang's).
+  int64_t storage_backup_queue_pages =  // storage backups queued at most (then skipped)
+      HierarchicalCacheConfig{}.storage.max_backup_queue_pages;
+  // The storage backend's I/O threads (0: DefaultIoThreads()); 4, not the cache's 0, so that a
+  // replay's numbers do not depend on the machine's core count.
+  int storage_io_threads = 4;
   // --shared-host NAME: the hierarchy's host tier is this shared segment (kvtier shm create),
   // shared with every process attached to it; no storage tier below it.
   std::string shared_host;
   std::string host_layout = "page_first";      // --hicache-mem-layout
   std::string write_policy = "write_through";  // --hicache-write-policy
-  int64_t write_through_threshold = 2;
+  int64_t write_through_threshold = HierarchicalCacheConfig{}.write_through_threshold;
   std::string prefetch_policy = "wait_complete";  // --hicache-storage-prefetch-policy
-  int64_t prefetch_threshold = 256;
+  int64_t prefetch_threshold = HierarchicalCacheConfig{}.storage.prefetch_threshold_tokens;
   std::string eviction = "lru";
   std::string io_backend = "auto";  // --hicache-io-backend: auto (kernel on a GPU), kernel,
                                     // dma, cpu
-  int64_t load_back_threshold = 0;  // host hits shorter than this are recomputed
+  // Host hits shorter than this are recomputed.
+  int64_t load_back_threshold = HierarchicalCacheConfig{}.load_back_min_tokens;
 
   // ---- checks, faults, output ----
   std::string verify = "all";  // all, sample

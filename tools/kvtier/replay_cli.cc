@@ -3,10 +3,22 @@
 #include "replay_cli.h"
 
 #include <string>
+#include <string_view>
 
+#include "kvtier/hierarchical_cache.h"
 #include "replay_model.h"
 
 namespace kvtier::tools {
+namespace {
+
+// Help of a flag that sets a HierarchicalCacheConfig field: the replay's words, then the field's
+// bounds from the cache's schema (its Validate checks the value, under the flag's name).
+std::string CacheHelp(std::string_view field, std::string help) {
+  const ConfigField<HierarchicalCacheConfig>* f = FindField(HierarchicalCacheConfigSchema(), field);
+  return f == nullptr ? help : help + "; " + f->RangeText();
+}
+
+}  // namespace
 
 CLI::App* AddReplayCommand(CLI::App& app, ReplayOptions* o) {
   CLI::App* c = app.add_subcommand(
@@ -87,7 +99,8 @@ CLI::App* AddReplayCommand(CLI::App& app, ReplayOptions* o) {
                 "device pool: gpu, cpu (host memory standing in), auto (gpu when present)")
       ->capture_default_str();
   // Tiers.
-  c->add_option("--page-size", o->page_size, "tokens per page (--page-size in SGLang)")
+  c->add_option("--page-size", o->page_size,
+                CacheHelp("page_size", "tokens per page (--page-size in SGLang)"))
       ->capture_default_str();
   c->add_option("--device-tokens", o->device_tokens, "device tier capacity in tokens")
       ->capture_default_str();
@@ -108,11 +121,14 @@ CLI::App* AddReplayCommand(CLI::App& app, ReplayOptions* o) {
                 "capacity of the temporary file store or the run's redis-server (0 = 8 x the "
                 "host tier's bytes)")
       ->capture_default_str();
-  c->add_option("--storage-backup-queue-pages", o->storage_backup_queue_pages,
-                "backups to storage waiting or running, in pages; beyond it they are skipped "
-                "(and counted), never waited for")
+  c->add_option(
+       "--storage-backup-queue-pages", o->storage_backup_queue_pages,
+       CacheHelp("max_backup_queue_pages",
+                 "backups to storage waiting or running, in pages; beyond it they are skipped "
+                 "(and counted), never waited for"))
       ->capture_default_str();
-  c->add_option("--storage-io-threads", o->storage_io_threads, "I/O threads of the storage backend")
+  c->add_option("--storage-io-threads", o->storage_io_threads,
+                CacheHelp("storage_io_threads", "I/O threads of the storage backend"))
       ->capture_default_str();
   c->add_option("--hicache-mem-layout,--host-layout", o->host_layout,
                 "host tier layout: layer_first, page_first, page_first_direct, page_head")
@@ -120,14 +136,16 @@ CLI::App* AddReplayCommand(CLI::App& app, ReplayOptions* o) {
   c->add_option("--hicache-write-policy,--write-policy", o->write_policy,
                 "write_through, write_through_selective, write_back")
       ->capture_default_str();
-  c->add_option("--write-through-threshold", o->write_through_threshold,
-                "write_through_selective: hits before a backup")
+  c->add_option(
+       "--write-through-threshold", o->write_through_threshold,
+       CacheHelp("write_through_threshold", "write_through_selective: hits before a backup"))
       ->capture_default_str();
   c->add_option("--hicache-storage-prefetch-policy,--prefetch-policy", o->prefetch_policy,
                 "best_effort, wait_complete, timeout")
       ->capture_default_str();
   c->add_option("--prefetch-threshold", o->prefetch_threshold,
-                "storage hits shorter than this many tokens are not prefetched")
+                CacheHelp("prefetch_threshold_tokens",
+                          "storage hits shorter than this many tokens are not prefetched"))
       ->capture_default_str();
   c->add_option("--eviction", o->eviction,
                 "eviction policy of device and host: lru, lfu, fifo, "
@@ -136,8 +154,10 @@ CLI::App* AddReplayCommand(CLI::App& app, ReplayOptions* o) {
   c->add_option("--hicache-io-backend,--io-backend", o->io_backend,
                 "host <-> device copies: auto (kernel on a GPU, cpu otherwise), kernel, dma, cpu")
       ->capture_default_str();
-  c->add_option("--load-back-threshold", o->load_back_threshold,
-                "host hits shorter than this many tokens are recomputed instead of loaded")
+  c->add_option(
+       "--load-back-threshold", o->load_back_threshold,
+       CacheHelp("load_back_min_tokens",
+                 "host hits shorter than this many tokens are recomputed instead of loaded"))
       ->capture_default_str();
   // Checks, faults, output.
   c->add_option("--verify", o->verify, "check all loaded bytes, or a sample (one page in eight)")

@@ -126,7 +126,7 @@ std::pair<double, double> ModelPrefillMs(const ReplayModel& model, int64_t new_t
 // multiples of 8 bf16 elements (16 bytes), which cuBLAS's tensor-core kernels need. Unrounded,
 // a cached prefix of 512 tokens made blocks of 1,927 rows over 2,439 keys: misaligned operands,
 // slower kernels, and a prompt with 3 % cached computing in 850 ms against 538 ms with none
-// (BENCHMARKS.md, "Replay (GPU)"); real attention kernels tile keys by 64 or 128 all the same.
+// (docs/perf-notes/replay.md); real attention kernels tile keys by 64 or 128 all the same.
 inline constexpr int64_t kAttentionKeyAlign = 64;
 struct AttentionBlock {
   int64_t row = 0, rows = 0, keys = 0;

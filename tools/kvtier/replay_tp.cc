@@ -238,7 +238,7 @@ Status RunPass(const Setup& s, int tp, TpLeader* leader, PassResult* out) {
     } else if (lb.status().IsOutOfMemory()) {
       step.hit_slots = m.device_slots;  // no room to load: the host part is recomputed
     } else {
-      return lb.status().WithContext(fmt::format("request {}: LoadBack", i));
+      return lb.status().WithContext(fmt::format("request {}", i));
     }
     const int64_t hit = static_cast<int64_t>(step.hit_slots.size());
     const int64_t whole = req.input_length / P * P;
@@ -263,7 +263,8 @@ Status RunPass(const Setup& s, int tp, TpLeader* leader, PassResult* out) {
     if (leader != nullptr) {
       KVTIER_RETURN_IF_ERROR(leader->WaitApplied(seq).WithContext(fmt::format("request {}", i)));
       for (int r = 1; r < tp; ++r) {
-        slowest = std::max(slowest, static_cast<double>(leader->MessageResult(r)) / 1e6);
+        KVTIER_ASSIGN_OR_RETURN(const uint64_t ns, leader->MessageResult(r, seq));
+        slowest = std::max(slowest, static_cast<double>(ns) / 1e6);
       }
     }
     std::vector<int64_t> slots = step.hit_slots;
@@ -486,7 +487,7 @@ int RunReplayTp(const ReplayOptions& options, const TpReplayArgs& a,
     std::fprintf(stderr,
                  "kvtier replay --tp: no storage tier with --tp (docs/tp.md); ignoring "
                  "--storage %s\n",
-                 s.o.storage.c_str());
+                 RedactUrl(s.o.storage).c_str());
   }
   PassResult tp1, tpn;
   if (Status st = RunPass(s, 1, nullptr, &tp1); !st.ok()) return fail(st.WithContext("TP=1"), 1);

@@ -239,10 +239,7 @@ int ShmCommand::RunCreate() const {
   config.max_processes = max_processes_;
   config.register_with_cuda = false;  // this process only creates it
   // A page size no cache can use would make a segment nobody can attach.
-  if (bad.ok() && (page_size_ & (page_size_ - 1)) != 0) {
-    bad = Status::InvalidArgument(fmt::format(
-        "--page-size {} is not a power of two in [1, 256] (the cache's page sizes)", page_size_));
-  }
+  if (bad.ok()) bad = ValidatePageSize(page_size_, "--page-size");
   if (bad.ok() && !capacity_.empty()) {
     Result<int64_t> bytes = ParseBytes(capacity_);
     if (bytes.ok()) config.capacity_bytes = *bytes;

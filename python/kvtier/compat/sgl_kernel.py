@@ -28,9 +28,14 @@ How they run:
     ``kvtier.ops.synchronize()`` (SGLang silently skips negative ones and trusts the rest).
   * sizes: tensor arguments are checked against the geometry, so a too-small buffer raises
     ValueError instead of being written past its end. A uint64 pointer table carries no sizes;
-    in a CUDA build every entry is bounded by the CUDA allocation (device or pinned host memory)
-    it points into, so an index past it is an error too (SGLang crashes there). Entries into
-    pageable host memory, and every entry in a build without CUDA, are not bounded.
+    in a CUDA build every entry is bounded by the CUDA allocation it points into, so an index
+    past it is an error too (SGLang crashes there): device memory (bounded by the whole
+    ``cudaMalloc`` allocation: for PyTorch's caching allocator its segment, which may be larger
+    than the tensor), pinned host memory (``cudaHostAlloc``, ``torch.empty(..., pin_memory=True)``)
+    and registered host memory (the ``cudaHostRegister`` range). Unchecked, and copied from or
+    to as the table says: entries into pageable host memory (numpy arrays, unpinned CPU tensors,
+    ``malloc``), into another process's memory, and every entry in a build without CUDA — an
+    index past such an allocation is undefined behaviour (a segfault at best).
   * a uint64 pointer table that lives on the GPU is read back to the host once and cached while
     the tensor is alive and unmodified (torch's version counter), so steady-state calls do not
     synchronize.
