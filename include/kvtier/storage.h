@@ -102,6 +102,21 @@ struct ExistsResult {
   int64_t leading = 0;
 };
 
+// `url` with its user info (a password, a user name) replaced by "***", for every place kvtier
+// prints, logs or writes a URL (reports, --json, metrics labels, error messages):
+//   redis://:s3cret@host:6379?timeout_ms=5  ->  redis://***@host:6379?timeout_ms=5
+// The user info is what the URL's own parser takes as one: for redis:// and redis+cluster://
+// everything before the last '@' ahead of the query (redis_url.h, which accepts a raw '@' or '/'
+// in a password); for other schemes everything before the last '@' of the authority (up to the
+// first '/' or '?'), so a file:// path with an '@' in it is shown as it is. Text without "://"
+// that holds an '@' (a mistyped URL) keeps only what follows its last '@'. Everything else is
+// returned unchanged.
+std::string RedactUrl(std::string_view url);
+
+// Bytes the stored format adds to every page: a file or a Redis value holds the page's bytes
+// after a header of this size (src/storage/page_format.h describes it).
+inline constexpr int64_t kStoredPageHeaderBytes = 72;
+
 struct StorageOptions {
   // The backend's I/O threads, in [1, 64], or 0 (the default): from the machine,
   // min(cores, 16) and at least 4 (DefaultIoThreads). A backend's options() show the number used.

@@ -37,7 +37,7 @@
 
 namespace kvtier::storage {
 
-inline constexpr size_t kPageHeaderBytes = 72;
+inline constexpr size_t kPageHeaderBytes = kStoredPageHeaderBytes;
 inline constexpr uint16_t kPageFormatVersion = 1;
 inline constexpr uint8_t kChecksumXxh3 = 1;
 

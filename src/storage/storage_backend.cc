@@ -646,7 +646,7 @@ Result<std::unique_ptr<StorageBackend>> OpenStorage(std::string_view url,
     return Status::InvalidArgument(fmt::format(
         "storage URL '{}' has no scheme (expected file://, redis://, redis+cluster:// or "
         "memory://)",
-        storage::RedactUrl(url)));
+        RedactUrl(url)));
   }
   if (scheme == "memory") return storage::OpenMemoryStorage(url, ns, options);
   if (scheme == "file") return storage::OpenFileStorage(url, ns, options);
@@ -665,7 +665,7 @@ Result<std::unique_ptr<StorageBackend>> OpenStorage(std::string_view url,
   }
   return Status::InvalidArgument(fmt::format(
       "storage URL '{}': unknown scheme '{}' (expected file, redis, redis+cluster or memory)",
-      storage::RedactUrl(url), scheme));
+      RedactUrl(url), scheme));
 }
 
 }  // namespace kvtier

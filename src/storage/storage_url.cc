@@ -72,8 +72,6 @@ Result<int64_t> ParseByteSize(std::string_view text) {
   return static_cast<int64_t>(bytes);
 }
 
-namespace storage {
-
 std::string RedactUrl(std::string_view url) {
   constexpr std::string_view kHidden = "***";
   const size_t sep = url.find("://");
@@ -91,6 +89,8 @@ std::string RedactUrl(std::string_view url) {
   if (at == std::string_view::npos) return std::string(url);
   return fmt::format("{}{}{}", url.substr(0, sep + 3), kHidden, rest.substr(at));
 }
+
+namespace storage {
 
 Result<StorageUrl> ParseStorageUrl(std::string_view url) {
   const size_t sep = url.find("://");

@@ -37,15 +37,6 @@ struct StorageUrl {
 // with a NUL byte, an empty or repeated parameter name, or a parameter without '='.
 Result<StorageUrl> ParseStorageUrl(std::string_view url);
 
-// `url` with its user info (a password, a user name) replaced by "***", for every place kvtier
-// prints, logs or writes a URL (reports, --json, metrics labels, error messages):
-//   redis://:s3cret@host:6379?timeout_ms=5  ->  redis://***@host:6379?timeout_ms=5
-// The user info is what the URL's own parser takes as one: for redis:// and redis+cluster://
-// everything before the last '@' ahead of the query (redis_url.h, which accepts a raw '@' or '/'
-// in a password); for other schemes everything before the last '@' of the authority (up to the
-// first '/' or '?'), so a file:// path with an '@' in it is shown as it is. Text without "://"
-// that holds an '@' (a mistyped URL) keeps only what follows its last '@'. Everything else is
-// returned unchanged.
-std::string RedactUrl(std::string_view url);
+// RedactUrl (a URL without its credentials) is public: kvtier/storage.h.
 
 }  // namespace kvtier::storage

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "cache/cache_parts_rig.h"
-#include "kvtier/kv_pattern.h"
+#include "kvtier/testing/kv_pattern.h"
 
 namespace kvtier {
 namespace {

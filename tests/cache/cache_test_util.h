@@ -19,8 +19,8 @@
 
 #include "kvtier/device.h"
 #include "kvtier/hierarchical_cache.h"
-#include "kvtier/kv_pattern.h"
-#include "kvtier/storage_fault.h"
+#include "kvtier/testing/kv_pattern.h"
+#include "kvtier/testing/storage_fault.h"
 #include "kvtier/transfer.h"
 
 namespace kvtier::testing {

@@ -16,8 +16,8 @@
 #include "cache/cache_test_util.h"
 #include "kvtier/device.h"
 #include "kvtier/hierarchical_cache.h"
-#include "kvtier/kv_pattern.h"
 #include "kvtier/storage.h"
+#include "kvtier/testing/kv_pattern.h"
 
 namespace kvtier {
 namespace {

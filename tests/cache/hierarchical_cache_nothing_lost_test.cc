@@ -17,7 +17,7 @@
 #include "kvtier/hierarchical_cache.h"
 #include "kvtier/page_key.h"
 #include "kvtier/storage.h"
-#include "kvtier/storage_fault.h"
+#include "kvtier/testing/storage_fault.h"
 
 namespace kvtier {
 namespace {

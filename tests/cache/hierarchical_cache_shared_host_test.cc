@@ -23,8 +23,8 @@
 #include "cache/cache_test_util.h"
 #include "kvtier/device.h"
 #include "kvtier/hierarchical_cache.h"
-#include "kvtier/kv_pattern.h"
 #include "kvtier/shared_host_pool.h"
+#include "kvtier/testing/kv_pattern.h"
 #include "pool/shared_host_pool_test_util.h"
 
 namespace kvtier {

@@ -16,7 +16,7 @@
 #include "cache/cache_test_util.h"
 #include "kvtier/hierarchical_cache.h"
 #include "kvtier/storage.h"
-#include "kvtier/storage_fault.h"
+#include "kvtier/testing/storage_fault.h"
 #include "storage/redis_test_server.h"
 
 namespace kvtier {

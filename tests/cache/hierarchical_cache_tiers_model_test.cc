@@ -29,9 +29,9 @@
 #include "cache/cache_test_util.h"
 #include "kvtier/device.h"
 #include "kvtier/hierarchical_cache.h"
-#include "kvtier/kv_pattern.h"
 #include "kvtier/storage.h"
-#include "kvtier/storage_fault.h"
+#include "kvtier/testing/kv_pattern.h"
+#include "kvtier/testing/storage_fault.h"
 
 namespace kvtier {
 namespace {

@@ -41,7 +41,7 @@ std::string Visible(const std::string& url) {
 }
 
 void Generic(const std::string& url) {
-  const std::string redacted = storage::RedactUrl(url);
+  const std::string redacted = RedactUrl(url);
   kvtier::Result<storage::StorageUrl> parsed = storage::ParseStorageUrl(url);
   if (!parsed.ok()) return;
   // What the file and memory backends take, in their order; each may fail on its own.
@@ -54,7 +54,7 @@ void Generic(const std::string& url) {
 }
 
 void Redis(const std::string& url) {
-  const std::string redacted = storage::RedactUrl(url);
+  const std::string redacted = RedactUrl(url);
   kvtier::Result<storage::RedisUrl> parsed = storage::ParseRedisUrl(url);
   if (!parsed.ok()) return;
   Check(!parsed->endpoints.empty());
@@ -84,7 +84,7 @@ void ErrorsHidePassword(const std::string& url) {
     if (!r.ok()) Check(r.status().ToString().find(user_info) == std::string::npos);
     kvtier::Result<storage::StorageUrl> s = storage::ParseStorageUrl(bad);
     if (!s.ok()) Check(s.status().ToString().find(user_info) == std::string::npos);
-    Check(storage::RedactUrl(bad).find(user_info) == std::string::npos);
+    Check(RedactUrl(bad).find(user_info) == std::string::npos);
   }
 }
 

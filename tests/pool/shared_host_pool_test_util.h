@@ -15,10 +15,10 @@
 #include <string>
 #include <vector>
 
-#include "kvtier/kv_pattern.h"
 #include "kvtier/page_key.h"
 #include "kvtier/shared_host_pool.h"
 #include "kvtier/status.h"
+#include "kvtier/testing/kv_pattern.h"
 
 namespace kvtier::testing {
 

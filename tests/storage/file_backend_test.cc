@@ -24,7 +24,7 @@
 #include <thread>
 
 #include "kvtier/storage.h"
-#include "kvtier/storage_fault.h"
+#include "kvtier/testing/storage_fault.h"
 #include "storage/file_io.h"
 #include "storage/page_format.h"
 

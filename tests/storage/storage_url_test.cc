@@ -135,7 +135,7 @@ TEST(RedactUrlTest, HidesUserInfoOnly) {
       {"none", "none"},
       {"", ""},
   };
-  for (const auto& [url, want] : cases) EXPECT_EQ(storage::RedactUrl(url), want) << url;
+  for (const auto& [url, want] : cases) EXPECT_EQ(RedactUrl(url), want) << url;
 }
 
 // Every error OpenStorage and the URL parsers return for a URL with a password: no password.

@@ -9,7 +9,7 @@
 #include <random>
 
 #include "kvtier/hierarchical_cache.h"
-#include "kvtier/kv_pattern.h"
+#include "kvtier/testing/kv_pattern.h"
 #include "kvtier/tp_group.h"
 
 namespace kvtier::tp {

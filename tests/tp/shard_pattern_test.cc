@@ -5,7 +5,7 @@
 #include <cstring>
 #include <numeric>
 
-#include "kvtier/kv_pattern.h"
+#include "kvtier/testing/kv_pattern.h"
 #include "kvtier/tp_group.h"
 
 namespace kvtier {

@@ -19,8 +19,8 @@
 #include <thread>
 
 #include "kvtier/hierarchical_cache.h"
-#include "kvtier/kv_pattern.h"
 #include "kvtier/storage.h"
+#include "kvtier/testing/kv_pattern.h"
 #include "tp/head_split_storage.h"
 
 namespace kvtier {

@@ -7,9 +7,9 @@
 #include <random>
 #include <tuple>
 
+#include "kvtier/testing/reference_copy.h"
 #include "kvtier/transfer.h"
 #include "support/kv_test_util.h"
-#include "transfer/reference_copy.h"
 
 namespace kvtier {
 namespace {
@@ -102,7 +102,7 @@ TEST_P(CpuTransferMatrixTest, MatchesReferenceByteForByte) {
           req.num_layers = 1;
         }
         req.dst = &expected.region();
-        ASSERT_TRUE(transfer::ReferenceTransfer(req).ok());
+        ASSERT_TRUE(testing::ReferenceTransfer(req).ok());
         req.dst = &dst.region();
         const Status st = engine->Transfer(req);
         ASSERT_TRUE(st.ok()) << st.ToString();

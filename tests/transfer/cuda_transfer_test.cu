@@ -1,5 +1,5 @@
 // The CUDA transfer backends (kernel, dma, auto) against the independent reference
-// (transfer::ReferenceTransfer on host mirrors): every layout pair x per-layer/all-layer x
+// (testing::ReferenceTransfer on host mirrors): every layout pair x per-layer/all-layer x
 // MHA/MLA x page sizes {1, 16, 64, 256} x backends x directions (host->device, device->host;
 // device->device and host->host on a subset), on random data with poisoned destinations; whole
 // destination buffers are compared, so stray writes show. Also: int32/int64 device indices, host
@@ -26,10 +26,10 @@
 #include <vector>
 
 #include "kvtier/device.h"
+#include "kvtier/testing/reference_copy.h"
 #include "kvtier/transfer.h"
 #include "support/kv_test_util.h"
 #include "transfer/cuda/gpu_engine.h"
-#include "transfer/reference_copy.h"
 
 namespace kvtier {
 namespace {
@@ -303,7 +303,7 @@ void RunAndCompare(const KvGeometry& sg, const KvGeometry& dg, bool mla, const C
   TransferRequest ref{
       &src_mirror, &dst_mirror, SlotIndices::Host(pairs.src), SlotIndices::Host(pairs.dst), layer,
       layer,       layers};
-  ASSERT_OK(transfer::ReferenceTransfer(ref));
+  ASSERT_OK(testing::ReferenceTransfer(ref));
 
   std::vector<int32_t> src32(pairs.src.begin(), pairs.src.end());
   std::vector<int32_t> dst32(pairs.dst.begin(), pairs.dst.end());
@@ -543,7 +543,7 @@ TEST(CudaTransferTest, DmaPlansSplitOverStreamsMatchTheReference) {
         // 1,500 random single slots x 3 layers x K/V: about 9,000 runs, no two adjacent.
         const auto pairs = testing::RandomTokenPairs(rng, dg.num_slots, hg.num_slots, 1500);
         const KvRegion sm = src.mirror_region(), dm = dst.mirror_region();
-        ASSERT_OK(transfer::ReferenceTransfer(TransferRequest::AllLayers(
+        ASSERT_OK(testing::ReferenceTransfer(TransferRequest::AllLayers(
             sm, dm, SlotIndices::Host(pairs.src), SlotIndices::Host(pairs.dst))));
         const KvRegion sgpu = src.gpu_region(), dgpu = dst.gpu_region();
         auto layer_events = LayerEvents::Create(3, 0);
@@ -553,7 +553,7 @@ TEST(CudaTransferTest, DmaPlansSplitOverStreamsMatchTheReference) {
             TransferRequest::AllLayers(sgpu, dgpu, SlotIndices::Host(pairs.src),
                                        SlotIndices::Host(pairs.dst)),
             {.stream = s, .layer_events = events ? &layer_events.value() : nullptr}));
-        const auto* stats = transfer::cuda::LastTransferStats(*engine);
+        const auto* stats = testing::LastTransferStats(*engine);
         ASSERT_NE(stats, nullptr);
         EXPECT_GT(stats->lanes, 1) << stats->copy_ops << " copy ops";
         ASSERT_OK(engine->Synchronize(s));
@@ -611,14 +611,14 @@ TEST(CudaTransferTest, DmaJoinsKAndVOfAPageInOneCopy) {
       const auto pairs = testing::RandomPagePairs(rng, dg.num_slots, hg.num_slots, 16, 24);
       const std::vector<int64_t>& src_idx = to_host ? pairs.src : pairs.dst;
       const std::vector<int64_t>& dst_idx = to_host ? pairs.dst : pairs.src;
-      ASSERT_OK(transfer::ReferenceTransfer(
+      ASSERT_OK(testing::ReferenceTransfer(
           TransferRequest::AllLayers(to_host ? dev_m : host_m, to_host ? host_m : dev_m,
                                      SlotIndices::Host(src_idx), SlotIndices::Host(dst_idx))));
       ASSERT_OK(engine.Transfer(
           TransferRequest::AllLayers(to_host ? dev : host, to_host ? host : dev,
                                      SlotIndices::Host(src_idx), SlotIndices::Host(dst_idx))));
       ASSERT_OK(engine.Synchronize(nullptr));
-      const auto* stats = transfer::cuda::LastTransferStats(engine);
+      const auto* stats = testing::LastTransferStats(engine);
       ASSERT_NE(stats, nullptr);
       EXPECT_GE(stats->copy_ops, 1);
       EXPECT_EQ(stats->kv_merged, stats->copy_ops) << "every page run should be one K+V copy";
@@ -653,7 +653,7 @@ TEST(CudaTransferTest, PerCallMaxSmsBoundsTheGrid) {
     dst.Upload();
     const auto pairs = testing::RandomPagePairs(rng, dg.num_slots, hg.num_slots, 16, 64);
     const KvRegion sm = src.mirror_region(), dm = dst.mirror_region();
-    ASSERT_OK(transfer::ReferenceTransfer(TransferRequest::AllLayers(
+    ASSERT_OK(testing::ReferenceTransfer(TransferRequest::AllLayers(
         sm, dm, SlotIndices::Host(pairs.src), SlotIndices::Host(pairs.dst))));
     const KvRegion sgpu = src.gpu_region(), dgpu = dst.gpu_region();
     ASSERT_OK(
@@ -661,7 +661,7 @@ TEST(CudaTransferTest, PerCallMaxSmsBoundsTheGrid) {
                                                           SlotIndices::Host(pairs.dst)),
                                {.max_sms = sms}));
     ASSERT_OK(made.value()->Synchronize(nullptr));
-    const auto* stats = transfer::cuda::LastTransferStats(*made.value());
+    const auto* stats = testing::LastTransferStats(*made.value());
     ASSERT_NE(stats, nullptr);
     EXPECT_EQ(stats->blocks, sms == 0 ? 3 : sms);  // 16 MiB: enough work for every block
     EXPECT_TRUE(dst.MatchesMirror());
@@ -700,7 +700,7 @@ TEST(CudaTransferTest, BackupsDefaultToFewerSmsThanLoads) {
     dst.Upload();
     const auto pairs = testing::RandomPagePairs(rng, (c.to_host ? dg : hg).num_slots,
                                                 (c.to_host ? hg : dg).num_slots, 16, 64);
-    ASSERT_OK(transfer::ReferenceTransfer(
+    ASSERT_OK(testing::ReferenceTransfer(
         TransferRequest::AllLayers(c.to_host ? dm : hm, c.to_host ? hm : dm,
                                    SlotIndices::Host(pairs.src), SlotIndices::Host(pairs.dst))));
     ASSERT_OK(made.value()->Transfer(
@@ -708,7 +708,7 @@ TEST(CudaTransferTest, BackupsDefaultToFewerSmsThanLoads) {
                                    SlotIndices::Host(pairs.src), SlotIndices::Host(pairs.dst)),
         {.max_sms = c.per_call}));
     ASSERT_OK(made.value()->Synchronize(nullptr));
-    const auto* stats = transfer::cuda::LastTransferStats(*made.value());
+    const auto* stats = testing::LastTransferStats(*made.value());
     ASSERT_NE(stats, nullptr);
     EXPECT_EQ(stats->blocks, c.expected_blocks);
     EXPECT_TRUE(dst.MatchesMirror());
@@ -775,17 +775,17 @@ TEST(CudaTransferTest, LoadsBesideABackupGetMoreSms) {
     if (!c.held) ASSERT_OK(engine.Synchronize(backup_stream.get()));
     const CudaStream load_on = c.same_stream ? backup_stream.get() : load_stream.get();
     ASSERT_OK(engine.Transfer(load, {.stream = load_on, .max_sms = c.per_call}));
-    const auto* stats = transfer::cuda::LastTransferStats(engine);
+    const auto* stats = testing::LastTransferStats(engine);
     ASSERT_NE(stats, nullptr);
     EXPECT_EQ(stats->blocks, c.expected_blocks);
     gate.Release();
     ASSERT_OK(engine.Synchronize(load_on));
     ASSERT_OK(engine.Synchronize(backup_stream.get()));
     EXPECT_FALSE(gate.TimedOut());
-    ASSERT_OK(transfer::ReferenceTransfer(
+    ASSERT_OK(testing::ReferenceTransfer(
         TransferRequest::AllLayers(backup_from_m, backup_to_m, SlotIndices::Host(backup_pairs.src),
                                    SlotIndices::Host(backup_pairs.dst))));
-    ASSERT_OK(transfer::ReferenceTransfer(
+    ASSERT_OK(testing::ReferenceTransfer(
         TransferRequest::AllLayers(load_from_m, load_to_m, SlotIndices::Host(load_pairs.src),
                                    SlotIndices::Host(load_pairs.dst))));
     EXPECT_TRUE(backup_dst.MatchesMirror());
@@ -794,7 +794,7 @@ TEST(CudaTransferTest, LoadsBesideABackupGetMoreSms) {
       // The backup has finished: the next load on the other stream is back to max_sms.
       ASSERT_OK(engine.Transfer(load, {.stream = load_stream.get()}));
       ASSERT_OK(engine.Synchronize(load_stream.get()));
-      EXPECT_EQ(transfer::cuda::LastTransferStats(engine)->blocks, 4);
+      EXPECT_EQ(testing::LastTransferStats(engine)->blocks, 4);
     }
   }
 }
@@ -850,7 +850,7 @@ TEST(CudaTransferTest, HostIndexStagingIsNotOverwrittenInFlight) {
   for (int call = 0; call < 12; ++call) {
     const auto pairs = testing::RandomPagePairs(rng, sg.num_slots, dg.num_slots, 16, 4);
     const int64_t layer = call % sg.num_layers;
-    ASSERT_OK(transfer::ReferenceTransfer(TransferRequest::PerLayer(
+    ASSERT_OK(testing::ReferenceTransfer(TransferRequest::PerLayer(
         sm, dm, SlotIndices::Host(pairs.src), SlotIndices::Host(pairs.dst), layer)));
     s_idx = pairs.src;
     d_idx = pairs.dst;
@@ -894,7 +894,7 @@ TEST(CudaTransferTest, HostIndexStagingAcrossStreams) {
     const int pages = 1 + static_cast<int>(rng() % (k == 0 ? 16 : 3));
     const auto pairs = testing::RandomPagePairs(rng, sg.num_slots, dg.num_slots, 16, pages);
     const int64_t layer = (call / kStreams) % sg.num_layers;
-    ASSERT_OK(transfer::ReferenceTransfer(
+    ASSERT_OK(testing::ReferenceTransfer(
         TransferRequest::PerLayer(sm, dsts[k]->mirror_region(), SlotIndices::Host(pairs.src),
                                   SlotIndices::Host(pairs.dst), layer)));
     s_idx = pairs.src;
@@ -980,7 +980,7 @@ TEST(CudaTransferTest, CallsOnOneStreamDoNotWaitForAnotherStream) {
       << "calls on a free stream waited for a copy held back on another stream";
   ASSERT_OK(worker_status);
   for (int call = 0; call < kCalls; ++call) {
-    ASSERT_OK(transfer::ReferenceTransfer(
+    ASSERT_OK(testing::ReferenceTransfer(
         TransferRequest::PerLayer(src_mirror, dst_mirror, SlotIndices::Host(pairs[call].src),
                                   SlotIndices::Host(pairs[call].dst), call % hg.num_layers)));
   }
@@ -1021,7 +1021,7 @@ TEST(CudaTransferTest, OutOfRangeDeviceIndicesAreReported) {
         // Expected: the valid pairs (0, 1, 3) copied, the rest skipped.
         const KvRegion sm = src.mirror_region(), dm = dst.mirror_region();
         std::vector<int64_t> vs = {3, 4, 7}, vd = {0, 1, 3};
-        ASSERT_OK(transfer::ReferenceTransfer(
+        ASSERT_OK(testing::ReferenceTransfer(
             TransferRequest::AllLayers(sm, dm, SlotIndices::Host(vs), SlotIndices::Host(vd))));
         DeviceIndices ds = width == 64 ? DeviceIndices(s, int64_t{}) : DeviceIndices(s, int32_t{});
         DeviceIndices dd = width == 64 ? DeviceIndices(d, int64_t{}) : DeviceIndices(d, int32_t{});

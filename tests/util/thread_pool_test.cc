@@ -10,9 +10,9 @@
 #include <thread>
 #include <vector>
 
+#include "kvtier/testing/reference_copy.h"
 #include "kvtier/transfer.h"
 #include "support/kv_test_util.h"
-#include "transfer/reference_copy.h"
 
 namespace kvtier {
 namespace {
@@ -102,7 +102,7 @@ TEST(ThreadPoolTest, ConcurrentCpuTransfersOnOneEngine) {
         TransferRequest::AllLayers(src[c]->region(), want[c]->region(),
                                    SlotIndices::Host(std::span<const int64_t>(pairs[c].src)),
                                    SlotIndices::Host(std::span<const int64_t>(pairs[c].dst)));
-    ASSERT_TRUE(transfer::ReferenceTransfer(req).ok());
+    ASSERT_TRUE(testing::ReferenceTransfer(req).ok());
   }
   std::vector<std::thread> callers;
   std::atomic<int> failures{0};

@@ -5,7 +5,7 @@
 // from the same source (target 6: the gather/scatter reaches >= 70 % of it), measured in the same
 // row, alternating with the backend's runs so both see the same machine. Every row fills its
 // source with random bytes, poisons its destination, runs the backend (warm-up, then the timed
-// repeats), and compares the whole destination with transfer::ReferenceTransfer run into a second
+// repeats), and compares the whole destination with testing::ReferenceTransfer run into a second
 // poisoned destination.
 //
 // Thread safety: used from one thread (the cpu backend spreads each copy over its own pool).
@@ -23,7 +23,7 @@
 #include <numeric>
 #include <random>
 
-#include "transfer/reference_copy.h"
+#include "kvtier/testing/reference_copy.h"
 
 namespace kvtier::tools {
 namespace {
@@ -154,7 +154,7 @@ Result<BenchRow> RunCpuRow(const BenchCase& c, const BenchOptions& options, Tran
   const KvRegion expected_region = expected.region();
   TransferRequest reference = request;
   reference.dst = &expected_region;
-  KVTIER_RETURN_IF_ERROR(transfer::ReferenceTransfer(reference).WithContext("reference copy"));
+  KVTIER_RETURN_IF_ERROR(testing::ReferenceTransfer(reference).WithContext("reference copy"));
   const Status check = dst.CompareWith(expected);
   row.check_ok = check.ok();
   if (!check.ok()) row.note = check.message();

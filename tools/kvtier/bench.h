@@ -190,7 +190,7 @@ struct BenchRow {
   // cudaMemcpyAsync, median of 3), to tell a slow row from a slow link at that moment.
   double dma_now_gbps = 0;
   int sms_used = 0;       // SMs the backend occupied (0: cpu and dma)
-  bool check_ok = false;  // byte-for-byte equal to transfer::ReferenceTransfer
+  bool check_ok = false;  // byte-for-byte equal to testing::ReferenceTransfer
   std::string note;       // first mismatch, or why the row could not run
 };
 

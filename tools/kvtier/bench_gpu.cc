@@ -22,7 +22,7 @@
 //      row, the copy engines' rate in its direction is measured again (dma_now_gbps: 64 MiB,
 //      median of 3), so a slow row can be told from a slow link at that moment.
 //   3. Every row is checked byte for byte against the cpu backend (itself tested against
-//      transfer::ReferenceTransfer): loads compare the whole destination layer (K and V) with a
+//      testing::ReferenceTransfer): loads compare the whole destination layer (K and V) with a
 //      poisoned layer into which the cpu backend copied the same slots; backups compare the whole
 //      host pool with a poisoned copy into which the cpu backend copied from a host mirror of
 //      the device pool.
@@ -60,9 +60,9 @@
 #include <cuda_runtime.h>
 #include <sys/mman.h>
 
+#include "kvtier/cuda_check.h"
 #include "kvtier/device.h"
-#include "transfer/cuda/gpu_engine.h"
-#include "util/cuda_check.h"
+#include "kvtier/testing/engine_stats.h"
 #endif
 
 namespace kvtier::tools {
@@ -447,7 +447,7 @@ Result<BenchRow> GpuBench::TimeRow(const BenchCase& c, TransferBackend backend,
   }
   for (int r = 0; r < options_.warmup + options_.repeats; ++r) {
     if (r == options_.warmup) {
-      const auto* stats = transfer::cuda::LastTransferStats(engine);
+      const auto* stats = testing::LastTransferStats(engine);
       const bool few_ops = stats == nullptr || stats->backend == TransferBackend::kKernel ||
                            stats->copy_ops <= kMaxGatedCopyOps;
       gated = options_.warmup > 0 && few_ops && Median(host_us) < 2000.0;
@@ -498,7 +498,7 @@ Result<BenchRow> GpuBench::TimeRow(const BenchCase& c, TransferBackend backend,
     const Status submitted = engine.Transfer(request, topts).WithContext(c.Label());
     host_us.push_back(WallUs(t0));
     KVTIER_RETURN_IF_ERROR(submitted);
-    if (const auto* stats = transfer::cuda::LastTransferStats(engine)) {
+    if (const auto* stats = testing::LastTransferStats(engine)) {
       launch_us.push_back(stats->launch_us);
     }
   }
@@ -506,7 +506,7 @@ Result<BenchRow> GpuBench::TimeRow(const BenchCase& c, TransferBackend backend,
   row.host_submit_us = Median(host_us);
   if (!launch_us.empty()) row.host_launch_us = Median(launch_us);
   KVTIER_ASSIGN_OR_RETURN(row.dma_now_gbps, DmaNow(load));
-  if (const auto* stats = transfer::cuda::LastTransferStats(engine)) {
+  if (const auto* stats = testing::LastTransferStats(engine)) {
     if (stats->backend == TransferBackend::kKernel) {
       row.sms_used = stats->blocks;
       if (backend == TransferBackend::kAuto) {
@@ -701,7 +701,7 @@ Status GpuBench::RunBoth(const BenchCase& c, ShapeBuffers& buf, TransferBackend 
     KVTIER_RETURN_IF_ERROR(start.WaitOn(stream2_.get()));
     KVTIER_RETURN_IF_ERROR(
         engine.Transfer(backup, {.stream = stream2_.get(), .max_sms = backup_sms}));
-    if (const auto* stats = transfer::cuda::LastTransferStats(engine)) {
+    if (const auto* stats = testing::LastTransferStats(engine)) {
       blocks_backup = stats->backend == TransferBackend::kKernel ? stats->blocks : 0;
     }
     for (int64_t l = 0; l < dg.num_layers; ++l) {
@@ -709,7 +709,7 @@ Status GpuBench::RunBoth(const BenchCase& c, ShapeBuffers& buf, TransferBackend 
           TransferRequest::PerLayer(host, device, SlotIndices::Host(load_slots.host),
                                     SlotIndices::Host(load_slots.device), l),
           {.stream = stream_.get(), .max_sms = load_sms}));
-      if (const auto* stats = transfer::cuda::LastTransferStats(engine)) {
+      if (const auto* stats = testing::LastTransferStats(engine)) {
         // the widest load: loads beside the running backup may get more SMs than later ones
         if (stats->backend == TransferBackend::kKernel) {
           blocks_load = std::max(blocks_load, stats->blocks);

@@ -18,10 +18,10 @@
 
 #include "bench.h"
 #include "config_flags.h"
+#include "kvtier/storage.h"
 #include "replay_cli.h"
 #include "replay_tp.h"
 #include "shm.h"
-#include "storage/storage_url.h"
 #include "storage_bench.h"
 
 namespace kvtier::tools {
@@ -49,9 +49,9 @@ std::string JoinArgs(int argc, char** argv) {
       s += arg;
     } else if (arg.starts_with("--") && eq != std::string_view::npos && eq < arg.find("://")) {
       s += arg.substr(0, eq + 1);
-      s += storage::RedactUrl(arg.substr(eq + 1));
+      s += RedactUrl(arg.substr(eq + 1));
     } else {
-      s += storage::RedactUrl(arg);
+      s += RedactUrl(arg);
     }
   }
   return s;

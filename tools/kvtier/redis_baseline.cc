@@ -13,8 +13,7 @@
 #include <cstring>
 #include <thread>
 
-#include "storage/redis_client.h"
-#include "storage/redis_url.h"
+#include "kvtier/testing/redis.h"
 
 namespace kvtier::tools {
 namespace {
@@ -57,43 +56,12 @@ std::vector<std::string> KeySpaceKeys(int64_t count) {
   return keys;
 }
 
-// Runs `verb key [value]` for each of `keys`, pipelined `group` commands at a time; Unavailable
-// naming the first command that got no reply.
-Status ExecuteAll(storage::RedisClient& client, std::string_view verb,
-                  const std::vector<std::string>& keys, std::span<const std::byte> value,
-                  size_t group) {
-  for (size_t first = 0; first < keys.size(); first += group) {
-    std::vector<storage::RedisOp> ops(std::min(group, keys.size() - first));
-    for (size_t i = 0; i < ops.size(); ++i) {
-      ops[i].verb = verb;
-      ops[i].key = keys[first + i];
-      if (!value.empty()) ops[i].value = std::span<const std::span<const std::byte>>(&value, 1);
-    }
-    client.Execute(ops, std::chrono::steady_clock::now() + std::chrono::seconds(60));
-    for (const storage::RedisOp& op : ops) {
-      if (op.outcome != storage::RedisOpOutcome::kReplied) {
-        return Status::Unavailable(
-            fmt::format("redis baseline: {} {}: {}", op.verb, op.key, op.error));
-      }
-    }
-  }
-  return Status::OK();
-}
-
-Result<std::unique_ptr<storage::RedisClient>> OpenClient(storage::RedisUrl url) {
-  storage::RedisClientConfig config;
-  config.url = std::move(url);
-  config.command_timeout = std::chrono::seconds(10);
-  return storage::RedisClient::Open(std::move(config),
-                                    std::chrono::steady_clock::now() + std::chrono::seconds(10));
-}
 #endif  // KVTIER_HAVE_HIREDIS
 
 // Deletes redis-benchmark's literal key, so the baseline leaves nothing on the server.
-Status DeleteLiteralKey(const storage::RedisUrl& url) {
+Status DeleteLiteralKey(std::string_view url) {
 #if KVTIER_HAVE_HIREDIS
-  KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<storage::RedisClient> client, OpenClient(url));
-  return ExecuteAll(*client, "DEL", {std::string(kLiteralKey)}, {}, 1);
+  return testing::RedisExecuteAll(url, "DEL", {std::string(kLiteralKey)}, {}, 1);
 #else
   (void)url;
   return Status::OK();
@@ -207,7 +175,7 @@ Result<std::string> RunChild(std::vector<std::string> argv, std::chrono::seconds
 
 Result<std::vector<RedisBaselineRow>> RunRedisBenchmark(std::string_view url,
                                                         const RedisBaselineOptions& options) {
-  KVTIER_ASSIGN_OR_RETURN(storage::RedisUrl parsed, storage::ParseRedisUrl(url));
+  KVTIER_ASSIGN_OR_RETURN(testing::RedisServer parsed, testing::ParseRedisServer(url));
   if (options.value_bytes < 1 || options.clients < 1 || options.pipeline < 1 ||
       options.requests < 1 || options.key_space < 0) {
     return Status::InvalidArgument(
@@ -216,12 +184,11 @@ Result<std::vector<RedisBaselineRow>> RunRedisBenchmark(std::string_view url,
   if (options.key_space > 0 && parsed.cluster) {
     return Status::InvalidArgument("redis baseline: a key space is not supported on a cluster");
   }
-  const storage::RedisEndpoint& server = parsed.endpoints.front();
   std::vector<std::string> argv = {"redis-benchmark",
                                    "-h",
-                                   server.host,
+                                   parsed.host,
                                    "-p",
-                                   std::to_string(server.port),
+                                   std::to_string(parsed.port),
                                    "-t",
                                    "set,get",
                                    "-d",
@@ -249,7 +216,7 @@ Result<std::vector<RedisBaselineRow>> RunRedisBenchmark(std::string_view url,
     rows = output.ok() ? ParseRedisBenchmarkCsv(*output, options.value_bytes) : output.status();
     if (rows.ok()) break;
   }
-  if (options.key_space == 0 && !parsed.cluster) KVTIER_RETURN_IF_ERROR(DeleteLiteralKey(parsed));
+  if (options.key_space == 0 && !parsed.cluster) KVTIER_RETURN_IF_ERROR(DeleteLiteralKey(url));
   if (!rows.ok()) {
     return Status::Unavailable(fmt::format("{} (twice)", rows.status().message()));
   }
@@ -258,12 +225,12 @@ Result<std::vector<RedisBaselineRow>> RunRedisBenchmark(std::string_view url,
 
 #if KVTIER_HAVE_HIREDIS
 struct RedisKeySpace::Client {
-  std::unique_ptr<storage::RedisClient> redis;
+  std::string url;
 };
 
 Result<std::unique_ptr<RedisKeySpace>> RedisKeySpace::Fill(std::string_view url, int64_t keys,
                                                            int64_t value_bytes) {
-  KVTIER_ASSIGN_OR_RETURN(storage::RedisUrl parsed, storage::ParseRedisUrl(url));
+  KVTIER_ASSIGN_OR_RETURN(testing::RedisServer parsed, testing::ParseRedisServer(url));
   if (parsed.cluster) {
     return Status::InvalidArgument("redis baseline: a key space is not supported on a cluster");
   }
@@ -271,7 +238,7 @@ Result<std::unique_ptr<RedisKeySpace>> RedisKeySpace::Fill(std::string_view url,
     return Status::InvalidArgument("redis baseline: a key space needs keys and value bytes >= 1");
   }
   auto client = std::make_unique<Client>();
-  KVTIER_ASSIGN_OR_RETURN(client->redis, OpenClient(std::move(parsed)));
+  client->url = std::string(url);
   std::unique_ptr<RedisKeySpace> space(new RedisKeySpace(std::move(client), keys));
   // Values of the size asked for (the contents do not matter to the server), pipelined in groups
   // of about 64 MiB.
@@ -279,14 +246,14 @@ Result<std::unique_ptr<RedisKeySpace>> RedisKeySpace::Fill(std::string_view url,
   for (size_t i = 0; i < value.size(); ++i) value[i] = static_cast<std::byte>(i * 131 + 7);
   const size_t group = static_cast<size_t>(std::max<int64_t>(1, (int64_t{64} << 20) / value_bytes));
   KVTIER_RETURN_IF_ERROR(
-      ExecuteAll(*space->client_->redis, "SET", KeySpaceKeys(keys), value, group));
+      testing::RedisExecuteAll(space->client_->url, "SET", KeySpaceKeys(keys), value, group));
   return space;
 }
 
 Status RedisKeySpace::Delete() {
   if (deleted_) return Status::OK();
   deleted_ = true;
-  return ExecuteAll(*client_->redis, "DEL", KeySpaceKeys(keys_), {}, 1024);
+  return testing::RedisExecuteAll(client_->url, "DEL", KeySpaceKeys(keys_), {}, 1024);
 }
 #else
 struct RedisKeySpace::Client {};

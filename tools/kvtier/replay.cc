@@ -22,16 +22,15 @@
 #include "kvtier/device.h"
 #include "kvtier/hierarchical_cache.h"
 #include "kvtier/kv_events.h"
-#include "kvtier/kv_pattern.h"
 #include "kvtier/shared_host_pool.h"
 #include "kvtier/storage.h"
-#include "kvtier/storage_fault.h"
+#include "kvtier/testing/kv_pattern.h"
+#include "kvtier/testing/storage_fault.h"
 #include "redis_server.h"
 #include "replay_ceiling.h"
 #include "replay_engine.h"
 #include "replay_model.h"
 #include "replay_report.h"
-#include "storage/storage_url.h"
 #include "workload.h"
 
 #if !defined(KVTIER_DATA_DIR)
@@ -295,7 +294,7 @@ Status ReplayOptions::Validate() const {
     return Status::InvalidArgument(fmt::format(
         "--shared-host {} is the host tier, with no storage tier below it: it needs a host tier "
         "(--host-tokens > 0) and takes neither --storage {} nor --fault",
-        shared_host, storage::RedactUrl(storage)));
+        shared_host, RedactUrl(storage)));
   }
   if (storage != "none" && storage != "file" && storage != "redis" &&
       storage.find("://") == std::string::npos) {
@@ -303,7 +302,7 @@ Status ReplayOptions::Validate() const {
         fmt::format("--storage = '{}' must be none, file (a temporary file store), redis (a "
                     "redis-server the run starts) or a URL such as file:///path, "
                     "redis://host:port, memory://",
-                    storage::RedactUrl(storage)));
+                    RedactUrl(storage)));
   }
   if (!json_path.empty()) KVTIER_RETURN_IF_ERROR(CheckOutputPath(json_path, "--json"));
   if (!plot_path.empty()) {
@@ -669,7 +668,7 @@ class RunDriver {
         c.storage.max_storage_only_pages = std::max<int64_t>(
             0, storage_->capacity_bytes() / page_bytes - c.host_capacity_bytes / page_bytes);
       }
-      summary_.storage = storage::RedactUrl(storage_->url());
+      summary_.storage = RedactUrl(storage_->url());
     }
     if (kind_ == RunKind::kHierarchy && s_.kv_events != nullptr) {
       c.kv_event_sink = s_.kv_events;
@@ -961,7 +960,7 @@ std::string Settings(const Setup& s, bool exact) {
   return fmt::format(
       "page {}, device {} tokens, host {} tokens ({}), storage {}, write {}, "
       "prefetch {}, eviction {}, io {}, verify {}, {}{}",
-      o.page_size, o.device_tokens, o.host_tokens, o.host_layout, storage::RedactUrl(o.storage),
+      o.page_size, o.device_tokens, o.host_tokens, o.host_layout, RedactUrl(o.storage),
       o.write_policy, o.prefetch_policy, o.eviction, TransferBackendName(s.io_backend), o.verify,
       sched, exact ? " [exact mode: the device tier is a plain leaf-LRU prefix cache]" : "");
 }

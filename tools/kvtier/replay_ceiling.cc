@@ -14,8 +14,8 @@
 #include <thread>
 #include <vector>
 
+#include "kvtier/testing/redis.h"
 #include "redis_baseline.h"
-#include "storage/redis_url.h"
 
 namespace kvtier::tools {
 namespace {
@@ -153,7 +153,7 @@ Result<StorageCeiling> MeasureFileReadCeiling(const std::string& dir, int64_t pa
 
 Result<StorageCeiling> MeasureRedisReadCeiling(const std::string& url, int64_t page_bytes,
                                                int threads) {
-  KVTIER_ASSIGN_OR_RETURN(storage::RedisUrl parsed, storage::ParseRedisUrl(url));
+  KVTIER_ASSIGN_OR_RETURN(testing::RedisServer parsed, testing::ParseRedisServer(url));
   if (!parsed.password.empty()) {
     // redis-benchmark takes the password on its command line, where any user of the machine
     // reads it.

@@ -8,7 +8,7 @@
 #include <cstring>
 #include <vector>
 
-#include "kvtier/kv_pattern.h"
+#include "kvtier/testing/kv_pattern.h"
 
 namespace kvtier::tools {
 

@@ -1,29 +1,11 @@
 // Pattern kernels of `kvtier replay` on a GPU (see replay_kernels.h).
 #include <cuda_runtime.h>
 
+#include "kvtier/testing/kv_pattern_value.h"
 #include "replay_kernels.h"
 
 namespace kvtier::tools {
 namespace {
-
-constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
-
-__device__ __forceinline__ uint64_t Mix(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 27;
-  x *= 0x94D049BB133111EBull;
-  x ^= x >> 31;
-  return x;
-}
-
-// The per-(hash, layer, buffer) state, and the 64-bit value holding words 2p and 2p + 1.
-__device__ __forceinline__ uint64_t PatternState(uint64_t hash, int64_t layer, int buffer) {
-  return Mix(hash ^ Mix(static_cast<uint64_t>(layer) * 2 + buffer + 1));
-}
-__device__ __forceinline__ uint64_t PatternPair(uint64_t state, int64_t p) {
-  return Mix(state + static_cast<uint64_t>(p + 1) * kGolden);
-}
 
 // Wrong bytes of `got` against `want` (4 bytes), and the first wrong byte's index.
 __device__ __forceinline__ int WrongBytes(uint32_t got, uint32_t want, int* first) {
@@ -62,12 +44,12 @@ __global__ void PatternKernel(DevicePoolView pool, const int64_t* slots, const u
     }
     unsigned char* base =
         (b == 0 ? pool.k : pool.v) + (layer * pool.num_slots + slot) * pool.slot_bytes;
-    const uint64_t state = PatternState(hashes[i], layer, b);
+    const uint64_t state = KvPatternState(hashes[i], layer, b);
     const unsigned long long unit_byte = static_cast<unsigned long long>(unit) * pool.slot_bytes;
     // Words 2p and 2p + 1, then the odd last word (a slot of an odd number of words).
     for (int64_t p = threadIdx.x; p <= pairs; p += blockDim.x) {
       if (p == pairs && words % 2 == 0) break;
-      const uint64_t v = PatternPair(state, p);
+      const uint64_t v = KvPatternValue(state, p);
       const uint32_t lo = static_cast<uint32_t>(v), hi = static_cast<uint32_t>(v >> 32);
       uint32_t* at = reinterpret_cast<uint32_t*>(base) + 2 * p;
       const bool two = p < pairs;

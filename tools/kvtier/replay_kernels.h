@@ -1,12 +1,11 @@
 // tools/kvtier/replay_kernels.h — the device side of `kvtier replay` on a GPU: kernels that write
-// the KV pattern of kvtier/kv_pattern.h into slots of a layer_first device pool, and that check
-// slots against it, counting wrong bytes. Built only with CUDA (replay_kernels.cu).
+// the KV pattern of kvtier/testing/kv_pattern.h into slots of a layer_first device pool, and that
+// check slots against it, counting wrong bytes. Built only with CUDA (replay_kernels.cu).
 //
-// The pattern is the one FillKvPattern writes on the host, computed on the device: the 4-byte
-// word w of (token hash h, layer l, buffer b) is half of the 64-bit value
-//   Mix(Mix(h ^ Mix(2l + b + 1)) + (w / 2 + 1) * 0x9E3779B97F4A7C15)
-// (the low half for even w); a block takes one slot's buffer, a thread one 64-bit value (two
-// words) at a time.
+// The pattern is the one FillKvPattern writes on the host, computed on the device by the same
+// functions (kvtier/testing/kv_pattern_value.h): the 4-byte word w of (token hash h, layer l,
+// buffer b) is half of KvPatternValue(KvPatternState(h, l, b), w / 2) (the low half for even w);
+// a block takes one slot's buffer, a thread one 64-bit value (two words) at a time.
 //
 // Thread safety: launchers enqueue on the given stream; no host state.
 #pragma once

@@ -19,11 +19,10 @@
 #include "kvtier/eviction_policy.h"
 #include "kvtier/hierarchical_cache.h"
 #include "kvtier/host_pool.h"
-#include "kvtier/kv_pattern.h"
+#include "kvtier/testing/kv_pattern.h"
 #include "kvtier/tp_group.h"
 #include "replay_engine.h"
 #include "replay_model.h"
-#include "storage/storage_url.h"
 #include "workload.h"
 
 namespace kvtier::tools {
@@ -488,7 +487,7 @@ int RunReplayTp(const ReplayOptions& options, const TpReplayArgs& a,
     std::fprintf(stderr,
                  "kvtier replay --tp: no storage tier with --tp (docs/tp.md); ignoring "
                  "--storage %s\n",
-                 storage::RedactUrl(s.o.storage).c_str());
+                 RedactUrl(s.o.storage).c_str());
   }
   PassResult tp1, tpn;
   if (Status st = RunPass(s, 1, nullptr, &tp1); !st.ok()) return fail(st.WithContext("TP=1"), 1);

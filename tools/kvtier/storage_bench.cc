@@ -28,7 +28,6 @@
 #include "kvtier/page_key.h"
 #include "kvtier/storage.h"
 #include "redis_baseline.h"
-#include "storage/page_format.h"
 
 namespace kvtier::tools {
 namespace {
@@ -330,7 +329,7 @@ Baseline MemcpyBaseline(const PageSet& src, PageSet& dst, int64_t batch_pages, i
 Result<Baseline> RedisBenchmarkBaseline(const std::string& url, int64_t pages, int64_t page_bytes,
                                         int64_t key_space, const StorageBenchOptions& o) {
   RedisBaselineOptions options;
-  options.value_bytes = page_bytes + static_cast<int64_t>(storage::kPageHeaderBytes);
+  options.value_bytes = page_bytes + kStoredPageHeaderBytes;
   options.clients = 1;
   options.pipeline = static_cast<int>(o.batch_pages);
   options.requests = pages * o.repeats;
@@ -695,8 +694,7 @@ int RunStorageBench(const StorageBenchOptions& options, const std::string& comma
     }
     std::string baseline_failure;  // why a baseline round failed (then not counted)
     if (o.baseline && scheme == "redis") {
-      auto filled = RedisKeySpace::Fill(
-          o.url, n, page_bytes + static_cast<int64_t>(storage::kPageHeaderBytes));
+      auto filled = RedisKeySpace::Fill(o.url, n, page_bytes + kStoredPageHeaderBytes);
       if (!filled.ok()) {
         baseline_failure = "key space: " + filled.status().message();
         std::fprintf(stderr, "kvtier bench: %s baseline key space: %s\n", kind.name,

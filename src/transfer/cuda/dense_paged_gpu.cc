@@ -12,10 +12,10 @@
 #include <mutex>
 #include <vector>
 
+#include "kvtier/cuda_check.h"
 #include "transfer/cuda/dense_paged_launch.h"
 #include "transfer/cuda/device_guard.h"
 #include "transfer/dense_paged_internal.h"
-#include "util/cuda_check.h"
 
 namespace kvtier::transfer {
 namespace {

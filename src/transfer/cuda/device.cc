@@ -6,8 +6,8 @@
 
 #include <utility>
 
+#include "kvtier/cuda_check.h"
 #include "transfer/cuda/device_guard.h"
-#include "util/cuda_check.h"
 #include "util/log.h"
 
 namespace kvtier {

@@ -5,7 +5,7 @@
 
 #include <cuda_runtime.h>
 
-#include "util/cuda_check.h"
+#include "kvtier/cuda_check.h"
 
 namespace kvtier::transfer::cuda {
 

@@ -52,13 +52,13 @@
 #include <mutex>
 #include <vector>
 
+#include "kvtier/cuda_check.h"
 #include "kvtier/device.h"
 #include "transfer/backends.h"
 #include "transfer/cuda/device_guard.h"
 #include "transfer/cuda/dma_plan.h"
 #include "transfer/cuda/gpu_engine.h"
 #include "transfer/plan_rules.h"
-#include "util/cuda_check.h"
 #include "util/log.h"
 #include "util/thread_pool.h"
 

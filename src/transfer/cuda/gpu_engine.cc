@@ -3,15 +3,19 @@
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
+#include "kvtier/cuda_check.h"
 #include "kvtier/device.h"
-#include "util/cuda_check.h"
 
-namespace kvtier::transfer::cuda {
+namespace kvtier::testing {
 
 const GpuTransferStats* LastTransferStats(const TransferEngine& engine) {
-  const auto* gpu = dynamic_cast<const GpuTransferEngine*>(&engine);
+  const auto* gpu = dynamic_cast<const transfer::cuda::GpuTransferEngine*>(&engine);
   return gpu == nullptr ? nullptr : &gpu->last_stats();
 }
+
+}  // namespace kvtier::testing
+
+namespace kvtier::transfer::cuda {
 
 Status RequireDevice(const char* backend, int device) {
   if (CudaDeviceCount() > device) return Status::OK();

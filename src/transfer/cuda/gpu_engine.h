@@ -8,24 +8,14 @@
 #include <cstdint>
 #include <memory>
 
+#include "kvtier/testing/engine_stats.h"
 #include "kvtier/transfer.h"
 
 namespace kvtier::transfer::cuda {
 
-struct GpuTransferStats {
-  TransferBackend backend = TransferBackend::kKernel;  // kernel or dma (auto: the one it chose)
-  int blocks = 0;        // kernel: blocks of the widest launch = SMs occupied (one 1024-thread
-                         // block fits an SM at a time, see copy_kernels.cuh)
-  int64_t launches = 0;  // kernel: kernel launches
-  double launch_us = 0;  // kernel: host wall time inside the launch calls (the driver's part of
-                         // the call's host time; bench reports it next to the whole call)
-  int64_t copy_ops =
-      0;  // dma: copy operations submitted (batch entries + 2D copies + single copies)
-  int64_t batch_calls = 0;  // dma: cudaMemcpyBatchAsync calls
-  int64_t copies_2d = 0;    // dma: cudaMemcpy2DAsync calls
-  int lanes = 1;            // dma: streams the operations were spread over (dma_engine.cc)
-  int64_t kv_merged = 0;    // dma: strided copies that carried K and V of a page at once
-};
+// The statistics are the testing surface's (kvtier/testing/engine_stats.h), which also declares
+// LastTransferStats (defined in gpu_engine.cc).
+using ::kvtier::testing::GpuTransferStats;
 
 class GpuTransferEngine : public TransferEngine {
  public:
@@ -47,9 +37,6 @@ Result<std::unique_ptr<GpuTransferEngine>> CreateDmaEngine(const TransferEngineC
 // The engine `auto` picks for a request (auto_engine.cc documents the measured table).
 // REQUIRES: ValidateTransfer(request).ok().
 TransferBackend AutoChoice(const TransferRequest& request, const TransferOptions& options);
-
-// The last call's statistics when `engine` is a CUDA engine, else nullptr.
-const GpuTransferStats* LastTransferStats(const TransferEngine& engine);
 
 // OK when CUDA device `device` exists; else Unavailable naming `backend` ("kernel", "dma") and
 // how many devices are present. The engines' factories call it first.

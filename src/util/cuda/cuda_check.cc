@@ -1,5 +1,5 @@
-// Out-of-line half of util/cuda_check.h.
-#include "util/cuda_check.h"
+// Out-of-line half of kvtier/cuda_check.h.
+#include "kvtier/cuda_check.h"
 
 #include <fmt/format.h>
 

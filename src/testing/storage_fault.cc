@@ -1,11 +1,12 @@
-// FaultInjectingStorage (storage_fault.h): decides a batch's faults, forwards the remaining pages
-// to the wrapped backend through its public (queued) API, waits for it, and merges the outcomes.
+// FaultInjectingStorage (kvtier/testing/storage_fault.h): decides a batch's faults, forwards the
+// remaining pages to the wrapped backend through its public (queued) API, waits for it, and merges
+// the outcomes.
 //
 // The wrapped backend completes every call it accepts (its contract), so waiting for it without a
 // bound cannot hang; its buffers are the caller's, which stay valid until this wrapper completes.
 //
 // Thread safety: settings are atomics; the generator and the counts are guarded by `mu_`.
-#include "kvtier/storage_fault.h"
+#include "kvtier/testing/storage_fault.h"
 
 #include <fmt/format.h>
 

@@ -1,13 +1,13 @@
 // KV pattern helper: deterministic, prefix-dependent, layout-independent, and detects every
 // single-byte change.
-#include "kvtier/kv_pattern.h"
+#include "kvtier/testing/kv_pattern.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <random>
 
-#include "transfer/reference_copy.h"
+#include "kvtier/testing/reference_copy.h"
 
 namespace kvtier {
 namespace {
@@ -58,9 +58,9 @@ TEST(KvPatternTest, FillVerifyAndDetectEveryLayoutThroughACopy) {
       ASSERT_TRUE(VerifyKvPattern(src.region, s_slots, h).ok());
       // Poisoned destination fails, a real copy passes.
       EXPECT_EQ(VerifyKvPattern(dst.region, d_slots, h).code(), StatusCode::kCorruption);
-      ASSERT_TRUE(transfer::ReferenceTransfer(
-                      TransferRequest::AllLayers(src.region, dst.region, SlotIndices::Host(s_slots),
-                                                 SlotIndices::Host(d_slots)))
+      ASSERT_TRUE(testing::ReferenceTransfer(TransferRequest::AllLayers(src.region, dst.region,
+                                                                        SlotIndices::Host(s_slots),
+                                                                        SlotIndices::Host(d_slots)))
                       .ok());
       ASSERT_TRUE(VerifyKvPattern(dst.region, d_slots, h).ok());
       // Wrong slot order (another token's KV) is caught.

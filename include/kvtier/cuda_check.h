@@ -1,4 +1,5 @@
-// Internal: the one checking macro for CUDA runtime calls (one macro, as NCCL and CUB have).
+// kvtier/cuda_check.h — the one checking macro for CUDA runtime calls (one macro, as NCCL and
+// CUB have); the library, tests and tools all use it.
 //
 // `KVTIER_CUDA_RETURN_IF_ERROR(call)` evaluates a CUDA runtime call and, when it does not return
 // cudaSuccess, returns `Status::CudaError` from the enclosing function with a message naming the

@@ -1,7 +1,7 @@
 // FaultInjectingStorage over the real memory backend: each fault has the outcome its contract
 // names (and no wrong bytes reported as a hit), faults are reproducible from the seed, settings
 // can change from another thread while calls run, and clearing them restores normal service.
-#include "kvtier/storage_fault.h"
+#include "kvtier/testing/storage_fault.h"
 
 #include <gtest/gtest.h>
 

@@ -1,8 +1,8 @@
-#include "transfer/reference_copy.h"
+#include "kvtier/testing/reference_copy.h"
 
 #include <cstring>
 
-namespace kvtier::transfer {
+namespace kvtier::testing {
 
 Status ReferenceTransfer(const TransferRequest& r) {
   KVTIER_RETURN_IF_ERROR(ValidateTransfer(r));
@@ -39,4 +39,4 @@ Status ReferenceTransfer(const TransferRequest& r) {
   return Status::OK();
 }
 
-}  // namespace kvtier::transfer
+}  // namespace kvtier::testing

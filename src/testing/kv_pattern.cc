@@ -1,35 +1,21 @@
-// Deterministic KV pattern (see kvtier/kv_pattern.h).
-#include "kvtier/kv_pattern.h"
+// Deterministic KV pattern (see kvtier/testing/kv_pattern.h).
+#include "kvtier/testing/kv_pattern.h"
 
 #include <fmt/format.h>
 
 #include <cstring>
 
+#include "kvtier/testing/kv_pattern_value.h"
+
 namespace kvtier {
 namespace {
 
-inline uint64_t Mix(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 27;
-  x *= 0x94D049BB133111EBull;
-  x ^= x >> 31;
-  return x;
-}
-
 // Fills `out` (slot_bytes, a multiple of 4) with the bytes of (hash, layer, buffer).
 void Generate(uint64_t hash, int64_t layer, int buffer, std::byte* out, int64_t n) {
-  uint64_t state = Mix(hash ^ Mix(static_cast<uint64_t>(layer) * 2 + buffer + 1));
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    state += 0x9E3779B97F4A7C15ull;
-    const uint64_t v = Mix(state);
-    std::memcpy(out + i, &v, 8);
-  }
-  if (i < n) {
-    state += 0x9E3779B97F4A7C15ull;
-    const uint64_t v = Mix(state);
-    std::memcpy(out + i, &v, static_cast<size_t>(n - i));
+  const uint64_t state = KvPatternState(hash, layer, buffer);
+  for (int64_t i = 0; i < n; i += 8) {
+    const uint64_t v = KvPatternValue(state, i / 8);
+    std::memcpy(out + i, &v, static_cast<size_t>(n - i < 8 ? n - i : 8));
   }
 }
 
@@ -71,15 +57,16 @@ void ForEachChunk(const KvRegion& region, int b, int64_t layer, int64_t slot, Fn
 
 uint64_t KvPatternSalt(std::string_view name_space) {
   uint64_t h = 0x243F6A8885A308D3ull;
-  for (char c : name_space) h = Mix(h ^ static_cast<uint8_t>(c));
+  for (char c : name_space) h = KvPatternMix(h ^ static_cast<uint8_t>(c));
   return h;
 }
 
 std::vector<uint64_t> KvPatternHashes(std::span<const Token> tokens, uint64_t salt) {
   std::vector<uint64_t> out(tokens.size());
-  uint64_t h = Mix(salt);
+  uint64_t h = KvPatternMix(salt);
   for (size_t i = 0; i < tokens.size(); ++i) {
-    h = Mix(h ^ (static_cast<uint64_t>(static_cast<uint32_t>(tokens[i])) + 0x632BE59BD9B4E019ull));
+    h = KvPatternMix(
+        h ^ (static_cast<uint64_t>(static_cast<uint32_t>(tokens[i])) + 0x632BE59BD9B4E019ull));
     out[i] = h;
   }
   return out;

@@ -1,4 +1,4 @@
-// kvtier/kv_pattern.h — deterministic KV contents for tests and tools.
+// kvtier/testing/kv_pattern.h — deterministic KV contents for tests and tools.
 //
 // The bytes a pattern puts in (token position, layer, buffer) are a pure function of the tokens
 // up to and including that position (as a model's KV is), the namespace salt, the layer and the

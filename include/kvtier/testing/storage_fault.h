@@ -1,5 +1,5 @@
-// kvtier/storage_fault.h — a storage backend that injects faults into a real one, for tests of
-// the layers above (cache, replay): delays, failed pages, corrupted reads, dropped writes, and a
+// kvtier/testing/storage_fault.h — a storage backend that injects faults into a real one, for tests
+// of the layers above (cache, replay): delays, failed pages, corrupted reads, dropped writes, and a
 // "down" switch under which every call fails as against a stopped server.
 //
 // The wrapper is itself a StorageBackend (own bounded queue and I/O threads); its hooks decide
