@@ -71,7 +71,7 @@ std::vector<std::byte> EncodeStorage(StorageOp op, std::span<const PageKey> keys
   for (size_t i = 0; i < n; ++i) {
     std::memcpy(out.data() + 16 + i * sizeof(PageKey), keys[i].bytes.data(), sizeof(PageKey));
   }
-  std::memcpy(out.data() + 16 + n * sizeof(PageKey), pages.data(), n * 8);
+  if (n > 0) std::memcpy(out.data() + 16 + n * sizeof(PageKey), pages.data(), n * 8);
   return out;
 }
 
@@ -96,7 +96,7 @@ Result<StorageDecision> DecodeStorage(std::span<const std::byte> in) {
   for (size_t i = 0; i < n; ++i) {
     std::memcpy(d.keys[i].bytes.data(), in.data() + 16 + i * sizeof(PageKey), sizeof(PageKey));
   }
-  std::memcpy(d.pages.data(), in.data() + 16 + n * sizeof(PageKey), n * 8);
+  if (n > 0) std::memcpy(d.pages.data(), in.data() + 16 + n * sizeof(PageKey), n * 8);
   return d;
 }
 

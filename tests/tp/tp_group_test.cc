@@ -292,8 +292,10 @@ struct Step {
     const uint32_t o = op;
     std::memcpy(out.data(), &o, 4);
     std::memcpy(out.data() + 8, &n, 8);
-    std::memcpy(out.data() + 16, slots.data(), n * 8);
-    std::memcpy(out.data() + 16 + n * 8, hashes.data(), n * 8);
+    if (n > 0) {  // empty spans may have null data, which memcpy must not get
+      std::memcpy(out.data() + 16, slots.data(), n * 8);
+      std::memcpy(out.data() + 16 + n * 8, hashes.data(), n * 8);
+    }
     return out;
   }
   static Status Apply(std::span<const std::byte> msg, const KvRegion& device, bool mla, int rank,

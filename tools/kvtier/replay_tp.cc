@@ -106,11 +106,14 @@ struct StepMessage {
     m.tokens.resize(static_cast<size_t>(hits + fresh));
     m.hit_slots.resize(static_cast<size_t>(hits));
     m.new_slots.resize(static_cast<size_t>(fresh));
-    std::memcpy(m.tokens.data(), p, m.tokens.size() * 4);
-    p += m.tokens.size() * 4;
-    std::memcpy(m.hit_slots.data(), p, m.hit_slots.size() * 8);
-    p += m.hit_slots.size() * 8;
-    std::memcpy(m.new_slots.data(), p, m.new_slots.size() * 8);
+    // An empty vector's data() may be null, which memcpy must not get even for 0 bytes.
+    auto take = [&p](void* dst, size_t bytes) {
+      if (bytes > 0) std::memcpy(dst, p, bytes);
+      p += bytes;
+    };
+    take(m.tokens.data(), m.tokens.size() * 4);
+    take(m.hit_slots.data(), m.hit_slots.size() * 8);
+    take(m.new_slots.data(), m.new_slots.size() * 8);
     return m;
   }
 };
