@@ -26,6 +26,7 @@
 namespace {
 
 namespace storage = kvtier::storage;
+using kvtier::RedactUrl;
 
 void Check(bool ok) {
   if (!ok) std::abort();

@@ -308,8 +308,10 @@ struct Step {
     if (msg.size() != 16 + n * 16) return Status::InvalidArgument("step: bad length");
     std::vector<int64_t> slots(n);
     std::vector<uint64_t> hashes(n);
-    std::memcpy(slots.data(), msg.data() + 16, n * 8);
-    std::memcpy(hashes.data(), msg.data() + 16 + n * 8, n * 8);
+    if (n > 0) {  // an empty vector's data() may be null, which memcpy must not get
+      std::memcpy(slots.data(), msg.data() + 16, n * 8);
+      std::memcpy(hashes.data(), msg.data() + 16 + n * 8, n * 8);
+    }
     return op == kFill ? FillTpShardPattern(device, mla, rank, tp, slots, hashes)
                        : VerifyTpShardPattern(device, mla, rank, tp, slots, hashes);
   }
