@@ -596,6 +596,10 @@ class RunDriver {
       InFlight f = std::move(pending.front());
       pending.pop_front();
       KVTIER_RETURN_IF_ERROR(Serve(f).WithContext(fmt::format("request {}", f.index)));
+      if (o_.settle_backups && cache_ != nullptr) {
+        KVTIER_RETURN_IF_ERROR(cache_->WaitForBackups().WithContext(
+            fmt::format("--settle-backups after request {}", f.index)));
+      }
       const RequestRecord& r = summary_.records[static_cast<size_t>(f.index)];
       hit += r.hit_tokens();
       input += r.input_tokens;

@@ -52,6 +52,10 @@ struct ReplayOptions {
   int64_t concurrency = 0;  // > 0: closed loop with this many requests in flight
   double speed = 1.0;       // open loop: timestamps divided by this
   bool sequential = false;
+  // Wait for every backup to storage to land after each request, before the next one is served
+  // (an engine idle long enough for write-through): storage hits then do not depend on how fast
+  // the store writes compared with the replay's modelled compute.
+  bool settle_backups = false;
   int64_t max_inflight = 64;  // open loop: requests matched ahead of the one being served
 
   // ---- model and compute ----

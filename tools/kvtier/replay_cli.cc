@@ -79,6 +79,9 @@ CLI::App* AddReplayCommand(CLI::App& app, ReplayOptions* o) {
   c->add_option("--speed", o->speed, "open loop: the trace's timestamps divided by this")
       ->capture_default_str();
   c->add_flag("--sequential", o->sequential, "one request at a time, in file order");
+  c->add_flag("--settle-backups", o->settle_backups,
+              "wait for each request's backups to storage before serving the next (storage hits "
+              "independent of the store's write speed)");
   c->add_option("--max-inflight", o->max_inflight,
                 "open loop: requests matched (and prefetching) ahead of the one being served")
       ->capture_default_str();
