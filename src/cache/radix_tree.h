@@ -325,6 +325,11 @@ class RadixTree {
   // Tells the tier hook that `node`, about to leave the tree, left every tier it was in.
   void LeavingTree(const RadixNode& node);
   EvictionStats StatsOf(const RadixNode* node) const;
+  // One child `c` of `n`, filed under `key` among `kids`: its own fields and its place.
+  Status CheckChild(const RadixNode* n, const RadixNode* c, uint64_t key,
+                    const std::vector<std::pair<uint64_t, const RadixNode*>>& kids) const;
+  // Whether `n` (not a root) is in exactly the evictable sets its state puts it in.
+  Status CheckEvictableSets(const RadixNode* n) const;
   Status CheckNode(const RadixNode* node, int64_t* device_tokens, int64_t* host_tokens,
                    int64_t* stored_tokens, int64_t* nodes) const;
 

@@ -164,14 +164,17 @@ TEST_P(CacheKvEventsTest, EventsRebuildEveryTierUnderConcurrency) {
   auto blocks = cache.CachedBlocks();
   ASSERT_TRUE(blocks.ok()) << blocks.status().ToString();
   EXPECT_EQ(sink->outside_lock.load(), 0);
-  std::lock_guard<std::mutex> lock(sink->mu);
-  auto media = Rebuild(*sink, P);
+  const CacheStats s = cache.stats();
+  std::map<std::string, std::set<uint64_t>> media;
+  {
+    std::lock_guard<std::mutex> lock(sink->mu);  // never held while calling the cache
+    media = Rebuild(*sink, P);
+  }
   EXPECT_EQ(Sorted(media[std::string(kMediumGpu)]), blocks->device);
   EXPECT_EQ(Sorted(media[std::string(kMediumCpuPinned)]), blocks->host);
   EXPECT_EQ(Sorted(media[std::string(kMediumMemory)]), blocks->storage);
   EXPECT_EQ(media.size(), 3u) << "a medium other than GPU, CPU_PINNED and MEMORY";
   // The run exercised every tier both ways.
-  const CacheStats s = cache.stats();
   EXPECT_GT(s.device_evicted_tokens, 0);
   EXPECT_GT(s.host_evicted_tokens, 0);
   EXPECT_FALSE(blocks->host.empty());
