@@ -155,6 +155,15 @@ struct StorageTierConfig {
   double prefetch_timeout_max_s = 30.0;           // ... capped here
   double max_prefetch_host_fraction = 0.5;        // of the host pool filling at once, in (0, 1]
   int64_t max_prefetch_batch_pages = 256;         // pages per Get batch
+  // Never slower than recomputing: the engine's prefill rate in tokens/s (0 = off). When set, a
+  // storage hit is prefetched only where reading it is estimated cheaper than recomputing it:
+  // reading costs bytes / the storage read bandwidth this cache measured (a moving average over
+  // its completed prefetches' Get batches: bytes that arrived / time from submission to the last
+  // batch), recomputing costs tokens / prefill_tokens_per_second. Both grow linearly with the
+  // tokens, so a storage part is read whole or not at all; until the first prefetch completed
+  // nothing is measured and nothing is cut. QueryStorage and Prefetch say where and why they cut
+  // (StorageCut).
+  double prefill_tokens_per_second = 0;
 
   // Storage-only pages the tree remembers (beyond: the least recently used are forgotten).
   int64_t max_storage_only_pages = 1 << 20;
@@ -273,10 +282,32 @@ struct MatchResult {
   int64_t storage_tokens = 0;         // the next tokens, known to be in storage only
 };
 
+// Why storage tokens were not (or would not be) prefetched.
+enum class StorageCutReason : uint8_t {
+  kNone = 0,              // nothing cut
+  kRecomputeCheaper = 1,  // reading them is estimated slower than recomputing them
+};
+// "none", "recompute_cheaper".
+const char* StorageCutReasonName(StorageCutReason reason);
+
+// Where the cache cut a storage hit (StorageTierConfig::prefill_tokens_per_second).
+struct StorageCut {
+  StorageCutReason reason = StorageCutReason::kNone;
+  int64_t tokens = 0;  // storage tokens left to recomputing (from the end of the storage part)
+  // The estimates for the whole storage part that decided it (0 when not estimated: the rule is
+  // off or no read bandwidth was measured yet).
+  double read_seconds = 0;           // bytes / measured storage read bandwidth
+  double recompute_seconds = 0;      // tokens / prefill_tokens_per_second
+  double read_bytes_per_second = 0;  // the measured bandwidth used
+};
+
 // QueryStorage's answer: the handle's storage part after the query.
 struct StorageQueryResult {
   int64_t storage_tokens = 0;  // tokens after the host part found in storage (tree + backend)
   int64_t queried_tokens = 0;  // of those, found by asking the backend in this call
+  // Of storage_tokens, those a Prefetch now would read (storage_tokens - cut.tokens).
+  int64_t worth_reading_tokens = 0;
+  StorageCut cut;
 };
 
 enum class PrefetchState : uint8_t {
@@ -296,6 +327,9 @@ struct PrefetchResult {
   int64_t arrived_tokens = 0;    // leading tokens in host memory so far / at the end
   // After the prefetch ended: the handle's host part now (host hits incl. the arrived tokens).
   int64_t host_tokens = 0;
+  // Start (Prefetch): storage tokens not requested because recomputing them is cheaper; a cut
+  // of the whole storage part leaves state kNone.
+  StorageCut cut;
 };
 
 struct LoadBackResult {

@@ -82,6 +82,16 @@ const char* PrefetchStateName(PrefetchState state) {
   return "unknown_prefetch_state";
 }
 
+const char* StorageCutReasonName(StorageCutReason reason) {
+  switch (reason) {
+    case StorageCutReason::kNone:
+      return "none";
+    case StorageCutReason::kRecomputeCheaper:
+      return "recompute_cheaper";
+  }
+  return "unknown_storage_cut_reason";
+}
+
 // ---- the schema ------------------------------------------------------------------------------
 
 namespace {
@@ -181,6 +191,10 @@ ConfigSchema<HierarchicalCacheConfig> BuildSchema() {
   s.push_back(IntField<C>("max_prefetch_batch_pages",
                           Member(&C::storage, &S::max_prefetch_batch_pages), 1, kPages,
                           "pages per storage Get batch"));
+  s.push_back(FloatField<C>("prefill_tokens_per_second",
+                            Member(&C::storage, &S::prefill_tokens_per_second), 0, 1e12, false,
+                            "engine prefill rate; storage hits slower to read are recomputed "
+                            "(0 = off)"));
   s.push_back(IntField<C>("max_storage_only_pages", Member(&C::storage, &S::max_storage_only_pages),
                           0, kPages, "storage-only pages the tree remembers"));
   s.push_back(IntField<C>("max_backup_queue_pages", Member(&C::storage, &S::max_backup_queue_pages),

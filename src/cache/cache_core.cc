@@ -110,6 +110,34 @@ Status CacheCore::OpenStorageTier(const KvRegion& device_region) {
   return Status::OK();
 }
 
+void ReadBandwidth::Observe(double bytes, double seconds) {
+  if (!(bytes > 0) || !(seconds > 0)) return;
+  const double sample = bytes / seconds;
+  std::lock_guard<std::mutex> lk(mu_);
+  constexpr double kWeight = 0.25;  // of the newest prefetch
+  bps_ = bps_ == 0 ? sample : (1 - kWeight) * bps_ + kWeight * sample;
+}
+
+double ReadBandwidth::bytes_per_second() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return bps_;
+}
+
+StorageCut CacheCore::CutFor(int64_t tokens) const {
+  StorageCut cut;
+  const double rate = config.storage.prefill_tokens_per_second;
+  const double bps = read_bandwidth.bytes_per_second();
+  if (rate <= 0 || bps <= 0 || tokens <= 0) return cut;
+  cut.read_bytes_per_second = bps;
+  cut.read_seconds = static_cast<double>(tokens / P) * static_cast<double>(PageBytes()) / bps;
+  cut.recompute_seconds = static_cast<double>(tokens) / rate;
+  if (cut.read_seconds > cut.recompute_seconds) {
+    cut.reason = StorageCutReason::kRecomputeCheaper;
+    cut.tokens = tokens;
+  }
+  return cut;
+}
+
 CacheStats CacheCore::Stats() const {
   CacheStats c = counters;
   c.page_size = P;

@@ -113,6 +113,19 @@ struct HandleState {
   PrefetchPolicy prefetch_policy = PrefetchPolicy::kBestEffort;
 };
 
+// The storage read bandwidth a cache measured (bytes/s): an exponential moving average over its
+// completed prefetches. Thread-safe (its own mutex): observed from the storage completion threads.
+class ReadBandwidth {
+ public:
+  // One completed prefetch: `bytes` arrived in `seconds` (from submission to the last batch).
+  void Observe(double bytes, double seconds);
+  double bytes_per_second() const;  // 0: nothing measured yet
+
+ private:
+  mutable std::mutex mu_;
+  double bps_ = 0;
+};
+
 struct CacheCore {
   CacheCore(const HierarchicalCacheConfig& cfg, int64_t page_size);
 
@@ -127,6 +140,7 @@ struct CacheCore {
   std::shared_ptr<StorageBackend> storage;
   bool owns_storage = false;                      // opened from a URL: closed with the cache
   std::unique_ptr<storage::PageStaging> staging;  // host pages <-> storage calls
+  ReadBandwidth read_bandwidth;                   // of `storage`, for the recompute rule
 
   // The members above are set by Open and do not change after; those below are guarded by `mu`
   // (kCacheLock in the analysis; the tracker guards its own list the same way).
@@ -168,6 +182,11 @@ struct CacheCore {
   Status CheckHealth() const KVTIER_REQUIRES(kCacheLock);
   // Makes the cache unusable with `st` (the first failure wins); nothing when `st` is OK.
   void Fail(Status st, std::string_view what) KVTIER_REQUIRES(kCacheLock);
+
+  // ---- never slower than recomputing (StorageTierConfig::prefill_tokens_per_second) --------
+  // Where a storage part of `tokens` tokens is cut: nothing when the rule is off or no bandwidth
+  // was measured yet, else the whole part when reading it is estimated slower than recomputing.
+  StorageCut CutFor(int64_t tokens) const;
 
   // ---- pages -----------------------------------------------------------------------------------
   int64_t PageBytes() const {

@@ -72,8 +72,17 @@ void CopyExecutor::SubmitStorage(const std::shared_ptr<CopyOp>& op) {
       const int64_t to = std::min(n, from + op->batch_pages);
       std::vector<PageKey> keys(op->keys.begin() + from, op->keys.begin() + to);
       const auto starts = std::span(op->pages).subspan(from, to - from);
-      pages->GetAsync(*backend, std::move(keys), starts,
-                      [tr, op, b](BatchResult r) { tr->CompleteBatch(*op, b, r.status, r.pages); });
+      ReadBandwidth* bw = &core_.read_bandwidth;
+      const double page_bytes = static_cast<double>(core_.PageBytes());
+      pages->GetAsync(
+          *backend, std::move(keys), starts, [tr, op, b, bw, page_bytes](BatchResult r) {
+            if (!tr->CompleteBatch(*op, b, r.status, r.pages)) return;
+            // The last batch: the prefetch's read bandwidth (page_status no longer changes).
+            const auto ok =
+                std::count(op->page_status.begin(), op->page_status.end(), PageStatus::kOk);
+            bw->Observe(static_cast<double>(ok) * page_bytes,
+                        SecondsSince(op->start, op->finished));
+          });
     }
     return;
   }

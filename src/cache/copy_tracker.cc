@@ -34,7 +34,7 @@ void CopyTracker::Complete(CopyOp& op, Status status) {
   cv_.notify_all();
 }
 
-void CopyTracker::CompleteBatch(CopyOp& op, int64_t batch, const Status& status,
+bool CopyTracker::CompleteBatch(CopyOp& op, int64_t batch, const Status& status,
                                 const std::vector<PageStatus>& statuses) {
   std::lock_guard<std::mutex> lk(mu_);
   if (!status.ok() && op.status.ok()) op.status = status;
@@ -44,11 +44,13 @@ void CopyTracker::CompleteBatch(CopyOp& op, int64_t batch, const Status& status,
     if (at < op.page_status.size()) op.page_status[at] = statuses[i];
   }
   op.batch_done[static_cast<size_t>(batch)] = 1;
-  if (--op.batches_left == 0) {
+  const bool last = --op.batches_left == 0;
+  if (last) {
     op.finished = std::chrono::steady_clock::now();
     op.done.store(true, std::memory_order_release);
   }
   cv_.notify_all();
+  return last;
 }
 
 void CopyTracker::AddPresent(CopyOp& op, int64_t present_pages) {

@@ -122,8 +122,9 @@ class CopyTracker {
   // A copy (or the submission of a GPU copy: `submitted` without `done`).
   void MarkSubmitted(CopyOp& op, Status status);
   void Complete(CopyOp& op, Status status);
-  // Storage: one batch's page outcomes (pages [first, first + statuses.size())).
-  void CompleteBatch(CopyOp& op, int64_t batch, const Status& status,
+  // Storage: one batch's page outcomes (pages [first, first + statuses.size())). True when this
+  // batch completed the operation (exactly one call per operation returns true).
+  bool CompleteBatch(CopyOp& op, int64_t batch, const Status& status,
                      const std::vector<PageStatus>& statuses);
   // kStore: `present_pages` more pages storage held already (each batch's Exists).
   void AddPresent(CopyOp& op, int64_t present_pages);

@@ -294,6 +294,8 @@ Result<StorageQueryResult> HierarchicalCache::QueryStorage(MatchHandle handle) {
     for (RadixNode* n : CacheCore::Path(h->last)) {
       if (!n->on_device() && !n->on_host() && n->stored()) out.storage_tokens += n->num_tokens();
     }
+    out.cut = s.CutFor(out.storage_tokens);  // the early answers below: the tree's part
+    out.worth_reading_tokens = out.storage_tokens - out.cut.tokens;
     if (!s.storage || h->rest.empty()) return out;
     ++s.counters.query_storage_calls;
     rest = h->rest;
@@ -346,6 +348,8 @@ Result<StorageQueryResult> HierarchicalCache::QueryStorage(MatchHandle handle) {
     s.counters.storage_hit_tokens += out.queried_tokens;
     s.evictor.TrimStorage(&work);
   }
+  out.cut = s.CutFor(out.storage_tokens);
+  out.worth_reading_tokens = out.storage_tokens - out.cut.tokens;
   lk.unlock();
   s.executor.Run(work);
   return out;

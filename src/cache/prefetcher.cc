@@ -263,7 +263,10 @@ Result<PrefetchResult> Prefetcher::Start(HandleState& h, PrefetchPolicy policy, 
     core_.counters.prefetch_below_threshold_tokens += tokens;
     return out;
   }
-  const int64_t pages = HostPagesFor(tokens, work);
+  // Never slower than recomputing: the tokens after the cut are left to the engine's prefill.
+  out.cut = core_.CutFor(tokens);
+  if (out.cut.tokens >= tokens) return out;
+  const int64_t pages = HostPagesFor(tokens - out.cut.tokens, work);
   if (pages <= 0 || pages * core_.P < std::min(tokens, threshold)) {
     core_.counters.prefetch_no_room_tokens += tokens;
     return out;

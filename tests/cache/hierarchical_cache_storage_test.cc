@@ -389,6 +389,88 @@ TEST(StorageTierTest, TimeoutAndBestEffortDoNotWaitForSlowStorage) {
   ExpectConsistent(s);
 }
 
+// Never slower than recomputing. The first prefetch measures the read bandwidth; the rule then
+// cuts what is slower to read than to recompute. Deterministic without timing assertions: a
+// store delaying every Get by 200 ms takes at least 0.2 s to read the prefix, against 32 ns to
+// recompute it at 1e9 tokens/s (cut); an undelayed store read against a prefill of 1 token/s
+// (32 s) would need 32 s for 1 KiB to be cut (not cut).
+TEST(StorageTierTest, SlowStorageIsCutInFavourOfRecomputingFastStorageIsNot) {
+  for (const bool slow : {true, false}) {
+    SCOPED_TRACE(slow ? "slow store" : "fast store");
+    FaultInjectingStorage* faults = nullptr;
+    StorageOptions options;
+    options.timeout = std::chrono::milliseconds(5000);
+    HierarchicalCacheConfig cfg = StorageConfig(FaultyStore(4, &faults, options));
+    cfg.storage.prefill_tokens_per_second = slow ? 1e9 : 1.0;
+    TestCache s = Make(cfg, 4, 16, 32);
+    const auto a = Seq(32, 300);
+    Prefill(s, a);
+    EvictAll(s);
+    if (slow) {
+      ASSERT_TRUE(faults->SetDelay(std::chrono::milliseconds(200)).ok());
+    }
+    // Nothing measured yet: nothing is cut, and this prefetch measures the bandwidth.
+    auto m = s.cache->Match(a);
+    ASSERT_TRUE(m.ok());
+    auto q = s.cache->QueryStorage(m->handle);
+    ASSERT_TRUE(q.ok());
+    EXPECT_EQ(q->storage_tokens, 32);
+    EXPECT_EQ(q->worth_reading_tokens, 32);
+    EXPECT_EQ(q->cut.reason, StorageCutReason::kNone);
+    EXPECT_EQ(q->cut.read_bytes_per_second, 0);
+    auto p = s.cache->Prefetch(m->handle, PrefetchPolicy::kWaitComplete);
+    ASSERT_TRUE(p.ok());
+    EXPECT_EQ(p->state, PrefetchState::kRunning);
+    EXPECT_EQ(p->cut.tokens, 0);
+    auto f = s.cache->FinishPrefetch(m->handle);
+    ASSERT_TRUE(f.ok());
+    EXPECT_EQ(f->state, PrefetchState::kComplete);
+    ASSERT_TRUE(s.cache->Release(m->handle).ok());
+    EvictAll(s);
+    // Measured now: the slow store's hit is left to recomputing, the fast one's is read.
+    m = s.cache->Match(a);
+    ASSERT_TRUE(m.ok());
+    q = s.cache->QueryStorage(m->handle);
+    ASSERT_TRUE(q.ok());
+    EXPECT_EQ(q->storage_tokens, 32);
+    EXPECT_GT(q->cut.read_bytes_per_second, 0);
+    EXPECT_GT(q->cut.read_seconds, 0);
+    EXPECT_DOUBLE_EQ(q->cut.recompute_seconds, 32 / cfg.storage.prefill_tokens_per_second);
+    p = s.cache->Prefetch(m->handle, PrefetchPolicy::kWaitComplete);
+    ASSERT_TRUE(p.ok());
+    if (slow) {
+      EXPECT_GE(q->cut.read_seconds, 0.2 * 0.99);  // the delay bounds the measured bandwidth
+      EXPECT_EQ(q->cut.reason, StorageCutReason::kRecomputeCheaper);
+      EXPECT_STREQ(StorageCutReasonName(q->cut.reason), "recompute_cheaper");
+      EXPECT_EQ(q->cut.tokens, 32);
+      EXPECT_EQ(q->worth_reading_tokens, 0);
+      EXPECT_EQ(p->state, PrefetchState::kNone);
+      EXPECT_EQ(p->cut.reason, StorageCutReason::kRecomputeCheaper);
+      EXPECT_EQ(p->cut.tokens, 32);
+      EXPECT_EQ(p->requested_tokens, 0);
+      auto l = s.cache->LoadBack(m->handle);
+      ASSERT_TRUE(l.ok());
+      EXPECT_EQ(l->loaded_tokens, 0);
+      EXPECT_TRUE(l->device_slots.empty());
+    } else {
+      EXPECT_EQ(q->cut.reason, StorageCutReason::kNone);
+      EXPECT_EQ(q->cut.tokens, 0);
+      EXPECT_EQ(q->worth_reading_tokens, 32);
+      EXPECT_EQ(p->state, PrefetchState::kRunning);
+      EXPECT_EQ(p->cut.tokens, 0);
+      EXPECT_EQ(p->requested_tokens, 32);
+      auto l = s.cache->LoadBack(m->handle);
+      ASSERT_TRUE(l.ok());
+      EXPECT_EQ(l->prefetch.state, PrefetchState::kComplete);
+      ASSERT_EQ(l->device_slots.size(), 32u);
+      EXPECT_TRUE(s.device->Verify(l->device_slots, Hashes(a, "")).ok());
+    }
+    ASSERT_TRUE(s.cache->Release(m->handle).ok());
+    faults->ClearFaults();
+    ExpectConsistent(s);
+  }
+}
+
 TEST(StorageTierTest, StorageDownKeepsServingWithinTheTimeout) {
   FaultInjectingStorage* faults = nullptr;
   StorageOptions options;
