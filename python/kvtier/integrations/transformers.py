@@ -192,15 +192,17 @@ class KvtierPool:
             if match.storage_tokens:
                 cache.prefetch(match)
         stream = _stream(self.device, stream)
-        loaded = cache.load_back(match, stream=stream)
-        usable = min(len(loaded.device_slots), max(len(tokens) - 1, 0))
+        with _current(stream):  # the slot list's copy to the GPU is ordered before the gathers
+            loaded = cache.load_back(match, stream=stream)
+            slots = loaded.device_slots
+        usable = min(len(slots), max(len(tokens) - 1, 0))
         usable -= usable % align
         # What the usable prefix came from, fastest tier first.
         sources, left = {}, usable
         for tier in ("device", "host", "storage"):
             sources[tier] = min(tiers[tier], left)
             left -= sources[tier]
-        slots = loaded.device_slots[:usable]
+        slots = slots[:usable]
         return KvtierCache(self, match, tokens, slots, sources, namespace, stream,
                            loading=loaded.loaded_tokens > 0)
 
@@ -240,6 +242,20 @@ def _token_tensor(input_ids: Any, name: str) -> Any:
     if not values:
         return torch.empty(0, dtype=torch.int32)
     return torch.frombuffer(values, dtype=torch.int32)
+
+
+class _NoStream:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+def _current(stream: Any) -> Any:
+    """`stream` as torch's current stream for a block (the cache's slot lists are copied to the
+    GPU on the current stream); nothing for the cpu pool."""
+    return _NoStream() if stream is None else torch.cuda.stream(stream)
 
 
 def _stream(device: Any, stream: Any) -> Any:
@@ -365,7 +381,8 @@ class KvtierCache(Cache):
             if n <= self.prefix_tokens:
                 return self.prefix_tokens
             new = n - self.prefix_tokens
-            slots = hc.allocate_device_slots(new)
+            with _current(stream):
+                slots = hc.allocate_device_slots(new)
             ops.scatter_dense(pool.region, slots,
                               [layer.keys[:, :, self.prefix_tokens:n] for layer in self.layers],
                               [layer.values[:, :, self.prefix_tokens:n] for layer in self.layers],
