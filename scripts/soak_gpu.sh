@@ -6,7 +6,7 @@
 # Sources scripts/gpu_env.sh (the carried Debian packages: redis-server, hiredis, ... from
 # scripts/gpu_deps.sh, as build-deps/root), then builds the kvtier CLI and the Python extension with
 # CUDA for the interpreter that has torch (PYTHON, default python3) in KVTIER_GPU_BUILD_DIR (default
-# build-gpu: gpu_check.sh's tree is reused, only the extension is switched on), then runs
+# build-gpu, or build-python-gpu when only that exists), then runs
 #   scripts/soak.sh MINUTES --device gpu --io-backend kernel [options]
 # MINUTES 0 only builds (for a first call that must stay within a time limit). Exit status: the
 # soak's (0 only when it passed).
@@ -16,16 +16,23 @@ cd "$repo"
 minutes=${1:-8}
 shift || true
 source scripts/gpu_env.sh
-BUILD=${KVTIER_GPU_BUILD_DIR:-build-gpu}
+# A CUDA tree already there (gpu_check.sh's build-gpu, run_gpu_tests.sh's build-python-gpu) is
+# reused: only the extension and the CLI are switched on and built.
+BUILD=${KVTIER_GPU_BUILD_DIR:-}
+if [[ -z $BUILD ]]; then
+  BUILD=build-gpu
+  [[ ! -f build-gpu/CMakeCache.txt && -f build-python-gpu/CMakeCache.txt ]] && BUILD=build-python-gpu
+fi
 case $BUILD in /*) ;; *) BUILD=$repo/$BUILD ;; esac
 PY=$(command -v "${PYTHON:-python3}") || { echo "soak_gpu: no ${PYTHON:-python3}" >&2; exit 2; }
 "$PY" -c "import numpy, torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" ||
   { echo "soak_gpu: $PY lacks numpy or torch, or sees no GPU" >&2; exit 2; }
 
-CONFIG=(-DKVTIER_BUILD_PYTHON=ON -DPython_EXECUTABLE="$PY" -DPYTHON_EXECUTABLE="$PY")
+CONFIG=(-DKVTIER_BUILD_PYTHON=ON -DKVTIER_BUILD_TOOLS=ON -DPython_EXECUTABLE="$PY"
+        -DPYTHON_EXECUTABLE="$PY")
 if [[ ! -f "$BUILD/CMakeCache.txt" ]]; then
   CONFIG+=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DKVTIER_CUDA=ON -DKVTIER_CUDA_ARCHITECTURES=90
-           -DKVTIER_BUILD_TESTS=OFF -DKVTIER_BUILD_BENCH=OFF -DKVTIER_BUILD_TOOLS=ON)
+           -DKVTIER_BUILD_TESTS=OFF -DKVTIER_BUILD_BENCH=OFF)
 fi
 PYBIND11_DIR=$("$PY" -m pybind11 --cmakedir 2>/dev/null) || PYBIND11_DIR=""
 [[ -n "$PYBIND11_DIR" ]] && CONFIG+=(-Dpybind11_DIR="$PYBIND11_DIR")
