@@ -14,6 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 import kvtier  # noqa: E402
+import kvtier.integrations.transformers as integration  # noqa: E402
 from kvtier.integrations.transformers import KvtierPool  # noqa: E402
 
 L, H, D, N = 3, 2, 8, 64
@@ -50,7 +51,10 @@ def first_updates(cache, k, v, n):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_device_and_host_hits_hold_the_prefix(device):
+@pytest.mark.parametrize("one_block", [True, False], ids=["one-block", "per-layer"])
+def test_device_and_host_hits_hold_the_prefix(device, one_block, monkeypatch):
+    # Long prefixes are gathered into a tensor per layer, short ones into one block: both here.
+    monkeypatch.setattr(integration, "_ONE_BLOCK", 1 << 40 if one_block else 0)
     pool = KvtierPool(config(), device=device, num_tokens=4 * N, host_ratio=2.0)
     tokens = list(range(1000, 1000 + N))
     k, v = fill(pool, tokens, 1)

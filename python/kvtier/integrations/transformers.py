@@ -191,8 +191,10 @@ class KvtierPool:
             tiers["storage"] = match.storage_tokens
             if match.storage_tokens:
                 cache.prefetch(match)
-        stream = _stream(self.device, stream)
-        with _current(stream):  # the slot list's copy to the GPU is ordered before the gathers
+        # The slot list is copied to the GPU on the current stream: on `stream` when one is given,
+        # so that the copy is ordered before the gathers there.
+        with _NoStream() if stream is None else _current(stream):
+            stream = _stream(self.device, stream)
             loaded = cache.load_back(match, stream=stream)
             slots = loaded.device_slots
         usable = min(len(slots), max(len(tokens) - 1, 0))
@@ -266,10 +268,15 @@ def _stream(device: Any, stream: Any) -> Any:
     return None
 
 
+# K+V bytes of a prefix up to which a KvtierCache gathers into one K and one V block for every
+# layer (two allocations) rather than into a tensor per layer and buffer.
+_ONE_BLOCK = 256 << 20
+
+
 class _KvtierLayer(DynamicLayer):
     """A DynamicLayer whose first `prefix` tokens come from the pool, gathered at the layer's
-    first update (KvtierCache._gather). Until then `keys`/`values` are views of the cache's
-    [layers, 1, heads, prefix, head_dim] K and V tensors, allocated but not filled."""
+    first update (KvtierCache._gather). Until then `keys`/`values` are [1, heads, prefix,
+    head_dim] tensors (or views of one block for every layer), allocated but not filled."""
 
     def __init__(self, owner: "KvtierCache", index: int, keys: Any, values: Any) -> None:
         super().__init__()
@@ -315,15 +322,27 @@ class KvtierCache(Cache):
         self.sources = sources
         n = pool.num_layers
         self._plan = None
+        self._dense = None  # the per-layer tensors the plan was given (cleared once gathered)
         self._left = 0  # layers still to gather
         views = [(None, None)] * n
         if self.prefix_tokens:
-            shape = (n, 1, pool.heads, self.prefix_tokens, pool.head_dim)
-            k = torch.empty(shape, dtype=pool.dtype, device=pool.device)
-            v = torch.empty(shape, dtype=pool.dtype, device=pool.device)
-            self._plan = ops.DensePagedPlan(pool.region, slots, k, v)
+            shape = (1, pool.heads, self.prefix_tokens, pool.head_dim)
+            itemsize = pool.k.element_size()
+            if 2 * n * pool.heads * self.prefix_tokens * pool.head_dim * itemsize <= _ONE_BLOCK:
+                # Short prefixes: one K and one V tensor for every layer (two allocations).
+                k = torch.empty((n, *shape), dtype=pool.dtype, device=pool.device)
+                v = torch.empty((n, *shape), dtype=pool.dtype, device=pool.device)
+                self._plan = ops.DensePagedPlan(pool.region, slots, k, v)
+                views = list(zip(k.unbind(0), v.unbind(0)))
+            else:
+                # Long ones: a tensor per layer, freed when the model's first update of the layer
+                # replaces it (one block would live until the last layer's: twice the memory).
+                ks = [torch.empty(shape, dtype=pool.dtype, device=pool.device) for _ in range(n)]
+                vs = [torch.empty(shape, dtype=pool.dtype, device=pool.device) for _ in range(n)]
+                self._plan = ops.DensePagedPlan(pool.region, slots, ks, vs)
+                self._dense = (ks, vs)
+                views = list(zip(ks, vs))
             self._left = n
-            views = list(zip(k.unbind(0), v.unbind(0)))
         super().__init__(layers=[_KvtierLayer(self, i, views[i][0], views[i][1])
                                  for i in range(n)])
 
@@ -338,6 +357,8 @@ class KvtierCache(Cache):
             wait(handle, index, stream)
             self._plan._native.run(index, 1, False, stream)
             self._left -= 1
+            if self._dense is not None:  # the layer holds its tensors now, the plan no longer
+                self._dense[0][index] = self._dense[1][index] = None
         else:
             # A device hit can still wait for another request's load into the same slots.
             for i, layer in enumerate(self.layers):
@@ -346,8 +367,8 @@ class KvtierCache(Cache):
                     layer._pending = False
             self._plan._native.run(0, len(self.layers), False, stream)
             self._left = 0
-        if self._left == 0:
-            self._plan = None  # the views stay with their layers until the model replaces them
+        if self._left == 0:  # the tensors stay with their layers until the model replaces them
+            self._plan = self._dense = None
 
     def materialize(self) -> None:
         """Gathers every layer's prefix now (the model does it layer by layer otherwise)."""
