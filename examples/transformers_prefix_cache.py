@@ -14,9 +14,10 @@ The turns walk the tiers: 1 nothing cached; 2 a device hit; 3 a host hit (the de
 evicted); 4 a storage hit (device and host evicted); 5 a restart (a new pool and cache over the
 same file:// store). With --shared-host NAME the host tier is a shared segment (made when absent,
 left for other processes unless --remove-shared-host) instead of the file store: 4 is then a
-restart whose prefix comes from the segment (a host hit the new cache never computed), and a second
-process run with --expect-restart over the same segment must get turn 1 from it. Before every load the device pool is poisoned with NaN (all of it, except,
-for a device hit, the slots the hit reads), so a page that was not loaded cannot pass the check.
+restart whose prefix comes from the segment (a host hit the new cache never computed), and a
+second process run with --expect-restart over the same segment must get turn 1 from it. Before
+every load the device pool is poisoned with NaN (all of it, except, for a device hit, the slots
+the hit reads), so a page that was not loaded cannot pass the check.
 Cached prefixes are whole prefill chunks of the prompt (--chunk), which keeps the cached KV
 identical to what a chunked prefill of the next prompt computes.
 

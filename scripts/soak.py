@@ -27,8 +27,8 @@ the soak's segments in /dev/shm and the stores' bytes. It fails (exit 1) when a 
 wrong byte, a request that took longer than --stall-seconds, or an error it did not expect; when a
 long-lived worker dies; when RSS grows without bound (the least-squares slope over the second half
 of the run, times that half's length, above max(16 MiB, 25 % of the median)); when the median of
-fds or threads over the second half exceeds the first half's maximum by more than 4; when segments are left or the
-file store outgrows its capacity. It prints the figures (requests, faults of each kind survived,
+fds or threads over the second half exceeds the first half's maximum by more than 4; when
+segments are left or the file store outgrows its capacity. It prints the figures (requests, faults of each kind survived,
 wrong bytes, RSS start/end) and writes them as JSON with --json.
 """
 import argparse
@@ -432,7 +432,8 @@ def main():
         # threads and memory of start-up (importing torch, a CUDA context) are not growth.
         ready_by = time.monotonic() + READY_SECONDS
         while not all(os.path.exists(workers[n]["report"]) for n in ("redis", "file", "shared-a")):
-            dead = [n for n in ("redis", "file", "shared-a") if workers[n]["proc"].poll() is not None]
+            dead = [n for n in ("redis", "file", "shared-a")
+                    if workers[n]["proc"].poll() is not None]
             if dead or time.monotonic() > ready_by:
                 print("soak: FAILED: workers %s did not start serving within %d s (logs in %s)"
                       % (dead or [n for n in ("redis", "file", "shared-a")

@@ -22,8 +22,8 @@ Tokens are int32 (lists, numpy arrays, torch tensors); slot lists come back as i
 when torch is imported, else numpy arrays (or array.array without numpy). Device slot lists of a
 pool on a GPU are on that GPU, copied there through pinned memory on the current stream of that
 GPU without waiting for it (`slots_on_device=False` keeps them in host memory); host slot lists
-are in host memory. A Match makes its slot lists on first use of device_slots / host_slots. Streams default to PyTorch's current stream of the pool's device, else the
-legacy default stream.
+are in host memory. A Match makes its slot lists on first use of device_slots / host_slots.
+Streams default to PyTorch's current stream of the pool's device, else the legacy default stream.
 
 Engine streams: cache.release(m, stream=s) and cache.free_device_slots(slots, stream=s) hand the
 slots back only after the work queued on `s` so far has completed (the engine may still read
