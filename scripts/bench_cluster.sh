@@ -13,6 +13,8 @@
 #   BENCH_TIMEOUT=60  seconds one bench may run before it is stopped (a failure)
 #   KEEP=1            keep the temporary directory (the servers' logs, the JSON rows)
 #
+# Exit status: 0 when every bench ran and checked every byte; 77 without redis-server or
+# redis-cli; 1 when a cluster did not come up or a bench failed; 2 for a missing tool or binary.
 # redis-server and redis-cli come from PATH (on the GPU machine, scripts/gpu_env.sh puts the
 # carried Debian packages there). Every wait is bounded; the servers are always stopped (EXIT
 # trap). The nodes are plain processes on one host: they share its cores with the client, so the
@@ -30,7 +32,11 @@ KINDS=${KINDS:-mha16}
 BYTES=${BYTES:-256MiB}
 BENCH_TIMEOUT=${BENCH_TIMEOUT:-60}
 
-for tool in redis-server redis-cli python3 timeout; do
+# Exit 77 (a test's "skipped") without the Redis tools.
+for tool in redis-server redis-cli; do
+  command -v "$tool" >/dev/null || { echo "bench_cluster: $tool not on PATH: skipped" >&2; exit 77; }
+done
+for tool in python3 timeout; do
   command -v "$tool" >/dev/null || { echo "bench_cluster: $tool not on PATH" >&2; exit 2; }
 done
 [[ -x $KVTIER ]] || { echo "bench_cluster: no kvtier binary at $KVTIER" >&2; exit 2; }
