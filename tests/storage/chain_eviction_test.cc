@@ -186,12 +186,14 @@ TEST_P(ChainEvictionTest, OrphansOfEvictedParentsGoOrphansOfUnseenOnesStay) {
   // 80 other pages through a room of 40: k[1] (a leaf) goes, then k[0].
   std::vector<int32_t> other(4 * 80);
   for (size_t i = 0; i < other.size(); ++i) other[i] = static_cast<int32_t>(100000 + i);
-  for (const PageKey& o : *ComputePromptPageKeys(other, 4)) {
+  const std::vector<PageKey> others = *ComputePromptPageKeys(other, 4);
+  for (const PageKey& o : others) {
     // Each its own first page (no parent): plain LRU among them.
     ASSERT_EQ(set(o, std::nullopt), 1);
   }
   EXPECT_FALSE(stored(k[0]));
   EXPECT_FALSE(stored(k[1]));
+  EXPECT_EQ(store->Stats().evicted_pages, 82 - 40);
   // k[1] was evicted: k[2] is not written (kSkipped), and evicts nothing to make room.
   const int64_t evicted = store->Stats().evicted_pages;
   const int64_t written = store->Stats().set_ok_pages;
@@ -213,8 +215,8 @@ TEST_P(ChainEvictionTest, OrphansOfEvictedParentsGoOrphansOfUnseenOnesStay) {
   EXPECT_EQ(store->Exists({k[0], k[1]}).get().leading, 2);
 }
 
-// One Set of a chain longer than the room: what stays is a prefix of it (its tail went first,
-// and the pages written after their parent went were dropped), whatever order the pages landed in.
+// One Set of a chain longer than the room: what stays is a prefix of it (its tail went first, and
+// the pages written after their parent went were dropped), whatever order the pages landed in.
 TEST_P(ChainEvictionTest, AChainLongerThanTheRoomKeepsAPrefix) {
   auto store = Open();
   ASSERT_NE(store, nullptr);
@@ -234,7 +236,10 @@ TEST_P(ChainEvictionTest, AChainLongerThanTheRoomKeepsAPrefix) {
   const int64_t leading = store->Exists(keys).get().leading;
   int64_t stored = 0;
   for (const PageKey& k : keys) stored += store->Exists({k}).get().leading;
-  EXPECT_GT(leading, 0);
+  // The memory store writes in order and keeps the head; the file store's parallel writes land
+  // in any order, and a head that lands before its child is a leaf that may go (then nothing of
+  // the chain stays). Either way nothing stays after a missing page.
+  if (GetParam() == "memory") EXPECT_GT(leading, 0);
   EXPECT_LE(leading, 40);
   EXPECT_EQ(stored, leading) << "a stored page after a missing one";
 }
