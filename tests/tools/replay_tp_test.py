@@ -100,6 +100,11 @@ def main():
                 if tp2[tier + "_hit_tokens"] <= 0:
                     failures.append("%s: no %s hits" % (model, tier))
             for p in (tp1, tp2):
+                trouble = {k: p[k] for k in ("storage_errors", "storage_timeouts",
+                                             "storage_queue_drops", "prefetch_partial",
+                                             "prefetch_timed_out") if p[k]}
+                if trouble:
+                    failures.append("%s: TP=%d storage trouble: %s" % (model, p["tp"], trouble))
                 if p["collectives"] != 0 or not p["decision_ms_p50"] > 0 or \
                         not p["decision_cpu_ms_p50"] > 0:
                     failures.append("%s: TP=%d decision time or collectives missing: %s" %

@@ -179,6 +179,11 @@ class TimedEngine final : public TransferEngine {
   int64_t load_bytes_ = 0;
 };
 
+// The stores' per-call timeout (the leader's wrapper inherits it, and its calls include waiting
+// for every rank): long, so that a loaded machine slows the passes down but never turns a storage
+// hit into a timed-out miss in one pass and not the other.
+constexpr std::chrono::milliseconds kStoreTimeout{60'000};
+
 // Rank `rank`'s host pages (page_head, `head_num` heads) as a storage namespace.
 StorageNamespace RankPages(const ReplayModel& rank_model, int64_t page_size, int64_t head_num,
                            int rank, int tp) {
@@ -272,6 +277,7 @@ struct PassResult {
   std::vector<int64_t> load_bytes;
   std::vector<double> load_seconds;
   TpLeaderStats ring;
+  CacheStats cache;  // rank 0's cache at the end
 };
 
 double Percentile(std::vector<double> v, double q) {
@@ -322,6 +328,7 @@ Status RunPass(const Setup& s, int tp, TpLeader* leader, PassResult* out) {
     c.storage.prefetch_threshold_tokens = s.o.prefetch_threshold;
     StorageOptions so;
     so.io_threads = s.o.storage_io_threads;
+    so.timeout = kStoreTimeout;
     KVTIER_ASSIGN_OR_RETURN(
         std::shared_ptr<StorageBackend> own,
         OpenTpRankStorage(store, RankPages(rank_model, P, device.geometry.head_num, 0, tp), so));
@@ -452,6 +459,7 @@ Status RunPass(const Setup& s, int tp, TpLeader* leader, PassResult* out) {
   }
   KVTIER_RETURN_IF_ERROR(cache->WaitForBackups());
   KVTIER_RETURN_IF_ERROR(cache->CheckConsistency());
+  out->cache = cache->stats();
   out->wall_s = std::chrono::duration<double>(Clock::now() - wall0).count();
   out->load_bytes = {inner->load_bytes()};
   out->load_seconds = {inner->load_seconds()};
@@ -502,6 +510,7 @@ Status RunFollower(const Setup& s, const TpReplayArgs& a) {
   if (!a.store.empty()) {
     StorageOptions so;
     so.io_threads = s.o.storage_io_threads;
+    so.timeout = kStoreTimeout;
     KVTIER_ASSIGN_OR_RETURN(
         store,
         OpenTpRankStorage(
@@ -626,7 +635,16 @@ nlohmann::json PassJson(const PassResult& p) {
           {"leader_waits_per_request", static_cast<double>(p.ring.waits) / requests},
           // Calls where every rank waits for every other: the group has none (the leader's waits
           // above are point to point, each for the followers' acknowledgements of one record).
-          {"collectives", 0}};
+          {"collectives", 0},
+          // What can make storage hits differ between passes: none of these should be non-zero.
+          {"storage_errors", p.cache.storage_errors},
+          {"storage_timeouts", p.cache.storage_timeouts},
+          {"storage_queue_drops", p.cache.storage_queue_drops},
+          {"storage_backup_failed_tokens", p.cache.storage_backup_failed_tokens},
+          {"storage_backup_dropped_tokens", p.cache.storage_backup_dropped_tokens},
+          {"backup_failed_tokens", p.cache.backup_failed_tokens},
+          {"prefetch_partial", p.cache.prefetch_partial},
+          {"prefetch_timed_out", p.cache.prefetch_timed_out}};
 }
 
 void RemoveStore(const Setup& s) {
