@@ -180,7 +180,7 @@ def run_leader(group, device, args, store):
     alone = kvtier.TpGroup(group.name + ".tp1", 1, 0)
     with kvtier.HierarchicalCache(region1, tp_group=alone, slots_on_device=False,
                                   **settings(args, store)) as one:
-        with one.match(prefix) as m:
+        with one.match(prefix + [1, 2, 3]) as m:  # a new suffix: the prefix's pages match
             one.query_storage(m)
             one.prefetch(m)
             slots = [int(s) for s in one.load_back(m).device_slots]
