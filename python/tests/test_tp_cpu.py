@@ -143,8 +143,8 @@ def test_a_shared_prefix_reused_through_every_tier_on_both_ranks(tmp_path):
         cache = kvtier.HierarchicalCache(region, tp_group=group, storage=storage, **SETTINGS)
         leader = Leader(cache, k, v)
         rng = np.random.default_rng(7)
-        prefix = list(rng.integers(0, 50000, 32))
-        requests = [prefix + list(rng.integers(0, 50000, 8)) for _ in range(4)]
+        prefix = rng.integers(0, 50000, 32).tolist()
+        requests = [prefix + rng.integers(0, 50000, 8).tolist() for _ in range(4)]
 
         m, _ = leader.serve(requests[0])  # cold
         assert m.device_tokens == 0
