@@ -6,7 +6,8 @@
 # Sections ("== name"; logs in $OUT when set, else build-gpu-tp/logs):
 #   1. environment   GPUs, driver
 #   2. build         Release, KVTIER_CUDA=ON, sm_90: the kvtier CLI and (pybind11 found) the Python
-#                    extension
+#                    extension, in KVTIER_GPU_BUILD_DIR (default: build-gpu or build-python-gpu
+#                    when one is there, else build-gpu-tp)
 #   3. replay        `kvtier replay --tp 2 --device gpu --storage file` for MHA (llama3-8b) and MLA
 #                    (deepseek-v2-lite): rank r on GPU r; each run serves the same requests at
 #                    TP=1 first (same process, same capacities per rank) and compares: device,
@@ -26,7 +27,15 @@
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-BUILD=${KVTIER_GPU_BUILD_DIR:-build-gpu-tp}
+# A CUDA tree already there (gpu_check.sh's build-gpu, run_gpu_tests.sh's build-python-gpu) is
+# reused: only the CLI and the extension are switched on and built (then about a minute less).
+BUILD=${KVTIER_GPU_BUILD_DIR:-}
+if [[ -z $BUILD ]]; then
+  BUILD=build-gpu-tp
+  for b in build-gpu build-python-gpu; do
+    [[ -f $b/CMakeCache.txt ]] && { BUILD=$b; break; }
+  done
+fi
 LOGS=${OUT:-$BUILD/logs}
 mkdir -p "$LOGS"
 REQUESTS=120
@@ -64,10 +73,13 @@ if [[ -n "$PYBIND11_DIR" || -d /usr/lib/cmake/pybind11 ]]; then
 else
   echo "note: no pybind11 for $PY: the Python section is skipped"
 fi
+FRESH=()
+[[ -f $BUILD/CMakeCache.txt ]] ||
+  FRESH=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DKVTIER_CUDA=ON -DKVTIER_CUDA_ARCHITECTURES=90
+         -DKVTIER_BUILD_BENCH=OFF -DKVTIER_BUILD_TESTS=OFF)
 stamp "configure + build ($BUILD, -j$JOBS: ${TARGETS[*]})"
-if cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVTIER_CUDA=ON \
-     -DKVTIER_CUDA_ARCHITECTURES=90 -DKVTIER_BUILD_BENCH=OFF -DKVTIER_BUILD_TESTS=OFF \
-     "${PYCONFIG[@]}" >"$LOGS/build.log" 2>&1 &&
+if cmake -S . -B "$BUILD" "${FRESH[@]}" -DKVTIER_BUILD_TOOLS=ON "${PYCONFIG[@]}" \
+     >"$LOGS/build.log" 2>&1 &&
    cmake --build "$BUILD" -j"$JOBS" --target "${TARGETS[@]}" >>"$LOGS/build.log" 2>&1; then
   RESULT[build]=ok
 else
