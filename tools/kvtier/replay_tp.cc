@@ -12,10 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <memory>
-#include <nlohmann/json.hpp>
-#include <numeric>
 #include <thread>
 
 #include "kvtier/device.h"
@@ -26,6 +23,7 @@
 #include "kvtier/tp_group.h"
 #include "replay_engine.h"
 #include "replay_model.h"
+#include "replay_tp_report.h"
 #include "workload.h"
 
 namespace kvtier::tools {
@@ -258,37 +256,8 @@ Result<std::unique_ptr<PrefillEngine>> MakeEngine(const Setup& s, int tp, int ra
   return s.gpu ? MakeGpuPrefillEngine(ec) : MakeCpuPrefillEngine(ec);
 }
 
-struct PassResult {
-  int tp = 1;
-  int64_t requests = 0, prompt_tokens = 0, device_hit = 0, host_hit = 0, storage_hit = 0;
-  int64_t loaded = 0;
-  int64_t bytes_checked = 0;  // rank 0's
-  std::vector<double> ttft_ms;
-  double slowest_rank_excess_ms = 0;  // summed: slowest rank's prefill minus rank 0's
-  double wall_s = 0;
-  // Per request, on rank 0: time in the cache's calls (Match, QueryStorage, Prefetch, LoadBack,
-  // AllocateDeviceSlots, Insert, Release) less the time in the engine the cache was given —
-  // the cache's decisions; the group's part of that engine time (publishing on the ring and
-  // waiting for the ranks to apply: TP > 1 only); rank 0's own copies.
-  std::vector<double> decide_ms, group_ms, copy_ms;
-  std::vector<double> decide_cpu_ms;  // the same decisions in the thread's CPU time
-  double storage_wait_s = 0;          // FinishPrefetch: waiting for storage reads (every rank's)
-  // Host -> device copies on each rank: bytes, seconds.
-  std::vector<int64_t> load_bytes;
-  std::vector<double> load_seconds;
-  TpLeaderStats ring;
-  CacheStats cache;  // rank 0's cache at the end
-};
-
-double Percentile(std::vector<double> v, double q) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t i = static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5);
-  return v[std::min(i, v.size() - 1)];
-}
-
 // Serves every request at `tp` ranks (rank 0 here; the followers through `leader`).
-Status RunPass(const Setup& s, int tp, TpLeader* leader, PassResult* out) {
+Status RunPass(const Setup& s, int tp, TpLeader* leader, TpPassResult* out) {
   const int64_t P = s.o.page_size;
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<PrefillEngine> engine, MakeEngine(s, tp, 0));
   KVTIER_ASSIGN_OR_RETURN(const ReplayModel rank_model, ShardModel(s.model, tp));
@@ -585,68 +554,6 @@ bool ReapFollowers(const std::vector<pid_t>& pids, double seconds) {
   return clean;
 }
 
-double Mean(const std::vector<double>& v) {
-  return v.empty() ? 0.0 : std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
-}
-
-// Host -> device bytes per second of rank `r` (0 when it loaded nothing).
-double LoadBandwidth(const PassResult& p, size_t r) {
-  return r < p.load_seconds.size() && p.load_seconds[r] > 0
-             ? static_cast<double>(p.load_bytes[r]) / p.load_seconds[r]
-             : 0.0;
-}
-
-nlohmann::json PassJson(const PassResult& p) {
-  const double tokens = std::max<double>(1, static_cast<double>(p.prompt_tokens));
-  const double requests = std::max<double>(1, static_cast<double>(p.requests));
-  nlohmann::json load_gbps = nlohmann::json::array();
-  for (size_t r = 0; r < p.load_seconds.size(); ++r) load_gbps.push_back(LoadBandwidth(p, r) / 1e9);
-  return {{"tp", p.tp},
-          {"requests", p.requests},
-          {"prompt_tokens", p.prompt_tokens},
-          {"device_hit_tokens", p.device_hit},
-          {"host_hit_tokens", p.host_hit},
-          {"storage_hit_tokens", p.storage_hit},
-          {"hit_rate", static_cast<double>(p.device_hit + p.host_hit + p.storage_hit) / tokens},
-          {"loaded_tokens", p.loaded},
-          {"ttft_ms_p50", Percentile(p.ttft_ms, 0.5)},
-          {"ttft_ms_p90", Percentile(p.ttft_ms, 0.9)},
-          {"ttft_ms_mean", Mean(p.ttft_ms)},
-          {"bytes_checked_rank0", p.bytes_checked},
-          {"wall_s", p.wall_s},
-          // The leader's cache: time in its calls less its engine's, per request.
-          {"decision_ms_p50", Percentile(p.decide_ms, 0.5)},
-          {"decision_ms_p90", Percentile(p.decide_ms, 0.9)},
-          {"decision_ms_mean", Mean(p.decide_ms)},
-          {"decision_cpu_ms_p50", Percentile(p.decide_cpu_ms, 0.5)},
-          {"decision_cpu_ms_p90", Percentile(p.decide_cpu_ms, 0.9)},
-          {"decision_cpu_ms_mean", Mean(p.decide_cpu_ms)},
-          // In its engine: publishing on the ring and waiting for the ranks (TP > 1), own copies.
-          {"group_ms_p50", Percentile(p.group_ms, 0.5)},
-          {"group_ms_mean", Mean(p.group_ms)},
-          {"own_copy_ms_p50", Percentile(p.copy_ms, 0.5)},
-          {"storage_wait_s", p.storage_wait_s},
-          {"load_gbps_per_rank", load_gbps},
-          {"load_bytes_per_rank", p.load_bytes},
-          {"decision_records", p.ring.records},
-          {"decision_record_bytes", p.ring.record_bytes},
-          {"leader_ack_wait_s", p.ring.ack_wait_seconds},
-          {"leader_waits", p.ring.waits},
-          {"leader_waits_per_request", static_cast<double>(p.ring.waits) / requests},
-          // Calls where every rank waits for every other: the group has none (the leader's waits
-          // above are point to point, each for the followers' acknowledgements of one record).
-          {"collectives", 0},
-          // What can make storage hits differ between passes: none of these should be non-zero.
-          {"storage_errors", p.cache.storage_errors},
-          {"storage_timeouts", p.cache.storage_timeouts},
-          {"storage_queue_drops", p.cache.storage_queue_drops},
-          {"storage_backup_failed_tokens", p.cache.storage_backup_failed_tokens},
-          {"storage_backup_dropped_tokens", p.cache.storage_backup_dropped_tokens},
-          {"backup_failed_tokens", p.cache.backup_failed_tokens},
-          {"prefetch_partial", p.cache.prefetch_partial},
-          {"prefetch_timed_out", p.cache.prefetch_timed_out}};
-}
-
 void RemoveStore(const Setup& s) {
   if (s.store_dir.empty()) return;
   std::error_code ec;
@@ -747,7 +654,7 @@ int RunReplayTp(const ReplayOptions& options, const TpReplayArgs& a,
                                           : std::max<int64_t>(8 * host_bytes, int64_t{64} << 20);
   }
 
-  PassResult tp1, tpn;
+  TpPassResult tp1, tpn;
   Status st = RunPass(s, 1, nullptr, &tp1);
   if (!st.ok()) {
     RemoveStore(s);
@@ -779,77 +686,20 @@ int RunReplayTp(const ReplayOptions& options, const TpReplayArgs& a,
                 1);
   }
 
-  const bool equal = tp1.device_hit == tpn.device_hit && tp1.host_hit == tpn.host_hit &&
-                     tp1.storage_hit == tpn.storage_hit && tp1.loaded == tpn.loaded;
-  const nlohmann::json j1 = PassJson(tp1), jn = PassJson(tpn);
-  std::printf(
-      "kvtier replay --tp %d: %s, %lld requests (after %lld warm-up), model %s (%s), "
-      "%s device pools, io %s, storage %s\n",
-      a.tp, s.workload.name.c_str(), static_cast<long long>(tp1.requests),
-      static_cast<long long>(s.o.warmup), s.model.name, s.model.mla ? "MLA" : "MHA",
-      s.gpu ? "GPU" : "cpu", TransferBackendName(s.io),
-      s.store_dir.empty() ? "none" : "a file store of per-head objects per pass (page_head)");
-  std::printf("%-34s %14s %14s\n", "", "TP=1", fmt::format("TP={}", a.tp).c_str());
-  auto row = [&](const char* name, const char* key, const char* f) {
-    std::printf("%-34s %14s %14s\n", name,
-                fmt::format(fmt::runtime(f), j1[key].get<double>()).c_str(),
-                fmt::format(fmt::runtime(f), jn[key].get<double>()).c_str());
-  };
-  row("hit rate (device + host + storage)", "hit_rate", "{:.4f}");
-  row("device hit tokens", "device_hit_tokens", "{:.0f}");
-  row("host hit tokens", "host_hit_tokens", "{:.0f}");
-  row("storage hit tokens", "storage_hit_tokens", "{:.0f}");
-  row("TTFT p50 ms (slowest rank)", "ttft_ms_p50", "{:.2f}");
-  row("TTFT p90 ms (slowest rank)", "ttft_ms_p90", "{:.2f}");
-  row("TTFT mean ms (slowest rank)", "ttft_ms_mean", "{:.2f}");
-  row("bytes checked (rank 0)", "bytes_checked_rank0", "{:.0f}");
-  row("decision records", "decision_records", "{:.0f}");
-  row("decision record bytes", "decision_record_bytes", "{:.0f}");
-  row("leader wait for ranks (s)", "leader_ack_wait_s", "{:.3f}");
-  row("leader waits for ranks per request", "leader_waits_per_request", "{:.2f}");
-  row("collectives on the cache path", "collectives", "{:.0f}");
-  row("cache decisions ms/request p50", "decision_ms_p50", "{:.4f}");
-  row("cache decisions ms/request p90", "decision_ms_p90", "{:.4f}");
-  row("cache decisions CPU ms/request p50", "decision_cpu_ms_p50", "{:.4f}");
-  row("cache decisions CPU ms/request p90", "decision_cpu_ms_p90", "{:.4f}");
-  row("ring + rank waits ms/request p50", "group_ms_p50", "{:.4f}");
-  row("rank 0 own copies ms/request p50", "own_copy_ms_p50", "{:.4f}");
-  row("storage read wait s (all requests)", "storage_wait_s", "{:.3f}");
-  const double bw1 = LoadBandwidth(tp1, 0);
-  for (size_t r = 0; r < tpn.load_seconds.size(); ++r) {
-    const double bw = LoadBandwidth(tpn, r);
-    std::printf(
-        "%-34s %14s %14s\n", fmt::format("load GB/s, rank {}", r).c_str(),
-        r == 0 ? fmt::format("{:.2f}", bw1 / 1e9).c_str() : "",
-        fmt::format("{:.2f}{}", bw / 1e9, bw1 > 0 ? fmt::format(" ({:.0f}%)", 100 * bw / bw1) : "")
-            .c_str());
-  }
-  const double d1 = Percentile(tp1.decide_ms, 0.5), dn = Percentile(tpn.decide_ms, 0.5);
-  const double c1 = Percentile(tp1.decide_cpu_ms, 0.5), cn = Percentile(tpn.decide_cpu_ms, 0.5);
-  std::printf(
-      "cache decision overhead on the leader, TP=%d / TP=1 (p50 per request): %.2fx wall, "
-      "%.2fx CPU\n",
-      a.tp, d1 > 0 ? dn / d1 : 0.0, c1 > 0 ? cn / c1 : 0.0);
-  std::printf(
-      "wrong bytes: 0 on every rank (each rank checks its heads' KV; a wrong byte stops "
-      "the run)\nhit rates TP=%d vs TP=1: %s\n",
-      a.tp, equal ? "equal" : "DIFFERENT");
-  if (!s.o.json_path.empty()) {
-    std::ofstream out(s.o.json_path);
-    out << nlohmann::json{{"command", s.o.command_line},
-                          {"tp", a.tp},
-                          {"model", s.model.name},
-                          {"gpu", s.gpu},
-                          {"storage", !s.store_dir.empty()},
-                          {"hit_rates_equal", equal},
-                          {"decision_overhead_ratio_p50", d1 > 0 ? dn / d1 : 0.0},
-                          {"decision_cpu_overhead_ratio_p50", c1 > 0 ? cn / c1 : 0.0},
-                          {"passes", {j1, jn}}}
-               .dump(2)
-        << "\n";
-    if (!out) return fail(Status::IOError("--json: cannot write " + s.o.json_path), 1);
-  }
-  return equal ? 0 : 1;
+  TpRunInfo info;
+  info.tp = a.tp;
+  info.workload = s.workload.name;
+  info.warmup = s.o.warmup;
+  info.model = s.model.name;
+  info.mla = s.model.mla;
+  info.gpu = s.gpu;
+  info.io = TransferBackendName(s.io);
+  info.storage = !s.store_dir.empty();
+  info.command_line = s.o.command_line;
+  info.json_path = s.o.json_path;
+  Result<bool> equal = ReportTpPasses(info, tp1, tpn);
+  if (!equal.ok()) return fail(equal.status(), 1);
+  return *equal ? 0 : 1;
 }
 
 }  // namespace kvtier::tools
