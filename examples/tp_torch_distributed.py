@@ -25,6 +25,7 @@ Exit status 0 when every rank's bytes were right, 1 otherwise, 2 when it cannot 
 
 import argparse
 import array
+import datetime
 import os
 import socket
 import sys
@@ -199,10 +200,12 @@ def run_follower(group, device, args, store):
 
 
 def worker(rank, world, args, store, port):
-    if port is not None:  # started by this script (not torchrun)
+    if port is not None:  # started by this script (not torchrun): one host, over loopback
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                           WORLD_SIZE=str(world))
-    dist.init_process_group("gloo")  # setup only: the group's name
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    # Setup only (the group's name); a rank that never comes fails the others within a minute.
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     rank = dist.get_rank()
     device = torch.device("cuda", rank) if args.gpu else torch.device("cpu")
     if args.gpu:
