@@ -236,5 +236,6 @@ def test_bad_groups_are_refused():
     assert time.monotonic() - start < 5
     # A storage tier needs per-head host pages.
     with pytest.raises(kvtier.InvalidArgumentError, match="page_head"):
-        kvtier.HierarchicalCache(region, tp_group=kvtier.TpGroup("g-store", 1, 0),
+        kvtier.HierarchicalCache(region, tp_group=kvtier.TpGroup(
+                                     f"kvtier-pytest-store-{uuid.uuid4().hex[:8]}", 1, 0),
                                  storage="memory://?capacity=1MiB")
