@@ -9,7 +9,7 @@
 // page and verified token by token. Matching and inserting walk page by page and split a node
 // where a match ends inside it; eviction splits a node when only its tail goes.
 //
-// Invariants (checked by CheckInvariants, written once in radix_tree.cc):
+// Invariants (checked by CheckInvariants in radix_tree_check.cc):
 //   - a non-root node is resident somewhere (device, host or storage), or is an orphan (its
 //     storage copy was reported gone) that is pinned or waits in the storage set to be removed;
 //   - device residency is prefix-closed (a node on the device has its parent on the device), and
