@@ -42,6 +42,7 @@ void RadixNode::Reset() {
   ref_count_ = hit_count_ = last_access_ = created_ = 0;
   priority_ = 0;
   busy_ = 0;
+  retained_ = {};
   in_device_set_ = in_host_set_ = in_storage_set_ = false;
   device_key_ = host_key_ = storage_key_ = EvictionKey{};
 }
@@ -173,6 +174,7 @@ RadixNode* RadixTree::Split(RadixNode* lower, int64_t k) {
   upper->created_ = lower->created_;
   upper->priority_ = lower->priority_;
   upper->busy_ = lower->busy_;
+  upper->retained_ = lower->retained_;
   upper->device_children_ = lower->on_device() ? 1 : 0;
   upper->host_children_ = lower->on_host() ? 1 : 0;
   // Re-link: parent -> upper -> lower. The parent's tier counts are unchanged (upper has the
@@ -345,11 +347,17 @@ void RadixTree::Account(const RadixNode* n, int sign) {
   host_tokens_ += sign * host;
   if (n->stored_) stored_tokens_ += sign * n->num_tokens();
   if (n->storage_only()) storage_only_tokens_ += sign * n->num_tokens();
-  if (n->ref_count_ > 0 || n->busy_ > 0) locked_device_tokens_ += sign * dev;
-  if (n->ref_count_ > 0 || n->busy_ > 0 || n->storing_) locked_host_tokens_ += sign * host;
+  if (n->ref_count_ > 0 || n->busy_ > 0 || n->retained_[0] > 0) locked_device_tokens_ += sign * dev;
+  if (n->ref_count_ > 0 || n->busy_ > 0 || n->storing_ || n->retained_[1] > 0) {
+    locked_host_tokens_ += sign * host;
+  }
   if (n->ref_count_ > 0) {
     pinned_device_tokens_ += sign * dev;
     pinned_host_tokens_ += sign * host;
+  }
+  if (n->ref_count_ > 0 || n->retained_[0] > 0) held_device_tokens_ += sign * dev;
+  for (size_t t = 0; t < n->retained_.size(); ++t) {
+    if (n->retained_[t] > 0) retained_tokens_[t] += sign * n->num_tokens();
   }
 }
 
@@ -457,7 +465,8 @@ void RadixTree::LeavingTree(const RadixNode& node) {
 
 bool RadixTree::DropDeviceLeaf(RadixNode* node, std::vector<int64_t>* out) {
   if (!node->children_.empty() || !node->on_device() || node->on_host() || node->stored_ ||
-      node->storing_ || node->prefetching_ || node->ref_count_ > 0 || node->busy_ > 0) {
+      node->storing_ || node->prefetching_ || node->ref_count_ > 0 || node->busy_ > 0 ||
+      node->retained_anywhere()) {
     return false;
   }
   LeavingTree(*node);
@@ -506,6 +515,25 @@ void RadixTree::DecRef(RadixNode* node) {
   }
 }
 
+void RadixTree::Retain(RadixNode* node, uint8_t tiers, int delta) {
+  for (RadixNode* n = node; n != nullptr && !n->is_root(); n = n->parent_) {
+    Account(n, -1);
+    for (size_t t = 0; t < n->retained_.size(); ++t) {
+      if ((tiers & (1u << t)) != 0) n->retained_[t] += delta;
+    }
+    Account(n, +1);
+    Refresh(n);
+  }
+}
+
+int64_t RadixTree::RetainCost(const RadixNode* node, Tier tier) const {
+  int64_t tokens = 0;
+  for (const RadixNode* n = node; n != nullptr && !n->is_root(); n = n->parent_) {
+    if (n->retained_[static_cast<size_t>(tier)] == 0) tokens += n->num_tokens();
+  }
+  return tokens;
+}
+
 void RadixTree::AddBusy(RadixNode* node) {
   Account(node, -1);
   ++node->busy_;
@@ -537,14 +565,21 @@ EvictionStats RadixTree::StatsOf(const RadixNode* n) const {
   return {n->last_access_, n->created_, n->hit_count_, n->priority_};
 }
 
+RadixTree::Wanted RadixTree::WantedSets(const RadixNode* n) {
+  const bool idle = n->ref_count_ == 0 && n->busy_ == 0;
+  Wanted w;
+  w.device = idle && n->retained_[0] == 0 && n->on_device() && n->device_children_ == 0;
+  w.host = idle && n->retained_[1] == 0 && !n->storing_ && n->on_host() && !n->on_device() &&
+           n->host_children_ == 0;
+  // Retained in any tier: kept in the tree (a pin's nodes outlive their pages).
+  w.storage = idle && !n->retained_anywhere() && !n->storing_ && !n->on_host() && !n->on_device() &&
+              n->children_.empty();
+  return w;
+}
+
 void RadixTree::Refresh(RadixNode* n) {
   if (n->is_root()) return;
-  const bool idle = n->ref_count_ == 0 && n->busy_ == 0;
-  const bool dev = idle && n->on_device() && n->device_children_ == 0;
-  const bool host =
-      idle && !n->storing_ && n->on_host() && !n->on_device() && n->host_children_ == 0;
-  const bool storage =
-      idle && !n->storing_ && !n->on_host() && !n->on_device() && n->children_.empty();
+  const auto [dev, host, storage] = WantedSets(n);
   // Set nodes are moved between and within the sets as node handles, so re-filing a node
   // (a touch, or a device eviction that keeps the host copy) allocates and frees nothing.
   std::set<SetEntry>::node_type spare;

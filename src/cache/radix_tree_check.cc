@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <utility>
 
 #include "cache/radix_tree.h"
@@ -52,8 +53,8 @@ Status RadixTree::CheckChild(const RadixNode* n, const RadixNode* c, uint64_t ke
   if (c->namespace_ != n->namespace_) {
     return Status::Internal(fmt::format("node {}: namespace differs from its parent", c->id_));
   }
-  if (!c->resident() && c->ref_count_ == 0 && c->busy_ == 0 && !c->in_storage_set_ &&
-      c->children_.empty()) {
+  if (!c->resident() && c->ref_count_ == 0 && c->busy_ == 0 && !c->retained_anywhere() &&
+      !c->in_storage_set_ && c->children_.empty()) {
     return Status::Internal(fmt::format(
         "node {}: resident in no tier, unreferenced and not waiting for removal", c->id_));
   }
@@ -98,12 +99,7 @@ Status RadixTree::CheckChild(const RadixNode* n, const RadixNode* c, uint64_t ke
 }
 
 Status RadixTree::CheckEvictableSets(const RadixNode* n) const {
-  const bool idle = n->ref_count_ == 0 && n->busy_ == 0;
-  const bool dev = idle && n->on_device() && n->device_children_ == 0;
-  const bool host =
-      idle && !n->storing_ && n->on_host() && !n->on_device() && n->host_children_ == 0;
-  const bool storage =
-      idle && !n->storing_ && !n->on_host() && !n->on_device() && n->children_.empty();
+  const auto [dev, host, storage] = WantedSets(n);
   auto* mut = const_cast<RadixNode*>(n);
   if (dev != n->in_device_set_ || (dev && (!device_set_.count({n->device_key_, n->id_, mut}) ||
                                            n->device_key_ != device_policy_->Key(StatsOf(n))))) {
@@ -132,6 +128,7 @@ Status RadixTree::CheckEvictableSets(const RadixNode* n) const {
 Status RadixTree::CheckNode(const RadixNode* n, int64_t* device_tokens, int64_t* host_tokens,
                             int64_t* stored_tokens, int64_t* nodes) const {
   int64_t dev_children = 0, host_children = 0, child_refs = 0;
+  std::array<int64_t, 3> child_retained{};
   std::vector<std::pair<uint64_t, const RadixNode*>> kids;
   n->children_.ForEach([&](uint64_t key, const RadixNode* c) { kids.emplace_back(key, c); });
   if (kids.size() != n->children_.size()) {
@@ -143,6 +140,7 @@ Status RadixTree::CheckNode(const RadixNode* n, int64_t* device_tokens, int64_t*
     dev_children += c->on_device();
     host_children += c->on_host();
     child_refs += c->ref_count_;
+    for (size_t t = 0; t < child_retained.size(); ++t) child_retained[t] += c->retained_[t];
     *device_tokens += static_cast<int64_t>(c->device_pages_.size()) * page_size_;
     *host_tokens += static_cast<int64_t>(c->host_pages_.size()) * page_size_;
     if (c->stored_) *stored_tokens += c->num_tokens();
@@ -158,6 +156,13 @@ Status RadixTree::CheckNode(const RadixNode* n, int64_t* device_tokens, int64_t*
     if (n->ref_count_ < child_refs) {
       return Status::Internal(fmt::format("node {}: ref_count {} below its children's sum {}",
                                           n->id_, n->ref_count_, child_refs));
+    }
+    for (size_t t = 0; t < child_retained.size(); ++t) {
+      if (n->retained_[t] < child_retained[t] || n->retained_[t] < 0) {
+        return Status::Internal(
+            fmt::format("node {}: retained {} in tier {}, below its children's sum {}", n->id_,
+                        n->retained_[t], t, child_retained[t]));
+      }
     }
     KVTIER_RETURN_IF_ERROR(CheckEvictableSets(n));
   }
@@ -186,15 +191,23 @@ Status RadixTree::CheckInvariants() const {
   }
   int64_t dev_members = 0, host_members = 0, storage_members = 0;
   int64_t locked_dev = 0, locked_host = 0, storage_only = 0, pinned_dev = 0, pinned_host = 0;
+  int64_t held_dev = 0;
+  std::array<int64_t, 3> retained{};
   ForEachNode([&](const RadixNode& n) {
     dev_members += n.in_device_set_;
     host_members += n.in_host_set_;
     storage_members += n.in_storage_set_;
     if (n.storage_only()) storage_only += n.num_tokens();
-    if (n.ref_count_ > 0 || n.busy_ > 0) {
+    if (n.ref_count_ > 0 || n.busy_ > 0 || n.retained_[0] > 0) {
       locked_dev += static_cast<int64_t>(n.device_pages_.size()) * page_size_;
     }
-    if (n.ref_count_ > 0 || n.busy_ > 0 || n.storing_) {
+    if (n.ref_count_ > 0 || n.retained_[0] > 0) {
+      held_dev += static_cast<int64_t>(n.device_pages_.size()) * page_size_;
+    }
+    for (size_t t = 0; t < retained.size(); ++t) {
+      if (n.retained_[t] > 0) retained[t] += n.num_tokens();
+    }
+    if (n.ref_count_ > 0 || n.busy_ > 0 || n.storing_ || n.retained_[1] > 0) {
       locked_host += static_cast<int64_t>(n.host_pages_.size()) * page_size_;
     }
     if (n.ref_count_ > 0) {
@@ -217,6 +230,12 @@ Status RadixTree::CheckInvariants() const {
     return Status::Internal(fmt::format(
         "locked device {} host {} storage-only {}, recorded {} {} {}", locked_dev, locked_host,
         storage_only, locked_device_tokens_, locked_host_tokens_, storage_only_tokens_));
+  }
+  if (held_dev != held_device_tokens_ || retained != retained_tokens_) {
+    return Status::Internal(fmt::format("held device {} retained {}/{}/{}, recorded {} {}/{}/{}",
+                                        held_dev, retained[0], retained[1], retained[2],
+                                        held_device_tokens_, retained_tokens_[0],
+                                        retained_tokens_[1], retained_tokens_[2]));
   }
   return Status::OK();
 }

@@ -53,8 +53,9 @@ void RemoveStaleTemp(int dirfd, std::string_view name) {
 
 }  // namespace
 
-FileIndex::FileIndex(int64_t capacity, std::function<void(const PageKey&)> remove)
-    : capacity_(capacity), remove_(std::move(remove)) {}
+FileIndex::FileIndex(int64_t capacity, std::function<void(const PageKey&)> remove,
+                     std::function<bool(const PageKey&)> pinned)
+    : capacity_(capacity), remove_(std::move(remove)), pinned_(std::move(pinned)) {}
 
 void FileIndex::Load(std::vector<Found> found) {
   std::sort(found.begin(), found.end(),
@@ -144,8 +145,16 @@ void FileIndex::EvictLocked(const PageKey* keep) {
   while (bytes_ > capacity_ && it != lru_.begin()) {
     --it;
     if (keep != nullptr && *it == *keep) continue;
+    if (pinned_ && pinned_(*it)) continue;
     const PageKey victim = *it;
     it = std::next(it);  // EraseLocked invalidates the victim's position only
+    if (remove_) remove_(victim);
+    EraseLocked(victim);
+    ++evicted_;
+  }
+  // Everything else is pinned: the new page goes rather than a pinned one.
+  if (bytes_ > capacity_ && keep != nullptr && !(pinned_ && pinned_(*keep))) {
+    const PageKey victim = *keep;
     if (remove_) remove_(victim);
     EraseLocked(victim);
     ++evicted_;

@@ -3,8 +3,10 @@
 // A MemoryStore maps (namespace hash, key) to an encoded value (header ‖ payload, page_format.h)
 // and keeps an LRU list over them. Invariants (under `mu`): `bytes` is the sum of the values'
 // sizes and never exceeds `capacity` after a Set returns; `lru` holds exactly the map's entries,
-// most recently used first. Values are immutable once stored and shared by pointer, so a Get
-// copies its bytes out without holding the lock.
+// most recently used first. Eviction skips pinned keys (`pins`, shared by every backend on the
+// store); a Set that finds no unpinned room fails (kFailed) and evicts nothing. Values are
+// immutable once stored and shared by pointer, so a Get copies its bytes out without holding the
+// lock.
 //
 // Thread safety: a store's state is guarded by its mutex; the registry of named stores by its own.
 #include "storage/memory_backend.h"
@@ -17,6 +19,7 @@
 #include <unordered_map>
 
 #include "storage/page_format.h"
+#include "storage/page_pins.h"
 #include "storage/storage_url.h"
 
 namespace kvtier::storage {
@@ -50,14 +53,23 @@ class MemoryStore {
     return it->second.value;
   }
 
-  // False when the value alone exceeds the capacity.
+  // False when the value alone exceeds the capacity, or pinned pages leave no room for it.
   bool Insert(const StoredName& name, std::shared_ptr<const Value> value) {
     const int64_t size = static_cast<int64_t>(value->size());
     if (size > capacity_) return false;
     std::lock_guard<std::mutex> lock(mu_);
     EraseLocked(name);
-    while (bytes_ + size > capacity_ && !lru_.empty()) {
-      EraseLocked(lru_.back());
+    // The victims, least recently used first, skipping pinned pages; none go unless all fit.
+    std::vector<StoredName> victims;
+    int64_t room = capacity_ - bytes_;
+    for (auto it = lru_.rbegin(); room < size && it != lru_.rend(); ++it) {
+      if (pins.Pinned(it->key)) continue;
+      victims.push_back(*it);
+      room += static_cast<int64_t>(map_.at(*it).value->size());
+    }
+    if (room < size) return false;
+    for (const StoredName& v : victims) {
+      EraseLocked(v);
       ++evicted_;
     }
     lru_.push_front(name);
@@ -70,6 +82,8 @@ class MemoryStore {
     std::lock_guard<std::mutex> lock(mu_);
     EraseLocked(name);
   }
+
+  PagePins pins;  // keys eviction skips (its own lock, a leaf under mu_)
 
   void Fill(StorageStats& stats) const {
     std::lock_guard<std::mutex> lock(mu_);
@@ -164,6 +178,15 @@ class MemoryBackend final : public StorageBackend {
       store_->Erase({namespace_hash_, keys[i]});
       out[i] = PageStatus::kOk;
     }
+  }
+
+  Result<uint64_t> DoPinPages(std::span<const PageKey> keys,
+                              std::chrono::nanoseconds ttl) override {
+    return store_->pins.Add(keys, ttl);
+  }
+  Status DoUnpinPages(uint64_t pin) override {
+    if (store_->pins.Remove(pin)) return Status::OK();
+    return Status::InvalidArgument(fmt::format("UnpinPages: no live pin {}", pin));
   }
 
   void FillStats(StorageStats& stats) const override { store_->Fill(stats); }
