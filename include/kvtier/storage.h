@@ -185,7 +185,7 @@ class StorageBackend {
   // them. A store whose room is all pinned refuses (or drops at once) a new page rather than
   // evict a pinned one. FailedPrecondition from a backend whose eviction kvtier does not control
   // (Redis: its maxmemory policy decides; see docs/architecture.md); InvalidArgument for
-  // ttl <= 0 or more than max_batch_pages keys.
+  // ttl <= 0. The keys are copied (the caller bounds how many: the cache's pin budget).
   Result<uint64_t> PinPages(std::span<const PageKey> keys, std::chrono::nanoseconds ttl);
   // Ends a pin now. InvalidArgument for an unknown or expired pin id.
   Status UnpinPages(uint64_t pin);

@@ -523,10 +523,11 @@ Result<PinResult> HierarchicalCache::Pin(std::span<const Token> tokens,
   Impl& s = *impl_;
   uint8_t mask = 0;
   for (CacheTier t : tiers) {
-    const auto bit = RadixTree::TierBit(static_cast<RadixTree::Tier>(t));
-    if (static_cast<uint8_t>(t) > 2 || (mask & bit) != 0) {
+    if (static_cast<uint8_t>(t) > 2 ||
+        (mask & RadixTree::TierBit(static_cast<RadixTree::Tier>(t))) != 0) {
       return Status::InvalidArgument("Pin: tiers must name device, host or storage, each once");
     }
+    const uint8_t bit = RadixTree::TierBit(static_cast<RadixTree::Tier>(t));
     if ((t == CacheTier::kHost && !s.host) || (t == CacheTier::kStorage && !s.storage)) {
       return Status::InvalidArgument(
           fmt::format("Pin: the cache has no {} tier to pin in", CacheTierName(t)));

@@ -64,9 +64,9 @@ class PinTable {
   void Drop(std::unordered_map<uint64_t, Pin>::iterator it) KVTIER_REQUIRES(kCacheLock);
 
   CacheCore& core_;
-  uint64_t next_seq_ = 1;
-  std::unordered_map<uint64_t, Pin> pins_;
-  std::set<std::pair<CacheClock::time_point, uint64_t>> deadlines_;
+  uint64_t next_seq_ KVTIER_GUARDED_BY(kCacheLock) = 1;
+  std::unordered_map<uint64_t, Pin> pins_ KVTIER_GUARDED_BY(kCacheLock);
+  std::set<std::pair<CacheClock::time_point, uint64_t>> deadlines_ KVTIER_GUARDED_BY(kCacheLock);
 };
 
 }  // namespace kvtier

@@ -624,10 +624,6 @@ Result<uint64_t> StorageBackend::PinPages(std::span<const PageKey> keys,
     return Status::InvalidArgument(
         fmt::format("PinPages: ttl = {} ns must be positive", ttl.count()));
   }
-  if (static_cast<int64_t>(keys.size()) > options_.max_batch_pages) {
-    return Status::InvalidArgument(fmt::format("PinPages: {} keys exceed max_batch_pages = {}",
-                                               keys.size(), options_.max_batch_pages));
-  }
   return DoPinPages(keys, ttl);
 }
 

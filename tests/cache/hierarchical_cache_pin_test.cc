@@ -303,6 +303,8 @@ TEST(PinTest, BadArgumentsAndNothingCached) {
   EXPECT_TRUE(s.cache->Pin(prompt, {}).status().IsInvalidArgument());
   const CacheTier twice[] = {CacheTier::kDevice, CacheTier::kDevice};
   EXPECT_TRUE(s.cache->Pin(prompt, twice).status().IsInvalidArgument());
+  const CacheTier unknown[] = {static_cast<CacheTier>(200)};
+  EXPECT_TRUE(s.cache->Pin(prompt, unknown).status().IsInvalidArgument());
   EXPECT_TRUE(s.cache->Pin(prompt, kDevice, 0).status().IsInvalidArgument());
   EXPECT_TRUE(s.cache->Pin(prompt, kDevice, -1).status().IsInvalidArgument());
   EXPECT_TRUE(s.cache->Pin(prompt, kDevice, std::nan("")).status().IsInvalidArgument());
