@@ -24,6 +24,20 @@
 //                                  what is backed up to host memory and storage
 //   Release(m.handle)              unpins; cancels a prefetch still running
 //
+// Retention (Pin / Unpin): a prefix that must stay cached whatever the eviction policy says (a
+// system prompt, an agent's tools). Pin covers the longest cached prefix of its tokens *now*
+// (pages cached later are not covered: pin again once they are, pins overlap freely) in the
+// tiers it names: a pinned page is not evicted from a named tier while it is there (a pin copies
+// nothing into a tier; a page that never reached host memory is not put there by a host pin), and
+// a pinned node stays in the tree. Storage: the tree does not forget pinned pages, and a backend
+// that can (file://, memory://) keeps their keys out of its own eviction (StorageBackend::
+// PinPages); Redis cannot (docs/architecture.md says what to configure instead). A pin ends at
+// Unpin or when its TTL has run out; expired pins are released lazily, by the next call that
+// takes the cache's lock (no thread, no timer: one comparison per call). Each tier has a budget
+// of pinned tokens (pin_*_budget_tokens; 0: no pins in that tier): a pin that would take a tier
+// beyond it is refused (InvalidArgument) and changes nothing. Tokens covered by several pins
+// count once.
+//
 // Ownership of device pages: every page of the device pool is free, held by the engine (handed
 // out by AllocateDeviceSlots, not yet inserted or freed) or held by the tree. Insert and
 // FreeDeviceSlots accept only pages the engine holds (or, for Insert, the tree's own pages at the
@@ -88,8 +102,10 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <span>
 #include <string>
@@ -245,6 +261,16 @@ struct HierarchicalCacheConfig {
   // The storage tier's medium in events; empty: StorageMediumOf(the backend's URL).
   std::string kv_event_storage_medium;
 
+  // Retention budgets (Pin): the most tokens pins may cover in each tier (tokens covered by
+  // several pins count once; a pin counts against each tier it names, for all the tokens it
+  // covers, wherever they are cached). 0: Pin refuses that tier. The device and host budgets
+  // must leave room in their pools (Create checks they are below the pool's tokens).
+  int64_t pin_device_budget_tokens = 0;
+  int64_t pin_host_budget_tokens = 0;
+  int64_t pin_storage_budget_tokens = 0;
+  // For tests: the clock pins' TTLs run on (null: std::chrono::steady_clock::now).
+  std::function<std::chrono::steady_clock::time_point()> pin_clock;
+
   bool has_host_tier() const { return host_capacity_bytes > 0 || host_ratio != 0; }
   // Every field of HierarchicalCacheConfigSchema within its bounds, then the rules between
   // fields; InvalidArgument naming the field (through `name_of`, when given) and its value.
@@ -351,6 +377,22 @@ struct InsertOptions {
   CudaStream stream = nullptr;
 };
 
+// A live pin (Pin / Unpin). Plain value; id 0 is no pin.
+struct PinHandle {
+  uint64_t id = 0;
+};
+
+// Pin's ttl_seconds for a pin that lasts until Unpin.
+inline constexpr double kPinForever = std::numeric_limits<double>::infinity();
+
+struct PinResult {
+  PinHandle pin;              // id 0: nothing of the tokens is cached, nothing was pinned
+  int64_t pinned_tokens = 0;  // the leading tokens the pin covers (the longest cached prefix)
+  // Storage named, with a storage tier: the backend keeps the pages' keys out of its own eviction
+  // too (false: it cannot, e.g. Redis; the tree still does not forget them).
+  bool store_pinned = false;
+};
+
 struct InsertResult {
   MatchHandle handle;            // with options.pin: a live handle pinning the inserted tokens
   int64_t cached_tokens = 0;     // already on the device (their slots stay the cache's)
@@ -421,6 +463,11 @@ struct CacheStats {
   int64_t nodes = 0;
   int64_t namespaces = 0;
   int64_t live_handles = 0;
+  // Retention (Pin): tokens covered by live pins in each tier, and the live pins.
+  int64_t pinned_device_tokens = 0;
+  int64_t pinned_host_tokens = 0;
+  int64_t pinned_storage_tokens = 0;
+  int64_t live_pins = 0;
   int64_t backup_inflight_tokens = 0;          // device -> host copies running
   int64_t storage_backup_inflight_tokens = 0;  // host -> storage writes queued or running
   int64_t prefetch_inflight_tokens = 0;        // storage -> host reads running
@@ -491,6 +538,11 @@ struct CacheStats {
   int64_t storage_corrupt_pages = 0;  // corrupt or wrong-namespace pages read
   int64_t storage_timeouts = 0;       // pages timed out, and prefetches ended by the deadline
   int64_t storage_queue_drops = 0;    // calls rejected by the backend's queue, skipped backups
+
+  // Retention.
+  int64_t pins = 0;          // pins made (Pin calls that covered tokens)
+  int64_t pins_refused = 0;  // Pin calls refused by a tier's budget
+  int64_t pins_expired = 0;  // pins ended by their TTL
 };
 
 class HierarchicalCache {
@@ -549,6 +601,17 @@ class HierarchicalCache {
   // Unpins the handle's match and cancels its prefetch. InvalidArgument for an unknown, already
   // released or foreign handle.
   Status Release(MatchHandle handle);
+
+  // Pins the longest cached prefix of `tokens` in namespace `ns` in the tiers `tiers` (each at
+  // most once; host needs a host tier, storage a storage tier) for `ttl_seconds` (> 0;
+  // kPinForever: until Unpin). See "Retention" above for what a pin keeps. InvalidArgument for bad
+  // arguments, or when a tier's budget would be exceeded (the message names the tier, its budget
+  // and the tokens asked for); nothing changes then. Nothing cached: OK with pin.id == 0.
+  Result<PinResult> Pin(std::span<const Token> tokens, std::span<const CacheTier> tiers,
+                        double ttl_seconds = kPinForever, std::string_view ns = "");
+  // Ends a pin now. InvalidArgument for an unknown pin, one ended already (Unpin or its TTL) or
+  // another cache's.
+  Status Unpin(PinHandle pin);
 
   // Slots for `num_tokens` new tokens, rounded up to whole pages, evicting if needed (tail pages
   // of the policy's first leaves). The engine holds them until it passes them to Insert or

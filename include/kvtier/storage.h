@@ -188,6 +188,19 @@ class StorageBackend {
   // REQUIRES: not called from one of this backend's `done` callbacks (it would wait for itself).
   void Close();
 
+  // ---- retention (synchronous, in memory; HierarchicalCache::Pin) -------------------------
+  // Keeps `keys` out of the backend's own eviction for `ttl` (nanoseconds::max(): until
+  // UnpinPages) — pages stored now and pages stored later alike — and returns the pin's id.
+  // Expired pins are dropped lazily, by the eviction that meets them. Pins live in this backend
+  // object's store, in this process: other processes sharing a file store's directory do not see
+  // them. A store whose room is all pinned refuses (or drops at once) a new page rather than
+  // evict a pinned one. FailedPrecondition from a backend whose eviction kvtier does not control
+  // (Redis: its maxmemory policy decides; see docs/architecture.md); InvalidArgument for
+  // ttl <= 0. The keys are copied (the caller bounds how many: the cache's pin budget).
+  Result<uint64_t> PinPages(std::span<const PageKey> keys, std::chrono::nanoseconds ttl);
+  // Ends a pin now. InvalidArgument for an unknown or expired pin id.
+  Status UnpinPages(uint64_t pin);
+
   StorageStats Stats() const;
   const StorageNamespace& ns() const { return ns_; }
   const StorageOptions& options() const { return options_; }
@@ -231,6 +244,10 @@ class StorageBackend {
   }
   virtual void DoRemove(std::span<const PageKey> keys, std::span<PageStatus> out,
                         std::chrono::steady_clock::time_point deadline) = 0;
+  // PinPages / UnpinPages with checked arguments, on the caller's thread. The defaults refuse
+  // (FailedPrecondition): the backend cannot keep pages from being evicted.
+  virtual Result<uint64_t> DoPinPages(std::span<const PageKey> keys, std::chrono::nanoseconds ttl);
+  virtual Status DoUnpinPages(uint64_t pin);
   // Backend-specific gauges (stored_pages, stored_bytes, capacity_bytes, evicted_pages).
   virtual void FillStats(StorageStats& /*stats*/) const {}
   // Called on the caller's thread by every Exists / Get / Set / Remove call (async and future

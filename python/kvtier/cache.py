@@ -36,6 +36,12 @@ Settings: every field of the C++ HierarchicalCacheConfig is a keyword argument o
 (storage fields prefixed "storage_" where needed), default and bounds read from the C++ struct:
 kvtier.HierarchicalCache.config_fields() lists them.
 
+Retention: cache.pin(tokens, tiers=("device", "host", "storage"), ttl=3600) keeps the longest
+cached prefix of `tokens` (what is cached now; pin again to cover more) from being evicted from
+those tiers until cache.unpin(pin) or the TTL ends (None: until unpin). Each tier has a budget of
+pinned tokens (pin_device_budget_tokens, pin_host_budget_tokens, pin_storage_budget_tokens;
+0: no pins there): a pin beyond it raises ValueError and changes nothing.
+
 Match handles cannot leak: a Match releases its handle when it is garbage collected, when its
 `with` block ends, or through cache.release(m); a Match of another cache is refused.
 
@@ -56,10 +62,11 @@ from . import _kvtier
 from ._buffers import HOST, resolve_stream
 from .ops import KvRegion, _check_settings, _int
 
-__all__ = ["HierarchicalCache", "Match", "LoadBack", "Prefetch", "StorageQuery",
-           "PREFETCH_POLICIES"]
+__all__ = ["HierarchicalCache", "Match", "LoadBack", "Prefetch", "StorageQuery", "Pin",
+           "PREFETCH_POLICIES", "CACHE_TIERS"]
 
 PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
+CACHE_TIERS = ("device", "host", "storage")
 
 _INT64_MAX = 2**63 - 1
 _INT32_MAX = 2**31 - 1
@@ -242,6 +249,18 @@ class LoadBack:
     prefetch: Optional[Prefetch] = field(default=None)  # the prefetch this call ended, if any
 
 
+@dataclass
+class Pin:
+    """A pin made by HierarchicalCache.pin; end it with cache.unpin(pin) (or let its TTL run
+    out). id 0: nothing of the tokens was cached, nothing is pinned."""
+
+    id: int             # the pin's handle (0: none)
+    pinned_tokens: int  # the leading tokens it covers: the longest prefix cached when pinned
+    # "storage" named: the store also keeps the pages from its own eviction (file://, memory://;
+    # False for Redis, whose maxmemory policy decides).
+    store_pinned: bool
+
+
 def _prefetch(d: dict) -> Prefetch:
     return Prefetch(d["state"], d["policy"], d["requested_tokens"], d["arrived_tokens"],
                     d["host_tokens"])
@@ -407,6 +426,44 @@ class HierarchicalCache:
 
     def _release_handle(self, handle: int) -> None:
         self._native.release(handle)
+
+    def pin(self, tokens: Any, tiers: Any = ("device",), ttl: Optional[float] = None,
+            namespace: str = "") -> Pin:
+        """Keeps the longest cached prefix of `tokens` in `tiers` (any of "device", "host",
+        "storage", each once; the cache must have those tiers) for `ttl` seconds (None: until
+        unpin). A pinned page is not evicted from a named tier while it is there (a pin copies
+        nothing into a tier); pages cached after the call are not covered (pin again). Tokens
+        covered by several pins count once against each tier's budget
+        (pin_<tier>_budget_tokens); a pin beyond a budget raises ValueError (kvtier.
+        InvalidArgumentError) naming it, and changes nothing. Expired pins are released by the
+        cache's next call."""
+        if isinstance(tiers, str):
+            tiers = (tiers,)
+        names = list(tiers)
+        for t in names:
+            if t not in CACHE_TIERS:
+                raise ValueError(f"tiers: {t!r} is not one of {', '.join(CACHE_TIERS)}")
+        if ttl is None:
+            seconds = float("inf")
+        else:
+            if isinstance(ttl, bool) or not isinstance(ttl, (int, float)):
+                raise ValueError(f"ttl = {ttl!r} must be a number of seconds or None")
+            seconds = float(ttl)
+            if not seconds > 0 or seconds == float("inf"):
+                raise ValueError(f"ttl = {ttl!r} must be a positive finite number of seconds "
+                                 "(None: until unpin)")
+        address, count, keep = _host_array(tokens, "tokens", "i")
+        pin_id, pinned, store_pinned = self._native.pin(address, count, names, seconds, namespace)
+        del keep
+        return Pin(pin_id, pinned, store_pinned)
+
+    def unpin(self, pin: Any) -> None:
+        """Ends a pin (a Pin or its id) now. ValueError for a pin that is not live: ended
+        already (unpin or its TTL), never issued, or another cache's."""
+        pin_id = pin.id if isinstance(pin, Pin) else _int(pin, "pin", 0)
+        if pin_id >= 2**64:
+            raise ValueError(f"pin = {pin_id} is not a pin id (an unsigned 64-bit integer)")
+        self._native.unpin(pin_id)
 
     def allocate_device_slots(self, num_tokens: int, allow_fewer: bool = False) -> Any:
         """Slots for num_tokens new tokens (rounded up to whole pages), evicting if needed.

@@ -410,6 +410,13 @@ py::dict StatsDict(const CacheStats& s) {
   KVTIER_STAT_(storage_corrupt_pages);
   KVTIER_STAT_(storage_timeouts);
   KVTIER_STAT_(storage_queue_drops);
+  KVTIER_STAT_(pinned_device_tokens);
+  KVTIER_STAT_(pinned_host_tokens);
+  KVTIER_STAT_(pinned_storage_tokens);
+  KVTIER_STAT_(live_pins);
+  KVTIER_STAT_(pins);
+  KVTIER_STAT_(pins_refused);
+  KVTIER_STAT_(pins_expired);
 #undef KVTIER_STAT_
   d["load_back_duration"] = HistogramDict(s.load_back_duration, "sum_seconds");
   d["eviction_duration"] = HistogramDict(s.eviction_duration, "sum_seconds");
@@ -509,6 +516,33 @@ void RegisterCache(py::module_& m) {
             ThrowIfError(WithoutGil([&] { return cache->Release(MatchHandle{handle}); }));
           },
           py::arg("handle"), py::arg("stream") = py::none(), py::arg("device") = 0)
+      .def("pin",
+           [](PyCache& c, uint64_t tokens, int64_t count, const std::vector<std::string>& tiers,
+              double ttl_seconds, const std::string& ns) {
+             auto span = SpanOf<Token>(tokens, count, "tokens");
+             std::vector<CacheTier> named;
+             for (const std::string& t : tiers) {
+               if (t == "device") {
+                 named.push_back(CacheTier::kDevice);
+               } else if (t == "host") {
+                 named.push_back(CacheTier::kHost);
+               } else if (t == "storage") {
+                 named.push_back(CacheTier::kStorage);
+               } else {
+                 ThrowIfError(Status::InvalidArgument(
+                     fmt::format("tiers: '{}' is not one of device, host, storage", t)));
+               }
+             }
+             CallGuard cache(c);
+             PinResult r = Unwrap(
+                 ReapAndRun(cache, [&] { return cache->Pin(span, named, ttl_seconds, ns); }));
+             return py::make_tuple(r.pin.id, r.pinned_tokens, r.store_pinned);
+           })
+      .def("unpin",
+           [](PyCache& c, uint64_t pin) {
+             CallGuard cache(c);
+             ThrowIfError(WithoutGil([&] { return cache->Unpin(PinHandle{pin}); }));
+           })
       .def("allocate_device_slots",
            [](PyCache& c, int64_t num_tokens, bool allow_fewer) {
              CallGuard cache(c);

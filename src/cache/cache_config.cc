@@ -135,6 +135,14 @@ ConfigSchema<HierarchicalCacheConfig> BuildSchema() {
                           "cpu backend: backup threads; 0 = in the calling thread"));
   s.push_back(IntField<C>("load_back_min_tokens", Member(&C::load_back_min_tokens), 0,
                           "host hits shorter than this are recomputed, not loaded"));
+  s.push_back(IntField<C>("pin_device_budget_tokens", Member(&C::pin_device_budget_tokens), 0,
+                          "most tokens pins may cover in the device tier (0: no device pins; "
+                          "below the device pool)"));
+  s.push_back(IntField<C>("pin_host_budget_tokens", Member(&C::pin_host_budget_tokens), 0,
+                          "most tokens pins may cover in the host tier (0: no host pins; below "
+                          "the host pool)"));
+  s.push_back(IntField<C>("pin_storage_budget_tokens", Member(&C::pin_storage_budget_tokens), 0,
+                          "most tokens pins may cover in the storage tier (0: no storage pins)"));
   // The storage tier: its bounds are checked only when it is on.
   const size_t first_storage = s.size();
   s.push_back(StringField<C>("storage", Member(&C::storage, &S::url),

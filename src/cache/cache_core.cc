@@ -72,6 +72,13 @@ Status CacheCore::OpenHostTier(const KvRegion& device_region) {
     KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<HostKvPool> pool, HostKvPool::Create(hc));
     host = MakeLocalHostTier(std::move(pool));
   }
+  const int64_t host_tokens = host ? host->num_pages() * P : 0;
+  if (config.pin_host_budget_tokens > 0 && config.pin_host_budget_tokens >= host_tokens) {
+    return Status::InvalidArgument(
+        fmt::format("pin_host_budget_tokens = {} must be below the host pool's {} tokens (pins "
+                    "must leave room for backups and prefetches)",
+                    config.pin_host_budget_tokens, host_tokens));
+  }
   return Status::OK();
 }
 
@@ -156,6 +163,9 @@ CacheStats CacheCore::Stats() const {
   c.nodes = tree.num_nodes();
   c.namespaces = tree.num_namespaces();
   c.live_handles = static_cast<int64_t>(handles.size());
+  c.pinned_device_tokens = tree.retained_tokens(RadixTree::Tier::kDevice);
+  c.pinned_host_tokens = tree.retained_tokens(RadixTree::Tier::kHost);
+  c.pinned_storage_tokens = tree.retained_tokens(RadixTree::Tier::kStorage);
   c.prefetch_inflight_tokens = filling_pages * P;
   return c;
 }

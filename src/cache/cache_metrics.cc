@@ -53,6 +53,12 @@ void WriteGauges(PrometheusTextWriter& w, const CacheStats& s) {
   w.Gauge("kvtier:tree_nodes", "Nodes of the radix tree.", s.nodes);
   w.Gauge("kvtier:namespaces", "Namespaces (tenants) holding nodes.", s.namespaces);
   w.Gauge("kvtier:live_handles", "Match handles not yet released.", s.live_handles);
+  w.BeginFamily("kvtier:pinned_tokens", MetricType::kGauge,
+                "Tokens covered by live pins (Pin), by the tier they are pinned in.");
+  w.AddSample({{"tier", "device"}}, s.pinned_device_tokens);
+  w.AddSample({{"tier", "host"}}, s.pinned_host_tokens);
+  w.AddSample({{"tier", "storage"}}, s.pinned_storage_tokens);
+  w.Gauge("kvtier:live_pins", "Pins not yet ended (Unpin or their TTL).", s.live_pins);
   w.BeginFamily("kvtier:inflight_tokens", MetricType::kGauge,
                 "Tokens of copies running, by direction.");
   w.AddSample({{"direction", "device_to_host"}}, s.backup_inflight_tokens);
@@ -180,6 +186,9 @@ void WriteEvictionAndFaults(PrometheusTextWriter& w, const CacheStats& s) {
   w.Counter("kvtier:storage_queue_drops_total",
             "Storage calls rejected by the backend's full queue, and backups skipped.",
             s.storage_queue_drops);
+  w.Counter("kvtier:pins_total", "Pins made.", s.pins);
+  w.Counter("kvtier:pins_refused_total", "Pins refused by a tier's pin budget.", s.pins_refused);
+  w.Counter("kvtier:pins_expired_total", "Pins ended by their TTL.", s.pins_expired);
 }
 
 }  // namespace

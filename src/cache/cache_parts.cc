@@ -11,7 +11,8 @@ CacheParts::CacheParts(const HierarchicalCacheConfig& cfg, int64_t page_size)
       evictor(*this, planner),
       planner(*this, evictor),
       prefetcher(*this, evictor),
-      adopter(*this, evictor) {}
+      adopter(*this, evictor),
+      pins(*this) {}
 
 CacheParts::~CacheParts() { Close(); }
 
@@ -44,9 +45,11 @@ Status CacheParts::Open(const KvRegion& device_region, std::unique_ptr<TransferE
 void CacheParts::Close() {
   if (!open_) return;
   open_ = false;
+  std::vector<uint64_t> store_pins;
   {
     CacheWork work(&executor);
     CacheLock lk(*this);
+    store_pins = pins.Clear();  // a shared backend outlives the cache: its pins go now
     for (auto& [id, h] : handles) {
       if (h.prefetch) prefetcher.Conclude(h, /*cancelled=*/true, &work);
     }
@@ -57,10 +60,12 @@ void CacheParts::Close() {
     }
   }
   executor.Stop();
+  for (uint64_t pin : store_pins) (void)storage->UnpinPages(pin);  // or expired already
   if (owns_storage && storage) storage->Close();
 }
 
 void CacheParts::Reap(CacheWork* work) {
+  pins.Expire();
   if (gpu) ledger->PruneWriteFences();
   tracker.Reap([&](const std::shared_ptr<CopyOp>& op) KVTIER_REQUIRES(kCacheLock) {
     switch (op->kind) {

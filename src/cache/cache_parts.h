@@ -1,8 +1,8 @@
 // Internal: the core of a HierarchicalCache with its parts wired together (see cache/cache_core.h
 // for the state and the locking discipline): the copy executor, the tier evictor, the backup
-// planner, the prefetcher and the shared-host adopter, and what binds them — reaping (each
-// completed operation goes to the part that made it) and the tree's split hook (a split node's
-// operations list both halves). HierarchicalCache's Impl is this plus the waiting calls; the
+// planner, the prefetcher, the shared-host adopter and the pins, and what binds them — reaping
+// (each completed operation goes to the part that made it) and the tree's split hook (a split
+// node's operations list both halves). HierarchicalCache's Impl is this plus the waiting calls; the
 // parts' unit tests build one directly.
 //
 // Thread safety: as CacheCore: Reap and OnSplit REQUIRE the mutex; Drain takes it (`lk`) and
@@ -14,6 +14,7 @@
 #include "cache/backup_planner.h"
 #include "cache/cache_core.h"
 #include "cache/copy_executor.h"
+#include "cache/pin_table.h"
 #include "cache/prefetcher.h"
 #include "cache/shared_adopter.h"
 #include "cache/tier_evictor.h"
@@ -35,7 +36,8 @@ struct CacheParts : CacheCore {
   // and closes a storage backend the cache opened. Idempotent.
   void Close() KVTIER_EXCLUDES(kCacheLock);
 
-  // Applies the operations that have completed (the tracker hands them over one by one).
+  // Applies the operations that have completed (the tracker hands them over one by one), and
+  // ends the pins whose TTL has run out.
   void Reap(CacheWork* work) KVTIER_REQUIRES(kCacheLock);
   // The tree split `lower` off `upper` (its new parent): operations that list `lower` (busy or
   // storing) list `upper` too — registered ones, completed ones being reaped, and handles'
@@ -51,6 +53,7 @@ struct CacheParts : CacheCore {
   BackupPlanner planner;
   Prefetcher prefetcher;
   SharedHostAdopter adopter;
+  PinTable pins;
 
  private:
   bool open_ = false;

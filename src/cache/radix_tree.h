@@ -9,25 +9,31 @@
 // page and verified token by token. Matching and inserting walk page by page and split a node
 // where a match ends inside it; eviction splits a node when only its tail goes.
 //
-// Invariants (checked by CheckInvariants, written once in radix_tree.cc):
+// Invariants (checked by CheckInvariants in radix_tree_check.cc):
 //   - a non-root node is resident somewhere (device, host or storage), or is an orphan (its
-//     storage copy was reported gone) that is pinned or waits in the storage set to be removed;
+//     storage copy was reported gone) that is pinned, retained or waits in the storage set to be
+//     removed;
 //   - device residency is prefix-closed (a node on the device has its parent on the device), and
 //     so is host residency (backups form a contiguous prefix);
 //   - a node's reference count is at least the sum of its children's (IncRef pins a node and all
 //     its ancestors), and only unreferenced, idle (busy == 0) nodes are evictable;
+//   - so is each tier's retention count (Retain, HierarchicalCache::Pin): a node retained in a
+//     tier is evictable from no tier it names, and a node retained in any tier stays in the tree
+//     (in no removable set) until released;
 //   - the device set holds exactly the evictable nodes on the device with no child on the device;
 //     the host set the evictable nodes in host memory, not on the device, with no child in host
 //     memory; the storage set the evictable nodes on neither (storage-only or orphans) with no
 //     children. The first two are ordered by their tier's EvictionPolicy key, the storage set
 //     orphans first, then least recently used;
-//   - locked_device_tokens / locked_host_tokens are the tier tokens of referenced or busy nodes
-//     (host: or storing).
+//   - locked_device_tokens / locked_host_tokens are the tier tokens of referenced, busy or
+//     retained (in that tier) nodes (host: or storing); retained_tokens(t) the tokens of nodes
+//     retained in tier t, wherever they are.
 //
 // Thread safety: none; the owner (the cache) serialises every call.
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -82,6 +88,11 @@ class RadixNode {
   int32_t busy() const { return busy_; }
   bool prefetching() const { return prefetching_; }
   bool storing() const { return storing_; }
+  // Retentions of the node in tier `tier` (0 device, 1 host, 2 storage; RadixTree::Retain).
+  int32_t retained(size_t tier) const { return retained_[tier]; }
+  bool retained_anywhere() const {
+    return retained_[0] > 0 || retained_[1] > 0 || retained_[2] > 0;
+  }
   size_t num_children() const { return children_.size(); }
   int64_t device_children() const { return device_children_; }
   int64_t host_children() const { return host_children_; }
@@ -119,6 +130,7 @@ class RadixNode {
   int64_t created_ = 0;
   int32_t priority_ = 0;
   int32_t busy_ = 0;
+  std::array<int32_t, 3> retained_{};  // per tier (RadixTree::Tier)
   // Membership in the tree's evictable sets and the key it is filed under.
   bool in_device_set_ = false;
   bool in_host_set_ = false;
@@ -253,6 +265,23 @@ class RadixTree {
   using TierHook = std::function<void(const RadixNode& node, Tier tier, bool entered)>;
   void SetTierHook(TierHook hook) { tier_hook_ = std::move(hook); }
 
+  // ---- retention (HierarchicalCache::Pin) --------------------------------------------------
+  // Bit (1 << tier) of a tier set.
+  static constexpr uint8_t TierBit(Tier tier) {
+    return static_cast<uint8_t>(1u << static_cast<unsigned>(tier));
+  }
+  // Adds (delta +1) or removes (-1) one retention of `node` and all its ancestors (the namespace
+  // root excluded) in each tier of `tiers` (TierBit). A node retained in a tier is evictable from
+  // no tier of those: it stays there while it is there (retention copies nothing into a tier).
+  // A node retained in any tier stays in the tree until released, resident nowhere (an orphan)
+  // if its pages leave every tier. Calls no hook: residency does not change.
+  // REQUIRES: delta -1 only for a matching +1 on the same node and tiers.
+  void Retain(RadixNode* node, uint8_t tiers, int delta);
+  // Tokens of `node` and its ancestors not retained in `tier` yet: what retaining `node` there
+  // would add to retained_tokens(tier).
+  int64_t RetainCost(const RadixNode* node, Tier tier) const;
+  int64_t retained_tokens(Tier tier) const { return retained_tokens_[static_cast<size_t>(tier)]; }
+
   // ---- eviction ---------------------------------------------------------------------------
   // The evictable node that goes first, or null.
   RadixNode* DeviceVictim() const;
@@ -271,11 +300,14 @@ class RadixTree {
   int64_t host_tokens() const { return host_tokens_; }
   int64_t stored_tokens() const { return stored_tokens_; }
   int64_t storage_only_tokens() const { return storage_only_tokens_; }
-  // Tier tokens of referenced or busy nodes (what eviction cannot take).
+  // Tier tokens of referenced, busy or retained nodes (what eviction cannot take).
   int64_t locked_device_tokens() const { return locked_device_tokens_; }
   int64_t locked_host_tokens() const { return locked_host_tokens_; }
   // Tier tokens of referenced nodes (what eviction cannot take until a Release).
   int64_t pinned_device_tokens() const { return pinned_device_tokens_; }
+  // Device tokens of referenced or device-retained nodes (what eviction cannot take until a
+  // Release or an unpin, however long copies run).
+  int64_t held_device_tokens() const { return held_device_tokens_; }
   int64_t pinned_host_tokens() const { return pinned_host_tokens_; }
   // Tokens from the namespace root through the end of `node`.
   std::vector<Token> PrefixTokens(const RadixNode* node) const;
@@ -328,6 +360,11 @@ class RadixTree {
   // One child `c` of `n`, filed under `key` among `kids`: its own fields and its place.
   Status CheckChild(const RadixNode* n, const RadixNode* c, uint64_t key,
                     const std::vector<std::pair<uint64_t, const RadixNode*>>& kids) const;
+  // The evictable sets `n` (not a root) belongs in, by its state.
+  struct Wanted {
+    bool device, host, storage;
+  };
+  static Wanted WantedSets(const RadixNode* n);
   // Whether `n` (not a root) is in exactly the evictable sets its state puts it in.
   Status CheckEvictableSets(const RadixNode* n) const;
   Status CheckNode(const RadixNode* node, int64_t* device_tokens, int64_t* host_tokens,
@@ -361,6 +398,8 @@ class RadixTree {
   int64_t locked_host_tokens_ = 0;
   int64_t pinned_device_tokens_ = 0;
   int64_t pinned_host_tokens_ = 0;
+  int64_t held_device_tokens_ = 0;
+  std::array<int64_t, 3> retained_tokens_{};
 };
 
 }  // namespace kvtier

@@ -10,7 +10,9 @@
 namespace kvtier {
 
 void TierEvictor::DropIfNowhere(RadixNode* node) {
-  if (node->resident() || node->ref_count() > 0 || node->busy() > 0) return;
+  if (node->resident() || node->ref_count() > 0 || node->busy() > 0 || node->retained_anywhere()) {
+    return;
+  }
   int64_t forgotten = 0;
   core_.tree.RemoveSubtree(node, &forgotten);
   core_.counters.storage_forgotten_tokens += forgotten;
@@ -108,7 +110,7 @@ int64_t TierEvictor::HostReclaimable() const {
 
 int64_t TierEvictor::DeviceReclaimable() const {
   return core_.ledger->free_pages() +
-         (core_.tree.device_tokens() - core_.tree.pinned_device_tokens()) / core_.P;
+         (core_.tree.device_tokens() - core_.tree.held_device_tokens()) / core_.P;
 }
 
 bool TierEvictor::EnsureHostPages(int64_t pages, CacheWork* work) {
@@ -127,9 +129,10 @@ Result<std::vector<int64_t>> TierEvictor::TryAllocateDevice(
     if (!allow_fewer && DeviceReclaimable() < pages) {
       return Status::OutOfMemory(fmt::format(
           "{}: the device cannot make room ({} pages free, {} held by the engine, {} pinned by "
-          "live handles, {} needed)",
+          "live handles, {} by Pin, {} needed)",
           what, free, core_.ledger->pages_of(DevicePageLedger::kEngine),
-          core_.tree.pinned_device_tokens() / core_.P, pages));
+          core_.tree.pinned_device_tokens() / core_.P,
+          (core_.tree.held_device_tokens() - core_.tree.pinned_device_tokens()) / core_.P, pages));
     }
     EvictDevice(pages - free, work);
   }

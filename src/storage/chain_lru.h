@@ -97,19 +97,31 @@ class ChainLru {
   // is the only leaf and not the only page (the page just written is the tail of a chain longer
   // than the room: the tail goes, the head stays); with no leaf at all (a cycle of links), the
   // least recently used page other than `keep`. nullopt when nothing but `keep` (or nothing) is
-  // stored.
-  std::optional<Key> Victim(const Key* keep) const {
+  // stored. Pages `skip` names (pinned ones) are never chosen; when they leave nothing else,
+  // `keep` is (the new page goes rather than a pinned one), and nullopt when `keep` is skipped too.
+  template <typename Skip>
+  std::optional<Key> Victim(const Key* keep, const Skip& skip) const {
     if (entries_.empty() || (entries_.size() == 1 && keep != nullptr && entries_.count(*keep))) {
       return std::nullopt;
     }
+    const auto is_keep = [keep](const Key& key) { return keep != nullptr && key == *keep; };
+    bool keep_is_leaf = false;
     for (const auto& [seq, key] : leaves_) {
-      if (keep == nullptr || !(key == *keep)) return key;
+      if (is_keep(key)) {
+        keep_is_leaf = true;
+      } else if (!skip(key)) {
+        return key;
+      }
     }
-    if (!leaves_.empty()) return *keep;  // the only leaf
+    if (keep_is_leaf && !skip(*keep)) return *keep;
     for (const auto& [seq, key] : order_) {
-      if (keep == nullptr || !(key == *keep)) return key;
+      if (!is_keep(key) && !skip(key)) return key;
     }
+    if (keep != nullptr && entries_.count(*keep) != 0 && !skip(*keep)) return *keep;
     return std::nullopt;
+  }
+  std::optional<Key> Victim(const Key* keep) const {
+    return Victim(keep, [](const Key&) { return false; });
   }
 
   // Erase for a page the store evicts: remembered as evicted (Evicted) until newer victims push it

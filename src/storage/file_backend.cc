@@ -37,6 +37,7 @@
 #include "storage/file_index.h"
 #include "storage/file_io.h"
 #include "storage/page_format.h"
+#include "storage/page_pins.h"
 #include "storage/storage_url.h"
 #include "util/log.h"
 
@@ -182,7 +183,9 @@ class FileBackend final : public StorageBackend {
     } else {
       KVTIER_ASSIGN_OR_RETURN(capacity, DefaultCapacity(ns_dir.get(), found));
     }
-    index_ = std::make_unique<FileIndex>(capacity, [this](const PageKey& key) { RemoveFile(key); });
+    index_ = std::make_unique<FileIndex>(
+        capacity, [this](const PageKey& key) { RemoveFile(key); },
+        [this](const PageKey& key) { return pins_.Pinned(key); });
     index_->Load(std::move(found));
     return Start();
   }
@@ -266,6 +269,15 @@ class FileBackend final : public StorageBackend {
       index_->Erase(keys[i]);
       out[i] = RemoveFile(keys[i]) ? PageStatus::kOk : PageStatus::kFailed;
     }
+  }
+
+  Result<uint64_t> DoPinPages(std::span<const PageKey> keys,
+                              std::chrono::nanoseconds ttl) override {
+    return pins_.Add(keys, ttl);
+  }
+  Status DoUnpinPages(uint64_t pin) override {
+    if (pins_.Remove(pin)) return Status::OK();
+    return Status::InvalidArgument(fmt::format("UnpinPages: no live pin {}", pin));
   }
 
   void FillStats(StorageStats& stats) const override {
@@ -822,6 +834,7 @@ class FileBackend final : public StorageBackend {
   const uint64_t namespace_hash_;
   const int64_t value_bytes_;
   std::shared_ptr<const Fd> root_;    // read and swapped through std::atomic_load / atomic_store
+  PagePins pins_;                     // pages index_ must not evict
   std::unique_ptr<FileIndex> index_;  // set by Open, before the I/O threads start
   std::atomic<uint64_t> temp_counter_{0};
   std::mutex dirs_mu_;  // one re-creation of missing directories at a time

@@ -53,8 +53,9 @@ void RemoveStaleTemp(int dirfd, std::string_view name) {
 
 }  // namespace
 
-FileIndex::FileIndex(int64_t capacity, std::function<void(const PageKey&)> remove)
-    : capacity_(capacity), remove_(std::move(remove)) {}
+FileIndex::FileIndex(int64_t capacity, std::function<void(const PageKey&)> remove,
+                     std::function<bool(const PageKey&)> pinned)
+    : capacity_(capacity), remove_(std::move(remove)), pinned_(std::move(pinned)) {}
 
 void FileIndex::Load(std::vector<Found> found) {
   std::sort(found.begin(), found.end(),
@@ -146,8 +147,9 @@ std::optional<PageKey> FileIndex::ParentOf(const PageKey& key) const {
 }
 
 void FileIndex::EvictLocked(const PageKey* keep) {
+  const auto pinned = [this](const PageKey& key) { return pinned_ && pinned_(key); };
   while (pages_.bytes() > capacity_) {
-    const std::optional<PageKey> victim = pages_.Victim(keep);
+    const std::optional<PageKey> victim = pages_.Victim(keep, pinned);
     if (!victim) return;
     if (remove_) remove_(*victim);
     pages_.Evict(*victim);

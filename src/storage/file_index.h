@@ -14,7 +14,9 @@
 //
 // Invariants (under `mu_`): `pages_` holds the known pages, their parents and recency; its bytes
 // are the sum of their sizes and, after Put or Load returns, at most `capacity` (except a lone page
-// larger than the capacity, which Put never admits: the backend refuses such a Set before writing).
+// larger than the capacity, which Put never admits: the backend refuses such a Set before writing;
+// and pinned pages filling it: eviction skips pages `pinned` names, and a page Put finds no
+// unpinned room for is evicted itself).
 //
 // Thread safety: every method may be called from any thread; `remove` runs under the index's
 // mutex (so a victim's file goes before another thread can add the same key again) and must not
@@ -42,8 +44,11 @@ class FileIndex {
     int64_t stamp = 0;
   };
 
-  // `capacity` > 0: the most bytes of pages kept; `remove` deletes an evicted page's file.
-  FileIndex(int64_t capacity, std::function<void(const PageKey&)> remove);
+  // `capacity` > 0: the most bytes of pages kept; `remove` deletes an evicted page's file;
+  // `pinned` (null: none) names pages eviction must skip (storage/page_pins.h; called under the
+  // index's mutex).
+  FileIndex(int64_t capacity, std::function<void(const PageKey&)> remove,
+            std::function<bool(const PageKey&)> pinned = nullptr);
 
   // Loads the pages found at start (any order): oldest stamp least recently used. Later stamps
   // are greater than all of theirs. Evicts down to the capacity (it may have shrunk since).
@@ -88,6 +93,7 @@ class FileIndex {
 
   const int64_t capacity_;
   const std::function<void(const PageKey&)> remove_;
+  const std::function<bool(const PageKey&)> pinned_;
   mutable std::mutex mu_;
   ChainLru<PageKey, PageKeyHash> pages_;
   int64_t evicted_ = 0;

@@ -2,10 +2,11 @@
 //
 // A MemoryStore maps (namespace hash, key) to an encoded value (header ‖ payload, page_format.h)
 // and keeps their eviction order: LRU among the pages no stored page names as parent (a chain's
-// tail before its head, chain_lru.h). Invariants (under `mu`): `order` holds exactly the map's
-// names; its bytes, the sum of the values' sizes, never exceed `capacity` after a Set returns.
-// Values are immutable once stored and shared by pointer, so a Get copies its bytes out without
-// holding the lock.
+// tail before its head, chain_lru.h), skipping pinned keys (`pins`, shared by every backend on
+// the store); a Set that finds no unpinned room fails (kFailed). Invariants (under `mu`): `order`
+// holds exactly the map's names; its bytes, the sum of the values' sizes, never exceed `capacity`
+// after a Set returns. Values are immutable once stored and shared by pointer, so a Get copies its
+// bytes out without holding the lock.
 //
 // Thread safety: a store's state is guarded by its mutex; the registry of named stores by its own.
 #include "storage/memory_backend.h"
@@ -19,6 +20,7 @@
 
 #include "storage/chain_lru.h"
 #include "storage/page_format.h"
+#include "storage/page_pins.h"
 #include "storage/storage_url.h"
 
 namespace kvtier::storage {
@@ -62,9 +64,16 @@ class MemoryStore {
     std::lock_guard<std::mutex> lock(mu_);
     map_[name] = std::move(value);
     order_.Add(name, size, parent, /*newest=*/true);
+    const auto pinned = [this](const StoredName& n) { return pins.Pinned(n.key); };
     while (order_.bytes() > capacity_) {
-      const std::optional<StoredName> victim = order_.Victim(&name);
-      if (!victim) break;
+      const std::optional<StoredName> victim = order_.Victim(&name, pinned);
+      // Pinned pages leave no room for it: nothing else to evict, or only itself where it would
+      // not go without pins (a chain's tail longer than the room still goes, and the Set is ok).
+      if (!victim || (*victim == name && order_.Victim(&name) != victim)) {
+        map_.erase(name);
+        order_.Erase(name);
+        return false;
+      }
       map_.erase(*victim);
       order_.Evict(*victim);
       ++evicted_;
@@ -95,6 +104,8 @@ class MemoryStore {
     map_.erase(name);
     order_.Erase(name);
   }
+
+  PagePins pins;  // keys eviction skips (its own lock, a leaf under mu_)
 
   void Fill(StorageStats& stats) const {
     std::lock_guard<std::mutex> lock(mu_);
@@ -197,6 +208,15 @@ class MemoryBackend final : public StorageBackend {
       store_->Erase({namespace_hash_, keys[i]});
       out[i] = PageStatus::kOk;
     }
+  }
+
+  Result<uint64_t> DoPinPages(std::span<const PageKey> keys,
+                              std::chrono::nanoseconds ttl) override {
+    return store_->pins.Add(keys, ttl);
+  }
+  Status DoUnpinPages(uint64_t pin) override {
+    if (store_->pins.Remove(pin)) return Status::OK();
+    return Status::InvalidArgument(fmt::format("UnpinPages: no live pin {}", pin));
   }
 
   void FillStats(StorageStats& stats) const override { store_->Fill(stats); }

@@ -660,6 +660,27 @@ std::future<BatchResult> StorageBackend::Remove(std::vector<PageKey> keys) {
   return future;
 }
 
+Result<uint64_t> StorageBackend::PinPages(std::span<const PageKey> keys,
+                                          std::chrono::nanoseconds ttl) {
+  if (ttl <= std::chrono::nanoseconds::zero()) {
+    return Status::InvalidArgument(
+        fmt::format("PinPages: ttl = {} ns must be positive", ttl.count()));
+  }
+  return DoPinPages(keys, ttl);
+}
+
+Status StorageBackend::UnpinPages(uint64_t pin) { return DoUnpinPages(pin); }
+
+Result<uint64_t> StorageBackend::DoPinPages(std::span<const PageKey> /*keys*/,
+                                            std::chrono::nanoseconds /*ttl*/) {
+  return Status::FailedPrecondition(
+      fmt::format("storage backend {} cannot pin pages: its own eviction decides", url_));
+}
+
+Status StorageBackend::DoUnpinPages(uint64_t pin) {
+  return Status::InvalidArgument(fmt::format("UnpinPages: no pin {} in {}", pin, url_));
+}
+
 StorageStats StorageBackend::Stats() const {
   StorageStats s;
   {

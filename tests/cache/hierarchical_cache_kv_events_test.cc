@@ -83,6 +83,11 @@ TEST_P(CacheKvEventsTest, EventsRebuildEveryTierUnderConcurrency) {
   cfg.storage.model_id = "kv-events-test";
   cfg.storage.prefetch_threshold_tokens = 0;
   cfg.storage.max_storage_only_pages = 24;  // small: TrimStorage forgets pages
+  // Thread 2 pins and unpins families in random tiers: what pins keep never leaves, and the
+  // events must still rebuild every tier.
+  cfg.pin_device_budget_tokens = 6 * P;
+  cfg.pin_host_budget_tokens = 6 * P;
+  cfg.pin_storage_budget_tokens = 6 * P;
   auto sink = std::make_shared<RecordingSink>();
   cfg.kv_event_sink = sink;
   auto cache_r = HierarchicalCache::Create(cfg, dev.region());
@@ -97,9 +102,36 @@ TEST_P(CacheKvEventsTest, EventsRebuildEveryTierUnderConcurrency) {
     families.push_back(t);
   }
   std::atomic<int> failures{0};
+  std::atomic<int64_t> pins_made{0};
   auto worker = [&](int id) {
     std::mt19937_64 rng(99 + id);
+    std::vector<PinHandle> pins;
     for (int64_t it = 0; it < iterations && failures == 0; ++it) {
+      if (id == 2 && it % 5 == 0) {
+        Status pst;
+        if (!pins.empty() && rng() % 2 == 0) {
+          pst = cache.Unpin(pins.back());
+          pins.pop_back();
+        } else {
+          std::vector<CacheTier> tiers;
+          for (CacheTier tier : {CacheTier::kDevice, CacheTier::kHost, CacheTier::kStorage}) {
+            if (rng() % 2 == 0) tiers.push_back(tier);
+          }
+          if (tiers.empty()) tiers.push_back(CacheTier::kStorage);
+          auto pin = cache.Pin(families[rng() % families.size()], tiers);
+          if (pin.ok() && pin->pin.id != 0) {
+            pins.push_back(pin->pin);
+            ++pins_made;
+          } else if (!pin.ok() && !pin.status().IsInvalidArgument()) {  // a budget: fine
+            pst = pin.status();
+          }
+        }
+        if (!pst.ok()) {
+          ADD_FAILURE() << pst.ToString();
+          ++failures;
+          return;
+        }
+      }
       const std::string ns = rng() % 4 == 0 ? fmt::format("t{}", id % 2) : "";
       std::vector<Token> t = families[rng() % families.size()];
       const int64_t extra = static_cast<int64_t>(rng() % (4 * P + 2));
@@ -154,6 +186,7 @@ TEST_P(CacheKvEventsTest, EventsRebuildEveryTierUnderConcurrency) {
         return;
       }
     }
+    for (PinHandle pin : pins) EXPECT_TRUE(cache.Unpin(pin).ok());
   };
   std::vector<std::thread> threads;
   for (int i = 0; i < kThreads; ++i) threads.emplace_back(worker, i);
@@ -179,6 +212,8 @@ TEST_P(CacheKvEventsTest, EventsRebuildEveryTierUnderConcurrency) {
   EXPECT_GT(s.host_evicted_tokens, 0);
   EXPECT_FALSE(blocks->host.empty());
   EXPECT_FALSE(blocks->storage.empty());
+  EXPECT_GT(pins_made.load(), 0);
+  EXPECT_EQ(s.live_pins, 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(WritePolicies, CacheKvEventsTest,

@@ -1,6 +1,8 @@
 // HierarchicalCache over three tiers (device, host, storage on memory:// or file://, behind the
 // fault wrapper): random Match / QueryStorage / Prefetch (every policy) / LoadBack / Insert /
-// Release / evictions in every tier, with faults switched on and off. After every step the
+// Release / evictions in every tier, with faults switched on and off, and pins (Pin / Unpin in
+// random tiers with TTLs on a clock the test moves; a device-pinned prefix never loses a device
+// page while its pin lives). After every step the
 // cache's invariants hold (CheckConsistency), every slot a match or a load-back returns holds the
 // right bytes (the KV pattern), and no match is longer than the longest prefix ever inserted (the
 // model). A final phase evicts everything from device and host and brings it back through
@@ -18,6 +20,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <limits>
@@ -178,23 +181,113 @@ struct Live {
   std::vector<Token> tokens;
 };
 
+// A live pin as the model knows it: its pinned prefix, its tiers, its deadline on the test's
+// clock (ns; -1: none) and the device tokens of the prefix when it was pinned.
+struct LivePin {
+  PinHandle pin;
+  std::string ns;
+  std::vector<Token> tokens;
+  bool device = false;
+  int64_t deadline_ns = -1;
+  int64_t device_tokens = 0;
+};
+
+// The clock pins run on in the model tests (HierarchicalCacheConfig::pin_clock).
+struct TestClock {
+  std::shared_ptr<std::atomic<int64_t>> ns = std::make_shared<std::atomic<int64_t>>(1'000'000);
+  std::function<std::chrono::steady_clock::time_point()> fn() const {
+    return [ns = ns] {
+      return std::chrono::steady_clock::time_point(std::chrono::nanoseconds(ns->load()));
+    };
+  }
+};
+
 // One random step of an engine thread. Returns false (after recording a failure) to stop.
 class Driver {
  public:
   // `long_prompts`: prompts up to kLongDocPages pages, and some requests served as back-to-back
   // chunked-prefill requests (a prefix, then a longer one, ... then the whole prompt).
+  // `clock` (the cache's pin_clock): pins are made and checked only with one.
   Driver(CacheUnderTest& s, InsertedPrefixes& model, FaultInjectingStorage* faults, uint64_t seed,
-         bool allow_faults, bool long_prompts = false)
+         bool allow_faults, bool long_prompts = false, const TestClock* clock = nullptr)
       : s_(s),
         model_(model),
         faults_(faults),
         rng_(seed),
         prompts_(s.cache->page_size(), seed, long_prompts ? kLongDocPages : 24, long_prompts),
         allow_faults_(allow_faults),
-        chunked_(long_prompts) {}
+        chunked_(long_prompts),
+        clock_(clock) {}
 
   ~Driver() {
     for (const Live& l : live_) EXPECT_TRUE(s_.cache->Release(l.handle).ok());
+    for (const LivePin& p : pins_) {
+      const Status st = s_.cache->Unpin(p.pin);  // or ended by its TTL already
+      EXPECT_TRUE(st.ok() || st.IsInvalidArgument()) << st.ToString();
+    }
+    if (clock_ != nullptr) {
+      EXPECT_EQ(s_.cache->stats().live_pins, 0);
+    }
+  }
+
+  // A random pin (tiers, TTL), an unpin, or the clock moved; then every live device pin still
+  // has the device tokens it had when it was made.
+  void PinStep() {
+    HierarchicalCache& c = *s_.cache;
+    const int64_t now = clock_->ns->load();
+    // Pins past their deadline are gone (the cache's next call ended them).
+    std::erase_if(pins_,
+                  [&](const LivePin& p) { return p.deadline_ns >= 0 && p.deadline_ns <= now; });
+    const int op = static_cast<int>(rng_() % 10);
+    if (op < 5) {
+      auto [ns, tokens] = prompts_.Next(rng_);
+      std::vector<CacheTier> tiers;
+      for (CacheTier t : {CacheTier::kDevice, CacheTier::kHost, CacheTier::kStorage}) {
+        if (rng_() % 2) tiers.push_back(t);
+      }
+      if (tiers.empty()) tiers.push_back(CacheTier::kDevice);
+      const bool forever = rng_() % 3 == 0;
+      const double ttl = forever ? kPinForever : 1.0 + static_cast<double>(rng_() % 10);
+      auto r = c.Pin(tokens, tiers, ttl, ns);
+      if (!r.ok()) {
+        ASSERT_TRUE(r.status().IsInvalidArgument()) << r.status().ToString();
+        ASSERT_NE(r.status().message().find("budget"), std::string::npos) << r.status().message();
+        return;
+      }
+      if (r->pin.id == 0) return;
+      LivePin p{r->pin,
+                ns,
+                std::vector<Token>(tokens.begin(), tokens.begin() + r->pinned_tokens),
+                std::find(tiers.begin(), tiers.end(), CacheTier::kDevice) != tiers.end(),
+                forever ? -1 : now + static_cast<int64_t>(ttl * 1e9),
+                0};
+      auto m = c.Match(p.tokens, p.ns);
+      ASSERT_TRUE(m.ok());
+      p.device_tokens = m->device_tokens;
+      ASSERT_TRUE(c.Release(m->handle).ok());
+      pins_.push_back(std::move(p));
+    } else if (op < 8) {
+      if (pins_.empty()) return;
+      const size_t i = rng_() % pins_.size();
+      ASSERT_TRUE(c.Unpin(pins_[i].pin).ok());
+      pins_.erase(pins_.begin() + static_cast<long>(i));
+      ASSERT_TRUE(c.Unpin(PinHandle{pins_.empty() ? 1 : pins_[0].pin.id + (1ull << 39)})
+                      .IsInvalidArgument());
+    } else {
+      *clock_->ns += static_cast<int64_t>(rng_() % 4) * 1'000'000'000;
+    }
+  }
+
+  void CheckPins() {
+    HierarchicalCache& c = *s_.cache;
+    const int64_t now = clock_->ns->load();
+    for (const LivePin& p : pins_) {
+      if (!p.device || (p.deadline_ns >= 0 && p.deadline_ns <= now)) continue;
+      auto m = c.Match(p.tokens, p.ns);
+      ASSERT_TRUE(m.ok());
+      EXPECT_GE(m->device_tokens, p.device_tokens) << "a device-pinned page left the device";
+      ASSERT_TRUE(c.Release(m->handle).ok());
+    }
   }
 
   void CheckSlots(const Live& l, int64_t device_tokens, const std::vector<int64_t>& device_slots,
@@ -337,7 +430,10 @@ class Driver {
       }
     } else if (op < 80) {
       (void)c.stats();
+    } else if (op < 90 && clock_ != nullptr) {
+      PinStep();
     }
+    if (clock_ != nullptr && !::testing::Test::HasFatalFailure()) CheckPins();
   }
 
  private:
@@ -348,7 +444,9 @@ class Driver {
   Prompts prompts_;
   bool allow_faults_;
   bool chunked_;
+  const TestClock* clock_;
   std::vector<Live> live_;
+  std::vector<LivePin> pins_;
 };
 
 // Everything leaves device and host memory, then comes back through QueryStorage + Prefetch.
@@ -463,6 +561,11 @@ void RunModel(const Params& p, int64_t steps) {
   cfg.storage.max_storage_only_pages = 64;
   cfg.storage.max_prefetch_batch_pages = 3;
   int64_t device_pages = 24, host_pages = 32;
+  TestClock clock;
+  cfg.pin_clock = clock.fn();
+  cfg.pin_device_budget_tokens = 8 * page;
+  cfg.pin_host_budget_tokens = 12 * page;
+  cfg.pin_storage_budget_tokens = 24 * page;
   if (p.long_prompts) {
     // Stores in many batches, and paths longer than the queue's room stored in parts.
     cfg.storage.max_backup_batch_pages = 7;
@@ -470,13 +573,16 @@ void RunModel(const Params& p, int64_t steps) {
     cfg.storage.max_storage_only_pages = 4 * kLongDocPages;
     device_pages = 3 * kLongDocPages;
     host_pages = 4 * kLongDocPages;
+    cfg.pin_device_budget_tokens = kLongDocPages * page;  // pins of prompts that long fit
+    cfg.pin_host_budget_tokens = kLongDocPages * page;
+    cfg.pin_storage_budget_tokens = 2 * kLongDocPages * page;
   }
   CacheUnderTest s =
       MakeCache(cfg, page, device_pages, host_pages, testing::BackendFromEnv(), faults);
   ASSERT_NE(s.cache, nullptr);
   InsertedPrefixes model(page);
   {
-    Driver d(s, model, faults, p.seed, /*allow_faults=*/true, p.long_prompts);
+    Driver d(s, model, faults, p.seed, /*allow_faults=*/true, p.long_prompts, &clock);
     for (int64_t i = 0; i < steps; ++i) {
       d.Step();
       if (::testing::Test::HasFatalFailure()) return;
@@ -491,6 +597,10 @@ void RunModel(const Params& p, int64_t steps) {
   }
   const CacheStats stats = s.cache->stats();
   EXPECT_GT(stats.match_calls, 0);
+  EXPECT_GT(stats.pins, 0) << "no pin was made";
+  if (steps >= 600) {  // the default run of every seed reaches a TTL or a budget
+    EXPECT_GT(stats.pins_expired + stats.pins_refused, 0) << "no TTL or budget was exercised";
+  }
   s.ExpectNothingRanUnderTheMutex();
 }
 

@@ -221,6 +221,48 @@ TEST(RadixTreeTest, SplitCarriesPinsAndStats) {
 
 // The child map against a multimap, with many shared keys (hash collisions) and churn. Nodes are
 // stand-in pointers: the map compares them and never dereferences them.
+TEST(RadixTreeTest, RetainedNodesLeaveNoNamedTierAndStayInTheTree) {
+  RadixTree tree(1);
+  using Tier = RadixTree::Tier;
+  std::vector<Token> a = {1, 2, 3, 4};
+  tree.Insert("", a, Pages(0, 4), {}, nullptr);
+  RadixNode* node = tree.Match("", a).last;
+  tree.Retain(node, RadixTree::TierBit(Tier::kDevice), +1);
+  EXPECT_EQ(tree.DeviceVictim(), nullptr);
+  EXPECT_EQ(tree.retained_tokens(Tier::kDevice), 4);
+  EXPECT_EQ(tree.held_device_tokens(), 4);
+  EXPECT_EQ(tree.RetainCost(node, Tier::kDevice), 0);
+  EXPECT_EQ(tree.RetainCost(node, Tier::kHost), 4);
+  // A split hands the retention to both halves; a child below is not retained.
+  RadixNode* upper = tree.Match("", std::vector<Token>{1, 2, 9}).last;
+  EXPECT_EQ(upper->retained(0), 1);
+  EXPECT_EQ(node->retained(0), 1);
+  tree.Insert("", std::vector<Token>{1, 2, 3, 4, 5}, Pages(0, 5), {}, nullptr);
+  RadixNode* child = tree.DeviceVictim();
+  ASSERT_NE(child, nullptr);
+  EXPECT_EQ(child->retained(0), 0);
+  EXPECT_EQ(child->num_tokens(), 1);
+  ASSERT_TRUE(tree.CheckInvariants().ok()) << tree.CheckInvariants().ToString();
+  // Retained in host memory only: the device copy goes, the node stays (resident nowhere here,
+  // not stored: an orphan kept for the pin) and is not filed for removal.
+  tree.Retain(node, RadixTree::TierBit(Tier::kDevice), -1);
+  tree.Retain(node, RadixTree::TierBit(Tier::kHost), +1);
+  std::vector<int64_t> freed;
+  tree.TakeDevicePages(child, &freed);
+  tree.RemoveSubtree(child);
+  tree.TakeDevicePages(node, &freed);
+  tree.TakeDevicePages(upper, &freed);
+  EXPECT_EQ(freed.size(), 5u);
+  EXPECT_FALSE(node->resident());
+  EXPECT_EQ(tree.StorageVictim(), nullptr);
+  EXPECT_FALSE(tree.DropDeviceLeaf(node, &freed));
+  ASSERT_TRUE(tree.CheckInvariants().ok()) << tree.CheckInvariants().ToString();
+  tree.Retain(node, RadixTree::TierBit(Tier::kHost), -1);
+  EXPECT_EQ(tree.StorageVictim(), node) << "released: waits for removal";
+  EXPECT_EQ(tree.retained_tokens(Tier::kHost), 0);
+  ASSERT_TRUE(tree.CheckInvariants().ok()) << tree.CheckInvariants().ToString();
+}
+
 TEST(ChildMapTest, AgreesWithMultimapUnderChurnAndCollisions) {
   std::mt19937_64 rng(11);
   detail::ChildMap map;

@@ -333,6 +333,20 @@ TEST_P(RedisBackendWriteTest, ValuesThatDoNotCheckOutAreMisses) {
   EXPECT_EQ(backend->Stats().get_wrong_namespace_pages, 1);
 }
 
+// Redis chooses its own victims (maxmemory-policy, no per-key exemption): a pin is refused, and
+// says so (docs/architecture.md, "Retention").
+TEST(RedisBackendTest, CannotPinPages) {
+  SKIP_WITHOUT_REDIS();
+  RedisTestServer server;
+  ASSERT_EQ(server.Start(), "");
+  auto backend = Open("redis://" + server.address(), TestNamespace());
+  ASSERT_NE(backend, nullptr);
+  const std::vector<PageKey> keys = Keys(2);
+  auto pin = backend->PinPages(keys, std::chrono::seconds(10));
+  EXPECT_EQ(pin.status().code(), StatusCode::kFailedPrecondition) << pin.status().ToString();
+  EXPECT_NE(pin.status().message().find("cannot pin"), std::string::npos);
+}
+
 TEST(RedisBackendTest, PasswordAclUserAndWrongCredentials) {
   SKIP_WITHOUT_REDIS();
   RedisTestServer server(

@@ -34,6 +34,7 @@
 #include "replay_ceiling.h"
 #include "replay_engine.h"
 #include "replay_model.h"
+#include "replay_pin.h"
 #include "replay_report.h"
 #include "workload.h"
 
@@ -282,6 +283,22 @@ Status ReplayOptions::Validate() const {
   if (kv_events.empty() && kv_events_hold_s > 0) {
     return Status::InvalidArgument("--kv-events-hold needs --kv-events");
   }
+  if (!pin_system_prompt.empty()) {
+    KVTIER_ASSIGN_OR_RETURN(std::vector<CacheTier> tiers, ParsePinTiers(pin_system_prompt));
+    for (CacheTier t : tiers) {
+      if ((t == CacheTier::kHost && host_tokens == 0) ||
+          (t == CacheTier::kStorage &&
+           (storage == "none" || host_tokens == 0 || !shared_host.empty()))) {
+        return Status::InvalidArgument(
+            fmt::format("--pin-system-prompt {}: the hierarchy run has no {} tier",
+                        pin_system_prompt, CacheTierName(t)));
+      }
+    }
+  }
+  KVTIER_RETURN_IF_ERROR(BoundReal("--pin-ttl", pin_ttl_s, 0, 1e7));
+  if (pin_system_prompt.empty() && pin_ttl_s > 0) {
+    return Status::InvalidArgument("--pin-ttl needs --pin-system-prompt");
+  }
   if (!kv_events.empty() && !sweep.empty()) {
     return Status::InvalidArgument(
         "--kv-events publishes one hierarchy run's events; --sweep makes several");
@@ -395,6 +412,7 @@ struct Setup {
   bool storage_ceiling_measured = false;
   StorageCeiling storage_ceiling;
   std::shared_ptr<KvEventPublisher> kv_events;  // --kv-events: the hierarchy run's sink
+  std::vector<Token> pin_prompt;                // --pin-system-prompt: the shared prefix
 };
 
 // A request between its Match and its Release.
@@ -664,6 +682,7 @@ class RunDriver {
       for (int64_t i = 0; i < static_cast<int64_t>(s_.warmup.requests.size()); ++i) {
         KVTIER_ASSIGN_OR_RETURN(InFlight f, Arrive(i));
         KVTIER_RETURN_IF_ERROR(Serve(f).WithContext(fmt::format("warm-up request {}", i)));
+        KVTIER_RETURN_IF_ERROR(RenewPin());
       }
       warming_ = false;
     }
@@ -684,6 +703,7 @@ class RunDriver {
       InFlight f = std::move(pending.front());
       pending.pop_front();
       KVTIER_RETURN_IF_ERROR(Serve(f).WithContext(fmt::format("request {}", f.index)));
+      KVTIER_RETURN_IF_ERROR(RenewPin());
       if (o_.settle_backups && cache_ != nullptr) {
         KVTIER_RETURN_IF_ERROR(cache_->WaitForBackups().WithContext(
             fmt::format("--settle-backups after request {}", f.index)));
@@ -708,6 +728,15 @@ class RunDriver {
         summary_.kv_events_replay_endpoint = s_.kv_events->replay_endpoint();
       }
       if (o_.metrics) summary_.metrics = cache_->Metrics();
+      if (pin_ != nullptr) {
+        summary_.has_pin = true;
+        summary_.pin_tiers = o_.pin_system_prompt;
+        summary_.pin_ttl_s = o_.pin_ttl_s;
+        summary_.pin_prompt_tokens = pin_->prompt_tokens();
+        summary_.pin_covered_tokens = pin_->covered_tokens();
+        summary_.pin_store_pinned = pin_->store_pinned();
+        KVTIER_RETURN_IF_ERROR(pin_->End(*cache_).WithContext("--pin-system-prompt"));
+      }
       if (StorageBackend* b = cache_->storage(); b != nullptr) {
         summary_.has_storage = true;
         summary_.storage_stats = b->Stats();
@@ -772,6 +801,11 @@ class RunDriver {
       if (c.storage.backend != nullptr) {
         summary_.kv_events_storage_medium = StorageMediumOf(c.storage.backend->url());
       }
+    }
+    if (kind_ == RunKind::kHierarchy && !o_.pin_system_prompt.empty()) {
+      pin_ = std::make_unique<SystemPromptPin>(s_.pin_prompt, *ParsePinTiers(o_.pin_system_prompt),
+                                               o_.pin_ttl_s);  // checked
+      pin_->SetBudgets(&c);
     }
     KVTIER_ASSIGN_OR_RETURN(cache_, HierarchicalCache::Create(c, s_.engine->device_region()));
     summary_.has_cache = true;
@@ -939,7 +973,12 @@ class RunDriver {
   RunSummary summary_;
   std::unique_ptr<RunStorage> storage_;
   std::unique_ptr<HierarchicalCache> cache_;
-  bool warming_ = false;  // serving --warmup requests
+  std::unique_ptr<SystemPromptPin> pin_;  // --pin-system-prompt, hierarchy run
+  bool warming_ = false;                  // serving --warmup requests
+
+  Status RenewPin() {
+    return pin_ == nullptr ? Status::OK() : pin_->Renew(*cache_).WithContext("--pin-system-prompt");
+  }
 };
 
 // The ideal of a run: its hits and its compute, no prefetch wait, the same scheduling; the loads
@@ -1112,6 +1151,15 @@ int RunReplay(const ReplayOptions& input) {
     s.warmup.name = s.workload.name;
     s.warmup.requests.assign(s.workload.requests.begin(), cut);
     s.workload.requests.erase(s.workload.requests.begin(), cut);
+  }
+
+  if (!o.pin_system_prompt.empty()) {
+    Result<std::vector<Token>> prompt = SharedPrompt({&s.warmup, &s.workload}, o.page_size);
+    if (!prompt.ok()) {
+      std::fprintf(stderr, "kvtier replay: %s\n", prompt.status().message().c_str());
+      return 2;
+    }
+    s.pin_prompt = std::move(*prompt);
   }
 
   // The device pool: a GPU when asked for or present, else host memory standing in.

@@ -113,6 +113,10 @@ struct ReplayOptions {
   std::string kv_events_replay;
   std::string kv_events_topic;
   double kv_events_hold_s = 0;  // --kv-events-hold: sockets stay open this long after the run
+  // --pin-system-prompt TIERS: the hierarchy run pins the prefix every request shares in these
+  // tiers ("device,host,storage" or "all"; replay_pin.h), for --pin-ttl seconds (0: the run).
+  std::string pin_system_prompt;
+  double pin_ttl_s = 0;
   bool metrics = false;
   bool progress = true;
   // Runs to make: "all" (no cache, device-only, hierarchy), "no_cache,hierarchy" or "hierarchy".

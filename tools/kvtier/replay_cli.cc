@@ -193,6 +193,13 @@ CLI::App* AddReplayCommand(CLI::App& app, ReplayOptions* o) {
   c->add_option("--kv-events-hold", o->kv_events_hold_s,
                 "with --kv-events: keep the sockets open this many seconds after the report, "
                 "for subscribers that still fetch missed batches from the replay socket");
+  c->add_option("--pin-system-prompt", o->pin_system_prompt,
+                "pin the prefix every request shares (the synthetic workloads' system prompt) in "
+                "these tiers of the hierarchy run: device,host,storage (any) or all; "
+                "HierarchicalCache::Pin, budgets set to the prompt");
+  c->add_option("--pin-ttl", o->pin_ttl_s,
+                "with --pin-system-prompt: the pin's TTL in seconds (0 = the whole run)")
+      ->capture_default_str();
   c->add_option("--runs", o->runs,
                 "all (no cache, device-only, hierarchy), no_cache,hierarchy (what the ideal, "
                 "the mostly-cached speed-up and the hit classes need) or hierarchy")

@@ -410,6 +410,20 @@ void PrintReport(std::FILE* out, const ReplayReport& report) {
           hier->kv_events_storage_medium.empty() ? "storage"
                                                  : hier->kv_events_storage_medium.c_str());
     }
+    if (hier->has_pin) {
+      const CacheStats& c = hier->cache;
+      std::fprintf(
+          out,
+          "pin: system prompt of %lld tokens pinned in %s (%s), %lld covered at the end; "
+          "pinned tokens device %lld host %lld storage %lld%s\n",
+          static_cast<long long>(hier->pin_prompt_tokens), hier->pin_tiers.c_str(),
+          hier->pin_ttl_s > 0 ? fmt::format("TTL {} s", hier->pin_ttl_s).c_str() : "the whole run",
+          static_cast<long long>(hier->pin_covered_tokens),
+          static_cast<long long>(c.pinned_device_tokens),
+          static_cast<long long>(c.pinned_host_tokens),
+          static_cast<long long>(c.pinned_storage_tokens),
+          hier->pin_store_pinned ? ", the store keeps its pages" : "");
+    }
     if (hier->has_storage) {
       std::fprintf(out,
                    "storage %s: %lld errors, %lld corrupt pages, %lld timeouts, %lld queue drops\n",
@@ -520,6 +534,19 @@ nlohmann::json RunJson(const RunSummary& r, int64_t token_bytes) {
                       {"dropped_events", e.dropped_events},
                       {"send_errors", e.send_errors},
                       {"blocks", blocks}};
+  }
+  if (r.has_pin) {
+    j["pin"] = {{"tiers", r.pin_tiers},
+                {"ttl_s", r.pin_ttl_s},
+                {"system_prompt_tokens", r.pin_prompt_tokens},
+                {"covered_tokens", r.pin_covered_tokens},
+                {"store_pinned", r.pin_store_pinned},
+                {"pinned_tokens",
+                 {{"device", r.cache.pinned_device_tokens},
+                  {"host", r.cache.pinned_host_tokens},
+                  {"storage", r.cache.pinned_storage_tokens}}},
+                {"pins", r.cache.pins},
+                {"pins_expired", r.cache.pins_expired}};
   }
   if (r.has_cache && !r.shared_host.empty()) {
     j["shared_host"] = {{"name", r.shared_host},

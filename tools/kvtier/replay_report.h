@@ -80,6 +80,13 @@ struct RunSummary {
   std::string kv_events_endpoint, kv_events_replay_endpoint;
   std::string kv_events_storage_medium;  // empty without a storage tier
   TierBlockHashes kv_blocks;
+  // --pin-system-prompt (the hierarchy run): the shared prefix, the tokens the pin covered at the
+  // end, and whether the store kept its pages too.
+  bool has_pin = false;
+  std::string pin_tiers;
+  double pin_ttl_s = 0;
+  int64_t pin_prompt_tokens = 0, pin_covered_tokens = 0;
+  bool pin_store_pinned = false;
   int64_t bytes_checked = 0, wrong_bytes = 0;
   std::string first_wrong;
   int64_t load_failures = 0;  // LoadBack could not make room: the host part was recomputed
