@@ -441,12 +441,35 @@ class FileBackend final : public StorageBackend {
     if (read.got != value_bytes_) return PageStatus::kCorrupt;  // truncated or too long
     if (read.block) read.PlaceDirect();
     PageHeader parsed;
-    PageStatus st = ParsePageHeader(std::span(read.header), namespace_hash_, key,
-                                    static_cast<uint64_t>(buffer.bytes()), &parsed);
-    if (st == PageStatus::kOk && !read.PadIsZero()) st = PageStatus::kCorrupt;
+    PageStatus st = CheckHeaderBlock(key, buffer, read, &parsed);
     if (st == PageStatus::kOk) st = CheckPayload(parsed, buffer);
     if (st != PageStatus::kOk) return st;
     return MarkHit(key, read.fd);
+  }
+
+  // The header block in `read` (the header, then its zero padding) checked for a page of
+  // `buffer`'s size under `key`; kOk fills `*parsed`.
+  PageStatus CheckHeaderBlock(const PageKey& key, const PageBuffer& buffer, const PageRead& read,
+                              PageHeader* parsed) const {
+    const PageStatus st = ParsePageHeader(std::span(read.header), namespace_hash_, key,
+                                          static_cast<uint64_t>(buffer.bytes()), parsed);
+    if (st != PageStatus::kOk) return st;
+    return read.PadIsZero() ? PageStatus::kOk : PageStatus::kCorrupt;
+  }
+
+  // For the reads that hash chunk by chunk: checks the header block (CheckHeaderBlock) and
+  // starts `*hasher` of the stored checksum's kind; the payload's digest must then equal
+  // `*stored_checksum`.
+  PageStatus StartChunkedCheck(const PageKey& key, const PageBuffer& buffer, const PageRead& read,
+                               std::optional<PayloadHasher>* hasher,
+                               uint64_t* stored_checksum) const {
+    PageHeader parsed;
+    const PageStatus st = CheckHeaderBlock(key, buffer, read, &parsed);
+    if (st != PageStatus::kOk) return st;
+    hasher->emplace(parsed.checksum_kind);
+    if (!(*hasher)->ok()) return PageStatus::kCorrupt;
+    *stored_checksum = parsed.payload_checksum;
+    return PageStatus::kOk;
   }
 
   // Stamps a page just read and checked as the most recently used.
@@ -495,14 +518,8 @@ class FileBackend final : public StorageBackend {
       if (static_cast<size_t>(got) != wanted) return PageStatus::kCorrupt;  // length changed
       offset += got;
       if (first) {
-        PageHeader parsed;
-        const PageStatus st = ParsePageHeader(std::span(read.header), namespace_hash_, key,
-                                              static_cast<uint64_t>(buffer.bytes()), &parsed);
+        const PageStatus st = StartChunkedCheck(key, buffer, read, &hasher, &stored_checksum);
         if (st != PageStatus::kOk) return st;
-        if (!read.PadIsZero()) return PageStatus::kCorrupt;
-        hasher.emplace(parsed.checksum_kind);
-        if (!hasher->ok()) return PageStatus::kCorrupt;
-        stored_checksum = parsed.payload_checksum;
         first = false;
       }
       HashIovecs(*hasher, hashed + payload_from, payload_to - payload_from);
@@ -689,14 +706,8 @@ class FileBackend final : public StorageBackend {
       if (offset == 0) {
         std::memcpy(read.header, bounce, sizeof(read.header));
         std::memcpy(read.pad, bounce + sizeof(read.header), sizeof(read.pad));
-        PageHeader parsed;
-        const PageStatus st = ParsePageHeader(std::span(read.header), namespace_hash_, key,
-                                              static_cast<uint64_t>(buffer.bytes()), &parsed);
+        const PageStatus st = StartChunkedCheck(key, buffer, read, &hasher, &stored_checksum);
         if (st != PageStatus::kOk) return st;
-        if (!read.PadIsZero()) return PageStatus::kCorrupt;
-        hasher.emplace(parsed.checksum_kind);
-        if (!hasher->ok()) return PageStatus::kCorrupt;
-        stored_checksum = parsed.payload_checksum;
         from = kFilePayloadOffset;
       }
       hasher->Update({bounce + from, wanted - from});
