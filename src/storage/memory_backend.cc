@@ -108,6 +108,14 @@ std::map<std::string, std::weak_ptr<MemoryStore>, std::less<>>& Registry() {
   return *registry;
 }
 
+// Page i's outcome is `one(i)`, in order, or kTimedOut once the deadline has passed.
+template <typename One>
+void EachBeforeDeadline(std::span<PageStatus> out, Clock::time_point deadline, One one) {
+  for (size_t i = 0; i < out.size(); ++i) {
+    out[i] = Clock::now() > deadline ? PageStatus::kTimedOut : one(i);
+  }
+}
+
 class MemoryBackend final : public StorageBackend {
  public:
   MemoryBackend(std::string url, const StorageNamespace& ns, const StorageOptions& options,
@@ -132,30 +140,22 @@ class MemoryBackend final : public StorageBackend {
 
   void DoGet(std::span<const PageKey> keys, std::span<const PageBuffer> buffers,
              std::span<PageStatus> out, Clock::time_point deadline) override {
-    for (size_t i = 0; i < keys.size(); ++i) {
-      if (Clock::now() > deadline) {
-        out[i] = PageStatus::kTimedOut;
-        continue;
-      }
+    EachBeforeDeadline(out, deadline, [&](size_t i) {
       auto value = store_->Find({namespace_hash_, keys[i]}, /*touch=*/true);
-      out[i] = value == nullptr ? PageStatus::kAbsent
-                                : ReadPageValue(*value, namespace_hash_, keys[i], buffers[i]);
-    }
+      return value == nullptr ? PageStatus::kAbsent
+                              : ReadPageValue(*value, namespace_hash_, keys[i], buffers[i]);
+    });
   }
 
   void DoSet(std::span<const PageKey> keys, std::span<const PageBuffer> buffers,
              std::span<PageStatus> out, Clock::time_point deadline) override {
-    for (size_t i = 0; i < keys.size(); ++i) {
-      if (Clock::now() > deadline) {
-        out[i] = PageStatus::kTimedOut;
-        continue;
-      }
+    EachBeforeDeadline(out, deadline, [&](size_t i) {
       auto value =
           std::make_shared<Value>(kPageHeaderBytes + static_cast<size_t>(buffers[i].bytes()));
       EncodePageValue(namespace_hash_, keys[i], buffers[i], *value);
-      out[i] = store_->Insert({namespace_hash_, keys[i]}, std::move(value)) ? PageStatus::kOk
-                                                                            : PageStatus::kFailed;
-    }
+      return store_->Insert({namespace_hash_, keys[i]}, std::move(value)) ? PageStatus::kOk
+                                                                          : PageStatus::kFailed;
+    });
   }
 
   void DoRemove(std::span<const PageKey> keys, std::span<PageStatus> out,

@@ -606,36 +606,37 @@ void StorageBackend::RemoveAsync(std::vector<PageKey> keys, std::function<void(B
   queue_->Submit(*this, CallKind::kRemove, std::move(keys), {}, std::move(done));
 }
 
-std::future<ExistsResult> StorageBackend::Exists(std::vector<PageKey> keys) {
-  auto promise = std::make_shared<std::promise<ExistsResult>>();
+namespace {
+
+// The future form of an asynchronous call: `start(done)`, whose `done` fulfils the future.
+template <typename R, typename Start>
+std::future<R> AsFuture(Start start) {
+  auto promise = std::make_shared<std::promise<R>>();
   auto future = promise->get_future();
-  ExistsAsync(std::move(keys), [promise](ExistsResult r) { promise->set_value(std::move(r)); });
+  start([promise](R r) { promise->set_value(std::move(r)); });
   return future;
+}
+
+}  // namespace
+
+std::future<ExistsResult> StorageBackend::Exists(std::vector<PageKey> keys) {
+  return AsFuture<ExistsResult>([&](auto done) { ExistsAsync(std::move(keys), std::move(done)); });
 }
 
 std::future<BatchResult> StorageBackend::Get(std::vector<PageKey> keys,
                                              std::vector<PageBuffer> buffers) {
-  auto promise = std::make_shared<std::promise<BatchResult>>();
-  auto future = promise->get_future();
-  GetAsync(std::move(keys), std::move(buffers),
-           [promise](BatchResult r) { promise->set_value(std::move(r)); });
-  return future;
+  return AsFuture<BatchResult>(
+      [&](auto done) { GetAsync(std::move(keys), std::move(buffers), std::move(done)); });
 }
 
 std::future<BatchResult> StorageBackend::Set(std::vector<PageKey> keys,
                                              std::vector<PageBuffer> buffers) {
-  auto promise = std::make_shared<std::promise<BatchResult>>();
-  auto future = promise->get_future();
-  SetAsync(std::move(keys), std::move(buffers),
-           [promise](BatchResult r) { promise->set_value(std::move(r)); });
-  return future;
+  return AsFuture<BatchResult>(
+      [&](auto done) { SetAsync(std::move(keys), std::move(buffers), std::move(done)); });
 }
 
 std::future<BatchResult> StorageBackend::Remove(std::vector<PageKey> keys) {
-  auto promise = std::make_shared<std::promise<BatchResult>>();
-  auto future = promise->get_future();
-  RemoveAsync(std::move(keys), [promise](BatchResult r) { promise->set_value(std::move(r)); });
-  return future;
+  return AsFuture<BatchResult>([&](auto done) { RemoveAsync(std::move(keys), std::move(done)); });
 }
 
 StorageStats StorageBackend::Stats() const {
