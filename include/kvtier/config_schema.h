@@ -290,14 +290,17 @@ void CheckedWhen(ConfigSchema<Config>& schema, size_t first,
   }
 }
 
-// The fields of a part's schema as fields of the whole (`part` is Config's member of type Part),
-// names unchanged.
-template <typename Config, typename Part>
-void AppendPart(ConfigSchema<Config>& schema, const ConfigSchema<Part>& part_schema,
-                Part Config::*part) {
+// The fields of a part's schema as fields of the whole: `ref` reaches the part in a Config (a
+// callable Config& -> Part&, as Member builds from member pointers), and each field's name is
+// `prefix` + the part's name for it.
+template <typename Config, typename Part, typename Ref>
+void AppendPart(ConfigSchema<Config>& schema, const ConfigSchema<Part>& part_schema, Ref ref,
+                std::string_view prefix) {
+  // The part of a const Config (the getters), through the same path.
+  auto part = [ref](const Config& c) -> const Part& { return ref(const_cast<Config&>(c)); };
   for (const ConfigField<Part>& p : part_schema) {
     ConfigField<Config> f;
-    f.name = p.name;
+    f.name = std::string(prefix) + p.name;
     f.kind = p.kind;
     f.help = p.help;
     f.int_min = p.int_min;
@@ -308,19 +311,23 @@ void AppendPart(ConfigSchema<Config>& schema, const ConfigSchema<Part>& part_sch
     f.choices = p.choices;
     f.when = p.when;
     if (p.checked_when)
-      f.checked_when = [w = p.checked_when, part](const Config& c) { return w(c.*part); };
-    if (p.get_int) f.get_int = [g = p.get_int, part](const Config& c) { return g(c.*part); };
-    if (p.set_int) f.set_int = [s = p.set_int, part](Config& c, int64_t v) { s(c.*part, v); };
-    if (p.get_float) f.get_float = [g = p.get_float, part](const Config& c) { return g(c.*part); };
-    if (p.set_float) f.set_float = [s = p.set_float, part](Config& c, double v) { s(c.*part, v); };
+      f.checked_when = [w = p.checked_when, part](const Config& c) { return w(part(c)); };
+    if (p.get_int) f.get_int = [g = p.get_int, part](const Config& c) { return g(part(c)); };
+    if (p.set_int) f.set_int = [s = p.set_int, ref](Config& c, int64_t v) { s(ref(c), v); };
+    if (p.get_float) f.get_float = [g = p.get_float, part](const Config& c) { return g(part(c)); };
+    if (p.set_float) f.set_float = [s = p.set_float, ref](Config& c, double v) { s(ref(c), v); };
     if (p.get_string)
-      f.get_string = [g = p.get_string, part](const Config& c) { return g(c.*part); };
+      f.get_string = [g = p.get_string, part](const Config& c) { return g(part(c)); };
     if (p.set_string)
-      f.set_string = [s = p.set_string, part](Config& c, std::string v) {
-        s(c.*part, std::move(v));
-      };
+      f.set_string = [s = p.set_string, ref](Config& c, std::string v) { s(ref(c), std::move(v)); };
     schema.push_back(std::move(f));
   }
+}
+// The same for a direct member `part` of Config, names unchanged.
+template <typename Config, typename Part>
+void AppendPart(ConfigSchema<Config>& schema, const ConfigSchema<Part>& part_schema,
+                Part Config::*part) {
+  AppendPart(schema, part_schema, Member(part), "");
 }
 
 }  // namespace kvtier

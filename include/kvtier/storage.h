@@ -49,6 +49,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kvtier/config_schema.h"
 #include "kvtier/page_key.h"
 #include "kvtier/status.h"
 
@@ -118,16 +119,25 @@ std::string RedactUrl(std::string_view url);
 // after a header of this size (src/storage/page_format.h describes it).
 inline constexpr int64_t kStoredPageHeaderBytes = 72;
 
+// Bounds and help of every field: StorageOptionsSchema.
 struct StorageOptions {
-  // The backend's I/O threads, in [1, 64], or 0 (the default): from the machine,
-  // min(cores, 16) and at least 4 (DefaultIoThreads). A backend's options() show the number used.
+  // The backend's I/O threads, or 0 (the default): from the machine, min(cores, 16) and at
+  // least 4 (DefaultIoThreads). A backend's options() show the number used.
   int io_threads = 0;
   int max_queued_batches = 256;             // reads (and, apart, writes) waiting; more are rejected
-  std::chrono::milliseconds timeout{2000};  // per call, from when an I/O thread takes it; <= 10 min
+  std::chrono::milliseconds timeout{2000};  // per call, from when an I/O thread takes it
   int64_t max_batch_pages = 4096;           // InvalidArgument beyond this
-  // InvalidArgument naming the field.
-  Status Validate() const;
+  // Every field within its bounds (StorageOptionsSchema); InvalidArgument naming the field
+  // (through `name_of`, when given; else "storage options: <field>") and its value.
+  Status Validate(const FieldNamer& name_of = nullptr) const;
 };
+
+// Every field of StorageOptions: name, bounds and help, declared once (kvtier/config_schema.h);
+// the defaults are the member initializers above (`timeout` is the field "timeout_ms", its
+// count). StorageOptions::Validate, the cache's storage_* fields (HierarchicalCacheConfigSchema:
+// its Validate, the `kvtier replay` flags and the Python keyword arguments) and `kvtier bench
+// --storage-threads` are read from it.
+const ConfigSchema<StorageOptions>& StorageOptionsSchema();
 
 // What io_threads = 0 means on this machine: std::thread::hardware_concurrency() capped at 16,
 // at least 4 (reads of a page-cached store scale with threads up to about the core count; 4

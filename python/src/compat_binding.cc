@@ -232,19 +232,7 @@ void Launch(std::vector<std::pair<Side*, Side*>> pairs, IndexArg si, IndexArg di
   }
   placed.emplace_back("src_indices", si.device);
   placed.emplace_back("dst_indices", di.device);
-  int device = kHostDevice;
-  for (const auto& [name, d] : placed) {
-    if (d == kHostDevice) continue;
-    if (device != kHostDevice && d != device) {
-      std::string where;
-      for (const auto& [n2, d2] : placed) {
-        if (d2 != kHostDevice)
-          where += fmt::format("{}{} on cuda:{}", where.empty() ? "" : ", ", n2, d2);
-      }
-      ThrowInvalid("the copy spans several CUDA devices: " + where);
-    }
-    device = d;
-  }
+  const int device = CommonDevice(placed);
   for (auto& [src, dst] : pairs) {
     CheckBound(si, src->index_bound, "src_indices");
     CheckBound(di, dst->index_bound, "dst_indices");

@@ -491,6 +491,23 @@ IndexArg ReadIndices(py::handle obj, std::string_view name) {
   return a;
 }
 
+int CommonDevice(std::span<const std::pair<std::string, int>> operands) {
+  int device = kHostDevice;
+  for (const auto& [name, d] : operands) {
+    if (d == kHostDevice) continue;
+    if (device != kHostDevice && d != device) {
+      std::string where;
+      for (const auto& [n2, d2] : operands) {
+        if (d2 != kHostDevice)
+          where += fmt::format("{}{} on cuda:{}", where.empty() ? "" : ", ", n2, d2);
+      }
+      ThrowInvalid("the copy spans several CUDA devices: " + where);
+    }
+    device = d;
+  }
+  return device;
+}
+
 IndexArg HostIndices(IndexArg arg, py::handle obj, std::string_view name) {
   if (arg.device == kHostDevice) return arg;
   const Names& n = Name();

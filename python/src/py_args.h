@@ -15,8 +15,10 @@
 
 #include <array>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "kvtier/transfer.h"
@@ -92,6 +94,11 @@ std::vector<uint64_t> ReadAddressTable(pybind11::handle obj, std::string_view na
 // imported and `device` is a CUDA device, else 0 (the legacy default stream). Otherwise an int
 // address or an object with `cuda_stream` (torch), `ptr` (CuPy) or `handle`.
 CudaStream ResolveStreamArg(pybind11::handle stream, int device);
+
+// The one CUDA device that a copy's operands (name, device ordinal or kHostDevice) are on, or
+// kHostDevice when all are in host memory; a ValueError naming each operand on a device when they
+// are on several.
+int CommonDevice(std::span<const std::pair<std::string, int>> operands);
 
 // Where `address` lives: kHostDevice for host memory (or without CUDA), else the device ordinal.
 int PointerDevice(uint64_t address);

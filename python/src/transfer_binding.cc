@@ -131,23 +131,11 @@ void TransferObjects(const PyRegion& src, const PyRegion& dst, py::handle src_in
   auto device_of = [](const PyRegion& r) {
     return r.region.memory == MemoryKind::kHost ? kHostDevice : r.region.device;
   };
-  const std::pair<const char*, int> placed[] = {{"src", device_of(src)},
+  const std::pair<std::string, int> placed[] = {{"src", device_of(src)},
                                                 {"dst", device_of(dst)},
                                                 {"src_indices", si.device},
                                                 {"dst_indices", di.device}};
-  int device = kHostDevice;
-  for (const auto& [name, d] : placed) {
-    if (d == kHostDevice) continue;
-    if (device != kHostDevice && d != device) {
-      std::string where;
-      for (const auto& [n2, d2] : placed) {
-        if (d2 != kHostDevice)
-          where += fmt::format("{}{} on cuda:{}", where.empty() ? "" : ", ", n2, d2);
-      }
-      ThrowInvalid("the copy spans several CUDA devices: " + where);
-    }
-    device = d;
-  }
+  const int device = CommonDevice(placed);
   if (backend == TransferBackend::kAuto && device == kHostDevice && layer_events.is_none()) {
     backend = TransferBackend::kCpu;
   }

@@ -103,7 +103,6 @@ bool StorageOn(const HierarchicalCacheConfig& c) { return c.storage.enabled(); }
 ConfigSchema<HierarchicalCacheConfig> BuildSchema() {
   using C = HierarchicalCacheConfig;
   using S = StorageTierConfig;
-  using O = StorageOptions;
   constexpr int64_t kPages = int64_t{1} << 40;
   ConfigSchema<C> s;
   s.push_back(IntField<C>("page_size", Member(&C::page_size), 0, kMaxKvPageSize,
@@ -157,28 +156,8 @@ ConfigSchema<HierarchicalCacheConfig> BuildSchema() {
                           "tensor-parallel rank in the store's namespace (< storage_tp_size)"));
   s.push_back(IntField<C>("storage_tp_size", Member(&C::storage, &S::tp_size), 1, int64_t{1} << 20,
                           "tensor-parallel size in the store's namespace"));
-  s.push_back(IntField<C>("storage_io_threads", Member(&C::storage, &S::options, &O::io_threads), 0,
-                          64,
-                          "the storage backend's I/O threads; 0 = the machine's default, "
-                          "min(cores, 16) and at least 4 (DefaultIoThreads)"));
-  s.push_back(IntField<C>("storage_max_queued_batches",
-                          Member(&C::storage, &S::options, &O::max_queued_batches), 1,
-                          "storage calls waiting (reads and writes apart); more are rejected"));
-  {
-    // A std::chrono::milliseconds: read and written as its count.
-    ConfigField<C> f;
-    f.name = "storage_timeout_ms";
-    f.kind = FieldKind::kInt;
-    f.help = "per storage call, from when an I/O thread takes it, in ms";
-    f.int_min = 1;
-    f.int_max = 600'000;  // past 10 minutes a deadline is no bound a caller can wait for
-    f.get_int = [](const C& c) { return static_cast<int64_t>(c.storage.options.timeout.count()); };
-    f.set_int = [](C& c, int64_t v) { c.storage.options.timeout = std::chrono::milliseconds(v); };
-    s.push_back(std::move(f));
-  }
-  s.push_back(IntField<C>("storage_max_batch_pages",
-                          Member(&C::storage, &S::options, &O::max_batch_pages), 1,
-                          int64_t{1} << 20, "pages of one backend call; more is refused"));
+  // storage_io_threads, storage_max_queued_batches, storage_timeout_ms, storage_max_batch_pages.
+  AppendPart(s, StorageOptionsSchema(), Member(&C::storage, &S::options), "storage_");
   s.push_back(ChoiceField<C>("prefetch_policy", Member(&C::storage, &S::prefetch_policy), 3,
                              PrefetchPolicyName, "how a prefetch ends by default"));
   s.push_back(IntField<C>("prefetch_threshold_tokens",

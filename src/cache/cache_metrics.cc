@@ -28,6 +28,39 @@ HistogramSnapshot SnapshotOf(const Histogram<Bounds>& h) {
   return s;
 }
 
+// One counter or gauge family labelled by `label`: a sample per (label value, value).
+void WriteByLabel(PrometheusTextWriter& w, std::string_view name, MetricType type,
+                  std::string_view help, std::string_view label,
+                  std::initializer_list<std::pair<std::string_view, int64_t>> samples) {
+  w.BeginFamily(name, type, help);
+  for (const auto& [value, n] : samples) w.AddSample({{label, value}}, n);
+}
+
+// One histogram family with a single unlabelled histogram.
+template <typename Bounds>
+void WriteHistogram(PrometheusTextWriter& w, std::string_view name, std::string_view help,
+                    const Histogram<Bounds>& h) {
+  w.BeginFamily(name, MetricType::kHistogram, help);
+  w.AddHistogram({}, SnapshotOf(h));
+}
+
+// The three families of one kind of storage transfer: `<prefix>_bytes_total`,
+// `<prefix>_seconds_total` (rate(bytes) / rate(seconds) is the bandwidth over a window) and
+// `<prefix>_bandwidth`, the GB/s of each transfer.
+struct TransferFamilies {
+  std::string_view prefix;
+  std::string_view bytes_help;
+  std::string_view seconds_help;
+  std::string_view bandwidth_help;
+};
+
+void WriteTransfers(PrometheusTextWriter& w, const TransferFamilies& f, int64_t bytes,
+                    double seconds, const BandwidthHistogram& bandwidth) {
+  w.Counter(fmt::format("{}_bytes_total", f.prefix), f.bytes_help, bytes);
+  w.Counter(fmt::format("{}_seconds_total", f.prefix), f.seconds_help, seconds);
+  WriteHistogram(w, fmt::format("{}_bandwidth", f.prefix), f.bandwidth_help, bandwidth);
+}
+
 void WriteGauges(PrometheusTextWriter& w, const CacheStats& s) {
   w.Gauge("kvtier:page_size", "Tokens per page in every tier.", s.page_size);
   w.Gauge("kvtier:device_total_tokens", "Tokens the device KV pool holds.", s.device_total_tokens);
@@ -53,27 +86,27 @@ void WriteGauges(PrometheusTextWriter& w, const CacheStats& s) {
   w.Gauge("kvtier:tree_nodes", "Nodes of the radix tree.", s.nodes);
   w.Gauge("kvtier:namespaces", "Namespaces (tenants) holding nodes.", s.namespaces);
   w.Gauge("kvtier:live_handles", "Match handles not yet released.", s.live_handles);
-  w.BeginFamily("kvtier:pinned_tokens", MetricType::kGauge,
-                "Tokens covered by live pins (Pin), by the tier they are pinned in.");
-  w.AddSample({{"tier", "device"}}, s.pinned_device_tokens);
-  w.AddSample({{"tier", "host"}}, s.pinned_host_tokens);
-  w.AddSample({{"tier", "storage"}}, s.pinned_storage_tokens);
+  WriteByLabel(w, "kvtier:pinned_tokens", MetricType::kGauge,
+               "Tokens covered by live pins (Pin), by the tier they are pinned in.", "tier",
+               {{"device", s.pinned_device_tokens},
+                {"host", s.pinned_host_tokens},
+                {"storage", s.pinned_storage_tokens}});
   w.Gauge("kvtier:live_pins", "Pins not yet ended (Unpin or their TTL).", s.live_pins);
-  w.BeginFamily("kvtier:inflight_tokens", MetricType::kGauge,
-                "Tokens of copies running, by direction.");
-  w.AddSample({{"direction", "device_to_host"}}, s.backup_inflight_tokens);
-  w.AddSample({{"direction", "host_to_storage"}}, s.storage_backup_inflight_tokens);
-  w.AddSample({{"direction", "storage_to_host"}}, s.prefetch_inflight_tokens);
+  WriteByLabel(w, "kvtier:inflight_tokens", MetricType::kGauge,
+               "Tokens of copies running, by direction.", "direction",
+               {{"device_to_host", s.backup_inflight_tokens},
+                {"host_to_storage", s.storage_backup_inflight_tokens},
+                {"storage_to_host", s.prefetch_inflight_tokens}});
 }
 
 void WriteMatchAndLoadBack(PrometheusTextWriter& w, const CacheStats& s) {
   w.Counter("kvtier:match_total", "Match calls.", s.match_calls);
   w.Counter("kvtier:match_query_tokens_total", "Tokens given to Match.", s.match_query_tokens);
-  w.BeginFamily("kvtier:cached_tokens_total", MetricType::kCounter,
-                "Matched tokens, by the tier that held them.");
-  w.AddSample({{"cache_source", "device"}}, s.device_hit_tokens);
-  w.AddSample({{"cache_source", "host"}}, s.host_hit_tokens);
-  w.AddSample({{"cache_source", "storage"}}, s.storage_hit_tokens);
+  WriteByLabel(w, "kvtier:cached_tokens_total", MetricType::kCounter,
+               "Matched tokens, by the tier that held them.", "cache_source",
+               {{"device", s.device_hit_tokens},
+                {"host", s.host_hit_tokens},
+                {"storage", s.storage_hit_tokens}});
   w.Counter("kvtier:query_storage_total", "QueryStorage calls.", s.query_storage_calls);
   w.Counter("kvtier:query_storage_tokens_total",
             "Tokens QueryStorage found in storage beyond what the tree knew.",
@@ -85,9 +118,9 @@ void WriteMatchAndLoadBack(PrometheusTextWriter& w, const CacheStats& s) {
   w.Counter("kvtier:load_back_skipped_tokens_total",
             "Host hits LoadBack left in place (below load_back_min_tokens).",
             s.load_back_skipped_tokens);
-  w.BeginFamily("kvtier:load_back_duration_seconds", MetricType::kHistogram,
-                "LoadBack copies to completion (GPU: device time between CUDA events).");
-  w.AddHistogram({}, SnapshotOf(s.load_back_duration));
+  WriteHistogram(w, "kvtier:load_back_duration_seconds",
+                 "LoadBack copies to completion (GPU: device time between CUDA events).",
+                 s.load_back_duration);
 }
 
 void WritePrefetch(PrometheusTextWriter& w, const CacheStats& s) {
@@ -96,25 +129,23 @@ void WritePrefetch(PrometheusTextWriter& w, const CacheStats& s) {
             s.prefetch_requested_tokens);
   w.Counter("kvtier:prefetched_tokens_total",
             "Tokens prefetched from storage that became host hits.", s.prefetched_tokens);
-  w.BeginFamily("kvtier:prefetch_skipped_tokens_total", MetricType::kCounter,
-                "Storage tokens not prefetched, by reason.");
-  w.AddSample({{"reason", "below_threshold"}}, s.prefetch_below_threshold_tokens);
-  w.AddSample({{"reason", "no_host_room"}}, s.prefetch_no_room_tokens);
-  w.BeginFamily("kvtier:prefetch_finished_total", MetricType::kCounter,
-                "Prefetches that ended, by how they ended.");
-  w.AddSample({{"result", "complete"}}, s.prefetch_complete);
-  w.AddSample({{"result", "partial"}}, s.prefetch_partial);
-  w.AddSample({{"result", "timed_out"}}, s.prefetch_timed_out);
-  w.AddSample({{"result", "cancelled"}}, s.prefetch_cancelled);
-  w.Counter("kvtier:prefetch_bytes_total", "Bytes prefetched from storage.", s.prefetch_bytes);
-  w.Counter("kvtier:prefetch_seconds_total",
-            "Seconds from start to end of each prefetch, summed (rate(bytes) / rate(seconds) "
-            "is the bandwidth over a window).",
-            s.prefetch_seconds);
-  w.BeginFamily("kvtier:prefetch_bandwidth", MetricType::kHistogram,
-                "GB/s of each prefetch that brought pages (bytes that became host hits over its "
-                "start-to-end time).");
-  w.AddHistogram({}, SnapshotOf(s.prefetch_bandwidth));
+  WriteByLabel(w, "kvtier:prefetch_skipped_tokens_total", MetricType::kCounter,
+               "Storage tokens not prefetched, by reason.", "reason",
+               {{"below_threshold", s.prefetch_below_threshold_tokens},
+                {"no_host_room", s.prefetch_no_room_tokens}});
+  WriteByLabel(w, "kvtier:prefetch_finished_total", MetricType::kCounter,
+               "Prefetches that ended, by how they ended.", "result",
+               {{"complete", s.prefetch_complete},
+                {"partial", s.prefetch_partial},
+                {"timed_out", s.prefetch_timed_out},
+                {"cancelled", s.prefetch_cancelled}});
+  WriteTransfers(w,
+                 {"kvtier:prefetch", "Bytes prefetched from storage.",
+                  "Seconds from start to end of each prefetch, summed (rate(bytes) / "
+                  "rate(seconds) is the bandwidth over a window).",
+                  "GB/s of each prefetch that brought pages (bytes that became host hits over "
+                  "its start-to-end time)."},
+                 s.prefetch_bytes, s.prefetch_seconds, s.prefetch_bandwidth);
 }
 
 void WriteInsertAndBackup(PrometheusTextWriter& w, const CacheStats& s) {
@@ -143,37 +174,33 @@ void WriteInsertAndBackup(PrometheusTextWriter& w, const CacheStats& s) {
   // Host -> storage (SGLang's backuped_tokens_total and backup_bandwidth).
   w.Counter("kvtier:backuped_tokens_total", "Tokens written from host memory to storage.",
             s.storage_backup_tokens);
-  w.BeginFamily("kvtier:storage_backup_skipped_tokens_total", MetricType::kCounter,
-                "Tokens not written to storage, by reason.");
-  w.AddSample({{"reason", "failed"}}, s.storage_backup_failed_tokens);
-  w.AddSample({{"reason", "already_stored"}}, s.storage_backup_present_tokens);
-  w.AddSample({{"reason", "queue_full"}}, s.storage_backup_dropped_tokens);
-  w.Counter("kvtier:backup_bytes_total", "Bytes written from host memory to storage.",
-            s.storage_backup_bytes);
-  w.Counter("kvtier:backup_seconds_total",
-            "Seconds of host -> storage writes, summed (rate(bytes) / rate(seconds) is the "
-            "bandwidth over a window).",
-            s.storage_backup_seconds);
-  w.BeginFamily("kvtier:backup_bandwidth", MetricType::kHistogram,
-                "GB/s of each host -> storage backup that wrote pages (bytes written over its "
-                "queue-to-completion time).");
-  w.AddHistogram({}, SnapshotOf(s.storage_backup_bandwidth));
+  WriteByLabel(w, "kvtier:storage_backup_skipped_tokens_total", MetricType::kCounter,
+               "Tokens not written to storage, by reason.", "reason",
+               {{"failed", s.storage_backup_failed_tokens},
+                {"already_stored", s.storage_backup_present_tokens},
+                {"queue_full", s.storage_backup_dropped_tokens}});
+  WriteTransfers(w,
+                 {"kvtier:backup", "Bytes written from host memory to storage.",
+                  "Seconds of host -> storage writes, summed (rate(bytes) / rate(seconds) is "
+                  "the bandwidth over a window).",
+                  "GB/s of each host -> storage backup that wrote pages (bytes written over its "
+                  "queue-to-completion time)."},
+                 s.storage_backup_bytes, s.storage_backup_seconds, s.storage_backup_bandwidth);
 }
 
 void WriteEvictionAndFaults(PrometheusTextWriter& w, const CacheStats& s) {
-  w.BeginFamily("kvtier:evicted_tokens_total", MetricType::kCounter,
-                "Tokens that left a tier (storage: storage-only pages the tree forgot).");
-  w.AddSample({{"tier", "device"}}, s.device_evicted_tokens);
-  w.AddSample({{"tier", "host"}}, s.host_evicted_tokens);
-  w.AddSample({{"tier", "storage"}}, s.storage_forgotten_tokens);
-  w.BeginFamily("kvtier:evictions_total", MetricType::kCounter, "Runs of pages evicted, by tier.");
-  w.AddSample({{"tier", "device"}}, s.device_evictions);
-  w.AddSample({{"tier", "host"}}, s.host_evictions);
+  WriteByLabel(w, "kvtier:evicted_tokens_total", MetricType::kCounter,
+               "Tokens that left a tier (storage: storage-only pages the tree forgot).", "tier",
+               {{"device", s.device_evicted_tokens},
+                {"host", s.host_evicted_tokens},
+                {"storage", s.storage_forgotten_tokens}});
+  WriteByLabel(w, "kvtier:evictions_total", MetricType::kCounter, "Runs of pages evicted, by tier.",
+               "tier", {{"device", s.device_evictions}, {"host", s.host_evictions}});
   w.Counter("kvtier:dropped_tokens_total",
             "Tokens evicted from the device with no copy in host memory.", s.dropped_tokens);
-  w.BeginFamily("kvtier:eviction_duration_seconds", MetricType::kHistogram,
-                "Seconds of each eviction that evicted pages (choosing and evicting; any tier).");
-  w.AddHistogram({}, SnapshotOf(s.eviction_duration));
+  WriteHistogram(w, "kvtier:eviction_duration_seconds",
+                 "Seconds of each eviction that evicted pages (choosing and evicting; any tier).",
+                 s.eviction_duration);
 
   w.Counter("kvtier:storage_errors_total",
             "Storage calls that failed or were rejected, and pages that failed.", s.storage_errors);

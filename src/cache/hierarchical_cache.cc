@@ -21,6 +21,15 @@
 #include "util/log.h"
 
 namespace kvtier {
+namespace {
+
+// The token count a call was given (AllocateDeviceSlots, EvictDevice, EvictHost).
+Status CheckTokenCount(int64_t num_tokens) {
+  if (num_tokens >= 0) return Status::OK();
+  return Status::InvalidArgument(fmt::format("num_tokens = {} must not be negative", num_tokens));
+}
+
+}  // namespace
 
 struct HierarchicalCache::Impl : CacheParts {
   using CacheParts::CacheParts;
@@ -598,10 +607,7 @@ Result<std::vector<int64_t>> HierarchicalCache::AllocateDeviceSlots(
   {
     CacheLock lk(s);
     KVTIER_RETURN_IF_ERROR(s.CheckHealth());
-    if (num_tokens < 0) {
-      return Status::InvalidArgument(
-          fmt::format("num_tokens = {} must not be negative", num_tokens));
-    }
+    KVTIER_RETURN_IF_ERROR(CheckTokenCount(num_tokens));
     if (num_tokens > s.ledger->num_slots()) {
       if (!options.allow_fewer) {
         return Status::InvalidArgument(
@@ -701,9 +707,7 @@ Result<InsertResult> HierarchicalCache::Insert(std::span<const Token> tokens,
 
 Result<int64_t> HierarchicalCache::EvictDevice(int64_t num_tokens) {
   Impl& s = *impl_;
-  if (num_tokens < 0) {
-    return Status::InvalidArgument(fmt::format("num_tokens = {} must not be negative", num_tokens));
-  }
+  KVTIER_RETURN_IF_ERROR(CheckTokenCount(num_tokens));
   CacheWork work(&s.executor);
   int64_t freed = 0;
   Status health;
@@ -735,9 +739,7 @@ Result<int64_t> HierarchicalCache::EvictDevice(int64_t num_tokens) {
 
 Result<int64_t> HierarchicalCache::EvictHost(int64_t num_tokens) {
   Impl& s = *impl_;
-  if (num_tokens < 0) {
-    return Status::InvalidArgument(fmt::format("num_tokens = {} must not be negative", num_tokens));
-  }
+  KVTIER_RETURN_IF_ERROR(CheckTokenCount(num_tokens));
   CacheWork work(&s.executor);
   int64_t freed = 0;
   {

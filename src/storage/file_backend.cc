@@ -1,6 +1,7 @@
-// The `file://` backend (file_backend.h): page I/O here; which pages are stored, their LRU order
-// and the capacity live in the index (file_index.h); whole reads/writes and opens beneath the
-// store root in file_io.h.
+// The `file://` backend (file_backend.h): the store's requests and its paths and files (opening,
+// publishing, removing and stamping them). Which pages are stored, their LRU order and the
+// capacity live in the index (file_index.h); a page file's bytes and their checks in the page I/O
+// (file_page_io.h); whole reads/writes and opens beneath the store root in file_io.h.
 //
 // Paths: the backend holds the store root open (`root_`, reopened by path if the root is removed
 // while running) and reaches every file through OpenBeneath from it: "<ns>/<shard>/<hex>" for a
@@ -18,17 +19,16 @@
 #include <fmt/format.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <vector>
 
 #if KVTIER_HAVE_URING
 #include <liburing.h>
@@ -36,7 +36,7 @@
 
 #include "storage/file_index.h"
 #include "storage/file_io.h"
-#include "storage/page_format.h"
+#include "storage/file_page_io.h"
 #include "storage/page_pins.h"
 #include "storage/storage_url.h"
 #include "util/log.h"
@@ -73,83 +73,8 @@ Status MakeDirs(const std::string& path) {
   return Status::OK();
 }
 
-// Direct I/O (direct=1): file offsets, lengths and memory aligned to this.
-constexpr size_t kDirectAlign = 4096;
-static_assert(kFilePayloadOffset == kDirectAlign);
-
-struct AlignedFree {
-  void operator()(std::byte* p) const { std::free(p); }
-};
-
-// Whether a direct read can land straight in `buffer`: every segment starts on a 4 KiB boundary
-// and every one but the last holds whole 4 KiB blocks.
-bool DirectAligned(const PageBuffer& buffer) {
-  int last = buffer.num_segments - 1;
-  while (last > 0 && buffer.segments[static_cast<size_t>(last)].empty()) --last;
-  for (int s = 0; s <= last; ++s) {
-    const auto& seg = buffer.segments[static_cast<size_t>(s)];
-    if (reinterpret_cast<uintptr_t>(seg.data()) % kDirectAlign != 0) return false;
-    if (s < last && seg.size() % kDirectAlign != 0) return false;
-  }
-  return true;
-}
-
 std::string FormatBytes(int64_t bytes) {
   return fmt::format("{:.1f} GiB", static_cast<double>(bytes) / double(int64_t{1} << 30));
-}
-
-// Bytes of a page moved per read or write in the thread path: small enough that a chunk is still
-// in this core's L2 when it is hashed right after it is read (or right before it is written), so
-// the checksum does not make a second pass over the page at memory speed.
-constexpr size_t kChunkBytes = size_t{256} << 10;
-
-// Walks a page buffer's segments in chunks of at most kChunkBytes. The first chunk is shorter by
-// the payload's offset in the file, so every later chunk starts at a file offset that is a
-// multiple of kChunkBytes: the page cache then holds the payload in large folios (writes at
-// unaligned offsets leave small ones, which made every later read of the file cost ~50 % more
-// kernel time).
-class PayloadChunks {
- public:
-  explicit PayloadChunks(const PageBuffer& buffer) : buffer_(buffer) { SkipEmpty(); }
-
-  bool done() const { return segment_ >= buffer_.num_segments; }
-
-  // Appends the next chunk's iovecs (at most kMaxSegments) to `iov` at `*iovcnt`; its bytes.
-  size_t Next(iovec* iov, int* iovcnt) {
-    const size_t limit = first_ ? kChunkBytes - kFilePayloadOffset : kChunkBytes;
-    first_ = false;
-    size_t bytes = 0;
-    while (!done() && bytes < limit) {
-      const auto& seg = buffer_.segments[static_cast<size_t>(segment_)];
-      const size_t take = std::min(limit - bytes, seg.size() - at_);
-      iov[(*iovcnt)++] = {seg.data() + at_, take};
-      bytes += take;
-      at_ += take;
-      if (at_ == seg.size()) {
-        ++segment_;
-        at_ = 0;
-        SkipEmpty();
-      }
-    }
-    return bytes;
-  }
-
- private:
-  void SkipEmpty() {
-    while (!done() && buffer_.segments[static_cast<size_t>(segment_)].empty()) ++segment_;
-  }
-
-  const PageBuffer& buffer_;
-  int segment_ = 0;
-  size_t at_ = 0;
-  bool first_ = true;
-};
-static_assert(kChunkBytes > kFilePayloadOffset && kChunkBytes % kFilePayloadOffset == 0);
-
-void HashIovecs(PayloadHasher& hasher, const iovec* iov, int iovcnt) {
-  for (int i = 0; i < iovcnt; ++i) {
-    hasher.Update({static_cast<const std::byte*>(iov[i].iov_base), iov[i].iov_len});
-  }
 }
 
 class FileBackend final : public StorageBackend {
@@ -168,7 +93,8 @@ class FileBackend final : public StorageBackend {
         config_(std::move(config)),
         ns_name_(ns.Name()),
         namespace_hash_(ns.Hash()),
-        value_bytes_(static_cast<int64_t>(kFilePayloadOffset) + ns.page_bytes()) {}
+        value_bytes_(static_cast<int64_t>(kFilePayloadOffset) + ns.page_bytes()),
+        io_(namespace_hash_, value_bytes_, config_.direct) {}
   ~FileBackend() override { Close(); }
 
   Status Open() {
@@ -218,7 +144,7 @@ class FileBackend final : public StorageBackend {
     // page goes through a bounce buffer on the thread path.
     if (config_.direct ? std::all_of(buffers.begin(), buffers.end(), DirectAligned)
                        : config_.io_uring) {
-      if (io_uring* ring = ThreadRing()) {
+      if (io_uring* ring = PageFileIo::ThreadRing()) {
         GetWithUring(*ring, keys, buffers, out, deadline);
         return;
       }
@@ -373,71 +299,6 @@ class FileBackend final : public StorageBackend {
     return ::unlinkat(shard.get(), hex.c_str(), 0) == 0 || errno == ENOENT;
   }
 
-  static constexpr int64_t kNotRead = -3, kCancelled = -2, kReadError = -1;
-
-  // One page being read: its file, and where the header, the payload and one byte past a page
-  // (to notice a file longer than a page) go.
-  struct PageRead {
-    int fd = -1;
-    // Direct reads: [0, 4 KiB) takes the header block, [4 KiB, 8 KiB) the payload's last partial
-    // block, whose bytes then go to `tail_dst`.
-    std::unique_ptr<std::byte, AlignedFree> block;
-    std::byte* tail_dst = nullptr;
-    size_t tail_bytes = 0;
-    std::byte header[kPageHeaderBytes];
-    std::byte pad[kFilePayloadOffset - kPageHeaderBytes];
-    std::byte extra;
-    iovec iov[PageBuffer::kMaxSegments + 3];
-    int iovcnt = 0;
-    int64_t got = kNotRead;  // bytes read, or one of the k... codes below
-
-    ~PageRead() {
-      if (fd >= 0) ::close(fd);
-    }
-    bool PadIsZero() const {
-      static constexpr std::byte kZeros[sizeof(pad)] = {};
-      return std::memcmp(pad, kZeros, sizeof(pad)) == 0;
-    }
-    void Prepare(const PageBuffer& buffer) {
-      iovcnt = 0;
-      iov[iovcnt++] = {header, sizeof(header)};
-      iov[iovcnt++] = {pad, sizeof(pad)};
-      for (int s = 0; s < buffer.num_segments; ++s) {
-        const auto& seg = buffer.segments[static_cast<size_t>(s)];
-        if (!seg.empty()) iov[iovcnt++] = {seg.data(), seg.size()};
-      }
-      iov[iovcnt++] = {&extra, 1};
-    }
-    // The iovecs of one O_DIRECT read of the whole file. REQUIRES: DirectAligned(buffer).
-    void PrepareDirect(const PageBuffer& buffer) {
-      if (!block)
-        block.reset(static_cast<std::byte*>(std::aligned_alloc(kDirectAlign, 2 * kDirectAlign)));
-      iovcnt = 0;
-      tail_dst = nullptr;
-      tail_bytes = 0;
-      iov[iovcnt++] = {block.get(), kDirectAlign};
-      int last = buffer.num_segments - 1;
-      while (last > 0 && buffer.segments[static_cast<size_t>(last)].empty()) --last;
-      for (int s = 0; s <= last; ++s) {
-        const auto& seg = buffer.segments[static_cast<size_t>(s)];
-        const size_t whole = s < last ? seg.size() : seg.size() / kDirectAlign * kDirectAlign;
-        if (whole > 0) iov[iovcnt++] = {seg.data(), whole};
-        if (s == last && whole < seg.size()) {
-          tail_dst = seg.data() + whole;
-          tail_bytes = seg.size() - whole;
-          iov[iovcnt++] = {block.get() + kDirectAlign, kDirectAlign};
-        }
-      }
-    }
-    // After a direct read: the header and padding, and the payload's tail, where the checks and
-    // the caller expect them.
-    void PlaceDirect() {
-      std::memcpy(header, block.get(), sizeof(header));
-      std::memcpy(pad, block.get() + sizeof(header), sizeof(pad));
-      if (tail_bytes > 0) std::memcpy(tail_dst, block.get() + kDirectAlign, tail_bytes);
-    }
-  };
-
   // Opens the page's file for `read`; kOk, or the page's outcome.
   PageStatus OpenForRead(const PageKey& key, const PageBuffer& buffer, PageRead& read) {
     // O_NONBLOCK: a FIFO or device put in place of a page must not block the open.
@@ -461,218 +322,41 @@ class FileBackend final : public StorageBackend {
     if (::fstat(read.fd, &st) != 0) return PageStatus::kFailed;
     if (!S_ISREG(st.st_mode)) return PageStatus::kCorrupt;
     if (st.st_size != value_bytes_) return PageStatus::kCorrupt;  // truncated or too long
-    if (config_.direct) {
-      if (DirectAligned(buffer)) read.PrepareDirect(buffer);
-    } else {
-      read.Prepare(buffer);
-    }
+    io_.PrepareRead(buffer, read);
     return PageStatus::kOk;
-  }
-
-  // Checks what `read` brought in; on a hit stamps the file as the most recently used.
-  PageStatus FinishRead(const PageKey& key, const PageBuffer& buffer, PageRead& read) {
-    if (read.got != value_bytes_) return PageStatus::kCorrupt;  // truncated or too long
-    if (read.block) read.PlaceDirect();
-    PageHeader parsed;
-    PageStatus st = ParsePageHeader(std::span(read.header), namespace_hash_, key,
-                                    static_cast<uint64_t>(buffer.bytes()), &parsed);
-    if (st == PageStatus::kOk && !read.PadIsZero()) st = PageStatus::kCorrupt;
-    if (st == PageStatus::kOk) st = CheckPayload(parsed, buffer);
-    if (st != PageStatus::kOk) return st;
-    return MarkHit(key, read.fd);
   }
 
   // Stamps a page just read and checked as the most recently used.
-  PageStatus MarkHit(const PageKey& key, int fd) {
+  void MarkHit(const PageKey& key, int fd) {
     const int64_t stamp = index_->Touch(key, value_bytes_);
     const timespec times[2] = {{0, UTIME_OMIT}, ToTimespec(stamp)};
     ::futimens(fd, times);  // best effort: a read-only store still serves hits
-    return PageStatus::kOk;
   }
 
-  // The thread path: the header and the first chunk of the payload in one preadv, then chunk by
-  // chunk, every read straight into the caller's buffer; each chunk is hashed as soon as it has
-  // landed (the checks run in the documented order: length, header, payload checksum).
+  // One page on this I/O thread (the thread path of file_page_io.h); a hit is stamped.
   PageStatus GetOne(const PageKey& key, const PageBuffer& buffer) {
     PageRead read;
-    const PageStatus opened = OpenForRead(key, buffer, read);
-    if (opened != PageStatus::kOk) return opened;
-    if (config_.direct) {
-      if (!read.block) return GetOneBounced(key, buffer, read);
-      read.got = DirectRead(read.fd, read.iov, read.iovcnt, 0);
-      if (read.got < 0) return PageStatus::kFailed;
-      return FinishRead(key, buffer, read);
-    }
-    PayloadChunks chunks(buffer);
-    std::optional<PayloadHasher> hasher;
-    uint64_t stored_checksum = 0;
-    off_t offset = 0;
-    bool first = true;
-    do {
-      iovec iov[PageBuffer::kMaxSegments + 3];
-      int iovcnt = 0;
-      if (first) {
-        iov[iovcnt++] = {read.header, sizeof(read.header)};
-        iov[iovcnt++] = {read.pad, sizeof(read.pad)};
-      }
-      const int payload_from = iovcnt;
-      const size_t payload_bytes = chunks.Next(iov, &iovcnt);
-      const int payload_to = iovcnt;
-      // One byte past the page with the last chunk: a file grown since the open is noticed.
-      if (chunks.done()) iov[iovcnt++] = {&read.extra, 1};
-      iovec hashed[PageBuffer::kMaxSegments + 3];
-      std::copy(iov, iov + iovcnt, hashed);  // ReadFull advances `iov`
-      const size_t wanted = (first ? kFilePayloadOffset : 0) + payload_bytes;
-      const ssize_t got = ReadFull(read.fd, iov, iovcnt, offset);
-      if (got < 0) return PageStatus::kFailed;
-      if (static_cast<size_t>(got) != wanted) return PageStatus::kCorrupt;  // length changed
-      offset += got;
-      if (first) {
-        PageHeader parsed;
-        const PageStatus st = ParsePageHeader(std::span(read.header), namespace_hash_, key,
-                                              static_cast<uint64_t>(buffer.bytes()), &parsed);
-        if (st != PageStatus::kOk) return st;
-        if (!read.PadIsZero()) return PageStatus::kCorrupt;
-        hasher.emplace(parsed.checksum_kind);
-        if (!hasher->ok()) return PageStatus::kCorrupt;
-        stored_checksum = parsed.payload_checksum;
-        first = false;
-      }
-      HashIovecs(*hasher, hashed + payload_from, payload_to - payload_from);
-    } while (!chunks.done());
-    if (hasher->Digest() != stored_checksum) return PageStatus::kCorrupt;
-    return MarkHit(key, read.fd);
+    PageStatus st = OpenForRead(key, buffer, read);
+    if (st == PageStatus::kOk) st = io_.ReadPage(key, buffer, read);
+    if (st == PageStatus::kOk) MarkHit(key, read.fd);
+    return st;
   }
 
 #if KVTIER_HAVE_URING
-  // The batch's reads in flight together on this I/O thread's ring (IOSQE_ASYNC: the kernel's
-  // workers copy in parallel); each page is checked by this thread as its read completes. Past
-  // the deadline the reads still in flight are cancelled and waited for (the kernel may be
-  // writing into the caller's buffers until they complete); pages not read by then are
-  // kTimedOut.
+  // The batch's pages opened here, then read together on this I/O thread's ring
+  // (PageFileIo::ReadBatchWithUring); each hit is stamped as its read is checked.
   void GetWithUring(io_uring& ring, std::span<const PageKey> keys,
                     std::span<const PageBuffer> buffers, std::span<PageStatus> out,
                     Clock::time_point deadline) {
-    const size_t n = keys.size();
-    std::vector<PageRead> reads(n);
-    for (size_t i = 0; i < n; ++i) {
+    std::vector<PageRead> reads(keys.size());
+    for (size_t i = 0; i < keys.size(); ++i) {
       out[i] = Clock::now() > deadline ? PageStatus::kTimedOut
                                        : OpenForRead(keys[i], buffers[i], reads[i]);
     }
-    constexpr uint64_t kCancelTag = ~uint64_t{0};
-    size_t next = 0, in_flight = 0;
-    bool cancelled = false;
-    while (true) {
-      while (!cancelled && next < n && in_flight < kRingDepth) {
-        PageRead& r = reads[next];
-        if (out[next] == PageStatus::kOk) {
-          io_uring_sqe* sqe = io_uring_get_sqe(&ring);
-          io_uring_prep_readv(sqe, r.fd, r.iov, static_cast<unsigned>(r.iovcnt), 0);
-          sqe->flags |= IOSQE_ASYNC;
-          io_uring_sqe_set_data64(sqe, next);
-          ++in_flight;
-        }
-        ++next;
-      }
-      if (in_flight == 0 && (cancelled || next == n)) break;
-      io_uring_submit(&ring);
-      io_uring_cqe* cqe = nullptr;
-      int rc;
-      if (cancelled) {
-        rc = io_uring_wait_cqe(&ring, &cqe);
-      } else {
-        const auto left = std::max<int64_t>(
-            0,
-            std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - Clock::now()).count());
-        __kernel_timespec ts{left / 1'000'000'000, left % 1'000'000'000};
-        rc = io_uring_wait_cqe_timeout(&ring, &cqe, &ts);
-        if (rc == -ETIME) {
-          cancelled = true;
-          io_uring_sqe* sqe = io_uring_get_sqe(&ring);
-          io_uring_prep_cancel64(sqe, 0, IORING_ASYNC_CANCEL_ANY);
-          io_uring_sqe_set_data64(sqe, kCancelTag);
-          continue;
-        }
-      }
-      if (rc == -EINTR) continue;
-      if (rc < 0) break;  // the ring itself failed: pages without a completion are failed below
-      const uint64_t tag = io_uring_cqe_get_data64(cqe);
-      const int res = cqe->res;
-      io_uring_cqe_seen(&ring, cqe);
-      if (tag == kCancelTag) continue;
-      --in_flight;
-      // Check this page now, while the kernel's workers copy the others.
-      PageRead& r = reads[tag];
-      r.got = res >= 0 ? res : res == -ECANCELED ? kCancelled : kReadError;
-      out[tag] = Finish(keys[tag], buffers[tag], r, cancelled);
-    }
-    for (size_t i = 0; i < n; ++i) {
-      // Pages never submitted (cancelled first) or never completed (the ring failed).
-      if (out[i] == PageStatus::kOk && reads[i].got == kNotRead) {
-        out[i] = cancelled ? PageStatus::kTimedOut : PageStatus::kFailed;
-      }
-    }
-  }
-
-  PageStatus Finish(const PageKey& key, const PageBuffer& buffer, PageRead& r, bool cancelled) {
-    if (r.got > 0 && r.got < value_bytes_) {
-      // A short read that may not be the end of the file: read it again the plain way.
-      if (r.block) {
-        r.PrepareDirect(buffer);
-        r.got = DirectRead(r.fd, r.iov, r.iovcnt, 0);
-      } else {
-        r.Prepare(buffer);
-        r.got = ReadFull(r.fd, r.iov, r.iovcnt, 0);
-      }
-    }
-    if (r.got == kCancelled || (r.got == kReadError && cancelled)) return PageStatus::kTimedOut;
-    if (r.got < 0) return PageStatus::kFailed;
-    return FinishRead(key, buffer, r);
-  }
-
-  static constexpr unsigned kRingDepth = 64;
-
-  // This I/O thread's ring, made at its first use; null when io_uring is not available (then
-  // reads go through the thread pool).
-  static io_uring* ThreadRing() {
-    struct Ring {
-      io_uring ring;
-      bool ok = false;
-      Ring() { ok = io_uring_queue_init(kRingDepth * 2, &ring, 0) == 0; }
-      ~Ring() {
-        if (ok) io_uring_queue_exit(&ring);
-      }
-    };
-    thread_local Ring ring;
-    return ring.ok ? &ring.ring : nullptr;
+    io_.ReadBatchWithUring(ring, keys, buffers, reads, out, deadline,
+                           [&](size_t i) { MarkHit(keys[i], reads[i].fd); });
   }
 #endif
-
-  // Writes the payload chunk by chunk after the header's place, hashing each chunk right before
-  // it is written (so the write copies it from cache), then the header with that checksum at
-  // offset 0. The file is published only by the rename that follows.
-  bool WritePayloadAndHeader(int fd, const PageKey& key, const PageBuffer& buffer) {
-    PageHeader header = NewPageHeader(namespace_hash_, key, static_cast<uint64_t>(buffer.bytes()));
-    PayloadHasher hasher(header.checksum_kind);
-    if (!hasher.ok()) {
-      errno = EINVAL;
-      return false;
-    }
-    PayloadChunks chunks(buffer);
-    off_t offset = kFilePayloadOffset;  // the header's padding stays a hole (zeros)
-    while (!chunks.done()) {
-      iovec iov[PageBuffer::kMaxSegments];
-      int iovcnt = 0;
-      const size_t bytes = chunks.Next(iov, &iovcnt);
-      HashIovecs(hasher, iov, iovcnt);
-      if (!WriteFull(fd, iov, iovcnt, offset)) return false;
-      offset += static_cast<off_t>(bytes);
-    }
-    header.payload_checksum = hasher.Digest();
-    std::byte encoded[kPageHeaderBytes];
-    EncodePageHeader(header, encoded);
-    return WriteFull(fd, encoded, sizeof(encoded), 0);
-  }
 
   // ---- direct I/O (direct=1) ----------------------------------------------------------------
 
@@ -690,99 +374,6 @@ class FileBackend final : public StorageBackend {
           url(), config_.root, std::strerror(error)));
     }
     return Status::OK();
-  }
-
-  // This I/O thread's 4 KiB-aligned bounce buffer of one chunk (pages whose buffers are not
-  // aligned, and every direct write).
-  static std::byte* Bounce() {
-    thread_local std::unique_ptr<std::byte, AlignedFree> buffer(
-        static_cast<std::byte*>(std::aligned_alloc(kDirectAlign, kChunkBytes)));
-    return buffer.get();
-  }
-
-  static ssize_t DirectRead(int fd, iovec* iov, int iovcnt, off_t offset) {
-    return ReadFullDirect(fd, iov, iovcnt, offset, kDirectAlign);
-  }
-
-  // A direct read through the bounce buffer, chunk by chunk, each chunk hashed and copied out.
-  PageStatus GetOneBounced(const PageKey& key, const PageBuffer& buffer, PageRead& read) {
-    std::byte* bounce = Bounce();
-    std::optional<PayloadHasher> hasher;
-    uint64_t stored_checksum = 0;
-    int seg = 0;
-    size_t at = 0;  // in segment `seg`
-    for (off_t offset = 0; offset < value_bytes_; offset += static_cast<off_t>(kChunkBytes)) {
-      iovec iov{bounce, kChunkBytes};
-      const ssize_t got = DirectRead(read.fd, &iov, 1, offset);
-      if (got < 0) return PageStatus::kFailed;
-      const size_t wanted =
-          static_cast<size_t>(std::min<int64_t>(kChunkBytes, value_bytes_ - offset));
-      if (static_cast<size_t>(got) != wanted) return PageStatus::kCorrupt;  // length changed
-      size_t from = 0;
-      if (offset == 0) {
-        std::memcpy(read.header, bounce, sizeof(read.header));
-        std::memcpy(read.pad, bounce + sizeof(read.header), sizeof(read.pad));
-        PageHeader parsed;
-        const PageStatus st = ParsePageHeader(std::span(read.header), namespace_hash_, key,
-                                              static_cast<uint64_t>(buffer.bytes()), &parsed);
-        if (st != PageStatus::kOk) return st;
-        if (!read.PadIsZero()) return PageStatus::kCorrupt;
-        hasher.emplace(parsed.checksum_kind);
-        if (!hasher->ok()) return PageStatus::kCorrupt;
-        stored_checksum = parsed.payload_checksum;
-        from = kFilePayloadOffset;
-      }
-      hasher->Update({bounce + from, wanted - from});
-      while (from < wanted) {  // copy out into the segments
-        const auto& s = buffer.segments[static_cast<size_t>(seg)];
-        const size_t take = std::min(wanted - from, s.size() - at);
-        std::memcpy(s.data() + at, bounce + from, take);
-        from += take;
-        at += take;
-        if (at == s.size()) ++seg, at = 0;
-      }
-    }
-    if (hasher->Digest() != stored_checksum) return PageStatus::kCorrupt;
-    return MarkHit(key, read.fd);
-  }
-
-  // A direct write: the payload copied chunk by chunk into the bounce buffer (hashed there), each
-  // chunk written at its 4 KiB-aligned place, the last one padded to 4 KiB; then the header block
-  // at offset 0 and the file cut to its size.
-  bool WriteDirect(int fd, const PageKey& key, const PageBuffer& buffer) {
-    PageHeader header = NewPageHeader(namespace_hash_, key, static_cast<uint64_t>(buffer.bytes()));
-    PayloadHasher hasher(header.checksum_kind);
-    if (!hasher.ok()) {
-      errno = EINVAL;
-      return false;
-    }
-    std::byte* bounce = Bounce();
-    off_t offset = kFilePayloadOffset;
-    size_t fill = 0;
-    auto flush = [&]() {
-      hasher.Update({bounce, fill});
-      const size_t padded = (fill + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
-      std::memset(bounce + fill, 0, padded - fill);
-      const bool ok = WriteFull(fd, bounce, padded, offset);
-      offset += static_cast<off_t>(padded);
-      fill = 0;
-      return ok;
-    };
-    for (int s = 0; s < buffer.num_segments; ++s) {
-      const auto& seg = buffer.segments[static_cast<size_t>(s)];
-      for (size_t at = 0; at < seg.size();) {
-        const size_t take = std::min(kChunkBytes - fill, seg.size() - at);
-        std::memcpy(bounce + fill, seg.data() + at, take);
-        fill += take;
-        at += take;
-        if (fill == kChunkBytes && !flush()) return false;
-      }
-    }
-    if (fill > 0 && !flush()) return false;
-    header.payload_checksum = hasher.Digest();
-    std::memset(bounce, 0, kDirectAlign);
-    EncodePageHeader(header, std::span(bounce, kDirectAlign).first<kPageHeaderBytes>());
-    return WriteFull(fd, bounce, kDirectAlign, 0) && ::ftruncate(fd, value_bytes_) == 0;
   }
 
   PageStatus SetOne(const PageKey& key, const PageBuffer& buffer,
@@ -808,9 +399,8 @@ class FileBackend final : public StorageBackend {
                 hex.substr(0, 2), temp, std::strerror(errno));
       return PageStatus::kFailed;
     }
-    bool ok = (config_.direct ? WriteDirect(fd.get(), key, buffer)
-                              : WritePayloadAndHeader(fd.get(), key, buffer)) &&
-              (!config_.fsync || ::fdatasync(fd.get()) == 0);
+    bool ok =
+        io_.WritePage(fd.get(), key, buffer) && (!config_.fsync || ::fdatasync(fd.get()) == 0);
     int64_t stamp = 0;
     if (ok) {
       stamp = index_->NextStamp();
@@ -833,8 +423,9 @@ class FileBackend final : public StorageBackend {
   const std::string ns_name_;
   const uint64_t namespace_hash_;
   const int64_t value_bytes_;
-  std::shared_ptr<const Fd> root_;    // read and swapped through std::atomic_load / atomic_store
-  PagePins pins_;                     // pages index_ must not evict
+  const PageFileIo io_;             // after config_, namespace_hash_, value_bytes_: made from them
+  std::shared_ptr<const Fd> root_;  // read and swapped through std::atomic_load / atomic_store
+  PagePins pins_;                   // pages index_ must not evict
   std::unique_ptr<FileIndex> index_;  // set by Open, before the I/O threads start
   std::atomic<uint64_t> temp_counter_{0};
   std::mutex dirs_mu_;  // one re-creation of missing directories at a time

@@ -1,7 +1,8 @@
 // Internal: the file store's index — which pages one process knows to be stored in a namespace
 // directory, their LRU order and byte count against the capacity, the stamps that carry that
 // order across restarts, and the restart scan that rebuilds it. No page I/O here: the file
-// backend (file_backend.cc) reads and writes the pages and tells the index what it found.
+// backend (file_backend.cc, through file_page_io.h) reads and writes the pages and tells the
+// index what it found.
 //
 // Eviction takes a chain's tail before its head (chain_lru.h): a page written with its parent's
 // key is evicted only after every stored page naming it as parent, so eviction never leaves a

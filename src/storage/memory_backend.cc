@@ -130,6 +130,14 @@ std::map<std::string, std::weak_ptr<MemoryStore>, std::less<>>& Registry() {
   return *registry;
 }
 
+// Page i's outcome is `one(i)`, in order, or kTimedOut once the deadline has passed.
+template <typename One>
+void EachBeforeDeadline(std::span<PageStatus> out, Clock::time_point deadline, One one) {
+  for (size_t i = 0; i < out.size(); ++i) {
+    out[i] = Clock::now() > deadline ? PageStatus::kTimedOut : one(i);
+  }
+}
+
 class MemoryBackend final : public StorageBackend {
  public:
   MemoryBackend(std::string url, const StorageNamespace& ns, const StorageOptions& options,
@@ -154,15 +162,11 @@ class MemoryBackend final : public StorageBackend {
 
   void DoGet(std::span<const PageKey> keys, std::span<const PageBuffer> buffers,
              std::span<PageStatus> out, Clock::time_point deadline) override {
-    for (size_t i = 0; i < keys.size(); ++i) {
-      if (Clock::now() > deadline) {
-        out[i] = PageStatus::kTimedOut;
-        continue;
-      }
+    EachBeforeDeadline(out, deadline, [&](size_t i) {
       auto value = store_->Find({namespace_hash_, keys[i]}, /*touch=*/true);
-      out[i] = value == nullptr ? PageStatus::kAbsent
-                                : ReadPageValue(*value, namespace_hash_, keys[i], buffers[i]);
-    }
+      return value == nullptr ? PageStatus::kAbsent
+                              : ReadPageValue(*value, namespace_hash_, keys[i], buffers[i]);
+    });
   }
 
   void DoSet(std::span<const PageKey> keys, std::span<const PageBuffer> buffers,
@@ -177,24 +181,17 @@ class MemoryBackend final : public StorageBackend {
     const std::vector<uint8_t> skip = OrphansToSkip(keys, parents, [this](const PageKey& p) {
       return !WritePending(p) && store_->Gone({namespace_hash_, p});
     });
-    for (size_t i = 0; i < keys.size(); ++i) {
-      if (skip[i]) {
-        out[i] = PageStatus::kSkipped;
-        continue;
-      }
-      if (Clock::now() > deadline) {
-        out[i] = PageStatus::kTimedOut;
-        continue;
-      }
+    EachBeforeDeadline(out, deadline, [&](size_t i) {
+      if (skip[i]) return PageStatus::kSkipped;
       auto value =
           std::make_shared<Value>(kPageHeaderBytes + static_cast<size_t>(buffers[i].bytes()));
       EncodePageValue(namespace_hash_, keys[i], buffers[i], *value);
       std::optional<StoredName> parent;
       if (i < parents.size() && parents[i]) parent = StoredName{namespace_hash_, *parents[i]};
-      out[i] = store_->Insert({namespace_hash_, keys[i]}, std::move(value), parent)
-                   ? PageStatus::kOk
-                   : PageStatus::kFailed;
-    }
+      return store_->Insert({namespace_hash_, keys[i]}, std::move(value), parent)
+                 ? PageStatus::kOk
+                 : PageStatus::kFailed;
+    });
     DropOrphans(
         keys, parents, out, [this](const PageKey& p) { return WritePending(p); },
         [this](const PageKey& k, const PageKey& p, bool in_batch) {

@@ -105,27 +105,47 @@ StorageOptions Resolved(StorageOptions options) {
 }
 }  // namespace
 
-Status StorageOptions::Validate() const {
-  if (io_threads < 0 || io_threads > 64) {
-    return Status::InvalidArgument(fmt::format(
-        "storage options: io_threads must be in [1, 64], or 0 for the machine's default; got {}",
-        io_threads));
+namespace {
+
+ConfigSchema<StorageOptions> BuildOptionsSchema() {
+  using O = StorageOptions;
+  ConfigSchema<O> s;
+  s.push_back(IntField<O>("io_threads", Member(&O::io_threads), 0, 64,
+                          "the storage backend's I/O threads; 0 = the machine's default, "
+                          "min(cores, 16) and at least 4 (DefaultIoThreads)"));
+  s.push_back(IntField<O>("max_queued_batches", Member(&O::max_queued_batches), 1,
+                          "storage calls waiting (reads and writes apart); more are rejected"));
+  {
+    // A std::chrono::milliseconds: read and written as its count.
+    ConfigField<O> f;
+    f.name = "timeout_ms";
+    f.kind = FieldKind::kInt;
+    f.help = "per storage call, from when an I/O thread takes it, in ms";
+    // Past 10 minutes a deadline (now + timeout) is no bound a caller can wait for, and near
+    // 2^63 it overflows into the past.
+    f.int_min = 1;
+    f.int_max = 600'000;
+    f.get_int = [](const O& o) { return static_cast<int64_t>(o.timeout.count()); };
+    f.set_int = [](O& o, int64_t v) { o.timeout = std::chrono::milliseconds(v); };
+    s.push_back(std::move(f));
   }
-  if (max_queued_batches < 1) {
-    return Status::InvalidArgument(fmt::format(
-        "storage options: max_queued_batches must be at least 1, got {}", max_queued_batches));
-  }
-  // Past 10 minutes a deadline (now + timeout) is no bound a caller can wait for, and near 2^63
-  // it overflows into the past.
-  if (timeout.count() < 1 || timeout.count() > 600'000) {
-    return Status::InvalidArgument(fmt::format(
-        "storage options: timeout must be in [1, 600000] ms, got {} ms", timeout.count()));
-  }
-  if (max_batch_pages < 1 || max_batch_pages > (int64_t{1} << 20)) {
-    return Status::InvalidArgument(fmt::format(
-        "storage options: max_batch_pages must be in [1, 2^20], got {}", max_batch_pages));
-  }
-  return Status::OK();
+  s.push_back(IntField<O>("max_batch_pages", Member(&O::max_batch_pages), 1, int64_t{1} << 20,
+                          "pages of one backend call; more is refused"));
+  return s;
+}
+
+}  // namespace
+
+const ConfigSchema<StorageOptions>& StorageOptionsSchema() {
+  static const ConfigSchema<StorageOptions> schema = BuildOptionsSchema();
+  return schema;
+}
+
+Status StorageOptions::Validate(const FieldNamer& name_of) const {
+  if (name_of) return CheckFields(StorageOptionsSchema(), *this, name_of);
+  return CheckFields(StorageOptionsSchema(), *this, [](std::string_view field) {
+    return fmt::format("storage options: {}", field);
+  });
 }
 
 // ---- the queue -------------------------------------------------------------------------------
@@ -618,29 +638,33 @@ void StorageBackend::RemoveAsync(std::vector<PageKey> keys, std::function<void(B
   queue_->Submit(*this, CallKind::kRemove, std::move(keys), {}, std::move(done));
 }
 
-std::future<ExistsResult> StorageBackend::Exists(std::vector<PageKey> keys) {
-  auto promise = std::make_shared<std::promise<ExistsResult>>();
+namespace {
+
+// The future form of an asynchronous call: `start(done)`, whose `done` fulfils the future.
+template <typename R, typename Start>
+std::future<R> AsFuture(Start start) {
+  auto promise = std::make_shared<std::promise<R>>();
   auto future = promise->get_future();
-  ExistsAsync(std::move(keys), [promise](ExistsResult r) { promise->set_value(std::move(r)); });
+  start([promise](R r) { promise->set_value(std::move(r)); });
   return future;
+}
+
+}  // namespace
+
+std::future<ExistsResult> StorageBackend::Exists(std::vector<PageKey> keys) {
+  return AsFuture<ExistsResult>([&](auto done) { ExistsAsync(std::move(keys), std::move(done)); });
 }
 
 std::future<BatchResult> StorageBackend::Get(std::vector<PageKey> keys,
                                              std::vector<PageBuffer> buffers) {
-  auto promise = std::make_shared<std::promise<BatchResult>>();
-  auto future = promise->get_future();
-  GetAsync(std::move(keys), std::move(buffers),
-           [promise](BatchResult r) { promise->set_value(std::move(r)); });
-  return future;
+  return AsFuture<BatchResult>(
+      [&](auto done) { GetAsync(std::move(keys), std::move(buffers), std::move(done)); });
 }
 
 std::future<BatchResult> StorageBackend::Set(std::vector<PageKey> keys,
                                              std::vector<PageBuffer> buffers) {
-  auto promise = std::make_shared<std::promise<BatchResult>>();
-  auto future = promise->get_future();
-  SetAsync(std::move(keys), std::move(buffers),
-           [promise](BatchResult r) { promise->set_value(std::move(r)); });
-  return future;
+  return AsFuture<BatchResult>(
+      [&](auto done) { SetAsync(std::move(keys), std::move(buffers), std::move(done)); });
 }
 
 std::future<BatchResult> StorageBackend::Set(std::vector<PageKey> keys,
@@ -654,10 +678,7 @@ std::future<BatchResult> StorageBackend::Set(std::vector<PageKey> keys,
 }
 
 std::future<BatchResult> StorageBackend::Remove(std::vector<PageKey> keys) {
-  auto promise = std::make_shared<std::promise<BatchResult>>();
-  auto future = promise->get_future();
-  RemoveAsync(std::move(keys), [promise](BatchResult r) { promise->set_value(std::move(r)); });
-  return future;
+  return AsFuture<BatchResult>([&](auto done) { RemoveAsync(std::move(keys), std::move(done)); });
 }
 
 Result<uint64_t> StorageBackend::PinPages(std::span<const PageKey> keys,

@@ -10,7 +10,9 @@
 
 #include <fmt/format.h>
 
+#include <optional>
 #include <thread>
+#include <vector>
 
 namespace kvtier {
 
@@ -26,13 +28,6 @@ Status CheckFraction(const char* name, double fraction) {
   return Status::OK();
 }
 
-// Pages of a batch that go on to the wrapped backend, and where their outcomes belong.
-struct Forwarded {
-  std::vector<size_t> index;
-  std::vector<PageKey> keys;
-  std::vector<PageBuffer> buffers;
-};
-
 // A page the wrapped backend did not run (its call rejected, or it left the page skipped) is a
 // failed page to our caller: a miss, or a set that did not happen.
 PageStatus FromInner(const BatchResult& r, size_t i) {
@@ -40,6 +35,31 @@ PageStatus FromInner(const BatchResult& r, size_t i) {
     return PageStatus::kFailed;
   }
   return r.pages[i];
+}
+
+// Splits a batch: page i is answered here with `fault(i)` when that returns an outcome (called
+// once per page, in order, so the seeded draws do not depend on the call); the other pages go on
+// together through `forward(keys, buffers, index)` (the wrapped backend's call, waited for;
+// `index`: each forwarded page's place in the batch), and their
+// outcomes land in `out` at their places. `buffers` is empty for a Remove.
+template <typename Fault, typename Forward>
+void SplitAndForward(std::span<const PageKey> keys, std::span<const PageBuffer> buffers,
+                     std::span<PageStatus> out, Fault fault, Forward forward) {
+  std::vector<size_t> index;
+  std::vector<PageKey> fwd_keys;
+  std::vector<PageBuffer> fwd_buffers;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (const std::optional<PageStatus> answered = fault(i)) {
+      out[i] = *answered;
+      continue;
+    }
+    index.push_back(i);
+    fwd_keys.push_back(keys[i]);
+    if (!buffers.empty()) fwd_buffers.push_back(buffers[i]);
+  }
+  if (index.empty()) return;
+  const BatchResult r = forward(std::move(fwd_keys), std::move(fwd_buffers), index);
+  for (size_t j = 0; j < index.size(); ++j) out[index[j]] = FromInner(r, j);
 }
 
 }  // namespace
@@ -160,14 +180,14 @@ InjectedFaults FaultInjectingStorage::injected() const {
 }
 
 bool FaultInjectingStorage::AnsweredWithoutForwarding(std::span<PageStatus> out,
-                                                      Clock::time_point deadline) {
+                                                      Clock::time_point deadline, bool write) {
   if (down_.load()) {
     std::lock_guard<std::mutex> lock(mu_);
     ++counts_.down_calls;
     std::fill(out.begin(), out.end(), PageStatus::kFailed);
     return true;
   }
-  if (!Delay(deadline)) {
+  if (!Delay(deadline) || (write && !WaitForWrites(deadline))) {
     std::fill(out.begin(), out.end(), PageStatus::kTimedOut);
     return true;
   }
@@ -225,24 +245,19 @@ ExistsResult FaultInjectingStorage::DoExists(std::span<const PageKey> keys,
 void FaultInjectingStorage::DoGet(std::span<const PageKey> keys,
                                   std::span<const PageBuffer> buffers, std::span<PageStatus> out,
                                   Clock::time_point deadline) {
-  if (AnsweredWithoutForwarding(out, deadline)) return;
+  if (AnsweredWithoutForwarding(out, deadline, /*write=*/false)) return;
   const double error_fraction = error_fraction_.load();
-  Forwarded fwd;
   int64_t failed = 0;
-  for (size_t i = 0; i < keys.size(); ++i) {
-    if (Draw(error_fraction)) {
-      out[i] = PageStatus::kFailed;
-      ++failed;
-      continue;
-    }
-    fwd.index.push_back(i);
-    fwd.keys.push_back(keys[i]);
-    fwd.buffers.push_back(buffers[i]);
-  }
-  if (!fwd.keys.empty()) {
-    const BatchResult r = inner_->Get(std::move(fwd.keys), std::move(fwd.buffers)).get();
-    for (size_t j = 0; j < fwd.index.size(); ++j) out[fwd.index[j]] = FromInner(r, j);
-  }
+  SplitAndForward(
+      keys, buffers, out,
+      [&](size_t) -> std::optional<PageStatus> {
+        if (!Draw(error_fraction)) return std::nullopt;
+        ++failed;
+        return PageStatus::kFailed;
+      },
+      [&](std::vector<PageKey> k, std::vector<PageBuffer> b, const std::vector<size_t>&) {
+        return inner_->Get(std::move(k), std::move(b)).get();
+      });
   const double corrupt_fraction = corrupt_fraction_.load();
   int64_t corrupted = 0;
   for (size_t i = 0; i < keys.size(); ++i) {
@@ -275,38 +290,30 @@ void FaultInjectingStorage::DoSetChained(std::span<const PageKey> keys,
                                          std::span<const PageBuffer> buffers,
                                          std::span<const std::optional<PageKey>> parents,
                                          std::span<PageStatus> out, Clock::time_point deadline) {
-  if (AnsweredWithoutForwarding(out, deadline)) return;
-  if (!WaitForWrites(deadline)) {
-    std::fill(out.begin(), out.end(), PageStatus::kTimedOut);
-    return;
-  }
+  if (AnsweredWithoutForwarding(out, deadline, /*write=*/true)) return;
   const double error_fraction = error_fraction_.load();
   const double drop_fraction = drop_fraction_.load();
-  Forwarded fwd;
-  std::vector<std::optional<PageKey>> fwd_parents;  // with `parents`: one per forwarded key
   int64_t failed = 0, dropped = 0;
-  for (size_t i = 0; i < keys.size(); ++i) {
-    if (Draw(error_fraction)) {
-      out[i] = PageStatus::kFailed;
-      ++failed;
-    } else if (Draw(drop_fraction)) {
-      out[i] = PageStatus::kOk;  // reported written, never stored
-      ++dropped;
-    } else {
-      fwd.index.push_back(i);
-      fwd.keys.push_back(keys[i]);
-      fwd.buffers.push_back(buffers[i]);
-      if (!parents.empty()) fwd_parents.push_back(parents[i]);
-    }
-  }
-  if (!fwd.keys.empty()) {
-    const BatchResult r =
-        parents.empty()
-            ? inner_->Set(std::move(fwd.keys), std::move(fwd.buffers)).get()
-            : inner_->Set(std::move(fwd.keys), std::move(fwd.buffers), std::move(fwd_parents))
-                  .get();
-    for (size_t j = 0; j < fwd.index.size(); ++j) out[fwd.index[j]] = FromInner(r, j);
-  }
+  SplitAndForward(
+      keys, buffers, out,
+      [&](size_t) -> std::optional<PageStatus> {
+        if (Draw(error_fraction)) {
+          ++failed;
+          return PageStatus::kFailed;
+        }
+        if (Draw(drop_fraction)) {
+          ++dropped;
+          return PageStatus::kOk;  // reported written, never stored
+        }
+        return std::nullopt;
+      },
+      [&](std::vector<PageKey> k, std::vector<PageBuffer> b, const std::vector<size_t>& index) {
+        if (parents.empty()) return inner_->Set(std::move(k), std::move(b)).get();
+        std::vector<std::optional<PageKey>> p;  // one per forwarded key
+        p.reserve(index.size());
+        for (size_t i : index) p.push_back(parents[i]);
+        return inner_->Set(std::move(k), std::move(b), std::move(p)).get();
+      });
   std::lock_guard<std::mutex> lock(mu_);
   counts_.failed_pages += failed;
   counts_.dropped_pages += dropped;
@@ -314,27 +321,19 @@ void FaultInjectingStorage::DoSetChained(std::span<const PageKey> keys,
 
 void FaultInjectingStorage::DoRemove(std::span<const PageKey> keys, std::span<PageStatus> out,
                                      Clock::time_point deadline) {
-  if (AnsweredWithoutForwarding(out, deadline)) return;
-  if (!WaitForWrites(deadline)) {
-    std::fill(out.begin(), out.end(), PageStatus::kTimedOut);
-    return;
-  }
+  if (AnsweredWithoutForwarding(out, deadline, /*write=*/true)) return;
   const double error_fraction = error_fraction_.load();
-  Forwarded fwd;
   int64_t failed = 0;
-  for (size_t i = 0; i < keys.size(); ++i) {
-    if (Draw(error_fraction)) {
-      out[i] = PageStatus::kFailed;
-      ++failed;
-      continue;
-    }
-    fwd.index.push_back(i);
-    fwd.keys.push_back(keys[i]);
-  }
-  if (!fwd.keys.empty()) {
-    const BatchResult r = inner_->Remove(std::move(fwd.keys)).get();
-    for (size_t j = 0; j < fwd.index.size(); ++j) out[fwd.index[j]] = FromInner(r, j);
-  }
+  SplitAndForward(
+      keys, {}, out,
+      [&](size_t) -> std::optional<PageStatus> {
+        if (!Draw(error_fraction)) return std::nullopt;
+        ++failed;
+        return PageStatus::kFailed;
+      },
+      [&](std::vector<PageKey> k, std::vector<PageBuffer>, const std::vector<size_t>&) {
+        return inner_->Remove(std::move(k)).get();
+      });
   std::lock_guard<std::mutex> lock(mu_);
   counts_.failed_pages += failed;
 }

@@ -31,37 +31,18 @@ std::string FormatDouble(double value) {
   return fmt::format("{}", value);
 }
 
-// Label values: backslash, double quote and line feed are escaped.
-void AppendLabelValue(std::string& out, std::string_view value) {
-  for (char c : value) {
-    switch (c) {
-      case '\\':
-        out += "\\\\";
-        break;
-      case '"':
-        out += "\\\"";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      default:
-        out += c;
-    }
-  }
-}
-
-// Help text: backslash and line feed are escaped.
-void AppendHelp(std::string& out, std::string_view help) {
-  for (char c : help) {
-    switch (c) {
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      default:
-        out += c;
+// Backslash and line feed are escaped, and with `quote` (label values; help text keeps them)
+// the double quote.
+void AppendEscaped(std::string& out, std::string_view text, bool quote) {
+  for (char c : text) {
+    if (c == '\\') {
+      out += "\\\\";
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c == '"' && quote) {
+      out += "\\\"";
+    } else {
+      out += c;
     }
   }
 }
@@ -155,7 +136,7 @@ void PrometheusTextWriter::BeginFamily(std::string_view name, MetricType type,
   text_ += "# HELP ";
   text_ += name;
   text_ += ' ';
-  AppendHelp(text_, help);
+  AppendEscaped(text_, help, /*quote=*/false);
   text_ += "\n# TYPE ";
   text_ += name;
   text_ += ' ';
@@ -209,7 +190,7 @@ void PrometheusTextWriter::WriteLine(std::string_view suffix, std::span<const Me
       first = false;
       text_ += label.name;
       text_ += "=\"";
-      AppendLabelValue(text_, label.value);
+      AppendEscaped(text_, label.value, /*quote=*/true);
       text_ += '"';
     }
     if (!le.empty()) {

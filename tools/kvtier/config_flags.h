@@ -27,6 +27,23 @@ inline std::string FlagName(std::string_view field) {
   return flag;
 }
 
+// A flag of type T (an integer or floating type): text that is not `what` ("an integer") or a value
+// `check` refuses is refused while parsing, naming `flag`; a value that passes goes to `set`.
+template <typename T, typename Set, typename Check>
+CLI::Option* AddNumberFlag(CLI::App* app, const std::string& names, const std::string& help,
+                           const std::string& flag, const char* what, Set set, Check check) {
+  CLI::Option* opt = app->add_option_function<T>(names, set, help);
+  opt->check(CLI::Validator(
+      [flag, what, check](std::string& text) -> std::string {
+        T v = 0;
+        if (!CLI::detail::lexical_cast(text, v)) return flag + " = " + text + " is not " + what;
+        const Status st = check(v);
+        return st.ok() ? std::string() : st.message();
+      },
+      "", "schema bounds"));
+  return opt;
+}
+
 // One flag for field `f` of `*config`; `names` is CLI11's name list ("--cpu-threads,--threads"),
 // FlagName(f.name) when empty.
 template <typename Config>
@@ -39,30 +56,16 @@ CLI::Option* AddFieldFlag(CLI::App* app, const ConfigField<Config>& f, Config* c
   CLI::Option* opt = nullptr;
   switch (f.kind) {
     case FieldKind::kInt:
-      opt = app->add_option_function<int64_t>(
-          names, [&f, config](const int64_t& v) { f.set_int(*config, v); }, help);
-      opt->check(CLI::Validator(
-          [&f, flag](std::string& text) -> std::string {
-            int64_t v = 0;
-            if (!CLI::detail::lexical_cast(text, v))
-              return flag + " = " + text + " is not an integer";
-            const Status st = f.CheckInt(v, flag);
-            return st.ok() ? std::string() : st.message();
-          },
-          "", "schema bounds"));
+      opt = AddNumberFlag<int64_t>(
+          app, names, help, flag, "an integer",
+          [&f, config](const int64_t& v) { f.set_int(*config, v); },
+          [&f, flag](int64_t v) { return f.CheckInt(v, flag); });
       break;
     case FieldKind::kFloat:
-      opt = app->add_option_function<double>(
-          names, [&f, config](const double& v) { f.set_float(*config, v); }, help);
-      opt->check(CLI::Validator(
-          [&f, flag](std::string& text) -> std::string {
-            double v = 0;
-            if (!CLI::detail::lexical_cast(text, v))
-              return flag + " = " + text + " is not a number";
-            const Status st = f.CheckFloat(v, flag);
-            return st.ok() ? std::string() : st.message();
-          },
-          "", "schema bounds"));
+      opt = AddNumberFlag<double>(
+          app, names, help, flag, "a number",
+          [&f, config](const double& v) { f.set_float(*config, v); },
+          [&f, flag](double v) { return f.CheckFloat(v, flag); });
       break;
     case FieldKind::kBool:
       opt = app->add_option_function<bool>(

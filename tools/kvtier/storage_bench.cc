@@ -582,9 +582,8 @@ Status Validate(const StorageBenchOptions& o) {
   if (o.batch_pages < 1 || o.batch_pages > 4096) {
     return Status::InvalidArgument("--storage-batch must be in [1, 4096]");
   }
-  if (o.io_threads < 0 || o.io_threads > 64) {
-    return Status::InvalidArgument("--storage-threads must be in [1, 64], or 0 for the default");
-  }
+  KVTIER_RETURN_IF_ERROR(
+      FindField(StorageOptionsSchema(), "io_threads")->CheckInt(o.io_threads, "--storage-threads"));
   if (o.in_flight < 0 || o.in_flight > 1024) {
     return Status::InvalidArgument("--storage-inflight must be in [1, 1024], or 0 for the default");
   }

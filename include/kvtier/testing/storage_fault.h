@@ -114,10 +114,11 @@ class FaultInjectingStorage final : public StorageBackend {
   bool Delay(std::chrono::steady_clock::time_point deadline);
   // True with probability `fraction`, from the seeded generator.
   bool Draw(double fraction);
-  // A "down" store fails every page, a delay past the deadline times every page out: then `out`
-  // is filled and true is returned, and the call is not forwarded to the inner backend.
+  // A "down" store fails every page; a delay past the deadline, or (a `write`: Set, Remove) held
+  // writes not released by then, times every page out: then `out` is filled and true is
+  // returned, and the call is not forwarded to the inner backend.
   bool AnsweredWithoutForwarding(std::span<PageStatus> out,
-                                 std::chrono::steady_clock::time_point deadline);
+                                 std::chrono::steady_clock::time_point deadline, bool write);
   // A position in [0, n) from the seeded generator.
   uint64_t DrawIndex(uint64_t n);
   // Waits while writes are held; false when the deadline came first.

@@ -27,27 +27,13 @@
 
 #include <cstdint>
 
+#include "transfer/cuda/access_vec.cuh"
 #include "transfer/cuda/copy_view.h"
 
 namespace kvtier::transfer::cuda {
 
 inline constexpr int kCopyThreads = 1024;
 inline constexpr int kLoadsInFlight = 4;  // W-byte loads per thread
-
-template <int W>
-struct CopyVec;
-template <>
-struct CopyVec<16> {
-  using Type = uint4;
-};
-template <>
-struct CopyVec<8> {
-  using Type = uint2;
-};
-template <>
-struct CopyVec<4> {
-  using Type = unsigned int;
-};
 
 __device__ __forceinline__ int64_t LoadSlotIndex(const void* slots, uint32_t k, int32_t is64) {
   return is64 ? static_cast<const int64_t*>(slots)[k]
@@ -155,7 +141,7 @@ __device__ __forceinline__ void ResolveChunk(const CopyView& v, uint32_t c, bool
 
 template <int W>
 __global__ void __launch_bounds__(kCopyThreads, 1) CopyChunksKernel(const CopyView v) {
-  using Vec = typename CopyVec<W>::Type;
+  using Vec = typename AccessVec<W>::Type;
   constexpr int R = kLoadsInFlight;
   constexpr unsigned kAllLanes = 0xffffffffu;
   const uint32_t lane = threadIdx.x & 31u;

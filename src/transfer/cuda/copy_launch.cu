@@ -26,20 +26,10 @@ cudaError_t PreloadCopyKernels() {
 
 cudaError_t LaunchCopyKernel(const CopyView& view, int width, int blocks, cudaStream_t stream) {
   (void)cudaGetLastError();  // report this launch's error, not an earlier one's
-  switch (width) {
-    case 16:
-      CopyChunksKernel<16><<<blocks, kCopyThreads, 0, stream>>>(view);
-      break;
-    case 8:
-      CopyChunksKernel<8><<<blocks, kCopyThreads, 0, stream>>>(view);
-      break;
-    case 4:
-      CopyChunksKernel<4><<<blocks, kCopyThreads, 0, stream>>>(view);
-      break;
-    default:
-      return cudaErrorInvalidValue;
-  }
-  return cudaGetLastError();
+  const cudaError_t e = ForWidth<16, 8, 4>(width, [&](auto w) {
+    CopyChunksKernel<decltype(w)::value><<<blocks, kCopyThreads, 0, stream>>>(view);
+  });
+  return e != cudaSuccess ? e : cudaGetLastError();
 }
 
 }  // namespace kvtier::transfer::cuda

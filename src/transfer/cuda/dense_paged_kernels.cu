@@ -19,26 +19,10 @@ cudaError_t LaunchDensePaged(const DensePagedView& view, int width, int rows, cu
   const uint32_t wanted = (view.positions + per_block - 1) / per_block;
   const uint32_t cap = std::max<uint32_t>(1, 4096 / static_cast<uint32_t>(rows));
   const dim3 grid(std::max<uint32_t>(1, std::min(wanted, cap)), static_cast<uint32_t>(rows));
-  switch (width) {
-    case 16:
-      DensePagedKernel<16><<<grid, kDenseThreads, 0, stream>>>(view);
-      break;
-    case 8:
-      DensePagedKernel<8><<<grid, kDenseThreads, 0, stream>>>(view);
-      break;
-    case 4:
-      DensePagedKernel<4><<<grid, kDenseThreads, 0, stream>>>(view);
-      break;
-    case 2:
-      DensePagedKernel<2><<<grid, kDenseThreads, 0, stream>>>(view);
-      break;
-    case 1:
-      DensePagedKernel<1><<<grid, kDenseThreads, 0, stream>>>(view);
-      break;
-    default:
-      return cudaErrorInvalidValue;
-  }
-  return cudaGetLastError();
+  const cudaError_t e = ForWidth<16, 8, 4, 2, 1>(width, [&](auto w) {
+    DensePagedKernel<decltype(w)::value><<<grid, kDenseThreads, 0, stream>>>(view);
+  });
+  return e != cudaSuccess ? e : cudaGetLastError();
 }
 
 }  // namespace kvtier::transfer::cuda

@@ -15,36 +15,14 @@
 
 #include <cstdint>
 
+#include "transfer/cuda/access_vec.cuh"
 #include "transfer/cuda/dense_paged_view.h"
 
 namespace kvtier::transfer::cuda {
 
 template <int W>
-struct DenseVec;
-template <>
-struct DenseVec<16> {
-  using Type = uint4;
-};
-template <>
-struct DenseVec<8> {
-  using Type = uint2;
-};
-template <>
-struct DenseVec<4> {
-  using Type = unsigned int;
-};
-template <>
-struct DenseVec<2> {
-  using Type = unsigned short;
-};
-template <>
-struct DenseVec<1> {
-  using Type = unsigned char;
-};
-
-template <int W>
 __global__ void __launch_bounds__(kDenseThreads) DensePagedKernel(const DensePagedView v) {
-  using Vec = typename DenseVec<W>::Type;
+  using Vec = typename AccessVec<W>::Type;
   const DenseRow& row = v.rows[blockIdx.y];
   const uint32_t step = gridDim.x * blockDim.x * kDenseUnroll;
   for (uint32_t base = blockIdx.x * blockDim.x * kDenseUnroll + threadIdx.x; base < v.positions;
