@@ -435,7 +435,7 @@ INSTANTIATE_TEST_SUITE_P(StreamOnOff, StreamTest, ::testing::Bool(), [](const au
 // Release while the stream waits for a held batch, and while one of its copies is running: the
 // LoadBack fails (the handle is gone), nothing is lost or double-freed, the pieces loaded before
 // stay cached on the device byte-exact, and the reads still running come home.
-TEST(StreamReleaseTest, ReleaseMidStreamIsSafe) {
+TEST(StreamRaceTest, ReleaseMidStreamIsSafe) {
   for (const bool mid_copy : {false, true}) {
     SCOPED_TRACE(mid_copy ? "during a copy" : "while waiting for a batch");
     Rig r = MakeRig(/*stream=*/true, mid_copy ? 41 : 43);
