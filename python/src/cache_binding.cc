@@ -23,6 +23,8 @@
 #include <cuda_runtime.h>
 #endif
 
+#include <algorithm>
+#include <climits>
 #include <condition_variable>
 #include <cstdint>
 #include <list>
@@ -581,6 +583,79 @@ void RegisterCache(py::module_& m) {
            })
       .def("close", &PyCache::Close)
       .def_property_readonly("closed", &PyCache::closed);
+  m.def(
+      "int32_tokens",
+      [](py::handle obj, const std::string& name) {
+        // A list or tuple of Python ints as contiguous int32 bytes: one pass with the C API
+        // (array.array('i', list) takes several times as long for an 8,192-token prompt).
+        py::object seq = py::reinterpret_steal<py::object>(PySequence_Fast(obj.ptr(), "tokens"));
+        if (!seq) throw py::error_already_set();
+        const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq.ptr());
+        PyObject** items = PySequence_Fast_ITEMS(seq.ptr());
+        py::bytes out(nullptr, static_cast<size_t>(n) * sizeof(int32_t));
+        auto* data = reinterpret_cast<int32_t*>(PyBytes_AS_STRING(out.ptr()));
+        for (Py_ssize_t i = 0; i < n; ++i) {
+          PyObject* item = items[i];
+          if (!PyLong_Check(item) || PyBool_Check(item)) {
+            ThrowStatus(Status::InvalidArgument(
+                fmt::format("{} must be a sequence of int32 values ({}[{}] is a {})", name, name, i,
+                            Py_TYPE(item)->tp_name)));
+          }
+          int overflow = 0;
+          const long long v = PyLong_AsLongLongAndOverflow(item, &overflow);
+          if (overflow != 0 || v < INT32_MIN || v > INT32_MAX) {
+            ThrowStatus(Status::InvalidArgument(fmt::format(
+                "{} must be a sequence of int32 values ({}[{}] is outside the int32 range)", name,
+                name, i)));
+          }
+          data[i] = static_cast<int32_t>(v);
+        }
+        return out;
+      },
+      py::arg("tokens"), py::arg("name"),
+      "A list or tuple of ints as int32 bytes (ValueError naming `name` otherwise).");
+  m.def(
+      "shm_create",
+      [](const std::string& name, const std::string& layout, int64_t num_layers, int64_t slot_bytes,
+         int64_t page_size, int64_t head_num, int64_t pages, bool mla, int max_processes) {
+        SharedHostPoolConfig config;
+        config.name = name;
+        config.geometry.layout = Unwrap(ParseLayout(layout));
+        config.geometry.num_layers = num_layers;
+        config.geometry.slot_bytes = slot_bytes;
+        config.geometry.page_size = page_size;
+        config.geometry.head_num = head_num;
+        config.mla = mla;
+        config.max_processes = max_processes;
+        config.register_with_cuda = false;  // the caches that attach it register their mapping
+        ThrowIfError(ValidatePageSize(page_size, "page_size"));
+        if (pages <= 0 || pages > (int64_t{1} << 40) / std::max<int64_t>(page_size, 1)) {
+          ThrowStatus(Status::InvalidArgument(
+              fmt::format("pages = {} must be positive (and below 2^40 slots)", pages)));
+        }
+        config.geometry.num_slots = pages * page_size;
+        ThrowIfError(config.Validate());
+        std::unique_ptr<SharedHostPool> pool =
+            Unwrap(WithoutGil([&] { return SharedHostPool::Create(config); }));
+        SharedHostPoolInfo info = Unwrap(pool->Inspect());
+        py::dict d;
+        d["name"] = info.name;
+        d["path"] = info.path;
+        d["num_pages"] = info.num_pages;
+        d["page_bytes"] = info.page_bytes;
+        d["segment_bytes"] = info.segment_bytes;
+        return d;
+      },
+      py::arg("name"), py::arg("layout"), py::arg("num_layers"), py::arg("slot_bytes"),
+      py::arg("page_size"), py::arg("head_num"), py::arg("pages"), py::arg("mla"),
+      py::arg("max_processes"),
+      "Creates a shared host segment (as `kvtier shm create`); FailedPrecondition if it exists.");
+  m.def(
+      "shm_destroy",
+      [](const std::string& name) {
+        ThrowIfError(WithoutGil([&] { return SharedHostPool::Destroy(name); }));
+      },
+      py::arg("name"), "Removes a shared host segment's name (as `kvtier shm destroy`).");
   m.def("cache_config_fields", &CacheConfigTable,
         "The HierarchicalCache settings: [{name, kind, default, min, max, min_exclusive, choices, "
         "help}], defaults read from the C++ HierarchicalCacheConfig.");

@@ -45,6 +45,8 @@ def main():
                "--model", "tiny", "--compute-model", "llama3-8b", "--device", "cpu",
                "--device-tokens", "32768", "--host-tokens", "65536", "--storage", "redis",
                "--sequential", "--runs", "hierarchy", "--fault", "storage-down@30",
+               # Storage hits before the stop must not depend on the server's write speed.
+               "--settle-backups",
                "--no-progress", "--json", out]
         report, output = run_replay(cmd, out, timeout=240)
     run = report["runs"][-1]
