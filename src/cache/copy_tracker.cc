@@ -35,7 +35,8 @@ void CopyTracker::Complete(CopyOp& op, Status status) {
 }
 
 bool CopyTracker::CompleteBatch(CopyOp& op, int64_t batch, const Status& status,
-                                const std::vector<PageStatus>& statuses) {
+                                const std::vector<PageStatus>& statuses,
+                                const std::function<void(const CopyOp&)>& on_last) {
   std::lock_guard<std::mutex> lk(mu_);
   if (!status.ok() && op.status.ok()) op.status = status;
   const int64_t first = batch * op.batch_pages;
@@ -47,6 +48,7 @@ bool CopyTracker::CompleteBatch(CopyOp& op, int64_t batch, const Status& status,
   const bool last = --op.batches_left == 0;
   if (last) {
     op.finished = std::chrono::steady_clock::now();
+    if (on_last) on_last(op);
     op.done.store(true, std::memory_order_release);
   }
   cv_.notify_all();

@@ -16,6 +16,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -127,9 +128,11 @@ class CopyTracker {
   void MarkSubmitted(CopyOp& op, Status status);
   void Complete(CopyOp& op, Status status);
   // Storage: one batch's page outcomes (pages [first, first + statuses.size())). True when this
-  // batch completed the operation (exactly one call per operation returns true).
+  // batch completed the operation (exactly one call per operation returns true); then `on_last`
+  // (if set) runs first, under the tracker's mutex, before anyone can see the op complete.
   bool CompleteBatch(CopyOp& op, int64_t batch, const Status& status,
-                     const std::vector<PageStatus>& statuses);
+                     const std::vector<PageStatus>& statuses,
+                     const std::function<void(const CopyOp&)>& on_last = nullptr);
   // kStore: `present_pages` more pages storage held already (each batch's Exists).
   void AddPresent(CopyOp& op, int64_t present_pages);
 
