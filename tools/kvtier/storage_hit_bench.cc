@@ -124,11 +124,40 @@ class Bench {
     hashes_ = KvPatternHashes(tokens_, KvPatternSalt(""));
   }
 
-  // One cache (stream_load_back = `stream`) over the store: stores the prefix, then times
-  // `repeats` storage hits (and, with `components`, the read and the load apart).
-  Status Run(bool stream, bool components, Times* times) {
+  // A cache with stream_load_back off and one with it on, over the one store, each holding the
+  // prefix; then `repeats` rounds (after a warm-up), each timing a storage hit on both caches in
+  // turn (so that a machine's drift hits both alike) and the read and the load apart.
+  Status Run(Times* unstreamed, Times* streamed) {
+    Side off, on;
+    KVTIER_RETURN_IF_ERROR(Open(/*stream=*/false, &off));
+    KVTIER_RETURN_IF_ERROR(Open(/*stream=*/true, &on));
+    for (int r = 0; r < o_.repeats + 1; ++r) {  // the first is a warm-up
+      const bool timed = r > 0;
+      for (Side* side : {&off, &on}) {
+        KVTIER_ASSIGN_OR_RETURN(double hit, StorageHit(*side, nullptr));
+        if (timed) (side == &on ? streamed : unstreamed)->hit.push_back(hit);
+      }
+      double load = 0;
+      KVTIER_ASSIGN_OR_RETURN(double read, StorageHit(off, &load));
+      if (timed) {
+        unstreamed->read.push_back(read);
+        unstreamed->load.push_back(load);
+      }
+    }
+    return Status::OK();
+  }
+
+ private:
+  // One cache over the store with its engine pool.
+  struct Side {
+    std::unique_ptr<EnginePool> pool;
+    std::unique_ptr<HierarchicalCache> cache;
+    CudaStreamHandle stream;
+  };
+
+  Status Open(bool stream, Side* side) {
     const KvGeometry g{KvLayout::kLayerFirst, kLayers, o_.tokens, kSlotBytes, kPage, 1};
-    KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<EnginePool> pool, EnginePool::Create(backend_, g));
+    KVTIER_ASSIGN_OR_RETURN(side->pool, EnginePool::Create(backend_, g));
     HierarchicalCacheConfig cfg;
     cfg.write_policy = WritePolicy::kWriteThrough;
     cfg.transfer_backend = backend_;
@@ -137,38 +166,24 @@ class Bench {
     cfg.storage.prefetch_threshold_tokens = 0;
     cfg.storage.max_prefetch_host_fraction = 1.0;
     cfg.storage.stream_load_back = stream;
-    KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<HierarchicalCache> cache,
-                            HierarchicalCache::Create(cfg, pool->region()));
-    CudaStreamHandle stream_handle;
+    KVTIER_ASSIGN_OR_RETURN(side->cache, HierarchicalCache::Create(cfg, side->pool->region()));
     if (backend_ != TransferBackend::kCpu) {
-      KVTIER_ASSIGN_OR_RETURN(stream_handle, CudaStreamHandle::Create(0));
+      KVTIER_ASSIGN_OR_RETURN(side->stream, CudaStreamHandle::Create(0));
     }
-    KVTIER_ASSIGN_OR_RETURN(std::vector<int64_t> slots, cache->AllocateDeviceSlots(o_.tokens));
-    KVTIER_RETURN_IF_ERROR(pool->Fill(slots, hashes_));
-    KVTIER_RETURN_IF_ERROR(cache->Insert(tokens_, slots).status());
-    KVTIER_RETURN_IF_ERROR(cache->WaitForBackups());
-    for (int r = 0; r < o_.repeats + 1; ++r) {  // the first is a warm-up
-      const bool timed = r > 0;
-      KVTIER_ASSIGN_OR_RETURN(double hit, StorageHit(*cache, *pool, stream_handle, nullptr));
-      if (timed) times->hit.push_back(hit);
-      if (components) {
-        double load = 0;
-        KVTIER_ASSIGN_OR_RETURN(double read, StorageHit(*cache, *pool, stream_handle, &load));
-        if (timed) {
-          times->read.push_back(read);
-          times->load.push_back(load);
-        }
-      }
-    }
-    return Status::OK();
+    HierarchicalCache& cache = *side->cache;
+    KVTIER_ASSIGN_OR_RETURN(std::vector<int64_t> slots, cache.AllocateDeviceSlots(o_.tokens));
+    KVTIER_RETURN_IF_ERROR(side->pool->Fill(slots, hashes_));
+    KVTIER_RETURN_IF_ERROR(cache.Insert(tokens_, slots).status());
+    return cache.WaitForBackups();
   }
 
- private:
   // Evicts the prefix to storage only, then brings it back: returns the seconds from Prefetch to
   // the load's completion; with `load`: the read's seconds (Prefetch -> FinishPrefetch), and the
   // host hit's load in *load. Checks every loaded byte (untimed).
-  Result<double> StorageHit(HierarchicalCache& cache, EnginePool& pool,
-                            const CudaStreamHandle& stream, double* load) {
+  Result<double> StorageHit(Side& side, double* load) {
+    HierarchicalCache& cache = *side.cache;
+    EnginePool& pool = *side.pool;
+    const CudaStreamHandle& stream = side.stream;
     KVTIER_RETURN_IF_ERROR(cache.EvictDevice(std::numeric_limits<int64_t>::max()).status());
     KVTIER_RETURN_IF_ERROR(cache.EvictHost(std::numeric_limits<int64_t>::max()).status());
     pool.Poison();
@@ -263,8 +278,7 @@ int RunStorageHitBench(const StorageHitBenchOptions& o) {
       o.tokens, bytes / (1 << 20), RedactUrl(store->url()), o.backend, o.repeats);
   Bench bench(o, backend, store);
   Times unstreamed, streamed;
-  Status st = bench.Run(/*stream=*/false, /*components=*/true, &unstreamed);
-  if (st.ok()) st = bench.Run(/*stream=*/true, /*components=*/false, &streamed);
+  Status st = bench.Run(&unstreamed, &streamed);
   store->Close();
   if (!st.ok()) {
     std::fprintf(stderr, "kvtier bench: storage hit: %s\n", st.ToString().c_str());

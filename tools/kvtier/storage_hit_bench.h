@@ -5,7 +5,8 @@
 // 128 bf16, page 16: 2 MiB a page) is stored at URL through a HierarchicalCache, then, each
 // repeat, evicted from device and host memory and brought back with Match -> Prefetch
 // (wait_complete) -> LoadBack, timed from the Prefetch to the load's completion (GPU: the stream
-// synchronized), with stream_load_back on and off. Beside them, in the same run: the read alone
+// synchronized), with stream_load_back on and off (two caches over the store, taking turns each
+// round, so that the machine's drift hits both alike). Beside them, in the same run: the read alone
 // (Prefetch -> FinishPrefetch) and the load of a host hit alone (LoadBack of the pages already in
 // host memory) — streamed, a storage hit should cost about the read, not the read plus the load.
 // Every loaded byte is checked against the KV pattern. Prints a table (median of the repeats).
