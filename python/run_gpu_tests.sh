@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # python/run_gpu_tests.sh — build kvtier's Python extension with CUDA, then run the whole Python
-# test suite (CPU and GPU tests), examples/torch_offload.py and, where transformers is installed,
+# test suite (CPU and GPU tests; test_tp_gpu.py runs examples/tp_torch_distributed.py on 2 GPUs
+# and skips saying so with fewer), examples/torch_offload.py and, where transformers is installed,
 # examples/transformers_prefix_cache.py (device, host, storage and restart hits of a Llama with
 # random weights, logits checked against the no-cache path; then a second process over the same
 # file store; then two processes on one shared host segment). For a machine with a CUDA GPU,

@@ -267,7 +267,7 @@ class HierarchicalCache:
 
     def __init__(self, device_region: KvRegion, *, transfer_backend: Optional[str] = None,
                  shared_host: Optional[str] = None, slots_on_device: bool = True,
-                 **settings: Any) -> None:
+                 tp_group: Any = None, **settings: Any) -> None:
         if not isinstance(device_region, KvRegion):
             raise ValueError("device_region must be a kvtier.ops.KvRegion, not "
                              f"{type(device_region).__name__}")
@@ -276,6 +276,18 @@ class HierarchicalCache:
         settings["transfer_backend"] = transfer_backend
         if shared_host is not None and (not isinstance(shared_host, str) or not shared_host):
             raise ValueError(f"shared_host = {shared_host!r} must be a segment name or None")
+        tp = None
+        if tp_group is not None:
+            from .tp import TpGroup
+
+            if not isinstance(tp_group, TpGroup):
+                raise ValueError(f"tp_group must be a kvtier.TpGroup, not {type(tp_group).__name__}")
+            if tp_group.rank != 0:
+                raise ValueError(f"tp_group.rank = {tp_group.rank}: only rank 0 (the leader) runs "
+                                 "the cache; other ranks create a kvtier.TpFollower")
+            if shared_host is not None:
+                raise ValueError("shared_host is not supported in a TP group")
+            tp = tp_group._native()
         config = _check_settings(_FIELDS_BY_NAME, settings, "HierarchicalCache")
         self._device = device_region.device
         self._slots_device = None
@@ -283,7 +295,8 @@ class HierarchicalCache:
             self._slots_device = sys.modules["torch"].device("cuda", self._device)
         # The native object keeps the region (its buffers) alive until the C++ cache is gone.
         self._native = _kvtier._HierarchicalCache(device_region, device_region._native, config,
-                                                   shared_host or "")
+                                                   shared_host or "", tp)
+        self.tp_group = tp_group
 
     @staticmethod
     def create_shared_host(name: str, *, num_layers: int, slot_bytes: int, page_size: int,
@@ -427,6 +440,30 @@ class HierarchicalCache:
                                      _int32(priority, "priority"), self._stream(stream))
         del t_keep, s_keep
         return result
+
+    # ---- a TP group's leader (kvtier.tp) ---------------------------------------------------
+
+    def tp_publish(self, message: bytes) -> int:
+        """Publishes an engine message (the step: tokens, slots) to every follower, ordered after
+        the copies decided so far; its sequence number. Followers get it in serve()'s
+        on_message. FailedPreconditionError when this cache leads no TP group."""
+        if not isinstance(message, (bytes, bytearray, memoryview)):
+            raise ValueError(f"message must be bytes, not {type(message).__name__}")
+        return self._native.tp_publish(bytes(message))
+
+    def tp_wait_applied(self, seq: int) -> None:
+        """Waits until every follower applied the decisions up to `seq`; UnavailableError naming
+        the rank that died, failed or did not answer within the group's ack_timeout_s."""
+        self._native.tp_wait_applied(_int(seq, "seq", 1))
+
+    def tp_result(self, rank: int, seq: int) -> int:
+        """What rank `rank`'s on_message returned for message `seq` (after tp_wait_applied)."""
+        return self._native.tp_result(_int32(rank, "rank", 1), _int(seq, "seq", 1))
+
+    def tp_stats(self) -> dict:
+        """{size, records, record_bytes, slots, waits, ack_wait_seconds, health}: the decisions
+        published and the leader's point-to-point waits for its followers."""
+        return self._native.tp_stats()
 
     # ---- maintenance -----------------------------------------------------------------------
 

@@ -42,6 +42,7 @@
 #include "kvtier/eviction_policy.h"
 #include "kvtier/hierarchical_cache.h"
 #include "kvtier/shared_host_pool.h"
+#include "tp_binding.h"
 #include "transfer_binding.h"
 
 namespace py = pybind11;
@@ -183,8 +184,13 @@ class DeferredReleases {
 // Owns the cache; see the file comment for the lifetime rules.
 class PyCache {
  public:
-  PyCache(std::unique_ptr<HierarchicalCache> cache, py::object region_keepalive)
-      : region_keepalive_(std::move(region_keepalive)), cache_(std::move(cache)) {}
+  // `tp_leader`: the TP group this cache decides for (its engine and store are the leader's
+  // wrappers); destroyed after the cache, which closes the group's ring.
+  PyCache(std::unique_ptr<HierarchicalCache> cache, py::object region_keepalive,
+          std::unique_ptr<TpLeader> tp_leader = nullptr)
+      : region_keepalive_(std::move(region_keepalive)),
+        tp_leader_(std::move(tp_leader)),
+        cache_(std::move(cache)) {}
   // No call can be in flight (each holds a reference to this object). Copies still running are
   // waited for by the cache's destructor; they never need the GIL.
   ~PyCache() = default;
@@ -210,6 +216,14 @@ class PyCache {
     HierarchicalCache* operator->() const { return owner_.cache_.get(); }
     HierarchicalCache& operator*() const { return *owner_.cache_; }
     DeferredReleases& deferred() const { return owner_.deferred_; }
+    // The TP group's leader; FailedPrecondition when this cache leads none.
+    TpLeader& tp_leader() const {
+      if (owner_.tp_leader_ == nullptr) {
+        ThrowStatus(Status::FailedPrecondition(
+            "this HierarchicalCache leads no TP group (create it with tp_group=...)"));
+      }
+      return *owner_.tp_leader_;
+    }
 
    private:
     PyCache& owner_;
@@ -237,6 +251,7 @@ class PyCache {
       deferred_.Reap(*cache_, /*wait=*/true);
       deferred_error = deferred_.TakeError();
       cache_.reset();
+      tp_leader_.reset();  // closes the ring: the followers' serve() returns "closed"
       std::lock_guard<std::mutex> lock(mu_);
       state_ = State::kClosed;
     }
@@ -254,6 +269,7 @@ class PyCache {
   enum class State { kOpen, kClosing, kClosed };
   // Declared before cache_ so that the cache is destroyed first.
   py::object region_keepalive_;
+  std::unique_ptr<TpLeader> tp_leader_;  // the cache's engine and store use it
   std::unique_ptr<HierarchicalCache> cache_;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -409,17 +425,25 @@ void RegisterCache(py::module_& m) {
   py::class_<PyCache>(m, "_HierarchicalCache",
                       "The C++ cache manager; use kvtier.HierarchicalCache.")
       .def(py::init([](py::object region_keepalive, const PyRegion& device_region,
-                       const py::dict& config_dict, const std::string& shared_host) {
+                       const py::dict& config_dict, const std::string& shared_host,
+                       const std::optional<py::dict>& tp) {
              const HierarchicalCacheConfig config =
                  ConfigFromDict(config_dict, shared_host, device_region);
              const KvRegion region = device_region.Get();
+             if (tp.has_value()) {  // the leader of a TP group (tp_binding.h)
+               const TpGroupConfig group = TpGroupConfigFromDict(*tp);
+               TpLeaderCache made =
+                   Unwrap(WithoutGil([&] { return CreateTpLeaderCache(config, region, group); }));
+               return std::make_unique<PyCache>(std::move(made.cache), std::move(region_keepalive),
+                                                std::move(made.leader));
+             }
              Result<std::unique_ptr<HierarchicalCache>> cache =
                  WithoutGil([&] { return HierarchicalCache::Create(config, region); });
              return std::make_unique<PyCache>(Unwrap(std::move(cache)),
                                               std::move(region_keepalive));
            }),
            py::arg("region_keepalive"), py::arg("device_region"), py::arg("config"),
-           py::arg("shared_host"))
+           py::arg("shared_host"), py::arg("tp") = py::none())
       .def("match",
            [](PyCache& c, uint64_t tokens, int64_t count, const std::string& ns) {
              auto span = SpanOf<Token>(tokens, count, "tokens");
@@ -579,6 +603,41 @@ void RegisterCache(py::module_& m) {
              d["page_size"] = r.geometry.page_size;
              d["head_num"] = r.geometry.head_num;
              d["mla"] = r.mla;
+             return d;
+           })
+      .def("tp_publish",
+           [](PyCache& c, const py::bytes& message) {
+             CallGuard cache(c);
+             const std::string data = message;
+             TpLeader& leader = cache.tp_leader();
+             return Unwrap(WithoutGil([&] {
+               return leader.PublishMessage(std::span<const std::byte>(
+                   reinterpret_cast<const std::byte*>(data.data()), data.size()));
+             }));
+           })
+      .def("tp_wait_applied",
+           [](PyCache& c, uint64_t seq) {
+             CallGuard cache(c);
+             TpLeader& leader = cache.tp_leader();
+             ThrowIfError(WithoutGil([&] { return leader.WaitApplied(seq); }));
+           })
+      .def("tp_result",
+           [](PyCache& c, int rank, uint64_t seq) {
+             CallGuard cache(c);
+             return Unwrap(cache.tp_leader().MessageResult(rank, seq));
+           })
+      .def("tp_stats",
+           [](PyCache& c) {
+             CallGuard cache(c);
+             const TpLeaderStats s = cache.tp_leader().stats();
+             py::dict d;
+             d["size"] = cache.tp_leader().config().tp_size;
+             d["records"] = s.records;
+             d["record_bytes"] = s.record_bytes;
+             d["slots"] = s.slots;
+             d["waits"] = s.waits;
+             d["ack_wait_seconds"] = s.ack_wait_seconds;
+             d["health"] = cache.tp_leader().health().ToString();
              return d;
            })
       .def("close", &PyCache::Close)

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 
+#include "kvtier/tp_group.h"
+
 namespace kvtier::tp {
 
 namespace {
@@ -58,6 +60,21 @@ class HeadSplitStorage final : public StorageBackend {
              std::span<PageStatus> out, std::chrono::steady_clock::time_point) override {
     if (read_only_) return;  // every page stays kSkipped
     Merge(inner_->Set(HeadKeys(keys), HeadBuffers(buffers)).get(), out);
+  }
+  // Head h of a page names head h of its parent.
+  void DoSetChained(std::span<const PageKey> keys, std::span<const PageBuffer> buffers,
+                    std::span<const std::optional<PageKey>> parents, std::span<PageStatus> out,
+                    std::chrono::steady_clock::time_point) override {
+    if (read_only_) return;
+    std::vector<std::optional<PageKey>> head_parents;
+    head_parents.reserve(keys.size() * static_cast<size_t>(ns().head_num));
+    for (const std::optional<PageKey>& p : parents) {
+      for (int64_t h = 0; h < ns().head_num; ++h) {
+        head_parents.push_back(p ? std::optional<PageKey>(HeadObjectKey(*p, first_head_ + h))
+                                 : std::nullopt);
+      }
+    }
+    Merge(inner_->Set(HeadKeys(keys), HeadBuffers(buffers), std::move(head_parents)).get(), out);
   }
   void DoRemove(std::span<const PageKey> keys, std::span<PageStatus> out,
                 std::chrono::steady_clock::time_point) override {
@@ -158,3 +175,22 @@ Result<std::unique_ptr<StorageBackend>> OpenHeadSplitStorage(std::shared_ptr<Sto
 }
 
 }  // namespace kvtier::tp
+
+namespace kvtier {
+
+Result<std::shared_ptr<StorageBackend>> OpenTpRankStorage(const std::string& url,
+                                                          const StorageNamespace& rank_pages,
+                                                          const StorageOptions& options) {
+  KVTIER_RETURN_IF_ERROR(rank_pages.Validate().WithContext("tp rank storage"));
+  KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<StorageBackend> inner,
+                          OpenStorage(url, tp::HeadObjectNamespace(rank_pages), options));
+  tp::HeadSplitOptions o;
+  o.first_head = rank_pages.mla ? 0 : rank_pages.tp_rank * rank_pages.head_num;
+  o.read_only = rank_pages.mla && rank_pages.tp_rank > 0;  // MLA: the leader is the one writer
+  o.options = options;
+  KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<StorageBackend> view,
+                          tp::OpenHeadSplitStorage(std::move(inner), rank_pages, o));
+  return std::shared_ptr<StorageBackend>(std::move(view));
+}
+
+}  // namespace kvtier
