@@ -15,8 +15,9 @@
 //   QueryStorage(m.handle)         (storage) asks the backend for further pages of `tokens` the
 //                                  tree does not know (another process, an earlier run)
 //   Prefetch(m.handle, policy)     (storage) storage -> host for the storage part; returns at once
-//   LoadBack(m.handle, stream)     ends a prefetch by its policy, then host part -> freshly
-//                                  allocated device slots; per-layer readiness through WaitLayer
+//   LoadBack(m.handle, stream)     host part -> freshly allocated device slots; a running
+//                                  prefetch is ended by its policy, its pages streamed to the
+//                                  device as they arrive; per-layer readiness through WaitLayer
 //   AllocateDeviceSlots(n)         slots for the tokens the engine computes (evicts if needed)
 //   ... prefill writes the KV of the new tokens into those slots ...
 //   Insert(tokens, slots, ns)      the cache takes ownership of the slots (duplicates of pages
@@ -171,6 +172,11 @@ struct StorageTierConfig {
   double prefetch_timeout_max_s = 30.0;           // ... capped here
   double max_prefetch_host_fraction = 0.5;        // of the host pool filling at once, in (0, 1]
   int64_t max_prefetch_batch_pages = 256;         // pages per Get batch
+  // Streamed storage hits: a LoadBack that ends a wait_complete or timeout prefetch copies its
+  // pages to the device as they arrive, in prefix order, instead of waiting for the whole read
+  // first (LoadBack). Such prefetches are read in at least 8 batches, so that they arrive in
+  // pieces. Off: the read ends first, then the load runs (as FinishPrefetch, then LoadBack).
+  bool stream_load_back = true;
   // Never slower than recomputing: the engine's prefill rate in tokens/s (0 = off). When set, a
   // storage hit is prefetched only where reading it is estimated cheaper than recomputing it:
   // reading costs bytes / the storage read bandwidth this cache measured (a moving average over
@@ -351,7 +357,8 @@ struct PrefetchResult {
   PrefetchPolicy policy = PrefetchPolicy::kBestEffort;
   int64_t requested_tokens = 0;  // storage tokens the prefetch asked for
   int64_t arrived_tokens = 0;    // leading tokens in host memory so far / at the end
-  // After the prefetch ended: the handle's host part now (host hits incl. the arrived tokens).
+  // After the prefetch ended: the handle's host part now (host hits incl. the arrived tokens,
+  // after its device part: those a streamed LoadBack loaded already are device hits).
   int64_t host_tokens = 0;
   // Start (Prefetch): storage tokens not requested because recomputing them is cheaper; a cut
   // of the whole storage part leaves state kNone.
@@ -425,7 +432,7 @@ struct Histogram {
     sum += value;
   }
 };
-// Seconds of a LoadBack call.
+// Seconds of a LoadBack copy (a streamed LoadBack makes one per piece).
 struct LoadBackDurationBounds {
   static constexpr std::array<double, 12> kBounds = {0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01,
                                                      0.02,   0.05,   0.1,   0.5,   1.0,   5.0};
@@ -498,7 +505,8 @@ struct CacheStats {
   int64_t load_back_tokens = 0;
   int64_t load_back_skipped_tokens = 0;
   // Time of the LoadBack copies to completion: on a GPU the copy's device time between CUDA events
-  // (counted once the copy has completed), on cpu the synchronous call's wall time.
+  // (counted once the copy has completed), on cpu the synchronous copy's wall time (a streamed
+  // LoadBack: its pieces', not its waits for storage).
   double load_back_seconds = 0;
   DurationHistogram load_back_duration;
 
@@ -583,20 +591,38 @@ class HierarchicalCache {
   // arrived prefix becomes host hits of the handle, the rest is cancelled. kNone when none ran.
   Result<PrefetchResult> FinishPrefetch(MatchHandle handle);
 
-  // Ends a running prefetch (FinishPrefetch), then copies the host part of the handle's match to
-  // freshly allocated device slots (evicting if needed). cpu: the bytes are in place on return.
-  // GPU: enqueued on `stream`, after the engine's pending writes to the reused slots; consumers
-  // wait per layer with WaitLayer. Host parts shorter than load_back_min_tokens are skipped.
-  // OutOfMemory as AllocateDeviceSlots: the handle's match is as before; unpinned device pages
-  // may have been evicted (reported to the eviction listener). A copy that fails makes this call
-  // fail with its error and changes nothing else: the match is as before, and the device pages
-  // it was given stay reserved until the copy is known to have finished (on a GPU, layers
-  // enqueued before the failure may still run), then return to the pool.
+  // Copies the host part of the handle's match to freshly allocated device slots (evicting if
+  // needed), ending a running prefetch by its policy first. cpu: the bytes are in place on
+  // return. GPU: enqueued on `stream`, after the engine's pending writes to the reused slots;
+  // consumers wait per layer with WaitLayer. Host parts shorter than load_back_min_tokens are
+  // skipped.
+  //
+  // Streamed storage hits (storage.stream_load_back, the default, with a wait_complete or
+  // timeout prefetch running): the host part is copied at once, then the prefetch's pages in
+  // pieces as they arrive — a piece once every page before it landed, so pages that arrive out
+  // of order wait — while the rest is still read; the call returns when the read has ended by
+  // its policy (every page arrived, the first page that will not arrive is known, or the
+  // timeout passed) and its last piece is copied (GPU: enqueued). So a storage hit costs about
+  // its read time plus one piece's copy, not the read plus the whole copy. The result is the
+  // unstreamed one: loaded_tokens and device_slots end where the arrived prefix ends (a missing
+  // or corrupt page cuts it; nothing after it is handed out), `prefetch` says how the prefetch
+  // ended, and WaitLayer covers every piece. load_back_min_tokens then applies to the host part
+  // and the requested storage tokens together. best_effort prefetches, or stream_load_back off:
+  // FinishPrefetch, then one copy.
+  //
+  // OutOfMemory as AllocateDeviceSlots: the handle's match is as before (a streamed load: less
+  // the pieces loaded before, which stay cached on the device, and with its prefetch still
+  // running); unpinned device pages may have been evicted (reported to the eviction listener). A
+  // copy that fails makes this call fail with its error and changes nothing else (but for pieces
+  // loaded before it): the match is as before, and the device pages it was given stay reserved
+  // until the copy is known to have finished (on a GPU, layers enqueued before the failure may
+  // still run), then return to the pool. A handle released while its load streams: the call
+  // fails with InvalidArgument; the pieces loaded stay cached.
   Result<LoadBackResult> LoadBack(MatchHandle handle, CudaStream stream = nullptr);
   // GPU: makes `consumer` wait (on the device) until layer `layer` of every slot the handle's
-  // match covers is in place: its own LoadBack and any other handle's LoadBack still filling
-  // slots of this prefix. Call it before reading layer `layer` of matched slots on a GPU.
-  // cpu (or nothing in flight): OK at once.
+  // match covers is in place: its own LoadBack (every piece of a streamed one) and any other
+  // handle's LoadBack still filling slots of this prefix. Call it before reading layer `layer` of
+  // matched slots on a GPU. cpu (or nothing in flight): OK at once.
   Status WaitLayer(MatchHandle handle, int64_t layer, CudaStream consumer);
   // Unpins the handle's match and cancels its prefetch. InvalidArgument for an unknown, already
   // released or foreign handle.

@@ -390,10 +390,12 @@ class HierarchicalCache:
 
     def load_back(self, match: Match, stream: Any = None, after: Any = None) -> LoadBack:
         """Ends a running prefetch, then copies the host part of `match` into fresh device slots
-        (MemoryError when the device cannot make room). GPU: enqueued on `stream`, so after the
-        work queued on it so far, and after the work queued on each stream of `after` (a stream
-        or a list of streams where the engine wrote into slots the load may reuse); wait per
-        layer with wait_layer."""
+        (MemoryError when the device cannot make room). A wait_complete or timeout prefetch is
+        streamed (stream_load_back, the default): its pages are copied in pieces as they arrive,
+        in prefix order, while the rest is read; the result is the unstreamed one. GPU: enqueued
+        on `stream`, so after the work queued on it so far, and after the work queued on each
+        stream of `after` (a stream or a list of streams where the engine wrote into slots the
+        load may reuse); wait per layer with wait_layer (it covers every piece)."""
         stream = self._stream(stream)
         if after is not None and self._device != HOST:
             others = after if isinstance(after, (list, tuple)) else [after]

@@ -178,6 +178,9 @@ ConfigSchema<HierarchicalCacheConfig> BuildSchema() {
   s.push_back(IntField<C>("max_prefetch_batch_pages",
                           Member(&C::storage, &S::max_prefetch_batch_pages), 1, kPages,
                           "pages per storage Get batch"));
+  s.push_back(BoolField<C>("stream_load_back", Member(&C::storage, &S::stream_load_back),
+                           "LoadBack copies a waited-for prefetch's pages to the device as they "
+                           "arrive (off: after the whole read)"));
   s.push_back(FloatField<C>("prefill_tokens_per_second",
                             Member(&C::storage, &S::prefill_tokens_per_second), 0, 1e12, false,
                             "engine prefill rate; storage hits slower to read are recomputed "

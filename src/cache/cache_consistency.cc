@@ -1,6 +1,7 @@
 // The cache's invariants, checked (see cache/cache_core.h).
 #include <fmt/format.h>
 
+#include <span>
 #include <unordered_map>
 
 #include "cache/cache_core.h"
@@ -34,7 +35,11 @@ Status ExpectFromHandlesAndOps(const CacheCore& s, Expected* e, std::vector<uint
       e->copy_pages += static_cast<int64_t>(op->free_on_completion.size());
     }
     if (op->kind == CopyOp::Kind::kPrefetch) {
-      const auto& pages = op->concluded ? op->free_on_completion : op->pages;
+      // Unconcluded: its pages after those handed to the tree already (a streamed LoadBack).
+      const std::span<const int64_t> pages =
+          op->concluded
+              ? std::span<const int64_t>(op->free_on_completion)
+              : std::span<const int64_t>(op->pages).subspan(static_cast<size_t>(op->handed_pages));
       e->filling += static_cast<int64_t>(pages.size());
       for (int64_t p : pages) {
         if ((*host_seen)[static_cast<size_t>(p / s.P)]++) {

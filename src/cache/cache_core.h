@@ -107,8 +107,9 @@ struct CacheWork {
 struct HandleState {
   RadixNode* last = nullptr;  // pinned with its ancestors; null: nothing matched
   std::string ns;
-  std::vector<Token> rest;           // whole pages after the match (storage tier only)
-  std::shared_ptr<CopyOp> load;      // GPU: its LoadBack
+  std::vector<Token> rest;  // whole pages after the match (storage tier only)
+  // GPU: the copies of its last LoadBack (one per piece of a streamed load), for WaitLayer.
+  std::vector<std::shared_ptr<CopyOp>> loads;
   std::shared_ptr<CopyOp> prefetch;  // running (not concluded) prefetch
   PrefetchPolicy prefetch_policy = PrefetchPolicy::kBestEffort;
 };

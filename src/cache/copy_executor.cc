@@ -76,12 +76,14 @@ void CopyExecutor::SubmitStorage(const std::shared_ptr<CopyOp>& op) {
       const double page_bytes = static_cast<double>(core_.PageBytes());
       pages->GetAsync(
           *backend, std::move(keys), starts, [tr, op, b, bw, page_bytes](BatchResult r) {
-            if (!tr->CompleteBatch(*op, b, r.status, r.pages)) return;
-            // The last batch: the prefetch's read bandwidth (page_status no longer changes).
-            const auto ok =
-                std::count(op->page_status.begin(), op->page_status.end(), PageStatus::kOk);
-            bw->Observe(static_cast<double>(ok) * page_bytes,
-                        SecondsSince(op->start, op->finished));
+            // The last batch: the prefetch's read bandwidth, observed before anyone waiting for
+            // the prefetch sees it complete (the recompute rule may ask right after).
+            tr->CompleteBatch(*op, b, r.status, r.pages, [bw, page_bytes](const CopyOp& done) {
+              const auto ok =
+                  std::count(done.page_status.begin(), done.page_status.end(), PageStatus::kOk);
+              bw->Observe(static_cast<double>(ok) * page_bytes,
+                          SecondsSince(done.start, done.finished));
+            });
           });
     }
     return;

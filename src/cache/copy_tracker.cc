@@ -35,7 +35,8 @@ void CopyTracker::Complete(CopyOp& op, Status status) {
 }
 
 bool CopyTracker::CompleteBatch(CopyOp& op, int64_t batch, const Status& status,
-                                const std::vector<PageStatus>& statuses) {
+                                const std::vector<PageStatus>& statuses,
+                                const std::function<void(const CopyOp&)>& on_last) {
   std::lock_guard<std::mutex> lk(mu_);
   if (!status.ok() && op.status.ok()) op.status = status;
   const int64_t first = batch * op.batch_pages;
@@ -47,6 +48,7 @@ bool CopyTracker::CompleteBatch(CopyOp& op, int64_t batch, const Status& status,
   const bool last = --op.batches_left == 0;
   if (last) {
     op.finished = std::chrono::steady_clock::now();
+    if (on_last) on_last(op);
     op.done.store(true, std::memory_order_release);
   }
   cv_.notify_all();
@@ -93,15 +95,46 @@ bool CopyTracker::WaitUntil(CopyOp& op, std::chrono::steady_clock::time_point de
   return cv_.wait_until(lk, deadline, [&] { return op.done.load(std::memory_order_acquire); });
 }
 
+CopyTracker::Arrival CopyTracker::ArrivalLocked(const CopyOp& op) const {
+  Arrival a;
+  const int64_t total = static_cast<int64_t>(op.page_status.size());
+  auto batch_done = [&](int64_t page) {
+    return op.batch_done[static_cast<size_t>(page / op.batch_pages)] != 0;
+  };
+  while (a.pages < total && batch_done(a.pages) &&
+         op.page_status[static_cast<size_t>(a.pages)] == PageStatus::kOk) {
+    ++a.pages;
+  }
+  a.final = a.pages == total || batch_done(a.pages) || op.abandoned ||
+            op.done.load(std::memory_order_acquire);
+  return a;
+}
+
 int64_t CopyTracker::ArrivedPages(CopyOp& op) {
   std::lock_guard<std::mutex> lk(mu_);
-  int64_t n = 0;
-  const int64_t total = static_cast<int64_t>(op.page_status.size());
-  while (n < total && op.batch_done[static_cast<size_t>(n / op.batch_pages)] &&
-         op.page_status[static_cast<size_t>(n)] == PageStatus::kOk) {
-    ++n;
+  return ArrivalLocked(op).pages;
+}
+
+CopyTracker::Arrival CopyTracker::WaitArrival(CopyOp& op, int64_t pages,
+                                              std::chrono::steady_clock::time_point deadline) {
+  std::unique_lock<std::mutex> lk(mu_);
+  Arrival a;
+  auto moved = [&] {
+    a = ArrivalLocked(op);
+    return a.pages > pages || a.final;
+  };
+  if (deadline == std::chrono::steady_clock::time_point::max()) {
+    cv_.wait(lk, moved);  // storage calls are bounded by their own deadlines
+  } else {
+    cv_.wait_until(lk, deadline, moved);
   }
-  return n;
+  return a;
+}
+
+void CopyTracker::Abandon(CopyOp& op) {
+  std::lock_guard<std::mutex> lk(mu_);
+  op.abandoned = true;
+  cv_.notify_all();
 }
 
 void CopyTracker::Snapshot(CopyOp& op, std::vector<PageStatus>* pages,

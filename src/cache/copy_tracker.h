@@ -16,6 +16,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -51,6 +52,9 @@ struct CopyOp {
   // must free when the operation has completed.
   std::vector<int64_t> free_on_completion;
   bool concluded = false;  // kPrefetch: its result was taken (FinishPrefetch / Release)
+  // kPrefetch: leading pages already handed to the tree (a streamed LoadBack takes the arrived
+  // prefix while the rest is still being read); `pages` before this index are the tree's.
+  int64_t handed_pages = 0;
 
   // ---- immutable once registered ---------------------------------------------------------
   std::vector<int64_t> src, dst;  // slots (device <-> host copies)
@@ -78,6 +82,7 @@ struct CopyOp {
   int64_t batches_left = 0;
   int64_t present_pages = 0;  // kStore: pages storage already held (not written)
   bool submitted = false;
+  bool abandoned = false;  // kPrefetch: concluded; WaitArrival returns at once
   std::atomic<bool> done{false};
   std::chrono::steady_clock::time_point finished;
 
@@ -127,9 +132,11 @@ class CopyTracker {
   void MarkSubmitted(CopyOp& op, Status status);
   void Complete(CopyOp& op, Status status);
   // Storage: one batch's page outcomes (pages [first, first + statuses.size())). True when this
-  // batch completed the operation (exactly one call per operation returns true).
+  // batch completed the operation (exactly one call per operation returns true); then `on_last`
+  // (if set) runs first, under the tracker's mutex, before anyone can see the op complete.
   bool CompleteBatch(CopyOp& op, int64_t batch, const Status& status,
-                     const std::vector<PageStatus>& statuses);
+                     const std::vector<PageStatus>& statuses,
+                     const std::function<void(const CopyOp&)>& on_last = nullptr);
   // kStore: `present_pages` more pages storage held already (each batch's Exists).
   void AddPresent(CopyOp& op, int64_t present_pages);
 
@@ -142,11 +149,27 @@ class CopyTracker {
       KVTIER_EXCLUDES(kCacheLock);
   // Storage operations: pages with kOk from the first on, over completed batches only.
   int64_t ArrivedPages(CopyOp& op);
+  // A storage read's arrival as a streamed LoadBack sees it: the arrived prefix (ArrivedPages),
+  // and whether it can still grow (false once every batch completed, once the page after the
+  // prefix is known not to arrive — its batch completed without it — or once the op was
+  // abandoned).
+  struct Arrival {
+    int64_t pages = 0;
+    bool final = false;
+  };
+  // Blocks until more than `pages` pages arrived, the arrival is final, or `deadline` passed
+  // (time_point::max(): no deadline).
+  Arrival WaitArrival(CopyOp& op, int64_t pages, std::chrono::steady_clock::time_point deadline)
+      KVTIER_EXCLUDES(kCacheLock);
+  // Wakes WaitArrival for good: `op`'s result was taken (Prefetcher::Conclude).
+  void Abandon(CopyOp& op);
   // A snapshot of the page outcomes and which batches completed.
   void Snapshot(CopyOp& op, std::vector<PageStatus>* pages, std::vector<uint8_t>* batches,
                 Status* status);
 
  private:
+  Arrival ArrivalLocked(const CopyOp& op) const;  // REQUIRES: mu_
+
   std::vector<std::shared_ptr<CopyOp>> ops_ KVTIER_GUARDED_BY(kCacheLock);
   // Reap's; null once reaped.
   std::vector<std::shared_ptr<CopyOp>> reaping_ KVTIER_GUARDED_BY(kCacheLock);

@@ -138,17 +138,18 @@ struct HierarchicalCache::Impl : CacheParts {
     return t;
   }
 
-  // Device pages for the host part of `handle`'s match. The lock may be dropped while allocating
-  // (waits for copies): the part is taken again after, and the allocation retried while it keeps
-  // changing (Unavailable after a few tries).
-  Status PlanLoad(CacheLock& lk, MatchHandle handle, CacheWork* work, LoadPlan* plan)
-      KVTIER_REQUIRES(kCacheLock) {
+  // Device pages for the host part of `handle`'s match (none when it is shorter than
+  // `min_tokens`). The lock may be dropped while allocating (waits for copies): the part is taken
+  // again after, and the allocation retried while it keeps changing (Unavailable after a few
+  // tries).
+  Status PlanLoad(CacheLock& lk, MatchHandle handle, int64_t min_tokens, CacheWork* work,
+                  LoadPlan* plan) KVTIER_REQUIRES(kCacheLock) {
     for (int attempt = 0;; ++attempt) {
       KVTIER_RETURN_IF_ERROR(CheckHealth());
       Reap(work);
       KVTIER_ASSIGN_OR_RETURN(HandleState * h, FindHandle(handle));
       const int64_t tokens = HostPart(*h, nullptr);
-      if (tokens == 0 || tokens < config.load_back_min_tokens) {
+      if (tokens == 0 || tokens < min_tokens) {
         plan->skipped_tokens = tokens;
         return Status::OK();
       }
@@ -172,6 +173,92 @@ struct HierarchicalCache::Impl : CacheParts {
         return Status::Unavailable("LoadBack: the match kept changing under concurrent loads");
       }
     }
+  }
+
+  // What a LoadBack did so far (one copy, or several when it streams a prefetch).
+  struct LoadRun {
+    LoadBackResult out;
+    int copies = 0;
+  };
+
+  // One load-back copy: the host part of `handle`'s match (after its device part), unless shorter
+  // than `min_tokens`, to freshly allocated device slots, published once submitted (GPU) or done
+  // (cpu). The lock is dropped while the copy is submitted; held again on return. A copy that
+  // fails returns its error; its device pages stay with it until it is known to have finished.
+  Status LoadHostPart(CacheLock& lk, MatchHandle handle, CudaStream stream, int64_t min_tokens,
+                      CacheWork* work, LoadRun* run) KVTIER_REQUIRES(kCacheLock) {
+    const auto start = CacheClock::now();
+    LoadPlan plan;
+    KVTIER_RETURN_IF_ERROR(PlanLoad(lk, handle, min_tokens, work, &plan));
+    if (plan.tokens == 0) {  // nothing to load (or below min_tokens)
+      run->out.skipped_tokens += plan.skipped_tokens;
+      counters.load_back_skipped_tokens += plan.skipped_tokens;
+      return Status::OK();
+    }
+    std::shared_ptr<CopyOp> op = executor.MakeLoad(plan.host_nodes, plan.alloc, plan.tokens, start);
+    std::vector<std::shared_ptr<CudaEventHandle>> fences;
+    if (gpu) fences = ledger->write_fences();
+    lk.Release();
+    executor.Run(*work);
+    const Status st = executor.RunLoad(*op, stream, fences);
+    lk.Reacquire();
+    if (!st.ok()) {
+      // The copy may still write its pages (GPU): they stay with the op until it has completed.
+      Reap(work);
+      return st.WithContext("LoadBack");
+    }
+    run->out.loaded_tokens += executor.PublishLoad(*op, plan.alloc) * P;
+    ++run->copies;
+    KVTIER_ASSIGN_OR_RETURN(HandleState * h, FindHandle(handle));
+    if (gpu) h->loads.push_back(op);
+    Reap(work);  // cpu: the copy has completed; frees what was not published
+    if (!gpu) {  // synchronous: done now (a GPU copy counts its time when reaped, ReapLoad)
+      const double seconds = SecondsSince(start);
+      counters.load_back_seconds += seconds;
+      counters.load_back_duration.Observe(seconds);
+    }
+    return Status::OK();
+  }
+
+  // Whether LoadBack streams `h`'s prefetch: stream_load_back, a prefetch running under a policy
+  // that waits for it, and the expected load (host part and the storage tokens requested) not
+  // below load_back_min_tokens.
+  bool StreamsPrefetch(const HandleState& h) const KVTIER_REQUIRES(kCacheLock) {
+    return h.prefetch && config.storage.stream_load_back &&
+           h.prefetch_policy != PrefetchPolicy::kBestEffort &&
+           HostPart(h, nullptr) + h.prefetch->tokens >= config.load_back_min_tokens;
+  }
+
+  // A streamed LoadBack of `op`, the handle's running prefetch: the host part is copied at once,
+  // then each further piece of the prefetch's prefix as it arrives — handed to the tree
+  // (Prefetcher::HandOverArrived), then loaded as host pages — while the rest is still read.
+  // Pieces that arrive out of order wait for the pages before them (the arrived prefix only
+  // grows in order). When the arrival is final (every page read, or the first page that did not
+  // arrive known) or the timeout policy's deadline passed, the prefetch is concluded as
+  // FinishPrefetch would (run->out.prefetch); the caller's last copy takes what that handed over.
+  // Returns with the lock held; errors as LoadHostPart (the prefetch keeps running then).
+  Status StreamLoad(CacheLock& lk, MatchHandle handle, const std::shared_ptr<CopyOp>& op,
+                    CudaStream stream, CacheWork* work, LoadRun* run) KVTIER_REQUIRES(kCacheLock) {
+    for (;;) {
+      KVTIER_ASSIGN_OR_RETURN(HandleState * h, FindHandle(handle));
+      if (h->prefetch != op) return Status::OK();  // another call ended it meanwhile
+      const auto deadline = h->prefetch_policy == PrefetchPolicy::kTimeout
+                                ? op->deadline
+                                : CacheClock::time_point::max();
+      const int64_t arrived = tracker.ArrivedPages(*op);
+      prefetcher.HandOverArrived(*h, arrived);
+      KVTIER_RETURN_IF_ERROR(LoadHostPart(lk, handle, stream, 0, work, run));
+      lk.Release();
+      executor.Run(*work);
+      const CopyTracker::Arrival next = tracker.WaitArrival(*op, arrived, deadline);
+      lk.Reacquire();
+      KVTIER_RETURN_IF_ERROR(CheckHealth());
+      Reap(work);
+      if (next.final || CacheClock::now() >= deadline) break;
+    }
+    KVTIER_ASSIGN_OR_RETURN(HandleState * h, FindHandle(handle));
+    if (h->prefetch == op) run->out.prefetch = prefetcher.Conclude(*h, /*cancelled=*/false, work);
+    return Status::OK();
   }
 };
 
@@ -428,53 +515,30 @@ Result<PrefetchResult> HierarchicalCache::FinishPrefetch(MatchHandle handle) {
 
 Result<LoadBackResult> HierarchicalCache::LoadBack(MatchHandle handle, CudaStream stream) {
   Impl& s = *impl_;
-  LoadBackResult out;
-  {
-    CacheLock lk(s);
-    KVTIER_ASSIGN_OR_RETURN(HandleState * h, s.FindHandle(handle));
-    const bool prefetching = h->prefetch != nullptr;
-    lk.unlock();
-    if (prefetching) {
-      KVTIER_ASSIGN_OR_RETURN(out.prefetch, FinishPrefetch(handle));
-    }
-  }
+  Impl::LoadRun run;
   CacheWork work(&s.executor);
   CacheLock lk(s);
-  const auto start = CacheClock::now();
-  Impl::LoadPlan plan;
-  KVTIER_RETURN_IF_ERROR(s.PlanLoad(lk, handle, &work, &plan));
-  if (plan.tokens == 0) {  // nothing to load (or below load_back_min_tokens)
-    KVTIER_ASSIGN_OR_RETURN(HandleState * h, s.FindHandle(handle));
-    out.skipped_tokens = plan.skipped_tokens;
-    s.counters.load_back_skipped_tokens += plan.skipped_tokens;
-    out.device_slots = s.DeviceSlotsOf(CacheCore::Path(h->last));
-    return out;
-  }
-  std::shared_ptr<CopyOp> op = s.executor.MakeLoad(plan.host_nodes, plan.alloc, plan.tokens, start);
-  std::vector<std::shared_ptr<CudaEventHandle>> fences;
-  if (s.gpu) fences = s.ledger->write_fences();
-  lk.unlock();
-  s.executor.Run(work);
-  const Status st = s.executor.RunLoad(*op, stream, fences);
-  lk.lock();
-  if (!st.ok()) {
-    // The copy may still write its pages (GPU): they stay with the op until it has completed.
-    s.Reap(&work);
-    return st.WithContext("LoadBack");
-  }
-  out.loaded_tokens = s.executor.PublishLoad(*op, plan.alloc) * s.P;
   KVTIER_ASSIGN_OR_RETURN(HandleState * h, s.FindHandle(handle));
-  if (s.gpu) h->load = op;
-  s.Reap(&work);  // cpu: the copy has completed; frees what was not published
-  out.device_slots = s.DeviceSlotsOf(CacheCore::Path(h->last));
-  ++s.counters.load_back_calls;
-  s.counters.load_back_tokens += out.loaded_tokens;
-  if (!s.gpu) {  // synchronous: done now (a GPU copy counts its time when reaped, ReapLoad)
-    const double seconds = SecondsSince(start);
-    s.counters.load_back_seconds += seconds;
-    s.counters.load_back_duration.Observe(seconds);
+  h->loads.clear();
+  int64_t min_tokens = s.config.load_back_min_tokens;
+  if (s.StreamsPrefetch(*h)) {
+    KVTIER_RETURN_IF_ERROR(s.CheckHealth());
+    const std::shared_ptr<CopyOp> prefetch = h->prefetch;
+    KVTIER_RETURN_IF_ERROR(s.StreamLoad(lk, handle, prefetch, stream, &work, &run));
+    min_tokens = 0;  // the whole expected load passed the threshold: its last piece is loaded too
+  } else if (h->prefetch) {
+    lk.unlock();
+    KVTIER_ASSIGN_OR_RETURN(run.out.prefetch, FinishPrefetch(handle));
+    lk.lock();
   }
-  return out;
+  KVTIER_RETURN_IF_ERROR(s.LoadHostPart(lk, handle, stream, min_tokens, &work, &run));
+  KVTIER_ASSIGN_OR_RETURN(h, s.FindHandle(handle));
+  run.out.device_slots = s.DeviceSlotsOf(CacheCore::Path(h->last));
+  if (run.copies > 0) {
+    ++s.counters.load_back_calls;
+    s.counters.load_back_tokens += run.out.loaded_tokens;
+  }
+  return std::move(run.out);
 }
 
 Status HierarchicalCache::WaitLayer(MatchHandle handle, int64_t layer, CudaStream consumer) {
@@ -487,8 +551,11 @@ Status HierarchicalCache::WaitLayer(MatchHandle handle, int64_t layer, CudaStrea
       return Status::InvalidArgument(
           fmt::format("layer = {} is out of range [0, {})", layer, s.device.geometry.num_layers));
     }
-    // The handle's own load-back, and any other load-back still filling slots of this match.
-    if (h->load && h->load->layer_events) loads.push_back(h->load);
+    // The handle's own load-back (every copy of a streamed one), and any other load-back still
+    // filling slots of this match.
+    for (const auto& op : h->loads) {
+      if (op->layer_events) loads.push_back(op);
+    }
     const std::vector<RadixNode*> path = CacheCore::Path(h->last);
     const std::unordered_set<const RadixNode*> on_path(path.begin(), path.end());
     for (const auto& op : s.tracker.ops()) {

@@ -34,7 +34,7 @@ int64_t Prefetcher::HandOver(CopyOp& op, Snapshot& s, std::vector<int64_t>* to_f
   SortTopDown(&nodes);
   core_.ClearBusy(op);
   for (RadixNode* n : nodes) core_.tree.SetPrefetching(n, false);
-  int64_t pos = 0;  // page index into op.pages
+  int64_t pos = op.handed_pages;  // page index into op.pages (those before: streamed already)
   int64_t used = 0;
   for (RadixNode* n : nodes) {
     if (pos >= s.total) break;
@@ -66,9 +66,35 @@ int64_t Prefetcher::HandOver(CopyOp& op, Snapshot& s, std::vector<int64_t>* to_f
   return used;
 }
 
+int64_t Prefetcher::HandOverArrived(HandleState& h, int64_t arrived) {
+  CopyOp& op = *h.prefetch;
+  std::vector<RadixNode*> nodes = op.nodes;
+  SortTopDown(&nodes);
+  int64_t pos = op.handed_pages;
+  for (RadixNode* n : nodes) {
+    if (pos >= arrived) break;
+    const bool parent_ok = n->parent()->is_root() || n->parent()->on_host();
+    if (n->on_host() || !parent_ok) break;  // Conclude sorts it out (the prefix ends there)
+    const int64_t np = n->num_tokens() / core_.P;
+    const int64_t have = std::min(arrived - pos, np);
+    // A split lists the new upper part in op.nodes with n's busy mark (the split hook).
+    RadixNode* target = have < np ? core_.tree.SplitAfter(n, have)->parent() : n;
+    core_.tree.RemoveBusy(target);
+    std::erase(op.nodes, target);
+    core_.tree.SetPrefetching(target, false);
+    core_.tree.SetHostPages(
+        target, std::vector<int64_t>(op.pages.begin() + pos, op.pages.begin() + pos + have));
+    pos += have;
+  }
+  const int64_t handed = pos - op.handed_pages;
+  op.handed_pages = pos;
+  core_.filling_pages -= handed;
+  return handed;
+}
+
 void Prefetcher::ReleaseUnused(CopyOp& op, const Snapshot& s, int64_t used,
                                std::vector<int64_t> to_free) {
-  for (int64_t i = used; i < s.total; ++i) {
+  for (int64_t i = op.handed_pages + used; i < s.total; ++i) {
     const int64_t page = op.pages[static_cast<size_t>(i)];
     if (std::find(to_free.begin(), to_free.end(), page) != to_free.end()) continue;
     if (s.BatchDone(i)) {
@@ -78,7 +104,8 @@ void Prefetcher::ReleaseUnused(CopyOp& op, const Snapshot& s, int64_t used,
     }
   }
   core_.FreeHost(to_free);
-  core_.filling_pages -= s.total - static_cast<int64_t>(op.free_on_completion.size());
+  core_.filling_pages -=
+      s.total - op.handed_pages - static_cast<int64_t>(op.free_on_completion.size());
 }
 
 PrefetchState Prefetcher::CountConclusion(const CopyOp& op, const Snapshot& s, int64_t used,
@@ -119,8 +146,10 @@ PrefetchResult Prefetcher::Conclude(HandleState& h, bool cancelled, CacheWork* w
   const int64_t used = HandOver(*op, s, &to_free);
   ReleaseUnused(*op, s, used, std::move(to_free));
   op->concluded = true;
-  out.arrived_tokens = used * core_.P;
-  out.state = CountConclusion(*op, s, used, h.prefetch_policy, cancelled);
+  core_.tracker.Abandon(*op);  // a streamed LoadBack waiting for more pages stops waiting
+  const int64_t arrived = op->handed_pages + used;
+  out.arrived_tokens = arrived * core_.P;
+  out.state = CountConclusion(*op, s, arrived, h.prefetch_policy, cancelled);
   out.host_tokens = HostTokensOf(h);
   RemoveCorrupt(*op, s, work);
   evictor_.TrimStorage(work);
@@ -210,7 +239,7 @@ int64_t Prefetcher::HostPagesFor(int64_t tokens, CacheWork* work) {
 }
 
 std::shared_ptr<CopyOp> Prefetcher::MakePrefetch(const std::vector<RadixNode*>& part,
-                                                 std::vector<int64_t> host_pages) {
+                                                 std::vector<int64_t> host_pages, bool streamed) {
   const int64_t pages = static_cast<int64_t>(host_pages.size());
   const StorageTierConfig& sc = core_.config.storage;
   auto op = std::make_shared<CopyOp>();
@@ -225,6 +254,15 @@ std::shared_ptr<CopyOp> Prefetcher::MakePrefetch(const std::vector<RadixNode*>& 
                                  std::chrono::duration<double>(budget));
   op->pages = std::move(host_pages);
   op->batch_pages = std::min(sc.max_prefetch_batch_pages, core_.storage->options().max_batch_pages);
+  if (streamed) {
+    // Pages arrive a batch at a time: a streamed load overlaps all but the last batch's copy
+    // with the reads, so the read is cut into at least kStreamBatches batches (of at least
+    // kMinStreamBatchPages pages: one storage call each).
+    constexpr int64_t kStreamBatches = 8;
+    constexpr int64_t kMinStreamBatchPages = 4;
+    op->batch_pages =
+        std::min(op->batch_pages, std::max(kMinStreamBatchPages, PagesFor(pages, kStreamBatches)));
+  }
   int64_t left = pages;
   for (RadixNode* n : part) {
     if (left <= 0) break;
@@ -276,7 +314,9 @@ Result<PrefetchResult> Prefetcher::Start(HandleState& h, PrefetchPolicy policy, 
   std::vector<int64_t> host_pages;
   host_pages.reserve(acquired.size());
   for (const HostTier::Page& pg : acquired) host_pages.push_back(pg.start);
-  std::shared_ptr<CopyOp> op = MakePrefetch(part, std::move(host_pages));
+  const bool streamed =
+      core_.config.storage.stream_load_back && policy != PrefetchPolicy::kBestEffort;
+  std::shared_ptr<CopyOp> op = MakePrefetch(part, std::move(host_pages), streamed);
   core_.filling_pages += pages;
   core_.counters.prefetch_requested_tokens += op->tokens;
   h.prefetch = op;

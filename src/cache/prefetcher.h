@@ -6,7 +6,9 @@
 // pages of its nodes; pages storage reported absent or corrupt make their nodes (and storage-only
 // descendants) lose their storage mark, and corrupt ones are removed from storage (so the next
 // store writes them again); the rest is cancelled (pages of batches still running are
-// freed when they complete, by ReapPrefetch).
+// freed when they complete, by ReapPrefetch). HandOverArrived (a streamed LoadBack, before
+// Conclude): the prefix that arrived so far becomes host pages of its nodes early, so the load can
+// copy it while the rest is read; Conclude then hands over the pages after it.
 //
 // Thread safety: every method REQUIRES the cache's mutex (cache/cache_core.h); nothing here waits
 // or reads storage.
@@ -38,6 +40,13 @@ class Prefetcher {
   // Ends `h`'s prefetch (see above). REQUIRES: h.prefetch.
   PrefetchResult Conclude(HandleState& h, bool cancelled, CacheWork* work)
       KVTIER_REQUIRES(kCacheLock);
+  // A streamed LoadBack: hands the first `arrived` pages of `h`'s running prefetch (REQUIRES:
+  // they arrived, CopyTracker::ArrivedPages), less those handed over before, to the tree — host
+  // pages of its nodes (split where the prefix ends inside one), which
+  // are no longer busy or prefetching, so the load can take them while the rest is still read.
+  // Stops before a node that cannot take host pages now (Conclude deals with it). Returns the
+  // pages handed over. REQUIRES: h.prefetch.
+  int64_t HandOverArrived(HandleState& h, int64_t arrived) KVTIER_REQUIRES(kCacheLock);
   // A completed prefetch: an unconcluded one goes back to the tracker for its handle; a concluded
   // one frees the pages it still held.
   void ReapPrefetch(const std::shared_ptr<CopyOp>& op) KVTIER_REQUIRES(kCacheLock);
@@ -68,14 +77,19 @@ class Prefetcher {
       KVTIER_REQUIRES(kCacheLock);
   // Host pages for a prefetch of `tokens` (the prefetch share of host memory, evicting for room).
   int64_t HostPagesFor(int64_t tokens, CacheWork* work) KVTIER_REQUIRES(kCacheLock);
+  // `streamed`: a LoadBack will stream it (StorageTierConfig::stream_load_back), so it is read
+  // in smaller batches.
   std::shared_ptr<CopyOp> MakePrefetch(const std::vector<RadixNode*>& part,
-                                       std::vector<int64_t> host_pages) KVTIER_REQUIRES(kCacheLock);
+                                       std::vector<int64_t> host_pages, bool streamed)
+      KVTIER_REQUIRES(kCacheLock);
   Snapshot TakeSnapshot(CopyOp& op) KVTIER_REQUIRES(kCacheLock);
-  // Hands the arrived pages to their nodes (clearing the busy and prefetching marks); returns the
-  // pages used. Pages that found no node go to `to_free`.
+  // Hands the arrived pages after those handed over already (HandOverArrived) to their nodes
+  // (clearing the busy and prefetching marks); returns the pages used. Pages that found no node go
+  // to `to_free`.
   int64_t HandOver(CopyOp& op, Snapshot& s, std::vector<int64_t>* to_free)
       KVTIER_REQUIRES(kCacheLock);
-  // Pages not handed over: freed now when their batch completed, else on completion.
+  // Pages not handed over (after op.handed_pages + used): freed now when their batch completed,
+  // else on completion.
   void ReleaseUnused(CopyOp& op, const Snapshot& s, int64_t used, std::vector<int64_t> to_free)
       KVTIER_REQUIRES(kCacheLock);
   // Pages read corrupt (not absent, not another deployment's) are removed from storage, so that

@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <optional>
 #include <thread>
 #include <vector>
@@ -138,8 +139,41 @@ bool FaultInjectingStorage::WaitForWrites(Clock::time_point deadline) {
   return released;
 }
 
+void FaultInjectingStorage::HoldReads(std::vector<PageKey> keys) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    held_read_keys_ = std::move(keys);
+  }
+  writes_cv_.notify_all();
+}
+
+int FaultInjectingStorage::held_reads() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return held_reads_;
+}
+
+bool FaultInjectingStorage::WaitForReads(std::span<const PageKey> keys,
+                                         Clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto held = [&] {
+    for (const PageKey& k : keys) {
+      if (std::find(held_read_keys_.begin(), held_read_keys_.end(), k) != held_read_keys_.end()) {
+        return true;
+      }
+    }
+    return false;
+  };
+  if (!held()) return true;
+  ++held_reads_;
+  const bool released = writes_cv_.wait_until(lock, deadline, [&] { return !held(); });
+  --held_reads_;
+  if (!released) ++counts_.timed_out_calls;
+  return released;
+}
+
 void FaultInjectingStorage::ClearFaults() {
   HoldWrites(false);
+  HoldReads({});
   delay_ms_.store(0);
   error_fraction_.store(0);
   corrupt_fraction_.store(0);
@@ -245,6 +279,10 @@ ExistsResult FaultInjectingStorage::DoExists(std::span<const PageKey> keys,
 void FaultInjectingStorage::DoGet(std::span<const PageKey> keys,
                                   std::span<const PageBuffer> buffers, std::span<PageStatus> out,
                                   Clock::time_point deadline) {
+  if (!WaitForReads(keys, deadline)) {
+    std::fill(out.begin(), out.end(), PageStatus::kTimedOut);
+    return;
+  }
   if (AnsweredWithoutForwarding(out, deadline, /*write=*/false)) return;
   const double error_fraction = error_fraction_.load();
   int64_t failed = 0;

@@ -122,6 +122,51 @@ TEST(CopyTrackerTest, WaitUntilReturnsTrueWhenABatchCompletesTheOp) {
   EXPECT_EQ(t.ArrivedPages(*op), 2);
 }
 
+// WaitArrival (a streamed LoadBack): returns when the arrived prefix grows past what the caller
+// saw, or when it can no longer grow (the batch after it completed without its first page, every
+// batch completed, the op abandoned), or at the deadline; a batch that completes after a gap
+// does not wake it.
+TEST(CopyTrackerTest, WaitArrivalWakesOnPrefixGrowthOrFinalityOnly) {
+  CopyTracker t;
+  const std::vector<PageStatus> ok(2, PageStatus::kOk);
+  auto op = StorageOp(6, 2);  // batches 0, 1, 2
+  t.CompleteBatch(*op, 1, Status::OK(), ok);
+  // Batch 1 is in, batch 0 is not: nothing arrived, and the wait runs to its deadline.
+  CopyTracker::Arrival a = t.WaitArrival(*op, 0, Clock::now() + std::chrono::milliseconds(20));
+  EXPECT_EQ(a.pages, 0);
+  EXPECT_FALSE(a.final);
+  std::thread batch0([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    t.CompleteBatch(*op, 0, Status::OK(), ok);
+  });
+  a = t.WaitArrival(*op, 0, Clock::time_point::max());
+  batch0.join();
+  EXPECT_EQ(a.pages, 4);  // batches 0 and 1
+  EXPECT_FALSE(a.final);
+  // Batch 2 misses its first page: the prefix ends at 4, for good.
+  t.CompleteBatch(*op, 2, Status::OK(), {PageStatus::kAbsent, PageStatus::kOk});
+  a = t.WaitArrival(*op, 4, Clock::time_point::max());
+  EXPECT_EQ(a.pages, 4);
+  EXPECT_TRUE(a.final);
+
+  auto abandoned = StorageOp(4, 2);
+  std::thread conclude([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    t.Abandon(*abandoned);
+  });
+  a = t.WaitArrival(*abandoned, 0, Clock::time_point::max());
+  conclude.join();
+  EXPECT_EQ(a.pages, 0);
+  EXPECT_TRUE(a.final);
+
+  auto whole = StorageOp(4, 2);
+  t.CompleteBatch(*whole, 0, Status::OK(), ok);
+  t.CompleteBatch(*whole, 1, Status::OK(), ok);
+  a = t.WaitArrival(*whole, 4, Clock::time_point::max());
+  EXPECT_EQ(a.pages, 4);
+  EXPECT_TRUE(a.final);
+}
+
 TEST(CopyTrackerTest, ReapKeepsLaterCompletedOpsVisibleAndTakesOpsAddedMeanwhileNextTime) {
   CopyTracker t;
   std::vector<std::shared_ptr<CopyOp>> ops;

@@ -2,22 +2,27 @@
 // the device and host memory comes back through QueryStorage -> Prefetch -> LoadBack, and a
 // kernel on another stream consumes it layer by layer after WaitLayer, comparing every byte with
 // the KV pattern. The load is held behind a gate on its stream, so a consumer that did not wait
-// for the right layer would read the poison the device pool was filled with. Also: a LoadBack
-// into slots the engine just wrote (reused after eviction) is ordered after those writes.
+// for the right layer would read the poison the device pool was filled with; the same with a
+// streamed storage hit whose pieces arrive out of order (WaitLayer covers every piece). Also: a
+// LoadBack into slots the engine just wrote (reused after eviction) is ordered after those writes.
 // Every test skips itself without a GPU.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <condition_variable>
+#include <future>
 #include <limits>
 #include <mutex>
+#include <random>
+#include <thread>
 
 #include "cache/cache_test_util.h"
 #include "kvtier/device.h"
 #include "kvtier/hierarchical_cache.h"
 #include "kvtier/storage.h"
 #include "kvtier/testing/kv_pattern.h"
+#include "kvtier/testing/storage_fault.h"
 
 namespace kvtier {
 namespace {
@@ -95,6 +100,7 @@ TEST_P(GpuCacheTest, PrefetchLoadBackWaitLayerFeedsAKernelOnAnotherStream) {
   cfg.host_capacity_bytes = 64 * kPage * kLayers * kSlotBytes * 2;
   cfg.storage.backend = std::shared_ptr<StorageBackend>(std::move(*store));
   cfg.storage.prefetch_threshold_tokens = 0;
+  cfg.storage.stream_load_back = false;  // one copy (StreamedStorageHit... streams)
   auto cache_r = HierarchicalCache::Create(cfg, (*dev)->region());
   ASSERT_TRUE(cache_r.ok()) << cache_r.status().ToString();
   HierarchicalCache& cache = **cache_r;
@@ -177,6 +183,140 @@ TEST_P(GpuCacheTest, PrefetchLoadBackWaitLayerFeedsAKernelOnAnotherStream) {
   const CacheStats loaded = cache.stats();
   EXPECT_EQ(loaded.load_back_duration.count, 1);
   EXPECT_GT(loaded.load_back_seconds, 0.0);
+  ASSERT_TRUE(cache.Release(m->handle).ok());
+  ASSERT_TRUE(cache.CheckConsistency().ok()) << cache.CheckConsistency().ToString();
+  cudaFree(dk);
+  cudaFree(dv);
+  cudaFree(dslots);
+  cudaFree(wrong);
+}
+
+// A streamed storage hit on the GPU: batches 0 and 4 of the read arrive after the others (held in
+// the store), so the load goes in two pieces (batches 0-3 once batch 0 landed, then 4-7), each
+// enqueued on the load stream behind a gate. A kernel on another stream reads each layer after
+// WaitLayer, before the gate opens: it must find every byte of both pieces (random tokens, a
+// poisoned pool), so WaitLayer covers every piece.
+TEST_P(GpuCacheTest, StreamedStorageHitWaitLayerCoversEveryPiece) {
+  REQUIRE_GPU();
+  const TransferBackend backend = GetParam();
+  constexpr int64_t kPages = 32;  // read in 8 batches of 4
+  KvGeometry g{KvLayout::kLayerFirst, kLayers, 2 * kPages * kPage, kSlotBytes, kPage, 1};
+  auto dev = DeviceTier::Create(backend, g, false);
+  ASSERT_TRUE(dev.ok()) << dev.status().ToString();
+  StorageNamespace ns;
+  ns.model_id = "gpu-cache-stream-test";
+  ns.layout = KvLayout::kPageFirst;
+  ns.num_layers = kLayers;
+  ns.slot_bytes = kSlotBytes;
+  ns.page_size = kPage;
+  StorageOptions options;
+  options.io_threads = 4;
+  options.timeout = std::chrono::seconds(30);
+  auto inner = OpenStorage("memory://?capacity=64MiB", ns, options);
+  ASSERT_TRUE(inner.ok()) << inner.status().ToString();
+  auto wrapped = FaultInjectingStorage::Wrap(std::move(*inner), 3, options);
+  ASSERT_TRUE(wrapped.ok()) << wrapped.status().ToString();
+  FaultInjectingStorage* faults = wrapped->get();
+
+  HierarchicalCacheConfig cfg;
+  cfg.write_policy = WritePolicy::kWriteThrough;
+  cfg.transfer_backend = backend;
+  cfg.host_capacity_bytes = 4 * kPages * kPage * kLayers * kSlotBytes * 2;
+  cfg.storage.backend = std::shared_ptr<StorageBackend>(std::move(*wrapped));
+  cfg.storage.prefetch_threshold_tokens = 0;
+  cfg.storage.max_prefetch_host_fraction = 1.0;
+  auto cache_r = HierarchicalCache::Create(cfg, (*dev)->region());
+  ASSERT_TRUE(cache_r.ok()) << cache_r.status().ToString();
+  HierarchicalCache& cache = **cache_r;
+
+  std::mt19937 rng(17);
+  std::vector<Token> a(static_cast<size_t>(kPages * kPage));
+  for (Token& t : a) t = static_cast<Token>(rng() % (Token{1} << 30));
+  const auto hashes = Hashes(a, "");
+  const auto keys = *ComputePromptPageKeys(a, kPage);
+  auto fresh = cache.AllocateDeviceSlots(static_cast<int64_t>(a.size()));
+  ASSERT_TRUE(fresh.ok());
+  ASSERT_TRUE((*dev)->Fill(*fresh, hashes).ok());
+  ASSERT_TRUE(cache.Insert(a, *fresh).ok());
+  ASSERT_TRUE(cache.WaitForBackups().ok());
+  ASSERT_TRUE(cache.EvictDevice(std::numeric_limits<int64_t>::max()).ok());
+  ASSERT_TRUE(cache.EvictHost(std::numeric_limits<int64_t>::max()).ok());
+  const KvRegion& d = (*dev)->region();
+  ASSERT_EQ(cudaMemset(d.k, 0xEE, static_cast<size_t>(g.buffer_bytes())), cudaSuccess);
+  ASSERT_EQ(cudaMemset(d.v, 0xEE, static_cast<size_t>(g.buffer_bytes())), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+
+  std::vector<PageKey> held(keys.begin(), keys.begin() + 4);      // batch 0
+  held.insert(held.end(), keys.begin() + 16, keys.begin() + 20);  // batch 4
+  faults->HoldReads(held);
+  auto m = cache.Match(a);
+  ASSERT_TRUE(m.ok());
+  ASSERT_EQ(m->storage_tokens, static_cast<int64_t>(a.size()));
+  ASSERT_TRUE(cache.Prefetch(m->handle, PrefetchPolicy::kWaitComplete).ok());
+  auto load_stream = CudaStreamHandle::Create(0);
+  auto consumer = CudaStreamHandle::Create(0);
+  ASSERT_TRUE(load_stream.ok() && consumer.ok());
+  Gate gate;
+  ASSERT_EQ(cudaLaunchHostFunc(load_stream->get(), &Gate::Wait, &gate), cudaSuccess);
+  auto pending =
+      std::async(std::launch::async, [&] { return cache.LoadBack(m->handle, load_stream->get()); });
+  // Batches 1-3 and 5-7 arrive first, then batch 0: batches 0-3 are handed over (no longer
+  // filling) and loaded; then batch 4.
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (faults->Stats().get_hit_pages < kPages - 8 && std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  faults->HoldReads(std::vector<PageKey>(keys.begin() + 16, keys.begin() + 20));
+  while (cache.stats().host_filling_tokens > kPages / 2 * kPage &&
+         std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(cache.stats().host_filling_tokens, kPages / 2 * kPage);
+  faults->HoldReads({});
+  auto lb = pending.get();
+  ASSERT_TRUE(lb.ok()) << lb.status().ToString();
+  EXPECT_EQ(lb->prefetch.state, PrefetchState::kComplete);
+  EXPECT_EQ(lb->loaded_tokens, static_cast<int64_t>(a.size()));
+  ASSERT_EQ(lb->device_slots.size(), a.size());
+
+  const int64_t n = static_cast<int64_t>(a.size());
+  KvGeometry wg{KvLayout::kLayerFirst, kLayers, n, kSlotBytes, kPage, 1};
+  std::vector<std::byte> want_k(static_cast<size_t>(wg.buffer_bytes()));
+  std::vector<std::byte> want_v(want_k.size());
+  KvRegion want;
+  want.geometry = wg;
+  want.k = want_k.data();
+  want.v = want_v.data();
+  std::vector<int64_t> iota(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) iota[static_cast<size_t>(i)] = i;
+  ASSERT_TRUE(FillKvPattern(want, iota, hashes).ok());
+  unsigned char *dk = nullptr, *dv = nullptr;
+  int64_t* dslots = nullptr;
+  unsigned long long* wrong = nullptr;
+  ASSERT_EQ(cudaMalloc(&dk, want_k.size()), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dv, want_v.size()), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dslots, static_cast<size_t>(n) * sizeof(int64_t)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&wrong, sizeof(unsigned long long)), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dk, want_k.data(), want_k.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dv, want_v.data(), want_v.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dslots, lb->device_slots.data(), static_cast<size_t>(n) * sizeof(int64_t),
+                       cudaMemcpyHostToDevice),
+            cudaSuccess);
+  ASSERT_EQ(cudaMemset(wrong, 0, sizeof(unsigned long long)), cudaSuccess);
+  for (int64_t l = 0; l < kLayers; ++l) {
+    ASSERT_TRUE(cache.WaitLayer(m->handle, l, consumer->get()).ok());
+    CountMismatches<<<32, 256, 0, consumer->get()>>>(
+        static_cast<const unsigned char*>(d.k), static_cast<const unsigned char*>(d.v), dk, dv,
+        dslots, n, g.num_slots, n, kSlotBytes, l, wrong);
+    ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  }
+  gate.Open();
+  ASSERT_TRUE(consumer->Synchronize().ok());
+  unsigned long long bad = 1;
+  ASSERT_EQ(cudaMemcpy(&bad, wrong, sizeof(bad), cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(bad, 0u) << "the consumer read bytes of a piece that had not arrived (or wrong ones)";
+  ASSERT_TRUE(load_stream->Synchronize().ok());
+  EXPECT_EQ(cache.stats().load_back_duration.count, 2);  // one per piece
   ASSERT_TRUE(cache.Release(m->handle).ok());
   ASSERT_TRUE(cache.CheckConsistency().ok()) << cache.CheckConsistency().ToString();
   cudaFree(dk);

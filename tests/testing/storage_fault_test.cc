@@ -297,5 +297,45 @@ TEST(StorageFaultTest, HeldWritesNeverDelayAReadAndOverflowIsRejected) {
   for (size_t i = 0; i < 5; ++i) EXPECT_EQ(back.bytes[i], pages.bytes[i + 1]);
 }
 
+// Held reads: a Get naming a held key waits (its I/O thread held) while the others complete, so
+// batches complete out of order; released, it reads the right bytes; held past its deadline, its
+// pages time out without reaching the wrapped backend.
+TEST(StorageFaultTest, HeldReadsCompleteAfterLaterOnesAndTimeOutPastTheirDeadline) {
+  auto w = Wrapped(1, /*io_threads=*/3, /*timeout=*/30s);
+  const auto keys = Keys(3);
+  Pages pages(3, 5);
+  ASSERT_EQ(w->Set(keys, pages.buffers).get().leading_ok(), 3);
+  w->HoldReads({keys[0]});
+  Pages first(1, 0, /*poison=*/true), second(2, 0, /*poison=*/true);
+  auto held = w->Get({keys[0]}, first.buffers);
+  const auto give_up = Clock::now() + 30s;
+  while (w->held_reads() < 1 && Clock::now() < give_up) std::this_thread::sleep_for(1ms);
+  ASSERT_EQ(w->held_reads(), 1);
+  auto later = w->Get({keys[1], keys[2]}, second.buffers);
+  ASSERT_EQ(later.wait_for(30s), std::future_status::ready) << "a Get waited for a held one";
+  EXPECT_EQ(later.get().leading_ok(), 2);
+  EXPECT_EQ(second.bytes[0], pages.bytes[1]);
+  EXPECT_EQ(second.bytes[1], pages.bytes[2]);
+  EXPECT_NE(held.wait_for(0s), std::future_status::ready);
+  EXPECT_EQ(first.bytes[0], Pages(1, 0, /*poison=*/true).bytes[0]);
+  w->HoldReads({});
+  EXPECT_EQ(held.get().leading_ok(), 1);
+  EXPECT_EQ(first.bytes[0], pages.bytes[0]);
+  EXPECT_EQ(w->held_reads(), 0);
+
+  auto quick = Wrapped(1, /*io_threads=*/1, /*timeout=*/50ms);
+  ASSERT_EQ(quick->Set({keys[0]}, {pages.buffers[0]}).get().leading_ok(), 1);
+  quick->HoldReads({keys[0]});
+  Pages out(1, 0, /*poison=*/true);
+  const BatchResult r = quick->Get({keys[0]}, out.buffers).get();
+  ASSERT_EQ(r.pages.size(), 1u);
+  EXPECT_EQ(r.pages[0], PageStatus::kTimedOut);
+  EXPECT_EQ(out.bytes[0], Pages(1, 0, /*poison=*/true).bytes[0]);
+  EXPECT_EQ(quick->injected().timed_out_calls, 1);
+  quick->ClearFaults();
+  EXPECT_EQ(quick->Get({keys[0]}, out.buffers).get().leading_ok(), 1);
+  EXPECT_EQ(out.bytes[0], pages.bytes[0]);
+}
+
 }  // namespace
 }  // namespace kvtier

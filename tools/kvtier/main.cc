@@ -23,6 +23,7 @@
 #include "replay_tp.h"
 #include "shm.h"
 #include "storage_bench.h"
+#include "storage_hit_bench.h"
 
 namespace kvtier::tools {
 namespace {
@@ -267,6 +268,8 @@ int main(int argc, char** argv) {
           int64_t{0}, kvtier::FindField(kvtier::TransferEngineConfigSchema(), "max_sms")->int_max));
   StorageBenchOptions storage_options;
   AddStorageBenchOptions(bench, &storage_options);
+  StorageHitBenchOptions storage_hit_options;
+  AddStorageHitBenchOptions(bench, &storage_hit_options);
 
   // ---- replay, demo ----
   ReplayOptions replay_options;
@@ -285,6 +288,10 @@ int main(int argc, char** argv) {
                  "kvtier bench: --storage is empty (give a URL: file:///dir, redis://host:port, "
                  "memory://; without --storage the bench measures transfers)\n");
     return 2;
+  }
+  if (bench->parsed() && !storage_hit_options.url.empty()) {
+    storage_hit_options.repeats = options.repeats;
+    return RunStorageHitBench(storage_hit_options);
   }
   if (bench->parsed() && !storage_options.url.empty()) {
     storage_options.repeats = options.repeats;

@@ -87,6 +87,7 @@ std::string ReplayFlagOf(std::string_view field) {
       {"load_back_min_tokens", "--load-back-threshold"},
       {"prefetch_policy", "--hicache-storage-prefetch-policy"},
       {"prefetch_threshold_tokens", "--prefetch-threshold"},
+      {"stream_load_back", "--no-stream-load-back"},
       {"max_backup_queue_pages", "--storage-backup-queue-pages"},
       {"storage_io_threads", "--storage-io-threads"},
   };
@@ -109,6 +110,7 @@ HierarchicalCacheConfig CacheConfigOf(const ReplayOptions& o) {
   c.load_back_min_tokens = o.load_back_threshold;
   c.storage.prefetch_policy = *ParsePrefetchPolicy(o.prefetch_policy);
   c.storage.prefetch_threshold_tokens = o.prefetch_threshold;
+  c.storage.stream_load_back = o.stream_load_back;
   c.storage.max_backup_queue_pages = o.storage_backup_queue_pages;
   c.storage.options.io_threads = o.storage_io_threads;
   return c;
@@ -1095,10 +1097,11 @@ std::string Settings(const Setup& s, bool exact) {
                           : fmt::format("open loop at {:g}x the timestamps", o.speed);
   return fmt::format(
       "page {}, device {} tokens, host {} tokens ({}), storage {}, write {}, "
-      "prefetch {}, eviction {}, io {}, verify {}, {}{}",
+      "prefetch {}{}, eviction {}, io {}, verify {}, {}{}",
       o.page_size, o.device_tokens, o.host_tokens, o.host_layout, RedactUrl(o.storage),
-      o.write_policy, o.prefetch_policy, o.eviction, TransferBackendName(s.io_backend), o.verify,
-      sched, exact ? " [exact mode: the device tier is a plain leaf-LRU prefix cache]" : "");
+      o.write_policy, o.prefetch_policy, o.stream_load_back ? "" : " (load after the read)",
+      o.eviction, TransferBackendName(s.io_backend), o.verify, sched,
+      exact ? " [exact mode: the device tier is a plain leaf-LRU prefix cache]" : "");
 }
 
 }  // namespace

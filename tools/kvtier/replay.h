@@ -92,6 +92,7 @@ struct ReplayOptions {
   int64_t write_through_threshold = HierarchicalCacheConfig{}.write_through_threshold;
   std::string prefetch_policy = "wait_complete";  // --hicache-storage-prefetch-policy
   int64_t prefetch_threshold = HierarchicalCacheConfig{}.storage.prefetch_threshold_tokens;
+  bool stream_load_back = HierarchicalCacheConfig{}.storage.stream_load_back;  // --no-stream-...
   std::string eviction = "lru";
   std::string io_backend = "auto";  // --hicache-io-backend: auto (kernel on a GPU), kernel,
                                     // dma, cpu

@@ -150,6 +150,9 @@ CLI::App* AddReplayCommand(CLI::App& app, ReplayOptions* o) {
                 CacheHelp("prefetch_threshold_tokens",
                           "storage hits shorter than this many tokens are not prefetched"))
       ->capture_default_str();
+  c->add_flag("!--no-stream-load-back", o->stream_load_back,
+              "storage hits: the load waits for the whole read (stream_load_back off; by "
+              "default pages go to the device as they arrive)");
   c->add_option("--eviction", o->eviction,
                 "eviction policy of device and host: lru, lfu, fifo, "
                 "priority")

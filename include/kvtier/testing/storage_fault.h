@@ -17,6 +17,9 @@
 //   writes held      a slow store's writes: each Set and Remove waits (holding its I/O thread)
 //                    until the writes are released or its deadline passes (then its pages are
 //                    kTimedOut and the wrapped backend is not called); reads are not held
+//   reads held       chosen pages arrive late: a Get naming one of the held keys waits the same
+//                    way until those reads are released, while other Gets go on (give the
+//                    wrapper enough I/O threads), so a caller's batches complete out of order
 // Random choices come from one generator seeded by `seed`, drawn page by page in the order the
 // wrapper runs its calls: with io_threads = 1 the same seed and call sequence give the same faults.
 //
@@ -32,6 +35,8 @@
 #include <memory>
 #include <mutex>
 #include <random>
+#include <span>
+#include <vector>
 
 #include "kvtier/storage.h"
 
@@ -79,6 +84,11 @@ class FaultInjectingStorage final : public StorageBackend {
   void HoldWrites(bool hold);
   // Gauge: Set and Remove calls waiting in HoldWrites now.
   int held_writes() const;
+  // Holds every Get that names one of `keys` and starts (or waits) while they are held; an
+  // empty list releases them. The other settings apply to a held Get once it is released.
+  void HoldReads(std::vector<PageKey> keys);
+  // Gauge: Get calls waiting in HoldReads now.
+  int held_reads() const;
   // Back to no faults.
   void ClearFaults();
   // Runs `check` on the caller's thread at the start of every call (StorageBackend::CheckCaller);
@@ -123,6 +133,8 @@ class FaultInjectingStorage final : public StorageBackend {
   uint64_t DrawIndex(uint64_t n);
   // Waits while writes are held; false when the deadline came first.
   bool WaitForWrites(std::chrono::steady_clock::time_point deadline);
+  // Waits while one of `keys` is held; false when the deadline came first.
+  bool WaitForReads(std::span<const PageKey> keys, std::chrono::steady_clock::time_point deadline);
 
   std::unique_ptr<StorageBackend> inner_;
   std::atomic<int64_t> delay_ms_{0};
@@ -132,11 +144,13 @@ class FaultInjectingStorage final : public StorageBackend {
   std::atomic<bool> down_{false};
 
   mutable std::mutex mu_;
-  std::condition_variable writes_cv_;                                            // with mu_
-  bool hold_writes_ = false;                                                     // guarded by mu_
-  int held_writes_ = 0;                                                          // guarded by mu_
-  std::mt19937_64 rng_;                                                          // guarded by mu_
-  InjectedFaults counts_;                                                        // guarded by mu_
+  std::condition_variable writes_cv_;    // with mu_: held writes and held reads
+  bool hold_writes_ = false;             // guarded by mu_
+  int held_writes_ = 0;                  // guarded by mu_
+  std::vector<PageKey> held_read_keys_;  // guarded by mu_
+  int held_reads_ = 0;                   // guarded by mu_
+  std::mt19937_64 rng_;                  // guarded by mu_
+  InjectedFaults counts_;                // guarded by mu_
   std::shared_ptr<const std::function<Status(std::string_view)>> caller_check_;  // guarded by mu_
 };
 

@@ -1,0 +1,300 @@
+// `kvtier bench --storage-hit URL` (see storage_hit_bench.h).
+#include "storage_hit_bench.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <limits>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "kvtier/device.h"
+#include "kvtier/hierarchical_cache.h"
+#include "kvtier/storage.h"
+#include "kvtier/testing/kv_pattern.h"
+#include "kvtier/transfer.h"
+
+namespace kvtier::tools {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Llama-3-8B at page 16 (docs/performance.md's reference workload): 2 MiB a page.
+constexpr int64_t kLayers = 32;
+constexpr int64_t kSlotBytes = 2048;  // 8 KV heads x 128 x bf16, for K and for V
+constexpr int64_t kPage = 16;
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+std::vector<int64_t> Iota(int64_t n) {
+  std::vector<int64_t> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = i;
+  return v;
+}
+
+// The engine's device pool: host memory on the cpu backend, else a DeviceKvPool filled and
+// checked through a pinned staging region.
+class EnginePool {
+ public:
+  static Result<std::unique_ptr<EnginePool>> Create(TransferBackend backend, const KvGeometry& g) {
+    auto p = std::unique_ptr<EnginePool>(new EnginePool());
+    p->backend_ = backend;
+    const int64_t bytes = g.buffer_bytes();
+    if (backend == TransferBackend::kCpu) {
+      p->k_.assign(static_cast<size_t>(bytes), std::byte{0xEE});
+      p->v_.assign(static_cast<size_t>(bytes), std::byte{0xEE});
+      p->region_.geometry = g;
+      p->region_.k = p->k_.data();
+      p->region_.v = p->v_.data();
+      return p;
+    }
+    KVTIER_ASSIGN_OR_RETURN(p->pool_, DeviceKvPool::Create(g, /*mla=*/false, 0));
+    p->region_ = p->pool_.region();
+    KVTIER_ASSIGN_OR_RETURN(p->staging_mem_, PinnedHostBuffer::Allocate(2 * bytes));
+    p->staging_ = p->region_;
+    p->staging_.memory = MemoryKind::kHost;
+    p->staging_.device = -1;
+    p->staging_.k = p->staging_mem_.data();
+    p->staging_.v = static_cast<std::byte*>(p->staging_mem_.data()) + bytes;
+    KVTIER_ASSIGN_OR_RETURN(p->engine_, MakeTransferEngine(backend));
+    return p;
+  }
+  const KvRegion& region() const { return region_; }
+  // cpu: every byte of the pool to 0xEE, so that a load that misses a page cannot pass its check
+  // on the bytes of the last round (GPU pools keep them: the check is weaker there).
+  void Poison() {
+    std::fill(k_.begin(), k_.end(), std::byte{0xEE});
+    std::fill(v_.begin(), v_.end(), std::byte{0xEE});
+  }
+
+  Status Fill(std::span<const int64_t> slots, std::span<const uint64_t> hashes) {
+    if (backend_ == TransferBackend::kCpu) return FillKvPattern(region_, slots, hashes);
+    const std::vector<int64_t> idx = Iota(static_cast<int64_t>(slots.size()));
+    KVTIER_RETURN_IF_ERROR(FillKvPattern(staging_, idx, hashes));
+    KVTIER_RETURN_IF_ERROR(engine_->Transfer(TransferRequest::AllLayers(
+        staging_, region_, SlotIndices::Host(idx), SlotIndices::Host(slots))));
+    return engine_->Synchronize(nullptr);
+  }
+  Status Verify(std::span<const int64_t> slots, std::span<const uint64_t> hashes) {
+    if (backend_ == TransferBackend::kCpu) return VerifyKvPattern(region_, slots, hashes);
+    const std::vector<int64_t> idx = Iota(static_cast<int64_t>(slots.size()));
+    KVTIER_RETURN_IF_ERROR(engine_->Transfer(TransferRequest::AllLayers(
+        region_, staging_, SlotIndices::Host(slots), SlotIndices::Host(idx))));
+    KVTIER_RETURN_IF_ERROR(engine_->Synchronize(nullptr));
+    return VerifyKvPattern(staging_, idx, hashes);
+  }
+
+ private:
+  EnginePool() = default;
+  TransferBackend backend_ = TransferBackend::kCpu;
+  std::vector<std::byte> k_, v_;
+  DeviceKvPool pool_;
+  PinnedHostBuffer staging_mem_;
+  KvRegion staging_;
+  std::unique_ptr<TransferEngine> engine_;
+  KvRegion region_;
+};
+
+// The times of one cache's repeats, in seconds.
+struct Times {
+  std::vector<double> hit;   // Prefetch -> LoadBack complete (a storage hit)
+  std::vector<double> read;  // Prefetch -> FinishPrefetch (the read alone)
+  std::vector<double> load;  // LoadBack of a host hit, to completion (the load alone)
+};
+
+class Bench {
+ public:
+  Bench(const StorageHitBenchOptions& o, TransferBackend backend,
+        std::shared_ptr<StorageBackend> store)
+      : o_(o), backend_(backend), store_(std::move(store)) {
+    std::mt19937 rng(1234);
+    tokens_.resize(static_cast<size_t>(o.tokens));
+    for (Token& t : tokens_) t = static_cast<Token>(rng() % (Token{1} << 30));
+    hashes_ = KvPatternHashes(tokens_, KvPatternSalt(""));
+  }
+
+  // A cache with stream_load_back off and one with it on, over the one store, each holding the
+  // prefix; then `repeats` rounds (after a warm-up), each timing a storage hit on both caches in
+  // turn (so that a machine's drift hits both alike) and the read and the load apart.
+  Status Run(Times* unstreamed, Times* streamed) {
+    Side off, on;
+    KVTIER_RETURN_IF_ERROR(Open(/*stream=*/false, &off));
+    KVTIER_RETURN_IF_ERROR(Open(/*stream=*/true, &on));
+    for (int r = 0; r < o_.repeats + 1; ++r) {  // the first is a warm-up
+      const bool timed = r > 0;
+      for (Side* side : {&off, &on}) {
+        KVTIER_ASSIGN_OR_RETURN(double hit, StorageHit(*side, nullptr));
+        if (timed) (side == &on ? streamed : unstreamed)->hit.push_back(hit);
+      }
+      double load = 0;
+      KVTIER_ASSIGN_OR_RETURN(double read, StorageHit(off, &load));
+      if (timed) {
+        unstreamed->read.push_back(read);
+        unstreamed->load.push_back(load);
+      }
+    }
+    return Status::OK();
+  }
+
+ private:
+  // One cache over the store with its engine pool.
+  struct Side {
+    std::unique_ptr<EnginePool> pool;
+    std::unique_ptr<HierarchicalCache> cache;
+    CudaStreamHandle stream;
+  };
+
+  Status Open(bool stream, Side* side) {
+    const KvGeometry g{KvLayout::kLayerFirst, kLayers, o_.tokens, kSlotBytes, kPage, 1};
+    KVTIER_ASSIGN_OR_RETURN(side->pool, EnginePool::Create(backend_, g));
+    HierarchicalCacheConfig cfg;
+    cfg.write_policy = WritePolicy::kWriteThrough;
+    cfg.transfer_backend = backend_;
+    cfg.host_capacity_bytes = 2 * o_.tokens * kLayers * kSlotBytes;  // the prefix, K and V
+    cfg.storage.backend = store_;
+    cfg.storage.prefetch_threshold_tokens = 0;
+    cfg.storage.max_prefetch_host_fraction = 1.0;
+    cfg.storage.stream_load_back = stream;
+    KVTIER_ASSIGN_OR_RETURN(side->cache, HierarchicalCache::Create(cfg, side->pool->region()));
+    if (backend_ != TransferBackend::kCpu) {
+      KVTIER_ASSIGN_OR_RETURN(side->stream, CudaStreamHandle::Create(0));
+    }
+    HierarchicalCache& cache = *side->cache;
+    KVTIER_ASSIGN_OR_RETURN(std::vector<int64_t> slots, cache.AllocateDeviceSlots(o_.tokens));
+    KVTIER_RETURN_IF_ERROR(side->pool->Fill(slots, hashes_));
+    KVTIER_RETURN_IF_ERROR(cache.Insert(tokens_, slots).status());
+    return cache.WaitForBackups();
+  }
+
+  // Evicts the prefix to storage only, then brings it back: returns the seconds from Prefetch to
+  // the load's completion; with `load`: the read's seconds (Prefetch -> FinishPrefetch), and the
+  // host hit's load in *load. Checks every loaded byte (untimed).
+  Result<double> StorageHit(Side& side, double* load) {
+    HierarchicalCache& cache = *side.cache;
+    EnginePool& pool = *side.pool;
+    const CudaStreamHandle& stream = side.stream;
+    KVTIER_RETURN_IF_ERROR(cache.EvictDevice(std::numeric_limits<int64_t>::max()).status());
+    KVTIER_RETURN_IF_ERROR(cache.EvictHost(std::numeric_limits<int64_t>::max()).status());
+    pool.Poison();
+    KVTIER_ASSIGN_OR_RETURN(MatchResult m, cache.Match(tokens_));
+    if (m.storage_tokens != o_.tokens) {
+      (void)cache.Release(m.handle);
+      return Status::Internal(
+          fmt::format("the store holds {} of the prefix's {} tokens", m.storage_tokens, o_.tokens));
+    }
+    const auto t0 = Clock::now();
+    Result<PrefetchResult> p = cache.Prefetch(m.handle, PrefetchPolicy::kWaitComplete);
+    double seconds = 0;
+    if (p.ok() && load != nullptr) {
+      p = cache.FinishPrefetch(m.handle);
+      seconds = Seconds(t0, Clock::now());
+    }
+    const auto t1 = Clock::now();
+    Result<LoadBackResult> l =
+        p.ok() ? cache.LoadBack(m.handle, stream.get()) : Result<LoadBackResult>(p.status());
+    if (l.ok() && backend_ != TransferBackend::kCpu) {
+      if (Status st = stream.Synchronize(); !st.ok()) l = st;
+    }
+    const auto t2 = Clock::now();
+    if (load != nullptr) {
+      *load = Seconds(t1, t2);
+    } else {
+      seconds = Seconds(t0, t2);
+    }
+    Status st = l.ok() ? Status::OK() : l.status();
+    if (st.ok() && l->loaded_tokens != o_.tokens) {
+      st = Status::Internal(fmt::format("loaded {} of {} tokens (prefetch {})", l->loaded_tokens,
+                                        o_.tokens, PrefetchStateName(l->prefetch.state)));
+    }
+    if (st.ok()) st = pool.Verify(l->device_slots, hashes_);
+    const Status released = cache.Release(m.handle);
+    KVTIER_RETURN_IF_ERROR(st);
+    KVTIER_RETURN_IF_ERROR(released);
+    return seconds;
+  }
+
+  const StorageHitBenchOptions& o_;
+  TransferBackend backend_;
+  std::shared_ptr<StorageBackend> store_;
+  std::vector<Token> tokens_;
+  std::vector<uint64_t> hashes_;
+};
+
+}  // namespace
+
+void AddStorageHitBenchOptions(CLI::App* bench, StorageHitBenchOptions* o) {
+  bench->add_option("--storage-hit", o->url,
+                    "time a storage hit (Prefetch -> LoadBack) of one prefix stored at this URL, "
+                    "streamed and not, beside the read and the load alone (Llama-3-8B pages, "
+                    "page 16)");
+  bench->add_option("--storage-hit-tokens", o->tokens, "the prefix's tokens (a multiple of 16)")
+      ->check(CLI::Range(int64_t{16}, int64_t{1} << 20))
+      ->capture_default_str();
+  bench->add_option("--storage-hit-backend", o->backend, "the cache's transfer backend")
+      ->check(CLI::IsMember({"cpu", "kernel", "dma"}))
+      ->capture_default_str();
+  bench->add_option("--storage-hit-threads", o->io_threads, "the store's I/O threads (0: default)")
+      ->check(CLI::Range(0, 64))
+      ->capture_default_str();
+}
+
+int RunStorageHitBench(const StorageHitBenchOptions& o) {
+  if (o.tokens % kPage != 0) {
+    std::fprintf(stderr, "kvtier bench: --storage-hit-tokens = %lld is not a multiple of %lld\n",
+                 static_cast<long long>(o.tokens), static_cast<long long>(kPage));
+    return 2;
+  }
+  const TransferBackend backend = *ParseTransferBackend(o.backend);
+  StorageNamespace ns;
+  ns.model_id = "kvtier-storage-hit-bench";
+  ns.layout = KvLayout::kPageFirst;
+  ns.num_layers = kLayers;
+  ns.slot_bytes = kSlotBytes;
+  ns.page_size = kPage;
+  StorageOptions options;
+  options.io_threads = o.io_threads;
+  options.timeout = std::chrono::seconds(60);
+  Result<std::unique_ptr<StorageBackend>> opened = OpenStorage(o.url, ns, options);
+  if (!opened.ok()) {
+    std::fprintf(stderr, "kvtier bench: %s\n", opened.status().ToString().c_str());
+    return 1;
+  }
+  std::shared_ptr<StorageBackend> store(std::move(*opened));
+  const double bytes = static_cast<double>(o.tokens * kLayers * kSlotBytes * 2);
+  fmt::print(
+      "storage hit of {} tokens ({:.0f} MiB, Llama-3-8B pages of 2 MiB) from {}, backend "
+      "{}, {} repeats (median)\n",
+      o.tokens, bytes / (1 << 20), RedactUrl(store->url()), o.backend, o.repeats);
+  Bench bench(o, backend, store);
+  Times unstreamed, streamed;
+  Status st = bench.Run(&unstreamed, &streamed);
+  store->Close();
+  if (!st.ok()) {
+    std::fprintf(stderr, "kvtier bench: storage hit: %s\n", st.ToString().c_str());
+    return 1;
+  }
+  const double read = Median(unstreamed.read), load = Median(unstreamed.load);
+  auto row = [&](const char* what, double s) {
+    fmt::print("  {:<44} {:>9.2f} ms {:>7.2f} GB/s {:>6.2f}x the read\n", what, s * 1e3,
+               bytes / s / 1e9, s / read);
+  };
+  row("read alone (Prefetch -> FinishPrefetch)", read);
+  row("load alone (LoadBack of a host hit)", load);
+  row("storage hit, unstreamed (stream_load_back=0)", Median(unstreamed.hit));
+  row("storage hit, streamed (stream_load_back=1)", Median(streamed.hit));
+  fmt::print("every loaded byte checked: ok\n");
+  return 0;
+}
+
+}  // namespace kvtier::tools
