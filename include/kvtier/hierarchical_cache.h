@@ -466,12 +466,20 @@ struct CacheStats {
   int64_t backup_present_tokens = 0;
   int64_t shared_host_hit_tokens = 0;
   int64_t backup_bytes = 0;
-  double backup_seconds = 0;          // submission to completion, summed over copies
-  int64_t write_back_tokens = 0;      // copied to host on device eviction (write_back)
-  int64_t storage_backup_tokens = 0;  // completed host -> storage writes
-  int64_t storage_backup_failed_tokens = 0;
+  double backup_seconds = 0;      // submission to completion, summed over copies
+  int64_t write_back_tokens = 0;  // copied to host on device eviction (write_back)
+  // Host -> storage. Every page of a store ends under exactly one of written (tokens), present,
+  // queue_full (dropped), capacity or failed; `policy` counts device pages that left the cache
+  // never copied because the write policy did not ask (write_through_selective below its
+  // threshold). A page skipped once may be written by a later store (counted again there).
+  int64_t storage_backup_tokens = 0;          // completed host -> storage writes
+  int64_t storage_backup_failed_tokens = 0;   // not written: the write failed or timed out
   int64_t storage_backup_present_tokens = 0;  // not written: storage already held them
-  int64_t storage_backup_dropped_tokens = 0;  // not written: the backup queue was full
+  // Not written: the cache's bounded backup queue (max_backup_queue_pages) or the backend's
+  // write queue was full.
+  int64_t storage_backup_dropped_tokens = 0;
+  int64_t storage_backup_capacity_tokens = 0;  // not written: the store had no room (kNoSpace)
+  int64_t storage_backup_policy_tokens = 0;    // dropped from the device, never copied (policy)
   int64_t storage_backup_bytes = 0;
   double storage_backup_seconds = 0;
   BandwidthHistogram storage_backup_bandwidth;  // GB/s of each host -> storage write that wrote

@@ -246,6 +246,13 @@ void BackupPlanner::ReapStore(CopyOp& op, CacheWork* work) {
       std::count(op.page_status.begin(), op.page_status.end(), PageStatus::kOk);
   const int64_t present = std::min(op.present_pages, in_storage);
   const int64_t written = in_storage - present;
+  // Every page that did not make it under its reason: no room in the store, a batch the
+  // backend's full write queue rejected, else a failure (an error, a time-out).
+  const int64_t no_space =
+      std::count(op.page_status.begin(), op.page_status.end(), PageStatus::kNoSpace);
+  const int64_t rejected = std::min(op.rejected_pages, pages - in_storage - no_space);
+  core_.counters.storage_backup_capacity_tokens += no_space * core_.P;
+  core_.counters.storage_backup_dropped_tokens += rejected * core_.P;
   core_.counters.storage_backup_present_tokens += present * core_.P;
   core_.counters.storage_backup_tokens += written * core_.P;
   core_.counters.storage_backup_bytes += written * core_.PageBytes();
@@ -255,7 +262,8 @@ void BackupPlanner::ReapStore(CopyOp& op, CacheWork* work) {
     core_.counters.storage_backup_bandwidth.Observe(
         static_cast<double>(written * core_.PageBytes()) / seconds / 1e9);
   }
-  core_.counters.storage_backup_failed_tokens += (pages - in_storage) * core_.P;
+  core_.counters.storage_backup_failed_tokens +=
+      (pages - in_storage - no_space - rejected) * core_.P;
   core_.CountStorageFaults(op.page_status, op.status);
   // Mark stored the nodes (or the leading part of the node) whose pages all made it.
   std::vector<RadixNode*> nodes = std::move(op.nodes);

@@ -142,6 +142,8 @@ void WriteInsertAndBackup(PrometheusTextWriter& w, const CacheStats& s) {
   w.AddSample({{"reason", "failed"}}, s.storage_backup_failed_tokens);
   w.AddSample({{"reason", "already_stored"}}, s.storage_backup_present_tokens);
   w.AddSample({{"reason", "queue_full"}}, s.storage_backup_dropped_tokens);
+  w.AddSample({{"reason", "capacity"}}, s.storage_backup_capacity_tokens);
+  w.AddSample({{"reason", "policy"}}, s.storage_backup_policy_tokens);
   w.Counter("kvtier:backup_bytes_total", "Bytes written from host memory to storage.",
             s.storage_backup_bytes);
   w.Counter("kvtier:backup_seconds_total",

@@ -154,7 +154,7 @@ class MemoryBackend final : public StorageBackend {
           std::make_shared<Value>(kPageHeaderBytes + static_cast<size_t>(buffers[i].bytes()));
       EncodePageValue(namespace_hash_, keys[i], buffers[i], *value);
       out[i] = store_->Insert({namespace_hash_, keys[i]}, std::move(value)) ? PageStatus::kOk
-                                                                            : PageStatus::kFailed;
+                                                                            : PageStatus::kNoSpace;
     }
   }
 

@@ -71,6 +71,8 @@ const char* PageStatusName(PageStatus status) {
       return "failed";
     case PageStatus::kSkipped:
       return "skipped";
+    case PageStatus::kNoSpace:
+      return "no_space";
   }
   return "unknown_page_status";
 }
@@ -441,8 +443,9 @@ void StorageBackend::Queue::Run(StorageBackend& b, Call& call) {
       } else if (call.kind == CallKind::kSet) {
         s.set_ok_pages += p == PageStatus::kOk;
         s.set_timed_out_pages += p == PageStatus::kTimedOut;
-        s.set_failed_pages +=
-            p != PageStatus::kOk && p != PageStatus::kTimedOut && p != PageStatus::kSkipped;
+        s.set_no_space_pages += p == PageStatus::kNoSpace;
+        s.set_failed_pages += p != PageStatus::kOk && p != PageStatus::kTimedOut &&
+                              p != PageStatus::kSkipped && p != PageStatus::kNoSpace;
         if (p == PageStatus::kOk) s.bytes_written += bytes;
       } else {
         s.removed_pages += p == PageStatus::kOk;
