@@ -1,8 +1,9 @@
-// HierarchicalCache with a storage tier (memory:// and file://): nothing is lost on the way to
-// storage. A prefix of any length (1 page to 131,072 tokens, pages of 16 and 64 tokens), inserted
-// at once or as back-to-back chunked-prefill inserts, is entirely in storage after
-// WaitForBackups(); a skipped page is counted under its true reason (queue_full, capacity,
-// policy, failed), never another's; a page read back corrupt is healed by the next backup.
+// HierarchicalCache with a storage tier (memory://, file://, and redis:// and redis+cluster://
+// against servers the test starts on 127.0.0.1): nothing is lost on the way to storage. A prefix of
+// any length (1 page to 131,072 tokens, pages of 16 and 64 tokens), inserted at once or as
+// back-to-back chunked-prefill inserts, is entirely in storage after WaitForBackups(); a skipped
+// page is counted under its true reason (queue_full, capacity, policy, failed), never another's; a
+// page read back corrupt is healed by the next backup.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
@@ -19,6 +20,7 @@
 #include "kvtier/page_key.h"
 #include "kvtier/storage.h"
 #include "kvtier/testing/storage_fault.h"
+#include "storage/redis_test_server.h"
 
 namespace kvtier {
 namespace {
@@ -127,22 +129,48 @@ void ExpectReadBack(std::shared_ptr<StorageBackend> store, std::span<const Token
   ASSERT_TRUE(c.cache->Release(m->handle).ok());
 }
 
-// Parameters: the backend ("memory" or "file") and the page size.
+// Parameters: the backend ("memory", "file", "redis" or "redis_cluster") and the page size.
 class NothingLostTest : public ::testing::TestWithParam<std::tuple<std::string, int64_t>> {
  protected:
+  void SetUp() override {
+    if (backend().starts_with("redis")) {
+#if KVTIER_HAVE_HIREDIS
+      if (std::string why = testing::RedisTestSkipReason(); !why.empty()) GTEST_SKIP() << why;
+#else
+      GTEST_SKIP() << "built without hiredis: no Redis backend";
+#endif
+    }
+  }
   void TearDown() override {
     std::error_code ec;
     if (!dir_.empty()) std::filesystem::remove_all(dir_, ec);
   }
+  const std::string& backend() const { return std::get<0>(GetParam()); }
   int64_t page() const { return std::get<1>(GetParam()); }
+  // Opens the store; a Redis server or cluster is started first (and stopped with the fixture).
   std::shared_ptr<StorageBackend> Store() {
     std::string url = "memory://?capacity=256MiB";
-    if (std::get<0>(GetParam()) == "file") {
+    if (backend() == "file") {
       std::string tmpl = "/tmp/kvtier_nothing_lost_XXXXXX";
       EXPECT_NE(::mkdtemp(tmpl.data()), nullptr);
       dir_ = tmpl;
       url = "file://" + dir_;
     }
+#if KVTIER_HAVE_HIREDIS
+    if (backend() == "redis") {
+      server_ = std::make_unique<testing::RedisTestServer>();
+      const std::string error = server_->Start();
+      EXPECT_EQ(error, "");
+      if (!error.empty()) return nullptr;
+      url = "redis://" + server_->address();
+    } else if (backend() == "redis_cluster") {
+      cluster_ = std::make_unique<testing::RedisTestCluster>();
+      const std::string error = cluster_->Start();
+      EXPECT_EQ(error, "");
+      if (!error.empty()) return nullptr;
+      url = cluster_->Url();
+    }
+#endif
     // A generous per-call timeout: this checks the cache's bookkeeping, not how fast a loaded
     // test machine writes thousands of files (a timed-out page would be counted as failed).
     StorageOptions options;
@@ -152,6 +180,12 @@ class NothingLostTest : public ::testing::TestWithParam<std::tuple<std::string, 
     return b.ok() ? std::shared_ptr<StorageBackend>(std::move(*b)) : nullptr;
   }
   std::string dir_;
+#if KVTIER_HAVE_HIREDIS
+  // Declared after nothing that outlives them: the tests' caches and stores are locals, gone
+  // before the fixture stops the servers.
+  std::unique_ptr<testing::RedisTestServer> server_;
+  std::unique_ptr<testing::RedisTestCluster> cluster_;
+#endif
 };
 
 TEST_P(NothingLostTest, OneInsertOfAnyLengthEndsEntirelyInStorage) {
@@ -208,7 +242,8 @@ TEST_P(NothingLostTest, BackToBackChunkedPrefillInsertsEndEntirelyInStorage) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, NothingLostTest,
-                         ::testing::Combine(::testing::Values("memory", "file"),
+                         ::testing::Combine(::testing::Values("memory", "file", "redis",
+                                                              "redis_cluster"),
                                             ::testing::Values(16, 64)),
                          [](const auto& info) {
                            return std::get<0>(info.param) + "_page" +
