@@ -169,7 +169,9 @@ struct StorageTierConfig {
   int64_t max_storage_only_pages = 1 << 20;
   // Backups to storage waiting for the backend or running, in pages; beyond: skipped, counted.
   int64_t max_backup_queue_pages = 4096;
-  int64_t max_backup_batch_pages = 256;  // pages per Set batch
+  // Pages per Set batch; fewer where pages are large: a batch is sized to be written within the
+  // backend's per-call timeout at 128 MB/s (cache/backup_planner.h).
+  int64_t max_backup_batch_pages = 256;
 
   bool enabled() const { return backend != nullptr || !url.empty(); }
   // When enabled: the storage fields of HierarchicalCacheConfigSchema within their bounds and

@@ -10,6 +10,15 @@
 
 namespace kvtier {
 
+int64_t StoreBatchPages(int64_t page_bytes, std::chrono::milliseconds timeout,
+                        int64_t max_backup_batch_pages, int64_t backend_max_batch_pages) {
+  const double in_time = kSlowestStoreBytesPerSecond *
+                         std::chrono::duration<double>(timeout).count() /
+                         static_cast<double>(std::max<int64_t>(page_bytes, 1));
+  const int64_t by_time = in_time >= 1e15 ? int64_t{1} << 50 : static_cast<int64_t>(in_time);
+  return std::max<int64_t>(1, std::min({max_backup_batch_pages, backend_max_batch_pages, by_time}));
+}
+
 int64_t BackupPlanner::UnbackedPath(RadixNode* node, std::vector<RadixNode*>* path) const {
   for (RadixNode* n = node; !n->is_root() && !n->on_host(); n = n->parent()) {
     if (n->busy() > 0 || !n->on_device()) return 0;
@@ -173,8 +182,9 @@ bool BackupPlanner::Store(RadixNode* node, CacheWork* work, bool* deferred) {
   op->kind = CopyOp::Kind::kStore;
   op->tokens = tokens;
   op->start = CacheClock::now();
-  op->batch_pages = std::min(core_.config.storage.max_backup_batch_pages,
-                             core_.storage->options().max_batch_pages);
+  op->batch_pages = StoreBatchPages(core_.PageBytes(), core_.storage->options().timeout,
+                                    core_.config.storage.max_backup_batch_pages,
+                                    core_.storage->options().max_batch_pages);
   for (RadixNode* n : path) {
     for (size_t i = 0; i < n->host_pages().size(); ++i) {
       op->pages.push_back(n->host_pages()[i]);
