@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # python/run_gpu_tests.sh — build kvtier's Python extension with CUDA, then run the whole Python
-# test suite (CPU and GPU tests), examples/torch_offload.py and, where transformers is installed,
+# test suite (CPU and GPU tests; test_tp_gpu.py runs examples/tp_torch_distributed.py on 2 GPUs
+# and skips saying so with fewer), examples/torch_offload.py and, where transformers is installed,
 # examples/transformers_prefix_cache.py (device, host, storage and restart hits of a Llama with
 # random weights, logits checked against the no-cache path; then a second process over the same
-# file store). For a machine with a CUDA GPU,
+# file store; then two processes on one shared host segment). For a machine with a CUDA GPU,
 # nvcc, PyTorch, numpy, pytest and pybind11 (pip) installed; nothing is downloaded.
 #
 #   python/run_gpu_tests.sh            # exit status 0 only when everything passed
@@ -79,6 +80,21 @@ if "$PY" -c "import transformers" 2>/dev/null; then
   "$PY" "$ROOT/examples/transformers_prefix_cache.py" --turns 2 --expect-restart \
     --storage "$store" || status=1
   rm -rf "$store"
+  # A shared host tier: one process computes and saves, a second one loads its prefix from the
+  # segment (a host hit it never computed). The second removes the segment; so does the line after
+  # it when a run failed before that.
+  segment="kvtier-example-$$"
+  say "examples/transformers_prefix_cache.py --shared-host (miss, device, host, a new cache on the segment)"
+  "$PY" "$ROOT/examples/transformers_prefix_cache.py" --turns 4 --shared-host "$segment" ||
+    status=1
+  say "examples/transformers_prefix_cache.py --shared-host --expect-restart (a second process)"
+  "$PY" "$ROOT/examples/transformers_prefix_cache.py" --turns 2 --expect-restart \
+    --shared-host "$segment" --remove-shared-host || status=1
+  "$PY" -c "import sys, kvtier
+try:
+    kvtier.HierarchicalCache.destroy_shared_host(sys.argv[1])
+except kvtier.NotFoundError:
+    pass" "$segment"
 else
   say "SKIPPED examples/transformers_prefix_cache.py: transformers is not installed for $PY"
 fi

@@ -2,11 +2,17 @@
 """kvtier soak: long-running caches under storage faults, with bounded resources and exact bytes.
 
   scripts/soak.py --minutes 3 --cli build-release/tools/kvtier   (PYTHONPATH: the built package)
+  scripts/soak.py ... --device gpu --io-backend kernel             (scripts/soak_gpu.sh)
 
-Four worker processes run kvtier.HierarchicalCache (cpu backend, host-memory "device" pool) in a
-loop of match -> query_storage -> prefetch -> load_back -> check every loaded byte -> allocate ->
-write -> insert, over 300 prompts of 1-12 pages drawn with a skew (so pages move through device,
-host and storage and come back):
+Four worker processes run kvtier.HierarchicalCache in a loop of match -> query_storage ->
+prefetch -> load_back -> check every loaded byte -> allocate -> write -> insert, over 300 prompts
+of 1-12 pages drawn with a skew (so pages move through device, host and storage and come back).
+--device cpu (the default, CI's): the cpu backend over a host-memory "device" pool (numpy).
+--device gpu: a device pool on CUDA device 0 (torch uint8 tensors) copied by --io-backend (kernel,
+dma or auto): loads, backups and prefetches between the GPU, pinned host memory, the shared
+segment (registered with CUDA) and storage; the loaded slots are read back from the GPU with torch
+(after the load on the same stream) and compared with the expected bytes, new KV is written into
+the GPU pool with torch before insert (which orders its backups after that write).
 
   redis    storage redis:// on a redis-server of the soak's own; the server is SIGKILLed and
            restarted (empty) every 20 s, and SIGSTOPped for 3 s (a slow store) every 25 s;
@@ -20,9 +26,9 @@ Every 2 s the driver samples, per long-lived worker, RSS, open fds and threads, 
 the soak's segments in /dev/shm and the stores' bytes. It fails (exit 1) when a worker reports a
 wrong byte, a request that took longer than --stall-seconds, or an error it did not expect; when a
 long-lived worker dies; when RSS grows without bound (the least-squares slope over the second half
-of the run, times that half's length, above max(16 MiB, 25 % of the median)); when fds or threads
-in the second half exceed the first half's maximum by more than 4; when segments are left or the
-file store outgrows its capacity. It prints the figures (requests, faults of each kind survived,
+of the run, times that half's length, above max(16 MiB, 25 % of the median)); when the median of
+fds or threads over the second half exceeds the first half's maximum by more than 4; when
+segments are left or the file store outgrows its capacity. It prints the figures (requests, faults of each kind survived,
 wrong bytes, RSS start/end) and writes them as JSON with --json.
 """
 import argparse
@@ -41,6 +47,7 @@ L, S, P = 2, 64, 4      # layers, slot bytes, page size of every worker
 DEVICE_SLOTS = 64       # the worker's "device" pool, in tokens: most prompts do not stay
 PROMPTS = 300
 STALL_SECONDS_DEFAULT = 10.0
+READY_SECONDS = 120     # how long the driver waits for the workers' first requests
 
 
 # ---- the worker --------------------------------------------------------------------------------
@@ -61,6 +68,62 @@ def pattern(prompt, first, count):
     return ((prompt * 131 + j * 17 + layer * 7 + kv * 3 + b * 5) % 256).astype(np.uint8)
 
 
+class HostPool:
+    """The worker's "device" pool in host memory (--device cpu): numpy, slot lists numpy."""
+
+    def __init__(self):
+        import numpy as np
+        self.np = np
+        self.k = np.zeros((L, DEVICE_SLOTS, S), np.uint8)
+        self.v = np.zeros((L, DEVICE_SLOTS, S), np.uint8)
+
+    def slots(self, obj):
+        return self.np.asarray(obj, dtype=self.np.int64)
+
+    def concat(self, a, b):
+        return self.np.concatenate([a, b])
+
+    def read(self, slots):
+        """[2 (k, v), L, len(slots), S] bytes of the slots."""
+        return self.np.stack([self.k[:, slots], self.v[:, slots]])
+
+    def write(self, slots, kv):
+        self.k[:, slots], self.v[:, slots] = kv[0], kv[1]
+
+    def flip(self, slot):
+        self.k[0, slot, 0] ^= 1
+
+
+class GpuPool(HostPool):
+    """A device pool on CUDA device 0 (--device gpu): torch uint8 tensors; slot lists are the
+    cache's CUDA int64 tensors. Reads and writes run on the current stream, where the cache's
+    loads are enqueued and after which insert orders its backups; read() waits for them."""
+
+    def __init__(self):
+        import torch
+        self.torch = torch
+        self.dev = torch.device("cuda", 0)
+        self.k = torch.zeros((L, DEVICE_SLOTS, S), dtype=torch.uint8, device=self.dev)
+        self.v = torch.zeros_like(self.k)
+
+    def slots(self, obj):
+        return obj.to(self.dev, self.torch.int64)
+
+    def concat(self, a, b):
+        return self.torch.cat([a, b])
+
+    def read(self, slots):
+        return self.torch.stack([self.k[:, slots], self.v[:, slots]]).cpu().numpy()
+
+    def write(self, slots, kv):
+        kv = self.torch.from_numpy(kv).to(self.dev)
+        self.k[:, slots] = kv[0]
+        self.v[:, slots] = kv[1]
+
+    def flip(self, slot):
+        self.k[0, slot, 0] ^= 1
+
+
 def run_worker(args):
     import numpy as np
 
@@ -68,11 +131,12 @@ def run_worker(args):
     from kvtier import ops
 
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past RLIMIT_FSIZE fails (EFBIG)
-    k = np.zeros((L, DEVICE_SLOTS, S), np.uint8)
-    v = np.zeros((L, DEVICE_SLOTS, S), np.uint8)
-    region = ops.KvRegion(layout="layer_first", num_layers=L, slot_bytes=S, page_size=P, k=k, v=v,
-                          name="device_pool")
+    pool = GpuPool() if args.device == "gpu" else HostPool()
+    region = ops.KvRegion(layout="layer_first", num_layers=L, slot_bytes=S, page_size=P,
+                          k=pool.k, v=pool.v, name="device_pool")
     config = dict(write_policy="write_through", prefetch_threshold_tokens=0)
+    if args.device == "gpu":
+        config["transfer_backend"] = args.io_backend
     if args.segment:
         cache = kvtier.HierarchicalCache(region, shared_host=args.segment, **config)
     else:
@@ -85,6 +149,7 @@ def run_worker(args):
                   max_request_s=0.0, hit_tokens=0)
     last_error = ""
     leak = []  # --inject (the soak's self-check): memory this worker keeps for ever
+    injected = False
     end = time.monotonic() + args.seconds
     report_at = time.monotonic() + 1.0
 
@@ -117,15 +182,17 @@ def run_worker(args):
                         cache.prefetch(m, "wait_complete")
                         cache.finish_prefetch(m)
                 loaded = cache.load_back(m)
-                slots = np.asarray(loaded.device_slots, dtype=np.int64)
+                slots = pool.slots(loaded.device_slots)
                 n = len(slots)
-                if args.inject == "wrong-byte" and n and counts["requests"] == 500:
-                    k[0, slots[0], 0] ^= 1  # the self-check's wrong byte
+                if args.inject == "wrong-byte" and n and counts["requests"] >= 500 and \
+                        not injected:
+                    pool.flip(slots[0])  # the self-check's wrong byte (the first hit from 500 on)
+                    injected = True
                 if args.inject == "leak":
                     leak.append(bytearray(64 << 10))  # about 1 MiB per 16 requests
                 if n:
                     want = pattern(prompt, 0, n)
-                    got = np.stack([k[:, slots], v[:, slots]])
+                    got = pool.read(slots)
                     wrong = int(np.count_nonzero(got != want))
                     counts["wrong_bytes"] += wrong
                     counts["tokens_checked"] += n
@@ -134,11 +201,9 @@ def run_worker(args):
                         last_error = "prompt %d: %d wrong bytes in %d loaded tokens" % (
                             prompt, wrong, n)
                 if n < length:
-                    new = np.asarray(cache.allocate_device_slots(length - n), dtype=np.int64)
-                    new = new[:length - n]
-                    kv = pattern(prompt, n, length - n)
-                    k[:, new], v[:, new] = kv[0], kv[1]
-                    cache.insert(tokens, np.concatenate([slots, new]))
+                    new = pool.slots(cache.allocate_device_slots(length - n))[:length - n]
+                    pool.write(new, pattern(prompt, n, length - n))
+                    cache.insert(tokens, pool.concat(slots, new))
         except MemoryError as e:  # every device page pinned at once: a refusal, not a failure
             last_error = "MemoryError: %s" % e
         except Exception as e:  # noqa: BLE001 (counted and reported; the driver judges)
@@ -278,6 +343,11 @@ def main():
     ap.add_argument("--report", default="", help=argparse.SUPPRESS)
     ap.add_argument("--inject", default="", choices=("", "leak", "wrong-byte"),
                     help=argparse.SUPPRESS)
+    ap.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
+                    help="the workers' device pool: host memory on the cpu backend (default), or "
+                         "CUDA device 0 (torch) copied by --io-backend")
+    ap.add_argument("--io-backend", choices=("kernel", "dma", "auto"), default="kernel",
+                    help="the transfer backend of --device gpu")
     ap.add_argument("--self-check", action="store_true",
                     help="make shared-a leak memory and the file worker load a wrong byte: the "
                          "soak must then fail on both (a check of the soak itself)")
@@ -292,6 +362,17 @@ def main():
     if not os.path.exists(args.cli):
         print("soak: no kvtier CLI at %s (--cli)" % args.cli)
         return 1
+    if args.device == "gpu":
+        probe = subprocess.run(
+            [sys.executable, "-c", "import torch, kvtier; import sys; sys.exit(0 if "
+             "torch.cuda.is_available() and kvtier.built_with_cuda() and "
+             "kvtier.cuda_device_count() > 0 else 3)"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if probe.returncode != 0:
+            print("soak: --device gpu needs torch with CUDA and kvtier built with CUDA for %s "
+                  "(PYTHONPATH), and a GPU: %s" % (sys.executable, probe.stdout.strip()[-300:]
+                                                   or "no GPU seen"))
+            return 1
     seconds = args.minutes * 60
     tmp = tempfile.mkdtemp(prefix="kvtier-soak-")
     segment = "kvtier-soak-%d" % os.getpid()
@@ -313,7 +394,8 @@ def main():
     def spawn(name, extra, seed, run_seconds):
         report = os.path.join(tmp, name + ".json")
         cmd = [sys.executable, me, "--worker", "--seconds", str(run_seconds), "--seed", str(seed),
-               "--report", report, "--stall-seconds", str(args.stall_seconds)] + extra
+               "--report", report, "--stall-seconds", str(args.stall_seconds),
+               "--device", args.device, "--io-backend", args.io_backend] + extra
         log = open(os.path.join(tmp, name + ".log"), "ab")
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         log.close()
@@ -338,7 +420,7 @@ def main():
                         str(S), "--page-size", str(P), "--pages", "128"], check=True,
                        stdout=subprocess.DEVNULL)
         # The workers run past the end; the driver stops them (SIGTERM) after the last sample.
-        run_for = seconds + 30
+        run_for = seconds + 30 + READY_SECONDS
         spawn("redis", ["--storage", "redis://127.0.0.1:%d?timeout_ms=500&connect_timeout_ms=300"
                         % redis.port], 1, run_for)
         spawn("file", ["--storage", "file://%s?capacity=%d" % (file_store, file_capacity)] +
@@ -346,12 +428,27 @@ def main():
         spawn("shared-a", ["--segment", segment] +
               (["--inject", "leak"] if args.self_check else []), 3, run_for)
         spawn("shared-b", ["--segment", segment], 4, run_for)
+        # The clock starts once every sampled worker serves requests (its first report): the
+        # threads and memory of start-up (importing torch, a CUDA context) are not growth.
+        ready_by = time.monotonic() + READY_SECONDS
+        while not all(os.path.exists(workers[n]["report"]) for n in ("redis", "file", "shared-a")):
+            dead = [n for n in ("redis", "file", "shared-a")
+                    if workers[n]["proc"].poll() is not None]
+            if dead or time.monotonic() > ready_by:
+                print("soak: FAILED: workers %s did not start serving within %d s (logs in %s)"
+                      % (dead or [n for n in ("redis", "file", "shared-a")
+                                  if not os.path.exists(workers[n]["report"])],
+                         READY_SECONDS, tmp), flush=True)
+                raise SystemExit(1)  # (the finally below stops everything it started)
+            time.sleep(0.1)
         start = time.monotonic()
         next_at = {"redis_kill": 20, "redis_pause": 25, "corrupt": 10, "fsize": 30,
                    "shared_kill": 15, "sample": 0}
         fsize_until = None
-        print("soak: %.1f min, workers redis/file/shared-a/shared-b, scratch %s" %
-              (args.minutes, tmp), flush=True)
+        print("soak: %.1f min, workers redis/file/shared-a/shared-b, device %s%s, scratch %s" %
+              (args.minutes, args.device,
+               " (%s backend)" % args.io_backend if args.device == "gpu" else " (cpu backend)",
+               tmp), flush=True)
         while True:
             now = time.monotonic() - start
             if now >= seconds:
@@ -466,10 +563,12 @@ def main():
                 failures.append("%s: RSS grows %.1f MiB over the second half (%.1f MiB/min)" % (
                     name, grew / 2**20, slope(xs, rss) * 60 / 2**20))
             for metric in ("fds", "threads"):
+                # The second half's median against the first half's maximum: a leak moves the
+                # median, one sample taken while I/O threads held files open does not.
                 before = max((s[name][metric] for s in first if s.get(name)), default=0)
-                after = max(p[metric] for _, p in pts)
+                after = sorted(p[metric] for _, p in pts)[len(pts) // 2]
                 if after > before + 4:
-                    failures.append("%s: %s grew from at most %d to %d" % (
+                    failures.append("%s: %s grew from at most %d to a median of %d" % (
                         name, metric, before, after))
         if max(s["file_store_bytes"] for s in samples) > file_capacity * 1.25:
             failures.append("the file store outgrew its capacity: %d bytes" %
@@ -483,7 +582,9 @@ def main():
         pts = [s[name]["rss"] for s in samples if s.get(name)]
         return pts[i] / 2**20 if pts else 0.0
 
-    summary = {"minutes": args.minutes, "faults": faults, "workers": results,
+    summary = {"minutes": args.minutes, "device": args.device,
+               "backend": args.io_backend if args.device == "gpu" else "cpu",
+               "faults": faults, "workers": results,
                "rss_mib": {n: [round(rss(n, 0), 1), round(rss(n, -1), 1)]
                            for n in ("redis", "file", "shared-a")},
                "rss_growth_second_half_mib": {n: round(g / 2**20, 2) for n, g in growth.items()},

@@ -211,6 +211,18 @@ class TpFollower {
   std::unique_ptr<Impl> impl_;
 };
 
+// Rank `rank_pages.tp_rank`'s view of a store shared across TP sizes (docs/tp.md): the store at
+// `url` holds one object per KV head (its namespace names the head split, not the TP size), and
+// the view reads and writes this rank's heads of each page. `rank_pages` describes the rank's
+// host pages: layout page_head, head_num its heads (MLA: the latent, one "head"), tp_rank and
+// tp_size. MHA: heads [tp_rank * head_num, (tp_rank + 1) * head_num); MLA: every rank reads the
+// latent and only rank 0 writes (other ranks' Sets write nothing). For the leader's
+// WrapStorage and a follower's Serve. InvalidArgument naming the field for a bad namespace;
+// the URL's errors as OpenStorage.
+Result<std::shared_ptr<StorageBackend>> OpenTpRankStorage(const std::string& url,
+                                                          const StorageNamespace& rank_pages,
+                                                          const StorageOptions& options = {});
+
 // The geometry of rank `rank`'s share of a region of `full` geometry in a TP group of `tp_size`:
 // MHA: slot_bytes / tp_size (heads split evenly; head_num / tp_size); MLA: the full latent.
 // InvalidArgument when the heads do not split evenly.

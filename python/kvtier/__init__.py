@@ -5,6 +5,7 @@
     kvtier.compat.sgl_kernel        # drop-in for SGLang's sgl_kernel.kvcacheio
     kvtier.LayerEvents              # per-layer readiness of a GPU copy (CUDA builds)
     kvtier.HierarchicalCache        # the cache manager (when built in)
+    kvtier.TpGroup, kvtier.TpFollower  # one cache decision per tensor-parallel group
     kvtier.page_keys(tokens, 16)    # SGLang-compatible chained SHA-256 page keys (hex)
     kvtier.page_keys(tokens, 16, as_int=True)  # the same as the block hashes of KV events
 
@@ -42,6 +43,7 @@ page_keys = _kvtier.page_keys
 
 if getattr(_kvtier, "has_cache", False):
     from .cache import HierarchicalCache  # noqa: F401
+    from .tp import TpFollower, TpGroup  # noqa: F401
 
 __all__ = [
     "ops",
@@ -61,4 +63,5 @@ __all__ = [
     "UnavailableError",
     "FailedPreconditionError",
     "InternalError",
-] + (["HierarchicalCache"] if getattr(_kvtier, "has_cache", False) else [])
+] + (["HierarchicalCache", "TpGroup", "TpFollower"] if getattr(_kvtier, "has_cache", False)
+      else [])

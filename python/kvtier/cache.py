@@ -20,9 +20,10 @@ tree over all three, and the copies between them:
 
 Tokens are int32 (lists, numpy arrays, torch tensors); slot lists come back as int64 torch tensors
 when torch is imported, else numpy arrays (or array.array without numpy). Device slot lists of a
-pool on a GPU are on that GPU (`slots_on_device=False` keeps them in host memory); host slot lists
-are in host memory. Streams default to PyTorch's current stream of the pool's device, else the
-legacy default stream.
+pool on a GPU are on that GPU, copied there through pinned memory on the current stream of that
+GPU without waiting for it (`slots_on_device=False` keeps them in host memory); host slot lists
+are in host memory. A Match makes its slot lists on first use of device_slots / host_slots.
+Streams default to PyTorch's current stream of the pool's device, else the legacy default stream.
 
 Engine streams: cache.release(m, stream=s) and cache.free_device_slots(slots, stream=s) hand the
 slots back only after the work queued on `s` so far has completed (the engine may still read
@@ -46,6 +47,7 @@ cache; calls after it raise kvtier.FailedPreconditionError.
 from __future__ import annotations
 
 import array
+import ctypes
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Optional, Tuple
@@ -132,6 +134,11 @@ def _host_array(obj: Any, name: str, typecode: str) -> Tuple[int, int, Any]:
             not isinstance(obj, (list, tuple, range, array.array)):
         raise ValueError(f"{name} must be a list, tuple or range of integers, or a 1-D integer "
                          f"array or tensor, not {type(obj).__name__}")
+    if typecode == "i" and isinstance(obj, (list, tuple)):
+        values = array.array("i")  # one C pass (array.array(list) is several times slower)
+        values.frombytes(_kvtier.int32_tokens(obj, name))
+        address, count = values.buffer_info()
+        return address, count, values
     try:
         values = array.array(typecode, obj)
     except (TypeError, OverflowError) as e:
@@ -150,16 +157,34 @@ class Match:
     """
 
     def __init__(self, owner: "HierarchicalCache", handle: int, device_tokens: int,
-                 device_slots: Any, host_tokens: int, host_slots: Any,
+                 device_slots: bytes, host_tokens: int, host_slots: bytes,
                  storage_tokens: int) -> None:
         self.handle = handle
         self.device_tokens = device_tokens    # leading tokens whose KV is on the device ...
-        self.device_slots = device_slots      # ... at these device slots
         self.host_tokens = host_tokens        # the next tokens, cached in host memory ...
-        self.host_slots = host_slots          # ... at these host slots
         self.storage_tokens = storage_tokens  # the next tokens, known to be in storage only
         self._owner = owner
+        # The slot lists as the native call returned them (int64 bytes), made into tensors /
+        # arrays on first use: a request that goes on to load_back never pays for them.
+        self._device_data = device_slots
+        self._host_data = host_slots
         self._pinned = True
+
+    @property
+    def device_slots(self) -> Any:
+        """The device slots of the device_tokens (on the pool's GPU, see the module docstring)."""
+        slots = self.__dict__.get("_device_slots")
+        if slots is None:
+            slots = self._device_slots = self._owner._device_slots(self._device_data)
+        return slots
+
+    @property
+    def host_slots(self) -> Any:
+        """The host slots of the host_tokens (host memory)."""
+        slots = self.__dict__.get("_host_slots")
+        if slots is None:
+            slots = self._host_slots = _slots_from_bytes(self._host_data)
+        return slots
 
     @property
     def released(self) -> bool:
@@ -242,7 +267,7 @@ class HierarchicalCache:
 
     def __init__(self, device_region: KvRegion, *, transfer_backend: Optional[str] = None,
                  shared_host: Optional[str] = None, slots_on_device: bool = True,
-                 **settings: Any) -> None:
+                 tp_group: Any = None, **settings: Any) -> None:
         if not isinstance(device_region, KvRegion):
             raise ValueError("device_region must be a kvtier.ops.KvRegion, not "
                              f"{type(device_region).__name__}")
@@ -251,6 +276,18 @@ class HierarchicalCache:
         settings["transfer_backend"] = transfer_backend
         if shared_host is not None and (not isinstance(shared_host, str) or not shared_host):
             raise ValueError(f"shared_host = {shared_host!r} must be a segment name or None")
+        tp = None
+        if tp_group is not None:
+            from .tp import TpGroup
+
+            if not isinstance(tp_group, TpGroup):
+                raise ValueError(f"tp_group must be a kvtier.TpGroup, not {type(tp_group).__name__}")
+            if tp_group.rank != 0:
+                raise ValueError(f"tp_group.rank = {tp_group.rank}: only rank 0 (the leader) runs "
+                                 "the cache; other ranks create a kvtier.TpFollower")
+            if shared_host is not None:
+                raise ValueError("shared_host is not supported in a TP group")
+            tp = tp_group._native()
         config = _check_settings(_FIELDS_BY_NAME, settings, "HierarchicalCache")
         self._device = device_region.device
         self._slots_device = None
@@ -258,7 +295,35 @@ class HierarchicalCache:
             self._slots_device = sys.modules["torch"].device("cuda", self._device)
         # The native object keeps the region (its buffers) alive until the C++ cache is gone.
         self._native = _kvtier._HierarchicalCache(device_region, device_region._native, config,
-                                                   shared_host or "")
+                                                   shared_host or "", tp)
+        self.tp_group = tp_group
+
+    @staticmethod
+    def create_shared_host(name: str, *, num_layers: int, slot_bytes: int, page_size: int,
+                           pages: int, layout: str = "page_first", head_num: int = 1,
+                           mla: bool = False, max_processes: int = 64) -> dict:
+        """Creates the shared host segment `name` (as `kvtier shm create`): `pages` pages of
+        `page_size` tokens, each token `slot_bytes` per layer and buffer (K and V, or one buffer
+        with mla). Caches in any process of this machine then attach it with shared_host=name; a
+        cache's device pool must have the same num_layers, slot_bytes, page_size and mla.
+        FailedPreconditionError when it exists; returns {name, path, num_pages, page_bytes,
+        segment_bytes}. The segment stays until destroy_shared_host(name) (or a reboot)."""
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"name = {name!r} must be a segment name")
+        if layout not in ("layer_first", "page_first", "page_first_direct", "page_head"):
+            raise ValueError(f"layout = {layout!r} is not a kvtier layout")
+        return dict(_kvtier.shm_create(
+            name, layout, _int64(num_layers, "num_layers", 1), _int64(slot_bytes, "slot_bytes", 1),
+            _int64(page_size, "page_size", 1), _int64(head_num, "head_num", 1),
+            _int64(pages, "pages", 1), bool(mla), _int32(max_processes, "max_processes", 1)))
+
+    @staticmethod
+    def destroy_shared_host(name: str) -> None:
+        """Removes the shared host segment `name` (processes attached keep their mapping).
+        kvtier.NotFoundError when there is none."""
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"name = {name!r} must be a segment name")
+        _kvtier.shm_destroy(name)
 
     @staticmethod
     def config_fields() -> list:
@@ -275,8 +340,7 @@ class HierarchicalCache:
         handle, dev_tokens, dev_slots, host_tokens, host_slots, storage_tokens = \
             self._native.match(address, count, namespace)
         del keep
-        return Match(self, handle, dev_tokens, self._device_slots(dev_slots), host_tokens,
-                     _slots_from_bytes(host_slots), storage_tokens)
+        return Match(self, handle, dev_tokens, dev_slots, host_tokens, host_slots, storage_tokens)
 
     def query_storage(self, match: Match) -> StorageQuery:
         """Asks the storage backend for further pages of the match's tokens than the cache knows
@@ -375,6 +439,30 @@ class HierarchicalCache:
         del t_keep, s_keep
         return result
 
+    # ---- a TP group's leader (kvtier.tp) ---------------------------------------------------
+
+    def tp_publish(self, message: bytes) -> int:
+        """Publishes an engine message (the step: tokens, slots) to every follower, ordered after
+        the copies decided so far; its sequence number. Followers get it in serve()'s
+        on_message. FailedPreconditionError when this cache leads no TP group."""
+        if not isinstance(message, (bytes, bytearray, memoryview)):
+            raise ValueError(f"message must be bytes, not {type(message).__name__}")
+        return self._native.tp_publish(bytes(message))
+
+    def tp_wait_applied(self, seq: int) -> None:
+        """Waits until every follower applied the decisions up to `seq`; UnavailableError naming
+        the rank that died, failed or did not answer within the group's ack_timeout_s."""
+        self._native.tp_wait_applied(_int(seq, "seq", 1))
+
+    def tp_result(self, rank: int, seq: int) -> int:
+        """What rank `rank`'s on_message returned for message `seq` (after tp_wait_applied)."""
+        return self._native.tp_result(_int32(rank, "rank", 1), _int(seq, "seq", 1))
+
+    def tp_stats(self) -> dict:
+        """{size, records, record_bytes, slots, waits, ack_wait_seconds, health}: the decisions
+        published and the leader's point-to-point waits for its followers."""
+        return self._native.tp_stats()
+
     # ---- maintenance -----------------------------------------------------------------------
 
     def evict_device(self, num_tokens: int) -> int:
@@ -444,10 +532,19 @@ class HierarchicalCache:
         return handle
 
     def _device_slots(self, data: bytes) -> Any:
-        slots = _slots_from_bytes(data)
-        if self._slots_device is not None:
-            return slots.to(self._slots_device)
-        return slots
+        if self._slots_device is None:
+            return _slots_from_bytes(data)
+        # Through pinned memory, asynchronously on the current stream of the pool's GPU: a
+        # pageable .to() would wait for everything queued on that stream (torch synchronises
+        # after a blocking copy). torch's host allocator keeps the pinned block until the copy
+        # has run.
+        torch = sys.modules["torch"]
+        n = len(data) // 8
+        if n == 0:
+            return torch.empty(0, dtype=torch.int64, device=self._slots_device)
+        host = torch.empty(n, dtype=torch.int64, pin_memory=True)
+        ctypes.memmove(host.data_ptr(), data, len(data))
+        return host.to(self._slots_device, non_blocking=True)
 
     def _stream(self, stream: Any) -> int:
         if self._device == HOST:

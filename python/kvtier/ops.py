@@ -49,6 +49,7 @@ __all__ = [
     "engine_config",
     "scatter_dense",
     "gather_dense",
+    "DensePagedPlan",
     "dense_paged_errors",
 ]
 
@@ -424,10 +425,18 @@ def _dense_layers(obj: Any, name: str, writable: bool) -> List[_Dense]:
             raise ValueError(f"{name} has shape {d.shape}; expected a list of [batch, heads, "
                              "seq, head_dim] tensors or one [layers, batch, heads, seq, head_dim] "
                              "tensor")
-        layers = [d._replace(address=d.address + i * d.strides[0], shape=d.shape[1:],
-                             strides=d.strides[1:]) for i in range(d.shape[0])]
         if d.shape[0] == 0:
             raise ValueError(f"{name} has 0 layers")
+        # One tensor: its layers share shape, element size and device; check it once.
+        shape, strides, step = d.shape[1:], d.strides[1:], d.strides[0]
+        if any(st < 0 for st in strides):
+            raise ValueError(f"{name}[0] has negative strides {strides}; pass a copy")
+        if step < 0:
+            raise ValueError(f"{name} has negative strides {d.strides}; pass a copy")
+        if writable and d.readonly:
+            raise ValueError(f"{name}[0] is read-only")
+        return [_Dense(d.address + i * step, shape, strides, d.itemsize, d.device, d.readonly)
+                for i in range(d.shape[0])]
     for i, d in enumerate(layers):
         label = f"{name}[{i}]"
         if any(s < 0 for s in d.strides):
@@ -445,14 +454,17 @@ def _dense_layers(obj: Any, name: str, writable: bool) -> List[_Dense]:
     return layers
 
 
-def _dense_paged(pool: KvRegion, slots: Any, k: Any, v: Any, first_layer: int, to_pool: bool,
-                 stream: Any) -> None:
+def _dense_args(pool: KvRegion, slots: Any, k: Any, v: Any, first_layer: int,
+                writable: bool) -> tuple:
+    """The checked arguments of a dense <-> paged copy, as _kvtier.dense_paged takes them:
+    (slots, k rows, v rows, shape, itemsize, device, first_layer). `writable`: the dense side is
+    written (a gather), so read-only arrays are refused."""
     if not isinstance(pool, KvRegion):
         raise ValueError(f"pool must be a kvtier.ops.KvRegion, not {type(pool).__name__}")
     first_layer = _int(first_layer, "first_layer", 0)
     if k is None:
         raise ValueError("k is None; expected the dense K tensors (or the MLA tensors)")
-    ks = _dense_layers(k, "k", writable=not to_pool)
+    ks = _dense_layers(k, "k", writable=writable)
     if pool.mla:
         if v is not None:
             raise ValueError("v must be None for an MLA pool (one buffer: pass k only)")
@@ -461,7 +473,7 @@ def _dense_paged(pool: KvRegion, slots: Any, k: Any, v: Any, first_layer: int, t
         if v is None:
             raise ValueError("v is None; an MHA pool needs both k and v (pass mla=True pools "
                              "k only)")
-        vs = _dense_layers(v, "v", writable=not to_pool)
+        vs = _dense_layers(v, "v", writable=writable)
         if len(vs) != len(ks):
             raise ValueError(f"v has {len(vs)} layers, k has {len(ks)}")
         if vs[0].shape != ks[0].shape or vs[0].itemsize != ks[0].itemsize:
@@ -486,9 +498,15 @@ def _dense_paged(pool: KvRegion, slots: Any, k: Any, v: Any, first_layer: int, t
             raise ValueError(f"slots has shape {tuple(slots.shape)}, expected [batch, seq] = "
                              f"[{batch}, {seq}]")
         slots = slots.reshape(-1)
-    strides = lambda d: (d.address, *d.strides)  # noqa: E731
-    _kvtier.dense_paged(pool._native, slots, [strides(d) for d in ks], [strides(d) for d in vs],
-                        (batch, heads, seq, head_dim), ks[0].itemsize, device, first_layer,
+    return (slots, [(d.address, *d.strides) for d in ks], [(d.address, *d.strides) for d in vs],
+            (batch, heads, seq, head_dim), ks[0].itemsize, device, first_layer)
+
+
+def _dense_paged(pool: KvRegion, slots: Any, k: Any, v: Any, first_layer: int, to_pool: bool,
+                 stream: Any) -> None:
+    slots, ks, vs, shape, itemsize, device, first_layer = _dense_args(
+        pool, slots, k, v, first_layer, writable=not to_pool)
+    _kvtier.dense_paged(pool._native, slots, ks, vs, shape, itemsize, device, first_layer,
                         to_pool, 0 if device == HOST else resolve_stream(stream, device))
 
 
@@ -515,6 +533,54 @@ def gather_dense(pool: KvRegion, slots: Any, k: Any, v: Any = None, *, first_lay
                  stream: Any = None) -> None:
     """Pool slots -> dense per-layer K/V (the inverse of scatter_dense; k and v are written)."""
     _dense_paged(pool, slots, k, v, first_layer, False, stream)
+
+
+class DensePagedPlan:
+    """scatter_dense / gather_dense prepared once for slots and dense tensors that stay put.
+
+    The arguments are those of scatter_dense / gather_dense (k, v: a list of n per-layer
+    [batch, heads, seq, head_dim] tensors or one [n, batch, heads, seq, head_dim] tensor, for pool
+    layers [first_layer, first_layer + n)); they are read and checked here, once, and each
+    gather() / scatter() is then one native call over a range of the plan's layers — what an
+    engine that gathers layer by layer (after each layer's wait_layer) wants: a few microseconds a
+    call instead of reading every tensor again. The plan holds the pool, the slot list and the
+    tensors; they must not be resized or freed while it is used (their bytes may change). The
+    dense tensors must be writable (a plan may gather).
+    Errors a copy finds (slots outside the pool, shapes the pool refuses) raise at the first run.
+    """
+
+    def __init__(self, pool: KvRegion, slots: Any, k: Any, v: Any = None, *,
+                 first_layer: int = 0) -> None:
+        slots, ks, vs, shape, itemsize, device, first_layer = _dense_args(
+            pool, slots, k, v, first_layer, writable=True)
+        self.device = device  # CUDA ordinal of the pool, or HOST
+        self.num_layers = len(ks)
+        self._keep = (pool, slots, k, v)
+        self._native = _kvtier.DensePagedPlan(pool._native, slots, ks, vs, shape, itemsize,
+                                              device, first_layer)
+
+    def _run(self, layer: int, num_layers: Optional[int], to_pool: bool, stream: Any) -> None:
+        if num_layers is None:
+            num_layers = self.num_layers - layer if isinstance(layer, int) else 1
+        if type(layer) is not int or type(num_layers) is not int:
+            layer = _int(layer, "layer", 0)
+            num_layers = _int(num_layers, "num_layers", 1)
+        if type(stream) is not int:
+            stream = 0 if self.device == HOST else resolve_stream(stream, self.device)
+        self._native.run(layer, num_layers, to_pool, stream)
+
+    def gather(self, layer: int = 0, num_layers: Optional[int] = None, *,
+               stream: Any = None) -> None:
+        """Pool slots -> the plan's dense tensors, for the plan's layers [layer, layer +
+        num_layers) (default: from `layer` to the last). GPU: enqueued on `stream` (an int
+        address is taken as is: the cheapest call; default: PyTorch's current stream)."""
+        self._run(layer, num_layers, False, stream)
+
+    def scatter(self, layer: int = 0, num_layers: Optional[int] = None, *,
+                stream: Any = None) -> None:
+        """The plan's dense tensors -> pool slots, for the plan's layers [layer, layer +
+        num_layers)."""
+        self._run(layer, num_layers, True, stream)
 
 
 def dense_paged_errors(device: int = 0) -> int:

@@ -23,6 +23,8 @@
 #include <cuda_runtime.h>
 #endif
 
+#include <algorithm>
+#include <climits>
 #include <condition_variable>
 #include <cstdint>
 #include <list>
@@ -40,6 +42,7 @@
 #include "kvtier/eviction_policy.h"
 #include "kvtier/hierarchical_cache.h"
 #include "kvtier/shared_host_pool.h"
+#include "tp_binding.h"
 #include "transfer_binding.h"
 
 namespace py = pybind11;
@@ -181,8 +184,13 @@ class DeferredReleases {
 // Owns the cache; see the file comment for the lifetime rules.
 class PyCache {
  public:
-  PyCache(std::unique_ptr<HierarchicalCache> cache, py::object region_keepalive)
-      : region_keepalive_(std::move(region_keepalive)), cache_(std::move(cache)) {}
+  // `tp_leader`: the TP group this cache decides for (its engine and store are the leader's
+  // wrappers); destroyed after the cache, which closes the group's ring.
+  PyCache(std::unique_ptr<HierarchicalCache> cache, py::object region_keepalive,
+          std::unique_ptr<TpLeader> tp_leader = nullptr)
+      : region_keepalive_(std::move(region_keepalive)),
+        tp_leader_(std::move(tp_leader)),
+        cache_(std::move(cache)) {}
   // No call can be in flight (each holds a reference to this object). Copies still running are
   // waited for by the cache's destructor; they never need the GIL.
   ~PyCache() = default;
@@ -208,6 +216,14 @@ class PyCache {
     HierarchicalCache* operator->() const { return owner_.cache_.get(); }
     HierarchicalCache& operator*() const { return *owner_.cache_; }
     DeferredReleases& deferred() const { return owner_.deferred_; }
+    // The TP group's leader; FailedPrecondition when this cache leads none.
+    TpLeader& tp_leader() const {
+      if (owner_.tp_leader_ == nullptr) {
+        ThrowStatus(Status::FailedPrecondition(
+            "this HierarchicalCache leads no TP group (create it with tp_group=...)"));
+      }
+      return *owner_.tp_leader_;
+    }
 
    private:
     PyCache& owner_;
@@ -235,6 +251,7 @@ class PyCache {
       deferred_.Reap(*cache_, /*wait=*/true);
       deferred_error = deferred_.TakeError();
       cache_.reset();
+      tp_leader_.reset();  // closes the ring: the followers' serve() returns "closed"
       std::lock_guard<std::mutex> lock(mu_);
       state_ = State::kClosed;
     }
@@ -252,6 +269,7 @@ class PyCache {
   enum class State { kOpen, kClosing, kClosed };
   // Declared before cache_ so that the cache is destroyed first.
   py::object region_keepalive_;
+  std::unique_ptr<TpLeader> tp_leader_;  // the cache's engine and store use it
   std::unique_ptr<HierarchicalCache> cache_;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -409,17 +427,25 @@ void RegisterCache(py::module_& m) {
   py::class_<PyCache>(m, "_HierarchicalCache",
                       "The C++ cache manager; use kvtier.HierarchicalCache.")
       .def(py::init([](py::object region_keepalive, const PyRegion& device_region,
-                       const py::dict& config_dict, const std::string& shared_host) {
+                       const py::dict& config_dict, const std::string& shared_host,
+                       const std::optional<py::dict>& tp) {
              const HierarchicalCacheConfig config =
                  ConfigFromDict(config_dict, shared_host, device_region);
              const KvRegion region = device_region.Get();
+             if (tp.has_value()) {  // the leader of a TP group (tp_binding.h)
+               const TpGroupConfig group = TpGroupConfigFromDict(*tp);
+               TpLeaderCache made =
+                   Unwrap(WithoutGil([&] { return CreateTpLeaderCache(config, region, group); }));
+               return std::make_unique<PyCache>(std::move(made.cache), std::move(region_keepalive),
+                                                std::move(made.leader));
+             }
              Result<std::unique_ptr<HierarchicalCache>> cache =
                  WithoutGil([&] { return HierarchicalCache::Create(config, region); });
              return std::make_unique<PyCache>(Unwrap(std::move(cache)),
                                               std::move(region_keepalive));
            }),
            py::arg("region_keepalive"), py::arg("device_region"), py::arg("config"),
-           py::arg("shared_host"))
+           py::arg("shared_host"), py::arg("tp") = py::none())
       .def("match",
            [](PyCache& c, uint64_t tokens, int64_t count, const std::string& ns) {
              auto span = SpanOf<Token>(tokens, count, "tokens");
@@ -581,8 +607,116 @@ void RegisterCache(py::module_& m) {
              d["mla"] = r.mla;
              return d;
            })
+      .def("tp_publish",
+           [](PyCache& c, const py::bytes& message) {
+             CallGuard cache(c);
+             const std::string data = message;
+             TpLeader& leader = cache.tp_leader();
+             return Unwrap(WithoutGil([&] {
+               return leader.PublishMessage(std::span<const std::byte>(
+                   reinterpret_cast<const std::byte*>(data.data()), data.size()));
+             }));
+           })
+      .def("tp_wait_applied",
+           [](PyCache& c, uint64_t seq) {
+             CallGuard cache(c);
+             TpLeader& leader = cache.tp_leader();
+             ThrowIfError(WithoutGil([&] { return leader.WaitApplied(seq); }));
+           })
+      .def("tp_result",
+           [](PyCache& c, int rank, uint64_t seq) {
+             CallGuard cache(c);
+             return Unwrap(cache.tp_leader().MessageResult(rank, seq));
+           })
+      .def("tp_stats",
+           [](PyCache& c) {
+             CallGuard cache(c);
+             const TpLeaderStats s = cache.tp_leader().stats();
+             py::dict d;
+             d["size"] = cache.tp_leader().config().tp_size;
+             d["records"] = s.records;
+             d["record_bytes"] = s.record_bytes;
+             d["slots"] = s.slots;
+             d["waits"] = s.waits;
+             d["ack_wait_seconds"] = s.ack_wait_seconds;
+             d["health"] = cache.tp_leader().health().ToString();
+             return d;
+           })
       .def("close", &PyCache::Close)
       .def_property_readonly("closed", &PyCache::closed);
+  m.def(
+      "int32_tokens",
+      [](py::handle obj, const std::string& name) {
+        // A list or tuple of Python ints as contiguous int32 bytes: one pass with the C API
+        // (array.array('i', list) takes several times as long for an 8,192-token prompt).
+        py::object seq = py::reinterpret_steal<py::object>(PySequence_Fast(obj.ptr(), "tokens"));
+        if (!seq) throw py::error_already_set();
+        const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq.ptr());
+        PyObject** items = PySequence_Fast_ITEMS(seq.ptr());
+        py::bytes out(nullptr, static_cast<size_t>(n) * sizeof(int32_t));
+        auto* data = reinterpret_cast<int32_t*>(PyBytes_AS_STRING(out.ptr()));
+        for (Py_ssize_t i = 0; i < n; ++i) {
+          PyObject* item = items[i];
+          if (!PyLong_Check(item) || PyBool_Check(item)) {
+            ThrowStatus(Status::InvalidArgument(
+                fmt::format("{} must be a sequence of int32 values ({}[{}] is a {})", name, name, i,
+                            Py_TYPE(item)->tp_name)));
+          }
+          int overflow = 0;
+          const long long v = PyLong_AsLongLongAndOverflow(item, &overflow);
+          if (overflow != 0 || v < INT32_MIN || v > INT32_MAX) {
+            ThrowStatus(Status::InvalidArgument(fmt::format(
+                "{} must be a sequence of int32 values ({}[{}] is outside the int32 range)", name,
+                name, i)));
+          }
+          data[i] = static_cast<int32_t>(v);
+        }
+        return out;
+      },
+      py::arg("tokens"), py::arg("name"),
+      "A list or tuple of ints as int32 bytes (ValueError naming `name` otherwise).");
+  m.def(
+      "shm_create",
+      [](const std::string& name, const std::string& layout, int64_t num_layers, int64_t slot_bytes,
+         int64_t page_size, int64_t head_num, int64_t pages, bool mla, int max_processes) {
+        SharedHostPoolConfig config;
+        config.name = name;
+        config.geometry.layout = Unwrap(ParseLayout(layout));
+        config.geometry.num_layers = num_layers;
+        config.geometry.slot_bytes = slot_bytes;
+        config.geometry.page_size = page_size;
+        config.geometry.head_num = head_num;
+        config.mla = mla;
+        config.max_processes = max_processes;
+        config.register_with_cuda = false;  // the caches that attach it register their mapping
+        ThrowIfError(ValidatePageSize(page_size, "page_size"));
+        if (pages <= 0 || pages > (int64_t{1} << 40) / std::max<int64_t>(page_size, 1)) {
+          ThrowStatus(Status::InvalidArgument(
+              fmt::format("pages = {} must be positive (and below 2^40 slots)", pages)));
+        }
+        config.geometry.num_slots = pages * page_size;
+        ThrowIfError(config.Validate());
+        std::unique_ptr<SharedHostPool> pool =
+            Unwrap(WithoutGil([&] { return SharedHostPool::Create(config); }));
+        SharedHostPoolInfo info = Unwrap(pool->Inspect());
+        py::dict d;
+        d["name"] = info.name;
+        d["path"] = info.path;
+        d["num_pages"] = info.num_pages;
+        d["page_bytes"] = info.page_bytes;
+        d["segment_bytes"] = info.segment_bytes;
+        return d;
+      },
+      py::arg("name"), py::arg("layout"), py::arg("num_layers"), py::arg("slot_bytes"),
+      py::arg("page_size"), py::arg("head_num"), py::arg("pages"), py::arg("mla"),
+      py::arg("max_processes"),
+      "Creates a shared host segment (as `kvtier shm create`); FailedPrecondition if it exists.");
+  m.def(
+      "shm_destroy",
+      [](const std::string& name) {
+        ThrowIfError(WithoutGil([&] { return SharedHostPool::Destroy(name); }));
+      },
+      py::arg("name"), "Removes a shared host segment's name (as `kvtier shm destroy`).");
   m.def("cache_config_fields", &CacheConfigTable,
         "The HierarchicalCache settings: [{name, kind, default, min, max, min_exclusive, choices, "
         "help}], defaults read from the C++ HierarchicalCacheConfig.");

@@ -19,6 +19,7 @@ void RegisterDensePaged(py::module_& m);  // dense_paged_binding.cc
 #if defined(KVTIER_PY_WITH_CACHE)
 // cache_binding.cc
 void RegisterCache(py::module_& m);
+void RegisterTp(py::module_& m);  // tp_binding.cc
 #endif
 }  // namespace kvtier::python
 
@@ -33,6 +34,7 @@ PYBIND11_MODULE(_kvtier, m) {
   RegisterDensePaged(m);
 #if defined(KVTIER_PY_WITH_CACHE)
   RegisterCache(m);
+  RegisterTp(m);
   m.attr("has_cache") = true;
 #else
   m.attr("has_cache") = false;

@@ -147,3 +147,77 @@ def test_bad_arguments_name_the_argument():
     with pytest.raises(ValueError, match=r"k\[0\] is read-only"):
         ops.gather_dense(pool, slots, ro, np.zeros_like(k))
     ops.scatter_dense(pool, slots, ro, ro)  # reading a read-only array is fine
+
+
+@pytest.mark.parametrize("mla", [False, True], ids=["mha", "mla"])
+def test_plan_gathers_and_scatters_any_layer_range_byte_for_byte(mla):
+    """DensePagedPlan (arguments read once, then one native call per range of layers) copies
+    exactly what gather_dense / scatter_dense copy, for single layers and ranges."""
+    rng = np.random.default_rng(7 + mla)
+    L, N, P, H, D = 4, 64, 4, 1 if mla else 2, 8
+    S = H * D * 2
+    pool, bufs = make_pool("layer_first", mla, L, N, S, P, H)
+    for b in bufs:
+        b[...] = rng.integers(0, 256, size=b.shape, dtype=np.uint8)
+    slots = rng.permutation(N)[:24].astype(np.int64)
+    k = np.zeros((L, 1, H, 24, D), dtype=np.uint16)
+    v = None if mla else np.zeros_like(k)
+    want_k = np.zeros_like(k)
+    want_v = None if mla else np.zeros_like(k)
+    ops.gather_dense(pool, slots, want_k, want_v)
+    plan = ops.DensePagedPlan(pool, slots, k, v)
+    assert plan.num_layers == L
+    plan.gather(2)  # layers 2 and 3
+    assert np.array_equal(k[2:], want_k[2:]) and not k[:2].any()
+    plan.gather(0, 1)
+    plan.gather(1, num_layers=1)
+    assert np.array_equal(k, want_k)
+    if not mla:
+        assert np.array_equal(v, want_v)
+    # Per-layer tensors and an offset first_layer: the plan's layer 0 is pool layer 1.
+    ks = [np.zeros((1, H, 24, D), dtype=np.uint16) for _ in range(2)]
+    vs = None if mla else [np.zeros((1, H, 24, D), dtype=np.uint16) for _ in range(2)]
+    sub = ops.DensePagedPlan(pool, slots, ks, vs, first_layer=1)
+    sub.gather(1, 1)
+    assert np.array_equal(ks[1], want_k[2]) and not ks[0].any()
+    # Scatter: new bytes into the pool through the plan, read back with gather_dense.
+    k[...] = rng.integers(0, 2**16, size=k.shape, dtype=np.uint16)
+    if not mla:
+        v[...] = rng.integers(0, 2**16, size=v.shape, dtype=np.uint16)
+    plan.scatter()
+    got_k = np.zeros_like(k)
+    got_v = None if mla else np.zeros_like(k)
+    ops.gather_dense(pool, slots, got_k, got_v)
+    assert np.array_equal(got_k, k)
+    if not mla:
+        assert np.array_equal(got_v, v)
+
+
+def test_plan_bad_arguments_name_the_argument():
+    pool, _ = make_pool("layer_first", False, 2, 16, 16, 4, 1)
+    k = np.zeros((2, 1, 2, 4, 4), dtype=np.uint16)
+    slots = np.arange(4, dtype=np.int64)
+    plan = ops.DensePagedPlan(pool, slots, k, k.copy())
+    for call, pattern in [
+        (lambda: plan.gather(2), r"layer = 2 is outside the plan's 2 layers"),
+        (lambda: plan.gather(-1), r"layer = -1"),
+        (lambda: plan.gather(1, 2), r"num_layers = 2 must be in \[1, 1\]"),
+        (lambda: plan.gather(0, 0), r"num_layers = 0"),
+        (lambda: plan.gather("0"), r"layer"),
+        (lambda: ops.DensePagedPlan(pool, slots, k, None), r"\bv is None"),
+        (lambda: ops.DensePagedPlan(pool, slots, k, k[:1].copy()), r"v has 1 layers"),
+    ]:
+        with pytest.raises(ValueError, match=pattern):
+            call()
+    # What the pool refuses (shapes, slots) is found by the copy: at the plan's first run.
+    bad = ops.DensePagedPlan(pool, np.array([0, 1, 2, 99]), k, k.copy())
+    with pytest.raises(ValueError, match=r"slots\[3\] = 99"):
+        bad.gather()
+    narrow = k[:, :, :, :, :2].copy()
+    bad = ops.DensePagedPlan(pool, slots, narrow, narrow.copy())
+    with pytest.raises(ValueError, match=r"heads x head_dim x elem_bytes"):
+        bad.gather()
+    read_only = k.copy()
+    read_only.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        ops.DensePagedPlan(pool, slots, read_only, k.copy())

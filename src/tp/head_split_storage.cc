@@ -5,6 +5,8 @@
 
 #include <algorithm>
 
+#include "kvtier/tp_group.h"
+
 namespace kvtier::tp {
 
 namespace {
@@ -158,3 +160,22 @@ Result<std::unique_ptr<StorageBackend>> OpenHeadSplitStorage(std::shared_ptr<Sto
 }
 
 }  // namespace kvtier::tp
+
+namespace kvtier {
+
+Result<std::shared_ptr<StorageBackend>> OpenTpRankStorage(const std::string& url,
+                                                          const StorageNamespace& rank_pages,
+                                                          const StorageOptions& options) {
+  KVTIER_RETURN_IF_ERROR(rank_pages.Validate().WithContext("tp rank storage"));
+  KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<StorageBackend> inner,
+                          OpenStorage(url, tp::HeadObjectNamespace(rank_pages), options));
+  tp::HeadSplitOptions o;
+  o.first_head = rank_pages.mla ? 0 : rank_pages.tp_rank * rank_pages.head_num;
+  o.read_only = rank_pages.mla && rank_pages.tp_rank > 0;  // MLA: the leader is the one writer
+  o.options = options;
+  KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<StorageBackend> view,
+                          tp::OpenHeadSplitStorage(std::move(inner), rank_pages, o));
+  return std::shared_ptr<StorageBackend>(std::move(view));
+}
+
+}  // namespace kvtier

@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """`kvtier replay --tp 2` on the cpu device: two processes serve the requests as one TP group (one
-cache decision, each rank its heads' pools; MLA: the full latent); the hit rates equal TP=1's on
-the same requests, both tiers are hit, every rank's bytes were checked (exit 0), decisions went
-through the ring and the leader waited once per record (no collective). Then a rank is killed
-(SIGKILL) mid-replay: rank 0 stops with an error naming the dead rank, within the timeout.
+cache decision, each rank its heads' pools; MLA: the full latent) over a file store of per-head
+objects; the hit rates equal TP=1's on the same requests, device, host and storage are all hit,
+every rank's bytes were checked (exit 0), decisions went through the ring and the leader waited
+once per record (no collective), and the report has the leader's decision time and each rank's
+load bandwidth. Then a rank is killed (SIGKILL) mid-replay: rank 0 stops with an error naming the
+dead rank, within the timeout.
 
 Usage: replay_tp_test.py KVTIER
 """
@@ -19,7 +21,7 @@ def run(kvtier, model, tmp):
     out = os.path.join(tmp, model + ".json")
     cmd = [kvtier, "replay", "--tp", "2", "--model", model, "--device", "cpu",
            "--workload", "chat", "--requests", "60", "--warmup", "10", "--page-size", "16",
-           "--device-tokens", "2048", "--host-tokens", "16384", "--storage", "none",
+           "--device-tokens", "2048", "--host-tokens", "4096", "--storage", "file",
            "--no-progress", "--json", out]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     if p.returncode != 0:
@@ -89,12 +91,28 @@ def main():
             tp1, tp2 = report["passes"]
             if not report["hit_rates_equal"]:
                 failures.append("%s: hit rates differ" % model)
-            for key in ("device_hit_tokens", "host_hit_tokens", "loaded_tokens"):
+            for key in ("device_hit_tokens", "host_hit_tokens", "storage_hit_tokens",
+                        "loaded_tokens"):
                 if tp1[key] != tp2[key]:
                     failures.append("%s: %s %d at TP=1, %d at TP=2" % (model, key, tp1[key],
                                                                        tp2[key]))
-            if tp2["host_hit_tokens"] <= 0 or tp2["device_hit_tokens"] <= 0:
-                failures.append("%s: the workload did not reach both tiers" % model)
+            for tier in ("device", "host", "storage"):
+                if tp2[tier + "_hit_tokens"] <= 0:
+                    failures.append("%s: no %s hits" % (model, tier))
+            for p in (tp1, tp2):
+                trouble = {k: p[k] for k in ("storage_errors", "storage_timeouts",
+                                             "storage_queue_drops", "prefetch_partial",
+                                             "prefetch_timed_out") if p[k]}
+                if trouble:
+                    failures.append("%s: TP=%d storage trouble: %s" % (model, p["tp"], trouble))
+                if p["collectives"] != 0 or not p["decision_ms_p50"] > 0 or \
+                        not p["decision_cpu_ms_p50"] > 0:
+                    failures.append("%s: TP=%d decision time or collectives missing: %s" %
+                                    (model, p["tp"], p))
+            if len(tp2["load_gbps_per_rank"]) != 2 or min(tp2["load_gbps_per_rank"]) <= 0 or \
+                    tp1["load_gbps_per_rank"][0] <= 0:
+                failures.append("%s: load bandwidth per rank missing: %s / %s" %
+                                (model, tp1["load_gbps_per_rank"], tp2["load_gbps_per_rank"]))
             if tp2["decision_records"] <= tp2["requests"]:
                 failures.append("%s: %d decision records for %d requests" %
                                 (model, tp2["decision_records"], tp2["requests"]))

@@ -4,8 +4,11 @@
 #include "tp/head_split_storage.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <random>
 
 #include "kvtier/hierarchical_cache.h"
@@ -232,6 +235,66 @@ TEST(HeadSplitStorageTest, AMismatchedInnerNamespaceIsRefused) {
   pages.layout = KvLayout::kPageFirst;
   EXPECT_NE(OpenHeadSplitStorage(heads, pages, {}).status().message().find("page_head"),
             std::string::npos);
+}
+
+// OpenTpRankStorage (the public entry): the TP=2 ranks' views of one file store each write their
+// heads of a page; a TP=1 view reads the whole page only once every rank has (a page is a hit
+// only when every head is), and it is rank 0's bytes followed by rank 1's (heads are the outer
+// dimension of a page_head page). MLA: rank 1's view writes nothing; it reads rank 0's latent.
+TEST(HeadSplitStorageTest, OpenTpRankStorageSplitsPagesByHeadAcrossTpSizes) {
+  const std::string dir = (std::filesystem::temp_directory_path() /
+                           ("kvtier-tp-rank-store-" + std::to_string(getpid())))
+                              .string();
+  const std::string url = "file://" + dir;
+  const auto keys = ComputePromptPageKeys(Prompts()[0], kPage);
+  ASSERT_TRUE(keys.ok());
+  const PageKey key = (*keys)[0];
+  for (const bool mla : {false, true}) {
+    std::filesystem::remove_all(dir);
+    auto r0 = OpenTpRankStorage(url, RankPages(mla, 0, 2));
+    auto r1 = OpenTpRankStorage(url, RankPages(mla, 1, 2));
+    auto one = OpenTpRankStorage(url, RankPages(mla, 0, 1));
+    ASSERT_TRUE(r0.ok() && r1.ok() && one.ok()) << r0.status().ToString();
+    const size_t half = static_cast<size_t>((*r0)->ns().page_bytes() / (mla ? 1 : 2));
+    std::vector<std::byte> k0(half), v0(half), k1(half), v1(half);
+    std::mt19937_64 rng(mla ? 3 : 4);
+    for (auto* b : {&k0, &v0, &k1, &v1}) {
+      for (auto& x : *b) x = static_cast<std::byte>(rng());
+    }
+    auto buffer = [mla](std::vector<std::byte>& k, std::vector<std::byte>& v) {
+      return mla ? PageBuffer::Of(k) : PageBuffer::Of(k, v);
+    };
+    ASSERT_EQ((*r0)->Set({key}, {buffer(k0, v0)}).get().leading_ok(), 1);
+    // A TP=1 page: MHA both ranks' heads of each buffer, MLA the one latent.
+    std::vector<std::byte> k(mla ? half : 2 * half), v(mla ? 0 : 2 * half);
+    if (!mla) {
+      // Rank 1's heads are not stored yet: TP=1 misses the page.
+      EXPECT_EQ((*one)->Get({key}, {PageBuffer::Of(k, v)}).get().leading_ok(), 0);
+    }
+    const BatchResult set1 = (*r1)->Set({key}, {buffer(k1, v1)}).get();
+    if (mla) {
+      ASSERT_EQ(set1.pages.size(), 1u);
+      EXPECT_EQ(set1.pages[0], PageStatus::kSkipped);  // the leader is the one writer
+      std::vector<std::byte> got(half);
+      ASSERT_EQ((*r1)->Get({key}, {PageBuffer::Of(got)}).get().leading_ok(), 1);
+      EXPECT_EQ(got, k0);
+      ASSERT_EQ((*one)->Get({key}, {PageBuffer::Of(k)}).get().leading_ok(), 1);
+      EXPECT_EQ(k, k0);
+      continue;
+    }
+    ASSERT_EQ(set1.leading_ok(), 1);
+    ASSERT_EQ((*one)->Get({key}, {PageBuffer::Of(k, v)}).get().leading_ok(), 1);
+    EXPECT_TRUE(std::equal(k0.begin(), k0.end(), k.begin()));
+    EXPECT_TRUE(std::equal(k1.begin(), k1.end(), k.begin() + static_cast<ptrdiff_t>(half)));
+    EXPECT_TRUE(std::equal(v0.begin(), v0.end(), v.begin()));
+    EXPECT_TRUE(std::equal(v1.begin(), v1.end(), v.begin() + static_cast<ptrdiff_t>(half)));
+  }
+  StorageNamespace bad = RankPages(false, 0, 2);
+  bad.layout = KvLayout::kPageFirst;
+  EXPECT_TRUE(OpenTpRankStorage(url, bad).status().IsInvalidArgument());
+  bad = RankPages(false, 2, 2);  // tp_rank out of range
+  EXPECT_TRUE(OpenTpRankStorage(url, bad).status().IsInvalidArgument());
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

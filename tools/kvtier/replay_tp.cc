@@ -4,15 +4,15 @@
 #include <fmt/format.h>
 #include <signal.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
-#include <fstream>
+#include <filesystem>
 #include <memory>
-#include <nlohmann/json.hpp>
-#include <numeric>
 #include <thread>
 
 #include "kvtier/device.h"
@@ -23,6 +23,7 @@
 #include "kvtier/tp_group.h"
 #include "replay_engine.h"
 #include "replay_model.h"
+#include "replay_tp_report.h"
 #include "workload.h"
 
 namespace kvtier::tools {
@@ -30,13 +31,24 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// This thread's CPU time: a decision's cost without the time the thread waited or was preempted
+// (the machine's other threads: storage I/O, other ranks).
+double ThreadCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
 double MsSince(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
 
-// Each rank fills and checks the pattern under its own salt, so a rank holding another rank's
-// bytes (or TP=1's) is caught.
-uint64_t RankSalt(int rank) { return KvPatternSalt(fmt::format("tp-rank-{}", rank)); }
+// MHA: each rank fills and checks the pattern under its own salt, so a rank holding another
+// rank's bytes (or TP=1's) is caught. MLA: every rank holds the same latent (one salt): a
+// follower reads what the leader, the one writer, stored.
+uint64_t RankSalt(int rank, bool mla) {
+  return KvPatternSalt(mla ? std::string("tp-latent") : fmt::format("tp-rank-{}", rank));
+}
 
 // Rank `rank`'s share of `m` in a group of `tp`: MHA splits the KV heads, MLA keeps the latent;
 // the prefill's heads and MLP columns are split as tensor parallelism splits them.
@@ -63,14 +75,16 @@ Result<ReplayModel> ShardModel(const ReplayModel& m, int tp) {
 struct StepMessage {
   uint32_t warm = 0;    // warm-up: write and check, no compute
   uint32_t sample = 0;  // --verify sample
+  uint32_t report = 0;  // no step: the rank returns its host -> device copy time (ns) so far
   int64_t cached_tokens = 0;
   int64_t new_tokens = 0;
   std::vector<int32_t> tokens;
   std::vector<int64_t> hit_slots, new_slots;
 
   std::vector<std::byte> Encode() const {
-    const int64_t head[6] = {warm,
+    const int64_t head[7] = {warm,
                              sample,
+                             report,
                              cached_tokens,
                              new_tokens,
                              static_cast<int64_t>(hit_slots.size()),
@@ -89,15 +103,16 @@ struct StepMessage {
     return out;
   }
   static Result<StepMessage> Decode(std::span<const std::byte> in) {
-    int64_t head[6];
+    int64_t head[7];
     if (in.size() < sizeof(head)) return Status::Corruption("tp step: short message");
     std::memcpy(head, in.data(), sizeof(head));
     StepMessage m;
     m.warm = static_cast<uint32_t>(head[0]);
     m.sample = static_cast<uint32_t>(head[1]);
-    m.cached_tokens = head[2];
-    m.new_tokens = head[3];
-    const int64_t hits = head[4], fresh = head[5];
+    m.report = static_cast<uint32_t>(head[2]);
+    m.cached_tokens = head[3];
+    m.new_tokens = head[4];
+    const int64_t hits = head[5], fresh = head[6];
     if (hits < 0 || fresh < 0 || hits > (int64_t{1} << 32) || fresh > (int64_t{1} << 32) ||
         in.size() != sizeof(head) + static_cast<size_t>(hits + fresh) * 12) {
       return Status::Corruption("tp step: lengths do not match the message");
@@ -118,10 +133,75 @@ struct StepMessage {
   }
 };
 
+// An engine that times every copy (synchronised on a GPU, so the time is the copy's) and counts
+// the bytes and time of host -> device copies (into `device`): the cache's own copies on rank 0
+// (inside the leader's engine: without publishing and waiting for the ranks), each follower's.
+class TimedEngine final : public TransferEngine {
+ public:
+  TimedEngine(std::unique_ptr<TransferEngine> inner, const KvRegion& device)
+      : inner_(std::move(inner)), device_(device) {}
+  TransferBackend backend() const override { return inner_->backend(); }
+  Status Synchronize(CudaStream stream) override { return inner_->Synchronize(stream); }
+  double seconds() const { return seconds_; }
+  double cpu_seconds() const { return cpu_seconds_; }
+  double load_seconds() const { return load_seconds_; }
+  int64_t load_bytes() const { return load_bytes_; }
+
+ protected:
+  Status DoTransfer(const TransferRequest& request, const TransferOptions& options) override {
+    const auto t0 = Clock::now();
+    const double cpu0 = ThreadCpuSeconds();
+    Status st = inner_->Transfer(request, options);
+    if (st.ok() && inner_->backend() != TransferBackend::kCpu) {
+      st = inner_->Synchronize(options.stream);
+    }
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    seconds_ += s;
+    cpu_seconds_ += ThreadCpuSeconds() - cpu0;
+    const bool to_device = request.dst->has_layer_table()
+                               ? request.dst->k_layers.data() == device_.k_layers.data()
+                               : request.dst->k == device_.k;
+    if (to_device && st.ok()) {
+      load_seconds_ += s;
+      load_bytes_ += request.bytes();
+    }
+    return st;
+  }
+
+ private:
+  std::unique_ptr<TransferEngine> inner_;
+  KvRegion device_;
+  // The cache calls its engine from one thread at a time here (backup_threads = 0, a
+  // sequential replay); a follower's Serve is one thread.
+  double seconds_ = 0, cpu_seconds_ = 0, load_seconds_ = 0;
+  int64_t load_bytes_ = 0;
+};
+
+// The stores' per-call timeout (the leader's wrapper inherits it, and its calls include waiting
+// for every rank): long, so that a loaded machine slows the passes down but never turns a storage
+// hit into a timed-out miss in one pass and not the other.
+constexpr std::chrono::milliseconds kStoreTimeout{60'000};
+
+// Rank `rank`'s host pages (page_head, `head_num` heads) as a storage namespace.
+StorageNamespace RankPages(const ReplayModel& rank_model, int64_t page_size, int64_t head_num,
+                           int rank, int tp) {
+  StorageNamespace ns;
+  ns.model_id = rank_model.model_id;
+  ns.layout = KvLayout::kPageHead;
+  ns.mla = rank_model.mla;
+  ns.num_layers = rank_model.num_layers;
+  ns.slot_bytes = rank_model.slot_bytes;
+  ns.page_size = page_size;
+  ns.head_num = head_num;
+  ns.tp_rank = rank;
+  ns.tp_size = tp;
+  return ns;
+}
+
 // One rank's prefill of a step; `cache` (rank 0) is waited on per layer. Its total in ms.
-Result<double> RunStep(PrefillEngine& engine, const StepMessage& m, int rank,
+Result<double> RunStep(PrefillEngine& engine, const StepMessage& m, int rank, bool mla,
                        HierarchicalCache* cache, MatchHandle handle, PrefillTiming* timing) {
-  const std::vector<uint64_t> hashes = KvPatternHashes(m.tokens, RankSalt(rank));
+  const std::vector<uint64_t> hashes = KvPatternHashes(m.tokens, RankSalt(rank, mla));
   const std::span<const uint64_t> all(hashes);
   PrefillJob job;
   job.cache = cache;
@@ -153,6 +233,12 @@ struct Setup {
   int64_t device_slots = 0;
   int64_t host_slots = 0;
   int64_t max_context = 1;
+  std::string store_dir;  // --storage file: one file store per pass under it (empty: none)
+  int64_t store_bytes = 0;
+  std::string StoreUrl(int tp) const {
+    if (store_dir.empty()) return "";
+    return fmt::format("file://{}/tp{}?capacity={}", store_dir, tp, store_bytes);
+  }
 };
 
 Result<std::unique_ptr<PrefillEngine>> MakeEngine(const Setup& s, int tp, int rank) {
@@ -170,25 +256,9 @@ Result<std::unique_ptr<PrefillEngine>> MakeEngine(const Setup& s, int tp, int ra
   return s.gpu ? MakeGpuPrefillEngine(ec) : MakeCpuPrefillEngine(ec);
 }
 
-struct PassResult {
-  int tp = 1;
-  int64_t requests = 0, prompt_tokens = 0, device_hit = 0, host_hit = 0, loaded = 0;
-  int64_t bytes_checked = 0;  // rank 0's
-  std::vector<double> ttft_ms;
-  double slowest_rank_excess_ms = 0;  // summed: slowest rank's prefill minus rank 0's
-  double wall_s = 0;
-  TpLeaderStats ring;
-};
-
-double Percentile(std::vector<double> v, double q) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t i = static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5);
-  return v[std::min(i, v.size() - 1)];
-}
-
 // Serves every request at `tp` ranks (rank 0 here; the followers through `leader`).
-Status RunPass(const Setup& s, int tp, TpLeader* leader, PassResult* out) {
+Status RunPass(const Setup& s, int tp, TpLeader* leader, TpPassResult* out) {
+  const int64_t P = s.o.page_size;
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<PrefillEngine> engine, MakeEngine(s, tp, 0));
   KVTIER_ASSIGN_OR_RETURN(const ReplayModel rank_model, ShardModel(s.model, tp));
   HierarchicalCacheConfig c;
@@ -205,24 +275,49 @@ Status RunPass(const Setup& s, int tp, TpLeader* leader, PassResult* out) {
   // Equal pages per rank at every TP size: the capacity in whole pages of this rank's bytes.
   c.host_capacity_bytes = s.host_slots * rank_model.kv_bytes_per_token();
   c.host_ratio = s.host_slots > 0 ? c.host_ratio : 0;
-  std::unique_ptr<TransferEngine> wrapped;
+  const KvRegion& device = engine->device_region();
+  // The cache's engine: rank 0's own copies, timed (inner); at TP > 1 inside the leader's engine,
+  // itself timed (outer): outer - inner is the group's part (publish, wait for the ranks).
+  KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<TransferEngine> real,
+                          MakeTransferEngine(s.io, c.transfer));
+  auto inner_owned = std::make_unique<TimedEngine>(std::move(real), device);
+  TimedEngine* inner = inner_owned.get();
+  TimedEngine* outer = inner;
+  std::unique_ptr<TransferEngine> given = std::move(inner_owned);
   if (leader != nullptr) {
-    KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<TransferEngine> inner,
-                            MakeTransferEngine(s.io, c.transfer));
-    wrapped = leader->WrapEngine(std::move(inner), engine->device_region());
+    auto o = std::make_unique<TimedEngine>(leader->WrapEngine(std::move(given), device), device);
+    outer = o.get();
+    given = std::move(o);
   }
-  KVTIER_ASSIGN_OR_RETURN(
-      std::unique_ptr<HierarchicalCache> cache,
-      HierarchicalCache::Create(c, engine->device_region(), std::move(wrapped)));
+  const std::string store = s.StoreUrl(tp);
+  if (!store.empty()) {
+    // The per-head store (shared across TP sizes), one per pass so that each starts empty.
+    c.host_layout = KvLayout::kPageHead;
+    c.storage.prefetch_policy = *ParsePrefetchPolicy(s.o.prefetch_policy);
+    c.storage.prefetch_threshold_tokens = s.o.prefetch_threshold;
+    StorageOptions so;
+    so.io_threads = s.o.storage_io_threads;
+    so.timeout = kStoreTimeout;
+    KVTIER_ASSIGN_OR_RETURN(
+        std::shared_ptr<StorageBackend> own,
+        OpenTpRankStorage(store, RankPages(rank_model, P, device.geometry.head_num, 0, tp), so));
+    c.storage.backend =
+        leader != nullptr ? leader->WrapStorage(std::move(own), !s.model.mla) : std::move(own);
+    if (c.storage.backend == nullptr) {
+      return Status::Unavailable("tp: the leader's storage threads could not be started");
+    }
+  }
+  KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<HierarchicalCache> cache,
+                          HierarchicalCache::Create(c, device, std::move(given)));
   if (leader != nullptr) {
     // The followers size their host pages from the leader's shape; it must be the cache's.
     if (cache->host_region().geometry.num_slots != s.host_slots) {
       return Status::Internal(fmt::format("tp: the cache made {} host slots, the group expects {}",
                                           cache->host_region().geometry.num_slots, s.host_slots));
     }
+    leader->SetHostRegion(cache->host_region());
   }
   out->tp = tp;
-  const int64_t P = s.o.page_size;
   const auto wall0 = Clock::now();
   const int64_t n = static_cast<int64_t>(s.workload.requests.size());
   for (int64_t i = 0; i < n; ++i) {
@@ -230,10 +325,34 @@ Status RunPass(const Setup& s, int tp, TpLeader* leader, PassResult* out) {
     const WorkloadRequest& req = s.workload.requests[static_cast<size_t>(i)];
     const std::vector<int32_t> tokens = PromptTokens(req);
     const std::span<const Token> prompt(tokens.data(), tokens.size());
-    KVTIER_ASSIGN_OR_RETURN(MatchResult m, cache->Match(prompt));
+    // Times a cache call: all of it, and the part in the engine the cache was given.
+    double call_s = 0, engine_s = 0, own_s = 0, call_cpu_s = 0, engine_cpu_s = 0;
+    auto timed = [&](auto&& call) {
+      const double outer0 = outer->seconds(), inner0 = inner->seconds();
+      const double outer_cpu0 = outer->cpu_seconds(), cpu0 = ThreadCpuSeconds();
+      const auto t = Clock::now();
+      auto r = call();
+      call_s += std::chrono::duration<double>(Clock::now() - t).count();
+      call_cpu_s += ThreadCpuSeconds() - cpu0;
+      engine_s += outer->seconds() - outer0;
+      engine_cpu_s += outer->cpu_seconds() - outer_cpu0;
+      own_s += inner->seconds() - inner0;
+      return r;
+    };
+    KVTIER_ASSIGN_OR_RETURN(MatchResult m, timed([&] { return cache->Match(prompt); }));
     KVTIER_RETURN_IF_ERROR(engine->BeginRequest());
     const auto t0 = Clock::now();
-    Result<LoadBackResult> lb = cache->LoadBack(m.handle, engine->load_stream());
+    int64_t from_storage = 0;
+    if (!store.empty()) {
+      KVTIER_RETURN_IF_ERROR(timed([&] { return cache->QueryStorage(m.handle); }).status());
+      KVTIER_RETURN_IF_ERROR(timed([&] { return cache->Prefetch(m.handle); }).status());
+      const auto w = Clock::now();
+      KVTIER_ASSIGN_OR_RETURN(PrefetchResult done, cache->FinishPrefetch(m.handle));
+      out->storage_wait_s += std::chrono::duration<double>(Clock::now() - w).count();
+      from_storage = done.arrived_tokens;
+    }
+    Result<LoadBackResult> lb =
+        timed([&] { return cache->LoadBack(m.handle, engine->load_stream()); });
     const double load_ms = MsSince(t0);
     StepMessage step;
     if (lb.ok()) {
@@ -246,8 +365,9 @@ Status RunPass(const Setup& s, int tp, TpLeader* leader, PassResult* out) {
     const int64_t hit = static_cast<int64_t>(step.hit_slots.size());
     const int64_t whole = req.input_length / P * P;
     if (whole > hit) {
-      KVTIER_ASSIGN_OR_RETURN(step.new_slots,
-                              cache->AllocateDeviceSlots(whole - hit, {.allow_fewer = true}));
+      KVTIER_ASSIGN_OR_RETURN(
+          step.new_slots,
+          timed([&] { return cache->AllocateDeviceSlots(whole - hit, {.allow_fewer = true}); }));
     }
     step.warm = warm;
     step.sample = s.o.verify == "sample";
@@ -261,7 +381,7 @@ Status RunPass(const Setup& s, int tp, TpLeader* leader, PassResult* out) {
     }
     PrefillTiming timing;
     KVTIER_ASSIGN_OR_RETURN(double prefill_ms,
-                            RunStep(*engine, step, 0, cache.get(), m.handle, &timing));
+                            RunStep(*engine, step, 0, s.model.mla, cache.get(), m.handle, &timing));
     double slowest = prefill_ms;
     if (leader != nullptr) {
       KVTIER_RETURN_IF_ERROR(leader->WaitApplied(seq).WithContext(fmt::format("request {}", i)));
@@ -276,14 +396,28 @@ Status RunPass(const Setup& s, int tp, TpLeader* leader, PassResult* out) {
       InsertOptions io;
       io.stream = engine->write_stream();
       KVTIER_RETURN_IF_ERROR(
-          cache->Insert(prompt.first(slots.size()), slots, "", io).status().WithContext("Insert"));
+          timed([&] { return cache->Insert(prompt.first(slots.size()), slots, "", io); })
+              .status()
+              .WithContext("Insert"));
     }
-    KVTIER_RETURN_IF_ERROR(cache->Release(m.handle));
+    KVTIER_RETURN_IF_ERROR(timed([&] { return cache->Release(m.handle); }));
+    if (!store.empty()) {
+      // Every backup (host and storage, on every rank) lands before the next request, so the
+      // storage hits do not depend on how fast the store writes: equal at every TP size.
+      KVTIER_RETURN_IF_ERROR(cache->WaitForBackups().WithContext("settling the backups"));
+    }
     if (warm) continue;
     ++out->requests;
     out->prompt_tokens += req.input_length;
-    out->device_hit += std::min(hit, m.device_tokens);
-    out->host_hit += std::max<int64_t>(0, hit - std::min(hit, m.device_tokens));
+    const int64_t device_hit = std::min(hit, m.device_tokens);
+    const int64_t storage_hit = std::min(hit - device_hit, from_storage);
+    out->device_hit += device_hit;
+    out->storage_hit += storage_hit;
+    out->host_hit += std::max<int64_t>(0, hit - device_hit - storage_hit);
+    out->decide_ms.push_back((call_s - engine_s) * 1e3);
+    out->decide_cpu_ms.push_back((call_cpu_s - engine_cpu_s) * 1e3);
+    out->group_ms.push_back((engine_s - own_s) * 1e3);
+    out->copy_ms.push_back(own_s * 1e3);
     out->loaded += lb.ok() ? lb->loaded_tokens : 0;
     out->bytes_checked += timing.bytes_checked;
     out->ttft_ms.push_back(load_ms + slowest);
@@ -294,8 +428,23 @@ Status RunPass(const Setup& s, int tp, TpLeader* leader, PassResult* out) {
   }
   KVTIER_RETURN_IF_ERROR(cache->WaitForBackups());
   KVTIER_RETURN_IF_ERROR(cache->CheckConsistency());
+  out->cache = cache->stats();
   out->wall_s = std::chrono::duration<double>(Clock::now() - wall0).count();
-  if (leader != nullptr) out->ring = leader->stats();
+  out->load_bytes = {inner->load_bytes()};
+  out->load_seconds = {inner->load_seconds()};
+  if (leader != nullptr) {
+    // Each follower's host -> device copies (the same slots as rank 0's, its heads' bytes).
+    StepMessage report;
+    report.report = 1;
+    KVTIER_ASSIGN_OR_RETURN(const uint64_t seq, leader->PublishMessage(report.Encode()));
+    KVTIER_RETURN_IF_ERROR(leader->WaitApplied(seq));
+    for (int r = 1; r < tp; ++r) {
+      KVTIER_ASSIGN_OR_RETURN(const uint64_t ns, leader->MessageResult(r, seq));
+      out->load_bytes.push_back(inner->load_bytes());
+      out->load_seconds.push_back(static_cast<double>(ns) / 1e9);
+    }
+    out->ring = leader->stats();
+  }
   return Status::OK();
 }
 
@@ -315,7 +464,7 @@ Status RunFollower(const Setup& s, const TpReplayArgs& a) {
   if (shape.host_slots > 0) {
     HostKvPoolConfig hc;
     hc.geometry = engine->device_region().geometry;
-    hc.geometry.layout = *ParseLayout(s.o.host_layout);
+    hc.geometry.layout = a.store.empty() ? *ParseLayout(s.o.host_layout) : KvLayout::kPageHead;
     hc.geometry.head_num = rank_model.kv_head_num;
     hc.mla = rank_model.mla;
     hc.capacity_bytes = shape.host_slots * rank_model.kv_bytes_per_token();
@@ -324,23 +473,38 @@ Status RunFollower(const Setup& s, const TpReplayArgs& a) {
   }
   TransferEngineConfig tc;
   tc.device = s.gpu ? a.rank % std::max(1, CudaDeviceCount()) : 0;
-  KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<TransferEngine> copier, MakeTransferEngine(s.io, tc));
+  KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<TransferEngine> real, MakeTransferEngine(s.io, tc));
+  TimedEngine copier(std::move(real), engine->device_region());
+  std::shared_ptr<StorageBackend> store;
+  if (!a.store.empty()) {
+    StorageOptions so;
+    so.io_threads = s.o.storage_io_threads;
+    so.timeout = kStoreTimeout;
+    KVTIER_ASSIGN_OR_RETURN(
+        store,
+        OpenTpRankStorage(
+            a.store,
+            RankPages(rank_model, s.o.page_size, host_region.geometry.head_num, a.rank, a.tp), so));
+  }
   auto on_step = [&](std::span<const std::byte> msg) -> Result<uint64_t> {
     KVTIER_ASSIGN_OR_RETURN(StepMessage step, StepMessage::Decode(msg));
+    if (step.report != 0) return static_cast<uint64_t>(copier.load_seconds() * 1e9);
     KVTIER_RETURN_IF_ERROR(engine->BeginRequest());
     PrefillTiming timing;
-    KVTIER_ASSIGN_OR_RETURN(double ms, RunStep(*engine, step, a.rank, nullptr, {}, &timing));
+    KVTIER_ASSIGN_OR_RETURN(double ms,
+                            RunStep(*engine, step, a.rank, s.model.mla, nullptr, {}, &timing));
     return static_cast<uint64_t>(ms * 1e6);  // ns
   };
   for (;;) {
-    KVTIER_ASSIGN_OR_RETURN(TpServeResult r,
-                            f->Serve(*copier, engine->device_region(), host_region, 1.0, on_step));
+    KVTIER_ASSIGN_OR_RETURN(TpServeResult r, f->Serve(copier, engine->device_region(), host_region,
+                                                      1.0, on_step, store.get()));
     if (r == TpServeResult::kClosed) return Status::OK();
   }
 }
 
 // Starts ranks 1 .. tp-1 as copies of this process with the follower flags.
 std::vector<pid_t> StartFollowers(const TpReplayArgs& a, const std::string& group,
+                                  const std::string& store,
                                   const std::vector<std::string>& self_args) {
   std::vector<pid_t> pids;
   for (int r = 1; r < a.tp; ++r) {
@@ -351,6 +515,7 @@ std::vector<pid_t> StartFollowers(const TpReplayArgs& a, const std::string& grou
       if (it != args.end() && it + 1 != args.end()) args.erase(it, it + 2);
     }
     args.insert(args.end(), {"--tp-rank", std::to_string(r), "--tp-group", group});
+    if (!store.empty()) args.insert(args.end(), {"--tp-store", store});
     std::vector<char*> argv;
     for (std::string& s : args) argv.push_back(s.data());
     argv.push_back(nullptr);
@@ -389,30 +554,10 @@ bool ReapFollowers(const std::vector<pid_t>& pids, double seconds) {
   return clean;
 }
 
-nlohmann::json PassJson(const PassResult& p) {
-  const double tokens = std::max<double>(1, static_cast<double>(p.prompt_tokens));
-  return {
-      {"tp", p.tp},
-      {"requests", p.requests},
-      {"prompt_tokens", p.prompt_tokens},
-      {"device_hit_tokens", p.device_hit},
-      {"host_hit_tokens", p.host_hit},
-      {"hit_rate", static_cast<double>(p.device_hit + p.host_hit) / tokens},
-      {"loaded_tokens", p.loaded},
-      {"ttft_ms_p50", Percentile(p.ttft_ms, 0.5)},
-      {"ttft_ms_p90", Percentile(p.ttft_ms, 0.9)},
-      {"ttft_ms_mean", p.ttft_ms.empty()
-                           ? 0.0
-                           : std::accumulate(p.ttft_ms.begin(), p.ttft_ms.end(), 0.0) /
-                                 static_cast<double>(p.ttft_ms.size())},
-      {"bytes_checked_rank0", p.bytes_checked},
-      {"wall_s", p.wall_s},
-      {"decision_records", p.ring.records},
-      {"decision_record_bytes", p.ring.record_bytes},
-      {"leader_ack_wait_s", p.ring.ack_wait_seconds},
-      {"leader_waits", p.ring.waits},
-      {"leader_waits_per_request",
-       p.requests > 0 ? static_cast<double>(p.ring.waits) / static_cast<double>(p.requests) : 0.0}};
+void RemoveStore(const Setup& s) {
+  if (s.store_dir.empty()) return;
+  std::error_code ec;
+  std::filesystem::remove_all(s.store_dir, ec);
 }
 
 }  // namespace
@@ -422,7 +567,8 @@ void AddTpReplayFlags(CLI::App* replay, TpReplayArgs* a) {
       ->add_option("--tp", a->tp,
                    "tensor-parallel ranks: one process per rank (GPU, or cpu device), one cache "
                    "decision per group; serves the requests at TP=1 first and compares "
-                   "(sequential, no storage tier)")
+                   "(sequential; --storage file or none: a file store of per-head objects per "
+                   "pass, host layout page_head)")
       ->check(CLI::Range(1, 8))
       ->capture_default_str();
   replay
@@ -432,6 +578,7 @@ void AddTpReplayFlags(CLI::App* replay, TpReplayArgs* a) {
       ->capture_default_str();
   replay->add_option("--tp-rank", a->rank)->group("")->check(CLI::Range(1, 7));
   replay->add_option("--tp-group", a->group)->group("");
+  replay->add_option("--tp-store", a->store)->group("");
 }
 
 int RunReplayTp(const ReplayOptions& options, const TpReplayArgs& a,
@@ -485,15 +632,34 @@ int RunReplayTp(const ReplayOptions& options, const TpReplayArgs& a,
     Status st = RunFollower(s, a);
     return st.ok() ? 0 : fail(st, 1);
   }
-
-  if (s.o.storage != "none" && s.o.progress) {
-    std::fprintf(stderr,
-                 "kvtier replay --tp: no storage tier with --tp (docs/tp.md); ignoring "
-                 "--storage %s\n",
-                 RedactUrl(s.o.storage).c_str());
+  if (s.o.storage != "none" && s.o.storage != "file") {
+    return fail(Status::InvalidArgument(fmt::format(
+                    "--tp: --storage {} is not supported; file (a file store of per-head "
+                    "objects per pass) or none",
+                    RedactUrl(s.o.storage))),
+                2);
   }
-  PassResult tp1, tpn;
-  if (Status st = RunPass(s, 1, nullptr, &tp1); !st.ok()) return fail(st.WithContext("TP=1"), 1);
+  if (s.o.storage == "file") {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string templ =
+        fmt::format("{}/kvtier-replay-tp-XXXXXX", tmp != nullptr && *tmp != '\0' ? tmp : "/tmp");
+    if (mkdtemp(templ.data()) == nullptr) {
+      return fail(Status::IOError(fmt::format("cannot create a temporary directory {}", templ)), 1);
+    }
+    s.store_dir = templ;
+    // Room for every page the run stores (the whole model's bytes; a pass's TP size does not
+    // change them): the store never evicts, so storage hits are the same at every TP size.
+    const int64_t host_bytes = s.host_slots * s.model.kv_bytes_per_token();
+    s.store_bytes = s.o.storage_bytes > 0 ? s.o.storage_bytes
+                                          : std::max<int64_t>(8 * host_bytes, int64_t{64} << 20);
+  }
+
+  TpPassResult tp1, tpn;
+  Status st = RunPass(s, 1, nullptr, &tp1);
+  if (!st.ok()) {
+    RemoveStore(s);
+    return fail(st.WithContext("TP=1"), 1);
+  }
 
   TpGroupConfig gc;
   gc.name = fmt::format("replay-tp.{}", getpid());
@@ -502,60 +668,38 @@ int RunReplayTp(const ReplayOptions& options, const TpReplayArgs& a,
   TpReplayArgs fa = a;
   auto leader = TpLeader::Create(
       gc, TpShape{s.device_slots, s.host_slots, s.model.num_layers, P, s.model.mla});
-  if (!leader.ok()) return fail(leader.status(), 1);
-  const std::vector<pid_t> pids = StartFollowers(fa, gc.name, self_args);
-  Status st = static_cast<int>(pids.size()) == a.tp - 1
-                  ? (*leader)->WaitForFollowers()
-                  : Status::Unavailable("could not start the follower ranks");
+  if (!leader.ok()) {
+    RemoveStore(s);
+    return fail(leader.status(), 1);
+  }
+  const std::vector<pid_t> pids = StartFollowers(fa, gc.name, s.StoreUrl(a.tp), self_args);
+  st = static_cast<int>(pids.size()) == a.tp - 1
+           ? (*leader)->WaitForFollowers()
+           : Status::Unavailable("could not start the follower ranks");
   if (st.ok()) st = RunPass(s, a.tp, leader->get(), &tpn);
   leader->reset();  // closes the ring: the followers exit
   const bool followers_clean = ReapFollowers(pids, st.ok() ? 30 : 2);
+  RemoveStore(s);
   if (!st.ok()) return fail(st.WithContext(fmt::format("TP={}", a.tp)), 1);
   if (!followers_clean) {
     return fail(Status::Internal("a follower rank did not exit cleanly (see its message above)"),
                 1);
   }
 
-  const bool equal =
-      tp1.device_hit == tpn.device_hit && tp1.host_hit == tpn.host_hit && tp1.loaded == tpn.loaded;
-  const nlohmann::json j1 = PassJson(tp1), jn = PassJson(tpn);
-  std::printf(
-      "kvtier replay --tp %d: %s, %lld requests (after %lld warm-up), model %s (%s), "
-      "%s device pools, io %s\n",
-      a.tp, s.workload.name.c_str(), static_cast<long long>(tp1.requests),
-      static_cast<long long>(s.o.warmup), s.model.name, s.model.mla ? "MLA" : "MHA",
-      s.gpu ? "GPU" : "cpu", TransferBackendName(s.io));
-  std::printf("%-34s %14s %14s\n", "", "TP=1", fmt::format("TP={}", a.tp).c_str());
-  auto row = [&](const char* name, const char* key, const char* f) {
-    std::printf("%-34s %14s %14s\n", name,
-                fmt::format(fmt::runtime(f), j1[key].get<double>()).c_str(),
-                fmt::format(fmt::runtime(f), jn[key].get<double>()).c_str());
-  };
-  row("hit rate (device + host)", "hit_rate", "{:.4f}");
-  row("device hit tokens", "device_hit_tokens", "{:.0f}");
-  row("host hit tokens", "host_hit_tokens", "{:.0f}");
-  row("TTFT p50 ms (slowest rank)", "ttft_ms_p50", "{:.2f}");
-  row("TTFT p90 ms (slowest rank)", "ttft_ms_p90", "{:.2f}");
-  row("TTFT mean ms (slowest rank)", "ttft_ms_mean", "{:.2f}");
-  row("bytes checked (rank 0)", "bytes_checked_rank0", "{:.0f}");
-  row("decision records", "decision_records", "{:.0f}");
-  row("decision record bytes", "decision_record_bytes", "{:.0f}");
-  row("leader wait for ranks (s)", "leader_ack_wait_s", "{:.3f}");
-  row("leader waits for ranks per request", "leader_waits_per_request", "{:.2f}");
-  std::printf(
-      "wrong bytes: 0 on every rank (each rank checks its heads' KV; a wrong byte stops "
-      "the run)\nhit rates TP=%d vs TP=1: %s\n",
-      a.tp, equal ? "equal" : "DIFFERENT");
-  if (!s.o.json_path.empty()) {
-    std::ofstream out(s.o.json_path);
-    out << nlohmann::json{{"command", s.o.command_line}, {"tp", a.tp},
-                          {"model", s.model.name},       {"gpu", s.gpu},
-                          {"hit_rates_equal", equal},    {"passes", {j1, jn}}}
-               .dump(2)
-        << "\n";
-    if (!out) return fail(Status::IOError("--json: cannot write " + s.o.json_path), 1);
-  }
-  return equal ? 0 : 1;
+  TpRunInfo info;
+  info.tp = a.tp;
+  info.workload = s.workload.name;
+  info.warmup = s.o.warmup;
+  info.model = s.model.name;
+  info.mla = s.model.mla;
+  info.gpu = s.gpu;
+  info.io = TransferBackendName(s.io);
+  info.storage = !s.store_dir.empty();
+  info.command_line = s.o.command_line;
+  info.json_path = s.o.json_path;
+  Result<bool> equal = ReportTpPasses(info, tp1, tpn);
+  if (!equal.ok()) return fail(equal.status(), 1);
+  return *equal ? 0 : 1;
 }
 
 }  // namespace kvtier::tools

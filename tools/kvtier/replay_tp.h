@@ -13,7 +13,9 @@
 //
 // The same requests are first served at TP=1 (one process, the whole model) for the comparison:
 // hit rates must be equal (exit code 1 otherwise), TTFT is LoadBack's wall time plus the slowest
-// rank's prefill. Sequential scheduling, no storage tier (docs/tp.md: not built yet).
+// rank's prefill. Sequential scheduling. --storage file: each pass gets a file store of per-head
+// objects (docs/tp.md), host layout page_head; each rank reads and writes its heads; every
+// request's backups land before the next (hits do not depend on the store's speed).
 //
 // Thread safety: called once from main.
 #pragma once
@@ -30,6 +32,7 @@ struct TpReplayArgs {
   int tp = 1;                 // --tp: ranks; 1 = the plain replay
   int rank = 0;               // --tp-rank (hidden): a follower started by rank 0
   std::string group;          // --tp-group (hidden): its decision ring
+  std::string store;          // --tp-store (hidden): the pass's per-head file store URL
   double ack_timeout_s = 60;  // --tp-timeout
 };
 

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# scripts/gpu_check_prebuilt.sh [-- extra commands] — on the GPU machine, run the GPU tests and a
+# short GPU replay from binaries built on the build machine (scripts/gpu_prebuilt.sh), building
+# nothing: for a device budget too short for scripts/gpu_check.sh. Carry build-deps/root and
+# build-deps/prebuilt. Logs go to $OUT (else build-deps/prebuilt/logs); a summary is printed last.
+#
+# Sections: the GPU test binaries (every case), compute-sanitizer memcheck over the cache's GPU
+# tests, and `kvtier replay --device gpu` with a file store (every loaded byte checked).
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+source scripts/gpu_env.sh
+pre=$PWD/build-deps/prebuilt
+[[ -x $pre/bin/kvtier ]] || { echo "no $pre/bin (run scripts/gpu_prebuilt.sh here first)"; exit 2; }
+export LD_LIBRARY_PATH=$pre/root/usr/lib/x86_64-linux-gnu:$LD_LIBRARY_PATH
+LOGS=${OUT:-$pre/logs}
+mkdir -p "$LOGS"
+declare -a SUMMARY
+T0=$(date +%s)
+note() { SUMMARY+=("$1"); echo "[$(( $(date +%s) - T0 ))s] $1"; }
+
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+for t in hierarchical_cache_gpu_test cuda_transfer_test cpu_transfer_test host_kv_pool_test \
+         hierarchical_cache_shared_host_test shared_host_pool_gpu_test; do
+  "$pre/bin/$t" --gtest_brief=1 >"$LOGS/$t.log" 2>&1
+  rc=$?
+  note "$t: rc=$rc $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$LOGS/$t.log" | tr '\n' ' ')"
+done
+if command -v compute-sanitizer >/dev/null; then
+  compute-sanitizer --tool memcheck --error-exitcode 99 "$pre/bin/hierarchical_cache_gpu_test" \
+    >"$LOGS/memcheck_cache.log" 2>&1
+  note "memcheck hierarchical_cache_gpu_test: rc=$? $(grep 'ERROR SUMMARY' "$LOGS/memcheck_cache.log" | tail -1)"
+fi
+store=$(mktemp -d)
+"$pre/bin/kvtier" replay --workload doc-qa --requests 120 --seed 5 --model llama3-8b \
+  --device gpu --device-tokens 32768 --host-tokens 65536 --storage "file://$store" \
+  --sequential --runs hierarchy --no-progress --json "$LOGS/replay.json" >"$LOGS/replay.log" 2>&1
+note "replay --device gpu (file store): rc=$? $(grep -E '^integrity' "$LOGS/replay.log")"
+rm -rf "$store"
+echo "== summary"
+printf '%s\n' "${SUMMARY[@]}"

@@ -1,0 +1,58 @@
+// tools/kvtier/replay_tp_report.h — what `kvtier replay --tp N` measured in one pass (TP=1, then
+// TP=N) and its report: the table it prints and its --json (see replay_tp.h, docs/tp.md).
+//
+// Thread safety: plain values and functions, used by the replay's one thread.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kvtier/hierarchical_cache.h"
+#include "kvtier/status.h"
+#include "kvtier/tp_group.h"
+
+namespace kvtier::tools {
+
+struct TpPassResult {
+  int tp = 1;
+  int64_t requests = 0, prompt_tokens = 0, device_hit = 0, host_hit = 0, storage_hit = 0;
+  int64_t loaded = 0;
+  int64_t bytes_checked = 0;  // rank 0's
+  std::vector<double> ttft_ms;
+  double slowest_rank_excess_ms = 0;  // summed: slowest rank's prefill minus rank 0's
+  double wall_s = 0;
+  // Per request, on rank 0: time in the cache's calls (Match, QueryStorage, Prefetch, LoadBack,
+  // AllocateDeviceSlots, Insert, Release) less the time in the engine the cache was given —
+  // the cache's decisions; the group's part of that engine time (publishing on the ring and
+  // waiting for the ranks to apply: TP > 1 only); rank 0's own copies.
+  std::vector<double> decide_ms, group_ms, copy_ms;
+  std::vector<double> decide_cpu_ms;  // the same decisions in the thread's CPU time
+  double storage_wait_s = 0;          // FinishPrefetch: waiting for storage reads (every rank's)
+  // Host -> device copies on each rank: bytes, seconds.
+  std::vector<int64_t> load_bytes;
+  std::vector<double> load_seconds;
+  TpLeaderStats ring;
+  CacheStats cache;  // rank 0's cache at the end
+};
+
+// The run the passes belong to, for the report's header and JSON.
+struct TpRunInfo {
+  int tp = 1;
+  std::string workload, model, io, command_line;
+  std::string json_path;  // empty: no JSON
+  int64_t warmup = 0;
+  bool mla = false, gpu = false, storage = false;
+};
+
+// The q-quantile (0..1) of `v`; 0 when empty.
+double TpPercentile(std::vector<double> v, double q);
+
+// Prints the two passes side by side (hits, TTFT, the decision ring, the leader's decision time
+// and waits, collectives, each rank's load bandwidth against TP=1's) and writes the JSON when
+// info.json_path is set. Whether the hit counts are equal; IOError when the JSON cannot be
+// written.
+Result<bool> ReportTpPasses(const TpRunInfo& info, const TpPassResult& tp1,
+                            const TpPassResult& tpn);
+
+}  // namespace kvtier::tools
