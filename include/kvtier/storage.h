@@ -43,6 +43,7 @@
 #include <functional>
 #include <future>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -170,11 +171,21 @@ class StorageBackend {
   // Writes each page (atomically: a reader sees the old object, the new one or none).
   void SetAsync(std::vector<PageKey> keys, std::vector<PageBuffer> buffers,
                 std::function<void(BatchResult)> done);
+  // SetAsync that also tells the store each page's parent: parents[i] is the key of the page
+  // before keys[i] in its prompt (nullopt for a prompt's first page, or unknown). A store that
+  // evicts by itself (file://, memory://) then takes a chain's tail before its head, so its
+  // eviction never leaves a stored page whose prefix page is gone (a page no lookup reaches).
+  // InvalidArgument unless parents.size() == keys.size(). Backends that keep no such order
+  // (redis: docs/storage.md says which maxmemory policy to use) write the pages as SetAsync does.
+  void SetAsync(std::vector<PageKey> keys, std::vector<PageBuffer> buffers,
+                std::vector<std::optional<PageKey>> parents, std::function<void(BatchResult)> done);
   void RemoveAsync(std::vector<PageKey> keys, std::function<void(BatchResult)> done);
 
   std::future<ExistsResult> Exists(std::vector<PageKey> keys);
   std::future<BatchResult> Get(std::vector<PageKey> keys, std::vector<PageBuffer> buffers);
   std::future<BatchResult> Set(std::vector<PageKey> keys, std::vector<PageBuffer> buffers);
+  std::future<BatchResult> Set(std::vector<PageKey> keys, std::vector<PageBuffer> buffers,
+                               std::vector<std::optional<PageKey>> parents);
   std::future<BatchResult> Remove(std::vector<PageKey> keys);
 
   // Stops taking calls (later calls are rejected with Unavailable), lets queued and running
@@ -200,6 +211,11 @@ class StorageBackend {
   // io_threads = 1, it runs them in order on the caller. `fn` must not throw.
   void ParallelFor(int64_t n, const std::function<void(int64_t)>& fn);
 
+  // For hooks: whether a Set or Remove naming `key` is queued or running (the calling hook's own
+  // batch included). A store that drops a page whose parent is gone asks it first: a parent still
+  // being written is not gone.
+  bool WritePending(const PageKey& key) const;
+
   // Hooks, called on an I/O thread with validated arguments; they must return by `deadline`
   // (pages not done then are kTimedOut) and never throw. `out` has one entry per key,
   // pre-filled with kSkipped.
@@ -209,6 +225,15 @@ class StorageBackend {
                      std::span<PageStatus> out, std::chrono::steady_clock::time_point deadline) = 0;
   virtual void DoSet(std::span<const PageKey> keys, std::span<const PageBuffer> buffers,
                      std::span<PageStatus> out, std::chrono::steady_clock::time_point deadline) = 0;
+  // A Set with the pages' parents (one per key). The default writes them with DoSet; a backend
+  // with its own eviction order records the parents (chain_lru.h), a wrapper passes them on.
+  virtual void DoSetChained(std::span<const PageKey> keys, std::span<const PageBuffer> buffers,
+                            std::span<const std::optional<PageKey>> parents,
+                            std::span<PageStatus> out,
+                            std::chrono::steady_clock::time_point deadline) {
+    (void)parents;
+    DoSet(keys, buffers, out, deadline);
+  }
   virtual void DoRemove(std::span<const PageKey> keys, std::span<PageStatus> out,
                         std::chrono::steady_clock::time_point deadline) = 0;
   // Backend-specific gauges (stored_pages, stored_bytes, capacity_bytes, evicted_pages).

@@ -185,6 +185,9 @@ bool BackupPlanner::Store(RadixNode* node, CacheWork* work, bool* deferred) {
   op->batch_pages = StoreBatchPages(core_.PageBytes(), core_.storage->options().timeout,
                                     core_.config.storage.max_backup_batch_pages,
                                     core_.storage->options().max_batch_pages);
+  if (const RadixNode* up = path.front()->parent(); !up->is_root() && !up->keys().empty()) {
+    op->first_parent = up->keys().back();
+  }
   for (RadixNode* n : path) {
     for (size_t i = 0; i < n->host_pages().size(); ++i) {
       op->pages.push_back(n->host_pages()[i]);

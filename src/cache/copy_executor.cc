@@ -106,19 +106,27 @@ void CopyExecutor::SubmitStorage(const std::shared_ptr<CopyOp>& op) {
         return;
       }
       std::vector<PageKey> keys(op->keys.begin() + from + present, op->keys.begin() + from + n);
-      pages->SetAsync(
-          *backend, std::move(keys), std::span(op->pages).subspan(from + present, n - present),
-          [tr, op, b, present, n](BatchResult r) {
-            std::vector<PageStatus> all(static_cast<size_t>(n), PageStatus::kOk);
-            for (size_t i = 0; i < r.pages.size() && present + static_cast<int64_t>(i) < n; ++i) {
-              all[static_cast<size_t>(present) + i] = r.pages[i];
-            }
-            if (!r.status.ok()) {
-              for (int64_t i = present; i < n; ++i)
-                all[static_cast<size_t>(i)] = PageStatus::kSkipped;
-            }
-            tr->CompleteBatch(*op, b, r.status, all);
-          });
+      // Each page's parent: the page before it (the pages of a store are one chain).
+      std::vector<std::optional<PageKey>> parents(keys.size());
+      for (int64_t i = from + present; i < from + n; ++i) {
+        parents[static_cast<size_t>(i - from - present)] =
+            i == 0 ? op->first_parent
+                   : std::optional<PageKey>(op->keys[static_cast<size_t>(i - 1)]);
+      }
+      pages->SetAsync(*backend, std::move(keys), std::move(parents),
+                      std::span(op->pages).subspan(from + present, n - present),
+                      [tr, op, b, present, n](BatchResult r) {
+                        std::vector<PageStatus> all(static_cast<size_t>(n), PageStatus::kOk);
+                        for (size_t i = 0;
+                             i < r.pages.size() && present + static_cast<int64_t>(i) < n; ++i) {
+                          all[static_cast<size_t>(present) + i] = r.pages[i];
+                        }
+                        if (!r.status.ok()) {
+                          for (int64_t i = present; i < n; ++i)
+                            all[static_cast<size_t>(i)] = PageStatus::kSkipped;
+                        }
+                        tr->CompleteBatch(*op, b, r.status, all);
+                      });
     });
   }
 }

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "cache/cache_lock_role.h"
@@ -55,6 +56,9 @@ struct CopyOp {
   std::vector<int64_t> src, dst;  // slots (device <-> host copies)
   std::vector<int64_t> pages;     // page starts of the destination (or host source for kStore)
   std::vector<PageKey> keys;      // storage operations: one per page
+  // kStore: the key of the page before keys[0] in its prompt (nullopt: keys[0] is a first page,
+  // or the key is unknown); the store evicts a chain's tail before its head.
+  std::optional<PageKey> first_parent;
   int64_t tokens = 0;
   int64_t bytes = 0;
   int64_t batch_pages = 0;  // storage operations: pages per batch

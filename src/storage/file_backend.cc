@@ -235,6 +235,27 @@ class FileBackend final : public StorageBackend {
     });
   }
 
+  // The index records each page's parent: eviction takes a chain's tail first (file_index.h). A
+  // page whose parent this store evicted is not written (OrphansToSkip); one whose parent went
+  // while the batch ran is dropped after it (DropOrphans).
+  void DoSetChained(std::span<const PageKey> keys, std::span<const PageBuffer> buffers,
+                    std::span<const std::optional<PageKey>> parents, std::span<PageStatus> out,
+                    Clock::time_point deadline) override {
+    const std::vector<uint8_t> skip = OrphansToSkip(
+        keys, parents, [this](const PageKey& p) { return !WritePending(p) && index_->Gone(p); });
+    ParallelFor(static_cast<int64_t>(keys.size()), [&](int64_t i) {
+      const size_t k = static_cast<size_t>(i);
+      out[k] = skip[k]                   ? PageStatus::kSkipped
+               : Clock::now() > deadline ? PageStatus::kTimedOut
+                                         : SetOne(keys[k], buffers[k], parents[k]);
+    });
+    DropOrphans(
+        keys, parents, out, [this](const PageKey& p) { return WritePending(p); },
+        [this](const PageKey& k, const PageKey& p, bool in_batch) {
+          return index_->DropOrphan(k, p, in_batch);
+        });
+  }
+
   void DoRemove(std::span<const PageKey> keys, std::span<PageStatus> out,
                 Clock::time_point deadline) override {
     for (size_t i = 0; i < keys.size(); ++i) {
@@ -752,7 +773,8 @@ class FileBackend final : public StorageBackend {
     return WriteFull(fd, bounce, kDirectAlign, 0) && ::ftruncate(fd, value_bytes_) == 0;
   }
 
-  PageStatus SetOne(const PageKey& key, const PageBuffer& buffer) {
+  PageStatus SetOne(const PageKey& key, const PageBuffer& buffer,
+                    const std::optional<PageKey>& parent = std::nullopt) {
     if (value_bytes_ > index_->capacity()) return PageStatus::kNoSpace;
     const std::string hex = key.Hex();
     Fd shard = OpenShard(hex, /*create=*/true);
@@ -793,7 +815,7 @@ class FileBackend final : public StorageBackend {
       return error == ENOSPC || error == EDQUOT ? PageStatus::kNoSpace : PageStatus::kFailed;
     }
     if (config_.fsync) ::fsync(shard.get());
-    index_->Put(key, value_bytes_, stamp);
+    index_->Put(key, value_bytes_, stamp, parent);
     return PageStatus::kOk;
   }
 

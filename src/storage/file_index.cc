@@ -61,7 +61,7 @@ void FileIndex::Load(std::vector<Found> found) {
             [](const Found& a, const Found& b) { return a.stamp < b.stamp; });
   std::lock_guard<std::mutex> lock(mu_);
   for (const Found& f : found) {
-    AddLocked(f.key, f.bytes, /*newest=*/true);
+    pages_.Add(f.key, f.bytes, std::nullopt, /*newest=*/true);
     last_stamp_ = std::max(last_stamp_, f.stamp);
   }
   EvictLocked(nullptr);
@@ -73,45 +73,61 @@ int64_t FileIndex::NextStamp() {
   return last_stamp_;
 }
 
-void FileIndex::Put(const PageKey& key, int64_t bytes, int64_t stamp) {
+void FileIndex::Put(const PageKey& key, int64_t bytes, int64_t stamp,
+                    const std::optional<PageKey>& parent) {
   std::lock_guard<std::mutex> lock(mu_);
   last_stamp_ = std::max(last_stamp_, stamp);
-  AddLocked(key, bytes, /*newest=*/true);
+  pages_.Add(key, bytes, parent, /*newest=*/true);
   EvictLocked(&key);
 }
 
 int64_t FileIndex::Touch(const PageKey& key, int64_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   last_stamp_ = std::max(RealtimeNs(), last_stamp_ + 1);
-  AddLocked(key, bytes, /*newest=*/true);
+  pages_.Add(key, bytes, std::nullopt, /*newest=*/true);  // keeps its parent
   return last_stamp_;
 }
 
 void FileIndex::AddFound(const PageKey& key, int64_t bytes, int64_t stamp) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (entries_.count(key) != 0) return;
+  if (pages_.Contains(key)) return;
   last_stamp_ = std::max(last_stamp_, stamp);
-  AddLocked(key, bytes, /*newest=*/false);
+  pages_.Add(key, bytes, std::nullopt, /*newest=*/false);
+}
+
+bool FileIndex::DropOrphan(const PageKey& key, const PageKey& parent, bool parent_in_batch) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (pages_.Contains(parent) || !pages_.Contains(key)) return false;
+  if (!parent_in_batch && !pages_.Evicted(parent)) return false;
+  if (remove_) remove_(key);
+  pages_.Evict(key);
+  ++evicted_;
+  return true;
+}
+
+bool FileIndex::Gone(const PageKey& key) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !pages_.Contains(key) && pages_.Evicted(key);
 }
 
 void FileIndex::Erase(const PageKey& key) {
   std::lock_guard<std::mutex> lock(mu_);
-  EraseLocked(key);
+  pages_.Erase(key);
 }
 
 bool FileIndex::Contains(const PageKey& key) const {
   std::lock_guard<std::mutex> lock(mu_);
-  return entries_.count(key) != 0;
+  return pages_.Contains(key);
 }
 
 int64_t FileIndex::pages() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return static_cast<int64_t>(entries_.size());
+  return pages_.pages();
 }
 
 int64_t FileIndex::bytes() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return bytes_;
+  return pages_.bytes();
 }
 
 int64_t FileIndex::evicted() const {
@@ -121,33 +137,20 @@ int64_t FileIndex::evicted() const {
 
 std::vector<PageKey> FileIndex::LruOrder() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return std::vector<PageKey>(lru_.begin(), lru_.end());
+  return pages_.Order();
 }
 
-void FileIndex::AddLocked(const PageKey& key, int64_t bytes, bool newest) {
-  EraseLocked(key);
-  auto pos = newest ? lru_.insert(lru_.begin(), key) : lru_.insert(lru_.end(), key);
-  entries_.emplace(key, Entry{bytes, pos});
-  bytes_ += bytes;
-}
-
-void FileIndex::EraseLocked(const PageKey& key) {
-  auto it = entries_.find(key);
-  if (it == entries_.end()) return;
-  bytes_ -= it->second.bytes;
-  lru_.erase(it->second.lru_pos);
-  entries_.erase(it);
+std::optional<PageKey> FileIndex::ParentOf(const PageKey& key) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return pages_.ParentOf(key);
 }
 
 void FileIndex::EvictLocked(const PageKey* keep) {
-  auto it = lru_.end();
-  while (bytes_ > capacity_ && it != lru_.begin()) {
-    --it;
-    if (keep != nullptr && *it == *keep) continue;
-    const PageKey victim = *it;
-    it = std::next(it);  // EraseLocked invalidates the victim's position only
-    if (remove_) remove_(victim);
-    EraseLocked(victim);
+  while (pages_.bytes() > capacity_) {
+    const std::optional<PageKey> victim = pages_.Victim(keep);
+    if (!victim) return;
+    if (remove_) remove_(*victim);
+    pages_.Evict(*victim);
     ++evicted_;
   }
 }

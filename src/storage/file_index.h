@@ -3,14 +3,18 @@
 // order across restarts, and the restart scan that rebuilds it. No page I/O here: the file
 // backend (file_backend.cc) reads and writes the pages and tells the index what it found.
 //
+// Eviction takes a chain's tail before its head (chain_lru.h): a page written with its parent's
+// key is evicted only after every stored page naming it as parent, so eviction never leaves a
+// stored page whose prefix page is gone. Parents live in this process's index only: pages found
+// at a restart, or written by another process, are roots (plain LRU among the leaves).
+//
 // Stamps: nanoseconds since the epoch, stored as each page file's mtime. Every stamp handed out
 // is strictly greater than every stamp handed out before or loaded at start, so sorting the files
 // by mtime at the next start gives the same LRU order.
 //
-// Invariants (under `mu_`): `entries_` holds the known pages and `lru_` lists exactly their keys,
-// most recently used first; `bytes_` is the sum of their sizes and, after Put or Load returns,
-// at most `capacity` (except a lone page larger than the capacity, which Put never admits: the
-// backend refuses such a Set before writing).
+// Invariants (under `mu_`): `pages_` holds the known pages, their parents and recency; its bytes
+// are the sum of their sizes and, after Put or Load returns, at most `capacity` (except a lone page
+// larger than the capacity, which Put never admits: the backend refuses such a Set before writing).
 //
 // Thread safety: every method may be called from any thread; `remove` runs under the index's
 // mutex (so a victim's file goes before another thread can add the same key again) and must not
@@ -19,13 +23,13 @@
 
 #include <cstdint>
 #include <functional>
-#include <list>
 #include <mutex>
-#include <unordered_map>
+#include <optional>
 #include <vector>
 
 #include "kvtier/page_key.h"
 #include "kvtier/status.h"
+#include "storage/chain_lru.h"
 
 namespace kvtier::storage {
 
@@ -48,15 +52,24 @@ class FileIndex {
   // A stamp for a page about to be written or just hit (strictly increasing).
   int64_t NextStamp();
 
-  // A page just written (or replaced) with `stamp`: most recently used; then evicts the least
-  // recently used others until the bytes fit.
-  void Put(const PageKey& key, int64_t bytes, int64_t stamp);
+  // A page just written (or replaced) with `stamp`: most recently used, its parent recorded when
+  // given (nullopt: unknown, or the one recorded before); then evicts until the bytes fit, each
+  // victim the least recently used page no stored page names as parent (the page itself last:
+  // when it is the only such page, the tail of a chain longer than the room).
+  void Put(const PageKey& key, int64_t bytes, int64_t stamp,
+           const std::optional<PageKey>& parent = std::nullopt);
   // A page just read and checked: most recently used, with a new stamp, returned (the caller
   // writes it as the file's mtime).
   int64_t Touch(const PageKey& key, int64_t bytes);
   // A page another process wrote, found by a lookup: least recently used (nobody here used it),
   // unless already known. No eviction (its bytes are another process's count too).
   void AddFound(const PageKey& key, int64_t bytes, int64_t stamp);
+  // Evicts `key` (its file removed) when `parent` is not stored and either `parent_in_batch` (a
+  // page of the same Set) or evicted by this index: a page written after its parent went
+  // (DropOrphans in chain_lru.h). Whether it did.
+  bool DropOrphan(const PageKey& key, const PageKey& parent, bool parent_in_batch);
+  // Whether `key` is not stored and was evicted here (OrphansToSkip in chain_lru.h).
+  bool Gone(const PageKey& key) const;
   // Forgets a page (removed, found absent or corrupt). No effect for an unknown key.
   void Erase(const PageKey& key);
 
@@ -67,22 +80,16 @@ class FileIndex {
   int64_t evicted() const;
   // Keys from most to least recently used (tests).
   std::vector<PageKey> LruOrder() const;
+  // The parent recorded for `key` (tests; nullopt: none or unknown key).
+  std::optional<PageKey> ParentOf(const PageKey& key) const;
 
  private:
-  struct Entry {
-    int64_t bytes;
-    std::list<PageKey>::iterator lru_pos;
-  };
-  void AddLocked(const PageKey& key, int64_t bytes, bool newest);
-  void EraseLocked(const PageKey& key);
   void EvictLocked(const PageKey* keep);
 
   const int64_t capacity_;
   const std::function<void(const PageKey&)> remove_;
   mutable std::mutex mu_;
-  std::unordered_map<PageKey, Entry, PageKeyHash> entries_;
-  std::list<PageKey> lru_;
-  int64_t bytes_ = 0;
+  ChainLru<PageKey, PageKeyHash> pages_;
   int64_t evicted_ = 0;
   int64_t last_stamp_ = 0;
 };

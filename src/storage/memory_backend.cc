@@ -1,21 +1,23 @@
 // The `memory://` backend (memory_backend.h).
 //
 // A MemoryStore maps (namespace hash, key) to an encoded value (header ‖ payload, page_format.h)
-// and keeps an LRU list over them. Invariants (under `mu`): `bytes` is the sum of the values'
-// sizes and never exceeds `capacity` after a Set returns; `lru` holds exactly the map's entries,
-// most recently used first. Values are immutable once stored and shared by pointer, so a Get
-// copies its bytes out without holding the lock.
+// and keeps their eviction order: LRU among the pages no stored page names as parent (a chain's
+// tail before its head, chain_lru.h). Invariants (under `mu`): `order` holds exactly the map's
+// names; its bytes, the sum of the values' sizes, never exceed `capacity` after a Set returns.
+// Values are immutable once stored and shared by pointer, so a Get copies its bytes out without
+// holding the lock.
 //
 // Thread safety: a store's state is guarded by its mutex; the registry of named stores by its own.
 #include "storage/memory_backend.h"
 
 #include <fmt/format.h>
 
-#include <list>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 
+#include "storage/chain_lru.h"
 #include "storage/page_format.h"
 #include "storage/storage_url.h"
 
@@ -46,58 +48,67 @@ class MemoryStore {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = map_.find(name);
     if (it == map_.end()) return nullptr;
-    if (touch) lru_.splice(lru_.begin(), lru_, it->second.lru_pos);
-    return it->second.value;
+    if (touch) order_.Touch(name);
+    return it->second;
   }
 
-  // False when the value alone exceeds the capacity.
-  bool Insert(const StoredName& name, std::shared_ptr<const Value> value) {
+  // False when the value alone exceeds the capacity. `parent`: the page before it in its prompt
+  // (nullopt: a first page, unknown, or the one recorded before). Evicts down to the capacity,
+  // a chain's tail before its head (chain_lru.h).
+  bool Insert(const StoredName& name, std::shared_ptr<const Value> value,
+              const std::optional<StoredName>& parent) {
     const int64_t size = static_cast<int64_t>(value->size());
     if (size > capacity_) return false;
     std::lock_guard<std::mutex> lock(mu_);
-    EraseLocked(name);
-    while (bytes_ + size > capacity_ && !lru_.empty()) {
-      EraseLocked(lru_.back());
+    map_[name] = std::move(value);
+    order_.Add(name, size, parent, /*newest=*/true);
+    while (order_.bytes() > capacity_) {
+      const std::optional<StoredName> victim = order_.Victim(&name);
+      if (!victim) break;
+      map_.erase(*victim);
+      order_.Evict(*victim);
       ++evicted_;
     }
-    lru_.push_front(name);
-    map_.emplace(name, Entry{std::move(value), lru_.begin()});
-    bytes_ += size;
+    return true;
+  }
+
+  // Whether `name` is not stored and was evicted here (OrphansToSkip in chain_lru.h).
+  bool Gone(const StoredName& name) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return map_.count(name) == 0 && order_.Evicted(name);
+  }
+
+  // Evicts `name` when `parent` is not stored and either in the same Set or evicted here
+  // (DropOrphans in chain_lru.h). Whether it did.
+  bool DropOrphan(const StoredName& name, const StoredName& parent, bool parent_in_batch) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (map_.count(parent) != 0 || map_.count(name) == 0) return false;
+    if (!parent_in_batch && !order_.Evicted(parent)) return false;
+    map_.erase(name);
+    order_.Evict(name);
+    ++evicted_;
     return true;
   }
 
   void Erase(const StoredName& name) {
     std::lock_guard<std::mutex> lock(mu_);
-    EraseLocked(name);
+    map_.erase(name);
+    order_.Erase(name);
   }
 
   void Fill(StorageStats& stats) const {
     std::lock_guard<std::mutex> lock(mu_);
     stats.stored_pages = static_cast<int64_t>(map_.size());
-    stats.stored_bytes = bytes_;
+    stats.stored_bytes = order_.bytes();
     stats.capacity_bytes = capacity_;
     stats.evicted_pages = evicted_;
   }
 
  private:
-  struct Entry {
-    std::shared_ptr<const Value> value;
-    std::list<StoredName>::iterator lru_pos;
-  };
-
-  void EraseLocked(const StoredName& name) {
-    auto it = map_.find(name);
-    if (it == map_.end()) return;
-    bytes_ -= static_cast<int64_t>(it->second.value->size());
-    lru_.erase(it->second.lru_pos);
-    map_.erase(it);
-  }
-
   const int64_t capacity_;
   mutable std::mutex mu_;
-  std::unordered_map<StoredName, Entry, StoredNameHash> map_;
-  std::list<StoredName> lru_;
-  int64_t bytes_ = 0;
+  std::unordered_map<StoredName, std::shared_ptr<const Value>, StoredNameHash> map_;
+  ChainLru<StoredName, StoredNameHash> order_;  // the same names, their sizes and parents
   int64_t evicted_ = 0;
 };
 
@@ -145,7 +156,21 @@ class MemoryBackend final : public StorageBackend {
 
   void DoSet(std::span<const PageKey> keys, std::span<const PageBuffer> buffers,
              std::span<PageStatus> out, Clock::time_point deadline) override {
+    DoSetChained(keys, buffers, {}, out, deadline);
+  }
+
+  // `parents` empty: unknown.
+  void DoSetChained(std::span<const PageKey> keys, std::span<const PageBuffer> buffers,
+                    std::span<const std::optional<PageKey>> parents, std::span<PageStatus> out,
+                    Clock::time_point deadline) override {
+    const std::vector<uint8_t> skip = OrphansToSkip(keys, parents, [this](const PageKey& p) {
+      return !WritePending(p) && store_->Gone({namespace_hash_, p});
+    });
     for (size_t i = 0; i < keys.size(); ++i) {
+      if (skip[i]) {
+        out[i] = PageStatus::kSkipped;
+        continue;
+      }
       if (Clock::now() > deadline) {
         out[i] = PageStatus::kTimedOut;
         continue;
@@ -153,9 +178,17 @@ class MemoryBackend final : public StorageBackend {
       auto value =
           std::make_shared<Value>(kPageHeaderBytes + static_cast<size_t>(buffers[i].bytes()));
       EncodePageValue(namespace_hash_, keys[i], buffers[i], *value);
-      out[i] = store_->Insert({namespace_hash_, keys[i]}, std::move(value)) ? PageStatus::kOk
-                                                                            : PageStatus::kNoSpace;
+      std::optional<StoredName> parent;
+      if (i < parents.size() && parents[i]) parent = StoredName{namespace_hash_, *parents[i]};
+      out[i] = store_->Insert({namespace_hash_, keys[i]}, std::move(value), parent)
+                   ? PageStatus::kOk
+                   : PageStatus::kNoSpace;
     }
+    DropOrphans(
+        keys, parents, out, [this](const PageKey& p) { return WritePending(p); },
+        [this](const PageKey& k, const PageKey& p, bool in_batch) {
+          return store_->DropOrphan({namespace_hash_, k}, {namespace_hash_, p}, in_batch);
+        });
   }
 
   void DoRemove(std::span<const PageKey> keys, std::span<PageStatus> out,

@@ -172,9 +172,25 @@ void PageStaging::GetAsync(StorageBackend& backend, std::vector<PageKey> keys,
 void PageStaging::SetAsync(StorageBackend& backend, std::vector<PageKey> keys,
                            std::span<const int64_t> page_starts,
                            std::function<void(BatchResult)> done) {
+  SetAsync(backend, std::move(keys), {}, page_starts, std::move(done));
+}
+
+void PageStaging::SetAsync(StorageBackend& backend, std::vector<PageKey> keys,
+                           std::vector<std::optional<PageKey>> parents,
+                           std::span<const int64_t> page_starts,
+                           std::function<void(BatchResult)> done) {
   const int64_t n = static_cast<int64_t>(page_starts.size());
+  // Without parents: the plain Set (unknown parents).
+  auto set = [&backend, &keys, &parents](std::vector<PageBuffer> buffers,
+                                         std::function<void(BatchResult)> cb) {
+    if (parents.empty()) {
+      backend.SetAsync(std::move(keys), std::move(buffers), std::move(cb));
+    } else {
+      backend.SetAsync(std::move(keys), std::move(buffers), std::move(parents), std::move(cb));
+    }
+  };
   if (zero_copy_ || n == 0) {
-    backend.SetAsync(std::move(keys), PoolPages(page_starts), std::move(done));
+    set(PoolPages(page_starts), std::move(done));
     return;
   }
   std::shared_ptr<Staging> staging = TakeStaging(n);
@@ -186,11 +202,10 @@ void PageStaging::SetAsync(StorageBackend& backend, std::vector<PageKey> keys,
     return;
   }
   std::vector<PageBuffer> buffers = StagedPages(*staging, n);
-  backend.SetAsync(std::move(keys), std::move(buffers),
-                   [this, staging, done = std::move(done)](BatchResult r) mutable {
-                     ReturnStaging(std::move(staging));
-                     done(std::move(r));
-                   });
+  set(std::move(buffers), [this, staging, done = std::move(done)](BatchResult r) mutable {
+    ReturnStaging(std::move(staging));
+    done(std::move(r));
+  });
 }
 
 }  // namespace kvtier::storage

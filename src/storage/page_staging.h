@@ -21,6 +21,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -52,6 +53,10 @@ class PageStaging {
   // calling thread before the call is queued. Same requirements as GetAsync.
   void SetAsync(StorageBackend& backend, std::vector<PageKey> keys,
                 std::span<const int64_t> page_starts, std::function<void(BatchResult)> done);
+  // The same with each page's parent (StorageBackend::SetAsync with parents; empty: unknown).
+  void SetAsync(StorageBackend& backend, std::vector<PageKey> keys,
+                std::vector<std::optional<PageKey>> parents, std::span<const int64_t> page_starts,
+                std::function<void(BatchResult)> done);
 
  private:
   // One call's staging memory: `pages` pages, K of all pages then V of all pages (MLA: K only),

@@ -161,7 +161,8 @@ bool IsRead(CallKind kind) { return kind == CallKind::kExists || kind == CallKin
 struct Call {
   CallKind kind;
   std::vector<PageKey> keys;
-  std::vector<PageBuffer> buffers;  // Get and Set
+  std::vector<PageBuffer> buffers;              // Get and Set
+  std::vector<std::optional<PageKey>> parents;  // Set: empty, or one per key
   std::function<void(ExistsResult)> exists_done;
   std::function<void(BatchResult)> batch_done;
 };
@@ -222,7 +223,8 @@ struct StorageBackend::Queue {
   // Moves `call` into the queue, or leaves it with the caller and says why not.
   Status Enqueue(const StorageBackend& b, Call& call);
   void Submit(StorageBackend& b, CallKind kind, std::vector<PageKey> keys,
-              std::vector<PageBuffer> buffers, std::function<void(BatchResult)> done);
+              std::vector<PageBuffer> buffers, std::function<void(BatchResult)> done,
+              std::vector<std::optional<PageKey>> parents = {});
   // Under `mu`: whether an I/O thread may take work now.
   bool HasWorkLocked() const {
     return !read_jobs.empty() || !reads.empty() ||
@@ -261,6 +263,7 @@ struct StorageBackend::Queue {
     if (last) job_cv.notify_all();
   }
   void ParallelFor(int64_t n, const std::function<void(int64_t)>& fn, bool write);
+  bool WritePending(const PageKey& key);
   // Under `mu`: whether `call` names a key that a queued or running write names.
   bool WaitsForAWriteLocked(const Call& call) const {
     if (pending_writes.empty()) return false;
@@ -401,6 +404,11 @@ void StorageBackend::Queue::Loop(StorageBackend& b) {
   }
 }
 
+bool StorageBackend::Queue::WritePending(const PageKey& key) {
+  std::lock_guard<std::mutex> lock(mu);
+  return pending_writes.count(key) != 0;
+}
+
 void StorageBackend::Queue::ParallelFor(int64_t n, const std::function<void(int64_t)>& fn,
                                         bool write) {
   Job job{&fn, n, write};
@@ -420,6 +428,8 @@ void StorageBackend::Queue::ParallelFor(int64_t n, const std::function<void(int6
   lock.lock();
   job_cv.wait(lock, [&] { return job.finished == job.n; });
 }
+
+bool StorageBackend::WritePending(const PageKey& key) const { return queue_->WritePending(key); }
 
 void StorageBackend::ParallelFor(int64_t n, const std::function<void(int64_t)>& fn) {
   if (n <= 0) return;
@@ -447,7 +457,11 @@ void StorageBackend::Queue::Run(StorageBackend& b, Call& call) {
       b.DoGet(call.keys, call.buffers, result.pages, deadline);
       break;
     case CallKind::kSet:
-      b.DoSet(call.keys, call.buffers, result.pages, deadline);
+      if (call.parents.empty()) {
+        b.DoSet(call.keys, call.buffers, result.pages, deadline);
+      } else {
+        b.DoSetChained(call.keys, call.buffers, call.parents, result.pages, deadline);
+      }
       break;
     case CallKind::kRemove:
       b.DoRemove(call.keys, result.pages, deadline);
@@ -577,13 +591,18 @@ void StorageBackend::Queue::Count(CallKind kind) {
 
 void StorageBackend::Queue::Submit(StorageBackend& b, CallKind kind, std::vector<PageKey> keys,
                                    std::vector<PageBuffer> buffers,
-                                   std::function<void(BatchResult)> done) {
+                                   std::function<void(BatchResult)> done,
+                                   std::vector<std::optional<PageKey>> parents) {
   Count(kind);
   const size_t num_pages = keys.size();
   Status st = b.CheckCaller(CallName(kind));
   if (st.ok()) st = Check(b, kind, keys, kind == CallKind::kRemove ? nullptr : &buffers);
+  if (st.ok() && !parents.empty() && parents.size() != keys.size()) {
+    st = Status::InvalidArgument(
+        fmt::format("Set: {} parents for {} keys (one per key)", parents.size(), keys.size()));
+  }
   if (st.ok()) {
-    Call call{kind, std::move(keys), std::move(buffers), {}, std::move(done)};
+    Call call{kind, std::move(keys), std::move(buffers), std::move(parents), {}, std::move(done)};
     st = Enqueue(b, call);
     if (st.ok()) return;
     done = std::move(call.batch_done);
@@ -597,7 +616,7 @@ void StorageBackend::ExistsAsync(std::vector<PageKey> keys,
   Status st = CheckCaller(CallName(CallKind::kExists));
   if (st.ok()) st = queue_->Check(*this, CallKind::kExists, keys, nullptr);
   if (st.ok()) {
-    Call call{CallKind::kExists, std::move(keys), {}, std::move(done), {}};
+    Call call{CallKind::kExists, std::move(keys), {}, {}, std::move(done), {}};
     st = queue_->Enqueue(*this, call);
     if (st.ok()) return;
     done = std::move(call.exists_done);
@@ -613,6 +632,19 @@ void StorageBackend::GetAsync(std::vector<PageKey> keys, std::vector<PageBuffer>
 void StorageBackend::SetAsync(std::vector<PageKey> keys, std::vector<PageBuffer> buffers,
                               std::function<void(BatchResult)> done) {
   queue_->Submit(*this, CallKind::kSet, std::move(keys), std::move(buffers), std::move(done));
+}
+
+void StorageBackend::SetAsync(std::vector<PageKey> keys, std::vector<PageBuffer> buffers,
+                              std::vector<std::optional<PageKey>> parents,
+                              std::function<void(BatchResult)> done) {
+  if (parents.empty() && !keys.empty()) {  // a Set with parents names one per key
+    RunDone(done, BatchResult::Failed(Status::InvalidArgument(fmt::format(
+                                          "Set: 0 parents for {} keys (one per key)", keys.size())),
+                                      keys.size()));
+    return;
+  }
+  queue_->Submit(*this, CallKind::kSet, std::move(keys), std::move(buffers), std::move(done),
+                 std::move(parents));
 }
 
 void StorageBackend::RemoveAsync(std::vector<PageKey> keys, std::function<void(BatchResult)> done) {
@@ -640,6 +672,16 @@ std::future<BatchResult> StorageBackend::Set(std::vector<PageKey> keys,
   auto promise = std::make_shared<std::promise<BatchResult>>();
   auto future = promise->get_future();
   SetAsync(std::move(keys), std::move(buffers),
+           [promise](BatchResult r) { promise->set_value(std::move(r)); });
+  return future;
+}
+
+std::future<BatchResult> StorageBackend::Set(std::vector<PageKey> keys,
+                                             std::vector<PageBuffer> buffers,
+                                             std::vector<std::optional<PageKey>> parents) {
+  auto promise = std::make_shared<std::promise<BatchResult>>();
+  auto future = promise->get_future();
+  SetAsync(std::move(keys), std::move(buffers), std::move(parents),
            [promise](BatchResult r) { promise->set_value(std::move(r)); });
   return future;
 }

@@ -268,6 +268,13 @@ void FaultInjectingStorage::DoGet(std::span<const PageKey> keys,
 void FaultInjectingStorage::DoSet(std::span<const PageKey> keys,
                                   std::span<const PageBuffer> buffers, std::span<PageStatus> out,
                                   Clock::time_point deadline) {
+  DoSetChained(keys, buffers, {}, out, deadline);
+}
+
+void FaultInjectingStorage::DoSetChained(std::span<const PageKey> keys,
+                                         std::span<const PageBuffer> buffers,
+                                         std::span<const std::optional<PageKey>> parents,
+                                         std::span<PageStatus> out, Clock::time_point deadline) {
   if (AnsweredWithoutForwarding(out, deadline)) return;
   if (!WaitForWrites(deadline)) {
     std::fill(out.begin(), out.end(), PageStatus::kTimedOut);
@@ -276,6 +283,7 @@ void FaultInjectingStorage::DoSet(std::span<const PageKey> keys,
   const double error_fraction = error_fraction_.load();
   const double drop_fraction = drop_fraction_.load();
   Forwarded fwd;
+  std::vector<std::optional<PageKey>> fwd_parents;  // with `parents`: one per forwarded key
   int64_t failed = 0, dropped = 0;
   for (size_t i = 0; i < keys.size(); ++i) {
     if (Draw(error_fraction)) {
@@ -288,10 +296,15 @@ void FaultInjectingStorage::DoSet(std::span<const PageKey> keys,
       fwd.index.push_back(i);
       fwd.keys.push_back(keys[i]);
       fwd.buffers.push_back(buffers[i]);
+      if (!parents.empty()) fwd_parents.push_back(parents[i]);
     }
   }
   if (!fwd.keys.empty()) {
-    const BatchResult r = inner_->Set(std::move(fwd.keys), std::move(fwd.buffers)).get();
+    const BatchResult r =
+        parents.empty()
+            ? inner_->Set(std::move(fwd.keys), std::move(fwd.buffers)).get()
+            : inner_->Set(std::move(fwd.keys), std::move(fwd.buffers), std::move(fwd_parents))
+                  .get();
     for (size_t j = 0; j < fwd.index.size(); ++j) out[fwd.index[j]] = FromInner(r, j);
   }
   std::lock_guard<std::mutex> lock(mu_);

@@ -61,6 +61,21 @@ class HeadSplitStorage final : public StorageBackend {
     if (read_only_) return;  // every page stays kSkipped
     Merge(inner_->Set(HeadKeys(keys), HeadBuffers(buffers)).get(), out);
   }
+  // Head h of a page names head h of its parent.
+  void DoSetChained(std::span<const PageKey> keys, std::span<const PageBuffer> buffers,
+                    std::span<const std::optional<PageKey>> parents, std::span<PageStatus> out,
+                    std::chrono::steady_clock::time_point) override {
+    if (read_only_) return;
+    std::vector<std::optional<PageKey>> head_parents;
+    head_parents.reserve(keys.size() * static_cast<size_t>(ns().head_num));
+    for (const std::optional<PageKey>& p : parents) {
+      for (int64_t h = 0; h < ns().head_num; ++h) {
+        head_parents.push_back(p ? std::optional<PageKey>(HeadObjectKey(*p, first_head_ + h))
+                                 : std::nullopt);
+      }
+    }
+    Merge(inner_->Set(HeadKeys(keys), HeadBuffers(buffers), std::move(head_parents)).get(), out);
+  }
   void DoRemove(std::span<const PageKey> keys, std::span<PageStatus> out,
                 std::chrono::steady_clock::time_point) override {
     if (read_only_) return;

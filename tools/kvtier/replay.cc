@@ -8,15 +8,19 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string_view>
 #include <thread>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "kvtier/device.h"
@@ -548,6 +552,90 @@ class Progress {
   Clock::time_point t0_, last_;
 };
 
+// Every page key the run's requests can have stored: the whole pages of each request's tokens
+// (prompt, and output with --insert-output), chained from the prompt's start (the cache's keys,
+// empty tenant salt).
+std::vector<std::vector<PageKey>> RequestChains(const Setup& s) {
+  std::vector<std::vector<PageKey>> chains;
+  for (const Workload* w : {&s.warmup, &s.workload}) {
+    for (size_t i = 0; i < w->requests.size(); ++i) {
+      const WorkloadRequest& req = w->requests[i];
+      std::vector<int32_t> tokens = PromptTokens(req);
+      if (s.options.insert_output && req.output_length > 0) {
+        const std::vector<int32_t> out = OutputTokens(static_cast<int64_t>(i), req.output_length);
+        tokens.insert(tokens.end(), out.begin(), out.end());
+      }
+      Result<std::vector<PageKey>> keys =
+          ComputePromptPageKeys(tokens, s.options.page_size, /*salt=*/"");
+      if (keys.ok() && !keys->empty()) chains.push_back(std::move(*keys));
+    }
+  }
+  return chains;
+}
+
+// The stored pages unreachable from a stored first page (StoredChains in replay_report.h): one
+// Exists per distinct key of `chains`, at most 64 in flight, for at most `budget` (a slow store:
+// then not checked, saying why). A lookup walks a prompt's pages from its first and stops at the
+// first miss, so a stored page after a missing one is bytes no request can reach.
+StoredChains CheckStoredChains(StorageBackend& store,
+                               const std::vector<std::vector<PageKey>>& chains,
+                               std::chrono::seconds budget = std::chrono::seconds(30)) {
+  StoredChains r;
+  const auto deadline = Clock::now() + budget;
+  std::unordered_map<PageKey, int8_t, PageKeyHash> stored;  // -1: not asked yet
+  std::vector<PageKey> distinct;
+  for (const auto& chain : chains) {
+    for (const PageKey& k : chain) {
+      if (stored.emplace(k, -1).second) distinct.push_back(k);
+    }
+  }
+  std::mutex mu;
+  std::condition_variable cv;
+  int64_t in_flight = 0, asked = 0;
+  Status failed;
+  for (const PageKey& k : distinct) {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return in_flight < 64; });
+    if (failed.ok() && Clock::now() > deadline) {
+      failed = Status::Unavailable(fmt::format("the store answered {} of {} Exists in {} s",
+                                               asked - in_flight, distinct.size(), budget.count()));
+    }
+    if (!failed.ok()) break;
+    ++asked;
+    ++in_flight;
+    lock.unlock();
+    store.ExistsAsync({k}, [&, k](ExistsResult e) {
+      std::lock_guard<std::mutex> l(mu);
+      if (!e.status.ok() && failed.ok()) failed = e.status;
+      stored[k] = e.leading == 1 ? 1 : 0;
+      --in_flight;
+      cv.notify_all();
+    });
+  }
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return in_flight == 0; });
+  }
+  if (!failed.ok()) {
+    r.why_unchecked = failed.ToString();
+    return r;
+  }
+  r.checked = true;
+  r.keys = static_cast<int64_t>(distinct.size());
+  std::unordered_set<PageKey, PageKeyHash> unreachable;
+  for (const auto& chain : chains) {
+    bool gap = false;  // a page before this one in the prompt is not stored
+    for (const PageKey& k : chain) {
+      const bool here = stored.at(k) == 1;
+      if (here && gap) unreachable.insert(k);
+      gap = gap || !here;
+    }
+  }
+  for (const auto& [k, v] : stored) r.stored += v == 1 ? 1 : 0;
+  r.unreachable = static_cast<int64_t>(unreachable.size());
+  return r;
+}
+
 class RunDriver {
  public:
   RunDriver(Setup& setup, RunKind kind, int64_t host_tokens, std::string name)
@@ -623,6 +711,11 @@ class RunDriver {
       if (StorageBackend* b = cache_->storage(); b != nullptr) {
         summary_.has_storage = true;
         summary_.storage_stats = b->Stats();
+        if (s_.fault_at_s >= 0 || s_.fault_delay_ms > 0) {
+          summary_.stored_chains.why_unchecked = "--fault: the store answers as the fault makes it";
+        } else {
+          summary_.stored_chains = CheckStoredChains(*b, RequestChains(s_));
+        }
       }
       KVTIER_RETURN_IF_ERROR(cache_->CheckConsistency().WithContext("cache consistency"));
       cache_.reset();

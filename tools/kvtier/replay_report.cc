@@ -417,6 +417,17 @@ void PrintReport(std::FILE* out, const ReplayReport& report) {
                    static_cast<long long>(c.storage_corrupt_pages),
                    static_cast<long long>(c.storage_timeouts),
                    static_cast<long long>(c.storage_queue_drops));
+      const StoredChains& sc = hier->stored_chains;
+      if (sc.checked) {
+        std::fprintf(out,
+                     "stored pages unreachable from a stored first page: %lld of %lld stored "
+                     "(%lld page keys in the run's requests)\n",
+                     static_cast<long long>(sc.unreachable), static_cast<long long>(sc.stored),
+                     static_cast<long long>(sc.keys));
+      } else {
+        std::fprintf(out, "stored pages unreachable from a stored first page: not checked (%s)\n",
+                     sc.why_unchecked.c_str());
+      }
     }
   }
   if (hier->fault_index >= 0) {
@@ -532,6 +543,15 @@ nlohmann::json RunJson(const RunSummary& r, int64_t token_bytes) {
                            {"corrupt_pages", c.storage_corrupt_pages},
                            {"timeouts", c.storage_timeouts},
                            {"queue_drops", c.storage_queue_drops}};
+  }
+  if (r.has_storage) {
+    const StoredChains& sc = r.stored_chains;
+    j["stored_chains"] = {{"checked", sc.checked},
+                          {"page_keys", sc.keys},
+                          {"stored_pages", sc.stored},
+                          {"unreachable_pages", sc.unreachable}};
+    if (!sc.checked) j["stored_chains"]["why_unchecked"] = sc.why_unchecked;
+    j["storage_evicted_pages"] = r.storage_stats.evicted_pages;
   }
   if (r.fault_index >= 0) {
     j["fault"] = {{"at_s", r.fault_at_s},

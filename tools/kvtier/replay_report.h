@@ -52,6 +52,16 @@ inline constexpr int kBootstrapResamples = 1000;
 // request (same length). A zero denominator gives 0.
 Interval QuantileRatio(const std::vector<double>& num, const std::vector<double>& den, double q);
 
+// What the store holds at the end of a run, by the page chains of the run's requests (replay.cc's
+// CheckStoredChains): `stored` of the `keys` distinct page keys are stored, and `unreachable` of
+// those follow a page of their prompt that is not (a chain cut by eviction: bytes no lookup
+// reaches). Not checked when an Exists failed (`why_unchecked`).
+struct StoredChains {
+  bool checked = false;
+  std::string why_unchecked;
+  int64_t keys = 0, stored = 0, unreachable = 0;
+};
+
 struct RunSummary {
   std::string name;  // no_cache, device_only, hierarchy
   std::vector<RequestRecord> records;
@@ -62,6 +72,7 @@ struct RunSummary {
   CacheStats cache;
   bool has_storage = false;
   StorageStats storage_stats;
+  StoredChains stored_chains;  // with has_storage
   // --kv-events (the hierarchy run): the publisher's counts once every batch was sent, and the
   // cache's blocks per tier when they were counted (what a subscriber rebuilds from the events).
   bool has_kv_events = false;

@@ -97,6 +97,10 @@ class FaultInjectingStorage final : public StorageBackend {
              std::span<PageStatus> out, std::chrono::steady_clock::time_point deadline) override;
   void DoSet(std::span<const PageKey> keys, std::span<const PageBuffer> buffers,
              std::span<PageStatus> out, std::chrono::steady_clock::time_point deadline) override;
+  // The parents go to the wrapped backend with the pages forwarded.
+  void DoSetChained(std::span<const PageKey> keys, std::span<const PageBuffer> buffers,
+                    std::span<const std::optional<PageKey>> parents, std::span<PageStatus> out,
+                    std::chrono::steady_clock::time_point deadline) override;
   void DoRemove(std::span<const PageKey> keys, std::span<PageStatus> out,
                 std::chrono::steady_clock::time_point deadline) override;
   // The wrapped backend's gauges (stored pages and bytes, capacity, evictions).
