@@ -191,7 +191,9 @@ struct StorageTierConfig {
   int64_t max_storage_only_pages = 1 << 20;
   // Backups to storage waiting for the backend or running, in pages; beyond: skipped, counted.
   int64_t max_backup_queue_pages = 4096;
-  int64_t max_backup_batch_pages = 256;  // pages per Set batch
+  // Pages per Set batch; fewer where pages are large: a batch is sized to be written within the
+  // backend's per-call timeout at 128 MB/s (cache/backup_planner.h).
+  int64_t max_backup_batch_pages = 256;
 
   bool enabled() const { return backend != nullptr || !url.empty(); }
   // When enabled: the storage fields of HierarchicalCacheConfigSchema within their bounds and
@@ -521,12 +523,20 @@ struct CacheStats {
   int64_t backup_present_tokens = 0;
   int64_t shared_host_hit_tokens = 0;
   int64_t backup_bytes = 0;
-  double backup_seconds = 0;          // submission to completion, summed over copies
-  int64_t write_back_tokens = 0;      // copied to host on device eviction (write_back)
-  int64_t storage_backup_tokens = 0;  // completed host -> storage writes
-  int64_t storage_backup_failed_tokens = 0;
+  double backup_seconds = 0;      // submission to completion, summed over copies
+  int64_t write_back_tokens = 0;  // copied to host on device eviction (write_back)
+  // Host -> storage. Every page of a store ends under exactly one of written (tokens), present,
+  // queue_full (dropped), capacity or failed; `policy` counts device pages that left the cache
+  // never copied because the write policy did not ask (write_through_selective below its
+  // threshold). A page skipped once may be written by a later store (counted again there).
+  int64_t storage_backup_tokens = 0;          // completed host -> storage writes
+  int64_t storage_backup_failed_tokens = 0;   // not written: the write failed or timed out
   int64_t storage_backup_present_tokens = 0;  // not written: storage already held them
-  int64_t storage_backup_dropped_tokens = 0;  // not written: the backup queue was full
+  // Not written: the cache's bounded backup queue (max_backup_queue_pages) or the backend's
+  // write queue was full.
+  int64_t storage_backup_dropped_tokens = 0;
+  int64_t storage_backup_capacity_tokens = 0;  // not written: the store had no room (kNoSpace)
+  int64_t storage_backup_policy_tokens = 0;    // dropped from the device, never copied (policy)
   int64_t storage_backup_bytes = 0;
   double storage_backup_seconds = 0;
   BandwidthHistogram storage_backup_bandwidth;  // GB/s of each host -> storage write that wrote

@@ -81,6 +81,10 @@ enum class PageStatus : uint8_t {
   kTimedOut = 4,        // not done within the timeout (a miss / a failed set)
   kFailed = 5,          // I/O or server error, no space, rejected (a miss / a failed set)
   kSkipped = 6,         // not attempted: the batch was rejected, or an earlier page cut it
+  // Set: not stored for want of room — the page alone is larger than the store's capacity, the
+  // file system is full (ENOSPC, EDQUOT), or a Redis server is at its maxmemory (an OOM reply).
+  // A store evicting older pages to make room is no such case (that Set is kOk).
+  kNoSpace = 7,
 };
 const char* PageStatusName(PageStatus status);
 
@@ -151,6 +155,7 @@ struct StorageStats {
   int64_t get_hit_pages = 0, get_absent_pages = 0, get_corrupt_pages = 0,
           get_wrong_namespace_pages = 0, get_timed_out_pages = 0, get_failed_pages = 0;
   int64_t set_ok_pages = 0, set_failed_pages = 0, set_timed_out_pages = 0;
+  int64_t set_no_space_pages = 0;  // kNoSpace (not in set_failed_pages)
   int64_t removed_pages = 0;
   int64_t bytes_read = 0, bytes_written = 0;  // payload bytes of hits / successful sets
   double get_seconds = 0, set_seconds = 0;    // I/O-thread time inside the hooks

@@ -10,6 +10,15 @@
 
 namespace kvtier {
 
+int64_t StoreBatchPages(int64_t page_bytes, std::chrono::milliseconds timeout,
+                        int64_t max_backup_batch_pages, int64_t backend_max_batch_pages) {
+  const double in_time = kSlowestStoreBytesPerSecond *
+                         std::chrono::duration<double>(timeout).count() /
+                         static_cast<double>(std::max<int64_t>(page_bytes, 1));
+  const int64_t by_time = in_time >= 1e15 ? int64_t{1} << 50 : static_cast<int64_t>(in_time);
+  return std::max<int64_t>(1, std::min({max_backup_batch_pages, backend_max_batch_pages, by_time}));
+}
+
 int64_t BackupPlanner::UnbackedPath(RadixNode* node, std::vector<RadixNode*>* path) const {
   for (RadixNode* n = node; !n->is_root() && !n->on_host(); n = n->parent()) {
     if (n->busy() > 0 || !n->on_device()) return 0;
@@ -173,8 +182,9 @@ bool BackupPlanner::Store(RadixNode* node, CacheWork* work, bool* deferred) {
   op->kind = CopyOp::Kind::kStore;
   op->tokens = tokens;
   op->start = CacheClock::now();
-  op->batch_pages = std::min(core_.config.storage.max_backup_batch_pages,
-                             core_.storage->options().max_batch_pages);
+  op->batch_pages = StoreBatchPages(core_.PageBytes(), core_.storage->options().timeout,
+                                    core_.config.storage.max_backup_batch_pages,
+                                    core_.storage->options().max_batch_pages);
   if (const RadixNode* up = path.front()->parent(); !up->is_root() && !up->keys().empty()) {
     op->first_parent = up->keys().back();
   }
@@ -249,6 +259,13 @@ void BackupPlanner::ReapStore(CopyOp& op, CacheWork* work) {
       std::count(op.page_status.begin(), op.page_status.end(), PageStatus::kOk);
   const int64_t present = std::min(op.present_pages, in_storage);
   const int64_t written = in_storage - present;
+  // Every page that did not make it under its reason: no room in the store, a batch the
+  // backend's full write queue rejected, else a failure (an error, a time-out).
+  const int64_t no_space =
+      std::count(op.page_status.begin(), op.page_status.end(), PageStatus::kNoSpace);
+  const int64_t rejected = std::min(op.rejected_pages, pages - in_storage - no_space);
+  core_.counters.storage_backup_capacity_tokens += no_space * core_.P;
+  core_.counters.storage_backup_dropped_tokens += rejected * core_.P;
   core_.counters.storage_backup_present_tokens += present * core_.P;
   core_.counters.storage_backup_tokens += written * core_.P;
   core_.counters.storage_backup_bytes += written * core_.PageBytes();
@@ -258,7 +275,8 @@ void BackupPlanner::ReapStore(CopyOp& op, CacheWork* work) {
     core_.counters.storage_backup_bandwidth.Observe(
         static_cast<double>(written * core_.PageBytes()) / seconds / 1e9);
   }
-  core_.counters.storage_backup_failed_tokens += (pages - in_storage) * core_.P;
+  core_.counters.storage_backup_failed_tokens +=
+      (pages - in_storage - no_space - rejected) * core_.P;
   core_.CountStorageFaults(op.page_status, op.status);
   // Mark stored the nodes (or the leading part of the node) whose pages all made it.
   std::vector<RadixNode*> nodes = std::move(op.nodes);

@@ -11,6 +11,7 @@
 // calls are only collected into a CacheWork here; the CopyExecutor runs them after the lock.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <vector>
 
@@ -20,6 +21,18 @@
 namespace kvtier {
 
 class TierEvictor;
+
+// The slowest write rate a store batch is sized for, in bytes per second.
+inline constexpr double kSlowestStoreBytesPerSecond = 128e6;
+
+// Pages per Set batch of a store: at most `max_backup_batch_pages` and the backend's
+// `max_batch_pages`, and at most what a store writing at kSlowestStoreBytesPerSecond finishes
+// within the backend's per-call `timeout` (a Set runs against that deadline from when an I/O
+// thread takes it, and while reads run it has only a quarter of the threads: a batch of 256 pages
+// of 8 MiB could not make 2 s, its late pages timed out, failed and were written again by a
+// later store). At least 1.
+int64_t StoreBatchPages(int64_t page_bytes, std::chrono::milliseconds timeout,
+                        int64_t max_backup_batch_pages, int64_t backend_max_batch_pages);
 
 class BackupPlanner {
  public:

@@ -178,7 +178,9 @@ void WriteInsertAndBackup(PrometheusTextWriter& w, const CacheStats& s) {
                "Tokens not written to storage, by reason.", "reason",
                {{"failed", s.storage_backup_failed_tokens},
                 {"already_stored", s.storage_backup_present_tokens},
-                {"queue_full", s.storage_backup_dropped_tokens}});
+                {"queue_full", s.storage_backup_dropped_tokens},
+                {"capacity", s.storage_backup_capacity_tokens},
+                {"policy", s.storage_backup_policy_tokens}});
   WriteTransfers(w,
                  {"kvtier:backup", "Bytes written from host memory to storage.",
                   "Seconds of host -> storage writes, summed (rate(bytes) / rate(seconds) is "

@@ -1,6 +1,8 @@
 // Operations in flight (see cache/copy_tracker.h).
 #include "cache/copy_tracker.h"
 
+#include <algorithm>
+
 namespace kvtier {
 
 std::vector<std::shared_ptr<CopyOp>> CopyTracker::TakeDone() {
@@ -39,6 +41,9 @@ bool CopyTracker::CompleteBatch(CopyOp& op, int64_t batch, const Status& status,
                                 const std::function<void(const CopyOp&)>& on_last) {
   std::lock_guard<std::mutex> lk(mu_);
   if (!status.ok() && op.status.ok()) op.status = status;
+  if (status.code() == StatusCode::kUnavailable) {
+    op.rejected_pages += std::count(statuses.begin(), statuses.end(), PageStatus::kSkipped);
+  }
   const int64_t first = batch * op.batch_pages;
   for (size_t i = 0; i < statuses.size(); ++i) {
     const size_t at = static_cast<size_t>(first) + i;

@@ -81,6 +81,9 @@ struct CopyOp {
   std::vector<uint8_t> batch_done;      // storage operations, per batch
   int64_t batches_left = 0;
   int64_t present_pages = 0;  // kStore: pages storage already held (not written)
+  // Storage operations: pages of batches the backend's queue rejected (Unavailable: its queue
+  // was full), left kSkipped.
+  int64_t rejected_pages = 0;
   bool submitted = false;
   bool abandoned = false;  // kPrefetch: concluded; WaitArrival returns at once
   std::atomic<bool> done{false};

@@ -39,6 +39,13 @@ int64_t TierEvictor::EvictDevice(int64_t need, CacheWork* work) {
     core_.Event(work, CacheTier::kDevice, v, kept_in_host, false);
     if (!kept_in_host) {
       core_.counters.dropped_tokens += n;
+      // Never copied because the write policy did not ask for it: a policy skip on the way to
+      // storage (write_through_selective below its threshold). Other drops follow a backup that
+      // was skipped or failed, counted as such when it was.
+      if (core_.storage && !planner_.policy().back_up_on_eviction() &&
+          !planner_.policy().BackUpOnUse(*v)) {
+        core_.counters.storage_backup_policy_tokens += n;
+      }
       if (!core_.tree.DropDeviceLeaf(v, &frees)) {  // the common case in one step
         core_.tree.TakeDevicePages(v, &frees);
         DropIfNowhere(v);

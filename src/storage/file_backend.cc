@@ -378,7 +378,7 @@ class FileBackend final : public StorageBackend {
 
   PageStatus SetOne(const PageKey& key, const PageBuffer& buffer,
                     const std::optional<PageKey>& parent = std::nullopt) {
-    if (value_bytes_ > index_->capacity()) return PageStatus::kFailed;
+    if (value_bytes_ > index_->capacity()) return PageStatus::kNoSpace;
     const std::string hex = key.Hex();
     Fd shard = OpenShard(hex, /*create=*/true);
     if (!shard.ok()) {
@@ -409,10 +409,12 @@ class FileBackend final : public StorageBackend {
            ::renameat(shard.get(), temp.c_str(), shard.get(), hex.c_str()) == 0;
     }
     if (!ok) {
+      const int error = errno;
       util::Log(util::LogLevel::kWarning, "storage {}: cannot write {}/{}/{}: {}", url(), ns_name_,
-                hex.substr(0, 2), hex, std::strerror(errno));
+                hex.substr(0, 2), hex, std::strerror(error));
       ::unlinkat(shard.get(), temp.c_str(), 0);
-      return PageStatus::kFailed;
+      // The file system is full (or the user's quota is): no room, not a fault of the page.
+      return error == ENOSPC || error == EDQUOT ? PageStatus::kNoSpace : PageStatus::kFailed;
     }
     if (config_.fsync) ::fsync(shard.get());
     index_->Put(key, value_bytes_, stamp, parent);

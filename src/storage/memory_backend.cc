@@ -3,10 +3,10 @@
 // A MemoryStore maps (namespace hash, key) to an encoded value (header ‖ payload, page_format.h)
 // and keeps their eviction order: LRU among the pages no stored page names as parent (a chain's
 // tail before its head, chain_lru.h), skipping pinned keys (`pins`, shared by every backend on
-// the store); a Set that finds no unpinned room fails (kFailed). Invariants (under `mu`): `order`
-// holds exactly the map's names; its bytes, the sum of the values' sizes, never exceed `capacity`
-// after a Set returns. Values are immutable once stored and shared by pointer, so a Get copies its
-// bytes out without holding the lock.
+// the store); a Set that finds no unpinned room is refused (kNoSpace). Invariants (under `mu`):
+// `order` holds exactly the map's names; its bytes, the sum of the values' sizes, never exceed
+// `capacity` after a Set returns. Values are immutable once stored and shared by pointer, so a Get
+// copies its bytes out without holding the lock.
 //
 // Thread safety: a store's state is guarded by its mutex; the registry of named stores by its own.
 #include "storage/memory_backend.h"
@@ -190,7 +190,7 @@ class MemoryBackend final : public StorageBackend {
       if (i < parents.size() && parents[i]) parent = StoredName{namespace_hash_, *parents[i]};
       return store_->Insert({namespace_hash_, keys[i]}, std::move(value), parent)
                  ? PageStatus::kOk
-                 : PageStatus::kFailed;
+                 : PageStatus::kNoSpace;
     });
     DropOrphans(
         keys, parents, out, [this](const PageKey& p) { return WritePending(p); },

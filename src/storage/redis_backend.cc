@@ -46,6 +46,14 @@ PageStatus FromOutcome(const RedisOp& op) {
   return op.outcome == RedisOpOutcome::kTimedOut ? PageStatus::kTimedOut : PageStatus::kFailed;
 }
 
+// A write's error reply: "OOM ..." (the server is at its maxmemory and may not evict) is no room,
+// anything else a failure.
+PageStatus FromWriteError(const redisReply& reply) {
+  const std::string_view text(reply.str != nullptr ? reply.str : "", reply.len);
+  return reply.type == REDIS_REPLY_ERROR && text.starts_with("OOM") ? PageStatus::kNoSpace
+                                                                    : PageStatus::kFailed;
+}
+
 class RedisBackend final : public StorageBackend {
  public:
   RedisBackend(std::string url, const StorageNamespace& ns, const StorageOptions& options,
@@ -218,7 +226,7 @@ class RedisBackend final : public StorageBackend {
         // (removed, or replaced by another size) and the value is not this page.
         const auto expected = static_cast<long long>(kPageHeaderBytes) + buffers[i].bytes();
         const bool ok = op.reply->type == REDIS_REPLY_INTEGER && op.reply->integer == expected;
-        out[i] = ok ? PageStatus::kOk : PageStatus::kFailed;
+        out[i] = ok ? PageStatus::kOk : FromWriteError(*op.reply);
       }
     }
   }
@@ -237,7 +245,7 @@ class RedisBackend final : public StorageBackend {
     if (op.outcome != RedisOpOutcome::kReplied) return FromOutcome(op);
     const bool ok = op.reply->type == REDIS_REPLY_STATUS &&
                     std::string_view(op.reply->str, op.reply->len) == "OK";
-    return ok ? PageStatus::kOk : PageStatus::kFailed;
+    return ok ? PageStatus::kOk : FromWriteError(*op.reply);
   }
 
   std::vector<RedisOp> OpsFor(std::string_view verb, std::span<const PageKey> keys) const {

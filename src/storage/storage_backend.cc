@@ -15,19 +15,25 @@
 // Writes have a bounded share of the threads: at most `max_writers` (io_threads minus a quarter
 // of them, at least one left for reads; all of them when there is only one) run write work — a
 // write call or pages of a write's ParallelFor — at once, so a free thread is there for a read
-// even while writes are running; writes that cannot keep up fill their queue and later ones are
-// rejected (Unavailable, "write queue full": the cache counts the backup as queue_full) instead
-// of delaying reads. The exception keeps each key's order: a read that names a key of a write
+// even while writes are running. While reads are waiting or running, the share shrinks to
+// `read_time_writers` (a quarter of the threads, at least one): no thread starts write work
+// beyond it, so a backlog of writes on a slow store takes a quarter of its threads and of its
+// bandwidth from reads, not three quarters (each writer already running finishes its page or
+// call first). Writes that cannot keep up fill their queue and later ones are rejected
+// (Unavailable, "write queue full": the cache counts the backup as queue_full) instead of
+// delaying reads. The exception keeps each key's order: a read that names a key of a write
 // submitted before it (queued or running) is held until those writes have completed, so a Get or
 // Exists issued after a Set of the same page sees that Set (read-your-writes).
 //
 // Invariants (Queue, under `mu`): `reads.size() + held.size()` and `writes.size()` are each at
 // most `options.max_queued_batches`; `pending_writes` counts, per key, the queued and running
 // writes naming it; every held read names a key of `pending_writes`; `writers` counts the threads
-// running write work and is at most `max_writers`; a job is in `read_jobs` / `write_jobs` exactly
-// while it has pages nobody has claimed; calls are added only while `running`; once it is cleared
-// (Close) the threads drain all queues and exit. Every accepted call has its `done` run exactly
-// once, by the I/O thread that ran it; a rejected call has it run at once by its caller.
+// running write work and is at most `max_writers`; `readers` counts the threads running read
+// work; no thread takes write work while `writers` >= WriterShareLocked(); a job is in `read_jobs`
+// / `write_jobs` exactly while it has pages nobody has claimed; calls are added only while
+// `running`; once it is cleared (Close) the threads drain all queues and exit. Every accepted call
+// has its `done` run exactly once, by the I/O thread that ran it; a rejected call has it run at
+// once by its caller.
 //
 // Thread safety: every public method may be called from any thread; Close is serialised by
 // `close_mu`.
@@ -71,6 +77,8 @@ const char* PageStatusName(PageStatus status) {
       return "failed";
     case PageStatus::kSkipped:
       return "skipped";
+    case PageStatus::kNoSpace:
+      return "no_space";
   }
   return "unknown_page_status";
 }
@@ -213,7 +221,9 @@ struct StorageBackend::Queue {
   std::deque<Job*> read_jobs;      // guarded by mu
   std::deque<Job*> write_jobs;     // guarded by mu
   int writers = 0;                 // guarded by mu
+  int readers = 0;                 // guarded by mu
   int max_writers = 1;             // set by Start
+  int read_time_writers = 1;       // set by Start: the writers' share while reads are about
   int num_threads = 1;             // set by Start
   std::deque<Call> reads;          // guarded by mu: Exists and Get, served first
   std::deque<Call> writes;         // guarded by mu: Set and Remove
@@ -238,7 +248,18 @@ struct StorageBackend::Queue {
   // Under `mu`: whether an I/O thread may take work now.
   bool HasWorkLocked() const {
     return !read_jobs.empty() || !reads.empty() ||
-           (writers < max_writers && (!write_jobs.empty() || !writes.empty()));
+           (writers < WriterShareLocked() && (!write_jobs.empty() || !writes.empty()));
+  }
+  // Under `mu`: how many threads may run write work now — fewer while reads wait or run.
+  int WriterShareLocked() const {
+    return readers > 0 || !reads.empty() || !read_jobs.empty() ? read_time_writers : max_writers;
+  }
+  // Under `mu`: a thread's read work is done; when no read is left, the writers' full share
+  // is back and idle threads are told (they sleep while the smaller share is taken).
+  bool ReadDoneLocked() {
+    --readers;
+    return readers == 0 && reads.empty() && read_jobs.empty() &&
+           (!writes.empty() || !write_jobs.empty());
   }
   // Under `mu`: claims the next page of `job` (false when all are claimed), dropping the job
   // from its list once its last page is claimed.
@@ -311,6 +332,7 @@ Status StorageBackend::Start() {
   queue_->num_threads = options_.io_threads;
   queue_->max_writers =
       options_.io_threads == 1 ? 1 : options_.io_threads - std::max(1, options_.io_threads / 4);
+  queue_->read_time_writers = std::max(1, options_.io_threads / 4);
   for (int i = 0; i < options_.io_threads; ++i) {
     queue_->threads.emplace_back([this] { queue_->Loop(*this); });
   }
@@ -346,35 +368,45 @@ void StorageBackend::Queue::Loop(StorageBackend& b) {
       if (!HasWorkLocked()) return;  // closing and drained
       // Read work first: a page of a running read, then a read call; write work only while
       // writes hold fewer than their share of the threads.
-      Job* job = !read_jobs.empty()                             ? read_jobs.front()
-                 : !reads.empty()                               ? nullptr
-                 : writers < max_writers && !write_jobs.empty() ? write_jobs.front()
-                                                                : nullptr;
+      Job* job = !read_jobs.empty()                                     ? read_jobs.front()
+                 : !reads.empty()                                       ? nullptr
+                 : writers < WriterShareLocked() && !write_jobs.empty() ? write_jobs.front()
+                                                                        : nullptr;
       if (job != nullptr) {
         int64_t page = 0;
         ClaimLocked(*job, &page);  // a listed job has a page left
         const bool write = job->write;
-        if (write) ++writers;
+        ++(write ? writers : readers);
         lock.unlock();
         RunPage(*job, page);  // `job` may be gone once its last page is counted
+        lock.lock();
+        bool wake = false;
         if (write) {
-          lock.lock();
           --writers;
-          const bool more = !writes.empty() || !write_jobs.empty();
-          lock.unlock();
-          if (more) cv.notify_one();
+          wake = !writes.empty() || !write_jobs.empty();
+        } else {
+          wake = ReadDoneLocked();
         }
+        lock.unlock();
+        if (wake) (write ? cv.notify_one() : cv.notify_all());
         continue;
       }
       const bool read = !reads.empty();
       std::deque<Call>& from = read ? reads : writes;
       call = std::move(from.front());
       from.pop_front();
-      if (!read) ++writers;
+      ++(read ? readers : writers);
     }
     tls_write = !IsRead(call.kind);
     Run(b, call);
-    if (!IsRead(call.kind)) {
+    if (IsRead(call.kind)) {
+      bool wake = false;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        wake = ReadDoneLocked();
+      }
+      if (wake) cv.notify_all();
+    } else {
       bool wake = false;
       {
         std::lock_guard<std::mutex> lock(mu);
@@ -475,8 +507,9 @@ void StorageBackend::Queue::Run(StorageBackend& b, Call& call) {
       } else if (call.kind == CallKind::kSet) {
         s.set_ok_pages += p == PageStatus::kOk;
         s.set_timed_out_pages += p == PageStatus::kTimedOut;
-        s.set_failed_pages +=
-            p != PageStatus::kOk && p != PageStatus::kTimedOut && p != PageStatus::kSkipped;
+        s.set_no_space_pages += p == PageStatus::kNoSpace;
+        s.set_failed_pages += p != PageStatus::kOk && p != PageStatus::kTimedOut &&
+                              p != PageStatus::kSkipped && p != PageStatus::kNoSpace;
         if (p == PageStatus::kOk) s.bytes_written += bytes;
       } else {
         s.removed_pages += p == PageStatus::kOk;

@@ -189,6 +189,20 @@ TEST(BackupPlannerTest, AStoreLongerThanTheQueueGoesInPartsAndInBatches) {
   rig->ExpectConsistent();
 }
 
+// A store's batches are sized to be written within the backend's per-call timeout at 128 MB/s:
+// 256 pages of 8 MiB (2 GiB) could not make the default 2 s; 8 MiB pages go 30 at a time.
+TEST(BackupPlannerTest, StoreBatchesFitTheBackendsTimeout) {
+  using std::chrono::milliseconds;
+  constexpr int64_t kMiB = int64_t{1} << 20;
+  EXPECT_EQ(StoreBatchPages(8 * kMiB, milliseconds(2000), 256, 4096), 30);     // 256e6 / 8 MiB
+  EXPECT_EQ(StoreBatchPages(768 * 1024, milliseconds(2000), 256, 4096), 256);  // 325 fit
+  EXPECT_EQ(StoreBatchPages(8 * kMiB, milliseconds(60000), 256, 4096), 256);
+  EXPECT_EQ(StoreBatchPages(4096, milliseconds(2000), 256, 16), 16);    // the backend's bound
+  EXPECT_EQ(StoreBatchPages(8 * kMiB, milliseconds(1), 256, 4096), 1);  // at least one page
+  EXPECT_EQ(StoreBatchPages(0, milliseconds(600000), int64_t{1} << 40, int64_t{1} << 20),
+            int64_t{1} << 20);
+}
+
 TEST(BackupPlannerTest, AFullStoreQueueDropsTheStoreAndCountsItAsQueueFull) {
   HierarchicalCacheConfig cfg = Config(WritePolicy::kWriteBack);
   cfg.storage.backend = RigMemoryStore(kPage);

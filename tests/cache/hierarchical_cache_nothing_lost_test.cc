@@ -1,8 +1,9 @@
-// HierarchicalCache with a storage tier (memory:// and file://): nothing is lost on the way to
-// storage. A prefix of any length (1 page to 131,072 tokens, pages of 16 and 64 tokens), inserted
-// at once or as back-to-back chunked-prefill inserts, is entirely in storage after
-// WaitForBackups(); a skipped page is counted under its true reason (queue_full, failed); a page
-// read back corrupt is healed by the next backup.
+// HierarchicalCache with a storage tier (memory://, file://, and redis:// and redis+cluster://
+// against servers the test starts on 127.0.0.1): nothing is lost on the way to storage. A prefix of
+// any length (1 page to 131,072 tokens, pages of 16 and 64 tokens), inserted at once or as
+// back-to-back chunked-prefill inserts, is entirely in storage after WaitForBackups(); a skipped
+// page is counted under its true reason (queue_full, capacity, policy, failed), never another's; a
+// page read back corrupt is healed by the next backup.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
@@ -10,6 +11,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -18,6 +20,7 @@
 #include "kvtier/page_key.h"
 #include "kvtier/storage.h"
 #include "kvtier/testing/storage_fault.h"
+#include "storage/redis_test_server.h"
 
 namespace kvtier {
 namespace {
@@ -50,14 +53,15 @@ struct TestCache {
   std::unique_ptr<HierarchicalCache> cache;
 };
 
-TestCache Make(std::shared_ptr<StorageBackend> store, int64_t page, int64_t pages) {
+TestCache Make(std::shared_ptr<StorageBackend> store, int64_t page, int64_t pages,
+               WritePolicy policy = WritePolicy::kWriteThrough) {
   TestCache s;
   KvGeometry g{KvLayout::kLayerFirst, kLayers, pages * page, kSlotBytes, page, 1};
   auto dev = DeviceTier::Create(TransferBackend::kCpu, g, false);
   EXPECT_TRUE(dev.ok()) << dev.status().ToString();
   s.device = std::move(*dev);
   HierarchicalCacheConfig cfg;
-  cfg.write_policy = WritePolicy::kWriteThrough;
+  cfg.write_policy = policy;
   cfg.backup_threads = 1;
   cfg.host_capacity_bytes = pages * page * kLayers * kSlotBytes * 2;
   cfg.transfer.cpu_threads = 1;
@@ -125,22 +129,48 @@ void ExpectReadBack(std::shared_ptr<StorageBackend> store, std::span<const Token
   ASSERT_TRUE(c.cache->Release(m->handle).ok());
 }
 
-// Parameters: the backend ("memory" or "file") and the page size.
+// Parameters: the backend ("memory", "file", "redis" or "redis_cluster") and the page size.
 class NothingLostTest : public ::testing::TestWithParam<std::tuple<std::string, int64_t>> {
  protected:
+  void SetUp() override {
+    if (backend().starts_with("redis")) {
+#if KVTIER_HAVE_HIREDIS
+      if (std::string why = testing::RedisTestSkipReason(); !why.empty()) GTEST_SKIP() << why;
+#else
+      GTEST_SKIP() << "built without hiredis: no Redis backend";
+#endif
+    }
+  }
   void TearDown() override {
     std::error_code ec;
     if (!dir_.empty()) std::filesystem::remove_all(dir_, ec);
   }
+  const std::string& backend() const { return std::get<0>(GetParam()); }
   int64_t page() const { return std::get<1>(GetParam()); }
+  // Opens the store; a Redis server or cluster is started first (and stopped with the fixture).
   std::shared_ptr<StorageBackend> Store() {
     std::string url = "memory://?capacity=256MiB";
-    if (std::get<0>(GetParam()) == "file") {
+    if (backend() == "file") {
       std::string tmpl = "/tmp/kvtier_nothing_lost_XXXXXX";
       EXPECT_NE(::mkdtemp(tmpl.data()), nullptr);
       dir_ = tmpl;
       url = "file://" + dir_;
     }
+#if KVTIER_HAVE_HIREDIS
+    if (backend() == "redis") {
+      server_ = std::make_unique<testing::RedisTestServer>();
+      const std::string error = server_->Start();
+      EXPECT_EQ(error, "");
+      if (!error.empty()) return nullptr;
+      url = "redis://" + server_->address();
+    } else if (backend() == "redis_cluster") {
+      cluster_ = std::make_unique<testing::RedisTestCluster>();
+      const std::string error = cluster_->Start();
+      EXPECT_EQ(error, "");
+      if (!error.empty()) return nullptr;
+      url = cluster_->Url();
+    }
+#endif
     // A generous per-call timeout: this checks the cache's bookkeeping, not how fast a loaded
     // test machine writes thousands of files (a timed-out page would be counted as failed).
     StorageOptions options;
@@ -150,6 +180,12 @@ class NothingLostTest : public ::testing::TestWithParam<std::tuple<std::string, 
     return b.ok() ? std::shared_ptr<StorageBackend>(std::move(*b)) : nullptr;
   }
   std::string dir_;
+#if KVTIER_HAVE_HIREDIS
+  // Declared after nothing that outlives them: the tests' caches and stores are locals, gone
+  // before the fixture stops the servers.
+  std::unique_ptr<testing::RedisTestServer> server_;
+  std::unique_ptr<testing::RedisTestCluster> cluster_;
+#endif
 };
 
 TEST_P(NothingLostTest, OneInsertOfAnyLengthEndsEntirelyInStorage) {
@@ -206,7 +242,8 @@ TEST_P(NothingLostTest, BackToBackChunkedPrefillInsertsEndEntirelyInStorage) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, NothingLostTest,
-                         ::testing::Combine(::testing::Values("memory", "file"),
+                         ::testing::Combine(::testing::Values("memory", "file", "redis",
+                                                              "redis_cluster"),
                                             ::testing::Values(16, 64)),
                          [](const auto& info) {
                            return std::get<0>(info.param) + "_page" +
@@ -274,6 +311,146 @@ TEST(NothingLostReasonsTest, AFullQueueIsCountedAsQueueFullAndTheRestIsStored) {
   EXPECT_EQ(st.storage_backup_tokens, stored);
   EXPECT_EQ(st.storage_backup_dropped_tokens + stored, 4 * 4 * 16);  // every page accounted for
   EXPECT_EQ(st.storage_backup_failed_tokens, 0);
+}
+
+// The store has no room for a page (memory:// and file:// with a capacity below one page):
+// every page is counted as capacity, none as failed.
+TEST(NothingLostReasonsTest, AStoreWithoutRoomIsCountedAsCapacityNotAsFailed) {
+  std::string tmpl = "/tmp/kvtier_nothing_lost_XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+  const std::string dir = tmpl;
+  for (const std::string url :
+       {std::string("memory://?capacity=100"), "file://" + dir + "?capacity=100"}) {
+    SCOPED_TRACE(url);
+    auto b = OpenStorage(url, NamespaceFor(16));
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    std::shared_ptr<StorageBackend> store(std::move(*b));
+    TestCache s = Make(store, 16, 1024);
+    const auto a = Seq(600 * 16, 3);  // 600 pages: more than one batch of 256
+    Prefill(s, a);
+    ASSERT_TRUE(s.cache->WaitForBackups().ok());
+    const CacheStats st = s.cache->stats();
+    EXPECT_EQ(st.storage_backup_capacity_tokens, 600 * 16);
+    EXPECT_EQ(st.storage_backup_failed_tokens, 0);
+    EXPECT_EQ(st.storage_backup_dropped_tokens, 0);
+    EXPECT_EQ(st.storage_backup_tokens, 0);
+    EXPECT_EQ(store->Stats().set_no_space_pages, 600);
+    const std::string metrics = s.cache->Metrics();
+    EXPECT_NE(metrics.find("kvtier:storage_backup_skipped_tokens_total{reason=\"capacity\"} 9600"),
+              std::string::npos)
+        << metrics;
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+}
+
+// The backend's own write queue is full (one write held running, one queued, the rest
+// rejected with Unavailable): the rejected stores are queue_full, not failed; the others are
+// written once the writes go on, and every page is accounted for.
+TEST(NothingLostReasonsTest, ABackendQueueRejectionIsCountedAsQueueFullNotAsFailed) {
+  auto inner = OpenStorage("memory://?capacity=64MiB", NamespaceFor(16));
+  ASSERT_TRUE(inner.ok());
+  StorageOptions options;
+  options.io_threads = 2;  // one writer, one reader
+  options.max_queued_batches = 1;
+  options.timeout = std::chrono::seconds(30);
+  auto w = FaultInjectingStorage::Wrap(std::move(*inner), 7, options);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  std::shared_ptr<FaultInjectingStorage> store(std::move(*w));
+  store->HoldWrites(true);
+  KvGeometry g{KvLayout::kLayerFirst, kLayers, 256 * 16, kSlotBytes, 16, 1};
+  auto dev = DeviceTier::Create(TransferBackend::kCpu, g, false);
+  ASSERT_TRUE(dev.ok());
+  TestCache s;
+  s.device = std::move(*dev);
+  HierarchicalCacheConfig cfg;
+  cfg.write_policy = WritePolicy::kWriteThrough;
+  cfg.backup_threads = 0;  // backups land inline, so their stores go to the backend at once
+  cfg.host_capacity_bytes = 256 * 16 * kLayers * kSlotBytes * 2;
+  cfg.storage.backend = store;
+  auto c = HierarchicalCache::Create(cfg, s.device->region());
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  s.cache = std::move(*c);
+  std::vector<std::vector<Token>> prompts;
+  for (int i = 0; i < 4; ++i) {
+    prompts.push_back(Seq(4 * 16, 1000 * (i + 1)));
+    Prefill(s, prompts.back());
+  }
+  // Four Sets reach the backend: one held running, one queued, two rejected.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (store->Stats().set_calls + store->Stats().rejected_calls < 4 &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  store->HoldWrites(false);
+  ASSERT_TRUE(s.cache->WaitForBackups().ok());
+  const CacheStats st = s.cache->stats();
+  int64_t stored = 0;
+  for (const auto& p : prompts) stored += StoredPages(*store, p, 16) * 16;
+  EXPECT_GE(st.storage_backup_dropped_tokens, 2 * 4 * 16);
+  EXPECT_EQ(st.storage_backup_failed_tokens, 0);
+  EXPECT_EQ(st.storage_backup_capacity_tokens, 0);
+  EXPECT_EQ(st.storage_backup_tokens, stored);
+  EXPECT_EQ(st.storage_backup_dropped_tokens + stored, 4 * 4 * 16);  // every page accounted for
+  EXPECT_GE(st.storage_queue_drops, 2);
+}
+
+// write_through_selective: a prefix used once (below the threshold of 2) is never copied; when
+// the device drops it, it is counted as policy. One used twice is stored, nothing skipped.
+TEST(NothingLostReasonsTest, APrefixTheSelectivePolicyNeverCopiedIsCountedAsPolicy) {
+  auto b = OpenStorage("memory://?capacity=64MiB", NamespaceFor(16));
+  ASSERT_TRUE(b.ok());
+  std::shared_ptr<StorageBackend> store(std::move(*b));
+  TestCache s = Make(store, 16, 1024, WritePolicy::kWriteThroughSelective);
+  const auto once = Seq(40 * 16, 5);
+  const auto twice = Seq(24 * 16, 700000);
+  Prefill(s, once);
+  Prefill(s, twice);
+  Prefill(s, twice);
+  ASSERT_TRUE(s.cache->WaitForBackups().ok());
+  EXPECT_EQ(StoredPages(*store, twice, 16), 24);
+  EXPECT_EQ(StoredPages(*store, once, 16), 0);
+  EXPECT_EQ(s.cache->stats().storage_backup_policy_tokens, 0);  // not dropped yet: not skipped
+  ASSERT_TRUE(s.cache->EvictDevice(1 << 30).ok());
+  ASSERT_TRUE(s.cache->WaitForBackups().ok());
+  const CacheStats st = s.cache->stats();
+  EXPECT_EQ(st.storage_backup_policy_tokens, 40 * 16);
+  EXPECT_EQ(st.storage_backup_tokens, 24 * 16);
+  EXPECT_EQ(st.storage_backup_failed_tokens + st.storage_backup_dropped_tokens +
+                st.storage_backup_capacity_tokens,
+            0);
+  EXPECT_TRUE(s.cache->CheckConsistency().ok());
+}
+
+// write_back: nothing is due while the pages are on the device or in host memory (nothing
+// stored, nothing counted as skipped); once eviction would drop them, every page is stored.
+TEST(NothingLostReasonsTest, WriteBackStoresEverythingWhenItIsDueAndSkipsNothing) {
+  auto b = OpenStorage("memory://?capacity=64MiB", NamespaceFor(16));
+  ASSERT_TRUE(b.ok());
+  std::shared_ptr<StorageBackend> store(std::move(*b));
+  TestCache s = Make(store, 16, 2048, WritePolicy::kWriteBack);
+  const auto a = Seq(600 * 16, 9);  // more than max_backup_batch_pages
+  Prefill(s, std::span<const Token>(a).first(300 * 16));
+  Prefill(s, a);
+  ASSERT_TRUE(s.cache->WaitForBackups().ok());
+  EXPECT_EQ(StoredPages(*store, a, 16), 0);
+  CacheStats st = s.cache->stats();
+  EXPECT_EQ(st.storage_backup_policy_tokens + st.storage_backup_dropped_tokens +
+                st.storage_backup_failed_tokens + st.storage_backup_capacity_tokens,
+            0);
+  ASSERT_TRUE(s.cache->EvictDevice(1 << 30).ok());
+  // Host eviction stores what it would drop; stores in flight hold their nodes until they land.
+  for (int i = 0; i < 100 && StoredPages(*store, a, 16) < 600; ++i) {
+    ASSERT_TRUE(s.cache->EvictHost(1 << 30).ok());
+    ASSERT_TRUE(s.cache->WaitForBackups().ok());
+  }
+  EXPECT_EQ(StoredPages(*store, a, 16), 600);
+  st = s.cache->stats();
+  EXPECT_EQ(st.storage_backup_tokens, 600 * 16);
+  EXPECT_EQ(st.storage_backup_policy_tokens + st.storage_backup_dropped_tokens +
+                st.storage_backup_failed_tokens + st.storage_backup_capacity_tokens,
+            0);
+  EXPECT_TRUE(s.cache->CheckConsistency().ok());
 }
 
 TEST(NothingLostHealTest, APageReadBackCorruptIsWrittenAgainByTheNextBackup) {

@@ -346,6 +346,7 @@ class Driver {
         model_.Add(ns, ins);
         auto r = c.Insert(ins, slots, ns);
         ASSERT_TRUE(r.ok()) << r.status().ToString();
+        longest_insert_pages_ = std::max(longest_insert_pages_, whole / c.page_size());
       } else {
         ASSERT_TRUE(fresh.status().IsOutOfMemory()) << fresh.status().ToString();
       }
@@ -361,6 +362,7 @@ class Driver {
       const int64_t pages = static_cast<int64_t>(tokens.size()) / c.page_size();
       if (chunked_ && pages >= 4 && rng_() % 2 == 0) {  // chunked prefill, back to back
         const int64_t chunks = 2 + static_cast<int64_t>(rng_() % 3);
+        ++chunked_requests_;
         for (int64_t k = 1; k < chunks; ++k) {
           const int64_t end = pages * k / chunks * c.page_size();
           Serve(ns, std::vector<Token>(tokens.begin(), tokens.begin() + end));
@@ -436,7 +438,13 @@ class Driver {
     if (clock_ != nullptr && !::testing::Test::HasFatalFailure()) CheckPins();
   }
 
+  // What the run exercised: requests served as chunked inserts, the longest insert in pages.
+  int64_t chunked_requests() const { return chunked_requests_; }
+  int64_t longest_insert_pages() const { return longest_insert_pages_; }
+
  private:
+  int64_t chunked_requests_ = 0;
+  int64_t longest_insert_pages_ = 0;
   CacheUnderTest& s_;
   InsertedPrefixes& model_;
   FaultInjectingStorage* faults_;
@@ -588,6 +596,13 @@ void RunModel(const Params& p, int64_t steps) {
       if (::testing::Test::HasFatalFailure()) return;
       const Status st = s.cache->CheckConsistency();
       ASSERT_TRUE(st.ok()) << "step " << i << ": " << st.ToString();
+    }
+    if (p.long_prompts && steps >= 100) {
+      // The run did what the variant is for: chunked inserts, and inserts longer than a backup
+      // batch and than the store queue's room (stored in batches and in parts).
+      EXPECT_GT(d.chunked_requests(), 0);
+      EXPECT_GT(d.longest_insert_pages(), cfg.storage.max_backup_queue_pages);
+      EXPECT_GT(s.cache->stats().storage_backup_tokens, cfg.storage.max_backup_batch_pages * page);
     }
   }
   if (p.long_prompts) {

@@ -504,7 +504,9 @@ TEST_P(FileBackendTest, CapacityEvictsLeastRecentlyUsedAndSurvivesRestart) {
     EXPECT_EQ(b->Exists({keys[2]}).get().leading, 0);
   }
   auto tiny = Open("?capacity=100");
-  EXPECT_EQ(tiny->Set({keys[5]}, {in.buffers[5]}).get().pages[0], PageStatus::kFailed);
+  EXPECT_EQ(tiny->Set({keys[5]}, {in.buffers[5]}).get().pages[0], PageStatus::kNoSpace);
+  EXPECT_EQ(tiny->Stats().set_no_space_pages, 1);
+  EXPECT_EQ(tiny->Stats().set_failed_pages, 0);
 }
 
 TEST_P(FileBackendTest, StaleTempFilesAreRemovedAtStart) {

@@ -112,8 +112,9 @@ TEST(MemoryBackendTest, LruEvictionWithinCapacity) {
 
   auto tiny = Open("memory://?capacity=100", SmallNamespace());
   BatchResult r = tiny->Set({keys[0]}, {in.buffers[0]}).get();
-  EXPECT_EQ(r.pages[0], PageStatus::kFailed);
-  EXPECT_EQ(tiny->Stats().set_failed_pages, 1);
+  EXPECT_EQ(r.pages[0], PageStatus::kNoSpace);  // larger than the whole store: no room
+  EXPECT_EQ(tiny->Stats().set_no_space_pages, 1);
+  EXPECT_EQ(tiny->Stats().set_failed_pages, 0);
 }
 
 TEST(MemoryBackendTest, NamedStoresAreSharedAndNamespacesStayApart) {

@@ -104,7 +104,7 @@ TEST(PagePinsTest, MemoryStoreRefusesASetWithNoUnpinnedRoom) {
   const std::vector<PageKey> both = {Key(1), Key(2)};
   auto pin = store.PinPages(both, std::chrono::hours(1));
   ASSERT_TRUE(pin.ok()) << pin.status().ToString();
-  EXPECT_EQ(set(3), PageStatus::kFailed) << "only pinned pages to evict";
+  EXPECT_EQ(set(3), PageStatus::kNoSpace) << "only pinned pages to evict";
   EXPECT_EQ(store.Exists({Key(1), Key(2)}).get().leading, 2);
   ASSERT_TRUE(store.UnpinPages(*pin).ok());
   EXPECT_TRUE(store.UnpinPages(*pin).IsInvalidArgument());

@@ -382,6 +382,36 @@ TEST(RedisBackendTest, PasswordAclUserAndWrongCredentials) {
   EXPECT_TRUE(bad_url.status().IsInvalidArgument());
 }
 
+// A server at its maxmemory that may not evict answers writes with OOM: those pages are no room
+// (kNoSpace, counted apart from failures), the pages written before still read back.
+TEST_P(RedisBackendWriteTest, ServerAtMaxmemoryIsNoSpaceNotFailure) {
+  SKIP_WITHOUT_REDIS();
+  RedisTestServer server({"--maxmemory", "4mb", "--maxmemory-policy", "noeviction"});
+  ASSERT_EQ(server.Start(), "");
+  const StorageNamespace ns = TestNamespace();
+  auto backend = Open("redis://" + server.address() + Query(), ns);
+  ASSERT_NE(backend, nullptr);
+  const auto keys = Keys(2048);  // 8 MiB of pages: past the 4 MiB limit
+  Pages pages(ns, keys.size());
+  pages.Fill(keys);
+  const BatchResult r = backend->Set(keys, pages.buffers).get();
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  const int64_t ok = r.count(PageStatus::kOk);
+  const int64_t no_space = r.count(PageStatus::kNoSpace);
+  EXPECT_GT(ok, 0);
+  EXPECT_GT(no_space, 0);
+  EXPECT_EQ(ok + no_space, static_cast<int64_t>(keys.size()));  // no page failed otherwise
+  const StorageStats st = backend->Stats();
+  EXPECT_EQ(st.set_no_space_pages, no_space);
+  EXPECT_EQ(st.set_failed_pages, 0);
+  std::vector<PageKey> stored;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (r.pages[i] == PageStatus::kOk) stored.push_back(keys[i]);
+  }
+  stored.resize(std::min<size_t>(stored.size(), 64));
+  EXPECT_EQ(GetChecked(*backend, stored).leading_ok(), static_cast<int64_t>(stored.size()));
+}
+
 TEST_P(RedisBackendWriteTest, PausedKilledAndRestartedServer) {
   SKIP_WITHOUT_REDIS();
   RedisTestServer server;

@@ -462,6 +462,101 @@ TEST(StorageBackendTest, ParallelForSharesPagesWithinTheWritersShare) {
   EXPECT_LE(b.threads().size(), 8u);  // only the backend's own threads ever ran a page
 }
 
+// A slow store: each Set takes 5 ms and records how many run at once, separately while a read
+// is running; each Get waits at a gate the test opens.
+class SlowWritesBackend final : public StorageBackend {
+ public:
+  SlowWritesBackend(const StorageNamespace& ns, const StorageOptions& options)
+      : StorageBackend("slow://", ns, options) {}
+  ~SlowWritesBackend() override { Close(); }
+  Status Open() { return Start(); }
+
+  void OpenReadGate() {
+    std::lock_guard<std::mutex> lock(mu_);
+    read_gate_open_ = true;
+    cv_.notify_all();
+  }
+  // Waits (bounded) until a Get is held at the gate / `n` Sets have completed.
+  bool WaitReading() {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, 30s, [&] { return reading_ > 0; });
+  }
+  bool WaitSetsDone(int n) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, 60s, [&] { return sets_done_ >= n; });
+  }
+  int max_writers_while_reading() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return max_while_reading_;
+  }
+  int max_writers() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return max_writers_;
+  }
+
+ protected:
+  ExistsResult DoExists(std::span<const PageKey>, Clock::time_point) override { return {}; }
+  void DoGet(std::span<const PageKey> keys, std::span<const PageBuffer>, std::span<PageStatus> out,
+             Clock::time_point) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    ++reading_;
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return read_gate_open_; });
+    --reading_;
+    for (size_t i = 0; i < keys.size(); ++i) out[i] = PageStatus::kOk;
+  }
+  void DoSet(std::span<const PageKey> keys, std::span<const PageBuffer>, std::span<PageStatus> out,
+             Clock::time_point) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++writing_;
+      max_writers_ = std::max(max_writers_, writing_);
+      if (reading_ > 0) max_while_reading_ = std::max(max_while_reading_, writing_);
+    }
+    std::this_thread::sleep_for(5ms);
+    std::lock_guard<std::mutex> lock(mu_);
+    --writing_;
+    ++sets_done_;
+    cv_.notify_all();
+    for (size_t i = 0; i < keys.size(); ++i) out[i] = PageStatus::kOk;
+  }
+  void DoRemove(std::span<const PageKey>, std::span<PageStatus>, Clock::time_point) override {}
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool read_gate_open_ = false;
+  int reading_ = 0, writing_ = 0, sets_done_ = 0;
+  int max_while_reading_ = 0, max_writers_ = 0;
+};
+
+// Backups never starve reads: while a read waits or runs, a backlog of writes on a slow store
+// runs on at most a quarter of the I/O threads (8 threads: 2), not the writes' full share (6);
+// once no read is left, writes get their full share back.
+TEST(StorageBackendTest, WritesTakeAQuarterOfTheThreadsWhileReadsRun) {
+  StorageOptions o;
+  o.io_threads = 8;
+  o.timeout = 60s;
+  SlowWritesBackend b(SmallNamespace(), o);
+  ASSERT_TRUE(b.Open().ok());
+  std::vector<std::byte> page(512);
+  auto get = b.Get({KeyOf(1000)}, {PageBuffer::Of(page)});
+  ASSERT_TRUE(b.WaitReading());
+  std::vector<std::future<BatchResult>> sets;
+  for (int i = 0; i < 64; ++i) sets.push_back(b.Set({KeyOf(i)}, {PageBuffer::Of(page)}));
+  const bool done = b.WaitSetsDone(32);  // the writes go on meanwhile, on their smaller share
+  b.OpenReadGate();
+  ASSERT_TRUE(done) << "writes stalled while a read ran";
+  EXPECT_EQ(get.get().leading_ok(), 1);
+  EXPECT_GE(b.max_writers_while_reading(), 1);
+  EXPECT_LE(b.max_writers_while_reading(), 2);
+  // No read left: the rest of the backlog (and more) spreads over the writers' full share.
+  for (int i = 64; i < 256; ++i) sets.push_back(b.Set({KeyOf(i)}, {PageBuffer::Of(page)}));
+  for (auto& f : sets) EXPECT_EQ(f.get().leading_ok(), 1);
+  EXPECT_GT(b.max_writers(), 2);
+  EXPECT_LE(b.max_writers(), 6);
+}
+
 // io_threads = 0 (the default) means min(cores, 16), at least 4; a backend's options() show the
 // number it runs.
 TEST(StorageBackendTest, DefaultIoThreadsComeFromTheMachine) {
