@@ -489,29 +489,22 @@ bool RadixTree::DropDeviceLeaf(RadixNode* node, std::vector<int64_t>* out) {
   return true;
 }
 
-void RadixTree::IncRef(RadixNode* node) {
-  for (RadixNode* n = node; n != nullptr && !n->is_root(); n = n->parent_) {
-    if (n->ref_count_ == 0) {
-      Account(n, -1);
-      n->ref_count_ = 1;
-      Account(n, +1);
-      Refresh(n);
-    } else {
-      ++n->ref_count_;
-    }
-  }
-}
+void RadixTree::IncRef(RadixNode* node) { AddRef(node, +1); }
 
-void RadixTree::DecRef(RadixNode* node) {
+void RadixTree::DecRef(RadixNode* node) { AddRef(node, -1); }
+
+// A node's accounting (Account) and eviction candidacy (Refresh) change only when its count
+// crosses zero; other steps touch the count alone.
+void RadixTree::AddRef(RadixNode* node, int delta) {
   for (RadixNode* n = node; n != nullptr && !n->is_root(); n = n->parent_) {
-    if (n->ref_count_ == 1) {
-      Account(n, -1);
-      n->ref_count_ = 0;
-      Account(n, +1);
-      Refresh(n);
-    } else {
-      --n->ref_count_;
+    if ((n->ref_count_ == 0) == (n->ref_count_ + delta == 0)) {
+      n->ref_count_ += delta;
+      continue;
     }
+    Account(n, -1);
+    n->ref_count_ += delta;
+    Account(n, +1);
+    Refresh(n);
   }
 }
 

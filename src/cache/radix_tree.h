@@ -348,6 +348,8 @@ class RadixTree {
   // Keeps a removed node for reuse (its token buffer stays allocated) or deletes it.
   void Recycle(std::unique_ptr<RadixNode> node);
   static void FitTokens(RadixNode* node);
+  // IncRef / DecRef: adds `delta` to the counts of `node` and its ancestors.
+  void AddRef(RadixNode* node, int delta);
   void Refresh(RadixNode* node);
   // Adds (sign +1) or removes (-1) the node's contribution to the locked and storage totals.
   void Account(const RadixNode* node, int sign);
