@@ -5,7 +5,8 @@
 # build-deps/prebuilt. Logs go to $OUT (else build-deps/prebuilt/logs); a summary is printed last.
 #
 # Sections: the GPU test binaries (every case), compute-sanitizer memcheck over the cache's GPU
-# tests, and `kvtier replay --device gpu` with a file store (every loaded byte checked).
+# tests, the GPU cases of the other test binaries, `kvtier bench --storage-hit` (streamed against
+# unstreamed storage hits) and `kvtier replay --device gpu` with a file store (every byte checked).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/gpu_env.sh
@@ -19,19 +20,35 @@ T0=$(date +%s)
 note() { SUMMARY+=("$1"); echo "[$(( $(date +%s) - T0 ))s] $1"; }
 
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-for t in hierarchical_cache_gpu_test cuda_transfer_test cpu_transfer_test host_kv_pool_test \
-         hierarchical_cache_shared_host_test shared_host_pool_gpu_test; do
-  "$pre/bin/$t" --gtest_brief=1 >"$LOGS/$t.log" 2>&1
-  rc=$?
+# The cache's GPU tests whole; of the others, only their GPU cases (their CPU cases ran in CI).
+run_test() {
+  local t=$1 filter=$2
+  "$pre/bin/$t" --gtest_brief=1 --gtest_filter="$filter" >"$LOGS/$t.log" 2>&1
+  local rc=$?
   note "$t: rc=$rc $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$LOGS/$t.log" | tr '\n' ' ')"
-done
+}
+run_test hierarchical_cache_gpu_test '*'
 if command -v compute-sanitizer >/dev/null; then
   compute-sanitizer --tool memcheck --error-exitcode 99 "$pre/bin/hierarchical_cache_gpu_test" \
-    >"$LOGS/memcheck_cache.log" 2>&1
-  note "memcheck hierarchical_cache_gpu_test: rc=$? $(grep 'ERROR SUMMARY' "$LOGS/memcheck_cache.log" | tail -1)"
+    --gtest_filter='*GpuCacheTest*' >"$LOGS/memcheck_cache.log" 2>&1
+  note "memcheck GpuCacheTest: rc=$? $(grep 'ERROR SUMMARY' "$LOGS/memcheck_cache.log" | tail -1)"
 fi
+run_test cuda_transfer_test '*'
+# A storage hit of 8,192 tokens streamed host -> device as pages arrive, against the read alone
+# and the unstreamed hit (read, then load), on the copy engines.
+hit_store=$(mktemp -d)
+"$pre/bin/kvtier" bench --storage-hit "file://$hit_store" --storage-hit-backend dma \
+  --storage-hit-tokens 8192 --repeats 5 >"$LOGS/storage_hit.log" 2>&1
+note "bench --storage-hit (dma): rc=$?"
+cat "$LOGS/storage_hit.log" | tail -8
+rm -rf "$hit_store"
+for t in cpu_transfer_test host_kv_pool_test hierarchical_cache_shared_host_test \
+         shared_host_pool_gpu_test; do
+  run_test "$t" '*Gpu*:*Cuda*:*gpu*:*cuda*'
+done
 store=$(mktemp -d)
-"$pre/bin/kvtier" replay --workload doc-qa --requests 120 --seed 5 --model llama3-8b \
+"$pre/bin/kvtier" replay --workload doc-qa --requests "${KVTIER_PREBUILT_REPLAY_REQUESTS:-60}" --seed 5 \
+  --model llama3-8b \
   --device gpu --device-tokens 32768 --host-tokens 65536 --storage "file://$store" \
   --sequential --runs hierarchy --no-progress --json "$LOGS/replay.json" >"$LOGS/replay.log" 2>&1
 note "replay --device gpu (file store): rc=$? $(grep -E '^integrity' "$LOGS/replay.log")"
