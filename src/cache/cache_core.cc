@@ -260,24 +260,6 @@ void CacheCore::Event(CacheWork* work, CacheTier tier, const RadixNode* node, bo
                                     node->num_tokens(), kept_in_host, kept_in_storage});
 }
 
-void CacheCore::RemoveFromStorage(std::span<const PageKey> keys, CacheWork* work) {
-  const size_t batch = static_cast<size_t>(storage->options().max_batch_pages);
-  for (size_t from = 0; from < keys.size(); from += batch) {
-    const size_t n = std::min(keys.size() - from, batch);
-    auto remove = std::make_shared<CopyOp>();
-    remove->kind = CopyOp::Kind::kRemove;
-    remove->start = CacheClock::now();
-    remove->keys.assign(keys.begin() + static_cast<ptrdiff_t>(from),
-                        keys.begin() + static_cast<ptrdiff_t>(from + n));
-    remove->batch_pages = static_cast<int64_t>(n);
-    remove->page_status.assign(n, PageStatus::kSkipped);
-    remove->batch_done.assign(1, 0);
-    remove->batches_left = 1;
-    tracker.Add(remove);
-    work->storage.push_back(std::move(remove));
-  }
-}
-
 void CacheCore::CountStorageFaults(const std::vector<PageStatus>& statuses, const Status& status) {
   for (PageStatus s : statuses) {
     switch (s) {

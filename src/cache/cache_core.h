@@ -225,11 +225,6 @@ struct CacheCore {
   // Counts the storage faults of a completed storage operation (or a snapshot of one).
   void CountStorageFaults(const std::vector<PageStatus>& statuses, const Status& status)
       KVTIER_REQUIRES(kCacheLock);
-  // Queues the removal of `keys` from storage (batches of the backend's max_batch_pages), run
-  // with `work`: pages no lookup can use (corrupt ones, and pages stored past a page whose write
-  // failed, which a lookup never reaches).
-  void RemoveFromStorage(std::span<const PageKey> keys, CacheWork* work)
-      KVTIER_REQUIRES(kCacheLock);
 };
 
 // The invariants above, checked; Internal naming the first that does not hold.

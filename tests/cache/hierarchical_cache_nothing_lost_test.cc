@@ -281,41 +281,6 @@ TEST(NothingLostReasonsTest, FailedWritesAreCountedAsFailedNotAsQueueFull) {
   EXPECT_EQ(st.storage_backup_tokens, 8192);
 }
 
-// A page whose write fails leaves a hole in its prompt's chain: the pages the same store wrote
-// after it are unreachable (a lookup stops at the hole), so they are removed again rather than
-// left in the store; the next store of the prefix writes everything.
-TEST(NothingLostReasonsTest, PagesWrittenPastAFailedPageAreRemovedNotStranded) {
-  auto store = FaultyStore(16);
-  TestCache s = Make(store, 16, 1024);
-  const auto a = Seq(8192, 5);
-  ASSERT_TRUE(store->SetErrorFraction(0.05).ok());  // some pages (and Exists calls) fail
-  Prefill(s, a);
-  ASSERT_TRUE(s.cache->WaitForBackups().ok());
-  store->ClearFaults();
-  auto keys = ComputePromptPageKeys(a, 16, "");
-  ASSERT_TRUE(keys.ok());
-  const int64_t leading = StoredPages(*store, a, 16);
-  ASSERT_LT(leading, static_cast<int64_t>(keys->size())) << "no write failed: nothing to check";
-  int64_t beyond = 0;  // stored pages past the first missing one
-  for (size_t i = static_cast<size_t>(leading) + 1; i < keys->size(); ++i) {
-    ExistsResult e = store->Exists(std::vector<PageKey>{(*keys)[i]}).get();
-    ASSERT_TRUE(e.status.ok()) << e.status.ToString();
-    beyond += e.leading;
-  }
-  // The removals go through the same faulty store, so about 5 % of them fail too and those pages
-  // stay (without the removal, nearly every page past the hole stays: 459 in one run).
-  const int64_t removed = s.cache->stats().storage_stranded_removed_pages;
-  EXPECT_GE(removed, 50) << "the first failure came late: too few pages past it to judge";
-  EXPECT_LE(beyond, removed / 5) << "pages stranded past the hole at page " << leading;
-  // The next store of the prefix fills the hole and writes the rest again.
-  ASSERT_TRUE(s.cache->EvictDevice(1 << 30).ok());
-  ASSERT_TRUE(s.cache->EvictHost(1 << 30).ok());
-  Prefill(s, a);
-  ASSERT_TRUE(s.cache->WaitForBackups().ok());
-  EXPECT_EQ(StoredPages(*store, a, 16), 8192 / 16);
-  EXPECT_TRUE(s.cache->CheckConsistency().ok());
-}
-
 TEST(NothingLostReasonsTest, AFullQueueIsCountedAsQueueFullAndTheRestIsStored) {
   auto store = FaultyStore(16);
   ASSERT_TRUE(store->SetDelay(std::chrono::milliseconds(50)).ok());  // stores stay in flight
