@@ -16,6 +16,9 @@
 #include <cstring>
 #include <string>
 
+#include "storage/file_backend.h"
+#include "storage/page_format.h"
+
 namespace kvtier::storage {
 namespace {
 
@@ -51,6 +54,28 @@ void RemoveStaleTemp(int dirfd, std::string_view name) {
   ::unlinkat(dirfd, std::string(name).c_str(), 0);
 }
 
+// The header of page file `name` in `dirfd` (a regular file of `size` bytes found by the scan):
+// fills `f.parent` and `f.version` when it checks out, leaves them unset otherwise.
+void ReadHeader(int dirfd, const char* name, int64_t size, uint64_t namespace_hash,
+                FileIndex::Found& f) {
+  if (size < static_cast<int64_t>(kFilePayloadOffset)) return;
+  // O_NONBLOCK: a FIFO put in place since the fstatat must not block; O_NOFOLLOW: nor a symlink.
+  const int fd = ::openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return;
+  std::byte bytes[kMaxPageHeaderBytes];
+  const ssize_t got = ::pread(fd, bytes, sizeof(bytes), 0);
+  ::close(fd);
+  if (got != static_cast<ssize_t>(sizeof(bytes))) return;
+  PageHeader header;
+  if (ParsePageHeader(std::span(bytes), namespace_hash, f.key,
+                      static_cast<uint64_t>(size) - kFilePayloadOffset,
+                      &header) != PageStatus::kOk) {
+    return;
+  }
+  f.parent = header.parent;
+  f.version = header.version;
+}
+
 }  // namespace
 
 FileIndex::FileIndex(int64_t capacity, std::function<void(const PageKey&)> remove,
@@ -62,7 +87,7 @@ void FileIndex::Load(std::vector<Found> found) {
             [](const Found& a, const Found& b) { return a.stamp < b.stamp; });
   std::lock_guard<std::mutex> lock(mu_);
   for (const Found& f : found) {
-    pages_.Add(f.key, f.bytes, std::nullopt, /*newest=*/true);
+    pages_.Add(f.key, f.bytes, f.parent, /*newest=*/true);
     last_stamp_ = std::max(last_stamp_, f.stamp);
   }
   EvictLocked(nullptr);
@@ -157,7 +182,7 @@ void FileIndex::EvictLocked(const PageKey* keep) {
   }
 }
 
-Result<std::vector<FileIndex::Found>> ScanPages(int ns_dirfd) {
+Result<std::vector<FileIndex::Found>> ScanPages(int ns_dirfd, uint64_t namespace_hash) {
   std::vector<FileIndex::Found> found;
   for (int shard = 0; shard < 256; ++shard) {
     const std::string name = fmt::format("{:02x}", shard);
@@ -186,7 +211,9 @@ Result<std::vector<FileIndex::Found>> ScanPages(int ns_dirfd) {
       if (!IsHexKey(entry) || !S_ISREG(st.st_mode) || entry.substr(0, 2) != name) continue;
       auto key = PageKey::FromHex(entry);
       if (!key.ok()) continue;
-      found.push_back({*key, st.st_size, MtimeNs(st)});
+      FileIndex::Found f{*key, st.st_size, MtimeNs(st)};
+      ReadHeader(fd, e->d_name, st.st_size, namespace_hash, f);
+      found.push_back(std::move(f));
     }
     ::closedir(d);  // closes `fd`
   }
