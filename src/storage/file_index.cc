@@ -174,7 +174,7 @@ std::optional<PageKey> FileIndex::ParentOf(const PageKey& key) const {
 void FileIndex::EvictLocked(const PageKey* keep) {
   const auto pinned = [this](const PageKey& key) { return pinned_ && pinned_(key); };
   while (pages_.bytes() > capacity_) {
-    const std::optional<PageKey> victim = pages_.Victim(keep, pinned);
+    const std::optional<PageKey> victim = pages_.Victim(keep, pinned).key;
     if (!victim) return;
     if (remove_) remove_(*victim);
     pages_.Evict(*victim);
