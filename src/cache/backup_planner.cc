@@ -277,7 +277,7 @@ void BackupPlanner::ReapStore(CopyOp& op, CacheWork* work) {
   }
   core_.counters.storage_backup_failed_tokens +=
       (pages - in_storage - no_space - rejected) * core_.P;
-  core_.CountStorageFaults(op.page_status, op.status);
+  core_.CountStorageFaults(StorageIo::kWrite, op.page_status, op.status);
   // Mark stored the nodes (or the leading part of the node) whose pages all made it.
   std::vector<RadixNode*> nodes = std::move(op.nodes);
   std::sort(nodes.begin(), nodes.end(), [](const RadixNode* a, const RadixNode* b) {

@@ -260,7 +260,8 @@ void CacheCore::Event(CacheWork* work, CacheTier tier, const RadixNode* node, bo
                                     node->num_tokens(), kept_in_host, kept_in_storage});
 }
 
-void CacheCore::CountStorageFaults(const std::vector<PageStatus>& statuses, const Status& status) {
+void CacheCore::CountStorageFaults(StorageIo io, const std::vector<PageStatus>& statuses,
+                                   const Status& status) {
   for (PageStatus s : statuses) {
     switch (s) {
       case PageStatus::kCorrupt:
@@ -268,7 +269,8 @@ void CacheCore::CountStorageFaults(const std::vector<PageStatus>& statuses, cons
         ++counters.storage_corrupt_pages;
         break;
       case PageStatus::kTimedOut:
-        ++counters.storage_timeouts;
+        ++(io == StorageIo::kRead ? counters.storage_read_timeouts
+                                  : counters.storage_write_timeouts);
         break;
       case PageStatus::kFailed:
         ++counters.storage_errors;

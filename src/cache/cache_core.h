@@ -114,6 +114,9 @@ struct HandleState {
   PrefetchPolicy prefetch_policy = PrefetchPolicy::kBestEffort;
 };
 
+// Which way a storage operation moved pages (CountStorageFaults counts their time-outs apart).
+enum class StorageIo : uint8_t { kRead, kWrite };
+
 // The storage read bandwidth a cache measured (bytes/s): an exponential moving average over its
 // completed prefetches. Thread-safe (its own mutex): observed from the storage completion threads.
 class ReadBandwidth {
@@ -222,9 +225,10 @@ struct CacheCore {
   // Queues the eviction listener's event for `node` (nothing without a listener).
   void Event(CacheWork* work, CacheTier tier, const RadixNode* node, bool kept_in_host,
              bool kept_in_storage) KVTIER_REQUIRES(kCacheLock);
-  // Counts the storage faults of a completed storage operation (or a snapshot of one).
-  void CountStorageFaults(const std::vector<PageStatus>& statuses, const Status& status)
-      KVTIER_REQUIRES(kCacheLock);
+  // Counts the storage faults of a completed storage operation (or a snapshot of one): a read
+  // (prefetch) or a write (backup), whose time-outs are counted apart.
+  void CountStorageFaults(StorageIo io, const std::vector<PageStatus>& statuses,
+                          const Status& status) KVTIER_REQUIRES(kCacheLock);
 };
 
 // The invariants above, checked; Internal naming the first that does not hold.

@@ -426,10 +426,12 @@ void PrintReport(std::FILE* out, const ReplayReport& report) {
     }
     if (hier->has_storage) {
       std::fprintf(out,
-                   "storage %s: %lld errors, %lld corrupt pages, %lld timeouts, %lld queue drops\n",
+                   "storage %s: %lld errors, %lld corrupt pages, %lld read timeouts, %lld write "
+                   "timeouts, %lld queue drops\n",
                    hier->storage.c_str(), static_cast<long long>(c.storage_errors),
                    static_cast<long long>(c.storage_corrupt_pages),
-                   static_cast<long long>(c.storage_timeouts),
+                   static_cast<long long>(c.storage_read_timeouts),
+                   static_cast<long long>(c.storage_write_timeouts),
                    static_cast<long long>(c.storage_queue_drops));
       const StoredChains& sc = hier->stored_chains;
       if (sc.checked) {
@@ -568,7 +570,8 @@ nlohmann::json RunJson(const RunSummary& r, int64_t token_bytes) {
                            {"storage_forgotten", c.storage_forgotten_tokens}};
     j["storage_errors"] = {{"errors", c.storage_errors},
                            {"corrupt_pages", c.storage_corrupt_pages},
-                           {"timeouts", c.storage_timeouts},
+                           {"read_timeouts", c.storage_read_timeouts},
+                           {"write_timeouts", c.storage_write_timeouts},
                            {"queue_drops", c.storage_queue_drops}};
   }
   if (r.has_storage) {
