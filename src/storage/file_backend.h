@@ -53,10 +53,10 @@
 // The LRU order lives in the files' modification times: every Set and every Get hit stamps its
 // file with a strictly increasing time, so a restart (which scans the directory, sorts by that
 // time, and removes temporary files whose writer process is gone) finds the same order; it reads
-// each page's header too (one open and a 104-byte read per page), so the chains of tail-first
-// eviction (file_index.h) hold across restarts; pages of version 1 are roots there. Exists
-// answers from the index; a key missing from it (written by another process) costs one open and
-// fstat, and the first absent key ends the call.
+// each page's header too (one open and a 104-byte read per page, on 16 threads), so the chains of
+// tail-first eviction (file_index.h) hold across restarts; pages of version 1 are roots there.
+// Exists answers from the index; a key missing from it (written by another process) costs one open
+// and fstat, and the first absent key ends the call.
 //
 // Thread safety: the hooks may run on several I/O threads at once; the index has its own mutex.
 #pragma once

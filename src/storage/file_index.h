@@ -117,7 +117,8 @@ class FileIndex {
 // The restart scan of a namespace directory (held open as `ns_dirfd`) of the namespace whose hash
 // is `namespace_hash`: every regular file named by the hex of a key inside the shard directory of
 // its first two digits, with its size, mtime and the parent its header names (one open and one
-// read of the header's bytes per page; the payload is not read, its checks wait for the Get).
+// read of the header's bytes per page; the payload is not read, its checks wait for the Get),
+// in no particular order. Shards are scanned by 16 threads at once (joined before it returns).
 // Temporary files (".tmp.<pid>.<n>.<hex>") whose writer process is gone are removed; anything
 // else (other names, symlinks, a shard directory that is a symlink) is left alone and not indexed.
 // IOError when a shard directory exists but cannot be read.
