@@ -183,128 +183,150 @@ std::string DefaultTracePath() {
   return "";
 }
 
-Status ReplayOptions::Validate() const {
-  KVTIER_RETURN_IF_ERROR(Bound("--requests", requests, 0, 10'000'000));
-  KVTIER_RETURN_IF_ERROR(Bound("--warmup", warmup, 0, 10'000'000));
-  KVTIER_RETURN_IF_ERROR(Bound("--skip", skip, 0, 10'000'000));
-  if (!shard.empty()) KVTIER_RETURN_IF_ERROR(ParseShard(shard).status());
-  if ((skip > 0 || !shard.empty()) &&
-      (workload == "chat" || workload == "system-prompt" || workload == "doc-qa")) {
+namespace {
+
+// --workload's selection and the scheduling flags.
+Status ValidateWorkloadFlags(const ReplayOptions& o) {
+  KVTIER_RETURN_IF_ERROR(Bound("--requests", o.requests, 0, 10'000'000));
+  KVTIER_RETURN_IF_ERROR(Bound("--warmup", o.warmup, 0, 10'000'000));
+  KVTIER_RETURN_IF_ERROR(Bound("--skip", o.skip, 0, 10'000'000));
+  if (!o.shard.empty()) KVTIER_RETURN_IF_ERROR(ParseShard(o.shard).status());
+  if ((o.skip > 0 || !o.shard.empty()) &&
+      (o.workload == "chat" || o.workload == "system-prompt" || o.workload == "doc-qa")) {
     return Status::InvalidArgument(fmt::format(
         "--skip / --shard select requests of a trace; the synthetic workload '{}' has no trace "
         "(use --seed and --requests)",
-        workload));
+        o.workload));
   }
-  KVTIER_RETURN_IF_ERROR(BoundReal("--rate", rate, 1e-6, 1e6));
-  KVTIER_RETURN_IF_ERROR(Bound("--concurrency", concurrency, 0, 100'000));
-  KVTIER_RETURN_IF_ERROR(BoundReal("--speed", speed, 1e-6, 1e9));
-  KVTIER_RETURN_IF_ERROR(Bound("--max-inflight", max_inflight, 1, 100'000));
-  if (sequential && concurrency > 1) {
+  KVTIER_RETURN_IF_ERROR(BoundReal("--rate", o.rate, 1e-6, 1e6));
+  KVTIER_RETURN_IF_ERROR(Bound("--concurrency", o.concurrency, 0, 100'000));
+  KVTIER_RETURN_IF_ERROR(BoundReal("--speed", o.speed, 1e-6, 1e9));
+  KVTIER_RETURN_IF_ERROR(Bound("--max-inflight", o.max_inflight, 1, 100'000));
+  if (o.sequential && o.concurrency > 1) {
     return Status::InvalidArgument(fmt::format(
         "--sequential serves one request at a time; it cannot be combined with --concurrency {}",
-        concurrency));
+        o.concurrency));
   }
-  KVTIER_RETURN_IF_ERROR(FindReplayModel(model).status().WithContext("--model"));
-  if (!compute_model.empty()) {
-    KVTIER_RETURN_IF_ERROR(FindReplayModel(compute_model).status().WithContext("--compute-model"));
+  return Status::OK();
+}
+
+// The model, the compute and the tiers, the cache's settings through the cache's own Validate.
+Status ValidateTierFlags(const ReplayOptions& o) {
+  KVTIER_RETURN_IF_ERROR(FindReplayModel(o.model).status().WithContext("--model"));
+  if (!o.compute_model.empty()) {
+    KVTIER_RETURN_IF_ERROR(
+        FindReplayModel(o.compute_model).status().WithContext("--compute-model"));
   }
-  KVTIER_RETURN_IF_ERROR(OneOf("--compute", compute, {"auto", "gemm", "model"}));
-  KVTIER_RETURN_IF_ERROR(BoundReal("--tflops", tflops, 1e-3, 1e5));
-  KVTIER_RETURN_IF_ERROR(Bound("--chunk-tokens", chunk_tokens, 64, 1 << 20));
-  KVTIER_RETURN_IF_ERROR(OneOf("--device", device, {"auto", "gpu", "cpu"}));
-  KVTIER_RETURN_IF_ERROR(ValidatePageSize(page_size, "--page-size"));  // the geometry's rule
-  KVTIER_RETURN_IF_ERROR(Bound("--device-tokens", device_tokens, page_size, kMaxTokens));
-  if (host_tokens != -1 || host_tokens_given) {  // -1 unless given: 4 x --device-tokens
-    KVTIER_RETURN_IF_ERROR(Bound("--host-tokens", host_tokens, 0, kMaxTokens));
+  KVTIER_RETURN_IF_ERROR(OneOf("--compute", o.compute, {"auto", "gemm", "model"}));
+  KVTIER_RETURN_IF_ERROR(BoundReal("--tflops", o.tflops, 1e-3, 1e5));
+  KVTIER_RETURN_IF_ERROR(Bound("--chunk-tokens", o.chunk_tokens, 64, 1 << 20));
+  KVTIER_RETURN_IF_ERROR(OneOf("--device", o.device, {"auto", "gpu", "cpu"}));
+  KVTIER_RETURN_IF_ERROR(ValidatePageSize(o.page_size, "--page-size"));  // the geometry's rule
+  KVTIER_RETURN_IF_ERROR(Bound("--device-tokens", o.device_tokens, o.page_size, kMaxTokens));
+  if (o.host_tokens != -1 || o.host_tokens_given) {  // -1 unless given: 4 x --device-tokens
+    KVTIER_RETURN_IF_ERROR(Bound("--host-tokens", o.host_tokens, 0, kMaxTokens));
   }
-  if (host_tokens == 0 && storage != "none") {
+  if (o.host_tokens == 0 && o.storage != "none") {
     return Status::InvalidArgument(
         "--host-tokens 0 (no host tier) needs --storage none: prefetches from storage land in "
         "host memory");
   }
-  KVTIER_RETURN_IF_ERROR(Bound("--storage-bytes", storage_bytes, 0, int64_t{1} << 50));
-  KVTIER_RETURN_IF_ERROR(ParseLayout(host_layout).status().WithContext("--hicache-mem-layout"));
+  KVTIER_RETURN_IF_ERROR(Bound("--storage-bytes", o.storage_bytes, 0, int64_t{1} << 50));
+  KVTIER_RETURN_IF_ERROR(ParseLayout(o.host_layout).status().WithContext("--hicache-mem-layout"));
   KVTIER_RETURN_IF_ERROR(
-      ParseWritePolicy(write_policy).status().WithContext("--hicache-write-policy"));
-  KVTIER_RETURN_IF_ERROR(ParsePrefetchPolicy(prefetch_policy)
+      ParseWritePolicy(o.write_policy).status().WithContext("--hicache-write-policy"));
+  KVTIER_RETURN_IF_ERROR(ParsePrefetchPolicy(o.prefetch_policy)
                              .status()
                              .WithContext("--hicache-storage-prefetch-policy"));
-  KVTIER_RETURN_IF_ERROR(ParseEvictionPolicy(eviction).status().WithContext("--eviction"));
+  KVTIER_RETURN_IF_ERROR(ParseEvictionPolicy(o.eviction).status().WithContext("--eviction"));
   KVTIER_RETURN_IF_ERROR(
-      OneOf("--hicache-io-backend", io_backend, {"auto", "kernel", "dma", "cpu"}));
+      OneOf("--hicache-io-backend", o.io_backend, {"auto", "kernel", "dma", "cpu"}));
   {
     // The cache's settings, through the cache's own Validate (a host tier and a storage tier
     // stand in so that every field the flags set is checked).
-    HierarchicalCacheConfig c = CacheConfigOf(*this);
+    HierarchicalCacheConfig c = CacheConfigOf(o);
     c.host_capacity_bytes = 1;
     c.storage.url = "memory://";
     KVTIER_RETURN_IF_ERROR(c.Validate(ReplayFlagOf));
   }
-  KVTIER_RETURN_IF_ERROR(OneOf("--verify", verify, {"all", "sample"}));
-  KVTIER_RETURN_IF_ERROR(OneOf("--runs", runs, {"all", "hierarchy", "no_cache,hierarchy"}));
-  KVTIER_RETURN_IF_ERROR(BoundReal("--slow-class-margin", slow_class_margin, 0, 10));
-  if (kv_events.empty() && (!kv_events_replay.empty() || !kv_events_topic.empty())) {
+  return Status::OK();
+}
+
+// The runs, the checks, KV events, pins, faults, sweeps, the shared host tier and the outputs.
+Status ValidateRunFlags(const ReplayOptions& o) {
+  KVTIER_RETURN_IF_ERROR(OneOf("--verify", o.verify, {"all", "sample"}));
+  KVTIER_RETURN_IF_ERROR(OneOf("--runs", o.runs, {"all", "hierarchy", "no_cache,hierarchy"}));
+  KVTIER_RETURN_IF_ERROR(BoundReal("--slow-class-margin", o.slow_class_margin, 0, 10));
+  if (o.kv_events.empty() && (!o.kv_events_replay.empty() || !o.kv_events_topic.empty())) {
     return Status::InvalidArgument("--kv-events-replay and --kv-events-topic need --kv-events");
   }
-  KVTIER_RETURN_IF_ERROR(BoundReal("--kv-events-hold", kv_events_hold_s, 0, 3600));
-  if (kv_events.empty() && kv_events_hold_s > 0) {
+  KVTIER_RETURN_IF_ERROR(BoundReal("--kv-events-hold", o.kv_events_hold_s, 0, 3600));
+  if (o.kv_events.empty() && o.kv_events_hold_s > 0) {
     return Status::InvalidArgument("--kv-events-hold needs --kv-events");
   }
-  if (!pin_system_prompt.empty()) {
-    KVTIER_ASSIGN_OR_RETURN(std::vector<CacheTier> tiers, ParsePinTiers(pin_system_prompt));
+  if (!o.pin_system_prompt.empty()) {
+    KVTIER_ASSIGN_OR_RETURN(std::vector<CacheTier> tiers, ParsePinTiers(o.pin_system_prompt));
     for (CacheTier t : tiers) {
-      if ((t == CacheTier::kHost && host_tokens == 0) ||
+      if ((t == CacheTier::kHost && o.host_tokens == 0) ||
           (t == CacheTier::kStorage &&
-           (storage == "none" || host_tokens == 0 || !shared_host.empty()))) {
+           (o.storage == "none" || o.host_tokens == 0 || !o.shared_host.empty()))) {
         return Status::InvalidArgument(
             fmt::format("--pin-system-prompt {}: the hierarchy run has no {} tier",
-                        pin_system_prompt, CacheTierName(t)));
+                        o.pin_system_prompt, CacheTierName(t)));
       }
     }
   }
-  KVTIER_RETURN_IF_ERROR(BoundReal("--pin-ttl", pin_ttl_s, 0, 1e7));
-  if (pin_system_prompt.empty() && pin_ttl_s > 0) {
+  KVTIER_RETURN_IF_ERROR(BoundReal("--pin-ttl", o.pin_ttl_s, 0, 1e7));
+  if (o.pin_system_prompt.empty() && o.pin_ttl_s > 0) {
     return Status::InvalidArgument("--pin-ttl needs --pin-system-prompt");
   }
-  if (!kv_events.empty() && !sweep.empty()) {
+  if (!o.kv_events.empty() && !o.sweep.empty()) {
     return Status::InvalidArgument(
         "--kv-events publishes one hierarchy run's events; --sweep makes several");
   }
-  if (!fault.empty()) {
-    KVTIER_RETURN_IF_ERROR(ParseFault(fault).status());
-    if (storage == "none") {
+  if (!o.fault.empty()) {
+    KVTIER_RETURN_IF_ERROR(ParseFault(o.fault).status());
+    if (o.storage == "none") {
       return Status::InvalidArgument("--fault needs a storage tier (not --storage none)");
     }
   }
-  if (!sweep.empty()) KVTIER_RETURN_IF_ERROR(ParseSweep(sweep).status());
-  if (!shared_host.empty() &&
-      ((storage != "file" && storage != "none") || !fault.empty() || host_tokens == 0)) {
+  if (!o.sweep.empty()) KVTIER_RETURN_IF_ERROR(ParseSweep(o.sweep).status());
+  if (!o.shared_host.empty() &&
+      ((o.storage != "file" && o.storage != "none") || !o.fault.empty() || o.host_tokens == 0)) {
     return Status::InvalidArgument(fmt::format(
         "--shared-host {} is the host tier, with no storage tier below it: it needs a host tier "
         "(--host-tokens > 0) and takes neither --storage {} nor --fault",
-        shared_host, RedactUrl(storage)));
+        o.shared_host, RedactUrl(o.storage)));
   }
-  if (storage != "none" && storage != "file" && storage != "redis" &&
-      storage.find("://") == std::string::npos) {
+  if (o.storage != "none" && o.storage != "file" && o.storage != "redis" &&
+      o.storage.find("://") == std::string::npos) {
     return Status::InvalidArgument(
         fmt::format("--storage = '{}' must be none, file (a temporary file store), redis (a "
                     "redis-server the run starts) or a URL such as file:///path, "
                     "redis://host:port, memory://",
-                    RedactUrl(storage)));
+                    RedactUrl(o.storage)));
   }
-  if (!json_path.empty()) KVTIER_RETURN_IF_ERROR(CheckOutputPath(json_path, "--json"));
-  if (!plot_path.empty()) {
-    KVTIER_RETURN_IF_ERROR(CheckOutputPath(plot_path, "--plot"));
+  if (!o.json_path.empty()) KVTIER_RETURN_IF_ERROR(CheckOutputPath(o.json_path, "--json"));
+  if (!o.plot_path.empty()) {
+    KVTIER_RETURN_IF_ERROR(CheckOutputPath(o.plot_path, "--plot"));
     // A PNG goes to a file: a device (/dev/full, /dev/null) would swallow or refuse it after the
     // whole run.
     std::error_code ec;
-    if (std::filesystem::exists(plot_path, ec) &&
-        !std::filesystem::is_regular_file(plot_path, ec)) {
+    if (std::filesystem::exists(o.plot_path, ec) &&
+        !std::filesystem::is_regular_file(o.plot_path, ec)) {
       return Status::InvalidArgument(
-          fmt::format("--plot {}: not a regular file (the plot is a PNG file)", plot_path));
+          fmt::format("--plot {}: not a regular file (the plot is a PNG file)", o.plot_path));
     }
   }
   return Status::OK();
+}
+
+}  // namespace
+
+Status ReplayOptions::Validate() const {
+  KVTIER_RETURN_IF_ERROR(ValidateWorkloadFlags(*this));
+  KVTIER_RETURN_IF_ERROR(ValidateTierFlags(*this));
+  return ValidateRunFlags(*this);
 }
 
 Status LoadWorkload(const ReplayOptions& o, Workload* w) {
