@@ -319,85 +319,144 @@ TEST(NothingLostReasonsTest, PagesWrittenPastAFailedPageAreRemovedNotStranded) {
   EXPECT_TRUE(s.cache->CheckConsistency().ok());
 }
 
-// The removal of the pages past a hole and a later store of the same pages never overlap in
-// storage. The removal is queued by the call that reaps the failed store and submitted by that
-// call after the lock; another thread's call can queue and submit a store of those pages in
-// between, and storage orders no two writes of one key. Here the removal's submission is stalled
-// (the store's caller check holds a Remove until the test lets it go) while the main thread stores
-// the prompt again: that store waits for the removal (without the ordering its Set lands first and
-// the late Remove takes its pages, which the tree marks stored). After WaitForBackups every page
-// the tree marks stored is in the store, byte-exact.
-TEST(NothingLostRaceTest, AStoreOfPagesBeingRemovedWaitsForTheRemoval) {
-  StorageOptions options;
-  options.io_threads = 1;  // the seeded faults in a fixed order
-  auto inner = OpenStorage("memory://?capacity=64MiB", NamespaceFor(16), options);
-  ASSERT_TRUE(inner.ok()) << inner.status().ToString();
-  auto wrapped = FaultInjectingStorage::Wrap(std::move(*inner), 5, options);
-  ASSERT_TRUE(wrapped.ok()) << wrapped.status().ToString();
-  std::shared_ptr<FaultInjectingStorage> store(std::move(*wrapped));
-  std::mutex mu;
-  std::condition_variable cv;
-  bool removes_go = false;
-  int removes_stalled = 0;
-  store->SetCallerCheck([&](std::string_view call) {
-    if (call != "Remove") return Status::OK();
-    std::unique_lock<std::mutex> lk(mu);
-    ++removes_stalled;
-    cv.notify_all();
-    cv.wait_for(lk, std::chrono::seconds(20), [&] { return removes_go; });  // bounded
-    return Status::OK();
-  });
-  TestCache s = Make(store, 16, 256);
-  const auto a = Seq(65 * 16, 21);
-  const auto first = std::span<const Token>(a).first(64 * 16);
-  ASSERT_TRUE(store->SetErrorFraction(0.1).ok());
-  // Another thread stores the first 64 pages; some fail, and reaping the store queues the removal
-  // of the pages written past the first hole, whose submission stalls.
-  auto other = std::async(std::launch::async, [&] {
-    Prefill(s, first);
-    return s.cache->WaitForBackups();
-  });
-  {
-    std::unique_lock<std::mutex> lk(mu);
-    ASSERT_TRUE(cv.wait_for(lk, std::chrono::seconds(20), [&] { return removes_stalled > 0; }))
-        << "no removal: no page failed with pages written past it (change the seed)";
+// A race between another thread's removal of the pages past a hole and the main thread. A
+// removal is queued by the call that reaps the failed store and submitted by that call after the
+// lock; another thread's call can run in between, and storage orders a read after a write of its
+// key but no two writes. Here the removal's submission is stalled (the store's caller check holds
+// a Remove until Go) while the main thread works on the same prompt.
+class NothingLostRaceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    StorageOptions options;
+    options.io_threads = 1;  // the seeded faults in a fixed order
+    auto inner = OpenStorage("memory://?capacity=64MiB", NamespaceFor(16), options);
+    ASSERT_TRUE(inner.ok()) << inner.status().ToString();
+    auto wrapped = FaultInjectingStorage::Wrap(std::move(*inner), 5, options);
+    ASSERT_TRUE(wrapped.ok()) << wrapped.status().ToString();
+    store_ = std::shared_ptr<FaultInjectingStorage>(std::move(*wrapped));
+    store_->SetCallerCheck([this](std::string_view call) {
+      if (call != "Remove") return Status::OK();
+      std::unique_lock<std::mutex> lk(mu_);
+      ++stalled_;
+      cv_.notify_all();
+      cv_.wait_for(lk, std::chrono::seconds(20), [&] { return go_; });  // bounded
+      return Status::OK();
+    });
+    s_ = Make(store_, 16, 256);
   }
-  store->ClearFaults();
+  void TearDown() override {
+    Go();
+    if (other_.valid()) other_.wait();
+    s_ = TestCache{};
+    if (store_) store_->SetCallerCheck(nullptr);
+  }
+  // Another thread stores `tokens` with a tenth of the pages failing; reaping the store queues
+  // the removal of the pages written past the first hole, whose submission stalls. Returns the
+  // hole (the leading pages stored), or -1 when no removal came (the seed gave no hole with
+  // pages written past it).
+  int64_t StoreWithAHoleElsewhere(std::span<const Token> tokens) {
+    EXPECT_TRUE(store_->SetErrorFraction(0.1).ok());
+    other_ = std::async(std::launch::async, [this, tokens] {
+      Prefill(s_, tokens);
+      return s_.cache->WaitForBackups();
+    });
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      if (!cv_.wait_for(lk, std::chrono::seconds(20), [&] { return stalled_ > 0; })) return -1;
+    }
+    store_->ClearFaults();
+    return StoredPages(*store_, tokens, 16);
+  }
+  // Lets the stalled removal go; the other thread's result.
+  Status Go() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      go_ = true;
+    }
+    cv_.notify_all();
+    return other_.valid() ? other_.get() : Status::OK();
+  }
+  // The pages the tree marks stored (its storage part once device and host are emptied) are
+  // exactly the leading pages the store holds.
+  void ExpectTheTreeMarksStoredWhatTheStoreHolds(std::span<const Token> tokens) {
+    ASSERT_TRUE(s_.cache->EvictDevice(1 << 30).ok());
+    ASSERT_TRUE(s_.cache->EvictHost(1 << 30).ok());
+    auto m = s_.cache->Match(tokens);
+    ASSERT_TRUE(m.ok());
+    EXPECT_EQ(m->storage_tokens, StoredPages(*store_, tokens, 16) * 16);
+    ASSERT_TRUE(s_.cache->Release(m->handle).ok());
+  }
+
+  std::shared_ptr<FaultInjectingStorage> store_;
+  TestCache s_;
+  std::future<Status> other_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool go_ = false;
+  int stalled_ = 0;
+};
+
+// The main thread stores the prompt again while the removal stalls: that store waits for the
+// removal (without the ordering its Set lands first and the late Remove takes its pages, which the
+// tree marks stored). After WaitForBackups every page the tree marks stored is in the store,
+// byte-exact.
+TEST_F(NothingLostRaceTest, AStoreOfPagesBeingRemovedWaitsForTheRemoval) {
+  const auto a = Seq(65 * 16, 21);
+  ASSERT_GE(StoreWithAHoleElsewhere(std::span<const Token>(a).first(64 * 16)), 0)
+      << "no removal: no page failed with pages written past it (change the seed)";
   // The prompt and one page more: the new page's backup stores the path from the hole on. Wait
   // until that store is held back, or (without the ordering) has landed.
-  Prefill(s, a);
+  Prefill(s_, a);
   auto keys = ComputePromptPageKeys(a, 16, "");
   ASSERT_TRUE(keys.ok());
   for (int i = 0; i < 2000; ++i) {
-    const CacheStats st = s.cache->stats();
+    const CacheStats st = s_.cache->stats();
     if (st.storage_stores_held > 0) break;
     if (st.storage_backup_inflight_tokens == 0 &&
-        store->inner().Exists(std::vector<PageKey>{keys->back()}).get().leading == 1) {
+        store_->inner().Exists(std::vector<PageKey>{keys->back()}).get().leading == 1) {
       break;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
-  {
-    std::lock_guard<std::mutex> lk(mu);
-    removes_go = true;
-  }
-  cv.notify_all();
-  ASSERT_TRUE(other.get().ok());
-  ASSERT_TRUE(s.cache->WaitForBackups().ok());
-  CacheStats st = s.cache->stats();
+  ASSERT_TRUE(Go().ok());
+  ASSERT_TRUE(s_.cache->WaitForBackups().ok());
+  const CacheStats st = s_.cache->stats();
   EXPECT_GT(st.storage_stranded_removed_pages, 0);
   EXPECT_EQ(st.storage_stores_held, 1);
-  EXPECT_TRUE(s.cache->CheckConsistency().ok());
-  // The tree marks every page stored; the store holds every one of them, byte-exact.
-  ASSERT_TRUE(s.cache->EvictDevice(1 << 30).ok());
-  ASSERT_TRUE(s.cache->EvictHost(1 << 30).ok());
-  auto m = s.cache->Match(a);
+  EXPECT_TRUE(s_.cache->CheckConsistency().ok());
+  ExpectTheTreeMarksStoredWhatTheStoreHolds(a);
+  EXPECT_EQ(StoredPages(*store_, a, 16), 65);
+  ExpectReadBack(store_, a, 16);
+}
+
+// The hole is filled (the prefix up to it stored again) while the removal stalls: a QueryStorage
+// of the rest finds the pages being removed still there, and must not mark them stored.
+TEST_F(NothingLostRaceTest, QueryStorageDoesNotFindPagesBeingRemoved) {
+  const auto a = Seq(64 * 16, 23);
+  const int64_t hole = StoreWithAHoleElsewhere(a);
+  ASSERT_GE(hole, 0) << "no removal: no page failed with pages written past it (change the seed)";
+  ASSERT_TRUE(s_.cache->EvictDevice(1 << 30).ok());
+  ASSERT_TRUE(s_.cache->EvictHost(1 << 30).ok());  // the unstored part is forgotten
+  const auto filled = std::span<const Token>(a).first(static_cast<size_t>((hole + 1) * 16));
+  Prefill(s_, filled);  // recomputed: its store writes the missing page only
+  // (Not WaitForBackups: it would wait for the stalled removal.)
+  for (int i = 0; i < 2000 && StoredPages(*store_, a, 16) <= hole; ++i) {
+    (void)s_.cache->stats();  // reaps the backup (which queues the store) and the store
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_GT(StoredPages(*store_, a, 16), hole + 1) << "the pages past the hole are there (yet)";
+  auto m = s_.cache->Match(a);
   ASSERT_TRUE(m.ok());
-  EXPECT_EQ(m->storage_tokens, 65 * 16);
-  ASSERT_TRUE(s.cache->Release(m->handle).ok());
-  EXPECT_EQ(StoredPages(*store, a, 16), 65);
-  ExpectReadBack(store, a, 16);
-  store->SetCallerCheck(nullptr);
+  auto q = s_.cache->QueryStorage(m->handle);
+  ASSERT_TRUE(q.ok()) << q.status().ToString();
+  EXPECT_EQ(q->queried_tokens, 0);
+  ASSERT_TRUE(s_.cache->Release(m->handle).ok());
+  ASSERT_TRUE(Go().ok());
+  ASSERT_TRUE(s_.cache->WaitForBackups().ok());
+  EXPECT_EQ(StoredPages(*store_, a, 16), hole + 1);
+  EXPECT_TRUE(s_.cache->CheckConsistency().ok());
+  ExpectTheTreeMarksStoredWhatTheStoreHolds(a);
+  ExpectReadBack(store_, filled, 16);
 }
 
 TEST(NothingLostReasonsTest, AFullQueueIsCountedAsQueueFullAndTheRestIsStored) {
