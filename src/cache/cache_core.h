@@ -22,12 +22,14 @@
 //   handles       live MatchHandles: the node each pins (ancestors included), the tokens after
 //                 the match (for QueryStorage), a running prefetch and, on a GPU, its load-back;
 //   tracker       operations in flight. Each marked its nodes busy once (a split hands the mark to
-//                 both halves: the split hook); a busy node is evictable in no tier.
+//                 both halves: the split hook); a busy node is evictable in no tier;
+//   removing      the keys of the removals from storage in flight; a store naming one is held.
 // Invariants (HierarchicalCache::CheckConsistency): the tree's device pages are exactly the
 // ledger's kTree pages; the ledger's kCopy pages are exactly the load-backs' unpublished pages; the
 // host allocator's used pages are the tree's host pages plus the prefetches' filling pages; every
 // node's ref_count equals the number of live handles pinning it or a descendant, and its busy count
-// the number of operations that list it.
+// the number of operations that list it; `removing` holds the keys of the removals in flight, and
+// a store is held exactly while one of its keys is in it.
 //
 // Locking discipline: every public call takes `mu`, does bookkeeping only, and collects into a
 // CacheWork what must happen outside it — submitting copies (cpu pool, inline, or a CUDA stream)
