@@ -353,12 +353,22 @@ class NothingLostRaceTest : public ::testing::Test {
   // Another thread stores `tokens` with a tenth of the pages failing; reaping the store queues
   // the removal of the pages written past the first hole, whose submission stalls. Returns the
   // hole (the leading pages stored), or -1 when no removal came (the seed gave no hole with
-  // pages written past it).
-  int64_t StoreWithAHoleElsewhere(std::span<const Token> tokens) {
+  // pages written past it). `wait_for_backups`: the other thread then waits for its backups (the
+  // removal and what it released included); else it returns once the removal was submitted.
+  int64_t StoreWithAHoleElsewhere(std::span<const Token> tokens, bool wait_for_backups = true) {
     EXPECT_TRUE(store_->SetErrorFraction(0.1).ok());
-    other_ = std::async(std::launch::async, [this, tokens] {
+    other_ = std::async(std::launch::async, [this, tokens, wait_for_backups] {
       Prefill(s_, tokens);
-      return s_.cache->WaitForBackups();
+      if (wait_for_backups) return s_.cache->WaitForBackups();
+      for (int i = 0; i < 4000; ++i) {
+        (void)s_.cache->stats();  // reaps the store: the removal is submitted (stalled) here
+        {
+          std::lock_guard<std::mutex> lk(mu_);
+          if (stalled_ > 0) return Status::OK();
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      return Status::Unavailable("no removal was submitted");
     });
     {
       std::unique_lock<std::mutex> lk(mu_);
@@ -425,6 +435,32 @@ TEST_F(NothingLostRaceTest, AStoreOfPagesBeingRemovedWaitsForTheRemoval) {
   EXPECT_EQ(st.storage_stores_held, 1);
   EXPECT_TRUE(s_.cache->CheckConsistency().ok());
   ExpectTheTreeMarksStoredWhatTheStoreHolds(a);
+  EXPECT_EQ(StoredPages(*store_, a, 16), 65);
+  ExpectReadBack(store_, a, 16);
+}
+
+// Close while a removal is in flight and a store waits behind it: Close waits for the removal,
+// then runs the store it released and waits for that; nothing leaks, and the store ends whole.
+TEST_F(NothingLostRaceTest, CloseWaitsForTheRemovalThenForTheStoreItReleased) {
+  const auto a = Seq(65 * 16, 25);
+  ASSERT_GE(StoreWithAHoleElsewhere(std::span<const Token>(a).first(64 * 16),
+                                    /*wait_for_backups=*/false),
+            0)
+      << "no removal: no page failed with pages written past it (change the seed)";
+  Prefill(s_, a);
+  for (int i = 0; i < 2000 && s_.cache->stats().storage_stores_held == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(s_.cache->stats().storage_stores_held, 1);
+  store_->HoldWrites(true);  // the removal, once submitted, stays in flight
+  ASSERT_TRUE(Go().ok());    // the other thread submitted it and returned
+  auto release = std::async(std::launch::async, [this] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    store_->HoldWrites(false);
+  });
+  s_ = TestCache{};  // Close, while the removal is held
+  release.get();
+  EXPECT_EQ(store_->held_writes(), 0);
   EXPECT_EQ(StoredPages(*store_, a, 16), 65);
   ExpectReadBack(store_, a, 16);
 }
