@@ -4,8 +4,9 @@ cache decision, each rank its heads' pools; MLA: the full latent) over a file st
 objects; the hit rates equal TP=1's on the same requests, device, host and storage are all hit,
 every rank's bytes were checked (exit 0), decisions went through the ring and the leader waited
 once per record (no collective), and the report has the leader's decision time and each rank's
-load bandwidth. Then a rank is killed (SIGKILL) mid-replay: rank 0 stops with an error naming the
-dead rank, within the timeout.
+loads (the same copies on every rank at both sizes, each rank's bytes) and load bandwidth. Then
+a rank is killed (SIGKILL) mid-replay: rank 0 stops with an error naming the dead rank, within
+the timeout.
 
 Usage: replay_tp_test.py KVTIER
 """
@@ -113,6 +114,19 @@ def main():
                     tp1["load_gbps_per_rank"][0] <= 0:
                 failures.append("%s: load bandwidth per rank missing: %s / %s" %
                                 (model, tp1["load_gbps_per_rank"], tp2["load_gbps_per_rank"]))
+            # The same loads on every rank at both sizes (the measured requests' only): each
+            # rank moved its heads' bytes (MHA: half of TP=1's at TP=2; MLA: the whole latent).
+            share = 1 if model == "deepseek-v2-lite" else 2
+            if tp2["loads_per_rank"] != [tp1["loads_per_rank"][0]] * 2 or \
+                    tp1["loads_per_rank"][0] <= 0:
+                failures.append("%s: loads per rank %s at TP=1, %s at TP=2" %
+                                (model, tp1["loads_per_rank"], tp2["loads_per_rank"]))
+            if tp2["load_bytes_per_rank"] != [tp1["load_bytes_per_rank"][0] // share] * 2 or \
+                    tp1["load_bytes_per_rank"][0] % share:
+                failures.append("%s: load bytes per rank %s at TP=1, %s at TP=2" %
+                                (model, tp1["load_bytes_per_rank"], tp2["load_bytes_per_rank"]))
+            if len(report["load_gbps_vs_tp1_per_rank"]) != 2:
+                failures.append("%s: no load bandwidth ratio per rank" % model)
             if tp2["decision_records"] <= tp2["requests"]:
                 failures.append("%s: %d decision records for %d requests" %
                                 (model, tp2["decision_records"], tp2["requests"]))
