@@ -281,9 +281,10 @@ struct Setup {
   int64_t max_context = 1;
   std::string store_dir;  // --storage file: one file store per pass under it (empty: none)
   int64_t store_bytes = 0;
+  std::string store_suffix;  // of the pass's store directory (tp<N><suffix>)
   std::string StoreUrl(int tp) const {
     if (store_dir.empty()) return "";
-    return fmt::format("file://{}/tp{}?capacity={}", store_dir, tp, store_bytes);
+    return fmt::format("file://{}/tp{}{}?capacity={}", store_dir, tp, store_suffix, store_bytes);
   }
 };
 
@@ -660,6 +661,10 @@ void AddTpReplayFlags(CLI::App* replay, TpReplayArgs* a) {
                    "pass, host layout page_head)")
       ->check(CLI::Range(1, 8))
       ->capture_default_str();
+  replay->add_flag(
+      "--tp-equal-bytes", a->equal_bytes,
+      "--tp, MHA: also serve the requests at TP=1 with one rank's share of the KV heads, the load "
+      "bandwidth baseline at equal bytes per copy (a TP=N rank moves 1/N of TP=1's per copy)");
   replay
       ->add_option("--tp-timeout", a->ack_timeout_s,
                    "--tp: seconds rank 0 waits for a rank to apply a decision before failing")
@@ -748,11 +753,24 @@ int RunReplayTp(const ReplayOptions& options, const TpReplayArgs& a,
         s.o.storage_bytes > 0 ? s.o.storage_bytes : std::max<int64_t>(all_bytes, int64_t{64} << 20);
   }
 
-  TpPassResult tp1, tpn;
+  TpPassResult tp1, tpn, tp1_shard;
   Status st = RunPass(s, 1, nullptr, &tp1);
   if (!st.ok()) {
     RemoveStore(s);
     return fail(st.WithContext("TP=1"), 1);
+  }
+  const bool shard_pass = a.equal_bytes && !s.model.mla && a.tp > 1;
+  if (shard_pass) {
+    // The load baseline at equal bytes per copy: TP=1 with one rank's share of the KV heads (its
+    // own store), so each copy is the size of a TP=N rank's.
+    Setup e = s;
+    e.model = *ShardModel(s.model, a.tp);
+    e.store_suffix = "-shard";
+    st = RunPass(e, 1, nullptr, &tp1_shard);
+    if (!st.ok()) {
+      RemoveStore(s);
+      return fail(st.WithContext(fmt::format("TP=1 with 1/{} of the KV heads", a.tp)), 1);
+    }
   }
 
   TpGroupConfig gc;
@@ -791,7 +809,7 @@ int RunReplayTp(const ReplayOptions& options, const TpReplayArgs& a,
   info.storage = !s.store_dir.empty();
   info.command_line = s.o.command_line;
   info.json_path = s.o.json_path;
-  Result<bool> equal = ReportTpPasses(info, tp1, tpn);
+  Result<bool> equal = ReportTpPasses(info, tp1, tpn, shard_pass ? &tp1_shard : nullptr);
   if (!equal.ok()) return fail(equal.status(), 1);
   return *equal ? 0 : 1;
 }

@@ -97,10 +97,13 @@ double TpPercentile(std::vector<double> v, double q) {
   return v[std::min(i, v.size() - 1)];
 }
 
-Result<bool> ReportTpPasses(const TpRunInfo& info, const TpPassResult& tp1,
-                            const TpPassResult& tpn) {
-  const bool equal = tp1.device_hit == tpn.device_hit && tp1.host_hit == tpn.host_hit &&
-                     tp1.storage_hit == tpn.storage_hit && tp1.loaded == tpn.loaded;
+Result<bool> ReportTpPasses(const TpRunInfo& info, const TpPassResult& tp1, const TpPassResult& tpn,
+                            const TpPassResult* tp1_shard) {
+  auto same_hits = [](const TpPassResult& a, const TpPassResult& b) {
+    return a.device_hit == b.device_hit && a.host_hit == b.host_hit &&
+           a.storage_hit == b.storage_hit && a.loaded == b.loaded;
+  };
+  const bool equal = same_hits(tp1, tpn) && (tp1_shard == nullptr || same_hits(tp1, *tp1_shard));
   const nlohmann::json j1 = PassJson(tp1), jn = PassJson(tpn);
   std::printf(
       "kvtier replay --tp %d: %s, %lld requests (after %lld warm-up), model %s (%s), "
@@ -156,6 +159,23 @@ Result<bool> ReportTpPasses(const TpRunInfo& info, const TpPassResult& tp1,
                                    : fmt::format("{:.2f} ({:.0f}%)", bw / 1e9, 100 * bw / bw1);
     });
   }
+  // The baseline at equal bytes per copy: TP=1 with one rank's share of the heads.
+  const double bw1s = tp1_shard != nullptr ? LoadBandwidth(*tp1_shard, 0) : 0;
+  nlohmann::json shard_ratios = nlohmann::json::array();
+  if (tp1_shard != nullptr) {
+    std::printf("%-34s %14s %14s\n", fmt::format("TP=1 at 1/{} of the heads:", info.tp).c_str(), "",
+                "");
+    std::printf("%-34s %14s\n", "  loads (copies)", fmt::format("{}", tp1_shard->loads[0]).c_str());
+    std::printf("%-34s %14s\n", "  load MB per copy",
+                fmt::format("{:.2f}", BytesPerLoad(*tp1_shard, 0) / 1e6).c_str());
+    std::printf("%-34s %14s\n", "  load GB/s", fmt::format("{:.2f}", bw1s / 1e9).c_str());
+    for (size_t r = 0; r < tpn.load_seconds.size(); ++r) {
+      const double ratio = bw1s > 0 ? LoadBandwidth(tpn, r) / bw1s : 0.0;
+      shard_ratios.push_back(ratio);
+      std::printf("%-34s %14s %14s\n", fmt::format("load GB/s, rank {} vs it", r).c_str(), "",
+                  fmt::format("{:.0f}%", 100 * ratio).c_str());
+    }
+  }
   const double d1 = TpPercentile(tp1.decide_ms, 0.5), dn = TpPercentile(tpn.decide_ms, 0.5);
   const double c1 = TpPercentile(tp1.decide_cpu_ms, 0.5), cn = TpPercentile(tpn.decide_cpu_ms, 0.5);
   std::printf(
@@ -181,6 +201,10 @@ Result<bool> ReportTpPasses(const TpRunInfo& info, const TpPassResult& tp1,
                           {"decision_overhead_ratio_p50", d1 > 0 ? dn / d1 : 0.0},
                           {"decision_cpu_overhead_ratio_p50", c1 > 0 ? cn / c1 : 0.0},
                           {"load_gbps_vs_tp1_per_rank", ratios},
+                          // --tp-equal-bytes: TP=1 at one rank's share of the heads (else null).
+                          {"tp1_shard_pass",
+                           tp1_shard != nullptr ? PassJson(*tp1_shard) : nlohmann::json(nullptr)},
+                          {"load_gbps_vs_tp1_shard_per_rank", shard_ratios},
                           {"passes", {j1, jn}}}
                .dump(2)
         << "\n";

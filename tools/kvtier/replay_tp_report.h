@@ -56,7 +56,9 @@ double TpPercentile(std::vector<double> v, double q);
 // TP=1's) and writes the JSON when
 // info.json_path is set. Whether the hit counts are equal; IOError when the JSON cannot be
 // written.
-Result<bool> ReportTpPasses(const TpRunInfo& info, const TpPassResult& tp1,
-                            const TpPassResult& tpn);
+// `tp1_shard` (may be null): TP=1 with one rank's share of the KV heads (--tp-equal-bytes), the
+// load bandwidth baseline at equal bytes per copy; its hits count in the comparison too.
+Result<bool> ReportTpPasses(const TpRunInfo& info, const TpPassResult& tp1, const TpPassResult& tpn,
+                            const TpPassResult* tp1_shard = nullptr);
 
 }  // namespace kvtier::tools
