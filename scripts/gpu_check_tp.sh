@@ -16,15 +16,17 @@
 #                    run), the leader's decision time (wall and CPU) per request, its
 #                    cross-process waits, collectives (0), each rank's loads of the measured
 #                    requests (bytes it moved, copies, CUDA-event time of its own host -> device
-#                    copies on its load stream) and their bandwidth against TP=1's; JSON per run
+#                    copies on its load stream) and their bandwidth against TP=1's (MHA: and
+#                    against TP=1 at half the heads, a third pass); JSON per run
 #   4. python        pytest python/tests/test_tp_cpu.py and test_tp_gpu.py: two processes on the cpu
 #                    device, then examples/tp_torch_distributed.py on cuda:0 and cuda:1 (a shared
 #                    prefix through device, host and storage, every rank's bytes; skipped, saying
 #                    why, without torch or with fewer than 2 GPUs)
 #   5. summary       a table of both replays; the targets: hit rates equal, decision overhead
 #                    TP=2/TP=1 <= 1.2 (CPU time), load bandwidth per rank within 5 % of TP=1's
-#                    (MHA: a TP=2 rank moves half of TP=1's bytes per copy; the table shows the
-#                    MB per copy next to it, docs/tp.md says how to read it)
+#                    (MHA: a TP=2 rank moves half of TP=1's bytes per copy, so MHA also runs
+#                    TP=1 at half the heads, --tp-equal-bytes: the baseline at equal bytes per
+#                    copy, "=bytes" in the table; docs/tp.md says how to read both)
 # Before the device call, on the build machine: scripts/gpu_deps.sh (then carry build-deps/root).
 # Usage: scripts/gpu_check_tp.sh [--requests N]   About 3 minutes on nvidia-h100-x2 (the CUDA
 # build is half of it); exit status 0 when every section passed.
@@ -109,11 +111,11 @@ if [[ ${RESULT[build]} == ok ]]; then
     stamp "replay --tp 2 $2"
     if ! timeout 150 "$KVTIER" replay --tp 2 --device gpu --model "$2" --compute model \
          --workload chat --requests "$REQUESTS" --warmup 20 --page-size 16 \
-         --device-tokens 4096 --host-tokens 8192 --storage file --no-progress \
+         --device-tokens 4096 --host-tokens 8192 --storage file --tp-equal-bytes --no-progress \
          --json "$LOGS/replay_tp_$1.json" >"$LOGS/replay_tp_$1.log" 2>&1; then
       RESULT[replay]=FAIL
     fi
-    tail -42 "$LOGS/replay_tp_$1.log"
+    tail -48 "$LOGS/replay_tp_$1.log"
   done
 fi
 stamp "replay: ${RESULT[replay]}"
@@ -138,9 +140,11 @@ import json, os, sys
 logs = sys.argv[1]
 # Loads: per rank, over the measured requests: GB moved, MB per copy, GB/s (CUDA events around
 # the rank's own copies on its load stream), and that bandwidth against TP=1's.
-print("%-4s %-23s %-6s %7s %7s %7s %8s %6s %6s %-13s %-13s %-13s %-9s" % (
+# MHA's third pass (TP=1 at half the heads, "1/2 heads") is the baseline at equal bytes per copy:
+# "vs =bytes".
+print("%-4s %-27s %-6s %7s %7s %7s %8s %6s %6s %-11s %-11s %-11s %-9s %-9s" % (
     "kind", "model", "hits", "device", "host", "storage", "dec CPU", "ratio", "waits",
-    "load GB/rank", "MB/copy", "GB/s", "vs TP=1"))
+    "GB/rank", "MB/copy", "GB/s", "vs TP=1", "vs =bytes"))
 ok = True
 for kind in ("mha", "mla"):
     path = os.path.join(logs, "replay_tp_%s.json" % kind)
@@ -151,10 +155,13 @@ for kind in ("mha", "mla"):
     r = json.load(open(path))
     a, b = r["passes"]
     base = a["load_gbps_per_rank"][0] if a["load_gbps_per_rank"] else 0
-    for p in (a, b):
+    shard = r.get("tp1_shard_pass")
+    same = shard["load_gbps_per_rank"][0] if shard and shard["load_gbps_per_rank"] else 0
+    for p in (a, shard, b) if shard else (a, b):
         bw = p["load_gbps_per_rank"]
-        print("%-4s %-23s %-6s %7d %7d %7d %8.4f %6s %6.2f %-13s %-13s %-13s %-9s" % (
-            kind, "%s TP=%d" % (r["model"], p["tp"]),
+        name = "%s TP=%d%s" % (r["model"], p["tp"], " 1/2 heads" if p is shard else "")
+        print("%-4s %-27s %-6s %7d %7d %7d %8.4f %6s %6.2f %-11s %-11s %-11s %-9s %-9s" % (
+            kind, name,
             "equal" if r["hit_rates_equal"] else "DIFFER", p["device_hit_tokens"],
             p["host_hit_tokens"], p["storage_hit_tokens"], p["decision_cpu_ms_p50"],
             "%.2fx" % r["decision_cpu_overhead_ratio_p50"] if p["tp"] > 1 else "",
@@ -162,7 +169,8 @@ for kind in ("mha", "mla"):
             " ".join("%.2f" % (x / 1e9) for x in p["load_bytes_per_rank"]),
             " ".join("%.1f" % x for x in p["load_mb_per_copy_per_rank"]),
             " ".join("%.1f" % x for x in bw),
-            " ".join("%.0f%%" % (100 * x / base) for x in bw) if base else ""))
+            " ".join("%.0f%%" % (100 * x / base) for x in bw) if base else "",
+            " ".join("%.0f%%" % (100 * x / same) for x in bw) if same and p is b else ""))
     if min(a["storage_hit_tokens"], a["host_hit_tokens"], a["device_hit_tokens"]) <= 0:
         print("%s: FAIL: a tier has no hits (device, host and storage must all be hit)" % kind)
         ok = False
