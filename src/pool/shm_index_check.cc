@@ -48,6 +48,7 @@ Status PageIndex::Initialize(std::byte* base, const SegmentLayout& layout,
   h->refs_offset = layout.refs_offset;
   h->bucket_offset = layout.bucket_offset;
   h->num_buckets = layout.num_buckets;
+  h->child_bucket_offset = layout.child_bucket_offset;
   h->data_offset = layout.data_offset;
   h->buffer_bytes = static_cast<uint64_t>(layout.buffer_bytes);
   h->buffer_stride = static_cast<uint64_t>(layout.buffer_stride);
@@ -70,11 +71,13 @@ Status PageIndex::Initialize(std::byte* base, const SegmentLayout& layout,
   for (int64_t p = 0; p < layout.num_pages; ++p) {
     PageRecord* r = new (&pages[p]) PageRecord{};
     r->state = static_cast<uint32_t>(PageState::kEmpty);
-    r->writer = r->hash_next = r->lru_prev = r->lru_next = kNone;
+    r->writer = r->hash_next = r->child_next = r->lru_prev = r->lru_next = kNone;
     r->free_next = p + 1 < layout.num_pages ? static_cast<int32_t>(p + 1) : kNone;
   }
   auto* buckets = reinterpret_cast<int32_t*>(base + layout.bucket_offset);
   std::fill(buckets, buckets + layout.num_buckets, kNone);
+  auto* child_buckets = reinterpret_cast<int32_t*>(base + layout.child_bucket_offset);
+  std::fill(child_buckets, child_buckets + layout.num_buckets, kNone);
   h->free_head = 0;
   h->free_count = layout.num_pages;
   h->lru_head = h->lru_tail = kNone;
@@ -105,7 +108,9 @@ void PageIndex::Locked::Repair() {
       readers += refs(p, s);
     }
     r.readers = readers;
-    r.hash_next = r.free_next = r.lru_prev = r.lru_next = kNone;
+    if (r.has_parent > 1) r.has_parent = 0;
+    r.children = 0;
+    r.hash_next = r.child_next = r.free_next = r.lru_prev = r.lru_next = kNone;
     max_use = std::max(max_use, r.last_use);
   }
   hd.clock = max_use;
@@ -120,6 +125,18 @@ void PageIndex::Locked::Repair() {
       continue;
     }
     HashInsert(static_cast<int32_t>(p));
+  }
+  // Child chains and counts: every resident page naming a parent, counted by that parent when
+  // it is resident.
+  for (uint64_t b = 0; b <= ix_->bucket_mask_; ++b) ix_->child_buckets_[b] = kNone;
+  for (int64_t p = 0; p < num_pages(); ++p) {
+    PageRecord& r = page(p);
+    if (state(p) == PageState::kEmpty || r.has_parent != 1) continue;
+    int32_t& head = ChildBucket(r.namespace_hash, r.parent);
+    r.child_next = head;
+    head = static_cast<int32_t>(p);
+    const int64_t parent = ParentOf(p);
+    if (parent != kNone) ++page(parent).children;
   }
   // Free list (lowest page first) and LRU list (by last use).
   hd.free_head = kNone;
@@ -139,16 +156,15 @@ void PageIndex::Locked::Repair() {
   ReapDead();
 }
 
-Status PageIndex::Locked::CheckInvariants() {
+Status PageIndex::Locked::CheckPageRecords(int64_t* empty, int64_t* writing, int64_t* ready) {
   const SegmentHeader& hd = h();
-  int64_t empty = 0, writing = 0, ready = 0;
   for (int64_t p = 0; p < num_pages(); ++p) {
     const PageRecord& r = page(p);
     if (r.state > static_cast<uint32_t>(PageState::kReady)) {
       return Status::Corruption(fmt::format("page {} has state {}", p, r.state));
     }
     if (state(p) == PageState::kWriting) {
-      ++writing;
+      ++*writing;
       if (!SlotAttached(r.writer)) {
         return Status::Corruption(fmt::format(
             "page {} is WRITING for process record {}, which is not attached", p, r.writer));
@@ -157,8 +173,8 @@ Status PageIndex::Locked::CheckInvariants() {
       return Status::Corruption(
           fmt::format("page {} is not WRITING but names writer {}", p, r.writer));
     }
-    if (state(p) == PageState::kEmpty) ++empty;
-    if (state(p) == PageState::kReady) ++ready;
+    if (state(p) == PageState::kEmpty) ++*empty;
+    if (state(p) == PageState::kReady) ++*ready;
     uint64_t sum = 0;
     for (int s = 0; s < max_processes(); ++s) {
       const uint16_t n = refs(p, s);
@@ -179,7 +195,18 @@ Status PageIndex::Locked::CheckInvariants() {
       return Status::Corruption(
           fmt::format("page {} was used at {}, after the clock {}", p, r.last_use, hd.clock));
     }
+    if (r.has_parent > 1) {
+      return Status::Corruption(fmt::format("page {} has has_parent = {}", p, r.has_parent));
+    }
+    if (state(p) == PageState::kEmpty && r.children != 0) {
+      return Status::Corruption(fmt::format("EMPTY page {} counts {} children", p, r.children));
+    }
   }
+  return Status::OK();
+}
+
+Status PageIndex::Locked::CheckLists(int64_t empty, int64_t ready) {
+  const SegmentHeader& hd = h();
   // Free list.
   std::vector<uint8_t> seen(static_cast<size_t>(num_pages()), 0);
   int64_t n = 0;
@@ -219,9 +246,12 @@ Status PageIndex::Locked::CheckInvariants() {
         "READY",
         n, hd.lru_tail, prev, hd.ready_count, ready));
   }
-  // Hash chains.
-  std::fill(seen.begin(), seen.end(), 0);
-  n = 0;
+  return Status::OK();
+}
+
+Status PageIndex::Locked::CheckHashChains(int64_t resident) {
+  std::vector<uint8_t> seen(static_cast<size_t>(num_pages()), 0);
+  int64_t n = 0;
   for (uint64_t b = 0; b <= ix_->bucket_mask_; ++b) {
     for (int32_t p = ix_->buckets_[b]; p != kNone; p = page(p).hash_next) {
       if (p < 0 || p >= num_pages() || seen[p] != 0 || state(p) == PageState::kEmpty ||
@@ -238,11 +268,80 @@ Status PageIndex::Locked::CheckInvariants() {
       }
     }
   }
-  if (n != ready + writing) {
+  if (n != resident) {
     return Status::Corruption(
-        fmt::format("hash chains hold {} pages but {} are READY or WRITING", n, ready + writing));
+        fmt::format("hash chains hold {} pages but {} are READY or WRITING", n, resident));
   }
   return Status::OK();
+}
+
+Status PageIndex::Locked::CheckChildChains() {
+  // Each resident page naming a parent is in the child chain of its parent's key, once; the
+  // chains hold nothing else.
+  std::vector<uint8_t> seen(static_cast<size_t>(num_pages()), 0);
+  int64_t n = 0, linked = 0;
+  for (uint64_t b = 0; b <= ix_->bucket_mask_; ++b) {
+    for (int32_t p = ix_->child_buckets_[b]; p != kNone; p = page(p).child_next) {
+      if (p < 0 || p >= num_pages() || seen[p] != 0 || state(p) == PageState::kEmpty ||
+          page(p).has_parent != 1 ||
+          (KeyHash(page(p).namespace_hash, page(p).parent) & ix_->bucket_mask_) != b) {
+        return Status::Corruption(fmt::format(
+            "child bucket {}: page {} is out of range, repeated, EMPTY, names no parent or is in "
+            "the wrong bucket",
+            b, p));
+      }
+      seen[p] = 1;
+      ++n;
+    }
+  }
+  for (int64_t p = 0; p < num_pages(); ++p) {
+    if (state(p) == PageState::kEmpty) continue;
+    if (page(p).has_parent == 1) ++linked;
+    const uint32_t children = CountChildren(p);
+    if (page(p).children != children) {
+      return Status::Corruption(
+          fmt::format("page {} counts {} children but {} resident pages name it as parent", p,
+                      page(p).children, children));
+    }
+  }
+  if (n != linked) {
+    return Status::Corruption(
+        fmt::format("child chains hold {} pages but {} resident pages name a parent", n, linked));
+  }
+  return Status::OK();
+}
+
+Status PageIndex::Locked::CheckInvariants() {
+  int64_t empty = 0, writing = 0, ready = 0;
+  KVTIER_RETURN_IF_ERROR(CheckPageRecords(&empty, &writing, &ready));
+  KVTIER_RETURN_IF_ERROR(CheckLists(empty, ready));
+  KVTIER_RETURN_IF_ERROR(CheckHashChains(ready + writing));
+  return CheckChildChains();
+}
+
+bool PageIndex::Locked::Reachable(int64_t p, std::vector<uint8_t>* memo) {
+  enum : uint8_t { kUnknown = 0, kYes = 1, kNo = 2, kOnPath = 3 };
+  std::vector<int64_t> path;
+  uint8_t result = kNo;
+  for (int64_t q = p;;) {
+    const uint8_t known = (*memo)[static_cast<size_t>(q)];
+    if (known == kYes || known == kNo) {
+      result = known;
+      break;
+    }
+    if (known == kOnPath) break;  // a cycle of links: no first page leads here
+    (*memo)[static_cast<size_t>(q)] = kOnPath;
+    path.push_back(q);
+    if (page(q).has_parent != 1) {
+      result = kYes;  // a first page (or one whose parent is not known)
+      break;
+    }
+    const int64_t parent = ParentOf(q);
+    if (parent == kNone) break;  // its parent is not resident
+    q = parent;
+  }
+  for (int64_t q : path) (*memo)[static_cast<size_t>(q)] = result;
+  return result == kYes;
 }
 
 Status PageIndex::Inspect(int caller_slot, SharedHostPoolInfo* info) {
@@ -257,6 +356,8 @@ Status PageIndex::Inspect(int caller_slot, SharedHostPoolInfo* info) {
   info->dropped_refs = hd.dropped_refs;
   info->evictions = hd.evictions;
   info->empty_pages = info->writing_pages = info->ready_pages = info->pinned_pages = 0;
+  info->unreachable_pages = 0;
+  std::vector<uint8_t> reachable(static_cast<size_t>(num_pages_), 0);
   info->processes.clear();
   std::vector<SharedHostPoolInfo::Process> procs(static_cast<size_t>(max_processes_));
   for (int64_t p = 0; p < num_pages_; ++p) {
@@ -272,6 +373,7 @@ Status PageIndex::Inspect(int caller_slot, SharedHostPoolInfo* info) {
       case PageState::kReady:
       default:
         ++info->ready_pages;
+        if (!ix.Reachable(p, &reachable)) ++info->unreachable_pages;
         break;
     }
     if (r.readers > 0) ++info->pinned_pages;

@@ -8,10 +8,13 @@
 // Thread safety: a Locked exists only while its maker holds the index lock; it is not shared.
 #pragma once
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include "kvtier/status.h"
 #include "pool/shm_layout.h"
@@ -78,6 +81,10 @@ class PageIndex::Locked {
   int32_t& Bucket(uint64_t namespace_hash, const uint8_t* key) {
     return ix_->buckets_[KeyHash(namespace_hash, key) & ix_->bucket_mask_];
   }
+  // The head of the child chain that holds the pages naming (namespace hash, key) as parent.
+  int32_t& ChildBucket(uint64_t namespace_hash, const uint8_t* key) {
+    return ix_->child_buckets_[KeyHash(namespace_hash, key) & ix_->bucket_mask_];
+  }
   int64_t Find(uint64_t namespace_hash, const uint8_t* key) {
     int64_t steps = 0;
     for (int32_t p = Bucket(namespace_hash, key); p != kNone && steps <= num_pages();
@@ -99,6 +106,7 @@ class PageIndex::Locked {
   void HashRemove(int32_t p) {
     int32_t* link = &Bucket(page(p).namespace_hash, page(p).key);
     for (int64_t steps = 0; *link != kNone && steps <= num_pages(); ++steps) {
+      if (*link < 0 || *link >= num_pages()) return;  // only after corruption; CheckInvariants
       if (*link == p) {
         *link = page(p).hash_next;
         page(p).hash_next = kNone;
@@ -125,6 +133,7 @@ class PageIndex::Locked {
 
   // ---- LRU list (READY pages; head = least recently used) ----
   void LruAppend(int32_t p) {
+    hint_.valid = false;
     page(p).lru_prev = h().lru_tail;
     page(p).lru_next = kNone;
     if (h().lru_tail != kNone) {
@@ -135,6 +144,7 @@ class PageIndex::Locked {
     h().lru_tail = p;
   }
   void LruRemove(int32_t p) {
+    hint_.valid = false;
     PageRecord& r = page(p);
     if (r.lru_prev != kNone) {
       page(r.lru_prev).lru_next = r.lru_next;
@@ -162,34 +172,45 @@ class PageIndex::Locked {
     return true;
   }
 
+  // ---- parent links (shm_page_index.cc) ----
+  // The resident (READY or WRITING) page that `p` names as its parent; kNone when it names none,
+  // that page is not resident, or it names itself.
+  int64_t ParentOf(int64_t p);
+  // How many pages in the child chains name resident page `p` as their parent.
+  uint32_t CountChildren(int64_t p);
+  // `p` became resident: into the child chain of its parent's key (when it names one), counted
+  // by its parent when that is resident; its own children counted.
+  void LinkResident(int32_t p);
+  // `p` stops being resident: out of its child chain, no longer counted by its parent.
+  void UnlinkResident(int32_t p);
+  // Whether `p` is READY, unpinned and no resident page names it as parent.
+  bool EvictableLeaf(int64_t p) {
+    return state(p) == PageState::kReady && page(p).readers == 0 && page(p).children == 0;
+  }
+
+  // ---- eviction (shm_page_index.cc) ----
   // READY -> EMPTY. REQUIRES: state READY, no readers.
-  void EvictPage(int32_t p) {
-    LruRemove(p);
-    --h().ready_count;
-    InLockPoint("evict:unlinked");
-    HashRemove(p);
-    page(p).state = static_cast<uint32_t>(PageState::kEmpty);
-    FreePush(p);
-    ++h().evictions;
-  }
-  // The least recently used unpinned READY page, evicted; kNone when every READY page is pinned.
-  int32_t EvictOne() {
-    for (int32_t p = h().lru_head; p != kNone; p = page(p).lru_next) {
-      if (page(p).readers == 0) {
-        EvictPage(p);
-        return p;
-      }
-    }
-    return kNone;
-  }
+  void EvictPage(int32_t p);
+  // Evicts one page: the least recently used evictable leaf other than `parent` (the resident
+  // parent of a page about to be reserved, or kNone). When there is no such leaf: kNone if
+  // `parent` is itself an evictable leaf (the new page is the tail of a chain longer than the
+  // room: the tail is refused, its prefix stays), else the least recently used unpinned READY
+  // page other than `parent` (every leaf is pinned or being written, or the links form a cycle).
+  // Returns the page evicted, or kNone.
+  int32_t EvictOne(int32_t parent);
 
   // WRITING -> EMPTY.
   void DropWriting(int32_t p) {
+    UnlinkResident(p);
     HashRemove(p);
     page(p).state = static_cast<uint32_t>(PageState::kEmpty);
     page(p).writer = kNone;
     FreePush(p);
   }
+
+  // Something other than an eviction may have made a page an evictable leaf (a reference
+  // dropped, a child gone): the next eviction scans the LRU list from its head.
+  void ForgetEvictionScan() { hint_.valid = false; }
 
   // Releases everything slot `s` holds and frees its record. `dead`: counts it as reaped.
   void ReleaseProcess(int s, bool dead);
@@ -201,10 +222,32 @@ class PageIndex::Locked {
   void Repair();
   // Corruption naming the first broken invariant (shm_index_check.cc).
   Status CheckInvariants();
+  // Whether `p` (READY) is reachable by a lookup: it names no parent, or its parent is resident
+  // and reachable. `memo` (one per page: 0 unknown, 1 reachable, 2 not) is filled on the way.
+  bool Reachable(int64_t p, std::vector<uint8_t>* memo);
 
  private:
+  // The parts of CheckInvariants: per-page fields (and the counts of each state), the free and
+  // LRU lists, the hash chains, the child chains and child counts.
+  Status CheckPageRecords(int64_t* empty, int64_t* writing, int64_t* ready);
+  Status CheckLists(int64_t empty, int64_t ready);
+  Status CheckHashChains(int64_t resident);
+  Status CheckChildChains();
+
+  // Where the last eviction of this lock hold left the LRU list: no READY page before `scan_from`
+  // (kNone: the list's end) is an evictable leaf, except perhaps `parent`, the last victim's
+  // parent. Consecutive evictions (a chain taken tail first) then cost O(1) each instead of a
+  // scan from the head. Any other change to the list, a reference count or a child count clears
+  // `valid`.
+  struct EvictionScan {
+    bool valid = false;
+    int32_t scan_from = kNone;
+    int32_t parent = kNone;
+  };
+
   explicit Locked(PageIndex* index) : ix_(index) {}
   PageIndex* ix_;
+  EvictionScan hint_;
 };
 
 }  // namespace kvtier::shm

@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <optional>
 #include <string>
 #include <unordered_map>
 
@@ -116,6 +117,7 @@ Result<PageIndex::Locked> PageIndex::Locked::Acquire(PageIndex* index) {
 }
 
 void PageIndex::Locked::ReleaseProcess(int s, bool dead) {
+  ForgetEvictionScan();  // its references go: pages may become evictable
   for (int64_t p = 0; p < num_pages(); ++p) {
     uint16_t& r = refs(p, s);
     if (r != 0) {
@@ -153,9 +155,122 @@ PageIndex::PageIndex(std::byte* base)
       pages_(reinterpret_cast<PageRecord*>(base + header_->page_offset)),
       refs_(reinterpret_cast<uint16_t*>(base + header_->refs_offset)),
       buckets_(reinterpret_cast<int32_t*>(base + header_->bucket_offset)),
+      child_buckets_(reinterpret_cast<int32_t*>(base + header_->child_bucket_offset)),
       num_pages_(header_->num_pages),
       max_processes_(header_->max_processes),
       bucket_mask_(header_->num_buckets - 1) {}
+
+int64_t PageIndex::Locked::ParentOf(int64_t p) {
+  const PageRecord& r = page(p);
+  if (r.has_parent != 1) return kNone;
+  const int64_t q = Find(r.namespace_hash, r.parent);
+  return q == p ? kNone : q;
+}
+
+uint32_t PageIndex::Locked::CountChildren(int64_t p) {
+  const PageRecord& r = page(p);
+  uint32_t n = 0;
+  int64_t steps = 0;
+  for (int32_t c = ChildBucket(r.namespace_hash, r.key); c != kNone && steps <= num_pages();
+       c = page(c).child_next, ++steps) {
+    if (c < 0 || c >= num_pages()) break;  // only after corruption; CheckInvariants
+    const PageRecord& child = page(c);
+    if (c != p && child.has_parent == 1 && child.namespace_hash == r.namespace_hash &&
+        std::memcmp(child.parent, r.key, 32) == 0) {
+      ++n;
+    }
+  }
+  return n;
+}
+
+void PageIndex::Locked::LinkResident(int32_t p) {
+  PageRecord& r = page(p);
+  r.children = CountChildren(p);
+  r.child_next = kNone;
+  if (r.has_parent != 1) return;
+  int32_t& head = ChildBucket(r.namespace_hash, r.parent);
+  r.child_next = head;
+  head = p;
+  const int64_t parent = ParentOf(p);
+  if (parent != kNone) ++page(parent).children;
+}
+
+void PageIndex::Locked::UnlinkResident(int32_t p) {
+  hint_.valid = false;  // its parent may have become a leaf
+  PageRecord& r = page(p);
+  r.children = 0;
+  if (r.has_parent != 1) return;
+  const int64_t parent = ParentOf(p);
+  if (parent != kNone && page(parent).children > 0) --page(parent).children;
+  int32_t* link = &ChildBucket(r.namespace_hash, r.parent);
+  for (int64_t steps = 0; *link != kNone && steps <= num_pages(); ++steps) {
+    if (*link < 0 || *link >= num_pages()) return;  // only after corruption; CheckInvariants
+    if (*link == p) {
+      *link = r.child_next;
+      break;
+    }
+    link = &page(*link).child_next;
+  }
+  r.child_next = kNone;
+}
+
+void PageIndex::Locked::EvictPage(int32_t p) {
+  LruRemove(p);
+  --h().ready_count;
+  InLockPoint("evict:unlinked");
+  UnlinkResident(p);
+  HashRemove(p);
+  page(p).state = static_cast<uint32_t>(PageState::kEmpty);
+  FreePush(p);
+  ++h().evictions;
+}
+
+int32_t PageIndex::Locked::EvictOne(int32_t parent) {
+  // `parent` is kept only while it is an evictable leaf itself; then it is an exception to the
+  // scan's "nothing evictable before scan_from" as well, so the scan is not remembered.
+  const bool guarding = parent != kNone && EvictableLeaf(parent);
+  int32_t victim = kNone;
+  int32_t scan_from = h().lru_head;
+  if (hint_.valid) {
+    scan_from = hint_.scan_from;
+    const int32_t p = hint_.parent;
+    if (p != kNone && p != parent && EvictableLeaf(p) &&
+        (scan_from == kNone || page(p).last_use < page(scan_from).last_use)) {
+      victim = p;  // older than every page from scan_from on
+    }
+  }
+  int32_t next_from = scan_from;
+  if (victim == kNone) {
+    int64_t steps = 0;
+    for (int32_t p = scan_from; p != kNone && steps <= num_pages(); p = page(p).lru_next, ++steps) {
+      if (p < 0 || p >= num_pages()) break;  // only after corruption; CheckInvariants
+      if (p != parent && EvictableLeaf(p)) {
+        victim = p;
+        break;
+      }
+    }
+    next_from = victim == kNone ? kNone : page(victim).lru_next;
+  }
+  if (victim == kNone) {
+    if (guarding) return kNone;
+    int64_t steps = 0;
+    for (int32_t p = h().lru_head; p != kNone && steps <= num_pages();
+         p = page(p).lru_next, ++steps) {
+      if (p < 0 || p >= num_pages()) break;
+      if (p != parent && page(p).readers == 0) {
+        victim = p;
+        break;
+      }
+    }
+    if (victim == kNone) return kNone;
+  }
+  const int64_t victim_parent = ParentOf(victim);
+  EvictPage(victim);
+  hint_.valid = !guarding;
+  hint_.scan_from = next_from;
+  hint_.parent = static_cast<int32_t>(victim_parent);
+  return victim;
+}
 
 Result<int> PageIndex::AttachProcess(int64_t pid, uint64_t start_time) {
   KVTIER_ASSIGN_OR_RETURN(Locked ix, Locked::Acquire(this));
@@ -183,9 +298,14 @@ Status PageIndex::DetachProcess(int slot) {
   return Status::OK();
 }
 
-Result<std::vector<PageReservation>> PageIndex::Reserve(int slot, uint64_t namespace_hash,
-                                                        std::span<const PageKey> keys,
-                                                        bool pin_ready) {
+Result<std::vector<PageReservation>> PageIndex::Reserve(
+    int slot, uint64_t namespace_hash, std::span<const PageKey> keys,
+    std::span<const std::optional<PageKey>> parents, bool pin_ready) {
+  if (!parents.empty() && parents.size() != keys.size()) {
+    return Status::InvalidArgument(
+        fmt::format("shared host pool Reserve: {} parents for {} keys (give none or one per key)",
+                    parents.size(), keys.size()));
+  }
   KVTIER_ASSIGN_OR_RETURN(Locked ix, Locked::Acquire(this));
   KVTIER_RETURN_IF_ERROR(ix.CheckOwner(slot));
   std::vector<PageReservation> out(keys.size());
@@ -214,8 +334,19 @@ Result<std::vector<PageReservation>> PageIndex::Reserve(int slot, uint64_t names
                 ready ? found : -1};
       continue;
     }
+    // A page naming a parent that is not resident would be unreachable: refused.
+    const PageKey* parent_key =
+        i < parents.size() && parents[i] && !(*parents[i] == keys[i]) ? &*parents[i] : nullptr;
+    const auto parent = [&] {
+      return parent_key == nullptr ? int64_t{kNone}
+                                   : ix.Find(namespace_hash, parent_key->bytes.data());
+    };
+    if (parent_key != nullptr && parent() == kNone) {
+      out[i] = {ReserveOutcome::kNoParent, -1};
+      continue;
+    }
     int32_t p = ix.FreePop();
-    if (p == kNone && ix.EvictOne() != kNone) p = ix.FreePop();
+    if (p == kNone && ix.EvictOne(static_cast<int32_t>(parent())) != kNone) p = ix.FreePop();
     if (p == kNone && !reaped) {
       reaped = true;
       if (ix.ReapDead() > 0) p = ix.FreePop();
@@ -224,15 +355,27 @@ Result<std::vector<PageReservation>> PageIndex::Reserve(int slot, uint64_t names
       out[i] = {ReserveOutcome::kNoSpace, -1};
       continue;
     }
+    if (parent_key != nullptr && parent() == kNone) {  // a dead writer's parent page was reaped
+      ix.FreePush(p);
+      out[i] = {ReserveOutcome::kNoParent, -1};
+      continue;
+    }
     InLockPoint("reserve:popped");
     PageRecord& r = ix.page(p);
     std::memcpy(r.key, key, 32);
+    r.has_parent = parent_key != nullptr ? 1 : 0;
+    if (parent_key != nullptr) {
+      std::memcpy(r.parent, parent_key->bytes.data(), 32);
+    } else {
+      std::memset(r.parent, 0, sizeof(r.parent));
+    }
     r.namespace_hash = namespace_hash;
     r.writer = slot;
     r.last_use = ix.Tick();
     r.state = static_cast<uint32_t>(PageState::kWriting);  // the commit point of a reservation
     InLockPoint("reserve:writing");
     ix.HashInsert(p);
+    ix.LinkResident(p);
     out[i] = {ReserveOutcome::kReserved, p};
   }
   return out;
@@ -346,7 +489,7 @@ Result<int64_t> PageIndex::Evict(int64_t max_pages) {
   }
   KVTIER_ASSIGN_OR_RETURN(Locked ix, Locked::Acquire(this));
   int64_t evicted = 0;
-  while (evicted < max_pages && ix.EvictOne() != kNone) ++evicted;
+  while (evicted < max_pages && ix.EvictOne(kNone) != kNone) ++evicted;
   return evicted;
 }
 
