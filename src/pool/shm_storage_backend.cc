@@ -16,7 +16,9 @@
 #include <cstring>
 #include <memory>
 #include <optional>
+#include <unordered_set>
 #include <utility>
+#include <vector>
 
 #include "kvtier/shared_host_pool.h"
 #include "kvtier/storage.h"
@@ -83,11 +85,19 @@ class SharedHostStorage final : public StorageBackend {
   }
 
   // The segment records each page's parent and evicts a chain's tail before its head; a page
-  // whose parent is not in the segment is not written (kFailed: no lookup would reach it).
+  // whose parent is not in the segment is not written (kFailed: no lookup would reach it). A
+  // parent that another batch of this store is still writing (a long prompt's store is several
+  // batches, which may run out of order) is not taken for gone: that one link is left out (the
+  // page is published as a chain's first) rather than the batch refused.
   void DoSetChained(std::span<const PageKey> keys, std::span<const PageBuffer> buffers,
                     std::span<const std::optional<PageKey>> parents, std::span<PageStatus> out,
                     Clock::time_point deadline) override {
-    Publish(keys, buffers, parents, out, deadline);
+    std::vector<std::optional<PageKey>> linked(parents.begin(), parents.end());
+    std::unordered_set<PageKey, PageKeyHash> batch(keys.begin(), keys.end());
+    for (std::optional<PageKey>& parent : linked) {
+      if (parent && batch.count(*parent) == 0 && WritePending(*parent)) parent.reset();
+    }
+    Publish(keys, buffers, linked, out, deadline);
   }
 
   // The shared tier evicts by its own LRU across processes; removing one process's keys is not

@@ -2,9 +2,10 @@
 // evicted a chain's tail before its head, so no READY page is left whose prefix is gone (a page
 // no lookup reaches). Chains written interleaved into a segment far smaller than they are keep
 // every resident page reachable, where the same workload without parents (plain LRU) strands
-// pages; a chain longer than the room keeps its head; pinned pages stay; and the parent links
-// are checked (`kvtier shm inspect --check`): a corrupted link or child count is reported, a
-// segment of the previous format version is refused with what to do.
+// pages; a chain longer than the room keeps its head; pinned pages stay; the shm:// store passes
+// a Set's parents to the segment; and the parent links are checked (`kvtier shm inspect
+// --check`): a corrupted link or child count is reported, a segment of the previous format
+// version is refused with what to do.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
@@ -20,6 +21,7 @@
 
 #include "kvtier/page_key.h"
 #include "kvtier/shared_host_pool.h"
+#include "kvtier/storage.h"
 #include "pool/shared_host_pool_test_util.h"
 #include "pool/shm_layout.h"
 
@@ -74,8 +76,9 @@ ReserveOutcome Publish(SharedHostPool& pool, const std::vector<PageKey>& keys, s
 }
 
 // The leading pages of `keys` a lookup finds (pinned and unpinned again: marks them used).
-int64_t CachedPrefix(SharedHostPool& pool, const std::vector<PageKey>& keys) {
-  auto pages = pool.PinPrefix(kNamespace, keys);
+int64_t CachedPrefix(SharedHostPool& pool, const std::vector<PageKey>& keys,
+                     uint64_t namespace_hash = kNamespace) {
+  auto pages = pool.PinPrefix(namespace_hash, keys);
   EXPECT_TRUE(pages.ok());
   if (!pages.ok()) return 0;
   EXPECT_TRUE(pool.Unpin(*pages).ok());
@@ -256,6 +259,47 @@ TEST(SharedHostPoolChainTest, PinnedPagesStayAndWithoutAnUnpinnedLeafTheOldestPa
   // Parents given with the wrong length are refused.
   std::vector<std::optional<PageKey>> one(1);
   EXPECT_EQ(pool->Reserve(kNamespace, a, one).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(SharedHostPoolChainTest, ShmStoreRecordsTheParentsOfASet) {
+  ScopedSegmentName name("store");
+  auto created = MustCreate(name.get(), 4);
+  ASSERT_NE(created, nullptr);
+  std::shared_ptr<SharedHostPool> pool(std::move(created));
+  StorageNamespace ns;
+  ns.model_id = "chain-test";
+  ns.layout = KvLayout::kPageFirst;
+  ns.num_layers = 2;
+  ns.slot_bytes = 32;
+  ns.page_size = 4;
+  auto store = OpenSharedHostStorage(pool, ns);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  std::vector<std::vector<std::byte>> bytes(
+      6, std::vector<std::byte>(static_cast<size_t>(ns.page_bytes())));
+  const auto set = [&](const std::vector<PageKey>& keys,
+                       const std::vector<std::optional<PageKey>>& parents) {
+    std::vector<PageBuffer> buffers;
+    for (size_t i = 0; i < keys.size(); ++i) buffers.push_back(PageBuffer::Of(bytes[i]));
+    return (*store)->Set(keys, buffers, parents).get();
+  };
+  // A chain of 3, then a chain of 3 whose parent is not in the segment: refused.
+  const std::vector<PageKey> a = ChainKeys(10, 3), b = ChainKeys(20, 4);
+  BatchResult r = set(a, {std::nullopt, a[0], a[1]});
+  ASSERT_OK(r.status);
+  EXPECT_EQ(r.leading_ok(), 3);
+  r = set({b[1], b[2], b[3]}, {b[0], b[1], b[2]});
+  EXPECT_EQ(r.count(PageStatus::kOk), 0);
+  // The segment is full after one more root; the next evicts a's tail, not its head.
+  r = set({b[0]}, {std::nullopt});
+  EXPECT_EQ(r.leading_ok(), 1);
+  r = set({ChainKeys(30, 1)[0]}, {std::nullopt});
+  EXPECT_EQ(r.leading_ok(), 1);
+  auto info = pool->Inspect();
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->evictions, 1);
+  EXPECT_EQ(info->unreachable_pages, 0);
+  EXPECT_EQ(CachedPrefix(*pool, a, ns.Hash()), 2);
+  ASSERT_OK(pool->CheckInvariants());
 }
 
 // Maps the segment's file to corrupt it.
