@@ -133,9 +133,10 @@ struct SharedHostPoolInfo {
   uint64_t clock = 0;  // the shared LRU clock
   // Since creation: robust-lock recoveries (a process died holding the index lock), dead
   // processes reaped, their WRITING pages returned to EMPTY, their reader references dropped,
-  // pages evicted.
+  // pages evicted, and of those the pages a resident page named as parent (evicted for want of
+  // an unpinned leaf: each leaves its descendants unreachable).
   int64_t lock_recoveries = 0, reaped_processes = 0, reclaimed_writing_pages = 0;
-  int64_t dropped_refs = 0, evictions = 0;
+  int64_t dropped_refs = 0, evictions = 0, evictions_with_children = 0;
   std::vector<Process> processes;  // attached ones
 };
 

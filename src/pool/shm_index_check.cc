@@ -355,6 +355,7 @@ Status PageIndex::Inspect(int caller_slot, SharedHostPoolInfo* info) {
   info->reclaimed_writing_pages = hd.reclaimed_writing_pages;
   info->dropped_refs = hd.dropped_refs;
   info->evictions = hd.evictions;
+  info->evictions_with_children = hd.evictions_with_children;
   info->empty_pages = info->writing_pages = info->ready_pages = info->pinned_pages = 0;
   info->unreachable_pages = 0;
   std::vector<uint8_t> reachable(static_cast<size_t>(num_pages_), 0);

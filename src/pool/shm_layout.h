@@ -120,6 +120,7 @@ struct SegmentHeader {
   int64_t reclaimed_writing_pages;
   int64_t dropped_refs;
   int64_t evictions;
+  int64_t evictions_with_children;  // of pages a resident page named as parent (no leaf to take)
 };
 
 // Where everything goes, computed identically by the creator (to lay out) and by the tools.

@@ -265,6 +265,7 @@ int32_t PageIndex::Locked::EvictOne(int32_t parent) {
     if (victim == kNone) return kNone;
   }
   const int64_t victim_parent = ParentOf(victim);
+  if (page(victim).children > 0) ++h().evictions_with_children;
   EvictPage(victim);
   hint_.valid = !guarding;
   hint_.scan_from = next_from;

@@ -110,6 +110,7 @@ int64_t StrandedAfterInterleavedChains(bool with_parents, int chains, int64_t le
       EXPECT_TRUE(info.ok());
       if (info.ok()) {
         EXPECT_EQ(info->unreachable_pages, 0) << "page " << i;
+        EXPECT_EQ(info->evictions_with_children, 0) << "page " << i;
       }
       EXPECT_TRUE(pool->CheckInvariants().ok()) << pool->CheckInvariants().ToString();
     }
@@ -245,7 +246,7 @@ TEST(SharedHostPoolChainTest, PinnedPagesStayAndWithoutAnUnpinnedLeafTheOldestPa
   ASSERT_EQ(Publish(*pool, c, 0, true), ReserveOutcome::kReserved);
   auto info = pool->Inspect();
   ASSERT_TRUE(info.ok());
-  EXPECT_EQ(info->evictions, 1);
+  EXPECT_EQ(info->evictions_with_children, 1);
   EXPECT_EQ(info->unreachable_pages, 1);
   EXPECT_EQ(info->pinned_pages, 2);
   ASSERT_OK(pool->CheckInvariants());

@@ -104,9 +104,11 @@ void PrintInfo(const SharedHostPoolInfo& info) {
       static_cast<long long>(info.ready_pages), static_cast<long long>(info.pinned_pages),
       static_cast<long long>(info.unreachable_pages));
   std::printf(
-      "history    clock %llu; %lld evictions; %lld lock recoveries; %lld dead processes "
-      "reaped, %lld of their writing pages reclaimed, %lld of their references dropped\n",
+      "history    clock %llu; %lld evictions (%lld of a page with a resident child); %lld lock "
+      "recoveries; %lld dead processes reaped, %lld of their writing pages reclaimed, %lld of "
+      "their references dropped\n",
       static_cast<unsigned long long>(info.clock), static_cast<long long>(info.evictions),
+      static_cast<long long>(info.evictions_with_children),
       static_cast<long long>(info.lock_recoveries), static_cast<long long>(info.reaped_processes),
       static_cast<long long>(info.reclaimed_writing_pages),
       static_cast<long long>(info.dropped_refs));
@@ -143,6 +145,7 @@ nlohmann::json InfoJson(const SharedHostPoolInfo& info) {
   j["unreachable_pages"] = info.unreachable_pages;
   j["clock"] = info.clock;
   j["evictions"] = info.evictions;
+  j["evictions_with_children"] = info.evictions_with_children;
   j["lock_recoveries"] = info.lock_recoveries;
   j["reaped_processes"] = info.reaped_processes;
   j["reclaimed_writing_pages"] = info.reclaimed_writing_pages;
