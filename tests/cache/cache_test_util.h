@@ -1,8 +1,8 @@
-// Shared helpers for the cache tests: an engine-side "device tier" (host memory on the cpu
-// backend, a DeviceKvPool on kernel/dma), a transfer engine wrapper with a gate that holds
-// copies back (to open race windows on purpose), wrappers that fail engine and storage calls made
-// under the cache's mutex, the backend choice from the environment, and the model of what was
-// inserted that the random model tests check matches against.
+// Shared helpers for the cache tests: an engine-side "device tier" (kvtier/testing/device_tier.h:
+// host memory on the cpu backend, a DeviceKvPool on kernel/dma), a transfer engine wrapper with a
+// gate that holds copies back (to open race windows on purpose), wrappers that fail engine and
+// storage calls made under the cache's mutex, the backend choice from the environment, and the
+// model of what was inserted that the random model tests check matches against.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -19,6 +19,7 @@
 
 #include "kvtier/device.h"
 #include "kvtier/hierarchical_cache.h"
+#include "kvtier/testing/device_tier.h"
 #include "kvtier/testing/kv_pattern.h"
 #include "kvtier/testing/storage_fault.h"
 #include "kvtier/transfer.h"
@@ -37,80 +38,6 @@ inline int64_t EnvInt(const char* name, int64_t fallback) {
   const char* v = std::getenv(name);
   return (v == nullptr || *v == '\0') ? fallback : std::atoll(v);
 }
-
-// The engine's device pool, plus a host staging region to fill and check it through copies when
-// it lives on a GPU.
-class DeviceTier {
- public:
-  static Result<std::unique_ptr<DeviceTier>> Create(TransferBackend backend,
-                                                    const KvGeometry& geometry, bool mla) {
-    auto t = std::unique_ptr<DeviceTier>(new DeviceTier());
-    t->backend_ = backend;
-    const int64_t bytes = geometry.buffer_bytes();
-    if (backend == TransferBackend::kCpu) {
-      t->k_.assign(static_cast<size_t>(bytes), std::byte{0x5A});
-      t->region_.geometry = geometry;
-      t->region_.mla = mla;
-      t->region_.k = t->k_.data();
-      if (!mla) {
-        t->v_.assign(static_cast<size_t>(bytes), std::byte{0xA5});
-        t->region_.v = t->v_.data();
-      }
-      return Result<std::unique_ptr<DeviceTier>>(std::move(t));
-    }
-    KVTIER_ASSIGN_OR_RETURN(t->pool_, DeviceKvPool::Create(geometry, mla, 0));
-    t->region_ = t->pool_.region();
-    KVTIER_ASSIGN_OR_RETURN(t->staging_mem_, PinnedHostBuffer::Allocate(bytes * (mla ? 1 : 2)));
-    t->staging_ = t->region_;
-    t->staging_.memory = MemoryKind::kHost;
-    t->staging_.device = -1;
-    t->staging_.k = t->staging_mem_.data();
-    t->staging_.v = mla ? nullptr : static_cast<std::byte*>(t->staging_mem_.data()) + bytes;
-    KVTIER_ASSIGN_OR_RETURN(t->engine_, MakeTransferEngine(backend));
-    return Result<std::unique_ptr<DeviceTier>>(std::move(t));
-  }
-
-  const KvRegion& region() const { return region_; }
-
-  // Fill and Verify may be called from several threads: on a GPU they share one staging buffer
-  // and engine, so one call at a time uses them.
-  Status Fill(std::span<const int64_t> slots, std::span<const uint64_t> hashes) {
-    if (backend_ == TransferBackend::kCpu) return FillKvPattern(region_, slots, hashes);
-    std::lock_guard<std::mutex> staging_lock(staging_mu_);
-    std::vector<int64_t> idx = Iota(slots.size());
-    KVTIER_RETURN_IF_ERROR(FillKvPattern(staging_, idx, hashes));
-    KVTIER_RETURN_IF_ERROR(engine_->Transfer(TransferRequest::AllLayers(
-        staging_, region_, SlotIndices::Host(idx), SlotIndices::Host(slots))));
-    return engine_->Synchronize(nullptr);
-  }
-
-  Status Verify(std::span<const int64_t> slots, std::span<const uint64_t> hashes) {
-    if (backend_ == TransferBackend::kCpu) return VerifyKvPattern(region_, slots, hashes);
-    if (slots.empty()) return Status::OK();
-    std::lock_guard<std::mutex> staging_lock(staging_mu_);
-    std::vector<int64_t> idx = Iota(slots.size());
-    KVTIER_RETURN_IF_ERROR(engine_->Transfer(TransferRequest::AllLayers(
-        region_, staging_, SlotIndices::Host(slots), SlotIndices::Host(idx))));
-    KVTIER_RETURN_IF_ERROR(engine_->Synchronize(nullptr));
-    return VerifyKvPattern(staging_, idx, hashes);
-  }
-
- private:
-  DeviceTier() = default;
-  static std::vector<int64_t> Iota(size_t n) {
-    std::vector<int64_t> v(n);
-    for (size_t i = 0; i < n; ++i) v[i] = static_cast<int64_t>(i);
-    return v;
-  }
-  TransferBackend backend_ = TransferBackend::kCpu;
-  std::vector<std::byte> k_, v_;
-  KvRegion region_;
-  DeviceKvPool pool_;
-  std::mutex staging_mu_;  // guards staging_mem_ and engine_ (GPU backends)
-  PinnedHostBuffer staging_mem_;
-  KvRegion staging_;
-  std::unique_ptr<TransferEngine> engine_;
-};
 
 // What every engine wrapper below checks first: a call made while the calling thread holds the
 // mutex of `cache` (set once the cache exists) fails with Internal and is counted in under_lock.

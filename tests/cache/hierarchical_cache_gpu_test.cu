@@ -58,6 +58,76 @@ __global__ void CountMismatches(const unsigned char* k, const unsigned char* v,
   if (mine != 0) atomicAdd(wrong, mine);
 }
 
+// Every byte of the device pool `d` (K and V of geometry `g`) to 0xEE: a consumer that reads a
+// layer before it arrived sees it.
+void Poison(const KvRegion& d, const KvGeometry& g) {
+  ASSERT_EQ(cudaMemset(d.k, 0xEE, static_cast<size_t>(g.buffer_bytes())), cudaSuccess);
+  ASSERT_EQ(cudaMemset(d.v, 0xEE, static_cast<size_t>(g.buffer_bytes())), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
+
+// The consumer of a load-back: the KV pattern of `hashes` laid out layer_first over slots
+// 0..n-1, the device slots the load filled (slot i holds hashes[i]) and a count of wrong bytes,
+// all in device memory (freed at the end).
+class LayerConsumer {
+ public:
+  ~LayerConsumer() {
+    cudaFree(dk);
+    cudaFree(dv);
+    cudaFree(dslots);
+    cudaFree(wrong);
+  }
+
+  // The expected bytes and `device_slots` on the device; the count at 0.
+  void Prepare(const std::vector<uint64_t>& hashes, const std::vector<int64_t>& device_slots) {
+    n = static_cast<int64_t>(device_slots.size());
+    KvGeometry wg{KvLayout::kLayerFirst, kLayers, n, kSlotBytes, kPage, 1};
+    std::vector<std::byte> want_k(static_cast<size_t>(wg.buffer_bytes()));
+    std::vector<std::byte> want_v(want_k.size());
+    KvRegion want;
+    want.geometry = wg;
+    want.k = want_k.data();
+    want.v = want_v.data();
+    std::vector<int64_t> iota(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) iota[static_cast<size_t>(i)] = i;
+    ASSERT_TRUE(FillKvPattern(want, iota, hashes).ok());
+    ASSERT_EQ(cudaMalloc(&dk, want_k.size()), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&dv, want_v.size()), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&dslots, static_cast<size_t>(n) * sizeof(int64_t)), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&wrong, sizeof(unsigned long long)), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(dk, want_k.data(), want_k.size(), cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(dv, want_v.data(), want_v.size(), cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(dslots, device_slots.data(), static_cast<size_t>(n) * sizeof(int64_t),
+                         cudaMemcpyHostToDevice),
+              cudaSuccess);
+    ASSERT_EQ(cudaMemset(wrong, 0, sizeof(unsigned long long)), cudaSuccess);
+  }
+
+  // Per layer: WaitLayer on `stream`, then a kernel on `stream` that counts the bytes of the
+  // device pool `d` (`num_slots` slots) that differ from the expected ones.
+  void ConsumeEveryLayer(HierarchicalCache& cache, MatchHandle handle, cudaStream_t stream,
+                         const KvRegion& d, int64_t num_slots) {
+    for (int64_t l = 0; l < kLayers; ++l) {
+      ASSERT_TRUE(cache.WaitLayer(handle, l, stream).ok());
+      CountMismatches<<<32, 256, 0, stream>>>(static_cast<const unsigned char*>(d.k),
+                                              static_cast<const unsigned char*>(d.v), dk, dv,
+                                              dslots, n, num_slots, n, kSlotBytes, l, wrong);
+      ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+    }
+  }
+
+  // The count so far (REQUIRES: the consumer stream synchronized).
+  void ReadWrong(unsigned long long* bad) {
+    ASSERT_EQ(cudaMemcpy(bad, wrong, sizeof(*bad), cudaMemcpyDeviceToHost), cudaSuccess);
+  }
+
+ private:
+  unsigned char *dk = nullptr, *dv = nullptr;
+  int64_t* dslots = nullptr;
+  unsigned long long* wrong = nullptr;
+  int64_t n = 0;
+};
+
 // A host function that holds its stream until Open().
 struct Gate {
   std::mutex mu;
@@ -118,9 +188,7 @@ TEST_P(GpuCacheTest, PrefetchLoadBackWaitLayerFeedsAKernelOnAnotherStream) {
   ASSERT_TRUE(cache.CheckConsistency().ok()) << cache.CheckConsistency().ToString();
   // Poison the device pool: a consumer that reads before its layer arrived sees 0xEE.
   const KvRegion& d = (*dev)->region();
-  ASSERT_EQ(cudaMemset(d.k, 0xEE, static_cast<size_t>(g.buffer_bytes())), cudaSuccess);
-  ASSERT_EQ(cudaMemset(d.v, 0xEE, static_cast<size_t>(g.buffer_bytes())), cudaSuccess);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  ASSERT_NO_FATAL_FAILURE(Poison(d, g));
 
   auto m = cache.Match(a);
   ASSERT_TRUE(m.ok());
@@ -142,42 +210,16 @@ TEST_P(GpuCacheTest, PrefetchLoadBackWaitLayerFeedsAKernelOnAnotherStream) {
   // while the copy is held behind the gate.
   EXPECT_EQ(cache.stats().load_back_duration.count, 0);
 
-  // The expected bytes, layer_first over slots 0..n-1, on the device.
-  const int64_t n = static_cast<int64_t>(a.size());
-  KvGeometry wg{KvLayout::kLayerFirst, kLayers, n, kSlotBytes, kPage, 1};
-  std::vector<std::byte> want_k(static_cast<size_t>(wg.buffer_bytes()));
-  std::vector<std::byte> want_v(want_k.size());
-  KvRegion want;
-  want.geometry = wg;
-  want.k = want_k.data();
-  want.v = want_v.data();
-  std::vector<int64_t> iota(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) iota[static_cast<size_t>(i)] = i;
-  ASSERT_TRUE(FillKvPattern(want, iota, hashes).ok());
-  unsigned char *dk = nullptr, *dv = nullptr;
-  int64_t* dslots = nullptr;
-  unsigned long long* wrong = nullptr;
-  ASSERT_EQ(cudaMalloc(&dk, want_k.size()), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(&dv, want_v.size()), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(&dslots, static_cast<size_t>(n) * sizeof(int64_t)), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(&wrong, sizeof(unsigned long long)), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(dk, want_k.data(), want_k.size(), cudaMemcpyHostToDevice), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(dv, want_v.data(), want_v.size(), cudaMemcpyHostToDevice), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(dslots, lb->device_slots.data(), static_cast<size_t>(n) * sizeof(int64_t),
-                       cudaMemcpyHostToDevice),
-            cudaSuccess);
-  ASSERT_EQ(cudaMemset(wrong, 0, sizeof(unsigned long long)), cudaSuccess);
-  for (int64_t l = 0; l < kLayers; ++l) {
-    ASSERT_TRUE(cache.WaitLayer(m->handle, l, consumer->get()).ok());
-    CountMismatches<<<32, 256, 0, consumer->get()>>>(
-        static_cast<const unsigned char*>(d.k), static_cast<const unsigned char*>(d.v), dk, dv,
-        dslots, n, g.num_slots, n, kSlotBytes, l, wrong);
-    ASSERT_EQ(cudaGetLastError(), cudaSuccess);
-  }
+  // The expected bytes on the device; per layer, after WaitLayer, a kernel on the consumer stream
+  // counts the bytes of the device pool that differ.
+  LayerConsumer check;
+  ASSERT_NO_FATAL_FAILURE(check.Prepare(hashes, lb->device_slots));
+  ASSERT_NO_FATAL_FAILURE(
+      check.ConsumeEveryLayer(cache, m->handle, consumer->get(), d, g.num_slots));
   gate.Open();
   ASSERT_TRUE(consumer->Synchronize().ok());
   unsigned long long bad = 1;
-  ASSERT_EQ(cudaMemcpy(&bad, wrong, sizeof(bad), cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_NO_FATAL_FAILURE(check.ReadWrong(&bad));
   EXPECT_EQ(bad, 0u) << "the consumer read bytes that had not arrived (or were wrong)";
   ASSERT_TRUE(load_stream->Synchronize().ok());
   const CacheStats loaded = cache.stats();
@@ -185,10 +227,6 @@ TEST_P(GpuCacheTest, PrefetchLoadBackWaitLayerFeedsAKernelOnAnotherStream) {
   EXPECT_GT(loaded.load_back_seconds, 0.0);
   ASSERT_TRUE(cache.Release(m->handle).ok());
   ASSERT_TRUE(cache.CheckConsistency().ok()) << cache.CheckConsistency().ToString();
-  cudaFree(dk);
-  cudaFree(dv);
-  cudaFree(dslots);
-  cudaFree(wrong);
 }
 
 // A streamed storage hit on the GPU: batches 0 and 4 of the read arrive after the others (held in
@@ -242,9 +280,7 @@ TEST_P(GpuCacheTest, StreamedStorageHitWaitLayerCoversEveryPiece) {
   ASSERT_TRUE(cache.EvictDevice(std::numeric_limits<int64_t>::max()).ok());
   ASSERT_TRUE(cache.EvictHost(std::numeric_limits<int64_t>::max()).ok());
   const KvRegion& d = (*dev)->region();
-  ASSERT_EQ(cudaMemset(d.k, 0xEE, static_cast<size_t>(g.buffer_bytes())), cudaSuccess);
-  ASSERT_EQ(cudaMemset(d.v, 0xEE, static_cast<size_t>(g.buffer_bytes())), cudaSuccess);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  ASSERT_NO_FATAL_FAILURE(Poison(d, g));
 
   std::vector<PageKey> held(keys.begin(), keys.begin() + 4);      // batch 0
   held.insert(held.end(), keys.begin() + 16, keys.begin() + 20);  // batch 4
@@ -279,50 +315,21 @@ TEST_P(GpuCacheTest, StreamedStorageHitWaitLayerCoversEveryPiece) {
   EXPECT_EQ(lb->loaded_tokens, static_cast<int64_t>(a.size()));
   ASSERT_EQ(lb->device_slots.size(), a.size());
 
-  const int64_t n = static_cast<int64_t>(a.size());
-  KvGeometry wg{KvLayout::kLayerFirst, kLayers, n, kSlotBytes, kPage, 1};
-  std::vector<std::byte> want_k(static_cast<size_t>(wg.buffer_bytes()));
-  std::vector<std::byte> want_v(want_k.size());
-  KvRegion want;
-  want.geometry = wg;
-  want.k = want_k.data();
-  want.v = want_v.data();
-  std::vector<int64_t> iota(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) iota[static_cast<size_t>(i)] = i;
-  ASSERT_TRUE(FillKvPattern(want, iota, hashes).ok());
-  unsigned char *dk = nullptr, *dv = nullptr;
-  int64_t* dslots = nullptr;
-  unsigned long long* wrong = nullptr;
-  ASSERT_EQ(cudaMalloc(&dk, want_k.size()), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(&dv, want_v.size()), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(&dslots, static_cast<size_t>(n) * sizeof(int64_t)), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(&wrong, sizeof(unsigned long long)), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(dk, want_k.data(), want_k.size(), cudaMemcpyHostToDevice), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(dv, want_v.data(), want_v.size(), cudaMemcpyHostToDevice), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(dslots, lb->device_slots.data(), static_cast<size_t>(n) * sizeof(int64_t),
-                       cudaMemcpyHostToDevice),
-            cudaSuccess);
-  ASSERT_EQ(cudaMemset(wrong, 0, sizeof(unsigned long long)), cudaSuccess);
-  for (int64_t l = 0; l < kLayers; ++l) {
-    ASSERT_TRUE(cache.WaitLayer(m->handle, l, consumer->get()).ok());
-    CountMismatches<<<32, 256, 0, consumer->get()>>>(
-        static_cast<const unsigned char*>(d.k), static_cast<const unsigned char*>(d.v), dk, dv,
-        dslots, n, g.num_slots, n, kSlotBytes, l, wrong);
-    ASSERT_EQ(cudaGetLastError(), cudaSuccess);
-  }
+  // The expected bytes on the device; per layer, after WaitLayer, a kernel on the consumer stream
+  // counts the bytes of the device pool that differ.
+  LayerConsumer check;
+  ASSERT_NO_FATAL_FAILURE(check.Prepare(hashes, lb->device_slots));
+  ASSERT_NO_FATAL_FAILURE(
+      check.ConsumeEveryLayer(cache, m->handle, consumer->get(), d, g.num_slots));
   gate.Open();
   ASSERT_TRUE(consumer->Synchronize().ok());
   unsigned long long bad = 1;
-  ASSERT_EQ(cudaMemcpy(&bad, wrong, sizeof(bad), cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_NO_FATAL_FAILURE(check.ReadWrong(&bad));
   EXPECT_EQ(bad, 0u) << "the consumer read bytes of a piece that had not arrived (or wrong ones)";
   ASSERT_TRUE(load_stream->Synchronize().ok());
   EXPECT_EQ(cache.stats().load_back_duration.count, 2);  // one per piece
   ASSERT_TRUE(cache.Release(m->handle).ok());
   ASSERT_TRUE(cache.CheckConsistency().ok()) << cache.CheckConsistency().ToString();
-  cudaFree(dk);
-  cudaFree(dv);
-  cudaFree(dslots);
-  cudaFree(wrong);
 }
 
 // The engine writes new KV into slots on its stream (held back by a gate) and inserts them; the

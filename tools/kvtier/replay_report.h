@@ -172,6 +172,20 @@ Headline HeadlineOf(const ReplayReport& report);
 // The fewest measured requests the headline ratios are meant to come from.
 inline constexpr int64_t kHeadlineMinRequests = 300;
 
+// The arithmetic the text report (replay_report_text.cc) and the JSON share.
+// `bytes` over `seconds` in GB/s; 0 without time.
+double Gbps(int64_t bytes, double seconds);
+// The requests whose matched prefix is >= 90 % of the prompt (the headline's subset).
+std::vector<size_t> MostlyCached(const RunSummary& run);
+// Requests that loaded bytes back, their bytes and their load time (ms).
+struct LoadTotals {
+  int64_t requests = 0, bytes = 0;
+  double ms = 0;
+};
+LoadTotals LoadTotalsOf(const RunSummary& run);
+// The TTFT (ms) of the requests `subset` of `run`.
+std::vector<double> TtftOf(const RunSummary& run, const std::vector<size_t>& subset);
+
 // The table a person reads.
 void PrintReport(std::FILE* out, const ReplayReport& report);
 // --json: the same numbers. Keys: requests, input_tokens, hit_rate, hit_rate_by_tier {device,

@@ -1,20 +1,17 @@
-// tools/kvtier/storage_bench.cc — `kvtier bench --storage URL` (storage_bench.h).
+// tools/kvtier/storage_bench.cc — `kvtier bench --storage URL` (storage_bench.h): the backend's
+// rows, kind by kind, beside the platform baselines (storage_bench_baseline.cc) of the same pages
+// (storage_bench_pages.h).
 //
 // Thread safety: one thread drives the run; the backend completes calls on its own threads.
 #include "storage_bench.h"
 
-#include <fcntl.h>
 #include <fmt/format.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -22,44 +19,20 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <random>
-#include <thread>
 
 #include "bench.h"
 #include "kvtier/page_key.h"
 #include "kvtier/storage.h"
 #include "redis_baseline.h"
+#include "storage_bench_baseline.h"
+#include "storage_bench_pages.h"
 
 namespace kvtier::tools {
-namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double Seconds(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
-
-// A page kind of the reference workload, stored page_first (K then V of each page contiguous).
-struct PageKind {
-  const char* name;
-  const char* model;
-  int64_t num_layers, slot_bytes, page_size, head_num;
-  bool mla;
-};
-constexpr PageKind kKinds[] = {
-    {"mha4", "Llama-3-8B", 32, 2048, 4, 8, false},    // 512 KiB
-    {"mha16", "Llama-3-8B", 32, 2048, 16, 8, false},  // 2 MiB
-    {"mha64", "Llama-3-8B", 32, 2048, 64, 8, false},  // 8 MiB
-    {"mla64", "DeepSeek-V3", 61, 1152, 64, 1, true},  // 4.5 MB
-};
-
-// The kind named `name`. REQUIRES: one of kKinds (the options were validated).
 const PageKind& KindNamed(std::string_view name) {
   return *std::find_if(std::begin(kKinds), std::end(kKinds),
                        [&](const PageKind& p) { return name == p.name; });
 }
-
-// Small pages for the Exists measurement (the index, not the bytes, is what it measures).
-constexpr PageKind kExistsKind = {"exists", "tiny", 1, 64, 16, 1, false};
 
 StorageNamespace NamespaceOf(const PageKind& kind) {
   StorageNamespace ns;
@@ -74,56 +47,23 @@ StorageNamespace NamespaceOf(const PageKind& kind) {
   return ns;
 }
 
-// Page buffers of `count` pages of `page_bytes`, uninitialised until filled.
-struct PageSet {
-  int64_t page_bytes = 0, count = 0;
-  struct Free {
-    void operator()(std::byte* p) const { std::free(p); }
-  };
-  std::unique_ptr<std::byte, Free> data;  // 4 KiB-aligned, as pinned host pages are
+void Append(OpTimes& to, const OpTimes& from) {
+  to.round_seconds.insert(to.round_seconds.end(), from.round_seconds.begin(),
+                          from.round_seconds.end());
+  to.batch_ms.insert(to.batch_ms.end(), from.batch_ms.begin(), from.batch_ms.end());
+  to.reported_p50_ms.insert(to.reported_p50_ms.end(), from.reported_p50_ms.begin(),
+                            from.reported_p50_ms.end());
+  to.reported_p99_ms.insert(to.reported_p99_ms.end(), from.reported_p99_ms.begin(),
+                            from.reported_p99_ms.end());
+}
 
-  static PageSet Make(int64_t page_bytes, int64_t count) {
-    PageSet p;
-    p.page_bytes = page_bytes;
-    p.count = count;
-    const size_t bytes = static_cast<size_t>(page_bytes * count + 4095) / 4096 * 4096;
-    p.data.reset(static_cast<std::byte*>(std::aligned_alloc(4096, bytes)));
-    return p;
-  }
-  std::span<std::byte> page(int64_t i) const {
-    return {data.get() + i * page_bytes, static_cast<size_t>(page_bytes)};
-  }
-  void FillRandom(uint64_t seed) {
-    uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
-    const size_t words = static_cast<size_t>(page_bytes * count) / 8;
-    auto* w = reinterpret_cast<uint64_t*>(data.get());
-    for (size_t i = 0; i < words; ++i) {
-      uint64_t z = (x += 0x9E3779B97F4A7C15ull);
-      z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-      z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-      w[i] = z ^ (z >> 31);
-    }
-  }
-  void Poison() { std::memset(data.get(), 0xA5, static_cast<size_t>(page_bytes * count)); }
-  // Pages that differ from `other`'s.
-  int64_t CountDiffering(const PageSet& other) const {
-    int64_t n = 0;
-    for (int64_t i = 0; i < count; ++i) {
-      n += std::memcmp(page(i).data(), other.page(i).data(), static_cast<size_t>(page_bytes)) != 0;
-    }
-    return n;
-  }
-};
+namespace {
 
-// Times of one op over the rounds: per-round throughput and every batch's latency.
-struct OpTimes {
-  std::vector<double> round_seconds;
-  std::vector<double> batch_ms;
-  // Per round, percentiles reported by an external tool (redis-benchmark) that has no batch
-  // times; the row shows the median p50 and the largest p99 of the rounds.
-  std::vector<double> reported_p50_ms, reported_p99_ms;
-};
+using Clock = std::chrono::steady_clock;
 
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
 struct StorageRow {
   std::string kind, op, who;  // who: "kvtier" or the baseline's name
   int64_t pages = 0, page_bytes = 0;
@@ -135,17 +75,6 @@ struct StorageRow {
   // row of its own and never fails the bench: kvtier's rows are checked without it.
   bool baseline_failed = false;
 };
-
-void Append(OpTimes& to, const OpTimes& from) {
-  to.round_seconds.insert(to.round_seconds.end(), from.round_seconds.begin(),
-                          from.round_seconds.end());
-  to.batch_ms.insert(to.batch_ms.end(), from.batch_ms.begin(), from.batch_ms.end());
-  to.reported_p50_ms.insert(to.reported_p50_ms.end(), from.reported_p50_ms.begin(),
-                            from.reported_p50_ms.end());
-  to.reported_p99_ms.insert(to.reported_p99_ms.end(), from.reported_p99_ms.begin(),
-                            from.reported_p99_ms.end());
-}
-
 double Percentile(std::vector<double> v, double q) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -175,216 +104,6 @@ StorageRow RowFrom(const std::string& kind, const std::string& op, const std::st
   }
   return r;
 }
-
-// ---- baselines
-// -----------------------------------------------------------------------------------
-
-struct Baseline {
-  std::string name;
-  OpTimes set, get;
-  bool check_ok = true;
-  std::string note;
-};
-
-bool WriteWhole(int fd, const std::byte* p, size_t n) {
-  for (size_t at = 0; at < n;) {
-    const ssize_t w = ::pwrite(fd, p + at, n - at, static_cast<off_t>(at));
-    if (w <= 0) return false;
-    at += static_cast<size_t>(w);
-  }
-  return true;
-}
-
-bool ReadWhole(int fd, std::byte* p, size_t n) {
-  for (size_t at = 0; at < n;) {
-    const ssize_t r = ::pread(fd, p + at, n - at, static_cast<off_t>(at));
-    if (r <= 0) return false;
-    at += static_cast<size_t>(r);
-  }
-  return true;
-}
-
-// Runs fn(i) for every page i in [0, count) on `threads` threads, each taking the next page.
-// False when any call returned false.
-bool OnThreads(int threads, int64_t count, const std::function<bool(int64_t)>& fn) {
-  std::atomic<int64_t> next{0};
-  std::atomic<bool> ok{true};
-  std::vector<std::thread> pool;
-  for (int t = 0; t < threads; ++t) {
-    pool.emplace_back([&] {
-      for (int64_t i; (i = next.fetch_add(1)) < count;) {
-        if (!fn(i)) ok = false;
-      }
-    });
-  }
-  for (auto& t : pool) t.join();
-  return ok;
-}
-
-// file://: the same pages as plain files in `dir`, a directory beside the store, written with
-// open+pwrite+close+rename and read with open+pread+close, on `threads` threads each taking the
-// next page (on one thread batch by batch, for its batch times). The directory lives as long as
-// the backend's pages of the kind (the caller makes it before the first round and removes it
-// after the last), so from the second round on the baseline, like the backend, replaces files
-// that are already there and its data reaches the disk; a directory made and removed in every
-// round let its writes be deleted before the kernel wrote them back, which made its Set look
-// about twice as fast as any write that stays.
-Result<Baseline> FileBaseline(const std::string& dir, const PageSet& src, PageSet& dst,
-                              int64_t batch_pages, int repeats, int threads, bool direct) {
-  Baseline b;
-  b.name = fmt::format("{} thread{} {}", threads, threads == 1 ? "" : "s",
-                       direct ? "O_DIRECT" : "plain");
-  const int direct_flag = direct ? O_DIRECT : 0;
-  const size_t n = static_cast<size_t>(src.page_bytes);
-  std::function<bool(int64_t)> write_one = [&](int64_t i) {
-    const std::string path = fmt::format("{}/{}", dir, i);
-    const std::string temp = path + ".tmp";
-    const int fd =
-        ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | direct_flag, 0600);
-    const bool ok = fd >= 0 && WriteWhole(fd, src.page(i).data(), n);
-    if (fd >= 0) ::close(fd);
-    return ok && ::rename(temp.c_str(), path.c_str()) == 0;
-  };
-  std::function<bool(int64_t)> read_one = [&](int64_t i) {
-    const std::string path = fmt::format("{}/{}", dir, i);
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | direct_flag);
-    const bool ok = fd >= 0 && ReadWhole(fd, dst.page(i).data(), n);
-    if (fd >= 0) ::close(fd);
-    return ok;
-  };
-  for (int round = 0; round < repeats; ++round) {
-    for (int pass = 0; pass < 2; ++pass) {
-      OpTimes& t = pass == 0 ? b.set : b.get;
-      const auto& one = pass == 0 ? write_one : read_one;
-      if (pass == 1) dst.Poison();
-      const auto round_start = Clock::now();
-      bool ok = true;
-      if (threads > 1) {
-        ok = OnThreads(threads, src.count, one);
-      } else {
-        for (int64_t first = 0; ok && first < src.count; first += batch_pages) {
-          const auto t0 = Clock::now();
-          for (int64_t i = first; ok && i < std::min(src.count, first + batch_pages); ++i) {
-            ok = one(i);
-          }
-          t.batch_ms.push_back(Seconds(t0, Clock::now()) * 1e3);
-        }
-      }
-      if (!ok) {
-        return Status::IOError(fmt::format("baseline {} in {}: {}", pass == 0 ? "write" : "read",
-                                           dir, std::strerror(errno)));
-      }
-      t.round_seconds.push_back(Seconds(round_start, Clock::now()));
-    }
-    if (const int64_t bad = dst.CountDiffering(src); bad > 0) {
-      b.check_ok = false;
-      b.note = fmt::format("{} pages differ", bad);
-    }
-  }
-  return b;
-}
-
-// memory://: one memcpy per page into and out of a second buffer, one thread.
-Baseline MemcpyBaseline(const PageSet& src, PageSet& dst, int64_t batch_pages, int repeats) {
-  Baseline b;
-  b.name = "memcpy";
-  PageSet stored = PageSet::Make(src.page_bytes, src.count);
-  const size_t n = static_cast<size_t>(src.page_bytes);
-  for (int round = 0; round < repeats; ++round) {
-    for (int pass = 0; pass < 2; ++pass) {
-      OpTimes& t = pass == 0 ? b.set : b.get;
-      if (pass == 1) dst.Poison();
-      const auto round_start = Clock::now();
-      for (int64_t first = 0; first < src.count; first += batch_pages) {
-        const auto t0 = Clock::now();
-        for (int64_t i = first; i < std::min(src.count, first + batch_pages); ++i) {
-          if (pass == 0) {
-            std::memcpy(stored.page(i).data(), src.page(i).data(), n);
-          } else {
-            std::memcpy(dst.page(i).data(), stored.page(i).data(), n);
-          }
-        }
-        t.batch_ms.push_back(Seconds(t0, Clock::now()) * 1e3);
-      }
-      t.round_seconds.push_back(Seconds(round_start, Clock::now()));
-    }
-    if (dst.CountDiffering(src) > 0) b.check_ok = false;
-  }
-  return b;
-}
-
-// redis:// and redis+cluster://: redis-benchmark SET and GET of values of the backend's value
-// size (header + page), against the same server(s), as many requests as the backend's rounds
-// moved pages (the bench calls it once per round, between the backend's rounds). The bench keeps
-// one batch in flight at a time, so the baseline runs one client with a pipeline depth of
-// batch_pages: the same requests in flight. Its requests per second become the rate of the rows;
-// its per-request p50/p99 (a request waits for its pipeline, as a page waits for its batch) stand
-// for the batch times.
-//
-// On one server the baseline spreads its requests over as many keys as the backend stores
-// (redis-benchmark -r over a RedisKeySpace filled once per page kind, like the backend's keys,
-// which live from its first round to the end of the kind), so the server keeps the same bytes in
-// memory on both sides; a second, informational run uses redis-benchmark's default of one literal
-// key, whose value stays in the CPU caches. On a cluster only the default is run.
-Result<Baseline> RedisBenchmarkBaseline(const std::string& url, int64_t pages, int64_t page_bytes,
-                                        int64_t key_space, const StorageBenchOptions& o) {
-  RedisBaselineOptions options;
-  options.value_bytes = page_bytes + kStoredPageHeaderBytes;
-  options.clients = 1;
-  options.pipeline = static_cast<int>(o.batch_pages);
-  options.requests = pages * o.repeats;
-  options.key_space = key_space;
-  KVTIER_ASSIGN_OR_RETURN(std::vector<RedisBaselineRow> rows, RunRedisBenchmark(url, options));
-  Baseline b;
-  b.name = key_space > 0 ? fmt::format("redis-benchmark -r{}", key_space) : "redis-benchmark 1 key";
-  b.note = "check: none (its own values)";
-  for (const RedisBaselineRow& row : rows) {
-    OpTimes* t = row.test == "SET" ? &b.set : row.test == "GET" ? &b.get : nullptr;
-    if (t == nullptr || row.requests_per_second <= 0) continue;
-    t->round_seconds = {static_cast<double>(pages) / row.requests_per_second};
-    t->reported_p50_ms = {row.p50_ms};
-    t->reported_p99_ms = {row.p99_ms};
-  }
-  if (b.set.round_seconds.empty() || b.get.round_seconds.empty()) {
-    return Status::Unavailable("redis-benchmark reported no SET or GET rate");
-  }
-  return b;
-}
-
-// The platform baselines of a scheme for the same pages: the first is the one the backend is
-// measured against, any others are shown beside it; none where the scheme has no baseline.
-// `file_dir`: the file baseline's directory (file:// only); `key_space`: the keys of a
-// RedisKeySpace that exists (redis:// only; 0: none).
-Result<std::vector<Baseline>> RunBaselines(const std::string& scheme, const std::string& file_dir,
-                                           const PageSet& src, PageSet& dst, int64_t key_space,
-                                           const StorageBenchOptions& o) {
-  std::vector<Baseline> baselines;
-  if (scheme == "file") {
-    // N threads first (the reference), one thread beside it.
-    // A direct store (direct=1) is measured against O_DIRECT reads and writes.
-    const bool direct = o.url.find("direct=1") != std::string::npos ||
-                        o.url.find("direct=true") != std::string::npos;
-    for (int threads : {o.io_threads, 1}) {
-      KVTIER_ASSIGN_OR_RETURN(
-          Baseline b, FileBaseline(file_dir, src, dst, o.batch_pages, o.repeats, threads, direct));
-      baselines.push_back(std::move(b));
-      if (o.io_threads == 1) break;
-    }
-  } else if (scheme == "memory") {
-    baselines.push_back(MemcpyBaseline(src, dst, o.batch_pages, o.repeats));
-  } else if (scheme == "redis" || scheme == "redis+cluster") {
-    if (key_space > 0) {
-      KVTIER_ASSIGN_OR_RETURN(
-          Baseline b, RedisBenchmarkBaseline(o.url, src.count, src.page_bytes, key_space, o));
-      baselines.push_back(std::move(b));
-    }
-    KVTIER_ASSIGN_OR_RETURN(Baseline b,
-                            RedisBenchmarkBaseline(o.url, src.count, src.page_bytes, 0, o));
-    baselines.push_back(std::move(b));
-  }
-  return baselines;
-}
-
 // ---- the backend's rows
 // --------------------------------------------------------------------------
 
@@ -597,6 +316,181 @@ Status Validate(const StorageBenchOptions& o) {
   return Status::OK();
 }
 
+// What a page kind's rounds left: the backend's times (or why it failed), the baselines' times
+// summed over the rounds, and why a baseline round failed (then not counted).
+struct KindRounds {
+  Result<KindResult> result = KindResult{};
+  std::vector<Baseline> baselines;
+  std::string baseline_failure;
+};
+
+// The rounds of one page kind: the backend's and the baselines' interleaved, so both see the same
+// machine. `file_dir` / `key_space`: the baselines' (empty / null: none).
+void RunRounds(const StorageBenchOptions& o, const std::string& scheme, const PageKind& kind,
+               StorageBackend& backend, const std::vector<PageKey>& keys, const PageSet& src,
+               PageSet& dst, const std::string& file_dir, const RedisKeySpace* key_space,
+               KindRounds* k) {
+  StorageBenchOptions one_round = o;
+  one_round.repeats = 1;
+  Result<KindResult>& result = k->result;
+  std::vector<Baseline>& baselines = k->baselines;
+  // One round of the backend; false when it failed (result holds why).
+  auto run_backend = [&]() -> bool {
+    auto r = RunKind(backend, keys, src, dst, one_round);
+    if (!r.ok()) {
+      result = r.status();
+      return false;
+    }
+    Append(result->set, r->set);
+    Append(result->get, r->get);
+    Append(result->exists, r->exists);
+    if (!r->check_ok && result->check_ok) {
+      result->check_ok = false;
+      result->note = r->note;
+    }
+    return true;
+  };
+  auto run_baselines = [&] {
+    auto b = RunBaselines(scheme, file_dir, src, dst, key_space ? key_space->keys() : 0, one_round);
+    if (!b.ok()) {
+      std::fprintf(stderr, "kvtier bench: %s baseline (not counted; kvtier's rows stand): %s\n",
+                   kind.name, b.status().ToString().c_str());
+      k->baseline_failure = b.status().message();
+    } else if (baselines.empty()) {
+      baselines = std::move(*b);
+    } else {
+      for (size_t i = 0; i < baselines.size() && i < b->size(); ++i) {
+        Append(baselines[i].set, (*b)[i].set);
+        Append(baselines[i].get, (*b)[i].get);
+        if (!(*b)[i].check_ok) baselines[i].check_ok = false;
+      }
+    }
+  };
+  // The side that goes first alternates between rounds (the backend in even rounds, the
+  // baseline in odd ones): whichever runs right after the other's writes finds the page
+  // cache, the disk's write-back or the server's allocator in the state those left, and that
+  // must not always be the same side.
+  for (int round = 0; round < o.repeats; ++round) {
+    const bool baseline_first = o.baseline && round % 2 == 1;
+    if (baseline_first) run_baselines();
+    if (!run_backend()) break;
+    if (o.baseline && !baseline_first) run_baselines();
+  }
+}
+
+// The rows of one page kind of `n` pages: per op the backend's, then the baselines' beside it
+// (the first is the reference of "% base"), and a row for a baseline that failed.
+void AddKindRows(const PageKind& kind, int64_t n, int64_t page_bytes, const KindRounds& k,
+                 std::vector<StorageRow>* rows) {
+  const KindResult& result = *k.result;
+  for (const char* op : {"set", "exists", "get"}) {
+    const std::string op_name = op;
+    const OpTimes& t = op_name == "set"   ? result.set
+                       : op_name == "get" ? result.get
+                                          : result.exists;
+    StorageRow row = RowFrom(kind.name, op_name, "kvtier", n, page_bytes, t);
+    row.check_ok = result.check_ok;
+    row.note = result.note;
+    if (op_name == "exists") row.gbps = 0;  // no bytes move
+    std::vector<StorageRow> base_rows;
+    if (op_name != "exists") {
+      for (const Baseline& baseline : k.baselines) {
+        const OpTimes& bt = op_name == "set" ? baseline.set : baseline.get;
+        StorageRow base = RowFrom(kind.name, op_name, baseline.name, n, page_bytes, bt);
+        base.check_ok = baseline.check_ok;
+        base.note = baseline.note;
+        base_rows.push_back(std::move(base));
+      }
+    }
+    if (!base_rows.empty() && base_rows.front().gbps > 0) {
+      row.pct_of_baseline = 100.0 * row.gbps / base_rows.front().gbps;
+    }
+    rows->push_back(row);
+    rows->insert(rows->end(), base_rows.begin(), base_rows.end());
+    std::fprintf(stderr, "[%s] %s: %.2f GB/s, p50 %.3f ms%s\n", kind.name, op, row.gbps, row.p50_ms,
+                 row.check_ok ? "" : " FAILED");
+  }
+  if (!k.baseline_failure.empty()) {
+    StorageRow failed;
+    failed.kind = kind.name;
+    failed.op = "-";
+    failed.who = "baseline";
+    failed.baseline_failed = true;
+    failed.note = k.baseline_failure;
+    rows->push_back(std::move(failed));
+  }
+}
+
+// One page kind: its pages Set, Exists and Get through the store at o.url (and the baselines),
+// its rows into `rows`, everything stored removed. 0, or the exit code to stop the bench with;
+// *exit_code = 1 when the kind failed but the bench goes on.
+int BenchKind(const StorageBenchOptions& o, const StorageOptions& so, const std::string& scheme,
+              const std::string& rest, uint64_t run_id, const std::string& kind_name,
+              std::vector<StorageRow>* rows, int* exit_code) {
+  const PageKind& kind = KindNamed(kind_name);
+  auto opened = OpenStorage(o.url, NamespaceOf(kind), so);
+  if (!opened.ok()) {
+    std::fprintf(stderr, "kvtier bench: %s\n", opened.status().ToString().c_str());
+    return opened.status().IsInvalidArgument() ? 2 : 1;
+  }
+  StorageBackend& backend = **opened;
+  const int64_t page_bytes = backend.ns().page_bytes();
+  const int64_t n = std::max<int64_t>(2, *ParseByteSize(o.bytes_per_kind) / page_bytes);
+  std::fprintf(stderr, "[%s] %lld pages of %.2f MiB at %s\n", kind.name, static_cast<long long>(n),
+               static_cast<double>(page_bytes) / (1 << 20), backend.url().c_str());
+  PageSet src = PageSet::Make(page_bytes, n), dst = PageSet::Make(page_bytes, n);
+  src.FillRandom(run_id + static_cast<uint64_t>(page_bytes));
+  const std::vector<PageKey> keys = KeysFor(kind, n, run_id);
+
+  KindRounds k;
+  std::unique_ptr<RedisKeySpace> key_space;
+  std::string file_dir;  // the file baseline's, for all rounds of the kind
+  if (o.baseline && scheme == "file") {
+    file_dir = fmt::format("{}/kvtier-bench-baseline-{}-{}", rest, kind.name, ::getpid());
+    std::error_code ec;
+    std::filesystem::create_directories(file_dir, ec);
+    if (ec) {
+      std::fprintf(stderr, "kvtier bench: cannot create %s: %s\n", file_dir.c_str(),
+                   ec.message().c_str());
+      return 1;
+    }
+  }
+  if (o.baseline && scheme == "redis") {
+    auto filled = RedisKeySpace::Fill(o.url, n, page_bytes + kStoredPageHeaderBytes);
+    if (!filled.ok()) {
+      k.baseline_failure = "key space: " + filled.status().message();
+      std::fprintf(stderr, "kvtier bench: %s baseline key space: %s\n", kind.name,
+                   filled.status().ToString().c_str());
+    } else {
+      key_space = std::move(*filled);
+    }
+  }
+  RunRounds(o, scheme, kind, backend, keys, src, dst, file_dir, key_space.get(), &k);
+  if (!file_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::remove_all(file_dir, ec);
+  }
+  if (key_space) {
+    if (Status s = key_space->Delete(); !s.ok()) {
+      std::fprintf(stderr, "kvtier bench: %s baseline key space: %s\n", kind.name,
+                   s.ToString().c_str());
+      *exit_code = 1;
+    }
+  }
+  for (int64_t first = 0; first < n; first += o.batch_pages) {  // leave nothing behind
+    const int64_t count = std::min(o.batch_pages, n - first);
+    backend.Remove(std::vector<PageKey>(keys.begin() + first, keys.begin() + first + count)).get();
+  }
+  if (!k.result.ok()) {
+    std::fprintf(stderr, "kvtier bench: %s: %s\n", kind.name, k.result.status().ToString().c_str());
+    *exit_code = 1;
+    return 0;
+  }
+  AddKindRows(kind, n, page_bytes, k, rows);
+  if (!k.result->check_ok) *exit_code = 1;
+  return 0;
+}
+
 }  // namespace
 
 void AddStorageBenchOptions(CLI::App* bench, StorageBenchOptions* o) {
@@ -632,7 +526,6 @@ void AddStorageBenchOptions(CLI::App* bench, StorageBenchOptions* o) {
       ->capture_default_str();
   bench->add_flag("!--no-baseline", o->baseline, "skip the platform baseline");
 }
-
 int RunStorageBench(const StorageBenchOptions& options, const std::string& command) {
   StorageBenchOptions o = options;
   if (Status s = Validate(o); !s.ok()) {
@@ -658,151 +551,9 @@ int RunStorageBench(const StorageBenchOptions& options, const std::string& comma
   so.max_queued_batches = std::max(so.max_queued_batches, o.in_flight);
 
   for (const std::string& kind_name : o.kinds) {
-    const PageKind& kind = KindNamed(kind_name);
-    auto opened = OpenStorage(o.url, NamespaceOf(kind), so);
-    if (!opened.ok()) {
-      std::fprintf(stderr, "kvtier bench: %s\n", opened.status().ToString().c_str());
-      return opened.status().IsInvalidArgument() ? 2 : 1;
+    if (int stop = BenchKind(o, so, scheme, rest, run_id, kind_name, &rows, &exit_code); stop) {
+      return stop;
     }
-    StorageBackend& backend = **opened;
-    const int64_t page_bytes = backend.ns().page_bytes();
-    const int64_t n = std::max<int64_t>(2, *ParseByteSize(o.bytes_per_kind) / page_bytes);
-    std::fprintf(stderr, "[%s] %lld pages of %.2f MiB at %s\n", kind.name,
-                 static_cast<long long>(n), static_cast<double>(page_bytes) / (1 << 20),
-                 backend.url().c_str());
-    PageSet src = PageSet::Make(page_bytes, n), dst = PageSet::Make(page_bytes, n);
-    src.FillRandom(run_id + static_cast<uint64_t>(page_bytes));
-    const std::vector<PageKey> keys = KeysFor(kind, n, run_id);
-
-    // The rounds interleave the backend and the baseline, so both see the same machine.
-    StorageBenchOptions one_round = o;
-    one_round.repeats = 1;
-    Result<KindResult> result = KindResult{};
-    std::vector<Baseline> baselines;  // summed over the rounds
-    std::unique_ptr<RedisKeySpace> key_space;
-    std::string file_dir;  // the file baseline's, for all rounds of the kind
-    if (o.baseline && scheme == "file") {
-      file_dir = fmt::format("{}/kvtier-bench-baseline-{}-{}", rest, kind.name, ::getpid());
-      std::error_code ec;
-      std::filesystem::create_directories(file_dir, ec);
-      if (ec) {
-        std::fprintf(stderr, "kvtier bench: cannot create %s: %s\n", file_dir.c_str(),
-                     ec.message().c_str());
-        return 1;
-      }
-    }
-    std::string baseline_failure;  // why a baseline round failed (then not counted)
-    if (o.baseline && scheme == "redis") {
-      auto filled = RedisKeySpace::Fill(o.url, n, page_bytes + kStoredPageHeaderBytes);
-      if (!filled.ok()) {
-        baseline_failure = "key space: " + filled.status().message();
-        std::fprintf(stderr, "kvtier bench: %s baseline key space: %s\n", kind.name,
-                     filled.status().ToString().c_str());
-      } else {
-        key_space = std::move(*filled);
-      }
-    }
-    // One round of the backend; false when it failed (result holds why).
-    auto run_backend = [&]() -> bool {
-      auto r = RunKind(backend, keys, src, dst, one_round);
-      if (!r.ok()) {
-        result = r.status();
-        return false;
-      }
-      Append(result->set, r->set);
-      Append(result->get, r->get);
-      Append(result->exists, r->exists);
-      if (!r->check_ok && result->check_ok) {
-        result->check_ok = false;
-        result->note = r->note;
-      }
-      return true;
-    };
-    auto run_baselines = [&] {
-      auto b =
-          RunBaselines(scheme, file_dir, src, dst, key_space ? key_space->keys() : 0, one_round);
-      if (!b.ok()) {
-        std::fprintf(stderr, "kvtier bench: %s baseline (not counted; kvtier's rows stand): %s\n",
-                     kind.name, b.status().ToString().c_str());
-        baseline_failure = b.status().message();
-      } else if (baselines.empty()) {
-        baselines = std::move(*b);
-      } else {
-        for (size_t i = 0; i < baselines.size() && i < b->size(); ++i) {
-          Append(baselines[i].set, (*b)[i].set);
-          Append(baselines[i].get, (*b)[i].get);
-          if (!(*b)[i].check_ok) baselines[i].check_ok = false;
-        }
-      }
-    };
-    // The side that goes first alternates between rounds (the backend in even rounds, the
-    // baseline in odd ones): whichever runs right after the other's writes finds the page
-    // cache, the disk's write-back or the server's allocator in the state those left, and that
-    // must not always be the same side.
-    for (int round = 0; round < o.repeats; ++round) {
-      const bool baseline_first = o.baseline && round % 2 == 1;
-      if (baseline_first) run_baselines();
-      if (!run_backend()) break;
-      if (o.baseline && !baseline_first) run_baselines();
-    }
-    if (!file_dir.empty()) {
-      std::error_code ec;
-      std::filesystem::remove_all(file_dir, ec);
-    }
-    if (key_space) {
-      if (Status s = key_space->Delete(); !s.ok()) {
-        std::fprintf(stderr, "kvtier bench: %s baseline key space: %s\n", kind.name,
-                     s.ToString().c_str());
-        exit_code = 1;
-      }
-    }
-    for (int64_t first = 0; first < n; first += o.batch_pages) {  // leave nothing behind
-      const int64_t count = std::min(o.batch_pages, n - first);
-      backend.Remove(std::vector<PageKey>(keys.begin() + first, keys.begin() + first + count))
-          .get();
-    }
-    if (!result.ok()) {
-      std::fprintf(stderr, "kvtier bench: %s: %s\n", kind.name, result.status().ToString().c_str());
-      exit_code = 1;
-      continue;
-    }
-    for (const char* op : {"set", "exists", "get"}) {
-      const std::string op_name = op;
-      const OpTimes& t = op_name == "set"   ? result->set
-                         : op_name == "get" ? result->get
-                                            : result->exists;
-      StorageRow row = RowFrom(kind.name, op_name, "kvtier", n, page_bytes, t);
-      row.check_ok = result->check_ok;
-      row.note = result->note;
-      if (op_name == "exists") row.gbps = 0;  // no bytes move
-      std::vector<StorageRow> base_rows;
-      if (op_name != "exists") {
-        for (const Baseline& baseline : baselines) {
-          const OpTimes& bt = op_name == "set" ? baseline.set : baseline.get;
-          StorageRow base = RowFrom(kind.name, op_name, baseline.name, n, page_bytes, bt);
-          base.check_ok = baseline.check_ok;
-          base.note = baseline.note;
-          base_rows.push_back(std::move(base));
-        }
-      }
-      if (!base_rows.empty() && base_rows.front().gbps > 0) {
-        row.pct_of_baseline = 100.0 * row.gbps / base_rows.front().gbps;
-      }
-      rows.push_back(row);
-      rows.insert(rows.end(), base_rows.begin(), base_rows.end());
-      std::fprintf(stderr, "[%s] %s: %.2f GB/s, p50 %.3f ms%s\n", kind.name, op, row.gbps,
-                   row.p50_ms, row.check_ok ? "" : " FAILED");
-    }
-    if (!baseline_failure.empty()) {
-      StorageRow failed;
-      failed.kind = kind.name;
-      failed.op = "-";
-      failed.who = "baseline";
-      failed.baseline_failed = true;
-      failed.note = baseline_failure;
-      rows.push_back(std::move(failed));
-    }
-    if (!result->check_ok) exit_code = 1;
   }
 
   if (o.exists_keys > 0) {

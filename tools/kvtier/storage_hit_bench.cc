@@ -13,6 +13,7 @@
 #include "kvtier/device.h"
 #include "kvtier/hierarchical_cache.h"
 #include "kvtier/storage.h"
+#include "kvtier/testing/device_tier.h"
 #include "kvtier/testing/kv_pattern.h"
 #include "kvtier/transfer.h"
 
@@ -36,75 +37,6 @@ double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
 }
-
-std::vector<int64_t> Iota(int64_t n) {
-  std::vector<int64_t> v(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = i;
-  return v;
-}
-
-// The engine's device pool: host memory on the cpu backend, else a DeviceKvPool filled and
-// checked through a pinned staging region.
-class EnginePool {
- public:
-  static Result<std::unique_ptr<EnginePool>> Create(TransferBackend backend, const KvGeometry& g) {
-    auto p = std::unique_ptr<EnginePool>(new EnginePool());
-    p->backend_ = backend;
-    const int64_t bytes = g.buffer_bytes();
-    if (backend == TransferBackend::kCpu) {
-      p->k_.assign(static_cast<size_t>(bytes), std::byte{0xEE});
-      p->v_.assign(static_cast<size_t>(bytes), std::byte{0xEE});
-      p->region_.geometry = g;
-      p->region_.k = p->k_.data();
-      p->region_.v = p->v_.data();
-      return p;
-    }
-    KVTIER_ASSIGN_OR_RETURN(p->pool_, DeviceKvPool::Create(g, /*mla=*/false, 0));
-    p->region_ = p->pool_.region();
-    KVTIER_ASSIGN_OR_RETURN(p->staging_mem_, PinnedHostBuffer::Allocate(2 * bytes));
-    p->staging_ = p->region_;
-    p->staging_.memory = MemoryKind::kHost;
-    p->staging_.device = -1;
-    p->staging_.k = p->staging_mem_.data();
-    p->staging_.v = static_cast<std::byte*>(p->staging_mem_.data()) + bytes;
-    KVTIER_ASSIGN_OR_RETURN(p->engine_, MakeTransferEngine(backend));
-    return p;
-  }
-  const KvRegion& region() const { return region_; }
-  // cpu: every byte of the pool to 0xEE, so that a load that misses a page cannot pass its check
-  // on the bytes of the last round (GPU pools keep them: the check is weaker there).
-  void Poison() {
-    std::fill(k_.begin(), k_.end(), std::byte{0xEE});
-    std::fill(v_.begin(), v_.end(), std::byte{0xEE});
-  }
-
-  Status Fill(std::span<const int64_t> slots, std::span<const uint64_t> hashes) {
-    if (backend_ == TransferBackend::kCpu) return FillKvPattern(region_, slots, hashes);
-    const std::vector<int64_t> idx = Iota(static_cast<int64_t>(slots.size()));
-    KVTIER_RETURN_IF_ERROR(FillKvPattern(staging_, idx, hashes));
-    KVTIER_RETURN_IF_ERROR(engine_->Transfer(TransferRequest::AllLayers(
-        staging_, region_, SlotIndices::Host(idx), SlotIndices::Host(slots))));
-    return engine_->Synchronize(nullptr);
-  }
-  Status Verify(std::span<const int64_t> slots, std::span<const uint64_t> hashes) {
-    if (backend_ == TransferBackend::kCpu) return VerifyKvPattern(region_, slots, hashes);
-    const std::vector<int64_t> idx = Iota(static_cast<int64_t>(slots.size()));
-    KVTIER_RETURN_IF_ERROR(engine_->Transfer(TransferRequest::AllLayers(
-        region_, staging_, SlotIndices::Host(slots), SlotIndices::Host(idx))));
-    KVTIER_RETURN_IF_ERROR(engine_->Synchronize(nullptr));
-    return VerifyKvPattern(staging_, idx, hashes);
-  }
-
- private:
-  EnginePool() = default;
-  TransferBackend backend_ = TransferBackend::kCpu;
-  std::vector<std::byte> k_, v_;
-  DeviceKvPool pool_;
-  PinnedHostBuffer staging_mem_;
-  KvRegion staging_;
-  std::unique_ptr<TransferEngine> engine_;
-  KvRegion region_;
-};
 
 // The times of one cache's repeats, in seconds.
 struct Times {
@@ -148,16 +80,19 @@ class Bench {
   }
 
  private:
-  // One cache over the store with its engine pool.
+  // One cache over the store with its engine pool (every byte 0xEE until written, so that a
+  // load that misses a page cannot pass its check on the bytes of the last round: Poison).
   struct Side {
-    std::unique_ptr<EnginePool> pool;
+    std::unique_ptr<testing::DeviceTier> pool;
     std::unique_ptr<HierarchicalCache> cache;
     CudaStreamHandle stream;
   };
 
   Status Open(bool stream, Side* side) {
     const KvGeometry g{KvLayout::kLayerFirst, kLayers, o_.tokens, kSlotBytes, kPage, 1};
-    KVTIER_ASSIGN_OR_RETURN(side->pool, EnginePool::Create(backend_, g));
+    KVTIER_ASSIGN_OR_RETURN(
+        side->pool, testing::DeviceTier::Create(backend_, g, /*mla=*/false,
+                                                {.k = std::byte{0xEE}, .v = std::byte{0xEE}}));
     HierarchicalCacheConfig cfg;
     cfg.write_policy = WritePolicy::kWriteThrough;
     cfg.transfer_backend = backend_;
@@ -182,7 +117,7 @@ class Bench {
   // host hit's load in *load. Checks every loaded byte (untimed).
   Result<double> StorageHit(Side& side, double* load) {
     HierarchicalCache& cache = *side.cache;
-    EnginePool& pool = *side.pool;
+    testing::DeviceTier& pool = *side.pool;
     const CudaStreamHandle& stream = side.stream;
     KVTIER_RETURN_IF_ERROR(cache.EvictDevice(std::numeric_limits<int64_t>::max()).status());
     KVTIER_RETURN_IF_ERROR(cache.EvictHost(std::numeric_limits<int64_t>::max()).status());

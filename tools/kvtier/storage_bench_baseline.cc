@@ -1,0 +1,229 @@
+// The platform baselines of `kvtier bench --storage` (storage_bench_baseline.h).
+#include "storage_bench_baseline.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <thread>
+
+#include "kvtier/storage.h"
+#include "redis_baseline.h"
+
+namespace kvtier::tools {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+bool WriteWhole(int fd, const std::byte* p, size_t n) {
+  for (size_t at = 0; at < n;) {
+    const ssize_t w = ::pwrite(fd, p + at, n - at, static_cast<off_t>(at));
+    if (w <= 0) return false;
+    at += static_cast<size_t>(w);
+  }
+  return true;
+}
+
+bool ReadWhole(int fd, std::byte* p, size_t n) {
+  for (size_t at = 0; at < n;) {
+    const ssize_t r = ::pread(fd, p + at, n - at, static_cast<off_t>(at));
+    if (r <= 0) return false;
+    at += static_cast<size_t>(r);
+  }
+  return true;
+}
+
+// Runs fn(i) for every page i in [0, count) on `threads` threads, each taking the next page.
+// False when any call returned false.
+bool OnThreads(int threads, int64_t count, const std::function<bool(int64_t)>& fn) {
+  std::atomic<int64_t> next{0};
+  std::atomic<bool> ok{true};
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&] {
+      for (int64_t i; (i = next.fetch_add(1)) < count;) {
+        if (!fn(i)) ok = false;
+      }
+    });
+  }
+  for (auto& t : pool) t.join();
+  return ok;
+}
+
+// file://: the same pages as plain files in `dir`, a directory beside the store, written with
+// open+pwrite+close+rename and read with open+pread+close, on `threads` threads each taking the
+// next page (on one thread batch by batch, for its batch times). The directory lives as long as
+// the backend's pages of the kind (the caller makes it before the first round and removes it
+// after the last), so from the second round on the baseline, like the backend, replaces files
+// that are already there and its data reaches the disk; a directory made and removed in every
+// round let its writes be deleted before the kernel wrote them back, which made its Set look
+// about twice as fast as any write that stays.
+Result<Baseline> FileBaseline(const std::string& dir, const PageSet& src, PageSet& dst,
+                              int64_t batch_pages, int repeats, int threads, bool direct) {
+  Baseline b;
+  b.name = fmt::format("{} thread{} {}", threads, threads == 1 ? "" : "s",
+                       direct ? "O_DIRECT" : "plain");
+  const int direct_flag = direct ? O_DIRECT : 0;
+  const size_t n = static_cast<size_t>(src.page_bytes);
+  std::function<bool(int64_t)> write_one = [&](int64_t i) {
+    const std::string path = fmt::format("{}/{}", dir, i);
+    const std::string temp = path + ".tmp";
+    const int fd =
+        ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | direct_flag, 0600);
+    const bool ok = fd >= 0 && WriteWhole(fd, src.page(i).data(), n);
+    if (fd >= 0) ::close(fd);
+    return ok && ::rename(temp.c_str(), path.c_str()) == 0;
+  };
+  std::function<bool(int64_t)> read_one = [&](int64_t i) {
+    const std::string path = fmt::format("{}/{}", dir, i);
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | direct_flag);
+    const bool ok = fd >= 0 && ReadWhole(fd, dst.page(i).data(), n);
+    if (fd >= 0) ::close(fd);
+    return ok;
+  };
+  for (int round = 0; round < repeats; ++round) {
+    for (int pass = 0; pass < 2; ++pass) {
+      OpTimes& t = pass == 0 ? b.set : b.get;
+      const auto& one = pass == 0 ? write_one : read_one;
+      if (pass == 1) dst.Poison();
+      const auto round_start = Clock::now();
+      bool ok = true;
+      if (threads > 1) {
+        ok = OnThreads(threads, src.count, one);
+      } else {
+        for (int64_t first = 0; ok && first < src.count; first += batch_pages) {
+          const auto t0 = Clock::now();
+          for (int64_t i = first; ok && i < std::min(src.count, first + batch_pages); ++i) {
+            ok = one(i);
+          }
+          t.batch_ms.push_back(Seconds(t0, Clock::now()) * 1e3);
+        }
+      }
+      if (!ok) {
+        return Status::IOError(fmt::format("baseline {} in {}: {}", pass == 0 ? "write" : "read",
+                                           dir, std::strerror(errno)));
+      }
+      t.round_seconds.push_back(Seconds(round_start, Clock::now()));
+    }
+    if (const int64_t bad = dst.CountDiffering(src); bad > 0) {
+      b.check_ok = false;
+      b.note = fmt::format("{} pages differ", bad);
+    }
+  }
+  return b;
+}
+
+// memory://: one memcpy per page into and out of a second buffer, one thread.
+Baseline MemcpyBaseline(const PageSet& src, PageSet& dst, int64_t batch_pages, int repeats) {
+  Baseline b;
+  b.name = "memcpy";
+  PageSet stored = PageSet::Make(src.page_bytes, src.count);
+  const size_t n = static_cast<size_t>(src.page_bytes);
+  for (int round = 0; round < repeats; ++round) {
+    for (int pass = 0; pass < 2; ++pass) {
+      OpTimes& t = pass == 0 ? b.set : b.get;
+      if (pass == 1) dst.Poison();
+      const auto round_start = Clock::now();
+      for (int64_t first = 0; first < src.count; first += batch_pages) {
+        const auto t0 = Clock::now();
+        for (int64_t i = first; i < std::min(src.count, first + batch_pages); ++i) {
+          if (pass == 0) {
+            std::memcpy(stored.page(i).data(), src.page(i).data(), n);
+          } else {
+            std::memcpy(dst.page(i).data(), stored.page(i).data(), n);
+          }
+        }
+        t.batch_ms.push_back(Seconds(t0, Clock::now()) * 1e3);
+      }
+      t.round_seconds.push_back(Seconds(round_start, Clock::now()));
+    }
+    if (dst.CountDiffering(src) > 0) b.check_ok = false;
+  }
+  return b;
+}
+
+// redis:// and redis+cluster://: redis-benchmark SET and GET of values of the backend's value
+// size (header + page), against the same server(s), as many requests as the backend's rounds
+// moved pages (the bench calls it once per round, between the backend's rounds). The bench keeps
+// one batch in flight at a time, so the baseline runs one client with a pipeline depth of
+// batch_pages: the same requests in flight. Its requests per second become the rate of the rows;
+// its per-request p50/p99 (a request waits for its pipeline, as a page waits for its batch) stand
+// for the batch times.
+//
+// On one server the baseline spreads its requests over as many keys as the backend stores
+// (redis-benchmark -r over a RedisKeySpace filled once per page kind, like the backend's keys,
+// which live from its first round to the end of the kind), so the server keeps the same bytes in
+// memory on both sides; a second, informational run uses redis-benchmark's default of one literal
+// key, whose value stays in the CPU caches. On a cluster only the default is run.
+Result<Baseline> RedisBenchmarkBaseline(const std::string& url, int64_t pages, int64_t page_bytes,
+                                        int64_t key_space, const StorageBenchOptions& o) {
+  RedisBaselineOptions options;
+  options.value_bytes = page_bytes + kStoredPageHeaderBytes;
+  options.clients = 1;
+  options.pipeline = static_cast<int>(o.batch_pages);
+  options.requests = pages * o.repeats;
+  options.key_space = key_space;
+  KVTIER_ASSIGN_OR_RETURN(std::vector<RedisBaselineRow> rows, RunRedisBenchmark(url, options));
+  Baseline b;
+  b.name = key_space > 0 ? fmt::format("redis-benchmark -r{}", key_space) : "redis-benchmark 1 key";
+  b.note = "check: none (its own values)";
+  for (const RedisBaselineRow& row : rows) {
+    OpTimes* t = row.test == "SET" ? &b.set : row.test == "GET" ? &b.get : nullptr;
+    if (t == nullptr || row.requests_per_second <= 0) continue;
+    t->round_seconds = {static_cast<double>(pages) / row.requests_per_second};
+    t->reported_p50_ms = {row.p50_ms};
+    t->reported_p99_ms = {row.p99_ms};
+  }
+  if (b.set.round_seconds.empty() || b.get.round_seconds.empty()) {
+    return Status::Unavailable("redis-benchmark reported no SET or GET rate");
+  }
+  return b;
+}
+
+}  // namespace
+
+// The platform baselines of a scheme for the same pages: the first is the one the backend is
+// measured against, any others are shown beside it; none where the scheme has no baseline.
+// `file_dir`: the file baseline's directory (file:// only); `key_space`: the keys of a
+// RedisKeySpace that exists (redis:// only; 0: none).
+Result<std::vector<Baseline>> RunBaselines(const std::string& scheme, const std::string& file_dir,
+                                           const PageSet& src, PageSet& dst, int64_t key_space,
+                                           const StorageBenchOptions& o) {
+  std::vector<Baseline> baselines;
+  if (scheme == "file") {
+    // N threads first (the reference), one thread beside it.
+    // A direct store (direct=1) is measured against O_DIRECT reads and writes.
+    const bool direct = o.url.find("direct=1") != std::string::npos ||
+                        o.url.find("direct=true") != std::string::npos;
+    for (int threads : {o.io_threads, 1}) {
+      KVTIER_ASSIGN_OR_RETURN(
+          Baseline b, FileBaseline(file_dir, src, dst, o.batch_pages, o.repeats, threads, direct));
+      baselines.push_back(std::move(b));
+      if (o.io_threads == 1) break;
+    }
+  } else if (scheme == "memory") {
+    baselines.push_back(MemcpyBaseline(src, dst, o.batch_pages, o.repeats));
+  } else if (scheme == "redis" || scheme == "redis+cluster") {
+    if (key_space > 0) {
+      KVTIER_ASSIGN_OR_RETURN(
+          Baseline b, RedisBenchmarkBaseline(o.url, src.count, src.page_bytes, key_space, o));
+      baselines.push_back(std::move(b));
+    }
+    KVTIER_ASSIGN_OR_RETURN(Baseline b,
+                            RedisBenchmarkBaseline(o.url, src.count, src.page_bytes, 0, o));
+    baselines.push_back(std::move(b));
+  }
+  return baselines;
+}
+
+}  // namespace kvtier::tools

@@ -1,0 +1,35 @@
+// tools/kvtier/storage_bench_baseline.h — the platform baselines of `kvtier bench --storage`
+// (storage_bench.h): the same pages moved by the platform without kvtier (file://: plain files on
+// N threads and on one; memory://: memcpy; redis://: redis-benchmark), the reference of the
+// backend's "% base".
+//
+// Thread safety: called from the bench's thread (the file baseline starts and joins its own).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kvtier/status.h"
+#include "storage_bench.h"
+#include "storage_bench_pages.h"
+
+namespace kvtier::tools {
+
+// A baseline's times of the same pages, and whether it read back what it wrote.
+struct Baseline {
+  std::string name;
+  OpTimes set, get;
+  bool check_ok = true;
+  std::string note;
+};
+
+// The platform baselines of a scheme for the same pages: the first is the one the backend is
+// measured against, any others are shown beside it; none where the scheme has no baseline.
+// `file_dir`: the file baseline's directory (file:// only); `key_space`: the keys of a
+// RedisKeySpace that exists (redis:// only; 0: none).
+Result<std::vector<Baseline>> RunBaselines(const std::string& scheme, const std::string& file_dir,
+                                           const PageSet& src, PageSet& dst, int64_t key_space,
+                                           const StorageBenchOptions& o);
+
+}  // namespace kvtier::tools
