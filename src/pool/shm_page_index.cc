@@ -226,8 +226,10 @@ void PageIndex::Locked::EvictPage(int32_t p) {
 }
 
 int32_t PageIndex::Locked::EvictOne(int32_t parent) {
-  // `parent` is kept only while it is an evictable leaf itself; then it is an exception to the
-  // scan's "nothing evictable before scan_from" as well, so the scan is not remembered.
+  // While `parent` is an evictable leaf it is skipped, so it is an exception to the scan's
+  // "nothing evictable before scan_from" as well: the scan is not remembered. (Reserve links the
+  // new page to it at once, so it would stop being a leaf anyway; this keeps the hint exact
+  // without relying on that.)
   const bool guarding = parent != kNone && EvictableLeaf(parent);
   int32_t victim = kNone;
   int32_t scan_from = h().lru_head;

@@ -11,11 +11,14 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -24,6 +27,7 @@
 #include "kvtier/storage.h"
 #include "pool/shared_host_pool_test_util.h"
 #include "pool/shm_layout.h"
+#include "support/kv_test_util.h"
 
 namespace kvtier {
 namespace {
@@ -301,6 +305,166 @@ TEST(SharedHostPoolChainTest, ShmStoreRecordsTheParentsOfASet) {
   EXPECT_EQ(info->unreachable_pages, 0);
   EXPECT_EQ(CachedPrefix(*pool, a, ns.Hash()), 2);
   ASSERT_OK(pool->CheckInvariants());
+}
+
+// The segment's eviction against a brute-force model (the least recently used unpinned leaf,
+// never the new page's parent; without one, the least recently used unpinned page), over random
+// forests of pages, pins, single reservations and multi-page Evict calls (which exercise the
+// remembered scan). Every key is probed after every step (a probe pins: it makes a resident page
+// the most recently used, which the model mirrors).
+class EvictionModel {
+ public:
+  struct Page {
+    std::optional<size_t> parent;  // the key index recorded as parent
+    int pins = 0;
+    bool writing = false;  // reserved, not committed: not in `order`, never a victim
+  };
+  std::vector<size_t> order;  // resident keys, least recently used first
+  std::map<size_t, Page> resident;
+
+  int Children(size_t k) const {
+    int n = 0;
+    for (const auto& [key, page] : resident) n += key != k && page.parent == k ? 1 : 0;
+    return n;
+  }
+  // The victim, or nullopt (kNoSpace) when none may go.
+  std::optional<size_t> Victim(std::optional<size_t> protect) const {
+    const auto leaf = [&](size_t k) { return resident.at(k).pins == 0 && Children(k) == 0; };
+    for (size_t k : order) {
+      if (k != protect && leaf(k)) return k;
+    }
+    if (protect && resident.count(*protect) != 0 && !resident.at(*protect).writing &&
+        leaf(*protect)) {
+      return std::nullopt;
+    }
+    for (size_t k : order) {
+      if (k != protect && resident.at(k).pins == 0) return k;
+    }
+    return std::nullopt;
+  }
+  void Remove(size_t k) {
+    resident.erase(k);
+    order.erase(std::find(order.begin(), order.end(), k));
+  }
+  void Touch(size_t k) {
+    order.erase(std::find(order.begin(), order.end(), k));
+    order.push_back(k);
+  }
+};
+
+TEST(SharedHostPoolChainTest, EvictionMatchesABruteForceModel) {
+  const uint64_t seed = testing::TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  constexpr int64_t kRoom = 10;
+  constexpr size_t kKeys = 30;
+  ScopedSegmentName name("model");
+  auto pool = MustCreate(name.get(), kRoom);
+  ASSERT_NE(pool, nullptr);
+  std::vector<PageKey> keys(kKeys);
+  for (size_t i = 0; i < kKeys; ++i) {
+    for (auto& b : keys[i].bytes) b = static_cast<uint8_t>(rng());
+  }
+  EvictionModel model;
+  std::vector<std::pair<size_t, int64_t>> held;  // (key, page) pinned by the test
+  const auto probe = [&](int step) {
+    for (size_t k = 0; k < kKeys; ++k) {
+      auto pages = pool->PinPrefix(kNamespace, std::span(&keys[k], 1));
+      ASSERT_TRUE(pages.ok());
+      ASSERT_EQ(pages->size(), model.resident.count(k)) << "key " << k << " step " << step;
+      if (!pages->empty()) {
+        model.Touch(k);
+        ASSERT_OK(pool->Unpin(*pages));
+      }
+    }
+    ASSERT_OK(pool->CheckInvariants());
+  };
+  for (int step = 0; step < 3000; ++step) {
+    const int op = static_cast<int>(rng() % 10);
+    if (op < 6) {  // reserve + commit a chain of 1-4 fresh keys; the first with a resident
+                   // parent, an absent one or none
+      std::vector<size_t> chain;
+      const size_t length = rng() % 3 == 0 ? 2 + rng() % 3 : 1;
+      for (size_t tries = 0; chain.size() < length && tries < 20; ++tries) {
+        const size_t k = rng() % kKeys;
+        if (model.resident.count(k) == 0 &&
+            std::find(chain.begin(), chain.end(), k) == chain.end()) {
+          chain.push_back(k);
+        }
+      }
+      if (chain.empty()) continue;
+      std::optional<size_t> first_parent;
+      const int how = static_cast<int>(rng() % 4);
+      if (how > 0 && how < 3 && !model.order.empty()) {
+        first_parent = model.order[rng() % model.order.size()];
+      } else if (how == 3) {
+        first_parent = rng() % kKeys;
+        if (std::find(chain.begin(), chain.end(), *first_parent) != chain.end()) {
+          first_parent.reset();
+        }
+      }
+      std::vector<PageKey> chain_keys;
+      std::vector<std::optional<PageKey>> parents;
+      for (size_t i = 0; i < chain.size(); ++i) {
+        chain_keys.push_back(keys[chain[i]]);
+        const std::optional<size_t> parent = i == 0 ? first_parent : chain[i - 1];
+        parents.push_back(parent ? std::optional(keys[*parent]) : std::nullopt);
+      }
+      auto r = pool->Reserve(kNamespace, chain_keys, parents);
+      ASSERT_TRUE(r.ok());
+      std::vector<int64_t> written;
+      for (size_t i = 0; i < chain.size(); ++i) {
+        const std::optional<size_t> parent = i == 0 ? first_parent : chain[i - 1];
+        ReserveOutcome want = ReserveOutcome::kReserved;
+        if (parent && model.resident.count(*parent) == 0) {
+          want = ReserveOutcome::kNoParent;
+        } else if (static_cast<int64_t>(model.resident.size()) == kRoom) {
+          const std::optional<size_t> victim = model.Victim(parent);
+          if (victim) {
+            model.Remove(*victim);
+          } else {
+            want = ReserveOutcome::kNoSpace;
+          }
+        }
+        ASSERT_EQ((*r)[i].outcome, want) << "step " << step << " key " << i;
+        if (want != ReserveOutcome::kReserved) continue;
+        written.push_back((*r)[i].page);
+        model.resident[chain[i]] = {parent, 0, true};
+      }
+      ASSERT_OK(pool->Commit(written));
+      for (size_t k : chain) {
+        if (model.resident.count(k) == 0) continue;
+        model.resident[k].writing = false;
+        model.order.push_back(k);
+      }
+    } else if (op < 8 && !model.order.empty()) {  // pin a resident page and hold it
+      const size_t k = model.order[rng() % model.order.size()];
+      auto pages = pool->PinPrefix(kNamespace, std::span(&keys[k], 1));
+      ASSERT_TRUE(pages.ok());
+      ASSERT_EQ(pages->size(), 1u);
+      held.emplace_back(k, (*pages)[0]);
+      ++model.resident[k].pins;
+      model.Touch(k);
+    } else if (op == 8 && !held.empty()) {  // unpin one held page
+      const size_t i = rng() % held.size();
+      ASSERT_OK(pool->Unpin(std::span(&held[i].second, 1)));
+      --model.resident[held[i].first].pins;
+      held.erase(held.begin() + static_cast<ptrdiff_t>(i));
+    } else if (op == 9) {  // evict several in one call
+      const int64_t n = 1 + static_cast<int64_t>(rng() % 4);
+      int64_t want = 0;
+      for (; want < n; ++want) {
+        const std::optional<size_t> victim = model.Victim(std::nullopt);
+        if (!victim) break;
+        model.Remove(*victim);
+      }
+      auto evicted = pool->Evict(n);
+      ASSERT_TRUE(evicted.ok());
+      ASSERT_EQ(*evicted, want) << "step " << step;
+    }
+    if (rng() % 8 == 0) probe(step);  // a probe touches every resident page: not every step
+    if (::testing::Test::HasFatalFailure()) return;
+  }
 }
 
 // Maps the segment's file to corrupt it.
