@@ -537,6 +537,10 @@ struct CacheStats {
   int64_t storage_backup_dropped_tokens = 0;
   int64_t storage_backup_capacity_tokens = 0;  // not written: the store had no room (kNoSpace)
   int64_t storage_backup_policy_tokens = 0;    // dropped from the device, never copied (policy)
+  // Pages a store wrote past one of its pages that did not make it (unreachable: removed again).
+  int64_t storage_stranded_removed_pages = 0;
+  // Stores held back until a removal of one of their pages (stranded or corrupt) completed.
+  int64_t storage_stores_held = 0;
   int64_t storage_backup_bytes = 0;
   double storage_backup_seconds = 0;
   BandwidthHistogram storage_backup_bandwidth;  // GB/s of each host -> storage write that wrote

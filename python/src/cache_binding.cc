@@ -399,6 +399,8 @@ py::dict StatsDict(const CacheStats& s) {
   KVTIER_STAT_(storage_backup_dropped_tokens);
   KVTIER_STAT_(storage_backup_capacity_tokens);
   KVTIER_STAT_(storage_backup_policy_tokens);
+  KVTIER_STAT_(storage_stranded_removed_pages);
+  KVTIER_STAT_(storage_stores_held);
   KVTIER_STAT_(storage_backup_bytes);
   KVTIER_STAT_(storage_backup_seconds);
   KVTIER_STAT_(device_evicted_tokens);

@@ -181,6 +181,13 @@ void WriteInsertAndBackup(PrometheusTextWriter& w, const CacheStats& s) {
                 {"queue_full", s.storage_backup_dropped_tokens},
                 {"capacity", s.storage_backup_capacity_tokens},
                 {"policy", s.storage_backup_policy_tokens}});
+  w.Counter("kvtier:storage_stranded_removed_pages_total",
+            "Pages a store wrote past one of its pages that failed (no lookup reaches them), "
+            "removed from storage again.",
+            s.storage_stranded_removed_pages);
+  w.Counter("kvtier:storage_stores_held_total",
+            "Stores held back until a removal of one of their pages from storage completed.",
+            s.storage_stores_held);
   WriteTransfers(w,
                  {"kvtier:backup", "Bytes written from host memory to storage.",
                   "Seconds of host -> storage writes, summed (rate(bytes) / rate(seconds) is "

@@ -163,21 +163,7 @@ void Prefetcher::RemoveCorrupt(const CopyOp& op, const Snapshot& s, CacheWork* w
       corrupt.push_back(op.keys[static_cast<size_t>(i)]);
     }
   }
-  const int64_t batch = core_.storage->options().max_batch_pages;
-  for (size_t from = 0; from < corrupt.size(); from += static_cast<size_t>(batch)) {
-    const size_t n = std::min(corrupt.size() - from, static_cast<size_t>(batch));
-    auto remove = std::make_shared<CopyOp>();
-    remove->kind = CopyOp::Kind::kRemove;
-    remove->start = CacheClock::now();
-    remove->keys.assign(corrupt.begin() + static_cast<ptrdiff_t>(from),
-                        corrupt.begin() + static_cast<ptrdiff_t>(from + n));
-    remove->batch_pages = static_cast<int64_t>(n);
-    remove->page_status.assign(n, PageStatus::kSkipped);
-    remove->batch_done.assign(1, 0);
-    remove->batches_left = 1;
-    core_.tracker.Add(remove);
-    work->storage.push_back(std::move(remove));
-  }
+  core_.RemoveFromStorage(corrupt, work);
 }
 
 void Prefetcher::MarkGone(RadixNode* node) {

@@ -57,6 +57,8 @@ TEST(CacheMetricsText, EveryStatLandsInItsMetric) {
   s.storage_backup_dropped_tokens = 33;
   s.storage_backup_capacity_tokens = 34;
   s.storage_backup_policy_tokens = 35;
+  s.storage_stranded_removed_pages = 36;
+  s.storage_stores_held = 37;
   s.prefetch_bytes = 4'000'000'000;
   s.prefetch_seconds = 2.0;
   s.storage_backup_bytes = 1'000'000'000;
@@ -96,6 +98,8 @@ TEST(CacheMetricsText, EveryStatLandsInItsMetric) {
       {"kvtier:storage_backup_skipped_tokens_total{reason=\"queue_full\"}", "33"},
       {"kvtier:storage_backup_skipped_tokens_total{reason=\"capacity\"}", "34"},
       {"kvtier:storage_backup_skipped_tokens_total{reason=\"policy\"}", "35"},
+      {"kvtier:storage_stranded_removed_pages_total", "36"},
+      {"kvtier:storage_stores_held_total", "37"},
       {"kvtier:prefetch_bandwidth_bucket{le=\"0.1\"}", "1"},
       {"kvtier:prefetch_bandwidth_bucket{le=\"1\"}", "1"},
       {"kvtier:prefetch_bandwidth_bucket{le=\"5\"}", "2"},
