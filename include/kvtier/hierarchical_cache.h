@@ -558,8 +558,13 @@ struct CacheStats {
   // Storage faults (misses, never wrong bytes).
   int64_t storage_errors = 0;         // failed or rejected calls and failed pages
   int64_t storage_corrupt_pages = 0;  // corrupt or wrong-namespace pages read
-  int64_t storage_timeouts = 0;       // pages timed out, and prefetches ended by the deadline
-  int64_t storage_queue_drops = 0;    // calls rejected by the backend's queue, skipped backups
+  // Time-outs (kvtier:storage_timeouts_total{op="read"|"write"}). Read: pages a prefetch read
+  // that timed out, lookups (QueryStorage's Exists) that did not complete in time or were
+  // rejected, and prefetches the timeout policy ended at their deadline. Write: pages a backup
+  // to storage wrote that timed out.
+  int64_t storage_read_timeouts = 0;
+  int64_t storage_write_timeouts = 0;
+  int64_t storage_queue_drops = 0;  // calls rejected by the backend's queue, skipped backups
 
   // Retention.
   int64_t pins = 0;          // pins made (Pin calls that covered tokens)

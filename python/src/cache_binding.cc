@@ -412,7 +412,8 @@ py::dict StatsDict(const CacheStats& s) {
   KVTIER_STAT_(eviction_seconds);
   KVTIER_STAT_(storage_errors);
   KVTIER_STAT_(storage_corrupt_pages);
-  KVTIER_STAT_(storage_timeouts);
+  KVTIER_STAT_(storage_read_timeouts);
+  KVTIER_STAT_(storage_write_timeouts);
   KVTIER_STAT_(storage_queue_drops);
   KVTIER_STAT_(pinned_device_tokens);
   KVTIER_STAT_(pinned_host_tokens);

@@ -282,7 +282,7 @@ void BackupPlanner::ReapStore(CopyOp& op, CacheWork* work) {
   }
   core_.counters.storage_backup_failed_tokens +=
       (pages - in_storage - no_space - rejected) * core_.P;
-  core_.CountStorageFaults(op.page_status, op.status);
+  core_.CountStorageFaults(StorageIo::kWrite, op.page_status, op.status);
   // Pages written past the first one that did not make it: no lookup reaches them (it stops at
   // that page), so they would sit in the store stranded until evicted. They go now; the next
   // store of this path writes them again after the missing page (held back until the removal

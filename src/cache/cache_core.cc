@@ -315,7 +315,8 @@ void CacheCore::ReapRemove(const CopyOp& op, CacheWork* work) {
   }
 }
 
-void CacheCore::CountStorageFaults(const std::vector<PageStatus>& statuses, const Status& status) {
+void CacheCore::CountStorageFaults(StorageIo io, const std::vector<PageStatus>& statuses,
+                                   const Status& status) {
   for (PageStatus s : statuses) {
     switch (s) {
       case PageStatus::kCorrupt:
@@ -323,7 +324,8 @@ void CacheCore::CountStorageFaults(const std::vector<PageStatus>& statuses, cons
         ++counters.storage_corrupt_pages;
         break;
       case PageStatus::kTimedOut:
-        ++counters.storage_timeouts;
+        ++(io == StorageIo::kRead ? counters.storage_read_timeouts
+                                  : counters.storage_write_timeouts);
         break;
       case PageStatus::kFailed:
         ++counters.storage_errors;

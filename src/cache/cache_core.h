@@ -116,6 +116,9 @@ struct HandleState {
   PrefetchPolicy prefetch_policy = PrefetchPolicy::kBestEffort;
 };
 
+// Which way a storage operation moved pages (CountStorageFaults counts their time-outs apart).
+enum class StorageIo : uint8_t { kRead, kWrite };
+
 // The storage read bandwidth a cache measured (bytes/s): an exponential moving average over its
 // completed prefetches. Thread-safe (its own mutex): observed from the storage completion threads.
 class ReadBandwidth {
@@ -234,9 +237,10 @@ struct CacheCore {
   // Queues the eviction listener's event for `node` (nothing without a listener).
   void Event(CacheWork* work, CacheTier tier, const RadixNode* node, bool kept_in_host,
              bool kept_in_storage) KVTIER_REQUIRES(kCacheLock);
-  // Counts the storage faults of a completed storage operation (or a snapshot of one).
-  void CountStorageFaults(const std::vector<PageStatus>& statuses, const Status& status)
-      KVTIER_REQUIRES(kCacheLock);
+  // Counts the storage faults of a completed storage operation (or a snapshot of one): a read
+  // (prefetch) or a write (backup), whose time-outs are counted apart.
+  void CountStorageFaults(StorageIo io, const std::vector<PageStatus>& statuses,
+                          const Status& status) KVTIER_REQUIRES(kCacheLock);
 
   // ---- ordering of storage writes (`removing`) -----------------------------------------------
   // Queues the removal of `keys` from storage (batches of the backend's max_batch_pages), run

@@ -216,9 +216,10 @@ void WriteEvictionAndFaults(PrometheusTextWriter& w, const CacheStats& s) {
   w.Counter("kvtier:storage_corrupt_pages_total",
             "Pages read from storage that were corrupt or of another namespace (misses).",
             s.storage_corrupt_pages);
-  w.Counter("kvtier:storage_timeouts_total",
-            "Storage pages that timed out, and prefetches ended by their deadline.",
-            s.storage_timeouts);
+  WriteByLabel(w, "kvtier:storage_timeouts_total", MetricType::kCounter,
+               "Storage time-outs, by operation: read (pages read, lookups, and prefetches ended "
+               "by their deadline) or write (pages written).",
+               "op", {{"read", s.storage_read_timeouts}, {"write", s.storage_write_timeouts}});
   w.Counter("kvtier:storage_queue_drops_total",
             "Storage calls rejected by the backend's full queue, and backups skipped.",
             s.storage_queue_drops);

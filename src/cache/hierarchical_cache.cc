@@ -198,7 +198,7 @@ Result<StorageQueryResult> HierarchicalCache::QueryStorage(MatchHandle handle) {
   CacheLock lk(s);
   if (!found.status.ok()) {
     ++s.counters.storage_errors;
-    if (found.status.code() == StatusCode::kUnavailable) ++s.counters.storage_timeouts;
+    if (found.status.code() == StatusCode::kUnavailable) ++s.counters.storage_read_timeouts;
   }
   KVTIER_ASSIGN_OR_RETURN(HandleState * h, s.FindHandle(handle));
   int64_t pages = std::clamp<int64_t>(found.leading, 0, static_cast<int64_t>(keys->size()));

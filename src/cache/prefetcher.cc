@@ -110,7 +110,8 @@ void Prefetcher::ReleaseUnused(CopyOp& op, const Snapshot& s, int64_t used,
 
 PrefetchState Prefetcher::CountConclusion(const CopyOp& op, const Snapshot& s, int64_t used,
                                           PrefetchPolicy policy, bool cancelled) {
-  core_.CountStorageFaults(s.statuses, s.status);  // the snapshot: batches may still complete
+  // The snapshot: batches may still complete.
+  core_.CountStorageFaults(StorageIo::kRead, s.statuses, s.status);
   core_.counters.prefetched_tokens += used * core_.P;
   core_.counters.prefetch_bytes += used * core_.PageBytes();
   const double seconds = SecondsSince(op.start);
@@ -127,7 +128,7 @@ PrefetchState Prefetcher::CountConclusion(const CopyOp& op, const Snapshot& s, i
   }
   if (policy == PrefetchPolicy::kTimeout && past_deadline && !cancelled && s.gone_from < 0) {
     ++core_.counters.prefetch_timed_out;
-    ++core_.counters.storage_timeouts;
+    ++core_.counters.storage_read_timeouts;
     return PrefetchState::kTimedOut;
   }
   ++core_.counters.prefetch_partial;

@@ -50,7 +50,8 @@ TEST(CacheMetricsText, EveryStatLandsInItsMetric) {
   s.storage_forgotten_tokens = 19;
   s.storage_errors = 21;
   s.storage_corrupt_pages = 22;
-  s.storage_timeouts = 23;
+  s.storage_read_timeouts = 23;
+  s.storage_write_timeouts = 25;
   s.storage_queue_drops = 24;
   s.storage_backup_failed_tokens = 31;
   s.storage_backup_present_tokens = 32;
@@ -91,7 +92,8 @@ TEST(CacheMetricsText, EveryStatLandsInItsMetric) {
       {"kvtier:evicted_tokens_total{tier=\"storage\"}", "19"},
       {"kvtier:storage_errors_total", "21"},
       {"kvtier:storage_corrupt_pages_total", "22"},
-      {"kvtier:storage_timeouts_total", "23"},
+      {"kvtier:storage_timeouts_total{op=\"read\"}", "23"},
+      {"kvtier:storage_timeouts_total{op=\"write\"}", "25"},
       {"kvtier:storage_queue_drops_total", "24"},
       {"kvtier:storage_backup_skipped_tokens_total{reason=\"failed\"}", "31"},
       {"kvtier:storage_backup_skipped_tokens_total{reason=\"already_stored\"}", "32"},
