@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""`kvtier replay` with requests in flight (--concurrency 2) and storage hits, on the cpu device (and one request at a time on a slow store):
+"""`kvtier replay` with requests in flight (--concurrency 2) and storage hits, on the cpu device
+(and one request at a time on a slow store):
 
 - the ideal is a lower bound per request: ideal_ttft_ms <= ttft_ms (+ 2 % and 0.25 ms of timer
   noise) for every request. The run's prefetch starts at the request's Match and overlaps its
