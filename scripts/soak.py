@@ -159,7 +159,7 @@ def run_worker(args):
             stats = cache.stats()
             for key in ("device_hit_tokens", "host_hit_tokens", "storage_hit_tokens",
                         "prefetched_tokens", "shared_host_hit_tokens", "storage_errors",
-                        "storage_timeouts"):
+                        "storage_read_timeouts", "storage_write_timeouts"):
                 if key in stats:
                     counts[key] = stats[key]
         except Exception:  # noqa: BLE001 (a closed cache: the last figures stay)
@@ -525,7 +525,7 @@ def main():
             last = read_report(name)
             # The cache's own counters of the last run (a killed worker's restarted one).
             hits = {k: v for k, v in last.items() if k.endswith("_tokens") or
-                    k in ("storage_errors", "storage_timeouts")}
+                    k in ("storage_errors", "storage_read_timeouts", "storage_write_timeouts")}
             results[name] = dict(w["totals"], restarts=w["restarts"],
                                  last_error=last.get("last_error", ""),
                                  max_request_s=last.get("max_request_s", 0), cache=hits)

@@ -537,6 +537,10 @@ struct CacheStats {
   int64_t storage_backup_dropped_tokens = 0;
   int64_t storage_backup_capacity_tokens = 0;  // not written: the store had no room (kNoSpace)
   int64_t storage_backup_policy_tokens = 0;    // dropped from the device, never copied (policy)
+  // Pages a store wrote past one of its pages that did not make it (unreachable: removed again).
+  int64_t storage_stranded_removed_pages = 0;
+  // Stores held back until a removal of one of their pages (stranded or corrupt) completed.
+  int64_t storage_stores_held = 0;
   int64_t storage_backup_bytes = 0;
   double storage_backup_seconds = 0;
   BandwidthHistogram storage_backup_bandwidth;  // GB/s of each host -> storage write that wrote
@@ -554,8 +558,13 @@ struct CacheStats {
   // Storage faults (misses, never wrong bytes).
   int64_t storage_errors = 0;         // failed or rejected calls and failed pages
   int64_t storage_corrupt_pages = 0;  // corrupt or wrong-namespace pages read
-  int64_t storage_timeouts = 0;       // pages timed out, and prefetches ended by the deadline
-  int64_t storage_queue_drops = 0;    // calls rejected by the backend's queue, skipped backups
+  // Time-outs (kvtier:storage_timeouts_total{op="read"|"write"}). Read: pages a prefetch read
+  // that timed out, lookups (QueryStorage's Exists) that did not complete in time or were
+  // rejected, and prefetches the timeout policy ended at their deadline. Write: pages a backup
+  // to storage wrote that timed out.
+  int64_t storage_read_timeouts = 0;
+  int64_t storage_write_timeouts = 0;
+  int64_t storage_queue_drops = 0;  // calls rejected by the backend's queue, skipped backups
 
   // Retention.
   int64_t pins = 0;          // pins made (Pin calls that covered tokens)

@@ -119,8 +119,9 @@ struct ExistsResult {
 // returned unchanged.
 std::string RedactUrl(std::string_view url);
 
-// Bytes the stored format adds to every page: a file or a Redis value holds the page's bytes
-// after a header of this size (src/storage/page_format.h describes it).
+// Bytes the stored format adds to every page in a memory or Redis value: the page's bytes follow
+// a header of this size (src/storage/page_format.h describes it; a file store's page file puts
+// them at 4 KiB, after a longer header naming the page's parent).
 inline constexpr int64_t kStoredPageHeaderBytes = 72;
 
 // Bounds and help of every field: StorageOptionsSchema.

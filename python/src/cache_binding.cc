@@ -399,6 +399,8 @@ py::dict StatsDict(const CacheStats& s) {
   KVTIER_STAT_(storage_backup_dropped_tokens);
   KVTIER_STAT_(storage_backup_capacity_tokens);
   KVTIER_STAT_(storage_backup_policy_tokens);
+  KVTIER_STAT_(storage_stranded_removed_pages);
+  KVTIER_STAT_(storage_stores_held);
   KVTIER_STAT_(storage_backup_bytes);
   KVTIER_STAT_(storage_backup_seconds);
   KVTIER_STAT_(device_evicted_tokens);
@@ -410,7 +412,8 @@ py::dict StatsDict(const CacheStats& s) {
   KVTIER_STAT_(eviction_seconds);
   KVTIER_STAT_(storage_errors);
   KVTIER_STAT_(storage_corrupt_pages);
-  KVTIER_STAT_(storage_timeouts);
+  KVTIER_STAT_(storage_read_timeouts);
+  KVTIER_STAT_(storage_write_timeouts);
   KVTIER_STAT_(storage_queue_drops);
   KVTIER_STAT_(pinned_device_tokens);
   KVTIER_STAT_(pinned_host_tokens);

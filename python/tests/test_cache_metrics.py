@@ -71,6 +71,11 @@ def test_metrics_parse_with_sglang_names_and_types():
         assert value(samples, "kvtier:cached_tokens_total", cache_source=source) == 0
     for tier in ("device", "host", "storage"):
         assert value(samples, "kvtier:evicted_tokens_total", tier=tier) == 0
+    stats = cache.stats()
+    for op in ("read", "write"):
+        assert value(samples, "kvtier:storage_timeouts_total", op=op) == 0
+        assert stats["storage_%s_timeouts" % op] == 0
+    assert "storage_timeouts" not in stats
     assert value(samples, "kvtier:hicache_host_total_tokens") == 2 * N  # host_ratio 2
     assert value(samples, "kvtier:load_back_duration_seconds_bucket", le="+Inf") == 0
     # SGLang's buckets: GB/s for the bandwidths, seconds (finer below 1 ms) for evictions.

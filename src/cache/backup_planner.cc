@@ -202,7 +202,7 @@ bool BackupPlanner::Store(RadixNode* node, CacheWork* work, bool* deferred) {
   core_.store_queue_pages += pages;
   core_.counters.storage_backup_inflight_tokens += tokens;
   core_.tracker.Add(op);
-  work->storage.push_back(std::move(op));
+  core_.SubmitStore(std::move(op), work);  // held back while a removal of one of its keys runs
   return true;
 }
 
@@ -277,7 +277,19 @@ void BackupPlanner::ReapStore(CopyOp& op, CacheWork* work) {
   }
   core_.counters.storage_backup_failed_tokens +=
       (pages - in_storage - no_space - rejected) * core_.P;
-  core_.CountStorageFaults(op.page_status, op.status);
+  core_.CountStorageFaults(StorageIo::kWrite, op.page_status, op.status);
+  // Pages written past the first one that did not make it: no lookup reaches them (it stops at
+  // that page), so they would sit in the store stranded until evicted. They go now; the next
+  // store of this path writes them again after the missing page (held back until the removal
+  // completed: CacheCore::SubmitStore).
+  std::vector<PageKey> stranded;
+  for (int64_t i = ok + 1; i < pages; ++i) {
+    if (op.page_status[static_cast<size_t>(i)] == PageStatus::kOk) {
+      stranded.push_back(op.keys[static_cast<size_t>(i)]);
+    }
+  }
+  core_.counters.storage_stranded_removed_pages += static_cast<int64_t>(stranded.size());
+  core_.RemoveFromStorage(stranded, work);
   // Mark stored the nodes (or the leading part of the node) whose pages all made it.
   std::vector<RadixNode*> nodes = std::move(op.nodes);
   std::sort(nodes.begin(), nodes.end(), [](const RadixNode* a, const RadixNode* b) {

@@ -55,10 +55,37 @@ Status ExpectFromHandlesAndOps(const CacheCore& s, Expected* e, std::vector<uint
   return Status::OK();
 }
 
+// Storage writes of one key never overlap: `removing` counts exactly the keys of the removals
+// in flight, no store that may be submitted names one of them, and every held store does.
+Status CheckStorageWriteOrder(const CacheCore& s) KVTIER_REQUIRES(kCacheLock) {
+  std::unordered_map<PageKey, int64_t, PageKeyHash> removals;
+  s.tracker.ForEachOp([&](const std::shared_ptr<CopyOp>& op) {
+    if (op->kind != CopyOp::Kind::kRemove) return;
+    for (const PageKey& key : op->keys) ++removals[key];
+  });
+  if (removals != s.removing) {
+    return Status::Internal(fmt::format("removals in flight name {} keys, {} recorded",
+                                        removals.size(), s.removing.size()));
+  }
+  Status st;
+  s.tracker.ForEachOp([&](const std::shared_ptr<CopyOp>& op) KVTIER_REQUIRES(kCacheLock) {
+    if (!st.ok()) return;
+    if (op->held && op->kind != CopyOp::Kind::kStore) {
+      st = Status::Internal("a held operation that is not a store");
+    } else if (op->kind == CopyOp::Kind::kStore && op->held != s.RemovalPending(op->keys)) {
+      st = Status::Internal(
+          op->held ? "a store is held though no removal of its keys is in flight"
+                   : "a store may be submitted while a removal of one of its keys is in flight");
+    }
+  });
+  return st;
+}
+
 }  // namespace
 
 Status CheckCacheConsistency(const CacheCore& s) {
   KVTIER_RETURN_IF_ERROR(s.tree.CheckInvariants());
+  KVTIER_RETURN_IF_ERROR(CheckStorageWriteOrder(s));
   if (s.events && s.events->nodes_without_keys() > 0) {  // they would be missing from the events
     return Status::Internal(fmt::format("kv events: {} tier changes of nodes without page keys",
                                         s.events->nodes_without_keys()));

@@ -260,7 +260,63 @@ void CacheCore::Event(CacheWork* work, CacheTier tier, const RadixNode* node, bo
                                     node->num_tokens(), kept_in_host, kept_in_storage});
 }
 
-void CacheCore::CountStorageFaults(const std::vector<PageStatus>& statuses, const Status& status) {
+void CacheCore::RemoveFromStorage(std::span<const PageKey> keys, CacheWork* work) {
+  const size_t batch = static_cast<size_t>(storage->options().max_batch_pages);
+  for (size_t from = 0; from < keys.size(); from += batch) {
+    const size_t n = std::min(keys.size() - from, batch);
+    auto remove = std::make_shared<CopyOp>();
+    remove->kind = CopyOp::Kind::kRemove;
+    remove->start = CacheClock::now();
+    remove->keys.assign(keys.begin() + static_cast<ptrdiff_t>(from),
+                        keys.begin() + static_cast<ptrdiff_t>(from + n));
+    remove->batch_pages = static_cast<int64_t>(n);
+    remove->page_status.assign(n, PageStatus::kSkipped);
+    remove->batch_done.assign(1, 0);
+    remove->batches_left = 1;
+    for (const PageKey& key : remove->keys) ++removing[key];
+    tracker.Add(remove);
+    work->storage.push_back(std::move(remove));
+  }
+}
+
+bool CacheCore::RemovalPending(std::span<const PageKey> keys) const {
+  if (removing.empty()) return false;
+  for (const PageKey& key : keys) {
+    if (removing.count(key) != 0) return true;
+  }
+  return false;
+}
+
+void CacheCore::SubmitStore(std::shared_ptr<CopyOp> op, CacheWork* work) {
+  if (RemovalPending(op->keys)) {
+    op->held = true;
+    ++counters.storage_stores_held;
+    return;
+  }
+  work->storage.push_back(std::move(op));
+}
+
+void CacheCore::ReapRemove(const CopyOp& op, CacheWork* work) {
+  for (const PageKey& key : op.keys) {
+    auto it = removing.find(key);
+    if (it == removing.end()) {
+      Fail(Status::Internal("a removal's key is not recorded as being removed"),
+           "reaping a removal");
+      return;
+    }
+    if (--it->second == 0) removing.erase(it);
+  }
+  ++removals_reaped;
+  for (const auto& held : tracker.ops()) {
+    if (held->held && !RemovalPending(held->keys)) {
+      held->held = false;
+      work->storage.push_back(held);
+    }
+  }
+}
+
+void CacheCore::CountStorageFaults(StorageIo io, const std::vector<PageStatus>& statuses,
+                                   const Status& status) {
   for (PageStatus s : statuses) {
     switch (s) {
       case PageStatus::kCorrupt:
@@ -268,7 +324,8 @@ void CacheCore::CountStorageFaults(const std::vector<PageStatus>& statuses, cons
         ++counters.storage_corrupt_pages;
         break;
       case PageStatus::kTimedOut:
-        ++counters.storage_timeouts;
+        ++(io == StorageIo::kRead ? counters.storage_read_timeouts
+                                  : counters.storage_write_timeouts);
         break;
       case PageStatus::kFailed:
         ++counters.storage_errors;

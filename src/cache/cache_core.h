@@ -22,12 +22,14 @@
 //   handles       live MatchHandles: the node each pins (ancestors included), the tokens after
 //                 the match (for QueryStorage), a running prefetch and, on a GPU, its load-back;
 //   tracker       operations in flight. Each marked its nodes busy once (a split hands the mark to
-//                 both halves: the split hook); a busy node is evictable in no tier.
+//                 both halves: the split hook); a busy node is evictable in no tier;
+//   removing      the keys of the removals from storage in flight; a store naming one is held.
 // Invariants (HierarchicalCache::CheckConsistency): the tree's device pages are exactly the
 // ledger's kTree pages; the ledger's kCopy pages are exactly the load-backs' unpublished pages; the
 // host allocator's used pages are the tree's host pages plus the prefetches' filling pages; every
 // node's ref_count equals the number of live handles pinning it or a descendant, and its busy count
-// the number of operations that list it.
+// the number of operations that list it; `removing` holds the keys of the removals in flight, and
+// a store is held exactly while one of its keys is in it.
 //
 // Locking discipline: every public call takes `mu`, does bookkeeping only, and collects into a
 // CacheWork what must happen outside it — submitting copies (cpu pool, inline, or a CUDA stream)
@@ -114,6 +116,9 @@ struct HandleState {
   PrefetchPolicy prefetch_policy = PrefetchPolicy::kBestEffort;
 };
 
+// Which way a storage operation moved pages (CountStorageFaults counts their time-outs apart).
+enum class StorageIo : uint8_t { kRead, kWrite };
+
 // The storage read bandwidth a cache measured (bytes/s): an exponential moving average over its
 // completed prefetches. Thread-safe (its own mutex): observed from the storage completion threads.
 class ReadBandwidth {
@@ -159,6 +164,16 @@ struct CacheCore {
   int64_t filling_pages KVTIER_GUARDED_BY(kCacheLock) = 0;
   // Host -> storage pages queued or running.
   int64_t store_queue_pages KVTIER_GUARDED_BY(kCacheLock) = 0;
+  // Keys with a removal from storage in flight (RemoveFromStorage until ReapRemove), each with the
+  // number of removals naming it. A store naming one is held back until none does: the removal
+  // and the store are submitted after the lock by whichever calls queued them (in any order across
+  // threads), and storage orders no two writes of one key, so a Remove landing after the store's
+  // Set (or after its Exists found the page present) would leave the tree marking stored a page
+  // the store no longer holds.
+  std::unordered_map<PageKey, int64_t, PageKeyHash> removing KVTIER_GUARDED_BY(kCacheLock);
+  // Removals reaped so far: an Exists that ran while one was in flight may have seen its pages
+  // before they went (QueryStorage trusts no answer across a change of it).
+  int64_t removals_reaped KVTIER_GUARDED_BY(kCacheLock) = 0;
   // An internal failure makes the cache unusable.
   Status health KVTIER_GUARDED_BY(kCacheLock);
   // The first failed backup since WaitForBackups last said so.
@@ -222,9 +237,27 @@ struct CacheCore {
   // Queues the eviction listener's event for `node` (nothing without a listener).
   void Event(CacheWork* work, CacheTier tier, const RadixNode* node, bool kept_in_host,
              bool kept_in_storage) KVTIER_REQUIRES(kCacheLock);
-  // Counts the storage faults of a completed storage operation (or a snapshot of one).
-  void CountStorageFaults(const std::vector<PageStatus>& statuses, const Status& status)
+  // Counts the storage faults of a completed storage operation (or a snapshot of one): a read
+  // (prefetch) or a write (backup), whose time-outs are counted apart.
+  void CountStorageFaults(StorageIo io, const std::vector<PageStatus>& statuses,
+                          const Status& status) KVTIER_REQUIRES(kCacheLock);
+
+  // ---- ordering of storage writes (`removing`) -----------------------------------------------
+  // Queues the removal of `keys` from storage (batches of the backend's max_batch_pages), run
+  // with `work`: pages no lookup can use (corrupt ones, and pages stored past a page whose write
+  // failed, which a lookup never reaches). The callers remove keys of nodes neither stored nor
+  // storing, so no registered store names one of them (the tree gives a key one node, and a node
+  // one store at a time); CheckCacheConsistency checks it.
+  void RemoveFromStorage(std::span<const PageKey> keys, CacheWork* work)
       KVTIER_REQUIRES(kCacheLock);
+  // Whether one of `keys` has a removal in flight.
+  bool RemovalPending(std::span<const PageKey> keys) const KVTIER_REQUIRES(kCacheLock);
+  // A registered store (REQUIRES: tracker.Add'ed): queued with `work`, or held back (`held`)
+  // while one of its keys has a removal in flight; ReapRemove queues it when none has.
+  void SubmitStore(std::shared_ptr<CopyOp> op, CacheWork* work) KVTIER_REQUIRES(kCacheLock);
+  // A completed removal: its keys are no longer pending, and the held stores none of whose keys
+  // is pending now are queued with `work`, in the order they were registered.
+  void ReapRemove(const CopyOp& op, CacheWork* work) KVTIER_REQUIRES(kCacheLock);
 };
 
 // The invariants above, checked; Internal naming the first that does not hold.

@@ -181,6 +181,13 @@ void WriteInsertAndBackup(PrometheusTextWriter& w, const CacheStats& s) {
                 {"queue_full", s.storage_backup_dropped_tokens},
                 {"capacity", s.storage_backup_capacity_tokens},
                 {"policy", s.storage_backup_policy_tokens}});
+  w.Counter("kvtier:storage_stranded_removed_pages_total",
+            "Pages a store wrote past one of its pages that failed (no lookup reaches them), "
+            "removed from storage again.",
+            s.storage_stranded_removed_pages);
+  w.Counter("kvtier:storage_stores_held_total",
+            "Stores held back until a removal of one of their pages from storage completed.",
+            s.storage_stores_held);
   WriteTransfers(w,
                  {"kvtier:backup", "Bytes written from host memory to storage.",
                   "Seconds of host -> storage writes, summed (rate(bytes) / rate(seconds) is "
@@ -209,9 +216,10 @@ void WriteEvictionAndFaults(PrometheusTextWriter& w, const CacheStats& s) {
   w.Counter("kvtier:storage_corrupt_pages_total",
             "Pages read from storage that were corrupt or of another namespace (misses).",
             s.storage_corrupt_pages);
-  w.Counter("kvtier:storage_timeouts_total",
-            "Storage pages that timed out, and prefetches ended by their deadline.",
-            s.storage_timeouts);
+  WriteByLabel(w, "kvtier:storage_timeouts_total", MetricType::kCounter,
+               "Storage time-outs, by operation: read (pages read, lookups, and prefetches ended "
+               "by their deadline) or write (pages written).",
+               "op", {{"read", s.storage_read_timeouts}, {"write", s.storage_write_timeouts}});
   w.Counter("kvtier:storage_queue_drops_total",
             "Storage calls rejected by the backend's full queue, and backups skipped.",
             s.storage_queue_drops);

@@ -81,7 +81,8 @@ void CacheParts::Reap(CacheWork* work) {
       case CopyOp::Kind::kStore:
         planner.ReapStore(*op, work);
         break;
-      case CopyOp::Kind::kRemove:  // nothing to apply: the tree forgot the pages at Conclude
+      case CopyOp::Kind::kRemove:  // the tree forgot the pages already; held stores may go
+        ReapRemove(*op, work);
         break;
     }
   });
@@ -109,6 +110,7 @@ void CacheParts::Drain(CacheLock& lk, CacheWork* work, bool backups_only) {
     std::vector<std::shared_ptr<CopyOp>> waits;
     for (const auto& op : tracker.ops()) {
       if (op->kind == CopyOp::Kind::kPrefetch && !op->concluded) continue;  // its handle's
+      if (op->held) continue;  // submitted when the removal it waits for (waited here) is reaped
       if (backups_only && op->kind != CopyOp::Kind::kBackup && op->kind != CopyOp::Kind::kStore &&
           op->kind != CopyOp::Kind::kRemove) {
         continue;

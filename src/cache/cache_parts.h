@@ -44,8 +44,9 @@ struct CacheParts : CacheCore {
   // prefetches.
   void OnSplit(RadixNode* upper, RadixNode* lower) KVTIER_REQUIRES(kCacheLock);
   // Waits for every operation in flight (outside the lock; backups_only: device -> host and
-  // host -> storage copies and removals of corrupt pages only; never an unconcluded prefetch, which
-  // its handle takes) until none is left, running `work` first.
+  // host -> storage copies and removals from storage only; never an unconcluded prefetch, which
+  // its handle takes) until none is left, running `work` first. A store held back behind a removal
+  // is waited for after the removal (whose reaping queues it).
   void Drain(CacheLock& lk, CacheWork* work, bool backups_only) KVTIER_REQUIRES(kCacheLock);
 
   CopyExecutor executor;

@@ -38,7 +38,8 @@ struct CopyOp {
     kLoad,      // host -> device (LoadBack)
     kPrefetch,  // storage -> host
     kStore,     // host -> storage
-    kRemove,    // storage objects found corrupt, removed so that the next store writes them again
+    kRemove,    // storage objects no lookup can use (corrupt, or past a page a store did not
+                // write), removed so that the next store writes them again
   };
   Kind kind = Kind::kBackup;
   bool gpu = false;         // completion through `event` (kBackup, kLoad on a GPU backend)
@@ -52,6 +53,9 @@ struct CopyOp {
   // must free when the operation has completed.
   std::vector<int64_t> free_on_completion;
   bool concluded = false;  // kPrefetch: its result was taken (FinishPrefetch / Release)
+  // kStore: registered, not submitted: one of its keys has a removal in flight
+  // (CacheCore::removing); queued when the last such removal is reaped (CacheCore::ReapRemove).
+  bool held = false;
   // kPrefetch: leading pages already handed to the tree (a streamed LoadBack takes the arrived
   // prefix while the rest is still being read); `pages` before this index are the tree's.
   int64_t handed_pages = 0;

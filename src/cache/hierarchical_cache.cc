@@ -160,8 +160,10 @@ Result<StorageQueryResult> HierarchicalCache::QueryStorage(MatchHandle handle) {
   std::optional<PageKey> previous;
   std::string ns;
   RadixNode* last = nullptr;
+  int64_t removals_reaped = 0;
   {
     CacheLock lk(s);
+    removals_reaped = s.removals_reaped;
     KVTIER_ASSIGN_OR_RETURN(HandleState * h, s.FindHandle(handle));
     for (RadixNode* n : CacheCore::Path(h->last)) {
       if (!n->on_device() && !n->on_host() && n->stored()) out.storage_tokens += n->num_tokens();
@@ -196,10 +198,18 @@ Result<StorageQueryResult> HierarchicalCache::QueryStorage(MatchHandle handle) {
   CacheLock lk(s);
   if (!found.status.ok()) {
     ++s.counters.storage_errors;
-    if (found.status.code() == StatusCode::kUnavailable) ++s.counters.storage_timeouts;
+    if (found.status.code() == StatusCode::kUnavailable) ++s.counters.storage_read_timeouts;
   }
   KVTIER_ASSIGN_OR_RETURN(HandleState * h, s.FindHandle(handle));
-  const int64_t pages = std::clamp<int64_t>(found.leading, 0, static_cast<int64_t>(keys->size()));
+  int64_t pages = std::clamp<int64_t>(found.leading, 0, static_cast<int64_t>(keys->size()));
+  // A page with a removal in flight may have been seen before it went, and so may any page if a
+  // removal completed meanwhile: the answer counts up to the first such page (none then).
+  if (s.removals_reaped != removals_reaped) pages = 0;
+  for (int64_t i = 0; i < pages; ++i) {
+    if (s.RemovalPending(std::span<const PageKey>(*keys).subspan(static_cast<size_t>(i), 1))) {
+      pages = i;
+    }
+  }
   if (pages > 0 && h->last == last && h->rest == rest) {
     const size_t n = static_cast<size_t>(pages * s.P);
     RadixNode* deepest =

@@ -110,7 +110,8 @@ void Prefetcher::ReleaseUnused(CopyOp& op, const Snapshot& s, int64_t used,
 
 PrefetchState Prefetcher::CountConclusion(const CopyOp& op, const Snapshot& s, int64_t used,
                                           PrefetchPolicy policy, bool cancelled) {
-  core_.CountStorageFaults(s.statuses, s.status);  // the snapshot: batches may still complete
+  // The snapshot: batches may still complete.
+  core_.CountStorageFaults(StorageIo::kRead, s.statuses, s.status);
   core_.counters.prefetched_tokens += used * core_.P;
   core_.counters.prefetch_bytes += used * core_.PageBytes();
   const double seconds = SecondsSince(op.start);
@@ -127,7 +128,7 @@ PrefetchState Prefetcher::CountConclusion(const CopyOp& op, const Snapshot& s, i
   }
   if (policy == PrefetchPolicy::kTimeout && past_deadline && !cancelled && s.gone_from < 0) {
     ++core_.counters.prefetch_timed_out;
-    ++core_.counters.storage_timeouts;
+    ++core_.counters.storage_read_timeouts;
     return PrefetchState::kTimedOut;
   }
   ++core_.counters.prefetch_partial;
@@ -163,21 +164,7 @@ void Prefetcher::RemoveCorrupt(const CopyOp& op, const Snapshot& s, CacheWork* w
       corrupt.push_back(op.keys[static_cast<size_t>(i)]);
     }
   }
-  const int64_t batch = core_.storage->options().max_batch_pages;
-  for (size_t from = 0; from < corrupt.size(); from += static_cast<size_t>(batch)) {
-    const size_t n = std::min(corrupt.size() - from, static_cast<size_t>(batch));
-    auto remove = std::make_shared<CopyOp>();
-    remove->kind = CopyOp::Kind::kRemove;
-    remove->start = CacheClock::now();
-    remove->keys.assign(corrupt.begin() + static_cast<ptrdiff_t>(from),
-                        corrupt.begin() + static_cast<ptrdiff_t>(from + n));
-    remove->batch_pages = static_cast<int64_t>(n);
-    remove->page_status.assign(n, PageStatus::kSkipped);
-    remove->batch_done.assign(1, 0);
-    remove->batches_left = 1;
-    core_.tracker.Add(remove);
-    work->storage.push_back(std::move(remove));
-  }
+  core_.RemoveFromStorage(corrupt, work);
 }
 
 void Prefetcher::MarkGone(RadixNode* node) {

@@ -9,7 +9,8 @@
 // evicts in. When a leaf goes, its parent becomes a leaf with its own recency, so a cold chain is
 // taken tail first, page by page, and a hot tail keeps its whole prefix stored.
 //
-// Pages whose parent is unknown (written without one, or found on disk at a restart) are roots:
+// Pages whose parent is unknown (written without one; in a file store, found at a restart in a
+// page file of format version 1, or written by another process) are roots:
 // evicted in plain LRU order among the leaves. A parent link may name a page not stored (yet):
 // the link counts from the moment that page is stored. Cycles of parent links cannot come from
 // page keys (each key hashes its parent's), but a caller may pass any link: when no page is a
@@ -93,34 +94,62 @@ class ChainLru {
     return bytes;
   }
 
+  // Why Victim chose what it chose.
+  enum class VictimReason : uint8_t {
+    kNone,  // nothing to evict: nothing but `keep` (or nothing) stored, or every page skipped
+    kLeaf,  // the least recently used leaf other than `keep`
+    // `keep`, the only leaf: the page just written is the tail of a chain longer than the room
+    // (the tail goes, the head stays); it would be chosen without `skip` too.
+    kKeepTail,
+    // `keep`, because pages `skip` names leave nothing else: without `skip` another page would go
+    // (a store refuses the new page rather than evict it for pins).
+    kKeepSkipped,
+    // A page other than `keep` that is no leaf: no leaf could go (a cycle of links, or every
+    // leaf skipped).
+    kNotALeaf,
+  };
+  struct VictimChoice {
+    std::optional<Key> key;  // nullopt exactly when kNone
+    VictimReason reason = VictimReason::kNone;
+  };
+
   // The page to evict next: the least recently used leaf other than `keep`; `keep` itself when it
   // is the only leaf and not the only page (the page just written is the tail of a chain longer
   // than the room: the tail goes, the head stays); with no leaf at all (a cycle of links), the
-  // least recently used page other than `keep`. nullopt when nothing but `keep` (or nothing) is
+  // least recently used page other than `keep`. None when nothing but `keep` (or nothing) is
   // stored. Pages `skip` names (pinned ones) are never chosen; when they leave nothing else,
-  // `keep` is (the new page goes rather than a pinned one), and nullopt when `keep` is skipped too.
+  // `keep` is (the new page goes rather than a pinned one; kKeepSkipped), and none when `keep` is
+  // skipped too. The reason tells these cases apart.
   template <typename Skip>
-  std::optional<Key> Victim(const Key* keep, const Skip& skip) const {
+  VictimChoice Victim(const Key* keep, const Skip& skip) const {
     if (entries_.empty() || (entries_.size() == 1 && keep != nullptr && entries_.count(*keep))) {
-      return std::nullopt;
+      return {};
     }
     const auto is_keep = [keep](const Key& key) { return keep != nullptr && key == *keep; };
-    bool keep_is_leaf = false;
+    bool keep_is_leaf = false, skipped_a_leaf = false;
     for (const auto& [seq, key] : leaves_) {
       if (is_keep(key)) {
         keep_is_leaf = true;
       } else if (!skip(key)) {
-        return key;
+        return {key, VictimReason::kLeaf};
+      } else {
+        skipped_a_leaf = true;
       }
     }
-    if (keep_is_leaf && !skip(*keep)) return *keep;
-    for (const auto& [seq, key] : order_) {
-      if (!is_keep(key) && !skip(key)) return key;
+    if (keep_is_leaf && !skip(*keep)) {
+      return {*keep, skipped_a_leaf ? VictimReason::kKeepSkipped : VictimReason::kKeepTail};
     }
-    if (keep != nullptr && entries_.count(*keep) != 0 && !skip(*keep)) return *keep;
-    return std::nullopt;
+    for (const auto& [seq, key] : order_) {
+      if (!is_keep(key) && !skip(key)) return {key, VictimReason::kNotALeaf};
+    }
+    // Here every page but `keep` (there is one: see the first check) is skipped, and `keep` is no
+    // leaf: without `skip` one of them would go.
+    if (keep != nullptr && entries_.count(*keep) != 0 && !skip(*keep)) {
+      return {*keep, VictimReason::kKeepSkipped};
+    }
+    return {};
   }
-  std::optional<Key> Victim(const Key* keep) const {
+  VictimChoice Victim(const Key* keep) const {
     return Victim(keep, [](const Key&) { return false; });
   }
 

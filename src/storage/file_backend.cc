@@ -37,6 +37,7 @@
 #include "storage/file_index.h"
 #include "storage/file_io.h"
 #include "storage/file_page_io.h"
+#include "storage/page_format.h"
 #include "storage/page_pins.h"
 #include "storage/storage_url.h"
 #include "util/log.h"
@@ -102,7 +103,9 @@ class FileBackend final : public StorageBackend {
     Fd ns_dir;
     KVTIER_RETURN_IF_ERROR(EnsureNamespaceDir(&ns_dir));
     if (config_.direct) KVTIER_RETURN_IF_ERROR(ProbeDirect(ns_dir.get()));
-    KVTIER_ASSIGN_OR_RETURN(std::vector<FileIndex::Found> found, ScanPages(ns_dir.get()));
+    KVTIER_ASSIGN_OR_RETURN(std::vector<FileIndex::Found> found,
+                            ScanPages(ns_dir.get(), namespace_hash_));
+    LogOldPages(found);
     int64_t capacity = 0;
     if (config_.capacity) {
       capacity = *config_.capacity;
@@ -226,6 +229,23 @@ class FileBackend final : public StorageBackend {
     }
     std::atomic_store(&root_, std::shared_ptr<const Fd>(std::make_shared<Fd>(fd)));
     return Status::OK();
+  }
+
+  // Says once how many pages found at open carry no parent: of format version 1 (written before
+  // headers named parents) or with a header that does not check out. They are roots of the
+  // eviction order (plain LRU among the leaves) until written again.
+  void LogOldPages(const std::vector<FileIndex::Found>& found) const {
+    int64_t old = 0, unreadable = 0;
+    for (const auto& f : found) {
+      old += f.version == kPageFormatV1;
+      unreadable += f.version == 0;
+    }
+    if (old == 0 && unreadable == 0) return;
+    util::Log(util::LogLevel::kInfo,
+              "storage {}: of the {} pages found at open, {} are of page format version 1 (no "
+              "parent recorded) and {} have a header that does not check out (misses when read); "
+              "they are evicted in plain LRU order",
+              url(), found.size(), old, unreadable);
   }
 
   // The namespace directory beneath the root, made if missing; the root made again first if it
@@ -399,8 +419,8 @@ class FileBackend final : public StorageBackend {
                 hex.substr(0, 2), temp, std::strerror(errno));
       return PageStatus::kFailed;
     }
-    bool ok =
-        io_.WritePage(fd.get(), key, buffer) && (!config_.fsync || ::fdatasync(fd.get()) == 0);
+    bool ok = io_.WritePage(fd.get(), key, buffer, parent) &&
+              (!config_.fsync || ::fdatasync(fd.get()) == 0);
     int64_t stamp = 0;
     if (ok) {
       stamp = index_->NextStamp();

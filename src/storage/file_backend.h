@@ -8,7 +8,10 @@
 // file is a page value (page_format.h) with the payload moved to offset kFilePayloadOffset: the
 // header, zeros up to 4 KiB, then the payload, so the payload is page-aligned in the page cache
 // and the kernel's copy into the caller's buffer runs aligned (a Get checks that the padding is
-// zero).
+// zero). The header is of format version 2, naming the page's parent when the Set gave one (the
+// restart scan reads it back: below; the header rather than an xattr, which tmpfs and some file
+// systems drop, or the file's name, as a Get opens a page by its key alone); files of version 1
+// (older kvtier) read as before.
 //
 // Safe paths: <dir> is the user's path, opened once (symlinks in it are the user's choice);
 // everything beneath it is opened relative to that handle with no symlink followed (file_io.h,
@@ -49,9 +52,11 @@
 // since); processes sharing a directory do not share one count.
 // The LRU order lives in the files' modification times: every Set and every Get hit stamps its
 // file with a strictly increasing time, so a restart (which scans the directory, sorts by that
-// time, and removes temporary files whose writer process is gone) finds the same order. Exists
-// answers from the index; a key missing from it (written by another process) costs one open and
-// fstat, and the first absent key ends the call.
+// time, and removes temporary files whose writer process is gone) finds the same order; it reads
+// each page's header too (one open and a 104-byte read per page, on 16 threads), so the chains of
+// tail-first eviction (file_index.h) hold across restarts; pages of version 1 are roots there.
+// Exists answers from the index; a key missing from it (written by another process) costs one open
+// and fstat, and the first absent key ends the call.
 //
 // Thread safety: the hooks may run on several I/O threads at once; the index has its own mutex.
 #pragma once

@@ -1,6 +1,7 @@
 // The file store's index and restart scan (file_index.h).
 //
-// Thread safety: the index under `mu_`; the scan touches only its own directory handles.
+// Thread safety: the index under `mu_`; the scan touches only its own directory handles (each
+// shard's on the one thread that scans it).
 #include "storage/file_index.h"
 
 #include <dirent.h>
@@ -12,9 +13,16 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <iterator>
 #include <string>
+#include <system_error>
+#include <thread>
+
+#include "storage/file_backend.h"
+#include "storage/page_format.h"
 
 namespace kvtier::storage {
 namespace {
@@ -51,6 +59,28 @@ void RemoveStaleTemp(int dirfd, std::string_view name) {
   ::unlinkat(dirfd, std::string(name).c_str(), 0);
 }
 
+// The header of page file `name` in `dirfd` (a regular file of `size` bytes found by the scan):
+// fills `f.parent` and `f.version` when it checks out, leaves them unset otherwise.
+void ReadHeader(int dirfd, const char* name, int64_t size, uint64_t namespace_hash,
+                FileIndex::Found& f) {
+  if (size < static_cast<int64_t>(kFilePayloadOffset)) return;
+  // O_NONBLOCK: a FIFO put in place since the fstatat must not block; O_NOFOLLOW: nor a symlink.
+  const int fd = ::openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return;
+  std::byte bytes[kMaxPageHeaderBytes];
+  const ssize_t got = ::pread(fd, bytes, sizeof(bytes), 0);
+  ::close(fd);
+  if (got != static_cast<ssize_t>(sizeof(bytes))) return;
+  PageHeader header;
+  if (ParsePageHeader(std::span(bytes), namespace_hash, f.key,
+                      static_cast<uint64_t>(size) - kFilePayloadOffset,
+                      &header) != PageStatus::kOk) {
+    return;
+  }
+  f.parent = header.parent;
+  f.version = header.version;
+}
+
 }  // namespace
 
 FileIndex::FileIndex(int64_t capacity, std::function<void(const PageKey&)> remove,
@@ -62,7 +92,7 @@ void FileIndex::Load(std::vector<Found> found) {
             [](const Found& a, const Found& b) { return a.stamp < b.stamp; });
   std::lock_guard<std::mutex> lock(mu_);
   for (const Found& f : found) {
-    pages_.Add(f.key, f.bytes, std::nullopt, /*newest=*/true);
+    pages_.Add(f.key, f.bytes, f.parent, /*newest=*/true);
     last_stamp_ = std::max(last_stamp_, f.stamp);
   }
   EvictLocked(nullptr);
@@ -149,7 +179,7 @@ std::optional<PageKey> FileIndex::ParentOf(const PageKey& key) const {
 void FileIndex::EvictLocked(const PageKey* keep) {
   const auto pinned = [this](const PageKey& key) { return pinned_ && pinned_(key); };
   while (pages_.bytes() > capacity_) {
-    const std::optional<PageKey> victim = pages_.Victim(keep, pinned);
+    const std::optional<PageKey> victim = pages_.Victim(keep, pinned).key;
     if (!victim) return;
     if (remove_) remove_(*victim);
     pages_.Evict(*victim);
@@ -157,38 +187,77 @@ void FileIndex::EvictLocked(const PageKey* keep) {
   }
 }
 
-Result<std::vector<FileIndex::Found>> ScanPages(int ns_dirfd) {
+namespace {
+
+// One shard directory of the restart scan (ScanPages): its pages appended to `found`.
+Status ScanShard(int ns_dirfd, int shard, uint64_t namespace_hash,
+                 std::vector<FileIndex::Found>& found) {
+  const std::string name = fmt::format("{:02x}", shard);
+  const int fd = ::openat(ns_dirfd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) {
+    // No page in this shard yet; or a symlink / non-directory in its place: not ours.
+    if (errno == ENOENT || errno == ELOOP || errno == ENOTDIR) return Status::OK();
+    return Status::IOError(
+        fmt::format("cannot read shard directory {}: {}", name, std::strerror(errno)));
+  }
+  DIR* d = ::fdopendir(fd);
+  if (d == nullptr) {
+    ::close(fd);
+    return Status::IOError(
+        fmt::format("cannot read shard directory {}: {}", name, std::strerror(errno)));
+  }
+  while (dirent* e = ::readdir(d)) {
+    const std::string_view entry = e->d_name;
+    struct stat st;
+    if (::fstatat(fd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+    if (entry.starts_with(kTempPrefix)) {
+      if (S_ISREG(st.st_mode)) RemoveStaleTemp(fd, entry);
+      continue;
+    }
+    if (!IsHexKey(entry) || !S_ISREG(st.st_mode) || entry.substr(0, 2) != name) continue;
+    auto key = PageKey::FromHex(entry);
+    if (!key.ok()) continue;
+    FileIndex::Found f{*key, st.st_size, MtimeNs(st)};
+    ReadHeader(fd, e->d_name, st.st_size, namespace_hash, f);
+    found.push_back(std::move(f));
+  }
+  ::closedir(d);  // closes `fd`
+  return Status::OK();
+}
+
+}  // namespace
+
+Result<std::vector<FileIndex::Found>> ScanPages(int ns_dirfd, uint64_t namespace_hash) {
+  // The 256 shards are scanned by 16 threads at once, whatever the cores: reading the headers
+  // costs one random read per page when the files are not in the page cache, and the threads
+  // mostly wait for those while the device serves many at once (measured: 16 threads read cold
+  // headers about 3x as fast as one, 32 no faster than 16). Threads that cannot be started are
+  // done without (the shards are shared out as they are taken).
+  constexpr int kShards = 256;
+  constexpr int kThreads = 16;
+  std::vector<std::vector<FileIndex::Found>> parts(static_cast<size_t>(kThreads));
+  std::vector<Status> errors(kShards);
+  std::atomic<int> next{0};
+  auto work = [&](size_t part) {
+    for (int shard = next.fetch_add(1); shard < kShards; shard = next.fetch_add(1)) {
+      errors[static_cast<size_t>(shard)] = ScanShard(ns_dirfd, shard, namespace_hash, parts[part]);
+    }
+  };
+  {
+    std::vector<std::jthread> pool;
+    try {
+      for (int t = 1; t < kThreads; ++t) pool.emplace_back(work, static_cast<size_t>(t));
+    } catch (const std::system_error&) {  // no more threads: the ones running share the rest
+    }
+    work(0);
+  }  // joined
+  for (const Status& st : errors) {
+    if (!st.ok()) return st;  // the first shard (in name order) that could not be read
+  }
   std::vector<FileIndex::Found> found;
-  for (int shard = 0; shard < 256; ++shard) {
-    const std::string name = fmt::format("{:02x}", shard);
-    const int fd =
-        ::openat(ns_dirfd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (fd < 0) {
-      // No page in this shard yet; or a symlink / non-directory in its place: not ours.
-      if (errno == ENOENT || errno == ELOOP || errno == ENOTDIR) continue;
-      return Status::IOError(
-          fmt::format("cannot read shard directory {}: {}", name, std::strerror(errno)));
-    }
-    DIR* d = ::fdopendir(fd);
-    if (d == nullptr) {
-      ::close(fd);
-      return Status::IOError(
-          fmt::format("cannot read shard directory {}: {}", name, std::strerror(errno)));
-    }
-    while (dirent* e = ::readdir(d)) {
-      const std::string_view entry = e->d_name;
-      struct stat st;
-      if (::fstatat(fd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
-      if (entry.starts_with(kTempPrefix)) {
-        if (S_ISREG(st.st_mode)) RemoveStaleTemp(fd, entry);
-        continue;
-      }
-      if (!IsHexKey(entry) || !S_ISREG(st.st_mode) || entry.substr(0, 2) != name) continue;
-      auto key = PageKey::FromHex(entry);
-      if (!key.ok()) continue;
-      found.push_back({*key, st.st_size, MtimeNs(st)});
-    }
-    ::closedir(d);  // closes `fd`
+  for (auto& part : parts) {
+    found.insert(found.end(), std::make_move_iterator(part.begin()),
+                 std::make_move_iterator(part.end()));
   }
   return found;
 }

@@ -6,8 +6,11 @@
 //
 // Eviction takes a chain's tail before its head (chain_lru.h): a page written with its parent's
 // key is evicted only after every stored page naming it as parent, so eviction never leaves a
-// stored page whose prefix page is gone. Parents live in this process's index only: pages found
-// at a restart, or written by another process, are roots (plain LRU among the leaves).
+// stored page whose prefix page is gone. Each page file's header names its parent too (page
+// format version 2, page_format.h), so the restart scan rebuilds the chains. Roots (plain LRU
+// among the leaves): pages written without a parent, pages of format version 1 (an older kvtier)
+// or whose header does not check out found at a restart, and pages another process wrote that a
+// lookup found (AddFound).
 //
 // Stamps: nanoseconds since the epoch, stored as each page file's mtime. Every stamp handed out
 // is strictly greater than every stamp handed out before or loaded at start, so sorting the files
@@ -40,9 +43,18 @@ class FileIndex {
  public:
   // A page found on disk at start.
   struct Found {
+    Found() = default;
+    Found(const PageKey& key, int64_t bytes, int64_t stamp,
+          std::optional<PageKey> parent = std::nullopt, uint16_t version = 0)
+        : key(key), bytes(bytes), stamp(stamp), parent(parent), version(version) {}
+
     PageKey key;
     int64_t bytes = 0;
     int64_t stamp = 0;
+    std::optional<PageKey> parent;  // what its header names (nullopt: none, or unknown)
+    // Its header's format version; 0 when the header does not check out (the page is a miss when
+    // read: kept in the index until then, as before the scan read headers).
+    uint16_t version = 0;
   };
 
   // `capacity` > 0: the most bytes of pages kept; `remove` deletes an evicted page's file;
@@ -51,8 +63,9 @@ class FileIndex {
   FileIndex(int64_t capacity, std::function<void(const PageKey&)> remove,
             std::function<bool(const PageKey&)> pinned = nullptr);
 
-  // Loads the pages found at start (any order): oldest stamp least recently used. Later stamps
-  // are greater than all of theirs. Evicts down to the capacity (it may have shrunk since).
+  // Loads the pages found at start (any order) with their parents: oldest stamp least recently
+  // used. Later stamps are greater than all of theirs. Evicts down to the capacity (it may have
+  // shrunk since), a chain's tail first.
   void Load(std::vector<Found> found);
 
   // A stamp for a page about to be written or just hit (strictly increasing).
@@ -101,12 +114,15 @@ class FileIndex {
   int64_t last_stamp_ = 0;
 };
 
-// The restart scan of a namespace directory (held open as `ns_dirfd`): every regular file named
-// by the hex of a key inside the shard directory of its first two digits, with its size and
-// mtime. Temporary files (".tmp.<pid>.<n>.<hex>") whose writer process is gone are removed;
-// anything else (other names, symlinks, a shard directory that is a symlink) is left alone and
-// not indexed. IOError when a shard directory exists but cannot be read.
-Result<std::vector<FileIndex::Found>> ScanPages(int ns_dirfd);
+// The restart scan of a namespace directory (held open as `ns_dirfd`) of the namespace whose hash
+// is `namespace_hash`: every regular file named by the hex of a key inside the shard directory of
+// its first two digits, with its size, mtime and the parent its header names (one open and one
+// read of the header's bytes per page; the payload is not read, its checks wait for the Get),
+// in no particular order. Shards are scanned by 16 threads at once (joined before it returns).
+// Temporary files (".tmp.<pid>.<n>.<hex>") whose writer process is gone are removed; anything
+// else (other names, symlinks, a shard directory that is a symlink) is left alone and not indexed.
+// IOError when a shard directory exists but cannot be read.
+Result<std::vector<FileIndex::Found>> ScanPages(int ns_dirfd, uint64_t namespace_hash);
 
 // The name prefix of a page file being written.
 inline constexpr std::string_view kTempPrefix = ".tmp.";

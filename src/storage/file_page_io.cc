@@ -112,15 +112,14 @@ PageRead::~PageRead() {
   if (fd >= 0) ::close(fd);
 }
 
-bool PageRead::PadIsZero() const {
-  static constexpr std::byte kZeros[sizeof(pad)] = {};
-  return std::memcmp(pad, kZeros, sizeof(pad)) == 0;
+bool PageRead::PadIsZero(size_t header_bytes) const {
+  return std::all_of(head + std::min(header_bytes, sizeof(head)), head + sizeof(head),
+                     [](std::byte b) { return b == std::byte{0}; });
 }
 
 void PageRead::Prepare(const PageBuffer& buffer) {
   iovcnt = 0;
-  iov[iovcnt++] = {header, sizeof(header)};
-  iov[iovcnt++] = {pad, sizeof(pad)};
+  iov[iovcnt++] = {head, sizeof(head)};
   for (int s = 0; s < buffer.num_segments; ++s) {
     const auto& seg = buffer.segments[static_cast<size_t>(s)];
     if (!seg.empty()) iov[iovcnt++] = {seg.data(), seg.size()};
@@ -150,8 +149,7 @@ void PageRead::PrepareDirect(const PageBuffer& buffer) {
 }
 
 void PageRead::PlaceDirect() {
-  std::memcpy(header, block.get(), sizeof(header));
-  std::memcpy(pad, block.get() + sizeof(header), sizeof(pad));
+  std::memcpy(head, block.get(), sizeof(head));
   if (tail_bytes > 0) std::memcpy(tail_dst, block.get() + kDirectAlign, tail_bytes);
 }
 
@@ -184,10 +182,10 @@ PageStatus PageFileIo::CheckWholeRead(const PageKey& key, const PageBuffer& buff
 
 PageStatus PageFileIo::CheckHeaderBlock(const PageKey& key, const PageBuffer& buffer,
                                         const PageRead& read, PageHeader* parsed) const {
-  const PageStatus st = ParsePageHeader(std::span(read.header), namespace_hash_, key,
+  const PageStatus st = ParsePageHeader(std::span(read.head), namespace_hash_, key,
                                         static_cast<uint64_t>(buffer.bytes()), parsed);
   if (st != PageStatus::kOk) return st;
-  return read.PadIsZero() ? PageStatus::kOk : PageStatus::kCorrupt;
+  return read.PadIsZero(parsed->bytes()) ? PageStatus::kOk : PageStatus::kCorrupt;
 }
 
 PageStatus PageFileIo::StartChunkedCheck(const PageKey& key, const PageBuffer& buffer,
@@ -214,10 +212,7 @@ PageStatus PageFileIo::ReadChunked(const PageKey& key, const PageBuffer& buffer,
   do {
     iovec iov[PageBuffer::kMaxSegments + 3];
     int iovcnt = 0;
-    if (first) {
-      iov[iovcnt++] = {read.header, sizeof(read.header)};
-      iov[iovcnt++] = {read.pad, sizeof(read.pad)};
-    }
+    if (first) iov[iovcnt++] = {read.head, sizeof(read.head)};
     const int payload_from = iovcnt;
     const size_t payload_bytes = chunks.Next(iov, &iovcnt);
     const int payload_to = iovcnt;
@@ -256,8 +251,7 @@ PageStatus PageFileIo::ReadBounced(const PageKey& key, const PageBuffer& buffer,
     if (static_cast<size_t>(got) != wanted) return PageStatus::kCorrupt;  // length changed
     size_t from = 0;
     if (offset == 0) {
-      std::memcpy(read.header, bounce, sizeof(read.header));
-      std::memcpy(read.pad, bounce + sizeof(read.header), sizeof(read.pad));
+      std::memcpy(read.head, bounce, sizeof(read.head));
       const PageStatus st = StartChunkedCheck(key, buffer, read, &hasher, &stored_checksum);
       if (st != PageStatus::kOk) return st;
       from = kFilePayloadOffset;
@@ -369,8 +363,10 @@ io_uring* PageFileIo::ThreadRing() {
 }
 #endif
 
-bool PageFileIo::WritePage(int fd, const PageKey& key, const PageBuffer& buffer) const {
-  PageHeader header = NewPageHeader(namespace_hash_, key, static_cast<uint64_t>(buffer.bytes()));
+bool PageFileIo::WritePage(int fd, const PageKey& key, const PageBuffer& buffer,
+                           const std::optional<PageKey>& parent) const {
+  PageHeader header =
+      NewPageHeaderWithParent(namespace_hash_, key, static_cast<uint64_t>(buffer.bytes()), parent);
   PayloadHasher hasher(header.checksum_kind);
   if (!hasher.ok()) {
     errno = EINVAL;
@@ -395,9 +391,9 @@ bool PageFileIo::WriteChunked(int fd, const PageBuffer& buffer, PageHeader& head
     offset += static_cast<off_t>(bytes);
   }
   header.payload_checksum = hasher.Digest();
-  std::byte encoded[kPageHeaderBytes];
+  std::byte encoded[kMaxPageHeaderBytes];
   EncodePageHeader(header, encoded);
-  return WriteFull(fd, encoded, sizeof(encoded), 0);
+  return WriteFull(fd, encoded, header.bytes(), 0);
 }
 
 // A direct write: the payload copied chunk by chunk into the bounce buffer (hashed there), each
@@ -430,7 +426,7 @@ bool PageFileIo::WriteDirect(int fd, const PageBuffer& buffer, PageHeader& heade
   if (fill > 0 && !flush()) return false;
   header.payload_checksum = hasher.Digest();
   std::memset(bounce, 0, kDirectAlign);
-  EncodePageHeader(header, std::span(bounce, kDirectAlign).first<kPageHeaderBytes>());
+  EncodePageHeader(header, std::span(bounce, kDirectAlign));
   return WriteFull(fd, bounce, kDirectAlign, 0) && ::ftruncate(fd, file_bytes_) == 0;
 }
 

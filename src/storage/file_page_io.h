@@ -16,7 +16,8 @@
 // chunk by chunk through a per-thread aligned bounce buffer.
 //
 // Writes (WritePage): the payload chunk by chunk after the header's place, each chunk hashed right
-// before its pwritev, then the header with that checksum at offset 0 (direct=1: through the
+// before its pwritev, then the header (version 2, naming the page's parent) with that checksum at
+// offset 0 (direct=1: through the
 // bounce buffer, the last block padded to 4 KiB and the file cut to size after). The caller
 // publishes the file (rename) only after WritePage returns true.
 //
@@ -73,14 +74,15 @@ struct PageRead {
   std::unique_ptr<std::byte, AlignedFree> block;
   std::byte* tail_dst = nullptr;
   size_t tail_bytes = 0;
-  std::byte header[kPageHeaderBytes];
-  std::byte pad[kFilePayloadOffset - kPageHeaderBytes];
+  // The header block: the header (either version's), then zeros up to the payload.
+  std::byte head[kFilePayloadOffset];
   std::byte extra;
   iovec iov[PageBuffer::kMaxSegments + 3];
   int iovcnt = 0;
   int64_t got = kNotRead;  // bytes read, or one of the k... codes above
 
-  bool PadIsZero() const;
+  // Whether the header block is zero from `header_bytes` (the parsed header's length) on.
+  bool PadIsZero(size_t header_bytes) const;
   // The iovecs of one read of the whole file.
   void Prepare(const PageBuffer& buffer);
   // The iovecs of one O_DIRECT read of the whole file. REQUIRES: DirectAligned(buffer).
@@ -105,8 +107,10 @@ class PageFileIo {
   // kWrongNamespace for a page that does not check out; kFailed for a read error.
   PageStatus ReadPage(const PageKey& key, const PageBuffer& buffer, PageRead& read) const;
 
-  // Writes the page into `fd` (a new, empty file, O_DIRECT when direct); false with errno.
-  bool WritePage(int fd, const PageKey& key, const PageBuffer& buffer) const;
+  // Writes the page into `fd` (a new, empty file, O_DIRECT when direct) with a version-2 header
+  // naming `parent` (nullopt: none known); false with errno.
+  bool WritePage(int fd, const PageKey& key, const PageBuffer& buffer,
+                 const std::optional<PageKey>& parent = std::nullopt) const;
 
 #if KVTIER_HAVE_URING
   // This I/O thread's ring, made at its first use; null when io_uring is not available (then

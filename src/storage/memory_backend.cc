@@ -65,17 +65,18 @@ class MemoryStore {
     map_[name] = std::move(value);
     order_.Add(name, size, parent, /*newest=*/true);
     const auto pinned = [this](const StoredName& n) { return pins.Pinned(n.key); };
+    using Reason = ChainLru<StoredName, StoredNameHash>::VictimReason;
     while (order_.bytes() > capacity_) {
-      const std::optional<StoredName> victim = order_.Victim(&name, pinned);
+      const auto victim = order_.Victim(&name, pinned);
       // Pinned pages leave no room for it: nothing else to evict, or only itself where it would
       // not go without pins (a chain's tail longer than the room still goes, and the Set is ok).
-      if (!victim || (*victim == name && order_.Victim(&name) != victim)) {
+      if (victim.reason == Reason::kNone || victim.reason == Reason::kKeepSkipped) {
         map_.erase(name);
         order_.Erase(name);
         return false;
       }
-      map_.erase(*victim);
-      order_.Evict(*victim);
+      map_.erase(*victim.key);
+      order_.Evict(*victim.key);
       ++evicted_;
     }
     return true;

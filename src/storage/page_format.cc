@@ -19,7 +19,10 @@ namespace kvtier::storage {
 namespace {
 
 constexpr std::byte kMagic[4] = {std::byte{'K'}, std::byte{'V'}, std::byte{'T'}, std::byte{'P'}};
-constexpr size_t kHeaderChecksumOffset = 64;
+constexpr size_t kParentOffset = 64;  // version 2
+
+// Where a header of `version` keeps its own checksum: its last 8 bytes.
+constexpr size_t HeaderChecksumOffset(uint16_t version) { return PageHeaderBytes(version) - 8; }
 
 void PutLe(uint64_t value, int bytes, std::byte* out) {
   for (int i = 0; i < bytes; ++i) out[i] = static_cast<std::byte>(value >> (8 * i));
@@ -75,21 +78,35 @@ bool PayloadChecksum(uint8_t kind, const PageBuffer& payload, uint64_t* checksum
   return PayloadChecksum(kind, std::span(segments, static_cast<size_t>(n)), checksum);
 }
 
-void EncodePageHeader(const PageHeader& header, std::span<std::byte, kPageHeaderBytes> out) {
+void EncodePageHeader(const PageHeader& header, std::span<std::byte> out) {
+  const size_t header_bytes = header.bytes();
+  if (out.size() < header_bytes) {  // a caller's bug: a blank header, which no reader takes
+    std::fill(out.begin(), out.end(), std::byte{0});
+    return;
+  }
+  const bool v2 = header.version == kPageFormatV2;
   std::byte* p = out.data();
   std::memcpy(p, kMagic, 4);
   PutLe(header.version, 2, p + 4);
   p[6] = static_cast<std::byte>(header.checksum_kind);
-  p[7] = std::byte{0};
+  p[7] = std::byte{v2 && header.parent ? kHasParent : uint8_t{0}};
   PutLe(header.namespace_hash, 8, p + 8);
   std::memcpy(p + 16, header.key.bytes.data(), 32);
   PutLe(header.payload_bytes, 8, p + 48);
   PutLe(header.payload_checksum, 8, p + 56);
-  const std::span<const std::byte> covered(p, kHeaderChecksumOffset);
+  if (v2) {
+    if (header.parent) {
+      std::memcpy(p + kParentOffset, header.parent->bytes.data(), 32);
+    } else {
+      std::memset(p + kParentOffset, 0, 32);
+    }
+  }
+  const size_t checksum_at = HeaderChecksumOffset(header.version);
+  const std::span<const std::byte> covered(p, checksum_at);
   uint64_t header_checksum = 0;
   // An unknown kind (only tests write one) leaves a zero header checksum: a miss when read.
   PayloadChecksum(header.checksum_kind, std::span(&covered, 1), &header_checksum);
-  PutLe(header_checksum, 8, p + kHeaderChecksumOffset);
+  PutLe(header_checksum, 8, p + checksum_at);
 }
 
 PageHeader NewPageHeader(uint64_t namespace_hash, const PageKey& key, uint64_t payload_bytes) {
@@ -98,6 +115,14 @@ PageHeader NewPageHeader(uint64_t namespace_hash, const PageKey& key, uint64_t p
   header.namespace_hash = namespace_hash;
   header.key = key;
   header.payload_bytes = payload_bytes;
+  return header;
+}
+
+PageHeader NewPageHeaderWithParent(uint64_t namespace_hash, const PageKey& key,
+                                   uint64_t payload_bytes, const std::optional<PageKey>& parent) {
+  PageHeader header = NewPageHeader(namespace_hash, key, payload_bytes);
+  header.version = kPageFormatV2;
+  header.parent = parent;
   return header;
 }
 
@@ -113,16 +138,32 @@ PageStatus ParsePageHeader(std::span<const std::byte> bytes, uint64_t namespace_
   if (bytes.size() < kPageHeaderBytes) return PageStatus::kCorrupt;
   const std::byte* p = bytes.data();
   PageHeader h;
+  // The version (not yet checked) says how long the header is and where its checksum lies; a
+  // damaged version byte then fails that checksum (or, naming no version, the version check).
+  h.version = static_cast<uint16_t>(GetLe(p + 4, 2));
+  if (bytes.size() < h.bytes()) return PageStatus::kCorrupt;
+  const size_t checksum_at = HeaderChecksumOffset(h.version);
   h.checksum_kind = std::to_integer<uint8_t>(p[6]);
   uint64_t header_checksum = 0;
-  const std::span<const std::byte> covered(p, kHeaderChecksumOffset);
+  const std::span<const std::byte> covered(p, checksum_at);
   if (!PayloadChecksum(h.checksum_kind, std::span(&covered, 1), &header_checksum) ||
-      header_checksum != GetLe(p + kHeaderChecksumOffset, 8)) {
+      header_checksum != GetLe(p + checksum_at, 8)) {
     return PageStatus::kCorrupt;
   }
   if (std::memcmp(p, kMagic, 4) != 0) return PageStatus::kCorrupt;
-  h.version = static_cast<uint16_t>(GetLe(p + 4, 2));
-  if (h.version != kPageFormatVersion || p[7] != std::byte{0}) return PageStatus::kCorrupt;
+  if (h.version != kPageFormatV1 && h.version != kPageFormatV2) return PageStatus::kCorrupt;
+  const uint8_t flags = std::to_integer<uint8_t>(p[7]);
+  if (h.version == kPageFormatV1 && flags != 0) return PageStatus::kCorrupt;
+  if (h.version == kPageFormatV2) {
+    if ((flags & ~kHasParent) != 0) return PageStatus::kCorrupt;
+    PageKey parent;
+    std::memcpy(parent.bytes.data(), p + kParentOffset, 32);
+    if (flags & kHasParent) {
+      h.parent = parent;
+    } else if (parent != PageKey{}) {
+      return PageStatus::kCorrupt;  // bytes where none belong
+    }
+  }
   h.namespace_hash = GetLe(p + 8, 8);
   if (h.namespace_hash != namespace_hash) return PageStatus::kWrongNamespace;
   std::memcpy(h.key.bytes.data(), p + 16, 32);
@@ -155,9 +196,9 @@ PageStatus ReadPageValue(std::span<const std::byte> value, uint64_t namespace_ha
   PageHeader header;
   const PageStatus st = ParsePageHeader(value, namespace_hash, key, expected, &header);
   if (st != PageStatus::kOk) return st;
-  if (value.size() - kPageHeaderBytes != expected) return PageStatus::kCorrupt;
+  if (value.size() - header.bytes() != expected) return PageStatus::kCorrupt;
   // Check the stored bytes first, so a corrupt value never reaches the caller's buffer.
-  const std::span<const std::byte> stored = value.subspan(kPageHeaderBytes);
+  const std::span<const std::byte> stored = value.subspan(header.bytes());
   uint64_t checksum = 0;
   if (!PayloadChecksum(header.checksum_kind, std::span(&stored, 1), &checksum) ||
       checksum != header.payload_checksum) {

@@ -50,13 +50,16 @@ TEST(CacheMetricsText, EveryStatLandsInItsMetric) {
   s.storage_forgotten_tokens = 19;
   s.storage_errors = 21;
   s.storage_corrupt_pages = 22;
-  s.storage_timeouts = 23;
+  s.storage_read_timeouts = 23;
+  s.storage_write_timeouts = 25;
   s.storage_queue_drops = 24;
   s.storage_backup_failed_tokens = 31;
   s.storage_backup_present_tokens = 32;
   s.storage_backup_dropped_tokens = 33;
   s.storage_backup_capacity_tokens = 34;
   s.storage_backup_policy_tokens = 35;
+  s.storage_stranded_removed_pages = 36;
+  s.storage_stores_held = 37;
   s.prefetch_bytes = 4'000'000'000;
   s.prefetch_seconds = 2.0;
   s.storage_backup_bytes = 1'000'000'000;
@@ -89,13 +92,16 @@ TEST(CacheMetricsText, EveryStatLandsInItsMetric) {
       {"kvtier:evicted_tokens_total{tier=\"storage\"}", "19"},
       {"kvtier:storage_errors_total", "21"},
       {"kvtier:storage_corrupt_pages_total", "22"},
-      {"kvtier:storage_timeouts_total", "23"},
+      {"kvtier:storage_timeouts_total{op=\"read\"}", "23"},
+      {"kvtier:storage_timeouts_total{op=\"write\"}", "25"},
       {"kvtier:storage_queue_drops_total", "24"},
       {"kvtier:storage_backup_skipped_tokens_total{reason=\"failed\"}", "31"},
       {"kvtier:storage_backup_skipped_tokens_total{reason=\"already_stored\"}", "32"},
       {"kvtier:storage_backup_skipped_tokens_total{reason=\"queue_full\"}", "33"},
       {"kvtier:storage_backup_skipped_tokens_total{reason=\"capacity\"}", "34"},
       {"kvtier:storage_backup_skipped_tokens_total{reason=\"policy\"}", "35"},
+      {"kvtier:storage_stranded_removed_pages_total", "36"},
+      {"kvtier:storage_stores_held_total", "37"},
       {"kvtier:prefetch_bandwidth_bucket{le=\"0.1\"}", "1"},
       {"kvtier:prefetch_bandwidth_bucket{le=\"1\"}", "1"},
       {"kvtier:prefetch_bandwidth_bucket{le=\"5\"}", "2"},

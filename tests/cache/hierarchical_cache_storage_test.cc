@@ -389,6 +389,49 @@ TEST(StorageTierTest, TimeoutAndBestEffortDoNotWaitForSlowStorage) {
   ExpectConsistent(s);
 }
 
+// Issue 23: read and write time-outs are counted apart. Writes held past their deadline time the
+// backup's pages out (write time-outs only); then reads delayed past theirs time the prefetch's
+// pages out (read time-outs only). The metrics carry both under one family, labelled by op.
+TEST(StorageTierTest, ReadAndWriteTimeoutsAreCountedApart) {
+  FaultInjectingStorage* faults = nullptr;
+  StorageOptions options;
+  options.timeout = std::chrono::milliseconds(100);
+  auto store = FaultyStore(4, &faults, options);
+  TestCache s = Make(StorageConfig(store), 4, 16, 32);
+  faults->HoldWrites(true);
+  Prefill(s, Seq(16, 500));  // 4 pages, their backup held
+  ASSERT_TRUE(s.cache->WaitForBackups().ok());
+  faults->HoldWrites(false);
+  CacheStats st = s.cache->stats();
+  EXPECT_EQ(st.storage_write_timeouts, 4);
+  EXPECT_EQ(st.storage_read_timeouts, 0);
+  const int64_t timed_out_writes = faults->injected().timed_out_calls;
+  EXPECT_GT(timed_out_writes, 0);
+
+  const auto b = Seq(16, 900);
+  Prefill(s, b);
+  EvictAll(s);  // b only in storage now
+  ASSERT_TRUE(faults->SetDelay(std::chrono::milliseconds(300)).ok());
+  auto m = s.cache->Match(b);
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m->storage_tokens, 16);
+  ASSERT_TRUE(s.cache->Prefetch(m->handle, PrefetchPolicy::kWaitComplete).ok());
+  auto f = s.cache->FinishPrefetch(m->handle);
+  ASSERT_TRUE(f.ok());
+  EXPECT_EQ(f->arrived_tokens, 0);
+  ASSERT_TRUE(s.cache->Release(m->handle).ok());
+  faults->ClearFaults();
+  EXPECT_GT(faults->injected().timed_out_calls, timed_out_writes);  // the delayed reads
+  st = s.cache->stats();
+  EXPECT_EQ(st.storage_read_timeouts, 4);
+  EXPECT_EQ(st.storage_write_timeouts, 4);
+  const std::string text = s.cache->Metrics();
+  EXPECT_NE(text.find("kvtier:storage_timeouts_total{op=\"read\"} 4\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("kvtier:storage_timeouts_total{op=\"write\"} 4\n"), std::string::npos)
+      << text;
+  ExpectConsistent(s);
+}
+
 // Never slower than recomputing. The first prefetch measures the read bandwidth; the rule then
 // cuts what is slower to read than to recompute. Deterministic without timing assertions: a
 // store delaying every Get by 200 ms takes at least 0.2 s to read the prefix, against 32 ns to

@@ -244,6 +244,73 @@ TEST_P(ChainEvictionTest, AChainLongerThanTheRoomKeepsAPrefix) {
   EXPECT_EQ(stored, leading) << "a stored page after a missing one";
 }
 
+// A file store reopened over its directory (a restart: a new backend whose index comes from the
+// scan) finds each page's parent in its header, so overfilling it afterwards still takes the
+// chains written before the restart tail first. Eight chains of five pages fill the room; each is
+// read page by page, head first (so every head is older than its tail: a plain LRU takes heads
+// first); after the reopen, chains of three pages evict them three at a time, and after each, no
+// stored page's parent is missing and every stored chain reads back byte for byte.
+TEST_P(ChainEvictionTest, AReopenedFileStoreKeepsItsChains) {
+  if (GetParam() != "file") GTEST_SKIP() << "only a file store outlives its backend";
+  std::unordered_map<PageKey, std::optional<PageKey>, PageKeyHash> parent_of;
+  std::vector<std::vector<PageKey>> chains;
+  auto set_chain = [&](StorageBackend& store, int c, int pages) {
+    std::vector<int32_t> tokens;
+    for (int t = 0; t < pages * 4; ++t) tokens.push_back(c * 1000 + t);
+    const std::vector<PageKey> keys = *ComputePromptPageKeys(tokens, 4);
+    std::vector<std::vector<std::byte>> in;
+    std::vector<PageBuffer> bufs;
+    std::vector<std::optional<PageKey>> parents;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      in.push_back(BytesOf(keys[i]));
+      parents.push_back(i == 0 ? std::nullopt : std::optional<PageKey>(keys[i - 1]));
+      parent_of[keys[i]] = parents.back();
+    }
+    for (auto& b : in) bufs.push_back(PageBuffer::Of(b));
+    const BatchResult r = store.Set(keys, bufs, parents).get();
+    EXPECT_EQ(r.leading_ok(), pages) << r.status.ToString();
+    chains.push_back(keys);
+  };
+  {
+    auto store = Open();
+    ASSERT_NE(store, nullptr);
+    for (int c = 0; c < 8; ++c) set_chain(*store, c, 5);
+    for (const auto& chain : chains) {
+      for (const PageKey& k : chain) {
+        std::vector<std::byte> out(kPageBytes);
+        ASSERT_EQ(store->Get({k}, {PageBuffer::Of(out)}).get().leading_ok(), 1);
+      }
+    }
+    ASSERT_EQ(store->Stats().stored_pages, 40);
+    store->Close();
+  }
+  auto store = Open();  // the restart
+  ASSERT_NE(store, nullptr);
+  ASSERT_EQ(store->Stats().stored_pages, 40);
+  for (int c = 100; c < 108; ++c) {
+    set_chain(*store, c, 3);
+    int64_t stranded = 0;
+    for (const auto& [k, parent] : parent_of) {
+      if (store->Exists({k}).get().leading == 1 && parent &&
+          store->Exists({*parent}).get().leading == 0) {
+        ++stranded;
+      }
+    }
+    EXPECT_EQ(stranded, 0) << "after chain " << c;
+    for (const auto& chain : chains) {
+      const int64_t leading = store->Exists(chain).get().leading;
+      std::vector<std::vector<std::byte>> out(static_cast<size_t>(leading),
+                                              std::vector<std::byte>(kPageBytes));
+      std::vector<PageBuffer> bufs;
+      for (auto& b : out) bufs.push_back(PageBuffer::Of(b));
+      const std::vector<PageKey> prefix(chain.begin(), chain.begin() + leading);
+      ASSERT_EQ(store->Get(prefix, bufs).get().leading_ok(), leading);
+      for (size_t i = 0; i < prefix.size(); ++i) EXPECT_EQ(out[i], BytesOf(prefix[i]));
+    }
+  }
+  EXPECT_EQ(store->Stats().evicted_pages, 24);
+}
+
 INSTANTIATE_TEST_SUITE_P(Stores, ChainEvictionTest, ::testing::Values("memory", "file"),
                          [](const auto& info) { return info.param; });
 

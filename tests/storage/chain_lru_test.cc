@@ -21,7 +21,7 @@ using Lru = ChainLru<int, std::hash<int>>;
 std::vector<int> EvictDownTo(Lru& lru, int64_t capacity, const int* keep = nullptr) {
   std::vector<int> victims;
   while (lru.bytes() > capacity) {
-    const std::optional<int> v = lru.Victim(keep);
+    const std::optional<int> v = lru.Victim(keep).key;
     if (!v) break;
     victims.push_back(*v);
     lru.Erase(*v);
@@ -55,9 +55,9 @@ TEST(ChainLruTest, AParentBecomesALeafWithItsOwnRecency) {
   // Leaves by age: 2, 5, 3. Evicting 2 leaves 1 a parent (of 3); evicting 5 then 3 frees 1,
   // which is older than nothing left but itself.
   EXPECT_EQ(EvictDownTo(lru, 3), std::vector<int>{2});
-  EXPECT_EQ(lru.Victim(nullptr), 5);
+  EXPECT_EQ(lru.Victim(nullptr).key, 5);
   EXPECT_EQ(EvictDownTo(lru, 1), (std::vector<int>{5, 3}));
-  EXPECT_EQ(lru.Victim(nullptr), 1);
+  EXPECT_EQ(lru.Victim(nullptr).key, 1);
 }
 
 TEST(ChainLruTest, ARefreshKeepsTheParentUnlessANewOneIsGiven) {
@@ -67,13 +67,13 @@ TEST(ChainLruTest, ARefreshKeepsTheParentUnlessANewOneIsGiven) {
   lru.Add(2, 5, std::nullopt, true);  // rewritten without a parent: still 1's child
   EXPECT_EQ(lru.ParentOf(2), 1);
   EXPECT_EQ(lru.bytes(), 6);
-  EXPECT_EQ(lru.Victim(nullptr), 2);
+  EXPECT_EQ(lru.Victim(nullptr).key, 2);
   lru.Add(7, 1, std::nullopt, true);
   lru.Add(2, 5, 7, true);  // a new parent: 1 is a leaf again, 7 is not
   EXPECT_EQ(lru.ParentOf(2), 7);
-  EXPECT_EQ(lru.Victim(nullptr), 1);
+  EXPECT_EQ(lru.Victim(nullptr).key, 1);
   lru.Erase(1);
-  EXPECT_EQ(lru.Victim(nullptr), 2);
+  EXPECT_EQ(lru.Victim(nullptr).key, 2);
   lru.Add(4, 1, 4, true);  // naming itself: a root
   EXPECT_EQ(lru.ParentOf(4), std::nullopt);
 }
@@ -93,8 +93,67 @@ TEST(ChainLruTest, ThePageJustWrittenGoesLastAndOnlyIfItIsTheOnlyTail) {
   Lru one;
   one.Add(5, 100, std::nullopt, true);
   const int keep5 = 5;
-  EXPECT_EQ(one.Victim(&keep5), std::nullopt);
-  EXPECT_EQ(Lru().Victim(nullptr), std::nullopt);
+  EXPECT_EQ(one.Victim(&keep5).key, std::nullopt);
+  EXPECT_EQ(one.Victim(&keep5).reason, Lru::VictimReason::kNone);
+  EXPECT_EQ(Lru().Victim(nullptr).key, std::nullopt);
+}
+
+TEST(ChainLruTest, VictimSaysWhy) {
+  using R = Lru::VictimReason;
+  Lru lru;
+  lru.Add(1, 1, std::nullopt, true);  // 1 <- 2 <- 3, 3 just written
+  lru.Add(2, 1, 1, true);
+  lru.Add(3, 1, 2, true);
+  const int keep = 3;
+  const auto none = [](int) { return false; };
+  EXPECT_EQ(lru.Victim(&keep, none).reason, R::kKeepTail);  // the only leaf: a chain too long
+  EXPECT_EQ(lru.Victim(&keep, none).key, 3);
+  EXPECT_EQ(lru.Victim(nullptr, none).reason, R::kLeaf);
+  lru.Add(7, 1, std::nullopt, false);  // another leaf, pinned
+  const auto pinned7 = [](int k) { return k == 7; };
+  EXPECT_EQ(lru.Victim(&keep, none).key, 7);
+  EXPECT_EQ(lru.Victim(&keep, none).reason, R::kLeaf);
+  EXPECT_EQ(lru.Victim(&keep, pinned7).key, 3);
+  EXPECT_EQ(lru.Victim(&keep, pinned7).reason, R::kKeepSkipped);  // 7 would go but for its pin
+  // Every leaf pinned and no `keep`: a page that is no leaf.
+  const auto pinned37 = [](int k) { return k == 3 || k == 7; };
+  EXPECT_EQ(lru.Victim(nullptr, pinned37).key, 1);
+  EXPECT_EQ(lru.Victim(nullptr, pinned37).reason, R::kNotALeaf);
+  // `keep` no leaf (2, the parent of 3) and every other page pinned: `keep`, for the pins.
+  const int keep2 = 2;
+  const auto all_but_2 = [](int k) { return k != 2; };
+  EXPECT_EQ(lru.Victim(&keep2, all_but_2).key, 2);
+  EXPECT_EQ(lru.Victim(&keep2, all_but_2).reason, R::kKeepSkipped);
+  const auto all = [](int) { return true; };
+  EXPECT_EQ(lru.Victim(&keep2, all).reason, R::kNone);
+  EXPECT_EQ(lru.Victim(&keep2, all).key, std::nullopt);
+}
+
+// kKeepSkipped is exactly what MemoryStore::Insert once found by asking a second time: `keep`
+// chosen with the skips, and not without them. Over random forests, keeps and pin sets.
+TEST(ChainLruTest, KeepSkippedIsKeepChosenOnlyBecauseOfTheSkips) {
+  std::mt19937 rng(11);
+  int keep_skipped = 0, keep_tail = 0;
+  for (int round = 0; round < 3000; ++round) {
+    Lru lru;
+    const int n = 1 + static_cast<int>(rng() % 8);
+    for (int k = 0; k < n; ++k) {
+      const int parent = static_cast<int>(rng() % (k + 2)) - 1;  // -1: none
+      lru.Add(k, 1, parent < 0 || parent == k ? std::nullopt : std::optional<int>(parent),
+              rng() % 4 != 0);
+    }
+    const int keep = static_cast<int>(rng() % n);
+    const uint32_t pins = rng();
+    const auto pinned = [pins](int k) { return (pins >> k) & 1; };
+    const auto choice = lru.Victim(&keep, pinned);
+    const bool old_rule = choice.key == keep && lru.Victim(&keep).key != choice.key;
+    EXPECT_EQ(choice.reason == Lru::VictimReason::kKeepSkipped, old_rule) << round;
+    EXPECT_EQ(choice.key.has_value(), choice.reason != Lru::VictimReason::kNone) << round;
+    keep_skipped += choice.reason == Lru::VictimReason::kKeepSkipped;
+    keep_tail += choice.reason == Lru::VictimReason::kKeepTail;
+  }
+  EXPECT_GT(keep_skipped, 0);
+  EXPECT_GT(keep_tail, 0);
 }
 
 TEST(ChainLruTest, ACycleOfLinksStillYieldsVictims) {

@@ -305,9 +305,11 @@ TEST_P(FileBackendTest, MultiChunkTwoSegmentPagesRoundTripAndCatchFlips) {
 
   const auto value = ReadFile(PathOf(keys[0], ns));
   ASSERT_EQ(static_cast<int64_t>(value.size()), page_bytes + static_cast<int64_t>(kOff));
-  // The file is the shared page value with zeros between the header and the payload.
-  std::vector<std::byte> joined(value.begin(), value.begin() + storage::kPageHeaderBytes);
-  EXPECT_TRUE(std::all_of(value.begin() + storage::kPageHeaderBytes, value.begin() + kOff,
+  // The file is the shared page value (a version-2 header, no parent named by this Set) with
+  // zeros between the header and the payload.
+  EXPECT_EQ(std::to_integer<int>(value[4]), storage::kPageFormatV2);
+  std::vector<std::byte> joined(value.begin(), value.begin() + storage::kPageHeaderV2Bytes);
+  EXPECT_TRUE(std::all_of(value.begin() + storage::kPageHeaderV2Bytes, value.begin() + kOff,
                           [](std::byte x) { return x == std::byte{0}; }));
   joined.insert(joined.end(), value.begin() + kOff, value.end());
   std::vector<std::byte> parsed(static_cast<size_t>(page_bytes));
@@ -396,19 +398,25 @@ TEST_P(FileBackendTest, AnotherKeysFileOlderVersionAndSymlinkAreMisses) {
   EXPECT_EQ(GetOne(*b, keys[0], in.bytes[0]), PageStatus::kCorrupt);
   EXPECT_EQ(GetOne(*b, keys[1], in.bytes[1]), PageStatus::kAbsent);
 
-  // A well-formed value of an older format version.
-  storage::PageHeader h;
-  h.version = storage::kPageFormatVersion - 1;
-  h.checksum_kind = storage::DefaultChecksumKind();
-  h.namespace_hash = SmallNamespace().Hash();
-  h.key = keys[2];
-  h.payload_bytes = kPageBytes;
-  ASSERT_TRUE(storage::PayloadChecksum(h.checksum_kind, in.buffers[2], &h.payload_checksum));
-  std::vector<std::byte> old(kValueBytes);
-  storage::EncodePageHeader(h, std::span(old).first<storage::kPageHeaderBytes>());
-  std::memcpy(old.data() + kOff, in.bytes[2].data(), kPageBytes);
-  WriteFile(PathOf(keys[2]), old);
-  EXPECT_EQ(GetOne(*b, keys[2], in.bytes[2]), PageStatus::kCorrupt);
+  // A well-formed value of a format version no kvtier wrote (the next one) is a miss; one of
+  // version 1 (what the file store wrote before headers named parents) reads byte for byte.
+  for (const uint16_t version :
+       {uint16_t{storage::kPageFormatVersion + 1}, storage::kPageFormatV1}) {
+    storage::PageHeader h;
+    h.version = version;
+    h.checksum_kind = storage::DefaultChecksumKind();
+    h.namespace_hash = SmallNamespace().Hash();
+    h.key = keys[2];
+    h.payload_bytes = kPageBytes;
+    ASSERT_TRUE(storage::PayloadChecksum(h.checksum_kind, in.buffers[2], &h.payload_checksum));
+    std::vector<std::byte> old(kValueBytes);
+    storage::EncodePageHeader(h, std::span(old).first<storage::kPageHeaderBytes>());
+    std::memcpy(old.data() + kOff, in.bytes[2].data(), kPageBytes);
+    WriteFile(PathOf(keys[2]), old);
+    EXPECT_EQ(GetOne(*b, keys[2], in.bytes[2]),
+              version == storage::kPageFormatV1 ? PageStatus::kOk : PageStatus::kCorrupt)
+        << version;
+  }
 
   // A symlink in place of a page is never followed.
   const std::string target = root_ + "/elsewhere";

@@ -1,7 +1,8 @@
 // The file store's index on its own: LRU order, eviction down to the capacity (never the page
 // just written), strictly increasing stamps, the restart load in stamp order, pages another
 // process wrote, and the restart scan of a real directory (page files indexed; other names,
-// symlinks, wrong shards and a symlinked shard left alone; stale temporary files removed).
+// symlinks, wrong shards and a symlinked shard left alone; stale temporary files removed) with the
+// parent each page's header names, which the load turns back into chains evicted tail first.
 #include "storage/file_index.h"
 
 #include <fcntl.h>
@@ -12,8 +13,12 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <optional>
 
 #include "storage/file_io.h"
+#include "storage/file_page_io.h"
+#include "storage/page_format.h"
 
 namespace kvtier::storage {
 namespace {
@@ -127,7 +132,7 @@ TEST_F(ScanTest, IndexesPageFilesOnlyAndRemovesStaleTemporaries) {
   Touch(live_tmp, 10);
 
   Fd ns(::open(dir_.c_str(), O_RDONLY | O_DIRECTORY));
-  auto found = ScanPages(ns.get());
+  auto found = ScanPages(ns.get(), /*namespace_hash=*/1);
   ASSERT_TRUE(found.ok()) << found.status().ToString();
   std::sort(found->begin(), found->end(),
             [](const auto& x, const auto& y) { return x.stamp < y.stamp; });
@@ -140,6 +145,77 @@ TEST_F(ScanTest, IndexesPageFilesOnlyAndRemovesStaleTemporaries) {
   EXPECT_TRUE(fs::exists(dir_ + "/" + live_tmp));
   EXPECT_TRUE(fs::exists(dir_ + "/" + wrong_shard));
   EXPECT_TRUE(fs::exists(dir_ + "/outside/" + c));
+  for (const auto& f : *found) {  // junk bytes: no header, no parent
+    EXPECT_EQ(f.version, 0);
+    EXPECT_FALSE(f.parent);
+  }
+}
+
+// The scan reads each page's header: the parent a version-2 header names, none for one naming
+// none or for version 1, and none (version 0) for a header of another namespace.
+TEST_F(ScanTest, ReadsTheParentEachHeaderNames) {
+  constexpr uint64_t kNs = 77;
+  constexpr int64_t kPage = 1000;
+  const PageFileIo io(kNs, static_cast<int64_t>(kFilePayloadOffset) + kPage, /*direct=*/false);
+  std::vector<std::byte> payload(kPage, std::byte{0x5A});
+  auto write = [&](const PageKey& key, const std::optional<PageKey>& parent) {
+    const std::string hex = key.Hex();
+    fs::create_directories(dir_ + "/" + hex.substr(0, 2));
+    Fd fd(::open((dir_ + "/" + hex.substr(0, 2) + "/" + hex).c_str(),
+                 O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+    ASSERT_TRUE(fd.ok());
+    ASSERT_TRUE(io.WritePage(fd.get(), key, PageBuffer::Of(payload), parent));
+  };
+  write(KeyOf(1), std::nullopt);
+  write(KeyOf(2), KeyOf(1));
+  write(KeyOf(3), KeyOf(2));
+  // Version 1 over page 4's header block.
+  write(KeyOf(4), std::nullopt);
+  PageHeader v1 = NewPageHeader(kNs, KeyOf(4), kPage);
+  std::vector<std::byte> block(kFilePayloadOffset);
+  EncodePageHeader(v1, block);
+  {
+    const std::string hex = KeyOf(4).Hex();
+    Fd fd(::open((dir_ + "/" + hex.substr(0, 2) + "/" + hex).c_str(), O_WRONLY | O_CLOEXEC));
+    ASSERT_TRUE(WriteFull(fd.get(), block.data(), block.size(), 0));
+  }
+  Fd ns(::open(dir_.c_str(), O_RDONLY | O_DIRECTORY));
+  auto found = ScanPages(ns.get(), kNs);
+  ASSERT_TRUE(found.ok()) << found.status().ToString();
+  std::map<PageKey, FileIndex::Found> by_key;
+  for (const auto& f : *found) by_key[f.key] = f;
+  ASSERT_EQ(by_key.size(), 4u);
+  EXPECT_EQ(by_key[KeyOf(1)].parent, std::nullopt);
+  EXPECT_EQ(by_key[KeyOf(1)].version, kPageFormatV2);
+  EXPECT_EQ(by_key[KeyOf(2)].parent, KeyOf(1));
+  EXPECT_EQ(by_key[KeyOf(3)].parent, KeyOf(2));
+  EXPECT_EQ(by_key[KeyOf(3)].version, kPageFormatV2);
+  EXPECT_EQ(by_key[KeyOf(4)].parent, std::nullopt);
+  EXPECT_EQ(by_key[KeyOf(4)].version, kPageFormatV1);
+  // Another namespace's scan of the same files: no header checks out.
+  auto other = ScanPages(ns.get(), kNs + 1);
+  ASSERT_TRUE(other.ok());
+  for (const auto& f : *other) {
+    EXPECT_EQ(f.version, 0);
+    EXPECT_FALSE(f.parent);
+  }
+}
+
+// Loaded with their parents, pages are evicted tail first even where the stamps say the head is
+// older (a prefix read touches its head first): the chain 0 <- 1 <- 2, stamps ascending, loses 2
+// then 1 (a plain LRU would take 0, stranding 1 and 2); the root 3 with the oldest stamp of all
+// goes first.
+TEST(FileIndexTest, LoadRebuildsChainsAndEvictsTheirTailsFirst) {
+  Recorder r;
+  FileIndex index(250, r.fn());
+  index.Load({{KeyOf(0), 100, 10},
+              {KeyOf(2), 100, 30, KeyOf(1)},
+              {KeyOf(3), 100, 5},
+              {KeyOf(1), 100, 20, KeyOf(0)}});
+  EXPECT_EQ(r.removed, (std::vector<PageKey>{KeyOf(3), KeyOf(2)}));
+  EXPECT_EQ(index.ParentOf(KeyOf(1)), KeyOf(0));
+  index.Put(KeyOf(9), 100, index.NextStamp());
+  EXPECT_EQ(r.removed, (std::vector<PageKey>{KeyOf(3), KeyOf(2), KeyOf(1)}));
 }
 
 }  // namespace

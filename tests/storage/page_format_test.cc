@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -58,10 +59,96 @@ TEST(PageFormatTest, RoundTripOneAndTwoSegments) {
   PageHeader header;
   EXPECT_EQ(ParsePageHeader(std::span(value).first(kPageHeaderBytes), kNs, key, 4096, &header),
             PageStatus::kOk);
-  EXPECT_EQ(header.version, kPageFormatVersion);
+  EXPECT_EQ(header.version, kPageFormatV1);  // what the memory and Redis stores write
+  EXPECT_FALSE(header.parent);
   EXPECT_EQ(header.checksum_kind, DefaultChecksumKind());
   EXPECT_EQ(header.key, key);
   EXPECT_EQ(CheckPayload(header, PageBuffer::Of(payload)), PageStatus::kOk);
+}
+
+// A version-2 value (the file store's header, here followed directly by the payload).
+std::vector<std::byte> EncodeV2(const PageKey& key, const std::optional<PageKey>& parent,
+                                std::vector<std::byte>& payload) {
+  PageHeader h = NewPageHeaderWithParent(kNs, key, payload.size(), parent);
+  EXPECT_TRUE(PayloadChecksum(h.checksum_kind, PageBuffer::Of(payload), &h.payload_checksum));
+  std::vector<std::byte> value(kPageHeaderV2Bytes + payload.size());
+  EncodePageHeader(h, value);
+  std::memcpy(value.data() + kPageHeaderV2Bytes, payload.data(), payload.size());
+  return value;
+}
+
+// Writes a valid header checksum over a header of `header_bytes` whose bytes were changed.
+void Reseal(std::vector<std::byte>& value, size_t header_bytes) {
+  const std::span<const std::byte> covered(value.data(), header_bytes - 8);
+  uint64_t checksum = 0;
+  ASSERT_TRUE(PayloadChecksum(kChecksumXxh3, std::span(&covered, 1), &checksum));
+  for (int i = 0; i < 8; ++i) {
+    value[header_bytes - 8 + static_cast<size_t>(i)] = static_cast<std::byte>(checksum >> (8 * i));
+  }
+}
+
+TEST(PageFormatTest, VersionTwoCarriesTheParentOrNone) {
+  const PageKey key = KeyOf(11), parent = KeyOf(12);
+  std::vector<std::byte> payload = RandomBytes(777, 11);
+  for (const std::optional<PageKey>& p :
+       {std::optional<PageKey>(parent), std::optional<PageKey>()}) {
+    const std::vector<std::byte> value = EncodeV2(key, p, payload);
+    EXPECT_EQ(std::to_integer<int>(value[4]), 2);
+    EXPECT_EQ(std::to_integer<int>(value[7]), p ? 1 : 0);
+    std::vector<std::byte> out(777, std::byte{0xAB});
+    EXPECT_EQ(ReadPageValue(value, kNs, key, PageBuffer::Of(out)), PageStatus::kOk);
+    EXPECT_EQ(out, payload);
+    PageHeader header;
+    // The header parses from a span that runs past it (the file store's 4 KiB header block).
+    ASSERT_EQ(ParsePageHeader(value, kNs, key, 777, &header), PageStatus::kOk);
+    EXPECT_EQ(header.version, kPageFormatV2);
+    EXPECT_EQ(header.bytes(), kPageHeaderV2Bytes);
+    EXPECT_EQ(header.parent, p);
+    EXPECT_EQ(CheckPayload(header, PageBuffer::Of(payload)), PageStatus::kOk);
+    EXPECT_EQ(ReadPageValue(value, kNs + 1, key, PageBuffer::Of(out)), PageStatus::kWrongNamespace);
+    // Cut anywhere inside its 104 bytes, the header is a miss (the version-1 length is not enough).
+    for (size_t n = 0; n < kPageHeaderV2Bytes; ++n) {
+      EXPECT_EQ(ParsePageHeader(std::span(value).first(n), kNs, key, 777, nullptr),
+                PageStatus::kCorrupt)
+          << n;
+    }
+    std::vector<std::byte> longer = value;
+    longer.push_back(std::byte{0});
+    EXPECT_EQ(ReadPageValue(longer, kNs, key, PageBuffer::Of(out)), PageStatus::kCorrupt);
+  }
+}
+
+TEST(PageFormatTest, VersionTwoHeaderByteFlipsAndStrayFlagsAreMisses) {
+  const PageKey key = KeyOf(13);
+  std::vector<std::byte> payload = RandomBytes(200, 13);
+  const std::vector<std::byte> value = EncodeV2(key, KeyOf(14), payload);
+  std::vector<std::byte> out(200);
+  for (size_t i = 0; i < value.size(); ++i) {
+    for (uint8_t bit : {uint8_t{0x01}, uint8_t{0x80}}) {
+      std::vector<std::byte> bad = value;
+      bad[i] ^= std::byte{bit};
+      EXPECT_EQ(ReadPageValue(bad, kNs, key, PageBuffer::Of(out)), PageStatus::kCorrupt)
+          << "byte " << i << " bit " << int{bit};
+    }
+  }
+  // Well sealed, but: an unknown flag bit; a parent field holding bytes without kHasParent; a
+  // version-1 header with a flag set.
+  std::vector<std::byte> stray_flag = value;
+  stray_flag[7] |= std::byte{0x02};
+  Reseal(stray_flag, kPageHeaderV2Bytes);
+  EXPECT_EQ(ReadPageValue(stray_flag, kNs, key, PageBuffer::Of(out)), PageStatus::kCorrupt);
+  std::vector<std::byte> stray_parent = value;
+  stray_parent[7] = std::byte{0};
+  Reseal(stray_parent, kPageHeaderV2Bytes);
+  EXPECT_EQ(ReadPageValue(stray_parent, kNs, key, PageBuffer::Of(out)), PageStatus::kCorrupt);
+  std::vector<std::byte> v1 = Encode(key, payload);
+  v1[7] = std::byte{kHasParent};
+  Reseal(v1, kPageHeaderBytes);
+  EXPECT_EQ(ReadPageValue(v1, kNs, key, PageBuffer::Of(out)), PageStatus::kCorrupt);
+  // The checks hold: unchanged but resealed, each reads again.
+  std::vector<std::byte> resealed = value;
+  Reseal(resealed, kPageHeaderV2Bytes);
+  EXPECT_EQ(ReadPageValue(resealed, kNs, key, PageBuffer::Of(out)), PageStatus::kOk);
 }
 
 TEST(PageFormatTest, EveryHeaderOrPayloadByteFlipIsAMiss) {

@@ -280,7 +280,7 @@ TEST_P(RedisBackendWriteTest, ValuesThatDoNotCheckOutAreMisses) {
   };
   const std::string good = raw_get(ObjectName(ns, keys[0]));
   // 0: another key's value renamed into place; 1: another namespace's value of the same key;
-  // 2: one payload byte flipped; 3: truncated; 4: an older format version; 5: not a page at all;
+  // 2: one payload byte flipped; 3: truncated; 4: an unknown format version; 5: not a page at all;
   // 6: a header byte flipped; 7: one byte too long.
   raw_set(keys[0], raw_get(ObjectName(ns, keys[1])));
   raw_set(keys[1], raw_get(ObjectName(other_ns, keys[1])));
@@ -292,7 +292,7 @@ TEST_P(RedisBackendWriteTest, ValuesThatDoNotCheckOutAreMisses) {
     Pages page(ns, 1);
     page.Fill(std::span<const PageKey>(&keys[4], 1));
     storage::PageHeader header;
-    header.version = storage::kPageFormatVersion - 1;
+    header.version = storage::kPageFormatVersion + 1;  // no kvtier wrote it
     header.checksum_kind = storage::DefaultChecksumKind();
     header.namespace_hash = ns.Hash();
     header.key = keys[4];

@@ -100,7 +100,8 @@ def main():
                 if tp2[tier + "_hit_tokens"] <= 0:
                     failures.append("%s: no %s hits" % (model, tier))
             for p in (tp1, tp2):
-                trouble = {k: p[k] for k in ("storage_errors", "storage_timeouts",
+                trouble = {k: p[k] for k in ("storage_errors", "storage_read_timeouts",
+                                             "storage_write_timeouts",
                                              "storage_queue_drops", "prefetch_partial",
                                              "prefetch_timed_out") if p[k]}
                 if trouble:

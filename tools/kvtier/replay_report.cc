@@ -315,7 +315,8 @@ nlohmann::json RunJson(const RunSummary& r, int64_t token_bytes) {
                            {"storage_forgotten", c.storage_forgotten_tokens}};
     j["storage_errors"] = {{"errors", c.storage_errors},
                            {"corrupt_pages", c.storage_corrupt_pages},
-                           {"timeouts", c.storage_timeouts},
+                           {"read_timeouts", c.storage_read_timeouts},
+                           {"write_timeouts", c.storage_write_timeouts},
                            {"queue_drops", c.storage_queue_drops}};
   }
   if (r.has_storage) {

@@ -247,11 +247,14 @@ void PrintCacheEvents(std::FILE* out, const RunSummary* hier) {
         hier->pin_store_pinned ? ", the store keeps its pages" : "");
   }
   if (hier->has_storage) {
-    std::fprintf(
-        out, "storage %s: %lld errors, %lld corrupt pages, %lld timeouts, %lld queue drops\n",
-        hier->storage.c_str(), static_cast<long long>(c.storage_errors),
-        static_cast<long long>(c.storage_corrupt_pages), static_cast<long long>(c.storage_timeouts),
-        static_cast<long long>(c.storage_queue_drops));
+    std::fprintf(out,
+                 "storage %s: %lld errors, %lld corrupt pages, %lld read timeouts, %lld write "
+                 "timeouts, %lld queue drops\n",
+                 hier->storage.c_str(), static_cast<long long>(c.storage_errors),
+                 static_cast<long long>(c.storage_corrupt_pages),
+                 static_cast<long long>(c.storage_read_timeouts),
+                 static_cast<long long>(c.storage_write_timeouts),
+                 static_cast<long long>(c.storage_queue_drops));
     const StoredChains& sc = hier->stored_chains;
     if (sc.checked) {
       std::fprintf(out,

@@ -65,7 +65,8 @@ nlohmann::json PassJson(const TpPassResult& p) {
           {"collectives", 0},
           // What can make storage hits differ between passes: none of these should be non-zero.
           {"storage_errors", p.cache.storage_errors},
-          {"storage_timeouts", p.cache.storage_timeouts},
+          {"storage_read_timeouts", p.cache.storage_read_timeouts},
+          {"storage_write_timeouts", p.cache.storage_write_timeouts},
           {"storage_queue_drops", p.cache.storage_queue_drops},
           {"storage_backup_failed_tokens", p.cache.storage_backup_failed_tokens},
           {"storage_backup_dropped_tokens", p.cache.storage_backup_dropped_tokens},
