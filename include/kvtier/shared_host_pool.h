@@ -15,7 +15,8 @@
 //   WRITING  reserved by one process, which is writing its bytes; invisible to lookups;
 //   READY    its bytes are complete; readers pin it (per-process reference counts) while they
 //            copy from it; only unpinned READY pages are evicted, least recently used first (one
-//            LRU clock for all processes).
+//            LRU clock for all processes), a chain's tail before its head when pages are
+//            reserved with their parents (Reserve).
 // Publishing: `Reserve` (EMPTY -> WRITING, evicting as needed) -> write the bytes -> `Commit`
 // (WRITING -> READY) or `Abort` (-> EMPTY). Reading: `PinPrefix` -> copy -> `Unpin`.
 //
@@ -89,6 +90,8 @@ enum class ReserveOutcome : uint8_t {
   kAlreadyReady = 1,  // the page is published already: nothing to write
   kBeingWritten = 2,  // another live process is writing it
   kNoSpace = 3,       // no EMPTY page and every READY page is pinned
+  kNoParent = 4,      // its parent (Reserve's `parents`) is not in the segment: it would be
+                      // unreachable; publish the parent first
 };
 const char* ReserveOutcomeName(ReserveOutcome outcome);
 
@@ -122,12 +125,18 @@ struct SharedHostPoolInfo {
   int max_processes = 0;
   int64_t empty_pages = 0, writing_pages = 0, ready_pages = 0;
   int64_t pinned_pages = 0;  // READY pages with at least one reader
-  uint64_t clock = 0;        // the shared LRU clock
+  // READY pages no lookup reaches: a page on the way from its prompt's first page (following the
+  // parents the pages were reserved with) is not in the segment. 0 unless pages were reserved
+  // while their parent was being written and that write was aborted, or the segment evicted a
+  // page with a resident child for want of a leaf (see Reserve).
+  int64_t unreachable_pages = 0;
+  uint64_t clock = 0;  // the shared LRU clock
   // Since creation: robust-lock recoveries (a process died holding the index lock), dead
   // processes reaped, their WRITING pages returned to EMPTY, their reader references dropped,
-  // pages evicted.
+  // pages evicted, and of those the pages a resident page named as parent (evicted for want of
+  // an unpinned leaf: each leaves its descendants unreachable).
   int64_t lock_recoveries = 0, reaped_processes = 0, reclaimed_writing_pages = 0;
-  int64_t dropped_refs = 0, evictions = 0;
+  int64_t dropped_refs = 0, evictions = 0, evictions_with_children = 0;
   std::vector<Process> processes;  // attached ones
 };
 
@@ -167,16 +176,30 @@ class SharedHostPool {
 
   // For each key, in order: kAlreadyReady when (namespace_hash, key) is READY (the page is not
   // pinned: pin it with PinPrefix to read it), kBeingWritten when another live process has it
-  // WRITING, else an EMPTY page (evicting the least recently used unpinned READY page if there
-  // is none) turned WRITING for this process: kReserved; kNoSpace when none can be had.
-  // A key given twice is reserved once (the second is kBeingWritten).
-  Result<std::vector<PageReservation>> Reserve(uint64_t namespace_hash,
-                                               std::span<const PageKey> keys);
+  // WRITING, kNoParent when parents[i] names a page that is not READY or WRITING in the segment,
+  // else an EMPTY page (evicting one if there is none, see below) turned WRITING for this
+  // process: kReserved; kNoSpace when none can be had. A key given twice is reserved once (the
+  // second is kBeingWritten).
+  //
+  // `parents`: empty, or one per key: the key of the page before keys[i] in its prompt (nullopt
+  // for a prompt's first page, or unknown; keys[i - 1] for a chain given in order). A reserved
+  // page records it (a page already in the segment keeps the parent it was reserved with).
+  // Eviction takes a chain's tail before its head: the victim is the least recently used
+  // unpinned READY page that no READY or WRITING page names as its parent (a leaf), never the
+  // new page's own parent: when that parent is the only such leaf the new page is kNoSpace (the
+  // tail of a chain longer than the room is refused; its prefix stays). Only when no unpinned
+  // leaf exists (every leaf pinned or being written, or the links form a cycle) the least
+  // recently used unpinned page goes. Pages reserved without parents are leaves, evicted in
+  // plain LRU order. InvalidArgument when parents is neither empty nor keys.size() long.
+  Result<std::vector<PageReservation>> Reserve(
+      uint64_t namespace_hash, std::span<const PageKey> keys,
+      std::span<const std::optional<PageKey>> parents = {});
   // Reserve, except that each kAlreadyReady page is also pinned for this process (one reference,
   // as PinPrefix takes), in the same step: it cannot be evicted before the caller uses it. A
   // READY page this process holds 65,535 references on is kNoSpace (not pinned).
-  Result<std::vector<PageReservation>> ReserveOrPin(uint64_t namespace_hash,
-                                                    std::span<const PageKey> keys);
+  Result<std::vector<PageReservation>> ReserveOrPin(
+      uint64_t namespace_hash, std::span<const PageKey> keys,
+      std::span<const std::optional<PageKey>> parents = {});
   // WRITING -> READY. REQUIRES: every byte of the pages written (and visible to the CPU: a GPU
   // copy into them synchronised). FailedPrecondition when a page is not WRITING for this process
   // (nothing changes then).
@@ -196,7 +219,8 @@ class SharedHostPool {
   // holds none on a page (nothing changes then).
   Status Unpin(std::span<const int64_t> pages);
 
-  // Evicts up to `max_pages` unpinned READY pages, least recently used first; returns how many.
+  // Evicts up to `max_pages` unpinned READY pages in Reserve's order (least recently used leaves
+  // first); returns how many.
   Result<int64_t> Evict(int64_t max_pages);
   // Finds attached processes that have died and releases what they held; returns how many.
   Result<int64_t> ReapDeadProcesses();
@@ -215,7 +239,9 @@ class SharedHostPool {
 // The shared host tier as a StorageBackend ("shm://<name>"), for HierarchicalCacheConfig's
 // storage tier: Exists counts the leading READY pages of (ns.Hash(), key), Get copies pinned pages
 // out, Set publishes pages (one already READY is not copied again; one another process is writing
-// or no space is kFailed), Remove is not offered (kFailed: the tier evicts by its own LRU). So
+// or no space is kFailed; a Set with parents records them, so the segment evicts a chain's tail
+// before its head, and a page whose parent is not in the segment is kFailed), Remove is not
+// offered (kFailed: the tier evicts by its own order). So
 // caches in different processes share what any of them backed up, and find it by key after their
 // own tree match (QueryStorage). The payload of a page is its bytes in the segment, buffer by
 // buffer. InvalidArgument unless the pool keeps pages contiguous (not layer_first) and `ns`

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <optional>
 
 #include "cache/tier_evictor.h"
 #include "util/log.h"
@@ -94,13 +95,17 @@ bool BackupPlanner::Backup(RadixNode* node, CacheWork* work, bool write_back) {
     return false;
   }
   std::vector<PageKey> keys;
+  std::optional<PageKey> first_parent;  // the segment evicts a chain's tail first (host_tier.h)
   if (core_.host->shared()) {
     for (RadixNode* n : path) {
       if (static_cast<int64_t>(n->keys().size()) * core_.P != n->num_tokens()) return false;
       keys.insert(keys.end(), n->keys().begin(), n->keys().end());
     }
+    if (const RadixNode* up = path.front()->parent(); !up->is_root() && !up->keys().empty()) {
+      first_parent = up->keys().back();
+    }
   }
-  Result<std::vector<HostTier::Page>> got = core_.host->Acquire(pages, keys);
+  Result<std::vector<HostTier::Page>> got = core_.host->Acquire(pages, keys, first_parent);
   if (!got.ok()) {
     util::Log(util::LogLevel::kWarning, "kvtier: cache: backup skipped: {}",
               got.status().ToString());

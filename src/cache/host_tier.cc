@@ -22,7 +22,8 @@ class LocalHostTier final : public HostTier {
   bool Holds(int64_t start) const override { return pool_->allocator().IsAllocated(start); }
   bool shared() const override { return false; }
 
-  Result<std::vector<Page>> Acquire(int64_t count, std::span<const PageKey>) override {
+  Result<std::vector<Page>> Acquire(int64_t count, std::span<const PageKey>,
+                                    const std::optional<PageKey>&) override {
     KVTIER_ASSIGN_OR_RETURN(std::vector<int64_t> starts, pool_->AllocatePages(count));
     std::vector<Page> out(starts.size());
     for (size_t i = 0; i < starts.size(); ++i) out[i] = {Got::kWrite, starts[i]};
@@ -72,13 +73,17 @@ class SharedHostTier final : public HostTier {
   }
   bool shared() const override { return true; }
 
-  Result<std::vector<Page>> Acquire(int64_t count, std::span<const PageKey> keys) override {
+  Result<std::vector<Page>> Acquire(int64_t count, std::span<const PageKey> keys,
+                                    const std::optional<PageKey>& first_parent) override {
     if (static_cast<int64_t>(keys.size()) != count) {
       return Status::InvalidArgument(
           fmt::format("shared host tier: {} page keys for {} pages (pages are published by key)",
                       keys.size(), count));
     }
-    KVTIER_ASSIGN_OR_RETURN(std::vector<PageReservation> r, pool_->ReserveOrPin(ns_, keys));
+    std::vector<std::optional<PageKey>> parents(keys.size());
+    for (size_t i = 0; i < keys.size(); ++i) parents[i] = i == 0 ? first_parent : keys[i - 1];
+    KVTIER_ASSIGN_OR_RETURN(std::vector<PageReservation> r,
+                            pool_->ReserveOrPin(ns_, keys, parents));
     std::vector<Page> out(r.size());
     for (size_t i = 0; i < r.size(); ++i) {
       switch (r[i].outcome) {
@@ -94,6 +99,7 @@ class SharedHostTier final : public HostTier {
           out[i] = {Got::kBusy, -1};
           break;
         case ReserveOutcome::kNoSpace:
+        case ReserveOutcome::kNoParent:  // its parent left the segment: no room for it here
           out[i] = {Got::kNone, -1};
           break;
       }

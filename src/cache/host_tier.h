@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -55,9 +56,13 @@ class HostTier {
   virtual bool shared() const = 0;
 
   // Pages for `count` pages of bytes, in order. `keys`: empty or one per page (the shared tier
-  // needs them). REQUIRES: count <= free_pages(). The local tier answers kWrite for all or fails
-  // (OutOfMemory); the shared tier answers per key.
-  virtual Result<std::vector<Page>> Acquire(int64_t count, std::span<const PageKey> keys) = 0;
+  // needs them), one chain: keys[i]'s parent is keys[i - 1] and keys[0]'s is `first_parent` (the
+  // last key of the node above, nullopt at the root), which the shared tier records so that its
+  // segment evicts a chain's tail before its head. REQUIRES: count <= free_pages(). The local
+  // tier answers kWrite for all or fails (OutOfMemory); the shared tier answers per key.
+  virtual Result<std::vector<Page>> Acquire(
+      int64_t count, std::span<const PageKey> keys,
+      const std::optional<PageKey>& first_parent = std::nullopt) = 0;
   // The kWrite pages' bytes are complete (a GPU copy into them synchronised); they stay held.
   virtual Status Publish(std::span<const int64_t> starts) = 0;
   // The write into these kWrite pages failed: they are let go, unpublished.

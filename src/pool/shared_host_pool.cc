@@ -147,8 +147,9 @@ Status CheckSegmentHeader(std::string_view name, const shm::SharedMapping& mappi
   if (h->version != shm::kSegmentVersion || h->header_bytes != sizeof(shm::SegmentHeader)) {
     return Status::InvalidArgument(fmt::format(
         "shared host pool '{}': version is {} (header {} bytes) in the segment but this kvtier "
-        "uses version {} (header {} bytes)",
-        name, h->version, h->header_bytes, shm::kSegmentVersion, sizeof(shm::SegmentHeader)));
+        "uses version {} (header {} bytes); a segment of another version cannot be opened: "
+        "remove it (`kvtier shm destroy {}`, once no process uses it) and create it again",
+        name, h->version, h->header_bytes, shm::kSegmentVersion, sizeof(shm::SegmentHeader), name));
   }
   KvGeometry g;
   g.layout = static_cast<KvLayout>(h->layout);
@@ -174,6 +175,7 @@ Status CheckSegmentHeader(std::string_view name, const shm::SharedMapping& mappi
   if (layout.num_pages != h->num_pages || layout.process_offset != h->process_offset ||
       layout.page_offset != h->page_offset || layout.refs_offset != h->refs_offset ||
       layout.bucket_offset != h->bucket_offset || layout.num_buckets != h->num_buckets ||
+      layout.child_bucket_offset != h->child_bucket_offset ||
       layout.data_offset != h->data_offset ||
       static_cast<uint64_t>(layout.buffer_bytes) != h->buffer_bytes ||
       static_cast<uint64_t>(layout.buffer_stride) != h->buffer_stride ||
@@ -201,6 +203,8 @@ const char* ReserveOutcomeName(ReserveOutcome outcome) {
       return "being_written";
     case ReserveOutcome::kNoSpace:
       return "no_space";
+    case ReserveOutcome::kNoParent:
+      return "no_parent";
   }
   return "unknown";
 }
@@ -383,16 +387,18 @@ std::vector<int64_t> SharedHostPool::PageSlots(std::span<const int64_t> pages) c
   return slots;
 }
 
-Result<std::vector<PageReservation>> SharedHostPool::Reserve(uint64_t namespace_hash,
-                                                             std::span<const PageKey> keys) {
+Result<std::vector<PageReservation>> SharedHostPool::Reserve(
+    uint64_t namespace_hash, std::span<const PageKey> keys,
+    std::span<const std::optional<PageKey>> parents) {
   KVTIER_RETURN_IF_ERROR(state_->CheckCaller());
-  return state_->index->Reserve(state_->slot, namespace_hash, keys, /*pin_ready=*/false);
+  return state_->index->Reserve(state_->slot, namespace_hash, keys, parents, /*pin_ready=*/false);
 }
 
-Result<std::vector<PageReservation>> SharedHostPool::ReserveOrPin(uint64_t namespace_hash,
-                                                                  std::span<const PageKey> keys) {
+Result<std::vector<PageReservation>> SharedHostPool::ReserveOrPin(
+    uint64_t namespace_hash, std::span<const PageKey> keys,
+    std::span<const std::optional<PageKey>> parents) {
   KVTIER_RETURN_IF_ERROR(state_->CheckCaller());
-  return state_->index->Reserve(state_->slot, namespace_hash, keys, /*pin_ready=*/true);
+  return state_->index->Reserve(state_->slot, namespace_hash, keys, parents, /*pin_ready=*/true);
 }
 
 Status SharedHostPool::Commit(std::span<const int64_t> pages) {

@@ -46,8 +46,9 @@ Result<SegmentLayout> ComputeSegmentLayout(const KvGeometry& geometry, bool mla,
   ok = ok && AlignUp(out.page_offset + sizeof(PageRecord) * pages, 64, &out.refs_offset);
   ok = ok &&
        AlignUp(out.refs_offset + sizeof(uint16_t) * pages * max_processes, 64, &out.bucket_offset);
-  ok = ok &&
-       AlignUp(out.bucket_offset + sizeof(int32_t) * buckets, kDataAlignment, &out.data_offset);
+  ok = ok && AlignUp(out.bucket_offset + sizeof(int32_t) * buckets, 64, &out.child_bucket_offset);
+  ok = ok && AlignUp(out.child_bucket_offset + sizeof(int32_t) * buckets, kDataAlignment,
+                     &out.data_offset);
   uint64_t stride = 0;
   ok = ok && AlignUp(static_cast<uint64_t>(out.buffer_bytes), kDataAlignment, &stride);
   if (!ok) return overflow("the segment size");

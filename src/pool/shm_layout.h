@@ -6,6 +6,8 @@
 //   page_offset          PageRecord[num_pages]              one per host page: key, state, links
 //   refs_offset          uint16_t[num_pages][max_processes] reader references per process
 //   bucket_offset        int32_t[num_buckets]               hash bucket heads (page or -1)
+//   child_bucket_offset  int32_t[num_buckets]               child chain heads, by the hash of
+//                                                           (namespace, parent key)
 //   data_offset          buffer 0 (K or MLA) then buffer 1 (V): the page bytes, each buffer
 //                        `buffer_bytes` long and aligned to kDataAlignment
 //
@@ -14,10 +16,11 @@
 // the index lock held; `magic` and the immutable fields are read without it.
 //
 // Which fields are the truth and which are derived (rebuilt after a process died holding the
-// lock, see shm_page_index.cc): per page `state`, `key`, `namespace_hash`, `writer`, `last_use`
-// and the reference counts; per process `state`, `pid`, `start_time`; the header's `clock` and
-// counters. Derived: hash chains and bucket heads, free list, LRU list, `readers`,
-// `free_count`, `ready_count`.
+// lock, see shm_index_check.cc): per page `state`, `key`, `parent`, `has_parent`,
+// `namespace_hash`, `writer`, `last_use` and the reference counts; per process `state`, `pid`,
+// `start_time`; the header's `clock` and counters. Derived: hash chains and bucket heads, child
+// chains and their heads, `children`, free list, LRU list, `readers`, `free_count`,
+// `ready_count`.
 //
 // Thread safety: plain data; see shm_page_index.h for the locking.
 #pragma once
@@ -34,7 +37,9 @@
 namespace kvtier::shm {
 
 inline constexpr uint64_t kSegmentMagic = 0x314d48535249544bULL;  // "KTIRSHM1" little-endian
-inline constexpr uint32_t kSegmentVersion = 1;
+// 2: page records carry the parent's key and a child chain (tail-first eviction); a segment of
+// version 1 is refused (InvalidArgument: destroy and create it again).
+inline constexpr uint32_t kSegmentVersion = 2;
 inline constexpr int64_t kDataAlignment = int64_t{2} << 20;  // huge-page aligned page bytes
 inline constexpr int kMaxProcessesLimit = 1024;
 inline constexpr int32_t kNone = -1;
@@ -44,19 +49,23 @@ enum class ProcessState : uint32_t { kFree = 0, kAttached = 1 };
 
 struct PageRecord {
   uint8_t key[32];          // the page key (valid unless EMPTY)
-  uint64_t namespace_hash;  // (valid unless EMPTY)
+  uint8_t parent[32];       // the key of the page before it in its prompt, when has_parent
+  uint64_t namespace_hash;  // (valid unless EMPTY; a parent is in the same namespace)
   uint64_t last_use;        // the shared clock when it was last committed or pinned
   uint32_t state;           // PageState
   int32_t writer;           // process slot that holds it WRITING; kNone otherwise
+  uint32_t has_parent;      // 1: `parent` is set; 0: a prompt's first page, or not known
   // Derived:
-  int32_t hash_next;  // next page in the bucket's chain (READY and WRITING pages)
-  int32_t free_next;  // next EMPTY page on the free list
-  int32_t lru_prev;   // READY pages, least recently used first
+  uint32_t children;   // resident (READY or WRITING) pages whose parent is this page
+  int32_t hash_next;   // next page in the bucket's chain (READY and WRITING pages)
+  int32_t child_next;  // next page in the child chain of hash(namespace, parent) (resident
+                       // pages with a parent)
+  int32_t free_next;   // next EMPTY page on the free list
+  int32_t lru_prev;    // READY pages, least recently used first
   int32_t lru_next;
   uint32_t readers;  // sum of the page's per-process reference counts
-  uint32_t reserved;
 };
-static_assert(sizeof(PageRecord) == 80);
+static_assert(sizeof(PageRecord) == 120);
 
 struct ProcessRecord {
   uint32_t state;  // ProcessState
@@ -90,6 +99,7 @@ struct SegmentHeader {
   uint64_t refs_offset;
   uint64_t bucket_offset;
   uint64_t num_buckets;  // a power of two
+  uint64_t child_bucket_offset;
   uint64_t data_offset;
   uint64_t buffer_bytes;  // bytes of each buffer (buffer 1 at data_offset + aligned buffer_bytes)
   uint64_t buffer_stride;
@@ -110,6 +120,7 @@ struct SegmentHeader {
   int64_t reclaimed_writing_pages;
   int64_t dropped_refs;
   int64_t evictions;
+  int64_t evictions_with_children;  // of pages a resident page named as parent (no leaf to take)
 };
 
 // Where everything goes, computed identically by the creator (to lay out) and by the tools.
@@ -121,7 +132,7 @@ struct SegmentLayout {
   int max_processes = 0;
   uint64_t num_buckets = 0;
   uint64_t process_offset = 0, page_offset = 0, refs_offset = 0, bucket_offset = 0;
-  uint64_t data_offset = 0;
+  uint64_t child_bucket_offset = 0, data_offset = 0;
   uint64_t segment_bytes = 0;
 };
 

@@ -3,17 +3,23 @@
 // references, the shared LRU clock, the free list, attached processes, and the robust lock that
 // guards all of it.
 //
+// Eviction takes a chain's tail before its head: a page records its parent's key (the page before
+// it in its prompt), and the victim is the least recently used unpinned READY page that no resident
+// page names as parent (a leaf); only when there is none (every leaf pinned or being written, or a
+// cycle of links) the least recently used unpinned page. So a lookup, which walks a prompt's pages
+// from the first, never meets a resident page whose prefix was evicted.
+//
 // Every operation takes the index lock (a robust, process-shared pthread mutex) for bookkeeping
 // only; page bytes are never touched here. When the lock comes back EOWNERDEAD (its holder died
 // inside an operation), the new holder repairs the index before doing anything else — the
-// truth (per-page state, key, writer, last use, per-process references; the process table) is
-// sanitised and every derived structure (hash chains, free list, LRU list, counts) is rebuilt
-// from it — then marks the mutex consistent and reaps dead processes.
+// truth (per-page state, key, parent, writer, last use, per-process references; the process
+// table) is sanitised and every derived structure (hash and child chains, child counts, free list,
+// LRU list, counts) is rebuilt from it — then marks the mutex consistent and reaps dead processes.
 //
 // A crash leaves the truth consistent because each operation changes a page's state with one
 // store after writing the fields that the new state makes meaningful (a reservation writes key,
-// namespace and writer, then state = WRITING; a commit stores state = READY), and reaping turns
-// every WRITING page of a dead process back to EMPTY, whatever else it had done.
+// parent, namespace and writer, then state = WRITING; a commit stores state = READY), and reaping
+// turns every WRITING page of a dead process back to EMPTY, whatever else it had done.
 //
 // Thread safety: a PageIndex may be used from any number of threads and processes at once; the
 // lock serialises them.
@@ -21,6 +27,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -64,9 +71,11 @@ class PageIndex {
   // Aborts the slot's WRITING pages, drops its references and frees the record.
   Status DetachProcess(int slot);
 
-  // pin_ready: a kAlreadyReady page also gets one reference of `slot`.
+  // pin_ready: a kAlreadyReady page also gets one reference of `slot`. `parents`: empty (no
+  // parent known) or one per key (SharedHostPool::Reserve says what they do).
   Result<std::vector<PageReservation>> Reserve(int slot, uint64_t namespace_hash,
                                                std::span<const PageKey> keys,
+                                               std::span<const std::optional<PageKey>> parents,
                                                bool pin_ready = false);
   // pin: each page becomes READY with one reference of `slot`.
   Status Commit(int slot, std::span<const int64_t> pages, bool pin = false);
@@ -89,6 +98,7 @@ class PageIndex {
   PageRecord* pages_;
   uint16_t* refs_;  // [num_pages][max_processes]
   int32_t* buckets_;
+  int32_t* child_buckets_;  // [num_buckets], by the hash of (namespace, parent key)
   int64_t num_pages_;
   int max_processes_;
   uint64_t bucket_mask_;

@@ -15,7 +15,10 @@
 #include <chrono>
 #include <cstring>
 #include <memory>
+#include <optional>
+#include <unordered_set>
 #include <utility>
+#include <vector>
 
 #include "kvtier/shared_host_pool.h"
 #include "kvtier/storage.h"
@@ -78,7 +81,42 @@ class SharedHostStorage final : public StorageBackend {
 
   void DoSet(std::span<const PageKey> keys, std::span<const PageBuffer> buffers,
              std::span<PageStatus> out, Clock::time_point deadline) override {
-    Result<std::vector<PageReservation>> reserved = pool_->Reserve(namespace_hash_, keys);
+    Publish(keys, buffers, {}, out, deadline);
+  }
+
+  // The segment records each page's parent and evicts a chain's tail before its head; a page
+  // whose parent is not in the segment is not written (kFailed: no lookup would reach it). A
+  // parent that another batch of this store is still writing (a long prompt's store is several
+  // batches, which may run out of order) is not taken for gone: that one link is left out (the
+  // page is published as a chain's first) rather than the batch refused.
+  void DoSetChained(std::span<const PageKey> keys, std::span<const PageBuffer> buffers,
+                    std::span<const std::optional<PageKey>> parents, std::span<PageStatus> out,
+                    Clock::time_point deadline) override {
+    std::vector<std::optional<PageKey>> linked(parents.begin(), parents.end());
+    std::unordered_set<PageKey, PageKeyHash> batch(keys.begin(), keys.end());
+    for (std::optional<PageKey>& parent : linked) {
+      if (parent && batch.count(*parent) == 0 && WritePending(*parent)) parent.reset();
+    }
+    Publish(keys, buffers, linked, out, deadline);
+  }
+
+  // The shared tier evicts by its own LRU across processes; removing one process's keys is not
+  // offered.
+  void DoRemove(std::span<const PageKey>, std::span<PageStatus> out, Clock::time_point) override {
+    for (PageStatus& s : out) s = PageStatus::kFailed;
+  }
+
+  void FillStats(StorageStats& stats) const override {
+    const KvGeometry& g = pool_->geometry();
+    stats.capacity_bytes = g.num_pages() * page_buffer_bytes_ * pool_->region().num_buffers();
+  }
+
+ private:
+  // Reserve (with `parents`: empty or one per key) -> copy -> Commit.
+  void Publish(std::span<const PageKey> keys, std::span<const PageBuffer> buffers,
+               std::span<const std::optional<PageKey>> parents, std::span<PageStatus> out,
+               Clock::time_point deadline) {
+    Result<std::vector<PageReservation>> reserved = pool_->Reserve(namespace_hash_, keys, parents);
     if (!reserved.ok()) {
       for (PageStatus& s : out) s = PageStatus::kFailed;
       return;
@@ -102,6 +140,7 @@ class SharedHostStorage final : public StorageBackend {
           break;
         case ReserveOutcome::kBeingWritten:  // another process is publishing the same bytes
         case ReserveOutcome::kNoSpace:
+        case ReserveOutcome::kNoParent:
           out[i] = PageStatus::kFailed;
           break;
       }
@@ -115,18 +154,6 @@ class SharedHostStorage final : public StorageBackend {
     }
   }
 
-  // The shared tier evicts by its own LRU across processes; removing one process's keys is not
-  // offered.
-  void DoRemove(std::span<const PageKey>, std::span<PageStatus> out, Clock::time_point) override {
-    for (PageStatus& s : out) s = PageStatus::kFailed;
-  }
-
-  void FillStats(StorageStats& stats) const override {
-    const KvGeometry& g = pool_->geometry();
-    stats.capacity_bytes = g.num_pages() * page_buffer_bytes_ * pool_->region().num_buffers();
-  }
-
- private:
   // REQUIRES: the page pinned (reading) or WRITING for this process (writing); the buffer holds
   // ns().page_bytes() bytes.
   void CopyPage(int64_t page, const PageBuffer& buffer, bool to_pool) const {

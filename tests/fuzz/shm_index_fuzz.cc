@@ -2,11 +2,11 @@
 // it: SharedHostPool::Attach, Inspect and CheckInvariants on a segment whose bytes were corrupted.
 //
 // Once per process a small segment is created (kvtier-fuzz-<pid>, removed at exit) and a few
-// pages are committed and pinned, so the index has READY pages, hash chains, an LRU list and
-// references; its bytes up to the page data are the pristine image. Per input the image is
-// written back, then the input is applied to it: a 4-byte offset into the image, then bytes
-// XORed in from there (wrapping). The index lock's own bytes are left alone (a garbage pthread
-// mutex is outside what any reader can check). Properties checked:
+// pages are committed and pinned, so the index has READY pages, hash chains, parent links and
+// child chains, an LRU list and references; its bytes up to the page data are the pristine image.
+// Per input the image is written back, then the input is applied to it: a 4-byte offset into the
+// image, then bytes XORed in from there (wrapping). The index lock's own bytes are left alone (a
+// garbage pthread mutex is outside what any reader can check). Properties checked:
 //   1. no crash, out-of-bounds access, leak or undefined behaviour (ASan/UBSan/LSan), no hang:
 //      a corrupted segment is refused (Attach fails), reported (CheckInvariants fails) or
 //      repaired, never read out of bounds;
@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -55,9 +56,13 @@ struct Segment {
     Check(pool.ok());
     // Some READY pages (one of them pinned by this process, which then detaches: its
     // references are dropped), so the image has chains, an LRU list and counts.
+    // Pages 1-4 form a chain (each names the one before as parent: child chains and counts),
+    // pages 5 and 6 name none.
     std::vector<kvtier::PageKey> keys(6);
+    std::vector<std::optional<kvtier::PageKey>> parents(keys.size());
     for (size_t i = 0; i < keys.size(); ++i) keys[i].bytes[0] = static_cast<uint8_t>(i + 1);
-    auto reserved = (*pool)->Reserve(7, keys);
+    for (size_t i = 1; i < 4; ++i) parents[i] = keys[i - 1];
+    auto reserved = (*pool)->Reserve(7, keys, parents);
     Check(reserved.ok());
     std::vector<int64_t> pages;
     for (const auto& r : *reserved) pages.push_back(r.page);

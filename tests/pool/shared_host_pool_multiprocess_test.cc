@@ -198,11 +198,13 @@ TEST(SharedHostPoolMultiProcessTest, KilledProcessesCostOnlyTheirOwnPages) {
   ASSERT_OK(pool->CheckInvariants());
   std::printf(
       "50 kills in %.2f s: %lld lock recoveries, %lld processes reaped, %lld WRITING "
-      "pages reclaimed, %lld references dropped\n",
+      "pages reclaimed, %lld references dropped; %lld of %lld READY pages unreachable (a "
+      "parent reclaimed from a killed writer)\n",
       seconds, static_cast<long long>(info->lock_recoveries),
       static_cast<long long>(info->reaped_processes),
       static_cast<long long>(info->reclaimed_writing_pages),
-      static_cast<long long>(info->dropped_refs));
+      static_cast<long long>(info->dropped_refs), static_cast<long long>(info->unreachable_pages),
+      static_cast<long long>(info->ready_pages));
 }
 
 TEST(SharedHostPoolMultiProcessTest, RecordsOfDeadProcessesAreReused) {
@@ -248,7 +250,7 @@ TEST(SharedHostPoolMultiProcessTest, ARecordTakenForDeadIsNeverUsedAgain) {
   ASSERT_TRUE(slot.ok()) << slot.status().ToString();
   EXPECT_EQ(pool->ReapDeadProcesses().value(), 1);
   std::vector<PageKey> keys(1);
-  auto reserved = index.Reserve(*slot, 1, keys);
+  auto reserved = index.Reserve(*slot, 1, keys, {});
   ASSERT_FALSE(reserved.ok());
   EXPECT_EQ(reserved.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_NE(reserved.status().message().find("was released as if it had died"), std::string::npos);

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <optional>
 #include <random>
 #include <set>
 #include <span>
@@ -104,11 +105,14 @@ struct PublishStats {
   int64_t reserved = 0, already_ready = 0, being_written = 0, no_space = 0;
 };
 
-// Reserves every page of the prompt, writes the reserved ones and commits them.
+// Reserves every page of the prompt (each with its parent, the page before it), writes the
+// reserved ones and commits them.
 inline Status Publish(SharedHostPool& pool, const Tenant& tenant, const PromptPages& prompt,
                       PublishStats* stats) {
+  std::vector<std::optional<PageKey>> parents(prompt.keys.size());
+  for (size_t k = 1; k < prompt.keys.size(); ++k) parents[k] = prompt.keys[k - 1];
   KVTIER_ASSIGN_OR_RETURN(std::vector<PageReservation> reservations,
-                          pool.Reserve(tenant.namespace_hash, prompt.keys));
+                          pool.Reserve(tenant.namespace_hash, prompt.keys, parents));
   std::vector<int64_t> written;
   const int64_t p = pool.page_size();
   for (size_t k = 0; k < reservations.size(); ++k) {
@@ -129,6 +133,7 @@ inline Status Publish(SharedHostPool& pool, const Tenant& tenant, const PromptPa
         ++stats->being_written;
         break;
       case ReserveOutcome::kNoSpace:
+      case ReserveOutcome::kNoParent:  // an earlier page found no room
         ++stats->no_space;
         break;
     }

@@ -4,8 +4,9 @@ cache decision, each rank its heads' pools; MLA: the full latent) over a file st
 objects; the hit rates equal TP=1's on the same requests, device, host and storage are all hit,
 every rank's bytes were checked (exit 0), decisions went through the ring and the leader waited
 once per record (no collective), and the report has the leader's decision time and each rank's
-load bandwidth. Then a rank is killed (SIGKILL) mid-replay: rank 0 stops with an error naming the
-dead rank, within the timeout.
+loads (the same copies on every rank at both sizes, each rank's bytes) and load bandwidth. Then
+a rank is killed (SIGKILL) mid-replay: rank 0 stops with an error naming the dead rank, within
+the timeout.
 
 Usage: replay_tp_test.py KVTIER
 """
@@ -22,7 +23,7 @@ def run(kvtier, model, tmp):
     cmd = [kvtier, "replay", "--tp", "2", "--model", model, "--device", "cpu",
            "--workload", "chat", "--requests", "60", "--warmup", "10", "--page-size", "16",
            "--device-tokens", "2048", "--host-tokens", "4096", "--storage", "file",
-           "--no-progress", "--json", out]
+           "--tp-equal-bytes", "--no-progress", "--json", out]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     if p.returncode != 0:
         return None, "%s: exit %d\n%s%s" % (model, p.returncode, p.stdout, p.stderr)
@@ -114,6 +115,37 @@ def main():
                     tp1["load_gbps_per_rank"][0] <= 0:
                 failures.append("%s: load bandwidth per rank missing: %s / %s" %
                                 (model, tp1["load_gbps_per_rank"], tp2["load_gbps_per_rank"]))
+            # The same loads on every rank at both sizes (the measured requests' only): each
+            # rank moved its heads' bytes (MHA: half of TP=1's at TP=2; MLA: the whole latent).
+            share = 1 if model == "deepseek-v2-lite" else 2
+            if tp2["loads_per_rank"] != [tp1["loads_per_rank"][0]] * 2 or \
+                    tp1["loads_per_rank"][0] <= 0:
+                failures.append("%s: loads per rank %s at TP=1, %s at TP=2" %
+                                (model, tp1["loads_per_rank"], tp2["loads_per_rank"]))
+            if tp2["load_bytes_per_rank"] != [tp1["load_bytes_per_rank"][0] // share] * 2 or \
+                    tp1["load_bytes_per_rank"][0] % share:
+                failures.append("%s: load bytes per rank %s at TP=1, %s at TP=2" %
+                                (model, tp1["load_bytes_per_rank"], tp2["load_bytes_per_rank"]))
+            if len(report["load_gbps_vs_tp1_per_rank"]) != 2:
+                failures.append("%s: no load bandwidth ratio per rank" % model)
+            # --tp-equal-bytes (MHA): TP=1 at one rank's share of the heads, the same hits and
+            # copies, each the size of a TP=2 rank's.
+            shard = report["tp1_shard_pass"]
+            if share == 2:
+                if not shard or len(report["load_gbps_vs_tp1_shard_per_rank"]) != 2:
+                    failures.append("%s: no equal-bytes baseline pass" % model)
+                else:
+                    for key in ("device_hit_tokens", "host_hit_tokens", "storage_hit_tokens",
+                                "loaded_tokens", "loads_per_rank"):
+                        if shard[key] != tp1[key]:
+                            failures.append("%s: %s %s at TP=1, %s at 1/2 of the heads" %
+                                            (model, key, tp1[key], shard[key]))
+                    if shard["load_bytes_per_rank"] != tp2["load_bytes_per_rank"][:1]:
+                        failures.append("%s: %s bytes at 1/2 of the heads, %s per TP=2 rank" %
+                                        (model, shard["load_bytes_per_rank"],
+                                         tp2["load_bytes_per_rank"]))
+            elif shard is not None:  # MLA: every rank's copies are TP=1's already
+                failures.append("%s: an equal-bytes pass for MLA" % model)
             if tp2["decision_records"] <= tp2["requests"]:
                 failures.append("%s: %d decision records for %d requests" %
                                 (model, tp2["decision_records"], tp2["requests"]))

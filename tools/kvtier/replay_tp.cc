@@ -70,12 +70,16 @@ Result<ReplayModel> ShardModel(const ReplayModel& m, int tp) {
   return s;
 }
 
+// What a follower answers to a message that is not a step (StepMessage::report): its load
+// counters since the last kResetLoads (TimedEngine), or 0 after resetting them.
+enum Report : uint32_t { kStep = 0, kLoadNs = 1, kLoadBytes = 2, kLoads = 3, kResetLoads = 4 };
+
 // The step rank 0 publishes per request after its copies: flags, counts, then the tokens
 // (hit + new), the matched slots and the new slots.
 struct StepMessage {
   uint32_t warm = 0;    // warm-up: write and check, no compute
   uint32_t sample = 0;  // --verify sample
-  uint32_t report = 0;  // no step: the rank returns its host -> device copy time (ns) so far
+  uint32_t report = 0;  // not a step when set: a Report code, the rank's answer as its result
   int64_t cached_tokens = 0;
   int64_t new_tokens = 0;
   std::vector<int32_t> tokens;
@@ -133,48 +137,90 @@ struct StepMessage {
   }
 };
 
-// An engine that times every copy (synchronised on a GPU, so the time is the copy's) and counts
-// the bytes and time of host -> device copies (into `device`): the cache's own copies on rank 0
-// (inside the leader's engine: without publishing and waiting for the ranks), each follower's.
+// An engine that times every copy (synchronised on a GPU) and measures the host -> device copies
+// (into `device`), the loads: rank 0's own (inside the leader's engine: without publishing and
+// waiting for the ranks) and each follower's.
+//
+// A load's time is the device's: CUDA events recorded on the copy's stream right before and
+// right after this rank's own copy, read once it finished (so neither host-side waits, the
+// cache's decisions, the ring nor the other ranks count; work queued on the stream before the
+// copy does not either: the first event completes after it). cpu: the copy is synchronous, its
+// wall time. A load on the legacy default stream (a follower's ring applies its copies there)
+// runs on `load_stream` instead when it is set (a follower's: its engine's load stream, as rank
+// 0's LoadBack uses); it is synchronised here, before the call returns. Bytes: what
+// this rank moved (its heads' part of each page for MHA at TP > 1, the whole latent for MLA).
 class TimedEngine final : public TransferEngine {
  public:
-  TimedEngine(std::unique_ptr<TransferEngine> inner, const KvRegion& device)
-      : inner_(std::move(inner)), device_(device) {}
+  // `cuda_device` >= 0: a GPU engine on that device (load times from CUDA events).
+  static Result<std::unique_ptr<TimedEngine>> Create(std::unique_ptr<TransferEngine> inner,
+                                                     const KvRegion& device, int cuda_device,
+                                                     CudaStream load_stream) {
+    auto e = std::unique_ptr<TimedEngine>(new TimedEngine(std::move(inner), device, load_stream));
+    if (cuda_device >= 0) {
+      KVTIER_ASSIGN_OR_RETURN(e->start_, CudaEventHandle::Create(cuda_device, /*timing=*/true));
+      KVTIER_ASSIGN_OR_RETURN(e->stop_, CudaEventHandle::Create(cuda_device, /*timing=*/true));
+      e->events_ = true;
+    }
+    return e;
+  }
   TransferBackend backend() const override { return inner_->backend(); }
   Status Synchronize(CudaStream stream) override { return inner_->Synchronize(stream); }
   double seconds() const { return seconds_; }
   double cpu_seconds() const { return cpu_seconds_; }
   double load_seconds() const { return load_seconds_; }
   int64_t load_bytes() const { return load_bytes_; }
+  int64_t loads() const { return loads_; }
+  // Starts the load counters afresh (the warm-up's loads are not measured).
+  void ResetLoads() {
+    load_seconds_ = 0;
+    load_bytes_ = 0;
+    loads_ = 0;
+  }
 
  protected:
-  Status DoTransfer(const TransferRequest& request, const TransferOptions& options) override {
-    const auto t0 = Clock::now();
-    const double cpu0 = ThreadCpuSeconds();
-    Status st = inner_->Transfer(request, options);
-    if (st.ok() && inner_->backend() != TransferBackend::kCpu) {
-      st = inner_->Synchronize(options.stream);
-    }
-    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-    seconds_ += s;
-    cpu_seconds_ += ThreadCpuSeconds() - cpu0;
+  Status DoTransfer(const TransferRequest& request, const TransferOptions& given) override {
     const bool to_device = request.dst->has_layer_table()
                                ? request.dst->k_layers.data() == device_.k_layers.data()
                                : request.dst->k == device_.k;
+    TransferOptions options = given;
+    if (to_device && options.stream == nullptr) options.stream = load_stream_;
+    const bool gpu = inner_->backend() != TransferBackend::kCpu;
+    const bool events = to_device && gpu && events_;
+    const auto t0 = Clock::now();
+    const double cpu0 = ThreadCpuSeconds();
+    Status st = events ? start_.Record(options.stream) : Status::OK();
+    if (st.ok()) st = inner_->Transfer(request, options);
+    if (st.ok() && events) st = stop_.Record(options.stream);
+    if (st.ok() && gpu) st = inner_->Synchronize(options.stream);
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    seconds_ += s;
+    cpu_seconds_ += ThreadCpuSeconds() - cpu0;
     if (to_device && st.ok()) {
-      load_seconds_ += s;
+      double load_s = s;
+      if (events) {
+        Result<float> ms = stop_.ElapsedMsSince(start_);
+        if (!ms.ok()) return ms.status().WithContext("timing a load with CUDA events");
+        load_s = static_cast<double>(*ms) * 1e-3;
+      }
+      load_seconds_ += load_s;
       load_bytes_ += request.bytes();
+      ++loads_;
     }
     return st;
   }
 
  private:
+  TimedEngine(std::unique_ptr<TransferEngine> inner, const KvRegion& device, CudaStream load_stream)
+      : inner_(std::move(inner)), device_(device), load_stream_(load_stream) {}
   std::unique_ptr<TransferEngine> inner_;
   KvRegion device_;
+  CudaStream load_stream_;
+  bool events_ = false;
+  CudaEventHandle start_, stop_;
   // The cache calls its engine from one thread at a time here (backup_threads = 0, a
   // sequential replay); a follower's Serve is one thread.
   double seconds_ = 0, cpu_seconds_ = 0, load_seconds_ = 0;
-  int64_t load_bytes_ = 0;
+  int64_t load_bytes_ = 0, loads_ = 0;
 };
 
 // The stores' per-call timeout (the leader's wrapper inherits it, and its calls include waiting
@@ -235,9 +281,10 @@ struct Setup {
   int64_t max_context = 1;
   std::string store_dir;  // --storage file: one file store per pass under it (empty: none)
   int64_t store_bytes = 0;
+  std::string store_suffix;  // of the pass's store directory (tp<N><suffix>)
   std::string StoreUrl(int tp) const {
     if (store_dir.empty()) return "";
-    return fmt::format("file://{}/tp{}?capacity={}", store_dir, tp, store_bytes);
+    return fmt::format("file://{}/tp{}{}?capacity={}", store_dir, tp, store_suffix, store_bytes);
   }
 };
 
@@ -280,12 +327,16 @@ Status RunPass(const Setup& s, int tp, TpLeader* leader, TpPassResult* out) {
   // itself timed (outer): outer - inner is the group's part (publish, wait for the ranks).
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<TransferEngine> real,
                           MakeTransferEngine(s.io, c.transfer));
-  auto inner_owned = std::make_unique<TimedEngine>(std::move(real), device);
+  const int cuda_device = s.gpu ? 0 : -1;
+  KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<TimedEngine> inner_owned,
+                          TimedEngine::Create(std::move(real), device, cuda_device, nullptr));
   TimedEngine* inner = inner_owned.get();
   TimedEngine* outer = inner;
   std::unique_ptr<TransferEngine> given = std::move(inner_owned);
   if (leader != nullptr) {
-    auto o = std::make_unique<TimedEngine>(leader->WrapEngine(std::move(given), device), device);
+    KVTIER_ASSIGN_OR_RETURN(
+        std::unique_ptr<TimedEngine> o,
+        TimedEngine::Create(leader->WrapEngine(std::move(given), device), device, -1, nullptr));
     outer = o.get();
     given = std::move(o);
   }
@@ -322,6 +373,16 @@ Status RunPass(const Setup& s, int tp, TpLeader* leader, TpPassResult* out) {
   const int64_t n = static_cast<int64_t>(s.workload.requests.size());
   for (int64_t i = 0; i < n; ++i) {
     const bool warm = i < s.o.warmup;
+    if (i == s.o.warmup) {
+      // The measured loads start here, on every rank: the same requests' loads at every TP size.
+      inner->ResetLoads();
+      if (leader != nullptr) {
+        StepMessage reset;
+        reset.report = kResetLoads;
+        KVTIER_ASSIGN_OR_RETURN(const uint64_t seq, leader->PublishMessage(reset.Encode()));
+        KVTIER_RETURN_IF_ERROR(leader->WaitApplied(seq));
+      }
+    }
     const WorkloadRequest& req = s.workload.requests[static_cast<size_t>(i)];
     const std::vector<int32_t> tokens = PromptTokens(req);
     const std::span<const Token> prompt(tokens.data(), tokens.size());
@@ -432,16 +493,29 @@ Status RunPass(const Setup& s, int tp, TpLeader* leader, TpPassResult* out) {
   out->wall_s = std::chrono::duration<double>(Clock::now() - wall0).count();
   out->load_bytes = {inner->load_bytes()};
   out->load_seconds = {inner->load_seconds()};
+  out->loads = {inner->loads()};
   if (leader != nullptr) {
-    // Each follower's host -> device copies (the same slots as rank 0's, its heads' bytes).
-    StepMessage report;
-    report.report = 1;
-    KVTIER_ASSIGN_OR_RETURN(const uint64_t seq, leader->PublishMessage(report.Encode()));
-    KVTIER_RETURN_IF_ERROR(leader->WaitApplied(seq));
+    // Each follower's loads of the measured requests (the same slots as rank 0's; its bytes).
+    uint64_t answer[3] = {};
+    out->load_bytes.resize(static_cast<size_t>(tp));
+    out->load_seconds.resize(static_cast<size_t>(tp));
+    out->loads.resize(static_cast<size_t>(tp));
+    const Report asks[3] = {kLoadNs, kLoadBytes, kLoads};
+    uint64_t seqs[3];
+    for (int k = 0; k < 3; ++k) {
+      StepMessage ask;
+      ask.report = asks[k];
+      KVTIER_ASSIGN_OR_RETURN(seqs[k], leader->PublishMessage(ask.Encode()));
+      KVTIER_RETURN_IF_ERROR(leader->WaitApplied(seqs[k]));
+    }
     for (int r = 1; r < tp; ++r) {
-      KVTIER_ASSIGN_OR_RETURN(const uint64_t ns, leader->MessageResult(r, seq));
-      out->load_bytes.push_back(inner->load_bytes());
-      out->load_seconds.push_back(static_cast<double>(ns) / 1e9);
+      for (int k = 0; k < 3; ++k) {
+        KVTIER_ASSIGN_OR_RETURN(answer[k], leader->MessageResult(r, seqs[k]));
+      }
+      const size_t i = static_cast<size_t>(r);
+      out->load_seconds[i] = static_cast<double>(answer[0]) / 1e9;
+      out->load_bytes[i] = static_cast<int64_t>(answer[1]);
+      out->loads[i] = static_cast<int64_t>(answer[2]);
     }
     out->ring = leader->stats();
   }
@@ -474,7 +548,9 @@ Status RunFollower(const Setup& s, const TpReplayArgs& a) {
   TransferEngineConfig tc;
   tc.device = s.gpu ? a.rank % std::max(1, CudaDeviceCount()) : 0;
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<TransferEngine> real, MakeTransferEngine(s.io, tc));
-  TimedEngine copier(std::move(real), engine->device_region());
+  KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<TimedEngine> copier,
+                          TimedEngine::Create(std::move(real), engine->device_region(),
+                                              s.gpu ? tc.device : -1, engine->load_stream()));
   std::shared_ptr<StorageBackend> store;
   if (!a.store.empty()) {
     StorageOptions so;
@@ -488,7 +564,21 @@ Status RunFollower(const Setup& s, const TpReplayArgs& a) {
   }
   auto on_step = [&](std::span<const std::byte> msg) -> Result<uint64_t> {
     KVTIER_ASSIGN_OR_RETURN(StepMessage step, StepMessage::Decode(msg));
-    if (step.report != 0) return static_cast<uint64_t>(copier.load_seconds() * 1e9);
+    switch (step.report) {
+      case kStep:
+        break;
+      case kLoadNs:
+        return static_cast<uint64_t>(copier->load_seconds() * 1e9);
+      case kLoadBytes:
+        return static_cast<uint64_t>(copier->load_bytes());
+      case kLoads:
+        return static_cast<uint64_t>(copier->loads());
+      case kResetLoads:
+        copier->ResetLoads();
+        return uint64_t{0};
+      default:
+        return Status::Corruption(fmt::format("tp step: unknown report code {}", step.report));
+    }
     KVTIER_RETURN_IF_ERROR(engine->BeginRequest());
     PrefillTiming timing;
     KVTIER_ASSIGN_OR_RETURN(double ms,
@@ -496,7 +586,7 @@ Status RunFollower(const Setup& s, const TpReplayArgs& a) {
     return static_cast<uint64_t>(ms * 1e6);  // ns
   };
   for (;;) {
-    KVTIER_ASSIGN_OR_RETURN(TpServeResult r, f->Serve(copier, engine->device_region(), host_region,
+    KVTIER_ASSIGN_OR_RETURN(TpServeResult r, f->Serve(*copier, engine->device_region(), host_region,
                                                       1.0, on_step, store.get()));
     if (r == TpServeResult::kClosed) return Status::OK();
   }
@@ -571,6 +661,10 @@ void AddTpReplayFlags(CLI::App* replay, TpReplayArgs* a) {
                    "pass, host layout page_head)")
       ->check(CLI::Range(1, 8))
       ->capture_default_str();
+  replay->add_flag(
+      "--tp-equal-bytes", a->equal_bytes,
+      "--tp, MHA: also serve the requests at TP=1 with one rank's share of the KV heads, the load "
+      "bandwidth baseline at equal bytes per copy (a TP=N rank moves 1/N of TP=1's per copy)");
   replay
       ->add_option("--tp-timeout", a->ack_timeout_s,
                    "--tp: seconds rank 0 waits for a rank to apply a decision before failing")
@@ -647,18 +741,36 @@ int RunReplayTp(const ReplayOptions& options, const TpReplayArgs& a,
       return fail(Status::IOError(fmt::format("cannot create a temporary directory {}", templ)), 1);
     }
     s.store_dir = templ;
-    // Room for every page the run stores (the whole model's bytes; a pass's TP size does not
-    // change them): the store never evicts, so storage hits are the same at every TP size.
-    const int64_t host_bytes = s.host_slots * s.model.kv_bytes_per_token();
-    s.store_bytes = s.o.storage_bytes > 0 ? s.o.storage_bytes
-                                          : std::max<int64_t>(8 * host_bytes, int64_t{64} << 20);
+    // Room for every page the run can store (every request's whole pages, the whole model's
+    // bytes; a pass's TP size does not change them): the store never evicts, so storage hits
+    // are the same at every TP size. (An evicting store is not: the ranks' writes of one page
+    // interleave differently at TP=1 and TP=2, and so does what the store evicts first.) The
+    // bound is a limit, not an allocation: the disk holds only the distinct pages.
+    int64_t prompt_pages = 0;
+    for (const WorkloadRequest& r : s.workload.requests) prompt_pages += r.input_length / P;
+    const int64_t all_bytes = prompt_pages * P * s.model.kv_bytes_per_token();
+    s.store_bytes =
+        s.o.storage_bytes > 0 ? s.o.storage_bytes : std::max<int64_t>(all_bytes, int64_t{64} << 20);
   }
 
-  TpPassResult tp1, tpn;
+  TpPassResult tp1, tpn, tp1_shard;
   Status st = RunPass(s, 1, nullptr, &tp1);
   if (!st.ok()) {
     RemoveStore(s);
     return fail(st.WithContext("TP=1"), 1);
+  }
+  const bool shard_pass = a.equal_bytes && !s.model.mla && a.tp > 1;
+  if (shard_pass) {
+    // The load baseline at equal bytes per copy: TP=1 with one rank's share of the KV heads (its
+    // own store), so each copy is the size of a TP=N rank's.
+    Setup e = s;
+    e.model = *ShardModel(s.model, a.tp);
+    e.store_suffix = "-shard";
+    st = RunPass(e, 1, nullptr, &tp1_shard);
+    if (!st.ok()) {
+      RemoveStore(s);
+      return fail(st.WithContext(fmt::format("TP=1 with 1/{} of the KV heads", a.tp)), 1);
+    }
   }
 
   TpGroupConfig gc;
@@ -697,7 +809,7 @@ int RunReplayTp(const ReplayOptions& options, const TpReplayArgs& a,
   info.storage = !s.store_dir.empty();
   info.command_line = s.o.command_line;
   info.json_path = s.o.json_path;
-  Result<bool> equal = ReportTpPasses(info, tp1, tpn);
+  Result<bool> equal = ReportTpPasses(info, tp1, tpn, shard_pass ? &tp1_shard : nullptr);
   if (!equal.ok()) return fail(equal.status(), 1);
   return *equal ? 0 : 1;
 }

@@ -13,9 +13,11 @@
 //
 // The same requests are first served at TP=1 (one process, the whole model) for the comparison:
 // hit rates must be equal (exit code 1 otherwise), TTFT is LoadBack's wall time plus the slowest
-// rank's prefill. Sequential scheduling. --storage file: each pass gets a file store of per-head
-// objects (docs/tp.md), host layout page_head; each rank reads and writes its heads; every
-// request's backups land before the next (hits do not depend on the store's speed).
+// rank's prefill. --tp-equal-bytes (MHA): a third pass, TP=1 with one rank's share of the KV
+// heads, gives the load bandwidth baseline at equal bytes per copy (its hits must be equal too).
+// Sequential scheduling. --storage file: each pass gets a file store of per-head objects
+// (docs/tp.md), host layout page_head; each rank reads and writes its heads; every request's
+// backups land before the next (hits do not depend on the store's speed).
 //
 // Thread safety: called once from main.
 #pragma once
@@ -34,9 +36,10 @@ struct TpReplayArgs {
   std::string group;          // --tp-group (hidden): its decision ring
   std::string store;          // --tp-store (hidden): the pass's per-head file store URL
   double ack_timeout_s = 60;  // --tp-timeout
+  bool equal_bytes = false;   // --tp-equal-bytes: MHA's TP=1 load baseline at 1/N of the heads
 };
 
-// Adds --tp and --tp-timeout (and the hidden follower flags) to `replay`.
+// Adds --tp, --tp-equal-bytes and --tp-timeout (and the hidden follower flags) to `replay`.
 void AddTpReplayFlags(CLI::App* replay, TpReplayArgs* args);
 
 // `kvtier replay --tp N` (rank 0), or the follower rank the arguments name. `self_args` are the

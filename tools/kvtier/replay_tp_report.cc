@@ -23,11 +23,22 @@ double LoadBandwidth(const TpPassResult& p, size_t r) {
              : 0.0;
 }
 
+// Mean bytes of one load of rank `r` (0 when it loaded nothing).
+double BytesPerLoad(const TpPassResult& p, size_t r) {
+  return r < p.loads.size() && p.loads[r] > 0
+             ? static_cast<double>(p.load_bytes[r]) / static_cast<double>(p.loads[r])
+             : 0.0;
+}
+
 nlohmann::json PassJson(const TpPassResult& p) {
   const double tokens = std::max<double>(1, static_cast<double>(p.prompt_tokens));
   const double requests = std::max<double>(1, static_cast<double>(p.requests));
   nlohmann::json load_gbps = nlohmann::json::array();
-  for (size_t r = 0; r < p.load_seconds.size(); ++r) load_gbps.push_back(LoadBandwidth(p, r) / 1e9);
+  nlohmann::json load_mb = nlohmann::json::array();
+  for (size_t r = 0; r < p.load_seconds.size(); ++r) {
+    load_gbps.push_back(LoadBandwidth(p, r) / 1e9);
+    load_mb.push_back(BytesPerLoad(p, r) / 1e6);
+  }
   return {{"tp", p.tp},
           {"requests", p.requests},
           {"prompt_tokens", p.prompt_tokens},
@@ -55,6 +66,9 @@ nlohmann::json PassJson(const TpPassResult& p) {
           {"storage_wait_s", p.storage_wait_s},
           {"load_gbps_per_rank", load_gbps},
           {"load_bytes_per_rank", p.load_bytes},
+          {"load_seconds_per_rank", p.load_seconds},
+          {"loads_per_rank", p.loads},
+          {"load_mb_per_copy_per_rank", load_mb},
           {"decision_records", p.ring.records},
           {"decision_record_bytes", p.ring.record_bytes},
           {"leader_ack_wait_s", p.ring.ack_wait_seconds},
@@ -84,10 +98,13 @@ double TpPercentile(std::vector<double> v, double q) {
   return v[std::min(i, v.size() - 1)];
 }
 
-Result<bool> ReportTpPasses(const TpRunInfo& info, const TpPassResult& tp1,
-                            const TpPassResult& tpn) {
-  const bool equal = tp1.device_hit == tpn.device_hit && tp1.host_hit == tpn.host_hit &&
-                     tp1.storage_hit == tpn.storage_hit && tp1.loaded == tpn.loaded;
+Result<bool> ReportTpPasses(const TpRunInfo& info, const TpPassResult& tp1, const TpPassResult& tpn,
+                            const TpPassResult* tp1_shard) {
+  auto same_hits = [](const TpPassResult& a, const TpPassResult& b) {
+    return a.device_hit == b.device_hit && a.host_hit == b.host_hit &&
+           a.storage_hit == b.storage_hit && a.loaded == b.loaded;
+  };
+  const bool equal = same_hits(tp1, tpn) && (tp1_shard == nullptr || same_hits(tp1, *tp1_shard));
   const nlohmann::json j1 = PassJson(tp1), jn = PassJson(tpn);
   std::printf(
       "kvtier replay --tp %d: %s, %lld requests (after %lld warm-up), model %s (%s), "
@@ -122,14 +139,43 @@ Result<bool> ReportTpPasses(const TpRunInfo& info, const TpPassResult& tp1,
   row("ring + rank waits ms/request p50", "group_ms_p50", "{:.4f}");
   row("rank 0 own copies ms/request p50", "own_copy_ms_p50", "{:.4f}");
   row("storage read wait s (all requests)", "storage_wait_s", "{:.3f}");
+  // Each rank's loads of the measured requests (TP=1: one rank).
+  auto rank_row = [&](const std::string& name, size_t r, auto format) {
+    std::printf("%-34s %14s %14s\n", name.c_str(), r == 0 ? format(tp1, r).c_str() : "",
+                format(tpn, r).c_str());
+  };
   const double bw1 = LoadBandwidth(tp1, 0);
   for (size_t r = 0; r < tpn.load_seconds.size(); ++r) {
-    const double bw = LoadBandwidth(tpn, r);
-    std::printf(
-        "%-34s %14s %14s\n", fmt::format("load GB/s, rank {}", r).c_str(),
-        r == 0 ? fmt::format("{:.2f}", bw1 / 1e9).c_str() : "",
-        fmt::format("{:.2f}{}", bw / 1e9, bw1 > 0 ? fmt::format(" ({:.0f}%)", 100 * bw / bw1) : "")
-            .c_str());
+    rank_row(fmt::format("loads (copies), rank {}", r), r,
+             [](const TpPassResult& p, size_t i) { return fmt::format("{}", p.loads[i]); });
+    rank_row(fmt::format("load GB moved, rank {}", r), r, [](const TpPassResult& p, size_t i) {
+      return fmt::format("{:.3f}", static_cast<double>(p.load_bytes[i]) / 1e9);
+    });
+    rank_row(fmt::format("load MB per copy, rank {}", r), r, [](const TpPassResult& p, size_t i) {
+      return fmt::format("{:.2f}", BytesPerLoad(p, i) / 1e6);
+    });
+    rank_row(fmt::format("load GB/s, rank {}", r), r, [&](const TpPassResult& p, size_t i) {
+      const double bw = LoadBandwidth(p, i);
+      return p.tp == 1 || bw1 <= 0 ? fmt::format("{:.2f}", bw / 1e9)
+                                   : fmt::format("{:.2f} ({:.0f}%)", bw / 1e9, 100 * bw / bw1);
+    });
+  }
+  // The baseline at equal bytes per copy: TP=1 with one rank's share of the heads.
+  const double bw1s = tp1_shard != nullptr ? LoadBandwidth(*tp1_shard, 0) : 0;
+  nlohmann::json shard_ratios = nlohmann::json::array();
+  if (tp1_shard != nullptr) {
+    std::printf("%-34s %14s %14s\n", fmt::format("TP=1 at 1/{} of the heads:", info.tp).c_str(), "",
+                "");
+    std::printf("%-34s %14s\n", "  loads (copies)", fmt::format("{}", tp1_shard->loads[0]).c_str());
+    std::printf("%-34s %14s\n", "  load MB per copy",
+                fmt::format("{:.2f}", BytesPerLoad(*tp1_shard, 0) / 1e6).c_str());
+    std::printf("%-34s %14s\n", "  load GB/s", fmt::format("{:.2f}", bw1s / 1e9).c_str());
+    for (size_t r = 0; r < tpn.load_seconds.size(); ++r) {
+      const double ratio = bw1s > 0 ? LoadBandwidth(tpn, r) / bw1s : 0.0;
+      shard_ratios.push_back(ratio);
+      std::printf("%-34s %14s %14s\n", fmt::format("load GB/s, rank {} vs it", r).c_str(), "",
+                  fmt::format("{:.0f}%", 100 * ratio).c_str());
+    }
   }
   const double d1 = TpPercentile(tp1.decide_ms, 0.5), dn = TpPercentile(tpn.decide_ms, 0.5);
   const double c1 = TpPercentile(tp1.decide_cpu_ms, 0.5), cn = TpPercentile(tpn.decide_cpu_ms, 0.5);
@@ -141,6 +187,10 @@ Result<bool> ReportTpPasses(const TpRunInfo& info, const TpPassResult& tp1,
       "wrong bytes: 0 on every rank (each rank checks its heads' KV; a wrong byte stops "
       "the run)\nhit rates TP=%d vs TP=1: %s\n",
       info.tp, equal ? "equal" : "DIFFERENT");
+  nlohmann::json ratios = nlohmann::json::array();  // each rank's load bandwidth / TP=1's
+  for (size_t r = 0; r < tpn.load_seconds.size(); ++r) {
+    ratios.push_back(bw1 > 0 ? LoadBandwidth(tpn, r) / bw1 : 0.0);
+  }
   if (!info.json_path.empty()) {
     std::ofstream out(info.json_path);
     out << nlohmann::json{{"command", info.command_line},
@@ -151,6 +201,11 @@ Result<bool> ReportTpPasses(const TpRunInfo& info, const TpPassResult& tp1,
                           {"hit_rates_equal", equal},
                           {"decision_overhead_ratio_p50", d1 > 0 ? dn / d1 : 0.0},
                           {"decision_cpu_overhead_ratio_p50", c1 > 0 ? cn / c1 : 0.0},
+                          {"load_gbps_vs_tp1_per_rank", ratios},
+                          // --tp-equal-bytes: TP=1 at one rank's share of the heads (else null).
+                          {"tp1_shard_pass",
+                           tp1_shard != nullptr ? PassJson(*tp1_shard) : nlohmann::json(nullptr)},
+                          {"load_gbps_vs_tp1_shard_per_rank", shard_ratios},
                           {"passes", {j1, jn}}}
                .dump(2)
         << "\n";

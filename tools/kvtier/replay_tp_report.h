@@ -29,9 +29,12 @@ struct TpPassResult {
   std::vector<double> decide_ms, group_ms, copy_ms;
   std::vector<double> decide_cpu_ms;  // the same decisions in the thread's CPU time
   double storage_wait_s = 0;          // FinishPrefetch: waiting for storage reads (every rank's)
-  // Host -> device copies on each rank: bytes, seconds.
+  // Each rank's loads (host -> device copies) of the measured requests: the bytes it moved, the
+  // device time of its own copies to completion (GPU: CUDA events on its load stream around
+  // each copy; cpu: the synchronous copy's wall time), the number of copies.
   std::vector<int64_t> load_bytes;
   std::vector<double> load_seconds;
+  std::vector<int64_t> loads;
   TpLeaderStats ring;
   CacheStats cache;  // rank 0's cache at the end
 };
@@ -49,10 +52,13 @@ struct TpRunInfo {
 double TpPercentile(std::vector<double> v, double q);
 
 // Prints the two passes side by side (hits, TTFT, the decision ring, the leader's decision time
-// and waits, collectives, each rank's load bandwidth against TP=1's) and writes the JSON when
+// and waits, collectives, each rank's load bytes, copies, bytes per copy and bandwidth against
+// TP=1's) and writes the JSON when
 // info.json_path is set. Whether the hit counts are equal; IOError when the JSON cannot be
 // written.
-Result<bool> ReportTpPasses(const TpRunInfo& info, const TpPassResult& tp1,
-                            const TpPassResult& tpn);
+// `tp1_shard` (may be null): TP=1 with one rank's share of the KV heads (--tp-equal-bytes), the
+// load bandwidth baseline at equal bytes per copy; its hits count in the comparison too.
+Result<bool> ReportTpPasses(const TpRunInfo& info, const TpPassResult& tp1, const TpPassResult& tpn,
+                            const TpPassResult* tp1_shard = nullptr);
 
 }  // namespace kvtier::tools

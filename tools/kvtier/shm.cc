@@ -96,14 +96,19 @@ void PrintInfo(const SharedHostPoolInfo& info) {
               LayoutName(g.layout), info.mla ? "MLA" : "K+V", static_cast<long long>(g.num_layers),
               static_cast<long long>(g.slot_bytes), static_cast<long long>(g.page_size),
               static_cast<long long>(g.head_num));
-  std::printf("pages      %lld of %s: %lld empty, %lld writing, %lld ready (%lld pinned)\n",
-              static_cast<long long>(info.num_pages), HumanBytes(info.page_bytes).c_str(),
-              static_cast<long long>(info.empty_pages), static_cast<long long>(info.writing_pages),
-              static_cast<long long>(info.ready_pages), static_cast<long long>(info.pinned_pages));
   std::printf(
-      "history    clock %llu; %lld evictions; %lld lock recoveries; %lld dead processes "
-      "reaped, %lld of their writing pages reclaimed, %lld of their references dropped\n",
+      "pages      %lld of %s: %lld empty, %lld writing, %lld ready (%lld pinned, %lld "
+      "unreachable)\n",
+      static_cast<long long>(info.num_pages), HumanBytes(info.page_bytes).c_str(),
+      static_cast<long long>(info.empty_pages), static_cast<long long>(info.writing_pages),
+      static_cast<long long>(info.ready_pages), static_cast<long long>(info.pinned_pages),
+      static_cast<long long>(info.unreachable_pages));
+  std::printf(
+      "history    clock %llu; %lld evictions (%lld of a page with a resident child); %lld lock "
+      "recoveries; %lld dead processes reaped, %lld of their writing pages reclaimed, %lld of "
+      "their references dropped\n",
       static_cast<unsigned long long>(info.clock), static_cast<long long>(info.evictions),
+      static_cast<long long>(info.evictions_with_children),
       static_cast<long long>(info.lock_recoveries), static_cast<long long>(info.reaped_processes),
       static_cast<long long>(info.reclaimed_writing_pages),
       static_cast<long long>(info.dropped_refs));
@@ -137,8 +142,10 @@ nlohmann::json InfoJson(const SharedHostPoolInfo& info) {
   j["writing_pages"] = info.writing_pages;
   j["ready_pages"] = info.ready_pages;
   j["pinned_pages"] = info.pinned_pages;
+  j["unreachable_pages"] = info.unreachable_pages;
   j["clock"] = info.clock;
   j["evictions"] = info.evictions;
+  j["evictions_with_children"] = info.evictions_with_children;
   j["lock_recoveries"] = info.lock_recoveries;
   j["reaped_processes"] = info.reaped_processes;
   j["reclaimed_writing_pages"] = info.reclaimed_writing_pages;
