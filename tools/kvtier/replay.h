@@ -10,13 +10,16 @@
 // Scheduling: open loop (arrivals at the workload's timestamps / --speed), closed loop
 // (--concurrency N requests in flight) or --sequential (one at a time, in file order). The device
 // serves one prefill at a time in arrival order; TTFT = queueing + prefetch wait + load + prefill,
-// on a timeline built from the measured (or, for compute on cpu, modelled) durations.
+// on a timeline built from the measured (or, for compute on cpu, modelled) durations. Storage hits
+// are streamed (stream_load_back with a wait_complete or timeout prefetch: LoadBack ends the
+// prefetch, so its wait on the read is inside the load), else the prefetch ends before the load.
 //
 // Three runs side by side in one invocation: no cache (every prompt computed), a device-only
 // radix cache (no host tier, no storage: what engines have without a hierarchy) and the full
 // hierarchy; plus the ideal of the hierarchy (its hits, every load at the measured ceiling and
 // fully overlapped with compute, no prefetch wait: host hits at the host -> device ceiling,
-// storage hits at the storage read ceiling, both measured at start; see replay_ceiling.h).
+// storage hits at the storage read ceiling, both measured at start, see replay_ceiling.h; a
+// storage read begins when the run's prefetch began, at Match, so queueing hides part of it).
 //
 // Thread safety: RunReplay is called once from main.
 #pragma once

@@ -37,6 +37,7 @@ struct InFlight {
   MatchResult match;
   int64_t storage_tokens = 0;  // after QueryStorage
   PrefetchState prefetch = PrefetchState::kNone;
+  Clock::time_point prefetch_start;  // when Prefetch was called (state kRunning)
 };
 
 // The progress line: requests done, hit rate so far, ETA, on stderr: rewritten in place twice a
@@ -215,6 +216,7 @@ class RunDriver {
             0, storage_->capacity_bytes() / page_bytes - c.host_capacity_bytes / page_bytes);
       }
       summary_.storage = RedactUrl(storage_->url());
+      summary_.storage_load_path = StreamsStorageHits() ? "streamed" : "after_read";
     }
     if (kind_ == RunKind::kHierarchy && s_.kv_events != nullptr) {
       c.kv_event_sink = s_.kv_events;
@@ -259,6 +261,7 @@ class RunDriver {
     if (storage_ != nullptr) {
       KVTIER_ASSIGN_OR_RETURN(StorageQueryResult q, cache_->QueryStorage(f.match.handle));
       f.storage_tokens = q.storage_tokens;
+      f.prefetch_start = Clock::now();
       KVTIER_ASSIGN_OR_RETURN(PrefetchResult p, cache_->Prefetch(f.match.handle));
       f.prefetch = p.state;
     }
@@ -278,18 +281,43 @@ class RunDriver {
     int64_t hit = 0;
     if (cache_ != nullptr) {
       const MatchHandle h = f.match.handle;
-      // The prefetch wait: how long ending the prefetch blocks when the request is served.
-      if (f.prefetch == PrefetchState::kRunning) {
+      const bool running = f.prefetch == PrefetchState::kRunning;
+      // How long before its service the request's read began (its lead over the service): the
+      // ideal lets its read overlap as much (replay.cc, IdealTtft).
+      if (running) r.prefetch_lead_ms = MsSince(f.prefetch_start);
+      // A streamed storage hit (stream_load_back with a wait_complete or timeout prefetch
+      // running): LoadBack ends the prefetch by its policy, copying its pages as they arrive.
+      // Otherwise the prefetch is ended first (FinishPrefetch: best_effort takes what arrived),
+      // and the prefetch wait is how long that blocks, before the device work begins.
+      const bool stream = running && StreamsStorageHits();
+      int64_t prefetched = 0;  // tokens this request's prefetch brought from storage
+      if (running && !stream) {
         const auto t0 = Clock::now();
         KVTIER_ASSIGN_OR_RETURN(PrefetchResult p, cache_->FinishPrefetch(h));
         r.prefetch_wait_ms = MsSince(t0);
         f.prefetch = p.state;
+        prefetched = p.arrived_tokens;
       }
-      CountPrefetch(f.prefetch);
       KVTIER_RETURN_IF_ERROR(s_.engine->BeginRequest());
+      const double copy_s0 = stream && !s_.gpu ? cache_->stats().load_back_seconds : 0;
       const auto t0 = Clock::now();
       Result<LoadBackResult> lb = cache_->LoadBack(h, s_.engine->load_stream());
       job.load_wall_ms = MsSince(t0);
+      if (stream) {
+        // The LoadBack waited on the read for its wall time less its copies (cpu: synchronous,
+        // their wall time is load_back_seconds; GPU: the copies are enqueued while it waits).
+        // That wait is inside the device time measured from BeginRequest (GPU: the start event
+        // precedes the LoadBack; cpu: the load's wall time), so it is reported as the prefetch
+        // wait (overlapping the load) and not added to the TTFT again.
+        const double copies_ms = s_.gpu ? 0 : (cache_->stats().load_back_seconds - copy_s0) * 1e3;
+        r.streamed = true;
+        r.prefetch_wait_ms = std::max(0.0, job.load_wall_ms - copies_ms);
+        ++summary_.streamed_loads;
+        // OutOfMemory leaves the prefetch running (Release cancels it): counted as partial.
+        f.prefetch = lb.ok() ? lb->prefetch.state : PrefetchState::kPartial;
+        if (lb.ok()) prefetched = lb->prefetch.arrived_tokens;
+      }
+      CountPrefetch(f.prefetch);
       if (lb.ok()) {
         hit_slots = std::move(lb->device_slots);
         r.loaded_bytes = lb->loaded_tokens * s_.model.kv_bytes_per_token();
@@ -301,8 +329,11 @@ class RunDriver {
       }
       hit = static_cast<int64_t>(hit_slots.size());
       r.device_hit = std::min(hit, f.match.device_tokens);
-      r.host_hit = std::min(hit - r.device_hit, f.match.host_tokens);
-      r.storage_hit = hit - r.device_hit - r.host_hit;
+      // Storage hits are the tokens this request's prefetch read; what the prefix gained past
+      // its Match otherwise (another request in flight inserted or loaded it meanwhile) was
+      // taken from memory, counted as host hits (the ideal charges no read for them).
+      r.storage_hit = std::clamp<int64_t>(hit - r.device_hit - f.match.host_tokens, 0, prefetched);
+      r.host_hit = hit - r.device_hit - r.storage_hit;
       // Slots for the new whole pages of the prompt (as many as the device can make room for).
       const int64_t whole = f.prompt_tokens / P_ * P_;
       if (whole > hit) {
@@ -330,7 +361,9 @@ class RunDriver {
     r.compute_ms = t.compute_ms;
     r.device_ms = t.total_ms;
     if (!warming_) {
-      const double end = timeline_.Serve(f.index, r.prefetch_wait_ms + t.total_ms);
+      // A streamed load's wait is inside total_ms already (see above).
+      const double end =
+          timeline_.Serve(f.index, (r.streamed ? 0 : r.prefetch_wait_ms) + t.total_ms);
       r.ttft_ms = end - r.arrival_ms;
     }
     if (cache_ != nullptr) KVTIER_RETURN_IF_ERROR(InsertAndRelease(f, hit_slots, new_slots));
@@ -365,6 +398,12 @@ class RunDriver {
       KVTIER_RETURN_IF_ERROR(cache_->Insert(tokens, slots, "", io).status().WithContext("Insert"));
     }
     return cache_->Release(f.match.handle).WithContext("Release");
+  }
+
+  // Whether LoadBack ends a running prefetch (streaming its pages) rather than FinishPrefetch.
+  bool StreamsStorageHits() const {
+    return o_.stream_load_back &&
+           *ParsePrefetchPolicy(o_.prefetch_policy) != PrefetchPolicy::kBestEffort;  // checked
   }
 
   void CountPrefetch(PrefetchState st) {
