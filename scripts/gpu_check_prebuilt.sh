@@ -20,12 +20,33 @@ T0=$(date +%s)
 note() { SUMMARY+=("$1"); echo "[$(( $(date +%s) - T0 ))s] $1"; }
 
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+# The worker the shared host tests exec, at the path they were built with.
+if [[ -f $pre/worker_path ]]; then
+  worker=$(cat "$pre/worker_path")
+  [[ -x $worker ]] || { mkdir -p "$(dirname "$worker")" && cp "$pre/bin/shared_host_pool_worker" "$worker"; }
+fi
 # The cache's GPU tests whole; of the others, only their GPU cases (their CPU cases ran in CI).
+# run_test_each runs each case in a process of its own, as ctest does: a GPU case that forks a
+# child before its process initialises CUDA (the shared host tests) cannot follow another GPU case
+# in one process.
 run_test() {
   local t=$1 filter=$2
   "$pre/bin/$t" --gtest_brief=1 --gtest_filter="$filter" >"$LOGS/$t.log" 2>&1
   local rc=$?
   note "$t: rc=$rc $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$LOGS/$t.log" | tr '\n' ' ')"
+}
+run_test_each() {
+  local t=$1 filter=$2 rc=0 suite="" line cases=() passed=0 failed=() skipped=0
+  while IFS= read -r line; do
+    if [[ $line != " "* ]]; then suite=${line%%#*}; suite=${suite// /}; continue; fi
+    line=${line%%#*}; cases+=("$suite${line// /}")
+  done < <("$pre/bin/$t" --gtest_list_tests --gtest_filter="$filter" | grep -v '^Running main')
+  : >"$LOGS/$t.log"
+  for c in "${cases[@]}"; do
+    "$pre/bin/$t" --gtest_brief=1 --gtest_filter="$c" >>"$LOGS/$t.log" 2>&1 || { rc=1; failed+=("$c"); continue; }
+    if grep -q "^\[  SKIPPED \] 1 test" <(tail -5 "$LOGS/$t.log"); then skipped=$((skipped + 1)); else passed=$((passed + 1)); fi
+  done
+  note "$t: rc=$rc ${#cases[@]} cases, $passed passed, $skipped skipped, ${#failed[@]} failed ${failed[*]}"
 }
 run_test hierarchical_cache_gpu_test '*'
 if command -v compute-sanitizer >/dev/null; then
@@ -44,7 +65,7 @@ cat "$LOGS/storage_hit.log" | tail -8
 rm -rf "$hit_store"
 for t in cpu_transfer_test host_kv_pool_test hierarchical_cache_shared_host_test \
          shared_host_pool_gpu_test; do
-  run_test "$t" '*Gpu*:*Cuda*:*gpu*:*cuda*'
+  run_test_each "$t" '*Gpu*:*Cuda*:*gpu*:*cuda*'
 done
 store=$(mktemp -d)
 "$pre/bin/kvtier" replay --workload doc-qa --requests "${KVTIER_PREBUILT_REPLAY_REQUESTS:-60}" --seed 5 \

@@ -20,6 +20,10 @@ tests=(hierarchical_cache_gpu_test cuda_transfer_test cpu_transfer_test host_kv_
        hierarchical_cache_shared_host_test shared_host_pool_gpu_test)
 for t in "${tests[@]}"; do cp "$build/tests/$t" "$out/bin/"; done
 cp "$build/tools/kvtier" "$out/bin/"
+# The shared host tests exec this worker by the absolute path CMake compiled into them
+# (KVTIER_SHM_WORKER); gpu_check_prebuilt.sh puts it back there.
+cp "$build/tests/shared_host_pool_worker" "$out/bin/"
+echo "$PWD/$build/tests/shared_host_pool_worker" >"$out/worker_path"
 (cd "$out/debs" && apt-get download libfmt9)
 for deb in "$out"/debs/*.deb; do dpkg -x "$deb" "$out/root"; done
 rm -rf "$out/debs" "$out/root/usr/share"

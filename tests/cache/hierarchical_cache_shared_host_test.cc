@@ -410,8 +410,9 @@ TEST(SharedHostCacheTest, ConfigurationErrorsNameTheProblem) {
 // Two processes on one GPU: the child computes documents on the device with a kernel/dma cache
 // and exits; this process's cache (the same backend) gets them as host hits and LoadBack copies
 // them from the segment's CUDA-registered pages straight into its device pool (poisoned before),
-// checked byte for byte. The child is forked before this process touches CUDA; skips (in both)
-// without a GPU.
+// checked byte for byte. The child is forked before this process touches CUDA, so each case needs
+// a process of its own (as ctest runs them; a second case in one process finds CUDA initialised
+// and its child fails); skips (in both) without a GPU.
 class SharedHostCacheGpuTest : public ::testing::TestWithParam<TransferBackend> {};
 
 TEST_P(SharedHostCacheGpuTest, SecondProcessLoadsTheFirstsPagesFromTheSegment) {
