@@ -198,6 +198,7 @@ std::shared_ptr<CopyOp> CopyExecutor::MakeLoad(const std::vector<RadixNode*>& ho
   op->start = start;
   op->pages = alloc;
   op->free_on_completion = alloc;
+  op->unpublished = true;  // LoadHostPart clears it once it holds the mutex again
   op->dst = PageSlots(alloc, core_.P);
   for (RadixNode* n : host_nodes) {
     core_.AppendSlots(n->host_pages(), &op->src);

@@ -9,7 +9,7 @@ std::vector<std::shared_ptr<CopyOp>> CopyTracker::TakeDone() {
   std::vector<std::shared_ptr<CopyOp>> done;
   size_t keep = 0;
   for (size_t i = 0; i < ops_.size(); ++i) {
-    if (IsDone(*ops_[i])) {
+    if (!ops_[i]->unpublished && IsDone(*ops_[i])) {
       done.push_back(std::move(ops_[i]));
     } else {
       if (keep != i) ops_[keep] = std::move(ops_[i]);

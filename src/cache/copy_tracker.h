@@ -56,6 +56,11 @@ struct CopyOp {
   // kStore: registered, not submitted: one of its keys has a removal in flight
   // (CacheCore::removing); queued when the last such removal is reaped (CacheCore::ReapRemove).
   bool held = false;
+  // kLoad: its LoadBack has not taken it back under the mutex yet (from MakeLoad until
+  // PublishLoad, or its failure). Not reaped until then, even when complete: the copy runs
+  // outside the mutex, and a Reap by another call in between (a Release, a Match) would free the
+  // device pages the LoadBack is about to publish.
+  bool unpublished = false;
   // kPrefetch: leading pages already handed to the tree (a streamed LoadBack takes the arrived
   // prefix while the rest is still being read); `pages` before this index are the tree's.
   int64_t handed_pages = 0;

@@ -187,6 +187,7 @@ struct HierarchicalCache::Impl : CacheParts {
     executor.Run(*work);
     const Status st = executor.RunLoad(*op, stream, fences);
     lk.Reacquire();
+    op->unpublished = false;  // reapable from now on: published below, or failed
     if (!st.ok()) {
       // The copy may still write its pages (GPU): they stay with the op until it has completed.
       Reap(work);
