@@ -9,8 +9,8 @@
 // evicts in. When a leaf goes, its parent becomes a leaf with its own recency, so a cold chain is
 // taken tail first, page by page, and a hot tail keeps its whole prefix stored.
 //
-// Pages whose parent is unknown (written without one; in a file store, found at a restart in a
-// page file of format version 1, or written by another process) are roots:
+// Pages whose parent is unknown (written without one; in a file store, found at a restart or by
+// a lookup in a page file of format version 1 or whose header does not check out) are roots:
 // evicted in plain LRU order among the leaves. A parent link may name a page not stored (yet):
 // the link counts from the moment that page is stored. Cycles of parent links cannot come from
 // page keys (each key hashes its parent's), but a caller may pass any link: when no page is a

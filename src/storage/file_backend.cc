@@ -124,16 +124,22 @@ class FileBackend final : public StorageBackend {
     ExistsResult r;
     for (const PageKey& key : keys) {
       if (!index_->Contains(key)) {
-        // Perhaps written by another process: one open and stat.
+        // Perhaps written by another process: one open, a stat and one read of the header's
+        // bytes (the parent it names, so this process evicts the page after its children too).
+        // O_NONBLOCK: a FIFO put in its place must not block the open.
         if (Clock::now() > deadline) break;
         const std::string hex = key.Hex();
         const auto root = Root();
-        Fd fd(
-            OpenBeneath(root->get(), {ns_name_, std::string_view(hex).substr(0, 2), hex}, O_PATH));
+        Fd fd(OpenBeneath(root->get(), {ns_name_, std::string_view(hex).substr(0, 2), hex},
+                          O_RDONLY | O_NONBLOCK));
         struct stat st;
         if (!fd.ok() || ::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) break;
-        index_->AddFound(key, st.st_size,
-                         int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec);
+        FileIndex::Found found{key, st.st_size,
+                               int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec};
+        ReadFoundHeader(fd.get(), namespace_hash_, found);
+        if (index_->AddFound(key, found.bytes, found.stamp, found.parent) && !found.parent) {
+          NoteFoundWithoutParent(found.version);
+        }
       }
       ++r.leading;
     }
@@ -346,11 +352,32 @@ class FileBackend final : public StorageBackend {
     return PageStatus::kOk;
   }
 
-  // Stamps a page just read and checked as the most recently used.
-  void MarkHit(const PageKey& key, int fd) {
-    const int64_t stamp = index_->Touch(key, value_bytes_);
+  // Stamps a page just read and checked as the most recently used, with the parent its header
+  // named (from the read: a page another process wrote, new to this index, gets its parent).
+  void MarkHit(const PageKey& key, const PageRead& read) {
+    if (read.version == kPageFormatV1 && !index_->Contains(key)) {
+      NoteFoundWithoutParent(read.version);
+    }
+    const int64_t stamp = index_->Touch(key, value_bytes_, read.parent);
     const timespec times[2] = {{0, UTIME_OMIT}, ToTimespec(stamp)};
-    ::futimens(fd, times);  // best effort: a read-only store still serves hits
+    ::futimens(read.fd, times);  // best effort: a read-only store still serves hits
+  }
+
+  // Counts a page another process wrote that a lookup added to the index with no parent because
+  // its header is of version 1 (`version`) or does not check out (0): a root of the eviction
+  // order, as LogOldPages says of such pages found at open. Logged at the 1st, 2nd, 4th, ... of
+  // each kind, so a directory full of old pages costs a few lines, not one per page.
+  void NoteFoundWithoutParent(uint16_t version) {
+    std::atomic<int64_t>& count = version == kPageFormatV1 ? found_v1_ : found_unreadable_;
+    const int64_t n = count.fetch_add(1, std::memory_order_relaxed) + 1;
+    if ((n & (n - 1)) != 0) return;
+    util::Log(util::LogLevel::kInfo,
+              "storage {}: {} page(s) another process wrote, found by a lookup, {}; they are "
+              "evicted in plain LRU order",
+              url(), n,
+              version == kPageFormatV1
+                  ? "are of page format version 1 (no parent recorded)"
+                  : "have a header that does not check out (misses when read)");
   }
 
   // One page on this I/O thread (the thread path of file_page_io.h); a hit is stamped.
@@ -358,7 +385,7 @@ class FileBackend final : public StorageBackend {
     PageRead read;
     PageStatus st = OpenForRead(key, buffer, read);
     if (st == PageStatus::kOk) st = io_.ReadPage(key, buffer, read);
-    if (st == PageStatus::kOk) MarkHit(key, read.fd);
+    if (st == PageStatus::kOk) MarkHit(key, read);
     return st;
   }
 
@@ -374,7 +401,7 @@ class FileBackend final : public StorageBackend {
                                        : OpenForRead(keys[i], buffers[i], reads[i]);
     }
     io_.ReadBatchWithUring(ring, keys, buffers, reads, out, deadline,
-                           [&](size_t i) { MarkHit(keys[i], reads[i].fd); });
+                           [&](size_t i) { MarkHit(keys[i], reads[i]); });
   }
 #endif
 
@@ -450,6 +477,7 @@ class FileBackend final : public StorageBackend {
   PagePins pins_;                   // pages index_ must not evict
   std::unique_ptr<FileIndex> index_;  // set by Open, before the I/O threads start
   std::atomic<uint64_t> temp_counter_{0};
+  std::atomic<int64_t> found_v1_{0}, found_unreadable_{0};  // NoteFoundWithoutParent
   std::mutex dirs_mu_;  // one re-creation of missing directories at a time
 };
 

@@ -59,29 +59,32 @@ void RemoveStaleTemp(int dirfd, std::string_view name) {
   ::unlinkat(dirfd, std::string(name).c_str(), 0);
 }
 
-// The header of page file `name` in `dirfd` (a regular file of `size` bytes found by the scan):
-// fills `f.parent` and `f.version` when it checks out, leaves them unset otherwise.
-void ReadHeader(int dirfd, const char* name, int64_t size, uint64_t namespace_hash,
-                FileIndex::Found& f) {
-  if (size < static_cast<int64_t>(kFilePayloadOffset)) return;
+// The header of page file `name` in `dirfd` (a regular file found by the scan): ReadFoundHeader.
+void ReadHeader(int dirfd, const char* name, uint64_t namespace_hash, FileIndex::Found& f) {
+  if (f.bytes < static_cast<int64_t>(kFilePayloadOffset)) return;
   // O_NONBLOCK: a FIFO put in place since the fstatat must not block; O_NOFOLLOW: nor a symlink.
   const int fd = ::openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) return;
+  ReadFoundHeader(fd, namespace_hash, f);
+  ::close(fd);
+}
+
+}  // namespace
+
+void ReadFoundHeader(int fd, uint64_t namespace_hash, FileIndex::Found& f) {
+  if (f.bytes < static_cast<int64_t>(kFilePayloadOffset)) return;
   std::byte bytes[kMaxPageHeaderBytes];
   const ssize_t got = ::pread(fd, bytes, sizeof(bytes), 0);
-  ::close(fd);
   if (got != static_cast<ssize_t>(sizeof(bytes))) return;
   PageHeader header;
   if (ParsePageHeader(std::span(bytes), namespace_hash, f.key,
-                      static_cast<uint64_t>(size) - kFilePayloadOffset,
+                      static_cast<uint64_t>(f.bytes) - kFilePayloadOffset,
                       &header) != PageStatus::kOk) {
     return;
   }
   f.parent = header.parent;
   f.version = header.version;
 }
-
-}  // namespace
 
 FileIndex::FileIndex(int64_t capacity, std::function<void(const PageKey&)> remove,
                      std::function<bool(const PageKey&)> pinned)
@@ -112,18 +115,20 @@ void FileIndex::Put(const PageKey& key, int64_t bytes, int64_t stamp,
   EvictLocked(&key);
 }
 
-int64_t FileIndex::Touch(const PageKey& key, int64_t bytes) {
+int64_t FileIndex::Touch(const PageKey& key, int64_t bytes, const std::optional<PageKey>& parent) {
   std::lock_guard<std::mutex> lock(mu_);
   last_stamp_ = std::max(RealtimeNs(), last_stamp_ + 1);
-  pages_.Add(key, bytes, std::nullopt, /*newest=*/true);  // keeps its parent
+  pages_.Add(key, bytes, parent, /*newest=*/true);  // nullopt keeps its parent
   return last_stamp_;
 }
 
-void FileIndex::AddFound(const PageKey& key, int64_t bytes, int64_t stamp) {
+bool FileIndex::AddFound(const PageKey& key, int64_t bytes, int64_t stamp,
+                         const std::optional<PageKey>& parent) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (pages_.Contains(key)) return;
+  if (pages_.Contains(key)) return false;
   last_stamp_ = std::max(last_stamp_, stamp);
-  pages_.Add(key, bytes, std::nullopt, /*newest=*/false);
+  pages_.Add(key, bytes, parent, /*newest=*/false);
+  return true;
 }
 
 bool FileIndex::DropOrphan(const PageKey& key, const PageKey& parent, bool parent_in_batch) {
@@ -218,7 +223,7 @@ Status ScanShard(int ns_dirfd, int shard, uint64_t namespace_hash,
     auto key = PageKey::FromHex(entry);
     if (!key.ok()) continue;
     FileIndex::Found f{*key, st.st_size, MtimeNs(st)};
-    ReadHeader(fd, e->d_name, st.st_size, namespace_hash, f);
+    ReadHeader(fd, e->d_name, namespace_hash, f);
     found.push_back(std::move(f));
   }
   ::closedir(d);  // closes `fd`

@@ -8,9 +8,10 @@
 // key is evicted only after every stored page naming it as parent, so eviction never leaves a
 // stored page whose prefix page is gone. Each page file's header names its parent too (page
 // format version 2, page_format.h), so the restart scan rebuilds the chains. Roots (plain LRU
-// among the leaves): pages written without a parent, pages of format version 1 (an older kvtier)
-// or whose header does not check out found at a restart, and pages another process wrote that a
-// lookup found (AddFound).
+// among the leaves): pages written without a parent, and pages of format version 1 (an older
+// kvtier) or whose header does not check out found at a restart or by a lookup. A page another
+// process wrote into the same directory, found by a lookup (AddFound from Exists, Touch from Get),
+// is added with the parent its header names, so this process evicts it after its children too.
 //
 // Stamps: nanoseconds since the epoch, stored as each page file's mtime. Every stamp handed out
 // is strictly greater than every stamp handed out before or loaded at start, so sorting the files
@@ -78,11 +79,16 @@ class FileIndex {
   void Put(const PageKey& key, int64_t bytes, int64_t stamp,
            const std::optional<PageKey>& parent = std::nullopt);
   // A page just read and checked: most recently used, with a new stamp, returned (the caller
-  // writes it as the file's mtime).
-  int64_t Touch(const PageKey& key, int64_t bytes);
-  // A page another process wrote, found by a lookup: least recently used (nobody here used it),
-  // unless already known. No eviction (its bytes are another process's count too).
-  void AddFound(const PageKey& key, int64_t bytes, int64_t stamp);
+  // writes it as the file's mtime). `parent`: what its header names (nullopt keeps the parent
+  // recorded; an unknown key, one another process wrote, is then a root).
+  int64_t Touch(const PageKey& key, int64_t bytes,
+                const std::optional<PageKey>& parent = std::nullopt);
+  // A page another process wrote, found by a lookup, with the parent its header names (nullopt:
+  // none, or a header of version 1 or that does not check out: a root): least recently used
+  // (nobody here used it), unless already known. No eviction (its bytes are another process's
+  // count too). Whether it was added.
+  bool AddFound(const PageKey& key, int64_t bytes, int64_t stamp,
+                const std::optional<PageKey>& parent = std::nullopt);
   // Evicts `key` (its file removed) when `parent` is not stored and either `parent_in_batch` (a
   // page of the same Set) or evicted by this index: a page written after its parent went
   // (DropOrphans in chain_lru.h). Whether it did.
@@ -123,6 +129,12 @@ class FileIndex {
 // else (other names, symlinks, a shard directory that is a symlink) is left alone and not indexed.
 // IOError when a shard directory exists but cannot be read.
 Result<std::vector<FileIndex::Found>> ScanPages(int ns_dirfd, uint64_t namespace_hash);
+
+// Fills `f.parent` and `f.version` from the header of the page file open as `fd` (`f.key` and
+// `f.bytes`, its size, already set) when it checks out; leaves them unset otherwise (a file
+// shorter than a page's header block, a read error or short read, a header that does not check
+// out). One pread of kMaxPageHeaderBytes at offset 0; the payload is not read.
+void ReadFoundHeader(int fd, uint64_t namespace_hash, FileIndex::Found& f);
 
 // The name prefix of a page file being written.
 inline constexpr std::string_view kTempPrefix = ".tmp.";

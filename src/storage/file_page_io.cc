@@ -181,15 +181,18 @@ PageStatus PageFileIo::CheckWholeRead(const PageKey& key, const PageBuffer& buff
 }
 
 PageStatus PageFileIo::CheckHeaderBlock(const PageKey& key, const PageBuffer& buffer,
-                                        const PageRead& read, PageHeader* parsed) const {
+                                        PageRead& read, PageHeader* parsed) const {
   const PageStatus st = ParsePageHeader(std::span(read.head), namespace_hash_, key,
                                         static_cast<uint64_t>(buffer.bytes()), parsed);
   if (st != PageStatus::kOk) return st;
-  return read.PadIsZero(parsed->bytes()) ? PageStatus::kOk : PageStatus::kCorrupt;
+  if (!read.PadIsZero(parsed->bytes())) return PageStatus::kCorrupt;
+  read.version = parsed->version;
+  read.parent = parsed->parent;
+  return PageStatus::kOk;
 }
 
 PageStatus PageFileIo::StartChunkedCheck(const PageKey& key, const PageBuffer& buffer,
-                                         const PageRead& read, std::optional<PayloadHasher>* hasher,
+                                         PageRead& read, std::optional<PayloadHasher>* hasher,
                                          uint64_t* stored_checksum) const {
   PageHeader parsed;
   const PageStatus st = CheckHeaderBlock(key, buffer, read, &parsed);

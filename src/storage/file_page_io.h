@@ -80,6 +80,11 @@ struct PageRead {
   iovec iov[PageBuffer::kMaxSegments + 3];
   int iovcnt = 0;
   int64_t got = kNotRead;  // bytes read, or one of the k... codes above
+  // Once its header block checked out (whatever the payload's outcome): the header's version and
+  // the parent it names (nullopt: none, or version 1). The file store records them for a page
+  // another process wrote (file_index.h), reusing the read instead of reading the header again.
+  uint16_t version = 0;
+  std::optional<PageKey> parent;
 
   // Whether the header block is zero from `header_bytes` (the parsed header's length) on.
   bool PadIsZero(size_t header_bytes) const;
@@ -133,12 +138,12 @@ class PageFileIo {
   // Checks what a whole-file read brought into `read` (its length, header block and payload).
   PageStatus CheckWholeRead(const PageKey& key, const PageBuffer& buffer, PageRead& read) const;
   // The header block in `read` (the header, then its zero padding) checked for a page of
-  // `buffer`'s size under `key`; kOk fills `*parsed`.
-  PageStatus CheckHeaderBlock(const PageKey& key, const PageBuffer& buffer, const PageRead& read,
+  // `buffer`'s size under `key`; kOk fills `*parsed` and `read.version`, `read.parent`.
+  PageStatus CheckHeaderBlock(const PageKey& key, const PageBuffer& buffer, PageRead& read,
                               PageHeader* parsed) const;
   // For the reads that hash chunk by chunk: checks the header block and starts `*hasher` of the
   // stored checksum's kind; the payload's digest must then equal `*stored_checksum`.
-  PageStatus StartChunkedCheck(const PageKey& key, const PageBuffer& buffer, const PageRead& read,
+  PageStatus StartChunkedCheck(const PageKey& key, const PageBuffer& buffer, PageRead& read,
                                std::optional<PayloadHasher>* hasher,
                                uint64_t* stored_checksum) const;
   PageStatus ReadChunked(const PageKey& key, const PageBuffer& buffer, PageRead& read) const;

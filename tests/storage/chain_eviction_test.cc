@@ -311,6 +311,85 @@ TEST_P(ChainEvictionTest, AReopenedFileStoreKeepsItsChains) {
   EXPECT_EQ(store->Stats().evicted_pages, 24);
 }
 
+// Two file stores on one directory, as two processes would be: the second is opened before the
+// first writes (its scan finds nothing), then finds the first's chains by lookups alone (Exists
+// of each page alone, tail first, for half the chains; Get page by page, head first, for the
+// other half: either way every head is older than its tail, so a plain LRU takes heads first;
+// the first overfill takes the oldest, a head of each kind). Each page it finds this way comes
+// with the parent its header names, so when it overfills, it takes the found chains tail first:
+// no stored page's parent is missing, and every stored chain reads back byte for byte. (Before
+// found pages took their parents, they were roots here, and this stranded tails.)
+TEST_P(ChainEvictionTest, PagesAnotherStoreWroteKeepTheirChains) {
+  if (GetParam() != "file") GTEST_SKIP() << "only file stores share their pages";
+  std::unordered_map<PageKey, std::optional<PageKey>, PageKeyHash> parent_of;
+  std::vector<std::vector<PageKey>> chains;
+  auto set_chain = [&](StorageBackend& store, int c, int pages) {
+    std::vector<int32_t> tokens;
+    for (int t = 0; t < pages * 4; ++t) tokens.push_back(c * 1000 + t);
+    const std::vector<PageKey> keys = *ComputePromptPageKeys(tokens, 4);
+    std::vector<std::vector<std::byte>> in;
+    std::vector<PageBuffer> bufs;
+    std::vector<std::optional<PageKey>> parents;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      in.push_back(BytesOf(keys[i]));
+      parents.push_back(i == 0 ? std::nullopt : std::optional<PageKey>(keys[i - 1]));
+      parent_of[keys[i]] = parents.back();
+    }
+    for (auto& b : in) bufs.push_back(PageBuffer::Of(b));
+    const BatchResult r = store.Set(keys, bufs, parents).get();
+    EXPECT_EQ(r.leading_ok(), pages) << r.status.ToString();
+    return keys;
+  };
+  auto writer = Open();
+  auto finder = Open();
+  ASSERT_NE(writer, nullptr);
+  ASSERT_NE(finder, nullptr);
+  ASSERT_EQ(finder->Stats().stored_pages, 0);
+  for (int c = 0; c < 8; ++c) chains.push_back(set_chain(*writer, c, 5));
+  ASSERT_EQ(writer->Stats().stored_pages, 40);
+  for (size_t c = 0; c < chains.size(); ++c) {
+    if (c % 2 == 0) {  // Exists of each page alone, tail first: the head is found last, the oldest
+      for (auto k = chains[c].rbegin(); k != chains[c].rend(); ++k) {
+        ASSERT_EQ(finder->Exists({*k}).get().leading, 1);
+      }
+      continue;
+    }
+    for (const PageKey& k : chains[c]) {  // Get page by page, head first: the head the oldest
+      std::vector<std::byte> out(kPageBytes);
+      ASSERT_EQ(finder->Get({k}, {PageBuffer::Of(out)}).get().leading_ok(), 1);
+      EXPECT_EQ(out, BytesOf(k));
+    }
+  }
+  ASSERT_EQ(finder->Stats().stored_pages, 40);
+  // Overfilled by chains of its own: the found pages are the oldest, so all 24 victims are
+  // theirs. Checked by Exists alone meanwhile (a Get would make the pages it reads the newest).
+  for (int c = 100; c < 108; ++c) {
+    set_chain(*finder, c, 3);
+    int64_t stranded = 0;
+    for (const auto& [k, parent] : parent_of) {
+      if (finder->Exists({k}).get().leading == 1 && parent &&
+          finder->Exists({*parent}).get().leading == 0) {
+        ++stranded;
+      }
+    }
+    EXPECT_EQ(stranded, 0) << "after chain " << c;
+  }
+  EXPECT_EQ(finder->Stats().evicted_pages, 24);
+  int64_t left = 0;
+  for (const auto& chain : chains) {
+    const int64_t leading = finder->Exists(chain).get().leading;
+    left += leading;
+    std::vector<std::vector<std::byte>> out(static_cast<size_t>(leading),
+                                            std::vector<std::byte>(kPageBytes));
+    std::vector<PageBuffer> bufs;
+    for (auto& b : out) bufs.push_back(PageBuffer::Of(b));
+    const std::vector<PageKey> prefix(chain.begin(), chain.begin() + leading);
+    ASSERT_EQ(finder->Get(prefix, bufs).get().leading_ok(), leading);
+    for (size_t i = 0; i < prefix.size(); ++i) EXPECT_EQ(out[i], BytesOf(prefix[i]));
+  }
+  EXPECT_EQ(left, 40 - 24);
+}
+
 INSTANTIATE_TEST_SUITE_P(Stores, ChainEvictionTest, ::testing::Values("memory", "file"),
                          [](const auto& info) { return info.param; });
 

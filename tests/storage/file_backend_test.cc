@@ -433,6 +433,46 @@ TEST_P(FileBackendTest, AnotherKeysFileOlderVersionAndSymlinkAreMisses) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
 }
 
+// Pages another store (process) wrote into the same directory are found by a lookup, which
+// reads their headers for the parents: a version-1 page, a header that does not check out and a
+// file shorter than a header are still found (as before, with no parent) and read as before
+// (version 1 byte for byte, the others misses); a FIFO in a page's place is not found and does
+// not block the lookup.
+TEST_P(FileBackendTest, PagesAnotherStoreWroteAreFoundWhateverTheirHeaders) {
+  auto writer = Open();
+  auto finder = Open();
+  ASSERT_NE(writer, nullptr);
+  ASSERT_NE(finder, nullptr);
+  const auto keys = Keys(5);
+  Pages in(5, 11);
+  const std::vector<std::optional<PageKey>> parents = {std::nullopt, keys[0], keys[1], keys[2],
+                                                       keys[3]};
+  ASSERT_EQ(writer->Set(keys, in.buffers, parents).get().leading_ok(), 5);
+  {  // keys[1]: version 1
+    storage::PageHeader h = storage::NewPageHeader(SmallNamespace().Hash(), keys[1], kPageBytes);
+    ASSERT_TRUE(storage::PayloadChecksum(h.checksum_kind, in.buffers[1], &h.payload_checksum));
+    std::vector<std::byte> old(kValueBytes);
+    storage::EncodePageHeader(h, std::span(old).first<storage::kPageHeaderBytes>());
+    std::memcpy(old.data() + kOff, in.bytes[1].data(), kPageBytes);
+    WriteFile(PathOf(keys[1]), old);
+  }
+  auto damaged = ReadFile(PathOf(keys[2]));  // keys[2]: its parent field flipped
+  damaged[70] ^= std::byte{0x01};
+  WriteFile(PathOf(keys[2]), damaged);
+  WriteFile(PathOf(keys[3]), std::span(damaged).first(40));  // keys[3]: shorter than a header
+  ASSERT_EQ(::unlink(PathOf(keys[4]).c_str()), 0);
+  ASSERT_EQ(::mkfifo(PathOf(keys[4]).c_str(), 0600), 0);
+
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(finder->Exists(keys).get().leading, 4);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
+  EXPECT_EQ(finder->Stats().stored_pages, 4);
+  EXPECT_EQ(GetOne(*finder, keys[0], in.bytes[0]), PageStatus::kOk);
+  EXPECT_EQ(GetOne(*finder, keys[1], in.bytes[1]), PageStatus::kOk);
+  EXPECT_EQ(GetOne(*finder, keys[2], in.bytes[2]), PageStatus::kCorrupt);
+  EXPECT_EQ(GetOne(*finder, keys[3], in.bytes[3]), PageStatus::kCorrupt);
+}
+
 TEST_P(FileBackendTest, WrongNamespaceIsAMiss) {
   const StorageNamespace a = SmallNamespace("model-a"), other = SmallNamespace("model-b");
   auto store_a = Open("", a);

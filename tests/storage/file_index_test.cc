@@ -90,6 +90,30 @@ TEST(FileIndexTest, LoadOrdersByStampAndEvictsDownToTheCapacity) {
   EXPECT_EQ(r.removed, (std::vector<PageKey>{KeyOf(1), KeyOf(5), KeyOf(2)}));
 }
 
+// A page another process wrote, found by a lookup with the parent its header names, is evicted
+// after its children: the child 1 is found first, then its parent 0 (so 0 is the older: a plain
+// LRU would take 0, stranding 1); overfilled, the index takes 1 then 0. Touch records the parent
+// of a page new to the index (a Get found it) and keeps a known page's when given none.
+TEST(FileIndexTest, FoundPagesKeepTheirParents) {
+  Recorder r;
+  FileIndex index(250, r.fn());
+  EXPECT_TRUE(index.AddFound(KeyOf(1), 100, 2, KeyOf(0)));
+  EXPECT_TRUE(index.AddFound(KeyOf(0), 100, 1));
+  EXPECT_FALSE(index.AddFound(KeyOf(0), 100, 1, KeyOf(9)));  // known: unchanged
+  EXPECT_EQ(index.ParentOf(KeyOf(1)), KeyOf(0));
+  EXPECT_EQ(index.ParentOf(KeyOf(0)), std::nullopt);
+  EXPECT_EQ(index.LruOrder(), (std::vector<PageKey>{KeyOf(1), KeyOf(0)}));
+  index.Put(KeyOf(2), 100, index.NextStamp());
+  EXPECT_EQ(r.removed, std::vector<PageKey>{KeyOf(1)});
+  index.Put(KeyOf(3), 100, index.NextStamp());
+  EXPECT_EQ(r.removed, (std::vector<PageKey>{KeyOf(1), KeyOf(0)}));
+
+  index.Touch(KeyOf(4), 10, KeyOf(3));  // new here: the parent its header named
+  EXPECT_EQ(index.ParentOf(KeyOf(4)), KeyOf(3));
+  index.Touch(KeyOf(4), 10);  // known: keeps it
+  EXPECT_EQ(index.ParentOf(KeyOf(4)), KeyOf(3));
+}
+
 class ScanTest : public ::testing::Test {
  protected:
   void SetUp() override {
