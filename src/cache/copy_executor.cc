@@ -209,6 +209,7 @@ std::shared_ptr<CopyOp> CopyExecutor::MakeLoad(const std::vector<RadixNode*>& ho
 }
 
 int64_t CopyExecutor::PublishLoad(CopyOp& op, const std::vector<int64_t>& alloc) {
+  op.unpublished = false;  // reapable from now on
   std::vector<RadixNode*> nodes = op.nodes;
   SortTopDown(&nodes);
   size_t off = 0;

@@ -63,7 +63,8 @@ class CopyExecutor {
   // on the device) takes its pages; pages of nodes that came onto the device meanwhile stay with
   // the op and are freed when it completes. Nodes split meanwhile are all in op.nodes (the split
   // hook), whose host pages in order are the sources. Returns the pages published. REQUIRES the
-  // mutex.
+  // mutex. The op is reapable from then on (MakeLoad registers it unreapable: CopyOp::unpublished;
+  // a load that failed is made reapable by its caller).
   int64_t PublishLoad(CopyOp& op, const std::vector<int64_t>& alloc) KVTIER_REQUIRES(kCacheLock);
   // A load-back completed. A GPU one counts its copy's device time (load_back_seconds). A failed
   // one published nothing (LoadBack returned the error); its pages come back now that nothing

@@ -187,8 +187,8 @@ struct HierarchicalCache::Impl : CacheParts {
     executor.Run(*work);
     const Status st = executor.RunLoad(*op, stream, fences);
     lk.Reacquire();
-    op->unpublished = false;  // reapable from now on: published below, or failed
     if (!st.ok()) {
+      op->unpublished = false;  // reapable: nothing is published
       // The copy may still write its pages (GPU): they stay with the op until it has completed.
       Reap(work);
       return st.WithContext("LoadBack");
