@@ -206,8 +206,9 @@ Result<StorageQueryResult> HierarchicalCache::QueryStorage(MatchHandle handle) {
   // removal completed meanwhile: the answer counts up to the first such page (none then).
   if (s.removals_reaped != removals_reaped) pages = 0;
   for (int64_t i = 0; i < pages; ++i) {
-    if (s.RemovalPending(std::span<const PageKey>(*keys).subspan(static_cast<size_t>(i), 1))) {
+    if (s.removing.count((*keys)[static_cast<size_t>(i)]) != 0) {
       pages = i;
+      break;
     }
   }
   if (pages > 0 && h->last == last && h->rest == rest) {
