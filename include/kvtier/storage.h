@@ -160,7 +160,21 @@ struct StorageStats {
   int64_t removed_pages = 0;
   int64_t bytes_read = 0, bytes_written = 0;  // payload bytes of hits / successful sets
   double get_seconds = 0, set_seconds = 0;    // I/O-thread time inside the hooks
-  int64_t queued_batches = 0;                 // gauge: waiting now
+  // Where Get and Set calls' time went before and inside the hooks, summed over calls (seconds):
+  // *_queue_seconds from when a call was accepted (a held read: released) until an I/O thread
+  // took it; get_held_seconds a read held behind an earlier write of one of its keys
+  // (read-your-writes), counted in get_held_calls; *_page_seconds the I/O threads' time inside
+  // the calls' pages, all threads summed (pages a hook runs through ParallelFor; a hook that does
+  // not counts its own time once), so get_page_seconds / get_seconds is the mean number of threads
+  // a Get had.
+  double get_queue_seconds = 0, get_held_seconds = 0, get_page_seconds = 0;
+  double set_queue_seconds = 0, set_page_seconds = 0;
+  int64_t get_held_calls = 0;
+  // Get pages the backend read from the page cache and from the disk (file://: a page that
+  // needed any read from the disk is a disk page; direct=1 reads are all disk); -1 where the
+  // backend cannot tell (memory://, redis://, file:// io_uring reads).
+  int64_t get_cached_pages = -1, get_disk_pages = -1;
+  int64_t queued_batches = 0;                                         // gauge: waiting now
   int64_t stored_pages = -1, stored_bytes = -1, capacity_bytes = -1;  // -1: unknown
   int64_t evicted_pages = 0;  // by the backend's own capacity policy
 };
@@ -264,7 +278,8 @@ class StorageBackend {
   // (FailedPrecondition): the backend cannot keep pages from being evicted.
   virtual Result<uint64_t> DoPinPages(std::span<const PageKey> keys, std::chrono::nanoseconds ttl);
   virtual Status DoUnpinPages(uint64_t pin);
-  // Backend-specific gauges (stored_pages, stored_bytes, capacity_bytes, evicted_pages).
+  // Backend-specific gauges (stored_pages, stored_bytes, capacity_bytes, evicted_pages,
+  // get_cached_pages, get_disk_pages).
   virtual void FillStats(StorageStats& /*stats*/) const {}
   // Called on the caller's thread by every Exists / Get / Set / Remove call (async and future
   // forms) before anything else. A non-OK status rejects the call with it (`done` runs at once,

@@ -220,6 +220,9 @@ class FileBackend final : public StorageBackend {
     stats.stored_bytes = index_->bytes();
     stats.capacity_bytes = index_->capacity();
     stats.evicted_pages = index_->evicted();
+    // Hits read on the thread path (io_uring reads are not probed: counted in neither).
+    stats.get_cached_pages = cached_pages_.load(std::memory_order_relaxed);
+    stats.get_disk_pages = disk_pages_.load(std::memory_order_relaxed);
   }
 
  private:
@@ -385,7 +388,11 @@ class FileBackend final : public StorageBackend {
     PageRead read;
     PageStatus st = OpenForRead(key, buffer, read);
     if (st == PageStatus::kOk) st = io_.ReadPage(key, buffer, read);
-    if (st == PageStatus::kOk) MarkHit(key, read);
+    if (st == PageStatus::kOk) {
+      MarkHit(key, read);
+      if (read.source == ReadSource::kCache) cached_pages_.fetch_add(1, std::memory_order_relaxed);
+      if (read.source == ReadSource::kDisk) disk_pages_.fetch_add(1, std::memory_order_relaxed);
+    }
     return st;
   }
 
@@ -478,6 +485,7 @@ class FileBackend final : public StorageBackend {
   std::unique_ptr<FileIndex> index_;  // set by Open, before the I/O threads start
   std::atomic<uint64_t> temp_counter_{0};
   std::atomic<int64_t> found_v1_{0}, found_unreadable_{0};  // NoteFoundWithoutParent
+  std::atomic<int64_t> cached_pages_{0}, disk_pages_{0};    // GetOne's hits, by ReadSource
   std::mutex dirs_mu_;  // one re-creation of missing directories at a time
 };
 

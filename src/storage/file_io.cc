@@ -101,6 +101,34 @@ ssize_t ReadFull(int fd, iovec* iov, int iovcnt, off_t offset) {
   return ReadUntil(fd, iov, iovcnt, offset, 0);
 }
 
+ssize_t ReadFullNoting(int fd, iovec* iov, int iovcnt, off_t offset, ReadSource* source) {
+  if (*source == ReadSource::kDisk || *source == ReadSource::kUnknown) {
+    return ReadUntil(fd, iov, iovcnt, offset, 0);
+  }
+  size_t wanted = 0;
+  for (int i = 0; i < iovcnt; ++i) wanted += iov[i].iov_len;
+  ssize_t n = -1;
+  do {
+    n = ::preadv2(fd, iov, iovcnt, offset, RWF_NOWAIT);
+  } while (n < 0 && errno == EINTR);
+  if (n < 0) {
+    if (errno != EAGAIN) *source = ReadSource::kUnknown;  // EOPNOTSUPP: no probing here
+    n = 0;                                                // the plain read says what failed
+  }
+  if (static_cast<size_t>(n) == wanted) {
+    *source = ReadSource::kCache;
+    return n;
+  }
+  iovcnt = Consume(iov, iovcnt, static_cast<size_t>(n));
+  const ssize_t rest = ReadUntil(fd, iov, iovcnt, offset + n, 0);
+  if (rest < 0) return -1;
+  if (*source != ReadSource::kUnknown) {
+    // More bytes after the probe: they were not in the page cache (none: the file ended).
+    *source = rest > 0 ? ReadSource::kDisk : ReadSource::kCache;
+  }
+  return n + rest;
+}
+
 ssize_t ReadFullDirect(int fd, iovec* iov, int iovcnt, off_t offset, size_t align) {
   return ReadUntil(fd, iov, iovcnt, offset, align);
 }

@@ -16,6 +16,7 @@
 #include <sys/uio.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <initializer_list>
 #include <string_view>
 
@@ -55,6 +56,20 @@ class Fd {
 // the end of the file), or -1 with errno. `iov` is consumed (advanced past what was read).
 ssize_t ReadFull(int fd, iovec* iov, int iovcnt, off_t offset);
 ssize_t ReadFull(int fd, void* buf, size_t bytes, off_t offset);
+// Where the bytes of ReadFullNoting came from.
+enum class ReadSource : uint8_t {
+  kNotProbed,  // nothing read yet
+  kCache,      // every read so far was served whole by the page cache
+  kDisk,       // some read needed the disk (later reads are not probed)
+  kUnknown,    // the file system does not take RWF_NOWAIT (later reads are not probed)
+};
+// ReadFull that tells whether the page cache held the bytes: it first reads with RWF_NOWAIT
+// (preadv2: only what the page cache holds, never waiting for the disk; a miss starts the
+// kernel's readahead), and reads what that left the plain way. `*source` (kNotProbed for the
+// first read of a file) becomes kDisk when the plain read had bytes to read, kCache when the
+// probe read everything; once kDisk or kUnknown it reads plainly, so a cold page costs one
+// extra (failed) call and a hot one none.
+ssize_t ReadFullNoting(int fd, iovec* iov, int iovcnt, off_t offset, ReadSource* source);
 // The same for a file opened with O_DIRECT, whose reads must start on an `align` boundary: it
 // stops after a read that ends off one (the end of the file; the tail is then in the iovecs).
 ssize_t ReadFullDirect(int fd, iovec* iov, int iovcnt, off_t offset, size_t align);

@@ -164,6 +164,7 @@ void PageFileIo::PrepareRead(const PageBuffer& buffer, PageRead& read) const {
 PageStatus PageFileIo::ReadPage(const PageKey& key, const PageBuffer& buffer,
                                 PageRead& read) const {
   if (!direct_) return ReadChunked(key, buffer, read);
+  read.source = ReadSource::kDisk;  // O_DIRECT: past the page cache
   if (!read.block) return ReadBounced(key, buffer, read);
   read.got = DirectRead(read.fd, read.iov, read.iovcnt, 0);
   if (read.got < 0) return PageStatus::kFailed;
@@ -224,7 +225,7 @@ PageStatus PageFileIo::ReadChunked(const PageKey& key, const PageBuffer& buffer,
     iovec hashed[PageBuffer::kMaxSegments + 3];
     std::copy(iov, iov + iovcnt, hashed);  // ReadFull advances `iov`
     const size_t wanted = (first ? kFilePayloadOffset : 0) + payload_bytes;
-    const ssize_t got = ReadFull(read.fd, iov, iovcnt, offset);
+    const ssize_t got = ReadFullNoting(read.fd, iov, iovcnt, offset, &read.source);
     if (got < 0) return PageStatus::kFailed;
     if (static_cast<size_t>(got) != wanted) return PageStatus::kCorrupt;  // length changed
     offset += got;

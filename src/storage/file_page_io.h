@@ -39,6 +39,7 @@
 #include "kvtier/page_key.h"
 #include "kvtier/storage.h"
 #include "storage/file_backend.h"
+#include "storage/file_io.h"
 #include "storage/page_format.h"
 
 #if KVTIER_HAVE_URING
@@ -85,6 +86,9 @@ struct PageRead {
   // another process wrote (file_index.h), reusing the read instead of reading the header again.
   uint16_t version = 0;
   std::optional<PageKey> parent;
+  // Where the thread path's reads found the bytes (ReadFullNoting); direct reads: kDisk; io_uring
+  // reads: kNotProbed.
+  ReadSource source = ReadSource::kNotProbed;
 
   // Whether the header block is zero from `header_bytes` (the parsed header's length) on.
   bool PadIsZero(size_t header_bytes) const;

@@ -185,6 +185,11 @@ struct Call {
   std::vector<std::optional<PageKey>> parents;  // Set: empty, or one per key
   std::function<void(ExistsResult)> exists_done;
   std::function<void(BatchResult)> batch_done;
+  // When it joined `reads` or `writes` (a held read: when it was released); a held read's time
+  // in `held` (Stats' get_queue_seconds, get_held_seconds).
+  std::chrono::steady_clock::time_point queued_at{};
+  double held_seconds = 0;
+  bool was_held = false;
 };
 
 // Runs a caller's callback; an exception from it (the core does not throw, but callers' code,
@@ -211,8 +216,9 @@ struct StorageBackend::Queue {
     const std::function<void(int64_t)>* fn;
     int64_t n;
     bool write;
-    int64_t next = 0;      // guarded by mu: the first page nobody has claimed
-    int64_t finished = 0;  // guarded by mu
+    int64_t next = 0;         // guarded by mu: the first page nobody has claimed
+    int64_t finished = 0;     // guarded by mu
+    double page_seconds = 0;  // guarded by mu: the threads' time inside its pages
   };
 
   std::mutex mu;
@@ -274,10 +280,14 @@ struct StorageBackend::Queue {
   }
   // Runs page `page` of `job` (claimed), then counts it finished. Called without `mu`.
   void RunPage(Job& job, int64_t page) {
+    const auto start = std::chrono::steady_clock::now();
     (*job.fn)(page);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     bool last = false;
     {
       std::lock_guard<std::mutex> lock(mu);
+      job.page_seconds += seconds;
       last = ++job.finished == job.n;
     }
     if (last) job_cv.notify_all();
@@ -298,11 +308,14 @@ struct StorageBackend::Queue {
       auto it = pending_writes.find(key);
       if (it != pending_writes.end() && --it->second == 0) pending_writes.erase(it);
     }
+    const auto now = std::chrono::steady_clock::now();
     for (auto it = held.begin(); it != held.end();) {
       if (WaitsForAWriteLocked(*it)) {
         ++it;
         continue;
       }
+      it->held_seconds = std::chrono::duration<double>(now - it->queued_at).count();
+      it->queued_at = now;
       reads.push_back(std::move(*it));
       it = held.erase(it);
     }
@@ -355,6 +368,10 @@ namespace {
 // caller); null on other threads.
 thread_local const void* tls_queue = nullptr;
 thread_local bool tls_write = false;
+// The time inside the pages of the call this I/O thread runs (its ParallelFor calls, all threads
+// summed), and whether the hook called ParallelFor at all.
+thread_local double tls_page_seconds = 0;
+thread_local bool tls_paged = false;
 }  // namespace
 
 void StorageBackend::Queue::Loop(StorageBackend& b) {
@@ -447,6 +464,8 @@ void StorageBackend::Queue::ParallelFor(int64_t n, const std::function<void(int6
   }
   lock.lock();
   job_cv.wait(lock, [&] { return job.finished == job.n; });
+  tls_page_seconds += job.page_seconds;
+  tls_paged = true;
 }
 
 bool StorageBackend::WritePending(const PageKey& key) const { return queue_->WritePending(key); }
@@ -454,7 +473,12 @@ bool StorageBackend::WritePending(const PageKey& key) const { return queue_->Wri
 void StorageBackend::ParallelFor(int64_t n, const std::function<void(int64_t)>& fn) {
   if (n <= 0) return;
   if (n == 1 || tls_queue != queue_.get() || options_.io_threads == 1) {
+    const auto start = Clock::now();
     for (int64_t i = 0; i < n; ++i) fn(i);
+    if (tls_queue == queue_.get()) {
+      tls_page_seconds += std::chrono::duration<double>(Clock::now() - start).count();
+      tls_paged = true;
+    }
     return;
   }
   queue_->ParallelFor(n, fn, tls_write);
@@ -463,6 +487,9 @@ void StorageBackend::ParallelFor(int64_t n, const std::function<void(int64_t)>& 
 void StorageBackend::Queue::Run(StorageBackend& b, Call& call) {
   const auto start = Clock::now();
   const auto deadline = start + b.options_.timeout;
+  const double queue_seconds = std::chrono::duration<double>(start - call.queued_at).count();
+  tls_page_seconds = 0;
+  tls_paged = false;
   if (call.kind == CallKind::kExists) {
     ExistsResult result = b.DoExists(call.keys, deadline);
     if (!result.status.ok()) result.leading = 0;
@@ -490,6 +517,7 @@ void StorageBackend::Queue::Run(StorageBackend& b, Call& call) {
       break;
   }
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  const double page_seconds = tls_paged ? tls_page_seconds : seconds;
   {
     std::lock_guard<std::mutex> lock(stats_mu);
     StorageStats& s = stats;
@@ -515,8 +543,18 @@ void StorageBackend::Queue::Run(StorageBackend& b, Call& call) {
         s.removed_pages += p == PageStatus::kOk;
       }
     }
-    if (call.kind == CallKind::kGet) s.get_seconds += seconds;
-    if (call.kind == CallKind::kSet) s.set_seconds += seconds;
+    if (call.kind == CallKind::kGet) {
+      s.get_seconds += seconds;
+      s.get_queue_seconds += queue_seconds;
+      s.get_page_seconds += page_seconds;
+      s.get_held_seconds += call.held_seconds;
+      s.get_held_calls += call.was_held;
+    }
+    if (call.kind == CallKind::kSet) {
+      s.set_seconds += seconds;
+      s.set_queue_seconds += queue_seconds;
+      s.set_page_seconds += page_seconds;
+    }
   }
   result.status = Status::OK();
   RunDone(call.batch_done, std::move(result));
@@ -567,10 +605,12 @@ Status StorageBackend::Queue::Enqueue(const StorageBackend& b, Call& call) {
     const bool read = IsRead(call.kind);
     const size_t waiting = read ? reads.size() + held.size() : writes.size();
     if (running && static_cast<int64_t>(waiting) < b.options_.max_queued_batches) {
+      call.queued_at = Clock::now();
       if (!read) {
         for (const PageKey& key : call.keys) ++pending_writes[key];
         writes.push_back(std::move(call));
       } else if (WaitsForAWriteLocked(call)) {
+        call.was_held = true;
         held.push_back(std::move(call));
         return Status::OK();  // nothing to wake a thread for
       } else {

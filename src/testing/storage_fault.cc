@@ -382,6 +382,8 @@ void FaultInjectingStorage::FillStats(StorageStats& stats) const {
   stats.stored_bytes = inner.stored_bytes;
   stats.capacity_bytes = inner.capacity_bytes;
   stats.evicted_pages = inner.evicted_pages;
+  stats.get_cached_pages = inner.get_cached_pages;
+  stats.get_disk_pages = inner.get_disk_pages;
 }
 
 }  // namespace kvtier

@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -746,6 +747,59 @@ TEST_P(FileBackendTest, GetIsServedWhileAFaultDelayedSetBacklogWaits) {
   EXPECT_LT(sets_done_at_get, 5) << "the Get waited for the Set backlog";
   b.Close();  // drains the backlog
   EXPECT_EQ(sets_done.load(), 8);
+}
+
+// Where a Get's pages came from: right after their Set they are in the page cache
+// (get_cached_pages); after fdatasync and POSIX_FADV_DONTNEED of their files they come from the
+// disk (get_disk_pages), byte for byte. On a real file system (/tmp; skipped where the page cache
+// keeps the files, as on tmpfs).
+TEST(FileBackendSourceTest, HitsAreCountedAsPageCacheOrDiskReads) {
+  std::string tmpl = "/tmp/kvtier_file_source_XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+  struct Remove {
+    std::string dir;
+    ~Remove() {
+      std::error_code ec;
+      fs::remove_all(dir, ec);
+    }
+  } remove{tmpl};
+  auto b = OpenStorage("file://" + tmpl + "/store?io=threads", SmallNamespace());
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  StorageBackend& store = **b;
+  const auto keys = Keys(4);
+  Pages pages(4, 41);
+  ASSERT_EQ(store.Set(keys, pages.buffers).get().leading_ok(), 4);
+  Pages out(4, 0, /*poison=*/true);
+  ASSERT_EQ(store.Get(keys, out.buffers).get().leading_ok(), 4);
+  EXPECT_EQ(out.bytes, pages.bytes);
+  StorageStats s = store.Stats();
+  EXPECT_EQ(s.get_cached_pages, 4);
+  EXPECT_EQ(s.get_disk_pages, 0);
+
+  bool dropped = true;
+  for (const auto& e : fs::recursive_directory_iterator(tmpl + "/store")) {
+    if (!e.is_regular_file()) continue;
+    const int fd = ::open(e.path().c_str(), O_RDONLY | O_CLOEXEC);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::fdatasync(fd), 0);
+    ASSERT_EQ(::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+    // Still resident? mincore on a mapping (which reads nothing in).
+    const size_t len = static_cast<size_t>(e.file_size());
+    void* map = ::mmap(nullptr, len, PROT_READ, MAP_SHARED, fd, 0);
+    ASSERT_NE(map, MAP_FAILED);
+    std::vector<unsigned char> resident((len + 4095) / 4096);
+    ASSERT_EQ(::mincore(map, len, resident.data()), 0);
+    for (unsigned char r : resident) dropped = dropped && (r & 1) == 0;
+    ::munmap(map, len);
+    ::close(fd);
+  }
+  if (!dropped) GTEST_SKIP() << "the page cache kept the files of " << tmpl;
+  Pages again(4, 0, /*poison=*/true);
+  ASSERT_EQ(store.Get(keys, again.buffers).get().leading_ok(), 4);
+  EXPECT_EQ(again.bytes, pages.bytes);
+  s = store.Stats();
+  EXPECT_EQ(s.get_cached_pages, 4);
+  EXPECT_EQ(s.get_disk_pages, 4);
 }
 
 // Direct I/O with buffers as pinned host pages have them (4 KiB-aligned; one segment, or K and V

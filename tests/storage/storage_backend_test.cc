@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "kvtier/storage.h"
+#include "kvtier/testing/storage_fault.h"
 
 namespace kvtier {
 namespace {
@@ -555,6 +556,59 @@ TEST(StorageBackendTest, WritesTakeAQuarterOfTheThreadsWhileReadsRun) {
   for (auto& f : sets) EXPECT_EQ(f.get().leading_ok(), 1);
   EXPECT_GT(b.max_writers(), 2);
   EXPECT_LE(b.max_writers(), 6);
+}
+
+// Where a Get's time went, through the fault wrapper over memory:// with its writes held (a slow
+// store): a Get naming the key of a write submitted before it is held behind that write and
+// counts its wait as held (get_held_seconds, get_held_calls), not queued; a Get of another key
+// that finds the only I/O thread busy with a write counts its wait as queued
+// (get_queue_seconds), not held; each Get's own run is in get_seconds and get_page_seconds.
+TEST(StorageBackendTest, HeldAndQueuedReadsCountWhereTheirTimeWent) {
+  StorageOptions o;
+  o.io_threads = 1;
+  o.timeout = 30s;
+  auto inner = OpenStorage("memory://?capacity=1MiB", SmallNamespace());
+  ASSERT_TRUE(inner.ok()) << inner.status().ToString();
+  auto wrapped = FaultInjectingStorage::Wrap(std::move(*inner), /*seed=*/1, o);
+  ASSERT_TRUE(wrapped.ok()) << wrapped.status().ToString();
+  FaultInjectingStorage& b = **wrapped;
+  std::vector<std::byte> page(512, std::byte{7}), out(512);
+  const PageKey a = KeyOf(0), other = KeyOf(2);
+  ASSERT_EQ(b.Set({other}, {PageBuffer::Of(page)}).get().leading_ok(), 1);
+
+  // Held: the Set of `a` runs (held by the wrapper) on the only thread; a Get of `a` waits for it.
+  b.HoldWrites(true);
+  auto set = b.Set({a}, {PageBuffer::Of(page)});
+  while (b.held_writes() < 1) std::this_thread::sleep_for(1ms);
+  auto held_get = b.Get({a}, {PageBuffer::Of(out)});
+  std::this_thread::sleep_for(100ms);
+  b.HoldWrites(false);
+  EXPECT_EQ(set.get().leading_ok(), 1);
+  EXPECT_EQ(held_get.get().leading_ok(), 1);
+  StorageStats s = b.Stats();
+  EXPECT_EQ(s.get_calls, 1);
+  EXPECT_EQ(s.get_held_calls, 1);
+  EXPECT_GE(s.get_held_seconds, 0.09);
+  EXPECT_LT(s.get_queue_seconds, s.get_held_seconds) << "a held read counted as queued";
+  const double queue_before = s.get_queue_seconds;
+
+  // Queued: a Get of `other` (no write names it) waits for the thread the held Set occupies.
+  b.HoldWrites(true);
+  auto set2 = b.Set({KeyOf(4)}, {PageBuffer::Of(page)});
+  while (b.held_writes() < 1) std::this_thread::sleep_for(1ms);
+  auto queued_get = b.Get({other}, {PageBuffer::Of(out)});
+  std::this_thread::sleep_for(100ms);
+  b.HoldWrites(false);
+  EXPECT_EQ(set2.get().leading_ok(), 1);
+  EXPECT_EQ(queued_get.get().leading_ok(), 1);
+  s = b.Stats();
+  EXPECT_EQ(s.get_calls, 2);
+  EXPECT_EQ(s.get_held_calls, 1) << "a read of a key no write names counted as held";
+  EXPECT_GE(s.get_queue_seconds - queue_before, 0.09);
+  EXPECT_GT(s.get_seconds, 0);
+  EXPECT_GT(s.get_page_seconds, 0);
+  EXPECT_GE(s.set_page_seconds, 0.09) << "the held Sets' time is theirs";
+  EXPECT_EQ(s.bytes_read, 2 * 512);
 }
 
 // io_threads = 0 (the default) means min(cores, 16), at least 4; a backend's options() show the

@@ -327,6 +327,21 @@ nlohmann::json RunJson(const RunSummary& r, int64_t token_bytes) {
                           {"unreachable_pages", sc.unreachable}};
     if (!sc.checked) j["stored_chains"]["why_unchecked"] = sc.why_unchecked;
     j["storage_evicted_pages"] = r.storage_stats.evicted_pages;
+    const StorageStats& st = r.storage_stats;
+    j["storage_io"] = {{"get_calls", st.get_calls},
+                       {"bytes_read", st.bytes_read},
+                       {"get_queue_seconds", st.get_queue_seconds},
+                       {"get_held_calls", st.get_held_calls},
+                       {"get_held_seconds", st.get_held_seconds},
+                       {"get_seconds", st.get_seconds},
+                       {"get_page_seconds", st.get_page_seconds},
+                       {"get_cached_pages", st.get_cached_pages},
+                       {"get_disk_pages", st.get_disk_pages},
+                       {"set_calls", st.set_calls},
+                       {"bytes_written", st.bytes_written},
+                       {"set_queue_seconds", st.set_queue_seconds},
+                       {"set_seconds", st.set_seconds},
+                       {"set_page_seconds", st.set_page_seconds}};
   }
   if (r.fault_index >= 0) {
     j["fault"] = {{"at_s", r.fault_at_s},

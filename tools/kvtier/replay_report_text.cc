@@ -183,6 +183,40 @@ void PrintBytes(std::FILE* out, const ReplayReport& report, const RunSummary* hi
   }
 }
 
+// Where the store's Get and Set calls spent their time (StorageStats, the whole run): waiting in
+// the queue, held behind a write of the same key (reads), and inside the backend with how many
+// threads on average; and where the Gets' pages came from (page cache or disk) when the backend
+// can tell.
+void PrintStorageIo(std::FILE* out, const StorageStats& st) {
+  auto per_ms = [](double seconds, int64_t calls) {
+    return calls > 0 ? 1e3 * seconds / static_cast<double>(calls) : 0.0;
+  };
+  auto threads = [](double page_seconds, double seconds) {
+    return seconds > 0 ? page_seconds / seconds : 0.0;
+  };
+  std::string source = "from the page cache / disk: not known for this store";
+  if (st.get_cached_pages >= 0 && st.get_disk_pages >= 0) {
+    source = fmt::format("hits from the page cache {} pages, from disk {} pages",
+                         st.get_cached_pages, st.get_disk_pages);
+  }
+  std::fprintf(out,
+               "storage reads: %lld Gets, %.3f GB; per Get %.2f ms queued, %.2f ms inside the "
+               "backend (%.1f threads, %.2f GB/s per thread); %lld held behind a write of their "
+               "keys, %.2f ms each; %s\n",
+               static_cast<long long>(st.get_calls), static_cast<double>(st.bytes_read) / 1e9,
+               per_ms(st.get_queue_seconds, st.get_calls), per_ms(st.get_seconds, st.get_calls),
+               threads(st.get_page_seconds, st.get_seconds),
+               Gbps(st.bytes_read, st.get_page_seconds), static_cast<long long>(st.get_held_calls),
+               per_ms(st.get_held_seconds, st.get_held_calls), source.c_str());
+  std::fprintf(out,
+               "storage writes: %lld Sets, %.3f GB; per Set %.2f ms queued, %.2f ms inside the "
+               "backend (%.1f threads, %.2f GB/s per thread)\n",
+               static_cast<long long>(st.set_calls), static_cast<double>(st.bytes_written) / 1e9,
+               per_ms(st.set_queue_seconds, st.set_calls), per_ms(st.set_seconds, st.set_calls),
+               threads(st.set_page_seconds, st.set_seconds),
+               Gbps(st.bytes_written, st.set_page_seconds));
+}
+
 // What the hierarchy's cache did: prefetches, evictions, failed loads, KV events, pins, the store.
 void PrintCacheEvents(std::FILE* out, const RunSummary* hier) {
   const CacheStats& c = hier->cache;
@@ -255,6 +289,7 @@ void PrintCacheEvents(std::FILE* out, const RunSummary* hier) {
                  static_cast<long long>(c.storage_read_timeouts),
                  static_cast<long long>(c.storage_write_timeouts),
                  static_cast<long long>(c.storage_queue_drops));
+    PrintStorageIo(out, hier->storage_stats);
     const StoredChains& sc = hier->stored_chains;
     if (sc.checked) {
       std::fprintf(out,

@@ -113,7 +113,8 @@ class FaultInjectingStorage final : public StorageBackend {
                     std::chrono::steady_clock::time_point deadline) override;
   void DoRemove(std::span<const PageKey> keys, std::span<PageStatus> out,
                 std::chrono::steady_clock::time_point deadline) override;
-  // The wrapped backend's gauges (stored pages and bytes, capacity, evictions).
+  // The wrapped backend's gauges (stored pages and bytes, capacity, evictions) and where its
+  // hits were read from (page cache or disk).
   void FillStats(StorageStats& stats) const override;
   Status CheckCaller(std::string_view call) const override;
 
