@@ -14,26 +14,37 @@
 // ParallelFor, then the oldest read call), so a read never waits behind a backlog of writes.
 // Writes have a bounded share of the threads: at most `max_writers` (io_threads minus a quarter
 // of them, at least one left for reads; all of them when there is only one) run write work — a
-// write call or pages of a write's ParallelFor — at once, so a free thread is there for a read
-// even while writes are running. While reads are waiting or running, the share shrinks to
-// `read_time_writers` (a quarter of the threads, at least one): no thread starts write work
-// beyond it, so a backlog of writes on a slow store takes a quarter of its threads and of its
-// bandwidth from reads, not three quarters (each writer already running finishes its page or
-// call first). Writes that cannot keep up fill their queue and later ones are rejected
-// (Unavailable, "write queue full": the cache counts the backup as queue_full) instead of
-// delaying reads. The exception keeps each key's order: a read that names a key of a write
-// submitted before it (queued or running) is held until those writes have completed, so a Get or
-// Exists issued after a Set of the same page sees that Set (read-your-writes).
+// write call or pages of a write's ParallelFor — at once. Reads keep io_threads threads of their
+// own: the backend runs io_threads + max_writers threads (one in all for io_threads = 1), so a
+// write page that holds its thread for long (a store that writes slowly: on the GPU replay's
+// disk an 8 MiB page took tens of ms) never leaves reads fewer threads than the same-run
+// baseline of io_threads pread threads has. While reads are waiting or running, the writers'
+// share shrinks to `read_time_writers` (a quarter of io_threads, at least one): no thread starts
+// write work beyond it, and the owner of a running write call steps aside before its next page
+// (it runs pages of read jobs, or waits, until the share has room or its call's deadline passes;
+// StepAsideLocked), so a backlog of writes on a slow store takes a quarter of the bandwidth from
+// reads, not three quarters (each writer finishes the page it is on first). Writes that cannot
+// keep up fill their queue and later ones are rejected (Unavailable, "write queue full": the
+// cache counts the backup as queue_full) instead of delaying reads. The exception keeps each
+// key's order: a read that names a key of a write submitted before it (queued or running) is
+// held until those writes have completed, so a Get or Exists issued after a Set of the same page
+// sees that Set (read-your-writes).
+//
+// Where a call's time goes is counted (StorageStats): from acceptance (a held read: from its
+// release) to an I/O thread taking it (*_queue_seconds), held behind a write of its keys
+// (get_held_seconds), inside the hook (get_seconds, set_seconds) and the threads' time on its
+// pages (*_page_seconds).
 //
 // Invariants (Queue, under `mu`): `reads.size() + held.size()` and `writes.size()` are each at
 // most `options.max_queued_batches`; `pending_writes` counts, per key, the queued and running
 // writes naming it; every held read names a key of `pending_writes`; `writers` counts the threads
-// running write work and is at most `max_writers`; `readers` counts the threads running read
-// work; no thread takes write work while `writers` >= WriterShareLocked(); a job is in `read_jobs`
-// / `write_jobs` exactly while it has pages nobody has claimed; calls are added only while
-// `running`; once it is cleared (Close) the threads drain all queues and exit. Every accepted call
-// has its `done` run exactly once, by the I/O thread that ran it; a rejected call has it run at
-// once by its caller.
+// running write work and is at most `max_writers`; `paused_writers` counts the write owners
+// stepped aside (not in `writers`); `readers` counts the threads running read work; no idle
+// thread takes write work while `writers` + `paused_writers` >= WriterShareLocked(); a job is in
+// `read_jobs` / `write_jobs` exactly while it has pages nobody has claimed; calls are added only
+// while `running`; once it is cleared (Close) the threads drain all queues and exit. Every accepted
+// call has its `done` run exactly once, by the I/O thread that ran it; a rejected call has it run
+// at once by its caller.
 //
 // Thread safety: every public method may be called from any thread; Close is serialised by
 // `close_mu`.
@@ -119,7 +130,8 @@ ConfigSchema<StorageOptions> BuildOptionsSchema() {
   using O = StorageOptions;
   ConfigSchema<O> s;
   s.push_back(IntField<O>("io_threads", Member(&O::io_threads), 0, 64,
-                          "the storage backend's I/O threads; 0 = the machine's default, "
+                          "the storage backend's I/O threads (reads keep all of them; writes run "
+                          "on up to three quarters as many more); 0 = the machine's default, "
                           "min(cores, 16) and at least 4 (DefaultIoThreads)"));
   s.push_back(IntField<O>("max_queued_batches", Member(&O::max_queued_batches), 1,
                           "storage calls waiting (reads and writes apart); more are rejected"));
@@ -223,17 +235,19 @@ struct StorageBackend::Queue {
 
   std::mutex mu;
   std::condition_variable cv;
-  std::condition_variable job_cv;  // a job's owner waits here for pages other threads run
-  std::deque<Job*> read_jobs;      // guarded by mu
-  std::deque<Job*> write_jobs;     // guarded by mu
-  int writers = 0;                 // guarded by mu
-  int readers = 0;                 // guarded by mu
-  int max_writers = 1;             // set by Start
-  int read_time_writers = 1;       // set by Start: the writers' share while reads are about
-  int num_threads = 1;             // set by Start
-  std::deque<Call> reads;          // guarded by mu: Exists and Get, served first
-  std::deque<Call> writes;         // guarded by mu: Set and Remove
-  std::deque<Call> held;           // guarded by mu: reads waiting for earlier writes of their keys
+  std::condition_variable job_cv;    // a job's owner waits here for pages other threads run
+  std::deque<Job*> read_jobs;        // guarded by mu
+  std::deque<Job*> write_jobs;       // guarded by mu
+  int writers = 0;                   // guarded by mu
+  int paused_writers = 0;            // guarded by mu: write owners stepped aside for reads
+  int readers = 0;                   // guarded by mu
+  std::condition_variable pause_cv;  // paused write owners wait here
+  int max_writers = 1;               // set by Start
+  int read_time_writers = 1;         // set by Start: the writers' share while reads are about
+  int num_threads = 1;               // set by Start
+  std::deque<Call> reads;            // guarded by mu: Exists and Get, served first
+  std::deque<Call> writes;           // guarded by mu: Set and Remove
+  std::deque<Call> held;  // guarded by mu: reads waiting for earlier writes of their keys
   std::unordered_map<PageKey, int, PageKeyHash> pending_writes;  // guarded by mu
   bool running = false;  // guarded by mu: Start ran and Close has not
   std::vector<std::thread> threads;
@@ -254,8 +268,22 @@ struct StorageBackend::Queue {
   // Under `mu`: whether an I/O thread may take work now.
   bool HasWorkLocked() const {
     return !read_jobs.empty() || !reads.empty() ||
-           (writers < WriterShareLocked() && (!write_jobs.empty() || !writes.empty()));
+           (WriteRoomLocked() && (!write_jobs.empty() || !writes.empty()));
   }
+  // Under `mu`: whether an idle thread may start write work: below the writers' share, counting
+  // the paused write owners (they resume first).
+  bool WriteRoomLocked() const { return writers + paused_writers < WriterShareLocked(); }
+  // Under `mu`: the writers' share may have grown or read pages appeared; paused owners look.
+  void WakePausedLocked() {
+    if (paused_writers > 0) pause_cv.notify_all();
+  }
+  // Under `mu`, by the owner of a write job before it claims its next page: while writes hold
+  // more threads than their share (reads are waiting or running), this owner steps aside — it
+  // runs pages of read jobs, or waits — until the share has room for it again or `deadline`
+  // (its call's) passes. Without this, a write call's owner kept its thread for the whole
+  // batch, so reads arriving behind a backlog of long write batches got only the threads the
+  // writers' full share left them (a quarter).
+  void StepAsideLocked(std::unique_lock<std::mutex>& lock, Clock::time_point deadline);
   // Under `mu`: how many threads may run write work now — fewer while reads wait or run.
   int WriterShareLocked() const {
     return readers > 0 || !reads.empty() || !read_jobs.empty() ? read_time_writers : max_writers;
@@ -264,8 +292,9 @@ struct StorageBackend::Queue {
   // is back and idle threads are told (they sleep while the smaller share is taken).
   bool ReadDoneLocked() {
     --readers;
-    return readers == 0 && reads.empty() && read_jobs.empty() &&
-           (!writes.empty() || !write_jobs.empty());
+    const bool share_back = readers == 0 && reads.empty() && read_jobs.empty();
+    if (share_back) WakePausedLocked();
+    return share_back && (!writes.empty() || !write_jobs.empty());
   }
   // Under `mu`: claims the next page of `job` (false when all are claimed), dropping the job
   // from its list once its last page is claimed.
@@ -342,11 +371,14 @@ Status StorageBackend::Start() {
     std::lock_guard<std::mutex> lock(queue_->mu);
     queue_->running = true;
   }
-  queue_->num_threads = options_.io_threads;
   queue_->max_writers =
       options_.io_threads == 1 ? 1 : options_.io_threads - std::max(1, options_.io_threads / 4);
   queue_->read_time_writers = std::max(1, options_.io_threads / 4);
-  for (int i = 0; i < options_.io_threads; ++i) {
+  // io_threads for reads, and beyond them a thread for each writer of the writers' share (one
+  // thread in all for io_threads = 1, which keeps calls in order): write pages on a store that
+  // writes slowly hold their threads for long, and reads must not have to wait for them.
+  queue_->num_threads = options_.io_threads == 1 ? 1 : options_.io_threads + queue_->max_writers;
+  for (int i = 0; i < queue_->num_threads; ++i) {
     queue_->threads.emplace_back([this] { queue_->Loop(*this); });
   }
   return Status::OK();
@@ -357,6 +389,7 @@ void StorageBackend::Close() {
   {
     std::lock_guard<std::mutex> lock(queue_->mu);
     queue_->running = false;
+    queue_->pause_cv.notify_all();
   }
   queue_->cv.notify_all();
   for (auto& t : queue_->threads) t.join();
@@ -372,7 +405,33 @@ thread_local bool tls_write = false;
 // summed), and whether the hook called ParallelFor at all.
 thread_local double tls_page_seconds = 0;
 thread_local bool tls_paged = false;
+// The deadline of the call this I/O thread runs.
+thread_local Clock::time_point tls_deadline{};
 }  // namespace
+
+void StorageBackend::Queue::StepAsideLocked(std::unique_lock<std::mutex>& lock,
+                                            Clock::time_point deadline) {
+  while (running && writers > WriterShareLocked() && Clock::now() < deadline) {
+    --writers;
+    ++paused_writers;
+    if (!read_jobs.empty()) {
+      Job& read = *read_jobs.front();
+      int64_t page = 0;
+      ClaimLocked(read, &page);  // a listed job has a page left
+      ++readers;
+      lock.unlock();
+      RunPage(read, page);  // `read` may be gone once its last page is counted
+      lock.lock();
+      if (ReadDoneLocked()) cv.notify_all();
+    } else {
+      pause_cv.wait_until(lock, deadline, [&] {
+        return !running || !read_jobs.empty() || writers < WriterShareLocked();
+      });
+    }
+    --paused_writers;
+    ++writers;
+  }
+}
 
 void StorageBackend::Queue::Loop(StorageBackend& b) {
   tls_queue = this;
@@ -385,10 +444,10 @@ void StorageBackend::Queue::Loop(StorageBackend& b) {
       if (!HasWorkLocked()) return;  // closing and drained
       // Read work first: a page of a running read, then a read call; write work only while
       // writes hold fewer than their share of the threads.
-      Job* job = !read_jobs.empty()                                     ? read_jobs.front()
-                 : !reads.empty()                                       ? nullptr
-                 : writers < WriterShareLocked() && !write_jobs.empty() ? write_jobs.front()
-                                                                        : nullptr;
+      Job* job = !read_jobs.empty()                         ? read_jobs.front()
+                 : !reads.empty()                           ? nullptr
+                 : WriteRoomLocked() && !write_jobs.empty() ? write_jobs.front()
+                                                            : nullptr;
       if (job != nullptr) {
         int64_t page = 0;
         ClaimLocked(*job, &page);  // a listed job has a page left
@@ -400,6 +459,7 @@ void StorageBackend::Queue::Loop(StorageBackend& b) {
         bool wake = false;
         if (write) {
           --writers;
+          WakePausedLocked();
           wake = !writes.empty() || !write_jobs.empty();
         } else {
           wake = ReadDoneLocked();
@@ -428,6 +488,7 @@ void StorageBackend::Queue::Loop(StorageBackend& b) {
       {
         std::lock_guard<std::mutex> lock(mu);
         --writers;
+        WakePausedLocked();
         const size_t ready_reads = reads.size();
         WriteDoneLocked(call.keys);
         // Wake the idle threads only when there is something new for them: reads this write
@@ -451,12 +512,14 @@ void StorageBackend::Queue::ParallelFor(int64_t n, const std::function<void(int6
   Job job{&fn, n, write};
   std::unique_lock<std::mutex> lock(mu);
   (write ? write_jobs : read_jobs).push_back(&job);
+  if (!write) WakePausedLocked();  // paused write owners help with its pages
   lock.unlock();
   // Helpers for the pages beyond the one this thread starts with.
   for (int64_t i = 1; i < std::min<int64_t>(n, num_threads); ++i) cv.notify_one();
   int64_t page = 0;
   for (;;) {
     lock.lock();
+    if (write && job.next < job.n) StepAsideLocked(lock, tls_deadline);
     const bool claimed = ClaimLocked(job, &page);
     lock.unlock();
     if (!claimed) break;
@@ -488,6 +551,7 @@ void StorageBackend::Queue::Run(StorageBackend& b, Call& call) {
   const auto start = Clock::now();
   const auto deadline = start + b.options_.timeout;
   const double queue_seconds = std::chrono::duration<double>(start - call.queued_at).count();
+  tls_deadline = deadline;
   tls_page_seconds = 0;
   tls_paged = false;
   if (call.kind == CallKind::kExists) {
