@@ -70,6 +70,33 @@ def check(report, output, want_path, failures, label, need_hidden=True):
     if "ideal above the measured TTFT" not in output:
         failures.append("%s: the printed report lacks the ideal's lower-bound count" % label)
 
+    # Where the store's reads spent their time (StorageStats), and where its hits came from: the
+    # file store tells page cache from disk for every hit it read.
+    io = run.get("storage_io")
+    if io is None:
+        failures.append("%s: the hierarchy run has no storage_io" % label)
+    else:
+        page_bytes = report["page_size"] * token_bytes
+        if io["get_calls"] <= 0 or io["bytes_read"] < run["bytes"]["storage_to_host"]:
+            failures.append("%s: storage_io reads %s, the cache prefetched %d bytes"
+                            % (label, io, run["bytes"]["storage_to_host"]))
+        elif not (io["get_seconds"] > 0 and io["get_page_seconds"] > 0
+                  and io["get_queue_seconds"] >= 0 and io["get_held_seconds"] >= 0):
+            failures.append("%s: storage_io times %s" % (label, io))
+        elif io["get_cached_pages"] + io["get_disk_pages"] != io["bytes_read"] // page_bytes:
+            failures.append("%s: %d hits from the page cache and %d from disk, %d read"
+                            % (label, io["get_cached_pages"], io["get_disk_pages"],
+                               io["bytes_read"] // page_bytes))
+    for needle in ("storage reads: ", "storage writes: ", "hits from the page cache"):
+        if needle not in output:
+            failures.append("%s: the printed report lacks %r" % (label, needle))
+    cold = report["ceilings"]
+    if not (cold["storage_cold_read_gbps"] > 0
+            or cold["storage_cold_read_how"].startswith("not measured")):
+        failures.append("%s: no cold ceiling and no reason: %s" % (label, cold))
+    if cold["storage_cold_read_gbps"] > 0 and "storage cold" not in output:
+        failures.append("%s: the printed report lacks the cold ceiling" % label)
+
     prefetch = run["prefetch"]
     if prefetch.get("load_path") != want_path:
         failures.append("%s: load_path %r, expected %r" % (label, prefetch.get("load_path"),

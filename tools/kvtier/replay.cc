@@ -64,6 +64,8 @@ std::vector<double> IdealTtft(const ReplaySetup& s, const RunSummary& run, doubl
 // baseline) the run's own storage -> host rate, which report.storage_ceiling_how then says.
 double StorageRateFor(const ReplaySetup& s, const RunSummary& run, ReplayReport* report) {
   if (!s.storage_ceiling_measured) return 0;  // no storage tier
+  report->storage_cold_bytes_per_s = s.storage_ceiling.cold_bytes_per_s;
+  report->storage_cold_how = s.storage_ceiling.cold_how;
   if (s.storage_ceiling.bytes_per_s > 0) {
     report->storage_ceiling_bytes_per_s = s.storage_ceiling.bytes_per_s;
     report->storage_ceiling_how = s.storage_ceiling.how;

@@ -5,7 +5,12 @@
 //            bytes, written first in a temporary folder inside the store's directory (same
 //            filesystem) and removed afterwards: the median of three passes over all the files.
 //            The files were just written, so the reads come from the page cache, as the store's
-//            reads of pages it wrote during the replay mostly do.
+//            reads of pages it wrote during the replay mostly do. Then the cold ceiling of the
+//            same files: each fdatasync'ed and dropped from the page cache with
+//            posix_fadvise(POSIX_FADV_DONTNEED) (checked with mincore), read by the same N
+//            threads; the median of three drop-and-read passes. Context only — what a store
+//            whose pages the page cache no longer holds reads at, beside the hot ceiling the
+//            ideal charges; not measured where the page cache keeps the files (tmpfs).
 //   redis:// redis-benchmark (Debian redis-tools) GETs of values of one page's bytes with N
 //            clients against the same server (RunRedisBenchmark).
 // Anything else (memory://, a missing redis-benchmark) has no baseline: the caller falls back to
@@ -24,6 +29,9 @@ namespace kvtier::tools {
 struct StorageCeiling {
   double bytes_per_s = 0;
   std::string how;  // one line: what was measured
+  // file:// only: the same reads from the disk (0: not measured; cold_how says why).
+  double cold_bytes_per_s = 0;
+  std::string cold_how;
 };
 
 // N-thread pread over files of `page_bytes` in a temporary folder under `dir`. IOError naming
@@ -36,6 +44,12 @@ Result<StorageCeiling> MeasureFileReadCeiling(const std::string& dir, int64_t pa
 // when the URL has a password (redis-benchmark would show it on its command line).
 Result<StorageCeiling> MeasureRedisReadCeiling(const std::string& url, int64_t page_bytes,
                                                int threads);
+
+// fdatasync, then posix_fadvise(POSIX_FADV_DONTNEED) of the file at `path` (of `bytes`): its
+// pages leave the page cache, on a file system with a page cache of its own. Whether they all
+// left: mincore over a mapping (which reads nothing in). False when the file cannot be opened
+// or some of its pages stayed (tmpfs keeps them: they are the file).
+bool DropFromPageCache(const std::string& path, int64_t bytes);
 
 // The directory of a file:// URL ("file:///dir?capacity=..." -> "/dir"); "" for other schemes.
 std::string FileUrlDirectory(const std::string& url);

@@ -419,7 +419,9 @@ Status WriteReplayJson(const std::string& path, const ReplayReport& report) {
   j["ceilings"] = {{"host_to_device_gbps", report.ceiling_bytes_per_s / 1e9},
                    {"host_to_device_how", report.ceiling_how},
                    {"storage_read_gbps", report.storage_ceiling_bytes_per_s / 1e9},
-                   {"storage_read_how", report.storage_ceiling_how}};
+                   {"storage_read_how", report.storage_ceiling_how},
+                   {"storage_cold_read_gbps", report.storage_cold_bytes_per_s / 1e9},
+                   {"storage_cold_read_how", report.storage_cold_how}};
   j["load_timing"] = report.gpu ? "cuda_events_to_completion" : "cpu_synchronous_wall_time";
   const Headline head = HeadlineOf(report);
   j["headline"] = {

@@ -155,6 +155,10 @@ struct ReplayReport {
   std::string ceiling_how;
   double storage_ceiling_bytes_per_s = 0;
   std::string storage_ceiling_how;
+  // file://: the same reads from the disk (replay_ceiling.h), shown beside the ceiling and never
+  // charged (0: not measured; the how says why, or is empty for other stores).
+  double storage_cold_bytes_per_s = 0;
+  std::string storage_cold_how;
   // Loads are timed with CUDA events to completion (GPU), or are synchronous copies timed by the
   // wall clock (cpu).
   bool gpu = false;

@@ -9,12 +9,14 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <thread>
 
 #include "kvtier/storage.h"
 #include "redis_baseline.h"
+#include "replay_ceiling.h"
 
 namespace kvtier::tools {
 namespace {
@@ -68,11 +70,15 @@ bool OnThreads(int threads, int64_t count, const std::function<bool(int64_t)>& f
 // that are already there and its data reaches the disk; a directory made and removed in every
 // round let its writes be deleted before the kernel wrote them back, which made its Set look
 // about twice as fast as any write that stays.
+// `cold`: before each read pass every file is dropped from the page cache (DropFromPageCache),
+// so the reads come from the disk; Unavailable where the page cache keeps them (tmpfs).
 Result<Baseline> FileBaseline(const std::string& dir, const PageSet& src, PageSet& dst,
-                              int64_t batch_pages, int repeats, int threads, bool direct) {
+                              int64_t batch_pages, int repeats, int threads, bool direct,
+                              bool cold = false) {
   Baseline b;
-  b.name = fmt::format("{} thread{} {}", threads, threads == 1 ? "" : "s",
-                       direct ? "O_DIRECT" : "plain");
+  b.name = fmt::format("{} thread{} {}{}", threads, threads == 1 ? "" : "s",
+                       direct ? "O_DIRECT" : "plain", cold ? " cold" : "");
+  if (cold) b.note = "fdatasync + POSIX_FADV_DONTNEED before each read pass: from the disk";
   const int direct_flag = direct ? O_DIRECT : 0;
   const size_t n = static_cast<size_t>(src.page_bytes);
   std::function<bool(int64_t)> write_one = [&](int64_t i) {
@@ -96,6 +102,12 @@ Result<Baseline> FileBaseline(const std::string& dir, const PageSet& src, PageSe
       OpTimes& t = pass == 0 ? b.set : b.get;
       const auto& one = pass == 0 ? write_one : read_one;
       if (pass == 1) dst.Poison();
+      for (int64_t i = 0; cold && pass == 1 && i < src.count; ++i) {
+        if (!DropFromPageCache(fmt::format("{}/{}", dir, i), src.page_bytes)) {
+          return Status::Unavailable(fmt::format(
+              "the page cache kept the files in {} after POSIX_FADV_DONTNEED (tmpfs?)", dir));
+        }
+      }
       const auto round_start = Clock::now();
       bool ok = true;
       if (threads > 1) {
@@ -210,6 +222,18 @@ Result<std::vector<Baseline>> RunBaselines(const std::string& scheme, const std:
           Baseline b, FileBaseline(file_dir, src, dst, o.batch_pages, o.repeats, threads, direct));
       baselines.push_back(std::move(b));
       if (o.io_threads == 1) break;
+    }
+    // Beside them, the N threads' reads from the disk (the files dropped from the page cache):
+    // context for a store the page cache cannot hold, never the reference.
+    if (!direct) {
+      Result<Baseline> cold = FileBaseline(file_dir, src, dst, o.batch_pages, o.repeats,
+                                           o.io_threads, /*direct=*/false, /*cold=*/true);
+      if (cold.ok()) {
+        baselines.push_back(std::move(*cold));
+      } else {
+        std::fprintf(stderr, "kvtier bench: cold baseline not measured: %s\n",
+                     cold.status().message().c_str());
+      }
     }
   } else if (scheme == "memory") {
     baselines.push_back(MemcpyBaseline(src, dst, o.batch_pages, o.repeats));
