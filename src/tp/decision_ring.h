@@ -100,8 +100,46 @@ inline int64_t DataOffset() {
   return (static_cast<int64_t>(sizeof(RingHeader)) + 4095) / 4096 * 4096;
 }
 
+using SlotRun = std::pair<int64_t, int64_t>;  // (start, length)
+static_assert(sizeof(SlotRun) == 16);         // a record's run, as written
+
 // The runs (start, length) of consecutive slots in `slots`, in order.
-std::vector<std::pair<int64_t, int64_t>> SlotRuns(std::span<const int64_t> slots);
+std::vector<SlotRun> SlotRuns(std::span<const int64_t> slots);
+// The same for `count` slots `at(0) .. at(count-1)`, into `runs` (cleared first; its capacity is
+// reused, so a caller that keeps it allocates nothing per copy).
+template <typename At>
+void SlotRunsOf(int64_t count, const At& at, std::vector<SlotRun>* runs) {
+  runs->clear();
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t s = at(i);
+    // Unsigned difference, after s > start: no overflow whatever the (not yet validated) slots.
+    if (!runs->empty() && s > runs->back().first &&
+        static_cast<uint64_t>(s) - static_cast<uint64_t>(runs->back().first) ==
+            static_cast<uint64_t>(runs->back().second)) {
+      ++runs->back().second;
+    } else {
+      runs->emplace_back(s, 1);
+    }
+  }
+}
+
+// A copy's fields besides its slot lists (the record's CopyBody, before the runs are counted).
+struct CopyFields {
+  TpTier src = TpTier::kDevice;
+  TpTier dst = TpTier::kHost;
+  int64_t src_layer = 0, dst_layer = 0, num_layers = 0;
+  int64_t num_slots = 0;
+};
+// Checks the fields and the runs' slots (slots >= 0 within range, equal counts, layers in
+// range): ValidateCopy's checks on the run form.
+Status ValidateCopyRuns(const CopyFields& f, std::span<const SlotRun> src,
+                        std::span<const SlotRun> dst);
+// Bytes of a copy record of these many runs.
+int64_t CopyRecordBytes(int64_t src_runs, int64_t dst_runs);
+// Writes the copy record (CopyRecordBytes bytes) of `f` and the runs with sequence number `seq`
+// at `out` — in place, e.g. into the ring.
+void WriteCopyRecord(const CopyFields& f, std::span<const SlotRun> src,
+                     std::span<const SlotRun> dst, uint64_t seq, std::byte* out);
 
 // Checks `copy` (equal non-empty lengths within int32 runs, slots >= 0, layers in range).
 Status ValidateCopy(const TpCopy& copy);
@@ -116,6 +154,12 @@ Result<TpCopy> DecodeCopy(std::span<const std::byte> record);
 // publishes).
 std::vector<std::byte> EncodeMessage(std::span<const std::byte> message,
                                      RecordType type = RecordType::kMessage);
+// Bytes of the record of a message of `payload_bytes`.
+int64_t MessageRecordBytes(int64_t payload_bytes);
+// Writes the record of a message whose payload is the concatenation of `parts` (type kMessage or
+// kStorage) with sequence number `seq` at `out` (MessageRecordBytes bytes): EncodeMessage in place.
+void WriteMessageRecord(std::span<const std::span<const std::byte>> parts, RecordType type,
+                        uint64_t seq, std::byte* out);
 // The payload of a kMessage or kStorage record; Corruption when the length does not fit.
 Result<std::span<const std::byte>> DecodeMessage(std::span<const std::byte> record);
 

@@ -152,10 +152,13 @@ struct StepMessage {
 class TimedEngine final : public TransferEngine {
  public:
   // `cuda_device` >= 0: a GPU engine on that device (load times from CUDA events).
+  // `cpu`: measure the thread's CPU time of each copy too (two clock reads a copy, which the
+  // group's wrapper around rank 0's own copies does without: its cost counts as decisions).
   static Result<std::unique_ptr<TimedEngine>> Create(std::unique_ptr<TransferEngine> inner,
                                                      const KvRegion& device, int cuda_device,
-                                                     CudaStream load_stream) {
+                                                     CudaStream load_stream, bool cpu = true) {
     auto e = std::unique_ptr<TimedEngine>(new TimedEngine(std::move(inner), device, load_stream));
+    e->cpu_ = cpu;
     if (cuda_device >= 0) {
       KVTIER_ASSIGN_OR_RETURN(e->start_, CudaEventHandle::Create(cuda_device, /*timing=*/true));
       KVTIER_ASSIGN_OR_RETURN(e->stop_, CudaEventHandle::Create(cuda_device, /*timing=*/true));
@@ -187,14 +190,14 @@ class TimedEngine final : public TransferEngine {
     const bool gpu = inner_->backend() != TransferBackend::kCpu;
     const bool events = to_device && gpu && events_;
     const auto t0 = Clock::now();
-    const double cpu0 = ThreadCpuSeconds();
+    const double cpu0 = cpu_ ? ThreadCpuSeconds() : 0;
     Status st = events ? start_.Record(options.stream) : Status::OK();
     if (st.ok()) st = inner_->Transfer(request, options);
     if (st.ok() && events) st = stop_.Record(options.stream);
     if (st.ok() && gpu) st = inner_->Synchronize(options.stream);
     const double s = std::chrono::duration<double>(Clock::now() - t0).count();
     seconds_ += s;
-    cpu_seconds_ += ThreadCpuSeconds() - cpu0;
+    if (cpu_) cpu_seconds_ += ThreadCpuSeconds() - cpu0;
     if (to_device && st.ok()) {
       double load_s = s;
       if (events) {
@@ -216,6 +219,7 @@ class TimedEngine final : public TransferEngine {
   KvRegion device_;
   CudaStream load_stream_;
   bool events_ = false;
+  bool cpu_ = true;
   CudaEventHandle start_, stop_;
   // The cache calls its engine from one thread at a time here (backup_threads = 0, a
   // sequential replay); a follower's Serve is one thread.
@@ -336,7 +340,8 @@ Status RunPass(const Setup& s, int tp, TpLeader* leader, TpPassResult* out) {
   if (leader != nullptr) {
     KVTIER_ASSIGN_OR_RETURN(
         std::unique_ptr<TimedEngine> o,
-        TimedEngine::Create(leader->WrapEngine(std::move(given), device), device, -1, nullptr));
+        TimedEngine::Create(leader->WrapEngine(std::move(given), device), device, -1, nullptr,
+                            /*cpu=*/false));
     outer = o.get();
     given = std::move(o);
   }
@@ -387,33 +392,42 @@ Status RunPass(const Setup& s, int tp, TpLeader* leader, TpPassResult* out) {
     const std::vector<int32_t> tokens = PromptTokens(req);
     const std::span<const Token> prompt(tokens.data(), tokens.size());
     // Times a cache call: all of it, and the part in the engine the cache was given.
-    double call_s = 0, engine_s = 0, own_s = 0, call_cpu_s = 0, engine_cpu_s = 0;
-    auto timed = [&](auto&& call) {
+    // CPU: the call's less rank 0's own copies' (as at TP=1), so everything the thread does for
+    // the group (validating and encoding a record, publishing it, waking and waiting for the
+    // ranks, checking them) counts as the decision's.
+    double call_s = 0, engine_s = 0, own_s = 0, call_cpu_s = 0, own_cpu_s = 0;
+    auto timed = [&](TpCall kind, auto&& call) {
       const double outer0 = outer->seconds(), inner0 = inner->seconds();
-      const double outer_cpu0 = outer->cpu_seconds(), cpu0 = ThreadCpuSeconds();
+      const double own_cpu0 = inner->cpu_seconds(), cpu0 = ThreadCpuSeconds();
       const auto t = Clock::now();
       auto r = call();
       call_s += std::chrono::duration<double>(Clock::now() - t).count();
-      call_cpu_s += ThreadCpuSeconds() - cpu0;
+      const double cpu_s = ThreadCpuSeconds() - cpu0;
+      const double copy_cpu_s = inner->cpu_seconds() - own_cpu0;
+      call_cpu_s += cpu_s;
+      own_cpu_s += copy_cpu_s;
       engine_s += outer->seconds() - outer0;
-      engine_cpu_s += outer->cpu_seconds() - outer_cpu0;
       own_s += inner->seconds() - inner0;
+      if (!warm) out->call_cpu_ms[static_cast<size_t>(kind)] += (cpu_s - copy_cpu_s) * 1e3;
       return r;
     };
-    KVTIER_ASSIGN_OR_RETURN(MatchResult m, timed([&] { return cache->Match(prompt); }));
+    KVTIER_ASSIGN_OR_RETURN(MatchResult m,
+                            timed(TpCall::kMatch, [&] { return cache->Match(prompt); }));
     KVTIER_RETURN_IF_ERROR(engine->BeginRequest());
     const auto t0 = Clock::now();
     int64_t from_storage = 0;
     if (!store.empty()) {
-      KVTIER_RETURN_IF_ERROR(timed([&] { return cache->QueryStorage(m.handle); }).status());
-      KVTIER_RETURN_IF_ERROR(timed([&] { return cache->Prefetch(m.handle); }).status());
+      KVTIER_RETURN_IF_ERROR(
+          timed(TpCall::kQueryStorage, [&] { return cache->QueryStorage(m.handle); }).status());
+      KVTIER_RETURN_IF_ERROR(
+          timed(TpCall::kPrefetch, [&] { return cache->Prefetch(m.handle); }).status());
       const auto w = Clock::now();
       KVTIER_ASSIGN_OR_RETURN(PrefetchResult done, cache->FinishPrefetch(m.handle));
       out->storage_wait_s += std::chrono::duration<double>(Clock::now() - w).count();
       from_storage = done.arrived_tokens;
     }
     Result<LoadBackResult> lb =
-        timed([&] { return cache->LoadBack(m.handle, engine->load_stream()); });
+        timed(TpCall::kLoadBack, [&] { return cache->LoadBack(m.handle, engine->load_stream()); });
     const double load_ms = MsSince(t0);
     StepMessage step;
     if (lb.ok()) {
@@ -426,9 +440,10 @@ Status RunPass(const Setup& s, int tp, TpLeader* leader, TpPassResult* out) {
     const int64_t hit = static_cast<int64_t>(step.hit_slots.size());
     const int64_t whole = req.input_length / P * P;
     if (whole > hit) {
-      KVTIER_ASSIGN_OR_RETURN(
-          step.new_slots,
-          timed([&] { return cache->AllocateDeviceSlots(whole - hit, {.allow_fewer = true}); }));
+      KVTIER_ASSIGN_OR_RETURN(step.new_slots, timed(TpCall::kAllocate, [&] {
+                                return cache->AllocateDeviceSlots(whole - hit,
+                                                                  {.allow_fewer = true});
+                              }));
     }
     step.warm = warm;
     step.sample = s.o.verify == "sample";
@@ -457,11 +472,12 @@ Status RunPass(const Setup& s, int tp, TpLeader* leader, TpPassResult* out) {
       InsertOptions io;
       io.stream = engine->write_stream();
       KVTIER_RETURN_IF_ERROR(
-          timed([&] { return cache->Insert(prompt.first(slots.size()), slots, "", io); })
+          timed(TpCall::kInsert,
+                [&] { return cache->Insert(prompt.first(slots.size()), slots, "", io); })
               .status()
               .WithContext("Insert"));
     }
-    KVTIER_RETURN_IF_ERROR(timed([&] { return cache->Release(m.handle); }));
+    KVTIER_RETURN_IF_ERROR(timed(TpCall::kRelease, [&] { return cache->Release(m.handle); }));
     if (!store.empty()) {
       // Every backup (host and storage, on every rank) lands before the next request, so the
       // storage hits do not depend on how fast the store writes: equal at every TP size.
@@ -476,7 +492,7 @@ Status RunPass(const Setup& s, int tp, TpLeader* leader, TpPassResult* out) {
     out->storage_hit += storage_hit;
     out->host_hit += std::max<int64_t>(0, hit - device_hit - storage_hit);
     out->decide_ms.push_back((call_s - engine_s) * 1e3);
-    out->decide_cpu_ms.push_back((call_cpu_s - engine_cpu_s) * 1e3);
+    out->decide_cpu_ms.push_back((call_cpu_s - own_cpu_s) * 1e3);
     out->group_ms.push_back((engine_s - own_s) * 1e3);
     out->copy_ms.push_back(own_s * 1e3);
     out->loaded += lb.ok() ? lb->loaded_tokens : 0;

@@ -39,6 +39,8 @@ nlohmann::json PassJson(const TpPassResult& p) {
     load_gbps.push_back(LoadBandwidth(p, r) / 1e9);
     load_mb.push_back(BytesPerLoad(p, r) / 1e6);
   }
+  nlohmann::json by_call = nlohmann::json::object();
+  for (int c = 0; c < kTpCalls; ++c) by_call[kTpCallNames[c]] = p.call_cpu_ms[c] / requests;
   return {{"tp", p.tp},
           {"requests", p.requests},
           {"prompt_tokens", p.prompt_tokens},
@@ -59,6 +61,7 @@ nlohmann::json PassJson(const TpPassResult& p) {
           {"decision_cpu_ms_p50", TpPercentile(p.decide_cpu_ms, 0.5)},
           {"decision_cpu_ms_p90", TpPercentile(p.decide_cpu_ms, 0.9)},
           {"decision_cpu_ms_mean", Mean(p.decide_cpu_ms)},
+          {"decision_cpu_ms_mean_by_call", by_call},
           // In its engine: publishing on the ring and waiting for the ranks (TP > 1), own copies.
           {"group_ms_p50", TpPercentile(p.group_ms, 0.5)},
           {"group_ms_mean", Mean(p.group_ms)},
@@ -136,6 +139,13 @@ Result<bool> ReportTpPasses(const TpRunInfo& info, const TpPassResult& tp1, cons
   row("cache decisions ms/request p90", "decision_ms_p90", "{:.4f}");
   row("cache decisions CPU ms/request p50", "decision_cpu_ms_p50", "{:.4f}");
   row("cache decisions CPU ms/request p90", "decision_cpu_ms_p90", "{:.4f}");
+  for (int c = 0; c < kTpCalls; ++c) {
+    const char* name = kTpCallNames[c];
+    std::printf(
+        "%-34s %14s %14s\n", fmt::format("  CPU ms/request mean: {}", name).c_str(),
+        fmt::format("{:.4f}", j1["decision_cpu_ms_mean_by_call"][name].get<double>()).c_str(),
+        fmt::format("{:.4f}", jn["decision_cpu_ms_mean_by_call"][name].get<double>()).c_str());
+  }
   row("ring + rank waits ms/request p50", "group_ms_p50", "{:.4f}");
   row("rank 0 own copies ms/request p50", "own_copy_ms_p50", "{:.4f}");
   row("storage read wait s (all requests)", "storage_wait_s", "{:.3f}");

@@ -14,6 +14,20 @@
 
 namespace kvtier::tools {
 
+// The leader cache's calls that the decision time covers (TpPassResult::call_cpu_ms).
+enum class TpCall : int {
+  kMatch,
+  kQueryStorage,
+  kPrefetch,
+  kLoadBack,
+  kAllocate,
+  kInsert,
+  kRelease
+};
+inline constexpr int kTpCalls = 7;
+inline constexpr const char* kTpCallNames[kTpCalls] = {
+    "match", "query_storage", "prefetch", "load_back", "allocate", "insert", "release"};
+
 struct TpPassResult {
   int tp = 1;
   int64_t requests = 0, prompt_tokens = 0, device_hit = 0, host_hit = 0, storage_hit = 0;
@@ -27,8 +41,13 @@ struct TpPassResult {
   // the cache's decisions; the group's part of that engine time (publishing on the ring and
   // waiting for the ranks to apply: TP > 1 only); rank 0's own copies.
   std::vector<double> decide_ms, group_ms, copy_ms;
-  std::vector<double> decide_cpu_ms;  // the same decisions in the thread's CPU time
-  double storage_wait_s = 0;          // FinishPrefetch: waiting for storage reads (every rank's)
+  // The decisions in the thread's CPU time: the calls' less rank 0's own copies' — including
+  // the group's part that the thread runs (records, publishing, waking and waiting for ranks).
+  std::vector<double> decide_cpu_ms;
+  // decide_cpu_ms split by call (TpCall), summed over the measured requests: which call a TP
+  // size makes dearer.
+  double call_cpu_ms[kTpCalls] = {};
+  double storage_wait_s = 0;  // FinishPrefetch: waiting for storage reads (every rank's)
   // Each rank's loads (host -> device copies) of the measured requests: the bytes it moved, the
   // device time of its own copies to completion (GPU: CUDA events on its load stream around
   // each copy; cpu: the synchronous copy's wall time), the number of copies.
