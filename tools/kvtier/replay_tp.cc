@@ -72,7 +72,19 @@ Result<ReplayModel> ShardModel(const ReplayModel& m, int tp) {
 
 // What a follower answers to a message that is not a step (StepMessage::report): its load
 // counters since the last kResetLoads (TimedEngine), or 0 after resetting them.
-enum Report : uint32_t { kStep = 0, kLoadNs = 1, kLoadBytes = 2, kLoads = 3, kResetLoads = 4 };
+// kLoadMedianBps: the median of its loads' bytes per second; kHostNode, kCpuNode: its host pool's
+// and its thread's NUMA node + 1 (0: unknown); kCeilingBps: its engine's host -> device ceiling.
+enum Report : uint32_t {
+  kStep = 0,
+  kLoadNs = 1,
+  kLoadBytes = 2,
+  kLoads = 3,
+  kResetLoads = 4,
+  kLoadMedianBps = 5,
+  kHostNode = 6,
+  kCpuNode = 7,
+  kCeilingBps = 8,
+};
 
 // The step rank 0 publishes per request after its copies: flags, counts, then the tokens
 // (hit + new), the matched slots and the new slots.
@@ -173,11 +185,22 @@ class TimedEngine final : public TransferEngine {
   double load_seconds() const { return load_seconds_; }
   int64_t load_bytes() const { return load_bytes_; }
   int64_t loads() const { return loads_; }
+  // The median of the loads' bytes per second, each copy's own; 0 without loads.
+  double median_load_bytes_per_s() const {
+    if (per_load_.empty()) return 0;
+    std::vector<double> v = per_load_;
+    const size_t mid = v.size() / 2;
+    std::nth_element(v.begin(), v.begin() + static_cast<ptrdiff_t>(mid), v.end());
+    if (v.size() % 2 == 1) return v[mid];
+    const double upper = v[mid];
+    return (upper + *std::max_element(v.begin(), v.begin() + static_cast<ptrdiff_t>(mid))) / 2;
+  }
   // Starts the load counters afresh (the warm-up's loads are not measured).
   void ResetLoads() {
     load_seconds_ = 0;
     load_bytes_ = 0;
     loads_ = 0;
+    per_load_.clear();
   }
 
  protected:
@@ -208,6 +231,7 @@ class TimedEngine final : public TransferEngine {
       load_seconds_ += load_s;
       load_bytes_ += request.bytes();
       ++loads_;
+      if (load_s > 0) per_load_.push_back(static_cast<double>(request.bytes()) / load_s);
     }
     return st;
   }
@@ -225,6 +249,7 @@ class TimedEngine final : public TransferEngine {
   // sequential replay); a follower's Serve is one thread.
   double seconds_ = 0, cpu_seconds_ = 0, load_seconds_ = 0;
   int64_t load_bytes_ = 0, loads_ = 0;
+  std::vector<double> per_load_;  // bytes per second of each load
 };
 
 // The stores' per-call timeout (the leader's wrapper inherits it, and its calls include waiting
@@ -286,6 +311,11 @@ struct Setup {
   std::string store_dir;  // --storage file: one file store per pass under it (empty: none)
   int64_t store_bytes = 0;
   std::string store_suffix;  // of the pass's store directory (tp<N><suffix>)
+  int first_gpu = 0;         // rank r runs on GPU (first_gpu + r) % GPUs (rank 0's TP=1 passes)
+  // The CUDA device of rank `rank` (0 on the cpu device).
+  int DeviceOf(int rank) const {
+    return gpu ? (first_gpu + rank) % std::max(1, CudaDeviceCount()) : 0;
+  }
   std::string StoreUrl(int tp) const {
     if (store_dir.empty()) return "";
     return fmt::format("file://{}/tp{}{}?capacity={}", store_dir, tp, store_suffix, store_bytes);
@@ -303,7 +333,7 @@ Result<std::unique_ptr<PrefillEngine>> MakeEngine(const Setup& s, int tp, int ra
   ec.tflops = s.o.tflops;
   ec.chunk_tokens = s.o.chunk_tokens;
   ec.max_context = s.max_context;
-  ec.device = s.gpu ? rank % std::max(1, CudaDeviceCount()) : 0;
+  ec.device = s.DeviceOf(rank);
   return s.gpu ? MakeGpuPrefillEngine(ec) : MakeCpuPrefillEngine(ec);
 }
 
@@ -318,7 +348,7 @@ Status RunPass(const Setup& s, int tp, TpLeader* leader, TpPassResult* out) {
   c.device_eviction = *ParseEvictionPolicy(s.o.eviction);
   c.host_eviction = c.device_eviction;
   c.transfer_backend = s.io;
-  c.transfer.device = 0;
+  c.transfer.device = s.DeviceOf(0);
   c.load_back_min_tokens = s.o.load_back_threshold;
   c.backup_threads = 0;  // sequential and deterministic: equal hits at every TP size
   c.write_policy = *ParseWritePolicy(s.o.write_policy);
@@ -331,7 +361,7 @@ Status RunPass(const Setup& s, int tp, TpLeader* leader, TpPassResult* out) {
   // itself timed (outer): outer - inner is the group's part (publish, wait for the ranks).
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<TransferEngine> real,
                           MakeTransferEngine(s.io, c.transfer));
-  const int cuda_device = s.gpu ? 0 : -1;
+  const int cuda_device = s.gpu ? s.DeviceOf(0) : -1;
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<TimedEngine> inner_owned,
                           TimedEngine::Create(std::move(real), device, cuda_device, nullptr));
   TimedEngine* inner = inner_owned.get();
@@ -510,28 +540,49 @@ Status RunPass(const Setup& s, int tp, TpLeader* leader, TpPassResult* out) {
   out->load_bytes = {inner->load_bytes()};
   out->load_seconds = {inner->load_seconds()};
   out->loads = {inner->loads()};
+  out->load_gbps_median = {inner->median_load_bytes_per_s() / 1e9};
+  out->placement.assign(static_cast<size_t>(tp), TpPlacement{});
+  for (int r = 0; r < tp; ++r) {
+    TpPlacement& pl = out->placement[static_cast<size_t>(r)];
+    if (s.gpu) {
+      pl.gpu = s.DeviceOf(r);
+      pl.pci_bus_id = GpuPciBusId(pl.gpu);
+      pl.gpu_numa_node = PciNumaNode(pl.pci_bus_id);
+    }
+  }
+  out->placement[0].host_numa_node = MemoryNumaNode(cache->host_region().k);
+  out->placement[0].cpu_numa_node = CpuNumaNode();
+  out->placement[0].ceiling_gbps = engine->ceiling_bytes_per_s() / 1e9;
   if (leader != nullptr) {
-    // Each follower's loads of the measured requests (the same slots as rank 0's; its bytes).
-    uint64_t answer[3] = {};
+    // Each follower's loads of the measured requests (the same slots as rank 0's; its bytes),
+    // and where it ran.
+    constexpr int kAsks = 7;
+    const Report asks[kAsks] = {kLoadNs,   kLoadBytes, kLoads,     kLoadMedianBps,
+                                kHostNode, kCpuNode,   kCeilingBps};
+    uint64_t answer[kAsks] = {};
     out->load_bytes.resize(static_cast<size_t>(tp));
     out->load_seconds.resize(static_cast<size_t>(tp));
     out->loads.resize(static_cast<size_t>(tp));
-    const Report asks[3] = {kLoadNs, kLoadBytes, kLoads};
-    uint64_t seqs[3];
-    for (int k = 0; k < 3; ++k) {
+    out->load_gbps_median.resize(static_cast<size_t>(tp));
+    uint64_t seqs[kAsks];
+    for (int k = 0; k < kAsks; ++k) {
       StepMessage ask;
       ask.report = asks[k];
       KVTIER_ASSIGN_OR_RETURN(seqs[k], leader->PublishMessage(ask.Encode()));
       KVTIER_RETURN_IF_ERROR(leader->WaitApplied(seqs[k]));
     }
     for (int r = 1; r < tp; ++r) {
-      for (int k = 0; k < 3; ++k) {
+      for (int k = 0; k < kAsks; ++k) {
         KVTIER_ASSIGN_OR_RETURN(answer[k], leader->MessageResult(r, seqs[k]));
       }
       const size_t i = static_cast<size_t>(r);
       out->load_seconds[i] = static_cast<double>(answer[0]) / 1e9;
       out->load_bytes[i] = static_cast<int64_t>(answer[1]);
       out->loads[i] = static_cast<int64_t>(answer[2]);
+      out->load_gbps_median[i] = static_cast<double>(answer[3]) / 1e9;
+      out->placement[i].host_numa_node = static_cast<int>(answer[4]) - 1;
+      out->placement[i].cpu_numa_node = static_cast<int>(answer[5]) - 1;
+      out->placement[i].ceiling_gbps = static_cast<double>(answer[6]) / 1e9;
     }
     out->ring = leader->stats();
   }
@@ -562,7 +613,7 @@ Status RunFollower(const Setup& s, const TpReplayArgs& a) {
     host_region = host->region();
   }
   TransferEngineConfig tc;
-  tc.device = s.gpu ? a.rank % std::max(1, CudaDeviceCount()) : 0;
+  tc.device = s.DeviceOf(a.rank);
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<TransferEngine> real, MakeTransferEngine(s.io, tc));
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<TimedEngine> copier,
                           TimedEngine::Create(std::move(real), engine->device_region(),
@@ -592,6 +643,14 @@ Status RunFollower(const Setup& s, const TpReplayArgs& a) {
       case kResetLoads:
         copier->ResetLoads();
         return uint64_t{0};
+      case kLoadMedianBps:
+        return static_cast<uint64_t>(copier->median_load_bytes_per_s());
+      case kHostNode:
+        return static_cast<uint64_t>(MemoryNumaNode(host_region.k) + 1);
+      case kCpuNode:
+        return static_cast<uint64_t>(CpuNumaNode() + 1);
+      case kCeilingBps:
+        return static_cast<uint64_t>(engine->ceiling_bytes_per_s());
       default:
         return Status::Corruption(fmt::format("tp step: unknown report code {}", step.report));
     }
@@ -679,8 +738,9 @@ void AddTpReplayFlags(CLI::App* replay, TpReplayArgs* a) {
       ->capture_default_str();
   replay->add_flag(
       "--tp-equal-bytes", a->equal_bytes,
-      "--tp, MHA: also serve the requests at TP=1 with one rank's share of the KV heads, the load "
-      "bandwidth baseline at equal bytes per copy (a TP=N rank moves 1/N of TP=1's per copy)");
+      "--tp: also serve the requests at TP=1 on each rank's GPU at that rank's bytes per copy "
+      "(MHA: one rank's share of the KV heads; MLA: the whole latent), each rank's load "
+      "bandwidth baseline on its own GPU (the cpu device: one such pass for every rank)");
   replay
       ->add_option("--tp-timeout", a->ack_timeout_s,
                    "--tp: seconds rank 0 waits for a rank to apply a decision before failing")
@@ -776,17 +836,33 @@ int RunReplayTp(const ReplayOptions& options, const TpReplayArgs& a,
     return fail(st.WithContext("TP=1"), 1);
   }
   const bool shard_pass = a.equal_bytes && !s.model.mla && a.tp > 1;
-  if (shard_pass) {
-    // The load baseline at equal bytes per copy: TP=1 with one rank's share of the KV heads (its
-    // own store), so each copy is the size of a TP=N rank's.
-    Setup e = s;
-    e.model = *ShardModel(s.model, a.tp);
-    e.store_suffix = "-shard";
-    st = RunPass(e, 1, nullptr, &tp1_shard);
-    if (!st.ok()) {
-      RemoveStore(s);
-      return fail(st.WithContext(fmt::format("TP=1 with 1/{} of the KV heads", a.tp)), 1);
+  // --tp-equal-bytes: rank r's load baseline is a TP=1 pass on rank r's GPU at rank r's bytes
+  // per copy (MHA: one rank's share of the KV heads; MLA: the whole latent, which on GPU 0 is
+  // the TP=1 pass itself), each with its own store; the cpu device has one baseline for all.
+  std::vector<TpPassResult> own_gpu_passes;
+  std::vector<const TpPassResult*> own_gpu;
+  if (a.equal_bytes && a.tp > 1) {
+    const int gpus = s.gpu ? a.tp : 1;
+    own_gpu_passes.resize(static_cast<size_t>(gpus));
+    for (int r = 0; r < gpus; ++r) {
+      if (s.model.mla && r == 0) continue;  // TP=1 itself
+      Setup e = s;
+      if (!s.model.mla) e.model = *ShardModel(s.model, a.tp);
+      e.first_gpu = s.DeviceOf(r);
+      e.store_suffix = fmt::format("-gpu{}", r);
+      st = RunPass(e, 1, nullptr, &own_gpu_passes[static_cast<size_t>(r)]);
+      if (!st.ok()) {
+        RemoveStore(s);
+        return fail(
+            st.WithContext(fmt::format("TP=1 on rank {}'s device at its bytes per copy", r)), 1);
+      }
     }
+    for (int r = 0; r < a.tp; ++r) {
+      const size_t i = static_cast<size_t>(std::min(r, gpus - 1));
+      own_gpu.push_back(s.model.mla && i == 0 ? &tp1 : &own_gpu_passes[i]);
+    }
+    // MHA: the baseline on GPU 0 is also the (GPU 0) equal-bytes pass of the earlier reports.
+    if (shard_pass) tp1_shard = own_gpu_passes[0];
   }
 
   TpGroupConfig gc;
@@ -825,7 +901,7 @@ int RunReplayTp(const ReplayOptions& options, const TpReplayArgs& a,
   info.storage = !s.store_dir.empty();
   info.command_line = s.o.command_line;
   info.json_path = s.o.json_path;
-  Result<bool> equal = ReportTpPasses(info, tp1, tpn, shard_pass ? &tp1_shard : nullptr);
+  Result<bool> equal = ReportTpPasses(info, tp1, tpn, shard_pass ? &tp1_shard : nullptr, own_gpu);
   if (!equal.ok()) return fail(equal.status(), 1);
   return *equal ? 0 : 1;
 }
