@@ -11,6 +11,8 @@
 // (futex on `post_word`). Each follower reads records in place up to `write_pos` (acquire),
 // applies them, and only then advances its `read_pos` and `applied_seq` (release) and wakes the
 // leader (`ack_word`): the leader reuses ring bytes only below every attached rank's read_pos.
+// A wake is a system call only when the other side sleeps (`post_sleepers`, `ack_sleepers`):
+// a follower polls the ring for a short while (kFollowerSpinSeconds) before it sleeps.
 //
 // A record: RecordHeader {bytes, type, seq}, then for kCopy a CopyBody and the slot lists as runs
 // (start, length) of consecutive slots — page-aligned lists are one run per page or fewer; for
@@ -32,7 +34,7 @@
 namespace kvtier::tp {
 
 inline constexpr uint64_t kRingMagic = 0x3150544b52454954ULL;  // "TIERKTP1" little-endian
-inline constexpr uint32_t kRingVersion = 1;
+inline constexpr uint32_t kRingVersion = 2;
 inline constexpr int64_t kRecordAlignment = 16;
 
 enum class RecordType : uint32_t { kPad = 1, kCopy = 2, kMessage = 3, kStorage = 4 };
@@ -89,6 +91,10 @@ struct RingHeader {
   std::atomic<uint32_t> closed;     // the leader is gone (its destructor)
   std::atomic<uint32_t> post_word;  // futex: bumped per publication
   std::atomic<uint32_t> ack_word;   // futex: bumped per follower acknowledgement or attach
+  // Threads in (or about to enter) a futex wait on post_word (followers) / ack_word (the
+  // leader's): a bump of the word makes the wake system call only when one is there.
+  std::atomic<uint32_t> post_sleepers;
+  std::atomic<uint32_t> ack_sleepers;
   uint32_t reserved;
   std::atomic<uint64_t> write_pos;  // ring bytes published
   RankRecord ranks[kMaxTpSize];     // [0] unused (the leader)

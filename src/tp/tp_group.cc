@@ -105,6 +105,8 @@ struct TpLeader::Impl {
   // is WaitApplied's to find out (every liveness_poll_s).
   template <typename Write>
   Result<uint64_t> PublishRecord(int64_t bytes, const Write& write);
+  // WaitApplied, polling for up to `spin_s` before the first sleep.
+  Status Wait(uint64_t seq, double spin_s);
   // Publishes a copy given as runs of slots (validated here).
   Result<uint64_t> PublishRuns(const tp::CopyFields& f, std::span<const tp::SlotRun> src,
                                std::span<const tp::SlotRun> dst);
@@ -294,12 +296,14 @@ Result<uint64_t> TpLeader::Impl::PublishRecord(int64_t need, const Write& write)
   ++stats.records;
   stats.record_bytes += need;
   lk.unlock();
-  Bump(&h->post_word);
+  tp::BumpIfSleeping(&h->post_word, &h->post_sleepers);
   return seq;
 }
 
-Status TpLeader::WaitApplied(uint64_t seq) {
-  Impl& m = *impl_;
+Status TpLeader::WaitApplied(uint64_t seq) { return impl_->Wait(seq, 0); }
+
+Status TpLeader::Impl::Wait(uint64_t seq, double spin_s) {
+  Impl& m = *this;
   const auto start = Clock::now();
   const auto deadline = After(m.config.ack_timeout_s);
   // A lagging rank's pid is checked (/proc: several system calls) once a liveness_poll_s has
@@ -308,6 +312,8 @@ Status TpLeader::WaitApplied(uint64_t seq) {
   // beyond the futex wait.
   auto next_liveness = start + std::chrono::duration_cast<Clock::duration>(
                                    std::chrono::duration<double>(m.config.liveness_poll_s));
+  const auto spin_until =
+      start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(spin_s));
   Status result;
   for (;;) {
     Status broken = m.Broken();
@@ -338,6 +344,12 @@ Status TpLeader::WaitApplied(uint64_t seq) {
     }
     if (lagging == 0) break;
     const double left = SecondsLeft(deadline);
+    // Poll for a short while before sleeping: an acknowledgement due right after the leader's
+    // own copy then costs no sleep and wake-up.
+    if (now < spin_until && now < deadline) {
+      tp::CpuRelax();
+      continue;
+    }
     if (left <= 0 && check_alive) {
       const RankRecord& rr = m.h->ranks[lagging];
       result = m.Break(Status::Unavailable(fmt::format(
@@ -346,8 +358,8 @@ Status TpLeader::WaitApplied(uint64_t seq) {
           rr.applied_seq.load(std::memory_order_acquire))));
       break;
     }
-    tp::FutexWait(
-        &m.h->ack_word, word,
+    tp::SleepOn(
+        &m.h->ack_word, &m.h->ack_sleepers, word,
         std::max(0.0, std::min({left, m.config.liveness_poll_s, SecondsLeft(next_liveness)})));
   }
   std::lock_guard lk(m.mu);
@@ -389,9 +401,14 @@ class TpLeaderEngine final : public TransferEngine {
   // `publish`: the leader's TpLeader::Impl::PublishRuns.
   using PublishFn = std::function<Result<uint64_t>(
       const tp::CopyFields&, std::span<const tp::SlotRun>, std::span<const tp::SlotRun>)>;
-  TpLeaderEngine(std::unique_ptr<TransferEngine> inner, TpLeader* leader, PublishFn publish,
+  // `wait`: the leader's TpLeader::Impl::Wait (WaitApplied with a poll of up to `spin_s`).
+  using WaitFn = std::function<Status(uint64_t seq, double spin_s)>;
+  TpLeaderEngine(std::unique_ptr<TransferEngine> inner, PublishFn publish, WaitFn wait,
                  const KvRegion& device)
-      : inner_(std::move(inner)), leader_(leader), publish_(std::move(publish)), device_(device) {}
+      : inner_(std::move(inner)),
+        publish_(std::move(publish)),
+        wait_(std::move(wait)),
+        device_(device) {}
   TransferBackend backend() const override { return inner_->backend(); }
   Status Synchronize(CudaStream stream) override { return inner_->Synchronize(stream); }
 
@@ -417,13 +434,19 @@ class TpLeaderEngine final : public TransferEngine {
     tp::SlotRunsOf(
         f.num_slots, [&](int64_t i) { return request.dst_slots.at(i); }, &dst_runs);
     KVTIER_ASSIGN_OR_RETURN(const uint64_t seq, publish_(f, src_runs, dst_runs));
+    const auto t0 = tp::Clock::now();
     Status own = inner_->Transfer(request, options);
     if (own.ok() && inner_->backend() != TransferBackend::kCpu) {
       // The followers' copies are done when they acknowledge; the leader's own must be too
       // before the cache treats the slots as written on every rank.
       own = inner_->Synchronize(options.stream);
     }
-    Status acks = leader_->WaitApplied(seq);
+    // The ranks started the same copy within microseconds of this one (a follower polls the
+    // ring); after a short copy their acknowledgements are due about now, so a brief poll saves
+    // the sleep and wake-up. After a long one they may be far off (copy times differ by a few
+    // per cent): sleep at once rather than burn the thread's CPU.
+    const bool short_copy = tp::Clock::now() - t0 < std::chrono::microseconds(200);
+    Status acks = wait_(seq, short_copy ? tp::kLeaderSpinSeconds : 0.0);
     return own.ok() ? acks : own;
   }
 
@@ -434,8 +457,8 @@ class TpLeaderEngine final : public TransferEngine {
     return same ? TpTier::kDevice : TpTier::kHost;
   }
   std::unique_ptr<TransferEngine> inner_;
-  TpLeader* leader_;
   PublishFn publish_;
+  WaitFn wait_;
   KvRegion device_;
 };
 
@@ -576,7 +599,8 @@ std::unique_ptr<TransferEngine> TpLeader::WrapEngine(std::unique_ptr<TransferEng
   Impl* m = impl_.get();
   auto publish = [m](const tp::CopyFields& f, std::span<const tp::SlotRun> src,
                      std::span<const tp::SlotRun> dst) { return m->PublishRuns(f, src, dst); };
-  return std::make_unique<TpLeaderEngine>(std::move(inner), this, std::move(publish),
+  auto wait = [m](uint64_t seq, double spin_s) { return m->Wait(seq, spin_s); };
+  return std::make_unique<TpLeaderEngine>(std::move(inner), std::move(publish), std::move(wait),
                                           device_region);
 }
 
