@@ -155,7 +155,7 @@ Result<bool> ReportTpPasses(const TpRunInfo& info, const TpPassResult& tp1, cons
   for (int c = 0; c < kTpCalls; ++c) {
     const char* name = kTpCallNames[c];
     std::printf(
-        "%-34s %14s %14s\n", fmt::format("  CPU ms/request mean: {}", name).c_str(),
+        "%-34s %14s %14s\n", fmt::format("  CPU ms mean, {}", name).c_str(),
         fmt::format("{:.4f}", j1["decision_cpu_ms_mean_by_call"][name].get<double>()).c_str(),
         fmt::format("{:.4f}", jn["decision_cpu_ms_mean_by_call"][name].get<double>()).c_str());
   }
