@@ -23,13 +23,16 @@
 #                    prefix through device, host and storage, every rank's bytes; skipped, saying
 #                    why, without torch or with fewer than 2 GPUs)
 #   5. summary       a table of both replays; the targets: hit rates equal, decision overhead
-#                    TP=2/TP=1 <= 1.2 (CPU time), load bandwidth per rank within 5 % of TP=1's
-#                    (MHA: a TP=2 rank moves half of TP=1's bytes per copy, so MHA also runs
-#                    TP=1 at half the heads, --tp-equal-bytes: the baseline at equal bytes per
-#                    copy, "=bytes" in the table; docs/tp.md says how to read both)
+#                    TP=2/TP=1 <= 1.2 (CPU time, the group's part on the leader's thread
+#                    included; split by call), load bandwidth per rank within 5 % of TP=1's on
+#                    each GPU: --tp-equal-bytes runs TP=1 on GPU 0 and on GPU 1 at a rank's bytes
+#                    per copy (MHA: half the heads; MLA: the whole latent, GPU 0's is the TP=1
+#                    pass), "vs own GPU" = aggregate / median-per-copy ratio; each GPU's PCI bus
+#                    and NUMA node and the host pools' nodes are printed (docs/tp.md)
 # Before the device call, on the build machine: scripts/gpu_deps.sh (then carry build-deps/root).
-# Usage: scripts/gpu_check_tp.sh [--requests N]   About 3 minutes on nvidia-h100-x2 (the CUDA
-# build is half of it); exit status 0 when every section passed.
+# Usage: scripts/gpu_check_tp.sh [--requests N]   About 4 minutes on nvidia-h100-x2 (the CUDA
+# build is ~1.5 of it; MHA serves the requests 4 times, MLA 3); exit status 0 when every section
+# passed. More requests, more copies per bandwidth number (98 at the default 200).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -109,13 +112,13 @@ if [[ ${RESULT[build]} == ok ]]; then
   for run in "mha llama3-8b" "mla deepseek-v2-lite"; do
     set -- $run
     stamp "replay --tp 2 $2"
-    if ! timeout 150 "$KVTIER" replay --tp 2 --device gpu --model "$2" --compute model \
+    if ! timeout 240 "$KVTIER" replay --tp 2 --device gpu --model "$2" --compute model \
          --workload chat --requests "$REQUESTS" --warmup 20 --page-size 16 \
          --device-tokens 4096 --host-tokens 8192 --storage file --tp-equal-bytes --no-progress \
          --json "$LOGS/replay_tp_$1.json" >"$LOGS/replay_tp_$1.log" 2>&1; then
       RESULT[replay]=FAIL
     fi
-    tail -48 "$LOGS/replay_tp_$1.log"
+    tail -72 "$LOGS/replay_tp_$1.log"
   done
 fi
 stamp "replay: ${RESULT[replay]}"
@@ -139,12 +142,13 @@ RESULT[summary]=ok
 import json, os, sys
 logs = sys.argv[1]
 # Loads: per rank, over the measured requests: GB moved, MB per copy, GB/s (CUDA events around
-# the rank's own copies on its load stream), and that bandwidth against TP=1's.
-# MHA's third pass (TP=1 at half the heads, "1/2 heads") is the baseline at equal bytes per copy:
-# "vs =bytes".
-print("%-4s %-27s %-6s %7s %7s %7s %8s %6s %6s %-11s %-11s %-11s %-9s %-9s" % (
+# the rank's own copies on its load stream: bytes / summed copy time) and the median of the
+# copies' own GB/s. "vs own GPU": rank r against TP=1 run on GPU r at rank r's bytes per copy
+# (--tp-equal-bytes: MHA at 1/2 of the heads, MLA the whole latent), aggregate / median; the
+# target is within 5 % on each GPU. Then where each rank ran (GPU, PCI bus, NUMA nodes).
+print("%-4s %-22s %-6s %7s %7s %7s %8s %6s %6s %-11s %-11s %-11s %-11s %-15s" % (
     "kind", "model", "hits", "device", "host", "storage", "dec CPU", "ratio", "waits",
-    "GB/rank", "MB/copy", "GB/s", "vs TP=1", "vs =bytes"))
+    "GB/rank", "MB/copy", "GB/s", "median", "vs own GPU"))
 ok = True
 for kind in ("mha", "mla"):
     path = os.path.join(logs, "replay_tp_%s.json" % kind)
@@ -154,23 +158,35 @@ for kind in ("mha", "mla"):
         continue
     r = json.load(open(path))
     a, b = r["passes"]
-    base = a["load_gbps_per_rank"][0] if a["load_gbps_per_rank"] else 0
-    shard = r.get("tp1_shard_pass")
-    same = shard["load_gbps_per_rank"][0] if shard and shard["load_gbps_per_rank"] else 0
-    for p in (a, shard, b) if shard else (a, b):
+    own = r.get("own_gpu_passes") or []
+    rows = [(a, "TP=1"), (b, "TP=%d" % b["tp"])]
+    rows += [(o, "TP=1 r%d GPU%s%s" % (o["rank"], o["placement"][0]["gpu"] if o["placement"]
+                                       else "?", " 1/2" if kind == "mha" else "")) for o in own]
+    for p, name in rows:
         bw = p["load_gbps_per_rank"]
-        name = "%s TP=%d%s" % (r["model"], p["tp"], " 1/2 heads" if p is shard else "")
-        print("%-4s %-27s %-6s %7d %7d %7d %8.4f %6s %6.2f %-11s %-11s %-11s %-9s %-9s" % (
-            kind, name,
+        med = p.get("load_gbps_median_per_rank") or []
+        vs = ""
+        if p is b and r.get("load_gbps_vs_own_gpu_per_rank"):
+            vs = " ".join("%.0f/%.0f%%" % (100 * x, 100 * y) for x, y in zip(
+                r["load_gbps_vs_own_gpu_per_rank"], r["load_gbps_median_vs_own_gpu_per_rank"]))
+        print("%-4s %-22s %-6s %7d %7d %7d %8.4f %6s %6.2f %-11s %-11s %-11s %-11s %-15s" % (
+            kind, "%s %s" % (r["model"][:7], name),
             "equal" if r["hit_rates_equal"] else "DIFFER", p["device_hit_tokens"],
             p["host_hit_tokens"], p["storage_hit_tokens"], p["decision_cpu_ms_p50"],
-            "%.2fx" % r["decision_cpu_overhead_ratio_p50"] if p["tp"] > 1 else "",
+            "%.2fx" % r["decision_cpu_overhead_ratio_p50"] if p is b else "",
             p["leader_waits_per_request"],
             " ".join("%.2f" % (x / 1e9) for x in p["load_bytes_per_rank"]),
             " ".join("%.1f" % x for x in p["load_mb_per_copy_per_rank"]),
-            " ".join("%.1f" % x for x in bw),
-            " ".join("%.0f%%" % (100 * x / base) for x in bw) if base else "",
-            " ".join("%.0f%%" % (100 * x / same) for x in bw) if same and p is b else ""))
+            " ".join("%.1f" % x for x in bw), " ".join("%.1f" % x for x in med), vs))
+    for i, pl in enumerate(b.get("placement") or []):
+        print("     rank %d: GPU %s PCI %s NUMA %s, host pool node %s, cpu node %s, "
+              "h2d ceiling %.1f GB/s, %d copies" % (
+                  i, pl["gpu"], pl["pci_bus_id"] or "?", pl["gpu_numa_node"],
+                  pl["host_pool_numa_node"], pl["cpu_numa_node"], pl["h2d_ceiling_gbps"],
+                  b["loads_per_rank"][i]))
+    by_call = " ".join("%s %.4f/%.4f" % (k, a["decision_cpu_ms_mean_by_call"][k], v)
+                       for k, v in b["decision_cpu_ms_mean_by_call"].items())
+    print("     decision CPU ms/request mean by call, TP=1/TP=%d: %s" % (b["tp"], by_call))
     if min(a["storage_hit_tokens"], a["host_hit_tokens"], a["device_hit_tokens"]) <= 0:
         print("%s: FAIL: a tier has no hits (device, host and storage must all be hit)" % kind)
         ok = False

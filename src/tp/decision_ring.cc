@@ -33,6 +33,25 @@ int64_t RecordBytes(int64_t src_runs, int64_t dst_runs) {
                  (src_runs + dst_runs) * kRunBytes);
 }
 
+Status CheckFields(const CopyFields& f) {
+  if (f.num_slots <= 0) return Status::InvalidArgument("tp copy: no slots");
+  if (f.num_layers <= 0 || f.num_layers > kMaxLayers || f.src_layer < 0 || f.dst_layer < 0 ||
+      f.src_layer > kMaxLayers || f.dst_layer > kMaxLayers) {
+    return Status::InvalidArgument(
+        fmt::format("tp copy: layers src {} dst {} count {} out of range", f.src_layer, f.dst_layer,
+                    f.num_layers));
+  }
+  if (static_cast<uint8_t>(f.src) > 1 || static_cast<uint8_t>(f.dst) > 1) {
+    return Status::InvalidArgument("tp copy: unknown tier");
+  }
+  return Status::OK();
+}
+
+CopyFields CopyFieldsOf(const TpCopy& c) {
+  return CopyFields{c.src,       c.dst,        c.src_layer,
+                    c.dst_layer, c.num_layers, static_cast<int64_t>(c.src_slots.size())};
+}
+
 Status CheckSlots(std::span<const int64_t> slots, const char* name) {
   for (size_t i = 0; i < slots.size(); ++i) {
     if (slots[i] < 0 || slots[i] >= kMaxSlots) {
@@ -47,17 +66,64 @@ Status CheckSlots(std::span<const int64_t> slots, const char* name) {
 
 int64_t SegmentBytes(int64_t ring_bytes) { return DataOffset() + ring_bytes; }
 
-std::vector<std::pair<int64_t, int64_t>> SlotRuns(std::span<const int64_t> slots) {
-  std::vector<std::pair<int64_t, int64_t>> runs;
-  for (int64_t s : slots) {
-    if (!runs.empty() && runs.back().first + runs.back().second == s &&
-        runs.back().second < std::numeric_limits<int64_t>::max()) {
-      ++runs.back().second;
-    } else {
-      runs.emplace_back(s, 1);
+std::vector<SlotRun> SlotRuns(std::span<const int64_t> slots) {
+  std::vector<SlotRun> runs;
+  SlotRunsOf(
+      static_cast<int64_t>(slots.size()), [&](int64_t i) { return slots[static_cast<size_t>(i)]; },
+      &runs);
+  return runs;
+}
+
+Status ValidateCopyRuns(const CopyFields& f, std::span<const SlotRun> src,
+                        std::span<const SlotRun> dst) {
+  KVTIER_RETURN_IF_ERROR(CheckFields(f));
+  for (auto [runs, name] : {std::pair{src, "src_slots"}, {dst, "dst_slots"}}) {
+    int64_t n = 0;
+    for (const auto& [start, len] : runs) {
+      // A run's last slot is start + len - 1 (no overflow: len <= num_slots <= the list's size).
+      if (start < 0 || len <= 0 || start >= kMaxSlots || len > kMaxSlots - start) {
+        return Status::InvalidArgument(fmt::format(
+            "tp copy: {} has slots out of range (a run of {} from {})", name, len, start));
+      }
+      n += len;
+    }
+    if (n != f.num_slots) {
+      return Status::InvalidArgument(
+          fmt::format("tp copy: {} has {} slots, the copy {}", name, n, f.num_slots));
     }
   }
-  return runs;
+  return Status::OK();
+}
+
+int64_t CopyRecordBytes(int64_t src_runs, int64_t dst_runs) {
+  return RecordBytes(src_runs, dst_runs);
+}
+
+void WriteCopyRecord(const CopyFields& f, std::span<const SlotRun> src,
+                     std::span<const SlotRun> dst, uint64_t seq, std::byte* out) {
+  const int64_t bytes =
+      RecordBytes(static_cast<int64_t>(src.size()), static_cast<int64_t>(dst.size()));
+  const RecordHeader h{static_cast<uint32_t>(bytes), static_cast<uint32_t>(RecordType::kCopy), seq};
+  CopyBody b{};
+  b.src_tier = static_cast<uint8_t>(f.src);
+  b.dst_tier = static_cast<uint8_t>(f.dst);
+  b.src_runs = static_cast<uint32_t>(src.size());
+  b.dst_runs = static_cast<uint32_t>(dst.size());
+  b.src_layer = static_cast<int32_t>(f.src_layer);
+  b.dst_layer = static_cast<int32_t>(f.dst_layer);
+  b.num_layers = static_cast<int32_t>(f.num_layers);
+  b.num_slots = f.num_slots;
+  std::byte* p = out;
+  std::memcpy(p, &h, sizeof(h));
+  p += sizeof(h);
+  std::memcpy(p, &b, sizeof(b));
+  p += sizeof(b);
+  for (const auto runs : {src, dst}) {
+    if (!runs.empty()) std::memcpy(p, runs.data(), runs.size() * kRunBytes);
+    p += static_cast<int64_t>(runs.size()) * kRunBytes;
+  }
+  // The alignment's tail: zeros, so a record's bytes do not depend on what the ring held.
+  std::memset(p, 0, static_cast<size_t>(out + bytes - p));
 }
 
 Status ValidateCopy(const TpCopy& copy) {
@@ -65,16 +131,7 @@ Status ValidateCopy(const TpCopy& copy) {
     return Status::InvalidArgument(fmt::format("tp copy: {} source slots but {} destination slots",
                                                copy.src_slots.size(), copy.dst_slots.size()));
   }
-  if (copy.src_slots.empty()) return Status::InvalidArgument("tp copy: no slots");
-  if (copy.num_layers <= 0 || copy.num_layers > kMaxLayers || copy.src_layer < 0 ||
-      copy.dst_layer < 0 || copy.src_layer > kMaxLayers || copy.dst_layer > kMaxLayers) {
-    return Status::InvalidArgument(
-        fmt::format("tp copy: layers src {} dst {} count {} out of range", copy.src_layer,
-                    copy.dst_layer, copy.num_layers));
-  }
-  if (static_cast<uint8_t>(copy.src) > 1 || static_cast<uint8_t>(copy.dst) > 1) {
-    return Status::InvalidArgument("tp copy: unknown tier");
-  }
+  KVTIER_RETURN_IF_ERROR(CheckFields(CopyFieldsOf(copy)));
   KVTIER_RETURN_IF_ERROR(CheckSlots(copy.src_slots, "src_slots"));
   return CheckSlots(copy.dst_slots, "dst_slots");
 }
@@ -87,31 +144,9 @@ int64_t EncodedCopyBytes(const TpCopy& copy) {
 std::vector<std::byte> EncodeCopy(const TpCopy& copy, uint64_t seq) {
   const auto src = SlotRuns(copy.src_slots);
   const auto dst = SlotRuns(copy.dst_slots);
-  const int64_t bytes =
-      RecordBytes(static_cast<int64_t>(src.size()), static_cast<int64_t>(dst.size()));
-  std::vector<std::byte> out(static_cast<size_t>(bytes));
-  RecordHeader h{static_cast<uint32_t>(bytes), static_cast<uint32_t>(RecordType::kCopy), seq};
-  CopyBody b{};
-  b.src_tier = static_cast<uint8_t>(copy.src);
-  b.dst_tier = static_cast<uint8_t>(copy.dst);
-  b.src_runs = static_cast<uint32_t>(src.size());
-  b.dst_runs = static_cast<uint32_t>(dst.size());
-  b.src_layer = static_cast<int32_t>(copy.src_layer);
-  b.dst_layer = static_cast<int32_t>(copy.dst_layer);
-  b.num_layers = static_cast<int32_t>(copy.num_layers);
-  b.num_slots = static_cast<int64_t>(copy.src_slots.size());
-  std::byte* p = out.data();
-  std::memcpy(p, &h, sizeof(h));
-  p += sizeof(h);
-  std::memcpy(p, &b, sizeof(b));
-  p += sizeof(b);
-  for (const auto* runs : {&src, &dst}) {
-    for (const auto& [start, len] : *runs) {
-      std::memcpy(p, &start, sizeof(start));
-      std::memcpy(p + sizeof(start), &len, sizeof(len));
-      p += kRunBytes;
-    }
-  }
+  std::vector<std::byte> out(static_cast<size_t>(
+      RecordBytes(static_cast<int64_t>(src.size()), static_cast<int64_t>(dst.size()))));
+  WriteCopyRecord(CopyFieldsOf(copy), src, dst, seq, out.data());
   return out;
 }
 
@@ -165,15 +200,31 @@ Result<TpCopy> DecodeCopy(std::span<const std::byte> record) {
 }
 
 std::vector<std::byte> EncodeMessage(std::span<const std::byte> message, RecordType type) {
-  const uint64_t len = message.size();
-  const int64_t bytes =
-      AlignUp(static_cast<int64_t>(sizeof(RecordHeader) + sizeof(len) + message.size()));
-  std::vector<std::byte> out(static_cast<size_t>(bytes));
-  const RecordHeader h{static_cast<uint32_t>(bytes), static_cast<uint32_t>(type), 0};
-  std::memcpy(out.data(), &h, sizeof(h));
-  std::memcpy(out.data() + sizeof(h), &len, sizeof(len));
-  if (len > 0) std::memcpy(out.data() + sizeof(h) + sizeof(len), message.data(), message.size());
+  std::vector<std::byte> out(
+      static_cast<size_t>(MessageRecordBytes(static_cast<int64_t>(message.size()))));
+  const std::span<const std::byte> parts[1] = {message};
+  WriteMessageRecord(parts, type, 0, out.data());
   return out;
+}
+
+int64_t MessageRecordBytes(int64_t payload_bytes) {
+  return AlignUp(static_cast<int64_t>(sizeof(RecordHeader) + sizeof(uint64_t)) + payload_bytes);
+}
+
+void WriteMessageRecord(std::span<const std::span<const std::byte>> parts, RecordType type,
+                        uint64_t seq, std::byte* out) {
+  uint64_t len = 0;
+  for (const auto& part : parts) len += part.size();
+  const int64_t bytes = MessageRecordBytes(static_cast<int64_t>(len));
+  const RecordHeader h{static_cast<uint32_t>(bytes), static_cast<uint32_t>(type), seq};
+  std::memcpy(out, &h, sizeof(h));
+  std::memcpy(out + sizeof(h), &len, sizeof(len));
+  std::byte* p = out + sizeof(h) + sizeof(len);
+  for (const auto& part : parts) {
+    if (!part.empty()) std::memcpy(p, part.data(), part.size());
+    p += part.size();
+  }
+  std::memset(p, 0, static_cast<size_t>(out + bytes - p));
 }
 
 Result<std::span<const std::byte>> DecodeMessage(std::span<const std::byte> record) {

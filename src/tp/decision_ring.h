@@ -11,6 +11,8 @@
 // (futex on `post_word`). Each follower reads records in place up to `write_pos` (acquire),
 // applies them, and only then advances its `read_pos` and `applied_seq` (release) and wakes the
 // leader (`ack_word`): the leader reuses ring bytes only below every attached rank's read_pos.
+// A wake is a system call only when the other side sleeps (`post_sleepers`, `ack_sleepers`):
+// a follower polls the ring for a short while (kFollowerSpinSeconds) before it sleeps.
 //
 // A record: RecordHeader {bytes, type, seq}, then for kCopy a CopyBody and the slot lists as runs
 // (start, length) of consecutive slots — page-aligned lists are one run per page or fewer; for
@@ -32,7 +34,7 @@
 namespace kvtier::tp {
 
 inline constexpr uint64_t kRingMagic = 0x3150544b52454954ULL;  // "TIERKTP1" little-endian
-inline constexpr uint32_t kRingVersion = 1;
+inline constexpr uint32_t kRingVersion = 2;
 inline constexpr int64_t kRecordAlignment = 16;
 
 enum class RecordType : uint32_t { kPad = 1, kCopy = 2, kMessage = 3, kStorage = 4 };
@@ -89,6 +91,10 @@ struct RingHeader {
   std::atomic<uint32_t> closed;     // the leader is gone (its destructor)
   std::atomic<uint32_t> post_word;  // futex: bumped per publication
   std::atomic<uint32_t> ack_word;   // futex: bumped per follower acknowledgement or attach
+  // Threads in (or about to enter) a futex wait on post_word (followers) / ack_word (the
+  // leader's): a bump of the word makes the wake system call only when one is there.
+  std::atomic<uint32_t> post_sleepers;
+  std::atomic<uint32_t> ack_sleepers;
   uint32_t reserved;
   std::atomic<uint64_t> write_pos;  // ring bytes published
   RankRecord ranks[kMaxTpSize];     // [0] unused (the leader)
@@ -100,8 +106,46 @@ inline int64_t DataOffset() {
   return (static_cast<int64_t>(sizeof(RingHeader)) + 4095) / 4096 * 4096;
 }
 
+using SlotRun = std::pair<int64_t, int64_t>;  // (start, length)
+static_assert(sizeof(SlotRun) == 16);         // a record's run, as written
+
 // The runs (start, length) of consecutive slots in `slots`, in order.
-std::vector<std::pair<int64_t, int64_t>> SlotRuns(std::span<const int64_t> slots);
+std::vector<SlotRun> SlotRuns(std::span<const int64_t> slots);
+// The same for `count` slots `at(0) .. at(count-1)`, into `runs` (cleared first; its capacity is
+// reused, so a caller that keeps it allocates nothing per copy).
+template <typename At>
+void SlotRunsOf(int64_t count, const At& at, std::vector<SlotRun>* runs) {
+  runs->clear();
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t s = at(i);
+    // Unsigned difference, after s > start: no overflow whatever the (not yet validated) slots.
+    if (!runs->empty() && s > runs->back().first &&
+        static_cast<uint64_t>(s) - static_cast<uint64_t>(runs->back().first) ==
+            static_cast<uint64_t>(runs->back().second)) {
+      ++runs->back().second;
+    } else {
+      runs->emplace_back(s, 1);
+    }
+  }
+}
+
+// A copy's fields besides its slot lists (the record's CopyBody, before the runs are counted).
+struct CopyFields {
+  TpTier src = TpTier::kDevice;
+  TpTier dst = TpTier::kHost;
+  int64_t src_layer = 0, dst_layer = 0, num_layers = 0;
+  int64_t num_slots = 0;
+};
+// Checks the fields and the runs' slots (slots >= 0 within range, equal counts, layers in
+// range): ValidateCopy's checks on the run form.
+Status ValidateCopyRuns(const CopyFields& f, std::span<const SlotRun> src,
+                        std::span<const SlotRun> dst);
+// Bytes of a copy record of these many runs.
+int64_t CopyRecordBytes(int64_t src_runs, int64_t dst_runs);
+// Writes the copy record (CopyRecordBytes bytes) of `f` and the runs with sequence number `seq`
+// at `out` — in place, e.g. into the ring.
+void WriteCopyRecord(const CopyFields& f, std::span<const SlotRun> src,
+                     std::span<const SlotRun> dst, uint64_t seq, std::byte* out);
 
 // Checks `copy` (equal non-empty lengths within int32 runs, slots >= 0, layers in range).
 Status ValidateCopy(const TpCopy& copy);
@@ -116,6 +160,12 @@ Result<TpCopy> DecodeCopy(std::span<const std::byte> record);
 // publishes).
 std::vector<std::byte> EncodeMessage(std::span<const std::byte> message,
                                      RecordType type = RecordType::kMessage);
+// Bytes of the record of a message of `payload_bytes`.
+int64_t MessageRecordBytes(int64_t payload_bytes);
+// Writes the record of a message whose payload is the concatenation of `parts` (type kMessage or
+// kStorage) with sequence number `seq` at `out` (MessageRecordBytes bytes): EncodeMessage in place.
+void WriteMessageRecord(std::span<const std::span<const std::byte>> parts, RecordType type,
+                        uint64_t seq, std::byte* out);
 // The payload of a kMessage or kStorage record; Corruption when the length does not fit.
 Result<std::span<const std::byte>> DecodeMessage(std::span<const std::byte> record);
 

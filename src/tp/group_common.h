@@ -2,7 +2,7 @@
 // besides the ring's layout (tp/decision_ring.h): deadlines, rank states, waking the other side,
 // and the storage decision's operations.
 //
-// Thread safety: pure functions; Bump is an atomic increment and a wake.
+// Thread safety: pure functions; Bump is an atomic increment and a wake, SleepOn a futex wait.
 #pragma once
 
 #include <atomic>
@@ -33,6 +33,41 @@ inline void Bump(std::atomic<uint32_t>* word) {
   word->fetch_add(1, std::memory_order_release);
   FutexWakeAll(word);
 }
+
+// The hot path's wake: publishes a change (made before the call) by bumping `word`, and makes
+// the FUTEX_WAKE system call (several microseconds where the sleeper must be woken on another
+// CPU, more on a VM) only when a waiter announced itself in `sleepers` (SleepOn). Sequentially
+// consistent on both sides: either the waker sees the sleeper, or the sleeper's futex wait sees
+// the bumped word and returns at once.
+inline void BumpIfSleeping(std::atomic<uint32_t>* word, std::atomic<uint32_t>* sleepers) {
+  word->fetch_add(1, std::memory_order_seq_cst);
+  if (sleepers->load(std::memory_order_seq_cst) != 0) FutexWakeAll(word);
+}
+
+// Waits on `word` while it still holds `seen` (read before the caller checked its condition),
+// at most timeout_s, announced in `sleepers` (BumpIfSleeping).
+inline void SleepOn(std::atomic<uint32_t>* word, std::atomic<uint32_t>* sleepers, uint32_t seen,
+                    double timeout_s) {
+  sleepers->fetch_add(1, std::memory_order_seq_cst);
+  FutexWait(word, seen, timeout_s);
+  sleepers->fetch_sub(1, std::memory_order_seq_cst);
+}
+
+// One iteration of a spin-wait.
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// How long a follower polls the ring for the next record before it sleeps (its own CPU; the
+// leader's next record of a request usually comes within it, and then neither side makes a
+// system call), and how long the leader's engine polls for the acknowledgements of a short copy
+// before it sleeps (its thread's CPU, counted as the decision's: short).
+inline constexpr double kFollowerSpinSeconds = 200e-6;
+inline constexpr double kLeaderSpinSeconds = 20e-6;
 
 // A storage decision's payload (a kStorage record's message): op (u32: 1 get, 2 set), 4 bytes of
 // padding, the page count n (u64), n page keys, then n host page starts (int64 slots).

@@ -86,6 +86,7 @@ struct TpFollower::Impl {
   std::byte* data = nullptr;
   TpShape shape;
   TpFollowerStats stats;
+  tp::Clock::time_point next_leader_check{};  // Serve checks the leader's pid from then on
 
   RankRecord& me() { return h->ranks[rank]; }
 
@@ -145,6 +146,19 @@ struct TpFollower::Impl {
       SetResult(next, *ok);
       Applied(next, 0);
       return static_cast<int64_t>(rh.bytes);
+    }
+    if (rh.type == static_cast<uint32_t>(RecordType::kCopy) &&
+        rh.bytes >= sizeof(RecordHeader) + sizeof(tp::CopyBody)) {
+      // The slot lists are expanded from their runs: bounded by the regions first, so a damaged
+      // record cannot make this rank allocate without limit.
+      tp::CopyBody b;
+      std::memcpy(&b, data + off + sizeof(RecordHeader), sizeof(b));
+      if (b.num_slots > std::max(shape.device_slots, shape.host_slots)) {
+        return Fail(next, Status::Corruption(fmt::format(
+                              "tp record {}: a copy of {} slots, more than a region holds ({} "
+                              "device, {} host slots)",
+                              next, b.num_slots, shape.device_slots, shape.host_slots)));
+      }
     }
     Result<TpCopy> copy = tp::DecodeCopy(std::span(data + off, rh.bytes));
     if (!copy.ok()) return Fail(next, copy.status());
@@ -295,6 +309,7 @@ Result<TpServeResult> TpFollower::Serve(TransferEngine& engine, const KvRegion& 
         fmt::format("tp rank {} is not attached (a copy failed, or it detached)", m.rank));
   }
   const auto deadline = After(wait_s);
+  const auto spin_until = std::min(deadline, After(tp::kFollowerSpinSeconds));
   bool applied = false;
   for (;;) {
     const uint32_t word = m.h->post_word.load(std::memory_order_acquire);
@@ -305,18 +320,29 @@ Result<TpServeResult> TpFollower::Serve(TransferEngine& engine, const KvRegion& 
                               m.ApplyAt(rp, engine, device, host, on_message, storage));
       rp += static_cast<uint64_t>(bytes);
       m.me().read_pos.store(rp, std::memory_order_release);
-      Bump(&m.h->ack_word);
+      tp::BumpIfSleeping(&m.h->ack_word, &m.h->ack_sleepers);
       applied = true;
     }
     if (applied) return TpServeResult::kApplied;
     if (m.h->closed.load(std::memory_order_acquire) != 0) return TpServeResult::kClosed;
-    if (!shm::ProcessAlive(m.h->leader_pid, m.h->leader_start_time)) {
-      return Status::Unavailable(
-          fmt::format("tp group '{}': the leader (pid {}) died", m.config.name, m.h->leader_pid));
+    const auto now = tp::Clock::now();
+    if (now < spin_until) {
+      tp::CpuRelax();
+      continue;
+    }
+    // The leader's pid is checked in /proc (several system calls) once per liveness_poll_s.
+    if (now >= m.next_leader_check) {
+      m.next_leader_check = After(m.config.liveness_poll_s);
+      if (!shm::ProcessAlive(m.h->leader_pid, m.h->leader_start_time)) {
+        return Status::Unavailable(
+            fmt::format("tp group '{}': the leader (pid {}) died", m.config.name, m.h->leader_pid));
+      }
     }
     const double left = SecondsLeft(deadline);
     if (left <= 0) return TpServeResult::kIdle;
-    tp::FutexWait(&m.h->post_word, word, std::min(left, m.config.liveness_poll_s));
+    tp::SleepOn(&m.h->post_word, &m.h->post_sleepers, word,
+                std::max(0.0, std::min({left, m.config.liveness_poll_s,
+                                        SecondsLeft(m.next_leader_check)})));
   }
 }
 

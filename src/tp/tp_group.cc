@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <thread>
 
@@ -45,21 +46,6 @@ Status CheckShape(const TpShape& s) {
         s.device_slots, s.host_slots, s.num_layers, s.page_size));
   }
   return Status::OK();
-}
-
-std::vector<std::byte> EncodeStorage(StorageOp op, std::span<const PageKey> keys,
-                                     std::span<const int64_t> pages) {
-  const uint32_t o = static_cast<uint32_t>(op), pad = 0;
-  const uint64_t n = keys.size();
-  std::vector<std::byte> out(16 + n * (sizeof(PageKey) + 8));
-  std::memcpy(out.data(), &o, 4);
-  std::memcpy(out.data() + 4, &pad, 4);
-  std::memcpy(out.data() + 8, &n, 8);
-  for (size_t i = 0; i < n; ++i) {
-    std::memcpy(out.data() + 16 + i * sizeof(PageKey), keys[i].bytes.data(), sizeof(PageKey));
-  }
-  if (n > 0) std::memcpy(out.data() + 16 + n * sizeof(PageKey), pages.data(), n * 8);
-  return out;
 }
 
 }  // namespace
@@ -113,10 +99,20 @@ struct TpLeader::Impl {
     std::lock_guard lk(mu);
     return broken;
   }
-  // Writes `rec` (its seq set here) at the ring's write position and wakes the followers.
-  Result<uint64_t> PublishRecord(std::vector<std::byte> rec);
-  // An error when rank `r` cannot take records: failed, detached, not attached or dead.
-  Status RankProblem(int r, uint64_t seq) const {
+  // Writes a record of `bytes` (a multiple of kRecordAlignment) at the ring's write position —
+  // `write(seq, at)` writes it in place, with the sequence number given — and wakes the
+  // followers. Checks each rank's state (shared memory, no system call); whether a rank is alive
+  // is WaitApplied's to find out (every liveness_poll_s).
+  template <typename Write>
+  Result<uint64_t> PublishRecord(int64_t bytes, const Write& write);
+  // WaitApplied, polling for up to `spin_s` before the first sleep.
+  Status Wait(uint64_t seq, double spin_s);
+  // Publishes a copy given as runs of slots (validated here).
+  Result<uint64_t> PublishRuns(const tp::CopyFields& f, std::span<const tp::SlotRun> src,
+                               std::span<const tp::SlotRun> dst);
+  // An error when rank `r` cannot take records: failed, detached, not attached or dead
+  // (`alive`: also read /proc for its pid, several system calls).
+  Status RankProblem(int r, uint64_t seq, bool alive = true) const {
     const RankRecord& rr = h->ranks[r];
     const uint32_t st = StateOf(rr);
     if (st == static_cast<uint32_t>(RankState::kFailed)) {
@@ -129,7 +125,7 @@ struct TpLeader::Impl {
                       "WaitForFollowers first)",
                       config.name, r));
     }
-    if (!shm::ProcessAlive(rr.pid, rr.start_time)) {
+    if (alive && !shm::ProcessAlive(rr.pid, rr.start_time)) {
       return Status::Unavailable(
           fmt::format("tp group '{}': rank {} (pid {}) died; it applied records up to {} of {}",
                       config.name, r, rr.pid, rr.applied_seq.load(std::memory_order_acquire), seq));
@@ -218,16 +214,28 @@ Status TpLeader::WaitForFollowers() {
 
 Result<uint64_t> TpLeader::Publish(const TpCopy& copy) {
   KVTIER_RETURN_IF_ERROR(tp::ValidateCopy(copy));
-  const int64_t need = tp::EncodedCopyBytes(copy);
-  if (need > impl_->config.ring_bytes / 2) {
+  return impl_->PublishRuns({copy.src, copy.dst, copy.src_layer, copy.dst_layer, copy.num_layers,
+                             static_cast<int64_t>(copy.src_slots.size())},
+                            tp::SlotRuns(copy.src_slots), tp::SlotRuns(copy.dst_slots));
+}
+
+Result<uint64_t> TpLeader::Impl::PublishRuns(const tp::CopyFields& f,
+                                             std::span<const tp::SlotRun> src,
+                                             std::span<const tp::SlotRun> dst) {
+  KVTIER_RETURN_IF_ERROR(tp::ValidateCopyRuns(f, src, dst));
+  const int64_t need =
+      tp::CopyRecordBytes(static_cast<int64_t>(src.size()), static_cast<int64_t>(dst.size()));
+  if (need > config.ring_bytes / 2) {
     return Status::InvalidArgument(fmt::format(
         "tp group '{}': a copy of {} slots takes {} ring bytes, more than half the ring "
         "(ring_bytes = {})",
-        impl_->config.name, copy.src_slots.size(), need, impl_->config.ring_bytes));
+        config.name, f.num_slots, need, config.ring_bytes));
   }
-  KVTIER_ASSIGN_OR_RETURN(const uint64_t seq, impl_->PublishRecord(tp::EncodeCopy(copy, 0)));
-  std::lock_guard lk(impl_->mu);
-  impl_->stats.slots += static_cast<int64_t>(copy.src_slots.size());
+  KVTIER_ASSIGN_OR_RETURN(const uint64_t seq, PublishRecord(need, [&](uint64_t s, std::byte* at) {
+                            tp::WriteCopyRecord(f, src, dst, s, at);
+                          }));
+  std::lock_guard lk(mu);
+  stats.slots += f.num_slots;
   return seq;
 }
 
@@ -238,17 +246,21 @@ Result<uint64_t> TpLeader::PublishMessage(std::span<const std::byte> message) {
                     "(ring_bytes = {})",
                     impl_->config.name, message.size(), impl_->config.ring_bytes));
   }
-  return impl_->PublishRecord(tp::EncodeMessage(message));
+  const std::span<const std::byte> parts[1] = {message};
+  return impl_->PublishRecord(tp::MessageRecordBytes(static_cast<int64_t>(message.size())),
+                              [&](uint64_t seq, std::byte* at) {
+                                tp::WriteMessageRecord(parts, RecordType::kMessage, seq, at);
+                              });
 }
 
-Result<uint64_t> TpLeader::Impl::PublishRecord(std::vector<std::byte> rec) {
+template <typename Write>
+Result<uint64_t> TpLeader::Impl::PublishRecord(int64_t need, const Write& write) {
   const int64_t ring = config.ring_bytes;
-  const int64_t need = static_cast<int64_t>(rec.size());
   std::unique_lock lk(mu);
   if (!broken.ok()) return broken;
   const uint64_t seq = next_seq;
   for (int r = 1; r < config.tp_size; ++r) {
-    Status st = RankProblem(r, seq);
+    Status st = RankProblem(r, seq, /*alive=*/false);
     if (!st.ok()) {
       if (broken.ok()) broken = st;
       return st;
@@ -278,21 +290,30 @@ Result<uint64_t> TpLeader::Impl::PublishRecord(std::vector<std::byte> rec) {
     const RecordHeader ph{static_cast<uint32_t>(pad), static_cast<uint32_t>(RecordType::kPad), 0};
     std::memcpy(data + off, &ph, sizeof(ph));
   }
-  std::memcpy(rec.data() + offsetof(RecordHeader, seq), &seq, sizeof(seq));
-  std::memcpy(data + (off + pad) % ring, rec.data(), rec.size());
+  write(seq, data + (off + pad) % ring);
   h->write_pos.store(pos + static_cast<uint64_t>(pad + need), std::memory_order_release);
   next_seq = seq + 1;
   ++stats.records;
   stats.record_bytes += need;
   lk.unlock();
-  Bump(&h->post_word);
+  tp::BumpIfSleeping(&h->post_word, &h->post_sleepers);
   return seq;
 }
 
-Status TpLeader::WaitApplied(uint64_t seq) {
-  Impl& m = *impl_;
+Status TpLeader::WaitApplied(uint64_t seq) { return impl_->Wait(seq, 0); }
+
+Status TpLeader::Impl::Wait(uint64_t seq, double spin_s) {
+  Impl& m = *this;
   const auto start = Clock::now();
   const auto deadline = After(m.config.ack_timeout_s);
+  // A lagging rank's pid is checked (/proc: several system calls) once a liveness_poll_s has
+  // passed without its acknowledgement, and again every liveness_poll_s, and before a timeout is
+  // reported — not on every wake: a record the ranks apply promptly costs no system call here
+  // beyond the futex wait.
+  auto next_liveness = start + std::chrono::duration_cast<Clock::duration>(
+                                   std::chrono::duration<double>(m.config.liveness_poll_s));
+  const auto spin_until =
+      start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(spin_s));
   Status result;
   for (;;) {
     Status broken = m.Broken();
@@ -301,6 +322,12 @@ Status TpLeader::WaitApplied(uint64_t seq) {
       break;
     }
     const uint32_t word = m.h->ack_word.load(std::memory_order_acquire);
+    const auto now = Clock::now();
+    const bool check_alive = now >= next_liveness || now >= deadline;
+    if (check_alive) {
+      next_liveness = now + std::chrono::duration_cast<Clock::duration>(
+                                std::chrono::duration<double>(m.config.liveness_poll_s));
+    }
     int lagging = 0;
     for (int r = 1; r < m.config.tp_size && result.ok(); ++r) {
       const RankRecord& rr = m.h->ranks[r];
@@ -308,7 +335,7 @@ Status TpLeader::WaitApplied(uint64_t seq) {
           rr.applied_seq.load(std::memory_order_acquire) >= seq) {
         continue;
       }
-      result = m.RankProblem(r, seq);
+      result = m.RankProblem(r, seq, check_alive);
       if (result.ok() && lagging == 0) lagging = r;
     }
     if (!result.ok()) {
@@ -317,7 +344,13 @@ Status TpLeader::WaitApplied(uint64_t seq) {
     }
     if (lagging == 0) break;
     const double left = SecondsLeft(deadline);
-    if (left <= 0) {
+    // Poll for a short while before sleeping: an acknowledgement due right after the leader's
+    // own copy then costs no sleep and wake-up.
+    if (now < spin_until && now < deadline) {
+      tp::CpuRelax();
+      continue;
+    }
+    if (left <= 0 && check_alive) {
       const RankRecord& rr = m.h->ranks[lagging];
       result = m.Break(Status::Unavailable(fmt::format(
           "tp group '{}': rank {} (pid {}) did not apply record {} within {} s (applied up to {})",
@@ -325,7 +358,9 @@ Status TpLeader::WaitApplied(uint64_t seq) {
           rr.applied_seq.load(std::memory_order_acquire))));
       break;
     }
-    tp::FutexWait(&m.h->ack_word, word, std::min(left, m.config.liveness_poll_s));
+    tp::SleepOn(
+        &m.h->ack_word, &m.h->ack_sleepers, word,
+        std::max(0.0, std::min({left, m.config.liveness_poll_s, SecondsLeft(next_liveness)})));
   }
   std::lock_guard lk(m.mu);
   ++m.stats.waits;
@@ -363,8 +398,17 @@ namespace {
 // The leader cache's engine: publish, copy here, wait for every rank.
 class TpLeaderEngine final : public TransferEngine {
  public:
-  TpLeaderEngine(std::unique_ptr<TransferEngine> inner, TpLeader* leader, const KvRegion& device)
-      : inner_(std::move(inner)), leader_(leader), device_(device) {}
+  // `publish`: the leader's TpLeader::Impl::PublishRuns.
+  using PublishFn = std::function<Result<uint64_t>(
+      const tp::CopyFields&, std::span<const tp::SlotRun>, std::span<const tp::SlotRun>)>;
+  // `wait`: the leader's TpLeader::Impl::Wait (WaitApplied with a poll of up to `spin_s`).
+  using WaitFn = std::function<Status(uint64_t seq, double spin_s)>;
+  TpLeaderEngine(std::unique_ptr<TransferEngine> inner, PublishFn publish, WaitFn wait,
+                 const KvRegion& device)
+      : inner_(std::move(inner)),
+        publish_(std::move(publish)),
+        wait_(std::move(wait)),
+        device_(device) {}
   TransferBackend backend() const override { return inner_->backend(); }
   Status Synchronize(CudaStream stream) override { return inner_->Synchronize(stream); }
 
@@ -374,23 +418,35 @@ class TpLeaderEngine final : public TransferEngine {
         request.dst_slots.memory != MemoryKind::kHost) {
       return Status::InvalidArgument("tp leader engine: slot lists must be in host memory");
     }
-    TpCopy copy{TierOf(*request.src),    TierOf(*request.dst), request.src_layer,
-                request.dst_layer,       request.num_layers,   Slots(request.src_slots),
-                Slots(request.dst_slots)};
-    if (copy.src == copy.dst) {
+    const tp::CopyFields f{TierOf(*request.src), TierOf(*request.dst), request.src_layer,
+                           request.dst_layer,    request.num_layers,   request.src_slots.count};
+    if (f.src == f.dst) {
       return Status::InvalidArgument(
           fmt::format("tp leader engine: a copy within the {} tier is not a cache decision",
-                      TpTierName(copy.src)));
+                      TpTierName(f.src)));
     }
-    if (copy.src_slots.empty()) return inner_->Transfer(request, options);
-    KVTIER_ASSIGN_OR_RETURN(const uint64_t seq, leader_->Publish(copy));
+    if (f.num_slots == 0) return inner_->Transfer(request, options);
+    // The slot lists as runs, straight from the request into the ring (no copy of the lists;
+    // this thread's run buffers are reused).
+    thread_local std::vector<tp::SlotRun> src_runs, dst_runs;
+    tp::SlotRunsOf(
+        f.num_slots, [&](int64_t i) { return request.src_slots.at(i); }, &src_runs);
+    tp::SlotRunsOf(
+        f.num_slots, [&](int64_t i) { return request.dst_slots.at(i); }, &dst_runs);
+    KVTIER_ASSIGN_OR_RETURN(const uint64_t seq, publish_(f, src_runs, dst_runs));
+    const auto t0 = tp::Clock::now();
     Status own = inner_->Transfer(request, options);
     if (own.ok() && inner_->backend() != TransferBackend::kCpu) {
       // The followers' copies are done when they acknowledge; the leader's own must be too
       // before the cache treats the slots as written on every rank.
       own = inner_->Synchronize(options.stream);
     }
-    Status acks = leader_->WaitApplied(seq);
+    // The ranks started the same copy within microseconds of this one (a follower polls the
+    // ring); after a short copy their acknowledgements are due about now, so a brief poll saves
+    // the sleep and wake-up. After a long one they may be far off (copy times differ by a few
+    // per cent): sleep at once rather than burn the thread's CPU.
+    const bool short_copy = tp::Clock::now() - t0 < std::chrono::microseconds(200);
+    Status acks = wait_(seq, short_copy ? tp::kLeaderSpinSeconds : 0.0);
     return own.ok() ? acks : own;
   }
 
@@ -400,13 +456,9 @@ class TpLeaderEngine final : public TransferEngine {
                                           : (r.k == device_.k && r.v == device_.v);
     return same ? TpTier::kDevice : TpTier::kHost;
   }
-  static std::vector<int64_t> Slots(const SlotIndices& s) {
-    std::vector<int64_t> out(static_cast<size_t>(s.count));
-    for (int64_t i = 0; i < s.count; ++i) out[static_cast<size_t>(i)] = s.at(i);
-    return out;
-  }
   std::unique_ptr<TransferEngine> inner_;
-  TpLeader* leader_;
+  PublishFn publish_;
+  WaitFn wait_;
   KvRegion device_;
 };
 
@@ -501,11 +553,24 @@ class TpLeaderStorage final : public StorageBackend {
 
 Result<uint64_t> TpLeader::PublishStorage(int op, std::span<const PageKey> keys,
                                           std::span<const int64_t> pages) {
-  const std::vector<std::byte> payload = EncodeStorage(static_cast<StorageOp>(op), keys, pages);
-  if (static_cast<int64_t>(payload.size()) > impl_->config.ring_bytes / 2 - 64) {
+  if (keys.size() != pages.size()) {
+    return Status::InvalidArgument(
+        fmt::format("tp group: a storage decision of {} page keys and {} host pages", keys.size(),
+                    pages.size()));
+  }
+  const uint32_t head[2] = {static_cast<uint32_t>(op), 0};
+  const uint64_t n = keys.size();
+  const std::span<const std::byte> parts[4] = {std::as_bytes(std::span(head)),
+                                               std::as_bytes(std::span(&n, 1)), std::as_bytes(keys),
+                                               std::as_bytes(pages)};
+  static_assert(sizeof(PageKey) == sizeof(PageKey{}.bytes));
+  const int64_t payload = static_cast<int64_t>(16 + n * (sizeof(PageKey) + 8));
+  if (payload > impl_->config.ring_bytes / 2 - 64) {
     return Status::InvalidArgument("tp group: a storage decision takes more than half the ring");
   }
-  return impl_->PublishRecord(tp::EncodeMessage(payload, RecordType::kStorage));
+  return impl_->PublishRecord(tp::MessageRecordBytes(payload), [&](uint64_t seq, std::byte* at) {
+    tp::WriteMessageRecord(parts, RecordType::kStorage, seq, at);
+  });
 }
 
 void TpLeader::SetHostRegion(const KvRegion& host) {
@@ -531,7 +596,12 @@ std::shared_ptr<StorageBackend> TpLeader::WrapStorage(std::shared_ptr<StorageBac
 
 std::unique_ptr<TransferEngine> TpLeader::WrapEngine(std::unique_ptr<TransferEngine> inner,
                                                      const KvRegion& device_region) {
-  return std::make_unique<TpLeaderEngine>(std::move(inner), this, device_region);
+  Impl* m = impl_.get();
+  auto publish = [m](const tp::CopyFields& f, std::span<const tp::SlotRun> src,
+                     std::span<const tp::SlotRun> dst) { return m->PublishRuns(f, src, dst); };
+  auto wait = [m](uint64_t seq, double spin_s) { return m->Wait(seq, spin_s); };
+  return std::make_unique<TpLeaderEngine>(std::move(inner), std::move(publish), std::move(wait),
+                                          device_region);
 }
 
 }  // namespace kvtier

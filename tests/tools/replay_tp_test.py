@@ -146,6 +146,37 @@ def main():
                                          tp2["load_bytes_per_rank"]))
             elif shard is not None:  # MLA: every rank's copies are TP=1's already
                 failures.append("%s: an equal-bytes pass for MLA" % model)
+            # Each rank against TP=1 on its own device at its bytes per copy (the cpu device: one
+            # pass for both ranks; MLA: the TP=1 pass itself), aggregate and median per copy.
+            own = report["own_gpu_passes"]
+            if len(own) != 2 or len(report["load_gbps_vs_own_gpu_per_rank"]) != 2 or \
+                    min(report["load_gbps_vs_own_gpu_per_rank"] +
+                        report["load_gbps_median_vs_own_gpu_per_rank"]) <= 0:
+                failures.append("%s: no per-rank baseline on its own device: %s" %
+                                (model, {k: report[k] for k in (
+                                    "load_gbps_vs_own_gpu_per_rank",
+                                    "load_gbps_median_vs_own_gpu_per_rank")}))
+            else:
+                for b in own:
+                    for key in ("device_hit_tokens", "host_hit_tokens", "storage_hit_tokens",
+                                "loaded_tokens", "loads_per_rank"):
+                        if b[key] != tp1[key]:
+                            failures.append("%s: %s %s at TP=1, %s in rank %d's baseline" %
+                                            (model, key, tp1[key], b[key], b["rank"]))
+                    if b["load_bytes_per_rank"] != tp2["load_bytes_per_rank"][:1]:
+                        failures.append("%s: rank %d's baseline moved %s bytes, a rank %s" %
+                                        (model, b["rank"], b["load_bytes_per_rank"],
+                                         tp2["load_bytes_per_rank"]))
+            if len(tp2["load_gbps_median_per_rank"]) != 2 or \
+                    min(tp2["load_gbps_median_per_rank"]) <= 0 or \
+                    len(tp2["placement"]) != 2 or tp2["placement"][0]["gpu"] != -1:
+                failures.append("%s: per-copy median or placement missing: %s / %s" %
+                                (model, tp2["load_gbps_median_per_rank"], tp2["placement"]))
+            # The decision CPU split by call adds up to its mean (the same measurement).
+            split = sum(tp2["decision_cpu_ms_mean_by_call"].values())
+            if abs(split - tp2["decision_cpu_ms_mean"]) > 1e-6 + 1e-6 * split:
+                failures.append("%s: decision CPU by call %.6f vs mean %.6f" %
+                                (model, split, tp2["decision_cpu_ms_mean"]))
             if tp2["decision_records"] <= tp2["requests"]:
                 failures.append("%s: %d decision records for %d requests" %
                                 (model, tp2["decision_records"], tp2["requests"]))

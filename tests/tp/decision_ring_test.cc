@@ -4,7 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cstddef>
 #include <cstring>
+#include <limits>
 #include <random>
 
 namespace kvtier::tp {
@@ -118,6 +120,77 @@ TEST(DecisionRingTest, MessagesRoundTrip) {
     std::memcpy(bad.data() + sizeof(RecordHeader), &too_long, sizeof(too_long));
     EXPECT_EQ(DecodeMessage(bad).status().code(), StatusCode::kCorruption);
   }
+}
+
+// The leader writes records in place (WriteCopyRecord, WriteMessageRecord, straight into the
+// ring over whatever bytes were there): the same bytes as the encoders', whatever was under them.
+TEST(DecisionRingTest, RecordsWrittenInPlaceEqualTheEncodedOnes) {
+  std::mt19937_64 rng(13);
+  std::vector<SlotRun> src, dst;
+  for (int iter = 0; iter < 300; ++iter) {
+    const TpCopy c = RandomCopy(rng);
+    const uint64_t seq = rng();
+    SlotRunsOf(
+        static_cast<int64_t>(c.src_slots.size()),
+        [&](int64_t i) { return c.src_slots[static_cast<size_t>(i)]; }, &src);
+    SlotRunsOf(
+        static_cast<int64_t>(c.dst_slots.size()),
+        [&](int64_t i) { return c.dst_slots[static_cast<size_t>(i)]; }, &dst);
+    EXPECT_EQ(src, SlotRuns(c.src_slots));
+    const CopyFields f{c.src,       c.dst,        c.src_layer,
+                       c.dst_layer, c.num_layers, static_cast<int64_t>(c.src_slots.size())};
+    ASSERT_TRUE(ValidateCopyRuns(f, src, dst).ok());
+    const std::vector<std::byte> want = EncodeCopy(c, seq);
+    const int64_t bytes =
+        CopyRecordBytes(static_cast<int64_t>(src.size()), static_cast<int64_t>(dst.size()));
+    ASSERT_EQ(bytes, static_cast<int64_t>(want.size()));
+    std::vector<std::byte> ring(static_cast<size_t>(bytes), static_cast<std::byte>(rng()));
+    WriteCopyRecord(f, src, dst, seq, ring.data());
+    EXPECT_EQ(ring, want);
+    Result<TpCopy> back = DecodeCopy(ring);
+    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    EXPECT_EQ(*back, c);
+  }
+  // A message from parts: the concatenation's record.
+  std::vector<std::byte> a(13), b(40);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<std::byte>(rng());
+  for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<std::byte>(rng());
+  std::vector<std::byte> whole = a;
+  whole.insert(whole.end(), b.begin(), b.end());
+  std::vector<std::byte> want = EncodeMessage(whole, RecordType::kStorage);
+  const uint64_t seq = 77;
+  std::memcpy(want.data() + offsetof(RecordHeader, seq), &seq, sizeof(seq));
+  std::vector<std::byte> ring(static_cast<size_t>(MessageRecordBytes(53)), std::byte{0xab});
+  const std::span<const std::byte> parts[2] = {a, b};
+  WriteMessageRecord(parts, RecordType::kStorage, seq, ring.data());
+  EXPECT_EQ(ring, want);
+}
+
+TEST(DecisionRingTest, BadRunsAreRefusedNamingTheProblem) {
+  const CopyFields f{TpTier::kDevice, TpTier::kHost, 0, 0, 4, 3};
+  const std::vector<SlotRun> three = {{10, 2}, {20, 1}};
+  EXPECT_TRUE(ValidateCopyRuns(f, three, three).ok());
+  const std::vector<SlotRun> two = {{10, 2}};
+  EXPECT_NE(ValidateCopyRuns(f, three, two).message().find("dst_slots has 2 slots, the copy 3"),
+            std::string::npos);
+  const std::vector<SlotRun> negative = {{-1, 3}};
+  EXPECT_NE(ValidateCopyRuns(f, negative, three).message().find("src_slots has slots out of range"),
+            std::string::npos);
+  const std::vector<SlotRun> huge = {{int64_t{1} << 40, 3}};
+  EXPECT_TRUE(ValidateCopyRuns(f, three, huge).IsInvalidArgument());
+  CopyFields no_layers = f;
+  no_layers.num_layers = 0;
+  EXPECT_TRUE(ValidateCopyRuns(no_layers, three, three).IsInvalidArgument());
+  CopyFields empty = f;
+  empty.num_slots = 0;
+  EXPECT_TRUE(ValidateCopyRuns(empty, {}, {}).IsInvalidArgument());
+  // Runs of slots that would overflow int64 are one run each, never a wrapped-around one.
+  std::vector<SlotRun> runs;
+  const int64_t top = std::numeric_limits<int64_t>::max();
+  const std::vector<int64_t> slots = {top, std::numeric_limits<int64_t>::min(), 0};
+  SlotRunsOf(
+      3, [&](int64_t i) { return slots[static_cast<size_t>(i)]; }, &runs);
+  EXPECT_EQ(runs.size(), 3u);
 }
 
 }  // namespace

@@ -256,6 +256,29 @@ TEST(TpGroupTest, AFollowersFailedCopyIsReportedToTheLeaderNamingTheRank) {
   EXPECT_NE(follower.Join().message().find("injected copy failure"), std::string::npos);
 }
 
+// A copy of more slots than the regions hold is refused before its slot lists are expanded
+// (a damaged record must not make a rank allocate without limit), naming the record.
+TEST(TpGroupTest, ACopyLargerThanTheRegionsIsCorruptionOnTheRank) {
+  const TpGroupConfig cfg = Config("oversized");
+  auto leader = TpLeader::Create(cfg, TpShape{256, 512, 3, 4, false});
+  ASSERT_TRUE(leader.ok());
+  OwnedRegion dev1(kSmall, false), host1(kSmallHost, false);
+  FollowerThread follower(cfg, 1, dev1.region, host1.region);
+  ASSERT_TRUE((*leader)->WaitForFollowers().ok());
+  TpCopy c{TpTier::kHost, TpTier::kDevice, 0, 0, 3, {}, {}};
+  for (int64_t i = 0; i < 600; ++i) {  // one run each: a record of a few dozen bytes
+    c.src_slots.push_back(i);
+    c.dst_slots.push_back(i);
+  }
+  Result<uint64_t> seq = (*leader)->Publish(c);
+  ASSERT_TRUE(seq.ok()) << seq.status().ToString();
+  const Status st = (*leader)->WaitApplied(*seq);
+  ASSERT_TRUE(st.IsUnavailable()) << st.ToString();
+  EXPECT_NE(st.message().find("a copy of 600 slots, more than a region holds"), std::string::npos)
+      << st.ToString();
+  EXPECT_EQ(follower.Join().code(), StatusCode::kCorruption);
+}
+
 TEST(TpGroupTest, AttachRules) {
   TpGroupConfig cfg = Config("attach", 3);
   cfg.attach_timeout_s = 0.2;

@@ -72,7 +72,19 @@ Result<ReplayModel> ShardModel(const ReplayModel& m, int tp) {
 
 // What a follower answers to a message that is not a step (StepMessage::report): its load
 // counters since the last kResetLoads (TimedEngine), or 0 after resetting them.
-enum Report : uint32_t { kStep = 0, kLoadNs = 1, kLoadBytes = 2, kLoads = 3, kResetLoads = 4 };
+// kLoadMedianBps: the median of its loads' bytes per second; kHostNode, kCpuNode: its host pool's
+// and its thread's NUMA node + 1 (0: unknown); kCeilingBps: its engine's host -> device ceiling.
+enum Report : uint32_t {
+  kStep = 0,
+  kLoadNs = 1,
+  kLoadBytes = 2,
+  kLoads = 3,
+  kResetLoads = 4,
+  kLoadMedianBps = 5,
+  kHostNode = 6,
+  kCpuNode = 7,
+  kCeilingBps = 8,
+};
 
 // The step rank 0 publishes per request after its copies: flags, counts, then the tokens
 // (hit + new), the matched slots and the new slots.
@@ -152,10 +164,13 @@ struct StepMessage {
 class TimedEngine final : public TransferEngine {
  public:
   // `cuda_device` >= 0: a GPU engine on that device (load times from CUDA events).
+  // `cpu`: measure the thread's CPU time of each copy too (two clock reads a copy, which the
+  // group's wrapper around rank 0's own copies does without: its cost counts as decisions).
   static Result<std::unique_ptr<TimedEngine>> Create(std::unique_ptr<TransferEngine> inner,
                                                      const KvRegion& device, int cuda_device,
-                                                     CudaStream load_stream) {
+                                                     CudaStream load_stream, bool cpu = true) {
     auto e = std::unique_ptr<TimedEngine>(new TimedEngine(std::move(inner), device, load_stream));
+    e->cpu_ = cpu;
     if (cuda_device >= 0) {
       KVTIER_ASSIGN_OR_RETURN(e->start_, CudaEventHandle::Create(cuda_device, /*timing=*/true));
       KVTIER_ASSIGN_OR_RETURN(e->stop_, CudaEventHandle::Create(cuda_device, /*timing=*/true));
@@ -170,11 +185,22 @@ class TimedEngine final : public TransferEngine {
   double load_seconds() const { return load_seconds_; }
   int64_t load_bytes() const { return load_bytes_; }
   int64_t loads() const { return loads_; }
+  // The median of the loads' bytes per second, each copy's own; 0 without loads.
+  double median_load_bytes_per_s() const {
+    if (per_load_.empty()) return 0;
+    std::vector<double> v = per_load_;
+    const size_t mid = v.size() / 2;
+    std::nth_element(v.begin(), v.begin() + static_cast<ptrdiff_t>(mid), v.end());
+    if (v.size() % 2 == 1) return v[mid];
+    const double upper = v[mid];
+    return (upper + *std::max_element(v.begin(), v.begin() + static_cast<ptrdiff_t>(mid))) / 2;
+  }
   // Starts the load counters afresh (the warm-up's loads are not measured).
   void ResetLoads() {
     load_seconds_ = 0;
     load_bytes_ = 0;
     loads_ = 0;
+    per_load_.clear();
   }
 
  protected:
@@ -187,14 +213,14 @@ class TimedEngine final : public TransferEngine {
     const bool gpu = inner_->backend() != TransferBackend::kCpu;
     const bool events = to_device && gpu && events_;
     const auto t0 = Clock::now();
-    const double cpu0 = ThreadCpuSeconds();
+    const double cpu0 = cpu_ ? ThreadCpuSeconds() : 0;
     Status st = events ? start_.Record(options.stream) : Status::OK();
     if (st.ok()) st = inner_->Transfer(request, options);
     if (st.ok() && events) st = stop_.Record(options.stream);
     if (st.ok() && gpu) st = inner_->Synchronize(options.stream);
     const double s = std::chrono::duration<double>(Clock::now() - t0).count();
     seconds_ += s;
-    cpu_seconds_ += ThreadCpuSeconds() - cpu0;
+    if (cpu_) cpu_seconds_ += ThreadCpuSeconds() - cpu0;
     if (to_device && st.ok()) {
       double load_s = s;
       if (events) {
@@ -205,6 +231,7 @@ class TimedEngine final : public TransferEngine {
       load_seconds_ += load_s;
       load_bytes_ += request.bytes();
       ++loads_;
+      if (load_s > 0) per_load_.push_back(static_cast<double>(request.bytes()) / load_s);
     }
     return st;
   }
@@ -216,11 +243,13 @@ class TimedEngine final : public TransferEngine {
   KvRegion device_;
   CudaStream load_stream_;
   bool events_ = false;
+  bool cpu_ = true;
   CudaEventHandle start_, stop_;
   // The cache calls its engine from one thread at a time here (backup_threads = 0, a
   // sequential replay); a follower's Serve is one thread.
   double seconds_ = 0, cpu_seconds_ = 0, load_seconds_ = 0;
   int64_t load_bytes_ = 0, loads_ = 0;
+  std::vector<double> per_load_;  // bytes per second of each load
 };
 
 // The stores' per-call timeout (the leader's wrapper inherits it, and its calls include waiting
@@ -282,6 +311,11 @@ struct Setup {
   std::string store_dir;  // --storage file: one file store per pass under it (empty: none)
   int64_t store_bytes = 0;
   std::string store_suffix;  // of the pass's store directory (tp<N><suffix>)
+  int first_gpu = 0;         // rank r runs on GPU (first_gpu + r) % GPUs (rank 0's TP=1 passes)
+  // The CUDA device of rank `rank` (0 on the cpu device).
+  int DeviceOf(int rank) const {
+    return gpu ? (first_gpu + rank) % std::max(1, CudaDeviceCount()) : 0;
+  }
   std::string StoreUrl(int tp) const {
     if (store_dir.empty()) return "";
     return fmt::format("file://{}/tp{}{}?capacity={}", store_dir, tp, store_suffix, store_bytes);
@@ -299,7 +333,7 @@ Result<std::unique_ptr<PrefillEngine>> MakeEngine(const Setup& s, int tp, int ra
   ec.tflops = s.o.tflops;
   ec.chunk_tokens = s.o.chunk_tokens;
   ec.max_context = s.max_context;
-  ec.device = s.gpu ? rank % std::max(1, CudaDeviceCount()) : 0;
+  ec.device = s.DeviceOf(rank);
   return s.gpu ? MakeGpuPrefillEngine(ec) : MakeCpuPrefillEngine(ec);
 }
 
@@ -314,7 +348,7 @@ Status RunPass(const Setup& s, int tp, TpLeader* leader, TpPassResult* out) {
   c.device_eviction = *ParseEvictionPolicy(s.o.eviction);
   c.host_eviction = c.device_eviction;
   c.transfer_backend = s.io;
-  c.transfer.device = 0;
+  c.transfer.device = s.DeviceOf(0);
   c.load_back_min_tokens = s.o.load_back_threshold;
   c.backup_threads = 0;  // sequential and deterministic: equal hits at every TP size
   c.write_policy = *ParseWritePolicy(s.o.write_policy);
@@ -327,7 +361,7 @@ Status RunPass(const Setup& s, int tp, TpLeader* leader, TpPassResult* out) {
   // itself timed (outer): outer - inner is the group's part (publish, wait for the ranks).
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<TransferEngine> real,
                           MakeTransferEngine(s.io, c.transfer));
-  const int cuda_device = s.gpu ? 0 : -1;
+  const int cuda_device = s.gpu ? s.DeviceOf(0) : -1;
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<TimedEngine> inner_owned,
                           TimedEngine::Create(std::move(real), device, cuda_device, nullptr));
   TimedEngine* inner = inner_owned.get();
@@ -336,7 +370,8 @@ Status RunPass(const Setup& s, int tp, TpLeader* leader, TpPassResult* out) {
   if (leader != nullptr) {
     KVTIER_ASSIGN_OR_RETURN(
         std::unique_ptr<TimedEngine> o,
-        TimedEngine::Create(leader->WrapEngine(std::move(given), device), device, -1, nullptr));
+        TimedEngine::Create(leader->WrapEngine(std::move(given), device), device, -1, nullptr,
+                            /*cpu=*/false));
     outer = o.get();
     given = std::move(o);
   }
@@ -387,33 +422,42 @@ Status RunPass(const Setup& s, int tp, TpLeader* leader, TpPassResult* out) {
     const std::vector<int32_t> tokens = PromptTokens(req);
     const std::span<const Token> prompt(tokens.data(), tokens.size());
     // Times a cache call: all of it, and the part in the engine the cache was given.
-    double call_s = 0, engine_s = 0, own_s = 0, call_cpu_s = 0, engine_cpu_s = 0;
-    auto timed = [&](auto&& call) {
+    // CPU: the call's less rank 0's own copies' (as at TP=1), so everything the thread does for
+    // the group (validating and encoding a record, publishing it, waking and waiting for the
+    // ranks, checking them) counts as the decision's.
+    double call_s = 0, engine_s = 0, own_s = 0, call_cpu_s = 0, own_cpu_s = 0;
+    auto timed = [&](TpCall kind, auto&& call) {
       const double outer0 = outer->seconds(), inner0 = inner->seconds();
-      const double outer_cpu0 = outer->cpu_seconds(), cpu0 = ThreadCpuSeconds();
+      const double own_cpu0 = inner->cpu_seconds(), cpu0 = ThreadCpuSeconds();
       const auto t = Clock::now();
       auto r = call();
       call_s += std::chrono::duration<double>(Clock::now() - t).count();
-      call_cpu_s += ThreadCpuSeconds() - cpu0;
+      const double cpu_s = ThreadCpuSeconds() - cpu0;
+      const double copy_cpu_s = inner->cpu_seconds() - own_cpu0;
+      call_cpu_s += cpu_s;
+      own_cpu_s += copy_cpu_s;
       engine_s += outer->seconds() - outer0;
-      engine_cpu_s += outer->cpu_seconds() - outer_cpu0;
       own_s += inner->seconds() - inner0;
+      if (!warm) out->call_cpu_ms[static_cast<size_t>(kind)] += (cpu_s - copy_cpu_s) * 1e3;
       return r;
     };
-    KVTIER_ASSIGN_OR_RETURN(MatchResult m, timed([&] { return cache->Match(prompt); }));
+    KVTIER_ASSIGN_OR_RETURN(MatchResult m,
+                            timed(TpCall::kMatch, [&] { return cache->Match(prompt); }));
     KVTIER_RETURN_IF_ERROR(engine->BeginRequest());
     const auto t0 = Clock::now();
     int64_t from_storage = 0;
     if (!store.empty()) {
-      KVTIER_RETURN_IF_ERROR(timed([&] { return cache->QueryStorage(m.handle); }).status());
-      KVTIER_RETURN_IF_ERROR(timed([&] { return cache->Prefetch(m.handle); }).status());
+      KVTIER_RETURN_IF_ERROR(
+          timed(TpCall::kQueryStorage, [&] { return cache->QueryStorage(m.handle); }).status());
+      KVTIER_RETURN_IF_ERROR(
+          timed(TpCall::kPrefetch, [&] { return cache->Prefetch(m.handle); }).status());
       const auto w = Clock::now();
       KVTIER_ASSIGN_OR_RETURN(PrefetchResult done, cache->FinishPrefetch(m.handle));
       out->storage_wait_s += std::chrono::duration<double>(Clock::now() - w).count();
       from_storage = done.arrived_tokens;
     }
     Result<LoadBackResult> lb =
-        timed([&] { return cache->LoadBack(m.handle, engine->load_stream()); });
+        timed(TpCall::kLoadBack, [&] { return cache->LoadBack(m.handle, engine->load_stream()); });
     const double load_ms = MsSince(t0);
     StepMessage step;
     if (lb.ok()) {
@@ -426,9 +470,10 @@ Status RunPass(const Setup& s, int tp, TpLeader* leader, TpPassResult* out) {
     const int64_t hit = static_cast<int64_t>(step.hit_slots.size());
     const int64_t whole = req.input_length / P * P;
     if (whole > hit) {
-      KVTIER_ASSIGN_OR_RETURN(
-          step.new_slots,
-          timed([&] { return cache->AllocateDeviceSlots(whole - hit, {.allow_fewer = true}); }));
+      KVTIER_ASSIGN_OR_RETURN(step.new_slots, timed(TpCall::kAllocate, [&] {
+                                return cache->AllocateDeviceSlots(whole - hit,
+                                                                  {.allow_fewer = true});
+                              }));
     }
     step.warm = warm;
     step.sample = s.o.verify == "sample";
@@ -457,11 +502,12 @@ Status RunPass(const Setup& s, int tp, TpLeader* leader, TpPassResult* out) {
       InsertOptions io;
       io.stream = engine->write_stream();
       KVTIER_RETURN_IF_ERROR(
-          timed([&] { return cache->Insert(prompt.first(slots.size()), slots, "", io); })
+          timed(TpCall::kInsert,
+                [&] { return cache->Insert(prompt.first(slots.size()), slots, "", io); })
               .status()
               .WithContext("Insert"));
     }
-    KVTIER_RETURN_IF_ERROR(timed([&] { return cache->Release(m.handle); }));
+    KVTIER_RETURN_IF_ERROR(timed(TpCall::kRelease, [&] { return cache->Release(m.handle); }));
     if (!store.empty()) {
       // Every backup (host and storage, on every rank) lands before the next request, so the
       // storage hits do not depend on how fast the store writes: equal at every TP size.
@@ -476,7 +522,7 @@ Status RunPass(const Setup& s, int tp, TpLeader* leader, TpPassResult* out) {
     out->storage_hit += storage_hit;
     out->host_hit += std::max<int64_t>(0, hit - device_hit - storage_hit);
     out->decide_ms.push_back((call_s - engine_s) * 1e3);
-    out->decide_cpu_ms.push_back((call_cpu_s - engine_cpu_s) * 1e3);
+    out->decide_cpu_ms.push_back((call_cpu_s - own_cpu_s) * 1e3);
     out->group_ms.push_back((engine_s - own_s) * 1e3);
     out->copy_ms.push_back(own_s * 1e3);
     out->loaded += lb.ok() ? lb->loaded_tokens : 0;
@@ -494,28 +540,49 @@ Status RunPass(const Setup& s, int tp, TpLeader* leader, TpPassResult* out) {
   out->load_bytes = {inner->load_bytes()};
   out->load_seconds = {inner->load_seconds()};
   out->loads = {inner->loads()};
+  out->load_gbps_median = {inner->median_load_bytes_per_s() / 1e9};
+  out->placement.assign(static_cast<size_t>(tp), TpPlacement{});
+  for (int r = 0; r < tp; ++r) {
+    TpPlacement& pl = out->placement[static_cast<size_t>(r)];
+    if (s.gpu) {
+      pl.gpu = s.DeviceOf(r);
+      pl.pci_bus_id = GpuPciBusId(pl.gpu);
+      pl.gpu_numa_node = PciNumaNode(pl.pci_bus_id);
+    }
+  }
+  out->placement[0].host_numa_node = MemoryNumaNode(cache->host_region().k);
+  out->placement[0].cpu_numa_node = CpuNumaNode();
+  out->placement[0].ceiling_gbps = engine->ceiling_bytes_per_s() / 1e9;
   if (leader != nullptr) {
-    // Each follower's loads of the measured requests (the same slots as rank 0's; its bytes).
-    uint64_t answer[3] = {};
+    // Each follower's loads of the measured requests (the same slots as rank 0's; its bytes),
+    // and where it ran.
+    constexpr int kAsks = 7;
+    const Report asks[kAsks] = {kLoadNs,   kLoadBytes, kLoads,     kLoadMedianBps,
+                                kHostNode, kCpuNode,   kCeilingBps};
+    uint64_t answer[kAsks] = {};
     out->load_bytes.resize(static_cast<size_t>(tp));
     out->load_seconds.resize(static_cast<size_t>(tp));
     out->loads.resize(static_cast<size_t>(tp));
-    const Report asks[3] = {kLoadNs, kLoadBytes, kLoads};
-    uint64_t seqs[3];
-    for (int k = 0; k < 3; ++k) {
+    out->load_gbps_median.resize(static_cast<size_t>(tp));
+    uint64_t seqs[kAsks];
+    for (int k = 0; k < kAsks; ++k) {
       StepMessage ask;
       ask.report = asks[k];
       KVTIER_ASSIGN_OR_RETURN(seqs[k], leader->PublishMessage(ask.Encode()));
       KVTIER_RETURN_IF_ERROR(leader->WaitApplied(seqs[k]));
     }
     for (int r = 1; r < tp; ++r) {
-      for (int k = 0; k < 3; ++k) {
+      for (int k = 0; k < kAsks; ++k) {
         KVTIER_ASSIGN_OR_RETURN(answer[k], leader->MessageResult(r, seqs[k]));
       }
       const size_t i = static_cast<size_t>(r);
       out->load_seconds[i] = static_cast<double>(answer[0]) / 1e9;
       out->load_bytes[i] = static_cast<int64_t>(answer[1]);
       out->loads[i] = static_cast<int64_t>(answer[2]);
+      out->load_gbps_median[i] = static_cast<double>(answer[3]) / 1e9;
+      out->placement[i].host_numa_node = static_cast<int>(answer[4]) - 1;
+      out->placement[i].cpu_numa_node = static_cast<int>(answer[5]) - 1;
+      out->placement[i].ceiling_gbps = static_cast<double>(answer[6]) / 1e9;
     }
     out->ring = leader->stats();
   }
@@ -546,7 +613,7 @@ Status RunFollower(const Setup& s, const TpReplayArgs& a) {
     host_region = host->region();
   }
   TransferEngineConfig tc;
-  tc.device = s.gpu ? a.rank % std::max(1, CudaDeviceCount()) : 0;
+  tc.device = s.DeviceOf(a.rank);
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<TransferEngine> real, MakeTransferEngine(s.io, tc));
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<TimedEngine> copier,
                           TimedEngine::Create(std::move(real), engine->device_region(),
@@ -576,6 +643,14 @@ Status RunFollower(const Setup& s, const TpReplayArgs& a) {
       case kResetLoads:
         copier->ResetLoads();
         return uint64_t{0};
+      case kLoadMedianBps:
+        return static_cast<uint64_t>(copier->median_load_bytes_per_s());
+      case kHostNode:
+        return static_cast<uint64_t>(MemoryNumaNode(host_region.k) + 1);
+      case kCpuNode:
+        return static_cast<uint64_t>(CpuNumaNode() + 1);
+      case kCeilingBps:
+        return static_cast<uint64_t>(engine->ceiling_bytes_per_s());
       default:
         return Status::Corruption(fmt::format("tp step: unknown report code {}", step.report));
     }
@@ -663,8 +738,9 @@ void AddTpReplayFlags(CLI::App* replay, TpReplayArgs* a) {
       ->capture_default_str();
   replay->add_flag(
       "--tp-equal-bytes", a->equal_bytes,
-      "--tp, MHA: also serve the requests at TP=1 with one rank's share of the KV heads, the load "
-      "bandwidth baseline at equal bytes per copy (a TP=N rank moves 1/N of TP=1's per copy)");
+      "--tp: also serve the requests at TP=1 on each rank's GPU at that rank's bytes per copy "
+      "(MHA: one rank's share of the KV heads; MLA: the whole latent), each rank's load "
+      "bandwidth baseline on its own GPU (the cpu device: one such pass for every rank)");
   replay
       ->add_option("--tp-timeout", a->ack_timeout_s,
                    "--tp: seconds rank 0 waits for a rank to apply a decision before failing")
@@ -760,17 +836,33 @@ int RunReplayTp(const ReplayOptions& options, const TpReplayArgs& a,
     return fail(st.WithContext("TP=1"), 1);
   }
   const bool shard_pass = a.equal_bytes && !s.model.mla && a.tp > 1;
-  if (shard_pass) {
-    // The load baseline at equal bytes per copy: TP=1 with one rank's share of the KV heads (its
-    // own store), so each copy is the size of a TP=N rank's.
-    Setup e = s;
-    e.model = *ShardModel(s.model, a.tp);
-    e.store_suffix = "-shard";
-    st = RunPass(e, 1, nullptr, &tp1_shard);
-    if (!st.ok()) {
-      RemoveStore(s);
-      return fail(st.WithContext(fmt::format("TP=1 with 1/{} of the KV heads", a.tp)), 1);
+  // --tp-equal-bytes: rank r's load baseline is a TP=1 pass on rank r's GPU at rank r's bytes
+  // per copy (MHA: one rank's share of the KV heads; MLA: the whole latent, which on GPU 0 is
+  // the TP=1 pass itself), each with its own store; the cpu device has one baseline for all.
+  std::vector<TpPassResult> own_gpu_passes;
+  std::vector<const TpPassResult*> own_gpu;
+  if (a.equal_bytes && a.tp > 1) {
+    const int gpus = s.gpu ? a.tp : 1;
+    own_gpu_passes.resize(static_cast<size_t>(gpus));
+    for (int r = 0; r < gpus; ++r) {
+      if (s.model.mla && r == 0) continue;  // TP=1 itself
+      Setup e = s;
+      if (!s.model.mla) e.model = *ShardModel(s.model, a.tp);
+      e.first_gpu = s.DeviceOf(r);
+      e.store_suffix = fmt::format("-gpu{}", r);
+      st = RunPass(e, 1, nullptr, &own_gpu_passes[static_cast<size_t>(r)]);
+      if (!st.ok()) {
+        RemoveStore(s);
+        return fail(
+            st.WithContext(fmt::format("TP=1 on rank {}'s device at its bytes per copy", r)), 1);
+      }
     }
+    for (int r = 0; r < a.tp; ++r) {
+      const size_t i = static_cast<size_t>(std::min(r, gpus - 1));
+      own_gpu.push_back(s.model.mla && i == 0 ? &tp1 : &own_gpu_passes[i]);
+    }
+    // MHA: the baseline on GPU 0 is also the (GPU 0) equal-bytes pass of the earlier reports.
+    if (shard_pass) tp1_shard = own_gpu_passes[0];
   }
 
   TpGroupConfig gc;
@@ -809,7 +901,7 @@ int RunReplayTp(const ReplayOptions& options, const TpReplayArgs& a,
   info.storage = !s.store_dir.empty();
   info.command_line = s.o.command_line;
   info.json_path = s.o.json_path;
-  Result<bool> equal = ReportTpPasses(info, tp1, tpn, shard_pass ? &tp1_shard : nullptr);
+  Result<bool> equal = ReportTpPasses(info, tp1, tpn, shard_pass ? &tp1_shard : nullptr, own_gpu);
   if (!equal.ok()) return fail(equal.status(), 1);
   return *equal ? 0 : 1;
 }

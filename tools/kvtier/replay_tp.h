@@ -13,8 +13,10 @@
 //
 // The same requests are first served at TP=1 (one process, the whole model) for the comparison:
 // hit rates must be equal (exit code 1 otherwise), TTFT is LoadBack's wall time plus the slowest
-// rank's prefill. --tp-equal-bytes (MHA): a third pass, TP=1 with one rank's share of the KV
-// heads, gives the load bandwidth baseline at equal bytes per copy (its hits must be equal too).
+// rank's prefill. --tp-equal-bytes: for each rank r a TP=1 pass on rank r's GPU at rank r's
+// bytes per copy (MHA: one rank's share of the KV heads; MLA: the whole latent, on GPU 0 the TP=1
+// pass itself) is rank r's load bandwidth baseline (their hits must be equal too); the cpu
+// device runs one such pass for all ranks.
 // Sequential scheduling. --storage file: each pass gets a file store of per-head objects
 // (docs/tp.md), host layout page_head; each rank reads and writes its heads; every request's
 // backups land before the next (hits do not depend on the store's speed).
@@ -36,7 +38,7 @@ struct TpReplayArgs {
   std::string group;          // --tp-group (hidden): its decision ring
   std::string store;          // --tp-store (hidden): the pass's per-head file store URL
   double ack_timeout_s = 60;  // --tp-timeout
-  bool equal_bytes = false;   // --tp-equal-bytes: MHA's TP=1 load baseline at 1/N of the heads
+  bool equal_bytes = false;   // --tp-equal-bytes: TP=1 load baselines on each rank's GPU
 };
 
 // Adds --tp, --tp-equal-bytes and --tp-timeout (and the hidden follower flags) to `replay`.

@@ -39,6 +39,17 @@ nlohmann::json PassJson(const TpPassResult& p) {
     load_gbps.push_back(LoadBandwidth(p, r) / 1e9);
     load_mb.push_back(BytesPerLoad(p, r) / 1e6);
   }
+  nlohmann::json placement = nlohmann::json::array();
+  for (const TpPlacement& pl : p.placement) {
+    placement.push_back({{"gpu", pl.gpu},
+                         {"pci_bus_id", pl.pci_bus_id},
+                         {"gpu_numa_node", pl.gpu_numa_node},
+                         {"host_pool_numa_node", pl.host_numa_node},
+                         {"cpu_numa_node", pl.cpu_numa_node},
+                         {"h2d_ceiling_gbps", pl.ceiling_gbps}});
+  }
+  nlohmann::json by_call = nlohmann::json::object();
+  for (int c = 0; c < kTpCalls; ++c) by_call[kTpCallNames[c]] = p.call_cpu_ms[c] / requests;
   return {{"tp", p.tp},
           {"requests", p.requests},
           {"prompt_tokens", p.prompt_tokens},
@@ -59,6 +70,7 @@ nlohmann::json PassJson(const TpPassResult& p) {
           {"decision_cpu_ms_p50", TpPercentile(p.decide_cpu_ms, 0.5)},
           {"decision_cpu_ms_p90", TpPercentile(p.decide_cpu_ms, 0.9)},
           {"decision_cpu_ms_mean", Mean(p.decide_cpu_ms)},
+          {"decision_cpu_ms_mean_by_call", by_call},
           // In its engine: publishing on the ring and waiting for the ranks (TP > 1), own copies.
           {"group_ms_p50", TpPercentile(p.group_ms, 0.5)},
           {"group_ms_mean", Mean(p.group_ms)},
@@ -69,6 +81,8 @@ nlohmann::json PassJson(const TpPassResult& p) {
           {"load_seconds_per_rank", p.load_seconds},
           {"loads_per_rank", p.loads},
           {"load_mb_per_copy_per_rank", load_mb},
+          {"load_gbps_median_per_rank", p.load_gbps_median},
+          {"placement", placement},
           {"decision_records", p.ring.records},
           {"decision_record_bytes", p.ring.record_bytes},
           {"leader_ack_wait_s", p.ring.ack_wait_seconds},
@@ -99,12 +113,14 @@ double TpPercentile(std::vector<double> v, double q) {
 }
 
 Result<bool> ReportTpPasses(const TpRunInfo& info, const TpPassResult& tp1, const TpPassResult& tpn,
-                            const TpPassResult* tp1_shard) {
+                            const TpPassResult* tp1_shard,
+                            const std::vector<const TpPassResult*>& own_gpu) {
   auto same_hits = [](const TpPassResult& a, const TpPassResult& b) {
     return a.device_hit == b.device_hit && a.host_hit == b.host_hit &&
            a.storage_hit == b.storage_hit && a.loaded == b.loaded;
   };
-  const bool equal = same_hits(tp1, tpn) && (tp1_shard == nullptr || same_hits(tp1, *tp1_shard));
+  bool equal = same_hits(tp1, tpn) && (tp1_shard == nullptr || same_hits(tp1, *tp1_shard));
+  for (const TpPassResult* b : own_gpu) equal = equal && same_hits(tp1, *b);
   const nlohmann::json j1 = PassJson(tp1), jn = PassJson(tpn);
   std::printf(
       "kvtier replay --tp %d: %s, %lld requests (after %lld warm-up), model %s (%s), "
@@ -136,6 +152,13 @@ Result<bool> ReportTpPasses(const TpRunInfo& info, const TpPassResult& tp1, cons
   row("cache decisions ms/request p90", "decision_ms_p90", "{:.4f}");
   row("cache decisions CPU ms/request p50", "decision_cpu_ms_p50", "{:.4f}");
   row("cache decisions CPU ms/request p90", "decision_cpu_ms_p90", "{:.4f}");
+  for (int c = 0; c < kTpCalls; ++c) {
+    const char* name = kTpCallNames[c];
+    std::printf(
+        "%-34s %14s %14s\n", fmt::format("  CPU ms mean, {}", name).c_str(),
+        fmt::format("{:.4f}", j1["decision_cpu_ms_mean_by_call"][name].get<double>()).c_str(),
+        fmt::format("{:.4f}", jn["decision_cpu_ms_mean_by_call"][name].get<double>()).c_str());
+  }
   row("ring + rank waits ms/request p50", "group_ms_p50", "{:.4f}");
   row("rank 0 own copies ms/request p50", "own_copy_ms_p50", "{:.4f}");
   row("storage read wait s (all requests)", "storage_wait_s", "{:.3f}");
@@ -177,6 +200,52 @@ Result<bool> ReportTpPasses(const TpRunInfo& info, const TpPassResult& tp1, cons
                   fmt::format("{:.0f}%", 100 * ratio).c_str());
     }
   }
+  // Each rank against TP=1 on its own GPU at its bytes per copy (--tp-equal-bytes): the
+  // aggregate (bytes / summed copy time) and the median of the copies' own GB/s.
+  nlohmann::json own_ratios = nlohmann::json::array(), own_median_ratios = nlohmann::json::array();
+  nlohmann::json own_passes = nlohmann::json::array();
+  if (!own_gpu.empty()) {
+    std::printf("per rank, against TP=1 on the rank's own %s at the rank's bytes per copy:\n",
+                info.gpu ? "GPU" : "device");
+    for (size_t r = 0; r < tpn.load_seconds.size() && r < own_gpu.size(); ++r) {
+      const TpPassResult& b = *own_gpu[r];
+      const TpPlacement pl = r < tpn.placement.size() ? tpn.placement[r] : TpPlacement{};
+      const TpPlacement bp = b.placement.empty() ? TpPlacement{} : b.placement[0];
+      auto node = [](int n) { return n < 0 ? std::string("?") : std::to_string(n); };
+      std::printf(
+          "  rank %zu: %s, host pool node %s (TP=1 pass: %s), cpu node %s, h2d ceiling %.1f "
+          "GB/s\n",
+          r,
+          pl.gpu < 0
+              ? "cpu device"
+              : fmt::format("GPU {} (PCI {}, NUMA node {})", pl.gpu,
+                            pl.pci_bus_id.empty() ? "?" : pl.pci_bus_id, node(pl.gpu_numa_node))
+                    .c_str(),
+          node(pl.host_numa_node).c_str(), node(bp.host_numa_node).c_str(),
+          node(pl.cpu_numa_node).c_str(), pl.ceiling_gbps);
+      const double agg = LoadBandwidth(tpn, r), agg1 = LoadBandwidth(b, 0);
+      const double med = r < tpn.load_gbps_median.size() ? tpn.load_gbps_median[r] : 0;
+      const double med1 = b.load_gbps_median.empty() ? 0 : b.load_gbps_median[0];
+      std::printf(
+          "    TP=1 on it:  %lld copies of %.2f MB, %.2f GB/s aggregate, %.2f GB/s median per "
+          "copy\n",
+          static_cast<long long>(b.loads.empty() ? 0 : b.loads[0]), BytesPerLoad(b, 0) / 1e6,
+          agg1 / 1e9, med1);
+      std::printf(
+          "    TP=%d rank %zu: %lld copies of %.2f MB, %.2f GB/s aggregate, %.2f GB/s median per "
+          "copy\n",
+          info.tp, r, static_cast<long long>(tpn.loads[r]), BytesPerLoad(tpn, r) / 1e6, agg / 1e9,
+          med);
+      const double ra = agg1 > 0 ? agg / agg1 : 0, rm = med1 > 0 ? med / med1 : 0;
+      std::printf("    ratio:       %.1f%% aggregate, %.1f%% median (target: within 5%%)\n",
+                  100 * ra, 100 * rm);
+      own_ratios.push_back(ra);
+      own_median_ratios.push_back(rm);
+      nlohmann::json pj = PassJson(b);
+      pj["rank"] = r;
+      own_passes.push_back(std::move(pj));
+    }
+  }
   const double d1 = TpPercentile(tp1.decide_ms, 0.5), dn = TpPercentile(tpn.decide_ms, 0.5);
   const double c1 = TpPercentile(tp1.decide_cpu_ms, 0.5), cn = TpPercentile(tpn.decide_cpu_ms, 0.5);
   std::printf(
@@ -206,6 +275,11 @@ Result<bool> ReportTpPasses(const TpRunInfo& info, const TpPassResult& tp1, cons
                           {"tp1_shard_pass",
                            tp1_shard != nullptr ? PassJson(*tp1_shard) : nlohmann::json(nullptr)},
                           {"load_gbps_vs_tp1_shard_per_rank", shard_ratios},
+                          // --tp-equal-bytes: rank r against TP=1 on rank r's GPU at its bytes
+                          // per copy (aggregate, and median of per-copy GB/s); the passes.
+                          {"load_gbps_vs_own_gpu_per_rank", own_ratios},
+                          {"load_gbps_median_vs_own_gpu_per_rank", own_median_ratios},
+                          {"own_gpu_passes", own_passes},
                           {"passes", {j1, jn}}}
                .dump(2)
         << "\n";
