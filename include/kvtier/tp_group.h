@@ -53,6 +53,18 @@ struct TpGroupConfig {
   double ack_timeout_s = 10.0;     // the leader's wait for every rank to apply a record
   double attach_timeout_s = 30.0;  // WaitForFollowers / Attach
   double liveness_poll_s = 0.05;   // how often a waiting side checks the other side is alive
+  // How long a follower polls the ring for the next record after its last one (or after Serve
+  // begins) before it sleeps on a futex; in [0, 1]. While it polls, its ring thread is busy (one
+  // core's worth of CPU for that long after each record); in exchange the leader's publish finds
+  // it awake and makes no wake system call, and the follower starts the copy microseconds after
+  // the leader (docs/tp.md). The default suits a serving engine whose ranks have cores of their
+  // own: a request's records come within a few ms of each other. 0: sleep at once (lowest CPU,
+  // every publish to a sleeping follower pays a futex wake). The follower's own config counts.
+  double follower_poll_s = 0.005;
+  // How long the leader polls for the followers' acknowledgements after its own copy before it
+  // sleeps on a futex; in [0, 0.01]. Only while no lagging follower sleeps (they are applying the
+  // record). Counted in the leader's decision CPU; ~ the cost of a sleep and wake-up (docs/tp.md).
+  double leader_poll_s = 20e-6;
 
   // InvalidArgument naming the field and its value.
   Status Validate() const;
@@ -88,6 +100,8 @@ struct TpLeaderStats {
   int64_t record_bytes = 0;     // ring bytes they took
   int64_t slots = 0;            // slots they copy (each rank)
   int64_t waits = 0;            // WaitApplied calls (point to point; the group has no collective)
+  int64_t waits_ready = 0;      // of them: every rank had applied the record already
+  int64_t waits_slept = 0;      // of them: the leader slept on the futex (its poll ran out)
   double ack_wait_seconds = 0;  // waiting for the followers, after the leader's own copy
 };
 

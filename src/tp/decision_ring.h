@@ -12,7 +12,7 @@
 // applies them, and only then advances its `read_pos` and `applied_seq` (release) and wakes the
 // leader (`ack_word`): the leader reuses ring bytes only below every attached rank's read_pos.
 // A wake is a system call only when the other side sleeps (`post_sleepers`, `ack_sleepers`):
-// a follower polls the ring for a short while (kFollowerSpinSeconds) before it sleeps.
+// a follower polls the ring for a while (TpGroupConfig::follower_poll_s) before it sleeps.
 //
 // A record: RecordHeader {bytes, type, seq}, then for kCopy a CopyBody and the slot lists as runs
 // (start, length) of consecutive slots — page-aligned lists are one run per page or fewer; for

@@ -62,13 +62,6 @@ inline void CpuRelax() {
 #endif
 }
 
-// How long a follower polls the ring for the next record before it sleeps (its own CPU; the
-// leader's next record of a request usually comes within it, and then neither side makes a
-// system call), and how long the leader's engine polls for the acknowledgements of a short copy
-// before it sleeps (its thread's CPU, counted as the decision's: short).
-inline constexpr double kFollowerSpinSeconds = 200e-6;
-inline constexpr double kLeaderSpinSeconds = 20e-6;
-
 // A storage decision's payload (a kStorage record's message): op (u32: 1 get, 2 set), 4 bytes of
 // padding, the page count n (u64), n page keys, then n host page starts (int64 slots).
 enum class StorageOp : uint32_t { kGet = 1, kSet = 2 };

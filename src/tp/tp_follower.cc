@@ -309,7 +309,7 @@ Result<TpServeResult> TpFollower::Serve(TransferEngine& engine, const KvRegion& 
         fmt::format("tp rank {} is not attached (a copy failed, or it detached)", m.rank));
   }
   const auto deadline = After(wait_s);
-  const auto spin_until = std::min(deadline, After(tp::kFollowerSpinSeconds));
+  const auto spin_until = std::min(deadline, After(m.config.follower_poll_s));
   bool applied = false;
   for (;;) {
     const uint32_t word = m.h->post_word.load(std::memory_order_acquire);

@@ -70,6 +70,14 @@ Status TpGroupConfig::Validate() const {
       return Status::InvalidArgument(fmt::format("{} = {} not in (0, 3600]", field, v));
     }
   }
+  if (!(follower_poll_s >= 0) || follower_poll_s > 1) {
+    return Status::InvalidArgument(
+        fmt::format("follower_poll_s = {} not in [0, 1]", follower_poll_s));
+  }
+  if (!(leader_poll_s >= 0) || leader_poll_s > 0.01) {
+    return Status::InvalidArgument(
+        fmt::format("leader_poll_s = {} not in [0, 0.01]", leader_poll_s));
+  }
   return Status::OK();
 }
 
@@ -300,7 +308,7 @@ Result<uint64_t> TpLeader::Impl::PublishRecord(int64_t need, const Write& write)
   return seq;
 }
 
-Status TpLeader::WaitApplied(uint64_t seq) { return impl_->Wait(seq, 0); }
+Status TpLeader::WaitApplied(uint64_t seq) { return impl_->Wait(seq, impl_->config.leader_poll_s); }
 
 Status TpLeader::Impl::Wait(uint64_t seq, double spin_s) {
   Impl& m = *this;
@@ -315,6 +323,7 @@ Status TpLeader::Impl::Wait(uint64_t seq, double spin_s) {
   const auto spin_until =
       start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(spin_s));
   Status result;
+  bool first = true, slept = false, ready_at_once = false;
   for (;;) {
     Status broken = m.Broken();
     if (!broken.ok()) {
@@ -342,10 +351,16 @@ Status TpLeader::Impl::Wait(uint64_t seq, double spin_s) {
       result = m.Break(std::move(result));
       break;
     }
-    if (lagging == 0) break;
+    if (lagging == 0) {
+      ready_at_once = first;
+      break;
+    }
+    first = false;
     const double left = SecondsLeft(deadline);
-    // Poll for a short while before sleeping: an acknowledgement due right after the leader's
-    // own copy then costs no sleep and wake-up.
+    // Poll for a short while before sleeping (spin, then block: the poll is bounded by about
+    // what a sleep and wake-up cost the thread, so a wait costs at most about twice the cheaper
+    // of the two): an acknowledgement due right after the leader's own copy then costs no
+    // sleep and wake-up.
     if (now < spin_until && now < deadline) {
       tp::CpuRelax();
       continue;
@@ -358,12 +373,15 @@ Status TpLeader::Impl::Wait(uint64_t seq, double spin_s) {
           rr.applied_seq.load(std::memory_order_acquire))));
       break;
     }
+    slept = true;
     tp::SleepOn(
         &m.h->ack_word, &m.h->ack_sleepers, word,
         std::max(0.0, std::min({left, m.config.liveness_poll_s, SecondsLeft(next_liveness)})));
   }
   std::lock_guard lk(m.mu);
   ++m.stats.waits;
+  m.stats.waits_ready += ready_at_once ? 1 : 0;
+  m.stats.waits_slept += slept ? 1 : 0;
   m.stats.ack_wait_seconds += std::chrono::duration<double>(Clock::now() - start).count();
   return result;
 }
@@ -401,8 +419,8 @@ class TpLeaderEngine final : public TransferEngine {
   // `publish`: the leader's TpLeader::Impl::PublishRuns.
   using PublishFn = std::function<Result<uint64_t>(
       const tp::CopyFields&, std::span<const tp::SlotRun>, std::span<const tp::SlotRun>)>;
-  // `wait`: the leader's TpLeader::Impl::Wait (WaitApplied with a poll of up to `spin_s`).
-  using WaitFn = std::function<Status(uint64_t seq, double spin_s)>;
+  // `wait`: the leader's WaitApplied.
+  using WaitFn = std::function<Status(uint64_t seq)>;
   TpLeaderEngine(std::unique_ptr<TransferEngine> inner, PublishFn publish, WaitFn wait,
                  const KvRegion& device)
       : inner_(std::move(inner)),
@@ -429,12 +447,9 @@ class TpLeaderEngine final : public TransferEngine {
     // The slot lists as runs, straight from the request into the ring (no copy of the lists;
     // this thread's run buffers are reused).
     thread_local std::vector<tp::SlotRun> src_runs, dst_runs;
-    tp::SlotRunsOf(
-        f.num_slots, [&](int64_t i) { return request.src_slots.at(i); }, &src_runs);
-    tp::SlotRunsOf(
-        f.num_slots, [&](int64_t i) { return request.dst_slots.at(i); }, &dst_runs);
+    RunsOf(request.src_slots, &src_runs);
+    RunsOf(request.dst_slots, &dst_runs);
     KVTIER_ASSIGN_OR_RETURN(const uint64_t seq, publish_(f, src_runs, dst_runs));
-    const auto t0 = tp::Clock::now();
     Status own = inner_->Transfer(request, options);
     if (own.ok() && inner_->backend() != TransferBackend::kCpu) {
       // The followers' copies are done when they acknowledge; the leader's own must be too
@@ -442,15 +457,25 @@ class TpLeaderEngine final : public TransferEngine {
       own = inner_->Synchronize(options.stream);
     }
     // The ranks started the same copy within microseconds of this one (a follower polls the
-    // ring); after a short copy their acknowledgements are due about now, so a brief poll saves
-    // the sleep and wake-up. After a long one they may be far off (copy times differ by a few
-    // per cent): sleep at once rather than burn the thread's CPU.
-    const bool short_copy = tp::Clock::now() - t0 < std::chrono::microseconds(200);
-    Status acks = wait_(seq, short_copy ? tp::kLeaderSpinSeconds : 0.0);
+    // ring for follower_poll_s after each record), so their acknowledgements are due about now:
+    // poll up to leader_poll_s, then sleep (Wait).
+    Status acks = wait_(seq);
     return own.ok() ? acks : own;
   }
 
  private:
+  // The list's runs, its index type dispatched once (not per slot, as SlotIndices::at does).
+  static void RunsOf(const SlotIndices& slots, std::vector<tp::SlotRun>* runs) {
+    if (slots.type == IndexType::kInt64) {
+      const auto* p = static_cast<const int64_t*>(slots.data);
+      tp::SlotRunsOf(
+          slots.count, [p](int64_t i) { return p[i]; }, runs);
+    } else {
+      const auto* p = static_cast<const int32_t*>(slots.data);
+      tp::SlotRunsOf(
+          slots.count, [p](int64_t i) { return static_cast<int64_t>(p[i]); }, runs);
+    }
+  }
   TpTier TierOf(const KvRegion& r) const {
     const bool same = r.has_layer_table() ? r.k_layers.data() == device_.k_layers.data()
                                           : (r.k == device_.k && r.v == device_.v);
@@ -599,7 +624,7 @@ std::unique_ptr<TransferEngine> TpLeader::WrapEngine(std::unique_ptr<TransferEng
   Impl* m = impl_.get();
   auto publish = [m](const tp::CopyFields& f, std::span<const tp::SlotRun> src,
                      std::span<const tp::SlotRun> dst) { return m->PublishRuns(f, src, dst); };
-  auto wait = [m](uint64_t seq, double spin_s) { return m->Wait(seq, spin_s); };
+  auto wait = [m](uint64_t seq) { return m->Wait(seq, m->config.leader_poll_s); };
   return std::make_unique<TpLeaderEngine>(std::move(inner), std::move(publish), std::move(wait),
                                           device_region);
 }

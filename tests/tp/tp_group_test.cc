@@ -119,6 +119,17 @@ TEST(TpGroupTest, ConfigIsValidated) {
   c.ack_timeout_s = 0;
   EXPECT_NE(c.Validate().message().find("ack_timeout_s"), std::string::npos);
   c = Config("cfg");
+  c.follower_poll_s = -1e-3;
+  EXPECT_NE(c.Validate().message().find("follower_poll_s"), std::string::npos);
+  c.follower_poll_s = 2;
+  EXPECT_NE(c.Validate().message().find("follower_poll_s"), std::string::npos);
+  c.follower_poll_s = 0;  // sleep at once: allowed
+  EXPECT_TRUE(c.Validate().ok());
+  c.leader_poll_s = 0.5;
+  EXPECT_NE(c.Validate().message().find("leader_poll_s"), std::string::npos);
+  c.leader_poll_s = 0;
+  EXPECT_TRUE(c.Validate().ok());
+  c = Config("cfg");
   c.name = "bad/name";
   EXPECT_TRUE(c.Validate().IsInvalidArgument());
   EXPECT_TRUE(TpLeader::Create(Config("cfg"), TpShape{256, 512, 3, 4, false}).ok());
@@ -128,8 +139,15 @@ TEST(TpGroupTest, ConfigIsValidated) {
 
 // Random copies in both directions through the leader's wrapped engine: afterwards the follower's
 // regions equal the leader's byte for byte (the ring wrapped around many times on the way).
-TEST(TpGroupTest, FollowersApplyEveryCopyInOrderAcrossWrapArounds) {
-  const TpGroupConfig cfg = Config("order");
+// With the default polls (both sides poll before sleeping) and with none (both sleep at once).
+class TpPollTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(TpPollTest, FollowersApplyEveryCopyInOrderAcrossWrapArounds) {
+  TpGroupConfig cfg = Config("order");
+  if (!GetParam()) {
+    cfg.follower_poll_s = 0;
+    cfg.leader_poll_s = 0;
+  }
   auto leader = TpLeader::Create(cfg, TpShape{256, 512, 3, 4, false});
   ASSERT_TRUE(leader.ok()) << leader.status().ToString();
   OwnedRegion dev0(kSmall, false), host0(kSmallHost, false);
@@ -152,13 +170,19 @@ TEST(TpGroupTest, FollowersApplyEveryCopyInOrderAcrossWrapArounds) {
     dst.resize(n);
     const KvRegion& s = to_host ? dev0.region : host0.region;
     const KvRegion& d = to_host ? host0.region : dev0.region;
+    // A third of the copies give int32 slot lists (the engine reads either index type).
+    const std::vector<int32_t> src32(src.begin(), src.end()), dst32(dst.begin(), dst.end());
+    const bool narrow = i % 3 == 0;
     ASSERT_TRUE(engine
-                    ->Transfer(TransferRequest::AllLayers(s, d, SlotIndices::Host(src),
-                                                          SlotIndices::Host(dst)))
+                    ->Transfer(TransferRequest::AllLayers(
+                        s, d, narrow ? SlotIndices::Host(src32) : SlotIndices::Host(src),
+                        narrow ? SlotIndices::Host(dst32) : SlotIndices::Host(dst)))
                     .ok());
   }
   const TpLeaderStats st = (*leader)->stats();
   EXPECT_EQ(st.records, 400);
+  EXPECT_EQ(st.waits, 400);
+  EXPECT_LE(st.waits_ready + st.waits_slept, st.waits);
   EXPECT_GT(st.record_bytes, 4 * cfg.ring_bytes);  // wrapped around
   leader->reset();                                 // closes the ring
   EXPECT_TRUE(follower.Join().ok());
@@ -166,6 +190,9 @@ TEST(TpGroupTest, FollowersApplyEveryCopyInOrderAcrossWrapArounds) {
   EXPECT_TRUE(dev0 == dev1);
   EXPECT_TRUE(host0 == host1);
 }
+
+INSTANTIATE_TEST_SUITE_P(PollAndSleep, TpPollTest, ::testing::Values(true, false),
+                         [](const auto& info) { return info.param ? "Poll" : "SleepAtOnce"; });
 
 TEST(TpGroupTest, AFullRingIsAnErrorNamingTheSlowRankNotAWait) {
   const TpGroupConfig cfg = Config("full");

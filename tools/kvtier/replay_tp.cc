@@ -596,6 +596,8 @@ Status RunFollower(const Setup& s, const TpReplayArgs& a) {
   gc.name = a.group;
   gc.tp_size = a.tp;
   gc.ack_timeout_s = a.ack_timeout_s;
+  gc.follower_poll_s = a.follower_poll_s;
+  gc.leader_poll_s = a.leader_poll_s;
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<TpFollower> f, TpFollower::Attach(gc, a.rank));
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<PrefillEngine> engine, MakeEngine(s, a.tp, a.rank));
   KVTIER_ASSIGN_OR_RETURN(const ReplayModel rank_model, ShardModel(s.model, a.tp));
@@ -746,6 +748,18 @@ void AddTpReplayFlags(CLI::App* replay, TpReplayArgs* a) {
                    "--tp: seconds rank 0 waits for a rank to apply a decision before failing")
       ->check(CLI::Range(0.1, 3600.0))
       ->capture_default_str();
+  replay
+      ->add_option("--tp-follower-poll", a->follower_poll_s,
+                   "--tp: seconds a follower polls the ring after a record before it sleeps "
+                   "(its CPU for the leader's: no wake system call when it is awake; 0: sleep at "
+                   "once)")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  replay
+      ->add_option("--tp-leader-poll", a->leader_poll_s,
+                   "--tp: seconds rank 0 polls for the ranks' acknowledgements before it sleeps")
+      ->check(CLI::Range(0.0, 0.01))
+      ->capture_default_str();
   replay->add_option("--tp-rank", a->rank)->group("")->check(CLI::Range(1, 7));
   replay->add_option("--tp-group", a->group)->group("");
   replay->add_option("--tp-store", a->store)->group("");
@@ -869,6 +883,8 @@ int RunReplayTp(const ReplayOptions& options, const TpReplayArgs& a,
   gc.name = fmt::format("replay-tp.{}", getpid());
   gc.tp_size = a.tp;
   gc.ack_timeout_s = a.ack_timeout_s;
+  gc.follower_poll_s = a.follower_poll_s;
+  gc.leader_poll_s = a.leader_poll_s;
   TpReplayArgs fa = a;
   auto leader = TpLeader::Create(
       gc, TpShape{s.device_slots, s.host_slots, s.model.num_layers, P, s.model.mla});

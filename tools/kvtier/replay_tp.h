@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "kvtier/tp_group.h"
 #include "replay.h"
 
 namespace kvtier::tools {
@@ -38,7 +39,9 @@ struct TpReplayArgs {
   std::string group;          // --tp-group (hidden): its decision ring
   std::string store;          // --tp-store (hidden): the pass's per-head file store URL
   double ack_timeout_s = 60;  // --tp-timeout
-  bool equal_bytes = false;   // --tp-equal-bytes: TP=1 load baselines on each rank's GPU
+  double follower_poll_s = TpGroupConfig{}.follower_poll_s;  // --tp-follower-poll
+  double leader_poll_s = TpGroupConfig{}.leader_poll_s;      // --tp-leader-poll
+  bool equal_bytes = false;  // --tp-equal-bytes: TP=1 load baselines on each rank's GPU
 };
 
 // Adds --tp, --tp-equal-bytes and --tp-timeout (and the hidden follower flags) to `replay`.

@@ -87,6 +87,10 @@ nlohmann::json PassJson(const TpPassResult& p) {
           {"decision_record_bytes", p.ring.record_bytes},
           {"leader_ack_wait_s", p.ring.ack_wait_seconds},
           {"leader_waits", p.ring.waits},
+          // Of them: acknowledged before the leader's wait began; slept on the futex (the
+          // leader's poll, TpGroupConfig::leader_poll_s, ran out). The rest ended while polling.
+          {"leader_waits_ready", p.ring.waits_ready},
+          {"leader_waits_slept", p.ring.waits_slept},
           {"leader_waits_per_request", static_cast<double>(p.ring.waits) / requests},
           // Calls where every rank waits for every other: the group has none (the leader's waits
           // above are point to point, each for the followers' acknowledgements of one record).
@@ -147,6 +151,8 @@ Result<bool> ReportTpPasses(const TpRunInfo& info, const TpPassResult& tp1, cons
   row("decision record bytes", "decision_record_bytes", "{:.0f}");
   row("leader wait for ranks (s)", "leader_ack_wait_s", "{:.3f}");
   row("leader waits for ranks per request", "leader_waits_per_request", "{:.2f}");
+  row("  of them acknowledged already", "leader_waits_ready", "{:.0f}");
+  row("  of them slept (poll ran out)", "leader_waits_slept", "{:.0f}");
   row("collectives on the cache path", "collectives", "{:.0f}");
   row("cache decisions ms/request p50", "decision_ms_p50", "{:.4f}");
   row("cache decisions ms/request p90", "decision_ms_p90", "{:.4f}");
