@@ -103,6 +103,7 @@ struct TpLeaderStats {
   int64_t waits_ready = 0;      // of them: every rank had applied the record already
   int64_t waits_slept = 0;      // of them: the leader slept on the futex (its poll ran out)
   double ack_wait_seconds = 0;  // waiting for the followers, after the leader's own copy
+  double engine_seconds = 0;    // in WrapEngine's copies: publish, own copy, wait (wall)
 };
 
 class TpLeader {

@@ -421,11 +421,14 @@ class TpLeaderEngine final : public TransferEngine {
       const tp::CopyFields&, std::span<const tp::SlotRun>, std::span<const tp::SlotRun>)>;
   // `wait`: the leader's WaitApplied.
   using WaitFn = std::function<Status(uint64_t seq)>;
+  // `spent`: adds a copy's wall time to the leader's stats (engine_seconds).
+  using SpentFn = std::function<void(double seconds)>;
   TpLeaderEngine(std::unique_ptr<TransferEngine> inner, PublishFn publish, WaitFn wait,
-                 const KvRegion& device)
+                 SpentFn spent, const KvRegion& device)
       : inner_(std::move(inner)),
         publish_(std::move(publish)),
         wait_(std::move(wait)),
+        spent_(std::move(spent)),
         device_(device) {}
   TransferBackend backend() const override { return inner_->backend(); }
   Status Synchronize(CudaStream stream) override { return inner_->Synchronize(stream); }
@@ -444,6 +447,7 @@ class TpLeaderEngine final : public TransferEngine {
                       TpTierName(f.src)));
     }
     if (f.num_slots == 0) return inner_->Transfer(request, options);
+    const auto t0 = tp::Clock::now();
     // The slot lists as runs, straight from the request into the ring (no copy of the lists;
     // this thread's run buffers are reused).
     thread_local std::vector<tp::SlotRun> src_runs, dst_runs;
@@ -460,6 +464,7 @@ class TpLeaderEngine final : public TransferEngine {
     // ring for follower_poll_s after each record), so their acknowledgements are due about now:
     // poll up to leader_poll_s, then sleep (Wait).
     Status acks = wait_(seq);
+    spent_(std::chrono::duration<double>(tp::Clock::now() - t0).count());
     return own.ok() ? acks : own;
   }
 
@@ -484,6 +489,7 @@ class TpLeaderEngine final : public TransferEngine {
   std::unique_ptr<TransferEngine> inner_;
   PublishFn publish_;
   WaitFn wait_;
+  SpentFn spent_;
   KvRegion device_;
 };
 
@@ -625,8 +631,12 @@ std::unique_ptr<TransferEngine> TpLeader::WrapEngine(std::unique_ptr<TransferEng
   auto publish = [m](const tp::CopyFields& f, std::span<const tp::SlotRun> src,
                      std::span<const tp::SlotRun> dst) { return m->PublishRuns(f, src, dst); };
   auto wait = [m](uint64_t seq) { return m->Wait(seq, m->config.leader_poll_s); };
+  auto spent = [m](double seconds) {
+    std::lock_guard lk(m->mu);
+    m->stats.engine_seconds += seconds;
+  };
   return std::make_unique<TpLeaderEngine>(std::move(inner), std::move(publish), std::move(wait),
-                                          device_region);
+                                          std::move(spent), device_region);
 }
 
 }  // namespace kvtier

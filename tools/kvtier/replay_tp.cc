@@ -358,23 +358,21 @@ Status RunPass(const Setup& s, int tp, TpLeader* leader, TpPassResult* out) {
   c.host_ratio = s.host_slots > 0 ? c.host_ratio : 0;
   const KvRegion& device = engine->device_region();
   // The cache's engine: rank 0's own copies, timed (inner); at TP > 1 inside the leader's engine,
-  // itself timed (outer): outer - inner is the group's part (publish, wait for the ranks).
+  // which times itself (TpLeaderStats::engine_seconds): that less inner is the group's part
+  // (publish, wait for the ranks). No timing wrapper around the leader's engine: its request
+  // check would count as the group's decision CPU, a cost of measuring that TP=1 does not pay.
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<TransferEngine> real,
                           MakeTransferEngine(s.io, c.transfer));
   const int cuda_device = s.gpu ? s.DeviceOf(0) : -1;
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<TimedEngine> inner_owned,
                           TimedEngine::Create(std::move(real), device, cuda_device, nullptr));
   TimedEngine* inner = inner_owned.get();
-  TimedEngine* outer = inner;
   std::unique_ptr<TransferEngine> given = std::move(inner_owned);
-  if (leader != nullptr) {
-    KVTIER_ASSIGN_OR_RETURN(
-        std::unique_ptr<TimedEngine> o,
-        TimedEngine::Create(leader->WrapEngine(std::move(given), device), device, -1, nullptr,
-                            /*cpu=*/false));
-    outer = o.get();
-    given = std::move(o);
-  }
+  if (leader != nullptr) given = leader->WrapEngine(std::move(given), device);
+  // Wall seconds in the cache's engine so far: the leader's engine's (its own copies included).
+  auto engine_seconds = [&] {
+    return leader != nullptr ? leader->stats().engine_seconds : inner->seconds();
+  };
   const std::string store = s.StoreUrl(tp);
   if (!store.empty()) {
     // The per-head store (shared across TP sizes), one per pass so that each starts empty.
@@ -427,7 +425,7 @@ Status RunPass(const Setup& s, int tp, TpLeader* leader, TpPassResult* out) {
     // ranks, checking them) counts as the decision's.
     double call_s = 0, engine_s = 0, own_s = 0, call_cpu_s = 0, own_cpu_s = 0;
     auto timed = [&](TpCall kind, auto&& call) {
-      const double outer0 = outer->seconds(), inner0 = inner->seconds();
+      const double outer0 = engine_seconds(), inner0 = inner->seconds();
       const double own_cpu0 = inner->cpu_seconds(), cpu0 = ThreadCpuSeconds();
       const auto t = Clock::now();
       auto r = call();
@@ -436,7 +434,7 @@ Status RunPass(const Setup& s, int tp, TpLeader* leader, TpPassResult* out) {
       const double copy_cpu_s = inner->cpu_seconds() - own_cpu0;
       call_cpu_s += cpu_s;
       own_cpu_s += copy_cpu_s;
-      engine_s += outer->seconds() - outer0;
+      engine_s += engine_seconds() - outer0;
       own_s += inner->seconds() - inner0;
       if (!warm) out->call_cpu_ms[static_cast<size_t>(kind)] += (cpu_s - copy_cpu_s) * 1e3;
       return r;
