@@ -120,6 +120,16 @@ if [[ ${RESULT[build]} == ok ]]; then
     fi
     tail -72 "$LOGS/replay_tp_$1.log"
   done
+  # A/B of the leader's ack poll (TpGroupConfig::leader_poll_s, docs/tp.md): MHA again with the
+  # leader sleeping at once (followers still poll). Informational, not a pass/fail: compare its
+  # decision CPU (by call) and its waits acknowledged already / slept with the mha run's.
+  stamp "replay --tp 2 llama3-8b --tp-leader-poll 0 (A/B, informational)"
+  timeout 240 "$KVTIER" replay --tp 2 --device gpu --model llama3-8b --compute model \
+    --workload chat --requests "$REQUESTS" --warmup 20 --page-size 16 --device-tokens 4096 \
+    --host-tokens 8192 --storage file --no-progress --tp-leader-poll 0 \
+    --json "$LOGS/replay_tp_mha_lp0.json" >"$LOGS/replay_tp_mha_lp0.log" 2>&1 ||
+    echo "note: the A/B run failed (not counted): see $LOGS/replay_tp_mha_lp0.log"
+  grep -E "CPU|waits|slept|acknowledged|overhead" "$LOGS/replay_tp_mha_lp0.log"
 fi
 stamp "replay: ${RESULT[replay]}"
 
