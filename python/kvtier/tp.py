@@ -55,6 +55,11 @@ class TpGroup:
     ack_timeout_s: how long the leader waits for a rank to apply a decision.
     attach_timeout_s: how long the leader waits for every follower to attach (and a follower for
       the leader's ring to exist).
+    liveness_poll_s: how often a waiting rank checks that its peers' processes are alive.
+    follower_poll_s: how long a follower polls the ring after each record before it sleeps (0:
+      sleep at once; the default keeps one core per follower busy while requests arrive).
+    leader_poll_s: how long the leader polls for acknowledgements before it sleeps.
+    Bounds and defaults are the C++ TpGroupConfig's (docs/tp.md); a bad value is a ValueError.
     """
 
     name: str
@@ -64,6 +69,8 @@ class TpGroup:
     ack_timeout_s: float = 10.0
     attach_timeout_s: float = 30.0
     liveness_poll_s: float = 0.05
+    follower_poll_s: float = 0.005
+    leader_poll_s: float = 20e-6
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -104,7 +111,9 @@ class TpGroup:
                 "ring_bytes": _int(self.ring_bytes, "TpGroup.ring_bytes", 1),
                 "ack_timeout_s": float(self.ack_timeout_s),
                 "attach_timeout_s": float(self.attach_timeout_s),
-                "liveness_poll_s": float(self.liveness_poll_s)}
+                "liveness_poll_s": float(self.liveness_poll_s),
+                "follower_poll_s": float(self.follower_poll_s),
+                "leader_poll_s": float(self.leader_poll_s)}
 
 
 class TpFollower:

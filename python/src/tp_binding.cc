@@ -271,6 +271,8 @@ TpGroupConfig TpGroupConfigFromDict(const py::dict& d) {
   c.ack_timeout_s = Get<double>(d, "ack_timeout_s", c.ack_timeout_s);
   c.attach_timeout_s = Get<double>(d, "attach_timeout_s", c.attach_timeout_s);
   c.liveness_poll_s = Get<double>(d, "liveness_poll_s", c.liveness_poll_s);
+  c.follower_poll_s = Get<double>(d, "follower_poll_s", c.follower_poll_s);
+  c.leader_poll_s = Get<double>(d, "leader_poll_s", c.leader_poll_s);
   ThrowIfError(c.Validate());
   return c;
 }

@@ -228,6 +228,11 @@ def test_bad_groups_are_refused():
         kvtier.TpFollower(region, kvtier.TpGroup("g", 2, 0))
     with pytest.raises(kvtier.InvalidArgumentError, match="ring_bytes"):
         kvtier.HierarchicalCache(region, tp_group=kvtier.TpGroup("g", 2, 0, ring_bytes=100))
+    # The poll settings reach the C++ config and its bounds.
+    with pytest.raises(kvtier.InvalidArgumentError, match="follower_poll_s"):
+        kvtier.HierarchicalCache(region, tp_group=kvtier.TpGroup("g", 2, 0, follower_poll_s=2.0))
+    with pytest.raises(kvtier.InvalidArgumentError, match="leader_poll_s"):
+        kvtier.HierarchicalCache(region, tp_group=kvtier.TpGroup("g", 2, 0, leader_poll_s=1.0))
     # No leader: the follower gives up after attach_timeout_s, naming the ring.
     start = time.monotonic()
     with pytest.raises(kvtier.UnavailableError):
