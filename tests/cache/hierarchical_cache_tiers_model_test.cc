@@ -464,6 +464,7 @@ void EvictAllAndPrefetchBack(CacheUnderTest& s, FaultInjectingStorage* faults, i
                              int64_t doc_pages = 8, int64_t chunks = 1) {
   HierarchicalCache& c = *s.cache;
   if (faults != nullptr) faults->ClearFaults();
+  const CacheStats phase = c.stats();  // the failure message says what this phase lost
   const auto doc = [&] {
     std::vector<Token> t(static_cast<size_t>(doc_pages * page));
     for (size_t i = 0; i < t.size(); ++i) t[i] = static_cast<Token>(777000 + i);
@@ -533,7 +534,12 @@ void EvictAllAndPrefetchBack(CacheUnderTest& s, FaultInjectingStorage* faults, i
       << " skipped " << c.stats().backup_skipped_tokens << " present "
       << c.stats().storage_backup_present_tokens << " qdrops " << c.stats().storage_queue_drops
       << " prefetch " << c.stats().prefetch_no_room_tokens << " corrupt "
-      << c.stats().storage_corrupt_pages;
+      << c.stats().storage_corrupt_pages << "; in this phase: write timeouts "
+      << c.stats().storage_write_timeouts - phase.storage_write_timeouts << " failed "
+      << c.stats().storage_backup_failed_tokens - phase.storage_backup_failed_tokens << " dropped "
+      << c.stats().storage_backup_dropped_tokens - phase.storage_backup_dropped_tokens << " qdrops "
+      << c.stats().storage_queue_drops - phase.storage_queue_drops << " stored "
+      << c.stats().storage_backup_tokens - phase.storage_backup_tokens;
   EXPECT_TRUE(s.device
                   ->Verify(lb->device_slots,
                            std::span<const uint64_t>(hashes).first(lb->device_slots.size()))
