@@ -1,6 +1,6 @@
 // StorageBackend's non-virtual half: argument checks, the bounded queue and the I/O threads that
-// run the hooks, per-call deadlines, counters, futures and callbacks, Close; and OpenStorage's
-// URL dispatch.
+// run the hooks, per-call deadlines, counters, futures and callbacks, Close. (The storage API's
+// value types, options and OpenStorage's URL dispatch: storage_options.cc.)
 //
 // The I/O threads are the backend's own rather than util::ThreadPool: the pool runs one blocking
 // ParallelFor at a time, while a backend needs independent batches from many callers queued and
@@ -60,62 +60,11 @@
 #include <utility>
 
 #include "kvtier/storage.h"
-#include "storage/file_backend.h"
-#include "storage/memory_backend.h"
-#include "storage/storage_url.h"
 #include "util/log.h"
-#if KVTIER_HAVE_REDIS_BACKEND
-#include "storage/redis_backend.h"
-#endif
 
 namespace kvtier {
 
 using Clock = std::chrono::steady_clock;
-
-const char* PageStatusName(PageStatus status) {
-  switch (status) {
-    case PageStatus::kOk:
-      return "ok";
-    case PageStatus::kAbsent:
-      return "absent";
-    case PageStatus::kCorrupt:
-      return "corrupt";
-    case PageStatus::kWrongNamespace:
-      return "wrong_namespace";
-    case PageStatus::kTimedOut:
-      return "timed_out";
-    case PageStatus::kFailed:
-      return "failed";
-    case PageStatus::kSkipped:
-      return "skipped";
-    case PageStatus::kNoSpace:
-      return "no_space";
-  }
-  return "unknown_page_status";
-}
-
-int64_t BatchResult::leading_ok() const {
-  int64_t n = 0;
-  while (n < static_cast<int64_t>(pages.size()) &&
-         pages[static_cast<size_t>(n)] == PageStatus::kOk) {
-    ++n;
-  }
-  return n;
-}
-
-int64_t BatchResult::count(PageStatus s) const { return std::count(pages.begin(), pages.end(), s); }
-
-BatchResult BatchResult::Failed(Status status, size_t num_pages) {
-  BatchResult r;
-  r.status = std::move(status);
-  r.pages.assign(num_pages, PageStatus::kSkipped);
-  return r;
-}
-
-int DefaultIoThreads() {
-  const int cores = static_cast<int>(std::thread::hardware_concurrency());
-  return std::clamp(cores, 4, 16);
-}
 
 namespace {
 StorageOptions Resolved(StorageOptions options) {
@@ -123,50 +72,6 @@ StorageOptions Resolved(StorageOptions options) {
   return options;
 }
 }  // namespace
-
-namespace {
-
-ConfigSchema<StorageOptions> BuildOptionsSchema() {
-  using O = StorageOptions;
-  ConfigSchema<O> s;
-  s.push_back(IntField<O>("io_threads", Member(&O::io_threads), 0, 64,
-                          "the storage backend's I/O threads (reads keep all of them; writes run "
-                          "on up to three quarters as many more); 0 = the machine's default, "
-                          "min(cores, 16) and at least 4 (DefaultIoThreads)"));
-  s.push_back(IntField<O>("max_queued_batches", Member(&O::max_queued_batches), 1,
-                          "storage calls waiting (reads and writes apart); more are rejected"));
-  {
-    // A std::chrono::milliseconds: read and written as its count.
-    ConfigField<O> f;
-    f.name = "timeout_ms";
-    f.kind = FieldKind::kInt;
-    f.help = "per storage call, from when an I/O thread takes it, in ms";
-    // Past 10 minutes a deadline (now + timeout) is no bound a caller can wait for, and near
-    // 2^63 it overflows into the past.
-    f.int_min = 1;
-    f.int_max = 600'000;
-    f.get_int = [](const O& o) { return static_cast<int64_t>(o.timeout.count()); };
-    f.set_int = [](O& o, int64_t v) { o.timeout = std::chrono::milliseconds(v); };
-    s.push_back(std::move(f));
-  }
-  s.push_back(IntField<O>("max_batch_pages", Member(&O::max_batch_pages), 1, int64_t{1} << 20,
-                          "pages of one backend call; more is refused"));
-  return s;
-}
-
-}  // namespace
-
-const ConfigSchema<StorageOptions>& StorageOptionsSchema() {
-  static const ConfigSchema<StorageOptions> schema = BuildOptionsSchema();
-  return schema;
-}
-
-Status StorageOptions::Validate(const FieldNamer& name_of) const {
-  if (name_of) return CheckFields(StorageOptionsSchema(), *this, name_of);
-  return CheckFields(StorageOptionsSchema(), *this, [](std::string_view field) {
-    return fmt::format("storage options: {}", field);
-  });
-}
 
 // ---- the queue -------------------------------------------------------------------------------
 
@@ -199,7 +104,7 @@ struct Call {
   std::function<void(BatchResult)> batch_done;
   // When it joined `reads` or `writes` (a held read: when it was released); a held read's time
   // in `held` (Stats' get_queue_seconds, get_held_seconds).
-  std::chrono::steady_clock::time_point queued_at{};
+  Clock::time_point queued_at{};
   double held_seconds = 0;
   bool was_held = false;
 };
@@ -309,10 +214,9 @@ struct StorageBackend::Queue {
   }
   // Runs page `page` of `job` (claimed), then counts it finished. Called without `mu`.
   void RunPage(Job& job, int64_t page) {
-    const auto start = std::chrono::steady_clock::now();
+    const auto start = Clock::now();
     (*job.fn)(page);
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
     bool last = false;
     {
       std::lock_guard<std::mutex> lock(mu);
@@ -337,7 +241,7 @@ struct StorageBackend::Queue {
       auto it = pending_writes.find(key);
       if (it != pending_writes.end() && --it->second == 0) pending_writes.erase(it);
     }
-    const auto now = std::chrono::steady_clock::now();
+    const auto now = Clock::now();
     for (auto it = held.begin(); it != held.end();) {
       if (WaitsForAWriteLocked(*it)) {
         ++it;
@@ -852,41 +756,6 @@ StorageStats StorageBackend::Stats() const {
   }
   FillStats(s);
   return s;
-}
-
-// ---- OpenStorage -------------------------------------------------------------------------------
-
-Result<std::unique_ptr<StorageBackend>> OpenStorage(std::string_view url,
-                                                    const StorageNamespace& ns,
-                                                    const StorageOptions& options) {
-  KVTIER_RETURN_IF_ERROR(ns.Validate());
-  KVTIER_RETURN_IF_ERROR(options.Validate());
-  const size_t sep = url.find("://");
-  const std::string_view scheme = sep == std::string_view::npos ? url : url.substr(0, sep);
-  if (sep == std::string_view::npos) {
-    return Status::InvalidArgument(fmt::format(
-        "storage URL '{}' has no scheme (expected file://, redis://, redis+cluster:// or "
-        "memory://)",
-        RedactUrl(url)));
-  }
-  if (scheme == "memory") return storage::OpenMemoryStorage(url, ns, options);
-  if (scheme == "file") return storage::OpenFileStorage(url, ns, options);
-  if (scheme == "redis" || scheme == "redis+cluster") {
-#if KVTIER_HAVE_REDIS_BACKEND
-    return storage::OpenRedisStorage(url, ns, options);
-#elif KVTIER_HAVE_HIREDIS
-    return Status::InvalidArgument(fmt::format(
-        "storage URL scheme '{}': this build has hiredis but not the redis backend", scheme));
-#else
-    return Status::InvalidArgument(fmt::format(
-        "storage URL scheme '{}': kvtier was built without hiredis (install libhiredis-dev and "
-        "rebuild)",
-        scheme));
-#endif
-  }
-  return Status::InvalidArgument(fmt::format(
-      "storage URL '{}': unknown scheme '{}' (expected file, redis, redis+cluster or memory)",
-      RedactUrl(url), scheme));
 }
 
 }  // namespace kvtier

@@ -1,0 +1,144 @@
+// The storage API's values and how a store is opened: PageStatus names, BatchResult's helpers,
+// StorageOptions (defaults from the machine, the field schema, Validate) and OpenStorage, which
+// picks a backend by the URL's scheme. The backends' shared queue and threads: storage_backend.cc.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <thread>
+#include <utility>
+
+#include "kvtier/storage.h"
+#include "storage/file_backend.h"
+#include "storage/memory_backend.h"
+#include "storage/storage_url.h"
+#if KVTIER_HAVE_REDIS_BACKEND
+#include "storage/redis_backend.h"
+#endif
+
+namespace kvtier {
+
+const char* PageStatusName(PageStatus status) {
+  switch (status) {
+    case PageStatus::kOk:
+      return "ok";
+    case PageStatus::kAbsent:
+      return "absent";
+    case PageStatus::kCorrupt:
+      return "corrupt";
+    case PageStatus::kWrongNamespace:
+      return "wrong_namespace";
+    case PageStatus::kTimedOut:
+      return "timed_out";
+    case PageStatus::kFailed:
+      return "failed";
+    case PageStatus::kSkipped:
+      return "skipped";
+    case PageStatus::kNoSpace:
+      return "no_space";
+  }
+  return "unknown_page_status";
+}
+
+int64_t BatchResult::leading_ok() const {
+  int64_t n = 0;
+  while (n < static_cast<int64_t>(pages.size()) &&
+         pages[static_cast<size_t>(n)] == PageStatus::kOk) {
+    ++n;
+  }
+  return n;
+}
+
+int64_t BatchResult::count(PageStatus s) const { return std::count(pages.begin(), pages.end(), s); }
+
+BatchResult BatchResult::Failed(Status status, size_t num_pages) {
+  BatchResult r;
+  r.status = std::move(status);
+  r.pages.assign(num_pages, PageStatus::kSkipped);
+  return r;
+}
+
+int DefaultIoThreads() {
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  return std::clamp(cores, 4, 16);
+}
+
+namespace {
+
+ConfigSchema<StorageOptions> BuildOptionsSchema() {
+  using O = StorageOptions;
+  ConfigSchema<O> s;
+  s.push_back(IntField<O>("io_threads", Member(&O::io_threads), 0, 64,
+                          "the storage backend's I/O threads (reads keep all of them; writes run "
+                          "on up to three quarters as many more); 0 = the machine's default, "
+                          "min(cores, 16) and at least 4 (DefaultIoThreads)"));
+  s.push_back(IntField<O>("max_queued_batches", Member(&O::max_queued_batches), 1,
+                          "storage calls waiting (reads and writes apart); more are rejected"));
+  {
+    // A std::chrono::milliseconds: read and written as its count.
+    ConfigField<O> f;
+    f.name = "timeout_ms";
+    f.kind = FieldKind::kInt;
+    f.help = "per storage call, from when an I/O thread takes it, in ms";
+    // Past 10 minutes a deadline (now + timeout) is no bound a caller can wait for, and near
+    // 2^63 it overflows into the past.
+    f.int_min = 1;
+    f.int_max = 600'000;
+    f.get_int = [](const O& o) { return static_cast<int64_t>(o.timeout.count()); };
+    f.set_int = [](O& o, int64_t v) { o.timeout = std::chrono::milliseconds(v); };
+    s.push_back(std::move(f));
+  }
+  s.push_back(IntField<O>("max_batch_pages", Member(&O::max_batch_pages), 1, int64_t{1} << 20,
+                          "pages of one backend call; more is refused"));
+  return s;
+}
+
+}  // namespace
+
+const ConfigSchema<StorageOptions>& StorageOptionsSchema() {
+  static const ConfigSchema<StorageOptions> schema = BuildOptionsSchema();
+  return schema;
+}
+
+Status StorageOptions::Validate(const FieldNamer& name_of) const {
+  if (name_of) return CheckFields(StorageOptionsSchema(), *this, name_of);
+  return CheckFields(StorageOptionsSchema(), *this, [](std::string_view field) {
+    return fmt::format("storage options: {}", field);
+  });
+}
+
+// ---- OpenStorage -------------------------------------------------------------------------------
+
+Result<std::unique_ptr<StorageBackend>> OpenStorage(std::string_view url,
+                                                    const StorageNamespace& ns,
+                                                    const StorageOptions& options) {
+  KVTIER_RETURN_IF_ERROR(ns.Validate());
+  KVTIER_RETURN_IF_ERROR(options.Validate());
+  const size_t sep = url.find("://");
+  const std::string_view scheme = sep == std::string_view::npos ? url : url.substr(0, sep);
+  if (sep == std::string_view::npos) {
+    return Status::InvalidArgument(fmt::format(
+        "storage URL '{}' has no scheme (expected file://, redis://, redis+cluster:// or "
+        "memory://)",
+        RedactUrl(url)));
+  }
+  if (scheme == "memory") return storage::OpenMemoryStorage(url, ns, options);
+  if (scheme == "file") return storage::OpenFileStorage(url, ns, options);
+  if (scheme == "redis" || scheme == "redis+cluster") {
+#if KVTIER_HAVE_REDIS_BACKEND
+    return storage::OpenRedisStorage(url, ns, options);
+#elif KVTIER_HAVE_HIREDIS
+    return Status::InvalidArgument(fmt::format(
+        "storage URL scheme '{}': this build has hiredis but not the redis backend", scheme));
+#else
+    return Status::InvalidArgument(fmt::format(
+        "storage URL scheme '{}': kvtier was built without hiredis (install libhiredis-dev and "
+        "rebuild)",
+        scheme));
+#endif
+  }
+  return Status::InvalidArgument(fmt::format(
+      "storage URL '{}': unknown scheme '{}' (expected file, redis, redis+cluster or memory)",
+      RedactUrl(url), scheme));
+}
+
+}  // namespace kvtier
