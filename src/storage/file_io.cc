@@ -180,11 +180,17 @@ int OpenBeneath(int dirfd, std::initializer_list<std::string_view> components, i
       return fd;
     }
     // ENOSYS (before Linux 5.6), or EPERM from a seccomp filter that does not know openat2,
-    // before it ever worked: resolve component by component from now on.
-    if ((errno != ENOSYS && errno != EPERM) || g_openat2.load(std::memory_order_relaxed) != 0) {
+    // before it ever worked: resolve component by component from now on. EPERM is also the
+    // file's own answer (O_NOATIME on a file of another owner): openat2 is given up only when
+    // the component-by-component open does not say EPERM too.
+    const int error = errno;
+    if ((error != ENOSYS && error != EPERM) || g_openat2.load(std::memory_order_relaxed) != 0) {
       return -1;
     }
-    g_openat2.store(-1, std::memory_order_relaxed);
+    const int fd2 = OpenWithOpenat(dirfd, components, flags, mode);
+    if (error == ENOSYS || fd2 >= 0 || errno != EPERM)
+      g_openat2.store(-1, std::memory_order_relaxed);
+    return fd2;
   }
   return OpenWithOpenat(dirfd, components, flags, mode);
 }
@@ -192,5 +198,7 @@ int OpenBeneath(int dirfd, std::initializer_list<std::string_view> components, i
 void ForceOpenatFallbackForTesting(bool force) {
   g_openat2.store(force ? -1 : 0, std::memory_order_relaxed);
 }
+
+int Openat2StateForTesting() { return g_openat2.load(std::memory_order_relaxed); }
 
 }  // namespace kvtier::storage

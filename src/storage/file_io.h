@@ -4,8 +4,10 @@
 // Beneath: every path the file store opens is relative to a directory it holds open (the store
 // root) and is resolved with openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)
 // where the kernel has it (Linux 5.6), else one openat(O_NOFOLLOW) per component from that
-// directory. Either way a symlink anywhere on the path (a shard directory replaced by one, a
-// symlinked page file) fails the open with ELOOP, and no component can leave the directory.
+// directory (an EPERM that the per-component open gives too, such as O_NOATIME on a file of
+// another owner, is the file's answer and does not give openat2 up). Either way a symlink anywhere
+// on the path (a shard directory replaced by one, a symlinked page file) fails the open with
+// ELOOP, and no component can leave the directory.
 // Components are never "." or ".." (the callers build them from hex digits and the namespace
 // name; OpenBeneath refuses them with EINVAL).
 //
@@ -88,5 +90,7 @@ int OpenBeneath(int dirfd, std::initializer_list<std::string_view> components, i
 
 // Test hook: resolve with the openat fallback even where openat2 works (false: probe the kernel).
 void ForceOpenatFallbackForTesting(bool force);
+// Test hook: whether OpenBeneath uses openat2: 1 yes, -1 no (the fallback), 0 not known yet.
+int Openat2StateForTesting();
 
 }  // namespace kvtier::storage

@@ -17,6 +17,8 @@
 #include <numeric>
 #include <vector>
 
+#include "storage/file_test_caps.h"
+
 namespace kvtier::storage {
 namespace {
 
@@ -117,6 +119,27 @@ TEST_P(FileIoTest, OpenBeneathNeverFollowsASymlink) {
     EXPECT_EQ(errno, EINVAL) << bad;
   }
   fs::remove_all(outside);
+}
+
+// O_NOATIME on a file of another owner, without CAP_FOWNER, is EPERM through either resolution;
+// an EPERM the per-component open gives too is the file's, so a first open that meets it does not
+// give openat2 up (only a seccomp filter's EPERM, which the fallback does not see, does). Needs
+// root to give the file another owner and drop CAP_FOWNER (skipped otherwise).
+TEST_P(FileIoTest, NoatimeRefusedForAnotherOwnersFileKeepsTheResolution) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to chown a file to another user";
+  fs::create_directories(dir_ + "/ns");
+  std::ofstream(dir_ + "/ns/page") << "x";
+  ASSERT_EQ(::chown((dir_ + "/ns/page").c_str(), 65534, 65534), 0) << std::strerror(errno);
+  testing::ScopedDropCapability no_fowner(CAP_FOWNER);
+  if (!no_fowner.ok()) GTEST_SKIP() << "cannot drop CAP_FOWNER";
+  ASSERT_EQ(Openat2StateForTesting(), GetParam() ? -1 : 0);  // SetUp: forced, or not known yet
+  errno = 0;
+  EXPECT_EQ(OpenBeneath(root_.get(), {"ns", "page"}, O_RDONLY | O_NOATIME), -1);
+  EXPECT_EQ(errno, EPERM) << std::strerror(errno);
+  EXPECT_EQ(Openat2StateForTesting(), GetParam() ? -1 : 0);
+  Fd plain(OpenBeneath(root_.get(), {"ns", "page"}, O_RDONLY));
+  EXPECT_TRUE(plain.ok()) << std::strerror(errno);
+  if (!GetParam()) EXPECT_NE(Openat2StateForTesting(), 0);  // known once an open worked
 }
 
 INSTANTIATE_TEST_SUITE_P(Resolution, FileIoTest, ::testing::Values(false, true),
