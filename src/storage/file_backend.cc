@@ -11,8 +11,8 @@
 // store.
 //
 // Thread safety: the index has its own mutex; `root_` is swapped under `dirs_mu_` and read
-// through an atomic shared_ptr; files are reached only through open/rename/unlink, which the
-// kernel orders.
+// through an atomic shared_ptr; `noatime_` is a relaxed atomic that only goes from true to false;
+// files are reached only through open/rename/unlink, which the kernel orders.
 #include "storage/file_backend.h"
 
 #include <fcntl.h>
@@ -46,6 +46,16 @@ namespace kvtier::storage {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// A hit rewrites a page file's stamp (its mtime) only when the stamp on disk is older than the
+// new one by more than this. The contract (file_index.h "Stamps"): the in-memory LRU order stays
+// exact; the order a restart recovers from the mtimes is exact to within this granularity — a
+// page's stamp on disk is never more than this behind its last use, so of two pages whose last
+// uses are further apart than this the later one is the more recent after a restart, while a page
+// hit again within this of its stamp keeps its earlier place. Each futimens is an inode write
+// (on ext4 a journal handle) on the read path; a page read over and over costs one a second at
+// most.
+constexpr int64_t kStampGranularityNs = 1'000'000'000;
 
 timespec ToTimespec(int64_t ns) {
   return timespec{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
@@ -128,10 +138,7 @@ class FileBackend final : public StorageBackend {
         // bytes (the parent it names, so this process evicts the page after its children too).
         // O_NONBLOCK: a FIFO put in its place must not block the open.
         if (Clock::now() > deadline) break;
-        const std::string hex = key.Hex();
-        const auto root = Root();
-        Fd fd(OpenBeneath(root->get(), {ns_name_, std::string_view(hex).substr(0, 2), hex},
-                          O_RDONLY | O_NONBLOCK));
+        Fd fd(OpenPageForRead(key, O_NONBLOCK));
         struct stat st;
         if (!fd.ok() || ::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) break;
         FileIndex::Found found{key, st.st_size,
@@ -328,12 +335,36 @@ class FileBackend final : public StorageBackend {
     return ::unlinkat(shard.get(), hex.c_str(), 0) == 0 || errno == ENOENT;
   }
 
+  // Opens the page file of `key` read-only beneath the root with `flags` added, and O_NOATIME:
+  // a read does not write the file's atime (an inode write, on ext4 a journal handle, on every
+  // read of a file whose mtime a hit moved past its atime). O_NOATIME is refused (EPERM) for a
+  // file this process does not own (a store another user wrote, without CAP_FOWNER): that open
+  // is made again without it, and once that works this backend opens without it from then on
+  // (said once in the log). -1 with errno on failure.
+  int OpenPageForRead(const PageKey& key, int flags) {
+    const std::string hex = key.Hex();
+    const auto root = Root();  // held: a concurrent reopen must not close it under us
+    auto open = [&](int extra) {
+      return OpenBeneath(root->get(), {ns_name_, std::string_view(hex).substr(0, 2), hex},
+                         O_RDONLY | flags | extra);
+    };
+    if (!noatime_.load(std::memory_order_relaxed)) return open(0);
+    const int fd = open(O_NOATIME);
+    if (fd >= 0 || errno != EPERM) return fd;
+    const int plain = open(0);
+    if (plain >= 0 && noatime_.exchange(false, std::memory_order_relaxed)) {
+      util::Log(util::LogLevel::kInfo,
+                "storage {}: a page file is not this user's (O_NOATIME refused): pages are read "
+                "without O_NOATIME from now on, so a read may update a file's atime",
+                url());
+    }
+    return plain;
+  }
+
   // Opens the page's file for `read`; kOk, or the page's outcome.
   PageStatus OpenForRead(const PageKey& key, const PageBuffer& buffer, PageRead& read) {
     // O_NONBLOCK: a FIFO or device put in place of a page must not block the open.
-    const std::string hex = key.Hex();
-    read.fd = OpenBeneath(Root()->get(), {ns_name_, std::string_view(hex).substr(0, 2), hex},
-                          O_RDONLY | O_NONBLOCK | (config_.direct ? O_DIRECT : 0));
+    read.fd = OpenPageForRead(key, O_NONBLOCK | (config_.direct ? O_DIRECT : 0));
     if (read.fd < 0) {
       if (errno == ENOENT) {
         index_->Erase(key);
@@ -351,17 +382,21 @@ class FileBackend final : public StorageBackend {
     if (::fstat(read.fd, &st) != 0) return PageStatus::kFailed;
     if (!S_ISREG(st.st_mode)) return PageStatus::kCorrupt;
     if (st.st_size != value_bytes_) return PageStatus::kCorrupt;  // truncated or too long
+    read.mtime_ns = int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec;
     io_.PrepareRead(buffer, read);
     return PageStatus::kOk;
   }
 
   // Stamps a page just read and checked as the most recently used, with the parent its header
-  // named (from the read: a page another process wrote, new to this index, gets its parent).
+  // named (from the read: a page another process wrote, new to this index, gets its parent). The
+  // index takes the new stamp; the file's mtime only when the one it had at the open is more than
+  // kStampGranularityNs older.
   void MarkHit(const PageKey& key, const PageRead& read) {
     if (read.version == kPageFormatV1 && !index_->Contains(key)) {
       NoteFoundWithoutParent(read.version);
     }
     const int64_t stamp = index_->Touch(key, value_bytes_, read.parent);
+    if (stamp - read.mtime_ns <= kStampGranularityNs) return;
     const timespec times[2] = {{0, UTIME_OMIT}, ToTimespec(stamp)};
     ::futimens(read.fd, times);  // best effort: a read-only store still serves hits
   }
@@ -486,7 +521,8 @@ class FileBackend final : public StorageBackend {
   std::atomic<uint64_t> temp_counter_{0};
   std::atomic<int64_t> found_v1_{0}, found_unreadable_{0};  // NoteFoundWithoutParent
   std::atomic<int64_t> cached_pages_{0}, disk_pages_{0};    // GetOne's hits, by ReadSource
-  std::mutex dirs_mu_;  // one re-creation of missing directories at a time
+  std::atomic<bool> noatime_{true};  // OpenPageForRead adds O_NOATIME (until a file refuses it)
+  std::mutex dirs_mu_;               // one re-creation of missing directories at a time
 };
 
 }  // namespace

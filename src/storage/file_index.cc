@@ -63,7 +63,10 @@ void RemoveStaleTemp(int dirfd, std::string_view name) {
 void ReadHeader(int dirfd, const char* name, uint64_t namespace_hash, FileIndex::Found& f) {
   if (f.bytes < static_cast<int64_t>(kFilePayloadOffset)) return;
   // O_NONBLOCK: a FIFO put in place since the fstatat must not block; O_NOFOLLOW: nor a symlink.
-  const int fd = ::openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  // O_NOATIME: the scan writes no inode (a file of another owner refuses it: opened without).
+  const int flags = O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC;
+  int fd = ::openat(dirfd, name, flags | O_NOATIME);
+  if (fd < 0 && errno == EPERM) fd = ::openat(dirfd, name, flags);
   if (fd < 0) return;
   ReadFoundHeader(fd, namespace_hash, f);
   ::close(fd);

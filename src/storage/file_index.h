@@ -14,8 +14,14 @@
 // is added with the parent its header names, so this process evicts it after its children too.
 //
 // Stamps: nanoseconds since the epoch, stored as each page file's mtime. Every stamp handed out
-// is strictly greater than every stamp handed out before or loaded at start, so sorting the files
-// by mtime at the next start gives the same LRU order.
+// is strictly greater than every stamp handed out before or loaded at start. A write's stamp is
+// always stored; a hit's (Touch) only when the file's mtime is older than it by more than the
+// backend's granularity (kStampGranularityNs in file_backend.cc, 1 s), so a page read over and
+// over costs one inode write a second, not one per read. The order in this index is exact; the
+// order a restart recovers by sorting the files by mtime is exact to within the granularity: a
+// file's mtime is never more than that behind its page's last use, so of two pages last used
+// further apart the later is the more recent after the restart, while a page hit again within the
+// granularity of its stamp keeps its earlier place.
 //
 // Invariants (under `mu_`): `pages_` holds the known pages, their parents and recency; its bytes
 // are the sum of their sizes and, after Put or Load returns, at most `capacity` (except a lone page
@@ -79,8 +85,9 @@ class FileIndex {
   void Put(const PageKey& key, int64_t bytes, int64_t stamp,
            const std::optional<PageKey>& parent = std::nullopt);
   // A page just read and checked: most recently used, with a new stamp, returned (the caller
-  // writes it as the file's mtime). `parent`: what its header names (nullopt keeps the parent
-  // recorded; an unknown key, one another process wrote, is then a root).
+  // writes it as the file's mtime when the mtime is older by more than its granularity). `parent`:
+  // what its header names (nullopt keeps the parent recorded; an unknown key, one another process
+  // wrote, is then a root).
   int64_t Touch(const PageKey& key, int64_t bytes,
                 const std::optional<PageKey>& parent = std::nullopt);
   // A page another process wrote, found by a lookup, with the parent its header names (nullopt:

@@ -70,6 +70,9 @@ struct PageRead {
   ~PageRead();
 
   int fd = -1;
+  // The file's mtime at the open (ns since the epoch; set by the file backend, which writes a
+  // hit's stamp only when this is older than it by more than its granularity).
+  int64_t mtime_ns = 0;
   // Direct reads: [0, 4 KiB) takes the header block, [4 KiB, 8 KiB) the payload's last partial
   // block, whose bytes then go to `tail_dst`.
   std::unique_ptr<std::byte, AlignedFree> block;

@@ -27,6 +27,7 @@
 #include "kvtier/storage.h"
 #include "kvtier/testing/storage_fault.h"
 #include "storage/file_io.h"
+#include "storage/file_test_caps.h"
 #include "storage/page_format.h"
 
 namespace kvtier {
@@ -130,6 +131,32 @@ class FileBackendTest : public ::testing::TestWithParam<std::string> {
     f.write(reinterpret_cast<const char*>(bytes.data()),
             static_cast<std::streamsize>(bytes.size()));
   }
+  // The file's mtime / atime (ns since the epoch).
+  static int64_t MtimeNs(const std::string& path) {
+    struct stat st;
+    EXPECT_EQ(::stat(path.c_str(), &st), 0) << path;
+    return int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec;
+  }
+  static int64_t AtimeNs(const std::string& path) {
+    struct stat st;
+    EXPECT_EQ(::stat(path.c_str(), &st), 0) << path;
+    return int64_t{st.st_atim.tv_sec} * 1'000'000'000 + st.st_atim.tv_nsec;
+  }
+  // Sets the file's mtime (`mtime_ns`) and / or atime (ns; -1 leaves it).
+  static void SetTimes(const std::string& path, int64_t mtime_ns, int64_t atime_ns = -1) {
+    auto ts = [](int64_t ns) {
+      return ns < 0 ? timespec{0, UTIME_OMIT}
+                    : timespec{static_cast<time_t>(ns / 1'000'000'000), ns % 1'000'000'000};
+    };
+    const timespec times[2] = {ts(atime_ns), ts(mtime_ns)};
+    ASSERT_EQ(::utimensat(AT_FDCWD, path.c_str(), times, 0), 0) << path;
+  }
+  static int64_t NowNs() {
+    timespec ts;
+    ::clock_gettime(CLOCK_REALTIME, &ts);
+    return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
+  }
+
   // Get of one page into a poisoned buffer: its status, and whether a hit has the right bytes.
   static PageStatus GetOne(StorageBackend& b, const PageKey& key,
                            const std::vector<std::byte>& expected) {
@@ -523,6 +550,10 @@ TEST_P(FileBackendTest, CapacityEvictsLeastRecentlyUsedAndSurvivesRestart) {
                     .leading_ok(),
                 1);
     }
+    // Their stamps a minute old, in the order written: a hit rewrites a stamp only when the one
+    // on disk is older than the stamp granularity (1 s; StampsAHitOnlyPastTheGranularity).
+    const int64_t old = NowNs() - 60'000'000'000;
+    for (int i = 0; i < 4; ++i) SetTimes(PathOf(keys[static_cast<size_t>(i)]), old + i);
     EXPECT_EQ(GetOne(*b, keys[0], in.bytes[0]), PageStatus::kOk);  // 0 is now the newest
     EXPECT_EQ(b->Stats().stored_bytes, 4 * kValueBytes);
   }
@@ -556,6 +587,129 @@ TEST_P(FileBackendTest, CapacityEvictsLeastRecentlyUsedAndSurvivesRestart) {
   EXPECT_EQ(tiny->Set({keys[5]}, {in.buffers[5]}).get().pages[0], PageStatus::kNoSpace);
   EXPECT_EQ(tiny->Stats().set_no_space_pages, 1);
   EXPECT_EQ(tiny->Stats().set_failed_pages, 0);
+}
+
+// A hit writes the page's new stamp as its mtime only when the one on disk is more than the
+// granularity (1 s) older; a page hit again within it keeps its earlier place after a restart
+// (the contract in file_index.h "Stamps"), while in memory the order stays exact.
+TEST_P(FileBackendTest, StampsAHitOnlyPastTheGranularity) {
+  const auto keys = Keys(4);
+  Pages in(4, 61);
+  const std::string cap = "?capacity=" + std::to_string(3 * kValueBytes);
+  {
+    auto b = Open(cap);
+    const int64_t start = NowNs();
+    for (int i = 0; i < 2; ++i) {
+      const size_t k = static_cast<size_t>(i);
+      ASSERT_EQ(b->Set({keys[k]}, {in.buffers[k]}).get().leading_ok(), 1);
+    }
+    // Page 1 stamped 10 s ago: older than page 0, and its hit writes a new stamp.
+    const int64_t backdated = NowNs() - 10'000'000'000;
+    SetTimes(PathOf(keys[1]), backdated);
+    EXPECT_EQ(GetOne(*b, keys[1], in.bytes[1]), PageStatus::kOk);
+    const int64_t restamped = MtimeNs(PathOf(keys[1]));
+    EXPECT_GT(restamped, backdated + 9'000'000'000);
+    // Page 0 hit right after its Set: its stamp stays the one its write gave it.
+    const int64_t written = MtimeNs(PathOf(keys[0]));
+    EXPECT_GE(written, start);
+    EXPECT_EQ(GetOne(*b, keys[0], in.bytes[0]), PageStatus::kOk);
+    if (NowNs() - written >= 900'000'000) {
+      GTEST_SKIP() << "the box took more than 0.9 s from the Set to the Get: the hit within the "
+                      "granularity cannot be told from one past it";
+    }
+    EXPECT_EQ(MtimeNs(PathOf(keys[0])), written);
+    // In memory 0 is the newest (hit last): a Set past the capacity here would evict 1.
+  }
+  // After the restart the order is the mtimes': 0 (its write's stamp, before 1's new one), 1;
+  // so with 2 and 3 written, 0 goes first.
+  auto b = Open(cap);
+  ASSERT_EQ(b->Set({keys[2]}, {in.buffers[2]}).get().leading_ok(), 1);
+  ASSERT_EQ(b->Set({keys[3]}, {in.buffers[3]}).get().leading_ok(), 1);
+  EXPECT_EQ(b->Exists({keys[0]}).get().leading, 0);
+  EXPECT_FALSE(fs::exists(PathOf(keys[0])));
+  for (int i : {1, 2, 3}) {
+    EXPECT_EQ(b->Exists({keys[static_cast<size_t>(i)]}).get().leading, 1) << i;
+  }
+}
+
+// The in-memory order is exact however close the hits: the page hit last within the granularity
+// is the newest, so a Set past the capacity evicts the other.
+TEST_P(FileBackendTest, InMemoryOrderIsExactWithinTheStampGranularity) {
+  const auto keys = Keys(3);
+  Pages in(3, 62);
+  auto b = Open("?capacity=" + std::to_string(2 * kValueBytes));
+  ASSERT_EQ(b->Set({keys[0]}, {in.buffers[0]}).get().leading_ok(), 1);
+  ASSERT_EQ(b->Set({keys[1]}, {in.buffers[1]}).get().leading_ok(), 1);
+  EXPECT_EQ(GetOne(*b, keys[0], in.bytes[0]), PageStatus::kOk);  // 0 newest, its mtime unchanged
+  ASSERT_EQ(b->Set({keys[2]}, {in.buffers[2]}).get().leading_ok(), 1);
+  EXPECT_EQ(b->Exists({keys[1]}).get().leading, 0);
+  EXPECT_EQ(b->Exists({keys[0]}).get().leading, 1);
+  EXPECT_EQ(b->Exists({keys[2]}).get().leading, 1);
+}
+
+// Reads open page files with O_NOATIME: a Get (or a lookup of a page another process wrote)
+// leaves the file's atime alone, even where relatime would write it (atime not after mtime).
+TEST_P(FileBackendTest, ReadsDoNotWriteTheAtime) {
+  const auto keys = Keys(2);
+  Pages in(2, 63);
+  {
+    auto writer = Open();
+    ASSERT_EQ(writer->Set({keys[0]}, {in.buffers[0]}).get().leading_ok(), 1);
+  }
+  const int64_t old_atime = 1'600'000'000'000'000'000;  // September 2020: before the mtimes
+  SetTimes(PathOf(keys[0]), -1, old_atime);
+  auto b = Open();  // the restart scan reads the header
+  EXPECT_EQ(AtimeNs(PathOf(keys[0])), old_atime);
+  EXPECT_EQ(GetOne(*b, keys[0], in.bytes[0]), PageStatus::kOk);
+  EXPECT_EQ(AtimeNs(PathOf(keys[0])), old_atime);
+  // A page `other` does not know (another process wrote it): a lookup reads its header.
+  auto other = Open();
+  ASSERT_EQ(b->Set({keys[1]}, {in.buffers[1]}).get().leading_ok(), 1);
+  SetTimes(PathOf(keys[1]), -1, old_atime);
+  EXPECT_EQ(other->Exists({keys[1]}).get().leading, 1);
+  EXPECT_EQ(AtimeNs(PathOf(keys[1])), old_atime);
+  // Without O_NOATIME the same read writes it (relatime: the atime is before the mtime), so the
+  // checks above can fail.
+  const int fd = ::open(PathOf(keys[1]).c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  std::byte byte;
+  ASSERT_EQ(::pread(fd, &byte, 1, 0), 1);
+  ::close(fd);
+  if (AtimeNs(PathOf(keys[1])) == old_atime) {
+    GTEST_SKIP() << "this file system does not write atimes on reads (noatime)";
+  }
+}
+
+// O_NOATIME is refused (EPERM) for a file of another owner without CAP_FOWNER: the read is made
+// without it and served, and the backend reads without it from then on (a page it owns then
+// gets its atime written, as any read). Needs root to give a page file another owner and to
+// drop CAP_FOWNER (skipped otherwise).
+TEST_P(FileBackendTest, ReadsAPageOfAnotherOwnerWithoutNoatime) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to chown a page file to another user";
+  const auto keys = Keys(2);
+  Pages in(2, 64);
+  {
+    auto writer = Open();
+    ASSERT_EQ(writer->Set(keys, in.buffers).get().leading_ok(), 2);
+  }
+  ASSERT_EQ(::chown(PathOf(keys[1]).c_str(), 65534, 65534), 0) << std::strerror(errno);
+  storage::testing::ScopedDropCapability no_fowner(CAP_FOWNER);
+  if (!no_fowner.ok()) GTEST_SKIP() << "cannot drop CAP_FOWNER";
+  {
+    const int fd = ::open(PathOf(keys[1]).c_str(), O_RDONLY | O_NOATIME);
+    const int error = errno;
+    if (fd >= 0) ::close(fd);
+    if (fd >= 0 || error != EPERM) GTEST_SKIP() << "O_NOATIME not refused here";
+  }
+  auto b = Open();  // its I/O threads start without CAP_FOWNER too
+  const int64_t old_atime = 1'600'000'000'000'000'000;
+  SetTimes(PathOf(keys[0]), -1, old_atime);
+  EXPECT_EQ(GetOne(*b, keys[0], in.bytes[0]), PageStatus::kOk);
+  EXPECT_EQ(AtimeNs(PathOf(keys[0])), old_atime);                // its own page: O_NOATIME
+  EXPECT_EQ(GetOne(*b, keys[1], in.bytes[1]), PageStatus::kOk);  // another's: without
+  EXPECT_EQ(b->Stats().get_failed_pages, 0);
+  EXPECT_EQ(GetOne(*b, keys[0], in.bytes[0]), PageStatus::kOk);
+  EXPECT_GT(AtimeNs(PathOf(keys[0])), old_atime);  // remembered: O_NOATIME no longer asked for
 }
 
 TEST_P(FileBackendTest, StaleTempFilesAreRemovedAtStart) {
