@@ -120,16 +120,16 @@ if [[ ${RESULT[build]} == ok ]]; then
     fi
     tail -72 "$LOGS/replay_tp_$1.log"
   done
-  # A/B of the leader's ack poll (TpGroupConfig::leader_poll_s, docs/tp.md): MHA again with the
-  # leader sleeping at once (followers still poll). Informational, not a pass/fail: compare its
-  # decision CPU (by call) and its waits acknowledged already / slept with the mha run's.
-  stamp "replay --tp 2 llama3-8b --tp-leader-poll 0 (A/B, informational)"
+  # A/B of where the leader waits for the followers (docs/tp.md): MHA again with a wait after
+  # each copy (TpGroupConfig::ack_each_copy), the mode before 2026-11-26. Informational, not a
+  # pass/fail: compare its decision CPU (by call) and waits per request with the mha run's.
+  stamp "replay --tp 2 llama3-8b --tp-ack-each-copy (A/B, informational)"
   timeout 240 "$KVTIER" replay --tp 2 --device gpu --model llama3-8b --compute model \
     --workload chat --requests "$REQUESTS" --warmup 20 --page-size 16 --device-tokens 4096 \
-    --host-tokens 8192 --storage file --no-progress --tp-leader-poll 0 \
-    --json "$LOGS/replay_tp_mha_lp0.json" >"$LOGS/replay_tp_mha_lp0.log" 2>&1 ||
-    echo "note: the A/B run failed (not counted): see $LOGS/replay_tp_mha_lp0.log"
-  grep -E "CPU|waits|slept|acknowledged|overhead" "$LOGS/replay_tp_mha_lp0.log"
+    --host-tokens 8192 --storage file --no-progress --tp-ack-each-copy \
+    --json "$LOGS/replay_tp_mha_ack.json" >"$LOGS/replay_tp_mha_ack.log" 2>&1 ||
+    echo "note: the A/B run failed (not counted): see $LOGS/replay_tp_mha_ack.log"
+  grep -E "CPU|waits|slept|acknowledged|overhead|wrong|equal" "$LOGS/replay_tp_mha_ack.log"
 fi
 stamp "replay: ${RESULT[replay]}"
 

@@ -59,6 +59,9 @@ class TpGroup:
     follower_poll_s: how long a follower polls the ring after each record before it sleeps (0:
       sleep at once; the default keeps one core per follower busy while requests arrive).
     leader_poll_s: how long the leader polls for acknowledgements before it sleeps.
+    ack_each_copy: the leader's every copy also waits for every rank (False: the next wait does;
+      tp_publish'ed steps come after the copies anyway; call cache.tp_fence() before sending a
+      follower anything by another channel).
     Bounds and defaults are the C++ TpGroupConfig's (docs/tp.md); a bad value is a ValueError.
     """
 
@@ -71,6 +74,7 @@ class TpGroup:
     liveness_poll_s: float = 0.05
     follower_poll_s: float = 0.005
     leader_poll_s: float = 20e-6
+    ack_each_copy: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -113,7 +117,8 @@ class TpGroup:
                 "attach_timeout_s": float(self.attach_timeout_s),
                 "liveness_poll_s": float(self.liveness_poll_s),
                 "follower_poll_s": float(self.follower_poll_s),
-                "leader_poll_s": float(self.leader_poll_s)}
+                "leader_poll_s": float(self.leader_poll_s),
+                "ack_each_copy": bool(self.ack_each_copy)}
 
 
 class TpFollower:

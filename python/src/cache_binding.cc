@@ -660,6 +660,12 @@ void RegisterCache(py::module_& m) {
              TpLeader& leader = cache.tp_leader();
              ThrowIfError(WithoutGil([&] { return leader.WaitApplied(seq); }));
            })
+      .def("tp_fence",
+           [](PyCache& c) {
+             CallGuard cache(c);
+             TpLeader& leader = cache.tp_leader();
+             ThrowIfError(WithoutGil([&] { return leader.Fence(); }));
+           })
       .def("tp_result",
            [](PyCache& c, int rank, uint64_t seq) {
              CallGuard cache(c);

@@ -596,6 +596,7 @@ Status RunFollower(const Setup& s, const TpReplayArgs& a) {
   gc.ack_timeout_s = a.ack_timeout_s;
   gc.follower_poll_s = a.follower_poll_s;
   gc.leader_poll_s = a.leader_poll_s;
+  gc.ack_each_copy = a.ack_each_copy;
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<TpFollower> f, TpFollower::Attach(gc, a.rank));
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<PrefillEngine> engine, MakeEngine(s, a.tp, a.rank));
   KVTIER_ASSIGN_OR_RETURN(const ReplayModel rank_model, ShardModel(s.model, a.tp));
@@ -758,6 +759,9 @@ void AddTpReplayFlags(CLI::App* replay, TpReplayArgs* a) {
                    "--tp: seconds rank 0 polls for the ranks' acknowledgements before it sleeps")
       ->check(CLI::Range(0.0, 0.01))
       ->capture_default_str();
+  replay->add_flag("--tp-ack-each-copy", a->ack_each_copy,
+                   "--tp: rank 0 waits for every rank after each of its cache's copies (default: "
+                   "the step's wait covers them; TpGroupConfig::ack_each_copy)");
   replay->add_option("--tp-rank", a->rank)->group("")->check(CLI::Range(1, 7));
   replay->add_option("--tp-group", a->group)->group("");
   replay->add_option("--tp-store", a->store)->group("");
@@ -883,6 +887,7 @@ int RunReplayTp(const ReplayOptions& options, const TpReplayArgs& a,
   gc.ack_timeout_s = a.ack_timeout_s;
   gc.follower_poll_s = a.follower_poll_s;
   gc.leader_poll_s = a.leader_poll_s;
+  gc.ack_each_copy = a.ack_each_copy;
   TpReplayArgs fa = a;
   auto leader = TpLeader::Create(
       gc, TpShape{s.device_slots, s.host_slots, s.model.num_layers, P, s.model.mla});
