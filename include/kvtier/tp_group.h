@@ -50,6 +50,8 @@
 namespace kvtier {
 
 inline constexpr int kMaxTpSize = 64;
+// A dozing follower's sleep between two looks at the ring (TpGroupConfig::follower_doze_s).
+inline constexpr double kTpDozeStepS = 50e-6;
 
 struct TpGroupConfig {
   // The ring's shared-memory segment (shm name rules: 1-200 of [A-Za-z0-9._-]).
@@ -67,6 +69,14 @@ struct TpGroupConfig {
   // own: a request's records come within a few ms of each other. 0: sleep at once (lowest CPU,
   // every publish to a sleeping follower pays a futex wake). The follower's own config counts.
   double follower_poll_s = 0.005;
+  // How long after its last record (or after attaching) a follower, once its poll ran out, keeps
+  // checking the ring every kTpDozeStepS instead of sleeping on the futex; in [0, 60]. A dozing
+  // follower has not announced itself as a sleeper, so the leader's publish makes no wake system
+  // call (~5-10 us of the scheduler thread's CPU on a VM, at the first record of nearly every
+  // request: requests come more than follower_poll_s apart); it sees the record up to about
+  // kTpDozeStepS plus the timer's slack later, and costs its own core a short wake-up per step.
+  // 0: sleep on the futex as soon as the poll ran out. The follower's own config counts.
+  double follower_doze_s = 0.25;
   // How long the leader polls for the followers' acknowledgements after its own copy before it
   // sleeps on a futex; in [0, 0.01]. Only while no lagging follower sleeps (they are applying the
   // record). Counted in the leader's decision CPU; ~ the cost of a sleep and wake-up (docs/tp.md).
@@ -116,6 +126,7 @@ struct TpLeaderStats {
   int64_t waits_ready = 0;      // of them: every rank had applied the record already
   int64_t waits_slept = 0;      // of them: the leader slept on the futex (its poll ran out)
   double ack_wait_seconds = 0;  // waiting for the followers, after the leader's own copy
+  int64_t wakes = 0;            // publishes that made a futex wake call (a follower slept)
   double engine_seconds = 0;    // in WrapEngine's copies: publish, own copy (and its wait) (wall)
 };
 

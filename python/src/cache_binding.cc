@@ -681,6 +681,7 @@ void RegisterCache(py::module_& m) {
              d["record_bytes"] = s.record_bytes;
              d["slots"] = s.slots;
              d["waits"] = s.waits;
+             d["wakes"] = s.wakes;
              d["ack_wait_seconds"] = s.ack_wait_seconds;
              d["health"] = cache.tp_leader().health().ToString();
              return d;

@@ -74,6 +74,10 @@ Status TpGroupConfig::Validate() const {
     return Status::InvalidArgument(
         fmt::format("follower_poll_s = {} not in [0, 1]", follower_poll_s));
   }
+  if (!(follower_doze_s >= 0) || follower_doze_s > 60) {
+    return Status::InvalidArgument(
+        fmt::format("follower_doze_s = {} not in [0, 60]", follower_doze_s));
+  }
   if (!(leader_poll_s >= 0) || leader_poll_s > 0.01) {
     return Status::InvalidArgument(
         fmt::format("leader_poll_s = {} not in [0, 0.01]", leader_poll_s));
@@ -312,7 +316,10 @@ Result<uint64_t> TpLeader::Impl::PublishRecord(int64_t need, const Write& write)
     ++stats.records;
     stats.record_bytes += need;
     lk.unlock();
-    tp::BumpIfSleeping(&h->post_word, &h->post_sleepers);
+    if (tp::BumpIfSleeping(&h->post_word, &h->post_sleepers)) {
+      std::lock_guard relock(mu);
+      ++stats.wakes;
+    }
     return seq;
   }
 }
@@ -466,7 +473,8 @@ class TpLeaderEngine final : public TransferEngine {
           fmt::format("tp leader engine: a copy within the {} tier is not a cache decision",
                       TpTierName(f.src)));
     }
-    if (f.num_slots == 0) return inner_->Transfer(request, options);
+    // Transfer validated the request: the leader's own copy does not validate it again.
+    if (f.num_slots == 0) return TransferValidated(*inner_, request, options);
     const auto t0 = tp::Clock::now();
     // The slot lists as runs, straight from the request into the ring (no copy of the lists;
     // this thread's run buffers are reused).
@@ -474,7 +482,7 @@ class TpLeaderEngine final : public TransferEngine {
     RunsOf(request.src_slots, &src_runs);
     RunsOf(request.dst_slots, &dst_runs);
     KVTIER_ASSIGN_OR_RETURN(const uint64_t seq, publish_(f, src_runs, dst_runs));
-    Status own = inner_->Transfer(request, options);
+    Status own = TransferValidated(*inner_, request, options);
     Status acks;
     if (ack_each_copy_) {
       // The leader's own copy must be done too before the cache treats the slots as written on

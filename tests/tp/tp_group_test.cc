@@ -126,6 +126,12 @@ TEST(TpGroupTest, ConfigIsValidated) {
   EXPECT_NE(c.Validate().message().find("follower_poll_s"), std::string::npos);
   c.follower_poll_s = 0;  // sleep at once: allowed
   EXPECT_TRUE(c.Validate().ok());
+  c.follower_doze_s = -1;
+  EXPECT_NE(c.Validate().message().find("follower_doze_s"), std::string::npos);
+  c.follower_doze_s = 61;
+  EXPECT_NE(c.Validate().message().find("follower_doze_s"), std::string::npos);
+  c.follower_doze_s = 0;  // sleep once the poll ran out: allowed
+  EXPECT_TRUE(c.Validate().ok());
   c.leader_poll_s = 0.5;
   EXPECT_NE(c.Validate().message().find("leader_poll_s"), std::string::npos);
   c.leader_poll_s = 0;
@@ -140,7 +146,8 @@ TEST(TpGroupTest, ConfigIsValidated) {
 
 // Random copies in both directions through the leader's wrapped engine: afterwards the follower's
 // regions equal the leader's byte for byte (the ring wrapped around many times on the way).
-// With the default polls (both sides poll before sleeping) and with none (both sleep at once);
+// With the default polls (both sides poll, the follower dozes, before sleeping) and with none
+// (both sleep at once);
 // with the acknowledgements left to a Fence (the default: the leader ran ahead, the ring's order
 // kept the bytes right) and with a wait after each copy.
 class TpPollTest : public ::testing::TestWithParam<std::tuple<bool, bool>> {};
@@ -150,6 +157,7 @@ TEST_P(TpPollTest, FollowersApplyEveryCopyInOrderAcrossWrapArounds) {
   TpGroupConfig cfg = Config("order");
   if (!poll) {
     cfg.follower_poll_s = 0;
+    cfg.follower_doze_s = 0;
     cfg.leader_poll_s = 0;
   }
   cfg.ack_each_copy = ack_each_copy;
@@ -209,6 +217,44 @@ INSTANTIATE_TEST_SUITE_P(PollAndSleep, TpPollTest,
                            return std::string(std::get<0>(info.param) ? "Poll" : "SleepAtOnce") +
                                   (std::get<1>(info.param) ? "AckEachCopy" : "Fence");
                          });
+
+// Records 3 ms apart (longer than the follower's poll): a follower that sleeps once its poll ran
+// out costs the leader a futex wake call per record; one that dozes (looks at the ring every
+// kTpDozeStepS without announcing itself) costs none, and applies every record all the same.
+class TpDozeTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(TpDozeTest, ADozingFollowerCostsTheLeaderNoWakeCall) {
+  const bool doze = GetParam();
+  TpGroupConfig cfg = Config(doze ? "doze" : "nodoze");
+  cfg.follower_poll_s = 0.001;
+  cfg.follower_doze_s = doze ? 30 : 0;
+  auto leader = TpLeader::Create(cfg, TpShape{256, 512, 3, 4, false});
+  ASSERT_TRUE(leader.ok());
+  OwnedRegion dev(kSmall, false), host(kSmallHost, false);
+  FollowerThread follower(cfg, 1, dev.region, host.region);
+  ASSERT_TRUE((*leader)->WaitForFollowers().ok());
+  const std::vector<std::byte> msg(64, std::byte{1});
+  uint64_t last = 0;
+  for (int i = 0; i < 20; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(3));
+    auto seq = (*leader)->PublishMessage(msg);
+    ASSERT_TRUE(seq.ok()) << seq.status().ToString();
+    last = *seq;
+  }
+  ASSERT_TRUE((*leader)->WaitApplied(last).ok());
+  const int64_t wakes = (*leader)->stats().wakes;
+  if (doze) {
+    EXPECT_EQ(wakes, 0);
+  } else {
+    EXPECT_GT(wakes, 0);
+  }
+  leader->reset();
+  EXPECT_TRUE(follower.Join().ok());
+  EXPECT_EQ(follower.follower().stats().records, 20);
+}
+
+INSTANTIATE_TEST_SUITE_P(DozeAndSleep, TpDozeTest, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "Doze" : "Sleep"; });
 
 // The leader's copies do not wait for a follower that applies nothing: they return at once, and
 // the first wait (here Fence) fails within the timeout naming the rank.

@@ -595,6 +595,7 @@ Status RunFollower(const Setup& s, const TpReplayArgs& a) {
   gc.tp_size = a.tp;
   gc.ack_timeout_s = a.ack_timeout_s;
   gc.follower_poll_s = a.follower_poll_s;
+  gc.follower_doze_s = a.follower_doze_s;
   gc.leader_poll_s = a.leader_poll_s;
   gc.ack_each_copy = a.ack_each_copy;
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<TpFollower> f, TpFollower::Attach(gc, a.rank));
@@ -755,6 +756,12 @@ void AddTpReplayFlags(CLI::App* replay, TpReplayArgs* a) {
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
   replay
+      ->add_option("--tp-follower-doze", a->follower_doze_s,
+                   "--tp: seconds after its last record a follower, its poll over, looks at the "
+                   "ring every 50 us instead of sleeping (no wake call for rank 0; 0: sleep)")
+      ->check(CLI::Range(0.0, 60.0))
+      ->capture_default_str();
+  replay
       ->add_option("--tp-leader-poll", a->leader_poll_s,
                    "--tp: seconds rank 0 polls for the ranks' acknowledgements before it sleeps")
       ->check(CLI::Range(0.0, 0.01))
@@ -886,6 +893,7 @@ int RunReplayTp(const ReplayOptions& options, const TpReplayArgs& a,
   gc.tp_size = a.tp;
   gc.ack_timeout_s = a.ack_timeout_s;
   gc.follower_poll_s = a.follower_poll_s;
+  gc.follower_doze_s = a.follower_doze_s;
   gc.leader_poll_s = a.leader_poll_s;
   gc.ack_each_copy = a.ack_each_copy;
   TpReplayArgs fa = a;
