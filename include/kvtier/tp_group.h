@@ -15,14 +15,20 @@
 //   leader->WaitForFollowers()                      while (Serve(engine, dev, host) ...)
 //   ... the engine drives `cache` as usual ...
 //
-// The leader never waits for a follower except where the bytes must be in place on every rank:
-// a wrapped Transfer publishes the record, runs the leader's own copy, then waits until every
-// follower has applied it (ack_timeout_s at most) — so the cache frees or reuses a slot only after
-// every rank is done with it. A rank that died, failed a copy, or did not answer in time makes
-// that Transfer fail with an error naming the rank, within the timeout; from then on the group is
-// broken and every later Transfer fails at once with the same error (the leader's cache reports
-// them as failed copies: LoadBack returns the error, backups are counted failed). The ring is
-// bounded: a record that does not fit is an error naming the slowest rank, never a wait.
+// The leader never waits for a follower on a copy: a wrapped Transfer publishes the record and
+// runs the leader's own copy. A follower applies records in ring order, each copy complete before
+// it reads the next record, so whatever the leader does with a slot after a copy (reuse it, back
+// it up, load into it, an engine step published on the ring) reaches every rank after that copy
+// too. The leader waits for the followers only where it needs their answer: WaitApplied (the
+// engine's step: its result), Fence, a storage decision (which pages every rank holds), a full
+// ring. Work that reaches a follower by another channel than the ring (a step broadcast with
+// torch.distributed) must come after Fence(); or set ack_each_copy and every Transfer waits for
+// every rank as well. A rank that died, failed a copy, or did not answer in time makes the next
+// wait fail with an error naming the rank, within the timeout; from then on the group is broken
+// and every later Transfer fails at once with the same error (the leader's cache reports them as
+// failed copies: LoadBack returns the error, backups are counted failed). The ring is bounded: a
+// record that does not fit waits for room up to ack_timeout_s, then fails naming the slowest
+// rank.
 // Rebuilding: destroy the leader's cache and TpLeader, Create a new one (same name), attach new
 // followers, create a new cache over the same device region — the survivors' pools are kept.
 //
@@ -44,6 +50,8 @@
 namespace kvtier {
 
 inline constexpr int kMaxTpSize = 64;
+// A dozing follower's sleep between two looks at the ring (TpGroupConfig::follower_doze_s).
+inline constexpr double kTpDozeStepS = 50e-6;
 
 struct TpGroupConfig {
   // The ring's shared-memory segment (shm name rules: 1-200 of [A-Za-z0-9._-]).
@@ -61,10 +69,24 @@ struct TpGroupConfig {
   // own: a request's records come within a few ms of each other. 0: sleep at once (lowest CPU,
   // every publish to a sleeping follower pays a futex wake). The follower's own config counts.
   double follower_poll_s = 0.005;
+  // How long after its last record (or after attaching) a follower, once its poll ran out, keeps
+  // checking the ring every kTpDozeStepS instead of sleeping on the futex; in [0, 60]. A dozing
+  // follower has not announced itself as a sleeper, so the leader's publish makes no wake system
+  // call (~5-10 us of the scheduler thread's CPU on a VM, at the first record of nearly every
+  // request: requests come more than follower_poll_s apart); it sees the record up to about
+  // kTpDozeStepS plus the timer's slack later, and costs its own core a short wake-up per step.
+  // 0: sleep on the futex as soon as the poll ran out. The follower's own config counts.
+  double follower_doze_s = 0.25;
   // How long the leader polls for the followers' acknowledgements after its own copy before it
   // sleeps on a futex; in [0, 0.01]. Only while no lagging follower sleeps (they are applying the
   // record). Counted in the leader's decision CPU; ~ the cost of a sleep and wake-up (docs/tp.md).
   double leader_poll_s = 20e-6;
+  // Whether each Transfer of the leader's wrapped engine also waits, after its own copy (GPU: its
+  // completion), until every follower has applied it. false (the default): the acknowledgements
+  // are left to the next wait (see above), so a copy costs the leader's scheduler a publish, not
+  // the slowest rank's copy. true: for an engine that sends its steps to the followers by another
+  // channel than the ring and cannot call Fence() first.
+  bool ack_each_copy = false;
 
   // InvalidArgument naming the field and its value.
   Status Validate() const;
@@ -99,11 +121,13 @@ struct TpLeaderStats {
   int64_t records = 0;          // published
   int64_t record_bytes = 0;     // ring bytes they took
   int64_t slots = 0;            // slots they copy (each rank)
-  int64_t waits = 0;            // WaitApplied calls (point to point; the group has no collective)
+  int64_t waits = 0;            // waits for the followers (WaitApplied, Fence, ack_each_copy,
+                                // storage decisions, a full ring); point to point
   int64_t waits_ready = 0;      // of them: every rank had applied the record already
   int64_t waits_slept = 0;      // of them: the leader slept on the futex (its poll ran out)
   double ack_wait_seconds = 0;  // waiting for the followers, after the leader's own copy
-  double engine_seconds = 0;    // in WrapEngine's copies: publish, own copy, wait (wall)
+  int64_t wakes = 0;            // publishes that made a futex wake call (a follower slept)
+  double engine_seconds = 0;    // in WrapEngine's copies: publish, own copy (and its wait) (wall)
 };
 
 class TpLeader {
@@ -124,7 +148,7 @@ class TpLeader {
 
   // Publishes `copy` and returns its sequence number (1, 2, ...). InvalidArgument for a bad copy
   // (unequal lengths, negative slots or layers); Unavailable when the group is broken, a rank has
-  // not attached, or the ring has no room (naming the slowest rank).
+  // not attached, or the ring had no room after ack_timeout_s (the wait breaks the group).
   Result<uint64_t> Publish(const TpCopy& copy);
   // Publishes an engine message (its step: tokens, slots to compute, ...) in the same order as
   // the copies, so a follower sees it after every copy decided before it. Its sequence number;
@@ -134,6 +158,10 @@ class TpLeader {
   // one died, reported a failed copy, or did not answer within ack_timeout_s; the group is
   // broken from then on.
   Status WaitApplied(uint64_t seq);
+  // WaitApplied of the last record published (by any thread): every copy decided so far is done
+  // on every rank. OK at once when nothing was published. Call it before anything that reaches
+  // a follower by another channel than the ring.
+  Status Fence();
 
   // Publishes a storage decision (op 1: get, 2: set) of `keys` into / out of the host pages
   // starting at `pages` (WrapStorage's records; for tests).
@@ -147,8 +175,9 @@ class TpLeader {
   Result<uint64_t> MessageResult(int rank, uint64_t seq) const;
 
   // A TransferEngine for the leader's HierarchicalCache: each Transfer between `device_region`
-  // (recognised by its buffers) and any other region (the host tier) is published, run on
-  // `inner`, then waited for on every rank (WaitApplied). Slot lists must be in host memory.
+  // (recognised by its buffers) and any other region (the host tier) is published and run on
+  // `inner` (with ack_each_copy: then waited for on every rank). Slot lists must be in host
+  // memory.
   // The TpLeader must outlive the engine.
   std::unique_ptr<TransferEngine> WrapEngine(std::unique_ptr<TransferEngine> inner,
                                              const KvRegion& device_region);

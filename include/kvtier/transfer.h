@@ -236,6 +236,12 @@ class TransferEngine {
   TransferEngine() = default;
   // REQUIRES: ValidateTransfer(request).ok().
   virtual Status DoTransfer(const TransferRequest& request, const TransferOptions& options) = 0;
+  // For an engine that wraps `inner` and has validated `request` in its own Transfer: `inner`'s
+  // copy without validating the request a second time. REQUIRES: as DoTransfer.
+  static Status TransferValidated(TransferEngine& inner, const TransferRequest& request,
+                                  const TransferOptions& options) {
+    return inner.DoTransfer(request, options);
+  }
 };
 
 // Creates an engine of the given backend. Unavailable when the backend needs CUDA and kvtier was

@@ -513,6 +513,12 @@ class HierarchicalCache:
         the rank that died, failed or did not answer within the group's ack_timeout_s."""
         self._native.tp_wait_applied(_int(seq, "seq", 1))
 
+    def tp_fence(self) -> None:
+        """Waits until every follower applied every decision published so far (the cache's copies
+        included): call it before sending a follower anything by another channel than
+        tp_publish (a step broadcast with torch.distributed). Errors as tp_wait_applied."""
+        self._native.tp_fence()
+
     def tp_result(self, rank: int, seq: int) -> int:
         """What rank `rank`'s on_message returned for message `seq` (after tp_wait_applied)."""
         return self._native.tp_result(_int32(rank, "rank", 1), _int(seq, "seq", 1))

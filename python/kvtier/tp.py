@@ -58,7 +58,12 @@ class TpGroup:
     liveness_poll_s: how often a waiting rank checks that its peers' processes are alive.
     follower_poll_s: how long a follower polls the ring after each record before it sleeps (0:
       sleep at once; the default keeps one core per follower busy while requests arrive).
+    follower_doze_s: how long after its last record a follower, its poll over, keeps looking at
+      the ring every 50 us (no wake call for the leader's publish) before it sleeps (0: at once).
     leader_poll_s: how long the leader polls for acknowledgements before it sleeps.
+    ack_each_copy: the leader's every copy also waits for every rank (False: the next wait does;
+      tp_publish'ed steps come after the copies anyway; call cache.tp_fence() before sending a
+      follower anything by another channel).
     Bounds and defaults are the C++ TpGroupConfig's (docs/tp.md); a bad value is a ValueError.
     """
 
@@ -70,7 +75,9 @@ class TpGroup:
     attach_timeout_s: float = 30.0
     liveness_poll_s: float = 0.05
     follower_poll_s: float = 0.005
+    follower_doze_s: float = 0.25
     leader_poll_s: float = 20e-6
+    ack_each_copy: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -113,7 +120,9 @@ class TpGroup:
                 "attach_timeout_s": float(self.attach_timeout_s),
                 "liveness_poll_s": float(self.liveness_poll_s),
                 "follower_poll_s": float(self.follower_poll_s),
-                "leader_poll_s": float(self.leader_poll_s)}
+                "follower_doze_s": float(self.follower_doze_s),
+                "leader_poll_s": float(self.leader_poll_s),
+                "ack_each_copy": bool(self.ack_each_copy)}
 
 
 class TpFollower:

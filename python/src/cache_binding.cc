@@ -660,6 +660,12 @@ void RegisterCache(py::module_& m) {
              TpLeader& leader = cache.tp_leader();
              ThrowIfError(WithoutGil([&] { return leader.WaitApplied(seq); }));
            })
+      .def("tp_fence",
+           [](PyCache& c) {
+             CallGuard cache(c);
+             TpLeader& leader = cache.tp_leader();
+             ThrowIfError(WithoutGil([&] { return leader.Fence(); }));
+           })
       .def("tp_result",
            [](PyCache& c, int rank, uint64_t seq) {
              CallGuard cache(c);
@@ -675,6 +681,7 @@ void RegisterCache(py::module_& m) {
              d["record_bytes"] = s.record_bytes;
              d["slots"] = s.slots;
              d["waits"] = s.waits;
+             d["wakes"] = s.wakes;
              d["ack_wait_seconds"] = s.ack_wait_seconds;
              d["health"] = cache.tp_leader().health().ToString();
              return d;

@@ -272,7 +272,9 @@ TpGroupConfig TpGroupConfigFromDict(const py::dict& d) {
   c.attach_timeout_s = Get<double>(d, "attach_timeout_s", c.attach_timeout_s);
   c.liveness_poll_s = Get<double>(d, "liveness_poll_s", c.liveness_poll_s);
   c.follower_poll_s = Get<double>(d, "follower_poll_s", c.follower_poll_s);
+  c.follower_doze_s = Get<double>(d, "follower_doze_s", c.follower_doze_s);
   c.leader_poll_s = Get<double>(d, "leader_poll_s", c.leader_poll_s);
+  c.ack_each_copy = Get<bool>(d, "ack_each_copy", c.ack_each_copy);
   ThrowIfError(c.Validate());
   return c;
 }

@@ -161,6 +161,7 @@ def test_a_shared_prefix_reused_through_every_tier_on_both_ranks(tmp_path):
         hits = 32 * 3
         per_rank = hits * L * 2 * (H // TP) * HEAD_BYTES
         assert leader.checked == [per_rank, per_rank]
+        cache.tp_fence()  # every decision so far applied on the follower
         stats = cache.tp_stats()
         assert stats["size"] == 2 and stats["records"] > 0 and stats["health"] == "OK", stats
         cache.check_consistency()
@@ -209,6 +210,8 @@ def test_a_killed_follower_fails_the_leader_within_the_timeout():
             leader.serve(list(range(100, 140)))
         assert time.monotonic() - start < 2.0 + 3.0
         assert cache.tp_stats()["health"] != "OK"
+        with pytest.raises(kvtier.UnavailableError, match="rank 1"):
+            cache.tp_fence()  # broken: at once, the same error
         cache.close()
     finally:
         if proc.is_alive():

@@ -116,17 +116,22 @@ std::vector<SlotRun> SlotRuns(std::span<const int64_t> slots);
 template <typename At>
 void SlotRunsOf(int64_t count, const At& at, std::vector<SlotRun>* runs) {
   runs->clear();
-  for (int64_t i = 0; i < count; ++i) {
+  if (count <= 0) return;
+  // The current run in registers, stored when it ends.
+  int64_t start = at(0), length = 1;
+  for (int64_t i = 1; i < count; ++i) {
     const int64_t s = at(i);
     // Unsigned difference, after s > start: no overflow whatever the (not yet validated) slots.
-    if (!runs->empty() && s > runs->back().first &&
-        static_cast<uint64_t>(s) - static_cast<uint64_t>(runs->back().first) ==
-            static_cast<uint64_t>(runs->back().second)) {
-      ++runs->back().second;
+    if (s > start &&
+        static_cast<uint64_t>(s) - static_cast<uint64_t>(start) == static_cast<uint64_t>(length)) {
+      ++length;
     } else {
-      runs->emplace_back(s, 1);
+      runs->emplace_back(start, length);
+      start = s;
+      length = 1;
     }
   }
+  runs->emplace_back(start, length);
 }
 
 // A copy's fields besides its slot lists (the record's CopyBody, before the runs are counted).

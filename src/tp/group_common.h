@@ -39,9 +39,12 @@ inline void Bump(std::atomic<uint32_t>* word) {
 // CPU, more on a VM) only when a waiter announced itself in `sleepers` (SleepOn). Sequentially
 // consistent on both sides: either the waker sees the sleeper, or the sleeper's futex wait sees
 // the bumped word and returns at once.
-inline void BumpIfSleeping(std::atomic<uint32_t>* word, std::atomic<uint32_t>* sleepers) {
+// Returns whether it made the call.
+inline bool BumpIfSleeping(std::atomic<uint32_t>* word, std::atomic<uint32_t>* sleepers) {
   word->fetch_add(1, std::memory_order_seq_cst);
-  if (sleepers->load(std::memory_order_seq_cst) != 0) FutexWakeAll(word);
+  if (sleepers->load(std::memory_order_seq_cst) == 0) return false;
+  FutexWakeAll(word);
+  return true;
 }
 
 // Waits on `word` while it still holds `seen` (read before the caller checked its condition),

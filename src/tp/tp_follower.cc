@@ -87,6 +87,7 @@ struct TpFollower::Impl {
   TpShape shape;
   TpFollowerStats stats;
   tp::Clock::time_point next_leader_check{};  // Serve checks the leader's pid from then on
+  tp::Clock::time_point last_record{};        // the last record applied (or the attach)
 
   RankRecord& me() { return h->ranks[rank]; }
 
@@ -273,6 +274,7 @@ Result<std::unique_ptr<TpFollower>> TpFollower::Attach(const TpGroupConfig& conf
   Bump(&h->ack_word);
   impl->data = impl->mapping.data() + h->data_offset;
   impl->shape = h->shape;
+  impl->last_record = tp::Clock::now();
   return std::unique_ptr<TpFollower>(new TpFollower(std::move(impl)));
 }
 
@@ -323,7 +325,10 @@ Result<TpServeResult> TpFollower::Serve(TransferEngine& engine, const KvRegion& 
       tp::BumpIfSleeping(&m.h->ack_word, &m.h->ack_sleepers);
       applied = true;
     }
-    if (applied) return TpServeResult::kApplied;
+    if (applied) {
+      m.last_record = tp::Clock::now();
+      return TpServeResult::kApplied;
+    }
     if (m.h->closed.load(std::memory_order_acquire) != 0) return TpServeResult::kClosed;
     const auto now = tp::Clock::now();
     if (now < spin_until) {
@@ -340,6 +345,11 @@ Result<TpServeResult> TpFollower::Serve(TransferEngine& engine, const KvRegion& 
     }
     const double left = SecondsLeft(deadline);
     if (left <= 0) return TpServeResult::kIdle;
+    if (std::chrono::duration<double>(now - m.last_record).count() < m.config.follower_doze_s) {
+      // Dozing: not announced as a sleeper, so the leader's next publish costs it no wake call.
+      std::this_thread::sleep_for(std::chrono::duration<double>(std::min(left, kTpDozeStepS)));
+      continue;
+    }
     tp::SleepOn(&m.h->post_word, &m.h->post_sleepers, word,
                 std::max(0.0, std::min({left, m.config.liveness_poll_s,
                                         SecondsLeft(m.next_leader_check)})));

@@ -74,6 +74,10 @@ Status TpGroupConfig::Validate() const {
     return Status::InvalidArgument(
         fmt::format("follower_poll_s = {} not in [0, 1]", follower_poll_s));
   }
+  if (!(follower_doze_s >= 0) || follower_doze_s > 60) {
+    return Status::InvalidArgument(
+        fmt::format("follower_doze_s = {} not in [0, 60]", follower_doze_s));
+  }
   if (!(leader_poll_s >= 0) || leader_poll_s > 0.01) {
     return Status::InvalidArgument(
         fmt::format("leader_poll_s = {} not in [0, 0.01]", leader_poll_s));
@@ -264,51 +268,73 @@ Result<uint64_t> TpLeader::PublishMessage(std::span<const std::byte> message) {
 template <typename Write>
 Result<uint64_t> TpLeader::Impl::PublishRecord(int64_t need, const Write& write) {
   const int64_t ring = config.ring_bytes;
-  std::unique_lock lk(mu);
-  if (!broken.ok()) return broken;
-  const uint64_t seq = next_seq;
-  for (int r = 1; r < config.tp_size; ++r) {
-    Status st = RankProblem(r, seq, /*alive=*/false);
-    if (!st.ok()) {
-      if (broken.ok()) broken = st;
-      return st;
+  for (;;) {
+    std::unique_lock lk(mu);
+    if (!broken.ok()) return broken;
+    const uint64_t seq = next_seq;
+    for (int r = 1; r < config.tp_size; ++r) {
+      Status st = RankProblem(r, seq, /*alive=*/false);
+      if (!st.ok()) {
+        if (broken.ok()) broken = st;
+        return st;
+      }
     }
-  }
-  const uint64_t pos = h->write_pos.load(std::memory_order_relaxed);
-  const int64_t off = static_cast<int64_t>(pos % static_cast<uint64_t>(ring));
-  const int64_t pad = need > ring - off ? ring - off : 0;
-  uint64_t min_read = pos;
-  int slowest = 0;
-  for (int r = 1; r < config.tp_size; ++r) {
-    const uint64_t rp = h->ranks[r].read_pos.load(std::memory_order_acquire);
-    if (rp < min_read) {
-      min_read = rp;
-      slowest = r;
+    const uint64_t pos = h->write_pos.load(std::memory_order_relaxed);
+    const int64_t off = static_cast<int64_t>(pos % static_cast<uint64_t>(ring));
+    const int64_t pad = need > ring - off ? ring - off : 0;
+    uint64_t min_read = pos;
+    int slowest = 0;
+    for (int r = 1; r < config.tp_size; ++r) {
+      const uint64_t rp = h->ranks[r].read_pos.load(std::memory_order_acquire);
+      if (rp < min_read) {
+        min_read = rp;
+        slowest = r;
+      }
     }
+    if (static_cast<int64_t>(pos - min_read) + pad + need > ring) {
+      // Full: wait (unlocked: other threads' waits and the followers' progress go on) until every
+      // rank has applied every record published so far — then the ring is empty — and try again.
+      // Within ack_timeout_s, or the group is broken naming the slowest rank.
+      const RankRecord& rr = h->ranks[slowest];
+      const std::string full = fmt::format(
+          "tp group '{}': the decision ring ({} bytes) is full: rank {} (pid {}) had applied "
+          "records up to {} of {}",
+          config.name, ring, slowest, rr.pid, rr.applied_seq.load(std::memory_order_acquire),
+          seq - 1);
+      lk.unlock();
+      Status st = Wait(seq - 1, config.leader_poll_s);
+      if (!st.ok()) return Status::Unavailable(fmt::format("{}; {}", full, st.message()));
+      continue;
+    }
+    if (pad > 0) {
+      const RecordHeader ph{static_cast<uint32_t>(pad), static_cast<uint32_t>(RecordType::kPad), 0};
+      std::memcpy(data + off, &ph, sizeof(ph));
+    }
+    write(seq, data + (off + pad) % ring);
+    h->write_pos.store(pos + static_cast<uint64_t>(pad + need), std::memory_order_release);
+    next_seq = seq + 1;
+    ++stats.records;
+    stats.record_bytes += need;
+    lk.unlock();
+    if (tp::BumpIfSleeping(&h->post_word, &h->post_sleepers)) {
+      std::lock_guard relock(mu);
+      ++stats.wakes;
+    }
+    return seq;
   }
-  if (static_cast<int64_t>(pos - min_read) + pad + need > ring) {
-    const RankRecord& rr = h->ranks[slowest];
-    return Status::Unavailable(fmt::format(
-        "tp group '{}': the decision ring ({} bytes) is full: rank {} (pid {}) has applied "
-        "records up to {} of {}",
-        config.name, ring, slowest, rr.pid, rr.applied_seq.load(std::memory_order_acquire),
-        seq - 1));
-  }
-  if (pad > 0) {
-    const RecordHeader ph{static_cast<uint32_t>(pad), static_cast<uint32_t>(RecordType::kPad), 0};
-    std::memcpy(data + off, &ph, sizeof(ph));
-  }
-  write(seq, data + (off + pad) % ring);
-  h->write_pos.store(pos + static_cast<uint64_t>(pad + need), std::memory_order_release);
-  next_seq = seq + 1;
-  ++stats.records;
-  stats.record_bytes += need;
-  lk.unlock();
-  tp::BumpIfSleeping(&h->post_word, &h->post_sleepers);
-  return seq;
 }
 
 Status TpLeader::WaitApplied(uint64_t seq) { return impl_->Wait(seq, impl_->config.leader_poll_s); }
+
+Status TpLeader::Fence() {
+  uint64_t last = 0;
+  {
+    std::lock_guard lk(impl_->mu);
+    if (!impl_->broken.ok()) return impl_->broken;
+    last = impl_->next_seq - 1;
+  }
+  return last == 0 ? Status::OK() : impl_->Wait(last, impl_->config.leader_poll_s);
+}
 
 Status TpLeader::Impl::Wait(uint64_t seq, double spin_s) {
   Impl& m = *this;
@@ -413,7 +439,7 @@ TpLeaderStats TpLeader::stats() const {
 
 namespace {
 
-// The leader cache's engine: publish, copy here, wait for every rank.
+// The leader cache's engine: publish, copy here (with ack_each_copy: then wait for every rank).
 class TpLeaderEngine final : public TransferEngine {
  public:
   // `publish`: the leader's TpLeader::Impl::PublishRuns.
@@ -424,12 +450,13 @@ class TpLeaderEngine final : public TransferEngine {
   // `spent`: adds a copy's wall time to the leader's stats (engine_seconds).
   using SpentFn = std::function<void(double seconds)>;
   TpLeaderEngine(std::unique_ptr<TransferEngine> inner, PublishFn publish, WaitFn wait,
-                 SpentFn spent, const KvRegion& device)
+                 SpentFn spent, const KvRegion& device, bool ack_each_copy)
       : inner_(std::move(inner)),
         publish_(std::move(publish)),
         wait_(std::move(wait)),
         spent_(std::move(spent)),
-        device_(device) {}
+        device_(device),
+        ack_each_copy_(ack_each_copy) {}
   TransferBackend backend() const override { return inner_->backend(); }
   Status Synchronize(CudaStream stream) override { return inner_->Synchronize(stream); }
 
@@ -446,7 +473,8 @@ class TpLeaderEngine final : public TransferEngine {
           fmt::format("tp leader engine: a copy within the {} tier is not a cache decision",
                       TpTierName(f.src)));
     }
-    if (f.num_slots == 0) return inner_->Transfer(request, options);
+    // Transfer validated the request: the leader's own copy does not validate it again.
+    if (f.num_slots == 0) return TransferValidated(*inner_, request, options);
     const auto t0 = tp::Clock::now();
     // The slot lists as runs, straight from the request into the ring (no copy of the lists;
     // this thread's run buffers are reused).
@@ -454,16 +482,21 @@ class TpLeaderEngine final : public TransferEngine {
     RunsOf(request.src_slots, &src_runs);
     RunsOf(request.dst_slots, &dst_runs);
     KVTIER_ASSIGN_OR_RETURN(const uint64_t seq, publish_(f, src_runs, dst_runs));
-    Status own = inner_->Transfer(request, options);
-    if (own.ok() && inner_->backend() != TransferBackend::kCpu) {
-      // The followers' copies are done when they acknowledge; the leader's own must be too
-      // before the cache treats the slots as written on every rank.
-      own = inner_->Synchronize(options.stream);
+    Status own = TransferValidated(*inner_, request, options);
+    Status acks;
+    if (ack_each_copy_) {
+      // The leader's own copy must be done too before the cache treats the slots as written on
+      // every rank.
+      if (own.ok() && inner_->backend() != TransferBackend::kCpu) {
+        own = inner_->Synchronize(options.stream);
+      }
+      // The ranks started the same copy within microseconds of this one (a follower polls the
+      // ring for follower_poll_s after each record), so their acknowledgements are due about
+      // now: poll up to leader_poll_s, then sleep (Wait).
+      acks = wait_(seq);
     }
-    // The ranks started the same copy within microseconds of this one (a follower polls the
-    // ring for follower_poll_s after each record), so their acknowledgements are due about now:
-    // poll up to leader_poll_s, then sleep (Wait).
-    Status acks = wait_(seq);
+    // Otherwise no wait: a follower applies this copy before any record published after it
+    // (tp_group.h); its acknowledgement is the next wait's.
     spent_(std::chrono::duration<double>(tp::Clock::now() - t0).count());
     return own.ok() ? acks : own;
   }
@@ -491,6 +524,7 @@ class TpLeaderEngine final : public TransferEngine {
   WaitFn wait_;
   SpentFn spent_;
   KvRegion device_;
+  bool ack_each_copy_;
 };
 
 }  // namespace
@@ -636,7 +670,7 @@ std::unique_ptr<TransferEngine> TpLeader::WrapEngine(std::unique_ptr<TransferEng
     m->stats.engine_seconds += seconds;
   };
   return std::make_unique<TpLeaderEngine>(std::move(inner), std::move(publish), std::move(wait),
-                                          std::move(spent), device_region);
+                                          std::move(spent), device_region, m->config.ack_each_copy);
 }
 
 }  // namespace kvtier

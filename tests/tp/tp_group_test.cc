@@ -17,6 +17,7 @@
 #include <numeric>
 #include <random>
 #include <thread>
+#include <tuple>
 
 #include "kvtier/hierarchical_cache.h"
 #include "kvtier/storage.h"
@@ -125,6 +126,12 @@ TEST(TpGroupTest, ConfigIsValidated) {
   EXPECT_NE(c.Validate().message().find("follower_poll_s"), std::string::npos);
   c.follower_poll_s = 0;  // sleep at once: allowed
   EXPECT_TRUE(c.Validate().ok());
+  c.follower_doze_s = -1;
+  EXPECT_NE(c.Validate().message().find("follower_doze_s"), std::string::npos);
+  c.follower_doze_s = 61;
+  EXPECT_NE(c.Validate().message().find("follower_doze_s"), std::string::npos);
+  c.follower_doze_s = 0;  // sleep once the poll ran out: allowed
+  EXPECT_TRUE(c.Validate().ok());
   c.leader_poll_s = 0.5;
   EXPECT_NE(c.Validate().message().find("leader_poll_s"), std::string::npos);
   c.leader_poll_s = 0;
@@ -139,15 +146,21 @@ TEST(TpGroupTest, ConfigIsValidated) {
 
 // Random copies in both directions through the leader's wrapped engine: afterwards the follower's
 // regions equal the leader's byte for byte (the ring wrapped around many times on the way).
-// With the default polls (both sides poll before sleeping) and with none (both sleep at once).
-class TpPollTest : public ::testing::TestWithParam<bool> {};
+// With the default polls (both sides poll, the follower dozes, before sleeping) and with none
+// (both sleep at once);
+// with the acknowledgements left to a Fence (the default: the leader ran ahead, the ring's order
+// kept the bytes right) and with a wait after each copy.
+class TpPollTest : public ::testing::TestWithParam<std::tuple<bool, bool>> {};
 
 TEST_P(TpPollTest, FollowersApplyEveryCopyInOrderAcrossWrapArounds) {
+  const auto [poll, ack_each_copy] = GetParam();
   TpGroupConfig cfg = Config("order");
-  if (!GetParam()) {
+  if (!poll) {
     cfg.follower_poll_s = 0;
+    cfg.follower_doze_s = 0;
     cfg.leader_poll_s = 0;
   }
+  cfg.ack_each_copy = ack_each_copy;
   auto leader = TpLeader::Create(cfg, TpShape{256, 512, 3, 4, false});
   ASSERT_TRUE(leader.ok()) << leader.status().ToString();
   OwnedRegion dev0(kSmall, false), host0(kSmallHost, false);
@@ -179,9 +192,16 @@ TEST_P(TpPollTest, FollowersApplyEveryCopyInOrderAcrossWrapArounds) {
                         narrow ? SlotIndices::Host(dst32) : SlotIndices::Host(dst)))
                     .ok());
   }
+  ASSERT_TRUE((*leader)->Fence().ok());
   const TpLeaderStats st = (*leader)->stats();
   EXPECT_EQ(st.records, 400);
-  EXPECT_EQ(st.waits, 400);
+  if (ack_each_copy) {
+    EXPECT_EQ(st.waits, 401);
+  } else {
+    // The fence, and a wait for room whenever the leader ran a whole ring ahead.
+    EXPECT_GE(st.waits, 1);
+    EXPECT_LT(st.waits, 400);
+  }
   EXPECT_LE(st.waits_ready + st.waits_slept, st.waits);
   EXPECT_GT(st.record_bytes, 4 * cfg.ring_bytes);  // wrapped around
   leader->reset();                                 // closes the ring
@@ -191,38 +211,137 @@ TEST_P(TpPollTest, FollowersApplyEveryCopyInOrderAcrossWrapArounds) {
   EXPECT_TRUE(host0 == host1);
 }
 
-INSTANTIATE_TEST_SUITE_P(PollAndSleep, TpPollTest, ::testing::Values(true, false),
-                         [](const auto& info) { return info.param ? "Poll" : "SleepAtOnce"; });
+INSTANTIATE_TEST_SUITE_P(PollAndSleep, TpPollTest,
+                         ::testing::Combine(::testing::Bool(), ::testing::Bool()),
+                         [](const auto& info) {
+                           return std::string(std::get<0>(info.param) ? "Poll" : "SleepAtOnce") +
+                                  (std::get<1>(info.param) ? "AckEachCopy" : "Fence");
+                         });
 
-TEST(TpGroupTest, AFullRingIsAnErrorNamingTheSlowRankNotAWait) {
-  const TpGroupConfig cfg = Config("full");
+// Records 3 ms apart (longer than the follower's poll): a follower that sleeps once its poll ran
+// out costs the leader a futex wake call per record; one that dozes (looks at the ring every
+// kTpDozeStepS without announcing itself) costs none, and applies every record all the same.
+class TpDozeTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(TpDozeTest, ADozingFollowerCostsTheLeaderNoWakeCall) {
+  const bool doze = GetParam();
+  TpGroupConfig cfg = Config(doze ? "doze" : "nodoze");
+  cfg.follower_poll_s = 0.001;
+  cfg.follower_doze_s = doze ? 30 : 0;
+  auto leader = TpLeader::Create(cfg, TpShape{256, 512, 3, 4, false});
+  ASSERT_TRUE(leader.ok());
+  OwnedRegion dev(kSmall, false), host(kSmallHost, false);
+  FollowerThread follower(cfg, 1, dev.region, host.region);
+  ASSERT_TRUE((*leader)->WaitForFollowers().ok());
+  const std::vector<std::byte> msg(64, std::byte{1});
+  uint64_t last = 0;
+  for (int i = 0; i < 20; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(3));
+    auto seq = (*leader)->PublishMessage(msg);
+    ASSERT_TRUE(seq.ok()) << seq.status().ToString();
+    last = *seq;
+  }
+  ASSERT_TRUE((*leader)->WaitApplied(last).ok());
+  const int64_t wakes = (*leader)->stats().wakes;
+  if (doze) {
+    EXPECT_EQ(wakes, 0);
+  } else {
+    EXPECT_GT(wakes, 0);
+  }
+  leader->reset();
+  EXPECT_TRUE(follower.Join().ok());
+  EXPECT_EQ(follower.follower().stats().records, 20);
+}
+
+INSTANTIATE_TEST_SUITE_P(DozeAndSleep, TpDozeTest, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "Doze" : "Sleep"; });
+
+// The leader's copies do not wait for a follower that applies nothing: they return at once, and
+// the first wait (here Fence) fails within the timeout naming the rank.
+TEST(TpGroupTest, TheLeadersCopiesDoNotWaitForASlowFollower) {
+  TpGroupConfig cfg = Config("slow");
+  cfg.ack_timeout_s = 0.5;
+  auto leader = TpLeader::Create(cfg, TpShape{256, 512, 3, 4, false});
+  ASSERT_TRUE(leader.ok());
+  OwnedRegion dev0(kSmall, false), host0(kSmallHost, false);
+  OwnedRegion dev1(kSmall, false), host1(kSmallHost, false);
+  FollowerThread silent(cfg, 1, dev1.region, host1.region, CpuEngine(), /*serve=*/false);
+  ASSERT_TRUE((*leader)->WaitForFollowers().ok());
+  EXPECT_TRUE((*leader)->Fence().ok());  // nothing published: nothing to wait for
+  auto engine = (*leader)->WrapEngine(CpuEngine(), dev0.region);
+  const auto start = Clock::now();
+  for (int64_t i = 0; i < 20; ++i) {
+    const std::vector<int64_t> src = {i}, dst = {i};
+    ASSERT_TRUE(engine
+                    ->Transfer(TransferRequest::AllLayers(
+                        dev0.region, host0.region, SlotIndices::Host(src), SlotIndices::Host(dst)))
+                    .ok());
+  }
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), 0.4);
+  EXPECT_EQ((*leader)->stats().waits, 0);
+  const auto fence = Clock::now();
+  const Status st = (*leader)->Fence();
+  const double waited = std::chrono::duration<double>(Clock::now() - fence).count();
+  EXPECT_GE(waited, 0.5);
+  EXPECT_LT(waited, 2.0);
+  ASSERT_TRUE(st.IsUnavailable()) << st.ToString();
+  EXPECT_NE(st.message().find("rank 1 (pid " + std::to_string(getpid()) +
+                              ") did not apply record 20 within 0.5 s (applied up to 0)"),
+            std::string::npos)
+      << st.ToString();
+  // Broken: the next copy fails at once with the same error.
+  const std::vector<int64_t> one = {0};
+  EXPECT_EQ(engine
+                ->Transfer(TransferRequest::AllLayers(
+                    dev0.region, host0.region, SlotIndices::Host(one), SlotIndices::Host(one)))
+                .message(),
+            st.message());
+}
+
+// A full ring waits (up to ack_timeout_s) for the slowest follower to make room: one that catches
+// up in time lets the record in; one that does not breaks the group with an error naming it.
+TEST(TpGroupTest, AFullRingWaitsForRoomThenFailsNamingTheSlowRank) {
+  TpGroupConfig cfg = Config("full");
+  cfg.ack_timeout_s = 0.3;
   auto leader = TpLeader::Create(cfg, TpShape{256, 512, 3, 4, false});
   ASSERT_TRUE(leader.ok());
   OwnedRegion dev(kSmall, false), host(kSmallHost, false);
   FollowerThread silent(cfg, 1, dev.region, host.region, CpuEngine(), /*serve=*/false);
   ASSERT_TRUE((*leader)->WaitForFollowers().ok());
   const std::vector<std::byte> msg(1000, std::byte{7});
-  Status st;
-  int published = 0;
-  const auto start = Clock::now();
-  for (; published < 1000; ++published) {
-    auto seq = (*leader)->PublishMessage(msg);
-    if (!seq.ok()) {
-      st = seq.status();
-      break;
-    }
+  for (int i = 0; i < (64 << 10) / 1024; ++i) {  // 1,000 bytes + 24 of header = one KiB each
+    ASSERT_TRUE((*leader)->PublishMessage(msg).ok()) << i;
   }
-  EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), 1.0);
-  EXPECT_EQ(published, (64 << 10) / 1024);  // 1,000 bytes + 24 of header = one KiB each
+  // The follower catches up 0.1 s from now: the 65th record waits for it, then goes in.
+  std::thread late([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    EXPECT_TRUE(silent.follower().Serve(*CpuEngine(), dev.region, host.region, 0).ok());
+  });
+  const auto start = Clock::now();
+  Result<uint64_t> seq = (*leader)->PublishMessage(msg);
+  const double waited = std::chrono::duration<double>(Clock::now() - start).count();
+  late.join();
+  ASSERT_TRUE(seq.ok()) << seq.status().ToString();
+  EXPECT_EQ(*seq, 65u);
+  EXPECT_GE(waited, 0.05);
+  EXPECT_TRUE((*leader)->health().ok());
+  // It applies nothing more: 63 more records fill the ring again, the next waits 0.3 s and fails.
+  for (int i = 0; i < 63; ++i) ASSERT_TRUE((*leader)->PublishMessage(msg).ok()) << i;
+  const auto again = Clock::now();
+  seq = (*leader)->PublishMessage(msg);
+  const double failed_after = std::chrono::duration<double>(Clock::now() - again).count();
+  ASSERT_FALSE(seq.ok());
+  const Status st = seq.status();
+  EXPECT_GE(failed_after, 0.3);
+  EXPECT_LT(failed_after, 1.5);
   ASSERT_TRUE(st.IsUnavailable()) << st.ToString();
-  EXPECT_NE(st.message().find("full: rank 1 (pid " + std::to_string(getpid()) + ")"),
+  EXPECT_NE(st.message().find("is full: rank 1 (pid " + std::to_string(getpid()) + ")"),
             std::string::npos)
       << st.ToString();
-  EXPECT_NE(st.message().find("up to 0 of 64"), std::string::npos) << st.ToString();
-  // Once the follower catches up there is room again.
-  ASSERT_TRUE(silent.follower().Serve(*CpuEngine(), dev.region, host.region, 0).ok());
-  EXPECT_TRUE((*leader)->PublishMessage(msg).ok());
-  EXPECT_TRUE((*leader)->health().ok());
+  EXPECT_NE(st.message().find("up to 64 of 128"), std::string::npos) << st.ToString();
+  EXPECT_NE(st.message().find("did not apply record 128 within 0.3 s"), std::string::npos)
+      << st.ToString();
+  EXPECT_FALSE((*leader)->health().ok());
 }
 
 TEST(TpGroupTest, ASilentFollowerFailsTheWaitWithinTheTimeoutAndBreaksTheGroup) {
@@ -264,8 +383,13 @@ class FailingEngine final : public TransferEngine {
   }
 };
 
-TEST(TpGroupTest, AFollowersFailedCopyIsReportedToTheLeaderNamingTheRank) {
-  const TpGroupConfig cfg = Config("failed");
+// With ack_each_copy the copy itself fails; without, the copy returns and the next wait (a
+// Fence) fails, and every copy after it.
+class TpFailedCopyTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(TpFailedCopyTest, AFollowersFailedCopyIsReportedToTheLeaderNamingTheRank) {
+  TpGroupConfig cfg = Config("failed");
+  cfg.ack_each_copy = GetParam();
   auto leader = TpLeader::Create(cfg, TpShape{256, 512, 3, 4, false});
   ASSERT_TRUE(leader.ok());
   OwnedRegion dev0(kSmall, false), host0(kSmallHost, false);
@@ -274,14 +398,23 @@ TEST(TpGroupTest, AFollowersFailedCopyIsReportedToTheLeaderNamingTheRank) {
   ASSERT_TRUE((*leader)->WaitForFollowers().ok());
   auto engine = (*leader)->WrapEngine(CpuEngine(), dev0.region);
   const std::vector<int64_t> src = {0, 1, 2, 3}, dst = {8, 9, 10, 11};
-  const Status st = engine->Transfer(TransferRequest::AllLayers(
-      dev0.region, host0.region, SlotIndices::Host(src), SlotIndices::Host(dst)));
+  const auto copy = TransferRequest::AllLayers(dev0.region, host0.region, SlotIndices::Host(src),
+                                               SlotIndices::Host(dst));
+  Status st = engine->Transfer(copy);
+  if (!cfg.ack_each_copy) {
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    st = (*leader)->Fence();
+  }
   ASSERT_TRUE(st.IsUnavailable()) << st.ToString();
+  EXPECT_EQ(engine->Transfer(copy).message(), st.message());
   EXPECT_NE(st.message().find("rank 1 (pid"), std::string::npos) << st.ToString();
   EXPECT_NE(st.message().find("failed record 1"), std::string::npos) << st.ToString();
   EXPECT_NE(st.message().find("injected copy failure"), std::string::npos) << st.ToString();
   EXPECT_NE(follower.Join().message().find("injected copy failure"), std::string::npos);
 }
+
+INSTANTIATE_TEST_SUITE_P(AckModes, TpFailedCopyTest, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "AckEachCopy" : "Fence"; });
 
 // A copy of more slots than the regions hold is refused before its slot lists are expanded
 // (a damaged record must not make a rank allocate without limit), naming the record.

@@ -135,6 +135,16 @@ TEST(TransferValidationTest, SourceIndexOutOfRange) {
                  {"src_slots[2]", "32", "[0, 32)"});
 }
 
+// With several bad indices, the first is named (the range is checked over the whole list first).
+TEST(TransferValidationTest, TheFirstOfSeveralBadIndicesIsNamed) {
+  ExpectRejected(
+      [](Fixture& f, TransferRequest&, KvRegion&, KvRegion&) {
+        f.src_idx[1] = -5;
+        f.src_idx[3] = 99;
+      },
+      {"src_slots[1] = -5"});
+}
+
 TEST(TransferValidationTest, NegativeDestinationIndex) {
   ExpectRejected([](Fixture& f, TransferRequest&, KvRegion&, KvRegion&) { f.dst_idx[3] = -1; },
                  {"dst_slots[3]", "-1"});

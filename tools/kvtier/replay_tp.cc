@@ -595,7 +595,9 @@ Status RunFollower(const Setup& s, const TpReplayArgs& a) {
   gc.tp_size = a.tp;
   gc.ack_timeout_s = a.ack_timeout_s;
   gc.follower_poll_s = a.follower_poll_s;
+  gc.follower_doze_s = a.follower_doze_s;
   gc.leader_poll_s = a.leader_poll_s;
+  gc.ack_each_copy = a.ack_each_copy;
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<TpFollower> f, TpFollower::Attach(gc, a.rank));
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<PrefillEngine> engine, MakeEngine(s, a.tp, a.rank));
   KVTIER_ASSIGN_OR_RETURN(const ReplayModel rank_model, ShardModel(s.model, a.tp));
@@ -754,10 +756,19 @@ void AddTpReplayFlags(CLI::App* replay, TpReplayArgs* a) {
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
   replay
+      ->add_option("--tp-follower-doze", a->follower_doze_s,
+                   "--tp: seconds after its last record a follower, its poll over, looks at the "
+                   "ring every 50 us instead of sleeping (no wake call for rank 0; 0: sleep)")
+      ->check(CLI::Range(0.0, 60.0))
+      ->capture_default_str();
+  replay
       ->add_option("--tp-leader-poll", a->leader_poll_s,
                    "--tp: seconds rank 0 polls for the ranks' acknowledgements before it sleeps")
       ->check(CLI::Range(0.0, 0.01))
       ->capture_default_str();
+  replay->add_flag("--tp-ack-each-copy", a->ack_each_copy,
+                   "--tp: rank 0 waits for every rank after each of its cache's copies (default: "
+                   "the step's wait covers them; TpGroupConfig::ack_each_copy)");
   replay->add_option("--tp-rank", a->rank)->group("")->check(CLI::Range(1, 7));
   replay->add_option("--tp-group", a->group)->group("");
   replay->add_option("--tp-store", a->store)->group("");
@@ -882,7 +893,9 @@ int RunReplayTp(const ReplayOptions& options, const TpReplayArgs& a,
   gc.tp_size = a.tp;
   gc.ack_timeout_s = a.ack_timeout_s;
   gc.follower_poll_s = a.follower_poll_s;
+  gc.follower_doze_s = a.follower_doze_s;
   gc.leader_poll_s = a.leader_poll_s;
+  gc.ack_each_copy = a.ack_each_copy;
   TpReplayArgs fa = a;
   auto leader = TpLeader::Create(
       gc, TpShape{s.device_slots, s.host_slots, s.model.num_layers, P, s.model.mla});

@@ -40,7 +40,9 @@ struct TpReplayArgs {
   std::string store;          // --tp-store (hidden): the pass's per-head file store URL
   double ack_timeout_s = 60;  // --tp-timeout
   double follower_poll_s = TpGroupConfig{}.follower_poll_s;  // --tp-follower-poll
+  double follower_doze_s = TpGroupConfig{}.follower_doze_s;  // --tp-follower-doze
   double leader_poll_s = TpGroupConfig{}.leader_poll_s;      // --tp-leader-poll
+  bool ack_each_copy = TpGroupConfig{}.ack_each_copy;        // --tp-ack-each-copy
   bool equal_bytes = false;  // --tp-equal-bytes: TP=1 load baselines on each rank's GPU
 };
 

@@ -92,6 +92,9 @@ nlohmann::json PassJson(const TpPassResult& p) {
           {"leader_waits_ready", p.ring.waits_ready},
           {"leader_waits_slept", p.ring.waits_slept},
           {"leader_waits_per_request", static_cast<double>(p.ring.waits) / requests},
+          // Publishes that found a follower asleep and made a futex wake call (the rest found
+          // every follower polling or dozing: TpGroupConfig::follower_poll_s, follower_doze_s).
+          {"leader_wakes_per_request", static_cast<double>(p.ring.wakes) / requests},
           // Calls where every rank waits for every other: the group has none (the leader's waits
           // above are point to point, each for the followers' acknowledgements of one record).
           {"collectives", 0},
@@ -153,6 +156,7 @@ Result<bool> ReportTpPasses(const TpRunInfo& info, const TpPassResult& tp1, cons
   row("leader waits for ranks per request", "leader_waits_per_request", "{:.2f}");
   row("  of them acknowledged already", "leader_waits_ready", "{:.0f}");
   row("  of them slept (poll ran out)", "leader_waits_slept", "{:.0f}");
+  row("leader wake calls per request", "leader_wakes_per_request", "{:.2f}");
   row("collectives on the cache path", "collectives", "{:.0f}");
   row("cache decisions ms/request p50", "decision_ms_p50", "{:.4f}");
   row("cache decisions ms/request p90", "decision_ms_p90", "{:.4f}");
