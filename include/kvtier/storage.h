@@ -281,6 +281,10 @@ class StorageBackend {
   // (FailedPrecondition): the backend cannot keep pages from being evicted.
   virtual Result<uint64_t> DoPinPages(std::span<const PageKey> keys, std::chrono::nanoseconds ttl);
   virtual Status DoUnpinPages(uint64_t pin);
+  // Called by Close after the I/O threads have stopped (on Close's thread, under its lock; on
+  // every Close call, so it must be idempotent): a backend finishes its own background work
+  // here (the file store writes its pending hit stamps). The default does nothing.
+  virtual void DoClose() {}
   // Backend-specific gauges (stored_pages, stored_bytes, capacity_bytes, evicted_pages,
   // get_cached_pages, get_disk_pages).
   virtual void FillStats(StorageStats& /*stats*/) const {}

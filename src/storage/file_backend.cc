@@ -10,7 +10,8 @@
 // into a shard that is a symlink kFailed (with a warning), so nothing is written outside the
 // store.
 //
-// Thread safety: the index has its own mutex; `root_` is swapped under `dirs_mu_` and read
+// Thread safety: the index has its own mutex, the stamper (HitStamper: hits' stamps written to
+// the files behind the reads) its own; `root_` is swapped under `dirs_mu_` and read
 // through an atomic shared_ptr; `noatime_` is a relaxed atomic that only goes from true to false;
 // files are reached only through open/rename/unlink, which the kernel orders.
 #include "storage/file_backend.h"
@@ -25,11 +26,18 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
 #include <ctime>
+#include <functional>
+#include <limits>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <thread>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #if KVTIER_HAVE_URING
@@ -49,15 +57,29 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// A hit rewrites a page file's stamp (its mtime) only when the stamp on disk is older than the
-// new one by more than this. The contract (file_index.h "Stamps"): the in-memory LRU order stays
-// exact; the order a restart recovers from the mtimes is exact to within this granularity — a
-// page's stamp on disk is never more than this behind its last use, so of two pages whose last
-// uses are further apart than this the later one is the more recent after a restart, while a page
-// hit again within this of its stamp keeps its earlier place. Each futimens is an inode write
-// (on ext4 a journal handle) on the read path; a page read over and over costs one a second at
-// most.
+// A hit has a page file's stamp (its mtime) rewritten (by the stamper, behind the read) only
+// when the stamp on disk is older than the new one by more than this. The contract (file_index.h
+// "Stamps"): the in-memory LRU order stays exact; the order a restart recovers from the mtimes is
+// exact to within this granularity — a page's stamp on disk is never more than this behind its last
+// use, so of two pages whose last uses are further apart than this the later one is the more recent
+// after a restart, while a page hit again within this of its stamp keeps its earlier place. Each
+// futimens is an inode write (on ext4 a journal handle); a page read over and over costs one a
+// second at most.
 constexpr int64_t kStampGranularityNs = 1'000'000'000;
+
+// The hits' stamps wait in memory (HitStamper) and are written to the files behind the reads:
+// at most this many pending (when full, the oldest is dropped: its file keeps its older stamp),
+// written at least every kStampPeriod, or as soon as kStampWakeAt (at most half the bound) are
+// pending, and at Close
+// within kStampCloseBudget. Each entry costs about 150 bytes: 64 Ki of them about 10 MB.
+constexpr size_t kStampPendingLimit = size_t{1} << 16;
+constexpr size_t kStampWakeAt = 4096;
+constexpr std::chrono::milliseconds kStampPeriod{500};
+constexpr std::chrono::milliseconds kStampCloseBudget{2000};
+
+// Test hooks (file_backend.h): the pending bound and period of backends opened after the call.
+std::atomic<size_t> test_stamp_limit{0}, test_stamp_wake_at{0};
+std::atomic<int64_t> test_stamp_period_ms{0};
 
 timespec ToTimespec(int64_t ns) {
   return timespec{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
@@ -128,8 +150,8 @@ class ReadProfile {
             sleeps = 0, preemptions = 0;
   };
 
-  // One page: started at `start`, opened at `opened`, read and checked at `checked`, done (and
-  // stamped, a hit) at `end`.
+  // One page: started at `start`, opened at `opened`, read and checked at `checked`, done (a
+  // hit: marked in the index, its stamp left pending for the stamper) at `end`.
   void Add(const ThreadTimes& start, Clock::time_point opened, Clock::time_point checked,
            const ThreadTimes& end, bool hit) {
     auto ns = [](Clock::duration d) {
@@ -158,6 +180,127 @@ class ReadProfile {
       cpu_ns_{0}, sleeps_{0}, preemptions_{0};
 };
 
+// The stamps of hits waiting to be written to their page files' mtimes (file_index.h "Stamps"),
+// and the one thread that writes them, so that no read waits for an inode write (on ext4 a
+// journal handle, which blocks behind heavy writers: issue 23). A key has at most one pending
+// stamp, its latest. Bounded: a stamp added to a full map drops the oldest pending one (that page
+// keeps its older stamp on disk: counted as dropped). The thread takes everything pending every
+// `period`, or at once when `wake_at` are pending, and writes it oldest first through `write`
+// (which says whether it wrote it); Stop writes what is left within its budget, then gives up.
+//
+// Thread safety: Add and counts from any thread; Start, then Stop (idempotent) from one.
+class HitStamper {
+ public:
+  enum class Outcome { kWritten, kSkipped };  // skipped: the file is gone, newer, or refused it
+  using Write = std::function<Outcome(const PageKey& key, int64_t stamp)>;
+
+  struct Counts {
+    int64_t written = 0, skipped = 0, dropped = 0, left = 0, pending = 0;
+  };
+
+  HitStamper(size_t limit, size_t wake_at, Clock::duration period, Write write)
+      : limit_(std::max<size_t>(limit, 1)),
+        wake_at_(std::max<size_t>(wake_at, 1)),
+        period_(period),
+        write_(std::move(write)) {}
+  ~HitStamper() { Stop(Clock::duration::zero()); }
+  HitStamper(const HitStamper&) = delete;
+  HitStamper& operator=(const HitStamper&) = delete;
+
+  void Start() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!thread_.joinable() && !stopping_) thread_ = std::thread([this] { Loop(); });
+  }
+
+  // `stamp` for `key` (greater than any stamp added for it before: NextStamp's are increasing).
+  void Add(const PageKey& key, int64_t stamp) {
+    bool wake = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto [it, added] = stamp_of_.try_emplace(key, stamp);
+      if (!added) {
+        by_stamp_.erase(it->second);
+        it->second = stamp;
+      }
+      by_stamp_.emplace(stamp, key);
+      if (by_stamp_.size() > limit_) {
+        stamp_of_.erase(by_stamp_.begin()->second);
+        by_stamp_.erase(by_stamp_.begin());
+        ++dropped_;
+      }
+      wake = by_stamp_.size() == wake_at_;
+    }
+    if (wake) cv_.notify_one();
+  }
+
+  // Stops the thread after it has written what is pending, giving up on what it has not written
+  // within `budget` (counted as left). Idempotent.
+  void Stop(Clock::duration budget) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return;
+      stopping_ = true;
+      stop_deadline_.store((Clock::now() + budget).time_since_epoch().count(),
+                           std::memory_order_relaxed);
+    }
+    cv_.notify_one();
+    if (thread_.joinable()) thread_.join();
+    WriteAll();  // what was added after the thread's last batch (none when it ran to the end)
+  }
+
+  Counts counts() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return {written_, skipped_, dropped_, left_, static_cast<int64_t>(by_stamp_.size())};
+  }
+
+ private:
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stopping_) {
+      cv_.wait_for(lock, period_, [&] { return stopping_ || by_stamp_.size() >= wake_at_; });
+      lock.unlock();
+      WriteAll();
+      lock.lock();
+    }
+  }
+
+  // Takes what is pending and writes it, oldest first, until the stop deadline (if any).
+  void WriteAll() {
+    std::map<int64_t, PageKey> batch;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      batch.swap(by_stamp_);
+      stamp_of_.clear();
+    }
+    int64_t written = 0, skipped = 0, left = 0;
+    for (const auto& [stamp, key] : batch) {
+      if (Clock::now().time_since_epoch().count() >
+          stop_deadline_.load(std::memory_order_relaxed)) {
+        ++left;
+        continue;
+      }
+      ++(write_(key, stamp) == Outcome::kWritten ? written : skipped);
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    written_ += written;
+    skipped_ += skipped;
+    left_ += left;
+  }
+
+  const size_t limit_, wake_at_;
+  const Clock::duration period_;
+  const Write write_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::unordered_map<PageKey, int64_t, PageKeyHash> stamp_of_;  // key -> its pending stamp
+  std::map<int64_t, PageKey> by_stamp_;                         // the same, oldest first
+  bool stopping_ = false;
+  int64_t written_ = 0, skipped_ = 0, dropped_ = 0, left_ = 0;
+  // Steady-clock ticks after which nothing more is written (max until Stop).
+  std::atomic<Clock::rep> stop_deadline_{std::numeric_limits<Clock::rep>::max()};
+  std::thread thread_;
+};
+
 class FileBackend final : public StorageBackend {
  public:
   struct Config {
@@ -175,11 +318,15 @@ class FileBackend final : public StorageBackend {
         ns_name_(ns.Name()),
         namespace_hash_(ns.Hash()),
         value_bytes_(static_cast<int64_t>(kFilePayloadOffset) + ns.page_bytes()),
-        io_(namespace_hash_, value_bytes_, config_.direct) {}
+        io_(namespace_hash_, value_bytes_, config_.direct),
+        stamper_(StampLimit(), StampWakeAt(), StampPeriod(),
+                 [this](const PageKey& key, int64_t stamp) { return WriteStamp(key, stamp); }) {}
   ~FileBackend() override {
     Close();
     LogReadProfile();
   }
+
+  HitStamper::Counts stamp_counts() const { return stamper_.counts(); }
 
   Status Open() {
     KVTIER_RETURN_IF_ERROR(OpenRoot());
@@ -199,6 +346,7 @@ class FileBackend final : public StorageBackend {
         capacity, [this](const PageKey& key) { RemoveFile(key); },
         [this](const PageKey& key) { return pins_.Pinned(key); });
     index_->Load(std::move(found));
+    stamper_.Start();
     return Start();
   }
 
@@ -293,6 +441,19 @@ class FileBackend final : public StorageBackend {
   Status DoUnpinPages(uint64_t pin) override {
     if (pins_.Remove(pin)) return Status::OK();
     return Status::InvalidArgument(fmt::format("UnpinPages: no live pin {}", pin));
+  }
+
+  // After the I/O threads (no hit adds a stamp any more): writes the pending stamps, giving up
+  // after kStampCloseBudget.
+  void DoClose() override {
+    stamper_.Stop(kStampCloseBudget);
+    const HitStamper::Counts c = stamper_.counts();
+    if (c.left > 0 && !close_logged_.exchange(true)) {
+      util::Log(util::LogLevel::kWarning,
+                "storage {}: closed with {} hit stamp(s) not written within {} ms (those pages "
+                "keep their older stamps on disk, so a restart orders them by those)",
+                url(), c.left, kStampCloseBudget.count());
+    }
   }
 
   void FillStats(StorageStats& stats) const override {
@@ -462,16 +623,48 @@ class FileBackend final : public StorageBackend {
 
   // Stamps a page just read and checked as the most recently used, with the parent its header
   // named (from the read: a page another process wrote, new to this index, gets its parent). The
-  // index takes the new stamp; the file's mtime only when the one it had at the open is more than
-  // kStampGranularityNs older.
+  // index takes the new stamp; the file's mtime, when the one it had at the open is more than
+  // kStampGranularityNs older, is left to the stamper (written behind the reads: no inode write
+  // here).
   void MarkHit(const PageKey& key, const PageRead& read) {
     if (read.version == kPageFormatV1 && !index_->Contains(key)) {
       NoteFoundWithoutParent(read.version);
     }
     const int64_t stamp = index_->Touch(key, value_bytes_, read.parent);
     if (stamp - read.mtime_ns <= kStampGranularityNs) return;
+    stamper_.Add(key, stamp);
+  }
+
+  // The stamper's write of a hit's `stamp` as its page file's mtime. Checked and written through
+  // one open file, so both see the same inode: a Set never changes a stored file but renames a
+  // new one (with a newer stamp: NextStamp's are increasing) over it, and a file removed and
+  // written again is a new inode too; so the stamp lands either on the file that was hit (still
+  // in place, or replaced meanwhile: then on the unlinked old inode, harmlessly) and only when
+  // that file's mtime is older than the stamp, never on a file written after the hit. A file
+  // gone (evicted) is skipped. Best effort: a read-only store still serves hits.
+  HitStamper::Outcome WriteStamp(const PageKey& key, int64_t stamp) {
+    Fd fd(OpenPageForRead(key, O_NONBLOCK));  // beneath the root, no symlink followed
+    struct stat st;
+    if (!fd.ok() || ::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) ||
+        int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec >= stamp) {
+      return HitStamper::Outcome::kSkipped;
+    }
     const timespec times[2] = {{0, UTIME_OMIT}, ToTimespec(stamp)};
-    ::futimens(read.fd, times);  // best effort: a read-only store still serves hits
+    return ::futimens(fd.get(), times) == 0 ? HitStamper::Outcome::kWritten
+                                            : HitStamper::Outcome::kSkipped;
+  }
+
+  static size_t StampLimit() {
+    const size_t limit = test_stamp_limit.load(std::memory_order_relaxed);
+    return limit > 0 ? limit : kStampPendingLimit;
+  }
+  static size_t StampWakeAt() {
+    const size_t wake_at = test_stamp_wake_at.load(std::memory_order_relaxed);
+    return wake_at > 0 ? wake_at : std::min(kStampWakeAt, std::max<size_t>(StampLimit() / 2, 1));
+  }
+  static Clock::duration StampPeriod() {
+    const int64_t ms = test_stamp_period_ms.load(std::memory_order_relaxed);
+    return ms > 0 ? Clock::duration(std::chrono::milliseconds(ms)) : kStampPeriod;
   }
 
   // Counts a page another process wrote that a lookup added to the index with no parent because
@@ -520,7 +713,17 @@ class FileBackend final : public StorageBackend {
   // under the wall time) or runs slowly on one (CPU time about the wall time).
   void LogReadProfile() const {
     const ReadProfile::Totals t = profile_.Get();
-    if (t.wall_ns < 250'000'000 || t.pages == 0) return;
+    const HitStamper::Counts c = stamper_.counts();
+    const std::string stamps = fmt::format(
+        "hit stamps written behind the reads: {} written, {} skipped (file gone, newer or "
+        "refused), {} dropped (pending map full), {} left at close",
+        c.written, c.skipped, c.dropped, c.left);
+    if (t.wall_ns < 250'000'000 || t.pages == 0) {
+      if (c.written + c.skipped + c.dropped + c.left > 0) {
+        util::Log(util::LogLevel::kInfo, "storage {}: {}", url(), stamps);
+      }
+      return;
+    }
     const double wall = static_cast<double>(t.wall_ns);
     const double payload = double(t.hits) * double(value_bytes_ - int64_t{kFilePayloadOffset});
     auto pct = [&](int64_t ns) { return 100.0 * static_cast<double>(ns) / wall; };
@@ -530,10 +733,10 @@ class FileBackend final : public StorageBackend {
               "{:.2f} GB of payload) in {:.2f} s inside them, all threads summed ({:.2f} GB/s a "
               "thread); of that time open+fstat {:.1f} %, read+check {:.1f} %, stamp {:.1f} %; "
               "on a core {:.1f} %; {:.1f} sleeps (blocked in the kernel) and {:.1f} preemptions "
-              "(runnable, no core) per 100 pages",
+              "(runnable, no core) per 100 pages; {}",
               url(), ReadProfile::kSampleEvery, t.pages, t.hits, payload / 1e9, wall / 1e9,
               payload / wall, pct(t.open_ns), pct(t.read_ns), pct(t.stamp_ns), pct(t.cpu_ns),
-              per100(t.sleeps), per100(t.preemptions));
+              per100(t.sleeps), per100(t.preemptions), stamps);
   }
 
 #if KVTIER_HAVE_URING
@@ -629,9 +832,30 @@ class FileBackend final : public StorageBackend {
   ReadProfile profile_;                                     // GetOne's pages (LogReadProfile)
   std::atomic<bool> noatime_{true};  // OpenPageForRead adds O_NOATIME (until a file refuses it)
   std::mutex dirs_mu_;               // one re-creation of missing directories at a time
+  std::atomic<bool> close_logged_{false};  // DoClose's warning said once
+  // Last: its thread (which calls WriteStamp) is stopped by Close, in the destructor's body.
+  HitStamper stamper_;
 };
 
 }  // namespace
+
+namespace testing {
+
+void SetFileStampLimitsForTest(size_t pending_limit, std::chrono::milliseconds period,
+                               size_t wake_at) {
+  test_stamp_limit.store(pending_limit, std::memory_order_relaxed);
+  test_stamp_wake_at.store(wake_at, std::memory_order_relaxed);
+  test_stamp_period_ms.store(period.count(), std::memory_order_relaxed);
+}
+
+std::optional<FileStampCounts> FileStampCountsForTest(const StorageBackend& backend) {
+  const auto* file = dynamic_cast<const FileBackend*>(&backend);
+  if (file == nullptr) return std::nullopt;
+  const HitStamper::Counts c = file->stamp_counts();
+  return FileStampCounts{c.written, c.skipped, c.dropped, c.left, c.pending};
+}
+
+}  // namespace testing
 
 Result<std::unique_ptr<StorageBackend>> OpenFileStorage(std::string_view url,
                                                         const StorageNamespace& ns,

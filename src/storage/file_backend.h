@@ -51,18 +51,23 @@
 // is InvalidArgument. Each process counts the files it knows of (found at start, written, or hit
 // since); processes sharing a directory do not share one count.
 // The LRU order lives in the files' modification times: every Set and every Get hit stamps its
-// file with a strictly increasing time, so a restart (which scans the directory, sorts by that
-// time, and removes temporary files whose writer process is gone) finds the same order; it reads
-// each page's header too (one open and a 104-byte read per page, on 16 threads), so the chains of
-// tail-first eviction (file_index.h) hold across restarts; pages of version 1 are roots there.
-// Exists answers from the index; a key missing from it (written by another process) costs one open
-// and fstat, and the first absent key ends the call.
+// file with a strictly increasing time (a hit's written behind the reads by a stamper thread,
+// within about 0.5 s, and at Close: file_index.h "Stamps"), so a restart (which scans the
+// directory, sorts by that time, and removes temporary files whose writer process is gone) finds
+// the same order; it reads each page's header too (one open and a 104-byte read per page, on 16
+// threads), so the chains of tail-first eviction (file_index.h) hold across restarts; pages of
+// version 1 are roots there. Exists answers from the index; a key missing from it (written by
+// another process) costs one open and fstat, and the first absent key ends the call.
 //
-// Thread safety: the hooks may run on several I/O threads at once; the index has its own mutex.
+// Thread safety: the hooks may run on several I/O threads at once; the index has its own mutex;
+// the stamper's thread runs from Open to Close.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <string_view>
 
 #include "kvtier/storage.h"
@@ -77,5 +82,24 @@ inline constexpr size_t kFilePayloadOffset = 4096;
 Result<std::unique_ptr<StorageBackend>> OpenFileStorage(std::string_view url,
                                                         const StorageNamespace& ns,
                                                         const StorageOptions& options);
+
+namespace testing {
+
+// Test hooks: for file backends opened after the call, the most hit stamps kept pending, the
+// stamper's period and how many pending wake it before its period ends (0 for any: the default,
+// 64 Ki, 0.5 s, 4096 or half the bound; `wake_at` above the bound: never).
+void SetFileStampLimitsForTest(size_t pending_limit, std::chrono::milliseconds period,
+                               size_t wake_at = 0);
+
+// A file backend's hit stamps so far (file_index.h "Stamps"): written to their files, skipped
+// (the file gone, newer than the stamp, or refusing it), dropped (the pending map full), left
+// unwritten at Close (past its budget), pending now.
+struct FileStampCounts {
+  int64_t written = 0, skipped = 0, dropped = 0, left = 0, pending = 0;
+};
+// nullopt when `backend` is not a file backend.
+std::optional<FileStampCounts> FileStampCountsForTest(const StorageBackend& backend);
+
+}  // namespace testing
 
 }  // namespace kvtier::storage

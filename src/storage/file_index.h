@@ -15,13 +15,20 @@
 //
 // Stamps: nanoseconds since the epoch, stored as each page file's mtime. Every stamp handed out
 // is strictly greater than every stamp handed out before or loaded at start. A write's stamp is
-// always stored; a hit's (Touch) only when the file's mtime is older than it by more than the
-// backend's granularity (kStampGranularityNs in file_backend.cc, 1 s), so a page read over and
-// over costs one inode write a second, not one per read. The order in this index is exact; the
-// order a restart recovers by sorting the files by mtime is exact to within the granularity: a
-// file's mtime is never more than that behind its page's last use, so of two pages last used
-// further apart the later is the more recent after the restart, while a page hit again within the
-// granularity of its stamp keeps its earlier place.
+// stored with the file, before its rename. A hit's (Touch) is needed on disk only when the file's
+// mtime is older than it by more than the backend's granularity (kStampGranularityNs in
+// file_backend.cc, 1 s), so a page read over and over costs one inode write a second, not one
+// per read; and it is not written on the read path: the backend keeps it pending (a bounded map,
+// HitStamper in file_backend.cc) and its stamper thread writes it behind the reads, within about
+// 0.5 s, and every pending one at Close (within 2 s), each only onto the file that was hit and
+// only when that file's mtime is older (never over a page written after the hit). The order in
+// this index is exact. The order a restart recovers by sorting the files by mtime is exact to
+// within the granularity, once the pending stamps are written: of two pages last used further
+// apart the later is the more recent after the restart, while a page hit again within the
+// granularity of its stamp keeps its earlier place. Approximations beyond that: a crash (or a
+// Close past its budget) loses the pending stamps, so a restart orders pages hit in the last
+// ~0.5 s by their earlier stamps; and when more hits are pending than the bound (64 Ki pages)
+// the oldest pending is dropped (counted), its page keeping its earlier stamp on disk.
 //
 // Invariants (under `mu_`): `pages_` holds the known pages, their parents and recency; its bytes
 // are the sum of their sizes and, after Put or Load returns, at most `capacity` (except a lone page
@@ -84,8 +91,9 @@ class FileIndex {
   // when it is the only such page, the tail of a chain longer than the room).
   void Put(const PageKey& key, int64_t bytes, int64_t stamp,
            const std::optional<PageKey>& parent = std::nullopt);
-  // A page just read and checked: most recently used, with a new stamp, returned (the caller
-  // writes it as the file's mtime when the mtime is older by more than its granularity). `parent`:
+  // A page just read and checked: most recently used, with a new stamp, returned (the caller has
+  // it written behind the read as the file's mtime when the mtime is older by more than its
+  // granularity: "Stamps" above). `parent`:
   // what its header names (nullopt keeps the parent recorded; an unknown key, one another process
   // wrote, is then a root).
   int64_t Touch(const PageKey& key, int64_t bytes,

@@ -298,6 +298,7 @@ void StorageBackend::Close() {
   queue_->cv.notify_all();
   for (auto& t : queue_->threads) t.join();
   queue_->threads.clear();
+  DoClose();
 }
 
 namespace {
