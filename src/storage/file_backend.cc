@@ -641,7 +641,9 @@ class FileBackend final : public StorageBackend {
   // written again is a new inode too; so the stamp lands either on the file that was hit (still
   // in place, or replaced meanwhile: then on the unlinked old inode, harmlessly) and only when
   // that file's mtime is older than the stamp, never on a file written after the hit. A file
-  // gone (evicted) is skipped. Best effort: a read-only store still serves hits.
+  // gone (evicted) is skipped. Best effort: a read-only store still serves hits. (Another process
+  // sharing the directory may stamp the same file between this fstat and futimens; stamps of two
+  // processes compare only as far as their clocks agree anyway.)
   HitStamper::Outcome WriteStamp(const PageKey& key, int64_t stamp) {
     Fd fd(OpenPageForRead(key, O_NONBLOCK));  // beneath the root, no symlink followed
     struct stat st;
