@@ -163,8 +163,11 @@ Result<StorageCeiling> MeasureFileReadCeiling(const std::string& dir, int64_t pa
     paths.push_back(fmt::format("{}/{:06d}", tmp.path(), i));
     KVTIER_RETURN_IF_ERROR(WriteFile(paths.back(), bytes));
   }
+  // The ceiling is the best of 5 passes: what the machine gave at least once. A pass slowed by
+  // something else on the machine (at 128 B pages a pass is a few ms) must not lower it: the
+  // ideal charges storage hits at this rate, and it must stay a lower bound of the run.
   std::vector<double> seconds;
-  for (int pass = 0; pass < 3; ++pass) {
+  for (int pass = 0; pass < 5; ++pass) {
     seconds.push_back(ReadPass(paths, page_bytes, threads));
     if (seconds.back() < 0) {
       return Status::IOError(
@@ -173,9 +176,9 @@ Result<StorageCeiling> MeasureFileReadCeiling(const std::string& dir, int64_t pa
   }
   std::sort(seconds.begin(), seconds.end());
   StorageCeiling c;
-  c.bytes_per_s = static_cast<double>(files * page_bytes) / std::max(seconds[1], 1e-9);
+  c.bytes_per_s = static_cast<double>(files * page_bytes) / std::max(seconds[0], 1e-9);
   c.how = fmt::format(
-      "{} threads open+pread+close {} files of {} (one page) in {}, page-cache hot; median of 3 "
+      "{} threads open+pread+close {} files of {} (one page) in {}, page-cache hot; best of 5 "
       "passes",
       threads, files, SizeText(page_bytes), dir);
   // The cold ceiling: the same reads after the files left the page cache.

@@ -3,7 +3,8 @@
 // same bytes, not what kvtier's backend reaches.
 //   file://  N threads (N = the backend's I/O threads) open + pread + close files of one page's
 //            bytes, written first in a temporary folder inside the store's directory (same
-//            filesystem) and removed afterwards: the median of three passes over all the files.
+//            filesystem) and removed afterwards: the best of five passes over all the files (what
+//            the machine gave at least once: a pass slowed by other work must not lower the ideal).
 //            The files were just written, so the reads come from the page cache, as the store's
 //            reads of pages it wrote during the replay mostly do. Then the cold ceiling of the
 //            same files: each fdatasync'ed and dropped from the page cache with
