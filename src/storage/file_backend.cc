@@ -342,9 +342,14 @@ class FileBackend final : public StorageBackend {
     } else {
       KVTIER_ASSIGN_OR_RETURN(capacity, DefaultCapacity(ns_dir.get(), found));
     }
+    // A hit's stamp goes to the stamper when the file's mtime is more than kStampGranularityNs
+    // older; called under the index's mutex (the stamper takes only its own).
     index_ = std::make_unique<FileIndex>(
         capacity, [this](const PageKey& key) { RemoveFile(key); },
-        [this](const PageKey& key) { return pins_.Pinned(key); });
+        [this](const PageKey& key) { return pins_.Pinned(key); },
+        [this](const PageKey& key, int64_t stamp, int64_t mtime_ns) {
+          if (stamp - mtime_ns > kStampGranularityNs) stamper_.Add(key, stamp);
+        });
     index_->Load(std::move(found));
     stamper_.Start();
     return Start();
@@ -443,9 +448,11 @@ class FileBackend final : public StorageBackend {
     return Status::InvalidArgument(fmt::format("UnpinPages: no live pin {}", pin));
   }
 
-  // After the I/O threads (no hit adds a stamp any more): writes the pending stamps, giving up
+  // After the I/O threads (no hit adds a stamp any more): applies the touches the index still
+  // has queued (their stamps going to the stamper), then writes the pending stamps, giving up
   // after kStampCloseBudget.
   void DoClose() override {
+    if (index_) index_->ApplyPendingTouches();
     stamper_.Stop(kStampCloseBudget);
     const HitStamper::Counts c = stamper_.counts();
     if (c.left > 0 && !close_logged_.exchange(true)) {
@@ -623,16 +630,16 @@ class FileBackend final : public StorageBackend {
 
   // Stamps a page just read and checked as the most recently used, with the parent its header
   // named (from the read: a page another process wrote, new to this index, gets its parent). The
-  // index takes the new stamp; the file's mtime, when the one it had at the open is more than
-  // kStampGranularityNs older, is left to the stamper (written behind the reads: no inode write
-  // here).
+  // index takes the new stamp, at once or, while a writer holds it (removing a victim's file),
+  // queued and applied before its next eviction decision: a read never waits for it (issue 23).
+  // The file's mtime, when the one the open saw is more than kStampGranularityNs older than that
+  // stamp, is left to the stamper (the index's on_touched: written behind the reads, no inode
+  // write here).
   void MarkHit(const PageKey& key, const PageRead& read) {
     if (read.version == kPageFormatV1 && !index_->Contains(key)) {
       NoteFoundWithoutParent(read.version);
     }
-    const int64_t stamp = index_->Touch(key, value_bytes_, read.parent);
-    if (stamp - read.mtime_ns <= kStampGranularityNs) return;
-    stamper_.Add(key, stamp);
+    index_->Touch(key, value_bytes_, read.parent, read.mtime_ns);
   }
 
   // The stamper's write of a hit's `stamp` as its page file's mtime. Checked and written through
@@ -716,12 +723,14 @@ class FileBackend final : public StorageBackend {
   void LogReadProfile() const {
     const ReadProfile::Totals t = profile_.Get();
     const HitStamper::Counts c = stamper_.counts();
+    const FileIndex::TouchCounts tc = index_ ? index_->touch_counts() : FileIndex::TouchCounts();
     const std::string stamps = fmt::format(
         "hit stamps written behind the reads: {} written, {} skipped (file gone, newer or "
-        "refused), {} dropped (pending map full), {} left at close",
-        c.written, c.skipped, c.dropped, c.left);
+        "refused), {} dropped (pending map full), {} left at close; touches of the index: {} at "
+        "once, {} deferred behind a writer, {} dropped (queue full)",
+        c.written, c.skipped, c.dropped, c.left, tc.at_once, tc.deferred, tc.dropped);
     if (t.wall_ns < 250'000'000 || t.pages == 0) {
-      if (c.written + c.skipped + c.dropped + c.left > 0) {
+      if (c.written + c.skipped + c.dropped + c.left + tc.deferred > 0) {
         util::Log(util::LogLevel::kInfo, "storage {}: {}", url(), stamps);
       }
       return;

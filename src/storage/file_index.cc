@@ -1,7 +1,8 @@
 // The file store's index and restart scan (file_index.h).
 //
-// Thread safety: the index under `mu_`; the scan touches only its own directory handles (each
-// shard's on the one thread that scans it).
+// Thread safety: the index under `mu_`, its queued touches under `pending_mu_` (taken after
+// `mu_`, or alone by a Touch that found `mu_` held); the scan touches only its own directory
+// handles (each shard's on the one thread that scans it).
 #include "storage/file_index.h"
 
 #include <dirent.h>
@@ -90,13 +91,17 @@ void ReadFoundHeader(int fd, uint64_t namespace_hash, FileIndex::Found& f) {
 }
 
 FileIndex::FileIndex(int64_t capacity, std::function<void(const PageKey&)> remove,
-                     std::function<bool(const PageKey&)> pinned)
-    : capacity_(capacity), remove_(std::move(remove)), pinned_(std::move(pinned)) {}
+                     std::function<bool(const PageKey&)> pinned, OnTouched on_touched)
+    : capacity_(capacity),
+      remove_(std::move(remove)),
+      pinned_(std::move(pinned)),
+      on_touched_(std::move(on_touched)) {}
 
 void FileIndex::Load(std::vector<Found> found) {
   std::sort(found.begin(), found.end(),
             [](const Found& a, const Found& b) { return a.stamp < b.stamp; });
   std::lock_guard<std::mutex> lock(mu_);
+  ApplyPendingLocked();
   for (const Found& f : found) {
     pages_.Add(f.key, f.bytes, f.parent, /*newest=*/true);
     last_stamp_ = std::max(last_stamp_, f.stamp);
@@ -106,6 +111,10 @@ void FileIndex::Load(std::vector<Found> found) {
 
 int64_t FileIndex::NextStamp() {
   std::lock_guard<std::mutex> lock(mu_);
+  return NextStampLocked();
+}
+
+int64_t FileIndex::NextStampLocked() {
   last_stamp_ = std::max(RealtimeNs(), last_stamp_ + 1);
   return last_stamp_;
 }
@@ -113,21 +122,80 @@ int64_t FileIndex::NextStamp() {
 void FileIndex::Put(const PageKey& key, int64_t bytes, int64_t stamp,
                     const std::optional<PageKey>& parent) {
   std::lock_guard<std::mutex> lock(mu_);
+  ApplyPendingLocked();
   last_stamp_ = std::max(last_stamp_, stamp);
   pages_.Add(key, bytes, parent, /*newest=*/true);
   EvictLocked(&key);
 }
 
-int64_t FileIndex::Touch(const PageKey& key, int64_t bytes, const std::optional<PageKey>& parent) {
-  std::lock_guard<std::mutex> lock(mu_);
-  last_stamp_ = std::max(RealtimeNs(), last_stamp_ + 1);
+std::optional<int64_t> FileIndex::Touch(const PageKey& key, int64_t bytes,
+                                        const std::optional<PageKey>& parent, int64_t mtime_ns) {
+  std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+  if (lock.owns_lock()) {
+    ApplyPendingLocked();
+    ++touched_at_once_;
+    return TouchLocked(key, bytes, parent, mtime_ns);
+  }
+  // Held by another thread (perhaps removing a victim's file): queued, applied by the next
+  // method that uses the order.
+  std::lock_guard<std::mutex> pending_lock(pending_mu_);
+  if (pending_.size() >= pending_limit_) {
+    pending_.pop_front();
+    ++dropped_;
+  }
+  pending_.push_back({key, bytes, parent, mtime_ns});
+  ++deferred_;
+  has_pending_.store(true, std::memory_order_release);
+  return std::nullopt;
+}
+
+int64_t FileIndex::TouchLocked(const PageKey& key, int64_t bytes,
+                               const std::optional<PageKey>& parent, int64_t mtime_ns) {
+  const int64_t stamp = NextStampLocked();
   pages_.Add(key, bytes, parent, /*newest=*/true);  // nullopt keeps its parent
-  return last_stamp_;
+  if (on_touched_) on_touched_(key, stamp, mtime_ns);
+  return stamp;
+}
+
+void FileIndex::ApplyPendingLocked() {
+  if (!has_pending_.load(std::memory_order_acquire)) return;
+  std::deque<PendingTouch> batch;
+  {
+    std::lock_guard<std::mutex> pending_lock(pending_mu_);
+    batch.swap(pending_);
+    has_pending_.store(false, std::memory_order_relaxed);
+  }
+  for (const PendingTouch& t : batch) {
+    if (pages_.Contains(t.key)) TouchLocked(t.key, t.bytes, t.parent, t.mtime_ns);
+  }
+}
+
+void FileIndex::ApplyPendingTouches() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ApplyPendingLocked();
+}
+
+FileIndex::TouchCounts FileIndex::touch_counts() const {
+  TouchCounts c;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    c.at_once = touched_at_once_;
+  }
+  std::lock_guard<std::mutex> pending_lock(pending_mu_);
+  c.deferred = deferred_;
+  c.dropped = dropped_;
+  return c;
+}
+
+void FileIndex::set_pending_touch_limit(size_t limit) {
+  std::lock_guard<std::mutex> pending_lock(pending_mu_);
+  pending_limit_ = std::max<size_t>(limit, 1);
 }
 
 bool FileIndex::AddFound(const PageKey& key, int64_t bytes, int64_t stamp,
                          const std::optional<PageKey>& parent) {
   std::lock_guard<std::mutex> lock(mu_);
+  ApplyPendingLocked();
   if (pages_.Contains(key)) return false;
   last_stamp_ = std::max(last_stamp_, stamp);
   pages_.Add(key, bytes, parent, /*newest=*/false);
@@ -136,6 +204,7 @@ bool FileIndex::AddFound(const PageKey& key, int64_t bytes, int64_t stamp,
 
 bool FileIndex::DropOrphan(const PageKey& key, const PageKey& parent, bool parent_in_batch) {
   std::lock_guard<std::mutex> lock(mu_);
+  ApplyPendingLocked();
   if (pages_.Contains(parent) || !pages_.Contains(key)) return false;
   if (!parent_in_batch && !pages_.Evicted(parent)) return false;
   if (remove_) remove_(key);
@@ -151,6 +220,7 @@ bool FileIndex::Gone(const PageKey& key) const {
 
 void FileIndex::Erase(const PageKey& key) {
   std::lock_guard<std::mutex> lock(mu_);
+  ApplyPendingLocked();
   pages_.Erase(key);
 }
 
@@ -174,13 +244,15 @@ int64_t FileIndex::evicted() const {
   return evicted_;
 }
 
-std::vector<PageKey> FileIndex::LruOrder() const {
+std::vector<PageKey> FileIndex::LruOrder() {
   std::lock_guard<std::mutex> lock(mu_);
+  ApplyPendingLocked();
   return pages_.Order();
 }
 
-std::optional<PageKey> FileIndex::ParentOf(const PageKey& key) const {
+std::optional<PageKey> FileIndex::ParentOf(const PageKey& key) {
   std::lock_guard<std::mutex> lock(mu_);
+  ApplyPendingLocked();
   return pages_.ParentOf(key);
 }
 

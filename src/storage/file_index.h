@@ -36,12 +36,36 @@
 // and pinned pages filling it: eviction skips pages `pinned` names, and a page Put finds no
 // unpinned room for is evicted itself).
 //
-// Thread safety: every method may be called from any thread; `remove` runs under the index's
-// mutex (so a victim's file goes before another thread can add the same key again) and must not
-// call back into the index.
+// Deferred touches (issue 23): `remove` runs under the index's mutex (so a victim's file goes
+// before another thread can add the same key again), and an unlink under heavy writes can take
+// milliseconds, so a read must not wait for that mutex to record its hit. Touch only tries it:
+// when another thread holds it, the touch is queued (its key, bytes, parent and the mtime the
+// read saw) in a bounded buffer under its own mutex, never held across I/O nor while taking
+// `mu_`, and Touch returns at once. Every other method that takes `mu_` and reads or changes the
+// order or the set of pages (Load, Put and its eviction, Touch, AddFound, DropOrphan, Gone,
+// Erase, LruOrder, ParentOf, ApplyPendingTouches) first applies the queued touches, in the order
+// they were queued, each then getting its stamp; a queued touch of a key no longer stored (evicted
+// or erased meanwhile; or a page another process wrote, not yet known here) is skipped, so no
+// touch brings back a page whose file may be gone. So every eviction decision sees every hit
+// recorded before it: the order stays exact. (Contains, Gone, pages(), bytes(), evicted() do
+// not apply them: a queued touch of a stored page changes neither the set nor, a page's size
+// being its namespace's, the bytes.) Past the bound (kPendingTouchLimit) the oldest queued touch is
+// dropped and counted: its page keeps its earlier place.
+//
+// Stamps of hits: a touch's stamp is assigned when it is applied (at once, or later by the next
+// method above), and handed with the page's key and the mtime the read saw to `on_touched`, called
+// under `mu_` (it must not call back into the index; the backend adds the stamp to its stamper,
+// which takes only its own mutex, when the mtime is older than the stamp by more than its
+// granularity). The backend applies what is queued at Close, before its stamper's last writes.
+//
+// Thread safety: every method may be called from any thread; `remove`, `pinned` and
+// `on_touched` run under the index's mutex and must not call back into the index. Lock order:
+// `mu_` before `pending_mu_`.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <mutex>
 #include <optional>
@@ -71,11 +95,26 @@ class FileIndex {
     uint16_t version = 0;
   };
 
+  // What a touch hands to `on_touched`: the page, the stamp it got, the mtime the read saw.
+  using OnTouched = std::function<void(const PageKey& key, int64_t stamp, int64_t mtime_ns)>;
+
+  // Touches recorded at once, queued behind another thread holding the index, and dropped from
+  // a full queue (oldest first) since construction.
+  struct TouchCounts {
+    int64_t at_once = 0;
+    int64_t deferred = 0;
+    int64_t dropped = 0;
+  };
+
+  // The most touches queued (deferred touches above); more drop the oldest.
+  static constexpr size_t kPendingTouchLimit = size_t{64} << 10;
+
   // `capacity` > 0: the most bytes of pages kept; `remove` deletes an evicted page's file;
-  // `pinned` (null: none) names pages eviction must skip (storage/page_pins.h; called under the
-  // index's mutex).
+  // `pinned` (null: none) names pages eviction must skip (storage/page_pins.h); `on_touched`
+  // (null: none) gets each applied touch's stamp ("Stamps of hits" above). All three are called
+  // under the index's mutex.
   FileIndex(int64_t capacity, std::function<void(const PageKey&)> remove,
-            std::function<bool(const PageKey&)> pinned = nullptr);
+            std::function<bool(const PageKey&)> pinned = nullptr, OnTouched on_touched = nullptr);
 
   // Loads the pages found at start (any order) with their parents: oldest stamp least recently
   // used. Later stamps are greater than all of theirs. Evicts down to the capacity (it may have
@@ -91,13 +130,20 @@ class FileIndex {
   // when it is the only such page, the tail of a chain longer than the room).
   void Put(const PageKey& key, int64_t bytes, int64_t stamp,
            const std::optional<PageKey>& parent = std::nullopt);
-  // A page just read and checked: most recently used, with a new stamp, returned (the caller has
-  // it written behind the read as the file's mtime when the mtime is older by more than its
-  // granularity: "Stamps" above). `parent`:
-  // what its header names (nullopt keeps the parent recorded; an unknown key, one another process
-  // wrote, is then a root).
-  int64_t Touch(const PageKey& key, int64_t bytes,
-                const std::optional<PageKey>& parent = std::nullopt);
+  // A page just read and checked (`mtime_ns`: its file's mtime the read saw): most recently used,
+  // with a new stamp, handed to `on_touched` and returned, when the index's mutex is free; when
+  // another thread holds it, queued and applied before the next use of the order (deferred
+  // touches above), nullopt returned at once. `parent`: what its header names (nullopt keeps the
+  // parent recorded; an unknown key, one another process wrote, is then a root when touched at
+  // once, skipped when queued).
+  std::optional<int64_t> Touch(const PageKey& key, int64_t bytes,
+                               const std::optional<PageKey>& parent = std::nullopt,
+                               int64_t mtime_ns = 0);
+  // Applies the queued touches now (the backend's Close, before its stamper's last writes).
+  void ApplyPendingTouches();
+  TouchCounts touch_counts() const;
+  // Sets the queue's bound (tests: a tiny one); > 0.
+  void set_pending_touch_limit(size_t limit);
   // A page another process wrote, found by a lookup, with the parent its header names (nullopt:
   // none, or a header of version 1 or that does not check out: a root): least recently used
   // (nobody here used it), unless already known. No eviction (its bytes are another process's
@@ -118,21 +164,46 @@ class FileIndex {
   int64_t pages() const;
   int64_t bytes() const;
   int64_t evicted() const;
-  // Keys from most to least recently used (tests).
-  std::vector<PageKey> LruOrder() const;
-  // The parent recorded for `key` (tests; nullopt: none or unknown key).
-  std::optional<PageKey> ParentOf(const PageKey& key) const;
+  // Keys from most to least recently used (tests; queued touches applied first).
+  std::vector<PageKey> LruOrder();
+  // The parent recorded for `key` (tests; nullopt: none or unknown key; queued touches applied
+  // first).
+  std::optional<PageKey> ParentOf(const PageKey& key);
 
  private:
+  struct PendingTouch {
+    PageKey key;
+    int64_t bytes = 0;
+    std::optional<PageKey> parent;
+    int64_t mtime_ns = 0;
+  };
+
+  // Under `mu_`: the queued touches, oldest first; each of a key still stored gets its stamp.
+  void ApplyPendingLocked();
+  // Under `mu_`: `key` most recently used with a new stamp, handed to `on_touched_`.
+  int64_t TouchLocked(const PageKey& key, int64_t bytes, const std::optional<PageKey>& parent,
+                      int64_t mtime_ns);
+  int64_t NextStampLocked();
   void EvictLocked(const PageKey* keep);
 
   const int64_t capacity_;
   const std::function<void(const PageKey&)> remove_;
   const std::function<bool(const PageKey&)> pinned_;
+  const OnTouched on_touched_;
   mutable std::mutex mu_;
   ChainLru<PageKey, PageKeyHash> pages_;
   int64_t evicted_ = 0;
   int64_t last_stamp_ = 0;
+  int64_t touched_at_once_ = 0;
+
+  // The queued touches (taken without `mu_`; `mu_` before it when both are held).
+  mutable std::mutex pending_mu_;
+  std::deque<PendingTouch> pending_;
+  size_t pending_limit_ = kPendingTouchLimit;
+  int64_t deferred_ = 0, dropped_ = 0;
+  // Whether `pending_` may be non-empty: lets the methods above skip `pending_mu_` when nothing
+  // is queued (set under `pending_mu_` by a queueing Touch, cleared under both mutexes).
+  std::atomic<bool> has_pending_{false};
 };
 
 // The restart scan of a namespace directory (held open as `ns_dirfd`) of the namespace whose hash

@@ -3,6 +3,8 @@
 // process wrote, and the restart scan of a real directory (page files indexed; other names,
 // symlinks, wrong shards and a symlinked shard left alone; stale temporary files removed) with the
 // parent each page's header names, which the load turns back into chains evicted tail first.
+// Touches while another thread holds the index (removing a victim's file) are queued, not waited
+// for, and applied before the next eviction decision, each with its stamp then.
 #include "storage/file_index.h"
 
 #include <fcntl.h>
@@ -11,10 +13,15 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <map>
+#include <mutex>
 #include <optional>
+#include <thread>
+#include <tuple>
 
 #include "storage/file_io.h"
 #include "storage/file_page_io.h"
@@ -68,7 +75,7 @@ TEST(FileIndexTest, StampsIncreaseStrictlyPastEveryLoadedStamp) {
   index.Load({{KeyOf(0), 10, far_future}});
   int64_t last = far_future;
   for (int i = 0; i < 1000; ++i) {
-    const int64_t s = i % 2 ? index.NextStamp() : index.Touch(KeyOf(0), 10);
+    const int64_t s = i % 2 ? index.NextStamp() : index.Touch(KeyOf(0), 10).value();
     ASSERT_GT(s, last);
     last = s;
   }
@@ -240,6 +247,162 @@ TEST(FileIndexTest, LoadRebuildsChainsAndEvictsTheirTailsFirst) {
   EXPECT_EQ(index.ParentOf(KeyOf(1)), KeyOf(0));
   index.Put(KeyOf(9), 100, index.NextStamp());
   EXPECT_EQ(r.removed, (std::vector<PageKey>{KeyOf(3), KeyOf(2), KeyOf(1)}));
+}
+
+// A writer holding the index while it removes a victim's file: `remove` blocks (at most 1 s)
+// until released, after signalling that it entered.
+struct BlockingRemover {
+  std::vector<PageKey> removed;  // under the index's mutex
+  bool block = false;
+  std::promise<void> entered;
+  std::promise<void> release;
+  std::function<void(const PageKey&)> fn() {
+    return [this](const PageKey& k) {
+      removed.push_back(k);
+      if (!block) return;
+      block = false;
+      entered.set_value();
+      release.get_future().wait_for(std::chrono::seconds(1));
+    };
+  }
+};
+
+struct TouchLog {
+  std::mutex mu;
+  std::vector<std::tuple<PageKey, int64_t, int64_t>> calls;  // key, stamp, mtime
+  FileIndex::OnTouched fn() {
+    return [this](const PageKey& k, int64_t stamp, int64_t mtime) {
+      std::lock_guard<std::mutex> lock(mu);
+      calls.emplace_back(k, stamp, mtime);
+    };
+  }
+};
+
+// Puts 0, 1, 2 (100 bytes each, capacity 300), then 3 on another thread, whose eviction of 0
+// holds the index inside `remove`; returns that thread once `remove` has been entered.
+std::thread PutWhileRemoveBlocks(FileIndex& index, BlockingRemover& r, int64_t* put3_stamp) {
+  for (int i = 0; i < 3; ++i) index.Put(KeyOf(i), 100, index.NextStamp());
+  *put3_stamp = index.NextStamp();
+  r.block = true;
+  std::thread writer([&index, stamp = *put3_stamp] { index.Put(KeyOf(3), 100, stamp); });
+  EXPECT_EQ(r.entered.get_future().wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  return writer;
+}
+
+TEST(FileIndexTest, TouchBehindAWriterIsQueuedNotWaitedForAndAppliedBeforeTheNextEviction) {
+  BlockingRemover r;
+  TouchLog log;
+  FileIndex index(300, r.fn(), nullptr, log.fn());
+  int64_t put3 = 0;
+  std::thread writer = PutWhileRemoveBlocks(index, r, &put3);
+  // The writer holds the index (for up to 1 s): these touches return at once, queued.
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(index.Touch(KeyOf(1), 100, std::nullopt, 77), std::nullopt);
+  EXPECT_EQ(index.Touch(KeyOf(0), 100), std::nullopt);  // the victim being removed
+  EXPECT_EQ(index.Touch(KeyOf(9), 100), std::nullopt);  // unknown here (another process's)
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(100));
+  r.release.set_value();
+  writer.join();
+  EXPECT_EQ(r.removed, std::vector<PageKey>{KeyOf(0)});
+  EXPECT_TRUE(log.calls.empty());  // nothing applied yet
+  // A touch that gets the index applies the queued ones first, in order: 1 (with the mtime its
+  // read saw), then its own; 0 (evicted meanwhile) and 9 (unknown) are skipped, not brought back.
+  const std::optional<int64_t> s3 = index.Touch(KeyOf(3), 100, std::nullopt, 5);
+  ASSERT_TRUE(s3.has_value());
+  ASSERT_EQ(log.calls.size(), 2u);
+  EXPECT_EQ(std::get<0>(log.calls[0]), KeyOf(1));
+  EXPECT_GT(std::get<1>(log.calls[0]), put3);
+  EXPECT_EQ(std::get<2>(log.calls[0]), 77);
+  EXPECT_EQ(std::get<0>(log.calls[1]), KeyOf(3));
+  EXPECT_EQ(std::get<1>(log.calls[1]), *s3);
+  EXPECT_GT(*s3, std::get<1>(log.calls[0]));
+  EXPECT_EQ(std::get<2>(log.calls[1]), 5);
+  EXPECT_FALSE(index.Contains(KeyOf(0)));
+  EXPECT_FALSE(index.Contains(KeyOf(9)));
+  EXPECT_EQ(index.pages(), 3);
+  // 1's hit counts: the next eviction takes 2, not 1 (which it would without the queued touch).
+  index.Put(KeyOf(4), 100, index.NextStamp());
+  EXPECT_EQ(r.removed, (std::vector<PageKey>{KeyOf(0), KeyOf(2)}));
+  EXPECT_EQ(index.LruOrder(), (std::vector<PageKey>{KeyOf(4), KeyOf(3), KeyOf(1)}));
+  const FileIndex::TouchCounts c = index.touch_counts();
+  EXPECT_EQ(c.at_once, 1);
+  EXPECT_EQ(c.deferred, 3);
+  EXPECT_EQ(c.dropped, 0);
+}
+
+// A Put that must evict applies the queued touches before choosing its victim, without any
+// touch that gets the index in between.
+TEST(FileIndexTest, PutAppliesQueuedTouchesBeforeChoosingItsVictim) {
+  BlockingRemover r;
+  TouchLog log;
+  FileIndex index(300, r.fn(), nullptr, log.fn());
+  int64_t put3 = 0;
+  std::thread writer = PutWhileRemoveBlocks(index, r, &put3);
+  EXPECT_EQ(index.Touch(KeyOf(1), 100), std::nullopt);
+  r.release.set_value();
+  writer.join();
+  index.Put(KeyOf(4), 100, index.NextStamp());  // order 1, 3, 2 before it: 2 goes
+  EXPECT_EQ(r.removed, (std::vector<PageKey>{KeyOf(0), KeyOf(2)}));
+  ASSERT_EQ(log.calls.size(), 1u);
+  EXPECT_EQ(std::get<0>(log.calls[0]), KeyOf(1));
+}
+
+TEST(FileIndexTest, FullTouchQueueDropsTheOldest) {
+  BlockingRemover r;
+  TouchLog log;
+  FileIndex index(300, r.fn(), nullptr, log.fn());
+  index.set_pending_touch_limit(2);
+  int64_t put3 = 0;
+  std::thread writer = PutWhileRemoveBlocks(index, r, &put3);
+  for (int k : {1, 2, 3}) EXPECT_EQ(index.Touch(KeyOf(k), 100, std::nullopt, k), std::nullopt);
+  r.release.set_value();
+  writer.join();
+  index.ApplyPendingTouches();
+  ASSERT_EQ(log.calls.size(), 2u);  // 1's was dropped
+  EXPECT_EQ(std::get<0>(log.calls[0]), KeyOf(2));
+  EXPECT_EQ(std::get<2>(log.calls[0]), 2);
+  EXPECT_EQ(std::get<0>(log.calls[1]), KeyOf(3));
+  EXPECT_LT(std::get<1>(log.calls[0]), std::get<1>(log.calls[1]));
+  EXPECT_EQ(index.LruOrder(), (std::vector<PageKey>{KeyOf(3), KeyOf(2), KeyOf(1)}));
+  const FileIndex::TouchCounts c = index.touch_counts();
+  EXPECT_EQ(c.deferred, 3);
+  EXPECT_EQ(c.dropped, 1);
+  index.ApplyPendingTouches();  // nothing left
+  EXPECT_EQ(log.calls.size(), 2u);
+}
+
+// Readers touching while a writer puts and evicts (its remove slow): the stamps handed out are
+// strictly increasing, every touch is counted once (at once or queued), and a Put evicts the
+// index down to its capacity. (Under TSan: the queue and the index share no unguarded state.)
+TEST(FileIndexTest, ConcurrentTouchesAndEvictionsKeepStampsIncreasing) {
+  constexpr int kPages = 8;
+  TouchLog log;
+  FileIndex index(
+      kPages * 10,
+      [](const PageKey&) { std::this_thread::sleep_for(std::chrono::microseconds(50)); }, nullptr,
+      log.fn());
+  for (int i = 0; i < kPages; ++i) index.Put(KeyOf(i), 10, index.NextStamp());
+  constexpr int kReaders = 3, kTouches = 2000;
+  std::vector<std::thread> readers;
+  for (int t = 0; t < kReaders; ++t) {
+    readers.emplace_back([&index, t] {
+      for (int i = 0; i < kTouches; ++i) index.Touch(KeyOf((i * 7 + t) % (4 * kPages)), 10);
+    });
+  }
+  for (int i = kPages; i < kPages + 500; ++i)
+    index.Put(KeyOf(i % (4 * kPages)), 10, index.NextStamp());
+  for (std::thread& r : readers) r.join();
+  index.ApplyPendingTouches();
+  index.Put(KeyOf(0), 10, index.NextStamp());  // (a touch of an unknown key adds it unevicted)
+  EXPECT_LE(index.bytes(), kPages * 10);
+  const FileIndex::TouchCounts c = index.touch_counts();
+  EXPECT_EQ(c.at_once + c.deferred, kReaders * kTouches);
+  EXPECT_EQ(c.dropped, 0);
+  std::lock_guard<std::mutex> lock(log.mu);
+  EXPECT_GE(static_cast<int64_t>(log.calls.size()), c.at_once);
+  for (size_t i = 1; i < log.calls.size(); ++i) {
+    ASSERT_GT(std::get<1>(log.calls[i]), std::get<1>(log.calls[i - 1]));
+  }
 }
 
 }  // namespace
