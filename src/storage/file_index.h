@@ -22,13 +22,14 @@
 // HitStamper in file_backend.cc) and its stamper thread writes it behind the reads, within about
 // 0.5 s, and every pending one at Close (within 2 s), each only onto the file that was hit and
 // only when that file's mtime is older (never over a page written after the hit). The order in
-// this index is exact. The order a restart recovers by sorting the files by mtime is exact to
-// within the granularity, once the pending stamps are written: of two pages last used further
-// apart the later is the more recent after the restart, while a page hit again within the
-// granularity of its stamp keeps its earlier place. Approximations beyond that: a crash (or a
-// Close past its budget) loses the pending stamps, so a restart orders pages hit in the last
-// ~0.5 s by their earlier stamps; and when more hits are pending than the bound (64 Ki pages)
-// the oldest pending is dropped (counted), its page keeping its earlier stamp on disk.
+// this index is exact (a hit queued behind a writer included: "Deferred touches" below). The order
+// a restart recovers by sorting the files by mtime is exact to within the granularity, once the
+// pending stamps are written: of two pages last used further apart the later is the more recent
+// after the restart, while a page hit again within the granularity of its stamp keeps its earlier
+// place. Approximations beyond that: a crash (or a Close past its budget) loses the pending stamps,
+// so a restart orders pages hit in the last ~0.5 s by their earlier stamps; and when more hits are
+// pending than the bound (64 Ki pages) the oldest pending is dropped (counted), its page keeping
+// its earlier stamp on disk.
 //
 // Invariants (under `mu_`): `pages_` holds the known pages, their parents and recency; its bytes
 // are the sum of their sizes and, after Put or Load returns, at most `capacity` (except a lone page
@@ -42,7 +43,7 @@
 // when another thread holds it, the touch is queued (its key, bytes, parent and the mtime the
 // read saw) in a bounded buffer under its own mutex, never held across I/O nor while taking
 // `mu_`, and Touch returns at once. Every other method that takes `mu_` and reads or changes the
-// order or the set of pages (Load, Put and its eviction, Touch, AddFound, DropOrphan, Gone,
+// order or the set of pages (Load, Put and its eviction, Touch, AddFound, DropOrphan,
 // Erase, LruOrder, ParentOf, ApplyPendingTouches) first applies the queued touches, in the order
 // they were queued, each then getting its stamp; a queued touch of a key no longer stored (evicted
 // or erased meanwhile; or a page another process wrote, not yet known here) is skipped, so no
