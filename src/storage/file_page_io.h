@@ -5,7 +5,8 @@
 // file.
 //
 // Reads. Thread path (ReadPage): the header and the first chunk of the payload in one preadv,
-// then chunk by chunk (256 KiB, the later chunks at file offsets that are multiples of it), every
+// then chunk by chunk (256 KiB, the later chunks at file offsets that are multiples of it; a
+// remainder of at most 64 KiB goes with the chunk before it, one call less per page), every
 // read straight into the caller's buffer and each chunk hashed as soon as it has landed, while it
 // is still in this core's cache; the checks run in the documented order (length, header,
 // padding, payload checksum) and a bad header ends the read early. io_uring

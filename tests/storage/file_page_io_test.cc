@@ -208,6 +208,66 @@ TEST_P(FilePageIoTest, UringBatchChecksEachPageAndReportsHits) {
 }
 #endif
 
+// Pages around the thread path's chunk boundaries (a first chunk of 252 KiB, then 256 KiB ones,
+// a last remainder of at most 64 KiB read with the chunk before it): each reads back byte for
+// byte in one segment and in two, and a flipped last byte or one byte more in the file is
+// kCorrupt.
+TEST(FilePageIoChunksTest, PagesAroundChunkBoundariesReadAndCheckEveryByte) {
+  std::string tmpl = "/tmp/kvtier_file_page_io_chunks_XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+  const std::string dir = tmpl;
+  constexpr int64_t kKiB = 1024;
+  std::mt19937 rng(11);
+  for (const int64_t bytes : {252 * kKiB, 252 * kKiB + 1, 316 * kKiB, 316 * kKiB + 1, 508 * kKiB,
+                              512 * kKiB, 572 * kKiB + 1, 2048 * kKiB}) {
+    for (const bool two : {false, true}) {
+      SCOPED_TRACE(::testing::Message()
+                   << bytes << " bytes, " << (two ? "two" : "one") << " segments");
+      std::vector<std::byte> page(static_cast<size_t>(bytes));
+      for (auto& b : page) b = static_cast<std::byte>(rng());
+      auto buffer_of = [&](std::vector<std::byte>& v) {
+        const size_t split = static_cast<size_t>(bytes) / 3 + 1;
+        return two ? PageBuffer::Of(std::span(v).first(split), std::span(v).subspan(split))
+                   : PageBuffer::Of(v);
+      };
+      const int64_t file_bytes = static_cast<int64_t>(kFilePayloadOffset) + bytes;
+      const PageFileIo io(kNamespace, file_bytes, /*direct=*/false);
+      const PageKey key = KeyOf(static_cast<uint8_t>(bytes % 251));
+      const std::string path = dir + "/" + key.Hex();
+      fs::remove(path);
+      int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+      ASSERT_GE(fd, 0) << std::strerror(errno);
+      ASSERT_TRUE(io.WritePage(fd, key, buffer_of(page))) << std::strerror(errno);
+      ::close(fd);
+      auto read = [&](bool* same) {
+        std::vector<std::byte> out(page.size(), std::byte{0xCD});
+        const PageBuffer buffer = buffer_of(out);
+        PageRead r;
+        r.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+        EXPECT_GE(r.fd, 0) << std::strerror(errno);
+        io.PrepareRead(buffer, r);
+        const PageStatus st = io.ReadPage(key, buffer, r);
+        *same = out == page;
+        return st;
+      };
+      bool same = false;
+      EXPECT_EQ(read(&same), PageStatus::kOk);
+      EXPECT_TRUE(same);
+      fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+      ASSERT_GE(fd, 0);
+      const std::byte flipped[1] = {page.back() ^ std::byte{0x01}};
+      ASSERT_TRUE(WriteFull(fd, flipped, 1, file_bytes - 1));
+      EXPECT_EQ(read(&same), PageStatus::kCorrupt);
+      ASSERT_TRUE(WriteFull(fd, &page.back(), 1, file_bytes - 1));  // restored
+      EXPECT_EQ(read(&same), PageStatus::kOk);
+      ASSERT_TRUE(WriteFull(fd, flipped, 1, file_bytes));  // one byte more
+      EXPECT_EQ(read(&same), PageStatus::kCorrupt);
+      ::close(fd);
+    }
+  }
+  fs::remove_all(dir);
+}
+
 INSTANTIATE_TEST_SUITE_P(Segments, FilePageIoTest, ::testing::Bool(),
                          [](const auto& info) { return info.param ? "two" : "one"; });
 
