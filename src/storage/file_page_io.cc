@@ -126,8 +126,10 @@ PageRead::~PageRead() {
 }
 
 bool PageRead::PadIsZero(size_t header_bytes) const {
-  return std::all_of(head + std::min(header_bytes, sizeof(head)), head + sizeof(head),
-                     [](std::byte b) { return b == std::byte{0}; });
+  // memcmp against zeros: a byte-by-byte loop over the 4 KiB was ~1 % of a 512 KiB Get's CPU.
+  static constexpr std::byte kZeros[sizeof(head)] = {};
+  const size_t from = std::min(header_bytes, sizeof(head));
+  return std::memcmp(head + from, kZeros, sizeof(head) - from) == 0;
 }
 
 void PageRead::Prepare(const PageBuffer& buffer) {
