@@ -1,7 +1,8 @@
 // The `file://` backend (file_backend.h): the store's requests and its paths and files (opening,
 // publishing, removing and stamping them). Which pages are stored, their LRU order and the
 // capacity live in the index (file_index.h); a page file's bytes and their checks in the page I/O
-// (file_page_io.h); whole reads/writes and opens beneath the store root in file_io.h.
+// (file_page_io.h); whole reads/writes and opens beneath the store root in file_io.h; hits'
+// stamps written behind the reads in hit_stamper.h; the sampled Get profile in read_profile.h.
 //
 // Paths: the backend holds the store root open (`root_`, reopened by path if the root is removed
 // while running) and reaches every file through OpenBeneath from it: "<ns>/<shard>/<hex>" for a
@@ -10,15 +11,13 @@
 // into a shard that is a symlink kFailed (with a warning), so nothing is written outside the
 // store.
 //
-// Thread safety: the index has its own mutex, the stamper (HitStamper: hits' stamps written to
-// the files behind the reads) its own; `root_` is swapped under `dirs_mu_` and read
-// through an atomic shared_ptr; `noatime_` is a relaxed atomic that only goes from true to false;
-// files are reached only through open/rename/unlink, which the kernel orders.
+// Thread safety: the index has its own mutex, the stamper its own; `root_` is swapped under
+// `dirs_mu_` and read through an atomic shared_ptr; `noatime_` is a relaxed atomic that only goes
+// from true to false; files are reached only through open/rename/unlink, which the kernel orders.
 #include "storage/file_backend.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -26,17 +25,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <condition_variable>
 #include <cstring>
-#include <ctime>
-#include <functional>
-#include <limits>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <thread>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -47,8 +39,10 @@
 #include "storage/file_index.h"
 #include "storage/file_io.h"
 #include "storage/file_page_io.h"
+#include "storage/hit_stamper.h"
 #include "storage/page_format.h"
 #include "storage/page_pins.h"
+#include "storage/read_profile.h"
 #include "storage/storage_url.h"
 #include "util/log.h"
 
@@ -111,195 +105,6 @@ Status MakeDirs(const std::string& path) {
 std::string FormatBytes(int64_t bytes) {
   return fmt::format("{:.1f} GiB", static_cast<double>(bytes) / double(int64_t{1} << 30));
 }
-
-// This thread's clock, its CPU time (CLOCK_THREAD_CPUTIME_ID: exact, where getrusage's is
-// updated only at ticks) and its voluntary / involuntary context switches (getrusage).
-struct ThreadTimes {
-  Clock::time_point wall;
-  int64_t cpu_ns = 0, sleeps = 0, preemptions = 0;
-
-  // At the start of what is measured (`start`: the clock read last) or its end (first), so the
-  // system calls here are not in the measured wall time.
-  static ThreadTimes Now(bool start) {
-    ThreadTimes t;
-    if (!start) t.wall = Clock::now();
-    rusage ru;
-    if (::getrusage(RUSAGE_THREAD, &ru) == 0) {
-      t.sleeps = ru.ru_nvcsw;
-      t.preemptions = ru.ru_nivcsw;
-    }
-    timespec cpu;
-    if (::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu) == 0) {
-      t.cpu_ns = int64_t{cpu.tv_sec} * 1'000'000'000 + cpu.tv_nsec;
-    }
-    if (start) t.wall = Clock::now();
-    return t;
-  }
-};
-
-// Where the thread path's page reads spent their time, summed over pages and threads (relaxed
-// atomics: totals, read after the I/O threads have stopped).
-class ReadProfile {
- public:
-  // One page in this many of each I/O thread is profiled: the two clock readings and getrusage
-  // at each end cost about 1.6 us, 0.5 % of a hot 2 MiB read, 0.06 % sampled.
-  static constexpr uint32_t kSampleEvery = 8;
-
-  struct Totals {
-    int64_t pages = 0, hits = 0, wall_ns = 0, open_ns = 0, read_ns = 0, stamp_ns = 0, cpu_ns = 0,
-            sleeps = 0, preemptions = 0;
-  };
-
-  // One page: started at `start`, opened at `opened`, read and checked at `checked`, done (a
-  // hit: marked in the index, its stamp left pending for the stamper) at `end`.
-  void Add(const ThreadTimes& start, Clock::time_point opened, Clock::time_point checked,
-           const ThreadTimes& end, bool hit) {
-    auto ns = [](Clock::duration d) {
-      return std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
-    };
-    pages_.fetch_add(1, kRelaxed);
-    if (hit) hits_.fetch_add(1, kRelaxed);
-    wall_ns_.fetch_add(ns(end.wall - start.wall), kRelaxed);
-    open_ns_.fetch_add(ns(opened - start.wall), kRelaxed);
-    read_ns_.fetch_add(ns(checked - opened), kRelaxed);
-    stamp_ns_.fetch_add(ns(end.wall - checked), kRelaxed);
-    cpu_ns_.fetch_add(end.cpu_ns - start.cpu_ns, kRelaxed);
-    sleeps_.fetch_add(end.sleeps - start.sleeps, kRelaxed);
-    preemptions_.fetch_add(end.preemptions - start.preemptions, kRelaxed);
-  }
-
-  Totals Get() const {
-    return {pages_.load(kRelaxed),   hits_.load(kRelaxed),    wall_ns_.load(kRelaxed),
-            open_ns_.load(kRelaxed), read_ns_.load(kRelaxed), stamp_ns_.load(kRelaxed),
-            cpu_ns_.load(kRelaxed),  sleeps_.load(kRelaxed),  preemptions_.load(kRelaxed)};
-  }
-
- private:
-  static constexpr std::memory_order kRelaxed = std::memory_order_relaxed;
-  std::atomic<int64_t> pages_{0}, hits_{0}, wall_ns_{0}, open_ns_{0}, read_ns_{0}, stamp_ns_{0},
-      cpu_ns_{0}, sleeps_{0}, preemptions_{0};
-};
-
-// The stamps of hits waiting to be written to their page files' mtimes (file_index.h "Stamps"),
-// and the one thread that writes them, so that no read waits for an inode write (on ext4 a
-// journal handle, which blocks behind heavy writers: issue 23). A key has at most one pending
-// stamp, its latest. Bounded: a stamp added to a full map drops the oldest pending one (that page
-// keeps its older stamp on disk: counted as dropped). The thread takes everything pending every
-// `period`, or at once when `wake_at` are pending, and writes it oldest first through `write`
-// (which says whether it wrote it); Stop writes what is left within its budget, then gives up.
-//
-// Thread safety: Add and counts from any thread; Start, then Stop (idempotent) from one.
-class HitStamper {
- public:
-  enum class Outcome { kWritten, kSkipped };  // skipped: the file is gone, newer, or refused it
-  using Write = std::function<Outcome(const PageKey& key, int64_t stamp)>;
-
-  struct Counts {
-    int64_t written = 0, skipped = 0, dropped = 0, left = 0, pending = 0;
-  };
-
-  HitStamper(size_t limit, size_t wake_at, Clock::duration period, Write write)
-      : limit_(std::max<size_t>(limit, 1)),
-        wake_at_(std::max<size_t>(wake_at, 1)),
-        period_(period),
-        write_(std::move(write)) {}
-  ~HitStamper() { Stop(Clock::duration::zero()); }
-  HitStamper(const HitStamper&) = delete;
-  HitStamper& operator=(const HitStamper&) = delete;
-
-  void Start() {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!thread_.joinable() && !stopping_) thread_ = std::thread([this] { Loop(); });
-  }
-
-  // `stamp` for `key` (greater than any stamp added for it before: NextStamp's are increasing).
-  void Add(const PageKey& key, int64_t stamp) {
-    bool wake = false;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto [it, added] = stamp_of_.try_emplace(key, stamp);
-      if (!added) {
-        by_stamp_.erase(it->second);
-        it->second = stamp;
-      }
-      by_stamp_.emplace(stamp, key);
-      if (by_stamp_.size() > limit_) {
-        stamp_of_.erase(by_stamp_.begin()->second);
-        by_stamp_.erase(by_stamp_.begin());
-        ++dropped_;
-      }
-      wake = by_stamp_.size() == wake_at_;
-    }
-    if (wake) cv_.notify_one();
-  }
-
-  // Stops the thread after it has written what is pending, giving up on what it has not written
-  // within `budget` (counted as left). Idempotent.
-  void Stop(Clock::duration budget) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (stopping_) return;
-      stopping_ = true;
-      stop_deadline_.store((Clock::now() + budget).time_since_epoch().count(),
-                           std::memory_order_relaxed);
-    }
-    cv_.notify_one();
-    if (thread_.joinable()) thread_.join();
-    WriteAll();  // what was added after the thread's last batch (none when it ran to the end)
-  }
-
-  Counts counts() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return {written_, skipped_, dropped_, left_, static_cast<int64_t>(by_stamp_.size())};
-  }
-
- private:
-  void Loop() {
-    std::unique_lock<std::mutex> lock(mu_);
-    while (!stopping_) {
-      cv_.wait_for(lock, period_, [&] { return stopping_ || by_stamp_.size() >= wake_at_; });
-      lock.unlock();
-      WriteAll();
-      lock.lock();
-    }
-  }
-
-  // Takes what is pending and writes it, oldest first, until the stop deadline (if any).
-  void WriteAll() {
-    std::map<int64_t, PageKey> batch;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      batch.swap(by_stamp_);
-      stamp_of_.clear();
-    }
-    int64_t written = 0, skipped = 0, left = 0;
-    for (const auto& [stamp, key] : batch) {
-      if (Clock::now().time_since_epoch().count() >
-          stop_deadline_.load(std::memory_order_relaxed)) {
-        ++left;
-        continue;
-      }
-      ++(write_(key, stamp) == Outcome::kWritten ? written : skipped);
-    }
-    std::lock_guard<std::mutex> lock(mu_);
-    written_ += written;
-    skipped_ += skipped;
-    left_ += left;
-  }
-
-  const size_t limit_, wake_at_;
-  const Clock::duration period_;
-  const Write write_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::unordered_map<PageKey, int64_t, PageKeyHash> stamp_of_;  // key -> its pending stamp
-  std::map<int64_t, PageKey> by_stamp_;                         // the same, oldest first
-  bool stopping_ = false;
-  int64_t written_ = 0, skipped_ = 0, dropped_ = 0, left_ = 0;
-  // Steady-clock ticks after which nothing more is written (max until Stop).
-  std::atomic<Clock::rep> stop_deadline_{std::numeric_limits<Clock::rep>::max()};
-  std::thread thread_;
-};
 
 class FileBackend final : public StorageBackend {
  public:
