@@ -150,7 +150,7 @@ std::vector<std::byte> EncodeCopy(const TpCopy& copy, uint64_t seq) {
   return out;
 }
 
-Result<TpCopy> DecodeCopy(std::span<const std::byte> record) {
+Result<TpCopy> DecodeCopy(std::span<const std::byte> record, int64_t max_slots) {
   const int64_t n = static_cast<int64_t>(record.size());
   if (n < static_cast<int64_t>(sizeof(RecordHeader) + sizeof(CopyBody))) {
     return Status::Corruption(fmt::format("tp record: {} bytes is too short for a copy", n));
@@ -170,6 +170,11 @@ Result<TpCopy> DecodeCopy(std::span<const std::byte> record) {
         "tp record {}: bad copy header (tiers {}/{}, slots {}, layers {}+{}/{}, runs {}/{})", h.seq,
         b.src_tier, b.dst_tier, b.num_slots, b.src_layer, b.num_layers, b.dst_layer, b.src_runs,
         b.dst_runs));
+  }
+  if (b.num_slots > max_slots) {
+    return Status::Corruption(
+        fmt::format("tp record {}: a copy of {} slots, more than a region holds ({} slots)", h.seq,
+                    b.num_slots, max_slots));
   }
   TpCopy c;
   c.src = static_cast<TpTier>(b.src_tier);

@@ -25,6 +25,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <vector>
 
@@ -158,8 +159,12 @@ Status ValidateCopy(const TpCopy& copy);
 std::vector<std::byte> EncodeCopy(const TpCopy& copy, uint64_t seq);
 // Bytes EncodeCopy would return (without encoding).
 int64_t EncodedCopyBytes(const TpCopy& copy);
-// Decodes a kCopy record (`record` spans its header.bytes); Corruption naming what is wrong.
-Result<TpCopy> DecodeCopy(std::span<const std::byte> record);
+// Decodes a kCopy record (`record` spans its header.bytes); Corruption naming what is wrong,
+// among it a copy of more than `max_slots` slots (a rank passes its regions' size), refused
+// before its slot lists are expanded: a damaged record must not make a rank allocate without
+// limit.
+Result<TpCopy> DecodeCopy(std::span<const std::byte> record,
+                          int64_t max_slots = std::numeric_limits<int64_t>::max());
 
 // The record of an engine message or a storage decision (seq 0; the leader sets it when it
 // publishes).

@@ -148,20 +148,9 @@ struct TpFollower::Impl {
       Applied(next, 0);
       return static_cast<int64_t>(rh.bytes);
     }
-    if (rh.type == static_cast<uint32_t>(RecordType::kCopy) &&
-        rh.bytes >= sizeof(RecordHeader) + sizeof(tp::CopyBody)) {
-      // The slot lists are expanded from their runs: bounded by the regions first, so a damaged
-      // record cannot make this rank allocate without limit.
-      tp::CopyBody b;
-      std::memcpy(&b, data + off + sizeof(RecordHeader), sizeof(b));
-      if (b.num_slots > std::max(shape.device_slots, shape.host_slots)) {
-        return Fail(next, Status::Corruption(fmt::format(
-                              "tp record {}: a copy of {} slots, more than a region holds ({} "
-                              "device, {} host slots)",
-                              next, b.num_slots, shape.device_slots, shape.host_slots)));
-      }
-    }
-    Result<TpCopy> copy = tp::DecodeCopy(std::span(data + off, rh.bytes));
+    // Bounded by the larger region: the slot lists are expanded from their runs.
+    Result<TpCopy> copy = tp::DecodeCopy(std::span(data + off, rh.bytes),
+                                         std::max(shape.device_slots, shape.host_slots));
     if (!copy.ok()) return Fail(next, copy.status());
     const KvRegion& src = copy->src == TpTier::kDevice ? device : host;
     const KvRegion& dst = copy->dst == TpTier::kDevice ? device : host;
