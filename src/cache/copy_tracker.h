@@ -106,6 +106,14 @@ struct CopyOp {
 
 class CopyTracker {
  public:
+  CopyTracker() = default;
+  // Every completion notifies under mu_, but a reaper sees an op done through its atomic `done`
+  // without mu_ (IsDone), so the cache may be torn down while the op's completer (a storage I/O
+  // thread) is still inside its critical section: taking mu_ once here waits for it to leave
+  // before cv_ and mu_ go.
+  ~CopyTracker() { std::lock_guard<std::mutex> lk(mu_); }
+  CopyTracker(const CopyTracker&) = delete;
+  CopyTracker& operator=(const CopyTracker&) = delete;
   // Registers an operation (under the cache's mutex).
   void Add(std::shared_ptr<CopyOp> op) KVTIER_REQUIRES(kCacheLock) {
     ops_.push_back(std::move(op));
