@@ -7,7 +7,8 @@
 // run concurrently, with a bound on the queue and rejection instead of waiting. They are also
 // the only I/O threads a backend has: a hook that wants a batch's pages done in parallel calls
 // ParallelFor, which shares the pages out to the I/O threads that are idle (the calling thread
-// works through them too, so it never waits for a thread to come free).
+// works through them too, so it never waits for a thread to come free; once they are all claimed,
+// a read's caller runs pages of other reads while the last of its own finish).
 //
 // Reads before writes: Exists and Get wait in `reads`, Set and Remove in `writes`, each queue
 // bounded on its own. A free I/O thread always takes read work first (pages of a running read's
@@ -15,7 +16,8 @@
 // Writes have a bounded share of the threads: at most `max_writers` (io_threads minus a quarter
 // of them, at least one left for reads; all of them when there is only one) run write work — a
 // write call or pages of a write's ParallelFor — at once. Reads keep io_threads threads of their
-// own: the backend runs io_threads + max_writers threads (one in all for io_threads = 1), so a
+// own, and run on at most that many at once (the same-run baseline's thread count): the backend
+// runs io_threads + max_writers threads (one in all for io_threads = 1), so a
 // write page that holds its thread for long (a store that writes slowly: on the GPU replay's
 // disk an 8 MiB page took tens of ms) never leaves reads fewer threads than the same-run
 // baseline of io_threads pread threads has. While reads are waiting or running, the writers'
@@ -39,12 +41,12 @@
 // most `options.max_queued_batches`; `pending_writes` counts, per key, the queued and running
 // writes naming it; every held read names a key of `pending_writes`; `writers` counts the threads
 // running write work and is at most `max_writers`; `paused_writers` counts the write owners
-// stepped aside (not in `writers`); `readers` counts the threads running read work; no idle
-// thread takes write work while `writers` + `paused_writers` >= WriterShareLocked(); a job is in
-// `read_jobs` / `write_jobs` exactly while it has pages nobody has claimed; calls are added only
-// while `running`; once it is cleared (Close) the threads drain all queues and exit. Every accepted
-// call has its `done` run exactly once, by the I/O thread that ran it; a rejected call has it run
-// at once by its caller.
+// stepped aside (not in `writers`); `readers` counts the threads running read work and is at most
+// `max_readers` (io_threads); no idle thread takes write work while `writers` + `paused_writers` >=
+// WriterShareLocked(); a job is in `read_jobs` / `write_jobs` exactly while it has pages nobody has
+// claimed; calls are added only while `running`; once it is cleared (Close) the threads drain all
+// queues and exit. Every accepted call has its `done` run exactly once, by the I/O thread that ran
+// it; a rejected call has it run at once by its caller.
 //
 // Thread safety: every public method may be called from any thread; Close is serialised by
 // `close_mu`.
@@ -141,11 +143,13 @@ struct StorageBackend::Queue {
   std::mutex mu;
   std::condition_variable cv;
   std::condition_variable job_cv;    // a job's owner waits here for pages other threads run
+  int waiting_read_owners = 0;       // guarded by mu: read owners waiting in job_cv
   std::deque<Job*> read_jobs;        // guarded by mu
   std::deque<Job*> write_jobs;       // guarded by mu
   int writers = 0;                   // guarded by mu
   int paused_writers = 0;            // guarded by mu: write owners stepped aside for reads
   int readers = 0;                   // guarded by mu
+  int max_readers = 1;               // set by Start: io_threads
   std::condition_variable pause_cv;  // paused write owners wait here
   int max_writers = 1;               // set by Start
   int read_time_writers = 1;         // set by Start: the writers' share while reads are about
@@ -172,9 +176,13 @@ struct StorageBackend::Queue {
               std::vector<std::optional<PageKey>> parents = {});
   // Under `mu`: whether an I/O thread may take work now.
   bool HasWorkLocked() const {
-    return !read_jobs.empty() || !reads.empty() ||
+    return (ReadRoomLocked() && (!read_jobs.empty() || !reads.empty())) ||
            (WriteRoomLocked() && (!write_jobs.empty() || !writes.empty()));
   }
+  // Under `mu`: whether an idle thread may start read work: reads run on at most io_threads
+  // threads at once (the threads beyond them are the writers'), so a read batch gets what
+  // io_threads plain pread threads get, never more threads than that.
+  bool ReadRoomLocked() const { return readers < max_readers; }
   // Under `mu`: whether an idle thread may start write work: below the writers' share, counting
   // the paused write owners (they resume first).
   bool WriteRoomLocked() const { return writers + paused_writers < WriterShareLocked(); }
@@ -278,6 +286,7 @@ Status StorageBackend::Start() {
   queue_->max_writers =
       options_.io_threads == 1 ? 1 : options_.io_threads - std::max(1, options_.io_threads / 4);
   queue_->read_time_writers = std::max(1, options_.io_threads / 4);
+  queue_->max_readers = options_.io_threads;
   // io_threads for reads, and beyond them a thread for each writer of the writers' share (one
   // thread in all for io_threads = 1, which keeps calls in order): write pages on a store that
   // writes slowly hold their threads for long, and reads must not have to wait for them.
@@ -319,7 +328,7 @@ void StorageBackend::Queue::StepAsideLocked(std::unique_lock<std::mutex>& lock,
   while (running && writers > WriterShareLocked() && Clock::now() < deadline) {
     --writers;
     ++paused_writers;
-    if (!read_jobs.empty()) {
+    if (!read_jobs.empty() && ReadRoomLocked()) {
       Job& read = *read_jobs.front();
       int64_t page = 0;
       ClaimLocked(read, &page);  // a listed job has a page left
@@ -330,7 +339,8 @@ void StorageBackend::Queue::StepAsideLocked(std::unique_lock<std::mutex>& lock,
       if (ReadDoneLocked()) cv.notify_all();
     } else {
       pause_cv.wait_until(lock, deadline, [&] {
-        return !running || !read_jobs.empty() || writers < WriterShareLocked();
+        return !running || (!read_jobs.empty() && ReadRoomLocked()) ||
+               writers < WriterShareLocked();
       });
     }
     --paused_writers;
@@ -349,8 +359,9 @@ void StorageBackend::Queue::Loop(StorageBackend& b) {
       if (!HasWorkLocked()) return;  // closing and drained
       // Read work first: a page of a running read, then a read call; write work only while
       // writes hold fewer than their share of the threads.
-      Job* job = !read_jobs.empty()                         ? read_jobs.front()
-                 : !reads.empty()                           ? nullptr
+      const bool read_room = ReadRoomLocked();
+      Job* job = read_room && !read_jobs.empty()            ? read_jobs.front()
+                 : read_room && !reads.empty()              ? nullptr
                  : WriteRoomLocked() && !write_jobs.empty() ? write_jobs.front()
                                                             : nullptr;
       if (job != nullptr) {
@@ -373,7 +384,7 @@ void StorageBackend::Queue::Loop(StorageBackend& b) {
         if (wake) (write ? cv.notify_one() : cv.notify_all());
         continue;
       }
-      const bool read = !reads.empty();
+      const bool read = read_room && !reads.empty();
       std::deque<Call>& from = read ? reads : writes;
       call = std::move(from.front());
       from.pop_front();
@@ -417,8 +428,10 @@ void StorageBackend::Queue::ParallelFor(int64_t n, const std::function<void(int6
   Job job{&fn, n, write};
   std::unique_lock<std::mutex> lock(mu);
   (write ? write_jobs : read_jobs).push_back(&job);
+  const bool wake_owners = !write && waiting_read_owners > 0;
   if (!write) WakePausedLocked();  // paused write owners help with its pages
   lock.unlock();
+  if (wake_owners) job_cv.notify_all();  // read owners waiting for their last pages help too
   // Helpers for the pages beyond the one this thread starts with.
   for (int64_t i = 1; i < std::min<int64_t>(n, num_threads); ++i) cv.notify_one();
   int64_t page = 0;
@@ -430,8 +443,25 @@ void StorageBackend::Queue::ParallelFor(int64_t n, const std::function<void(int6
     if (!claimed) break;
     RunPage(job, page);
   }
+  // Every page is claimed; other threads run the last ones. A read's owner does not idle
+  // meanwhile: it runs pages of other read jobs, one at a time (its own call's completion waits
+  // at most one such page longer). Without this each read call left its thread idle at its tail,
+  // and a prefetch's batches ran on fewer threads than the baseline's io_threads.
   lock.lock();
-  job_cv.wait(lock, [&] { return job.finished == job.n; });
+  while (job.finished != job.n) {
+    if (!write && !read_jobs.empty()) {
+      Job& other = *read_jobs.front();
+      int64_t other_page = 0;
+      ClaimLocked(other, &other_page);  // a listed job has a page left
+      lock.unlock();
+      RunPage(other, other_page);  // `other` may be gone once its last page is counted
+      lock.lock();
+      continue;
+    }
+    ++waiting_read_owners;
+    job_cv.wait(lock);
+    --waiting_read_owners;
+  }
   tls_page_seconds += job.page_seconds;
   tls_paged = true;
 }

@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "kvtier/status.h"
 
@@ -51,6 +52,15 @@ Result<StorageCeiling> MeasureRedisReadCeiling(const std::string& url, int64_t p
 // left: mincore over a mapping (which reads nothing in). False when the file cannot be opened
 // or some of its pages stayed (tmpfs keeps them: they are the file).
 bool DropFromPageCache(const std::string& path, int64_t bytes);
+
+// One pass of `threads` threads, each taking the next file: open + pread of its first
+// `page_bytes` bytes + close, as the file backend reads a page. Into one buffer per thread (it
+// stays in the CPU's caches: a stricter ceiling), or with `into` (paths.size() * page_bytes
+// bytes, written by the caller beforehand) file i into `into + i * page_bytes`, as a cache reads
+// pages into host memory of the prefix's size. Its seconds, or -1 when a file could not be
+// opened or was shorter.
+double ReadPass(const std::vector<std::string>& paths, int64_t page_bytes, int threads,
+                char* into = nullptr);
 
 // The directory of a file:// URL ("file:///dir?capacity=..." -> "/dir"); "" for other schemes.
 std::string FileUrlDirectory(const std::string& url);

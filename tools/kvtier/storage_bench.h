@@ -27,7 +27,7 @@ struct StorageBenchOptions {
   std::string bytes_per_kind = "512MiB";  // pages per kind = this / page bytes (at least 2)
   int64_t batch_pages = 8;                // pages per Set / Get call
   int io_threads = 0;                     // the backend's; 0: the machine's default
-  int in_flight = 0;  // batches in flight at once; 0: enough for a page on every I/O thread
+  int in_flight = 0;  // batches in flight at once; 0: four pages an I/O thread, plus a batch
   int repeats = 3;    // Set+Get rounds per kind; each batch's time goes into p50/p99,
                       // throughput is the median round
   int64_t exists_keys = 1000;

@@ -2,9 +2,12 @@
 #include "storage_hit_bench.h"
 
 #include <fmt/format.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
+#include <filesystem>
 #include <limits>
 #include <memory>
 #include <random>
@@ -16,6 +19,7 @@
 #include "kvtier/testing/device_tier.h"
 #include "kvtier/testing/kv_pattern.h"
 #include "kvtier/transfer.h"
+#include "replay_ceiling.h"
 
 namespace kvtier::tools {
 
@@ -40,10 +44,30 @@ double Median(std::vector<double> v) {
 
 // The times of one cache's repeats, in seconds.
 struct Times {
-  std::vector<double> hit;   // Prefetch -> LoadBack complete (a storage hit)
-  std::vector<double> read;  // Prefetch -> FinishPrefetch (the read alone)
-  std::vector<double> load;  // LoadBack of a host hit, to completion (the load alone)
+  std::vector<double> hit;    // Prefetch -> LoadBack complete (a storage hit)
+  std::vector<double> read;   // Prefetch -> FinishPrefetch (the read alone)
+  std::vector<double> load;   // LoadBack of a host hit, to completion (the load alone)
+  std::vector<double> pread;  // the baseline: N pread threads over the store's page files
 };
+
+// A file:// store's page files: the regular files beneath its directory of a page's payload
+// plus at most a header's bytes (the store holds this bench's prefix; any other page of the
+// same size read by the baseline costs it the same). Empty for other schemes.
+std::vector<std::string> StorePageFiles(const std::string& url, int64_t page_bytes) {
+  std::vector<std::string> files;
+  const std::string dir = FileUrlDirectory(url);
+  if (dir.empty()) return files;
+  std::error_code ec;
+  for (auto it = std::filesystem::recursive_directory_iterator(dir, ec);
+       !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
+    if (!it->is_regular_file(ec) || it->is_symlink(ec)) continue;
+    const auto size = static_cast<int64_t>(it->file_size(ec));
+    if (!ec && size >= page_bytes && size <= page_bytes + (int64_t{64} << 10)) {
+      files.push_back(it->path().string());
+    }
+  }
+  return files;
+}
 
 class Bench {
  public:
@@ -63,6 +87,21 @@ class Bench {
     Side off, on;
     KVTIER_RETURN_IF_ERROR(Open(/*stream=*/false, &off));
     KVTIER_RETURN_IF_ERROR(Open(/*stream=*/true, &on));
+    page_files_ = StorePageFiles(store_->url(), kLayers * kSlotBytes * 2 * kPage);
+    // Memory like the cache's host pool (anonymous, advised to transparent huge pages), one page
+    // per file, written before the first pass.
+    const size_t into_bytes = std::max<size_t>(
+        1, page_files_.size() * static_cast<size_t>(kLayers * kSlotBytes * 2 * kPage));
+    void* into =
+        ::mmap(nullptr, into_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (into == MAP_FAILED) return Status::OutOfMemory("the pread baseline's memory");
+    pread_into_ = {static_cast<char*>(into), Unmap{into_bytes}};
+    (void)::madvise(into, into_bytes, MADV_HUGEPAGE);
+    std::memset(into, 1, into_bytes);
+    if (!page_files_.empty() && static_cast<int64_t>(page_files_.size()) != o_.tokens / kPage) {
+      fmt::print("note: the store's directory holds {} page files, the prefix {} pages\n",
+                 page_files_.size(), o_.tokens / kPage);
+    }
     for (int r = 0; r < o_.repeats + 1; ++r) {  // the first is a warm-up
       const bool timed = r > 0;
       for (Side* side : {&off, &on}) {
@@ -74,6 +113,12 @@ class Bench {
       if (timed) {
         unstreamed->read.push_back(read);
         unstreamed->load.push_back(load);
+      }
+      if (timed && !page_files_.empty()) {
+        const double pread = ReadPass(page_files_, kLayers * kSlotBytes * 2 * kPage,
+                                      store_->options().io_threads, pread_into_.get());
+        if (pread < 0) return Status::IOError("the pread baseline could not read a page file");
+        unstreamed->pread.push_back(pread);
       }
     }
     return Status::OK();
@@ -164,6 +209,12 @@ class Bench {
   std::shared_ptr<StorageBackend> store_;
   std::vector<Token> tokens_;
   std::vector<uint64_t> hashes_;
+  std::vector<std::string> page_files_;  // file:// only: the baseline's files
+  struct Unmap {
+    size_t bytes;
+    void operator()(char* p) const { ::munmap(p, bytes); }
+  };
+  std::unique_ptr<char, Unmap> pread_into_{nullptr, Unmap{0}};  // where the baseline reads to
 };
 
 }  // namespace
@@ -228,6 +279,14 @@ int RunStorageHitBench(const StorageHitBenchOptions& o) {
   row("load alone (LoadBack of a host hit)", load);
   row("storage hit, unstreamed (stream_load_back=0)", Median(unstreamed.hit));
   row("storage hit, streamed (stream_load_back=1)", Median(streamed.hit));
+  if (!unstreamed.pread.empty()) {
+    const double pread = Median(unstreamed.pread);
+    row(fmt::format("{} threads of pread, the store's page files", store->options().io_threads)
+            .c_str(),
+        pread);
+    fmt::print("the read alone (a prefetch end to end) runs at {:.0f} % of the pread baseline\n",
+               100 * pread / read);
+  }
   fmt::print("every loaded byte checked: ok\n");
   return 0;
 }

@@ -8,7 +8,10 @@
 // synchronized), with stream_load_back on and off (two caches over the store, taking turns each
 // round, so that the machine's drift hits both alike). Beside them, in the same run: the read alone
 // (Prefetch -> FinishPrefetch) and the load of a host hit alone (LoadBack of the pages already in
-// host memory) — streamed, a storage hit should cost about the read, not the read plus the load.
+// host memory) — streamed, a storage hit should cost about the read, not the read plus the load —
+// and, for a file:// store, N threads (the store's I/O threads) of plain open + pread + close over
+// the store's own page files, each round after the read: the read alone is a prefetch end to
+// end, and the bench prints it as a share of that baseline.
 // Every loaded byte is checked against the KV pattern. Prints a table (median of the repeats).
 //
 // Thread safety: run from one thread.
