@@ -25,11 +25,13 @@ struct StorageBenchOptions {
   std::string url;  // empty: not a storage bench
   std::vector<std::string> kinds = {"mha16", "mha64", "mla64"};
   std::string bytes_per_kind = "512MiB";  // pages per kind = this / page bytes (at least 2)
-  int64_t batch_pages = 8;                // pages per Set / Get call
-  int io_threads = 0;                     // the backend's; 0: the machine's default
-  int in_flight = 0;  // batches in flight at once; 0: four pages an I/O thread, plus a batch
-  int repeats = 3;    // Set+Get rounds per kind; each batch's time goes into p50/p99,
-                      // throughput is the median round
+  // Pages per Set / Get call: the batch of the cache's streamed prefetch of an 8,192-token prefix
+  // at page 16 (a prefetch reads in at least 8 batches; unstreamed, batches of up to 256 pages).
+  int64_t batch_pages = 64;
+  int io_threads = 0;  // the backend's; 0: the machine's default
+  int in_flight = 0;   // batches in flight at once; 0: four pages an I/O thread, plus a batch
+  int repeats = 3;     // Set+Get rounds per kind; each batch's time goes into p50/p99,
+                       // throughput is the median round
   int64_t exists_keys = 1000;
   bool baseline = true;
   std::string json_path;
