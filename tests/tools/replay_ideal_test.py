@@ -38,7 +38,9 @@ NOISE_FRACTION = 0.02
 NOISE_MS = 0.25
 
 
-def check(report, output, want_path, failures, label, need_hidden=True):
+def check(report, output, want_path, failures, label):
+    """Appends what is wrong with one run to `failures`; returns how many of its storage hits
+    were read (at the ceiling) longer than their request's service, i.e. hidden by queueing."""
     if report["integrity"]["wrong_bytes"] != 0:
         failures.append("%s: %d wrong bytes" % (label, report["integrity"]["wrong_bytes"]))
     run = [r for r in report["runs"] if r["name"] == "hierarchy"][0]
@@ -58,9 +60,6 @@ def check(report, output, want_path, failures, label, need_hidden=True):
     hidden = [i for i in storage_requests
               if h["storage_hit"][i] * token_bytes / ceiling * 1e3
               > h["ttft_ms"][i] - h["queue_ms"][i] + NOISE_MS]
-    if need_hidden and want_path == "streamed" and not hidden:
-        failures.append("%s: no storage hit was read longer than its service (the check below "
-                        "proves nothing)" % label)
     above = [(i, h["ttft_ms"][i], h["ideal_ttft_ms"][i]) for i in range(n)
              if h["ideal_ttft_ms"][i] > h["ttft_ms"][i] * (1 + NOISE_FRACTION) + NOISE_MS]
     if above:
@@ -139,15 +138,25 @@ def check(report, output, want_path, failures, label, need_hidden=True):
         if "the same on service time" not in output:
             failures.append("%s: the printed report lacks the service-time speed-up" % label)
 
+    return len(hidden)
 
 def main():
     kvtier = sys.argv[1]
     failures = []
     with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "streamed.json")
-        report, output = run_replay(
-            [kvtier] + BASE + ["--runs", "no_cache,hierarchy", "--json", out], out, timeout=240)
-        check(report, output, "streamed", failures, "streamed")
+        # Whether a read outlasts its request's service depends on the machine's timing (a loaded
+        # machine's longer loads, a faster machine's ceiling): up to 3 runs until one has such a
+        # request, every run checked in full.
+        for attempt in range(3):
+            out = os.path.join(tmp, "streamed%d.json" % attempt)
+            report, output = run_replay(
+                [kvtier] + BASE + ["--runs", "no_cache,hierarchy", "--json", out], out,
+                timeout=240)
+            if check(report, output, "streamed", failures, "streamed, run %d" % (attempt + 1)):
+                break
+        else:
+            failures.append("streamed: in 3 runs no storage hit was read longer than its service "
+                            "(the ideal's lower bound was not tested where it matters)")
         out = os.path.join(tmp, "after_read.json")
         report, output = run_replay(
             [kvtier] + BASE + ["--runs", "hierarchy", "--no-stream-load-back", "--json", out],
@@ -164,7 +173,7 @@ def main():
         report, output = run_replay(
             [kvtier] + seq + ["--runs", "hierarchy", "--fault",
                               "storage-delay@20", "--json", out], out, timeout=240)
-        check(report, output, "streamed", failures, "sequential, slow store", need_hidden=False)
+        check(report, output, "streamed", failures, "sequential, slow store")
         h = report["timeline"]["hierarchy"]
         waited = [i for i in range(len(h["ttft_ms"]))
                   if h["streamed"][i] and h["prefetch_wait_ms"][i] > 10]

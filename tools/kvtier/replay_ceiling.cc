@@ -97,9 +97,9 @@ double ReadPass(const std::vector<std::string>& paths, int64_t page_bytes, int t
   std::vector<std::thread> pool;
   for (int t = 0; t < threads; ++t) {
     pool.emplace_back([&, t] {
-      std::vector<char>& buffer = buffers[static_cast<size_t>(t)];
+      char* scratch = into == nullptr ? buffers[static_cast<size_t>(t)].data() : nullptr;
       for (int64_t i = next++; i < files; i = next++) {
-        char* to = into == nullptr ? buffer.data() : into + i * page_bytes;
+        char* to = into == nullptr ? scratch : into + i * page_bytes;
         if (!ReadFile(paths[static_cast<size_t>(i)], to, static_cast<size_t>(page_bytes))) {
           failed = true;
         }
