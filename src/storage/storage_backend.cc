@@ -430,10 +430,16 @@ void StorageBackend::Queue::ParallelFor(int64_t n, const std::function<void(int6
   (write ? write_jobs : read_jobs).push_back(&job);
   const bool wake_owners = !write && waiting_read_owners > 0;
   if (!write) WakePausedLocked();  // paused write owners help with its pages
+  // Helpers for the pages beyond the one this thread starts with: for a read, no more than the
+  // reader slots left free (a woken thread that finds none goes back to sleep, and with many
+  // reads in flight those wake-ups took cores from the readers: 8 calls of 64 pages of 512 KiB
+  // in flight read at 60 % of the baseline, 2 at 66-73 %); threads already reading take its
+  // pages as they finish theirs.
+  const int64_t helpers = write ? std::min<int64_t>(n, num_threads) - 1
+                                : std::min<int64_t>(n - 1, std::max(0, max_readers - readers));
   lock.unlock();
   if (wake_owners) job_cv.notify_all();  // read owners waiting for their last pages help too
-  // Helpers for the pages beyond the one this thread starts with.
-  for (int64_t i = 1; i < std::min<int64_t>(n, num_threads); ++i) cv.notify_one();
+  for (int64_t i = 0; i < helpers; ++i) cv.notify_one();
   int64_t page = 0;
   for (;;) {
     lock.lock();
