@@ -182,12 +182,22 @@ Result<KindResult> RunKind(StorageBackend& backend, const std::vector<PageKey>& 
   for (int round = 0; round < o.repeats; ++round) {
     KVTIER_RETURN_IF_ERROR(RunPass(backend, /*set=*/true, keys, src, dst, o, r.set, fail));
 
+    // Exists of every page, in calls of at most the backend's max_batch_pages (a kind of more
+    // pages than that was refused: "8192 keys exceed max_batch_pages 4096"), timed together.
     const auto e0 = Clock::now();
-    const ExistsResult ex = backend.Exists(keys).get();
+    const int64_t per_call = backend.options().max_batch_pages;
+    int64_t leading = 0;
+    for (int64_t first = 0; first < n && leading == first; first += per_call) {
+      const int64_t count = std::min(per_call, n - first);
+      const ExistsResult ex =
+          backend.Exists(std::vector<PageKey>(keys.begin() + first, keys.begin() + first + count))
+              .get();
+      if (!ex.status.ok()) return ex.status.WithContext("Exists");
+      leading += ex.leading;
+    }
     r.exists.batch_ms.push_back(Seconds(e0, Clock::now()) * 1e3);
     r.exists.round_seconds.push_back(Seconds(e0, Clock::now()));
-    if (!ex.status.ok()) return ex.status.WithContext("Exists");
-    if (ex.leading != n) fail(fmt::format("Exists: {} of {} leading pages", ex.leading, n));
+    if (leading != n) fail(fmt::format("Exists: {} of {} leading pages", leading, n));
 
     dst.Poison();
     KVTIER_RETURN_IF_ERROR(RunPass(backend, /*set=*/false, keys, src, dst, o, r.get, fail));
