@@ -18,6 +18,13 @@
 #include "redis_baseline.h"
 #include "replay_ceiling.h"
 
+#define XXH_STATIC_LINKING_ONLY
+#include <xxhash.h>
+// The AVX-512 / AVX2 paths where the CPU has them, as the file store's own checksum uses.
+#if defined(__x86_64__) && __has_include(<xxh_x86dispatch.h>)
+#include <xxh_x86dispatch.h>
+#endif
+
 namespace kvtier::tools {
 namespace {
 
@@ -72,13 +79,21 @@ bool OnThreads(int threads, int64_t count, const std::function<bool(int64_t)>& f
 // about twice as fast as any write that stays.
 // `cold`: before each read pass every file is dropped from the page cache (DropFromPageCache),
 // so the reads come from the disk; Unavailable where the page cache keeps them (tmpfs).
+// `checked`: each file is read in 256 KiB chunks, each hashed with XXH3 as it lands (the file
+// store's chunk size and checksum) and the page's digest compared with its source's: what any
+// store that checks the bytes it reads can reach, beside the plain loop that checks nothing.
 Result<Baseline> FileBaseline(const std::string& dir, const PageSet& src, PageSet& dst,
                               int64_t batch_pages, int repeats, int threads, bool direct,
-                              bool cold = false) {
+                              bool cold = false, bool checked = false) {
   Baseline b;
-  b.name = fmt::format("{} thread{} {}{}", threads, threads == 1 ? "" : "s",
-                       direct ? "O_DIRECT" : "plain", cold ? " cold" : "");
+  b.name =
+      fmt::format("{} thread{} {}{}{}", threads, threads == 1 ? "" : "s",
+                  direct ? "O_DIRECT" : "plain", cold ? " cold" : "", checked ? " + XXH3" : "");
   if (cold) b.note = "fdatasync + POSIX_FADV_DONTNEED before each read pass: from the disk";
+  std::vector<uint64_t> digests;  // checked: each source page's XXH3, computed before the clock
+  for (int64_t i = 0; checked && i < src.count; ++i) {
+    digests.push_back(XXH3_64bits(src.page(i).data(), static_cast<size_t>(src.page_bytes)));
+  }
   const int direct_flag = direct ? O_DIRECT : 0;
   const size_t n = static_cast<size_t>(src.page_bytes);
   std::function<bool(int64_t)> write_one = [&](int64_t i) {
@@ -90,10 +105,25 @@ Result<Baseline> FileBaseline(const std::string& dir, const PageSet& src, PageSe
     if (fd >= 0) ::close(fd);
     return ok && ::rename(temp.c_str(), path.c_str()) == 0;
   };
+  std::atomic<int64_t> mismatched{0};
   std::function<bool(int64_t)> read_one = [&](int64_t i) {
     const std::string path = fmt::format("{}/{}", dir, i);
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | direct_flag);
-    const bool ok = fd >= 0 && ReadWhole(fd, dst.page(i).data(), n);
+    bool ok = fd >= 0;
+    if (ok && !checked) ok = ReadWhole(fd, dst.page(i).data(), n);
+    if (ok && checked) {
+      constexpr size_t kChunk = size_t{256} << 10;
+      XXH3_state_t state;
+      XXH3_INITSTATE(&state);
+      XXH3_64bits_reset(&state);
+      std::byte* to = dst.page(i).data();
+      for (size_t at = 0; ok && at < n; at += kChunk) {
+        const size_t len = std::min(kChunk, n - at);
+        ok = ::pread(fd, to + at, len, static_cast<off_t>(at)) == static_cast<ssize_t>(len);
+        if (ok) XXH3_64bits_update(&state, to + at, len);
+      }
+      if (ok && XXH3_64bits_digest(&state) != digests[static_cast<size_t>(i)]) ++mismatched;
+    }
     if (fd >= 0) ::close(fd);
     return ok;
   };
@@ -130,6 +160,10 @@ Result<Baseline> FileBaseline(const std::string& dir, const PageSet& src, PageSe
     if (const int64_t bad = dst.CountDiffering(src); bad > 0) {
       b.check_ok = false;
       b.note = fmt::format("{} pages differ", bad);
+    }
+    if (const int64_t bad = mismatched.exchange(0); bad > 0) {
+      b.check_ok = false;
+      b.note = fmt::format("{} pages' XXH3 differ", bad);
     }
   }
   return b;
@@ -223,8 +257,16 @@ Result<std::vector<Baseline>> RunBaselines(const std::string& scheme, const std:
       baselines.push_back(std::move(b));
       if (o.io_threads == 1) break;
     }
-    // Beside them, the N threads' reads from the disk (the files dropped from the page cache):
-    // context for a store the page cache cannot hold, never the reference.
+    // Beside them: the N threads' reads checked as the file store checks them (what a checked
+    // read can reach here), and their reads from the disk (the files dropped from the page
+    // cache: context for a store the page cache cannot hold); never the reference.
+    if (!direct) {
+      KVTIER_ASSIGN_OR_RETURN(
+          Baseline b, FileBaseline(file_dir, src, dst, o.batch_pages, o.repeats, o.io_threads,
+                                   /*direct=*/false, /*cold=*/false,
+                                   /*checked=*/true));
+      baselines.push_back(std::move(b));
+    }
     if (!direct) {
       Result<Baseline> cold = FileBaseline(file_dir, src, dst, o.batch_pages, o.repeats,
                                            o.io_threads, /*direct=*/false, /*cold=*/true);
