@@ -72,6 +72,11 @@ int64_t TierEvictor::EvictHost(int64_t need, CacheWork* work) {
     const int64_t pages = v->num_tokens() / core_.P;
     const int64_t take = std::min(pages, need - freed);
     if (!v->stored() && core_.storage && !planner_.policy().store_on_backup() && !v->storing()) {
+      // write_back: host memory holds the victim's only copy below the device. With the store
+      // queue full it stays there, and eviction stops until stores in flight land and make room
+      // (a Store refused here would count it queue_full and this loop would then drop it: pages
+      // lost whenever the queue filled mid-eviction).
+      if (core_.store_queue_pages >= core_.config.storage.max_backup_queue_pages) break;
       bool deferred = false;
       if (planner_.Store(v, work, &deferred)) continue;  // v is busy now; evictable once stored
       // Its path waits for a store or a copy in flight: evicting it now would lose it.
