@@ -172,7 +172,7 @@ bool BackupPlanner::Store(RadixNode* node, CacheWork* work, bool* deferred) {
   int64_t tokens = 0;
   for (RadixNode* n : path) tokens += n->num_tokens();
   int64_t pages = tokens / core_.P;
-  const int64_t room = core_.config.storage.max_backup_queue_pages - core_.store_queue_pages;
+  const int64_t room = StoreQueueRoom();
   if (room <= 0) {  // the bounded queue is full: the store is skipped
     core_.counters.storage_backup_dropped_tokens += tokens;
     ++core_.counters.storage_queue_drops;

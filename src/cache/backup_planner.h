@@ -65,6 +65,10 @@ class BackupPlanner {
   // copy in flight.
   bool Store(RadixNode* node, CacheWork* work, bool* deferred = nullptr)
       KVTIER_REQUIRES(kCacheLock);
+  // Pages the bounded store queue (max_backup_queue_pages) takes now; <= 0: it is full.
+  int64_t StoreQueueRoom() const KVTIER_REQUIRES(kCacheLock) {
+    return core_.config.storage.max_backup_queue_pages - core_.store_queue_pages;
+  }
 
   // Completions. A backup publishes its host pages (and, under a policy that stores on backup,
   // starts the store), or a failed one takes them back, deepest first. A store marks stored the

@@ -76,7 +76,7 @@ int64_t TierEvictor::EvictHost(int64_t need, CacheWork* work) {
       // queue full it stays there, and eviction stops until stores in flight land and make room
       // (a Store refused here would count it queue_full and this loop would then drop it: pages
       // lost whenever the queue filled mid-eviction).
-      if (core_.store_queue_pages >= core_.config.storage.max_backup_queue_pages) break;
+      if (planner_.StoreQueueRoom() <= 0) break;
       bool deferred = false;
       if (planner_.Store(v, work, &deferred)) continue;  // v is busy now; evictable once stored
       // Its path waits for a store or a copy in flight: evicting it now would lose it.
