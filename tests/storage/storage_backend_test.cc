@@ -39,38 +39,66 @@ PageKey KeyOf(int i) {
   return ComputePromptPageKeys(tokens, 4)->front();
 }
 
-// Hooks that record what they were given and block until the gate opens. Absent/present is
-// decided by the key's first byte so results are checkable.
-class GatedBackend final : public StorageBackend {
+// What the fake backends below share, so that each states only what differs: Open, hooks that
+// store nothing (Exists finds no page, Set and Remove do nothing) for a fake to override where
+// its test drives them, and the mutex, condition variable and gate that its hooks and its test
+// share, with helpers that read or wait under that mutex.
+// REQUIRES: a fake's destructor calls Close(): its hooks use its members, which are destroyed
+// before this class's destructor (and StorageBackend's Close) runs.
+class FakeBackend : public StorageBackend {
  public:
-  GatedBackend(const StorageNamespace& ns, const StorageOptions& options)
-      : StorageBackend("gated://", ns, options) {}
-  ~GatedBackend() override { Close(); }
   Status Open() { return Start(); }
-
+  // Lets every hook that waits at the gate go on (and any that gets there later).
   void OpenGate() {
     std::lock_guard<std::mutex> lock(mu_);
-    open_ = true;
+    gate_open_ = true;
     cv_.notify_all();
   }
+
+ protected:
+  FakeBackend(std::string url, const StorageNamespace& ns, const StorageOptions& options)
+      : StorageBackend(std::move(url), ns, options) {}
+
+  ExistsResult DoExists(std::span<const PageKey>, Clock::time_point) override { return {}; }
+  void DoSet(std::span<const PageKey>, std::span<const PageBuffer>, std::span<PageStatus>,
+             Clock::time_point) override {}
+  void DoRemove(std::span<const PageKey>, std::span<PageStatus>, Clock::time_point) override {}
+
+  // `member` (guarded by mu_) read under the lock.
+  template <class T>
+  T Locked(const T& member) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return member;
+  }
+  // Waits up to `limit` until `done()` (called under the lock) holds; false if it never did.
+  template <class Done>
+  bool WaitFor(Done done, std::chrono::seconds limit = 30s) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, limit, done);
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool gate_open_ = false;  // guarded by mu_
+};
+
+// Hooks that record what they were given and block until the gate opens. Absent/present is
+// decided by the key's first byte so results are checkable.
+class GatedBackend final : public FakeBackend {
+ public:
+  GatedBackend(const StorageNamespace& ns, const StorageOptions& options)
+      : FakeBackend("gated://", ns, options) {}
+  ~GatedBackend() override { Close(); }
+
   // Waits until `n` hooks have been entered.
   void WaitEntered(int n) {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return entered_ >= n; });
   }
-  Clock::time_point last_deadline() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return last_deadline_;
-  }
-  std::thread::id last_thread() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return last_thread_;
-  }
+  Clock::time_point last_deadline() { return Locked(last_deadline_); }
+  std::thread::id last_thread() { return Locked(last_thread_); }
   // The hooks entered so far, in order: 'E'xists, 'G'et, 'S'et, 'R'emove.
-  std::string order() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return order_;
-  }
+  std::string order() { return Locked(order_); }
 
  protected:
   ExistsResult DoExists(std::span<const PageKey> keys, Clock::time_point deadline) override {
@@ -113,12 +141,9 @@ class GatedBackend final : public StorageBackend {
     last_deadline_ = deadline;
     last_thread_ = std::this_thread::get_id();
     cv_.notify_all();
-    cv_.wait(lock, [&] { return open_; });
+    cv_.wait(lock, [&] { return gate_open_; });
   }
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool open_ = false;
   int entered_ = 0;
   Clock::time_point last_deadline_;
   std::thread::id last_thread_;
@@ -368,34 +393,20 @@ TEST(StorageBackendTest, ConcurrentCallersGetTheirOwnBytes) {
 
 // A backend whose hooks run their pages through ParallelFor; each page waits at a gate and
 // records how many pages run at once.
-class ParallelBackend final : public StorageBackend {
+class ParallelBackend final : public FakeBackend {
  public:
   ParallelBackend(const StorageNamespace& ns, const StorageOptions& options)
-      : StorageBackend("parallel://", ns, options) {}
+      : FakeBackend("parallel://", ns, options) {}
   ~ParallelBackend() override { Close(); }
-  Status Open() { return Start(); }
 
-  void OpenGate() {
-    std::lock_guard<std::mutex> lock(mu_);
-    open_ = true;
-    cv_.notify_all();
-  }
   // Waits (bounded) until `n` pages are running at once; false if that never happened.
   bool WaitRunning(int n) {
-    std::unique_lock<std::mutex> lock(mu_);
-    return cv_.wait_for(lock, 30s, [&] { return running_ >= n; });
+    return WaitFor([&] { return running_ >= n; });
   }
-  int max_running() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return max_running_;
-  }
-  std::set<std::thread::id> threads() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return threads_;
-  }
+  int max_running() { return Locked(max_running_); }
+  std::set<std::thread::id> threads() { return Locked(threads_); }
 
  protected:
-  ExistsResult DoExists(std::span<const PageKey>, Clock::time_point) override { return {}; }
   void DoGet(std::span<const PageKey> keys, std::span<const PageBuffer>, std::span<PageStatus> out,
              Clock::time_point) override {
     // Reads are not gated: they must get through while writes hold their share.
@@ -411,21 +422,17 @@ class ParallelBackend final : public StorageBackend {
       threads_.insert(std::this_thread::get_id());
       max_running_ = std::max(max_running_, ++running_);
       cv_.notify_all();
-      cv_.wait(lock, [&] { return open_; });
+      cv_.wait(lock, [&] { return gate_open_; });
       --running_;
       out[static_cast<size_t>(i)] = PageStatus::kOk;
     });
   }
-  void DoRemove(std::span<const PageKey>, std::span<PageStatus>, Clock::time_point) override {}
 
  private:
   void Note() {
     std::lock_guard<std::mutex> lock(mu_);
     threads_.insert(std::this_thread::get_id());
   }
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool open_ = false;
   int running_ = 0, max_running_ = 0;
   std::set<std::thread::id> threads_;
 };
@@ -465,45 +472,30 @@ TEST(StorageBackendTest, ParallelForSharesPagesWithinTheWritersShare) {
 }
 
 // A slow store: each Set takes 5 ms and records how many run at once, separately while a read
-// is running; each Get waits at a gate the test opens.
-class SlowWritesBackend final : public StorageBackend {
+// is running; each Get waits at the gate (OpenGate), which only reads wait at.
+class SlowWritesBackend final : public FakeBackend {
  public:
   SlowWritesBackend(const StorageNamespace& ns, const StorageOptions& options)
-      : StorageBackend("slow://", ns, options) {}
+      : FakeBackend("slow://", ns, options) {}
   ~SlowWritesBackend() override { Close(); }
-  Status Open() { return Start(); }
 
-  void OpenReadGate() {
-    std::lock_guard<std::mutex> lock(mu_);
-    read_gate_open_ = true;
-    cv_.notify_all();
-  }
   // Waits (bounded) until a Get is held at the gate / `n` Sets have completed.
   bool WaitReading() {
-    std::unique_lock<std::mutex> lock(mu_);
-    return cv_.wait_for(lock, 30s, [&] { return reading_ > 0; });
+    return WaitFor([&] { return reading_ > 0; });
   }
   bool WaitSetsDone(int n) {
-    std::unique_lock<std::mutex> lock(mu_);
-    return cv_.wait_for(lock, 60s, [&] { return sets_done_ >= n; });
+    return WaitFor([&] { return sets_done_ >= n; }, 60s);
   }
-  int max_writers_while_reading() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return max_while_reading_;
-  }
-  int max_writers() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return max_writers_;
-  }
+  int max_writers_while_reading() { return Locked(max_while_reading_); }
+  int max_writers() { return Locked(max_writers_); }
 
  protected:
-  ExistsResult DoExists(std::span<const PageKey>, Clock::time_point) override { return {}; }
   void DoGet(std::span<const PageKey> keys, std::span<const PageBuffer>, std::span<PageStatus> out,
              Clock::time_point) override {
     std::unique_lock<std::mutex> lock(mu_);
     ++reading_;
     cv_.notify_all();
-    cv_.wait(lock, [&] { return read_gate_open_; });
+    cv_.wait(lock, [&] { return gate_open_; });
     --reading_;
     for (size_t i = 0; i < keys.size(); ++i) out[i] = PageStatus::kOk;
   }
@@ -522,12 +514,8 @@ class SlowWritesBackend final : public StorageBackend {
     cv_.notify_all();
     for (size_t i = 0; i < keys.size(); ++i) out[i] = PageStatus::kOk;
   }
-  void DoRemove(std::span<const PageKey>, std::span<PageStatus>, Clock::time_point) override {}
 
  private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool read_gate_open_ = false;
   int reading_ = 0, writing_ = 0, sets_done_ = 0;
   int max_while_reading_ = 0, max_writers_ = 0;
 };
@@ -547,7 +535,7 @@ TEST(StorageBackendTest, WritesTakeAQuarterOfTheThreadsWhileReadsRun) {
   std::vector<std::future<BatchResult>> sets;
   for (int i = 0; i < 64; ++i) sets.push_back(b.Set({KeyOf(i)}, {PageBuffer::Of(page)}));
   const bool done = b.WaitSetsDone(32);  // the writes go on meanwhile, on their smaller share
-  b.OpenReadGate();
+  b.OpenGate();
   ASSERT_TRUE(done) << "writes stalled while a read ran";
   EXPECT_EQ(get.get().leading_ok(), 1);
   EXPECT_GE(b.max_writers_while_reading(), 1);
@@ -563,28 +551,19 @@ TEST(StorageBackendTest, WritesTakeAQuarterOfTheThreadsWhileReadsRun) {
 // records how many Get pages ran at once and how many Set pages ran at the end of each Get page.
 // A Set starts its pages only once `owners` Sets have entered DoSet, so each of them is owned
 // by its own I/O thread (no thread is left to help another's pages), as in a long backlog.
-class SlowPagesBackend final : public StorageBackend {
+class SlowPagesBackend final : public FakeBackend {
  public:
   SlowPagesBackend(const StorageNamespace& ns, const StorageOptions& options, int owners)
-      : StorageBackend("slow-pages://", ns, options), owners_(owners) {}
+      : FakeBackend("slow-pages://", ns, options), owners_(owners) {}
   ~SlowPagesBackend() override { Close(); }
-  Status Open() { return Start(); }
 
   bool WaitWriting(int n) {
-    std::unique_lock<std::mutex> lock(mu_);
-    return cv_.wait_for(lock, 30s, [&] { return writing_ >= n; });
+    return WaitFor([&] { return writing_ >= n; });
   }
-  int max_reading() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return max_reading_;
-  }
-  int min_writing_after_read_page() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return min_writing_after_read_;
-  }
+  int max_reading() { return Locked(max_reading_); }
+  int min_writing_after_read_page() { return Locked(min_writing_after_read_); }
 
  protected:
-  ExistsResult DoExists(std::span<const PageKey>, Clock::time_point) override { return {}; }
   void DoGet(std::span<const PageKey> keys, std::span<const PageBuffer>, std::span<PageStatus> out,
              Clock::time_point) override {
     ParallelFor(static_cast<int64_t>(keys.size()), [&](int64_t i) {
@@ -619,11 +598,8 @@ class SlowPagesBackend final : public StorageBackend {
       out[static_cast<size_t>(i)] = PageStatus::kOk;
     });
   }
-  void DoRemove(std::span<const PageKey>, std::span<PageStatus>, Clock::time_point) override {}
 
  private:
-  std::mutex mu_;
-  std::condition_variable cv_;
   const int owners_;
   int entered_ = 0;
   int reading_ = 0, writing_ = 0, max_reading_ = 0;
@@ -674,31 +650,20 @@ TEST(StorageBackendTest, ReadsKeepTheirThreadsAndWriteOwnersStepAside) {
 // A Get whose pages run on other threads too: the first Get's page run by a helper thread waits
 // at a gate (a straggler), the page its owner runs returns once the straggler has started; every
 // page of the second Get takes 10 ms. Records which thread owns each call and which ran each page.
-class StragglerBackend final : public StorageBackend {
+class StragglerBackend final : public FakeBackend {
  public:
   StragglerBackend(const StorageNamespace& ns, const StorageOptions& options)
-      : StorageBackend("straggler://", ns, options) {}
+      : FakeBackend("straggler://", ns, options) {}
   ~StragglerBackend() override { Close(); }
-  Status Open() { return Start(); }
 
-  void OpenGate() {
-    std::lock_guard<std::mutex> lock(mu_);
-    open_ = true;
-    cv_.notify_all();
-  }
   // Waits (bounded) until the first Get's owner has run its page and a helper holds the other.
   bool WaitStraggling() {
-    std::unique_lock<std::mutex> lock(mu_);
-    return cv_.wait_for(lock, 30s, [&] { return straggling_ && owner_page_done_; });
+    return WaitFor([&] { return straggling_ && owner_page_done_; });
   }
   // Pages of the second Get run by the first Get's owner thread.
-  int second_pages_on_first_owner() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return second_on_first_owner_;
-  }
+  int second_pages_on_first_owner() { return Locked(second_on_first_owner_); }
 
  protected:
-  ExistsResult DoExists(std::span<const PageKey>, Clock::time_point) override { return {}; }
   void DoGet(std::span<const PageKey> keys, std::span<const PageBuffer>, std::span<PageStatus> out,
              Clock::time_point) override {
     const bool first = keys.front() == KeyOf(0);
@@ -716,7 +681,7 @@ class StragglerBackend final : public StorageBackend {
       } else if (first) {
         straggling_ = true;
         cv_.notify_all();
-        cv_.wait_for(lock, 30s, [&] { return open_; });
+        cv_.wait_for(lock, 30s, [&] { return gate_open_; });
       } else {
         second_on_first_owner_ += on_first_owner;
         lock.unlock();
@@ -725,15 +690,10 @@ class StragglerBackend final : public StorageBackend {
       out[static_cast<size_t>(i)] = PageStatus::kOk;
     });
   }
-  void DoSet(std::span<const PageKey>, std::span<const PageBuffer>, std::span<PageStatus>,
-             Clock::time_point) override {}
-  void DoRemove(std::span<const PageKey>, std::span<PageStatus>, Clock::time_point) override {}
 
  private:
-  std::mutex mu_;
-  std::condition_variable cv_;
   std::thread::id first_owner_;
-  bool open_ = false, straggling_ = false, owner_page_done_ = false;
+  bool straggling_ = false, owner_page_done_ = false;
   int second_on_first_owner_ = 0;
 };
 
