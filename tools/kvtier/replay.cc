@@ -39,9 +39,17 @@ namespace {
 // request's Prefetch call to its service, which also covers host work the timeline does not
 // count); only the rest is charged. So the ideal is a lower bound per request whenever the run
 // read no faster than the ceiling.
+//
+// With decode (a closed loop whose clients wait for their output), the ideal keeps the run's
+// arrivals: its own would move with its shorter services (a client's next request coming earlier,
+// into another's prefill), and it would no longer bound each request. With the same arrivals, in
+// the same order, and no longer services, no request of the ideal ends later than in the run.
 std::vector<double> IdealTtft(const ReplaySetup& s, const RunSummary& run, double pcie,
                               double storage) {
-  Timeline timeline(s.workload, s.options);
+  std::vector<double> arrivals;
+  for (const RequestRecord& r : run.records) arrivals.push_back(r.arrival_ms);
+  Timeline timeline =
+      s.decode_ms_per_token > 0 ? Timeline(std::move(arrivals)) : Timeline(s.workload, s.options);
   std::vector<double> out(run.records.size());
   const double token_bytes = static_cast<double>(s.model.kv_bytes_per_token());
   for (size_t i = 0; i < run.records.size(); ++i) {
@@ -107,6 +115,10 @@ std::string Settings(const ReplaySetup& s, bool exact) {
                       : o.concurrency > 0
                           ? fmt::format("closed loop, {} in flight", o.concurrency)
                           : fmt::format("open loop at {:g}x the timestamps", o.speed);
+  if (s.decode_ms_per_token > 0) {
+    sched += fmt::format(", each until its output is decoded at {:.2f} ms a token ({})",
+                         s.decode_ms_per_token, s.decode_how);
+  }
   return fmt::format(
       "page {}, device {} tokens, host {} tokens ({}), storage {}, write {}, "
       "prefetch {}{}, eviction {}, io {}, verify {}, {}{}",
@@ -221,6 +233,26 @@ int MakeDevice(ReplaySetup* s) {
   return 0;
 }
 
+// --decode-ms-per-token into s->decode_ms_per_token ("measure": the engine times a decode step
+// of as many tokens as there are requests in flight). 0, else the exit code.
+int ResolveDecode(ReplaySetup* s) {
+  const ReplayOptions& o = s->options;
+  const double given = *ParseDecodeMsPerToken(o.decode_ms_per_token);  // Validate checked it
+  if (given == kDecodeMeasure) {
+    const int64_t batch = o.sequential ? 1 : o.concurrency;
+    Result<double> ms = s->engine->DecodeStepMs(batch);
+    if (!ms.ok()) return BadOptions(ms.status());
+    s->decode_ms_per_token = *ms;
+    s->decode_how = fmt::format(
+        "measured: the weight GEMMs of a {}-token decode step, median of 5; attention left out",
+        batch);
+  } else if (given > 0) {
+    s->decode_ms_per_token = given;
+    s->decode_how = "--decode-ms-per-token";
+  }
+  return 0;
+}
+
 // The report's header (what is replayed, on what, with which settings), printed.
 ReplayReport ReportHeader(const ReplaySetup& s) {
   const ReplayOptions& o = s.options;
@@ -240,6 +272,8 @@ ReplayReport ReportHeader(const ReplaySetup& s) {
                       : fmt::format("; compute of {}", o.compute_model));
   report.engine = s.engine->Describe();
   report.settings = Settings(s, exact);
+  report.decode_ms_per_token = s.decode_ms_per_token;
+  report.decode_how = s.decode_how;
   report.page_size = o.page_size;
   report.kv_bytes_per_token = s.model.kv_bytes_per_token();
   report.ceiling_bytes_per_s = s.engine->ceiling_bytes_per_s();
@@ -355,6 +389,7 @@ int RunReplay(const ReplayOptions& input) {
   ReplaySetup s;
   if (int code = PrepareRuns(input, &s); code != 0) return code;
   if (int code = MakeDevice(&s); code != 0) return code;
+  if (int code = ResolveDecode(&s); code != 0) return code;
   const ReplayOptions& o = s.options;
   ReplayReport report = ReportHeader(s);
   if (int code = MakeRuns(s, &report); code != 0) return code;

@@ -8,8 +8,9 @@
 //             whole pages -> prefill (per layer: WaitLayer, check the matched KV, compute, write
 //             the new tokens' KV) -> Insert -> Release
 // Scheduling: open loop (arrivals at the workload's timestamps / --speed), closed loop
-// (--concurrency N requests in flight) or --sequential (one at a time, in file order). The device
-// serves one prefill at a time in arrival order; TTFT = queueing + prefetch wait + load + prefill,
+// (--concurrency N requests in flight; with --decode-ms-per-token a request holds its place until
+// its output is decoded) or --sequential (one at a time, in file order). The device serves one
+// prefill at a time in arrival order; TTFT = queueing + prefetch wait + load + prefill,
 // on a timeline built from the measured (or, for compute on cpu, modelled) durations. Storage hits
 // are streamed (stream_load_back with a wait_complete or timeout prefetch: LoadBack ends the
 // prefetch, so its wait on the read is inside the load), else the prefetch ends before the load.
@@ -60,6 +61,12 @@ struct ReplayOptions {
   // the store writes compared with the replay's modelled compute.
   bool settle_backups = false;
   int64_t max_inflight = 64;  // open loop: requests matched ahead of the one being served
+  // Closed loops: how long a response's decode holds its client after the first token, in ms per
+  // output token (the trace's output_length), or "measure" (the GPU GEMM engine times a decode
+  // step of --concurrency tokens). "0": the next request follows the first token at once, so the
+  // device does nothing but prefill. A client's next request arrives when its response is done,
+  // as in SGLang's and vLLM's serving benchmarks with --max-concurrency.
+  std::string decode_ms_per_token = "0";
 
   // ---- model and compute ----
   std::string model = "llama3-8b";

@@ -81,6 +81,12 @@ CLI::App* AddReplayCommand(CLI::App& app, ReplayOptions* o) {
   c->add_option("--speed", o->speed, "open loop: the trace's timestamps divided by this")
       ->capture_default_str();
   c->add_flag("--sequential", o->sequential, "one request at a time, in file order");
+  c->add_option("--decode-ms-per-token", o->decode_ms_per_token,
+                "closed loop: a request holds its place until its output (the trace's "
+                "output_length) is decoded at this many ms a token, or 'measure' (GPU, compute "
+                "gemm: a decode step of --concurrency tokens timed); 0: the next request follows "
+                "the first token")
+      ->capture_default_str();
   c->add_flag("--settle-backups", o->settle_backups,
               "wait for each request's backups to storage before serving the next (storage hits "
               "independent of the store's write speed)");

@@ -12,6 +12,12 @@
 
 namespace kvtier::tools {
 
+Status DecodeNeedsGemm() {
+  return Status::InvalidArgument(
+      "--decode-ms-per-token measure times a decode step's GEMMs on a GPU (--compute gemm); with "
+      "the cost model give the step's milliseconds a token");
+}
+
 double ModelLayerMs(const ReplayModel& model, int64_t new_tokens, int64_t cached_tokens,
                     double tflops) {
   return model.LayerFlops(new_tokens, cached_tokens) / (tflops * 1e12) * 1e3;
@@ -192,6 +198,7 @@ class CpuPrefillEngine final : public PrefillEngine {
   }
 
   double ceiling_bytes_per_s() const override { return ceiling_; }
+  Result<double> DecodeStepMs(int64_t /*batch*/) override { return DecodeNeedsGemm(); }
   std::string Describe() const override {
     return fmt::format(
         "cpu: device pool in host memory ({:.2f} GiB); loads measured (wall "

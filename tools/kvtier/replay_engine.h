@@ -97,6 +97,12 @@ class PrefillEngine {
   virtual double ceiling_bytes_per_s() const = 0;
   // One line: where the pool lives, how compute is done.
   virtual std::string Describe() const = 0;
+  // The time of one decode step of `batch` tokens (--decode-ms-per-token measure): the model's
+  // weight GEMMs of every layer at `batch` rows, timed (gpu, compute gemm: CUDA events, median of
+  // five after a warm-up). It leaves out attention over the context, so it is a lower bound of a
+  // real step. InvalidArgument where compute is the cost model (decode is bound by memory, which
+  // the model does not price).
+  virtual Result<double> DecodeStepMs(int64_t batch) = 0;
 
  protected:
   PrefillEngine() = default;
@@ -105,6 +111,9 @@ class PrefillEngine {
 Result<std::unique_ptr<PrefillEngine>> MakeCpuPrefillEngine(const PrefillEngineConfig& config);
 // Unavailable when kvtier was built without CUDA or no GPU is present.
 Result<std::unique_ptr<PrefillEngine>> MakeGpuPrefillEngine(const PrefillEngineConfig& config);
+
+// DecodeStepMs's answer where compute is the cost model.
+Status DecodeNeedsGemm();
 
 // Model time of one layer's share of a prefill, in ms, at `tflops`.
 double ModelLayerMs(const ReplayModel& model, int64_t new_tokens, int64_t cached_tokens,

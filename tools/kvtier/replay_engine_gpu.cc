@@ -224,6 +224,23 @@ class GpuPrefillEngine final : public PrefillEngine {
   }
 
   double ceiling_bytes_per_s() const override { return ceiling_; }
+  Result<double> DecodeStepMs(int64_t batch) override {
+    if (c_.compute != ComputeMode::kGemm) return DecodeNeedsGemm();
+    const int64_t n = std::clamp<int64_t>(batch, 1, c_.chunk_tokens);
+    std::vector<float> ms;
+    for (int i = 0; i < 6; ++i) {
+      KVTIER_RETURN_IF_ERROR(start_.Record(compute_.get()));
+      for (int64_t l = 0; l < c_.compute_model.num_layers; ++l) {
+        KVTIER_RETURN_IF_ERROR(LayerGemms(n, 0));
+      }
+      KVTIER_RETURN_IF_ERROR(end_.Record(compute_.get()));
+      KVTIER_RETURN_IF_ERROR(end_.Synchronize());
+      KVTIER_ASSIGN_OR_RETURN(float t, end_.ElapsedMsSince(start_));
+      if (i > 0) ms.push_back(t);  // the first is the warm-up
+    }
+    std::sort(ms.begin(), ms.end());
+    return static_cast<double>(ms[ms.size() / 2]);
+  }
 
   std::string Describe() const override {
     cudaDeviceProp prop{};

@@ -137,6 +137,20 @@ Result<Fault> ParseFault(const std::string& fault) {
   return f;
 }
 
+Result<double> ParseDecodeMsPerToken(const std::string& value) {
+  if (value == "measure") return kDecodeMeasure;
+  char* end = nullptr;
+  const double v = std::strtod(value.c_str(), &end);
+  if (value.empty() || end != value.c_str() + value.size() || !std::isfinite(v) || v < 0 ||
+      v > 1000) {
+    return Status::InvalidArgument(fmt::format(
+        "--decode-ms-per-token = '{}': give milliseconds per output token in [0, 1000], or "
+        "measure",
+        value));
+  }
+  return v;
+}
+
 // "host-tokens=A,B,C" -> {A, B, C}.
 Result<std::vector<int64_t>> ParseSweep(const std::string& sweep) {
   const std::string prefix = "host-tokens=";
@@ -206,6 +220,12 @@ Status ValidateWorkloadFlags(const ReplayOptions& o) {
     return Status::InvalidArgument(fmt::format(
         "--sequential serves one request at a time; it cannot be combined with --concurrency {}",
         o.concurrency));
+  }
+  KVTIER_ASSIGN_OR_RETURN(const double decode, ParseDecodeMsPerToken(o.decode_ms_per_token));
+  if (decode != 0 && !o.sequential && o.concurrency == 0) {
+    return Status::InvalidArgument(
+        "--decode-ms-per-token holds a closed loop's client while its output is decoded; an open "
+        "loop's arrivals come from the timestamps (use --concurrency N or --sequential)");
   }
   return Status::OK();
 }

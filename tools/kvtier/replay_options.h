@@ -1,7 +1,7 @@
 // tools/kvtier/replay_options.h — what `kvtier replay`'s flags mean beyond ReplayOptions
 // (replay.h): the cache settings they give, and the parsers of the flags that carry a small
-// language (--fault, --sweep). ReplayOptions::Validate, LoadWorkload and DefaultTracePath live in
-// replay_options.cc too.
+// language (--fault, --sweep, --decode-ms-per-token). ReplayOptions::Validate, LoadWorkload and
+// DefaultTracePath live in replay_options.cc too.
 //
 // Thread safety: pure functions.
 #pragma once
@@ -32,6 +32,11 @@ struct Fault {
 
 // "storage-down@SECONDS" or "storage-delay@MS"; InvalidArgument naming --fault otherwise.
 Result<Fault> ParseFault(const std::string& fault);
+
+// --decode-ms-per-token: a number of ms in [0, 1000], or kDecodeMeasure (-1) for "measure";
+// InvalidArgument naming the flag otherwise.
+inline constexpr double kDecodeMeasure = -1;
+Result<double> ParseDecodeMsPerToken(const std::string& value);
 
 // "host-tokens=A,B,C" -> {A, B, C}; InvalidArgument naming --sweep otherwise.
 Result<std::vector<int64_t>> ParseSweep(const std::string& sweep);

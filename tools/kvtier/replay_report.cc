@@ -367,7 +367,7 @@ nlohmann::json RunJson(const RunSummary& r, int64_t token_bytes) {
 nlohmann::json TimelineJson(const RunSummary& r) {
   nlohmann::json t;
   std::vector<double> arrival, ttft, compute, load, wait, queue, lead, device_ms;
-  std::vector<int64_t> input, device, host, storage, streamed;
+  std::vector<int64_t> input, output, device, host, storage, streamed;
   for (const RequestRecord& x : r.records) {
     arrival.push_back(x.arrival_ms);
     queue.push_back(x.queue_ms);
@@ -379,6 +379,7 @@ nlohmann::json TimelineJson(const RunSummary& r) {
     load.push_back(x.load_ms);
     wait.push_back(x.prefetch_wait_ms);
     input.push_back(x.input_tokens);
+    output.push_back(x.output_tokens);
     device.push_back(x.device_hit);
     host.push_back(x.host_hit);
     storage.push_back(x.storage_hit);
@@ -393,6 +394,7 @@ nlohmann::json TimelineJson(const RunSummary& r) {
   t["queue_ms"] = queue;
   t["device_ms"] = device_ms;
   t["input_tokens"] = input;
+  t["output_tokens"] = output;
   t["device_hit"] = device;
   t["host_hit"] = host;
   t["storage_hit"] = storage;
@@ -412,6 +414,7 @@ Status WriteReplayJson(const std::string& path, const ReplayReport& report) {
   j["model"] = report.model;
   j["engine"] = report.engine;
   j["settings"] = report.settings;
+  j["decode"] = {{"ms_per_token", report.decode_ms_per_token}, {"how", report.decode_how}};
   j["exact_mode"] = report.exact_mode;
   j["page_size"] = report.page_size;
   j["kv_bytes_per_token"] = report.kv_bytes_per_token;

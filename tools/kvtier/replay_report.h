@@ -34,6 +34,7 @@ struct RequestRecord {
   double compute_ms = 0;  // the prefill's compute alone
   double device_ms = 0;   // load and compute overlapped (what the device spent)
   int64_t input_tokens = 0;
+  int64_t output_tokens = 0;  // the workload's output_length (what a closed loop's decode holds)
   int64_t device_hit = 0, host_hit = 0, storage_hit = 0;  // tokens of the matched prefix
   int64_t loaded_bytes = 0;                               // host -> device for this request
   int64_t hit_tokens() const { return device_hit + host_hit + storage_hit; }
@@ -146,6 +147,9 @@ struct ReplayReport {
   std::string model;
   std::string engine;    // PrefillEngine::Describe()
   std::string settings;  // one line of the knobs
+  // Closed loops: ms a decoded output token holds its request's client (0: none), and its source.
+  double decode_ms_per_token = 0;
+  std::string decode_how;
   int64_t page_size = 0;
   int64_t kv_bytes_per_token = 0;
   // The ideal's rates, measured at start: host hits move at `ceiling_bytes_per_s` (host -> device:

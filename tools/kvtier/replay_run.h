@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kvtier/kv_events.h"
@@ -26,43 +27,45 @@
 namespace kvtier::tools {
 
 // When each request arrives and when the device serves it: open loop (timestamps / speed), closed
-// loop (request i arrives when request i - N finished) or sequential (N = 1). The device serves one
-// request at a time, in arrival order.
+// loop (request i arrives when request i - N is done) or sequential (N = 1). The device serves one
+// prefill at a time, in arrival order.
+//
+// A closed loop's request is done at its first token, or, with `decode_ms_per_token` > 0, once
+// the rest of its output (the workload's output_length - 1 tokens) is decoded at that many ms a
+// token, as an engine that puts prefills first does it: a prefill pauses every decode while it
+// runs, and a prefill that arrives while decodes run waits for the step in progress (steps run
+// back to back from the end of the last prefill).
 class Timeline {
  public:
-  Timeline(const Workload& w, const ReplayOptions& o)
-      : n_(static_cast<int64_t>(w.requests.size())),
-        closed_(o.sequential ? 1 : o.concurrency),
-        end_(static_cast<size_t>(n_), 0) {
-    if (closed_ == 0) {
-      open_.reserve(static_cast<size_t>(n_));
-      const double t0 = n_ > 0 ? w.requests[0].arrival_ms : 0;
-      for (const WorkloadRequest& r : w.requests) open_.push_back((r.arrival_ms - t0) / o.speed);
-    }
-  }
-  // True once request i's arrival time is known (closed loop: request i - N has finished).
-  bool Known(int64_t i, int64_t served) const {
-    return closed_ == 0 || i < closed_ || i - closed_ < served;
-  }
-  double Arrival(int64_t i) const {
-    if (closed_ == 0) return open_[static_cast<size_t>(i)];
-    return i < closed_ ? 0 : end_[static_cast<size_t>(i - closed_)];
-  }
-  // When the device can start request i (all earlier ones served).
-  double StartOf(int64_t i) const { return std::max(device_free_, Arrival(i)); }
+  Timeline(const Workload& w, const ReplayOptions& o, double decode_ms_per_token = 0);
+  // An open loop with these arrivals (another run's, replayed).
+  explicit Timeline(std::vector<double> arrivals_ms)
+      : closed_(0),
+        decode_ms_(0),
+        open_(std::move(arrivals_ms)),
+        start_(open_.size(), 0),
+        end_(open_.size(), 0) {}
+  // True once request i's arrival time is known (closed loop: request i - N has finished; with
+  // decode, every request before i has been served, as their prefills pause its decode).
+  bool Known(int64_t i, int64_t served) const;
+  double Arrival(int64_t i) const;
+  // When the device can start request i. REQUIRES: requests before i served.
+  double StartOf(int64_t i) const;
   // Serves request i for `service_ms`; returns its end.
-  double Serve(int64_t i, double service_ms) {
-    const double end = StartOf(i) + service_ms;
-    end_[static_cast<size_t>(i)] = end;
-    device_free_ = end;
-    return end;
-  }
+  double Serve(int64_t i, double service_ms);
 
  private:
-  int64_t n_;
+  // When request k's output is decoded (its first token with no decode). REQUIRES: every request
+  // whose prefill may pause it, up to the last one served, served.
+  double DoneAt(int64_t k) const;
+
   int64_t closed_;  // 0: open loop
+  double decode_ms_;
   std::vector<double> open_;
+  std::vector<int64_t> decode_steps_;  // per request: output tokens after the first
+  std::vector<double> start_;
   std::vector<double> end_;
+  int64_t served_ = 0;  // requests [0, served_) served
   double device_free_ = 0;
 };
 
@@ -96,6 +99,9 @@ struct ReplaySetup {
   StorageCeiling storage_ceiling;
   std::shared_ptr<KvEventPublisher> kv_events;  // --kv-events: the hierarchy run's sink
   std::vector<Token> pin_prompt;                // --pin-system-prompt: the shared prefix
+  // --decode-ms-per-token resolved (0: none), and where it came from.
+  double decode_ms_per_token = 0;
+  std::string decode_how;
 };
 
 // Serves the workload (after its warm-up requests) through a cache of `kind` with a host tier of
