@@ -647,18 +647,20 @@ TEST(StorageBackendTest, ReadsKeepTheirThreadsAndWriteOwnersStepAside) {
   for (auto& f : sets) EXPECT_EQ(f.get().leading_ok(), 300);
 }
 
-// A Get whose pages run on other threads too: the first Get's page run by a helper thread waits
-// at a gate (a straggler), the page its owner runs returns once the straggler has started; every
-// page of the second Get takes 10 ms. Records which thread owns each call and which ran each page.
+// A Get whose pages run on other threads too: the first of the first Get's pages that a helper
+// thread starts waits at a gate (a straggler); its other page (the owner's, or a second helper's
+// when idle threads claimed both pages before the owner claimed one) returns once the straggler
+// has started. Every page of the second Get takes 10 ms. Records which thread owns each call and
+// which ran each page.
 class StragglerBackend final : public FakeBackend {
  public:
   StragglerBackend(const StorageNamespace& ns, const StorageOptions& options)
       : FakeBackend("straggler://", ns, options) {}
   ~StragglerBackend() override { Close(); }
 
-  // Waits (bounded) until the first Get's owner has run its page and a helper holds the other.
+  // Waits (bounded) until a helper holds one page of the first Get and the other has run.
   bool WaitStraggling() {
-    return WaitFor([&] { return straggling_ && owner_page_done_; });
+    return WaitFor([&] { return straggling_ && other_page_done_; });
   }
   // Pages of the second Get run by the first Get's owner thread.
   int second_pages_on_first_owner() { return Locked(second_on_first_owner_); }
@@ -674,9 +676,9 @@ class StragglerBackend final : public FakeBackend {
     ParallelFor(static_cast<int64_t>(keys.size()), [&, first](int64_t i) {
       std::unique_lock<std::mutex> lock(mu_);
       const bool on_first_owner = std::this_thread::get_id() == first_owner_;
-      if (first && on_first_owner) {
+      if (first && (on_first_owner || straggling_)) {
         cv_.wait_for(lock, 30s, [&] { return straggling_; });
-        owner_page_done_ = true;
+        other_page_done_ = true;
         cv_.notify_all();
       } else if (first) {
         straggling_ = true;
@@ -693,7 +695,7 @@ class StragglerBackend final : public FakeBackend {
 
  private:
   std::thread::id first_owner_;
-  bool straggling_ = false, owner_page_done_ = false;
+  bool straggling_ = false, other_page_done_ = false;
   int second_on_first_owner_ = 0;
 };
 
