@@ -27,10 +27,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Llama-3-8B at page 16 (docs/performance.md's reference workload): 2 MiB a page.
+// Llama-3-8B (docs/performance.md's reference workload): 128 KiB a token, 2 MiB a page of 16.
 constexpr int64_t kLayers = 32;
 constexpr int64_t kSlotBytes = 2048;  // 8 KV heads x 128 x bf16, for K and for V
-constexpr int64_t kPage = 16;
 
 double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
@@ -87,20 +86,21 @@ class Bench {
     Side off, on;
     KVTIER_RETURN_IF_ERROR(Open(/*stream=*/false, &off));
     KVTIER_RETURN_IF_ERROR(Open(/*stream=*/true, &on));
-    page_files_ = StorePageFiles(store_->url(), kLayers * kSlotBytes * 2 * kPage);
+    page_files_ = StorePageFiles(store_->url(), PageBytes());
     // Memory like the cache's host pool (anonymous, advised to transparent huge pages), one page
     // per file, written before the first pass.
-    const size_t into_bytes = std::max<size_t>(
-        1, page_files_.size() * static_cast<size_t>(kLayers * kSlotBytes * 2 * kPage));
+    const size_t into_bytes =
+        std::max<size_t>(1, page_files_.size() * static_cast<size_t>(PageBytes()));
     void* into =
         ::mmap(nullptr, into_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (into == MAP_FAILED) return Status::OutOfMemory("the pread baseline's memory");
     pread_into_ = {static_cast<char*>(into), Unmap{into_bytes}};
     (void)::madvise(into, into_bytes, MADV_HUGEPAGE);
     std::memset(into, 1, into_bytes);
-    if (!page_files_.empty() && static_cast<int64_t>(page_files_.size()) != o_.tokens / kPage) {
+    if (!page_files_.empty() &&
+        static_cast<int64_t>(page_files_.size()) != o_.tokens / o_.page_size) {
       fmt::print("note: the store's directory holds {} page files, the prefix {} pages\n",
-                 page_files_.size(), o_.tokens / kPage);
+                 page_files_.size(), o_.tokens / o_.page_size);
     }
     for (int r = 0; r < o_.repeats + 1; ++r) {  // the first is a warm-up
       const bool timed = r > 0;
@@ -115,8 +115,8 @@ class Bench {
         unstreamed->load.push_back(load);
       }
       if (timed && !page_files_.empty()) {
-        const double pread = ReadPass(page_files_, kLayers * kSlotBytes * 2 * kPage,
-                                      store_->options().io_threads, pread_into_.get());
+        const double pread =
+            ReadPass(page_files_, PageBytes(), store_->options().io_threads, pread_into_.get());
         if (pread < 0) return Status::IOError("the pread baseline could not read a page file");
         unstreamed->pread.push_back(pread);
       }
@@ -134,7 +134,7 @@ class Bench {
   };
 
   Status Open(bool stream, Side* side) {
-    const KvGeometry g{KvLayout::kLayerFirst, kLayers, o_.tokens, kSlotBytes, kPage, 1};
+    const KvGeometry g{KvLayout::kLayerFirst, kLayers, o_.tokens, kSlotBytes, o_.page_size, 1};
     KVTIER_ASSIGN_OR_RETURN(
         side->pool, testing::DeviceTier::Create(backend_, g, /*mla=*/false,
                                                 {.k = std::byte{0xEE}, .v = std::byte{0xEE}}));
@@ -204,6 +204,8 @@ class Bench {
     return seconds;
   }
 
+  int64_t PageBytes() const { return kLayers * kSlotBytes * 2 * o_.page_size; }
+
   const StorageHitBenchOptions& o_;
   TransferBackend backend_;
   std::shared_ptr<StorageBackend> store_;
@@ -222,10 +224,16 @@ class Bench {
 void AddStorageHitBenchOptions(CLI::App* bench, StorageHitBenchOptions* o) {
   bench->add_option("--storage-hit", o->url,
                     "time a storage hit (Prefetch -> LoadBack) of one prefix stored at this URL, "
-                    "streamed and not, beside the read and the load alone (Llama-3-8B pages, "
-                    "page 16)");
-  bench->add_option("--storage-hit-tokens", o->tokens, "the prefix's tokens (a multiple of 16)")
+                    "streamed and not, beside the read and the load alone (Llama-3-8B pages)");
+  bench
+      ->add_option("--storage-hit-tokens", o->tokens,
+                   "the prefix's tokens (a multiple of --storage-hit-page)")
       ->check(CLI::Range(int64_t{16}, int64_t{1} << 20))
+      ->capture_default_str();
+  bench
+      ->add_option("--storage-hit-page", o->page_size,
+                   "tokens a page (128 KiB each: 4 = 512 KiB, 16 = 2 MiB, 64 = 8 MiB pages)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1024}))
       ->capture_default_str();
   bench->add_option("--storage-hit-backend", o->backend, "the cache's transfer backend")
       ->check(CLI::IsMember({"cpu", "kernel", "dma"}))
@@ -236,9 +244,11 @@ void AddStorageHitBenchOptions(CLI::App* bench, StorageHitBenchOptions* o) {
 }
 
 int RunStorageHitBench(const StorageHitBenchOptions& o) {
-  if (o.tokens % kPage != 0) {
-    std::fprintf(stderr, "kvtier bench: --storage-hit-tokens = %lld is not a multiple of %lld\n",
-                 static_cast<long long>(o.tokens), static_cast<long long>(kPage));
+  if (o.tokens % o.page_size != 0) {
+    std::fprintf(stderr,
+                 "kvtier bench: --storage-hit-tokens = %lld is not a multiple of "
+                 "--storage-hit-page = %lld\n",
+                 static_cast<long long>(o.tokens), static_cast<long long>(o.page_size));
     return 2;
   }
   const TransferBackend backend = *ParseTransferBackend(o.backend);
@@ -247,7 +257,7 @@ int RunStorageHitBench(const StorageHitBenchOptions& o) {
   ns.layout = KvLayout::kPageFirst;
   ns.num_layers = kLayers;
   ns.slot_bytes = kSlotBytes;
-  ns.page_size = kPage;
+  ns.page_size = o.page_size;
   StorageOptions options;
   options.io_threads = o.io_threads;
   options.timeout = std::chrono::seconds(60);
@@ -259,9 +269,10 @@ int RunStorageHitBench(const StorageHitBenchOptions& o) {
   std::shared_ptr<StorageBackend> store(std::move(*opened));
   const double bytes = static_cast<double>(o.tokens * kLayers * kSlotBytes * 2);
   fmt::print(
-      "storage hit of {} tokens ({:.0f} MiB, Llama-3-8B pages of 2 MiB) from {}, backend "
-      "{}, {} repeats (median)\n",
-      o.tokens, bytes / (1 << 20), RedactUrl(store->url()), o.backend, o.repeats);
+      "storage hit of {} tokens ({:.0f} MiB, Llama-3-8B pages of {} tokens, {} KiB) from {}, "
+      "backend {}, {} repeats (median)\n",
+      o.tokens, bytes / (1 << 20), o.page_size, o.page_size * kLayers * kSlotBytes * 2 / 1024,
+      RedactUrl(store->url()), o.backend, o.repeats);
   Bench bench(o, backend, store);
   Times unstreamed, streamed;
   Status st = bench.Run(&unstreamed, &streamed);
