@@ -70,7 +70,8 @@ enum class ReadSource : uint8_t {
 // kernel's readahead), and reads what that left the plain way. `*source` (kNotProbed for the
 // first read of a file) becomes kDisk when the plain read had bytes to read, kCache when the
 // probe read everything; once kDisk or kUnknown it reads plainly, so a cold page costs one
-// extra (failed) call and a hot one none.
+// extra (failed) call and a hot one none. Best effort: a readahead the probe started that a fast
+// disk finishes before the probe gives up counts as the page cache.
 ssize_t ReadFullNoting(int fd, iovec* iov, int iovcnt, off_t offset, ReadSource* source);
 // The same for a file opened with O_DIRECT, whose reads must start on an `align` boundary: it
 // stops after a read that ends off one (the end of the file; the tail is then in the iovecs).

@@ -1102,8 +1102,8 @@ TEST_P(FileBackendTest, GetIsServedWhileAFaultDelayedSetBacklogWaits) {
 
 // Where a Get's pages came from: right after their Set they are in the page cache
 // (get_cached_pages); after fdatasync and POSIX_FADV_DONTNEED of their files they come from the
-// disk (get_disk_pages), byte for byte. On a real file system (/tmp; skipped where the page cache
-// keeps the files, as on tmpfs).
+// disk (get_disk_pages), byte for byte, in one of three tries. On a real file system (/tmp;
+// skipped where the page cache keeps the files, as on tmpfs).
 TEST(FileBackendSourceTest, HitsAreCountedAsPageCacheOrDiskReads) {
   std::string tmpl = "/tmp/kvtier_file_source_XXXXXX";
   ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
@@ -1127,30 +1127,48 @@ TEST(FileBackendSourceTest, HitsAreCountedAsPageCacheOrDiskReads) {
   EXPECT_EQ(s.get_cached_pages, 4);
   EXPECT_EQ(s.get_disk_pages, 0);
 
-  bool dropped = true;
-  for (const auto& e : fs::recursive_directory_iterator(tmpl + "/store")) {
-    if (!e.is_regular_file()) continue;
-    const int fd = ::open(e.path().c_str(), O_RDONLY | O_CLOEXEC);
-    ASSERT_GE(fd, 0);
-    ASSERT_EQ(::fdatasync(fd), 0);
-    ASSERT_EQ(::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
-    // Still resident? mincore on a mapping (which reads nothing in).
-    const size_t len = static_cast<size_t>(e.file_size());
-    void* map = ::mmap(nullptr, len, PROT_READ, MAP_SHARED, fd, 0);
-    ASSERT_NE(map, MAP_FAILED);
-    std::vector<unsigned char> resident((len + 4095) / 4096);
-    ASSERT_EQ(::mincore(map, len, resident.data()), 0);
-    for (unsigned char r : resident) dropped = dropped && (r & 1) == 0;
-    ::munmap(map, len);
-    ::close(fd);
+  // Drops the store's files from the page cache; false when the page cache kept any of them.
+  auto drop = [&]() -> bool {
+    bool dropped = true;
+    for (const auto& e : fs::recursive_directory_iterator(tmpl + "/store")) {
+      if (!e.is_regular_file()) continue;
+      const int fd = ::open(e.path().c_str(), O_RDONLY | O_CLOEXEC);
+      EXPECT_GE(fd, 0);
+      if (fd < 0) return false;
+      EXPECT_EQ(::fdatasync(fd), 0);
+      EXPECT_EQ(::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+      // Still resident? mincore on a mapping (which reads nothing in).
+      const size_t len = static_cast<size_t>(e.file_size());
+      void* map = ::mmap(nullptr, len, PROT_READ, MAP_SHARED, fd, 0);
+      EXPECT_NE(map, MAP_FAILED);
+      if (map != MAP_FAILED) {
+        std::vector<unsigned char> resident((len + 4095) / 4096);
+        EXPECT_EQ(::mincore(map, len, resident.data()), 0);
+        for (unsigned char r : resident) dropped = dropped && (r & 1) == 0;
+        ::munmap(map, len);
+      }
+      ::close(fd);
+    }
+    return dropped;
+  };
+  // The probe's miss starts the kernel's readahead (file_io.h), which a fast disk can finish
+  // before the probe gives up: a cold page is then counted as a page-cache hit. So the cold Get
+  // is tried up to three times; each must count all its pages, and one must find them on disk.
+  int64_t cached = s.get_cached_pages, disk = s.get_disk_pages;
+  bool from_disk = false;
+  for (int attempt = 0; attempt < 3 && !from_disk; ++attempt) {
+    if (!drop()) GTEST_SKIP() << "the page cache kept the files of " << tmpl;
+    Pages again(4, 0, /*poison=*/true);
+    ASSERT_EQ(store.Get(keys, again.buffers).get().leading_ok(), 4);
+    EXPECT_EQ(again.bytes, pages.bytes);
+    s = store.Stats();
+    EXPECT_EQ(s.get_cached_pages + s.get_disk_pages, cached + disk + 4);
+    from_disk = s.get_disk_pages == disk + 4;
+    cached = s.get_cached_pages;
+    disk = s.get_disk_pages;
   }
-  if (!dropped) GTEST_SKIP() << "the page cache kept the files of " << tmpl;
-  Pages again(4, 0, /*poison=*/true);
-  ASSERT_EQ(store.Get(keys, again.buffers).get().leading_ok(), 4);
-  EXPECT_EQ(again.bytes, pages.bytes);
-  s = store.Stats();
-  EXPECT_EQ(s.get_cached_pages, 4);
-  EXPECT_EQ(s.get_disk_pages, 4);
+  EXPECT_TRUE(from_disk) << "three Gets after the page cache dropped the files counted " << disk
+                         << " pages from the disk";
 }
 
 // Direct I/O with buffers as pinned host pages have them (4 KiB-aligned; one segment, or K and V
