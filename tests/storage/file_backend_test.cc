@@ -1102,8 +1102,8 @@ TEST_P(FileBackendTest, GetIsServedWhileAFaultDelayedSetBacklogWaits) {
 
 // Where a Get's pages came from: right after their Set they are in the page cache
 // (get_cached_pages); after fdatasync and POSIX_FADV_DONTNEED of their files they come from the
-// disk (get_disk_pages), byte for byte, in one of three tries. On a real file system (/tmp;
-// skipped where the page cache keeps the files, as on tmpfs).
+// disk (get_disk_pages; some of them, in up to three tries), byte for byte. On a real file system
+// (/tmp; skipped where the page cache keeps the files, as on tmpfs).
 TEST(FileBackendSourceTest, HitsAreCountedAsPageCacheOrDiskReads) {
   std::string tmpl = "/tmp/kvtier_file_source_XXXXXX";
   ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
@@ -1152,8 +1152,10 @@ TEST(FileBackendSourceTest, HitsAreCountedAsPageCacheOrDiskReads) {
     return dropped;
   };
   // The probe's miss starts the kernel's readahead (file_io.h), which a fast disk can finish
-  // before the probe gives up: a cold page is then counted as a page-cache hit. So the cold Get
-  // is tried up to three times; each must count all its pages, and one must find them on disk.
+  // before the probe gives up: a cold page is then counted as a page-cache hit (seen for some or
+  // all four pages of a Get on the 2-vCPU box). So the cold Get is tried up to three times; each
+  // must count all its pages, and the disk must be counted for some.
+  const int64_t disk_before = s.get_disk_pages;
   int64_t cached = s.get_cached_pages, disk = s.get_disk_pages;
   bool from_disk = false;
   for (int attempt = 0; attempt < 3 && !from_disk; ++attempt) {
@@ -1163,12 +1165,12 @@ TEST(FileBackendSourceTest, HitsAreCountedAsPageCacheOrDiskReads) {
     EXPECT_EQ(again.bytes, pages.bytes);
     s = store.Stats();
     EXPECT_EQ(s.get_cached_pages + s.get_disk_pages, cached + disk + 4);
-    from_disk = s.get_disk_pages == disk + 4;
     cached = s.get_cached_pages;
     disk = s.get_disk_pages;
+    from_disk = disk > disk_before;
   }
-  EXPECT_TRUE(from_disk) << "three Gets after the page cache dropped the files counted " << disk
-                         << " pages from the disk";
+  EXPECT_TRUE(from_disk) << "three Gets after the page cache dropped the files counted no page "
+                            "from the disk";
 }
 
 // Direct I/O with buffers as pinned host pages have them (4 KiB-aligned; one segment, or K and V
