@@ -469,6 +469,62 @@ TEST(CudaTransferTest, ZeroAndOneIndex) {
   }
 }
 
+// Pages come off the tiers' free lists in falling order as often as rising (a prefix evicted and
+// brought back reverses them): contiguous pages falling on both sides, falling on one and rising
+// on the other, and rising, each loaded and backed up byte for byte (the dma plan groups the
+// falling rows into strided copies too: dma_plan_test.cc).
+TEST(CudaTransferTest, PagesInFallingOrderCopyByteForByte) {
+  REQUIRE_GPU();
+  std::mt19937_64 rng(testing::TestSeed() + 23);
+  constexpr int64_t kPage = 4, kPages = 12, kRun = 9;
+  auto run = [](int64_t first, bool falling) {
+    std::vector<int64_t> pages(kRun);
+    for (int64_t i = 0; i < kRun; ++i) pages[i] = falling ? first + kRun - 1 - i : first + i;
+    return pages;
+  };
+  struct Order {
+    bool src_falling, dst_falling;
+  };
+  for (Order o : {Order{true, true}, Order{true, false}, Order{false, true}, Order{false, false}}) {
+    for (KvLayout host : kLayouts) {
+      for (auto [backend, variant] :
+           {std::pair{TransferBackend::kKernel, ""}, std::pair{TransferBackend::kDma, ""},
+            std::pair{TransferBackend::kDma, "no-join-kv"}}) {
+        SCOPED_TRACE(::testing::Message()
+                     << "src " << (o.src_falling ? "falling" : "rising") << ", dst "
+                     << (o.dst_falling ? "falling" : "rising") << ", " << LayoutName(host) << " "
+                     << TransferBackendName(backend) << " " << variant);
+        const KvGeometry hg = MakeGeometry(host, false, kPage, kPages, 3, 2048, 8);
+        const KvGeometry dg = MakeGeometry(KvLayout::kLayerFirst, false, kPage, kPages, 3, 2048, 8);
+        const char* v = variant[0] != '\0' ? variant : nullptr;
+        testing::SlotPairs pairs;
+        const std::vector<int64_t> sp = run(1, o.src_falling), dp = run(2, o.dst_falling);
+        for (int64_t i = 0; i < kRun; ++i) {
+          for (int64_t t = 0; t < kPage; ++t) {
+            pairs.src.push_back(sp[i] * kPage + t);
+            pairs.dst.push_back(dp[i] * kPage + t);
+          }
+        }
+        RunAndCompare(hg, dg, false,
+                      Copy{.backend = backend,
+                           .variant = v,
+                           .src_memory = MemoryKind::kHost,
+                           .dst_memory = MemoryKind::kDevice,
+                           .all_layers = false},
+                      pairs, rng);
+        std::swap(pairs.src, pairs.dst);
+        RunAndCompare(dg, hg, false,
+                      Copy{.backend = backend,
+                           .variant = v,
+                           .src_memory = MemoryKind::kDevice,
+                           .dst_memory = MemoryKind::kHost,
+                           .all_layers = true},
+                      pairs, rng);
+      }
+    }
+  }
+}
+
 // Slot sizes that select each access width (16, 8, 4 bytes) and realistic shapes whose chunks
 // span many vectors (Llama-3-8B: 2048 B in 8 heads; DeepSeek-V3 MLA: 1152 B).
 TEST(CudaTransferTest, AccessWidthsAndRealisticSlots) {

@@ -60,6 +60,97 @@ TEST(DmaPlanTest, RunsAtAConstantPitchGroupIntoOneStridedCopy) {
   EXPECT_TRUE(p.sizes().empty());
 }
 
+// Pages taken from a free list come out in descending order as often as ascending: a piece right
+// before the run extends it backwards.
+TEST(DmaPlanTest, PiecesInDescendingOrderMergeIntoOneRun) {
+  std::vector<std::byte> src(1024), dst(1024);
+  CopyPlanner p;
+  p.Reset(kMaxPitch);
+  for (int piece = 3; piece >= 0; --piece) {
+    p.Add(src.data() + piece * 64, dst.data() + 256 + piece * 64, 64, 0);
+  }
+  p.Finish();
+  ASSERT_EQ(p.sizes().size(), 1u);
+  EXPECT_EQ(p.srcs()[0], src.data());
+  EXPECT_EQ(p.dsts()[0], dst.data() + 256);
+  EXPECT_EQ(p.sizes()[0], 256u);
+}
+
+// Rows at a constant pitch, highest first: one strided copy whose first row is the lowest, with
+// positive pitches; a row that breaks the fall starts a new group.
+TEST(DmaPlanTest, RunsFallingAtAConstantPitchGroupIntoOneStridedCopyFromTheLowestRow) {
+  std::vector<std::byte> src(16384), dst(16384);
+  CopyPlanner p;
+  p.Reset(kMaxPitch);
+  for (int row = 5; row >= 1; --row) {
+    p.Add(src.data() + row * 1000, dst.data() + row * 500, 64, 0);
+  }
+  p.Add(src.data() + 9000, dst.data() + 4500, 64, 0);  // rises: not the group's next row
+  p.Finish();
+  ASSERT_EQ(p.copies_2d().size(), 1u);
+  const Copy2D& c = p.copies_2d()[0];
+  EXPECT_EQ(c.src, src.data() + 1000);
+  EXPECT_EQ(c.dst, dst.data() + 500);
+  EXPECT_EQ(c.width, 64u);
+  EXPECT_EQ(c.height, 5u);
+  EXPECT_EQ(c.spitch, 1000u);
+  EXPECT_EQ(c.dpitch, 500u);
+  ASSERT_EQ(p.sizes().size(), 1u);
+  EXPECT_EQ(p.srcs()[0], src.data() + 9000);
+}
+
+// Any order of a load's pages (rising, falling, shuffled; K and V pieces of every layer of a
+// page_first page into a layer_first pool) moves exactly the bytes of copying piece by piece, and
+// a falling order plans as few copies as a rising one.
+TEST(DmaPlanTest, AnyPageOrderMovesTheSameBytesAndFallingPlansAsFewCopiesAsRising) {
+  constexpr int kPages = 32, kLayers = 4;
+  constexpr size_t kPiece = 256;                      // one layer's K (or V) of a page
+  constexpr size_t kHostPage = kLayers * 2 * kPiece;  // page_first: all layers together
+  constexpr size_t kDeviceLayer = kPages * kPiece;    // layer_first: a layer's pages
+  std::vector<std::byte> host(kPages * kHostPage), device(kLayers * 2 * kDeviceLayer);
+  std::mt19937 rng(7);
+  for (auto& b : host) b = static_cast<std::byte>(rng());
+  auto plan = [&](const std::vector<int>& host_pages, const std::vector<int>& device_pages,
+                  std::vector<std::byte>* out) {
+    CopyPlanner p;
+    p.Reset(kMaxPitch);
+    for (int layer = 0; layer < kLayers; ++layer) {
+      for (int kv = 0; kv < 2; ++kv) {
+        for (size_t i = 0; i < host_pages.size(); ++i) {
+          const std::byte* s = host.data() + host_pages[i] * kHostPage + (layer * 2 + kv) * kPiece;
+          std::byte* d = out->data() + (layer * 2 + kv) * kDeviceLayer + device_pages[i] * kPiece;
+          p.Add(s, d, kPiece, 0);
+        }
+      }
+    }
+    p.Finish();
+    Execute(p);
+    return p.sizes().size() + p.copies_2d().size();
+  };
+  std::vector<int> rising(kPages), falling(kPages), shuffled(kPages);
+  for (int i = 0; i < kPages; ++i) rising[i] = i, falling[i] = kPages - 1 - i, shuffled[i] = i;
+  std::shuffle(shuffled.begin(), shuffled.end(), rng);
+  for (const auto& order : {rising, falling, shuffled}) {
+    std::vector<std::byte> want(device.size(), std::byte{0xEE}),
+        got(device.size(), std::byte{0xEE});
+    for (int layer = 0; layer < kLayers; ++layer) {
+      for (int kv = 0; kv < 2; ++kv) {
+        for (int i = 0; i < kPages; ++i) {
+          std::memcpy(want.data() + (layer * 2 + kv) * kDeviceLayer + order[i] * kPiece,
+                      host.data() + order[i] * kHostPage + (layer * 2 + kv) * kPiece, kPiece);
+        }
+      }
+    }
+    plan(order, order, &got);
+    EXPECT_EQ(got, want);
+  }
+  std::vector<std::byte> scratch(device.size());
+  const size_t up = plan(rising, rising, &scratch);
+  const size_t down = plan(falling, falling, &scratch);
+  EXPECT_EQ(up, static_cast<size_t>(kLayers * 2));  // one strided copy per layer and buffer
+  EXPECT_EQ(down, up);
+}
+
 TEST(DmaPlanTest, APitchAtTheDeviceLimitIsNotGrouped) {
   std::vector<std::byte> src(4096), dst(4096);
   CopyPlanner p;

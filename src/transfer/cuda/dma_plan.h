@@ -1,5 +1,6 @@
 // Internal: the host-side plan of the `dma` backend (dma_engine.cc): contiguous pieces merged
-// into runs, runs of equal width at a constant pitch grouped into strided copies, and K and V
+// into runs, runs of equal width at a constant pitch grouped into strided copies (in rising or
+// falling address order: pages come off the tiers' free lists in either), and K and V
 // strided copies of a page joined into one depth-2 copy. Plain C++ (no CUDA), so that the
 // merging rules are tested without a GPU (tests/transfer/dma_plan_test.cc).
 //
@@ -49,9 +50,17 @@ class CopyPlanner {
 
   // `alloc`: which allocation of its side a piece lies in (pieces of different allocations
   // never merge, even when adjacent in the address space).
+  // A piece right after the run on both sides extends it; so does one right before it (pages
+  // whose free-list order came out descending: the copy is the same bytes either way).
   void Add(const std::byte* src, std::byte* dst, int64_t n, int64_t alloc) {
     if (run_len_ > 0 && alloc == run_alloc_ && src == run_src_ + run_len_ &&
         dst == run_dst_ + run_len_) {
+      run_len_ += n;
+      return;
+    }
+    if (run_len_ > 0 && alloc == run_alloc_ && src + n == run_src_ && dst + n == run_dst_) {
+      run_src_ = src;
+      run_dst_ = dst;
       run_len_ += n;
       return;
     }
@@ -99,24 +108,40 @@ class CopyPlanner {
   const std::vector<Copy2D>& copies_2d() const { return copies_2d_; }
 
  private:
+  // Groups runs of equal width whose rows follow at a constant pitch on both sides, rising or
+  // falling (pages taken from a free list in descending order); a group's src / dst is always its
+  // lowest row, so its copy has positive pitches either way.
   void FlushRun() {
     if (run_len_ == 0) return;
     const auto w = static_cast<size_t>(run_len_);
     run_len_ = 0;
     if (group_height_ > 0 && w == group_.width && run_alloc_ == group_alloc_) {
       if (group_height_ == 1) {
-        if (run_src_ > group_.src && run_dst_ > group_.dst) {
-          const auto sp = static_cast<size_t>(run_src_ - group_.src);
-          const auto dp = static_cast<size_t>(run_dst_ - group_.dst);
+        const bool up = run_src_ > group_.src && run_dst_ > group_.dst;
+        const bool down = run_src_ < group_.src && run_dst_ < group_.dst;
+        if (up || down) {
+          const auto sp = static_cast<size_t>(up ? run_src_ - group_.src : group_.src - run_src_);
+          const auto dp = static_cast<size_t>(up ? run_dst_ - group_.dst : group_.dst - run_dst_);
           if (sp >= w && dp >= w && sp < max_pitch_ && dp < max_pitch_) {
             group_.spitch = sp;
             group_.dpitch = dp;
+            if (down) {
+              group_.src = run_src_;
+              group_.dst = run_dst_;
+            }
+            group_falling_ = down;
             group_height_ = 2;
             return;
           }
         }
-      } else if (run_src_ == group_.src + group_height_ * group_.spitch &&
+      } else if (!group_falling_ && run_src_ == group_.src + group_height_ * group_.spitch &&
                  run_dst_ == group_.dst + group_height_ * group_.dpitch) {
+        ++group_height_;
+        return;
+      } else if (group_falling_ && run_src_ + group_.spitch == group_.src &&
+                 run_dst_ + group_.dpitch == group_.dst) {
+        group_.src = run_src_;
+        group_.dst = run_dst_;
         ++group_height_;
         return;
       }
@@ -151,6 +176,7 @@ class CopyPlanner {
   Copy2D group_{};
   int64_t group_alloc_ = 0;
   size_t group_height_ = 0;
+  bool group_falling_ = false;  // its rows came highest first
   std::vector<void*> dsts_;
   std::vector<const void*> srcs_;
   std::vector<size_t> sizes_;
