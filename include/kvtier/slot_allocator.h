@@ -36,8 +36,10 @@ class SlotAllocator {
   int64_t free_pages() const;
   int64_t used_pages() const;
 
-  // `n` pages (their first slots), all or nothing. InvalidArgument if n < 0; OutOfMemory naming
-  // n and free_pages() if fewer than n pages are free. n == 0 gives an empty list.
+  // `n` pages (their first slots), all or nothing, in ascending order (the most recently freed
+  // ones, sorted: a copy of pages that lie together then moves as few, large pieces whichever
+  // order they were freed in). InvalidArgument if n < 0; OutOfMemory naming n and free_pages()
+  // if fewer than n pages are free. n == 0 gives an empty list.
   Result<std::vector<int64_t>> AllocatePages(int64_t n);
 
   // Returns the pages to the free list, all or nothing: InvalidArgument naming the index (its

@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <bit>
 #include <new>
 
@@ -63,6 +64,9 @@ Result<std::vector<int64_t>> DevicePageLedger::Allocate(int64_t n, Owner owner) 
   }
   std::vector<int64_t> pages(free_.rbegin(), free_.rbegin() + n);
   free_.resize(free_.size() - static_cast<size_t>(n));
+  // Rising, as the host tier's pages (SlotAllocator): a load or backup between them then pairs
+  // pages that lie together on both sides in the same order, which the dma plan merges.
+  std::sort(pages.begin(), pages.end());
   for (int64_t p : pages) owners_[static_cast<size_t>(p >> log2_page_)] = owner;
   counts_[kFree] -= n;
   counts_[owner] += n;

@@ -45,8 +45,8 @@ class DevicePageLedger {
   // A page start in range whose owner is not kFree.
   bool IsAllocated(int64_t page_start) const;
 
-  // `n` free pages (page starts; ascending on a fresh ledger) for `owner`; OutOfMemory (nothing
-  // changes) when fewer are free.
+  // `n` free pages (page starts, ascending: the most recently freed ones, sorted, as
+  // SlotAllocator's) for `owner`; OutOfMemory (nothing changes) when fewer are free.
   Result<std::vector<int64_t>> Allocate(int64_t n, Owner owner);
   // REQUIRES: every page is allocated (owner != kFree).
   void Transfer(std::span<const int64_t> page_starts, Owner to);

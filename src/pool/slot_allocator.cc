@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <new>
 
 namespace kvtier {
@@ -72,20 +73,25 @@ Result<std::vector<int64_t>> SlotAllocator::AllocatePages(int64_t n) {
     return Status::InvalidArgument(fmt::format("AllocatePages: n = {} must not be negative", n));
   }
   std::vector<int64_t> pages;
-  std::lock_guard<std::mutex> lock(mu_);
-  const int64_t free = static_cast<int64_t>(free_list_.size());
-  if (n > free) {
-    return Status::OutOfMemory(fmt::format(
-        "AllocatePages: n = {} pages requested but only {} of {} pages (page_size {}) are free", n,
-        free, num_pages_, page_size_));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const int64_t free = static_cast<int64_t>(free_list_.size());
+    if (n > free) {
+      return Status::OutOfMemory(fmt::format(
+          "AllocatePages: n = {} pages requested but only {} of {} pages (page_size {}) are free",
+          n, free, num_pages_, page_size_));
+    }
+    pages.resize(static_cast<size_t>(n));  // n <= free_list_.size(), which already fit in memory
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t page = free_list_.back();
+      free_list_.pop_back();
+      state_[page] = kAllocated;
+      pages[i] = page * page_size_;
+    }
   }
-  pages.resize(static_cast<size_t>(n));  // n <= free_list_.size(), which already fit in memory
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t page = free_list_.back();
-    free_list_.pop_back();
-    state_[page] = kAllocated;
-    pages[i] = page * page_size_;
-  }
+  // The free list is a stack: pages freed rising come back falling. Sorted, pages that lie
+  // together come out rising on every tier, so a copy between two tiers merges them (dma_plan.h).
+  std::sort(pages.begin(), pages.end());
   return pages;
 }
 

@@ -41,6 +41,23 @@ TEST(DevicePageLedgerTest, AFreshLedgerAllocatesAscendingAndRefusesTooMany) {
   EXPECT_EQ(l->free_pages(), 1);  // nothing changed
 }
 
+// The free list is a stack; pages freed in any order come back ascending (a load between the
+// host tier and the device then pairs pages in the same order on both sides: dma_plan.h).
+TEST(DevicePageLedgerTest, PagesFreedInAnyOrderComeBackAscending) {
+  auto l = Make(8);
+  auto a = l->Allocate(6, DevicePageLedger::kEngine);
+  ASSERT_TRUE(a.ok());
+  for (const std::vector<int64_t>& freed :
+       {std::vector<int64_t>{0, 4, 8, 12}, std::vector<int64_t>{12, 8, 4, 0},
+        std::vector<int64_t>{8, 0, 12, 4}}) {
+    ASSERT_TRUE(l->Free(freed).ok());
+    auto again = l->Allocate(4, DevicePageLedger::kTree);
+    ASSERT_TRUE(again.ok());
+    EXPECT_EQ(*again, (std::vector<int64_t>{0, 4, 8, 12}));
+    l->Transfer(*again, DevicePageLedger::kEngine);
+  }
+}
+
 TEST(DevicePageLedgerTest, FreeIsAllOrNothingAndNamesTheBadPage) {
   auto l = Make(4);
   auto a = l->Allocate(2, DevicePageLedger::kTree);

@@ -81,6 +81,22 @@ TEST(SlotAllocatorTest, AllocateZeroNegativeAndExhaustion) {
   EXPECT_TRUE(a->AllocatePages(1).status().IsOutOfMemory());
 }
 
+// The free list is a stack; pages freed in any order come back ascending (a copy between two
+// tiers then pairs pages that lie together in the same order on both sides: dma_plan.h).
+TEST(SlotAllocatorTest, PagesFreedInAnyOrderComeBackAscending) {
+  auto a = MakeAllocator(128, 16);
+  auto got = a->AllocatePages(6);
+  ASSERT_TRUE(got.ok());
+  for (const std::vector<int64_t>& freed :
+       {std::vector<int64_t>{0, 16, 32, 48}, std::vector<int64_t>{48, 32, 16, 0},
+        std::vector<int64_t>{32, 0, 48, 16}}) {
+    ASSERT_TRUE(a->FreePages(freed).ok());
+    auto again = a->AllocatePages(4);
+    ASSERT_TRUE(again.ok());
+    EXPECT_EQ(*again, (std::vector<int64_t>{0, 16, 32, 48}));
+  }
+}
+
 TEST(SlotAllocatorTest, FreeErrorsNameTheIndexAndFreeNothing) {
   auto a = MakeAllocator(64, 16);
   auto got = a->AllocatePages(3);
