@@ -16,6 +16,7 @@
 #include <cstring>
 #include <filesystem>
 #include <thread>
+#include <utility>
 
 #include "kvtier/device.h"
 #include "kvtier/storage.h"
@@ -136,6 +137,18 @@ void AddTpReplayFlags(CLI::App* replay, TpReplayArgs* a) {
   replay->add_option("--tp-store", a->store)->group("");
 }
 
+TpGroupConfig TpGroupConfigOf(const TpReplayArgs& a, std::string name) {
+  TpGroupConfig gc;
+  gc.name = std::move(name);
+  gc.tp_size = a.tp;
+  gc.ack_timeout_s = a.ack_timeout_s;
+  gc.follower_poll_s = a.follower_poll_s;
+  gc.follower_doze_s = a.follower_doze_s;
+  gc.leader_poll_s = a.leader_poll_s;
+  gc.ack_each_copy = a.ack_each_copy;
+  return gc;
+}
+
 int RunReplayTp(const ReplayOptions& options, const TpReplayArgs& a,
                 const std::vector<std::string>& self_args) {
   const char* who = a.rank > 0 ? "kvtier replay (tp rank)" : "kvtier replay --tp";
@@ -250,14 +263,7 @@ int RunReplayTp(const ReplayOptions& options, const TpReplayArgs& a,
     if (shard_pass) tp1_shard = own_gpu_passes[0];
   }
 
-  TpGroupConfig gc;
-  gc.name = fmt::format("replay-tp.{}", getpid());
-  gc.tp_size = a.tp;
-  gc.ack_timeout_s = a.ack_timeout_s;
-  gc.follower_poll_s = a.follower_poll_s;
-  gc.follower_doze_s = a.follower_doze_s;
-  gc.leader_poll_s = a.leader_poll_s;
-  gc.ack_each_copy = a.ack_each_copy;
+  const TpGroupConfig gc = TpGroupConfigOf(a, fmt::format("replay-tp.{}", getpid()));
   TpReplayArgs fa = a;
   auto leader = TpLeader::Create(
       gc, TpShape{s.device_slots, s.host_slots, s.model.num_layers, P, s.model.mla});

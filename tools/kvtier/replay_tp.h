@@ -46,6 +46,9 @@ struct TpReplayArgs {
   bool equal_bytes = false;  // --tp-equal-bytes: TP=1 load baselines on each rank's GPU
 };
 
+// The decision ring's settings the flags give, for the group `name` (leader and followers alike).
+TpGroupConfig TpGroupConfigOf(const TpReplayArgs& args, std::string name);
+
 // Adds --tp, --tp-equal-bytes and --tp-timeout (and the hidden follower flags) to `replay`.
 void AddTpReplayFlags(CLI::App* replay, TpReplayArgs* args);
 

@@ -18,15 +18,8 @@
 namespace kvtier::tools {
 
 Status RunTpFollower(const TpSetup& s, const TpReplayArgs& a) {
-  TpGroupConfig gc;
-  gc.name = a.group;
-  gc.tp_size = a.tp;
-  gc.ack_timeout_s = a.ack_timeout_s;
-  gc.follower_poll_s = a.follower_poll_s;
-  gc.follower_doze_s = a.follower_doze_s;
-  gc.leader_poll_s = a.leader_poll_s;
-  gc.ack_each_copy = a.ack_each_copy;
-  KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<TpFollower> f, TpFollower::Attach(gc, a.rank));
+  KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<TpFollower> f,
+                          TpFollower::Attach(TpGroupConfigOf(a, a.group), a.rank));
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<PrefillEngine> engine, MakeTpRankEngine(s, a.tp, a.rank));
   KVTIER_ASSIGN_OR_RETURN(const ReplayModel rank_model, TpRankModel(s.model, a.tp));
   const TpShape shape = f->shape();

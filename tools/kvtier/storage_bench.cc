@@ -527,8 +527,8 @@ void AddStorageBenchOptions(CLI::App* bench, StorageBenchOptions* o) {
       ->capture_default_str();
   bench
       ->add_option("--storage-inflight", o->in_flight,
-                   "Set / Get batches in flight at once (0: enough for four pages an I/O thread, "
-                   "plus one batch)")
+                   "Set / Get batches in flight at once (0: eight, as a streamed prefetch queues "
+                   "at least, or more for four pages an I/O thread)")
       ->capture_default_str();
   bench
       ->add_option("--storage-exists-keys", o->exists_keys,
@@ -552,13 +552,16 @@ int RunStorageBench(const StorageBenchOptions& options, const std::string& comma
   int exit_code = 0;
   if (o.io_threads == 0) o.io_threads = DefaultIoThreads();
   if (o.in_flight == 0) {
-    // A prefetch queues all its batches at once; the bench keeps four pages an I/O thread in
-    // flight, so that a thread that finishes a page does not find the queue empty while the
+    // A prefetch queues all its batches at once, a streamed one at least eight (prefetcher.cc);
+    // the bench keeps eight calls in flight, or more where that leaves an I/O thread fewer than
+    // four pages, so that a thread that finishes a page does not find the queue empty while the
     // bench's thread, woken by a completion, submits the next batch (on a box whose cores the
     // I/O threads keep busy, that wake-up is late: 2 batches of 8 pages for 4 threads read at
-    // 57 % of the baseline, 8 batches at 72 %). Many small batches cost too: on the 16-core
-    // GPU host 32 batches of 8 pages of 512 KiB read at 56 %, 2 batches of 64 at 72 %.
-    o.in_flight = static_cast<int>((4 * o.io_threads + o.batch_pages - 1) / o.batch_pages) + 1;
+    // 57 % of the baseline, 8 batches at 72 %; on the 16-core GPU host 2 calls of 64 pages of
+    // 512 KiB read at 75-97 % from run to run, 8 calls at 90-99 %). Many small batches cost too:
+    // on that host 32 batches of 8 pages of 512 KiB read at 56 %, 2 batches of 64 at 72 %.
+    o.in_flight =
+        std::max(8, static_cast<int>((4 * o.io_threads + o.batch_pages - 1) / o.batch_pages) + 1);
   }
   std::fprintf(stderr, "storage bench: %d I/O threads, %d batches of %lld pages in flight\n",
                o.io_threads, o.in_flight, static_cast<long long>(o.batch_pages));

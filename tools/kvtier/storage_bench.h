@@ -29,7 +29,7 @@ struct StorageBenchOptions {
   // at page 16 (a prefetch reads in at least 8 batches; unstreamed, batches of up to 256 pages).
   int64_t batch_pages = 64;
   int io_threads = 0;  // the backend's; 0: the machine's default
-  int in_flight = 0;   // batches in flight at once; 0: four pages an I/O thread, plus a batch
+  int in_flight = 0;   // batches in flight at once; 0: 8, or more for four pages an I/O thread
   int repeats = 3;     // Set+Get rounds per kind; each batch's time goes into p50/p99,
                        // throughput is the median round
   int64_t exists_keys = 1000;
