@@ -170,6 +170,9 @@ struct StorageStats {
           get_wrong_namespace_pages = 0, get_timed_out_pages = 0, get_failed_pages = 0;
   int64_t set_ok_pages = 0, set_failed_pages = 0, set_timed_out_pages = 0;
   int64_t set_no_space_pages = 0;  // kNoSpace (not in set_failed_pages)
+  // Of set_no_space_pages, those the server refused (Redis: OOM at its maxmemory with a policy
+  // that does not evict, as noeviction; said in a warning too). 0 for other backends.
+  int64_t set_refused_pages = 0;
   int64_t removed_pages = 0;
   int64_t bytes_read = 0, bytes_written = 0;  // payload bytes of hits / successful sets
   double get_seconds = 0, set_seconds = 0;    // I/O-thread time inside the hooks
@@ -250,6 +253,18 @@ class StorageBackend {
   // Ends a pin now. InvalidArgument for an unknown or expired pin id.
   Status UnpinPages(uint64_t pin);
 
+  // ---- pages the store evicted by itself (KV events: HierarchicalCache) --------------------
+  // A store that evicts on its own (file:// by its capacity and free-space floor, memory:// by its
+  // capacity) records the keys it evicted while tracking is on (off by default: nothing is kept
+  // when nobody takes them), up to kMaxTrackedEvictions (then the oldest are dropped and
+  // counted). TakeEvictions returns them, oldest first, and forgets them; `dropped` (when given)
+  // gets how many were dropped since the last call. Wrappers pass both on to the store they wrap.
+  // Stores whose eviction kvtier cannot see (Redis: its maxmemory) record nothing; the cache
+  // learns of those from a lookup's or a read's miss.
+  static constexpr size_t kMaxTrackedEvictions = size_t{1} << 20;
+  virtual void TrackEvictions(bool on);
+  virtual std::vector<PageKey> TakeEvictions(int64_t* dropped = nullptr);
+
   StorageStats Stats() const;
   const StorageNamespace& ns() const { return ns_; }
   const StorageOptions& options() const { return options_; }
@@ -301,6 +316,8 @@ class StorageBackend {
   // every Close call, so it must be idempotent): a backend finishes its own background work
   // here (the file store writes its pending hit stamps). The default does nothing.
   virtual void DoClose() {}
+  // For backends: records keys this store just evicted by itself (TrackEvictions); any thread.
+  void NoteEvicted(std::span<const PageKey> keys);
   // Backend-specific gauges (stored_pages, stored_bytes, capacity_bytes, evicted_pages,
   // get_cached_pages, get_disk_pages).
   virtual void FillStats(StorageStats& /*stats*/) const {}
@@ -311,11 +328,14 @@ class StorageBackend {
   virtual Status CheckCaller(std::string_view /*call*/) const { return Status::OK(); }
 
  private:
-  struct Queue;  // the bounded queue and the I/O threads (storage_backend.cc)
+  struct Queue;      // the bounded queue and the I/O threads (storage_backend.cc)
+  struct Evictions;  // the tracked self-evictions (storage_evictions.cc)
   const std::string url_;
   const StorageNamespace ns_;
   const StorageOptions options_;
   std::unique_ptr<Queue> queue_;
+  // Made by the first TrackEvictions(true); read and set through std::atomic_load / store.
+  std::shared_ptr<Evictions> evictions_;
 };
 
 // Opens the backend that `url` names for deployment `ns`. InvalidArgument naming the URL part

@@ -199,7 +199,11 @@ class FileBackend final : public StorageBackend {
     // A hit's stamp goes to the stamper when the file's mtime is more than kStampGranularityNs
     // older; called under the index's mutex (the stamper takes only its own).
     index_ = std::make_unique<FileIndex>(
-        capacity, [this](const PageKey& key) { RemoveFile(key); },
+        capacity,
+        [this](const PageKey& key) {
+          RemoveFile(key);
+          NoteEvicted({&key, 1});  // KV events: the cache tells its listeners (TrackEvictions)
+        },
         [this](const PageKey& key) { return pins_.Pinned(key); },
         [this](const PageKey& key, int64_t stamp, int64_t mtime_ns) {
           if (stamp - mtime_ns > kStampGranularityNs) stamper_.Add(key, stamp);
