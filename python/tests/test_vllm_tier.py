@@ -4,13 +4,14 @@ path, vLLM's TieringOffloadingManager drives it behind vLLM's CPUPrimaryTierOffl
 vLLM's SharedOffloadRegion (the CPU KV pool). Each test: store blocks (random bytes written into the
 pool rows vLLM hands out, standing for the GPU->CPU copy), evict them from the CPU tier by storing
 others, poison the whole pool, look them up and load them back through vLLM's promotion path, and
-compare every byte. MHA (K and V) and MLA block shapes; file:// and memory:// stores.
+compare every byte. MHA (K and V) and MLA block shapes; file://, memory:// and redis:// stores.
 
 The loops below step vLLM's engine by calling take_events() (vLLM's end-of-step hook) until an
 answer comes; they are bounded by a deadline, never by a timing assumption.
 """
 
 import ctypes
+import os
 import shutil
 import signal
 import socket
@@ -31,6 +32,8 @@ if _why_not:
 import kvtier  # noqa: E402
 
 if not hasattr(kvtier, "PageStore"):
+    if os.environ.get("KVTIER_VLLM_REQUIRED") == "1":
+        raise RuntimeError("this kvtier build has no kvtier.PageStore")
     pytest.skip("this kvtier build has no kvtier.PageStore", allow_module_level=True)
 
 from vllm.v1.kv_offload.base import ReqContext, make_offload_key  # noqa: E402
@@ -134,6 +137,10 @@ def make_keys(n: int, seed: int) -> list:
     return [make_offload_key(rng.bytes(32), 0) for _ in range(n)]
 
 
+PROBE_NAMESPACE = dict(model_id="probe", kv_dtype="bfloat16", layout="page_first_direct",
+                       mla=True, num_layers=1, slot_bytes=4096, page_size=1)
+
+
 def _die_with_parent():
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
@@ -141,8 +148,20 @@ def _die_with_parent():
 @pytest.fixture(scope="module")
 def redis_url(tmp_path_factory):
     """A redis-server on a free 127.0.0.1 port, stopped after the module (or with this process)."""
+    def missing(why):  # CI installs redis-server and builds with hiredis; elsewhere they may lack
+        if os.environ.get("CI") == "true":
+            pytest.fail(why)
+        pytest.skip(why)
+
     if shutil.which("redis-server") is None:
-        pytest.skip("redis-server is not installed (Debian: redis-server)")
+        missing("redis-server is not installed (Debian: redis-server)")
+    try:
+        kvtier.PageStore("redis://127.0.0.1:1", **PROBE_NAMESPACE).close()
+    except kvtier.InvalidArgumentError as e:
+        if "without hiredis" in str(e):
+            missing(str(e))
+    except kvtier.KvtierError:
+        pass  # hiredis is there; nothing listens on port 1
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
