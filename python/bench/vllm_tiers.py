@@ -111,21 +111,31 @@ def run_jobs(submit, poll, jobs, clock: HostClock) -> float:
     return time.perf_counter() - t0
 
 
-class KvtierSide:
-    name = "kvtier file://"
+def parse_options(spec: str) -> dict:
+    """'max_batch_pages=1,io_threads=16' -> {'max_batch_pages': 1, 'io_threads': 16}."""
+    out = {}
+    for item in filter(None, spec.split(",")):
+        name, _, value = item.partition("=")
+        out[name] = int(value) if value.lstrip("-").isdigit() else value
+    return out
 
-    def __init__(self, root, pool, tokens):
+
+class KvtierSide:
+    def __init__(self, root, pool, tokens, options: str, index: int):
         from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
 
         self.factory = SecondaryTierFactory
-        self.url = f"file://{root}/kvtier"
+        self.name = "kvtier file://" + (f" ({options})" if options else "")
+        self.options = parse_options(options)
+        self.url = f"file://{root}/kvtier{index}"
         self.pool, self.tokens = pool, tokens
         self.tier = self.new_tier()
 
     def new_tier(self):
         cfg = {"type": "KvtierTier", "module_path": "kvtier.integrations.vllm", "url": self.url,
                "model_id": "meta-llama/Meta-Llama-3-8B", "kv_dtype": "bfloat16", "mla": False,
-               "num_layers": LAYERS, "block_tokens": self.tokens, "world_size": 1}
+               "num_layers": LAYERS, "block_tokens": self.tokens, "world_size": 1,
+               **self.options}
         return self.factory.create_secondary_tier(cfg, memoryview(self.pool), None)
 
     def submit_store(self, job):
@@ -282,7 +292,7 @@ def bench_block_size(args, tokens: int) -> list[dict]:
     root = os.path.join(args.dir, f"t{tokens}")
     shutil.rmtree(root, ignore_errors=True)
     os.makedirs(root)
-    sides = [KvtierSide(root, pool, tokens)]
+    sides = [KvtierSide(root, pool, tokens, opts, i) for i, opts in enumerate(args.kvtier_options)]
     direct_ok = o_direct_works(root)
     if direct_ok:
         sides.append(VllmFsSide(root, pool, o_direct=True))
@@ -334,6 +344,8 @@ def main() -> int:
     p.add_argument("--tokens", type=int, nargs="+", default=[16, 64], help="tokens per block")
     p.add_argument("--job-blocks", type=int, default=16, help="blocks per store/load job")
     p.add_argument("--threads", type=int, default=16, help="pread ceiling threads")
+    p.add_argument("--kvtier-options", nargs="+", default=["", "pages_per_call=16"],
+                   help="one kvtier row per item: tier options 'name=value,...' ('' = defaults)")
     p.add_argument("--json", help="write the rows here")
     args = p.parse_args()
     add_vllm(args.vllm_src)
@@ -347,19 +359,20 @@ def main() -> int:
     rows = []
     for tokens in args.tokens:
         rows += bench_block_size(args, tokens)
-    print(f"{'tokens':>6} {'tier':<32} {'store GB/s':>10} {'load GB/s':>9} {'% ceil':>6} "
+    print(f"{'tokens':>6} {'tier':<40} {'store GB/s':>10} {'load GB/s':>9} {'% ceil':>6} "
           f"{'host us/call st/ld':>18} {'lookup us (host)':>17} {'bytes':>5}")
     for r in rows:
         if "skipped" in r:
-            print(f"{r['tokens']:>6} {r['tier']:<32} skipped: {r['skipped']}")
+            print(f"{r['tokens']:>6} {r['tier']:<40} skipped: {r['skipped']}")
             continue
         st = f"{r['store_gbps']:10.2f}" if "store_gbps" in r else f"{'':>10}"
         host = (f"{r['store_host_us_per_call']:8.1f}/{r['load_host_us_per_call']:<9.1f}"
                 if "store_host_us_per_call" in r else f"{'':>18}")
         look = (f"{r['lookup_us']:8.1f} ({r['lookup_host_us_per_call']:5.1f})" if "lookup_us" in r
                 else f"{'':>17}")
-        print(f"{r['tokens']:>6} {r['tier']:<32} {st} {r['load_gbps']:9.2f} "
-              f"{r['load_pct_of_ceiling']:6.0f} {host} {look} {'ok' if r['bytes_ok'] else 'BAD':>5}")
+        print(f"{r['tokens']:>6} {r['tier']:<40} {st} {r['load_gbps']:9.2f} "
+              f"{r['load_pct_of_ceiling']:6.0f} {host} {look} "
+              f"{'ok' if r['bytes_ok'] else 'BAD':>5}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"rows": rows, "dir": args.dir, "total_mib": args.total_mib}, f, indent=1)

@@ -86,7 +86,9 @@ class Engine:
             kv_bytes_per_block=self.row,
             cpu_page_size=self.row,
         )
-        primary = CPUPrimaryTierOffloadingManager(num_blocks=NUM_CPU_BLOCKS, mmap_region=self.region)
+        primary = CPUPrimaryTierOffloadingManager(
+            num_blocks=NUM_CPU_BLOCKS, mmap_region=self.region
+        )
         view = primary.get_kv_memoryview()
         self.tier = SecondaryTierFactory.create_secondary_tier(
             tier_config(url, mla, **extra), view, None
@@ -339,3 +341,12 @@ def test_settings_default_to_vllms_config(tmp_path):
         assert tier.store.page_bytes == row_bytes(False, 256)
     finally:
         tier.shutdown()
+
+
+def test_docs_list_every_tier_field():
+    from kvtier.integrations.vllm import TIER_FIELDS
+
+    docs = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "vllm.md")
+    with open(docs) as f:
+        text = f.read()
+    assert [f.name for f in TIER_FIELDS if f"| `{f.name}` |" not in text] == []

@@ -1,7 +1,8 @@
 """Where the vLLM tests find vLLM: the source folder named by KVTIER_VLLM_SRC (default: the repo's
 .engines/vllm, which is git-ignored and carried to the GPU machine), plus kvtier's stand-ins for the
-vLLM modules that cannot run here (python/tests/vllm_stubs: vLLM's logger, shm_broadcast's free-space
-check, CUDA host registration). vLLM's own kv_offload classes come from the source folder unmodified.
+vLLM modules that cannot run here (python/tests/vllm_stubs: vLLM's logger, shm_broadcast's
+free-space check, CUDA host registration). vLLM's own kv_offload classes come from the source
+folder, unmodified.
 
 vLLM cannot be fetched by CI, so a missing folder is a skip with the reason, not a failure; with
 KVTIER_VLLM_REQUIRED=1 (scripts/vllm_check.sh) it is an error."""

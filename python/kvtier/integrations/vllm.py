@@ -1,4 +1,4 @@
-"""kvtier.integrations.vllm — kvtier's stores as a secondary tier behind vLLM's CPU offloading tier.
+"""kvtier.integrations.vllm — kvtier's stores as a secondary tier behind vLLM's CPU offload tier.
 
 vLLM's `OffloadingConnector` with `"spec_name": "TieringOffloadingSpec"` keeps offloaded KV blocks
 in a pinned CPU pool (the primary tier) and cascades every block it stores there to each
@@ -77,8 +77,9 @@ class TierField:
     name: str
     kind: type
     doc: str
-    # Reads the value from vLLM's OffloadingSpec when the config omits it (None: required).
-    from_spec: Callable[[Any], Any] | None = None
+    # The value when the config omits it, from vLLM's OffloadingSpec and the tier's config dict
+    # (None: required).
+    default: Callable[[Any, dict], Any] | None = None
 
 
 def _attr(obj: Any, path: str) -> Any:
@@ -87,19 +88,19 @@ def _attr(obj: Any, path: str) -> Any:
     return obj
 
 
-def _kv_dtype_of(spec: Any) -> str:
+def _kv_dtype_of(spec: Any, config: dict) -> str:
     cache_dtype = str(_attr(spec, "vllm_config.cache_config.cache_dtype"))
     if cache_dtype != "auto":
         return cache_dtype
     return str(_attr(spec, "vllm_config.model_config.dtype")).removeprefix("torch.")
 
 
-def _num_layers_of(spec: Any) -> int:
+def _num_layers_of(spec: Any, config: dict) -> int:
     groups = _attr(spec, "kv_cache_config.kv_cache_groups")
     return sum(len(group.layer_names) for group in groups)
 
 
-def _block_tokens_of(spec: Any) -> int:
+def _block_tokens_of(spec: Any, config: dict) -> int:
     sizes = set(spec.gpu_block_size)
     if len(sizes) != 1:
         raise ValueError(
@@ -114,21 +115,26 @@ TIER_FIELDS: tuple[TierField, ...] = (
     TierField("url", str, "kvtier store URL: file:///dir, redis://host:port, "
               "redis+cluster://host:port, memory://"),
     TierField("model_id", str, "model in the namespace (default: vLLM's model name)",
-              lambda s: str(_attr(s, "vllm_config.model_config.model"))),
+              lambda s, c: str(_attr(s, "vllm_config.model_config.model"))),
     TierField("kv_dtype", str, "KV dtype in the namespace (default: vLLM's cache dtype, or the "
               "model dtype when that is 'auto')", _kv_dtype_of),
     TierField("mla", bool, "MLA (one latent buffer) or K and V (default: vLLM's model config)",
-              lambda s: bool(_attr(s, "vllm_config.model_config.use_mla"))),
+              lambda s, c: bool(_attr(s, "vllm_config.model_config.use_mla"))),
     TierField("num_layers", int, "attention layers whose KV a block row holds (default: the "
               "layers of vLLM's KV cache groups)", _num_layers_of),
     TierField("block_tokens", int, "tokens per offloaded block (default: vLLM's GPU block size "
               "times the offloaded block_size factor)", _block_tokens_of),
     TierField("world_size", int, "ranks whose KV shares one block row (default: vLLM's "
-              "parallel world size)", lambda s: int(_attr(s, "vllm_config.parallel_config.world_size"))),
+              "parallel world size)",
+              lambda s, c: int(_attr(s, "vllm_config.parallel_config.world_size"))),
+    TierField("pages_per_call", int, "blocks per store call a vLLM job is cut into (default: 1 "
+              "for file://, so the blocks of one job spread over the store's I/O threads; 64 "
+              "otherwise, so a network store gets few round trips)",
+              lambda s, c: 1 if str(c.get("url", "")).startswith("file:") else 64),
     TierField("lookup_threads", int, "threads answering lookups of blocks the tier has not seen "
-              "(default 2)", lambda s: 2),
+              "(default 2)", lambda s, c: 2),
     TierField("max_known_blocks", int, "blocks remembered as present (LRU; default 1048576)",
-              lambda s: 1 << 20),
+              lambda s, c: 1 << 20),
 )
 _FIELDS_BY_NAME = {f.name: f for f in TIER_FIELDS}
 
@@ -152,11 +158,11 @@ def resolve_tier_config(offloading_spec: Any, config: dict[str, Any]) -> tuple[d
                 )
             if field.kind is int and value < 1:
                 raise ValueError(f"KvtierTier: {field.name} = {value} must be at least 1")
-        elif field.from_spec is None:
+        elif field.default is None:
             raise ValueError(f"KvtierTier: {field.name} is required ({field.doc})")
         else:
             try:
-                value = field.from_spec(offloading_spec)
+                value = field.default(offloading_spec, config)
             except (AttributeError, TypeError) as e:
                 raise ValueError(
                     f"KvtierTier: {field.name} is not in the tier config and vLLM's offloading "
@@ -217,12 +223,13 @@ class KvtierTier(SecondaryTierManager):
         self._lookup_pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=settings["lookup_threads"], thread_name_prefix="kvtier_vllm_lookup"
         )
+        self._pages_per_call = settings["pages_per_call"]
         self._max_known = settings["max_known_blocks"]
         self._known_present: OrderedDict[bytes, None] = OrderedDict()
         self._absent_for_request: dict[str, set[bytes]] = {}
         self._lookups_in_flight: dict[bytes, concurrent.futures.Future] = {}
-        # vLLM job id -> (kvtier job or None when nothing was submitted, keys, is_store)
-        self._jobs: dict[int, tuple[Any, list[bytes], bool]] = {}
+        # vLLM job id -> (its store calls' jobs, or None when a submit failed; keys; is_store)
+        self._jobs: dict[int, tuple[list | None, list[bytes], bool]] = {}
         logger.info(
             "KvtierTier %s: %s, namespace %s, %d blocks of %d bytes",
             tier_type, self._store.url, self._store.namespace_name, self._num_blocks,
@@ -287,12 +294,18 @@ class KvtierTier(SecondaryTierManager):
                 f"{len(job.block_ids)} block ids"
             )
         submit = self._store.submit_set if is_store else self._store.submit_get
+        addrs = self._row_addrs(job.block_ids)
+        step = self._pages_per_call
+        store_jobs: list | None = []
         try:
-            store_job = submit(keys, self._row_addrs(job.block_ids)) if keys else None
+            for start in range(0, len(keys), step):
+                store_jobs.append(submit(keys[start:start + step], addrs[start:start + step]))
         except kvtier.KvtierError:  # e.g. the store was closed: the job fails, vLLM goes on
             logger.exception("KvtierTier: job %d could not be submitted", job.job_id)
-            store_job = False
-        self._jobs[job.job_id] = (store_job, keys, is_store)
+            for submitted in store_jobs:
+                submitted.wait()  # its pages' memory is vLLM's again only once it is done
+            store_jobs = None
+        self._jobs[job.job_id] = (store_jobs, keys, is_store)
 
     def submit_store(self, job_metadata: JobMetadata) -> None:
         self._submit(job_metadata, is_store=True)
@@ -302,13 +315,11 @@ class KvtierTier(SecondaryTierManager):
 
     def get_finished(self) -> Iterable[JobResult]:
         finished: list[JobResult] = []
-        for job_id, (store_job, keys, is_store) in list(self._jobs.items()):
-            if store_job is None:
-                outcome = []
-            elif store_job is False:
+        for job_id, (store_jobs, keys, is_store) in list(self._jobs.items()):
+            if store_jobs is None:
                 outcome = [False] * len(keys)
-            elif store_job.done():
-                outcome = store_job.wait(0)
+            elif all(j.done() for j in store_jobs):
+                outcome = [ok for j in store_jobs for ok in j.wait(0)]
             else:
                 continue
             del self._jobs[job_id]
@@ -323,8 +334,8 @@ class KvtierTier(SecondaryTierManager):
     def shutdown(self) -> None:
         """Waits for the jobs in flight (each ends within the store's timeout), then closes the
         store and the lookup threads."""
-        for store_job, _, _ in self._jobs.values():
-            if store_job:
+        for store_jobs, _, _ in self._jobs.values():
+            for store_job in store_jobs or ():
                 store_job.wait()
         self._jobs.clear()
         self._lookup_pool.shutdown(wait=True, cancel_futures=True)
