@@ -10,6 +10,8 @@
 # required: a missing one fails), python/bench/vllm_tiers.py (--dir $KVTIER_BENCH_DIR, default
 # build-vllm/bench, emptied before and after). Logs and vllm_bench.json go to $OUT when set, else
 # build-vllm/logs. Exit status 0 only when the tests passed and every benched byte matched.
+# Needs build-deps/root carried (scripts/gpu_deps.sh: libxxhash is required; hiredis and
+# redis-server for the redis:// cases, which skip without them).
 # Budget: about 1 minute with a built extension (16-core H100 machine), 3 with the build.
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -46,7 +48,9 @@ if [[ -f "$BUILD/CMakeCache.txt" ]] || ! have_ext "$BUILD"; then
   say "building the extension in $BUILD (-j$JOBS)"
   GEN=(); command -v ninja >/dev/null && [[ ! -f "$BUILD/CMakeCache.txt" ]] && GEN=(-G Ninja)
   CONFIG=(-DKVTIER_BUILD_PYTHON=ON -DPython_EXECUTABLE="$PY" -DPYTHON_EXECUTABLE="$PY")
-  [[ -f "$BUILD/CMakeCache.txt" ]] || CONFIG+=(-DCMAKE_BUILD_TYPE=Release -DKVTIER_CUDA=AUTO
+  # A fresh tree builds without CUDA: the tier moves host memory only, and nvcc would double the
+  # build time.
+  [[ -f "$BUILD/CMakeCache.txt" ]] || CONFIG+=(-DCMAKE_BUILD_TYPE=Release -DKVTIER_CUDA=OFF
     -DKVTIER_BUILD_TESTS=OFF -DKVTIER_BUILD_BENCH=OFF -DKVTIER_BUILD_TOOLS=OFF)
   PYBIND11_DIR=$("$PY" -m pybind11 --cmakedir 2>/dev/null) && CONFIG+=(-Dpybind11_DIR="$PYBIND11_DIR")
   if ! { cmake -S "$ROOT" -B "$BUILD" "${GEN[@]}" "${CONFIG[@]}" &&
