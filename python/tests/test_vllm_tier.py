@@ -247,6 +247,9 @@ def test_another_engine_sees_the_blocks_lookups_in_flight_then_settled(tmp_path)
         assert reader.tier.lookup(never_stored, req) is False
         reader.manager.request_finished(req)
         assert reader.tier.lookup(never_stored, req) is None
+        # A request that never asks again (aborted) leaves no query behind once it finishes.
+        reader.manager.request_finished(req)
+        assert reader.tier._lookups_in_flight == {}
     finally:
         reader.shutdown()
 

@@ -228,6 +228,9 @@ class KvtierTier(SecondaryTierManager):
         self._known_present: OrderedDict[bytes, None] = OrderedDict()
         self._absent_for_request: dict[str, set[bytes]] = {}
         self._lookups_in_flight: dict[bytes, concurrent.futures.Future] = {}
+        # The keys whose exists queries a request started: dropped when it finishes, so a request
+        # that never asks again (aborted) leaves nothing behind.
+        self._lookups_of_request: dict[str, set[bytes]] = {}
         # vLLM job id -> (its store calls' jobs, or None when a submit failed; keys; is_store)
         self._jobs: dict[int, tuple[list | None, list[bytes], bool]] = {}
         logger.info(
@@ -260,6 +263,7 @@ class KvtierTier(SecondaryTierManager):
         query = self._lookups_in_flight.get(key)
         if query is None:
             self._lookups_in_flight[key] = self._lookup_pool.submit(self._store.exists, [key])
+            self._lookups_of_request.setdefault(req_context.req_id, set()).add(key)
             return None
         if not query.done():
             return None
@@ -277,6 +281,8 @@ class KvtierTier(SecondaryTierManager):
 
     def request_finished(self, req_context: Any) -> None:
         self._absent_for_request.pop(req_context.req_id, None)
+        for key in self._lookups_of_request.pop(req_context.req_id, ()):
+            self._lookups_in_flight.pop(key, None)  # a query still running just ends unread
 
     # --- transfers ---
 
