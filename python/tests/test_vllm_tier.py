@@ -353,3 +353,30 @@ def test_docs_list_every_tier_field():
     with open(docs) as f:
         text = f.read()
     assert [f.name for f in TIER_FIELDS if f"| `{f.name}` |" not in text] == []
+
+
+def test_blocks_the_store_holds_are_not_rewritten(tmp_path):
+    from vllm.v1.kv_offload.tiering.base import JobMetadata
+
+    mla, slot = SHAPES["mha"]
+    engine = Engine(f"file://{tmp_path}/store", mla, slot)
+    try:
+        keys = make_keys(4, seed=10)
+        engine.store(keys, np.random.default_rng(11))
+        written = engine.tier.store.stats()["set_ok_pages"]
+        assert written == 4
+        req = ReqContext(req_id="again")
+        again = keys[:2] + make_keys(1, seed=12)
+        engine.tier.submit_store(JobMetadata(job_id=10**9, keys=again,
+                                             block_ids=np.arange(3, dtype=np.int64),
+                                             is_promotion=False, req_context=req))
+        deadline = time.monotonic() + DEADLINE_S
+        results = []
+        while not results:
+            assert time.monotonic() < deadline
+            results = list(engine.tier.get_finished())
+            time.sleep(0.001)
+        assert [(r.job_id, r.success) for r in results] == [(10**9, True)]
+        assert engine.tier.store.stats()["set_ok_pages"] == written + 1
+    finally:
+        engine.shutdown()

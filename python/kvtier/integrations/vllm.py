@@ -301,6 +301,9 @@ class KvtierTier(SecondaryTierManager):
             )
         submit = self._store.submit_set if is_store else self._store.submit_get
         addrs = self._row_addrs(job.block_ids)
+        if is_store:  # blocks the store already holds (as far as the tier knows) are not rewritten
+            todo = [i for i, k in enumerate(keys) if k not in self._known_present]
+            keys, addrs = [keys[i] for i in todo], addrs[todo]
         step = self._pages_per_call
         store_jobs: list | None = []
         try:
