@@ -10,13 +10,16 @@ Blocks have Llama-3-8B's shape (32 layers x 8 KV heads x 128 dims x bf16, K and 
 token and layer, 2 MiB per 16-token block, 8 MiB per 64-token block) and live in one page-aligned
 host pool, as vLLM's CPU tier keeps them. Per block size and tier:
 
+- warm-up (not measured): every block stored once under other keys (a fresh store creates its
+  directories on first use: 1 s for kvtier's first 64 pages on the build box, 60 ms after).
 - store: every block of --total-mib in jobs of --job-blocks blocks, all jobs submitted at once
   (vLLM cascades each step's stores as one job per tier), completion polled as vLLM's scheduler
   polls get_finished(); GB/s = bytes / wall time from the first submit to the last completion.
 - load: the pool poisoned, every block loaded back the same way, then every byte compared.
   kvtier's file store reads through the page cache (hot right after the store).
 - host time per call: the time the calling (scheduler) thread spent inside submit + poll calls,
-  divided by the calls: what the tier costs vLLM's scheduler loop.
+  divided by the calls, wall and (in parentheses) the thread's CPU time: what the tier costs
+  vLLM's scheduler loop.
 - lookup: a fresh tier (nothing known) asked about every stored block: kvtier's None -> answer
   round trip (one exists on the tier's lookup threads) and the scheduler-thread time per call;
   vLLM's tier answers with os.path.exists on the scheduler thread.
@@ -76,22 +79,28 @@ def fill(pool: np.ndarray, seed: int) -> np.ndarray:
 
 
 class HostClock:
-    """Seconds the calling thread spends inside the tier's calls."""
+    """Time the calling thread spends inside the tier's calls: wall (what the scheduler loop waits,
+    preemption included) and the thread's CPU time (what the calls cost it)."""
 
     def __init__(self):
         self.seconds = 0.0
+        self.cpu_seconds = 0.0
         self.calls = 0
 
     def __call__(self, fn, *args):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.thread_time()
         try:
             return fn(*args)
         finally:
             self.seconds += time.perf_counter() - t
+            self.cpu_seconds += time.thread_time() - c
             self.calls += 1
 
     def per_call_us(self) -> float:
         return 1e6 * self.seconds / max(1, self.calls)
+
+    def cpu_per_call_us(self) -> float:
+        return 1e6 * self.cpu_seconds / max(1, self.calls)
 
 
 def run_jobs(submit, poll, jobs, clock: HostClock) -> float:
@@ -278,14 +287,15 @@ def bench_block_size(args, tokens: int) -> list[dict]:
     expected = fill(pool, seed=tokens)
     rng = np.random.default_rng(tokens)
     keys = [make_offload_key(rng.bytes(32), 0) for _ in range(num_blocks)]
+    warmup_keys = [make_offload_key(rng.bytes(32), 0) for _ in range(num_blocks)]
     req = ReqContext(req_id="bench")
 
-    def jobs(start_id, is_promotion):
+    def jobs(start_id, is_promotion, job_keys=keys):
         out = []
         for j, first in enumerate(range(0, num_blocks, args.job_blocks)):
             ids = np.arange(first, min(num_blocks, first + args.job_blocks), dtype=np.int64)
             out.append((start_id + j, JobMetadata(job_id=start_id + j,
-                                                  keys=[keys[i] for i in ids], block_ids=ids,
+                                                  keys=[job_keys[i] for i in ids], block_ids=ids,
                                                   is_promotion=is_promotion, req_context=req)))
         return out
 
@@ -303,6 +313,9 @@ def bench_block_size(args, tokens: int) -> list[dict]:
     for side in sides:
         try:
             pool[:] = expected
+            # Warm-up, not measured: the same blocks under other keys (a fresh store creates its
+            # directories on first use; both tiers pay that once, not per block).
+            run_jobs(side.submit_store, side.poll, jobs(2 * 10**6, False, warmup_keys), HostClock())
             store_clock, load_clock = HostClock(), HostClock()
             store_s = run_jobs(side.submit_store, side.poll, jobs(0, False), store_clock)
             pool[:] = np.int8(-91)
@@ -316,6 +329,8 @@ def bench_block_size(args, tokens: int) -> list[dict]:
                 "load_gbps": total_gb / load_s, "bytes_ok": ok,
                 "store_host_us_per_call": store_clock.per_call_us(),
                 "load_host_us_per_call": load_clock.per_call_us(),
+                "store_host_cpu_us_per_call": store_clock.cpu_per_call_us(),
+                "load_host_cpu_us_per_call": load_clock.cpu_per_call_us(),
                 "lookup_us": lookup_us, "lookup_host_us_per_call": lookup_host_us,
             })
         finally:
@@ -352,7 +367,7 @@ def main() -> int:
     args.dir = os.path.abspath(args.dir)  # file:// URLs take absolute paths
     os.makedirs(args.dir, exist_ok=True)
     free = shutil.disk_usage(args.dir).free
-    need = 4 * args.total_mib * (1 << 20)
+    need = 2 * (len(args.kvtier_options) + 2) * args.total_mib * (1 << 20)  # warm-up + measured
     if free < 2 * need:
         sys.exit(f"vllm_tiers: {args.dir} has {free >> 20} MiB free, need {2 * need >> 20}")
 
@@ -360,14 +375,15 @@ def main() -> int:
     for tokens in args.tokens:
         rows += bench_block_size(args, tokens)
     print(f"{'tokens':>6} {'tier':<40} {'store GB/s':>10} {'load GB/s':>9} {'% ceil':>6} "
-          f"{'host us/call st/ld':>18} {'lookup us (host)':>17} {'bytes':>5}")
+          f"{'host us/call st/ld (cpu)':>30} {'lookup us (host)':>17} {'bytes':>5}")
     for r in rows:
         if "skipped" in r:
             print(f"{r['tokens']:>6} {r['tier']:<40} skipped: {r['skipped']}")
             continue
         st = f"{r['store_gbps']:10.2f}" if "store_gbps" in r else f"{'':>10}"
-        host = (f"{r['store_host_us_per_call']:8.1f}/{r['load_host_us_per_call']:<9.1f}"
-                if "store_host_us_per_call" in r else f"{'':>18}")
+        host = (f"{r['store_host_us_per_call']:7.0f}/{r['load_host_us_per_call']:<7.0f}"
+                f"({r['store_host_cpu_us_per_call']:5.0f}/{r['load_host_cpu_us_per_call']:<5.0f})"
+                if "store_host_us_per_call" in r else f"{'':>30}")
         look = (f"{r['lookup_us']:8.1f} ({r['lookup_host_us_per_call']:5.1f})" if "lookup_us" in r
                 else f"{'':>17}")
         print(f"{r['tokens']:>6} {r['tier']:<40} {st} {r['load_gbps']:9.2f} "
