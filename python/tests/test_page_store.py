@@ -265,6 +265,45 @@ def test_threads_share_a_store(url):
         assert not errors, errors
 
 
+def test_close_while_calls_run(url):
+    """close() from one thread while others call: each call returns its outcome (a hit, or False
+    once the backend is closing) or raises FailedPreconditionError once the store is closed;
+    nothing crashes and every returned hit has the right bytes."""
+    rng = np.random.default_rng(11)
+    store = open_store(url, mla=True)
+    src = Pages(store, 8, "array", rng)
+    keys = keys_for(8, "closing")
+    assert store.set(keys, src.addrs()) == [True] * 8
+    errors, closed_seen = [], []
+    started = threading.Barrier(4)
+
+    def worker():
+        started.wait(timeout=60)
+        try:
+            for _ in range(200):
+                dst = src.poisoned_copy()
+                try:
+                    got = store.get(keys, dst.addrs())
+                except kvtier.FailedPreconditionError:
+                    closed_seen.append(True)
+                    return
+                hits = [i for i, ok in enumerate(got) if ok]
+                src.assert_equal(dst, pages=hits)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker) for _ in range(3)]
+    for th in threads:
+        th.start()
+    started.wait(timeout=60)
+    store.close()
+    for th in threads:
+        th.join(timeout=120)
+    assert not errors, errors
+    with pytest.raises(kvtier.FailedPreconditionError):
+        store.exists_prefix(keys)
+
+
 # ---- bad input -------------------------------------------------------------------------------
 
 def test_bad_arguments_name_the_problem():
