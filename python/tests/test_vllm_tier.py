@@ -197,10 +197,13 @@ def url(request, tmp_path):
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-def test_store_evict_lookup_load_every_byte(url, shape):
+@pytest.mark.parametrize("calls", ["calls_unbounded", "one_call_at_a_time"])
+def test_store_evict_lookup_load_every_byte(url, shape, calls):
     mla, slot = SHAPES[shape]
     rng = np.random.default_rng(1)
-    engine = Engine(url, mla, slot)
+    # One call in flight: every other chunk waits in the tier until a poll finds room.
+    extra = {"max_calls_in_flight": 1} if calls == "one_call_at_a_time" else {}
+    engine = Engine(url, mla, slot, **extra)
     try:
         first = make_keys(NUM_CPU_BLOCKS, seed=2)
         data = engine.store(first, rng)

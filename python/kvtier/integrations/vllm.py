@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -80,6 +80,11 @@ class TierField:
     # The value when the config omits it, from vLLM's OffloadingSpec and the tier's config dict
     # (None: required).
     default: Callable[[Any, dict], Any] | None = None
+
+
+def _storage_default(name: str) -> Any:
+    """The default of a kvtier storage option, from its schema."""
+    return next(f["default"] for f in kvtier.PageStore.storage_option_fields() if f["name"] == name)
 
 
 def _attr(obj: Any, path: str) -> Any:
@@ -131,6 +136,11 @@ TIER_FIELDS: tuple[TierField, ...] = (
               "for file://, so the blocks of one job spread over the store's I/O threads; 64 "
               "otherwise, so a network store gets few round trips)",
               lambda s, c: 1 if str(c.get("url", "")).startswith("file:") else 64),
+    TierField("max_calls_in_flight", int, "store calls per direction the tier keeps in the "
+              "store at once; more wait in the tier (default: half the store's "
+              "max_queued_batches, beyond which it rejects calls)",
+              lambda s, c: c.get("max_queued_batches", _storage_default("max_queued_batches")) // 2
+              or 1),
     TierField("lookup_threads", int, "threads answering lookups of blocks the tier has not seen "
               "(default 2)", lambda s, c: 2),
     TierField("max_known_blocks", int, "blocks remembered as present (LRU; default 1048576)",
@@ -171,6 +181,18 @@ def resolve_tier_config(offloading_spec: Any, config: dict[str, Any]) -> tuple[d
         settings[field.name] = value
     storage_options = {k: v for k, v in config.items() if k not in _FIELDS_BY_NAME}
     return settings, storage_options
+
+
+class _Transfer:
+    """One vLLM job: its blocks cut into store calls (chunks), submitted as room allows."""
+
+    def __init__(self, is_store: bool, keys: list[bytes]):
+        self.is_store = is_store
+        self.keys = keys
+        self.chunks: list[tuple[list[int], list[bytes], np.ndarray]] = []  # (indices, keys, addrs)
+        self.submitted = 0  # chunks submitted, in order
+        self.calls: list[tuple[list[int], Any]] = []  # (indices, kvtier.PageStoreJob)
+        self.failed = False  # a submit raised: the chunks after it are never submitted
 
 
 class KvtierTier(SecondaryTierManager):
@@ -231,8 +253,10 @@ class KvtierTier(SecondaryTierManager):
         # The keys whose exists queries a request started: dropped when it finishes, so a request
         # that never asks again (aborted) leaves nothing behind.
         self._lookups_of_request: dict[str, set[bytes]] = {}
-        # vLLM job id -> (its store calls' jobs, or None when a submit failed; keys; is_store)
-        self._jobs: dict[int, tuple[list | None, list[bytes], bool]] = {}
+        self._max_calls_in_flight = settings["max_calls_in_flight"]
+        self._transfers: dict[int, _Transfer] = {}  # vLLM job id -> its transfer, until reported
+        self._waiting = {True: deque(), False: deque()}  # job ids with chunks not yet submitted
+        self._calls_in_flight = {True: 0, False: 0}  # submitted, not done (recounted each poll)
         logger.info(
             "KvtierTier %s: %s, namespace %s, %d blocks of %d bytes",
             tier_type, self._store.url, self._store.namespace_name, self._num_blocks,
@@ -299,22 +323,35 @@ class KvtierTier(SecondaryTierManager):
                 f"KvtierTier: job {job.job_id} has {len(keys)} keys and "
                 f"{len(job.block_ids)} block ids"
             )
-        submit = self._store.submit_set if is_store else self._store.submit_get
         addrs = self._row_addrs(job.block_ids)
-        if is_store:  # blocks the store already holds (as far as the tier knows) are not rewritten
-            todo = [i for i, k in enumerate(keys) if k not in self._known_present]
-            keys, addrs = [keys[i] for i in todo], addrs[todo]
-        step = self._pages_per_call
-        store_jobs: list | None = []
-        try:
-            for start in range(0, len(keys), step):
-                store_jobs.append(submit(keys[start:start + step], addrs[start:start + step]))
-        except kvtier.KvtierError:  # e.g. the store was closed: the job fails, vLLM goes on
-            logger.exception("KvtierTier: job %d could not be submitted", job.job_id)
-            for submitted in store_jobs:
-                submitted.wait()  # its pages' memory is vLLM's again only once it is done
-            store_jobs = None
-        self._jobs[job.job_id] = (store_jobs, keys, is_store)
+        transfer = _Transfer(is_store, keys)
+        # Blocks the store already holds (as far as the tier knows) are not written again.
+        todo = [i for i, k in enumerate(keys) if not (is_store and k in self._known_present)]
+        for start in range(0, len(todo), self._pages_per_call):
+            chunk = todo[start:start + self._pages_per_call]
+            transfer.chunks.append((chunk, [keys[i] for i in chunk], addrs[chunk]))
+        self._transfers[job.job_id] = transfer
+        if transfer.chunks:
+            self._waiting[is_store].append(job.job_id)
+            self._pump(is_store)
+
+    def _pump(self, is_store: bool) -> None:
+        """Submits waiting chunks while fewer than max_calls_in_flight calls of this direction
+        are in the store (the store rejects calls beyond its queue: max_queued_batches)."""
+        waiting = self._waiting[is_store]
+        submit = self._store.submit_set if is_store else self._store.submit_get
+        while waiting and self._calls_in_flight[is_store] < self._max_calls_in_flight:
+            transfer = self._transfers[waiting[0]]
+            chunk, keys, addrs = transfer.chunks[transfer.submitted]
+            try:
+                transfer.calls.append((chunk, submit(keys, addrs)))
+                self._calls_in_flight[is_store] += 1
+                transfer.submitted += 1
+            except kvtier.KvtierError:  # e.g. the store was closed: the job fails, vLLM goes on
+                logger.exception("KvtierTier: a call of job %d could not be submitted", waiting[0])
+                transfer.failed = True
+            if transfer.failed or transfer.submitted == len(transfer.chunks):
+                waiting.popleft()
 
     def submit_store(self, job_metadata: JobMetadata) -> None:
         self._submit(job_metadata, is_store=True)
@@ -323,29 +360,39 @@ class KvtierTier(SecondaryTierManager):
         self._submit(job_metadata, is_store=False)
 
     def get_finished(self) -> Iterable[JobResult]:
+        in_flight = {True: 0, False: 0}
         finished: list[JobResult] = []
-        for job_id, (store_jobs, keys, is_store) in list(self._jobs.items()):
-            if store_jobs is None:
-                outcome = [False] * len(keys)
-            elif all(j.done() for j in store_jobs):
-                outcome = [ok for j in store_jobs for ok in j.wait(0)]
-            else:
+        for job_id, transfer in list(self._transfers.items()):
+            busy = sum(1 for _, call in transfer.calls if not call.done())
+            in_flight[transfer.is_store] += busy
+            submitted_all = transfer.failed or transfer.submitted == len(transfer.chunks)
+            if busy or not submitted_all:
                 continue
-            del self._jobs[job_id]
-            for key, ok in zip(keys, outcome):
+            del self._transfers[job_id]
+            outcome = [True] * len(transfer.keys)  # a block not in any chunk: a skipped store
+            for chunk, _, _ in transfer.chunks:
+                for i in chunk:
+                    outcome[i] = False  # until its call says otherwise (never submitted: failed)
+            for chunk, call in transfer.calls:
+                for i, ok in zip(chunk, call.wait(0)):
+                    outcome[i] = ok
+            for key, ok in zip(transfer.keys, outcome):
                 if ok:
                     self._remember_present(key)
-                elif not is_store:
+                elif not transfer.is_store:
                     self._known_present.pop(key, None)
             finished.append(JobResult(job_id=job_id, success=all(outcome)))
+        self._calls_in_flight = in_flight
+        self._pump(False)  # loads first: a request waits for them
+        self._pump(True)
         return finished
 
     def shutdown(self) -> None:
         """Waits for the jobs in flight (each ends within the store's timeout), then closes the
         store and the lookup threads."""
-        for store_jobs, _, _ in self._jobs.values():
-            for store_job in store_jobs or ():
-                store_job.wait()
-        self._jobs.clear()
+        for transfer in self._transfers.values():
+            for _, call in transfer.calls:
+                call.wait()
+        self._transfers.clear()
         self._lookup_pool.shutdown(wait=True, cancel_futures=True)
         self._store.close()
