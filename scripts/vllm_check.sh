@@ -8,7 +8,8 @@
 # see docs/vllm.md). Sections: the extension (reused from $KVTIER_PY_BUILD_DIR, else build-gpu if
 # it has one, else built in build-vllm), pytest python/tests/test_vllm_tier.py (the folder is
 # required: a missing one fails), python/bench/vllm_tiers.py (--dir $KVTIER_BENCH_DIR, default
-# build-vllm/bench, emptied before and after). Logs and vllm_bench.json go to $OUT when set, else
+# build-vllm/bench, emptied before and after). Logs, vllm_bench.json and vllm_bench.md (the table
+# for BENCHMARKS.md) go to $OUT when set, else
 # build-vllm/logs. Exit status 0 only when the tests passed and every benched byte matched.
 # Needs build-deps/root carried (scripts/gpu_deps.sh: libxxhash is required; hiredis and
 # redis-server for the redis:// cases, which skip without them).
@@ -83,7 +84,7 @@ if [[ $SKIP_BENCH == 0 ]]; then
   say "python/bench/vllm_tiers.py --dir $BENCH_DIR $BENCH_ARGS"
   # shellcheck disable=SC2086
   if "$PY" python/bench/vllm_tiers.py --vllm-src "$SRC" --dir "$BENCH_DIR" \
-       --json "$LOGS/vllm_bench.json" $BENCH_ARGS 2>&1 | tee "$LOGS/vllm_bench.log"; then
+       --json "$LOGS/vllm_bench.json" --markdown "$LOGS/vllm_bench.md" $BENCH_ARGS 2>&1 | tee "$LOGS/vllm_bench.log"; then
     RESULT_BENCH=ok  # pipefail: the bench's own status
   else
     RESULT_BENCH=FAIL; status=1

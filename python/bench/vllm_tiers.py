@@ -351,6 +351,28 @@ def bench_block_size(args, tokens: int) -> list[dict]:
     return rows
 
 
+def markdown_table(rows: list[dict], args) -> str:
+    out = [f"Blocks of Llama-3-8B shape, {args.total_mib} MiB per run, jobs of {args.job_blocks} "
+           f"blocks, pread ceiling with {args.threads} threads (page-cache hot).", "",
+           "| tokens/block | tier | store GB/s | load GB/s | load % of ceiling | scheduler us/call "
+           "store, load (CPU) | lookup us (scheduler us/call) | bytes |",
+           "| ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for r in rows:
+        if "skipped" in r:
+            out.append(f"| {r['tokens']} | {r['tier']} | skipped: {r['skipped']} | | | | | |")
+            continue
+        store = f"{r['store_gbps']:.2f}" if "store_gbps" in r else ""
+        host = (f"{r['store_host_us_per_call']:.0f}, {r['load_host_us_per_call']:.0f} "
+                f"({r['store_host_cpu_us_per_call']:.0f}, {r['load_host_cpu_us_per_call']:.0f})"
+                if "store_host_us_per_call" in r else "")
+        look = (f"{r['lookup_us']:.0f} ({r['lookup_host_us_per_call']:.1f})"
+                if "lookup_us" in r else "")
+        out.append(f"| {r['tokens']} | {r['tier']} | {store} | {r['load_gbps']:.2f} | "
+                   f"{r['load_pct_of_ceiling']:.0f} | {host} | {look} | "
+                   f"{'ok' if r['bytes_ok'] else 'BAD'} |")
+    return "\n".join(out) + "\n"
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--vllm-src", required=True, help="vLLM source folder (see docs/vllm.md)")
@@ -362,6 +384,7 @@ def main() -> int:
     p.add_argument("--kvtier-options", nargs="+", default=["", "pages_per_call=16"],
                    help="one kvtier row per item: tier options 'name=value,...' ('' = defaults)")
     p.add_argument("--json", help="write the rows here")
+    p.add_argument("--markdown", help="write the table here (BENCHMARKS.md's form)")
     args = p.parse_args()
     add_vllm(args.vllm_src)
     args.dir = os.path.abspath(args.dir)  # file:// URLs take absolute paths
@@ -389,6 +412,9 @@ def main() -> int:
         print(f"{r['tokens']:>6} {r['tier']:<40} {st} {r['load_gbps']:9.2f} "
               f"{r['load_pct_of_ceiling']:6.0f} {host} {look} "
               f"{'ok' if r['bytes_ok'] else 'BAD':>5}")
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(markdown_table(rows, args))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"rows": rows, "dir": args.dir, "total_mib": args.total_mib}, f, indent=1)
