@@ -11,6 +11,7 @@ answer comes; they are bounded by a deadline, never by a timing assumption.
 """
 
 import ctypes
+import json
 import os
 import shutil
 import signal
@@ -316,12 +317,10 @@ def test_bad_config_is_a_value_error_naming_the_field(tmp_path, changes, named):
         _try_config(tmp_path, **changes)
 
 
-def test_settings_default_to_vllms_config(tmp_path):
-    """The namespace comes from vLLM's config when the tier's dict omits it. The object stands
-    for vLLM's OffloadingSpec (the attributes the tier reads), which needs vllm.config."""
-    cfg = {"type": "KvtierTier", "module_path": "kvtier.integrations.vllm",
-           "url": f"file://{tmp_path}/store"}
-    spec = types.SimpleNamespace(
+def offloading_spec_stand_in():
+    """Stands for vLLM's OffloadingSpec (only the attributes the tier reads): the real one needs
+    vLLM's VllmConfig (vllm.config), which is not part of the reconstructed source."""
+    return types.SimpleNamespace(
         vllm_config=types.SimpleNamespace(
             model_config=types.SimpleNamespace(model="org/model-8b", dtype="torch.bfloat16",
                                                use_mla=False),
@@ -334,6 +333,13 @@ def test_settings_default_to_vllms_config(tmp_path):
         gpu_block_size=(BLOCK_TOKENS,),
         block_size_factor=1,
     )
+
+
+def test_settings_default_to_vllms_config(tmp_path):
+    """The namespace comes from vLLM's config when the tier's dict omits it."""
+    cfg = {"type": "KvtierTier", "module_path": "kvtier.integrations.vllm",
+           "url": f"file://{tmp_path}/store"}
+    spec = offloading_spec_stand_in()
     view = memoryview(np.zeros((2, row_bytes(False, 256)), dtype=np.int8))
     tier = SecondaryTierFactory.create_secondary_tier(cfg, view, spec)
     try:
@@ -383,3 +389,18 @@ def test_blocks_the_store_holds_are_not_rewritten(tmp_path):
         assert engine.tier.store.stats()["set_ok_pages"] == written + 1
     finally:
         engine.shutdown()
+
+
+def test_the_docs_config_builds_a_tier(tmp_path):
+    """docs/vllm.md's --kv-transfer-config, its tier entry as vLLM's factory receives it (the
+    store directory moved under tmp_path)."""
+    docs = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "vllm.md")
+    with open(docs) as f:
+        text = f.read()
+    config = json.loads(text.split("--kv-transfer-config '", 1)[1].split("'", 1)[0])
+    (tier_cfg,) = config["kv_connector_extra_config"]["secondary_tiers"]
+    path, _, query = tier_cfg["url"].removeprefix("file://").partition("?")
+    tier_cfg = {**tier_cfg, "url": f"file://{tmp_path}{path}?{query}"}
+    view = memoryview(np.zeros((2, row_bytes(False, 256)), dtype=np.int8))
+    tier = SecondaryTierFactory.create_secondary_tier(tier_cfg, view, offloading_spec_stand_in())
+    tier.shutdown()
