@@ -24,6 +24,7 @@
 #include "kvtier/storage.h"
 #include "kvtier/testing/storage_fault.h"
 #include "storage/redis_test_server.h"
+#include "support/missing_dependency.h"
 
 namespace kvtier {
 namespace {
@@ -138,9 +139,10 @@ class NothingLostTest : public ::testing::TestWithParam<std::tuple<std::string, 
   void SetUp() override {
     if (backend().starts_with("redis")) {
 #if KVTIER_HAVE_HIREDIS
-      if (std::string why = testing::RedisTestSkipReason(); !why.empty()) GTEST_SKIP() << why;
+      if (std::string why = testing::RedisTestSkipReason(); !why.empty())
+        KVTIER_SKIP_MISSING_DEPENDENCY(why);
 #else
-      GTEST_SKIP() << "built without hiredis: no Redis backend";
+      KVTIER_SKIP_MISSING_DEPENDENCY("built without hiredis: no Redis backend");
 #endif
     }
   }
