@@ -676,7 +676,9 @@ class FileBackend final : public StorageBackend {
                     const std::optional<PageKey>& parent = std::nullopt) {
     if (value_bytes_ > index_->capacity()) return PageStatus::kNoSpace;
     BlockFileSizeSignalOnThisThread();
-    if (floor_ && !MakeRoom(allocated_bytes_)) {
+    // The common case costs a clock read and two atomic loads: MakeRoom (a mutex, perhaps a
+    // statvfs and evictions) only when the estimate says the floor is near.
+    if (floor_ && floor_->Headroom() < allocated_bytes_ && !MakeRoom(allocated_bytes_)) {
       if (const int64_t n = CountAndSay(floor_refused_)) {
         util::Log(util::LogLevel::kWarning,
                   "storage {}: the free space is under the store's floor of {} and this store "
