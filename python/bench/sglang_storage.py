@@ -87,6 +87,24 @@ def build_controller(model, page_size, backend, url, pools):
         storage_backend_extra_config=extra)
 
 
+def pages_region(host, first_page, num_pages):
+    """The bytes of host pages [first_page, first_page + num_pages) of a page_first pool, one
+    writable numpy view per buffer (K, V or the MLA buffer): contiguous in that layout."""
+    import ctypes
+
+    import torch
+
+    assert host.layout == "page_first", host.layout
+    p = host.page_size
+
+    def meta(q):
+        return host.get_page_buffer_meta(torch.arange(q * p, (q + 1) * p, dtype=torch.int64))
+
+    (first, sizes), (last, _) = meta(first_page), meta(first_page + num_pages - 1)
+    return [np.ctypeslib.as_array((ctypes.c_uint8 * (int(b) - int(a) + int(n))).from_address(
+        int(a))) for a, b, n in zip(first, last, sizes)]
+
+
 def ceiling_gbps(host, pages, page_dir, repeats, threads):
     """N threads of preadv of the pages' payloads (plain files) into the host pool's pages."""
     import ctypes
@@ -137,9 +155,9 @@ def run_backend(model, page_size, backend, url, pools, repeats):
         p = page_size
         src = torch.arange(0, BATCH * p, dtype=torch.int64)
         dst = torch.arange(BATCH * p, 2 * BATCH * p, dtype=torch.int64)
-        hb = harness.host_bytes(host)
-        hb[:] = np.random.default_rng(len(backend) * page_size).integers(
-            0, 256, hb.shape[0], dtype=np.uint8)
+        rng = np.random.default_rng(len(backend) * page_size)
+        for part in pages_region(host, 0, BATCH):
+            part[:] = np.frombuffer(rng.bytes(part.size), dtype=np.uint8)
         page_bytes = harness.page_bytes(host, 0).size
         batch_bytes = BATCH * page_bytes
         set_gbps, set_host = [], []
@@ -156,7 +174,8 @@ def run_backend(model, page_size, backend, url, pools, repeats):
         want = [harness.page_bytes(host, q * p) for q in range(BATCH)]
         get_gbps, get_host = [], []
         for r in range(repeats + 1):  # the first read makes the pages page-cache hot
-            harness.host_bytes(host)[:] = 0xA5  # poisoned before every get
+            for part in pages_region(host, BATCH, BATCH):  # poisoned before every get
+                part[:] = 0xA5
             op = PrefetchOperation(f"bench-{r}", dst, [0] * (BATCH * p))
             t0, c0 = time.perf_counter(), time.thread_time()
             ctrl.page_get_func(op, keys, dst)
@@ -199,7 +218,7 @@ def main(argv=None) -> int:
     harness.set_tp(0, 1)
     import torch
 
-    base = tempfile.mkdtemp(prefix="kvtier-sglang-bench-", dir=args.dir)
+    base = os.path.abspath(tempfile.mkdtemp(prefix="kvtier-sglang-bench-", dir=args.dir))
     os.environ["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] = os.path.join(base, "sglang-file")
     models = {"llama3-8b": harness.LLAMA3_8B, "deepseek-v3": harness.DEEPSEEK_V3}
     rows = []
@@ -221,8 +240,8 @@ def main(argv=None) -> int:
                                                device_tokens=BATCH * page_size,
                                                host_ratio=3.5, **shape)
                     rng = np.random.default_rng(page_size)
-                    hb = harness.host_bytes(pools[1])
-                    hb[:] = rng.integers(0, 256, hb.shape[0], dtype=np.uint8)
+                    for part in pages_region(pools[1], 0, BATCH):
+                        part[:] = np.frombuffer(rng.bytes(part.size), dtype=np.uint8)
                     row = dict(model=model, page_size=page_size,
                                page_mib=harness.page_bytes(pools[1], 0).size / 2**20)
                     cdir = os.path.join(base, f"ceiling-{model}-{page_size}")

@@ -101,6 +101,9 @@ class KvtierHiCacheStorage(HiCacheStorage):
         super().register_mem_pool_host(mem_pool_host)
         cfg, sc = self.config, self.storage_config
         mla = self.is_mla
+        if hasattr(mem_pool_host, "kv_cache_dim") != mla:
+            raise ValueError(f"kvtier SGLang backend: storage_config.is_mla_model is {mla} but "
+                             f"the host pool is {type(mem_pool_host).__name__}")
         if mla:
             slot_bytes = int(mem_pool_host.kv_cache_dim) * mem_pool_host.dtype.itemsize
             head_num, tp_rank, tp_size = 1, 0, 1
@@ -250,7 +253,7 @@ class KvtierHiCacheStorage(HiCacheStorage):
 
     def get_stats(self):
         """SGLang's StorageMetrics of the calls since the last get_stats (with
-        --enable-cache-report storage metrics on), else None."""
+        --enable-metrics and a storage backend), else None."""
         if not self.storage_config.enable_storage_metrics:
             return None
         from sglang.srt.observability.metrics_collector import StorageMetrics
