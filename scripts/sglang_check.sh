@@ -65,7 +65,7 @@ import torch, kvtier, sglang_harness as h
 env = h.load()
 print(f"SGLang {env.commit} from {env.src}; torch {env.torch_version}, CUDA "
       f"{torch.cuda.is_available()}; kvtier CUDA {kvtier.built_with_cuda()}")
-print(f"device pools: {'SGLang' if env.real_device_pools else 'stand-ins (torch < 2.4)'}")
+print(f"device pools: {'SGLang' if env.real_device_pools else 'stand-ins: ' + env.stand_in_reason}")
 for m in ["sglang.srt.mem_cache.hicache_storage", "sglang.srt.mem_cache.storage.backend_factory",
           "sglang.srt.mem_cache.memory_pool", "sglang.srt.mem_cache.memory_pool_host",
           "sglang.srt.managers.cache_controller", "kvtier.integrations.sglang.storage"]:

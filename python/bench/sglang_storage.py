@@ -267,7 +267,7 @@ def main(argv=None) -> int:
         shutil.rmtree(base, ignore_errors=True)
     meta = dict(sglang_commit=env.commit, torch=torch.__version__, io_threads=io_threads(),
                 batch_pages=BATCH, kvtier_timeout_ms=TIMEOUT_MS, device_pools="SGLang's" if env.real_device_pools else
-                "stand-ins (torch < 2.4)", gpu=torch.cuda.get_device_name(0)
+                f"stand-ins ({env.stand_in_reason})", gpu=torch.cuda.get_device_name(0)
                 if torch.cuda.is_available() else None, quick=args.quick)
     table = markdown(rows, meta)
     print(table)

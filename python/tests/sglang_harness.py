@@ -17,10 +17,13 @@ Always:
     installed (``ABSENT_OK``: server, tokenizer, quantisation and vision packages, none on the
     paths under test) is a placeholder module; calling into it returns nothing useful, so a
     test that used one would fail. ``triton``, when absent, is SGLang's own stub
-    (``sglang/_triton_stub.py``). ``psutil``, when absent, is ``_PsutilStandIn``.
+    (``sglang/_triton_stub.py``). ``psutil``, when absent, is ``_PsutilStandIn``; ``dill`` is
+    the stdlib pickle (SGLang pickles a class at import).
 
 With torch older than 2.4 (Debian's python3-torch 1.13 on the CPU box; SGLang needs 2.4, its
-``layers/attention/fla/utils.py`` asserts it), also:
+``layers/attention/fla/utils.py`` asserts it), or where SGLang's ``memory_pool`` does not import
+(its closure reaches attention layers, server args and model configs; ``SglangEnv.
+stand_in_reason`` says why), also:
   * torch 2.x names SGLang reads: ``torch.dtype.itemsize`` and ``torch.uint64`` (as int64,
     for the pools' pointer tables);
   * ``sglang.jit_kernel`` (JIT-compiled CUDA kernels): ``can_use_hicache_jit_kernel`` is False;
@@ -53,18 +56,17 @@ from typing import Optional
 SRC_ENV = "KVTIER_SGLANG_SRC"
 
 # Third-party top-level packages that modules in the import closure of SGLang's mem_cache and
-# cache controller import at module level, none of them used by the paths under test. Each is a
-# placeholder only where it is not installed.
+# cache controller import unconditionally at module level (not inside a try or an if: SGLang
+# probes optional packages that way, and a placeholder would make a probe say yes), none of them
+# used by the paths under test; and sgl_kernel, SGLang's compiled CUDA kernels, imported under
+# `if is_cuda()`. Each is a placeholder only where it is not installed.
 ABSENT_OK = (
-    "IPython", "PIL", "aiter", "compressed_tensors", "cuda", "deep_gemm", "dequant_k_cache",
-    "dill", "einops", "flashinfer", "gguf", "huggingface_hub", "mlx", "modelscope", "openai",
-    "orjson", "partial_json_parser", "petit_kernel", "pybase64", "pydantic", "regex", "requests",
-    "safetensors", "sentencepiece", "sgl_kernel", "sgl_kernel_npu", "starlette", "torch_npu",
-    "torch_memory_saver", "torchcodec", "torchvision", "tqdm", "transformers", "vllm", "xgrammar",
-    "zmq", "msgspec", "uvloop", "fastapi", "uvicorn", "aiohttp", "setproctitle", "packaging",
-    "yaml", "typing_extensions", "tomllib", "psutil",
+    "IPython", "PIL", "compressed_tensors", "dill", "einops", "gguf", "huggingface_hub", "openai",
+    "orjson", "packaging", "partial_json_parser", "psutil", "pybase64", "pydantic", "regex",
+    "requests", "safetensors", "sentencepiece", "sgl_kernel", "starlette", "torchvision", "tqdm",
+    "transformers", "typing_extensions", "zmq",
 )
-SHELL_PACKAGES = ("sglang", "sglang.srt.configs")
+SHELL_PACKAGES = ("sglang",)
 
 
 @dataclasses.dataclass
@@ -72,8 +74,9 @@ class SglangEnv:
     src: str  # the folder holding the `sglang` package
     commit: Optional[str]
     torch_version: str
-    real_device_pools: bool  # SGLang's memory_pool (False: the geometry stand-ins, torch < 2.4)
+    real_device_pools: bool  # SGLang's memory_pool (False: the geometry stand-ins)
     placeholders: list  # third-party packages stood in for (absent here)
+    stand_in_reason: Optional[str] = None  # why the torch < 2.4 stand-ins are in use
 
 
 _env: Optional[SglangEnv] = None
@@ -113,11 +116,38 @@ def torch_is_recent() -> bool:
 # ---- placeholders for absent third-party packages ---------------------------------------------
 
 
+class _Nothing:
+    """What a placeholder's attribute or call gives: accepts anything, holds nothing, is false."""
+
+    def __init__(self, *a, **k):
+        pass
+
+    def __call__(self, *a, **k):
+        return self
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return self
+
+    def __setitem__(self, key, value):
+        pass
+
+    def __getitem__(self, key):
+        return self
+
+    def __bool__(self):
+        return False
+
+    def __iter__(self):
+        return iter(())
+
+
 class _PlaceholderMeta(type):
     def __getattr__(cls, name):
         if name.startswith("__"):
             raise AttributeError(name)
-        return lambda *a, **k: None
+        return _Nothing()
 
 
 class _PlaceholderBase(metaclass=_PlaceholderMeta):
@@ -366,6 +396,11 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             return self.provided[name]
         if name == "psutil":
             mod = _PsutilStandIn()
+        elif name == "dill":  # SGLang pickles a logit processor class at import (dill.dumps)
+            import pickle
+
+            mod = types.ModuleType("dill", "kvtier test stand-in for dill: the stdlib pickle")
+            mod.dumps, mod.loads = pickle.dumps, pickle.loads
         else:
             mod = _Placeholder(name)
         if "." not in name:
@@ -415,12 +450,32 @@ def load(src: Optional[str] = None) -> SglangEnv:
     if _install_sglang_triton_stub(python_dir):
         finder.placeholders.append("triton (SGLang's _triton_stub)")
     hook.install()
+    reason = None if recent else f"torch {torch.__version__} < 2.4"
+    if recent:
+        # SGLang's device pools import much of SGLang (attention layers, server args, model
+        # configs); where that fails on this machine (a package version SGLang does not expect),
+        # the host pools, the storage API and the controller still run on the stand-ins, and
+        # the environment says why.
+        try:
+            importlib.import_module("sglang.srt.mem_cache.memory_pool")
+        except Exception as e:  # noqa: BLE001 - any import failure, reported
+            import traceback
+
+            where = traceback.extract_tb(e.__traceback__)[-3:]
+            reason = (f"SGLang's memory_pool does not import here: {type(e).__name__}: {e} (at "
+                      + " <- ".join(f"{os.path.basename(f.filename)}:{f.lineno}"
+                                    for f in reversed(where)) + ")")
+            for name in [n for n in sys.modules if n.startswith("sglang.")]:
+                del sys.modules[name]
+            finder.provided.update(_old_torch_modules(python_dir))
+            recent = False
     commit = None
     commit_file = os.path.join(os.path.dirname(python_dir), "COMMIT")
     if os.path.isfile(commit_file):
         commit = open(commit_file).readline().strip()
     _env = SglangEnv(src=python_dir, commit=commit, torch_version=torch.__version__,
-                     real_device_pools=recent, placeholders=finder.placeholders)
+                     real_device_pools=recent, placeholders=finder.placeholders,
+                     stand_in_reason=reason)
     return _env
 
 

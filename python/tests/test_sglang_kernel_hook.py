@@ -121,9 +121,11 @@ def test_without_hook_nothing_changes(tmp_path):
 
 
 def test_no_sgl_kernel_installed_gives_only_kvcacheio():
+    import importlib.util
+
+    if importlib.util.find_spec("sgl_kernel") is not None:
+        pytest.skip("sgl_kernel is installed here; the test is of a machine without it")
     out = run_python("""
-        import importlib.util
-        assert importlib.util.find_spec('sgl_kernel') is None, 'this test needs no sgl_kernel'
         import kvtier.compat.sgl_kernel_hook as h
         h.install()
         import sgl_kernel.kvcacheio as k
