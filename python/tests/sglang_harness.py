@@ -8,15 +8,14 @@ it stands for. SGLang's classes under test (``hicache_storage``, ``storage.backe
 ``memory_pool_host``, ``managers.cache_controller``) are always SGLang's own files.
 
 Always:
-  * ``sglang`` and ``sglang.srt.configs`` are loaded as packages without running their
-    ``__init__.py``: those import SGLang's frontend language and every model's config (tens of
-    third-party packages); their submodules are SGLang's own files.
+  * ``sglang`` is loaded as a package without running its ``__init__.py`` (SGLang's frontend
+    language: tens of third-party packages); its submodules are SGLang's own files.
   * ``sgl_kernel.kvcacheio`` (SGLang's compiled transfer kernels) is kvtier's drop-in,
     through kvtier's import hook (``kvtier.compat.sgl_kernel_hook``, issue 37 item 4).
-  * a third-party package that SGLang's modules import at module level but that is not
-    installed (``ABSENT_OK``: server, tokenizer, quantisation and vision packages, none on the
-    paths under test) is a placeholder module; calling into it returns nothing useful, so a
-    test that used one would fail. ``triton``, when absent, is SGLang's own stub
+  * a third-party package that SGLang's modules import unconditionally at module level but
+    that is not installed (``ABSENT_OK``: server, tokenizer, quantisation and vision packages,
+    none on the paths under test) is a placeholder module; calling into it returns nothing
+    useful, so a test that used one would fail. ``triton``, when absent, is SGLang's own stub
     (``sglang/_triton_stub.py``). ``psutil``, when absent, is ``_PsutilStandIn``; ``dill`` is
     the stdlib pickle (SGLang pickles a class at import).
 
