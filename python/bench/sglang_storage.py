@@ -216,7 +216,6 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     env = harness.load(args.sglang_src)
     harness.set_tp(0, 1)
-    import torch
 
     base = os.path.abspath(tempfile.mkdtemp(prefix="kvtier-sglang-bench-", dir=args.dir))
     os.environ["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] = os.path.join(base, "sglang-file")
@@ -257,6 +256,7 @@ def main(argv=None) -> int:
                         row[name] = run_backend(model, page_size, name, url, pools, args.repeats)
                         print(f"{model} page {page_size} {name}: {row[name]}", flush=True)
                     rows.append(row)
+                    write_outputs(args, rows, env, partial=True)  # a cut run keeps its rows
                     del pools
                     shutil.rmtree(os.path.join(base, "sglang-file"), ignore_errors=True)
                     shutil.rmtree(os.path.join(base, "kvtier-file"), ignore_errors=True)
@@ -265,25 +265,33 @@ def main(argv=None) -> int:
                 redis_cm.__exit__(None, None, None)
     finally:
         shutil.rmtree(base, ignore_errors=True)
+    write_outputs(args, rows, env, partial=False)
+    return 0
+
+
+def write_outputs(args, rows, env, partial):
+    import torch
+
     meta = dict(sglang_commit=env.commit, torch=torch.__version__, io_threads=io_threads(),
                 batch_pages=BATCH, kvtier_timeout_ms=TIMEOUT_MS, device_pools="SGLang's" if env.real_device_pools else
                 f"stand-ins ({env.stand_in_reason})", gpu=torch.cuda.get_device_name(0)
-                if torch.cuda.is_available() else None, quick=args.quick)
+                if torch.cuda.is_available() else None, quick=args.quick, partial=partial)
     table = markdown(rows, meta)
-    print(table)
+    if not partial:
+        print(table)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(meta=meta, rows=rows), f, indent=1)
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(table)
-    return 0
 
 
 def markdown(rows, meta) -> str:
     out = [f"SGLang {meta['sglang_commit'][:10] if meta['sglang_commit'] else '?'}, torch "
            f"{meta['torch']}, {meta['batch_pages']}-page batches, ceiling = "
-           f"{meta['io_threads']} pread threads, page-cache hot", "",
+           f"{meta['io_threads']} pread threads, page-cache hot"
+           + (" (PARTIAL: the run was cut)" if meta["partial"] else ""), "",
            "| model | page | MiB/page | backend | set GB/s | get GB/s | get / ceiling | "
            "exists µs (host µs) | host µs per get / set |",
            "|---|---|---|---|---|---|---|---|---|"]
