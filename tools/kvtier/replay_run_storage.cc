@@ -91,10 +91,16 @@ void RunStorage::MeasureCeiling(ReplaySetup& s, const std::string& url) {
   const int64_t page_bytes = s.options.page_size * s.model.kv_bytes_per_token();
   const int threads = static_cast<int>(s.options.storage_io_threads);
   Result<StorageCeiling> c = Status::Unavailable("no plain-read baseline for this kind of store");
-  if (const std::string dir = FileUrlDirectory(url); !dir.empty()) {
-    c = MeasureFileReadCeiling(dir, page_bytes, threads);
-  } else if (url.rfind("redis", 0) == 0) {
-    c = MeasureRedisReadCeiling(url, page_bytes, threads);
+  switch (BaselineOf(url)) {
+    case StorageBaseline::kFiles:
+      c = MeasureFileReadCeiling(FileUrlDirectory(url), page_bytes, threads);
+      break;
+    case StorageBaseline::kRedisBenchmark:
+      c = MeasureRedisReadCeiling(url, page_bytes, threads);
+      break;
+    case StorageBaseline::kMemcpy:
+    case StorageBaseline::kNone:
+      break;
   }
   if (c.ok()) {
     s.storage_ceiling = *c;

@@ -24,6 +24,7 @@
 #include "kvtier/page_key.h"
 #include "kvtier/storage.h"
 #include "redis_baseline.h"
+#include "replay_ceiling.h"
 #include "storage_bench_baseline.h"
 #include "storage_bench_pages.h"
 
@@ -455,7 +456,7 @@ int BenchKind(const StorageBenchOptions& o, const StorageOptions& so, const std:
   KindRounds k;
   std::unique_ptr<RedisKeySpace> key_space;
   std::string file_dir;  // the file baseline's, for all rounds of the kind
-  if (o.baseline && scheme == "file") {
+  if (o.baseline && !FileUrlDirectory(o.url).empty()) {
     file_dir = fmt::format("{}/kvtier-bench-baseline-{}-{}", rest, kind.name, ::getpid());
     std::error_code ec;
     std::filesystem::create_directories(file_dir, ec);
@@ -591,7 +592,7 @@ int RunStorageBench(const StorageBenchOptions& options, const std::string& comma
       rows.push_back(row);
     }
   }
-  if (scheme == "file") {  // every backend of the run is closed by now
+  if (!FileUrlDirectory(o.url).empty()) {  // every backend of the run is closed by now
     for (const std::string& kind_name : o.kinds) {
       const std::string ns_name = NamespaceOf(KindNamed(kind_name)).Name();
       RemoveEmptyDirectories(std::filesystem::path(rest) / ns_name);
