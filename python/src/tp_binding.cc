@@ -264,20 +264,17 @@ class PyTpFollower {
 }  // namespace
 
 TpGroupConfig TpGroupConfigFromDict(const py::dict& d) {
+  py::dict fields;  // the group's fields; "rank" is the caller's (which process this is)
+  for (auto item : d) {
+    if (py::str(item.first).cast<std::string>() != "rank") fields[item.first] = item.second;
+  }
   TpGroupConfig c;
-  c.name = Get<std::string>(d, "name", "");
-  c.tp_size = Get<int>(d, "size", 0);
-  c.ring_bytes = Get<int64_t>(d, "ring_bytes", c.ring_bytes);
-  c.ack_timeout_s = Get<double>(d, "ack_timeout_s", c.ack_timeout_s);
-  c.attach_timeout_s = Get<double>(d, "attach_timeout_s", c.attach_timeout_s);
-  c.liveness_poll_s = Get<double>(d, "liveness_poll_s", c.liveness_poll_s);
-  c.follower_poll_s = Get<double>(d, "follower_poll_s", c.follower_poll_s);
-  c.follower_doze_s = Get<double>(d, "follower_doze_s", c.follower_doze_s);
-  c.leader_poll_s = Get<double>(d, "leader_poll_s", c.leader_poll_s);
-  c.ack_each_copy = Get<bool>(d, "ack_each_copy", c.ack_each_copy);
+  ApplySettings(TpGroupConfigSchema(), fields, "tp group", &c);
   ThrowIfError(c.Validate());
   return c;
 }
+
+py::list TpGroupConfigTable() { return SchemaTable(TpGroupConfigSchema()); }
 
 Result<TpLeaderCache> CreateTpLeaderCache(HierarchicalCacheConfig config, const KvRegion& device,
                                           const TpGroupConfig& group) {
@@ -329,6 +326,9 @@ void RegisterTp(py::module_& m) {
       .def("rank", &PyTpFollower::Rank)
       .def("close", &PyTpFollower::Close)
       .def_property_readonly("closed", &PyTpFollower::closed);
+  m.def("tp_group_fields", &TpGroupConfigTable,
+        "The fields of a TP group's config (C++ TpGroupConfigSchema): name, kind, default, "
+        "bounds, help.");
 }
 
 }  // namespace kvtier::python
