@@ -61,19 +61,11 @@ Result<StorageNamespace> RankPages(const HierarchicalCacheConfig& config, const 
         "head's bytes apart), not '{}'",
         LayoutName(config.host_layout)));
   }
-  const KvGeometry& g = device.geometry;
-  StorageNamespace ns;
-  ns.model_id = config.storage.model_id;
-  ns.kv_dtype = config.storage.kv_dtype;
-  ns.layout = KvLayout::kPageHead;
-  ns.mla = device.mla;
-  ns.num_layers = g.num_layers;
-  ns.slot_bytes = g.slot_bytes;
-  ns.page_size = g.page_size;
-  ns.head_num = HostHeadNum(config, device);
-  ns.tp_rank = rank;
-  ns.tp_size = tp_size;
-  return ns;
+  KvGeometry pages = device.geometry;
+  pages.layout = KvLayout::kPageHead;
+  pages.head_num = HostHeadNum(config, device);
+  return StorageNamespaceOf(pages, device.mla,
+                            {config.storage.model_id, config.storage.kv_dtype, rank, tp_size});
 }
 
 template <typename T>

@@ -56,14 +56,14 @@ Status RunStorage::Open(ReplaySetup& s, int64_t host_bytes) {
     url = fmt::format("file://{}?capacity={}", temp_dir_, cap);
     capacity_bytes_ = cap;
   }
-  StorageNamespace ns;
-  ns.model_id = s.model.model_id;
-  ns.layout = *ParseLayout(o.host_layout);
-  ns.mla = s.model.mla;
-  ns.num_layers = s.model.num_layers;
-  ns.slot_bytes = s.model.slot_bytes;
-  ns.page_size = o.page_size;
-  ns.head_num = s.model.kv_head_num;
+  KvGeometry pages;
+  pages.layout = *ParseLayout(o.host_layout);
+  pages.num_layers = s.model.num_layers;
+  pages.slot_bytes = s.model.slot_bytes;
+  pages.page_size = o.page_size;
+  pages.head_num = s.model.kv_head_num;
+  const StorageNamespace ns =
+      StorageNamespaceOf(pages, s.model.mla, {.model_id = s.model.model_id});
   StorageOptions so;
   so.io_threads = o.storage_io_threads;
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<StorageBackend> backend, OpenStorage(url, ns, so));

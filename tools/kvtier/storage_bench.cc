@@ -36,16 +36,14 @@ const PageKind& KindNamed(std::string_view name) {
 }
 
 StorageNamespace NamespaceOf(const PageKind& kind) {
-  StorageNamespace ns;
-  ns.model_id = std::string("kvtier-bench/") + kind.model;
-  ns.kv_dtype = "bf16";
-  ns.layout = KvLayout::kPageFirst;
-  ns.mla = kind.mla;
-  ns.num_layers = kind.num_layers;
-  ns.slot_bytes = kind.slot_bytes;
-  ns.page_size = kind.page_size;
-  ns.head_num = kind.head_num;
-  return ns;
+  KvGeometry pages;
+  pages.layout = KvLayout::kPageFirst;
+  pages.num_layers = kind.num_layers;
+  pages.slot_bytes = kind.slot_bytes;
+  pages.page_size = kind.page_size;
+  pages.head_num = kind.head_num;
+  return StorageNamespaceOf(pages, kind.mla,
+                            {.model_id = std::string("kvtier-bench/") + kind.model});
 }
 
 void Append(OpTimes& to, const OpTimes& from) {
