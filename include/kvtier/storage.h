@@ -7,7 +7,7 @@
 // by the payload. A value that does not check out — corrupt, truncated, another key's, another
 // namespace's, an older format — is a miss, never bytes handed to the caller.
 //
-// Backends are chosen by URL (OpenStorage):
+// Backends are chosen by URL (OpenStorage; the schemes' table: storage_schemes.h):
 //   file:///abs/dir[?capacity=200GiB][&fsync=1][&direct=1]
 //                                                one file per page, LRU within a byte capacity
 //                                                (default: half the free space; direct: O_DIRECT)
@@ -111,10 +111,11 @@ struct ExistsResult {
 // `url` with its user info (a password, a user name) replaced by "***", for every place kvtier
 // prints, logs or writes a URL (reports, --json, metrics labels, error messages):
 //   redis://:s3cret@host:6379?timeout_ms=5  ->  redis://***@host:6379?timeout_ms=5
-// The user info is what the URL's own parser takes as one: for redis:// and redis+cluster://
-// everything before the last '@' ahead of the query (redis_url.h, which accepts a raw '@' or '/'
-// in a password); for other schemes everything before the last '@' of the authority (up to the
-// first '/' or '?'), so a file:// path with an '@' in it is shown as it is. Text without "://"
+// The user info is what the URL's own parser takes as one (its scheme's StorageUrlForm,
+// storage_schemes.h): for redis:// and redis+cluster:// everything before the last '@' ahead of
+// the query (redis_url.h, which accepts a raw '@' or '/' in a password); for other schemes
+// everything before the last '@' of the authority (up to the first '/' or '?'), so a file://
+// path with an '@' in it is shown as it is. Text without "://"
 // that holds an '@' (a mistyped URL) keeps only what follows its last '@'. Everything else is
 // returned unchanged.
 std::string RedactUrl(std::string_view url);
