@@ -44,6 +44,7 @@
 #include "storage/page_pins.h"
 #include "storage/read_profile.h"
 #include "storage/storage_url.h"
+#include "storage/write_profile.h"
 #include "util/log.h"
 
 namespace kvtier::storage {
@@ -150,12 +151,13 @@ class FileBackend final : public StorageBackend {
     // A hit's stamp goes to the stamper when the file's mtime is more than kStampGranularityNs
     // older; called under the index's mutex (the stamper takes only its own).
     index_ = std::make_unique<FileIndex>(
-        capacity, [this](const PageKey& key) { RemoveFile(key); },
+        capacity, [this](const PageKey& key) { DetachFile(key); },
         [this](const PageKey& key) { return pins_.Pinned(key); },
         [this](const PageKey& key, int64_t stamp, int64_t mtime_ns) {
           if (stamp - mtime_ns > kStampGranularityNs) stamper_.Add(key, stamp);
         });
     index_->Load(std::move(found));
+    UnlinkDetached();
     stamper_.Start();
     return Start();
   }
@@ -230,6 +232,7 @@ class FileBackend final : public StorageBackend {
         [this](const PageKey& k, const PageKey& p, bool in_batch) {
           return index_->DropOrphan(k, p, in_batch);
         });
+    UnlinkDetached();
   }
 
   void DoRemove(std::span<const PageKey> keys, std::span<PageStatus> out,
@@ -276,6 +279,7 @@ class FileBackend final : public StorageBackend {
     // Hits read on the thread path (io_uring reads are not probed: counted in neither).
     stats.get_cached_pages = cached_pages_.load(std::memory_order_relaxed);
     stats.get_disk_pages = disk_pages_.load(std::memory_order_relaxed);
+    write_profile_.Fill(stats);
   }
 
  private:
@@ -371,6 +375,38 @@ class FileBackend final : public StorageBackend {
       return Fd();
     }
     return Fd(OpenBeneath(ns_dir.get(), {shard}, O_RDONLY | O_DIRECTORY));
+  }
+
+  // The index's removal of a victim (evicted, or an orphan dropped), under the index's mutex: the
+  // page's file is renamed out of its place to a temporary name in its shard directory (a
+  // directory entry changed: microseconds; the key's path is free at once, so a page written
+  // again under the key is never what goes), and unlinked later, outside the mutex, by this same
+  // thread (UnlinkDetached, after its call into the index). The unlink frees the file's blocks and
+  // page cache — waiting, on ext4, for any of its pages still under writeback — and ran under the
+  // mutex, which every writer's Put and NextStamp need, for as long. A process that dies between
+  // the two leaves a temporary file the next open removes (its writer is gone). Where the rename
+  // fails for another reason than the file being gone, the file is unlinked at once, as before.
+  void DetachFile(const PageKey& key) {
+    const std::string hex = key.Hex();
+    Fd shard = OpenShard(hex, /*create=*/false);
+    if (!shard.ok()) return;
+    std::string temp =
+        fmt::format("{}{}.{}.{}", kTempPrefix, ::getpid(), temp_counter_.fetch_add(1), hex);
+    if (::renameat(shard.get(), hex.c_str(), shard.get(), temp.c_str()) != 0) {
+      if (errno != ENOENT) ::unlinkat(shard.get(), hex.c_str(), 0);
+      return;
+    }
+    Detached().push_back({std::move(shard), std::move(temp)});
+  }
+
+  // The files this thread's calls into the index detached (DetachFile), unlinked now.
+  static void UnlinkDetached() {
+    for (auto& [shard, temp] : Detached()) ::unlinkat(shard.get(), temp.c_str(), 0);
+    Detached().clear();
+  }
+  static std::vector<std::pair<Fd, std::string>>& Detached() {
+    thread_local std::vector<std::pair<Fd, std::string>> detached;
+    return detached;
   }
 
   // Unlinks a page's file (evicted or removed); true when it is gone (or was never there).
@@ -589,9 +625,14 @@ class FileBackend final : public StorageBackend {
     return Status::OK();
   }
 
+  // One page: its temporary file created in its shard directory, written (WritePage), optionally
+  // fdatasynced, stamped and renamed into place, then put in the index. Every phase's time goes
+  // into write_profile_ (StorageStats' set_*_seconds).
   PageStatus SetOne(const PageKey& key, const PageBuffer& buffer,
                     const std::optional<PageKey>& parent = std::nullopt) {
     if (value_bytes_ > index_->capacity()) return PageStatus::kNoSpace;
+    using WClock = WriteProfile::Clock;
+    const WClock::time_point start = WClock::now();
     const std::string hex = key.Hex();
     Fd shard = OpenShard(hex, /*create=*/true);
     if (!shard.ok()) {
@@ -612,8 +653,12 @@ class FileBackend final : public StorageBackend {
                 hex.substr(0, 2), temp, std::strerror(errno));
       return PageStatus::kFailed;
     }
-    bool ok = io_.WritePage(fd.get(), key, buffer, parent) &&
-              (!config_.fsync || ::fdatasync(fd.get()) == 0);
+    const WClock::time_point opened = WClock::now();
+    WriteTimes io;
+    bool ok = io_.WritePage(fd.get(), key, buffer, parent, &io);
+    const WClock::time_point written = WClock::now();
+    ok = ok && (!config_.fsync || ::fdatasync(fd.get()) == 0);
+    const WClock::time_point synced = WClock::now();
     int64_t stamp = 0;
     if (ok) {
       stamp = index_->NextStamp();
@@ -626,11 +671,19 @@ class FileBackend final : public StorageBackend {
       util::Log(util::LogLevel::kWarning, "storage {}: cannot write {}/{}/{}: {}", url(), ns_name_,
                 hex.substr(0, 2), hex, std::strerror(error));
       ::unlinkat(shard.get(), temp.c_str(), 0);
+      write_profile_.Add(WriteProfile::Ns(opened - start), io, WriteProfile::Ns(synced - written),
+                         WriteProfile::Ns(WClock::now() - synced), 0, 0);
       // The file system is full (or the user's quota is): no room, not a fault of the page.
       return error == ENOSPC || error == EDQUOT ? PageStatus::kNoSpace : PageStatus::kFailed;
     }
     if (config_.fsync) ::fsync(shard.get());
+    const WClock::time_point published = WClock::now();
     index_->Put(key, value_bytes_, stamp, parent);
+    const WClock::time_point indexed = WClock::now();
+    UnlinkDetached();  // the victims' files this Put evicted, outside the index's mutex
+    write_profile_.Add(WriteProfile::Ns(opened - start), io, WriteProfile::Ns(synced - written),
+                       WriteProfile::Ns(published - synced), WriteProfile::Ns(indexed - published),
+                       WriteProfile::Ns(WClock::now() - indexed));
     return PageStatus::kOk;
   }
 
@@ -646,6 +699,7 @@ class FileBackend final : public StorageBackend {
   std::atomic<int64_t> found_v1_{0}, found_unreadable_{0};  // NoteFoundWithoutParent
   std::atomic<int64_t> cached_pages_{0}, disk_pages_{0};    // GetOne's hits, by ReadSource
   ReadProfile profile_;                                     // GetOne's pages (LogReadProfile)
+  WriteProfile write_profile_;                              // SetOne's pages (FillStats)
   std::atomic<bool> noatime_{true};  // OpenPageForRead adds O_NOATIME (until a file refuses it)
   std::mutex dirs_mu_;               // one re-creation of missing directories at a time
   std::atomic<bool> close_logged_{false};  // DoClose's warning said once
