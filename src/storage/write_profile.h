@@ -65,7 +65,7 @@ class WriteProfile {
  private:
   static constexpr std::memory_order kRelaxed = std::memory_order_relaxed;
   std::atomic<int64_t> pages_{0}, open_ns_{0}, copy_ns_{0}, hash_ns_{0}, write_ns_{0}, sync_ns_{0},
-      publish_ns_{0}, index_ns_{0};
+      publish_ns_{0}, index_ns_{0}, unlink_ns_{0};
 };
 
 }  // namespace kvtier::storage

@@ -2,9 +2,9 @@
 """The storage oracle of `kvtier replay` (tools/kvtier/replay_oracle.h) on a trace whose answer is
 known. Four prompts of 16 pages (page 64, 1,024 tokens: no two share a page) are served twice in
 turn, A B C D A B C D, sequentially, every backup settled before the next request, with a device
-and a host tier of one prompt each: when a prompt comes back the device holds the one before it
-and the host the one before that, so the second round's prompts can come only from storage, and
-only whole: 4 x 1,024 tokens. A store as large as the run is kept:
+tier of one prompt and a host tier of two: when a prompt comes back the device holds the one
+before it and the host the two before it, so the second round's prompts can come only from
+storage, and only whole: 4 x 1,024 tokens. The run's store holds them all:
 
   write_through: every page is stored: the run has the oracle's 4,096 storage tokens, 0 lost.
   write_through_selective, threshold 100: nothing is ever backed up, so nothing is stored: the
@@ -38,7 +38,7 @@ def run(kvtier, tmp, policy):
     out = os.path.join(tmp, "oracle-%s.json" % policy)
     cmd = [kvtier, "replay", "--workload", trace, "--requests", "8", "--page-size", str(PAGE),
            "--model", "tiny", "--compute-model", "llama3-8b", "--compute", "model",
-           "--device", "cpu", "--device-tokens", str(PROMPT), "--host-tokens", str(PROMPT),
+           "--device", "cpu", "--device-tokens", str(PROMPT), "--host-tokens", str(2 * PROMPT),
            "--storage", "file", "--hicache-write-policy", policy,
            "--write-through-threshold", "100",
            "--hicache-storage-prefetch-policy", "wait_complete",
@@ -59,7 +59,7 @@ def check(label, report, output, want_storage, want_lost, want_lost_requests, fa
     if got != want:
         failures.append("%s: (storage, oracle, lost, lost requests) = %s, expected %s"
                         % (label, got, want))
-    t = run["timeline"]
+    t = report["timeline"]["hierarchy"]
     if sum(t["oracle_storage_hit"]) != o["oracle_storage_tokens"] or \
             sum(t["lost_storage_hit"]) != o["lost_tokens"]:
         failures.append("%s: the timeline's per-request oracle/lost hits do not add up" % label)

@@ -250,7 +250,11 @@ class RunDriver {
   void RunOracle() {
     const StorageStats& st = summary_.storage_stats;
     const int64_t page_bytes = P_ * s_.model.kv_bytes_per_token();
-    const int64_t per_page = st.stored_pages > 0 ? st.stored_bytes / st.stored_pages : page_bytes;
+    // The store's bytes per page: what it holds now, else the page and, in a file store, the
+    // 4 KiB its header block takes (file_backend.h).
+    const int64_t per_page =
+        st.stored_pages > 0 ? st.stored_bytes / st.stored_pages
+                            : page_bytes + (summary_.storage.starts_with("file://") ? 4096 : 0);
     const int64_t capacity = st.capacity_bytes >= 0 ? st.capacity_bytes
                              : storage_             ? storage_->capacity_bytes()
                                                     : -1;

@@ -78,6 +78,19 @@ struct StorageRow {
   // row of its own and never fails the bench: kvtier's rows are checked without it.
   bool baseline_failed = false;
 };
+// The ceilings of one page kind and the backend's ratios to them, with where a Set's time went
+// (printed after the table, and in the JSON's "summary").
+struct KindSummary {
+  std::string kind;
+  int64_t page_bytes = 0;
+  std::string ceiling;  // the baseline both ceilings are (empty: none measured)
+  double write_ceiling_gbps = 0, read_ceiling_gbps = 0;
+  double set_gbps = 0, get_gbps = 0, get_under_set_gbps = 0, set_under_get_gbps = 0;
+  StorageStats stats;  // the backend's, at the end of the kind
+};
+
+double Ratio(double a, double b) { return b > 0 ? 100.0 * a / b : 0; }
+
 double Percentile(std::vector<double> v, double q) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -448,19 +461,6 @@ void RunRounds(const StorageBenchOptions& o, const std::string& scheme, const Pa
     if (o.baseline && !baseline_first) run_baselines();
   }
 }
-
-// The ceilings of one page kind and the backend's ratios to them, with where a Set's time went
-// (printed after the table, and in the JSON's "summary").
-struct KindSummary {
-  std::string kind;
-  int64_t page_bytes = 0;
-  std::string ceiling;  // the baseline both ceilings are (empty: none measured)
-  double write_ceiling_gbps = 0, read_ceiling_gbps = 0;
-  double set_gbps = 0, get_gbps = 0, get_under_set_gbps = 0, set_under_get_gbps = 0;
-  StorageStats stats;  // the backend's, at the end of the kind
-};
-
-double Ratio(double a, double b) { return b > 0 ? 100.0 * a / b : 0; }
 
 // The rows of one page kind of `n` pages: per op the backend's, then the baselines' beside it
 // (the first is the reference of "% base"), and a row for a baseline that failed. The mixed
