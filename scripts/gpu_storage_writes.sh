@@ -12,12 +12,13 @@
 #            (sequential; 2 in flight with measured decode) and each write policy
 #            (write_through; write_through_selective, threshold 2): hit rates, storage hits
 #            against the oracle, hits lost, write time-outs, hierarchy / ideal. --json per run.
+#            Then sequential write_through again with 16 I/O threads (twice the writers).
 #
 # Usage: scripts/gpu_storage_writes.sh [bench|replay|all]   (default all)
 # KVTIER: the CLI (default build-gpu/tools/kvtier, else build-deps/prebuilt/bin/kvtier).
 # STORE_DIR: where the stores go (default /tmp; needs ~55 GB free for the replay).
 # Logs and JSON to $OUT (else ./storage-writes-out). Exit 0 when every command exited 0 and no
-# run reported wrong bytes. Budget on a 16-core H100 box: bench ~2 min, replay ~6 min.
+# run reported wrong bytes. Budget on a 16-core H100 box: bench ~2 min, replay ~6 min (5 runs).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 what=${1:-all}
@@ -49,12 +50,17 @@ if [[ $what == bench || $what == all ]]; then
 fi
 
 if [[ $what == replay || $what == all ]]; then
-  C="--device gpu --compute gemm --storage file://$STORE_DIR/kvtier-storage-writes-replay?capacity=48GiB
-     --storage-io-threads 8 --storage-backup-queue-pages 512 --shard 3/8 --device-tokens 131072
-     --host-tokens 393216 --no-progress"
-  L="--model llama3-8b --warmup 100 --requests 300 --runs hierarchy --slow-class-warn"
+  # REPLAY_ENGINE / REPLAY_SIZE: for a smoke run on a machine without a GPU, e.g.
+  # REPLAY_ENGINE="--device cpu --compute model --model tiny --compute-model llama3-8b"
+  # REPLAY_SIZE="--warmup 5 --requests 20" REPLAY_DECODE=20 (ms a token; the GPU measures it).
+  E=${REPLAY_ENGINE:-"--device gpu --compute gemm --model llama3-8b"}
+  Z=${REPLAY_SIZE:-"--warmup 100 --requests 300"}
+  C="$E $Z --storage file://$STORE_DIR/kvtier-storage-writes-replay?capacity=48GiB
+     --storage-backup-queue-pages 512 --shard 3/8 --device-tokens 131072 --host-tokens 393216
+     --no-progress --runs hierarchy --slow-class-warn"
+  L="--storage-io-threads 8"
   for mode in seq conc2; do
-    if [[ $mode == seq ]]; then M="--sequential"; else M="--concurrency 2 --decode-ms-per-token measure"; fi
+    if [[ $mode == seq ]]; then M="--sequential"; else M="--concurrency 2 --decode-ms-per-token ${REPLAY_DECODE:-measure}"; fi
     for policy in write_through write_through_selective; do
       stamp "== replay $mode $policy"
       rm -rf "$STORE_DIR/kvtier-storage-writes-replay"
@@ -64,6 +70,15 @@ if [[ $what == replay || $what == all ]]; then
       [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
     done
   done
+  # The writers' share while reads run is io_threads / 4 (storage_backend.cc): 2 threads at the
+  # 8 above, 4 at 16. The same sequential write_through run with 16 I/O threads says whether the
+  # writes' rate follows the writer threads (docs/perf-notes/storage-writes.md).
+  stamp "== replay seq write_through, 16 I/O threads"
+  rm -rf "$STORE_DIR/kvtier-storage-writes-replay"
+  # shellcheck disable=SC2086
+  "$KVTIER" replay $C --sequential --hicache-write-policy write_through --storage-io-threads 16 \
+    --json "$OUT/replay-seq-write_through-io16.json" 2>&1 | tee "$OUT/replay-seq-write_through-io16.log"
+  [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
   rm -rf "$STORE_DIR/kvtier-storage-writes-replay"
   # One line per run: hit rates, storage against the oracle, lost hits, write time-outs, ideal.
   python3 - "$OUT" <<'PY' | tee "$OUT/summary.txt"
