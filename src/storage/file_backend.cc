@@ -658,7 +658,7 @@ class FileBackend final : public StorageBackend {
     bool ok = io_.WritePage(fd.get(), key, buffer, parent, &io);
     const WClock::time_point written = WClock::now();
     ok = ok && (!config_.fsync || ::fdatasync(fd.get()) == 0);
-    const WClock::time_point synced = WClock::now();
+    const WClock::time_point synced = config_.fsync ? WClock::now() : written;
     int64_t stamp = 0;
     if (ok) {
       stamp = index_->NextStamp();
