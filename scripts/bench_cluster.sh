@@ -32,9 +32,18 @@ KINDS=${KINDS:-mha16}
 BYTES=${BYTES:-256MiB}
 BENCH_TIMEOUT=${BENCH_TIMEOUT:-60}
 
-# Exit 77 (a test's "skipped") without the Redis tools.
+# Exit 77 (a test's "skipped") without the Redis tools; 1 under CI=true, where they must be there
+# (deps/debian-packages.txt; tests/tools/missing_dep.py is the same rule).
 for tool in redis-server redis-cli; do
-  command -v "$tool" >/dev/null || { echo "bench_cluster: $tool not on PATH: skipped" >&2; exit 77; }
+  command -v "$tool" >/dev/null && continue
+  case ${CI:-} in
+    true | TRUE | True | 1 | yes)
+      echo "bench_cluster: $tool not on PATH (CI=true: a required dependency must be present)" >&2
+      exit 1
+      ;;
+  esac
+  echo "bench_cluster: $tool not on PATH: skipped" >&2
+  exit 77
 done
 for tool in python3 timeout; do
   command -v "$tool" >/dev/null || { echo "bench_cluster: $tool not on PATH" >&2; exit 2; }

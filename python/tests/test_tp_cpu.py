@@ -208,7 +208,9 @@ def test_a_killed_follower_fails_the_leader_within_the_timeout():
         start = time.monotonic()
         with pytest.raises(kvtier.UnavailableError, match="rank 1"):
             leader.serve(list(range(100, 140)))
-        assert time.monotonic() - start < 2.0 + 3.0
+        # Bounded (the rank's death, or at the latest the 2 s ack timeout, ends the wait): a hang
+        # guard generous enough for a loaded machine, not a speed check.
+        assert time.monotonic() - start < 60
         assert cache.tp_stats()["health"] != "OK"
         with pytest.raises(kvtier.UnavailableError, match="rank 1"):
             cache.tp_fence()  # broken: at once, the same error
@@ -241,7 +243,7 @@ def test_bad_groups_are_refused():
     with pytest.raises(kvtier.UnavailableError):
         kvtier.TpFollower(region, kvtier.TpGroup(f"kvtier-pytest-none-{uuid.uuid4().hex[:8]}", 2,
                                                  1, attach_timeout_s=0.3))
-    assert time.monotonic() - start < 5
+    assert time.monotonic() - start < 60  # bounded (a hang guard, not a speed check)
     # A storage tier needs per-head host pages.
     with pytest.raises(kvtier.InvalidArgumentError, match="page_head"):
         kvtier.HierarchicalCache(region, tp_group=kvtier.TpGroup(

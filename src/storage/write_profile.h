@@ -28,7 +28,7 @@ class WriteProfile {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
   }
 
-  // One page written (ok or not): opening its shard directory and creating the temporary file
+  // One page written and published: opening its shard directory and creating the temporary file
   // (`open_ns`), `io` (WritePage), fdatasync (`sync_ns`, fsync=1), the mtime stamp and the rename
   // (and the directory's fsync with fsync=1: `publish_ns`), the index's stamp and Put (its lock,
   // and the evictions a Put decides, their files renamed aside: `index_ns`), then the unlinks of

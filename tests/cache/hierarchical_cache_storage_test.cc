@@ -18,6 +18,7 @@
 #include "kvtier/storage.h"
 #include "kvtier/testing/storage_fault.h"
 #include "storage/redis_test_server.h"
+#include "support/missing_dependency.h"
 
 namespace kvtier {
 namespace {
@@ -566,7 +567,8 @@ TEST(StorageTierTest, StorageDownKeepsServingWithinTheTimeout) {
 // A real Redis server killed in the middle of a run: the cache keeps serving (storage hits become
 // misses) and no call blocks longer than the configured timeout.
 TEST(StorageTierTest, RedisStoppedMidRunKeepsServing) {
-  if (std::string why = testing::RedisTestSkipReason(); !why.empty()) GTEST_SKIP() << why;
+  if (std::string why = testing::RedisTestSkipReason(); !why.empty())
+    KVTIER_SKIP_MISSING_DEPENDENCY(why);
   testing::RedisTestServer server;
   ASSERT_EQ(server.Start(), "");
   HierarchicalCacheConfig cfg;

@@ -214,8 +214,9 @@ TEST(KvEventPublisherTest, FullQueueDropsAndCountsAndLeavesSeqGaps) {
   EXPECT_EQ(stats.published_batches + stats.dropped_batches, static_cast<uint64_t>(kBatches));
   EXPECT_EQ(stats.dropped_events, stats.dropped_batches);
   EXPECT_GT(stats.dropped_batches, 0u) << "a queue of 1 kept up with " << kBatches << " batches";
-  // Publish only appends to a queue (generous bound for sanitizer builds and a busy machine).
-  EXPECT_LT(max_publish, std::chrono::milliseconds(200));
+  // Publish only appends to a queue: it never waits for the stalled socket (which would be for
+  // good). The bound is a hang guard a loaded machine with a sanitizer build stays far under.
+  EXPECT_LT(max_publish, std::chrono::milliseconds(5000));
   // The seqs that reached the wire (all of them in the replay buffer) skip the dropped ones.
   zmq::context_t ctx;
   const std::vector<Received> got = Replay(ctx, (*pub)->replay_endpoint(), 0);

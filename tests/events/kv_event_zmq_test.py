@@ -12,23 +12,28 @@ batch's events as vLLM's decoder sees them) and checks, with msgpack and pyzmq o
      replay socket, from the old one's last seq;
   4. a queue of one batch under a burst: drops are counted, every dropped batch is a seq that
      neither the PUB socket nor the replay socket ever carries, and nothing else is missing.
-Every wait is bounded. Exit 77 (skip) without pyzmq or msgpack.
+Every wait is bounded. Exit 77 (skip) without pyzmq or msgpack; a failure under CI=true
+(tests/tools/missing_dep.py).
 
 Usage: kv_event_zmq_test.py KV_EVENT_PUBLISHER_TOOL
 """
 import json
+import os
 import queue
 import subprocess
 import sys
 import threading
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+from child_process import die_with_parent  # noqa: E402
+from missing_dep import missing  # noqa: E402
+
 try:
     import msgpack
     import zmq
 except ImportError as e:  # python3-zmq, python3-msgpack
-    print("SKIP: %s" % e)
-    sys.exit(77)
+    sys.exit(missing("%s (Debian: python3-zmq, python3-msgpack)" % e))
 
 TOPIC = "kv-events"
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
@@ -45,7 +50,8 @@ class Tool:
     def __init__(self, path, max_queue, send_hwm):
         self.proc = subprocess.Popen(
             [path, "tcp://127.0.0.1:*", "tcp://127.0.0.1:*", TOPIC, str(max_queue),
-             str(send_hwm)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+             str(send_hwm)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            preexec_fn=die_with_parent())
         # Lines arrive through a reader thread so that every wait for one is bounded.
         self.lines = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()

@@ -21,6 +21,7 @@
 #include "storage/crc16.h"
 #include "storage/page_format.h"
 #include "storage/redis_test_server.h"
+#include "support/missing_dependency.h"
 
 namespace kvtier {
 namespace {
@@ -52,7 +53,7 @@ using testing::ReplyText;
 #define SKIP_WITHOUT_REDIS()                                              \
   do {                                                                    \
     if (std::string why = testing::RedisTestSkipReason(); !why.empty()) { \
-      GTEST_SKIP() << why;                                                \
+      KVTIER_SKIP_MISSING_DEPENDENCY(why);                                \
     }                                                                     \
   } while (0)
 

@@ -12,6 +12,7 @@
 
 #include "storage/crc16.h"
 #include "storage/redis_test_server.h"
+#include "support/missing_dependency.h"
 
 namespace kvtier::storage {
 namespace {
@@ -26,7 +27,7 @@ using Clock = std::chrono::steady_clock;
 #define SKIP_WITHOUT_REDIS()                                              \
   do {                                                                    \
     if (std::string why = testing::RedisTestSkipReason(); !why.empty()) { \
-      GTEST_SKIP() << why;                                                \
+      KVTIER_SKIP_MISSING_DEPENDENCY(why);                                \
     }                                                                     \
   } while (0)
 

