@@ -341,7 +341,43 @@ nlohmann::json RunJson(const RunSummary& r, int64_t token_bytes) {
                        {"bytes_written", st.bytes_written},
                        {"set_queue_seconds", st.set_queue_seconds},
                        {"set_seconds", st.set_seconds},
-                       {"set_page_seconds", st.set_page_seconds}};
+                       {"set_page_seconds", st.set_page_seconds},
+                       {"set_profiled_pages", st.set_profiled_pages},
+                       {"set_phase_seconds",
+                        {{"open", st.set_open_seconds},
+                         {"copy", st.set_copy_seconds},
+                         {"checksum", st.set_hash_seconds},
+                         {"write", st.set_write_seconds},
+                         {"fsync", st.set_sync_seconds},
+                         {"stamp_rename", st.set_publish_seconds},
+                         {"index", st.set_index_seconds},
+                         {"unlink", st.set_unlink_seconds}}}};
+  }
+  if (r.has_oracle) {
+    // The storage oracle (replay_oracle.h) and the hits lost against it, beside the writes that
+    // did not happen, by reason (tokens).
+    const CacheStats& c = r.cache;
+    const double input = static_cast<double>(r.input_tokens());
+    auto rate = [&](int64_t tokens) { return input > 0 ? static_cast<double>(tokens) / input : 0; };
+    int64_t storage_hit = 0;
+    for (const RequestRecord& x : r.records) storage_hit += x.storage_hit;
+    j["storage_oracle"] = {
+        {"capacity_pages", r.oracle_capacity_pages},
+        {"storage_hit_rate", rate(storage_hit)},
+        {"oracle_storage_hit_rate", rate(r.oracle_storage_tokens)},
+        {"storage_hit_pct_of_oracle", r.oracle_storage_tokens > 0
+                                          ? 100.0 * static_cast<double>(storage_hit) /
+                                                static_cast<double>(r.oracle_storage_tokens)
+                                          : 100.0},
+        {"storage_tokens", storage_hit},
+        {"oracle_storage_tokens", r.oracle_storage_tokens},
+        {"lost_tokens", r.lost_storage_tokens},
+        {"lost_requests", r.lost_storage_requests},
+        {"writes_not_done_tokens",
+         {{"queue_full", c.storage_backup_dropped_tokens},
+          {"failed_or_timed_out", c.storage_backup_failed_tokens},
+          {"no_room", c.storage_backup_capacity_tokens},
+          {"policy", c.storage_backup_policy_tokens}}}};
   }
   if (r.fault_index >= 0) {
     j["fault"] = {{"at_s", r.fault_at_s},
@@ -367,7 +403,7 @@ nlohmann::json RunJson(const RunSummary& r, int64_t token_bytes) {
 nlohmann::json TimelineJson(const RunSummary& r) {
   nlohmann::json t;
   std::vector<double> arrival, ttft, compute, load, wait, queue, lead, device_ms;
-  std::vector<int64_t> input, output, device, host, storage, streamed;
+  std::vector<int64_t> input, output, device, host, storage, streamed, oracle, lost;
   for (const RequestRecord& x : r.records) {
     arrival.push_back(x.arrival_ms);
     queue.push_back(x.queue_ms);
@@ -383,6 +419,8 @@ nlohmann::json TimelineJson(const RunSummary& r) {
     device.push_back(x.device_hit);
     host.push_back(x.host_hit);
     storage.push_back(x.storage_hit);
+    oracle.push_back(x.oracle_storage_hit);
+    lost.push_back(x.lost_storage_hit);
   }
   t["arrival_ms"] = arrival;
   t["ttft_ms"] = ttft;
@@ -398,6 +436,10 @@ nlohmann::json TimelineJson(const RunSummary& r) {
   t["device_hit"] = device;
   t["host_hit"] = host;
   t["storage_hit"] = storage;
+  if (r.has_oracle) {
+    t["oracle_storage_hit"] = oracle;
+    t["lost_storage_hit"] = lost;
+  }
   if (!r.ideal_ttft_ms.empty()) t["ideal_ttft_ms"] = r.ideal_ttft_ms;
   return t;
 }

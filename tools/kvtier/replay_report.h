@@ -37,6 +37,9 @@ struct RequestRecord {
   int64_t output_tokens = 0;  // the workload's output_length (what a closed loop's decode holds)
   int64_t device_hit = 0, host_hit = 0, storage_hit = 0;  // tokens of the matched prefix
   int64_t loaded_bytes = 0;                               // host -> device for this request
+  // The storage oracle's hit of this request and the hit it lost against it (replay_oracle.h;
+  // 0 without a storage tier).
+  int64_t oracle_storage_hit = 0, lost_storage_hit = 0;
   int64_t hit_tokens() const { return device_hit + host_hit + storage_hit; }
 };
 
@@ -80,6 +83,12 @@ struct RunSummary {
   bool has_storage = false;
   StorageStats storage_stats;
   StoredChains stored_chains;  // with has_storage
+  // The storage oracle (replay_oracle.h), with has_storage: the same capacity in pages (-1:
+  // unbounded), every write admitted and done at once. Its storage hits, and the hits this run
+  // lost against it (tokens, and the requests that lost any).
+  bool has_oracle = false;
+  int64_t oracle_capacity_pages = -1, oracle_storage_tokens = 0, lost_storage_tokens = 0,
+          lost_storage_requests = 0;
   // --kv-events (the hierarchy run): the publisher's counts once every batch was sent, and the
   // cache's blocks per tier when they were counted (what a subscriber rebuilds from the events).
   bool has_kv_events = false;

@@ -109,19 +109,27 @@ void RunStorage::MeasureCeiling(ReplaySetup& s, const std::string& url) {
   }
 }
 
+std::vector<std::vector<PageKey>> RequestChainsOf(const ReplaySetup& s, const Workload& w) {
+  std::vector<std::vector<PageKey>> chains;
+  for (size_t i = 0; i < w.requests.size(); ++i) {
+    const WorkloadRequest& req = w.requests[i];
+    std::vector<int32_t> tokens = PromptTokens(req);
+    if (s.options.insert_output && req.output_length > 0) {
+      const std::vector<int32_t> out = OutputTokens(static_cast<int64_t>(i), req.output_length);
+      tokens.insert(tokens.end(), out.begin(), out.end());
+    }
+    Result<std::vector<PageKey>> keys =
+        ComputePromptPageKeys(tokens, s.options.page_size, /*salt=*/"");
+    chains.push_back(keys.ok() ? std::move(*keys) : std::vector<PageKey>());
+  }
+  return chains;
+}
+
 std::vector<std::vector<PageKey>> RequestChains(const ReplaySetup& s) {
   std::vector<std::vector<PageKey>> chains;
   for (const Workload* w : {&s.warmup, &s.workload}) {
-    for (size_t i = 0; i < w->requests.size(); ++i) {
-      const WorkloadRequest& req = w->requests[i];
-      std::vector<int32_t> tokens = PromptTokens(req);
-      if (s.options.insert_output && req.output_length > 0) {
-        const std::vector<int32_t> out = OutputTokens(static_cast<int64_t>(i), req.output_length);
-        tokens.insert(tokens.end(), out.begin(), out.end());
-      }
-      Result<std::vector<PageKey>> keys =
-          ComputePromptPageKeys(tokens, s.options.page_size, /*salt=*/"");
-      if (keys.ok() && !keys->empty()) chains.push_back(std::move(*keys));
+    for (std::vector<PageKey>& keys : RequestChainsOf(s, *w)) {
+      if (!keys.empty()) chains.push_back(std::move(keys));
     }
   }
   return chains;

@@ -34,6 +34,9 @@ struct StorageBenchOptions {
                        // throughput is the median round
   int64_t exists_keys = 1000;
   bool baseline = true;
+  // After each round's Get: the stored pages read again while as many other pages are Set
+  // ("get/w" and "set/r" rows: reads under writes against the read ceiling).
+  bool mixed = true;
   std::string json_path;
 };
 
