@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 # scripts/bench_table.py — turn the JSON output of `kvtier bench` on a GPU into the markdown
-# tables of BENCHMARKS.md (section "GPU").
+# tables of docs/perf-notes/gpu-transfer.md (every row; BENCHMARKS.md's "GPU" sections show
+# them with the pages side by side).
 #
 #   scripts/bench_table.py --kernel K.json --dma D.json --auto A.json \
-#       [--previous BENCHMARKS.md] [--previous-label "run 4"]
+#       [--previous docs/perf-notes/gpu-transfer.md] [--previous-label "run 4"]
 #
 # K.json, D.json and A.json are written by
 #   build-gpu/tools/kvtier bench --backend kernel|dma|auto --json FILE
@@ -415,11 +416,13 @@ def both_summary(rows):
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(
-        description="Turn `kvtier bench --json` output (GPU) into BENCHMARKS.md's tables.")
+        description="Turn `kvtier bench --json` output (GPU) into markdown tables "
+        "(docs/perf-notes/gpu-transfer.md).")
     parser.add_argument("--kernel", required=True, help="JSON of kvtier bench --backend kernel")
     parser.add_argument("--dma", required=True, help="JSON of kvtier bench --backend dma")
     parser.add_argument("--auto", required=True, help="JSON of kvtier bench --backend auto")
-    parser.add_argument("--previous", help="markdown file (BENCHMARKS.md) with an earlier run")
+    parser.add_argument("--previous", help="markdown file with an earlier run's tables "
+                        "(docs/perf-notes/gpu-transfer.md)")
     parser.add_argument("--previous-label", default="previous",
                         help="heading of the previous-run column (default: previous)")
     return parser.parse_args(argv)

@@ -135,6 +135,12 @@ struct StorageOptions {
   int max_queued_batches = 256;             // reads (and, apart, writes) waiting; more are rejected
   std::chrono::milliseconds timeout{2000};  // per call, from when an I/O thread takes it
   int64_t max_batch_pages = 4096;           // InvalidArgument beyond this
+  // A file store's free-space floor (like nginx proxy_cache's min_free): when the free space of
+  // the store's file system (statvfs f_bavail) falls under it, whoever fills the disk, the store
+  // writes nothing more and evicts its own oldest pages until the free space is back above it.
+  // -1 (the default): the larger of 5 % of the file system and min(1 GiB, 20 % of it)
+  // (DefaultMinFreeBytes); 0: no floor. Other backends ignore it.
+  int64_t min_free_bytes = -1;
   // Every field within its bounds (StorageOptionsSchema); InvalidArgument naming the field
   // (through `name_of`, when given; else "storage options: <field>") and its value.
   Status Validate(const FieldNamer& name_of = nullptr) const;
@@ -146,6 +152,10 @@ struct StorageOptions {
 // its Validate, the `kvtier replay` flags and the Python keyword arguments) and `kvtier bench
 // --storage-threads` are read from it.
 const ConfigSchema<StorageOptions>& StorageOptionsSchema();
+
+// What min_free_bytes = -1 means on a file system of `fs_bytes` bytes: the larger of 5 % of it and
+// min(1 GiB, 20 % of it) (a 64 GB disk: 3.2 GB; a 4 GiB one: 819 MiB; a 64 MiB tmpfs: 12.8 MiB).
+int64_t DefaultMinFreeBytes(int64_t fs_bytes);
 
 // What io_threads = 0 means on this machine: std::thread::hardware_concurrency() capped at 16,
 // at least 4 (reads of a page-cached store scale with threads up to about the core count; 4
@@ -180,6 +190,12 @@ struct StorageStats {
   int64_t queued_batches = 0;                                         // gauge: waiting now
   int64_t stored_pages = -1, stored_bytes = -1, capacity_bytes = -1;  // -1: unknown
   int64_t evicted_pages = 0;  // by the backend's own capacity policy
+  // file://: of evicted_pages, those evicted to keep the free space above the floor or because
+  // the file system was full; Sets refused (kNoSpace) under the floor with nothing left to
+  // evict; writes retried after the file system said it was full (ENOSPC, EDQUOT); the floor in
+  // bytes (0: none). 0 for other backends.
+  int64_t floor_evicted_pages = 0, floor_refused_pages = 0, disk_full_retries = 0;
+  int64_t min_free_bytes = 0;
 };
 
 class StorageBackend {

@@ -8,6 +8,8 @@
     kvtier.TpGroup, kvtier.TpFollower  # one cache decision per tensor-parallel group
     kvtier.page_keys(tokens, 16)    # SGLang-compatible chained SHA-256 page keys (hex)
     kvtier.page_keys(tokens, 16, as_int=True)  # the same as the block hashes of KV events
+    kvtier.PageStore(url, model_id=..., ...)  # kvtier's stores driven in batches from raw
+                                    # host addresses (engine integrations' host pools)
 
 Importing kvtier needs neither a GPU nor PyTorch. Features that need CUDA raise
 kvtier.UnavailableError when kvtier was built without it. Errors are exceptions whose message is
@@ -40,6 +42,8 @@ LayerEvents = _kvtier.LayerEvents
 PinnedRegistration = _kvtier.PinnedRegistration
 cuda_device_count = _kvtier.cuda_device_count
 page_keys = _kvtier.page_keys
+PageStore = _kvtier.PageStore
+PageStoreJob = _kvtier.PageStoreJob
 
 if getattr(_kvtier, "has_cache", False):
     from .cache import HierarchicalCache  # noqa: F401
@@ -53,6 +57,8 @@ __all__ = [
     "built_with_cuda",
     "cuda_device_count",
     "page_keys",
+    "PageStore",
+    "PageStoreJob",
     "KvtierError",
     "InvalidArgumentError",
     "OutOfMemoryError",

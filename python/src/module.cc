@@ -15,6 +15,7 @@ namespace kvtier::python {
 void RegisterDevice(py::module_& m);
 LayerEvents* CastLayerEvents(py::handle h);
 void RegisterStorage(py::module_& m);     // storage_binding.cc
+void RegisterPageStore(py::module_& m);   // page_store_binding.cc
 void RegisterDensePaged(py::module_& m);  // dense_paged_binding.cc
 #if defined(KVTIER_PY_WITH_CACHE)
 // cache_binding.cc
@@ -31,6 +32,7 @@ PYBIND11_MODULE(_kvtier, m) {
   RegisterCompat(m);
   RegisterDevice(m);
   RegisterStorage(m);
+  RegisterPageStore(m);
   RegisterDensePaged(m);
 #if defined(KVTIER_PY_WITH_CACHE)
   RegisterCache(m);

@@ -107,8 +107,7 @@ bool BackupPlanner::Backup(RadixNode* node, CacheWork* work, bool write_back) {
   }
   Result<std::vector<HostTier::Page>> got = core_.host->Acquire(pages, keys, first_parent);
   if (!got.ok()) {
-    util::Log(util::LogLevel::kWarning, "kvtier: cache: backup skipped: {}",
-              got.status().ToString());
+    util::Log(util::LogLevel::kWarning, "cache: backup skipped: {}", got.status().ToString());
     core_.counters.backup_skipped_tokens += tokens;
     return false;
   }
@@ -234,8 +233,7 @@ void BackupPlanner::ReapBackup(CopyOp& op, CacheWork* work) {
   // Failed: take back the host pages it was given (deepest first); it never counted.
   core_.counters.backup_failed_tokens += op.tokens;
   if (core_.backup_failure.ok()) core_.backup_failure = op.status.WithContext("backup copy");
-  util::Log(util::LogLevel::kWarning, "kvtier: cache: {}",
-            op.status.WithContext("backup copy").ToString());
+  util::Log(util::LogLevel::kWarning, "cache: {}", op.status.WithContext("backup copy").ToString());
   std::vector<RadixNode*> nodes = op.nodes;
   core_.ClearBusy(op);
   std::sort(nodes.begin(), nodes.end(), [](const RadixNode* a, const RadixNode* b) {

@@ -200,7 +200,7 @@ Status CacheCore::CheckHealth() const {
 void CacheCore::Fail(Status st, std::string_view what) {
   if (st.ok() || !health.ok()) return;
   health = st.WithContext(what);
-  util::Log(util::LogLevel::kError, "kvtier: cache: {}", health.ToString());
+  util::Log(util::LogLevel::kError, "cache: {}", health.ToString());
 }
 
 void CacheCore::AppendSlots(std::span<const int64_t> pages, std::vector<int64_t>* out) const {

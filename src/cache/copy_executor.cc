@@ -247,7 +247,7 @@ void CopyExecutor::ReapLoad(CopyOp& op) {
   core_.FreeDevice(op.free_on_completion);
   op.free_on_completion.clear();
   if (!op.status.ok()) {
-    util::Log(util::LogLevel::kWarning, "kvtier: cache: {}",
+    util::Log(util::LogLevel::kWarning, "cache: {}",
               op.status.WithContext("load-back copy").ToString());
   }
 }

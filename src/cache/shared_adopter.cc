@@ -49,8 +49,7 @@ int64_t SharedHostAdopter::AdoptShared(RadixTree::MatchResult* r, std::string_vi
   if (keys.empty()) return 0;
   Result<std::vector<int64_t>> found = core_.host->FindPrefix(keys, evictor_.HostReclaimable());
   if (!found.ok()) {
-    util::Log(util::LogLevel::kWarning, "kvtier: cache: shared host lookup: {}",
-              found.status().ToString());
+    util::Log(util::LogLevel::kWarning, "cache: shared host lookup: {}", found.status().ToString());
     return 0;
   }
   const std::vector<int64_t>& pages = *found;

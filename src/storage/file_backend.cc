@@ -18,6 +18,8 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -36,6 +38,7 @@
 #include <liburing.h>
 #endif
 
+#include "storage/disk_space.h"
 #include "storage/file_index.h"
 #include "storage/file_io.h"
 #include "storage/file_page_io.h"
@@ -71,9 +74,16 @@ constexpr size_t kStampWakeAt = 4096;
 constexpr std::chrono::milliseconds kStampPeriod{500};
 constexpr std::chrono::milliseconds kStampCloseBudget{2000};
 
+// The free-space floor (disk_space.h): read at most this often on the write path (estimated in
+// between from the bytes written and freed), and by the watcher thread this often whatever the
+// store does.
+constexpr std::chrono::milliseconds kFloorPollEvery{20};
+constexpr std::chrono::milliseconds kFloorWatchEvery{1000};
+
 // Test hooks (file_backend.h): the pending bound and period of backends opened after the call.
 std::atomic<size_t> test_stamp_limit{0}, test_stamp_wake_at{0};
 std::atomic<int64_t> test_stamp_period_ms{0};
+std::atomic<int64_t> test_floor_watch_ms{0};
 
 timespec ToTimespec(int64_t ns) {
   return timespec{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
@@ -102,8 +112,32 @@ Status MakeDirs(const std::string& path) {
   return Status::OK();
 }
 
+// "512 B", "32.0 MiB", "3.2 GiB": the largest binary unit the value reaches.
 std::string FormatBytes(int64_t bytes) {
-  return fmt::format("{:.1f} GiB", static_cast<double>(bytes) / double(int64_t{1} << 30));
+  static constexpr const char* kUnits[] = {"KiB", "MiB", "GiB", "TiB", "PiB"};
+  if (bytes < 1024) return fmt::format("{} B", bytes);
+  double value = static_cast<double>(bytes) / 1024;
+  size_t unit = 0;
+  while (value >= 1024 && unit + 1 < std::size(kUnits)) {
+    value /= 1024;
+    ++unit;
+  }
+  return fmt::format("{:.1f} {}", value, kUnits[unit]);
+}
+
+// A write past the process's file-size limit (RLIMIT_FSIZE, `ulimit -f`) raises SIGXFSZ, whose
+// default action ends the process. The store's writes run on its I/O threads: each blocks SIGXFSZ
+// for itself before its first write, so such a write fails with EFBIG (a failed Set) and the
+// signal stays pending on that thread, never delivered (it is directed at the writing thread,
+// and dropped when the thread ends). The process's disposition of SIGXFSZ and every other
+// thread's mask are left as they are.
+void BlockFileSizeSignalOnThisThread() {
+  thread_local bool blocked = false;
+  if (blocked) return;
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGXFSZ);
+  blocked = ::pthread_sigmask(SIG_BLOCK, &set, nullptr) == 0;
 }
 
 class FileBackend final : public StorageBackend {
@@ -123,6 +157,7 @@ class FileBackend final : public StorageBackend {
         ns_name_(ns.Name()),
         namespace_hash_(ns.Hash()),
         value_bytes_(static_cast<int64_t>(kFilePayloadOffset) + ns.page_bytes()),
+        allocated_bytes_(AllocatedBytes(value_bytes_)),
         io_(namespace_hash_, value_bytes_, config_.direct),
         stamper_(StampLimit(), StampWakeAt(), StampPeriod(),
                  [this](const PageKey& key, int64_t stamp) { return WriteStamp(key, stamp); }) {}
@@ -138,14 +173,28 @@ class FileBackend final : public StorageBackend {
     Fd ns_dir;
     KVTIER_RETURN_IF_ERROR(EnsureNamespaceDir(&ns_dir));
     if (config_.direct) KVTIER_RETURN_IF_ERROR(ProbeDirect(ns_dir.get()));
+    Result<DiskReading> disk = ReadDisk(ns_dir.get());
+    if (!disk.ok()) {
+      return Status::IOError(fmt::format("storage {}: {}", url(), disk.status().message()));
+    }
+    const int64_t min_free =
+        options().min_free_bytes < 0 ? DefaultMinFreeBytes(disk->total) : options().min_free_bytes;
+    if (min_free > 0) {
+      const int64_t watch_ms = test_floor_watch_ms.load(std::memory_order_relaxed);
+      KVTIER_ASSIGN_OR_RETURN(
+          floor_,
+          DiskFloor::Open(ns_dir.get(), min_free, kFloorPollEvery,
+                          watch_ms > 0 ? std::chrono::milliseconds(watch_ms) : kFloorWatchEvery));
+    }
     KVTIER_ASSIGN_OR_RETURN(std::vector<FileIndex::Found> found,
                             ScanPages(ns_dir.get(), namespace_hash_));
+    found = RemoveWrongSizeFiles(std::move(found));
     LogOldPages(found);
     int64_t capacity = 0;
     if (config_.capacity) {
       capacity = *config_.capacity;
     } else {
-      KVTIER_ASSIGN_OR_RETURN(capacity, DefaultCapacity(ns_dir.get(), found));
+      capacity = DefaultCapacity(*disk, min_free, found);
     }
     // A hit's stamp goes to the stamper when the file's mtime is more than kStampGranularityNs
     // older; called under the index's mutex (the stamper takes only its own).
@@ -156,7 +205,9 @@ class FileBackend final : public StorageBackend {
           if (stamp - mtime_ns > kStampGranularityNs) stamper_.Add(key, stamp);
         });
     index_->Load(std::move(found));
+    claim_ = DiskClaims::Add(disk->device, [this] { return index_->capacity() - index_->bytes(); });
     stamper_.Start();
+    if (floor_) floor_->Watch([this](int64_t) { MakeRoom(0); });
     return Start();
   }
 
@@ -257,6 +308,7 @@ class FileBackend final : public StorageBackend {
   // has queued (their stamps going to the stamper), then writes the pending stamps, giving up
   // after kStampCloseBudget.
   void DoClose() override {
+    if (floor_) floor_->Stop();
     if (index_) index_->ApplyPendingTouches();
     stamper_.Stop(kStampCloseBudget);
     const HitStamper::Counts c = stamper_.counts();
@@ -273,6 +325,10 @@ class FileBackend final : public StorageBackend {
     stats.stored_bytes = index_->bytes();
     stats.capacity_bytes = index_->capacity();
     stats.evicted_pages = index_->evicted();
+    stats.floor_evicted_pages = floor_evicted_.load(std::memory_order_relaxed);
+    stats.floor_refused_pages = floor_refused_.load(std::memory_order_relaxed);
+    stats.disk_full_retries = disk_full_retries_.load(std::memory_order_relaxed);
+    stats.min_free_bytes = floor_ ? floor_->floor() : 0;
     // Hits read on the thread path (io_uring reads are not probed: counted in neither).
     stats.get_cached_pages = cached_pages_.load(std::memory_order_relaxed);
     stats.get_disk_pages = disk_pages_.load(std::memory_order_relaxed);
@@ -337,24 +393,43 @@ class FileBackend final : public StorageBackend {
         fmt::format("cannot create {}/{}: {}", config_.root, ns_name_, std::strerror(errno)));
   }
 
-  // With no `capacity` in the URL: half of what the file system lets this user write at open,
-  // plus the pages of this namespace already there, at least one page (header comment).
-  Result<int64_t> DefaultCapacity(int ns_dirfd, const std::vector<FileIndex::Found>& found) {
-    struct statvfs vfs;
-    if (::fstatvfs(ns_dirfd, &vfs) != 0) {
-      return Status::IOError(
-          fmt::format("cannot read the free space of {}: {}", config_.root, std::strerror(errno)));
-    }
-    const int64_t free_bytes = static_cast<int64_t>(std::min<unsigned __int128>(
-        static_cast<unsigned __int128>(vfs.f_bavail) * vfs.f_frsize, int64_t{1} << 60));
-    int64_t stored = 0;
-    for (const auto& f : found) stored += f.bytes;
-    const int64_t capacity = std::max(value_bytes_, (free_bytes + stored) / 2);
+  // With no `capacity` in the URL: the pages this namespace already stores plus half of the room
+  // left at open: what the file system lets this user write (statvfs f_bavail, allocated blocks),
+  // less the free-space floor and less the room the other file stores open in this process on
+  // the same file system have claimed and not filled yet (DiskClaims); at least one page.
+  int64_t DefaultCapacity(const DiskReading& disk, int64_t min_free,
+                          const std::vector<FileIndex::Found>& found) {
+    const int64_t stored = static_cast<int64_t>(found.size()) * value_bytes_;
+    const int64_t others = DiskClaims::UnfilledOn(disk.device);
+    const int64_t room = std::max<int64_t>(disk.free - min_free - others, 0);
+    const int64_t capacity = std::max(value_bytes_, stored + room / 2);
     util::Log(util::LogLevel::kInfo,
-              "storage {}: no capacity given; using {} (half of the {} free at open plus the {} "
-              "this namespace already stores); set ?capacity= to choose",
-              url(), FormatBytes(capacity), FormatBytes(free_bytes), FormatBytes(stored));
+              "storage {}: no capacity given; using {} (the {} this namespace already stores "
+              "plus half of the {} free at open less the {} floor and the {} other file stores "
+              "of this process claim there); set ?capacity= to choose",
+              url(), FormatBytes(capacity), FormatBytes(stored), FormatBytes(disk.free),
+              FormatBytes(min_free), FormatBytes(others));
     return capacity;
+  }
+
+  // Every file of a page of this namespace is of one size (the namespace fixes the page's bytes);
+  // a file found at open of any other size (grown, truncated, a sparse giant) is no page: it is
+  // removed, alone, and said once; it must neither count against the capacity nor have the
+  // restart evict the real pages to make room for it.
+  std::vector<FileIndex::Found> RemoveWrongSizeFiles(std::vector<FileIndex::Found> found) {
+    int64_t removed = 0, failed = 0;
+    std::erase_if(found, [&](const FileIndex::Found& f) {
+      if (f.bytes == value_bytes_) return false;
+      ++(RemoveFile(f.key) ? removed : failed);
+      return true;
+    });
+    if (removed + failed > 0) {
+      util::Log(util::LogLevel::kWarning,
+                "storage {}: {} page file(s) found at open were not of a page's size ({}): "
+                "removed {}, could not remove {} (not indexed)",
+                url(), removed + failed, FormatBytes(value_bytes_), removed, failed);
+    }
+    return found;
   }
 
   // The shard directory of `hex` beneath the root; with `create`, made (with the namespace
@@ -589,16 +664,86 @@ class FileBackend final : public StorageBackend {
     return Status::OK();
   }
 
+  // A page written (SetOne) or refused: kNoSpace when the page is larger than the capacity, when
+  // the free space is under the floor and evicting this store's pages does not bring it back
+  // (MakeRoom), or when the file system is full (ENOSPC, EDQUOT: its oldest pages are evicted and
+  // the write is tried once more).
   PageStatus SetOne(const PageKey& key, const PageBuffer& buffer,
                     const std::optional<PageKey>& parent = std::nullopt) {
     if (value_bytes_ > index_->capacity()) return PageStatus::kNoSpace;
+    BlockFileSizeSignalOnThisThread();
+    if (floor_ && !MakeRoom(allocated_bytes_)) {
+      if (const int64_t n = CountAndSay(floor_refused_)) {
+        util::Log(util::LogLevel::kWarning,
+                  "storage {}: the free space is under the store's floor of {} and this store "
+                  "has no page left to evict: {} page(s) not written so far (others fill the "
+                  "disk; the floor is StorageOptions::min_free_bytes)",
+                  url(), FormatBytes(floor_->floor()), n);
+      }
+      return PageStatus::kNoSpace;
+    }
+    int error = 0;
+    PageStatus st = WriteOne(key, buffer, parent, error);
+    if (st != PageStatus::kNoSpace) return st;
+    // The file system is full (or the user's quota is): a capacity signal, not a fault of the
+    // page. This store's oldest pages make room (at least one page's worth; up to the floor when
+    // there is one), and the write is tried once more.
+    const int64_t evicted = index_->EvictOldest(value_bytes_);
+    floor_evicted_.fetch_add(evicted, std::memory_order_relaxed);
+    if (floor_) floor_->NoteFreed(evicted * allocated_bytes_);
+    const bool room = floor_ ? MakeRoom(allocated_bytes_) : evicted > 0;
+    if (const int64_t n = CountAndSay(disk_full_retries_)) {
+      util::Log(util::LogLevel::kWarning,
+                "storage {}: the file system is full ({}): this store evicted its oldest pages "
+                "to make room and wrote again; {} time(s) so far",
+                url(), std::strerror(error), n);
+    }
+    if (!room && evicted == 0) return PageStatus::kNoSpace;
+    return WriteOne(key, buffer, parent, error);
+  }
+
+  // Makes the free space at least `want` above the floor, evicting this store's least recently
+  // used pages (a chain's tail first) when it is short: whether it is. One caller at a time; the
+  // free space is read afresh before anything is evicted.
+  bool MakeRoom(int64_t want) {
+    std::lock_guard<std::mutex> lock(floor_mu_);
+    if (floor_->Headroom() >= want) return true;
+    const int64_t short_by = want - floor_->Headroom(/*fresh=*/true);
+    if (short_by <= 0) return true;
+    const int64_t pages = (short_by + allocated_bytes_ - 1) / allocated_bytes_;
+    const int64_t evicted = index_->pages() > 0 ? index_->EvictOldest(pages * value_bytes_) : 0;
+    if (evicted == 0) return false;
+    floor_->NoteFreed(evicted * allocated_bytes_);
+    const int64_t total = floor_evicted_.fetch_add(evicted, std::memory_order_relaxed) + evicted;
+    util::Log(util::LogLevel::kInfo,
+              "storage {}: the free space fell {} short of the floor of {}: evicted this store's "
+              "{} oldest page(s) ({} so far)",
+              url(), FormatBytes(short_by), FormatBytes(floor_->floor()), evicted, total);
+    return evicted >= pages;
+  }
+
+  // Adds one to `count`; the new count at its 1st, 2nd, 4th, 8th ... time (when to say so: a full
+  // disk costs a few lines, not one per page), 0 otherwise.
+  static int64_t CountAndSay(std::atomic<int64_t>& count) {
+    const int64_t n = count.fetch_add(1, std::memory_order_relaxed) + 1;
+    return (n & (n - 1)) == 0 ? n : 0;
+  }
+
+  // One attempt at writing a page: a temporary file in its shard directory, renamed into place.
+  // kNoSpace with `error` ENOSPC or EDQUOT when the file system has no room (said by SetOne, not
+  // here), kFailed with a warning for any other failure (EFBIG past the file-size limit too).
+  PageStatus WriteOne(const PageKey& key, const PageBuffer& buffer,
+                      const std::optional<PageKey>& parent, int& error) {
+    const auto full = [](int e) { return e == ENOSPC || e == EDQUOT; };
     const std::string hex = key.Hex();
     Fd shard = OpenShard(hex, /*create=*/true);
     if (!shard.ok()) {
+      error = errno;
+      if (full(error)) return PageStatus::kNoSpace;
       util::Log(util::LogLevel::kWarning, "storage {}: cannot open the directory {}/{}: {}", url(),
                 ns_name_, hex.substr(0, 2),
-                errno == ELOOP ? "a symlink is on its path, which a store never follows"
-                               : std::strerror(errno));
+                error == ELOOP ? "a symlink is on its path, which a store never follows"
+                               : std::strerror(error));
       return PageStatus::kFailed;
     }
     const std::string temp =
@@ -608,8 +753,10 @@ class FileBackend final : public StorageBackend {
         O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW | (config_.direct ? O_DIRECT : 0),
         0600));
     if (!fd.ok()) {
+      error = errno;
+      if (full(error)) return PageStatus::kNoSpace;
       util::Log(util::LogLevel::kWarning, "storage {}: cannot create {}/{}/{}: {}", url(), ns_name_,
-                hex.substr(0, 2), temp, std::strerror(errno));
+                hex.substr(0, 2), temp, std::strerror(error));
       return PageStatus::kFailed;
     }
     bool ok = io_.WritePage(fd.get(), key, buffer, parent) &&
@@ -622,14 +769,15 @@ class FileBackend final : public StorageBackend {
            ::renameat(shard.get(), temp.c_str(), shard.get(), hex.c_str()) == 0;
     }
     if (!ok) {
-      const int error = errno;
+      error = errno;
+      ::unlinkat(shard.get(), temp.c_str(), 0);
+      if (full(error)) return PageStatus::kNoSpace;
       util::Log(util::LogLevel::kWarning, "storage {}: cannot write {}/{}/{}: {}", url(), ns_name_,
                 hex.substr(0, 2), hex, std::strerror(error));
-      ::unlinkat(shard.get(), temp.c_str(), 0);
-      // The file system is full (or the user's quota is): no room, not a fault of the page.
-      return error == ENOSPC || error == EDQUOT ? PageStatus::kNoSpace : PageStatus::kFailed;
+      return PageStatus::kFailed;
     }
     if (config_.fsync) ::fsync(shard.get());
+    if (floor_) floor_->NoteWritten(allocated_bytes_);
     index_->Put(key, value_bytes_, stamp, parent);
     return PageStatus::kOk;
   }
@@ -638,10 +786,17 @@ class FileBackend final : public StorageBackend {
   const std::string ns_name_;
   const uint64_t namespace_hash_;
   const int64_t value_bytes_;
+  const int64_t allocated_bytes_;   // a page file's blocks on disk (AllocatedBytes)
   const PageFileIo io_;             // after config_, namespace_hash_, value_bytes_: made from them
   std::shared_ptr<const Fd> root_;  // read and swapped through std::atomic_load / atomic_store
   PagePins pins_;                   // pages index_ must not evict
   std::unique_ptr<FileIndex> index_;  // set by Open, before the I/O threads start
+  // After index_ (whose bytes the claim reads and whose pages the floor's watcher evicts): both
+  // are gone before it. floor_ is null with min_free_bytes = 0.
+  DiskClaims::Claim claim_;
+  std::unique_ptr<DiskFloor> floor_;
+  std::mutex floor_mu_;  // one MakeRoom at a time
+  std::atomic<int64_t> floor_evicted_{0}, floor_refused_{0}, disk_full_retries_{0};
   std::atomic<uint64_t> temp_counter_{0};
   std::atomic<int64_t> found_v1_{0}, found_unreadable_{0};  // NoteFoundWithoutParent
   std::atomic<int64_t> cached_pages_{0}, disk_pages_{0};    // GetOne's hits, by ReadSource
@@ -664,6 +819,10 @@ void SetFileStampLimitsForTest(size_t pending_limit, std::chrono::milliseconds p
   test_stamp_period_ms.store(period.count(), std::memory_order_relaxed);
 }
 
+void SetFileFloorWatchForTest(std::chrono::milliseconds every) {
+  test_floor_watch_ms.store(every.count(), std::memory_order_relaxed);
+}
+
 std::optional<FileStampCounts> FileStampCountsForTest(const StorageBackend& backend) {
   const auto* file = dynamic_cast<const FileBackend*>(&backend);
   if (file == nullptr) return std::nullopt;
@@ -684,11 +843,12 @@ Result<std::unique_ptr<StorageBackend>> OpenFileStorage(std::string_view url,
   KVTIER_ASSIGN_OR_RETURN(std::optional<bool> direct, parsed.TakeBool("direct"));
   KVTIER_RETURN_IF_ERROR(parsed.CheckAllTaken(url));
   config.direct = direct.value_or(false);
-  if (capacity && *capacity < 1) {
+  const int64_t page_file_bytes = static_cast<int64_t>(kFilePayloadOffset) + ns.page_bytes();
+  if (capacity && *capacity < page_file_bytes) {
     return Status::InvalidArgument(fmt::format(
-        "storage URL '{}': capacity must be at least 1 byte (leave it out for a bound derived "
-        "from the free space)",
-        url));
+        "storage URL '{}': capacity must hold at least one page file ({} bytes: the page's {} "
+        "after its 4 KiB header block); leave it out for a bound derived from the free space",
+        url, page_file_bytes, ns.page_bytes()));
   }
   config.capacity = capacity;
   config.fsync = fsync.value_or(false);

@@ -45,11 +45,27 @@
 // a file system without O_DIRECT (tmpfs) is InvalidArgument.
 //
 // Capacity (per namespace directory: the bytes of this deployment's files) with LRU eviction
-// (file_index.h). Without `capacity` in the URL the bound is derived at open: half of the space
-// the file system lets this user write (statvfs f_bavail) plus the bytes of this namespace's
-// pages already there, at least one page; the backend logs the value (info) once. `capacity=0`
-// is InvalidArgument. Each process counts the files it knows of (found at start, written, or hit
-// since); processes sharing a directory do not share one count.
+// (file_index.h). Without `capacity` in the URL the bound is derived at open: the pages of this
+// namespace already there plus half of the room left: the space the file system lets this user
+// write (statvfs f_bavail: allocated blocks, so a sparse file counts what it takes, not its
+// apparent size) less the free-space floor and less the room the other file stores open in this
+// process on that file system have claimed and not filled (disk_space.h DiskClaims: four stores
+// opened one after another take 1/2, 1/4, 1/8, 1/16 of the room), at least one page; the backend
+// logs the value (info) once. `capacity` below one page file is InvalidArgument. Each process
+// counts the files it knows of (found at start, written, or hit since); processes sharing a
+// directory do not share one count. A file found at open whose size is not a page file's (the
+// namespace fixes it) is no page: it alone is removed (and said), never counted.
+//
+// The free-space floor (StorageOptions::min_free_bytes; by default the larger of 5 % of the file
+// system and min(1 GiB, 20 % of it)): whoever fills the file system (this store, another store,
+// another process), when its free space falls under the floor the store evicts its own least
+// recently used pages until it is back above (a watcher thread reads the free space every second;
+// a Set reads it at most every 20 ms, estimating in between from what it wrote and freed) and
+// refuses a Set (kNoSpace) it cannot make room for. ENOSPC or EDQUOT from a write is a capacity
+// signal too: the store evicts its oldest pages, counts it (StorageStats::disk_full_retries) and
+// writes once more; kNoSpace if that fails too. Such events are said at their 1st, 2nd, 4th ...
+// time, never once per page. A write past the process's file-size limit (RLIMIT_FSIZE) fails
+// with EFBIG (a failed Set): the I/O threads block SIGXFSZ for themselves (file_backend.cc).
 // The LRU order lives in the files' modification times: every Set and every Get hit stamps its
 // file with a strictly increasing time (a hit's written behind the reads by a stamper thread,
 // within about 0.5 s, and at Close: file_index.h "Stamps"), so a restart (which scans the
@@ -90,6 +106,10 @@ namespace testing {
 // 64 Ki, 0.5 s, 4096 or half the bound; `wake_at` above the bound: never).
 void SetFileStampLimitsForTest(size_t pending_limit, std::chrono::milliseconds period,
                                size_t wake_at = 0);
+
+// Test hook: for file backends opened after the call, how often the free-space floor's watcher
+// reads the free space (0: the default, 1 s).
+void SetFileFloorWatchForTest(std::chrono::milliseconds every);
 
 // A file backend's hit stamps so far (file_index.h "Stamps"): written to their files, skipped
 // (the file gone, newer than the stamp, or refusing it), dropped (the pending map full), left

@@ -213,6 +213,23 @@ bool FileIndex::DropOrphan(const PageKey& key, const PageKey& parent, bool paren
   return true;
 }
 
+int64_t FileIndex::EvictOldest(int64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ApplyPendingLocked();
+  const auto pinned = [this](const PageKey& key) { return pinned_ && pinned_(key); };
+  const int64_t target = pages_.bytes() - bytes;
+  int64_t n = 0;
+  while (pages_.bytes() > target && pages_.pages() > 0) {
+    const std::optional<PageKey> victim = pages_.Victim(nullptr, pinned).key;
+    if (!victim) break;
+    if (remove_) remove_(*victim);
+    pages_.Evict(*victim);
+    ++evicted_;
+    ++n;
+  }
+  return n;
+}
+
 bool FileIndex::Gone(const PageKey& key) const {
   std::lock_guard<std::mutex> lock(mu_);
   return !pages_.Contains(key) && pages_.Evicted(key);

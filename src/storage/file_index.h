@@ -155,6 +155,10 @@ class FileIndex {
   // page of the same Set) or evicted by this index: a page written after its parent went
   // (DropOrphans in chain_lru.h). Whether it did.
   bool DropOrphan(const PageKey& key, const PageKey& parent, bool parent_in_batch);
+  // Evicts pages in eviction order (a chain's tail first, pinned pages skipped) until their bytes
+  // reach `bytes` or none is left to evict: the free-space floor (disk_space.h) or a full disk.
+  // The pages evicted.
+  int64_t EvictOldest(int64_t bytes);
   // Whether `key` is not stored and was evicted here (OrphansToSkip in chain_lru.h).
   bool Gone(const PageKey& key) const;
   // Forgets a page (removed, found absent or corrupt). No effect for an unknown key.

@@ -12,9 +12,14 @@
 #include "storage/memory_backend.h"
 
 #include <fmt/format.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <map>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <unordered_map>
 
@@ -22,6 +27,7 @@
 #include "storage/page_format.h"
 #include "storage/page_pins.h"
 #include "storage/storage_url.h"
+#include "util/log.h"
 
 namespace kvtier::storage {
 namespace {
@@ -184,8 +190,21 @@ class MemoryBackend final : public StorageBackend {
     });
     EachBeforeDeadline(out, deadline, [&](size_t i) {
       if (skip[i]) return PageStatus::kSkipped;
-      auto value =
-          std::make_shared<Value>(kPageHeaderBytes + static_cast<size_t>(buffers[i].bytes()));
+      std::shared_ptr<Value> value;
+      try {
+        value = std::make_shared<Value>(kPageHeaderBytes + static_cast<size_t>(buffers[i].bytes()));
+      } catch (const std::bad_alloc&) {
+        // The process cannot allocate the page (an address-space limit, an exhausted machine):
+        // no room, like a full store; said at the 1st, 2nd, 4th ... time.
+        const int64_t n = alloc_failed_.fetch_add(1, std::memory_order_relaxed) + 1;
+        if ((n & (n - 1)) == 0) {
+          util::Log(util::LogLevel::kWarning,
+                    "storage {}: out of memory: a page of {} bytes could not be allocated ({} "
+                    "so far; lower ?capacity=)",
+                    url(), static_cast<int64_t>(kPageHeaderBytes) + buffers[i].bytes(), n);
+        }
+        return PageStatus::kNoSpace;
+      }
       EncodePageValue(namespace_hash_, keys[i], buffers[i], *value);
       std::optional<StoredName> parent;
       if (i < parents.size() && parents[i]) parent = StoredName{namespace_hash_, *parents[i]};
@@ -222,7 +241,26 @@ class MemoryBackend final : public StorageBackend {
  private:
   const std::shared_ptr<MemoryStore> store_;
   const uint64_t namespace_hash_;
+  std::atomic<int64_t> alloc_failed_{0};
 };
+
+// The most bytes this process can hope to allocate: the machine's memory, the address-space and
+// data limits (RLIMIT_AS, RLIMIT_DATA: `ulimit -v`, `ulimit -d`) where set.
+int64_t AllocatableBytes(const char** limited_by) {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  int64_t most = pages > 0 && page > 0 ? int64_t{pages} * page : int64_t{1} << 62;
+  *limited_by = "the machine's memory";
+  for (auto [resource, name] : {std::pair{RLIMIT_AS, "the address-space limit (ulimit -v)"},
+                                std::pair{RLIMIT_DATA, "the data limit (ulimit -d)"}}) {
+    rlimit limit;
+    if (::getrlimit(resource, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY &&
+        static_cast<uint64_t>(limit.rlim_cur) < static_cast<uint64_t>(most)) {
+      most = static_cast<int64_t>(limit.rlim_cur);
+      *limited_by = name;
+    }
+  }
+  return most;
+}
 
 bool IsStoreName(std::string_view name) {
   for (char c : name) {
@@ -241,15 +279,28 @@ Result<std::unique_ptr<StorageBackend>> OpenMemoryStorage(std::string_view url,
   KVTIER_ASSIGN_OR_RETURN(StorageUrl parsed, ParseStorageUrl(url));
   KVTIER_ASSIGN_OR_RETURN(std::optional<int64_t> capacity, parsed.TakeByteSize("capacity"));
   KVTIER_RETURN_IF_ERROR(parsed.CheckAllTaken(url));
-  if (capacity && *capacity < 1) {
-    return Status::InvalidArgument(
-        fmt::format("storage URL '{}': capacity must be at least 1 byte", RedactUrl(url)));
+  const int64_t page_value_bytes = static_cast<int64_t>(kPageHeaderBytes) + ns.page_bytes();
+  if (capacity && *capacity < page_value_bytes) {
+    return Status::InvalidArgument(fmt::format(
+        "storage URL '{}': capacity must hold at least one page ({} bytes: the page's {} and "
+        "its {}-byte header)",
+        RedactUrl(url), page_value_bytes, ns.page_bytes(), kPageHeaderBytes));
   }
   const std::string& name = parsed.rest;
   if (!IsStoreName(name)) {
     return Status::InvalidArgument(
         fmt::format("storage URL '{}': a memory store name is letters, digits, '-', '_' and '.'",
                     RedactUrl(url)));
+  }
+  // A capacity the process could never fill would end in a failed allocation deep in a Set:
+  // refused here, naming what limits it.
+  const char* limited_by = "";
+  const int64_t allocatable = AllocatableBytes(&limited_by);
+  if (capacity.value_or(kDefaultCapacity) > allocatable) {
+    return Status::OutOfMemory(fmt::format(
+        "storage URL '{}': capacity {} bytes is more than this process can allocate ({} bytes: "
+        "{}); give a smaller ?capacity=",
+        RedactUrl(url), capacity.value_or(kDefaultCapacity), allocatable, limited_by));
   }
   std::shared_ptr<MemoryStore> store;
   if (name.empty()) {

@@ -57,6 +57,11 @@ BatchResult BatchResult::Failed(Status status, size_t num_pages) {
   return r;
 }
 
+int64_t DefaultMinFreeBytes(int64_t fs_bytes) {
+  const int64_t size = std::max<int64_t>(fs_bytes, 0);
+  return std::max(size / 20, std::min(int64_t{1} << 30, size / 5));
+}
+
 int DefaultIoThreads() {
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
   return std::clamp(cores, 4, 16);
@@ -89,6 +94,10 @@ ConfigSchema<StorageOptions> BuildOptionsSchema() {
   }
   s.push_back(IntField<O>("max_batch_pages", Member(&O::max_batch_pages), 1, int64_t{1} << 20,
                           "pages of one backend call; more is refused"));
+  s.push_back(IntField<O>("min_free_bytes", Member(&O::min_free_bytes), -1, int64_t{1} << 60,
+                          "a file store's free-space floor: under it (whoever fills the disk) "
+                          "the store writes nothing and evicts its own oldest pages; -1 = the "
+                          "larger of 5 % of the file system and min(1 GiB, 20 % of it), 0 = none"));
   return s;
 }
 

@@ -44,6 +44,7 @@ struct KeyWindow {
   int64_t written = 0;
   int64_t suppressed = 0;
   LogLevel level = LogLevel::kWarning;  // of the last suppressed line
+  std::string last;                     // the last suppressed line's text
 };
 
 // Invariant: windows_ holds only keys that were logged at warning or above; a key's window
@@ -73,9 +74,12 @@ void Write(LogLevel level, std::string_view message) {
 // REQUIRES: s.mu held. Reports (and resets) the suppressed lines of `w`.
 void WriteSuppressed(std::string_view key, KeyWindow& w, Clock::time_point now) {
   const double seconds = std::chrono::duration<double>(now - w.start).count();
-  Write(w.level, fmt::format("{} more like '{}' in the last {:.1f} s (rate-limited)", w.suppressed,
-                             key, seconds));
+  (void)key;
+  Write(w.level, fmt::format("{} more line(s) like this one in the last {:.1f} s (rate-limited), "
+                             "the last: {}",
+                             w.suppressed, seconds, w.last));
   w.suppressed = 0;
+  w.last.clear();
 }
 
 }  // namespace
@@ -106,6 +110,7 @@ void LogLine(LogLevel level, std::string_view key, std::string_view message) {
   if (w.written >= s.limit.max_lines) {
     ++w.suppressed;
     w.level = level;
+    w.last.assign(message);
     return;
   }
   ++w.written;

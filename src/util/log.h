@@ -5,10 +5,11 @@
 //
 // Warnings and errors are rate-limited per message key, the call's format string (one call site,
 // or several that share a text): at most `max_lines` lines of one key per `interval`; the rest
-// are counted, and one line per key ("kvtier: warning: 412 more like 'storage {}: cannot write
-// {}: {}' in the last 10.0 s") reports them when its interval has ended, at the next line logged
-// or at FlushSuppressedLogLines (called at exit). A failing disk thus costs a few lines, not one
-// per page. Debug and info lines are not limited.
+// are counted, and one line per key ("kvtier: warning: 412 more line(s) like this one in the
+// last 10.0 s (rate-limited), the last: storage file:///x: cannot write ...", quoting the last
+// line suppressed, never the format string) reports them when its interval has ended, at the next
+// line logged or at FlushSuppressedLogLines (called at exit). A failing disk thus costs a few
+// lines, not one per page. Debug and info lines are not limited.
 //
 // Thread safety: Log may be called from any thread; lines are not interleaved.
 #pragma once

@@ -529,16 +529,31 @@ TEST(NothingLostReasonsTest, AFullQueueIsCountedAsQueueFullAndTheRestIsStored) {
   EXPECT_EQ(st.storage_backup_failed_tokens, 0);
 }
 
-// The store has no room for a page (memory:// and file:// with a capacity below one page):
-// every page is counted as capacity, none as failed.
+// The store has no room for a page (a capacity below one page is refused at open, so: memory://
+// with its one page's room pinned by another backend on the same store, and file:// with a
+// free-space floor above the file system's free space): every page is counted as capacity, none
+// as failed.
 TEST(NothingLostReasonsTest, AStoreWithoutRoomIsCountedAsCapacityNotAsFailed) {
   std::string tmpl = "/tmp/kvtier_nothing_lost_XXXXXX";
   ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
   const std::string dir = tmpl;
-  for (const std::string url :
-       {std::string("memory://?capacity=100"), "file://" + dir + "?capacity=100"}) {
+  const StorageNamespace ns = NamespaceFor(16);
+  const std::string one_page = std::to_string(kStoredPageHeaderBytes + ns.page_bytes());
+  auto filler = OpenStorage("memory://nothing-lost-full?capacity=" + one_page, ns);
+  ASSERT_TRUE(filler.ok()) << filler.status().ToString();
+  {
+    std::vector<std::byte> page(static_cast<size_t>(ns.page_bytes()), std::byte{7});
+    const PageKey key = PageKey::FromHex(std::string(64, 'f')).value();
+    ASSERT_EQ((*filler)->Set({key}, {PageBuffer::Of(page)}).get().leading_ok(), 1);
+    ASSERT_TRUE((*filler)->PinPages({&key, 1}, std::chrono::nanoseconds::max()).ok());
+  }
+  StorageOptions no_room;
+  no_room.min_free_bytes = int64_t{1} << 60;
+  for (const auto& [url, options] :
+       {std::pair{"memory://nothing-lost-full?capacity=" + one_page, StorageOptions{}},
+        std::pair{"file://" + dir, no_room}}) {
     SCOPED_TRACE(url);
-    auto b = OpenStorage(url, NamespaceFor(16));
+    auto b = OpenStorage(url, ns, options);
     ASSERT_TRUE(b.ok()) << b.status().ToString();
     std::shared_ptr<StorageBackend> store(std::move(*b));
     TestCache s = Make(store, 16, 1024);

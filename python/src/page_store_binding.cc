@@ -1,0 +1,626 @@
+// python/src/page_store_binding.cc — kvtier's page stores (StorageBackend: file://, redis://,
+// redis+cluster://, memory://) driven from Python in batches, for engine integrations that keep
+// their own host KV pool (SGLang's HiCache storage, vLLM's KV connector):
+//
+//   kvtier.PageStore(url, *, model_id, kv_dtype, layout, mla, num_layers, slot_bytes, page_size,
+//                    head_num=1, tp_rank=0, tp_size=1, **storage_options)
+//     .exists(keys) / .exists_prefix(keys) / .get(keys, addrs) / .set(keys, addrs)
+//     .submit_get(keys, addrs) / .submit_set(keys, addrs) -> kvtier.PageStoreJob
+//     .remove(keys) / .stats() / .close()
+//
+// Pages move directly between caller memory (raw host addresses) and the store, in C++ on the
+// backend's I/O threads; the calling thread parses the arguments under the GIL and waits (blocking
+// calls) with the GIL released. No per-page Python code runs.
+//
+// Keys (ReadPageKeys): a str of 64 lowercase hex digits is a PageKey as is (kvtier's and SGLang's
+// page keys); 32 bytes are a PageKey as is (vLLM's sha256 block hashes); any other str is the
+// SHA-256 of its UTF-8 bytes, other bytes the SHA-256 of the bytes, an int the SHA-256 of its
+// decimal text ("-12", "340282366920938463463374607431768211455").
+//
+// Addresses (ReadPageAddrs): per page one address (the page's payload is one contiguous range of
+// page_bytes) or two (K then V, page_bytes / 2 each; not for MLA). CONTRACT: the caller keeps
+// that memory alive and untouched until the call returns (get / set) or its job is done.
+//
+// Outcomes: a page that fails for any reason of the store (absent, corrupt, another namespace,
+// timed out, I/O error, no space, the queue full, the store closed) is False. Bad arguments are
+// kvtier.InvalidArgumentError (a ValueError) naming the argument and position; a call on a closed
+// PageStore is kvtier.FailedPreconditionError.
+//
+// Thread safety: every method may be called from several Python threads at once; close() waits
+// for the calls in flight (each ends within the store's timeout_ms).
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cache_config_table.h"
+#include "errors.h"
+#include "kvtier/layout.h"
+#include "kvtier/page_key.h"
+#include "kvtier/storage.h"
+#include "py_args.h"
+
+namespace py = pybind11;
+
+namespace kvtier::python {
+namespace {
+
+std::string Repr(py::handle h) { return py::repr(h).cast<std::string>(); }
+
+// ---- arguments --------------------------------------------------------------------------------
+
+std::string TextArg(py::handle value, std::string_view name) {
+  if (!PyUnicode_Check(value.ptr())) {
+    ThrowInvalid(fmt::format("PageStore: {} = {} must be a str", name, Repr(value)));
+  }
+  return value.cast<std::string>();
+}
+
+// The namespace of a PageStore's pages: every field of StorageNamespace from its keyword
+// argument (the one place they are mapped), checked by StorageNamespace::Validate.
+StorageNamespace NamespaceFromArgs(py::handle model_id, py::handle kv_dtype, py::handle layout,
+                                   py::handle mla, py::handle num_layers, py::handle slot_bytes,
+                                   py::handle page_size, py::handle head_num, py::handle tp_rank,
+                                   py::handle tp_size) {
+  StorageNamespace ns;
+  ns.model_id = TextArg(model_id, "model_id");
+  ns.kv_dtype = TextArg(kv_dtype, "kv_dtype");
+  ns.layout = Unwrap(ParseLayout(TextArg(layout, "layout")));
+  if (!PyBool_Check(mla.ptr())) {
+    ThrowInvalid(fmt::format("PageStore: mla = {} must be True or False", Repr(mla)));
+  }
+  ns.mla = mla.ptr() == Py_True;
+  ns.num_layers = ReadInt(num_layers, "PageStore: num_layers", 1, INT32_MAX);
+  ns.slot_bytes = ReadInt(slot_bytes, "PageStore: slot_bytes", 1, INT32_MAX);
+  ns.page_size = ReadInt(page_size, "PageStore: page_size", 1, INT32_MAX);
+  ns.head_num = ReadInt(head_num, "PageStore: head_num", 1, INT32_MAX);
+  ns.tp_rank = ReadInt(tp_rank, "PageStore: tp_rank", 0, INT32_MAX);
+  ns.tp_size = ReadInt(tp_size, "PageStore: tp_size", 1, INT32_MAX);
+  ThrowIfError(ns.Validate());
+  return ns;
+}
+
+bool IsLowerHex(std::string_view s) {
+  return std::all_of(s.begin(), s.end(),
+                     [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+}
+
+PageKey Sha256Key(std::string_view bytes, size_t index) {
+  // ChainSeed(text) is SHA-256(text) for non-empty text.
+  if (bytes.empty()) ThrowInvalid(fmt::format("keys[{}] is empty", index));
+  return *ChainSeed(bytes);
+}
+
+PageKey ReadPageKey(py::handle key, size_t index) {
+  PyObject* o = key.ptr();
+  if (PyUnicode_Check(o)) {
+    Py_ssize_t size = 0;
+    const char* data = PyUnicode_AsUTF8AndSize(o, &size);
+    if (data == nullptr) throw py::error_already_set();
+    const std::string_view text(data, static_cast<size_t>(size));
+    if (text.size() == 64 && IsLowerHex(text)) return Unwrap(PageKey::FromHex(text));
+    return Sha256Key(text, index);
+  }
+  if (PyBytes_Check(o)) {
+    const std::string_view bytes(PyBytes_AS_STRING(o), static_cast<size_t>(PyBytes_GET_SIZE(o)));
+    if (bytes.size() == 32) {
+      PageKey k;
+      std::memcpy(k.bytes.data(), bytes.data(), 32);
+      return k;
+    }
+    return Sha256Key(bytes, index);
+  }
+  if (!PyBool_Check(o) && !PyFloat_Check(o) && PyIndex_Check(o)) {  // int, numpy integers
+    const py::object value = py::reinterpret_steal<py::object>(PyNumber_Index(o));
+    if (!value) throw py::error_already_set();
+    return Sha256Key(py::str(value).cast<std::string>(), index);
+  }
+  ThrowInvalid(
+      fmt::format("keys[{}] = {} must be a str, bytes or int (a page key)", index, Repr(key)));
+}
+
+std::vector<PageKey> ReadPageKeys(py::handle keys) {
+  if (!PyList_Check(keys.ptr()) && !PyTuple_Check(keys.ptr())) {
+    ThrowInvalid(fmt::format("keys must be a list or tuple of page keys, not {}",
+                             Py_TYPE(keys.ptr())->tp_name));
+  }
+  py::sequence seq = py::reinterpret_borrow<py::sequence>(keys);
+  std::vector<PageKey> out;
+  out.reserve(seq.size());
+  for (size_t i = 0; i < seq.size(); ++i) out.push_back(ReadPageKey(seq[i], i));
+  return out;
+}
+
+// An address of caller memory: a positive integer.
+uint64_t ReadAddr(py::handle value, size_t page, int segment, int per_page) {
+  const std::string name =
+      per_page == 1 ? fmt::format("addrs[{}]", page) : fmt::format("addrs[{}][{}]", page, segment);
+  return static_cast<uint64_t>(ReadInt(value, name, 1, INT64_MAX));
+}
+
+// Per page `per_page` addresses (1 or 2), flattened page-major.
+struct PageAddrs {
+  std::vector<uint64_t> addrs;
+  int per_page = 1;
+};
+
+PageAddrs ReadPageAddrs(py::handle obj, size_t num_pages) {
+  PageAddrs out;
+  PyObject* o = obj.ptr();
+  if (PyList_Check(o) || PyTuple_Check(o)) {
+    py::sequence seq = py::reinterpret_borrow<py::sequence>(obj);
+    if (seq.size() != num_pages) {
+      ThrowInvalid(
+          fmt::format("addrs has {} entries for {} keys (one address or one (K, V) pair "
+                      "per page)",
+                      seq.size(), num_pages));
+    }
+    if (num_pages == 0) return out;
+    const py::object first = seq[0];
+    out.per_page =
+        (PyList_Check(first.ptr()) || PyTuple_Check(first.ptr())) ? 2 : 1;  // pairs or ints
+    out.addrs.reserve(num_pages * static_cast<size_t>(out.per_page));
+    for (size_t i = 0; i < num_pages; ++i) {
+      const py::object item = seq[i];
+      if (out.per_page == 1) {
+        out.addrs.push_back(ReadAddr(item, i, 0, 1));
+        continue;
+      }
+      if (!(PyList_Check(item.ptr()) || PyTuple_Check(item.ptr())) || py::len(item) != 2) {
+        ThrowInvalid(fmt::format("addrs[{}] = {} must be a (K, V) pair of addresses like addrs[0]",
+                                 i, Repr(item)));
+      }
+      const py::sequence pair = py::reinterpret_borrow<py::sequence>(item);
+      out.addrs.push_back(ReadAddr(pair[0], i, 0, 2));
+      out.addrs.push_back(ReadAddr(pair[1], i, 1, 2));
+    }
+    return out;
+  }
+  if (!PyObject_CheckBuffer(o)) {
+    ThrowInvalid(
+        fmt::format("addrs must be a list of ints, a list of (K, V) pairs or an int64 "
+                    "array of shape [n] or [n, 2], not {}",
+                    Py_TYPE(o)->tp_name));
+  }
+  const py::buffer_info info = py::reinterpret_borrow<py::buffer>(obj).request();
+  const bool int64 = info.itemsize == 8 && (info.format == "l" || info.format == "q" ||
+                                            info.format == "L" || info.format == "Q");
+  if (!int64) {
+    ThrowInvalid(
+        fmt::format("addrs: an array of addresses must hold int64 or uint64, not format "
+                    "'{}' of {} bytes",
+                    info.format, info.itemsize));
+  }
+  if (!(info.ndim == 1 || (info.ndim == 2 && info.shape[1] == 2))) {
+    ThrowInvalid(fmt::format("addrs: an array of addresses must have shape [n] or [n, 2], not {}",
+                             Repr(py::tuple(py::cast(info.shape)))));
+  }
+  if (static_cast<size_t>(info.shape[0]) != num_pages) {
+    ThrowInvalid(
+        fmt::format("addrs has {} rows for {} keys (one address or one (K, V) pair per page)",
+                    info.shape[0], num_pages));
+  }
+  out.per_page = info.ndim == 1 ? 1 : 2;
+  out.addrs.reserve(num_pages * static_cast<size_t>(out.per_page));
+  const auto* base = static_cast<const char*>(info.ptr);
+  for (size_t i = 0; i < num_pages; ++i) {
+    for (int s = 0; s < out.per_page; ++s) {
+      const char* p = base + static_cast<ssize_t>(i) * info.strides[0] +
+                      (info.ndim == 2 ? s * info.strides[1] : 0);
+      int64_t v;
+      std::memcpy(&v, p, sizeof(v));
+      if (v <= 0) {
+        ThrowInvalid(out.per_page == 1
+                         ? fmt::format("addrs[{}] = {} must be a positive address", i, v)
+                         : fmt::format("addrs[{}][{}] = {} must be a positive address", i, s, v));
+      }
+      out.addrs.push_back(static_cast<uint64_t>(v));
+    }
+  }
+  return out;
+}
+
+// ---- jobs -------------------------------------------------------------------------------------
+
+// The outcome of one PageStore call, filled by the backend's callbacks (one per chunk of at most
+// max_batch_pages pages) on its I/O threads.
+class JobState {
+ public:
+  JobState(size_t num_pages, size_t num_chunks)
+      : pages_(num_pages, PageStatus::kSkipped), remaining_(num_chunks) {}
+
+  // A chunk's result, for pages [offset, offset + result.pages.size()).
+  void Complete(size_t offset, const BatchResult& result) {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::copy(result.pages.begin(), result.pages.end(), pages_.begin() + offset);
+    if (result.status.code() == StatusCode::kInvalidArgument && error_.ok()) {
+      error_ = result.status;  // our validation missed something: say so rather than "False"
+    }
+    if (--remaining_ == 0) cv_.notify_all();
+  }
+
+  bool done() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return remaining_ == 0;
+  }
+
+  // REQUIRES the GIL released. False at the timeout.
+  bool Wait(std::optional<std::chrono::duration<double>> timeout) {
+    std::unique_lock<std::mutex> lock(mu_);
+    auto ready = [this] { return remaining_ == 0; };
+    if (!timeout) {
+      cv_.wait(lock, ready);
+      return true;
+    }
+    return cv_.wait_for(lock, *timeout, ready);
+  }
+
+  // REQUIRES done().
+  std::vector<bool> Outcome() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    ThrowIfError(error_);
+    std::vector<bool> out(pages_.size());
+    for (size_t i = 0; i < pages_.size(); ++i) out[i] = pages_[i] == PageStatus::kOk;
+    return out;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<PageStatus> pages_;
+  size_t remaining_;
+  Status error_;
+};
+
+class PageStoreJob {
+ public:
+  explicit PageStoreJob(std::shared_ptr<JobState> state) : state_(std::move(state)) {}
+
+  bool done() const { return state_->done(); }
+
+  std::vector<bool> wait(std::optional<double> timeout_s) {
+    if (timeout_s && !(*timeout_s >= 0)) {
+      ThrowInvalid(
+          fmt::format("PageStoreJob.wait: timeout_s = {} must be >= 0 or None", *timeout_s));
+    }
+    bool finished;
+    {
+      py::gil_scoped_release release;
+      std::optional<std::chrono::duration<double>> timeout;
+      if (timeout_s) timeout = std::chrono::duration<double>(std::min(*timeout_s, 1e6));
+      finished = state_->Wait(timeout);
+    }
+    if (!finished) {
+      PyErr_SetString(PyExc_TimeoutError, "PageStoreJob.wait: the job is not done yet");
+      throw py::error_already_set();
+    }
+    return state_->Outcome();
+  }
+
+ private:
+  std::shared_ptr<JobState> state_;
+};
+
+// ---- the store --------------------------------------------------------------------------------
+
+enum class Op { kGet, kSet };
+
+class PageStore {
+ public:
+  PageStore(std::string url, StorageNamespace ns, StorageOptions options)
+      : url_(RedactUrl(url)), ns_(std::move(ns)) {
+    Result<std::unique_ptr<StorageBackend>> opened = Status::Internal("unset");
+    {
+      py::gil_scoped_release release;  // a Redis connect may take up to its timeout
+      opened = OpenStorage(url, ns_, options);
+    }
+    backend_ = Unwrap(std::move(opened));
+    max_batch_ = static_cast<size_t>(backend_->options().max_batch_pages);
+  }
+  ~PageStore() {
+    if (PyGILState_Check()) {
+      py::gil_scoped_release release;
+      CloseBackend();
+    } else {
+      CloseBackend();
+    }
+  }
+
+  int64_t page_bytes() const { return ns_.page_bytes(); }
+  int num_buffers() const { return ns_.mla ? 1 : 2; }
+  const std::string& url() const { return url_; }
+  std::string namespace_name() const { return ns_.Name(); }
+
+  std::vector<bool> exists(py::handle keys_obj) {
+    std::vector<PageKey> keys = ReadPageKeys(keys_obj);
+    std::shared_ptr<StorageBackend> b = Backend("exists");
+    py::gil_scoped_release release;
+    // One single-key Exists per page (ExistsResult tells only the leading run), at most `window`
+    // in flight so a long list does not fill the backend's queue.
+    const size_t window = static_cast<size_t>(std::max(1, b->options().max_queued_batches / 4));
+    std::vector<bool> out(keys.size(), false);
+    for (size_t start = 0; start < keys.size(); start += window) {
+      const size_t end = std::min(keys.size(), start + window);
+      std::vector<std::future<ExistsResult>> futures;
+      for (size_t i = start; i < end; ++i) futures.push_back(b->Exists({keys[i]}));
+      for (size_t i = start; i < end; ++i) {
+        const ExistsResult r = futures[i - start].get();
+        out[i] = r.status.ok() && r.leading == 1;
+      }
+    }
+    return out;
+  }
+
+  int64_t exists_prefix(py::handle keys_obj) {
+    std::vector<PageKey> keys = ReadPageKeys(keys_obj);
+    std::shared_ptr<StorageBackend> b = Backend("exists_prefix");
+    py::gil_scoped_release release;
+    int64_t leading = 0;
+    for (size_t start = 0; start < keys.size(); start += max_batch_) {
+      const size_t end = std::min(keys.size(), start + max_batch_);
+      const ExistsResult r =
+          b->Exists(std::vector<PageKey>(keys.begin() + start, keys.begin() + end)).get();
+      if (!r.status.ok()) break;
+      leading += r.leading;
+      if (static_cast<size_t>(r.leading) != end - start) break;
+    }
+    return leading;
+  }
+
+  std::shared_ptr<JobState> Submit(Op op, py::handle keys_obj, py::handle addrs_obj) {
+    std::vector<PageKey> keys = ReadPageKeys(keys_obj);
+    const PageAddrs addrs = ReadPageAddrs(addrs_obj, keys.size());
+    if (addrs.per_page == 2 && ns_.mla) {
+      ThrowInvalid("addrs: an MLA page is one buffer: give one address per page, not (K, V) pairs");
+    }
+    const char* call = op == Op::kGet ? "get" : "set";
+    std::shared_ptr<StorageBackend> b = Backend(call);
+    std::vector<PageBuffer> buffers;
+    buffers.reserve(keys.size());
+    const size_t segment = static_cast<size_t>(page_bytes() / addrs.per_page);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      auto span = [&](int s) {
+        return std::span<std::byte>(
+            reinterpret_cast<std::byte*>(addrs.addrs[i * addrs.per_page + s]), segment);
+      };
+      buffers.push_back(addrs.per_page == 1 ? PageBuffer::Of(span(0))
+                                            : PageBuffer::Of(span(0), span(1)));
+    }
+    const size_t num_chunks = std::max<size_t>(1, (keys.size() + max_batch_ - 1) / max_batch_);
+    auto state = std::make_shared<JobState>(keys.size(), keys.empty() ? 0 : num_chunks);
+    py::gil_scoped_release release;
+    for (size_t start = 0; start < keys.size(); start += max_batch_) {
+      const size_t end = std::min(keys.size(), start + max_batch_);
+      std::vector<PageKey> chunk_keys(keys.begin() + start, keys.begin() + end);
+      std::vector<PageBuffer> chunk_buffers(buffers.begin() + start, buffers.begin() + end);
+      auto done = [state, start](BatchResult r) { state->Complete(start, r); };
+      if (op == Op::kGet) {
+        b->GetAsync(std::move(chunk_keys), std::move(chunk_buffers), std::move(done));
+      } else {
+        b->SetAsync(std::move(chunk_keys), std::move(chunk_buffers), std::move(done));
+      }
+    }
+    return state;
+  }
+
+  std::vector<bool> Run(Op op, py::handle keys, py::handle addrs) {
+    std::shared_ptr<JobState> state = Submit(op, keys, addrs);
+    {
+      py::gil_scoped_release release;
+      state->Wait(std::nullopt);
+    }
+    return state->Outcome();
+  }
+
+  std::vector<bool> remove(py::handle keys_obj) {
+    std::vector<PageKey> keys = ReadPageKeys(keys_obj);
+    std::shared_ptr<StorageBackend> b = Backend("remove");
+    py::gil_scoped_release release;
+    std::vector<bool> out(keys.size(), false);
+    for (size_t start = 0; start < keys.size(); start += max_batch_) {
+      const size_t end = std::min(keys.size(), start + max_batch_);
+      const BatchResult r =
+          b->Remove(std::vector<PageKey>(keys.begin() + start, keys.begin() + end)).get();
+      for (size_t i = start; i < end; ++i) out[i] = r.pages[i - start] == PageStatus::kOk;
+    }
+    return out;
+  }
+
+  py::dict stats() {
+    std::shared_ptr<StorageBackend> b = Backend("stats");
+    const StorageStats s = b->Stats();
+    py::dict d;
+#define KVTIER_PAGE_STORE_STAT_(f) d[#f] = s.f
+    KVTIER_PAGE_STORE_STAT_(exists_calls);
+    KVTIER_PAGE_STORE_STAT_(get_calls);
+    KVTIER_PAGE_STORE_STAT_(set_calls);
+    KVTIER_PAGE_STORE_STAT_(remove_calls);
+    KVTIER_PAGE_STORE_STAT_(rejected_calls);
+    KVTIER_PAGE_STORE_STAT_(get_hit_pages);
+    KVTIER_PAGE_STORE_STAT_(get_absent_pages);
+    KVTIER_PAGE_STORE_STAT_(get_corrupt_pages);
+    KVTIER_PAGE_STORE_STAT_(get_wrong_namespace_pages);
+    KVTIER_PAGE_STORE_STAT_(get_timed_out_pages);
+    KVTIER_PAGE_STORE_STAT_(get_failed_pages);
+    KVTIER_PAGE_STORE_STAT_(set_ok_pages);
+    KVTIER_PAGE_STORE_STAT_(set_failed_pages);
+    KVTIER_PAGE_STORE_STAT_(set_timed_out_pages);
+    KVTIER_PAGE_STORE_STAT_(set_no_space_pages);
+    KVTIER_PAGE_STORE_STAT_(removed_pages);
+    KVTIER_PAGE_STORE_STAT_(bytes_read);
+    KVTIER_PAGE_STORE_STAT_(bytes_written);
+    KVTIER_PAGE_STORE_STAT_(get_seconds);
+    KVTIER_PAGE_STORE_STAT_(set_seconds);
+    KVTIER_PAGE_STORE_STAT_(get_queue_seconds);
+    KVTIER_PAGE_STORE_STAT_(get_held_seconds);
+    KVTIER_PAGE_STORE_STAT_(get_page_seconds);
+    KVTIER_PAGE_STORE_STAT_(set_queue_seconds);
+    KVTIER_PAGE_STORE_STAT_(set_page_seconds);
+    KVTIER_PAGE_STORE_STAT_(get_held_calls);
+    KVTIER_PAGE_STORE_STAT_(get_cached_pages);
+    KVTIER_PAGE_STORE_STAT_(get_disk_pages);
+    KVTIER_PAGE_STORE_STAT_(queued_batches);
+    KVTIER_PAGE_STORE_STAT_(stored_pages);
+    KVTIER_PAGE_STORE_STAT_(stored_bytes);
+    KVTIER_PAGE_STORE_STAT_(capacity_bytes);
+    KVTIER_PAGE_STORE_STAT_(evicted_pages);
+#undef KVTIER_PAGE_STORE_STAT_
+    return d;
+  }
+
+  void close() {
+    py::gil_scoped_release release;
+    CloseBackend();
+  }
+
+ private:
+  // The backend, held by the caller for the length of its call (close() may run meanwhile).
+  std::shared_ptr<StorageBackend> Backend(const char* call) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!backend_) {
+      ThrowStatus(
+          Status::FailedPrecondition(fmt::format("PageStore.{}: the store is closed", call)));
+    }
+    return backend_;
+  }
+
+  // REQUIRES the GIL released (Close waits for calls in flight).
+  void CloseBackend() {
+    std::shared_ptr<StorageBackend> b;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      b = std::move(backend_);
+    }
+    if (b) b->Close();
+  }
+
+  const std::string url_;  // redacted
+  const StorageNamespace ns_;
+  size_t max_batch_ = 1;
+  std::mutex mu_;
+  std::shared_ptr<StorageBackend> backend_;  // null once closed
+};
+
+}  // namespace
+
+void RegisterPageStore(py::module_& m) {
+  py::class_<PageStoreJob>(m, "PageStoreJob",
+                           "One submitted PageStore.get / set batch (PageStore.submit_get / "
+                           "submit_set). The caller's page memory must stay alive until done().")
+      .def("done", &PageStoreJob::done,
+           "True once every page has its outcome. Never blocks on the store.")
+      .def("wait", &PageStoreJob::wait, py::arg("timeout_s") = py::none(),
+           "Waits (GIL released) and returns one bool per page: True = read / written, False = "
+           "failed (absent, corrupt, other namespace, timed out, I/O error, no space, rejected). "
+           "TimeoutError when the job is not done within timeout_s (None: until done; a job "
+           "always ends within the store's timeout_ms of being taken by an I/O thread).");
+
+  py::class_<PageStore>(m, "PageStore",
+                        "kvtier's page stores (file://, redis://, redis+cluster://, memory://) "
+                        "driven from Python in batches, moving pages between raw host addresses "
+                        "and the store in C++ with the GIL released. See docs/architecture.md "
+                        "(The Python layer).")
+      .def(
+          py::init([](const py::object& url, const py::object& model_id, const py::object& kv_dtype,
+                      const py::object& layout, const py::object& mla, const py::object& num_layers,
+                      const py::object& slot_bytes, const py::object& page_size,
+                      const py::object& head_num, const py::object& tp_rank,
+                      const py::object& tp_size, const py::kwargs& storage_options) {
+            const std::string url_text = TextArg(url, "url");
+            StorageNamespace ns =
+                NamespaceFromArgs(model_id, kv_dtype, layout, mla, num_layers, slot_bytes,
+                                  page_size, head_num, tp_rank, tp_size);
+            StorageOptions options;
+            for (auto item : storage_options) {
+              const std::string name = py::str(item.first).cast<std::string>();
+              if (FindField(StorageOptionsSchema(), name) == nullptr) {
+                std::vector<std::string> known;
+                for (const auto& f : StorageOptionsSchema()) known.push_back(f.name);
+                ThrowInvalid(fmt::format(
+                    "PageStore: unknown keyword argument '{}' (the storage options are {})", name,
+                    fmt::join(known, ", ")));
+              }
+            }
+            ApplySettings(StorageOptionsSchema(), storage_options, "PageStore storage option",
+                          &options);
+            ThrowIfError(options.Validate(
+                [](std::string_view field) { return fmt::format("PageStore: {}", field); }));
+            return std::make_unique<PageStore>(url_text, std::move(ns), options);
+          }),
+          py::arg("url"), py::kw_only(), py::arg("model_id"), py::arg("kv_dtype"),
+          py::arg("layout"), py::arg("mla"), py::arg("num_layers"), py::arg("slot_bytes"),
+          py::arg("page_size"), py::arg("head_num") = 1, py::arg("tp_rank") = 0,
+          py::arg("tp_size") = 1,
+          "Opens the store at `url` for the deployment the keyword arguments describe "
+          "(kvtier::StorageNamespace: pages of another namespace are misses). `layout`: "
+          "page_first, page_first_direct, layer_first or page_head. **storage_options: "
+          "io_threads, max_queued_batches, timeout_ms, max_batch_pages (see "
+          "kvtier.PageStore.storage_option_fields()).")
+      .def_static(
+          "storage_option_fields", [] { return SchemaTable(StorageOptionsSchema()); },
+          "The storage options PageStore takes as keywords: [{name, kind, default, min, max, "
+          "help}].")
+      .def_property_readonly("page_bytes", &PageStore::page_bytes,
+                             "Bytes of one page: num_buffers * num_layers * page_size * "
+                             "slot_bytes.")
+      .def_property_readonly("num_buffers", &PageStore::num_buffers, "1 for MLA, 2 for K and V.")
+      .def_property_readonly("url", &PageStore::url, "The store's URL without credentials.")
+      .def_property_readonly("namespace_name", &PageStore::namespace_name,
+                             "The object-name prefix of this deployment's pages ('kv' + 16 hex).")
+      .def("exists", &PageStore::exists, py::arg("keys"),
+           "One bool per key: whether the store holds that page (one store call per key; "
+           "exists_prefix is one call per batch).")
+      .def("exists_prefix", &PageStore::exists_prefix, py::arg("keys"),
+           "The number of leading keys the store holds (stops at the first miss).")
+      .def(
+          "get", [](PageStore& s, py::handle k, py::handle a) { return s.Run(Op::kGet, k, a); },
+          py::arg("keys"), py::arg("addrs"),
+          "Reads each page into its address(es); blocks with the GIL released. One bool per "
+          "page; a failed page's bytes are undefined.")
+      .def(
+          "set", [](PageStore& s, py::handle k, py::handle a) { return s.Run(Op::kSet, k, a); },
+          py::arg("keys"), py::arg("addrs"),
+          "Writes each page from its address(es); blocks with the GIL released. One bool per "
+          "page.")
+      .def(
+          "submit_get",
+          [](PageStore& s, py::handle k, py::handle a) {
+            return PageStoreJob(s.Submit(Op::kGet, k, a));
+          },
+          py::arg("keys"), py::arg("addrs"), "get, returning a PageStoreJob at once.")
+      .def(
+          "submit_set",
+          [](PageStore& s, py::handle k, py::handle a) {
+            return PageStoreJob(s.Submit(Op::kSet, k, a));
+          },
+          py::arg("keys"), py::arg("addrs"), "set, returning a PageStoreJob at once.")
+      .def("remove", &PageStore::remove, py::arg("keys"),
+           "Removes the pages; one bool per key (True: removed or absent, as the backend says).")
+      .def("stats", &PageStore::stats, "The backend's counters (kvtier::StorageStats) as a dict.")
+      .def("close", &PageStore::close,
+           "Lets calls in flight finish and closes the store; later calls raise "
+           "FailedPreconditionError. Idempotent.")
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__",
+           [](PageStore& s, const py::args&) {
+             s.close();
+             return false;
+           })
+      .def("__repr__", [](const PageStore& s) {
+        return fmt::format("kvtier.PageStore('{}', namespace={}, page_bytes={})", s.url(),
+                           s.namespace_name(), s.page_bytes());
+      });
+}
+
+}  // namespace kvtier::python
