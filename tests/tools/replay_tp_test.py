@@ -64,7 +64,7 @@ def kill_a_rank(kvtier):
             return "the leader never said rank 1 attached (exit %s): %s" % (p.returncode,
                                                                             err.strip()[-300:])
         os.kill(rank, 9)  # it serves 1,000 requests: still serving when killed
-        rest, _ = p.communicate(timeout=240)
+        _, rest = p.communicate(timeout=240)
         err += rest or ""
     finally:
         if p.poll() is None:
