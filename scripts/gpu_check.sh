@@ -13,6 +13,8 @@
 #                    invocation measures the DMA ceiling first.
 #   6. summary       a short table of everything above, printed LAST
 #   5b. cache       the HierarchicalCache model test on the kernel and dma backends
+#   5d. sglang      scripts/sglang_check.sh .engines/sglang (or $KVTIER_SGLANG_SRC) when that SGLang
+#                   source was carried: SGLang's own classes on kvtier's storage tier, its bench
 #   5c. python      python/run_gpu_tests.sh: the extension with CUDA, pytest, the torch example,
 #                   then python/bench/compat_host_time.py (host time and GB/s of every
 #                   kvtier.compat.sgl_kernel function, byte-checked; skipped with --skip-bench)
@@ -167,6 +169,23 @@ if [[ ${RESULT[build]} == ok && $SKIP_PYTHON == 0 ]]; then
 fi
 stamp "python: ${RESULT[python]}"
 
+# ---- 5d. SGLang: kvtier as HiCache's storage tier, with SGLang's own code (when carried) ---------
+echo "== sglang"
+RESULT[sglang]=skipped
+SGLANG_SRC=${KVTIER_SGLANG_SRC:-.engines/sglang}
+if [[ ${RESULT[build]} == ok && $SKIP_PYTHON == 0 && -d $SGLANG_SRC ]]; then
+  if KVTIER_GPU_BUILD_DIR="$BUILD" OUT="$LOGS" JOBS=$JOBS scripts/sglang_check.sh "$SGLANG_SRC" \
+       >"$LOGS/sglang.log" 2>&1; then
+    RESULT[sglang]=ok
+  else
+    RESULT[sglang]=FAIL
+  fi
+  tail -25 "$LOGS/sglang.log"
+else
+  echo "skipped: no SGLang source at $SGLANG_SRC (docs/sglang.md)"
+fi
+stamp "sglang: ${RESULT[sglang]}"
+
 # ---- 6. summary (last) -------------------------------------------------------------------------
 echo "== summary"
 if ls "$LOGS"/bench_*.json >/dev/null 2>&1; then
@@ -201,8 +220,8 @@ for b in ["kernel", "dma", "auto"]:
                   f"{max(r['sms_used'] for r in rs):7} {sub:14.1f} {'ok' if bad == 0 else f'{bad} FAIL'}")
 EOF
 fi
-echo "build: ${RESULT[build]}  tests: ${RESULT[tests]}  sanitizer: ${RESULT[sanitizer]}  bench: ${RESULT[bench]}  cache: ${RESULT[cache]}  python: ${RESULT[python]}  python bench: ${RESULT[pybench]}  ($(( $(date +%s) - T0 ))s)"
-for k in build tests sanitizer bench cache python pybench; do
+echo "build: ${RESULT[build]}  tests: ${RESULT[tests]}  sanitizer: ${RESULT[sanitizer]}  bench: ${RESULT[bench]}  cache: ${RESULT[cache]}  python: ${RESULT[python]}  python bench: ${RESULT[pybench]}  sglang: ${RESULT[sglang]}  ($(( $(date +%s) - T0 ))s)"
+for k in build tests sanitizer bench cache python pybench sglang; do
   [[ ${RESULT[$k]} == ok || ${RESULT[$k]} == skipped ]] || exit 1
 done
 exit 0
