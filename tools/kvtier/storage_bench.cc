@@ -464,7 +464,7 @@ int BenchKind(const StorageBenchOptions& options, const StorageOptions& so,
   StorageBackend& backend = **opened;
   const int64_t page_bytes = backend.ns().page_bytes();
   const int64_t n = std::max<int64_t>(2, *ParseByteSize(o.bytes_per_kind) / page_bytes);
-  if (o.batch_pages == 0) o.batch_pages = RedisBatchPages(page_bytes);  // redis only
+  if (o.batch_pages == 0) o.batch_pages = RedisBatchPages(page_bytes);            // redis only
   if (o.in_flight == 0) o.in_flight = RedisInFlight(o.batch_pages * page_bytes);  // redis only
   std::fprintf(stderr, "[%s] %lld pages of %.2f MiB at %s, %d batches of %lld in flight\n",
                kind.name, static_cast<long long>(n), static_cast<double>(page_bytes) / (1 << 20),
@@ -539,9 +539,10 @@ void AddStorageBenchOptions(CLI::App* bench, StorageBenchOptions* o) {
       ->add_option("--storage-bytes", o->bytes_per_kind,
                    "bytes of pages per kind, e.g. 512MiB (pages = this / page size, at least 2)")
       ->capture_default_str();
-  bench->add_option("--storage-batch", o->batch_pages,
-                    "pages per Set / Get call (0: the backend's default: file and memory stores "
-                    "64; Redis as many as carry 8 MiB, 1 to 64)")
+  bench
+      ->add_option("--storage-batch", o->batch_pages,
+                   "pages per Set / Get call (0: the backend's default: file and memory stores "
+                   "64; Redis as many as carry 8 MiB, 1 to 64)")
       ->capture_default_str();
   bench
       ->add_option("--storage-threads", o->io_threads,
