@@ -2,6 +2,9 @@
 #include "replay_report.h"
 
 #include <fmt/format.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -73,7 +76,7 @@ std::vector<double> ServiceOf(const RunSummary& run, const std::vector<size_t>& 
 int64_t IdealAboveMeasured(const RunSummary& run) {
   int64_t n = 0;
   for (size_t i = 0; i < run.ideal_ttft_ms.size() && i < run.records.size(); ++i) {
-    if (run.ideal_ttft_ms[i] > run.records[i].ttft_ms * 1.05 + 1.0) ++n;
+    if (run.ideal_ttft_ms[i] > run.records[i].ttft_ms * 1.05 + kTimeNoiseFloorMs) ++n;
   }
   return n;
 }
@@ -200,7 +203,8 @@ std::vector<ClassComparison> ReplayReport::CompareHitClasses() const {
     cc.hierarchy_p50_ms = QuantileOf(h, 0.5);
     cc.no_cache_p50_ms = QuantileOf(n, 0.5);
     cc.ratio = QuantileRatio(h, n, 0.5);
-    cc.slower = cc.ratio.lo > 1 + slow_class_margin;
+    cc.slower = cc.ratio.lo > 1 + slow_class_margin &&
+                cc.hierarchy_p50_ms - cc.no_cache_p50_ms >= kTimeNoiseFloorMs;
     out.push_back(cc);
   }
   return out;
@@ -496,6 +500,7 @@ Status WriteReplayJson(const std::string& path, const ReplayReport& report) {
                        "the tier that served most of the matched prefix (ties: the slower tier); "
                        "none: nothing matched"},
                       {"margin", report.slow_class_margin},
+                      {"min_difference_ms", kTimeNoiseFloorMs},
                       {"on_slower", report.slow_class_warn ? "warn" : "fail"},
                       {"any_slower", any_slower}};
   j["requests"] = hier->records.size();
@@ -580,6 +585,17 @@ Status CheckOutputPath(const std::string& path, const char* flag) {
   if (access(dir.c_str(), W_OK) != 0 || (fs::exists(path, ec) && access(path.c_str(), W_OK) != 0)) {
     return Status::InvalidArgument(fmt::format("{} {}: not writable", flag, path));
   }
+  // Checked now, not found out after the run: a device or a pipe (/dev/full refuses every write)
+  // and a full filesystem.
+  if (fs::exists(path, ec) && !fs::is_regular_file(path, ec)) {
+    return Status::InvalidArgument(
+        fmt::format("{} {}: not a regular file (the output is written as a file)", flag, path));
+  }
+  struct statvfs vfs {};
+  if (statvfs(dir.c_str(), &vfs) == 0 && vfs.f_blocks > 0 && vfs.f_bavail == 0) {
+    return Status::InvalidArgument(
+        fmt::format("{} {}: the filesystem of {} is full", flag, path, dir.string()));
+  }
   return Status::OK();
 }
 
@@ -595,12 +611,15 @@ Status WriteReplayPlot(const std::string& png_path, const std::string& json_path
     unlink(script_path);
     return Status::IOError("cannot write the plot script");
   }
+  const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid < 0) {
     unlink(script_path);
     return Status::IOError("fork failed");
   }
   if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);  // dies with the replay
+    if (getppid() != parent) _exit(126);
     // Debian's interpreter (python3-matplotlib belongs to it), else whatever python3 is on PATH.
     execl("/usr/bin/python3", "python3", script_path, json_path.c_str(), png_path.c_str(),
           static_cast<char*>(nullptr));

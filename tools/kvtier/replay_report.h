@@ -139,8 +139,10 @@ struct ClassComparison {
   HitClass hit_class = HitClass::kNone;
   int64_t requests = 0;
   double no_cache_p50_ms = 0, hierarchy_p50_ms = 0;
-  Interval ratio;       // hierarchy p50 / no-cache p50, with its bootstrap interval
-  bool slower = false;  // ratio.lo > 1 + margin: slower than no cache beyond noise
+  Interval ratio;  // hierarchy p50 / no-cache p50, with its bootstrap interval
+  // Slower than no cache beyond noise: ratio.lo > 1 + margin and the p50s at least
+  // kTimeNoiseFloorMs apart.
+  bool slower = false;
 };
 
 struct SweepPoint {
@@ -207,6 +209,11 @@ Headline HeadlineOf(const ReplayReport& report);
 int64_t IdealAboveMeasured(const RunSummary& run);
 // The fewest measured requests the headline ratios are meant to come from.
 inline constexpr int64_t kHeadlineMinRequests = 300;
+// The absolute part of every pass/fail on times (with a ratio): two TTFTs closer than this are
+// the same (timer and scheduling noise; a near-zero compute's 0.02 ms against 0.01 ms is not "2x
+// slower"). The ideal's lower-bound count (> 5 % and this much above) and the slow-class verdict
+// (interval above 1 + margin and p50s this far apart) both use it.
+inline constexpr double kTimeNoiseFloorMs = 1.0;
 
 // The arithmetic the text report (replay_report_text.cc) and the JSON share.
 // `bytes` over `seconds` in GB/s; 0 without time.
@@ -238,7 +245,8 @@ Status WriteReplayJson(const std::string& path, const ReplayReport& report);
 // --plot: runs the plotting script over the JSON file. Unavailable (with the reason) when
 // python3 or matplotlib is missing.
 Status WriteReplayPlot(const std::string& png_path, const std::string& json_path);
-// Checks that `path` can be created (its directory exists and is writable) before a long run.
+// Checks that `path` can be created (its directory exists and is writable) before a long run, and
+// is a regular file (or none yet) on a filesystem with free space (not a device such as /dev/full).
 Status CheckOutputPath(const std::string& path, const char* flag);
 
 // The plotting script's text (replay_plot.py, embedded at build time).

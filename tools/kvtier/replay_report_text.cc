@@ -103,8 +103,8 @@ void PrintTtft(std::FILE* out, const ReplayReport& report, const RunSummary* hie
     std::fprintf(out,
                  "TTFT per hit class (the tier that served most of the matched prefix), the "
                  "same requests with no cache and in the hierarchy, p50 [95 %% interval]; "
-                 "slower beyond noise = interval above %.2fx:\n",
-                 1 + report.slow_class_margin);
+                 "slower beyond noise = interval above %.2fx and p50s %.0f ms apart:\n",
+                 1 + report.slow_class_margin, kTimeNoiseFloorMs);
     for (const ClassComparison& c : classes) {
       std::fprintf(out, "  %-8s %6lld requests: no cache %9.1f ms, hierarchy %9.1f ms: %s%s\n",
                    HitClassName(c.hit_class), static_cast<long long>(c.requests), c.no_cache_p50_ms,

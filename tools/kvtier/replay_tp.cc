@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -51,8 +52,12 @@ std::vector<pid_t> StartFollowers(const TpReplayArgs& a, const std::string& grou
     for (std::string& s : args) argv.push_back(s.data());
     argv.push_back(nullptr);
     std::fflush(nullptr);
+    const pid_t parent = getpid();
     const pid_t pid = fork();
     if (pid == 0) {
+      // A rank dies with rank 0, however rank 0 ends (SIGKILL included): no rank outlives it.
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(126);
       execv(argv[0], argv.data());
       std::fprintf(stderr, "kvtier replay --tp: exec of rank %d failed: %s\n", r,
                    std::strerror(errno));
@@ -83,6 +88,30 @@ bool ReapFollowers(const std::vector<pid_t>& pids, double seconds) {
     clean = clean && WIFEXITED(status) && WEXITSTATUS(status) == 0;
   }
   return clean;
+}
+
+// The replay flags a TP run does not implement: refused by name rather than silently ignored
+// (its passes are sequential, on one workload, with no sweep, publisher, pins, faults or plot).
+Status CheckTpFlags(const ReplayOptions& o) {
+  const ReplayOptions d;
+  const std::pair<const char*, bool> unsupported[] = {
+      {"--shared-host", !o.shared_host.empty()},
+      {"--kv-events", !o.kv_events.empty()},
+      {"--sweep", !o.sweep.empty()},
+      {"--concurrency", o.concurrency != d.concurrency},
+      {"--pin-system-prompt", !o.pin_system_prompt.empty()},
+      {"--fault", !o.fault.empty()},
+      {"--plot", !o.plot_path.empty()},
+  };
+  for (const auto& [flag, given] : unsupported) {
+    if (given) {
+      return Status::InvalidArgument(fmt::format(
+          "--tp: {} is not supported with --tp (a TP replay serves the requests one at a time, "
+          "at TP=1 and then TP=N, and compares)",
+          flag));
+    }
+  }
+  return Status::OK();
 }
 
 void RemoveStore(const TpSetup& s) {
@@ -144,9 +173,7 @@ int RunReplayTp(const ReplayOptions& options, const TpReplayArgs& a,
   if (Status st = s.o.Validate(); !st.ok()) return fail(st, 2);
   if (a.rank > 0 && a.group.empty()) return fail(Status::InvalidArgument("--tp-group missing"), 2);
   if (s.o.host_tokens == -1) s.o.host_tokens = 4 * s.o.device_tokens;
-  if (!s.o.shared_host.empty()) {
-    return fail(Status::InvalidArgument("--tp: --shared-host is not supported with --tp"), 2);
-  }
+  if (Status st = CheckTpFlags(s.o); !st.ok()) return fail(st, 2);
   auto model = FindReplayModel(s.o.model);
   if (!model.ok()) return fail(model.status(), 2);
   s.model = *model;
@@ -256,7 +283,18 @@ int RunReplayTp(const ReplayOptions& options, const TpReplayArgs& a,
   st = static_cast<int>(pids.size()) == a.tp - 1
            ? (*leader)->WaitForFollowers()
            : Status::Unavailable("could not start the follower ranks");
-  if (st.ok()) st = RunTpPass(s, a.tp, leader->get(), &tpn);
+  if (st.ok()) {
+    // The signal that the group is formed (tests wait for it before they kill a rank): every
+    // rank attached, the TP=N pass about to start.
+    std::string ranks;
+    for (size_t i = 0; i < pids.size(); ++i) {
+      ranks += fmt::format("{}rank {} (pid {})", i == 0 ? "" : ", ", i + 1, pids[i]);
+    }
+    std::fprintf(stderr, "kvtier replay --tp: %s attached; serving at TP=%d\n", ranks.c_str(),
+                 a.tp);
+    std::fflush(stderr);
+    st = RunTpPass(s, a.tp, leader->get(), &tpn);
+  }
   leader->reset();  // closes the ring: the followers exit
   const bool followers_clean = ReapFollowers(pids, st.ok() ? 30 : 2);
   RemoveStore(s);

@@ -379,8 +379,8 @@ Status Validate(const StorageBenchOptions& o) {
           fmt::format("--storage-kinds: unknown page kind '{}' (mha4, mha16, mha64, mla64)", k));
     }
   }
-  if (o.batch_pages < 1 || o.batch_pages > 4096) {
-    return Status::InvalidArgument("--storage-batch must be in [1, 4096]");
+  if (o.batch_pages < 0 || o.batch_pages > 4096) {
+    return Status::InvalidArgument("--storage-batch must be in [1, 4096], or 0 for the default");
   }
   KVTIER_RETURN_IF_ERROR(
       FindField(StorageOptionsSchema(), "io_threads")->CheckInt(o.io_threads, "--storage-threads"));
@@ -569,10 +569,30 @@ void PrintSummaries(std::FILE* out, const std::vector<KindSummary>& summaries, i
 // One page kind: its pages Set, Exists and Get through the store at o.url (and the baselines),
 // its rows into `rows`, everything stored removed. 0, or the exit code to stop the bench with;
 // *exit_code = 1 when the kind failed but the bench goes on.
-int BenchKind(const StorageBenchOptions& o, const StorageOptions& so, const std::string& scheme,
-              const std::string& rest, uint64_t run_id, const std::string& kind_name,
-              std::vector<StorageRow>* rows, std::vector<KindSummary>* summaries, int* exit_code) {
+// Redis's defaults: calls sized, and kept in flight, by the bytes they carry. One redis-server
+// serves every call in turn, and each call must be done within StorageOptions::timeout (2 s) of
+// being taken: the file store's eight batches of 64 pages of 2 MiB (1 GiB in flight) timed out
+// against a local redis-server on a 2-core box ("down (timed out)" for every kind), and so did
+// one such batch (128 MiB) with a CPU hog per core (70 MB/s), and 4 calls of 16 MiB (the server
+// serves the calls in flight together: 40 MB/s, 1.9 s a call). Calls of 8 MiB, 16 MiB in flight:
+// 8 MB/s at that timeout; one server is single-threaded, so more in flight adds latency, not
+// throughput.
+constexpr int64_t kRedisBytesPerCall = int64_t{8} << 20;
+constexpr int64_t kRedisBytesInFlight = int64_t{16} << 20;
+
+int64_t RedisBatchPages(int64_t page_bytes) {
+  return std::clamp<int64_t>(kRedisBytesPerCall / page_bytes, 1, 64);
+}
+int RedisInFlight(int64_t batch_bytes) {
+  return static_cast<int>(std::clamp<int64_t>(kRedisBytesInFlight / batch_bytes, 1, 8));
+}
+
+int BenchKind(const StorageBenchOptions& options, const StorageOptions& so,
+              const std::string& scheme, const std::string& rest, uint64_t run_id,
+              const std::string& kind_name, std::vector<StorageRow>* rows,
+              std::vector<KindSummary>* summaries, int* exit_code) {
   const PageKind& kind = KindNamed(kind_name);
+  StorageBenchOptions o = options;
   auto opened = OpenStorage(o.url, NamespaceOf(kind), so);
   if (!opened.ok()) {
     std::fprintf(stderr, "kvtier bench: %s\n", opened.status().ToString().c_str());
@@ -581,8 +601,11 @@ int BenchKind(const StorageBenchOptions& o, const StorageOptions& so, const std:
   StorageBackend& backend = **opened;
   const int64_t page_bytes = backend.ns().page_bytes();
   const int64_t n = std::max<int64_t>(2, *ParseByteSize(o.bytes_per_kind) / page_bytes);
-  std::fprintf(stderr, "[%s] %lld pages of %.2f MiB at %s\n", kind.name, static_cast<long long>(n),
-               static_cast<double>(page_bytes) / (1 << 20), backend.url().c_str());
+  if (o.batch_pages == 0) o.batch_pages = RedisBatchPages(page_bytes);            // redis only
+  if (o.in_flight == 0) o.in_flight = RedisInFlight(o.batch_pages * page_bytes);  // redis only
+  std::fprintf(stderr, "[%s] %lld pages of %.2f MiB at %s, %d batches of %lld in flight\n",
+               kind.name, static_cast<long long>(n), static_cast<double>(page_bytes) / (1 << 20),
+               backend.url().c_str(), o.in_flight, static_cast<long long>(o.batch_pages));
   PageSet src = PageSet::Make(page_bytes, n), dst = PageSet::Make(page_bytes, n);
   src.FillRandom(run_id + static_cast<uint64_t>(page_bytes));
   const std::vector<PageKey> keys = KeysFor(kind, n, run_id);
@@ -659,7 +682,10 @@ void AddStorageBenchOptions(CLI::App* bench, StorageBenchOptions* o) {
       ->add_option("--storage-bytes", o->bytes_per_kind,
                    "bytes of pages per kind, e.g. 512MiB (pages = this / page size, at least 2)")
       ->capture_default_str();
-  bench->add_option("--storage-batch", o->batch_pages, "pages per Set / Get call")
+  bench
+      ->add_option("--storage-batch", o->batch_pages,
+                   "pages per Set / Get call (0: the backend's default: file and memory stores "
+                   "64; Redis as many as carry 8 MiB, 1 to 64)")
       ->capture_default_str();
   bench
       ->add_option("--storage-threads", o->io_threads,
@@ -668,8 +694,9 @@ void AddStorageBenchOptions(CLI::App* bench, StorageBenchOptions* o) {
       ->capture_default_str();
   bench
       ->add_option("--storage-inflight", o->in_flight,
-                   "Set / Get batches in flight at once (0: eight, as a streamed prefetch queues "
-                   "at least, or more for four pages an I/O thread)")
+                   "Set / Get batches in flight at once (0: the backend's default: file and "
+                   "memory stores eight, as a streamed prefetch queues at least, or more for four "
+                   "pages an I/O thread; Redis as many as carry 16 MiB, 1 to 8)")
       ->capture_default_str();
   bench
       ->add_option("--storage-exists-keys", o->exists_keys,
@@ -696,7 +723,11 @@ int RunStorageBench(const StorageBenchOptions& options, const std::string& comma
   std::vector<KindSummary> summaries;
   int exit_code = 0;
   if (o.io_threads == 0) o.io_threads = DefaultIoThreads();
-  if (o.in_flight == 0) {
+  // Redis: by bytes per call and in flight, per kind (BenchKind); file and memory stores: batches
+  // of 64 pages (a streamed prefetch's of 8,192 tokens at page 16), in flight as follows.
+  const bool redis = scheme == "redis" || scheme == "redis+cluster";
+  if (o.batch_pages == 0 && !redis) o.batch_pages = 64;
+  if (o.in_flight == 0 && !redis) {
     // A prefetch queues all its batches at once, a streamed one at least eight (prefetcher.cc);
     // the bench keeps eight calls in flight, or more where that leaves an I/O thread fewer than
     // four pages, so that a thread that finishes a page does not find the queue empty while the
@@ -708,11 +739,10 @@ int RunStorageBench(const StorageBenchOptions& options, const std::string& comma
     o.in_flight =
         std::max(8, static_cast<int>((4 * o.io_threads + o.batch_pages - 1) / o.batch_pages) + 1);
   }
-  std::fprintf(stderr, "storage bench: %d I/O threads, %d batches of %lld pages in flight\n",
-               o.io_threads, o.in_flight, static_cast<long long>(o.batch_pages));
+  std::fprintf(stderr, "storage bench: %d I/O threads\n", o.io_threads);
   StorageOptions so;
   so.io_threads = o.io_threads;
-  so.max_queued_batches = std::max(so.max_queued_batches, o.in_flight);
+  so.max_queued_batches = std::max(so.max_queued_batches, o.in_flight);  // redis: 8 at most
 
   for (const std::string& kind_name : o.kinds) {
     if (int stop = BenchKind(o, so, scheme, rest, run_id, kind_name, &rows, &summaries, &exit_code);
