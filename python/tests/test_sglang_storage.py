@@ -149,15 +149,11 @@ def test_bad_extra_config_names_the_field(sgl, tmp_path):
         make_backend(sgl, url, mla=False, model_name=None)
 
 
-def test_layer_first_host_pool_is_refused_naming_the_layout(sgl, tmp_path):
-    with pytest.raises(NotImplementedError, match="layer_first"):
-        make_backend(sgl, f"file://{tmp_path}/s", mla=False, layout="layer_first")
-
-
 # ---- the zero-copy interface ----------------------------------------------------------------
 
-LAYOUTS = [(False, "page_first"), (False, "page_first_direct"), (False, "page_head"),
-           (True, "page_first"), (True, "page_first_direct")]
+LAYOUTS = [(False, "layer_first"), (False, "page_first"), (False, "page_first_direct"),
+           (False, "page_head"), (True, "layer_first"), (True, "page_first"),
+           (True, "page_first_direct")]
 
 
 @pytest.mark.parametrize("page_size", [16, 64])
@@ -178,6 +174,30 @@ def test_v1_round_trip_every_byte(sgl, url, mla, layout, page_size):
         assert backend.batch_get_v1(keys, host_indices(host, dst_pages)) == [True] * n
         assert_pages(host, dst_pages, written)
         assert_only_pages_written(host, dst_pages)
+    backend.close()
+
+
+def test_set_passes_parents_so_the_store_evicts_a_prefix_tail_first(sgl):
+    """batch_set_v1 gets consecutive pages of one prefix: each page's parent is the key before it
+    (the first one's: the last of extra_info.prefix_keys). A small memory:// store then evicts the
+    chain's tail first, and refuses (False) a page whose parent it evicted."""
+    from sglang.srt.mem_cache.hicache_storage import HiCacheStorageExtraInfo
+
+    backend, host = make_backend(sgl, "memory://parents?capacity=160KiB", mla=False)  # 4 pages
+    fill_random(host, seed=3)
+    chain = keys_for(3, "chain")
+    assert backend.batch_set_v1(chain, host_indices(host, [0, 1, 2])) == [True] * 3
+    for i in range(16):  # unrelated pages (parents unknown) until the store evicts one
+        assert backend.batch_set_v1(keys_for(1, f"filler{i}"), host_indices(host, [3])) == [True]
+        if backend.kvtier_stats()["evicted_pages"] > 0:
+            break
+    assert backend.kvtier_stats()["evicted_pages"] == 1
+    assert backend.batch_exists(chain) == 2 and not backend.exists(chain[2])  # the tail (LRU: the head)
+    after_tail, after_head = keys_for(2, "next")
+    assert backend.batch_set_v1([after_tail], host_indices(host, [4]),
+                                HiCacheStorageExtraInfo(prefix_keys=list(chain))) == [False]
+    assert backend.batch_set_v1([after_head], host_indices(host, [4]),
+                                HiCacheStorageExtraInfo(prefix_keys=chain[:2])) == [True]
     backend.close()
 
 
