@@ -7,7 +7,7 @@
 //     .exists(keys) / .exists_prefix(keys)
 //     .get(keys, addrs, *, layer_stride=0) / .set(keys, addrs, parents=None, *, layer_stride=0)
 //     .submit_get(...) / .submit_set(...) -> kvtier.PageStoreJob (same arguments)
-//     .remove(keys) / .stats() / .close()
+//     .remove(keys) / .clear() / .stats() / .close()
 //
 // Pages move directly between caller memory (raw host addresses) and the store, in C++ on the
 // backend's I/O threads; the calling thread parses the arguments under the GIL and waits (blocking
@@ -334,8 +334,9 @@ struct StridedLayout {
   size_t piece_bytes = 0;  // one layer's bytes of one buffer of one page
 };
 
-// Staging memory for layer-strided pages: one buffer per batch, kept for reuse by later batches
-// (at most kMaxIdle idle buffers), so a steady stream of batches does not fault in fresh memory.
+// Staging memory for layer-strided pages: one buffer per call, kept for reuse by later calls (at
+// most kMaxIdle idle buffers, the largest), so a steady stream of batches does not fault in fresh
+// memory. Two: an engine's prefetch and backup streams (SGLang: one call in flight each).
 // Thread safety: Take and Return may be called from any thread.
 class StagingPool : public std::enable_shared_from_this<StagingPool> {
  public:
@@ -365,7 +366,7 @@ class StagingPool : public std::enable_shared_from_this<StagingPool> {
   }
 
  private:
-  static constexpr size_t kMaxIdle = 4;
+  static constexpr size_t kMaxIdle = 2;
   struct Idle {
     std::unique_ptr<std::byte[]> memory;
     size_t capacity = 0;
@@ -594,6 +595,24 @@ class PageStore {
       for (size_t i = start; i < end; ++i) out[i] = r.pages[i - start] == PageStatus::kOk;
     }
     return out;
+  }
+
+  // Removes every page of this namespace the store lists (StorageBackend::StoredKeys); returns
+  // how many it removed. FailedPrecondition (raised) from a store that cannot list them.
+  int64_t clear() {
+    std::shared_ptr<StorageBackend> b = Backend("clear");
+    py::gil_scoped_release release;
+    Result<std::vector<PageKey>> listed = b->StoredKeys();
+    if (!listed.ok()) ThrowStatus(listed.status().WithContext("PageStore.clear"));
+    const std::vector<PageKey>& keys = *listed;
+    int64_t removed = 0;
+    for (size_t start = 0; start < keys.size(); start += max_batch_) {
+      const size_t end = std::min(keys.size(), start + max_batch_);
+      const BatchResult r =
+          b->Remove(std::vector<PageKey>(keys.begin() + start, keys.begin() + end)).get();
+      for (PageStatus p : r.pages) removed += p == PageStatus::kOk ? 1 : 0;
+    }
+    return removed;
   }
 
   py::dict stats() {
@@ -852,6 +871,11 @@ void RegisterPageStore(py::module_& m) {
           "set, returning a PageStoreJob at once (a layer-strided batch is gathered first).")
       .def("remove", &PageStore::remove, py::arg("keys"),
            "Removes the pages; one bool per key (True: removed or absent, as the backend says).")
+      .def("clear", &PageStore::clear,
+           "Removes every page of this namespace the store holds (file://: the namespace's "
+           "directory, other processes' pages included; memory://: its map) and returns how "
+           "many it removed. Pages written meanwhile may stay. FailedPreconditionError from a "
+           "store that cannot list a namespace's pages (redis://).")
       .def("stats", &PageStore::stats, "The backend's counters (kvtier::StorageStats) as a dict.")
       .def("close", &PageStore::close,
            "Lets calls in flight finish and closes the store; later calls raise "

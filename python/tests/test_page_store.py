@@ -417,6 +417,36 @@ def test_parents_bad_arguments_name_the_problem():
         assert store.submit_set(k, addrs, [None, k[0]]).wait() == [True, True]
 
 
+# ---- clear --------------------------------------------------------------------------------
+
+def test_clear_removes_this_namespace_only(url):
+    rng = np.random.default_rng(13)
+    if url.startswith("memory://"):
+        url = "memory://cleartest?capacity=64MiB"  # one store for the three
+    with open_store(url, mla=True) as a, open_store(url, mla=True) as a2, \
+            open_store(url, mla=True, model_id="other") as b:
+        src = Pages(a, 4, "ints", rng)
+        keys = keys_for(4, "clear")
+        assert a.set(keys[:2], src.addrs()[:2]) == [True] * 2
+        assert a2.set(keys[2:], src.addrs()[2:]) == [True] * 2  # another writer, same namespace
+        assert b.set(keys, src.addrs()) == [True] * 4
+        assert a.clear() == 4
+        assert a.exists(keys) == [False] * 4
+        # The other writer's pages are gone too: a get misses (a file store's other processes may
+        # still answer exists() from their own index until then, as after any removal by another
+        # process), and a store opened now finds none.
+        dst = src.poisoned_copy()
+        assert a2.get(keys, dst.addrs()) == [False] * 4
+        with open_store(url, mla=True) as fresh:
+            assert fresh.exists(keys) == [False] * 4
+        assert b.exists(keys) == [True] * 4
+        assert a.clear() == 0
+        assert a.set(keys, src.addrs()) == [True] * 4  # usable after clear
+        dst = src.poisoned_copy()
+        assert a.get(keys, dst.addrs()) == [True] * 4
+        src.assert_equal(dst)
+
+
 # ---- bad input -------------------------------------------------------------------------------
 
 def test_bad_arguments_name_the_problem():
@@ -511,6 +541,13 @@ def _wait_until(predicate, what, limit_s=60):
             return
         time.sleep(0.01)
     raise AssertionError(f"not within {limit_s} s: {what}")
+
+
+def test_redis_clear_is_refused(redis_server):
+    _, port = redis_server
+    with open_store(f"redis://127.0.0.1:{port}", mla=True) as store:
+        with pytest.raises(kvtier.FailedPreconditionError, match="cannot list"):
+            store.clear()
 
 
 def test_redis_paused_gil_released_and_job_not_done(redis_server):

@@ -343,13 +343,34 @@ def test_store_going_down_gives_misses_within_the_timeout(sgl):
 
 
 def test_stats_and_clear(sgl, tmp_path):
-    backend, host = make_backend(sgl, f"file://{tmp_path}/s", mla=False)
+    url = f"file://{tmp_path}/s"
+    backend, host = make_backend(sgl, url, mla=False)
     assert backend.get_stats() is None  # storage metrics off: SGLang's default
     keys = keys_for(2, "stats")
     assert all(backend.batch_set_v1(keys, host_indices(host, [0, 1])))
     assert isinstance(backend.kvtier_stats(), dict)
-    assert backend.clear() is False
-    assert backend.batch_exists(keys) == 2  # clear deletes nothing (docs/sglang.md)
+    # Another writer of the same namespace (another process's pages in the same directory) and
+    # another deployment (another model id) sharing the store.
+    same, _ = make_backend(sgl, url, mla=False, pools=(None, host))
+    theirs = keys_for(2, "same namespace")
+    assert all(same.batch_set_v1(theirs, host_indices(host, [2, 3])))
+    other, _ = make_backend(sgl, url, mla=False, pools=(None, host), model_name="other/model")
+    assert all(other.batch_set_v1(keys, host_indices(host, [0, 1])))
+    assert backend.clear() is True
+    assert backend.batch_exists(keys) == 0 and backend.batch_exists(theirs) == 0
+    assert other.batch_exists(keys) == 2  # another namespace keeps its pages
+    assert all(backend.batch_set_v1(keys, host_indices(host, [0, 1])))  # usable after clear
+    assert backend.batch_exists(keys) == 2
+
+
+def test_clear_on_redis_deletes_nothing(sgl, redis_url, caplog):
+    backend, host = make_backend(sgl, redis_url, mla=False)
+    keys = keys_for(2, "redis clear")
+    assert all(backend.batch_set_v1(keys, host_indices(host, [0, 1])))
+    with caplog.at_level(logging.WARNING):
+        assert backend.clear() is False
+    assert "deleted nothing" in caplog.text
+    assert backend.batch_exists(keys) == 2
 
 
 def test_storage_metrics_in_sglang_form(sgl, tmp_path):

@@ -250,12 +250,21 @@ class KvtierHiCacheStorage(HiCacheStorage):
     # ---- housekeeping -------------------------------------------------------------------------
 
     def clear(self) -> bool:
-        """kvtier's stores are bounded (LRU) and may be shared with other processes and
-        deployments; this backend does not enumerate or delete them. Returns False."""
-        logger.warning("kvtier SGLang backend: clear() deletes nothing: kvtier stores evict by "
-                       "themselves (file:// capacity, Redis maxmemory) and may be shared; remove "
-                       "the store's directory or flush the Redis database to empty it")
-        return False
+        """Removes this deployment's pages (this namespace's: other deployments sharing the store
+        keep theirs) from a file:// or memory:// store; True when done. A store that cannot list
+        a namespace's pages (redis://) deletes nothing: False, logged. MLA: TP rank 0's pages
+        are every rank's, so only rank 0 removes them (the others return True)."""
+        if not self.writes:
+            return True
+        try:
+            removed = self._open_store().clear()
+        except Exception as e:  # never out of SGLang's threads
+            logger.warning("kvtier SGLang backend: clear() deleted nothing: %s (empty a Redis "
+                           "store by flushing its database)", e)
+            return False
+        logger.info("kvtier SGLang backend: clear() removed %d pages of %s", removed,
+                    self.store.namespace_name)
+        return True
 
     def get_stats(self):
         """SGLang's StorageMetrics of the calls since the last get_stats (with
