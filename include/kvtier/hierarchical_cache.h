@@ -552,8 +552,11 @@ struct CacheStats {
   int64_t host_evicted_tokens = 0;
   int64_t host_evictions = 0;
   int64_t storage_forgotten_tokens = 0;  // storage-only pages the tree forgot
-  double eviction_seconds = 0;           // time spent choosing and evicting, all tiers
-  EvictionHistogram eviction_duration;   // seconds of each eviction that evicted pages
+  // Stored pages the store evicted by itself (its capacity, its free-space floor), marked not
+  // stored and published as removed (KV events on only; StorageBackend::TrackEvictions).
+  int64_t storage_evicted_by_store_tokens = 0;
+  double eviction_seconds = 0;          // time spent choosing and evicting, all tiers
+  EvictionHistogram eviction_duration;  // seconds of each eviction that evicted pages
 
   // Storage faults (misses, never wrong bytes).
   int64_t storage_errors = 0;         // failed or rejected calls and failed pages

@@ -7,7 +7,7 @@
 // by the payload. A value that does not check out — corrupt, truncated, another key's, another
 // namespace's, an older format — is a miss, never bytes handed to the caller.
 //
-// Backends are chosen by URL (OpenStorage):
+// Backends are chosen by URL (OpenStorage; the schemes' table: storage_schemes.h):
 //   file:///abs/dir[?capacity=200GiB][&fsync=1][&direct=1]
 //                                                one file per page, LRU within a byte capacity
 //                                                (default: half the free space; direct: O_DIRECT)
@@ -111,10 +111,11 @@ struct ExistsResult {
 // `url` with its user info (a password, a user name) replaced by "***", for every place kvtier
 // prints, logs or writes a URL (reports, --json, metrics labels, error messages):
 //   redis://:s3cret@host:6379?timeout_ms=5  ->  redis://***@host:6379?timeout_ms=5
-// The user info is what the URL's own parser takes as one: for redis:// and redis+cluster://
-// everything before the last '@' ahead of the query (redis_url.h, which accepts a raw '@' or '/'
-// in a password); for other schemes everything before the last '@' of the authority (up to the
-// first '/' or '?'), so a file:// path with an '@' in it is shown as it is. Text without "://"
+// The user info is what the URL's own parser takes as one (its scheme's StorageUrlForm,
+// storage_schemes.h): for redis:// and redis+cluster:// everything before the last '@' ahead of
+// the query (redis_url.h, which accepts a raw '@' or '/' in a password); for other schemes
+// everything before the last '@' of the authority (up to the first '/' or '?'), so a file://
+// path with an '@' in it is shown as it is. Text without "://"
 // that holds an '@' (a mistyped URL) keeps only what follows its last '@'. Everything else is
 // returned unchanged.
 std::string RedactUrl(std::string_view url);
@@ -170,6 +171,9 @@ struct StorageStats {
           get_wrong_namespace_pages = 0, get_timed_out_pages = 0, get_failed_pages = 0;
   int64_t set_ok_pages = 0, set_failed_pages = 0, set_timed_out_pages = 0;
   int64_t set_no_space_pages = 0;  // kNoSpace (not in set_failed_pages)
+  // Of set_no_space_pages, those the server refused (Redis: OOM at its maxmemory with a policy
+  // that does not evict, as noeviction; said in a warning too). 0 for other backends.
+  int64_t set_refused_pages = 0;
   int64_t removed_pages = 0;
   int64_t bytes_read = 0, bytes_written = 0;  // payload bytes of hits / successful sets
   double get_seconds = 0, set_seconds = 0;    // I/O-thread time inside the hooks
@@ -257,6 +261,18 @@ class StorageBackend {
   // store that cannot list one namespace's pages (Redis: its keys are not indexed by namespace).
   Result<std::vector<PageKey>> StoredKeys();
 
+  // ---- pages the store evicted by itself (KV events: HierarchicalCache) --------------------
+  // A store that evicts on its own (file:// by its capacity and free-space floor, memory:// by its
+  // capacity) records the keys it evicted while tracking is on (off by default: nothing is kept
+  // when nobody takes them), up to kMaxTrackedEvictions (then the oldest are dropped and
+  // counted). TakeEvictions returns them, oldest first, and forgets them; `dropped` (when given)
+  // gets how many were dropped since the last call. Wrappers pass both on to the store they wrap.
+  // Stores whose eviction kvtier cannot see (Redis: its maxmemory) record nothing; the cache
+  // learns of those from a lookup's or a read's miss.
+  static constexpr size_t kMaxTrackedEvictions = size_t{1} << 20;
+  virtual void TrackEvictions(bool on);
+  virtual std::vector<PageKey> TakeEvictions(int64_t* dropped = nullptr);
+
   StorageStats Stats() const;
   const StorageNamespace& ns() const { return ns_; }
   const StorageOptions& options() const { return options_; }
@@ -310,6 +326,8 @@ class StorageBackend {
   // every Close call, so it must be idempotent): a backend finishes its own background work
   // here (the file store writes its pending hit stamps). The default does nothing.
   virtual void DoClose() {}
+  // For backends: records keys this store just evicted by itself (TrackEvictions); any thread.
+  void NoteEvicted(std::span<const PageKey> keys);
   // Backend-specific gauges (stored_pages, stored_bytes, capacity_bytes, evicted_pages,
   // get_cached_pages, get_disk_pages).
   virtual void FillStats(StorageStats& /*stats*/) const {}
@@ -320,11 +338,14 @@ class StorageBackend {
   virtual Status CheckCaller(std::string_view /*call*/) const { return Status::OK(); }
 
  private:
-  struct Queue;  // the bounded queue and the I/O threads (storage_backend.cc)
+  struct Queue;      // the bounded queue and the I/O threads (storage_backend.cc)
+  struct Evictions;  // the tracked self-evictions (storage_evictions.cc)
   const std::string url_;
   const StorageNamespace ns_;
   const StorageOptions options_;
   std::unique_ptr<Queue> queue_;
+  // Made by the first TrackEvictions(true); read and set through std::atomic_load / store.
+  std::shared_ptr<Evictions> evictions_;
 };
 
 // Opens the backend that `url` names for deployment `ns`. InvalidArgument naming the URL part

@@ -441,7 +441,11 @@ class HierarchicalCache:
         cache's next call."""
         if isinstance(tiers, str):
             tiers = (tiers,)
-        names = list(tiers)
+        try:
+            names = list(tiers)
+        except TypeError:  # None, a number: not TypeError from list() but the argument named
+            raise ValueError(f"tiers = {tiers!r} must be a tier name or a list of them "
+                             f"({', '.join(CACHE_TIERS)})") from None
         for t in names:
             if t not in CACHE_TIERS:
                 raise ValueError(f"tiers: {t!r} is not one of {', '.join(CACHE_TIERS)}")

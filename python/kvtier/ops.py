@@ -75,7 +75,8 @@ def _int(value: Any, name: str, minimum: Optional[int] = None, maximum: int = _I
 
 
 def _float(value: Any, name: str) -> float:
-    if isinstance(value, bool):
+    # A number, never text: float("2") and float(b"1") would parse it (issue 36).
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ValueError(f"{name} = {value!r} must be a number")
     try:
         return float(value)

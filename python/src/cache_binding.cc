@@ -42,6 +42,7 @@
 #include "kvtier/eviction_policy.h"
 #include "kvtier/hierarchical_cache.h"
 #include "kvtier/shared_host_pool.h"
+#include "py_args.h"
 #include "tp_binding.h"
 #include "transfer_binding.h"
 
@@ -409,6 +410,7 @@ py::dict StatsDict(const CacheStats& s) {
   KVTIER_STAT_(host_evicted_tokens);
   KVTIER_STAT_(host_evictions);
   KVTIER_STAT_(storage_forgotten_tokens);
+  KVTIER_STAT_(storage_evicted_by_store_tokens);
   KVTIER_STAT_(eviction_seconds);
   KVTIER_STAT_(storage_errors);
   KVTIER_STAT_(storage_corrupt_pages);
@@ -439,6 +441,16 @@ void RegisterCache(py::module_& m) {
       .def(py::init([](py::object region_keepalive, const PyRegion& device_region,
                        const py::dict& config_dict, const std::string& shared_host,
                        const std::optional<py::dict>& tp) {
+             // load_back writes into the region: read-only memory (bytes, a read-only mmap) is
+             // refused here (issue 36: it was accepted, and the first load-back crashed).
+             for (size_t i = 0; i < device_region.buffers.size(); ++i) {
+               if (IsReadOnly(device_region.buffers[i])) {
+                 ThrowInvalid(
+                     fmt::format("device_region buffer {} is read-only; the cache writes "
+                                 "into it (load_back): give it writable memory",
+                                 device_region.labels[i]));
+               }
+             }
              const HierarchicalCacheConfig config =
                  ConfigFromDict(config_dict, shared_host, device_region);
              const KvRegion region = device_region.Get();

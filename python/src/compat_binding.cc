@@ -9,8 +9,11 @@
 // and how far their allocations reach (`TableInfo`, below). Every table entry is bounded by its
 // CUDA allocation (device memory, pinned or registered host memory: AllocationBytesFrom in
 // py_args.h), so an index past it is an InvalidArgument (host indices) or a skipped, reported
-// pair (device indices); pageable host memory, and every table in a build without CUDA, cannot
-// be measured and is not bounded. The extents are measured
+// pair (device indices); pageable host memory (every table in a build without CUDA too) is
+// bounded by the run of this process's mappings that holds it (MappedBytesFrom in
+// kvtier/host_memory.h: writable ones for a destination), so an index past it is an
+// InvalidArgument rather than a crash, though it may reach other objects of the same mapping
+// (malloc's heap). The extents are measured
 // once per table contents: memory freed and allocated again, smaller, at the very same addresses
 // while a table still names them is not noticed (PyTorch's caching allocator keeps its segments).
 //
@@ -28,6 +31,7 @@
 #include <vector>
 
 #include "errors.h"
+#include "kvtier/host_memory.h"
 #include "kvtier/layout.h"
 #include "kvtier/transfer.h"
 #include "py_args.h"
@@ -136,7 +140,8 @@ struct TableInfo {
   int64_t num_slots = kUnboundedTableSlots;
 };
 
-using TableKey = std::tuple<int64_t, std::vector<uint64_t>, std::vector<uint64_t>>;
+// (item, K table, V table, whether the tables are written: a destination's).
+using TableKey = std::tuple<int64_t, std::vector<uint64_t>, std::vector<uint64_t>, bool>;
 std::map<TableKey, TableInfo>& TableInfos() {
   static auto* cache = new std::map<TableKey, TableInfo>();
   return *cache;
@@ -144,7 +149,8 @@ std::map<TableKey, TableInfo>& TableInfos() {
 constexpr size_t kTableInfoCapacity = 256;
 
 TableInfo Measure(const std::vector<uint64_t>& k, const std::vector<uint64_t>& v,
-                  const std::string& k_name, const std::string& v_name, int64_t item, bool on_gpu) {
+                  const std::string& k_name, const std::string& v_name, int64_t item, bool on_gpu,
+                  bool written) {
   if (on_gpu && !BuiltWithCuda()) {
     ThrowStatus(Status::Unavailable(fmt::format(
         "{} is a CUDA tensor, and kvtier was built without CUDA (KVTIER_CUDA=OFF)", k_name)));
@@ -160,7 +166,18 @@ TableInfo Measure(const std::vector<uint64_t>& k, const std::vector<uint64_t>& v
         ThrowInvalid(fmt::format("{}[{}] points into {} but {}[0] into {}", name, i, Where(device),
                                  k_name, Where(info.device)));
       }
-      const int64_t bytes = AllocationBytesFrom((*table)[i]);
+      int64_t bytes = AllocationBytesFrom((*table)[i]);
+      if (bytes < 0 && device == kHostDevice) {
+        // Pageable host memory: bounded by the process's mappings (issue 36: an index past a
+        // host table's memory crashed), writable ones for a destination.
+        bytes = MappedBytesFrom(Ptr((*table)[i]), written);
+        if (bytes < 0) {
+          ThrowInvalid(
+              fmt::format("{}[{}] = {:#x} points to memory that is not mapped{} in this "
+                          "process",
+                          name, i, (*table)[i], written ? " writable" : ""));
+        }
+      }
       if (bytes < 0) continue;
       if (bytes < item) {
         ThrowInvalid(
@@ -185,11 +202,11 @@ Side TableSide(py::handle k_table, py::handle v_table, bool mla, const std::stri
   std::vector<uint64_t> v;
   if (!mla) v = ReadAddressTable(v_table, v_name, num_layers, &v_gpu);
   auto& cache = TableInfos();
-  TableKey key{item, std::move(k), std::move(v)};
+  TableKey key{item, std::move(k), std::move(v), role == "dst"};
   auto it = cache.find(key);
   if (it == cache.end()) {
-    TableInfo info =
-        Measure(std::get<1>(key), std::get<2>(key), k_name, v_name, item, k_gpu || v_gpu);
+    TableInfo info = Measure(std::get<1>(key), std::get<2>(key), k_name, v_name, item,
+                             k_gpu || v_gpu, std::get<3>(key));
     if (cache.size() >= kTableInfoCapacity) cache.clear();
     it = cache.emplace(key, info).first;
   }

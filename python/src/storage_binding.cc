@@ -25,7 +25,9 @@ namespace kvtier::python {
 void RegisterStorage(py::module_& m) {
   m.def(
       "page_keys",
-      [](py::handle token_list, int64_t page_size, const std::string& salt, bool as_int) {
+      [](py::handle token_list, py::handle page_size_arg, const std::string& salt, bool as_int) {
+        // Read here, not by pybind11: a float or a str is a ValueError naming it, as for tokens.
+        const int64_t page_size = ReadInt(page_size_arg, "page_size", 1, int64_t{1} << 20);
         const std::vector<int64_t> tokens = ReadIntList(token_list, "tokens", INT64_MIN, INT64_MAX);
         Result<std::vector<PageKey>> keys = Status::Internal("unset");
         {

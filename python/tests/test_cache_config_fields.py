@@ -97,3 +97,14 @@ def test_settings_reach_the_cache(queue_pages, stored):
         # A queue of 0 pages skips every storage backup (counted); the default stores them.
         assert cache.stats()["storage_backup_tokens"] == stored
         assert cache.stats()["storage_backup_dropped_tokens"] == 4 * P - stored
+
+
+FLOATS = [f for f in FIELDS if f["kind"] == "float"]
+
+
+@pytest.mark.parametrize("field", FLOATS, ids=[f["name"] for f in FLOATS])
+def test_float_settings_refuse_text(field):
+    # float("2") and float(b"1") parse text: a setting given as text is refused by name (issue 36).
+    for value in ("2", b"1", "nan"):
+        with pytest.raises(ValueError, match=field["name"]):
+            kvtier.HierarchicalCache(region(), storage="memory://", **{field["name"]: value})

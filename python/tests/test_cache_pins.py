@@ -88,6 +88,8 @@ def test_nothing_cached_pins_nothing():
 @pytest.mark.parametrize("kwargs, message", [
     (dict(tiers=("gpu",)), "not one of device, host, storage"),
     (dict(tiers=()), "tiers is empty"),
+    (dict(tiers=None), "tiers = None"),  # ValueError, not list(None)'s TypeError (issue 36)
+    (dict(tiers=3), "tiers = 3"),
     (dict(tiers=("device", "device")), "each once"),
     (dict(tiers=("host",)), "no host tier"),
     (dict(tiers=("storage",)), "no storage tier"),

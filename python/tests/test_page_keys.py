@@ -68,6 +68,9 @@ def test_accepts_numpy_and_empty():
     ([1, 2, 2**32, 4], 2, "position 2"),
     ([1, 2, 3, 4], 0, "page_size"),
     ([1, 2, 3, 4], 2**20 + 1, "page_size"),
+    ([1, 2, 3, 4], 1.5, "page_size"),  # a float: ValueError, not pybind11's TypeError (issue 36)
+    ([1, 2, 3, 4], "2", "page_size"),
+    ([1, 2, 3, 4], True, "page_size"),
 ])
 def test_bad_input_is_value_error(tokens, page_size, needle):
     with pytest.raises(ValueError, match=needle):

@@ -58,6 +58,7 @@
 #include "cache/host_tier.h"
 #include "cache/kv_event_emitter.h"
 #include "cache/radix_tree.h"
+#include "cache/stored_key_index.h"
 #include "kvtier/hierarchical_cache.h"
 #include "storage/page_staging.h"
 
@@ -156,6 +157,9 @@ struct CacheCore {
   // KV events (config.kv_event_sink): the tree's tier changes, handed to the sink as CacheLock
   // releases `mu` (null without a sink; set by Open).
   std::unique_ptr<KvEventEmitter> events;
+  // With events and a storage tier: the stored pages' nodes by key, so that pages the store
+  // evicted by itself are published as removed (CacheParts::ForgetStoreEvictions; set by Open).
+  std::unique_ptr<StoredKeyIndex> stored_keys KVTIER_PT_GUARDED_BY(kCacheLock);
   std::unique_ptr<DevicePageLedger> ledger KVTIER_PT_GUARDED_BY(kCacheLock);
   CopyTracker tracker;
   std::unordered_map<uint64_t, HandleState> handles KVTIER_GUARDED_BY(kCacheLock);

@@ -203,6 +203,10 @@ void WriteEvictionAndFaults(PrometheusTextWriter& w, const CacheStats& s) {
                {{"device", s.device_evicted_tokens},
                 {"host", s.host_evicted_tokens},
                 {"storage", s.storage_forgotten_tokens}});
+  w.Counter("kvtier:storage_evicted_by_store_tokens_total",
+            "Stored tokens the store evicted by itself (its capacity or free-space floor), "
+            "published as removed (with KV events on).",
+            s.storage_evicted_by_store_tokens);
   WriteByLabel(w, "kvtier:evictions_total", MetricType::kCounter, "Runs of pages evicted, by tier.",
                "tier", {{"device", s.device_evictions}, {"host", s.host_evictions}});
   w.Counter("kvtier:dropped_tokens_total",

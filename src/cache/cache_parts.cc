@@ -2,6 +2,10 @@
 #include "cache/cache_parts.h"
 
 #include <algorithm>
+#include <unordered_map>
+#include <vector>
+
+#include "util/log.h"
 
 namespace kvtier {
 
@@ -34,10 +38,16 @@ Status CacheParts::Open(const KvRegion& device_region, std::unique_ptr<TransferE
     std::string medium = config.kv_event_storage_medium;
     if (medium.empty() && storage) medium = StorageMediumOf(storage->url());
     events = std::make_unique<KvEventEmitter>(config.kv_event_sink, P, std::move(medium));
-    tree.SetTierHook(
-        [emitter = events.get()](const RadixNode& node, RadixTree::Tier tier, bool entered) {
-          emitter->OnTierChange(node, tier, entered);
-        });
+    if (storage) {
+      // Pages the store evicts by itself are published as removed too (ForgetStoreEvictions).
+      stored_keys = std::make_unique<StoredKeyIndex>();
+      storage->TrackEvictions(true);
+    }
+    tree.SetTierHook([emitter = events.get(), index = stored_keys.get()](
+                         const RadixNode& node, RadixTree::Tier tier, bool entered) {
+      emitter->OnTierChange(node, tier, entered);
+      if (index != nullptr && tier == RadixTree::Tier::kStorage) index->OnStorage(node, entered);
+    });
   }
   return Status::OK();
 }
@@ -61,6 +71,7 @@ void CacheParts::Close() {
   }
   executor.Stop();
   for (uint64_t pin : store_pins) (void)storage->UnpinPages(pin);  // or expired already
+  if (stored_keys) storage->TrackEvictions(false);  // a shared backend outlives the cache
   if (owns_storage && storage) storage->Close();
 }
 
@@ -86,9 +97,78 @@ void CacheParts::Reap(CacheWork* work) {
         break;
     }
   });
+  ForgetStoreEvictions();  // after the stores just reaped: their nodes are no longer storing
+}
+
+void CacheParts::ForgetStoreEvictions() {
+  if (!stored_keys) return;
+  int64_t dropped = 0;
+  std::vector<PageKey> evicted = storage->TakeEvictions(&dropped);
+  if (!deferred_evictions.empty()) {
+    evicted.insert(evicted.begin(), deferred_evictions.begin(), deferred_evictions.end());
+    deferred_evictions.clear();
+  }
+  if (dropped > 0) {
+    util::Log(util::LogLevel::kWarning,
+              "cache: the store evicted {} more pages than it keeps track of between two looks; "
+              "their removal is published when a lookup or a read misses them",
+              dropped);
+  }
+  if (evicted.empty()) return;
+  // Per stored node, its first page the store evicted: from there on the node's pages are no
+  // longer reachable in storage (eviction takes a chain's tail first), nor its storage-only
+  // descendants' (their prefix is gone).
+  std::unordered_map<RadixNode*, int64_t> first;
+  std::unordered_map<RadixNode*, std::vector<PageKey>> keys_of;  // to defer a busy node's
+  for (const PageKey& key : evicted) {
+    int64_t page = 0;
+    if (RadixNode* n = stored_keys->Find(key, &page)) {
+      auto [it, added] = first.try_emplace(n, page);
+      if (!added) it->second = std::min(it->second, page);
+      keys_of[n].push_back(key);
+    }
+  }
+  std::vector<RadixNode*> order;
+  for (const auto& [n, page] : first) order.push_back(n);
+  SortTopDown(&order);           // a node marked gone with its parent is skipped below (not stored)
+  std::vector<RadixNode*> gone;  // top-down, each subtree's nodes after its root
+  for (RadixNode* n : order) {
+    if (!n->stored()) continue;  // marked gone with its parent
+    if (n->prefetching() || n->storing() || n->busy() > 0) {
+      // In use by an operation (its pages being read, written or copied): looked at again at
+      // the next reaping, when it may be done.
+      if (deferred_evictions.size() < StorageBackend::kMaxTrackedEvictions) {
+        const auto& keys = keys_of[n];
+        deferred_evictions.insert(deferred_evictions.end(), keys.begin(), keys.end());
+      }
+      continue;
+    }
+    const int64_t page = first[n];
+    if (page > 0) tree.SplitAfter(n, page);  // n keeps its identity as the lower part
+    std::vector<RadixNode*> stack = {n};
+    while (!stack.empty()) {
+      RadixNode* g = stack.back();
+      stack.pop_back();
+      gone.push_back(g);
+      tree.SetStored(g, false);  // the tier hook publishes the removal
+      counters.storage_evicted_by_store_tokens += g->num_tokens();
+      g->ForEachChild([&](RadixNode* c) {
+        if (c->storage_only() && !c->prefetching() && !c->storing() && c->busy() == 0) {
+          stack.push_back(c);
+        }
+      });
+    }
+  }
+  // Children before parents: a node now resident nowhere, unused and without children goes.
+  for (auto it = gone.rbegin(); it != gone.rend(); ++it) {
+    bool leaf = true;
+    (*it)->ForEachChild([&](RadixNode*) { leaf = false; });
+    if (leaf) evictor.DropIfNowhere(*it);
+  }
 }
 
 void CacheParts::OnSplit(RadixNode* upper, RadixNode* lower) {
+  if (stored_keys) stored_keys->OnSplit(upper);
   if (lower->busy() == 0 && !lower->storing()) return;
   tracker.ForEachOp([&](const std::shared_ptr<CopyOp>& op) {
     if (std::find(op->nodes.begin(), op->nodes.end(), lower) != op->nodes.end()) {

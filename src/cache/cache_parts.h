@@ -39,6 +39,11 @@ struct CacheParts : CacheCore {
   // Applies the operations that have completed (the tracker hands them over one by one), and
   // ends the pins whose TTL has run out.
   void Reap(CacheWork* work) KVTIER_REQUIRES(kCacheLock);
+  // Marks not stored (publishing their removal as KV events) the pages the store evicted by
+  // itself since the last call (StorageBackend::TakeEvictions; with events and storage only),
+  // from a node's first such page on, with the storage-only nodes below; drops the nodes then
+  // resident nowhere.
+  void ForgetStoreEvictions() KVTIER_REQUIRES(kCacheLock);
   // The tree split `lower` off `upper` (its new parent): operations that list `lower` (busy or
   // storing) list `upper` too — registered ones, completed ones being reaped, and handles'
   // prefetches.
@@ -55,6 +60,9 @@ struct CacheParts : CacheCore {
   Prefetcher prefetcher;
   SharedHostAdopter adopter;
   PinTable pins;
+  // Store evictions of nodes that were in use when ForgetStoreEvictions met them: again at the
+  // next one.
+  std::vector<PageKey> deferred_evictions KVTIER_GUARDED_BY(kCacheLock);
 
  private:
   bool open_ = false;

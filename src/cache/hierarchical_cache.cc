@@ -17,6 +17,7 @@
 
 #include "cache/hierarchical_cache_impl.h"
 #include "kvtier/device.h"
+#include "kvtier/host_memory.h"
 #include "kvtier/slot_allocator.h"
 #include "util/log.h"
 
@@ -64,6 +65,21 @@ Result<std::unique_ptr<HierarchicalCache>> HierarchicalCache::Create(
     return Status::InvalidArgument(
         fmt::format("device_region is in host memory but the transfer backend is {}; use cpu",
                     TransferBackendName(engine->backend())));
+  }
+  if (device_region.memory == MemoryKind::kHost) {
+    // A load-back writes into the device tier: read-only memory (a read-only mmap) would crash
+    // the first one (issue 36). Host memory only: device memory is not in the process's maps.
+    for (int b = 0; b < device_region.num_buffers(); ++b) {
+      const char* name = b == 0 ? (device_region.mla ? "device_region.k (MLA)" : "device_region.k")
+                                : "device_region.v";
+      const int64_t layers = device_region.has_layer_table() ? g.num_layers : 1;
+      const int64_t bytes = g.num_slots * g.slot_bytes * (layers == 1 ? g.num_layers : 1);
+      for (int64_t layer = 0; layer < layers; ++layer) {
+        KVTIER_RETURN_IF_ERROR(CheckHostWritable(
+            device_region.LayerBase(b, layer), bytes,
+            layers == 1 ? std::string(name) : fmt::format("{} layer {}", name, layer)));
+      }
+    }
   }
 
   const int64_t device_tokens = g.num_slots;

@@ -50,7 +50,7 @@ Result<std::unique_ptr<DiskFloor>> DiskFloor::Open(int dir, int64_t floor,
   KVTIER_RETURN_IF_ERROR(ReadDisk(fd.get()).status());
   std::unique_ptr<DiskFloor> f(
       new DiskFloor(std::move(fd), std::max<int64_t>(floor, 1), poll_every, watch_every));
-  f->Read();
+  f->Read(/*wait=*/true);
   return f;
 }
 
@@ -59,8 +59,13 @@ DiskFloor::DiskFloor(Fd dir, int64_t floor, Clock::duration poll_every, Clock::d
 
 DiskFloor::~DiskFloor() { Stop(); }
 
-int64_t DiskFloor::Read() {
-  std::lock_guard<std::mutex> lock(read_mu_);
+int64_t DiskFloor::Read(bool wait) {
+  std::unique_lock<std::mutex> lock(read_mu_, std::defer_lock);
+  if (wait) {
+    lock.lock();
+  } else if (!lock.try_lock()) {
+    return free_.load(std::memory_order_relaxed);  // another thread is reading it now
+  }
   Result<DiskReading> r = ReadDisk(dir_.get());
   if (r.ok()) {
     // What this store wrote before the reading is in it: the estimate starts afresh. (A write
@@ -74,7 +79,9 @@ int64_t DiskFloor::Read() {
 
 int64_t DiskFloor::Headroom(bool fresh) {
   const Clock::rep now = Clock::now().time_since_epoch().count();
-  if (fresh || now - read_at_.load(std::memory_order_relaxed) >= poll_every_.count()) Read();
+  if (fresh || now - read_at_.load(std::memory_order_relaxed) >= poll_every_.count()) {
+    Read(/*wait=*/fresh);
+  }
   return free_.load(std::memory_order_relaxed) - written_.load(std::memory_order_relaxed) - floor_;
 }
 

@@ -61,7 +61,8 @@ class DiskFloor {
 
   int64_t floor() const { return floor_; }
   // The free space less the floor (negative: under the floor by that much): from a reading when
-  // the last is `poll_every` old (or `fresh`), the estimate otherwise.
+  // the last is `poll_every` old (one thread takes it, the others use the estimate meanwhile) or
+  // `fresh` (waits for it), the estimate otherwise.
   int64_t Headroom(bool fresh = false);
   // The store wrote / freed `bytes` (allocated) since: the estimate moves by them.
   void NoteWritten(int64_t bytes) { written_.fetch_add(bytes, std::memory_order_relaxed); }
@@ -73,7 +74,9 @@ class DiskFloor {
 
  private:
   DiskFloor(Fd dir, int64_t floor, Clock::duration poll_every, Clock::duration watch_every);
-  int64_t Read();  // a reading now (the last one kept when it fails); its free bytes
+  // A reading now (the last one kept when it fails); its free bytes. Without `wait`, none when
+  // another thread is taking one (its result will do).
+  int64_t Read(bool wait);
 
   const Fd dir_;
   const int64_t floor_;

@@ -199,7 +199,11 @@ class FileBackend final : public StorageBackend {
     // A hit's stamp goes to the stamper when the file's mtime is more than kStampGranularityNs
     // older; called under the index's mutex (the stamper takes only its own).
     index_ = std::make_unique<FileIndex>(
-        capacity, [this](const PageKey& key) { RemoveFile(key); },
+        capacity,
+        [this](const PageKey& key) {
+          RemoveFile(key);
+          NoteEvicted({&key, 1});  // KV events: the cache tells its listeners (TrackEvictions)
+        },
         [this](const PageKey& key) { return pins_.Pinned(key); },
         [this](const PageKey& key, int64_t stamp, int64_t mtime_ns) {
           if (stamp - mtime_ns > kStampGranularityNs) stamper_.Add(key, stamp);
@@ -684,7 +688,9 @@ class FileBackend final : public StorageBackend {
                     const std::optional<PageKey>& parent = std::nullopt) {
     if (value_bytes_ > index_->capacity()) return PageStatus::kNoSpace;
     BlockFileSizeSignalOnThisThread();
-    if (floor_ && !MakeRoom(allocated_bytes_)) {
+    // The common case costs a clock read and two atomic loads: MakeRoom (a mutex, perhaps a
+    // statvfs and evictions) only when the estimate says the floor is near.
+    if (floor_ && floor_->Headroom() < allocated_bytes_ && !MakeRoom(allocated_bytes_)) {
       if (const int64_t n = CountAndSay(floor_refused_)) {
         util::Log(util::LogLevel::kWarning,
                   "storage {}: the free space is under the store's floor of {} and this store "

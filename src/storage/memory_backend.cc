@@ -63,8 +63,9 @@ class MemoryStore {
   // False when the value alone exceeds the capacity. `parent`: the page before it in its prompt
   // (nullopt: a first page, unknown, or the one recorded before). Evicts down to the capacity,
   // a chain's tail before its head (chain_lru.h).
+  // The names it evicted are appended to `evicted` (when given).
   bool Insert(const StoredName& name, std::shared_ptr<const Value> value,
-              const std::optional<StoredName>& parent) {
+              const std::optional<StoredName>& parent, std::vector<StoredName>* evicted = nullptr) {
     const int64_t size = static_cast<int64_t>(value->size());
     if (size > capacity_) return false;
     std::lock_guard<std::mutex> lock(mu_);
@@ -81,6 +82,7 @@ class MemoryStore {
         order_.Erase(name);
         return false;
       }
+      if (evicted != nullptr) evicted->push_back(*victim.key);
       map_.erase(*victim.key);
       order_.Evict(*victim.key);
       ++evicted_;
@@ -218,9 +220,15 @@ class MemoryBackend final : public StorageBackend {
       EncodePageValue(namespace_hash_, keys[i], buffers[i], *value);
       std::optional<StoredName> parent;
       if (i < parents.size() && parents[i]) parent = StoredName{namespace_hash_, *parents[i]};
-      return store_->Insert({namespace_hash_, keys[i]}, std::move(value), parent)
-                 ? PageStatus::kOk
-                 : PageStatus::kNoSpace;
+      std::vector<StoredName> evicted;
+      const bool ok =
+          store_->Insert({namespace_hash_, keys[i]}, std::move(value), parent, &evicted);
+      // KV events: the cache tells its listeners (TrackEvictions). Pages of other namespaces a
+      // named store shares are their backends' (which do not learn of this eviction: tests).
+      for (const StoredName& e : evicted) {
+        if (e.namespace_hash == namespace_hash_) NoteEvicted({&e.key, 1});
+      }
+      return ok ? PageStatus::kOk : PageStatus::kNoSpace;
     });
     DropOrphans(
         keys, parents, out, [this](const PageKey& p) { return WritePending(p); },

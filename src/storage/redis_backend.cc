@@ -28,11 +28,13 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 
 #include "storage/checksum_pool.h"
 #include "storage/page_format.h"
 #include "storage/redis_client.h"
 #include "storage/redis_url.h"
+#include "util/log.h"
 
 namespace kvtier::storage {
 namespace {
@@ -48,10 +50,9 @@ PageStatus FromOutcome(const RedisOp& op) {
 
 // A write's error reply: "OOM ..." (the server is at its maxmemory and may not evict) is no room,
 // anything else a failure.
-PageStatus FromWriteError(const redisReply& reply) {
+bool IsOutOfMemoryReply(const redisReply& reply) {
   const std::string_view text(reply.str != nullptr ? reply.str : "", reply.len);
-  return reply.type == REDIS_REPLY_ERROR && text.starts_with("OOM") ? PageStatus::kNoSpace
-                                                                    : PageStatus::kFailed;
+  return reply.type == REDIS_REPLY_ERROR && text.starts_with("OOM");
 }
 
 class RedisBackend final : public StorageBackend {
@@ -124,8 +125,13 @@ class RedisBackend final : public StorageBackend {
         } else if (op.reply->type == REDIS_REPLY_STRING) {
           const auto value = std::as_bytes(std::span<const char>(op.reply->str, op.reply->len));
           out[page] = ReadPageValue(value, namespace_hash_, keys[page], buffers[page]);
+        } else if (op.reply->type == REDIS_REPLY_ERROR &&
+                   std::string_view(op.reply->str, op.reply->len).starts_with("WRONGTYPE")) {
+          // A key of another type (a list, a hash) where a page should be: no page, corrupt, so
+          // the cache removes it and the page is stored again.
+          out[page] = PageStatus::kCorrupt;
         } else {
-          out[page] = PageStatus::kFailed;  // an error reply (WRONGTYPE, OOM, LOADING, ...)
+          out[page] = PageStatus::kFailed;  // another error reply (LOADING, ...)
         }
       }
     }
@@ -241,7 +247,22 @@ class RedisBackend final : public StorageBackend {
         pieces.data(), static_cast<size_t>(1 + buffer.num_segments));
   }
 
-  static PageStatus SetOutcome(const RedisOp& op) {
+  // A write's error reply (FromWriteError's kinds): OOM is no room, counted and said at the 1st,
+  // 2nd, 4th ... time (a server with maxmemory-policy noeviction refuses every write once full:
+  // 19,209 refused writes went unsaid in issue 36's probe); anything else a failure.
+  PageStatus FromWriteError(const redisReply& reply) {
+    if (!IsOutOfMemoryReply(reply)) return PageStatus::kFailed;
+    const int64_t n = refused_.fetch_add(1, std::memory_order_relaxed) + 1;
+    if ((n & (n - 1)) == 0) {
+      util::Log(util::LogLevel::kWarning,
+                "storage {}: the server refused {} write(s) so far: '{}' (it is at its maxmemory "
+                "and its maxmemory-policy does not evict; for a cache use allkeys-lru)",
+                url(), n, std::string_view(reply.str != nullptr ? reply.str : "", reply.len));
+    }
+    return PageStatus::kNoSpace;
+  }
+
+  PageStatus SetOutcome(const RedisOp& op) {
     if (op.outcome != RedisOpOutcome::kReplied) return FromOutcome(op);
     const bool ok = op.reply->type == REDIS_REPLY_STATUS &&
                     std::string_view(op.reply->str, op.reply->len) == "OK";
@@ -257,12 +278,17 @@ class RedisBackend final : public StorageBackend {
     return ops;
   }
 
+  void FillStats(StorageStats& stats) const override {
+    stats.set_refused_pages = refused_.load(std::memory_order_relaxed);
+  }
+
   const std::unique_ptr<RedisClient> client_;
   const uint64_t namespace_hash_;
   const std::string name_prefix_;  // "<namespace name>/"
   const size_t pages_per_chunk_;
   // Set: header-last writes (pages of at least header_last_bytes); null: every page in one SET.
   const std::unique_ptr<ChecksumPool> checksum_pool_;
+  std::atomic<int64_t> refused_{0};  // writes refused with OOM (FromWriteError)
 };
 
 }  // namespace

@@ -6,8 +6,10 @@
 // or delivered out of order. CI runs this binary under thread sanitizer too.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <stdlib.h>
 
 #include <atomic>
+#include <filesystem>
 #include <map>
 #include <mutex>
 #include <random>
@@ -221,6 +223,98 @@ INSTANTIATE_TEST_SUITE_P(WritePolicies, CacheKvEventsTest,
                                            WritePolicy::kWriteThroughSelective,
                                            WritePolicy::kWriteBack),
                          [](const auto& info) { return WritePolicyName(info.param); });
+
+// Pages the store evicts by itself (its capacity: memory:// and file://) are published as
+// removals (issue 36 item 7.8: a file store's events announced 66 blocks while 11 files were on
+// disk): after many prompts through a store of 8 pages, the events' storage medium holds exactly
+// what the store holds (each prompt's pages checked with Exists) and what the cache says
+// (CachedBlocks).
+class StoreEvictionEventsTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(StoreEvictionEventsTest, TheEventsOfTheStorageMediumMatchTheStore) {
+  constexpr int64_t P = 4;
+  KvGeometry g{KvLayout::kLayerFirst, 2, 64 * P, 8, P, 1};
+  auto dev_r = DeviceTier::Create(TransferBackend::kCpu, g, false);
+  ASSERT_TRUE(dev_r.ok());
+  DeviceTier& dev = **dev_r;
+  StorageNamespace ns;
+  ns.model_id = "store-evictions";
+  ns.layout = KvLayout::kPageFirst;
+  ns.num_layers = 2;
+  ns.slot_bytes = 8;
+  ns.page_size = P;
+  std::string dir;
+  std::string url = GetParam();
+  if (url == "file") {
+    dir = "/tmp/kvtier_store_evictions_XXXXXX";
+    ASSERT_NE(::mkdtemp(dir.data()), nullptr);
+    url = fmt::format("file://{}?capacity={}", dir, 8 * (4096 + ns.page_bytes()));
+  } else {
+    url = fmt::format("memory://?capacity={}", 8 * (kStoredPageHeaderBytes + ns.page_bytes()));
+  }
+  auto store_r = OpenStorage(url, ns);
+  ASSERT_TRUE(store_r.ok()) << store_r.status().ToString();
+  std::shared_ptr<StorageBackend> store(std::move(*store_r));
+  HierarchicalCacheConfig cfg;
+  cfg.write_policy = WritePolicy::kWriteThrough;
+  cfg.backup_threads = 1;
+  cfg.transfer.cpu_threads = 1;
+  cfg.storage.backend = store;
+  cfg.storage.prefetch_threshold_tokens = 0;
+  auto sink = std::make_shared<RecordingSink>();
+  cfg.kv_event_sink = sink;
+  auto cache_r = HierarchicalCache::Create(cfg, dev.region());
+  ASSERT_TRUE(cache_r.ok()) << cache_r.status().ToString();
+  HierarchicalCache& cache = **cache_r;
+  sink->cache = &cache;
+
+  std::vector<std::vector<Token>> prompts;
+  for (int f = 0; f < 20; ++f) {
+    std::vector<Token> t;
+    for (int i = 0; i < 3 * P; ++i) t.push_back(1000 * (f + 1) + i);
+    prompts.push_back(t);
+    auto m = cache.Match(t);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    auto slots = cache.AllocateDeviceSlots(3 * P - m->device_tokens);
+    ASSERT_TRUE(slots.ok()) << slots.status().ToString();
+    std::vector<int64_t> all = m->device_slots;
+    all.insert(all.end(), slots->begin(), slots->end());
+    ASSERT_TRUE(cache.Insert(t, all).ok());
+    ASSERT_TRUE(cache.Release(m->handle).ok());
+    ASSERT_TRUE(cache.WaitForBackups().ok());
+  }
+  ASSERT_TRUE(cache.WaitForBackups().ok());
+  ASSERT_TRUE(cache.CheckConsistency().ok()) << cache.CheckConsistency().ToString();
+  EXPECT_GT(store->Stats().evicted_pages, 0) << "the store never evicted: no test";
+  auto blocks = cache.CachedBlocks();
+  ASSERT_TRUE(blocks.ok()) << blocks.status().ToString();
+  const std::string medium = StorageMediumOf(store->url());
+  std::map<std::string, std::set<uint64_t>> media;
+  {
+    std::lock_guard<std::mutex> lock(sink->mu);
+    media = Rebuild(*sink, P);
+  }
+  EXPECT_EQ(Sorted(media[medium]), blocks->storage);
+  // What the store holds, prompt by prompt, is what the events say it holds.
+  std::set<uint64_t> held;
+  for (const auto& t : prompts) {
+    auto keys = ComputePromptPageKeys(t, P, "");
+    ASSERT_TRUE(keys.ok());
+    const int64_t leading = store->Exists(*keys).get().leading;
+    for (int64_t i = 0; i < leading; ++i) held.insert(BlockHashOf((*keys)[size_t(i)]));
+  }
+  EXPECT_EQ(Sorted(media[medium]), Sorted(held))
+      << "announced " << media[medium].size() << " storage blocks, the store holds " << held.size();
+  EXPECT_EQ(static_cast<int64_t>(held.size()), store->Stats().stored_pages);
+  EXPECT_GT(cache.stats().storage_evicted_by_store_tokens, 0);
+  cache_r->reset();
+  if (!dir.empty()) {
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Stores, StoreEvictionEventsTest, ::testing::Values("memory", "file"));
 
 // Without a sink the dump still works (pages keyed from their tokens) and equals the keys a
 // router computes with page_keys.

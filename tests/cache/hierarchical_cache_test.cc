@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 
 #include <atomic>
 #include <chrono>
@@ -134,6 +135,49 @@ TEST(HierarchicalCacheConfigTest, CreateChecksTheDeviceRegion) {
   ASSERT_TRUE(ok.ok()) << ok.status().ToString();
   EXPECT_EQ((*ok)->stats().host_total_tokens, 96);
   EXPECT_EQ((*ok)->stats().device_total_tokens, 64);
+}
+
+// A device region in read-only host memory (a read-only mmap) is refused at Create, naming the
+// buffer: load_back writes into it (issue 36: it was accepted and the first load-back crashed).
+// Per-layer tables are checked layer by layer.
+TEST(HierarchicalCacheConfigTest, CreateRefusesAReadOnlyDeviceRegion) {
+  KvGeometry g{KvLayout::kLayerFirst, 2, 64, 8, 4, 1};
+  const size_t bytes = static_cast<size_t>(2 * 64 * 8);
+  void* ro = ::mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  void* rw = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(ro, MAP_FAILED);
+  ASSERT_NE(rw, MAP_FAILED);
+  KvRegion region;
+  region.geometry = g;
+  region.memory = MemoryKind::kHost;
+  region.k = rw;
+  region.v = ro;
+  HierarchicalCacheConfig cfg;
+  cfg.host_ratio = 0;
+  auto c = HierarchicalCache::Create(cfg, region);
+  ASSERT_FALSE(c.ok());
+  EXPECT_TRUE(c.status().IsInvalidArgument()) << c.status().ToString();
+  EXPECT_NE(c.status().message().find("device_region.v"), std::string::npos)
+      << c.status().ToString();
+  EXPECT_NE(c.status().message().find("read-only"), std::string::npos) << c.status().ToString();
+  // Layer tables: layer 1 of K read-only.
+  std::byte* ro_bytes = static_cast<std::byte*>(ro);
+  std::byte* rw_bytes = static_cast<std::byte*>(rw);
+  void* k_layers[] = {rw_bytes, ro_bytes};
+  void* v_layers[] = {rw_bytes + bytes / 2, rw_bytes};
+  KvRegion tables;
+  tables.geometry = g;
+  tables.memory = MemoryKind::kHost;
+  tables.k_layers = k_layers;
+  tables.v_layers = v_layers;
+  auto t = HierarchicalCache::Create(cfg, tables);
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find("device_region.k layer 1"), std::string::npos)
+      << t.status().ToString();
+  region.v = rw_bytes;  // both writable (K and V sharing it is the caller's business)
+  EXPECT_TRUE(HierarchicalCache::Create(cfg, region).ok());
+  ::munmap(ro, bytes);
+  ::munmap(rw, bytes);
 }
 
 TEST(HierarchicalCacheTest, DeviceHitHostHitAndLoadBack) {

@@ -323,15 +323,23 @@ TEST_P(RedisBackendWriteTest, ValuesThatDoNotCheckOutAreMisses) {
     EXPECT_EQ(result.pages[i], expected[i])
         << "case " << i << ": " << PageStatusName(result.pages[i]);
   }
-  // The untouched value still reads back; a key of the wrong Redis type is a failed read.
+  // The untouched value still reads back; a key of the wrong Redis type is no page: corrupt, so
+  // the cache removes it and stores the page again (issue 36: such keys were never replaced,
+  // their reads failed for good). A Set writes over it.
   raw_set(keys[0], good);
   ASSERT_EQ(ReplyText(RedisCommand(server.endpoint(), {"DEL", ObjectName(ns, keys[1])}).get()),
             "1");
   ASSERT_NE(RedisCommand(server.endpoint(), {"LPUSH", ObjectName(ns, keys[1]), "x"}), nullptr);
   const BatchResult again = GetChecked(*backend, {keys[0], keys[1]});
   EXPECT_EQ(again.pages[0], PageStatus::kOk);
-  EXPECT_EQ(again.pages[1], PageStatus::kFailed);
+  EXPECT_EQ(again.pages[1], PageStatus::kCorrupt);
   EXPECT_EQ(backend->Stats().get_wrong_namespace_pages, 1);
+  EXPECT_EQ(backend->Stats().get_failed_pages, 0);
+  Pages fresh(ns, 1);
+  const std::vector<PageKey> replaced = {keys[1]};
+  fresh.Fill(replaced);
+  ASSERT_EQ(backend->Set(replaced, fresh.buffers).get().leading_ok(), 1);
+  EXPECT_EQ(GetChecked(*backend, {keys[1]}).leading_ok(), 1);
 }
 
 // Redis chooses its own victims (maxmemory-policy, no per-key exemption): a pin is refused, and
@@ -415,6 +423,7 @@ TEST_P(RedisBackendWriteTest, ServerAtMaxmemoryIsNoSpaceNotFailure) {
   EXPECT_EQ(ok + no_space, static_cast<int64_t>(rest.size()));  // no page failed otherwise
   const StorageStats st = backend->Stats();
   EXPECT_EQ(st.set_no_space_pages, no_space);
+  EXPECT_EQ(st.set_refused_pages, no_space);  // counted apart and warned (issue 36)
   EXPECT_EQ(st.set_failed_pages, 0);
   std::vector<PageKey> stored = first;
   for (size_t i = 0; i < rest.size(); ++i) {

@@ -45,12 +45,12 @@ CLI::Option* AddNumberFlag(CLI::App* app, const std::string& names, const std::s
 }
 
 // One flag for field `f` of `*config`; `names` is CLI11's name list ("--cpu-threads,--threads"),
-// FlagName(f.name) when empty.
+// FlagName(f.name) when empty. Messages name the flag by the first of `names`.
 template <typename Config>
 CLI::Option* AddFieldFlag(CLI::App* app, const ConfigField<Config>& f, Config* config,
                           std::string names = "") {
-  const std::string flag = FlagName(f.name);
-  if (names.empty()) names = flag;
+  if (names.empty()) names = FlagName(f.name);
+  const std::string flag = names.substr(0, names.find(','));
   const std::string range = f.RangeText();
   const std::string help = range.empty() ? f.help : f.help + "; " + range;
   CLI::Option* opt = nullptr;

@@ -56,14 +56,14 @@ Status RunStorage::Open(ReplaySetup& s, int64_t host_bytes) {
     url = fmt::format("file://{}?capacity={}", temp_dir_, cap);
     capacity_bytes_ = cap;
   }
-  StorageNamespace ns;
-  ns.model_id = s.model.model_id;
-  ns.layout = *ParseLayout(o.host_layout);
-  ns.mla = s.model.mla;
-  ns.num_layers = s.model.num_layers;
-  ns.slot_bytes = s.model.slot_bytes;
-  ns.page_size = o.page_size;
-  ns.head_num = s.model.kv_head_num;
+  KvGeometry pages;
+  pages.layout = *ParseLayout(o.host_layout);
+  pages.num_layers = s.model.num_layers;
+  pages.slot_bytes = s.model.slot_bytes;
+  pages.page_size = o.page_size;
+  pages.head_num = s.model.kv_head_num;
+  const StorageNamespace ns =
+      StorageNamespaceOf(pages, s.model.mla, {.model_id = s.model.model_id});
   StorageOptions so;
   so.io_threads = o.storage_io_threads;
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<StorageBackend> backend, OpenStorage(url, ns, so));
@@ -91,10 +91,16 @@ void RunStorage::MeasureCeiling(ReplaySetup& s, const std::string& url) {
   const int64_t page_bytes = s.options.page_size * s.model.kv_bytes_per_token();
   const int threads = static_cast<int>(s.options.storage_io_threads);
   Result<StorageCeiling> c = Status::Unavailable("no plain-read baseline for this kind of store");
-  if (const std::string dir = FileUrlDirectory(url); !dir.empty()) {
-    c = MeasureFileReadCeiling(dir, page_bytes, threads);
-  } else if (url.rfind("redis", 0) == 0) {
-    c = MeasureRedisReadCeiling(url, page_bytes, threads);
+  switch (BaselineOf(url)) {
+    case StorageBaseline::kFiles:
+      c = MeasureFileReadCeiling(FileUrlDirectory(url), page_bytes, threads);
+      break;
+    case StorageBaseline::kRedisBenchmark:
+      c = MeasureRedisReadCeiling(url, page_bytes, threads);
+      break;
+    case StorageBaseline::kMemcpy:
+    case StorageBaseline::kNone:
+      break;
   }
   if (c.ok()) {
     s.storage_ceiling = *c;

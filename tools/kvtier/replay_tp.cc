@@ -18,6 +18,7 @@
 #include <thread>
 #include <utility>
 
+#include "config_flags.h"
 #include "kvtier/device.h"
 #include "kvtier/storage.h"
 #include "kvtier/tp_group.h"
@@ -106,46 +107,26 @@ void AddTpReplayFlags(CLI::App* replay, TpReplayArgs* a) {
       "--tp: also serve the requests at TP=1 on each rank's GPU at that rank's bytes per copy "
       "(MHA: one rank's share of the KV heads; MLA: the whole latent), each rank's load "
       "bandwidth baseline on its own GPU (the cpu device: one such pass for every rank)");
-  replay
-      ->add_option("--tp-timeout", a->ack_timeout_s,
-                   "--tp: seconds rank 0 waits for a rank to apply a decision before failing")
-      ->check(CLI::Range(0.1, 3600.0))
-      ->capture_default_str();
-  replay
-      ->add_option("--tp-follower-poll", a->follower_poll_s,
-                   "--tp: seconds a follower polls the ring after a record before it sleeps "
-                   "(its CPU for the leader's: no wake system call when it is awake; 0: sleep at "
-                   "once)")
-      ->check(CLI::Range(0.0, 1.0))
-      ->capture_default_str();
-  replay
-      ->add_option("--tp-follower-doze", a->follower_doze_s,
-                   "--tp: seconds after its last record a follower, its poll over, looks at the "
-                   "ring every 50 us instead of sleeping (no wake call for rank 0; 0: sleep)")
-      ->check(CLI::Range(0.0, 60.0))
-      ->capture_default_str();
-  replay
-      ->add_option("--tp-leader-poll", a->leader_poll_s,
-                   "--tp: seconds rank 0 polls for the ranks' acknowledgements before it sleeps")
-      ->check(CLI::Range(0.0, 0.01))
-      ->capture_default_str();
-  replay->add_flag("--tp-ack-each-copy", a->ack_each_copy,
-                   "--tp: rank 0 waits for every rank after each of its cache's copies (default: "
-                   "the step's wait covers them; TpGroupConfig::ack_each_copy)");
+  // The ring's settings: the schema's fields under the replay's --tp-* names.
+  const ConfigSchema<TpGroupConfig>& schema = TpGroupConfigSchema();
+  for (const auto& [field, flag] : {std::pair{"ack_timeout_s", "--tp-timeout"},
+                                    {"follower_poll_s", "--tp-follower-poll"},
+                                    {"follower_doze_s", "--tp-follower-doze"},
+                                    {"leader_poll_s", "--tp-leader-poll"}}) {
+    CLI::Option* opt = AddFieldFlag(replay, *FindField(schema, field), &a->ring, flag);
+    opt->description("--tp: " + opt->get_description());
+  }
+  replay->add_flag("--tp-ack-each-copy", a->ring.ack_each_copy,
+                   "--tp: " + FindField(schema, "ack_each_copy")->help);
   replay->add_option("--tp-rank", a->rank)->group("")->check(CLI::Range(1, 7));
   replay->add_option("--tp-group", a->group)->group("");
   replay->add_option("--tp-store", a->store)->group("");
 }
 
 TpGroupConfig TpGroupConfigOf(const TpReplayArgs& a, std::string name) {
-  TpGroupConfig gc;
+  TpGroupConfig gc = a.ring;
   gc.name = std::move(name);
   gc.tp_size = a.tp;
-  gc.ack_timeout_s = a.ack_timeout_s;
-  gc.follower_poll_s = a.follower_poll_s;
-  gc.follower_doze_s = a.follower_doze_s;
-  gc.leader_poll_s = a.leader_poll_s;
-  gc.ack_each_copy = a.ack_each_copy;
   return gc;
 }
 

@@ -24,6 +24,7 @@
 #include "kvtier/page_key.h"
 #include "kvtier/storage.h"
 #include "redis_baseline.h"
+#include "replay_ceiling.h"
 #include "storage_bench_baseline.h"
 #include "storage_bench_pages.h"
 
@@ -35,16 +36,14 @@ const PageKind& KindNamed(std::string_view name) {
 }
 
 StorageNamespace NamespaceOf(const PageKind& kind) {
-  StorageNamespace ns;
-  ns.model_id = std::string("kvtier-bench/") + kind.model;
-  ns.kv_dtype = "bf16";
-  ns.layout = KvLayout::kPageFirst;
-  ns.mla = kind.mla;
-  ns.num_layers = kind.num_layers;
-  ns.slot_bytes = kind.slot_bytes;
-  ns.page_size = kind.page_size;
-  ns.head_num = kind.head_num;
-  return ns;
+  KvGeometry pages;
+  pages.layout = KvLayout::kPageFirst;
+  pages.num_layers = kind.num_layers;
+  pages.slot_bytes = kind.slot_bytes;
+  pages.page_size = kind.page_size;
+  pages.head_num = kind.head_num;
+  return StorageNamespaceOf(pages, kind.mla,
+                            {.model_id = std::string("kvtier-bench/") + kind.model});
 }
 
 void Append(OpTimes& to, const OpTimes& from) {
@@ -455,7 +454,7 @@ int BenchKind(const StorageBenchOptions& o, const StorageOptions& so, const std:
   KindRounds k;
   std::unique_ptr<RedisKeySpace> key_space;
   std::string file_dir;  // the file baseline's, for all rounds of the kind
-  if (o.baseline && scheme == "file") {
+  if (o.baseline && !FileUrlDirectory(o.url).empty()) {
     file_dir = fmt::format("{}/kvtier-bench-baseline-{}-{}", rest, kind.name, ::getpid());
     std::error_code ec;
     std::filesystem::create_directories(file_dir, ec);
@@ -591,7 +590,7 @@ int RunStorageBench(const StorageBenchOptions& options, const std::string& comma
       rows.push_back(row);
     }
   }
-  if (scheme == "file") {  // every backend of the run is closed by now
+  if (!FileUrlDirectory(o.url).empty()) {  // every backend of the run is closed by now
     for (const std::string& kind_name : o.kinds) {
       const std::string ns_name = NamespaceOf(KindNamed(kind_name)).Name();
       RemoveEmptyDirectories(std::filesystem::path(rest) / ns_name);

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "kvtier/storage.h"
+#include "kvtier/storage_schemes.h"
 #include "redis_baseline.h"
 #include "replay_ceiling.h"
 
@@ -246,7 +247,9 @@ Result<std::vector<Baseline>> RunBaselines(const std::string& scheme, const std:
                                            const PageSet& src, PageSet& dst, int64_t key_space,
                                            const StorageBenchOptions& o) {
   std::vector<Baseline> baselines;
-  if (scheme == "file") {
+  const StorageScheme* row = FindStorageScheme(scheme);
+  const StorageBaseline kind = row == nullptr ? StorageBaseline::kNone : row->baseline;
+  if (kind == StorageBaseline::kFiles) {
     // N threads first (the reference), one thread beside it.
     // A direct store (direct=1) is measured against O_DIRECT reads and writes.
     const bool direct = o.url.find("direct=1") != std::string::npos ||
@@ -277,9 +280,9 @@ Result<std::vector<Baseline>> RunBaselines(const std::string& scheme, const std:
                      cold.status().message().c_str());
       }
     }
-  } else if (scheme == "memory") {
+  } else if (kind == StorageBaseline::kMemcpy) {
     baselines.push_back(MemcpyBaseline(src, dst, o.batch_pages, o.repeats));
-  } else if (scheme == "redis" || scheme == "redis+cluster") {
+  } else if (kind == StorageBaseline::kRedisBenchmark) {
     if (key_space > 0) {
       KVTIER_ASSIGN_OR_RETURN(
           Baseline b, RedisBenchmarkBaseline(o.url, src.count, src.page_bytes, key_space, o));

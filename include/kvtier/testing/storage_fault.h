@@ -100,6 +100,12 @@ class FaultInjectingStorage final : public StorageBackend {
   InjectedFaults injected() const;
   StorageBackend& inner() { return *inner_; }
 
+  // The wrapped store's own evictions (StorageBackend::TrackEvictions).
+  void TrackEvictions(bool on) override { inner_->TrackEvictions(on); }
+  std::vector<PageKey> TakeEvictions(int64_t* dropped = nullptr) override {
+    return inner_->TakeEvictions(dropped);
+  }
+
  protected:
   ExistsResult DoExists(std::span<const PageKey> keys,
                         std::chrono::steady_clock::time_point deadline) override;

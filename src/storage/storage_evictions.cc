@@ -1,0 +1,69 @@
+// The pages a store evicted by itself, kept for whoever tracks them (StorageBackend::
+// TrackEvictions in kvtier/storage.h: the cache, for its KV events).
+//
+// Thread safety: the log has its own mutex; the pointer to it is set once (the first
+// TrackEvictions(true)) and read through std::atomic_load, so a backend's I/O threads may note
+// evictions while the cache starts tracking.
+#include <deque>
+#include <memory>
+#include <mutex>
+
+#include "kvtier/storage.h"
+
+namespace kvtier {
+
+struct StorageBackend::Evictions {
+  std::mutex mu;
+  bool on = false;           // guarded by mu
+  std::deque<PageKey> keys;  // guarded by mu: oldest first, at most kMaxTrackedEvictions
+  int64_t dropped = 0;       // guarded by mu: since the last TakeEvictions
+};
+
+void StorageBackend::TrackEvictions(bool on) {
+  static std::mutex make_mu;  // one log per backend, however many threads start tracking
+  std::shared_ptr<Evictions> log = std::atomic_load(&evictions_);
+  if (log == nullptr) {
+    if (!on) return;
+    std::lock_guard<std::mutex> lock(make_mu);
+    log = std::atomic_load(&evictions_);
+    if (log == nullptr) {
+      log = std::make_shared<Evictions>();
+      std::atomic_store(&evictions_, log);
+    }
+  }
+  std::lock_guard<std::mutex> lock(log->mu);
+  log->on = on;
+  if (!on) {
+    log->keys.clear();
+    log->dropped = 0;
+  }
+}
+
+std::vector<PageKey> StorageBackend::TakeEvictions(int64_t* dropped) {
+  if (dropped != nullptr) *dropped = 0;
+  const std::shared_ptr<Evictions> log = std::atomic_load(&evictions_);
+  if (log == nullptr) return {};
+  std::lock_guard<std::mutex> lock(log->mu);
+  std::vector<PageKey> out(log->keys.begin(), log->keys.end());
+  log->keys.clear();
+  if (dropped != nullptr) *dropped = log->dropped;
+  log->dropped = 0;
+  return out;
+}
+
+void StorageBackend::NoteEvicted(std::span<const PageKey> keys) {
+  if (keys.empty()) return;
+  const std::shared_ptr<Evictions> log = std::atomic_load(&evictions_);
+  if (log == nullptr) return;
+  std::lock_guard<std::mutex> lock(log->mu);
+  if (!log->on) return;
+  for (const PageKey& key : keys) {
+    if (log->keys.size() >= kMaxTrackedEvictions) {
+      log->keys.pop_front();
+      ++log->dropped;
+    }
+    log->keys.push_back(key);
+  }
+}
+
+}  // namespace kvtier
