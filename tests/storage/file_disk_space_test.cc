@@ -254,7 +254,10 @@ TEST(FileDiskSpaceTest, TwoStoresAndAForeignWriterKeepTheFloor) {
     EXPECT_EQ(SetPage(*a, ka, i), PageStatus::kNoSpace);
   }
   EXPECT_EQ(a->Stats().stored_pages, 0);
-  EXPECT_GE(a->Stats().floor_refused_pages, 8);
+  // Each of those Sets is refused either by the floor's check or, where the floor's estimate was
+  // last read before the disk filled (it is refreshed at most every 20 ms), by the write's ENOSPC
+  // after the store found nothing to evict: both are counted refusals, never a failure.
+  EXPECT_GE(a->Stats().floor_refused_pages + a->Stats().disk_full_retries, 8);
   EXPECT_EQ(a->Stats().set_failed_pages, 0);
   // The disk has room again: the store writes again.
   ASSERT_EQ(::unlink(foreign.c_str()), 0);

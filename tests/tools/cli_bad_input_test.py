@@ -132,7 +132,7 @@ def main():
         # Numbers CLI11 would have saturated or let through every range check.
         expect_refused(small[:2] + ["--requests", "9223372036854775808"], "out of range")
         expect_refused(small[:2] + ["--seed", "18446744073709551616"], "out of range")
-        expect_refused(small[:2] + ["--tp", "2", "--tp-timeout", "nan"], "not a finite number")
+        expect_refused(small[:2] + ["--tp", "2", "--tp-timeout", "nan"], "--tp-timeout = nan")
         expect_refused(small[:2] + ["--tflops", "inf"], "not a finite number")
         expect_refused([kvtier, "bench", "--storage-hit", ""], "--storage-hit is empty")
         if not existed and os.path.exists(stray):
