@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "kvtier/storage.h"
+
 namespace kvtier::tools {
 
 struct StorageBenchOptions {
@@ -30,8 +32,9 @@ struct StorageBenchOptions {
   int64_t batch_pages = 64;
   int io_threads = 0;  // the backend's; 0: the machine's default
   int in_flight = 0;   // batches in flight at once; 0: 8, or more for four pages an I/O thread
-  int repeats = 3;     // Set+Get rounds per kind; each batch's time goes into p50/p99,
-                       // throughput is the median round
+  int64_t min_free_bytes = StorageOptions{}.min_free_bytes;  // a file store's free-space floor
+  int repeats = 3;  // Set+Get rounds per kind; each batch's time goes into p50/p99,
+                    // throughput is the median round
   int64_t exists_keys = 1000;
   bool baseline = true;
   std::string json_path;
