@@ -58,22 +58,22 @@
 
 #include "kvtier/page_key.h"
 #include "kvtier/status.h"
+#include "kvtier/storage_schemes.h"
 #include "kvtier/token.h"
 
 namespace kvtier {
 
+// The tiers' media; a store's is its scheme's row (kMediumDisk, kMediumRedis, kMediumMemory:
+// storage_schemes.h).
 inline constexpr std::string_view kMediumGpu = "GPU";
 inline constexpr std::string_view kMediumCpuPinned = "CPU_PINNED";
-inline constexpr std::string_view kMediumDisk = "DISK";
-inline constexpr std::string_view kMediumRedis = "REDIS";
-inline constexpr std::string_view kMediumMemory = "MEMORY";
 
 // The 64-bit block hash of a page key (see above).
 uint64_t BlockHashOf(const PageKey& key);
 
-// The medium of a storage tier opened from `url`, by its scheme: "DISK" (file), "REDIS" (redis,
-// redis+cluster), "MEMORY" (memory), else the scheme in upper case ("STORAGE" without one). Only
-// the scheme is read (a URL's password never reaches an event).
+// The medium of a storage tier opened from `url`: its scheme's row's (storage_schemes.h: "DISK"
+// for file, "REDIS" for redis and redis+cluster, "MEMORY" for memory), else the scheme in upper
+// case ("STORAGE" without one). Only the scheme is read (a URL's password never reaches an event).
 std::string StorageMediumOf(std::string_view url);
 
 // One or more consecutive blocks of one prefix chain entered `medium`.

@@ -92,4 +92,17 @@ struct StorageNamespace {
   std::string Describe() const;
 };
 
+// Whose pages a namespace holds: the fields of a StorageNamespace that no pool's shape gives.
+struct StorageOwner {
+  std::string model_id;
+  std::string kv_dtype = "bf16";
+  int64_t tp_rank = 0;
+  int64_t tp_size = 1;
+};
+
+// The namespace of pages shaped as a pool of geometry `pages` (its layout, num_layers,
+// slot_bytes, page_size and head_num; num_slots is not part of it) with `mla`, held by `owner`:
+// the one place a StorageNamespace is filled from a pool's shape. Not validated (Validate).
+StorageNamespace StorageNamespaceOf(const KvGeometry& pages, bool mla, const StorageOwner& owner);
+
 }  // namespace kvtier

@@ -7,7 +7,7 @@
 // by the payload. A value that does not check out — corrupt, truncated, another key's, another
 // namespace's, an older format — is a miss, never bytes handed to the caller.
 //
-// Backends are chosen by URL (OpenStorage):
+// Backends are chosen by URL (OpenStorage; the schemes' table: storage_schemes.h):
 //   file:///abs/dir[?capacity=200GiB][&fsync=1][&direct=1]
 //                                                one file per page, LRU within a byte capacity
 //                                                (default: half the free space; direct: O_DIRECT)
@@ -111,10 +111,11 @@ struct ExistsResult {
 // `url` with its user info (a password, a user name) replaced by "***", for every place kvtier
 // prints, logs or writes a URL (reports, --json, metrics labels, error messages):
 //   redis://:s3cret@host:6379?timeout_ms=5  ->  redis://***@host:6379?timeout_ms=5
-// The user info is what the URL's own parser takes as one: for redis:// and redis+cluster://
-// everything before the last '@' ahead of the query (redis_url.h, which accepts a raw '@' or '/'
-// in a password); for other schemes everything before the last '@' of the authority (up to the
-// first '/' or '?'), so a file:// path with an '@' in it is shown as it is. Text without "://"
+// The user info is what the URL's own parser takes as one (its scheme's StorageUrlForm,
+// storage_schemes.h): for redis:// and redis+cluster:// everything before the last '@' ahead of
+// the query (redis_url.h, which accepts a raw '@' or '/' in a password); for other schemes
+// everything before the last '@' of the authority (up to the first '/' or '?'), so a file://
+// path with an '@' in it is shown as it is. Text without "://"
 // that holds an '@' (a mistyped URL) keeps only what follows its last '@'. Everything else is
 // returned unchanged.
 std::string RedactUrl(std::string_view url);
@@ -186,6 +187,16 @@ struct StorageStats {
   double get_queue_seconds = 0, get_held_seconds = 0, get_page_seconds = 0;
   double set_queue_seconds = 0, set_page_seconds = 0;
   int64_t get_held_calls = 0;
+  // Where the Set pages' time inside the hook went, summed over pages and threads (seconds), for
+  // backends that profile their writes (file://; elsewhere set_profiled_pages stays 0): creating
+  // the page's file, copying into a bounce buffer (direct=1), the checksum, the write calls (the
+  // kernel's copy and any wait it imposes for the writeback), fdatasync (fsync=1), publishing
+  // (mtime stamp and rename; the directory's fsync with fsync=1), the index (its lock, and the
+  // evictions a write makes) and unlinking the evicted pages' files.
+  int64_t set_profiled_pages = 0;
+  double set_open_seconds = 0, set_copy_seconds = 0, set_hash_seconds = 0, set_write_seconds = 0,
+         set_sync_seconds = 0, set_publish_seconds = 0, set_index_seconds = 0,
+         set_unlink_seconds = 0;
   // Get pages the backend read from the page cache and from the disk (file://: a page that
   // needed any read from the disk is a disk page; direct=1 reads are all disk); -1 where the
   // backend cannot tell (memory://, redis://, file:// io_uring reads).

@@ -43,6 +43,7 @@
 #include <string>
 #include <vector>
 
+#include "kvtier/config_schema.h"
 #include "kvtier/status.h"
 #include "kvtier/storage.h"
 #include "kvtier/transfer.h"
@@ -88,9 +89,14 @@ struct TpGroupConfig {
   // channel than the ring and cannot call Fence() first.
   bool ack_each_copy = false;
 
-  // InvalidArgument naming the field and its value.
-  Status Validate() const;
+  // InvalidArgument naming the field and its value: the schema's bounds (TpGroupConfigSchema),
+  // the name's rules and ring_bytes a multiple of the ring's record alignment.
+  Status Validate(const FieldNamer& name_of = nullptr) const;
 };
+
+// Every field of TpGroupConfig, its bounds and help, declared once (kvtier/config_schema.h): read
+// by Validate, the Python TpGroup's fields and defaults, and `kvtier replay --tp`'s flags.
+const ConfigSchema<TpGroupConfig>& TpGroupConfigSchema();
 
 // What every rank's pools must agree on: slot indices mean the same page on every rank.
 struct TpShape {

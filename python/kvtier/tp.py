@@ -45,6 +45,13 @@ __all__ = ["TpGroup", "TpFollower"]
 
 _SERVE_RESULTS = ("idle", "applied", "closed")
 
+# The C++ TpGroupConfig's fields (TpGroupConfigSchema): defaults and bounds are declared there once.
+_GROUP_FIELDS = {f["name"]: f for f in _kvtier.tp_group_fields()}
+
+
+def _group_default(name: str) -> Any:
+    return _GROUP_FIELDS[name]["default"]
+
 
 @dataclass(frozen=True)
 class TpGroup:
@@ -70,14 +77,14 @@ class TpGroup:
     name: str
     size: int
     rank: int
-    ring_bytes: int = 4 << 20
-    ack_timeout_s: float = 10.0
-    attach_timeout_s: float = 30.0
-    liveness_poll_s: float = 0.05
-    follower_poll_s: float = 0.005
-    follower_doze_s: float = 0.25
-    leader_poll_s: float = 20e-6
-    ack_each_copy: bool = False
+    ring_bytes: int = _group_default("ring_bytes")
+    ack_timeout_s: float = _group_default("ack_timeout_s")
+    attach_timeout_s: float = _group_default("attach_timeout_s")
+    liveness_poll_s: float = _group_default("liveness_poll_s")
+    follower_poll_s: float = _group_default("follower_poll_s")
+    follower_doze_s: float = _group_default("follower_doze_s")
+    leader_poll_s: float = _group_default("leader_poll_s")
+    ack_each_copy: bool = _group_default("ack_each_copy")
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -114,15 +121,10 @@ class TpGroup:
                    **options)
 
     def _native(self) -> dict:
-        return {"name": self.name, "size": self.size, "rank": self.rank,
-                "ring_bytes": _int(self.ring_bytes, "TpGroup.ring_bytes", 1),
-                "ack_timeout_s": float(self.ack_timeout_s),
-                "attach_timeout_s": float(self.attach_timeout_s),
-                "liveness_poll_s": float(self.liveness_poll_s),
-                "follower_poll_s": float(self.follower_poll_s),
-                "follower_doze_s": float(self.follower_doze_s),
-                "leader_poll_s": float(self.leader_poll_s),
-                "ack_each_copy": bool(self.ack_each_copy)}
+        """The C++ TpGroupConfig's fields by their schema names (types and bounds checked there),
+        and this process's rank."""
+        fields = {name: getattr(self, name) for name in _GROUP_FIELDS if name != "tp_size"}
+        return {**fields, "tp_size": self.size, "rank": self.rank}
 
 
 class TpFollower:

@@ -30,7 +30,8 @@ struct Names {
   PyObject* is_cpu = PyUnicode_InternFromString("is_cpu");
   PyObject* is_contiguous = PyUnicode_InternFromString("is_contiguous");
   PyObject* get_device = PyUnicode_InternFromString("get_device");
-  PyObject* nbytes = PyUnicode_InternFromString("nbytes");
+  PyObject* numel = PyUnicode_InternFromString("numel");
+  PyObject* element_size = PyUnicode_InternFromString("element_size");
   PyObject* shape = PyUnicode_InternFromString("shape");
   PyObject* dtype = PyUnicode_InternFromString("dtype");
   PyObject* device = PyUnicode_InternFromString("device");
@@ -162,7 +163,9 @@ BufferArg ReadTensor(py::handle t, std::string_view name) {
   b.device = TensorDevice(t, name);
   CheckTensorContiguous(t, name);
   b.address = static_cast<uint64_t>(AsInt64(CallMethod(t, n.data_ptr)));
-  b.nbytes = AsInt64(Attr(t, n.nbytes));
+  // numel() * element_size(), not Tensor.nbytes: that attribute is PyTorch 2's (Debian 12 ships
+  // 1.13).
+  b.nbytes = AsInt64(CallMethod(t, n.numel)) * AsInt64(CallMethod(t, n.element_size));
   py::object shape = Attr(t, n.shape);
   const Py_ssize_t ndim = PyTuple_GET_SIZE(shape.ptr());
   b.ndim = static_cast<int>(ndim);

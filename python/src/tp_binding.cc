@@ -61,19 +61,11 @@ Result<StorageNamespace> RankPages(const HierarchicalCacheConfig& config, const 
         "head's bytes apart), not '{}'",
         LayoutName(config.host_layout)));
   }
-  const KvGeometry& g = device.geometry;
-  StorageNamespace ns;
-  ns.model_id = config.storage.model_id;
-  ns.kv_dtype = config.storage.kv_dtype;
-  ns.layout = KvLayout::kPageHead;
-  ns.mla = device.mla;
-  ns.num_layers = g.num_layers;
-  ns.slot_bytes = g.slot_bytes;
-  ns.page_size = g.page_size;
-  ns.head_num = HostHeadNum(config, device);
-  ns.tp_rank = rank;
-  ns.tp_size = tp_size;
-  return ns;
+  KvGeometry pages = device.geometry;
+  pages.layout = KvLayout::kPageHead;
+  pages.head_num = HostHeadNum(config, device);
+  return StorageNamespaceOf(pages, device.mla,
+                            {config.storage.model_id, config.storage.kv_dtype, rank, tp_size});
 }
 
 template <typename T>
@@ -264,20 +256,17 @@ class PyTpFollower {
 }  // namespace
 
 TpGroupConfig TpGroupConfigFromDict(const py::dict& d) {
+  py::dict fields;  // the group's fields; "rank" is the caller's (which process this is)
+  for (auto item : d) {
+    if (py::str(item.first).cast<std::string>() != "rank") fields[item.first] = item.second;
+  }
   TpGroupConfig c;
-  c.name = Get<std::string>(d, "name", "");
-  c.tp_size = Get<int>(d, "size", 0);
-  c.ring_bytes = Get<int64_t>(d, "ring_bytes", c.ring_bytes);
-  c.ack_timeout_s = Get<double>(d, "ack_timeout_s", c.ack_timeout_s);
-  c.attach_timeout_s = Get<double>(d, "attach_timeout_s", c.attach_timeout_s);
-  c.liveness_poll_s = Get<double>(d, "liveness_poll_s", c.liveness_poll_s);
-  c.follower_poll_s = Get<double>(d, "follower_poll_s", c.follower_poll_s);
-  c.follower_doze_s = Get<double>(d, "follower_doze_s", c.follower_doze_s);
-  c.leader_poll_s = Get<double>(d, "leader_poll_s", c.leader_poll_s);
-  c.ack_each_copy = Get<bool>(d, "ack_each_copy", c.ack_each_copy);
+  ApplySettings(TpGroupConfigSchema(), fields, "tp group", &c);
   ThrowIfError(c.Validate());
   return c;
 }
+
+py::list TpGroupConfigTable() { return SchemaTable(TpGroupConfigSchema()); }
 
 Result<TpLeaderCache> CreateTpLeaderCache(HierarchicalCacheConfig config, const KvRegion& device,
                                           const TpGroupConfig& group) {
@@ -329,6 +318,9 @@ void RegisterTp(py::module_& m) {
       .def("rank", &PyTpFollower::Rank)
       .def("close", &PyTpFollower::Close)
       .def_property_readonly("closed", &PyTpFollower::closed);
+  m.def("tp_group_fields", &TpGroupConfigTable,
+        "The fields of a TP group's config (C++ TpGroupConfigSchema): name, kind, default, "
+        "bounds, help.");
 }
 
 }  // namespace kvtier::python

@@ -15,8 +15,9 @@
 
 namespace kvtier::python {
 
-// {"name", "size", "ring_bytes", "ack_timeout_s", "attach_timeout_s", "liveness_poll_s"} (the
-// last four optional) as a validated TpGroupConfig; InvalidArgument naming the key otherwise.
+// The fields of TpGroupConfigSchema by name ("name" and "tp_size" given, the rest optional), plus
+// the caller's "rank" (not read here), as a validated TpGroupConfig; InvalidArgument naming the
+// key otherwise.
 TpGroupConfig TpGroupConfigFromDict(const pybind11::dict& d);
 
 // The leader's group and cache. Destroy the cache first (declaration order does).

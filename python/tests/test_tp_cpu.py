@@ -221,6 +221,18 @@ def test_a_killed_follower_fails_the_leader_within_the_timeout():
             proc.join()
 
 
+def test_group_fields_are_the_cpp_schema():
+    fields = {f["name"]: f for f in kvtier._kvtier.tp_group_fields()}
+    assert set(fields) == {"name", "tp_size", "ring_bytes", "ack_timeout_s", "attach_timeout_s",
+                           "liveness_poll_s", "follower_poll_s", "follower_doze_s",
+                           "leader_poll_s", "ack_each_copy"}
+    group = kvtier.TpGroup("g", 2, 0)
+    for name, f in fields.items():
+        if name not in ("name", "tp_size"):
+            assert getattr(group, name) == f["default"], name
+    assert fields["follower_poll_s"]["max"] == 1.0
+
+
 def test_bad_groups_are_refused():
     with pytest.raises(ValueError, match="rank"):
         kvtier.TpGroup("g", 2, 2)
@@ -238,6 +250,11 @@ def test_bad_groups_are_refused():
         kvtier.HierarchicalCache(region, tp_group=kvtier.TpGroup("g", 2, 0, follower_poll_s=2.0))
     with pytest.raises(kvtier.InvalidArgumentError, match="leader_poll_s"):
         kvtier.HierarchicalCache(region, tp_group=kvtier.TpGroup("g", 2, 0, leader_poll_s=1.0))
+    # Types are the C++ schema's: a string or a bool where a number belongs is refused by name.
+    with pytest.raises(ValueError, match="ack_timeout_s"):
+        kvtier.HierarchicalCache(region, tp_group=kvtier.TpGroup("g", 2, 0, ack_timeout_s="2"))
+    with pytest.raises(ValueError, match="ring_bytes"):
+        kvtier.HierarchicalCache(region, tp_group=kvtier.TpGroup("g", 2, 0, ring_bytes=True))
     # No leader: the follower gives up after attach_timeout_s, naming the ring.
     start = time.monotonic()
     with pytest.raises(kvtier.UnavailableError):

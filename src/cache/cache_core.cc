@@ -84,18 +84,10 @@ Status CacheCore::OpenHostTier(const KvRegion& device_region) {
 
 Status CacheCore::OpenStorageTier(const KvRegion& device_region) {
   if (!config.storage.enabled()) return Status::OK();
-  const KvGeometry& g = device_region.geometry;
-  StorageNamespace want;
-  want.model_id = config.storage.model_id;
-  want.kv_dtype = config.storage.kv_dtype;
-  want.layout = config.host_layout;
-  want.mla = device_region.mla;
-  want.num_layers = g.num_layers;
-  want.slot_bytes = g.slot_bytes;
-  want.page_size = g.page_size;
-  want.head_num = HostPoolConfig(config, device_region, gpu).geometry.head_num;
-  want.tp_rank = config.storage.tp_rank;
-  want.tp_size = config.storage.tp_size;
+  const StorageNamespace want =
+      StorageNamespaceOf(HostPoolConfig(config, device_region, gpu).geometry, device_region.mla,
+                         {config.storage.model_id, config.storage.kv_dtype, config.storage.tp_rank,
+                          config.storage.tp_size});
   if (config.storage.backend) {
     const StorageNamespace& have = config.storage.backend->ns();
     if (have.layout != want.layout || have.mla != want.mla || have.num_layers != want.num_layers ||

@@ -225,14 +225,8 @@ Result<std::unique_ptr<HostTier>> OpenSharedHostTier(std::shared_ptr<SharedHostP
         "register_with_cuda) but the cache copies on a GPU",
         pool->name()));
   }
-  StorageNamespace ns;
-  ns.model_id = model_id;
-  ns.layout = seg.layout;
-  ns.mla = device.mla;
-  ns.num_layers = dev.num_layers;
-  ns.slot_bytes = dev.slot_bytes;
-  ns.page_size = dev.page_size;
-  ns.head_num = seg.head_num;
+  // The segment's pages (checked above to match the device's layers, slots and page size).
+  const StorageNamespace ns = StorageNamespaceOf(seg, device.mla, {.model_id = model_id});
   const int64_t page_bytes =
       dev.page_size * dev.num_layers * dev.slot_bytes * pool->region().num_buffers();
   const int64_t budget_pages = std::max<int64_t>(1, budget_bytes / page_bytes);

@@ -79,12 +79,9 @@ uint64_t BlockHashOf(const PageKey& key) {
 }
 
 std::string StorageMediumOf(std::string_view url) {
-  const size_t sep = url.find("://");
-  if (sep == std::string_view::npos || sep == 0) return "STORAGE";
-  const std::string_view scheme = url.substr(0, sep);
-  if (scheme == "file") return std::string(kMediumDisk);
-  if (scheme == "redis" || scheme == "redis+cluster") return std::string(kMediumRedis);
-  if (scheme == "memory") return std::string(kMediumMemory);
+  const std::string_view scheme = StorageUrlScheme(url);
+  if (scheme.empty()) return "STORAGE";
+  if (const StorageScheme* row = FindStorageScheme(scheme)) return std::string(row->medium);
   std::string out(scheme);
   for (char& c : out) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
   return out;

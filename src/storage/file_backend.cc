@@ -47,6 +47,7 @@
 #include "storage/page_pins.h"
 #include "storage/read_profile.h"
 #include "storage/storage_url.h"
+#include "storage/write_profile.h"
 #include "util/log.h"
 
 namespace kvtier::storage {
@@ -201,7 +202,7 @@ class FileBackend final : public StorageBackend {
     index_ = std::make_unique<FileIndex>(
         capacity,
         [this](const PageKey& key) {
-          RemoveFile(key);
+          DetachFile(key);
           NoteEvicted({&key, 1});  // KV events: the cache tells its listeners (TrackEvictions)
         },
         [this](const PageKey& key) { return pins_.Pinned(key); },
@@ -209,6 +210,7 @@ class FileBackend final : public StorageBackend {
           if (stamp - mtime_ns > kStampGranularityNs) stamper_.Add(key, stamp);
         });
     index_->Load(std::move(found));
+    UnlinkDetached();
     claim_ = DiskClaims::Add(disk->device, [this] { return index_->capacity() - index_->bytes(); });
     stamper_.Start();
     if (floor_) floor_->Watch([this](int64_t) { MakeRoom(0); });
@@ -285,6 +287,7 @@ class FileBackend final : public StorageBackend {
         [this](const PageKey& k, const PageKey& p, bool in_batch) {
           return index_->DropOrphan(k, p, in_batch);
         });
+    UnlinkDetached();
   }
 
   void DoRemove(std::span<const PageKey> keys, std::span<PageStatus> out,
@@ -336,6 +339,7 @@ class FileBackend final : public StorageBackend {
     // Hits read on the thread path (io_uring reads are not probed: counted in neither).
     stats.get_cached_pages = cached_pages_.load(std::memory_order_relaxed);
     stats.get_disk_pages = disk_pages_.load(std::memory_order_relaxed);
+    write_profile_.Fill(stats);
   }
 
  private:
@@ -450,6 +454,38 @@ class FileBackend final : public StorageBackend {
       return Fd();
     }
     return Fd(OpenBeneath(ns_dir.get(), {shard}, O_RDONLY | O_DIRECTORY));
+  }
+
+  // The index's removal of a victim (evicted, or an orphan dropped), under the index's mutex: the
+  // page's file is renamed out of its place to a temporary name in its shard directory (a
+  // directory entry changed: microseconds; the key's path is free at once, so a page written
+  // again under the key is never what goes), and unlinked later, outside the mutex, by this same
+  // thread (UnlinkDetached, after its call into the index). The unlink frees the file's blocks and
+  // page cache — waiting, on ext4, for any of its pages still under writeback — and ran under the
+  // mutex, which every writer's Put and NextStamp need, for as long. A process that dies between
+  // the two leaves a temporary file the next open removes (its writer is gone). Where the rename
+  // fails for another reason than the file being gone, the file is unlinked at once, as before.
+  void DetachFile(const PageKey& key) {
+    const std::string hex = key.Hex();
+    Fd shard = OpenShard(hex, /*create=*/false);
+    if (!shard.ok()) return;
+    std::string temp =
+        fmt::format("{}{}.{}.{}", kTempPrefix, ::getpid(), temp_counter_.fetch_add(1), hex);
+    if (::renameat(shard.get(), hex.c_str(), shard.get(), temp.c_str()) != 0) {
+      if (errno != ENOENT) ::unlinkat(shard.get(), hex.c_str(), 0);
+      return;
+    }
+    Detached().push_back({std::move(shard), std::move(temp)});
+  }
+
+  // The files this thread's calls into the index detached (DetachFile), unlinked now.
+  static void UnlinkDetached() {
+    for (auto& [shard, temp] : Detached()) ::unlinkat(shard.get(), temp.c_str(), 0);
+    Detached().clear();
+  }
+  static std::vector<std::pair<Fd, std::string>>& Detached() {
+    thread_local std::vector<std::pair<Fd, std::string>> detached;
+    return detached;
   }
 
   // Unlinks a page's file (evicted or removed); true when it is gone (or was never there).
@@ -695,6 +731,7 @@ class FileBackend final : public StorageBackend {
     // page. This store's oldest pages make room (at least one page's worth; up to the floor when
     // there is one), and the write is tried once more.
     const int64_t evicted = index_->EvictOldest(value_bytes_);
+    UnlinkDetached();  // their files, so the space is free before the write is tried again
     floor_evicted_.fetch_add(evicted, std::memory_order_relaxed);
     if (floor_) floor_->NoteFreed(evicted * allocated_bytes_);
     const bool room = floor_ ? MakeRoom(allocated_bytes_) : evicted > 0;
@@ -718,6 +755,7 @@ class FileBackend final : public StorageBackend {
     if (short_by <= 0) return true;
     const int64_t pages = (short_by + allocated_bytes_ - 1) / allocated_bytes_;
     const int64_t evicted = index_->pages() > 0 ? index_->EvictOldest(pages * value_bytes_) : 0;
+    UnlinkDetached();  // their files, so the space they held is free when this returns
     if (evicted == 0) return false;
     floor_->NoteFreed(evicted * allocated_bytes_);
     const int64_t total = floor_evicted_.fetch_add(evicted, std::memory_order_relaxed) + evicted;
@@ -738,10 +776,13 @@ class FileBackend final : public StorageBackend {
   // One attempt at writing a page: a temporary file in its shard directory, renamed into place.
   // kNoSpace with `error` ENOSPC or EDQUOT when the file system has no room (said by SetOne, not
   // here), kFailed with a warning for any other failure (EFBIG past the file-size limit: said at
-  // the 1st, 2nd, 4th ... time, as a full disk is).
+  // the 1st, 2nd, 4th ... time, as a full disk is). Every phase's time goes into write_profile_
+  // (StorageStats' set_*_seconds).
   PageStatus WriteOne(const PageKey& key, const PageBuffer& buffer,
                       const std::optional<PageKey>& parent, int& error) {
     const auto full = [](int e) { return e == ENOSPC || e == EDQUOT; };
+    using WClock = WriteProfile::Clock;
+    const WClock::time_point start = WClock::now();
     const std::string hex = key.Hex();
     Fd shard = OpenShard(hex, /*create=*/true);
     if (!shard.ok()) {
@@ -766,8 +807,12 @@ class FileBackend final : public StorageBackend {
                 hex.substr(0, 2), temp, std::strerror(error));
       return PageStatus::kFailed;
     }
-    bool ok = io_.WritePage(fd.get(), key, buffer, parent) &&
-              (!config_.fsync || ::fdatasync(fd.get()) == 0);
+    const WClock::time_point opened = WClock::now();
+    WriteTimes io;
+    bool ok = io_.WritePage(fd.get(), key, buffer, parent, &io);
+    const WClock::time_point written = WClock::now();
+    ok = ok && (!config_.fsync || ::fdatasync(fd.get()) == 0);
+    const WClock::time_point synced = config_.fsync ? WClock::now() : written;
     int64_t stamp = 0;
     if (ok) {
       stamp = index_->NextStamp();
@@ -793,8 +838,14 @@ class FileBackend final : public StorageBackend {
       return PageStatus::kFailed;
     }
     if (config_.fsync) ::fsync(shard.get());
+    const WClock::time_point published = WClock::now();
     if (floor_) floor_->NoteWritten(allocated_bytes_);
     index_->Put(key, value_bytes_, stamp, parent);
+    const WClock::time_point indexed = WClock::now();
+    UnlinkDetached();  // the victims' files this Put evicted, outside the index's mutex
+    write_profile_.Add(WriteProfile::Ns(opened - start), io, WriteProfile::Ns(synced - written),
+                       WriteProfile::Ns(published - synced), WriteProfile::Ns(indexed - published),
+                       WriteProfile::Ns(WClock::now() - indexed));
     return PageStatus::kOk;
   }
 
@@ -818,6 +869,7 @@ class FileBackend final : public StorageBackend {
   std::atomic<int64_t> found_v1_{0}, found_unreadable_{0};  // NoteFoundWithoutParent
   std::atomic<int64_t> cached_pages_{0}, disk_pages_{0};    // GetOne's hits, by ReadSource
   ReadProfile profile_;                                     // GetOne's pages (LogReadProfile)
+  WriteProfile write_profile_;                              // SetOne's pages (FillStats)
   std::atomic<bool> noatime_{true};  // OpenPageForRead adds O_NOATIME (until a file refuses it)
   std::mutex dirs_mu_;               // one re-creation of missing directories at a time
   std::atomic<bool> close_logged_{false};  // DoClose's warning said once

@@ -383,7 +383,7 @@ io_uring* PageFileIo::ThreadRing() {
 #endif
 
 bool PageFileIo::WritePage(int fd, const PageKey& key, const PageBuffer& buffer,
-                           const std::optional<PageKey>& parent) const {
+                           const std::optional<PageKey>& parent, WriteTimes* times) const {
   PageHeader header =
       NewPageHeaderWithParent(namespace_hash_, key, static_cast<uint64_t>(buffer.bytes()), parent);
   PayloadHasher hasher(header.checksum_kind);
@@ -391,43 +391,60 @@ bool PageFileIo::WritePage(int fd, const PageKey& key, const PageBuffer& buffer,
     errno = EINVAL;
     return false;
   }
-  return direct_ ? WriteDirect(fd, buffer, header, hasher)
-                 : WriteChunked(fd, buffer, header, hasher);
+  WriteTimes unused;
+  WriteTimes& t = times != nullptr ? *times : unused;
+  return direct_ ? WriteDirect(fd, buffer, header, hasher, t)
+                 : WriteChunked(fd, buffer, header, hasher, t);
 }
 
 // The payload chunk by chunk after the header's place, each chunk hashed right before it is
 // written (so the write copies it from cache), then the header with that checksum at offset 0.
 bool PageFileIo::WriteChunked(int fd, const PageBuffer& buffer, PageHeader& header,
-                              PayloadHasher& hasher) const {
+                              PayloadHasher& hasher, WriteTimes& times) const {
   PayloadChunks chunks(buffer);
   off_t offset = kFilePayloadOffset;  // the header's padding stays a hole (zeros)
+  Clock::time_point t0 = Clock::now();
   while (!chunks.done()) {
     iovec iov[PageBuffer::kMaxSegments];
     int iovcnt = 0;
     const size_t bytes = chunks.Next(iov, &iovcnt);
     HashIovecs(hasher, iov, iovcnt);
-    if (!WriteFull(fd, iov, iovcnt, offset)) return false;
+    const Clock::time_point hashed = Clock::now();
+    times.hash_ns += WriteProfile::Ns(hashed - t0);
+    const bool ok = WriteFull(fd, iov, iovcnt, offset);
+    t0 = Clock::now();
+    times.write_ns += WriteProfile::Ns(t0 - hashed);
+    if (!ok) return false;
     offset += static_cast<off_t>(bytes);
   }
   header.payload_checksum = hasher.Digest();
   std::byte encoded[kMaxPageHeaderBytes];
   EncodePageHeader(header, encoded);
-  return WriteFull(fd, encoded, header.bytes(), 0);
+  const bool ok = WriteFull(fd, encoded, header.bytes(), 0);
+  times.write_ns += WriteProfile::Ns(Clock::now() - t0);
+  return ok;
 }
 
 // A direct write: the payload copied chunk by chunk into the bounce buffer (hashed there), each
 // chunk written at its 4 KiB-aligned place, the last one padded to 4 KiB; then the header block
 // at offset 0 and the file cut to its size.
 bool PageFileIo::WriteDirect(int fd, const PageBuffer& buffer, PageHeader& header,
-                             PayloadHasher& hasher) const {
+                             PayloadHasher& hasher, WriteTimes& times) const {
   std::byte* bounce = Bounce();
   off_t offset = kFilePayloadOffset;
   size_t fill = 0;
+  Clock::time_point t0 = Clock::now();
   auto flush = [&]() {
+    const Clock::time_point copied = Clock::now();
+    times.copy_ns += WriteProfile::Ns(copied - t0);
     hasher.Update({bounce, fill});
     const size_t padded = (fill + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
     std::memset(bounce + fill, 0, padded - fill);
+    const Clock::time_point hashed = Clock::now();
+    times.hash_ns += WriteProfile::Ns(hashed - copied);
     const bool ok = WriteFull(fd, bounce, padded, offset);
+    t0 = Clock::now();
+    times.write_ns += WriteProfile::Ns(t0 - hashed);
     offset += static_cast<off_t>(padded);
     fill = 0;
     return ok;
@@ -446,7 +463,9 @@ bool PageFileIo::WriteDirect(int fd, const PageBuffer& buffer, PageHeader& heade
   header.payload_checksum = hasher.Digest();
   std::memset(bounce, 0, kDirectAlign);
   EncodePageHeader(header, std::span(bounce, kDirectAlign));
-  return WriteFull(fd, bounce, kDirectAlign, 0) && ::ftruncate(fd, file_bytes_) == 0;
+  const bool ok = WriteFull(fd, bounce, kDirectAlign, 0) && ::ftruncate(fd, file_bytes_) == 0;
+  times.write_ns += WriteProfile::Ns(Clock::now() - t0);
+  return ok;
 }
 
 }  // namespace kvtier::storage

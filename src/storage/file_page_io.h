@@ -42,6 +42,7 @@
 #include "storage/file_backend.h"
 #include "storage/file_io.h"
 #include "storage/page_format.h"
+#include "storage/write_profile.h"
 
 #if KVTIER_HAVE_URING
 struct io_uring;
@@ -121,9 +122,11 @@ class PageFileIo {
   PageStatus ReadPage(const PageKey& key, const PageBuffer& buffer, PageRead& read) const;
 
   // Writes the page into `fd` (a new, empty file, O_DIRECT when direct) with a version-2 header
-  // naming `parent` (nullopt: none known); false with errno.
+  // naming `parent` (nullopt: none known); false with errno. `times` (optional): where the
+  // write's time went (write_profile.h).
   bool WritePage(int fd, const PageKey& key, const PageBuffer& buffer,
-                 const std::optional<PageKey>& parent = std::nullopt) const;
+                 const std::optional<PageKey>& parent = std::nullopt,
+                 WriteTimes* times = nullptr) const;
 
 #if KVTIER_HAVE_URING
   // This I/O thread's ring, made at its first use; null when io_uring is not available (then
@@ -157,10 +160,10 @@ class PageFileIo {
   PageStatus ReadChunked(const PageKey& key, const PageBuffer& buffer, PageRead& read) const;
   PageStatus ReadBounced(const PageKey& key, const PageBuffer& buffer, PageRead& read) const;
   // The payload of `buffer` hashed into `hasher` and written, then `header` with that checksum.
-  bool WriteChunked(int fd, const PageBuffer& buffer, PageHeader& header,
-                    PayloadHasher& hasher) const;
-  bool WriteDirect(int fd, const PageBuffer& buffer, PageHeader& header,
-                   PayloadHasher& hasher) const;
+  bool WriteChunked(int fd, const PageBuffer& buffer, PageHeader& header, PayloadHasher& hasher,
+                    WriteTimes& times) const;
+  bool WriteDirect(int fd, const PageBuffer& buffer, PageHeader& header, PayloadHasher& hasher,
+                   WriteTimes& times) const;
 #if KVTIER_HAVE_URING
   // A completed uring read of one page: a short read is read again the plain way; then checked.
   PageStatus FinishUringRead(const PageKey& key, const PageBuffer& buffer, PageRead& read,

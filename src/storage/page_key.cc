@@ -216,6 +216,21 @@ uint64_t StorageNamespace::Hash() const {
 
 std::string StorageNamespace::Name() const { return fmt::format("kv{:016x}", Hash()); }
 
+StorageNamespace StorageNamespaceOf(const KvGeometry& pages, bool mla, const StorageOwner& owner) {
+  StorageNamespace ns;
+  ns.model_id = owner.model_id;
+  ns.kv_dtype = owner.kv_dtype;
+  ns.layout = pages.layout;
+  ns.mla = mla;
+  ns.num_layers = pages.num_layers;
+  ns.slot_bytes = pages.slot_bytes;
+  ns.page_size = pages.page_size;
+  ns.head_num = pages.head_num;
+  ns.tp_rank = owner.tp_rank;
+  ns.tp_size = owner.tp_size;
+  return ns;
+}
+
 std::string StorageNamespace::Describe() const {
   return fmt::format(
       "model={} dtype={} layout={} mla={} layers={} slot_bytes={} page_size={} heads={} tp={}/{}",

@@ -1,6 +1,7 @@
 // The storage API's values and how a store is opened: PageStatus names, BatchResult's helpers,
 // StorageOptions (defaults from the machine, the field schema, Validate) and OpenStorage, which
-// picks a backend by the URL's scheme. The backends' shared queue and threads: storage_backend.cc.
+// opens the backend of the URL's scheme (storage_schemes.cc). The backends' shared queue and
+// threads: storage_backend.cc.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -8,12 +9,7 @@
 #include <utility>
 
 #include "kvtier/storage.h"
-#include "storage/file_backend.h"
-#include "storage/memory_backend.h"
-#include "storage/storage_url.h"
-#if KVTIER_HAVE_REDIS_BACKEND
-#include "storage/redis_backend.h"
-#endif
+#include "kvtier/storage_schemes.h"
 
 namespace kvtier {
 
@@ -122,32 +118,22 @@ Result<std::unique_ptr<StorageBackend>> OpenStorage(std::string_view url,
                                                     const StorageOptions& options) {
   KVTIER_RETURN_IF_ERROR(ns.Validate());
   KVTIER_RETURN_IF_ERROR(options.Validate());
-  const size_t sep = url.find("://");
-  const std::string_view scheme = sep == std::string_view::npos ? url : url.substr(0, sep);
-  if (sep == std::string_view::npos) {
-    return Status::InvalidArgument(fmt::format(
-        "storage URL '{}' has no scheme (expected file://, redis://, redis+cluster:// or "
-        "memory://)",
-        RedactUrl(url)));
+  if (url.find("://") == std::string_view::npos) {
+    return Status::InvalidArgument(fmt::format("storage URL '{}' has no scheme (expected {})",
+                                               RedactUrl(url), StorageSchemeList()));
   }
-  if (scheme == "memory") return storage::OpenMemoryStorage(url, ns, options);
-  if (scheme == "file") return storage::OpenFileStorage(url, ns, options);
-  if (scheme == "redis" || scheme == "redis+cluster") {
-#if KVTIER_HAVE_REDIS_BACKEND
-    return storage::OpenRedisStorage(url, ns, options);
-#elif KVTIER_HAVE_HIREDIS
-    return Status::InvalidArgument(fmt::format(
-        "storage URL scheme '{}': this build has hiredis but not the redis backend", scheme));
-#else
-    return Status::InvalidArgument(fmt::format(
-        "storage URL scheme '{}': kvtier was built without hiredis (install libhiredis-dev and "
-        "rebuild)",
-        scheme));
-#endif
+  const std::string_view name = StorageUrlScheme(url);
+  const StorageScheme* scheme = FindStorageScheme(name);
+  if (scheme == nullptr) {
+    return Status::InvalidArgument(
+        fmt::format("storage URL '{}': unknown scheme '{}' (expected {})", RedactUrl(url), name,
+                    StorageSchemeList()));
   }
-  return Status::InvalidArgument(fmt::format(
-      "storage URL '{}': unknown scheme '{}' (expected file, redis, redis+cluster or memory)",
-      RedactUrl(url), scheme));
+  if (scheme->open == nullptr) {
+    return Status::InvalidArgument(
+        fmt::format("storage URL scheme '{}': {}", name, scheme->missing));
+  }
+  return scheme->open(url, ns, options);
 }
 
 }  // namespace kvtier

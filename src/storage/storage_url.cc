@@ -10,6 +10,7 @@
 #include <charconv>
 
 #include "kvtier/storage.h"
+#include "kvtier/storage_schemes.h"
 
 namespace kvtier {
 
@@ -80,11 +81,11 @@ std::string RedactUrl(std::string_view url) {
     if (at == std::string_view::npos) return std::string(url);
     return fmt::format("{}{}", kHidden, url.substr(at));
   }
-  const std::string_view scheme = url.substr(0, sep);
   const std::string_view rest = url.substr(sep + 3);
-  const bool redis = scheme == "redis" || scheme == "redis+cluster";
+  const StorageScheme* scheme = FindStorageScheme(url.substr(0, sep));
+  const bool hosts = scheme != nullptr && scheme->form == StorageUrlForm::kHosts;
   const std::string_view authority =
-      rest.substr(0, redis ? rest.find('?') : rest.find_first_of("/?"));
+      rest.substr(0, hosts ? rest.find('?') : rest.find_first_of("/?"));
   const size_t at = authority.rfind('@');
   if (at == std::string_view::npos) return std::string(url);
   return fmt::format("{}{}{}", url.substr(0, sep + 3), kHidden, rest.substr(at));
@@ -95,10 +96,8 @@ namespace storage {
 Result<StorageUrl> ParseStorageUrl(std::string_view url) {
   const size_t sep = url.find("://");
   if (sep == std::string_view::npos || sep == 0) {
-    return Status::InvalidArgument(
-        fmt::format("storage URL '{}' has no scheme (expected file://, redis://, "
-                    "redis+cluster:// or memory://)",
-                    RedactUrl(url)));
+    return Status::InvalidArgument(fmt::format("storage URL '{}' has no scheme (expected {})",
+                                               RedactUrl(url), StorageSchemeList()));
   }
   // A C string cut at a NUL would name another path (file:///a\0b opens /a).
   if (url.find('\0') != std::string_view::npos) {

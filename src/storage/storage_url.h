@@ -17,7 +17,7 @@
 namespace kvtier::storage {
 
 struct StorageUrl {
-  std::string scheme;  // "file", "memory", "redis", "redis+cluster"
+  std::string scheme;  // before "://": a row of StorageSchemes() (storage_schemes.h) or not
   std::string rest;    // between "://" and "?" (a path, or [user:password@]host:port[,...])
   std::vector<std::pair<std::string, std::string>> params;  // in order; names unique
 

@@ -53,35 +53,54 @@ Status CheckShape(const TpShape& s) {
 
 const char* TpTierName(TpTier tier) { return tier == TpTier::kDevice ? "device" : "host"; }
 
-Status TpGroupConfig::Validate() const {
+namespace {
+
+ConfigSchema<TpGroupConfig> BuildTpGroupConfigSchema() {
+  using C = TpGroupConfig;
+  ConfigSchema<C> s;
+  s.push_back(StringField<C>("name", Member(&C::name),
+                             "the decision ring's shared-memory segment (1-200 of "
+                             "[A-Za-z0-9._-]); every rank names the same"));
+  s.push_back(IntField<C>("tp_size", Member(&C::tp_size), 1, kMaxTpSize,
+                          "ranks in the group, leader included"));
+  s.push_back(IntField<C>("ring_bytes", Member(&C::ring_bytes), 64 << 10, int64_t{1} << 30,
+                          "decision ring capacity in bytes"));
+  s.push_back(FloatField<C>("ack_timeout_s", Member(&C::ack_timeout_s), 0, 3600, true,
+                            "seconds the leader waits for every rank to apply a record"));
+  s.push_back(FloatField<C>("attach_timeout_s", Member(&C::attach_timeout_s), 0, 3600, true,
+                            "seconds the leader waits for the followers to attach (and a "
+                            "follower for the leader's ring)"));
+  s.push_back(FloatField<C>("liveness_poll_s", Member(&C::liveness_poll_s), 0, 3600, true,
+                            "seconds between a waiting side's checks that the other is alive"));
+  s.push_back(FloatField<C>("follower_poll_s", Member(&C::follower_poll_s), 0, 1, false,
+                            "seconds a follower polls the ring after a record before it sleeps "
+                            "(0: sleep at once)"));
+  s.push_back(FloatField<C>("follower_doze_s", Member(&C::follower_doze_s), 0, 60, false,
+                            "seconds after its last record a follower, its poll over, looks at "
+                            "the ring every 50 us instead of sleeping (0: sleep)"));
+  s.push_back(FloatField<C>("leader_poll_s", Member(&C::leader_poll_s), 0, 0.01, false,
+                            "seconds the leader polls for the followers' acknowledgements "
+                            "before it sleeps"));
+  s.push_back(BoolField<C>("ack_each_copy", Member(&C::ack_each_copy),
+                           "the leader waits for every rank after each of its copies (false: "
+                           "the next wait covers them)"));
+  return s;
+}
+
+}  // namespace
+
+const ConfigSchema<TpGroupConfig>& TpGroupConfigSchema() {
+  static const ConfigSchema<TpGroupConfig> schema = BuildTpGroupConfigSchema();
+  return schema;
+}
+
+Status TpGroupConfig::Validate(const FieldNamer& name_of) const {
   KVTIER_RETURN_IF_ERROR(shm::ValidateSegmentName(name));
-  if (tp_size < 1 || tp_size > kMaxTpSize) {
-    return Status::InvalidArgument(fmt::format("tp_size = {} not in [1, {}]", tp_size, kMaxTpSize));
-  }
-  if (ring_bytes < (64 << 10) || ring_bytes > (int64_t{1} << 30) ||
-      ring_bytes % tp::kRecordAlignment != 0) {
-    return Status::InvalidArgument(
-        fmt::format("ring_bytes = {} not in [64 KiB, 1 GiB] or not a multiple of {}", ring_bytes,
-                    tp::kRecordAlignment));
-  }
-  for (auto [field, v] : {std::pair{"ack_timeout_s", ack_timeout_s},
-                          {"attach_timeout_s", attach_timeout_s},
-                          {"liveness_poll_s", liveness_poll_s}}) {
-    if (!(v > 0) || v > 3600) {
-      return Status::InvalidArgument(fmt::format("{} = {} not in (0, 3600]", field, v));
-    }
-  }
-  if (!(follower_poll_s >= 0) || follower_poll_s > 1) {
-    return Status::InvalidArgument(
-        fmt::format("follower_poll_s = {} not in [0, 1]", follower_poll_s));
-  }
-  if (!(follower_doze_s >= 0) || follower_doze_s > 60) {
-    return Status::InvalidArgument(
-        fmt::format("follower_doze_s = {} not in [0, 60]", follower_doze_s));
-  }
-  if (!(leader_poll_s >= 0) || leader_poll_s > 0.01) {
-    return Status::InvalidArgument(
-        fmt::format("leader_poll_s = {} not in [0, 0.01]", leader_poll_s));
+  KVTIER_RETURN_IF_ERROR(CheckFields(TpGroupConfigSchema(), *this, name_of));
+  if (ring_bytes % tp::kRecordAlignment != 0) {
+    return Status::InvalidArgument(fmt::format("{} = {} is not a multiple of {}",
+                                               name_of ? name_of("ring_bytes") : "ring_bytes",
+                                               ring_bytes, tp::kRecordAlignment));
   }
   return Status::OK();
 }

@@ -472,9 +472,13 @@ void EvictAllAndPrefetchBack(CacheUnderTest& s, FaultInjectingStorage* faults, i
   }();
   // Room first: reads of cancelled prefetches finish (their pages come back), and under
   // write_back host pages leave only once storage has them.
-  for (int i = 0; i < 5000 && c.stats().host_filling_tokens > 0; ++i) {
+  // Waited for by state, not for 5 s (an ASan build on a loaded box took longer, and the phase
+  // then ran with reads still filling host pages): the 5 min are a hang guard only.
+  const auto room_deadline = std::chrono::steady_clock::now() + std::chrono::minutes(5);
+  while (c.stats().host_filling_tokens > 0 && std::chrono::steady_clock::now() < room_deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
+  ASSERT_EQ(c.stats().host_filling_tokens, 0) << "reads still filling host pages after 5 min";
   // Under write_back a long path leaves host memory in parts (the store queue's room at a time):
   // rounds until it is empty, so that the prompt below competes with nothing for the queue.
   for (int round = 0; round < 3 || (round < 64 && c.stats().host_used_tokens > 0); ++round) {

@@ -618,6 +618,42 @@ TEST_P(FileBackendTest, CapacityEvictsLeastRecentlyUsedAndSurvivesRestart) {
   EXPECT_EQ(one->Set({keys[5]}, {in.buffers[5]}).get().pages[0], PageStatus::kOk);
 }
 
+// Evictions: a victim's file is renamed aside under the index's mutex and unlinked after the
+// Put, outside it (FileBackend::DetachFile): once every Set has returned, the evicted pages'
+// files are gone and no temporary file is left. Every written page is in the write profile, with
+// time in its open and write phases.
+TEST_P(FileBackendTest, EvictedFilesAreGoneAfterTheSetAndEveryPageIsProfiled) {
+  auto b = Open("?capacity=" + std::to_string(2 * kValueBytes));
+  const auto keys = Keys(6);
+  Pages in(6, 7);
+  for (int i = 0; i < 6; ++i) {
+    ASSERT_EQ(b->Set({keys[static_cast<size_t>(i)]}, {in.buffers[static_cast<size_t>(i)]})
+                  .get()
+                  .leading_ok(),
+              1);
+  }
+  const StorageStats s = b->Stats();
+  EXPECT_EQ(s.evicted_pages, 4);
+  EXPECT_EQ(s.stored_pages, 2);
+  for (int i = 0; i < 4; ++i) EXPECT_FALSE(fs::exists(PathOf(keys[static_cast<size_t>(i)]))) << i;
+  for (int i = 4; i < 6; ++i) {
+    EXPECT_EQ(GetOne(*b, keys[static_cast<size_t>(i)], in.bytes[static_cast<size_t>(i)]),
+              PageStatus::kOk)
+        << i;
+  }
+  EXPECT_EQ(CountTempFiles(), 0);
+  EXPECT_EQ(s.set_profiled_pages, 6);
+  EXPECT_GT(s.set_open_seconds, 0);
+  EXPECT_GT(s.set_write_seconds, 0);
+  EXPECT_GT(s.set_publish_seconds, 0);
+  EXPECT_EQ(s.set_sync_seconds, 0);  // no fsync=1
+  // The phases are parts of the pages' time in the hook.
+  EXPECT_LE(s.set_open_seconds + s.set_copy_seconds + s.set_hash_seconds + s.set_write_seconds +
+                s.set_sync_seconds + s.set_publish_seconds + s.set_index_seconds +
+                s.set_unlink_seconds,
+            s.set_page_seconds * 1.0001 + 1e-6);
+}
+
 // A hit writes the page's new stamp as its mtime only when the one on disk is more than the
 // granularity (1 s) older; a page hit again within it keeps its earlier place after a restart
 // (the contract in file_index.h "Stamps"), while in memory the order stays exact.

@@ -251,5 +251,29 @@ TEST(StorageNamespaceTest, NameIsPathAndKeySafe) {
   EXPECT_NE(d.find("page_first"), std::string::npos);
 }
 
+// A pool's shape and its owner make the namespace; num_slots (the pool's size) does not.
+TEST(StorageNamespaceTest, OfAPoolsShape) {
+  const KvGeometry pages{KvLayout::kPageHead, 3, 512, 64, 16, 4};
+  const StorageNamespace ns =
+      StorageNamespaceOf(pages, /*mla=*/true, {"org/model", "fp8_e4m3", 1, 2});
+  EXPECT_EQ(ns.model_id, "org/model");
+  EXPECT_EQ(ns.kv_dtype, "fp8_e4m3");
+  EXPECT_EQ(ns.layout, KvLayout::kPageHead);
+  EXPECT_TRUE(ns.mla);
+  EXPECT_EQ(ns.num_layers, 3);
+  EXPECT_EQ(ns.slot_bytes, 64);
+  EXPECT_EQ(ns.page_size, 16);
+  EXPECT_EQ(ns.head_num, 4);
+  EXPECT_EQ(ns.tp_rank, 1);
+  EXPECT_EQ(ns.tp_size, 2);
+  KvGeometry bigger = pages;
+  bigger.num_slots *= 4;
+  EXPECT_EQ(StorageNamespaceOf(bigger, true, {"org/model", "fp8_e4m3", 1, 2}).Hash(), ns.Hash());
+  const StorageNamespace plain = StorageNamespaceOf(pages, false, {.model_id = "m"});
+  EXPECT_EQ(plain.kv_dtype, "bf16");
+  EXPECT_EQ(plain.tp_rank, 0);
+  EXPECT_EQ(plain.tp_size, 1);
+}
+
 }  // namespace
 }  // namespace kvtier

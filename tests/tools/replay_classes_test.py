@@ -4,7 +4,8 @@ charges (host -> device and the storage read ceiling measured at start), how loa
 headline ratios with their bootstrap intervals, and TTFT per hit class against no cache. A store
 made slow through the fault wrapper (--fault storage-delay@MS) makes the storage class slower than
 no cache: the replay exits 3 with a clear line, or only warns with --slow-class-warn; with the
-store at its own speed no class is slower and the replay exits 0.
+store at its own speed no class is slower and the replay exits 0. A near-zero compute (--model
+tiny alone) reports and exits 0: a verdict needs the p50s 1 ms apart as well as the ratio.
 
 Usage: replay_classes_test.py KVTIER
 """
@@ -119,6 +120,29 @@ def main():
                 failures.append("slow store: the storage class is not marked slower: %s" % storage)
             if slow["integrity"]["wrong_bytes"] != 0:
                 failures.append("slow store: %d wrong bytes" % slow["integrity"]["wrong_bytes"])
+
+        # A near-zero compute (the tiny model's own prefill: microseconds): the classes' TTFTs
+        # are all noise, and a ratio of two near-zero times (0.02 ms against 0.01 ms) is no
+        # verdict. The replay reports and exits 0; a class marked slower is slower by at least
+        # the floor of 1 ms.
+        out = os.path.join(tmp, "tiny.json")
+        cmd = [kvtier, "replay", "--model", "tiny", "--device", "cpu", "--workload", "chat",
+               "--requests", "200", "--runs", "no_cache,hierarchy", "--no-progress",
+               "--json", out]
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              timeout=300)
+        if proc.returncode != 0:
+            sys.stdout.write(proc.stdout)
+            failures.append("--model tiny: exit %d, expected 0" % proc.returncode)
+        else:
+            with open(out) as f:
+                tiny = json.load(f)
+            if tiny["hit_classes"].get("min_difference_ms") != 1.0:
+                failures.append("--model tiny: the verdict's floor is not in the JSON")
+            for name, c in classes_of(tiny).items():
+                if c["slower"] and c["hierarchy_p50_ms"] - c["no_cache_p50_ms"] < 1.0:
+                    failures.append("--model tiny: class %s marked slower by %.3f ms" %
+                                    (name, c["hierarchy_p50_ms"] - c["no_cache_p50_ms"]))
     for f in failures:
         print("FAIL: " + f)
     return 1 if failures else 0

@@ -5,17 +5,21 @@ objects; the hit rates equal TP=1's on the same requests, device, host and stora
 every rank's bytes were checked (exit 0), decisions went through the ring and the leader waited
 once per record (no collective), and the report has the leader's decision time and each rank's
 loads (the same copies on every rank at both sizes, each rank's bytes) and load bandwidth. Then
-a rank is killed (SIGKILL) mid-replay: rank 0 stops with an error naming the dead rank, within
-the timeout.
+a rank is killed (SIGKILL) mid-replay, once the leader has said every rank attached: rank 0 stops
+with an error naming the dead rank (no wall-clock bound: the ctest timeout catches a hang). And
+rank 0 killed (SIGKILL) once the ranks attached: rank 1 dies with it.
 
 Usage: replay_tp_test.py KVTIER
 """
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
 import time
+
+from child_process import die_with_parent
 
 
 def run(kvtier, model, tmp):
@@ -31,52 +35,89 @@ def run(kvtier, model, tmp):
         return json.load(f), None
 
 
-def children(pid):
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open("/proc/%s/stat" % entry) as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid and fields[0] not in "ZX":
-            out.append(int(entry))
-    return out
+ATTACHED = re.compile(r"kvtier replay --tp: (.*) attached; serving at TP=")
 
 
 def kill_a_rank(kvtier):
-    """Starts a long replay --tp 2, SIGKILLs rank 1 once it serves, and returns a failure text or
-    None."""
+    """Starts a long replay --tp 2, SIGKILLs rank 1 once the leader says every rank attached, and
+    returns a failure text or None. No timing: the leader's line is the signal, and rank 0 must
+    name the dead rank (not time out) whenever it notices."""
     cmd = [kvtier, "replay", "--tp", "2", "--tp-timeout", "5", "--model", "qwen2.5-0.5b",
            "--device", "cpu", "--workload", "chat", "--requests", "1000", "--page-size", "16",
            "--device-tokens", "2048", "--host-tokens", "16384", "--storage", "none",
            "--no-progress"]
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=die_with_parent())
+    err = ""
+    rank = None
     try:
-        deadline = time.time() + 120
-        rank = []
-        while not rank and time.time() < deadline and p.poll() is None:
-            time.sleep(0.05)
-            rank = children(p.pid)  # rank 1 exists once the TP=1 pass is over
-        if not rank:
-            return "no rank 1 process appeared"
-        time.sleep(0.3)  # it attaches, then serves (1,000 requests: still serving when killed)
-        os.kill(rank[0], 9)
-        killed = time.time()
-        _, err = p.communicate(timeout=60)
-        waited = time.time() - killed
+        # Bounded by the ctest timeout; the TP=1 pass comes first.
+        for line in p.stderr:
+            err += line
+            m = ATTACHED.search(line)
+            if m:
+                pids = re.findall(r"rank 1 \(pid (\d+)\)", m.group(1))
+                rank = int(pids[0]) if pids else None
+                break
+        if rank is None:
+            p.wait(timeout=60)
+            return "the leader never said rank 1 attached (exit %s): %s" % (p.returncode,
+                                                                            err.strip()[-300:])
+        os.kill(rank, 9)  # it serves 1,000 requests: still serving when killed
+        _, rest = p.communicate(timeout=240)
+        err += rest or ""
     finally:
         if p.poll() is None:
             p.kill()
             p.wait()
     if p.returncode != 1:
         return "exit %d after the kill, expected 1" % p.returncode
-    if "rank 1 (pid %d) died" % rank[0] not in err:
+    if "rank 1 (pid %d) died" % rank not in err:
         return "the error does not name the dead rank: %s" % err.strip()[-300:]
-    if waited > 5 + 2:
-        return "rank 0 stopped %.1f s after the kill (timeout 5 s)" % waited
+    return None
+
+
+def gone(pid):
+    """Whether `pid` has exited (a zombie counts: it runs no more)."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
+
+
+def kill_the_leader(kvtier):
+    """SIGKILLs rank 0 once every rank attached: rank 1 must die with it (PR_SET_PDEATHSIG), not
+    serve on as an orphan. The wait for it to go is bounded (the kernel's SIGKILL, not a speed
+    check). Returns a failure text or None."""
+    cmd = [kvtier, "replay", "--tp", "2", "--model", "qwen2.5-0.5b", "--device", "cpu",
+           "--workload", "chat", "--requests", "1000", "--page-size", "16",
+           "--device-tokens", "2048", "--host-tokens", "16384", "--storage", "none",
+           "--no-progress"]
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=die_with_parent())
+    rank = None
+    try:
+        for line in p.stderr:
+            m = ATTACHED.search(line)
+            if m:
+                pids = re.findall(r"rank 1 \(pid (\d+)\)", m.group(1))
+                rank = int(pids[0]) if pids else None
+                break
+        if rank is None:
+            return "the leader never said rank 1 attached"
+        p.kill()
+        p.wait()
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    deadline = time.monotonic() + 60
+    while not gone(rank):
+        if time.monotonic() > deadline:
+            os.kill(rank, 9)
+            return "rank 1 (pid %d) outlived the killed leader" % rank
+        time.sleep(0.05)
     return None
 
 
@@ -192,6 +233,9 @@ def main():
     err = kill_a_rank(kvtier)
     if err:
         failures.append("rank killed: " + err)
+    err = kill_the_leader(kvtier)
+    if err:
+        failures.append("leader killed: " + err)
     for f in failures:
         print("FAIL:", f)
     print("replay --tp: %s" % ("FAILED" if failures else "ok"))

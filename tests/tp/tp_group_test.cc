@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -142,6 +143,34 @@ TEST(TpGroupTest, ConfigIsValidated) {
   EXPECT_TRUE(TpLeader::Create(Config("cfg"), TpShape{256, 512, 3, 4, false}).ok());
   EXPECT_TRUE(
       TpLeader::Create(Config("cfg"), TpShape{250, 512, 3, 4, false}).status().IsInvalidArgument());
+}
+
+// Every field has its schema row (what Validate, Python and the replay's flags read), and the
+// rules the schema cannot say are still checked.
+TEST(TpGroupTest, SchemaDeclaresEveryField) {
+  const ConfigSchema<TpGroupConfig>& schema = TpGroupConfigSchema();
+  const char* fields[] = {"name",
+                          "tp_size",
+                          "ring_bytes",
+                          "ack_timeout_s",
+                          "attach_timeout_s",
+                          "liveness_poll_s",
+                          "follower_poll_s",
+                          "follower_doze_s",
+                          "leader_poll_s",
+                          "ack_each_copy"};
+  EXPECT_EQ(schema.size(), std::size(fields));
+  for (const char* f : fields) EXPECT_NE(FindField(schema, f), nullptr) << f;
+  TpGroupConfig c = Config("cfg");
+  c.ring_bytes = (64 << 10) + 1;  // within the bounds, not aligned
+  EXPECT_NE(c.Validate().message().find("not a multiple"), std::string::npos);
+  c = Config("cfg");
+  c.attach_timeout_s = std::nan("");
+  EXPECT_NE(c.Validate().message().find("attach_timeout_s"), std::string::npos);
+  c = Config("cfg");
+  c.tp_size = kMaxTpSize + 1;
+  const Status named = c.Validate([](std::string_view f) { return "--x-" + std::string(f); });
+  EXPECT_NE(named.message().find("--x-tp_size = 65"), std::string::npos) << named.message();
 }
 
 // Random copies in both directions through the leader's wrapped engine: afterwards the follower's

@@ -11,6 +11,9 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
 #include <initializer_list>
 #include <map>
 #include <string>
@@ -44,13 +47,54 @@ CLI::Option* AddNumberFlag(CLI::App* app, const std::string& names, const std::s
   return opt;
 }
 
+// Every numeric flag of `app` and its subcommands (CLI11 type names INT, UINT, FLOAT) refuses text
+// CLI11's own conversion lets through: an integer outside the 64-bit range (strtoll saturates it to
+// 2^63 - 1 without an error) and a non-finite number ("nan" passes every CLI::Range, "inf").
+// Called once every flag is added, before the parse.
+inline void RejectUnrepresentableNumbers(CLI::App* app) {
+  for (CLI::Option* opt : app->get_options()) {
+    // "FLOAT", or "FLOAT:FLOAT in [0.1 - 3600]" once a validator describes itself.
+    const std::string full_type = opt->get_type_name();
+    const std::string type = full_type.substr(0, full_type.find(':'));
+    const bool is_signed = type == "INT", is_unsigned = type == "UINT", is_real = type == "FLOAT";
+    if (!is_signed && !is_unsigned && !is_real) continue;
+    const std::string flag = opt->get_name();
+    opt->check(CLI::Validator(
+        [=](std::string& text) -> std::string {
+          const char* s = text.c_str();
+          char* end = nullptr;
+          errno = 0;
+          if (is_real) {
+            const double v = std::strtod(s, &end);
+            if (end != s && !std::isfinite(v))
+              return flag + " = " + text + " is not a finite number";
+            return "";
+          }
+          if (is_signed) {
+            (void)std::strtoll(s, &end, 0);
+          } else {
+            (void)std::strtoull(s, &end, 0);
+          }
+          if (end != s && errno == ERANGE) {
+            return flag + " = " + text + " is out of range (" +
+                   (is_signed ? "-2^63 .. 2^63 - 1" : "0 .. 2^64 - 1") + ")";
+          }
+          return "";
+        },
+        "", "representable"));
+  }
+  for (CLI::App* sub : app->get_subcommands([](CLI::App*) { return true; })) {
+    RejectUnrepresentableNumbers(sub);
+  }
+}
+
 // One flag for field `f` of `*config`; `names` is CLI11's name list ("--cpu-threads,--threads"),
-// FlagName(f.name) when empty.
+// FlagName(f.name) when empty. Messages name the flag by the first of `names`.
 template <typename Config>
 CLI::Option* AddFieldFlag(CLI::App* app, const ConfigField<Config>& f, Config* config,
                           std::string names = "") {
-  const std::string flag = FlagName(f.name);
-  if (names.empty()) names = flag;
+  if (names.empty()) names = FlagName(f.name);
+  const std::string flag = names.substr(0, names.find(','));
   const std::string range = f.RangeText();
   const std::string help = range.empty() ? f.help : f.help + "; " + range;
   CLI::Option* opt = nullptr;

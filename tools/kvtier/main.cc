@@ -5,11 +5,15 @@
 //
 // Thread safety: a single-threaded program (the transfer engines run their own workers).
 #include <fmt/format.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -162,6 +166,80 @@ int RunBench(BenchOptions options, const BenchArgs& args, const std::string& com
   return exit_code;
 }
 
+// Standard output that cannot take the report: a regular file on a full filesystem, or the
+// device that refuses every write (/dev/full). Checked before a command runs, so that it fails at
+// once rather than after the run (what else fills up meanwhile shows at the end: FinishStdout).
+Status CheckStdoutWritable() {
+  struct stat out {};
+  if (fstat(STDOUT_FILENO, &out) != 0) return Status::OK();
+  if (S_ISREG(out.st_mode)) {
+    struct statvfs fs {};
+    if (fstatvfs(STDOUT_FILENO, &fs) == 0 && fs.f_bavail == 0 && fs.f_blocks > 0) {
+      return Status::IOError("cannot write to standard output: its filesystem is full");
+    }
+  } else if (S_ISCHR(out.st_mode)) {
+    struct stat full {};
+    if (stat("/dev/full", &full) == 0 && S_ISCHR(full.st_mode) && full.st_rdev == out.st_rdev) {
+      return Status::IOError(
+          "cannot write to standard output: it is /dev/full, which refuses every write");
+    }
+  }
+  return Status::OK();
+}
+
+// A command's exit code once what it printed is flushed: a write error on standard output (the
+// report lost) turns a 0 into 1, with a message.
+int FinishStdout(int code) {
+  if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+    std::fprintf(stderr, "kvtier: cannot write to standard output: %s\n",
+                 std::strerror(errno != 0 ? errno : EIO));
+    return code == 0 ? 1 : code;
+  }
+  return code;
+}
+
+// Runs the parsed command; its exit code.
+int RunCommand(int argc, char** argv, CLI::App* bench, BenchOptions& options, const BenchArgs& args,
+               StorageBenchOptions& storage_options, StorageHitBenchOptions& storage_hit_options,
+               CLI::App* replay, ReplayOptions& replay_options, const TpReplayArgs& tp_args,
+               CLI::App* demo, DemoOptions& demo_options, ShmCommand& shm) {
+  if (bench->parsed() && bench->count("--storage") > 0 && storage_options.url.empty()) {
+    std::fprintf(stderr,
+                 "kvtier bench: --storage is empty (give a URL: file:///dir, redis://host:port, "
+                 "memory://; without --storage the bench measures transfers)\n");
+    return 2;
+  }
+  if (bench->parsed() && bench->count("--storage-hit") > 0 && storage_hit_options.url.empty()) {
+    std::fprintf(stderr,
+                 "kvtier bench: --storage-hit is empty (give a URL: file:///dir, "
+                 "redis://host:port, memory://)\n");
+    return 2;
+  }
+  if (bench->parsed() && !storage_hit_options.url.empty()) {
+    storage_hit_options.repeats = options.repeats;
+    return RunStorageHitBench(storage_hit_options);
+  }
+  if (bench->parsed() && !storage_options.url.empty()) {
+    storage_options.repeats = options.repeats;
+    storage_options.json_path = options.json_path;
+    return RunStorageBench(storage_options, JoinArgs(argc, argv));
+  }
+  if (bench->parsed()) return RunBench(options, args, JoinArgs(argc, argv));
+  if (replay->parsed()) {
+    replay_options.command_line = JoinArgs(argc, argv);
+    if (tp_args.tp > 1 || tp_args.rank > 0) {
+      return RunReplayTp(replay_options, tp_args, std::vector<std::string>(argv + 1, argv + argc));
+    }
+    return RunReplay(replay_options);
+  }
+  if (demo->parsed()) {
+    demo_options.command_line = JoinArgs(argc, argv);
+    return RunDemo(demo_options);
+  }
+  if (shm.parsed()) return shm.Run();
+  return 2;
+}
+
 }  // namespace
 }  // namespace kvtier::tools
 
@@ -280,36 +358,24 @@ int main(int argc, char** argv) {
   CLI::App* demo = AddDemoCommand(app, &demo_options);
 
   ShmCommand shm(app);
+  RejectUnrepresentableNumbers(&app);
 
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help and --version exit 0; a bad flag exits 2, as every command's own checks do (CLI11's
+    // own codes, 105 for a refused value, would make "2 for bad flags" depend on where the flag
+    // was checked).
+    return app.exit(e) == 0 ? 0 : 2;
+  }
 
-  if (bench->parsed() && bench->count("--storage") > 0 && storage_options.url.empty()) {
-    std::fprintf(stderr,
-                 "kvtier bench: --storage is empty (give a URL: file:///dir, redis://host:port, "
-                 "memory://; without --storage the bench measures transfers)\n");
-    return 2;
-  }
-  if (bench->parsed() && !storage_hit_options.url.empty()) {
-    storage_hit_options.repeats = options.repeats;
-    return RunStorageHitBench(storage_hit_options);
-  }
-  if (bench->parsed() && !storage_options.url.empty()) {
-    storage_options.repeats = options.repeats;
-    storage_options.json_path = options.json_path;
-    return RunStorageBench(storage_options, JoinArgs(argc, argv));
-  }
-  if (bench->parsed()) return RunBench(options, args, JoinArgs(argc, argv));
-  if (replay->parsed()) {
-    replay_options.command_line = JoinArgs(argc, argv);
-    if (tp_args.tp > 1 || tp_args.rank > 0) {
-      return RunReplayTp(replay_options, tp_args, std::vector<std::string>(argv + 1, argv + argc));
+  if (!shm.parsed()) {  // shm prints to a terminal, and writes nothing it could lose
+    if (kvtier::Status st = CheckStdoutWritable(); !st.ok()) {
+      std::fprintf(stderr, "kvtier: %s\n", st.message().c_str());
+      return 1;
     }
-    return RunReplay(replay_options);
   }
-  if (demo->parsed()) {
-    demo_options.command_line = JoinArgs(argc, argv);
-    return RunDemo(demo_options);
-  }
-  if (shm.parsed()) return shm.Run();
-  return 2;
+  return FinishStdout(RunCommand(argc, argv, bench, options, args, storage_options,
+                                 storage_hit_options, replay, replay_options, tp_args, demo,
+                                 demo_options, shm));
 }

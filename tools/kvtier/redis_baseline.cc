@@ -4,7 +4,7 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <signal.h>
-#include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -110,25 +110,49 @@ Result<std::vector<RedisBaselineRow>> ParseRedisBenchmarkCsv(std::string_view cs
 
 namespace {
 
-Result<std::string> RunChild(std::vector<std::string> argv, std::chrono::seconds time_limit) {
+// Starts argv[0] (found on PATH) with its stdout on `out_fd`, in a process group of its own (so a
+// timeout kills all of it) and with PR_SET_PDEATHSIG = SIGKILL (so it dies with this process,
+// also when this process is SIGKILLed: a killed bench left redis-benchmark running for good).
+// vfork, not fork: a fork would mark every page of the bench's page buffers copy-on-write, and
+// the bench's next writes to them would each take a fault; posix_spawn cannot set the death
+// signal. The child makes only system calls before exec, and reports an exec failure through
+// the shared memory, as glibc's posix_spawn does. 0, else the errno of the failure.
+int SpawnDyingWithParent(char* const* argv, int out_fd, pid_t* pid) {
+  const pid_t parent = ::getpid();
+  volatile int child_errno = 0;
+  const pid_t child = ::vfork();
+  if (child < 0) return errno;
+  if (child == 0) {
+    ::setpgid(0, 0);
+    if (::dup2(out_fd, STDOUT_FILENO) < 0 || ::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) {
+      child_errno = errno;
+      ::_exit(127);
+    }
+    if (::getppid() != parent) {  // the parent already gone: nobody to die with
+      child_errno = ESRCH;
+      ::_exit(127);
+    }
+    ::execvp(argv[0], argv);
+    child_errno = errno;
+    ::_exit(127);
+  }
+  if (child_errno != 0) {
+    ::waitpid(child, nullptr, 0);
+    return child_errno;
+  }
+  *pid = child;
+  return 0;
+}
+
+Result<std::string> RunChild(std::vector<std::string> argv, std::chrono::seconds time_limit,
+                             bool* timed_out_out) {
   int out[2];
   if (::pipe2(out, O_CLOEXEC) != 0) return Status::Unavailable("redis baseline: pipe failed");
-  // posix_spawn, not fork: a fork would mark every page of the bench's page buffers
-  // copy-on-write, and the bench's next writes to them would each take a fault.
-  posix_spawn_file_actions_t actions;
-  posix_spawnattr_t attr;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, out[1], 1);
-  posix_spawnattr_init(&attr);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
-  posix_spawnattr_setpgroup(&attr, 0);  // its own group, so a timeout kills all of it
   std::vector<char*> args;
   for (std::string& a : argv) args.push_back(a.data());
   args.push_back(nullptr);
   pid_t pid = -1;
-  const int spawned = ::posix_spawnp(&pid, args[0], &actions, &attr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  posix_spawnattr_destroy(&attr);
+  const int spawned = SpawnDyingWithParent(args.data(), out[1], &pid);
   if (spawned != 0) {
     ::close(out[0]);
     ::close(out[1]);
@@ -163,6 +187,7 @@ Result<std::string> RunChild(std::vector<std::string> argv, std::chrono::seconds
   reader.join();
   ::close(out[0]);
   if (timed_out) {
+    *timed_out_out = true;
     return Status::Unavailable(fmt::format("redis-benchmark ran past {} s", time_limit.count()));
   }
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
@@ -208,13 +233,15 @@ Result<std::vector<RedisBaselineRow>> RunRedisBenchmark(std::string_view url,
   }
 
   // redis-benchmark now and then prints only its CSV header (a client that lost its connection
-  // to a busy server): one failed run is retried once before it counts.
+  // to a busy server): one failed run is retried once before it counts. A run killed at the time
+  // limit is not: the server did not answer (a paused server cost the replay two limits).
   Result<std::vector<RedisBaselineRow>> rows = Status::Unavailable("not run");
   for (int attempt = 0; attempt < 2; ++attempt) {
-    Result<std::string> output = RunChild(argv, options.time_limit);
+    bool timed_out = false;
+    Result<std::string> output = RunChild(argv, options.time_limit, &timed_out);
     if (!output.ok() && !output.status().IsUnavailable()) return output.status();  // not installed
     rows = output.ok() ? ParseRedisBenchmarkCsv(*output, options.value_bytes) : output.status();
-    if (rows.ok()) break;
+    if (rows.ok() || timed_out) break;
   }
   if (options.key_space == 0 && !parsed.cluster) KVTIER_RETURN_IF_ERROR(DeleteLiteralKey(url));
   if (!rows.ok()) {

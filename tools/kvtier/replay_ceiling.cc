@@ -145,10 +145,14 @@ bool DropFromPageCache(const std::string& path, int64_t bytes) {
   return dropped;
 }
 
+StorageBaseline BaselineOf(std::string_view url) {
+  const StorageScheme* scheme = FindStorageScheme(StorageUrlScheme(url));
+  return scheme == nullptr ? StorageBaseline::kNone : scheme->baseline;
+}
+
 std::string FileUrlDirectory(const std::string& url) {
-  const std::string prefix = "file://";
-  if (url.rfind(prefix, 0) != 0) return "";
-  const std::string rest = url.substr(prefix.size());
+  if (BaselineOf(url) != StorageBaseline::kFiles) return "";
+  const std::string rest = url.substr(url.find("://") + 3);
   return rest.substr(0, rest.find('?'));
 }
 

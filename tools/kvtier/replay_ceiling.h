@@ -22,9 +22,11 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kvtier/status.h"
+#include "kvtier/storage_schemes.h"
 
 namespace kvtier::tools {
 
@@ -62,7 +64,12 @@ bool DropFromPageCache(const std::string& path, int64_t bytes);
 double ReadPass(const std::vector<std::string>& paths, int64_t page_bytes, int threads,
                 char* into = nullptr);
 
-// The directory of a file:// URL ("file:///dir?capacity=..." -> "/dir"); "" for other schemes.
+// The platform baseline of `url`'s scheme (its row in kvtier/storage_schemes.h); kNone for a
+// scheme without a row.
+StorageBaseline BaselineOf(std::string_view url);
+
+// The directory of a store of plain files, a scheme whose baseline is StorageBaseline::kFiles
+// ("file:///dir?capacity=..." -> "/dir"); "" for other schemes.
 std::string FileUrlDirectory(const std::string& url);
 
 }  // namespace kvtier::tools

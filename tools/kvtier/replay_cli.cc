@@ -45,7 +45,8 @@ CLI::App* AddReplayCommand(CLI::App& app, ReplayOptions* o) {
       "measured requests for numbers to quote. Hit classes: each request's class is the tier "
       "that served most of its matched prefix (device, host, storage; none: nothing matched); "
       "per class, its TTFT p50 against the same requests with no cache, and a class whose "
-      "interval lies above 1 + --slow-class-margin is slower than no cache beyond noise. Exact "
+      "interval lies above 1 + --slow-class-margin, with p50s at least 1 ms apart, is slower "
+      "than no cache beyond noise. Exact "
       "mode: --sequential --host-tokens 0 --storage none --eviction lru makes the device tier a "
       "plain leaf-LRU prefix cache. Exit codes: 1 if any loaded byte is wrong (or the run "
       "failed), 2 for bad flags, 3 if a hit class is slower than no cache beyond noise (a "
@@ -190,7 +191,8 @@ CLI::App* AddReplayCommand(CLI::App& app, ReplayOptions* o) {
   c->add_option("--slow-class-margin", o->slow_class_margin,
                 "a hit class is slower than no cache beyond noise when the 95 % bootstrap "
                 "interval of its TTFT p50 ratio (hierarchy / no cache) lies above 1 + this "
-                "(timing noise the bootstrap over requests does not see)")
+                "(timing noise the bootstrap over requests does not see) and the p50s are at "
+                "least 1 ms apart")
       ->capture_default_str();
   c->add_flag("--slow-class-warn", o->slow_class_warn,
               "a hit class slower than no cache is a warning, not a failure (exit code 3)");

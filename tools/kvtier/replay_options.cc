@@ -3,9 +3,14 @@
 #include "replay_options.h"
 
 #include <fmt/format.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
 
 #include <cmath>
+#include <cstddef>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <initializer_list>
 #include <string_view>
@@ -37,6 +42,50 @@ Status BoundReal(const char* flag, double value, double lo, double hi) {
   }
   return Status::OK();
 }
+// A ZeroMQ endpoint the replay binds or connects: a tcp:// port is '*' (the kernel picks) or a
+// number in [1, 65535] (libzmq itself binds a random port for 99999 and 65535 for -1); an ipc://
+// socket another process is listening on is refused (binding it would silently take it over).
+Status CheckEventEndpoint(const std::string& endpoint, const char* flag) {
+  if (endpoint.empty()) return Status::OK();
+  auto bad = [&](std::string_view why) {
+    return Status::InvalidArgument(fmt::format("{} {}: {}", flag, endpoint, why));
+  };
+  if (endpoint.starts_with("tcp://")) {
+    const size_t colon = endpoint.rfind(':');
+    if (colon == std::string::npos || colon < 6) return bad("no port (tcp://HOST:PORT)");
+    const std::string port = endpoint.substr(colon + 1);
+    if (port == "*") return Status::OK();
+    const bool digits = !port.empty() && port.size() <= 5 &&
+                        port.find_first_not_of("0123456789") == std::string::npos;
+    if (!digits || std::stoi(port) < 1 || std::stoi(port) > 65535) {
+      return bad(fmt::format("port '{}' must be * or in [1, 65535]", port));
+    }
+    return Status::OK();
+  }
+  if (endpoint.starts_with("ipc://")) {
+    const std::string path = endpoint.substr(6);
+    if (path.empty() || path.size() >= sizeof(sockaddr_un{}.sun_path)) {
+      return bad("the socket path is empty or too long");
+    }
+    const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return Status::OK();
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path, path.data(), path.size());
+    socklen_t len = sizeof(addr);
+    if (path[0] == '@') {  // libzmq's abstract namespace: a leading NUL, the name's bytes only
+      addr.sun_path[0] = '\0';
+      len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + path.size());
+    }
+    const bool listening = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), len) == 0;
+    ::close(fd);
+    if (listening) {
+      return bad("another process is listening on this socket (binding it would take it over)");
+    }
+  }
+  return Status::OK();
+}
+
 Status OneOf(const char* flag, const std::string& value, std::initializer_list<const char*> ok) {
   std::string list;
   for (const char* o : ok) {
@@ -282,6 +331,8 @@ Status ValidateRunFlags(const ReplayOptions& o) {
   if (o.kv_events.empty() && (!o.kv_events_replay.empty() || !o.kv_events_topic.empty())) {
     return Status::InvalidArgument("--kv-events-replay and --kv-events-topic need --kv-events");
   }
+  KVTIER_RETURN_IF_ERROR(CheckEventEndpoint(o.kv_events, "--kv-events"));
+  KVTIER_RETURN_IF_ERROR(CheckEventEndpoint(o.kv_events_replay, "--kv-events-replay"));
   KVTIER_RETURN_IF_ERROR(BoundReal("--kv-events-hold", o.kv_events_hold_s, 0, 3600));
   if (o.kv_events.empty() && o.kv_events_hold_s > 0) {
     return Status::InvalidArgument("--kv-events-hold needs --kv-events");
@@ -329,17 +380,8 @@ Status ValidateRunFlags(const ReplayOptions& o) {
                     RedactUrl(o.storage)));
   }
   if (!o.json_path.empty()) KVTIER_RETURN_IF_ERROR(CheckOutputPath(o.json_path, "--json"));
-  if (!o.plot_path.empty()) {
-    KVTIER_RETURN_IF_ERROR(CheckOutputPath(o.plot_path, "--plot"));
-    // A PNG goes to a file: a device (/dev/full, /dev/null) would swallow or refuse it after the
-    // whole run.
-    std::error_code ec;
-    if (std::filesystem::exists(o.plot_path, ec) &&
-        !std::filesystem::is_regular_file(o.plot_path, ec)) {
-      return Status::InvalidArgument(
-          fmt::format("--plot {}: not a regular file (the plot is a PNG file)", o.plot_path));
-    }
-  }
+  // Devices (/dev/full, /dev/null) and full filesystems refused before the run (CheckOutputPath).
+  if (!o.plot_path.empty()) KVTIER_RETURN_IF_ERROR(CheckOutputPath(o.plot_path, "--plot"));
   return Status::OK();
 }
 

@@ -2,6 +2,9 @@
 #include "replay_report.h"
 
 #include <fmt/format.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -73,7 +76,7 @@ std::vector<double> ServiceOf(const RunSummary& run, const std::vector<size_t>& 
 int64_t IdealAboveMeasured(const RunSummary& run) {
   int64_t n = 0;
   for (size_t i = 0; i < run.ideal_ttft_ms.size() && i < run.records.size(); ++i) {
-    if (run.ideal_ttft_ms[i] > run.records[i].ttft_ms * 1.05 + 1.0) ++n;
+    if (run.ideal_ttft_ms[i] > run.records[i].ttft_ms * 1.05 + kTimeNoiseFloorMs) ++n;
   }
   return n;
 }
@@ -200,7 +203,8 @@ std::vector<ClassComparison> ReplayReport::CompareHitClasses() const {
     cc.hierarchy_p50_ms = QuantileOf(h, 0.5);
     cc.no_cache_p50_ms = QuantileOf(n, 0.5);
     cc.ratio = QuantileRatio(h, n, 0.5);
-    cc.slower = cc.ratio.lo > 1 + slow_class_margin;
+    cc.slower = cc.ratio.lo > 1 + slow_class_margin &&
+                cc.hierarchy_p50_ms - cc.no_cache_p50_ms >= kTimeNoiseFloorMs;
     out.push_back(cc);
   }
   return out;
@@ -344,7 +348,43 @@ nlohmann::json RunJson(const RunSummary& r, int64_t token_bytes) {
                        {"bytes_written", st.bytes_written},
                        {"set_queue_seconds", st.set_queue_seconds},
                        {"set_seconds", st.set_seconds},
-                       {"set_page_seconds", st.set_page_seconds}};
+                       {"set_page_seconds", st.set_page_seconds},
+                       {"set_profiled_pages", st.set_profiled_pages},
+                       {"set_phase_seconds",
+                        {{"open", st.set_open_seconds},
+                         {"copy", st.set_copy_seconds},
+                         {"checksum", st.set_hash_seconds},
+                         {"write", st.set_write_seconds},
+                         {"fsync", st.set_sync_seconds},
+                         {"stamp_rename", st.set_publish_seconds},
+                         {"index", st.set_index_seconds},
+                         {"unlink", st.set_unlink_seconds}}}};
+  }
+  if (r.has_oracle) {
+    // The storage oracle (replay_oracle.h) and the hits lost against it, beside the writes that
+    // did not happen, by reason (tokens).
+    const CacheStats& c = r.cache;
+    const double input = static_cast<double>(r.input_tokens());
+    auto rate = [&](int64_t tokens) { return input > 0 ? static_cast<double>(tokens) / input : 0; };
+    int64_t storage_hit = 0;
+    for (const RequestRecord& x : r.records) storage_hit += x.storage_hit;
+    j["storage_oracle"] = {
+        {"capacity_pages", r.oracle_capacity_pages},
+        {"storage_hit_rate", rate(storage_hit)},
+        {"oracle_storage_hit_rate", rate(r.oracle_storage_tokens)},
+        {"storage_hit_pct_of_oracle", r.oracle_storage_tokens > 0
+                                          ? 100.0 * static_cast<double>(storage_hit) /
+                                                static_cast<double>(r.oracle_storage_tokens)
+                                          : 100.0},
+        {"storage_tokens", storage_hit},
+        {"oracle_storage_tokens", r.oracle_storage_tokens},
+        {"lost_tokens", r.lost_storage_tokens},
+        {"lost_requests", r.lost_storage_requests},
+        {"writes_not_done_tokens",
+         {{"queue_full", c.storage_backup_dropped_tokens},
+          {"failed_or_timed_out", c.storage_backup_failed_tokens},
+          {"no_room", c.storage_backup_capacity_tokens},
+          {"policy", c.storage_backup_policy_tokens}}}};
   }
   if (r.fault_index >= 0) {
     j["fault"] = {{"at_s", r.fault_at_s},
@@ -370,7 +410,7 @@ nlohmann::json RunJson(const RunSummary& r, int64_t token_bytes) {
 nlohmann::json TimelineJson(const RunSummary& r) {
   nlohmann::json t;
   std::vector<double> arrival, ttft, compute, load, wait, queue, lead, device_ms;
-  std::vector<int64_t> input, output, device, host, storage, streamed;
+  std::vector<int64_t> input, output, device, host, storage, streamed, oracle, lost;
   for (const RequestRecord& x : r.records) {
     arrival.push_back(x.arrival_ms);
     queue.push_back(x.queue_ms);
@@ -386,6 +426,8 @@ nlohmann::json TimelineJson(const RunSummary& r) {
     device.push_back(x.device_hit);
     host.push_back(x.host_hit);
     storage.push_back(x.storage_hit);
+    oracle.push_back(x.oracle_storage_hit);
+    lost.push_back(x.lost_storage_hit);
   }
   t["arrival_ms"] = arrival;
   t["ttft_ms"] = ttft;
@@ -401,6 +443,10 @@ nlohmann::json TimelineJson(const RunSummary& r) {
   t["device_hit"] = device;
   t["host_hit"] = host;
   t["storage_hit"] = storage;
+  if (r.has_oracle) {
+    t["oracle_storage_hit"] = oracle;
+    t["lost_storage_hit"] = lost;
+  }
   if (!r.ideal_ttft_ms.empty()) t["ideal_ttft_ms"] = r.ideal_ttft_ms;
   return t;
 }
@@ -457,6 +503,7 @@ Status WriteReplayJson(const std::string& path, const ReplayReport& report) {
                        "the tier that served most of the matched prefix (ties: the slower tier); "
                        "none: nothing matched"},
                       {"margin", report.slow_class_margin},
+                      {"min_difference_ms", kTimeNoiseFloorMs},
                       {"on_slower", report.slow_class_warn ? "warn" : "fail"},
                       {"any_slower", any_slower}};
   j["requests"] = hier->records.size();
@@ -541,6 +588,17 @@ Status CheckOutputPath(const std::string& path, const char* flag) {
   if (access(dir.c_str(), W_OK) != 0 || (fs::exists(path, ec) && access(path.c_str(), W_OK) != 0)) {
     return Status::InvalidArgument(fmt::format("{} {}: not writable", flag, path));
   }
+  // Checked now, not found out after the run: a device or a pipe (/dev/full refuses every write)
+  // and a full filesystem.
+  if (fs::exists(path, ec) && !fs::is_regular_file(path, ec)) {
+    return Status::InvalidArgument(
+        fmt::format("{} {}: not a regular file (the output is written as a file)", flag, path));
+  }
+  struct statvfs vfs {};
+  if (statvfs(dir.c_str(), &vfs) == 0 && vfs.f_blocks > 0 && vfs.f_bavail == 0) {
+    return Status::InvalidArgument(
+        fmt::format("{} {}: the filesystem of {} is full", flag, path, dir.string()));
+  }
   return Status::OK();
 }
 
@@ -556,12 +614,15 @@ Status WriteReplayPlot(const std::string& png_path, const std::string& json_path
     unlink(script_path);
     return Status::IOError("cannot write the plot script");
   }
+  const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid < 0) {
     unlink(script_path);
     return Status::IOError("fork failed");
   }
   if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);  // dies with the replay
+    if (getppid() != parent) _exit(126);
     // Debian's interpreter (python3-matplotlib belongs to it), else whatever python3 is on PATH.
     execl("/usr/bin/python3", "python3", script_path, json_path.c_str(), png_path.c_str(),
           static_cast<char*>(nullptr));

@@ -37,6 +37,9 @@ struct RequestRecord {
   int64_t output_tokens = 0;  // the workload's output_length (what a closed loop's decode holds)
   int64_t device_hit = 0, host_hit = 0, storage_hit = 0;  // tokens of the matched prefix
   int64_t loaded_bytes = 0;                               // host -> device for this request
+  // The storage oracle's hit of this request and the hit it lost against it (replay_oracle.h;
+  // 0 without a storage tier).
+  int64_t oracle_storage_hit = 0, lost_storage_hit = 0;
   int64_t hit_tokens() const { return device_hit + host_hit + storage_hit; }
 };
 
@@ -80,6 +83,12 @@ struct RunSummary {
   bool has_storage = false;
   StorageStats storage_stats;
   StoredChains stored_chains;  // with has_storage
+  // The storage oracle (replay_oracle.h), with has_storage: the same capacity in pages (-1:
+  // unbounded), every write admitted and done at once. Its storage hits, and the hits this run
+  // lost against it (tokens, and the requests that lost any).
+  bool has_oracle = false;
+  int64_t oracle_capacity_pages = -1, oracle_storage_tokens = 0, lost_storage_tokens = 0,
+          lost_storage_requests = 0;
   // --kv-events (the hierarchy run): the publisher's counts once every batch was sent, and the
   // cache's blocks per tier when they were counted (what a subscriber rebuilds from the events).
   bool has_kv_events = false;
@@ -130,8 +139,10 @@ struct ClassComparison {
   HitClass hit_class = HitClass::kNone;
   int64_t requests = 0;
   double no_cache_p50_ms = 0, hierarchy_p50_ms = 0;
-  Interval ratio;       // hierarchy p50 / no-cache p50, with its bootstrap interval
-  bool slower = false;  // ratio.lo > 1 + margin: slower than no cache beyond noise
+  Interval ratio;  // hierarchy p50 / no-cache p50, with its bootstrap interval
+  // Slower than no cache beyond noise: ratio.lo > 1 + margin and the p50s at least
+  // kTimeNoiseFloorMs apart.
+  bool slower = false;
 };
 
 struct SweepPoint {
@@ -198,6 +209,11 @@ Headline HeadlineOf(const ReplayReport& report);
 int64_t IdealAboveMeasured(const RunSummary& run);
 // The fewest measured requests the headline ratios are meant to come from.
 inline constexpr int64_t kHeadlineMinRequests = 300;
+// The absolute part of every pass/fail on times (with a ratio): two TTFTs closer than this are
+// the same (timer and scheduling noise; a near-zero compute's 0.02 ms against 0.01 ms is not "2x
+// slower"). The ideal's lower-bound count (> 5 % and this much above) and the slow-class verdict
+// (interval above 1 + margin and p50s this far apart) both use it.
+inline constexpr double kTimeNoiseFloorMs = 1.0;
 
 // The arithmetic the text report (replay_report_text.cc) and the JSON share.
 // `bytes` over `seconds` in GB/s; 0 without time.
@@ -229,7 +245,8 @@ Status WriteReplayJson(const std::string& path, const ReplayReport& report);
 // --plot: runs the plotting script over the JSON file. Unavailable (with the reason) when
 // python3 or matplotlib is missing.
 Status WriteReplayPlot(const std::string& png_path, const std::string& json_path);
-// Checks that `path` can be created (its directory exists and is writable) before a long run.
+// Checks that `path` can be created (its directory exists and is writable) before a long run, and
+// is a regular file (or none yet) on a filesystem with free space (not a device such as /dev/full).
 Status CheckOutputPath(const std::string& path, const char* flag);
 
 // The plotting script's text (replay_plot.py, embedded at build time).

@@ -103,8 +103,8 @@ void PrintTtft(std::FILE* out, const ReplayReport& report, const RunSummary* hie
     std::fprintf(out,
                  "TTFT per hit class (the tier that served most of the matched prefix), the "
                  "same requests with no cache and in the hierarchy, p50 [95 %% interval]; "
-                 "slower beyond noise = interval above %.2fx:\n",
-                 1 + report.slow_class_margin);
+                 "slower beyond noise = interval above %.2fx and p50s %.0f ms apart:\n",
+                 1 + report.slow_class_margin, kTimeNoiseFloorMs);
     for (const ClassComparison& c : classes) {
       std::fprintf(out, "  %-8s %6lld requests: no cache %9.1f ms, hierarchy %9.1f ms: %s%s\n",
                    HitClassName(c.hit_class), static_cast<long long>(c.requests), c.no_cache_p50_ms,
@@ -225,6 +225,50 @@ void PrintStorageIo(std::FILE* out, const StorageStats& st) {
                per_ms(st.set_queue_seconds, st.set_calls), per_ms(st.set_seconds, st.set_calls),
                threads(st.set_page_seconds, st.set_seconds),
                Gbps(st.bytes_written, st.set_page_seconds));
+  if (st.set_profiled_pages > 0) {
+    const double pages = static_cast<double>(st.set_profiled_pages);
+    auto ms = [&](double seconds) { return 1e3 * seconds / pages; };
+    std::fprintf(out,
+                 "storage writes per page (ms, %lld pages): open %.3f, copy %.3f, checksum %.3f, "
+                 "write %.3f, fsync %.3f, stamp+rename %.3f, index %.3f, unlink of evicted %.3f\n",
+                 static_cast<long long>(st.set_profiled_pages), ms(st.set_open_seconds),
+                 ms(st.set_copy_seconds), ms(st.set_hash_seconds), ms(st.set_write_seconds),
+                 ms(st.set_sync_seconds), ms(st.set_publish_seconds), ms(st.set_index_seconds),
+                 ms(st.set_unlink_seconds));
+  }
+}
+
+// The storage oracle (replay_oracle.h): the storage hits of a store of the same capacity where
+// every write was admitted and done at once, the hits this run lost against it, and the writes
+// that were not done, by reason.
+void PrintStorageOracle(std::FILE* out, const RunSummary& r) {
+  if (!r.has_oracle) return;
+  const CacheStats& c = r.cache;
+  const double input = static_cast<double>(r.input_tokens());
+  auto pct = [&](int64_t tokens) {
+    return input > 0 ? 100.0 * static_cast<double>(tokens) / input : 0.0;
+  };
+  int64_t storage_hit = 0;
+  for (const RequestRecord& x : r.records) storage_hit += x.storage_hit;
+  const std::string capacity = r.oracle_capacity_pages >= 0
+                                   ? fmt::format("{} pages", r.oracle_capacity_pages)
+                                   : std::string("unbounded");
+  std::fprintf(out,
+               "storage hits vs oracle: %.2f %% of input tokens from storage; the oracle (same "
+               "capacity, %s; every write admitted and done at once) %.2f %%: %.0f %% of it; "
+               "hits lost to writes not done: %lld tokens (%.2f %% of input) in %lld requests; "
+               "writes not done: queue full %lld tokens, failed or timed out %lld, no room %lld, "
+               "policy %lld\n",
+               pct(storage_hit), capacity.c_str(), pct(r.oracle_storage_tokens),
+               r.oracle_storage_tokens > 0 ? 100.0 * static_cast<double>(storage_hit) /
+                                                 static_cast<double>(r.oracle_storage_tokens)
+                                           : 100.0,
+               static_cast<long long>(r.lost_storage_tokens), pct(r.lost_storage_tokens),
+               static_cast<long long>(r.lost_storage_requests),
+               static_cast<long long>(c.storage_backup_dropped_tokens),
+               static_cast<long long>(c.storage_backup_failed_tokens),
+               static_cast<long long>(c.storage_backup_capacity_tokens),
+               static_cast<long long>(c.storage_backup_policy_tokens));
 }
 
 // What the hierarchy's cache did: prefetches, evictions, failed loads, KV events, pins, the store.
@@ -302,6 +346,7 @@ void PrintCacheEvents(std::FILE* out, const RunSummary* hier) {
                  static_cast<long long>(c.storage_write_timeouts),
                  static_cast<long long>(c.storage_queue_drops));
     PrintStorageIo(out, hier->storage_stats);
+    PrintStorageOracle(out, *hier);
     const StoredChains& sc = hier->stored_chains;
     if (sc.checked) {
       std::fprintf(out,

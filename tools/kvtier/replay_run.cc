@@ -18,6 +18,7 @@
 #include "kvtier/storage.h"
 #include "kvtier/testing/kv_pattern.h"
 #include "replay_options.h"
+#include "replay_oracle.h"
 #include "replay_pin.h"
 #include "replay_run_storage.h"
 
@@ -234,6 +235,7 @@ class RunDriver {
         } else {
           summary_.stored_chains = CheckStoredChains(*b, RequestChains(s_));
         }
+        RunOracle();
       }
       KVTIER_RETURN_IF_ERROR(cache_->CheckConsistency().WithContext("cache consistency"));
       cache_.reset();
@@ -243,6 +245,38 @@ class RunDriver {
   }
 
  private:
+  // The storage oracle of this run (replay_oracle.h) into the summary and its records: a store of
+  // the same capacity (the store's, in its own bytes per page; unknown: unbounded).
+  void RunOracle() {
+    const StorageStats& st = summary_.storage_stats;
+    const int64_t page_bytes = P_ * s_.model.kv_bytes_per_token();
+    // The store's bytes per page: what it holds now, else the page and, in a file store, the
+    // 4 KiB its header block takes (file_backend.h).
+    const int64_t per_page =
+        st.stored_pages > 0 ? st.stored_bytes / st.stored_pages
+                            : page_bytes + (summary_.storage.starts_with("file://") ? 4096 : 0);
+    const int64_t capacity = st.capacity_bytes >= 0 ? st.capacity_bytes
+                             : storage_             ? storage_->capacity_bytes()
+                                                    : -1;
+    const int64_t capacity_pages = capacity >= 0 ? capacity / std::max<int64_t>(per_page, 1) : -1;
+    std::vector<int64_t> prompt_pages;
+    for (const WorkloadRequest& req : s_.workload.requests) {
+      prompt_pages.push_back(req.input_length / P_);
+    }
+    const StorageOracleResult o =
+        RunStorageOracle(RequestChainsOf(s_, s_.warmup), RequestChainsOf(s_, s_.workload),
+                         prompt_pages, summary_.records, P_, capacity_pages);
+    summary_.has_oracle = true;
+    summary_.oracle_capacity_pages = o.capacity_pages;
+    summary_.oracle_storage_tokens = o.storage_tokens;
+    summary_.lost_storage_tokens = o.lost_tokens;
+    summary_.lost_storage_requests = o.lost_requests;
+    for (size_t i = 0; i < summary_.records.size(); ++i) {
+      summary_.records[i].oracle_storage_hit = o.oracle_storage_hit[i];
+      summary_.records[i].lost_storage_hit = o.lost_hit[i];
+    }
+  }
+
   Status CreateCache() {
     HierarchicalCacheConfig c = CacheConfigOf(o_);
     c.page_size = P_;

@@ -56,14 +56,14 @@ Status RunStorage::Open(ReplaySetup& s, int64_t host_bytes) {
     url = fmt::format("file://{}?capacity={}", temp_dir_, cap);
     capacity_bytes_ = cap;
   }
-  StorageNamespace ns;
-  ns.model_id = s.model.model_id;
-  ns.layout = *ParseLayout(o.host_layout);
-  ns.mla = s.model.mla;
-  ns.num_layers = s.model.num_layers;
-  ns.slot_bytes = s.model.slot_bytes;
-  ns.page_size = o.page_size;
-  ns.head_num = s.model.kv_head_num;
+  KvGeometry pages;
+  pages.layout = *ParseLayout(o.host_layout);
+  pages.num_layers = s.model.num_layers;
+  pages.slot_bytes = s.model.slot_bytes;
+  pages.page_size = o.page_size;
+  pages.head_num = s.model.kv_head_num;
+  const StorageNamespace ns =
+      StorageNamespaceOf(pages, s.model.mla, {.model_id = s.model.model_id});
   StorageOptions so;
   so.io_threads = o.storage_io_threads;
   so.min_free_bytes = o.storage_min_free_bytes;
@@ -92,10 +92,16 @@ void RunStorage::MeasureCeiling(ReplaySetup& s, const std::string& url) {
   const int64_t page_bytes = s.options.page_size * s.model.kv_bytes_per_token();
   const int threads = static_cast<int>(s.options.storage_io_threads);
   Result<StorageCeiling> c = Status::Unavailable("no plain-read baseline for this kind of store");
-  if (const std::string dir = FileUrlDirectory(url); !dir.empty()) {
-    c = MeasureFileReadCeiling(dir, page_bytes, threads);
-  } else if (url.rfind("redis", 0) == 0) {
-    c = MeasureRedisReadCeiling(url, page_bytes, threads);
+  switch (BaselineOf(url)) {
+    case StorageBaseline::kFiles:
+      c = MeasureFileReadCeiling(FileUrlDirectory(url), page_bytes, threads);
+      break;
+    case StorageBaseline::kRedisBenchmark:
+      c = MeasureRedisReadCeiling(url, page_bytes, threads);
+      break;
+    case StorageBaseline::kMemcpy:
+    case StorageBaseline::kNone:
+      break;
   }
   if (c.ok()) {
     s.storage_ceiling = *c;
@@ -104,19 +110,27 @@ void RunStorage::MeasureCeiling(ReplaySetup& s, const std::string& url) {
   }
 }
 
+std::vector<std::vector<PageKey>> RequestChainsOf(const ReplaySetup& s, const Workload& w) {
+  std::vector<std::vector<PageKey>> chains;
+  for (size_t i = 0; i < w.requests.size(); ++i) {
+    const WorkloadRequest& req = w.requests[i];
+    std::vector<int32_t> tokens = PromptTokens(req);
+    if (s.options.insert_output && req.output_length > 0) {
+      const std::vector<int32_t> out = OutputTokens(static_cast<int64_t>(i), req.output_length);
+      tokens.insert(tokens.end(), out.begin(), out.end());
+    }
+    Result<std::vector<PageKey>> keys =
+        ComputePromptPageKeys(tokens, s.options.page_size, /*salt=*/"");
+    chains.push_back(keys.ok() ? std::move(*keys) : std::vector<PageKey>());
+  }
+  return chains;
+}
+
 std::vector<std::vector<PageKey>> RequestChains(const ReplaySetup& s) {
   std::vector<std::vector<PageKey>> chains;
   for (const Workload* w : {&s.warmup, &s.workload}) {
-    for (size_t i = 0; i < w->requests.size(); ++i) {
-      const WorkloadRequest& req = w->requests[i];
-      std::vector<int32_t> tokens = PromptTokens(req);
-      if (s.options.insert_output && req.output_length > 0) {
-        const std::vector<int32_t> out = OutputTokens(static_cast<int64_t>(i), req.output_length);
-        tokens.insert(tokens.end(), out.begin(), out.end());
-      }
-      Result<std::vector<PageKey>> keys =
-          ComputePromptPageKeys(tokens, s.options.page_size, /*salt=*/"");
-      if (keys.ok() && !keys->empty()) chains.push_back(std::move(*keys));
+    for (std::vector<PageKey>& keys : RequestChainsOf(s, *w)) {
+      if (!keys.empty()) chains.push_back(std::move(keys));
     }
   }
   return chains;

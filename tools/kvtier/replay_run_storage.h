@@ -58,6 +58,9 @@ class RunStorage {
 // (prompt, and output with --insert-output), chained from the prompt's start (the cache's keys,
 // empty tenant salt).
 std::vector<std::vector<PageKey>> RequestChains(const ReplaySetup& s);
+// The same for the requests of `w` (s.warmup or s.workload), one chain per request in order (empty
+// where a request has no whole page).
+std::vector<std::vector<PageKey>> RequestChainsOf(const ReplaySetup& s, const Workload& w);
 
 // The stored pages unreachable from a stored first page (StoredChains in replay_report.h): one
 // Exists per distinct key of `chains`, at most 64 in flight, for at most `budget` (a slow store:

@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,6 +19,7 @@
 #include <thread>
 #include <utility>
 
+#include "config_flags.h"
 #include "kvtier/device.h"
 #include "kvtier/storage.h"
 #include "kvtier/tp_group.h"
@@ -50,8 +52,12 @@ std::vector<pid_t> StartFollowers(const TpReplayArgs& a, const std::string& grou
     for (std::string& s : args) argv.push_back(s.data());
     argv.push_back(nullptr);
     std::fflush(nullptr);
+    const pid_t parent = getpid();
     const pid_t pid = fork();
     if (pid == 0) {
+      // A rank dies with rank 0, however rank 0 ends (SIGKILL included): no rank outlives it.
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(126);
       execv(argv[0], argv.data());
       std::fprintf(stderr, "kvtier replay --tp: exec of rank %d failed: %s\n", r,
                    std::strerror(errno));
@@ -84,6 +90,30 @@ bool ReapFollowers(const std::vector<pid_t>& pids, double seconds) {
   return clean;
 }
 
+// The replay flags a TP run does not implement: refused by name rather than silently ignored
+// (its passes are sequential, on one workload, with no sweep, publisher, pins, faults or plot).
+Status CheckTpFlags(const ReplayOptions& o) {
+  const ReplayOptions d;
+  const std::pair<const char*, bool> unsupported[] = {
+      {"--shared-host", !o.shared_host.empty()},
+      {"--kv-events", !o.kv_events.empty()},
+      {"--sweep", !o.sweep.empty()},
+      {"--concurrency", o.concurrency != d.concurrency},
+      {"--pin-system-prompt", !o.pin_system_prompt.empty()},
+      {"--fault", !o.fault.empty()},
+      {"--plot", !o.plot_path.empty()},
+  };
+  for (const auto& [flag, given] : unsupported) {
+    if (given) {
+      return Status::InvalidArgument(fmt::format(
+          "--tp: {} is not supported with --tp (a TP replay serves the requests one at a time, "
+          "at TP=1 and then TP=N, and compares)",
+          flag));
+    }
+  }
+  return Status::OK();
+}
+
 void RemoveStore(const TpSetup& s) {
   if (s.store_dir.empty()) return;
   std::error_code ec;
@@ -106,46 +136,26 @@ void AddTpReplayFlags(CLI::App* replay, TpReplayArgs* a) {
       "--tp: also serve the requests at TP=1 on each rank's GPU at that rank's bytes per copy "
       "(MHA: one rank's share of the KV heads; MLA: the whole latent), each rank's load "
       "bandwidth baseline on its own GPU (the cpu device: one such pass for every rank)");
-  replay
-      ->add_option("--tp-timeout", a->ack_timeout_s,
-                   "--tp: seconds rank 0 waits for a rank to apply a decision before failing")
-      ->check(CLI::Range(0.1, 3600.0))
-      ->capture_default_str();
-  replay
-      ->add_option("--tp-follower-poll", a->follower_poll_s,
-                   "--tp: seconds a follower polls the ring after a record before it sleeps "
-                   "(its CPU for the leader's: no wake system call when it is awake; 0: sleep at "
-                   "once)")
-      ->check(CLI::Range(0.0, 1.0))
-      ->capture_default_str();
-  replay
-      ->add_option("--tp-follower-doze", a->follower_doze_s,
-                   "--tp: seconds after its last record a follower, its poll over, looks at the "
-                   "ring every 50 us instead of sleeping (no wake call for rank 0; 0: sleep)")
-      ->check(CLI::Range(0.0, 60.0))
-      ->capture_default_str();
-  replay
-      ->add_option("--tp-leader-poll", a->leader_poll_s,
-                   "--tp: seconds rank 0 polls for the ranks' acknowledgements before it sleeps")
-      ->check(CLI::Range(0.0, 0.01))
-      ->capture_default_str();
-  replay->add_flag("--tp-ack-each-copy", a->ack_each_copy,
-                   "--tp: rank 0 waits for every rank after each of its cache's copies (default: "
-                   "the step's wait covers them; TpGroupConfig::ack_each_copy)");
+  // The ring's settings: the schema's fields under the replay's --tp-* names.
+  const ConfigSchema<TpGroupConfig>& schema = TpGroupConfigSchema();
+  for (const auto& [field, flag] : {std::pair{"ack_timeout_s", "--tp-timeout"},
+                                    {"follower_poll_s", "--tp-follower-poll"},
+                                    {"follower_doze_s", "--tp-follower-doze"},
+                                    {"leader_poll_s", "--tp-leader-poll"}}) {
+    CLI::Option* opt = AddFieldFlag(replay, *FindField(schema, field), &a->ring, flag);
+    opt->description("--tp: " + opt->get_description());
+  }
+  replay->add_flag("--tp-ack-each-copy", a->ring.ack_each_copy,
+                   "--tp: " + FindField(schema, "ack_each_copy")->help);
   replay->add_option("--tp-rank", a->rank)->group("")->check(CLI::Range(1, 7));
   replay->add_option("--tp-group", a->group)->group("");
   replay->add_option("--tp-store", a->store)->group("");
 }
 
 TpGroupConfig TpGroupConfigOf(const TpReplayArgs& a, std::string name) {
-  TpGroupConfig gc;
+  TpGroupConfig gc = a.ring;
   gc.name = std::move(name);
   gc.tp_size = a.tp;
-  gc.ack_timeout_s = a.ack_timeout_s;
-  gc.follower_poll_s = a.follower_poll_s;
-  gc.follower_doze_s = a.follower_doze_s;
-  gc.leader_poll_s = a.leader_poll_s;
-  gc.ack_each_copy = a.ack_each_copy;
   return gc;
 }
 
@@ -163,9 +173,7 @@ int RunReplayTp(const ReplayOptions& options, const TpReplayArgs& a,
   if (Status st = s.o.Validate(); !st.ok()) return fail(st, 2);
   if (a.rank > 0 && a.group.empty()) return fail(Status::InvalidArgument("--tp-group missing"), 2);
   if (s.o.host_tokens == -1) s.o.host_tokens = 4 * s.o.device_tokens;
-  if (!s.o.shared_host.empty()) {
-    return fail(Status::InvalidArgument("--tp: --shared-host is not supported with --tp"), 2);
-  }
+  if (Status st = CheckTpFlags(s.o); !st.ok()) return fail(st, 2);
   auto model = FindReplayModel(s.o.model);
   if (!model.ok()) return fail(model.status(), 2);
   s.model = *model;
@@ -275,7 +283,18 @@ int RunReplayTp(const ReplayOptions& options, const TpReplayArgs& a,
   st = static_cast<int>(pids.size()) == a.tp - 1
            ? (*leader)->WaitForFollowers()
            : Status::Unavailable("could not start the follower ranks");
-  if (st.ok()) st = RunTpPass(s, a.tp, leader->get(), &tpn);
+  if (st.ok()) {
+    // The signal that the group is formed (tests wait for it before they kill a rank): every
+    // rank attached, the TP=N pass about to start.
+    std::string ranks;
+    for (size_t i = 0; i < pids.size(); ++i) {
+      ranks += fmt::format("{}rank {} (pid {})", i == 0 ? "" : ", ", i + 1, pids[i]);
+    }
+    std::fprintf(stderr, "kvtier replay --tp: %s attached; serving at TP=%d\n", ranks.c_str(),
+                 a.tp);
+    std::fflush(stderr);
+    st = RunTpPass(s, a.tp, leader->get(), &tpn);
+  }
   leader->reset();  // closes the ring: the followers exit
   const bool followers_clean = ReapFollowers(pids, st.ok() ? 30 : 2);
   RemoveStore(s);

@@ -34,15 +34,19 @@
 namespace kvtier::tools {
 
 struct TpReplayArgs {
-  int tp = 1;                 // --tp: ranks; 1 = the plain replay
-  int rank = 0;               // --tp-rank (hidden): a follower started by rank 0
-  std::string group;          // --tp-group (hidden): its decision ring
-  std::string store;          // --tp-store (hidden): the pass's per-head file store URL
-  double ack_timeout_s = 60;  // --tp-timeout
-  double follower_poll_s = TpGroupConfig{}.follower_poll_s;  // --tp-follower-poll
-  double follower_doze_s = TpGroupConfig{}.follower_doze_s;  // --tp-follower-doze
-  double leader_poll_s = TpGroupConfig{}.leader_poll_s;      // --tp-leader-poll
-  bool ack_each_copy = TpGroupConfig{}.ack_each_copy;        // --tp-ack-each-copy
+  int tp = 1;         // --tp: ranks; 1 = the plain replay
+  int rank = 0;       // --tp-rank (hidden): a follower started by rank 0
+  std::string group;  // --tp-group (hidden): its decision ring
+  std::string store;  // --tp-store (hidden): the pass's per-head file store URL
+  // The decision ring's settings (name and tp_size are set per group by TpGroupConfigOf), with
+  // flags from TpGroupConfigSchema: --tp-timeout (ack_timeout_s; 60 s here, the library's 10 s is
+  // short beside a replay's first steps), --tp-follower-poll, --tp-follower-doze,
+  // --tp-leader-poll, --tp-ack-each-copy.
+  TpGroupConfig ring = [] {
+    TpGroupConfig c;
+    c.ack_timeout_s = 60;
+    return c;
+  }();
   bool equal_bytes = false;  // --tp-equal-bytes: TP=1 load baselines on each rank's GPU
 };
 

@@ -48,17 +48,14 @@ Result<std::unique_ptr<PrefillEngine>> MakeTpRankEngine(const TpSetup& s, int tp
 
 StorageNamespace TpRankPages(const ReplayModel& rank_model, int64_t page_size, int64_t head_num,
                              int rank, int tp) {
-  StorageNamespace ns;
-  ns.model_id = rank_model.model_id;
-  ns.layout = KvLayout::kPageHead;
-  ns.mla = rank_model.mla;
-  ns.num_layers = rank_model.num_layers;
-  ns.slot_bytes = rank_model.slot_bytes;
-  ns.page_size = page_size;
-  ns.head_num = head_num;
-  ns.tp_rank = rank;
-  ns.tp_size = tp;
-  return ns;
+  KvGeometry pages;
+  pages.layout = KvLayout::kPageHead;
+  pages.num_layers = rank_model.num_layers;
+  pages.slot_bytes = rank_model.slot_bytes;
+  pages.page_size = page_size;
+  pages.head_num = head_num;
+  return StorageNamespaceOf(pages, rank_model.mla,
+                            {.model_id = rank_model.model_id, .tp_rank = rank, .tp_size = tp});
 }
 
 }  // namespace kvtier::tools

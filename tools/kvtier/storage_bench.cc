@@ -1,6 +1,8 @@
 // tools/kvtier/storage_bench.cc — `kvtier bench --storage URL` (storage_bench.h): the backend's
 // rows, kind by kind, beside the platform baselines (storage_bench_baseline.cc) of the same pages
-// (storage_bench_pages.h).
+// (storage_bench_pages.h); then per kind the write and read ceilings (the first baseline's Set and
+// Get), the backend's ratios to them (alone, and reads and writes at once) and where a Set's time
+// went (StorageStats' set_*_seconds).
 //
 // Thread safety: one thread drives the run; the backend completes calls on its own threads.
 #include "storage_bench.h"
@@ -19,11 +21,13 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <thread>
 
 #include "bench.h"
 #include "kvtier/page_key.h"
 #include "kvtier/storage.h"
 #include "redis_baseline.h"
+#include "replay_ceiling.h"
 #include "storage_bench_baseline.h"
 #include "storage_bench_pages.h"
 
@@ -35,16 +39,14 @@ const PageKind& KindNamed(std::string_view name) {
 }
 
 StorageNamespace NamespaceOf(const PageKind& kind) {
-  StorageNamespace ns;
-  ns.model_id = std::string("kvtier-bench/") + kind.model;
-  ns.kv_dtype = "bf16";
-  ns.layout = KvLayout::kPageFirst;
-  ns.mla = kind.mla;
-  ns.num_layers = kind.num_layers;
-  ns.slot_bytes = kind.slot_bytes;
-  ns.page_size = kind.page_size;
-  ns.head_num = kind.head_num;
-  return ns;
+  KvGeometry pages;
+  pages.layout = KvLayout::kPageFirst;
+  pages.num_layers = kind.num_layers;
+  pages.slot_bytes = kind.slot_bytes;
+  pages.page_size = kind.page_size;
+  pages.head_num = kind.head_num;
+  return StorageNamespaceOf(pages, kind.mla,
+                            {.model_id = std::string("kvtier-bench/") + kind.model});
 }
 
 void Append(OpTimes& to, const OpTimes& from) {
@@ -75,6 +77,19 @@ struct StorageRow {
   // row of its own and never fails the bench: kvtier's rows are checked without it.
   bool baseline_failed = false;
 };
+// The ceilings of one page kind and the backend's ratios to them, with where a Set's time went
+// (printed after the table, and in the JSON's "summary").
+struct KindSummary {
+  std::string kind;
+  int64_t page_bytes = 0;
+  std::string ceiling;  // the baseline both ceilings are (empty: none measured)
+  double write_ceiling_gbps = 0, read_ceiling_gbps = 0;
+  double set_gbps = 0, get_gbps = 0, get_under_set_gbps = 0, set_under_get_gbps = 0;
+  StorageStats stats;  // the backend's, at the end of the kind
+};
+
+double Ratio(double a, double b) { return b > 0 ? 100.0 * a / b : 0; }
+
 double Percentile(std::vector<double> v, double q) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -122,6 +137,9 @@ std::vector<PageBuffer> BuffersOf(const PageSet& pages, int64_t first, int64_t c
 
 struct KindResult {
   OpTimes set, get, exists;
+  // The mixed pass: a Get of every stored page while a Set of as many other pages runs (each
+  // side's pass timed alone, from its first submission to its last completion).
+  OpTimes get_under_set, set_under_get;
   bool check_ok = true;
   std::string note;
 };
@@ -171,8 +189,11 @@ Status RunPass(StorageBackend& backend, bool set, const std::vector<PageKey>& ke
   return error;
 }
 
+// One kind's rounds: Set, Exists and Get of `keys`, then (with `write_keys`) the Get of `keys`
+// again while `write_keys` are Set.
 Result<KindResult> RunKind(StorageBackend& backend, const std::vector<PageKey>& keys,
-                           const PageSet& src, PageSet& dst, const StorageBenchOptions& o) {
+                           const std::vector<PageKey>& write_keys, const PageSet& src, PageSet& dst,
+                           const StorageBenchOptions& o) {
   KindResult r;
   auto fail = [&](std::string note) {
     r.check_ok = false;
@@ -203,6 +224,24 @@ Result<KindResult> RunKind(StorageBackend& backend, const std::vector<PageKey>& 
     KVTIER_RETURN_IF_ERROR(RunPass(backend, /*set=*/false, keys, src, dst, o, r.get, fail));
     if (const int64_t bad = dst.CountDiffering(src); bad > 0) {
       fail(fmt::format("Get: {} of {} pages differ from what was Set", bad, n));
+    }
+
+    // Reads under writes: the stored pages read again while the same bytes are written under
+    // `write_keys` (pages the store does not hold, or replaces) on another thread.
+    if (!write_keys.empty()) {
+      dst.Poison();
+      Status set_status;
+      std::thread writer([&] {
+        set_status = RunPass(backend, /*set=*/true, write_keys, src, dst, o, r.set_under_get, fail);
+      });
+      const Status get_status =
+          RunPass(backend, /*set=*/false, keys, src, dst, o, r.get_under_set, fail);
+      writer.join();
+      KVTIER_RETURN_IF_ERROR(get_status);
+      KVTIER_RETURN_IF_ERROR(set_status);
+      if (const int64_t bad = dst.CountDiffering(src); bad > 0) {
+        fail(fmt::format("Get under writes: {} of {} pages differ from what was Set", bad, n));
+      }
     }
   }
   return r;
@@ -276,7 +315,8 @@ void PrintRows(std::FILE* out, const std::vector<StorageRow>& rows) {
 }
 
 Status WriteRowsJson(const std::string& path, const std::string& command,
-                     const std::vector<StorageRow>& rows) {
+                     const std::vector<StorageRow>& rows,
+                     const std::vector<KindSummary>& summaries) {
   nlohmann::json j;
   j["command"] = command;
   j["rows"] = nlohmann::json::array();
@@ -295,6 +335,37 @@ Status WriteRowsJson(const std::string& path, const std::string& command,
                          {"baseline_failed", r.baseline_failed},
                          {"note", r.note}});
   }
+  j["summary"] = nlohmann::json::array();
+  for (const KindSummary& m : summaries) {
+    const StorageStats& st = m.stats;
+    j["summary"].push_back(
+        {{"kind", m.kind},
+         {"page_bytes", m.page_bytes},
+         {"ceiling", m.ceiling},
+         {"write_ceiling_gbps", m.write_ceiling_gbps},
+         {"read_ceiling_gbps", m.read_ceiling_gbps},
+         {"set_gbps", m.set_gbps},
+         {"get_gbps", m.get_gbps},
+         {"set_under_reads_gbps", m.set_under_get_gbps},
+         {"get_under_writes_gbps", m.get_under_set_gbps},
+         {"set_pct_of_write_ceiling", Ratio(m.set_gbps, m.write_ceiling_gbps)},
+         {"get_pct_of_read_ceiling", Ratio(m.get_gbps, m.read_ceiling_gbps)},
+         {"get_under_writes_pct_of_read_ceiling", Ratio(m.get_under_set_gbps, m.read_ceiling_gbps)},
+         {"set_phases_seconds",
+          {{"pages", st.set_profiled_pages},
+           {"calls", st.set_calls},
+           {"queue", st.set_queue_seconds},
+           {"hook", st.set_seconds},
+           {"pages_in_hook", st.set_page_seconds},
+           {"open", st.set_open_seconds},
+           {"copy", st.set_copy_seconds},
+           {"checksum", st.set_hash_seconds},
+           {"write", st.set_write_seconds},
+           {"fsync", st.set_sync_seconds},
+           {"stamp_rename", st.set_publish_seconds},
+           {"index", st.set_index_seconds},
+           {"unlink", st.set_unlink_seconds}}}});
+  }
   std::ofstream f(path);
   f << j.dump(2) << "\n";
   if (!f) return Status::IOError(fmt::format("cannot write {}", path));
@@ -309,8 +380,8 @@ Status Validate(const StorageBenchOptions& o) {
           fmt::format("--storage-kinds: unknown page kind '{}' (mha4, mha16, mha64, mla64)", k));
     }
   }
-  if (o.batch_pages < 1 || o.batch_pages > 4096) {
-    return Status::InvalidArgument("--storage-batch must be in [1, 4096]");
+  if (o.batch_pages < 0 || o.batch_pages > 4096) {
+    return Status::InvalidArgument("--storage-batch must be in [1, 4096], or 0 for the default");
   }
   KVTIER_RETURN_IF_ERROR(
       FindField(StorageOptionsSchema(), "io_threads")->CheckInt(o.io_threads, "--storage-threads"));
@@ -340,16 +411,16 @@ struct KindRounds {
 // The rounds of one page kind: the backend's and the baselines' interleaved, so both see the same
 // machine. `file_dir` / `key_space`: the baselines' (empty / null: none).
 void RunRounds(const StorageBenchOptions& o, const std::string& scheme, const PageKind& kind,
-               StorageBackend& backend, const std::vector<PageKey>& keys, const PageSet& src,
-               PageSet& dst, const std::string& file_dir, const RedisKeySpace* key_space,
-               KindRounds* k) {
+               StorageBackend& backend, const std::vector<PageKey>& keys,
+               const std::vector<PageKey>& write_keys, const PageSet& src, PageSet& dst,
+               const std::string& file_dir, const RedisKeySpace* key_space, KindRounds* k) {
   StorageBenchOptions one_round = o;
   one_round.repeats = 1;
   Result<KindResult>& result = k->result;
   std::vector<Baseline>& baselines = k->baselines;
   // One round of the backend; false when it failed (result holds why).
   auto run_backend = [&]() -> bool {
-    auto r = RunKind(backend, keys, src, dst, one_round);
+    auto r = RunKind(backend, keys, write_keys, src, dst, one_round);
     if (!r.ok()) {
       result = r.status();
       return false;
@@ -357,6 +428,8 @@ void RunRounds(const StorageBenchOptions& o, const std::string& scheme, const Pa
     Append(result->set, r->set);
     Append(result->get, r->get);
     Append(result->exists, r->exists);
+    Append(result->get_under_set, r->get_under_set);
+    Append(result->set_under_get, r->set_under_get);
     if (!r->check_ok && result->check_ok) {
       result->check_ok = false;
       result->note = r->note;
@@ -392,24 +465,35 @@ void RunRounds(const StorageBenchOptions& o, const std::string& scheme, const Pa
 }
 
 // The rows of one page kind of `n` pages: per op the backend's, then the baselines' beside it
-// (the first is the reference of "% base"), and a row for a baseline that failed.
-void AddKindRows(const PageKind& kind, int64_t n, int64_t page_bytes, const KindRounds& k,
-                 std::vector<StorageRow>* rows) {
+// (the first is the reference of "% base"), and a row for a baseline that failed. The mixed
+// pass's rows ("get/w": Gets while Sets run; "set/r": those Sets) are against the same reference.
+KindSummary AddKindRows(const PageKind& kind, int64_t n, int64_t page_bytes, const KindRounds& k,
+                        const StorageStats& stats, std::vector<StorageRow>* rows) {
   const KindResult& result = *k.result;
-  for (const char* op : {"set", "exists", "get"}) {
+  KindSummary summary;
+  summary.kind = kind.name;
+  summary.page_bytes = page_bytes;
+  summary.stats = stats;
+  for (const char* op : {"set", "exists", "get", "get/w", "set/r"}) {
     const std::string op_name = op;
-    const OpTimes& t = op_name == "set"   ? result.set
-                       : op_name == "get" ? result.get
-                                          : result.exists;
+    const bool mixed = op_name == "get/w" || op_name == "set/r";
+    if (mixed && result.get_under_set.round_seconds.empty()) continue;
+    const OpTimes& t = op_name == "set"     ? result.set
+                       : op_name == "get"   ? result.get
+                       : op_name == "get/w" ? result.get_under_set
+                       : op_name == "set/r" ? result.set_under_get
+                                            : result.exists;
     StorageRow row = RowFrom(kind.name, op_name, "kvtier", n, page_bytes, t);
     row.check_ok = result.check_ok;
     row.note = result.note;
     if (op_name == "exists") row.gbps = 0;  // no bytes move
+    const bool writes = op_name == "set" || op_name == "set/r";
     std::vector<StorageRow> base_rows;
     if (op_name != "exists") {
       for (const Baseline& baseline : k.baselines) {
-        const OpTimes& bt = op_name == "set" ? baseline.set : baseline.get;
-        StorageRow base = RowFrom(kind.name, op_name, baseline.name, n, page_bytes, bt);
+        const OpTimes& bt = writes ? baseline.set : baseline.get;
+        StorageRow base =
+            RowFrom(kind.name, writes ? "set" : "get", baseline.name, n, page_bytes, bt);
         base.check_ok = baseline.check_ok;
         base.note = baseline.note;
         base_rows.push_back(std::move(base));
@@ -417,9 +501,16 @@ void AddKindRows(const PageKind& kind, int64_t n, int64_t page_bytes, const Kind
     }
     if (!base_rows.empty() && base_rows.front().gbps > 0) {
       row.pct_of_baseline = 100.0 * row.gbps / base_rows.front().gbps;
+      summary.ceiling = base_rows.front().who;
+      (writes ? summary.write_ceiling_gbps : summary.read_ceiling_gbps) = base_rows.front().gbps;
     }
+    (op_name == "set"     ? summary.set_gbps
+     : op_name == "get"   ? summary.get_gbps
+     : op_name == "get/w" ? summary.get_under_set_gbps
+     : op_name == "set/r" ? summary.set_under_get_gbps
+                          : row.gbps) = row.gbps;
     rows->push_back(row);
-    rows->insert(rows->end(), base_rows.begin(), base_rows.end());
+    if (!mixed) rows->insert(rows->end(), base_rows.begin(), base_rows.end());
     std::fprintf(stderr, "[%s] %s: %.2f GB/s, p50 %.3f ms%s\n", kind.name, op, row.gbps, row.p50_ms,
                  row.check_ok ? "" : " FAILED");
   }
@@ -432,15 +523,79 @@ void AddKindRows(const PageKind& kind, int64_t n, int64_t page_bytes, const Kind
     failed.note = k.baseline_failure;
     rows->push_back(std::move(failed));
   }
+  return summary;
+}
+
+// Per page kind: both ceilings and the backend's ratios to them, and where a Set's time went.
+void PrintSummaries(std::FILE* out, const std::vector<KindSummary>& summaries, int io_threads) {
+  for (const KindSummary& m : summaries) {
+    if (m.write_ceiling_gbps > 0) {
+      std::fprintf(out,
+                   "%-7s write ceiling %.2f GB/s (%s: open+pwrite+close+rename of page files laid "
+                   "out as the store's); Set %.2f GB/s = %.0f %%, Set under reads %.2f GB/s = "
+                   "%.0f %%\n",
+                   m.kind.c_str(), m.write_ceiling_gbps, m.ceiling.c_str(), m.set_gbps,
+                   Ratio(m.set_gbps, m.write_ceiling_gbps), m.set_under_get_gbps,
+                   Ratio(m.set_under_get_gbps, m.write_ceiling_gbps));
+      std::fprintf(out,
+                   "%-7s read ceiling %.2f GB/s (%s: open+pread+close); Get %.2f GB/s = %.0f %%, "
+                   "Get under writes %.2f GB/s = %.0f %%\n",
+                   m.kind.c_str(), m.read_ceiling_gbps, m.ceiling.c_str(), m.get_gbps,
+                   Ratio(m.get_gbps, m.read_ceiling_gbps), m.get_under_set_gbps,
+                   Ratio(m.get_under_set_gbps, m.read_ceiling_gbps));
+    }
+    const StorageStats& st = m.stats;
+    if (st.set_profiled_pages > 0 && st.set_calls > 0) {
+      const double pages = static_cast<double>(st.set_profiled_pages);
+      auto ms = [&](double seconds) { return 1e3 * seconds / pages; };
+      const double phases = st.set_open_seconds + st.set_copy_seconds + st.set_hash_seconds +
+                            st.set_write_seconds + st.set_sync_seconds + st.set_publish_seconds +
+                            st.set_index_seconds + st.set_unlink_seconds;
+      std::fprintf(
+          out,
+          "%-7s a Set: %.2f ms queued per call (%lld calls); per page (ms, %lld pages, %.1f "
+          "threads on a call's pages): open %.3f, copy %.3f, checksum %.3f, write %.3f, fsync "
+          "%.3f, stamp+rename %.3f, index %.3f, unlink %.3f; the phases are %.0f %% of the pages' "
+          "time in the "
+          "hook; %.2f GB/s a writer thread (%d I/O threads)\n",
+          m.kind.c_str(), 1e3 * st.set_queue_seconds / static_cast<double>(st.set_calls),
+          static_cast<long long>(st.set_calls), static_cast<long long>(st.set_profiled_pages),
+          st.set_seconds > 0 ? st.set_page_seconds / st.set_seconds : 0.0, ms(st.set_open_seconds),
+          ms(st.set_copy_seconds), ms(st.set_hash_seconds), ms(st.set_write_seconds),
+          ms(st.set_sync_seconds), ms(st.set_publish_seconds), ms(st.set_index_seconds),
+          ms(st.set_unlink_seconds), Ratio(phases, st.set_page_seconds),
+          phases > 0 ? pages * static_cast<double>(m.page_bytes) / phases / 1e9 : 0.0, io_threads);
+    }
+  }
 }
 
 // One page kind: its pages Set, Exists and Get through the store at o.url (and the baselines),
 // its rows into `rows`, everything stored removed. 0, or the exit code to stop the bench with;
 // *exit_code = 1 when the kind failed but the bench goes on.
-int BenchKind(const StorageBenchOptions& o, const StorageOptions& so, const std::string& scheme,
-              const std::string& rest, uint64_t run_id, const std::string& kind_name,
-              std::vector<StorageRow>* rows, int* exit_code) {
+// Redis's defaults: calls sized, and kept in flight, by the bytes they carry. One redis-server
+// serves every call in turn, and each call must be done within StorageOptions::timeout (2 s) of
+// being taken: the file store's eight batches of 64 pages of 2 MiB (1 GiB in flight) timed out
+// against a local redis-server on a 2-core box ("down (timed out)" for every kind), and so did
+// one such batch (128 MiB) with a CPU hog per core (70 MB/s), and 4 calls of 16 MiB (the server
+// serves the calls in flight together: 40 MB/s, 1.9 s a call). Calls of 8 MiB, 16 MiB in flight:
+// 8 MB/s at that timeout; one server is single-threaded, so more in flight adds latency, not
+// throughput.
+constexpr int64_t kRedisBytesPerCall = int64_t{8} << 20;
+constexpr int64_t kRedisBytesInFlight = int64_t{16} << 20;
+
+int64_t RedisBatchPages(int64_t page_bytes) {
+  return std::clamp<int64_t>(kRedisBytesPerCall / page_bytes, 1, 64);
+}
+int RedisInFlight(int64_t batch_bytes) {
+  return static_cast<int>(std::clamp<int64_t>(kRedisBytesInFlight / batch_bytes, 1, 8));
+}
+
+int BenchKind(const StorageBenchOptions& options, const StorageOptions& so,
+              const std::string& scheme, const std::string& rest, uint64_t run_id,
+              const std::string& kind_name, std::vector<StorageRow>* rows,
+              std::vector<KindSummary>* summaries, int* exit_code) {
   const PageKind& kind = KindNamed(kind_name);
+  StorageBenchOptions o = options;
   auto opened = OpenStorage(o.url, NamespaceOf(kind), so);
   if (!opened.ok()) {
     std::fprintf(stderr, "kvtier bench: %s\n", opened.status().ToString().c_str());
@@ -449,16 +604,22 @@ int BenchKind(const StorageBenchOptions& o, const StorageOptions& so, const std:
   StorageBackend& backend = **opened;
   const int64_t page_bytes = backend.ns().page_bytes();
   const int64_t n = std::max<int64_t>(2, *ParseByteSize(o.bytes_per_kind) / page_bytes);
-  std::fprintf(stderr, "[%s] %lld pages of %.2f MiB at %s\n", kind.name, static_cast<long long>(n),
-               static_cast<double>(page_bytes) / (1 << 20), backend.url().c_str());
+  if (o.batch_pages == 0) o.batch_pages = RedisBatchPages(page_bytes);            // redis only
+  if (o.in_flight == 0) o.in_flight = RedisInFlight(o.batch_pages * page_bytes);  // redis only
+  std::fprintf(stderr, "[%s] %lld pages of %.2f MiB at %s, %d batches of %lld in flight\n",
+               kind.name, static_cast<long long>(n), static_cast<double>(page_bytes) / (1 << 20),
+               backend.url().c_str(), o.in_flight, static_cast<long long>(o.batch_pages));
   PageSet src = PageSet::Make(page_bytes, n), dst = PageSet::Make(page_bytes, n);
   src.FillRandom(run_id + static_cast<uint64_t>(page_bytes));
   const std::vector<PageKey> keys = KeysFor(kind, n, run_id);
+  // The pages written during the reads-under-writes pass (--no-mixed: none).
+  const std::vector<PageKey> write_keys =
+      o.mixed ? KeysFor(kind, n, run_id + 1) : std::vector<PageKey>();
 
   KindRounds k;
   std::unique_ptr<RedisKeySpace> key_space;
   std::string file_dir;  // the file baseline's, for all rounds of the kind
-  if (o.baseline && scheme == "file") {
+  if (o.baseline && !FileUrlDirectory(o.url).empty()) {
     file_dir = fmt::format("{}/kvtier-bench-baseline-{}-{}", rest, kind.name, ::getpid());
     std::error_code ec;
     std::filesystem::create_directories(file_dir, ec);
@@ -478,7 +639,7 @@ int BenchKind(const StorageBenchOptions& o, const StorageOptions& so, const std:
       key_space = std::move(*filled);
     }
   }
-  RunRounds(o, scheme, kind, backend, keys, src, dst, file_dir, key_space.get(), &k);
+  RunRounds(o, scheme, kind, backend, keys, write_keys, src, dst, file_dir, key_space.get(), &k);
   if (!file_dir.empty()) {
     std::error_code ec;
     std::filesystem::remove_all(file_dir, ec);
@@ -490,16 +651,19 @@ int BenchKind(const StorageBenchOptions& o, const StorageOptions& so, const std:
       *exit_code = 1;
     }
   }
-  for (int64_t first = 0; first < n; first += o.batch_pages) {  // leave nothing behind
-    const int64_t count = std::min(o.batch_pages, n - first);
-    backend.Remove(std::vector<PageKey>(keys.begin() + first, keys.begin() + first + count)).get();
+  for (const std::vector<PageKey>* stored : {&keys, &write_keys}) {  // leave nothing behind
+    for (int64_t first = 0; first < static_cast<int64_t>(stored->size()); first += o.batch_pages) {
+      const int64_t count = std::min(o.batch_pages, static_cast<int64_t>(stored->size()) - first);
+      backend.Remove(std::vector<PageKey>(stored->begin() + first, stored->begin() + first + count))
+          .get();
+    }
   }
   if (!k.result.ok()) {
     std::fprintf(stderr, "kvtier bench: %s: %s\n", kind.name, k.result.status().ToString().c_str());
     *exit_code = 1;
     return 0;
   }
-  AddKindRows(kind, n, page_bytes, k, rows);
+  summaries->push_back(AddKindRows(kind, n, page_bytes, k, backend.Stats(), rows));
   if (!k.result->check_ok) *exit_code = 1;
   return 0;
 }
@@ -521,7 +685,10 @@ void AddStorageBenchOptions(CLI::App* bench, StorageBenchOptions* o) {
       ->add_option("--storage-bytes", o->bytes_per_kind,
                    "bytes of pages per kind, e.g. 512MiB (pages = this / page size, at least 2)")
       ->capture_default_str();
-  bench->add_option("--storage-batch", o->batch_pages, "pages per Set / Get call")
+  bench
+      ->add_option("--storage-batch", o->batch_pages,
+                   "pages per Set / Get call (0: the backend's default: file and memory stores "
+                   "64; Redis as many as carry 8 MiB, 1 to 64)")
       ->capture_default_str();
   bench
       ->add_option("--storage-threads", o->io_threads,
@@ -530,8 +697,9 @@ void AddStorageBenchOptions(CLI::App* bench, StorageBenchOptions* o) {
       ->capture_default_str();
   bench
       ->add_option("--storage-inflight", o->in_flight,
-                   "Set / Get batches in flight at once (0: eight, as a streamed prefetch queues "
-                   "at least, or more for four pages an I/O thread)")
+                   "Set / Get batches in flight at once (0: the backend's default: file and "
+                   "memory stores eight, as a streamed prefetch queues at least, or more for four "
+                   "pages an I/O thread; Redis as many as carry 16 MiB, 1 to 8)")
       ->capture_default_str();
   bench
       ->add_option("--storage-min-free-bytes", o->min_free_bytes,
@@ -543,6 +711,9 @@ void AddStorageBenchOptions(CLI::App* bench, StorageBenchOptions* o) {
                    "stored keys in the Exists measurement (0 = skip it)")
       ->capture_default_str();
   bench->add_flag("!--no-baseline", o->baseline, "skip the platform baseline");
+  bench->add_flag("!--no-mixed", o->mixed,
+                  "skip the pass that reads the stored pages while as many others are written "
+                  "(the get/w and set/r rows)");
 }
 int RunStorageBench(const StorageBenchOptions& options, const std::string& command) {
   StorageBenchOptions o = options;
@@ -557,9 +728,14 @@ int RunStorageBench(const StorageBenchOptions& options, const std::string& comma
   const uint64_t run_id = static_cast<uint64_t>(::getpid()) << 20 ^
                           static_cast<uint64_t>(Clock::now().time_since_epoch().count());
   std::vector<StorageRow> rows;
+  std::vector<KindSummary> summaries;
   int exit_code = 0;
   if (o.io_threads == 0) o.io_threads = DefaultIoThreads();
-  if (o.in_flight == 0) {
+  // Redis: by bytes per call and in flight, per kind (BenchKind); file and memory stores: batches
+  // of 64 pages (a streamed prefetch's of 8,192 tokens at page 16), in flight as follows.
+  const bool redis = scheme == "redis" || scheme == "redis+cluster";
+  if (o.batch_pages == 0 && !redis) o.batch_pages = 64;
+  if (o.in_flight == 0 && !redis) {
     // A prefetch queues all its batches at once, a streamed one at least eight (prefetcher.cc);
     // the bench keeps eight calls in flight, or more where that leaves an I/O thread fewer than
     // four pages, so that a thread that finishes a page does not find the queue empty while the
@@ -571,15 +747,19 @@ int RunStorageBench(const StorageBenchOptions& options, const std::string& comma
     o.in_flight =
         std::max(8, static_cast<int>((4 * o.io_threads + o.batch_pages - 1) / o.batch_pages) + 1);
   }
-  std::fprintf(stderr, "storage bench: %d I/O threads, %d batches of %lld pages in flight\n",
-               o.io_threads, o.in_flight, static_cast<long long>(o.batch_pages));
+  std::fprintf(stderr, "storage bench: %d I/O threads\n", o.io_threads);
   StorageOptions so;
   so.io_threads = o.io_threads;
+<<<<<<< HEAD
   so.min_free_bytes = o.min_free_bytes;
   so.max_queued_batches = std::max(so.max_queued_batches, o.in_flight);
+=======
+  so.max_queued_batches = std::max(so.max_queued_batches, o.in_flight);  // redis: 8 at most
+>>>>>>> main
 
   for (const std::string& kind_name : o.kinds) {
-    if (int stop = BenchKind(o, so, scheme, rest, run_id, kind_name, &rows, &exit_code); stop) {
+    if (int stop = BenchKind(o, so, scheme, rest, run_id, kind_name, &rows, &summaries, &exit_code);
+        stop) {
       return stop;
     }
   }
@@ -600,7 +780,7 @@ int RunStorageBench(const StorageBenchOptions& options, const std::string& comma
       rows.push_back(row);
     }
   }
-  if (scheme == "file") {  // every backend of the run is closed by now
+  if (!FileUrlDirectory(o.url).empty()) {  // every backend of the run is closed by now
     for (const std::string& kind_name : o.kinds) {
       const std::string ns_name = NamespaceOf(KindNamed(kind_name)).Name();
       RemoveEmptyDirectories(std::filesystem::path(rest) / ns_name);
@@ -610,8 +790,9 @@ int RunStorageBench(const StorageBenchOptions& options, const std::string& comma
     }
   }
   PrintRows(stdout, rows);
+  PrintSummaries(stdout, summaries, o.io_threads);
   if (!o.json_path.empty()) {
-    if (Status s = WriteRowsJson(o.json_path, command, rows); !s.ok()) {
+    if (Status s = WriteRowsJson(o.json_path, command, rows, summaries); !s.ok()) {
       std::fprintf(stderr, "kvtier bench: %s\n", s.ToString().c_str());
       exit_code = 1;
     }

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "kvtier/storage.h"
+#include "kvtier/storage_schemes.h"
 #include "redis_baseline.h"
 #include "replay_ceiling.h"
 
@@ -34,18 +35,23 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
-bool WriteWhole(int fd, const std::byte* p, size_t n) {
+// Where a page file's payload starts (the file store's kFilePayloadOffset: header, then zeros),
+// and the bytes of its header the store writes at 0.
+constexpr size_t kPayloadOffset = 4096;
+constexpr size_t kHeaderBytes = 104;
+
+bool WriteWhole(int fd, const std::byte* p, size_t n, size_t offset) {
   for (size_t at = 0; at < n;) {
-    const ssize_t w = ::pwrite(fd, p + at, n - at, static_cast<off_t>(at));
+    const ssize_t w = ::pwrite(fd, p + at, n - at, static_cast<off_t>(offset + at));
     if (w <= 0) return false;
     at += static_cast<size_t>(w);
   }
   return true;
 }
 
-bool ReadWhole(int fd, std::byte* p, size_t n) {
+bool ReadWhole(int fd, std::byte* p, size_t n, size_t offset) {
   for (size_t at = 0; at < n;) {
-    const ssize_t r = ::pread(fd, p + at, n - at, static_cast<off_t>(at));
+    const ssize_t r = ::pread(fd, p + at, n - at, static_cast<off_t>(offset + at));
     if (r <= 0) return false;
     at += static_cast<size_t>(r);
   }
@@ -83,12 +89,13 @@ bool OnThreads(int threads, int64_t count, const std::function<bool(int64_t)>& f
 // store's chunk size and checksum) and the page's digest compared with its source's: what any
 // store that checks the bytes it reads can reach, beside the plain loop that checks nothing.
 Result<Baseline> FileBaseline(const std::string& dir, const PageSet& src, PageSet& dst,
-                              int64_t batch_pages, int repeats, int threads, bool direct,
+                              int64_t batch_pages, int repeats, int threads, bool direct, bool sync,
                               bool cold = false, bool checked = false) {
   Baseline b;
-  b.name =
-      fmt::format("{} thread{} {}{}{}", threads, threads == 1 ? "" : "s",
-                  direct ? "O_DIRECT" : "plain", cold ? " cold" : "", checked ? " + XXH3" : "");
+  alignas(kPayloadOffset) static const std::byte header[kPayloadOffset] = {};
+  b.name = fmt::format("{} thread{} {}{}{}{}", threads, threads == 1 ? "" : "s",
+                       direct ? "O_DIRECT" : "plain", sync ? " fsync" : "", cold ? " cold" : "",
+                       checked ? " + XXH3" : "");
   if (cold) b.note = "fdatasync + POSIX_FADV_DONTNEED before each read pass: from the disk";
   std::vector<uint64_t> digests;  // checked: each source page's XXH3, computed before the clock
   for (int64_t i = 0; checked && i < src.count; ++i) {
@@ -96,21 +103,35 @@ Result<Baseline> FileBaseline(const std::string& dir, const PageSet& src, PageSe
   }
   const int direct_flag = direct ? O_DIRECT : 0;
   const size_t n = static_cast<size_t>(src.page_bytes);
+  // A file laid out as the store's: the payload from kPayloadOffset, a header's bytes at 0 (a
+  // direct write: the whole first block); with `sync` (an fsync=1 store) fdatasync before the
+  // rename and the directory fsynced after it, as the store does.
+  const int dir_fd = sync ? ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
+  struct CloseAtEnd {
+    int fd;
+    ~CloseAtEnd() {
+      if (fd >= 0) ::close(fd);
+    }
+  } close_dir{dir_fd};
   std::function<bool(int64_t)> write_one = [&](int64_t i) {
     const std::string path = fmt::format("{}/{}", dir, i);
     const std::string temp = path + ".tmp";
     const int fd =
         ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | direct_flag, 0600);
-    const bool ok = fd >= 0 && WriteWhole(fd, src.page(i).data(), n);
+    bool ok = fd >= 0 && WriteWhole(fd, src.page(i).data(), n, kPayloadOffset) &&
+              WriteWhole(fd, header, direct ? kPayloadOffset : kHeaderBytes, 0) &&
+              (!sync || ::fdatasync(fd) == 0);
     if (fd >= 0) ::close(fd);
-    return ok && ::rename(temp.c_str(), path.c_str()) == 0;
+    ok = ok && ::rename(temp.c_str(), path.c_str()) == 0;
+    if (ok && sync) ::fsync(dir_fd);
+    return ok;
   };
   std::atomic<int64_t> mismatched{0};
   std::function<bool(int64_t)> read_one = [&](int64_t i) {
     const std::string path = fmt::format("{}/{}", dir, i);
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | direct_flag);
     bool ok = fd >= 0;
-    if (ok && !checked) ok = ReadWhole(fd, dst.page(i).data(), n);
+    if (ok && !checked) ok = ReadWhole(fd, dst.page(i).data(), n, kPayloadOffset);
     if (ok && checked) {
       constexpr size_t kChunk = size_t{256} << 10;
       XXH3_state_t state;
@@ -119,7 +140,8 @@ Result<Baseline> FileBaseline(const std::string& dir, const PageSet& src, PageSe
       std::byte* to = dst.page(i).data();
       for (size_t at = 0; ok && at < n; at += kChunk) {
         const size_t len = std::min(kChunk, n - at);
-        ok = ::pread(fd, to + at, len, static_cast<off_t>(at)) == static_cast<ssize_t>(len);
+        ok = ::pread(fd, to + at, len, static_cast<off_t>(kPayloadOffset + at)) ==
+             static_cast<ssize_t>(len);
         if (ok) XXH3_64bits_update(&state, to + at, len);
       }
       if (ok && XXH3_64bits_digest(&state) != digests[static_cast<size_t>(i)]) ++mismatched;
@@ -246,14 +268,19 @@ Result<std::vector<Baseline>> RunBaselines(const std::string& scheme, const std:
                                            const PageSet& src, PageSet& dst, int64_t key_space,
                                            const StorageBenchOptions& o) {
   std::vector<Baseline> baselines;
-  if (scheme == "file") {
+  const StorageScheme* row = FindStorageScheme(scheme);
+  const StorageBaseline kind = row == nullptr ? StorageBaseline::kNone : row->baseline;
+  if (kind == StorageBaseline::kFiles) {
     // N threads first (the reference), one thread beside it.
     // A direct store (direct=1) is measured against O_DIRECT reads and writes.
+    // An fsync=1 store against writes synced the same way.
     const bool direct = o.url.find("direct=1") != std::string::npos ||
                         o.url.find("direct=true") != std::string::npos;
+    const bool sync =
+        o.url.find("fsync=1") != std::string::npos || o.url.find("fsync=true") != std::string::npos;
     for (int threads : {o.io_threads, 1}) {
-      KVTIER_ASSIGN_OR_RETURN(
-          Baseline b, FileBaseline(file_dir, src, dst, o.batch_pages, o.repeats, threads, direct));
+      KVTIER_ASSIGN_OR_RETURN(Baseline b, FileBaseline(file_dir, src, dst, o.batch_pages, o.repeats,
+                                                       threads, direct, sync));
       baselines.push_back(std::move(b));
       if (o.io_threads == 1) break;
     }
@@ -263,13 +290,13 @@ Result<std::vector<Baseline>> RunBaselines(const std::string& scheme, const std:
     if (!direct) {
       KVTIER_ASSIGN_OR_RETURN(
           Baseline b, FileBaseline(file_dir, src, dst, o.batch_pages, o.repeats, o.io_threads,
-                                   /*direct=*/false, /*cold=*/false,
+                                   /*direct=*/false, sync, /*cold=*/false,
                                    /*checked=*/true));
       baselines.push_back(std::move(b));
     }
     if (!direct) {
       Result<Baseline> cold = FileBaseline(file_dir, src, dst, o.batch_pages, o.repeats,
-                                           o.io_threads, /*direct=*/false, /*cold=*/true);
+                                           o.io_threads, /*direct=*/false, sync, /*cold=*/true);
       if (cold.ok()) {
         baselines.push_back(std::move(*cold));
       } else {
@@ -277,9 +304,9 @@ Result<std::vector<Baseline>> RunBaselines(const std::string& scheme, const std:
                      cold.status().message().c_str());
       }
     }
-  } else if (scheme == "memory") {
+  } else if (kind == StorageBaseline::kMemcpy) {
     baselines.push_back(MemcpyBaseline(src, dst, o.batch_pages, o.repeats));
-  } else if (scheme == "redis" || scheme == "redis+cluster") {
+  } else if (kind == StorageBaseline::kRedisBenchmark) {
     if (key_space > 0) {
       KVTIER_ASSIGN_OR_RETURN(
           Baseline b, RedisBenchmarkBaseline(o.url, src.count, src.page_bytes, key_space, o));

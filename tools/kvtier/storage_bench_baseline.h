@@ -24,8 +24,9 @@ struct Baseline {
   std::string note;
 };
 
-// The platform baselines of a scheme for the same pages: the first is the one the backend is
-// measured against, any others are shown beside it; none where the scheme has no baseline.
+// The platform baselines of a scheme for the same pages (its row's StorageBaseline,
+// kvtier/storage_schemes.h): the first is the one the backend is measured against, any others
+// are shown beside it; none where the scheme has no baseline.
 // `file_dir`: the file baseline's directory (file:// only); `key_space`: the keys of a
 // RedisKeySpace that exists (redis:// only; 0: none).
 Result<std::vector<Baseline>> RunBaselines(const std::string& scheme, const std::string& file_dir,

@@ -252,12 +252,13 @@ int RunStorageHitBench(const StorageHitBenchOptions& o) {
     return 2;
   }
   const TransferBackend backend = *ParseTransferBackend(o.backend);
-  StorageNamespace ns;
-  ns.model_id = "kvtier-storage-hit-bench";
-  ns.layout = KvLayout::kPageFirst;
-  ns.num_layers = kLayers;
-  ns.slot_bytes = kSlotBytes;
-  ns.page_size = o.page_size;
+  KvGeometry pages;
+  pages.layout = KvLayout::kPageFirst;
+  pages.num_layers = kLayers;
+  pages.slot_bytes = kSlotBytes;
+  pages.page_size = o.page_size;
+  const StorageNamespace ns =
+      StorageNamespaceOf(pages, /*mla=*/false, {.model_id = "kvtier-storage-hit-bench"});
   StorageOptions options;
   options.io_threads = o.io_threads;
   options.timeout = std::chrono::seconds(60);

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# scripts/gpu_storage_writes.sh — issue 40 on the GPU machine: the file store's writes against
+# the disk's write ceiling, and the replay's storage hits against the storage oracle per write
+# policy.
+#
+#   bench    kvtier bench --storage file://… (512 KiB / 2 MiB / 8 MiB pages, 1 GiB each, 2
+#            rounds): write and read ceilings (16 threads writing / reading page files laid out
+#            as the store's, no fsync, rename), the store's Set / Get and both under each other,
+#            the ratios, and where a Set's time goes. --json bench.json.
+#   replay   Llama-3-8B GEMM on the conversation trace (engine 3 of 8, 100 warm-up + 300
+#            requests, hierarchy only: the ideal is its own), a 48 GiB file store, for each mode
+#            (sequential; 2 in flight with measured decode) and each write policy
+#            (write_through; write_through_selective, threshold 2): hit rates, storage hits
+#            against the oracle, hits lost, write time-outs, hierarchy / ideal. --json per run.
+#            Then sequential write_through again with 16 I/O threads (twice the writers).
+#
+# Usage: scripts/gpu_storage_writes.sh [bench|replay|all]   (default all)
+# KVTIER: the CLI (default build-gpu/tools/kvtier, else build-deps/prebuilt/bin/kvtier).
+# STORE_DIR: where the stores go (default /tmp; needs ~55 GB free for the replay).
+# Logs and JSON to $OUT (else ./storage-writes-out). Exit 0 when every command exited 0 and no
+# run reported wrong bytes. Budget on a 16-core H100 box: bench ~2 min, replay ~6 min (5 runs).
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+what=${1:-all}
+OUT=${OUT:-$PWD/storage-writes-out}
+mkdir -p "$OUT"
+[[ -f scripts/gpu_env.sh ]] && source scripts/gpu_env.sh
+[[ -d build-deps/prebuilt/root ]] &&
+  export LD_LIBRARY_PATH="$PWD/build-deps/prebuilt/root/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
+KVTIER=${KVTIER:-}
+if [[ -z "$KVTIER" ]]; then
+  for k in build-gpu/tools/kvtier build-deps/prebuilt/bin/kvtier build-release/tools/kvtier; do
+    [[ -x "$k" ]] && { KVTIER=$k; break; }
+  done
+fi
+[[ -x "$KVTIER" ]] || { echo "gpu_storage_writes: no kvtier CLI (set KVTIER)" >&2; exit 2; }
+STORE_DIR=${STORE_DIR:-/tmp}
+rc=0
+T0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
+export KVTIER_LOG_LEVEL=info
+
+if [[ $what == bench || $what == all ]]; then
+  stamp "== storage write bench"
+  dir=$STORE_DIR/kvtier-storage-writes-bench
+  "$KVTIER" bench --storage "file://$dir" --storage-kinds mha4,mha16,mha64 \
+    --storage-bytes 1GiB --repeats 2 --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
+  [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
+  rm -rf "$dir"
+fi
+
+if [[ $what == replay || $what == all ]]; then
+  # REPLAY_ENGINE / REPLAY_SIZE: for a smoke run on a machine without a GPU, e.g.
+  # REPLAY_ENGINE="--device cpu --compute model --model tiny --compute-model llama3-8b"
+  # REPLAY_SIZE="--warmup 5 --requests 20" REPLAY_DECODE=20 (ms a token; the GPU measures it).
+  E=${REPLAY_ENGINE:-"--device gpu --compute gemm --model llama3-8b"}
+  Z=${REPLAY_SIZE:-"--warmup 100 --requests 300"}
+  C="$E $Z --storage file://$STORE_DIR/kvtier-storage-writes-replay?capacity=48GiB
+     --storage-backup-queue-pages 512 --shard 3/8 --device-tokens 131072 --host-tokens 393216
+     --no-progress --runs hierarchy --slow-class-warn"
+  L="--storage-io-threads 8"
+  for mode in seq conc2; do
+    if [[ $mode == seq ]]; then M="--sequential"; else M="--concurrency 2 --decode-ms-per-token ${REPLAY_DECODE:-measure}"; fi
+    for policy in write_through write_through_selective; do
+      stamp "== replay $mode $policy"
+      rm -rf "$STORE_DIR/kvtier-storage-writes-replay"
+      # shellcheck disable=SC2086
+      "$KVTIER" replay $C $L $M --hicache-write-policy $policy --write-through-threshold 2 \
+        --json "$OUT/replay-$mode-$policy.json" 2>&1 | tee "$OUT/replay-$mode-$policy.log"
+      [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
+    done
+  done
+  # The writers' share while reads run is io_threads / 4 (storage_backend.cc): 2 threads at the
+  # 8 above, 4 at 16. The same sequential write_through run with 16 I/O threads says whether the
+  # writes' rate follows the writer threads (docs/perf-notes/storage-writes.md).
+  stamp "== replay seq write_through, 16 I/O threads"
+  rm -rf "$STORE_DIR/kvtier-storage-writes-replay"
+  # shellcheck disable=SC2086
+  "$KVTIER" replay $C --sequential --hicache-write-policy write_through --storage-io-threads 16 \
+    --json "$OUT/replay-seq-write_through-io16.json" 2>&1 | tee "$OUT/replay-seq-write_through-io16.log"
+  [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
+  rm -rf "$STORE_DIR/kvtier-storage-writes-replay"
+  # One line per run: hit rates, storage against the oracle, lost hits, write time-outs, ideal.
+  python3 - "$OUT" <<'PY' | tee "$OUT/summary.txt"
+import glob, json, os, sys
+for path in sorted(glob.glob(os.path.join(sys.argv[1], "replay-*.json"))):
+    r = json.load(open(path))
+    run = r["runs"][-1]
+    o = run.get("storage_oracle", {})
+    e = run.get("storage_errors", {})
+    h = r.get("headline", {})
+    p50 = h.get("hierarchy_over_ideal_p50", {}).get("value", 0)
+    print("%-40s storage hit %.2f %% / oracle %.2f %% = %.0f %%; lost %d tokens in %d requests; "
+          "write timeouts %d, queue drops %d; hierarchy/ideal p50 %.2fx; wrong bytes %d; "
+          "not written: %s" % (
+              os.path.basename(path), 100 * o.get("storage_hit_rate", 0),
+              100 * o.get("oracle_storage_hit_rate", 0), o.get("storage_hit_pct_of_oracle", 0),
+              o.get("lost_tokens", 0), o.get("lost_requests", 0), e.get("write_timeouts", -1),
+              e.get("queue_drops", -1), p50, r["integrity"]["wrong_bytes"],
+              o.get("writes_not_done_tokens")))
+    if r["integrity"]["wrong_bytes"] != 0:
+        sys.exit(1)
+PY
+  [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
+fi
+stamp "done, rc=$rc"
+exit $rc

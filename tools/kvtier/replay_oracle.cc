@@ -1,0 +1,78 @@
+// The storage oracle of a replay run (replay_oracle.h).
+#include "replay_oracle.h"
+
+#include <algorithm>
+#include <list>
+#include <unordered_map>
+
+namespace kvtier::tools {
+namespace {
+
+// Page keys, least recently used first out, at most `capacity` (-1: unbounded).
+class OracleLru {
+ public:
+  explicit OracleLru(int64_t capacity) : capacity_(capacity) {}
+
+  bool Contains(const PageKey& key) const { return where_.count(key) > 0; }
+
+  // Most recently used now; stored when new, evicting the least recently used beyond capacity.
+  void Use(const PageKey& key) {
+    if (capacity_ == 0) return;
+    if (auto it = where_.find(key); it != where_.end()) {
+      order_.splice(order_.end(), order_, it->second);
+      return;
+    }
+    where_.emplace(key, order_.insert(order_.end(), key));
+    while (capacity_ > 0 && static_cast<int64_t>(order_.size()) > capacity_) {
+      where_.erase(order_.front());
+      order_.pop_front();
+    }
+  }
+
+ private:
+  const int64_t capacity_;
+  std::list<PageKey> order_;  // least recent first
+  std::unordered_map<PageKey, std::list<PageKey>::iterator, PageKeyHash> where_;
+};
+
+// A request's pages touched or stored tail first: its first page ends the most recent.
+void UseChain(OracleLru& lru, const std::vector<PageKey>& chain, size_t pages) {
+  for (size_t i = std::min(pages, chain.size()); i-- > 0;) lru.Use(chain[i]);
+}
+
+size_t LeadingStored(const OracleLru& lru, const std::vector<PageKey>& chain, size_t pages) {
+  size_t n = 0;
+  while (n < std::min(pages, chain.size()) && lru.Contains(chain[n])) ++n;
+  return n;
+}
+
+}  // namespace
+
+StorageOracleResult RunStorageOracle(const std::vector<std::vector<PageKey>>& warmup,
+                                     const std::vector<std::vector<PageKey>>& chains,
+                                     const std::vector<int64_t>& prompt_pages,
+                                     const std::vector<RequestRecord>& records, int64_t page_size,
+                                     int64_t capacity_pages) {
+  StorageOracleResult r;
+  r.capacity_pages = capacity_pages;
+  OracleLru lru(capacity_pages);
+  for (const auto& chain : warmup) UseChain(lru, chain, chain.size());
+  for (size_t i = 0; i < chains.size(); ++i) {
+    const size_t prompt = static_cast<size_t>(std::max<int64_t>(0, prompt_pages[i]));
+    const size_t leading = LeadingStored(lru, chains[i], prompt);
+    UseChain(lru, chains[i], leading);
+    const RequestRecord& rec = records[i];
+    const int64_t oracle = std::max<int64_t>(
+        0, static_cast<int64_t>(leading) * page_size - rec.device_hit - rec.host_hit);
+    const int64_t lost = std::max<int64_t>(0, oracle - rec.storage_hit);
+    r.oracle_storage_hit.push_back(oracle);
+    r.lost_hit.push_back(lost);
+    r.storage_tokens += oracle;
+    r.lost_tokens += lost;
+    r.lost_requests += lost > 0;
+    UseChain(lru, chains[i], chains[i].size());
+  }
+  return r;
+}
+
+}  // namespace kvtier::tools
