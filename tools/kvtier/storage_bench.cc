@@ -750,12 +750,8 @@ int RunStorageBench(const StorageBenchOptions& options, const std::string& comma
   std::fprintf(stderr, "storage bench: %d I/O threads\n", o.io_threads);
   StorageOptions so;
   so.io_threads = o.io_threads;
-<<<<<<< HEAD
   so.min_free_bytes = o.min_free_bytes;
-  so.max_queued_batches = std::max(so.max_queued_batches, o.in_flight);
-=======
   so.max_queued_batches = std::max(so.max_queued_batches, o.in_flight);  // redis: 8 at most
->>>>>>> main
 
   for (const std::string& kind_name : o.kinds) {
     if (int stop = BenchKind(o, so, scheme, rest, run_id, kind_name, &rows, &summaries, &exit_code);
