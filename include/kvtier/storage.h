@@ -264,6 +264,13 @@ class StorageBackend {
   // Ends a pin now. InvalidArgument for an unknown or expired pin id.
   Status UnpinPages(uint64_t pin);
 
+  // ---- listing (synchronous, on the caller's thread; PageStore.clear) ---------------------
+  // The keys of this namespace's pages the store holds now: file:// scans the namespace's
+  // directory (pages other processes wrote included; no payload is read), memory:// walks its
+  // map. A page written or evicted meanwhile may or may not be listed. FailedPrecondition from a
+  // store that cannot list one namespace's pages (Redis: its keys are not indexed by namespace).
+  Result<std::vector<PageKey>> StoredKeys();
+
   // ---- pages the store evicted by itself (KV events: HierarchicalCache) --------------------
   // A store that evicts on its own (file:// by its capacity and free-space floor, memory:// by its
   // capacity) records the keys it evicted while tracking is on (off by default: nothing is kept
@@ -323,6 +330,8 @@ class StorageBackend {
   // (FailedPrecondition): the backend cannot keep pages from being evicted.
   virtual Result<uint64_t> DoPinPages(std::span<const PageKey> keys, std::chrono::nanoseconds ttl);
   virtual Status DoUnpinPages(uint64_t pin);
+  // StoredKeys. The default refuses (FailedPrecondition).
+  virtual Result<std::vector<PageKey>> DoStoredKeys();
   // Called by Close after the I/O threads have stopped (on Close's thread, under its lock; on
   // every Close call, so it must be idempotent): a backend finishes its own background work
   // here (the file store writes its pending hit stamps). The default does nothing.

@@ -4,9 +4,10 @@
 //
 //   kvtier.PageStore(url, *, model_id, kv_dtype, layout, mla, num_layers, slot_bytes, page_size,
 //                    head_num=1, tp_rank=0, tp_size=1, **storage_options)
-//     .exists(keys) / .exists_prefix(keys) / .get(keys, addrs) / .set(keys, addrs)
-//     .submit_get(keys, addrs) / .submit_set(keys, addrs) -> kvtier.PageStoreJob
-//     .remove(keys) / .stats() / .close()
+//     .exists(keys) / .exists_prefix(keys)
+//     .get(keys, addrs, *, layer_stride=0) / .set(keys, addrs, parents=None, *, layer_stride=0)
+//     .submit_get(...) / .submit_set(...) -> kvtier.PageStoreJob (same arguments)
+//     .remove(keys) / .clear() / .stats() / .close()
 //
 // Pages move directly between caller memory (raw host addresses) and the store, in C++ on the
 // backend's I/O threads; the calling thread parses the arguments under the GIL and waits (blocking
@@ -20,6 +21,17 @@
 // Addresses (ReadPageAddrs): per page one address (the page's payload is one contiguous range of
 // page_bytes) or two (K then V, page_bytes / 2 each; not for MLA). CONTRACT: the caller keeps
 // that memory alive and untouched until the call returns (get / set) or its job is done.
+//
+// Layer-strided pages (layer_stride > 0: a layer_first host pool, where a page is num_layers
+// pieces per buffer): each address is the page's layer-0 piece of its buffer, layer l's piece is
+// at address + l * layer_stride, and a piece is page_bytes / num_buffers / num_layers bytes. Such
+// pages are gathered into staging memory (StagedPages) before a set and scattered from it after a
+// get (hits only), so a stored page holds the same bytes as the page of a page_first pool of the
+// same geometry: K of every layer, then V of every layer.
+//
+// Parents (set): parents[i] is the key of the page before keys[i] in its prompt, or None
+// (unknown, or a prompt's first page); passed to StorageBackend::SetAsync so file:// and
+// memory:// evict a chain's tail before its head.
 //
 // Outcomes: a page that fails for any reason of the store (absent, corrupt, another namespace,
 // timed out, I/O error, no space, the queue full, the store closed) is False. Bad arguments are
@@ -312,6 +324,132 @@ class PageStoreJob {
   std::shared_ptr<JobState> state_;
 };
 
+// ---- layer-strided pages ----------------------------------------------------------------------
+
+// Where one buffer (K, V or the MLA buffer) of a batch's pages lies in caller memory: per page the
+// address of its layer-0 piece; layer l's piece is at that address + l * layer_stride.
+struct StridedLayout {
+  int64_t layer_stride = 0;  // > 0
+  int64_t num_layers = 1;
+  size_t piece_bytes = 0;  // one layer's bytes of one buffer of one page
+};
+
+// Staging memory for layer-strided pages: one buffer per call, kept for reuse by later calls (at
+// most kMaxIdle idle buffers, the largest), so a steady stream of batches does not fault in fresh
+// memory. Two: an engine's prefetch and backup streams (SGLang: one call in flight each).
+// Thread safety: Take and Return may be called from any thread.
+class StagingPool : public std::enable_shared_from_this<StagingPool> {
+ public:
+  // A buffer of at least `bytes` bytes, returned to the pool when the last holder drops it.
+  std::shared_ptr<std::byte[]> Take(size_t bytes) {
+    std::unique_ptr<std::byte[]> memory;
+    size_t capacity = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = std::find_if(idle_.begin(), idle_.end(),
+                             [&](const Idle& b) { return b.capacity >= bytes; });
+      if (it != idle_.end()) {
+        memory = std::move(it->memory);
+        capacity = it->capacity;
+        idle_.erase(it);
+      }
+    }
+    if (!memory) {
+      memory.reset(new std::byte[bytes]);  // uninitialised: every byte is written before use
+      capacity = bytes;
+    }
+    std::weak_ptr<StagingPool> pool = weak_from_this();
+    return std::shared_ptr<std::byte[]>(memory.release(), [pool, capacity](std::byte* p) {
+      std::unique_ptr<std::byte[]> owned(p);
+      if (std::shared_ptr<StagingPool> live = pool.lock()) live->Return(std::move(owned), capacity);
+    });
+  }
+
+ private:
+  static constexpr size_t kMaxIdle = 2;
+  struct Idle {
+    std::unique_ptr<std::byte[]> memory;
+    size_t capacity = 0;
+  };
+
+  void Return(std::unique_ptr<std::byte[]> memory, size_t capacity) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (idle_.size() < kMaxIdle) {
+      idle_.push_back({std::move(memory), capacity});
+      return;
+    }
+    // Full: keep the larger buffers (they serve every smaller batch).
+    auto smallest = std::min_element(idle_.begin(), idle_.end(), [](const Idle& a, const Idle& b) {
+      return a.capacity < b.capacity;
+    });
+    if (smallest->capacity < capacity) *smallest = {std::move(memory), capacity};
+  }
+
+  std::mutex mu_;
+  std::vector<Idle> idle_;  // guarded by mu_
+};
+
+// One batch of layer-strided pages and its staging memory: page i, buffer b is staged contiguous
+// (its pieces in layer order) at staging + (i * num_buffers + b) * segment.
+class StagedPages {
+ public:
+  StagedPages(StagingPool& pool, std::vector<uint64_t> addrs, int num_buffers,
+              const StridedLayout& layout)
+      : addrs_(std::move(addrs)),
+        num_buffers_(num_buffers),
+        layout_(layout),
+        segment_(layout.piece_bytes * static_cast<size_t>(layout.num_layers)),
+        memory_(pool.Take(segment_ * addrs_.size())) {}
+
+  // The backend's buffers over pages [begin, end) of the staging memory.
+  std::vector<PageBuffer> Buffers(size_t begin, size_t end) const {
+    std::vector<PageBuffer> out;
+    out.reserve(end - begin);
+    for (size_t i = begin; i < end; ++i) {
+      auto span = [&](int b) { return std::span<std::byte>(Staged(i, b), segment_); };
+      out.push_back(num_buffers_ == 1 ? PageBuffer::Of(span(0)) : PageBuffer::Of(span(0), span(1)));
+    }
+    return out;
+  }
+
+  // Caller memory -> staging, pages [begin, end).
+  void Gather(size_t begin, size_t end) const {
+    for (size_t i = begin; i < end; ++i) {
+      for (int b = 0; b < num_buffers_; ++b) {
+        for (int64_t l = 0; l < layout_.num_layers; ++l) {
+          std::memcpy(Staged(i, b) + l * layout_.piece_bytes, Piece(i, b, l), layout_.piece_bytes);
+        }
+      }
+    }
+  }
+
+  // Staging -> caller memory, page i.
+  void Scatter(size_t i) const {
+    for (int b = 0; b < num_buffers_; ++b) {
+      for (int64_t l = 0; l < layout_.num_layers; ++l) {
+        std::memcpy(Piece(i, b, l), Staged(i, b) + l * layout_.piece_bytes, layout_.piece_bytes);
+      }
+    }
+  }
+
+ private:
+  std::byte* Staged(size_t page, int b) const {
+    return memory_.get() +
+           (page * static_cast<size_t>(num_buffers_) + static_cast<size_t>(b)) * segment_;
+  }
+  std::byte* Piece(size_t page, int b, int64_t layer) const {
+    return reinterpret_cast<std::byte*>(
+        addrs_[page * static_cast<size_t>(num_buffers_) + static_cast<size_t>(b)] +
+        static_cast<uint64_t>(layer * layout_.layer_stride));
+  }
+
+  const std::vector<uint64_t> addrs_;  // page-major, num_buffers per page
+  const int num_buffers_;
+  const StridedLayout layout_;
+  const size_t segment_;  // one buffer's bytes of one page
+  const std::shared_ptr<std::byte[]> memory_;
+};
+
 // ---- the store --------------------------------------------------------------------------------
 
 enum class Op { kGet, kSet };
@@ -378,24 +516,26 @@ class PageStore {
     return leading;
   }
 
-  std::shared_ptr<JobState> Submit(Op op, py::handle keys_obj, py::handle addrs_obj) {
+  // `parents_obj`: None or one parent key (or None) per key; set only. `layer_stride_obj`: 0 for
+  // contiguous segments, else the bytes between a page's layers (layer-strided pages).
+  std::shared_ptr<JobState> Submit(Op op, py::handle keys_obj, py::handle addrs_obj,
+                                   py::handle parents_obj, py::handle layer_stride_obj) {
     std::vector<PageKey> keys = ReadPageKeys(keys_obj);
-    const PageAddrs addrs = ReadPageAddrs(addrs_obj, keys.size());
+    PageAddrs addrs = ReadPageAddrs(addrs_obj, keys.size());
     if (addrs.per_page == 2 && ns_.mla) {
       ThrowInvalid("addrs: an MLA page is one buffer: give one address per page, not (K, V) pairs");
     }
+    std::vector<std::optional<PageKey>> parents = ReadParents(parents_obj, keys.size());
+    const std::optional<StridedLayout> strided = ReadLayerStride(layer_stride_obj, addrs);
     const char* call = op == Op::kGet ? "get" : "set";
     std::shared_ptr<StorageBackend> b = Backend(call);
+    std::shared_ptr<StagedPages> staged;
     std::vector<PageBuffer> buffers;
-    buffers.reserve(keys.size());
-    const size_t segment = static_cast<size_t>(page_bytes() / addrs.per_page);
-    for (size_t i = 0; i < keys.size(); ++i) {
-      auto span = [&](int s) {
-        return std::span<std::byte>(
-            reinterpret_cast<std::byte*>(addrs.addrs[i * addrs.per_page + s]), segment);
-      };
-      buffers.push_back(addrs.per_page == 1 ? PageBuffer::Of(span(0))
-                                            : PageBuffer::Of(span(0), span(1)));
+    if (strided) {
+      staged =
+          std::make_shared<StagedPages>(*staging_, std::move(addrs.addrs), num_buffers(), *strided);
+    } else {
+      buffers = DirectBuffers(addrs, keys.size());
     }
     const size_t num_chunks = std::max<size_t>(1, (keys.size() + max_batch_ - 1) / max_batch_);
     auto state = std::make_shared<JobState>(keys.size(), keys.empty() ? 0 : num_chunks);
@@ -403,19 +543,39 @@ class PageStore {
     for (size_t start = 0; start < keys.size(); start += max_batch_) {
       const size_t end = std::min(keys.size(), start + max_batch_);
       std::vector<PageKey> chunk_keys(keys.begin() + start, keys.begin() + end);
-      std::vector<PageBuffer> chunk_buffers(buffers.begin() + start, buffers.begin() + end);
-      auto done = [state, start](BatchResult r) { state->Complete(start, r); };
+      std::vector<PageBuffer> chunk_buffers =
+          staged ? staged->Buffers(start, end)
+                 : std::vector<PageBuffer>(buffers.begin() + start, buffers.begin() + end);
       if (op == Op::kGet) {
+        // Layer-strided: the hits go from staging into caller memory before the job is done.
+        auto done = [state, start, staged](BatchResult r) {
+          if (staged) {
+            for (size_t i = 0; i < r.pages.size(); ++i) {
+              if (r.pages[i] == PageStatus::kOk) staged->Scatter(start + i);
+            }
+          }
+          state->Complete(start, r);
+        };
         b->GetAsync(std::move(chunk_keys), std::move(chunk_buffers), std::move(done));
-      } else {
+        continue;
+      }
+      if (staged) staged->Gather(start, end);
+      auto done = [state, start, staged](BatchResult r) { state->Complete(start, r); };
+      if (parents.empty()) {
         b->SetAsync(std::move(chunk_keys), std::move(chunk_buffers), std::move(done));
+      } else {
+        b->SetAsync(
+            std::move(chunk_keys), std::move(chunk_buffers),
+            std::vector<std::optional<PageKey>>(parents.begin() + start, parents.begin() + end),
+            std::move(done));
       }
     }
     return state;
   }
 
-  std::vector<bool> Run(Op op, py::handle keys, py::handle addrs) {
-    std::shared_ptr<JobState> state = Submit(op, keys, addrs);
+  std::vector<bool> Run(Op op, py::handle keys, py::handle addrs, py::handle parents,
+                        py::handle layer_stride) {
+    std::shared_ptr<JobState> state = Submit(op, keys, addrs, parents, layer_stride);
     {
       py::gil_scoped_release release;
       state->Wait(std::nullopt);
@@ -435,6 +595,24 @@ class PageStore {
       for (size_t i = start; i < end; ++i) out[i] = r.pages[i - start] == PageStatus::kOk;
     }
     return out;
+  }
+
+  // Removes every page of this namespace the store lists (StorageBackend::StoredKeys); returns
+  // how many it removed. FailedPrecondition (raised) from a store that cannot list them.
+  int64_t clear() {
+    std::shared_ptr<StorageBackend> b = Backend("clear");
+    py::gil_scoped_release release;
+    Result<std::vector<PageKey>> listed = b->StoredKeys();
+    if (!listed.ok()) ThrowStatus(listed.status().WithContext("PageStore.clear"));
+    const std::vector<PageKey>& keys = *listed;
+    int64_t removed = 0;
+    for (size_t start = 0; start < keys.size(); start += max_batch_) {
+      const size_t end = std::min(keys.size(), start + max_batch_);
+      const BatchResult r =
+          b->Remove(std::vector<PageKey>(keys.begin() + start, keys.begin() + end)).get();
+      for (PageStatus p : r.pages) removed += p == PageStatus::kOk ? 1 : 0;
+    }
+    return removed;
   }
 
   py::dict stats() {
@@ -485,6 +663,76 @@ class PageStore {
   }
 
  private:
+  // The backend's buffers straight over the caller's contiguous segments (zero copy).
+  std::vector<PageBuffer> DirectBuffers(const PageAddrs& addrs, size_t num_pages) const {
+    std::vector<PageBuffer> buffers;
+    buffers.reserve(num_pages);
+    const size_t segment = static_cast<size_t>(page_bytes() / addrs.per_page);
+    for (size_t i = 0; i < num_pages; ++i) {
+      auto span = [&](int s) {
+        return std::span<std::byte>(
+            reinterpret_cast<std::byte*>(addrs.addrs[i * addrs.per_page + s]), segment);
+      };
+      buffers.push_back(addrs.per_page == 1 ? PageBuffer::Of(span(0))
+                                            : PageBuffer::Of(span(0), span(1)));
+    }
+    return buffers;
+  }
+
+  // None: no parents (unknown); else one parent key or None per key.
+  static std::vector<std::optional<PageKey>> ReadParents(py::handle obj, size_t num_keys) {
+    if (obj.is_none()) return {};
+    if (!PyList_Check(obj.ptr()) && !PyTuple_Check(obj.ptr())) {
+      ThrowInvalid(fmt::format("parents must be None or a list of page keys (or None), not {}",
+                               Py_TYPE(obj.ptr())->tp_name));
+    }
+    py::sequence seq = py::reinterpret_borrow<py::sequence>(obj);
+    if (seq.size() != num_keys) {
+      ThrowInvalid(
+          fmt::format("parents has {} entries for {} keys (one parent key or None per "
+                      "key)",
+                      seq.size(), num_keys));
+    }
+    std::vector<std::optional<PageKey>> out(num_keys);
+    for (size_t i = 0; i < num_keys; ++i) {
+      const py::object item = seq[i];
+      if (item.is_none()) continue;
+      try {
+        out[i] = ReadPageKey(item, i);
+      } catch (const py::error_already_set&) {
+        throw;
+      } catch (const std::exception& e) {
+        ThrowInvalid(fmt::format("parents[{}] = {} must be None or a page key (str, bytes or int)",
+                                 i, Repr(item)));
+      }
+    }
+    return out;
+  }
+
+  // nullopt for layer_stride 0 (contiguous segments); else the strided layout, checked against
+  // the namespace and the addresses given.
+  std::optional<StridedLayout> ReadLayerStride(py::handle obj, const PageAddrs& addrs) const {
+    const int64_t stride = ReadInt(obj, "layer_stride", 0, INT64_MAX);
+    if (stride == 0) return std::nullopt;
+    StridedLayout layout;
+    layout.layer_stride = stride;
+    layout.num_layers = ns_.num_layers;
+    layout.piece_bytes = static_cast<size_t>(page_bytes() / num_buffers() / ns_.num_layers);
+    if (!addrs.addrs.empty() && addrs.per_page != num_buffers()) {
+      ThrowInvalid(fmt::format(
+          "addrs: layer-strided pages need {} per page (the layer-0 piece of {}), not {}",
+          num_buffers() == 1 ? "one address" : "a (K, V) pair of addresses",
+          num_buffers() == 1 ? "the MLA buffer" : "K and of V", addrs.per_page));
+    }
+    if (ns_.num_layers > 1 && static_cast<size_t>(stride) < layout.piece_bytes) {
+      ThrowInvalid(
+          fmt::format("layer_stride = {} is smaller than one layer's piece of a page "
+                      "({} bytes): the layers would overlap",
+                      stride, layout.piece_bytes));
+    }
+    return layout;
+  }
+
   // The backend, held by the caller for the length of its call (close() may run meanwhile).
   std::shared_ptr<StorageBackend> Backend(const char* call) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -510,6 +758,8 @@ class PageStore {
   size_t max_batch_ = 1;
   std::mutex mu_;
   std::shared_ptr<StorageBackend> backend_;  // null once closed
+  // Staging memory of layer-strided batches (shared: a batch's buffer outlives a closed store).
+  const std::shared_ptr<StagingPool> staging_ = std::make_shared<StagingPool>();
 };
 
 }  // namespace
@@ -584,29 +834,48 @@ void RegisterPageStore(py::module_& m) {
       .def("exists_prefix", &PageStore::exists_prefix, py::arg("keys"),
            "The number of leading keys the store holds (stops at the first miss).")
       .def(
-          "get", [](PageStore& s, py::handle k, py::handle a) { return s.Run(Op::kGet, k, a); },
-          py::arg("keys"), py::arg("addrs"),
+          "get",
+          [](PageStore& s, py::handle k, py::handle a, py::handle stride) {
+            return s.Run(Op::kGet, k, a, py::none(), stride);
+          },
+          py::arg("keys"), py::arg("addrs"), py::kw_only(), py::arg("layer_stride") = 0,
           "Reads each page into its address(es); blocks with the GIL released. One bool per "
-          "page; a failed page's bytes are undefined.")
+          "page; a failed page's bytes are undefined. layer_stride > 0: each address is the "
+          "page's layer-0 piece of its buffer and layer l's piece is at address + l * "
+          "layer_stride (a layer_first host pool).")
       .def(
-          "set", [](PageStore& s, py::handle k, py::handle a) { return s.Run(Op::kSet, k, a); },
-          py::arg("keys"), py::arg("addrs"),
+          "set",
+          [](PageStore& s, py::handle k, py::handle a, py::handle parents, py::handle stride) {
+            return s.Run(Op::kSet, k, a, parents, stride);
+          },
+          py::arg("keys"), py::arg("addrs"), py::arg("parents") = py::none(), py::kw_only(),
+          py::arg("layer_stride") = 0,
           "Writes each page from its address(es); blocks with the GIL released. One bool per "
-          "page.")
+          "page. parents: None, or per key the key of the page before it in its prompt (None: "
+          "unknown), so file:// and memory:// evict a chain's tail first. layer_stride: as "
+          "get.")
       .def(
           "submit_get",
-          [](PageStore& s, py::handle k, py::handle a) {
-            return PageStoreJob(s.Submit(Op::kGet, k, a));
+          [](PageStore& s, py::handle k, py::handle a, py::handle stride) {
+            return PageStoreJob(s.Submit(Op::kGet, k, a, py::none(), stride));
           },
-          py::arg("keys"), py::arg("addrs"), "get, returning a PageStoreJob at once.")
+          py::arg("keys"), py::arg("addrs"), py::kw_only(), py::arg("layer_stride") = 0,
+          "get, returning a PageStoreJob at once.")
       .def(
           "submit_set",
-          [](PageStore& s, py::handle k, py::handle a) {
-            return PageStoreJob(s.Submit(Op::kSet, k, a));
+          [](PageStore& s, py::handle k, py::handle a, py::handle parents, py::handle stride) {
+            return PageStoreJob(s.Submit(Op::kSet, k, a, parents, stride));
           },
-          py::arg("keys"), py::arg("addrs"), "set, returning a PageStoreJob at once.")
+          py::arg("keys"), py::arg("addrs"), py::arg("parents") = py::none(), py::kw_only(),
+          py::arg("layer_stride") = 0,
+          "set, returning a PageStoreJob at once (a layer-strided batch is gathered first).")
       .def("remove", &PageStore::remove, py::arg("keys"),
            "Removes the pages; one bool per key (True: removed or absent, as the backend says).")
+      .def("clear", &PageStore::clear,
+           "Removes every page of this namespace the store holds (file://: the namespace's "
+           "directory, other processes' pages included; memory://: its map) and returns how "
+           "many it removed. Pages written meanwhile may stay. FailedPreconditionError from a "
+           "store that cannot list a namespace's pages (redis://).")
       .def("stats", &PageStore::stats, "The backend's counters (kvtier::StorageStats) as a dict.")
       .def("close", &PageStore::close,
            "Lets calls in flight finish and closes the store; later calls raise "

@@ -304,6 +304,149 @@ def test_close_while_calls_run(url):
         store.exists_prefix(keys)
 
 
+# ---- layer-strided pages (a layer_first host pool) ----------------------------------------
+
+class LayerFirstPool:
+    """A layer_first host pool in numpy memory, as SGLang's MHATokenToKVPoolHost /
+    MLATokenToKVPoolHost keep it: per buffer [num_layers, tokens, slot_bytes]; a page is one piece
+    per layer (page_size * slot_bytes bytes) at a layer stride of tokens * slot_bytes."""
+
+    def __init__(self, mla, num_pages, fill):
+        self.buffers = [fill((NUM_LAYERS, num_pages * PAGE_SIZE, SLOT_BYTES))
+                        for _ in range(1 if mla else 2)]
+        self.layer_stride = num_pages * PAGE_SIZE * SLOT_BYTES
+
+    def addrs(self, pages):
+        rows = np.array([[b[0, q * PAGE_SIZE].ctypes.data for b in self.buffers] for q in pages],
+                        dtype=np.int64)
+        return rows[:, 0].copy() if len(self.buffers) == 1 else rows  # [n] or [n, 2]
+
+    def page(self, q):
+        """Page q's bytes per buffer, its layers in order: what a page_first pool would hold."""
+        return [b[:, q * PAGE_SIZE:(q + 1) * PAGE_SIZE].reshape(-1) for b in self.buffers]
+
+
+@pytest.mark.parametrize("mla", [False, True])
+def test_layer_strided_round_trip_every_byte(url, mla):
+    rng = np.random.default_rng(11)
+    with open_store(url, mla, max_batch_pages=2) as store:  # several chunks per call
+        src = LayerFirstPool(mla, 8, lambda shape: rng.integers(0, 256, shape, dtype=np.uint8))
+        keys = keys_for(5, f"strided-{mla}")
+        src_pages = [1, 3, 4, 6, 7]
+        assert store.set(keys, src.addrs(src_pages), layer_stride=src.layer_stride) == [True] * 5
+        # Stored as a page_first page: K of every layer, then V of every layer.
+        flat = np.full((5, store.page_bytes), 0x5A, dtype=np.uint8)
+        assert store.get(keys, [flat[i].ctypes.data for i in range(5)]) == [True] * 5
+        for i, q in enumerate(src_pages):
+            np.testing.assert_array_equal(flat[i], np.concatenate(src.page(q)))
+        # Read back into a poisoned pool at other pages, with a miss among them.
+        dst = LayerFirstPool(mla, 8, lambda shape: np.full(shape, 0xA5, dtype=np.uint8))
+        dst_pages = [7, 0, 2, 5, 3, 6]
+        got = store.get(keys[:3] + keys_for(1, "absent") + keys[3:], dst.addrs(dst_pages),
+                        layer_stride=dst.layer_stride)
+        assert got == [True, True, True, False, True, True]
+        for q_src, q_dst in zip([1, 3, 4, 6, 7], [7, 0, 2, 3, 6]):
+            for a, b in zip(src.page(q_src), dst.page(q_dst)):
+                np.testing.assert_array_equal(a, b)
+        for q in (1, 4, 5):  # the miss's page and the pages no call named stay poison
+            assert all((b == 0xA5).all() for b in dst.page(q)), q
+        job = store.submit_get(keys, dst.addrs(src_pages), layer_stride=dst.layer_stride)
+        assert job.wait(timeout_s=60) == [True] * 5
+        for q in src_pages:
+            for a, b in zip(src.page(q), dst.page(q)):
+                np.testing.assert_array_equal(a, b)
+
+
+def test_layer_strided_bad_arguments_name_the_problem():
+    with open_store("memory://", mla=False) as store:
+        pool = LayerFirstPool(False, 4, lambda shape: np.zeros(shape, dtype=np.uint8))
+        k = keys_for(2, "bad-strided")
+        pairs = pool.addrs([0, 1])
+        piece = PAGE_SIZE * SLOT_BYTES
+        cases = [
+            (lambda: store.get(k, pairs, layer_stride=-1), "layer_stride"),
+            (lambda: store.get(k, pairs, layer_stride=piece - 1), "layers would overlap"),
+            (lambda: store.set(k, pairs[:, 0], layer_stride=pool.layer_stride),
+             "(K, V) pair"),
+            (lambda: store.get(k, pairs, layer_stride="x"), "layer_stride"),
+        ]
+        for call, text in cases:
+            with pytest.raises(ValueError) as e:
+                call()
+            assert text in str(e.value), (text, str(e.value))
+
+
+# ---- parents: a chain's tail is evicted first ---------------------------------------------
+
+@pytest.mark.parametrize("with_parents", [True, False])
+def test_parents_reach_the_store_tail_evicted_first(tmp_path, url, with_parents):
+    """A store of a few pages holds a 3-page chain written with its parents, then unrelated
+    pages until it evicts: with parents the chain's tail goes first (the store knows the head is
+    the others' prefix), without them the oldest page (the head) goes first, as plain LRU."""
+    rng = np.random.default_rng(12)
+    small = url.replace("capacity=64MiB", "capacity=12KiB")
+    with open_store(small, mla=False) as store:
+        chain = keys_for(3, f"chain-{with_parents}")
+        src = Pages(store, 3, "pairs", rng)
+        parents = [None, chain[0], chain[1]] if with_parents else None
+        assert store.set(chain, src.addrs(), parents) == [True] * 3
+        filler = Pages(store, 1, "pairs", rng)
+        for i in range(64):
+            assert store.set(keys_for(1, f"filler-{with_parents}-{i}"), filler.addrs()) == [True]
+            if store.stats()["evicted_pages"] > 0:
+                break
+        # The file store evicts down below its capacity (maybe more than one page at a time).
+        gone = store.stats()["evicted_pages"]
+        assert 1 <= gone <= 2, store.stats()
+        expected = [i < 3 - gone for i in range(3)] if with_parents else [i >= gone
+                                                                          for i in range(3)]
+        assert store.exists(chain) == expected
+
+
+def test_parents_bad_arguments_name_the_problem():
+    with open_store("memory://", mla=True) as store:
+        page = np.zeros((2, store.page_bytes), dtype=np.uint8)
+        addrs = [page.ctypes.data, page.ctypes.data + store.page_bytes]
+        k = keys_for(2, "bad-parents")
+        for parents, text in [([None], "parents has 1 entries for 2 keys"),
+                              ("ab", "parents must be None or a list"),
+                              ([None, 1.5], "parents[1]")]:
+            with pytest.raises(ValueError) as e:
+                store.set(k, addrs, parents)
+            assert text in str(e.value), (text, str(e.value))
+        assert store.submit_set(k, addrs, [None, k[0]]).wait() == [True, True]
+
+
+# ---- clear --------------------------------------------------------------------------------
+
+def test_clear_removes_this_namespace_only(url):
+    rng = np.random.default_rng(13)
+    if url.startswith("memory://"):
+        url = "memory://cleartest?capacity=64MiB"  # one store for the three
+    with open_store(url, mla=True) as a, open_store(url, mla=True) as a2, \
+            open_store(url, mla=True, model_id="other") as b:
+        src = Pages(a, 4, "ints", rng)
+        keys = keys_for(4, "clear")
+        assert a.set(keys[:2], src.addrs()[:2]) == [True] * 2
+        assert a2.set(keys[2:], src.addrs()[2:]) == [True] * 2  # another writer, same namespace
+        assert b.set(keys, src.addrs()) == [True] * 4
+        assert a.clear() == 4
+        assert a.exists(keys) == [False] * 4
+        # The other writer's pages are gone too: a get misses (a file store's other processes may
+        # still answer exists() from their own index until then, as after any removal by another
+        # process), and a store opened now finds none.
+        dst = src.poisoned_copy()
+        assert a2.get(keys, dst.addrs()) == [False] * 4
+        with open_store(url, mla=True) as fresh:
+            assert fresh.exists(keys) == [False] * 4
+        assert b.exists(keys) == [True] * 4
+        assert a.clear() == 0
+        assert a.set(keys, src.addrs()) == [True] * 4  # usable after clear
+        dst = src.poisoned_copy()
+        assert a.get(keys, dst.addrs()) == [True] * 4
+        src.assert_equal(dst)
+
+
 # ---- bad input -------------------------------------------------------------------------------
 
 def test_bad_arguments_name_the_problem():
@@ -398,6 +541,13 @@ def _wait_until(predicate, what, limit_s=60):
             return
         time.sleep(0.01)
     raise AssertionError(f"not within {limit_s} s: {what}")
+
+
+def test_redis_clear_is_refused(redis_server):
+    _, port = redis_server
+    with open_store(f"redis://127.0.0.1:{port}", mla=True) as store:
+        with pytest.raises(kvtier.FailedPreconditionError, match="cannot list"):
+            store.clear()
 
 
 def test_redis_paused_gil_released_and_job_not_done(redis_server):

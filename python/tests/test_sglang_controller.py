@@ -98,7 +98,8 @@ def backup(ctrl, host_idx, tokens):
     return op, keys
 
 
-@pytest.mark.parametrize("mla,layout", [(False, "page_first"), (False, "page_first_direct"),
+@pytest.mark.parametrize("mla,layout", [(False, "layer_first"), (False, "page_first"),
+                                        (False, "page_first_direct"), (True, "layer_first"),
                                         (True, "page_first")])
 def test_write_back_then_prefetch_every_byte(sgl, tmp_path, mla, layout):
     from kvtier.integrations.sglang import KvtierHiCacheStorage

@@ -149,15 +149,11 @@ def test_bad_extra_config_names_the_field(sgl, tmp_path):
         make_backend(sgl, url, mla=False, model_name=None)
 
 
-def test_layer_first_host_pool_is_refused_naming_the_layout(sgl, tmp_path):
-    with pytest.raises(NotImplementedError, match="layer_first"):
-        make_backend(sgl, f"file://{tmp_path}/s", mla=False, layout="layer_first")
-
-
 # ---- the zero-copy interface ----------------------------------------------------------------
 
-LAYOUTS = [(False, "page_first"), (False, "page_first_direct"), (False, "page_head"),
-           (True, "page_first"), (True, "page_first_direct")]
+LAYOUTS = [(False, "layer_first"), (False, "page_first"), (False, "page_first_direct"),
+           (False, "page_head"), (True, "layer_first"), (True, "page_first"),
+           (True, "page_first_direct")]
 
 
 @pytest.mark.parametrize("page_size", [16, 64])
@@ -178,6 +174,30 @@ def test_v1_round_trip_every_byte(sgl, url, mla, layout, page_size):
         assert backend.batch_get_v1(keys, host_indices(host, dst_pages)) == [True] * n
         assert_pages(host, dst_pages, written)
         assert_only_pages_written(host, dst_pages)
+    backend.close()
+
+
+def test_set_passes_parents_so_the_store_evicts_a_prefix_tail_first(sgl):
+    """batch_set_v1 gets consecutive pages of one prefix: each page's parent is the key before it
+    (the first one's: the last of extra_info.prefix_keys). A small memory:// store then evicts the
+    chain's tail first, and refuses (False) a page whose parent it evicted."""
+    from sglang.srt.mem_cache.hicache_storage import HiCacheStorageExtraInfo
+
+    backend, host = make_backend(sgl, "memory://parents?capacity=160KiB", mla=False)  # 4 pages
+    fill_random(host, seed=3)
+    chain = keys_for(3, "chain")
+    assert backend.batch_set_v1(chain, host_indices(host, [0, 1, 2])) == [True] * 3
+    for i in range(16):  # unrelated pages (parents unknown) until the store evicts one
+        assert backend.batch_set_v1(keys_for(1, f"filler{i}"), host_indices(host, [3])) == [True]
+        if backend.kvtier_stats()["evicted_pages"] > 0:
+            break
+    assert backend.kvtier_stats()["evicted_pages"] == 1
+    assert backend.batch_exists(chain) == 2 and not backend.exists(chain[2])  # the tail (LRU: the head)
+    after_tail, after_head = keys_for(2, "next")
+    assert backend.batch_set_v1([after_tail], host_indices(host, [4]),
+                                HiCacheStorageExtraInfo(prefix_keys=list(chain))) == [False]
+    assert backend.batch_set_v1([after_head], host_indices(host, [4]),
+                                HiCacheStorageExtraInfo(prefix_keys=chain[:2])) == [True]
     backend.close()
 
 
@@ -323,13 +343,34 @@ def test_store_going_down_gives_misses_within_the_timeout(sgl):
 
 
 def test_stats_and_clear(sgl, tmp_path):
-    backend, host = make_backend(sgl, f"file://{tmp_path}/s", mla=False)
+    url = f"file://{tmp_path}/s"
+    backend, host = make_backend(sgl, url, mla=False)
     assert backend.get_stats() is None  # storage metrics off: SGLang's default
     keys = keys_for(2, "stats")
     assert all(backend.batch_set_v1(keys, host_indices(host, [0, 1])))
     assert isinstance(backend.kvtier_stats(), dict)
-    assert backend.clear() is False
-    assert backend.batch_exists(keys) == 2  # clear deletes nothing (docs/sglang.md)
+    # Another writer of the same namespace (another process's pages in the same directory) and
+    # another deployment (another model id) sharing the store.
+    same, _ = make_backend(sgl, url, mla=False, pools=(None, host))
+    theirs = keys_for(2, "same namespace")
+    assert all(same.batch_set_v1(theirs, host_indices(host, [2, 3])))
+    other, _ = make_backend(sgl, url, mla=False, pools=(None, host), model_name="other/model")
+    assert all(other.batch_set_v1(keys, host_indices(host, [0, 1])))
+    assert backend.clear() is True
+    assert backend.batch_exists(keys) == 0 and backend.batch_exists(theirs) == 0
+    assert other.batch_exists(keys) == 2  # another namespace keeps its pages
+    assert all(backend.batch_set_v1(keys, host_indices(host, [0, 1])))  # usable after clear
+    assert backend.batch_exists(keys) == 2
+
+
+def test_clear_on_redis_deletes_nothing(sgl, redis_url, caplog):
+    backend, host = make_backend(sgl, redis_url, mla=False)
+    keys = keys_for(2, "redis clear")
+    assert all(backend.batch_set_v1(keys, host_indices(host, [0, 1])))
+    with caplog.at_level(logging.WARNING):
+        assert backend.clear() is False
+    assert "deleted nothing" in caplog.text
+    assert backend.batch_exists(keys) == 2
 
 
 def test_storage_metrics_in_sglang_form(sgl, tmp_path):

@@ -311,6 +311,18 @@ class FileBackend final : public StorageBackend {
     return Status::InvalidArgument(fmt::format("UnpinPages: no live pin {}", pin));
   }
 
+  // The namespace directory's page files (the restart scan's walk: every process's pages).
+  Result<std::vector<PageKey>> DoStoredKeys() override {
+    Fd ns_dir;
+    KVTIER_RETURN_IF_ERROR(EnsureNamespaceDir(&ns_dir));
+    KVTIER_ASSIGN_OR_RETURN(std::vector<FileIndex::Found> found,
+                            ScanPages(ns_dir.get(), namespace_hash_));
+    std::vector<PageKey> keys;
+    keys.reserve(found.size());
+    for (const FileIndex::Found& f : found) keys.push_back(f.key);
+    return keys;
+  }
+
   // After the I/O threads (no hit adds a stamp any more): applies the touches the index still
   // has queued (their stamps going to the stamper), then writes the pending stamps, giving up
   // after kStampCloseBudget.

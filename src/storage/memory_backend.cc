@@ -114,6 +114,16 @@ class MemoryStore {
     order_.Erase(name);
   }
 
+  // The keys of namespace `namespace_hash`'s pages.
+  std::vector<PageKey> Keys(uint64_t namespace_hash) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<PageKey> keys;
+    for (const auto& [name, value] : map_) {
+      if (name.namespace_hash == namespace_hash) keys.push_back(name.key);
+    }
+    return keys;
+  }
+
   PagePins pins;  // keys eviction skips (its own lock, a leaf under mu_)
 
   void Fill(StorageStats& stats) const {
@@ -243,6 +253,8 @@ class MemoryBackend final : public StorageBackend {
     if (store_->pins.Remove(pin)) return Status::OK();
     return Status::InvalidArgument(fmt::format("UnpinPages: no live pin {}", pin));
   }
+
+  Result<std::vector<PageKey>> DoStoredKeys() override { return store_->Keys(namespace_hash_); }
 
   void FillStats(StorageStats& stats) const override { store_->Fill(stats); }
 

@@ -780,6 +780,13 @@ Status StorageBackend::DoUnpinPages(uint64_t pin) {
   return Status::InvalidArgument(fmt::format("UnpinPages: no pin {} in {}", pin, url_));
 }
 
+Result<std::vector<PageKey>> StorageBackend::StoredKeys() { return DoStoredKeys(); }
+
+Result<std::vector<PageKey>> StorageBackend::DoStoredKeys() {
+  return Status::FailedPrecondition(
+      fmt::format("storage backend {} cannot list a namespace's pages", url_));
+}
+
 StorageStats StorageBackend::Stats() const {
   StorageStats s;
   {

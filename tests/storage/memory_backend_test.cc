@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <random>
 
 #include "kvtier/storage.h"
@@ -171,6 +172,27 @@ TEST(MemoryBackendTest, NamedStoresAreSharedAndNamespacesStayApart) {
   auto c = Open("memory://", SmallNamespace());
   ASSERT_EQ(a->Set(keys, in.buffers).get().leading_ok(), 2);
   EXPECT_EQ(c->Exists(keys).get().leading, 0);
+}
+
+TEST(MemoryBackendTest, StoredKeysListsThisNamespaceOnly) {
+  const auto keys = Keys(3);
+  Pages in(3, 4);
+  auto mine = Open("memory://list-test?capacity=1MiB", SmallNamespace());
+  auto other = Open("memory://list-test", SmallNamespace("other-model"));
+  Result<std::vector<PageKey>> empty = mine->StoredKeys();
+  ASSERT_TRUE(empty.ok()) << empty.status().ToString();
+  EXPECT_TRUE(empty->empty());
+  ASSERT_EQ(mine->Set(keys, in.buffers).get().leading_ok(), 3);
+  ASSERT_EQ(other->Set({keys[0]}, {in.buffers[0]}).get().leading_ok(), 1);
+  Result<std::vector<PageKey>> listed = mine->StoredKeys();
+  ASSERT_TRUE(listed.ok()) << listed.status().ToString();
+  std::vector<std::string> got, want;
+  for (const PageKey& k : *listed) got.push_back(k.Hex());
+  for (const PageKey& k : keys) want.push_back(k.Hex());
+  std::sort(got.begin(), got.end());
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(got, want);
+  ASSERT_EQ(other->StoredKeys()->size(), 1u);
 }
 
 }  // namespace

@@ -1,15 +1,18 @@
 """Where SGLang's host KV pool keeps each page: the addresses kvtier.PageStore reads and writes.
 
 SGLang states a page's place in its host pool with ``HostKVCache.get_page_buffer_meta(indices)``:
-per page, the addresses of its contiguous parts (MHA: K then V; MLA: one buffer) and their byte
-sizes. That method walks the pages in Python (``indices.tolist()``, a loop per page), which costs
-more than kvtier's whole batched read of a hot page. So ``HostPoolPages`` asks it once, when the
-pool is registered, for three pages (the first, the second and the last), checks that SGLang's
-answer is ``base + token_index * stride`` per part (true of every layout whose page is contiguous
-per part: page_first, page_first_direct, page_head), and from then on computes a batch's addresses
-with numpy in a few microseconds. SGLang's method stays the one statement of the layout; a pool
-whose answer is not of that form is refused (``NotImplementedError`` naming the layout), never
-guessed at.
+per page, the addresses of its pieces and their byte sizes. A page of page_first,
+page_first_direct or page_head is one piece per buffer (MHA: K then V; MLA: one buffer); a page of
+layer_first (SGLang's default host layout) is one piece per layer and buffer (MHA: K and V of
+layer 0, then of layer 1, ...; MLA: layer 0, layer 1, ...). That method walks the pages in Python
+(``indices.tolist()``, a loop per page), which costs more than kvtier's whole batched read of a hot
+page. So ``HostPoolPages`` asks it once, when the pool is registered, for three pages (the first,
+the second and the last), checks that SGLang's answer is ``base + token_index * token_stride +
+layer * layer_stride`` per buffer, and from then on computes a batch's addresses (each page's
+layer-0 piece per buffer) with numpy in a few microseconds; kvtier.PageStore takes them with
+``layer_stride`` (0 when a page is one piece per buffer) and, for layer_first, gathers / scatters
+the pieces in C++. SGLang's method stays the one statement of the layout; a pool whose answer is
+not of that form is refused (``NotImplementedError`` naming the layout), never guessed at.
 
 Every batch's host indices are checked before an address is formed: one index per token of each
 page, each page's indices consecutive from a multiple of ``page_size``, inside the pool.
@@ -22,60 +25,77 @@ from __future__ import annotations
 
 import numpy as np
 
-# Layouts whose pages SGLang's host pools keep contiguous per part (K, V or the MLA buffer), so a
-# page is one kvtier page object written and read in place.
+# Layouts whose pages SGLang's host pools keep contiguous per buffer (K, V or the MLA buffer), so
+# a page is written and read in place.
 CONTIGUOUS_LAYOUTS = ("page_first", "page_first_direct", "page_head")
+# Every layout served: layer_first pages are one piece per layer, gathered / scattered in C++.
+SUPPORTED_LAYOUTS = CONTIGUOUS_LAYOUTS + ("layer_first",)
 
 
 class HostPoolPages:
-    """The page addresses of one SGLang host pool (HostKVCache), checked and vectorised."""
+    """The page addresses of one SGLang host pool (HostKVCache), checked and vectorised.
+
+    ``layer_stride``: bytes between a page's layer pieces (layer_first), 0 when a page is one
+    piece per buffer; pass it to kvtier.PageStore.get / set with the addresses.
+    """
 
     def __init__(self, host_pool, page_bytes: int, num_buffers: int):
         layout = getattr(host_pool, "layout", None)
-        if layout not in CONTIGUOUS_LAYOUTS:
+        if layout not in SUPPORTED_LAYOUTS:
             raise NotImplementedError(
-                f"kvtier SGLang backend: host pool layout '{layout}' is not supported: kvtier "
-                f"reads and writes pages in place, which needs a page's bytes contiguous per "
-                f"buffer ({', '.join(CONTIGUOUS_LAYOUTS)}; start SGLang with "
-                f"--hicache-mem-layout page_first or page_first_direct)")
+                f"kvtier SGLang backend: host pool layout '{layout}' is not supported "
+                f"({', '.join(SUPPORTED_LAYOUTS)} are)")
         self.layout = layout
         self.page_size = int(host_pool.page_size)
         self.pool_tokens = int(host_pool.size)
         self.num_buffers = num_buffers
         self.segment_bytes = page_bytes // num_buffers
+        # Pieces of one buffer of one page, as SGLang lists them.
+        pieces = int(host_pool.layer_num) if layout == "layer_first" else 1
+        piece_bytes = self.segment_bytes // pieces
         pages = self.pool_tokens // self.page_size
         if pages < 2:
             raise ValueError(f"kvtier SGLang backend: the host pool has {pages} page(s); "
                              f"at least 2 are needed")
         probe = [0, 1, pages - 1]  # page numbers asked of SGLang
-        ptrs = []
+        ptrs = []  # per probed page: int64 [pieces, num_buffers]
         for page in probe:
             start = page * self.page_size
             idx = np.arange(start, start + self.page_size, dtype=np.int64)
             ptr_list, size_list = host_pool.get_page_buffer_meta(_as_indices(idx, host_pool))
-            if len(ptr_list) != num_buffers or any(int(s) != self.segment_bytes
-                                                   for s in size_list):
+            if len(ptr_list) != num_buffers * pieces or any(int(s) != piece_bytes
+                                                            for s in size_list):
                 raise NotImplementedError(
                     f"kvtier SGLang backend: host pool {type(host_pool).__name__} (layout "
-                    f"'{layout}') describes a page as {len(ptr_list)} part(s) of "
-                    f"{sorted(set(int(s) for s in size_list))} bytes; kvtier's page is "
-                    f"{num_buffers} part(s) of {self.segment_bytes} bytes")
-            ptrs.append([int(p) for p in ptr_list])
-        self.base = np.asarray(ptrs[0], dtype=np.int64)  # [num_buffers]
-        stride = np.asarray(ptrs[1], dtype=np.int64) - self.base
+                    f"'{layout}') describes a page as {len(ptr_list)} piece(s) of "
+                    f"{sorted(set(int(s) for s in size_list))} bytes; kvtier expects "
+                    f"{num_buffers * pieces} piece(s) of {piece_bytes} bytes")
+            ptrs.append(np.asarray([int(p) for p in ptr_list],
+                                   dtype=np.int64).reshape(pieces, num_buffers))
+        self.base = ptrs[0][0].copy()  # [num_buffers]: page 0's layer-0 pieces
+        stride = ptrs[1][0] - self.base
         if np.any(stride <= 0) or np.any(stride % self.page_size):
             raise NotImplementedError(
                 f"kvtier SGLang backend: host pool layout '{layout}' does not place pages at a "
                 f"constant positive stride")
         self.token_stride = stride // self.page_size  # [num_buffers] bytes per token index
-        last = self.base + probe[2] * self.page_size * self.token_stride
-        if not np.array_equal(last, np.asarray(ptrs[2], dtype=np.int64)):
+        layer_strides = set((ptrs[0][1] - ptrs[0][0]).tolist()) if pieces > 1 else {0}
+        self.layer_stride = int(layer_strides.pop())
+        if layer_strides or (pieces > 1 and self.layer_stride < piece_bytes):
             raise NotImplementedError(
-                f"kvtier SGLang backend: host pool layout '{layout}' is not base + index * "
-                f"stride at its last page")
+                f"kvtier SGLang backend: host pool layout '{layout}' does not place a page's "
+                f"layers at one stride of at least a piece ({piece_bytes} bytes)")
+        layers = np.arange(pieces, dtype=np.int64)[:, None] * self.layer_stride
+        for page, got in zip(probe, ptrs):
+            want = self.base[None, :] + page * self.page_size * self.token_stride[None, :] + layers
+            if not np.array_equal(got, want):
+                raise NotImplementedError(
+                    f"kvtier SGLang backend: host pool layout '{layout}' is not base + index * "
+                    f"token_stride + layer * layer_stride at page {page}")
 
     def addresses(self, host_indices, num_pages: int) -> np.ndarray:
-        """The page addresses of a batch: int64 [num_pages] (one buffer) or [num_pages, 2].
+        """The page addresses of a batch (each page's layer-0 piece per buffer): int64
+        [num_pages] (one buffer) or [num_pages, 2].
 
         ``host_indices``: the batch's host token indices (a torch tensor or anything numpy
         takes), ``num_pages * page_size`` of them. ValueError names the first bad page.

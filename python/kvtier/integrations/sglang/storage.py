@@ -2,7 +2,7 @@
 
 Loaded by SGLang's ``StorageBackendFactory`` at run time (no fork of SGLang)::
 
-    --enable-hierarchical-cache --hicache-mem-layout page_first \\
+    --enable-hierarchical-cache \\
     --hicache-storage-backend dynamic --hicache-storage-backend-extra-config \\
     '{"backend_name": "kvtier", "module_path": "kvtier.integrations.sglang",
       "class_name": "KvtierHiCacheStorage", "interface_v1": 1, "url": "file:///mnt/kv"}'
@@ -36,8 +36,12 @@ another rank writes nothing and reports success, the pages being rank 0's to wri
 and context parallel ranks hold different pages: their rank and size are part of the model's
 name in the namespace.
 
-Not supported (a clear error at start): the ``layer_first`` host layout (a page is 2 x layers
-pieces there; use page_first or page_first_direct), heads split across TP sizes
+Host layouts: every one of SGLang's (page_first, page_first_direct, page_head, and its default
+layer_first, whose page is one piece per layer and buffer: kvtier.PageStore gathers / scatters
+the pieces in C++ through reusable staging memory). Pages written by ``batch_set_v1`` carry their
+parents (the page before each one), so file:// and memory:// evict a prefix's tail first.
+
+Not supported (a clear error at start): heads split across TP sizes
 (``tp_lcm_size``, SGLang's page_head split), and SGLang's v2 hybrid-pool interface
 (``batch_get_v2`` / ``batch_set_v2`` / ``batch_exists_v2``: Mamba, SWA, DSA side pools), which
 stays SGLang's NotImplementedError.
@@ -163,9 +167,9 @@ class KvtierHiCacheStorage(HiCacheStorage):
         """Writes the host pool's pages at the indices under the keys; False where it failed."""
         if not self.writes:
             return [True] * len(keys)
-        return self._page_io("set", keys, host_indices)
+        return self._page_io("set", keys, host_indices, _parents(keys, extra_info))
 
-    def _page_io(self, op: str, keys: List[str], host_indices) -> List[bool]:
+    def _page_io(self, op: str, keys: List[str], host_indices, parents=None) -> List[bool]:
         n = len(keys)
         if n == 0:
             return []
@@ -173,7 +177,9 @@ class KvtierHiCacheStorage(HiCacheStorage):
         try:
             store = self._open_store()
             addrs = self.pages.addresses(host_indices, n)
-            ok = store.get(keys, addrs) if op == "get" else store.set(keys, addrs)
+            stride = self.pages.layer_stride
+            ok = (store.get(keys, addrs, layer_stride=stride) if op == "get" else
+                  store.set(keys, addrs, parents, layer_stride=stride))
         except Exception as e:  # never out of SGLang's prefetch / backup thread
             logger.error("kvtier SGLang backend: batch_%s_v1 of %d pages failed: %s", op, n, e)
             return [False] * n
@@ -244,12 +250,21 @@ class KvtierHiCacheStorage(HiCacheStorage):
     # ---- housekeeping -------------------------------------------------------------------------
 
     def clear(self) -> bool:
-        """kvtier's stores are bounded (LRU) and may be shared with other processes and
-        deployments; this backend does not enumerate or delete them. Returns False."""
-        logger.warning("kvtier SGLang backend: clear() deletes nothing: kvtier stores evict by "
-                       "themselves (file:// capacity, Redis maxmemory) and may be shared; remove "
-                       "the store's directory or flush the Redis database to empty it")
-        return False
+        """Removes this deployment's pages (this namespace's: other deployments sharing the store
+        keep theirs) from a file:// or memory:// store; True when done. A store that cannot list
+        a namespace's pages (redis://) deletes nothing: False, logged. MLA: TP rank 0's pages
+        are every rank's, so only rank 0 removes them (the others return True)."""
+        if not self.writes:
+            return True
+        try:
+            removed = self._open_store().clear()
+        except Exception as e:  # never out of SGLang's threads
+            logger.warning("kvtier SGLang backend: clear() deleted nothing: %s (empty a Redis "
+                           "store by flushing its database)", e)
+            return False
+        logger.info("kvtier SGLang backend: clear() removed %d pages of %s", removed,
+                    self.store.namespace_name)
+        return True
 
     def get_stats(self):
         """SGLang's StorageMetrics of the calls since the last get_stats (with
@@ -282,6 +297,15 @@ class KvtierHiCacheStorage(HiCacheStorage):
         if self.store is None:
             raise RuntimeError("register_mem_pool_host was not called: no host pool, no store")
         return self.store
+
+
+def _parents(keys: List[str], extra_info: Optional[HiCacheStorageExtraInfo]) -> list:
+    """Each page's parent key for PageStore.set: batch_set_v1 gets consecutive pages of one
+    prefix (SGLang's backup walks a node's pages in order), so keys[i]'s parent is keys[i - 1];
+    the first page's is the last of extra_info.prefix_keys when SGLang gives them, else unknown."""
+    prefix = getattr(extra_info, "prefix_keys", None) if extra_info is not None else None
+    first = prefix[-1] if prefix else None
+    return [first] + list(keys[:-1])
 
 
 def _describe(t) -> str:
