@@ -787,8 +787,9 @@ class FileBackend final : public StorageBackend {
 
   // One attempt at writing a page: a temporary file in its shard directory, renamed into place.
   // kNoSpace with `error` ENOSPC or EDQUOT when the file system has no room (said by SetOne, not
-  // here), kFailed with a warning for any other failure (EFBIG past the file-size limit too).
-  // Every phase's time goes into write_profile_ (StorageStats' set_*_seconds).
+  // here), kFailed with a warning for any other failure (EFBIG past the file-size limit: said at
+  // the 1st, 2nd, 4th ... time, as a full disk is). Every phase's time goes into write_profile_
+  // (StorageStats' set_*_seconds).
   PageStatus WriteOne(const PageKey& key, const PageBuffer& buffer,
                       const std::optional<PageKey>& parent, int& error) {
     const auto full = [](int e) { return e == ENOSPC || e == EDQUOT; };
@@ -835,6 +836,15 @@ class FileBackend final : public StorageBackend {
       error = errno;
       ::unlinkat(shard.get(), temp.c_str(), 0);
       if (full(error)) return PageStatus::kNoSpace;
+      if (error == EFBIG) {  // every page fails alike: said as a full disk is, not per page
+        if (const int64_t n = CountAndSay(file_too_large_)) {
+          util::Log(util::LogLevel::kWarning,
+                    "storage {}: cannot write a page file of {} bytes: {} (the process's file-size "
+                    "limit, ulimit -f, is below it); {} page(s) not written so far",
+                    url(), value_bytes_, std::strerror(error), n);
+        }
+        return PageStatus::kFailed;
+      }
       util::Log(util::LogLevel::kWarning, "storage {}: cannot write {}/{}/{}: {}", url(), ns_name_,
                 hex.substr(0, 2), hex, std::strerror(error));
       return PageStatus::kFailed;
@@ -866,6 +876,7 @@ class FileBackend final : public StorageBackend {
   std::unique_ptr<DiskFloor> floor_;
   std::mutex floor_mu_;  // one MakeRoom at a time
   std::atomic<int64_t> floor_evicted_{0}, floor_refused_{0}, disk_full_retries_{0};
+  std::atomic<int64_t> file_too_large_{0};  // Sets failed with EFBIG (for CountAndSay)
   std::atomic<uint64_t> temp_counter_{0};
   std::atomic<int64_t> found_v1_{0}, found_unreadable_{0};  // NoteFoundWithoutParent
   std::atomic<int64_t> cached_pages_{0}, disk_pages_{0};    // GetOne's hits, by ReadSource

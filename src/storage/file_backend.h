@@ -65,7 +65,8 @@
 // signal too: the store evicts its oldest pages, counts it (StorageStats::disk_full_retries) and
 // writes once more; kNoSpace if that fails too. Such events are said at their 1st, 2nd, 4th ...
 // time, never once per page. A write past the process's file-size limit (RLIMIT_FSIZE) fails
-// with EFBIG (a failed Set): the I/O threads block SIGXFSZ for themselves (file_backend.cc).
+// with EFBIG (a failed Set, said at its 1st, 2nd, 4th ... time too): the I/O threads block
+// SIGXFSZ for themselves (file_backend.cc).
 // The LRU order lives in the files' modification times: every Set and every Get hit stamps its
 // file with a strictly increasing time (a hit's written behind the reads by a stamper thread,
 // within about 0.5 s, and at Close: file_index.h "Stamps"), so a restart (which scans the

@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <mutex>
+#include <unordered_map>
 
 #include "kvtier/tp_group.h"
 
@@ -45,6 +47,34 @@ class HeadSplitStorage final : public StorageBackend {
   ~HeadSplitStorage() override { Close(); }
   Status Begin() { return Start(); }
 
+  // The inner store evicts head objects; a page is gone with any of its heads. Head keys are
+  // hashes, so the pages this adapter wrote or read while tracking are remembered by head key
+  // (at most kMaxRememberedHeads; past that a page's eviction is learnt from a miss, as for
+  // Redis) and an evicted head is reported as its page, once per look.
+  void TrackEvictions(bool on) override {
+    {
+      std::lock_guard<std::mutex> lock(heads_mu_);
+      tracking_ = on;
+      if (!on) page_of_head_.clear();
+    }
+    inner_->TrackEvictions(on);
+  }
+  std::vector<PageKey> TakeEvictions(int64_t* dropped = nullptr) override {
+    const std::vector<PageKey> heads = inner_->TakeEvictions(dropped);
+    std::vector<PageKey> pages;
+    std::lock_guard<std::mutex> lock(heads_mu_);
+    for (const PageKey& head : heads) {
+      auto it = page_of_head_.find(head);
+      if (it == page_of_head_.end()) continue;  // another rank's head, or not remembered
+      if (std::find(pages.begin(), pages.end(), it->second) == pages.end()) {
+        pages.push_back(it->second);
+      }
+      page_of_head_.erase(it);
+    }
+    return pages;
+  }
+  static constexpr size_t kMaxRememberedHeads = size_t{1} << 18;
+
  protected:
   ExistsResult DoExists(std::span<const PageKey> keys,
                         std::chrono::steady_clock::time_point) override {
@@ -55,11 +85,13 @@ class HeadSplitStorage final : public StorageBackend {
   void DoGet(std::span<const PageKey> keys, std::span<const PageBuffer> buffers,
              std::span<PageStatus> out, std::chrono::steady_clock::time_point) override {
     Merge(inner_->Get(HeadKeys(keys), HeadBuffers(buffers)).get(), out);
+    Remember(keys, out);
   }
   void DoSet(std::span<const PageKey> keys, std::span<const PageBuffer> buffers,
              std::span<PageStatus> out, std::chrono::steady_clock::time_point) override {
     if (read_only_) return;  // every page stays kSkipped
     Merge(inner_->Set(HeadKeys(keys), HeadBuffers(buffers)).get(), out);
+    Remember(keys, out);
   }
   // Head h of a page names head h of its parent.
   void DoSetChained(std::span<const PageKey> keys, std::span<const PageBuffer> buffers,
@@ -75,14 +107,29 @@ class HeadSplitStorage final : public StorageBackend {
       }
     }
     Merge(inner_->Set(HeadKeys(keys), HeadBuffers(buffers), std::move(head_parents)).get(), out);
+    Remember(keys, out);
   }
   void DoRemove(std::span<const PageKey> keys, std::span<PageStatus> out,
                 std::chrono::steady_clock::time_point) override {
     if (read_only_) return;
     Merge(inner_->Remove(HeadKeys(keys)).get(), out);
+    std::lock_guard<std::mutex> lock(heads_mu_);
+    for (const PageKey& head : HeadKeys(keys)) page_of_head_.erase(head);
   }
 
  private:
+  // While tracking: the heads of the pages whose status is kOk, for TakeEvictions.
+  void Remember(std::span<const PageKey> keys, std::span<const PageStatus> out) {
+    std::lock_guard<std::mutex> lock(heads_mu_);
+    if (!tracking_) return;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (out[i] != PageStatus::kOk) continue;
+      for (int64_t h = 0; h < ns().head_num; ++h) {
+        if (page_of_head_.size() >= kMaxRememberedHeads) return;
+        page_of_head_.insert_or_assign(HeadObjectKey(keys[i], first_head_ + h), keys[i]);
+      }
+    }
+  }
   std::vector<PageKey> HeadKeys(std::span<const PageKey> keys) const {
     std::vector<PageKey> out;
     out.reserve(keys.size() * static_cast<size_t>(ns().head_num));
@@ -125,6 +172,9 @@ class HeadSplitStorage final : public StorageBackend {
   std::shared_ptr<StorageBackend> inner_;
   int64_t first_head_;
   bool read_only_;
+  std::mutex heads_mu_;
+  bool tracking_ = false;                                           // guarded by heads_mu_
+  std::unordered_map<PageKey, PageKey, PageKeyHash> page_of_head_;  // guarded by heads_mu_
 };
 
 }  // namespace

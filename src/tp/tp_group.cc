@@ -567,6 +567,14 @@ class TpLeaderStorage final : public StorageBackend {
   ~TpLeaderStorage() override { Close(); }
   Status Begin() { return Start(); }
 
+  // The group's one decision: the leader's own store's evictions (its heads of each page). A
+  // follower's store evicting its heads of a page is learnt from the group's next miss of it
+  // (a page is a hit only when every rank's is), as for a store whose eviction is out of sight.
+  void TrackEvictions(bool on) override { own_->TrackEvictions(on); }
+  std::vector<PageKey> TakeEvictions(int64_t* dropped = nullptr) override {
+    return own_->TakeEvictions(dropped);
+  }
+
  protected:
   ExistsResult DoExists(std::span<const PageKey> keys,
                         std::chrono::steady_clock::time_point) override {

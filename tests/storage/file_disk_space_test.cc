@@ -21,7 +21,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <random>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -29,6 +31,7 @@
 #include "kvtier/storage.h"
 #include "storage/file_backend.h"
 #include "support/missing_dependency.h"
+#include "util/log.h"
 
 namespace kvtier {
 namespace {
@@ -368,6 +371,53 @@ TEST(FileDiskSpaceTest, AFileSizeLimitFailsTheSetAndDoesNotKill) {
   ASSERT_TRUE(WIFEXITED(status)) << "the child died of signal " << WTERMSIG(status)
                                  << (WTERMSIG(status) == SIGXFSZ ? " (SIGXFSZ)" : "");
   EXPECT_EQ(WEXITSTATUS(status), 0) << "see the exit codes in the test";
+  std::error_code ec;
+  fs::remove_all(root, ec);
+}
+
+// Past the file-size limit every page fails alike: said at the 1st, 2nd, 4th and 8th failure
+// (4 lines for 8 pages), as a full disk is, not once per page under the rate limit (a replay
+// logged 35,934 suppressed lines). The rate limit is raised so that only the store's own
+// spacing can keep a line out.
+TEST(FileDiskSpaceTest, AFileSizeLimitIsSaidAtPowersOfTwoNotPerPage) {
+  std::string root = (fs::temp_directory_path() / "kvtier_fsize_log_XXXXXX").string();
+  ASSERT_NE(::mkdtemp(root.data()), nullptr);
+  const std::string log = root + "/stderr.txt";
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    int code = 0;
+    {
+      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+      if (fd < 0 || ::dup2(fd, 2) != 2) ::_exit(10);
+      util::SetLogRateLimit(util::LogRateLimit{1000, std::chrono::milliseconds(600'000)});
+      rlimit limit{4 * 1024, 4 * 1024};  // ulimit -f 4 (KiB): below one page file
+      if (::setrlimit(RLIMIT_FSIZE, &limit) != 0) ::_exit(11);
+      StorageOptions o;
+      o.io_threads = 1;
+      auto r = OpenStorage("file://" + root + "/store", BigPageNamespace(), o);
+      if (!r.ok()) ::_exit(12);
+      const std::vector<PageKey> keys = Keys(8, "g");
+      for (int i = 0; i < 8; ++i) {
+        if (SetPage(**r, keys, i) != PageStatus::kFailed) code = 13;
+      }
+      util::FlushSuppressedLogLines();
+    }
+    ::_exit(code);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child died of signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "see the exit codes in the test";
+  std::ifstream in(log);
+  std::string line, all;
+  int said = 0;
+  while (std::getline(in, line)) {
+    all += line + "\n";
+    if (line.find(std::strerror(EFBIG)) != std::string::npos) ++said;
+  }
+  EXPECT_EQ(said, 4) << all;
+  EXPECT_NE(all.find("8 page(s) not written so far"), std::string::npos) << all;
   std::error_code ec;
   fs::remove_all(root, ec);
 }

@@ -92,6 +92,18 @@ def main():
 
         expect_refused(replay + ["--host-tokens", "-1"], "--host-tokens")
         expect_refused([kvtier, "bench", "--storage", ""], "--storage")
+        # The file store's free-space floor from the command line (StorageOptions'
+        # min_free_bytes): bounded by its schema, and it reaches the store: a floor above any
+        # disk's free space refuses every page (the bench's check fails, exit 1).
+        store_bench = [kvtier, "bench", "--storage", "file://" + os.path.join(tmp, "floor"),
+                       "--storage-kinds", "mha4", "--storage-bytes", "1MiB",
+                       "--storage-exists-keys", "0", "--no-baseline"]
+        expect_refused(store_bench + ["--storage-min-free-bytes", "-2"],
+                       "--storage-min-free-bytes = -2 must be in [-1, ")
+        out = expect_refused(store_bench + ["--storage-min-free-bytes", str(1 << 60)],
+                             "pages not ok")
+        if "FAILED Set" not in out:
+            failures.append("--storage-min-free-bytes 2^60: the Set was not refused")
 
         stray = "/dev/full.png"
         existed = os.path.exists(stray)

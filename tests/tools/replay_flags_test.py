@@ -42,6 +42,7 @@ CASES = [
     (["--prefetch-threshold", "-1"], "--prefetch-threshold = -1 must be in [0, "),
     (["--load-back-threshold", "-1"], "--load-back-threshold = -1 must be in [0, "),
     (["--storage-backup-queue-pages", "-1"], "--storage-backup-queue-pages = -1 must be in [0, "),
+    (["--storage-min-free-bytes", "-2"], "--storage-min-free-bytes = -2 must be in [-1, "),
     (["--shard", "8/8"], "--shard"),
     (["--shard", "1-8"], "--shard"),
     (["--skip", "-1"], "--skip"),

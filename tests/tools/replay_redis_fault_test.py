@@ -3,7 +3,8 @@
 a free 127.0.0.1 port, uses it as the storage tier, and stops it (SIGTERM) at S seconds of the
 replay's clock; the replay keeps serving with 0 wrong bytes, reports the storage errors and the
 hit rate before and after, gets no storage hits after the stop, and leaves no server behind, also
-when the replay itself is killed (SIGKILL) mid-run.
+when the replay itself is killed (SIGKILL) mid-run. A redis-server of the test's own at its
+maxmemory with noeviction: the writes it refuses are counted in the report.
 
 Skips (77; fails under CI=true) only when redis-server is not installed or kvtier was built
 without hiredis
@@ -75,9 +76,52 @@ def main():
         if "fault: storage down" not in output or "hit rate before" not in output:
             failures.append("the report has no fault line with the hit rate before and after")
     failures += killed_replay_leaves_no_server(kvtier)
+    failures += refused_writes_are_reported(kvtier)
     for f in failures:
         print("FAIL: " + f)
     return 1 if failures else 0
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def refused_writes_are_reported(kvtier):
+    """A redis-server at its maxmemory with noeviction refuses writes: the report counts them
+    (JSON storage_errors.refused_writes, the text's storage line), where it said "0 errors"."""
+    with tempfile.TemporaryDirectory() as tmp:
+        port = free_port()
+        server = subprocess.Popen(
+            ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--maxmemory", "3mb", "--maxmemory-policy", "noeviction",
+             "--dir", tmp],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=die_with_parent())
+        try:
+            deadline = time.monotonic() + 60  # start-up on a loaded box; not a speed check
+            while not listening(port):
+                if server.poll() is not None or time.monotonic() > deadline:
+                    return ["the test's redis-server (noeviction) did not start"]
+                time.sleep(0.05)
+            out = os.path.join(tmp, "refused.json")
+            cmd = [kvtier, "replay", "--workload", "doc-qa", "--requests", "60", "--seed", "5",
+                   "--model", "tiny", "--compute-model", "llama3-8b", "--device", "cpu",
+                   "--device-tokens", "32768", "--host-tokens", "65536",
+                   "--storage", "redis://127.0.0.1:%d" % port, "--sequential",
+                   "--runs", "hierarchy", "--no-progress", "--json", out]
+            report, output = run_replay(cmd, out, timeout=240, echo=False)
+        finally:
+            server.terminate()
+            server.wait(timeout=60)
+    refused = report["runs"][-1]["storage_errors"].get("refused_writes", 0)
+    print("noeviction redis at 3 MB: %d refused writes reported" % refused)
+    failures = []
+    if refused <= 0:
+        failures.append("a redis-server at maxmemory (noeviction): no refused writes reported")
+    if ("%d writes refused by a full store" % refused) not in output:
+        failures.append("the text report's storage line does not count the refused writes")
+    return failures
 
 
 def killed_replay_leaves_no_server(kvtier):

@@ -3,6 +3,7 @@
 // -> LoadBack, bytes checked), and MLA pages written by the TP=2 leader are the bytes TP=1 wrote.
 #include "tp/head_split_storage.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -241,6 +242,40 @@ TEST(HeadSplitStorageTest, AMismatchedInnerNamespaceIsRefused) {
 // heads of a page; a TP=1 view reads the whole page only once every rank has (a page is a hit
 // only when every head is), and it is rank 0's bytes followed by rank 1's (heads are the outer
 // dimension of a page_head page). MLA: rank 1's view writes nothing; it reads rank 0's latent.
+// Pages the inner store evicts by itself (its capacity) come out of the adapter as the rank's
+// page keys (KV events), each once, and exactly the pages that no longer read back whole.
+TEST(HeadSplitStorageTest, TheInnerStoresEvictionsAreReportedAsPageKeys) {
+  const StorageNamespace rank = RankPages(false, 1, 2);
+  const int64_t head_bytes = HeadObjectNamespace(rank).page_bytes();
+  // Room for 6 head objects: 3 of this rank's pages (2 heads each).
+  auto inner =
+      OpenStorage(fmt::format("memory://?capacity={}", 6 * head_bytes), HeadObjectNamespace(rank));
+  ASSERT_TRUE(inner.ok()) << inner.status().ToString();
+  auto store = RankStore(std::shared_ptr<StorageBackend>(std::move(*inner)), false, 1, 2);
+  store->TrackEvictions(true);
+  std::vector<Token> tokens(static_cast<size_t>(kPage * 10));
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<Token>(i * 7 + 1);
+  const auto keys = ComputePromptPageKeys(tokens, kPage);
+  ASSERT_TRUE(keys.ok());
+  const size_t half = static_cast<size_t>(rank.page_bytes() / 2);
+  std::vector<std::byte> k(half, std::byte{0x3C}), v(half, std::byte{0xC3});
+  for (const PageKey& key : *keys) {  // one page at a time, unchained: the oldest go first
+    ASSERT_EQ(store->Set({key}, {PageBuffer::Of(k, v)}).get().leading_ok(), 1);
+  }
+  std::vector<PageKey> evicted = store->TakeEvictions();
+  std::sort(evicted.begin(), evicted.end());
+  std::vector<PageKey> missing;
+  for (const PageKey& key : *keys) {
+    if (store->Get({key}, {PageBuffer::Of(k, v)}).get().leading_ok() == 0) missing.push_back(key);
+  }
+  std::sort(missing.begin(), missing.end());
+  EXPECT_GE(missing.size(), keys->size() - 3);  // the store keeps at most 3
+  EXPECT_LT(missing.size(), keys->size());
+  EXPECT_EQ(evicted, missing);
+  EXPECT_TRUE(store->TakeEvictions().empty());  // taken once
+  store->TrackEvictions(false);
+}
+
 TEST(HeadSplitStorageTest, OpenTpRankStorageSplitsPagesByHeadAcrossTpSizes) {
   const std::string dir = (std::filesystem::temp_directory_path() /
                            ("kvtier-tp-rank-store-" + std::to_string(getpid())))

@@ -845,6 +845,52 @@ Result<std::shared_ptr<StorageBackend>> RankStore(const std::string& url, bool m
   _exit(code);
 }
 
+// The leader's store passes the evictions of the store it wraps on to the cache (its KV events):
+// one list for the group, the leader's. Set without followers writing needs no follower.
+TEST(TpGroupTest, TheLeadersStorePassesItsStoresEvictionsOn) {
+  const TpGroupConfig cfg = Config("evictions");
+  auto leader = TpLeader::Create(
+      cfg, TpShape{kFull.num_slots, 2 * kFull.num_slots, kFull.num_layers, kPage, false});
+  ASSERT_TRUE(leader.ok()) << leader.status().ToString();
+  const StorageNamespace rank = RankPages(false, 0, 2);
+  // Room for at most 2 pages of the rank (2 heads each).
+  auto inner = OpenStorage(
+      "memory://?capacity=" + std::to_string(4 * tp::HeadObjectNamespace(rank).page_bytes()),
+      tp::HeadObjectNamespace(rank));
+  ASSERT_TRUE(inner.ok()) << inner.status().ToString();
+  tp::HeadSplitOptions o;
+  auto own = tp::OpenHeadSplitStorage(std::move(*inner), rank, o);
+  ASSERT_TRUE(own.ok()) << own.status().ToString();
+  std::shared_ptr<StorageBackend> own_store(std::move(*own));
+  std::shared_ptr<StorageBackend> store =
+      (*leader)->WrapStorage(own_store, /*followers_write=*/false);
+  ASSERT_NE(store, nullptr);
+  store->TrackEvictions(true);
+  std::vector<Token> tokens(static_cast<size_t>(kPage * 5));
+  std::iota(tokens.begin(), tokens.end(), 1);
+  const auto keys = ComputePromptPageKeys(tokens, kPage);
+  ASSERT_TRUE(keys.ok());
+  const size_t half = static_cast<size_t>(rank.page_bytes() / 2);
+  std::vector<std::byte> k(half, std::byte{1}), v(half, std::byte{2});
+  for (const PageKey& key : *keys) {
+    ASSERT_EQ(store->Set({key}, {PageBuffer::Of(k, v)}).get().leading_ok(), 1);
+  }
+  std::vector<PageKey> evicted = store->TakeEvictions();
+  std::sort(evicted.begin(), evicted.end());
+  std::vector<PageKey> missing;  // read from the leader's own store (a Get here needs followers)
+  for (const PageKey& key : *keys) {
+    if (own_store->Get({key}, {PageBuffer::Of(k, v)}).get().leading_ok() == 0) {
+      missing.push_back(key);
+    }
+  }
+  std::sort(missing.begin(), missing.end());
+  EXPECT_GE(missing.size(), 3u);  // room for 2 at most
+  EXPECT_LT(missing.size(), keys->size());
+  EXPECT_EQ(evicted, missing);
+  store->TrackEvictions(false);
+  store.reset();
+}
+
 class TpStorageTest : public ::testing::TestWithParam<bool> {};
 
 // A TP=2 group with a storage tier in a file store shared by the two processes: the leader's

@@ -94,6 +94,8 @@ struct ReplayOptions {
   // The storage backend's I/O threads (0: DefaultIoThreads()); 4, not the cache's 0, so that a
   // replay's numbers do not depend on the machine's core count.
   int storage_io_threads = 4;
+  // A file store's free-space floor (StorageOptions::min_free_bytes; -1: its default).
+  int64_t storage_min_free_bytes = StorageOptions{}.min_free_bytes;
   // --shared-host NAME: the hierarchy's host tier is this shared segment (kvtier shm create),
   // shared with every process attached to it; no storage tier below it.
   std::string shared_host;

@@ -142,6 +142,12 @@ CLI::App* AddReplayCommand(CLI::App& app, ReplayOptions* o) {
   c->add_option("--storage-io-threads", o->storage_io_threads,
                 CacheHelp("storage_io_threads", "I/O threads of the storage backend"))
       ->capture_default_str();
+  c->add_option("--storage-min-free-bytes", o->storage_min_free_bytes,
+                CacheHelp("storage_min_free_bytes",
+                          "a file store's free-space floor in bytes: under it the store writes "
+                          "nothing and evicts its oldest pages (-1: the larger of 5 % of the file "
+                          "system and min(1 GiB, 20 % of it); 0: none)"))
+      ->capture_default_str();
   c->add_option("--hicache-mem-layout,--host-layout", o->host_layout,
                 "host tier layout: layer_first, page_first, page_first_direct, page_head")
       ->capture_default_str();

@@ -111,6 +111,7 @@ std::string ReplayFlagOf(std::string_view field) {
       {"stream_load_back", "--no-stream-load-back"},
       {"max_backup_queue_pages", "--storage-backup-queue-pages"},
       {"storage_io_threads", "--storage-io-threads"},
+      {"storage_min_free_bytes", "--storage-min-free-bytes"},
   };
   for (const auto& [f, flag] : kFlags) {
     if (f == field) return std::string(flag);
@@ -153,6 +154,7 @@ HierarchicalCacheConfig CacheConfigOf(const ReplayOptions& o) {
   c.storage.stream_load_back = o.stream_load_back;
   c.storage.max_backup_queue_pages = o.storage_backup_queue_pages;
   c.storage.options.io_threads = o.storage_io_threads;
+  c.storage.options.min_free_bytes = o.storage_min_free_bytes;
   return c;
 }
 

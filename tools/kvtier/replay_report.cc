@@ -321,7 +321,10 @@ nlohmann::json RunJson(const RunSummary& r, int64_t token_bytes) {
                            {"corrupt_pages", c.storage_corrupt_pages},
                            {"read_timeouts", c.storage_read_timeouts},
                            {"write_timeouts", c.storage_write_timeouts},
-                           {"queue_drops", c.storage_queue_drops}};
+                           {"queue_drops", c.storage_queue_drops},
+                           // Writes the store refused for want of room it may not make
+                           // (StorageStats::set_refused_pages: Redis at maxmemory, noeviction).
+                           {"refused_writes", r.storage_stats.set_refused_pages}};
   }
   if (r.has_storage) {
     const StoredChains& sc = r.stored_chains;

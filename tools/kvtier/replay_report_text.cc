@@ -336,9 +336,11 @@ void PrintCacheEvents(std::FILE* out, const RunSummary* hier) {
   }
   if (hier->has_storage) {
     std::fprintf(out,
-                 "storage %s: %lld errors, %lld corrupt pages, %lld read timeouts, %lld write "
-                 "timeouts, %lld queue drops\n",
+                 "storage %s: %lld errors, %lld writes refused by a full store (Redis at "
+                 "maxmemory), %lld corrupt pages, %lld read timeouts, %lld write timeouts, %lld "
+                 "queue drops\n",
                  hier->storage.c_str(), static_cast<long long>(c.storage_errors),
+                 static_cast<long long>(hier->storage_stats.set_refused_pages),
                  static_cast<long long>(c.storage_corrupt_pages),
                  static_cast<long long>(c.storage_read_timeouts),
                  static_cast<long long>(c.storage_write_timeouts),

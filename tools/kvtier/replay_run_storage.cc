@@ -66,6 +66,7 @@ Status RunStorage::Open(ReplaySetup& s, int64_t host_bytes) {
       StorageNamespaceOf(pages, s.model.mla, {.model_id = s.model.model_id});
   StorageOptions so;
   so.io_threads = o.storage_io_threads;
+  so.min_free_bytes = o.storage_min_free_bytes;
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<StorageBackend> backend, OpenStorage(url, ns, so));
   url_ = backend->url();
   if (!s.storage_ceiling_measured) {

@@ -45,6 +45,7 @@ Status RunTpFollower(const TpSetup& s, const TpReplayArgs& a) {
   if (!a.store.empty()) {
     StorageOptions so;
     so.io_threads = s.o.storage_io_threads;
+    so.min_free_bytes = s.o.storage_min_free_bytes;
     so.timeout = kTpStoreTimeout;
     KVTIER_ASSIGN_OR_RETURN(
         store, OpenTpRankStorage(a.store,

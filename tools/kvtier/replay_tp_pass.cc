@@ -75,6 +75,7 @@ Status RunTpPass(const TpSetup& s, int tp, TpLeader* leader, TpPassResult* out) 
     c.storage.prefetch_threshold_tokens = s.o.prefetch_threshold;
     StorageOptions so;
     so.io_threads = s.o.storage_io_threads;
+    so.min_free_bytes = s.o.storage_min_free_bytes;
     so.timeout = kTpStoreTimeout;
     KVTIER_ASSIGN_OR_RETURN(
         std::shared_ptr<StorageBackend> own,

@@ -252,6 +252,7 @@ Result<OpTimes> RunExistsIndex(const std::string& url, const StorageBenchOptions
                                uint64_t run_id, std::string* note) {
   StorageOptions so;
   so.io_threads = o.io_threads;
+  so.min_free_bytes = o.min_free_bytes;
   so.max_batch_pages = std::max<int64_t>(4096, o.exists_keys);
   KVTIER_ASSIGN_OR_RETURN(auto backend, OpenStorage(url, NamespaceOf(kExistsKind), so));
   const std::vector<PageKey> keys = KeysFor(kExistsKind, o.exists_keys, run_id);
@@ -384,6 +385,8 @@ Status Validate(const StorageBenchOptions& o) {
   }
   KVTIER_RETURN_IF_ERROR(
       FindField(StorageOptionsSchema(), "io_threads")->CheckInt(o.io_threads, "--storage-threads"));
+  KVTIER_RETURN_IF_ERROR(FindField(StorageOptionsSchema(), "min_free_bytes")
+                             ->CheckInt(o.min_free_bytes, "--storage-min-free-bytes"));
   if (o.in_flight < 0 || o.in_flight > 1024) {
     return Status::InvalidArgument("--storage-inflight must be in [1, 1024], or 0 for the default");
   }
@@ -699,6 +702,11 @@ void AddStorageBenchOptions(CLI::App* bench, StorageBenchOptions* o) {
                    "pages an I/O thread; Redis as many as carry 16 MiB, 1 to 8)")
       ->capture_default_str();
   bench
+      ->add_option("--storage-min-free-bytes", o->min_free_bytes,
+                   "a file store's free-space floor in bytes (-1: the larger of 5 % of the file "
+                   "system and min(1 GiB, 20 % of it); 0: none)")
+      ->capture_default_str();
+  bench
       ->add_option("--storage-exists-keys", o->exists_keys,
                    "stored keys in the Exists measurement (0 = skip it)")
       ->capture_default_str();
@@ -742,6 +750,7 @@ int RunStorageBench(const StorageBenchOptions& options, const std::string& comma
   std::fprintf(stderr, "storage bench: %d I/O threads\n", o.io_threads);
   StorageOptions so;
   so.io_threads = o.io_threads;
+  so.min_free_bytes = o.min_free_bytes;
   so.max_queued_batches = std::max(so.max_queued_batches, o.in_flight);  // redis: 8 at most
 
   for (const std::string& kind_name : o.kinds) {

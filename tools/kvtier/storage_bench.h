@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "kvtier/storage.h"
+
 namespace kvtier::tools {
 
 struct StorageBenchOptions {
@@ -36,6 +38,7 @@ struct StorageBenchOptions {
   int repeats = 3;     // Set+Get rounds per kind; each batch's time goes into p50/p99,
                        // throughput is the median round
   int64_t exists_keys = 1000;
+  int64_t min_free_bytes = StorageOptions{}.min_free_bytes;  // a file store's free-space floor
   bool baseline = true;
   // After each round's Get: the stored pages read again while as many other pages are Set
   // ("get/w" and "set/r" rows: reads under writes against the read ceiling).
