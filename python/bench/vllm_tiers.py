@@ -381,7 +381,7 @@ def main() -> int:
     p.add_argument("--tokens", type=int, nargs="+", default=[16, 64], help="tokens per block")
     p.add_argument("--job-blocks", type=int, default=16, help="blocks per store/load job")
     p.add_argument("--threads", type=int, default=16, help="pread ceiling threads")
-    p.add_argument("--kvtier-options", nargs="+", default=["", "pages_per_call=16"],
+    p.add_argument("--kvtier-options", nargs="+", default=["", "pages_per_call=1"],
                    help="one kvtier row per item: tier options 'name=value,...' ('' = defaults)")
     p.add_argument("--json", help="write the rows here")
     p.add_argument("--markdown", help="write the table here (BENCHMARKS.md's form)")
