@@ -15,6 +15,8 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "storage_write_profile.h"
+
 namespace kvtier::tools {
 namespace {
 
@@ -350,15 +352,7 @@ nlohmann::json RunJson(const RunSummary& r, int64_t token_bytes) {
                        {"set_seconds", st.set_seconds},
                        {"set_page_seconds", st.set_page_seconds},
                        {"set_profiled_pages", st.set_profiled_pages},
-                       {"set_phase_seconds",
-                        {{"open", st.set_open_seconds},
-                         {"copy", st.set_copy_seconds},
-                         {"checksum", st.set_hash_seconds},
-                         {"write", st.set_write_seconds},
-                         {"fsync", st.set_sync_seconds},
-                         {"stamp_rename", st.set_publish_seconds},
-                         {"index", st.set_index_seconds},
-                         {"unlink", st.set_unlink_seconds}}}};
+                       {"set_phase_seconds", SetPhaseSecondsJson(st)}};
   }
   if (r.has_oracle) {
     // The storage oracle (replay_oracle.h) and the hits lost against it, beside the writes that
