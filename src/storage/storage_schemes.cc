@@ -34,13 +34,14 @@ using Baseline = StorageBaseline;
 
 // name, medium in KV events, URL form, the tools' baseline, open, why it is missing.
 constexpr std::array kSchemes = {
-    StorageScheme{"file", kMediumDisk, Form::kPath, Baseline::kFiles, &storage::OpenFileStorage},
+    StorageScheme{"file", kMediumDisk, Form::kPath, Baseline::kFiles, &storage::OpenFileStorage,
+                  ""},
     StorageScheme{"redis", kMediumRedis, Form::kHosts, Baseline::kRedisBenchmark, kOpenRedis,
                   kRedisMissing},
     StorageScheme{"redis+cluster", kMediumRedis, Form::kHosts, Baseline::kRedisBenchmark,
                   kOpenRedis, kRedisMissing},
     StorageScheme{"memory", kMediumMemory, Form::kPath, Baseline::kMemcpy,
-                  &storage::OpenMemoryStorage},
+                  &storage::OpenMemoryStorage, ""},
 };
 
 }  // namespace
