@@ -5,12 +5,10 @@ The redis tests start a redis-server on a free loopback port (killed at the end,
 process if it dies); without redis-server they skip, and fail under CI=true.
 """
 
-import ctypes
 import hashlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import threading
@@ -77,26 +75,9 @@ def keys_for(n, tag):
 
 # ---- redis-server ----------------------------------------------------------------------------
 
-_LIBC = ctypes.CDLL("libc.so.6", use_errno=True)  # loaded here, not in the forked child
-
-
-def _die_with_parent():
-    _LIBC.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: the server dies with the test process
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _ping(port):
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
-            s.sendall(b"PING\r\n")
-            return s.recv(16).startswith(b"+PONG")
-    except OSError:
-        return False
+# The server helpers shared with the other Python tests (redis_process.py): a free loopback
+# port, a PING, and a server that dies with the test process.
+from redis_process import _die_with_parent, _free_port, _ping  # noqa: E402
 
 
 @pytest.fixture
