@@ -36,6 +36,9 @@ namespace {
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
+// A bound on a wait that only a hang reaches: far above what a loaded 2-core machine needs.
+constexpr std::chrono::milliseconds kHangGuard = 60s;
+
 constexpr int64_t kPageBytes = 2 * 2 * 4 * 32;        // SmallNamespace: 512
 constexpr size_t kOff = storage::kFilePayloadOffset;  // the payload's place in a page file
 constexpr int64_t kValueBytes = kPageBytes + static_cast<int64_t>(kOff);
@@ -158,7 +161,7 @@ class FileBackendTest : public ::testing::TestWithParam<std::string> {
     return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
   }
 
-  // Waits (up to `limit`) until the file's mtime is after `ns`; whether it came.
+  // Waits (up to `limit`, a hang guard) until the file's mtime is after `ns`; whether it came.
   static bool WaitForMtimeAfter(const std::string& path, int64_t ns,
                                 std::chrono::milliseconds limit) {
     const auto until = std::chrono::steady_clock::now() + limit;
@@ -673,7 +676,7 @@ TEST_P(FileBackendTest, StampsAHitOnlyPastTheGranularity) {
     SetTimes(PathOf(keys[1]), backdated);
     EXPECT_EQ(GetOne(*b, keys[1], in.bytes[1]), PageStatus::kOk);
     // Written behind the read, by the stamper (every 0.5 s).
-    EXPECT_TRUE(WaitForMtimeAfter(PathOf(keys[1]), backdated + 9'000'000'000, 5s));
+    EXPECT_TRUE(WaitForMtimeAfter(PathOf(keys[1]), backdated + 9'000'000'000, kHangGuard));
     // Page 0 hit right after its Set: its stamp stays the one its write gave it.
     const int64_t written = MtimeNs(PathOf(keys[0]));
     EXPECT_GE(written, start);
@@ -750,7 +753,7 @@ TEST_P(FileBackendTest, TheStamperWritesAHitsStampWithinItsPeriod) {
   SetTimes(PathOf(keys[0]), old);
   const int64_t before = NowNs();
   EXPECT_EQ(GetOne(*b, keys[0], in.bytes[0]), PageStatus::kOk);
-  ASSERT_TRUE(WaitForMtimeAfter(PathOf(keys[0]), old, 5s));
+  ASSERT_TRUE(WaitForMtimeAfter(PathOf(keys[0]), old, kHangGuard));
   EXPECT_GE(MtimeNs(PathOf(keys[0])), before);
   EXPECT_EQ(StampCounts(*b).written, 1);
   // A second hit within the granularity of that stamp records nothing.
@@ -867,10 +870,16 @@ TEST_P(FileBackendTest, CloseWhileHitsAndTheStamperRun) {
       }
     });
   }
-  std::this_thread::sleep_for(100ms);
+  // Close once hits have run and the stamper has written (signals, not a sleep: a loaded machine
+  // may take long to get there; the bound is a hang guard).
+  const auto give_up = std::chrono::steady_clock::now() + kHangGuard;
+  while ((hits.load() < 64 || StampCounts(*b).written == 0) &&
+         std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::sleep_for(1ms);
+  }
   b->Close();
   for (auto& t : readers) t.join();
-  EXPECT_GT(hits.load(), 0);
+  EXPECT_GE(hits.load(), 64);
   const storage::testing::FileStampCounts c = StampCounts(*b);
   EXPECT_EQ(c.pending, 0);
   EXPECT_EQ(c.left, 0);
@@ -1115,13 +1124,13 @@ TEST_P(FileBackendTest, ConcurrentCallersSeeWholePages) {
 }
 
 // A cache's write-through backups can queue many Sets; its prefetch Gets must not wait for
-// them. Eight Sets, each held 150 ms by the fault wrapper, are a 600 ms backlog on two I/O
-// threads; a Get submitted after them is taken by the first thread that comes free and completes
-// (after its own 150 ms) while most of the backlog is still waiting.
+// them. Eight Sets are held by the fault wrapper (a slow store: the one its writers' share of two
+// I/O threads allows runs and waits, the rest queue); a Get submitted after them completes while
+// every one of them is still held. No timing: the Sets stay held until the Get has completed.
 TEST_P(FileBackendTest, GetIsServedWhileAFaultDelayedSetBacklogWaits) {
   StorageOptions o;
   o.io_threads = 2;
-  o.timeout = 10s;
+  o.timeout = 60s;  // a bound for a broken build, never reached by a passing one
   auto inner = Open();
   ASSERT_NE(inner, nullptr);
   auto wrapped = FaultInjectingStorage::Wrap(std::move(inner), /*seed=*/1, o);
@@ -1130,7 +1139,7 @@ TEST_P(FileBackendTest, GetIsServedWhileAFaultDelayedSetBacklogWaits) {
   const auto keys = Keys(9);
   Pages pages(9, 31);
   ASSERT_EQ(b.Set({keys[0]}, {pages.buffers[0]}).get().leading_ok(), 1);
-  ASSERT_TRUE(b.SetDelay(150ms).ok());
+  b.HoldWrites(true);
   std::atomic<int> sets_done{0};
   for (size_t i = 1; i < 9; ++i) {
     b.SetAsync({keys[i]}, {pages.buffers[i]}, [&](BatchResult r) {
@@ -1138,12 +1147,20 @@ TEST_P(FileBackendTest, GetIsServedWhileAFaultDelayedSetBacklogWaits) {
       sets_done.fetch_add(1);
     });
   }
+  const auto give_up = std::chrono::steady_clock::now() + kHangGuard;
+  while (b.held_writes() < 1 && std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::sleep_for(1ms);
+  }
+  ASSERT_GE(b.held_writes(), 1);  // the backlog is there: a write runs and waits
   Pages out(1, 0, /*poison=*/true);
-  const BatchResult got = b.Get({keys[0]}, out.buffers).get();
-  const int sets_done_at_get = sets_done.load();
+  auto get = b.Get({keys[0]}, out.buffers);
+  ASSERT_EQ(get.wait_for(kHangGuard), std::future_status::ready)
+      << "the Get waited for the Set backlog";
+  const BatchResult got = get.get();
   ASSERT_EQ(got.leading_ok(), 1) << got.status.ToString();
   EXPECT_EQ(out.bytes[0], pages.bytes[0]);
-  EXPECT_LT(sets_done_at_get, 5) << "the Get waited for the Set backlog";
+  EXPECT_EQ(sets_done.load(), 0);
+  b.HoldWrites(false);
   b.Close();  // drains the backlog
   EXPECT_EQ(sets_done.load(), 8);
 }

@@ -249,11 +249,14 @@ TEST(FileIndexTest, LoadRebuildsChainsAndEvictsTheirTailsFirst) {
   EXPECT_EQ(r.removed, (std::vector<PageKey>{KeyOf(3), KeyOf(2), KeyOf(1)}));
 }
 
-// A writer holding the index while it removes a victim's file: `remove` blocks (at most 1 s)
-// until released, after signalling that it entered.
+// A writer holding the index while it removes a victim's file: `remove` blocks until released,
+// after signalling that it entered; `inside` says it is still blocked. (The 60 s bound is a hang
+// guard for a broken build: a passing test releases it, so nothing depends on the machine's
+// speed; a bound of 1 s could run out on a loaded machine before the test's touches.)
 struct BlockingRemover {
   std::vector<PageKey> removed;  // under the index's mutex
   bool block = false;
+  std::atomic<bool> inside{false};
   std::promise<void> entered;
   std::promise<void> release;
   std::function<void(const PageKey&)> fn() {
@@ -261,8 +264,10 @@ struct BlockingRemover {
       removed.push_back(k);
       if (!block) return;
       block = false;
+      inside = true;
       entered.set_value();
-      release.get_future().wait_for(std::chrono::seconds(1));
+      release.get_future().wait_for(std::chrono::seconds(60));
+      inside = false;
     };
   }
 };
@@ -285,7 +290,7 @@ std::thread PutWhileRemoveBlocks(FileIndex& index, BlockingRemover& r, int64_t* 
   *put3_stamp = index.NextStamp();
   r.block = true;
   std::thread writer([&index, stamp = *put3_stamp] { index.Put(KeyOf(3), 100, stamp); });
-  EXPECT_EQ(r.entered.get_future().wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_EQ(r.entered.get_future().wait_for(std::chrono::seconds(60)), std::future_status::ready);
   return writer;
 }
 
@@ -295,12 +300,12 @@ TEST(FileIndexTest, TouchBehindAWriterIsQueuedNotWaitedForAndAppliedBeforeTheNex
   FileIndex index(300, r.fn(), nullptr, log.fn());
   int64_t put3 = 0;
   std::thread writer = PutWhileRemoveBlocks(index, r, &put3);
-  // The writer holds the index (for up to 1 s): these touches return at once, queued.
-  const auto start = std::chrono::steady_clock::now();
+  // The writer holds the index until released: these touches return, queued, while it still
+  // does (a touch that waited for it would return only after the remover's hang guard).
   EXPECT_EQ(index.Touch(KeyOf(1), 100, std::nullopt, 77), std::nullopt);
   EXPECT_EQ(index.Touch(KeyOf(0), 100), std::nullopt);  // the victim being removed
   EXPECT_EQ(index.Touch(KeyOf(9), 100), std::nullopt);  // unknown here (another process's)
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(100));
+  EXPECT_TRUE(r.inside.load()) << "a touch waited for the writer";
   r.release.set_value();
   writer.join();
   EXPECT_EQ(r.removed, std::vector<PageKey>{KeyOf(0)});

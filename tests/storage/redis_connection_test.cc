@@ -116,7 +116,7 @@ TEST(RedisConnectionTest, ValueLargerThanThePageIsDiscardedAsItStreams) {
     WriteFiller(fd, kHugeValue);
     WriteAll(fd, "\r\n+PONG\r\n");
   });
-  auto connection = RedisConnection::Connect(server.endpoint(), {}, Clock::now() + 2s);
+  auto connection = RedisConnection::Connect(server.endpoint(), {}, Clock::now() + 30s);
   ASSERT_TRUE(connection.ok()) << connection.status().ToString();
   std::vector<std::byte> page(8192, std::byte{0x5a});
   const std::span<std::byte> sink[] = {page};
@@ -139,7 +139,7 @@ TEST(RedisConnectionTest, ValueLargerThanThePageIsDiscardedAsItStreams) {
 
 TEST(RedisConnectionTest, ShorterValueThanTheSinkIsAnOrdinaryReply) {
   HostileServer server([](int fd) { WriteAll(fd, "$5\r\nhello\r\n"); });
-  auto connection = RedisConnection::Connect(server.endpoint(), {}, Clock::now() + 2s);
+  auto connection = RedisConnection::Connect(server.endpoint(), {}, Clock::now() + 30s);
   ASSERT_TRUE(connection.ok());
   std::vector<std::byte> page(8192);
   const std::span<std::byte> sink[] = {page};
@@ -156,7 +156,7 @@ TEST(RedisConnectionTest, EndlessLineFailsTheConnectionWithBoundedMemory) {
     WriteAll(fd, "+");
     WriteFiller(fd, kHugeValue);  // no "\r\n", ever
   });
-  auto connection = RedisConnection::Connect(server.endpoint(), {}, Clock::now() + 2s);
+  auto connection = RedisConnection::Connect(server.endpoint(), {}, Clock::now() + 30s);
   ASSERT_TRUE(connection.ok());
   (*connection)->Append({"PING"});
   const int64_t rss_before = PeakRssBytes();
@@ -172,7 +172,7 @@ TEST(RedisConnectionTest, EndlessLineFailsTheConnectionWithBoundedMemory) {
 TEST(RedisConnectionTest, HugeArrayAndHugeUnsunkValueFailOrAreRefused) {
   {
     HostileServer server([](int fd) { WriteAll(fd, "*2000000000\r\n$1\r\nx\r\n"); });
-    auto connection = RedisConnection::Connect(server.endpoint(), {}, Clock::now() + 2s);
+    auto connection = RedisConnection::Connect(server.endpoint(), {}, Clock::now() + 30s);
     ASSERT_TRUE(connection.ok());
     (*connection)->Append({"CLUSTER", "SLOTS"});
     PipelineRun run = RunOne(**connection);
@@ -186,7 +186,7 @@ TEST(RedisConnectionTest, HugeArrayAndHugeUnsunkValueFailOrAreRefused) {
       WriteFiller(fd, kHugeValue);
       WriteAll(fd, "\r\n");
     });
-    auto connection = RedisConnection::Connect(server.endpoint(), {}, Clock::now() + 2s);
+    auto connection = RedisConnection::Connect(server.endpoint(), {}, Clock::now() + 30s);
     ASSERT_TRUE(connection.ok());
     (*connection)->Append({"GET", "no-sink"});
     const int64_t rss_before = PeakRssBytes();
@@ -199,7 +199,9 @@ TEST(RedisConnectionTest, HugeArrayAndHugeUnsunkValueFailOrAreRefused) {
 }
 
 // Opening a store against a server that accepts connections but never answers (SIGSTOP) takes
-// connect_timeout_ms, not that plus a command timeout.
+// connect_timeout_ms, not that plus a command timeout: the command timeout (60 s) is beyond the
+// hang guard (30 s), so an open that fails within the guard was ended by the connect timeout,
+// however slow the machine.
 TEST(RedisConnectionTest, OpeningAgainstAPausedServerHonoursConnectTimeout) {
   if (std::string why = testing::RedisTestSkipReason(); !why.empty())
     KVTIER_SKIP_MISSING_DEPENDENCY(why);
@@ -212,13 +214,13 @@ TEST(RedisConnectionTest, OpeningAgainstAPausedServerHonoursConnectTimeout) {
   ns.slot_bytes = 64;
   ns.page_size = 16;
   StorageOptions options;
-  options.timeout = 3000ms;
+  options.timeout = 60s;
   const auto start = Clock::now();
   auto opened = OpenStorage("redis://" + server.address() + "?connect_timeout_ms=300", ns, options);
   const auto took = Clock::now() - start;
   server.Resume();
   EXPECT_FALSE(opened.ok());
-  EXPECT_LT(took, 800ms) << std::chrono::duration<double>(took).count() << " s";
+  EXPECT_LT(took, 30s) << std::chrono::duration<double>(took).count() << " s";
 }
 
 }  // namespace

@@ -39,6 +39,12 @@
 
 namespace kvtier::testing {
 
+// Hang guards of the test fixtures' own waits (a server starting, an administration command, a
+// cluster agreeing on its slots): far above what a loaded 2-core machine needs, never reached
+// by a passing run, so no result depends on the machine's speed.
+inline constexpr std::chrono::seconds kRedisStartGuard{60};
+inline constexpr std::chrono::seconds kRedisAdminGuard{30};
+
 using namespace std::chrono_literals;
 
 // Empty when the redis-server and redis-cli binaries are found on PATH, else why not.
@@ -129,7 +135,7 @@ inline storage::RedisReplyPtr RedisCommand(const storage::RedisEndpoint& endpoin
                                            std::initializer_list<std::string_view> args,
                                            std::string* error = nullptr,
                                            const storage::RedisAuth& auth = {}) {
-  const auto deadline = std::chrono::steady_clock::now() + 2s;
+  const auto deadline = std::chrono::steady_clock::now() + kRedisAdminGuard;
   auto connection = storage::RedisConnection::Connect(endpoint, auth, deadline);
   if (!connection.ok()) {
     if (error != nullptr) *error = connection.status().ToString();
@@ -198,7 +204,7 @@ class RedisTestServer {
     argv.insert(argv.end(), extra_args_.begin(), extra_args_.end());
     pid_ = SpawnProcess(argv, dir_ + "/stdout.log");
     if (pid_ < 0) return "fork failed";
-    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    const auto deadline = std::chrono::steady_clock::now() + kRedisStartGuard;
     while (std::chrono::steady_clock::now() < deadline) {
       int status = 0;
       if (::waitpid(pid_, &status, WNOHANG) == pid_) {
@@ -211,7 +217,8 @@ class RedisTestServer {
       std::this_thread::sleep_for(20ms);
     }
     Kill();
-    return "redis-server did not answer within 10 s: " + ReadTextFile(dir_ + "/redis.log");
+    return "redis-server did not answer within " + std::to_string(kRedisStartGuard.count()) +
+           " s: " + ReadTextFile(dir_ + "/redis.log");
   }
 
   // SIGKILL to the process group; waits for it. No-op when not running.
@@ -258,16 +265,17 @@ class RedisTestCluster {
     for (const auto& node : nodes_) argv.push_back(node->address());
     for (const char* a : {"--cluster-replicas", "0", "--cluster-yes"}) argv.emplace_back(a);
     const std::string log = nodes_.front()->dir() + "/create.log";
-    if (const int code = RunProcess(argv, log, 30s); code != 0) {
+    if (const int code = RunProcess(argv, log, kRedisStartGuard); code != 0) {
       return "redis-cli --cluster create failed (" + std::to_string(code) +
              "): " + ReadTextFile(log);
     }
     return WaitUntilHealthy();
   }
 
-  // Waits (10 s at most) until every running node says cluster_state:ok with every slot served.
+  // Waits (kRedisStartGuard at most) until every running node says cluster_state:ok with every
+  // slot served.
   std::string WaitUntilHealthy() {
-    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    const auto deadline = std::chrono::steady_clock::now() + kRedisStartGuard;
     std::string last;
     while (std::chrono::steady_clock::now() < deadline) {
       bool all_ok = true;
@@ -284,7 +292,8 @@ class RedisTestCluster {
       if (all_ok) return "";
       std::this_thread::sleep_for(50ms);
     }
-    return "the cluster did not become healthy within 10 s: " + last;
+    return "the cluster did not become healthy within " + std::to_string(kRedisStartGuard.count()) +
+           " s: " + last;
   }
 
   RedisTestServer& node(int i) { return *nodes_[static_cast<size_t>(i)]; }
