@@ -219,10 +219,10 @@ TEST(StorageBackendTest, FullQueueRejectsWithUnavailableWithoutBlocking) {
   b->SetAsync({KeyOf(2)}, {PageBuffer::Of(page)}, count);  // queued
   b->SetAsync({KeyOf(4)}, {PageBuffer::Of(page)}, count);  // queued: the write queue is full
   EXPECT_EQ(b->Stats().queued_batches, 2);
-  const auto t0 = Clock::now();
+  // Without blocking: the future is ready when the call returns (the gate holds the only I/O
+  // thread, so nothing else could have completed it); no wall-clock bound needed.
   auto rejected = b->Set({KeyOf(6)}, {PageBuffer::Of(page)});
   ASSERT_EQ(rejected.wait_for(0s), std::future_status::ready);  // completed in the call
-  EXPECT_LT(Clock::now() - t0, 100ms);
   const BatchResult r = rejected.get();
   EXPECT_TRUE(r.status.IsUnavailable());
   EXPECT_NE(r.status.message().find("write queue full"), std::string::npos);
