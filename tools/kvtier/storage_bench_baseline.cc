@@ -15,7 +15,6 @@
 #include <thread>
 
 #include "kvtier/storage.h"
-#include "kvtier/storage_schemes.h"
 #include "redis_baseline.h"
 #include "replay_ceiling.h"
 
@@ -260,16 +259,10 @@ Result<Baseline> RedisBenchmarkBaseline(const std::string& url, int64_t pages, i
 
 }  // namespace
 
-// The platform baselines of a scheme for the same pages: the first is the one the backend is
-// measured against, any others are shown beside it; none where the scheme has no baseline.
-// `file_dir`: the file baseline's directory (file:// only); `key_space`: the keys of a
-// RedisKeySpace that exists (redis:// only; 0: none).
-Result<std::vector<Baseline>> RunBaselines(const std::string& scheme, const std::string& file_dir,
+Result<std::vector<Baseline>> RunBaselines(StorageBaseline kind, const std::string& file_dir,
                                            const PageSet& src, PageSet& dst, int64_t key_space,
                                            const StorageBenchOptions& o) {
   std::vector<Baseline> baselines;
-  const StorageScheme* row = FindStorageScheme(scheme);
-  const StorageBaseline kind = row == nullptr ? StorageBaseline::kNone : row->baseline;
   if (kind == StorageBaseline::kFiles) {
     // N threads first (the reference), one thread beside it.
     // A direct store (direct=1) is measured against O_DIRECT reads and writes.
