@@ -261,6 +261,11 @@ Result<std::vector<RedisBaselineRow>> RunRedisBenchmark(std::string_view url,
   return rows;
 }
 
+bool RedisKeySpace::Fits(std::string_view url) {
+  Result<testing::RedisServer> parsed = testing::ParseRedisServer(url);
+  return parsed.ok() && !parsed->cluster;
+}
+
 #if KVTIER_HAVE_HIREDIS
 struct RedisKeySpace::Client {
   std::string url;

@@ -45,6 +45,9 @@ struct RedisBaselineRow {
 // with values of one size; Delete() (or the destructor, best effort) removes it.
 class RedisKeySpace {
  public:
+  // Whether `url` can hold one: a valid URL of one server, not of a cluster (redis-benchmark
+  // names a cluster's keys itself).
+  static bool Fits(std::string_view url);
   // Unavailable when the server cannot be reached or a SET fails; InvalidArgument for a bad or
   // a cluster URL.
   static Result<std::unique_ptr<RedisKeySpace>> Fill(std::string_view url, int64_t keys,

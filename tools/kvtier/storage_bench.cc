@@ -26,6 +26,7 @@
 #include "bench.h"
 #include "kvtier/page_key.h"
 #include "kvtier/storage.h"
+#include "kvtier/storage_schemes.h"
 #include "redis_baseline.h"
 #include "replay_ceiling.h"
 #include "storage_bench_baseline.h"
@@ -203,10 +204,12 @@ Status RunPass(StorageBackend& backend, bool set, const std::vector<PageKey>& ke
 }
 
 // One kind's rounds: Set, Exists and Get of `keys`, then (with `write_keys`) the Get of `keys`
-// again while `write_keys` are Set.
+// again while `write_keys` are Set. `before_writes` (when set) runs before each pass that writes,
+// outside its time (the write ceiling's conditions: WriteBackDirtyPages).
 Result<KindResult> RunKind(StorageBackend& backend, const std::vector<PageKey>& keys,
                            const std::vector<PageKey>& write_keys, const PageSet& src, PageSet& dst,
-                           const StorageBenchOptions& o) {
+                           const StorageBenchOptions& o,
+                           const std::function<void()>& before_writes = nullptr) {
   KindResult r;
   auto fail = [&](std::string note) {
     r.check_ok = false;
@@ -214,6 +217,7 @@ Result<KindResult> RunKind(StorageBackend& backend, const std::vector<PageKey>& 
   };
   const int64_t n = src.count;
   for (int round = 0; round < o.repeats; ++round) {
+    if (before_writes) before_writes();
     KVTIER_RETURN_IF_ERROR(RunPass(backend, /*set=*/true, keys, src, dst, o, r.set, fail));
 
     // Exists of every page, in calls of at most the backend's max_batch_pages (a kind of more
@@ -243,6 +247,7 @@ Result<KindResult> RunKind(StorageBackend& backend, const std::vector<PageKey>& 
     // `write_keys` (pages the store does not hold, or replaces) on another thread.
     if (!write_keys.empty()) {
       dst.Poison();
+      if (before_writes) before_writes();
       Status set_status;
       std::thread writer([&] {
         set_status = RunPass(backend, /*set=*/true, write_keys, src, dst, o, r.set_under_get, fail);
@@ -410,7 +415,7 @@ struct KindRounds {
 
 // The rounds of one page kind: the backend's and the baselines' interleaved, so both see the same
 // machine. `file_dir` / `key_space`: the baselines' (empty / null: none).
-void RunRounds(const StorageBenchOptions& o, const std::string& scheme, const PageKind& kind,
+void RunRounds(const StorageBenchOptions& o, StorageBaseline baseline, const PageKind& kind,
                StorageBackend& backend, const std::vector<PageKey>& keys,
                const std::vector<PageKey>& write_keys, const PageSet& src, PageSet& dst,
                const std::string& file_dir, const RedisKeySpace* key_space, KindRounds* k) {
@@ -419,8 +424,12 @@ void RunRounds(const StorageBenchOptions& o, const std::string& scheme, const Pa
   Result<KindResult>& result = k->result;
   std::vector<Baseline>& baselines = k->baselines;
   // One round of the backend; false when it failed (result holds why).
+  // A file store's writes start as the file baseline's do: with earlier passes' dirty pages
+  // written back (WriteBackDirtyPages on the file system both use).
+  std::function<void()> write_back;
+  if (!file_dir.empty()) write_back = [&file_dir] { (void)WriteBackDirtyPages(file_dir); };
   auto run_backend = [&]() -> bool {
-    auto r = RunKind(backend, keys, write_keys, src, dst, one_round);
+    auto r = RunKind(backend, keys, write_keys, src, dst, one_round, write_back);
     if (!r.ok()) {
       result = r.status();
       return false;
@@ -437,7 +446,8 @@ void RunRounds(const StorageBenchOptions& o, const std::string& scheme, const Pa
     return true;
   };
   auto run_baselines = [&] {
-    auto b = RunBaselines(scheme, file_dir, src, dst, key_space ? key_space->keys() : 0, one_round);
+    auto b =
+        RunBaselines(baseline, file_dir, src, dst, key_space ? key_space->keys() : 0, one_round);
     if (!b.ok()) {
       std::fprintf(stderr, "kvtier bench: %s baseline (not counted; kvtier's rows stand): %s\n",
                    kind.name, b.status().ToString().c_str());
@@ -532,8 +542,8 @@ void PrintSummaries(std::FILE* out, const std::vector<KindSummary>& summaries, i
     if (m.write_ceiling_gbps > 0) {
       std::fprintf(out,
                    "%-7s write ceiling %.2f GB/s (%s: open+pwrite+close+rename of page files laid "
-                   "out as the store's); Set %.2f GB/s = %.0f %%, Set under reads %.2f GB/s = "
-                   "%.0f %%\n",
+                   "out as the store's, same durability, each write pass after syncfs as the "
+                   "store's); Set %.2f GB/s = %.0f %%, Set under reads %.2f GB/s = %.0f %%\n",
                    m.kind.c_str(), m.write_ceiling_gbps, m.ceiling.c_str(), m.set_gbps,
                    Ratio(m.set_gbps, m.write_ceiling_gbps), m.set_under_get_gbps,
                    Ratio(m.set_under_get_gbps, m.write_ceiling_gbps));
@@ -591,7 +601,7 @@ int RedisInFlight(int64_t batch_bytes) {
 }
 
 int BenchKind(const StorageBenchOptions& options, const StorageOptions& so,
-              const std::string& scheme, const std::string& rest, uint64_t run_id,
+              const StorageScheme* scheme, const std::string& store_dir, uint64_t run_id,
               const std::string& kind_name, std::vector<StorageRow>* rows,
               std::vector<KindSummary>* summaries, int* exit_code) {
   const PageKind& kind = KindNamed(kind_name);
@@ -601,7 +611,7 @@ int BenchKind(const StorageBenchOptions& options, const StorageOptions& so,
     std::fprintf(stderr, "kvtier bench: %s\n", opened.status().ToString().c_str());
     return opened.status().IsInvalidArgument() ? 2 : 1;
   }
-  StorageBackend& backend = **opened;
+  StorageBackend& backend = **opened;  // so `scheme` is a row of the table
   const int64_t page_bytes = backend.ns().page_bytes();
   const int64_t n = std::max<int64_t>(2, *ParseByteSize(o.bytes_per_kind) / page_bytes);
   if (o.batch_pages == 0) o.batch_pages = RedisBatchPages(page_bytes);            // redis only
@@ -619,8 +629,8 @@ int BenchKind(const StorageBenchOptions& options, const StorageOptions& so,
   KindRounds k;
   std::unique_ptr<RedisKeySpace> key_space;
   std::string file_dir;  // the file baseline's, for all rounds of the kind
-  if (o.baseline && !FileUrlDirectory(o.url).empty()) {
-    file_dir = fmt::format("{}/kvtier-bench-baseline-{}-{}", rest, kind.name, ::getpid());
+  if (o.baseline && !store_dir.empty()) {
+    file_dir = fmt::format("{}/kvtier-bench-baseline-{}-{}", store_dir, kind.name, ::getpid());
     std::error_code ec;
     std::filesystem::create_directories(file_dir, ec);
     if (ec) {
@@ -629,7 +639,8 @@ int BenchKind(const StorageBenchOptions& options, const StorageOptions& so,
       return 1;
     }
   }
-  if (o.baseline && scheme == "redis") {
+  if (o.baseline && scheme->baseline == StorageBaseline::kRedisBenchmark &&
+      RedisKeySpace::Fits(o.url)) {
     auto filled = RedisKeySpace::Fill(o.url, n, page_bytes + kStoredPageHeaderBytes);
     if (!filled.ok()) {
       k.baseline_failure = "key space: " + filled.status().message();
@@ -639,7 +650,8 @@ int BenchKind(const StorageBenchOptions& options, const StorageOptions& so,
       key_space = std::move(*filled);
     }
   }
-  RunRounds(o, scheme, kind, backend, keys, write_keys, src, dst, file_dir, key_space.get(), &k);
+  RunRounds(o, scheme->baseline, kind, backend, keys, write_keys, src, dst, file_dir,
+            key_space.get(), &k);
   if (!file_dir.empty()) {
     std::error_code ec;
     std::filesystem::remove_all(file_dir, ec);
@@ -721,21 +733,23 @@ int RunStorageBench(const StorageBenchOptions& options, const std::string& comma
     std::fprintf(stderr, "kvtier bench: %s\n", s.ToString().c_str());
     return 2;
   }
-  const size_t sep = o.url.find("://");
-  const std::string scheme = sep == std::string::npos ? "" : o.url.substr(0, sep);
-  std::string rest = sep == std::string::npos ? "" : o.url.substr(sep + 3);
-  rest = rest.substr(0, rest.find('?'));
+  // Null for a URL without a known scheme: OpenStorage (BenchKind) then says what is wrong.
+  const StorageScheme* scheme = FindStorageScheme(StorageUrlScheme(o.url));
+  // A store of plain files (its baseline's directory, emptied of the bench's namespaces at the
+  // end): "file:///dir?..." -> "/dir"; "" for other schemes.
+  const std::string store_dir = FileUrlDirectory(o.url);
   const uint64_t run_id = static_cast<uint64_t>(::getpid()) << 20 ^
                           static_cast<uint64_t>(Clock::now().time_since_epoch().count());
   std::vector<StorageRow> rows;
   std::vector<KindSummary> summaries;
   int exit_code = 0;
   if (o.io_threads == 0) o.io_threads = DefaultIoThreads();
-  // Redis: by bytes per call and in flight, per kind (BenchKind); file and memory stores: batches
-  // of 64 pages (a streamed prefetch's of 8,192 tokens at page 16), in flight as follows.
-  const bool redis = scheme == "redis" || scheme == "redis+cluster";
-  if (o.batch_pages == 0 && !redis) o.batch_pages = 64;
-  if (o.in_flight == 0 && !redis) {
+  // A store on servers (a URL of hosts: redis, redis+cluster): by bytes per call and in flight,
+  // per kind (BenchKind); local stores (file, memory): batches of 64 pages (a streamed prefetch's
+  // of 8,192 tokens at page 16), in flight as follows.
+  const bool on_servers = scheme != nullptr && scheme->form == StorageUrlForm::kHosts;
+  if (o.batch_pages == 0 && !on_servers) o.batch_pages = 64;
+  if (o.in_flight == 0 && !on_servers) {
     // A prefetch queues all its batches at once, a streamed one at least eight (prefetcher.cc);
     // the bench keeps eight calls in flight, or more where that leaves an I/O thread fewer than
     // four pages, so that a thread that finishes a page does not find the queue empty while the
@@ -754,7 +768,8 @@ int RunStorageBench(const StorageBenchOptions& options, const std::string& comma
   so.max_queued_batches = std::max(so.max_queued_batches, o.in_flight);  // redis: 8 at most
 
   for (const std::string& kind_name : o.kinds) {
-    if (int stop = BenchKind(o, so, scheme, rest, run_id, kind_name, &rows, &summaries, &exit_code);
+    if (int stop =
+            BenchKind(o, so, scheme, store_dir, run_id, kind_name, &rows, &summaries, &exit_code);
         stop) {
       return stop;
     }
@@ -776,13 +791,13 @@ int RunStorageBench(const StorageBenchOptions& options, const std::string& comma
       rows.push_back(row);
     }
   }
-  if (!FileUrlDirectory(o.url).empty()) {  // every backend of the run is closed by now
+  if (!store_dir.empty()) {  // every backend of the run is closed by now
     for (const std::string& kind_name : o.kinds) {
       const std::string ns_name = NamespaceOf(KindNamed(kind_name)).Name();
-      RemoveEmptyDirectories(std::filesystem::path(rest) / ns_name);
+      RemoveEmptyDirectories(std::filesystem::path(store_dir) / ns_name);
     }
     if (o.exists_keys > 0) {
-      RemoveEmptyDirectories(std::filesystem::path(rest) / NamespaceOf(kExistsKind).Name());
+      RemoveEmptyDirectories(std::filesystem::path(store_dir) / NamespaceOf(kExistsKind).Name());
     }
   }
   PrintRows(stdout, rows);
