@@ -133,7 +133,9 @@ def kill_the_leader(kvtier, at):
     not serve on as an orphan, and nothing of the run may stay: no segment of its group in
     /dev/shm, nothing in its TMPDIR (the passes' file stores). Every descendant is waited for
     (this process reaps the orphans), bounded by a hang guard. Returns a failure text or None."""
-    requests = "1000" if at == "attached" else "200"  # attached: still serving when killed
+    # The TP=1 pass comes first; at "attached" the TP=2 pass of 300 requests has seconds to go
+    # when the kill lands (the test reacts to the line at once).
+    requests = "300" if at == "attached" else "100"
     cmd = [kvtier, "replay", "--tp", "2", "--model", "qwen2.5-0.5b", "--device", "cpu",
            "--workload", "chat", "--requests", requests, "--page-size", "16",
            "--device-tokens", "2048", "--host-tokens", "16384", "--storage", "file",
