@@ -172,6 +172,11 @@ bool BackupPlanner::Store(RadixNode* node, CacheWork* work, bool* deferred) {
   for (RadixNode* n : path) pages += n->num_tokens() / core_.P;
   const int64_t page_bytes = core_.PageBytes();
   const int64_t queue_pages = core_.config.storage.max_backup_queue_pages;
+  if (queue_pages <= 0) {  // no store queue: nothing is ever written (not a choice of admission)
+    core_.counters.storage_backup_dropped_tokens += pages * core_.P;
+    ++core_.counters.storage_queue_drops;
+    return false;
+  }
   // Admission, page by page from the head: the first page refused ends the store. Room: the
   // queue takes the store now (what does not fit follows as it lands: StoreBelow, asking again),
   // or the backlog holds it whole.
