@@ -14,11 +14,14 @@
 #            against the oracle, hits lost, write time-outs, hierarchy / ideal. --json per run.
 #            Then sequential write_through again with 16 I/O threads (twice the writers).
 #   admission  the same replay under write_through, once per storage admission policy
-#            (ADMISSION, default "all hits frequency": --admission-policy, threshold 2, the
-#            cache's default backlog) and mode (MODES, default "seq conc2"); REPLAY_SIZE
-#            defaults to "--warmup 30 --requests 60" here (6 runs of 90 requests: ~4 min on the
-#            H100 at the issue's ~1.2 s a request; --requests 300 per run is ~6 min each). The
-#            summary line per run: storage hit rate against the oracle, drops by reason.
+#            (ADMISSION, default "all frequency": --admission-policy, threshold 2, the cache's
+#            default backlog; "all" with --admission-backlog-bytes 0 is the old queue-order
+#            drop: ADMISSION_FLAGS) and mode (MODES, default "seq conc2"); REPLAY_SIZE defaults
+#            to "--warmup 10 --requests 30" here: 4 runs of 40 requests, ~3-4 min on the H100 at
+#            the 1-1.6 s a request (300 requests took 5-8 min). The issue's >= 300
+#            requests is one call per run: ADMISSION=frequency MODES=seq
+#            REPLAY_SIZE="--warmup 100 --requests 300" (~6-9 min). The summary line per run: hit
+#            rate, storage hit rate against the oracle, drops by reason.
 #
 # Usage: scripts/gpu_storage_writes.sh [bench|replay|admission|all]   (default all: bench and
 # replay)
@@ -62,7 +65,7 @@ if [[ $what == replay || $what == all || $what == admission ]]; then
   # REPLAY_SIZE="--warmup 5 --requests 20" REPLAY_DECODE=20 (ms a token; the GPU measures it).
   E=${REPLAY_ENGINE:-"--device gpu --compute gemm --model llama3-8b"}
   if [[ $what == admission ]]; then
-    Z=${REPLAY_SIZE:-"--warmup 30 --requests 60"}
+    Z=${REPLAY_SIZE:-"--warmup 10 --requests 30"}
   else
     Z=${REPLAY_SIZE:-"--warmup 100 --requests 300"}
   fi
@@ -73,12 +76,12 @@ if [[ $what == replay || $what == all || $what == admission ]]; then
   if [[ $what == admission ]]; then
     for mode in ${MODES:-seq conc2}; do
       if [[ $mode == seq ]]; then M="--sequential"; else M="--concurrency 2 --decode-ms-per-token ${REPLAY_DECODE:-measure}"; fi
-      for adm in ${ADMISSION:-all hits frequency}; do
+      for adm in ${ADMISSION:-all frequency}; do
         stamp "== replay $mode write_through, admission $adm"
         rm -rf "$STORE_DIR/kvtier-storage-writes-replay"
         # shellcheck disable=SC2086
         "$KVTIER" replay $C $L $M --hicache-write-policy write_through --admission-policy $adm \
-          --admission-threshold 2 --json "$OUT/replay-$mode-admission-$adm.json" 2>&1 |
+          --admission-threshold 2 ${ADMISSION_FLAGS:-} --json "$OUT/replay-$mode-admission-$adm.json" 2>&1 |
           tee "$OUT/replay-$mode-admission-$adm.log"
         [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
       done
