@@ -271,25 +271,26 @@ Result<std::vector<Baseline>> RunBaselines(StorageBaseline kind, const std::stri
                         o.url.find("direct=true") != std::string::npos;
     const bool sync =
         o.url.find("fsync=1") != std::string::npos || o.url.find("fsync=true") != std::string::npos;
-    for (int threads : {o.io_threads, 1}) {
+    for (int threads : {o.storage.io_threads, 1}) {
       KVTIER_ASSIGN_OR_RETURN(Baseline b, FileBaseline(file_dir, src, dst, o.batch_pages, o.repeats,
                                                        threads, direct, sync));
       baselines.push_back(std::move(b));
-      if (o.io_threads == 1) break;
+      if (o.storage.io_threads == 1) break;
     }
     // Beside them: the N threads' reads checked as the file store checks them (what a checked
     // read can reach here), and their reads from the disk (the files dropped from the page
     // cache: context for a store the page cache cannot hold); never the reference.
     if (!direct) {
-      KVTIER_ASSIGN_OR_RETURN(
-          Baseline b, FileBaseline(file_dir, src, dst, o.batch_pages, o.repeats, o.io_threads,
-                                   /*direct=*/false, sync, /*cold=*/false,
-                                   /*checked=*/true));
+      KVTIER_ASSIGN_OR_RETURN(Baseline b, FileBaseline(file_dir, src, dst, o.batch_pages, o.repeats,
+                                                       o.storage.io_threads,
+                                                       /*direct=*/false, sync, /*cold=*/false,
+                                                       /*checked=*/true));
       baselines.push_back(std::move(b));
     }
     if (!direct) {
       Result<Baseline> cold = FileBaseline(file_dir, src, dst, o.batch_pages, o.repeats,
-                                           o.io_threads, /*direct=*/false, sync, /*cold=*/true);
+                                           o.storage.io_threads, /*direct=*/false, sync,
+                                           /*cold=*/true);
       if (cold.ok()) {
         baselines.push_back(std::move(*cold));
       } else {
