@@ -140,6 +140,41 @@ enum class CacheTier : uint8_t { kDevice = 0, kHost = 1, kStorage = 2 };
 // "device", "host", "storage".
 const char* CacheTierName(CacheTier tier);
 
+// Which host pages go on to storage (storage admission, issue 40): a page is worth a write only
+// if it will be read again. Whatever the write policy offers (write_through and
+// write_through_selective: what their backups landed; write_back: what host eviction would drop),
+// admission decides, page by page from the first unstored page of the path on; the first page it
+// refuses ends the write (a stored page is only reachable after its whole prefix).
+//   all        every page (the write policy alone decides);
+//   hits       pages of nodes whose hit count (inserts and matches touching them, as
+//              write_through_selective counts) is at least `threshold`;
+//   frequency  pages whose access count in a small count-min sketch (TinyLFU's: 4 rows of
+//              `sketch_counters` 4-bit counters, halved every 10 x sketch_counters accesses, so
+//              it forgets) is at least `threshold`, or any page while the write backlog has room.
+//              An access is a page of a Match's matched prefix or a page Insert added; the sketch
+//              remembers pages long after every tier dropped them.
+// Writes wait in a backlog of at most `backlog_bytes` before they reach the store (at most
+// max_backup_queue_pages pages of writes are with the store at once). When it is full, the writes
+// least likely to be reused (the lowest estimate: hit count for all / hits, sketch count for
+// frequency) are dropped, the newcomer included, not the newest by queue order. Every page not
+// written is counted under one reason (CacheStats: backlog full, admission refused, queue full,
+// timed out, failed, store refused). A path refused or dropped is offered again by the next Match
+// that hits it in host memory.
+enum class StorageAdmission : uint8_t { kAll = 0, kHits = 1, kFrequency = 2 };
+// "all", "hits", "frequency".
+const char* StorageAdmissionName(StorageAdmission admission);
+Result<StorageAdmission> ParseStorageAdmission(std::string_view name);
+
+struct StorageAdmissionConfig {
+  StorageAdmission policy = StorageAdmission::kFrequency;
+  int64_t threshold = 2;                     // hits / frequency: the count a page needs
+  int64_t sketch_counters = 1 << 16;         // frequency: counters per sketch row (a power of two)
+  int64_t backlog_bytes = int64_t{1} << 30;  // writes waiting for the store; 0: none wait
+};
+// Its fields (policy, threshold, sketch_counters, backlog_bytes); in the cache's schema as
+// admission_*.
+const ConfigSchema<StorageAdmissionConfig>& StorageAdmissionConfigSchema();
+
 // Reported for every run of pages that leaves a tier (after the cache's lock is released).
 // kStorage: the tree forgot pages it knew to be in storage (the bytes may still be there).
 struct EvictionEvent {
@@ -194,6 +229,8 @@ struct StorageTierConfig {
   // Pages per Set batch; fewer where pages are large: a batch is sized to be written within the
   // backend's per-call timeout at 128 MB/s (cache/backup_planner.h).
   int64_t max_backup_batch_pages = 256;
+  // Which pages are written to storage and how many writes wait (StorageAdmission above).
+  StorageAdmissionConfig admission;
 
   bool enabled() const { return backend != nullptr || !url.empty(); }
   // When enabled: the storage fields of HierarchicalCacheConfigSchema within their bounds and
@@ -479,7 +516,9 @@ struct CacheStats {
   int64_t live_pins = 0;
   int64_t backup_inflight_tokens = 0;          // device -> host copies running
   int64_t storage_backup_inflight_tokens = 0;  // host -> storage writes queued or running
-  int64_t prefetch_inflight_tokens = 0;        // storage -> host reads running
+  int64_t storage_backlog_tokens = 0;          // ... of which waiting in the write backlog
+  int64_t storage_backlog_bytes = 0;
+  int64_t prefetch_inflight_tokens = 0;  // storage -> host reads running
 
   // Matching (cached_tokens_total{cache_source=device|host|storage}).
   int64_t match_calls = 0;
@@ -525,18 +564,24 @@ struct CacheStats {
   int64_t backup_bytes = 0;
   double backup_seconds = 0;      // submission to completion, summed over copies
   int64_t write_back_tokens = 0;  // copied to host on device eviction (write_back)
-  // Host -> storage. Every page of a store ends under exactly one of written (tokens), present,
-  // queue_full (dropped), capacity or failed; `policy` counts device pages that left the cache
-  // never copied because the write policy did not ask (write_through_selective below its
-  // threshold). A page skipped once may be written by a later store (counted again there).
+  // Host -> storage. Every page offered to storage ends under exactly one of written (tokens),
+  // present, refused (admission), backlog (dropped from a full backlog), queue_full (dropped),
+  // capacity, timed_out or failed; `policy` counts device pages that left the cache never copied
+  // because the write policy did not ask (write_through_selective below its threshold). A page
+  // skipped once may be offered again later (counted again there).
   int64_t storage_backup_tokens = 0;          // completed host -> storage writes
-  int64_t storage_backup_failed_tokens = 0;   // not written: the write failed or timed out
+  int64_t storage_backup_failed_tokens = 0;   // not written: the write failed (not timed out)
   int64_t storage_backup_present_tokens = 0;  // not written: storage already held them
   // Not written: the cache's bounded backup queue (max_backup_queue_pages) or the backend's
   // write queue was full.
   int64_t storage_backup_dropped_tokens = 0;
-  int64_t storage_backup_capacity_tokens = 0;  // not written: the store had no room (kNoSpace)
-  int64_t storage_backup_policy_tokens = 0;    // dropped from the device, never copied (policy)
+  // Not written: the write backlog (admission.backlog_bytes) was full and these writes were the
+  // least likely to be reused.
+  int64_t storage_backup_backlog_tokens = 0;
+  int64_t storage_backup_refused_tokens = 0;    // not written: admission refused (StorageAdmission)
+  int64_t storage_backup_timed_out_tokens = 0;  // not written: the write timed out
+  int64_t storage_backup_capacity_tokens = 0;   // not written: the store had no room (kNoSpace)
+  int64_t storage_backup_policy_tokens = 0;     // dropped from the device, never copied (policy)
   // Pages a store wrote past one of its pages that did not make it (unreachable: removed again).
   int64_t storage_stranded_removed_pages = 0;
   // Stores held back until a removal of one of their pages (stranded or corrupt) completed.

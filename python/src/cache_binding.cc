@@ -361,6 +361,8 @@ py::dict StatsDict(const CacheStats& s) {
   KVTIER_STAT_(live_handles);
   KVTIER_STAT_(backup_inflight_tokens);
   KVTIER_STAT_(storage_backup_inflight_tokens);
+  KVTIER_STAT_(storage_backlog_tokens);
+  KVTIER_STAT_(storage_backlog_bytes);
   KVTIER_STAT_(prefetch_inflight_tokens);
   KVTIER_STAT_(match_calls);
   KVTIER_STAT_(match_query_tokens);
@@ -398,6 +400,9 @@ py::dict StatsDict(const CacheStats& s) {
   KVTIER_STAT_(storage_backup_failed_tokens);
   KVTIER_STAT_(storage_backup_present_tokens);
   KVTIER_STAT_(storage_backup_dropped_tokens);
+  KVTIER_STAT_(storage_backup_backlog_tokens);
+  KVTIER_STAT_(storage_backup_refused_tokens);
+  KVTIER_STAT_(storage_backup_timed_out_tokens);
   KVTIER_STAT_(storage_backup_capacity_tokens);
   KVTIER_STAT_(storage_backup_policy_tokens);
   KVTIER_STAT_(storage_stranded_removed_pages);

@@ -168,23 +168,74 @@ bool BackupPlanner::Store(RadixNode* node, CacheWork* work, bool* deferred) {
   }
   if (path.empty()) return false;
   std::reverse(path.begin(), path.end());
-  int64_t tokens = 0;
-  for (RadixNode* n : path) tokens += n->num_tokens();
-  int64_t pages = tokens / core_.P;
-  const int64_t room = StoreQueueRoom();
-  if (room <= 0) {  // the bounded queue is full: the store is skipped
-    core_.counters.storage_backup_dropped_tokens += tokens;
-    ++core_.counters.storage_queue_drops;
-    return false;
+  int64_t pages = 0;
+  for (RadixNode* n : path) pages += n->num_tokens() / core_.P;
+  const int64_t page_bytes = core_.PageBytes();
+  const int64_t queue_pages = core_.config.storage.max_backup_queue_pages;
+  // Admission, page by page from the head: the first page refused ends the store.
+  const bool room = StoreQueueRoom() >= pages || backlog_.free_bytes() >= pages * page_bytes;
+  int64_t admitted = 0, head_estimate = 0;
+  bool refused = false;
+  for (RadixNode* n : path) {
+    const size_t np = static_cast<size_t>(n->num_tokens() / core_.P);
+    for (size_t i = 0; i < np && !refused; ++i) {
+      const int64_t estimate = admission_->Estimate(*n, i);
+      if (admitted == 0) head_estimate = estimate;
+      if (admission_->Admits(estimate, room)) {
+        ++admitted;
+      } else {
+        refused = true;
+      }
+    }
+    if (refused) break;
   }
-  if (pages > room) {  // the leading pages now; the rest when they are stored (StoreBelow)
-    EndPathAt(&path, room);
-    pages = room;
-    tokens = room * core_.P;
+  core_.counters.storage_backup_refused_tokens += (pages - admitted) * core_.P;
+  if (admitted == 0) return false;
+  const int64_t queue_room = StoreQueueRoom();
+  const bool to_queue = backlog_.empty() && queue_room > 0;
+  int64_t keep = admitted;
+  if (to_queue) {
+    keep = std::min(keep, queue_room);  // the rest when these are stored (StoreBelow)
+  } else {
+    keep = std::min({keep, queue_pages, backlog_.capacity_bytes() / page_bytes});
+    std::vector<std::shared_ptr<CopyOp>> victims;
+    if (keep <= 0 || !backlog_.MakeRoom(keep * page_bytes, head_estimate, &victims)) {
+      // The queue is full and the backlog (if any) keeps stores likelier to be reused.
+      if (backlog_.capacity_bytes() >= page_bytes) {
+        core_.counters.storage_backup_backlog_tokens += admitted * core_.P;
+      } else {
+        core_.counters.storage_backup_dropped_tokens += admitted * core_.P;
+        ++core_.counters.storage_queue_drops;
+      }
+      return false;
+    }
+    for (const std::shared_ptr<CopyOp>& v : victims) {  // reaped (ReapStore) by the next call
+      v->backlogged = false;
+      v->backlog_dropped = true;
+      core_.tracker.Complete(*v, Status::OK());
+    }
   }
+  if (keep < pages) {
+    EndPathAt(&path, keep);
+    pages = keep;
+  }
+  std::shared_ptr<CopyOp> op = MakeStore(path, pages);
+  op->reuse_estimate = head_estimate;
+  if (to_queue) {
+    core_.store_queue_pages += pages;
+    core_.SubmitStore(std::move(op), work);  // held back while a removal of one of its keys runs
+  } else {
+    op->backlogged = true;
+    backlog_.Add(op, head_estimate, pages * page_bytes, pages, op->tokens);
+  }
+  return true;
+}
+
+std::shared_ptr<CopyOp> BackupPlanner::MakeStore(const std::vector<RadixNode*>& path,
+                                                 int64_t pages) {
   auto op = std::make_shared<CopyOp>();
   op->kind = CopyOp::Kind::kStore;
-  op->tokens = tokens;
+  op->tokens = pages * core_.P;
   op->start = CacheClock::now();
   op->batch_pages = StoreBatchPages(core_.PageBytes(), core_.storage->options().timeout,
                                     core_.config.storage.max_backup_batch_pages,
@@ -203,11 +254,31 @@ bool BackupPlanner::Store(RadixNode* node, CacheWork* work, bool* deferred) {
   op->page_status.assign(static_cast<size_t>(pages), PageStatus::kSkipped);
   op->batch_done.assign(static_cast<size_t>(op->num_batches()), 0);
   op->batches_left = op->num_batches();
-  core_.store_queue_pages += pages;
-  core_.counters.storage_backup_inflight_tokens += tokens;
+  core_.counters.storage_backup_inflight_tokens += op->tokens;
   core_.tracker.Add(op);
-  core_.SubmitStore(std::move(op), work);  // held back while a removal of one of its keys runs
-  return true;
+  return op;
+}
+
+void BackupPlanner::SubmitFromBacklog(CacheWork* work) {
+  while (!backlog_.empty()) {
+    std::shared_ptr<CopyOp> op = backlog_.Next(StoreQueueRoom());
+    if (!op) return;
+    op->backlogged = false;
+    op->start = CacheClock::now();  // its time with the store starts now
+    core_.store_queue_pages += static_cast<int64_t>(op->keys.size());
+    core_.SubmitStore(std::move(op), work);
+  }
+}
+
+void BackupPlanner::MaybeStore(const std::vector<RadixNode*>& path, CacheWork* work) {
+  if (!core_.storage || !policy_->store_on_backup()) return;
+  RadixNode* deepest = nullptr;  // host copies form a prefix of the path
+  for (RadixNode* n : path) {
+    if (!n->on_host()) break;
+    deepest = n;
+  }
+  if (deepest == nullptr || deepest->stored() || deepest->storing() || deepest->busy() > 0) return;
+  Store(deepest, work);
 }
 
 void BackupPlanner::ReapBackup(CopyOp& op, CacheWork* work) {
@@ -254,9 +325,16 @@ void BackupPlanner::ReapBackup(CopyOp& op, CacheWork* work) {
 
 void BackupPlanner::ReapStore(CopyOp& op, CacheWork* work) {
   const int64_t pages = static_cast<int64_t>(op.keys.size());
-  core_.store_queue_pages -= pages;
   core_.counters.storage_backup_inflight_tokens -= op.tokens;
-  int64_t ok = 0;  // leading pages in storage: the stored part of the path
+  if (op.backlog_dropped) {  // given up in the backlog for likelier stores: never queued
+    core_.counters.storage_backup_backlog_tokens += op.tokens;
+    for (RadixNode* n : op.nodes) core_.tree.SetStoring(n, false);
+    op.nodes.clear();
+    return;
+  }
+  core_.store_queue_pages -= pages;
+  SubmitFromBacklog(work);  // this store's room in the queue
+  int64_t ok = 0;           // leading pages in storage: the stored part of the path
   while (ok < pages && op.page_status[static_cast<size_t>(ok)] == PageStatus::kOk) ++ok;
   const int64_t in_storage =
       std::count(op.page_status.begin(), op.page_status.end(), PageStatus::kOk);
@@ -278,8 +356,11 @@ void BackupPlanner::ReapStore(CopyOp& op, CacheWork* work) {
     core_.counters.storage_backup_bandwidth.Observe(
         static_cast<double>(written * core_.PageBytes()) / seconds / 1e9);
   }
+  const int64_t timed_out =
+      std::count(op.page_status.begin(), op.page_status.end(), PageStatus::kTimedOut);
+  core_.counters.storage_backup_timed_out_tokens += timed_out * core_.P;
   core_.counters.storage_backup_failed_tokens +=
-      (pages - in_storage - no_space - rejected) * core_.P;
+      std::max<int64_t>(0, pages - in_storage - no_space - rejected - timed_out) * core_.P;
   core_.CountStorageFaults(StorageIo::kWrite, op.page_status, op.status);
   // Pages written past the first one that did not make it: no lookup reaches them (it stops at
   // that page), so they would sit in the store stranded until evicted. They go now; the next

@@ -4,8 +4,12 @@
 //
 // A backup covers the unbacked path ending at a node: host pages are assigned at once (so nothing
 // else takes them) and the nodes stay busy until the copy has completed. A store covers the
-// unstored host path ending at a node: its nodes are marked storing (their host pages stay put)
-// until the storage calls complete.
+// unstored host path ending at a node, as far as the storage admission policy admits its pages
+// (cache/store_admission.h): its nodes are marked storing (their host pages stay put) until the
+// storage calls complete. A store goes to the store's queue while it has room
+// (max_backup_queue_pages), else it waits in the write backlog (cache/store_backlog.h, at most
+// admission.backlog_bytes), which gives up the stores least likely to be reused when full; each
+// store that lands makes room for the backlog's likeliest.
 //
 // Thread safety: every method REQUIRES the cache's mutex (cache/cache_core.h). Copies and storage
 // calls are only collected into a CacheWork here; the CopyExecutor runs them after the lock.
@@ -13,10 +17,13 @@
 
 #include <chrono>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "cache/backup_policy.h"
 #include "cache/cache_core.h"
+#include "cache/store_admission.h"
+#include "cache/store_backlog.h"
 
 namespace kvtier {
 
@@ -39,11 +46,26 @@ class BackupPlanner {
   BackupPlanner(CacheCore& core, TierEvictor& evictor)
       : core_(core),
         evictor_(evictor),
-        policy_(MakeBackupPolicy(core.config.write_policy, core.config.write_through_threshold)) {}
+        policy_(MakeBackupPolicy(core.config.write_policy, core.config.write_through_threshold)),
+        admission_(MakeStoreAdmission(core.config.storage.admission)),
+        backlog_(core.config.storage.max_backup_queue_pages > 0
+                     ? core.config.storage.admission.backlog_bytes
+                     : 0) {}
   BackupPlanner(const BackupPlanner&) = delete;
   BackupPlanner& operator=(const BackupPlanner&) = delete;
 
   const BackupPolicy& policy() const { return *policy_; }
+  const StoreAdmission& admission() const KVTIER_REQUIRES(kCacheLock) { return *admission_; }
+  const StoreBacklog& backlog() const KVTIER_REQUIRES(kCacheLock) { return backlog_; }
+
+  // Accesses of pages, for the admission policy (Match: the matched prefix's; Insert: the pages
+  // it added).
+  void RecordAccess(std::span<const PageKey> keys) KVTIER_REQUIRES(kCacheLock) {
+    if (core_.storage) admission_->Record(keys);
+  }
+  // Under a policy that stores on backup: offers storage the unstored host path of `path` (just
+  // matched) again, so a store refused, dropped or failed earlier is reconsidered on reuse.
+  void MaybeStore(const std::vector<RadixNode*>& path, CacheWork* work) KVTIER_REQUIRES(kCacheLock);
 
   // Device -> host for the unbacked path ending at `node`. False (nothing changed, no host node
   // evicted) when host memory cannot be found, a node on the path is busy or not on the device.
@@ -56,11 +78,15 @@ class BackupPlanner {
       KVTIER_REQUIRES(kCacheLock);
   // Host -> storage for the unstored host path ending at `node` (only pages storage does not hold:
   // the tree's `stored` marks, then the backend's Exists per batch), in batches of
-  // max_backup_batch_pages (at most the backend's max_batch_pages). At most the room left in the
-  // bounded queue (max_backup_queue_pages) is queued: the rest of the path follows when those pages
-  // are stored. False when nothing was queued: nothing to store, the queue is full (counted as
-  // queue_full), a node on the path is busy, or an ancestor is being stored (the path is stored
-  // when that store completes, under a policy that stores on backup).
+  // max_backup_batch_pages (at most the backend's max_batch_pages), as far as admission admits
+  // its pages (the rest counted as refused). With an empty backlog, at most the room left in the
+  // bounded queue (max_backup_queue_pages) is queued: the rest of the path follows when those
+  // pages are stored. Otherwise the store (at most max_backup_queue_pages pages) waits in the
+  // backlog, if MakeRoom takes it (counted as backlog drops: it, or the stores it displaced).
+  // False when nothing was queued or backlogged: nothing to store, nothing admitted, the queue is
+  // full without a backlog (counted as queue_full), the backlog kept better stores, a node on the
+  // path is busy, or an ancestor is being stored (the path is stored when that store completes,
+  // under a policy that stores on backup).
   // `deferred` (optional): set when nothing was queued because the path waits for a store or a
   // copy in flight.
   bool Store(RadixNode* node, CacheWork* work, bool* deferred = nullptr)
@@ -83,6 +109,11 @@ class BackupPlanner {
   // busy or off the device).
   int64_t UnbackedPath(RadixNode* node, std::vector<RadixNode*>* path) const
       KVTIER_REQUIRES(kCacheLock);
+  // The store op of `path` (`pages` pages), registered; its nodes marked storing.
+  std::shared_ptr<CopyOp> MakeStore(const std::vector<RadixNode*>& path, int64_t pages)
+      KVTIER_REQUIRES(kCacheLock);
+  // Queues the backlog's likeliest stores while the store's queue has room for them.
+  void SubmitFromBacklog(CacheWork* work) KVTIER_REQUIRES(kCacheLock);
   // Cuts `path` after its first `keep` pages (splitting the node where they end).
   void EndPathAt(std::vector<RadixNode*>* path, int64_t keep) KVTIER_REQUIRES(kCacheLock);
   // The copy of `path` into `host_pages` (the kWrite pages of `got` only: `written`); the nodes
@@ -96,6 +127,8 @@ class BackupPlanner {
   CacheCore& core_;
   TierEvictor& evictor_;
   std::unique_ptr<BackupPolicy> policy_;
+  std::unique_ptr<StoreAdmission> admission_ KVTIER_PT_GUARDED_BY(kCacheLock);
+  StoreBacklog backlog_ KVTIER_GUARDED_BY(kCacheLock);
 };
 
 }  // namespace kvtier

@@ -54,6 +54,47 @@ Result<PrefetchPolicy> ParsePrefetchPolicy(std::string_view name) {
       fmt::format("prefetch policy '{}' is not one of best_effort, wait_complete, timeout", name));
 }
 
+const char* StorageAdmissionName(StorageAdmission admission) {
+  switch (admission) {
+    case StorageAdmission::kAll:
+      return "all";
+    case StorageAdmission::kHits:
+      return "hits";
+    case StorageAdmission::kFrequency:
+      return "frequency";
+  }
+  return "unknown_storage_admission";
+}
+
+Result<StorageAdmission> ParseStorageAdmission(std::string_view name) {
+  for (auto a : {StorageAdmission::kAll, StorageAdmission::kHits, StorageAdmission::kFrequency}) {
+    if (name == StorageAdmissionName(a)) return a;
+  }
+  return Status::InvalidArgument(
+      fmt::format("storage admission '{}' is not one of all, hits, frequency", name));
+}
+
+const ConfigSchema<StorageAdmissionConfig>& StorageAdmissionConfigSchema() {
+  static const ConfigSchema<StorageAdmissionConfig> schema = [] {
+    using A = StorageAdmissionConfig;
+    ConfigSchema<A> s;
+    s.push_back(ChoiceField<A>("policy", Member(&A::policy), 3, StorageAdmissionName,
+                               "which host pages are written to storage: all, hits (node hit "
+                               "count >= threshold), frequency (sketch count >= threshold, or "
+                               "any while the backlog has room)"));
+    s.push_back(IntField<A>("threshold", Member(&A::threshold), 1, 15,
+                            "hits / frequency: the count a page needs to be written"));
+    s.push_back(IntField<A>("sketch_counters", Member(&A::sketch_counters), 16, int64_t{1} << 26,
+                            "frequency: counters per row of the access sketch (rounded up to a "
+                            "power of two; halved every 10 x this many accesses)"));
+    s.push_back(IntField<A>("backlog_bytes", Member(&A::backlog_bytes), 0, int64_t{1} << 50,
+                            "bytes of writes to storage waiting for the store's queue; when "
+                            "full, the least likely to be reused are dropped (0: none wait)"));
+    return s;
+  }();
+  return schema;
+}
+
 const char* CacheTierName(CacheTier tier) {
   switch (tier) {
     case CacheTier::kDevice:
@@ -192,6 +233,8 @@ ConfigSchema<HierarchicalCacheConfig> BuildSchema() {
                           0, kPages, "backups to storage queued or running, in pages"));
   s.push_back(IntField<C>("max_backup_batch_pages", Member(&C::storage, &S::max_backup_batch_pages),
                           1, kPages, "pages per storage Set batch"));
+  // admission_policy, admission_threshold, admission_sketch_counters, admission_backlog_bytes.
+  AppendPart(s, StorageAdmissionConfigSchema(), Member(&C::storage, &S::admission), "admission_");
   CheckedWhen<C>(s, first_storage, StorageOn, kWithStorage);
   return s;
 }

@@ -72,7 +72,10 @@ Status CheckStorageWriteOrder(const CacheCore& s) KVTIER_REQUIRES(kCacheLock) {
     if (!st.ok()) return;
     if (op->held && op->kind != CopyOp::Kind::kStore) {
       st = Status::Internal("a held operation that is not a store");
-    } else if (op->kind == CopyOp::Kind::kStore && op->held != s.RemovalPending(op->keys)) {
+    } else if (op->backlogged && (op->kind != CopyOp::Kind::kStore || op->held)) {
+      st = Status::Internal("a backlogged operation that is not a store waiting for the queue");
+    } else if (op->kind == CopyOp::Kind::kStore && !op->backlogged && !op->backlog_dropped &&
+               op->held != s.RemovalPending(op->keys)) {
       st = Status::Internal(
           op->held ? "a store is held though no removal of its keys is in flight"
                    : "a store may be submitted while a removal of one of its keys is in flight");

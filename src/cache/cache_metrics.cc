@@ -97,6 +97,9 @@ void WriteGauges(PrometheusTextWriter& w, const CacheStats& s) {
                {{"device_to_host", s.backup_inflight_tokens},
                 {"host_to_storage", s.storage_backup_inflight_tokens},
                 {"storage_to_host", s.prefetch_inflight_tokens}});
+  w.Gauge("kvtier:storage_backlog_bytes",
+          "Bytes of writes to storage waiting in the write backlog for the store's queue.",
+          s.storage_backlog_bytes);
 }
 
 void WriteMatchAndLoadBack(PrometheusTextWriter& w, const CacheStats& s) {
@@ -178,6 +181,9 @@ void WriteInsertAndBackup(PrometheusTextWriter& w, const CacheStats& s) {
                "Tokens not written to storage, by reason.", "reason",
                {{"failed", s.storage_backup_failed_tokens},
                 {"already_stored", s.storage_backup_present_tokens},
+                {"timed_out", s.storage_backup_timed_out_tokens},
+                {"admission", s.storage_backup_refused_tokens},
+                {"backlog_full", s.storage_backup_backlog_tokens},
                 {"queue_full", s.storage_backup_dropped_tokens},
                 {"capacity", s.storage_backup_capacity_tokens},
                 {"policy", s.storage_backup_policy_tokens}});

@@ -191,6 +191,7 @@ void CacheParts::Drain(CacheLock& lk, CacheWork* work, bool backups_only) {
     for (const auto& op : tracker.ops()) {
       if (op->kind == CopyOp::Kind::kPrefetch && !op->concluded) continue;  // its handle's
       if (op->held) continue;  // submitted when the removal it waits for (waited here) is reaped
+      if (op->backlogged) continue;  // submitted as the stores in the queue (waited here) land
       if (backups_only && op->kind != CopyOp::Kind::kBackup && op->kind != CopyOp::Kind::kStore &&
           op->kind != CopyOp::Kind::kRemove) {
         continue;

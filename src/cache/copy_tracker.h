@@ -56,6 +56,11 @@ struct CopyOp {
   // kStore: registered, not submitted: one of its keys has a removal in flight
   // (CacheCore::removing); queued when the last such removal is reaped (CacheCore::ReapRemove).
   bool held = false;
+  // kStore: registered, waiting in the cache's write backlog (cache/store_backlog.h) for room in
+  // the store's queue; not submitted. `backlog_dropped`: given up for a store likelier to be
+  // reused (completed by the planner without a write; counted as backlog drops).
+  bool backlogged = false;
+  bool backlog_dropped = false;
   // kLoad: its LoadBack has not taken it back under the mutex yet (from MakeLoad until
   // PublishLoad, or its failure). Not reaped until then, even when complete: the copy runs
   // outside the mutex, and a Reap by another call in between (a Release, a Match) would free the
@@ -74,7 +79,8 @@ struct CopyOp {
   std::optional<PageKey> first_parent;
   int64_t tokens = 0;
   int64_t bytes = 0;
-  int64_t batch_pages = 0;  // storage operations: pages per batch
+  int64_t batch_pages = 0;     // storage operations: pages per batch
+  int64_t reuse_estimate = 0;  // kStore: StoreAdmission's estimate of its first page
   std::chrono::steady_clock::time_point start;
   std::chrono::steady_clock::time_point deadline;  // kPrefetch with the timeout policy
   std::shared_ptr<CudaEventHandle> wait_before;    // GPU: the engine's writes to wait for

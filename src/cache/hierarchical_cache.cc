@@ -157,6 +157,10 @@ Result<MatchResult> HierarchicalCache::Match(std::span<const Token> tokens, std:
     // Adopted pages count against this cache's host budget: unpin others (not these: pinned).
     if (s.host && s.host->free_pages() < 0) s.evictor.EvictHost(-s.host->free_pages(), &work);
     s.planner.MaybeBackup(path, &work);
+    if (s.storage) {
+      for (const RadixNode* n : path) s.planner.RecordAccess(n->keys());
+      s.planner.MaybeStore(path, &work);
+    }
     s.counters.shared_host_hit_tokens += adopted;
     ++s.counters.match_calls;
     s.counters.match_query_tokens += static_cast<int64_t>(tokens.size());
@@ -471,6 +475,14 @@ Result<InsertResult> HierarchicalCache::Insert(std::span<const Token> tokens,
     KVTIER_RETURN_IF_ERROR(s.CheckInsertPages(tokens, device_slots, ns, &pages));
     std::vector<RadixTree::InsertSegment> segments;
     s.tree.Insert(ns, tokens, pages, keys, &segments);
+    if (s.storage && !keys.empty()) {  // the pages this prompt added: their first access
+      for (const RadixTree::InsertSegment& seg : segments) {
+        if (seg.kind != RadixTree::SegmentKind::kNew) continue;
+        s.planner.RecordAccess(std::span<const PageKey>(keys).subspan(
+            static_cast<size_t>(seg.begin / s.P),
+            static_cast<size_t>((seg.end - seg.begin) / s.P)));
+      }
+    }
     std::vector<int64_t> duplicates, taken;
     s.ApplySegments(segments, device_slots, options.priority, &out, &duplicates, &taken);
     s.ledger->Transfer(taken, DevicePageLedger::kTree);
@@ -568,6 +580,8 @@ CacheStats HierarchicalCache::stats() const {
   s.Reap(&work);
   CacheStats c = s.Stats();
   c.live_pins = s.pins.size();
+  c.storage_backlog_tokens = s.planner.backlog().tokens();
+  c.storage_backlog_bytes = s.planner.backlog().bytes();
   return c;
 }
 

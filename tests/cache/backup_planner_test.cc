@@ -207,6 +207,8 @@ TEST(BackupPlannerTest, AFullStoreQueueDropsTheStoreAndCountsItAsQueueFull) {
   HierarchicalCacheConfig cfg = Config(WritePolicy::kWriteBack);
   cfg.storage.backend = RigMemoryStore(kPage);
   cfg.storage.max_backup_queue_pages = 2;
+  cfg.storage.admission.policy = StorageAdmission::kAll;
+  cfg.storage.admission.backlog_bytes = 0;  // no backlog: a store the queue cannot take is dropped
   auto rig = PartsRig::Make(cfg, kPage, 8, 8);
   RadixNode* a = rig->InsertOnDevice(Seq(2 * kPage, 5));
   RadixNode* b = rig->InsertOnDevice(Seq(kPage, 500));
@@ -232,6 +234,111 @@ TEST(BackupPlannerTest, AFullStoreQueueDropsTheStoreAndCountsItAsQueueFull) {
   EXPECT_TRUE(a->stored());
   EXPECT_FALSE(b->stored());
   EXPECT_EQ(rig->p().counters.storage_backup_tokens, 2 * kPage);
+}
+
+// With the queue full, stores wait in the backlog (bounded in bytes); a full backlog gives up its
+// lowest estimate (here: the hit count, admission all) for a likelier newcomer and drops a
+// newcomer no likelier than what it holds; as the queue makes room the likeliest goes first.
+TEST(BackupPlannerTest, AFullBacklogDropsTheLeastLikelyToBeReusedAndSubmitsTheLikeliestFirst) {
+  HierarchicalCacheConfig cfg = Config(WritePolicy::kWriteBack);
+  auto store = RigMemoryStore(kPage);
+  cfg.storage.backend = store;
+  cfg.storage.max_backup_queue_pages = 1;
+  cfg.storage.admission.policy = StorageAdmission::kAll;
+  const int64_t page_bytes = kPage * testing::kRigLayers * testing::kRigSlotBytes * 2;
+  cfg.storage.admission.backlog_bytes = 2 * page_bytes;
+  auto rig = PartsRig::Make(cfg, kPage, 8, 8);
+  ASSERT_EQ(rig->p().PageBytes(), page_bytes);
+  std::vector<RadixNode*> n;  // a, b, c, d, e: one page each, hit counts 1, 1, 3, 2, 1
+  for (int i = 0; i < 5; ++i) n.push_back(rig->InsertOnDevice(Seq(kPage, 100 * (i + 1))));
+  RadixNode *a = n[0], *b = n[1], *c = n[2], *d = n[3], *e = n[4];
+  {
+    CacheWork work(&rig->p().executor);
+    CacheLock lk(rig->p());
+    for (RadixNode* x : n) ASSERT_TRUE(rig->p().planner.Backup(x, &work, true));
+    rig->p().tree.Touch(c, 2);
+    rig->p().tree.Touch(d, 1);
+  }
+  rig->Settle();
+  CacheWork later;  // a's store, submitted by hand below
+  {
+    CacheLock lk(rig->p());
+    auto& planner = rig->p().planner;
+    EXPECT_TRUE(planner.Store(a, &later));   // the queue's one page
+    EXPECT_TRUE(planner.Store(b, &later));   // backlog: b
+    EXPECT_TRUE(planner.Store(c, &later));   // backlog: b, c (full)
+    EXPECT_TRUE(planner.Store(d, &later));   // 2 > b's 1: b is given up
+    EXPECT_FALSE(planner.Store(e, &later));  // 1: below everything held: dropped
+    EXPECT_EQ(later.storage.size(), 1u);
+    EXPECT_EQ(planner.backlog().size(), 2u);
+    EXPECT_EQ(planner.backlog().bytes(), 2 * page_bytes);
+    EXPECT_TRUE(c->storing());
+    EXPECT_TRUE(d->storing());
+    EXPECT_EQ(rig->p().counters.storage_backup_backlog_tokens, kPage);  // e; b's when reaped
+    EXPECT_EQ(rig->p().counters.storage_queue_drops, 0);
+    EXPECT_TRUE(CheckCacheConsistency(rig->p()).ok());
+  }
+  // a lands: its room in the queue goes to c (estimate 3) before d (2).
+  const std::shared_ptr<CopyOp> a_store = later.storage.at(0);
+  rig->p().executor.Run(later);
+  rig->p().tracker.Wait(*a_store);
+  CacheWork next;  // not run yet: what the reaping queued
+  {
+    CacheLock lk(rig->p());
+    rig->p().Reap(&next);
+    EXPECT_TRUE(a->stored());
+    EXPECT_FALSE(b->storing());  // given up, reaped
+    EXPECT_EQ(rig->p().counters.storage_backup_backlog_tokens, 2 * kPage);
+    ASSERT_EQ(next.storage.size(), 1u);
+    EXPECT_EQ(next.storage[0]->keys, std::vector<PageKey>(c->keys().begin(), c->keys().end()));
+    EXPECT_EQ(rig->p().planner.backlog().size(), 1u);  // d waits for c
+    EXPECT_TRUE(CheckCacheConsistency(rig->p()).ok());
+  }
+  rig->p().executor.Run(next);
+  rig->Settle();
+  EXPECT_TRUE(c->stored());
+  EXPECT_TRUE(d->stored());
+  EXPECT_FALSE(b->stored());
+  EXPECT_FALSE(e->stored());
+  EXPECT_EQ(rig->p().counters.storage_backup_tokens, 3 * kPage);
+  EXPECT_TRUE(rig->p().planner.backlog().empty());
+  rig->ExpectConsistent();
+}
+
+// Admission refuses pages below its threshold (hits: the node's hit count), counted as refused;
+// the first refused page ends the store.
+TEST(BackupPlannerTest, AdmissionByHitsStoresOnlyTheAdmittedHeadOfAPath) {
+  HierarchicalCacheConfig cfg = Config(WritePolicy::kWriteBack);
+  cfg.storage.backend = RigMemoryStore(kPage);
+  cfg.storage.admission.policy = StorageAdmission::kHits;
+  cfg.storage.admission.threshold = 2;
+  auto rig = PartsRig::Make(cfg, kPage, 8, 8);
+  const auto head = Seq(2 * kPage, 7);
+  auto whole = head;
+  const auto tail = Seq(kPage, 900);
+  whole.insert(whole.end(), tail.begin(), tail.end());
+  RadixNode* h = rig->InsertOnDevice(head);
+  RadixNode* leaf = rig->InsertOnDevice(whole);
+  {
+    CacheWork work(&rig->p().executor);
+    CacheLock lk(rig->p());
+    rig->p().tree.Touch(h, 2 - h->hit_count());  // read twice; the leaf once
+    ASSERT_EQ(h->hit_count(), 2);
+    ASSERT_EQ(leaf->hit_count(), 1);
+    ASSERT_TRUE(rig->p().planner.Backup(leaf, &work, true));
+  }
+  rig->Settle();
+  {
+    CacheWork work(&rig->p().executor);
+    CacheLock lk(rig->p());
+    EXPECT_TRUE(rig->p().planner.Store(leaf, &work));
+    EXPECT_EQ(rig->p().counters.storage_backup_refused_tokens, kPage);
+  }
+  rig->Settle();
+  EXPECT_TRUE(h->stored());
+  EXPECT_FALSE(leaf->stored());
+  EXPECT_EQ(rig->p().counters.storage_backup_tokens, 2 * kPage);
+  rig->ExpectConsistent();
 }
 
 }  // namespace

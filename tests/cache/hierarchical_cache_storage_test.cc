@@ -433,6 +433,61 @@ TEST(StorageTierTest, ReadAndWriteTimeoutsAreCountedApart) {
   ExpectConsistent(s);
 }
 
+// Admission by reuse (issue 40): when the store cannot take everything, a page read twice is
+// written and a page read once is not, under every admission policy. The store's one queue page
+// is held by a's write (deterministic: writes wait until released), so b and c compete for a
+// backlog of one page: b (read once) waits there; c, once read a second time, displaces it (all:
+// by hit count; frequency: by its sketch count; hits: b is refused outright).
+class StorageAdmissionTest : public ::testing::TestWithParam<StorageAdmission> {};
+
+TEST_P(StorageAdmissionTest, APageReadTwiceIsKeptOverAPageReadOnce) {
+  FaultInjectingStorage* faults = nullptr;
+  StorageOptions options;
+  options.timeout = std::chrono::seconds(60);  // a hang guard: the held write is released below
+  auto store = FaultyStore(4, &faults, options);
+  HierarchicalCacheConfig cfg = StorageConfig(store);
+  cfg.backup_threads = 0;  // backups land inline: each store starts at the next call's reaping
+  cfg.storage.max_backup_queue_pages = 1;
+  cfg.storage.admission.policy = GetParam();
+  cfg.storage.admission.threshold = 2;
+  cfg.storage.admission.backlog_bytes = 4 * kLayers * kSlotBytes * 2;  // one page
+  TestCache s = Make(cfg, 4, 16, 32);
+  faults->HoldWrites(true);
+  const auto a = Seq(4, 100), b = Seq(4, 200), c = Seq(4, 300);
+  Prefill(s, a);
+  Prefill(s, a);  // read twice (hits admits it now): a's store holds the queue
+  Prefill(s, b);  // b: read once
+  Prefill(s, c);  // c: read once ...
+  Prefill(s, c);  // ... and twice
+  CacheStats st = s.cache->stats();
+  EXPECT_EQ(st.storage_backlog_tokens, 4);
+  faults->HoldWrites(false);
+  ASSERT_TRUE(s.cache->WaitForBackups().ok());
+  auto key = [](const std::vector<Token>& t) { return ComputePromptPageKeys(t, 4, "")->at(0); };
+  auto stored = [&](const std::vector<Token>& t) {
+    return faults->inner().Exists(std::vector<PageKey>{key(t)}).get().leading == 1;
+  };
+  EXPECT_TRUE(stored(a));
+  EXPECT_TRUE(stored(c));
+  EXPECT_FALSE(stored(b));
+  st = s.cache->stats();
+  EXPECT_EQ(st.storage_backup_tokens, 8);
+  EXPECT_EQ(st.storage_backlog_tokens, 0);
+  EXPECT_EQ(st.storage_queue_drops, 0);
+  EXPECT_GT(st.storage_backup_backlog_tokens + st.storage_backup_refused_tokens, 0);
+  if (GetParam() == StorageAdmission::kHits) {
+    EXPECT_EQ(st.storage_backup_backlog_tokens, 0);  // nothing below the threshold got in
+  } else {
+    EXPECT_GE(st.storage_backup_backlog_tokens, 4);  // b, given up for c
+  }
+  ExpectConsistent(s);
+}
+
+INSTANTIATE_TEST_SUITE_P(Policies, StorageAdmissionTest,
+                         ::testing::Values(StorageAdmission::kAll, StorageAdmission::kHits,
+                                           StorageAdmission::kFrequency),
+                         [](const auto& info) { return StorageAdmissionName(info.param); });
+
 // Never slower than recomputing. The first prefetch measures the read bandwidth; the rule then
 // cuts what is slower to read than to recompute. Deterministic without timing assertions: a
 // store delaying every Get by 200 ms takes at least 0.2 s to read the prefix, against 32 ns to

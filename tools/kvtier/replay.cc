@@ -120,10 +120,11 @@ std::string Settings(const ReplaySetup& s, bool exact) {
                          s.decode_ms_per_token, s.decode_how);
   }
   return fmt::format(
-      "page {}, device {} tokens, host {} tokens ({}), storage {}, write {}, "
-      "prefetch {}{}, eviction {}, io {}, verify {}, {}{}",
+      "page {}, device {} tokens, host {} tokens ({}), storage {}, write {}, admission {} "
+      "(threshold {}, backlog {} MiB), prefetch {}{}, eviction {}, io {}, verify {}, {}{}",
       o.page_size, o.device_tokens, o.host_tokens, o.host_layout, RedactUrl(o.storage),
-      o.write_policy, o.prefetch_policy,
+      o.write_policy, StorageAdmissionName(o.admission.policy), o.admission.threshold,
+      o.admission.backlog_bytes >> 20, o.prefetch_policy,
       o.prefetch_policy == "best_effort" || !o.stream_load_back ? " (load after the read)"
                                                                 : " (streamed to the device)",
       o.eviction, TransferBackendName(s.io_backend), o.verify, sched,

@@ -102,6 +102,9 @@ struct ReplayOptions {
   std::string host_layout = "page_first";      // --hicache-mem-layout
   std::string write_policy = "write_through";  // --hicache-write-policy
   int64_t write_through_threshold = HierarchicalCacheConfig{}.write_through_threshold;
+  // Storage admission and the write backlog (--admission-*: one flag per field of the cache's
+  // StorageAdmissionConfigSchema, its default the cache's).
+  StorageAdmissionConfig admission;
   std::string prefetch_policy = "wait_complete";  // --hicache-storage-prefetch-policy
   int64_t prefetch_threshold = HierarchicalCacheConfig{}.storage.prefetch_threshold_tokens;
   bool stream_load_back = HierarchicalCacheConfig{}.storage.stream_load_back;  // --no-stream-...

@@ -5,6 +5,7 @@
 #include <string>
 #include <string_view>
 
+#include "config_flags.h"
 #include "kvtier/hierarchical_cache.h"
 #include "replay_model.h"
 
@@ -158,6 +159,9 @@ CLI::App* AddReplayCommand(CLI::App& app, ReplayOptions* o) {
        "--write-through-threshold", o->write_through_threshold,
        CacheHelp("write_through_threshold", "write_through_selective: hits before a backup"))
       ->capture_default_str();
+  for (const ConfigField<StorageAdmissionConfig>& f : StorageAdmissionConfigSchema()) {
+    AddFieldFlag(c, f, &o->admission, FlagName("admission_" + f.name))->capture_default_str();
+  }
   c->add_option("--hicache-storage-prefetch-policy,--prefetch-policy", o->prefetch_policy,
                 "best_effort, wait_complete, timeout")
       ->capture_default_str();

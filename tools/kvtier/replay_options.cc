@@ -16,6 +16,7 @@
 #include <string_view>
 #include <utility>
 
+#include "config_flags.h"
 #include "kvtier/storage.h"
 #include "replay_model.h"
 #include "replay_pin.h"
@@ -116,6 +117,7 @@ std::string ReplayFlagOf(std::string_view field) {
   for (const auto& [f, flag] : kFlags) {
     if (f == field) return std::string(flag);
   }
+  if (field.starts_with("admission_")) return FlagName(field);  // StorageAdmissionConfig's flags
   return std::string(field);  // not a replay flag: the cache's own name
 }
 
@@ -153,6 +155,7 @@ HierarchicalCacheConfig CacheConfigOf(const ReplayOptions& o) {
   c.storage.prefetch_threshold_tokens = o.prefetch_threshold;
   c.storage.stream_load_back = o.stream_load_back;
   c.storage.max_backup_queue_pages = o.storage_backup_queue_pages;
+  c.storage.admission = o.admission;
   c.storage.options.io_threads = o.storage_io_threads;
   c.storage.options.min_free_bytes = o.storage_min_free_bytes;
   return c;

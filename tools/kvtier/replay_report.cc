@@ -375,9 +375,12 @@ nlohmann::json RunJson(const RunSummary& r, int64_t token_bytes) {
         {"lost_tokens", r.lost_storage_tokens},
         {"lost_requests", r.lost_storage_requests},
         {"writes_not_done_tokens",
-         {{"queue_full", c.storage_backup_dropped_tokens},
-          {"failed_or_timed_out", c.storage_backup_failed_tokens},
-          {"no_room", c.storage_backup_capacity_tokens},
+         {{"admission_refused", c.storage_backup_refused_tokens},
+          {"backlog_full", c.storage_backup_backlog_tokens},
+          {"queue_full", c.storage_backup_dropped_tokens},
+          {"timed_out", c.storage_backup_timed_out_tokens},
+          {"failed", c.storage_backup_failed_tokens},
+          {"store_refused", c.storage_backup_capacity_tokens},
           {"policy", c.storage_backup_policy_tokens}}}};
   }
   if (r.fault_index >= 0) {

@@ -257,15 +257,18 @@ void PrintStorageOracle(std::FILE* out, const RunSummary& r) {
                "storage hits vs oracle: %.2f %% of input tokens from storage; the oracle (same "
                "capacity, %s; every write admitted and done at once) %.2f %%: %.0f %% of it; "
                "hits lost to writes not done: %lld tokens (%.2f %% of input) in %lld requests; "
-               "writes not done: queue full %lld tokens, failed or timed out %lld, no room %lld, "
-               "policy %lld\n",
+               "writes not done: admission refused %lld tokens, backlog full %lld, queue full "
+               "%lld, timed out %lld, failed %lld, store refused (no room) %lld, policy %lld\n",
                pct(storage_hit), capacity.c_str(), pct(r.oracle_storage_tokens),
                r.oracle_storage_tokens > 0 ? 100.0 * static_cast<double>(storage_hit) /
                                                  static_cast<double>(r.oracle_storage_tokens)
                                            : 100.0,
                static_cast<long long>(r.lost_storage_tokens), pct(r.lost_storage_tokens),
                static_cast<long long>(r.lost_storage_requests),
+               static_cast<long long>(c.storage_backup_refused_tokens),
+               static_cast<long long>(c.storage_backup_backlog_tokens),
                static_cast<long long>(c.storage_backup_dropped_tokens),
+               static_cast<long long>(c.storage_backup_timed_out_tokens),
                static_cast<long long>(c.storage_backup_failed_tokens),
                static_cast<long long>(c.storage_backup_capacity_tokens),
                static_cast<long long>(c.storage_backup_policy_tokens));

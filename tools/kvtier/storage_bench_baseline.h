@@ -17,6 +17,13 @@
 
 namespace kvtier::tools {
 
+// Writes back every dirty page of the file system that holds `dir` (syncfs) and waits for it:
+// run before each timed write pass, the store's Set and the file baseline's alike, so that no
+// pass pays for the write-back of the writes before it (buffered writes return once the page
+// cache holds them; a pass that starts with gigabytes of another pass's dirty pages is throttled
+// by their write-back). False (errno set) when `dir` cannot be opened or synced.
+bool WriteBackDirtyPages(const std::string& dir);
+
 // A baseline's times of the same pages, and whether it read back what it wrote.
 struct Baseline {
   std::string name;
