@@ -37,6 +37,18 @@ Result<DiskReading> ReadDisk(int fd) {
 
 int64_t AllocatedBytes(int64_t bytes) { return (std::max<int64_t>(bytes, 0) + 4095) / 4096 * 4096; }
 
+std::string FormatBytes(int64_t bytes) {
+  static constexpr const char* kUnits[] = {"KiB", "MiB", "GiB", "TiB", "PiB"};
+  if (bytes < 1024) return fmt::format("{} B", bytes);
+  double value = static_cast<double>(bytes) / 1024;
+  size_t unit = 0;
+  while (value >= 1024 && unit + 1 < std::size(kUnits)) {
+    value /= 1024;
+    ++unit;
+  }
+  return fmt::format("{:.1f} {}", value, kUnits[unit]);
+}
+
 // ---- DiskFloor ---------------------------------------------------------------------------------
 
 Result<std::unique_ptr<DiskFloor>> DiskFloor::Open(int dir, int64_t floor,

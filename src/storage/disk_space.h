@@ -24,6 +24,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <utility>
 
@@ -45,6 +46,9 @@ Result<DiskReading> ReadDisk(int fd);
 // The bytes a file of `bytes` takes on a file system: rounded up to 4 KiB blocks (what ext4, xfs
 // and tmpfs allocate for a dense file).
 int64_t AllocatedBytes(int64_t bytes);
+
+// "512 B", "32.0 MiB", "3.2 GiB": the largest binary unit the value reaches (for the log).
+std::string FormatBytes(int64_t bytes);
 
 class DiskFloor {
  public:

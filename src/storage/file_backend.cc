@@ -2,7 +2,9 @@
 // publishing, removing and stamping them). Which pages are stored, their LRU order and the
 // capacity live in the index (file_index.h); a page file's bytes and their checks in the page I/O
 // (file_page_io.h); whole reads/writes and opens beneath the store root in file_io.h; hits'
-// stamps written behind the reads in hit_stamper.h; the sampled Get profile in read_profile.h.
+// stamps written behind the reads in hit_stamper.h; the sampled Get profile in read_profile.h;
+// the free-space floor and what a full disk does (evicting through the index) in
+// file_space_keeper.h.
 //
 // Paths: the backend holds the store root open (`root_`, reopened by path if the root is removed
 // while running) and reaches every file through OpenBeneath from it: "<ns>/<shard>/<hex>" for a
@@ -42,6 +44,7 @@
 #include "storage/file_index.h"
 #include "storage/file_io.h"
 #include "storage/file_page_io.h"
+#include "storage/file_space_keeper.h"
 #include "storage/hit_stamper.h"
 #include "storage/page_format.h"
 #include "storage/page_pins.h"
@@ -75,12 +78,6 @@ constexpr size_t kStampWakeAt = 4096;
 constexpr std::chrono::milliseconds kStampPeriod{500};
 constexpr std::chrono::milliseconds kStampCloseBudget{2000};
 
-// The free-space floor (disk_space.h): read at most this often on the write path (estimated in
-// between from the bytes written and freed), and by the watcher thread this often whatever the
-// store does.
-constexpr std::chrono::milliseconds kFloorPollEvery{20};
-constexpr std::chrono::milliseconds kFloorWatchEvery{1000};
-
 // Test hooks (file_backend.h): the pending bound and period of backends opened after the call.
 std::atomic<size_t> test_stamp_limit{0}, test_stamp_wake_at{0};
 std::atomic<int64_t> test_stamp_period_ms{0};
@@ -111,19 +108,6 @@ Status MakeDirs(const std::string& path) {
     return Status::IOError(fmt::format("{} is not a directory", path));
   }
   return Status::OK();
-}
-
-// "512 B", "32.0 MiB", "3.2 GiB": the largest binary unit the value reaches.
-std::string FormatBytes(int64_t bytes) {
-  static constexpr const char* kUnits[] = {"KiB", "MiB", "GiB", "TiB", "PiB"};
-  if (bytes < 1024) return fmt::format("{} B", bytes);
-  double value = static_cast<double>(bytes) / 1024;
-  size_t unit = 0;
-  while (value >= 1024 && unit + 1 < std::size(kUnits)) {
-    value /= 1024;
-    ++unit;
-  }
-  return fmt::format("{:.1f} {}", value, kUnits[unit]);
 }
 
 // A write past the process's file-size limit (RLIMIT_FSIZE, `ulimit -f`) raises SIGXFSZ, whose
@@ -158,7 +142,6 @@ class FileBackend final : public StorageBackend {
         ns_name_(ns.Name()),
         namespace_hash_(ns.Hash()),
         value_bytes_(static_cast<int64_t>(kFilePayloadOffset) + ns.page_bytes()),
-        allocated_bytes_(AllocatedBytes(value_bytes_)),
         io_(namespace_hash_, value_bytes_, config_.direct),
         stamper_(StampLimit(), StampWakeAt(), StampPeriod(),
                  [this](const PageKey& key, int64_t stamp) { return WriteStamp(key, stamp); }) {}
@@ -178,15 +161,17 @@ class FileBackend final : public StorageBackend {
     if (!disk.ok()) {
       return Status::IOError(fmt::format("storage {}: {}", url(), disk.status().message()));
     }
-    const int64_t min_free =
-        options().min_free_bytes < 0 ? DefaultMinFreeBytes(disk->total) : options().min_free_bytes;
-    if (min_free > 0) {
-      const int64_t watch_ms = test_floor_watch_ms.load(std::memory_order_relaxed);
-      KVTIER_ASSIGN_OR_RETURN(
-          floor_,
-          DiskFloor::Open(ns_dir.get(), min_free, kFloorPollEvery,
-                          watch_ms > 0 ? std::chrono::milliseconds(watch_ms) : kFloorWatchEvery));
+    FileSpaceKeeper::Config space{.url = url(),
+                                  .dir = ns_dir.get(),
+                                  .disk = *disk,
+                                  .min_free_bytes = options().min_free_bytes,
+                                  .page_file_bytes = value_bytes_,
+                                  .evict = [this](int64_t bytes) { return EvictOldest(bytes); }};
+    if (const int64_t ms = test_floor_watch_ms.load(std::memory_order_relaxed); ms > 0) {
+      space.watch_every = std::chrono::milliseconds(ms);
     }
+    KVTIER_ASSIGN_OR_RETURN(space_, FileSpaceKeeper::Open(std::move(space)));
+    const int64_t min_free = space_->floor_bytes();
     KVTIER_ASSIGN_OR_RETURN(std::vector<FileIndex::Found> found,
                             ScanPages(ns_dir.get(), namespace_hash_));
     found = RemoveWrongSizeFiles(std::move(found));
@@ -213,7 +198,7 @@ class FileBackend final : public StorageBackend {
     UnlinkDetached();
     claim_ = DiskClaims::Add(disk->device, [this] { return index_->capacity() - index_->bytes(); });
     stamper_.Start();
-    if (floor_) floor_->Watch([this](int64_t) { MakeRoom(0); });
+    space_->Watch();
     return Start();
   }
 
@@ -327,7 +312,7 @@ class FileBackend final : public StorageBackend {
   // has queued (their stamps going to the stamper), then writes the pending stamps, giving up
   // after kStampCloseBudget.
   void DoClose() override {
-    if (floor_) floor_->Stop();
+    if (space_) space_->Stop();
     if (index_) index_->ApplyPendingTouches();
     stamper_.Stop(kStampCloseBudget);
     const HitStamper::Counts c = stamper_.counts();
@@ -344,10 +329,7 @@ class FileBackend final : public StorageBackend {
     stats.stored_bytes = index_->bytes();
     stats.capacity_bytes = index_->capacity();
     stats.evicted_pages = index_->evicted();
-    stats.floor_evicted_pages = floor_evicted_.load(std::memory_order_relaxed);
-    stats.floor_refused_pages = floor_refused_.load(std::memory_order_relaxed);
-    stats.disk_full_retries = disk_full_retries_.load(std::memory_order_relaxed);
-    stats.min_free_bytes = floor_ ? floor_->floor() : 0;
+    space_->Fill(stats);
     // Hits read on the thread path (io_uring reads are not probed: counted in neither).
     stats.get_cached_pages = cached_pages_.load(std::memory_order_relaxed);
     stats.get_disk_pages = disk_pages_.load(std::memory_order_relaxed);
@@ -717,72 +699,28 @@ class FileBackend final : public StorageBackend {
   }
 
   // A page written (SetOne) or refused: kNoSpace when the page is larger than the capacity, when
-  // the free space is under the floor and evicting this store's pages does not bring it back
-  // (MakeRoom), or when the file system is full (ENOSPC, EDQUOT: its oldest pages are evicted and
-  // the write is tried once more).
+  // the free space is under the floor and evicting this store's pages does not bring it back,
+  // or when the file system is full (ENOSPC, EDQUOT: its oldest pages are evicted and the write
+  // is tried once more): file_space_keeper.h.
   PageStatus SetOne(const PageKey& key, const PageBuffer& buffer,
                     const std::optional<PageKey>& parent = std::nullopt) {
     if (value_bytes_ > index_->capacity()) return PageStatus::kNoSpace;
     BlockFileSizeSignalOnThisThread();
-    // The common case costs a clock read and two atomic loads: MakeRoom (a mutex, perhaps a
-    // statvfs and evictions) only when the estimate says the floor is near.
-    if (floor_ && floor_->Headroom() < allocated_bytes_ && !MakeRoom(allocated_bytes_)) {
-      if (const int64_t n = CountAndSay(floor_refused_)) {
-        util::Log(util::LogLevel::kWarning,
-                  "storage {}: the free space is under the store's floor of {} and this store "
-                  "has no page left to evict: {} page(s) not written so far (others fill the "
-                  "disk; the floor is StorageOptions::min_free_bytes)",
-                  url(), FormatBytes(floor_->floor()), n);
-      }
-      return PageStatus::kNoSpace;
-    }
+    if (!space_->AdmitWrite()) return PageStatus::kNoSpace;
     int error = 0;
     PageStatus st = WriteOne(key, buffer, parent, error);
     if (st != PageStatus::kNoSpace) return st;
-    // The file system is full (or the user's quota is): a capacity signal, not a fault of the
-    // page. This store's oldest pages make room (at least one page's worth; up to the floor when
-    // there is one), and the write is tried once more.
-    const int64_t evicted = index_->EvictOldest(value_bytes_);
-    UnlinkDetached();  // their files, so the space is free before the write is tried again
-    floor_evicted_.fetch_add(evicted, std::memory_order_relaxed);
-    if (floor_) floor_->NoteFreed(evicted * allocated_bytes_);
-    const bool room = floor_ ? MakeRoom(allocated_bytes_) : evicted > 0;
-    if (const int64_t n = CountAndSay(disk_full_retries_)) {
-      util::Log(util::LogLevel::kWarning,
-                "storage {}: the file system is full ({}): this store evicted its oldest pages "
-                "to make room and wrote again; {} time(s) so far",
-                url(), std::strerror(error), n);
-    }
-    if (!room && evicted == 0) return PageStatus::kNoSpace;
+    if (!space_->RetryAfterFull(error)) return PageStatus::kNoSpace;
     return WriteOne(key, buffer, parent, error);
   }
 
-  // Makes the free space at least `want` above the floor, evicting this store's least recently
-  // used pages (a chain's tail first) when it is short: whether it is. One caller at a time; the
-  // free space is read afresh before anything is evicted.
-  bool MakeRoom(int64_t want) {
-    std::lock_guard<std::mutex> lock(floor_mu_);
-    if (floor_->Headroom() >= want) return true;
-    const int64_t short_by = want - floor_->Headroom(/*fresh=*/true);
-    if (short_by <= 0) return true;
-    const int64_t pages = (short_by + allocated_bytes_ - 1) / allocated_bytes_;
-    const int64_t evicted = index_->pages() > 0 ? index_->EvictOldest(pages * value_bytes_) : 0;
-    UnlinkDetached();  // their files, so the space they held is free when this returns
-    if (evicted == 0) return false;
-    floor_->NoteFreed(evicted * allocated_bytes_);
-    const int64_t total = floor_evicted_.fetch_add(evicted, std::memory_order_relaxed) + evicted;
-    util::Log(util::LogLevel::kInfo,
-              "storage {}: the free space fell {} short of the floor of {}: evicted this store's "
-              "{} oldest page(s) ({} so far)",
-              url(), FormatBytes(short_by), FormatBytes(floor_->floor()), evicted, total);
-    return evicted >= pages;
-  }
-
-  // Adds one to `count`; the new count at its 1st, 2nd, 4th, 8th ... time (when to say so: a full
-  // disk costs a few lines, not one per page), 0 otherwise.
-  static int64_t CountAndSay(std::atomic<int64_t>& count) {
-    const int64_t n = count.fetch_add(1, std::memory_order_relaxed) + 1;
-    return (n & (n - 1)) == 0 ? n : 0;
+  // The free-space keeper's eviction: this store's least recently used pages (a chain's tail
+  // first) of at least `bytes`, their files unlinked before it returns, so the space they held is
+  // free; the pages evicted.
+  int64_t EvictOldest(int64_t bytes) {
+    const int64_t evicted = index_->pages() > 0 ? index_->EvictOldest(bytes) : 0;
+    UnlinkDetached();
+    return evicted;
   }
 
   // One attempt at writing a page: a temporary file in its shard directory, renamed into place.
@@ -851,7 +789,7 @@ class FileBackend final : public StorageBackend {
     }
     if (config_.fsync) ::fsync(shard.get());
     const WClock::time_point published = WClock::now();
-    if (floor_) floor_->NoteWritten(allocated_bytes_);
+    space_->NoteWritten();
     index_->Put(key, value_bytes_, stamp, parent);
     const WClock::time_point indexed = WClock::now();
     UnlinkDetached();  // the victims' files this Put evicted, outside the index's mutex
@@ -865,17 +803,14 @@ class FileBackend final : public StorageBackend {
   const std::string ns_name_;
   const uint64_t namespace_hash_;
   const int64_t value_bytes_;
-  const int64_t allocated_bytes_;   // a page file's blocks on disk (AllocatedBytes)
   const PageFileIo io_;             // after config_, namespace_hash_, value_bytes_: made from them
   std::shared_ptr<const Fd> root_;  // read and swapped through std::atomic_load / atomic_store
   PagePins pins_;                   // pages index_ must not evict
   std::unique_ptr<FileIndex> index_;  // set by Open, before the I/O threads start
   // After index_ (whose bytes the claim reads and whose pages the floor's watcher evicts): both
-  // are gone before it. floor_ is null with min_free_bytes = 0.
+  // are gone before it.
   DiskClaims::Claim claim_;
-  std::unique_ptr<DiskFloor> floor_;
-  std::mutex floor_mu_;  // one MakeRoom at a time
-  std::atomic<int64_t> floor_evicted_{0}, floor_refused_{0}, disk_full_retries_{0};
+  std::unique_ptr<FileSpaceKeeper> space_;  // made by Open before index_; its watcher after it
   std::atomic<int64_t> file_too_large_{0};  // Sets failed with EFBIG (for CountAndSay)
   std::atomic<uint64_t> temp_counter_{0};
   std::atomic<int64_t> found_v1_{0}, found_unreadable_{0};  // NoteFoundWithoutParent

@@ -66,7 +66,7 @@
 // writes once more; kNoSpace if that fails too. Such events are said at their 1st, 2nd, 4th ...
 // time, never once per page. A write past the process's file-size limit (RLIMIT_FSIZE) fails
 // with EFBIG (a failed Set, said at its 1st, 2nd, 4th ... time too): the I/O threads block
-// SIGXFSZ for themselves (file_backend.cc).
+// SIGXFSZ for themselves (file_backend.cc). The floor and a full disk: file_space_keeper.h.
 // The LRU order lives in the files' modification times: every Set and every Get hit stamps its
 // file with a strictly increasing time (a hit's written behind the reads by a stamper thread,
 // within about 0.5 s, and at Close: file_index.h "Stamps"), so a restart (which scans the

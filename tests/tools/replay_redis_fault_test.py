@@ -12,9 +12,11 @@ without hiredis
 
 Usage: replay_redis_fault_test.py KVTIER HIREDIS(ON|OFF)
 """
+import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -22,7 +24,7 @@ import tempfile
 import time
 
 from child_process import die_with_parent
-from missing_dep import missing
+from missing_dep import missing, required_dependencies_must_be_present
 from replay_report import run_replay
 
 
@@ -77,6 +79,7 @@ def main():
             failures.append("the report has no fault line with the hit rate before and after")
     failures += killed_replay_leaves_no_server(kvtier)
     failures += refused_writes_are_reported(kvtier)
+    failures += paused_during_the_ceiling(kvtier)
     for f in failures:
         print("FAIL: " + f)
     return 1 if failures else 0
@@ -121,6 +124,119 @@ def refused_writes_are_reported(kvtier):
         failures.append("a redis-server at maxmemory (noeviction): no refused writes reported")
     if ("%d writes refused by a full store" % refused) not in output:
         failures.append("the text report's storage line does not count the refused writes")
+    return failures
+
+
+def start_redis_server(port, tmp, *extra):
+    """A redis-server of the test's own on 127.0.0.1:`port`, listening, or None."""
+    server = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+         "--appendonly", "no", "--dir", tmp] + list(extra),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=die_with_parent())
+    deadline = time.monotonic() + 60  # start-up on a loaded box; not a speed check
+    while not listening(port):
+        if server.poll() is not None or time.monotonic() > deadline:
+            server.kill()
+            server.wait()
+            return None
+        time.sleep(0.05)
+    return server
+
+
+def running(pid):
+    """Whether `pid` is in the process table (a zombie, not yet reaped, counts)."""
+    return os.path.exists("/proc/%d" % pid)
+
+
+def benchmarks_of(port):
+    """Pids of redis-benchmark processes aimed at `port`."""
+    pids = []
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        try:
+            with open("/proc/%s/cmdline" % p, "rb") as f:
+                args = f.read().split(b"\0")
+        except OSError:
+            continue
+        if args and args[0].endswith(b"redis-benchmark") and str(port).encode() in args:
+            pids.append(int(p))
+    return pids
+
+
+# The ceiling's bound for the replay's store timeout (StorageOptions' default 2000 ms):
+# RedisCeilingTimeLimit = 5 timeouts, within 5-60 s.
+CEILING_LIMIT_S = 10
+
+
+def paused_during_the_ceiling(kvtier):
+    """Probe 6: the server stops answering (SIGSTOP) while the replay measures its storage read
+    ceiling with redis-benchmark. The pause is put exactly there: redis-benchmark is found on
+    PATH as a two-line wrapper that stops the server and then execs the real redis-benchmark
+    (the real program, against the real server, paused). The replay must kill and reap
+    redis-benchmark at the bound its store's timeout gives (the report names it), go on without
+    a ceiling against the still paused server (every storage call a timeout) and end; the wait
+    for that is a hang guard, not a timing check. Before the bound it waited 60 s plus a DEL's
+    own timeouts (~85 s in all) and then reported the DEL's error."""
+    real = shutil.which("redis-benchmark")
+    if real is None:
+        return ["redis-benchmark is not installed (Debian: redis-tools), which the replay's "
+                "ceiling uses"] if required_dependencies_must_be_present() else []
+    failures = []
+    with tempfile.TemporaryDirectory() as tmp:
+        port = free_port()
+        server = start_redis_server(port, tmp)
+        if server is None:
+            return ["the test's redis-server did not start"]
+        pid_file = os.path.join(tmp, "benchmark.pid")
+        wrapper = os.path.join(tmp, "redis-benchmark")
+        with open(wrapper, "w") as f:
+            f.write("#!/bin/sh\necho $$ > '%s'\nkill -STOP %d\nexec '%s' \"$@\"\n" %
+                    (pid_file, server.pid, real))
+        os.chmod(wrapper, 0o755)
+        out = os.path.join(tmp, "paused.json")
+        cmd = [kvtier, "replay", "--workload", "doc-qa", "--requests", "20", "--seed", "5",
+               "--model", "tiny", "--compute-model", "llama3-8b", "--device", "cpu",
+               "--device-tokens", "32768", "--host-tokens", "65536",
+               "--storage", "redis://127.0.0.1:%d" % port, "--sequential",
+               "--runs", "hierarchy", "--no-progress", "--json", out]
+        env = dict(os.environ, PATH=tmp + os.pathsep + os.environ.get("PATH", ""))
+        try:
+            replay = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True, env=env, preexec_fn=die_with_parent())
+            try:
+                # A hang guard: the replay needs the ceiling's 10 s and 20 requests' storage
+                # timeouts (~20 s on the 2-core box).
+                output, _ = replay.communicate(timeout=240)
+            except subprocess.TimeoutExpired:
+                replay.kill()
+                output, _ = replay.communicate()
+                failures.append("the replay did not end with the server paused in its ceiling")
+            left = benchmarks_of(port)
+        finally:
+            os.kill(server.pid, signal.SIGCONT)
+            server.terminate()
+            server.wait(timeout=60)
+        if not os.path.exists(pid_file):
+            return failures + ["the replay never ran redis-benchmark (no ceiling measured)"]
+        with open(pid_file) as f:
+            bench = int(f.read())
+        if running(bench) or left:
+            failures.append("redis-benchmark outlived the replay: pid %d running %s, on port %d: "
+                            "%s" % (bench, running(bench), port, left))
+        if replay.returncode != 0:
+            failures.append("the replay exited %d with the server paused in its ceiling:\n%s" %
+                            (replay.returncode, output[-2000:]))
+            return failures
+        with open(out) as f:
+            how = json.load(f)["ceilings"]["storage_read_how"]
+        print("server paused in the ceiling: %s" % how)
+        said = "the server did not answer: redis-benchmark ran past %d s" % CEILING_LIMIT_S
+        if said not in how or "2000 ms timeout" not in how:
+            failures.append("the report does not say that the server did not answer within "
+                            "the bound of the store's timeout: %r" % how)
+        if said not in output:
+            failures.append("the text report does not say why there is no storage ceiling")
     return failures
 
 

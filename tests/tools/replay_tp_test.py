@@ -7,10 +7,12 @@ once per record (no collective), and the report has the leader's decision time a
 loads (the same copies on every rank at both sizes, each rank's bytes) and load bandwidth. Then
 a rank is killed (SIGKILL) mid-replay, once the leader has said every rank attached: rank 0 stops
 with an error naming the dead rank (no wall-clock bound: the ctest timeout catches a hang). And
-rank 0 killed (SIGKILL) once the ranks attached: rank 1 dies with it.
+rank 0 killed (SIGKILL) once its ring exists and again once the ranks attached: rank 1 dies with
+it, and nothing of the run stays (no segment in /dev/shm, no file store in TMPDIR).
 
 Usage: replay_tp_test.py KVTIER
 """
+import ctypes
 import json
 import os
 import re
@@ -20,6 +22,8 @@ import tempfile
 import time
 
 from child_process import die_with_parent
+
+_libc = ctypes.CDLL(None, use_errno=True)
 
 
 def run(kvtier, model, tmp):
@@ -86,38 +90,103 @@ def gone(pid):
         return True
 
 
-def kill_the_leader(kvtier):
-    """SIGKILLs rank 0 once every rank attached: rank 1 must die with it (PR_SET_PDEATHSIG), not
-    serve on as an orphan. The wait for it to go is bounded (the kernel's SIGKILL, not a speed
-    check). Returns a failure text or None."""
-    cmd = [kvtier, "replay", "--tp", "2", "--model", "qwen2.5-0.5b", "--device", "cpu",
-           "--workload", "chat", "--requests", "1000", "--page-size", "16",
-           "--device-tokens", "2048", "--host-tokens", "16384", "--storage", "none",
-           "--no-progress"]
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                         preexec_fn=die_with_parent())
-    rank = None
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def subreaper(on):
+    """Makes this process the reaper of its orphaned descendants (a killed leader's ranks and its
+    janitor), so that it can wait for every one of them to exit."""
+    if _libc.prctl(PR_SET_CHILD_SUBREAPER, 1 if on else 0, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
+
+
+def reap_all(seconds):
+    """Reaps every child (with subreaper(True): every orphaned descendant too) until none is
+    left. The bound is a hang guard, not a timing check. Returns the pids still running then."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return []
+        if pid == 0:
+            if time.monotonic() > deadline:
+                return sorted(int(p) for p in os.listdir("/proc") if p.isdigit() and
+                              _parent(int(p)) == os.getpid())
+            time.sleep(0.05)
+
+
+def _parent(pid):
     try:
-        for line in p.stderr:
-            m = ATTACHED.search(line)
-            if m:
-                pids = re.findall(r"rank 1 \(pid (\d+)\)", m.group(1))
-                rank = int(pids[0]) if pids else None
-                break
-        if rank is None:
-            return "the leader never said rank 1 attached"
-        p.kill()
-        p.wait()
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-    deadline = time.monotonic() + 60
-    while not gone(rank):
-        if time.monotonic() > deadline:
-            os.kill(rank, 9)
+        with open("/proc/%d/stat" % pid) as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return -1
+
+
+CREATED = re.compile(r"kvtier replay --tp: group '(.*)' created")
+
+
+def kill_the_leader(kvtier, at):
+    """SIGKILLs rank 0 once it says `at` ("created": the ring exists and the ranks are starting;
+    "attached": every rank attached, TP=2 serving): rank 1 must die with it (PR_SET_PDEATHSIG),
+    not serve on as an orphan, and nothing of the run may stay: no segment of its group in
+    /dev/shm, nothing in its TMPDIR (the passes' file stores). Every descendant is waited for
+    (this process reaps the orphans), bounded by a hang guard. Returns a failure text or None."""
+    requests = "1000" if at == "attached" else "200"  # attached: still serving when killed
+    cmd = [kvtier, "replay", "--tp", "2", "--model", "qwen2.5-0.5b", "--device", "cpu",
+           "--workload", "chat", "--requests", requests, "--page-size", "16",
+           "--device-tokens", "2048", "--host-tokens", "16384", "--storage", "file",
+           "--no-progress"]
+    signal_line = CREATED if at == "created" else ATTACHED
+    with tempfile.TemporaryDirectory() as tmpdir:
+        subreaper(True)
+        try:
+            p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                 text=True, preexec_fn=die_with_parent(),
+                                 env=dict(os.environ, TMPDIR=tmpdir))
+            group = None
+            rank = None
+            err = ""
+            try:
+                for line in p.stderr:
+                    err += line
+                    m = CREATED.search(line)
+                    if m:
+                        group = m.group(1)
+                    m = ATTACHED.search(line)
+                    if m:
+                        pids = re.findall(r"rank 1 \(pid (\d+)\)", m.group(1))
+                        rank = int(pids[0]) if pids else None
+                    if signal_line.search(line):
+                        break
+                else:
+                    return "the leader never said '%s': %s" % (at, err.strip()[-300:])
+                leader = p.pid
+                p.kill()
+                p.wait()
+            finally:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+                p.stderr.close()
+            left = reap_all(120)
+            if left:
+                for pid in left:
+                    os.kill(pid, 9)
+                reap_all(30)
+                return "killed at '%s': processes outlived the leader: %s" % (at, left)
+        finally:
+            subreaper(False)
+        if rank is not None and not gone(rank):
             return "rank 1 (pid %d) outlived the killed leader" % rank
-        time.sleep(0.05)
+        own = "replay-tp.%d" % leader  # the run's group (the leader's pid names it)
+        shm = [f for f in os.listdir("/dev/shm") if own in f]
+        stores = os.listdir(tmpdir)
+        if shm or stores:
+            return "killed at '%s': /dev/shm holds %s, TMPDIR holds %s" % (at, shm, stores)
+        if group != own:
+            return "killed at '%s': the group is %r, not %s" % (at, group, own)
     return None
 
 
@@ -233,9 +302,10 @@ def main():
     err = kill_a_rank(kvtier)
     if err:
         failures.append("rank killed: " + err)
-    err = kill_the_leader(kvtier)
-    if err:
-        failures.append("leader killed: " + err)
+    for at in ("created", "attached"):
+        err = kill_the_leader(kvtier, at)
+        if err:
+            failures.append("leader killed: " + err)
     for f in failures:
         print("FAIL:", f)
     print("replay --tp: %s" % ("FAILED" if failures else "ok"))

@@ -188,7 +188,9 @@ Result<std::string> RunChild(std::vector<std::string> argv, std::chrono::seconds
   ::close(out[0]);
   if (timed_out) {
     *timed_out_out = true;
-    return Status::Unavailable(fmt::format("redis-benchmark ran past {} s", time_limit.count()));
+    return Status::Unavailable(
+        fmt::format("redis-benchmark ran past {} s (killed with its process group and reaped)",
+                    time_limit.count()));
   }
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
     return Status::Unavailable(fmt::format("redis-benchmark failed: {}", output));
@@ -199,7 +201,9 @@ Result<std::string> RunChild(std::vector<std::string> argv, std::chrono::seconds
 }  // namespace
 
 Result<std::vector<RedisBaselineRow>> RunRedisBenchmark(std::string_view url,
-                                                        const RedisBaselineOptions& options) {
+                                                        const RedisBaselineOptions& options,
+                                                        bool* timed_out_out) {
+  if (timed_out_out != nullptr) *timed_out_out = false;
   KVTIER_ASSIGN_OR_RETURN(testing::RedisServer parsed, testing::ParseRedisServer(url));
   if (options.value_bytes < 1 || options.clients < 1 || options.pipeline < 1 ||
       options.requests < 1 || options.key_space < 0) {
@@ -236,18 +240,30 @@ Result<std::vector<RedisBaselineRow>> RunRedisBenchmark(std::string_view url,
   // to a busy server): one failed run is retried once before it counts. A run killed at the time
   // limit is not: the server did not answer (a paused server cost the replay two limits).
   Result<std::vector<RedisBaselineRow>> rows = Status::Unavailable("not run");
+  bool timed_out = false;
   for (int attempt = 0; attempt < 2; ++attempt) {
-    bool timed_out = false;
     Result<std::string> output = RunChild(argv, options.time_limit, &timed_out);
     if (!output.ok() && !output.status().IsUnavailable()) return output.status();  // not installed
     rows = output.ok() ? ParseRedisBenchmarkCsv(*output, options.value_bytes) : output.status();
     if (rows.ok() || timed_out) break;
+  }
+  if (timed_out_out != nullptr) *timed_out_out = timed_out;
+  if (timed_out) {
+    // The server did not answer: a DEL of the literal key would wait for it again (its client's
+    // own timeouts), past the limit the caller gave.
+    return Status::Unavailable(fmt::format("{}; its key '{}' may be left on the server",
+                                           rows.status().message(), kLiteralKey));
   }
   if (options.key_space == 0 && !parsed.cluster) KVTIER_RETURN_IF_ERROR(DeleteLiteralKey(url));
   if (!rows.ok()) {
     return Status::Unavailable(fmt::format("{} (twice)", rows.status().message()));
   }
   return rows;
+}
+
+bool RedisKeySpace::Fits(std::string_view url) {
+  Result<testing::RedisServer> parsed = testing::ParseRedisServer(url);
+  return parsed.ok() && !parsed->cluster;
 }
 
 #if KVTIER_HAVE_HIREDIS

@@ -45,6 +45,9 @@ struct RedisBaselineRow {
 // with values of one size; Delete() (or the destructor, best effort) removes it.
 class RedisKeySpace {
  public:
+  // Whether `url` can hold one: a valid URL of one server, not of a cluster (redis-benchmark
+  // names a cluster's keys itself).
+  static bool Fits(std::string_view url);
   // Unavailable when the server cannot be reached or a SET fails; InvalidArgument for a bad or
   // a cluster URL.
   static Result<std::unique_ptr<RedisKeySpace>> Fill(std::string_view url, int64_t keys,
@@ -68,9 +71,12 @@ class RedisKeySpace {
 // of a redis+cluster:// URL), with the URL's credentials. A run that fails, runs past the time
 // limit or prints no result is retried once. NotFound when redis-benchmark is not installed;
 // Unavailable when both runs failed; InvalidArgument for a bad URL or a key space with a cluster
-// URL.
+// URL. A run that reaches `options.time_limit` is killed (its process group) and reaped, and
+// not retried: Unavailable at once, with `*timed_out` (when given) set — the server did not
+// answer, so the literal key is not deleted either (that would wait for the server again).
 Result<std::vector<RedisBaselineRow>> RunRedisBenchmark(std::string_view url,
-                                                        const RedisBaselineOptions& options);
+                                                        const RedisBaselineOptions& options,
+                                                        bool* timed_out = nullptr);
 
 // Parses redis-benchmark's --csv output (header line, then one line per test).
 Result<std::vector<RedisBaselineRow>> ParseRedisBenchmarkCsv(std::string_view csv,

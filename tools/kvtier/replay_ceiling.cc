@@ -220,8 +220,15 @@ Result<StorageCeiling> MeasureFileReadCeiling(const std::string& dir, int64_t pa
   return c;
 }
 
+std::chrono::seconds RedisCeilingTimeLimit(std::chrono::milliseconds store_timeout) {
+  const int64_t ms = std::max<int64_t>(0, store_timeout.count()) * kRedisCeilingStoreTimeouts;
+  return std::chrono::seconds(
+      std::clamp<int64_t>((ms + 999) / 1000, kRedisCeilingMinSeconds, kRedisCeilingMaxSeconds));
+}
+
 Result<StorageCeiling> MeasureRedisReadCeiling(const std::string& url, int64_t page_bytes,
-                                               int threads) {
+                                               int threads,
+                                               std::chrono::milliseconds store_timeout) {
   KVTIER_ASSIGN_OR_RETURN(testing::RedisServer parsed, testing::ParseRedisServer(url));
   if (!parsed.password.empty()) {
     // redis-benchmark takes the password on its command line, where any user of the machine
@@ -236,9 +243,18 @@ Result<StorageCeiling> MeasureRedisReadCeiling(const std::string& url, int64_t p
   o.pipeline = 1;
   // About 256 MiB of GETs (at least 64 requests), bounded in time.
   o.requests = std::clamp<int64_t>((int64_t{256} << 20) / page_bytes, 64, 20000);
-  o.time_limit = std::chrono::seconds(60);
-  KVTIER_ASSIGN_OR_RETURN(std::vector<RedisBaselineRow> rows, RunRedisBenchmark(url, o));
-  for (const RedisBaselineRow& r : rows) {
+  o.time_limit = RedisCeilingTimeLimit(store_timeout);
+  bool timed_out = false;
+  Result<std::vector<RedisBaselineRow>> rows = RunRedisBenchmark(url, o, &timed_out);
+  if (!rows.ok()) {
+    if (!timed_out) return rows.status();
+    return Status::Unavailable(fmt::format(
+        "storage ceiling: the server did not answer: {} (the bound: {} times the store's {} ms "
+        "timeout, within {}-{} s)",
+        rows.status().message(), kRedisCeilingStoreTimeouts, store_timeout.count(),
+        kRedisCeilingMinSeconds, kRedisCeilingMaxSeconds));
+  }
+  for (const RedisBaselineRow& r : *rows) {
     if (r.test != "GET" || !(r.gb_per_second > 0)) continue;
     StorageCeiling c;
     c.bytes_per_s = r.gb_per_second * 1e9;

@@ -13,13 +13,17 @@
 //            whose pages the page cache no longer holds reads at, beside the hot ceiling the
 //            ideal charges; not measured where the page cache keeps the files (tmpfs).
 //   redis:// redis-benchmark (Debian redis-tools) GETs of values of one page's bytes with N
-//            clients against the same server (RunRedisBenchmark).
+//            clients against the same server (RunRedisBenchmark), bounded by
+//            RedisCeilingTimeLimit of the store's timeout: a server that stops answering (paused,
+//            overloaded) costs the replay that long, then redis-benchmark is killed and reaped and
+//            the replay goes on without a ceiling.
 // Anything else (memory://, a missing redis-benchmark) has no baseline: the caller falls back to
 // the run's own storage -> host rate and says so.
 //
 // Thread safety: call from one thread; it starts and joins its own threads.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -43,11 +47,24 @@ struct StorageCeiling {
 Result<StorageCeiling> MeasureFileReadCeiling(const std::string& dir, int64_t page_bytes,
                                               int threads);
 
+// How long a redis ceiling may run: kRedisCeilingStoreTimeouts of the store's per-call timeout
+// (the time within which the store counts one call as answered), at least
+// kRedisCeilingMinSeconds (a healthy run's SETs and GETs take a second or two on a loaded 2-core
+// machine) and at most kRedisCeilingMaxSeconds; whole seconds, rounded up. The default 2 s
+// timeout gives 10 s.
+inline constexpr int kRedisCeilingStoreTimeouts = 5;
+inline constexpr int kRedisCeilingMinSeconds = 5;
+inline constexpr int kRedisCeilingMaxSeconds = 60;
+std::chrono::seconds RedisCeilingTimeLimit(std::chrono::milliseconds store_timeout);
+
 // redis-benchmark GET of `page_bytes` values with `threads` clients at the server of `url`
-// (redis:// or redis+cluster://). NotFound without redis-benchmark; Unavailable when it fails or
-// when the URL has a password (redis-benchmark would show it on its command line).
+// (redis:// or redis+cluster://), killed (its process group) and reaped once it has run
+// RedisCeilingTimeLimit(store_timeout). NotFound without redis-benchmark; Unavailable when it
+// fails, runs past the limit (the message says so, with the limit and the timeout it came from)
+// or when the URL has a password (redis-benchmark would show it on its command line).
 Result<StorageCeiling> MeasureRedisReadCeiling(const std::string& url, int64_t page_bytes,
-                                               int threads);
+                                               int threads,
+                                               std::chrono::milliseconds store_timeout);
 
 // fdatasync, then posix_fadvise(POSIX_FADV_DONTNEED) of the file at `path` (of `bytes`): its
 // pages leave the page cache, on a file system with a page cache of its own. Whether they all

@@ -71,7 +71,7 @@ Status RunStorage::Open(ReplaySetup& s, int64_t host_bytes) {
   url_ = backend->url();
   if (!s.storage_ceiling_measured) {
     s.storage_ceiling_measured = true;
-    MeasureCeiling(s, url);
+    MeasureCeiling(s, url, so.timeout);
   }
   if ((s.fault_at_s >= 0 && redis_ == nullptr) || s.fault_delay_ms > 0) {
     // --fault: the store sits behind the fault-injecting wrapper, healthy until TakeDown (a
@@ -88,7 +88,8 @@ Status RunStorage::Open(ReplaySetup& s, int64_t host_bytes) {
   return Status::OK();
 }
 
-void RunStorage::MeasureCeiling(ReplaySetup& s, const std::string& url) {
+void RunStorage::MeasureCeiling(ReplaySetup& s, const std::string& url,
+                                std::chrono::milliseconds store_timeout) {
   const int64_t page_bytes = s.options.page_size * s.model.kv_bytes_per_token();
   const int threads = static_cast<int>(s.options.storage_io_threads);
   Result<StorageCeiling> c = Status::Unavailable("no plain-read baseline for this kind of store");
@@ -97,7 +98,7 @@ void RunStorage::MeasureCeiling(ReplaySetup& s, const std::string& url) {
       c = MeasureFileReadCeiling(FileUrlDirectory(url), page_bytes, threads);
       break;
     case StorageBaseline::kRedisBenchmark:
-      c = MeasureRedisReadCeiling(url, page_bytes, threads);
+      c = MeasureRedisReadCeiling(url, page_bytes, threads, store_timeout);
       break;
     case StorageBaseline::kMemcpy:
     case StorageBaseline::kNone:

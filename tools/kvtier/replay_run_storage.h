@@ -41,8 +41,10 @@ class RunStorage {
 
  private:
   // The storage read ceiling of `url` (replay_ceiling.h) into s.storage_ceiling; a store without
-  // a baseline keeps 0 and the reason.
-  void MeasureCeiling(ReplaySetup& s, const std::string& url);
+  // a baseline keeps 0 and the reason. A Redis ceiling is bounded by the store's timeout
+  // (RedisCeilingTimeLimit).
+  void MeasureCeiling(ReplaySetup& s, const std::string& url,
+                      std::chrono::milliseconds store_timeout);
 
   // Declared first, so destroyed last: the backend closes its connections before the server
   // stops.

@@ -24,6 +24,7 @@
 #include "kvtier/storage.h"
 #include "kvtier/tp_group.h"
 #include "replay_model.h"
+#include "replay_tp_janitor.h"
 #include "replay_tp_pass.h"
 #include "replay_tp_rank.h"
 #include "replay_tp_report.h"
@@ -215,6 +216,14 @@ int RunReplayTp(const ReplayOptions& options, const TpReplayArgs& a,
                     RedactUrl(s.o.storage))),
                 2);
   }
+  // Started before anything that must not outlive this run exists (the stores, the ring).
+  std::error_code exe_error;
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe", exe_error).string();
+  if (exe_error) {
+    return fail(Status::IOError(fmt::format("/proc/self/exe: {}", exe_error.message())), 1);
+  }
+  Result<TpJanitor> janitor = TpJanitor::Start(self);
+  if (!janitor.ok()) return fail(janitor.status(), 1);
   if (s.o.storage == "file") {
     const char* tmp = std::getenv("TMPDIR");
     std::string templ =
@@ -223,6 +232,10 @@ int RunReplayTp(const ReplayOptions& options, const TpReplayArgs& a,
       return fail(Status::IOError(fmt::format("cannot create a temporary directory {}", templ)), 1);
     }
     s.store_dir = templ;
+    if (Status st = janitor->RemoveDirOnDeath(s.store_dir); !st.ok()) {
+      RemoveStore(s);
+      return fail(st, 1);
+    }
     // Room for every page the run can store (every request's whole pages, the whole model's
     // bytes; a pass's TP size does not change them): the store never evicts, so storage hits
     // are the same at every TP size. (An evicting store is not: the ranks' writes of one page
@@ -279,6 +292,15 @@ int RunReplayTp(const ReplayOptions& options, const TpReplayArgs& a,
     RemoveStore(s);
     return fail(leader.status(), 1);
   }
+  if (Status js = janitor->RemoveSegmentOnDeath(gc.name); !js.ok()) {
+    leader->reset();
+    RemoveStore(s);
+    return fail(js, 1);
+  }
+  // The point from which the ring exists and the ranks start (tests kill rank 0 here).
+  std::fprintf(stderr, "kvtier replay --tp: group '%s' created; starting rank(s) 1-%d\n",
+               gc.name.c_str(), a.tp - 1);
+  std::fflush(stderr);
   const std::vector<pid_t> pids = StartFollowers(fa, gc.name, s.StoreUrl(a.tp), self_args);
   st = static_cast<int>(pids.size()) == a.tp - 1
            ? (*leader)->WaitForFollowers()

@@ -24,8 +24,10 @@
 #include <thread>
 
 #include "bench.h"
+#include "config_flags.h"
 #include "kvtier/page_key.h"
 #include "kvtier/storage.h"
+#include "kvtier/storage_schemes.h"
 #include "redis_baseline.h"
 #include "replay_ceiling.h"
 #include "storage_bench_baseline.h"
@@ -61,6 +63,16 @@ void Append(OpTimes& to, const OpTimes& from) {
 }
 
 namespace {
+
+// The flag of a StorageOptions field (StorageBenchOptions::storage): --storage-threads,
+// --storage-min-free-bytes and --storage-timeout-ms; the fields the bench sets itself by their
+// schema name.
+std::string StorageBenchFlagOf(std::string_view field) {
+  if (field == "io_threads") return "--storage-threads";
+  if (field == "min_free_bytes") return "--storage-min-free-bytes";
+  if (field == "timeout_ms") return "--storage-timeout-ms";
+  return fmt::format("storage options: {}", field);
+}
 
 // A Set's time as the summary's JSON gives it: the calls' queue and hook times, then the profiled
 // pages' phases (SetPhaseSecondsJson).
@@ -267,9 +279,7 @@ Result<KindResult> RunKind(StorageBackend& backend, const std::vector<PageKey>& 
 // Exists of `count` stored small pages, 50 times; each call's time is a "batch".
 Result<OpTimes> RunExistsIndex(const std::string& url, const StorageBenchOptions& o,
                                uint64_t run_id, std::string* note) {
-  StorageOptions so;
-  so.io_threads = o.io_threads;
-  so.min_free_bytes = o.min_free_bytes;
+  StorageOptions so = o.storage;
   so.max_batch_pages = std::max<int64_t>(4096, o.exists_keys);
   KVTIER_ASSIGN_OR_RETURN(auto backend, OpenStorage(url, NamespaceOf(kExistsKind), so));
   const std::vector<PageKey> keys = KeysFor(kExistsKind, o.exists_keys, run_id);
@@ -387,10 +397,7 @@ Status Validate(const StorageBenchOptions& o) {
   if (o.batch_pages < 0 || o.batch_pages > 4096) {
     return Status::InvalidArgument("--storage-batch must be in [1, 4096], or 0 for the default");
   }
-  KVTIER_RETURN_IF_ERROR(
-      FindField(StorageOptionsSchema(), "io_threads")->CheckInt(o.io_threads, "--storage-threads"));
-  KVTIER_RETURN_IF_ERROR(FindField(StorageOptionsSchema(), "min_free_bytes")
-                             ->CheckInt(o.min_free_bytes, "--storage-min-free-bytes"));
+  KVTIER_RETURN_IF_ERROR(o.storage.Validate(StorageBenchFlagOf));
   if (o.in_flight < 0 || o.in_flight > 1024) {
     return Status::InvalidArgument("--storage-inflight must be in [1, 1024], or 0 for the default");
   }
@@ -414,7 +421,7 @@ struct KindRounds {
 
 // The rounds of one page kind: the backend's and the baselines' interleaved, so both see the same
 // machine. `file_dir` / `key_space`: the baselines' (empty / null: none).
-void RunRounds(const StorageBenchOptions& o, const std::string& scheme, const PageKind& kind,
+void RunRounds(const StorageBenchOptions& o, StorageBaseline baseline, const PageKind& kind,
                StorageBackend& backend, const std::vector<PageKey>& keys,
                const std::vector<PageKey>& write_keys, const PageSet& src, PageSet& dst,
                const std::string& file_dir, const RedisKeySpace* key_space, KindRounds* k) {
@@ -445,7 +452,8 @@ void RunRounds(const StorageBenchOptions& o, const std::string& scheme, const Pa
     return true;
   };
   auto run_baselines = [&] {
-    auto b = RunBaselines(scheme, file_dir, src, dst, key_space ? key_space->keys() : 0, one_round);
+    auto b =
+        RunBaselines(baseline, file_dir, src, dst, key_space ? key_space->keys() : 0, one_round);
     if (!b.ok()) {
       std::fprintf(stderr, "kvtier bench: %s baseline (not counted; kvtier's rows stand): %s\n",
                    kind.name, b.status().ToString().c_str());
@@ -599,7 +607,7 @@ int RedisInFlight(int64_t batch_bytes) {
 }
 
 int BenchKind(const StorageBenchOptions& options, const StorageOptions& so,
-              const std::string& scheme, const std::string& rest, uint64_t run_id,
+              const StorageScheme* scheme, const std::string& store_dir, uint64_t run_id,
               const std::string& kind_name, std::vector<StorageRow>* rows,
               std::vector<KindSummary>* summaries, int* exit_code) {
   const PageKind& kind = KindNamed(kind_name);
@@ -609,7 +617,7 @@ int BenchKind(const StorageBenchOptions& options, const StorageOptions& so,
     std::fprintf(stderr, "kvtier bench: %s\n", opened.status().ToString().c_str());
     return opened.status().IsInvalidArgument() ? 2 : 1;
   }
-  StorageBackend& backend = **opened;
+  StorageBackend& backend = **opened;  // so `scheme` is a row of the table
   const int64_t page_bytes = backend.ns().page_bytes();
   const int64_t n = std::max<int64_t>(2, *ParseByteSize(o.bytes_per_kind) / page_bytes);
   if (o.batch_pages == 0) o.batch_pages = RedisBatchPages(page_bytes);            // redis only
@@ -627,8 +635,8 @@ int BenchKind(const StorageBenchOptions& options, const StorageOptions& so,
   KindRounds k;
   std::unique_ptr<RedisKeySpace> key_space;
   std::string file_dir;  // the file baseline's, for all rounds of the kind
-  if (o.baseline && !FileUrlDirectory(o.url).empty()) {
-    file_dir = fmt::format("{}/kvtier-bench-baseline-{}-{}", rest, kind.name, ::getpid());
+  if (o.baseline && !store_dir.empty()) {
+    file_dir = fmt::format("{}/kvtier-bench-baseline-{}-{}", store_dir, kind.name, ::getpid());
     std::error_code ec;
     std::filesystem::create_directories(file_dir, ec);
     if (ec) {
@@ -637,7 +645,8 @@ int BenchKind(const StorageBenchOptions& options, const StorageOptions& so,
       return 1;
     }
   }
-  if (o.baseline && scheme == "redis") {
+  if (o.baseline && scheme->baseline == StorageBaseline::kRedisBenchmark &&
+      RedisKeySpace::Fits(o.url)) {
     auto filled = RedisKeySpace::Fill(o.url, n, page_bytes + kStoredPageHeaderBytes);
     if (!filled.ok()) {
       k.baseline_failure = "key space: " + filled.status().message();
@@ -647,7 +656,8 @@ int BenchKind(const StorageBenchOptions& options, const StorageOptions& so,
       key_space = std::move(*filled);
     }
   }
-  RunRounds(o, scheme, kind, backend, keys, write_keys, src, dst, file_dir, key_space.get(), &k);
+  RunRounds(o, scheme->baseline, kind, backend, keys, write_keys, src, dst, file_dir,
+            key_space.get(), &k);
   if (!file_dir.empty()) {
     std::error_code ec;
     std::filesystem::remove_all(file_dir, ec);
@@ -698,22 +708,22 @@ void AddStorageBenchOptions(CLI::App* bench, StorageBenchOptions* o) {
                    "pages per Set / Get call (0: the backend's default: file and memory stores "
                    "64; Redis as many as carry 8 MiB, 1 to 64)")
       ->capture_default_str();
-  bench
-      ->add_option("--storage-threads", o->io_threads,
-                   "I/O threads of the backend (0: the machine's default, min(cores, 16), at "
-                   "least 4); the file baseline runs as many pread threads")
-      ->capture_default_str();
+  const ConfigSchema<StorageOptions>& schema = StorageOptionsSchema();
+  CLI::Option* threads = AddFieldFlag(bench, *FindField(schema, "io_threads"), &o->storage,
+                                      StorageBenchFlagOf("io_threads"));
+  threads->description(threads->get_description() + "; the file baseline runs as many threads");
   bench
       ->add_option("--storage-inflight", o->in_flight,
                    "Set / Get batches in flight at once (0: the backend's default: file and "
                    "memory stores eight, as a streamed prefetch queues at least, or more for four "
                    "pages an I/O thread; Redis as many as carry 16 MiB, 1 to 8)")
       ->capture_default_str();
-  bench
-      ->add_option("--storage-min-free-bytes", o->min_free_bytes,
-                   "a file store's free-space floor in bytes (-1: the larger of 5 % of the file "
-                   "system and min(1 GiB, 20 % of it); 0: none)")
-      ->capture_default_str();
+  AddFieldFlag(bench, *FindField(schema, "min_free_bytes"), &o->storage,
+               StorageBenchFlagOf("min_free_bytes"));
+  // A functional test on a loaded machine raises it (a call past it is a miss, which the bench
+  // reports as a failure); a benchmark keeps the store's default.
+  AddFieldFlag(bench, *FindField(schema, "timeout_ms"), &o->storage,
+               StorageBenchFlagOf("timeout_ms"));
   bench
       ->add_option("--storage-exists-keys", o->exists_keys,
                    "stored keys in the Exists measurement (0 = skip it)")
@@ -729,21 +739,23 @@ int RunStorageBench(const StorageBenchOptions& options, const std::string& comma
     std::fprintf(stderr, "kvtier bench: %s\n", s.ToString().c_str());
     return 2;
   }
-  const size_t sep = o.url.find("://");
-  const std::string scheme = sep == std::string::npos ? "" : o.url.substr(0, sep);
-  std::string rest = sep == std::string::npos ? "" : o.url.substr(sep + 3);
-  rest = rest.substr(0, rest.find('?'));
+  // Null for a URL without a known scheme: OpenStorage (BenchKind) then says what is wrong.
+  const StorageScheme* scheme = FindStorageScheme(StorageUrlScheme(o.url));
+  // A store of plain files (its baseline's directory, emptied of the bench's namespaces at the
+  // end): "file:///dir?..." -> "/dir"; "" for other schemes.
+  const std::string store_dir = FileUrlDirectory(o.url);
   const uint64_t run_id = static_cast<uint64_t>(::getpid()) << 20 ^
                           static_cast<uint64_t>(Clock::now().time_since_epoch().count());
   std::vector<StorageRow> rows;
   std::vector<KindSummary> summaries;
   int exit_code = 0;
-  if (o.io_threads == 0) o.io_threads = DefaultIoThreads();
-  // Redis: by bytes per call and in flight, per kind (BenchKind); file and memory stores: batches
-  // of 64 pages (a streamed prefetch's of 8,192 tokens at page 16), in flight as follows.
-  const bool redis = scheme == "redis" || scheme == "redis+cluster";
-  if (o.batch_pages == 0 && !redis) o.batch_pages = 64;
-  if (o.in_flight == 0 && !redis) {
+  if (o.storage.io_threads == 0) o.storage.io_threads = DefaultIoThreads();
+  // A store on servers (a URL of hosts: redis, redis+cluster): by bytes per call and in flight,
+  // per kind (BenchKind); local stores (file, memory): batches of 64 pages (a streamed prefetch's
+  // of 8,192 tokens at page 16), in flight as follows.
+  const bool on_servers = scheme != nullptr && scheme->form == StorageUrlForm::kHosts;
+  if (o.batch_pages == 0 && !on_servers) o.batch_pages = 64;
+  if (o.in_flight == 0 && !on_servers) {
     // A prefetch queues all its batches at once, a streamed one at least eight (prefetcher.cc);
     // the bench keeps eight calls in flight, or more where that leaves an I/O thread fewer than
     // four pages, so that a thread that finishes a page does not find the queue empty while the
@@ -752,17 +764,16 @@ int RunStorageBench(const StorageBenchOptions& options, const std::string& comma
     // 57 % of the baseline, 8 batches at 72 %; on the 16-core GPU host 2 calls of 64 pages of
     // 512 KiB read at 75-97 % from run to run, 8 calls at 90-99 %). Many small batches cost too:
     // on that host 32 batches of 8 pages of 512 KiB read at 56 %, 2 batches of 64 at 72 %.
-    o.in_flight =
-        std::max(8, static_cast<int>((4 * o.io_threads + o.batch_pages - 1) / o.batch_pages) + 1);
+    o.in_flight = std::max(
+        8, static_cast<int>((4 * o.storage.io_threads + o.batch_pages - 1) / o.batch_pages) + 1);
   }
-  std::fprintf(stderr, "storage bench: %d I/O threads\n", o.io_threads);
-  StorageOptions so;
-  so.io_threads = o.io_threads;
-  so.min_free_bytes = o.min_free_bytes;
+  std::fprintf(stderr, "storage bench: %d I/O threads\n", o.storage.io_threads);
+  StorageOptions so = o.storage;
   so.max_queued_batches = std::max(so.max_queued_batches, o.in_flight);  // redis: 8 at most
 
   for (const std::string& kind_name : o.kinds) {
-    if (int stop = BenchKind(o, so, scheme, rest, run_id, kind_name, &rows, &summaries, &exit_code);
+    if (int stop =
+            BenchKind(o, so, scheme, store_dir, run_id, kind_name, &rows, &summaries, &exit_code);
         stop) {
       return stop;
     }
@@ -784,17 +795,17 @@ int RunStorageBench(const StorageBenchOptions& options, const std::string& comma
       rows.push_back(row);
     }
   }
-  if (!FileUrlDirectory(o.url).empty()) {  // every backend of the run is closed by now
+  if (!store_dir.empty()) {  // every backend of the run is closed by now
     for (const std::string& kind_name : o.kinds) {
       const std::string ns_name = NamespaceOf(KindNamed(kind_name)).Name();
-      RemoveEmptyDirectories(std::filesystem::path(rest) / ns_name);
+      RemoveEmptyDirectories(std::filesystem::path(store_dir) / ns_name);
     }
     if (o.exists_keys > 0) {
-      RemoveEmptyDirectories(std::filesystem::path(rest) / NamespaceOf(kExistsKind).Name());
+      RemoveEmptyDirectories(std::filesystem::path(store_dir) / NamespaceOf(kExistsKind).Name());
     }
   }
   PrintRows(stdout, rows);
-  PrintSummaries(stdout, summaries, o.io_threads);
+  PrintSummaries(stdout, summaries, o.storage.io_threads);
   if (!o.json_path.empty()) {
     if (Status s = WriteRowsJson(o.json_path, command, rows, summaries); !s.ok()) {
       std::fprintf(stderr, "kvtier bench: %s\n", s.ToString().c_str());

@@ -15,7 +15,6 @@
 #include <thread>
 
 #include "kvtier/storage.h"
-#include "kvtier/storage_schemes.h"
 #include "redis_baseline.h"
 #include "replay_ceiling.h"
 
@@ -295,16 +294,10 @@ Result<Baseline> RedisBenchmarkBaseline(const std::string& url, int64_t pages, i
 
 }  // namespace
 
-// The platform baselines of a scheme for the same pages: the first is the one the backend is
-// measured against, any others are shown beside it; none where the scheme has no baseline.
-// `file_dir`: the file baseline's directory (file:// only); `key_space`: the keys of a
-// RedisKeySpace that exists (redis:// only; 0: none).
-Result<std::vector<Baseline>> RunBaselines(const std::string& scheme, const std::string& file_dir,
+Result<std::vector<Baseline>> RunBaselines(StorageBaseline kind, const std::string& file_dir,
                                            const PageSet& src, PageSet& dst, int64_t key_space,
                                            const StorageBenchOptions& o) {
   std::vector<Baseline> baselines;
-  const StorageScheme* row = FindStorageScheme(scheme);
-  const StorageBaseline kind = row == nullptr ? StorageBaseline::kNone : row->baseline;
   if (kind == StorageBaseline::kFiles) {
     // N threads first (the reference), one thread beside it.
     // A direct store (direct=1) is measured against O_DIRECT reads and writes.
@@ -313,25 +306,26 @@ Result<std::vector<Baseline>> RunBaselines(const std::string& scheme, const std:
                         o.url.find("direct=true") != std::string::npos;
     const bool sync =
         o.url.find("fsync=1") != std::string::npos || o.url.find("fsync=true") != std::string::npos;
-    for (int threads : {o.io_threads, 1}) {
+    for (int threads : {o.storage.io_threads, 1}) {
       KVTIER_ASSIGN_OR_RETURN(Baseline b, FileBaseline(file_dir, src, dst, o.batch_pages, o.repeats,
                                                        threads, direct, sync));
       baselines.push_back(std::move(b));
-      if (o.io_threads == 1) break;
+      if (o.storage.io_threads == 1) break;
     }
     // Beside them: the N threads' reads checked as the file store checks them (what a checked
     // read can reach here), and their reads from the disk (the files dropped from the page
     // cache: context for a store the page cache cannot hold); never the reference.
     if (!direct) {
-      KVTIER_ASSIGN_OR_RETURN(
-          Baseline b, FileBaseline(file_dir, src, dst, o.batch_pages, o.repeats, o.io_threads,
-                                   /*direct=*/false, sync, /*cold=*/false,
-                                   /*checked=*/true));
+      KVTIER_ASSIGN_OR_RETURN(Baseline b, FileBaseline(file_dir, src, dst, o.batch_pages, o.repeats,
+                                                       o.storage.io_threads,
+                                                       /*direct=*/false, sync, /*cold=*/false,
+                                                       /*checked=*/true));
       baselines.push_back(std::move(b));
     }
     if (!direct) {
       Result<Baseline> cold = FileBaseline(file_dir, src, dst, o.batch_pages, o.repeats,
-                                           o.io_threads, /*direct=*/false, sync, /*cold=*/true);
+                                           o.storage.io_threads, /*direct=*/false, sync,
+                                           /*cold=*/true);
       if (cold.ok()) {
         baselines.push_back(std::move(*cold));
       } else {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kvtier/status.h"
+#include "kvtier/storage_schemes.h"
 #include "storage_bench.h"
 #include "storage_bench_pages.h"
 
@@ -31,12 +32,12 @@ struct Baseline {
   std::string note;
 };
 
-// The platform baselines of a scheme for the same pages (its row's StorageBaseline,
-// kvtier/storage_schemes.h): the first is the one the backend is measured against, any others
-// are shown beside it; none where the scheme has no baseline.
-// `file_dir`: the file baseline's directory (file:// only); `key_space`: the keys of a
-// RedisKeySpace that exists (redis:// only; 0: none).
-Result<std::vector<Baseline>> RunBaselines(const std::string& scheme, const std::string& file_dir,
+// The platform baselines of the store's scheme for the same pages (`kind`: its row's
+// StorageBaseline, kvtier/storage_schemes.h): the first is the one the backend is measured
+// against, any others are shown beside it; none for StorageBaseline::kNone.
+// `file_dir`: the file baseline's directory (kFiles only); `key_space`: the keys of a
+// RedisKeySpace that exists (kRedisBenchmark on one server only; 0: none).
+Result<std::vector<Baseline>> RunBaselines(StorageBaseline kind, const std::string& file_dir,
                                            const PageSet& src, PageSet& dst, int64_t key_space,
                                            const StorageBenchOptions& o);
 
