@@ -17,7 +17,7 @@
 #            (ADMISSION, default "all frequency": --admission-policy, threshold 2, the cache's
 #            default backlog; "all" with --admission-backlog-bytes 0 is the old queue-order
 #            drop: ADMISSION_FLAGS) and mode (MODES, default "seq conc2"); REPLAY_SIZE defaults
-#            to "--warmup 10 --requests 30" here: 4 runs of 40 requests, ~3-4 min on the H100 at
+#            to "--warmup 10 --requests 25" here: 4 runs of 35 requests, ~3-4 min on the H100 at
 #            the 1-1.6 s a request (300 requests took 5-8 min). The issue's >= 300
 #            requests is one call per run: ADMISSION=frequency MODES=seq
 #            REPLAY_SIZE="--warmup 100 --requests 300" (~6-9 min). The summary line per run: hit
@@ -65,7 +65,7 @@ if [[ $what == replay || $what == all || $what == admission ]]; then
   # REPLAY_SIZE="--warmup 5 --requests 20" REPLAY_DECODE=20 (ms a token; the GPU measures it).
   E=${REPLAY_ENGINE:-"--device gpu --compute gemm --model llama3-8b"}
   if [[ $what == admission ]]; then
-    Z=${REPLAY_SIZE:-"--warmup 10 --requests 30"}
+    Z=${REPLAY_SIZE:-"--warmup 10 --requests 25"}
   else
     Z=${REPLAY_SIZE:-"--warmup 100 --requests 300"}
   fi
