@@ -13,8 +13,18 @@
 #            (write_through; write_through_selective, threshold 2): hit rates, storage hits
 #            against the oracle, hits lost, write time-outs, hierarchy / ideal. --json per run.
 #            Then sequential write_through again with 16 I/O threads (twice the writers).
+#   admission  the same replay under write_through, once per storage admission policy
+#            (ADMISSION, default "all frequency": --admission-policy, threshold 2, the cache's
+#            default backlog; "all" with --admission-backlog-bytes 0 is the old queue-order
+#            drop: ADMISSION_FLAGS) and mode (MODES, default "seq conc2"); REPLAY_SIZE defaults
+#            to "--warmup 10 --requests 25" here: 4 runs of 35 requests, ~3-4 min on the H100 at
+#            the issue's 1-1.6 s a request (300 requests took 5-8 min). The issue's >= 300
+#            requests is one call per run: ADMISSION=frequency MODES=seq
+#            REPLAY_SIZE="--warmup 100 --requests 300" (~6-9 min). The summary line per run: hit
+#            rate, storage hit rate against the oracle, drops by reason.
 #
-# Usage: scripts/gpu_storage_writes.sh [bench|replay|all]   (default all)
+# Usage: scripts/gpu_storage_writes.sh [bench|replay|admission|all]   (default all: bench and
+# replay)
 # KVTIER: the CLI (default build-gpu/tools/kvtier, else build-deps/prebuilt/bin/kvtier).
 # STORE_DIR: where the stores go (default /tmp; needs ~55 GB free for the replay).
 # Logs and JSON to $OUT (else ./storage-writes-out). Exit 0 when every command exited 0 and no
@@ -49,17 +59,36 @@ if [[ $what == bench || $what == all ]]; then
   rm -rf "$dir"
 fi
 
-if [[ $what == replay || $what == all ]]; then
+if [[ $what == replay || $what == all || $what == admission ]]; then
   # REPLAY_ENGINE / REPLAY_SIZE: for a smoke run on a machine without a GPU, e.g.
   # REPLAY_ENGINE="--device cpu --compute model --model tiny --compute-model llama3-8b"
   # REPLAY_SIZE="--warmup 5 --requests 20" REPLAY_DECODE=20 (ms a token; the GPU measures it).
   E=${REPLAY_ENGINE:-"--device gpu --compute gemm --model llama3-8b"}
-  Z=${REPLAY_SIZE:-"--warmup 100 --requests 300"}
+  if [[ $what == admission ]]; then
+    Z=${REPLAY_SIZE:-"--warmup 10 --requests 25"}
+  else
+    Z=${REPLAY_SIZE:-"--warmup 100 --requests 300"}
+  fi
   C="$E $Z --storage file://$STORE_DIR/kvtier-storage-writes-replay?capacity=48GiB
      --storage-backup-queue-pages 512 --shard 3/8 --device-tokens 131072 --host-tokens 393216
      --no-progress --runs hierarchy --slow-class-warn"
   L="--storage-io-threads 8"
+  if [[ $what == admission ]]; then
+    for mode in ${MODES:-seq conc2}; do
+      if [[ $mode == seq ]]; then M="--sequential"; else M="--concurrency 2 --decode-ms-per-token ${REPLAY_DECODE:-measure}"; fi
+      for adm in ${ADMISSION:-all frequency}; do
+        stamp "== replay $mode write_through, admission $adm"
+        rm -rf "$STORE_DIR/kvtier-storage-writes-replay"
+        # shellcheck disable=SC2086
+        "$KVTIER" replay $C $L $M --hicache-write-policy write_through --admission-policy $adm \
+          --admission-threshold 2 ${ADMISSION_FLAGS:-} --json "$OUT/replay-$mode-admission-$adm.json" 2>&1 |
+          tee "$OUT/replay-$mode-admission-$adm.log"
+        [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
+      done
+    done
+  fi
   for mode in seq conc2; do
+    [[ $what == admission ]] && break
     if [[ $mode == seq ]]; then M="--sequential"; else M="--concurrency 2 --decode-ms-per-token ${REPLAY_DECODE:-measure}"; fi
     for policy in write_through write_through_selective; do
       stamp "== replay $mode $policy"
@@ -73,12 +102,14 @@ if [[ $what == replay || $what == all ]]; then
   # The writers' share while reads run is io_threads / 4 (storage_backend.cc): 2 threads at the
   # 8 above, 4 at 16. The same sequential write_through run with 16 I/O threads says whether the
   # writes' rate follows the writer threads (docs/perf-notes/storage-writes.md).
-  stamp "== replay seq write_through, 16 I/O threads"
-  rm -rf "$STORE_DIR/kvtier-storage-writes-replay"
-  # shellcheck disable=SC2086
-  "$KVTIER" replay $C --sequential --hicache-write-policy write_through --storage-io-threads 16 \
-    --json "$OUT/replay-seq-write_through-io16.json" 2>&1 | tee "$OUT/replay-seq-write_through-io16.log"
-  [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
+  if [[ $what != admission ]]; then
+    stamp "== replay seq write_through, 16 I/O threads"
+    rm -rf "$STORE_DIR/kvtier-storage-writes-replay"
+    # shellcheck disable=SC2086
+    "$KVTIER" replay $C --sequential --hicache-write-policy write_through --storage-io-threads 16 \
+      --json "$OUT/replay-seq-write_through-io16.json" 2>&1 | tee "$OUT/replay-seq-write_through-io16.log"
+    [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
+  fi
   rm -rf "$STORE_DIR/kvtier-storage-writes-replay"
   # One line per run: hit rates, storage against the oracle, lost hits, write time-outs, ideal.
   python3 - "$OUT" <<'PY' | tee "$OUT/summary.txt"
@@ -90,10 +121,11 @@ for path in sorted(glob.glob(os.path.join(sys.argv[1], "replay-*.json"))):
     e = run.get("storage_errors", {})
     h = r.get("headline", {})
     p50 = h.get("hierarchy_over_ideal_p50", {}).get("value", 0)
-    print("%-40s storage hit %.2f %% / oracle %.2f %% = %.0f %%; lost %d tokens in %d requests; "
-          "write timeouts %d, queue drops %d; hierarchy/ideal p50 %.2fx; wrong bytes %d; "
-          "not written: %s" % (
-              os.path.basename(path), 100 * o.get("storage_hit_rate", 0),
+    print("%-40s hit %.2f %%; storage hit %.2f %% / oracle %.2f %% = %.0f %%; lost %d tokens in "
+          "%d requests; write timeouts %d, queue drops %d; hierarchy/ideal p50 %.2fx; wrong bytes "
+          "%d; not written: %s" % (
+              os.path.basename(path), 100 * run.get("hit_rate", 0),
+              100 * o.get("storage_hit_rate", 0),
               100 * o.get("oracle_storage_hit_rate", 0), o.get("storage_hit_pct_of_oracle", 0),
               o.get("lost_tokens", 0), o.get("lost_requests", 0), e.get("write_timeouts", -1),
               e.get("queue_drops", -1), p50, r["integrity"]["wrong_bytes"],

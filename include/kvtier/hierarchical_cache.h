@@ -150,10 +150,12 @@ const char* CacheTierName(CacheTier tier);
 //              write_through_selective counts) is at least `threshold`;
 //   frequency  pages whose access count in a small count-min sketch (TinyLFU's: 4 rows of
 //              `sketch_counters` 4-bit counters, halved every 10 x sketch_counters accesses, so
-//              it forgets) is at least `threshold`, or any page while the write backlog has room.
+//              it forgets) is at least `threshold`, or any page while the writes waiting have
+//              room (the store's queue takes the store now, or the backlog holds it whole).
 //              An access is a page of a Match's matched prefix or a page Insert added; the sketch
 //              remembers pages long after every tier dropped them.
-// Writes wait in a backlog of at most `backlog_bytes` before they reach the store (at most
+// Writes wait in a backlog of at most `backlog_bytes` (and at most an eighth of the host tier:
+// waiting writes keep their host pages) before they reach the store (at most
 // max_backup_queue_pages pages of writes are with the store at once). When it is full, the writes
 // least likely to be reused (the lowest estimate: hit count for all / hits, sketch count for
 // frequency) are dropped, the newcomer included, not the newest by queue order. Every page not

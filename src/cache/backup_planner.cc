@@ -172,8 +172,16 @@ bool BackupPlanner::Store(RadixNode* node, CacheWork* work, bool* deferred) {
   for (RadixNode* n : path) pages += n->num_tokens() / core_.P;
   const int64_t page_bytes = core_.PageBytes();
   const int64_t queue_pages = core_.config.storage.max_backup_queue_pages;
-  // Admission, page by page from the head: the first page refused ends the store.
-  const bool room = StoreQueueRoom() >= pages || backlog_.free_bytes() >= pages * page_bytes;
+  if (queue_pages <= 0) {  // no store queue: nothing is ever written (not a choice of admission)
+    core_.counters.storage_backup_dropped_tokens += pages * core_.P;
+    ++core_.counters.storage_queue_drops;
+    return false;
+  }
+  // Admission, page by page from the head: the first page refused ends the store. Room: the
+  // queue takes the store now (what does not fit follows as it lands: StoreBelow, asking again),
+  // or the backlog holds it whole.
+  const bool room =
+      (backlog_.empty() && StoreQueueRoom() > 0) || backlog_.free_bytes() >= pages * page_bytes;
   int64_t admitted = 0, head_estimate = 0;
   bool refused = false;
   for (RadixNode* n : path) {
@@ -257,6 +265,16 @@ std::shared_ptr<CopyOp> BackupPlanner::MakeStore(const std::vector<RadixNode*>& 
   core_.counters.storage_backup_inflight_tokens += op->tokens;
   core_.tracker.Add(op);
   return op;
+}
+
+void BackupPlanner::SizeBacklog() {
+  int64_t bytes = core_.config.storage.admission.backlog_bytes;
+  if (core_.config.storage.max_backup_queue_pages <= 0 || !core_.host) bytes = 0;
+  if (core_.host) {
+    bytes =
+        std::min(bytes, core_.host->num_pages() * core_.PageBytes() / kMaxBacklogHostShareDivisor);
+  }
+  backlog_.set_capacity_bytes(bytes);
 }
 
 void BackupPlanner::SubmitFromBacklog(CacheWork* work) {

@@ -31,6 +31,7 @@ Status CacheParts::Open(const KvRegion& device_region, std::unique_ptr<TransferE
   KVTIER_RETURN_IF_ERROR(executor.Start());
   KVTIER_RETURN_IF_ERROR(OpenStorageTier(device_region));
   CacheLock lk(*this);
+  planner.SizeBacklog();  // against the host tier just opened
   // The tree calls its hooks from its own calls, which are made under the lock.
   tree.SetSplitHook([this](RadixNode* upper, RadixNode* lower)
                         KVTIER_REQUIRES(kCacheLock) { OnSplit(upper, lower); });

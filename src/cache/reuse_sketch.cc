@@ -31,22 +31,24 @@ ReuseSketch::ReuseSketch(int64_t width)
       sample_(10 * width_),
       counters_(static_cast<size_t>(kRows * width_), 0) {}
 
-size_t ReuseSketch::Index(const PageKey& key, int row) const {
-  // Page keys are SHA-256 chains (kvtier/page_key.h): any 8 bytes are uniform; each row takes
-  // its own word, mixed with the row so that rows never agree by construction.
+void ReuseSketch::Counters(const PageKey& key, size_t at[kRows]) const {
+  // Page keys are SHA-256 chains (kvtier/page_key.h): any 8 bytes are uniform; mixed once. The
+  // low bits pick a 64-byte block (one cache line: kRows rows of 16 counters), 4 bits each the
+  // row's counter in it, as Caffeine's blocked FrequencySketch does: one miss per key, not kRows.
   uint64_t word = 0;
-  std::memcpy(&word, key.bytes.data() + 8 * row, sizeof(word));
-  const uint64_t h = Mix(word + 0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(row + 1));
-  return static_cast<size_t>(row * width_) + static_cast<size_t>(h & (width_ - 1));
+  std::memcpy(&word, key.bytes.data(), sizeof(word));
+  const uint64_t h = Mix(word);
+  const size_t block = static_cast<size_t>(h & static_cast<uint64_t>(width_ / 16 - 1)) * 64;
+  for (int r = 0; r < kRows; ++r) {
+    at[r] = block + static_cast<size_t>(r * 16) + static_cast<size_t>((h >> (32 + 4 * r)) & 15);
+  }
 }
 
 void ReuseSketch::Record(const PageKey& key) {
   size_t at[kRows];
+  Counters(key, at);
   uint8_t least = kMaxCount;
-  for (int r = 0; r < kRows; ++r) {
-    at[r] = Index(key, r);
-    least = std::min(least, counters_[at[r]]);
-  }
+  for (int r = 0; r < kRows; ++r) least = std::min(least, counters_[at[r]]);
   if (least < kMaxCount) {
     for (int r = 0; r < kRows; ++r) {
       if (counters_[at[r]] == least) ++counters_[at[r]];
@@ -56,8 +58,10 @@ void ReuseSketch::Record(const PageKey& key) {
 }
 
 int64_t ReuseSketch::Estimate(const PageKey& key) const {
+  size_t at[kRows];
+  Counters(key, at);
   uint8_t least = kMaxCount;
-  for (int r = 0; r < kRows; ++r) least = std::min(least, counters_[Index(key, r)]);
+  for (int r = 0; r < kRows; ++r) least = std::min(least, counters_[at[r]]);
   return least;
 }
 

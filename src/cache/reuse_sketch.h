@@ -3,7 +3,8 @@
 // Cache Admission Policy", 2017), for the storage admission policy `frequency`
 // (kvtier/hierarchical_cache.h, StorageAdmission).
 //
-// kRows rows of `width` 4-bit counters (a power of two, at least 16). Record(key) adds one to the
+// kRows rows of `width` 4-bit counters (a power of two, at least 16), blocked: a key's counter in
+// every row lies in one 64-byte block (one cache line per key). Record(key) adds one to the
 // key's counter in each row where it is the smallest of the key's counters (conservative update:
 // a key never raises a counter above its own estimate + 1, so collisions inflate estimates less);
 // Estimate(key) is the smallest of its counters, an overestimate of the key's accesses since the
@@ -39,15 +40,16 @@ class ReuseSketch {
   int64_t halvings() const { return halvings_; }
 
  private:
-  // The key's counter index in `row`.
-  size_t Index(const PageKey& key, int row) const;
+  // The key's counter in each row: all in one 64-byte block of `counters_`.
+  void Counters(const PageKey& key, size_t at[kRows]) const;
   void Halve();
 
   int64_t width_;
   int64_t sample_;
   int64_t records_ = 0;
   int64_t halvings_ = 0;
-  std::vector<uint8_t> counters_;  // [kRows, width_], one counter a byte
+  // [width_ / 16 blocks, kRows, 16], one counter a byte: a key's kRows counters share a block.
+  std::vector<uint8_t> counters_;
 };
 
 }  // namespace kvtier

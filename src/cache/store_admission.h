@@ -7,7 +7,8 @@
 //   hits       estimate: the node's hit count; admits a page whose estimate >= threshold
 //   frequency  estimate: the page key's count in a ReuseSketch (cache/reuse_sketch.h) of the
 //              accesses Record saw; admits a page whose estimate >= threshold, or any page while
-//              the write backlog has room
+//              the writes waiting have room (the store's queue takes the store now, or the
+//              backlog holds it whole)
 //
 // Thread safety: none; the cache's mutex guards it (Record changes the sketch).
 #pragma once

@@ -26,6 +26,8 @@ class StoreBacklog {
   StoreBacklog(const StoreBacklog&) = delete;
   StoreBacklog& operator=(const StoreBacklog&) = delete;
 
+  // REQUIRES: empty().
+  void set_capacity_bytes(int64_t bytes) { capacity_bytes_ = bytes; }
   int64_t capacity_bytes() const { return capacity_bytes_; }
   int64_t bytes() const { return bytes_; }
   int64_t free_bytes() const { return capacity_bytes_ - bytes_; }

@@ -246,8 +246,8 @@ TEST(BackupPlannerTest, AFullBacklogDropsTheLeastLikelyToBeReusedAndSubmitsTheLi
   cfg.storage.max_backup_queue_pages = 1;
   cfg.storage.admission.policy = StorageAdmission::kAll;
   const int64_t page_bytes = kPage * testing::kRigLayers * testing::kRigSlotBytes * 2;
-  cfg.storage.admission.backlog_bytes = 2 * page_bytes;
-  auto rig = PartsRig::Make(cfg, kPage, 8, 8);
+  cfg.storage.admission.backlog_bytes = 2 * page_bytes;  // within an eighth of 16 host pages
+  auto rig = PartsRig::Make(cfg, kPage, 8, 16);
   ASSERT_EQ(rig->p().PageBytes(), page_bytes);
   std::vector<RadixNode*> n;  // a, b, c, d, e: one page each, hit counts 1, 1, 3, 2, 1
   for (int i = 0; i < 5; ++i) n.push_back(rig->InsertOnDevice(Seq(kPage, 100 * (i + 1))));
@@ -270,6 +270,7 @@ TEST(BackupPlannerTest, AFullBacklogDropsTheLeastLikelyToBeReusedAndSubmitsTheLi
     EXPECT_TRUE(planner.Store(d, &later));   // 2 > b's 1: b is given up
     EXPECT_FALSE(planner.Store(e, &later));  // 1: below everything held: dropped
     EXPECT_EQ(later.storage.size(), 1u);
+    EXPECT_EQ(planner.backlog().capacity_bytes(), 2 * page_bytes);
     EXPECT_EQ(planner.backlog().size(), 2u);
     EXPECT_EQ(planner.backlog().bytes(), 2 * page_bytes);
     EXPECT_TRUE(c->storing());
@@ -339,6 +340,23 @@ TEST(BackupPlannerTest, AdmissionByHitsStoresOnlyTheAdmittedHeadOfAPath) {
   EXPECT_FALSE(leaf->stored());
   EXPECT_EQ(rig->p().counters.storage_backup_tokens, 2 * kPage);
   rig->ExpectConsistent();
+}
+
+// The backlog holds at most an eighth of the host tier (its stores keep their host pages), and
+// nothing without a store queue (it would never drain).
+TEST(BackupPlannerTest, TheBacklogIsAtMostAnEighthOfTheHostTier) {
+  HierarchicalCacheConfig cfg = Config(WritePolicy::kWriteThrough);
+  cfg.storage.backend = RigMemoryStore(kPage);
+  cfg.storage.admission.backlog_bytes = int64_t{1} << 30;
+  auto rig = PartsRig::Make(cfg, kPage, 8, 64);
+  {
+    CacheLock lk(rig->p());
+    EXPECT_EQ(rig->p().planner.backlog().capacity_bytes(), 64 * rig->p().PageBytes() / 8);
+  }
+  cfg.storage.max_backup_queue_pages = 0;
+  auto no_queue = PartsRig::Make(cfg, kPage, 8, 64);
+  CacheLock lk(no_queue->p());
+  EXPECT_EQ(no_queue->p().planner.backlog().capacity_bytes(), 0);
 }
 
 }  // namespace

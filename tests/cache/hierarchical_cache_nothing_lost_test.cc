@@ -511,6 +511,10 @@ TEST(NothingLostReasonsTest, AFullQueueIsCountedAsQueueFullAndTheRestIsStored) {
   cfg.host_capacity_bytes = 256 * 16 * kLayers * kSlotBytes * 2;
   cfg.storage.backend = store;
   cfg.storage.max_backup_queue_pages = 4;
+  // Without a write backlog (a store the queue cannot take is dropped, counted as queue_full),
+  // admitting every page; the backlog's drops are backup_planner_test's.
+  cfg.storage.admission.policy = StorageAdmission::kAll;
+  cfg.storage.admission.backlog_bytes = 0;
   auto c = HierarchicalCache::Create(cfg, s.device->region());
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   s.cache = std::move(*c);

@@ -43,6 +43,10 @@ CASES = [
     (["--load-back-threshold", "-1"], "--load-back-threshold = -1 must be in [0, "),
     (["--storage-backup-queue-pages", "-1"], "--storage-backup-queue-pages = -1 must be in [0, "),
     (["--storage-min-free-bytes", "-2"], "--storage-min-free-bytes = -2 must be in [-1, "),
+    # Storage admission: one flag per field of StorageAdmissionConfig's schema.
+    (["--admission-threshold", "0"], "--admission-threshold = 0 must be in [1, 15]"),
+    (["--admission-policy", "lru"], "--admission-policy"),
+    (["--admission-backlog-bytes", "-1"], "--admission-backlog-bytes = -1 must be in [0, "),
     (["--shard", "8/8"], "--shard"),
     (["--shard", "1-8"], "--shard"),
     (["--skip", "-1"], "--skip"),

@@ -32,13 +32,15 @@ struct StorageBenchOptions {
   // 0: the backend's default: 64 (file, memory), or the pages that carry 8 MiB (Redis: a call
   // must be done within the store's timeout).
   int64_t batch_pages = 0;
-  int io_threads = 0;  // the backend's; 0: the machine's default
-  int in_flight = 0;   // batches in flight at once; 0: the backend's default (file, memory: 8, or
-                       // more for four pages an I/O thread; Redis: 16 MiB in flight, 1 to 8)
-  int repeats = 3;     // Set+Get rounds per kind; each batch's time goes into p50/p99,
-                       // throughput is the median round
+  int in_flight = 0;  // batches in flight at once; 0: the backend's default (file, memory: 8, or
+                      // more for four pages an I/O thread; Redis: 16 MiB in flight, 1 to 8)
+  int repeats = 3;    // Set+Get rounds per kind; each batch's time goes into p50/p99,
+                      // throughput is the median round
   int64_t exists_keys = 1000;
-  int64_t min_free_bytes = StorageOptions{}.min_free_bytes;  // a file store's free-space floor
+  // The backend's options. Flags from StorageOptionsSchema: io_threads (--storage-threads; 0:
+  // the machine's default, and the file baseline runs as many threads) and min_free_bytes
+  // (--storage-min-free-bytes); the bench sets max_queued_batches for its calls in flight.
+  StorageOptions storage;
   bool baseline = true;
   // After each round's Get: the stored pages read again while as many other pages are Set
   // ("get/w" and "set/r" rows: reads under writes against the read ceiling).

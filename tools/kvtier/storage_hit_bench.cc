@@ -13,6 +13,7 @@
 #include <random>
 #include <vector>
 
+#include "config_flags.h"
 #include "kvtier/device.h"
 #include "kvtier/hierarchical_cache.h"
 #include "kvtier/storage.h"
@@ -238,9 +239,8 @@ void AddStorageHitBenchOptions(CLI::App* bench, StorageHitBenchOptions* o) {
   bench->add_option("--storage-hit-backend", o->backend, "the cache's transfer backend")
       ->check(CLI::IsMember({"cpu", "kernel", "dma"}))
       ->capture_default_str();
-  bench->add_option("--storage-hit-threads", o->io_threads, "the store's I/O threads (0: default)")
-      ->check(CLI::Range(0, 64))
-      ->capture_default_str();
+  AddFieldFlag(bench, *FindField(StorageOptionsSchema(), "io_threads"), &o->storage,
+               "--storage-hit-threads");
 }
 
 int RunStorageHitBench(const StorageHitBenchOptions& o) {
@@ -259,8 +259,7 @@ int RunStorageHitBench(const StorageHitBenchOptions& o) {
   pages.page_size = o.page_size;
   const StorageNamespace ns =
       StorageNamespaceOf(pages, /*mla=*/false, {.model_id = "kvtier-storage-hit-bench"});
-  StorageOptions options;
-  options.io_threads = o.io_threads;
+  StorageOptions options = o.storage;
   options.timeout = std::chrono::seconds(60);
   Result<std::unique_ptr<StorageBackend>> opened = OpenStorage(o.url, ns, options);
   if (!opened.ok()) {

@@ -21,6 +21,8 @@
 #include <cstdint>
 #include <string>
 
+#include "kvtier/storage.h"
+
 namespace kvtier::tools {
 
 struct StorageHitBenchOptions {
@@ -28,7 +30,9 @@ struct StorageHitBenchOptions {
   int64_t tokens = 8192;
   int64_t page_size = 16;       // tokens a page
   std::string backend = "cpu";  // cpu, kernel or dma (the cache's transfer backend)
-  int io_threads = 0;           // the store's; 0: the machine's default
+  // The store's options: io_threads from StorageOptionsSchema (--storage-hit-threads; 0: the
+  // machine's default); the bench gives every call 60 s.
+  StorageOptions storage;
   int repeats = 5;
 };
 
