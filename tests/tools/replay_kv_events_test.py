@@ -255,7 +255,7 @@ def main():
         print("%d batches rebuild the cache's blocks: %s" % (batches, ", ".join(
             "%s %d" % (m, len(b)) for m, b in sorted(events["blocks"].items()))))
         print("PASS")
-    ctx.term()
+    ctx.destroy(linger=0)
 
 
 if __name__ == "__main__":
