@@ -34,6 +34,14 @@ def listening(port):
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+def replay_cmd(kvtier, requests, storage, *extra):
+    """`kvtier replay` of doc-qa on the tiny model, sequential, on `storage`, plus `extra`."""
+    return [kvtier, "replay", "--workload", "doc-qa", "--requests", str(requests), "--seed", "5",
+            "--model", "tiny", "--compute-model", "llama3-8b", "--device", "cpu",
+            "--device-tokens", "32768", "--host-tokens", "65536", "--storage", storage,
+            "--sequential", "--runs", "hierarchy", "--no-progress"] + list(extra)
+
+
 def main():
     kvtier, hiredis = sys.argv[1], sys.argv[2]
     if hiredis.upper() not in ("ON", "1", "TRUE", "YES"):
@@ -43,13 +51,10 @@ def main():
                        "real server")
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "fault.json")
-        cmd = [kvtier, "replay", "--workload", "doc-qa", "--requests", "120", "--seed", "5",
-               "--model", "tiny", "--compute-model", "llama3-8b", "--device", "cpu",
-               "--device-tokens", "32768", "--host-tokens", "65536", "--storage", "redis",
-               "--sequential", "--runs", "hierarchy", "--fault", "storage-down@30",
-               # Storage hits before the stop must not depend on the server's write speed.
-               "--settle-backups",
-               "--no-progress", "--json", out]
+        cmd = replay_cmd(kvtier, 120, "redis", "--fault", "storage-down@30",
+                         # Storage hits before the stop must not depend on the server's write
+                         # speed.
+                         "--settle-backups", "--json", out)
         report, output = run_replay(cmd, out, timeout=240)
     run = report["runs"][-1]
     failures = []
@@ -96,23 +101,13 @@ def refused_writes_are_reported(kvtier):
     (JSON storage_errors.refused_writes, the text's storage line), where it said "0 errors"."""
     with tempfile.TemporaryDirectory() as tmp:
         port = free_port()
-        server = subprocess.Popen(
-            ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--maxmemory", "3mb", "--maxmemory-policy", "noeviction",
-             "--dir", tmp],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=die_with_parent())
+        server = start_redis_server(port, tmp, "--maxmemory", "3mb",
+                                    "--maxmemory-policy", "noeviction")
+        if server is None:
+            return ["the test's redis-server (noeviction) did not start"]
         try:
-            deadline = time.monotonic() + 60  # start-up on a loaded box; not a speed check
-            while not listening(port):
-                if server.poll() is not None or time.monotonic() > deadline:
-                    return ["the test's redis-server (noeviction) did not start"]
-                time.sleep(0.05)
             out = os.path.join(tmp, "refused.json")
-            cmd = [kvtier, "replay", "--workload", "doc-qa", "--requests", "60", "--seed", "5",
-                   "--model", "tiny", "--compute-model", "llama3-8b", "--device", "cpu",
-                   "--device-tokens", "32768", "--host-tokens", "65536",
-                   "--storage", "redis://127.0.0.1:%d" % port, "--sequential",
-                   "--runs", "hierarchy", "--no-progress", "--json", out]
+            cmd = replay_cmd(kvtier, 60, "redis://127.0.0.1:%d" % port, "--json", out)
             report, output = run_replay(cmd, out, timeout=240, echo=False)
         finally:
             server.terminate()
@@ -195,11 +190,7 @@ def paused_during_the_ceiling(kvtier):
                     (pid_file, server.pid, real))
         os.chmod(wrapper, 0o755)
         out = os.path.join(tmp, "paused.json")
-        cmd = [kvtier, "replay", "--workload", "doc-qa", "--requests", "20", "--seed", "5",
-               "--model", "tiny", "--compute-model", "llama3-8b", "--device", "cpu",
-               "--device-tokens", "32768", "--host-tokens", "65536",
-               "--storage", "redis://127.0.0.1:%d" % port, "--sequential",
-               "--runs", "hierarchy", "--no-progress", "--json", out]
+        cmd = replay_cmd(kvtier, 20, "redis://127.0.0.1:%d" % port, "--json", out)
         env = dict(os.environ, PATH=tmp + os.pathsep + os.environ.get("PATH", ""))
         try:
             replay = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -242,10 +233,7 @@ def paused_during_the_ceiling(kvtier):
 
 def killed_replay_leaves_no_server(kvtier):
     """SIGKILL the replay while it runs: its redis-server must go with it (PR_SET_PDEATHSIG)."""
-    cmd = [kvtier, "replay", "--workload", "doc-qa", "--requests", "100000", "--seed", "5",
-           "--model", "tiny", "--compute-model", "llama3-8b", "--device", "cpu",
-           "--device-tokens", "32768", "--host-tokens", "65536", "--storage", "redis",
-           "--sequential", "--runs", "hierarchy", "--no-progress"]
+    cmd = replay_cmd(kvtier, 100000, "redis")
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             preexec_fn=die_with_parent())
     port = None
