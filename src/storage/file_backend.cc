@@ -764,11 +764,12 @@ class FileBackend final : public StorageBackend {
     ok = ok && (!config_.fsync || ::fdatasync(fd.get()) == 0);
     const WClock::time_point synced = config_.fsync ? WClock::now() : written;
     int64_t stamp = 0;
+    bool replaced = false;  // the key's older file swapped out to `temp` (PublishFile)
     if (ok) {
       stamp = index_->NextStamp();
       const timespec times[2] = {{0, UTIME_OMIT}, ToTimespec(stamp)};
       ok = ::futimens(fd.get(), times) == 0 &&
-           ::renameat(shard.get(), temp.c_str(), shard.get(), hex.c_str()) == 0;
+           PublishFile(shard.get(), temp.c_str(), hex.c_str(), &replaced);
     }
     if (!ok) {
       error = errno;
@@ -788,6 +789,8 @@ class FileBackend final : public StorageBackend {
       return PageStatus::kFailed;
     }
     if (config_.fsync) ::fsync(shard.get());
+    // The older file of the key, swapped out: unlinked after the Put with the evicted ones.
+    if (replaced) Detached().push_back({std::move(shard), temp});
     const WClock::time_point published = WClock::now();
     space_->NoteWritten();
     index_->Put(key, value_bytes_, stamp, parent);

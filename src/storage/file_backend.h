@@ -22,7 +22,10 @@
 // A Set writes a temporary file in the page's shard directory (".tmp.<pid>.<n>.<key hex>"): the
 // payload in chunks of 256 KiB, each hashed (streaming XXH3-64) right before its pwritev, then
 // the header holding that checksum at offset 0; optionally fdatasyncs it (and the directory after
-// the rename), then renames it into place: a reader sees the old page, the new one or none. A
+// the rename), then renames it into place: a reader sees the old page, the new one or none (none
+// only before the key's first file). A key's older file is swapped out (RENAME_EXCHANGE) rather
+// than renamed over, and unlinked after the index took the new one (file_io.h PublishFile: ext4
+// writes back a file renamed over another inside the rename). A
 // Get (io=threads, the default) reads the header with the first chunk, then chunk by chunk,
 // every preadv straight into the caller's page buffer (no bounce buffer), and hashes each chunk
 // as soon as it lands, while it is still in this core's cache; a bad header ends the read early.

@@ -6,6 +6,8 @@
 
 #include <fcntl.h>
 #include <linux/openat2.h>
+#include <stdio.h>  // renameat2
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -200,5 +202,26 @@ void ForceOpenatFallbackForTesting(bool force) {
 }
 
 int Openat2StateForTesting() { return g_openat2.load(std::memory_order_relaxed); }
+
+bool PublishFile(int dirfd, const char* temp, const char* name, bool* replaced) {
+  *replaced = false;
+  // A few tries: what was at `name` may go (an eviction) between the two calls.
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    if (::renameat2(dirfd, temp, dirfd, name, RENAME_NOREPLACE) == 0) return true;
+    if (errno != EEXIST) break;  // EINVAL / ENOSYS: no flags here; anything else: below
+    struct stat st;
+    if (::fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+      if (errno == ENOENT) continue;
+      break;
+    }
+    if (!S_ISREG(st.st_mode)) break;  // a plain rename decides (a directory: EISDIR)
+    if (::renameat2(dirfd, temp, dirfd, name, RENAME_EXCHANGE) == 0) {
+      *replaced = true;
+      return true;
+    }
+    if (errno != ENOENT) break;
+  }
+  return ::renameat(dirfd, temp, dirfd, name) == 0;
+}
 
 }  // namespace kvtier::storage

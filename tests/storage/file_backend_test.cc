@@ -657,6 +657,37 @@ TEST_P(FileBackendTest, EvictedFilesAreGoneAfterTheSetAndEveryPageIsProfiled) {
             s.set_page_seconds * 1.0001 + 1e-6);
 }
 
+// A Set of a stored key swaps the older file out (file_io.h PublishFile: no rename over it, which
+// ext4 writes back inside the rename) and unlinks it after the index's Put: a reader that had the
+// old file open still reads the old page whole, the key's path holds the new page, and the old
+// inode has no name left (a swap whose old file is never unlinked leaves it under a temporary
+// name: nlink 1, one temporary file).
+TEST_P(FileBackendTest, ASetOfAStoredKeySwapsOutAndUnlinksTheOlderFile) {
+  auto b = Open();
+  const auto keys = Keys(1);
+  Pages first(1, 71), second(1, 72);
+  ASSERT_EQ(b->Set(keys, first.buffers).get().leading_ok(), 1);
+  const int held = ::open(PathOf(keys[0]).c_str(), O_RDONLY);
+  ASSERT_GE(held, 0) << std::strerror(errno);
+  struct stat old_file;
+  ASSERT_EQ(::fstat(held, &old_file), 0);
+  ASSERT_EQ(b->Set(keys, second.buffers).get().leading_ok(), 1);
+  EXPECT_EQ(GetOne(*b, keys[0], second.bytes[0]), PageStatus::kOk);
+  struct stat now;
+  ASSERT_EQ(::fstat(held, &now), 0);
+  EXPECT_EQ(now.st_nlink, 0u) << "the older file still has a name";
+  std::vector<std::byte> payload(first.bytes[0].size());
+  EXPECT_EQ(::pread(held, payload.data(), payload.size(), kOff),
+            static_cast<ssize_t>(payload.size()));
+  EXPECT_EQ(payload, first.bytes[0]);
+  ::close(held);
+  struct stat at_path;
+  ASSERT_EQ(::stat(PathOf(keys[0]).c_str(), &at_path), 0);
+  EXPECT_NE(at_path.st_ino, old_file.st_ino);
+  EXPECT_EQ(CountTempFiles(), 0);
+  EXPECT_EQ(b->Stats().stored_pages, 1);
+}
+
 // A hit writes the page's new stamp as its mtime only when the one on disk is more than the
 // granularity (1 s) older; a page hit again within it keeps its earlier place after a restart
 // (the contract in file_index.h "Stamps"), while in memory the order stays exact.

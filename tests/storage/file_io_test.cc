@@ -1,7 +1,7 @@
 // Whole reads and writes over several iovecs (consumed as they go, short at the end of a file),
 // and OpenBeneath with openat2 and with the openat fallback: plain paths open, a symlink on any
 // component (the last, an intermediate directory) is ELOOP or ENOTDIR and nothing is created
-// through it, "." / ".." / "a/b" components are EINVAL.
+// through it, "." / ".." / "a/b" components are EINVAL; PublishFile swaps an older file out.
 #include "storage/file_io.h"
 
 #include <fcntl.h>
@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <numeric>
 #include <vector>
 
@@ -139,7 +140,61 @@ TEST_P(FileIoTest, NoatimeRefusedForAnotherOwnersFileKeepsTheResolution) {
   EXPECT_EQ(Openat2StateForTesting(), GetParam() ? -1 : 0);
   Fd plain(OpenBeneath(root_.get(), {"ns", "page"}, O_RDONLY));
   EXPECT_TRUE(plain.ok()) << std::strerror(errno);
-  if (!GetParam()) EXPECT_NE(Openat2StateForTesting(), 0);  // known once an open worked
+  if (!GetParam()) {
+    EXPECT_NE(Openat2StateForTesting(), 0);  // known once an open worked
+  }
+}
+
+// PublishFile: into a free name a rename; over a regular file a swap (the old file then under the
+// temporary name, for the caller to unlink; never a moment without a file at the name); over a
+// symlink a plain rename that replaces the link, not what it names; over a directory it fails
+// and leaves both.
+TEST_P(FileIoTest, PublishFileSwapsOutAnOlderFile) {
+  auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir_ + "/" + name) << text;
+  };
+  auto read = [&](const std::string& name) {
+    std::ifstream in(dir_ + "/" + name);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  bool replaced = true;
+  write("t1", "new1");
+  ASSERT_TRUE(PublishFile(root_.get(), "t1", "page", &replaced)) << std::strerror(errno);
+  EXPECT_FALSE(replaced);
+  EXPECT_EQ(read("page"), "new1");
+  EXPECT_FALSE(fs::exists(dir_ + "/t1"));
+
+  write("t2", "new2");
+  struct stat new_file, old_file;
+  ASSERT_EQ(::stat((dir_ + "/t2").c_str(), &new_file), 0);
+  ASSERT_EQ(::stat((dir_ + "/page").c_str(), &old_file), 0);
+  ASSERT_TRUE(PublishFile(root_.get(), "t2", "page", &replaced)) << std::strerror(errno);
+  EXPECT_TRUE(replaced);
+  EXPECT_EQ(read("page"), "new2");
+  EXPECT_EQ(read("t2"), "new1");  // the older file, for the caller to unlink
+  struct stat at_name, at_temp;
+  ASSERT_EQ(::stat((dir_ + "/page").c_str(), &at_name), 0);
+  ASSERT_EQ(::stat((dir_ + "/t2").c_str(), &at_temp), 0);
+  EXPECT_EQ(at_name.st_ino, new_file.st_ino);
+  EXPECT_EQ(at_temp.st_ino, old_file.st_ino);
+
+  write("target", "kept");
+  ASSERT_EQ(::symlink("target", (dir_ + "/link").c_str()), 0);
+  write("t3", "new3");
+  ASSERT_TRUE(PublishFile(root_.get(), "t3", "link", &replaced)) << std::strerror(errno);
+  EXPECT_FALSE(replaced);
+  EXPECT_FALSE(fs::is_symlink(dir_ + "/link"));
+  EXPECT_EQ(read("link"), "new3");
+  EXPECT_EQ(read("target"), "kept");
+
+  fs::create_directory(dir_ + "/dir");
+  write("t4", "new4");
+  errno = 0;
+  EXPECT_FALSE(PublishFile(root_.get(), "t4", "dir", &replaced));
+  EXPECT_EQ(errno, EISDIR) << std::strerror(errno);
+  EXPECT_FALSE(replaced);
+  EXPECT_TRUE(fs::is_directory(dir_ + "/dir"));
+  EXPECT_EQ(read("t4"), "new4");
 }
 
 INSTANTIATE_TEST_SUITE_P(Resolution, FileIoTest, ::testing::Values(false, true),

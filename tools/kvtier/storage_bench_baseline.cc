@@ -57,6 +57,24 @@ bool ReadWhole(int fd, std::byte* p, size_t n, size_t offset) {
   return true;
 }
 
+// Puts `temp` in place as `path` as the file store publishes a page (storage/file_io.h
+// PublishFile): a file already at `path` (the page written again, from the second round on) is
+// swapped out with RENAME_EXCHANGE and then unlinked, never renamed over (on ext4 that writes the
+// new file back inside the rename); a plain rename where the file system has no renameat2 flags.
+bool Publish(const std::string& temp, const std::string& path) {
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    if (::renameat2(AT_FDCWD, temp.c_str(), AT_FDCWD, path.c_str(), RENAME_NOREPLACE) == 0) {
+      return true;
+    }
+    if (errno != EEXIST) break;
+    if (::renameat2(AT_FDCWD, temp.c_str(), AT_FDCWD, path.c_str(), RENAME_EXCHANGE) == 0) {
+      return ::unlink(temp.c_str()) == 0;  // the older file, now under the temporary name
+    }
+    if (errno != ENOENT) break;
+  }
+  return ::rename(temp.c_str(), path.c_str()) == 0;
+}
+
 }  // namespace
 
 bool WriteBackDirtyPages(const std::string& dir) {
@@ -93,7 +111,8 @@ bool OnThreads(int threads, int64_t count, const std::function<bool(int64_t)>& f
 // (O_CREAT|O_EXCL, a unique name), the payload at the store's offset and the header's bytes at 0
 // (the same bytes per file), fdatasync only for an fsync=1 store, the mtime set, then a rename
 // over the page's file (buffered, no fsync by default); it leaves out the store's own work
-// (checksum, index, chunking). Files go into 256 shard directories, as the store's. Each timed
+// (checksum, index, chunking). A file already at the page's path is swapped out and unlinked, as
+// the store's Set does (Publish). Files go into 256 shard directories, as the store's. Each timed
 // write pass starts after WriteBackDirtyPages, as the
 // store's Set passes do (storage_bench.cc), so neither pays for the other's write-back: on the
 // H100 a ceiling that followed the store's dirty pages came out below the store. The directory
@@ -147,7 +166,7 @@ Result<Baseline> FileBaseline(const std::string& dir, const PageSet& src, PageSe
               (!sync || ::fdatasync(fd) == 0) && ::futimens(fd, kNow) == 0;
     if (fd >= 0) ::close(fd);
     if (!ok && fd >= 0) ::unlink(temp.c_str());
-    ok = ok && ::rename(temp.c_str(), path.c_str()) == 0;
+    ok = ok && Publish(temp, path);
     if (ok && sync) {  // the page's shard directory, as the store fsyncs it
       const int shard_fd =
           ::open(path.substr(0, path.rfind('/')).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
