@@ -226,8 +226,15 @@ struct StorageTierConfig {
 
   // Storage-only pages the tree remembers (beyond: the least recently used are forgotten).
   int64_t max_storage_only_pages = 1 << 20;
-  // Backups to storage waiting for the backend or running, in pages; beyond: skipped, counted.
-  int64_t max_backup_queue_pages = 4096;
+  // Backups to storage waiting for the backend or running, in pages; beyond, they wait in the
+  // write backlog (admission above). Each queued page holds its host page, and the store works
+  // through its queue in order: 512 keeps two full Set batches (max_backup_batch_pages) and 32
+  // pages per I/O thread with the store (1 GiB of Llama-3-8B's 2 MiB pages, 0.6 s of a 1.8 GB/s
+  // disk), and leaves the choice of what waits to the backlog, which drops the least likely
+  // reused. 4,096 (before) queued 4.7 s of writes at 2 MiB (the GPU replay's Sets waited 1.2 s
+  // and timed out) and held 2/3 of the CPU replay's host tier; every admission policy had more
+  // hits with 512 there (docs/perf-notes/storage-writes.md).
+  int64_t max_backup_queue_pages = 512;
   // Pages per Set batch; fewer where pages are large: a batch is sized to be written within the
   // backend's per-call timeout at 128 MB/s (cache/backup_planner.h).
   int64_t max_backup_batch_pages = 256;
