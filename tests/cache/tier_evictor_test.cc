@@ -1,5 +1,6 @@
 // TierEvictor on a CacheParts rig: page-granular device and host eviction, write_back's backup
-// before eviction, pins, the storage-only bound, device allocation's refusals.
+// before eviction and its store (as admission decides) before host eviction, pins, the storage-only
+// bound, device allocation's refusals.
 #include "cache/tier_evictor.h"
 
 #include <gtest/gtest.h>
@@ -89,6 +90,49 @@ TEST(TierEvictorTest, WriteBackBacksAVictimUpBeforeEvictingIt) {
     EXPECT_EQ(rig->p().evictor.EvictDevice(2, &work), 2);
     EXPECT_EQ(rig->p().tree.Peek("", tokens).host_tokens, 2 * kPage);
     EXPECT_EQ(rig->p().counters.dropped_tokens, 0);
+  }
+  rig->ExpectConsistent();
+}
+
+// write_back with a storage tier (the rule in docs/architecture.md): host eviction offers a
+// victim to storage first, and the admission policy decides, as under the other write policies.
+// An admitted victim is stored and then evicted, staying known in storage; a refused one is
+// dropped with the eviction, counted as refused, and never written (admission saw its whole
+// life in the cache by then: there is no later use that could admit it).
+TEST(TierEvictorTest, WriteBackHostEvictionStoresAnAdmittedVictimAndDropsARefusedOne) {
+  HierarchicalCacheConfig cfg = Config(WritePolicy::kWriteBack);
+  cfg.storage.backend = testing::RigMemoryStore(kPage);
+  cfg.storage.admission.policy = StorageAdmission::kHits;
+  cfg.storage.admission.threshold = 2;
+  auto rig = PartsRig::Make(cfg, kPage, 8, 8);
+  const auto read_twice = Seq(2 * kPage, 1000);
+  const auto read_once = Seq(2 * kPage, 2000);
+  RadixNode* a = rig->InsertOnDevice(read_twice);
+  RadixNode* b = rig->InsertOnDevice(read_once);
+  BackUp(*rig, a);
+  BackUp(*rig, b);
+  {
+    CacheWork work(&rig->p().executor);
+    CacheLock lk(rig->p());
+    rig->p().tree.Touch(a, 2 - a->hit_count());
+    ASSERT_EQ(a->hit_count(), 2);
+    ASSERT_EQ(b->hit_count(), 1);
+    EXPECT_EQ(rig->p().evictor.EvictDevice(4, &work), 4);  // both host-only now
+    // a's store starts (a busy until it lands); b is refused and goes.
+    EXPECT_EQ(rig->p().evictor.EvictHost(4, &work), 2);
+    EXPECT_EQ(rig->p().tree.Peek("", read_once).matched_tokens, 0);
+  }
+  rig->Settle();
+  {
+    CacheWork work(&rig->p().executor);
+    CacheLock lk(rig->p());
+    EXPECT_EQ(rig->p().evictor.EvictHost(4, &work), 2);  // a, stored now
+    const RadixTree::MatchResult m = rig->p().tree.Peek("", read_twice);
+    EXPECT_EQ(m.host_tokens, 0);
+    EXPECT_EQ(m.storage_tokens, 2 * kPage);
+    EXPECT_EQ(rig->p().counters.storage_backup_tokens, 2 * kPage);
+    EXPECT_EQ(rig->p().counters.storage_backup_refused_tokens, 2 * kPage);
+    EXPECT_EQ(rig->p().counters.host_evicted_tokens, 4 * kPage);
   }
   rig->ExpectConsistent();
 }
