@@ -129,9 +129,8 @@ inline constexpr int64_t kStoredPageHeaderBytes = 72;
 struct StorageOptions {
   // The backend's I/O threads, or 0 (the default): from the machine, min(cores, 16) and at
   // least 4 (DefaultIoThreads). A backend's options() show the number used. Reads keep all of
-  // them: writes run on up to io_threads - io_threads / 4 threads beyond them (a quarter of
-  // io_threads while reads wait or run), so the backend runs that many more threads (none more
-  // for io_threads = 1).
+  // them: writes run on up to io_threads threads beyond them (a quarter of io_threads while
+  // reads wait or run), so the backend runs twice io_threads threads (one for io_threads = 1).
   int io_threads = 0;
   int max_queued_batches = 256;             // reads (and, apart, writes) waiting; more are rejected
   std::chrono::milliseconds timeout{2000};  // per call, from when an I/O thread takes it

@@ -13,11 +13,11 @@
 // Reads before writes: Exists and Get wait in `reads`, Set and Remove in `writes`, each queue
 // bounded on its own. A free I/O thread always takes read work first (pages of a running read's
 // ParallelFor, then the oldest read call), so a read never waits behind a backlog of writes.
-// Writes have a bounded share of the threads: at most `max_writers` (io_threads minus a quarter
-// of them, at least one left for reads; all of them when there is only one) run write work — a
-// write call or pages of a write's ParallelFor — at once. Reads keep io_threads threads of their
-// own, and run on at most that many at once (the same-run baseline's thread count): the backend
-// runs io_threads + max_writers threads (one in all for io_threads = 1), so a
+// Writes have a bounded share of the threads: at most `max_writers` (io_threads, as many as the
+// same-run write ceiling's threads) run write work — a write call or pages of a write's
+// ParallelFor — at once. Reads keep io_threads threads of their own, and run on at most that many
+// at once (the same-run baseline's thread count): the backend runs io_threads + max_writers
+// threads (one in all for io_threads = 1), so a
 // write page that holds its thread for long (a store that writes slowly: on the GPU replay's
 // disk an 8 MiB page took tens of ms) never leaves reads fewer threads than the same-run
 // baseline of io_threads pread threads has. While reads are waiting or running, the writers'
@@ -25,7 +25,7 @@
 // write work beyond it, and the owner of a running write call steps aside before its next page
 // (it runs pages of read jobs, or waits, until the share has room or its call's deadline passes;
 // StepAsideLocked), so a backlog of writes on a slow store takes a quarter of the bandwidth from
-// reads, not three quarters (each writer finishes the page it is on first). Writes that cannot
+// reads, not all of them (each writer finishes the page it is on first). Writes that cannot
 // keep up fill their queue and later ones are rejected (Unavailable, "write queue full": the
 // cache counts the backup as queue_full) instead of delaying reads. The exception keeps each
 // key's order: a read that names a key of a write submitted before it (queued or running) is
@@ -283,8 +283,10 @@ Status StorageBackend::Start() {
     std::lock_guard<std::mutex> lock(queue_->mu);
     queue_->running = true;
   }
-  queue_->max_writers =
-      options_.io_threads == 1 ? 1 : options_.io_threads - std::max(1, options_.io_threads / 4);
+  // Writes alone run on as many threads as reads (the write ceiling's N threads); they had three
+  // quarters of them, from when reads and writes shared io_threads threads, which capped a
+  // Set at 75 % of the ceiling wherever the disk was not the limit.
+  queue_->max_writers = options_.io_threads;
   queue_->read_time_writers = std::max(1, options_.io_threads / 4);
   queue_->max_readers = options_.io_threads;
   // io_threads for reads, and beyond them a thread for each writer of the writers' share (one

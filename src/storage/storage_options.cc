@@ -70,7 +70,7 @@ ConfigSchema<StorageOptions> BuildOptionsSchema() {
   ConfigSchema<O> s;
   s.push_back(IntField<O>("io_threads", Member(&O::io_threads), 0, 64,
                           "the storage backend's I/O threads (reads keep all of them; writes run "
-                          "on up to three quarters as many more); 0 = the machine's default, "
+                          "on up to as many more); 0 = the machine's default, "
                           "min(cores, 16) and at least 4 (DefaultIoThreads)"));
   s.push_back(IntField<O>("max_queued_batches", Member(&O::max_queued_batches), 1,
                           "storage calls waiting (reads and writes apart); more are rejected"));

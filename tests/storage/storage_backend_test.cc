@@ -438,8 +438,8 @@ class ParallelBackend final : public FakeBackend {
 };
 
 // One set of threads: a hook's ParallelFor runs its pages on the backend's own idle I/O threads
-// (no pool of its own), a write's pages on at most the writes' share of them (8 threads: 6), and
-// a Get still runs on the threads left while those pages are held.
+// (no pool of its own), a write's pages on at most the writes' share of them (8 threads: 8, as
+// many as reads have), and a Get still runs on the reads' own threads while those pages are held.
 TEST(StorageBackendTest, ParallelForSharesPagesWithinTheWritersShare) {
   StorageOptions o;
   o.io_threads = 8;
@@ -455,7 +455,7 @@ TEST(StorageBackendTest, ParallelForSharesPagesWithinTheWritersShare) {
     buffers.push_back(PageBuffer::Of(page));
   }
   auto set = b.Set(keys, buffers);
-  ASSERT_TRUE(b.WaitRunning(6)) << "a write's pages did not spread over the I/O threads";
+  ASSERT_TRUE(b.WaitRunning(8)) << "a write's pages did not spread over the I/O threads";
   std::vector<PageKey> other_keys;  // keys no write names (else read-your-writes holds the Get)
   for (int i = 100; i < 116; ++i) other_keys.push_back(KeyOf(i));
   auto get = b.Get(other_keys, buffers);
@@ -463,12 +463,12 @@ TEST(StorageBackendTest, ParallelForSharesPagesWithinTheWritersShare) {
   if (!served) b.OpenGate();  // let Close drain
   ASSERT_TRUE(served) << "the Get waited for held writes";
   EXPECT_EQ(get.get().leading_ok(), 16);
-  EXPECT_EQ(b.max_running(), 6);
+  EXPECT_EQ(b.max_running(), 8);
   b.OpenGate();
   EXPECT_EQ(set.get().leading_ok(), 16);
-  EXPECT_EQ(b.max_running(), 6);
-  // Only the backend's own threads ever ran a page: io_threads and the writers' 6 beyond them.
-  EXPECT_LE(b.threads().size(), 8u + 6u);
+  EXPECT_EQ(b.max_running(), 8);
+  // Only the backend's own threads ever ran a page: io_threads and the writers' 8 beyond them.
+  EXPECT_LE(b.threads().size(), 8u + 8u);
 }
 
 // A slow store: each Set takes 5 ms and records how many run at once, separately while a read
@@ -521,7 +521,7 @@ class SlowWritesBackend final : public FakeBackend {
 };
 
 // Backups never starve reads: while a read waits or runs, a backlog of writes on a slow store
-// runs on at most a quarter of the I/O threads (8 threads: 2), not the writes' full share (6);
+// runs on at most a quarter of the I/O threads (8 threads: 2), not the writes' full share (8);
 // once no read is left, writes get their full share back.
 TEST(StorageBackendTest, WritesTakeAQuarterOfTheThreadsWhileReadsRun) {
   StorageOptions o;
@@ -544,7 +544,7 @@ TEST(StorageBackendTest, WritesTakeAQuarterOfTheThreadsWhileReadsRun) {
   for (int i = 64; i < 256; ++i) sets.push_back(b.Set({KeyOf(i)}, {PageBuffer::Of(page)}));
   for (auto& f : sets) EXPECT_EQ(f.get().leading_ok(), 1);
   EXPECT_GT(b.max_writers(), 2);
-  EXPECT_LE(b.max_writers(), 6);
+  EXPECT_LE(b.max_writers(), 8);
 }
 
 // A store whose hooks run pages through ParallelFor: a Set's page takes 2 ms, a Get's 5 ms; it
@@ -609,21 +609,21 @@ class SlowPagesBackend final : public FakeBackend {
 // Reads that arrive behind a backlog of long write batches keep all io_threads threads, and the
 // writes drop to their read-time share: the writers run on threads of their own beyond
 // io_threads, and each write call's owner steps aside before its next page (running read pages,
-// or waiting) instead of keeping its thread for its whole batch. 8 I/O threads, six 300-page
+// or waiting) instead of keeping its thread for its whole batch. 8 I/O threads, eight 300-page
 // Sets each owned by its own thread (the writers' full share): a 24-page Get then runs on at
 // least 8 threads at once while the writes go on on 2. Before, the Get ran on the 2 threads the
 // writers left free (a quarter of the store's threads: the GPU replay read at 6.7 GB/s against
-// a 22.7 GB/s baseline of 8 pread threads) and all six writers kept going.
+// a 22.7 GB/s baseline of 8 pread threads) and all the writers kept going.
 TEST(StorageBackendTest, ReadsKeepTheirThreadsAndWriteOwnersStepAside) {
   StorageOptions o;
   o.io_threads = 8;
   o.max_batch_pages = 512;
   o.timeout = 60s;
-  SlowPagesBackend b(SmallNamespace(), o, /*owners=*/6);
+  SlowPagesBackend b(SmallNamespace(), o, /*owners=*/8);
   ASSERT_TRUE(b.Open().ok());
   std::vector<std::byte> page(512);
   std::vector<std::future<BatchResult>> sets;
-  for (int s = 0; s < 6; ++s) {
+  for (int s = 0; s < 8; ++s) {
     std::vector<PageKey> keys;
     std::vector<PageBuffer> buffers;
     for (int i = 0; i < 300; ++i) {
@@ -632,7 +632,7 @@ TEST(StorageBackendTest, ReadsKeepTheirThreadsAndWriteOwnersStepAside) {
     }
     sets.push_back(b.Set(keys, buffers));
   }
-  ASSERT_TRUE(b.WaitWriting(6));
+  ASSERT_TRUE(b.WaitWriting(8));
   std::vector<PageKey> keys;
   std::vector<PageBuffer> buffers;
   for (int i = 0; i < 24; ++i) {
