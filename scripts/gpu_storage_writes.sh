@@ -5,10 +5,12 @@
 #
 #   bench    kvtier bench --storage file://… (512 KiB / 2 MiB / 8 MiB pages, 1 GiB each, 2
 #            rounds): write and read ceilings (16 threads writing / reading page files laid out
-#            as the store's, no fsync, rename), the store's Set / Get and both under each other,
-#            the ratios, and where a Set's time goes. --json bench.json.
+#            as the store's, no fsync, published as the store does: a page's older file swapped
+#            out and unlinked), the store's Set / Get and both under each other, the ratios, and
+#            where a Set's time goes. --json bench.json.
 #   replay   Llama-3-8B GEMM on the conversation trace (engine 3 of 8, 100 warm-up + 300
-#            requests, hierarchy only: the ideal is its own), a 48 GiB file store, for each mode
+#            requests, hierarchy only: the ideal is its own), a 48 GiB file store, the cache's
+#            default store queue (512 pages) and admission (frequency, 2), for each mode
 #            (sequential; 2 in flight with measured decode) and each write policy
 #            (write_through; write_through_selective, threshold 2): hit rates, storage hits
 #            against the oracle, hits lost, write time-outs, hierarchy / ideal. --json per run.
@@ -70,7 +72,7 @@ if [[ $what == replay || $what == all || $what == admission ]]; then
     Z=${REPLAY_SIZE:-"--warmup 100 --requests 300"}
   fi
   C="$E $Z --storage file://$STORE_DIR/kvtier-storage-writes-replay?capacity=48GiB
-     --storage-backup-queue-pages 512 --shard 3/8 --device-tokens 131072 --host-tokens 393216
+     --shard 3/8 --device-tokens 131072 --host-tokens 393216
      --no-progress --runs hierarchy --slow-class-warn"
   L="--storage-io-threads 8"
   if [[ $what == admission ]]; then
