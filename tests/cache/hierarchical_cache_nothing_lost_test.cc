@@ -57,8 +57,10 @@ struct TestCache {
   std::unique_ptr<HierarchicalCache> cache;
 };
 
-TestCache Make(std::shared_ptr<StorageBackend> store, int64_t page, int64_t pages,
-               WritePolicy policy = WritePolicy::kWriteThrough) {
+TestCache Make(
+    std::shared_ptr<StorageBackend> store, int64_t page, int64_t pages,
+    WritePolicy policy = WritePolicy::kWriteThrough,
+    int64_t store_queue_pages = HierarchicalCacheConfig{}.storage.max_backup_queue_pages) {
   TestCache s;
   KvGeometry g{KvLayout::kLayerFirst, kLayers, pages * page, kSlotBytes, page, 1};
   auto dev = DeviceTier::Create(TransferBackend::kCpu, g, false);
@@ -71,6 +73,7 @@ TestCache Make(std::shared_ptr<StorageBackend> store, int64_t page, int64_t page
   cfg.transfer.cpu_threads = 1;
   cfg.storage.backend = std::move(store);
   cfg.storage.prefetch_threshold_tokens = 0;
+  cfg.storage.max_backup_queue_pages = store_queue_pages;
   auto c = HierarchicalCache::Create(cfg, s.device->region());
   EXPECT_TRUE(c.ok()) << c.status().ToString();
   s.cache = std::move(*c);
@@ -560,7 +563,10 @@ TEST(NothingLostReasonsTest, AStoreWithoutRoomIsCountedAsCapacityNotAsFailed) {
     auto b = OpenStorage(url, ns, options);
     ASSERT_TRUE(b.ok()) << b.status().ToString();
     std::shared_ptr<StorageBackend> store(std::move(*b));
-    TestCache s = Make(store, 16, 1024);
+    // A store queue of the whole prompt: one store of 600 pages, every page offered to the store
+    // (with the default 512, the 88 behind the first store wait for it to succeed, and a store
+    // that failed is not followed: they are offered again by a later Match that hits them).
+    TestCache s = Make(store, 16, 1024, WritePolicy::kWriteThrough, /*store_queue_pages=*/1024);
     const auto a = Seq(600 * 16, 3);  // 600 pages: more than one batch of 256
     Prefill(s, a);
     ASSERT_TRUE(s.cache->WaitForBackups().ok());
@@ -579,14 +585,14 @@ TEST(NothingLostReasonsTest, AStoreWithoutRoomIsCountedAsCapacityNotAsFailed) {
   std::filesystem::remove_all(dir, ec);
 }
 
-// The backend's own write queue is full (one write held running, one queued, the rest
+// The backend's own write queue is full (two writes held running, one queued, the rest
 // rejected with Unavailable): the rejected stores are queue_full, not failed; the others are
 // written once the writes go on, and every page is accounted for.
 TEST(NothingLostReasonsTest, ABackendQueueRejectionIsCountedAsQueueFullNotAsFailed) {
   auto inner = OpenStorage("memory://?capacity=64MiB", NamespaceFor(16));
   ASSERT_TRUE(inner.ok());
   StorageOptions options;
-  options.io_threads = 2;  // one writer, one reader
+  options.io_threads = 2;  // two writers (io_threads), two readers
   options.max_queued_batches = 1;
   options.timeout = std::chrono::seconds(30);
   auto w = FaultInjectingStorage::Wrap(std::move(*inner), 7, options);
@@ -607,15 +613,15 @@ TEST(NothingLostReasonsTest, ABackendQueueRejectionIsCountedAsQueueFullNotAsFail
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   s.cache = std::move(*c);
   std::vector<std::vector<Token>> prompts;
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < 5; ++i) {
     prompts.push_back(Seq(4 * 16, 1000 * (i + 1)));
     Prefill(s, prompts.back());
   }
-  // Four Sets reach the backend: one held running, one queued, two rejected. set_calls counts
+  // Five Sets reach the backend: two held running, one queued, two rejected. set_calls counts
   // every Set submitted, rejected ones too (adding rejected_calls counted a rejection twice and
-  // could release the writes before the fourth Set came: 5 failures in 60 loaded runs).
+  // could release the writes before the last Set came: 5 failures in 60 loaded runs).
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (store->Stats().set_calls < 4 && std::chrono::steady_clock::now() < deadline) {
+  while (store->Stats().set_calls < 5 && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   store->HoldWrites(false);
@@ -627,7 +633,7 @@ TEST(NothingLostReasonsTest, ABackendQueueRejectionIsCountedAsQueueFullNotAsFail
   EXPECT_EQ(st.storage_backup_failed_tokens, 0);
   EXPECT_EQ(st.storage_backup_capacity_tokens, 0);
   EXPECT_EQ(st.storage_backup_tokens, stored);
-  EXPECT_EQ(st.storage_backup_dropped_tokens + stored, 4 * 4 * 16);  // every page accounted for
+  EXPECT_EQ(st.storage_backup_dropped_tokens + stored, 5 * 4 * 16);  // every page accounted for
   EXPECT_GE(st.storage_queue_drops, 2);
 }
 
