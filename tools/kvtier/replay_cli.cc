@@ -6,17 +6,40 @@
 #include <string_view>
 
 #include "config_flags.h"
+#include "kvtier/eviction_policy.h"
 #include "kvtier/hierarchical_cache.h"
 #include "replay_model.h"
+#include "replay_options.h"
 
 namespace kvtier::tools {
 namespace {
 
-// Help of a flag that sets a HierarchicalCacheConfig field: the replay's words, then the field's
-// bounds from the cache's schema (its Validate checks the value, under the flag's name).
-std::string CacheHelp(std::string_view field, std::string help) {
-  const ConfigField<HierarchicalCacheConfig>* f = FindField(HierarchicalCacheConfigSchema(), field);
-  return f == nullptr ? help : help + "; " + f->RangeText();
+// A flag for every field of the cache's schema that the replay does not set itself, under the
+// replay's name for it (kReplayCacheFlagNames, else FlagName), bound to o->cache: its default the
+// replay's (ReplayCacheDefaults), its help, bounds and choices the schema's.
+void AddCacheFlags(CLI::App* c, ReplayOptions* o) {
+  const ConfigSchema<HierarchicalCacheConfig>& schema = HierarchicalCacheConfigSchema();
+  for (const ConfigField<HierarchicalCacheConfig>& f : schema) {
+    if (ReplaySetsCacheField(f.name) || f.name == "stream_load_back") continue;
+    std::string names = FlagName(f.name);
+    for (const auto& [field, replay_names] : kReplayCacheFlagNames) {
+      if (field == f.name) names = replay_names;
+    }
+    CLI::Option* opt = AddFieldFlag(c, f, &o->cache, names);
+    if (f.name == "device_eviction") {
+      // One eviction policy for both tiers, as SGLang's: --eviction sets host_eviction too.
+      opt->description("eviction order of the device and host tiers; " + f.RangeText());
+      opt->each([o](const std::string& name) {
+        if (Result<EvictionPolicyKind> k = ParseEvictionPolicy(name); k.ok()) {
+          o->cache.host_eviction = *k;
+        }
+      });
+    }
+  }
+  // A switch that turns the field off (its default is on).
+  const ConfigField<HierarchicalCacheConfig>& stream = *FindField(schema, "stream_load_back");
+  c->add_flag("!--no-stream-load-back", o->cache.storage.stream_load_back,
+              "turn off: " + stream.help);
 }
 
 }  // namespace
@@ -112,9 +135,6 @@ CLI::App* AddReplayCommand(CLI::App& app, ReplayOptions* o) {
                 "device pool: gpu, cpu (host memory standing in), auto (gpu when present)")
       ->capture_default_str();
   // Tiers.
-  c->add_option("--page-size", o->page_size,
-                CacheHelp("page_size", "tokens per page (--page-size in SGLang)"))
-      ->capture_default_str();
   c->add_option("--device-tokens", o->device_tokens, "device tier capacity in tokens")
       ->capture_default_str();
   c->add_option("--host-tokens", o->host_tokens,
@@ -134,56 +154,11 @@ CLI::App* AddReplayCommand(CLI::App& app, ReplayOptions* o) {
                 "capacity of the temporary file store or the run's redis-server (0 = 8 x the "
                 "host tier's bytes)")
       ->capture_default_str();
-  c->add_option(
-       "--storage-backup-queue-pages", o->storage_backup_queue_pages,
-       CacheHelp("max_backup_queue_pages",
-                 "backups to storage waiting or running, in pages; beyond it they are skipped "
-                 "(and counted), never waited for"))
-      ->capture_default_str();
-  c->add_option("--storage-io-threads", o->storage_io_threads,
-                CacheHelp("storage_io_threads", "I/O threads of the storage backend"))
-      ->capture_default_str();
-  c->add_option("--storage-min-free-bytes", o->storage_min_free_bytes,
-                CacheHelp("storage_min_free_bytes",
-                          "a file store's free-space floor in bytes: under it the store writes "
-                          "nothing and evicts its oldest pages (-1: the larger of 5 % of the file "
-                          "system and min(1 GiB, 20 % of it); 0: none)"))
-      ->capture_default_str();
-  c->add_option("--hicache-mem-layout,--host-layout", o->host_layout,
-                "host tier layout: layer_first, page_first, page_first_direct, page_head")
-      ->capture_default_str();
-  c->add_option("--hicache-write-policy,--write-policy", o->write_policy,
-                "write_through, write_through_selective, write_back")
-      ->capture_default_str();
-  c->add_option(
-       "--write-through-threshold", o->write_through_threshold,
-       CacheHelp("write_through_threshold", "write_through_selective: hits before a backup"))
-      ->capture_default_str();
-  for (const ConfigField<StorageAdmissionConfig>& f : StorageAdmissionConfigSchema()) {
-    AddFieldFlag(c, f, &o->admission, FlagName("admission_" + f.name))->capture_default_str();
-  }
-  c->add_option("--hicache-storage-prefetch-policy,--prefetch-policy", o->prefetch_policy,
-                "best_effort, wait_complete, timeout")
-      ->capture_default_str();
-  c->add_option("--prefetch-threshold", o->prefetch_threshold,
-                CacheHelp("prefetch_threshold_tokens",
-                          "storage hits shorter than this many tokens are not prefetched"))
-      ->capture_default_str();
-  c->add_flag("!--no-stream-load-back", o->stream_load_back,
-              "storage hits: the load waits for the whole read (stream_load_back off; by "
-              "default pages go to the device as they arrive)");
-  c->add_option("--eviction", o->eviction,
-                "eviction policy of device and host: lru, lfu, fifo, "
-                "priority")
-      ->capture_default_str();
   c->add_option("--hicache-io-backend,--io-backend", o->io_backend,
                 "host <-> device copies: auto (kernel on a GPU, cpu otherwise), kernel, dma, cpu")
       ->capture_default_str();
-  c->add_option(
-       "--load-back-threshold", o->load_back_threshold,
-       CacheHelp("load_back_min_tokens",
-                 "host hits shorter than this many tokens are recomputed instead of loaded"))
-      ->capture_default_str();
+  // The cache's settings.
+  AddCacheFlags(c, o);
   // Checks, faults, output.
   c->add_option("--verify", o->verify, "check all loaded bytes, or a sample (one page in eight)")
       ->capture_default_str();

@@ -151,7 +151,7 @@ class RunDriver {
         o_(setup.options),
         kind_(kind),
         host_tokens_(host_tokens),
-        P_(o_.page_size),
+        P_(o_.cache.page_size),
         timeline_(setup.workload, setup.options, setup.decode_ms_per_token) {
     summary_.name = std::move(name);
     summary_.device_tokens = o_.device_tokens;
@@ -278,8 +278,7 @@ class RunDriver {
   }
 
   Status CreateCache() {
-    HierarchicalCacheConfig c = CacheConfigOf(o_);
-    c.page_size = P_;
+    HierarchicalCacheConfig c = o_.cache;
     c.transfer_backend = s_.io_backend;
     c.transfer.device = 0;
     // One replay thread drives the cache; sequential runs keep backups in that thread, so a
@@ -506,8 +505,8 @@ class RunDriver {
 
   // Whether LoadBack ends a running prefetch (streaming its pages) rather than FinishPrefetch.
   bool StreamsStorageHits() const {
-    return o_.stream_load_back &&
-           *ParsePrefetchPolicy(o_.prefetch_policy) != PrefetchPolicy::kBestEffort;  // checked
+    return o_.cache.storage.stream_load_back &&
+           o_.cache.storage.prefetch_policy != PrefetchPolicy::kBestEffort;
   }
 
   void CountPrefetch(PrefetchState st) {

@@ -33,20 +33,14 @@ double MsSince(Clock::time_point t0) {
 }  // namespace
 
 Status RunTpPass(const TpSetup& s, int tp, TpLeader* leader, TpPassResult* out) {
-  const int64_t P = s.o.page_size;
+  const int64_t P = s.o.cache.page_size;
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<PrefillEngine> engine, MakeTpRankEngine(s, tp, 0));
   KVTIER_ASSIGN_OR_RETURN(const ReplayModel rank_model, TpRankModel(s.model, tp));
-  HierarchicalCacheConfig c;
-  c.page_size = s.o.page_size;
-  c.host_layout = *ParseLayout(s.o.host_layout);
-  c.device_eviction = *ParseEvictionPolicy(s.o.eviction);
-  c.host_eviction = c.device_eviction;
+  // Every cache setting of the command line (ReplayOptions::cache), then what the pass decides.
+  HierarchicalCacheConfig c = s.o.cache;
   c.transfer_backend = s.io;
   c.transfer.device = s.DeviceOf(0);
-  c.load_back_min_tokens = s.o.load_back_threshold;
   c.backup_threads = 0;  // sequential and deterministic: equal hits at every TP size
-  c.write_policy = *ParseWritePolicy(s.o.write_policy);
-  c.write_through_threshold = s.o.write_through_threshold;
   // Equal pages per rank at every TP size: the capacity in whole pages of this rank's bytes.
   c.host_capacity_bytes = s.host_slots * rank_model.kv_bytes_per_token();
   c.host_ratio = s.host_slots > 0 ? c.host_ratio : 0;
@@ -71,11 +65,7 @@ Status RunTpPass(const TpSetup& s, int tp, TpLeader* leader, TpPassResult* out) 
   if (!store.empty()) {
     // The per-head store (shared across TP sizes), one per pass so that each starts empty.
     c.host_layout = KvLayout::kPageHead;
-    c.storage.prefetch_policy = *ParsePrefetchPolicy(s.o.prefetch_policy);
-    c.storage.prefetch_threshold_tokens = s.o.prefetch_threshold;
-    StorageOptions so;
-    so.io_threads = s.o.storage_io_threads;
-    so.min_free_bytes = s.o.storage_min_free_bytes;
+    StorageOptions so = c.storage.options;
     so.timeout = kTpStoreTimeout;
     KVTIER_ASSIGN_OR_RETURN(
         std::shared_ptr<StorageBackend> own,
@@ -86,6 +76,7 @@ Status RunTpPass(const TpSetup& s, int tp, TpLeader* leader, TpPassResult* out) 
       return Status::Unavailable("tp: the leader's storage threads could not be started");
     }
   }
+  out->cache_settings = TpCacheSettingsOf(c);
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<HierarchicalCache> cache,
                           HierarchicalCache::Create(c, device, std::move(given)));
   if (leader != nullptr) {

@@ -36,7 +36,7 @@ Result<std::unique_ptr<PrefillEngine>> MakeTpRankEngine(const TpSetup& s, int tp
   KVTIER_ASSIGN_OR_RETURN(ec.model, TpRankModel(s.model, tp));
   KVTIER_ASSIGN_OR_RETURN(ec.compute_model, TpRankModel(s.compute_model, tp));
   ec.device_slots = s.device_slots;
-  ec.page_size = s.o.page_size;
+  ec.page_size = s.o.cache.page_size;
   ec.compute = (s.o.compute == "gemm" || (s.o.compute == "auto" && s.gpu)) ? ComputeMode::kGemm
                                                                            : ComputeMode::kModel;
   ec.tflops = s.o.tflops;
