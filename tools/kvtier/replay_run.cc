@@ -16,6 +16,7 @@
 #include "kvtier/hierarchical_cache.h"
 #include "kvtier/shared_host_pool.h"
 #include "kvtier/storage.h"
+#include "kvtier/storage_schemes.h"
 #include "kvtier/testing/kv_pattern.h"
 #include "replay_options.h"
 #include "replay_oracle.h"
@@ -250,11 +251,12 @@ class RunDriver {
   void RunOracle() {
     const StorageStats& st = summary_.storage_stats;
     const int64_t page_bytes = P_ * s_.model.kv_bytes_per_token();
-    // The store's bytes per page: what it holds now, else the page and, in a file store, the
-    // 4 KiB its header block takes (file_backend.h).
+    // The store's bytes per page: what it holds now, else the page and what its scheme adds to
+    // a page (a file store's header block).
+    const StorageScheme* scheme = FindStorageScheme(StorageUrlScheme(summary_.storage));
     const int64_t per_page =
         st.stored_pages > 0 ? st.stored_bytes / st.stored_pages
-                            : page_bytes + (summary_.storage.starts_with("file://") ? 4096 : 0);
+                            : page_bytes + (scheme != nullptr ? scheme->page_overhead_bytes : 0);
     const int64_t capacity = st.capacity_bytes >= 0 ? st.capacity_bytes
                              : storage_             ? storage_->capacity_bytes()
                                                     : -1;

@@ -53,7 +53,7 @@ Status RunStorage::Open(ReplaySetup& s, int64_t host_bytes) {
     temp_dir_ = templ;
     const int64_t cap = o.storage_bytes > 0 ? o.storage_bytes
                                             : std::max<int64_t>(8 * host_bytes, int64_t{64} << 20);
-    url = fmt::format("file://{}?capacity={}", temp_dir_, cap);
+    url = FileStoreUrl(temp_dir_, cap);
     capacity_bytes_ = cap;
   }
   KvGeometry pages;

@@ -5,12 +5,13 @@
 #include <fmt/format.h>
 
 #include "kvtier/layout.h"
+#include "replay_ceiling.h"
 
 namespace kvtier::tools {
 
 std::string TpSetup::StoreUrl(int tp) const {
   if (store_dir.empty()) return "";
-  return fmt::format("file://{}/tp{}{}?capacity={}", store_dir, tp, store_suffix, store_bytes);
+  return FileStoreUrl(fmt::format("{}/tp{}{}", store_dir, tp, store_suffix), store_bytes);
 }
 
 Result<ReplayModel> TpRankModel(const ReplayModel& m, int tp) {
