@@ -2,12 +2,15 @@
 // checked by ReplayOptions::Validate, which answers with a message naming the flag.
 #include "replay_cli.h"
 
+#include <fmt/format.h>
+
 #include <string>
 #include <string_view>
 
 #include "config_flags.h"
 #include "kvtier/eviction_policy.h"
 #include "kvtier/hierarchical_cache.h"
+#include "kvtier/layout.h"
 #include "replay_model.h"
 #include "replay_options.h"
 
@@ -26,6 +29,11 @@ void AddCacheFlags(CLI::App* c, ReplayOptions* o) {
       if (field == f.name) names = replay_names;
     }
     CLI::Option* opt = AddFieldFlag(c, f, &o->cache, names);
+    if (f.name == "page_size") {  // the cache's 0 ("the device region's") is no replay page size
+      opt->description(fmt::format(
+          "tokens per page of every tier (SGLang's --page-size); a power of two in [1, {}]",
+          kMaxKvPageSize));
+    }
     if (f.name == "device_eviction") {
       // One eviction policy for both tiers, as SGLang's: --eviction sets host_eviction too.
       opt->description("eviction order of the device and host tiers; " + f.RangeText());
@@ -42,40 +50,8 @@ void AddCacheFlags(CLI::App* c, ReplayOptions* o) {
               "turn off: " + stream.help);
 }
 
-}  // namespace
-
-CLI::App* AddReplayCommand(CLI::App& app, ReplayOptions* o) {
-  CLI::App* c = app.add_subcommand(
-      "replay",
-      "Serve a recorded or synthetic workload through device, host and storage; check "
-      "every loaded byte; report hits per tier, bandwidth and TTFT");
-  c->footer(
-      "Drives HierarchicalCache per request as an engine's scheduler does: Match -> QueryStorage "
-      "-> Prefetch -> LoadBack -> prefill (per layer: WaitLayer, check the matched KV, compute, "
-      "write the new tokens' KV) -> Insert -> Release. Three runs side by side: no cache, a "
-      "device-only radix cache, and the full hierarchy, plus the hierarchy's ideal: its own hits "
-      "and compute, no prefetch wait, loads fully overlapped with the compute, host hits at the "
-      "host -> device ceiling (GPU: one pinned copy; cpu: memcpy) and storage hits at the "
-      "storage read ceiling, both measured at start (file://: N threads of open+pread+close over "
-      "files of one page in the store's directory, N = --storage-io-threads; redis: a "
-      "redis-benchmark GET baseline; otherwise the run's own storage -> host rate, as the report "
-      "says); a storage read begins at the request's Match, as the run's prefetch does, so its "
-      "queueing hides part of it. TTFT = queueing + prefetch wait + load + prefill (a streamed "
-      "storage hit's wait on the read is inside its load). Loads are timed to completion "
-      "(GPU: CUDA events on the load stream; cpu: the copy is synchronous, wall time). "
-      "Spread: hierarchy / ideal (p50, p90) and the speed-up of requests with >= 90 % cached come "
-      "with a 95 % interval from a paired bootstrap over the measured requests (1000 resamples, "
-      "fixed seed): how much the ratio depends on which requests the slice holds; use >= 300 "
-      "measured requests for numbers to quote. Hit classes: each request's class is the tier "
-      "that served most of its matched prefix (device, host, storage; none: nothing matched); "
-      "per class, its TTFT p50 against the same requests with no cache, and a class whose "
-      "interval lies above 1 + --slow-class-margin, with p50s at least 1 ms apart, is slower "
-      "than no cache beyond noise. Exact "
-      "mode: --sequential --host-tokens 0 --storage none --eviction lru makes the device tier a "
-      "plain leaf-LRU prefix cache. Exit codes: 1 if any loaded byte is wrong (or the run "
-      "failed), 2 for bad flags, 3 if a hit class is slower than no cache beyond noise (a "
-      "warning with --slow-class-warn).");
-  // Workload.
+// --workload and the requests it gives.
+void AddWorkloadFlags(CLI::App* c, ReplayOptions* o) {
   c->add_option("--workload", o->workload,
                 "mooncake (the shipped conversation trace), a Mooncake JSONL trace file, or a "
                 "synthetic workload: chat, system-prompt, doc-qa")
@@ -99,7 +75,10 @@ CLI::App* AddReplayCommand(CLI::App& app, ReplayOptions* o) {
       ->capture_default_str();
   c->add_flag("--insert-output", o->insert_output,
               "also cache each request's output tokens (default: prompts only)");
-  // Scheduling.
+}
+
+// How the requests arrive and are served.
+void AddSchedulingFlags(CLI::App* c, ReplayOptions* o) {
   c->add_option("--concurrency", o->concurrency,
                 "closed loop: this many requests in flight (0 = open loop by timestamps)")
       ->capture_default_str();
@@ -118,7 +97,10 @@ CLI::App* AddReplayCommand(CLI::App& app, ReplayOptions* o) {
   c->add_option("--max-inflight", o->max_inflight,
                 "open loop: requests matched (and prefetching) ahead of the one being served")
       ->capture_default_str();
-  // Model and compute.
+}
+
+// The model and its compute.
+void AddModelFlags(CLI::App* c, ReplayOptions* o) {
   c->add_option("--model", o->model, "model shape: " + ReplayModelNames())->capture_default_str();
   c->add_option("--compute-model", o->compute_model,
                 "the model whose prefill the compute stands for (default: --model); e.g. --model "
@@ -134,7 +116,10 @@ CLI::App* AddReplayCommand(CLI::App& app, ReplayOptions* o) {
   c->add_option("--device", o->device,
                 "device pool: gpu, cpu (host memory standing in), auto (gpu when present)")
       ->capture_default_str();
-  // Tiers.
+}
+
+// The tiers: capacities, the store, the copies and the cache's settings.
+void AddTierFlags(CLI::App* c, ReplayOptions* o) {
   c->add_option("--device-tokens", o->device_tokens, "device tier capacity in tokens")
       ->capture_default_str();
   c->add_option("--host-tokens", o->host_tokens,
@@ -159,7 +144,10 @@ CLI::App* AddReplayCommand(CLI::App& app, ReplayOptions* o) {
       ->capture_default_str();
   // The cache's settings.
   AddCacheFlags(c, o);
-  // Checks, faults, output.
+}
+
+// Checks, faults, KV events, pins, the runs made and the outputs.
+void AddCheckAndOutputFlags(CLI::App* c, ReplayOptions* o) {
   c->add_option("--verify", o->verify, "check all loaded bytes, or a sample (one page in eight)")
       ->capture_default_str();
   c->add_option("--fault", o->fault,
@@ -204,6 +192,46 @@ CLI::App* AddReplayCommand(CLI::App& app, ReplayOptions* o) {
       ->capture_default_str();
   c->add_flag("--metrics", o->metrics, "print the cache's Prometheus metrics at the end");
   c->add_flag("!--no-progress", o->progress, "no progress line");
+}
+
+}  // namespace
+
+CLI::App* AddReplayCommand(CLI::App& app, ReplayOptions* o) {
+  CLI::App* c = app.add_subcommand(
+      "replay",
+      "Serve a recorded or synthetic workload through device, host and storage; check "
+      "every loaded byte; report hits per tier, bandwidth and TTFT");
+  c->footer(
+      "Drives HierarchicalCache per request as an engine's scheduler does: Match -> QueryStorage "
+      "-> Prefetch -> LoadBack -> prefill (per layer: WaitLayer, check the matched KV, compute, "
+      "write the new tokens' KV) -> Insert -> Release. Three runs side by side: no cache, a "
+      "device-only radix cache, and the full hierarchy, plus the hierarchy's ideal: its own hits "
+      "and compute, no prefetch wait, loads fully overlapped with the compute, host hits at the "
+      "host -> device ceiling (GPU: one pinned copy; cpu: memcpy) and storage hits at the "
+      "storage read ceiling, both measured at start (file://: N threads of open+pread+close over "
+      "files of one page in the store's directory, N = --storage-io-threads; redis: a "
+      "redis-benchmark GET baseline; otherwise the run's own storage -> host rate, as the report "
+      "says); a storage read begins at the request's Match, as the run's prefetch does, so its "
+      "queueing hides part of it. TTFT = queueing + prefetch wait + load + prefill (a streamed "
+      "storage hit's wait on the read is inside its load). Loads are timed to completion "
+      "(GPU: CUDA events on the load stream; cpu: the copy is synchronous, wall time). "
+      "Spread: hierarchy / ideal (p50, p90) and the speed-up of requests with >= 90 % cached come "
+      "with a 95 % interval from a paired bootstrap over the measured requests (1000 resamples, "
+      "fixed seed): how much the ratio depends on which requests the slice holds; use >= 300 "
+      "measured requests for numbers to quote. Hit classes: each request's class is the tier "
+      "that served most of its matched prefix (device, host, storage; none: nothing matched); "
+      "per class, its TTFT p50 against the same requests with no cache, and a class whose "
+      "interval lies above 1 + --slow-class-margin, with p50s at least 1 ms apart, is slower "
+      "than no cache beyond noise. Exact "
+      "mode: --sequential --host-tokens 0 --storage none --eviction lru makes the device tier a "
+      "plain leaf-LRU prefix cache. Exit codes: 1 if any loaded byte is wrong (or the run "
+      "failed), 2 for bad flags, 3 if a hit class is slower than no cache beyond noise (a "
+      "warning with --slow-class-warn).");
+  AddWorkloadFlags(c, o);
+  AddSchedulingFlags(c, o);
+  AddModelFlags(c, o);
+  AddTierFlags(c, o);
+  AddCheckAndOutputFlags(c, o);
   return c;
 }
 
