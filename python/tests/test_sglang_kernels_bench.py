@@ -116,3 +116,89 @@ def test_direct_path_text_follows_transfer_cu_tests():
     for info in ([0, 13000, 13000, 1], [13000, 12040, 13000, 1], [13000, 13000, 13000, 0],
                  [13000, 13000, -1, 1]):
         assert bench.direct_path_text(info).startswith("FALLBACK"), info
+
+
+# ---- the rows' poison and byte checks, on the CPU ---------------------------------------------
+# The row builders (direct_rows, kernel_rows) run here on host memory, with kvtier's CPU backend
+# standing in on the SGLang side too: what is tested is the bench's own poison / reference / check
+# logic (a wrong reference would fail kvtier's correct copy), and that a side writing wrong bytes
+# or raising is reported and not timed. CUDA events are replaced by the wall clock and
+# torch.cuda.synchronize by nothing (there is no stream); no timing is asserted.
+
+@pytest.fixture
+def on_cpu(monkeypatch):
+    import time
+
+    import torch
+
+    import compat_host_time as cht
+
+    if not hasattr(torch, "uint64"):  # torch 1.13: kvtier takes int64 address tables too
+        monkeypatch.setattr(torch, "uint64", torch.int64, raising=False)
+    monkeypatch.setattr(cht, "dev", torch.device("cpu"))
+    monkeypatch.setattr(cht.Shape, "host",
+                        lambda self, shape: [torch.randn(shape, dtype=cht.DT)
+                                             for _ in range(self.nb)])
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+
+    def wall_ms(call, repeats, hold_ms):
+        t0 = time.perf_counter()
+        call()
+        return max((time.perf_counter() - t0) * 1000, 1e-6)
+
+    monkeypatch.setattr(cht, "gpu_ms", wall_ms)
+    args = bench.parse_args(["--sglang-src", "unused", "--tokens", "128", "--pool-slots", "256",
+                             "--page1-tokens", "64", "--repeats", "3", "--warmup", "1"])
+    return args
+
+
+def run_rows(args, sglang_side, shapes=("mha", "mla"), pages=(16, 64, 1), kernels=True):
+    import numpy as np
+
+    from kvtier.compat import sgl_kernel as kv
+
+    rows = []
+    ctx = bench.Context(args, {"complete": False}, sglang_side, kv)
+    rng = np.random.default_rng(3)
+    for name in shapes:
+        pools = bench.Pools(name, args.pool_slots)
+        for page in pages:
+            bench.direct_rows(ctx, rows, pools, page, rng)
+        if kernels:
+            bench.kernel_rows(ctx, rows, pools, rng)
+    return rows
+
+
+def test_every_row_checks_every_byte(on_cpu):
+    from kvtier.compat import sgl_kernel as kv
+
+    rows = run_rows(on_cpu, kv)
+    # 5 direct rows x 3 pages x 2 shapes, 6 MHA and 4 MLA kernel rows.
+    assert len(rows) == 40
+    assert {r["function"] for r in rows} == set(bench.FUNCTIONS)
+    assert [r for r in rows if not bench.row_ok(r)] == []
+    assert all(r["sglang"]["gbps_held"] > 0 and r["kvtier"]["gbps_plain"] > 0 for r in rows)
+
+
+def test_a_side_that_writes_wrong_bytes_or_raises_is_reported_and_not_timed(on_cpu):
+    import types
+
+    from kvtier.compat import sgl_kernel as kv
+
+    def raises(*args):
+        raise RuntimeError("transfer failed")
+
+    wrong = types.SimpleNamespace(**{name: getattr(kv, name) for name in bench.FUNCTIONS})
+    wrong.transfer_kv_per_layer_direct_pf_lf = lambda *args: None  # writes nothing
+    wrong.transfer_kv_all_layer_direct_lf_pf = raises
+    rows = run_rows(on_cpu, wrong, shapes=("mla",), pages=(16,), kernels=False)
+    by_label = {r["label"]: r for r in rows}
+    load = by_label["transfer_kv_per_layer_direct_pf_lf"]
+    assert load["sglang"]["check"].startswith("FAIL")
+    assert "gbps_held" not in load["sglang"] and load["ratio_held"] is None
+    assert load["kvtier"]["check"] == "ok" and load["kvtier"]["gbps_held"] > 0
+    backup = by_label["transfer_kv_all_layer_direct_lf_pf"]
+    assert backup["sglang"]["check"] == "ERROR RuntimeError: transfer failed"
+    assert not bench.row_ok(load) and not bench.row_ok(backup)
+    assert bench.row_ok(by_label["transfer_kv_direct (one layer)"])
+    assert "NOT MET on 3 of 3" in "\n".join(bench.verdict(rows))
