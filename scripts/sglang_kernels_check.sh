@@ -25,7 +25,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 
 SRC=${1:-}
 if [[ -z "$SRC" || ! -d "$SRC" ]]; then
-  echo "usage: scripts/sglang_kernels_check.sh SGLANG_SRC  (holding sgl-kernel/, e.g. .engines/sglang)" >&2
+  echo "usage: scripts/sglang_kernels_check.sh SGLANG_SRC  (e.g. .engines/sglang)" >&2
   exit 2
 fi
 SRC=$(cd "$SRC" && pwd)

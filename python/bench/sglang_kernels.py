@@ -33,7 +33,9 @@ layer_first [L, slots, H, D] (per-layer tensors and their uint64 address tables)
 --direct-pages, int64 CPU indices (as SGLang's direct io backend passes them); page 1 rows move
 --page1-tokens tokens (one copy per token and layer: the submission is the whole cost).
 
-Method, per row (one function, one page size):
+Method, per row (one function, one page size), every call on one side stream of PyTorch's (as
+SGLang's HiCache issues its copies on its own streams; SGLang's direct functions refuse the legacy
+default stream, where kvtier would add a fence):
   check    for SGLang's function and then kvtier's: the destination rows poisoned (0x5A5A), one
            call, synchronize, every written row compared byte for byte (as int16) with the source
            rows, the reference taken by torch indexing (neither implementation); a function that
@@ -611,23 +613,28 @@ def run(args) -> int:
     print(f"SGLang {commit} from {args.sglang_src}; {meta['device']}, torch {meta['torch']}",
           flush=True)
     print(f"SGLang direct path: {meta['sglang_direct_path']}", flush=True)
-    meta["ceiling"] = ceiling()
-    print(f"ceiling: H2D {meta['ceiling']['h2d']:.1f} GB/s, D2H {meta['ceiling']['d2h']:.1f} GB/s",
-          flush=True)
     torch.manual_seed(0)
     rng = np.random.default_rng(37)
     ctx = Context(args, meta, sglang, kv)
     rows: list = []
-    pools = {name: Pools(name, args.pool_slots) for name in args.shapes.split(",")}
-    first = [p for p in args.direct_pages if p != 1]
-    steps = [("direct", p) for p in first] + [("kernel", 16)] + \
-        [("direct", 1) for p in args.direct_pages if p == 1]
-    for section, page in steps:
-        for name, pool in pools.items():
-            if section == "direct":
-                direct_rows(ctx, rows, pool, page, rng)
-            else:
-                kernel_rows(ctx, rows, pool, rng)
+    # Everything on one side stream, as SGLang's HiCache runs its copies on its own load and
+    # write streams: SGLang's direct functions cannot run on the legacy default stream
+    # (cudaMemcpyBatchAsync refuses it; kvtier fences it to a private stream, a cost SGLang's
+    # callers never pay).
+    with torch.cuda.stream(torch.cuda.Stream()):
+        meta["ceiling"] = ceiling()
+        print(f"ceiling: H2D {meta['ceiling']['h2d']:.1f} GB/s, D2H "
+              f"{meta['ceiling']['d2h']:.1f} GB/s", flush=True)
+        pools = {name: Pools(name, args.pool_slots) for name in args.shapes.split(",")}
+        first = [p for p in args.direct_pages if p != 1]
+        steps = [("direct", p) for p in first] + [("kernel", 16)] + \
+            [("direct", 1) for p in args.direct_pages if p == 1]
+        for section, page in steps:
+            for pool in pools.values():
+                if section == "direct":
+                    direct_rows(ctx, rows, pool, page, rng)
+                else:
+                    kernel_rows(ctx, rows, pool, rng)
     meta["complete"] = True
     ctx.write(rows)
     print()

@@ -11,15 +11,14 @@
 // one library (is_python_module=False: the registrations run when torch.ops loads it).
 //
 // torch.ops.kvtier_sglang_build.info() tells which path SGLang's page_first_direct functions take
-// in this process, by the same tests transfer.cu makes (CUDA_VERSION seen through the same
-// headers, the driver and runtime versions, the cudaMemcpyBatchAsync symbol), so the bench can
-// say whether SGLang's rows ran its batched copies or its per-page fallback.
+// in this process, by the same tests transfer.cu makes (CUDA_VERSION as the stand-in header gives
+// it to both files, the driver and runtime versions, the cudaMemcpyBatchAsync symbol), so the
+// bench can say whether SGLang's rows ran its batched copies or its per-page fallback.
 //
 // Thread safety: registration runs once, when the library is loaded.
 
-#include <ATen/cuda/CUDAContext.h>
-#include <c10/cuda/CUDAException.h>
-#include <cuda_runtime.h>
+#include <ATen/core/Tensor.h>
+#include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <torch/library.h>
 
@@ -97,63 +96,63 @@ TORCH_LIBRARY(sgl_kernel, m) {
       "transfer_kv_per_layer(Tensor src_k, Tensor dst_k, Tensor src_v, Tensor dst_v, Tensor "
       "src_indices, Tensor dst_indices, int item_size, int block_quota, int num_warps_per_block) "
       "-> ()");
-  m.impl("transfer_kv_per_layer", torch::kCUDA, &transfer_kv_per_layer);
+  m.impl("transfer_kv_per_layer", c10::kCUDA, &transfer_kv_per_layer);
   m.def(
       "transfer_kv_per_layer_pf_lf(Tensor src_k, Tensor dst_k, Tensor src_v, Tensor dst_v, Tensor "
       "src_indices, Tensor dst_indices, int layer_id, int item_size, int src_layout_dim, int "
       "block_quota, int num_warps_per_block) -> ()");
-  m.impl("transfer_kv_per_layer_pf_lf", torch::kCUDA, &transfer_kv_per_layer_pf_lf);
+  m.impl("transfer_kv_per_layer_pf_lf", c10::kCUDA, &transfer_kv_per_layer_pf_lf);
   m.def(
       "transfer_kv_per_layer_ph_lf(Tensor src_k, Tensor dst_k, Tensor src_v, Tensor dst_v, Tensor "
       "src_indices, Tensor dst_indices, int layer_id, int item_size, int src_layout_dim, int "
       "page_size, int head_num, int block_quota, int num_warps_per_block) -> ()");
-  m.impl("transfer_kv_per_layer_ph_lf", torch::kCUDA, &transfer_kv_per_layer_ph_lf);
+  m.impl("transfer_kv_per_layer_ph_lf", c10::kCUDA, &transfer_kv_per_layer_ph_lf);
   m.def(
       "transfer_kv_all_layer(Tensor src_k_layers, Tensor dst_k_layers, Tensor src_v_layers, "
       "Tensor dst_v_layers, Tensor src_indices, Tensor dst_indices, int item_size, int "
       "num_layers, int block_quota, int num_warps_per_block) -> ()");
-  m.impl("transfer_kv_all_layer", torch::kCUDA, &transfer_kv_all_layer);
+  m.impl("transfer_kv_all_layer", c10::kCUDA, &transfer_kv_all_layer);
   m.def(
       "transfer_kv_all_layer_lf_pf(Tensor src_k_layers, Tensor dst_k, Tensor src_v_layers, Tensor "
       "dst_v, Tensor src_indices, Tensor dst_indices, int item_size, int dst_layout_dim, int "
       "num_layers, int block_quota, int num_warps_per_block) -> ()");
-  m.impl("transfer_kv_all_layer_lf_pf", torch::kCUDA, &transfer_kv_all_layer_lf_pf);
+  m.impl("transfer_kv_all_layer_lf_pf", c10::kCUDA, &transfer_kv_all_layer_lf_pf);
   m.def(
       "transfer_kv_all_layer_lf_ph(Tensor src_k_layers, Tensor dst_k, Tensor src_v_layers, Tensor "
       "dst_v, Tensor src_indices, Tensor dst_indices, int item_size, int dst_layout_dim, int "
       "num_layers, int page_size, int head_num, int block_quota, int num_warps_per_block) -> ()");
-  m.impl("transfer_kv_all_layer_lf_ph", torch::kCUDA, &transfer_kv_all_layer_lf_ph);
+  m.impl("transfer_kv_all_layer_lf_ph", c10::kCUDA, &transfer_kv_all_layer_lf_ph);
   m.def(
       "transfer_kv_per_layer_mla(Tensor src, Tensor dst, Tensor src_indices, Tensor dst_indices, "
       "int item_size, int block_quota, int num_warps_per_block) -> ()");
-  m.impl("transfer_kv_per_layer_mla", torch::kCUDA, &transfer_kv_per_layer_mla);
+  m.impl("transfer_kv_per_layer_mla", c10::kCUDA, &transfer_kv_per_layer_mla);
   m.def(
       "transfer_kv_per_layer_mla_pf_lf(Tensor src, Tensor dst, Tensor src_indices, Tensor "
       "dst_indices, int layer_id, int item_size, int src_layout_dim, int block_quota, int "
       "num_warps_per_block) -> ()");
-  m.impl("transfer_kv_per_layer_mla_pf_lf", torch::kCUDA, &transfer_kv_per_layer_mla_pf_lf);
+  m.impl("transfer_kv_per_layer_mla_pf_lf", c10::kCUDA, &transfer_kv_per_layer_mla_pf_lf);
   m.def(
       "transfer_kv_all_layer_mla(Tensor src_layers, Tensor dst_layers, Tensor src_indices, Tensor "
       "dst_indices, int item_size, int num_layers, int block_quota, int num_warps_per_block) -> "
       "()");
-  m.impl("transfer_kv_all_layer_mla", torch::kCUDA, &transfer_kv_all_layer_mla);
+  m.impl("transfer_kv_all_layer_mla", c10::kCUDA, &transfer_kv_all_layer_mla);
   m.def(
       "transfer_kv_all_layer_mla_lf_pf(Tensor src_layers, Tensor dst, Tensor src_indices, Tensor "
       "dst_indices, int item_size, int dst_layout_dim, int num_layers, int block_quota, int "
       "num_warps_per_block) -> ()");
-  m.impl("transfer_kv_all_layer_mla_lf_pf", torch::kCUDA, &transfer_kv_all_layer_mla_lf_pf);
+  m.impl("transfer_kv_all_layer_mla_lf_pf", c10::kCUDA, &transfer_kv_all_layer_mla_lf_pf);
   m.def(
       "transfer_kv_direct(Tensor[] src_layers, Tensor[] dst_layers, Tensor src_indices, Tensor "
       "dst_indices, int page_size) -> ()");
-  m.impl("transfer_kv_direct", torch::kCUDA, &transfer_kv_direct);
+  m.impl("transfer_kv_direct", c10::kCUDA, &transfer_kv_direct);
   m.def(
       "transfer_kv_per_layer_direct_pf_lf(Tensor[] src_ptrs, Tensor[] dst_ptrs, Tensor "
       "src_indices, Tensor dst_indices, int layer_id, int page_size) -> ()");
-  m.impl("transfer_kv_per_layer_direct_pf_lf", torch::kCUDA, &transfer_kv_per_layer_direct_pf_lf);
+  m.impl("transfer_kv_per_layer_direct_pf_lf", c10::kCUDA, &transfer_kv_per_layer_direct_pf_lf);
   m.def(
       "transfer_kv_all_layer_direct_lf_pf(Tensor[] src_ptrs, Tensor[] dst_ptrs, Tensor "
       "src_indices, Tensor dst_indices, int page_size) -> ()");
-  m.impl("transfer_kv_all_layer_direct_lf_pf", torch::kCUDA, &transfer_kv_all_layer_direct_lf_pf);
+  m.impl("transfer_kv_all_layer_direct_lf_pf", c10::kCUDA, &transfer_kv_all_layer_direct_lf_pf);
 }
 
 // ---- torch.ops.kvtier_sglang_build.info() ----------------------------------------------------
