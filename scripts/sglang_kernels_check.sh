@@ -16,7 +16,7 @@
 # Exit status: 0 every row measured and every byte of both sides matched; 1 a byte differed or a
 # call raised (the table's last column says which side); 2 nothing measured: kvtier's extension
 # did not build, or SGLang's files are missing, or transfer.cu did not compile or load (the
-# compiler's output is printed); 3 cut by the time limit (SGLANG_KERNELS_TIMEOUT_S, default 170 s,
+# compiler's output is printed); 3 cut by the time limit (SGLANG_KERNELS_TIMEOUT_S, default 200 s,
 # the compile included), the rows measured so far kept and marked PARTIAL.
 # Budget: under 3 minutes on a 16-core H100 after gpu_check.sh's build (about 1 minute compiling
 # SGLang's file, 1-2 minutes of rows).
@@ -62,7 +62,7 @@ echo "kvtier commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 # compile of SGLang's file: it sees only torch's, CUDA's and the system's headers.
 read -ra EXTRA <<<"${SGLANG_KERNELS_ARGS:-}"  # more bench arguments, e.g. "--tokens 16384"
 env -u CPATH -u LIBRARY_PATH PYTHONPATH="$PWD/$BUILD/python${PYTHONPATH:+:$PYTHONPATH}" \
-  timeout -k 10 "${SGLANG_KERNELS_TIMEOUT_S:-170}" "$PY" python/bench/sglang_kernels.py \
+  timeout -k 10 "${SGLANG_KERNELS_TIMEOUT_S:-200}" "$PY" python/bench/sglang_kernels.py \
   --sglang-src "$SRC" --build-root "$BUILD" --json "$LOGS/sglang_kernels.json" \
   --markdown "$LOGS/sglang_kernels.md" "${EXTRA[@]}" >"$LOGS/bench.log" 2>&1
 rc=$?
@@ -70,7 +70,7 @@ case $rc in
   0) RESULT=ok ;;
   1) RESULT="FAIL (a byte differed or a call raised: see the check column)" ;;
   2) RESULT="CANNOT RUN (nothing measured)" ;;
-  124|137) RESULT="PARTIAL (cut at ${SGLANG_KERNELS_TIMEOUT_S:-170} s)"
+  124|137) RESULT="PARTIAL (cut at ${SGLANG_KERNELS_TIMEOUT_S:-200} s)"
            rm -rf "$BUILD"/kvtier-sglang-kernels-*  # the killed run's build folder
            rc=3 ;;
   *) RESULT="FAIL (bench exited $rc)"; rc=1 ;;

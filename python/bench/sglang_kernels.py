@@ -121,7 +121,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--direct-pages", type=int_list, default=[16, 64, 1])
     p.add_argument("--repeats", type=bounded_int(3, 1000), default=10)
     p.add_argument("--warmup", type=bounded_int(1, 100), default=2)
-    p.add_argument("--row-budget-s", type=float, default=2.5,
+    p.add_argument("--row-budget-s", type=float, default=2.0,
                    help="fewer repeats (at least 3) where a row would take longer")
     p.add_argument("--shapes", default="mha,mla")
     p.add_argument("--functions", default="",
@@ -437,6 +437,14 @@ class Pools:
         return [t.view(s.pool // page, s.L, page, s.H, s.D) for t in self.flat]
 
 
+def whole_on_gpu(t):
+    """A host view copied whole to the GPU (one pinned copy), where the check gathers its rows:
+    gathering the rows of a GiB host pool on the CPU would take longer than the row's timing."""
+    from compat_host_time import dev
+
+    return t.to(dev)
+
+
 def poison_rows(tensors, index, dim: int = 0):
     from compat_host_time import bits
 
@@ -458,7 +466,7 @@ def direct_rows(ctx, rows: list, pools: Pools, page: int, rng) -> None:
     one_layer, all_layers = T * item * nb, T * item * nb * L
     si = torch.from_numpy(random_indices(rng, T, s.pool, page))
     di = torch.from_numpy(random_indices(rng, T, s.pool, page))
-    si_d = si.to(dev)
+    si_d, di_d = si.to(dev), di.to(dev)
     dst = [s.dev_layers[b][layer] for b in range(nb)]
     src = [pools.lf_layers[b][layer] for b in range(nb)]
     all_dev = [x for b in range(nb) for x in s.dev_layers[b]]
@@ -468,17 +476,19 @@ def direct_rows(ctx, rows: list, pools: Pools, page: int, rng) -> None:
     # layer_first host pool: one layer loaded, every layer backed up (SGLang's direct io backend).
     measure_pair(ctx, rows, s, "transfer_kv_direct (one layer)", "transfer_kv_direct", page, T,
                  one_layer, (src, dst, si, di, page), poison_rows(dst, di),
-                 lambda: [(dst[b][di], src[b][si]) for b in range(nb)], "load", 1.0)
+                 lambda: [(dst[b][di_d], whole_on_gpu(src[b])[si_d]) for b in range(nb)],
+                 "load", 1.0)
     measure_pair(ctx, rows, s, "transfer_kv_direct (all layers)", "transfer_kv_direct", page, T,
                  all_layers, (all_dev, all_host, si, di, page), poison_rows(pools.lf, di, dim=1),
-                 lambda: [(pools.lf[b][:, di], s.dev[b][:, si_d]) for b in range(nb)],
+                 lambda: [(whole_on_gpu(pools.lf[b])[:, di_d], s.dev[b][:, si_d])
+                          for b in range(nb)],
                  "backup", 5.0)
 
     # page_first_direct host pool.
     pfd = pools.pfd(page)
 
     def pfd_rows(b, idx, lay=None):
-        got = pfd[b][idx // page, :, idx % page]  # [T, L, H, D]
+        got = whole_on_gpu(pfd[b])[idx // page, :, idx % page]  # [T, L, H, D]
         return got if lay is None else got[:, lay]
 
     def poison_pfd():
@@ -488,16 +498,17 @@ def direct_rows(ctx, rows: list, pools: Pools, page: int, rng) -> None:
     measure_pair(ctx, rows, s, "transfer_kv_per_layer_direct_pf_lf",
                  "transfer_kv_per_layer_direct_pf_lf", page, T, one_layer,
                  (pfd, dst, si, di, layer, page), poison_rows(dst, di),
-                 lambda: [(dst[b][di], pfd_rows(b, si, layer)) for b in range(nb)], "load", 2.0)
+                 lambda: [(dst[b][di_d], pfd_rows(b, si_d, layer)) for b in range(nb)], "load",
+                 2.0)
     measure_pair(ctx, rows, s, "transfer_kv_all_layer_direct_lf_pf",
                  "transfer_kv_all_layer_direct_lf_pf", page, T, all_layers,
                  (all_dev, pfd, si, di, page), poison_pfd,
-                 lambda: [(pfd_rows(b, di), s.dev[b][:, si_d].transpose(0, 1))
+                 lambda: [(pfd_rows(b, di_d), s.dev[b][:, si_d].transpose(0, 1))
                           for b in range(nb)], "backup", 5.0)
     measure_pair(ctx, rows, s, "transfer_kv_all_layer_direct_lf_pf (separate layers)",
                  "transfer_kv_all_layer_direct_lf_pf", page, T, all_layers,
                  (separate, pfd, si, di, page), poison_pfd,
-                 lambda: [(pfd_rows(b, di), torch.stack([pools.separate[b][l][si_d]
+                 lambda: [(pfd_rows(b, di_d), torch.stack([pools.separate[b][l][si_d]
                                                          for l in range(L)], dim=1))
                           for b in range(nb)], "backup", 5.0)
 
@@ -522,11 +533,13 @@ def kernel_rows(ctx, rows: list, pools: Pools, rng) -> None:
     def row(fn, nbytes, fargs, poison, verify, direction, hold):
         measure_pair(ctx, rows, s, fn, fn, P, T, nbytes, fargs, poison, verify, direction, hold)
 
-    pf_load = lambda: [(dst[b][di], pf[b][si_h, layer]) for b in range(nb)]  # noqa: E731
-    pf_backup = lambda: [(pf[b][di_h], s.dev[b][:, si].transpose(0, 1))  # noqa: E731
+    pf_load = lambda: [(dst[b][di], whole_on_gpu(pf[b])[si, layer])  # noqa: E731
+                       for b in range(nb)]
+    pf_backup = lambda: [(whole_on_gpu(pf[b])[di], s.dev[b][:, si].transpose(0, 1))  # noqa: E731
                          for b in range(nb)]
-    lf_load = lambda: [(dst[b][di], src[b][si_h]) for b in range(nb)]  # noqa: E731
-    lf_backup = lambda: [(lf[b][:, di_h], s.dev[b][:, si]) for b in range(nb)]  # noqa: E731
+    lf_load = lambda: [(dst[b][di], whole_on_gpu(src[b])[si]) for b in range(nb)]  # noqa: E731
+    lf_backup = lambda: [(whole_on_gpu(lf[b])[:, di], s.dev[b][:, si])  # noqa: E731
+                         for b in range(nb)]
     if mla:
         row("transfer_kv_per_layer_mla_pf_lf", one_layer,
             (pf[0], dst[0], si, di, layer, item, L * item), poison_rows(dst, di), pf_load,
@@ -560,11 +573,12 @@ def kernel_rows(ctx, rows: list, pools: Pools, rng) -> None:
     row("transfer_kv_per_layer_ph_lf", one_layer,
         (ph[0], dst[0], ph[1], dst[1], si, di, layer, item, L * item, P, s.H),
         poison_rows(dst, di),
-        lambda: [(dst[b][di], ph[b][si_h // P, :, si_h % P, layer]) for b in range(nb)],
+        lambda: [(dst[b][di], whole_on_gpu(ph[b])[si // P, :, si % P, layer])
+                 for b in range(nb)],
         "load", 0.5)
     row("transfer_kv_all_layer_lf_ph", all_layers,
         (tables[0], ph[0], tables[1], ph[1], si, di, item, L * item, L, P, s.H), poison_ph,
-        lambda: [(ph[b][di_h // P, :, di_h % P], s.dev[b][:, si].permute(1, 2, 0, 3))
+        lambda: [(whole_on_gpu(ph[b])[di // P, :, di % P], s.dev[b][:, si].permute(1, 2, 0, 3))
                  for b in range(nb)], "backup", 1.0)
 
 
