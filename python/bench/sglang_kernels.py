@@ -296,8 +296,8 @@ def build_sglang(cu: str, build_dir: str):
             extra_include_paths=[STUBS], build_directory=build_dir, verbose=False,
             with_cuda=True, is_python_module=False)
     except Exception as e:  # noqa: BLE001 - any failure here is "SGLang's kernels did not build"
-        raise CannotRun(f"SGLang's transfer.cu did not build or load "
-                        f"({type(e).__name__}; build folder {build_dir}):\n{e}") from None
+        raise CannotRun(f"SGLang's transfer.cu did not build or load ({type(e).__name__}; the "
+                        f"build folder {build_dir} is kept):\n{e}") from None
     print(f"built SGLang's transfer.cu with kvtier's binding in {time.monotonic() - t0:.0f} s "
           f"(TORCH_CUDA_ARCH_LIST={os.environ['TORCH_CUDA_ARCH_LIST']}, {build_dir})", flush=True)
     missing = [f for f in FUNCTIONS if not hasattr(torch.ops.sgl_kernel, f)]
@@ -610,11 +610,9 @@ def run(args) -> int:
         raise CannotRun("needs a GPU and kvtier built with CUDA (PYTHONPATH=<CUDA build>/python)")
     cu, py, commit = sglang_files(args.sglang_src)
     build_dir = tempfile.mkdtemp(prefix="kvtier-sglang-kernels-", dir=args.build_root)
-    try:
-        build_sglang(cu, build_dir)
-    finally:
-        if not args.keep_build:
-            shutil.rmtree(build_dir, ignore_errors=True)  # the loaded library stays mapped
+    build_sglang(cu, build_dir)  # on failure the folder stays, its build.ninja for a look
+    if not args.keep_build:
+        shutil.rmtree(build_dir, ignore_errors=True)  # the loaded library stays mapped
     sglang = load_sglang_wrappers(py)
     info = list(torch.ops.kvtier_sglang_build.info())
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
