@@ -80,6 +80,7 @@ if [[ $rc == 2 || ! -f "$LOGS/sglang_kernels.md" ]]; then
 else
   grep -E "^(built|SGLang|ceiling)" "$LOGS/bench.log"
   cat "$LOGS/sglang_kernels.md"
+  [[ $rc != 0 ]] && tail -20 "$LOGS/bench.log"  # a traceback, if the bench stopped on one
 fi
 stamp "sglang_kernels: $RESULT; logs in $LOGS"
 exit $rc

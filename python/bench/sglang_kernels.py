@@ -355,7 +355,8 @@ def measure_pair(ctx, rows: list, shape, label: str, fn: str, page: int, tokens:
             result[side]["check"] = check(verify())
         except Exception as e:  # noqa: BLE001 - reported in the row, the run goes on
             torch.cuda.synchronize()
-            result[side]["check"] = f"ERROR {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            first = (str(e).splitlines() or [""])[0][:200]
+            result[side]["check"] = f"ERROR {type(e).__name__}: {first}"
     timed = [side for side in sides if result[side]["check"] == "ok"]
     repeats = args.repeats
     try:
@@ -384,7 +385,8 @@ def measure_pair(ctx, rows: list, shape, label: str, fn: str, page: int, tokens:
     except Exception as e:  # noqa: BLE001 - a call that passed its check raised while timed
         torch.cuda.synchronize()
         for side in timed:
-            result[side]["check"] = f"ERROR while timed {type(e).__name__}: {str(e)[:200]}"
+            first = (str(e).splitlines() or [""])[0][:200]
+            result[side]["check"] = f"ERROR while timed {type(e).__name__}: {first}"
         timed = []
     for side in timed:
         ms_held, ms_plain = statistics.median(held[side]), statistics.median(plain[side])
