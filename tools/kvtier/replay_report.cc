@@ -469,6 +469,53 @@ nlohmann::json TimelineJson(const RunSummary& r) {
 
 }  // namespace
 
+// Each hit class's TTFT against no cache (CompareHitClasses), and the rule that judges them.
+nlohmann::json HitClassesJson(const ReplayReport& report) {
+  nlohmann::json classes = nlohmann::json::array();
+  bool any_slower = false;
+  for (const ClassComparison& c : report.CompareHitClasses()) {
+    classes.push_back({{"class", HitClassName(c.hit_class)},
+                       {"requests", c.requests},
+                       {"no_cache_p50_ms", c.no_cache_p50_ms},
+                       {"hierarchy_p50_ms", c.hierarchy_p50_ms},
+                       {"ratio_p50", IntervalJson(c.ratio)},
+                       {"slower", c.slower}});
+    any_slower = any_slower || c.slower;
+  }
+  return {{"classes", classes},
+          {"definition",
+           "the tier that served most of the matched prefix (ties: the slower tier); "
+           "none: nothing matched"},
+          {"margin", report.slow_class_margin},
+          {"min_difference_ms", kTimeNoiseFloorMs},
+          {"on_slower", report.slow_class_warn ? "warn" : "fail"},
+          {"any_slower", any_slower}};
+}
+
+// The requests whose matched prefix in the hierarchy run is >= 90 % of the prompt: their TTFT and
+// service time with no cache, in the hierarchy (and device-only), and the speed-ups.
+nlohmann::json MostlyCachedJson(const ReplayReport& report, const RunSummary& hierarchy,
+                                const RunSummary& no_cache, const Headline& head) {
+  const std::vector<size_t> mostly = MostlyCached(hierarchy);
+  const Percentiles a = PercentilesOf(TtftOf(no_cache, mostly));
+  const Percentiles b = PercentilesOf(TtftOf(hierarchy, mostly));
+  nlohmann::json j = {{"requests", mostly.size()},
+                      {"indices", mostly},
+                      {"no_cache_ttft_ms", PercentilesJson(a)},
+                      {"hierarchy_ttft_ms", PercentilesJson(b)},
+                      {"p50_ratio_no_cache_to_hierarchy", b.p50 > 0 ? a.p50 / b.p50 : 0.0},
+                      {"speedup_p50", IntervalJson(head.mostly_cached_speedup)}};
+  // The same on service time (TTFT less queueing, each run's own): the cache's effect without
+  // the wait behind other requests.
+  j["no_cache_service_ms"] = PercentilesJson(PercentilesOf(ServiceOf(no_cache, mostly)));
+  j["hierarchy_service_ms"] = PercentilesJson(PercentilesOf(ServiceOf(hierarchy, mostly)));
+  j["service_speedup_p50"] = IntervalJson(head.mostly_cached_service_speedup);
+  if (const RunSummary* dev = report.Find("device_only"); dev != nullptr) {
+    j["device_only_ttft_ms"] = PercentilesJson(PercentilesOf(TtftOf(*dev, mostly)));
+  }
+  return j;
+}
+
 Status WriteReplayJson(const std::string& path, const ReplayReport& report) {
   const RunSummary* hier = report.Find("hierarchy");
   if (hier == nullptr) return Status::Internal("no hierarchy run to write");
@@ -503,25 +550,7 @@ Status WriteReplayJson(const std::string& path, const ReplayReport& report) {
       {"spread", fmt::format("paired bootstrap over the measured requests, {} resamples, "
                              "[lo, hi] = 2.5 and 97.5 percentiles",
                              kBootstrapResamples)}};
-  nlohmann::json classes = nlohmann::json::array();
-  bool any_slower = false;
-  for (const ClassComparison& c : report.CompareHitClasses()) {
-    classes.push_back({{"class", HitClassName(c.hit_class)},
-                       {"requests", c.requests},
-                       {"no_cache_p50_ms", c.no_cache_p50_ms},
-                       {"hierarchy_p50_ms", c.hierarchy_p50_ms},
-                       {"ratio_p50", IntervalJson(c.ratio)},
-                       {"slower", c.slower}});
-    any_slower = any_slower || c.slower;
-  }
-  j["hit_classes"] = {{"classes", classes},
-                      {"definition",
-                       "the tier that served most of the matched prefix (ties: the slower tier); "
-                       "none: nothing matched"},
-                      {"margin", report.slow_class_margin},
-                      {"min_difference_ms", kTimeNoiseFloorMs},
-                      {"on_slower", report.slow_class_warn ? "warn" : "fail"},
-                      {"any_slower", any_slower}};
+  j["hit_classes"] = HitClassesJson(report);
   j["requests"] = hier->records.size();
   j["input_tokens"] = hier->input_tokens();
   j["hit_rate"] = hier->HitRate();
@@ -543,27 +572,7 @@ Status WriteReplayJson(const std::string& path, const ReplayReport& report) {
   }
   j["integrity"] = {{"bytes_checked", checked}, {"wrong_bytes", wrong}};
   if (const RunSummary* none = report.Find("no_cache"); none != nullptr) {
-    // The requests whose matched prefix in the hierarchy run is >= 90 % of the prompt.
-    const std::vector<size_t> mostly = MostlyCached(*hier);
-    const Percentiles a = PercentilesOf(TtftOf(*none, mostly));
-    const Percentiles b = PercentilesOf(TtftOf(*hier, mostly));
-    j["mostly_cached"] = {{"requests", mostly.size()},
-                          {"indices", mostly},
-                          {"no_cache_ttft_ms", PercentilesJson(a)},
-                          {"hierarchy_ttft_ms", PercentilesJson(b)},
-                          {"p50_ratio_no_cache_to_hierarchy", b.p50 > 0 ? a.p50 / b.p50 : 0.0},
-                          {"speedup_p50", IntervalJson(head.mostly_cached_speedup)}};
-    // The same on service time (TTFT less queueing, each run's own): the cache's effect without
-    // the wait behind other requests.
-    j["mostly_cached"]["no_cache_service_ms"] =
-        PercentilesJson(PercentilesOf(ServiceOf(*none, mostly)));
-    j["mostly_cached"]["hierarchy_service_ms"] =
-        PercentilesJson(PercentilesOf(ServiceOf(*hier, mostly)));
-    j["mostly_cached"]["service_speedup_p50"] = IntervalJson(head.mostly_cached_service_speedup);
-    if (const RunSummary* dev = report.Find("device_only"); dev != nullptr) {
-      j["mostly_cached"]["device_only_ttft_ms"] =
-          PercentilesJson(PercentilesOf(TtftOf(*dev, mostly)));
-    }
+    j["mostly_cached"] = MostlyCachedJson(report, *hier, *none, head);
   }
   nlohmann::json runs = nlohmann::json::array();
   nlohmann::json timeline;
