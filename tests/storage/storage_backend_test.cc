@@ -760,10 +760,16 @@ TEST(StorageBackendTest, ReadsRunOnAtMostIoThreadsAtOnce) {
 // counts its wait as held (get_held_seconds, get_held_calls), not queued; a Get of another key
 // that finds the only I/O thread busy with a write counts its wait as queued
 // (get_queue_seconds), not held; each Get's own run is in get_seconds and get_page_seconds.
+// Nothing here depends on how fast the box is: each state is reached through a signal (a write
+// held in the wrapper, a read held in the wrapper once it runs), the counts are exact, and each
+// time is checked against a bound the test makes itself: at least the test's own sleep while the
+// call was held or queued, or at most the interval the test saw around it (release ... run).
 TEST(StorageBackendTest, HeldAndQueuedReadsCountWhereTheirTimeWent) {
+  constexpr auto kHeld = 100ms;  // the test holds each call at least this long
+  constexpr double kHeldS = std::chrono::duration<double>(kHeld).count();
   StorageOptions o;
   o.io_threads = 1;
-  o.timeout = 30s;
+  o.timeout = 60s;  // a hang guard: no call waits for it
   auto inner = OpenStorage("memory://?capacity=1MiB", SmallNamespace());
   ASSERT_TRUE(inner.ok()) << inner.status().ToString();
   auto wrapped = FaultInjectingStorage::Wrap(std::move(*inner), /*seed=*/1, o);
@@ -773,20 +779,29 @@ TEST(StorageBackendTest, HeldAndQueuedReadsCountWhereTheirTimeWent) {
   const PageKey a = KeyOf(0), other = KeyOf(2);
   ASSERT_EQ(b.Set({other}, {PageBuffer::Of(page)}).get().leading_ok(), 1);
 
-  // Held: the Set of `a` runs (held by the wrapper) on the only thread; a Get of `a` waits for it.
+  // Held: the Set of `a` runs (held by the wrapper) on the only thread; a Get of `a`, submitted
+  // after it, is held by the queue from its submission until that Set completes.
   b.HoldWrites(true);
   auto set = b.Set({a}, {PageBuffer::Of(page)});
   while (b.held_writes() < 1) std::this_thread::sleep_for(1ms);
+  b.HoldReads({a});  // once it runs, the Get waits in the wrapper: the test sees it start
   auto held_get = b.Get({a}, {PageBuffer::Of(out)});
-  std::this_thread::sleep_for(100ms);
+  std::this_thread::sleep_for(kHeld);
+  const auto released = Clock::now();
   b.HoldWrites(false);
   EXPECT_EQ(set.get().leading_ok(), 1);
+  while (b.held_reads() < 1) std::this_thread::sleep_for(1ms);
+  const double release_to_run = std::chrono::duration<double>(Clock::now() - released).count();
+  b.HoldReads({});
   EXPECT_EQ(held_get.get().leading_ok(), 1);
   StorageStats s = b.Stats();
   EXPECT_EQ(s.get_calls, 1);
   EXPECT_EQ(s.get_held_calls, 1);
-  EXPECT_GE(s.get_held_seconds, 0.09);
-  EXPECT_LT(s.get_queue_seconds, s.get_held_seconds) << "a held read counted as queued";
+  EXPECT_GE(s.get_held_seconds, kHeldS) << "held from its submission to the Set's completion";
+  // Its queue time lies between the Set's completion (after `released`) and the start of its run
+  // (before the test saw it held in the wrapper); counted from its submission it would include
+  // the test's sleep before `released`.
+  EXPECT_LE(s.get_queue_seconds, release_to_run + 1e-6) << "a held read's wait counted as queued";
   const double queue_before = s.get_queue_seconds;
 
   // Queued: a Get of `other` (no write names it) waits for the thread the held Set occupies.
@@ -794,17 +809,17 @@ TEST(StorageBackendTest, HeldAndQueuedReadsCountWhereTheirTimeWent) {
   auto set2 = b.Set({KeyOf(4)}, {PageBuffer::Of(page)});
   while (b.held_writes() < 1) std::this_thread::sleep_for(1ms);
   auto queued_get = b.Get({other}, {PageBuffer::Of(out)});
-  std::this_thread::sleep_for(100ms);
+  std::this_thread::sleep_for(kHeld);
   b.HoldWrites(false);
   EXPECT_EQ(set2.get().leading_ok(), 1);
   EXPECT_EQ(queued_get.get().leading_ok(), 1);
   s = b.Stats();
   EXPECT_EQ(s.get_calls, 2);
   EXPECT_EQ(s.get_held_calls, 1) << "a read of a key no write names counted as held";
-  EXPECT_GE(s.get_queue_seconds - queue_before, 0.09);
+  EXPECT_GE(s.get_queue_seconds - queue_before, kHeldS);
   EXPECT_GT(s.get_seconds, 0);
   EXPECT_GT(s.get_page_seconds, 0);
-  EXPECT_GE(s.set_page_seconds, 0.09) << "the held Sets' time is theirs";
+  EXPECT_GE(s.set_page_seconds, 2 * kHeldS) << "the held Sets' time is theirs";
   EXPECT_EQ(s.bytes_read, 2 * 512);
 }
 
