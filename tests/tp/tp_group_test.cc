@@ -298,7 +298,6 @@ TEST(TpGroupTest, TheLeadersCopiesDoNotWaitForASlowFollower) {
   ASSERT_TRUE((*leader)->WaitForFollowers().ok());
   EXPECT_TRUE((*leader)->Fence().ok());  // nothing published: nothing to wait for
   auto engine = (*leader)->WrapEngine(CpuEngine(), dev0.region);
-  const auto start = Clock::now();
   for (int64_t i = 0; i < 20; ++i) {
     const std::vector<int64_t> src = {i}, dst = {i};
     ASSERT_TRUE(engine
@@ -341,18 +340,19 @@ TEST(TpGroupTest, AFullRingWaitsForRoomThenFailsNamingTheSlowRank) {
   for (int i = 0; i < (64 << 10) / 1024; ++i) {  // 1,000 bytes + 24 of header = one KiB each
     ASSERT_TRUE((*leader)->PublishMessage(msg).ok()) << i;
   }
-  // The follower catches up 0.1 s from now: the 65th record waits for it, then goes in.
+  // The follower catches up 0.1 s from now: the 65th record waits for it, then goes in. (`start`
+  // comes before the thread's sleep: the wait is at least that sleep whenever the thread runs.)
+  const auto start = Clock::now();
   std::thread late([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     EXPECT_TRUE(silent.follower().Serve(*CpuEngine(), dev.region, host.region, 0).ok());
   });
-  const auto start = Clock::now();
   Result<uint64_t> seq = (*leader)->PublishMessage(msg);
   const double waited = std::chrono::duration<double>(Clock::now() - start).count();
   late.join();
   ASSERT_TRUE(seq.ok()) << seq.status().ToString();
   EXPECT_EQ(*seq, 65u);
-  EXPECT_GE(waited, 0.05);
+  EXPECT_GE(waited, 0.1);
   EXPECT_TRUE((*leader)->health().ok());
   // It applies nothing more: 63 more records fill the ring again, the next waits 0.3 s and fails.
   for (int i = 0; i < 63; ++i) ASSERT_TRUE((*leader)->PublishMessage(msg).ok()) << i;
@@ -362,7 +362,7 @@ TEST(TpGroupTest, AFullRingWaitsForRoomThenFailsNamingTheSlowRank) {
   ASSERT_FALSE(seq.ok());
   const Status st = seq.status();
   EXPECT_GE(failed_after, 0.3);
-  EXPECT_LT(failed_after, 1.5);
+  EXPECT_LT(failed_after, 30.0);  // a hang guard; the message below says it was the 0.3 s timeout
   ASSERT_TRUE(st.IsUnavailable()) << st.ToString();
   EXPECT_NE(st.message().find("is full: rank 1 (pid " + std::to_string(getpid()) + ")"),
             std::string::npos)
@@ -393,11 +393,12 @@ TEST(TpGroupTest, ASilentFollowerFailsTheWaitWithinTheTimeoutAndBreaksTheGroup) 
   EXPECT_NE(st.message().find("did not apply record 1 within 0.3 s (applied up to 0)"),
             std::string::npos)
       << st.ToString();
-  // Broken: later calls fail at once with the same error.
-  const auto again = Clock::now();
+  // Broken: later calls fail at once with the same error (a wait that looked at the silent rank
+  // again would sleep until its timeout: none slept).
+  const int64_t slept = (*leader)->stats().waits_slept;
   EXPECT_EQ((*leader)->PublishMessage({}).status().message(), st.message());
   EXPECT_EQ((*leader)->WaitApplied(1).message(), st.message());
-  EXPECT_LT(std::chrono::duration<double>(Clock::now() - again).count(), 0.1);
+  EXPECT_EQ((*leader)->stats().waits_slept, slept);
   EXPECT_EQ((*leader)->health().message(), st.message());
 }
 
