@@ -94,7 +94,9 @@ PageStatus SetPage(StorageBackend& b, const std::vector<PageKey>& keys, int i) {
 PageStatus GetPage(StorageBackend& b, const std::vector<PageKey>& keys, int i) {
   std::vector<std::byte> out(kPageBytes, std::byte{0xCD});
   const PageStatus st = b.Get({keys[static_cast<size_t>(i)]}, {PageBuffer::Of(out)}).get().pages[0];
-  if (st == PageStatus::kOk) EXPECT_EQ(out, PageBytes(static_cast<uint32_t>(i))) << "page " << i;
+  if (st == PageStatus::kOk) {  // braces: EXPECT_EQ is an if-else of its own (-Wdangling-else)
+    EXPECT_EQ(out, PageBytes(static_cast<uint32_t>(i))) << "page " << i;
+  }
   return st;
 }
 
