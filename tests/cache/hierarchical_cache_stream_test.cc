@@ -401,9 +401,11 @@ TEST_P(StreamTest, MissingOrCorruptPagesCutTheLoadAtThatPage) {
 // The timeout policy's deadline ends the stream with the prefix that arrived before it.
 TEST_P(StreamTest, TheTimeoutDeadlineEndsTheStream) {
   const bool stream = GetParam();
-  // A deadline of 1 s (the base; nothing per token) passes while batch 2 is held.
+  // A deadline of 5 s (the base; nothing per token) passes while batch 2 is held. Batches 0 and 1
+  // (memory reads) must arrive before it: 5 s, not 1 s, so that a loaded machine that starves
+  // the I/O threads for a second does not end the stream before them.
   Rig r = MakeRig(stream, 31, [](HierarchicalCacheConfig& cfg) {
-    cfg.storage.prefetch_timeout_base_s = 1.0;
+    cfg.storage.prefetch_timeout_base_s = 5.0;
     cfg.storage.prefetch_timeout_per_1k_tokens_s = 0;
   });
   r.faults->HoldReads(r.Batch(2));
@@ -419,7 +421,7 @@ TEST_P(StreamTest, TheTimeoutDeadlineEndsTheStream) {
   EXPECT_EQ(l->prefetch.arrived_tokens, 2 * kBatchPages * kPage);
   EXPECT_EQ(l->loaded_tokens, (kHostPartPages + 2 * kBatchPages) * kPage);
   ExpectBytes(r, l->device_slots, kHostPartPages + 2 * kBatchPages);
-  EXPECT_GE(waited, 1.0);   // it waited for the deadline ...
+  EXPECT_GE(waited, 5.0);   // it waited for the deadline ...
   EXPECT_LT(waited, 20.0);  // ... not for the held read's 30 s (a hang guard)
   ASSERT_TRUE(r.cache->Release(m->handle).ok());
   r.faults->HoldReads({});
