@@ -1,0 +1,204 @@
+"""python/bench/sglang_kernels.py without a GPU: its argument checks, the table and verdict it
+renders from rows, its exit statuses, and that it refuses loudly (status 2, saying why) where it
+cannot run. The measurement itself needs a GPU and SGLang's source
+(scripts/sglang_kernels_check.sh on the GPU machine).
+
+Thread safety: pytest runs these in one thread.
+"""
+
+import json
+import os
+import sys
+
+import pytest
+
+pytest.importorskip("torch")  # compat_host_time, whose helpers the bench imports, needs it
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
+import sglang_kernels as bench  # noqa: E402
+
+
+def side(gbps_held, gbps_plain, host, check="ok"):
+    return {"check": check, "gbps_held": gbps_held, "gbps_plain": gbps_plain, "host_us": host}
+
+
+def row(shape, function, page, s, k, label=None):
+    r = {"shape": shape, "label": label or function, "function": function, "page": page,
+         "tokens": 8192, "bytes": 1, "direction": "load", "repeats": 10, "sglang": s, "kvtier": k}
+    for key in ("held", "plain"):
+        a, b = s.get(f"gbps_{key}"), k.get(f"gbps_{key}")
+        r[f"ratio_{key}"] = round(b / a, 3) if a and b else None
+    return r
+
+
+META = {"device": "test", "torch": "x", "sglang_commit": "e99f87c974a07a5400eb96cea1a05f886c5d5b6a",
+        "kvtier_commit": "abc", "sglang_direct_path": "cudaMemcpyBatchAsync (v13 signature)",
+        "ceiling": {"h2d": 55.6, "d2h": 55.4}, "complete": True}
+
+
+def test_table_marks_rows_below_sglang_and_judges_page_first_direct_rows():
+    rows = [
+        row("mla", "transfer_kv_per_layer_direct_pf_lf", 64, side(42.7, 40.0, 200.0),
+            side(37.1, 41.0, 180.0)),
+        row("mha", "transfer_kv_all_layer_direct_lf_pf", 16, side(28.4, 28.0, 900.0),
+            side(47.0, 46.0, 800.0)),
+        row("mha", "transfer_kv_per_layer", 16, side(50.0, 49.0, 10.0), side(50.0, 49.0, 12.0)),
+    ]
+    text = bench.markdown(META, rows)
+    assert "| mla | transfer_kv_per_layer_direct_pf_lf | 64 | 8192 | load | 42.70 | 37.10 | "\
+        "**0.87×** | 40.00 | 41.00 | 1.02× | 200.0 | 180.0 | 10 | ok / ok |" in text
+    assert "3 rows, 0 with a failed check or error" in text
+    assert "stream held: NOT MET on 1 of 2 page_first_direct rows (mla "\
+        "transfer_kv_per_layer_direct_pf_lf p64 0.87x)" in text
+    assert "plain: met on all 2 page_first_direct rows (lowest 1.02x)" in text
+    assert "PARTIAL" not in text
+    assert "PARTIAL" in bench.markdown(dict(META, complete=False), rows)
+
+
+def test_failed_check_or_error_counts_and_is_not_met():
+    rows = [row("mha", "transfer_kv_all_layer_direct_lf_pf", 64, {"check": "ERROR RuntimeError: x"},
+                side(50.0, 50.0, 300.0))]
+    text = bench.markdown(META, rows)
+    assert "1 rows, 1 with a failed check or error" in text
+    assert "| — | 50.00 | — |" in text
+    assert "NOT MET on 1 of 1" in text
+
+
+def test_render_exit_status(tmp_path):
+    good = [row("mha", "transfer_kv_per_layer", 16, side(1.0, 1.0, 1.0), side(1.0, 1.0, 1.0))]
+    bad = [row("mha", "transfer_kv_per_layer", 16, side(1.0, 1.0, 1.0),
+               side(1.0, 1.0, 1.0, check="FAIL (3 elements differ)"))]
+    for rows, status in ((good, 0), (bad, 1)):
+        path = tmp_path / f"run{status}.json"
+        path.write_text(json.dumps({"meta": META, "rows": rows}))
+        assert bench.main(["--render", str(path)]) == status
+
+
+@pytest.mark.parametrize("argv,message", [
+    ([], "--sglang-src is required"),
+    (["--sglang-src", "x", "--direct-pages", "32"], "32 is not one of 1, 16, 64"),
+    (["--sglang-src", "x", "--direct-pages", "a,b"], "not a comma-separated list"),
+    (["--sglang-src", "x", "--tokens", "8192", "--pool-slots", "8192"], "at most half"),
+    (["--sglang-src", "x", "--page1-tokens", "16384"], "at most --tokens"),
+    (["--sglang-src", "x", "--tokens", "1000", "--page1-tokens", "64"], "multiples of 64"),
+    (["--sglang-src", "x", "--shapes", "gqa"], "'gqa' is not one of"),
+    (["--sglang-src", "x", "--json", "/nonexistent/dir/x.json"], "is not writable"),
+    (["--render", "/nonexistent.json"], "no such file"),
+])
+def test_bad_arguments_are_named(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        bench.parse_args(argv)
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_missing_sglang_files_are_named(tmp_path):
+    with pytest.raises(bench.CannotRun) as e:
+        bench.sglang_files(str(tmp_path))
+    assert "sgl-kernel/csrc/kvcacheio/transfer.cu" in str(e.value)
+    assert "sgl-kernel/python/sgl_kernel/kvcacheio.py" in str(e.value)
+
+
+def test_without_a_gpu_it_cannot_run_and_says_so(tmp_path, capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: scripts/sglang_kernels_check.sh runs the bench there")
+    assert bench.main(["--sglang-src", str(tmp_path)]) == bench.EXIT_CANNOT_RUN
+    assert "CANNOT RUN: needs a GPU" in capsys.readouterr().err
+
+
+def test_direct_path_text_follows_transfer_cu_tests():
+    assert bench.direct_path_text([13000, 13000, 13000, 1]).startswith(
+        "cudaMemcpyBatchAsync (v13 signature")
+    assert bench.direct_path_text([12090, 12090, 12090, 1]).startswith(
+        "cudaMemcpyBatchAsync (v12 signature")
+    for info in ([0, 13000, 13000, 1], [13000, 12040, 13000, 1], [13000, 13000, 13000, 0],
+                 [13000, 13000, -1, 1]):
+        assert bench.direct_path_text(info).startswith("FALLBACK"), info
+
+
+# ---- the rows' poison and byte checks, on the CPU ---------------------------------------------
+# The row builders (direct_rows, kernel_rows) run here on host memory, with kvtier's CPU backend
+# standing in on the SGLang side too: what is tested is the bench's own poison / reference / check
+# logic (a wrong reference would fail kvtier's correct copy), and that a side writing wrong bytes
+# or raising is reported and not timed. CUDA events are replaced by the wall clock and
+# torch.cuda.synchronize by nothing (there is no stream); no timing is asserted.
+
+@pytest.fixture
+def on_cpu(monkeypatch):
+    import time
+
+    import torch
+
+    import compat_host_time as cht
+
+    if not hasattr(torch, "uint64"):  # torch 1.13: kvtier takes int64 address tables too
+        monkeypatch.setattr(torch, "uint64", torch.int64, raising=False)
+    monkeypatch.setattr(cht, "dev", torch.device("cpu"))
+    monkeypatch.setattr(cht.Shape, "host",
+                        lambda self, shape: [torch.randn(shape, dtype=cht.DT)
+                                             for _ in range(self.nb)])
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+
+    def wall_ms(call, repeats, hold_ms):
+        t0 = time.perf_counter()
+        call()
+        return max((time.perf_counter() - t0) * 1000, 1e-6)
+
+    monkeypatch.setattr(cht, "gpu_ms", wall_ms)
+    args = bench.parse_args(["--sglang-src", "unused", "--tokens", "128", "--pool-slots", "256",
+                             "--page1-tokens", "64", "--repeats", "3", "--warmup", "1"])
+    return args
+
+
+def run_rows(args, sglang_side, shapes=("mha", "mla"), pages=(16, 64, 1), kernels=True):
+    import numpy as np
+
+    from kvtier.compat import sgl_kernel as kv
+
+    rows = []
+    ctx = bench.Context(args, {"complete": False}, sglang_side, kv)
+    rng = np.random.default_rng(3)
+    for name in shapes:
+        pools = bench.Pools(name, args.pool_slots)
+        for page in pages:
+            bench.direct_rows(ctx, rows, pools, page, rng)
+        if kernels:
+            bench.kernel_rows(ctx, rows, pools, rng)
+    return rows
+
+
+def test_every_row_checks_every_byte(on_cpu):
+    from kvtier.compat import sgl_kernel as kv
+
+    rows = run_rows(on_cpu, kv)
+    # 5 direct rows x 3 pages x 2 shapes, 6 MHA and 4 MLA kernel rows.
+    assert len(rows) == 40
+    assert {r["function"] for r in rows} == set(bench.FUNCTIONS)
+    assert [r for r in rows if not bench.row_ok(r)] == []
+    assert all(r["sglang"]["gbps_held"] > 0 and r["kvtier"]["gbps_plain"] > 0 for r in rows)
+
+
+def test_a_side_that_writes_wrong_bytes_or_raises_is_reported_and_not_timed(on_cpu):
+    import types
+
+    from kvtier.compat import sgl_kernel as kv
+
+    def raises(*args):
+        raise RuntimeError("transfer failed")
+
+    wrong = types.SimpleNamespace(**{name: getattr(kv, name) for name in bench.FUNCTIONS})
+    wrong.transfer_kv_per_layer_direct_pf_lf = lambda *args: None  # writes nothing
+    wrong.transfer_kv_all_layer_direct_lf_pf = raises
+    rows = run_rows(on_cpu, wrong, shapes=("mla",), pages=(16,), kernels=False)
+    by_label = {r["label"]: r for r in rows}
+    load = by_label["transfer_kv_per_layer_direct_pf_lf"]
+    assert load["sglang"]["check"].startswith("FAIL")
+    assert "gbps_held" not in load["sglang"] and load["ratio_held"] is None
+    assert load["kvtier"]["check"] == "ok" and load["kvtier"]["gbps_held"] > 0
+    backup = by_label["transfer_kv_all_layer_direct_lf_pf"]
+    assert backup["sglang"]["check"] == "ERROR RuntimeError: transfer failed"
+    assert not bench.row_ok(load) and not bench.row_ok(backup)
+    assert bench.row_ok(by_label["transfer_kv_direct (one layer)"])
+    assert "NOT MET on 3 of 3" in "\n".join(bench.verdict(rows))
