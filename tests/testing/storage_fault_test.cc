@@ -243,8 +243,9 @@ TEST(StorageFaultTest, ConcurrentSettingChangesKeepHitsCorrect) {
   EXPECT_GT(hits.load(), 0);
 }
 
-// A slow store's backups never delay a read: writes run on at most their share of the I/O
-// threads (4 threads: 3), so with every write held a Get still finds a thread and completes;
+// A slow store's backups never delay a read: writes run on at most their share of threads of
+// their own (4 I/O threads: 4 writers beside the 4 that reads keep), so with every write held a
+// Get still finds a thread and completes;
 // writes that cannot keep up fill their queue and the next is rejected at once ("write queue
 // full", what the cache counts as queue_full) instead of waiting. No timing: the writes stay held
 // until the Get has completed.
@@ -258,48 +259,48 @@ TEST(StorageFaultTest, HeldWritesNeverDelayAReadAndOverflowIsRejected) {
   auto w = FaultInjectingStorage::Wrap(std::move(*inner), 1, o);
   ASSERT_TRUE(w.ok()) << w.status().ToString();
   FaultInjectingStorage& b = **w;
-  const auto keys = Keys(8);
-  Pages pages(8, 3);
+  const auto keys = Keys(9);
+  Pages pages(9, 3);
   ASSERT_EQ(b.Set({keys[0]}, {pages.buffers[0]}).get().leading_ok(), 1);
 
   b.HoldWrites(true);
   std::vector<std::future<BatchResult>> sets;
-  // Three writers, the writes' share of four threads, are held; then two more wait in the queue.
+  // Four writers, the writes' share (io_threads), are held; then two more wait in the queue.
   // One Set at a time, each until an I/O thread holds it: submitted together, the third could
   // find the first two still queued and be rejected by the queue bound of two.
   const auto give_up = Clock::now() + 30s;
-  for (size_t i = 1; i <= 3; ++i) {
+  for (size_t i = 1; i <= 4; ++i) {
     sets.push_back(b.Set({keys[i]}, {pages.buffers[i]}));
     while (b.held_writes() < static_cast<int>(i) && Clock::now() < give_up) {
       std::this_thread::sleep_for(1ms);
     }
     ASSERT_EQ(b.held_writes(), static_cast<int>(i));
   }
-  for (size_t i = 4; i <= 5; ++i) sets.push_back(b.Set({keys[i]}, {pages.buffers[i]}));
+  for (size_t i = 5; i <= 6; ++i) sets.push_back(b.Set({keys[i]}, {pages.buffers[i]}));
   EXPECT_EQ(b.Stats().queued_batches, 2);
-  auto overflow = b.Set({keys[6]}, {pages.buffers[6]});
+  auto overflow = b.Set({keys[7]}, {pages.buffers[7]});
   ASSERT_EQ(overflow.wait_for(0s), std::future_status::ready);  // rejected in the call
   const BatchResult rejected = overflow.get();
   EXPECT_TRUE(rejected.status.IsUnavailable());
   EXPECT_NE(rejected.status.message().find("write queue full"), std::string::npos)
       << rejected.status.ToString();
 
-  // The fourth thread serves reads while every write is held.
+  // The reads' own threads serve them while every write is held.
   Pages out(1, 0, /*poison=*/true);
   auto get = b.Get({keys[0]}, out.buffers);
   ASSERT_EQ(get.wait_for(30s), std::future_status::ready) << "the Get waited for held writes";
   EXPECT_EQ(get.get().leading_ok(), 1);
   EXPECT_EQ(out.bytes[0], pages.bytes[0]);
   EXPECT_EQ(b.Exists({keys[0]}).get().leading, 1);
-  EXPECT_EQ(b.held_writes(), 3);
+  EXPECT_EQ(b.held_writes(), 4);
   for (auto& f : sets) EXPECT_NE(f.wait_for(0s), std::future_status::ready);
 
   b.HoldWrites(false);
   for (auto& f : sets) EXPECT_EQ(f.get().leading_ok(), 1);
   EXPECT_EQ(b.Stats().rejected_calls, 1);
-  Pages back(5, 0, /*poison=*/true);
-  ASSERT_EQ(b.Get({keys.begin() + 1, keys.begin() + 6}, back.buffers).get().leading_ok(), 5);
-  for (size_t i = 0; i < 5; ++i) EXPECT_EQ(back.bytes[i], pages.bytes[i + 1]);
+  Pages back(6, 0, /*poison=*/true);
+  ASSERT_EQ(b.Get({keys.begin() + 1, keys.begin() + 7}, back.buffers).get().leading_ok(), 6);
+  for (size_t i = 0; i < 6; ++i) EXPECT_EQ(back.bytes[i], pages.bytes[i + 1]);
 }
 
 // Held reads: a Get naming a held key waits (its I/O thread held) while the others complete, so
