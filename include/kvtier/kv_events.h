@@ -217,7 +217,8 @@ class StoreKvEvents {
 
   // After a set of `keys` into `store` completed with `outcome` (one per key): BlockRemoved for
   // what `store` evicted by itself since the last call (it made room for these pages), then
-  // BlockStored for the pages written (kOk), consecutive ones of one chain in one event.
+  // BlockStored for the pages written (kOk), consecutive ones of one chain in one event; a page
+  // written and evicted by the same call (dropped at once) gets its BlockRemoved after them.
   // `parents`: empty (unknown) or one per key. REQUIRES store.TrackEvictions(true) for evictions.
   void OnSet(StorageBackend& store, std::span<const PageKey> keys,
              std::span<const std::optional<PageKey>> parents, std::span<const PageStatus> outcome);

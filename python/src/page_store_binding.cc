@@ -476,14 +476,20 @@ class PageStore {
       if (!events.enabled() || publisher.ok()) opened = OpenStorage(url, ns_, options);
     }
     if (events.enabled() && !publisher.ok()) {
-      ThrowStatus(publisher.status().WithContext(
-          fmt::format("PageStore: kv_events_endpoint = '{}' (kv_events_replay_endpoint = '{}')",
-                      events.kv_events_endpoint, events.kv_events_replay_endpoint)));
+      // A value the option cannot take (no such transport, an address in use): a config error
+      // naming the field, as for any other option.
+      ThrowStatus(Status::InvalidArgument(
+          fmt::format("PageStore: kv_events_endpoint = '{}' (kv_events_replay_endpoint = '{}') "
+                      "cannot be opened: {}",
+                      events.kv_events_endpoint, events.kv_events_replay_endpoint,
+                      publisher.status().message())));
     }
     backend_ = Unwrap(std::move(opened));
     max_batch_ = static_cast<size_t>(backend_->options().max_batch_pages);
     if (events.enabled()) {
       publisher_ = std::shared_ptr<KvEventPublisher>(std::move(*publisher));
+      kv_events_endpoints_[0] = publisher_->endpoint();
+      kv_events_endpoints_[1] = publisher_->replay_endpoint();
       std::string medium = events.kv_events_medium;
       if (medium.empty()) medium = StorageMediumOf(url);
       events_ = std::make_shared<StoreKvEvents>(publisher_, std::move(medium), ns_.page_size);
@@ -503,6 +509,11 @@ class PageStore {
   int num_buffers() const { return ns_.mla ? 1 : 2; }
   const std::string& url() const { return url_; }
   std::string namespace_name() const { return ns_.Name(); }
+  // The KV events' sockets as bound ("tcp://127.0.0.1:41234" for a '*' port); "" without events.
+  const std::string& kv_events_endpoint() const { return kv_events_endpoints_[0]; }
+  const std::string& kv_events_replay_endpoint() const { return kv_events_endpoints_[1]; }
+  // The medium of the store's KV events; "" without events.
+  std::string kv_events_medium() const { return events_ ? events_->medium() : std::string(); }
 
   std::vector<bool> exists(py::handle keys_obj) {
     std::vector<PageKey> keys = ReadPageKeys(keys_obj);
@@ -656,6 +667,24 @@ class PageStore {
     return removed;
   }
 
+  // Waits (GIL released) until every event published before the call has been sent, up to
+  // timeout_s; true when it has (and without events).
+  bool flush_kv_events(double timeout_s) {
+    if (!(timeout_s >= 0)) {
+      ThrowInvalid(
+          fmt::format("PageStore.flush_kv_events: timeout_s = {} must be >= 0", timeout_s));
+    }
+    std::shared_ptr<KvEventPublisher> publisher;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      publisher = publisher_;
+    }
+    if (!publisher) return true;
+    py::gil_scoped_release release;
+    return publisher->Flush(
+        std::chrono::milliseconds(static_cast<int64_t>(std::min(timeout_s, 1e6) * 1000)));
+  }
+
   py::dict stats() {
     std::shared_ptr<StorageBackend> b = Backend("stats");
     const StorageStats s = b->Stats();
@@ -695,6 +724,18 @@ class PageStore {
     KVTIER_PAGE_STORE_STAT_(capacity_bytes);
     KVTIER_PAGE_STORE_STAT_(evicted_pages);
 #undef KVTIER_PAGE_STORE_STAT_
+    std::shared_ptr<KvEventPublisher> publisher;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      publisher = publisher_;
+    }
+    if (publisher) {
+      const KvEventPublisherStats e = publisher->stats();
+      d["kv_events_published_batches"] = e.published_batches;
+      d["kv_events_published_events"] = e.published_events;
+      d["kv_events_dropped_batches"] = e.dropped_batches;
+      d["kv_events_send_errors"] = e.send_errors;
+    }
     return d;
   }
 
@@ -813,6 +854,7 @@ class PageStore {
   // backend's callbacks hold events_, which holds the publisher as its sink.
   std::shared_ptr<KvEventPublisher> publisher_;
   std::shared_ptr<StoreKvEvents> events_;
+  std::string kv_events_endpoints_[2];  // PUB, replay: as bound
   // Staging memory of layer-strided batches (shared: a batch's buffer outlives a closed store).
   const std::shared_ptr<StagingPool> staging_ = std::make_shared<StagingPool>();
 };
@@ -900,6 +942,13 @@ void RegisterPageStore(py::module_& m) {
       .def_property_readonly("url", &PageStore::url, "The store's URL without credentials.")
       .def_property_readonly("namespace_name", &PageStore::namespace_name,
                              "The object-name prefix of this deployment's pages ('kv' + 16 hex).")
+      .def_property_readonly("kv_events_endpoint", &PageStore::kv_events_endpoint,
+                             "The KV events' PUB endpoint as bound (a '*' port resolved) or "
+                             "connected; '' without events.")
+      .def_property_readonly("kv_events_replay_endpoint", &PageStore::kv_events_replay_endpoint,
+                             "The KV events' replay endpoint as bound; '' without one.")
+      .def_property_readonly("kv_events_medium", &PageStore::kv_events_medium,
+                             "The medium of the store's KV events; '' without events.")
       .def("exists", &PageStore::exists, py::arg("keys"),
            "One bool per key: whether the store holds that page (one store call per key; "
            "exists_prefix is one call per batch).")
@@ -948,6 +997,10 @@ void RegisterPageStore(py::module_& m) {
            "directory, other processes' pages included; memory://: its map) and returns how "
            "many it removed. Pages written meanwhile may stay. FailedPreconditionError from a "
            "store that cannot list a namespace's pages (redis://).")
+      .def("flush_kv_events", &PageStore::flush_kv_events, py::arg("timeout_s") = 10.0,
+           "Waits (GIL released) until every KV event published before the call has been sent "
+           "on the socket (stats()['kv_events_published_batches'] then counts them), up to "
+           "timeout_s; True when it has. True without events.")
       .def("stats", &PageStore::stats, "The backend's counters (kvtier::StorageStats) as a dict.")
       .def("close", &PageStore::close,
            "Lets calls in flight finish and closes the store; later calls raise "

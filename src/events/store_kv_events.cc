@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <iterator>
 
 #include "kvtier/kv_events.h"
 
@@ -83,6 +84,28 @@ void StoreKvEvents::OnSet(StorageBackend& store, std::span<const PageKey> keys,
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<KvEvent> events;
   AppendEvictions(store, events);
+  // A page this call wrote that the store also evicted was dropped right after its write (a
+  // store evicts a chain's tail first, and the chain may be its oldest): its BlockRemoved goes
+  // after its BlockStored. (An older copy evicted before this write would be the other order;
+  // a set of a page the store holds replaces it, so that takes an eviction by another call
+  // racing this one, and then the stream says absent where the page is: a missed hit, never a
+  // hit the store cannot serve.)
+  BlockRemoved dropped{{}, medium_};
+  if (!events.empty()) {
+    std::vector<uint64_t> written;
+    for (size_t i = 0; i < keys.size() && i < outcome.size(); ++i) {
+      if (outcome[i] == PageStatus::kOk) written.push_back(BlockHashOf(keys[i]));
+    }
+    std::sort(written.begin(), written.end());
+    std::vector<uint64_t>& evicted = std::get<BlockRemoved>(events.back()).block_hashes;
+    auto was_written = [&](uint64_t h) {
+      return std::binary_search(written.begin(), written.end(), h);
+    };
+    std::copy_if(evicted.begin(), evicted.end(), std::back_inserter(dropped.block_hashes),
+                 was_written);
+    evicted.erase(std::remove_if(evicted.begin(), evicted.end(), was_written), evicted.end());
+    if (evicted.empty()) events.pop_back();
+  }
   const size_t first_stored = events.size();
   for (size_t i = 0; i < keys.size() && i < outcome.size(); ++i) {
     if (outcome[i] != PageStatus::kOk) continue;
@@ -98,6 +121,7 @@ void StoreKvEvents::OnSet(StorageBackend& store, std::span<const PageKey> keys,
     }
     last->block_hashes.push_back(BlockHashOf(keys[i]));
   }
+  if (!dropped.block_hashes.empty()) events.push_back(std::move(dropped));
   if (!events.empty()) sink_->Publish(std::move(events));
 }
 
