@@ -3,7 +3,8 @@
 // Whatever depends on a URL's scheme reads the scheme's row instead of comparing names:
 // OpenStorage (the backend that opens it), RedactUrl (where the URL's credentials end), the KV
 // events' medium (StorageMediumOf, kv_events.h) and the platform baseline the tools measure a
-// store against (`kvtier bench --storage`, the replay's storage read ceiling). The table is
+// store against (`kvtier bench --storage`, the replay's storage read ceiling) and the bytes a page
+// takes beyond its payload (the replay's storage oracle). The table is
 // src/storage/storage_schemes.cc: a new backend is one row there (docs/architecture.md, "How to
 // extend"). The shared host tier's `shm://` store is opened from its pool
 // (OpenSharedHostStorage, shared_host_pool.h), never by URL, so it has no row.
@@ -57,6 +58,10 @@ struct StorageScheme {
   // where this build leaves the backend out; `missing` then says why and what to install.
   OpenStorageFn open = nullptr;
   std::string_view missing;
+  // Bytes a store of the scheme takes for a page beyond its payload, counted in its capacity
+  // (file://: the header block before the payload); what the tools add to a page's bytes to size
+  // a store of the same capacity before it holds a page.
+  int64_t page_overhead_bytes = 0;
 };
 
 // Every scheme, in the order messages list them.

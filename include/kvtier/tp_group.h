@@ -31,6 +31,13 @@
 // rank.
 // Rebuilding: destroy the leader's cache and TpLeader, Create a new one (same name), attach new
 // followers, create a new cache over the same device region — the survivors' pools are kept.
+// The ring's name (/dev/shm/kvtier.NAME) is only for attaching: the leader removes it as soon as
+// every rank has attached (WaitForFollowers, or its first publish), and every rank keeps its
+// mapping. From then on no death of any rank or of the leader, SIGKILL included, leaves anything
+// in /dev/shm; and a process that names the group later (a new leader, a late follower) finds no
+// ring under the name. A leader that dies before every rank attached leaves the name until a
+// follower sees it dead (Serve removes it), a new leader of the same name replaces it, or
+// `kvtier shm destroy NAME` removes it.
 //
 // Thread safety: a TpLeader may be used from any thread (the cache's copy threads publish at
 // once; records are totally ordered). A TpFollower is driven by one thread.
@@ -139,17 +146,20 @@ struct TpLeaderStats {
 class TpLeader {
  public:
   // Creates the ring segment `config.name` (a stale one whose leader died, or one this process
-  // made before, is replaced; one a live leader holds is FailedPrecondition) and announces
-  // `shape`. Followers may attach from then on.
+  // made before, is replaced; one a live leader holds while ranks may still attach is
+  // FailedPrecondition) and announces `shape`. Followers may attach from then on, until every
+  // rank has attached: then the name is removed (see the file comment).
   static Result<std::unique_ptr<TpLeader>> Create(const TpGroupConfig& config,
                                                   const TpShape& shape);
-  // Marks the ring closed (followers' Serve returns kClosed), removes the segment's name.
+  // Marks the ring closed (followers' Serve returns kClosed), removes the segment's name if it is
+  // still there and still this ring's.
   ~TpLeader();
   TpLeader(const TpLeader&) = delete;
   TpLeader& operator=(const TpLeader&) = delete;
 
-  // Waits until ranks 1 .. tp_size-1 have attached; Unavailable naming the missing ranks after
-  // attach_timeout_s.
+  // Waits until ranks 1 .. tp_size-1 have attached, then removes the ring's name (nobody attaches
+  // any more; the ranks keep their mappings). Unavailable naming the missing ranks after
+  // attach_timeout_s (the name stays: they may still come).
   Status WaitForFollowers();
 
   // Publishes `copy` and returns its sequence number (1, 2, ...). InvalidArgument for a bad copy
@@ -230,7 +240,8 @@ class TpFollower {
  public:
   // Opens ring `config.name` (waiting up to attach_timeout_s for the leader to create it) and
   // claims rank `rank` (in [1, tp_size)). FailedPrecondition when a live process holds the rank
-  // or config.tp_size differs from the leader's; Unavailable on timeout.
+  // or config.tp_size differs from the leader's; Unavailable on timeout (also for a group that
+  // has formed: its name is gone once every rank attached).
   static Result<std::unique_ptr<TpFollower>> Attach(const TpGroupConfig& config, int rank);
   ~TpFollower();  // releases the rank
   TpFollower(const TpFollower&) = delete;
@@ -245,7 +256,8 @@ class TpFollower {
   // when it is empty), whose value the leader reads with MessageResult. A record is acknowledged
   // once applied. A copy or message that fails is
   // reported to the leader (its WaitApplied fails naming this rank and the error) and returned
-  // here; the rank takes no more records. Unavailable when the leader died.
+  // here; the rank takes no more records. Unavailable when the leader died (the ring's name, if
+  // the leader died before every rank attached, is removed then).
   // Storage decisions run on `storage` (this rank's view of the store: its heads) into / out of
   // `host`'s pages; their leading pages that succeeded go back to the leader. A storage decision
   // without `storage` fails the rank.

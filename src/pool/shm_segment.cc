@@ -101,12 +101,15 @@ bool Exists(const std::string& path) {
 
 // Fills SharedMapping's private fields (a friend).
 struct SegmentFiles {
-  static SharedMapping Make(std::byte* data, int64_t bytes, std::string path, bool huge) {
+  static SharedMapping Make(std::byte* data, int64_t bytes, std::string path, bool huge,
+                            const struct stat& st) {
     SharedMapping m;
     m.data_ = data;
     m.bytes_ = bytes;
     m.path_ = std::move(path);
     m.huge_pages_ = huge;
+    m.device_ = static_cast<uint64_t>(st.st_dev);
+    m.inode_ = static_cast<uint64_t>(st.st_ino);
     return m;
   }
 
@@ -119,8 +122,12 @@ struct SegmentFiles {
       return Status::IOError(fmt::format("open {}: {}", path, std::strerror(errno)));
     }
     struct stat st {};
-    int64_t huge_bytes = 2 << 20;
-    if (fstat(fd.get(), &st) == 0 && st.st_blksize > 0) huge_bytes = st.st_blksize;
+    if (fstat(fd.get(), &st) != 0) {
+      const int e = errno;
+      ::unlink(path.c_str());
+      return Status::IOError(fmt::format("fstat {}: {}", path, std::strerror(e)));
+    }
+    const int64_t huge_bytes = st.st_blksize > 0 ? st.st_blksize : (2 << 20);
     const int64_t bytes = (options.bytes + huge_bytes - 1) / huge_bytes * huge_bytes;
     Status s = SetPermissions(fd.get(), path, options.group_id);
     if (s.ok() && ftruncate(fd.get(), bytes) != 0) {
@@ -134,7 +141,7 @@ struct SegmentFiles {
       ::unlink(path.c_str());
       return data.status();
     }
-    return Make(*data, bytes, path, /*huge=*/true);
+    return Make(*data, bytes, path, /*huge=*/true, st);
   }
 };
 
@@ -142,7 +149,9 @@ SharedMapping::SharedMapping(SharedMapping&& other) noexcept
     : data_(std::exchange(other.data_, nullptr)),
       bytes_(std::exchange(other.bytes_, 0)),
       path_(std::move(other.path_)),
-      huge_pages_(other.huge_pages_) {}
+      huge_pages_(other.huge_pages_),
+      device_(other.device_),
+      inode_(other.inode_) {}
 
 SharedMapping& SharedMapping::operator=(SharedMapping&& other) noexcept {
   if (this != &other) {
@@ -150,6 +159,8 @@ SharedMapping& SharedMapping::operator=(SharedMapping&& other) noexcept {
     std::swap(bytes_, other.bytes_);
     std::swap(path_, other.path_);
     std::swap(huge_pages_, other.huge_pages_);
+    std::swap(device_, other.device_);
+    std::swap(inode_, other.inode_);
   }
   return *this;  // `other` unmaps what this held
 }
@@ -242,6 +253,11 @@ Result<SharedMapping> CreateSegment(std::string_view name, const CreateSegmentOp
           options.bytes, shm_path, std::strerror(err)));
     }
   }
+  struct stat st {};
+  if (s.ok() && fstat(fd.get(), &st) != 0) {
+    s = Status::IOError(
+        fmt::format("shared host pool: fstat {} failed: {}", shm_path, std::strerror(errno)));
+  }
   Result<std::byte*> data =
       s.ok() ? MapWhole(fd.get(), options.bytes, shm_path) : Result<std::byte*>(s);
   if (!data.ok()) {
@@ -250,7 +266,7 @@ Result<SharedMapping> CreateSegment(std::string_view name, const CreateSegmentOp
   }
   // Transparent huge pages for tmpfs where the system allows them (shmem_enabled=advise).
   (void)madvise(*data, static_cast<size_t>(options.bytes), MADV_HUGEPAGE);
-  return SegmentFiles::Make(*data, options.bytes, shm_path, /*huge=*/false);
+  return SegmentFiles::Make(*data, options.bytes, shm_path, /*huge=*/false, st);
 }
 
 Result<SharedMapping> OpenSegment(std::string_view name) {
@@ -287,7 +303,7 @@ Result<SharedMapping> OpenSegment(std::string_view name) {
         path));
   }
   KVTIER_ASSIGN_OR_RETURN(std::byte * data, MapWhole(fd.get(), st.st_size, path));
-  return SegmentFiles::Make(data, st.st_size, path, huge);
+  return SegmentFiles::Make(data, st.st_size, path, huge, st);
 }
 
 Status UnlinkSegment(std::string_view name) {
@@ -312,6 +328,25 @@ Status UnlinkSegment(std::string_view name) {
   if (!removed) {
     return Status::NotFound(
         fmt::format("shared host pool '{}' does not exist (no {})", name, ShmPath(name)));
+  }
+  return Status::OK();
+}
+
+Status UnlinkSegmentIfSame(const SharedMapping& mapping) {
+  if (mapping.path_.empty()) return Status::NotFound("shared memory: no segment mapped");
+  struct stat st {};
+  if (::stat(mapping.path_.c_str(), &st) != 0 ||
+      static_cast<uint64_t>(st.st_dev) != mapping.device_ ||
+      static_cast<uint64_t>(st.st_ino) != mapping.inode_) {
+    return Status::NotFound(
+        fmt::format("shared memory: {} no longer names this segment", mapping.path_));
+  }
+  if (::unlink(mapping.path_.c_str()) != 0) {
+    if (errno == ENOENT) {
+      return Status::NotFound(fmt::format("shared memory: {} is gone", mapping.path_));
+    }
+    return Status::IOError(
+        fmt::format("shared memory: unlink {} failed: {}", mapping.path_, std::strerror(errno)));
   }
   return Status::OK();
 }

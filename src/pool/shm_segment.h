@@ -34,10 +34,12 @@ class SharedMapping {
 
  private:
   friend struct SegmentFiles;
+  friend Status UnlinkSegmentIfSame(const SharedMapping& mapping);
   std::byte* data_ = nullptr;
   int64_t bytes_ = 0;
   std::string path_;
   bool huge_pages_ = false;
+  uint64_t device_ = 0, inode_ = 0;  // the file's identity (fstat when mapped)
 };
 
 struct CreateSegmentOptions {
@@ -54,5 +56,12 @@ Result<SharedMapping> CreateSegment(std::string_view name, const CreateSegmentOp
 Result<SharedMapping> OpenSegment(std::string_view name);
 // Removes the segment's name wherever it is. NotFound when there is none.
 Status UnlinkSegment(std::string_view name);
+// Removes the name of the object `mapping` maps (its path()) only while that name still refers
+// to that very object (same device and inode), not to one a successor made under the same name
+// since. NotFound when the name is gone or refers to another object. The mapping (and every
+// other process's) stays valid: the object lives until its last mapping goes. Not atomic with a
+// successor's replacing the name between the check and the unlink (shm names have no
+// compare-and-unlink); callers replace a name only after its owner died or closed it.
+Status UnlinkSegmentIfSame(const SharedMapping& mapping);
 
 }  // namespace kvtier::shm

@@ -32,10 +32,11 @@ constexpr std::string_view kRedisMissing =
 using Form = StorageUrlForm;
 using Baseline = StorageBaseline;
 
-// name, medium in KV events, URL form, the tools' baseline, open, why it is missing.
+// name, medium in KV events, URL form, the tools' baseline, open, why it is missing, bytes a
+// page takes beyond its payload.
 constexpr std::array kSchemes = {
-    StorageScheme{"file", kMediumDisk, Form::kPath, Baseline::kFiles, &storage::OpenFileStorage,
-                  ""},
+    StorageScheme{"file", kMediumDisk, Form::kPath, Baseline::kFiles, &storage::OpenFileStorage, "",
+                  static_cast<int64_t>(storage::kFilePayloadOffset)},
     StorageScheme{"redis", kMediumRedis, Form::kHosts, Baseline::kRedisBenchmark, kOpenRedis,
                   kRedisMissing},
     StorageScheme{"redis+cluster", kMediumRedis, Form::kHosts, Baseline::kRedisBenchmark,

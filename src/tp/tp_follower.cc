@@ -328,6 +328,9 @@ Result<TpServeResult> TpFollower::Serve(TransferEngine& engine, const KvRegion& 
     if (now >= m.next_leader_check) {
       m.next_leader_check = After(m.config.liveness_poll_s);
       if (!shm::ProcessAlive(m.h->leader_pid, m.h->leader_start_time)) {
+        // A leader that died before every rank attached left the ring's name: the first rank to
+        // see it dead removes it (only while the name is still this ring's).
+        (void)shm::UnlinkSegmentIfSame(m.mapping);
         return Status::Unavailable(
             fmt::format("tp group '{}': the leader (pid {}) died", m.config.name, m.h->leader_pid));
       }

@@ -121,6 +121,17 @@ struct TpLeader::Impl {
   Status broken;
   TpLeaderStats stats;                // engine_seconds aside: engine_ns
   std::atomic<int64_t> engine_ns{0};  // the wrapped engine's copies' wall time (WrapEngine)
+  // Whether the ring's name was removed (RemoveName): once every rank attached, nobody needs it.
+  std::atomic<bool> name_removed{false};
+
+  // Removes the ring's name from /dev/shm, once, while it is still this ring's (a successor of
+  // the same name is left alone). Every attached rank keeps its mapping, so the group goes on;
+  // a later death of any process leaves nothing behind.
+  void RemoveName() {
+    if (!name_removed.exchange(true, std::memory_order_acq_rel)) {
+      (void)shm::UnlinkSegmentIfSame(mapping);
+    }
+  }
 
   // Sets `broken` (the first failure wins) and returns it.
   Status Break(Status st) {
@@ -214,14 +225,7 @@ TpLeader::~TpLeader() {
   if (impl_ == nullptr || impl_->h == nullptr) return;
   impl_->h->closed.store(1, std::memory_order_release);
   Bump(&impl_->h->post_word);
-  // Remove the name only while it is still this ring (a successor may have replaced it).
-  Result<shm::SharedMapping> cur = shm::OpenSegment(impl_->config.name);
-  if (cur.ok() && cur->bytes() >= static_cast<int64_t>(sizeof(RingHeader))) {
-    const auto* ch = reinterpret_cast<const RingHeader*>(cur->data());
-    if (ch->closed.load(std::memory_order_acquire) != 0 && ch->leader_pid == getpid()) {
-      (void)shm::UnlinkSegment(impl_->config.name);
-    }
-  }
+  impl_->RemoveName();  // unless every rank attached and it is gone already
 }
 
 Status TpLeader::WaitForFollowers() {
@@ -235,7 +239,10 @@ Status TpLeader::WaitForFollowers() {
         missing += fmt::format("{}{}", missing.empty() ? "" : ", ", r);
       }
     }
-    if (missing.empty()) return Status::OK();
+    if (missing.empty()) {
+      m.RemoveName();  // nobody attaches any more: a later SIGKILL leaves nothing in /dev/shm
+      return Status::OK();
+    }
     const double left = SecondsLeft(deadline);
     if (left <= 0) {
       return Status::Unavailable(fmt::format("tp group '{}': rank(s) {} did not attach within {} s",
@@ -299,6 +306,9 @@ Result<uint64_t> TpLeader::Impl::PublishRecord(int64_t need, const Write& write)
         return st;
       }
     }
+    // Every rank attached, and none can attach once a record exists: the name has done its job
+    // (a leader that never called WaitForFollowers removes it here).
+    if (!name_removed.load(std::memory_order_relaxed)) RemoveName();
     const uint64_t pos = h->write_pos.load(std::memory_order_relaxed);
     const int64_t off = static_cast<int64_t>(pos % static_cast<uint64_t>(ring));
     const int64_t pad = need > ring - off ? ring - off : 0;

@@ -1,6 +1,8 @@
 // kvtier/device.h in a build without CUDA: no device is present, so CudaDeviceCount() is 0 and
 // every factory answers Unavailable. Nothing can be created, so the remaining members only free
-// what they never hold. The CUDA build uses src/transfer/cuda/device.cc instead.
+// what they never hold; the moves carry the fields as the CUDA build's do (a defaulted move
+// would leave `device_` unread in this file, clang's -Wunused-private-field). The CUDA build uses
+// src/transfer/cuda/device.cc instead.
 #if !defined(KVTIER_WITH_CUDA)
 
 #include <string>
@@ -21,14 +23,24 @@ int CudaDeviceCount() { return 0; }
 
 Result<CudaStreamHandle> CudaStreamHandle::Create(int, bool) { return NoCuda("CudaStreamHandle"); }
 CudaStreamHandle::~CudaStreamHandle() = default;
-CudaStreamHandle::CudaStreamHandle(CudaStreamHandle&&) noexcept = default;
-CudaStreamHandle& CudaStreamHandle::operator=(CudaStreamHandle&&) noexcept = default;
+CudaStreamHandle::CudaStreamHandle(CudaStreamHandle&& o) noexcept
+    : stream_(o.stream_), device_(o.device_) {}
+CudaStreamHandle& CudaStreamHandle::operator=(CudaStreamHandle&& o) noexcept {
+  stream_ = o.stream_;
+  device_ = o.device_;
+  return *this;
+}
 Status CudaStreamHandle::Synchronize() const { return NoCuda("CudaStreamHandle::Synchronize"); }
 
 Result<CudaEventHandle> CudaEventHandle::Create(int, bool) { return NoCuda("CudaEventHandle"); }
 CudaEventHandle::~CudaEventHandle() = default;
-CudaEventHandle::CudaEventHandle(CudaEventHandle&&) noexcept = default;
-CudaEventHandle& CudaEventHandle::operator=(CudaEventHandle&&) noexcept = default;
+CudaEventHandle::CudaEventHandle(CudaEventHandle&& o) noexcept
+    : event_(o.event_), device_(o.device_) {}
+CudaEventHandle& CudaEventHandle::operator=(CudaEventHandle&& o) noexcept {
+  event_ = o.event_;
+  device_ = o.device_;
+  return *this;
+}
 Status CudaEventHandle::Record(CudaStream) { return NoCuda("CudaEventHandle::Record"); }
 Status CudaEventHandle::WaitOn(CudaStream) const { return NoCuda("CudaEventHandle::WaitOn"); }
 Status CudaEventHandle::Synchronize() const { return NoCuda("CudaEventHandle::Synchronize"); }

@@ -401,17 +401,19 @@ TEST_P(StreamTest, MissingOrCorruptPagesCutTheLoadAtThatPage) {
 // The timeout policy's deadline ends the stream with the prefix that arrived before it.
 TEST_P(StreamTest, TheTimeoutDeadlineEndsTheStream) {
   const bool stream = GetParam();
-  // A deadline of 1 s (the base; nothing per token) passes while batch 2 is held.
+  // A deadline of 5 s (the base; nothing per token) passes while batch 2 is held. Batches 0 and 1
+  // (memory reads) must arrive before it: 5 s, not 1 s, so that a loaded machine that starves
+  // the I/O threads for a second does not end the stream before them.
   Rig r = MakeRig(stream, 31, [](HierarchicalCacheConfig& cfg) {
-    cfg.storage.prefetch_timeout_base_s = 1.0;
+    cfg.storage.prefetch_timeout_base_s = 5.0;
     cfg.storage.prefetch_timeout_per_1k_tokens_s = 0;
   });
   r.faults->HoldReads(r.Batch(2));
   auto m = r.cache->Match(r.tokens);
   ASSERT_TRUE(m.ok());
+  const auto start = Clock::now();  // before the deadline's start (Prefetch)
   ASSERT_TRUE(r.cache->Prefetch(m->handle, PrefetchPolicy::kTimeout).ok());
   AwaitHeld(r, 1);
-  const auto start = Clock::now();
   auto l = r.cache->LoadBack(m->handle);
   const double waited = std::chrono::duration<double>(Clock::now() - start).count();
   ASSERT_TRUE(l.ok()) << l.status().ToString();
@@ -419,8 +421,8 @@ TEST_P(StreamTest, TheTimeoutDeadlineEndsTheStream) {
   EXPECT_EQ(l->prefetch.arrived_tokens, 2 * kBatchPages * kPage);
   EXPECT_EQ(l->loaded_tokens, (kHostPartPages + 2 * kBatchPages) * kPage);
   ExpectBytes(r, l->device_slots, kHostPartPages + 2 * kBatchPages);
-  EXPECT_GE(waited, 0.5);   // it waited for the deadline ...
-  EXPECT_LT(waited, 20.0);  // ... not for the held read's 30 s
+  EXPECT_GE(waited, 5.0);   // it waited for the deadline ...
+  EXPECT_LT(waited, 20.0);  // ... not for the held read's 30 s (a hang guard)
   ASSERT_TRUE(r.cache->Release(m->handle).ok());
   r.faults->HoldReads({});
   ASSERT_TRUE(r.cache->WaitForBackups().ok());

@@ -43,6 +43,13 @@ CASES = [
     (["--load-back-threshold", "-1"], "--load-back-threshold = -1 must be in [0, "),
     (["--storage-backup-queue-pages", "-1"], "--storage-backup-queue-pages = -1 must be in [0, "),
     (["--storage-min-free-bytes", "-2"], "--storage-min-free-bytes = -2 must be in [-1, "),
+    # Every other cache field the replay does not set itself has its flag from the schema.
+    (["--max-prefetch-batch-pages", "0"], "--max-prefetch-batch-pages = 0 must be in [1, "),
+    (["--cpu-threads", "-1"], "--cpu-threads = -1 must be in [0, "),
+    (["--prefill-tokens-per-second", "-1"], "--prefill-tokens-per-second = -1"),
+    # A cache field a TP pass sets itself is refused with --tp, by name.
+    (["--tp", "2", "--storage-timeout-ms", "5000"],
+     "--storage-timeout-ms is not supported with --tp"),
     # Storage admission: one flag per field of StorageAdmissionConfig's schema.
     (["--admission-threshold", "0"], "--admission-threshold = 0 must be in [1, 15]"),
     (["--admission-policy", "lru"], "--admission-policy"),

@@ -17,9 +17,9 @@ def load_report(returncode, output, out, label="kvtier replay", echo=True):
         return json.load(f)
 
 
-def run_replay(cmd, out, timeout=None, echo=True):
-    """Runs `cmd`, a kvtier replay command line whose --json is `out`: (its report, what it
-    printed)."""
+def run_replay(cmd, out, timeout=None, echo=True, env=None):
+    """Runs `cmd`, a kvtier replay command line whose --json is `out`, in `env` (None: this
+    process's environment): (its report, what it printed)."""
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=timeout)
+                          timeout=timeout, env=env)
     return load_report(proc.returncode, proc.stdout, out, echo=echo), proc.stdout

@@ -8,7 +8,8 @@ loads (the same copies on every rank at both sizes, each rank's bytes) and load 
 a rank is killed (SIGKILL) mid-replay, once the leader has said every rank attached: rank 0 stops
 with an error naming the dead rank (no wall-clock bound: the ctest timeout catches a hang). And
 rank 0 killed (SIGKILL) once its ring exists and again once the ranks attached: rank 1 dies with
-it, and nothing of the run stays (no segment in /dev/shm, no file store in TMPDIR).
+it, and nothing of the run stays (no segment in /dev/shm, no file store in TMPDIR). And the
+cache's flags (--admission-policy, --eviction) reach the leader cache of both passes.
 
 Usage: replay_tp_test.py KVTIER
 """
@@ -192,6 +193,32 @@ def kill_the_leader(kvtier, at):
     return None
 
 
+def cache_flags_reach_tp(kvtier, tmp):
+    """The cache's flags reach the TP passes' leader cache through ReplayOptions::cache, none named
+    by the TP code: a TP replay with --admission-policy all and --eviction fifo reports them in
+    both passes' cache_config and in its leader line. A failure text or None."""
+    out = os.path.join(tmp, "flags.json")
+    cmd = [kvtier, "replay", "--tp", "2", "--model", "qwen2.5-0.5b", "--device", "cpu",
+           "--workload", "chat", "--requests", "12", "--page-size", "16",
+           "--device-tokens", "2048", "--host-tokens", "4096", "--storage", "file",
+           "--admission-policy", "all", "--eviction", "fifo", "--no-progress", "--json", out]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    if p.returncode != 0:
+        return "exit %d\n%s%s" % (p.returncode, p.stdout, p.stderr)
+    with open(out) as f:
+        report = json.load(f)
+    want = {"admission_policy": "all", "device_eviction": "fifo", "host_eviction": "fifo",
+            "page_size": "16", "write_policy": "write_through"}
+    for pass_ in report["passes"]:
+        got = {k: pass_["cache_config"].get(k) for k in want}
+        if got != want:
+            return "TP=%d's leader cache has %s, the flags asked for %s" % (pass_["tp"], got, want)
+    line = [l for l in p.stdout.splitlines() if l.startswith("leader cache at TP=2")]
+    if not line or "admission_policy all" not in line[0]:
+        return "no leader line naming admission_policy all: %s" % line
+    return None
+
+
 def main():
     kvtier = sys.argv[1]
     failures = []
@@ -301,6 +328,9 @@ def main():
                                  tp2["requests"]))
             if tp2["bytes_checked_rank0"] <= 0:
                 failures.append("%s: no bytes checked" % model)
+        err = cache_flags_reach_tp(kvtier, tmp)
+        if err:
+            failures.append("cache flags with --tp: " + err)
     err = kill_a_rank(kvtier)
     if err:
         failures.append("rank killed: " + err)

@@ -114,7 +114,9 @@ TEST(DecisionRingTest, MessagesRoundTrip) {
     Result<std::span<const std::byte>> back = DecodeMessage(rec);
     ASSERT_TRUE(back.ok());
     ASSERT_EQ(back->size(), n);
-    if (n > 0) EXPECT_EQ(std::memcmp(back->data(), msg.data(), n), 0);  // no null for n = 0
+    if (n > 0) {  // no null for n = 0; braces: EXPECT_EQ is an if-else of its own
+      EXPECT_EQ(std::memcmp(back->data(), msg.data(), n), 0);
+    }
     std::vector<std::byte> bad = rec;
     const uint64_t too_long = rec.size();
     std::memcpy(bad.data() + sizeof(RecordHeader), &too_long, sizeof(too_long));

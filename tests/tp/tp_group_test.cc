@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -298,7 +299,6 @@ TEST(TpGroupTest, TheLeadersCopiesDoNotWaitForASlowFollower) {
   ASSERT_TRUE((*leader)->WaitForFollowers().ok());
   EXPECT_TRUE((*leader)->Fence().ok());  // nothing published: nothing to wait for
   auto engine = (*leader)->WrapEngine(CpuEngine(), dev0.region);
-  const auto start = Clock::now();
   for (int64_t i = 0; i < 20; ++i) {
     const std::vector<int64_t> src = {i}, dst = {i};
     ASSERT_TRUE(engine
@@ -341,18 +341,19 @@ TEST(TpGroupTest, AFullRingWaitsForRoomThenFailsNamingTheSlowRank) {
   for (int i = 0; i < (64 << 10) / 1024; ++i) {  // 1,000 bytes + 24 of header = one KiB each
     ASSERT_TRUE((*leader)->PublishMessage(msg).ok()) << i;
   }
-  // The follower catches up 0.1 s from now: the 65th record waits for it, then goes in.
+  // The follower catches up 0.1 s from now: the 65th record waits for it, then goes in. (`start`
+  // comes before the thread's sleep: the wait is at least that sleep whenever the thread runs.)
+  const auto start = Clock::now();
   std::thread late([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     EXPECT_TRUE(silent.follower().Serve(*CpuEngine(), dev.region, host.region, 0).ok());
   });
-  const auto start = Clock::now();
   Result<uint64_t> seq = (*leader)->PublishMessage(msg);
   const double waited = std::chrono::duration<double>(Clock::now() - start).count();
   late.join();
   ASSERT_TRUE(seq.ok()) << seq.status().ToString();
   EXPECT_EQ(*seq, 65u);
-  EXPECT_GE(waited, 0.05);
+  EXPECT_GE(waited, 0.1);
   EXPECT_TRUE((*leader)->health().ok());
   // It applies nothing more: 63 more records fill the ring again, the next waits 0.3 s and fails.
   for (int i = 0; i < 63; ++i) ASSERT_TRUE((*leader)->PublishMessage(msg).ok()) << i;
@@ -362,7 +363,7 @@ TEST(TpGroupTest, AFullRingWaitsForRoomThenFailsNamingTheSlowRank) {
   ASSERT_FALSE(seq.ok());
   const Status st = seq.status();
   EXPECT_GE(failed_after, 0.3);
-  EXPECT_LT(failed_after, 1.5);
+  EXPECT_LT(failed_after, 30.0);  // a hang guard; the message below says it was the 0.3 s timeout
   ASSERT_TRUE(st.IsUnavailable()) << st.ToString();
   EXPECT_NE(st.message().find("is full: rank 1 (pid " + std::to_string(getpid()) + ")"),
             std::string::npos)
@@ -393,11 +394,12 @@ TEST(TpGroupTest, ASilentFollowerFailsTheWaitWithinTheTimeoutAndBreaksTheGroup) 
   EXPECT_NE(st.message().find("did not apply record 1 within 0.3 s (applied up to 0)"),
             std::string::npos)
       << st.ToString();
-  // Broken: later calls fail at once with the same error.
-  const auto again = Clock::now();
+  // Broken: later calls fail at once with the same error (a wait that looked at the silent rank
+  // again would sleep until its timeout: none slept).
+  const int64_t slept = (*leader)->stats().waits_slept;
   EXPECT_EQ((*leader)->PublishMessage({}).status().message(), st.message());
   EXPECT_EQ((*leader)->WaitApplied(1).message(), st.message());
-  EXPECT_LT(std::chrono::duration<double>(Clock::now() - again).count(), 0.1);
+  EXPECT_EQ((*leader)->stats().waits_slept, slept);
   EXPECT_EQ((*leader)->health().message(), st.message());
 }
 
@@ -489,6 +491,124 @@ TEST(TpGroupTest, AttachRules) {
   // The group broke on that publish; a rank attaching now is refused only once records exist.
   auto two = TpFollower::Attach(cfg, 2);
   EXPECT_TRUE(two.ok());
+}
+
+// ---- a leader killed: nothing left in /dev/shm -------------------------------------------------
+
+// The /dev/shm entries of group `name` (the ring's object is kvtier.<name>).
+std::vector<std::string> ShmEntriesOf(const std::string& name) {
+  std::vector<std::string> found;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
+    const std::string file = e.path().filename().string();
+    if (file.find(name) != std::string::npos) found.push_back(file);
+  }
+  return found;
+}
+
+// A leader in a child process of this one (it dies with the test: PR_SET_PDEATHSIG): it creates
+// the ring, writes 'C' to the pipe, waits for the followers and writes 'A' once they attached,
+// then idles (at most 60 s, a hang guard) until the test kills it.
+struct LeaderProcess {
+  pid_t pid = -1;
+  int from_leader = -1;  // the pipe's read end
+
+  static LeaderProcess Start(const TpGroupConfig& cfg, const TpShape& shape) {
+    int fds[2];
+    EXPECT_EQ(pipe(fds), 0);
+    std::fflush(nullptr);
+    const pid_t parent = getpid();
+    const pid_t pid = fork();
+    if (pid == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(4);
+      close(fds[0]);
+      auto leader = TpLeader::Create(cfg, shape);
+      if (!leader.ok() || write(fds[1], "C", 1) != 1) _exit(2);
+      if (!(*leader)->WaitForFollowers().ok() || write(fds[1], "A", 1) != 1) _exit(3);
+      std::this_thread::sleep_for(std::chrono::seconds(60));
+      _exit(0);
+    }
+    close(fds[1]);
+    return LeaderProcess{pid, fds[0]};
+  }
+  // The leader's next signal ('C' or 'A'), or 0 when it ended first.
+  char Next() const {
+    char c = 0;
+    return read(from_leader, &c, 1) == 1 ? c : 0;
+  }
+  // SIGKILLs it and reaps it; its exit code as Reap's.
+  int Kill() {
+    kill(pid, SIGKILL);
+    int status = 0;
+    const bool reaped = waitpid(pid, &status, 0) == pid;
+    close(from_leader);
+    return !reaped ? -1 : WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+};
+
+// Serves the ring until Serve fails (a hang guard of 60 s); the error.
+Status ServeUntilError(TpFollower& follower) {
+  OwnedRegion dev(kSmall, false), host(kSmallHost, false);
+  auto engine = CpuEngine();
+  const auto give_up = Clock::now() + std::chrono::seconds(60);
+  while (Clock::now() < give_up) {
+    Result<TpServeResult> r = follower.Serve(*engine, dev.region, host.region, 0.2);
+    if (!r.ok()) return r.status();
+    if (*r == TpServeResult::kClosed) return Status::Internal("the ring was closed");
+  }
+  return Status::Internal("Serve did not see the leader die within 60 s");
+}
+
+// The ring's name is removed as soon as every rank has attached (the mappings stay): a leader
+// SIGKILLed after that leaves nothing in /dev/shm, and the follower still sees it die.
+TEST(TpGroupTest, ALeaderKilledAfterTheRanksAttachedLeavesNoRing) {
+  TpGroupConfig cfg = Config("leader_kill");
+  cfg.attach_timeout_s = 60;  // hang guards: the signals below end the waits
+  const TpShape shape{256, 512, 3, 4, false};
+  LeaderProcess leader = LeaderProcess::Start(cfg, shape);
+  ASSERT_GT(leader.pid, 0);
+  ASSERT_EQ(leader.Next(), 'C');
+  auto follower = TpFollower::Attach(cfg, 1);
+  ASSERT_TRUE(follower.ok()) << follower.status().ToString();
+  ASSERT_EQ(leader.Next(), 'A');  // the leader saw every rank attached
+  EXPECT_EQ(ShmEntriesOf(cfg.name), std::vector<std::string>{}) << "the name outlived the attach";
+  EXPECT_EQ(leader.Kill(), 128 + SIGKILL);
+  EXPECT_EQ(ShmEntriesOf(cfg.name), std::vector<std::string>{});
+  const Status st = ServeUntilError(**follower);
+  EXPECT_TRUE(st.IsUnavailable()) << st.ToString();
+  EXPECT_NE(st.message().find("the leader (pid " + std::to_string(leader.pid) + ") died"),
+            std::string::npos)
+      << st.ToString();
+  // A new group of the same name forms as before.
+  follower->reset();
+  auto again = TpLeader::Create(cfg, shape);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  OwnedRegion dev(kSmall, false), host(kSmallHost, false);
+  FollowerThread one(cfg, 1, dev.region, host.region, CpuEngine(), /*serve=*/false);
+  EXPECT_TRUE((*again)->WaitForFollowers().ok());
+  EXPECT_EQ(ShmEntriesOf(cfg.name), std::vector<std::string>{});
+}
+
+// A leader killed before every rank attached still names its ring (a rank may yet attach): the
+// first follower that sees it dead removes the name.
+TEST(TpGroupTest, ALeaderKilledBeforeTheRanksAttachedLeavesNoRingOnceAFollowerSeesIt) {
+  TpGroupConfig cfg = Config("leader_kill_early", 3);
+  cfg.attach_timeout_s = 60;
+  const TpShape shape{256, 512, 3, 4, false};
+  LeaderProcess leader = LeaderProcess::Start(cfg, shape);
+  ASSERT_GT(leader.pid, 0);
+  ASSERT_EQ(leader.Next(), 'C');
+  auto follower = TpFollower::Attach(cfg, 1);  // rank 2 never comes
+  ASSERT_TRUE(follower.ok()) << follower.status().ToString();
+  EXPECT_EQ(ShmEntriesOf(cfg.name), std::vector<std::string>{"kvtier." + cfg.name});
+  EXPECT_EQ(leader.Kill(), 128 + SIGKILL);
+  const Status st = ServeUntilError(**follower);
+  EXPECT_TRUE(st.IsUnavailable()) << st.ToString();
+  EXPECT_NE(st.message().find("the leader (pid " + std::to_string(leader.pid) + ") died"),
+            std::string::npos)
+      << st.ToString();
+  EXPECT_EQ(ShmEntriesOf(cfg.name), std::vector<std::string>{});
 }
 
 // ---- a cache as a TP group ---------------------------------------------------------------------

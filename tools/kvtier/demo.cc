@@ -22,7 +22,7 @@ int RunDemo(const DemoOptions& options) {
   o.model = "tiny";
   o.compute_model = "llama3-8b";
   o.compute = "model";
-  o.page_size = 256;
+  o.cache.page_size = 256;
   // Open loop at a fifth of the trace's pace (one device serves a fifth of the traffic a cluster
   // served). The device tier holds the hottest prefixes, host memory 4x as many, and the
   // temporary file store everything the run writes.
@@ -31,8 +31,8 @@ int RunDemo(const DemoOptions& options) {
   o.host_tokens = 4 << 20;
   o.storage = "file";
   o.storage_bytes = int64_t{1} << 30;
-  o.write_policy = "write_through";
-  o.prefetch_policy = "wait_complete";
+  o.cache.write_policy = WritePolicy::kWriteThrough;
+  o.cache.storage.prefetch_policy = PrefetchPolicy::kWaitComplete;
   o.json_path = options.json_path;
   o.plot_path = options.plot_path;
   std::printf(

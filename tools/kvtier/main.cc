@@ -240,6 +240,98 @@ int RunCommand(int argc, char** argv, CLI::App* bench, BenchOptions& options, co
   return 2;
 }
 
+// `kvtier bench` and its transfer benchmark's flags (the storage benches add theirs).
+CLI::App* AddBenchCommand(CLI::App* app, BenchOptions* options, BenchArgs* args) {
+  CLI::App* bench = app->add_subcommand(
+      "bench", "Benchmark the transfer backends on the reference workload; checks every byte");
+  bench->footer(
+      "Transfer benchmark on the reference workload of docs/performance.md: MHA (Llama-3-8B: 32 "
+      "layers, slot_bytes 2048 for K and for V) and MLA (DeepSeek-V3: 61 layers, slot_bytes "
+      "1152), tokens moved in random pages (source and destination pages drawn independently), "
+      "per-layer load (host -> device, one layer) and all-layer backup (device -> host) for every "
+      "host layout. Every row is checked byte-for-byte against an independent reference and "
+      "compared with a ceiling measured in the same run (cpu: one memcpy of the same byte count; "
+      "GPU: a DMA copy). Prints one table; exits non-zero if any check fails.");
+  bench
+      ->add_option("--backend", args->backend,
+                   "cpu: multi-threaded gather/scatter, host memory only (the 'device' pool is a "
+                   "second host region); kernel: CUDA copy kernels over pinned host memory; dma: "
+                   "copy engines; auto: picks kernel or dma per request; all: every backend "
+                   "(GPU ones skipped with a message when no GPU is usable)")
+      ->check(CLI::IsMember({"cpu", "kernel", "dma", "auto", "all"}))
+      ->capture_default_str();
+  bench
+      ->add_option("--tokens", options->tokens,
+                   "tokens moved per row (rounded up to the page size); the pools hold about "
+                   "twice this many slots, so memory grows with it")
+      ->check(CLI::Range(int64_t{1}, BenchOptions::kMaxTokens))
+      ->capture_default_str();
+  bench
+      ->add_option("--layers", options->layers,
+                   "layers of both shapes; 0 = the model's own (32 for mha, 61 for mla)")
+      ->check(CLI::Range(int64_t{0}, BenchOptions::kMaxLayers))
+      ->capture_default_str();
+  bench
+      ->add_option("--page-sizes", options->page_sizes,
+                   "comma-separated page sizes (powers of two, 1..256)")
+      ->delimiter(',')
+      ->capture_default_str();
+  bench->add_option("--shapes", args->shapes, "comma-separated model shapes: mha, mla")
+      ->delimiter(',')
+      ->capture_default_str();
+  bench
+      ->add_option("--layouts", args->layouts,
+                   "comma-separated host layouts: layer_first, page_first, page_first_direct, "
+                   "page_head (page_head uses 8 heads for mha, 1 for mla)")
+      ->delimiter(',')
+      ->capture_default_str();
+  bench
+      ->add_option("--ops", args->ops,
+                   "comma-separated ops: load (per-layer, host -> device), backup (all layers, "
+                   "device -> host)")
+      ->delimiter(',')
+      ->capture_default_str();
+  bench
+      ->add_option("--repeats", options->repeats,
+                   "timed runs per row after the warm-up; the median is reported")
+      ->check(CLI::Range(1, BenchOptions::kMaxRepeats))
+      ->capture_default_str();
+  bench->add_option("--warmup", options->warmup, "untimed warm-up runs per row")
+      ->check(CLI::Range(0, BenchOptions::kMaxRepeats))
+      ->capture_default_str();
+  bench->add_option("--seed", options->seed, "seed of the random pages and random data")
+      ->capture_default_str();
+  bench->add_option("--json", options->json_path,
+                    "also write the rows as JSON to this file (checked to be writable first)");
+  // The engines' TransferEngineConfig: one flag per field of its schema (names, defaults, bounds
+  // and help from include/kvtier/transfer.h); --threads is the older name of --cpu-threads.
+  AddSchemaFlags(bench, kvtier::TransferEngineConfigSchema(), &options->transfer,
+                 {{"cpu_threads", ",--threads"}});
+  // Measurement switches.
+  bench
+      ->add_option("--host-pages", options->host_pages,
+                   "pages of the bench's host buffers: default (cpu rows: transparent huge "
+                   "pages; GPU rows: cudaHostAlloc), 4k (cpu rows), thp, hugetlb (GPU rows)")
+      ->check(CLI::IsMember({"default", "4k", "thp", "hugetlb"}))
+      ->capture_default_str();
+  bench
+      ->add_option("--warmup-ms", options->warmup_ms,
+                   "GPU rows: keep calling this many ms before the warm-up calls")
+      ->check(CLI::Range(0.0, BenchOptions::kMaxWarmupMs))
+      ->capture_default_str();
+  bench->add_flag("--reference-first", options->reference_first,
+                  "GPU loads: make the cpu reference copy before the timed copies");
+  bench
+      ->add_option("--both-sms", args->both_sms,
+                   "both-direction rows: kernel SMs of the loads and of the backup, e.g. 8,3; "
+                   "0 = the engine's choice")
+      ->delimiter(',')
+      ->expected(2)
+      ->check(CLI::Range(
+          int64_t{0}, kvtier::FindField(kvtier::TransferEngineConfigSchema(), "max_sms")->int_max));
+  return bench;
+}
+
 }  // namespace
 }  // namespace kvtier::tools
 
@@ -257,93 +349,7 @@ int main(int argc, char** argv) {
   // ---- bench ----
   BenchOptions options;
   BenchArgs args;
-  CLI::App* bench = app.add_subcommand(
-      "bench", "Benchmark the transfer backends on the reference workload; checks every byte");
-  bench->footer(
-      "Transfer benchmark on the reference workload of docs/performance.md: MHA (Llama-3-8B: 32 "
-      "layers, slot_bytes 2048 for K and for V) and MLA (DeepSeek-V3: 61 layers, slot_bytes "
-      "1152), tokens moved in random pages (source and destination pages drawn independently), "
-      "per-layer load (host -> device, one layer) and all-layer backup (device -> host) for every "
-      "host layout. Every row is checked byte-for-byte against an independent reference and "
-      "compared with a ceiling measured in the same run (cpu: one memcpy of the same byte count; "
-      "GPU: a DMA copy). Prints one table; exits non-zero if any check fails.");
-  bench
-      ->add_option("--backend", args.backend,
-                   "cpu: multi-threaded gather/scatter, host memory only (the 'device' pool is a "
-                   "second host region); kernel: CUDA copy kernels over pinned host memory; dma: "
-                   "copy engines; auto: picks kernel or dma per request; all: every backend "
-                   "(GPU ones skipped with a message when no GPU is usable)")
-      ->check(CLI::IsMember({"cpu", "kernel", "dma", "auto", "all"}))
-      ->capture_default_str();
-  bench
-      ->add_option("--tokens", options.tokens,
-                   "tokens moved per row (rounded up to the page size); the pools hold about "
-                   "twice this many slots, so memory grows with it")
-      ->check(CLI::Range(int64_t{1}, BenchOptions::kMaxTokens))
-      ->capture_default_str();
-  bench
-      ->add_option("--layers", options.layers,
-                   "layers of both shapes; 0 = the model's own (32 for mha, 61 for mla)")
-      ->check(CLI::Range(int64_t{0}, BenchOptions::kMaxLayers))
-      ->capture_default_str();
-  bench
-      ->add_option("--page-sizes", options.page_sizes,
-                   "comma-separated page sizes (powers of two, 1..256)")
-      ->delimiter(',')
-      ->capture_default_str();
-  bench->add_option("--shapes", args.shapes, "comma-separated model shapes: mha, mla")
-      ->delimiter(',')
-      ->capture_default_str();
-  bench
-      ->add_option("--layouts", args.layouts,
-                   "comma-separated host layouts: layer_first, page_first, page_first_direct, "
-                   "page_head (page_head uses 8 heads for mha, 1 for mla)")
-      ->delimiter(',')
-      ->capture_default_str();
-  bench
-      ->add_option("--ops", args.ops,
-                   "comma-separated ops: load (per-layer, host -> device), backup (all layers, "
-                   "device -> host)")
-      ->delimiter(',')
-      ->capture_default_str();
-  bench
-      ->add_option("--repeats", options.repeats,
-                   "timed runs per row after the warm-up; the median is reported")
-      ->check(CLI::Range(1, BenchOptions::kMaxRepeats))
-      ->capture_default_str();
-  bench->add_option("--warmup", options.warmup, "untimed warm-up runs per row")
-      ->check(CLI::Range(0, BenchOptions::kMaxRepeats))
-      ->capture_default_str();
-  bench->add_option("--seed", options.seed, "seed of the random pages and random data")
-      ->capture_default_str();
-  bench->add_option("--json", options.json_path,
-                    "also write the rows as JSON to this file (checked to be writable first)");
-  // The engines' TransferEngineConfig: one flag per field of its schema (names, defaults, bounds
-  // and help from include/kvtier/transfer.h); --threads is the older name of --cpu-threads.
-  AddSchemaFlags(bench, kvtier::TransferEngineConfigSchema(), &options.transfer,
-                 {{"cpu_threads", ",--threads"}});
-  // Measurement switches.
-  bench
-      ->add_option("--host-pages", options.host_pages,
-                   "pages of the bench's host buffers: default (cpu rows: transparent huge "
-                   "pages; GPU rows: cudaHostAlloc), 4k (cpu rows), thp, hugetlb (GPU rows)")
-      ->check(CLI::IsMember({"default", "4k", "thp", "hugetlb"}))
-      ->capture_default_str();
-  bench
-      ->add_option("--warmup-ms", options.warmup_ms,
-                   "GPU rows: keep calling this many ms before the warm-up calls")
-      ->check(CLI::Range(0.0, BenchOptions::kMaxWarmupMs))
-      ->capture_default_str();
-  bench->add_flag("--reference-first", options.reference_first,
-                  "GPU loads: make the cpu reference copy before the timed copies");
-  bench
-      ->add_option("--both-sms", args.both_sms,
-                   "both-direction rows: kernel SMs of the loads and of the backup, e.g. 8,3; "
-                   "0 = the engine's choice")
-      ->delimiter(',')
-      ->expected(2)
-      ->check(CLI::Range(
-          int64_t{0}, kvtier::FindField(kvtier::TransferEngineConfigSchema(), "max_sms")->int_max));
+  CLI::App* bench = AddBenchCommand(&app, &options, &args);
   StorageBenchOptions storage_options;
   AddStorageBenchOptions(bench, &storage_options);
   StorageHitBenchOptions storage_hit_options;

@@ -111,6 +111,7 @@ Result<TransferBackend> ChooseIoBackend(const ReplayOptions& o, bool gpu) {
 }
 std::string Settings(const ReplaySetup& s, bool exact) {
   const ReplayOptions& o = s.options;
+  const HierarchicalCacheConfig& c = o.cache;
   std::string sched = o.sequential ? "sequential"
                       : o.concurrency > 0
                           ? fmt::format("closed loop, {} in flight", o.concurrency)
@@ -122,12 +123,14 @@ std::string Settings(const ReplaySetup& s, bool exact) {
   return fmt::format(
       "page {}, device {} tokens, host {} tokens ({}), storage {}, write {}, admission {} "
       "(threshold {}, backlog {} MiB), prefetch {}{}, eviction {}, io {}, verify {}, {}{}",
-      o.page_size, o.device_tokens, o.host_tokens, o.host_layout, RedactUrl(o.storage),
-      o.write_policy, StorageAdmissionName(o.admission.policy), o.admission.threshold,
-      o.admission.backlog_bytes >> 20, o.prefetch_policy,
-      o.prefetch_policy == "best_effort" || !o.stream_load_back ? " (load after the read)"
-                                                                : " (streamed to the device)",
-      o.eviction, TransferBackendName(s.io_backend), o.verify, sched,
+      c.page_size, o.device_tokens, o.host_tokens, LayoutName(c.host_layout), RedactUrl(o.storage),
+      WritePolicyName(c.write_policy), StorageAdmissionName(c.storage.admission.policy),
+      c.storage.admission.threshold, c.storage.admission.backlog_bytes >> 20,
+      PrefetchPolicyName(c.storage.prefetch_policy),
+      c.storage.prefetch_policy == PrefetchPolicy::kBestEffort || !c.storage.stream_load_back
+          ? " (load after the read)"
+          : " (streamed to the device)",
+      EvictionPolicyName(c.device_eviction), TransferBackendName(s.io_backend), o.verify, sched,
       exact ? " [exact mode: the device tier is a plain leaf-LRU prefix cache]" : "");
 }
 
@@ -149,7 +152,8 @@ int PrepareRuns(const ReplayOptions& input, ReplaySetup* s) {
   ReplayOptions o = input;
   if (Status st = o.Validate(); !st.ok()) return BadOptions(st);
   if (o.host_tokens == -1) o.host_tokens = std::min(4 * o.device_tokens, kMaxTokens);
-  if (o.storage_io_threads == 0) o.storage_io_threads = DefaultIoThreads();  // as the cache's 0
+  StorageOptions& store = o.cache.storage.options;
+  if (store.io_threads == 0) store.io_threads = DefaultIoThreads();  // as the cache's 0
   if (!o.shared_host.empty()) o.storage = "none";  // the default file store is not made
   s->options = o;
   s->model = *FindReplayModel(o.model);
@@ -187,7 +191,7 @@ int PrepareRuns(const ReplayOptions& input, ReplaySetup* s) {
     s->workload.requests.erase(s->workload.requests.begin(), cut);
   }
   if (!o.pin_system_prompt.empty()) {
-    Result<std::vector<Token>> prompt = SharedPrompt({&s->warmup, &s->workload}, o.page_size);
+    Result<std::vector<Token>> prompt = SharedPrompt({&s->warmup, &s->workload}, o.cache.page_size);
     if (!prompt.ok()) return BadOptions(prompt.status());
     s->pin_prompt = std::move(*prompt);
   }
@@ -212,13 +216,14 @@ int MakeDevice(ReplaySetup* s) {
   Result<TransferBackend> io = ChooseIoBackend(o, s->gpu);
   if (!io.ok()) return BadOptions(io.status());
   s->io_backend = *io;
-  const int64_t device_slots = (o.device_tokens + o.page_size - 1) / o.page_size * o.page_size;
+  const int64_t P = o.cache.page_size;
+  const int64_t device_slots = (o.device_tokens + P - 1) / P * P;
   s->options.device_tokens = device_slots;
   PrefillEngineConfig ec;
   ec.model = s->model;
   ec.compute_model = o.compute_model.empty() ? s->model : *FindReplayModel(o.compute_model);
   ec.device_slots = device_slots;
-  ec.page_size = o.page_size;
+  ec.page_size = P;
   ec.compute = (o.compute == "gemm" || (o.compute == "auto" && s->gpu)) ? ComputeMode::kGemm
                                                                         : ComputeMode::kModel;
   ec.tflops = o.tflops;
@@ -275,7 +280,7 @@ ReplayReport ReportHeader(const ReplaySetup& s) {
   report.settings = Settings(s, exact);
   report.decode_ms_per_token = s.decode_ms_per_token;
   report.decode_how = s.decode_how;
-  report.page_size = o.page_size;
+  report.page_size = o.cache.page_size;
   report.kv_bytes_per_token = s.model.kv_bytes_per_token();
   report.ceiling_bytes_per_s = s.engine->ceiling_bytes_per_s();
   report.ceiling_how = s.gpu ? "one 256 MiB pinned host -> device copy, median of 5"

@@ -34,6 +34,12 @@
 
 namespace kvtier::tools {
 
+// The cache settings of a replay before its flags: the cache's defaults, except where the replay
+// has a reason of its own: SGLang's (page 64, write_through, wait_complete prefetches) and 4
+// storage I/O threads (not the cache's 0, the machine's core count, so that a replay's numbers do
+// not depend on it).
+HierarchicalCacheConfig ReplayCacheDefaults();
+
 struct ReplayOptions {
   // ---- workload ----
   // "mooncake" (the shipped conversation trace), a Mooncake JSONL file, or a synthetic kind:
@@ -78,8 +84,15 @@ struct ReplayOptions {
   int64_t chunk_tokens = 8192;   // chunked prefill (SGLang's --chunked-prefill-size)
   std::string device = "auto";   // auto, gpu, cpu
 
-  // ---- tiers (names of SGLang's --hicache-* flags where they exist) ----
-  int64_t page_size = 64;
+  // ---- tiers ----
+  // The cache's settings (page size, host layout, write / prefetch / eviction policies,
+  // thresholds, storage admission, the store's options, the copy engine's fields, ...): one flag
+  // per field of HierarchicalCacheConfigSchema, named as replay_options.h's ReplayCacheFlagNames
+  // says (SGLang's --hicache-* names where they exist), bounded by the schema and checked by the
+  // cache's own Validate. Fields the replay sets itself (capacities, the store, the device, backup
+  // threads, pin budgets) have no flag (ReplaySetsCacheField). Defaults are the cache's, except
+  // ReplayCacheDefaults' (replay_options.cc).
+  HierarchicalCacheConfig cache = ReplayCacheDefaults();
   int64_t device_tokens = 131072;
   int64_t host_tokens = -1;        // -1: 4 x device_tokens; 0: no host tier
   bool host_tokens_given = false;  // --host-tokens was on the command line (then -1 is an error)
@@ -87,32 +100,11 @@ struct ReplayOptions {
   // and stops), none, or a storage URL. Needs a host tier (--host-tokens > 0) unless none.
   std::string storage = "file";
   int64_t storage_bytes = 0;  // capacity of the run's file store / redis; 0: 8 x the host's bytes
-  // Flags that set a cache field take the cache's default (and its bounds, checked by its
-  // Validate) unless the replay has a reason of its own (page size, policies: SGLang's).
-  int64_t storage_backup_queue_pages =  // storage backups queued at most (then skipped)
-      HierarchicalCacheConfig{}.storage.max_backup_queue_pages;
-  // The storage backend's I/O threads (0: DefaultIoThreads()); 4, not the cache's 0, so that a
-  // replay's numbers do not depend on the machine's core count.
-  int storage_io_threads = 4;
-  // A file store's free-space floor (StorageOptions::min_free_bytes; -1: its default).
-  int64_t storage_min_free_bytes = StorageOptions{}.min_free_bytes;
   // --shared-host NAME: the hierarchy's host tier is this shared segment (kvtier shm create),
   // shared with every process attached to it; no storage tier below it.
   std::string shared_host;
-  std::string host_layout = "page_first";      // --hicache-mem-layout
-  std::string write_policy = "write_through";  // --hicache-write-policy
-  int64_t write_through_threshold = HierarchicalCacheConfig{}.write_through_threshold;
-  // Storage admission and the write backlog (--admission-*: one flag per field of the cache's
-  // StorageAdmissionConfigSchema, its default the cache's).
-  StorageAdmissionConfig admission;
-  std::string prefetch_policy = "wait_complete";  // --hicache-storage-prefetch-policy
-  int64_t prefetch_threshold = HierarchicalCacheConfig{}.storage.prefetch_threshold_tokens;
-  bool stream_load_back = HierarchicalCacheConfig{}.storage.stream_load_back;  // --no-stream-...
-  std::string eviction = "lru";
   std::string io_backend = "auto";  // --hicache-io-backend: auto (kernel on a GPU), kernel,
                                     // dma, cpu
-  // Host hits shorter than this are recomputed.
-  int64_t load_back_threshold = HierarchicalCacheConfig{}.load_back_min_tokens;
 
   // ---- checks, faults, output ----
   std::string verify = "all";  // all, sample

@@ -156,6 +156,14 @@ std::string FileUrlDirectory(const std::string& url) {
   return rest.substr(0, rest.find('?'));
 }
 
+std::string FileStoreUrl(const std::string& dir, int64_t capacity_bytes) {
+  std::string_view scheme;
+  for (const StorageScheme& s : StorageSchemes()) {
+    if (s.baseline == StorageBaseline::kFiles && scheme.empty()) scheme = s.name;
+  }
+  return fmt::format("{}://{}?capacity={}", scheme, dir, capacity_bytes);
+}
+
 Result<StorageCeiling> MeasureFileReadCeiling(const std::string& dir, int64_t page_bytes,
                                               int threads) {
   if (page_bytes < 1 || threads < 1) {

@@ -88,5 +88,8 @@ StorageBaseline BaselineOf(std::string_view url);
 // The directory of a store of plain files, a scheme whose baseline is StorageBaseline::kFiles
 // ("file:///dir?capacity=..." -> "/dir"); "" for other schemes.
 std::string FileUrlDirectory(const std::string& url);
+// Its inverse: the URL of a store of plain files in `dir` holding at most `capacity_bytes`
+// ("/dir", 64 MiB -> "file:///dir?capacity=67108864"), the replay's temporary stores.
+std::string FileStoreUrl(const std::string& dir, int64_t capacity_bytes);
 
 }  // namespace kvtier::tools

@@ -2,57 +2,56 @@
 // checked by ReplayOptions::Validate, which answers with a message naming the flag.
 #include "replay_cli.h"
 
+#include <fmt/format.h>
+
 #include <string>
 #include <string_view>
 
 #include "config_flags.h"
+#include "kvtier/eviction_policy.h"
 #include "kvtier/hierarchical_cache.h"
+#include "kvtier/layout.h"
 #include "replay_model.h"
+#include "replay_options.h"
 
 namespace kvtier::tools {
 namespace {
 
-// Help of a flag that sets a HierarchicalCacheConfig field: the replay's words, then the field's
-// bounds from the cache's schema (its Validate checks the value, under the flag's name).
-std::string CacheHelp(std::string_view field, std::string help) {
-  const ConfigField<HierarchicalCacheConfig>* f = FindField(HierarchicalCacheConfigSchema(), field);
-  return f == nullptr ? help : help + "; " + f->RangeText();
+// A flag for every field of the cache's schema that the replay does not set itself, under the
+// replay's name for it (kReplayCacheFlagNames, else FlagName), bound to o->cache: its default the
+// replay's (ReplayCacheDefaults), its help, bounds and choices the schema's.
+void AddCacheFlags(CLI::App* c, ReplayOptions* o) {
+  const ConfigSchema<HierarchicalCacheConfig>& schema = HierarchicalCacheConfigSchema();
+  for (const ConfigField<HierarchicalCacheConfig>& f : schema) {
+    if (ReplaySetsCacheField(f.name) || f.name == "stream_load_back") continue;
+    std::string names = FlagName(f.name);
+    for (const auto& [field, replay_names] : kReplayCacheFlagNames) {
+      if (field == f.name) names = replay_names;
+    }
+    CLI::Option* opt = AddFieldFlag(c, f, &o->cache, names);
+    if (f.name == "page_size") {  // the cache's 0 ("the device region's") is no replay page size
+      opt->description(fmt::format(
+          "tokens per page of every tier (SGLang's --page-size); a power of two in [1, {}]",
+          kMaxKvPageSize));
+    }
+    if (f.name == "device_eviction") {
+      // One eviction policy for both tiers, as SGLang's: --eviction sets host_eviction too.
+      opt->description("eviction order of the device and host tiers; " + f.RangeText());
+      opt->each([o](const std::string& name) {
+        if (Result<EvictionPolicyKind> k = ParseEvictionPolicy(name); k.ok()) {
+          o->cache.host_eviction = *k;
+        }
+      });
+    }
+  }
+  // A switch that turns the field off (its default is on).
+  const ConfigField<HierarchicalCacheConfig>& stream = *FindField(schema, "stream_load_back");
+  c->add_flag("!--no-stream-load-back", o->cache.storage.stream_load_back,
+              "turn off: " + stream.help);
 }
 
-}  // namespace
-
-CLI::App* AddReplayCommand(CLI::App& app, ReplayOptions* o) {
-  CLI::App* c = app.add_subcommand(
-      "replay",
-      "Serve a recorded or synthetic workload through device, host and storage; check "
-      "every loaded byte; report hits per tier, bandwidth and TTFT");
-  c->footer(
-      "Drives HierarchicalCache per request as an engine's scheduler does: Match -> QueryStorage "
-      "-> Prefetch -> LoadBack -> prefill (per layer: WaitLayer, check the matched KV, compute, "
-      "write the new tokens' KV) -> Insert -> Release. Three runs side by side: no cache, a "
-      "device-only radix cache, and the full hierarchy, plus the hierarchy's ideal: its own hits "
-      "and compute, no prefetch wait, loads fully overlapped with the compute, host hits at the "
-      "host -> device ceiling (GPU: one pinned copy; cpu: memcpy) and storage hits at the "
-      "storage read ceiling, both measured at start (file://: N threads of open+pread+close over "
-      "files of one page in the store's directory, N = --storage-io-threads; redis: a "
-      "redis-benchmark GET baseline; otherwise the run's own storage -> host rate, as the report "
-      "says); a storage read begins at the request's Match, as the run's prefetch does, so its "
-      "queueing hides part of it. TTFT = queueing + prefetch wait + load + prefill (a streamed "
-      "storage hit's wait on the read is inside its load). Loads are timed to completion "
-      "(GPU: CUDA events on the load stream; cpu: the copy is synchronous, wall time). "
-      "Spread: hierarchy / ideal (p50, p90) and the speed-up of requests with >= 90 % cached come "
-      "with a 95 % interval from a paired bootstrap over the measured requests (1000 resamples, "
-      "fixed seed): how much the ratio depends on which requests the slice holds; use >= 300 "
-      "measured requests for numbers to quote. Hit classes: each request's class is the tier "
-      "that served most of its matched prefix (device, host, storage; none: nothing matched); "
-      "per class, its TTFT p50 against the same requests with no cache, and a class whose "
-      "interval lies above 1 + --slow-class-margin, with p50s at least 1 ms apart, is slower "
-      "than no cache beyond noise. Exact "
-      "mode: --sequential --host-tokens 0 --storage none --eviction lru makes the device tier a "
-      "plain leaf-LRU prefix cache. Exit codes: 1 if any loaded byte is wrong (or the run "
-      "failed), 2 for bad flags, 3 if a hit class is slower than no cache beyond noise (a "
-      "warning with --slow-class-warn).");
-  // Workload.
+// --workload and the requests it gives.
+void AddWorkloadFlags(CLI::App* c, ReplayOptions* o) {
   c->add_option("--workload", o->workload,
                 "mooncake (the shipped conversation trace), a Mooncake JSONL trace file, or a "
                 "synthetic workload: chat, system-prompt, doc-qa")
@@ -76,7 +75,10 @@ CLI::App* AddReplayCommand(CLI::App& app, ReplayOptions* o) {
       ->capture_default_str();
   c->add_flag("--insert-output", o->insert_output,
               "also cache each request's output tokens (default: prompts only)");
-  // Scheduling.
+}
+
+// How the requests arrive and are served.
+void AddSchedulingFlags(CLI::App* c, ReplayOptions* o) {
   c->add_option("--concurrency", o->concurrency,
                 "closed loop: this many requests in flight (0 = open loop by timestamps)")
       ->capture_default_str();
@@ -95,7 +97,10 @@ CLI::App* AddReplayCommand(CLI::App& app, ReplayOptions* o) {
   c->add_option("--max-inflight", o->max_inflight,
                 "open loop: requests matched (and prefetching) ahead of the one being served")
       ->capture_default_str();
-  // Model and compute.
+}
+
+// The model and its compute.
+void AddModelFlags(CLI::App* c, ReplayOptions* o) {
   c->add_option("--model", o->model, "model shape: " + ReplayModelNames())->capture_default_str();
   c->add_option("--compute-model", o->compute_model,
                 "the model whose prefill the compute stands for (default: --model); e.g. --model "
@@ -111,10 +116,10 @@ CLI::App* AddReplayCommand(CLI::App& app, ReplayOptions* o) {
   c->add_option("--device", o->device,
                 "device pool: gpu, cpu (host memory standing in), auto (gpu when present)")
       ->capture_default_str();
-  // Tiers.
-  c->add_option("--page-size", o->page_size,
-                CacheHelp("page_size", "tokens per page (--page-size in SGLang)"))
-      ->capture_default_str();
+}
+
+// The tiers: capacities, the store, the copies and the cache's settings.
+void AddTierFlags(CLI::App* c, ReplayOptions* o) {
   c->add_option("--device-tokens", o->device_tokens, "device tier capacity in tokens")
       ->capture_default_str();
   c->add_option("--host-tokens", o->host_tokens,
@@ -134,57 +139,15 @@ CLI::App* AddReplayCommand(CLI::App& app, ReplayOptions* o) {
                 "capacity of the temporary file store or the run's redis-server (0 = 8 x the "
                 "host tier's bytes)")
       ->capture_default_str();
-  c->add_option(
-       "--storage-backup-queue-pages", o->storage_backup_queue_pages,
-       CacheHelp("max_backup_queue_pages",
-                 "backups to storage waiting or running, in pages; beyond it they are skipped "
-                 "(and counted), never waited for"))
-      ->capture_default_str();
-  c->add_option("--storage-io-threads", o->storage_io_threads,
-                CacheHelp("storage_io_threads", "I/O threads of the storage backend"))
-      ->capture_default_str();
-  c->add_option("--storage-min-free-bytes", o->storage_min_free_bytes,
-                CacheHelp("storage_min_free_bytes",
-                          "a file store's free-space floor in bytes: under it the store writes "
-                          "nothing and evicts its oldest pages (-1: the larger of 5 % of the file "
-                          "system and min(1 GiB, 20 % of it); 0: none)"))
-      ->capture_default_str();
-  c->add_option("--hicache-mem-layout,--host-layout", o->host_layout,
-                "host tier layout: layer_first, page_first, page_first_direct, page_head")
-      ->capture_default_str();
-  c->add_option("--hicache-write-policy,--write-policy", o->write_policy,
-                "write_through, write_through_selective, write_back")
-      ->capture_default_str();
-  c->add_option(
-       "--write-through-threshold", o->write_through_threshold,
-       CacheHelp("write_through_threshold", "write_through_selective: hits before a backup"))
-      ->capture_default_str();
-  for (const ConfigField<StorageAdmissionConfig>& f : StorageAdmissionConfigSchema()) {
-    AddFieldFlag(c, f, &o->admission, FlagName("admission_" + f.name))->capture_default_str();
-  }
-  c->add_option("--hicache-storage-prefetch-policy,--prefetch-policy", o->prefetch_policy,
-                "best_effort, wait_complete, timeout")
-      ->capture_default_str();
-  c->add_option("--prefetch-threshold", o->prefetch_threshold,
-                CacheHelp("prefetch_threshold_tokens",
-                          "storage hits shorter than this many tokens are not prefetched"))
-      ->capture_default_str();
-  c->add_flag("!--no-stream-load-back", o->stream_load_back,
-              "storage hits: the load waits for the whole read (stream_load_back off; by "
-              "default pages go to the device as they arrive)");
-  c->add_option("--eviction", o->eviction,
-                "eviction policy of device and host: lru, lfu, fifo, "
-                "priority")
-      ->capture_default_str();
   c->add_option("--hicache-io-backend,--io-backend", o->io_backend,
                 "host <-> device copies: auto (kernel on a GPU, cpu otherwise), kernel, dma, cpu")
       ->capture_default_str();
-  c->add_option(
-       "--load-back-threshold", o->load_back_threshold,
-       CacheHelp("load_back_min_tokens",
-                 "host hits shorter than this many tokens are recomputed instead of loaded"))
-      ->capture_default_str();
-  // Checks, faults, output.
+  // The cache's settings.
+  AddCacheFlags(c, o);
+}
+
+// Checks, faults, KV events, pins, the runs made and the outputs.
+void AddCheckAndOutputFlags(CLI::App* c, ReplayOptions* o) {
   c->add_option("--verify", o->verify, "check all loaded bytes, or a sample (one page in eight)")
       ->capture_default_str();
   c->add_option("--fault", o->fault,
@@ -229,6 +192,46 @@ CLI::App* AddReplayCommand(CLI::App& app, ReplayOptions* o) {
       ->capture_default_str();
   c->add_flag("--metrics", o->metrics, "print the cache's Prometheus metrics at the end");
   c->add_flag("!--no-progress", o->progress, "no progress line");
+}
+
+}  // namespace
+
+CLI::App* AddReplayCommand(CLI::App& app, ReplayOptions* o) {
+  CLI::App* c = app.add_subcommand(
+      "replay",
+      "Serve a recorded or synthetic workload through device, host and storage; check "
+      "every loaded byte; report hits per tier, bandwidth and TTFT");
+  c->footer(
+      "Drives HierarchicalCache per request as an engine's scheduler does: Match -> QueryStorage "
+      "-> Prefetch -> LoadBack -> prefill (per layer: WaitLayer, check the matched KV, compute, "
+      "write the new tokens' KV) -> Insert -> Release. Three runs side by side: no cache, a "
+      "device-only radix cache, and the full hierarchy, plus the hierarchy's ideal: its own hits "
+      "and compute, no prefetch wait, loads fully overlapped with the compute, host hits at the "
+      "host -> device ceiling (GPU: one pinned copy; cpu: memcpy) and storage hits at the "
+      "storage read ceiling, both measured at start (file://: N threads of open+pread+close over "
+      "files of one page in the store's directory, N = --storage-io-threads; redis: a "
+      "redis-benchmark GET baseline; otherwise the run's own storage -> host rate, as the report "
+      "says); a storage read begins at the request's Match, as the run's prefetch does, so its "
+      "queueing hides part of it. TTFT = queueing + prefetch wait + load + prefill (a streamed "
+      "storage hit's wait on the read is inside its load). Loads are timed to completion "
+      "(GPU: CUDA events on the load stream; cpu: the copy is synchronous, wall time). "
+      "Spread: hierarchy / ideal (p50, p90) and the speed-up of requests with >= 90 % cached come "
+      "with a 95 % interval from a paired bootstrap over the measured requests (1000 resamples, "
+      "fixed seed): how much the ratio depends on which requests the slice holds; use >= 300 "
+      "measured requests for numbers to quote. Hit classes: each request's class is the tier "
+      "that served most of its matched prefix (device, host, storage; none: nothing matched); "
+      "per class, its TTFT p50 against the same requests with no cache, and a class whose "
+      "interval lies above 1 + --slow-class-margin, with p50s at least 1 ms apart, is slower "
+      "than no cache beyond noise. Exact "
+      "mode: --sequential --host-tokens 0 --storage none --eviction lru makes the device tier a "
+      "plain leaf-LRU prefix cache. Exit codes: 1 if any loaded byte is wrong (or the run "
+      "failed), 2 for bad flags, 3 if a hit class is slower than no cache beyond noise (a "
+      "warning with --slow-class-warn).");
+  AddWorkloadFlags(c, o);
+  AddSchedulingFlags(c, o);
+  AddModelFlags(c, o);
+  AddTierFlags(c, o);
+  AddCheckAndOutputFlags(c, o);
   return c;
 }
 

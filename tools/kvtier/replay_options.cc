@@ -7,12 +7,14 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <initializer_list>
+#include <iterator>
 #include <string_view>
 #include <utility>
 
@@ -96,31 +98,6 @@ Status OneOf(const char* flag, const std::string& value, std::initializer_list<c
   return Status::InvalidArgument(fmt::format("{} = '{}' must be one of: {}", flag, value, list));
 }
 
-// The replay's flags that set a HierarchicalCacheConfig field, by field: the cache's Validate
-// checks them (its schema has the bounds) and names them by these flags.
-std::string ReplayFlagOf(std::string_view field) {
-  static const std::pair<std::string_view, std::string_view> kFlags[] = {
-      {"page_size", "--page-size"},
-      {"host_layout", "--hicache-mem-layout"},
-      {"write_policy", "--hicache-write-policy"},
-      {"write_through_threshold", "--write-through-threshold"},
-      {"device_eviction", "--eviction"},
-      {"host_eviction", "--eviction"},
-      {"load_back_min_tokens", "--load-back-threshold"},
-      {"prefetch_policy", "--hicache-storage-prefetch-policy"},
-      {"prefetch_threshold_tokens", "--prefetch-threshold"},
-      {"stream_load_back", "--no-stream-load-back"},
-      {"max_backup_queue_pages", "--storage-backup-queue-pages"},
-      {"storage_io_threads", "--storage-io-threads"},
-      {"storage_min_free_bytes", "--storage-min-free-bytes"},
-  };
-  for (const auto& [f, flag] : kFlags) {
-    if (f == field) return std::string(flag);
-  }
-  if (field.starts_with("admission_")) return FlagName(field);  // StorageAdmissionConfig's flags
-  return std::string(field);  // not a replay flag: the cache's own name
-}
-
 // "I/K" -> {I, K} with 0 <= I < K <= 4096.
 Result<std::pair<int64_t, int64_t>> ParseShard(const std::string& shard) {
   const size_t slash = shard.find('/');
@@ -140,25 +117,42 @@ Result<std::pair<int64_t, int64_t>> ParseShard(const std::string& shard) {
 
 }  // namespace
 
-// The cache settings the replay's flags give. REQUIRES: the names in `o` parse (Validate checks
-// them first).
-HierarchicalCacheConfig CacheConfigOf(const ReplayOptions& o) {
+HierarchicalCacheConfig ReplayCacheDefaults() {
   HierarchicalCacheConfig c;
-  c.page_size = o.page_size;
-  c.host_layout = *ParseLayout(o.host_layout);
-  c.write_policy = *ParseWritePolicy(o.write_policy);
-  c.write_through_threshold = o.write_through_threshold;
-  c.device_eviction = *ParseEvictionPolicy(o.eviction);
-  c.host_eviction = c.device_eviction;
-  c.load_back_min_tokens = o.load_back_threshold;
-  c.storage.prefetch_policy = *ParsePrefetchPolicy(o.prefetch_policy);
-  c.storage.prefetch_threshold_tokens = o.prefetch_threshold;
-  c.storage.stream_load_back = o.stream_load_back;
-  c.storage.max_backup_queue_pages = o.storage_backup_queue_pages;
-  c.storage.admission = o.admission;
-  c.storage.options.io_threads = o.storage_io_threads;
-  c.storage.options.min_free_bytes = o.storage_min_free_bytes;
+  c.page_size = 64;
+  c.write_policy = WritePolicy::kWriteThrough;
+  c.storage.prefetch_policy = PrefetchPolicy::kWaitComplete;
+  c.storage.options.io_threads = 4;
   return c;
+}
+
+bool ReplaySetsCacheField(std::string_view field) {
+  static constexpr std::string_view kSet[] = {
+      "host_capacity_bytes",
+      "host_ratio",
+      "host_head_num",
+      "host_eviction",
+      "transfer_backend",
+      "device",
+      "backup_threads",
+      "pin_device_budget_tokens",
+      "pin_host_budget_tokens",
+      "pin_storage_budget_tokens",
+      "storage",
+      "storage_model_id",
+      "storage_kv_dtype",
+      "storage_tp_rank",
+      "storage_tp_size",
+      "max_storage_only_pages",
+  };
+  return std::find(std::begin(kSet), std::end(kSet), field) != std::end(kSet);
+}
+
+std::string ReplayFlagOf(std::string_view field) {
+  for (const auto& [f, names] : kReplayCacheFlagNames) {
+    if (f == field) return std::string(names.substr(0, names.find(',')));
+  }
+  return ReplaySetsCacheField(field) ? std::string(field) : FlagName(field);
 }
 
 // "storage-down@SECONDS" or "storage-delay@MS".
@@ -295,8 +289,9 @@ Status ValidateTierFlags(const ReplayOptions& o) {
   KVTIER_RETURN_IF_ERROR(BoundReal("--tflops", o.tflops, 1e-3, 1e5));
   KVTIER_RETURN_IF_ERROR(Bound("--chunk-tokens", o.chunk_tokens, 64, 1 << 20));
   KVTIER_RETURN_IF_ERROR(OneOf("--device", o.device, {"auto", "gpu", "cpu"}));
-  KVTIER_RETURN_IF_ERROR(ValidatePageSize(o.page_size, "--page-size"));  // the geometry's rule
-  KVTIER_RETURN_IF_ERROR(Bound("--device-tokens", o.device_tokens, o.page_size, kMaxTokens));
+  // The geometry's rule (the cache's 0, "the device region's", is no replay page size).
+  KVTIER_RETURN_IF_ERROR(ValidatePageSize(o.cache.page_size, "--page-size"));
+  KVTIER_RETURN_IF_ERROR(Bound("--device-tokens", o.device_tokens, o.cache.page_size, kMaxTokens));
   if (o.host_tokens != -1 || o.host_tokens_given) {  // -1 unless given: 4 x --device-tokens
     KVTIER_RETURN_IF_ERROR(Bound("--host-tokens", o.host_tokens, 0, kMaxTokens));
   }
@@ -306,19 +301,12 @@ Status ValidateTierFlags(const ReplayOptions& o) {
         "host memory");
   }
   KVTIER_RETURN_IF_ERROR(Bound("--storage-bytes", o.storage_bytes, 0, int64_t{1} << 50));
-  KVTIER_RETURN_IF_ERROR(ParseLayout(o.host_layout).status().WithContext("--hicache-mem-layout"));
-  KVTIER_RETURN_IF_ERROR(
-      ParseWritePolicy(o.write_policy).status().WithContext("--hicache-write-policy"));
-  KVTIER_RETURN_IF_ERROR(ParsePrefetchPolicy(o.prefetch_policy)
-                             .status()
-                             .WithContext("--hicache-storage-prefetch-policy"));
-  KVTIER_RETURN_IF_ERROR(ParseEvictionPolicy(o.eviction).status().WithContext("--eviction"));
   KVTIER_RETURN_IF_ERROR(
       OneOf("--hicache-io-backend", o.io_backend, {"auto", "kernel", "dma", "cpu"}));
   {
     // The cache's settings, through the cache's own Validate (a host tier and a storage tier
     // stand in so that every field the flags set is checked).
-    HierarchicalCacheConfig c = CacheConfigOf(o);
+    HierarchicalCacheConfig c = o.cache;
     c.host_capacity_bytes = 1;
     c.storage.url = "memory://";
     KVTIER_RETURN_IF_ERROR(c.Validate(ReplayFlagOf));

@@ -248,6 +248,129 @@ nlohmann::json PercentilesJson(const Percentiles& p) {
   return {{"p50", p.p50}, {"p90", p.p90}, {"p99", p.p99}, {"mean", p.mean}};
 }
 
+// The hierarchy run's KV events: what was published, and the blocks of each tier.
+void AddKvEventsJson(const RunSummary& r, nlohmann::json* out) {
+  nlohmann::json& j = *out;
+  const KvEventPublisherStats& e = r.kv_events;
+  nlohmann::json blocks = {{std::string(kMediumGpu), r.kv_blocks.device},
+                           {std::string(kMediumCpuPinned), r.kv_blocks.host}};
+  if (!r.kv_events_storage_medium.empty()) {
+    blocks[r.kv_events_storage_medium] = r.kv_blocks.storage;
+  }
+  // `batches`: the seqs handed out so far (published, dropped or failed to send).
+  j["kv_events"] = {{"endpoint", r.kv_events_endpoint},
+                    {"replay_endpoint", r.kv_events_replay_endpoint},
+                    {"storage_medium", r.kv_events_storage_medium},
+                    {"batches", e.published_batches + e.dropped_batches + e.send_errors},
+                    {"published_batches", e.published_batches},
+                    {"published_events", e.published_events},
+                    {"dropped_batches", e.dropped_batches},
+                    {"dropped_events", e.dropped_events},
+                    {"send_errors", e.send_errors},
+                    {"blocks", blocks}};
+}
+
+// --pin-system-prompt: the pin and what it covered.
+void AddPinJson(const RunSummary& r, nlohmann::json* out) {
+  nlohmann::json& j = *out;
+  j["pin"] = {{"tiers", r.pin_tiers},
+              {"ttl_s", r.pin_ttl_s},
+              {"system_prompt_tokens", r.pin_prompt_tokens},
+              {"covered_tokens", r.pin_covered_tokens},
+              {"store_pinned", r.pin_store_pinned},
+              {"pinned_tokens",
+               {{"device", r.cache.pinned_device_tokens},
+                {"host", r.cache.pinned_host_tokens},
+                {"storage", r.cache.pinned_storage_tokens}}},
+              {"pins", r.cache.pins},
+              {"pins_expired", r.cache.pins_expired}};
+}
+
+// The cache's traffic between tiers, its evictions and its storage errors.
+void AddCacheJson(const RunSummary& r, int64_t token_bytes, nlohmann::json* out) {
+  nlohmann::json& j = *out;
+  const CacheStats& c = r.cache;
+  j["bytes"] = {{"host_to_device", c.load_back_tokens * token_bytes},
+                {"device_to_host", c.backup_bytes},
+                {"storage_to_host", c.prefetch_bytes},
+                {"host_to_storage", c.storage_backup_bytes}};
+  j["gbps"] = {{"host_to_device", Gbps(c.load_back_tokens * token_bytes, c.load_back_seconds)},
+               {"device_to_host", Gbps(c.backup_bytes, c.backup_seconds)},
+               {"storage_to_host", Gbps(c.prefetch_bytes, c.prefetch_seconds)},
+               {"host_to_storage", Gbps(c.storage_backup_bytes, c.storage_backup_seconds)}};
+  j["evicted_tokens"] = {{"device", c.device_evicted_tokens},
+                         {"host", c.host_evicted_tokens},
+                         {"storage_forgotten", c.storage_forgotten_tokens}};
+  j["storage_errors"] = {{"errors", c.storage_errors},
+                         {"corrupt_pages", c.storage_corrupt_pages},
+                         {"read_timeouts", c.storage_read_timeouts},
+                         {"write_timeouts", c.storage_write_timeouts},
+                         {"queue_drops", c.storage_queue_drops},
+                         // Writes the store refused for want of room it may not make
+                         // (StorageStats::set_refused_pages: Redis at maxmemory, noeviction).
+                         {"refused_writes", r.storage_stats.set_refused_pages}};
+}
+
+// The store: its pages reachable from the prompts, its evictions and its I/O.
+void AddStorageJson(const RunSummary& r, nlohmann::json* out) {
+  nlohmann::json& j = *out;
+  const StoredChains& sc = r.stored_chains;
+  j["stored_chains"] = {{"checked", sc.checked},
+                        {"page_keys", sc.keys},
+                        {"stored_pages", sc.stored},
+                        {"unreachable_pages", sc.unreachable}};
+  if (!sc.checked) j["stored_chains"]["why_unchecked"] = sc.why_unchecked;
+  j["storage_evicted_pages"] = r.storage_stats.evicted_pages;
+  const StorageStats& st = r.storage_stats;
+  j["storage_io"] = {{"get_calls", st.get_calls},
+                     {"bytes_read", st.bytes_read},
+                     {"get_queue_seconds", st.get_queue_seconds},
+                     {"get_held_calls", st.get_held_calls},
+                     {"get_held_seconds", st.get_held_seconds},
+                     {"get_seconds", st.get_seconds},
+                     {"get_page_seconds", st.get_page_seconds},
+                     {"get_cached_pages", st.get_cached_pages},
+                     {"get_disk_pages", st.get_disk_pages},
+                     {"set_calls", st.set_calls},
+                     {"bytes_written", st.bytes_written},
+                     {"set_queue_seconds", st.set_queue_seconds},
+                     {"set_seconds", st.set_seconds},
+                     {"set_page_seconds", st.set_page_seconds},
+                     {"set_profiled_pages", st.set_profiled_pages},
+                     {"set_phase_seconds", SetPhaseSecondsJson(st)}};
+}
+
+// The storage oracle (replay_oracle.h) and the hits lost against it, beside the writes that
+// did not happen, by reason (tokens).
+void AddOracleJson(const RunSummary& r, nlohmann::json* out) {
+  nlohmann::json& j = *out;
+  const CacheStats& c = r.cache;
+  const double input = static_cast<double>(r.input_tokens());
+  auto rate = [&](int64_t tokens) { return input > 0 ? static_cast<double>(tokens) / input : 0; };
+  int64_t storage_hit = 0;
+  for (const RequestRecord& x : r.records) storage_hit += x.storage_hit;
+  j["storage_oracle"] = {
+      {"capacity_pages", r.oracle_capacity_pages},
+      {"storage_hit_rate", rate(storage_hit)},
+      {"oracle_storage_hit_rate", rate(r.oracle_storage_tokens)},
+      {"storage_hit_pct_of_oracle",
+       r.oracle_storage_tokens > 0
+           ? 100.0 * static_cast<double>(storage_hit) / static_cast<double>(r.oracle_storage_tokens)
+           : 100.0},
+      {"storage_tokens", storage_hit},
+      {"oracle_storage_tokens", r.oracle_storage_tokens},
+      {"lost_tokens", r.lost_storage_tokens},
+      {"lost_requests", r.lost_storage_requests},
+      {"writes_not_done_tokens",
+       {{"admission_refused", c.storage_backup_refused_tokens},
+        {"backlog_full", c.storage_backup_backlog_tokens},
+        {"queue_full", c.storage_backup_dropped_tokens},
+        {"timed_out", c.storage_backup_timed_out_tokens},
+        {"failed", c.storage_backup_failed_tokens},
+        {"store_refused", c.storage_backup_capacity_tokens},
+        {"policy", c.storage_backup_policy_tokens}}}};
+}
+
 nlohmann::json RunJson(const RunSummary& r, int64_t token_bytes) {
   nlohmann::json j;
   j["name"] = r.name;
@@ -269,120 +392,16 @@ nlohmann::json RunJson(const RunSummary& r, int64_t token_bytes) {
                    {"none", r.prefetch_none},
                    {"streamed", r.streamed_loads}};
   if (!r.storage_load_path.empty()) j["prefetch"]["load_path"] = r.storage_load_path;
-  if (r.has_kv_events) {
-    const KvEventPublisherStats& e = r.kv_events;
-    nlohmann::json blocks = {{std::string(kMediumGpu), r.kv_blocks.device},
-                             {std::string(kMediumCpuPinned), r.kv_blocks.host}};
-    if (!r.kv_events_storage_medium.empty()) {
-      blocks[r.kv_events_storage_medium] = r.kv_blocks.storage;
-    }
-    // `batches`: the seqs handed out so far (published, dropped or failed to send).
-    j["kv_events"] = {{"endpoint", r.kv_events_endpoint},
-                      {"replay_endpoint", r.kv_events_replay_endpoint},
-                      {"storage_medium", r.kv_events_storage_medium},
-                      {"batches", e.published_batches + e.dropped_batches + e.send_errors},
-                      {"published_batches", e.published_batches},
-                      {"published_events", e.published_events},
-                      {"dropped_batches", e.dropped_batches},
-                      {"dropped_events", e.dropped_events},
-                      {"send_errors", e.send_errors},
-                      {"blocks", blocks}};
-  }
-  if (r.has_pin) {
-    j["pin"] = {{"tiers", r.pin_tiers},
-                {"ttl_s", r.pin_ttl_s},
-                {"system_prompt_tokens", r.pin_prompt_tokens},
-                {"covered_tokens", r.pin_covered_tokens},
-                {"store_pinned", r.pin_store_pinned},
-                {"pinned_tokens",
-                 {{"device", r.cache.pinned_device_tokens},
-                  {"host", r.cache.pinned_host_tokens},
-                  {"storage", r.cache.pinned_storage_tokens}}},
-                {"pins", r.cache.pins},
-                {"pins_expired", r.cache.pins_expired}};
-  }
+  if (r.has_kv_events) AddKvEventsJson(r, &j);
+  if (r.has_pin) AddPinJson(r, &j);
   if (r.has_cache && !r.shared_host.empty()) {
     j["shared_host"] = {{"name", r.shared_host},
                         {"hit_tokens", r.cache.shared_host_hit_tokens},
                         {"backup_present_tokens", r.cache.backup_present_tokens}};
   }
-  if (r.has_cache) {
-    const CacheStats& c = r.cache;
-    j["bytes"] = {{"host_to_device", c.load_back_tokens * token_bytes},
-                  {"device_to_host", c.backup_bytes},
-                  {"storage_to_host", c.prefetch_bytes},
-                  {"host_to_storage", c.storage_backup_bytes}};
-    j["gbps"] = {{"host_to_device", Gbps(c.load_back_tokens * token_bytes, c.load_back_seconds)},
-                 {"device_to_host", Gbps(c.backup_bytes, c.backup_seconds)},
-                 {"storage_to_host", Gbps(c.prefetch_bytes, c.prefetch_seconds)},
-                 {"host_to_storage", Gbps(c.storage_backup_bytes, c.storage_backup_seconds)}};
-    j["evicted_tokens"] = {{"device", c.device_evicted_tokens},
-                           {"host", c.host_evicted_tokens},
-                           {"storage_forgotten", c.storage_forgotten_tokens}};
-    j["storage_errors"] = {{"errors", c.storage_errors},
-                           {"corrupt_pages", c.storage_corrupt_pages},
-                           {"read_timeouts", c.storage_read_timeouts},
-                           {"write_timeouts", c.storage_write_timeouts},
-                           {"queue_drops", c.storage_queue_drops},
-                           // Writes the store refused for want of room it may not make
-                           // (StorageStats::set_refused_pages: Redis at maxmemory, noeviction).
-                           {"refused_writes", r.storage_stats.set_refused_pages}};
-  }
-  if (r.has_storage) {
-    const StoredChains& sc = r.stored_chains;
-    j["stored_chains"] = {{"checked", sc.checked},
-                          {"page_keys", sc.keys},
-                          {"stored_pages", sc.stored},
-                          {"unreachable_pages", sc.unreachable}};
-    if (!sc.checked) j["stored_chains"]["why_unchecked"] = sc.why_unchecked;
-    j["storage_evicted_pages"] = r.storage_stats.evicted_pages;
-    const StorageStats& st = r.storage_stats;
-    j["storage_io"] = {{"get_calls", st.get_calls},
-                       {"bytes_read", st.bytes_read},
-                       {"get_queue_seconds", st.get_queue_seconds},
-                       {"get_held_calls", st.get_held_calls},
-                       {"get_held_seconds", st.get_held_seconds},
-                       {"get_seconds", st.get_seconds},
-                       {"get_page_seconds", st.get_page_seconds},
-                       {"get_cached_pages", st.get_cached_pages},
-                       {"get_disk_pages", st.get_disk_pages},
-                       {"set_calls", st.set_calls},
-                       {"bytes_written", st.bytes_written},
-                       {"set_queue_seconds", st.set_queue_seconds},
-                       {"set_seconds", st.set_seconds},
-                       {"set_page_seconds", st.set_page_seconds},
-                       {"set_profiled_pages", st.set_profiled_pages},
-                       {"set_phase_seconds", SetPhaseSecondsJson(st)}};
-  }
-  if (r.has_oracle) {
-    // The storage oracle (replay_oracle.h) and the hits lost against it, beside the writes that
-    // did not happen, by reason (tokens).
-    const CacheStats& c = r.cache;
-    const double input = static_cast<double>(r.input_tokens());
-    auto rate = [&](int64_t tokens) { return input > 0 ? static_cast<double>(tokens) / input : 0; };
-    int64_t storage_hit = 0;
-    for (const RequestRecord& x : r.records) storage_hit += x.storage_hit;
-    j["storage_oracle"] = {
-        {"capacity_pages", r.oracle_capacity_pages},
-        {"storage_hit_rate", rate(storage_hit)},
-        {"oracle_storage_hit_rate", rate(r.oracle_storage_tokens)},
-        {"storage_hit_pct_of_oracle", r.oracle_storage_tokens > 0
-                                          ? 100.0 * static_cast<double>(storage_hit) /
-                                                static_cast<double>(r.oracle_storage_tokens)
-                                          : 100.0},
-        {"storage_tokens", storage_hit},
-        {"oracle_storage_tokens", r.oracle_storage_tokens},
-        {"lost_tokens", r.lost_storage_tokens},
-        {"lost_requests", r.lost_storage_requests},
-        {"writes_not_done_tokens",
-         {{"admission_refused", c.storage_backup_refused_tokens},
-          {"backlog_full", c.storage_backup_backlog_tokens},
-          {"queue_full", c.storage_backup_dropped_tokens},
-          {"timed_out", c.storage_backup_timed_out_tokens},
-          {"failed", c.storage_backup_failed_tokens},
-          {"store_refused", c.storage_backup_capacity_tokens},
-          {"policy", c.storage_backup_policy_tokens}}}};
-  }
+  if (r.has_cache) AddCacheJson(r, token_bytes, &j);
+  if (r.has_storage) AddStorageJson(r, &j);
+  if (r.has_oracle) AddOracleJson(r, &j);
   if (r.fault_index >= 0) {
     j["fault"] = {{"at_s", r.fault_at_s},
                   {"request", r.fault_index},
@@ -450,6 +469,53 @@ nlohmann::json TimelineJson(const RunSummary& r) {
 
 }  // namespace
 
+// Each hit class's TTFT against no cache (CompareHitClasses), and the rule that judges them.
+nlohmann::json HitClassesJson(const ReplayReport& report) {
+  nlohmann::json classes = nlohmann::json::array();
+  bool any_slower = false;
+  for (const ClassComparison& c : report.CompareHitClasses()) {
+    classes.push_back({{"class", HitClassName(c.hit_class)},
+                       {"requests", c.requests},
+                       {"no_cache_p50_ms", c.no_cache_p50_ms},
+                       {"hierarchy_p50_ms", c.hierarchy_p50_ms},
+                       {"ratio_p50", IntervalJson(c.ratio)},
+                       {"slower", c.slower}});
+    any_slower = any_slower || c.slower;
+  }
+  return {{"classes", classes},
+          {"definition",
+           "the tier that served most of the matched prefix (ties: the slower tier); "
+           "none: nothing matched"},
+          {"margin", report.slow_class_margin},
+          {"min_difference_ms", kTimeNoiseFloorMs},
+          {"on_slower", report.slow_class_warn ? "warn" : "fail"},
+          {"any_slower", any_slower}};
+}
+
+// The requests whose matched prefix in the hierarchy run is >= 90 % of the prompt: their TTFT and
+// service time with no cache, in the hierarchy (and device-only), and the speed-ups.
+nlohmann::json MostlyCachedJson(const ReplayReport& report, const RunSummary& hierarchy,
+                                const RunSummary& no_cache, const Headline& head) {
+  const std::vector<size_t> mostly = MostlyCached(hierarchy);
+  const Percentiles a = PercentilesOf(TtftOf(no_cache, mostly));
+  const Percentiles b = PercentilesOf(TtftOf(hierarchy, mostly));
+  nlohmann::json j = {{"requests", mostly.size()},
+                      {"indices", mostly},
+                      {"no_cache_ttft_ms", PercentilesJson(a)},
+                      {"hierarchy_ttft_ms", PercentilesJson(b)},
+                      {"p50_ratio_no_cache_to_hierarchy", b.p50 > 0 ? a.p50 / b.p50 : 0.0},
+                      {"speedup_p50", IntervalJson(head.mostly_cached_speedup)}};
+  // The same on service time (TTFT less queueing, each run's own): the cache's effect without
+  // the wait behind other requests.
+  j["no_cache_service_ms"] = PercentilesJson(PercentilesOf(ServiceOf(no_cache, mostly)));
+  j["hierarchy_service_ms"] = PercentilesJson(PercentilesOf(ServiceOf(hierarchy, mostly)));
+  j["service_speedup_p50"] = IntervalJson(head.mostly_cached_service_speedup);
+  if (const RunSummary* dev = report.Find("device_only"); dev != nullptr) {
+    j["device_only_ttft_ms"] = PercentilesJson(PercentilesOf(TtftOf(*dev, mostly)));
+  }
+  return j;
+}
+
 Status WriteReplayJson(const std::string& path, const ReplayReport& report) {
   const RunSummary* hier = report.Find("hierarchy");
   if (hier == nullptr) return Status::Internal("no hierarchy run to write");
@@ -484,25 +550,7 @@ Status WriteReplayJson(const std::string& path, const ReplayReport& report) {
       {"spread", fmt::format("paired bootstrap over the measured requests, {} resamples, "
                              "[lo, hi] = 2.5 and 97.5 percentiles",
                              kBootstrapResamples)}};
-  nlohmann::json classes = nlohmann::json::array();
-  bool any_slower = false;
-  for (const ClassComparison& c : report.CompareHitClasses()) {
-    classes.push_back({{"class", HitClassName(c.hit_class)},
-                       {"requests", c.requests},
-                       {"no_cache_p50_ms", c.no_cache_p50_ms},
-                       {"hierarchy_p50_ms", c.hierarchy_p50_ms},
-                       {"ratio_p50", IntervalJson(c.ratio)},
-                       {"slower", c.slower}});
-    any_slower = any_slower || c.slower;
-  }
-  j["hit_classes"] = {{"classes", classes},
-                      {"definition",
-                       "the tier that served most of the matched prefix (ties: the slower tier); "
-                       "none: nothing matched"},
-                      {"margin", report.slow_class_margin},
-                      {"min_difference_ms", kTimeNoiseFloorMs},
-                      {"on_slower", report.slow_class_warn ? "warn" : "fail"},
-                      {"any_slower", any_slower}};
+  j["hit_classes"] = HitClassesJson(report);
   j["requests"] = hier->records.size();
   j["input_tokens"] = hier->input_tokens();
   j["hit_rate"] = hier->HitRate();
@@ -524,27 +572,7 @@ Status WriteReplayJson(const std::string& path, const ReplayReport& report) {
   }
   j["integrity"] = {{"bytes_checked", checked}, {"wrong_bytes", wrong}};
   if (const RunSummary* none = report.Find("no_cache"); none != nullptr) {
-    // The requests whose matched prefix in the hierarchy run is >= 90 % of the prompt.
-    const std::vector<size_t> mostly = MostlyCached(*hier);
-    const Percentiles a = PercentilesOf(TtftOf(*none, mostly));
-    const Percentiles b = PercentilesOf(TtftOf(*hier, mostly));
-    j["mostly_cached"] = {{"requests", mostly.size()},
-                          {"indices", mostly},
-                          {"no_cache_ttft_ms", PercentilesJson(a)},
-                          {"hierarchy_ttft_ms", PercentilesJson(b)},
-                          {"p50_ratio_no_cache_to_hierarchy", b.p50 > 0 ? a.p50 / b.p50 : 0.0},
-                          {"speedup_p50", IntervalJson(head.mostly_cached_speedup)}};
-    // The same on service time (TTFT less queueing, each run's own): the cache's effect without
-    // the wait behind other requests.
-    j["mostly_cached"]["no_cache_service_ms"] =
-        PercentilesJson(PercentilesOf(ServiceOf(*none, mostly)));
-    j["mostly_cached"]["hierarchy_service_ms"] =
-        PercentilesJson(PercentilesOf(ServiceOf(*hier, mostly)));
-    j["mostly_cached"]["service_speedup_p50"] = IntervalJson(head.mostly_cached_service_speedup);
-    if (const RunSummary* dev = report.Find("device_only"); dev != nullptr) {
-      j["mostly_cached"]["device_only_ttft_ms"] =
-          PercentilesJson(PercentilesOf(TtftOf(*dev, mostly)));
-    }
+    j["mostly_cached"] = MostlyCachedJson(report, *hier, *none, head);
   }
   nlohmann::json runs = nlohmann::json::array();
   nlohmann::json timeline;

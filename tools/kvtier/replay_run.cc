@@ -16,6 +16,7 @@
 #include "kvtier/hierarchical_cache.h"
 #include "kvtier/shared_host_pool.h"
 #include "kvtier/storage.h"
+#include "kvtier/storage_schemes.h"
 #include "kvtier/testing/kv_pattern.h"
 #include "replay_options.h"
 #include "replay_oracle.h"
@@ -151,7 +152,7 @@ class RunDriver {
         o_(setup.options),
         kind_(kind),
         host_tokens_(host_tokens),
-        P_(o_.page_size),
+        P_(o_.cache.page_size),
         timeline_(setup.workload, setup.options, setup.decode_ms_per_token) {
     summary_.name = std::move(name);
     summary_.device_tokens = o_.device_tokens;
@@ -250,11 +251,12 @@ class RunDriver {
   void RunOracle() {
     const StorageStats& st = summary_.storage_stats;
     const int64_t page_bytes = P_ * s_.model.kv_bytes_per_token();
-    // The store's bytes per page: what it holds now, else the page and, in a file store, the
-    // 4 KiB its header block takes (file_backend.h).
+    // The store's bytes per page: what it holds now, else the page and what its scheme adds to
+    // a page (a file store's header block).
+    const StorageScheme* scheme = FindStorageScheme(StorageUrlScheme(summary_.storage));
     const int64_t per_page =
         st.stored_pages > 0 ? st.stored_bytes / st.stored_pages
-                            : page_bytes + (summary_.storage.starts_with("file://") ? 4096 : 0);
+                            : page_bytes + (scheme != nullptr ? scheme->page_overhead_bytes : 0);
     const int64_t capacity = st.capacity_bytes >= 0 ? st.capacity_bytes
                              : storage_             ? storage_->capacity_bytes()
                                                     : -1;
@@ -278,8 +280,7 @@ class RunDriver {
   }
 
   Status CreateCache() {
-    HierarchicalCacheConfig c = CacheConfigOf(o_);
-    c.page_size = P_;
+    HierarchicalCacheConfig c = o_.cache;
     c.transfer_backend = s_.io_backend;
     c.transfer.device = 0;
     // One replay thread drives the cache; sequential runs keep backups in that thread, so a
@@ -506,8 +507,8 @@ class RunDriver {
 
   // Whether LoadBack ends a running prefetch (streaming its pages) rather than FinishPrefetch.
   bool StreamsStorageHits() const {
-    return o_.stream_load_back &&
-           *ParsePrefetchPolicy(o_.prefetch_policy) != PrefetchPolicy::kBestEffort;  // checked
+    return o_.cache.storage.stream_load_back &&
+           o_.cache.storage.prefetch_policy != PrefetchPolicy::kBestEffort;
   }
 
   void CountPrefetch(PrefetchState st) {

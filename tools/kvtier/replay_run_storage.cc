@@ -53,20 +53,18 @@ Status RunStorage::Open(ReplaySetup& s, int64_t host_bytes) {
     temp_dir_ = templ;
     const int64_t cap = o.storage_bytes > 0 ? o.storage_bytes
                                             : std::max<int64_t>(8 * host_bytes, int64_t{64} << 20);
-    url = fmt::format("file://{}?capacity={}", temp_dir_, cap);
+    url = FileStoreUrl(temp_dir_, cap);
     capacity_bytes_ = cap;
   }
   KvGeometry pages;
-  pages.layout = *ParseLayout(o.host_layout);
+  pages.layout = o.cache.host_layout;
   pages.num_layers = s.model.num_layers;
   pages.slot_bytes = s.model.slot_bytes;
-  pages.page_size = o.page_size;
+  pages.page_size = o.cache.page_size;
   pages.head_num = s.model.kv_head_num;
   const StorageNamespace ns =
       StorageNamespaceOf(pages, s.model.mla, {.model_id = s.model.model_id});
-  StorageOptions so;
-  so.io_threads = o.storage_io_threads;
-  so.min_free_bytes = o.storage_min_free_bytes;
+  const StorageOptions& so = o.cache.storage.options;
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<StorageBackend> backend, OpenStorage(url, ns, so));
   url_ = backend->url();
   if (!s.storage_ceiling_measured) {
@@ -90,8 +88,8 @@ Status RunStorage::Open(ReplaySetup& s, int64_t host_bytes) {
 
 void RunStorage::MeasureCeiling(ReplaySetup& s, const std::string& url,
                                 std::chrono::milliseconds store_timeout) {
-  const int64_t page_bytes = s.options.page_size * s.model.kv_bytes_per_token();
-  const int threads = static_cast<int>(s.options.storage_io_threads);
+  const int64_t page_bytes = s.options.cache.page_size * s.model.kv_bytes_per_token();
+  const int threads = s.options.cache.storage.options.io_threads;
   Result<StorageCeiling> c = Status::Unavailable("no plain-read baseline for this kind of store");
   switch (BaselineOf(url)) {
     case StorageBaseline::kFiles:
@@ -121,7 +119,7 @@ std::vector<std::vector<PageKey>> RequestChainsOf(const ReplaySetup& s, const Wo
       tokens.insert(tokens.end(), out.begin(), out.end());
     }
     Result<std::vector<PageKey>> keys =
-        ComputePromptPageKeys(tokens, s.options.page_size, /*salt=*/"");
+        ComputePromptPageKeys(tokens, s.options.cache.page_size, /*salt=*/"");
     chains.push_back(keys.ok() ? std::move(*keys) : std::vector<PageKey>());
   }
   return chains;

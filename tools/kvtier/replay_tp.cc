@@ -24,6 +24,7 @@
 #include "kvtier/storage.h"
 #include "kvtier/tp_group.h"
 #include "replay_model.h"
+#include "replay_options.h"
 #include "replay_tp_janitor.h"
 #include "replay_tp_pass.h"
 #include "replay_tp_rank.h"
@@ -112,6 +113,13 @@ Status CheckTpFlags(const ReplayOptions& o) {
           flag));
     }
   }
+  if (o.cache.storage.options.timeout != d.cache.storage.options.timeout) {
+    return Status::InvalidArgument(fmt::format(
+        "--tp: {} is not supported with --tp: its stores' calls wait up to {} ms, so that a "
+        "loaded machine slows the passes down but never turns a storage hit into a miss in one "
+        "pass only",
+        ReplayFlagOf("storage_timeout_ms"), kTpStoreTimeout.count()));
+  }
   return Status::OK();
 }
 
@@ -199,7 +207,7 @@ int RunReplayTp(const ReplayOptions& options, const TpReplayArgs& a,
     }
     s.io = *io;
   }
-  const int64_t P = s.o.page_size;
+  const int64_t P = s.o.cache.page_size;
   s.device_slots = (s.o.device_tokens + P - 1) / P * P;
   s.host_slots = s.o.host_tokens / P * P;
   for (const WorkloadRequest& r : s.workload.requests) {

@@ -28,14 +28,14 @@ Status RunTpFollower(const TpSetup& s, const TpReplayArgs& a) {
   if (shape.host_slots > 0) {
     HostKvPoolConfig hc;
     hc.geometry = engine->device_region().geometry;
-    hc.geometry.layout = a.store.empty() ? *ParseLayout(s.o.host_layout) : KvLayout::kPageHead;
+    hc.geometry.layout = a.store.empty() ? s.o.cache.host_layout : KvLayout::kPageHead;
     hc.geometry.head_num = rank_model.kv_head_num;
     hc.mla = rank_model.mla;
     hc.capacity_bytes = shape.host_slots * rank_model.kv_bytes_per_token();
     KVTIER_ASSIGN_OR_RETURN(host, HostKvPool::Create(hc));
     host_region = host->region();
   }
-  TransferEngineConfig tc;
+  TransferEngineConfig tc = s.o.cache.transfer;  // the leader's engine's settings
   tc.device = s.DeviceOf(a.rank);
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<TransferEngine> real, MakeTransferEngine(s.io, tc));
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<TpTimedEngine> copier,
@@ -43,13 +43,11 @@ Status RunTpFollower(const TpSetup& s, const TpReplayArgs& a) {
                                                 s.gpu ? tc.device : -1, engine->load_stream()));
   std::shared_ptr<StorageBackend> store;
   if (!a.store.empty()) {
-    StorageOptions so;
-    so.io_threads = s.o.storage_io_threads;
-    so.min_free_bytes = s.o.storage_min_free_bytes;
+    StorageOptions so = s.o.cache.storage.options;
     so.timeout = kTpStoreTimeout;
     KVTIER_ASSIGN_OR_RETURN(
         store, OpenTpRankStorage(a.store,
-                                 TpRankPages(rank_model, s.o.page_size,
+                                 TpRankPages(rank_model, s.o.cache.page_size,
                                              host_region.geometry.head_num, a.rank, a.tp),
                                  so));
   }

@@ -5,12 +5,13 @@
 #include <fmt/format.h>
 
 #include "kvtier/layout.h"
+#include "replay_ceiling.h"
 
 namespace kvtier::tools {
 
 std::string TpSetup::StoreUrl(int tp) const {
   if (store_dir.empty()) return "";
-  return fmt::format("file://{}/tp{}{}?capacity={}", store_dir, tp, store_suffix, store_bytes);
+  return FileStoreUrl(fmt::format("{}/tp{}{}", store_dir, tp, store_suffix), store_bytes);
 }
 
 Result<ReplayModel> TpRankModel(const ReplayModel& m, int tp) {
@@ -36,7 +37,7 @@ Result<std::unique_ptr<PrefillEngine>> MakeTpRankEngine(const TpSetup& s, int tp
   KVTIER_ASSIGN_OR_RETURN(ec.model, TpRankModel(s.model, tp));
   KVTIER_ASSIGN_OR_RETURN(ec.compute_model, TpRankModel(s.compute_model, tp));
   ec.device_slots = s.device_slots;
-  ec.page_size = s.o.page_size;
+  ec.page_size = s.o.cache.page_size;
   ec.compute = (s.o.compute == "gemm" || (s.o.compute == "auto" && s.gpu)) ? ComputeMode::kGemm
                                                                            : ComputeMode::kModel;
   ec.tflops = s.o.tflops;

@@ -50,7 +50,10 @@ nlohmann::json PassJson(const TpPassResult& p) {
   }
   nlohmann::json by_call = nlohmann::json::object();
   for (int c = 0; c < kTpCalls; ++c) by_call[kTpCallNames[c]] = p.call_cpu_ms[c] / requests;
+  nlohmann::json settings = nlohmann::json::object();
+  for (const auto& [name, value] : p.cache_settings) settings[name] = value;
   return {{"tp", p.tp},
+          {"cache_config", settings},
           {"requests", p.requests},
           {"prompt_tokens", p.prompt_tokens},
           {"device_hit_tokens", p.device_hit},
@@ -110,7 +113,29 @@ nlohmann::json PassJson(const TpPassResult& p) {
           {"prefetch_timed_out", p.cache.prefetch_timed_out}};
 }
 
+// "name value, ..." of the settings that are not the cache's defaults.
+std::string NonDefaultSettings(const TpPassResult& p) {
+  const std::vector<std::pair<std::string, std::string>> defaults =
+      TpCacheSettingsOf(HierarchicalCacheConfig{});
+  std::string text;
+  for (size_t i = 0; i < p.cache_settings.size() && i < defaults.size(); ++i) {
+    if (p.cache_settings[i] == defaults[i]) continue;
+    text += fmt::format("{}{} {}", text.empty() ? "" : ", ", p.cache_settings[i].first,
+                        p.cache_settings[i].second);
+  }
+  return text.empty() ? "the defaults" : text;
+}
+
 }  // namespace
+
+std::vector<std::pair<std::string, std::string>> TpCacheSettingsOf(
+    const HierarchicalCacheConfig& c) {
+  std::vector<std::pair<std::string, std::string>> settings;
+  for (const ConfigField<HierarchicalCacheConfig>& f : HierarchicalCacheConfigSchema()) {
+    settings.emplace_back(f.name, f.ValueText(c));
+  }
+  return settings;
+}
 
 double TpPercentile(std::vector<double> v, double q) {
   if (v.empty()) return 0;
@@ -136,6 +161,8 @@ Result<bool> ReportTpPasses(const TpRunInfo& info, const TpPassResult& tp1, cons
       static_cast<long long>(info.warmup), info.model.c_str(), info.mla ? "MLA" : "MHA",
       info.gpu ? "GPU" : "cpu", info.io.c_str(),
       info.storage ? "a file store of per-head objects per pass (page_head)" : "none");
+  std::printf("leader cache at TP=%d (beyond the library's defaults): %s\n", info.tp,
+              NonDefaultSettings(tpn).c_str());
   std::printf("%-34s %14s %14s\n", "", "TP=1", fmt::format("TP={}", info.tp).c_str());
   auto row = [&](const char* name, const char* key, const char* f) {
     std::printf("%-34s %14s %14s\n", name,

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kvtier/hierarchical_cache.h"
@@ -79,7 +80,13 @@ struct TpPassResult {
   std::vector<TpPlacement> placement;  // per rank
   TpLeaderStats ring;
   CacheStats cache;  // rank 0's cache at the end
+  // The settings rank 0's cache was created with (TpCacheSettingsOf).
+  std::vector<std::pair<std::string, std::string>> cache_settings;
 };
+
+// Every field of HierarchicalCacheConfigSchema in `c`: {name, ValueText}, in schema order.
+std::vector<std::pair<std::string, std::string>> TpCacheSettingsOf(
+    const HierarchicalCacheConfig& c);
 
 // The run the passes belong to, for the report's header and JSON.
 struct TpRunInfo {
