@@ -859,8 +859,37 @@ class PageStore {
   const std::shared_ptr<StagingPool> staging_ = std::make_shared<StagingPool>();
 };
 
+// The keyword options of PageStore: each by name from the storage options' schema or the KV-events
+// options' schema, checked by their Validate. InvalidArgument (raised) naming an unknown one.
+void ReadOptions(const py::kwargs& given, StorageOptions* options, StoreKvEventsConfig* events) {
+  py::dict storage_part, events_part;
+  for (auto item : given) {
+    const std::string name = py::str(item.first).cast<std::string>();
+    if (FindField(StorageOptionsSchema(), name) != nullptr) {
+      storage_part[item.first] = item.second;
+    } else if (FindField(StoreKvEventsConfigSchema(), name) != nullptr) {
+      events_part[item.first] = item.second;
+    } else {
+      std::vector<std::string> known;
+      for (const auto& f : StorageOptionsSchema()) known.push_back(f.name);
+      for (const auto& f : StoreKvEventsConfigSchema()) known.push_back(f.name);
+      ThrowInvalid(fmt::format("PageStore: unknown keyword argument '{}' (the options are {})",
+                               name, fmt::join(known, ", ")));
+    }
+  }
+  ApplySettings(StorageOptionsSchema(), storage_part, "PageStore storage option", options);
+  ApplySettings(StoreKvEventsConfigSchema(), events_part, "PageStore option", events);
+  const FieldNamer namer = [](std::string_view field) {
+    return fmt::format("PageStore: {}", field);
+  };
+  ThrowIfError(options->Validate(namer));
+  ThrowIfError(events->Validate(namer));
+}
+
 }  // namespace
 
+// long: the binding table, one .def per Python method of PageStore and PageStoreJob with its
+// docstring; it reads as the classes' Python API.
 void RegisterPageStore(py::module_& m) {
   py::class_<PageStoreJob>(m, "PageStoreJob",
                            "One submitted PageStore.get / set batch (PageStore.submit_get / "
@@ -890,30 +919,7 @@ void RegisterPageStore(py::module_& m) {
                                   page_size, head_num, tp_rank, tp_size);
             StorageOptions options;
             StoreKvEventsConfig events;
-            py::dict storage_part, events_part;
-            for (auto item : storage_options) {
-              const std::string name = py::str(item.first).cast<std::string>();
-              if (FindField(StorageOptionsSchema(), name) != nullptr) {
-                storage_part[item.first] = item.second;
-              } else if (FindField(StoreKvEventsConfigSchema(), name) != nullptr) {
-                events_part[item.first] = item.second;
-              } else {
-                std::vector<std::string> known;
-                for (const auto& f : StorageOptionsSchema()) known.push_back(f.name);
-                for (const auto& f : StoreKvEventsConfigSchema()) known.push_back(f.name);
-                ThrowInvalid(
-                    fmt::format("PageStore: unknown keyword argument '{}' (the options are {})",
-                                name, fmt::join(known, ", ")));
-              }
-            }
-            ApplySettings(StorageOptionsSchema(), storage_part, "PageStore storage option",
-                          &options);
-            ApplySettings(StoreKvEventsConfigSchema(), events_part, "PageStore option", &events);
-            const FieldNamer namer = [](std::string_view field) {
-              return fmt::format("PageStore: {}", field);
-            };
-            ThrowIfError(options.Validate(namer));
-            ThrowIfError(events.Validate(namer));
+            ReadOptions(storage_options, &options, &events);
             return std::make_unique<PageStore>(url_text, std::move(ns), options, events);
           }),
           py::arg("url"), py::kw_only(), py::arg("model_id"), py::arg("kv_dtype"),
