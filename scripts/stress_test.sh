@@ -12,10 +12,10 @@
 # How long: a loaded run takes about twice the unloaded ctest time of that build dir, since the
 # tests get half the CPU. Measured on the 2-core Debian box (2026-12-07, build-release of 3b9fd3e,
 # the box also running a CI build, a 30-minute soak and three helpers' builds: load average ~20):
-# 24, 22 and 35 min for the three runs of the whole suite (1,313 tests), so ~1.5 h for the default
-# 3 runs. Run 3 failed two tests that depended on timing (storage_bench_redis: a Redis call past
-# the store's 2 s; events.zmq_subscriber: a publisher thread still sending) — fixed in 37259df.
-# Each run's time is printed.
+# 24, 22 and 35 min for the three runs of the whole suite (1,313 tests); run 3 failed two tests
+# that depended on timing, fixed in 37259df. Again at 1c9a7cf (the hogs plus four helpers'
+# builds, load 11-14): 22, 21 and 17 min (1,333 tests), all passed: about an hour for the default
+# 3 runs. Each run's time is printed.
 #
 # Environment:
 #   KVTIER_BUILD_DIR=DIR   the build to test (default: build-release under the repository)

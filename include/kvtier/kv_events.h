@@ -43,21 +43,35 @@
 // ZeroMQ (per subscriber, not counted here); it sees the gap and fetches them from the replay
 // buffer (the last `replay_buffer_batches` batches).
 //
+// A page store's events (StoreKvEvents, for kvtier.PageStore: a StorageBackend driven by an engine
+// without kvtier's cache): BlockStored for the pages a set wrote, BlockRemoved for the pages the
+// store evicted by itself (StorageBackend::TakeEvictions) and the pages a remove / clear removed,
+// all in one medium (the store's StorageMediumOf(url) unless configured: vLLM's tier says
+// "STORAGE"). A page's block hash is BlockHashOf(its key); the parent is BlockHashOf(the parent
+// key the set was given), else nil. No token ids are known (token_ids is empty, as in vLLM's own
+// placeholder events of offloaded blocks); block_size is the store's page size.
+//
 // Thread safety: KvEventPublisher::Publish and stats() may be called from any thread; the sockets
-// belong to the publisher thread. Encoding functions are pure.
+// belong to the publisher thread. StoreKvEvents may be called from any thread (the store's I/O
+// threads: its calls are serialised, so evictions and stores are published in the order it took
+// them). Encoding functions are pure.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <variant>
 #include <vector>
 
+#include "kvtier/config_schema.h"
 #include "kvtier/page_key.h"
 #include "kvtier/status.h"
+#include "kvtier/storage.h"
 #include "kvtier/storage_schemes.h"
 #include "kvtier/token.h"
 
@@ -172,6 +186,60 @@ class KvEventPublisher final : public KvEventSink {
   class Impl;
   explicit KvEventPublisher(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
+};
+
+// ---- a page store's events ----------------------------------------------------------------------
+
+// Where a page store publishes its events; its fields are keyword options of kvtier.PageStore
+// (StoreKvEventsConfigSchema), next to the storage options.
+struct StoreKvEventsConfig {
+  std::string kv_events_endpoint;         // the PUB socket (KvEventPublisherConfig); "" = no events
+  std::string kv_events_replay_endpoint;  // the ROUTER replay socket; "" = none
+  std::string kv_events_topic;            // the first frame of every message
+  std::string kv_events_medium;           // the events' medium; "" = StorageMediumOf(the URL)
+
+  bool enabled() const { return !kv_events_endpoint.empty(); }
+  // InvalidArgument naming the field (`name_of` renames it): an option set without an endpoint
+  // (it would be silently unused), a medium that is not printable text.
+  Status Validate(const FieldNamer& name_of = {}) const;
+  // The publisher's config for these options.
+  KvEventPublisherConfig PublisherConfig() const;
+};
+const ConfigSchema<StoreKvEventsConfig>& StoreKvEventsConfigSchema();
+
+// A page store's events (see the top of this file), published to `sink` in one batch per call.
+class StoreKvEvents {
+ public:
+  // `medium`: the events' medium; `block_size`: tokens per page (the namespace's page size).
+  StoreKvEvents(std::shared_ptr<KvEventSink> sink, std::string medium, int64_t block_size);
+  StoreKvEvents(const StoreKvEvents&) = delete;
+  StoreKvEvents& operator=(const StoreKvEvents&) = delete;
+
+  // After a set of `keys` into `store` completed with `outcome` (one per key): BlockRemoved for
+  // what `store` evicted by itself since the last call (it made room for these pages), then
+  // BlockStored for the pages written (kOk), consecutive ones of one chain in one event; a page
+  // written and evicted by the same call (dropped at once) gets its BlockRemoved after them.
+  // `parents`: empty (unknown) or one per key. REQUIRES store.TrackEvictions(true) for evictions.
+  void OnSet(StorageBackend& store, std::span<const PageKey> keys,
+             std::span<const std::optional<PageKey>> parents, std::span<const PageStatus> outcome);
+  // After a remove / clear of `keys`: pending evictions, then BlockRemoved for the kOk pages.
+  void OnRemove(StorageBackend& store, std::span<const PageKey> keys,
+                std::span<const PageStatus> outcome);
+  // The pending evictions alone (before a store closes).
+  void OnEvictions(StorageBackend& store);
+
+  const std::string& medium() const { return medium_; }
+
+ private:
+  // REQUIRES mu_ held.
+  void AppendEvictions(StorageBackend& store, std::vector<KvEvent>& events);
+
+  const std::shared_ptr<KvEventSink> sink_;
+  const std::string medium_;
+  const int64_t block_size_;
+  // Serialises TakeEvictions with Publish, so one eviction is published once, in the order the
+  // calls completed.
+  std::mutex mu_;
 };
 
 }  // namespace kvtier

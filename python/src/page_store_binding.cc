@@ -3,7 +3,7 @@
 // their own host KV pool (SGLang's HiCache storage, vLLM's KV connector):
 //
 //   kvtier.PageStore(url, *, model_id, kv_dtype, layout, mla, num_layers, slot_bytes, page_size,
-//                    head_num=1, tp_rank=0, tp_size=1, **storage_options)
+//                    head_num=1, tp_rank=0, tp_size=1, **options)
 //     .exists(keys) / .exists_prefix(keys)
 //     .get(keys, addrs, *, layer_stride=0) / .set(keys, addrs, parents=None, *, layer_stride=0)
 //     .submit_get(...) / .submit_set(...) -> kvtier.PageStoreJob (same arguments)
@@ -38,6 +38,14 @@
 // kvtier.InvalidArgumentError (a ValueError) naming the argument and position; a call on a closed
 // PageStore is kvtier.FailedPreconditionError.
 //
+// Options (keywords): the storage options (StorageOptionsSchema) and the KV-events options
+// (StoreKvEventsConfigSchema: kv_events_endpoint, kv_events_replay_endpoint, kv_events_topic,
+// kv_events_medium). With a kv_events_endpoint the store publishes KV events (kvtier/kv_events.h,
+// "a page store's events") from C++ on the I/O thread that completes each call: BlockStored for
+// the pages a set wrote, BlockRemoved for the pages the store evicted by itself and the pages
+// remove() / clear() removed. Publishing only queues (the publisher's own thread sends), so no
+// call waits for the socket.
+//
 // Thread safety: every method may be called from several Python threads at once; close() waits
 // for the calls in flight (each ends within the store's timeout_ms).
 #include <fmt/format.h>
@@ -58,6 +66,7 @@
 
 #include "cache_config_table.h"
 #include "errors.h"
+#include "kvtier/kv_events.h"
 #include "kvtier/layout.h"
 #include "kvtier/page_key.h"
 #include "kvtier/storage.h"
@@ -456,15 +465,36 @@ enum class Op { kGet, kSet };
 
 class PageStore {
  public:
-  PageStore(std::string url, StorageNamespace ns, StorageOptions options)
+  PageStore(std::string url, StorageNamespace ns, StorageOptions options,
+            const StoreKvEventsConfig& events)
       : url_(RedactUrl(url)), ns_(std::move(ns)) {
     Result<std::unique_ptr<StorageBackend>> opened = Status::Internal("unset");
+    Result<std::unique_ptr<KvEventPublisher>> publisher = Status::Internal("unset");
     {
       py::gil_scoped_release release;  // a Redis connect may take up to its timeout
-      opened = OpenStorage(url, ns_, options);
+      if (events.enabled()) publisher = KvEventPublisher::Open(events.PublisherConfig());
+      if (!events.enabled() || publisher.ok()) opened = OpenStorage(url, ns_, options);
+    }
+    if (events.enabled() && !publisher.ok()) {
+      // A value the option cannot take (no such transport, an address in use): a config error
+      // naming the field, as for any other option.
+      ThrowStatus(Status::InvalidArgument(
+          fmt::format("PageStore: kv_events_endpoint = '{}' (kv_events_replay_endpoint = '{}') "
+                      "cannot be opened: {}",
+                      events.kv_events_endpoint, events.kv_events_replay_endpoint,
+                      publisher.status().message())));
     }
     backend_ = Unwrap(std::move(opened));
     max_batch_ = static_cast<size_t>(backend_->options().max_batch_pages);
+    if (events.enabled()) {
+      publisher_ = std::shared_ptr<KvEventPublisher>(std::move(*publisher));
+      kv_events_endpoints_[0] = publisher_->endpoint();
+      kv_events_endpoints_[1] = publisher_->replay_endpoint();
+      std::string medium = events.kv_events_medium;
+      if (medium.empty()) medium = StorageMediumOf(url);
+      events_ = std::make_shared<StoreKvEvents>(publisher_, std::move(medium), ns_.page_size);
+      backend_->TrackEvictions(true);
+    }
   }
   ~PageStore() {
     if (PyGILState_Check()) {
@@ -479,6 +509,11 @@ class PageStore {
   int num_buffers() const { return ns_.mla ? 1 : 2; }
   const std::string& url() const { return url_; }
   std::string namespace_name() const { return ns_.Name(); }
+  // The KV events' sockets as bound ("tcp://127.0.0.1:41234" for a '*' port); "" without events.
+  const std::string& kv_events_endpoint() const { return kv_events_endpoints_[0]; }
+  const std::string& kv_events_replay_endpoint() const { return kv_events_endpoints_[1]; }
+  // The medium of the store's KV events; "" without events.
+  std::string kv_events_medium() const { return events_ ? events_->medium() : std::string(); }
 
   std::vector<bool> exists(py::handle keys_obj) {
     std::vector<PageKey> keys = ReadPageKeys(keys_obj);
@@ -560,7 +595,22 @@ class PageStore {
         continue;
       }
       if (staged) staged->Gather(start, end);
-      auto done = [state, start, staged](BatchResult r) { state->Complete(start, r); };
+      std::function<void(BatchResult)> done = [state, start, staged](BatchResult r) {
+        state->Complete(start, r);
+      };
+      if (events_) {
+        // The chunk's keys and parents outlive the call for its events, queued on the I/O thread
+        // that completes the chunk before the job's outcome (a caller that saw the job done finds
+        // its events published).
+        auto chunk_parents = std::make_shared<std::vector<std::optional<PageKey>>>();
+        if (!parents.empty()) chunk_parents->assign(parents.begin() + start, parents.begin() + end);
+        done = [state, start, staged, events = events_, backend = b.get(),
+                keys = std::make_shared<std::vector<PageKey>>(chunk_keys),
+                chunk_parents](BatchResult r) {
+          events->OnSet(*backend, *keys, *chunk_parents, r.pages);
+          state->Complete(start, r);
+        };
+      }
       if (parents.empty()) {
         b->SetAsync(std::move(chunk_keys), std::move(chunk_buffers), std::move(done));
       } else {
@@ -590,8 +640,9 @@ class PageStore {
     std::vector<bool> out(keys.size(), false);
     for (size_t start = 0; start < keys.size(); start += max_batch_) {
       const size_t end = std::min(keys.size(), start + max_batch_);
-      const BatchResult r =
-          b->Remove(std::vector<PageKey>(keys.begin() + start, keys.begin() + end)).get();
+      std::vector<PageKey> chunk(keys.begin() + start, keys.begin() + end);
+      const BatchResult r = b->Remove(chunk).get();
+      if (events_) events_->OnRemove(*b, chunk, r.pages);
       for (size_t i = start; i < end; ++i) out[i] = r.pages[i - start] == PageStatus::kOk;
     }
     return out;
@@ -608,11 +659,30 @@ class PageStore {
     int64_t removed = 0;
     for (size_t start = 0; start < keys.size(); start += max_batch_) {
       const size_t end = std::min(keys.size(), start + max_batch_);
-      const BatchResult r =
-          b->Remove(std::vector<PageKey>(keys.begin() + start, keys.begin() + end)).get();
+      std::vector<PageKey> chunk(keys.begin() + start, keys.begin() + end);
+      const BatchResult r = b->Remove(chunk).get();
+      if (events_) events_->OnRemove(*b, chunk, r.pages);
       for (PageStatus p : r.pages) removed += p == PageStatus::kOk ? 1 : 0;
     }
     return removed;
+  }
+
+  // Waits (GIL released) until every event published before the call has been sent, up to
+  // timeout_s; true when it has (and without events).
+  bool flush_kv_events(double timeout_s) {
+    if (!(timeout_s >= 0)) {
+      ThrowInvalid(
+          fmt::format("PageStore.flush_kv_events: timeout_s = {} must be >= 0", timeout_s));
+    }
+    std::shared_ptr<KvEventPublisher> publisher;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      publisher = publisher_;
+    }
+    if (!publisher) return true;
+    py::gil_scoped_release release;
+    return publisher->Flush(
+        std::chrono::milliseconds(static_cast<int64_t>(std::min(timeout_s, 1e6) * 1000)));
   }
 
   py::dict stats() {
@@ -654,6 +724,18 @@ class PageStore {
     KVTIER_PAGE_STORE_STAT_(capacity_bytes);
     KVTIER_PAGE_STORE_STAT_(evicted_pages);
 #undef KVTIER_PAGE_STORE_STAT_
+    std::shared_ptr<KvEventPublisher> publisher;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      publisher = publisher_;
+    }
+    if (publisher) {
+      const KvEventPublisherStats e = publisher->stats();
+      d["kv_events_published_batches"] = e.published_batches;
+      d["kv_events_published_events"] = e.published_events;
+      d["kv_events_dropped_batches"] = e.dropped_batches;
+      d["kv_events_send_errors"] = e.send_errors;
+    }
     return d;
   }
 
@@ -750,7 +832,17 @@ class PageStore {
       std::lock_guard<std::mutex> lock(mu_);
       b = std::move(backend_);
     }
-    if (b) b->Close();
+    if (b) {
+      b->Close();
+      if (events_) events_->OnEvictions(*b);
+    }
+    std::shared_ptr<KvEventPublisher> publisher;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      publisher = std::move(publisher_);
+    }
+    // Sends what is queued (up to the publisher's linger) before its sockets close.
+    if (publisher) (void)publisher->Flush(std::chrono::milliseconds(2000));
   }
 
   const std::string url_;  // redacted
@@ -758,12 +850,46 @@ class PageStore {
   size_t max_batch_ = 1;
   std::mutex mu_;
   std::shared_ptr<StorageBackend> backend_;  // null once closed
+  // KV events (kv_events_endpoint set): the publisher (null once closed) and what feeds it; the
+  // backend's callbacks hold events_, which holds the publisher as its sink.
+  std::shared_ptr<KvEventPublisher> publisher_;
+  std::shared_ptr<StoreKvEvents> events_;
+  std::string kv_events_endpoints_[2];  // PUB, replay: as bound
   // Staging memory of layer-strided batches (shared: a batch's buffer outlives a closed store).
   const std::shared_ptr<StagingPool> staging_ = std::make_shared<StagingPool>();
 };
 
+// The keyword options of PageStore: each by name from the storage options' schema or the KV-events
+// options' schema, checked by their Validate. InvalidArgument (raised) naming an unknown one.
+void ReadOptions(const py::kwargs& given, StorageOptions* options, StoreKvEventsConfig* events) {
+  py::dict storage_part, events_part;
+  for (auto item : given) {
+    const std::string name = py::str(item.first).cast<std::string>();
+    if (FindField(StorageOptionsSchema(), name) != nullptr) {
+      storage_part[item.first] = item.second;
+    } else if (FindField(StoreKvEventsConfigSchema(), name) != nullptr) {
+      events_part[item.first] = item.second;
+    } else {
+      std::vector<std::string> known;
+      for (const auto& f : StorageOptionsSchema()) known.push_back(f.name);
+      for (const auto& f : StoreKvEventsConfigSchema()) known.push_back(f.name);
+      ThrowInvalid(fmt::format("PageStore: unknown keyword argument '{}' (the options are {})",
+                               name, fmt::join(known, ", ")));
+    }
+  }
+  ApplySettings(StorageOptionsSchema(), storage_part, "PageStore storage option", options);
+  ApplySettings(StoreKvEventsConfigSchema(), events_part, "PageStore option", events);
+  const FieldNamer namer = [](std::string_view field) {
+    return fmt::format("PageStore: {}", field);
+  };
+  ThrowIfError(options->Validate(namer));
+  ThrowIfError(events->Validate(namer));
+}
+
 }  // namespace
 
+// long: the binding table, one .def per Python method of PageStore and PageStoreJob with its
+// docstring; it reads as the classes' Python API.
 void RegisterPageStore(py::module_& m) {
   py::class_<PageStoreJob>(m, "PageStoreJob",
                            "One submitted PageStore.get / set batch (PageStore.submit_get / "
@@ -792,21 +918,9 @@ void RegisterPageStore(py::module_& m) {
                 NamespaceFromArgs(model_id, kv_dtype, layout, mla, num_layers, slot_bytes,
                                   page_size, head_num, tp_rank, tp_size);
             StorageOptions options;
-            for (auto item : storage_options) {
-              const std::string name = py::str(item.first).cast<std::string>();
-              if (FindField(StorageOptionsSchema(), name) == nullptr) {
-                std::vector<std::string> known;
-                for (const auto& f : StorageOptionsSchema()) known.push_back(f.name);
-                ThrowInvalid(fmt::format(
-                    "PageStore: unknown keyword argument '{}' (the storage options are {})", name,
-                    fmt::join(known, ", ")));
-              }
-            }
-            ApplySettings(StorageOptionsSchema(), storage_options, "PageStore storage option",
-                          &options);
-            ThrowIfError(options.Validate(
-                [](std::string_view field) { return fmt::format("PageStore: {}", field); }));
-            return std::make_unique<PageStore>(url_text, std::move(ns), options);
+            StoreKvEventsConfig events;
+            ReadOptions(storage_options, &options, &events);
+            return std::make_unique<PageStore>(url_text, std::move(ns), options, events);
           }),
           py::arg("url"), py::kw_only(), py::arg("model_id"), py::arg("kv_dtype"),
           py::arg("layout"), py::arg("mla"), py::arg("num_layers"), py::arg("slot_bytes"),
@@ -814,13 +928,19 @@ void RegisterPageStore(py::module_& m) {
           py::arg("tp_size") = 1,
           "Opens the store at `url` for the deployment the keyword arguments describe "
           "(kvtier::StorageNamespace: pages of another namespace are misses). `layout`: "
-          "page_first, page_first_direct, layer_first or page_head. **storage_options: "
-          "io_threads, max_queued_batches, timeout_ms, max_batch_pages (see "
-          "kvtier.PageStore.storage_option_fields()).")
+          "page_first, page_first_direct, layer_first or page_head. **options: the storage "
+          "options (io_threads, max_queued_batches, timeout_ms, max_batch_pages, ...) and the "
+          "KV-events options (kv_events_endpoint, kv_events_replay_endpoint, kv_events_topic, "
+          "kv_events_medium): see kvtier.PageStore.storage_option_fields().")
       .def_static(
-          "storage_option_fields", [] { return SchemaTable(StorageOptionsSchema()); },
-          "The storage options PageStore takes as keywords: [{name, kind, default, min, max, "
-          "help}].")
+          "storage_option_fields",
+          [] {
+            py::list table = SchemaTable(StorageOptionsSchema());
+            for (auto row : SchemaTable(StoreKvEventsConfigSchema())) table.append(row);
+            return table;
+          },
+          "The options PageStore takes as keywords, the storage options then the KV-events "
+          "options: [{name, kind, default, min, max, help}].")
       .def_property_readonly("page_bytes", &PageStore::page_bytes,
                              "Bytes of one page: num_buffers * num_layers * page_size * "
                              "slot_bytes.")
@@ -828,6 +948,13 @@ void RegisterPageStore(py::module_& m) {
       .def_property_readonly("url", &PageStore::url, "The store's URL without credentials.")
       .def_property_readonly("namespace_name", &PageStore::namespace_name,
                              "The object-name prefix of this deployment's pages ('kv' + 16 hex).")
+      .def_property_readonly("kv_events_endpoint", &PageStore::kv_events_endpoint,
+                             "The KV events' PUB endpoint as bound (a '*' port resolved) or "
+                             "connected; '' without events.")
+      .def_property_readonly("kv_events_replay_endpoint", &PageStore::kv_events_replay_endpoint,
+                             "The KV events' replay endpoint as bound; '' without one.")
+      .def_property_readonly("kv_events_medium", &PageStore::kv_events_medium,
+                             "The medium of the store's KV events; '' without events.")
       .def("exists", &PageStore::exists, py::arg("keys"),
            "One bool per key: whether the store holds that page (one store call per key; "
            "exists_prefix is one call per batch).")
@@ -876,6 +1003,10 @@ void RegisterPageStore(py::module_& m) {
            "directory, other processes' pages included; memory://: its map) and returns how "
            "many it removed. Pages written meanwhile may stay. FailedPreconditionError from a "
            "store that cannot list a namespace's pages (redis://).")
+      .def("flush_kv_events", &PageStore::flush_kv_events, py::arg("timeout_s") = 10.0,
+           "Waits (GIL released) until every KV event published before the call has been sent "
+           "on the socket (stats()['kv_events_published_batches'] then counts them), up to "
+           "timeout_s; True when it has. True without events.")
       .def("stats", &PageStore::stats, "The backend's counters (kvtier::StorageStats) as a dict.")
       .def("close", &PageStore::close,
            "Lets calls in flight finish and closes the store; later calls raise "

@@ -404,3 +404,64 @@ def test_the_docs_config_builds_a_tier(tmp_path):
     view = memoryview(np.zeros((2, row_bytes(False, 256)), dtype=np.int8))
     tier = SecondaryTierFactory.create_secondary_tier(tier_cfg, view, offloading_spec_stand_in())
     tier.shutdown()
+
+
+def test_kv_events_carry_vllms_storage_medium():
+    """With kv_events_endpoint the tier's store publishes vLLM-format KV events with the medium of
+    vLLM's own storage tiers: BlockStored for the blocks a store job wrote, BlockRemoved for the
+    ones the store evicted; replaying them gives the blocks the store holds."""
+    pytest.importorskip("zmq")
+    pytest.importorskip("msgpack")
+    import hashlib
+
+    from kv_events_listener import Listener
+
+    def event_hash(key):  # BlockHashOf the page key: SHA-256 of vLLM's 36-byte offload key
+        return int.from_bytes(hashlib.sha256(bytes(key)).digest()[-8:], "big")
+
+    mla, slot = SHAPES["mha"]
+    probe_key = make_offload_key(b"\x07" * 32, 0)
+    sizer = kvtier.PageStore("memory://", model_id="sizer", kv_dtype="bf16", layout="page_first",
+                             mla=True, num_layers=1, slot_bytes=row_bytes(mla, slot), page_size=1)
+    page = np.zeros(sizer.page_bytes, dtype=np.uint8)
+    assert sizer.set([probe_key], [page.ctypes.data]) == [True]
+    value_bytes = sizer.stats()["stored_bytes"]  # one block's value, header included
+    sizer.close()
+    engine = Engine(f"memory://?capacity={6 * value_bytes}", mla, slot,
+                    kv_events_endpoint="tcp://127.0.0.1:*")
+    listener = None
+    try:
+        store = engine.tier.store
+        assert store.kv_events_medium == "STORAGE"
+        listener = Listener(store, probe_key)
+        rng = np.random.default_rng(31)
+        keys = []
+        for batch in range(4):  # 16 blocks through a store that holds 6
+            batch_keys = make_keys(4, seed=300 + batch)
+            engine.store(batch_keys, rng)
+            keys += batch_keys
+        assert store.stats()["evicted_pages"] > 0
+        listener.catch_up(store)
+        assert set(listener.blocks) == {"STORAGE"}
+        there = store.exists(keys + [probe_key])
+        assert listener.blocks["STORAGE"] == {
+            event_hash(k) for k, t in zip(keys + [probe_key], there) if t}
+        stored = {h for e in listener.events("BlockStored") for h in e[1]}
+        assert {event_hash(k) for k in keys} <= stored
+        assert listener.events("BlockRemoved")
+    finally:
+        if listener is not None:
+            listener.close()
+        engine.shutdown()
+
+
+def test_kv_events_medium_can_be_set():
+    mla, slot = SHAPES["mla"]
+    engine = Engine("memory://", mla, slot, kv_events_endpoint="tcp://127.0.0.1:*",
+                    kv_events_medium="KVTIER")
+    try:
+        assert engine.tier.store.kv_events_medium == "KVTIER"
+    finally:
+        engine.shutdown()
+    with pytest.raises(ValueError, match="kv_events_endpoint"):
+        Engine("memory://", mla, slot, kv_events_endpoint="no-such-transport")

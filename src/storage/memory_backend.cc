@@ -233,7 +233,12 @@ class MemoryBackend final : public StorageBackend {
     DropOrphans(
         keys, parents, out, [this](const PageKey& p) { return WritePending(p); },
         [this](const PageKey& k, const PageKey& p, bool in_batch) {
-          return store_->DropOrphan({namespace_hash_, k}, {namespace_hash_, p}, in_batch);
+          // A dropped page counts as evicted (chain_lru.h): its listeners learn of it as the file
+          // store's do (FileIndex's removal callback).
+          const bool dropped =
+              store_->DropOrphan({namespace_hash_, k}, {namespace_hash_, p}, in_batch);
+          if (dropped) NoteEvicted({&k, 1});
+          return dropped;
         });
   }
 

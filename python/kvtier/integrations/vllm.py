@@ -34,9 +34,13 @@ Contract with vLLM (the interface at the pinned commit, docs/vllm.md):
   blocks absent; vLLM then frees the slots and recomputes (a failed page's bytes are undefined
   but the block is never marked loaded).
 - Config: every key of the tier's dict but "type" and "module_path" is either a field of
-  `TIER_FIELDS` below or a kvtier storage option (kvtier's storage-options schema, by name; see
-  `kvtier.HierarchicalCache.config_fields()` under `storage_`): an unknown key or a bad value is
-  a ValueError naming it, raised when vLLM builds the tier.
+  `TIER_FIELDS` below or a kvtier.PageStore option (the storage options and the KV-events options,
+  by their schema names: `kvtier.PageStore.storage_option_fields()`): an unknown key or a bad
+  value is a ValueError naming it, raised when vLLM builds the tier.
+- KV events: with `kv_events_endpoint` the store publishes, from C++, BlockStored for the blocks
+  a store job wrote and BlockRemoved for the blocks the store evicted by itself, in vLLM's wire
+  format on kvtier's own ZeroMQ socket, with the medium vLLM's own storage tiers use
+  (`VLLM_TIER_MEDIUM`, "STORAGE") unless `kv_events_medium` says otherwise.
 
 Thread safety: vLLM calls a tier from its scheduler thread only; the lookup pool's threads touch
 nothing but the PageStore (thread-safe) and their own futures.
@@ -68,6 +72,10 @@ logger = logging.getLogger(__name__)
 # The layout name in the store's namespace: a vLLM block row holds every layer's KV of the
 # block's tokens, page after page ([pages, layers, tokens, bytes]).
 VLLM_ROW_LAYOUT = "page_first_direct"
+
+# The medium of the tier's KV events: what vLLM's own secondary storage tiers (file system, object
+# store) tag their events with since vLLM's tier-owned events (docs/vllm.md says why).
+VLLM_TIER_MEDIUM = "STORAGE"
 
 
 @dataclass(frozen=True)
@@ -208,6 +216,8 @@ class KvtierTier(SecondaryTierManager):
     ) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type)
         settings, storage_options = resolve_tier_config(offloading_spec, config)
+        if storage_options.get("kv_events_endpoint"):
+            storage_options.setdefault("kv_events_medium", VLLM_TIER_MEDIUM)
 
         pool = np.asarray(primary_kv_view)
         if pool.ndim != 2 or pool.strides[1] != pool.itemsize:
@@ -259,9 +269,11 @@ class KvtierTier(SecondaryTierManager):
         self._waiting = {True: deque(), False: deque()}  # job ids with chunks not yet submitted
         self._calls_in_flight = {True: 0, False: 0}  # submitted, not done (recounted each poll)
         logger.info(
-            "KvtierTier %s: %s, namespace %s, %d blocks of %d bytes",
+            "KvtierTier %s: %s, namespace %s, %d blocks of %d bytes%s",
             tier_type, self._store.url, self._store.namespace_name, self._num_blocks,
             self._row_bytes,
+            f", KV events ({self._store.kv_events_medium}) on {self._store.kv_events_endpoint}"
+            if self._store.kv_events_endpoint else "",
         )
 
     @property
