@@ -9,6 +9,8 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 
+#include "kvtier/storage.h"
+
 namespace kvtier::tools {
 namespace {
 
@@ -132,7 +134,10 @@ std::vector<std::pair<std::string, std::string>> TpCacheSettingsOf(
     const HierarchicalCacheConfig& c) {
   std::vector<std::pair<std::string, std::string>> settings;
   for (const ConfigField<HierarchicalCacheConfig>& f : HierarchicalCacheConfigSchema()) {
-    settings.emplace_back(f.name, f.ValueText(c));
+    // The store's URL is printed and written to JSON: never its credentials.
+    std::string value = f.ValueText(c);
+    if (f.name == "storage") value = RedactUrl(value);
+    settings.emplace_back(f.name, std::move(value));
   }
   return settings;
 }
