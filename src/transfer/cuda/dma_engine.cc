@@ -241,13 +241,7 @@ void DmaTransferEngine::Plan(const TransferRequest& r, const SlotIndices& si, co
 
   // Slot runs, shared by every buffer and layer.
   run_starts_.clear();
-  const int64_t sp = RunCutPage(x.sg()), dp = RunCutPage(x.dg());  // plan_rules.h
-  for (int64_t k = 0; k < n; ++k) {
-    if (k == 0 || !ContinuesRun(si.at(k - 1), di.at(k - 1), si.at(k), di.at(k), sp, dp)) {
-      run_starts_.push_back(k);
-    }
-  }
-  run_starts_.push_back(n);
+  FindSlotRuns(si, di, RunCutPage(x.sg()), RunCutPage(x.dg()), &run_starts_);  // plan_rules.h
   const size_t runs = run_starts_.size() - 1;
 
   // layer_first / page_first_direct on both sides, base pointers, several layers: a run's layers
