@@ -1,8 +1,9 @@
 // The dma backend's host-side plan (src/transfer/cuda/dma_plan.h): how slot runs are found
-// (FindSlotRuns, plan_rules.h: the same runs as ContinuesRun pair by pair), which pieces merge into
-// runs, which runs group into strided copies, and when two strided copies join into one depth-2
-// copy. A joined copy must move exactly the bytes of the two copies it replaces: checked by running
-// plans on host buffers and comparing with running the pieces one by one.
+// (FindSlotRuns, plan_rules.h: the same runs as ContinuesRun pair by pair), how single copies are
+// split over batch calls (NextBatchPiece), which pieces merge into runs, which runs group into
+// strided copies, and when two strided copies join into one depth-2 copy. A joined copy must move
+// exactly the bytes of the two copies it replaces: checked by running plans on host buffers and
+// comparing with running the pieces one by one.
 #include "transfer/cuda/dma_plan.h"
 
 #include <gtest/gtest.h>
@@ -117,6 +118,37 @@ TEST(DmaPlanTest, FindSlotRunsCutsAtEveryPageStartOfEitherSide) {
   runs.clear();
   FindSlotRuns(si, di, 0, 8, &runs);  // destination pages start at slot 32
   EXPECT_EQ(runs, (std::vector<int64_t>{0, 2, 8}));
+}
+
+TEST(DmaPlanTest, BatchPiecesDoubleFromTheFirstAndEndWithoutAShortTail) {
+  auto pieces = [](size_t count) {
+    std::vector<size_t> out;
+    size_t piece = kFirstBatchPiece;
+    for (size_t done = 0; done < count;) {
+      out.push_back(NextBatchPiece(count - done, &piece));
+      done += out.back();
+    }
+    return out;
+  };
+  EXPECT_EQ(pieces(2), (std::vector<size_t>{2}));
+  EXPECT_EQ(pieces(32), (std::vector<size_t>{32}));
+  EXPECT_EQ(pieces(33), (std::vector<size_t>{16, 17}));
+  EXPECT_EQ(pieces(128), (std::vector<size_t>{16, 32, 80}));       // MLA page-64 per-layer load
+  EXPECT_EQ(pieces(256), (std::vector<size_t>{16, 32, 64, 144}));  // MHA
+  for (size_t count = 2; count < 5000; ++count) {
+    const std::vector<size_t> p = pieces(count);
+    size_t sum = 0;
+    for (size_t i = 0; i < p.size(); ++i) {
+      sum += p[i];
+      if (i > 0) {
+        EXPECT_GT(p[i], kFirstBatchPiece) << count;  // never a batch of 1
+      }
+      if (i + 1 < p.size()) {
+        EXPECT_EQ(p[i], kFirstBatchPiece << i) << count;
+      }
+    }
+    EXPECT_EQ(sum, count);
+  }
 }
 
 TEST(DmaPlanTest, ContiguousPiecesOfOneAllocationMergeIntoOneRun) {

@@ -17,7 +17,9 @@
 //      the rules);
 //   4. with dma_batch and a runtime and driver that offer it (CUDA >= 12.8, detected at run
 //      time; the 12.8 and 13.x signatures are both handled at compile time), the strided copies
-//      go out in one cudaMemcpy3DBatchAsync and the single runs in one cudaMemcpyBatchAsync;
+//      go out in one cudaMemcpy3DBatchAsync and the single runs in cudaMemcpyBatchAsync calls
+//      of 16, 32, 64, ... copies (NextBatchPiece, dma_plan.h: the copy engines start on a batch
+//      only when its call returns, so the first copies move while the rest is submitted);
 //      otherwise one cudaMemcpy2DAsync / cudaMemcpyAsync each.
 // All plan buffers are engine members reused across calls: no per-call allocation once they
 // have grown to the largest request.
@@ -466,25 +468,33 @@ Status DmaTransferEngine::SubmitSlice(CudaStream stream, size_t c0, size_t c1, s
   const void** srcs = planner_.srcs().data() + r0;
   size_t* sizes = planner_.sizes().data() + r0;
   stats.copy_ops += static_cast<int64_t>(count);
+  size_t done = 0;  // single copies submitted
   if (use_batch_ && count >= 2 && !IsLegacyStream(stream)) {
     // No cudaMemcpyFlagPreferOverlapWithCompute here: with it the driver took 1.5x as long to
     // submit 2,048 single copies (docs/perf-notes/dma-direct-path.md).
     cudaMemcpyAttributes attr{};
     attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
     size_t attr_index = 0;
+    // In pieces of growing size (NextBatchPiece, dma_plan.h): the copies start after the first.
+    size_t piece = kFirstBatchPiece;
+    cudaError_t e = cudaSuccess;
+    while (done < count) {
+      const size_t n = NextBatchPiece(count - done, &piece);
 #if CUDART_VERSION >= 13000
-    const cudaError_t e =
-        cudaMemcpyBatchAsync(dsts, srcs, sizes, count, &attr, &attr_index, 1, stream);
+      e = cudaMemcpyBatchAsync(dsts + done, srcs + done, sizes + done, n, &attr, &attr_index, 1,
+                               stream);
 #else
-    size_t fail_index = 0;
-    const cudaError_t e = cudaMemcpyBatchAsync(dsts, const_cast<void**>(srcs), sizes, count, &attr,
-                                               &attr_index, 1, &fail_index, stream);
+      size_t fail_index = 0;
+      e = cudaMemcpyBatchAsync(dsts + done, const_cast<void**>(srcs + done), sizes + done, n, &attr,
+                               &attr_index, 1, &fail_index, stream);
 #endif
-    if (e == cudaSuccess) {
+      if (e != cudaSuccess) break;
+      done += n;
       ++stats.batch_calls;
-      return Status::OK();
     }
-    // Not offered after all (driver, platform): remember, fall back to single copies.
+    if (e == cudaSuccess) return Status::OK();
+    // Not offered after all (driver, platform): remember, fall back to single copies for what
+    // the batch calls did not submit (a refused call submits nothing).
     (void)cudaGetLastError();
     batch_available_ = false;
     use_batch_ = false;
@@ -492,7 +502,7 @@ Status DmaTransferEngine::SubmitSlice(CudaStream stream, size_t c0, size_t c1, s
               "dma backend: cudaMemcpyBatchAsync failed ({}); using one cudaMemcpyAsync per run",
               cudaGetErrorString(e));
   }
-  for (size_t i = 0; i < count; ++i) {
+  for (size_t i = done; i < count; ++i) {
     KVTIER_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(dsts[i], srcs[i], sizes[i], cudaMemcpyDefault, stream));
   }

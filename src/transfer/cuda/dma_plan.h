@@ -32,6 +32,21 @@ struct Copy2D {
   std::byte* BlockDst(size_t z) const { return dst + z * dpitch * d_layer_height; }
 };
 
+// How many of `remaining` single copies the next cudaMemcpyBatchAsync carries, `*piece` the
+// size of the piece before this one doubled (start it at kFirstBatchPiece). The copy engines
+// start on a batch only once the call that submitted it has returned (in the H100 run of
+// docs/perf-notes/sglang-kernels.md an idle-stream call's GPU time was its host time plus its
+// copy time, for SGLang and kvtier alike), and the driver takes 0.8-1.8 us per copy: a long
+// batch goes out in pieces of 16, 32, 64, ... copies, so the copy engines start after the first
+// piece and copy while the rest is submitted. A remainder of at most twice the piece goes whole
+// (no short tail), so a piece other than the first holds more than kFirstBatchPiece copies.
+inline constexpr size_t kFirstBatchPiece = 16;
+inline size_t NextBatchPiece(size_t remaining, size_t* piece) {
+  const size_t n = remaining <= 2 * *piece ? remaining : *piece;
+  *piece *= 2;
+  return n;
+}
+
 // Run merging and 2D grouping (step 3 of dma_engine.cc's file comment). Owns no memory but the
 // vectors it fills, which the engine keeps between calls.
 class CopyPlanner {
