@@ -360,12 +360,29 @@ def test_settings_default_to_vllms_config(tmp_path):
 
 
 def test_docs_list_every_tier_field():
-    from kvtier.integrations.vllm import TIER_FIELDS
+    from kvtier.integrations.vllm import TIER_FIELDS, TIER_STORAGE_DEFAULTS
 
     docs = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "vllm.md")
     with open(docs) as f:
         text = f.read()
     assert [f.name for f in TIER_FIELDS if f"| `{f.name}` |" not in text] == []
+    assert [n for n, _, _ in TIER_STORAGE_DEFAULTS if f"| `{n}` |" not in text] == []
+
+
+def test_file_stores_get_one_store_call_per_block_and_a_queue_bound_to_match(tmp_path):
+    """file://: 16 blocks a tier call, each block its own store call (max_batch_pages=1), and so
+    8 tier calls in flight (128 store calls, half the store's queue); the config overrides each."""
+    from kvtier.integrations.vllm import resolve_tier_config
+
+    settings, storage = resolve_tier_config(None, tier_config(f"file://{tmp_path}/s", False))
+    assert (settings["pages_per_call"], storage["max_batch_pages"],
+            settings["max_calls_in_flight"]) == (16, 1, 8)
+    settings, storage = resolve_tier_config(
+        None, tier_config(f"file://{tmp_path}/s", False, max_batch_pages=4, max_queued_batches=64))
+    assert (storage["max_batch_pages"], settings["max_calls_in_flight"]) == (4, 8)
+    settings, storage = resolve_tier_config(None, tier_config("memory://", False))
+    assert "max_batch_pages" not in storage  # the store's own default: one store call a tier call
+    assert (settings["pages_per_call"], settings["max_calls_in_flight"]) == (64, 128)
 
 
 def test_blocks_the_store_holds_are_not_rewritten(tmp_path):

@@ -128,13 +128,24 @@ class TierField:
     kind: type
     doc: str
     # The value when the config omits it, from vLLM's OffloadingSpec and the tier's config dict
-    # (None: required).
+    # merged with the settings resolved before it in TIER_FIELDS and the storage options with the
+    # tier's defaults (None: required).
     default: Callable[[Any, dict], Any] | None = None
 
 
-def _storage_default(name: str) -> Any:
-    """The default of a kvtier storage option, from its schema."""
-    return next(f["default"] for f in kvtier.PageStore.storage_option_fields() if f["name"] == name)
+def _is_file_url(config: dict) -> bool:
+    return str(config.get("url", "")).startswith("file:")
+
+
+# kvtier.PageStore options (storage options, by their schema names) the tier sets unless its
+# config does: (name, the value for a config, or None to leave the store's default; why).
+TIER_STORAGE_DEFAULTS: tuple[tuple[str, Callable[[dict], Any], str], ...] = (
+    ("max_batch_pages", lambda c: 1 if _is_file_url(c) else None,
+     "1 for file://: PageStore cuts each tier call into one store call per block, so no I/O "
+     "thread owns a many-block call and waits idle, holding a reader's place, while other "
+     "threads finish its last blocks (docs/perf-notes/engines.md); the store's default "
+     "otherwise"),
+)
 
 
 def _attr(obj: Any, path: str) -> Any:
@@ -182,16 +193,17 @@ TIER_FIELDS: tuple[TierField, ...] = (
     TierField("world_size", int, "ranks whose KV shares one block row (default: vLLM's "
               "parallel world size)",
               lambda s, c: int(_attr(s, "vllm_config.parallel_config.world_size"))),
-    TierField("pages_per_call", int, "blocks per store call a vLLM job is cut into (default: 16 "
-              "for file://, whose I/O threads share one call's blocks: on an H100 host as fast as "
-              "one call per block or faster, at a tenth of the scheduler thread's time per job; "
-              "64 otherwise, so a network store gets few round trips)",
-              lambda s, c: 16 if str(c.get("url", "")).startswith("file:") else 64),
-    TierField("max_calls_in_flight", int, "store calls per direction the tier keeps in the "
-              "store at once; more wait in the tier (default: half the store's "
-              "max_queued_batches, beyond which it rejects calls)",
-              lambda s, c: c.get("max_queued_batches", _storage_default("max_queued_batches")) // 2
-              or 1),
+    TierField("pages_per_call", int, "blocks per PageStore call (tier call) a vLLM job is cut "
+              "into (default: 16 for file://, a tenth of the scheduler thread's time per job of "
+              "one call per block, while PageStore still gives each block a store call of its "
+              "own: max_batch_pages; 64 otherwise, so a network store gets few round trips)",
+              lambda s, c: 16 if _is_file_url(c) else 64),
+    TierField("max_calls_in_flight", int, "tier calls (of pages_per_call blocks) per direction "
+              "the tier keeps in the store at once; more wait in the tier (default: as many as "
+              "make half the store's max_queued_batches in store calls of max_batch_pages "
+              "blocks, beyond which it rejects calls; at least 1)",
+              lambda s, c: max(1, c["max_queued_batches"] // 2
+                               // -(-c["pages_per_call"] // max(1, c["max_batch_pages"])))),
     TierField("lookup_threads", int, "threads answering lookups of blocks the tier has not seen "
               "(default 2)", lambda s, c: 2),
     TierField("max_known_blocks", int, "blocks remembered as present (LRU; default 1048576)",
@@ -206,6 +218,13 @@ def resolve_tier_config(offloading_spec: Any, config: dict[str, Any]) -> tuple[d
     type or one vLLM's config cannot supply is a ValueError naming the field; storage options are
     checked by kvtier.PageStore (an unknown name is a ValueError naming it)."""
     settings: dict[str, Any] = {}
+    storage_options = {k: v for k, v in config.items() if k not in _FIELDS_BY_NAME}
+    for name, default, _ in TIER_STORAGE_DEFAULTS:
+        if name not in storage_options and default(config) is not None:
+            storage_options[name] = default(config)
+    # What a default may read: the config, the storage options with the store's own defaults
+    # where neither the config nor the tier sets them, and the settings resolved so far.
+    known = {f["name"]: f["default"] for f in kvtier.PageStore.storage_option_fields()}
     for field in TIER_FIELDS:
         if field.name in config:
             value = config[field.name]
@@ -223,14 +242,14 @@ def resolve_tier_config(offloading_spec: Any, config: dict[str, Any]) -> tuple[d
             raise ValueError(f"KvtierTier: {field.name} is required ({field.doc})")
         else:
             try:
-                value = field.default(offloading_spec, config)
+                value = field.default(offloading_spec,
+                                      {**known, **config, **storage_options, **settings})
             except (AttributeError, TypeError) as e:
                 raise ValueError(
                     f"KvtierTier: {field.name} is not in the tier config and vLLM's offloading "
                     f"spec does not give it ({e}); set {field.name} ({field.doc})"
                 ) from e
         settings[field.name] = value
-    storage_options = {k: v for k, v in config.items() if k not in _FIELDS_BY_NAME}
     return settings, storage_options
 
 
