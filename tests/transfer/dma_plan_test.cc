@@ -1,6 +1,6 @@
 // The dma backend's host-side plan (src/transfer/cuda/dma_plan.h): how slot runs are found
 // (FindSlotRuns, plan_rules.h: the same runs as ContinuesRun pair by pair), how single copies are
-// split over batch calls (NextBatchPiece), which pieces merge into runs, which runs group into
+// split over batch calls (BatchPieces), which pieces merge into runs, which runs group into
 // strided copies, and when two strided copies join into one depth-2 copy. A joined copy must move
 // exactly the bytes of the two copies it replaces: checked by running plans on host buffers and
 // comparing with running the pieces one by one.
@@ -120,32 +120,38 @@ TEST(DmaPlanTest, FindSlotRunsCutsAtEveryPageStartOfEitherSide) {
   EXPECT_EQ(runs, (std::vector<int64_t>{0, 2, 8}));
 }
 
-TEST(DmaPlanTest, BatchPiecesDoubleFromTheFirstAndEndWithoutAShortTail) {
+TEST(DmaPlanTest, BatchPiecesGrowFromTheFirstToTheCapAndEndWithoutAShortTail) {
   auto pieces = [](size_t count) {
     std::vector<size_t> out;
-    size_t piece = kFirstBatchPiece;
+    BatchPieces p(count);
     for (size_t done = 0; done < count;) {
-      out.push_back(NextBatchPiece(count - done, &piece));
+      out.push_back(p.Next());
       done += out.back();
     }
+    EXPECT_EQ(p.Next(), 0u);
     return out;
   };
   EXPECT_EQ(pieces(2), (std::vector<size_t>{2}));
-  EXPECT_EQ(pieces(32), (std::vector<size_t>{32}));
-  EXPECT_EQ(pieces(33), (std::vector<size_t>{16, 17}));
-  EXPECT_EQ(pieces(128), (std::vector<size_t>{16, 32, 80}));       // MLA page-64 per-layer load
-  EXPECT_EQ(pieces(256), (std::vector<size_t>{16, 32, 64, 144}));  // MHA
-  for (size_t count = 2; count < 5000; ++count) {
+  EXPECT_EQ(pieces(24), (std::vector<size_t>{24}));
+  EXPECT_EQ(pieces(25), (std::vector<size_t>{16, 9}));
+  EXPECT_EQ(pieces(128), (std::vector<size_t>{16, 32, 32, 48}));  // MLA page-64 per-layer load
+  EXPECT_EQ(pieces(256), (std::vector<size_t>{16, 32, 32, 32, 32, 32, 32, 48}));  // MHA
+  EXPECT_EQ(pieces(2048),                                                         // cap 128
+            (std::vector<size_t>{16, 32, 64, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128,
+                                 128, 128, 128, 144}));
+  for (size_t count = 2; count < 20000; count += count < 3000 ? 1 : 97) {
     const std::vector<size_t> p = pieces(count);
-    size_t sum = 0;
+    const size_t cap = std::max<size_t>(32, count / 16);
+    size_t sum = 0, want = kFirstBatchPiece;
     for (size_t i = 0; i < p.size(); ++i) {
       sum += p[i];
-      if (i > 0) {
-        EXPECT_GT(p[i], kFirstBatchPiece) << count;  // never a batch of 1
-      }
       if (i + 1 < p.size()) {
-        EXPECT_EQ(p[i], kFirstBatchPiece << i) << count;
+        EXPECT_EQ(p[i], want) << count;  // 16, 32, ... up to the cap
+      } else {
+        EXPECT_GE(p[i], std::min<size_t>(count, 9)) << count;  // never a short tail
+        EXPECT_LE(2 * p[i], 3 * want) << count;
       }
+      want = std::min(cap, 2 * want);
     }
     EXPECT_EQ(sum, count);
   }

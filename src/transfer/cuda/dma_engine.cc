@@ -18,8 +18,8 @@
 //   4. with dma_batch and a runtime and driver that offer it (CUDA >= 12.8, detected at run
 //      time; the 12.8 and 13.x signatures are both handled at compile time), the strided copies
 //      go out in one cudaMemcpy3DBatchAsync and the single runs in cudaMemcpyBatchAsync calls
-//      of 16, 32, 64, ... copies (NextBatchPiece, dma_plan.h: the copy engines start on a batch
-//      only when its call returns, so the first copies move while the rest is submitted);
+//      of 16, 32, ... copies (BatchPieces, dma_plan.h: the copy engines start on a batch only
+//      when its call returns, so the first copies move while the rest is submitted);
 //      otherwise one cudaMemcpy2DAsync / cudaMemcpyAsync each.
 // All plan buffers are engine members reused across calls: no per-call allocation once they
 // have grown to the largest request.
@@ -475,11 +475,11 @@ Status DmaTransferEngine::SubmitSlice(CudaStream stream, size_t c0, size_t c1, s
     cudaMemcpyAttributes attr{};
     attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
     size_t attr_index = 0;
-    // In pieces of growing size (NextBatchPiece, dma_plan.h): the copies start after the first.
-    size_t piece = kFirstBatchPiece;
+    // In pieces (BatchPieces, dma_plan.h): the copies start after the first.
+    BatchPieces pieces(count);
     cudaError_t e = cudaSuccess;
     while (done < count) {
-      const size_t n = NextBatchPiece(count - done, &piece);
+      const size_t n = pieces.Next();
 #if CUDART_VERSION >= 13000
       e = cudaMemcpyBatchAsync(dsts + done, srcs + done, sizes + done, n, &attr, &attr_index, 1,
                                stream);

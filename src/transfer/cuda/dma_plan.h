@@ -32,20 +32,33 @@ struct Copy2D {
   std::byte* BlockDst(size_t z) const { return dst + z * dpitch * d_layer_height; }
 };
 
-// How many of `remaining` single copies the next cudaMemcpyBatchAsync carries, `*piece` the
-// size of the piece before this one doubled (start it at kFirstBatchPiece). The copy engines
-// start on a batch only once the call that submitted it has returned (in the H100 run of
+// How `count` single copies are split over cudaMemcpyBatchAsync calls. The copy engines start
+// on a batch only once the call that submitted it has returned (in the H100 run of
 // docs/perf-notes/sglang-kernels.md an idle-stream call's GPU time was its host time plus its
-// copy time, for SGLang and kvtier alike), and the driver takes 0.8-1.8 us per copy: a long
-// batch goes out in pieces of 16, 32, 64, ... copies, so the copy engines start after the first
-// piece and copy while the rest is submitted. A remainder of at most twice the piece goes whole
-// (no short tail), so a piece other than the first holds more than kFirstBatchPiece copies.
+// copy time, for SGLang and kvtier alike), and the driver takes 0.8-1.8 us per copy: so the
+// copies go out in pieces, the first of kFirstBatchPiece copies (the copy engines start early),
+// each next one twice the one before up to max(32, count / 16) copies (the copy engines keep
+// busy while the next piece is submitted, and the last piece, whose copy nothing overlaps, stays
+// short, without a call per few copies on long batches); a remainder of at most 1.5 pieces goes
+// whole (a last piece holds more than 8 copies).
 inline constexpr size_t kFirstBatchPiece = 16;
-inline size_t NextBatchPiece(size_t remaining, size_t* piece) {
-  const size_t n = remaining <= 2 * *piece ? remaining : *piece;
-  *piece *= 2;
-  return n;
-}
+class BatchPieces {
+ public:
+  explicit BatchPieces(size_t count)
+      : left_(count), cap_(count / 16 > 2 * kFirstBatchPiece ? count / 16 : 2 * kFirstBatchPiece) {}
+  // Copies in the next call; 0 once every copy had its call.
+  size_t Next() {
+    const size_t n = 2 * left_ <= 3 * piece_ ? left_ : piece_;
+    left_ -= n;
+    piece_ = 2 * piece_ < cap_ ? 2 * piece_ : cap_;
+    return n;
+  }
+
+ private:
+  size_t left_;
+  size_t cap_;
+  size_t piece_ = kFirstBatchPiece;
+};
 
 // Run merging and 2D grouping (step 3 of dma_engine.cc's file comment). Owns no memory but the
 // vectors it fills, which the engine keeps between calls.
