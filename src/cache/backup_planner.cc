@@ -151,7 +151,8 @@ void BackupPlanner::MaybeBackup(const std::vector<RadixNode*>& path, CacheWork* 
   }
 }
 
-bool BackupPlanner::Store(RadixNode* node, CacheWork* work, bool* deferred) {
+bool BackupPlanner::Store(RadixNode* node, CacheWork* work, bool* deferred,
+                          int64_t* refused_pages) {
   if (!core_.storage) return false;
   std::vector<RadixNode*> path;
   for (RadixNode* n = node; !n->is_root(); n = n->parent()) {
@@ -197,7 +198,11 @@ bool BackupPlanner::Store(RadixNode* node, CacheWork* work, bool* deferred) {
     }
     if (refused) break;
   }
-  core_.counters.storage_backup_refused_tokens += (pages - admitted) * core_.P;
+  if (refused_pages != nullptr) {
+    *refused_pages = pages - admitted;
+  } else {
+    core_.counters.storage_backup_refused_tokens += (pages - admitted) * core_.P;
+  }
   if (admitted == 0) return false;
   const int64_t queue_room = StoreQueueRoom();
   const bool to_queue = backlog_.empty() && queue_room > 0;
