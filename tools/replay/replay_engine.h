@@ -1,4 +1,4 @@
-// tools/kvtier/replay_engine.h — the "engine" side of `kvtier replay`: the device KV pool, the
+// tools/replay/replay_engine.h — the "engine" side of `kvtier replay`: the device KV pool, the
 // prefill of one request (consuming each layer's loaded KV after WaitLayer, computing, writing the
 // KV of the new tokens), the check of every matched byte, and the timing of it all.
 //
