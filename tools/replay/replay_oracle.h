@@ -1,4 +1,4 @@
-// tools/kvtier/replay_oracle.h — the storage oracle of a `kvtier replay` run: the storage hits
+// tools/replay/replay_oracle.h — the storage oracle of a `kvtier replay` run: the storage hits
 // the run could have had if every write had been admitted and had completed at once, in a store
 // of the same capacity, and the hits the run lost against that bound (writes dropped by a full
 // queue, failed or timed out, skipped by the write policy, or still in flight when the page was
