@@ -24,7 +24,6 @@
 // Thread safety: called once from main.
 #pragma once
 
-#include <CLI/CLI.hpp>
 #include <string>
 #include <vector>
 
@@ -52,9 +51,6 @@ struct TpReplayArgs {
 
 // The decision ring's settings the flags give, for the group `name` (leader and followers alike).
 TpGroupConfig TpGroupConfigOf(const TpReplayArgs& args, std::string name);
-
-// Adds --tp, --tp-equal-bytes and --tp-timeout (and the hidden follower flags) to `replay`.
-void AddTpReplayFlags(CLI::App* replay, TpReplayArgs* args);
 
 // `kvtier replay --tp N` (rank 0), or the follower rank the arguments name. `self_args` are the
 // process's arguments after the program name (rank 0 starts the followers with them). Exit code

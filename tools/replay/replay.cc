@@ -19,6 +19,7 @@
 #include "kvtier/kv_events.h"
 #include "kvtier/storage.h"
 #include "replay_engine.h"
+#include "replay_ideal.h"
 #include "replay_model.h"
 #include "replay_options.h"
 #include "replay_pin.h"
@@ -29,43 +30,15 @@
 namespace kvtier::tools {
 namespace {
 
-// The ideal of a run: its hits and its compute, no prefetch wait, the same scheduling; the loads
-// at their ceilings: every loaded byte (host and storage hits) crosses host -> device at `pcie`
-// bytes/s, fully overlapped with the compute, and storage hits are read at `storage` bytes/s
-// (<= 0: no storage ceiling, then at pcie), the read pipelined with the copy. The read begins
-// when the run's prefetch could begin, not when the request is served: the run starts it at the
-// request's Match, so it overlaps the request's queueing. It is hidden behind the longer of the
-// ideal's own queueing for the request and the run's measured lead (the wall time from the
-// request's Prefetch call to its service, which also covers host work the timeline does not
-// count); only the rest is charged. So the ideal is a lower bound per request whenever the run
-// read no faster than the ceiling.
-//
-// With decode (a closed loop whose clients wait for their output), the ideal keeps the run's
-// arrivals: its own would move with its shorter services (a client's next request coming earlier,
-// into another's prefill), and it would no longer bound each request. With the same arrivals, in
-// the same order, and no longer services, no request of the ideal ends later than in the run.
-std::vector<double> IdealTtft(const ReplaySetup& s, const RunSummary& run, double pcie,
-                              double storage) {
+// The ideal of a hierarchy run (replay_ideal.h) on the run's timeline: the workload's, or with
+// decode the run's arrivals.
+std::vector<double> IdealTtftOf(const ReplaySetup& s, const RunSummary& run, double pcie,
+                                double storage) {
   std::vector<double> arrivals;
   for (const RequestRecord& r : run.records) arrivals.push_back(r.arrival_ms);
   Timeline timeline =
       s.decode_ms_per_token > 0 ? Timeline(std::move(arrivals)) : Timeline(s.workload, s.options);
-  std::vector<double> out(run.records.size());
-  const double token_bytes = static_cast<double>(s.model.kv_bytes_per_token());
-  for (size_t i = 0; i < run.records.size(); ++i) {
-    const RequestRecord& r = run.records[i];
-    const int64_t at = static_cast<int64_t>(i);
-    const double copy_ms =
-        static_cast<double>(r.host_hit + r.storage_hit) * token_bytes / pcie * 1e3;
-    const double read_ms =
-        storage > 0 ? static_cast<double>(r.storage_hit) * token_bytes / storage * 1e3 : 0;
-    const double hidden_ms =
-        std::max(timeline.StartOf(at) - timeline.Arrival(at), r.prefetch_lead_ms);
-    const double load_ms = std::max(copy_ms, read_ms - hidden_ms);
-    const double end = timeline.Serve(at, std::max(r.compute_ms, load_ms));
-    out[i] = end - timeline.Arrival(at);
-  }
-  return out;
+  return IdealTtft(std::move(timeline), run.records, s.model.kv_bytes_per_token(), pcie, storage);
 }
 
 // The storage rate the ideal charges: the ceiling measured at start, else (a store without a
@@ -316,7 +289,7 @@ int MakeRuns(ReplaySetup& s, ReplayReport* report) {
   if (!hier.ok()) return Failed(hier.status().WithContext("hierarchy run"));
   const double pcie = s.engine->ceiling_bytes_per_s();
   const double storage_rate = StorageRateFor(s, *hier, report);
-  hier->ideal_ttft_ms = IdealTtft(s, *hier, pcie, storage_rate);
+  hier->ideal_ttft_ms = IdealTtftOf(s, *hier, pcie, storage_rate);
   report->runs.push_back(std::move(*hier));
   if (with_device_only && hierarchy_is_device_only) {
     RunSummary dev = report->runs.back();
@@ -332,7 +305,7 @@ int MakeRuns(ReplaySetup& s, ReplayReport* report) {
       if (!r.ok()) {
         return Failed(r.status().WithContext(fmt::format("sweep host-tokens={}", value)));
       }
-      r->ideal_ttft_ms = IdealTtft(s, *r, pcie, storage_rate);
+      r->ideal_ttft_ms = IdealTtftOf(s, *r, pcie, storage_rate);
       report->sweep.push_back({"host-tokens", value, std::move(*r)});
     }
   }

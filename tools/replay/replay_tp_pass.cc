@@ -17,6 +17,7 @@
 #include "kvtier/hierarchical_cache.h"
 #include "kvtier/layout.h"
 #include "kvtier/storage.h"
+#include "kvtier/tp_leader_cache.h"
 #include "replay_tp_rank.h"
 #include "replay_tp_report.h"
 #include "replay_tp_step.h"
@@ -67,8 +68,7 @@ class LeaderPass {
     KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<TpTimedEngine> inner_owned,
                             TpTimedEngine::Create(std::move(real), device, cuda_device, nullptr));
     inner_ = inner_owned.get();
-    std::unique_ptr<TransferEngine> given = std::move(inner_owned);
-    if (leader_ != nullptr) given = leader_->WrapEngine(std::move(given), device);
+    std::shared_ptr<StorageBackend> rank_store;
     store_ = s_.StoreUrl(tp_);
     if (!store_.empty()) {
       // The per-head store (shared across TP sizes), one per pass so that each starts empty.
@@ -76,26 +76,16 @@ class LeaderPass {
       StorageOptions so = c.storage.options;
       so.timeout = kTpStoreTimeout;
       KVTIER_ASSIGN_OR_RETURN(
-          std::shared_ptr<StorageBackend> own,
+          rank_store,
           OpenTpRankStorage(store_, TpRankPages(rank_model_, P_, device.geometry.head_num, 0, tp_),
                             so));
-      c.storage.backend =
-          leader_ != nullptr ? leader_->WrapStorage(std::move(own), !s_.model.mla) : std::move(own);
-      if (c.storage.backend == nullptr) {
-        return Status::Unavailable("tp: the leader's storage threads could not be started");
-      }
     }
     out_->cache_settings = TpCacheSettingsOf(c);
-    KVTIER_ASSIGN_OR_RETURN(cache_, HierarchicalCache::Create(c, device, std::move(given)));
-    if (leader_ != nullptr) {
-      // The followers size their host pages from the leader's shape; it must be the cache's.
-      if (cache_->host_region().geometry.num_slots != s_.host_slots) {
-        return Status::Internal(
-            fmt::format("tp: the cache made {} host slots, the group expects {}",
-                        cache_->host_region().geometry.num_slots, s_.host_slots));
-      }
-      leader_->SetHostRegion(cache_->host_region());
-    }
+    // The followers size their host pages from the leader's shape (s_.host_slots); the cache
+    // checks that it made as many.
+    KVTIER_ASSIGN_OR_RETURN(cache_,
+                            MakeTpLeaderCache(std::move(c), device, leader_, std::move(inner_owned),
+                                              std::move(rank_store)));
     out_->tp = tp_;
     return Status::OK();
   }
