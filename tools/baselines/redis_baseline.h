@@ -1,4 +1,4 @@
-// tools/kvtier/redis_baseline.h — the platform baseline of `kvtier bench --storage redis://...`:
+// tools/baselines/redis_baseline.h — the platform baseline of `kvtier bench --storage redis://...`:
 // `redis-benchmark` (Debian redis-tools) SET and GET of values of the same size, with the same
 // number of clients and the same pipeline depth, against the same server(s) as the backend.
 //

@@ -1,5 +1,5 @@
-// tools/kvtier/redis_server.h — a redis-server process that `kvtier replay --storage redis` starts
-// for itself on a free 127.0.0.1 port, uses as the storage tier, and stops (at --fault
+// tools/baselines/redis_server.h — a redis-server process that `kvtier replay --storage redis`
+// starts for itself on a free 127.0.0.1 port, uses as the storage tier, and stops (at --fault
 // storage-down@S, and always at the end, also on error).
 //
 // The server keeps nothing on disk (no RDB, no AOF; its working directory is a temporary one that

@@ -1,4 +1,4 @@
-// tools/kvtier/replay_ceiling.h — the storage read ceiling `kvtier replay` charges the ideal's
+// tools/baselines/replay_ceiling.h — the storage read ceiling `kvtier replay` charges the ideal's
 // storage hits at, measured when the store opens: what the platform gives to plain reads of the
 // same bytes, not what kvtier's backend reaches.
 //   file://  N threads (N = the backend's I/O threads) open + pread + close files of one page's

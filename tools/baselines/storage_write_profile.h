@@ -1,7 +1,7 @@
-// tools/kvtier/storage_write_profile.h — a store's Set phases (StorageStats' set_*_seconds, filled
-// by the file store's WriteProfile) as the tools write them in JSON: one name per phase, in the
-// order a Set page runs them. `kvtier bench --storage` and `kvtier replay` both use it, so a phase
-// added to StorageStats is added here once.
+// tools/baselines/storage_write_profile.h — a store's Set phases (StorageStats' set_*_seconds,
+// filled by the file store's WriteProfile) as the tools write them in JSON: one name per phase, in
+// the order a Set page runs them. `kvtier bench --storage` and `kvtier replay` both use it, so a
+// phase added to StorageStats is added here once.
 #pragma once
 
 #include <nlohmann/json.hpp>

@@ -1,4 +1,4 @@
-// tools/kvtier/config_flags.h — command-line flags generated from a config schema
+// tools/flags/config_flags.h — command-line flags generated from a config schema
 // (kvtier/config_schema.h): one flag per field, named "--" + the field's name with '-' for '_'
 // (plus any aliases the caller gives), bound to the field of a config the caller owns, its
 // default shown from that config, its help and bounds from the schema, and a value outside the

@@ -1,4 +1,4 @@
-// tools/kvtier/replay.h — `kvtier replay`: serve a workload through the whole hierarchy (device,
+// tools/replay/replay.h — `kvtier replay`: serve a workload through the whole hierarchy (device,
 // host, storage) the way an engine's scheduler drives HierarchicalCache, check every loaded byte,
 // and report what the cache saves.
 //

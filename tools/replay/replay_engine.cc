@@ -122,7 +122,7 @@ Status VerifyHostSlots(const KvRegion& region, std::span<const int64_t> slots,
   const int64_t pages = (n + page_size - 1) / page_size;
   std::vector<std::byte> scratch;
   for (int64_t p = 0; p < pages; ++p) {
-    if (sample && p % 8 != 0 && p != pages - 1) continue;
+    if (!PageChecked(p, pages, sample)) continue;
     const int64_t begin = p * page_size;
     const int64_t count = std::min(page_size, n - begin);
     const auto s = slots.subspan(static_cast<size_t>(begin), static_cast<size_t>(count));

@@ -1,4 +1,4 @@
-// tools/kvtier/replay_engine.h — the "engine" side of `kvtier replay`: the device KV pool, the
+// tools/replay/replay_engine.h — the "engine" side of `kvtier replay`: the device KV pool, the
 // prefill of one request (consuming each layer's loaded KV after WaitLayer, computing, writing the
 // KV of the new tokens), the check of every matched byte, and the timing of it all.
 //
@@ -144,6 +144,12 @@ std::vector<AttentionBlock> PlanAttention(int64_t n, int64_t cached, int64_t hea
                                           int64_t score_elements, int64_t context);
 // `tokens` rounded up to a multiple of kAttentionKeyAlign.
 int64_t AlignKeys(int64_t tokens);
+
+// Whether a prefill checks matched page `page` of `pages`: every page, or with `sample`
+// (--verify sample) one page in eight and the last page. The CPU and GPU engines both ask it.
+inline bool PageChecked(int64_t page, int64_t pages, bool sample) {
+  return !sample || page % 8 == 0 || page == pages - 1;
+}
 
 // Checks (host memory) that `slots` of `region` hold the pattern of `hashes`: every token, or
 // with `sample` one page in eight (and the last page). Adds to bytes_checked / wrong_bytes

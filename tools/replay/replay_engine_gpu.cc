@@ -38,6 +38,22 @@ Status Cublas(cublasStatus_t s, const char* what) {
   return Status::CudaError(fmt::format("{}: cuBLAS status {}", what, static_cast<int>(s)));
 }
 
+// The matched slots of `job` whose KV the prefill checks, and their hashes: every page's, or
+// with verify_sample the pages PageChecked picks.
+void SelectCheckedSlots(const PrefillJob& job, int64_t page_size, std::vector<int64_t>* slots,
+                        std::vector<uint64_t>* hashes) {
+  const int64_t P = page_size;
+  const int64_t hits = static_cast<int64_t>(job.hit_slots.size());
+  const int64_t pages = (hits + P - 1) / P;
+  for (int64_t p = 0; p < pages; ++p) {
+    if (!PageChecked(p, pages, job.verify_sample)) continue;
+    for (int64_t i = p * P; i < std::min(hits, (p + 1) * P); ++i) {
+      slots->push_back(job.hit_slots[static_cast<size_t>(i)]);
+      hashes->push_back(job.hit_hashes[static_cast<size_t>(i)]);
+    }
+  }
+}
+
 // Device memory for the GEMMs' operands, filled with a small finite bf16 value (no NaNs or
 // denormals slowing anything down).
 Result<DeviceBuffer> Operand(int64_t elements, int device) {
@@ -112,16 +128,7 @@ class GpuPrefillEngine final : public PrefillEngine {
     // The matched slots to check (all, or one page in eight and the last page) and the new slots.
     std::vector<int64_t> check_slots;
     std::vector<uint64_t> check_hashes;
-    const int64_t P = c_.page_size;
-    const int64_t hits = static_cast<int64_t>(job.hit_slots.size());
-    for (int64_t p = 0; p * P < hits; ++p) {
-      const int64_t pages = (hits + P - 1) / P;
-      if (job.verify_sample && p % 8 != 0 && p != pages - 1) continue;
-      for (int64_t i = p * P; i < std::min(hits, (p + 1) * P); ++i) {
-        check_slots.push_back(job.hit_slots[static_cast<size_t>(i)]);
-        check_hashes.push_back(job.hit_hashes[static_cast<size_t>(i)]);
-      }
-    }
+    SelectCheckedSlots(job, c_.page_size, &check_slots, &check_hashes);
     const int64_t checks = static_cast<int64_t>(check_slots.size());
     const int64_t news = static_cast<int64_t>(job.new_slots.size());
     KVTIER_RETURN_IF_ERROR(Stage(check_slots, check_hashes, job.new_slots, job.new_hashes));
@@ -198,28 +205,7 @@ class GpuPrefillEngine final : public PrefillEngine {
                                     m.mla ? "MLA" : (unit % 2 == 0 ? "K" : "V"), at % m.slot_bytes);
       }
     }
-    if (!timed) return t;
-    KVTIER_ASSIGN_OR_RETURN(float total, end_.ElapsedMsSince(start_));
-    KVTIER_ASSIGN_OR_RETURN(float load, loaded_.ElapsedMsSince(start_));
-    t.load_ms = job.cache != nullptr ? load : 0;
-    if (c_.compute == ComputeMode::kGemm) {
-      double compute = 0;
-      for (int64_t l = 0; l < L; ++l) {
-        KVTIER_ASSIGN_OR_RETURN(float ms, layer_end_[static_cast<size_t>(l)].ElapsedMsSince(
-                                              layer_begin_[static_cast<size_t>(l)]));
-        compute += ms;
-      }
-      KVTIER_ASSIGN_OR_RETURN(float rest,
-                              end_.ElapsedMsSince(layer_end_[static_cast<size_t>(L - 1)]));
-      t.compute_ms = compute + rest;
-      t.total_ms = total;
-    } else {
-      const auto [modelled, compute] =
-          ModelPrefillMs(c_.compute_model, job.new_tokens, job.cached_tokens, c_.chunk_tokens,
-                         c_.tflops, t.load_ms);
-      t.total_ms = modelled;
-      t.compute_ms = compute;
-    }
+    if (timed) KVTIER_RETURN_IF_ERROR(TimePrefill(job, &t));
     return t;
   }
 
@@ -255,6 +241,34 @@ class GpuPrefillEngine final : public PrefillEngine {
   }
 
  private:
+  // The prefill's times from its events: the load (to `loaded_`), the compute (GEMMs: the layers'
+  // events; otherwise modelled from the load) and the total.
+  Status TimePrefill(const PrefillJob& job, PrefillTiming* t) {
+    const int64_t L = c_.model.num_layers;
+    KVTIER_ASSIGN_OR_RETURN(float total, end_.ElapsedMsSince(start_));
+    KVTIER_ASSIGN_OR_RETURN(float load, loaded_.ElapsedMsSince(start_));
+    t->load_ms = job.cache != nullptr ? load : 0;
+    if (c_.compute == ComputeMode::kGemm) {
+      double compute = 0;
+      for (int64_t l = 0; l < L; ++l) {
+        KVTIER_ASSIGN_OR_RETURN(float ms, layer_end_[static_cast<size_t>(l)].ElapsedMsSince(
+                                              layer_begin_[static_cast<size_t>(l)]));
+        compute += ms;
+      }
+      KVTIER_ASSIGN_OR_RETURN(float rest,
+                              end_.ElapsedMsSince(layer_end_[static_cast<size_t>(L - 1)]));
+      t->compute_ms = compute + rest;
+      t->total_ms = total;
+    } else {
+      const auto [modelled, compute] =
+          ModelPrefillMs(c_.compute_model, job.new_tokens, job.cached_tokens, c_.chunk_tokens,
+                         c_.tflops, t->load_ms);
+      t->total_ms = modelled;
+      t->compute_ms = compute;
+    }
+    return Status::OK();
+  }
+
   Status InitGemm() {
     const ReplayModel& m = c_.compute_model;
     const int d = c_.device;

@@ -1,4 +1,4 @@
-// tools/kvtier/replay_kernels.h — the device side of `kvtier replay` on a GPU: kernels that write
+// tools/replay/replay_kernels.h — the device side of `kvtier replay` on a GPU: kernels that write
 // the KV pattern of kvtier/testing/kv_pattern.h into slots of a layer_first device pool, and that
 // check slots against it, counting wrong bytes. Built only with CUDA (replay_kernels.cu).
 //

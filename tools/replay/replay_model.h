@@ -1,4 +1,4 @@
-// tools/kvtier/replay_model.h — the model shapes `kvtier replay` serves: the KV geometry that
+// tools/replay/replay_model.h — the model shapes `kvtier replay` serves: the KV geometry that
 // sizes every tier and every copy, and the prefill arithmetic that sizes the compute.
 //
 // Prefill of `n` new tokens after `c` cached ones, per layer (GEMMs only; norms, softmax and the

@@ -1,4 +1,4 @@
-// tools/kvtier/replay_options.h — what `kvtier replay`'s flags mean beyond ReplayOptions
+// tools/replay/replay_options.h — what `kvtier replay`'s flags mean beyond ReplayOptions
 // (replay.h): the names of the flags that set cache fields, and the parsers of the flags that carry
 // a small language (--fault, --sweep, --decode-ms-per-token). ReplayOptions::Validate, LoadWorkload
 // and DefaultTracePath live in replay_options.cc too.

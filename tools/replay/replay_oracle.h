@@ -1,4 +1,4 @@
-// tools/kvtier/replay_oracle.h — the storage oracle of a `kvtier replay` run: the storage hits
+// tools/replay/replay_oracle.h — the storage oracle of a `kvtier replay` run: the storage hits
 // the run could have had if every write its admission policy admitted had completed at once, in a
 // store of the same capacity, and the hits the run lost against that bound (admitted writes
 // dropped by a full backlog or queue, failed or timed out, or still in flight when the page was

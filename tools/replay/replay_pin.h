@@ -1,4 +1,4 @@
-// tools/kvtier/replay_pin.h — `kvtier replay --pin-system-prompt TIERS`: the hierarchy run pins
+// tools/replay/replay_pin.h — `kvtier replay --pin-system-prompt TIERS`: the hierarchy run pins
 // the workload's system prompt (the prefix every request shares: 8 blocks in the system-prompt
 // workload, 1 in chat; doc-qa has none) in the named tiers with HierarchicalCache::Pin, its pin
 // budgets set to the prompt's pages. The first request inserts the prompt; the pin is renewed

@@ -1,4 +1,4 @@
-// tools/kvtier/replay_report.h — what `kvtier replay` measured, and how it is shown: the table on
+// tools/replay/replay_report.h — what `kvtier replay` measured, and how it is shown: the table on
 // stdout, the JSON file (--json), the plots (--plot, through Debian's python3-matplotlib) and the
 // progress line.
 //

@@ -315,6 +315,69 @@ class RunDriver {
     return f;
   }
 
+  // The request's matched prefix onto the device: its prefetch ended (a streamed storage hit:
+  // by LoadBack, copying pages as they arrive), its host and storage hits loaded, the prefetch
+  // wait and the hits per tier recorded in `r`, the LoadBack's wall time in `job`. Returns the
+  // hit's device slots (no room to load: the device part only, the rest is recomputed).
+  Result<std::vector<int64_t>> LoadMatched(InFlight& f, RequestRecord& r, PrefillJob& job) {
+    std::vector<int64_t> hit_slots;
+    const MatchHandle h = f.match.handle;
+    const bool running = f.prefetch == PrefetchState::kRunning;
+    // How long before its service the request's read began (its lead over the service): the
+    // ideal lets its read overlap as much (replay_ideal.h).
+    if (running) r.prefetch_lead_ms = MsSince(f.prefetch_start);
+    // A streamed storage hit (stream_load_back with a wait_complete or timeout prefetch
+    // running): LoadBack ends the prefetch by its policy, copying its pages as they arrive.
+    // Otherwise the prefetch is ended first (FinishPrefetch: best_effort takes what arrived),
+    // and the prefetch wait is how long that blocks, before the device work begins.
+    const bool stream = running && StreamsStorageHits();
+    int64_t prefetched = 0;  // tokens this request's prefetch brought from storage
+    if (running && !stream) {
+      const auto t0 = Clock::now();
+      KVTIER_ASSIGN_OR_RETURN(PrefetchResult p, cache_->FinishPrefetch(h));
+      r.prefetch_wait_ms = MsSince(t0);
+      f.prefetch = p.state;
+      prefetched = p.arrived_tokens;
+    }
+    KVTIER_RETURN_IF_ERROR(s_.engine->BeginRequest());
+    const double copy_s0 = stream && !s_.gpu ? cache_->stats().load_back_seconds : 0;
+    const auto t0 = Clock::now();
+    Result<LoadBackResult> lb = cache_->LoadBack(h, s_.engine->load_stream());
+    job.load_wall_ms = MsSince(t0);
+    if (stream) {
+      // The LoadBack waited on the read for its wall time less its copies (cpu: synchronous,
+      // their wall time is load_back_seconds; GPU: the copies are enqueued while it waits).
+      // That wait is inside the device time measured from BeginRequest (GPU: the start event
+      // precedes the LoadBack; cpu: the load's wall time), so it is reported as the prefetch
+      // wait (overlapping the load) and not added to the TTFT again.
+      const double copies_ms = s_.gpu ? 0 : (cache_->stats().load_back_seconds - copy_s0) * 1e3;
+      r.streamed = true;
+      r.prefetch_wait_ms = std::max(0.0, job.load_wall_ms - copies_ms);
+      ++summary_.streamed_loads;
+      // OutOfMemory leaves the prefetch running (Release cancels it): counted as partial.
+      f.prefetch = lb.ok() ? lb->prefetch.state : PrefetchState::kPartial;
+      if (lb.ok()) prefetched = lb->prefetch.arrived_tokens;
+    }
+    CountPrefetch(f.prefetch);
+    if (lb.ok()) {
+      hit_slots = std::move(lb->device_slots);
+      r.loaded_bytes = lb->loaded_tokens * s_.model.kv_bytes_per_token();
+    } else if (lb.status().IsOutOfMemory()) {
+      ++summary_.load_failures;  // no room to load: the host part is recomputed
+      hit_slots = f.match.device_slots;
+    } else {
+      return lb.status().WithContext("LoadBack");
+    }
+    const int64_t hit = static_cast<int64_t>(hit_slots.size());
+    r.device_hit = std::min(hit, f.match.device_tokens);
+    // Storage hits are the tokens this request's prefetch read; what the prefix gained past
+    // its Match otherwise (another request in flight inserted or loaded it meanwhile) was
+    // taken from memory, counted as host hits (the ideal charges no read for them).
+    r.storage_hit = std::clamp<int64_t>(hit - r.device_hit - f.match.host_tokens, 0, prefetched);
+    r.host_hit = hit - r.device_hit - r.storage_hit;
+    return hit_slots;
+  }
+
   Status Serve(InFlight& f) {
     RequestRecord warm_record;
     RequestRecord& r = warming_ ? warm_record : summary_.records[static_cast<size_t>(f.index)];
@@ -332,59 +395,8 @@ class RunDriver {
     int64_t hit = 0;
     if (cache_ != nullptr) {
       const MatchHandle h = f.match.handle;
-      const bool running = f.prefetch == PrefetchState::kRunning;
-      // How long before its service the request's read began (its lead over the service): the
-      // ideal lets its read overlap as much (replay.cc, IdealTtft).
-      if (running) r.prefetch_lead_ms = MsSince(f.prefetch_start);
-      // A streamed storage hit (stream_load_back with a wait_complete or timeout prefetch
-      // running): LoadBack ends the prefetch by its policy, copying its pages as they arrive.
-      // Otherwise the prefetch is ended first (FinishPrefetch: best_effort takes what arrived),
-      // and the prefetch wait is how long that blocks, before the device work begins.
-      const bool stream = running && StreamsStorageHits();
-      int64_t prefetched = 0;  // tokens this request's prefetch brought from storage
-      if (running && !stream) {
-        const auto t0 = Clock::now();
-        KVTIER_ASSIGN_OR_RETURN(PrefetchResult p, cache_->FinishPrefetch(h));
-        r.prefetch_wait_ms = MsSince(t0);
-        f.prefetch = p.state;
-        prefetched = p.arrived_tokens;
-      }
-      KVTIER_RETURN_IF_ERROR(s_.engine->BeginRequest());
-      const double copy_s0 = stream && !s_.gpu ? cache_->stats().load_back_seconds : 0;
-      const auto t0 = Clock::now();
-      Result<LoadBackResult> lb = cache_->LoadBack(h, s_.engine->load_stream());
-      job.load_wall_ms = MsSince(t0);
-      if (stream) {
-        // The LoadBack waited on the read for its wall time less its copies (cpu: synchronous,
-        // their wall time is load_back_seconds; GPU: the copies are enqueued while it waits).
-        // That wait is inside the device time measured from BeginRequest (GPU: the start event
-        // precedes the LoadBack; cpu: the load's wall time), so it is reported as the prefetch
-        // wait (overlapping the load) and not added to the TTFT again.
-        const double copies_ms = s_.gpu ? 0 : (cache_->stats().load_back_seconds - copy_s0) * 1e3;
-        r.streamed = true;
-        r.prefetch_wait_ms = std::max(0.0, job.load_wall_ms - copies_ms);
-        ++summary_.streamed_loads;
-        // OutOfMemory leaves the prefetch running (Release cancels it): counted as partial.
-        f.prefetch = lb.ok() ? lb->prefetch.state : PrefetchState::kPartial;
-        if (lb.ok()) prefetched = lb->prefetch.arrived_tokens;
-      }
-      CountPrefetch(f.prefetch);
-      if (lb.ok()) {
-        hit_slots = std::move(lb->device_slots);
-        r.loaded_bytes = lb->loaded_tokens * s_.model.kv_bytes_per_token();
-      } else if (lb.status().IsOutOfMemory()) {
-        ++summary_.load_failures;  // no room to load: the host part is recomputed
-        hit_slots = f.match.device_slots;
-      } else {
-        return lb.status().WithContext("LoadBack");
-      }
+      KVTIER_ASSIGN_OR_RETURN(hit_slots, LoadMatched(f, r, job));
       hit = static_cast<int64_t>(hit_slots.size());
-      r.device_hit = std::min(hit, f.match.device_tokens);
-      // Storage hits are the tokens this request's prefetch read; what the prefix gained past
-      // its Match otherwise (another request in flight inserted or loaded it meanwhile) was
-      // taken from memory, counted as host hits (the ideal charges no read for them).
-      r.storage_hit = std::clamp<int64_t>(hit - r.device_hit - f.match.host_tokens, 0, prefetched);
-      r.host_hit = hit - r.device_hit - r.storage_hit;
       // Slots for the new whole pages of the prompt (as many as the device can make room for).
       const int64_t whole = f.prompt_tokens / P_ * P_;
       if (whole > hit) {

@@ -1,4 +1,4 @@
-// tools/kvtier/replay_run.h — one run of `kvtier replay` (replay.h): the state the runs of one
+// tools/replay/replay_run.h — one run of `kvtier replay` (replay.h): the state the runs of one
 // invocation share, the scheduler's timeline, and RunOne, which serves the workload through one
 // cache (none, device-only or the hierarchy) and summarizes it.
 //

@@ -1,4 +1,4 @@
-// tools/kvtier/replay_run_storage.h — the storage tier of a `kvtier replay` run (RunStorage),
+// tools/replay/replay_run_storage.h — the storage tier of a `kvtier replay` run (RunStorage),
 // and the check, after the run, that every stored page is reachable from its prompt's first page
 // (CheckStoredChains).
 //

@@ -1,4 +1,4 @@
-// tools/kvtier/replay_tp.h — `kvtier replay --tp N`: the replay as a tensor-parallel group, one
+// tools/replay/replay_tp.h — `kvtier replay --tp N`: the replay as a tensor-parallel group, one
 // process per rank (per GPU, or per cpu "device"), one cache decision per group
 // (kvtier/tp_group.h).
 //

@@ -1,4 +1,4 @@
-// tools/kvtier/replay_tp_janitor.h — what `kvtier replay --tp N`'s rank 0 leaves behind if it
+// tools/replay/replay_tp_janitor.h — what `kvtier replay --tp N`'s rank 0 leaves behind if it
 // dies without cleaning up (SIGKILL, an abort, the OOM killer): its decision ring's segment
 // (/dev/shm) and its passes' file stores (TMPDIR). The follower ranks die with rank 0
 // (PR_SET_PDEATHSIG), so none of them can remove these either.

@@ -1,4 +1,4 @@
-// tools/kvtier/replay_tp_pass.h — one pass of `kvtier replay --tp N` (replay_tp.h): every request
+// tools/replay/replay_tp_pass.h — one pass of `kvtier replay --tp N` (replay_tp.h): every request
 // served once at `tp` ranks, from its two sides. Rank 0 (RunTpPass, replay_tp_pass.cc) runs the
 // cache, whose decisions and copies reach the followers through the leader's decision ring, runs
 // its own share of each prefill and gathers what the pass measured; a follower (RunTpFollower,

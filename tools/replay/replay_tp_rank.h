@@ -1,4 +1,4 @@
-// tools/kvtier/replay_tp_rank.h — what every rank of `kvtier replay --tp N` (replay_tp.h) derives
+// tools/replay/replay_tp_rank.h — what every rank of `kvtier replay --tp N` (replay_tp.h) derives
 // the same way from the same options: the run's setup (TpSetup), a rank's share of the model, its
 // prefill engine on its device, and its pages' storage namespace in the per-head file store.
 //

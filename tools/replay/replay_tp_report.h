@@ -1,4 +1,4 @@
-// tools/kvtier/replay_tp_report.h — what `kvtier replay --tp N` measured in one pass (TP=1, then
+// tools/replay/replay_tp_report.h — what `kvtier replay --tp N` measured in one pass (TP=1, then
 // TP=N) and its report: the table it prints and its --json (see replay_tp.h, docs/tp.md).
 //
 // Thread safety: plain values and functions, used by the replay's one thread.

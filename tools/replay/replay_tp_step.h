@@ -1,4 +1,4 @@
-// tools/kvtier/replay_tp_step.h — the step of `kvtier replay --tp N` (replay_tp.h): the message
+// tools/replay/replay_tp_step.h — the step of `kvtier replay --tp N` (replay_tp.h): the message
 // rank 0 publishes on the decision ring per request after its copies (or a question to the
 // followers: their load counters, where they run), and one rank's prefill of it, which checks the
 // matched KV of the rank's heads and writes the new tokens' KV under the rank's pattern salt.

@@ -1,4 +1,4 @@
-// tools/kvtier/replay_tp_timed_engine.h — the transfer engine every rank of `kvtier replay --tp N`
+// tools/replay/replay_tp_timed_engine.h — the transfer engine every rank of `kvtier replay --tp N`
 // copies through (replay_tp.h): it times every copy and measures the loads (host -> device
 // copies), which the report gives per rank (replay_tp_report.h).
 //

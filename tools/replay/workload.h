@@ -1,4 +1,4 @@
-// tools/kvtier/workload.h — the request streams `kvtier replay` serves: Mooncake traces and
+// tools/replay/workload.h — the request streams `kvtier replay` serves: Mooncake traces and
 // seeded synthetic generators, and the token ids of a request's prompt.
 //
 // Every workload is a list of requests in the Mooncake trace shape: an arrival time, an input and
