@@ -204,6 +204,7 @@ bool BackupPlanner::Store(RadixNode* node, CacheWork* work, bool* deferred,
     core_.counters.storage_backup_refused_tokens += (pages - admitted) * core_.P;
   }
   if (admitted == 0) return false;
+  if (core_.config.storage.admitted_listener) ReportAdmitted(path, admitted);
   const int64_t queue_room = StoreQueueRoom();
   const bool to_queue = backlog_.empty() && queue_room > 0;
   int64_t keep = admitted;
@@ -243,6 +244,17 @@ bool BackupPlanner::Store(RadixNode* node, CacheWork* work, bool* deferred,
     backlog_.Add(op, head_estimate, pages * page_bytes, pages, op->tokens);
   }
   return true;
+}
+
+void BackupPlanner::ReportAdmitted(const std::vector<RadixNode*>& path, int64_t pages) const {
+  std::vector<PageKey> keys;
+  for (RadixNode* n : path) {
+    for (const PageKey& k : n->keys()) {
+      if (static_cast<int64_t>(keys.size()) == pages) break;
+      keys.push_back(k);
+    }
+  }
+  core_.config.storage.admitted_listener(keys);
 }
 
 std::shared_ptr<CopyOp> BackupPlanner::MakeStore(const std::vector<RadixNode*>& path,

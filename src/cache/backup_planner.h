@@ -121,6 +121,9 @@ class BackupPlanner {
   // busy or off the device).
   int64_t UnbackedPath(RadixNode* node, std::vector<RadixNode*>* path) const
       KVTIER_REQUIRES(kCacheLock);
+  // The keys of `path`'s first `pages` pages to config.storage.admitted_listener.
+  void ReportAdmitted(const std::vector<RadixNode*>& path, int64_t pages) const
+      KVTIER_REQUIRES(kCacheLock);
   // The store op of `path` (`pages` pages), registered; its nodes marked storing.
   std::shared_ptr<CopyOp> MakeStore(const std::vector<RadixNode*>& path, int64_t pages)
       KVTIER_REQUIRES(kCacheLock);
