@@ -24,10 +24,9 @@
 #include "cache/cache_core.h"
 #include "cache/store_admission.h"
 #include "cache/store_backlog.h"
+#include "cache/tier_evictor.h"
 
 namespace kvtier {
-
-class TierEvictor;
 
 // The write backlog holds at most this share of the host tier: its stores keep their host pages
 // (storing), which host eviction cannot take, so a backlog as large as the host tier would leave
@@ -47,8 +46,11 @@ inline constexpr double kSlowestStoreBytesPerSecond = 128e6;
 int64_t StoreBatchPages(int64_t page_bytes, std::chrono::milliseconds timeout,
                         int64_t max_backup_batch_pages, int64_t backend_max_batch_pages);
 
-class BackupPlanner {
+// The write-back half (Backup, Store, StoreQueueRoom) is what the TierEvictor calls, through
+// WriteBackPlanner; the planner calls the evictor, never the other way round.
+class BackupPlanner final : public WriteBackPlanner {
  public:
+  // `evictor` may be constructed after this (it is used only by calls).
   BackupPlanner(CacheCore& core, TierEvictor& evictor)
       : core_(core),
         evictor_(evictor),
@@ -58,7 +60,7 @@ class BackupPlanner {
   BackupPlanner(const BackupPlanner&) = delete;
   BackupPlanner& operator=(const BackupPlanner&) = delete;
 
-  const BackupPolicy& policy() const { return *policy_; }
+  const BackupPolicy& policy() const override { return *policy_; }
   const StoreAdmission& admission() const KVTIER_REQUIRES(kCacheLock) { return *admission_; }
   const StoreBacklog& backlog() const KVTIER_REQUIRES(kCacheLock) { return backlog_; }
   // Once the tiers are open: the backlog's capacity, admission.backlog_bytes but at most
@@ -80,7 +82,8 @@ class BackupPlanner {
   // Shared host tier: pages are reserved by key; pages published already are taken without a copy;
   // the backup covers the leading pages the tier gave (the node where they end is split), the rest
   // is skipped (counted). `write_back`: made by a device eviction (counted as such).
-  bool Backup(RadixNode* node, CacheWork* work, bool write_back) KVTIER_REQUIRES(kCacheLock);
+  bool Backup(RadixNode* node, CacheWork* work, bool write_back) override
+      KVTIER_REQUIRES(kCacheLock);
   // The policy's backup on use: the deepest device-only node of `path` that qualifies.
   void MaybeBackup(const std::vector<RadixNode*>& path, CacheWork* work)
       KVTIER_REQUIRES(kCacheLock);
@@ -97,10 +100,10 @@ class BackupPlanner {
   // under a policy that stores on backup).
   // `deferred` (optional): set when nothing was queued because the path waits for a store or a
   // copy in flight.
-  bool Store(RadixNode* node, CacheWork* work, bool* deferred = nullptr)
+  bool Store(RadixNode* node, CacheWork* work, bool* deferred = nullptr) override
       KVTIER_REQUIRES(kCacheLock);
   // Pages the bounded store queue (max_backup_queue_pages) takes now; <= 0: it is full.
-  int64_t StoreQueueRoom() const KVTIER_REQUIRES(kCacheLock) {
+  int64_t StoreQueueRoom() const override KVTIER_REQUIRES(kCacheLock) {
     return core_.config.storage.max_backup_queue_pages - core_.store_queue_pages;
   }
 

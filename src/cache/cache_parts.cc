@@ -12,8 +12,8 @@ namespace kvtier {
 CacheParts::CacheParts(const HierarchicalCacheConfig& cfg, int64_t page_size)
     : CacheCore(cfg, page_size),
       executor(*this, [this](CacheWork* work) KVTIER_REQUIRES(kCacheLock) { Reap(work); }),
-      evictor(*this, planner),
       planner(*this, evictor),
+      evictor(*this, planner),
       prefetcher(*this, evictor),
       adopter(*this, evictor),
       pins(*this) {}

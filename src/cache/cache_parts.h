@@ -55,8 +55,9 @@ struct CacheParts : CacheCore {
   void Drain(CacheLock& lk, CacheWork* work, bool backups_only) KVTIER_REQUIRES(kCacheLock);
 
   CopyExecutor executor;
-  TierEvictor evictor;
+  // The planner before the evictor: the evictor holds it as its WriteBackPlanner (constructed).
   BackupPlanner planner;
+  TierEvictor evictor;
   Prefetcher prefetcher;
   SharedHostAdopter adopter;
   PinTable pins;
