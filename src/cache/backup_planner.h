@@ -18,6 +18,7 @@
 #include <chrono>
 #include <memory>
 #include <span>
+#include <unordered_map>
 #include <vector>
 
 #include "cache/backup_policy.h"
@@ -104,7 +105,7 @@ class BackupPlanner final : public WriteBackPlanner {
       KVTIER_REQUIRES(kCacheLock);
   // Pages the bounded store queue (max_backup_queue_pages) takes now; <= 0: it is full.
   int64_t StoreQueueRoom() const override KVTIER_REQUIRES(kCacheLock) {
-    return core_.config.storage.max_backup_queue_pages - core_.store_queue_pages;
+    return core_.config.storage.max_backup_queue_pages - store_queue_pages_;
   }
 
   // Completions. A backup publishes its host pages (and, under a policy that stores on backup,
@@ -114,6 +115,30 @@ class BackupPlanner final : public WriteBackPlanner {
   void ReapStore(CopyOp& op, CacheWork* work) KVTIER_REQUIRES(kCacheLock);
   // Stores the host-resident, unstored descendants of `node` (what waited for its store).
   void StoreBelow(RadixNode* node, CacheWork* work) KVTIER_REQUIRES(kCacheLock);
+
+  // ---- ordering of storage writes (the removals in flight) -----------------------------------
+  // Queues the removal of `keys` from storage (batches of the backend's max_batch_pages), run
+  // with `work`: pages no lookup can use (corrupt ones, and pages stored past a page whose write
+  // failed, which a lookup never reaches). The callers remove keys of nodes neither stored nor
+  // storing, so no registered store names one of them (the tree gives a key one node, and a node
+  // one store at a time); CheckCacheConsistency checks it.
+  void RemoveFromStorage(std::span<const PageKey> keys, CacheWork* work)
+      KVTIER_REQUIRES(kCacheLock);
+  // Whether one of `keys` has a removal in flight.
+  bool RemovalPending(std::span<const PageKey> keys) const KVTIER_REQUIRES(kCacheLock);
+  // A registered store (REQUIRES: tracker.Add'ed): queued with `work`, or held back (`held`)
+  // while one of its keys has a removal in flight; ReapRemove queues it when none has.
+  void SubmitStore(std::shared_ptr<CopyOp> op, CacheWork* work) KVTIER_REQUIRES(kCacheLock);
+  // A completed removal: its keys are no longer pending, and the held stores none of whose keys
+  // is pending now are queued with `work`, in the order they were registered.
+  void ReapRemove(const CopyOp& op, CacheWork* work) KVTIER_REQUIRES(kCacheLock);
+  // The keys with a removal in flight, each with the number of removals naming it.
+  const std::unordered_map<PageKey, int64_t, PageKeyHash>& removing() const
+      KVTIER_REQUIRES(kCacheLock) {
+    return removing_;
+  }
+  // Removals reaped so far (QueryStorage trusts no Exists answer across a change of it).
+  int64_t removals_reaped() const KVTIER_REQUIRES(kCacheLock) { return removals_reaped_; }
 
  private:
   // The unbacked path ending at `node`, top-down, and its tokens (0: empty, or a node on it is
@@ -140,6 +165,18 @@ class BackupPlanner final : public WriteBackPlanner {
   std::unique_ptr<BackupPolicy> policy_;
   std::unique_ptr<StoreAdmission> admission_ KVTIER_PT_GUARDED_BY(kCacheLock);
   StoreBacklog backlog_ KVTIER_GUARDED_BY(kCacheLock);
+  // Host -> storage pages queued or running (the bounded queue: StoreQueueRoom).
+  int64_t store_queue_pages_ KVTIER_GUARDED_BY(kCacheLock) = 0;
+  // Keys with a removal from storage in flight (RemoveFromStorage until ReapRemove), each with the
+  // number of removals naming it. A store naming one is held back until none does: the removal
+  // and the store are submitted after the lock by whichever calls queued them (in any order across
+  // threads), and storage orders no two writes of one key, so a Remove landing after the store's
+  // Set (or after its Exists found the page present) would leave the tree marking stored a page
+  // the store no longer holds.
+  std::unordered_map<PageKey, int64_t, PageKeyHash> removing_ KVTIER_GUARDED_BY(kCacheLock);
+  // Removals reaped so far: an Exists that ran while one was in flight may have seen its pages
+  // before they went.
+  int64_t removals_reaped_ KVTIER_GUARDED_BY(kCacheLock) = 0;
 };
 
 }  // namespace kvtier

@@ -14,7 +14,7 @@ CacheParts::CacheParts(const HierarchicalCacheConfig& cfg, int64_t page_size)
       executor(*this, [this](CacheWork* work) KVTIER_REQUIRES(kCacheLock) { Reap(work); }),
       planner(*this, evictor),
       evictor(*this, planner),
-      prefetcher(*this, evictor),
+      prefetcher(*this, evictor, planner),
       adopter(*this, evictor),
       pins(*this) {}
 
@@ -94,7 +94,7 @@ void CacheParts::Reap(CacheWork* work) {
         planner.ReapStore(*op, work);
         break;
       case CopyOp::Kind::kRemove:  // the tree forgot the pages already; held stores may go
-        ReapRemove(*op, work);
+        planner.ReapRemove(*op, work);
         break;
     }
   });

@@ -69,4 +69,8 @@ struct CacheParts : CacheCore {
   bool open_ = false;
 };
 
+// The invariants of cache/cache_core.h and of the parts' own state (the prefetcher's filling
+// pages, the planner's removals in flight), checked; Internal naming the first that does not hold.
+Status CheckCacheConsistency(const CacheParts& parts) KVTIER_REQUIRES(kCacheLock);
+
 }  // namespace kvtier
