@@ -31,7 +31,9 @@ class WriteBackPlanner {
   virtual bool Backup(RadixNode* node, CacheWork* work, bool write_back)
       KVTIER_REQUIRES(kCacheLock) = 0;
   // Host -> storage for the unstored host path ending at `node`; false when nothing was queued.
-  virtual bool Store(RadixNode* node, CacheWork* work, bool* deferred)
+  // `deferred`: it waits for a store or copy in flight; `refused_pages`: the pages admission
+  // refused, for the caller to count.
+  virtual bool Store(RadixNode* node, CacheWork* work, bool* deferred, int64_t* refused_pages)
       KVTIER_REQUIRES(kCacheLock) = 0;
   // Pages the bounded store queue takes now; <= 0: it is full.
   virtual int64_t StoreQueueRoom() const KVTIER_REQUIRES(kCacheLock) = 0;
