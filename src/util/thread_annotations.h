@@ -9,6 +9,9 @@
 //                              takes `c` itself)
 //   KVTIER_ACQUIRE / RELEASE   functions that take / let go of `c` (no argument: the scoped
 //                              object's own capability)
+//   KVTIER_TRY_ACQUIRE(r, c)   a function that takes `c` when it returns `r`
+//   KVTIER_ASSERT_CAPABILITY(c)  a function that checks at run time that `c` is held (the
+//                              analysis then takes it as held)
 //   KVTIER_CAPABILITY(name)    a type whose objects are capabilities (a mutex, a role)
 //   KVTIER_SCOPED_CAPABILITY   a RAII type holding a capability for its lifetime
 //   KVTIER_NO_THREAD_SAFETY_ANALYSIS  a function the analysis cannot follow; say why beside it
@@ -28,4 +31,6 @@
 #define KVTIER_EXCLUDES(...) KVTIER_THREAD_ANNOTATION(locks_excluded(__VA_ARGS__))
 #define KVTIER_ACQUIRE(...) KVTIER_THREAD_ANNOTATION(acquire_capability(__VA_ARGS__))
 #define KVTIER_RELEASE(...) KVTIER_THREAD_ANNOTATION(release_capability(__VA_ARGS__))
+#define KVTIER_TRY_ACQUIRE(...) KVTIER_THREAD_ANNOTATION(try_acquire_capability(__VA_ARGS__))
+#define KVTIER_ASSERT_CAPABILITY(c) KVTIER_THREAD_ANNOTATION(assert_capability(c))
 #define KVTIER_NO_THREAD_SAFETY_ANALYSIS KVTIER_THREAD_ANNOTATION(no_thread_safety_analysis)
