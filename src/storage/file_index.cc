@@ -100,7 +100,7 @@ FileIndex::FileIndex(int64_t capacity, std::function<void(const PageKey&)> remov
 void FileIndex::Load(std::vector<Found> found) {
   std::sort(found.begin(), found.end(),
             [](const Found& a, const Found& b) { return a.stamp < b.stamp; });
-  std::lock_guard<std::mutex> lock(mu_);
+  util::MutexLock lock(mu_);
   ApplyPendingLocked();
   for (const Found& f : found) {
     pages_.Add(f.key, f.bytes, f.parent, /*newest=*/true);
@@ -110,7 +110,7 @@ void FileIndex::Load(std::vector<Found> found) {
 }
 
 int64_t FileIndex::NextStamp() {
-  std::lock_guard<std::mutex> lock(mu_);
+  util::MutexLock lock(mu_);
   return NextStampLocked();
 }
 
@@ -121,7 +121,7 @@ int64_t FileIndex::NextStampLocked() {
 
 void FileIndex::Put(const PageKey& key, int64_t bytes, int64_t stamp,
                     const std::optional<PageKey>& parent) {
-  std::lock_guard<std::mutex> lock(mu_);
+  util::MutexLock lock(mu_);
   ApplyPendingLocked();
   last_stamp_ = std::max(last_stamp_, stamp);
   pages_.Add(key, bytes, parent, /*newest=*/true);
@@ -130,15 +130,15 @@ void FileIndex::Put(const PageKey& key, int64_t bytes, int64_t stamp,
 
 std::optional<int64_t> FileIndex::Touch(const PageKey& key, int64_t bytes,
                                         const std::optional<PageKey>& parent, int64_t mtime_ns) {
-  std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
-  if (lock.owns_lock()) {
+  if (mu_.TryLock()) {
+    util::MutexLock lock(mu_, util::kAdoptLock);
     ApplyPendingLocked();
     ++touched_at_once_;
     return TouchLocked(key, bytes, parent, mtime_ns);
   }
   // Held by another thread (perhaps removing a victim's file): queued, applied by the next
   // method that uses the order.
-  std::lock_guard<std::mutex> pending_lock(pending_mu_);
+  util::MutexLock pending_lock(pending_mu_);
   if (pending_.size() >= pending_limit_) {
     pending_.pop_front();
     ++dropped_;
@@ -161,7 +161,7 @@ void FileIndex::ApplyPendingLocked() {
   if (!has_pending_.load(std::memory_order_acquire)) return;
   std::deque<PendingTouch> batch;
   {
-    std::lock_guard<std::mutex> pending_lock(pending_mu_);
+    util::MutexLock pending_lock(pending_mu_);
     batch.swap(pending_);
     has_pending_.store(false, std::memory_order_relaxed);
   }
@@ -171,30 +171,30 @@ void FileIndex::ApplyPendingLocked() {
 }
 
 void FileIndex::ApplyPendingTouches() {
-  std::lock_guard<std::mutex> lock(mu_);
+  util::MutexLock lock(mu_);
   ApplyPendingLocked();
 }
 
 FileIndex::TouchCounts FileIndex::touch_counts() const {
   TouchCounts c;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    util::MutexLock lock(mu_);
     c.at_once = touched_at_once_;
   }
-  std::lock_guard<std::mutex> pending_lock(pending_mu_);
+  util::MutexLock pending_lock(pending_mu_);
   c.deferred = deferred_;
   c.dropped = dropped_;
   return c;
 }
 
 void FileIndex::set_pending_touch_limit(size_t limit) {
-  std::lock_guard<std::mutex> pending_lock(pending_mu_);
+  util::MutexLock pending_lock(pending_mu_);
   pending_limit_ = std::max<size_t>(limit, 1);
 }
 
 bool FileIndex::AddFound(const PageKey& key, int64_t bytes, int64_t stamp,
                          const std::optional<PageKey>& parent) {
-  std::lock_guard<std::mutex> lock(mu_);
+  util::MutexLock lock(mu_);
   ApplyPendingLocked();
   if (pages_.Contains(key)) return false;
   last_stamp_ = std::max(last_stamp_, stamp);
@@ -203,7 +203,7 @@ bool FileIndex::AddFound(const PageKey& key, int64_t bytes, int64_t stamp,
 }
 
 bool FileIndex::DropOrphan(const PageKey& key, const PageKey& parent, bool parent_in_batch) {
-  std::lock_guard<std::mutex> lock(mu_);
+  util::MutexLock lock(mu_);
   ApplyPendingLocked();
   if (pages_.Contains(parent) || !pages_.Contains(key)) return false;
   if (!parent_in_batch && !pages_.Evicted(parent)) return false;
@@ -214,7 +214,7 @@ bool FileIndex::DropOrphan(const PageKey& key, const PageKey& parent, bool paren
 }
 
 int64_t FileIndex::EvictOldest(int64_t bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
+  util::MutexLock lock(mu_);
   ApplyPendingLocked();
   const auto pinned = [this](const PageKey& key) { return pinned_ && pinned_(key); };
   const int64_t target = pages_.bytes() - bytes;
@@ -231,44 +231,44 @@ int64_t FileIndex::EvictOldest(int64_t bytes) {
 }
 
 bool FileIndex::Gone(const PageKey& key) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  util::MutexLock lock(mu_);
   return !pages_.Contains(key) && pages_.Evicted(key);
 }
 
 void FileIndex::Erase(const PageKey& key) {
-  std::lock_guard<std::mutex> lock(mu_);
+  util::MutexLock lock(mu_);
   ApplyPendingLocked();
   pages_.Erase(key);
 }
 
 bool FileIndex::Contains(const PageKey& key) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  util::MutexLock lock(mu_);
   return pages_.Contains(key);
 }
 
 int64_t FileIndex::pages() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  util::MutexLock lock(mu_);
   return pages_.pages();
 }
 
 int64_t FileIndex::bytes() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  util::MutexLock lock(mu_);
   return pages_.bytes();
 }
 
 int64_t FileIndex::evicted() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  util::MutexLock lock(mu_);
   return evicted_;
 }
 
 std::vector<PageKey> FileIndex::LruOrder() {
-  std::lock_guard<std::mutex> lock(mu_);
+  util::MutexLock lock(mu_);
   ApplyPendingLocked();
   return pages_.Order();
 }
 
 std::optional<PageKey> FileIndex::ParentOf(const PageKey& key) {
-  std::lock_guard<std::mutex> lock(mu_);
+  util::MutexLock lock(mu_);
   ApplyPendingLocked();
   return pages_.ParentOf(key);
 }

@@ -68,13 +68,14 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <optional>
 #include <vector>
 
 #include "kvtier/page_key.h"
 #include "kvtier/status.h"
 #include "storage/chain_lru.h"
+#include "util/mutex.h"
+#include "util/thread_annotations.h"
 
 namespace kvtier::storage {
 
@@ -120,17 +121,17 @@ class FileIndex {
   // Loads the pages found at start (any order) with their parents: oldest stamp least recently
   // used. Later stamps are greater than all of theirs. Evicts down to the capacity (it may have
   // shrunk since), a chain's tail first.
-  void Load(std::vector<Found> found);
+  void Load(std::vector<Found> found) KVTIER_EXCLUDES(mu_);
 
   // A stamp for a page about to be written or just hit (strictly increasing).
-  int64_t NextStamp();
+  int64_t NextStamp() KVTIER_EXCLUDES(mu_);
 
   // A page just written (or replaced) with `stamp`: most recently used, its parent recorded when
   // given (nullopt: unknown, or the one recorded before); then evicts until the bytes fit, each
   // victim the least recently used page no stored page names as parent (the page itself last:
   // when it is the only such page, the tail of a chain longer than the room).
   void Put(const PageKey& key, int64_t bytes, int64_t stamp,
-           const std::optional<PageKey>& parent = std::nullopt);
+           const std::optional<PageKey>& parent = std::nullopt) KVTIER_EXCLUDES(mu_);
   // A page just read and checked (`mtime_ns`: its file's mtime the read saw): most recently used,
   // with a new stamp, handed to `on_touched` and returned, when the index's mutex is free; when
   // another thread holds it, queued and applied before the next use of the order (deferred
@@ -139,41 +140,43 @@ class FileIndex {
   // once, skipped when queued).
   std::optional<int64_t> Touch(const PageKey& key, int64_t bytes,
                                const std::optional<PageKey>& parent = std::nullopt,
-                               int64_t mtime_ns = 0);
+                               int64_t mtime_ns = 0) KVTIER_EXCLUDES(mu_, pending_mu_);
   // Applies the queued touches now (the backend's Close, before its stamper's last writes).
-  void ApplyPendingTouches();
-  TouchCounts touch_counts() const;
+  void ApplyPendingTouches() KVTIER_EXCLUDES(mu_, pending_mu_);
+  TouchCounts touch_counts() const KVTIER_EXCLUDES(mu_, pending_mu_);
   // Sets the queue's bound (tests: a tiny one); > 0.
-  void set_pending_touch_limit(size_t limit);
+  void set_pending_touch_limit(size_t limit) KVTIER_EXCLUDES(pending_mu_);
   // A page another process wrote, found by a lookup, with the parent its header names (nullopt:
   // none, or a header of version 1 or that does not check out: a root): least recently used
   // (nobody here used it), unless already known. No eviction (its bytes are another process's
   // count too). Whether it was added.
   bool AddFound(const PageKey& key, int64_t bytes, int64_t stamp,
-                const std::optional<PageKey>& parent = std::nullopt);
+                const std::optional<PageKey>& parent = std::nullopt)
+      KVTIER_EXCLUDES(mu_, pending_mu_);
   // Evicts `key` (its file removed) when `parent` is not stored and either `parent_in_batch` (a
   // page of the same Set) or evicted by this index: a page written after its parent went
   // (DropOrphans in chain_lru.h). Whether it did.
-  bool DropOrphan(const PageKey& key, const PageKey& parent, bool parent_in_batch);
+  bool DropOrphan(const PageKey& key, const PageKey& parent, bool parent_in_batch)
+      KVTIER_EXCLUDES(mu_, pending_mu_);
   // Evicts pages in eviction order (a chain's tail first, pinned pages skipped) until their bytes
   // reach `bytes` or none is left to evict: the free-space floor (disk_space.h) or a full disk.
   // The pages evicted.
-  int64_t EvictOldest(int64_t bytes);
+  int64_t EvictOldest(int64_t bytes) KVTIER_EXCLUDES(mu_, pending_mu_);
   // Whether `key` is not stored and was evicted here (OrphansToSkip in chain_lru.h).
-  bool Gone(const PageKey& key) const;
+  bool Gone(const PageKey& key) const KVTIER_EXCLUDES(mu_);
   // Forgets a page (removed, found absent or corrupt). No effect for an unknown key.
-  void Erase(const PageKey& key);
+  void Erase(const PageKey& key) KVTIER_EXCLUDES(mu_, pending_mu_);
 
-  bool Contains(const PageKey& key) const;
+  bool Contains(const PageKey& key) const KVTIER_EXCLUDES(mu_);
   int64_t capacity() const { return capacity_; }
-  int64_t pages() const;
-  int64_t bytes() const;
-  int64_t evicted() const;
+  int64_t pages() const KVTIER_EXCLUDES(mu_);
+  int64_t bytes() const KVTIER_EXCLUDES(mu_);
+  int64_t evicted() const KVTIER_EXCLUDES(mu_);
   // Keys from most to least recently used (tests; queued touches applied first).
-  std::vector<PageKey> LruOrder();
+  std::vector<PageKey> LruOrder() KVTIER_EXCLUDES(mu_, pending_mu_);
   // The parent recorded for `key` (tests; nullopt: none or unknown key; queued touches applied
   // first).
-  std::optional<PageKey> ParentOf(const PageKey& key);
+  std::optional<PageKey> ParentOf(const PageKey& key) KVTIER_EXCLUDES(mu_, pending_mu_);
 
  private:
   struct PendingTouch {
@@ -184,28 +187,29 @@ class FileIndex {
   };
 
   // Under `mu_`: the queued touches, oldest first; each of a key still stored gets its stamp.
-  void ApplyPendingLocked();
+  void ApplyPendingLocked() KVTIER_REQUIRES(mu_) KVTIER_EXCLUDES(pending_mu_);
   // Under `mu_`: `key` most recently used with a new stamp, handed to `on_touched_`.
   int64_t TouchLocked(const PageKey& key, int64_t bytes, const std::optional<PageKey>& parent,
-                      int64_t mtime_ns);
-  int64_t NextStampLocked();
-  void EvictLocked(const PageKey* keep);
+                      int64_t mtime_ns) KVTIER_REQUIRES(mu_);
+  int64_t NextStampLocked() KVTIER_REQUIRES(mu_);
+  void EvictLocked(const PageKey* keep) KVTIER_REQUIRES(mu_);
 
   const int64_t capacity_;
   const std::function<void(const PageKey&)> remove_;
   const std::function<bool(const PageKey&)> pinned_;
   const OnTouched on_touched_;
-  mutable std::mutex mu_;
-  ChainLru<PageKey, PageKeyHash> pages_;
-  int64_t evicted_ = 0;
-  int64_t last_stamp_ = 0;
-  int64_t touched_at_once_ = 0;
+  mutable util::Mutex mu_;
+  ChainLru<PageKey, PageKeyHash> pages_ KVTIER_GUARDED_BY(mu_);
+  int64_t evicted_ KVTIER_GUARDED_BY(mu_) = 0;
+  int64_t last_stamp_ KVTIER_GUARDED_BY(mu_) = 0;
+  int64_t touched_at_once_ KVTIER_GUARDED_BY(mu_) = 0;
 
   // The queued touches (taken without `mu_`; `mu_` before it when both are held).
-  mutable std::mutex pending_mu_;
-  std::deque<PendingTouch> pending_;
-  size_t pending_limit_ = kPendingTouchLimit;
-  int64_t deferred_ = 0, dropped_ = 0;
+  mutable util::Mutex pending_mu_;
+  std::deque<PendingTouch> pending_ KVTIER_GUARDED_BY(pending_mu_);
+  size_t pending_limit_ KVTIER_GUARDED_BY(pending_mu_) = kPendingTouchLimit;
+  int64_t deferred_ KVTIER_GUARDED_BY(pending_mu_) = 0;
+  int64_t dropped_ KVTIER_GUARDED_BY(pending_mu_) = 0;
   // Whether `pending_` may be non-empty: lets the methods above skip `pending_mu_` when nothing
   // is queued (set under `pending_mu_` by a queueing Touch, cleared under both mutexes).
   std::atomic<bool> has_pending_{false};
