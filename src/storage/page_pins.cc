@@ -7,7 +7,7 @@
 namespace kvtier::storage {
 
 uint64_t PagePins::Add(std::span<const PageKey> keys, std::chrono::nanoseconds ttl) {
-  std::lock_guard<std::mutex> lock(mu_);
+  util::MutexLock lock(mu_);
   ExpireLocked();
   const Clock::time_point now = Now();
   // A TTL past the clock's range lasts until Remove.
@@ -24,7 +24,7 @@ uint64_t PagePins::Add(std::span<const PageKey> keys, std::chrono::nanoseconds t
 }
 
 bool PagePins::Remove(uint64_t id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  util::MutexLock lock(mu_);
   ExpireLocked();
   auto it = pins_.find(id);
   if (it == pins_.end()) return false;
@@ -33,14 +33,14 @@ bool PagePins::Remove(uint64_t id) {
 }
 
 bool PagePins::Pinned(const PageKey& key) {
-  std::lock_guard<std::mutex> lock(mu_);
+  util::MutexLock lock(mu_);
   if (counts_.empty()) return false;
   ExpireLocked();
   return counts_.count(key) != 0;
 }
 
 int64_t PagePins::pinned_keys() {
-  std::lock_guard<std::mutex> lock(mu_);
+  util::MutexLock lock(mu_);
   ExpireLocked();
   return static_cast<int64_t>(counts_.size());
 }

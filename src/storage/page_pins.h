@@ -10,7 +10,6 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
-#include <mutex>
 #include <set>
 #include <span>
 #include <unordered_map>
@@ -18,6 +17,8 @@
 #include <vector>
 
 #include "kvtier/page_key.h"
+#include "util/mutex.h"
+#include "util/thread_annotations.h"
 
 namespace kvtier::storage {
 
@@ -29,13 +30,13 @@ class PagePins {
 
   // Pins `keys` for `ttl` (nanoseconds::max(): until Remove); returns the pin's id (never 0).
   // REQUIRES: ttl > 0.
-  uint64_t Add(std::span<const PageKey> keys, std::chrono::nanoseconds ttl);
+  uint64_t Add(std::span<const PageKey> keys, std::chrono::nanoseconds ttl) KVTIER_EXCLUDES(mu_);
   // Ends a pin; false when `id` is unknown or expired already.
-  bool Remove(uint64_t id);
+  bool Remove(uint64_t id) KVTIER_EXCLUDES(mu_);
   // Whether a live pin names `key` (expired pins are dropped first).
-  bool Pinned(const PageKey& key);
+  bool Pinned(const PageKey& key) KVTIER_EXCLUDES(mu_);
   // Distinct keys pinned by live pins.
-  int64_t pinned_keys();
+  int64_t pinned_keys() KVTIER_EXCLUDES(mu_);
 
  private:
   struct Pin {
@@ -44,15 +45,17 @@ class PagePins {
     bool forever;
   };
   Clock::time_point Now() const { return now_ ? now_() : Clock::now(); }
-  void ExpireLocked();
-  void DropLocked(std::unordered_map<uint64_t, Pin>::iterator it);
+  void ExpireLocked() KVTIER_REQUIRES(mu_);
+  void DropLocked(std::unordered_map<uint64_t, Pin>::iterator it) KVTIER_REQUIRES(mu_);
 
   const std::function<Clock::time_point()> now_;
-  std::mutex mu_;
-  uint64_t next_id_ = 1;
-  std::unordered_map<uint64_t, Pin> pins_;
-  std::set<std::pair<Clock::time_point, uint64_t>> deadlines_;  // pins with a TTL
-  std::unordered_map<PageKey, int64_t, PageKeyHash> counts_;    // live pins naming each key
+  util::Mutex mu_;
+  uint64_t next_id_ KVTIER_GUARDED_BY(mu_) = 1;
+  std::unordered_map<uint64_t, Pin> pins_ KVTIER_GUARDED_BY(mu_);
+  // Pins with a TTL.
+  std::set<std::pair<Clock::time_point, uint64_t>> deadlines_ KVTIER_GUARDED_BY(mu_);
+  // Live pins naming each key.
+  std::unordered_map<PageKey, int64_t, PageKeyHash> counts_ KVTIER_GUARDED_BY(mu_);
 };
 
 }  // namespace kvtier::storage
