@@ -60,7 +60,7 @@
 #include "cache/radix_tree.h"
 #include "cache/stored_key_index.h"
 #include "kvtier/hierarchical_cache.h"
-#include "storage/page_staging.h"
+#include "pool/page_staging.h"
 
 namespace kvtier {
 
