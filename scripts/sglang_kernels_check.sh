@@ -39,16 +39,8 @@ T0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
 
 echo "== sglang_kernels: build the Python extension ($BUILD)"
-PYBIND11_DIR=$("$PY" -m pybind11 --cmakedir 2>/dev/null) || PYBIND11_DIR=""
-CONFIG=(-DKVTIER_BUILD_PYTHON=ON -DPython_EXECUTABLE="$PY" -DPYTHON_EXECUTABLE="$PY")
-[[ -n "$PYBIND11_DIR" ]] && CONFIG+=(-Dpybind11_DIR="$PYBIND11_DIR")
-if [[ ! -f "$BUILD/CMakeCache.txt" ]]; then
-  GEN=(); command -v ninja >/dev/null && GEN=(-G Ninja)
-  CONFIG+=("${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DKVTIER_CUDA=AUTO -DKVTIER_BUILD_TESTS=OFF
-           -DKVTIER_BUILD_BENCH=OFF)
-fi
-if ! { cmake -S . -B "$BUILD" "${CONFIG[@]}" >"$LOGS/build.log" 2>&1 &&
-       cmake --build "$BUILD" -j "$JOBS" --target _kvtier >>"$LOGS/build.log" 2>&1; }; then
+source scripts/lib/python_extension.sh
+if ! build_python_extension "$PY" "$BUILD" "$LOGS/build.log"; then
   tail -30 "$LOGS/build.log"
   echo "sglang_kernels: kvtier's Python extension did not build ($LOGS/build.log): nothing measured"
   exit 2

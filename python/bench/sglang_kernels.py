@@ -48,6 +48,10 @@ default stream, where kvtier would add a fence):
   plain    the same with nothing holding the stream (events around the call: how SGLang's
            published figures were taken; includes submission the GPU waits for);
   ratio    kvtier GB/s / SGLang GB/s (> 1: kvtier faster).
+  JSON only, kvtier's side: engine_us, the median part of its host µs inside the C++
+           TransferEngine::Transfer (the rest is argument handling), and for the direct functions
+           dma, what the dma engine did in the checked call (copy_ops, batch_calls, copies_2d,
+           lanes, kv_merged: _kvtier.sgl_direct_last_stats), to tell where host time goes.
 Repeats: --repeats, fewer (at least 3) where a row would take longer than --row-budget-s.
 Rows: the direct functions at pages 16 and 64 first (the issue's item), then the kernel
 functions, then the direct functions at page 1; JSON and Markdown are rewritten after every row,
@@ -358,6 +362,12 @@ def measure_pair(ctx, rows: list, shape, label: str, fn: str, page: int, tokens:
             first = (str(e).splitlines() or [""])[0][:200]
             result[side]["check"] = f"ERROR {type(e).__name__}: {first}"
     timed = [side for side in sides if result[side]["check"] == "ok"]
+    if "direct" in fn and "kvtier" in timed and torch.cuda.is_available():
+        from kvtier import _kvtier  # what the dma engine did in the checked call
+
+        last_stats = getattr(_kvtier, "sgl_direct_last_stats", None)
+        if last_stats is not None:
+            result["kvtier"]["dma"] = last_stats(torch.cuda.current_device())
     repeats = args.repeats
     try:
         t_call = 0.0  # the slower side's warm call, submission to completion
@@ -371,9 +381,12 @@ def measure_pair(ctx, rows: list, shape, label: str, fn: str, page: int, tokens:
         # A repeat is 3 calls of each side plus the holds (up to 2 calls' time): bound the row.
         repeats = max(3, min(args.repeats, int(args.row_budget_s / max(10 * t_call, 1e-6))))
         host = {side: [] for side in timed}
+        engine = {side: [] for side in timed}  # kvtier's only: SGLang has no engine
         for i in range(repeats):
             for side in (timed if i % 2 == 0 else timed[::-1]):
-                host[side].append(host_us(calls[side], 1, 0)[0])
+                h, e = host_us(calls[side], 1, 0)
+                host[side].append(h)
+                engine[side].append(e)
         host_med = {side: statistics.median(v) for side, v in host.items()}
         hold = max(floor_hold_ms, 2 * max(host_med.values(), default=0) / 1000)
         held = {side: [] for side in timed}
@@ -390,6 +403,8 @@ def measure_pair(ctx, rows: list, shape, label: str, fn: str, page: int, tokens:
         timed = []
     for side in timed:
         ms_held, ms_plain = statistics.median(held[side]), statistics.median(plain[side])
+        if side == "kvtier":
+            result[side]["engine_us"] = round(statistics.median(engine[side]), 1)
         result[side].update(host_us=round(host_med[side], 1), gpu_ms_held=round(ms_held, 4),
                             gbps_held=round(nbytes / ms_held / 1e6, 2),
                             gpu_ms_plain=round(ms_plain, 4),

@@ -25,6 +25,13 @@ host pool, as vLLM's CPU tier keeps them. Per block size and tier:
   vLLM's tier answers with os.path.exists on the scheduler thread.
 - pread ceiling: --threads Python threads preading the block files vLLM's path wrote (page-cache
   hot after one warm-up pass) into the pool: the rate the page cache gives N readers here.
+- --cpu-hogs N: N processes spinning on a core for the whole run (each stops by itself after
+  10 minutes, and with this process), standing for a busy host (the soak beside an H100 run);
+  every row, the ceiling included, is measured beside them.
+
+kvtier rows (--kvtier-options): the defaults (16 blocks a PageStore call, each block a store call
+of its own for file://: max_batch_pages=1), max_batch_pages=4096 (16 blocks a store call, the
+default before: one I/O thread owns each call), pages_per_call=1 (one PageStore call per block).
 
 vLLM's tier at the pinned commit: its data path (tiering/fs/io.py store_block / load_block on
 tiering/fs/thread_pool.py's DualQueueThreadPool, one task per block, 16 + 16 threads: exactly what
@@ -37,9 +44,12 @@ reconstructed source: files are named <dir>/vllm/<key hex>.bin.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import mmap
+import multiprocessing
 import os
+import signal
 import shutil
 import sys
 import threading
@@ -260,6 +270,31 @@ def pread_ceiling(paths, pool, threads: int, passes: int = 2) -> float:
     return rate
 
 
+HOG_SECONDS = 600  # a hog stops by itself after this, whatever happens to the bench
+
+
+def _hog(deadline: float) -> None:
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    while time.monotonic() < deadline:
+        pass
+
+
+def start_hogs(n: int) -> list:
+    deadline = time.monotonic() + HOG_SECONDS
+    hogs = [multiprocessing.get_context("fork").Process(target=_hog, args=(deadline,), daemon=True)
+            for _ in range(n)]
+    for h in hogs:
+        h.start()
+    return hogs
+
+
+def stop_hogs(hogs: list) -> None:
+    for h in hogs:
+        h.kill()
+    for h in hogs:
+        h.join()
+
+
 def o_direct_works(directory: str) -> bool:
     path = os.path.join(directory, ".o_direct_probe")
     try:
@@ -352,8 +387,9 @@ def bench_block_size(args, tokens: int) -> list[dict]:
 
 
 def markdown_table(rows: list[dict], args) -> str:
+    beside = f", beside {args.cpu_hogs} spinning processes" if args.cpu_hogs else ""
     out = [f"Blocks of Llama-3-8B shape, {args.total_mib} MiB per run, jobs of {args.job_blocks} "
-           f"blocks, pread ceiling with {args.threads} threads (page-cache hot).", "",
+           f"blocks, pread ceiling with {args.threads} threads (page-cache hot){beside}.", "",
            "| tokens/block | tier | store GB/s | load GB/s | load % of ceiling | scheduler us/call "
            "store, load (CPU) | lookup us (scheduler us/call) | bytes |",
            "| ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
@@ -381,7 +417,10 @@ def main() -> int:
     p.add_argument("--tokens", type=int, nargs="+", default=[16, 64], help="tokens per block")
     p.add_argument("--job-blocks", type=int, default=16, help="blocks per store/load job")
     p.add_argument("--threads", type=int, default=16, help="pread ceiling threads")
-    p.add_argument("--kvtier-options", nargs="+", default=["", "pages_per_call=1"],
+    p.add_argument("--cpu-hogs", type=int, default=0,
+                   help="processes spinning on a core during the whole run (a busy host)")
+    p.add_argument("--kvtier-options", nargs="+",
+                   default=["", "max_batch_pages=4096", "pages_per_call=1"],
                    help="one kvtier row per item: tier options 'name=value,...' ('' = defaults)")
     p.add_argument("--json", help="write the rows here")
     p.add_argument("--markdown", help="write the table here (BENCHMARKS.md's form)")
@@ -395,8 +434,12 @@ def main() -> int:
         sys.exit(f"vllm_tiers: {args.dir} has {free >> 20} MiB free, need {2 * need >> 20}")
 
     rows = []
-    for tokens in args.tokens:
-        rows += bench_block_size(args, tokens)
+    hogs = start_hogs(args.cpu_hogs)
+    try:
+        for tokens in args.tokens:
+            rows += bench_block_size(args, tokens)
+    finally:
+        stop_hogs(hogs)
     print(f"{'tokens':>6} {'tier':<40} {'store GB/s':>10} {'load GB/s':>9} {'% ceil':>6} "
           f"{'host us/call st/ld (cpu)':>30} {'lookup us (host)':>17} {'bytes':>5}")
     for r in rows:

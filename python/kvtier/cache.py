@@ -60,7 +60,9 @@ from typing import Any, Optional, Tuple
 
 from . import _kvtier
 from ._buffers import HOST, resolve_stream
+from ._cache_fields import CONFIG_FIELDS, FIELDS_BY_NAME
 from .ops import KvRegion, _check_settings, _int
+from .tp import TpGroup
 
 __all__ = ["HierarchicalCache", "Match", "LoadBack", "Prefetch", "StorageQuery", "Pin",
            "PREFETCH_POLICIES", "CACHE_TIERS"]
@@ -88,9 +90,9 @@ def _int32(value: Any, name: str, minimum: Optional[int] = None) -> int:
     return value
 
 
-# The cache's settings, read from the C++ HierarchicalCacheConfig schema.
-_CONFIG_FIELDS = tuple(_kvtier.cache_config_fields())
-_FIELDS_BY_NAME = {f["name"]: f for f in _CONFIG_FIELDS}
+# The cache's settings, read from the C++ HierarchicalCacheConfig schema (_cache_fields.py).
+_CONFIG_FIELDS = CONFIG_FIELDS
+_FIELDS_BY_NAME = FIELDS_BY_NAME
 
 
 def _slots_from_bytes(data: bytes) -> Any:
@@ -297,8 +299,6 @@ class HierarchicalCache:
             raise ValueError(f"shared_host = {shared_host!r} must be a segment name or None")
         tp = None
         if tp_group is not None:
-            from .tp import TpGroup
-
             if not isinstance(tp_group, TpGroup):
                 raise ValueError(f"tp_group must be a kvtier.TpGroup, not {type(tp_group).__name__}")
             if tp_group.rank != 0:

@@ -38,7 +38,7 @@ from typing import Any, Callable, Optional
 
 from . import _kvtier
 from ._buffers import HOST
-from .cache import _FIELDS_BY_NAME
+from ._cache_fields import FIELDS_BY_NAME
 from .ops import KvRegion, _check_settings, _int
 
 __all__ = ["TpGroup", "TpFollower"]
@@ -154,7 +154,7 @@ class TpFollower:
         if transfer_backend is None:
             transfer_backend = "cpu" if device_region.device == HOST else "kernel"
         settings["transfer_backend"] = transfer_backend
-        config = _check_settings(_FIELDS_BY_NAME, settings, "TpFollower")
+        config = _check_settings(FIELDS_BY_NAME, settings, "TpFollower")
         self.group = group
         self._native = _kvtier._TpFollower(device_region, device_region._native, config,
                                            group._native())

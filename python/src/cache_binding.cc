@@ -437,50 +437,51 @@ py::dict StatsDict(const CacheStats& s) {
   return d;
 }
 
-}  // namespace
+// Construction: the device region's buffers checked writable, the config from its dict, and a
+// TP group's leader cache (tp_binding.h) when `tp` is given.
+void DefConstruction(py::class_<PyCache>& cls) {
+  cls.def(py::init([](py::object region_keepalive, const PyRegion& device_region,
+                      const py::dict& config_dict, const std::string& shared_host,
+                      const std::optional<py::dict>& tp) {
+            // load_back writes into the region: read-only memory (bytes, a read-only mmap) is
+            // refused here (issue 36: it was accepted, and the first load-back crashed).
+            for (size_t i = 0; i < device_region.buffers.size(); ++i) {
+              if (IsReadOnly(device_region.buffers[i])) {
+                ThrowInvalid(
+                    fmt::format("device_region buffer {} is read-only; the cache writes "
+                                "into it (load_back): give it writable memory",
+                                device_region.labels[i]));
+              }
+            }
+            const HierarchicalCacheConfig config =
+                ConfigFromDict(config_dict, shared_host, device_region);
+            const KvRegion region = device_region.Get();
+            if (tp.has_value()) {  // the leader of a TP group (tp_binding.h)
+              const TpGroupConfig group = TpGroupConfigFromDict(*tp);
+              TpLeaderCache made =
+                  Unwrap(WithoutGil([&] { return CreateTpLeaderCache(config, region, group); }));
+              return std::make_unique<PyCache>(std::move(made.cache), std::move(region_keepalive),
+                                               std::move(made.leader));
+            }
+            Result<std::unique_ptr<HierarchicalCache>> cache =
+                WithoutGil([&] { return HierarchicalCache::Create(config, region); });
+            return std::make_unique<PyCache>(Unwrap(std::move(cache)), std::move(region_keepalive));
+          }),
+          py::arg("region_keepalive"), py::arg("device_region"), py::arg("config"),
+          py::arg("shared_host"), py::arg("tp") = py::none());
+}
 
-void RegisterCache(py::module_& m) {
+// A request's calls: match, the storage tier's query and prefetch, load-back, release.
+void DefRequestCalls(py::class_<PyCache>& cls) {
   using CallGuard = PyCache::CallGuard;
-  py::class_<PyCache>(m, "_HierarchicalCache",
-                      "The C++ cache manager; use kvtier.HierarchicalCache.")
-      .def(py::init([](py::object region_keepalive, const PyRegion& device_region,
-                       const py::dict& config_dict, const std::string& shared_host,
-                       const std::optional<py::dict>& tp) {
-             // load_back writes into the region: read-only memory (bytes, a read-only mmap) is
-             // refused here (issue 36: it was accepted, and the first load-back crashed).
-             for (size_t i = 0; i < device_region.buffers.size(); ++i) {
-               if (IsReadOnly(device_region.buffers[i])) {
-                 ThrowInvalid(
-                     fmt::format("device_region buffer {} is read-only; the cache writes "
-                                 "into it (load_back): give it writable memory",
-                                 device_region.labels[i]));
-               }
-             }
-             const HierarchicalCacheConfig config =
-                 ConfigFromDict(config_dict, shared_host, device_region);
-             const KvRegion region = device_region.Get();
-             if (tp.has_value()) {  // the leader of a TP group (tp_binding.h)
-               const TpGroupConfig group = TpGroupConfigFromDict(*tp);
-               TpLeaderCache made =
-                   Unwrap(WithoutGil([&] { return CreateTpLeaderCache(config, region, group); }));
-               return std::make_unique<PyCache>(std::move(made.cache), std::move(region_keepalive),
-                                                std::move(made.leader));
-             }
-             Result<std::unique_ptr<HierarchicalCache>> cache =
-                 WithoutGil([&] { return HierarchicalCache::Create(config, region); });
-             return std::make_unique<PyCache>(Unwrap(std::move(cache)),
-                                              std::move(region_keepalive));
-           }),
-           py::arg("region_keepalive"), py::arg("device_region"), py::arg("config"),
-           py::arg("shared_host"), py::arg("tp") = py::none())
-      .def("match",
-           [](PyCache& c, uint64_t tokens, int64_t count, const std::string& ns) {
-             auto span = SpanOf<Token>(tokens, count, "tokens");
-             CallGuard cache(c);
-             MatchResult r = Unwrap(ReapAndRun(cache, [&] { return cache->Match(span, ns); }));
-             return py::make_tuple(r.handle.id, r.device_tokens, SlotBytes(r.device_slots),
-                                   r.host_tokens, SlotBytes(r.host_slots), r.storage_tokens);
-           })
+  cls.def("match",
+          [](PyCache& c, uint64_t tokens, int64_t count, const std::string& ns) {
+            auto span = SpanOf<Token>(tokens, count, "tokens");
+            CallGuard cache(c);
+            MatchResult r = Unwrap(ReapAndRun(cache, [&] { return cache->Match(span, ns); }));
+            return py::make_tuple(r.handle.id, r.device_tokens, SlotBytes(r.device_slots),
+                                  r.host_tokens, SlotBytes(r.host_slots), r.storage_tokens);
+          })
       .def("query_storage",
            [](PyCache& c, uint64_t handle) {
              CallGuard cache(c);
@@ -537,29 +538,34 @@ void RegisterCache(py::module_& m) {
             }
             ThrowIfError(WithoutGil([&] { return cache->Release(MatchHandle{handle}); }));
           },
-          py::arg("handle"), py::arg("stream") = py::none(), py::arg("device") = 0)
-      .def("pin",
-           [](PyCache& c, uint64_t tokens, int64_t count, const std::vector<std::string>& tiers,
-              double ttl_seconds, const std::string& ns) {
-             auto span = SpanOf<Token>(tokens, count, "tokens");
-             std::vector<CacheTier> named;
-             for (const std::string& t : tiers) {
-               if (t == "device") {
-                 named.push_back(CacheTier::kDevice);
-               } else if (t == "host") {
-                 named.push_back(CacheTier::kHost);
-               } else if (t == "storage") {
-                 named.push_back(CacheTier::kStorage);
-               } else {
-                 ThrowIfError(Status::InvalidArgument(
-                     fmt::format("tiers: '{}' is not one of device, host, storage", t)));
-               }
-             }
-             CallGuard cache(c);
-             PinResult r = Unwrap(
-                 ReapAndRun(cache, [&] { return cache->Pin(span, named, ttl_seconds, ns); }));
-             return py::make_tuple(r.pin.id, r.pinned_tokens, r.store_pinned);
-           })
+          py::arg("handle"), py::arg("stream") = py::none(), py::arg("device") = 0);
+}
+
+// Pins, the engine's device slots and inserting a computed prefix.
+void DefPinAndSlotCalls(py::class_<PyCache>& cls) {
+  using CallGuard = PyCache::CallGuard;
+  cls.def("pin",
+          [](PyCache& c, uint64_t tokens, int64_t count, const std::vector<std::string>& tiers,
+             double ttl_seconds, const std::string& ns) {
+            auto span = SpanOf<Token>(tokens, count, "tokens");
+            std::vector<CacheTier> named;
+            for (const std::string& t : tiers) {
+              if (t == "device") {
+                named.push_back(CacheTier::kDevice);
+              } else if (t == "host") {
+                named.push_back(CacheTier::kHost);
+              } else if (t == "storage") {
+                named.push_back(CacheTier::kStorage);
+              } else {
+                ThrowIfError(Status::InvalidArgument(
+                    fmt::format("tiers: '{}' is not one of device, host, storage", t)));
+              }
+            }
+            CallGuard cache(c);
+            PinResult r =
+                Unwrap(ReapAndRun(cache, [&] { return cache->Pin(span, named, ttl_seconds, ns); }));
+            return py::make_tuple(r.pin.id, r.pinned_tokens, r.store_pinned);
+          })
       .def("unpin",
            [](PyCache& c, uint64_t pin) {
              CallGuard cache(c);
@@ -606,34 +612,43 @@ void RegisterCache(py::module_& m) {
              d["new_tokens"] = i.new_tokens;
              d["duplicate_tokens"] = i.duplicate_tokens;
              return d;
-           })
-      .def("evict_device",
-           [](PyCache& c, int64_t n) {
-             CallGuard cache(c);
-             return Unwrap(ReapAndRun(cache, [&] { return cache->EvictDevice(n); }));
-           })
+           });
+}
+
+// Tier operations: eviction and waiting for the backups.
+void DefTierCalls(py::class_<PyCache>& cls) {
+  using CallGuard = PyCache::CallGuard;
+  cls.def("evict_device",
+          [](PyCache& c, int64_t n) {
+            CallGuard cache(c);
+            return Unwrap(ReapAndRun(cache, [&] { return cache->EvictDevice(n); }));
+          })
       .def("evict_host",
            [](PyCache& c, int64_t n) {
              CallGuard cache(c);
              return Unwrap(WithoutGil([&] { return cache->EvictHost(n); }));
            })
-      .def("wait_for_backups",
-           [](PyCache& c) {
-             CallGuard cache(c);
-             ThrowIfError(WithoutGil([&] {
-               cache.deferred().Reap(*cache, /*wait=*/false);
-               return cache->WaitForBackups();
-             }));
-             ThrowIfError(cache.deferred().TakeError());
-           })
-      .def("stats",
-           [](PyCache& c) {
-             CallGuard cache(c);
-             return StatsDict(WithoutGil([&] {
-               cache.deferred().Reap(*cache, /*wait=*/false);
-               return cache->stats();
-             }));
-           })
+      .def("wait_for_backups", [](PyCache& c) {
+        CallGuard cache(c);
+        ThrowIfError(WithoutGil([&] {
+          cache.deferred().Reap(*cache, /*wait=*/false);
+          return cache->WaitForBackups();
+        }));
+        ThrowIfError(cache.deferred().TakeError());
+      });
+}
+
+// What the cache reports: stats, metrics, its consistency, its shape and host tier; close.
+void DefInspection(py::class_<PyCache>& cls) {
+  using CallGuard = PyCache::CallGuard;
+  cls.def("stats",
+          [](PyCache& c) {
+            CallGuard cache(c);
+            return StatsDict(WithoutGil([&] {
+              cache.deferred().Reap(*cache, /*wait=*/false);
+              return cache->stats();
+            }));
+          })
       .def("metrics",
            [](PyCache& c) {
              CallGuard cache(c);
@@ -661,16 +676,23 @@ void RegisterCache(py::module_& m) {
              d["mla"] = r.mla;
              return d;
            })
-      .def("tp_publish",
-           [](PyCache& c, const py::bytes& message) {
-             CallGuard cache(c);
-             const std::string data = message;
-             TpLeader& leader = cache.tp_leader();
-             return Unwrap(WithoutGil([&] {
-               return leader.PublishMessage(std::span<const std::byte>(
-                   reinterpret_cast<const std::byte*>(data.data()), data.size()));
-             }));
-           })
+      .def("close", &PyCache::Close)
+      .def_property_readonly("closed", &PyCache::closed);
+}
+
+// A TP group's leader (tp_binding.h): its engine messages, waits and statistics.
+void DefTpLeaderCalls(py::class_<PyCache>& cls) {
+  using CallGuard = PyCache::CallGuard;
+  cls.def("tp_publish",
+          [](PyCache& c, const py::bytes& message) {
+            CallGuard cache(c);
+            const std::string data = message;
+            TpLeader& leader = cache.tp_leader();
+            return Unwrap(WithoutGil([&] {
+              return leader.PublishMessage(std::span<const std::byte>(
+                  reinterpret_cast<const std::byte*>(data.data()), data.size()));
+            }));
+          })
       .def("tp_wait_applied",
            [](PyCache& c, uint64_t seq) {
              CallGuard cache(c);
@@ -688,23 +710,24 @@ void RegisterCache(py::module_& m) {
              CallGuard cache(c);
              return Unwrap(cache.tp_leader().MessageResult(rank, seq));
            })
-      .def("tp_stats",
-           [](PyCache& c) {
-             CallGuard cache(c);
-             const TpLeaderStats s = cache.tp_leader().stats();
-             py::dict d;
-             d["size"] = cache.tp_leader().config().tp_size;
-             d["records"] = s.records;
-             d["record_bytes"] = s.record_bytes;
-             d["slots"] = s.slots;
-             d["waits"] = s.waits;
-             d["wakes"] = s.wakes;
-             d["ack_wait_seconds"] = s.ack_wait_seconds;
-             d["health"] = cache.tp_leader().health().ToString();
-             return d;
-           })
-      .def("close", &PyCache::Close)
-      .def_property_readonly("closed", &PyCache::closed);
+      .def("tp_stats", [](PyCache& c) {
+        CallGuard cache(c);
+        const TpLeaderStats s = cache.tp_leader().stats();
+        py::dict d;
+        d["size"] = cache.tp_leader().config().tp_size;
+        d["records"] = s.records;
+        d["record_bytes"] = s.record_bytes;
+        d["slots"] = s.slots;
+        d["waits"] = s.waits;
+        d["wakes"] = s.wakes;
+        d["ack_wait_seconds"] = s.ack_wait_seconds;
+        d["health"] = cache.tp_leader().health().ToString();
+        return d;
+      });
+}
+
+// kvtier.int32_tokens: a Python sequence of ints as int32 bytes.
+void RegisterInt32Tokens(py::module_& m) {
   m.def(
       "int32_tokens",
       [](py::handle obj, const std::string& name) {
@@ -736,6 +759,10 @@ void RegisterCache(py::module_& m) {
       },
       py::arg("tokens"), py::arg("name"),
       "A list or tuple of ints as int32 bytes (ValueError naming `name` otherwise).");
+}
+
+// The shared host segment's lifetime (as `kvtier shm create` / `destroy`).
+void RegisterSharedHostSegments(py::module_& m) {
   m.def(
       "shm_create",
       [](const std::string& name, const std::string& layout, int64_t num_layers, int64_t slot_bytes,
@@ -778,9 +805,10 @@ void RegisterCache(py::module_& m) {
         ThrowIfError(WithoutGil([&] { return SharedHostPool::Destroy(name); }));
       },
       py::arg("name"), "Removes a shared host segment's name (as `kvtier shm destroy`).");
-  m.def("cache_config_fields", &CacheConfigTable,
-        "The HierarchicalCache settings: [{name, kind, default, min, max, min_exclusive, choices, "
-        "help}], defaults read from the C++ HierarchicalCacheConfig.");
+}
+
+// Ordering one CUDA stream after others (a no-op without CUDA).
+void RegisterStreamWait(py::module_& m) {
   m.def(
       "stream_wait_streams",
       [](int device, uint64_t waiter, const std::vector<uint64_t>& others) {
@@ -814,6 +842,25 @@ void RegisterCache(py::module_& m) {
       },
       py::arg("device"), py::arg("waiter"), py::arg("others"),
       "Makes `waiter` wait (on the device) for the work queued so far on each of `others`.");
+}
+
+}  // namespace
+
+void RegisterCache(py::module_& m) {
+  py::class_<PyCache> cls(m, "_HierarchicalCache",
+                          "The C++ cache manager; use kvtier.HierarchicalCache.");
+  DefConstruction(cls);
+  DefRequestCalls(cls);
+  DefPinAndSlotCalls(cls);
+  DefTierCalls(cls);
+  DefInspection(cls);
+  DefTpLeaderCalls(cls);
+  RegisterInt32Tokens(m);
+  RegisterSharedHostSegments(m);
+  m.def("cache_config_fields", &CacheConfigTable,
+        "The HierarchicalCache settings: [{name, kind, default, min, max, min_exclusive, choices, "
+        "help}], defaults read from the C++ HierarchicalCacheConfig.");
+  RegisterStreamWait(m);
 }
 
 }  // namespace kvtier::python

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "errors.h"
+#include "kvtier/engine_stats.h"
 #include "kvtier/host_memory.h"
 #include "kvtier/layout.h"
 #include "kvtier/transfer.h"
@@ -592,6 +593,22 @@ void SglDirect(int kind_value, py::handle src_list, py::handle dst_list, py::han
          TransferBackend::kDma);
 }
 
+// What the dma engine of `device` did in this thread's last direct call (engine_stats.h), for
+// python/bench/sglang_kernels.py; None in a build without CUDA or before the engine exists.
+py::object LastDirectStats(int device) {
+  const Result<std::shared_ptr<TransferEngine>> engine = GetEngine(TransferBackend::kDma, device);
+  if (!engine.ok()) return py::none();
+  const testing::GpuTransferStats* st = testing::LastTransferStats(**engine);
+  if (st == nullptr) return py::none();
+  py::dict d;
+  d["copy_ops"] = st->copy_ops;
+  d["batch_calls"] = st->batch_calls;
+  d["copies_2d"] = st->copies_2d;
+  d["lanes"] = st->lanes;
+  d["kv_merged"] = st->kv_merged;
+  return d;
+}
+
 }  // namespace
 
 void RegisterCompat(py::module_& m) {
@@ -602,6 +619,9 @@ void RegisterCompat(py::module_& m) {
   m.def("sgl_direct", &SglDirect,
         "The body of kvtier.compat.sgl_kernel's direct functions: (kind, src, dst, src_indices, "
         "dst_indices, layer_id, page_size).");
+  m.def("sgl_direct_last_stats", &LastDirectStats, py::arg("device") = 0,
+        "What the dma engine of `device` did in this thread's last call (copy_ops, batch_calls, "
+        "copies_2d, lanes, kv_merged), or None without CUDA: a diagnostic for the benches.");
 }
 
 }  // namespace kvtier::python

@@ -58,10 +58,10 @@ LayerEvents* CastLayerEvents(py::handle h) {
   return &h.cast<PyLayerEvents&>().events;
 }
 
-void RegisterDevice(py::module_& m) {
-  m.def("cuda_device_count", &CudaDeviceCount,
-        "CUDA devices visible to kvtier (0 without CUDA, a driver or a GPU).");
+namespace {
 
+// kvtier.LayerEvents: one reusable CUDA event per layer of a multi-layer copy.
+void RegisterLayerEvents(py::module_& m) {
   py::class_<PyLayerEvents>(m, "LayerEvents", R"doc(
 One reusable CUDA event per layer of a multi-layer copy. Pass it as `layer_events=` to a GPU
 transfer (kvtier.ops.transfer / transfer_all_layers): event k is recorded on the copy's stream once
@@ -125,7 +125,10 @@ device (no host blocking) before using layer k. Needs kvtier built with CUDA.)do
             return reinterpret_cast<uintptr_t>(e.events.event(layer));
           },
           py::arg("layer"), "The raw cudaEvent_t of layer `layer`, as an integer.");
+}
 
+// kvtier.PinnedRegistration: an existing host buffer page-locked while the object lives.
+void RegisterPinnedRegistration(py::module_& m) {
   py::class_<PyPinnedRegistration>(m, "PinnedRegistration", R"doc(
 Page-locks an existing host buffer (cudaHostRegister) while the object lives, so the kernel
 backend can read and write it; close() (or leaving a `with` block) unregisters it. The object keeps
@@ -160,6 +163,16 @@ the buffer alive. Needs kvtier built with CUDA.)doc")
         r.buffer = py::none();
         return false;
       });
+}
+
+}  // namespace
+
+void RegisterDevice(py::module_& m) {
+  m.def("cuda_device_count", &CudaDeviceCount,
+        "CUDA devices visible to kvtier (0 without CUDA, a driver or a GPU).");
+
+  RegisterLayerEvents(m);
+  RegisterPinnedRegistration(m);
 
 #if defined(KVTIER_PY_WITH_CUDA)
   m.def(

@@ -24,6 +24,7 @@
 #include "cache_config_table.h"
 #include "errors.h"
 #include "kvtier/host_pool.h"
+#include "kvtier/tp_leader_cache.h"
 #include "transfer_binding.h"
 
 namespace py = pybind11;
@@ -278,30 +279,19 @@ Result<TpLeaderCache> CreateTpLeaderCache(HierarchicalCacheConfig config, const 
   KVTIER_ASSIGN_OR_RETURN(out.leader,
                           TpLeader::Create(group, TpShape{g.num_slots, HostSlotsFor(config, device),
                                                           g.num_layers, g.page_size, device.mla}));
+  std::shared_ptr<StorageBackend> rank_store;
   if (config.storage.enabled()) {
     if (config.storage.url.empty()) {
       return Status::InvalidArgument("tp group: the storage tier must be given as a URL");
     }
     KVTIER_ASSIGN_OR_RETURN(const StorageNamespace ns, RankPages(config, device, 0, group.tp_size));
-    KVTIER_ASSIGN_OR_RETURN(std::shared_ptr<StorageBackend> own,
+    KVTIER_ASSIGN_OR_RETURN(rank_store,
                             OpenTpRankStorage(config.storage.url, ns, config.storage.options));
-    // MLA: the leader is the one writer; every rank reads.
-    config.storage.backend = out.leader->WrapStorage(std::move(own), !device.mla);
-    if (config.storage.backend == nullptr) {
-      return Status::Unavailable("tp group: the leader's storage threads could not be started");
-    }
   }
-  KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<TransferEngine> inner,
+  KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<TransferEngine> engine,
                           MakeTransferEngine(config.transfer_backend, config.transfer));
-  KVTIER_ASSIGN_OR_RETURN(
-      out.cache,
-      HierarchicalCache::Create(config, device, out.leader->WrapEngine(std::move(inner), device)));
-  if (out.cache->host_region().geometry.num_slots != out.leader->shape().host_slots) {
-    return Status::Internal(fmt::format("tp group: the cache made {} host slots, the group has {}",
-                                        out.cache->host_region().geometry.num_slots,
-                                        out.leader->shape().host_slots));
-  }
-  out.leader->SetHostRegion(out.cache->host_region());
+  KVTIER_ASSIGN_OR_RETURN(out.cache, MakeTpLeaderCache(std::move(config), device, out.leader.get(),
+                                                       std::move(engine), std::move(rank_store)));
   KVTIER_RETURN_IF_ERROR(out.leader->WaitForFollowers());
   return out;
 }

@@ -27,10 +27,9 @@ struct TpLeaderCache {
 };
 
 // Creates the group's ring (announcing the shape every rank's pools must have), the cache over
-// `device` with the leader's engine (and, with a storage tier, the leader's view of the per-head
-// store wrapped so every rank runs each Get and Set on its heads), then waits for the followers
-// to attach (attach_timeout_s). A storage tier needs host_layout page_head (InvalidArgument).
-// Call without the GIL.
+// `device` (MakeTpLeaderCache: the leader's engine and, with a storage tier, rank 0's view of the
+// per-head store at storage.url), then waits for the followers to attach (attach_timeout_s). A
+// storage tier needs host_layout page_head (InvalidArgument). Call without the GIL.
 Result<TpLeaderCache> CreateTpLeaderCache(HierarchicalCacheConfig config, const KvRegion& device,
                                           const TpGroupConfig& group);
 

@@ -212,7 +212,11 @@ SlotIndices PyIndices::Get() const {
   return s;
 }
 
-void RegisterTransfer(py::module_& m, LayerEventsCaster layer_events_caster) {
+namespace {
+
+// kvtier.Region (a region as the C++ core sees it) and kvtier.Indices (slot indices as raw
+// memory).
+void RegisterRegionClasses(py::module_& m) {
   py::class_<PyRegion>(m, "Region", R"doc(
 A KV region as the C++ core sees it: geometry, residency and raw addresses. Build regions with
 kvtier.ops.region(), which checks buffer sizes; this class does not (it cannot see the buffers).)doc")
@@ -292,7 +296,11 @@ kvtier.ops.region(), which checks buffer sizes; this class does not (it cannot s
       .def_readonly("count", &PyIndices::count)
       .def_readonly("int64", &PyIndices::int64)
       .def_readonly("device", &PyIndices::device);
+}
 
+// The copies: transfer (raw arguments), transfer_objects (kvtier.ops.transfer's body) and
+// synchronize.
+void RegisterTransferCalls(py::module_& m, LayerEventsCaster layer_events_caster) {
   m.def(
       "transfer",
       [layer_events_caster](const PyRegion& src, const PyRegion& dst, const PyIndices& src_indices,
@@ -361,7 +369,10 @@ GPU backends return once the copy is enqueued; cpu once the bytes are in place.)
       py::arg("backend"), py::arg("stream") = 0, py::arg("device") = 0,
       "Waits for the backend's copies on `stream` and raises the first deferred device error "
       "(for example an out-of-range device index that a kernel skipped).");
+}
 
+// The settings of kvtier.ops's engines and what they report.
+void RegisterEngineSettings(py::module_& m) {
   m.def(
       "configure",
       [](py::kwargs settings) {
@@ -383,6 +394,14 @@ GPU backends return once the copy is enqueued; cpu once the bytes are in place.)
       "benchmarks (python/bench/).");
 
   m.def("built_with_cuda", &BuiltWithCuda, "True when kvtier was built with the CUDA backends.");
+}
+
+}  // namespace
+
+void RegisterTransfer(py::module_& m, LayerEventsCaster layer_events_caster) {
+  RegisterRegionClasses(m);
+  RegisterTransferCalls(m, layer_events_caster);
+  RegisterEngineSettings(m);
 }
 
 }  // namespace kvtier::python

@@ -278,6 +278,38 @@ def test_page_first_direct(mla, dtype, stream):
             assert_same(targets[b], wt[b])
 
 
+@pytest.mark.parametrize("mla", [False, True], ids=["mha", "mla"])
+def test_page_first_direct_load_goes_out_in_growing_batch_calls(mla):
+    """A per-layer load of 128 random pages of 64 (SGLang's page-64 row): the dma engine's single
+    copies go out in cudaMemcpyBatchAsync calls of 16, 32, 32, ... (BatchPieces, dma_plan.h),
+    every byte right; without the batch API (driver < 12.8) one cudaMemcpyAsync each."""
+    from kvtier import _kvtier
+
+    p, nb, layer = 64, 1 if mla else 2, 2
+    tail = (1, MLA_DIM) if mla else (H, D)
+    pool = [pinned((N // p, L, p) + tail, torch.bfloat16) for _ in range(nb)]
+    want = refill(*pool)
+    targets = [rand((N,) + tail, torch.bfloat16, "gpu") for _ in range(nb)]
+    rng = np.random.default_rng(37)
+    si = torch.from_numpy(random_indices(rng, 8192, N, p))
+    di = torch.from_numpy(random_indices(rng, 8192, N, p))
+    wt = [x.clone() for x in targets]
+    run_on("side", lambda: kv.transfer_kv_per_layer_direct_pf_lf(pool, targets, si, di, layer, p))
+    stats = _kvtier.sgl_direct_last_stats(torch.cuda.current_device())
+    for b in range(nb):
+        wt[b][di.to(dev)] = want[b][si.to(dev) // p, layer, si.to(dev) % p]
+        assert_same(targets[b], wt[b])
+    singles = stats["copy_ops"] - stats["copies_2d"]
+    assert stats["lanes"] == 1 and 0 < stats["copy_ops"] <= 128 * nb
+    pieces, piece, left = 0, 16, singles if singles >= 2 else 0  # BatchPieces' rule
+    while left > 0:
+        left -= left if 2 * left <= 3 * piece else piece
+        piece, pieces = min(max(32, singles // 16), 2 * piece), pieces + 1
+    # + 1: the strided copies' cudaMemcpy3DBatchAsync, when the plan grouped two or more.
+    allowed = {0, pieces, pieces + 1} if stats["copies_2d"] >= 2 else {0, pieces}
+    assert stats["batch_calls"] in allowed, (stats, pieces)
+
+
 # ---- stream semantics, errors -------------------------------------------------------------------
 
 def test_copy_is_ordered_on_the_current_side_stream():

@@ -37,7 +37,11 @@ if not hasattr(kvtier, "PageStore"):
         raise RuntimeError("this kvtier build has no kvtier.PageStore")
     pytest.skip("this kvtier build has no kvtier.PageStore", allow_module_level=True)
 
-from vllm.v1.kv_offload.base import ReqContext, make_offload_key  # noqa: E402
+from vllm.v1.kv_offload.base import (  # noqa: E402
+    ReqContext,
+    get_offload_block_hash,
+    make_offload_key,
+)
 from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion  # noqa: E402
 from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory  # noqa: E402
 from vllm.v1.kv_offload.tiering.manager import (  # noqa: E402
@@ -45,7 +49,7 @@ from vllm.v1.kv_offload.tiering.manager import (  # noqa: E402
     TieringOffloadingManager,
 )
 
-from kvtier.integrations.vllm import KvtierTier  # noqa: E402
+from kvtier.integrations.vllm import KvtierTier, page_key_of  # noqa: E402
 
 DEADLINE_S = 60.0
 NUM_CPU_BLOCKS = 8
@@ -267,7 +271,7 @@ def test_failed_load_is_reported_failed_then_absent_never_wrong_bytes(tmp_path):
         data = engine.store(first, rng)
         engine.store(make_keys(NUM_CPU_BLOCKS, seed=9), rng)
         lost = first[0]
-        assert engine.tier.store.remove([lost]) == [True]  # the store lost it after the tier saw it
+        assert engine.tier.store.remove([page_key_of(lost)]) == [True]  # the store lost it after the tier saw it
 
         engine.pool[:] = np.int8(-91)
         req = ReqContext(req_id="load")
@@ -356,12 +360,29 @@ def test_settings_default_to_vllms_config(tmp_path):
 
 
 def test_docs_list_every_tier_field():
-    from kvtier.integrations.vllm import TIER_FIELDS
+    from kvtier.integrations.vllm import TIER_FIELDS, TIER_STORAGE_DEFAULTS
 
     docs = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "vllm.md")
     with open(docs) as f:
         text = f.read()
     assert [f.name for f in TIER_FIELDS if f"| `{f.name}` |" not in text] == []
+    assert [n for n, _, _ in TIER_STORAGE_DEFAULTS if f"| `{n}` |" not in text] == []
+
+
+def test_file_stores_get_one_store_call_per_block_and_a_queue_bound_to_match(tmp_path):
+    """file://: 16 blocks a tier call, each block its own store call (max_batch_pages=1), and so
+    8 tier calls in flight (128 store calls, half the store's queue); the config overrides each."""
+    from kvtier.integrations.vllm import resolve_tier_config
+
+    settings, storage = resolve_tier_config(None, tier_config(f"file://{tmp_path}/s", False))
+    assert (settings["pages_per_call"], storage["max_batch_pages"],
+            settings["max_calls_in_flight"]) == (16, 1, 8)
+    settings, storage = resolve_tier_config(
+        None, tier_config(f"file://{tmp_path}/s", False, max_batch_pages=4, max_queued_batches=64))
+    assert (storage["max_batch_pages"], settings["max_calls_in_flight"]) == (4, 8)
+    settings, storage = resolve_tier_config(None, tier_config("memory://", False))
+    assert "max_batch_pages" not in storage  # the store's own default: one store call a tier call
+    assert (settings["pages_per_call"], settings["max_calls_in_flight"]) == (64, 128)
 
 
 def test_blocks_the_store_holds_are_not_rewritten(tmp_path):
@@ -406,34 +427,49 @@ def test_the_docs_config_builds_a_tier(tmp_path):
     tier.shutdown()
 
 
-def test_kv_events_carry_vllms_storage_medium():
+def vllm_event_hash(offload_key) -> int:
+    """The hash vLLM's own KV events carry for the block of an offload key: vLLM's
+    maybe_convert_block_hash (vllm/v1/core/kv_cache_utils.py, with vLLM's default
+    VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1; that module imports the rest of vLLM, so its one-line
+    rule is restated here) of get_offload_block_hash (vLLM's own, from kv_offload/base.py)."""
+    return int.from_bytes(get_offload_block_hash(offload_key), "big") & ((1 << 64) - 1)
+
+
+def one_value_bytes(url: str, mla: bool, slot: int) -> int:
+    """What one block takes of a store's capacity (its value, header included)."""
+    sizer = kvtier.PageStore(url, model_id="sizer", kv_dtype="bf16", layout="page_first",
+                             mla=True, num_layers=1, slot_bytes=row_bytes(mla, slot), page_size=1)
+    try:
+        page = np.zeros(sizer.page_bytes, dtype=np.uint8)
+        assert sizer.set([page_key_of(make_offload_key(b"\x05" * 32, 0))],
+                         [page.ctypes.data]) == [True]
+        return sizer.stats()["stored_bytes"]
+    finally:
+        sizer.close()
+
+
+@pytest.mark.parametrize("kind", ["memory", "file"])
+def test_kv_events_carry_vllms_block_hashes_and_storage_medium(tmp_path, kind):
     """With kv_events_endpoint the tier's store publishes vLLM-format KV events with the medium of
-    vLLM's own storage tiers: BlockStored for the blocks a store job wrote, BlockRemoved for the
-    ones the store evicted; replaying them gives the blocks the store holds."""
+    vLLM's own storage tiers and vLLM's own block hashes: BlockStored for the blocks a store job
+    wrote, BlockRemoved for the ones the store evicted by itself; replaying them gives the blocks
+    the store holds, each by the hash vLLM's events give it (a router joins the two streams)."""
     pytest.importorskip("zmq")
     pytest.importorskip("msgpack")
-    import hashlib
-
     from kv_events_listener import Listener
-
-    def event_hash(key):  # BlockHashOf the page key: SHA-256 of vLLM's 36-byte offload key
-        return int.from_bytes(hashlib.sha256(bytes(key)).digest()[-8:], "big")
 
     mla, slot = SHAPES["mha"]
     probe_key = make_offload_key(b"\x07" * 32, 0)
-    sizer = kvtier.PageStore("memory://", model_id="sizer", kv_dtype="bf16", layout="page_first",
-                             mla=True, num_layers=1, slot_bytes=row_bytes(mla, slot), page_size=1)
-    page = np.zeros(sizer.page_bytes, dtype=np.uint8)
-    assert sizer.set([probe_key], [page.ctypes.data]) == [True]
-    value_bytes = sizer.stats()["stored_bytes"]  # one block's value, header included
-    sizer.close()
-    engine = Engine(f"memory://?capacity={6 * value_bytes}", mla, slot,
+    base = "memory://" if kind == "memory" else f"file://{tmp_path}/store"
+    value_bytes = one_value_bytes(base if kind == "memory" else f"file://{tmp_path}/sizer",
+                                  mla, slot)
+    engine = Engine(f"{base}?capacity={6 * value_bytes}", mla, slot,
                     kv_events_endpoint="tcp://127.0.0.1:*")
     listener = None
     try:
         store = engine.tier.store
         assert store.kv_events_medium == "STORAGE"
-        listener = Listener(store, probe_key)
+        listener = Listener(store, page_key_of(probe_key))
         rng = np.random.default_rng(31)
         keys = []
         for batch in range(4):  # 16 blocks through a store that holds 6
@@ -443,16 +479,77 @@ def test_kv_events_carry_vllms_storage_medium():
         assert store.stats()["evicted_pages"] > 0
         listener.catch_up(store)
         assert set(listener.blocks) == {"STORAGE"}
-        there = store.exists(keys + [probe_key])
+        there = store.exists([page_key_of(k) for k in keys + [probe_key]])
         assert listener.blocks["STORAGE"] == {
-            event_hash(k) for k, t in zip(keys + [probe_key], there) if t}
+            vllm_event_hash(k) for k, t in zip(keys + [probe_key], there) if t}
         stored = {h for e in listener.events("BlockStored") for h in e[1]}
-        assert {event_hash(k) for k in keys} <= stored
-        assert listener.events("BlockRemoved")
+        assert {vllm_event_hash(k) for k in keys} <= stored
+        removed = {h for e in listener.events("BlockRemoved") for h in e[1]}
+        assert removed and removed <= {vllm_event_hash(k) for k in keys + [probe_key]}
     finally:
         if listener is not None:
             listener.close()
         engine.shutdown()
+
+
+def test_evictions_after_a_restart_carry_vllms_block_hashes(tmp_path):
+    """A file store evicts blocks another tier wrote before this one opened (found by its restart
+    scan): their BlockRemoved carries vLLM's block hashes too, since the page key encodes them."""
+    pytest.importorskip("zmq")
+    pytest.importorskip("msgpack")
+    from kv_events_listener import Listener
+
+    mla, slot = SHAPES["mla"]
+    sizer_url = f"file://{tmp_path}/sizer"
+    url = f"file://{tmp_path}/store?capacity={6 * one_value_bytes(sizer_url, mla, slot)}"
+    rng = np.random.default_rng(41)
+    before = make_keys(4, seed=400)
+    writer = Engine(url, mla, slot)
+    try:
+        writer.store(before, rng)
+    finally:
+        writer.shutdown()
+    engine = Engine(url, mla, slot, kv_events_endpoint="tcp://127.0.0.1:*")
+    listener = None
+    try:
+        store = engine.tier.store
+        listener = Listener(store, page_key_of(make_offload_key(b"\x07" * 32, 0)))
+        after = make_keys(4, seed=401) + make_keys(4, seed=402)
+        engine.store(after[:4], rng)
+        engine.store(after[4:], rng)
+        listener.catch_up(store)
+        gone = [k for k, t in zip(before, store.exists([page_key_of(k) for k in before])) if not t]
+        assert gone, "the store evicted none of the blocks written before it opened"
+        removed = {h for e in listener.events("BlockRemoved") for h in e[1]}
+        assert {vllm_event_hash(k) for k in gone} <= removed
+    finally:
+        if listener is not None:
+            listener.close()
+        engine.shutdown()
+
+
+def test_raw_bytes_block_hashes_are_refused_with_events(monkeypatch):
+    """vLLM's VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0 (raw-bytes hashes in its events) cannot be
+    matched by kvtier's 64-bit events: a ValueError naming it, not events a router cannot join."""
+    mla, slot = SHAPES["mla"]
+    monkeypatch.setenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "0")
+    with pytest.raises(ValueError, match="VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES"):
+        Engine("memory://", mla, slot, kv_events_endpoint="tcp://127.0.0.1:*")
+    Engine("memory://", mla, slot).shutdown()  # without events the setting does not matter
+
+
+def test_page_keys_keep_blocks_and_groups_apart():
+    """page_key_of is one-to-one on vLLM's offload keys (32-byte sha256 hashes up to the 4 bytes it
+    drops, 16-byte xxhash ones wholly) and ends in vLLM's 64-bit event hash."""
+    rng = np.random.default_rng(50)
+    keys = [make_offload_key(rng.bytes(n), g)
+            for n in (32, 16) for g in (0, 1, 7) for _ in range(50)]
+    pages = [page_key_of(k) for k in keys]
+    assert all(len(p) == 32 for p in pages)
+    assert len(set(pages)) == len(keys)
+    assert all(int.from_bytes(p[-8:], "big") == vllm_event_hash(k) for k, p in zip(keys, pages))
+    with pytest.raises(ValueError, match="offload key"):
+        page_key_of(b"\0\0\0\0")
 
 
 def test_kv_events_medium_can_be_set():

@@ -151,7 +151,8 @@ void BackupPlanner::MaybeBackup(const std::vector<RadixNode*>& path, CacheWork* 
   }
 }
 
-bool BackupPlanner::Store(RadixNode* node, CacheWork* work, bool* deferred) {
+bool BackupPlanner::Store(RadixNode* node, CacheWork* work, bool* deferred,
+                          int64_t* refused_pages) {
   if (!core_.storage) return false;
   std::vector<RadixNode*> path;
   for (RadixNode* n = node; !n->is_root(); n = n->parent()) {
@@ -197,7 +198,11 @@ bool BackupPlanner::Store(RadixNode* node, CacheWork* work, bool* deferred) {
     }
     if (refused) break;
   }
-  core_.counters.storage_backup_refused_tokens += (pages - admitted) * core_.P;
+  if (refused_pages != nullptr) {
+    *refused_pages = pages - admitted;
+  } else {
+    core_.counters.storage_backup_refused_tokens += (pages - admitted) * core_.P;
+  }
   if (admitted == 0) return false;
   const int64_t queue_room = StoreQueueRoom();
   const bool to_queue = backlog_.empty() && queue_room > 0;
@@ -229,6 +234,7 @@ bool BackupPlanner::Store(RadixNode* node, CacheWork* work, bool* deferred) {
   }
   std::shared_ptr<CopyOp> op = MakeStore(path, pages);
   op->reuse_estimate = head_estimate;
+  op->tail_pages = admitted - pages;
   if (to_queue) {
     core_.store_queue_pages += pages;
     core_.SubmitStore(std::move(op), work);  // held back while a removal of one of its keys runs
@@ -345,7 +351,7 @@ void BackupPlanner::ReapStore(CopyOp& op, CacheWork* work) {
   const int64_t pages = static_cast<int64_t>(op.keys.size());
   core_.counters.storage_backup_inflight_tokens -= op.tokens;
   if (op.backlog_dropped) {  // given up in the backlog for likelier stores: never queued
-    core_.counters.storage_backup_backlog_tokens += op.tokens;
+    core_.counters.storage_backup_backlog_tokens += op.tokens + op.tail_pages * core_.P;
     for (RadixNode* n : op.nodes) core_.tree.SetStoring(n, false);
     op.nodes.clear();
     return;
@@ -380,6 +386,20 @@ void BackupPlanner::ReapStore(CopyOp& op, CacheWork* work) {
   core_.counters.storage_backup_failed_tokens +=
       std::max<int64_t>(0, pages - in_storage - no_space - rejected - timed_out) * core_.P;
   core_.CountStorageFaults(StorageIo::kWrite, op.page_status, op.status);
+  // The admitted pages that waited behind this store follow only when it lands whole; otherwise
+  // they are not written for the reason its first missing page was not (which ends the path).
+  if (ok < pages && op.tail_pages > 0) {
+    const PageStatus first_missing = op.page_status[static_cast<size_t>(ok)];
+    int64_t* reason = &core_.counters.storage_backup_failed_tokens;
+    if (first_missing == PageStatus::kNoSpace) {
+      reason = &core_.counters.storage_backup_capacity_tokens;
+    } else if (first_missing == PageStatus::kTimedOut) {
+      reason = &core_.counters.storage_backup_timed_out_tokens;
+    } else if (first_missing == PageStatus::kSkipped && rejected > 0) {
+      reason = &core_.counters.storage_backup_dropped_tokens;  // the backend's queue was full
+    }
+    *reason += op.tail_pages * core_.P;
+  }
   // Pages written past the first one that did not make it: no lookup reaches them (it stops at
   // that page), so they would sit in the store stranded until evicted. They go now; the next
   // store of this path writes them again after the missing page (held back until the removal

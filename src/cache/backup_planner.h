@@ -97,8 +97,12 @@ class BackupPlanner {
   // under a policy that stores on backup).
   // `deferred` (optional): set when nothing was queued because the path waits for a store or a
   // copy in flight.
-  bool Store(RadixNode* node, CacheWork* work, bool* deferred = nullptr)
-      KVTIER_REQUIRES(kCacheLock);
+  // `refused_pages` (optional; host eviction): the pages admission refused (the path's last ones)
+  // are reported there instead of counted, for a caller that counts only those it drops: the
+  // path's other pages stay in host memory and are offered again, so counting the whole path at
+  // each eviction pass would count a page once per pass.
+  bool Store(RadixNode* node, CacheWork* work, bool* deferred = nullptr,
+             int64_t* refused_pages = nullptr) KVTIER_REQUIRES(kCacheLock);
   // Pages the bounded store queue (max_backup_queue_pages) takes now; <= 0: it is full.
   int64_t StoreQueueRoom() const KVTIER_REQUIRES(kCacheLock) {
     return core_.config.storage.max_backup_queue_pages - core_.store_queue_pages;

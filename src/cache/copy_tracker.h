@@ -81,6 +81,11 @@ struct CopyOp {
   int64_t bytes = 0;
   int64_t batch_pages = 0;     // storage operations: pages per batch
   int64_t reuse_estimate = 0;  // kStore: StoreAdmission's estimate of its first page
+  // kStore: admitted pages of its path past its last page, left out for want of room in the
+  // store's queue (or the backlog's per-store bound). They follow when it lands whole
+  // (BackupPlanner::StoreBelow); when it does not, or is given up in the backlog, they are counted
+  // under the reason of its first page that did not make it.
+  int64_t tail_pages = 0;
   std::chrono::steady_clock::time_point start;
   std::chrono::steady_clock::time_point deadline;  // kPrefetch with the timeout policy
   std::shared_ptr<CudaEventHandle> wait_before;    // GPU: the engine's writes to wait for

@@ -71,6 +71,7 @@ int64_t TierEvictor::EvictHost(int64_t need, CacheWork* work) {
     if (v == nullptr) break;
     const int64_t pages = v->num_tokens() / core_.P;
     const int64_t take = std::min(pages, need - freed);
+    int64_t refused_pages = 0;  // of the unstored path ending at v, by admission
     if (!v->stored() && core_.storage && !planner_.policy().store_on_backup() && !v->storing()) {
       // write_back: host memory holds the victim's only copy below the device. With the store
       // queue full it stays there, and eviction stops until stores in flight land and make room
@@ -78,13 +79,17 @@ int64_t TierEvictor::EvictHost(int64_t need, CacheWork* work) {
       // lost whenever the queue filled mid-eviction).
       if (planner_.StoreQueueRoom() <= 0) break;
       bool deferred = false;
-      if (planner_.Store(v, work, &deferred)) continue;  // v is busy now; evictable once stored
+      // v is busy now; evictable once stored.
+      if (planner_.Store(v, work, &deferred, &refused_pages)) continue;
       // Its path waits for a store or a copy in flight: evicting it now would lose it.
       if (deferred) break;
     }
     v = core_.tree.SplitAfter(v, pages - take);
     const int64_t n = v->num_tokens();
     const bool kept = v->stored();
+    // Refused: the path's last pages, which end at v's; counted as they leave (the rest of the
+    // path stays, and is counted when it goes).
+    core_.counters.storage_backup_refused_tokens += std::min(n, refused_pages * core_.P);
     core_.Event(work, CacheTier::kHost, v, false, kept);
     core_.FreeHost(core_.tree.TakeHostPages(v));
     DropIfNowhere(v);

@@ -203,6 +203,11 @@ void ForceOpenatFallbackForTesting(bool force) {
 
 int Openat2StateForTesting() { return g_openat2.load(std::memory_order_relaxed); }
 
+}  // namespace kvtier::storage
+
+namespace kvtier {
+
+// kvtier/page_file.h
 bool PublishFile(int dirfd, const char* temp, const char* name, bool* replaced) {
   *replaced = false;
   // A few tries: what was at `name` may go (an eviction) between the two calls.
@@ -224,4 +229,4 @@ bool PublishFile(int dirfd, const char* temp, const char* name, bool* replaced) 
   return ::renameat(dirfd, temp, dirfd, name) == 0;
 }
 
-}  // namespace kvtier::storage
+}  // namespace kvtier

@@ -22,6 +22,8 @@
 #include <initializer_list>
 #include <string_view>
 
+#include "kvtier/page_file.h"
+
 namespace kvtier::storage {
 
 // An open file descriptor, closed on scope exit.
@@ -82,17 +84,9 @@ ssize_t ReadFullDirect(int fd, iovec* iov, int iovcnt, off_t offset, size_t alig
 bool WriteFull(int fd, iovec* iov, int iovcnt, off_t offset);
 bool WriteFull(int fd, const void* buf, size_t bytes, off_t offset);
 
-// Puts the file `temp` of directory `dirfd` in place as `name` there: a reader of `name` sees
-// what was there before or the new file, never neither. Where a regular file is already at `name`
-// (a page written again), the two are swapped (renameat2 RENAME_EXCHANGE) instead of the old one
-// being renamed over: on ext4 (auto_da_alloc, its default) a rename over an existing file writes
-// back the new file's data inside rename(2) ("replace-via-rename": it waits for the block
-// allocation and the disk's queue; 26.6 ms of an 8 MiB page's Set on the H100, 55-80 % of the
-// page). Then `*replaced` is true and the old file is at `temp`: the caller unlinks it. Without
-// renameat2's flags (EINVAL, ENOSYS: some network and FUSE file systems), or when what is at
-// `name` is no regular file, a plain renameat. False with errno on failure (`temp` left as it
-// is).
-bool PublishFile(int dirfd, const char* temp, const char* name, bool* replaced);
+// PublishFile (putting a written page file in place): kvtier/page_file.h, public so that the
+// bench's write ceiling does the same.
+using kvtier::PublishFile;
 
 // Opens `dirfd`/components[0]/.../components[n-1] beneath `dirfd` with no symlink followed (see
 // above). `flags` apply to the last component (O_NOFOLLOW and O_CLOEXEC are always added);

@@ -57,10 +57,8 @@ struct TestCache {
   std::unique_ptr<HierarchicalCache> cache;
 };
 
-TestCache Make(
-    std::shared_ptr<StorageBackend> store, int64_t page, int64_t pages,
-    WritePolicy policy = WritePolicy::kWriteThrough,
-    int64_t store_queue_pages = HierarchicalCacheConfig{}.storage.max_backup_queue_pages) {
+TestCache Make(std::shared_ptr<StorageBackend> store, int64_t page, int64_t pages,
+               WritePolicy policy = WritePolicy::kWriteThrough) {
   TestCache s;
   KvGeometry g{KvLayout::kLayerFirst, kLayers, pages * page, kSlotBytes, page, 1};
   auto dev = DeviceTier::Create(TransferBackend::kCpu, g, false);
@@ -73,7 +71,6 @@ TestCache Make(
   cfg.transfer.cpu_threads = 1;
   cfg.storage.backend = std::move(store);
   cfg.storage.prefetch_threshold_tokens = 0;
-  cfg.storage.max_backup_queue_pages = store_queue_pages;
   auto c = HierarchicalCache::Create(cfg, s.device->region());
   EXPECT_TRUE(c.ok()) << c.status().ToString();
   s.cache = std::move(*c);
@@ -267,15 +264,17 @@ std::shared_ptr<FaultInjectingStorage> FaultyStore(int64_t page) {
   return std::shared_ptr<FaultInjectingStorage>(std::move(*w));
 }
 
+// 600 pages: a store of the first 512 (the default queue) and 88 behind it, which follow only
+// when it lands whole, so they are counted as failed with it.
 TEST(NothingLostReasonsTest, FailedWritesAreCountedAsFailedNotAsQueueFull) {
   auto store = FaultyStore(16);
   TestCache s = Make(store, 16, 1024);
   ASSERT_TRUE(store->SetErrorFraction(1).ok());  // every Exists and Set fails
-  const auto a = Seq(8192, 3);
+  const auto a = Seq(600 * 16, 3);
   Prefill(s, a);
   ASSERT_TRUE(s.cache->WaitForBackups().ok());
   CacheStats st = s.cache->stats();
-  EXPECT_EQ(st.storage_backup_failed_tokens, 8192);
+  EXPECT_EQ(st.storage_backup_failed_tokens, 600 * 16);
   EXPECT_EQ(st.storage_backup_dropped_tokens, 0);
   EXPECT_EQ(st.storage_backup_tokens, 0);
   store->ClearFaults();
@@ -284,9 +283,9 @@ TEST(NothingLostReasonsTest, FailedWritesAreCountedAsFailedNotAsQueueFull) {
   ASSERT_TRUE(s.cache->EvictHost(1 << 30).ok());
   Prefill(s, a);
   ASSERT_TRUE(s.cache->WaitForBackups().ok());
-  EXPECT_EQ(StoredPages(*store, a, 16), 8192 / 16);
+  EXPECT_EQ(StoredPages(*store, a, 16), 600);
   st = s.cache->stats();
-  EXPECT_EQ(st.storage_backup_tokens, 8192);
+  EXPECT_EQ(st.storage_backup_tokens, 600 * 16);
 }
 
 // A page whose write fails leaves a hole in its prompt's chain: the pages the same store wrote
@@ -563,11 +562,11 @@ TEST(NothingLostReasonsTest, AStoreWithoutRoomIsCountedAsCapacityNotAsFailed) {
     auto b = OpenStorage(url, ns, options);
     ASSERT_TRUE(b.ok()) << b.status().ToString();
     std::shared_ptr<StorageBackend> store(std::move(*b));
-    // A store queue of the whole prompt: one store of 600 pages, every page offered to the store
-    // (with the default 512, the 88 behind the first store wait for it to succeed, and a store
-    // that failed is not followed: they are offered again by a later Match that hits them).
-    TestCache s = Make(store, 16, 1024, WritePolicy::kWriteThrough, /*store_queue_pages=*/1024);
-    const auto a = Seq(600 * 16, 3);  // 600 pages: more than one batch of 256
+    // The default queue of 512 pages: a store of the first 512 (two batches of 256) goes to the
+    // store; the 88 behind it wait for it to land whole, and are counted under its reason when
+    // it does not.
+    TestCache s = Make(store, 16, 1024);
+    const auto a = Seq(600 * 16, 3);  // 600 pages: more than the queue
     Prefill(s, a);
     ASSERT_TRUE(s.cache->WaitForBackups().ok());
     const CacheStats st = s.cache->stats();
@@ -575,7 +574,7 @@ TEST(NothingLostReasonsTest, AStoreWithoutRoomIsCountedAsCapacityNotAsFailed) {
     EXPECT_EQ(st.storage_backup_failed_tokens, 0);
     EXPECT_EQ(st.storage_backup_dropped_tokens, 0);
     EXPECT_EQ(st.storage_backup_tokens, 0);
-    EXPECT_EQ(store->Stats().set_no_space_pages, 600);
+    EXPECT_EQ(store->Stats().set_no_space_pages, 512);  // the head alone reached the store
     const std::string metrics = s.cache->Metrics();
     EXPECT_NE(metrics.find("kvtier:storage_backup_skipped_tokens_total{reason=\"capacity\"} 9600"),
               std::string::npos)

@@ -137,6 +137,34 @@ TEST(TierEvictorTest, WriteBackHostEvictionStoresAnAdmittedVictimAndDropsARefuse
   rig->ExpectConsistent();
 }
 
+// A refused path of three nodes evicted a page at a time: each pass offers the unstored path
+// ending at its victim again, and admission refuses it again; each page is counted as refused
+// once, as it leaves, not once per pass (the whole path was counted at every pass: 1 + 2 + ... + 6
+// pages here).
+TEST(TierEvictorTest, WriteBackCountsARefusedPageOnceHoweverManyPassesOfferIt) {
+  HierarchicalCacheConfig cfg = Config(WritePolicy::kWriteBack);
+  cfg.storage.backend = testing::RigMemoryStore(kPage);
+  cfg.storage.admission.policy = StorageAdmission::kHits;
+  cfg.storage.admission.threshold = 15;  // the most: refuses every page here (hits <= 3)
+  auto rig = PartsRig::Make(cfg, kPage, 16, 16);
+  const auto tokens = Seq(6 * kPage, 3000);
+  rig->InsertOnDevice(std::span<const Token>(tokens).first(2 * kPage));
+  rig->InsertOnDevice(std::span<const Token>(tokens).first(4 * kPage));
+  RadixNode* leaf = rig->InsertOnDevice(tokens);  // a chain of three nodes of two pages
+  BackUp(*rig, leaf);
+  {
+    CacheWork work(&rig->p().executor);
+    CacheLock lk(rig->p());
+    EXPECT_EQ(rig->p().evictor.EvictDevice(6, &work), 6);  // host-only now
+    for (int pass = 0; pass < 6; ++pass) EXPECT_EQ(rig->p().evictor.EvictHost(1, &work), 1);
+    EXPECT_EQ(rig->p().tree.Peek("", tokens).matched_tokens, 0);
+    EXPECT_EQ(rig->p().counters.storage_backup_refused_tokens, 6 * kPage);
+    EXPECT_EQ(rig->p().counters.host_evicted_tokens, 6 * kPage);
+    EXPECT_EQ(rig->p().counters.storage_backup_tokens, 0);
+  }
+  rig->ExpectConsistent();
+}
+
 TEST(TierEvictorTest, PinnedPagesStayAndAllocationSaysWhy) {
   auto rig = PartsRig::Make(Config(WritePolicy::kWriteThrough), kPage, 4, 0);
   RadixNode* node = rig->InsertOnDevice(Seq(3 * kPage, 1));

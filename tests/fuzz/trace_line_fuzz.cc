@@ -1,4 +1,4 @@
-// libFuzzer target over the Mooncake trace line parser (tools/kvtier/workload.h,
+// libFuzzer target over the Mooncake trace line parser (tools/replay/workload.h,
 // ParseMooncakeTraceLine), the parser `kvtier replay --workload FILE` runs on every line.
 //
 // Properties checked on every input (one line, as the loader hands it over):

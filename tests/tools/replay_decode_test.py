@@ -4,9 +4,9 @@ client until its output is decoded, as in SGLang's and vLLM's serving benchmarks
 --max-concurrency (cpu device, the shipped Mooncake trace, whose requests carry output_length):
 
 - every request's arrival, start and end in the JSON timeline follow the rule stated in
-  tools/kvtier/replay_run.h, recomputed here from each request's service time and output length:
-  request i arrives when request i - N has decoded its output_length - 1 tokens after its first
-  one, paused by every prefill that runs meanwhile; a prefill waits for the device, and one that
+  tools/replay/replay_timeline.h, recomputed here from each request's service time and output
+  length: request i arrives when request i - N has decoded its output_length - 1 tokens after its
+  first one, paused by every prefill that runs meanwhile; a prefill waits for the device, and one that
   arrives while decodes run waits for the decode step in progress (steps back to back from the
   last prefill's end);
 - the decode holds the clients: arrivals come later and queueing is shorter than with no decode

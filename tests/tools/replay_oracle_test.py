@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The storage oracle of `kvtier replay` (tools/kvtier/replay_oracle.h) on a trace whose answer is
+"""The storage oracle of `kvtier replay` (tools/replay/replay_oracle.h) on a trace whose answer is
 known. Four prompts of 16 pages (page 64, 1,024 tokens: no two share a page) are served twice in
 turn, A B C D A B C D, sequentially, every backup settled before the next request, with a device
 tier of one prompt and a host tier of two: when a prompt comes back the device holds the one

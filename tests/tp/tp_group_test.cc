@@ -25,6 +25,7 @@
 #include "kvtier/storage.h"
 #include "kvtier/testing/kv_pattern.h"
 #include "kvtier/testing/tp_shard_pattern.h"
+#include "kvtier/tp_leader_cache.h"
 #include "tp/head_split_storage.h"
 
 namespace kvtier {
@@ -816,8 +817,7 @@ TEST_P(TpCacheTest, TwoProcessesRunOneCacheAndMatchTp1) {
   const pid_t child = ForkFollower(cfg, mla);
   ASSERT_GT(child, 0);
   ASSERT_TRUE((*leader)->WaitForFollowers().ok());
-  auto cache = HierarchicalCache::Create(CacheConfig(), dev.region,
-                                         (*leader)->WrapEngine(CpuEngine(), dev.region));
+  auto cache = MakeTpLeaderCache(CacheConfig(), dev.region, leader->get(), CpuEngine(), nullptr);
   ASSERT_TRUE(cache.ok()) << cache.status().ToString();
   ASSERT_EQ((*cache)->host_region().geometry.num_slots, 2 * kFull.num_slots);
   Hits tp2;
@@ -1042,13 +1042,12 @@ TEST_P(TpStorageTest, StorageDecisionsRunOnEveryRankAndTheStoreServesTp1) {
   HierarchicalCacheConfig c = CacheConfig();
   c.host_layout = KvLayout::kPageHead;
   c.host_head_num = mla ? 1 : g.head_num;  // the latent is one "head"
-  c.storage.backend = (*leader)->WrapStorage(*own, /*followers_write=*/!mla);
   c.storage.prefetch_threshold_tokens = 0;
   c.storage.prefetch_policy = PrefetchPolicy::kWaitComplete;
-  auto cache =
-      HierarchicalCache::Create(c, dev.region, (*leader)->WrapEngine(CpuEngine(), dev.region));
+  // MakeTpLeaderCache wraps the leader's store (MLA: the leader is the one writer) and engine and
+  // gives the leader the cache's host region.
+  auto cache = MakeTpLeaderCache(c, dev.region, leader->get(), CpuEngine(), *own);
   ASSERT_TRUE(cache.ok()) << cache.status().ToString();
-  (*leader)->SetHostRegion((*cache)->host_region());
   Hits hits;
   Status st = RunWorkload(**cache, dev.region, mla, 2, leader->get(), 20, &hits);
   ASSERT_TRUE(st.ok()) << st.ToString();
@@ -1094,10 +1093,9 @@ TEST_P(TpStorageTest, StorageDecisionsRunOnEveryRankAndTheStoreServesTp1) {
   HierarchicalCacheConfig c1 = CacheConfig();
   c1.host_layout = KvLayout::kPageHead;
   c1.host_head_num = mla ? 1 : kHeads;
-  c1.storage.backend = *one;
   c1.storage.prefetch_threshold_tokens = 0;
   c1.storage.prefetch_policy = PrefetchPolicy::kWaitComplete;
-  auto tp1 = HierarchicalCache::Create(c1, full.region);
+  auto tp1 = MakeTpLeaderCache(c1, full.region, /*leader=*/nullptr, CpuEngine(), *one);  // TP=1
   ASSERT_TRUE(tp1.ok()) << tp1.status().ToString();
   int64_t loaded = 0;
   for (const auto& p : prefixes) {
@@ -1121,6 +1119,45 @@ TEST_P(TpStorageTest, StorageDecisionsRunOnEveryRankAndTheStoreServesTp1) {
 
 INSTANTIATE_TEST_SUITE_P(MhaAndMla, TpStorageTest, ::testing::Values(false, true),
                          [](const auto& info) { return info.param ? "Mla" : "Mha"; });
+
+// MakeTpLeaderCache refuses what would make the group's ranks disagree: a store that is not the
+// rank's view of the per-head store, and a cache whose host slots are not the group's shape.
+TEST(TpGroupTest, MakeTpLeaderCacheRefusesAStoreOtherThanTheRanksAndAShapeOtherThanTheCaches) {
+  OwnedRegion dev(*TpShardGeometry(kFull, false, 2), false, 0x5A);
+  {
+    HierarchicalCacheConfig c = CacheConfig();
+    c.storage.url = "memory://";  // a whole-page store: not rank 0's view of the per-head one
+    auto cache = MakeTpLeaderCache(c, dev.region, nullptr, CpuEngine(), nullptr);
+    ASSERT_TRUE(cache.status().IsInvalidArgument()) << cache.status().ToString();
+    EXPECT_NE(cache.status().message().find("rank_store"), std::string::npos);
+  }
+  {
+    HierarchicalCacheConfig c = CacheConfig();
+    c.host_layout = KvLayout::kPageHead;
+    c.host_head_num = kHeads / 2;
+    auto store = RankStore("memory://", false, 0, 2);
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    c.storage.backend = *store;  // given twice: as the config's backend and as the rank store
+    auto cache = MakeTpLeaderCache(c, dev.region, nullptr, CpuEngine(), *store);
+    ASSERT_TRUE(cache.status().IsInvalidArgument()) << cache.status().ToString();
+    EXPECT_NE(cache.status().message().find("storage.backend"), std::string::npos);
+  }
+  {
+    // The group announced host_slots of 3 x the device's; the cache makes 2 x (host_ratio 2).
+    auto leader = TpLeader::Create(Config("shape"), TpShape{kFull.num_slots, 3 * kFull.num_slots,
+                                                            kFull.num_layers, kPage, false});
+    ASSERT_TRUE(leader.ok()) << leader.status().ToString();
+    auto cache = MakeTpLeaderCache(CacheConfig(), dev.region, leader->get(), CpuEngine(), nullptr);
+    ASSERT_EQ(cache.status().code(), StatusCode::kInternal) << cache.status().ToString();
+    EXPECT_NE(cache.status().message().find(std::to_string(2 * kFull.num_slots) + " host slots"),
+              std::string::npos)
+        << cache.status().ToString();
+  }
+  {
+    auto cache = MakeTpLeaderCache(CacheConfig(), dev.region, nullptr, nullptr, nullptr);
+    EXPECT_TRUE(cache.status().IsInvalidArgument()) << cache.status().ToString();
+  }
+}
 
 }  // namespace
 }  // namespace kvtier

@@ -1,15 +1,20 @@
-// The dma backend's host-side plan (src/transfer/cuda/dma_plan.h): which pieces merge into runs,
-// which runs group into strided copies, and when two strided copies join into one depth-2 copy.
-// A joined copy must move exactly the bytes of the two copies it replaces: checked by running
-// plans on host buffers and comparing with running the pieces one by one.
+// The dma backend's host-side plan (src/transfer/cuda/dma_plan.h): how slot runs are found
+// (FindSlotRuns, plan_rules.h: the same runs as ContinuesRun pair by pair), how single copies are
+// split over batch calls (BatchPieces), which pieces merge into runs, which runs group into
+// strided copies, and when two strided copies join into one depth-2 copy. A joined copy must move
+// exactly the bytes of the two copies it replaces: checked by running plans on host buffers and
+// comparing with running the pieces one by one.
 #include "transfer/cuda/dma_plan.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <random>
 #include <vector>
+
+#include "transfer/plan_rules.h"
 
 namespace kvtier::transfer::cuda {
 namespace {
@@ -27,6 +32,128 @@ void Execute(CopyPlanner& p) {
         std::memcpy(c.BlockDst(z) + row * c.dpitch, c.BlockSrc(z) + row * c.spitch, c.width);
       }
     }
+  }
+}
+
+// The runs ContinuesRun gives pair by pair (the rule's definition).
+std::vector<int64_t> RunsPairByPair(const SlotIndices& si, const SlotIndices& di, int64_t sp,
+                                    int64_t dp) {
+  std::vector<int64_t> starts;
+  for (int64_t k = 0; k < si.count; ++k) {
+    if (k == 0 || !ContinuesRun(si.at(k - 1), di.at(k - 1), si.at(k), di.at(k), sp, dp)) {
+      starts.push_back(k);
+    }
+  }
+  starts.push_back(si.count);
+  return starts;
+}
+
+// Index lists made of runs of random lengths at random places (page-aligned or not, some of
+// them continuing the previous run, some descending), so that runs end at page boundaries, at
+// breaks on one side only and at the end of the list.
+std::vector<int64_t> RandomRuns(std::mt19937_64& rng, int64_t n, int64_t slots, int64_t page) {
+  std::vector<int64_t> v;
+  std::uniform_int_distribution<int64_t> len(1, 3 * page + 2), at(0, slots - 1), kind(0, 5);
+  while (static_cast<int64_t>(v.size()) < n) {
+    const int64_t k = kind(rng);
+    int64_t start = at(rng);
+    if (k == 0) start -= start % page;               // page-aligned
+    if (k == 1 && !v.empty()) start = v.back() + 1;  // continues the previous run
+    if (k == 2 && !v.empty()) start = v.back();      // repeats a slot
+    const int64_t l = len(rng);
+    for (int64_t j = 0; j < l && static_cast<int64_t>(v.size()) < n; ++j) {
+      v.push_back(k == 3 ? start - j : start + j);  // kind 3: descending
+    }
+  }
+  return v;
+}
+
+TEST(DmaPlanTest, FindSlotRunsGivesTheRunsOfContinuesRunForAnyIndicesTypesAndPages) {
+  std::mt19937_64 rng(37);
+  for (int trial = 0; trial < 400; ++trial) {
+    const int64_t page = std::vector<int64_t>{1, 2, 3, 16, 64}[trial % 5];
+    const int64_t n = trial % 7 == 0 ? trial % 3 : 1 + static_cast<int64_t>(rng() % 700);
+    const std::vector<int64_t> s64 = RandomRuns(rng, n, 5000, page);
+    // The destination mostly follows the source (runs continue on both sides), with breaks.
+    std::vector<int64_t> d64 = s64;
+    for (auto& d : d64) d += 1000;
+    for (int64_t b = 0; b < n / 50; ++b) d64[rng() % n] += 7;
+    if (trial % 4 == 3) d64 = RandomRuns(rng, n, 5000, page);
+    const std::vector<int32_t> s32(s64.begin(), s64.end()), d32(d64.begin(), d64.end());
+    const SlotIndices s[] = {SlotIndices::Host(std::span<const int64_t>(s64)),
+                             SlotIndices::Host(std::span<const int32_t>(s32))};
+    const SlotIndices d[] = {SlotIndices::Host(std::span<const int64_t>(d64)),
+                             SlotIndices::Host(std::span<const int32_t>(d32))};
+    for (const int64_t sp : {int64_t{0}, page}) {
+      for (const int64_t dp : {int64_t{0}, page, page + 1}) {
+        for (const SlotIndices& si : s) {
+          for (const SlotIndices& di : d) {
+            std::vector<int64_t> got = {-1};  // appended to, not cleared
+            FindSlotRuns(si, di, sp, dp, &got);
+            got.erase(got.begin());
+            ASSERT_EQ(got, RunsPairByPair(si, di, sp, dp))
+                << "trial " << trial << " n " << n << " pages " << sp << "/" << dp;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(DmaPlanTest, FindSlotRunsCutsAtEveryPageStartOfEitherSide) {
+  // Slots 6..13 -> 30..37: one run without pages; cut wherever either side starts a page.
+  std::vector<int64_t> s(8), d(8);
+  for (int64_t k = 0; k < 8; ++k) s[k] = 6 + k, d[k] = 30 + k;
+  const SlotIndices si = SlotIndices::Host(std::span<const int64_t>(s));
+  const SlotIndices di = SlotIndices::Host(std::span<const int64_t>(d));
+  std::vector<int64_t> runs;
+  FindSlotRuns(si, di, 0, 0, &runs);
+  EXPECT_EQ(runs, (std::vector<int64_t>{0, 8}));
+  runs.clear();
+  FindSlotRuns(si, di, 4, 0, &runs);  // source pages start at slots 8 and 12
+  EXPECT_EQ(runs, (std::vector<int64_t>{0, 2, 6, 8}));
+  runs.clear();
+  FindSlotRuns(si, di, 4, 16, &runs);  // and the destination's at slot 32 (k = 2 too)
+  EXPECT_EQ(runs, (std::vector<int64_t>{0, 2, 6, 8}));
+  runs.clear();
+  FindSlotRuns(si, di, 0, 8, &runs);  // destination pages start at slot 32
+  EXPECT_EQ(runs, (std::vector<int64_t>{0, 2, 8}));
+}
+
+TEST(DmaPlanTest, BatchPiecesGrowFromTheFirstToTheCapAndEndWithoutAShortTail) {
+  auto pieces = [](size_t count) {
+    std::vector<size_t> out;
+    BatchPieces p(count);
+    for (size_t done = 0; done < count;) {
+      out.push_back(p.Next());
+      done += out.back();
+    }
+    EXPECT_EQ(p.Next(), 0u);
+    return out;
+  };
+  EXPECT_EQ(pieces(2), (std::vector<size_t>{2}));
+  EXPECT_EQ(pieces(24), (std::vector<size_t>{24}));
+  EXPECT_EQ(pieces(25), (std::vector<size_t>{16, 9}));
+  EXPECT_EQ(pieces(128), (std::vector<size_t>{16, 32, 32, 48}));  // MLA page-64 per-layer load
+  EXPECT_EQ(pieces(256), (std::vector<size_t>{16, 32, 32, 32, 32, 32, 32, 48}));  // MHA
+  EXPECT_EQ(pieces(2048),                                                         // cap 128
+            (std::vector<size_t>{16, 32, 64, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128,
+                                 128, 128, 128, 144}));
+  for (size_t count = 2; count < 20000; count += count < 3000 ? 1 : 97) {
+    const std::vector<size_t> p = pieces(count);
+    const size_t cap = std::max<size_t>(32, count / 16);
+    size_t sum = 0, want = kFirstBatchPiece;
+    for (size_t i = 0; i < p.size(); ++i) {
+      sum += p[i];
+      if (i + 1 < p.size()) {
+        EXPECT_EQ(p[i], want) << count;  // 16, 32, ... up to the cap
+      } else {
+        EXPECT_GE(p[i], std::min<size_t>(count, 9)) << count;  // never a short tail
+        EXPECT_LE(2 * p[i], 3 * want) << count;
+      }
+      want = std::min(cap, 2 * want);
+    }
+    EXPECT_EQ(sum, count);
   }
 }
 

@@ -6,11 +6,13 @@
 
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "config_flags.h"
 #include "kvtier/eviction_policy.h"
 #include "kvtier/hierarchical_cache.h"
 #include "kvtier/layout.h"
+#include "kvtier/tp_group.h"
 #include "replay_model.h"
 #include "replay_options.h"
 
@@ -252,6 +254,36 @@ CLI::App* AddDemoCommand(CLI::App& app, DemoOptions* o) {
   c->add_option("--json", o->json_path, "also write the numbers as JSON");
   c->add_option("--plot", o->plot_path, "write the plots as a PNG (python3-matplotlib)");
   return c;
+}
+
+void AddTpReplayFlags(CLI::App* replay, TpReplayArgs* a) {
+  replay
+      ->add_option("--tp", a->tp,
+                   "tensor-parallel ranks: one process per rank (GPU, or cpu device), one cache "
+                   "decision per group; serves the requests at TP=1 first and compares "
+                   "(sequential; --storage file or none: a file store of per-head objects per "
+                   "pass, host layout page_head)")
+      ->check(CLI::Range(1, 8))
+      ->capture_default_str();
+  replay->add_flag(
+      "--tp-equal-bytes", a->equal_bytes,
+      "--tp: also serve the requests at TP=1 on each rank's GPU at that rank's bytes per copy "
+      "(MHA: one rank's share of the KV heads; MLA: the whole latent), each rank's load "
+      "bandwidth baseline on its own GPU (the cpu device: one such pass for every rank)");
+  // The ring's settings: the schema's fields under the replay's --tp-* names.
+  const ConfigSchema<TpGroupConfig>& schema = TpGroupConfigSchema();
+  for (const auto& [field, flag] : {std::pair{"ack_timeout_s", "--tp-timeout"},
+                                    {"follower_poll_s", "--tp-follower-poll"},
+                                    {"follower_doze_s", "--tp-follower-doze"},
+                                    {"leader_poll_s", "--tp-leader-poll"}}) {
+    CLI::Option* opt = AddFieldFlag(replay, *FindField(schema, field), &a->ring, flag);
+    opt->description("--tp: " + opt->get_description());
+  }
+  replay->add_flag("--tp-ack-each-copy", a->ring.ack_each_copy,
+                   "--tp: " + FindField(schema, "ack_each_copy")->help);
+  replay->add_option("--tp-rank", a->rank)->group("")->check(CLI::Range(1, 7));
+  replay->add_option("--tp-group", a->group)->group("");
+  replay->add_option("--tp-store", a->store)->group("");
 }
 
 }  // namespace kvtier::tools

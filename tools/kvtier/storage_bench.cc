@@ -102,6 +102,31 @@ struct StorageRow {
   // row of its own and never fails the bench: kvtier's rows are checked without it.
   bool baseline_failed = false;
 };
+// Where the Get calls of one kind of pass spent their time (StorageStats' get_* fields, the
+// difference across the pass, summed over rounds): to tell Gets that queue behind writes (queue)
+// from Gets that run slower beside them (hook, and threads on their pages).
+struct GetProfile {
+  int64_t calls = 0;
+  double queue_seconds = 0;  // accepted -> taken by an I/O thread (held reads: from release)
+  double held_seconds = 0;   // held behind a write of one of its keys
+  double hook_seconds = 0;   // inside the hook
+  double page_seconds = 0;   // the I/O threads' time on its pages, all threads summed
+  void Add(const StorageStats& before, const StorageStats& after) {
+    calls += after.get_calls - before.get_calls;
+    queue_seconds += after.get_queue_seconds - before.get_queue_seconds;
+    held_seconds += after.get_held_seconds - before.get_held_seconds;
+    hook_seconds += after.get_seconds - before.get_seconds;
+    page_seconds += after.get_page_seconds - before.get_page_seconds;
+  }
+  void Add(const GetProfile& o) {
+    calls += o.calls;
+    queue_seconds += o.queue_seconds;
+    held_seconds += o.held_seconds;
+    hook_seconds += o.hook_seconds;
+    page_seconds += o.page_seconds;
+  }
+};
+
 // The ceilings of one page kind and the backend's ratios to them, with where a Set's time went
 // (printed after the table, and in the JSON's "summary").
 struct KindSummary {
@@ -111,6 +136,7 @@ struct KindSummary {
   double write_ceiling_gbps = 0, read_ceiling_gbps = 0;
   double set_gbps = 0, get_gbps = 0, get_under_set_gbps = 0, set_under_get_gbps = 0;
   StorageStats stats;  // the backend's, at the end of the kind
+  GetProfile get_alone, get_mixed;
 };
 
 double Ratio(double a, double b) { return b > 0 ? 100.0 * a / b : 0; }
@@ -162,6 +188,7 @@ std::vector<PageBuffer> BuffersOf(const PageSet& pages, int64_t first, int64_t c
 
 struct KindResult {
   OpTimes set, get, exists;
+  GetProfile get_alone, get_mixed;  // the Get pass, and the Gets of the mixed pass
   // The mixed pass: a Get of every stored page while a Set of as many other pages runs (each
   // side's pass timed alone, from its first submission to its last completion).
   OpTimes get_under_set, set_under_get;
@@ -249,7 +276,9 @@ Result<KindResult> RunKind(StorageBackend& backend, const std::vector<PageKey>& 
     if (leading != n) fail(fmt::format("Exists: {} of {} leading pages", leading, n));
 
     dst.Poison();
+    const StorageStats before_get = backend.Stats();
     KVTIER_RETURN_IF_ERROR(RunPass(backend, /*set=*/false, keys, src, dst, o, r.get, fail));
+    r.get_alone.Add(before_get, backend.Stats());
     if (const int64_t bad = dst.CountDiffering(src); bad > 0) {
       fail(fmt::format("Get: {} of {} pages differ from what was Set", bad, n));
     }
@@ -260,11 +289,13 @@ Result<KindResult> RunKind(StorageBackend& backend, const std::vector<PageKey>& 
       dst.Poison();
       if (before_writes) before_writes();
       Status set_status;
+      const StorageStats before_mixed = backend.Stats();
       std::thread writer([&] {
         set_status = RunPass(backend, /*set=*/true, write_keys, src, dst, o, r.set_under_get, fail);
       });
       const Status get_status =
           RunPass(backend, /*set=*/false, keys, src, dst, o, r.get_under_set, fail);
+      r.get_mixed.Add(before_mixed, backend.Stats());  // the Gets are done (the Sets may not be)
       writer.join();
       KVTIER_RETURN_IF_ERROR(get_status);
       KVTIER_RETURN_IF_ERROR(set_status);
@@ -341,6 +372,14 @@ void PrintRows(std::FILE* out, const std::vector<StorageRow>& rows) {
   }
 }
 
+nlohmann::json GetProfileJson(const GetProfile& g) {
+  return {{"calls", g.calls},
+          {"queue_seconds", g.queue_seconds},
+          {"held_seconds", g.held_seconds},
+          {"hook_seconds", g.hook_seconds},
+          {"page_seconds", g.page_seconds}};
+}
+
 Status WriteRowsJson(const std::string& path, const std::string& command,
                      const std::vector<StorageRow>& rows,
                      const std::vector<KindSummary>& summaries) {
@@ -378,6 +417,8 @@ Status WriteRowsJson(const std::string& path, const std::string& command,
          {"set_pct_of_write_ceiling", Ratio(m.set_gbps, m.write_ceiling_gbps)},
          {"get_pct_of_read_ceiling", Ratio(m.get_gbps, m.read_ceiling_gbps)},
          {"get_under_writes_pct_of_read_ceiling", Ratio(m.get_under_set_gbps, m.read_ceiling_gbps)},
+         {"get_alone", GetProfileJson(m.get_alone)},
+         {"get_under_writes", GetProfileJson(m.get_mixed)},
          {"set_phases_seconds", SetPhasesJson(st)}});
   }
   std::ofstream f(path);
@@ -445,6 +486,8 @@ void RunRounds(const StorageBenchOptions& o, StorageBaseline baseline, const Pag
     Append(result->exists, r->exists);
     Append(result->get_under_set, r->get_under_set);
     Append(result->set_under_get, r->set_under_get);
+    result->get_alone.Add(r->get_alone);
+    result->get_mixed.Add(r->get_mixed);
     if (!r->check_ok && result->check_ok) {
       result->check_ok = false;
       result->note = r->note;
@@ -490,6 +533,8 @@ KindSummary AddKindRows(const PageKind& kind, int64_t n, int64_t page_bytes, con
   summary.kind = kind.name;
   summary.page_bytes = page_bytes;
   summary.stats = stats;
+  summary.get_alone = result.get_alone;
+  summary.get_mixed = result.get_mixed;
   for (const char* op : {"set", "exists", "get", "get/w", "set/r"}) {
     const std::string op_name = op;
     const bool mixed = op_name == "get/w" || op_name == "set/r";
@@ -581,6 +626,23 @@ void PrintSummaries(std::FILE* out, const std::vector<KindSummary>& summaries, i
           ms(st.set_sync_seconds), ms(st.set_publish_seconds), ms(st.set_index_seconds),
           ms(st.set_unlink_seconds), Ratio(phases, st.set_page_seconds),
           phases > 0 ? pages * static_cast<double>(m.page_bytes) / phases / 1e9 : 0.0, io_threads);
+    }
+    // A Get alone and under writes: per call, its time queued (behind other calls: the writes
+    // hold no reader thread, so this is reads behind reads), held behind a write of its keys, and
+    // inside the hook, and the threads on its pages.
+    auto get_line = [&](const char* what, const GetProfile& g) {
+      if (g.calls == 0) return std::string();
+      const double c = static_cast<double>(g.calls);
+      return fmt::format(
+          "{} {:.2f} ms queued + {:.2f} held + {:.2f} in the hook per call ({} calls, "
+          "{:.1f} threads on a call's pages)",
+          what, 1e3 * g.queue_seconds / c, 1e3 * g.held_seconds / c, 1e3 * g.hook_seconds / c,
+          g.calls, g.hook_seconds > 0 ? g.page_seconds / g.hook_seconds : 0.0);
+    };
+    if (m.get_alone.calls > 0) {
+      const std::string mixed = get_line("; under writes", m.get_mixed);
+      std::fprintf(out, "%-7s a Get: %s%s\n", m.kind.c_str(),
+                   get_line("alone", m.get_alone).c_str(), mixed.c_str());
     }
   }
 }

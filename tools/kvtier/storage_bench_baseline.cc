@@ -14,6 +14,7 @@
 #include <functional>
 #include <thread>
 
+#include "kvtier/page_file.h"
 #include "kvtier/storage.h"
 #include "redis_baseline.h"
 #include "replay_ceiling.h"
@@ -57,22 +58,13 @@ bool ReadWhole(int fd, std::byte* p, size_t n, size_t offset) {
   return true;
 }
 
-// Puts `temp` in place as `path` as the file store publishes a page (storage/file_io.h
-// PublishFile): a file already at `path` (the page written again, from the second round on) is
-// swapped out with RENAME_EXCHANGE and then unlinked, never renamed over (on ext4 that writes the
-// new file back inside the rename); a plain rename where the file system has no renameat2 flags.
+// Puts `temp` in place as `path` as the file store publishes a page (kvtier/page_file.h, the
+// store's own function): a file already at `path` (the page written again, from the second round
+// on) is swapped out and then unlinked, as the store's Set unlinks it.
 bool Publish(const std::string& temp, const std::string& path) {
-  for (int attempt = 0; attempt < 3; ++attempt) {
-    if (::renameat2(AT_FDCWD, temp.c_str(), AT_FDCWD, path.c_str(), RENAME_NOREPLACE) == 0) {
-      return true;
-    }
-    if (errno != EEXIST) break;
-    if (::renameat2(AT_FDCWD, temp.c_str(), AT_FDCWD, path.c_str(), RENAME_EXCHANGE) == 0) {
-      return ::unlink(temp.c_str()) == 0;  // the older file, now under the temporary name
-    }
-    if (errno != ENOENT) break;
-  }
-  return ::rename(temp.c_str(), path.c_str()) == 0;
+  bool replaced = false;
+  if (!PublishFile(AT_FDCWD, temp.c_str(), path.c_str(), &replaced)) return false;
+  return !replaced || ::unlink(temp.c_str()) == 0;  // the older file, now under `temp`
 }
 
 }  // namespace

@@ -18,8 +18,15 @@ memoryview vLLM hands the tier: one row of `row_bytes` per block) and a `kvtier.
 scheduler thread only submits (`PageStore.submit_set` / `submit_get` return at once) and polls
 (`PageStoreJob.done()` never blocks).
 
-Keys: vLLM's offload key of a block (its block hash and KV-cache group index, 36 bytes) is
-hashed into a kvtier PageKey. The store's namespace (kvtier::StorageNamespace) holds the model,
+Keys: vLLM's offload key of a block (its block hash and KV-cache group index, 36 bytes for
+sha256 block hashes) becomes a kvtier PageKey by `page_key_of`: the offload key's bytes
+rearranged so that the page key ends in the last 8 bytes of vLLM's block hash. kvtier's KV
+events name a page by the last 8 bytes of its key read big-endian (kvtier/kv_events.h,
+BlockHashOf), which is vLLM's own 64-bit form of a block hash (`maybe_convert_block_hash` with
+vLLM's default `VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1`): so the tier's events carry the hash
+vLLM's own events carry for the block, also for the evictions the store makes by itself, after a
+restart, or of another engine's blocks (the key encodes it: nothing to remember). The store's
+namespace (kvtier::StorageNamespace) holds the model,
 the KV dtype, the layout ("page_first_direct": a block row is every layer of the block's tokens),
 MLA or not, the layer count, the tokens per block, the bytes per token and layer, and the world
 size whose ranks share a row; a page of another namespace is a miss, never wrong bytes.
@@ -40,7 +47,10 @@ Contract with vLLM (the interface at the pinned commit, docs/vllm.md):
 - KV events: with `kv_events_endpoint` the store publishes, from C++, BlockStored for the blocks
   a store job wrote and BlockRemoved for the blocks the store evicted by itself, in vLLM's wire
   format on kvtier's own ZeroMQ socket, with the medium vLLM's own storage tiers use
-  (`VLLM_TIER_MEDIUM`, "STORAGE") unless `kv_events_medium` says otherwise.
+  (`VLLM_TIER_MEDIUM`, "STORAGE") unless `kv_events_medium` says otherwise, each block named by
+  vLLM's 64-bit block hash (above). vLLM's other form, raw bytes
+  (`VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0`), is refused with events on: kvtier's events carry
+  64-bit hashes only.
 
 Thread safety: vLLM calls a tier from its scheduler thread only; the lookup pool's threads touch
 nothing but the PageStore (thread-safe) and their own futures.
@@ -50,6 +60,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import os
 from collections import OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -78,6 +89,37 @@ VLLM_ROW_LAYOUT = "page_first_direct"
 VLLM_TIER_MEDIUM = "STORAGE"
 
 
+# The bytes of vLLM's offload key after the block hash: the KV-cache group index (vLLM's
+# make_offload_key: block_hash + group_idx as 4 bytes big-endian).
+_OFFLOAD_KEY_GROUP_BYTES = 4
+# The bytes of a kvtier page key (32) that name it in kvtier's KV events (BlockHashOf: the last 8,
+# big-endian), and those before the group index.
+_EVENT_HASH_BYTES = 8
+_LEADING_BYTES = 32 - _EVENT_HASH_BYTES - _OFFLOAD_KEY_GROUP_BYTES
+
+
+def page_key_of(offload_key: bytes) -> bytes:
+    """The kvtier page key (32 bytes, which kvtier.PageStore takes as is) of vLLM's offload key
+    (block hash + group index): the block hash's bytes before its last 8 (at most 20 of them,
+    zero-padded to 20), the 4-byte group index, then the block hash's last 8 bytes (left-padded
+    with zeros if the hash is shorter). Rearranging, not hashing: every byte of a 16-byte (xxhash)
+    block hash and 28 of a 32-byte (sha256) one are kept, so distinct blocks and groups get
+    distinct page keys, at slicing's cost on the scheduler thread. kvtier's event hash of the page,
+    BlockHashOf(key) = int.from_bytes(key[-8:], "big"), is vLLM's int block hash
+    int.from_bytes(block_hash, "big") & (2**64 - 1)."""
+    block_hash = offload_key[:-_OFFLOAD_KEY_GROUP_BYTES]
+    if not block_hash:
+        raise ValueError(f"KvtierTier: {offload_key!r} is not a vLLM offload key (hash + group)")
+    return (block_hash[:-_EVENT_HASH_BYTES][:_LEADING_BYTES].ljust(_LEADING_BYTES, b"\0")
+            + offload_key[-_OFFLOAD_KEY_GROUP_BYTES:]
+            + block_hash[-_EVENT_HASH_BYTES:].rjust(_EVENT_HASH_BYTES, b"\0"))
+
+
+def vllm_event_hashes_are_ints() -> bool:
+    """vLLM's VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES as vllm.envs reads it (default 1)."""
+    return bool(int(os.getenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "1")))
+
+
 @dataclass(frozen=True)
 class TierField:
     """One setting of KvtierTier's config dict (not a storage option)."""
@@ -86,13 +128,24 @@ class TierField:
     kind: type
     doc: str
     # The value when the config omits it, from vLLM's OffloadingSpec and the tier's config dict
-    # (None: required).
+    # merged with the settings resolved before it in TIER_FIELDS and the storage options with the
+    # tier's defaults (None: required).
     default: Callable[[Any, dict], Any] | None = None
 
 
-def _storage_default(name: str) -> Any:
-    """The default of a kvtier storage option, from its schema."""
-    return next(f["default"] for f in kvtier.PageStore.storage_option_fields() if f["name"] == name)
+def _is_file_url(config: dict) -> bool:
+    return str(config.get("url", "")).startswith("file:")
+
+
+# kvtier.PageStore options (storage options, by their schema names) the tier sets unless its
+# config does: (name, the value for a config, or None to leave the store's default; why).
+TIER_STORAGE_DEFAULTS: tuple[tuple[str, Callable[[dict], Any], str], ...] = (
+    ("max_batch_pages", lambda c: 1 if _is_file_url(c) else None,
+     "1 for file://: PageStore cuts each tier call into one store call per block, so no I/O "
+     "thread owns a many-block call and waits idle, holding a reader's place, while other "
+     "threads finish its last blocks (docs/perf-notes/engines.md); the store's default "
+     "otherwise"),
+)
 
 
 def _attr(obj: Any, path: str) -> Any:
@@ -140,16 +193,17 @@ TIER_FIELDS: tuple[TierField, ...] = (
     TierField("world_size", int, "ranks whose KV shares one block row (default: vLLM's "
               "parallel world size)",
               lambda s, c: int(_attr(s, "vllm_config.parallel_config.world_size"))),
-    TierField("pages_per_call", int, "blocks per store call a vLLM job is cut into (default: 16 "
-              "for file://, whose I/O threads share one call's blocks: on an H100 host as fast as "
-              "one call per block or faster, at a tenth of the scheduler thread's time per job; "
-              "64 otherwise, so a network store gets few round trips)",
-              lambda s, c: 16 if str(c.get("url", "")).startswith("file:") else 64),
-    TierField("max_calls_in_flight", int, "store calls per direction the tier keeps in the "
-              "store at once; more wait in the tier (default: half the store's "
-              "max_queued_batches, beyond which it rejects calls)",
-              lambda s, c: c.get("max_queued_batches", _storage_default("max_queued_batches")) // 2
-              or 1),
+    TierField("pages_per_call", int, "blocks per PageStore call (tier call) a vLLM job is cut "
+              "into (default: 16 for file://, a tenth of the scheduler thread's time per job of "
+              "one call per block, while PageStore still gives each block a store call of its "
+              "own: max_batch_pages; 64 otherwise, so a network store gets few round trips)",
+              lambda s, c: 16 if _is_file_url(c) else 64),
+    TierField("max_calls_in_flight", int, "tier calls (of pages_per_call blocks) per direction "
+              "the tier keeps in the store at once; more wait in the tier (default: as many as "
+              "make half the store's max_queued_batches in store calls of max_batch_pages "
+              "blocks, beyond which it rejects calls; at least 1)",
+              lambda s, c: max(1, c["max_queued_batches"] // 2
+                               // -(-c["pages_per_call"] // max(1, c["max_batch_pages"])))),
     TierField("lookup_threads", int, "threads answering lookups of blocks the tier has not seen "
               "(default 2)", lambda s, c: 2),
     TierField("max_known_blocks", int, "blocks remembered as present (LRU; default 1048576)",
@@ -164,6 +218,13 @@ def resolve_tier_config(offloading_spec: Any, config: dict[str, Any]) -> tuple[d
     type or one vLLM's config cannot supply is a ValueError naming the field; storage options are
     checked by kvtier.PageStore (an unknown name is a ValueError naming it)."""
     settings: dict[str, Any] = {}
+    storage_options = {k: v for k, v in config.items() if k not in _FIELDS_BY_NAME}
+    for name, default, _ in TIER_STORAGE_DEFAULTS:
+        if name not in storage_options and default(config) is not None:
+            storage_options[name] = default(config)
+    # What a default may read: the config, the storage options with the store's own defaults
+    # where neither the config nor the tier sets them, and the settings resolved so far.
+    known = {f["name"]: f["default"] for f in kvtier.PageStore.storage_option_fields()}
     for field in TIER_FIELDS:
         if field.name in config:
             value = config[field.name]
@@ -181,14 +242,14 @@ def resolve_tier_config(offloading_spec: Any, config: dict[str, Any]) -> tuple[d
             raise ValueError(f"KvtierTier: {field.name} is required ({field.doc})")
         else:
             try:
-                value = field.default(offloading_spec, config)
+                value = field.default(offloading_spec,
+                                      {**known, **config, **storage_options, **settings})
             except (AttributeError, TypeError) as e:
                 raise ValueError(
                     f"KvtierTier: {field.name} is not in the tier config and vLLM's offloading "
                     f"spec does not give it ({e}); set {field.name} ({field.doc})"
                 ) from e
         settings[field.name] = value
-    storage_options = {k: v for k, v in config.items() if k not in _FIELDS_BY_NAME}
     return settings, storage_options
 
 
@@ -198,7 +259,8 @@ class _Transfer:
     def __init__(self, is_store: bool, keys: list[bytes]):
         self.is_store = is_store
         self.keys = keys
-        self.chunks: list[tuple[list[int], list[bytes], np.ndarray]] = []  # (indices, keys, addrs)
+        # (indices, page keys, addrs)
+        self.chunks: list[tuple[list[int], list[bytes], np.ndarray]] = []
         self.submitted = 0  # chunks submitted, in order
         self.calls: list[tuple[list[int], Any]] = []  # (indices, kvtier.PageStoreJob)
         self.failed = False  # a submit raised: the chunks after it are never submitted
@@ -218,6 +280,12 @@ class KvtierTier(SecondaryTierManager):
         settings, storage_options = resolve_tier_config(offloading_spec, config)
         if storage_options.get("kv_events_endpoint"):
             storage_options.setdefault("kv_events_medium", VLLM_TIER_MEDIUM)
+            if not vllm_event_hashes_are_ints():
+                raise ValueError(
+                    "KvtierTier: kv_events_endpoint is set but VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES"
+                    "=0 asks for raw-bytes block hashes; kvtier's KV events carry vLLM's 64-bit "
+                    "block hashes only (unset it, or drop kv_events_endpoint)"
+                )
 
         pool = np.asarray(primary_kv_view)
         if pool.ndim != 2 or pool.strides[1] != pool.itemsize:
@@ -299,7 +367,9 @@ class KvtierTier(SecondaryTierManager):
             return False
         query = self._lookups_in_flight.get(key)
         if query is None:
-            self._lookups_in_flight[key] = self._lookup_pool.submit(self._store.exists, [key])
+            self._lookups_in_flight[key] = self._lookup_pool.submit(
+                self._store.exists, [page_key_of(key)]
+            )
             self._lookups_of_request.setdefault(req_context.req_id, set()).add(key)
             return None
         if not query.done():
@@ -342,7 +412,7 @@ class KvtierTier(SecondaryTierManager):
         todo = [i for i, k in enumerate(keys) if not (is_store and k in self._known_present)]
         for start in range(0, len(todo), self._pages_per_call):
             chunk = todo[start:start + self._pages_per_call]
-            transfer.chunks.append((chunk, [keys[i] for i in chunk], addrs[chunk]))
+            transfer.chunks.append((chunk, [page_key_of(keys[i]) for i in chunk], addrs[chunk]))
         self._transfers[job.job_id] = transfer
         if transfer.chunks:
             self._waiting[is_store].append(job.job_id)

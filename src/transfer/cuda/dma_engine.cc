@@ -17,7 +17,9 @@
 //      the rules);
 //   4. with dma_batch and a runtime and driver that offer it (CUDA >= 12.8, detected at run
 //      time; the 12.8 and 13.x signatures are both handled at compile time), the strided copies
-//      go out in one cudaMemcpy3DBatchAsync and the single runs in one cudaMemcpyBatchAsync;
+//      go out in one cudaMemcpy3DBatchAsync and the single runs in cudaMemcpyBatchAsync calls
+//      of 16, 32, ... copies (BatchPieces, dma_plan.h: the copy engines start on a batch only
+//      when its call returns, so the first copies move while the rest is submitted);
 //      otherwise one cudaMemcpy2DAsync / cudaMemcpyAsync each.
 // All plan buffers are engine members reused across calls: no per-call allocation once they
 // have grown to the largest request.
@@ -241,13 +243,7 @@ void DmaTransferEngine::Plan(const TransferRequest& r, const SlotIndices& si, co
 
   // Slot runs, shared by every buffer and layer.
   run_starts_.clear();
-  const int64_t sp = RunCutPage(x.sg()), dp = RunCutPage(x.dg());  // plan_rules.h
-  for (int64_t k = 0; k < n; ++k) {
-    if (k == 0 || !ContinuesRun(si.at(k - 1), di.at(k - 1), si.at(k), di.at(k), sp, dp)) {
-      run_starts_.push_back(k);
-    }
-  }
-  run_starts_.push_back(n);
+  FindSlotRuns(si, di, RunCutPage(x.sg()), RunCutPage(x.dg()), &run_starts_);  // plan_rules.h
   const size_t runs = run_starts_.size() - 1;
 
   // layer_first / page_first_direct on both sides, base pointers, several layers: a run's layers
@@ -472,25 +468,33 @@ Status DmaTransferEngine::SubmitSlice(CudaStream stream, size_t c0, size_t c1, s
   const void** srcs = planner_.srcs().data() + r0;
   size_t* sizes = planner_.sizes().data() + r0;
   stats.copy_ops += static_cast<int64_t>(count);
+  size_t done = 0;  // single copies submitted
   if (use_batch_ && count >= 2 && !IsLegacyStream(stream)) {
     // No cudaMemcpyFlagPreferOverlapWithCompute here: with it the driver took 1.5x as long to
     // submit 2,048 single copies (docs/perf-notes/dma-direct-path.md).
     cudaMemcpyAttributes attr{};
     attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
     size_t attr_index = 0;
+    // In pieces (BatchPieces, dma_plan.h): the copies start after the first.
+    BatchPieces pieces(count);
+    cudaError_t e = cudaSuccess;
+    while (done < count) {
+      const size_t n = pieces.Next();
 #if CUDART_VERSION >= 13000
-    const cudaError_t e =
-        cudaMemcpyBatchAsync(dsts, srcs, sizes, count, &attr, &attr_index, 1, stream);
+      e = cudaMemcpyBatchAsync(dsts + done, srcs + done, sizes + done, n, &attr, &attr_index, 1,
+                               stream);
 #else
-    size_t fail_index = 0;
-    const cudaError_t e = cudaMemcpyBatchAsync(dsts, const_cast<void**>(srcs), sizes, count, &attr,
-                                               &attr_index, 1, &fail_index, stream);
+      size_t fail_index = 0;
+      e = cudaMemcpyBatchAsync(dsts + done, const_cast<void**>(srcs + done), sizes + done, n, &attr,
+                               &attr_index, 1, &fail_index, stream);
 #endif
-    if (e == cudaSuccess) {
+      if (e != cudaSuccess) break;
+      done += n;
       ++stats.batch_calls;
-      return Status::OK();
     }
-    // Not offered after all (driver, platform): remember, fall back to single copies.
+    if (e == cudaSuccess) return Status::OK();
+    // Not offered after all (driver, platform): remember, fall back to single copies for what
+    // the batch calls did not submit (a refused call submits nothing).
     (void)cudaGetLastError();
     batch_available_ = false;
     use_batch_ = false;
@@ -498,7 +502,7 @@ Status DmaTransferEngine::SubmitSlice(CudaStream stream, size_t c0, size_t c1, s
               "dma backend: cudaMemcpyBatchAsync failed ({}); using one cudaMemcpyAsync per run",
               cudaGetErrorString(e));
   }
-  for (size_t i = 0; i < count; ++i) {
+  for (size_t i = done; i < count; ++i) {
     KVTIER_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(dsts[i], srcs[i], sizes[i], cudaMemcpyDefault, stream));
   }

@@ -32,6 +32,34 @@ struct Copy2D {
   std::byte* BlockDst(size_t z) const { return dst + z * dpitch * d_layer_height; }
 };
 
+// How `count` single copies are split over cudaMemcpyBatchAsync calls. The copy engines start
+// on a batch only once the call that submitted it has returned (in the H100 run of
+// docs/perf-notes/sglang-kernels.md an idle-stream call's GPU time was its host time plus its
+// copy time, for SGLang and kvtier alike), and the driver takes 0.8-1.8 us per copy: so the
+// copies go out in pieces, the first of kFirstBatchPiece copies (the copy engines start early),
+// each next one twice the one before up to max(32, count / 16) copies (the copy engines keep
+// busy while the next piece is submitted, and the last piece, whose copy nothing overlaps, stays
+// short, without a call per few copies on long batches); a remainder of at most 1.5 pieces goes
+// whole (a last piece holds more than 8 copies).
+inline constexpr size_t kFirstBatchPiece = 16;
+class BatchPieces {
+ public:
+  explicit BatchPieces(size_t count)
+      : left_(count), cap_(count / 16 > 2 * kFirstBatchPiece ? count / 16 : 2 * kFirstBatchPiece) {}
+  // Copies in the next call; 0 once every copy had its call.
+  size_t Next() {
+    const size_t n = 2 * left_ <= 3 * piece_ ? left_ : piece_;
+    left_ -= n;
+    piece_ = 2 * piece_ < cap_ ? 2 * piece_ : cap_;
+    return n;
+  }
+
+ private:
+  size_t left_;
+  size_t cap_;
+  size_t piece_ = kFirstBatchPiece;
+};
+
 // Run merging and 2D grouping (step 3 of dma_engine.cc's file comment). Owns no memory but the
 // vectors it fills, which the engine keeps between calls.
 class CopyPlanner {
