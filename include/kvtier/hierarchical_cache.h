@@ -240,6 +240,11 @@ struct StorageTierConfig {
   int64_t max_backup_batch_pages = 256;
   // Which pages are written to storage and how many writes wait (StorageAdmission above).
   StorageAdmissionConfig admission;
+  // Called with the keys of the pages admission admitted, each time it admits some (before the
+  // write is queued, backlogged or dropped for want of room), under the cache's lock: it must only
+  // record, never block or call into the cache. For measuring what the policy chose (kvtier
+  // replay's storage oracle); empty: not called.
+  std::function<void(std::span<const PageKey>)> admitted_listener;
 
   bool enabled() const { return backend != nullptr || !url.empty(); }
   // When enabled: the storage fields of HierarchicalCacheConfigSchema within their bounds and

@@ -185,6 +185,15 @@ struct TransferEngineConfig {
   // dma: K and V strided copies of one page in one depth-2 operation, where V lies a whole
   // number of rows after K on both sides (a pool allocated K then V).
   bool dma_join_kv = true;
+  // dma: with base pointers on both sides of a layer_first <-> page_first_direct request of
+  // several layers, a run's layers go as one strided copy per buffer (rows = layers); false: one
+  // plain copy per (run, layer, buffer), the shape SGLang's transfer_kv_all_layer_direct_lf_pf
+  // sends (docs/perf-notes/sglang-kernels.md compares the two).
+  bool dma_stride_layers = true;
+  // dma: the strided copies' cudaMemcpy3DBatchAsync asks the driver to prefer overlap with
+  // compute (cudaMemcpyFlagPreferOverlapWithCompute); the single copies' batch never does (it
+  // made their submission 1.5x slower, docs/perf-notes/dma-direct-path.md).
+  bool dma_overlap_hint = true;
   // dma: a plan of more than dma_ops_per_lane operations is split over up to dma_lanes streams
   // (the request's stream and the engine's own, joined back by events), each submitted from its
   // own thread when dma_submit_threads.

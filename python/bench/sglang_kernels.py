@@ -52,6 +52,19 @@ default stream, where kvtier would add a fence):
            TransferEngine::Transfer (the rest is argument handling), and for the direct functions
            dma, what the dma engine did in the checked call (copy_ops, batch_calls, copies_2d,
            lanes, kv_merged: _kvtier.sgl_direct_last_stats), to tell where host time goes.
+Variants (--variants, JSON rows with "variant"; the second table): right after each
+transfer_kv_all_layer_direct_lf_pf row (pool layers as views of one allocation), the same
+arguments again with kvtier's dma engine reconfigured (kvtier.ops.configure, restored after the
+row) to another copy shape, each beside SGLang's function in the same alternation as above,
+--variant-repeats timed calls (at least 5) after the warm-up:
+  no-overlap-hint  the strided batch without cudaMemcpyFlagPreferOverlapWithCompute
+                   (dma_overlap_hint=False)
+  lanes-64         the strided copies over up to 4 streams (dma_ops_per_lane=64)
+  kv-separate      K and V as separate depth-1 strided copies (dma_join_kv=False; MHA only)
+  layer-copies     one plain copy per (page, layer, K/V), SGLang's shape, over up to 4 streams
+                   (dma_stride_layers=False)
+kvtier's side is checked byte for byte in every variant row (it is a different plan); SGLang's
+call and arguments are those of the row just above, whose check it reuses.
 Repeats: --repeats, fewer (at least 3) where a row would take longer than --row-budget-s.
 Rows: the direct functions at pages 16 and 64 first (the issue's item), then the kernel
 functions, then the direct functions at page 1; JSON and Markdown are rewritten after every row,
@@ -92,6 +105,17 @@ FUNCTIONS = (
 )
 # Rows judged by issue 37 item 4: the page_first_direct functions.
 PAGE_FIRST_DIRECT = ("transfer_kv_per_layer_direct_pf_lf", "transfer_kv_all_layer_direct_lf_pf")
+# Other copy shapes of kvtier's all-layer backups (the module doc): name -> kvtier.ops.configure
+# settings (TransferEngineConfig fields, include/kvtier/transfer.h).
+VARIANT_FUNCTION = "transfer_kv_all_layer_direct_lf_pf"
+VARIANTS = {
+    "no-overlap-hint": {"dma_overlap_hint": False},
+    "lanes-64": {"dma_ops_per_lane": 64},
+    "kv-separate": {"dma_join_kv": False},
+    "layer-copies": {"dma_stride_layers": False},
+}
+# Variants that change nothing for a pool of one buffer (MLA): not run there.
+K_AND_V_VARIANTS = ("kv-separate",)
 EXIT_OK, EXIT_FAILED, EXIT_CANNOT_RUN = 0, 1, 2
 
 
@@ -128,6 +152,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--row-budget-s", type=float, default=2.0,
                    help="fewer repeats (at least 3) where a row would take longer")
     p.add_argument("--shapes", default="mha,mla")
+    p.add_argument("--variants", default=",".join(VARIANTS),
+                   help=f"comma-separated copy shapes of the all-layer backups to time beside "
+                   f"the default ({', '.join(VARIANTS)}); 'none' for none")
+    p.add_argument("--variant-repeats", type=bounded_int(5, 1000), default=5,
+                   help="timed calls of each side per variant row (after the warm-up)")
     p.add_argument("--functions", default="",
                    help="comma-separated substrings: only rows whose label holds one")
     p.add_argument("--build-root", default=None,
@@ -142,6 +171,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         return a
     if not a.sglang_src:
         p.error("--sglang-src is required (a SGLang source folder holding sgl-kernel/)")
+    a.variants = [] if a.variants in ("", "none") else a.variants.split(",")
+    for v in a.variants:
+        if v not in VARIANTS:
+            p.error(f"--variants: {v!r} is not one of {', '.join(VARIANTS)} (or 'none')")
     for s in a.shapes.split(","):
         if s not in SHAPES:
             p.error(f"--shapes: {s!r} is not one of {', '.join(SHAPES)}")
@@ -186,7 +219,7 @@ def ratio_text(value) -> str:
 
 def verdict(rows: list) -> list:
     """Lines judging issue 37 item 4: every page_first_direct row at >= 1.0x SGLang's GB/s."""
-    judged = [r for r in rows if r["function"] in PAGE_FIRST_DIRECT]
+    judged = [r for r in main_rows(rows) if r["function"] in PAGE_FIRST_DIRECT]
     if not judged:
         return ["issue 37 item 4 (page_first_direct >= 1.0x SGLang): no page_first_direct rows"]
     lines = []
@@ -205,8 +238,79 @@ def verdict(rows: list) -> list:
     return lines
 
 
+def main_rows(rows: list) -> list:
+    """The rows of kvtier's default configuration (the main table)."""
+    return [r for r in rows if not r.get("variant")]
+
+
+def variant_rows(rows: list) -> list:
+    """The variants table's rows: each all-layer backup row of the default configuration that has
+    variants, as "default", followed by its variants, in run order."""
+    out = []
+    for i, r in enumerate(rows):
+        if r.get("variant"):
+            out.append(r)
+        elif i + 1 < len(rows) and rows[i + 1].get("variant"):
+            out.append(dict(r, variant="default", variant_settings={}))
+    return out
+
+
+def variant_verdict(rows: list) -> list:
+    """Per copy shape: on how many of its rows it is >= 1.00x SGLang, held and plain."""
+    lines = []
+    names = list(dict.fromkeys(r["variant"] for r in rows))
+    for name in names:
+        mine = [r for r in rows if r["variant"] == name]
+        parts = []
+        for key, what in (("ratio_held", "held"), ("ratio_plain", "plain")):
+            short = [r for r in mine if below_sglang(r.get(key))]
+            ratios = [r[key] for r in mine if r.get(key) is not None]
+            low = f", lowest {min(ratios):.2f}x" if ratios else ""
+            parts.append(f"{what} >= 1.00x on {len(mine) - len(short)} of {len(mine)}{low}")
+        every = all(not below_sglang(r.get(k)) for r in mine
+                    for k in ("ratio_held", "ratio_plain"))
+        lines.append(f"- {name}: {'; '.join(parts)}"
+                     f"{' -> >= 1.0x on every row' if every else ''}")
+    return lines
+
+
+def variants_markdown(rows: list) -> list:
+    """The second table: kvtier's all-layer backups in each copy shape beside SGLang's."""
+    table = variant_rows(rows)
+    if not table:
+        return []
+    out = [
+        "",
+        "Variants: transfer_kv_all_layer_direct_lf_pf, kvtier's dma engine in other copy shapes "
+        "(kvtier.ops.configure settings), each beside SGLang's function in its own alternation",
+        "",
+        "| shape | page | tokens | variant | settings | SGLang GB/s held | kvtier GB/s held | "
+        "ratio held | SGLang GB/s plain | kvtier GB/s plain | ratio plain | kvtier host µs | "
+        "copies / 2D / batch calls / lanes | n | check SGLang / kvtier |",
+        "|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|",
+    ]
+    for r in table:
+        s, k = r["sglang"], r["kvtier"]
+        settings = ", ".join(f"{key}={val}" for key, val in r["variant_settings"].items()) or "—"
+        dma = k.get("dma") or {}
+        shape_text = "—" if not dma else " / ".join(
+            str(dma.get(f, "?")) for f in ("copy_ops", "copies_2d", "batch_calls", "lanes"))
+        out.append(
+            f"| {r['shape']} | {r['page']} | {r['tokens']} | {r['variant']} | {settings} | "
+            f"{fmt(s.get('gbps_held'), '.2f')} | {fmt(k.get('gbps_held'), '.2f')} | "
+            f"{ratio_text(r.get('ratio_held'))} | {fmt(s.get('gbps_plain'), '.2f')} | "
+            f"{fmt(k.get('gbps_plain'), '.2f')} | {ratio_text(r.get('ratio_plain'))} | "
+            f"{fmt(k.get('host_us'), '.1f')} | {shape_text} | {r.get('repeats', '—')} | "
+            f"{s['check']} / {k['check']} |")
+    out += ["", "Per copy shape (ratio = kvtier / SGLang GB/s):"] + variant_verdict(table)
+    return out
+
+
 def markdown(meta: dict, rows: list) -> str:
-    """The run's table: a header naming what ran where, one line per row, the verdict."""
+    """The run's table: a header naming what ran where, one line per row, the verdict; then the
+    variants table when the run has variant rows."""
+    every_row = rows
+    rows = main_rows(rows)
     out = [
         f"SGLang kernels vs kvtier.compat.sgl_kernel — {meta.get('device', '?')}, "
         f"torch {meta.get('torch', '?')}, SGLang {meta.get('sglang_commit', '?')[:12]}, "
@@ -240,6 +344,11 @@ def markdown(meta: dict, rows: list) -> str:
     failed = [r for r in rows if not row_ok(r)]
     out += ["", f"{len(rows)} rows, {len(failed)} with a failed check or error"]
     out += verdict(rows)
+    failed_variants = [r for r in every_row if r.get("variant") and not row_ok(r)]
+    out += variants_markdown(every_row)
+    if variant_rows(every_row):
+        out.append(f"{len(every_row) - len(rows)} variant rows, {len(failed_variants)} with a "
+                   "failed check or error")
     return "\n".join(out) + "\n"
 
 
@@ -337,20 +446,51 @@ def direct_path_text(info: list) -> str:
 
 def measure_pair(ctx, rows: list, shape, label: str, fn: str, page: int, tokens: int,
                  nbytes: int, fargs: tuple, poison, verify, direction: str,
-                 floor_hold_ms: float) -> None:
-    """One row: SGLang's fn and kvtier's fn on the same arguments (see the module doc)."""
+                 floor_hold_ms: float, variant: str = "", sglang_check: str = ""):
+    """One row: SGLang's fn and kvtier's fn on the same arguments (see the module doc); returns
+    the row, or None when --functions leaves it out. `variant`: a VARIANTS name, kvtier's engines
+    reconfigured to it for this row only; `sglang_check`: SGLang's check result of the row with
+    the same call and arguments (SGLang's check is then not repeated)."""
+    import kvtier.ops
     import torch
-    from compat_host_time import check, gpu_ms, host_us
 
     args = ctx.args
     wanted = [f for f in args.functions.split(",") if f]
     if wanted and not any(f in label for f in wanted):
-        return
+        return None
+    if not variant:
+        return measure_configured(ctx, rows, shape, label, fn, page, tokens, nbytes, fargs,
+                                  poison, verify, direction, floor_hold_ms, "", "")
+    settings = VARIANTS[variant]
+    before = kvtier.ops.engine_config()
+    torch.cuda.synchronize()
+    kvtier.ops.configure(**settings)
+    try:
+        return measure_configured(ctx, rows, shape, label, fn, page, tokens, nbytes, fargs,
+                                  poison, verify, direction, floor_hold_ms, variant, sglang_check)
+    finally:
+        torch.cuda.synchronize()  # nothing of the variant's engines in flight when they go
+        kvtier.ops.configure(**{key: before[key] for key in settings})
+
+
+def measure_configured(ctx, rows: list, shape, label: str, fn: str, page: int, tokens: int,
+                       nbytes: int, fargs: tuple, poison, verify, direction: str,
+                       floor_hold_ms: float, variant: str, sglang_check: str) -> dict:
+    """measure_pair's row with kvtier's engines as they are configured now."""
+    import kvtier.ops
+    import torch
+    from compat_host_time import check, gpu_ms, host_us
+
+    args = ctx.args
     sides = {"sglang": getattr(ctx.sglang, fn), "kvtier": getattr(ctx.kvtier, fn)}
     calls = {side: (lambda f=f: f(*fargs)) for side, f in sides.items()}
     result = {side: {"check": "not run"} for side in sides}
+    if sglang_check:
+        result["sglang"]["check"] = sglang_check
     # Correctness first: a function that writes wrong bytes or raises is not timed.
     for side, call in calls.items():
+        if side == "sglang" and sglang_check:
+            continue
         try:
             poison()
             torch.cuda.synchronize()
@@ -379,7 +519,8 @@ def measure_pair(ctx, rows: list, shape, label: str, fn: str, page: int, tokens:
                 torch.cuda.synchronize()
                 t_call = max(t_call, time.perf_counter() - t0)
         # A repeat is 3 calls of each side plus the holds (up to 2 calls' time): bound the row.
-        repeats = max(3, min(args.repeats, int(args.row_budget_s / max(10 * t_call, 1e-6))))
+        repeats = args.variant_repeats if variant else \
+            max(3, min(args.repeats, int(args.row_budget_s / max(10 * t_call, 1e-6))))
         host = {side: [] for side in timed}
         engine = {side: [] for side in timed}  # kvtier's only: SGLang has no engine
         for i in range(repeats):
@@ -412,18 +553,25 @@ def measure_pair(ctx, rows: list, shape, label: str, fn: str, page: int, tokens:
     row = {"shape": shape.name, "label": label, "function": fn, "page": page, "tokens": tokens,
            "bytes": nbytes, "direction": direction, "repeats": repeats if timed else 0,
            "sglang": result["sglang"], "kvtier": result["kvtier"]}
+    if variant:
+        # What the engine ran under, read back (the settings reached it, not just were asked).
+        config = kvtier.ops.engine_config()
+        row.update(variant=variant,
+                   variant_settings={key: config[key] for key in VARIANTS[variant]})
     for key in ("held", "plain"):
         s, k = result["sglang"].get(f"gbps_{key}"), result["kvtier"].get(f"gbps_{key}")
         row[f"ratio_{key}"] = round(k / s, 3) if s and k else None
     rows.append(row)
     s, k = result["sglang"], result["kvtier"]
-    print(f"{shape.name:4} {label:48} p{page:<3} {tokens:6} tok  held SGLang "
+    shown = f"{label} [{variant}]" if variant else label
+    print(f"{shape.name:4} {shown:48} p{page:<3} {tokens:6} tok  held SGLang "
           f"{fmt(s.get('gbps_held'), '6.2f')} kvtier {fmt(k.get('gbps_held'), '6.2f')} GB/s "
           f"({fmt(row['ratio_held'], '.2f')}x)  plain {fmt(s.get('gbps_plain'), '6.2f')} / "
           f"{fmt(k.get('gbps_plain'), '6.2f')} ({fmt(row['ratio_plain'], '.2f')}x)  host us "
           f"{fmt(s.get('host_us'), '.1f')} / {fmt(k.get('host_us'), '.1f')}  n={row['repeats']}  "
           f"check {s['check']} / {k['check']}", flush=True)
     ctx.write(rows)
+    return row
 
 
 class Pools:
@@ -517,11 +665,15 @@ def direct_rows(ctx, rows: list, pools: Pools, page: int, rng) -> None:
                  (pfd, dst, si, di, layer, page), poison_rows(dst, di),
                  lambda: [(dst[b][di_d], pfd_rows(b, si_d, layer)) for b in range(nb)], "load",
                  2.0)
-    measure_pair(ctx, rows, s, "transfer_kv_all_layer_direct_lf_pf",
-                 "transfer_kv_all_layer_direct_lf_pf", page, T, all_layers,
-                 (all_dev, pfd, si, di, page), poison_pfd,
-                 lambda: [(pfd_rows(b, di_d), s.dev[b][:, si_d].transpose(0, 1))
-                          for b in range(nb)], "backup", 5.0)
+    backup_args = (ctx, rows, s, VARIANT_FUNCTION, VARIANT_FUNCTION, page, T, all_layers,
+                   (all_dev, pfd, si, di, page), poison_pfd,
+                   lambda: [(pfd_rows(b, di_d), s.dev[b][:, si_d].transpose(0, 1))
+                            for b in range(nb)], "backup", 5.0)
+    default = measure_pair(*backup_args)
+    for variant in ctx.args.variants if default is not None else ():
+        if nb == 1 and variant in K_AND_V_VARIANTS:
+            continue
+        measure_pair(*backup_args, variant=variant, sglang_check=default["sglang"]["check"])
     measure_pair(ctx, rows, s, "transfer_kv_all_layer_direct_lf_pf (separate layers)",
                  "transfer_kv_all_layer_direct_lf_pf", page, T, all_layers,
                  (separate, pfd, si, di, page), poison_pfd,
@@ -638,7 +790,8 @@ def run(args) -> int:
             "sglang_build_info": dict(zip(("cuda_version_compiled", "driver", "runtime",
                                            "batch_symbol"), info)),
             "sglang_direct_path": direct_path_text(info),
-            "args": {k: v for k, v in vars(args).items()}, "complete": False}
+            "args": {k: v for k, v in vars(args).items()},
+            "variants": {v: VARIANTS[v] for v in args.variants}, "complete": False}
     print(f"SGLang {commit} from {args.sglang_src}; {meta['device']}, torch {meta['torch']}",
           flush=True)
     print(f"SGLang direct path: {meta['sglang_direct_path']}", flush=True)

@@ -84,12 +84,69 @@ def test_render_exit_status(tmp_path):
     (["--sglang-src", "x", "--shapes", "gqa"], "'gqa' is not one of"),
     (["--sglang-src", "x", "--json", "/nonexistent/dir/x.json"], "is not writable"),
     (["--render", "/nonexistent.json"], "no such file"),
+    (["--sglang-src", "x", "--variants", "lanes-64,fast"], "'fast' is not one of no-overlap-hint"),
+    (["--sglang-src", "x", "--variant-repeats", "4"], "4 is outside [5, 1000]"),
 ])
 def test_bad_arguments_are_named(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
         bench.parse_args(argv)
     assert e.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_variants_are_parsed_into_names():
+    args = bench.parse_args(["--sglang-src", "x"])
+    assert args.variants == list(bench.VARIANTS) and args.variant_repeats == 5
+    assert bench.parse_args(["--sglang-src", "x", "--variants", "none"]).variants == []
+    assert bench.parse_args(["--sglang-src", "x", "--variants", "layer-copies,kv-separate"]) \
+        .variants == ["layer-copies", "kv-separate"]
+
+
+def variant(r, name):
+    return dict(r, variant=name, variant_settings=dict(bench.VARIANTS[name]),
+                kvtier=dict(r["kvtier"], dma={"copy_ops": 32768, "copies_2d": 0, "batch_calls": 60,
+                                              "lanes": 4}))
+
+
+def test_variants_table_lists_each_shape_beside_sglang_and_says_which_is_never_behind():
+    fn = "transfer_kv_all_layer_direct_lf_pf"
+    default = row("mha", fn, 1, side(17.3, 3.2, 35000.0), side(15.2, 14.8, 2100.0))
+    rows = [
+        default,
+        variant(row("mha", fn, 1, side(17.0, 3.2, 35000.0), side(27.7, 3.0, 23000.0)),
+                "layer-copies"),
+        variant(row("mha", fn, 1, side(17.1, 3.1, 35000.0), side(18.0, 14.0, 2000.0)), "lanes-64"),
+        row("mha", "transfer_kv_per_layer", 16, side(50.0, 49.0, 10.0), side(50.0, 49.0, 12.0)),
+    ]
+    text = bench.markdown(META, rows)
+    # The main table and its verdict hold the default configuration's rows only.
+    assert "2 rows, 0 with a failed check or error" in text
+    assert "stream held: NOT MET on 1 of 1 page_first_direct rows (mha "\
+        "transfer_kv_all_layer_direct_lf_pf p1 0.88x)" in text
+    assert "| mha | 1 | 8192 | default | — | 17.30 | 15.20 | **0.88×** | 3.20 | 14.80 | 4.62× | "\
+        "2100.0 | — | 10 | ok / ok |" in text
+    assert "| mha | 1 | 8192 | layer-copies | dma_stride_layers=False | 17.00 | 27.70 | 1.63× | "\
+        "3.20 | 3.00 | **0.94×** | 23000.0 | 32768 / 0 / 60 / 4 | 10 | ok / ok |" in text
+    assert "- default: held >= 1.00x on 0 of 1, lowest 0.88x; plain >= 1.00x on 1 of 1, lowest "\
+        "4.62x" in text
+    assert "- layer-copies: held >= 1.00x on 1 of 1, lowest 1.63x; plain >= 1.00x on 0 of 1" in text
+    assert "- lanes-64: held >= 1.00x on 1 of 1, lowest 1.05x; plain >= 1.00x on 1 of 1, lowest "\
+        "4.52x -> >= 1.0x on every row" in text
+    assert "2 variant rows, 0 with a failed check or error" in text
+    assert "Variants" not in bench.markdown(META, rows[:1] + rows[3:])
+
+
+def test_a_failed_variant_fails_the_run(tmp_path):
+    fn = "transfer_kv_all_layer_direct_lf_pf"
+    rows = [row("mla", fn, 16, side(1.0, 1.0, 1.0), side(1.0, 1.0, 1.0)),
+            variant(row("mla", fn, 16, side(1.0, 1.0, 1.0),
+                        side(None, None, None, check="FAIL (8 elements differ)")), "kv-separate")]
+    text = bench.markdown(META, rows)
+    assert "1 rows, 0 with a failed check or error" in text
+    assert "1 variant rows, 1 with a failed check or error" in text
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"meta": META, "rows": rows}))
+    assert bench.main(["--render", str(path)]) == bench.EXIT_FAILED
 
 
 def test_missing_sglang_files_are_named(tmp_path):
@@ -173,8 +230,17 @@ def test_every_row_checks_every_byte(on_cpu):
     from kvtier.compat import sgl_kernel as kv
 
     rows = run_rows(on_cpu, kv)
+    variants = [r for r in rows if r.get("variant")]
+    rows = bench.main_rows(rows)
     # 5 direct rows x 3 pages x 2 shapes, 6 MHA and 4 MLA kernel rows.
     assert len(rows) == 40
+    # Each all-layer backup row (3 pages x 2 shapes) again in each variant, kvtier's side checked
+    # byte for byte; SGLang's side (here kvtier too) reuses its default row's check.
+    assert len(variants) == 3 * len(bench.VARIANTS) + 3 * (len(bench.VARIANTS) - 1)  # MHA, MLA
+    assert "kv-separate" not in {r["variant"] for r in variants if r["shape"] == "mla"}
+    assert {r["function"] for r in variants} == {bench.VARIANT_FUNCTION}
+    assert [r for r in variants if not bench.row_ok(r)] == []
+    assert all(r["kvtier"]["gbps_held"] > 0 and r["sglang"]["gbps_plain"] > 0 for r in variants)
     assert {r["function"] for r in rows} == set(bench.FUNCTIONS)
     assert [r for r in rows if not bench.row_ok(r)] == []
     assert all(r["sglang"]["gbps_held"] > 0 and r["kvtier"]["gbps_plain"] > 0 for r in rows)
@@ -204,3 +270,49 @@ def test_a_side_that_writes_wrong_bytes_or_raises_is_reported_and_not_timed(on_c
     assert not bench.row_ok(load) and not bench.row_ok(backup)
     assert bench.row_ok(by_label["transfer_kv_direct (one layer)"])
     assert "NOT MET on 3 of 3" in "\n".join(bench.verdict(rows))
+
+
+def test_each_variant_reaches_the_engine_for_its_row_only(on_cpu, monkeypatch):
+    import kvtier.ops
+    from kvtier.compat import sgl_kernel as kv
+
+    before = kvtier.ops.engine_config()
+    seen = []  # the engine configuration each kvtier call of the all-layer backup ran under
+    real = kv.transfer_kv_all_layer_direct_lf_pf
+
+    def recording(*args):
+        seen.append(kvtier.ops.engine_config())
+        return real(*args)
+
+    wrapped = types_namespace(kv, transfer_kv_all_layer_direct_lf_pf=recording)
+    rows = []
+    ctx = bench.Context(on_cpu, {"complete": False}, kv, wrapped)
+    import numpy as np
+    bench.direct_rows(ctx, rows, bench.Pools("mha", on_cpu.pool_slots), 16,
+                      np.random.default_rng(5))
+    assert kvtier.ops.engine_config() == before  # restored after the last variant
+    variants = [r for r in rows if r.get("variant")]
+    assert [r["variant"] for r in variants] == list(bench.VARIANTS)
+    for r in variants:
+        settings = bench.VARIANTS[r["variant"]]
+        assert r["variant_settings"] == settings
+        assert r["repeats"] == on_cpu.variant_repeats
+        # every kvtier call of the row saw exactly its variant's settings on top of the defaults
+        assert r["sglang"]["check"] == "ok" and r["kvtier"]["check"] == "ok"
+    configs = [{k: c[k] for k in ("dma_overlap_hint", "dma_ops_per_lane", "dma_join_kv",
+                                  "dma_stride_layers")} for c in seen]
+    defaults = {k: before[k] for k in configs[0]}
+    assert defaults == {"dma_overlap_hint": True, "dma_ops_per_lane": 256, "dma_join_kv": True,
+                        "dma_stride_layers": True}
+    for name, settings in bench.VARIANTS.items():
+        assert dict(defaults, **settings) in configs, name
+    assert sum(c == defaults for c in configs) >= 3  # the default row's calls (and the rows
+    # without variants: the separate-layers row)
+
+
+def types_namespace(module, **overrides):
+    import types
+
+    names = {name: getattr(module, name) for name in bench.FUNCTIONS}
+    names.update(overrides)
+    return types.SimpleNamespace(**names)

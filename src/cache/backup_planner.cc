@@ -204,6 +204,7 @@ bool BackupPlanner::Store(RadixNode* node, CacheWork* work, bool* deferred,
     core_.counters.storage_backup_refused_tokens += (pages - admitted) * core_.P;
   }
   if (admitted == 0) return false;
+  if (core_.config.storage.admitted_listener) ReportAdmitted(path, admitted);
   const int64_t queue_room = StoreQueueRoom();
   const bool to_queue = backlog_.empty() && queue_room > 0;
   int64_t keep = admitted;
@@ -236,13 +237,24 @@ bool BackupPlanner::Store(RadixNode* node, CacheWork* work, bool* deferred,
   op->reuse_estimate = head_estimate;
   op->tail_pages = admitted - pages;
   if (to_queue) {
-    core_.store_queue_pages += pages;
-    core_.SubmitStore(std::move(op), work);  // held back while a removal of one of its keys runs
+    store_queue_pages_ += pages;
+    SubmitStore(std::move(op), work);  // held back while a removal of one of its keys runs
   } else {
     op->backlogged = true;
     backlog_.Add(op, head_estimate, pages * page_bytes, pages, op->tokens);
   }
   return true;
+}
+
+void BackupPlanner::ReportAdmitted(const std::vector<RadixNode*>& path, int64_t pages) const {
+  std::vector<PageKey> keys;
+  for (RadixNode* n : path) {
+    for (const PageKey& k : n->keys()) {
+      if (static_cast<int64_t>(keys.size()) == pages) break;
+      keys.push_back(k);
+    }
+  }
+  core_.config.storage.admitted_listener(keys);
 }
 
 std::shared_ptr<CopyOp> BackupPlanner::MakeStore(const std::vector<RadixNode*>& path,
@@ -289,8 +301,8 @@ void BackupPlanner::SubmitFromBacklog(CacheWork* work) {
     if (!op) return;
     op->backlogged = false;
     op->start = CacheClock::now();  // its time with the store starts now
-    core_.store_queue_pages += static_cast<int64_t>(op->keys.size());
-    core_.SubmitStore(std::move(op), work);
+    store_queue_pages_ += static_cast<int64_t>(op->keys.size());
+    SubmitStore(std::move(op), work);
   }
 }
 
@@ -356,7 +368,7 @@ void BackupPlanner::ReapStore(CopyOp& op, CacheWork* work) {
     op.nodes.clear();
     return;
   }
-  core_.store_queue_pages -= pages;
+  store_queue_pages_ -= pages;
   SubmitFromBacklog(work);  // this store's room in the queue
   int64_t ok = 0;           // leading pages in storage: the stored part of the path
   while (ok < pages && op.page_status[static_cast<size_t>(ok)] == PageStatus::kOk) ++ok;
@@ -403,7 +415,7 @@ void BackupPlanner::ReapStore(CopyOp& op, CacheWork* work) {
   // Pages written past the first one that did not make it: no lookup reaches them (it stops at
   // that page), so they would sit in the store stranded until evicted. They go now; the next
   // store of this path writes them again after the missing page (held back until the removal
-  // completed: CacheCore::SubmitStore).
+  // completed: BackupPlanner::SubmitStore).
   std::vector<PageKey> stranded;
   for (int64_t i = ok + 1; i < pages; ++i) {
     if (op.page_status[static_cast<size_t>(i)] == PageStatus::kOk) {
@@ -411,7 +423,7 @@ void BackupPlanner::ReapStore(CopyOp& op, CacheWork* work) {
     }
   }
   core_.counters.storage_stranded_removed_pages += static_cast<int64_t>(stranded.size());
-  core_.RemoveFromStorage(stranded, work);
+  RemoveFromStorage(stranded, work);
   // Mark stored the nodes (or the leading part of the node) whose pages all made it.
   std::vector<RadixNode*> nodes = std::move(op.nodes);
   std::sort(nodes.begin(), nodes.end(), [](const RadixNode* a, const RadixNode* b) {
@@ -460,6 +472,61 @@ void BackupPlanner::StoreBelow(RadixNode* node, CacheWork* work) {
     // The deepest host node of each branch: Store takes the unstored path above it. Branches that
     // share an unstored ancestor wait for its store, and come back here when it completes.
     if (!deeper && !n->stored() && !n->storing()) Store(n, work);
+  }
+}
+
+void BackupPlanner::RemoveFromStorage(std::span<const PageKey> keys, CacheWork* work) {
+  const size_t batch = static_cast<size_t>(core_.storage->options().max_batch_pages);
+  for (size_t from = 0; from < keys.size(); from += batch) {
+    const size_t n = std::min(keys.size() - from, batch);
+    auto remove = std::make_shared<CopyOp>();
+    remove->kind = CopyOp::Kind::kRemove;
+    remove->start = CacheClock::now();
+    remove->keys.assign(keys.begin() + static_cast<ptrdiff_t>(from),
+                        keys.begin() + static_cast<ptrdiff_t>(from + n));
+    remove->batch_pages = static_cast<int64_t>(n);
+    remove->page_status.assign(n, PageStatus::kSkipped);
+    remove->batch_done.assign(1, 0);
+    remove->batches_left = 1;
+    for (const PageKey& key : remove->keys) ++removing_[key];
+    core_.tracker.Add(remove);
+    work->storage.push_back(std::move(remove));
+  }
+}
+
+bool BackupPlanner::RemovalPending(std::span<const PageKey> keys) const {
+  if (removing_.empty()) return false;
+  for (const PageKey& key : keys) {
+    if (removing_.count(key) != 0) return true;
+  }
+  return false;
+}
+
+void BackupPlanner::SubmitStore(std::shared_ptr<CopyOp> op, CacheWork* work) {
+  if (RemovalPending(op->keys)) {
+    op->held = true;
+    ++core_.counters.storage_stores_held;
+    return;
+  }
+  work->storage.push_back(std::move(op));
+}
+
+void BackupPlanner::ReapRemove(const CopyOp& op, CacheWork* work) {
+  for (const PageKey& key : op.keys) {
+    auto it = removing_.find(key);
+    if (it == removing_.end()) {
+      core_.Fail(Status::Internal("a removal's key is not recorded as being removed"),
+                 "reaping a removal");
+      return;
+    }
+    if (--it->second == 0) removing_.erase(it);
+  }
+  ++removals_reaped_;
+  for (const auto& held : core_.tracker.ops()) {
+    if (held->held && !RemovalPending(held->keys)) {
+      held->held = false;
+      work->storage.push_back(held);
+    }
   }
 }
 

@@ -18,16 +18,16 @@
 #include <chrono>
 #include <memory>
 #include <span>
+#include <unordered_map>
 #include <vector>
 
 #include "cache/backup_policy.h"
 #include "cache/cache_core.h"
 #include "cache/store_admission.h"
 #include "cache/store_backlog.h"
+#include "cache/tier_evictor.h"
 
 namespace kvtier {
-
-class TierEvictor;
 
 // The write backlog holds at most this share of the host tier: its stores keep their host pages
 // (storing), which host eviction cannot take, so a backlog as large as the host tier would leave
@@ -47,8 +47,11 @@ inline constexpr double kSlowestStoreBytesPerSecond = 128e6;
 int64_t StoreBatchPages(int64_t page_bytes, std::chrono::milliseconds timeout,
                         int64_t max_backup_batch_pages, int64_t backend_max_batch_pages);
 
-class BackupPlanner {
+// The write-back half (Backup, Store, StoreQueueRoom) is what the TierEvictor calls, through
+// WriteBackPlanner; the planner calls the evictor, never the other way round.
+class BackupPlanner final : public WriteBackPlanner {
  public:
+  // `evictor` may be constructed after this (it is used only by calls).
   BackupPlanner(CacheCore& core, TierEvictor& evictor)
       : core_(core),
         evictor_(evictor),
@@ -58,7 +61,7 @@ class BackupPlanner {
   BackupPlanner(const BackupPlanner&) = delete;
   BackupPlanner& operator=(const BackupPlanner&) = delete;
 
-  const BackupPolicy& policy() const { return *policy_; }
+  const BackupPolicy& policy() const override { return *policy_; }
   const StoreAdmission& admission() const KVTIER_REQUIRES(kCacheLock) { return *admission_; }
   const StoreBacklog& backlog() const KVTIER_REQUIRES(kCacheLock) { return backlog_; }
   // Once the tiers are open: the backlog's capacity, admission.backlog_bytes but at most
@@ -80,7 +83,8 @@ class BackupPlanner {
   // Shared host tier: pages are reserved by key; pages published already are taken without a copy;
   // the backup covers the leading pages the tier gave (the node where they end is split), the rest
   // is skipped (counted). `write_back`: made by a device eviction (counted as such).
-  bool Backup(RadixNode* node, CacheWork* work, bool write_back) KVTIER_REQUIRES(kCacheLock);
+  bool Backup(RadixNode* node, CacheWork* work, bool write_back) override
+      KVTIER_REQUIRES(kCacheLock);
   // The policy's backup on use: the deepest device-only node of `path` that qualifies.
   void MaybeBackup(const std::vector<RadixNode*>& path, CacheWork* work)
       KVTIER_REQUIRES(kCacheLock);
@@ -102,10 +106,10 @@ class BackupPlanner {
   // path's other pages stay in host memory and are offered again, so counting the whole path at
   // each eviction pass would count a page once per pass.
   bool Store(RadixNode* node, CacheWork* work, bool* deferred = nullptr,
-             int64_t* refused_pages = nullptr) KVTIER_REQUIRES(kCacheLock);
+             int64_t* refused_pages = nullptr) override KVTIER_REQUIRES(kCacheLock);
   // Pages the bounded store queue (max_backup_queue_pages) takes now; <= 0: it is full.
-  int64_t StoreQueueRoom() const KVTIER_REQUIRES(kCacheLock) {
-    return core_.config.storage.max_backup_queue_pages - core_.store_queue_pages;
+  int64_t StoreQueueRoom() const override KVTIER_REQUIRES(kCacheLock) {
+    return core_.config.storage.max_backup_queue_pages - store_queue_pages_;
   }
 
   // Completions. A backup publishes its host pages (and, under a policy that stores on backup,
@@ -116,10 +120,37 @@ class BackupPlanner {
   // Stores the host-resident, unstored descendants of `node` (what waited for its store).
   void StoreBelow(RadixNode* node, CacheWork* work) KVTIER_REQUIRES(kCacheLock);
 
+  // ---- ordering of storage writes (the removals in flight) -----------------------------------
+  // Queues the removal of `keys` from storage (batches of the backend's max_batch_pages), run
+  // with `work`: pages no lookup can use (corrupt ones, and pages stored past a page whose write
+  // failed, which a lookup never reaches). The callers remove keys of nodes neither stored nor
+  // storing, so no registered store names one of them (the tree gives a key one node, and a node
+  // one store at a time); CheckCacheConsistency checks it.
+  void RemoveFromStorage(std::span<const PageKey> keys, CacheWork* work)
+      KVTIER_REQUIRES(kCacheLock);
+  // Whether one of `keys` has a removal in flight.
+  bool RemovalPending(std::span<const PageKey> keys) const KVTIER_REQUIRES(kCacheLock);
+  // A registered store (REQUIRES: tracker.Add'ed): queued with `work`, or held back (`held`)
+  // while one of its keys has a removal in flight; ReapRemove queues it when none has.
+  void SubmitStore(std::shared_ptr<CopyOp> op, CacheWork* work) KVTIER_REQUIRES(kCacheLock);
+  // A completed removal: its keys are no longer pending, and the held stores none of whose keys
+  // is pending now are queued with `work`, in the order they were registered.
+  void ReapRemove(const CopyOp& op, CacheWork* work) KVTIER_REQUIRES(kCacheLock);
+  // The keys with a removal in flight, each with the number of removals naming it.
+  const std::unordered_map<PageKey, int64_t, PageKeyHash>& removing() const
+      KVTIER_REQUIRES(kCacheLock) {
+    return removing_;
+  }
+  // Removals reaped so far (QueryStorage trusts no Exists answer across a change of it).
+  int64_t removals_reaped() const KVTIER_REQUIRES(kCacheLock) { return removals_reaped_; }
+
  private:
   // The unbacked path ending at `node`, top-down, and its tokens (0: empty, or a node on it is
   // busy or off the device).
   int64_t UnbackedPath(RadixNode* node, std::vector<RadixNode*>* path) const
+      KVTIER_REQUIRES(kCacheLock);
+  // The keys of `path`'s first `pages` pages to config.storage.admitted_listener.
+  void ReportAdmitted(const std::vector<RadixNode*>& path, int64_t pages) const
       KVTIER_REQUIRES(kCacheLock);
   // The store op of `path` (`pages` pages), registered; its nodes marked storing.
   std::shared_ptr<CopyOp> MakeStore(const std::vector<RadixNode*>& path, int64_t pages)
@@ -141,6 +172,18 @@ class BackupPlanner {
   std::unique_ptr<BackupPolicy> policy_;
   std::unique_ptr<StoreAdmission> admission_ KVTIER_PT_GUARDED_BY(kCacheLock);
   StoreBacklog backlog_ KVTIER_GUARDED_BY(kCacheLock);
+  // Host -> storage pages queued or running (the bounded queue: StoreQueueRoom).
+  int64_t store_queue_pages_ KVTIER_GUARDED_BY(kCacheLock) = 0;
+  // Keys with a removal from storage in flight (RemoveFromStorage until ReapRemove), each with the
+  // number of removals naming it. A store naming one is held back until none does: the removal
+  // and the store are submitted after the lock by whichever calls queued them (in any order across
+  // threads), and storage orders no two writes of one key, so a Remove landing after the store's
+  // Set (or after its Exists found the page present) would leave the tree marking stored a page
+  // the store no longer holds.
+  std::unordered_map<PageKey, int64_t, PageKeyHash> removing_ KVTIER_GUARDED_BY(kCacheLock);
+  // Removals reaped so far: an Exists that ran while one was in flight may have seen its pages
+  // before they went.
+  int64_t removals_reaped_ KVTIER_GUARDED_BY(kCacheLock) = 0;
 };
 
 }  // namespace kvtier

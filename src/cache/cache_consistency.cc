@@ -4,7 +4,7 @@
 #include <span>
 #include <unordered_map>
 
-#include "cache/cache_core.h"
+#include "cache/cache_parts.h"
 
 namespace kvtier {
 
@@ -20,7 +20,7 @@ struct Expected {
 
 // Fills `e` and marks the prefetches' host pages in `host_seen` (Internal: one held twice, or the
 // filling count differs from the recorded one).
-Status ExpectFromHandlesAndOps(const CacheCore& s, Expected* e, std::vector<uint8_t>* host_seen)
+Status ExpectFromHandlesAndOps(const CacheParts& s, Expected* e, std::vector<uint8_t>* host_seen)
     KVTIER_REQUIRES(kCacheLock) {
   for (const auto& [id, h] : s.handles) {
     for (const RadixNode* n = h.last; n != nullptr && !n->is_root(); n = n->parent()) {
@@ -48,24 +48,24 @@ Status ExpectFromHandlesAndOps(const CacheCore& s, Expected* e, std::vector<uint
       }
     }
   }
-  if (e->filling != s.filling_pages) {
+  if (e->filling != s.prefetcher.filling_pages()) {
     return Status::Internal(fmt::format("filling host pages: prefetches hold {}, recorded {}",
-                                        e->filling, s.filling_pages));
+                                        e->filling, s.prefetcher.filling_pages()));
   }
   return Status::OK();
 }
 
 // Storage writes of one key never overlap: `removing` counts exactly the keys of the removals
 // in flight, no store that may be submitted names one of them, and every held store does.
-Status CheckStorageWriteOrder(const CacheCore& s) KVTIER_REQUIRES(kCacheLock) {
+Status CheckStorageWriteOrder(const CacheParts& s) KVTIER_REQUIRES(kCacheLock) {
   std::unordered_map<PageKey, int64_t, PageKeyHash> removals;
   s.tracker.ForEachOp([&](const std::shared_ptr<CopyOp>& op) {
     if (op->kind != CopyOp::Kind::kRemove) return;
     for (const PageKey& key : op->keys) ++removals[key];
   });
-  if (removals != s.removing) {
+  if (removals != s.planner.removing()) {
     return Status::Internal(fmt::format("removals in flight name {} keys, {} recorded",
-                                        removals.size(), s.removing.size()));
+                                        removals.size(), s.planner.removing().size()));
   }
   Status st;
   s.tracker.ForEachOp([&](const std::shared_ptr<CopyOp>& op) KVTIER_REQUIRES(kCacheLock) {
@@ -75,7 +75,7 @@ Status CheckStorageWriteOrder(const CacheCore& s) KVTIER_REQUIRES(kCacheLock) {
     } else if (op->backlogged && (op->kind != CopyOp::Kind::kStore || op->held)) {
       st = Status::Internal("a backlogged operation that is not a store waiting for the queue");
     } else if (op->kind == CopyOp::Kind::kStore && !op->backlogged && !op->backlog_dropped &&
-               op->held != s.RemovalPending(op->keys)) {
+               op->held != s.planner.RemovalPending(op->keys)) {
       st = Status::Internal(
           op->held ? "a store is held though no removal of its keys is in flight"
                    : "a store may be submitted while a removal of one of its keys is in flight");
@@ -86,7 +86,7 @@ Status CheckStorageWriteOrder(const CacheCore& s) KVTIER_REQUIRES(kCacheLock) {
 
 }  // namespace
 
-Status CheckCacheConsistency(const CacheCore& s) {
+Status CheckCacheConsistency(const CacheParts& s) {
   KVTIER_RETURN_IF_ERROR(s.tree.CheckInvariants());
   KVTIER_RETURN_IF_ERROR(CheckStorageWriteOrder(s));
   if (s.events && s.events->nodes_without_keys() > 0) {  // they would be missing from the events

@@ -58,9 +58,9 @@ CacheCore::CacheCore(const HierarchicalCacheConfig& cfg, int64_t page_size)
 Status CacheCore::OpenHostTier(const KvRegion& device_region) {
   const HostKvPoolConfig hc = HostPoolConfig(config, device_region, gpu);
   if (!config.has_host_tier()) {
-    no_host_region.geometry = hc.geometry;
-    no_host_region.geometry.num_slots = 0;
-    no_host_region.mla = device_region.mla;
+    host_region.geometry = hc.geometry;
+    host_region.geometry.num_slots = 0;
+    host_region.mla = device_region.mla;
   } else if (config.shared_host) {
     const double budget = config.host_capacity_bytes > 0
                               ? static_cast<double>(config.host_capacity_bytes)
@@ -71,6 +71,10 @@ Status CacheCore::OpenHostTier(const KvRegion& device_region) {
   } else {
     KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<HostKvPool> pool, HostKvPool::Create(hc));
     host = MakeLocalHostTier(std::move(pool));
+  }
+  if (host) {
+    host_region = host->region();
+    shared_host_tier = host->shared();
   }
   const int64_t host_tokens = host ? host->num_pages() * P : 0;
   if (config.pin_host_budget_tokens > 0 && config.pin_host_budget_tokens >= host_tokens) {
@@ -149,7 +153,6 @@ CacheStats CacheCore::Stats() const {
     c.host_used_tokens = host->held_pages() * P;
     c.host_total_bytes = host->capacity_bytes();
   }
-  c.host_filling_tokens = filling_pages * P;
   c.storage_known_tokens = tree.stored_tokens();
   c.storage_only_tokens = tree.storage_only_tokens();
   c.nodes = tree.num_nodes();
@@ -158,7 +161,6 @@ CacheStats CacheCore::Stats() const {
   c.pinned_device_tokens = tree.retained_tokens(RadixTree::Tier::kDevice);
   c.pinned_host_tokens = tree.retained_tokens(RadixTree::Tier::kHost);
   c.pinned_storage_tokens = tree.retained_tokens(RadixTree::Tier::kStorage);
-  c.prefetch_inflight_tokens = filling_pages * P;
   return c;
 }
 
@@ -250,61 +252,6 @@ void CacheCore::Event(CacheWork* work, CacheTier tier, const RadixNode* node, bo
   if (!config.eviction_listener) return;
   work->events.push_back(OwnedEvent{tier, node->name_space(), tree.PrefixTokens(node),
                                     node->num_tokens(), kept_in_host, kept_in_storage});
-}
-
-void CacheCore::RemoveFromStorage(std::span<const PageKey> keys, CacheWork* work) {
-  const size_t batch = static_cast<size_t>(storage->options().max_batch_pages);
-  for (size_t from = 0; from < keys.size(); from += batch) {
-    const size_t n = std::min(keys.size() - from, batch);
-    auto remove = std::make_shared<CopyOp>();
-    remove->kind = CopyOp::Kind::kRemove;
-    remove->start = CacheClock::now();
-    remove->keys.assign(keys.begin() + static_cast<ptrdiff_t>(from),
-                        keys.begin() + static_cast<ptrdiff_t>(from + n));
-    remove->batch_pages = static_cast<int64_t>(n);
-    remove->page_status.assign(n, PageStatus::kSkipped);
-    remove->batch_done.assign(1, 0);
-    remove->batches_left = 1;
-    for (const PageKey& key : remove->keys) ++removing[key];
-    tracker.Add(remove);
-    work->storage.push_back(std::move(remove));
-  }
-}
-
-bool CacheCore::RemovalPending(std::span<const PageKey> keys) const {
-  if (removing.empty()) return false;
-  for (const PageKey& key : keys) {
-    if (removing.count(key) != 0) return true;
-  }
-  return false;
-}
-
-void CacheCore::SubmitStore(std::shared_ptr<CopyOp> op, CacheWork* work) {
-  if (RemovalPending(op->keys)) {
-    op->held = true;
-    ++counters.storage_stores_held;
-    return;
-  }
-  work->storage.push_back(std::move(op));
-}
-
-void CacheCore::ReapRemove(const CopyOp& op, CacheWork* work) {
-  for (const PageKey& key : op.keys) {
-    auto it = removing.find(key);
-    if (it == removing.end()) {
-      Fail(Status::Internal("a removal's key is not recorded as being removed"),
-           "reaping a removal");
-      return;
-    }
-    if (--it->second == 0) removing.erase(it);
-  }
-  ++removals_reaped;
-  for (const auto& held : tracker.ops()) {
-    if (held->held && !RemovalPending(held->keys)) {
-      held->held = false;
-      work->storage.push_back(held);
-    }
-  }
 }
 
 void CacheCore::CountStorageFaults(StorageIo io, const std::vector<PageStatus>& statuses,

@@ -22,14 +22,18 @@
 //   handles       live MatchHandles: the node each pins (ancestors included), the tokens after
 //                 the match (for QueryStorage), a running prefetch and, on a GPU, its load-back;
 //   tracker       operations in flight. Each marked its nodes busy once (a split hands the mark to
-//                 both halves: the split hook); a busy node is evictable in no tier;
-//   removing      the keys of the removals from storage in flight; a store naming one is held.
+//                 both halves: the split hook); a busy node is evictable in no tier.
+// The parts own the rest (each part's header says what): the prefetcher its filling host pages,
+// the backup planner its store queue and the removals from storage in flight (a store naming a
+// key being removed is held), the pins their table. A part reaches another only through the
+// references CacheParts wires, one way: planner -> evictor, prefetcher -> evictor and planner,
+// adopter -> evictor; the evictor asks for write-backs through WriteBackPlanner (no cycle).
 // Invariants (HierarchicalCache::CheckConsistency): the tree's device pages are exactly the
 // ledger's kTree pages; the ledger's kCopy pages are exactly the load-backs' unpublished pages; the
 // host allocator's used pages are the tree's host pages plus the prefetches' filling pages; every
 // node's ref_count equals the number of live handles pinning it or a descendant, and its busy count
-// the number of operations that list it; `removing` holds the keys of the removals in flight, and
-// a store is held exactly while one of its keys is in it.
+// the number of operations that list it; the planner's `removing` holds the keys of the removals
+// in flight, and a store is held exactly while one of its keys is in it.
 //
 // Locking discipline: every public call takes `mu`, does bookkeeping only, and collects into a
 // CacheWork what must happen outside it — submitting copies (cpu pool, inline, or a CUDA stream)
@@ -136,62 +140,64 @@ class ReadBandwidth {
 struct CacheCore {
   CacheCore(const HierarchicalCacheConfig& cfg, int64_t page_size);
 
-  const HierarchicalCacheConfig config;
-  const int64_t P;
-  const uint64_t tag;  // handle ids: this instance's tag in the high bits
-  KvRegion device;
-  std::unique_ptr<HostTier> host;  // null: no host tier (config.has_host_tier())
-  KvRegion no_host_region;         // host_region() without a host tier: empty
+  // Every member says how it is kept safe: immutable (set by the constructor, or by Open before
+  // any other thread sees the core, and never changed after: no guard needed), synchronized by
+  // itself, or guarded by `mu` (kCacheLock in the analysis: KVTIER_GUARDED_BY /
+  // KVTIER_PT_GUARDED_BY). Declaration order is destruction order (reversed): keep it.
+  const HierarchicalCacheConfig config;  // immutable
+  const int64_t P;                       // immutable: tokens per page
+  const uint64_t tag;  // immutable: handle ids carry this instance's tag in the high bits
+  KvRegion device;     // immutable: the engine's device region
+  // null: no host tier (config.has_host_tier()). The pointer is immutable; the tier has no lock of
+  // its own (cache/host_tier.h), so every use of it is under `mu`.
+  std::unique_ptr<HostTier> host KVTIER_PT_GUARDED_BY(kCacheLock);
+  // Immutable: the host tier's region (HierarchicalCache::host_region(); without a host tier:
+  // empty, of the host pages' geometry) and whether it is a shared segment — what `host` says,
+  // for the calls that read them without `mu`.
+  KvRegion host_region;
+  bool shared_host_tier = false;
+  // Immutable pointer; the engine may be used from several threads (kvtier/transfer.h).
   std::unique_ptr<TransferEngine> engine;
-  bool gpu = false;
+  bool gpu = false;  // immutable: `engine` is not the cpu engine
+  // Immutable pointer; every method of a backend may be called from any thread (kvtier/storage.h).
   std::shared_ptr<StorageBackend> storage;
-  bool owns_storage = false;                      // opened from a URL: closed with the cache
-  std::unique_ptr<storage::PageStaging> staging;  // host pages <-> storage calls
-  ReadBandwidth read_bandwidth;                   // of `storage`, for the recompute rule
+  bool owns_storage = false;  // immutable: opened from a URL, closed with the cache
+  // Immutable pointer; host pages <-> storage calls from any thread (storage/page_staging.h).
+  std::unique_ptr<storage::PageStaging> staging;
+  ReadBandwidth read_bandwidth;  // synchronized by itself (its own mutex): for the recompute rule
 
-  // The members above are set by Open and do not change after; those below are guarded by `mu`
-  // (kCacheLock in the analysis; the tracker guards its own list the same way).
-  mutable std::mutex mu;
-  mutable std::atomic<std::thread::id> owner{};  // who holds `mu` (MutexHeldByCurrentThread)
+  mutable std::mutex mu;  // the cache's mutex: kCacheLock in the analysis; CacheLock takes it
+  mutable std::atomic<std::thread::id>
+      owner{};  // atomic: who holds `mu` (MutexHeldByCurrentThread)
   RadixTree tree KVTIER_GUARDED_BY(kCacheLock);
   // KV events (config.kv_event_sink): the tree's tier changes, handed to the sink as CacheLock
-  // releases `mu` (null without a sink; set by Open).
-  std::unique_ptr<KvEventEmitter> events;
+  // releases `mu` (null without a sink). The pointer is immutable (set by Open).
+  std::unique_ptr<KvEventEmitter> events KVTIER_PT_GUARDED_BY(kCacheLock);
   // With events and a storage tier: the stored pages' nodes by key, so that pages the store
   // evicted by itself are published as removed (CacheParts::ForgetStoreEvictions; set by Open).
   std::unique_ptr<StoredKeyIndex> stored_keys KVTIER_PT_GUARDED_BY(kCacheLock);
   std::unique_ptr<DevicePageLedger> ledger KVTIER_PT_GUARDED_BY(kCacheLock);
+  // Operations in flight: synchronized by itself — its list under kCacheLock (annotated in
+  // cache/copy_tracker.h), their progress under its own mutex.
   CopyTracker tracker;
   std::unordered_map<uint64_t, HandleState> handles KVTIER_GUARDED_BY(kCacheLock);
   uint64_t next_seq KVTIER_GUARDED_BY(kCacheLock) = 1;
-  // Host pages of prefetches not yet handed to the tree.
-  int64_t filling_pages KVTIER_GUARDED_BY(kCacheLock) = 0;
-  // Host -> storage pages queued or running.
-  int64_t store_queue_pages KVTIER_GUARDED_BY(kCacheLock) = 0;
-  // Keys with a removal from storage in flight (RemoveFromStorage until ReapRemove), each with the
-  // number of removals naming it. A store naming one is held back until none does: the removal
-  // and the store are submitted after the lock by whichever calls queued them (in any order across
-  // threads), and storage orders no two writes of one key, so a Remove landing after the store's
-  // Set (or after its Exists found the page present) would leave the tree marking stored a page
-  // the store no longer holds.
-  std::unordered_map<PageKey, int64_t, PageKeyHash> removing KVTIER_GUARDED_BY(kCacheLock);
-  // Removals reaped so far: an Exists that ran while one was in flight may have seen its pages
-  // before they went (QueryStorage trusts no answer across a change of it).
-  int64_t removals_reaped KVTIER_GUARDED_BY(kCacheLock) = 0;
   // An internal failure makes the cache unusable.
   Status health KVTIER_GUARDED_BY(kCacheLock);
   // The first failed backup since WaitForBackups last said so.
   Status backup_failure KVTIER_GUARDED_BY(kCacheLock);
   CacheStats counters KVTIER_GUARDED_BY(kCacheLock);
 
-  // ---- setup (Create; no lock needed: nothing else sees the core yet) ----------------------
+  // ---- setup (Create; no lock needed: nothing else sees the core yet, so the analysis, which
+  // cannot know that, is off for them) ----------------------------------------------------------
   // The host tier the config asks for (none, the cache's own pool or a shared segment).
-  Status OpenHostTier(const KvRegion& device_region);
+  Status OpenHostTier(const KvRegion& device_region) KVTIER_NO_THREAD_SAFETY_ANALYSIS;
   // The storage tier the config asks for (a backend given, or opened from its URL) and its
   // staging; InvalidArgument when a given backend's namespace does not describe the host pages.
-  Status OpenStorageTier(const KvRegion& device_region);
+  Status OpenStorageTier(const KvRegion& device_region) KVTIER_NO_THREAD_SAFETY_ANALYSIS;
 
-  // The counters with the tiers' occupancy (HierarchicalCache::stats).
+  // The counters with the tree's, the ledger's and the host tier's occupancy; the parts add
+  // theirs (HierarchicalCache::stats: the prefetcher's filling pages, the pins, the backlog).
   CacheStats Stats() const KVTIER_REQUIRES(kCacheLock);
 
   // ---- handles -------------------------------------------------------------------------------
@@ -245,27 +251,7 @@ struct CacheCore {
   // (prefetch) or a write (backup), whose time-outs are counted apart.
   void CountStorageFaults(StorageIo io, const std::vector<PageStatus>& statuses,
                           const Status& status) KVTIER_REQUIRES(kCacheLock);
-
-  // ---- ordering of storage writes (`removing`) -----------------------------------------------
-  // Queues the removal of `keys` from storage (batches of the backend's max_batch_pages), run
-  // with `work`: pages no lookup can use (corrupt ones, and pages stored past a page whose write
-  // failed, which a lookup never reaches). The callers remove keys of nodes neither stored nor
-  // storing, so no registered store names one of them (the tree gives a key one node, and a node
-  // one store at a time); CheckCacheConsistency checks it.
-  void RemoveFromStorage(std::span<const PageKey> keys, CacheWork* work)
-      KVTIER_REQUIRES(kCacheLock);
-  // Whether one of `keys` has a removal in flight.
-  bool RemovalPending(std::span<const PageKey> keys) const KVTIER_REQUIRES(kCacheLock);
-  // A registered store (REQUIRES: tracker.Add'ed): queued with `work`, or held back (`held`)
-  // while one of its keys has a removal in flight; ReapRemove queues it when none has.
-  void SubmitStore(std::shared_ptr<CopyOp> op, CacheWork* work) KVTIER_REQUIRES(kCacheLock);
-  // A completed removal: its keys are no longer pending, and the held stores none of whose keys
-  // is pending now are queued with `work`, in the order they were registered.
-  void ReapRemove(const CopyOp& op, CacheWork* work) KVTIER_REQUIRES(kCacheLock);
 };
-
-// The invariants above, checked; Internal naming the first that does not hold.
-Status CheckCacheConsistency(const CacheCore& core) KVTIER_REQUIRES(kCacheLock);
 
 // The core's mutex with an owner record, so tests can ask whether the calling thread holds it.
 class KVTIER_SCOPED_CAPABILITY CacheLock {
@@ -298,7 +284,7 @@ class KVTIER_SCOPED_CAPABILITY CacheLock {
  private:
   void Own() { core_.owner.store(std::this_thread::get_id(), std::memory_order_relaxed); }
   // The events the tree's changes queued, in order, while `mu` is still held.
-  void FlushEvents() {
+  void FlushEvents() KVTIER_REQUIRES(kCacheLock) {
     if (core_.events) core_.events->Flush();
   }
   const CacheCore& core_;

@@ -12,9 +12,9 @@ namespace kvtier {
 CacheParts::CacheParts(const HierarchicalCacheConfig& cfg, int64_t page_size)
     : CacheCore(cfg, page_size),
       executor(*this, [this](CacheWork* work) KVTIER_REQUIRES(kCacheLock) { Reap(work); }),
-      evictor(*this, planner),
       planner(*this, evictor),
-      prefetcher(*this, evictor),
+      evictor(*this, planner),
+      prefetcher(*this, evictor, planner),
       adopter(*this, evictor),
       pins(*this) {}
 
@@ -94,7 +94,7 @@ void CacheParts::Reap(CacheWork* work) {
         planner.ReapStore(*op, work);
         break;
       case CopyOp::Kind::kRemove:  // the tree forgot the pages already; held stores may go
-        ReapRemove(*op, work);
+        planner.ReapRemove(*op, work);
         break;
     }
   });

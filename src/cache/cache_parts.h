@@ -55,8 +55,9 @@ struct CacheParts : CacheCore {
   void Drain(CacheLock& lk, CacheWork* work, bool backups_only) KVTIER_REQUIRES(kCacheLock);
 
   CopyExecutor executor;
-  TierEvictor evictor;
+  // The planner before the evictor: the evictor holds it as its WriteBackPlanner (constructed).
   BackupPlanner planner;
+  TierEvictor evictor;
   Prefetcher prefetcher;
   SharedHostAdopter adopter;
   PinTable pins;
@@ -67,5 +68,9 @@ struct CacheParts : CacheCore {
  private:
   bool open_ = false;
 };
+
+// The invariants of cache/cache_core.h and of the parts' own state (the prefetcher's filling
+// pages, the planner's removals in flight), checked; Internal naming the first that does not hold.
+Status CheckCacheConsistency(const CacheParts& parts) KVTIER_REQUIRES(kCacheLock);
 
 }  // namespace kvtier

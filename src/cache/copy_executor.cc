@@ -28,8 +28,8 @@ void CopyExecutor::Stop() {
 
 Status CopyExecutor::RunCopy(const CopyOp& op, CudaStream stream) {
   const bool to_host = op.kind == CopyOp::Kind::kBackup;
-  const KvRegion& src = to_host ? core_.device : core_.host->region();
-  const KvRegion& dst = to_host ? core_.host->region() : core_.device;
+  const KvRegion& src = to_host ? core_.device : core_.host_region;
+  const KvRegion& dst = to_host ? core_.host_region : core_.device;
   return core_.engine->Transfer(
       TransferRequest::AllLayers(src, dst, SlotIndices::Host(op.src), SlotIndices::Host(op.dst)),
       TransferOptions{stream, op.layer_events.get()});

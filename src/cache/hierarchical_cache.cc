@@ -101,7 +101,7 @@ Result<MatchResult> HierarchicalCache::Match(std::span<const Token> tokens, std:
   std::vector<PageKey> tail;
   int64_t tail_from = -1;  // page of tail[0]; -1: no lookup in the segment
   const int64_t whole_pages = static_cast<int64_t>(tokens.size()) / s.P;
-  if (s.host && s.host->shared() && whole_pages > 0) {
+  if (s.shared_host_tier && whole_pages > 0) {
     std::optional<PageKey> previous;
     {
       CacheLock lk(s);
@@ -183,7 +183,7 @@ Result<StorageQueryResult> HierarchicalCache::QueryStorage(MatchHandle handle) {
   int64_t removals_reaped = 0;
   {
     CacheLock lk(s);
-    removals_reaped = s.removals_reaped;
+    removals_reaped = s.planner.removals_reaped();
     KVTIER_ASSIGN_OR_RETURN(HandleState * h, s.FindHandle(handle));
     for (RadixNode* n : CacheCore::Path(h->last)) {
       if (!n->on_device() && !n->on_host() && n->stored()) out.storage_tokens += n->num_tokens();
@@ -224,9 +224,9 @@ Result<StorageQueryResult> HierarchicalCache::QueryStorage(MatchHandle handle) {
   int64_t pages = std::clamp<int64_t>(found.leading, 0, static_cast<int64_t>(keys->size()));
   // A page with a removal in flight may have been seen before it went, and so may any page if a
   // removal completed meanwhile: the answer counts up to the first such page (none then).
-  if (s.removals_reaped != removals_reaped) pages = 0;
+  if (s.planner.removals_reaped() != removals_reaped) pages = 0;
   for (int64_t i = 0; i < pages; ++i) {
-    if (s.removing.count((*keys)[static_cast<size_t>(i)]) != 0) {
+    if (s.planner.removing().count((*keys)[static_cast<size_t>(i)]) != 0) {
       pages = i;
       break;
     }
@@ -452,7 +452,7 @@ Result<InsertResult> HierarchicalCache::Insert(std::span<const Token> tokens,
   // Outside the lock: the page keys, and (GPU) the point on the engine's stream after which the
   // KV of these slots is written.
   std::vector<PageKey> keys;
-  if ((s.storage || (s.host && s.host->shared()) || s.events) && !tokens.empty()) {
+  if ((s.storage || s.shared_host_tier || s.events) && !tokens.empty()) {
     Result<std::vector<PageKey>> k = ComputePromptPageKeys(tokens, s.P, ns);
     if (!k.ok()) return k.status().WithContext("Insert: page keys");
     keys = std::move(*k);
@@ -579,6 +579,8 @@ CacheStats HierarchicalCache::stats() const {
   CacheLock lk(s);
   s.Reap(&work);
   CacheStats c = s.Stats();
+  c.host_filling_tokens = s.prefetcher.filling_pages() * s.P;
+  c.prefetch_inflight_tokens = c.host_filling_tokens;
   c.live_pins = s.pins.size();
   c.storage_backlog_tokens = s.planner.backlog().tokens();
   c.storage_backlog_bytes = s.planner.backlog().bytes();
@@ -601,9 +603,7 @@ bool HierarchicalCache::MutexHeldByCurrentThread() const {
 }
 
 const KvRegion& HierarchicalCache::device_region() const { return impl_->device; }
-const KvRegion& HierarchicalCache::host_region() const {
-  return impl_->host ? impl_->host->region() : impl_->no_host_region;
-}
+const KvRegion& HierarchicalCache::host_region() const { return impl_->host_region; }
 int64_t HierarchicalCache::page_size() const { return impl_->P; }
 TransferBackend HierarchicalCache::backend() const { return impl_->engine->backend(); }
 StorageBackend* HierarchicalCache::storage() const { return impl_->storage.get(); }

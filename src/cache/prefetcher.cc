@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "cache/backup_planner.h"
 #include "cache/tier_evictor.h"
 
 namespace kvtier {
@@ -88,7 +89,7 @@ int64_t Prefetcher::HandOverArrived(HandleState& h, int64_t arrived) {
   }
   const int64_t handed = pos - op.handed_pages;
   op.handed_pages = pos;
-  core_.filling_pages -= handed;
+  filling_pages_ -= handed;
   return handed;
 }
 
@@ -104,8 +105,7 @@ void Prefetcher::ReleaseUnused(CopyOp& op, const Snapshot& s, int64_t used,
     }
   }
   core_.FreeHost(to_free);
-  core_.filling_pages -=
-      s.total - op.handed_pages - static_cast<int64_t>(op.free_on_completion.size());
+  filling_pages_ -= s.total - op.handed_pages - static_cast<int64_t>(op.free_on_completion.size());
 }
 
 PrefetchState Prefetcher::CountConclusion(const CopyOp& op, const Snapshot& s, int64_t used,
@@ -164,7 +164,7 @@ void Prefetcher::RemoveCorrupt(const CopyOp& op, const Snapshot& s, CacheWork* w
       corrupt.push_back(op.keys[static_cast<size_t>(i)]);
     }
   }
-  core_.RemoveFromStorage(corrupt, work);
+  planner_.RemoveFromStorage(corrupt, work);
 }
 
 void Prefetcher::MarkGone(RadixNode* node) {
@@ -218,7 +218,7 @@ int64_t Prefetcher::HostPagesFor(int64_t tokens, CacheWork* work) {
   const int64_t cap =
       static_cast<int64_t>(std::floor(core_.config.storage.max_prefetch_host_fraction *
                                       static_cast<double>(core_.host->num_pages())));
-  int64_t pages = std::min(tokens / core_.P, cap - core_.filling_pages);
+  int64_t pages = std::min(tokens / core_.P, cap - filling_pages_);
   if (pages > 0 && !evictor_.EnsureHostPages(pages, work)) {
     pages = std::min(pages, core_.host->free_pages());
   }
@@ -304,7 +304,7 @@ Result<PrefetchResult> Prefetcher::Start(HandleState& h, PrefetchPolicy policy, 
   const bool streamed =
       core_.config.storage.stream_load_back && policy != PrefetchPolicy::kBestEffort;
   std::shared_ptr<CopyOp> op = MakePrefetch(part, std::move(host_pages), streamed);
-  core_.filling_pages += pages;
+  filling_pages_ += pages;
   core_.counters.prefetch_requested_tokens += op->tokens;
   h.prefetch = op;
   core_.tracker.Add(op);
@@ -320,7 +320,7 @@ void Prefetcher::ReapPrefetch(const std::shared_ptr<CopyOp>& op) {
     return;
   }
   core_.FreeHost(op->free_on_completion);
-  core_.filling_pages -= static_cast<int64_t>(op->free_on_completion.size());
+  filling_pages_ -= static_cast<int64_t>(op->free_on_completion.size());
   op->free_on_completion.clear();
 }
 

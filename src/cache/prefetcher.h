@@ -22,11 +22,14 @@
 
 namespace kvtier {
 
+class BackupPlanner;
 class TierEvictor;
 
 class Prefetcher {
  public:
-  Prefetcher(CacheCore& core, TierEvictor& evictor) : core_(core), evictor_(evictor) {}
+  // `planner` queues the removal of the corrupt pages a prefetch found.
+  Prefetcher(CacheCore& core, TierEvictor& evictor, BackupPlanner& planner)
+      : core_(core), evictor_(evictor), planner_(planner) {}
   Prefetcher(const Prefetcher&) = delete;
   Prefetcher& operator=(const Prefetcher&) = delete;
 
@@ -51,6 +54,8 @@ class Prefetcher {
   // one frees the pages it still held.
   void ReapPrefetch(const std::shared_ptr<CopyOp>& op) KVTIER_REQUIRES(kCacheLock);
 
+  // Host pages of prefetches not yet handed to the tree (the host tier's "filling" pages).
+  int64_t filling_pages() const KVTIER_REQUIRES(kCacheLock) { return filling_pages_; }
   // Tokens of `h`'s match in host memory after its device part.
   int64_t HostTokensOf(const HandleState& h) const KVTIER_REQUIRES(kCacheLock);
   // The node and its storage-only descendants lose their storage copy (storage reported it
@@ -102,6 +107,9 @@ class Prefetcher {
 
   CacheCore& core_;
   TierEvictor& evictor_;
+  BackupPlanner& planner_;
+  // Host pages of prefetches not yet handed to the tree (HostTier: held by a prefetch, "filling").
+  int64_t filling_pages_ KVTIER_GUARDED_BY(kCacheLock) = 0;
 };
 
 }  // namespace kvtier

@@ -5,8 +5,6 @@
 
 #include <algorithm>
 
-#include "cache/backup_planner.h"
-
 namespace kvtier {
 
 void TierEvictor::DropIfNowhere(RadixNode* node) {

@@ -2,7 +2,8 @@
 // or keeping the node in host memory), host pages (keeping the node in storage, or forgetting it),
 // and trims the storage-only part of the tree to its bound. Eviction is page-granular: a victim
 // node is split so that only the pages needed go. Under write_back (the BackupPolicy says so),
-// victims without a copy below are handed to the BackupPlanner first and evicted once copied.
+// victims without a copy below are handed to a WriteBackPlanner (the BackupPlanner) first and
+// evicted once copied.
 //
 // Thread safety: every method REQUIRES the cache's mutex (cache/cache_core.h); nothing here waits
 // or copies.
@@ -13,16 +14,38 @@
 #include <string_view>
 #include <vector>
 
+#include "cache/backup_policy.h"
 #include "cache/cache_core.h"
 
 namespace kvtier {
 
-class BackupPlanner;
+// What eviction asks of the tiers below before it evicts a node that has no copy there
+// (write_back, as the policy says): a backup to host memory, a store to storage. The
+// BackupPlanner implements it (cache/backup_planner.h, where the calls are described). An
+// interface, so that the parts do not form a cycle: the planner uses the evictor (to make room in
+// host memory, to drop nodes resident nowhere), the evictor only this.
+class WriteBackPlanner {
+ public:
+  virtual const BackupPolicy& policy() const = 0;
+  // Device -> host for the unbacked path ending at `node`; false when nothing changed.
+  virtual bool Backup(RadixNode* node, CacheWork* work, bool write_back)
+      KVTIER_REQUIRES(kCacheLock) = 0;
+  // Host -> storage for the unstored host path ending at `node`; false when nothing was queued.
+  // `deferred`: it waits for a store or copy in flight; `refused_pages`: the pages admission
+  // refused, for the caller to count.
+  virtual bool Store(RadixNode* node, CacheWork* work, bool* deferred, int64_t* refused_pages)
+      KVTIER_REQUIRES(kCacheLock) = 0;
+  // Pages the bounded store queue takes now; <= 0: it is full.
+  virtual int64_t StoreQueueRoom() const KVTIER_REQUIRES(kCacheLock) = 0;
+
+ protected:
+  ~WriteBackPlanner() = default;
+};
 
 class TierEvictor {
  public:
-  // `planner` may be constructed after this (it is used only by calls).
-  TierEvictor(CacheCore& core, BackupPlanner& planner) : core_(core), planner_(planner) {}
+  // `planner` must outlive this.
+  TierEvictor(CacheCore& core, WriteBackPlanner& planner) : core_(core), planner_(planner) {}
   TierEvictor(const TierEvictor&) = delete;
   TierEvictor& operator=(const TierEvictor&) = delete;
 
@@ -62,7 +85,7 @@ class TierEvictor {
   void CountEviction(CacheClock::time_point start, int64_t freed_pages) KVTIER_REQUIRES(kCacheLock);
 
   CacheCore& core_;
-  BackupPlanner& planner_;
+  WriteBackPlanner& planner_;
 };
 
 }  // namespace kvtier

@@ -124,6 +124,15 @@ struct FileStampCounts {
 // nullopt when `backend` is not a file backend.
 std::optional<FileStampCounts> FileStampCountsForTest(const StorageBackend& backend);
 
+// A file backend's reclaimer (file_reclaimer.h): its bound in bytes, the bytes of evicted pages'
+// files waiting to be unlinked now and at most so far, and the files unlinked by writers (and the
+// free-space floor, Close) and by its threads.
+struct FileReclaimCounts {
+  int64_t bound = 0, pending = 0, max_pending = 0, unlinked_inline = 0, unlinked_background = 0;
+};
+// nullopt when `backend` is not an open file backend.
+std::optional<FileReclaimCounts> FileReclaimCountsForTest(const StorageBackend& backend);
+
 }  // namespace testing
 
 }  // namespace kvtier::storage

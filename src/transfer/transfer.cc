@@ -248,6 +248,13 @@ const ConfigSchema<TransferEngineConfig>& TransferEngineConfigSchema() {
     s.push_back(BoolField<C>("dma_join_kv", Member(&C::dma_join_kv),
                              "dma backend: K and V strided copies of a page as one depth-2 "
                              "operation"));
+    s.push_back(BoolField<C>("dma_stride_layers", Member(&C::dma_stride_layers),
+                             "dma backend: a run's layers as one strided copy per buffer "
+                             "(base pointers on both sides); false: one plain copy per run, "
+                             "layer and buffer"));
+    s.push_back(BoolField<C>("dma_overlap_hint", Member(&C::dma_overlap_hint),
+                             "dma backend: cudaMemcpyFlagPreferOverlapWithCompute on the strided "
+                             "copies' batch"));
     s.push_back(IntField<C>("dma_lanes", Member(&C::dma_lanes), 1, 16,
                             "dma backend: most streams one plan is split over"));
     s.push_back(IntField<C>("dma_ops_per_lane", Member(&C::dma_ops_per_lane), 16, kMany,

@@ -90,7 +90,7 @@ TEST(PrefetcherTest, AStoragePartArrivesInHostMemoryByteForByte) {
     ASSERT_TRUE(started.ok()) << started.status().ToString();
     EXPECT_EQ(started->state, PrefetchState::kRunning);
     EXPECT_EQ(started->requested_tokens, 5 * kPage);
-    EXPECT_EQ(r.p().filling_pages, 5);
+    EXPECT_EQ(r.p().prefetcher.filling_pages(), 5);
     op = HandleOf(r, m).prefetch;
     EXPECT_EQ(op->num_batches(), 3);
   }
@@ -105,7 +105,7 @@ TEST(PrefetcherTest, AStoragePartArrivesInHostMemoryByteForByte) {
     EXPECT_EQ(done.state, PrefetchState::kComplete);
     EXPECT_EQ(done.arrived_tokens, 5 * kPage);
     EXPECT_EQ(done.host_tokens, 5 * kPage);
-    EXPECT_EQ(r.p().filling_pages, 0);
+    EXPECT_EQ(r.p().prefetcher.filling_pages(), 0);
     std::vector<int64_t> slots;
     for (RadixNode* n : CacheCore::Path(HandleOf(r, m).last)) {
       ASSERT_TRUE(n->on_host());
@@ -143,7 +143,7 @@ TEST(PrefetcherTest, PagesStorageLostEndTheArrivedPrefixAndLoseTheirStorageMark)
     const RadixTree::MatchResult peek = r.p().tree.Peek("", tokens);
     EXPECT_EQ(peek.host_tokens, 2 * kPage);
     EXPECT_EQ(peek.storage_tokens, 0);  // pages 2 and 3 are no longer known to storage
-    EXPECT_EQ(r.p().filling_pages, 0);
+    EXPECT_EQ(r.p().prefetcher.filling_pages(), 0);
     EXPECT_EQ(r.p().host->held_pages(), 2);
   }
   Unpin(r, m);
@@ -186,7 +186,7 @@ TEST(PrefetcherTest, ACancelledPrefetchFreesItsPagesWhenItsBatchesComplete) {
     EXPECT_EQ(done.state, PrefetchState::kPartial);
     EXPECT_EQ(done.arrived_tokens, 2 * kPage);
     EXPECT_EQ(op->free_on_completion.size(), 1u);  // the page of the running batch
-    EXPECT_EQ(r.p().filling_pages, 1);
+    EXPECT_EQ(r.p().prefetcher.filling_pages(), 1);
     EXPECT_EQ(r.p().counters.prefetch_cancelled, 1);
     EXPECT_TRUE(CheckCacheConsistency(r.p()).ok());
   }
@@ -195,7 +195,7 @@ TEST(PrefetcherTest, ACancelledPrefetchFreesItsPagesWhenItsBatchesComplete) {
     CacheWork work(&r.p().executor);
     CacheLock lk(r.p());
     r.p().Reap(&work);
-    EXPECT_EQ(r.p().filling_pages, 0);
+    EXPECT_EQ(r.p().prefetcher.filling_pages(), 0);
     EXPECT_EQ(r.p().host->held_pages(), 2);  // the two pages handed to the tree
     EXPECT_TRUE(CheckCacheConsistency(r.p()).ok());
   }

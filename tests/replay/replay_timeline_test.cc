@@ -84,18 +84,22 @@ TEST(ReplayTimelineTest, ClosedLoopOfTwoQueuesTheSecondBehindTheFirst) {
 TEST(ReplayTimelineTest, ClosedLoopWithDecodePausesTheDecodeDuringAPrefill) {
   // --concurrency 2, 4 ms a decoded token. Request 0 (output 3: 2 decode steps, 8 ms) is
   // prefilled 0..10, request 1 10..20: request 0's decode is paused by request 1's prefill, so it
-  // runs 20..28 and request 2 arrives at 28 (18 without the pause). Request 1 (output 4: 3
-  // steps, 12 ms) decodes 20..32: request 2's prefill waits for the step in progress at 28
-  // (steps from 20: 20, 24, 28), i.e. starts at 28.
+  // runs 20..28 and request 2 arrives at 28 (18 without the pause). Request 1 (output 6: 5 steps,
+  // 20 ms) decodes from 20: request 2's prefill waits for the step in progress at 28 (steps from
+  // 20: 20, 24, 28), i.e. starts at 28, and runs 28..38. Request 1 decoded 8 ms before it and has
+  // 12 ms left after it: done at 50, when request 3 arrives.
   ReplayOptions o;
   o.concurrency = 2;
-  Timeline t(MakeWorkload({0, 0, 0}, {3, 4, 1}), o, /*decode_ms_per_token=*/4);
+  Timeline t(MakeWorkload({0, 0, 0, 0}, {3, 6, 1, 1}), o, /*decode_ms_per_token=*/4);
   EXPECT_DOUBLE_EQ(t.Serve(0, 10), 10);
   EXPECT_FALSE(t.Known(2, 1));  // with decode: every request before it served
   EXPECT_DOUBLE_EQ(t.Serve(1, 10), 20);
   EXPECT_TRUE(t.Known(2, 2));
   EXPECT_DOUBLE_EQ(t.Arrival(2), 28);
   EXPECT_DOUBLE_EQ(t.StartOf(2), 28);
+  EXPECT_DOUBLE_EQ(t.Serve(2, 10), 38);
+  EXPECT_DOUBLE_EQ(t.Arrival(3), 50);
+  EXPECT_DOUBLE_EQ(t.StartOf(3), 50);
 }
 
 }  // namespace

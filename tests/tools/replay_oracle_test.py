@@ -4,14 +4,22 @@ known. Four prompts of 16 pages (page 64, 1,024 tokens: no two share a page) are
 turn, A B C D A B C D, sequentially, every backup settled before the next request, with a device
 tier of one prompt and a host tier of two: when a prompt comes back the device holds the one
 before it and the host the two before it, so the second round's prompts can come only from
-storage, and only whole: 4 x 1,024 tokens. The run's store holds them all:
+storage, and only whole: 4 x 1,024 tokens. The run's store holds them all. Admission is the
+default (frequency, threshold 2): with every backup settled the write queue always has room, so
+it admits every page offered.
 
-  write_through: every page is stored: the run has the oracle's 4,096 storage tokens, 0 lost.
-  write_through_selective, threshold 100: nothing is ever backed up, so nothing is stored: the
-      run has 0 storage tokens; the oracle (every write admitted) still 4,096, all of them lost,
-      in 4 requests.
+  write_through: every page is offered, admitted and stored: the run has the oracle's 4,096
+      storage tokens, 0 lost; admit-all has them too.
+  write_through_selective, threshold 100: nothing is ever backed up, so nothing is offered to
+      admission and nothing stored: the run has 0 storage tokens, and so has the oracle (the
+      run's admissions done at once: none), 0 lost; admit-all (every write admitted) still has
+      4,096, reported beside the oracle and not counted as lost.
+  write_through, the store down from the start (--fault storage-down@0): every page is admitted
+      and every write fails: the run has 0 storage tokens, the oracle 4,096, all of them lost, in
+      4 requests.
 
-Both in the JSON (runs[-1].storage_oracle, timeline) and in the text report.
+In both, the oracle is a bound: its storage tokens >= the run's. Both in the JSON
+(runs[-1].storage_oracle, timeline) and in the text report.
 
 Usage: replay_oracle_test.py KVTIER
 """
@@ -28,14 +36,14 @@ PROMPTS = [[1, 2], [3, 4], [5, 6], [7, 8]]
 SECOND_ROUND = len(PROMPTS) * PROMPT
 
 
-def run(kvtier, tmp, policy):
+def run(kvtier, tmp, policy, extra=()):
     trace = os.path.join(tmp, "trace.jsonl")
     with open(trace, "w") as f:
         for _ in range(2):
             for ids in PROMPTS:
                 f.write(json.dumps({"timestamp": 0, "input_length": PROMPT, "output_length": 1,
                                     "hash_ids": ids}) + "\n")
-    out = os.path.join(tmp, "oracle-%s.json" % policy)
+    out = os.path.join(tmp, "oracle-%s%s.json" % (policy, len(extra)))
     cmd = [kvtier, "replay", "--workload", trace, "--requests", "8", "--page-size", str(PAGE),
            "--model", "tiny", "--compute-model", "llama3-8b", "--compute", "model",
            "--device", "cpu", "--device-tokens", str(PROMPT), "--host-tokens", str(2 * PROMPT),
@@ -43,22 +51,27 @@ def run(kvtier, tmp, policy):
            "--write-through-threshold", "100",
            "--hicache-storage-prefetch-policy", "wait_complete",
            "--sequential", "--settle-backups", "--runs", "hierarchy", "--slow-class-warn",
-           "--no-progress", "--json", out]
+           "--no-progress", "--json", out] + list(extra)
     return run_replay(cmd, out, timeout=240, echo=False)
 
 
-def check(label, report, output, want_storage, want_lost, want_lost_requests, failures):
+def check(label, report, output, want_storage, want_oracle, want_lost, want_lost_requests,
+          failures):
     run = report["runs"][-1]
     o = run.get("storage_oracle")
     if o is None:
         failures.append("%s: no storage_oracle in the JSON" % label)
         return
     print("%s: %s" % (label, json.dumps(o)))
-    got = (o["storage_tokens"], o["oracle_storage_tokens"], o["lost_tokens"], o["lost_requests"])
-    want = (want_storage, SECOND_ROUND, want_lost, want_lost_requests)
+    got = (o["storage_tokens"], o["oracle_storage_tokens"], o["lost_tokens"], o["lost_requests"],
+           o["admit_all_storage_tokens"])
+    want = (want_storage, want_oracle, want_lost, want_lost_requests, SECOND_ROUND)
     if got != want:
-        failures.append("%s: (storage, oracle, lost, lost requests) = %s, expected %s"
+        failures.append("%s: (storage, oracle, lost, lost requests, admit-all) = %s, expected %s"
                         % (label, got, want))
+    if o["oracle_storage_tokens"] < o["storage_tokens"]:
+        failures.append("%s: the oracle (%d tokens) is below the run (%d): not a bound"
+                        % (label, o["oracle_storage_tokens"], o["storage_tokens"]))
     t = report["timeline"]["hierarchy"]
     if sum(t["oracle_storage_hit"]) != o["oracle_storage_tokens"] or \
             sum(t["lost_storage_hit"]) != o["lost_tokens"]:
@@ -68,9 +81,11 @@ def check(label, report, output, want_storage, want_lost, want_lost_requests, fa
                         % (label, t["oracle_storage_hit"]))
     if report["integrity"]["wrong_bytes"] != 0:
         failures.append("%s: %d wrong bytes" % (label, report["integrity"]["wrong_bytes"]))
-    line = "hits lost to writes not done: %d tokens" % want_lost
-    if line not in output:
-        failures.append("%s: the text report lacks '%s'" % (label, line))
+    for line in ("hits lost to writes not done: %d tokens" % want_lost,
+                 "admit-all (same capacity, every write admitted and done at once, not a bound) "
+                 "%.2f %%" % (100.0 * SECOND_ROUND / (2 * SECOND_ROUND))):
+        if line not in output:
+            failures.append("%s: the text report lacks '%s'" % (label, line))
 
 
 def main():
@@ -78,10 +93,12 @@ def main():
     failures = []
     with tempfile.TemporaryDirectory() as tmp:
         report, output = run(kvtier, tmp, "write_through")
-        check("write_through", report, output, SECOND_ROUND, 0, 0, failures)
+        check("write_through", report, output, SECOND_ROUND, SECOND_ROUND, 0, 0, failures)
         report, output = run(kvtier, tmp, "write_through_selective")
-        check("write_through_selective(100)", report, output, 0, SECOND_ROUND, len(PROMPTS),
-              failures)
+        check("write_through_selective(100)", report, output, 0, 0, 0, 0, failures)
+        report, output = run(kvtier, tmp, "write_through", ["--fault", "storage-down@0"])
+        check("write_through, store down", report, output, 0, SECOND_ROUND, SECOND_ROUND,
+              len(PROMPTS), failures)
     for f in failures:
         print("FAIL: " + f)
     if failures:

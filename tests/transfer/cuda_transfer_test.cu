@@ -54,7 +54,8 @@ constexpr TransferBackend kGpuBackends[] = {TransferBackend::kKernel, TransferBa
 
 // A TransferEngineConfig change by name: "strided-pairs" (dma_min_strided_rows = 2), "no-join-kv",
 // "one-lane" (dma_lanes = 1), "caller-thread" (dma_submit_threads = false), "no-batch"
-// (dma_batch = false); null or "" = the defaults.
+// (dma_batch = false), "layer-copies" (dma_stride_layers = false), "no-overlap-hint"
+// (dma_overlap_hint = false); null or "" = the defaults.
 TransferEngineConfig ConfigFor(const char* variant) {
   TransferEngineConfig config;
   const std::string v = variant == nullptr ? "" : variant;
@@ -63,6 +64,8 @@ TransferEngineConfig ConfigFor(const char* variant) {
   if (v == "one-lane") config.dma_lanes = 1;
   if (v == "caller-thread") config.dma_submit_threads = false;
   if (v == "no-batch") config.dma_batch = false;
+  if (v == "layer-copies") config.dma_stride_layers = false;
+  if (v == "no-overlap-hint") config.dma_overlap_hint = false;
   return config;
 }
 
@@ -489,7 +492,8 @@ TEST(CudaTransferTest, PagesInFallingOrderCopyByteForByte) {
     for (KvLayout host : kLayouts) {
       for (auto [backend, variant] :
            {std::pair{TransferBackend::kKernel, ""}, std::pair{TransferBackend::kDma, ""},
-            std::pair{TransferBackend::kDma, "no-join-kv"}}) {
+            std::pair{TransferBackend::kDma, "no-join-kv"},
+            std::pair{TransferBackend::kDma, "layer-copies"}}) {
         SCOPED_TRACE(::testing::Message()
                      << "src " << (o.src_falling ? "falling" : "rising") << ", dst "
                      << (o.dst_falling ? "falling" : "rising") << ", " << LayoutName(host) << " "
@@ -540,7 +544,9 @@ TEST(CudaTransferTest, AccessWidthsAndRealisticSlots) {
       for (auto [backend, variant] :
            {std::pair{TransferBackend::kKernel, ""}, std::pair{TransferBackend::kDma, ""},
             std::pair{TransferBackend::kDma, "strided-pairs"},
-            std::pair{TransferBackend::kDma, "no-join-kv"}}) {
+            std::pair{TransferBackend::kDma, "no-join-kv"},
+            std::pair{TransferBackend::kDma, "layer-copies"},
+            std::pair{TransferBackend::kDma, "no-overlap-hint"}}) {
         SCOPED_TRACE(::testing::Message() << sh.slot_bytes << " B " << LayoutName(host) << " "
                                           << TransferBackendName(backend) << " " << variant);
         const KvGeometry hg = MakeGeometry(host, sh.mla, 16, 4, 4, sh.slot_bytes, sh.heads);

@@ -376,5 +376,34 @@ TEST(DmaPlanTest, PiecesBeforeAStridedCopyAreFlushedFirst) {
   EXPECT_EQ(p.copies_2d().size(), 1u);
 }
 
+// dma_stride_layers = false: each (run, layer) is one plain copy, even where the rows are a
+// constant pitch apart (which Add would group) or contiguous with the piece before (which Add
+// would merge); the pieces pending before it are flushed first, so the plan keeps call order.
+TEST(DmaPlanTest, SingleCopiesNeitherMergeNorGroupAndKeepTheirOrder) {
+  std::vector<std::byte> src(8192), dst(8192);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<std::byte>(i * 7 + 1);
+  CopyPlanner p;
+  p.Reset(kMaxPitch);
+  p.Add(src.data() + 4096, dst.data() + 4096, 32, 0);
+  for (int row = 0; row < 4; ++row) {
+    p.AddSingle(src.data() + row * 1000, dst.data() + row * 500, 64);
+  }
+  p.AddSingle(src.data() + 3064, dst.data() + 1564, 64);  // right after the last row
+  p.Finish();
+  EXPECT_TRUE(p.copies_2d().empty());
+  ASSERT_EQ(p.sizes().size(), 6u);
+  EXPECT_EQ(p.srcs()[0], src.data() + 4096);
+  for (int row = 0; row < 4; ++row) {
+    EXPECT_EQ(p.srcs()[1 + row], src.data() + row * 1000);
+    EXPECT_EQ(p.dsts()[1 + row], dst.data() + row * 500);
+    EXPECT_EQ(p.sizes()[1 + row], 64u);
+  }
+  Execute(p);
+  for (int row = 0; row < 4; ++row) {
+    EXPECT_EQ(std::memcmp(dst.data() + row * 500, src.data() + row * 1000, 64), 0);
+  }
+  EXPECT_EQ(std::memcmp(dst.data() + 1564, src.data() + 3064, 64), 0);
+}
+
 }  // namespace
 }  // namespace kvtier::transfer::cuda

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <list>
 #include <unordered_map>
+#include <utility>
 
 namespace kvtier::tools {
 namespace {
@@ -35,9 +36,22 @@ class OracleLru {
   std::unordered_map<PageKey, std::list<PageKey>::iterator, PageKeyHash> where_;
 };
 
-// A request's pages touched or stored tail first: its first page ends the most recent.
+// A request's pages touched tail first: its first page ends the most recent.
 void UseChain(OracleLru& lru, const std::vector<PageKey>& chain, size_t pages) {
   for (size_t i = std::min(pages, chain.size()); i-- > 0;) lru.Use(chain[i]);
+}
+
+// Request `index`'s pages stored, tail first: those admitted by then (every one without
+// `admitted`); an admission while the next request was served counts (replay_oracle.h).
+void StoreChain(OracleLru& lru, const std::vector<PageKey>& chain, int64_t index,
+                const AdmittedAt* admitted) {
+  for (size_t i = chain.size(); i-- > 0;) {
+    if (admitted != nullptr) {
+      const auto it = admitted->find(chain[i]);
+      if (it == admitted->end() || it->second > index + 1) continue;
+    }
+    lru.Use(chain[i]);
+  }
 }
 
 size_t LeadingStored(const OracleLru& lru, const std::vector<PageKey>& chain, size_t pages) {
@@ -48,15 +62,29 @@ size_t LeadingStored(const OracleLru& lru, const std::vector<PageKey>& chain, si
 
 }  // namespace
 
+void AdmissionLog::Admitted(std::span<const PageKey> keys) {
+  const int64_t index = serving_.load(std::memory_order_relaxed);
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const PageKey& k : keys) at_.emplace(k, index);  // the first admission stays
+}
+
+AdmittedAt AdmissionLog::Take() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return std::exchange(at_, {});
+}
+
 StorageOracleResult RunStorageOracle(const std::vector<std::vector<PageKey>>& warmup,
                                      const std::vector<std::vector<PageKey>>& chains,
                                      const std::vector<int64_t>& prompt_pages,
                                      const std::vector<RequestRecord>& records, int64_t page_size,
-                                     int64_t capacity_pages) {
+                                     int64_t capacity_pages, const AdmittedAt* admitted) {
   StorageOracleResult r;
   r.capacity_pages = capacity_pages;
   OracleLru lru(capacity_pages);
-  for (const auto& chain : warmup) UseChain(lru, chain, chain.size());
+  const int64_t warmups = static_cast<int64_t>(warmup.size());
+  for (int64_t w = 0; w < warmups; ++w) {
+    StoreChain(lru, warmup[static_cast<size_t>(w)], w - warmups, admitted);
+  }
   for (size_t i = 0; i < chains.size(); ++i) {
     const size_t prompt = static_cast<size_t>(std::max<int64_t>(0, prompt_pages[i]));
     const size_t leading = LeadingStored(lru, chains[i], prompt);
@@ -70,7 +98,7 @@ StorageOracleResult RunStorageOracle(const std::vector<std::vector<PageKey>>& wa
     r.storage_tokens += oracle;
     r.lost_tokens += lost;
     r.lost_requests += lost > 0;
-    UseChain(lru, chains[i], chains[i].size());
+    StoreChain(lru, chains[i], static_cast<int64_t>(i), admitted);
   }
   return r;
 }

@@ -340,8 +340,8 @@ void AddStorageJson(const RunSummary& r, nlohmann::json* out) {
                      {"set_phase_seconds", SetPhaseSecondsJson(st)}};
 }
 
-// The storage oracle (replay_oracle.h) and the hits lost against it, beside the writes that
-// did not happen, by reason (tokens).
+// The storage oracle (replay_oracle.h) and the hits lost against it, admit-all's hits, beside the
+// writes that did not happen, by reason (tokens).
 void AddOracleJson(const RunSummary& r, nlohmann::json* out) {
   nlohmann::json& j = *out;
   const CacheStats& c = r.cache;
@@ -359,6 +359,9 @@ void AddOracleJson(const RunSummary& r, nlohmann::json* out) {
            : 100.0},
       {"storage_tokens", storage_hit},
       {"oracle_storage_tokens", r.oracle_storage_tokens},
+      {"oracle_admission", "the run's"},
+      {"admit_all_storage_hit_rate", rate(r.admit_all_storage_tokens)},
+      {"admit_all_storage_tokens", r.admit_all_storage_tokens},
       {"lost_tokens", r.lost_storage_tokens},
       {"lost_requests", r.lost_storage_requests},
       {"writes_not_done_tokens",

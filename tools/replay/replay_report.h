@@ -84,11 +84,12 @@ struct RunSummary {
   StorageStats storage_stats;
   StoredChains stored_chains;  // with has_storage
   // The storage oracle (replay_oracle.h), with has_storage: the same capacity in pages (-1:
-  // unbounded), every write admitted and done at once. Its storage hits, and the hits this run
-  // lost against it (tokens, and the requests that lost any).
+  // unbounded), every write the run's admission admitted done at once. Its storage hits, and the
+  // hits this run lost against it (tokens, and the requests that lost any); and the storage hits
+  // of admit-all (every write admitted and done at once, the same capacity: not a bound).
   bool has_oracle = false;
   int64_t oracle_capacity_pages = -1, oracle_storage_tokens = 0, lost_storage_tokens = 0,
-          lost_storage_requests = 0;
+          lost_storage_requests = 0, admit_all_storage_tokens = 0;
   // --kv-events (the hierarchy run): the publisher's counts once every batch was sent, and the
   // cache's blocks per tier when they were counted (what a subscriber rebuilds from the events).
   bool has_kv_events = false;

@@ -239,8 +239,9 @@ void PrintStorageIo(std::FILE* out, const StorageStats& st) {
 }
 
 // The storage oracle (replay_oracle.h): the storage hits of a store of the same capacity where
-// every write was admitted and done at once, the hits this run lost against it, and the writes
-// that were not done, by reason.
+// every write the run's admission admitted was done at once, the hits this run lost against it,
+// admit-all's hits (every write admitted and done at once), and the writes that were not done, by
+// reason.
 void PrintStorageOracle(std::FILE* out, const RunSummary& r) {
   if (!r.has_oracle) return;
   const CacheStats& c = r.cache;
@@ -255,8 +256,10 @@ void PrintStorageOracle(std::FILE* out, const RunSummary& r) {
                                    : std::string("unbounded");
   std::fprintf(out,
                "storage hits vs oracle: %.2f %% of input tokens from storage; the oracle (same "
-               "capacity, %s; every write admitted and done at once) %.2f %%: %.0f %% of it; "
-               "hits lost to writes not done: %lld tokens (%.2f %% of input) in %lld requests; "
+               "capacity, %s; every write the run's admission admitted done at once) %.2f %%: "
+               "%.0f %% of it; hits lost to writes not done: %lld tokens (%.2f %% of input) in "
+               "%lld requests; admit-all (same capacity, every write admitted and done at once, "
+               "not a bound) %.2f %%; "
                "writes not done: admission refused %lld tokens, backlog full %lld, queue full "
                "%lld, timed out %lld, failed %lld, store refused (no room) %lld, policy %lld\n",
                pct(storage_hit), capacity.c_str(), pct(r.oracle_storage_tokens),
@@ -264,7 +267,7 @@ void PrintStorageOracle(std::FILE* out, const RunSummary& r) {
                                                  static_cast<double>(r.oracle_storage_tokens)
                                            : 100.0,
                static_cast<long long>(r.lost_storage_tokens), pct(r.lost_storage_tokens),
-               static_cast<long long>(r.lost_storage_requests),
+               static_cast<long long>(r.lost_storage_requests), pct(r.admit_all_storage_tokens),
                static_cast<long long>(c.storage_backup_refused_tokens),
                static_cast<long long>(c.storage_backup_backlog_tokens),
                static_cast<long long>(c.storage_backup_dropped_tokens),

@@ -200,9 +200,15 @@ class RunDriver {
     for (const WorkloadRequest& req : s_.workload.requests) {
       prompt_pages.push_back(req.input_length / P_);
     }
-    const StorageOracleResult o =
-        RunStorageOracle(RequestChainsOf(s_, s_.warmup), RequestChainsOf(s_, s_.workload),
-                         prompt_pages, summary_.records, P_, capacity_pages);
+    const std::vector<std::vector<PageKey>> warmup = RequestChainsOf(s_, s_.warmup);
+    const std::vector<std::vector<PageKey>> chains = RequestChainsOf(s_, s_.workload);
+    const AdmittedAt admitted = admissions_.Take();
+    const StorageOracleResult o = RunStorageOracle(warmup, chains, prompt_pages, summary_.records,
+                                                   P_, capacity_pages, &admitted);
+    summary_.admit_all_storage_tokens =
+        RunStorageOracle(warmup, chains, prompt_pages, summary_.records, P_, capacity_pages,
+                         nullptr)
+            .storage_tokens;
     summary_.has_oracle = true;
     summary_.oracle_capacity_pages = o.capacity_pages;
     summary_.oracle_storage_tokens = o.storage_tokens;
@@ -244,6 +250,9 @@ class RunDriver {
       storage_ = std::make_unique<RunStorage>();
       KVTIER_RETURN_IF_ERROR(storage_->Open(s_, c.host_capacity_bytes).WithContext("--storage"));
       c.storage.backend = storage_->backend();
+      c.storage.admitted_listener = [this](std::span<const PageKey> keys) {
+        admissions_.Admitted(keys);
+      };
       if (storage_->capacity_bytes() >= 0) {
         // The tree remembers no more storage-only pages than the store can hold beside the host
         // tier's (the store evicts by itself and does not tell the tree): a page the tree still
@@ -372,6 +381,8 @@ class RunDriver {
   Status Serve(InFlight& f) {
     RequestRecord warm_record;
     RequestRecord& r = warming_ ? warm_record : summary_.records[static_cast<size_t>(f.index)];
+    admissions_.Serving(warming_ ? f.index - static_cast<int64_t>(s_.warmup.requests.size())
+                                 : f.index);
     r.arrival_ms = warming_ ? 0 : timeline_.Arrival(f.index);
     r.start_ms = warming_ ? 0 : timeline_.StartOf(f.index);
     r.queue_ms = r.start_ms - r.arrival_ms;
@@ -483,6 +494,7 @@ class RunDriver {
   Timeline timeline_;
   RunSummary summary_;
   std::unique_ptr<RunStorage> storage_;
+  AdmissionLog admissions_;  // before cache_: its listener may run until the cache is gone
   std::unique_ptr<HierarchicalCache> cache_;
   std::unique_ptr<SystemPromptPin> pin_;  // --pin-system-prompt, hierarchy run
   bool warming_ = false;                  // serving --warmup requests

@@ -249,7 +249,8 @@ void DmaTransferEngine::Plan(const TransferRequest& r, const SlotIndices& si, co
   // layer_first / page_first_direct on both sides, base pointers, several layers: a run's layers
   // are rows a constant pitch apart on each side, so each (run, buffer) is one strided copy,
   // planned whole (O(runs), not O(runs x layers) pieces). K and V of a run go one after the
-  // other, so the planner can join them into one depth-2 copy.
+  // other, so the planner can join them into one depth-2 copy. Without dma_stride_layers each
+  // (run, buffer, layer) is one plain copy instead, in that order.
   if (run_pieces && layers >= 2 && !r.src->has_layer_table() && !r.dst->has_layer_table()) {
     const int64_t ls0 = r.src_layer + layer0, ld0 = r.dst_layer + layer0;
     const bool merge = merge_kv_ && batch_3d_available_ && use_batch_;
@@ -265,6 +266,11 @@ void DmaTransferEngine::Plan(const TransferRequest& r, const SlotIndices& si, co
         const int64_t alloc = x.Alloc(b, ls0, ld0);
         if (spitch == width && dpitch == width) {
           planner_.Add(src, dst, static_cast<int64_t>(width) * layers, alloc);  // contiguous
+        } else if (!config_.dma_stride_layers) {
+          for (int64_t l = 0; l < layers; ++l) {  // one plain copy per layer (SGLang's shape)
+            planner_.AddSingle(src + static_cast<size_t>(l) * spitch,
+                               dst + static_cast<size_t>(l) * dpitch, width);
+          }
         } else if (spitch >= width && dpitch >= width && spitch < max_pitch_ &&
                    dpitch < max_pitch_) {
           const auto h = static_cast<size_t>(layers);
@@ -414,7 +420,9 @@ Status DmaTransferEngine::SubmitSlice(CudaStream stream, size_t c0, size_t c1, s
           op.dst.op.ptr.layerHeight = c.depth > 1 ? c.d_layer_height : c.height;
           op.extent = make_cudaExtent(c.width, c.height, split_depth ? 1 : c.depth);
           op.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
-          op.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+          op.flags = config_.dma_overlap_hint
+                         ? static_cast<unsigned int>(cudaMemcpyFlagPreferOverlapWithCompute)
+                         : 0u;
           ops_3d.push_back(op);
         }
       }

@@ -99,6 +99,16 @@ class CopyPlanner {
     run_alloc_ = alloc;
   }
 
+  // One single copy as given: never merged with a neighbour nor grouped into a strided copy
+  // (the pieces before it are flushed first, so the plan keeps the order of the calls).
+  void AddSingle(const std::byte* src, std::byte* dst, size_t n) {
+    FlushRun();
+    FlushGroup();
+    dsts_.push_back(dst);
+    srcs_.push_back(src);
+    sizes_.push_back(n);
+  }
+
   void Finish() {
     FlushRun();
     FlushGroup();
