@@ -6,8 +6,8 @@
 #   bench    kvtier bench --storage file://… (512 KiB / 2 MiB / 8 MiB pages, 1 GiB each, 2
 #            rounds): write and read ceilings (16 threads writing / reading page files laid out
 #            as the store's, no fsync, published as the store does: a page's older file swapped
-#            out and unlinked), the store's Set / Get and both under each other, the ratios, and
-#            where a Set's time goes. --json bench.json.
+#            out, its unlink after the clock), the store's Set / Get and both under each other,
+#            the ratios, and where a Set's time goes. --json bench.json.
 #   replay   Llama-3-8B GEMM on the conversation trace (engine 3 of 8, 100 warm-up + 300
 #            requests, hierarchy only: the ideal is its own), a 48 GiB file store, the cache's
 #            default store queue (512 pages) and admission (frequency, 2), for each mode

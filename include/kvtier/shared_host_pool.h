@@ -45,7 +45,7 @@
 #include "kvtier/layout.h"
 #include "kvtier/page_key.h"
 #include "kvtier/status.h"
-#include "kvtier/storage.h"
+#include "kvtier/storage_backend.h"
 #include "kvtier/transfer.h"
 
 namespace kvtier {

@@ -290,13 +290,4 @@ Result<std::shared_ptr<StorageBackend>> OpenTpRankStorage(const std::string& url
 // InvalidArgument when the heads do not split evenly.
 Result<KvGeometry> TpShardGeometry(const KvGeometry& full, bool mla, int tp_size);
 
-// The KV pattern (kvtier/kv_pattern.h) of rank `rank`'s heads: the bytes [rank * S/tp,
-// (rank + 1) * S/tp) of each slot's full S = slot_bytes * tp bytes (MLA: all of them) — what
-// rank `rank` holds of a TP=1 pool's pattern. `region` is the rank's (host memory).
-Status FillTpShardPattern(const KvRegion& region, bool mla, int rank, int tp_size,
-                          std::span<const int64_t> slots, std::span<const uint64_t> token_hashes);
-// Corruption naming k, the slot, the layer and the buffer of the first mismatch.
-Status VerifyTpShardPattern(const KvRegion& region, bool mla, int rank, int tp_size,
-                            std::span<const int64_t> slots, std::span<const uint64_t> token_hashes);
-
 }  // namespace kvtier

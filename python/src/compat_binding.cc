@@ -31,9 +31,9 @@
 #include <vector>
 
 #include "errors.h"
+#include "kvtier/engine_stats.h"
 #include "kvtier/host_memory.h"
 #include "kvtier/layout.h"
-#include "kvtier/testing/engine_stats.h"
 #include "kvtier/transfer.h"
 #include "py_args.h"
 #include "transfer_binding.h"

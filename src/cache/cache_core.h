@@ -64,7 +64,7 @@
 #include "cache/radix_tree.h"
 #include "cache/stored_key_index.h"
 #include "kvtier/hierarchical_cache.h"
-#include "storage/page_staging.h"
+#include "pool/page_staging.h"
 
 namespace kvtier {
 
@@ -162,7 +162,7 @@ struct CacheCore {
   // Immutable pointer; every method of a backend may be called from any thread (kvtier/storage.h).
   std::shared_ptr<StorageBackend> storage;
   bool owns_storage = false;  // immutable: opened from a URL, closed with the cache
-  // Immutable pointer; host pages <-> storage calls from any thread (storage/page_staging.h).
+  // Immutable pointer; host pages <-> storage calls from any thread (pool/page_staging.h).
   std::unique_ptr<storage::PageStaging> staging;
   ReadBandwidth read_bandwidth;  // synchronized by itself (its own mutex): for the recompute rule
 

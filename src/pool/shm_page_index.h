@@ -35,14 +35,9 @@
 #include "kvtier/shared_host_pool.h"
 #include "kvtier/status.h"
 #include "pool/shm_layout.h"
+#include "pool/shm_process.h"
 
 namespace kvtier::shm {
-
-// Start time of process `pid` in clock ticks after boot (/proc/<pid>/stat field 22), or 0 when
-// it cannot be read.
-uint64_t ProcessStartTime(int64_t pid);
-// True when `pid` runs and started at `start_time` (not a zombie, not a reused pid).
-bool ProcessAlive(int64_t pid, uint64_t start_time);
 
 // Test seam: when set, called with the lock held at points inside operations where the index is
 // half-updated ("reserve:popped", "reserve:writing", "evict:unlinked", "pin:counted",

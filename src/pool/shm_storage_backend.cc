@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "kvtier/shared_host_pool.h"
-#include "kvtier/storage.h"
+#include "kvtier/storage_backend.h"
 
 namespace kvtier {
 

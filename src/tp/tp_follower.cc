@@ -12,7 +12,7 @@
 #include <thread>
 
 #include "kvtier/tp_group.h"
-#include "pool/shm_page_index.h"
+#include "pool/shm_process.h"
 #include "pool/shm_segment.h"
 #include "tp/decision_ring.h"
 #include "tp/group_common.h"

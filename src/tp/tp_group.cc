@@ -15,7 +15,7 @@
 #include <mutex>
 #include <thread>
 
-#include "pool/shm_page_index.h"
+#include "pool/shm_process.h"
 #include "pool/shm_segment.h"
 #include "tp/decision_ring.h"
 #include "tp/group_common.h"

@@ -14,6 +14,7 @@
 
 #include "kvtier/hierarchical_cache.h"
 #include "kvtier/testing/kv_pattern.h"
+#include "kvtier/testing/tp_shard_pattern.h"
 #include "kvtier/tp_group.h"
 
 namespace kvtier::tp {

@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "kvtier/testing/kv_pattern.h"
+#include "kvtier/testing/tp_shard_pattern.h"
 #include "kvtier/tp_group.h"
 
 namespace kvtier {

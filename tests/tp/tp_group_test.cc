@@ -24,6 +24,7 @@
 #include "kvtier/hierarchical_cache.h"
 #include "kvtier/storage.h"
 #include "kvtier/testing/kv_pattern.h"
+#include "kvtier/testing/tp_shard_pattern.h"
 #include "kvtier/tp_leader_cache.h"
 #include "tp/head_split_storage.h"
 

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "kvtier/cuda_check.h"
-#include "kvtier/testing/engine_stats.h"
+#include "kvtier/engine_stats.h"
 
 namespace kvtier::tools::gpu_bench {
 namespace {

@@ -594,7 +594,8 @@ void PrintSummaries(std::FILE* out, const std::vector<KindSummary>& summaries, i
       std::fprintf(out,
                    "%-7s write ceiling %.2f GB/s (%s: open+pwrite+close+rename of page files laid "
                    "out as the store's, same durability, each write pass after syncfs as the "
-                   "store's); Set %.2f GB/s = %.0f %%, Set under reads %.2f GB/s = %.0f %%\n",
+                   "store's, a replaced file's unlink after the clock); Set %.2f GB/s = %.0f %%, "
+                   "Set under reads %.2f GB/s = %.0f %%\n",
                    m.kind.c_str(), m.write_ceiling_gbps, m.ceiling.c_str(), m.set_gbps,
                    Ratio(m.set_gbps, m.write_ceiling_gbps), m.set_under_get_gbps,
                    Ratio(m.set_under_get_gbps, m.write_ceiling_gbps));

@@ -12,7 +12,10 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <mutex>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "kvtier/page_file.h"
 #include "kvtier/storage.h"
@@ -60,11 +63,19 @@ bool ReadWhole(int fd, std::byte* p, size_t n, size_t offset) {
 
 // Puts `temp` in place as `path` as the file store publishes a page (kvtier/page_file.h, the
 // store's own function): a file already at `path` (the page written again, from the second round
-// on) is swapped out and then unlinked, as the store's Set unlinks it.
-bool Publish(const std::string& temp, const std::string& path) {
-  bool replaced = false;
-  if (!PublishFile(AT_FDCWD, temp.c_str(), path.c_str(), &replaced)) return false;
-  return !replaced || ::unlink(temp.c_str()) == 0;  // the older file, now under `temp`
+// on) is swapped out to `temp`, whose name goes into `replaced` to be unlinked after the pass's
+// clock. The store hands such a file to its reclaimer threads (file_reclaimer.h), which unlink it
+// beside the Sets, off the writer's path; the ceiling, the rate no store can pass, leaves the
+// unlink out of its time altogether.
+bool Publish(const std::string& temp, const std::string& path, std::mutex& mu,
+             std::vector<std::string>& replaced) {
+  bool was_replaced = false;
+  if (!PublishFile(AT_FDCWD, temp.c_str(), path.c_str(), &was_replaced)) return false;
+  if (was_replaced) {
+    std::lock_guard<std::mutex> lock(mu);
+    replaced.push_back(temp);  // the older file, now under `temp`
+  }
+  return true;
 }
 
 }  // namespace
@@ -103,20 +114,19 @@ bool OnThreads(int threads, int64_t count, const std::function<bool(int64_t)>& f
 // (O_CREAT|O_EXCL, a unique name), the payload at the store's offset and the header's bytes at 0
 // (the same bytes per file), fdatasync only for an fsync=1 store, the mtime set, then a rename
 // over the page's file (buffered, no fsync by default); it leaves out the store's own work
-// (checksum, index, chunking). A file already at the page's path is swapped out and unlinked, as
-// the store's Set does (Publish). Files go into 256 shard directories, as the store's. Each timed
-// write pass starts after WriteBackDirtyPages, as the
-// store's Set passes do (storage_bench.cc), so neither pays for the other's write-back: on the
-// H100 a ceiling that followed the store's dirty pages came out below the store. The directory
-// lives as long as the backend's pages of the kind (the caller makes it before the first round and
-// removes it after the last), so from the second round on the baseline, like the backend, replaces
-// files that are already there and its data reaches the disk; a directory made and removed in every
-// round let its writes be deleted before the kernel wrote them back, which made its Set look
-// about twice as fast as any write that stays.
-// `cold`: before each read pass every file is dropped from the page cache (DropFromPageCache),
-// so the reads come from the disk; Unavailable where the page cache keeps them (tmpfs).
-// `checked`: each file is read in 256 KiB chunks, each hashed with XXH3 as it lands (the file
-// store's chunk size and checksum) and the page's digest compared with its source's: what any
+// (checksum, index, chunking). A file already at the page's path is swapped out, as the store's
+// Set does, and unlinked after the pass's clock (Publish). Files go into 256 shard directories, as
+// the store's. Each timed write pass starts after WriteBackDirtyPages, as the store's Set passes do
+// (storage_bench.cc), so neither pays for the other's write-back: on the H100 a ceiling that
+// followed the store's dirty pages came out below the store. The directory lives as long as the
+// backend's pages of the kind (the caller makes it before the first round and removes it after the
+// last), so from the second round on the baseline, like the backend, replaces files that are
+// already there and its data reaches the disk; a directory made and removed in every round let its
+// writes be deleted before the kernel wrote them back, which made its Set look about twice as fast
+// as any write that stays. `cold`: before each read pass every file is dropped from the page cache
+// (DropFromPageCache), so the reads come from the disk; Unavailable where the page cache keeps them
+// (tmpfs). `checked`: each file is read in 256 KiB chunks, each hashed with XXH3 as it lands (the
+// file store's chunk size and checksum) and the page's digest compared with its source's: what any
 // store that checks the bytes it reads can reach, beside the plain loop that checks nothing.
 Result<Baseline> FileBaseline(const std::string& dir, const PageSet& src, PageSet& dst,
                               int64_t batch_pages, int repeats, int threads, bool direct, bool sync,
@@ -147,6 +157,8 @@ Result<Baseline> FileBaseline(const std::string& dir, const PageSet& src, PageSe
     }
   }
   std::atomic<int64_t> temp_counter{0};
+  std::mutex replaced_mu;
+  std::vector<std::string> replaced;  // older files swapped out by a write pass (Publish)
   std::function<bool(int64_t)> write_one = [&](int64_t i) {
     const std::string path = page_path(i);
     const std::string temp = fmt::format("{}.{}.tmp", path, temp_counter.fetch_add(1));
@@ -158,7 +170,7 @@ Result<Baseline> FileBaseline(const std::string& dir, const PageSet& src, PageSe
               (!sync || ::fdatasync(fd) == 0) && ::futimens(fd, kNow) == 0;
     if (fd >= 0) ::close(fd);
     if (!ok && fd >= 0) ::unlink(temp.c_str());
-    ok = ok && Publish(temp, path);
+    ok = ok && Publish(temp, path, replaced_mu, replaced);
     if (ok && sync) {  // the page's shard directory, as the store fsyncs it
       const int shard_fd =
           ::open(path.substr(0, path.rfind('/')).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -223,6 +235,12 @@ Result<Baseline> FileBaseline(const std::string& dir, const PageSet& src, PageSe
                                            dir, std::strerror(errno)));
       }
       t.round_seconds.push_back(Seconds(round_start, Clock::now()));
+      for (const std::string& old : replaced) {  // after the clock: see Publish
+        if (::unlink(old.c_str()) != 0 && errno != ENOENT) {
+          return Status::IOError(fmt::format("baseline: unlink {}: {}", old, std::strerror(errno)));
+        }
+      }
+      replaced.clear();
     }
     if (const int64_t bad = dst.CountDiffering(src); bad > 0) {
       b.check_ok = false;

@@ -8,13 +8,13 @@
 #include <cstdint>
 #include <memory>
 
-#include "kvtier/testing/engine_stats.h"
+#include "kvtier/engine_stats.h"
 #include "kvtier/transfer.h"
 
 namespace kvtier::transfer::cuda {
 
-// The statistics are the testing surface's (kvtier/testing/engine_stats.h), which also declares
-// LastTransferStats (defined in gpu_engine.cc).
+// The statistics are transfer's (kvtier/engine_stats.h, in namespace testing: bench and tests
+// read them), which also declares LastTransferStats (defined in gpu_engine.cc).
 using ::kvtier::testing::GpuTransferStats;
 
 class GpuTransferEngine : public TransferEngine {

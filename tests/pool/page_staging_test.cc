@@ -2,7 +2,7 @@
 // page_first order (K of the page, then V; checked against an independent computation), come back
 // into another layer_first pool byte for byte, and a miss leaves the pool's bytes alone; a
 // page_first pool's pages go straight from and to its memory; MLA has one buffer.
-#include "storage/page_staging.h"
+#include "pool/page_staging.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-// kvtier/testing/engine_stats.h — what the CUDA transfer engines (kernel, dma, auto) did in their
+// kvtier/engine_stats.h — what the CUDA transfer engines (kernel, dma, auto) did in their
 // last call, for `kvtier bench` and the GPU tests: blocks and launches of a kernel copy, copy
 // operations and lanes of a DMA copy.
 //

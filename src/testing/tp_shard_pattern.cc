@@ -1,4 +1,6 @@
-// The geometry of a rank's share of a KV pool and the KV pattern of its heads (kvtier/tp_group.h).
+// The KV pattern of a TP rank's heads (kvtier/testing/tp_shard_pattern.h).
+#include "kvtier/testing/tp_shard_pattern.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -81,22 +83,6 @@ Status ForEachShardChunk(const KvRegion& region, bool mla, int rank, int tp_size
 }
 
 }  // namespace
-
-Result<KvGeometry> TpShardGeometry(const KvGeometry& full, bool mla, int tp_size) {
-  if (tp_size < 1 || tp_size > kMaxTpSize) {
-    return Status::InvalidArgument(fmt::format("tp_size = {} not in [1, {}]", tp_size, kMaxTpSize));
-  }
-  if (mla || tp_size == 1) return full;
-  if (full.head_num % tp_size != 0 || full.slot_bytes % tp_size != 0) {
-    return Status::InvalidArgument(
-        fmt::format("tp: {} KV heads ({} bytes a slot) do not split evenly over tp_size {}",
-                    full.head_num, full.slot_bytes, tp_size));
-  }
-  KvGeometry g = full;
-  g.head_num = full.head_num / tp_size;
-  g.slot_bytes = full.slot_bytes / tp_size;
-  return g;
-}
 
 Status FillTpShardPattern(const KvRegion& region, bool mla, int rank, int tp_size,
                           std::span<const int64_t> slots, std::span<const uint64_t> token_hashes) {

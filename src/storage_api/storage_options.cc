@@ -1,15 +1,13 @@
-// The storage API's values and how a store is opened: PageStatus names, BatchResult's helpers,
-// StorageOptions (defaults from the machine, the field schema, Validate) and OpenStorage, which
-// opens the backend of the URL's scheme (storage_schemes.cc). The backends' shared queue and
-// threads: storage_backend.cc.
+// The storage API's values: PageStatus names, BatchResult's helpers and StorageOptions (defaults
+// from the machine, the field schema, Validate). The backends' shared queue and threads:
+// storage_backend.cc; OpenStorage, which opens the backend of a URL's scheme: open_storage.cc.
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <thread>
 #include <utility>
 
-#include "kvtier/storage.h"
-#include "kvtier/storage_schemes.h"
+#include "kvtier/storage_backend.h"
 
 namespace kvtier {
 
@@ -109,31 +107,6 @@ Status StorageOptions::Validate(const FieldNamer& name_of) const {
   return CheckFields(StorageOptionsSchema(), *this, [](std::string_view field) {
     return fmt::format("storage options: {}", field);
   });
-}
-
-// ---- OpenStorage -------------------------------------------------------------------------------
-
-Result<std::unique_ptr<StorageBackend>> OpenStorage(std::string_view url,
-                                                    const StorageNamespace& ns,
-                                                    const StorageOptions& options) {
-  KVTIER_RETURN_IF_ERROR(ns.Validate());
-  KVTIER_RETURN_IF_ERROR(options.Validate());
-  if (url.find("://") == std::string_view::npos) {
-    return Status::InvalidArgument(fmt::format("storage URL '{}' has no scheme (expected {})",
-                                               RedactUrl(url), StorageSchemeList()));
-  }
-  const std::string_view name = StorageUrlScheme(url);
-  const StorageScheme* scheme = FindStorageScheme(name);
-  if (scheme == nullptr) {
-    return Status::InvalidArgument(
-        fmt::format("storage URL '{}': unknown scheme '{}' (expected {})", RedactUrl(url), name,
-                    StorageSchemeList()));
-  }
-  if (scheme->open == nullptr) {
-    return Status::InvalidArgument(
-        fmt::format("storage URL scheme '{}': {}", name, scheme->missing));
-  }
-  return scheme->open(url, ns, options);
 }
 
 }  // namespace kvtier

@@ -25,7 +25,7 @@
 #include <span>
 #include <vector>
 
-#include "kvtier/storage.h"
+#include "kvtier/storage_backend.h"
 #include "kvtier/transfer.h"
 
 namespace kvtier::storage {

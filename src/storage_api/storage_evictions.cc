@@ -1,5 +1,5 @@
 // The pages a store evicted by itself, kept for whoever tracks them (StorageBackend::
-// TrackEvictions in kvtier/storage.h: the cache, for its KV events).
+// TrackEvictions in kvtier/storage_backend.h: the cache, for its KV events).
 //
 // Thread safety: the log has its own mutex; the pointer to it is set once (the first
 // TrackEvictions(true)) and read through std::atomic_load, so a backend's I/O threads may note
@@ -8,7 +8,7 @@
 #include <memory>
 #include <mutex>
 
-#include "kvtier/storage.h"
+#include "kvtier/storage_backend.h"
 
 namespace kvtier {
 

@@ -1,6 +1,6 @@
 // StorageBackend's non-virtual half: argument checks, the bounded queue and the I/O threads that
 // run the hooks, per-call deadlines, counters, futures and callbacks, Close. (The storage API's
-// value types, options and OpenStorage's URL dispatch: storage_options.cc.)
+// value types and options: storage_options.cc; OpenStorage's URL dispatch: open_storage.cc.)
 //
 // The I/O threads are the backend's own rather than util::ThreadPool: the pool runs one blocking
 // ParallelFor at a time, while a backend needs independent batches from many callers queued and
@@ -61,7 +61,7 @@
 #include <unordered_map>
 #include <utility>
 
-#include "kvtier/storage.h"
+#include "kvtier/storage_backend.h"
 #include "util/log.h"
 
 namespace kvtier {

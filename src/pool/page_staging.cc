@@ -3,7 +3,7 @@
 //
 // Thread safety: `idle_` under `mu_`; everything else is immutable after Create, and the cpu
 // engine may be used from several threads at once.
-#include "storage/page_staging.h"
+#include "pool/page_staging.h"
 
 #include <fmt/format.h>
 
