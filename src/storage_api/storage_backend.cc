@@ -50,6 +50,8 @@
 //
 // Thread safety: every public method may be called from any thread; Close is serialised by
 // `close_mu`.
+#include "kvtier/storage_backend.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -61,7 +63,6 @@
 #include <unordered_map>
 #include <utility>
 
-#include "kvtier/storage_backend.h"
 #include "util/log.h"
 
 namespace kvtier {
