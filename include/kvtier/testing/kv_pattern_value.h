@@ -1,6 +1,6 @@
 // kvtier/testing/kv_pattern_value.h — the bytes of the KV pattern (kvtier/testing/kv_pattern.h)
 // as one function for host and device code: FillKvPattern / VerifyKvPattern on the host and the
-// replay's GPU kernels (tools/kvtier/replay_kernels.cu) both compute them here, so the two cannot
+// replay's GPU kernels (tools/replay/replay_kernels.cu) both compute them here, so the two cannot
 // drift apart.
 //
 // The slot_bytes bytes of (token hash h, layer l, buffer b) are the little-endian 64-bit values
