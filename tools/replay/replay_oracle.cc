@@ -5,6 +5,7 @@
 #include <list>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 namespace kvtier::tools {
 namespace {
@@ -54,6 +55,35 @@ void StoreChain(OracleLru& lru, const std::vector<PageKey>& chain, int64_t index
   }
 }
 
+// The run's admitted pages in the order they were admitted, each stored once at the end of the
+// service it was admitted in, whichever request that was. A write planned after its own request's
+// service (an open loop's queueing, a backup that lands later) is in the run's store from then
+// on, so the oracle holds it from then on too, not only from the next request that has the page.
+// (Not "by the next request's service" as StoreChain's rule for a request's own pages: pages
+// admitted while request i + 1 is served include its own, which would then count as its hits.)
+class DueAdmissions {
+ public:
+  explicit DueAdmissions(const AdmittedAt* admitted) {
+    if (admitted == nullptr) return;
+    due_.reserve(admitted->size());
+    for (const auto& [key, index] : *admitted) due_.emplace_back(index, key);
+    std::sort(due_.begin(), due_.end(),
+              [](const auto& a, const auto& b) { return a.first < b.first; });
+  }
+
+  // Stores every page admitted by the end of request `index`'s service that the oracle does not
+  // hold.
+  void StoreDue(OracleLru& lru, int64_t index) {
+    for (; next_ < due_.size() && due_[next_].first <= index; ++next_) {
+      if (!lru.Contains(due_[next_].second)) lru.Use(due_[next_].second);
+    }
+  }
+
+ private:
+  std::vector<std::pair<int64_t, PageKey>> due_;  // (index admitted at, page), by index
+  size_t next_ = 0;
+};
+
 size_t LeadingStored(const OracleLru& lru, const std::vector<PageKey>& chain, size_t pages) {
   size_t n = 0;
   while (n < std::min(pages, chain.size()) && lru.Contains(chain[n])) ++n;
@@ -82,8 +112,10 @@ StorageOracleResult RunStorageOracle(const std::vector<std::vector<PageKey>>& wa
   r.capacity_pages = capacity_pages;
   OracleLru lru(capacity_pages);
   const int64_t warmups = static_cast<int64_t>(warmup.size());
+  DueAdmissions due(admitted);
   for (int64_t w = 0; w < warmups; ++w) {
     StoreChain(lru, warmup[static_cast<size_t>(w)], w - warmups, admitted);
+    due.StoreDue(lru, w - warmups);
   }
   for (size_t i = 0; i < chains.size(); ++i) {
     const size_t prompt = static_cast<size_t>(std::max<int64_t>(0, prompt_pages[i]));
@@ -99,6 +131,7 @@ StorageOracleResult RunStorageOracle(const std::vector<std::vector<PageKey>>& wa
     r.lost_tokens += lost;
     r.lost_requests += lost > 0;
     StoreChain(lru, chains[i], static_cast<int64_t>(i), admitted);
+    due.StoreDue(lru, static_cast<int64_t>(i));
   }
   return r;
 }
