@@ -9,7 +9,11 @@
 
 namespace kvtier::storage {
 
-FileReclaimer::FileReclaimer(int64_t bound, int threads) : bound_(std::max<int64_t>(0, bound)) {
+FileReclaimer::FileReclaimer(int64_t bound, int threads, UnlinkFn unlink)
+    : bound_(std::max<int64_t>(0, bound)),
+      unlink_(unlink ? std::move(unlink) : [](int dir, const std::string& name) {
+        ::unlinkat(dir, name.c_str(), 0);  // gone already (ENOENT): nothing to free
+      }) {
   counts_.bound = bound_;
   if (bound_ == 0) return;
   for (int i = 0; i < std::max(1, threads); ++i) threads_.emplace_back([this] { Run(); });
@@ -41,7 +45,7 @@ void FileReclaimer::Release(int64_t bytes) {
 void FileReclaimer::Add(Fd dir, std::string name, int64_t bytes) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back({std::move(dir), std::move(name), bytes});
+    queue_.push_back({std::move(dir), std::move(name), bytes, next_ticket_++});
     pending_ += bytes;
     counts_.max_pending = std::max(counts_.max_pending, pending_);
   }
@@ -56,8 +60,21 @@ void FileReclaimer::Relieve() {
 
 void FileReclaimer::Drain() {
   std::unique_lock<std::mutex> lock(mu_);
-  while (UnlinkOne(lock, &counts_.unlinked_inline)) {
+  const int64_t upto = next_ticket_;
+  while (AnyBefore(upto)) {
+    // The queue is in ticket order: its front is the oldest waiting file.
+    if (!queue_.empty() && queue_.front().ticket < upto) {
+      UnlinkOne(lock, &counts_.unlinked_inline);
+    } else {
+      room_.wait(lock);  // one of ours is being unlinked by a thread or another caller
+    }
   }
+}
+
+bool FileReclaimer::AnyBefore(int64_t ticket) const {
+  if (!queue_.empty() && queue_.front().ticket < ticket) return true;
+  return std::any_of(unlinking_.begin(), unlinking_.end(),
+                     [ticket](int64_t t) { return t < ticket; });
 }
 
 void FileReclaimer::Stop() {
@@ -82,10 +99,12 @@ bool FileReclaimer::UnlinkOne(std::unique_lock<std::mutex>& lock, int64_t* count
   if (queue_.empty()) return false;
   File f = std::move(queue_.front());
   queue_.pop_front();
+  unlinking_.push_back(f.ticket);
   lock.unlock();
-  ::unlinkat(f.dir.get(), f.name.c_str(), 0);  // gone already (ENOENT): nothing to free
+  unlink_(f.dir.get(), f.name);
   f.dir = Fd();
   lock.lock();
+  unlinking_.erase(std::find(unlinking_.begin(), unlinking_.end(), f.ticket));
   pending_ -= f.bytes;
   ++*counter;
   room_.notify_all();

@@ -16,8 +16,9 @@
 // writers' reservations leave no room, it unlinks waiting files itself, oldest first
 // (backpressure: the queue never grows past its bound, and writers are slowed only when the
 // unlinks cannot keep up). Files detached without a reservation (a dropped orphan, the restart
-// scan's evictions) are unlinked by Relieve down to the bound. The free-space floor (Drain)
-// unlinks everything waiting on its caller: the space must be free when it returns. Stop joins
+// scan's evictions) are unlinked by Relieve down to the bound. The free-space floor and a full
+// disk's retry (Drain) unlink everything waiting on their caller and wait for the unlinks the
+// threads have under way: the space must be free when Drain returns. Stop joins
 // the threads and unlinks what is left: after Close no detached file remains (a process that
 // dies leaves temporary files the next open removes, as before).
 //
@@ -32,6 +33,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -51,9 +53,12 @@ class FileReclaimer {
     int64_t unlinked_background = 0;  // files unlinked by the reclaimer's threads
   };
 
+  // How a file is unlinked: ::unlinkat(dir, name, 0) unless a test passes its own.
+  using UnlinkFn = std::function<void(int dir, const std::string& name)>;
+
   // `bound`: the most bytes of detached files waiting (0: none wait); `threads` unlinking threads
   // (at least 1; none with bound 0). Started at once.
-  FileReclaimer(int64_t bound, int threads);
+  FileReclaimer(int64_t bound, int threads, UnlinkFn unlink = nullptr);
   ~FileReclaimer();  // Stop()
   FileReclaimer(const FileReclaimer&) = delete;
   FileReclaimer& operator=(const FileReclaimer&) = delete;
@@ -68,7 +73,9 @@ class FileReclaimer {
   void Add(Fd dir, std::string name, int64_t bytes);
   // Unlinks waiting files on the caller until at most `bound` bytes wait (all, with bound 0).
   void Relieve();
-  // Unlinks every waiting file on the caller.
+  // Returns once every file added before the call is unlinked: those still queued on the caller,
+  // those the threads or other callers are unlinking waited for (their space must be free when
+  // the free-space floor or a full disk's retry goes on).
   void Drain();
   // Joins the threads, then Drain. Idempotent.
   void Stop();
@@ -81,17 +88,23 @@ class FileReclaimer {
     Fd dir;
     std::string name;
     int64_t bytes = 0;
+    int64_t ticket = 0;  // the order of Add
   };
+  // Whether a file added before `ticket` is queued or being unlinked. REQUIRES: mu_ held.
+  bool AnyBefore(int64_t ticket) const;
   // Unlinks the oldest waiting file on the caller with `lock` released meanwhile; false when none
   // waits. REQUIRES: lock holds mu_.
   bool UnlinkOne(std::unique_lock<std::mutex>& lock, int64_t* counter);
   void Run();
 
   const int64_t bound_;
+  const UnlinkFn unlink_;
   mutable std::mutex mu_;
-  std::condition_variable work_;  // a file queued, or stopping
-  std::condition_variable room_;  // a file unlinked or a reservation released
-  std::deque<File> queue_;        // oldest first; guarded by mu_
+  std::condition_variable work_;    // a file queued, or stopping
+  std::condition_variable room_;    // a file unlinked or a reservation released
+  std::deque<File> queue_;          // oldest first; guarded by mu_
+  int64_t next_ticket_ = 0;         // guarded by mu_
+  std::vector<int64_t> unlinking_;  // tickets of the files being unlinked; guarded by mu_
   // Guarded by mu_: bytes queued or being unlinked, reserved, and the counts.
   int64_t pending_ = 0, reserved_ = 0;
   Counts counts_;

@@ -10,9 +10,12 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
@@ -243,6 +246,51 @@ TEST_F(FileReclaimTest, ReclaimerKeepsItsBound) {
     EXPECT_EQ(c.unlinked_inline + c.unlinked_background, 60);
   }
   EXPECT_EQ(FilesOnDisk().count, 0) << "a file left after Stop";
+}
+
+// Drain returns only once the files added before it are gone, also the one a thread is unlinking
+// at that moment (the full disk's retry and the floor write into the space Drain freed: the CI
+// box, loaded, once returned from Drain before a thread's unlink and the retry met ENOSPC again).
+// The thread's unlink is held until Drain has had every chance to return early: a Drain that
+// does not wait is caught whenever it returns within the hold; one that waits cannot fail.
+TEST_F(FileReclaimTest, DrainWaitsForAnUnlinkUnderWay) {
+  const std::string name = "held";
+  std::FILE* f = std::fopen((root_ + "/" + name).c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fclose(f);
+  std::mutex mu;
+  std::condition_variable cv;
+  bool entered = false, released = false, drained = false;
+  storage::FileReclaimer r(100, 1, [&](int dir, const std::string& n) {
+    std::unique_lock<std::mutex> lock(mu);
+    entered = true;
+    cv.notify_all();
+    cv.wait(lock, [&] { return released; });
+    ::unlinkat(dir, n.c_str(), 0);
+  });
+  r.Add(storage::Fd(::open(root_.c_str(), O_RDONLY | O_DIRECTORY)), name, 10);
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return entered; });  // the thread has the file
+  }
+  bool existed_at_return = false;
+  std::thread drainer([&] {
+    r.Drain();
+    existed_at_return = fs::exists(root_ + "/" + name);
+    std::lock_guard<std::mutex> lock(mu);
+    drained = true;
+    cv.notify_all();
+  });
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    EXPECT_FALSE(cv.wait_for(lock, std::chrono::milliseconds(200), [&] { return drained; }))
+        << "Drain returned while the thread's unlink was held";
+    released = true;
+    cv.notify_all();
+  }
+  drainer.join();
+  EXPECT_FALSE(existed_at_return) << "Drain returned before the file was unlinked";
+  EXPECT_EQ(r.counts().pending, 0);
 }
 
 }  // namespace
