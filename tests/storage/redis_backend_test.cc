@@ -480,15 +480,17 @@ TEST_P(RedisBackendWriteTest, PausedKilledAndRestartedServer) {
   EXPECT_LT(Clock::now() - start, kHangGuard);
   server.Resume();
 
-  // Killed: misses and failed sets at once, not at the timeout (the patient store's 60 s).
+  // Killed: misses and failed sets at once, not at the timeout (the patient store's 60 s, which
+  // no loaded box reaches; the 300 ms store's calls fail the same way, but one kept off its core
+  // for 300 ms before the connect is kTimedOut, rightly: it only has to miss).
   server.Kill();
   for (int attempt = 0; attempt < 4; ++attempt) {
     start = Clock::now();
-    for (StorageBackend* b : {backend.get(), patient.get()}) {
-      const BatchResult dead = GetChecked(*b, keys);
-      EXPECT_EQ(dead.count(PageStatus::kFailed), 16);
-      EXPECT_EQ(SetPattern(*b, keys), 0);
-    }
+    const BatchResult dead = GetChecked(*patient, keys);
+    EXPECT_EQ(dead.count(PageStatus::kFailed), 16);
+    EXPECT_EQ(SetPattern(*patient, keys), 0);
+    EXPECT_EQ(GetChecked(*backend, keys).count(PageStatus::kOk), 0);
+    EXPECT_EQ(SetPattern(*backend, keys), 0);
     EXPECT_LT(Clock::now() - start, kHangGuard);
     std::this_thread::sleep_for(30ms);  // past the first backoffs: real connects, refused
   }

@@ -268,12 +268,16 @@ TEST(RedisClientTest, DeadPausedAndRestartedServer) {
   server.Resume();
 
   // Dead: every command fails fast (refused, then the backoff), none waits for the timeout.
+  // Shown on the patient client, whose timeout no loaded box reaches: the 200 ms client's
+  // commands fail the same way, but one kept off its core for 200 ms before the connect is
+  // kTimedOut, rightly.
   server.Kill();
   for (int attempt = 0; attempt < 5; ++attempt) {
     start = Clock::now();
-    for (auto* c : {client->get(), patient->get()}) {
-      auto dead = GetAll(*c, keys, Never());
-      for (const RedisOp& op : dead) EXPECT_EQ(op.outcome, RedisOpOutcome::kFailed);
+    auto dead = GetAll(**patient, keys, Never());
+    for (const RedisOp& op : dead) EXPECT_EQ(op.outcome, RedisOpOutcome::kFailed);
+    for (const RedisOp& op : GetAll(**client, keys, Never())) {
+      EXPECT_NE(op.outcome, RedisOpOutcome::kReplied);  // kFailed, or kTimedOut under load
     }
     EXPECT_LT(Clock::now() - start, kHangGuard);
     std::this_thread::sleep_for(30ms);  // past the first backoffs: real connects, refused
