@@ -172,17 +172,24 @@ TEST(StorageFaultTest, DownFailsEverythingUntilUp) {
 }
 
 TEST(StorageFaultTest, DelaysAndTimeouts) {
-  auto w = Wrapped(7, 1, /*timeout=*/300ms);
   const auto keys = Keys(2);
   Pages in(2, 7), out(2, 0, true);
-  ASSERT_TRUE(w->SetDelay(50ms).ok());
-  auto t0 = Clock::now();
-  ASSERT_EQ(w->Set(keys, in.buffers).get().leading_ok(), 2);
-  EXPECT_GE(Clock::now() - t0, 50ms);
+  {
+    // A delay within the deadline (60 s, a hang guard: with 300 ms a loaded box that kept the
+    // I/O thread off its core for 250 ms timed the delayed call out).
+    auto delayed = Wrapped(7);
+    ASSERT_TRUE(delayed->SetDelay(50ms).ok());
+    const auto t0 = Clock::now();
+    ASSERT_EQ(delayed->Set(keys, in.buffers).get().leading_ok(), 2);
+    EXPECT_GE(Clock::now() - t0, 50ms);
+    EXPECT_EQ(delayed->injected().delayed_calls, 1);
+    EXPECT_EQ(delayed->injected().timed_out_calls, 0);
+  }
+  auto w = Wrapped(7, 1, /*timeout=*/300ms);
   // A delay far beyond the hang guard: a call that ends within the guard was ended by its
   // deadline (300 ms), not the delay, however slow the machine.
   ASSERT_TRUE(w->SetDelay(600s).ok());
-  t0 = Clock::now();
+  const auto t0 = Clock::now();
   const BatchResult r = w->Get(keys, out.buffers).get();
   const auto took = Clock::now() - t0;
   EXPECT_EQ(r.count(PageStatus::kTimedOut), 2);
