@@ -19,6 +19,10 @@ namespace {
 
 using std::chrono::milliseconds;
 
+// How long a wait for the sockets' threads may take before the test calls it a hang: a loaded
+// box (a sanitizer build beside busy loops) may keep ZeroMQ's I/O thread off a core for seconds.
+constexpr int kHangGuardMs = 60000;
+
 uint64_t Seq(const zmq::message_t& frame) {
   EXPECT_EQ(frame.size(), 8u);
   uint64_t value = 0;
@@ -37,12 +41,12 @@ class Subscriber {
  public:
   Subscriber(zmq::context_t& ctx, const std::string& endpoint, const std::string& topic)
       : sub_(ctx, zmq::socket_type::sub) {
-    sub_.set(zmq::sockopt::rcvtimeo, 5000);
+    sub_.set(zmq::sockopt::rcvtimeo, kHangGuardMs);
     sub_.set(zmq::sockopt::rcvhwm, 0);
     sub_.set(zmq::sockopt::subscribe, topic);
     sub_.connect(endpoint);
   }
-  // The next message, or nullopt after the 5 s timeout.
+  // The next message, or nullopt after the hang guard.
   std::optional<Received> Next(const std::string& topic) {
     std::vector<zmq::message_t> frames;
     if (!zmq::recv_multipart(sub_, std::back_inserter(frames))) return std::nullopt;
@@ -57,25 +61,40 @@ class Subscriber {
 };
 
 // Publishes one-event batches until the subscriber receives one (the PUB socket drops what it
-// sends before the subscription arrives); returns that message's seq.
+// sends before the subscription arrives), then receives the probes behind it up to the last one
+// published; returns that probe's seq, so that the caller's first message is the next one. (The
+// drain used to end at the first 50 ms without a message: a probe still in ZeroMQ's queues then
+// came first to the caller, on a loaded box.)
 uint64_t Handshake(KvEventPublisher& pub, Subscriber& sub, const std::string& topic) {
-  for (int attempt = 0; attempt < 100; ++attempt) {
+  const auto give_up = std::chrono::steady_clock::now() + milliseconds(kHangGuardMs);
+  sub.sub_.set(zmq::sockopt::rcvtimeo, 50);
+  std::vector<zmq::message_t> frames;
+  for (;;) {
     pub.Publish({AllBlocksCleared{}});
-    sub.sub_.set(zmq::sockopt::rcvtimeo, 50);
-    std::vector<zmq::message_t> frames;
-    if (zmq::recv_multipart(sub.sub_, std::back_inserter(frames))) {
-      // Drain the probes still in flight so that the caller starts at a known seq.
-      uint64_t last = Seq(frames[1]);
-      while (pub.Flush(milliseconds(1000)) &&
-             zmq::recv_multipart(sub.sub_, std::back_inserter(frames))) {
-        last = Seq(frames[frames.size() - 2]);
-      }
-      sub.sub_.set(zmq::sockopt::rcvtimeo, 5000);
-      return last;
+    if (zmq::recv_multipart(sub.sub_, std::back_inserter(frames))) break;
+    if (std::chrono::steady_clock::now() > give_up) {
+      ADD_FAILURE() << "no subscription on " << topic << " within the hang guard";
+      return 0;
     }
   }
-  ADD_FAILURE() << "no subscription after 100 probes on " << topic;
-  return 0;
+  // Every probe is sent: the last one's seq follows from the counts (seqs start at 0, and a
+  // dropped batch takes one too). The subscription is there, so each probe after the first one
+  // received arrives, in order.
+  EXPECT_TRUE(pub.Flush(milliseconds(kHangGuardMs))) << "probes not sent (a hang)";
+  const KvEventPublisherStats stats = pub.stats();
+  const uint64_t last_probe = stats.published_batches + stats.dropped_batches - 1;
+  sub.sub_.set(zmq::sockopt::rcvtimeo, kHangGuardMs);
+  uint64_t last = Seq(frames[1]);
+  while (last < last_probe) {
+    frames.clear();
+    if (!zmq::recv_multipart(sub.sub_, std::back_inserter(frames)) || frames.size() != 3) {
+      ADD_FAILURE() << "probe " << last + 1 << " of " << last_probe << " did not arrive (a hang)";
+      return last;
+    }
+    last = Seq(frames[1]);
+  }
+  EXPECT_EQ(last, last_probe);
+  return last;
 }
 
 KvEventPublisherConfig LoopbackConfig() {
@@ -90,7 +109,7 @@ KvEventPublisherConfig LoopbackConfig() {
 // (seq, batch) answers to a replay request from `start`, up to the end marker.
 std::vector<Received> Replay(zmq::context_t& ctx, const std::string& endpoint, uint64_t start) {
   zmq::socket_t dealer(ctx, zmq::socket_type::dealer);
-  dealer.set(zmq::sockopt::rcvtimeo, 5000);
+  dealer.set(zmq::sockopt::rcvtimeo, kHangGuardMs);
   dealer.set(zmq::sockopt::linger, 0);
   dealer.connect(endpoint);
   uint8_t start_bytes[8];
@@ -147,7 +166,7 @@ TEST(KvEventPublisherTest, PublishesThreeFrameMessagesInSeqOrder) {
     EXPECT_LE(got->batch.ts, before + 60);
   }
   (*pub)->Publish({});  // nothing
-  ASSERT_TRUE((*pub)->Flush(milliseconds(5000)));
+  ASSERT_TRUE((*pub)->Flush(milliseconds(kHangGuardMs)));
   const KvEventPublisherStats stats = (*pub)->stats();
   EXPECT_EQ(stats.published_batches, first + sent.size());
   EXPECT_EQ(stats.dropped_batches, 0u);
@@ -167,7 +186,7 @@ TEST(KvEventPublisherTest, ReplaySendsBufferedBatchesFromTheRequestedSeq) {
     sent.push_back(events);
     (*pub)->Publish(std::move(events));
   }
-  ASSERT_TRUE((*pub)->Flush(milliseconds(5000)));
+  ASSERT_TRUE((*pub)->Flush(milliseconds(kHangGuardMs)));
   zmq::context_t ctx;
   for (uint64_t start : {0ull, 69ull, 70ull, 100ull, 119ull, 120ull, 5000ull}) {
     const std::vector<Received> got = Replay(ctx, (*pub)->replay_endpoint(), start);
@@ -209,7 +228,7 @@ TEST(KvEventPublisherTest, FullQueueDropsAndCountsAndLeavesSeqGaps) {
     (*pub)->Publish({big});
     max_publish = std::max(max_publish, std::chrono::steady_clock::now() - start);
   }
-  ASSERT_TRUE((*pub)->Flush(milliseconds(10000)));
+  ASSERT_TRUE((*pub)->Flush(milliseconds(kHangGuardMs)));
   const KvEventPublisherStats stats = (*pub)->stats();
   EXPECT_EQ(stats.published_batches + stats.dropped_batches, static_cast<uint64_t>(kBatches));
   EXPECT_EQ(stats.dropped_events, stats.dropped_batches);
