@@ -139,11 +139,11 @@ TEST(SharedHostPoolMultiProcessTest, KilledProcessesCostOnlyTheirOwnPages) {
     std::vector<std::string> args = WorkerArgs(name.get(), "hold", worker_seed, kPrompts);
     args.push_back("hold=" + hold);
     Worker victim(args, testing::WorkerStart::kFork);
-    ASSERT_TRUE(victim.WaitFor('A', 20000)) << "the worker did not attach";
+    ASSERT_TRUE(victim.WaitFor('A', 60000)) << "the worker did not attach (a hang)";
     if (hold == "random") {
       std::this_thread::sleep_for(std::chrono::microseconds(rng() % 5000));
     } else {
-      ASSERT_TRUE(victim.WaitFor('R', 20000)) << "the worker never reached " << hold;
+      ASSERT_TRUE(victim.WaitFor('R', 60000)) << "the worker never reached " << hold << " (a hang)";
       if (hold.find(':') != std::string::npos) ++lock_holds;
     }
     const pid_t dead = victim.pid();
@@ -218,7 +218,7 @@ TEST(SharedHostPoolMultiProcessTest, RecordsOfDeadProcessesAreReused) {
   std::vector<std::string> args = WorkerArgs(name.get(), "hold", 3, 4);
   args.push_back("hold=mid-read");
   Worker victim(args);
-  ASSERT_TRUE(victim.WaitFor('R', 20000));
+  ASSERT_TRUE(victim.WaitFor('R', 60000)) << "the worker never stopped where told (a hang)";
   // Both records held by live processes: a third attach is refused, clearly.
   auto refused = SharedHostPool::Attach(name.get());
   ASSERT_FALSE(refused.ok());
