@@ -1,5 +1,5 @@
 // Where the file store's page reads spend their time (read_profile.h).
-#include "storage/read_profile.h"
+#include "storage/file/read_profile.h"
 
 #include <sys/resource.h>
 #include <time.h>
