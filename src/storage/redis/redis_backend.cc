@@ -33,7 +33,7 @@
 #include "storage/page_format.h"
 #include "storage/redis/checksum_pool.h"
 #include "storage/redis/redis_client.h"
-#include "storage/redis/redis_url.h"
+#include "storage/redis_url.h"
 #include "util/log.h"
 
 namespace kvtier::storage {
