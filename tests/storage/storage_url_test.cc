@@ -116,6 +116,7 @@ TEST(OpenStorageTest, DispatchOnScheme) {
   auto redis = OpenStorage("redis://127.0.0.1:6379", ns);
   ASSERT_FALSE(redis.ok());
   EXPECT_NE(redis.status().message().find("hiredis"), std::string::npos);
+  EXPECT_NE(redis.status().message().find("KVTIER_STORAGE_REDIS"), std::string::npos);
 #endif
 }
 
