@@ -148,11 +148,11 @@ def test_close_while_four_threads_are_inside_the_cache(run):
     for t in threads:
         t.start()
     for _ in threads:
-        assert started.acquire(timeout=10)
+        assert started.acquire(timeout=60), "a thread did not start (a hang)"
     time.sleep(0.005 * (run + 1))
     cache.close()
     for t in threads:
-        t.join(timeout=30)
+        t.join(timeout=60)
         assert not t.is_alive(), "a thread hung after close()"
     assert errors == []
     assert cache.closed
@@ -168,8 +168,8 @@ def test_close_from_two_threads_at_once():
     for t in threads:
         t.start()
     for t in threads:
-        t.join(timeout=10)
-        assert not t.is_alive()
+        t.join(timeout=60)
+        assert not t.is_alive(), "close() from two threads hung"
     assert cache.closed
 
 

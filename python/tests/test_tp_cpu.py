@@ -125,7 +125,13 @@ class Leader:
         return m, loaded
 
 
-def start_follower(name, storage, ack_timeout_s=10.0):
+# The ranks' time-outs are hang guards: a rank (a spawned Python process) on a loaded box may go
+# seconds without a core, and an ack timeout that expired then failed a right test. A killed rank
+# is still seen at once (the leader checks its pid while it waits).
+ACK_TIMEOUT_S = 60.0
+
+
+def start_follower(name, storage, ack_timeout_s=ACK_TIMEOUT_S):
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
     proc = ctx.Process(target=follower_main, args=(name, storage, ack_timeout_s, out))
@@ -139,7 +145,7 @@ def test_a_shared_prefix_reused_through_every_tier_on_both_ranks(tmp_path):
     proc, out = start_follower(name, storage)
     try:
         region, k, v = make_region(TP, 0)
-        group = kvtier.TpGroup(name, TP, 0, ack_timeout_s=10, attach_timeout_s=30)
+        group = kvtier.TpGroup(name, TP, 0, ack_timeout_s=ACK_TIMEOUT_S, attach_timeout_s=30)
         cache = kvtier.HierarchicalCache(region, tp_group=group, storage=storage, **SETTINGS)
         leader = Leader(cache, k, v)
         rng = np.random.default_rng(7)
@@ -194,10 +200,10 @@ def test_a_shared_prefix_reused_through_every_tier_on_both_ranks(tmp_path):
 
 def test_a_killed_follower_fails_the_leader_within_the_timeout():
     name = f"kvtier-pytest-tp-{uuid.uuid4().hex[:12]}"
-    proc, _ = start_follower(name, "", ack_timeout_s=2.0)
+    proc, _ = start_follower(name, "")
     try:
         region, k, v = make_region(TP, 0)
-        group = kvtier.TpGroup(name, TP, 0, ack_timeout_s=2.0, attach_timeout_s=30)
+        group = kvtier.TpGroup(name, TP, 0, ack_timeout_s=ACK_TIMEOUT_S, attach_timeout_s=30)
         settings = {key: val for key, val in SETTINGS.items() if "storage" not in key and
                     "prefetch" not in key}
         cache = kvtier.HierarchicalCache(region, tp_group=group, **settings)
@@ -208,9 +214,9 @@ def test_a_killed_follower_fails_the_leader_within_the_timeout():
         start = time.monotonic()
         with pytest.raises(kvtier.UnavailableError, match="rank 1"):
             leader.serve(list(range(100, 140)))
-        # Bounded (the rank's death, or at the latest the 2 s ack timeout, ends the wait): a hang
-        # guard generous enough for a loaded machine, not a speed check.
-        assert time.monotonic() - start < 60
+        # The rank's death ends the wait, not the ack timeout: within a hang guard generous
+        # enough for a loaded machine and below the timeout, not a speed check.
+        assert time.monotonic() - start < 30
         assert cache.tp_stats()["health"] != "OK"
         with pytest.raises(kvtier.UnavailableError, match="rank 1"):
             cache.tp_fence()  # broken: at once, the same error

@@ -8,10 +8,10 @@
 
 #include <array>
 
-#include "storage/file_backend.h"
-#include "storage/memory_backend.h"
+#include "storage/file/file_backend.h"
+#include "storage/memory/memory_backend.h"
 #if KVTIER_HAVE_REDIS_BACKEND
-#include "storage/redis_backend.h"
+#include "storage/redis/redis_backend.h"
 #endif
 
 namespace kvtier {

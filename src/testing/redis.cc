@@ -8,8 +8,8 @@
 #include <memory>
 #include <utility>
 
-#include "storage/redis_client.h"
-#include "storage/redis_url.h"
+#include "storage/redis/redis_client.h"
+#include "storage/redis/redis_url.h"
 
 namespace kvtier::testing {
 

@@ -36,6 +36,22 @@ constexpr int64_t kLayers = 2;
 constexpr int64_t kSlotBytes = 8;
 constexpr int64_t kLongest = 131072;
 
+// How long a wait for another thread's progress may take before the test calls it a hang. Long:
+// a loaded box (a sanitizer build beside busy loops) is slow, and a wait that gave up after a
+// count of short sleeps failed tests that were right.
+constexpr auto kHangGuard = std::chrono::seconds(60);
+
+// Polls `reached` every `poll` until it holds or kHangGuard passed; whether it held.
+template <typename Reached>
+bool PollUntil(Reached reached, std::chrono::milliseconds poll = std::chrono::milliseconds(5)) {
+  const auto give_up = std::chrono::steady_clock::now() + kHangGuard;
+  while (!reached()) {
+    if (std::chrono::steady_clock::now() > give_up) return false;
+    std::this_thread::sleep_for(poll);
+  }
+  return true;
+}
+
 StorageNamespace NamespaceFor(int64_t page) {
   StorageNamespace ns;
   ns.model_id = "nothing-lost";
@@ -256,10 +272,11 @@ INSTANTIATE_TEST_SUITE_P(Backends, NothingLostTest,
                          });
 
 // A memory store behind the fault wrapper.
-std::shared_ptr<FaultInjectingStorage> FaultyStore(int64_t page) {
+std::shared_ptr<FaultInjectingStorage> FaultyStore(int64_t page,
+                                                   const StorageOptions& options = {}) {
   auto inner = OpenStorage("memory://?capacity=64MiB", NamespaceFor(page));
   EXPECT_TRUE(inner.ok()) << inner.status().ToString();
-  auto w = FaultInjectingStorage::Wrap(std::move(*inner), 7);
+  auto w = FaultInjectingStorage::Wrap(std::move(*inner), 7, options);
   EXPECT_TRUE(w.ok()) << w.status().ToString();
   return std::shared_ptr<FaultInjectingStorage>(std::move(*w));
 }
@@ -343,7 +360,7 @@ class NothingLostRaceTest : public ::testing::Test {
       std::unique_lock<std::mutex> lk(mu_);
       ++stalled_;
       cv_.notify_all();
-      cv_.wait_for(lk, std::chrono::seconds(20), [&] { return go_; });  // bounded
+      cv_.wait_for(lk, 2 * kHangGuard, [&] { return go_; });  // a hang guard (TearDown says go)
       return Status::OK();
     });
     s_ = Make(store_, 16, 256);
@@ -364,19 +381,19 @@ class NothingLostRaceTest : public ::testing::Test {
     other_ = std::async(std::launch::async, [this, tokens, wait_for_backups] {
       Prefill(s_, tokens);
       if (wait_for_backups) return s_.cache->WaitForBackups();
-      for (int i = 0; i < 4000; ++i) {
-        (void)s_.cache->stats();  // reaps the store: the removal is submitted (stalled) here
-        {
-          std::lock_guard<std::mutex> lk(mu_);
-          if (stalled_ > 0) return Status::OK();
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      }
-      return Status::Unavailable("no removal was submitted");
+      const bool submitted = PollUntil(
+          [&] {
+            (void)s_.cache->stats();  // reaps the store: the removal is submitted (stalled) here
+            std::lock_guard<std::mutex> lk(mu_);
+            return stalled_ > 0;
+          },
+          std::chrono::milliseconds(1));
+      return submitted ? Status::OK()
+                       : Status::Unavailable("no removal was submitted within the hang guard");
     });
     {
       std::unique_lock<std::mutex> lk(mu_);
-      if (!cv_.wait_for(lk, std::chrono::seconds(20), [&] { return stalled_ > 0; })) return -1;
+      if (!cv_.wait_for(lk, kHangGuard, [&] { return stalled_ > 0; })) return -1;
     }
     store_->ClearFaults();
     return StoredPages(*store_, tokens, 16);
@@ -423,15 +440,12 @@ TEST_F(NothingLostRaceTest, AStoreOfPagesBeingRemovedWaitsForTheRemoval) {
   Prefill(s_, a);
   auto keys = ComputePromptPageKeys(a, 16, "");
   ASSERT_TRUE(keys.ok());
-  for (int i = 0; i < 2000; ++i) {
+  ASSERT_TRUE(PollUntil([&] {
     const CacheStats st = s_.cache->stats();
-    if (st.storage_stores_held > 0) break;
-    if (st.storage_backup_inflight_tokens == 0 &&
-        store_->inner().Exists(std::vector<PageKey>{keys->back()}).get().leading == 1) {
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+    return st.storage_stores_held > 0 ||
+           (st.storage_backup_inflight_tokens == 0 &&
+            store_->inner().Exists(std::vector<PageKey>{keys->back()}).get().leading == 1);
+  })) << "the new page's store was neither held nor landed (a hang)";
   ASSERT_TRUE(Go().ok());
   ASSERT_TRUE(s_.cache->WaitForBackups().ok());
   const CacheStats st = s_.cache->stats();
@@ -452,9 +466,8 @@ TEST_F(NothingLostRaceTest, CloseWaitsForTheRemovalThenForTheStoreItReleased) {
             0)
       << "no removal: no page failed with pages written past it (change the seed)";
   Prefill(s_, a);
-  for (int i = 0; i < 2000 && s_.cache->stats().storage_stores_held == 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+  ASSERT_TRUE(PollUntil([&] { return s_.cache->stats().storage_stores_held != 0; }))
+      << "the store was not held back behind the removal (a hang)";
   ASSERT_EQ(s_.cache->stats().storage_stores_held, 1);
   store_->HoldWrites(true);  // the removal, once submitted, stays in flight
   ASSERT_TRUE(Go().ok());    // the other thread submitted it and returned
@@ -480,10 +493,10 @@ TEST_F(NothingLostRaceTest, QueryStorageDoesNotFindPagesBeingRemoved) {
   const auto filled = std::span<const Token>(a).first(static_cast<size_t>((hole + 1) * 16));
   Prefill(s_, filled);  // recomputed: its store writes the missing page only
   // (Not WaitForBackups: it would wait for the stalled removal.)
-  for (int i = 0; i < 2000 && StoredPages(*store_, a, 16) <= hole; ++i) {
+  (void)PollUntil([&] {
     (void)s_.cache->stats();  // reaps the backup (which queues the store) and the store
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+    return StoredPages(*store_, a, 16) > hole;
+  });
   ASSERT_GT(StoredPages(*store_, a, 16), hole + 1) << "the pages past the hole are there (yet)";
   auto m = s_.cache->Match(a);
   ASSERT_TRUE(m.ok());
@@ -499,9 +512,14 @@ TEST_F(NothingLostRaceTest, QueryStorageDoesNotFindPagesBeingRemoved) {
   ExpectReadBack(store_, filled, 16);
 }
 
+// The first prompt's store is held in flight until every prompt was prefilled (held, not
+// delayed: a delay of 50 ms let a loaded box land it between two prefills, and no store was
+// dropped), so the ones behind it find the queue full.
 TEST(NothingLostReasonsTest, AFullQueueIsCountedAsQueueFullAndTheRestIsStored) {
-  auto store = FaultyStore(16);
-  ASSERT_TRUE(store->SetDelay(std::chrono::milliseconds(50)).ok());  // stores stay in flight
+  StorageOptions options;
+  options.timeout = kHangGuard;  // the held writes are released below
+  auto store = FaultyStore(16, options);
+  store->HoldWrites(true);  // stores stay in flight
   KvGeometry g{KvLayout::kLayerFirst, kLayers, 256 * 16, kSlotBytes, 16, 1};
   auto dev = DeviceTier::Create(TransferBackend::kCpu, g, false);
   ASSERT_TRUE(dev.ok());
@@ -525,6 +543,7 @@ TEST(NothingLostReasonsTest, AFullQueueIsCountedAsQueueFullAndTheRestIsStored) {
     prompts.push_back(Seq(4 * 16, 1000 * (i + 1)));  // 4 pages each: one fills the queue
     Prefill(s, prompts.back());
   }
+  store->HoldWrites(false);
   ASSERT_TRUE(s.cache->WaitForBackups().ok());
   const CacheStats st = s.cache->stats();
   int64_t stored = 0;

@@ -153,11 +153,14 @@ TEST_P(PrefetchPolicyTest, PageEvictedFromDeviceAndHostComesBackByteExact) {
   EXPECT_EQ(p->requested_tokens, 40);
   ExpectConsistent(s);
   if (GetParam() == PrefetchPolicy::kBestEffort) {
-    // Best effort takes what has arrived when asked; wait until everything has, to compare.
-    for (int i = 0; i < 2000; ++i) {
+    // Best effort takes what has arrived when asked; wait until everything has, to compare (60 s
+    // at most, a hang guard: a count of 2,000 polls of 1 ms was a 2 s bound on the reads).
+    const auto give_up = Clock::now() + std::chrono::seconds(60);
+    for (;;) {
       auto poll = s.cache->PollPrefetch(m->handle);
       ASSERT_TRUE(poll.ok());
       if (poll->arrived_tokens == 40) break;
+      ASSERT_LT(Clock::now(), give_up) << "the prefetch's reads did not arrive (a hang)";
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
   }
@@ -503,7 +506,7 @@ TEST(StorageTierTest, SlowStorageIsCutInFavourOfRecomputingFastStorageIsNot) {
     SCOPED_TRACE(slow ? "slow store" : "fast store");
     FaultInjectingStorage* faults = nullptr;
     StorageOptions options;
-    options.timeout = std::chrono::milliseconds(5000);
+    options.timeout = std::chrono::seconds(60);  // a hang guard: the 200 ms delay must not reach it
     HierarchicalCacheConfig cfg = StorageConfig(FaultyStore(4, &faults, options));
     cfg.storage.prefill_tokens_per_second = slow ? 1e9 : 1.0;
     TestCache s = Make(cfg, 4, 16, 32);

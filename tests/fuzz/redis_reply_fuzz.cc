@@ -1,5 +1,5 @@
-// libFuzzer target over the Redis reply reader (src/storage/redis_connection.h): whatever bytes a
-// server sends back to a pipeline, over a real loopback TCP connection.
+// libFuzzer target over the Redis reply reader (src/storage/redis/redis_connection.h): whatever
+// bytes a server sends back to a pipeline, over a real loopback TCP connection.
 //
 // Input: byte 0 picks the pipeline (1-4 commands; each GET with or without a sink of 1-64
 // bytes), the rest is what the "server" (this process, on a listening socket) answers before it
@@ -24,7 +24,7 @@
 #include <span>
 #include <vector>
 
-#include "storage/redis_connection.h"
+#include "storage/redis/redis_connection.h"
 
 namespace {
 

@@ -2,7 +2,7 @@
 // pages; batches from several threads at once each get their own results; Wait() with nothing
 // queued returns; a pool of one thread busy with another batch does not hold a caller up (the
 // caller runs its own queued jobs); a batch destroyed without Wait() still waits for its jobs.
-#include "storage/checksum_pool.h"
+#include "storage/redis/checksum_pool.h"
 
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
 // Tests of Redis Cluster key hashing: the CRC16 check value, known slots, the hashtag rules.
-#include "storage/crc16.h"
+#include "storage/redis/crc16.h"
 
 #include <gtest/gtest.h>
 

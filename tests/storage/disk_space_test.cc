@@ -1,7 +1,7 @@
 // The file store's free-space helpers that need no file system of their own: the log's byte
 // counts (issue 36 probe 10: a 32 MiB floor was logged as "0.0 GiB") and a dense file's
 // allocation. The floor and the watcher are file_disk_space_test's (a small tmpfs).
-#include "storage/disk_space.h"
+#include "storage/file/disk_space.h"
 
 #include <gtest/gtest.h>
 

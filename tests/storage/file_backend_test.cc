@@ -4,7 +4,7 @@
 // byte, truncated file, another key's file renamed in, older format version, wrong namespace,
 // a symlink in place of a page, the directory missing at start and removed while running, disk
 // full (RLIMIT_FSIZE in a forked child), and two processes writing the same key at once.
-#include "storage/file_backend.h"
+#include "storage/file/file_backend.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -26,7 +26,7 @@
 
 #include "kvtier/storage.h"
 #include "kvtier/testing/storage_fault.h"
-#include "storage/file_io.h"
+#include "storage/file/file_io.h"
 #include "storage/file_test_caps.h"
 #include "storage/page_format.h"
 

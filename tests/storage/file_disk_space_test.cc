@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "kvtier/storage.h"
-#include "storage/file_backend.h"
+#include "storage/file/file_backend.h"
 #include "support/missing_dependency.h"
 #include "util/log.h"
 

@@ -5,7 +5,7 @@
 // parent each page's header names, which the load turns back into chains evicted tail first.
 // Touches while another thread holds the index (removing a victim's file) are queued, not waited
 // for, and applied before the next eviction decision, each with its stamp then.
-#include "storage/file_index.h"
+#include "storage/file/file_index.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -23,8 +23,8 @@
 #include <thread>
 #include <tuple>
 
-#include "storage/file_io.h"
-#include "storage/file_page_io.h"
+#include "storage/file/file_io.h"
+#include "storage/file/file_page_io.h"
 #include "storage/page_format.h"
 
 namespace kvtier::storage {

@@ -2,7 +2,7 @@
 // and OpenBeneath with openat2 and with the openat fallback: plain paths open, a symlink on any
 // component (the last, an intermediate directory) is ELOOP or ENOTDIR and nothing is created
 // through it, "." / ".." / "a/b" components are EINVAL; PublishFile swaps an older file out.
-#include "storage/file_io.h"
+#include "storage/file/file_io.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>

@@ -3,7 +3,7 @@
 // in one segment and in two of odd sizes, large enough for several chunks; each fault has its
 // outcome: a flipped payload byte or nonzero padding kCorrupt, a header of another namespace
 // kWrongNamespace, a file grown or cut since it was written kCorrupt.
-#include "storage/file_page_io.h"
+#include "storage/file/file_page_io.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -19,7 +19,7 @@
 #include <utility>
 #include <vector>
 
-#include "storage/file_io.h"
+#include "storage/file/file_io.h"
 
 namespace kvtier::storage {
 namespace {

@@ -1,5 +1,5 @@
-// The file store's reclaimer (storage/file_reclaimer.h): evicted pages' files are unlinked off the
-// writers' path, yet the store's files never exceed its capacity, Close leaves no detached file
+// The file store's reclaimer (storage/file/file_reclaimer.h): evicted pages' files are unlinked off
+// the writers' path, yet the store's files never exceed its capacity, Close leaves no detached file
 // behind, and an evicted page is a miss, never another page's bytes. No timing in any assertion:
 // how the unlinks split between the writers and the reclaimer's threads is whatever the machine
 // makes of it.
@@ -22,8 +22,8 @@
 #include <vector>
 
 #include "kvtier/storage.h"
-#include "storage/file_backend.h"
-#include "storage/file_reclaimer.h"
+#include "storage/file/file_backend.h"
+#include "storage/file/file_reclaimer.h"
 
 namespace kvtier {
 namespace {

@@ -11,7 +11,7 @@
 
 #include "kvtier/storage.h"
 #include "kvtier/testing/storage_fault.h"
-#include "storage/file_index.h"
+#include "storage/file/file_index.h"
 
 namespace kvtier::storage {
 namespace {

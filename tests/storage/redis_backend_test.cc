@@ -18,8 +18,8 @@
 #include <thread>
 
 #include "kvtier/storage.h"
-#include "storage/crc16.h"
 #include "storage/page_format.h"
+#include "storage/redis/crc16.h"
 #include "storage/redis_test_server.h"
 #include "support/missing_dependency.h"
 

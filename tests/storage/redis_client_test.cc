@@ -2,7 +2,7 @@
 // round trips, AUTH (password, ACL user, wrong or missing credentials), a server that dies, is
 // paused or restarts (bounded failures, then a reconnect), and cluster redirects (MOVED / ASK)
 // while a slot migrates.
-#include "storage/redis_client.h"
+#include "storage/redis/redis_client.h"
 
 #if KVTIER_HAVE_HIREDIS
 
@@ -10,7 +10,7 @@
 
 #include <random>
 
-#include "storage/crc16.h"
+#include "storage/redis/crc16.h"
 #include "storage/redis_test_server.h"
 #include "support/missing_dependency.h"
 

@@ -1,13 +1,13 @@
 // Tests of the pure parts of Redis Cluster routing: redirect replies and CLUSTER SLOTS replies
 // (built by feeding protocol bytes to hiredis's reader, as a server would send them).
-#include "storage/redis_cluster.h"
+#include "storage/redis/redis_cluster.h"
 
 #if KVTIER_HAVE_HIREDIS
 
 #include <gtest/gtest.h>
 #include <hiredis/hiredis.h>
 
-#include "storage/redis_connection.h"
+#include "storage/redis/redis_connection.h"
 
 namespace kvtier::storage {
 namespace {

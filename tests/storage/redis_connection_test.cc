@@ -3,7 +3,7 @@
 // 64 MiB value for an 8 KiB page is skipped as it streams and the connection stays usable; an
 // endless line or a huge array fails the connection — with the process's peak RSS checked.
 // Also: opening a Redis store against a paused redis-server is bounded by connect_timeout_ms.
-#include "storage/redis_connection.h"
+#include "storage/redis/redis_connection.h"
 
 #if KVTIER_HAVE_HIREDIS
 

@@ -34,8 +34,8 @@
 #include <thread>
 #include <vector>
 
-#include "storage/redis_connection.h"
-#include "storage/redis_url.h"
+#include "storage/redis/redis_connection.h"
+#include "storage/redis/redis_url.h"
 
 namespace kvtier::testing {
 

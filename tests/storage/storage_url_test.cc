@@ -5,7 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "kvtier/storage.h"
-#include "storage/redis_url.h"
+#include "storage/redis/redis_url.h"
 
 namespace kvtier {
 namespace {

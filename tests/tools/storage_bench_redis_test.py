@@ -36,7 +36,7 @@ def free_port():
 def redis_cli(port, *args):
     return subprocess.run(["redis-cli", "-h", "127.0.0.1", "-p", str(port)] + list(args),
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=10).stdout.strip()
+                          timeout=60).stdout.strip()  # a hang guard
 
 
 def start_server(port, tmp):

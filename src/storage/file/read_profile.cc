@@ -1,5 +1,5 @@
 // Where the file store's page reads spend their time (read_profile.h).
-#include "storage/read_profile.h"
+#include "storage/file/read_profile.h"
 
 #include <fcntl.h>
 #include <sys/resource.h>
@@ -8,7 +8,7 @@
 
 #include <cstdlib>
 
-#include "storage/file_io.h"
+#include "storage/file/file_io.h"
 
 namespace kvtier::storage {
 

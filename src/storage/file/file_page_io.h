@@ -39,10 +39,10 @@
 
 #include "kvtier/page_key.h"
 #include "kvtier/storage.h"
-#include "storage/file_backend.h"
-#include "storage/file_io.h"
+#include "storage/file/file_backend.h"
+#include "storage/file/file_io.h"
+#include "storage/file/write_profile.h"
 #include "storage/page_format.h"
-#include "storage/write_profile.h"
 
 #if KVTIER_HAVE_URING
 struct io_uring;

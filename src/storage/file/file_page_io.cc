@@ -1,6 +1,6 @@
 // Page I/O of the file store (file_page_io.h): whole and chunked reads with their checks, the
 // io_uring batch, direct I/O through a bounce buffer, and the writes.
-#include "storage/file_page_io.h"
+#include "storage/file/file_page_io.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -14,7 +14,7 @@
 #include <liburing.h>
 #endif
 
-#include "storage/file_io.h"
+#include "storage/file/file_io.h"
 
 namespace kvtier::storage {
 namespace {

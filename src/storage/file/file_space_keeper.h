@@ -38,7 +38,7 @@
 #include <string>
 
 #include "kvtier/storage.h"
-#include "storage/disk_space.h"
+#include "storage/file/disk_space.h"
 
 namespace kvtier::storage {
 

@@ -19,7 +19,7 @@
 //
 // Thread safety: the hooks run on several I/O threads at once; RedisClient and ChecksumPool are
 // thread-safe and the backend has no other mutable state.
-#include "storage/redis_backend.h"
+#include "storage/redis/redis_backend.h"
 
 #if KVTIER_HAVE_HIREDIS
 
@@ -30,10 +30,10 @@
 #include <array>
 #include <atomic>
 
-#include "storage/checksum_pool.h"
 #include "storage/page_format.h"
-#include "storage/redis_client.h"
-#include "storage/redis_url.h"
+#include "storage/redis/checksum_pool.h"
+#include "storage/redis/redis_client.h"
+#include "storage/redis/redis_url.h"
 #include "util/log.h"
 
 namespace kvtier::storage {

@@ -1,5 +1,5 @@
 // The unlinks of a file store's evicted pages (file_reclaimer.h).
-#include "storage/file_reclaimer.h"
+#include "storage/file/file_reclaimer.h"
 
 #include <fcntl.h>
 #include <pthread.h>

@@ -29,8 +29,8 @@
 #include <vector>
 
 #include "kvtier/status.h"
-#include "storage/redis_connection.h"
-#include "storage/redis_url.h"
+#include "storage/redis/redis_connection.h"
+#include "storage/redis/redis_url.h"
 
 namespace kvtier::storage {
 

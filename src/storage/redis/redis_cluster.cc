@@ -1,5 +1,5 @@
 // Redirect and slot-map parsing for Redis Cluster (see redis_cluster.h).
-#include "storage/redis_cluster.h"
+#include "storage/redis/redis_cluster.h"
 
 #if KVTIER_HAVE_HIREDIS
 
@@ -8,7 +8,7 @@
 
 #include <charconv>
 
-#include "storage/crc16.h"
+#include "storage/redis/crc16.h"
 
 namespace kvtier::storage {
 namespace {

@@ -1,5 +1,5 @@
 // The checksum pool (checksum_pool.h).
-#include "storage/checksum_pool.h"
+#include "storage/redis/checksum_pool.h"
 
 #include <algorithm>
 

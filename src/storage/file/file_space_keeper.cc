@@ -2,7 +2,7 @@
 //
 // Thread safety: MakeRoom under `make_room_mu_`; the counters are relaxed atomics; the floor's
 // own state is DiskFloor's (disk_space.h).
-#include "storage/file_space_keeper.h"
+#include "storage/file/file_space_keeper.h"
 
 #include <cstring>
 #include <utility>

@@ -1,5 +1,5 @@
 // The file store's hit stamps written behind the reads (hit_stamper.h).
-#include "storage/hit_stamper.h"
+#include "storage/file/hit_stamper.h"
 
 namespace kvtier::storage {
 

@@ -9,7 +9,7 @@
 // copies its bytes out without holding the lock.
 //
 // Thread safety: a store's state is guarded by its mutex; the registry of named stores by its own.
-#include "storage/memory_backend.h"
+#include "storage/memory/memory_backend.h"
 
 #include <fmt/format.h>
 #include <sys/resource.h>

@@ -16,7 +16,7 @@
 // Thread safety: the index has its own mutex, the stamper its own; `root_` is swapped under
 // `dirs_mu_` and read through an atomic shared_ptr; `noatime_` is a relaxed atomic that only goes
 // from true to false; files are reached only through open/rename/unlink, which the kernel orders.
-#include "storage/file_backend.h"
+#include "storage/file/file_backend.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -40,18 +40,18 @@
 #include <liburing.h>
 #endif
 
-#include "storage/disk_space.h"
-#include "storage/file_index.h"
-#include "storage/file_io.h"
-#include "storage/file_page_io.h"
-#include "storage/file_reclaimer.h"
-#include "storage/file_space_keeper.h"
-#include "storage/hit_stamper.h"
+#include "storage/file/disk_space.h"
+#include "storage/file/file_index.h"
+#include "storage/file/file_io.h"
+#include "storage/file/file_page_io.h"
+#include "storage/file/file_reclaimer.h"
+#include "storage/file/file_space_keeper.h"
+#include "storage/file/hit_stamper.h"
+#include "storage/file/read_profile.h"
+#include "storage/file/write_profile.h"
 #include "storage/page_format.h"
 #include "storage/page_pins.h"
-#include "storage/read_profile.h"
 #include "storage/storage_url.h"
-#include "storage/write_profile.h"
 #include "util/log.h"
 
 namespace kvtier::storage {

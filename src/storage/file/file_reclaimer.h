@@ -39,7 +39,7 @@
 #include <thread>
 #include <vector>
 
-#include "storage/file_io.h"
+#include "storage/file/file_io.h"
 
 namespace kvtier::storage {
 

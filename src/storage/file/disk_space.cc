@@ -2,7 +2,7 @@
 //
 // Thread safety: DiskFloor's readings under `read_mu_` (the estimate's parts are atomics read
 // without it), its watcher under `watch_mu_`; the claims under one process-wide mutex.
-#include "storage/disk_space.h"
+#include "storage/file/disk_space.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>

@@ -1,5 +1,5 @@
 // Redis Cluster key hashing (see crc16.h).
-#include "storage/crc16.h"
+#include "storage/redis/crc16.h"
 
 #include <array>
 

@@ -2,7 +2,7 @@
 //
 // Thread safety: pure functions; `g_openat2` is a relaxed atomic that only moves from "unknown"
 // to "yes" or "no" (and the test hook).
-#include "storage/file_io.h"
+#include "storage/file/file_io.h"
 
 #include <fcntl.h>
 #include <linux/openat2.h>

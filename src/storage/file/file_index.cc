@@ -3,7 +3,7 @@
 // Thread safety: the index under `mu_`, its queued touches under `pending_mu_` (taken after
 // `mu_`, or alone by a Touch that found `mu_` held); the scan touches only its own directory
 // handles (each shard's on the one thread that scans it).
-#include "storage/file_index.h"
+#include "storage/file/file_index.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -22,7 +22,7 @@
 #include <system_error>
 #include <thread>
 
-#include "storage/file_backend.h"
+#include "storage/file/file_backend.h"
 #include "storage/page_format.h"
 
 namespace kvtier::storage {

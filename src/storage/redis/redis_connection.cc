@@ -1,6 +1,6 @@
 // One non-blocking connection to a Redis server and the poll loop that drives pipelines
 // (see redis_connection.h).
-#include "storage/redis_connection.h"
+#include "storage/redis/redis_connection.h"
 
 #if KVTIER_HAVE_HIREDIS
 

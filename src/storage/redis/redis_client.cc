@@ -1,5 +1,5 @@
 // Batches of single-key commands to a Redis server or cluster (see redis_client.h).
-#include "storage/redis_client.h"
+#include "storage/redis/redis_client.h"
 
 #if KVTIER_HAVE_HIREDIS
 
@@ -9,8 +9,8 @@
 #include <algorithm>
 #include <thread>
 
-#include "storage/crc16.h"
-#include "storage/redis_cluster.h"
+#include "storage/redis/crc16.h"
+#include "storage/redis/redis_cluster.h"
 
 namespace kvtier::storage {
 namespace {

@@ -29,7 +29,7 @@
 #include <utility>
 
 #include "kvtier/status.h"
-#include "storage/file_io.h"
+#include "storage/file/file_io.h"
 
 namespace kvtier::storage {
 
