@@ -36,9 +36,10 @@ struct ThreadTimes {
 class ReadProfile {
  public:
   using Clock = std::chrono::steady_clock;
-  // One page in this many of each I/O thread is profiled: the two clock readings, getrusage and
-  // the schedstat pread at each end cost about 3 us, 1.5 % of a hot 512 KiB read on the H100
-  // (0.2 % sampled).
+  // One page in this many of each I/O thread is profiled: the clock readings, getrusage and the
+  // schedstat pread at both ends cost 9 us of CPU a page on the build box's VM (5 without the
+  // pread; measured in a loop): if the H100 is as slow, 4 % of a hot 512 KiB read (0.21 ms),
+  // 0.5 % sampled.
   static constexpr uint32_t kSampleEvery = 8;
 
   struct Totals {
