@@ -180,6 +180,14 @@ struct StorageStats {
   // needed any read from the disk is a disk page; direct=1 reads are all disk); -1 where the
   // backend cannot tell (memory://, redis://, file:// io_uring reads).
   int64_t get_cached_pages = -1, get_disk_pages = -1;
+  // Get pages whose time the backend profiled (file://: one page in 8 of each I/O thread, on the
+  // thread path; 0 elsewhere) and that time, summed over pages (seconds): in all, on a core (the
+  // threads' CPU time) and runnable with no core free (the scheduler's run delay; -1 where the
+  // kernel does not say): whether reads beside writes wait for a core (CPU contention) or run
+  // slower on one (memory bandwidth, the kernel's locks).
+  int64_t get_profiled_pages = 0;
+  double get_profiled_seconds = 0, get_profiled_cpu_seconds = 0,
+         get_profiled_core_wait_seconds = -1;
   int64_t queued_batches = 0;                                         // gauge: waiting now
   int64_t stored_pages = -1, stored_bytes = -1, capacity_bytes = -1;  // -1: unknown
   int64_t evicted_pages = 0;  // by the backend's own capacity policy

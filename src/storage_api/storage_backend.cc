@@ -55,15 +55,14 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <condition_variable>
 #include <deque>
 #include <exception>
-#include <mutex>
 #include <thread>
 #include <unordered_map>
 #include <utility>
 
 #include "util/log.h"
+#include "util/mutex.h"
 
 namespace kvtier {
 
@@ -131,7 +130,9 @@ void RunDone(const Fn& done, Arg&& arg) {
 // The bounded queue, the I/O threads and the counters. A nested class, so it may call the
 // backend's protected hooks without the public header naming any of this.
 struct StorageBackend::Queue {
-  // One ParallelFor: pages claimed one at a time by its owner and by idle I/O threads.
+  // One ParallelFor: pages claimed one at a time by its owner and by idle I/O threads. Its
+  // counters are guarded by the queue's `mu` (touched only in the Queue's methods that require
+  // it: a Job cannot name that mutex for the analysis).
   struct Job {
     const std::function<void(int64_t)>* fn;
     int64_t n;
@@ -141,55 +142,58 @@ struct StorageBackend::Queue {
     double page_seconds = 0;  // guarded by mu: the threads' time inside its pages
   };
 
-  std::mutex mu;
-  std::condition_variable cv;
-  std::condition_variable job_cv;    // a job's owner waits here for pages other threads run
-  int waiting_read_owners = 0;       // guarded by mu: read owners waiting in job_cv
-  std::deque<Job*> read_jobs;        // guarded by mu
-  std::deque<Job*> write_jobs;       // guarded by mu
-  int writers = 0;                   // guarded by mu
-  int paused_writers = 0;            // guarded by mu: write owners stepped aside for reads
-  int readers = 0;                   // guarded by mu
-  int max_readers = 1;               // set by Start: io_threads
-  std::condition_variable pause_cv;  // paused write owners wait here
-  int max_writers = 1;               // set by Start
-  int read_time_writers = 1;         // set by Start: the writers' share while reads are about
-  int num_threads = 1;               // set by Start
-  std::deque<Call> reads;            // guarded by mu: Exists and Get, served first
-  std::deque<Call> writes;           // guarded by mu: Set and Remove
-  std::deque<Call> held;  // guarded by mu: reads waiting for earlier writes of their keys
-  std::unordered_map<PageKey, int, PageKeyHash> pending_writes;  // guarded by mu
-  bool running = false;  // guarded by mu: Start ran and Close has not
-  std::vector<std::thread> threads;
-  std::mutex close_mu;  // serialises Start and Close; guards `threads` and `started`
-  bool started = false;
+  util::Mutex mu;
+  util::CondVar cv;                                   // idle I/O threads wait here for work
+  util::CondVar job_cv;                               // a job's owner waits here for its pages
+  int waiting_read_owners KVTIER_GUARDED_BY(mu) = 0;  // read owners waiting in job_cv
+  std::deque<Job*> read_jobs KVTIER_GUARDED_BY(mu);
+  std::deque<Job*> write_jobs KVTIER_GUARDED_BY(mu);
+  int writers KVTIER_GUARDED_BY(mu) = 0;
+  int paused_writers KVTIER_GUARDED_BY(mu) = 0;  // write owners stepped aside for reads
+  int readers KVTIER_GUARDED_BY(mu) = 0;
+  util::CondVar pause_cv;  // paused write owners wait here
+  // Set by Start before it starts the threads, constant after.
+  int max_readers = 1;        // io_threads
+  int max_writers = 1;        // io_threads
+  int read_time_writers = 1;  // the writers' share while reads are about
+  int num_threads = 1;
+  std::deque<Call> reads KVTIER_GUARDED_BY(mu);   // Exists and Get, served first
+  std::deque<Call> writes KVTIER_GUARDED_BY(mu);  // Set and Remove
+  std::deque<Call> held KVTIER_GUARDED_BY(mu);    // reads waiting for earlier writes of their keys
+  std::unordered_map<PageKey, int, PageKeyHash> pending_writes KVTIER_GUARDED_BY(mu);
+  bool running KVTIER_GUARDED_BY(mu) = false;  // Start ran and Close has not
+  util::Mutex close_mu;                        // serialises Start and Close
+  std::vector<std::thread> threads KVTIER_GUARDED_BY(close_mu);
+  bool started KVTIER_GUARDED_BY(close_mu) = false;
 
-  mutable std::mutex stats_mu;
-  StorageStats stats;  // guarded by stats_mu; queued_batches and gauges filled on read
+  mutable util::Mutex stats_mu;
+  StorageStats stats KVTIER_GUARDED_BY(stats_mu);  // queued_batches and gauges filled on read
 
-  void Count(CallKind kind);
+  void Count(CallKind kind) KVTIER_EXCLUDES(stats_mu);
   Status Check(const StorageBackend& b, CallKind kind, const std::vector<PageKey>& keys,
                const std::vector<PageBuffer>* buffers) const;
   // Moves `call` into the queue, or leaves it with the caller and says why not.
-  Status Enqueue(const StorageBackend& b, Call& call);
+  Status Enqueue(const StorageBackend& b, Call& call) KVTIER_EXCLUDES(mu, stats_mu);
   void Submit(StorageBackend& b, CallKind kind, std::vector<PageKey> keys,
               std::vector<PageBuffer> buffers, std::function<void(BatchResult)> done,
               std::vector<std::optional<PageKey>> parents = {});
   // Under `mu`: whether an I/O thread may take work now.
-  bool HasWorkLocked() const {
+  bool HasWorkLocked() const KVTIER_REQUIRES(mu) {
     return (ReadRoomLocked() && (!read_jobs.empty() || !reads.empty())) ||
            (WriteRoomLocked() && (!write_jobs.empty() || !writes.empty()));
   }
   // Under `mu`: whether an idle thread may start read work: reads run on at most io_threads
   // threads at once (the threads beyond them are the writers'), so a read batch gets what
   // io_threads plain pread threads get, never more threads than that.
-  bool ReadRoomLocked() const { return readers < max_readers; }
+  bool ReadRoomLocked() const KVTIER_REQUIRES(mu) { return readers < max_readers; }
   // Under `mu`: whether an idle thread may start write work: below the writers' share, counting
   // the paused write owners (they resume first).
-  bool WriteRoomLocked() const { return writers + paused_writers < WriterShareLocked(); }
+  bool WriteRoomLocked() const KVTIER_REQUIRES(mu) {
+    return writers + paused_writers < WriterShareLocked();
+  }
   // Under `mu`: the writers' share may have grown or read pages appeared; paused owners look.
-  void WakePausedLocked() {
-    if (paused_writers > 0) pause_cv.notify_all();
+  void WakePausedLocked() KVTIER_REQUIRES(mu) {
+    if (paused_writers > 0) pause_cv.NotifyAll();
   }
   // Under `mu`, by the owner of a write job before it claims its next page: while writes hold
   // more threads than their share (reads are waiting or running), this owner steps aside — it
@@ -197,14 +201,14 @@ struct StorageBackend::Queue {
   // (its call's) passes. Without this, a write call's owner kept its thread for the whole
   // batch, so reads arriving behind a backlog of long write batches got only the threads the
   // writers' full share left them (a quarter).
-  void StepAsideLocked(std::unique_lock<std::mutex>& lock, Clock::time_point deadline);
+  void StepAsideLocked(Clock::time_point deadline) KVTIER_REQUIRES(mu);
   // Under `mu`: how many threads may run write work now — fewer while reads wait or run.
-  int WriterShareLocked() const {
+  int WriterShareLocked() const KVTIER_REQUIRES(mu) {
     return readers > 0 || !reads.empty() || !read_jobs.empty() ? read_time_writers : max_writers;
   }
   // Under `mu`: a thread's read work is done; when no read is left, the writers' full share
   // is back and idle threads are told (they sleep while the smaller share is taken).
-  bool ReadDoneLocked() {
+  bool ReadDoneLocked() KVTIER_REQUIRES(mu) {
     --readers;
     const bool share_back = readers == 0 && reads.empty() && read_jobs.empty();
     if (share_back) WakePausedLocked();
@@ -212,7 +216,7 @@ struct StorageBackend::Queue {
   }
   // Under `mu`: claims the next page of `job` (false when all are claimed), dropping the job
   // from its list once its last page is claimed.
-  bool ClaimLocked(Job& job, int64_t* page) {
+  bool ClaimLocked(Job& job, int64_t* page) KVTIER_REQUIRES(mu) {
     if (job.next >= job.n) return false;
     *page = job.next++;
     if (job.next == job.n) {
@@ -222,22 +226,23 @@ struct StorageBackend::Queue {
     return true;
   }
   // Runs page `page` of `job` (claimed), then counts it finished. Called without `mu`.
-  void RunPage(Job& job, int64_t page) {
+  void RunPage(Job& job, int64_t page) KVTIER_EXCLUDES(mu) {
     const auto start = Clock::now();
     (*job.fn)(page);
     const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
     bool last = false;
     {
-      std::lock_guard<std::mutex> lock(mu);
+      util::MutexLock lock(mu);
       job.page_seconds += seconds;
       last = ++job.finished == job.n;
     }
-    if (last) job_cv.notify_all();
+    if (last) job_cv.NotifyAll();
   }
-  void ParallelFor(int64_t n, const std::function<void(int64_t)>& fn, bool write);
-  bool WritePending(const PageKey& key);
+  void ParallelFor(int64_t n, const std::function<void(int64_t)>& fn, bool write)
+      KVTIER_EXCLUDES(mu);
+  bool WritePending(const PageKey& key) KVTIER_EXCLUDES(mu);
   // Under `mu`: whether `call` names a key that a queued or running write names.
-  bool WaitsForAWriteLocked(const Call& call) const {
+  bool WaitsForAWriteLocked(const Call& call) const KVTIER_REQUIRES(mu) {
     if (pending_writes.empty()) return false;
     for (const PageKey& key : call.keys) {
       if (pending_writes.count(key) != 0) return true;
@@ -245,7 +250,7 @@ struct StorageBackend::Queue {
     return false;
   }
   // Under `mu`: a write of `keys` has completed; held reads no longer waiting go to `reads`.
-  void WriteDoneLocked(const std::vector<PageKey>& keys) {
+  void WriteDoneLocked(const std::vector<PageKey>& keys) KVTIER_REQUIRES(mu) {
     for (const PageKey& key : keys) {
       auto it = pending_writes.find(key);
       if (it != pending_writes.end() && --it->second == 0) pending_writes.erase(it);
@@ -262,8 +267,8 @@ struct StorageBackend::Queue {
       it = held.erase(it);
     }
   }
-  void Loop(StorageBackend& b);
-  void Run(StorageBackend& b, Call& call);
+  void Loop(StorageBackend& b) KVTIER_EXCLUDES(mu);
+  void Run(StorageBackend& b, Call& call) KVTIER_EXCLUDES(mu, stats_mu);
 };
 
 StorageBackend::StorageBackend(std::string url, StorageNamespace ns, StorageOptions options)
@@ -277,11 +282,11 @@ StorageBackend::~StorageBackend() { Close(); }
 Status StorageBackend::Start() {
   KVTIER_RETURN_IF_ERROR(options_.Validate());
   KVTIER_RETURN_IF_ERROR(ns_.Validate());
-  std::lock_guard<std::mutex> close_lock(queue_->close_mu);
+  util::MutexLock close_lock(queue_->close_mu);
   if (queue_->started) return Status::FailedPrecondition("storage backend started twice");
   queue_->started = true;
   {
-    std::lock_guard<std::mutex> lock(queue_->mu);
+    util::MutexLock lock(queue_->mu);
     queue_->running = true;
   }
   // Writes alone run on as many threads as reads (the write ceiling's N threads); they had three
@@ -301,13 +306,13 @@ Status StorageBackend::Start() {
 }
 
 void StorageBackend::Close() {
-  std::lock_guard<std::mutex> close_lock(queue_->close_mu);
+  util::MutexLock close_lock(queue_->close_mu);
   {
-    std::lock_guard<std::mutex> lock(queue_->mu);
+    util::MutexLock lock(queue_->mu);
     queue_->running = false;
-    queue_->pause_cv.notify_all();
+    queue_->pause_cv.NotifyAll();
   }
-  queue_->cv.notify_all();
+  queue_->cv.NotifyAll();
   for (auto& t : queue_->threads) t.join();
   queue_->threads.clear();
   DoClose();
@@ -326,8 +331,7 @@ thread_local bool tls_paged = false;
 thread_local Clock::time_point tls_deadline{};
 }  // namespace
 
-void StorageBackend::Queue::StepAsideLocked(std::unique_lock<std::mutex>& lock,
-                                            Clock::time_point deadline) {
+void StorageBackend::Queue::StepAsideLocked(Clock::time_point deadline) {
   while (running && writers > WriterShareLocked() && Clock::now() < deadline) {
     --writers;
     ++paused_writers;
@@ -336,15 +340,16 @@ void StorageBackend::Queue::StepAsideLocked(std::unique_lock<std::mutex>& lock,
       int64_t page = 0;
       ClaimLocked(read, &page);  // a listed job has a page left
       ++readers;
-      lock.unlock();
+      mu.Unlock();
       RunPage(read, page);  // `read` may be gone once its last page is counted
-      lock.lock();
-      if (ReadDoneLocked()) cv.notify_all();
+      mu.Lock();
+      if (ReadDoneLocked()) cv.NotifyAll();
     } else {
-      pause_cv.wait_until(lock, deadline, [&] {
-        return !running || (!read_jobs.empty() && ReadRoomLocked()) ||
-               writers < WriterShareLocked();
-      });
+      // Until closing, a read job it may help with, or room in the writers' share.
+      while (running && (read_jobs.empty() || !ReadRoomLocked()) &&
+             writers >= WriterShareLocked() &&
+             pause_cv.WaitUntil(mu, deadline) == std::cv_status::no_timeout) {
+      }
     }
     --paused_writers;
     ++writers;
@@ -355,57 +360,66 @@ void StorageBackend::Queue::Loop(StorageBackend& b) {
   tls_queue = this;
   for (;;) {
     Call call;
-    {
-      std::unique_lock<std::mutex> lock(mu);
-      cv.wait(lock,
-              [&] { return HasWorkLocked() || (!running && writes.empty() && held.empty()); });
-      if (!HasWorkLocked()) return;  // closing and drained
-      // Read work first: a page of a running read, then a read call; write work only while
-      // writes hold fewer than their share of the threads.
-      const bool read_room = ReadRoomLocked();
-      Job* job = read_room && !read_jobs.empty()            ? read_jobs.front()
-                 : read_room && !reads.empty()              ? nullptr
-                 : WriteRoomLocked() && !write_jobs.empty() ? write_jobs.front()
-                                                            : nullptr;
-      if (job != nullptr) {
-        int64_t page = 0;
-        ClaimLocked(*job, &page);  // a listed job has a page left
-        const bool write = job->write;
-        ++(write ? writers : readers);
-        lock.unlock();
-        RunPage(*job, page);  // `job` may be gone once its last page is counted
-        lock.lock();
-        bool wake = false;
-        if (write) {
-          --writers;
-          WakePausedLocked();
-          wake = !writes.empty() || !write_jobs.empty();
-        } else {
-          wake = ReadDoneLocked();
-        }
-        lock.unlock();
-        if (wake) (write ? cv.notify_one() : cv.notify_all());
-        continue;
-      }
-      const bool read = read_room && !reads.empty();
-      std::deque<Call>& from = read ? reads : writes;
-      call = std::move(from.front());
-      from.pop_front();
-      ++(read ? readers : writers);
+    mu.Lock();
+    while (!HasWorkLocked() && (running || !writes.empty() || !held.empty())) cv.Wait(mu);
+    if (!HasWorkLocked()) {  // closing and drained
+      mu.Unlock();
+      return;
     }
+    // Read work first: a page of a running read, then a read call; write work only while
+    // writes hold fewer than their share of the threads.
+    const bool read_room = ReadRoomLocked();
+    Job* job = read_room && !read_jobs.empty()            ? read_jobs.front()
+               : read_room && !reads.empty()              ? nullptr
+               : WriteRoomLocked() && !write_jobs.empty() ? write_jobs.front()
+                                                          : nullptr;
+    if (job != nullptr) {
+      int64_t page = 0;
+      ClaimLocked(*job, &page);  // a listed job has a page left
+      const bool write = job->write;
+      if (write) {
+        ++writers;
+      } else {
+        ++readers;
+      }
+      mu.Unlock();
+      RunPage(*job, page);  // `job` may be gone once its last page is counted
+      mu.Lock();
+      bool wake = false;
+      if (write) {
+        --writers;
+        WakePausedLocked();
+        wake = !writes.empty() || !write_jobs.empty();
+      } else {
+        wake = ReadDoneLocked();
+      }
+      mu.Unlock();
+      if (wake) (write ? cv.NotifyOne() : cv.NotifyAll());
+      continue;
+    }
+    const bool read = read_room && !reads.empty();
+    std::deque<Call>& from = read ? reads : writes;
+    call = std::move(from.front());
+    from.pop_front();
+    if (read) {
+      ++readers;
+    } else {
+      ++writers;
+    }
+    mu.Unlock();
     tls_write = !IsRead(call.kind);
     Run(b, call);
     if (IsRead(call.kind)) {
       bool wake = false;
       {
-        std::lock_guard<std::mutex> lock(mu);
+        util::MutexLock lock(mu);
         wake = ReadDoneLocked();
       }
-      if (wake) cv.notify_all();
+      if (wake) cv.NotifyAll();
     } else {
       bool wake = false;
       {
-        std::lock_guard<std::mutex> lock(mu);
+        util::MutexLock lock(mu);
         --writers;
         WakePausedLocked();
         const size_t ready_reads = reads.size();
@@ -416,20 +430,20 @@ void StorageBackend::Queue::Loop(StorageBackend& b) {
         // sleep, a storm of hand-offs per batch.
         wake = reads.size() > ready_reads || !running || !writes.empty() || !write_jobs.empty();
       }
-      if (wake) cv.notify_all();
+      if (wake) cv.NotifyAll();
     }
   }
 }
 
 bool StorageBackend::Queue::WritePending(const PageKey& key) {
-  std::lock_guard<std::mutex> lock(mu);
+  util::MutexLock lock(mu);
   return pending_writes.count(key) != 0;
 }
 
 void StorageBackend::Queue::ParallelFor(int64_t n, const std::function<void(int64_t)>& fn,
                                         bool write) {
   Job job{&fn, n, write};
-  std::unique_lock<std::mutex> lock(mu);
+  mu.Lock();
   (write ? write_jobs : read_jobs).push_back(&job);
   const bool wake_owners = !write && waiting_read_owners > 0;
   if (!write) WakePausedLocked();  // paused write owners help with its pages
@@ -440,15 +454,15 @@ void StorageBackend::Queue::ParallelFor(int64_t n, const std::function<void(int6
   // pages as they finish theirs.
   const int64_t helpers = write ? std::min<int64_t>(n, num_threads) - 1
                                 : std::min<int64_t>(n - 1, std::max(0, max_readers - readers));
-  lock.unlock();
-  if (wake_owners) job_cv.notify_all();  // read owners waiting for their last pages help too
-  for (int64_t i = 0; i < helpers; ++i) cv.notify_one();
+  mu.Unlock();
+  if (wake_owners) job_cv.NotifyAll();  // read owners waiting for their last pages help too
+  for (int64_t i = 0; i < helpers; ++i) cv.NotifyOne();
   int64_t page = 0;
   for (;;) {
-    lock.lock();
-    if (write && job.next < job.n) StepAsideLocked(lock, tls_deadline);
+    mu.Lock();
+    if (write && job.next < job.n) StepAsideLocked(tls_deadline);
     const bool claimed = ClaimLocked(job, &page);
-    lock.unlock();
+    mu.Unlock();
     if (!claimed) break;
     RunPage(job, page);
   }
@@ -456,22 +470,23 @@ void StorageBackend::Queue::ParallelFor(int64_t n, const std::function<void(int6
   // meanwhile: it runs pages of other read jobs, one at a time (its own call's completion waits
   // at most one such page longer). Without this each read call left its thread idle at its tail,
   // and a prefetch's batches ran on fewer threads than the baseline's io_threads.
-  lock.lock();
+  mu.Lock();
   while (job.finished != job.n) {
     if (!write && !read_jobs.empty()) {
       Job& other = *read_jobs.front();
       int64_t other_page = 0;
       ClaimLocked(other, &other_page);  // a listed job has a page left
-      lock.unlock();
+      mu.Unlock();
       RunPage(other, other_page);  // `other` may be gone once its last page is counted
-      lock.lock();
+      mu.Lock();
       continue;
     }
     ++waiting_read_owners;
-    job_cv.wait(lock);
+    job_cv.Wait(mu);
     --waiting_read_owners;
   }
   tls_page_seconds += job.page_seconds;
+  mu.Unlock();
   tls_paged = true;
 }
 
@@ -527,7 +542,7 @@ void StorageBackend::Queue::Run(StorageBackend& b, Call& call) {
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   const double page_seconds = tls_paged ? tls_page_seconds : seconds;
   {
-    std::lock_guard<std::mutex> lock(stats_mu);
+    util::MutexLock lock(stats_mu);
     StorageStats& s = stats;
     for (size_t i = 0; i < result.pages.size(); ++i) {
       const PageStatus p = result.pages[i];
@@ -608,8 +623,9 @@ Status StorageBackend::Queue::Check(const StorageBackend& b, CallKind kind,
 
 Status StorageBackend::Queue::Enqueue(const StorageBackend& b, Call& call) {
   Status why;
+  bool wake = false;
   {
-    std::unique_lock<std::mutex> lock(mu);
+    util::MutexLock lock(mu);
     const bool read = IsRead(call.kind);
     const size_t waiting = read ? reads.size() + held.size() : writes.size();
     if (running && static_cast<int64_t>(waiting) < b.options_.max_queued_batches) {
@@ -617,30 +633,33 @@ Status StorageBackend::Queue::Enqueue(const StorageBackend& b, Call& call) {
       if (!read) {
         for (const PageKey& key : call.keys) ++pending_writes[key];
         writes.push_back(std::move(call));
+        wake = true;
       } else if (WaitsForAWriteLocked(call)) {
         call.was_held = true;
-        held.push_back(std::move(call));
-        return Status::OK();  // nothing to wake a thread for
+        held.push_back(std::move(call));  // nothing to wake a thread for
       } else {
         reads.push_back(std::move(call));
+        wake = true;
       }
-      // Wake a thread after unlocking, so it does not wake only to block on `mu` again.
-      lock.unlock();
-      cv.notify_one();
-      return Status::OK();
+    } else {
+      why = running ? Status::Unavailable(
+                          fmt::format("storage {}: {} queue full ({} batches waiting)", b.url_,
+                                      read ? "read" : "write", b.options_.max_queued_batches))
+                    : Status::Unavailable(fmt::format("storage {} is closed", b.url_));
     }
-    why = running ? Status::Unavailable(
-                        fmt::format("storage {}: {} queue full ({} batches waiting)", b.url_,
-                                    read ? "read" : "write", b.options_.max_queued_batches))
-                  : Status::Unavailable(fmt::format("storage {} is closed", b.url_));
   }
-  std::lock_guard<std::mutex> lock(stats_mu);
+  if (why.ok()) {
+    // Woken after unlocking, so the thread does not wake only to block on `mu` again.
+    if (wake) cv.NotifyOne();
+    return Status::OK();
+  }
+  util::MutexLock lock(stats_mu);
   ++stats.rejected_calls;
   return why;
 }
 
 void StorageBackend::Queue::Count(CallKind kind) {
-  std::lock_guard<std::mutex> lock(stats_mu);
+  util::MutexLock lock(stats_mu);
   switch (kind) {
     case CallKind::kExists:
       ++stats.exists_calls;
@@ -793,11 +812,11 @@ Result<std::vector<PageKey>> StorageBackend::DoStoredKeys() {
 StorageStats StorageBackend::Stats() const {
   StorageStats s;
   {
-    std::lock_guard<std::mutex> lock(queue_->stats_mu);
+    util::MutexLock lock(queue_->stats_mu);
     s = queue_->stats;
   }
   {
-    std::lock_guard<std::mutex> lock(queue_->mu);
+    util::MutexLock lock(queue_->mu);
     s.queued_batches =
         static_cast<int64_t>(queue_->reads.size() + queue_->held.size() + queue_->writes.size());
   }

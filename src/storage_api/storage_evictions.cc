@@ -6,32 +6,32 @@
 // evictions while the cache starts tracking.
 #include <deque>
 #include <memory>
-#include <mutex>
 
 #include "kvtier/storage_backend.h"
+#include "util/mutex.h"
 
 namespace kvtier {
 
 struct StorageBackend::Evictions {
-  std::mutex mu;
-  bool on = false;           // guarded by mu
-  std::deque<PageKey> keys;  // guarded by mu: oldest first, at most kMaxTrackedEvictions
-  int64_t dropped = 0;       // guarded by mu: since the last TakeEvictions
+  util::Mutex mu;
+  bool on KVTIER_GUARDED_BY(mu) = false;
+  std::deque<PageKey> keys KVTIER_GUARDED_BY(mu);  // oldest first, at most kMaxTrackedEvictions
+  int64_t dropped KVTIER_GUARDED_BY(mu) = 0;       // since the last TakeEvictions
 };
 
 void StorageBackend::TrackEvictions(bool on) {
-  static std::mutex make_mu;  // one log per backend, however many threads start tracking
+  static util::Mutex make_mu;  // one log per backend, however many threads start tracking
   std::shared_ptr<Evictions> log = std::atomic_load(&evictions_);
   if (log == nullptr) {
     if (!on) return;
-    std::lock_guard<std::mutex> lock(make_mu);
+    util::MutexLock lock(make_mu);
     log = std::atomic_load(&evictions_);
     if (log == nullptr) {
       log = std::make_shared<Evictions>();
       std::atomic_store(&evictions_, log);
     }
   }
-  std::lock_guard<std::mutex> lock(log->mu);
+  util::MutexLock lock(log->mu);
   log->on = on;
   if (!on) {
     log->keys.clear();
@@ -43,7 +43,7 @@ std::vector<PageKey> StorageBackend::TakeEvictions(int64_t* dropped) {
   if (dropped != nullptr) *dropped = 0;
   const std::shared_ptr<Evictions> log = std::atomic_load(&evictions_);
   if (log == nullptr) return {};
-  std::lock_guard<std::mutex> lock(log->mu);
+  util::MutexLock lock(log->mu);
   std::vector<PageKey> out(log->keys.begin(), log->keys.end());
   log->keys.clear();
   if (dropped != nullptr) *dropped = log->dropped;
@@ -55,7 +55,7 @@ void StorageBackend::NoteEvicted(std::span<const PageKey> keys) {
   if (keys.empty()) return;
   const std::shared_ptr<Evictions> log = std::atomic_load(&evictions_);
   if (log == nullptr) return;
-  std::lock_guard<std::mutex> lock(log->mu);
+  util::MutexLock lock(log->mu);
   if (!log->on) return;
   for (const PageKey& key : keys) {
     if (log->keys.size() >= kMaxTrackedEvictions) {

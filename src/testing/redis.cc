@@ -9,7 +9,7 @@
 #include <utility>
 
 #include "storage/redis/redis_client.h"
-#include "storage/redis/redis_url.h"
+#include "storage/redis_url.h"
 
 namespace kvtier::testing {
 

@@ -20,7 +20,7 @@
 #include <string_view>
 
 #include "kvtier/storage.h"
-#include "storage/redis/redis_url.h"
+#include "storage/redis_url.h"
 #include "storage/storage_url.h"
 
 namespace {

@@ -1282,6 +1282,46 @@ TEST(FileBackendSourceTest, HitsAreCountedAsPageCacheOrDiskReads) {
                             "from the disk";
 }
 
+// The sampled Get profile reaches StorageStats (get_profiled_*): every I/O thread profiles the
+// first page it reads, so some of the 16 pages are profiled, and each profiled page's time on a
+// core and waiting for a core are parts of its time (the counters are read inside the page's
+// clock readings: read outside them, a preemption at those system calls put more time "waiting
+// for a core" than the page took).
+TEST(FileBackendSourceTest, ProfiledGetPagesSplitTheirTimeIntoOnACoreWaitingAndBlocked) {
+  std::string tmpl = "/tmp/kvtier_file_profile_XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+  struct Remove {
+    std::string dir;
+    ~Remove() {
+      std::error_code ec;
+      fs::remove_all(dir, ec);
+    }
+  } remove{tmpl};
+  auto b = OpenStorage("file://" + tmpl + "/store?io=threads", SmallNamespace());
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  StorageBackend& store = **b;
+  EXPECT_EQ(store.Stats().get_profiled_pages, 0);
+  EXPECT_EQ(store.Stats().get_profiled_core_wait_seconds, 0);  // none profiled: 0, not unknown
+  const auto keys = Keys(16);
+  Pages pages(16, 43);
+  ASSERT_EQ(store.Set(keys, pages.buffers).get().leading_ok(), 16);
+  Pages out(16, 0, /*poison=*/true);
+  ASSERT_EQ(store.Get(keys, out.buffers).get().leading_ok(), 16);
+  EXPECT_EQ(out.bytes, pages.bytes);
+  const StorageStats s = store.Stats();
+  EXPECT_GE(s.get_profiled_pages, 1);
+  EXPECT_LE(s.get_profiled_pages, 16);
+  EXPECT_GT(s.get_profiled_seconds, 0);
+  EXPECT_GE(s.get_profiled_cpu_seconds, 0);
+  // -1: the kernel does not give the run delay (no /proc/thread-self/schedstat).
+  if (s.get_profiled_core_wait_seconds != -1) {
+    EXPECT_GE(s.get_profiled_core_wait_seconds, 0);
+  }
+  // Two clocks (the thread's CPU clock and the monotonic one): 1 ms of slack over 16 pages.
+  EXPECT_LE(s.get_profiled_cpu_seconds + std::max(0.0, s.get_profiled_core_wait_seconds),
+            s.get_profiled_seconds + 1e-3);
+}
+
 // Direct I/O with buffers as pinned host pages have them (4 KiB-aligned; one segment, or K and V
 // with K whole blocks) reads straight into them, the payload's partial last block included, and
 // with unaligned buffers through the bounce buffer; every byte is checked, and a byte flipped in

@@ -35,7 +35,7 @@
 #include <vector>
 
 #include "storage/redis/redis_connection.h"
-#include "storage/redis/redis_url.h"
+#include "storage/redis_url.h"
 
 namespace kvtier::testing {
 

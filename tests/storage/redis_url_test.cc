@@ -1,6 +1,6 @@
 // Tests of Redis storage URL parsing: hosts, ports, credentials, cluster seed lists, parameters,
 // and a clear InvalidArgument for each kind of bad URL.
-#include "storage/redis/redis_url.h"
+#include "storage/redis_url.h"
 
 #include <gtest/gtest.h>
 

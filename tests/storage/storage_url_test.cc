@@ -5,7 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "kvtier/storage.h"
-#include "storage/redis/redis_url.h"
+#include "storage/redis_url.h"
 
 namespace kvtier {
 namespace {
@@ -116,6 +116,7 @@ TEST(OpenStorageTest, DispatchOnScheme) {
   auto redis = OpenStorage("redis://127.0.0.1:6379", ns);
   ASSERT_FALSE(redis.ok());
   EXPECT_NE(redis.status().message().find("hiredis"), std::string::npos);
+  EXPECT_NE(redis.status().message().find("KVTIER_STORAGE_REDIS"), std::string::npos);
 #endif
 }
 
@@ -166,7 +167,7 @@ TEST(RedactUrlTest, ErrorsNeverShowThePassword) {
 
 TEST(StorageUrlTest, NulByteIsRefused) {
   using namespace std::string_literals;
-  for (const std::string url : {"file:///tmp/a\0/b"s, "memory://x\0y"s, "redis://h:1\0"s}) {
+  for (const std::string& url : {"file:///tmp/a\0/b"s, "memory://x\0y"s, "redis://h:1\0"s}) {
     auto parsed = storage::ParseStorageUrl(url);
     ASSERT_FALSE(parsed.ok());
     EXPECT_NE(parsed.status().message().find("NUL"), std::string::npos)

@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -111,12 +112,34 @@ struct GetProfile {
   double held_seconds = 0;   // held behind a write of one of its keys
   double hook_seconds = 0;   // inside the hook
   double page_seconds = 0;   // the I/O threads' time on its pages, all threads summed
+  // The pages the backend profiled (file://: 1 in 8), their time, its part on a core and its
+  // part waiting for a core (-1: the backend does not say): CPU contention or slower reads.
+  int64_t profiled_pages = 0;
+  double profiled_seconds = 0, profiled_cpu_seconds = 0, profiled_core_wait_seconds = 0;
+  bool core_wait_known = true;
+  // The pass's time (from its first call to its last completion) and the process's threads' CPU
+  // time in it, per thread name: how many cores they had, against the machine's.
+  double pass_seconds = 0;
+  std::map<std::string, double> cpu_seconds_by_thread;
+  void AddCpu(double seconds, const std::map<std::string, double>& by_thread) {
+    pass_seconds += seconds;
+    for (const auto& [name, cpu] : by_thread) cpu_seconds_by_thread[name] += cpu;
+  }
   void Add(const StorageStats& before, const StorageStats& after) {
     calls += after.get_calls - before.get_calls;
     queue_seconds += after.get_queue_seconds - before.get_queue_seconds;
     held_seconds += after.get_held_seconds - before.get_held_seconds;
     hook_seconds += after.get_seconds - before.get_seconds;
     page_seconds += after.get_page_seconds - before.get_page_seconds;
+    profiled_pages += after.get_profiled_pages - before.get_profiled_pages;
+    profiled_seconds += after.get_profiled_seconds - before.get_profiled_seconds;
+    profiled_cpu_seconds += after.get_profiled_cpu_seconds - before.get_profiled_cpu_seconds;
+    if (before.get_profiled_core_wait_seconds < 0 || after.get_profiled_core_wait_seconds < 0) {
+      core_wait_known = false;
+    } else {
+      profiled_core_wait_seconds +=
+          after.get_profiled_core_wait_seconds - before.get_profiled_core_wait_seconds;
+    }
   }
   void Add(const GetProfile& o) {
     calls += o.calls;
@@ -124,8 +147,42 @@ struct GetProfile {
     held_seconds += o.held_seconds;
     hook_seconds += o.hook_seconds;
     page_seconds += o.page_seconds;
+    profiled_pages += o.profiled_pages;
+    profiled_seconds += o.profiled_seconds;
+    profiled_cpu_seconds += o.profiled_cpu_seconds;
+    profiled_core_wait_seconds += o.profiled_core_wait_seconds;
+    core_wait_known = core_wait_known && o.core_wait_known;
+    pass_seconds += o.pass_seconds;
+    for (const auto& [name, seconds] : o.cpu_seconds_by_thread) {
+      cpu_seconds_by_thread[name] += seconds;
+    }
   }
 };
+
+// This process's threads' CPU time so far (seconds) per thread name (/proc/self/task/*/comm,
+// and the time on a core from schedstat): which threads had the cores during a pass. The I/O
+// threads carry the process's name; the file store's reclaimer names its own. Empty where
+// /proc does not say.
+std::map<std::string, double> CpuSecondsByThreadName() {
+  std::map<std::string, double> cpu;
+  std::error_code ec;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task", ec)) {
+    std::ifstream comm(task.path() / "comm"), schedstat(task.path() / "schedstat");
+    std::string name;
+    double on_core_ns = 0;
+    if (std::getline(comm, name) && (schedstat >> on_core_ns)) cpu[name] += on_core_ns / 1e9;
+  }
+  return cpu;
+}
+
+// `after` less `before`, name by name (a thread started in between counts from 0).
+std::map<std::string, double> CpuSince(const std::map<std::string, double>& before,
+                                       std::map<std::string, double> after) {
+  for (auto& [name, seconds] : after) {
+    if (auto it = before.find(name); it != before.end()) seconds -= it->second;
+  }
+  return after;
+}
 
 // The ceilings of one page kind and the backend's ratios to them, with where a Set's time went
 // (printed after the table, and in the JSON's "summary").
@@ -277,7 +334,10 @@ Result<KindResult> RunKind(StorageBackend& backend, const std::vector<PageKey>& 
 
     dst.Poison();
     const StorageStats before_get = backend.Stats();
+    const auto cpu_before_get = CpuSecondsByThreadName();
     KVTIER_RETURN_IF_ERROR(RunPass(backend, /*set=*/false, keys, src, dst, o, r.get, fail));
+    r.get_alone.AddCpu(r.get.round_seconds.back(),
+                       CpuSince(cpu_before_get, CpuSecondsByThreadName()));
     r.get_alone.Add(before_get, backend.Stats());
     if (const int64_t bad = dst.CountDiffering(src); bad > 0) {
       fail(fmt::format("Get: {} of {} pages differ from what was Set", bad, n));
@@ -290,11 +350,16 @@ Result<KindResult> RunKind(StorageBackend& backend, const std::vector<PageKey>& 
       if (before_writes) before_writes();
       Status set_status;
       const StorageStats before_mixed = backend.Stats();
+      const auto cpu_before_mixed = CpuSecondsByThreadName();
       std::thread writer([&] {
         set_status = RunPass(backend, /*set=*/true, write_keys, src, dst, o, r.set_under_get, fail);
       });
       const Status get_status =
           RunPass(backend, /*set=*/false, keys, src, dst, o, r.get_under_set, fail);
+      if (get_status.ok()) {
+        r.get_mixed.AddCpu(r.get_under_set.round_seconds.back(),
+                           CpuSince(cpu_before_mixed, CpuSecondsByThreadName()));
+      }
       r.get_mixed.Add(before_mixed, backend.Stats());  // the Gets are done (the Sets may not be)
       writer.join();
       KVTIER_RETURN_IF_ERROR(get_status);
@@ -377,7 +442,13 @@ nlohmann::json GetProfileJson(const GetProfile& g) {
           {"queue_seconds", g.queue_seconds},
           {"held_seconds", g.held_seconds},
           {"hook_seconds", g.hook_seconds},
-          {"page_seconds", g.page_seconds}};
+          {"page_seconds", g.page_seconds},
+          {"profiled_pages", g.profiled_pages},
+          {"profiled_seconds", g.profiled_seconds},
+          {"profiled_cpu_seconds", g.profiled_cpu_seconds},
+          {"profiled_core_wait_seconds", g.core_wait_known ? g.profiled_core_wait_seconds : -1.0},
+          {"pass_seconds", g.pass_seconds},
+          {"cpu_seconds_by_thread", g.cpu_seconds_by_thread}};
 }
 
 Status WriteRowsJson(const std::string& path, const std::string& command,
@@ -631,14 +702,44 @@ void PrintSummaries(std::FILE* out, const std::vector<KindSummary>& summaries, i
     // A Get alone and under writes: per call, its time queued (behind other calls: the writes
     // hold no reader thread, so this is reads behind reads), held behind a write of its keys, and
     // inside the hook, and the threads on its pages.
+    // Then its profiled pages (file://): ms a page, of which on a core and waiting for a core
+    // (CPU contention: the readers runnable while writers, the reclaimer or the kernel hold the
+    // cores), and the cores the whole process had during the pass, of the machine's.
     auto get_line = [&](const char* what, const GetProfile& g) {
       if (g.calls == 0) return std::string();
       const double c = static_cast<double>(g.calls);
-      return fmt::format(
+      std::string line = fmt::format(
           "{} {:.2f} ms queued + {:.2f} held + {:.2f} in the hook per call ({} calls, "
           "{:.1f} threads on a call's pages)",
           what, 1e3 * g.queue_seconds / c, 1e3 * g.held_seconds / c, 1e3 * g.hook_seconds / c,
           g.calls, g.hook_seconds > 0 ? g.page_seconds / g.hook_seconds : 0.0);
+      if (g.profiled_pages > 0 && g.profiled_seconds > 0) {
+        // The rest of a page's time it was blocked (a sleep in the kernel: a lock, the disk).
+        const double wait = g.core_wait_known ? g.profiled_core_wait_seconds : 0;
+        const double blocked = std::max(0.0, g.profiled_seconds - g.profiled_cpu_seconds - wait);
+        line += fmt::format(
+            ", a profiled page {:.3f} ms: {:.0f} % on a core, {}",
+            1e3 * g.profiled_seconds / static_cast<double>(g.profiled_pages),
+            Ratio(g.profiled_cpu_seconds, g.profiled_seconds),
+            g.core_wait_known
+                ? fmt::format("{:.0f} % waiting for a core, {:.0f} % blocked",
+                              Ratio(wait, g.profiled_seconds), Ratio(blocked, g.profiled_seconds))
+                : std::string("waiting for a core unknown"));
+      }
+      if (g.pass_seconds > 0 && !g.cpu_seconds_by_thread.empty()) {
+        double all = 0;
+        std::string by_name;
+        for (const auto& [name, seconds] : g.cpu_seconds_by_thread) {
+          all += seconds;
+          if (seconds >= 0.005 * g.pass_seconds) {
+            by_name += fmt::format("{}{} {:.1f}", by_name.empty() ? "" : ", ", name,
+                                   seconds / g.pass_seconds);
+          }
+        }
+        line += fmt::format("; the process's threads on {:.1f} of {} cores ({})",
+                            all / g.pass_seconds, std::thread::hardware_concurrency(), by_name);
+      }
+      return line;
     };
     if (m.get_alone.calls > 0) {
       const std::string mixed = get_line("; under writes", m.get_mixed);

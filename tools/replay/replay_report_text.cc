@@ -209,6 +209,18 @@ void PrintStorageIo(std::FILE* out, const StorageStats& st) {
     source = fmt::format("hits from the page cache {} pages, from disk {} pages",
                          st.get_cached_pages, st.get_disk_pages);
   }
+  // A profiled page's time (file://: 1 page in 8): on a core, waiting for a core, blocked.
+  if (st.get_profiled_pages > 0 && st.get_profiled_seconds > 0) {
+    const double all = st.get_profiled_seconds;
+    const double wait = std::max(0.0, st.get_profiled_core_wait_seconds);
+    source += fmt::format(
+        "; a profiled page {:.3f} ms: {:.0f} % on a core, {}",
+        1e3 * all / double(st.get_profiled_pages), 100 * st.get_profiled_cpu_seconds / all,
+        st.get_profiled_core_wait_seconds < 0
+            ? std::string("waiting for a core unknown")
+            : fmt::format("{:.0f} % waiting for a core, {:.0f} % blocked", 100 * wait / all,
+                          100 * std::max(0.0, all - st.get_profiled_cpu_seconds - wait) / all));
+  }
   std::fprintf(out,
                "storage reads: %lld Gets, %.3f GB; per Get %.2f ms queued, %.2f ms inside the "
                "backend (%.1f threads, %.2f GB/s per thread); %lld held behind a write of their "

@@ -344,6 +344,7 @@ class FileBackend final : public StorageBackend {
     stats.get_cached_pages = cached_pages_.load(std::memory_order_relaxed);
     stats.get_disk_pages = disk_pages_.load(std::memory_order_relaxed);
     write_profile_.Fill(stats);
+    profile_.Fill(stats);
   }
 
  private:
@@ -676,10 +677,12 @@ class FileBackend final : public StorageBackend {
               "storage {}: Get on the thread path, 1 page in {} profiled: {} pages ({} hits, "
               "{:.2f} GB of payload) in {:.2f} s inside them, all threads summed ({:.2f} GB/s a "
               "thread); of that time open+fstat {:.1f} %, read+check {:.1f} %, stamp {:.1f} %; "
-              "on a core {:.1f} %; {:.1f} sleeps (blocked in the kernel) and {:.1f} preemptions "
-              "(runnable, no core) per 100 pages; {}",
+              "on a core {:.1f} %, waiting for a core {}; {:.1f} sleeps (blocked in the kernel) "
+              "and {:.1f} preemptions (runnable, no core) per 100 pages; {}",
               url(), ReadProfile::kSampleEvery, t.pages, t.hits, payload / 1e9, wall / 1e9,
               payload / wall, pct(t.open_ns), pct(t.read_ns), pct(t.stamp_ns), pct(t.cpu_ns),
+              t.run_delay_pages == t.pages ? fmt::format("{:.1f} %", pct(t.run_delay_ns))
+                                           : std::string("unknown"),
               per100(t.sleeps), per100(t.preemptions), stamps);
   }
 

@@ -45,6 +45,9 @@ namespace kvtier::storage {
 
 class FileReclaimer {
  public:
+  // The name of the reclaimer's threads (pthread_setname_np: at most 15 characters).
+  static constexpr const char* kReclaimThreadName = "kvtier-reclaim";
+
   struct Counts {
     int64_t bound = 0;                // bytes
     int64_t pending = 0;              // bytes of detached files not yet unlinked

@@ -21,8 +21,6 @@
 // thread-safe and the backend has no other mutable state.
 #include "storage/redis/redis_backend.h"
 
-#if KVTIER_HAVE_HIREDIS
-
 #include <fmt/format.h>
 #include <hiredis/hiredis.h>
 
@@ -33,7 +31,7 @@
 #include "storage/page_format.h"
 #include "storage/redis/checksum_pool.h"
 #include "storage/redis/redis_client.h"
-#include "storage/redis/redis_url.h"
+#include "storage/redis_url.h"
 #include "util/log.h"
 
 namespace kvtier::storage {
@@ -317,5 +315,3 @@ Result<std::unique_ptr<StorageBackend>> OpenRedisStorage(std::string_view url,
 }
 
 }  // namespace kvtier::storage
-
-#endif  // KVTIER_HAVE_HIREDIS

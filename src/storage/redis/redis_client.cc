@@ -1,8 +1,6 @@
 // Batches of single-key commands to a Redis server or cluster (see redis_client.h).
 #include "storage/redis/redis_client.h"
 
-#if KVTIER_HAVE_HIREDIS
-
 #include <fmt/format.h>
 #include <hiredis/hiredis.h>
 
@@ -426,5 +424,3 @@ RedisClientCounters RedisClient::counters() const {
 }
 
 }  // namespace kvtier::storage
-
-#endif  // KVTIER_HAVE_HIREDIS

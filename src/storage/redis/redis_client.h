@@ -30,7 +30,7 @@
 
 #include "kvtier/status.h"
 #include "storage/redis/redis_connection.h"
-#include "storage/redis/redis_url.h"
+#include "storage/redis_url.h"
 
 namespace kvtier::storage {
 

@@ -1,8 +1,6 @@
 // Redirect and slot-map parsing for Redis Cluster (see redis_cluster.h).
 #include "storage/redis/redis_cluster.h"
 
-#if KVTIER_HAVE_HIREDIS
-
 #include <fmt/format.h>
 #include <hiredis/hiredis.h>
 
@@ -92,5 +90,3 @@ Result<std::vector<RedisSlotRange>> ParseClusterSlots(const redisReply& reply,
 }
 
 }  // namespace kvtier::storage
-
-#endif  // KVTIER_HAVE_HIREDIS

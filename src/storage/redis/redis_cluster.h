@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "kvtier/status.h"
-#include "storage/redis/redis_url.h"
+#include "storage/redis_url.h"
 
 struct redisReply;
 

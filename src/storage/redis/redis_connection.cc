@@ -2,8 +2,6 @@
 // (see redis_connection.h).
 #include "storage/redis/redis_connection.h"
 
-#if KVTIER_HAVE_HIREDIS
-
 #include <fmt/format.h>
 #include <hiredis/hiredis.h>
 #include <netdb.h>
@@ -592,5 +590,3 @@ void RunPipelines(std::span<RedisConnection* const> connections,
 }
 
 }  // namespace kvtier::storage
-
-#endif  // KVTIER_HAVE_HIREDIS

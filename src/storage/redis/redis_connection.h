@@ -34,7 +34,7 @@
 #include <vector>
 
 #include "kvtier/status.h"
-#include "storage/redis/redis_url.h"
+#include "storage/redis_url.h"
 
 struct redisReader;
 struct redisReply;

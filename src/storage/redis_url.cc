@@ -1,5 +1,5 @@
 // Parsing of Redis storage URLs (see redis_url.h).
-#include "storage/redis/redis_url.h"
+#include "storage/redis_url.h"
 
 #include <fmt/format.h>
 

@@ -1,5 +1,10 @@
 // Internal: the parsed form of a Redis storage URL.
 //
+// Shared URL parsing, not the redis backend's (src/storage/redis/): it needs no hiredis and is
+// built whatever KVTIER_STORAGE_REDIS says, because the tools find the server behind a redis://
+// URL for their redis-benchmark baseline (kvtier/testing/redis.h) and the URL tests and fuzz
+// target check its parsing in every build.
+//
 //   redis://[[user]:password@]host[:port][/][?param=value&...]
 //   redis+cluster://[[user]:password@]host[:port][,host[:port]...][/][?param=value&...]
 //
