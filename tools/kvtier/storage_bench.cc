@@ -33,6 +33,7 @@
 #include "replay_ceiling.h"
 #include "storage_bench_baseline.h"
 #include "storage_bench_pages.h"
+#include "storage_read_profile.h"
 #include "storage_write_profile.h"
 
 namespace kvtier::tools {
@@ -714,17 +715,9 @@ void PrintSummaries(std::FILE* out, const std::vector<KindSummary>& summaries, i
           what, 1e3 * g.queue_seconds / c, 1e3 * g.held_seconds / c, 1e3 * g.hook_seconds / c,
           g.calls, g.hook_seconds > 0 ? g.page_seconds / g.hook_seconds : 0.0);
       if (g.profiled_pages > 0 && g.profiled_seconds > 0) {
-        // The rest of a page's time it was blocked (a sleep in the kernel: a lock, the disk).
-        const double wait = g.core_wait_known ? g.profiled_core_wait_seconds : 0;
-        const double blocked = std::max(0.0, g.profiled_seconds - g.profiled_cpu_seconds - wait);
-        line += fmt::format(
-            ", a profiled page {:.3f} ms: {:.0f} % on a core, {}",
-            1e3 * g.profiled_seconds / static_cast<double>(g.profiled_pages),
-            Ratio(g.profiled_cpu_seconds, g.profiled_seconds),
-            g.core_wait_known
-                ? fmt::format("{:.0f} % waiting for a core, {:.0f} % blocked",
-                              Ratio(wait, g.profiled_seconds), Ratio(blocked, g.profiled_seconds))
-                : std::string("waiting for a core unknown"));
+        line +=
+            ", " + ProfiledGetPageText(g.profiled_pages, g.profiled_seconds, g.profiled_cpu_seconds,
+                                       g.core_wait_known ? g.profiled_core_wait_seconds : -1.0);
       }
       if (g.pass_seconds > 0 && !g.cpu_seconds_by_thread.empty()) {
         double all = 0;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "replay_report.h"
+#include "storage_read_profile.h"
 
 namespace kvtier::tools {
 namespace {
@@ -211,15 +212,9 @@ void PrintStorageIo(std::FILE* out, const StorageStats& st) {
   }
   // A profiled page's time (file://: 1 page in 8): on a core, waiting for a core, blocked.
   if (st.get_profiled_pages > 0 && st.get_profiled_seconds > 0) {
-    const double all = st.get_profiled_seconds;
-    const double wait = std::max(0.0, st.get_profiled_core_wait_seconds);
-    source += fmt::format(
-        "; a profiled page {:.3f} ms: {:.0f} % on a core, {}",
-        1e3 * all / double(st.get_profiled_pages), 100 * st.get_profiled_cpu_seconds / all,
-        st.get_profiled_core_wait_seconds < 0
-            ? std::string("waiting for a core unknown")
-            : fmt::format("{:.0f} % waiting for a core, {:.0f} % blocked", 100 * wait / all,
-                          100 * std::max(0.0, all - st.get_profiled_cpu_seconds - wait) / all));
+    source +=
+        "; " + ProfiledGetPageText(st.get_profiled_pages, st.get_profiled_seconds,
+                                   st.get_profiled_cpu_seconds, st.get_profiled_core_wait_seconds);
   }
   std::fprintf(out,
                "storage reads: %lld Gets, %.3f GB; per Get %.2f ms queued, %.2f ms inside the "
