@@ -124,9 +124,6 @@ TEST(TransferValidationTest, DmaConfigLimits) {
   edges.dma_min_strided_rows = 2;
   EXPECT_TRUE(edges.Validate().ok());
   EXPECT_EQ(TransferEngineConfig{}.dma_min_strided_rows, 3);
-  // Today's growing pieces from 16 copies stay the default until an H100 run says otherwise.
-  EXPECT_EQ(TransferEngineConfig{}.dma_batch_split, DmaBatchSplit::kGrowing);
-  EXPECT_EQ(TransferEngineConfig{}.dma_first_batch_piece, 16);
   EXPECT_STREQ(DmaBatchSplitName(DmaBatchSplit::kWholeWhenBusy), "whole_when_busy");
 }
 
