@@ -74,8 +74,8 @@ layers are views of one allocation; decided by the H100 run at e4884d9, so only 
                    (dma_stride_layers=False)
 kvtier's side is checked byte for byte in every variant row (it is a different plan); SGLang's
 call and arguments are those of the row just above, whose check it reuses. JSON only, kvtier's
-side of a direct row: dma_held, what the dma engine did in the last held call (whole_batch says
-whether its single copies went in one call per lane).
+side of a direct row: dma_held and dma_plain, what the dma engine did in the last held and plain
+calls (whole_batch: its single copies went in one call per lane).
 Repeats: --repeats, fewer (at least 3) where a row would take longer than --row-budget-s.
 Rows: the direct functions at pages 16 and 64 first (the issue's item), then the kernel
 functions, then the direct functions at page 1; JSON and Markdown are rewritten after every row,
@@ -308,12 +308,13 @@ def variants_markdown(rows: list) -> list:
         "",
         "Variants: kvtier's dma engine in other configurations (kvtier.ops.configure settings), "
         "each beside SGLang's function in its own alternation; copies / 2D / batch calls / lanes "
-        "of the checked call (idle stream), batch calls of the last held call (whole: one per "
-        "lane)",
+        "of the checked call (idle stream), batch calls of the last held and plain calls (whole: "
+        "one per lane)",
         "",
         "| shape | function | page | tokens | variant | settings | SGLang GB/s held | kvtier GB/s "
         "held | ratio held | SGLang GB/s plain | kvtier GB/s plain | ratio plain | kvtier host µs "
-        "| copies / 2D / batch calls / lanes | batch calls held | n | check SGLang / kvtier |",
+        "| copies / 2D / batch calls / lanes | batch calls held / plain | n | check SGLang / kvtier "
+        "|",
         "|---|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---|",
     ]
     for r in table:
@@ -322,9 +323,9 @@ def variants_markdown(rows: list) -> list:
         dma = k.get("dma") or {}
         shape_text = "—" if not dma else " / ".join(
             str(dma.get(f, "?")) for f in ("copy_ops", "copies_2d", "batch_calls", "lanes"))
-        held = k.get("dma_held") or {}
-        held_text = "—" if not held else \
-            f"{held.get('batch_calls', '?')}{' (whole)' if held.get('whole_batch') else ''}"
+        held_text = " / ".join(
+            "—" if not k.get(key) else f"{k[key].get('batch_calls', '?')}"
+            f"{' (whole)' if k[key].get('whole_batch') else ''}" for key in ("dma_held", "dma_plain"))
         out.append(
             f"| {r['shape']} | {r['label']} | {r['page']} | {r['tokens']} | {r['variant']} | "
             f"{settings} | "
@@ -571,6 +572,8 @@ def measure_configured(ctx, rows: list, shape, label: str, fn: str, page: int, t
                 if side == "kvtier" and last_stats is not None:
                     result[side]["dma_held"] = last_stats()
                 plain[side].append(gpu_ms(calls[side], 1, 0))
+                if side == "kvtier" and last_stats is not None:
+                    result[side]["dma_plain"] = last_stats()
     except Exception as e:  # noqa: BLE001 - a call that passed its check raised while timed
         torch.cuda.synchronize()
         for side in timed:

@@ -104,10 +104,10 @@ def test_variants_are_parsed_into_names():
         .variants == ["layer-copies", "kv-separate"]
 
 
-def variant(r, name, dma_held=None):
+def variant(r, name, dma_held=None, dma_plain=None):
     k = dict(r["kvtier"], dma={"copy_ops": 32768, "copies_2d": 0, "batch_calls": 60, "lanes": 4})
     if dma_held is not None:
-        k["dma_held"] = dma_held
+        k["dma_held"], k["dma_plain"] = dma_held, dma_plain
     return dict(r, variant=name, variant_settings=dict(bench.VARIANTS[name]), kvtier=k)
 
 
@@ -127,9 +127,9 @@ def test_variants_table_lists_each_shape_beside_sglang_and_says_which_is_never_b
     assert "stream held: NOT MET on 1 of 1 page_first_direct rows (mha "\
         "transfer_kv_all_layer_direct_lf_pf p1 0.88x)" in text
     assert f"| mha | {fn} | 1 | 8192 | default | — | 17.30 | 15.20 | **0.88×** | 3.20 | 14.80 | "\
-        "4.62× | 2100.0 | — | — | 10 | ok / ok |" in text
+        "4.62× | 2100.0 | — | — / — | 10 | ok / ok |" in text
     assert f"| mha | {fn} | 1 | 8192 | layer-copies | dma_stride_layers=False | 17.00 | 27.70 | "\
-        "1.63× | 3.20 | 3.00 | **0.94×** | 23000.0 | 32768 / 0 / 60 / 4 | — | 10 | ok / ok |" \
+        "1.63× | 3.20 | 3.00 | **0.94×** | 23000.0 | 32768 / 0 / 60 / 4 | — / — | 10 | ok / ok |" \
         in text
     assert "- default: held >= 1.00x on 0 of 1, lowest 0.88x; plain >= 1.00x on 1 of 1, lowest "\
         "4.62x" in text
@@ -148,7 +148,8 @@ def test_batch_split_variants_follow_the_loads_and_show_the_held_calls():
         variant(row("mla", load, 64, side(52.4, 30.4, 137.0), side(52.6, 30.6, 180.0)),
                 "whole-batch", {"batch_calls": 1, "whole_batch": True}),
         variant(row("mla", load, 64, side(52.3, 30.3, 137.0), side(52.5, 35.0, 185.0)),
-                "whole-when-busy", {"batch_calls": 1, "whole_batch": True}),
+                "whole-when-busy", {"batch_calls": 1, "whole_batch": True},
+                {"batch_calls": 4, "whole_batch": False}),
         row("mla", fn, 64, side(55.1, 33.4, 15000.0), side(53.4, 51.9, 1020.0), label=sep),
         variant(row("mla", fn, 64, side(55.0, 33.3, 15000.0), side(55.2, 51.8, 1000.0), label=sep),
                 "whole-when-busy", {"batch_calls": 4, "whole_batch": True}),
@@ -156,10 +157,13 @@ def test_batch_split_variants_follow_the_loads_and_show_the_held_calls():
     text = bench.markdown(META, rows)
     assert "2 rows, 0 with a failed check or error" in text
     assert f"| mla | {load} | 64 | 8192 | whole-batch | dma_batch_split=whole | 52.40 | 52.60 | "\
-        "1.00× | 30.40 | 30.60 | 1.01× | 180.0 | 32768 / 0 / 60 / 4 | 1 (whole) | 10 | ok / ok |" \
+        "1.00× | 30.40 | 30.60 | 1.01× | 180.0 | 32768 / 0 / 60 / 4 | 1 (whole) / — | 10 | ok / ok |" \
         in text
     assert f"| mla | {sep} | 64 | 8192 | whole-when-busy | dma_batch_split=whole_when_busy | " \
-        "55.00 | 55.20 | 1.00× | 33.30 | 51.80 | 1.56× | 1000.0 | 32768 / 0 / 60 / 4 | 4 (whole) |"\
+        "55.00 | 55.20 | 1.00× | 33.30 | 51.80 | 1.56× | 1000.0 | 32768 / 0 / 60 / 4 | 4 (whole) / — |"\
+        in text
+    assert f"| mla | {load} | 64 | 8192 | whole-when-busy | dma_batch_split=whole_when_busy | "\
+        "52.30 | 52.50 | 1.00× | 30.30 | 35.00 | 1.16× | 185.0 | 32768 / 0 / 60 / 4 | 1 (whole) / 4 |"\
         in text
     assert "- default: held >= 1.00x on 0 of 2, lowest 0.95x; plain >= 1.00x on 2 of 2" in text
     assert "- whole-batch: held >= 1.00x on 1 of 1, lowest 1.00x; plain >= 1.00x on 1 of 1, "\
