@@ -160,6 +160,37 @@ struct GetProfile {
   }
 };
 
+// Where the Set calls of one kind of pass spent their time (StorageStats' set_* fields, the
+// difference across the pass, summed over rounds), and the pass's time: the Set pass alone and
+// the Sets of the mixed pass apart (their writers' share differs: all the writers alone, a
+// quarter while reads run), and how many threads were on the pages on average (the threads'
+// time in the pages over the pass's time): a Set below the write ceiling with its pages as fast
+// as the ceiling's is short of threads, one with slower pages pays more per page.
+struct SetProfile {
+  StorageStats delta;  // the set_* fields only
+  double pass_seconds = 0;
+  void Add(const StorageStats& before, const StorageStats& after, double seconds) {
+    pass_seconds += seconds;
+    delta.set_calls += after.set_calls - before.set_calls;
+    delta.set_queue_seconds += after.set_queue_seconds - before.set_queue_seconds;
+    delta.set_seconds += after.set_seconds - before.set_seconds;
+    delta.set_page_seconds += after.set_page_seconds - before.set_page_seconds;
+    delta.set_profiled_pages += after.set_profiled_pages - before.set_profiled_pages;
+    delta.set_open_seconds += after.set_open_seconds - before.set_open_seconds;
+    delta.set_copy_seconds += after.set_copy_seconds - before.set_copy_seconds;
+    delta.set_hash_seconds += after.set_hash_seconds - before.set_hash_seconds;
+    delta.set_write_seconds += after.set_write_seconds - before.set_write_seconds;
+    delta.set_sync_seconds += after.set_sync_seconds - before.set_sync_seconds;
+    delta.set_publish_seconds += after.set_publish_seconds - before.set_publish_seconds;
+    delta.set_index_seconds += after.set_index_seconds - before.set_index_seconds;
+    delta.set_unlink_seconds += after.set_unlink_seconds - before.set_unlink_seconds;
+  }
+  void Add(const SetProfile& o) {
+    StorageStats zero;
+    Add(zero, o.delta, o.pass_seconds);
+  }
+};
+
 // This process's threads' CPU time so far (seconds) per thread name (/proc/self/task/*/comm,
 // and the time on a core from schedstat): which threads had the cores during a pass. The I/O
 // threads carry the process's name; the file store's reclaimer names its own. Empty where
@@ -195,6 +226,7 @@ struct KindSummary {
   double set_gbps = 0, get_gbps = 0, get_under_set_gbps = 0, set_under_get_gbps = 0;
   StorageStats stats;  // the backend's, at the end of the kind
   GetProfile get_alone, get_mixed;
+  SetProfile set_alone, set_mixed;
 };
 
 double Ratio(double a, double b) { return b > 0 ? 100.0 * a / b : 0; }
@@ -247,6 +279,7 @@ std::vector<PageBuffer> BuffersOf(const PageSet& pages, int64_t first, int64_t c
 struct KindResult {
   OpTimes set, get, exists;
   GetProfile get_alone, get_mixed;  // the Get pass, and the Gets of the mixed pass
+  SetProfile set_alone, set_mixed;  // the Set pass, and the Sets of the mixed pass
   // The mixed pass: a Get of every stored page while a Set of as many other pages runs (each
   // side's pass timed alone, from its first submission to its last completion).
   OpTimes get_under_set, set_under_get;
@@ -314,7 +347,9 @@ Result<KindResult> RunKind(StorageBackend& backend, const std::vector<PageKey>& 
   const int64_t n = src.count;
   for (int round = 0; round < o.repeats; ++round) {
     if (before_writes) before_writes();
+    const StorageStats before_set = backend.Stats();
     KVTIER_RETURN_IF_ERROR(RunPass(backend, /*set=*/true, keys, src, dst, o, r.set, fail));
+    r.set_alone.Add(before_set, backend.Stats(), r.set.round_seconds.back());
 
     // Exists of every page, in calls of at most the backend's max_batch_pages (a kind of more
     // pages than that was refused: "8192 keys exceed max_batch_pages 4096"), timed together.
@@ -365,6 +400,7 @@ Result<KindResult> RunKind(StorageBackend& backend, const std::vector<PageKey>& 
       writer.join();
       KVTIER_RETURN_IF_ERROR(get_status);
       KVTIER_RETURN_IF_ERROR(set_status);
+      r.set_mixed.Add(before_mixed, backend.Stats(), r.set_under_get.round_seconds.back());
       if (const int64_t bad = dst.CountDiffering(src); bad > 0) {
         fail(fmt::format("Get under writes: {} of {} pages differ from what was Set", bad, n));
       }
@@ -438,6 +474,14 @@ void PrintRows(std::FILE* out, const std::vector<StorageRow>& rows) {
   }
 }
 
+// One pass kind's Set profile: SetPhasesJson of its calls and the pass's time (the threads on its
+// pages on average = pages_in_hook / pass_seconds).
+nlohmann::json SetProfileJson(const SetProfile& p) {
+  nlohmann::json j = SetPhasesJson(p.delta);
+  j["pass_seconds"] = p.pass_seconds;
+  return j;
+}
+
 nlohmann::json GetProfileJson(const GetProfile& g) {
   return {{"calls", g.calls},
           {"queue_seconds", g.queue_seconds},
@@ -491,7 +535,9 @@ Status WriteRowsJson(const std::string& path, const std::string& command,
          {"get_under_writes_pct_of_read_ceiling", Ratio(m.get_under_set_gbps, m.read_ceiling_gbps)},
          {"get_alone", GetProfileJson(m.get_alone)},
          {"get_under_writes", GetProfileJson(m.get_mixed)},
-         {"set_phases_seconds", SetPhasesJson(st)}});
+         {"set_phases_seconds", SetPhasesJson(st)},
+         {"set_alone", SetProfileJson(m.set_alone)},
+         {"set_under_reads", SetProfileJson(m.set_mixed)}});
   }
   std::ofstream f(path);
   f << j.dump(2) << "\n";
@@ -560,6 +606,8 @@ void RunRounds(const StorageBenchOptions& o, StorageBaseline baseline, const Pag
     Append(result->set_under_get, r->set_under_get);
     result->get_alone.Add(r->get_alone);
     result->get_mixed.Add(r->get_mixed);
+    result->set_alone.Add(r->set_alone);
+    result->set_mixed.Add(r->set_mixed);
     if (!r->check_ok && result->check_ok) {
       result->check_ok = false;
       result->note = r->note;
@@ -607,6 +655,8 @@ KindSummary AddKindRows(const PageKind& kind, int64_t n, int64_t page_bytes, con
   summary.stats = stats;
   summary.get_alone = result.get_alone;
   summary.get_mixed = result.get_mixed;
+  summary.set_alone = result.set_alone;
+  summary.set_mixed = result.set_mixed;
   for (const char* op : {"set", "exists", "get", "get/w", "set/r"}) {
     const std::string op_name = op;
     const bool mixed = op_name == "get/w" || op_name == "set/r";
@@ -678,8 +728,12 @@ void PrintSummaries(std::FILE* out, const std::vector<KindSummary>& summaries, i
                    Ratio(m.get_gbps, m.read_ceiling_gbps), m.get_under_set_gbps,
                    Ratio(m.get_under_set_gbps, m.read_ceiling_gbps));
     }
-    const StorageStats& st = m.stats;
-    if (st.set_profiled_pages > 0 && st.set_calls > 0) {
+    // A Set alone and under reads: per call, its time queued; per profiled page, its phases;
+    // the threads on the pass's pages on average (of the writers' share: io_threads alone, a
+    // quarter while reads run), so a Set short of threads is told from one with slower pages.
+    auto set_line = [&](const char* what, const SetProfile& p) {
+      const StorageStats& st = p.delta;
+      if (st.set_profiled_pages <= 0 || st.set_calls <= 0) return;
       const double pages = static_cast<double>(st.set_profiled_pages);
       auto ms = [&](double seconds) { return 1e3 * seconds / pages; };
       const double phases = st.set_open_seconds + st.set_copy_seconds + st.set_hash_seconds +
@@ -687,19 +741,22 @@ void PrintSummaries(std::FILE* out, const std::vector<KindSummary>& summaries, i
                             st.set_index_seconds + st.set_unlink_seconds;
       std::fprintf(
           out,
-          "%-7s a Set: %.2f ms queued per call (%lld calls); per page (ms, %lld pages, %.1f "
-          "threads on a call's pages): open %.3f, copy %.3f, checksum %.3f, write %.3f, fsync "
-          "%.3f, stamp+rename %.3f, index %.3f, unlink %.3f; the phases are %.0f %% of the pages' "
-          "time in the "
-          "hook; %.2f GB/s a writer thread (%d I/O threads)\n",
-          m.kind.c_str(), 1e3 * st.set_queue_seconds / static_cast<double>(st.set_calls),
+          "%-7s a Set %s: %.2f ms queued per call (%lld calls); per page (ms, %lld pages, %.1f "
+          "threads on a call's pages, %.1f on the pass's pages of %d I/O threads): open %.3f, "
+          "copy %.3f, checksum %.3f, write %.3f, fsync %.3f, stamp+rename %.3f, index %.3f, unlink "
+          "%.3f; the phases are %.0f %% of the pages' time in the hook; %.2f GB/s a writer "
+          "thread\n",
+          m.kind.c_str(), what, 1e3 * st.set_queue_seconds / static_cast<double>(st.set_calls),
           static_cast<long long>(st.set_calls), static_cast<long long>(st.set_profiled_pages),
-          st.set_seconds > 0 ? st.set_page_seconds / st.set_seconds : 0.0, ms(st.set_open_seconds),
-          ms(st.set_copy_seconds), ms(st.set_hash_seconds), ms(st.set_write_seconds),
-          ms(st.set_sync_seconds), ms(st.set_publish_seconds), ms(st.set_index_seconds),
-          ms(st.set_unlink_seconds), Ratio(phases, st.set_page_seconds),
-          phases > 0 ? pages * static_cast<double>(m.page_bytes) / phases / 1e9 : 0.0, io_threads);
-    }
+          st.set_seconds > 0 ? st.set_page_seconds / st.set_seconds : 0.0,
+          p.pass_seconds > 0 ? st.set_page_seconds / p.pass_seconds : 0.0, io_threads,
+          ms(st.set_open_seconds), ms(st.set_copy_seconds), ms(st.set_hash_seconds),
+          ms(st.set_write_seconds), ms(st.set_sync_seconds), ms(st.set_publish_seconds),
+          ms(st.set_index_seconds), ms(st.set_unlink_seconds), Ratio(phases, st.set_page_seconds),
+          phases > 0 ? pages * static_cast<double>(m.page_bytes) / phases / 1e9 : 0.0);
+    };
+    set_line("alone", m.set_alone);
+    set_line("under reads", m.set_mixed);
     // A Get alone and under writes: per call, its time queued (behind other calls: the writes
     // hold no reader thread, so this is reads behind reads), held behind a write of its keys, and
     // inside the hook, and the threads on its pages.
