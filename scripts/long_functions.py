@@ -4,13 +4,15 @@ python/src (issue 39: none without a reason in its comment), longest first.
 
     scripts/long_functions.py [N] [FOLDER...]
 
-Reads clang-formatted C++ as text: a definition is a line at indentation 0 or 2 that ends in '{'
-and whose signature (back to the previous ';', '{', '}', blank or comment line) has a '(' and is
-not a control statement, a class or an initializer; its body ends at the next '}' at the same
-indentation. Lambdas inside a function count in that function. A function whose comment (the
-lines just above it) says "long:" and why is listed with that reason. Prints "LINES FILE:LINE
-NAME"; exit code 0 (a listing, not a check).
+Reads clang-formatted C++ as text: a definition is a line that ends in '{' whose signature (back to
+the previous ';', '{', '}', blank, comment or access-specifier line) starts at indentation 0 or 2 (a
+wrapped signature's last line is indented further), has a '(' and is not a control statement, a
+class or an initializer; its body ends at the next '}' at the signature's indentation. Python files
+(.py) are measured from their syntax tree. Lambdas inside a function count in that function. A
+function whose comment (the lines just above it) says "long:" and why is listed with that reason.
+Prints "LINES FILE:LINE NAME"; exit code 0 (a listing, not a check).
 """
+import ast
 import glob
 import re
 import sys
@@ -22,13 +24,15 @@ def functions(path):
     lines = open(path, encoding="utf-8").read().split("\n")
     i = 0
     while i < len(lines):
-        m = re.match(r"^( *)(\S.*)\{$", lines[i])
-        if m and len(m.group(1)) <= 2:
-            indent, start = m.group(1), i
+        if lines[i].endswith("{"):
+            start = i
             signature = lines[i]
-            while start > 0 and not re.search(r"[;{}]\s*$|^\s*$|^\s*//", lines[start - 1]):
+            while start > 0 and not re.search(r"[;{}]\s*$|^\s*$|^\s*//|^\s*(public|protected|private):",
+                                                 lines[start - 1]):
                 start -= 1
                 signature = lines[start] + " " + signature
+            indent = re.match(r"^( *)", lines[start]).group(1)
+        if lines[i].endswith("{") and len(indent) <= 2:
             if "(" in signature and not CONTROL.match(signature) and \
                     "=" not in signature.split("(")[0]:
                 end = i + 1
@@ -47,14 +51,25 @@ def functions(path):
         i += 1
 
 
+def python_functions(path):
+    """The same for a Python file, from its syntax tree (a reason after "long:" in the
+    docstring)."""
+    for node in ast.walk(ast.parse(open(path, encoding="utf-8").read(), path)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            doc = ast.get_docstring(node) or ""
+            reason = " ".join(doc[doc.find("long:"):].split()) if "long:" in doc else ""
+            yield node.end_lineno - node.lineno + 1, node.lineno, node.name, reason
+
+
 def main():
     limit = int(sys.argv[1]) if len(sys.argv) > 1 else 100
     folders = sys.argv[2:] or ["tools", "python/src"]
     rows = []
     for folder in folders:
-        for ext in ("cc", "h", "cu"):
+        for ext in ("cc", "h", "cu", "cuh", "cc.in", "py"):
             for path in glob.glob("%s/**/*.%s" % (folder, ext), recursive=True):
-                for n, line, name, reason in functions(path):
+                read = python_functions if ext == "py" else functions
+                for n, line, name, reason in read(path):
                     if n > limit:
                         rows.append((n, path, line, name, reason))
     for n, path, line, name, reason in sorted(rows, reverse=True):

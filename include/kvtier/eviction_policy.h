@@ -46,6 +46,7 @@ class EvictionPolicy {
 };
 
 enum class EvictionPolicyKind : uint8_t { kLru = 0, kLfu = 1, kFifo = 2, kPriority = 3 };
+inline constexpr int kNumEvictionPolicies = static_cast<int>(EvictionPolicyKind::kPriority) + 1;
 
 // "lru", "lfu", "fifo", "priority".
 const char* EvictionPolicyName(EvictionPolicyKind kind);

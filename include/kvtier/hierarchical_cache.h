@@ -126,12 +126,14 @@ namespace kvtier {
 class SharedHostPool;  // kvtier/shared_host_pool.h
 
 enum class WritePolicy : uint8_t { kWriteThrough = 0, kWriteThroughSelective = 1, kWriteBack = 2 };
+inline constexpr int kNumWritePolicies = static_cast<int>(WritePolicy::kWriteBack) + 1;
 // "write_through", "write_through_selective", "write_back".
 const char* WritePolicyName(WritePolicy policy);
 Result<WritePolicy> ParseWritePolicy(std::string_view name);
 
 // How a prefetch ends when the engine asks for its result (SGLang's hicache prefetch policies).
 enum class PrefetchPolicy : uint8_t { kBestEffort = 0, kWaitComplete = 1, kTimeout = 2 };
+inline constexpr int kNumPrefetchPolicies = static_cast<int>(PrefetchPolicy::kTimeout) + 1;
 // "best_effort", "wait_complete", "timeout".
 const char* PrefetchPolicyName(PrefetchPolicy policy);
 Result<PrefetchPolicy> ParsePrefetchPolicy(std::string_view name);
@@ -163,6 +165,7 @@ const char* CacheTierName(CacheTier tier);
 // timed out, failed, store refused). A path refused or dropped is offered again by the next Match
 // that hits it in host memory.
 enum class StorageAdmission : uint8_t { kAll = 0, kHits = 1, kFrequency = 2 };
+inline constexpr int kNumStorageAdmissions = static_cast<int>(StorageAdmission::kFrequency) + 1;
 // "all", "hits", "frequency".
 const char* StorageAdmissionName(StorageAdmission admission);
 Result<StorageAdmission> ParseStorageAdmission(std::string_view name);

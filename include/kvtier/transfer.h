@@ -154,6 +154,7 @@ struct TransferOptions {
 };
 
 enum class TransferBackend : uint8_t { kCpu = 0, kKernel = 1, kDma = 2, kAuto = 3 };
+inline constexpr int kNumTransferBackends = static_cast<int>(TransferBackend::kAuto) + 1;
 const char* TransferBackendName(TransferBackend backend);
 Result<TransferBackend> ParseTransferBackend(std::string_view name);
 

@@ -78,7 +78,8 @@ const ConfigSchema<StorageAdmissionConfig>& StorageAdmissionConfigSchema() {
   static const ConfigSchema<StorageAdmissionConfig> schema = [] {
     using A = StorageAdmissionConfig;
     ConfigSchema<A> s;
-    s.push_back(ChoiceField<A>("policy", Member(&A::policy), 3, StorageAdmissionName,
+    s.push_back(ChoiceField<A>("policy", Member(&A::policy), kNumStorageAdmissions,
+                               StorageAdmissionName,
                                "which host pages are written to storage: all, hits (node hit "
                                "count >= threshold), frequency (sketch count >= threshold, or "
                                "any while the backlog has room)"));
@@ -160,15 +161,16 @@ ConfigSchema<HierarchicalCacheConfig> BuildSchema() {
                           "page_head: heads per slot; 0 = the device region's"));
   s.push_back(BoolField<C>("host_huge_pages", Member(&C::host_huge_pages),
                            "back the host pool with huge pages"));
-  s.push_back(ChoiceField<C>("write_policy", Member(&C::write_policy), 3, WritePolicyName,
+  s.push_back(ChoiceField<C>("write_policy", Member(&C::write_policy), kNumWritePolicies,
+                             WritePolicyName,
                              "when device pages are backed up to host and storage"));
   s.push_back(IntField<C>("write_through_threshold", Member(&C::write_through_threshold), 1,
                           "write_through_selective: hits before a backup"));
-  s.push_back(ChoiceField<C>("device_eviction", Member(&C::device_eviction), 4, EvictionPolicyName,
-                             "eviction order of the device tier"));
-  s.push_back(ChoiceField<C>("host_eviction", Member(&C::host_eviction), 4, EvictionPolicyName,
-                             "eviction order of the host tier"));
-  s.push_back(ChoiceField<C>("transfer_backend", Member(&C::transfer_backend), 4,
+  s.push_back(ChoiceField<C>("device_eviction", Member(&C::device_eviction), kNumEvictionPolicies,
+                             EvictionPolicyName, "eviction order of the device tier"));
+  s.push_back(ChoiceField<C>("host_eviction", Member(&C::host_eviction), kNumEvictionPolicies,
+                             EvictionPolicyName, "eviction order of the host tier"));
+  s.push_back(ChoiceField<C>("transfer_backend", Member(&C::transfer_backend), kNumTransferBackends,
                              TransferBackendName, "copy backend between device and host"));
   AppendPart(s, TransferEngineConfigSchema(), &C::transfer);
   s.push_back(IntField<C>("backup_threads", Member(&C::backup_threads), 0, 64,
@@ -200,8 +202,9 @@ ConfigSchema<HierarchicalCacheConfig> BuildSchema() {
   // storage_io_threads, storage_max_queued_batches, storage_timeout_ms, storage_max_batch_pages,
   // storage_min_free_bytes.
   AppendPart(s, StorageOptionsSchema(), Member(&C::storage, &S::options), "storage_");
-  s.push_back(ChoiceField<C>("prefetch_policy", Member(&C::storage, &S::prefetch_policy), 3,
-                             PrefetchPolicyName, "how a prefetch ends by default"));
+  s.push_back(ChoiceField<C>("prefetch_policy", Member(&C::storage, &S::prefetch_policy),
+                             kNumPrefetchPolicies, PrefetchPolicyName,
+                             "how a prefetch ends by default"));
   s.push_back(IntField<C>("prefetch_threshold_tokens",
                           Member(&C::storage, &S::prefetch_threshold_tokens), 0,
                           "prefetches of fewer tokens do nothing"));

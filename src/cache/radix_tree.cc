@@ -147,6 +147,19 @@ RadixNode* RadixTree::NewNode(RadixNode* parent) {
   return node;
 }
 
+RadixNode* RadixTree::AddLeaf(RadixNode* parent, std::span<const Token> tokens,
+                              std::span<const PageKey> keys) {
+  RadixNode* leaf = NewNode(parent);
+  leaf->tokens_.assign(tokens.begin(), tokens.end());
+  FitTokens(leaf);
+  leaf->prefix_tokens_ = parent->prefix_tokens_ + static_cast<int64_t>(tokens.size());
+  leaf->created_ = leaf->last_access_ = ++clock_;
+  leaf->child_key_ = PageHash(tokens.first(static_cast<size_t>(page_size_)));
+  leaf->keys_.assign(keys.begin(), keys.end());
+  parent->children_.Insert(leaf->child_key_, leaf);
+  return leaf;
+}
+
 RadixNode* RadixTree::Split(RadixNode* lower, int64_t k) {
   Account(lower, -1);
   RadixNode* parent = lower->parent_;
@@ -262,15 +275,11 @@ void RadixTree::Insert(std::string_view ns, std::span<const Token> tokens,
   while (pos < n) {
     RadixNode* child = FindChild(node, tokens.subspan(pos, page_size_));
     if (child == nullptr) {
-      RadixNode* leaf = NewNode(node);
-      leaf->tokens_.assign(tokens.begin() + pos, tokens.end());
-      FitTokens(leaf);
-      leaf->prefix_tokens_ = node->prefix_tokens_ + (n - pos);
+      RadixNode* leaf =
+          AddLeaf(node, tokens.subspan(pos),
+                  keys.empty() ? std::span<const PageKey>()
+                               : keys.subspan(pos / page_size_, n / page_size_ - pos / page_size_));
       leaf->hit_count_ = 1;
-      leaf->created_ = leaf->last_access_ = ++clock_;
-      leaf->child_key_ = PageHash(tokens.subspan(pos, page_size_));
-      if (!keys.empty()) leaf->keys_ = keys_of(pos, n);
-      node->children_.Insert(leaf->child_key_, leaf);
       SetDevicePages(
           leaf, std::vector<int64_t>(device_pages.begin() + pos / page_size_, device_pages.end()));
       if (segments) segments->push_back({leaf, pos, n, SegmentKind::kNew});
@@ -300,14 +309,7 @@ RadixNode* RadixTree::AddStored(RadixNode* from, std::string_view ns, std::span<
   while (pos < n) {
     RadixNode* child = FindChild(node, tokens.subspan(pos, page_size_));
     if (child == nullptr) {
-      RadixNode* leaf = NewNode(node);
-      leaf->tokens_.assign(tokens.begin() + pos, tokens.end());
-      FitTokens(leaf);
-      leaf->prefix_tokens_ = node->prefix_tokens_ + (n - pos);
-      leaf->created_ = leaf->last_access_ = ++clock_;
-      leaf->child_key_ = PageHash(tokens.subspan(pos, page_size_));
-      leaf->keys_.assign(keys.begin() + pos / page_size_, keys.end());
-      node->children_.Insert(leaf->child_key_, leaf);
+      RadixNode* leaf = AddLeaf(node, tokens.subspan(pos), keys.subspan(pos / page_size_));
       SetStored(leaf, true);
       return leaf;
     }
@@ -328,14 +330,7 @@ RadixNode* RadixTree::AddHostLeaf(RadixNode* from, std::string_view ns,
                                   std::vector<int64_t> host_pages) {
   RadixNode* node = from != nullptr ? from : Root(ns, /*create=*/true);
   if (FindChild(node, tokens.first(static_cast<size_t>(page_size_))) != nullptr) return nullptr;
-  RadixNode* leaf = NewNode(node);
-  leaf->tokens_.assign(tokens.begin(), tokens.end());
-  FitTokens(leaf);
-  leaf->prefix_tokens_ = node->prefix_tokens_ + static_cast<int64_t>(tokens.size());
-  leaf->created_ = leaf->last_access_ = ++clock_;
-  leaf->child_key_ = PageHash(tokens.first(static_cast<size_t>(page_size_)));
-  leaf->keys_.assign(keys.begin(), keys.end());
-  node->children_.Insert(leaf->child_key_, leaf);
+  RadixNode* leaf = AddLeaf(node, tokens, keys);
   SetHostPages(leaf, std::move(host_pages));
   return leaf;
 }

@@ -345,6 +345,10 @@ class RadixTree {
   // Splits `node` after `k` tokens (0 < k < size, page aligned); returns the new upper node.
   RadixNode* Split(RadixNode* node, int64_t k);
   RadixNode* NewNode(RadixNode* parent);
+  // A new leaf under `parent` holding `tokens` (at least one page) and the page keys `keys` (or
+  // none), linked as the child of its first page; the caller gives it its tier and counts.
+  RadixNode* AddLeaf(RadixNode* parent, std::span<const Token> tokens,
+                     std::span<const PageKey> keys);
   // Keeps a removed node for reuse (its token buffer stays allocated) or deletes it.
   void Recycle(std::unique_ptr<RadixNode> node);
   static void FitTokens(RadixNode* node);

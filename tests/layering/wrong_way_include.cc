@@ -4,6 +4,22 @@
 // includes below switched on. Each KVTIER_PROBE_<MODULE>_<WHAT> names a header that module may
 // not see, so the build must fail with "No such file" for it; the *_ALLOWED ones must compile.
 //
+// storage_api (page keys, namespaces, the StorageBackend interface; above util and layout;
+// transfer, the stores and pool are not below it):
+#if defined(KVTIER_PROBE_STORAGE_API_TRANSFER)
+#include "kvtier/transfer.h"  // transfer: a page key needs the layout, not the engines
+#endif
+#if defined(KVTIER_PROBE_STORAGE_API_STORES)
+#include "kvtier/storage.h"  // the stores and OpenStorage implement the interface, above it
+#endif
+#if defined(KVTIER_PROBE_STORAGE_API_POOL)
+#include "kvtier/host_pool.h"  // pool (and its shm:// store) is above storage_api
+#endif
+#if defined(KVTIER_PROBE_STORAGE_API_ALLOWED)
+#include "kvtier/layout.h"    // layout is below storage_api
+#include "kvtier/page_key.h"  // its own
+#include "util/log.h"         // util offers it to the modules above
+#endif
 // storage (above util, layout, storage_api; beside transfer and pool):
 #if defined(KVTIER_PROBE_STORAGE_INTERNAL)
 #include "cache/radix_tree.h"  // cache's internal header: cache is above storage
@@ -13,6 +29,9 @@
 #endif
 #if defined(KVTIER_PROBE_STORAGE_BESIDE)
 #include "kvtier/transfer.h"  // transfer is beside storage, not below it
+#endif
+#if defined(KVTIER_PROBE_STORAGE_STAGING)
+#include "pool/page_staging.h"  // a host pool's pages to a store: pool's, above the stores' interface
 #endif
 #if defined(KVTIER_PROBE_STORAGE_ALLOWED)
 #include "kvtier/layout.h"           // layout is below storage

@@ -107,6 +107,148 @@ bool OnThreads(int threads, int64_t count, const std::function<bool(int64_t)>& f
   return ok;
 }
 
+// The file baseline's pages as plain files in `dir` (FileBaseline below says what a write and a
+// read do and why): page i's file, in one of 256 shard directories as the store's (a directory's
+// entries change under its lock: 4 threads creating and renaming in one directory wait for each
+// other, which made the ceiling at 512 KiB pages half the store's Set on the build box); the
+// older files a write pass swapped out, unlinked after its clock (Publish). Write and Read may
+// run on several threads at once.
+class FileBaselinePages {
+ public:
+  FileBaselinePages(const std::string& dir, const PageSet& src, PageSet& dst, bool direct,
+                    bool sync, bool checked)
+      : dir_(dir), src_(src), dst_(dst), direct_(direct), sync_(sync), checked_(checked) {
+    for (int64_t i = 0; checked && i < src.count; ++i) {
+      digests_.push_back(XXH3_64bits(src.page(i).data(), static_cast<size_t>(src.page_bytes)));
+    }
+  }
+
+  // The shard directories, made when missing.
+  Status MakeShards() const {
+    for (int64_t shard = 0; shard < std::min<int64_t>(src_.count, 256); ++shard) {
+      const std::string d = fmt::format("{}/{:02x}", dir_, shard);
+      if (::mkdir(d.c_str(), 0700) != 0 && errno != EEXIST) {
+        return Status::IOError(fmt::format("baseline: mkdir {}: {}", d, std::strerror(errno)));
+      }
+    }
+    return Status::OK();
+  }
+
+  // One timed pass over every page (`write`: Write, else Read) on `threads` threads, or on one
+  // batch by batch with each batch's time; its round time into `t`. A read pass of a `cold`
+  // baseline drops the files from the page cache first (Unavailable where it keeps them); a
+  // write pass starts after WriteBackDirtyPages. IOError with errno's text when a page fails.
+  Status TimePass(bool write, int threads, int64_t batch_pages, bool cold, OpTimes& t) {
+    const std::function<bool(int64_t)> one = [this, write](int64_t i) {
+      return write ? Write(i) : Read(i);
+    };
+    for (int64_t i = 0; cold && !write && i < src_.count; ++i) {
+      if (!DropFromPageCache(PagePath(i), src_.page_bytes)) {
+        return Status::Unavailable(fmt::format(
+            "the page cache kept the files in {} after POSIX_FADV_DONTNEED (tmpfs?)", dir_));
+      }
+    }
+    if (write && !WriteBackDirtyPages(dir_)) {
+      return Status::IOError(
+          fmt::format("baseline: syncfs of {} before the writes: {}", dir_, std::strerror(errno)));
+    }
+    const auto round_start = Clock::now();
+    bool ok = true;
+    if (threads > 1) {
+      ok = OnThreads(threads, src_.count, one);
+    } else {
+      for (int64_t first = 0; ok && first < src_.count; first += batch_pages) {
+        const auto t0 = Clock::now();
+        for (int64_t i = first; ok && i < std::min(src_.count, first + batch_pages); ++i) {
+          ok = one(i);
+        }
+        t.batch_ms.push_back(Seconds(t0, Clock::now()) * 1e3);
+      }
+    }
+    if (!ok) {
+      return Status::IOError(fmt::format("baseline {} in {}: {}", write ? "write" : "read", dir_,
+                                         std::strerror(errno)));
+    }
+    t.round_seconds.push_back(Seconds(round_start, Clock::now()));
+    for (const std::string& old : replaced_) {  // after the clock: see Publish
+      if (::unlink(old.c_str()) != 0 && errno != ENOENT) {
+        return Status::IOError(fmt::format("baseline: unlink {}: {}", old, std::strerror(errno)));
+      }
+    }
+    replaced_.clear();
+    return Status::OK();
+  }
+
+  // The pages read whose XXH3 differed from their source's since the last call (checked only).
+  int64_t TakeMismatched() { return mismatched_.exchange(0); }
+
+ private:
+  std::string PagePath(int64_t i) const { return fmt::format("{}/{:02x}/{}", dir_, i % 256, i); }
+
+  // A file laid out as the store's: the payload from kPayloadOffset, a header's bytes at 0 (a
+  // direct write: the whole first block); with `sync` (an fsync=1 store) fdatasync before the
+  // rename and the shard directory fsynced after it, as the store does.
+  bool Write(int64_t i) {
+    alignas(kPayloadOffset) static const std::byte header[kPayloadOffset] = {};
+    static const timespec kNow[2] = {{0, UTIME_OMIT}, {0, UTIME_NOW}};
+    const size_t n = static_cast<size_t>(src_.page_bytes);
+    const std::string path = PagePath(i);
+    const std::string temp = fmt::format("{}.{}.tmp", path, temp_counter_.fetch_add(1));
+    const int fd =
+        ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | DirectFlag(), 0600);
+    bool ok = fd >= 0 && WriteWhole(fd, src_.page(i).data(), n, kPayloadOffset) &&
+              WriteWhole(fd, header, direct_ ? kPayloadOffset : kHeaderBytes, 0) &&
+              (!sync_ || ::fdatasync(fd) == 0) && ::futimens(fd, kNow) == 0;
+    if (fd >= 0) ::close(fd);
+    if (!ok && fd >= 0) ::unlink(temp.c_str());
+    ok = ok && Publish(temp, path, replaced_mu_, replaced_);
+    if (ok && sync_) {  // the page's shard directory, as the store fsyncs it
+      const int shard_fd =
+          ::open(path.substr(0, path.rfind('/')).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+      ok = shard_fd >= 0 && ::fsync(shard_fd) == 0;
+      if (shard_fd >= 0) ::close(shard_fd);
+    }
+    return ok;
+  }
+
+  // The page's payload read into its destination; `checked`: in 256 KiB chunks, each hashed as
+  // it lands, the digest compared with the source's (a mismatch counted, not a failure).
+  bool Read(int64_t i) {
+    const size_t n = static_cast<size_t>(src_.page_bytes);
+    const int fd = ::open(PagePath(i).c_str(), O_RDONLY | O_CLOEXEC | DirectFlag());
+    bool ok = fd >= 0;
+    if (ok && !checked_) ok = ReadWhole(fd, dst_.page(i).data(), n, kPayloadOffset);
+    if (ok && checked_) {
+      constexpr size_t kChunk = size_t{256} << 10;
+      XXH3_state_t state;
+      XXH3_INITSTATE(&state);
+      XXH3_64bits_reset(&state);
+      std::byte* to = dst_.page(i).data();
+      for (size_t at = 0; ok && at < n; at += kChunk) {
+        const size_t len = std::min(kChunk, n - at);
+        ok = ::pread(fd, to + at, len, static_cast<off_t>(kPayloadOffset + at)) ==
+             static_cast<ssize_t>(len);
+        if (ok) XXH3_64bits_update(&state, to + at, len);
+      }
+      if (ok && XXH3_64bits_digest(&state) != digests_[static_cast<size_t>(i)]) ++mismatched_;
+    }
+    if (fd >= 0) ::close(fd);
+    return ok;
+  }
+
+  int DirectFlag() const { return direct_ ? O_DIRECT : 0; }
+
+  const std::string& dir_;
+  const PageSet& src_;
+  PageSet& dst_;
+  const bool direct_, sync_, checked_;
+  std::vector<uint64_t> digests_;  // checked: each source page's XXH3, computed before the clock
+  std::atomic<int64_t> temp_counter_{0};
+  std::atomic<int64_t> mismatched_{0};
+  std::mutex replaced_mu_;
+  std::vector<std::string> replaced_;  // older files swapped out by a write pass (Publish)
+};
+
 // file://: the same pages as plain files in `dir`, a directory beside the store, written with
 // open+pwrite+close+rename and read with open+pread+close, on `threads` threads each taking the
 // next page (on one thread batch by batch, for its batch times). A write does what the file
@@ -132,121 +274,21 @@ Result<Baseline> FileBaseline(const std::string& dir, const PageSet& src, PageSe
                               int64_t batch_pages, int repeats, int threads, bool direct, bool sync,
                               bool cold = false, bool checked = false) {
   Baseline b;
-  alignas(kPayloadOffset) static const std::byte header[kPayloadOffset] = {};
   b.name = fmt::format("{} thread{} {}{}{}{}", threads, threads == 1 ? "" : "s",
                        direct ? "O_DIRECT" : "plain", sync ? " fsync" : "", cold ? " cold" : "",
                        checked ? " + XXH3" : "");
   if (cold) b.note = "fdatasync + POSIX_FADV_DONTNEED before each read pass: from the disk";
-  std::vector<uint64_t> digests;  // checked: each source page's XXH3, computed before the clock
-  for (int64_t i = 0; checked && i < src.count; ++i) {
-    digests.push_back(XXH3_64bits(src.page(i).data(), static_cast<size_t>(src.page_bytes)));
-  }
-  const int direct_flag = direct ? O_DIRECT : 0;
-  const size_t n = static_cast<size_t>(src.page_bytes);
-  // A file laid out as the store's: the payload from kPayloadOffset, a header's bytes at 0 (a
-  // direct write: the whole first block); with `sync` (an fsync=1 store) fdatasync before the
-  // rename and the shard directory fsynced after it, as the store does.
-  // Page i's file, in one of 256 shard directories as the store's (a directory's entries change
-  // under its lock: 4 threads creating and renaming in one directory wait for each other, which
-  // made the ceiling at 512 KiB pages half the store's Set on the build box).
-  auto page_path = [&dir](int64_t i) { return fmt::format("{}/{:02x}/{}", dir, i % 256, i); };
-  for (int64_t shard = 0; shard < std::min<int64_t>(src.count, 256); ++shard) {
-    const std::string d = fmt::format("{}/{:02x}", dir, shard);
-    if (::mkdir(d.c_str(), 0700) != 0 && errno != EEXIST) {
-      return Status::IOError(fmt::format("baseline: mkdir {}: {}", d, std::strerror(errno)));
-    }
-  }
-  std::atomic<int64_t> temp_counter{0};
-  std::mutex replaced_mu;
-  std::vector<std::string> replaced;  // older files swapped out by a write pass (Publish)
-  std::function<bool(int64_t)> write_one = [&](int64_t i) {
-    const std::string path = page_path(i);
-    const std::string temp = fmt::format("{}.{}.tmp", path, temp_counter.fetch_add(1));
-    const int fd =
-        ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | direct_flag, 0600);
-    static const timespec kNow[2] = {{0, UTIME_OMIT}, {0, UTIME_NOW}};
-    bool ok = fd >= 0 && WriteWhole(fd, src.page(i).data(), n, kPayloadOffset) &&
-              WriteWhole(fd, header, direct ? kPayloadOffset : kHeaderBytes, 0) &&
-              (!sync || ::fdatasync(fd) == 0) && ::futimens(fd, kNow) == 0;
-    if (fd >= 0) ::close(fd);
-    if (!ok && fd >= 0) ::unlink(temp.c_str());
-    ok = ok && Publish(temp, path, replaced_mu, replaced);
-    if (ok && sync) {  // the page's shard directory, as the store fsyncs it
-      const int shard_fd =
-          ::open(path.substr(0, path.rfind('/')).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-      ok = shard_fd >= 0 && ::fsync(shard_fd) == 0;
-      if (shard_fd >= 0) ::close(shard_fd);
-    }
-    return ok;
-  };
-  std::atomic<int64_t> mismatched{0};
-  std::function<bool(int64_t)> read_one = [&](int64_t i) {
-    const std::string path = page_path(i);
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | direct_flag);
-    bool ok = fd >= 0;
-    if (ok && !checked) ok = ReadWhole(fd, dst.page(i).data(), n, kPayloadOffset);
-    if (ok && checked) {
-      constexpr size_t kChunk = size_t{256} << 10;
-      XXH3_state_t state;
-      XXH3_INITSTATE(&state);
-      XXH3_64bits_reset(&state);
-      std::byte* to = dst.page(i).data();
-      for (size_t at = 0; ok && at < n; at += kChunk) {
-        const size_t len = std::min(kChunk, n - at);
-        ok = ::pread(fd, to + at, len, static_cast<off_t>(kPayloadOffset + at)) ==
-             static_cast<ssize_t>(len);
-        if (ok) XXH3_64bits_update(&state, to + at, len);
-      }
-      if (ok && XXH3_64bits_digest(&state) != digests[static_cast<size_t>(i)]) ++mismatched;
-    }
-    if (fd >= 0) ::close(fd);
-    return ok;
-  };
+  FileBaselinePages files(dir, src, dst, direct, sync, checked);
+  KVTIER_RETURN_IF_ERROR(files.MakeShards());
   for (int round = 0; round < repeats; ++round) {
-    for (int pass = 0; pass < 2; ++pass) {
-      OpTimes& t = pass == 0 ? b.set : b.get;
-      const auto& one = pass == 0 ? write_one : read_one;
-      if (pass == 1) dst.Poison();
-      for (int64_t i = 0; cold && pass == 1 && i < src.count; ++i) {
-        if (!DropFromPageCache(page_path(i), src.page_bytes)) {
-          return Status::Unavailable(fmt::format(
-              "the page cache kept the files in {} after POSIX_FADV_DONTNEED (tmpfs?)", dir));
-        }
-      }
-      if (pass == 0 && !WriteBackDirtyPages(dir)) {
-        return Status::IOError(
-            fmt::format("baseline: syncfs of {} before the writes: {}", dir, std::strerror(errno)));
-      }
-      const auto round_start = Clock::now();
-      bool ok = true;
-      if (threads > 1) {
-        ok = OnThreads(threads, src.count, one);
-      } else {
-        for (int64_t first = 0; ok && first < src.count; first += batch_pages) {
-          const auto t0 = Clock::now();
-          for (int64_t i = first; ok && i < std::min(src.count, first + batch_pages); ++i) {
-            ok = one(i);
-          }
-          t.batch_ms.push_back(Seconds(t0, Clock::now()) * 1e3);
-        }
-      }
-      if (!ok) {
-        return Status::IOError(fmt::format("baseline {} in {}: {}", pass == 0 ? "write" : "read",
-                                           dir, std::strerror(errno)));
-      }
-      t.round_seconds.push_back(Seconds(round_start, Clock::now()));
-      for (const std::string& old : replaced) {  // after the clock: see Publish
-        if (::unlink(old.c_str()) != 0 && errno != ENOENT) {
-          return Status::IOError(fmt::format("baseline: unlink {}: {}", old, std::strerror(errno)));
-        }
-      }
-      replaced.clear();
-    }
+    KVTIER_RETURN_IF_ERROR(files.TimePass(/*write=*/true, threads, batch_pages, cold, b.set));
+    dst.Poison();
+    KVTIER_RETURN_IF_ERROR(files.TimePass(/*write=*/false, threads, batch_pages, cold, b.get));
     if (const int64_t bad = dst.CountDiffering(src); bad > 0) {
       b.check_ok = false;
       b.note = fmt::format("{} pages differ", bad);
     }
-    if (const int64_t bad = mismatched.exchange(0); bad > 0) {
+    if (const int64_t bad = files.TakeMismatched(); bad > 0) {
       b.check_ok = false;
       b.note = fmt::format("{} pages' XXH3 differ", bad);
     }

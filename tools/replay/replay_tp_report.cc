@@ -149,16 +149,10 @@ double TpPercentile(std::vector<double> v, double q) {
   return v[std::min(i, v.size() - 1)];
 }
 
-Result<bool> ReportTpPasses(const TpRunInfo& info, const TpPassResult& tp1, const TpPassResult& tpn,
-                            const TpPassResult* tp1_shard,
-                            const std::vector<const TpPassResult*>& own_gpu) {
-  auto same_hits = [](const TpPassResult& a, const TpPassResult& b) {
-    return a.device_hit == b.device_hit && a.host_hit == b.host_hit &&
-           a.storage_hit == b.storage_hit && a.loaded == b.loaded;
-  };
-  bool equal = same_hits(tp1, tpn) && (tp1_shard == nullptr || same_hits(tp1, *tp1_shard));
-  for (const TpPassResult* b : own_gpu) equal = equal && same_hits(tp1, *b);
-  const nlohmann::json j1 = PassJson(tp1), jn = PassJson(tpn);
+// The table of the two passes side by side: the run's line, the leader's settings, the hit,
+// TTFT, ring and decision rows, and each rank's loads (TP=1: one rank).
+void PrintPassTable(const TpRunInfo& info, const TpPassResult& tp1, const TpPassResult& tpn,
+                    const nlohmann::json& j1, const nlohmann::json& jn) {
   std::printf(
       "kvtier replay --tp %d: %s, %lld requests (after %lld warm-up), model %s (%s), "
       "%s device pools, io %s, storage %s\n",
@@ -225,7 +219,12 @@ Result<bool> ReportTpPasses(const TpRunInfo& info, const TpPassResult& tp1, cons
                                    : fmt::format("{:.2f} ({:.0f}%)", bw / 1e9, 100 * bw / bw1);
     });
   }
-  // The baseline at equal bytes per copy: TP=1 with one rank's share of the heads.
+}
+
+// --tp-equal-bytes, MHA: the baseline at equal bytes per copy (TP=1 with one rank's share of the
+// heads), printed with each rank's load bandwidth against it; those ratios (empty without it).
+nlohmann::json PrintShardBaseline(const TpRunInfo& info, const TpPassResult& tpn,
+                                  const TpPassResult* tp1_shard) {
   const double bw1s = tp1_shard != nullptr ? LoadBandwidth(*tp1_shard, 0) : 0;
   nlohmann::json shard_ratios = nlohmann::json::array();
   if (tp1_shard != nullptr) {
@@ -242,10 +241,20 @@ Result<bool> ReportTpPasses(const TpRunInfo& info, const TpPassResult& tp1, cons
                   fmt::format("{:.0f}%", 100 * ratio).c_str());
     }
   }
-  // Each rank against TP=1 on its own GPU at its bytes per copy (--tp-equal-bytes): the
-  // aggregate (bytes / summed copy time) and the median of the copies' own GB/s.
-  nlohmann::json own_ratios = nlohmann::json::array(), own_median_ratios = nlohmann::json::array();
-  nlohmann::json own_passes = nlohmann::json::array();
+  return shard_ratios;
+}
+
+// What the own-GPU baselines put in the JSON: each rank's aggregate and median ratio, the passes.
+struct OwnGpuJson {
+  nlohmann::json ratios = nlohmann::json::array(), median_ratios = nlohmann::json::array();
+  nlohmann::json passes = nlohmann::json::array();
+};
+
+// --tp-equal-bytes: each rank against TP=1 on its own GPU at its bytes per copy, printed (the
+// aggregate, bytes / summed copy time, and the median of the copies' own GB/s).
+OwnGpuJson PrintOwnGpuBaselines(const TpRunInfo& info, const TpPassResult& tpn,
+                                const std::vector<const TpPassResult*>& own_gpu) {
+  OwnGpuJson out;
   if (!own_gpu.empty()) {
     std::printf("per rank, against TP=1 on the rank's own %s at the rank's bytes per copy:\n",
                 info.gpu ? "GPU" : "device");
@@ -281,13 +290,29 @@ Result<bool> ReportTpPasses(const TpRunInfo& info, const TpPassResult& tp1, cons
       const double ra = agg1 > 0 ? agg / agg1 : 0, rm = med1 > 0 ? med / med1 : 0;
       std::printf("    ratio:       %.1f%% aggregate, %.1f%% median (target: within 5%%)\n",
                   100 * ra, 100 * rm);
-      own_ratios.push_back(ra);
-      own_median_ratios.push_back(rm);
+      out.ratios.push_back(ra);
+      out.median_ratios.push_back(rm);
       nlohmann::json pj = PassJson(b);
       pj["rank"] = r;
-      own_passes.push_back(std::move(pj));
+      out.passes.push_back(std::move(pj));
     }
   }
+  return out;
+}
+
+Result<bool> ReportTpPasses(const TpRunInfo& info, const TpPassResult& tp1, const TpPassResult& tpn,
+                            const TpPassResult* tp1_shard,
+                            const std::vector<const TpPassResult*>& own_gpu) {
+  auto same_hits = [](const TpPassResult& a, const TpPassResult& b) {
+    return a.device_hit == b.device_hit && a.host_hit == b.host_hit &&
+           a.storage_hit == b.storage_hit && a.loaded == b.loaded;
+  };
+  bool equal = same_hits(tp1, tpn) && (tp1_shard == nullptr || same_hits(tp1, *tp1_shard));
+  for (const TpPassResult* b : own_gpu) equal = equal && same_hits(tp1, *b);
+  const nlohmann::json j1 = PassJson(tp1), jn = PassJson(tpn);
+  PrintPassTable(info, tp1, tpn, j1, jn);
+  const nlohmann::json shard_ratios = PrintShardBaseline(info, tpn, tp1_shard);
+  const OwnGpuJson own = PrintOwnGpuBaselines(info, tpn, own_gpu);
   const double d1 = TpPercentile(tp1.decide_ms, 0.5), dn = TpPercentile(tpn.decide_ms, 0.5);
   const double c1 = TpPercentile(tp1.decide_cpu_ms, 0.5), cn = TpPercentile(tpn.decide_cpu_ms, 0.5);
   std::printf(
@@ -299,6 +324,7 @@ Result<bool> ReportTpPasses(const TpRunInfo& info, const TpPassResult& tp1, cons
       "the run)\nhit rates TP=%d vs TP=1: %s\n",
       info.tp, equal ? "equal" : "DIFFERENT");
   nlohmann::json ratios = nlohmann::json::array();  // each rank's load bandwidth / TP=1's
+  const double bw1 = LoadBandwidth(tp1, 0);
   for (size_t r = 0; r < tpn.load_seconds.size(); ++r) {
     ratios.push_back(bw1 > 0 ? LoadBandwidth(tpn, r) / bw1 : 0.0);
   }
@@ -319,9 +345,9 @@ Result<bool> ReportTpPasses(const TpRunInfo& info, const TpPassResult& tp1, cons
                           {"load_gbps_vs_tp1_shard_per_rank", shard_ratios},
                           // --tp-equal-bytes: rank r against TP=1 on rank r's GPU at its bytes
                           // per copy (aggregate, and median of per-copy GB/s); the passes.
-                          {"load_gbps_vs_own_gpu_per_rank", own_ratios},
-                          {"load_gbps_median_vs_own_gpu_per_rank", own_median_ratios},
-                          {"own_gpu_passes", own_passes},
+                          {"load_gbps_vs_own_gpu_per_rank", own.ratios},
+                          {"load_gbps_median_vs_own_gpu_per_rank", own.median_ratios},
+                          {"own_gpu_passes", own.passes},
                           {"passes", {j1, jn}}}
                .dump(2)
         << "\n";
