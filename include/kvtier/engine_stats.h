@@ -21,10 +21,13 @@ struct GpuTransferStats {
                          // the call's host time; bench reports it next to the whole call)
   int64_t copy_ops =
       0;  // dma: copy operations submitted (batch entries + 2D copies + single copies)
-  int64_t batch_calls = 0;  // dma: cudaMemcpyBatchAsync calls
-  int64_t copies_2d = 0;    // dma: cudaMemcpy2DAsync calls
-  int lanes = 1;            // dma: streams the operations were spread over (dma_engine.cc)
-  int64_t kv_merged = 0;    // dma: strided copies that carried K and V of a page at once
+  int64_t batch_calls = 0;   // dma: cudaMemcpyBatchAsync calls
+  int64_t copies_2d = 0;     // dma: cudaMemcpy2DAsync calls
+  int lanes = 1;             // dma: streams the operations were spread over (dma_engine.cc)
+  int64_t kv_merged = 0;     // dma: strided copies that carried K and V of a page at once
+  bool whole_batch = false;  // dma: the single copies went in one batch call per lane, not in
+                             // growing pieces (TransferEngineConfig::dma_batch_split; with
+                             // layer_events: for some layer)
 };
 
 // The last call's statistics when `engine` is a CUDA engine, else nullptr (always nullptr in a

@@ -158,6 +158,19 @@ inline constexpr int kNumTransferBackends = static_cast<int>(TransferBackend::kA
 const char* TransferBackendName(TransferBackend backend);
 Result<TransferBackend> ParseTransferBackend(std::string_view name);
 
+// dma: how a lane's single copies are split over cudaMemcpyBatchAsync calls (dma_engine.cc).
+//   kGrowing        pieces of dma_first_batch_piece, then twice that, ... (BatchPieces,
+//                   transfer/cuda/dma_plan.h): the copy engines start on the first piece while
+//                   the host submits the rest, but each more call costs copy-engine time.
+//   kWhole          one call per lane (SGLang's shape): the copies start only once the whole
+//                   batch is submitted.
+//   kWholeWhenBusy  kWhole when the stream still has work pending as the copies are submitted
+//                   (cudaStreamQuery: the copies could not start early anyway), else kGrowing.
+enum class DmaBatchSplit : uint8_t { kGrowing = 0, kWhole = 1, kWholeWhenBusy = 2 };
+inline constexpr int kNumDmaBatchSplits = 3;
+// "growing", "whole", "whole_when_busy".
+const char* DmaBatchSplitName(DmaBatchSplit split);
+
 struct TransferEngineConfig {
   // cpu: worker threads for large requests; 0 = hardware concurrency.
   int cpu_threads = 0;
@@ -195,6 +208,10 @@ struct TransferEngineConfig {
   // compute (cudaMemcpyFlagPreferOverlapWithCompute); the single copies' batch never does (it
   // made their submission 1.5x slower, docs/perf-notes/dma-direct-path.md).
   bool dma_overlap_hint = true;
+  // dma: the split of single copies over batch calls (DmaBatchSplit above; the H100 runs behind
+  // it: docs/perf-notes/sglang-kernels.md), and the first piece's copies where it grows.
+  DmaBatchSplit dma_batch_split = DmaBatchSplit::kGrowing;
+  int dma_first_batch_piece = 16;
   // dma: a plan of more than dma_ops_per_lane operations is split over up to dma_lanes streams
   // (the request's stream and the engine's own, joined back by events), each submitted from its
   // own thread when dma_submit_threads.

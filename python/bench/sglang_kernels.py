@@ -52,11 +52,20 @@ default stream, where kvtier would add a fence):
            TransferEngine::Transfer (the rest is argument handling), and for the direct functions
            dma, what the dma engine did in the checked call (copy_ops, batch_calls, copies_2d,
            lanes, kv_merged: _kvtier.sgl_direct_last_stats), to tell where host time goes.
-Variants (--variants, JSON rows with "variant"; the second table): right after each
-transfer_kv_all_layer_direct_lf_pf row (pool layers as views of one allocation), the same
-arguments again with kvtier's dma engine reconfigured (kvtier.ops.configure, restored after the
-row) to another copy shape, each beside SGLang's function in the same alternation as above,
---variant-repeats timed calls (at least 5) after the warm-up:
+Variants (--variants, JSON rows with "variant"; the second table): right after the rows a
+variant is for (VARIANT_ROWS), the same arguments again with kvtier's dma engine reconfigured
+(kvtier.ops.configure, restored after the row), each beside SGLang's function in the same
+alternation as above, --variant-repeats timed calls (at least 5) after the warm-up. How the
+single copies of a batch are split over cudaMemcpyBatchAsync calls (the default set; after each
+transfer_kv_per_layer_direct_pf_lf row and each separate-layers transfer_kv_all_layer_direct_lf_pf
+row, whose copies are single copies):
+  first-piece-64   growing pieces from 64 copies instead of 16 (dma_first_batch_piece=64)
+  whole-batch      one batch call per lane, SGLang's shape (dma_batch_split=whole)
+  whole-when-busy  one call per lane when the stream has work pending as the copies are
+                   submitted (held rows), growing pieces when it is idle (plain rows)
+                   (dma_batch_split=whole_when_busy)
+The all-layer backups' copy shapes (after each transfer_kv_all_layer_direct_lf_pf row whose pool
+layers are views of one allocation; decided by the H100 run at e4884d9, so only on request):
   no-overlap-hint  the strided batch without cudaMemcpyFlagPreferOverlapWithCompute
                    (dma_overlap_hint=False)
   lanes-64         the strided copies over up to 4 streams (dma_ops_per_lane=64)
@@ -64,7 +73,9 @@ row) to another copy shape, each beside SGLang's function in the same alternatio
   layer-copies     one plain copy per (page, layer, K/V), SGLang's shape, over up to 4 streams
                    (dma_stride_layers=False)
 kvtier's side is checked byte for byte in every variant row (it is a different plan); SGLang's
-call and arguments are those of the row just above, whose check it reuses.
+call and arguments are those of the row just above, whose check it reuses. JSON only, kvtier's
+side of a direct row: dma_held and dma_plain, what the dma engine did in the last held and plain
+calls (whole_batch: its single copies went in one call per lane).
 Repeats: --repeats, fewer (at least 3) where a row would take longer than --row-budget-s.
 Rows: the direct functions at pages 16 and 64 first (the issue's item), then the kernel
 functions, then the direct functions at page 1; JSON and Markdown are rewritten after every row,
@@ -105,15 +116,27 @@ FUNCTIONS = (
 )
 # Rows judged by issue 37 item 4: the page_first_direct functions.
 PAGE_FIRST_DIRECT = ("transfer_kv_per_layer_direct_pf_lf", "transfer_kv_all_layer_direct_lf_pf")
-# Other copy shapes of kvtier's all-layer backups (the module doc): name -> kvtier.ops.configure
+# Other configurations of kvtier's dma engine (the module doc): name -> kvtier.ops.configure
 # settings (TransferEngineConfig fields, include/kvtier/transfer.h).
 VARIANT_FUNCTION = "transfer_kv_all_layer_direct_lf_pf"
+LOAD_LABEL = "transfer_kv_per_layer_direct_pf_lf"
+BACKUP_LABEL = VARIANT_FUNCTION  # pool layers as views of one allocation
+SEPARATE_LABEL = "transfer_kv_all_layer_direct_lf_pf (separate layers)"
 VARIANTS = {
+    "first-piece-64": {"dma_first_batch_piece": 64},
+    "whole-batch": {"dma_batch_split": "whole"},
+    "whole-when-busy": {"dma_batch_split": "whole_when_busy"},
     "no-overlap-hint": {"dma_overlap_hint": False},
     "lanes-64": {"dma_ops_per_lane": 64},
     "kv-separate": {"dma_join_kv": False},
     "layer-copies": {"dma_stride_layers": False},
 }
+# The rows (labels) each variant is timed after: the batch splits where the copies are single
+# copies, the backup shapes where they are strided.
+BATCH_SPLIT_VARIANTS = ("first-piece-64", "whole-batch", "whole-when-busy")
+VARIANT_ROWS = {name: (LOAD_LABEL, SEPARATE_LABEL) if name in BATCH_SPLIT_VARIANTS else
+                (BACKUP_LABEL,) for name in VARIANTS}
+DEFAULT_VARIANTS = BATCH_SPLIT_VARIANTS
 # Variants that change nothing for a pool of one buffer (MLA): not run there.
 K_AND_V_VARIANTS = ("kv-separate",)
 EXIT_OK, EXIT_FAILED, EXIT_CANNOT_RUN = 0, 1, 2
@@ -152,9 +175,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--row-budget-s", type=float, default=2.0,
                    help="fewer repeats (at least 3) where a row would take longer")
     p.add_argument("--shapes", default="mha,mla")
-    p.add_argument("--variants", default=",".join(VARIANTS),
-                   help=f"comma-separated copy shapes of the all-layer backups to time beside "
-                   f"the default ({', '.join(VARIANTS)}); 'none' for none")
+    p.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
+                   help=f"comma-separated dma engine configurations to time beside the default "
+                   f"({', '.join(VARIANTS)}; default: {', '.join(DEFAULT_VARIANTS)}); 'none' for "
+                   f"none")
     p.add_argument("--variant-repeats", type=bounded_int(5, 1000), default=5,
                    help="timed calls of each side per variant row (after the warm-up)")
     p.add_argument("--functions", default="",
@@ -244,8 +268,8 @@ def main_rows(rows: list) -> list:
 
 
 def variant_rows(rows: list) -> list:
-    """The variants table's rows: each all-layer backup row of the default configuration that has
-    variants, as "default", followed by its variants, in run order."""
+    """The variants table's rows: each row of the default configuration that has variants, as
+    "default", followed by its variants, in run order."""
     out = []
     for i, r in enumerate(rows):
         if r.get("variant"):
@@ -275,19 +299,23 @@ def variant_verdict(rows: list) -> list:
 
 
 def variants_markdown(rows: list) -> list:
-    """The second table: kvtier's all-layer backups in each copy shape beside SGLang's."""
+    """The second table: kvtier's direct functions with its dma engine in other configurations,
+    each beside SGLang's."""
     table = variant_rows(rows)
     if not table:
         return []
     out = [
         "",
-        "Variants: transfer_kv_all_layer_direct_lf_pf, kvtier's dma engine in other copy shapes "
-        "(kvtier.ops.configure settings), each beside SGLang's function in its own alternation",
+        "Variants: kvtier's dma engine in other configurations (kvtier.ops.configure settings), "
+        "each beside SGLang's function in its own alternation; copies / 2D / batch calls / lanes "
+        "of the checked call (idle stream), batch calls of the last held and plain calls (whole: "
+        "one per lane)",
         "",
-        "| shape | page | tokens | variant | settings | SGLang GB/s held | kvtier GB/s held | "
-        "ratio held | SGLang GB/s plain | kvtier GB/s plain | ratio plain | kvtier host µs | "
-        "copies / 2D / batch calls / lanes | n | check SGLang / kvtier |",
-        "|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|",
+        "| shape | function | page | tokens | variant | settings | SGLang GB/s held | kvtier GB/s "
+        "held | ratio held | SGLang GB/s plain | kvtier GB/s plain | ratio plain | kvtier host µs "
+        "| copies / 2D / batch calls / lanes | batch calls held / plain | n | check SGLang / kvtier "
+        "|",
+        "|---|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---|",
     ]
     for r in table:
         s, k = r["sglang"], r["kvtier"]
@@ -295,14 +323,18 @@ def variants_markdown(rows: list) -> list:
         dma = k.get("dma") or {}
         shape_text = "—" if not dma else " / ".join(
             str(dma.get(f, "?")) for f in ("copy_ops", "copies_2d", "batch_calls", "lanes"))
+        held_text = " / ".join(
+            "—" if not k.get(key) else f"{k[key].get('batch_calls', '?')}"
+            f"{' (whole)' if k[key].get('whole_batch') else ''}" for key in ("dma_held", "dma_plain"))
         out.append(
-            f"| {r['shape']} | {r['page']} | {r['tokens']} | {r['variant']} | {settings} | "
+            f"| {r['shape']} | {r['label']} | {r['page']} | {r['tokens']} | {r['variant']} | "
+            f"{settings} | "
             f"{fmt(s.get('gbps_held'), '.2f')} | {fmt(k.get('gbps_held'), '.2f')} | "
             f"{ratio_text(r.get('ratio_held'))} | {fmt(s.get('gbps_plain'), '.2f')} | "
             f"{fmt(k.get('gbps_plain'), '.2f')} | {ratio_text(r.get('ratio_plain'))} | "
-            f"{fmt(k.get('host_us'), '.1f')} | {shape_text} | {r.get('repeats', '—')} | "
-            f"{s['check']} / {k['check']} |")
-    out += ["", "Per copy shape (ratio = kvtier / SGLang GB/s):"] + variant_verdict(table)
+            f"{fmt(k.get('host_us'), '.1f')} | {shape_text} | {held_text} | "
+            f"{r.get('repeats', '—')} | {s['check']} / {k['check']} |")
+    out += ["", "Per configuration (ratio = kvtier / SGLang GB/s):"] + variant_verdict(table)
     return out
 
 
@@ -502,12 +534,14 @@ def measure_configured(ctx, rows: list, shape, label: str, fn: str, page: int, t
             first = (str(e).splitlines() or [""])[0][:200]
             result[side]["check"] = f"ERROR {type(e).__name__}: {first}"
     timed = [side for side in sides if result[side]["check"] == "ok"]
+    last_stats = None  # what the dma engine did in kvtier's last direct call
     if "direct" in fn and "kvtier" in timed and torch.cuda.is_available():
-        from kvtier import _kvtier  # what the dma engine did in the checked call
+        from kvtier import _kvtier
 
-        last_stats = getattr(_kvtier, "sgl_direct_last_stats", None)
-        if last_stats is not None:
-            result["kvtier"]["dma"] = last_stats(torch.cuda.current_device())
+        stats_of = getattr(_kvtier, "sgl_direct_last_stats", None)
+        if stats_of is not None:
+            last_stats = lambda: stats_of(torch.cuda.current_device())  # noqa: E731
+            result["kvtier"]["dma"] = last_stats()  # the checked call
     repeats = args.repeats
     try:
         t_call = 0.0  # the slower side's warm call, submission to completion
@@ -535,7 +569,11 @@ def measure_configured(ctx, rows: list, shape, label: str, fn: str, page: int, t
         for i in range(repeats):
             for side in (timed if i % 2 == 0 else timed[::-1]):
                 held[side].append(gpu_ms(calls[side], 1, hold))
+                if side == "kvtier" and last_stats is not None:
+                    result[side]["dma_held"] = last_stats()
                 plain[side].append(gpu_ms(calls[side], 1, 0))
+                if side == "kvtier" and last_stats is not None:
+                    result[side]["dma_plain"] = last_stats()
     except Exception as e:  # noqa: BLE001 - a call that passed its check raised while timed
         torch.cuda.synchronize()
         for side in timed:
@@ -660,26 +698,28 @@ def direct_rows(ctx, rows: list, pools: Pools, page: int, rng) -> None:
         for b in range(nb):
             bits(pfd[b])[di // page, :, di % page] = 0x5A5A
 
-    measure_pair(ctx, rows, s, "transfer_kv_per_layer_direct_pf_lf",
-                 "transfer_kv_per_layer_direct_pf_lf", page, T, one_layer,
-                 (pfd, dst, si, di, layer, page), poison_rows(dst, di),
-                 lambda: [(dst[b][di_d], pfd_rows(b, si_d, layer)) for b in range(nb)], "load",
-                 2.0)
-    backup_args = (ctx, rows, s, VARIANT_FUNCTION, VARIANT_FUNCTION, page, T, all_layers,
-                   (all_dev, pfd, si, di, page), poison_pfd,
-                   lambda: [(pfd_rows(b, di_d), s.dev[b][:, si_d].transpose(0, 1))
-                            for b in range(nb)], "backup", 5.0)
-    default = measure_pair(*backup_args)
-    for variant in ctx.args.variants if default is not None else ():
-        if nb == 1 and variant in K_AND_V_VARIANTS:
-            continue
-        measure_pair(*backup_args, variant=variant, sglang_check=default["sglang"]["check"])
-    measure_pair(ctx, rows, s, "transfer_kv_all_layer_direct_lf_pf (separate layers)",
-                 "transfer_kv_all_layer_direct_lf_pf", page, T, all_layers,
-                 (separate, pfd, si, di, page), poison_pfd,
-                 lambda: [(pfd_rows(b, di_d), torch.stack([pools.separate[b][l][si_d]
-                                                         for l in range(L)], dim=1))
-                          for b in range(nb)], "backup", 5.0)
+    def with_variants(*row_args):
+        """The row in the default configuration, then again in each variant that is for it."""
+        default = measure_pair(*row_args)
+        label = row_args[3]
+        for variant in ctx.args.variants if default is not None else ():
+            if label not in VARIANT_ROWS[variant] or (nb == 1 and variant in K_AND_V_VARIANTS):
+                continue
+            measure_pair(*row_args, variant=variant, sglang_check=default["sglang"]["check"])
+
+    with_variants(ctx, rows, s, LOAD_LABEL, "transfer_kv_per_layer_direct_pf_lf", page, T,
+                  one_layer, (pfd, dst, si, di, layer, page), poison_rows(dst, di),
+                  lambda: [(dst[b][di_d], pfd_rows(b, si_d, layer)) for b in range(nb)], "load",
+                  2.0)
+    with_variants(ctx, rows, s, BACKUP_LABEL, VARIANT_FUNCTION, page, T, all_layers,
+                  (all_dev, pfd, si, di, page), poison_pfd,
+                  lambda: [(pfd_rows(b, di_d), s.dev[b][:, si_d].transpose(0, 1))
+                           for b in range(nb)], "backup", 5.0)
+    with_variants(ctx, rows, s, SEPARATE_LABEL, VARIANT_FUNCTION, page, T, all_layers,
+                  (separate, pfd, si, di, page), poison_pfd,
+                  lambda: [(pfd_rows(b, di_d), torch.stack([pools.separate[b][l][si_d]
+                                                          for l in range(L)], dim=1))
+                           for b in range(nb)], "backup", 5.0)
 
 
 def kernel_rows(ctx, rows: list, pools: Pools, rng) -> None:

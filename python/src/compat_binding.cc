@@ -606,6 +606,7 @@ py::object LastDirectStats(int device) {
   d["copies_2d"] = st->copies_2d;
   d["lanes"] = st->lanes;
   d["kv_merged"] = st->kv_merged;
+  d["whole_batch"] = st->whole_batch;
   return d;
 }
 
@@ -621,7 +622,8 @@ void RegisterCompat(py::module_& m) {
         "dst_indices, layer_id, page_size).");
   m.def("sgl_direct_last_stats", &LastDirectStats, py::arg("device") = 0,
         "What the dma engine of `device` did in this thread's last call (copy_ops, batch_calls, "
-        "copies_2d, lanes, kv_merged), or None without CUDA: a diagnostic for the benches.");
+        "copies_2d, lanes, kv_merged, whole_batch), or None without CUDA: a diagnostic for the "
+        "benches.");
 }
 
 }  // namespace kvtier::python

@@ -278,11 +278,25 @@ def test_page_first_direct(mla, dtype, stream):
             assert_same(targets[b], wt[b])
 
 
+# dma engine settings of the batch split (TransferEngineConfig::dma_batch_split,
+# dma_first_batch_piece), as python/bench/sglang_kernels.py's variants set them.
+BATCH_SPLITS = {
+    "default": {},
+    "first-piece-64": {"dma_first_batch_piece": 64},
+    "whole-batch": {"dma_batch_split": "whole"},
+    "whole-when-busy": {"dma_batch_split": "whole_when_busy"},
+}
+
+
+@pytest.mark.parametrize("held", [False, True], ids=["idle", "held"])
+@pytest.mark.parametrize("split", list(BATCH_SPLITS))
 @pytest.mark.parametrize("mla", [False, True], ids=["mha", "mla"])
-def test_page_first_direct_load_goes_out_in_growing_batch_calls(mla):
+def test_page_first_direct_load_goes_out_in_the_configured_batch_calls(mla, split, held):
     """A per-layer load of 128 random pages of 64 (SGLang's page-64 row): the dma engine's single
-    copies go out in cudaMemcpyBatchAsync calls of 16, 32, 32, ... (BatchPieces, dma_plan.h),
-    every byte right; without the batch API (driver < 12.8) one cudaMemcpyAsync each."""
+    copies go out in cudaMemcpyBatchAsync calls of 16, 32, 32, ... (BatchPieces, dma_plan.h; from
+    64 with dma_first_batch_piece=64), or in one call (dma_batch_split=whole, and
+    whole_when_busy where the stream is held by a sleep kernel as the call is made), every byte
+    right; without the batch API (driver < 12.8) one cudaMemcpyAsync each."""
     from kvtier import _kvtier
 
     p, nb, layer = 64, 1 if mla else 2, 2
@@ -294,19 +308,47 @@ def test_page_first_direct_load_goes_out_in_growing_batch_calls(mla):
     si = torch.from_numpy(random_indices(rng, 8192, N, p))
     di = torch.from_numpy(random_indices(rng, 8192, N, p))
     wt = [x.clone() for x in targets]
-    run_on("side", lambda: kv.transfer_kv_per_layer_direct_pf_lf(pool, targets, si, di, layer, p))
-    stats = _kvtier.sgl_direct_last_stats(torch.cuda.current_device())
+    old = ops.engine_config()
+    ops.configure(**BATCH_SPLITS[split])
+    busy_after_call = False
+    try:
+        torch.cuda.synchronize()  # the side stream starts empty: nothing for it to wait on
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            if held:
+                torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU time ahead of the copies
+            kv.transfer_kv_per_layer_direct_pf_lf(pool, targets, si, di, layer, p)
+            busy_after_call = not side.query()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        stats = _kvtier.sgl_direct_last_stats(torch.cuda.current_device())
+    finally:
+        torch.cuda.synchronize()
+        ops.configure(**old)
     for b in range(nb):
         wt[b][di.to(dev)] = want[b][si.to(dev) // p, layer, si.to(dev) % p]
         assert_same(targets[b], wt[b])
     singles = stats["copy_ops"] - stats["copies_2d"]
     assert stats["lanes"] == 1 and 0 < stats["copy_ops"] <= 128 * nb
-    pieces, piece, left = 0, 16, singles if singles >= 2 else 0  # BatchPieces' rule
+    if stats["batch_calls"] == 0:  # no batch API: one cudaMemcpyAsync each
+        return
+    settings = dict(ops.engine_config(), **BATCH_SPLITS[split])
+    whole = settings["dma_batch_split"] == "whole"
+    if settings["dma_batch_split"] == "whole_when_busy":
+        # Held: a stream still busy after the call (the sleep kernel ahead of the copies) was
+        # busy when the engine asked. Idle: the stream was empty (CPU indices: the call enqueues
+        # nothing before its copies).
+        whole = held
+        if held and not busy_after_call:
+            whole = stats["whole_batch"]  # the sleep ended first (not seen): either is right
+    assert stats["whole_batch"] == whole, stats
+    first = settings["dma_first_batch_piece"]
+    pieces, piece, left = 0, first, singles if singles >= 2 else 0  # BatchPieces' rule
     while left > 0:
-        left -= left if 2 * left <= 3 * piece else piece
-        piece, pieces = min(max(32, singles // 16), 2 * piece), pieces + 1
+        left -= left if whole or 2 * left <= 3 * piece else piece
+        piece, pieces = min(max(2 * first, singles // 16), 2 * piece), pieces + 1
     # + 1: the strided copies' cudaMemcpy3DBatchAsync, when the plan grouped two or more.
-    allowed = {0, pieces, pieces + 1} if stats["copies_2d"] >= 2 else {0, pieces}
+    allowed = {pieces, pieces + 1} if stats["copies_2d"] >= 2 else {pieces}
     assert stats["batch_calls"] in allowed, (stats, pieces)
 
 

@@ -84,7 +84,7 @@ def test_render_exit_status(tmp_path):
     (["--sglang-src", "x", "--shapes", "gqa"], "'gqa' is not one of"),
     (["--sglang-src", "x", "--json", "/nonexistent/dir/x.json"], "is not writable"),
     (["--render", "/nonexistent.json"], "no such file"),
-    (["--sglang-src", "x", "--variants", "lanes-64,fast"], "'fast' is not one of no-overlap-hint"),
+    (["--sglang-src", "x", "--variants", "lanes-64,fast"], "'fast' is not one of first-piece-64"),
     (["--sglang-src", "x", "--variant-repeats", "4"], "4 is outside [5, 1000]"),
 ])
 def test_bad_arguments_are_named(argv, message, capsys):
@@ -96,16 +96,19 @@ def test_bad_arguments_are_named(argv, message, capsys):
 
 def test_variants_are_parsed_into_names():
     args = bench.parse_args(["--sglang-src", "x"])
-    assert args.variants == list(bench.VARIANTS) and args.variant_repeats == 5
+    # The batch splits by default; the all-layer backups' shapes (decided) on request.
+    assert args.variants == ["first-piece-64", "whole-batch", "whole-when-busy"]
+    assert args.variant_repeats == 5
     assert bench.parse_args(["--sglang-src", "x", "--variants", "none"]).variants == []
     assert bench.parse_args(["--sglang-src", "x", "--variants", "layer-copies,kv-separate"]) \
         .variants == ["layer-copies", "kv-separate"]
 
 
-def variant(r, name):
-    return dict(r, variant=name, variant_settings=dict(bench.VARIANTS[name]),
-                kvtier=dict(r["kvtier"], dma={"copy_ops": 32768, "copies_2d": 0, "batch_calls": 60,
-                                              "lanes": 4}))
+def variant(r, name, dma_held=None, dma_plain=None):
+    k = dict(r["kvtier"], dma={"copy_ops": 32768, "copies_2d": 0, "batch_calls": 60, "lanes": 4})
+    if dma_held is not None:
+        k["dma_held"], k["dma_plain"] = dma_held, dma_plain
+    return dict(r, variant=name, variant_settings=dict(bench.VARIANTS[name]), kvtier=k)
 
 
 def test_variants_table_lists_each_shape_beside_sglang_and_says_which_is_never_behind():
@@ -123,10 +126,11 @@ def test_variants_table_lists_each_shape_beside_sglang_and_says_which_is_never_b
     assert "2 rows, 0 with a failed check or error" in text
     assert "stream held: NOT MET on 1 of 1 page_first_direct rows (mha "\
         "transfer_kv_all_layer_direct_lf_pf p1 0.88x)" in text
-    assert "| mha | 1 | 8192 | default | — | 17.30 | 15.20 | **0.88×** | 3.20 | 14.80 | 4.62× | "\
-        "2100.0 | — | 10 | ok / ok |" in text
-    assert "| mha | 1 | 8192 | layer-copies | dma_stride_layers=False | 17.00 | 27.70 | 1.63× | "\
-        "3.20 | 3.00 | **0.94×** | 23000.0 | 32768 / 0 / 60 / 4 | 10 | ok / ok |" in text
+    assert f"| mha | {fn} | 1 | 8192 | default | — | 17.30 | 15.20 | **0.88×** | 3.20 | 14.80 | "\
+        "4.62× | 2100.0 | — | — / — | 10 | ok / ok |" in text
+    assert f"| mha | {fn} | 1 | 8192 | layer-copies | dma_stride_layers=False | 17.00 | 27.70 | "\
+        "1.63× | 3.20 | 3.00 | **0.94×** | 23000.0 | 32768 / 0 / 60 / 4 | — / — | 10 | ok / ok |" \
+        in text
     assert "- default: held >= 1.00x on 0 of 1, lowest 0.88x; plain >= 1.00x on 1 of 1, lowest "\
         "4.62x" in text
     assert "- layer-copies: held >= 1.00x on 1 of 1, lowest 1.63x; plain >= 1.00x on 0 of 1" in text
@@ -134,6 +138,39 @@ def test_variants_table_lists_each_shape_beside_sglang_and_says_which_is_never_b
         "4.52x -> >= 1.0x on every row" in text
     assert "2 variant rows, 0 with a failed check or error" in text
     assert "Variants" not in bench.markdown(META, rows[:1] + rows[3:])
+
+
+def test_batch_split_variants_follow_the_loads_and_show_the_held_calls():
+    load, sep = bench.LOAD_LABEL, bench.SEPARATE_LABEL
+    fn = bench.VARIANT_FUNCTION
+    rows = [
+        row("mla", load, 64, side(52.5, 30.5, 137.0), side(49.9, 35.1, 187.0)),
+        variant(row("mla", load, 64, side(52.4, 30.4, 137.0), side(52.6, 30.6, 180.0)),
+                "whole-batch", {"batch_calls": 1, "whole_batch": True}),
+        variant(row("mla", load, 64, side(52.3, 30.3, 137.0), side(52.5, 35.0, 185.0)),
+                "whole-when-busy", {"batch_calls": 1, "whole_batch": True},
+                {"batch_calls": 4, "whole_batch": False}),
+        row("mla", fn, 64, side(55.1, 33.4, 15000.0), side(53.4, 51.9, 1020.0), label=sep),
+        variant(row("mla", fn, 64, side(55.0, 33.3, 15000.0), side(55.2, 51.8, 1000.0), label=sep),
+                "whole-when-busy", {"batch_calls": 4, "whole_batch": True}),
+    ]
+    text = bench.markdown(META, rows)
+    assert "2 rows, 0 with a failed check or error" in text
+    assert f"| mla | {load} | 64 | 8192 | whole-batch | dma_batch_split=whole | 52.40 | 52.60 | "\
+        "1.00× | 30.40 | 30.60 | 1.01× | 180.0 | 32768 / 0 / 60 / 4 | 1 (whole) / — | 10 | ok / ok |" \
+        in text
+    assert f"| mla | {sep} | 64 | 8192 | whole-when-busy | dma_batch_split=whole_when_busy | " \
+        "55.00 | 55.20 | 1.00× | 33.30 | 51.80 | 1.56× | 1000.0 | 32768 / 0 / 60 / 4 | 4 (whole) / — |"\
+        in text
+    assert f"| mla | {load} | 64 | 8192 | whole-when-busy | dma_batch_split=whole_when_busy | "\
+        "52.30 | 52.50 | 1.00× | 30.30 | 35.00 | 1.16× | 185.0 | 32768 / 0 / 60 / 4 | 1 (whole) / 4 |"\
+        in text
+    assert "- default: held >= 1.00x on 0 of 2, lowest 0.95x; plain >= 1.00x on 2 of 2" in text
+    assert "- whole-batch: held >= 1.00x on 1 of 1, lowest 1.00x; plain >= 1.00x on 1 of 1, "\
+        "lowest 1.01x -> >= 1.0x on every row" in text
+    assert "- whole-when-busy: held >= 1.00x on 2 of 2, lowest 1.00x; plain >= 1.00x on 2 of 2, "\
+        "lowest 1.16x -> >= 1.0x on every row" in text
+    assert "3 variant rows, 0 with a failed check or error" in text
 
 
 def test_a_failed_variant_fails_the_run(tmp_path):
@@ -234,11 +271,11 @@ def test_every_row_checks_every_byte(on_cpu):
     rows = bench.main_rows(rows)
     # 5 direct rows x 3 pages x 2 shapes, 6 MHA and 4 MLA kernel rows.
     assert len(rows) == 40
-    # Each all-layer backup row (3 pages x 2 shapes) again in each variant, kvtier's side checked
-    # byte for byte; SGLang's side (here kvtier too) reuses its default row's check.
-    assert len(variants) == 3 * len(bench.VARIANTS) + 3 * (len(bench.VARIANTS) - 1)  # MHA, MLA
-    assert "kv-separate" not in {r["variant"] for r in variants if r["shape"] == "mla"}
-    assert {r["function"] for r in variants} == {bench.VARIANT_FUNCTION}
+    # Each per-layer load and separate-layers backup row (3 pages x 2 shapes) again in each
+    # default variant (the batch splits), kvtier's side checked byte for byte; SGLang's side
+    # (here kvtier too) reuses its default row's check.
+    assert len(variants) == 2 * 3 * 2 * len(bench.DEFAULT_VARIANTS)
+    assert {r["label"] for r in variants} == {bench.LOAD_LABEL, bench.SEPARATE_LABEL}
     assert [r for r in variants if not bench.row_ok(r)] == []
     assert all(r["kvtier"]["gbps_held"] > 0 and r["sglang"]["gbps_plain"] > 0 for r in variants)
     assert {r["function"] for r in rows} == set(bench.FUNCTIONS)
@@ -246,6 +283,20 @@ def test_every_row_checks_every_byte(on_cpu):
     assert all(r["sglang"]["gbps_held"] > 0 and r["kvtier"]["gbps_plain"] > 0 for r in rows)
     # kvtier's host time split: the part inside the C++ engine, at most the whole call.
     assert all(0 < r["kvtier"]["engine_us"] <= r["kvtier"]["host_us"] for r in rows)
+
+
+def test_the_backup_shapes_follow_the_all_layer_backups_on_request(on_cpu):
+    from kvtier.compat import sgl_kernel as kv
+
+    on_cpu.variants = list(bench.VARIANTS)
+    variants = [r for r in run_rows(on_cpu, kv, pages=(16,), kernels=False) if r.get("variant")]
+    for r in variants:
+        assert r["label"] in bench.VARIANT_ROWS[r["variant"]], (r["variant"], r["label"])
+    shapes = [r for r in variants if r["label"] == bench.BACKUP_LABEL]
+    assert len(shapes) == 4 + 3  # MHA, MLA (no kv-separate: one buffer)
+    assert "kv-separate" not in {r["variant"] for r in shapes if r["shape"] == "mla"}
+    assert len(variants) == len(shapes) + 2 * 2 * len(bench.BATCH_SPLIT_VARIANTS)
+    assert [r for r in variants if not bench.row_ok(r)] == []
 
 
 def test_a_side_that_writes_wrong_bytes_or_raises_is_reported_and_not_timed(on_cpu):
@@ -273,41 +324,55 @@ def test_a_side_that_writes_wrong_bytes_or_raises_is_reported_and_not_timed(on_c
 
 
 def test_each_variant_reaches_the_engine_for_its_row_only(on_cpu, monkeypatch):
+    import numpy as np
+
     import kvtier.ops
     from kvtier.compat import sgl_kernel as kv
 
     before = kvtier.ops.engine_config()
-    seen = []  # the engine configuration each kvtier call of the all-layer backup ran under
-    real = kv.transfer_kv_all_layer_direct_lf_pf
+    seen = []  # (function, the engine configuration) of each kvtier call of the direct functions
 
-    def recording(*args):
-        seen.append(kvtier.ops.engine_config())
-        return real(*args)
+    def recording(name):
+        real = getattr(kv, name)
 
-    wrapped = types_namespace(kv, transfer_kv_all_layer_direct_lf_pf=recording)
+        def call(*args):
+            seen.append((name, kvtier.ops.engine_config()))
+            return real(*args)
+        return call
+
+    names = (bench.LOAD_LABEL, bench.VARIANT_FUNCTION)
+    wrapped = types_namespace(kv, **{name: recording(name) for name in names})
+    on_cpu.variants = list(bench.VARIANTS)
     rows = []
     ctx = bench.Context(on_cpu, {"complete": False}, kv, wrapped)
-    import numpy as np
     bench.direct_rows(ctx, rows, bench.Pools("mha", on_cpu.pool_slots), 16,
                       np.random.default_rng(5))
     assert kvtier.ops.engine_config() == before  # restored after the last variant
     variants = [r for r in rows if r.get("variant")]
-    assert [r["variant"] for r in variants] == list(bench.VARIANTS)
+    splits, shapes = list(bench.BATCH_SPLIT_VARIANTS), \
+        [v for v in bench.VARIANTS if v not in bench.BATCH_SPLIT_VARIANTS]
+    assert [(r["label"], r["variant"]) for r in variants] == \
+        [(bench.LOAD_LABEL, v) for v in splits] + [(bench.BACKUP_LABEL, v) for v in shapes] + \
+        [(bench.SEPARATE_LABEL, v) for v in splits]
     for r in variants:
-        settings = bench.VARIANTS[r["variant"]]
-        assert r["variant_settings"] == settings
+        assert r["variant_settings"] == bench.VARIANTS[r["variant"]]
         assert r["repeats"] == on_cpu.variant_repeats
-        # every kvtier call of the row saw exactly its variant's settings on top of the defaults
         assert r["sglang"]["check"] == "ok" and r["kvtier"]["check"] == "ok"
-    configs = [{k: c[k] for k in ("dma_overlap_hint", "dma_ops_per_lane", "dma_join_kv",
-                                  "dma_stride_layers")} for c in seen]
-    defaults = {k: before[k] for k in configs[0]}
-    assert defaults == {"dma_overlap_hint": True, "dma_ops_per_lane": 256, "dma_join_kv": True,
-                        "dma_stride_layers": True}
-    for name, settings in bench.VARIANTS.items():
-        assert dict(defaults, **settings) in configs, name
-    assert sum(c == defaults for c in configs) >= 3  # the default row's calls (and the rows
-    # without variants: the separate-layers row)
+    keys = sorted({k for settings in bench.VARIANTS.values() for k in settings})
+    defaults = {k: before[k] for k in keys}
+    assert defaults == {f["name"]: f["default"] for f in kvtier.ops.config_fields()
+                        if f["name"] in keys}  # the rows without a variant ran the defaults
+    configs = {name: [{k: c[k] for k in keys} for n, c in seen if n == name] for name in names}
+    # Every kvtier call of a variant row saw exactly its settings on top of the defaults.
+    for name in splits:
+        assert dict(defaults, **bench.VARIANTS[name]) in configs[bench.LOAD_LABEL], name
+        assert dict(defaults, **bench.VARIANTS[name]) in configs[bench.VARIANT_FUNCTION], name
+    for name in shapes:
+        assert dict(defaults, **bench.VARIANTS[name]) in configs[bench.VARIANT_FUNCTION], name
+        assert dict(defaults, **bench.VARIANTS[name]) not in configs[bench.LOAD_LABEL], name
+    allowed = [defaults] + [dict(defaults, **v) for v in bench.VARIANTS.values()]
+    assert all(c in allowed for cs in configs.values() for c in cs)
+    assert sum(c == defaults for c in configs[bench.LOAD_LABEL]) >= 3  # the default row's calls
 
 
 def types_namespace(module, **overrides):

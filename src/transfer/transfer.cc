@@ -255,6 +255,14 @@ const ConfigSchema<TransferEngineConfig>& TransferEngineConfigSchema() {
     s.push_back(BoolField<C>("dma_overlap_hint", Member(&C::dma_overlap_hint),
                              "dma backend: cudaMemcpyFlagPreferOverlapWithCompute on the strided "
                              "copies' batch"));
+    s.push_back(ChoiceField<C>("dma_batch_split", Member(&C::dma_batch_split), kNumDmaBatchSplits,
+                               DmaBatchSplitName,
+                               "dma backend: single copies over batch calls: growing pieces, "
+                               "whole (one call per lane), or whole_when_busy (whole when the "
+                               "stream has work pending, else growing)"));
+    s.push_back(IntField<C>("dma_first_batch_piece", Member(&C::dma_first_batch_piece), 1, kMany,
+                            "dma backend: copies in the first of growing batch calls (each next "
+                            "twice the one before)"));
     s.push_back(IntField<C>("dma_lanes", Member(&C::dma_lanes), 1, 16,
                             "dma backend: most streams one plan is split over"));
     s.push_back(IntField<C>("dma_ops_per_lane", Member(&C::dma_ops_per_lane), 16, kMany,
@@ -272,6 +280,18 @@ const ConfigSchema<TransferEngineConfig>& TransferEngineConfigSchema() {
 // No rule spans two fields: the bounds are the whole check.
 Status TransferEngineConfig::Validate(const FieldNamer& name_of) const {
   return CheckFields(TransferEngineConfigSchema(), *this, name_of);
+}
+
+const char* DmaBatchSplitName(DmaBatchSplit split) {
+  switch (split) {
+    case DmaBatchSplit::kGrowing:
+      return "growing";
+    case DmaBatchSplit::kWhole:
+      return "whole";
+    case DmaBatchSplit::kWholeWhenBusy:
+      return "whole_when_busy";
+  }
+  return "unknown_batch_split";
 }
 
 const char* TransferBackendName(TransferBackend backend) {

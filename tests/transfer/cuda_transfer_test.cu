@@ -55,7 +55,9 @@ constexpr TransferBackend kGpuBackends[] = {TransferBackend::kKernel, TransferBa
 // A TransferEngineConfig change by name: "strided-pairs" (dma_min_strided_rows = 2), "no-join-kv",
 // "one-lane" (dma_lanes = 1), "caller-thread" (dma_submit_threads = false), "no-batch"
 // (dma_batch = false), "layer-copies" (dma_stride_layers = false), "no-overlap-hint"
-// (dma_overlap_hint = false); null or "" = the defaults.
+// (dma_overlap_hint = false), "first-piece-64" (dma_first_batch_piece = 64), "whole-batch"
+// (dma_batch_split = whole), "whole-when-busy" (dma_batch_split = whole_when_busy); null or "" =
+// the defaults.
 TransferEngineConfig ConfigFor(const char* variant) {
   TransferEngineConfig config;
   const std::string v = variant == nullptr ? "" : variant;
@@ -66,6 +68,9 @@ TransferEngineConfig ConfigFor(const char* variant) {
   if (v == "no-batch") config.dma_batch = false;
   if (v == "layer-copies") config.dma_stride_layers = false;
   if (v == "no-overlap-hint") config.dma_overlap_hint = false;
+  if (v == "first-piece-64") config.dma_first_batch_piece = 64;
+  if (v == "whole-batch") config.dma_batch_split = DmaBatchSplit::kWhole;
+  if (v == "whole-when-busy") config.dma_batch_split = DmaBatchSplit::kWholeWhenBusy;
   return config;
 }
 
@@ -546,7 +551,10 @@ TEST(CudaTransferTest, AccessWidthsAndRealisticSlots) {
             std::pair{TransferBackend::kDma, "strided-pairs"},
             std::pair{TransferBackend::kDma, "no-join-kv"},
             std::pair{TransferBackend::kDma, "layer-copies"},
-            std::pair{TransferBackend::kDma, "no-overlap-hint"}}) {
+            std::pair{TransferBackend::kDma, "no-overlap-hint"},
+            std::pair{TransferBackend::kDma, "first-piece-64"},
+            std::pair{TransferBackend::kDma, "whole-batch"},
+            std::pair{TransferBackend::kDma, "whole-when-busy"}}) {
         SCOPED_TRACE(::testing::Message() << sh.slot_bytes << " B " << LayoutName(host) << " "
                                           << TransferBackendName(backend) << " " << variant);
         const KvGeometry hg = MakeGeometry(host, sh.mla, 16, 4, 4, sh.slot_bytes, sh.heads);
@@ -621,6 +629,75 @@ TEST(CudaTransferTest, DmaPlansSplitOverStreamsMatchTheReference) {
         ASSERT_OK(engine->Synchronize(s));
         EXPECT_TRUE(dst.MatchesMirror());
       }
+    }
+  }
+}
+
+// dma_batch_split: a per-layer load's single copies (page_first_direct -> layer_first, over 3
+// lanes) go in growing pieces on an idle stream, and in one batch call per lane where the split
+// says so: always (whole), or when the stream still has work pending as they are submitted
+// (whole_when_busy; the stream held by a HostGate, so "busy" is certain, not a matter of timing).
+// Every byte against the reference in each case.
+TEST(CudaTransferTest, DmaBatchSplitFollowsTheStreamAndCopiesByteForByte) {
+  REQUIRE_GPU();
+  std::mt19937_64 rng(testing::TestSeed() + 27);
+  const KvGeometry hg = MakeGeometry(KvLayout::kPageFirstDirect, false, 4, 512, 3, 256, 2);
+  const KvGeometry dg = MakeGeometry(KvLayout::kLayerFirst, false, 4, 512, 3, 256, 2);
+  CudaStreamHandle stream = std::move(CudaStreamHandle::Create(0, true)).value();
+  struct Case {
+    DmaBatchSplit split;
+    int first_piece;
+    bool hold;  // the stream busy (held) when the call is made
+    bool want_whole;
+  };
+  for (const Case c :
+       {Case{DmaBatchSplit::kGrowing, 16, false, false},
+        Case{DmaBatchSplit::kGrowing, 16, true, false},
+        Case{DmaBatchSplit::kGrowing, 64, false, false},
+        Case{DmaBatchSplit::kWhole, 16, false, true}, Case{DmaBatchSplit::kWhole, 16, true, true},
+        Case{DmaBatchSplit::kWholeWhenBusy, 16, false, false},
+        Case{DmaBatchSplit::kWholeWhenBusy, 16, true, true}}) {
+    SCOPED_TRACE(::testing::Message() << DmaBatchSplitName(c.split) << ", first piece "
+                                      << c.first_piece << (c.hold ? ", stream held" : ""));
+    TransferEngineConfig config;
+    config.dma_batch_split = c.split;
+    config.dma_first_batch_piece = c.first_piece;
+    config.dma_min_strided_rows = 1 << 20;  // single copies only: batch calls count pieces
+    auto made = MakeTransferEngine(TransferBackend::kDma, config);
+    ASSERT_TRUE(made.ok()) << made.status().ToString();
+    TransferEngine& engine = *made.value();
+    TestRegion src(hg, false, MemoryKind::kHost, false);
+    TestRegion dst(dg, false, MemoryKind::kDevice, false);
+    src.FillRandom(rng);
+    dst.Fill(testing::kPoison);
+    src.Upload();
+    dst.Upload();
+    // 300 random pages x K/V: about 600 single copies, 3 lanes of dma_ops_per_lane 256.
+    const auto pairs = testing::RandomPagePairs(rng, hg.num_slots, dg.num_slots, 4, 300);
+    const KvRegion sm = src.mirror_region(), dm = dst.mirror_region();
+    ASSERT_OK(testing::ReferenceTransfer(TransferRequest::PerLayer(
+        sm, dm, SlotIndices::Host(pairs.src), SlotIndices::Host(pairs.dst), 1)));
+    const KvRegion sgpu = src.gpu_region(), dgpu = dst.gpu_region();
+    HostGate gate;
+    if (c.hold) ASSERT_CUDA(gate.Hold(stream.get()));
+    const Status st =
+        engine.Transfer(TransferRequest::PerLayer(sgpu, dgpu, SlotIndices::Host(pairs.src),
+                                                  SlotIndices::Host(pairs.dst), 1),
+                        {.stream = stream.get()});
+    const testing::GpuTransferStats stats = *testing::LastTransferStats(engine);
+    gate.Release();
+    ASSERT_OK(st);
+    ASSERT_OK(engine.Synchronize(stream.get()));
+    EXPECT_FALSE(gate.TimedOut());
+    EXPECT_TRUE(dst.MatchesMirror());
+    if (stats.batch_calls == 0) GTEST_SKIP() << "cudaMemcpyBatchAsync is not offered here";
+    EXPECT_EQ(stats.copies_2d, 0);
+    EXPECT_GT(stats.lanes, 1) << stats.copy_ops << " copy ops";
+    EXPECT_EQ(stats.whole_batch, c.want_whole);
+    if (c.want_whole) {
+      EXPECT_EQ(stats.batch_calls, stats.lanes);
+    } else {
+      EXPECT_GT(stats.batch_calls, stats.lanes);
     }
   }
 }

@@ -157,6 +157,60 @@ TEST(DmaPlanTest, BatchPiecesGrowFromTheFirstToTheCapAndEndWithoutAShortTail) {
   }
 }
 
+// dma_first_batch_piece: the same growth from another first piece; the cap is at least twice
+// the first piece (so a first piece of 64 leaves a 128-copy per-layer load in two calls).
+TEST(DmaPlanTest, BatchPiecesStartAtTheConfiguredFirstPiece) {
+  auto pieces = [](size_t count, size_t first) {
+    std::vector<size_t> out;
+    BatchPieces p(count, first);
+    for (size_t done = 0; done < count;) {
+      out.push_back(p.Next());
+      EXPECT_GT(out.back(), 0u) << count << " " << first;
+      if (out.back() == 0) break;
+      done += out.back();
+    }
+    EXPECT_EQ(p.Next(), 0u);
+    return out;
+  };
+  EXPECT_EQ(pieces(128, 64), (std::vector<size_t>{64, 64}));   // MLA page-64 per-layer load
+  EXPECT_EQ(pieces(256, 64), (std::vector<size_t>{64, 192}));  // MHA page 64; MLA page 16's lanes
+  EXPECT_EQ(pieces(96, 64), (std::vector<size_t>{96}));        // up to 1.5 pieces: one call
+  EXPECT_EQ(pieces(2048, 64), (std::vector<size_t>{64, 128, 128, 128, 128, 128, 128, 128, 128, 128,
+                                                   128, 128, 128, 128, 128, 192}));
+  EXPECT_EQ(pieces(128, 16), pieces(128, kFirstBatchPiece));  // the default
+  EXPECT_EQ(pieces(5, 1), (std::vector<size_t>{1, 2, 2}));
+  EXPECT_EQ(pieces(5, 0), pieces(5, 1));  // 0 counts as 1: never a call of no copies
+  EXPECT_EQ(pieces(1000, 1 << 20), (std::vector<size_t>{1000}));
+  for (size_t first : {1, 3, 16, 64, 200}) {
+    for (size_t count = 1; count < 5000; count += count < 600 ? 1 : 61) {
+      const std::vector<size_t> p = pieces(count, first);
+      const size_t cap = std::max<size_t>(2 * first, count / 16);
+      size_t sum = 0, want = first;
+      for (size_t i = 0; i < p.size(); ++i) {
+        sum += p[i];
+        if (i + 1 < p.size()) EXPECT_EQ(p[i], want) << count << " " << first;
+        want = std::min(cap, 2 * want);
+      }
+      EXPECT_EQ(sum, count) << first;
+    }
+  }
+}
+
+// DmaBatchSplit::kWhole and a busy stream under kWholeWhenBusy: every copy in one call.
+TEST(DmaPlanTest, WholeBatchIsOneCallAndOnlyWhereTheSplitSaysSo) {
+  for (size_t count : {0, 1, 2, 128, 256, 8192, 100000}) {
+    BatchPieces p = BatchPieces::Whole(count);
+    EXPECT_EQ(p.Next(), count);
+    EXPECT_EQ(p.Next(), 0u);
+  }
+  EXPECT_FALSE(WholeBatch(DmaBatchSplit::kGrowing, false));
+  EXPECT_FALSE(WholeBatch(DmaBatchSplit::kGrowing, true));  // today's pieces, busy or not
+  EXPECT_TRUE(WholeBatch(DmaBatchSplit::kWhole, false));
+  EXPECT_TRUE(WholeBatch(DmaBatchSplit::kWhole, true));
+  EXPECT_FALSE(WholeBatch(DmaBatchSplit::kWholeWhenBusy, false));  // idle: the early start
+  EXPECT_TRUE(WholeBatch(DmaBatchSplit::kWholeWhenBusy, true));
+}
+
 TEST(DmaPlanTest, ContiguousPiecesOfOneAllocationMergeIntoOneRun) {
   std::vector<std::byte> src(1024), dst(1024);
   CopyPlanner p;

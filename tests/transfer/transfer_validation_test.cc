@@ -104,6 +104,11 @@ TEST(TransferValidationTest, DmaConfigLimits) {
       {[](TransferEngineConfig& c) { c.dma_ops_per_lane = 15; }, "dma_ops_per_lane = 15"},
       {[](TransferEngineConfig& c) { c.dma_ops_per_lane = (1 << 20) + 1; }, "dma_ops_per_lane"},
       {[](TransferEngineConfig& c) { c.dma_min_strided_rows = 1; }, "dma_min_strided_rows = 1"},
+      {[](TransferEngineConfig& c) { c.dma_first_batch_piece = 0; }, "dma_first_batch_piece = 0"},
+      {[](TransferEngineConfig& c) { c.dma_first_batch_piece = (1 << 20) + 1; },
+       "dma_first_batch_piece"},
+      {[](TransferEngineConfig& c) { c.dma_batch_split = static_cast<DmaBatchSplit>(3); },
+       "dma_batch_split"},
   };
   for (const auto& [mutate, needle] : cases) {
     TransferEngineConfig config;
@@ -119,6 +124,7 @@ TEST(TransferValidationTest, DmaConfigLimits) {
   edges.dma_min_strided_rows = 2;
   EXPECT_TRUE(edges.Validate().ok());
   EXPECT_EQ(TransferEngineConfig{}.dma_min_strided_rows, 3);
+  EXPECT_STREQ(DmaBatchSplitName(DmaBatchSplit::kWholeWhenBusy), "whole_when_busy");
 }
 
 TEST(TransferValidationTest, MismatchedLengths) {

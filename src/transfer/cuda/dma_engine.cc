@@ -19,7 +19,9 @@
 //      time; the 12.8 and 13.x signatures are both handled at compile time), the strided copies
 //      go out in one cudaMemcpy3DBatchAsync and the single runs in cudaMemcpyBatchAsync calls
 //      of 16, 32, ... copies (BatchPieces, dma_plan.h: the copy engines start on a batch only
-//      when its call returns, so the first copies move while the rest is submitted);
+//      when its call returns, so the first copies move while the rest is submitted), or in one
+//      call per lane (TransferEngineConfig::dma_batch_split: always, or when the stream already
+//      has work pending, so that the copies could not start early anyway);
 //      otherwise one cudaMemcpy2DAsync / cudaMemcpyAsync each.
 // All plan buffers are engine members reused across calls: no per-call allocation once they
 // have grown to the largest request.
@@ -97,6 +99,19 @@ bool RunContiguous(KvLayout l) {
 
 bool IsLegacyStream(CudaStream s) { return s == nullptr || s == cudaStreamLegacy; }
 
+// Whether `stream` still has work pending (cudaStreamQuery answers cudaErrorNotReady); an error
+// of earlier asynchronous work that the query reports is returned.
+Result<bool> StreamBusy(CudaStream stream) {
+  const cudaError_t e = cudaStreamQuery(stream);
+  if (e == cudaSuccess) return false;
+  if (e == cudaErrorNotReady) {
+    (void)cudaGetLastError();  // not an error: keep it out of later checks
+    return true;
+  }
+  KVTIER_CUDA_RETURN_IF_ERROR(e);
+  return false;
+}
+
 }  // namespace
 
 class DmaTransferEngine final : public GpuTransferEngine {
@@ -140,6 +155,7 @@ class DmaTransferEngine final : public GpuTransferEngine {
     KVTIER_ASSIGN_OR_RETURN(fence_out_, CudaEventHandle::Create(config_.device, false));
     max_lanes_ = config_.dma_lanes;
     ops_per_lane_ = static_cast<size_t>(config_.dma_ops_per_lane);
+    first_batch_piece_ = static_cast<size_t>(config_.dma_first_batch_piece);
     KVTIER_ASSIGN_OR_RETURN(fork_, CudaEventHandle::Create(config_.device, false));
     lane_work_.resize(static_cast<size_t>(max_lanes_));
     // Each lane submits from its own thread (the caller's for the first lane).
@@ -173,9 +189,11 @@ class DmaTransferEngine final : public GpuTransferEngine {
             int64_t layers);
   // Submits the whole plan on `stream`, split over lanes when it is long.
   Status Submit(CudaStream stream);
-  // Strided copies [c0, c1) and single runs [r0, r1) of the plan on `stream`; counts into
-  // work->stats and uses work->ops_3d (one LaneWork per lane, so lanes may run in parallel).
-  Status SubmitSlice(CudaStream stream, size_t c0, size_t c1, size_t r0, size_t r1, LaneWork* work);
+  // Strided copies [c0, c1) and single runs [r0, r1) of the plan on `stream`, the single runs in
+  // one batch call when `whole_batch` (else growing pieces); counts into work->stats and uses
+  // work->ops_3d (one LaneWork per lane, so lanes may run in parallel).
+  Status SubmitSlice(CudaStream stream, size_t c0, size_t c1, size_t r0, size_t r1,
+                     bool whole_batch, LaneWork* work);
 
   const TransferEngineConfig config_;
   std::mutex mu_;
@@ -199,7 +217,8 @@ class DmaTransferEngine final : public GpuTransferEngine {
   std::vector<int64_t> run_starts_;                // slot runs: [run_starts_[i], run_starts_[i+1])
   int max_lanes_ = 1;                              // request's stream + lanes_.size()
   size_t ops_per_lane_ = 256;
-  CudaEventHandle fork_;  // recorded on the request's stream, lanes wait
+  size_t first_batch_piece_ = kFirstBatchPiece;  // config_.dma_first_batch_piece
+  CudaEventHandle fork_;                         // recorded on the request's stream, lanes wait
   std::vector<Lane> lanes_;
 };
 
@@ -343,6 +362,20 @@ Status DmaTransferEngine::Submit(CudaStream stream) {
   const size_t ops = strided + runs;
   const int lanes = static_cast<int>(
       std::min<size_t>(static_cast<size_t>(max_lanes_), (ops + ops_per_lane_ - 1) / ops_per_lane_));
+  // The single runs' batch split (DmaBatchSplit), decided once for every lane: the lanes fork
+  // from `stream`, so they are busy when it is. The stream may drain between this query and the
+  // batch calls (or while they are made): the copies then start only when their one call
+  // returns, which costs this call the early start of growing pieces, never correctness (the
+  // same copies, in the same order, on the same streams).
+  bool whole_batch = false;
+  if (runs >= 2 && use_batch_) {
+    bool busy = false;
+    if (config_.dma_batch_split == DmaBatchSplit::kWholeWhenBusy) {
+      KVTIER_ASSIGN_OR_RETURN(busy, StreamBusy(stream));
+    }
+    whole_batch = WholeBatch(config_.dma_batch_split, busy);
+  }
+  stats_.whole_batch = stats_.whole_batch || whole_batch;  // any layer's (layer_events)
   auto add_stats = [&](const GpuTransferStats& st) {
     stats_.copy_ops += st.copy_ops;
     stats_.copies_2d += st.copies_2d;
@@ -352,7 +385,7 @@ Status DmaTransferEngine::Submit(CudaStream stream) {
   if (lanes <= 1) {
     LaneWork& work = lane_work_[0];
     work.stats = GpuTransferStats{};
-    const Status st = SubmitSlice(stream, 0, strided, 0, runs, &work);
+    const Status st = SubmitSlice(stream, 0, strided, 0, runs, whole_batch, &work);
     add_stats(work.stats);
     return st;
   }
@@ -366,7 +399,7 @@ Status DmaTransferEngine::Submit(CudaStream stream) {
     if (work.status.ok() && i > 0) work.status = fork_.WaitOn(s);
     if (work.status.ok()) {
       work.status = SubmitSlice(s, strided * i / lanes, strided * (i + 1) / lanes, runs * i / lanes,
-                                runs * (i + 1) / lanes, &work);
+                                runs * (i + 1) / lanes, whole_batch, &work);
     }
   };
   if (submit_pool_ != nullptr) {
@@ -392,7 +425,7 @@ Status DmaTransferEngine::Submit(CudaStream stream) {
 }
 
 Status DmaTransferEngine::SubmitSlice(CudaStream stream, size_t c0, size_t c1, size_t r0, size_t r1,
-                                      LaneWork* work) {
+                                      bool whole_batch, LaneWork* work) {
   std::vector<cudaMemcpy3DBatchOp>& ops_3d = work->ops_3d;
   GpuTransferStats& stats = work->stats;
   const Copy2D* copies = planner_.copies_2d().data() + c0;
@@ -483,8 +516,9 @@ Status DmaTransferEngine::SubmitSlice(CudaStream stream, size_t c0, size_t c1, s
     cudaMemcpyAttributes attr{};
     attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
     size_t attr_index = 0;
-    // In pieces (BatchPieces, dma_plan.h): the copies start after the first.
-    BatchPieces pieces(count);
+    // In pieces (BatchPieces, dma_plan.h): the copies start after the first; or all at once.
+    BatchPieces pieces =
+        whole_batch ? BatchPieces::Whole(count) : BatchPieces(count, first_batch_piece_);
     cudaError_t e = cudaSuccess;
     while (done < count) {
       const size_t n = pieces.Next();

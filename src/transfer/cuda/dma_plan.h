@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "kvtier/transfer.h"
+
 namespace kvtier::transfer::cuda {
 
 // `height` rows of `width` bytes, `spitch` / `dpitch` apart; `depth` > 1: that many such
@@ -36,16 +38,24 @@ struct Copy2D {
 // on a batch only once the call that submitted it has returned (in the H100 run of
 // docs/perf-notes/sglang-kernels.md an idle-stream call's GPU time was its host time plus its
 // copy time, for SGLang and kvtier alike), and the driver takes 0.8-1.8 us per copy: so the
-// copies go out in pieces, the first of kFirstBatchPiece copies (the copy engines start early),
-// each next one twice the one before up to max(32, count / 16) copies (the copy engines keep
-// busy while the next piece is submitted, and the last piece, whose copy nothing overlaps, stays
-// short, without a call per few copies on long batches); a remainder of at most 1.5 pieces goes
-// whole (a last piece holds more than 8 copies).
-inline constexpr size_t kFirstBatchPiece = 16;
+// copies go out in pieces, the first of `first` copies (TransferEngineConfig::
+// dma_first_batch_piece: the copy engines start early), each next one twice the one before up to
+// max(2 x first, count / 16) copies (the copy engines keep busy while the next piece is
+// submitted, and the last piece, whose copy nothing overlaps, stays short, without a call per
+// few copies on long batches); a remainder of at most 1.5 pieces goes whole (a last piece holds
+// more than first / 2 copies). Each more call costs the copy engines a few us too (the held rows
+// of the H100 run at e4884d9), which is why a busy stream may take the whole batch at once
+// (WholeBatch).
+inline constexpr size_t kFirstBatchPiece = 16;  // TransferEngineConfig::dma_first_batch_piece
 class BatchPieces {
  public:
-  explicit BatchPieces(size_t count)
-      : left_(count), cap_(count / 16 > 2 * kFirstBatchPiece ? count / 16 : 2 * kFirstBatchPiece) {}
+  // `first` >= 1 (0 counts as 1).
+  explicit BatchPieces(size_t count, size_t first = kFirstBatchPiece)
+      : left_(count), piece_(first < 1 ? 1 : first) {
+    cap_ = count / 16 > 2 * piece_ ? count / 16 : 2 * piece_;
+  }
+  // All `count` copies in one call (DmaBatchSplit::kWhole).
+  static BatchPieces Whole(size_t count) { return BatchPieces(count, count); }
   // Copies in the next call; 0 once every copy had its call.
   size_t Next() {
     const size_t n = 2 * left_ <= 3 * piece_ ? left_ : piece_;
@@ -56,9 +66,17 @@ class BatchPieces {
 
  private:
   size_t left_;
-  size_t cap_;
-  size_t piece_ = kFirstBatchPiece;
+  size_t piece_;
+  size_t cap_ = 0;
 };
+
+// Whether a lane's single copies go in one batch call (BatchPieces::Whole) rather than growing
+// pieces, under `split`, given whether the request's stream had work pending when the copies
+// were submitted (`stream_busy`; only asked under kWholeWhenBusy). A busy stream cannot start
+// the first piece early, so its pieces would only add calls.
+inline bool WholeBatch(DmaBatchSplit split, bool stream_busy) {
+  return split == DmaBatchSplit::kWhole || (split == DmaBatchSplit::kWholeWhenBusy && stream_busy);
+}
 
 // Run merging and 2D grouping (step 3 of dma_engine.cc's file comment). Owns no memory but the
 // vectors it fills, which the engine keeps between calls.
