@@ -2,7 +2,9 @@
 """scripts/long_functions.py — the functions longer than N lines (default 100) in tools/ and
 python/src (issue 39: none without a reason in its comment), longest first.
 
-    scripts/long_functions.py [N] [FOLDER...]
+    scripts/long_functions.py [--check] [N] [FOLDER...]
+
+With --check (scripts/setup.sh test runs it), exit code 1 when one of them has no reason.
 
 Reads clang-formatted C++ as text: a definition is a line that ends in '{' whose signature (back to
 the previous ';', '{', '}', blank, comment or access-specifier line) starts at indentation 0 or 2 (a
@@ -10,10 +12,11 @@ wrapped signature's last line is indented further), has a '(' and is not a contr
 class or an initializer; its body ends at the next '}' at the signature's indentation. Python files
 (.py) are measured from their syntax tree. Lambdas inside a function count in that function. A
 function whose comment (the lines just above it) says "long:" and why is listed with that reason.
-Prints "LINES FILE:LINE NAME"; exit code 0 (a listing, not a check).
+Prints "LINES FILE:LINE NAME"; exit code 0 (a listing) unless --check.
 """
 import ast
 import glob
+import os
 import re
 import sys
 
@@ -62,8 +65,14 @@ def python_functions(path):
 
 
 def main():
-    limit = int(sys.argv[1]) if len(sys.argv) > 1 else 100
-    folders = sys.argv[2:] or ["tools", "python/src"]
+    args = sys.argv[1:]
+    check = "--check" in args
+    args = [a for a in args if a != "--check"]
+    limit = int(args[0]) if args else 100
+    folders = args[1:]
+    if not folders:  # the repository's, wherever it is run from
+        os.chdir(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        folders = ["tools", "python/src"]
     rows = []
     for folder in folders:
         for ext in ("cc", "h", "cu", "cuh", "cc.in", "py"):
@@ -74,6 +83,12 @@ def main():
                         rows.append((n, path, line, name, reason))
     for n, path, line, name, reason in sorted(rows, reverse=True):
         print("%4d %s:%d %s%s" % (n, path, line, name, ("  (" + reason + ")") if reason else ""))
+    unexplained = [r for r in rows if not r[4]]
+    if check and unexplained:
+        print("%d function(s) over %d lines without a reason: split them by what their parts do, or "
+              "say why in a comment above (\"long: ...\"); docs/architecture.md, \"A long function\""
+              % (len(unexplained), limit))
+        return 1
     return 0
 
 
