@@ -41,7 +41,7 @@ enum class KvLayout : uint8_t {
   kPageFirstDirect = 2,
   kPageHead = 3,
 };
-inline constexpr int kNumLayouts = 4;
+inline constexpr int kNumLayouts = static_cast<int>(KvLayout::kPageHead) + 1;
 
 // Where the bytes of a buffer live.
 enum class MemoryKind : uint8_t {

@@ -167,7 +167,7 @@ Result<TransferBackend> ParseTransferBackend(std::string_view name);
 //   kWholeWhenBusy  kWhole when the stream still has work pending as the copies are submitted
 //                   (cudaStreamQuery: the copies could not start early anyway), else kGrowing.
 enum class DmaBatchSplit : uint8_t { kGrowing = 0, kWhole = 1, kWholeWhenBusy = 2 };
-inline constexpr int kNumDmaBatchSplits = 3;
+inline constexpr int kNumDmaBatchSplits = static_cast<int>(DmaBatchSplit::kWholeWhenBusy) + 1;
 // "growing", "whole", "whole_when_busy".
 const char* DmaBatchSplitName(DmaBatchSplit split);
 
