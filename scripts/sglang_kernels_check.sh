@@ -49,7 +49,8 @@ stamp "build: ok"
 
 echo "== sglang_kernels: SGLang's kernels (built from $SRC) vs kvtier.compat.sgl_kernel"
 [[ -f "$SRC/COMMIT" ]] && echo "SGLang commit: $(head -1 "$SRC/COMMIT")"
-echo "kvtier commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+# KVTIER_COMMIT (set by the caller) names the tree where a carried copy's .git HEAD is stale.
+echo "kvtier commit: ${KVTIER_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
 # gpu_env.sh's CPATH / LIBRARY_PATH (Debian headers for kvtier's own build) stay out of the
 # compile of SGLang's file: it sees only torch's, CUDA's and the system's headers.
 read -ra EXTRA <<<"${SGLANG_KERNELS_ARGS:-}"  # more bench arguments, e.g. "--tokens 16384"

@@ -800,6 +800,10 @@ class Context:
 
 
 def kvtier_commit() -> str:
+    # KVTIER_COMMIT, when the caller sets it, names the tree: a copy of a working tree carried to
+    # another machine may hold a .git whose HEAD is older than its files.
+    if os.environ.get("KVTIER_COMMIT"):
+        return os.environ["KVTIER_COMMIT"]
     try:
         import subprocess
         return subprocess.run(["git", "-C", HERE, "rev-parse", "--short", "HEAD"],
