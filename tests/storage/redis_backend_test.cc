@@ -26,23 +26,6 @@
 namespace kvtier {
 namespace {
 
-#if !KVTIER_HAVE_HIREDIS
-
-// A build without hiredis leaves the Redis backend out and says so.
-TEST(RedisBackendTest, LeftOutOfThisBuild) {
-  StorageNamespace ns;
-  ns.model_id = "m";
-  ns.num_layers = 1;
-  ns.slot_bytes = 64;
-  ns.page_size = 16;
-  auto backend = OpenStorage("redis://127.0.0.1:6379", ns);
-  ASSERT_FALSE(backend.ok());
-  EXPECT_TRUE(backend.status().IsInvalidArgument());
-  EXPECT_NE(backend.status().message().find("hiredis"), std::string::npos);
-}
-
-#else  // KVTIER_HAVE_HIREDIS
-
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 using testing::RedisCommand;
@@ -763,8 +746,6 @@ TEST(RedisClusterBackendTest, OpenErrors) {
   EXPECT_NE(unreachable.status().message().find("refused"), std::string::npos)
       << unreachable.status().ToString();
 }
-
-#endif  // KVTIER_HAVE_HIREDIS
 
 }  // namespace
 }  // namespace kvtier

@@ -4,8 +4,6 @@
 // while a slot migrates.
 #include "storage/redis/redis_client.h"
 
-#if KVTIER_HAVE_HIREDIS
-
 #include <gtest/gtest.h>
 
 #include <random>
@@ -413,5 +411,3 @@ TEST(RedisClientClusterTest, RoutesBySlotAndFollowsAskAndMoved) {
 
 }  // namespace
 }  // namespace kvtier::storage
-
-#endif  // KVTIER_HAVE_HIREDIS

@@ -2,8 +2,6 @@
 // (built by feeding protocol bytes to hiredis's reader, as a server would send them).
 #include "storage/redis/redis_cluster.h"
 
-#if KVTIER_HAVE_HIREDIS
-
 #include <gtest/gtest.h>
 #include <hiredis/hiredis.h>
 
@@ -91,5 +89,3 @@ TEST(RedisClusterSlotsTest, ErrorsAndMalformedReplies) {
 
 }  // namespace
 }  // namespace kvtier::storage
-
-#endif  // KVTIER_HAVE_HIREDIS

@@ -5,8 +5,6 @@
 // Also: opening a Redis store against a paused redis-server is bounded by connect_timeout_ms.
 #include "storage/redis/redis_connection.h"
 
-#if KVTIER_HAVE_HIREDIS
-
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <hiredis/hiredis.h>
@@ -225,5 +223,3 @@ TEST(RedisConnectionTest, OpeningAgainstAPausedServerHonoursConnectTimeout) {
 
 }  // namespace
 }  // namespace kvtier::storage
-
-#endif  // KVTIER_HAVE_HIREDIS
