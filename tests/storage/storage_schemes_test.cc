@@ -16,7 +16,7 @@ namespace {
 
 StorageNamespace TinyNamespace() {
   StorageNamespace ns;
-  ns.model_id = "m";
+  ns.model_id = std::string("m");  // not = "m": gcc 12's -Wrestrict false positive (PR 105651)
   ns.num_layers = 2;
   ns.slot_bytes = 64;
   ns.page_size = 16;
