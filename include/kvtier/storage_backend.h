@@ -171,11 +171,14 @@ struct StorageStats {
   // the page's file, copying into a bounce buffer (direct=1), the checksum, the write calls (the
   // kernel's copy and any wait it imposes for the writeback), fdatasync (fsync=1), publishing
   // (mtime stamp and rename; the directory's fsync with fsync=1), the index (its lock, and the
-  // evictions a write makes) and unlinking the evicted pages' files.
+  // evictions a write makes) and unlinking the evicted pages' files. set_open_dir_seconds is the
+  // part of set_open_seconds spent opening the page's directory (file://: its shard directory,
+  // walked beneath the store's root), the rest creating the page's temporary file in it.
   int64_t set_profiled_pages = 0;
   double set_open_seconds = 0, set_copy_seconds = 0, set_hash_seconds = 0, set_write_seconds = 0,
          set_sync_seconds = 0, set_publish_seconds = 0, set_index_seconds = 0,
          set_unlink_seconds = 0;
+  double set_open_dir_seconds = 0;
   // Get pages the backend read from the page cache and from the disk (file://: a page that
   // needed any read from the disk is a disk page; direct=1 reads are all disk); -1 where the
   // backend cannot tell (memory://, redis://, file:// io_uring reads).

@@ -177,6 +177,7 @@ struct SetProfile {
     delta.set_page_seconds += after.set_page_seconds - before.set_page_seconds;
     delta.set_profiled_pages += after.set_profiled_pages - before.set_profiled_pages;
     delta.set_open_seconds += after.set_open_seconds - before.set_open_seconds;
+    delta.set_open_dir_seconds += after.set_open_dir_seconds - before.set_open_dir_seconds;
     delta.set_copy_seconds += after.set_copy_seconds - before.set_copy_seconds;
     delta.set_hash_seconds += after.set_hash_seconds - before.set_hash_seconds;
     delta.set_write_seconds += after.set_write_seconds - before.set_write_seconds;
@@ -742,17 +743,19 @@ void PrintSummaries(std::FILE* out, const std::vector<KindSummary>& summaries, i
       std::fprintf(
           out,
           "%-7s a Set %s: %.2f ms queued per call (%lld calls); per page (ms, %lld pages, %.1f "
-          "threads on a call's pages, %.1f on the pass's pages of %d I/O threads): open %.3f, "
-          "copy %.3f, checksum %.3f, write %.3f, fsync %.3f, stamp+rename %.3f, index %.3f, unlink "
+          "threads on a call's pages, %.1f on the pass's pages of %d I/O threads): open %.3f "
+          "(directory %.3f), copy %.3f, checksum %.3f, write %.3f, fsync %.3f, stamp+rename %.3f, "
+          "index %.3f, unlink "
           "%.3f; the phases are %.0f %% of the pages' time in the hook; %.2f GB/s a writer "
           "thread\n",
           m.kind.c_str(), what, 1e3 * st.set_queue_seconds / static_cast<double>(st.set_calls),
           static_cast<long long>(st.set_calls), static_cast<long long>(st.set_profiled_pages),
           st.set_seconds > 0 ? st.set_page_seconds / st.set_seconds : 0.0,
           p.pass_seconds > 0 ? st.set_page_seconds / p.pass_seconds : 0.0, io_threads,
-          ms(st.set_open_seconds), ms(st.set_copy_seconds), ms(st.set_hash_seconds),
-          ms(st.set_write_seconds), ms(st.set_sync_seconds), ms(st.set_publish_seconds),
-          ms(st.set_index_seconds), ms(st.set_unlink_seconds), Ratio(phases, st.set_page_seconds),
+          ms(st.set_open_seconds), ms(st.set_open_dir_seconds), ms(st.set_copy_seconds),
+          ms(st.set_hash_seconds), ms(st.set_write_seconds), ms(st.set_sync_seconds),
+          ms(st.set_publish_seconds), ms(st.set_index_seconds), ms(st.set_unlink_seconds),
+          Ratio(phases, st.set_page_seconds),
           phases > 0 ? pages * static_cast<double>(m.page_bytes) / phases / 1e9 : 0.0);
     };
     set_line("alone", m.set_alone);

@@ -124,6 +124,7 @@ PageStatus FileBackend::WriteOne(const PageKey& key, const PageBuffer& buffer,
                              : std::strerror(error));
     return PageStatus::kFailed;
   }
+  const WClock::time_point dir_opened = WClock::now();
   const std::string temp =
       fmt::format("{}{}.{}.{}", kTempPrefix, ::getpid(), temp_counter_.fetch_add(1), hex);
   Fd fd(::openat(
@@ -187,8 +188,9 @@ PageStatus FileBackend::WriteOne(const PageKey& key, const PageBuffer& buffer,
   const WClock::time_point indexed = WClock::now();
   reclaimer_->Relieve();  // files detached beyond the reservations (none, mostly)
   // The unlink phase: what this writer unlinked itself, making room and after its Put.
-  write_profile_.Add(WriteProfile::Ns(opened - start), io, WriteProfile::Ns(synced - written),
-                     WriteProfile::Ns(published - reserved), WriteProfile::Ns(indexed - published),
+  write_profile_.Add(WriteProfile::Ns(opened - start), WriteProfile::Ns(dir_opened - start), io,
+                     WriteProfile::Ns(synced - written), WriteProfile::Ns(published - reserved),
+                     WriteProfile::Ns(indexed - published),
                      WriteProfile::Ns((reserved - synced) + (WClock::now() - indexed)));
   return PageStatus::kOk;
 }
