@@ -109,9 +109,15 @@ struct ExistsResult {
 struct StorageOptions {
   // The backend's I/O threads, or 0 (the default): from the machine, min(cores, 16) and at
   // least 4 (DefaultIoThreads). A backend's options() show the number used. Reads keep all of
-  // them: writes run on up to io_threads threads beyond them (a quarter of io_threads while
-  // reads wait or run), so the backend runs twice io_threads threads (one for io_threads = 1).
+  // them: writes run on up to io_threads threads beyond them (writers_while_reading while reads
+  // wait or run), so the backend runs twice io_threads threads (one for io_threads = 1).
   int io_threads = 0;
+  // How many threads may run write work while reads wait or run (the writers' share then; alone
+  // they may have io_threads), or 0 (the default): a quarter of io_threads, at least 1. More than
+  // io_threads counts as io_threads. Fewer leaves the reads more of the machine's cores and
+  // memory bandwidth beside a backlog of writes, at the writes' cost (docs/perf-notes/
+  // storage-writes.md: reads under writes).
+  int writers_while_reading = 0;
   int max_queued_batches = 256;             // reads (and, apart, writes) waiting; more are rejected
   std::chrono::milliseconds timeout{2000};  // per call, from when an I/O thread takes it
   int64_t max_batch_pages = 4096;           // InvalidArgument beyond this

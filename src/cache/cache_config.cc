@@ -199,8 +199,8 @@ ConfigSchema<HierarchicalCacheConfig> BuildSchema() {
                           "tensor-parallel rank in the store's namespace (< storage_tp_size)"));
   s.push_back(IntField<C>("storage_tp_size", Member(&C::storage, &S::tp_size), 1, int64_t{1} << 20,
                           "tensor-parallel size in the store's namespace"));
-  // storage_io_threads, storage_max_queued_batches, storage_timeout_ms, storage_max_batch_pages,
-  // storage_min_free_bytes.
+  // storage_io_threads, storage_writers_while_reading, storage_max_queued_batches,
+  // storage_timeout_ms, storage_max_batch_pages, storage_min_free_bytes.
   AppendPart(s, StorageOptionsSchema(), Member(&C::storage, &S::options), "storage_");
   s.push_back(ChoiceField<C>("prefetch_policy", Member(&C::storage, &S::prefetch_policy),
                              kNumPrefetchPolicies, PrefetchPolicyName,

@@ -21,7 +21,8 @@
 // write page that holds its thread for long (a store that writes slowly: on the GPU replay's
 // disk an 8 MiB page took tens of ms) never leaves reads fewer threads than the same-run
 // baseline of io_threads pread threads has. While reads are waiting or running, the writers'
-// share shrinks to `read_time_writers` (a quarter of io_threads, at least one): no thread starts
+// share shrinks to `read_time_writers` (StorageOptions::writers_while_reading; by default a
+// quarter of io_threads, at least one): no thread starts
 // write work beyond it, and the owner of a running write call steps aside before its next page
 // (it runs pages of read jobs, or waits, until the share has room or its call's deadline passes;
 // StepAsideLocked), so a backlog of writes on a slow store takes a quarter of the bandwidth from
@@ -293,7 +294,9 @@ Status StorageBackend::Start() {
   // quarters of them, from when reads and writes shared io_threads threads, which capped a
   // Set at 75 % of the ceiling wherever the disk was not the limit.
   queue_->max_writers = options_.io_threads;
-  queue_->read_time_writers = std::max(1, options_.io_threads / 4);
+  queue_->read_time_writers = options_.writers_while_reading > 0
+                                  ? std::min(options_.writers_while_reading, options_.io_threads)
+                                  : std::max(1, options_.io_threads / 4);
   queue_->max_readers = options_.io_threads;
   // io_threads for reads, and beyond them a thread for each writer of the writers' share (one
   // thread in all for io_threads = 1, which keeps calls in order): write pages on a store that

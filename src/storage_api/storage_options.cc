@@ -70,6 +70,9 @@ ConfigSchema<StorageOptions> BuildOptionsSchema() {
                           "the storage backend's I/O threads (reads keep all of them; writes run "
                           "on up to as many more); 0 = the machine's default, "
                           "min(cores, 16) and at least 4 (DefaultIoThreads)"));
+  s.push_back(IntField<O>("writers_while_reading", Member(&O::writers_while_reading), 0, 64,
+                          "storage threads that may write while reads wait or run (alone, writes "
+                          "may use io_threads); 0 = a quarter of io_threads, at least 1"));
   s.push_back(IntField<O>("max_queued_batches", Member(&O::max_queued_batches), 1,
                           "storage calls waiting (reads and writes apart); more are rejected"));
   {

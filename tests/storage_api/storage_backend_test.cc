@@ -472,11 +472,13 @@ TEST(StorageBackendTest, ParallelForSharesPagesWithinTheWritersShare) {
 }
 
 // A slow store: each Set takes 5 ms and records how many run at once, separately while a read
-// is running; each Get waits at the gate (OpenGate), which only reads wait at.
+// is running; each Get waits at the gate (OpenGate), which only reads wait at. With `meet_writers`
+// the first Sets wait (30 s at most, a hang guard) until that many are writing at once, so a share
+// of that many threads is seen whatever the box's speed.
 class SlowWritesBackend final : public FakeBackend {
  public:
-  SlowWritesBackend(const StorageNamespace& ns, const StorageOptions& options)
-      : FakeBackend("slow://", ns, options) {}
+  SlowWritesBackend(const StorageNamespace& ns, const StorageOptions& options, int meet_writers = 0)
+      : FakeBackend("slow://", ns, options), meet_writers_(meet_writers) {}
   ~SlowWritesBackend() override { Close(); }
 
   // Waits (bounded) until a Get is held at the gate / `n` Sets have completed.
@@ -502,10 +504,15 @@ class SlowWritesBackend final : public FakeBackend {
   void DoSet(std::span<const PageKey> keys, std::span<const PageBuffer>, std::span<PageStatus> out,
              Clock::time_point) override {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      std::unique_lock<std::mutex> lock(mu_);
       ++writing_;
       max_writers_ = std::max(max_writers_, writing_);
       if (reading_ > 0) max_while_reading_ = std::max(max_while_reading_, writing_);
+      if (!met_) {
+        cv_.notify_all();
+        cv_.wait_for(lock, 30s, [&] { return met_ || writing_ >= meet_writers_; });
+        met_ = true;  // one meeting: after it (or the guard) no Set waits
+      }
     }
     std::this_thread::sleep_for(5ms);
     std::lock_guard<std::mutex> lock(mu_);
@@ -516,6 +523,8 @@ class SlowWritesBackend final : public FakeBackend {
   }
 
  private:
+  const int meet_writers_;
+  bool met_ = false;
   int reading_ = 0, writing_ = 0, sets_done_ = 0;
   int max_while_reading_ = 0, max_writers_ = 0;
 };
@@ -545,6 +554,38 @@ TEST(StorageBackendTest, WritesTakeAQuarterOfTheThreadsWhileReadsRun) {
   for (auto& f : sets) EXPECT_EQ(f.get().leading_ok(), 1);
   EXPECT_GT(b.max_writers(), 2);
   EXPECT_LE(b.max_writers(), 8);
+}
+
+// StorageOptions::writers_while_reading sets the writers' share while a read waits or runs: 5 of 8
+// threads here, where the default is 2. The first Sets meet (5 writing at once, while the read is
+// held), so the share is reached deterministically; it is never passed. Out of its bounds, the
+// option is refused by name.
+TEST(StorageBackendTest, WritersWhileReadingSetsTheWritersShareBesideReads) {
+  StorageOptions o;
+  o.io_threads = 8;
+  o.writers_while_reading = 5;
+  o.timeout = 60s;
+  SlowWritesBackend b(SmallNamespace(), o, /*meet_writers=*/5);
+  ASSERT_TRUE(b.Open().ok());
+  std::vector<std::byte> page(512);
+  auto get = b.Get({KeyOf(1000)}, {PageBuffer::Of(page)});
+  ASSERT_TRUE(b.WaitReading());
+  std::vector<std::future<BatchResult>> sets;
+  for (int i = 0; i < 64; ++i) sets.push_back(b.Set({KeyOf(i)}, {PageBuffer::Of(page)}));
+  const bool done = b.WaitSetsDone(32);
+  b.OpenGate();
+  ASSERT_TRUE(done) << "writes stalled while a read ran";
+  EXPECT_EQ(get.get().leading_ok(), 1);
+  for (auto& f : sets) EXPECT_EQ(f.get().leading_ok(), 1);
+  EXPECT_EQ(b.max_writers_while_reading(), 5);
+
+  for (int bad : {-1, 65}) {
+    StorageOptions options;
+    options.writers_while_reading = bad;
+    const Status st = options.Validate();
+    EXPECT_TRUE(st.IsInvalidArgument()) << bad;
+    EXPECT_NE(st.message().find("writers_while_reading"), std::string::npos) << st.ToString();
+  }
 }
 
 // A store whose hooks run pages through ParallelFor: a Set's page takes 2 ms, a Get's 5 ms; it

@@ -67,12 +67,13 @@ void Append(OpTimes& to, const OpTimes& from) {
 namespace {
 
 // The flag of a StorageOptions field (StorageBenchOptions::storage): --storage-threads,
-// --storage-min-free-bytes and --storage-timeout-ms; the fields the bench sets itself by their
-// schema name.
+// --storage-writers-while-reading, --storage-min-free-bytes and --storage-timeout-ms; the fields
+// the bench sets itself by their schema name.
 std::string StorageBenchFlagOf(std::string_view field) {
   if (field == "io_threads") return "--storage-threads";
   if (field == "min_free_bytes") return "--storage-min-free-bytes";
   if (field == "timeout_ms") return "--storage-timeout-ms";
+  if (field == "writers_while_reading") return "--storage-writers-while-reading";
   return fmt::format("storage options: {}", field);
 }
 
@@ -929,6 +930,8 @@ void AddStorageBenchOptions(CLI::App* bench, StorageBenchOptions* o) {
   CLI::Option* threads = AddFieldFlag(bench, *FindField(schema, "io_threads"), &o->storage,
                                       StorageBenchFlagOf("io_threads"));
   threads->description(threads->get_description() + "; the file baseline runs as many threads");
+  AddFieldFlag(bench, *FindField(schema, "writers_while_reading"), &o->storage,
+               StorageBenchFlagOf("writers_while_reading"));
   bench
       ->add_option("--storage-inflight", o->in_flight,
                    "Set / Get batches in flight at once (0: the backend's default: file and "
