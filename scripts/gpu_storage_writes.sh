@@ -9,6 +9,11 @@
 #            out, its unlink after the clock), the store's Set / Get and both under each other,
 #            the ratios, and where a Set's and a Get's time goes. --json bench.json. Then
 #            512 KiB pages alone, 2 GiB, 3 rounds (reads under writes). --json bench-mha4-2g.json.
+#   sweep    the writers' share while reads run (--storage-writers-while-reading: SHARES, default
+#            "1 2 4" of 16 I/O threads; 4 is the default share): 512 KiB pages (2 GiB, 3 rounds)
+#            and 2 MiB pages (1 GiB, 2 rounds) per share, one summary line each: Set alone, Get
+#            under writes and Set under reads against the ceilings, and the Set-alone open phase
+#            with its directory part. --json sweep-<kind>-w<share>.json. ~4 min on the H100.
 #   replay   Llama-3-8B GEMM on the conversation trace (engine 3 of 8, 100 warm-up + 300
 #            requests, hierarchy only: the ideal is its own), a 48 GiB file store, the cache's
 #            default store queue (512 pages) and admission (frequency, 2), for each mode
@@ -27,7 +32,7 @@
 #            rate, storage hit rate against the oracle (the run's admissions done at once) and
 #            admit-all's, drops by reason.
 #
-# Usage: scripts/gpu_storage_writes.sh [bench|replay|admission|all]   (default all: bench and
+# Usage: scripts/gpu_storage_writes.sh [bench|sweep|replay|admission|all]   (default all: bench and
 # replay)
 # KVTIER: the CLI (default build-gpu/tools/kvtier, else build-deps/prebuilt/bin/kvtier).
 # STORE_DIR: where the stores go (default /tmp; needs ~55 GB free for the replay).
@@ -73,6 +78,33 @@ if [[ $what == bench || $what == all ]]; then
     --storage-exists-keys 0 --json "$OUT/bench-mha4-2g.json" 2>&1 | tee "$OUT/bench-mha4-2g.log"
   [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
   rm -rf "$dir"
+fi
+
+if [[ $what == sweep ]]; then
+  dir=$STORE_DIR/kvtier-storage-writes-sweep
+  for share in ${SHARES:-1 2 4}; do
+    for kr in "mha4 2GiB 3" "mha16 1GiB 2"; do
+      read -r kind bytes rounds <<<"$kr"
+      stamp "== sweep $kind, writers while reading $share"
+      "$KVTIER" bench --storage "file://$dir" --storage-kinds "$kind" --storage-bytes "$bytes" \
+        --repeats "$rounds" --storage-exists-keys 0 --storage-writers-while-reading "$share" \
+        --json "$OUT/sweep-$kind-w$share.json" > "$OUT/sweep-$kind-w$share.log" 2>&1 || rc=1
+      rm -rf "$dir"
+    done
+  done
+  python3 - "$OUT" <<'PY' | tee "$OUT/sweep-summary.txt"
+import glob, json, os, sys
+for path in sorted(glob.glob(os.path.join(sys.argv[1], "sweep-*.json"))):
+    s = json.load(open(path))["summary"][0]
+    a = s.get("set_alone", {})
+    pages = max(a.get("pages", 0), 1)
+    print("%-28s Set %3.0f %%  Get under writes %3.0f %%  Set under reads %3.0f %%  "
+          "open %.2f ms (directory %.2f)" % (
+              os.path.basename(path), s["set_pct_of_write_ceiling"],
+              s["get_under_writes_pct_of_read_ceiling"],
+              100 * s["set_under_reads_gbps"] / max(s["write_ceiling_gbps"], 1e-9),
+              1e3 * a.get("open", 0) / pages, 1e3 * a.get("open_dir", 0) / pages))
+PY
 fi
 
 if [[ $what == replay || $what == all || $what == admission ]]; then
