@@ -12,8 +12,13 @@
 #   sweep    the writers' share while reads run (--storage-writers-while-reading: SHARES, default
 #            "1 2 4" of 16 I/O threads; 4 is the default share): 512 KiB pages (2 GiB, 3 rounds)
 #            and 2 MiB pages (1 GiB, 2 rounds) per share, one summary line each: Set alone, Get
-#            under writes and Set under reads against the ceilings, and the Set-alone open phase
-#            with its directory part. --json sweep-<kind>-w<share>.json. ~4 min on the H100.
+#            under writes and Set under reads against the ceilings (and in GB/s), and the Set-alone
+#            open phase with its directory part. --json sweep-<kind>-t<threads>-w<share>.json.
+#            THREADS (default "16") also varies the I/O threads, the writers' share alone and the
+#            ceilings' thread count with them: at 512 KiB on the H100 (e4884d9) 4 writers beside
+#            reads wrote faster (3.18 GB/s) than 16 alone (2.32) and than the 16-thread ceiling
+#            (3.01), so THREADS="16 8 4" says whether fewer file creators write more. ~4 min on the
+#            H100 for the defaults; each more THREADS value adds ~2 min.
 #   replay   Llama-3-8B GEMM on the conversation trace (engine 3 of 8, 100 warm-up + 300
 #            requests, hierarchy only: the ideal is its own), a 48 GiB file store, the cache's
 #            default store queue (512 pages) and admission (frequency, 2), for each mode
@@ -82,14 +87,18 @@ fi
 
 if [[ $what == sweep ]]; then
   dir=$STORE_DIR/kvtier-storage-writes-sweep
-  for share in ${SHARES:-1 2 4}; do
-    for kr in "mha4 2GiB 3" "mha16 1GiB 2"; do
-      read -r kind bytes rounds <<<"$kr"
-      stamp "== sweep $kind, writers while reading $share"
-      "$KVTIER" bench --storage "file://$dir" --storage-kinds "$kind" --storage-bytes "$bytes" \
-        --repeats "$rounds" --storage-exists-keys 0 --storage-writers-while-reading "$share" \
-        --json "$OUT/sweep-$kind-w$share.json" > "$OUT/sweep-$kind-w$share.log" 2>&1 || rc=1
-      rm -rf "$dir"
+  for threads in ${THREADS:-16}; do
+    for share in ${SHARES:-1 2 4}; do
+      for kr in "mha4 2GiB 3" "mha16 1GiB 2"; do
+        read -r kind bytes rounds <<<"$kr"
+        stamp "== sweep $kind, $threads I/O threads, writers while reading $share"
+        name="sweep-$kind-t$threads-w$share"
+        "$KVTIER" bench --storage "file://$dir" --storage-kinds "$kind" --storage-bytes "$bytes" \
+          --repeats "$rounds" --storage-exists-keys 0 --storage-threads "$threads" \
+          --storage-writers-while-reading "$share" --json "$OUT/$name.json" > "$OUT/$name.log" 2>&1 ||
+          rc=1
+        rm -rf "$dir"
+      done
     done
   done
   python3 - "$OUT" <<'PY' | tee "$OUT/sweep-summary.txt"
@@ -98,12 +107,14 @@ for path in sorted(glob.glob(os.path.join(sys.argv[1], "sweep-*.json"))):
     s = json.load(open(path))["summary"][0]
     a = s.get("set_alone", {})
     pages = max(a.get("pages", 0), 1)
-    print("%-28s Set %3.0f %%  Get under writes %3.0f %%  Set under reads %3.0f %%  "
-          "open %.2f ms (directory %.2f)" % (
-              os.path.basename(path), s["set_pct_of_write_ceiling"],
-              s["get_under_writes_pct_of_read_ceiling"],
+    print("%-32s Set %3.0f %% (%.2f of %.2f GB/s)  Get under writes %3.0f %% (%.2f of %.2f)  "
+          "Set under reads %3.0f %% (%.2f)  open %.2f ms (directory %.2f)" % (
+              os.path.basename(path), s["set_pct_of_write_ceiling"], s["set_gbps"],
+              s["write_ceiling_gbps"], s["get_under_writes_pct_of_read_ceiling"],
+              s["get_under_writes_gbps"], s["read_ceiling_gbps"],
               100 * s["set_under_reads_gbps"] / max(s["write_ceiling_gbps"], 1e-9),
-              1e3 * a.get("open", 0) / pages, 1e3 * a.get("open_dir", 0) / pages))
+              s["set_under_reads_gbps"], 1e3 * a.get("open", 0) / pages,
+              1e3 * a.get("open_dir", 0) / pages))
 PY
 fi
 
