@@ -188,7 +188,9 @@ TEST(DmaPlanTest, BatchPiecesStartAtTheConfiguredFirstPiece) {
       size_t sum = 0, want = first;
       for (size_t i = 0; i < p.size(); ++i) {
         sum += p[i];
-        if (i + 1 < p.size()) EXPECT_EQ(p[i], want) << count << " " << first;
+        if (i + 1 < p.size()) {
+          EXPECT_EQ(p[i], want) << count << " " << first;
+        }
         want = std::min(cap, 2 * want);
       }
       EXPECT_EQ(sum, count) << first;

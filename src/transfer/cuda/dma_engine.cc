@@ -217,8 +217,8 @@ class DmaTransferEngine final : public GpuTransferEngine {
   std::vector<int64_t> run_starts_;                // slot runs: [run_starts_[i], run_starts_[i+1])
   int max_lanes_ = 1;                              // request's stream + lanes_.size()
   size_t ops_per_lane_ = 256;
-  size_t first_batch_piece_ = kFirstBatchPiece;  // config_.dma_first_batch_piece
-  CudaEventHandle fork_;                         // recorded on the request's stream, lanes wait
+  size_t first_batch_piece_ = 0;  // config_.dma_first_batch_piece (Open)
+  CudaEventHandle fork_;          // recorded on the request's stream, lanes wait
   std::vector<Lane> lanes_;
 };
 

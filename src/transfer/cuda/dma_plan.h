@@ -46,7 +46,9 @@ struct Copy2D {
 // more than first / 2 copies). Each more call costs the copy engines a few us too (the held rows
 // of the H100 run at e4884d9), which is why a busy stream may take the whole batch at once
 // (WholeBatch).
-inline constexpr size_t kFirstBatchPiece = 16;  // TransferEngineConfig::dma_first_batch_piece
+// The first piece where no config says otherwise: TransferEngineConfig's default, declared there.
+inline constexpr size_t kFirstBatchPiece =
+    static_cast<size_t>(TransferEngineConfig{}.dma_first_batch_piece);
 class BatchPieces {
  public:
   // `first` >= 1 (0 counts as 1).
